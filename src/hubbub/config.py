@@ -1,0 +1,219 @@
+"""Server configuration: frozen dataclasses, loaded once by the composition root (``server.py``/``cli.py``).
+
+Keys are the dotted names of protocols README §2. Precedence: command line, then ``HUBBUB_*`` environment
+variables, then a TOML config file, then the defaults below. Secrets are masked in ``repr``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+__all__ = [
+    "DURABILITY_MODES",
+    "Config",
+    "ConfigError",
+    "Limits",
+    "Retention",
+    "env_name",
+    "flag_name",
+    "load_config",
+    "parse_listen",
+]
+
+DURABILITY_MODES = ("fsync", "commit", "none")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. The message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_frame: int = 1 << 20
+    max_channel_bytes: int = 1024
+    max_tags: int = 64
+    max_tag_bytes: int = 256
+    max_headers: int = 64
+    max_header_bytes: int = 8192
+    max_subscriptions: int = 1024
+    send_queue: int = 1024
+    send_queue_bytes: int = 16 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    max_age_s: int = 0
+    max_events: int = 0
+    max_bytes: int = 0
+    max_total_bytes: int = 0
+
+
+class _Secret(str):
+    """A string whose repr never shows its value."""
+
+    def __repr__(self) -> str:
+        return "'***'" if self else "''"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    data_dir: str = "./hubbub-data"
+    durability: str = "commit"
+    store: str = "sqlite"
+    broker: str = ""
+    http_listen: str = "127.0.0.1:8080"
+    native_tcp_listen: str = "127.0.0.1:7400"
+    native_enabled: bool = True
+    native_ping_interval_s: float = 25.0
+    native_idempotency_window_s: int = 600
+    native_max_recovery: int = 10000
+    limits: Limits = field(default_factory=Limits)
+    retention: Retention = field(default_factory=Retention)
+    auth_mode: str = "off"
+    cors_origin: str = ""
+    log_level: str = "info"
+    log_format: str = "text"
+    commit_batch: int = 4096
+
+    def validate(self) -> Config:
+        if self.durability not in DURABILITY_MODES:
+            raise ConfigError(f"durability: must be one of {', '.join(DURABILITY_MODES)}")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError("log_format: must be text or json")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError("log_level: must be debug, info, warning or error")
+        if self.auth_mode != "off":
+            raise ConfigError("auth.mode: only 'off' is supported in this release")
+        for key in ("http_listen", "native_tcp_listen"):
+            parse_listen(getattr(self, key), key)
+        for f in fields(Limits):
+            if getattr(self.limits, f.name) <= 0:
+                raise ConfigError(f"limits.{f.name}: must be positive")
+        for f in fields(Retention):
+            if getattr(self.retention, f.name) < 0:
+                raise ConfigError(f"log.retention.{f.name}: must be 0 (unlimited) or positive")
+        if self.native_ping_interval_s <= 0:
+            raise ConfigError("native.ping_interval_s: must be positive")
+        return self
+
+
+def parse_listen(value: str, key: str = "listen") -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+# Dotted key -> (path in Config, type). The single table from which flags, env names and TOML keys derive.
+KEYS: dict[str, tuple[tuple[str, ...], type]] = {
+    "data_dir": (("data_dir",), str),
+    "durability": (("durability",), str),
+    "store": (("store",), str),
+    "broker": (("broker",), str),
+    "http.listen": (("http_listen",), str),
+    "native.tcp_listen": (("native_tcp_listen",), str),
+    "native.enabled": (("native_enabled",), bool),
+    "native.ping_interval_s": (("native_ping_interval_s",), float),
+    "native.idempotency_window_s": (("native_idempotency_window_s",), int),
+    "native.max_recovery": (("native_max_recovery",), int),
+    **{f"limits.{f.name}": (("limits", f.name), int) for f in fields(Limits)},
+    **{f"log.retention.{f.name}": (("retention", f.name), int) for f in fields(Retention)},
+    "auth.mode": (("auth_mode",), str),
+    "cors_origin": (("cors_origin",), str),
+    "log_level": (("log_level",), str),
+    "log_format": (("log_format",), str),
+}
+
+
+def flag_name(key: str) -> str:
+    return "--" + key.replace(".", "-").replace("_", "-")
+
+
+def env_name(key: str) -> str:
+    return "HUBBUB_" + key.replace(".", "_").upper()
+
+
+def _coerce(key: str, typ: type, value: Any) -> Any:
+    if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}")
+    try:
+        if typ is bool:
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1", "yes")
+        if typ is int:
+            return int(value)
+        if typ is float:
+            return float(value)
+    except ValueError:
+        raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}") from None
+    return value
+
+
+def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and key not in KEYS:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def load_config(
+    cli: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | None = None,
+) -> Config:
+    """Build the configuration. ``cli`` maps dotted keys to values given on the command line (None = unset)."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    if config_file:
+        try:
+            with open(config_file, "rb") as fh:
+                doc = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {config_file}: {exc}") from None
+        for key, v in _flatten(doc).items():
+            if key not in KEYS:
+                raise ConfigError(f"config file {config_file}: unknown key {key!r}")
+            values[key] = v
+    for key in KEYS:
+        if env_name(key) in env:
+            values[key] = env[env_name(key)]
+    for key, v in (cli or {}).items():
+        if v is not None:
+            if key not in KEYS:
+                raise ConfigError(f"unknown key {key!r}")
+            values[key] = v
+    cfg = Config()
+    limits: dict[str, Any] = {}
+    retention: dict[str, Any] = {}
+    top: dict[str, Any] = {}
+    for key, raw in values.items():
+        path, typ = KEYS[key]
+        v = _coerce(key, typ, raw)
+        if path[0] == "limits":
+            limits[path[1]] = v
+        elif path[0] == "retention":
+            retention[path[1]] = v
+        else:
+            top[path[0]] = v
+    cfg = replace(cfg, limits=replace(cfg.limits, **limits), retention=replace(cfg.retention, **retention), **top)
+    return cfg.validate()
+
+
+def overrides_from_json(doc: str) -> dict[str, Any]:
+    """Parse a JSON object of dotted keys (as conformance vectors give them)."""
+    obj = json.loads(doc)
+    if not isinstance(obj, dict):
+        raise ConfigError("expected a JSON object of dotted keys")
+    return {str(k): v for k, v in obj.items()}

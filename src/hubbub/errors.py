@@ -1,0 +1,150 @@
+"""One error tree for hubbub.
+
+::
+
+    HubbubError                     base of everything hubbub raises on purpose
+    ├── ProtocolError               bad input from a peer; carries a wire ``code`` (native.md §7)
+    │   ├── FrameTooLarge           a frame, line or body over ``limits.max_frame``       (4003)
+    │   ├── BadFrame                not JSON/msgpack, not an object, bad UTF-8             (4000)
+    │   ├── BadRequest              missing or invalid field                               (4001)
+    │   ├── UnknownOp               unknown command                                        (4002)
+    │   └── BadChannel              invalid channel or pattern, or over the limit          (4004)
+    ├── LimitExceeded               too many subscriptions, tags or headers                (4007)
+    ├── AuthError                   authentication and permission                        (4100-4103)
+    ├── SubscriptionError           already / not subscribed, recovery too large          (4200-4203)
+    ├── StorageError                the log cannot commit or read                          (4301)
+    └── ShuttingDown                the node is stopping                                   (4303)
+
+Codes 4000-4399 are the native protocol's (native.md §7) and double as WebSocket close codes. Dialects map
+them to their own error replies. ``message`` is always the fixed public text for the code: it never carries
+internals (tracebacks, paths, SQL). Optional ``detail`` is a short, safe explanation for humans.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CODES",
+    "AuthError",
+    "BadChannel",
+    "BadFrame",
+    "BadRequest",
+    "FrameTooLarge",
+    "HubbubError",
+    "LimitExceeded",
+    "ProtocolError",
+    "ShuttingDown",
+    "StorageError",
+    "SubscriptionError",
+    "UnknownOp",
+    "http_status",
+    "is_fatal",
+    "is_temporary",
+]
+
+# code -> (name, temporary, fatal, http status or 0)
+CODES: dict[int, tuple[str, bool, bool, int]] = {
+    4000: ("bad_frame", False, True, 400),
+    4001: ("bad_request", False, False, 400),
+    4002: ("unknown_op", False, False, 0),
+    4003: ("frame_too_large", False, True, 413),
+    4004: ("bad_channel", False, False, 400),
+    4005: ("hello_required", False, True, 0),
+    4006: ("unsupported_version", False, True, 0),
+    4007: ("too_many_subscriptions", False, False, 400),
+    4100: ("auth_required", False, True, 401),
+    4101: ("bad_token", False, True, 401),
+    4102: ("forbidden", False, False, 403),
+    4103: ("token_expired", True, True, 401),
+    4200: ("already_subscribed", False, False, 0),
+    4201: ("not_subscribed", False, False, 0),
+    4202: ("epoch_mismatch", False, False, 409),
+    4203: ("recovery_too_large", False, False, 400),
+    4300: ("internal", True, False, 500),
+    4301: ("unavailable", True, False, 503),
+    4302: ("slow_consumer", True, True, 0),
+    4303: ("shutting_down", True, True, 503),
+    4304: ("timeout", True, True, 0),
+}
+
+
+def is_temporary(code: int) -> bool:
+    return CODES.get(code, ("", False, False, 0))[1]
+
+
+def is_fatal(code: int) -> bool:
+    return CODES.get(code, ("", False, True, 0))[2]
+
+
+def http_status(code: int) -> int:
+    return CODES.get(code, ("", False, False, 500))[3] or 400
+
+
+class HubbubError(Exception):
+    """Base class. ``code`` is a native error code from :data:`CODES`."""
+
+    code: int = 4300
+
+    def __init__(self, detail: str = "", *, code: int | None = None, request_id: int | None = None) -> None:
+        if code is not None:
+            self.code = code
+        self.detail = detail
+        #: The id of the request this error answers, when known (native ``id``).
+        self.request_id = request_id
+        super().__init__(detail or self.message)
+
+    @property
+    def message(self) -> str:
+        """The fixed public text for the code (the name with ``_`` as spaces)."""
+        return CODES.get(self.code, ("internal",))[0].replace("_", " ")
+
+    @property
+    def temporary(self) -> bool:
+        return is_temporary(self.code)
+
+    @property
+    def fatal(self) -> bool:
+        return is_fatal(self.code)
+
+
+class ProtocolError(HubbubError):
+    code = 4000
+
+
+class BadFrame(ProtocolError):
+    code = 4000
+
+
+class BadRequest(ProtocolError):
+    code = 4001
+
+
+class UnknownOp(ProtocolError):
+    code = 4002
+
+
+class FrameTooLarge(ProtocolError):
+    code = 4003
+
+
+class BadChannel(ProtocolError):
+    code = 4004
+
+
+class LimitExceeded(HubbubError):
+    code = 4007
+
+
+class AuthError(HubbubError):
+    code = 4101
+
+
+class SubscriptionError(HubbubError):
+    code = 4200
+
+
+class StorageError(HubbubError):
+    code = 4301
+
+
+class ShuttingDown(HubbubError):
+    code = 4303

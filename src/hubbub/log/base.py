@@ -1,0 +1,168 @@
+"""The ``LogStore`` interface: a narrow contract every log engine implements.
+
+Concurrency contract (every engine):
+
+* ``append``, ``apply_retention``, ``reset_channel`` and ``close`` are called from **one writer thread** only
+  (core owns it). They are never called concurrently with each other.
+* Every read method (``head``, ``heads``, ``read``, ``read_last``, ``channels``, ``top_time``, ``stats``) may
+  be called from any thread, concurrently with the writer and with each other. Reads see only committed data.
+* No method is ever called on the event loop thread.
+
+Invariants (checked by ``tests/contract/test_log_stores.py`` against every engine):
+
+* Per channel and epoch, ``seq`` starts at 1 and increases by exactly 1 per appended event.
+* ``time_ns`` is assigned by the store at append: ``max(now, last_time + 1)`` over the **whole log**, so it is
+  strictly increasing per channel and never lower than any earlier commit.
+* A new channel gets a fresh random epoch (``[0-9a-z]{8}``). The epoch changes only through ``reset_channel``
+  (or ``new_epochs_on_open``), and then ``seq`` restarts at 1.
+* Trimming removes the oldest events of a channel; ``first`` moves up, ``top`` and ``epoch`` never change.
+* Idempotency: an ``AppendRequest`` with an ``idem`` key that repeats ``(user, channel, idem)`` of an event
+  appended within ``idem_window_ns`` (by the new commit's time) is not appended again; the result is the
+  original event with ``duplicate=True``. This holds across restarts.
+"""
+
+from __future__ import annotations
+
+import abc
+import secrets
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hubbub.events import Event, Publisher
+
+__all__ = [
+    "AppendRequest",
+    "AppendResult",
+    "ChannelInfo",
+    "LogStore",
+    "RetentionPolicy",
+    "StoreStats",
+    "new_epoch",
+]
+
+_EPOCH_ALPHABET = string.digits + string.ascii_lowercase
+
+
+def new_epoch() -> str:
+    """A fresh random epoch: 8 characters from ``[0-9a-z]``."""
+    return "".join(secrets.choice(_EPOCH_ALPHABET) for _ in range(8))
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    """One event to append; the store assigns ``seq``, ``epoch`` and ``time_ns``."""
+
+    channel: str
+    publisher: Publisher
+    payload: bytes
+    content_type: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    idem: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    event: Event
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelInfo:
+    """A channel's position. ``first`` is the oldest retained seq (``top + 1`` when all are trimmed)."""
+
+    channel: str
+    epoch: str
+    first: int
+    top: int
+    top_time: int
+
+    @property
+    def empty(self) -> bool:
+        return self.epoch == ""
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """``0`` means unlimited. ``max_events``/``max_bytes`` apply per channel at every append;
+    ``max_age_s``/``max_total_bytes`` apply when ``apply_retention`` runs."""
+
+    max_age_s: int = 0
+    max_events: int = 0
+    max_bytes: int = 0
+    max_total_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    events: int
+    bytes: int
+    channels: int
+
+
+class LogStore(abc.ABC):
+    """A durable, per-channel sequenced event log. See the module docstring for the contract."""
+
+    #: Name of the engine, for logs and metrics.
+    engine: str = ""
+
+    @abc.abstractmethod
+    def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+        """Append a batch in **one transaction** and return one result per request, in order.
+
+        Within the batch, requests for the same channel get consecutive seqs in request order. When this
+        returns, the batch is committed (and, with ``durability=fsync``, synced to stable storage).
+        Raises ``hubbub.errors.StorageError`` if the commit fails; then nothing of the batch is visible.
+        """
+
+    @abc.abstractmethod
+    def head(self, channel: str) -> ChannelInfo:
+        """The channel's position. A channel that never had an event: epoch ``""``, first 0, top 0."""
+
+    @abc.abstractmethod
+    def read(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+    ) -> list[Event]:
+        """Events of the channel's current epoch with ``seq > after_seq`` and
+        ``from_time <= time_ns < to_time`` (when given), oldest first, at most ``limit``."""
+
+    @abc.abstractmethod
+    def read_last(self, channel: str, n: int) -> list[Event]:
+        """The last ``n`` retained events of the channel, oldest first."""
+
+    @abc.abstractmethod
+    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+        """Channels holding at least one retained event, in byte order of the canonical path (UTF-8),
+        starting strictly after ``after``, at most ``limit``. ``prefix``, when given, keeps only channels
+        whose path starts with it (a cheap pre-filter for patterns)."""
+
+    @abc.abstractmethod
+    def top_time(self) -> int:
+        """``time_ns`` of the newest committed event in the whole log, 0 when empty."""
+
+    @abc.abstractmethod
+    def reset_channel(self, channel: str) -> ChannelInfo:
+        """Delete the channel's events and start a new epoch (seq restarts at 1). Returns the new head
+        (``top`` 0, ``first`` 1, the new epoch)."""
+
+    @abc.abstractmethod
+    def new_epochs_on_open(self) -> None:
+        """Give every channel a new epoch, deleting its events (``durability=none`` restarts)."""
+
+    @abc.abstractmethod
+    def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
+        """Trim by age and by total size. Returns the number of events removed."""
+
+    @abc.abstractmethod
+    def stats(self) -> StoreStats:
+        """Retained events, their bytes (payload + header + tag bytes, as ``Event.size``), channels."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Flush and release everything. Idempotent."""
