@@ -37,6 +37,8 @@ __all__ = [
 MAX_CHANNEL_BYTES = 1024
 
 _NEEDS_ENC = re.compile(r"[%/\x00-\x1f\x7f]")
+# The same set less "/", for whole paths whose "/" are separators.
+_PATH_NEEDS_WORK = re.compile(r"[%\x00-\x1f\x7f]")
 _PCT = re.compile(rb"%([0-9A-Fa-f]{2})")
 
 
@@ -85,7 +87,7 @@ def canonical(path: str, max_bytes: int = MAX_CHANNEL_BYTES) -> str:
     if not path.startswith("/"):
         raise BadChannel("channel must start with /")
     _check_text(path)
-    if "%" not in path and _NEEDS_ENC.search(path, 1) is None:
+    if _PATH_NEEDS_WORK.search(path) is None:
         # Fast path: nothing to decode and nothing to encode except the separators themselves.
         return _check_len(path, max_bytes)
     out = "/" + "/".join(enc(dec(s)) for s in path[1:].split("/"))

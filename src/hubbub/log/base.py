@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 import secrets
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hubbub.events import Event, Publisher
@@ -119,6 +119,11 @@ class LogStore(abc.ABC):
     @abc.abstractmethod
     def head(self, channel: str) -> ChannelInfo:
         """The channel's position. A channel that never had an event: epoch ``""``, first 0, top 0."""
+
+    def heads(self, channels: Iterable[str]) -> dict[str, ChannelInfo]:
+        """The positions of several channels (unknown ones as :meth:`head` gives them). Engines override this
+        to read them all from one snapshot; this default calls :meth:`head` per channel."""
+        return {ch: self.head(ch) for ch in channels}
 
     @abc.abstractmethod
     def read(

@@ -1,0 +1,125 @@
+"""The ``hubbub`` command line: ``serve`` and the client commands (``pub``, ``sub``, ``log``).
+
+Every ``serve`` option is also settable as ``HUBBUB_<KEY>`` in the environment or in a TOML file given
+with ``--config``; the command line wins, then the environment, then the file, then the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from hubbub import __version__
+from hubbub.config import KEYS, Config, ConfigError, Limits, Retention, env_name, flag_name, load_config
+
+__all__ = ["build_parser", "main"]
+
+_HELP = {
+    "data_dir": "directory for the log store and small state files",
+    "durability": "when a publish is acknowledged: fsync (after fsync; survives power loss), "
+    "commit (after the commit; survives a process crash), none (once sequenced; promises nothing)",
+    "store": "log engine: sqlite (in data_dir), sqlite:///FILE, or memory (nothing survives a restart)",
+    "broker": "redis://... for fan-out across nodes (not yet supported)",
+    "http.listen": "HTTP and WebSocket listener, HOST:PORT (port 0 picks a free port)",
+    "native.tcp_listen": "native raw TCP listener, HOST:PORT",
+    "native.enabled": "serve the native protocol (true/false)",
+    "native.ping_interval_s": "seconds of silence before the server pings a native connection",
+    "native.idempotency_window_s": "seconds during which a repeated idempotency key is not appended again",
+    "native.max_recovery": "most events one replay may send",
+    "limits.max_frame": "largest WebSocket message, TCP frame or line, and HTTP body, in bytes",
+    "limits.max_channel_bytes": "longest canonical channel path, in UTF-8 bytes",
+    "limits.max_tags": "tags per event",
+    "limits.max_tag_bytes": "bytes per tag",
+    "limits.max_headers": "headers per event",
+    "limits.max_header_bytes": "total bytes of header keys and values per event",
+    "limits.max_subscriptions": "subscriptions per connection",
+    "limits.send_queue": "outbound frames queued per connection before the slow-consumer policy applies",
+    "limits.send_queue_bytes": "the same, in bytes",
+    "log.retention.max_age_s": "trim events older than this many seconds (0: keep)",
+    "log.retention.max_events": "keep at most this many events per channel (0: unlimited)",
+    "log.retention.max_bytes": "keep at most this many bytes per channel (0: unlimited)",
+    "log.retention.max_total_bytes": "size cap for the whole log; oldest events go first (0: unlimited)",
+    "auth.mode": "off (everyone may publish and subscribe)",
+    "cors_origin": "CORS for browsers on other origins: *, an origin, or empty (off)",
+    "log_level": "debug, info, warning or error",
+    "log_format": "text or json (one JSON object per line)",
+}
+
+
+def _default(key: str) -> object:
+    path, _ = KEYS[key]
+    cfg = Config()
+    if path[0] == "limits":
+        return getattr(Limits(), path[1])
+    if path[0] == "retention":
+        return getattr(Retention(), path[1])
+    return getattr(cfg, path[0])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hubbub",
+        description="hubbub: a pub/sub server that speaks many dialects over one channel tree and one "
+        "durable log.",
+    )
+    parser.add_argument("--version", action="version", version=f"hubbub {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run the server",
+        description="Run a hubbub server. Every option can also be set in the environment "
+        "(HUBBUB_<KEY>) or in a TOML file (--config); the command line wins.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument("--config", metavar="FILE", help="TOML config file with dotted keys or tables",
+                       default=None)
+    for key in KEYS:
+        serve.add_argument(
+            flag_name(key),
+            dest=key,
+            metavar="VALUE",
+            default=None,
+            help=f"{_HELP.get(key, key)} [env {env_name(key)}; default {_default(key)!r}]",
+        )
+    serve.set_defaults(func=_serve)
+    try:
+        from hubbub.cli_client import add_client_commands
+    except ImportError:  # pragma: no cover - the client ships with the package
+        pass
+    else:
+        add_client_commands(sub)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from hubbub.logs import setup_logging
+    from hubbub.server import run
+
+    cli = {key: getattr(args, key) for key in KEYS}
+    try:
+        cfg = load_config(cli, config_file=args.config)
+    except ConfigError as exc:
+        print(f"hubbub serve: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(cfg.log_level, cfg.log_format)
+    try:
+        run(cfg)
+    except OSError as exc:
+        print(f"hubbub serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+

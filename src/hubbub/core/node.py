@@ -1,0 +1,448 @@
+"""The core node: publish (authorize, persist, fan out) and subscribe (live, replay, recover).
+
+Concurrency contract: every public method is called from the event loop thread. Store writes run on the
+:class:`~hubbub.core.writer.LogWriter` thread; store reads run on a small reader thread pool. The node never
+knows a wire format: sessions carry an :class:`~hubbub.core.session.Encoder` supplied by the transport.
+
+Ordering guarantees:
+
+* A publish is acknowledged (its ``done`` callback runs) only after the commit returned, and before the
+  event is fanned out, so a publisher that also subscribes sees its reply before its own copy.
+* Fan-out follows commit order. Each session gets a live event at most once, with the ids of every
+  subscription of that session that matches it.
+* A subscription with a replay is registered *holding*: live events that match it are held while the snapshot
+  and replay are read, then the ones newer than the snapshot are released right after the replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hubbub.auth import AllowAll, Authorizer
+from hubbub.channels import Pattern
+from hubbub.errors import HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
+from hubbub.events import Event, Position
+from hubbub.log.base import AppendRequest, AppendResult, LogStore, RetentionPolicy
+from hubbub.router import Router
+
+from .replay import Gap, ReplayPlan, ReplaySpec, plan_replay
+from .session import Session
+from .writer import LogWriter
+
+__all__ = ["Node", "NodeSettings", "Subscription"]
+
+log = logging.getLogger("hubbub.node")
+
+T = TypeVar("T")
+
+Done = Callable[["AppendResult | HubbubError"], None]
+
+ACK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    max_subscriptions: int = 1024
+    max_recovery: int = 10000
+    max_pending: int = 65536
+    commit_batch: int = 4096
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    retention_interval_s: float = 30.0
+    reader_threads: int = 4
+
+
+@dataclass(eq=False, slots=True)
+class Subscription:
+    """One subscription of one session. Identity-hashed: the router uses it as its key."""
+
+    session: Session
+    sub_id: str
+    pattern: Pattern
+    tags: frozenset[str]
+    holding: list[Event] | None = None
+
+    def matches(self, event: Event) -> bool:
+        return self.pattern.matches(event.channel) and self.tags.issubset(event.tags)
+
+
+@dataclass(slots=True)
+class _Pending:
+    origin: Session | None
+    done: Done | None
+    t0: float
+
+
+class Histogram:
+    """A fixed-bucket histogram (cumulative on export)."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = tuple(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float) -> None:
+        self.sum += v
+        self.count += 1
+        for i, b in enumerate(self.buckets):
+            if v <= b:
+                self.counts[i] += 1
+                return
+        self.counts[-1] += 1
+
+
+class Node:
+    """See the module docstring. Use as ``async with Node(store, settings) as node``."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        settings: NodeSettings | None = None,
+        authorizer: Authorizer | None = None,
+        *,
+        new_epochs: bool = False,
+    ) -> None:
+        self.store = store
+        self.settings = settings or NodeSettings()
+        self.authorizer: Authorizer = authorizer or AllowAll()
+        self.router: Router[Subscription] = Router()
+        self._new_epochs = new_epochs
+        self._subs: dict[Session, dict[str, Subscription]] = {}
+        self._sessions: set[Session] = set()
+        self._pending = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._closing = False
+        self._writer: LogWriter | None = None
+        self._readers = ThreadPoolExecutor(self.settings.reader_threads, thread_name_prefix="hubbub-log-reader")
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # statistics, per dialect
+        self.published: dict[str, int] = {}
+        self.deliveries: dict[str, int] = {}
+        self.bad_input: dict[str, int] = {}
+        self.slow_closes: dict[str, int] = {}
+        self.ack_latency = Histogram(ACK_BUCKETS)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Node:
+        self._loop = asyncio.get_running_loop()
+        self._writer = LogWriter(self.store, self._loop, self._on_committed, self.settings.commit_batch)
+        self._writer.start()
+        if self._new_epochs:
+            await self._writer.submit_control(lambda st: st.new_epochs_on_open())
+        pol = self.settings.retention
+        if pol.max_age_s or pol.max_total_bytes:
+            self._spawn(self._retention_loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop accepting publishes, commit everything queued, then release the store."""
+        if self._closing:
+            return
+        self._closing = True
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._writer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._writer.stop)
+            # Let the final completions (acks) scheduled by the writer run before we return.
+            await asyncio.sleep(0)
+        self._readers.shutdown(wait=True)
+        self.store.close()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _retention_loop(self) -> None:
+        assert self._writer is not None
+        pol = self.settings.retention
+        while True:
+            await asyncio.sleep(self.settings.retention_interval_s)
+            try:
+                n = await self._writer.submit_control(lambda st: st.apply_retention(pol, time.time_ns()))
+                if n:
+                    log.info("retention trimmed %d events", n)
+            except HubbubError as exc:
+                log.warning("retention failed: %s", exc)
+
+    # -- sessions ---------------------------------------------------------------------------------------
+
+    def attach(self, session: Session) -> None:
+        self._sessions.add(session)
+        self._subs[session] = {}
+
+    def detach(self, session: Session) -> None:
+        """Forget a session and all its subscriptions. Idempotent."""
+        subs = self._subs.pop(session, None)
+        if subs:
+            for s in subs.values():
+                self.router.remove(s.pattern, s, s.tags)
+        self._sessions.discard(session)
+        session.close()
+
+    @property
+    def sessions(self) -> frozenset[Session]:
+        return frozenset(self._sessions)
+
+    def count_bad_input(self, dialect: str) -> None:
+        self.bad_input[dialect] = self.bad_input.get(dialect, 0) + 1
+
+    def count_slow_close(self, dialect: str) -> None:
+        self.slow_closes[dialect] = self.slow_closes.get(dialect, 0) + 1
+
+    # -- publish ----------------------------------------------------------------------------------------
+
+    def submit(self, request: AppendRequest, origin: Session | None = None, done: Done | None = None) -> None:
+        """Queue a publish. ``done`` is called on the loop with the result once committed (or failed).
+
+        Raises :class:`ShuttingDown` while the node closes, and ``AuthError`` when publishing is not allowed.
+        Callers that publish in a loop should ``await node.writable()`` to respect back-pressure.
+        """
+        if self._closing or self._writer is None:
+            raise ShuttingDown()
+        user = origin.user if origin is not None else request.publisher.user
+        self.authorizer.check_publish(user, request.channel)
+        self._pending += 1
+        if self._pending >= self.settings.max_pending:
+            self._room.clear()
+        self._writer.submit(_Pending(origin, done, time.perf_counter()), request)
+
+    async def publish(self, request: AppendRequest, origin: Session | None = None) -> AppendResult:
+        """Publish and wait for the acknowledgement."""
+        await self.writable()
+        fut: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+
+        def done(r: AppendResult | HubbubError) -> None:
+            if fut.done():
+                return
+            if isinstance(r, HubbubError):
+                fut.set_exception(r)
+            else:
+                fut.set_result(r)
+
+        self.submit(request, origin, done)
+        return await fut
+
+    async def writable(self) -> None:
+        """Wait until the writer has room (back-pressure for publishers)."""
+        if not self._room.is_set():
+            await self._room.wait()
+
+    def _on_committed(self, items: list[_Pending], result: list[AppendResult] | HubbubError) -> None:
+        self._pending -= len(items)
+        if self._pending < self.settings.max_pending // 2:
+            self._room.set()
+        if isinstance(result, HubbubError):
+            for it in items:
+                if it.done is not None:
+                    it.done(result)
+            return
+        now = time.perf_counter()
+        obs = self.ack_latency.observe
+        for it, r in zip(items, result, strict=True):
+            obs(now - it.t0)
+            if it.done is not None:
+                it.done(r)
+        published = self.published
+        for it, r in zip(items, result, strict=True):
+            if r.duplicate:
+                continue
+            d = r.event.publisher.dialect
+            published[d] = published.get(d, 0) + 1
+            self._fan_out(r.event, it.origin)
+
+    def _fan_out(self, event: Event, origin: Session | None) -> None:
+        subs = self.router.match(event.channel, event.tags)
+        if not subs:
+            return
+        caches: dict[str, dict[Any, Any]] = {}
+        if len(subs) == 1:
+            s = subs[0]
+            sess = s.session
+            if sess is origin and not sess.echo:
+                return
+            if s.holding is not None:
+                self._hold(s, event)
+                return
+            self._deliver(sess, event, [s.sub_id], caches)
+            return
+        groups: dict[Session, list[Subscription]] = {}
+        for s in subs:
+            g = groups.get(s.session)
+            if g is None:
+                groups[s.session] = [s]
+            else:
+                g.append(s)
+        for sess, group in groups.items():
+            if sess is origin and not sess.echo:
+                continue
+            holder = next((s for s in group if s.holding is not None), None)
+            if holder is not None:
+                self._hold(holder, event)
+                continue
+            self._deliver(sess, event, [s.sub_id for s in group], caches)
+
+    def _deliver(
+        self, sess: Session, event: Event, sub_ids: list[str], caches: dict[str, dict[Any, Any]]
+    ) -> None:
+        key = sess.encoder.key
+        cache = caches.get(key)
+        if cache is None:
+            cache = caches[key] = {}
+        if sess.deliver(event, sub_ids, cache):
+            d = sess.dialect
+            self.deliveries[d] = self.deliveries.get(d, 0) + 1
+        elif sess.kicked:
+            self._note_kicked(sess)
+
+    def _note_kicked(self, sess: Session) -> None:
+        if sess.kicked == sess.slow_close_code and sess in self._sessions:
+            self.count_slow_close(sess.dialect)
+
+    def _hold(self, sub: Subscription, event: Event) -> None:
+        assert sub.holding is not None
+        sub.holding.append(event)
+        if len(sub.holding) > sub.session.max_items * 4:
+            # The replay cannot keep up with the live stream: apply the slow-consumer policy.
+            sub.session.kick(sub.session.slow_close_code)
+            self._note_kicked(sub.session)
+
+    # -- subscribe --------------------------------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        session: Session,
+        sub_id: str,
+        pattern: Pattern,
+        tags: frozenset[str] = frozenset(),
+        replay: ReplaySpec | None = None,
+        *,
+        on_snapshot: Callable[[ReplayPlan], None],
+        on_replayed: Callable[[ReplayPlan], None] | None = None,
+    ) -> Subscription:
+        """Create a subscription, with a replay if ``replay`` asks for one.
+
+        ``on_snapshot(plan)`` runs on the loop once the snapshot is read: the transport queues its reply and
+        any gap notices. The replayed events are then queued (pacing on the session's queue), and
+        ``on_replayed(plan)`` queues the end-of-replay notice; right after it, held live events newer than the
+        snapshot are released, all in one loop step. Raises :class:`SubscriptionError` (4200, 4203),
+        :class:`LimitExceeded` (4007) or ``BadRequest``; then no subscription exists.
+        """
+        if self._closing:
+            raise ShuttingDown()
+        subs = self._subs.get(session)
+        if subs is None:
+            raise ShuttingDown("session is closed")
+        if sub_id in subs:
+            raise SubscriptionError("sub id in use", code=4200)
+        if len(subs) >= self.settings.max_subscriptions:
+            raise LimitExceeded("too many subscriptions")
+        spec = replay or ReplaySpec()
+        sub = Subscription(session, sub_id, pattern, tags, holding=[])
+        subs[sub_id] = sub
+        self.router.add(pattern, sub, tags)
+        try:
+            plan = await self.read(plan_replay, pattern, spec, self.settings.max_recovery)
+            for ch in plan.ahead:
+                # Commits the client saw were lost: continuity is broken, so the channel gets a new epoch.
+                info = await self.reset_channel(ch)
+                pos = Position(info.top, info.epoch)
+                plan.tops[ch] = 0
+                plan.gaps = [g if g.channel != ch else Gap(ch, g.since, pos, g.reason) for g in plan.gaps]
+                if pattern.is_exact:
+                    plan.position = pos
+        except BaseException:
+            self._drop(sub)
+            raise
+        if subs.get(sub_id) is not sub:  # unsubscribed or detached meanwhile
+            raise SubscriptionError("subscription was cancelled", code=4201)
+        on_snapshot(plan)
+        cache: dict[Any, Any] = {}
+        for ev in plan.events:
+            if session.closed or session.kicked:
+                break
+            if session.queued >= session.max_items - 1:
+                await self._wait_room(session)
+            session.deliver(ev, [sub_id], cache, replay=True)
+        if on_replayed is not None and plan.replayed:
+            on_replayed(plan)
+        self._release(sub, plan)
+        return sub
+
+    async def _wait_room(self, session: Session) -> None:
+        # The transport drains the queue; poll for room at a modest rate while a large replay is paced.
+        while session.queued >= session.max_items // 2 and not (session.closed or session.kicked):
+            await asyncio.sleep(0.001)
+
+    def _release(self, sub: Subscription, plan: ReplayPlan) -> None:
+        held = sub.holding or []
+        sub.holding = None
+        if not held:
+            return
+        tops = plan.tops
+        sess = sub.session
+        subs = self._subs.get(sess, {})
+        caches: dict[str, dict[Any, Any]] = {}
+        for ev in held:
+            top = tops.get(ev.channel)
+            if top is not None and ev.seq <= top:
+                continue  # part of the snapshot: replayed (or deliberately not) already
+            ids = [s.sub_id for s in subs.values() if s.holding is None and s.matches(ev)]
+            if ids:
+                self._deliver(sess, ev, ids, caches)
+
+    def unsubscribe(self, session: Session, sub_id: str) -> None:
+        subs = self._subs.get(session)
+        sub = subs.get(sub_id) if subs else None
+        if sub is None:
+            raise SubscriptionError("not subscribed", code=4201)
+        self._drop(sub)
+
+    def _drop(self, sub: Subscription) -> None:
+        subs = self._subs.get(sub.session)
+        if subs is not None and subs.get(sub.sub_id) is sub:
+            del subs[sub.sub_id]
+        self.router.remove(sub.pattern, sub, sub.tags)
+
+    def subscriptions(self, session: Session) -> list[Subscription]:
+        return list(self._subs.get(session, {}).values())
+
+    # -- reads and control ------------------------------------------------------------------------------
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(store, *args)`` on a reader thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, fn, self.store, *args)
+
+    async def reset_channel(self, channel: str) -> Any:
+        """Start a new epoch for a channel (on the writer thread, in order with appends)."""
+        assert self._writer is not None
+        return await self._writer.submit_control(lambda st: st.reset_channel(channel))
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "sessions": len(self._sessions),
+            "pending": self._pending,
+            "router": self.router.statistics(),
+            "writer": self._writer.statistics() if self._writer else {},
+        }

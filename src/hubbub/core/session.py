@@ -1,0 +1,197 @@
+"""Sessions: one connection as the core sees it, with a bounded outbound queue.
+
+A session never sees a wire format. The transport gives it an :class:`Encoder`, which turns events into the
+bytes of the connection's dialect; the core calls it once per event and fan-out, sharing a per-event cache
+between sessions with the same ``Encoder.key`` so each event is encoded once per dialect, not once per
+subscriber.
+
+Concurrency contract: every method is called from the event loop thread only.
+
+Overflow policies (protocols README §4), applied when a push would exceed ``max_items`` or ``max_bytes``:
+
+=============  ==============================================================================
+DISCONNECT     mark the session kicked with ``slow_close_code``; the transport sends the dialect's
+               error (if any) and closes. Nothing more is queued.
+DROP_OLDEST    drop the oldest queued *event* frames until the new one fits; count them as dropped.
+CATCH_UP       drop the queued live events and ask the dialect to catch up from the log
+               (``on_catch_up``); used by guble.
+=============  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import secrets
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hubbub.events import Event
+
+__all__ = ["Encoder", "Overflow", "Session", "SessionStats", "new_session_id"]
+
+
+def new_session_id() -> str:
+    """16 lower-case hex digits (protocols README §8)."""
+    return secrets.token_hex(8)
+
+
+class Overflow(enum.Enum):
+    DISCONNECT = "disconnect"
+    DROP_OLDEST = "drop_oldest"
+    CATCH_UP = "catch_up"
+
+
+class Encoder(Protocol):
+    """Renders events for one connection's dialect. Implemented by transports with a dialect codec."""
+
+    #: Sessions with equal keys share the per-event encoding cache.
+    key: str
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        """The bytes of one event frame for a connection whose matching subscriptions are ``subs``."""
+        ...
+
+
+@dataclass(slots=True)
+class SessionStats:
+    queued_frames: int = 0
+    queued_bytes: int = 0
+    delivered: int = 0
+    dropped: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class Session:
+    """A connection's state in the core. Identity-hashed: it is used as a dict key in fan-out."""
+
+    dialect: str
+    encoder: Encoder
+    max_items: int
+    max_bytes: int
+    overflow: Overflow = Overflow.DISCONNECT
+    slow_close_code: int = 4302
+    id: str = field(default_factory=new_session_id)
+    user: str = ""
+    echo: bool = True
+    params: dict[str, str] = field(default_factory=dict)
+    on_catch_up: Callable[[], None] | None = None
+    _frames: deque[tuple[bytes, bool]] = field(default_factory=deque)
+    _nbytes: int = 0
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    kicked: int = 0
+    ending: int = 0
+    closed: bool = False
+    stats: SessionStats = field(default_factory=SessionStats)
+
+    # -- producing (core side) --------------------------------------------------------------------------
+
+    def push(self, data: bytes, *, is_event: bool = False) -> bool:
+        """Queue one frame. Returns False when the frame was not queued (closed, kicked, or dropped)."""
+        if self.closed or self.kicked or self.ending:
+            return False
+        n = len(data)
+        if len(self._frames) >= self.max_items or self._nbytes + n > self.max_bytes:
+            if not self._overflow(n, is_event):
+                return False
+        self._frames.append((data, is_event))
+        self._nbytes += n
+        if len(self._frames) == 1:
+            self._wake.set()
+        return True
+
+    def deliver(self, event: Event, subs: Sequence[str], cache: dict[Any, Any], replay: bool = False) -> bool:
+        """Encode (through the shared cache) and queue one event."""
+        ok = self.push(self.encoder.encode_event(event, subs, replay, cache), is_event=True)
+        if ok:
+            self.stats.delivered += 1
+        return ok
+
+    def kick(self, code: int) -> None:
+        """Ask the transport to close the connection with ``code`` (after the dialect's error, if any)."""
+        if not self.kicked and not self.closed:
+            self.kicked = code
+            self._frames.clear()
+            self._nbytes = 0
+            self._wake.set()
+
+    def _overflow(self, n: int, is_event: bool) -> bool:
+        if self.overflow is Overflow.DISCONNECT:
+            self.kick(self.slow_close_code)
+            return False
+        if self.overflow is Overflow.DROP_OLDEST:
+            frames = self._frames
+            kept: deque[tuple[bytes, bool]] = deque()
+            while frames and (len(frames) + len(kept) >= self.max_items or self._nbytes + n > self.max_bytes):
+                data, ev = frames.popleft()
+                if ev:
+                    self._nbytes -= len(data)
+                    self.stats.dropped += 1
+                else:
+                    kept.append((data, ev))
+            frames.extendleft(reversed(kept))
+            if len(frames) >= self.max_items or self._nbytes + n > self.max_bytes:
+                if is_event:
+                    self.stats.dropped += 1
+                    return False
+                self.kick(self.slow_close_code)
+                return False
+            return True
+        # CATCH_UP: drop every queued live event and let the dialect refill from the log.
+        remaining = deque(f for f in self._frames if not f[1])
+        self.stats.dropped += len(self._frames) - len(remaining)
+        self._frames = remaining
+        self._nbytes = sum(len(d) for d, _ in remaining)
+        if self.on_catch_up is not None:
+            self.on_catch_up()
+        return not is_event
+
+    # -- consuming (transport side) ---------------------------------------------------------------------
+
+    async def next_frames(self, limit_bytes: int = 1 << 20) -> list[bytes]:
+        """Wait for queued frames and take them (at least one, then up to ``limit_bytes`` in total).
+
+        Returns an empty list when the session was kicked or closed: the transport then closes.
+        """
+        while not self._frames:
+            if self.kicked or self.closed or self.ending:
+                return []
+            self._wake.clear()
+            await self._wake.wait()
+        if self.kicked or self.closed:
+            return []
+        frames = self._frames
+        out = []
+        total = 0
+        while frames and (not out or total + len(frames[0][0]) <= limit_bytes):
+            data, _ = frames.popleft()
+            total += len(data)
+            out.append(data)
+        self._nbytes -= total
+        return out
+
+    def end(self, code: int) -> None:
+        """Close gracefully with ``code`` once the frames already queued are written."""
+        if not self.ending:
+            self.ending = code
+            self._wake.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._frames.clear()
+        self._nbytes = 0
+        self._wake.set()
+
+    @property
+    def queued(self) -> int:
+        return len(self._frames)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "queued_frames": len(self._frames),
+            "queued_bytes": self._nbytes,
+            "delivered": self.stats.delivered,
+            "dropped": self.stats.dropped,
+        }

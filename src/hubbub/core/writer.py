@@ -1,0 +1,149 @@
+"""The log writer: one dedicated thread that owns every write to the store, with group commit.
+
+Publishers on the event loop call :meth:`LogWriter.submit`; the thread takes everything waiting (up to
+``max_batch``) and appends it in one transaction, then hands the results back to the loop with one
+``call_soon_threadsafe``. Acknowledgements and fan-out therefore happen only after the commit returned.
+
+Concurrency contract: ``submit``/``submit_control`` are called from the event loop thread; the completion
+callback runs on the event loop thread; the store's write methods run on the writer thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hubbub.errors import HubbubError, StorageError
+from hubbub.log.base import AppendRequest, AppendResult, LogStore
+
+__all__ = ["LogWriter"]
+
+log = logging.getLogger("hubbub.writer")
+
+Completion = Callable[[Sequence[Any], "list[AppendResult] | HubbubError"], None]
+
+_STOP = object()
+
+
+class LogWriter:
+    """Group-commit writer thread for one :class:`LogStore`."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        loop: asyncio.AbstractEventLoop,
+        on_committed: Callable[[list[Any], list[AppendResult] | HubbubError], None],
+        max_batch: int = 4096,
+    ) -> None:
+        self._store = store
+        self._loop = loop
+        self._on_committed = on_committed
+        self._max_batch = max_batch
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="hubbub-log-writer", daemon=True)
+        self.batches = 0
+        self.events = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, item: Any, request: AppendRequest) -> None:
+        """Queue one append. ``item`` is returned with its result to ``on_committed``."""
+        self._inbox.put((item, request))
+
+    def submit_control(self, fn: Callable[[LogStore], Any]) -> asyncio.Future[Any]:
+        """Run ``fn(store)`` on the writer thread, in order with appends; the future gets its result."""
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._inbox.put((fut, fn))
+        return fut
+
+    def stop(self) -> None:
+        """Drain everything queued, then stop the thread (blocking: call it off-loop or at shutdown)."""
+        if self._thread.is_alive():
+            self._inbox.put(_STOP)
+            self._thread.join()
+
+    def _run(self) -> None:
+        inbox = self._inbox
+        stop = False
+        while not stop:
+            first = inbox.get()
+            if first is _STOP:
+                break
+            pending = [first]
+            while len(pending) < self._max_batch:
+                try:
+                    nxt = inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop = True
+                    break
+                pending.append(nxt)
+            self._process(pending)
+
+    def _process(self, pending: list[Any]) -> None:
+        items: list[Any] = []
+        requests: list[AppendRequest] = []
+        for item, req in pending:
+            if isinstance(req, AppendRequest):
+                items.append(item)
+                requests.append(req)
+                continue
+            # A control function: flush the appends before it so ordering is preserved.
+            self._flush(items, requests)
+            items, requests = [], []
+            self._control(item, req)
+        self._flush(items, requests)
+
+    def _flush(self, items: list[Any], requests: list[AppendRequest]) -> None:
+        if not requests:
+            return
+        result: list[AppendResult] | HubbubError
+        try:
+            result = self._store.append(requests)
+            self.batches += 1
+            self.events += len(requests)
+        except HubbubError as exc:
+            log.error("log append failed: %s", exc)
+            result = exc
+        except Exception:
+            log.exception("log append failed")
+            result = StorageError("storage failure")
+        try:
+            self._loop.call_soon_threadsafe(self._on_committed, items, result)
+        except RuntimeError:  # the loop is closed: the server is gone
+            pass
+
+    def _control(self, fut: asyncio.Future[Any], fn: Callable[[LogStore], Any]) -> None:
+        try:
+            value = fn(self._store)
+        except Exception as exc:
+            if not isinstance(exc, HubbubError):
+                log.exception("log control operation failed")
+                exc = StorageError("storage failure")
+            err = exc
+            self._resolve(fut, None, err)
+            return
+        self._resolve(fut, value, None)
+
+    def _resolve(self, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+        def done() -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(value)
+
+        try:
+            self._loop.call_soon_threadsafe(done)
+        except RuntimeError:
+            pass
+
+    def statistics(self) -> dict[str, int]:
+        return {"batches": self.batches, "events": self.events, "queued": self._inbox.qsize()}

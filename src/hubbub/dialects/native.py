@@ -1,0 +1,807 @@
+"""The native protocol, v1 (protocols/native.md): a sans-I/O codec.
+
+:class:`NativeCodec` turns one WebSocket message (or one TCP frame) into a :data:`Command` and turns replies,
+pushes and events into bytes, in JSON or msgpack. :class:`NativeStreamDecoder` splits a raw TCP byte stream
+into frames, picking the framing from the first byte. The HTTP renderings live in :mod:`.native_http` and
+are re-exported here so transports need only this module.
+
+Invariants:
+
+* ``decode`` either returns a fully validated command or raises a :class:`~hubbub.errors.HubbubError`
+  whose code is in :data:`hubbub.errors.CODES`; when the frame's integer ``id`` could be read, the error
+  carries it in ``request_id`` so the error frame can echo it. Nothing else escapes.
+* Every read is bounded by ``max_frame`` and the ``limits.*`` values given to the constructor.
+* Stream parsing does not depend on chunking: feeding the same bytes in any split gives the same items.
+* Encoders return complete frames (``bytes``); JSON output is compact with keys in the spec's order.
+* An event body is encoded once per fan-out and encoding (``cache``); each connection only adds its ``subs``.
+
+Concurrency contract: a codec or stream decoder belongs to one connection and is called from one thread
+(the event loop). The module-level functions are pure and thread-safe.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+import msgpack
+import orjson
+
+from hubbub.channels import Pattern, canonical, parse_pattern
+from hubbub.errors import (
+    CODES,
+    BadFrame,
+    BadRequest,
+    FrameTooLarge,
+    HubbubError,
+    UnknownOp,
+    is_temporary,
+)
+from hubbub.events import Event, Position
+
+from .native_common import (
+    DEFAULT_CONTENT_TYPE,
+    DEFAULT_MAX_FRAME,
+    MSGPACK_BODY_PAIRS,
+    Encoding,
+    Limits,
+    check_content_type,
+    check_headers,
+    check_idem,
+    check_tags,
+    dump_json_value,
+    event_body_json,
+    event_body_msgpack,
+    plain,
+)
+from .native_http import (
+    event_object,
+    http_publish_fields,
+    parse_sse_last_event_id,
+    render_http_error,
+    render_log,
+    render_sse_event,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "SUBPROTOCOLS",
+    "Auth",
+    "Command",
+    "Encoding",
+    "Hello",
+    "Limits",
+    "NativeCodec",
+    "NativeStreamDecoder",
+    "Ping",
+    "Pong",
+    "Publish",
+    "Subscribe",
+    "Unsubscribe",
+    "error_message",
+    "event_object",
+    "http_publish_fields",
+    "parse_sse_last_event_id",
+    "render_http_error",
+    "render_log",
+    "render_sse_event",
+]
+
+PROTOCOL_VERSION: Final = 1
+#: WebSocket subprotocol → encoding.
+SUBPROTOCOLS: Final[dict[str, Encoding]] = {"hubbub.v1.json": "json", "hubbub.v1.msgpack": "msgpack"}
+
+MAX_ID: Final = 1 << 31
+MAX_SUB_CHARS: Final = 64
+MAX_U64: Final = (1 << 64) - 1
+MAX_STREAM_FRAME: Final = 1 << 24  # TCP msgpack length prefix must be below 2^24 (native.md §1)
+
+
+# -- commands ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """``hello``. ``v`` is whatever the client sent; the connection answers 4006 unless it is 1 (and then
+    the other fields keep their defaults, since another version may define them differently)."""
+
+    id: int
+    v: int
+    token: str | None = None
+    client: str = ""
+    echo: bool = True
+    batch: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """``subscribe``. At most one of ``since``/``last``/``from_time``, except ``from_time`` with a ``since``
+    map. ``since`` is a :class:`Position` for an exact channel and a map of canonical channel → position
+    (every key matching ``pattern``) for a pattern."""
+
+    id: int
+    sub: str
+    pattern: Pattern
+    tags: frozenset[str] = frozenset()
+    since: Position | dict[str, Position] | None = None
+    last: int | None = None
+    from_time: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    id: int
+    sub: str
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """``publish``. ``channel`` is canonical, ``tags`` sorted and de-duplicated, ``headers`` user headers
+    only, ``payload`` the bytes to store, ``content_type`` the given type or the payload field's default."""
+
+    id: int
+    channel: str
+    payload: bytes
+    content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    idem: str = ""
+    ack: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """A client ``ping``; answered with ``pong`` echoing ``id`` when given."""
+
+    id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """A client ``pong`` (the answer to a server ping)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Auth:
+    """``auth``: token refresh."""
+
+    id: int
+    token: str
+
+
+Command: TypeAlias = Hello | Subscribe | Unsubscribe | Publish | Ping | Pong | Auth
+
+
+# -- field readers (raise BadRequest; the caller attaches the request id) --------------------------------
+
+_Obj = dict[Any, Any]
+
+
+def _is_int(v: object) -> bool:
+    return type(v) is int  # bool is an int subclass and is refused everywhere
+
+
+def _request_id(obj: _Obj) -> int:
+    v = obj.get("id")
+    if v is None:
+        raise BadRequest("id is required")
+    if not _is_int(v):
+        raise BadRequest("id must be an integer")
+    if not 0 <= v < MAX_ID:
+        raise BadRequest("id must be in 0 .. 2^31-1")
+    return int(v)
+
+
+def _str(obj: _Obj, key: str) -> str:
+    v = obj.get(key)
+    if type(v) is not str:
+        raise BadRequest(f"{key} must be a string")
+    return v
+
+
+def _opt_bool(obj: _Obj, key: str, default: bool) -> bool:
+    v = obj.get(key)
+    if v is None:
+        return default
+    if type(v) is not bool:
+        raise BadRequest(f"{key} must be true or false")
+    return v
+
+
+def _sub_id(obj: _Obj) -> str:
+    v = obj.get("sub")
+    if type(v) is not str or not 1 <= len(v) <= MAX_SUB_CHARS:
+        raise BadRequest(f"sub must be a string of 1-{MAX_SUB_CHARS} characters")
+    return v
+
+
+def _list(obj: _Obj, key: str) -> list[Any] | None:
+    v = obj.get(key)
+    if v is None:
+        return None
+    if type(v) is not list:
+        raise BadRequest(f"{key} must be a list")
+    return v
+
+
+def _uint(v: object, what: str) -> int:
+    if type(v) is not int or not 0 <= v <= MAX_U64:
+        raise BadRequest(f"{what} must be a non-negative integer")
+    return v
+
+
+def _position(v: object, what: str) -> Position:
+    if type(v) is not dict:
+        raise BadRequest(f"{what} must be {{seq, epoch}}")
+    epoch = v.get("epoch")
+    if type(epoch) is not str:
+        raise BadRequest(f"{what} needs an epoch string")
+    return Position(_uint(v.get("seq"), f"{what}.seq"), epoch)
+
+
+def _time(v: object) -> int:
+    """``from_time``: nanoseconds, an integer or (JSON, where they exceed 2^53) a decimal string."""
+    if type(v) is str and 0 < len(v) <= 20 and v.isascii() and v.isdigit():
+        v = int(v)
+    return _uint(v, "from_time")
+
+
+# -- the codec --------------------------------------------------------------------------------------------
+
+_EVENT_JSON: Final = b'{"op":"event","subs":'
+_EVENT_JSON_END: Final = b"}"
+_EVENT_JSON_REPLAY_END: Final = b',"replay":true}'
+_MP_OP_EVENT_SUBS: Final = b"\xa2op\xa5event\xa4subs"
+_MP_EVENT: Final = bytes([0x80 | (MSGPACK_BODY_PAIRS + 2)]) + _MP_OP_EVENT_SUBS
+_MP_EVENT_REPLAY: Final = bytes([0x80 | (MSGPACK_BODY_PAIRS + 3)]) + _MP_OP_EVENT_SUBS
+_MP_REPLAY: Final = b"\xa6replay\xc3"
+_MP_BATCH: Final = b"\x82\xa2op\xa5batch\xa6frames"
+
+#: Field order of the server pushes (native.md §3.5): listed fields first, in this order, then any others.
+PUSH_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "recovered": ("sub", "replayed", "position"),
+    "gap": ("sub", "channel", "since", "position", "reason"),
+    "ping": (),
+    "pong": ("id",),
+}
+
+
+def error_message(code: int) -> str:
+    """The fixed public text for a code: its name with ``_`` as spaces (native.md §7)."""
+    return CODES.get(code, ("internal",))[0].replace("_", " ")
+
+
+class NativeCodec:
+    """Decode native commands and encode native frames in one encoding (``json`` or ``msgpack``).
+
+    Sizes are UTF-8 bytes. ``max_frame`` bounds a decoded message; the ``max_*`` limits bound channels,
+    tags and headers (protocols README §2).
+    """
+
+    __slots__ = ("_body_key", "_packer", "_parsers", "encoding", "limits", "max_frame")
+
+    def __init__(
+        self,
+        encoding: Encoding,
+        *,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        max_channel_bytes: int = 1024,
+        max_tags: int = 64,
+        max_tag_bytes: int = 256,
+        max_headers: int = 64,
+        max_header_bytes: int = 8192,
+    ) -> None:
+        if encoding not in ("json", "msgpack"):
+            raise ValueError(f"unknown native encoding {encoding!r}")
+        self.encoding: Encoding = encoding
+        self.max_frame = max_frame
+        self.limits = Limits(max_channel_bytes, max_tags, max_tag_bytes, max_headers, max_header_bytes)
+        # A per-codec packer: reusing one is much cheaper than msgpack.packb, and a codec has one thread.
+        self._packer = msgpack.Packer(use_bin_type=True)
+        # The fan-out cache is keyed by encoding, so a cache shared across encodings stays correct.
+        self._body_key = f"native.{encoding}.body"
+        self._parsers: dict[str, Callable[[_Obj], Command]] = {
+            "hello": self._hello,
+            "subscribe": self._subscribe,
+            "unsubscribe": self._unsubscribe,
+            "publish": self._publish,
+            "ping": self._ping,
+            "pong": self._pong,
+            "auth": self._auth,
+        }
+
+    @property
+    def binary(self) -> bool:
+        """Whether frames are binary (msgpack) rather than text (JSON)."""
+        return self.encoding == "msgpack"
+
+    def __repr__(self) -> str:
+        return f"NativeCodec({self.encoding!r}, max_frame={self.max_frame})"
+
+    # -- decoding ---------------------------------------------------------------------------------------
+
+    def decode(self, message: bytes | bytearray | memoryview | str) -> Command:
+        """One WebSocket message or one TCP frame (without its newline or length prefix) → a command.
+
+        Raises :class:`FrameTooLarge` (4003) over ``max_frame``, :class:`BadFrame` (4000) for input that is
+        not one JSON object / msgpack map, and otherwise what :meth:`decode_object` raises.
+        """
+        if isinstance(message, str):
+            n = len(message)
+            if n > self.max_frame or (
+                n * 4 > self.max_frame and len(message.encode("utf-8", "replace")) > self.max_frame
+            ):
+                raise FrameTooLarge(f"frame over {self.max_frame} bytes")
+            if self.encoding == "msgpack":
+                raise BadFrame("msgpack frames are binary")
+        elif len(message) > self.max_frame:
+            raise FrameTooLarge(f"frame over {self.max_frame} bytes")
+        obj = self._load(message)
+        if type(obj) is not dict:
+            raise BadFrame("a frame must be an object")
+        return self.decode_object(obj)
+
+    def _load(self, message: bytes | bytearray | memoryview | str) -> Any:
+        if self.encoding == "json":
+            try:
+                return orjson.loads(message)
+            except orjson.JSONDecodeError:
+                raise BadFrame("not JSON") from None
+        try:
+            return msgpack.unpackb(message, raw=False, strict_map_key=False)
+        except Exception:
+            # unpackb is pure C: any failure (bad format, extra data, bad UTF-8, unhashable key, nesting
+            # depth) means the bytes are not one msgpack value.
+            raise BadFrame("not msgpack") from None
+
+    def decode_object(self, obj: dict[Any, Any]) -> Command:
+        """Validate one decoded frame object. Raises 4001/4002/4004/4007 errors with ``request_id`` set
+        whenever the frame has an integer ``id`` (even one out of range, so the client can correlate)."""
+        rid = obj.get("id")
+        try:
+            op = obj.get("op")
+            if type(op) is not str:
+                raise BadRequest("op must be a string")
+            parser = self._parsers.get(op)
+            if parser is None:
+                raise UnknownOp("unknown op")
+            return parser(obj)
+        except HubbubError as exc:
+            if exc.request_id is None and _is_int(rid):
+                exc.request_id = rid
+            raise
+
+    def _hello(self, obj: _Obj) -> Hello:
+        rid = _request_id(obj)
+        v = obj.get("v")
+        if type(v) is not int:
+            raise BadRequest("v must be an integer")
+        if v != PROTOCOL_VERSION:
+            return Hello(rid, v)
+        token = obj.get("token")
+        if token is not None and type(token) is not str:
+            raise BadRequest("token must be a string")
+        client = obj.get("client")
+        if client is None:
+            client = ""
+        elif type(client) is not str:
+            raise BadRequest("client must be a string")
+        return Hello(rid, v, token, client, _opt_bool(obj, "echo", True), _opt_bool(obj, "batch", False))
+
+    def _subscribe(self, obj: _Obj) -> Subscribe:
+        rid = _request_id(obj)
+        sub = _sub_id(obj)
+        pattern = parse_pattern(_str(obj, "pattern"), self.limits.max_channel_bytes)
+        raw_tags = _list(obj, "tags")
+        tags = frozenset(check_tags(raw_tags, self.limits)) if raw_tags else frozenset()
+        raw_since = obj.get("since")
+        raw_last = obj.get("last")
+        raw_from = obj.get("from_time")
+        since: Position | dict[str, Position] | None = None
+        if raw_since is not None:
+            if type(raw_since) is not dict:
+                raise BadRequest("since must be an object")
+            since = self._since(raw_since, pattern)
+        last = None
+        if raw_last is not None:
+            if not _is_int(raw_last) or not 1 <= raw_last <= MAX_U64:
+                raise BadRequest("last must be an integer >= 1")
+            last = int(raw_last)
+        from_time = None if raw_from is None else _time(raw_from)
+        given = (since is not None) + (last is not None) + (from_time is not None)
+        if given > 1 and not (given == 2 and isinstance(since, dict) and from_time is not None):
+            raise BadRequest(
+                "give at most one of since, last and from_time (from_time may accompany a since map)"
+            )
+        return Subscribe(rid, sub, pattern, tags, since, last, from_time)
+
+    def _since(self, raw: _Obj, pattern: Pattern) -> Position | dict[str, Position]:
+        if pattern.is_exact:
+            return _position(raw, "since")
+        out: dict[str, Position] = {}
+        for key, value in raw.items():
+            if type(key) is not str or not key.startswith("/"):
+                raise BadRequest("since for a pattern is a map of channel to {seq, epoch}")
+            ch = canonical(key, self.limits.max_channel_bytes)
+            if not pattern.matches(ch):
+                raise BadRequest("since lists a channel the pattern does not match")
+            out[ch] = _position(value, "since")
+        return out
+
+    def _unsubscribe(self, obj: _Obj) -> Unsubscribe:
+        return Unsubscribe(_request_id(obj), _sub_id(obj))
+
+    def _publish(self, obj: _Obj) -> Publish:
+        rid = _request_id(obj)
+        lim = self.limits
+        channel = canonical(_str(obj, "channel"), lim.max_channel_bytes)
+        if self.encoding == "json":
+            payload, default_type = _json_payload(obj)
+        else:
+            raw = obj.get("payload")
+            if type(raw) is bytes:
+                payload = raw
+            elif type(raw) is str:
+                payload = raw.encode("utf-8")
+            else:
+                raise BadRequest("payload (bin or str) is required")
+            default_type = DEFAULT_CONTENT_TYPE
+        ct = obj.get("content_type")
+        content_type = default_type if ct is None else check_content_type(ct)
+        raw_headers = obj.get("headers")
+        headers: dict[str, str] = {}
+        if raw_headers is not None:
+            if type(raw_headers) is not dict:
+                raise BadRequest("headers must be an object of strings")
+            headers = check_headers(raw_headers.items(), lim)
+        raw_tags = _list(obj, "tags")
+        tags = check_tags(raw_tags, lim) if raw_tags else ()
+        idem = check_idem(obj.get("idem"))
+        return Publish(rid, channel, payload, content_type, headers, tags, idem, _opt_bool(obj, "ack", False))
+
+    def _ping(self, obj: _Obj) -> Ping:
+        return Ping(None if obj.get("id") is None else _request_id(obj))
+
+    def _pong(self, obj: _Obj) -> Pong:
+        return Pong()
+
+    def _auth(self, obj: _Obj) -> Auth:
+        return Auth(_request_id(obj), _str(obj, "token"))
+
+    # -- encoding: replies and pushes -------------------------------------------------------------------
+
+    def _dump(self, obj: dict[str, Any]) -> bytes:
+        if self.encoding == "json":
+            return orjson.dumps(obj)
+        out: bytes = self._packer.pack(obj)
+        return out
+
+    def _time(self, ns: int) -> str | int:
+        return str(ns) if self.encoding == "json" else ns
+
+    def encode_reply(self, id: int, fields: dict[str, Any] | None = None, /, **extra: Any) -> bytes:
+        """``{"op":"reply","id":n,…}`` with ``fields`` then ``extra`` in order (positions become maps)."""
+        obj: dict[str, Any] = {"op": "reply", "id": id}
+        if fields:
+            for k, v in fields.items():
+                obj[k] = plain(v)
+        for k, v in extra.items():
+            obj[k] = plain(v)
+        return self._dump(obj)
+
+    def encode_hello_reply(  # noqa: PLR0917 (the transports call it positionally)
+        self,
+        id: int,
+        session: str,
+        user: str,
+        ping_interval: float,
+        max_frame: int,
+        max_subscriptions: int,
+        batch: bool = False,
+    ) -> bytes:
+        """The answer to ``hello`` (native.md §2); ``"batch":true`` last when the client asked for it."""
+        pi: float = int(ping_interval) if float(ping_interval).is_integer() else float(ping_interval)
+        obj: dict[str, Any] = {
+            "op": "reply",
+            "id": id,
+            "v": PROTOCOL_VERSION,
+            "session": session,
+            "user": user,
+            "ping_interval": pi,
+            "limits": {"max_frame": max_frame, "max_subscriptions": max_subscriptions},
+        }
+        if batch:
+            obj["batch"] = True
+        return self._dump(obj)
+
+    def encode_publish_reply(self, id: int, event: Event, duplicate: bool = False) -> bytes:
+        """The acknowledgement of a publish (native.md §3.4); ``time`` is a string in JSON."""
+        obj: dict[str, Any] = {
+            "op": "reply",
+            "id": id,
+            "channel": event.channel,
+            "seq": event.seq,
+            "epoch": event.epoch,
+            "time": self._time(event.time_ns),
+        }
+        if duplicate:
+            obj["duplicate"] = True
+        return self._dump(obj)
+
+    def encode_subscribe_reply(
+        self, id: int, sub: str, position: Position | None, top_time: int | None = None
+    ) -> bytes:
+        """``position`` for an exact channel; otherwise ``top_time`` (``"0"`` for an empty log)."""
+        obj: dict[str, Any] = {"op": "reply", "id": id, "sub": sub}
+        if position is not None:
+            obj["position"] = {"seq": position.seq, "epoch": position.epoch}
+        else:
+            obj["top_time"] = self._time(top_time or 0)
+        return self._dump(obj)
+
+    def encode_error(self, code: int, id: int | None = None, detail: str = "", **extra: Any) -> bytes:
+        """``{"op":"error","id":n,"code":c,"message":"…","temporary":b}`` (native.md §3.1), ``id`` only when
+        answering a request, then ``detail`` when given, then ``extra`` (e.g. ``supported=[1]``)."""
+        obj: dict[str, Any] = {"op": "error"}
+        if id is not None:
+            obj["id"] = id
+        obj["code"] = code
+        obj["message"] = error_message(code)
+        obj["temporary"] = is_temporary(code)
+        if detail:
+            obj["detail"] = detail
+        for k, v in extra.items():
+            obj[k] = plain(v)
+        return self._dump(obj)
+
+    def encode_push(self, op: str, **fields: Any) -> bytes:
+        """A server push: ``recovered``, ``gap``, ``ping``, ``pong`` (fields in :data:`PUSH_FIELDS` order;
+        positions may be :class:`Position` or maps)."""
+        obj: dict[str, Any] = {"op": op}
+        for k in PUSH_FIELDS.get(op, ()):
+            if k in fields:
+                obj[k] = plain(fields[k])
+        for k, v in fields.items():
+            if k not in obj:
+                obj[k] = plain(v)
+        return self._dump(obj)
+
+    def encode_gap(self, sub: str, channel: str, since: Position, position: Position, reason: str) -> bytes:
+        return self.encode_push(
+            "gap", sub=sub, channel=channel, since=since, position=position, reason=reason
+        )
+
+    def encode_recovered(self, sub: str, replayed: int, position: Position | None = None) -> bytes:
+        if position is None:
+            return self.encode_push("recovered", sub=sub, replayed=replayed)
+        return self.encode_push("recovered", sub=sub, replayed=replayed, position=position)
+
+    # -- encoding: events (the hot path) ----------------------------------------------------------------
+
+    def event_body(self, event: Event, cache: dict[Any, Any] | None = None) -> bytes:
+        """The encoded event without ``op``/``subs``, through ``cache`` when given.
+
+        The cache holds one ``(event, body)`` slot per encoding and is checked by identity, so a cache that
+        outlives one event (a replay loop reuses one dict) is simply overwritten, never wrong.
+        """
+        if cache is not None:
+            hit = cache.get(self._body_key)
+            if hit is not None and hit[0] is event:
+                body: bytes = hit[1]
+                return body
+        body = event_body_json(event) if self.encoding == "json" else event_body_msgpack(event)
+        if cache is not None:
+            cache[self._body_key] = (event, body)
+        return body
+
+    def encode_event(
+        self,
+        event: Event,
+        subs: Sequence[str],
+        replay: bool = False,
+        cache: dict[Any, Any] | None = None,
+    ) -> bytes:
+        """An ``event`` frame (native.md §3.5) for a connection whose matching subscriptions are ``subs``.
+
+        ``cache`` is a dict scoped to one fan-out and shared by every connection with this encoding: the
+        event body is encoded on the first call, and every call only encodes ``subs`` and concatenates.
+        """
+        body = self.event_body(event, cache)
+        if type(subs) is not list:
+            subs = list(subs)
+        if self.encoding == "json":
+            return b"".join(
+                (_EVENT_JSON, orjson.dumps(subs), body, _EVENT_JSON_REPLAY_END if replay else _EVENT_JSON_END)
+            )
+        if replay:
+            return b"".join((_MP_EVENT_REPLAY, self._packer.pack(subs), body, _MP_REPLAY))
+        return b"".join((_MP_EVENT, self._packer.pack(subs), body))
+
+    def encode_batch(self, frames: Sequence[bytes]) -> bytes:
+        """``{"op":"batch","frames":[…]}`` from already-encoded frames, without re-encoding them."""
+        if self.encoding == "json":
+            return b'{"op":"batch","frames":[' + b",".join(frames) + b"]}"
+        packer = self._packer
+        header: bytes = packer.pack_array_header(len(frames))
+        return b"".join((_MP_BATCH, header, *frames))
+
+    def frame_for_stream(self, data: bytes) -> bytes:
+        """Frame one encoded message for raw TCP: a JSON line, or a 4-byte big-endian length + msgpack."""
+        if self.encoding == "json":
+            return data + b"\n"
+        return len(data).to_bytes(4, "big") + data
+
+
+def _json_payload(obj: _Obj) -> tuple[bytes, str]:
+    """Exactly one of ``json``, ``text``, ``b64`` (JSON transport, native.md §3.4)."""
+    present = [k for k in ("json", "text", "b64") if k in obj]
+    if len(present) != 1:
+        raise BadRequest("give exactly one of json, text and b64")
+    kind = present[0]
+    value = obj[kind]
+    if kind == "json":
+        return dump_json_value(value), "application/json"
+    if type(value) is not str:
+        raise BadRequest(f"{kind} must be a string")
+    if kind == "text":
+        return value.encode("utf-8"), "text/plain; charset=utf-8"
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True), DEFAULT_CONTENT_TYPE
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        raise BadRequest("b64 is not valid base64") from None
+
+
+# -- raw TCP framing --------------------------------------------------------------------------------------
+
+StreamItem: TypeAlias = Command | HubbubError
+
+
+class NativeStreamDecoder:
+    """Splits a native TCP byte stream into commands (native.md §1).
+
+    The first byte picks the framing: ``{`` → JSON lines (``\\n``-terminated, a ``\\r`` before it ignored,
+    blank lines skipped), ``0x00`` → msgpack frames each preceded by a 4-byte big-endian length (below 2^24
+    and at most ``max_frame``); any other byte is a fatal :class:`BadFrame`. :meth:`feed` returns commands
+    and errors in stream order. Non-fatal errors (4001, 4002, 4004, 4007) consume exactly their own frame.
+    After a fatal error (4000, 4003) ``failed`` is set, the buffer is dropped and later input is ignored:
+    the transport sends the error (when ``encoding`` is known) and closes.
+
+    The buffer never holds more than one incomplete frame of at most ``max_frame`` bytes (+ ``\\r``) plus
+    the complete frames of the current chunk.
+    """
+
+    __slots__ = ("_buf", "_codec", "_limits", "_scanned", "encoding", "error", "failed", "max_frame")
+
+    def __init__(
+        self,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        *,
+        max_channel_bytes: int = 1024,
+        max_tags: int = 64,
+        max_tag_bytes: int = 256,
+        max_headers: int = 64,
+        max_header_bytes: int = 8192,
+    ) -> None:
+        self.max_frame = max_frame
+        self._limits = {
+            "max_channel_bytes": max_channel_bytes,
+            "max_tags": max_tags,
+            "max_tag_bytes": max_tag_bytes,
+            "max_headers": max_headers,
+            "max_header_bytes": max_header_bytes,
+        }
+        #: ``"json"`` or ``"msgpack"`` once the first byte was seen (the server answers in the same one).
+        self.encoding: Encoding | None = None
+        self._codec: NativeCodec | None = None
+        self._buf = bytearray()
+        self._scanned = 0  # JSON lines: bytes of _buf already known to hold no newline
+        self.failed = False
+        #: The fatal error, once ``failed``.
+        self.error: HubbubError | None = None
+
+    @property
+    def codec(self) -> NativeCodec:
+        """The codec for the detected encoding. Only valid once ``encoding`` is set."""
+        if self._codec is None:
+            raise RuntimeError("the stream's encoding is not known yet")
+        return self._codec
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an incomplete frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[StreamItem]:
+        """Add received bytes; return the commands and errors of every frame they complete, in order."""
+        if self.failed or not data:
+            return []
+        out: list[StreamItem] = []
+        if self.encoding is None:
+            first = data[0]
+            if first == 0x7B:
+                self.encoding = "json"
+            elif first == 0x00:
+                self.encoding = "msgpack"
+            else:
+                self._fail(BadFrame("the first byte must be '{' (JSON lines) or 0x00 (msgpack)"), out)
+                return out
+            self._codec = NativeCodec(self.encoding, max_frame=self.max_frame, **self._limits)
+        self._buf += data
+        if self.encoding == "json":
+            self._lines(out)
+        else:
+            self._frames(out)
+        return out
+
+    def _fail(self, exc: HubbubError, out: list[StreamItem]) -> None:
+        out.append(exc)
+        self.failed = True
+        self.error = exc
+        self._buf = bytearray()
+        self._scanned = 0
+
+    def _emit(self, frame: bytes | bytearray | memoryview, out: list[StreamItem]) -> bool:
+        """Decode one frame into ``out``; False after a fatal error."""
+        try:
+            out.append(self.codec.decode(frame))
+        except HubbubError as exc:
+            if exc.fatal:
+                self._fail(exc, out)
+                return False
+            out.append(exc)
+        return True
+
+    def _lines(self, out: list[StreamItem]) -> None:
+        buf = self._buf
+        limit = self.max_frame
+        pos = 0
+        search = self._scanned
+        while True:
+            nl = buf.find(b"\n", search)
+            if nl < 0:
+                if len(buf) - pos > limit + 1:  # + 1: room for the '\r' of a CRLF line of exactly max_frame
+                    self._fail(FrameTooLarge(f"line over {limit} bytes"), out)
+                    return
+                break
+            end = nl - 1 if nl > pos and buf[nl - 1] == 0x0D else nl
+            if end - pos > limit:
+                self._fail(FrameTooLarge(f"line over {limit} bytes"), out)
+                return
+            if end > pos and not self._emit(buf[pos:end], out):
+                return
+            pos = search = nl + 1
+        if pos:
+            del buf[:pos]
+        self._scanned = len(buf)
+
+    def _frames(self, out: list[StreamItem]) -> None:
+        buf = self._buf
+        limit = min(self.max_frame, MAX_STREAM_FRAME - 1)
+        pos = 0
+        while len(buf) - pos >= 4:
+            n = int.from_bytes(buf[pos : pos + 4], "big")
+            if n > limit:
+                self._fail(FrameTooLarge(f"frame over {limit} bytes"), out)
+                return
+            if len(buf) - pos - 4 < n:
+                break
+            start = pos + 4
+            pos = start + n
+            if not self._emit(buf[start:pos], out):
+                return
+        if pos:
+            del buf[:pos]
+
+
+# Re-exported HTTP renderings (they live in native_http to keep this module small).
+_ = (
+    event_object,
+    http_publish_fields,
+    parse_sse_last_event_id,
+    render_http_error,
+    render_log,
+    render_sse_event,
+)

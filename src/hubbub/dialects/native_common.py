@@ -1,0 +1,305 @@
+"""Pieces of the native codec shared by the frame codec (:mod:`.native`) and the HTTP renderings
+(:mod:`.native_http`): field limits, payload-field selection and the pre-encoded event body.
+
+Invariants:
+
+* Every JSON byte string produced here is compact and valid UTF-8, written by orjson (non-ASCII as UTF-8,
+  only the escapes JSON requires), except an embedded ``json`` payload, which is the stored payload with
+  its insignificant whitespace removed and nothing else changed (see :func:`compact_json`).
+* An event *body* is the part of the event object after ``op`` and ``subs``: ``channel`` .. payload field.
+  It depends only on the event and the encoding, never on the receiving connection, so a fan-out encodes it
+  once and every connection splices its own ``subs`` in front (:func:`event_body_json`,
+  :func:`event_body_msgpack`).
+
+Pure functions, no I/O; safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgpack
+import orjson
+
+from hubbub.errors import BadRequest, LimitExceeded
+from hubbub.events import Event, Position
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DEFAULT_MAX_FRAME",
+    "MAX_IDEM_CHARS",
+    "Encoding",
+    "Limits",
+    "check_content_type",
+    "check_headers",
+    "check_idem",
+    "check_tags",
+    "compact_json",
+    "dump_json_value",
+    "event_body_json",
+    "event_body_msgpack",
+    "is_json_type",
+    "json_value",
+    "packb",
+    "payload_field",
+    "plain",
+]
+
+Encoding = Literal["json", "msgpack"]
+
+DEFAULT_MAX_FRAME = 1 << 20
+MAX_IDEM_CHARS = 128
+MAX_CONTENT_TYPE_BYTES = 256
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-field limits (protocols README §2, ``limits.*``). All sizes are UTF-8 bytes."""
+
+    max_channel_bytes: int = 1024
+    max_tags: int = 64
+    max_tag_bytes: int = 256
+    max_headers: int = 64
+    max_header_bytes: int = 8192
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def packb(value: Any) -> bytes:
+    """msgpack with the new-spec str/bin distinction (payloads go out as bin)."""
+    out: bytes = msgpack.packb(value, use_bin_type=True)
+    return out
+
+
+def _utf8_len(s: str) -> int:
+    return len(s) if s.isascii() else len(s.encode("utf-8"))
+
+
+# -- validation shared by WebSocket/TCP commands and HTTP publishes ---------------------------------------
+
+
+def check_tags(items: Iterable[object], limits: Limits) -> tuple[str, ...]:
+    """Tags as sent → sorted, de-duplicated tuple. Non-strings are 4001; too many or too long are 4007.
+
+    Sorting ``str`` by code point equals sorting by UTF-8 bytes (mapping.md §1).
+    """
+    seen: set[str] = set()
+    for t in items:
+        if type(t) is not str:
+            raise BadRequest("tags must be strings")
+        seen.add(t)
+    if len(seen) > limits.max_tags:
+        raise LimitExceeded(f"at most {limits.max_tags} tags")
+    cap = limits.max_tag_bytes
+    for t in seen:
+        if len(t) * 4 > cap and _utf8_len(t) > cap:
+            raise LimitExceeded(f"a tag is at most {cap} bytes")
+    return tuple(sorted(seen))
+
+
+def check_headers(items: Iterable[tuple[object, object]], limits: Limits) -> dict[str, str]:
+    """User headers as sent → dict. Pseudo-header (``:``) or empty keys and non-strings are 4001; too many
+    headers or too many bytes of keys and values are 4007."""
+    out: dict[str, str] = {}
+    total = 0
+    for k, v in items:
+        if type(k) is not str or type(v) is not str:
+            raise BadRequest("header names and values must be strings")
+        if not k:
+            raise BadRequest("header names must not be empty")
+        if k[0] == ":":
+            raise BadRequest("header names must not start with ':'")
+        out[k] = v
+        total += _utf8_len(k) + _utf8_len(v)
+    if len(out) > limits.max_headers:
+        raise LimitExceeded(f"at most {limits.max_headers} headers")
+    if total > limits.max_header_bytes:
+        raise LimitExceeded(f"headers are at most {limits.max_header_bytes} bytes")
+    return out
+
+
+def check_idem(value: object) -> str:
+    if value is None:
+        return ""
+    if type(value) is not str:
+        raise BadRequest("idem must be a string")
+    if len(value) > MAX_IDEM_CHARS:
+        raise BadRequest(f"idem is at most {MAX_IDEM_CHARS} characters")
+    return value
+
+
+_CT_BAD = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_content_type(value: object) -> str:
+    """A content type is a non-empty string of at most 256 bytes without control characters (it may end up
+    in HTTP headers of other dialects, so CR/LF are refused)."""
+    if type(value) is not str:
+        raise BadRequest("content_type must be a string")
+    if not value or _utf8_len(value) > MAX_CONTENT_TYPE_BYTES or _CT_BAD.search(value):
+        raise BadRequest("content_type must be 1-256 bytes without control characters")
+    return value
+
+
+# -- payloads ---------------------------------------------------------------------------------------------
+
+
+def is_json_type(content_type: str) -> bool:
+    """``application/json`` or any ``…+json`` type, parameters and case ignored (mapping.md §1)."""
+    mt = content_type.split(";", 1)[0].strip().lower()
+    return mt == "application/json" or mt.endswith("+json")
+
+
+# A JSON string (escapes included) or a run of insignificant whitespace. Applied only to text already
+# known to be valid JSON, where a raw control character cannot occur inside a string.
+_JSON_WS = re.compile(rb'("[^"\\]*(?:\\.[^"\\]*)*")|[ \t\n\r]+', re.DOTALL)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def _ignore_number(_: str) -> None:
+    return None
+
+
+def _valid_json_slow(raw: bytes) -> bool:
+    """RFC 8259 validity for the texts orjson refuses although they are JSON (numbers beyond a double,
+    nesting orjson does not follow). Values are not built, so no number can overflow."""
+    try:
+        text = raw.decode("utf-8")
+        json.loads(
+            text, parse_float=_ignore_number, parse_int=_ignore_number, parse_constant=_reject_constant
+        )
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def compact_json(raw: bytes) -> bytes | None:
+    """The payload as compact JSON text to embed verbatim, or ``None`` when it is not JSON.
+
+    The payload is not re-serialised: only whitespace outside strings is removed, so numbers keep their
+    exact digits and the bytes of a payload that was stored compact (native ``json``, qpubs) go out
+    unchanged.
+    """
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        if not _valid_json_slow(raw):
+            return None
+    if b" " in raw or b"\n" in raw or b"\r" in raw or b"\t" in raw:
+        return _JSON_WS.sub(rb"\1", raw)
+    return raw
+
+
+def dump_json_value(value: Any) -> bytes:
+    """The compact JSON text stored for a native ``json`` payload field (ingest)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        pass  # orjson follows only 254 levels of nesting: the standard library writes the same text
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except (ValueError, TypeError, RecursionError):
+        raise BadRequest("json payload is nested too deeply") from None
+
+
+def payload_field(event: Event) -> tuple[str, bytes]:
+    """The JSON transport's payload field (native.md §3.5) and its value as JSON text.
+
+    ``json`` when the content type is JSON and the payload parses, else ``text`` when it is valid UTF-8,
+    else ``b64``.
+    """
+    payload = event.payload
+    if is_json_type(event.content_type):
+        c = compact_json(payload)
+        if c is not None:
+            return "json", c
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return "b64", b'"' + base64.b64encode(payload) + b'"'
+    return "text", orjson.dumps(text)
+
+
+def json_value(compact: bytes) -> Any:
+    """Parse JSON text accepted by :func:`compact_json` into a Python value."""
+    try:
+        return orjson.loads(compact)
+    except orjson.JSONDecodeError:
+        return json.loads(compact)
+
+
+def _publisher(event: Event) -> dict[str, str]:
+    p = event.publisher
+    return {"dialect": p.dialect, "user": p.user, "app": p.app, "msg_id": p.msg_id}
+
+
+def _tags(event: Event) -> list[str]:
+    # Events are stored sorted and de-duplicated; sorting again is cheap insurance, paid once per fan-out.
+    return sorted(set(event.tags))
+
+
+def _user_headers(event: Event) -> dict[str, str]:
+    return {k: v for k, v in event.headers.items() if not k.startswith(":")}
+
+
+def event_body_json(event: Event) -> bytes:
+    """``,"channel":…,<payload field>`` (leading comma, no closing brace): the JSON event object after
+    ``op`` and ``subs``. Wrap as ``b"{" + body[1:] + b"}"`` for the object alone."""
+    head = orjson.dumps(
+        {
+            "channel": event.channel,
+            "seq": event.seq,
+            "epoch": event.epoch,
+            "time": str(event.time_ns),
+            "publisher": _publisher(event),
+            "headers": _user_headers(event),
+            "tags": _tags(event),
+            "content_type": event.content_type,
+        }
+    )
+    name, value = payload_field(event)
+    return b"," + head[1:-1] + b',"' + name.encode() + b'":' + value
+
+
+#: Number of key/value pairs in :func:`event_body_msgpack`.
+MSGPACK_BODY_PAIRS = 9
+
+
+def event_body_msgpack(event: Event) -> bytes:
+    """The msgpack event map's pairs after ``op`` and ``subs`` (no map header): ``channel`` .. ``payload``,
+    with ``time`` an integer and ``payload`` bin. Prefix ``0x89`` for the object alone."""
+    packed = packb(
+        {
+            "channel": event.channel,
+            "seq": event.seq,
+            "epoch": event.epoch,
+            "time": event.time_ns,
+            "publisher": _publisher(event),
+            "headers": _user_headers(event),
+            "tags": _tags(event),
+            "content_type": event.content_type,
+            "payload": bytes(event.payload),
+        }
+    )
+    return packed[1:]  # drop the fixmap header (0x89)
+
+
+def plain(value: Any) -> Any:
+    """Reply/push field values with positions turned into ``{"seq":…, "epoch":…}`` maps."""
+    if isinstance(value, Position):
+        return {"seq": value.seq, "epoch": value.epoch}
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value

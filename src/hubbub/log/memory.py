@@ -1,0 +1,299 @@
+"""``MemoryLogStore``: the reference engine. Everything lives in process memory; nothing survives a restart.
+
+It is written for obviousness, not speed, and every other engine is tested against it (the contract suite and
+the hypothesis state machine). Where ``base.py`` leaves a choice open, this file settles it for every engine:
+
+* One batch reads the clock once (``now``); its events get times ``max(now, last + 1)``, ``+ 1``, … in request
+  order, so ``time_ns`` is strictly increasing over the whole log, not only per channel.
+* ``top_time()`` is the time of the newest event ever committed (it survives trimming and resets); 0 only for
+  a log that never had an event.
+* ``reset_channel`` of a channel that never had an event creates it with a new epoch (first 1, top 0).
+  ``reset_channel`` and ``new_epochs_on_open`` also forget the idempotency keys of the channels they reset:
+  the old positions mean nothing in the new epoch.
+* A duplicate (idempotency) is judged against the time the event would have been given, and answers the
+  original event, even when that event has since been trimmed (engines that cannot read it back rebuild it
+  from the request with the original position and time).
+* ``channels()`` and ``stats().channels`` count only channels holding at least one retained event.
+* Per-channel ``max_bytes`` may trim the event just appended when it alone is over the limit: the append still
+  succeeds (and is acknowledged), the channel's ``first`` moves to ``top + 1``.
+
+Concurrency: one lock guards all state, so every read sees a whole batch or none of it; the writer methods are
+called from one thread as the ``LogStore`` contract says, reads from any thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from hubbub.errors import StorageError
+from hubbub.events import Event
+from hubbub.log.base import (
+    AppendRequest,
+    AppendResult,
+    ChannelInfo,
+    LogStore,
+    RetentionPolicy,
+    StoreStats,
+    new_epoch,
+)
+from hubbub.log.records import event_size
+
+__all__ = ["MemoryLogStore"]
+
+_NS = 1_000_000_000
+
+
+@dataclass(slots=True)
+class _Channel:
+    epoch: str
+    top: int = 0
+    top_time: int = 0
+    bytes: int = 0
+    # Retained events, oldest first; always the contiguous seqs ``first .. top``.
+    events: list[Event] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+
+    @property
+    def first(self) -> int:
+        return self.top - len(self.events) + 1
+
+    def trim_to(self, first: int) -> int:
+        """Drop every event below ``first``; returns how many were dropped."""
+        n = min(max(first - self.first, 0), len(self.events))
+        if n:
+            self.bytes -= sum(self.sizes[:n])
+            del self.events[:n]
+            del self.sizes[:n]
+        return n
+
+
+class MemoryLogStore(LogStore):
+    """The reference :class:`LogStore` (see the module docstring).
+
+    ``retention``: its ``max_events``/``max_bytes`` apply per channel at every append. ``idem_window_s``: how
+    long idempotency keys are remembered (0 turns idempotency off). ``clock`` returns nanoseconds since the
+    Unix epoch (tests pass a fake one).
+    """
+
+    engine = "memory"
+
+    def __init__(
+        self,
+        *,
+        retention: RetentionPolicy | None = None,
+        idem_window_s: int = 600,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._retention = retention or RetentionPolicy()
+        self._idem_window_ns = max(idem_window_s, 0) * _NS
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._channels: dict[str, _Channel] = {}
+        self._last_time = 0
+        # (user, channel, idem) -> the original event; insertion order is time order (oldest first).
+        self._idem: OrderedDict[tuple[str, str, str], Event] = OrderedDict()
+        self._closed = False
+
+    # -- writer side ---------------------------------------------------------------------------------
+
+    def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+        with self._lock:
+            self._check_open()
+            now = self._clock()
+            t = self._last_time
+            window = self._idem_window_ns
+            if window:
+                self._forget_idem(max(now, t + 1) - window)
+            results: list[AppendResult] = []
+            touched: dict[str, _Channel] = {}
+            for req in batch:
+                ch = self._channels.get(req.channel)
+                if ch is None:
+                    ch = self._channels[req.channel] = _Channel(epoch=new_epoch())
+                t_next = max(now, t + 1)
+                key = (req.publisher.user, req.channel, req.idem)
+                if req.idem and window:
+                    orig = self._idem.get(key)
+                    if orig is not None and orig.epoch == ch.epoch and t_next - orig.time_ns < window:
+                        results.append(AppendResult(orig, duplicate=True))
+                        continue
+                t = t_next
+                ch.top += 1
+                ev = Event(
+                    channel=req.channel,
+                    seq=ch.top,
+                    epoch=ch.epoch,
+                    time_ns=t,
+                    publisher=req.publisher,
+                    payload=bytes(req.payload),
+                    content_type=req.content_type,
+                    headers=dict(req.headers),
+                    tags=tuple(req.tags),
+                )
+                size = event_size(ev.payload, ev.headers, ev.tags)
+                ch.top_time = t
+                ch.events.append(ev)
+                ch.sizes.append(size)
+                ch.bytes += size
+                touched[req.channel] = ch
+                if req.idem and window:
+                    self._idem.pop(key, None)
+                    self._idem[key] = ev
+                results.append(AppendResult(ev))
+            self._last_time = t
+            for ch in touched.values():
+                self._trim_channel(ch)
+            return results
+
+    def _trim_channel(self, ch: _Channel) -> None:
+        pol = self._retention
+        if pol.max_events and len(ch.events) > pol.max_events:
+            ch.trim_to(ch.top - pol.max_events + 1)
+        if pol.max_bytes and ch.bytes > pol.max_bytes:
+            excess, n = ch.bytes - pol.max_bytes, 0
+            while excess > 0:
+                excess -= ch.sizes[n]
+                n += 1
+            ch.trim_to(ch.first + n)
+
+    def _forget_idem(self, before: int) -> None:
+        while self._idem:
+            key, ev = next(iter(self._idem.items()))
+            if ev.time_ns > before:
+                break
+            del self._idem[key]
+
+    def reset_channel(self, channel: str) -> ChannelInfo:
+        with self._lock:
+            self._check_open()
+            ch = self._channels[channel] = _Channel(epoch=new_epoch())
+            for key in [k for k in self._idem if k[1] == channel]:
+                del self._idem[key]
+            return self._info(channel, ch)
+
+    def new_epochs_on_open(self) -> None:
+        with self._lock:
+            self._check_open()
+            for name in self._channels:
+                self._channels[name] = _Channel(epoch=new_epoch())
+            self._idem.clear()
+
+    def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
+        with self._lock:
+            self._check_open()
+            removed = 0
+            if policy.max_age_s:
+                cutoff = now_ns - policy.max_age_s * _NS
+                for ch in self._channels.values():
+                    n = bisect.bisect_left(ch.events, cutoff, key=lambda e: e.time_ns)
+                    removed += ch.trim_to(ch.first + n)
+            if policy.max_total_bytes:
+                total = sum(ch.bytes for ch in self._channels.values())
+                if total > policy.max_total_bytes:
+                    # The oldest events of the whole log by time: merge the channels' (time-sorted) events.
+                    cut: dict[int, tuple[_Channel, int]] = {}
+                    streams = (
+                        ((e.time_ns, id(ch), ch, i) for i, e in enumerate(ch.events))
+                        for ch in self._channels.values()
+                    )
+                    for _, cid, ch, i in heapq.merge(*streams, key=lambda x: x[0]):
+                        if total <= policy.max_total_bytes:
+                            break
+                        total -= ch.sizes[i]
+                        cut[cid] = (ch, i + 1)
+                    for ch, n in cut.values():
+                        removed += ch.trim_to(ch.first + n)
+            return removed
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    # -- readers -------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("log store is closed")
+
+    @staticmethod
+    def _info(name: str, ch: _Channel) -> ChannelInfo:
+        return ChannelInfo(name, ch.epoch, ch.first, ch.top, ch.top_time)
+
+    def head(self, channel: str) -> ChannelInfo:
+        with self._lock:
+            self._check_open()
+            ch = self._channels.get(channel)
+            return ChannelInfo(channel, "", 0, 0, 0) if ch is None else self._info(channel, ch)
+
+    def heads(self, channels: Iterable[str]) -> dict[str, ChannelInfo]:
+        with self._lock:
+            self._check_open()
+            out: dict[str, ChannelInfo] = {}
+            for name in channels:
+                ch = self._channels.get(name)
+                out[name] = ChannelInfo(name, "", 0, 0, 0) if ch is None else self._info(name, ch)
+            return out
+
+    def read(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+    ) -> list[Event]:
+        with self._lock:
+            self._check_open()
+            ch = self._channels.get(channel)
+            if ch is None or limit <= 0:
+                return []
+            evs = ch.events
+            lo = max(after_seq + 1 - ch.first, 0)
+            hi = len(evs)
+            if from_time is not None:
+                lo = max(lo, bisect.bisect_left(evs, from_time, key=lambda e: e.time_ns))
+            if to_time is not None:
+                hi = bisect.bisect_left(evs, to_time, key=lambda e: e.time_ns)
+            return evs[lo : min(hi, lo + limit)] if lo < hi else []
+
+    def read_last(self, channel: str, n: int) -> list[Event]:
+        with self._lock:
+            self._check_open()
+            ch = self._channels.get(channel)
+            if ch is None or n <= 0:
+                return []
+            return ch.events[-n:]
+
+    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+        with self._lock:
+            self._check_open()
+            if limit <= 0:
+                return []
+            # Python orders str by code point, which is the UTF-8 byte order for valid text.
+            names = sorted(
+                n
+                for n, ch in self._channels.items()
+                if ch.events and n > after and (not prefix or n.startswith(prefix))
+            )
+            return [self._info(n, self._channels[n]) for n in names[:limit]]
+
+    def top_time(self) -> int:
+        with self._lock:
+            self._check_open()
+            return self._last_time
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            self._check_open()
+            live = [ch for ch in self._channels.values() if ch.events]
+            return StoreStats(
+                events=sum(len(ch.events) for ch in live),
+                bytes=sum(ch.bytes for ch in live),
+                channels=len(live),
+            )

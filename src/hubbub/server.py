@@ -1,0 +1,186 @@
+"""The composition root: builds the store, the node and every listener from one :class:`Config`.
+
+``Server`` is an async context manager: entering starts every listener and returns once they accept
+connections (``server.ports`` then holds the bound ports); leaving shuts down gracefully: listeners stop,
+connections are closed with 1001, everything queued for the log is committed, and the store is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+from aiohttp import web
+
+from hubbub import __version__
+from hubbub.config import Config, parse_listen
+from hubbub.core import Node, NodeSettings
+from hubbub.dialects import native as nc
+from hubbub.log import open_store
+from hubbub.log.base import RetentionPolicy
+from hubbub.transports.http import HttpSettings, NativeHttp, build_app
+from hubbub.transports.native import SHUTDOWN_CODE, NativeConnection
+from hubbub.transports.tcp import serve_native_tcp
+
+__all__ = ["Server", "run"]
+
+log = logging.getLogger("hubbub.server")
+
+
+class Server:
+    """One hubbub node with all its listeners. See the module docstring."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.ports: dict[str, int] = {}
+        self.node: Node | None = None
+        self._runner: web.AppRunner | None = None
+        self._native_http: NativeHttp | None = None
+        self._tcp: asyncio.Server | None = None
+        self._tcp_conns: set[asyncio.Task[None]] = set()
+        self._tcp_native: set[NativeConnection] = set()
+
+    async def __aenter__(self) -> Server:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        cfg = self.config
+        r = cfg.retention
+        retention = RetentionPolicy(r.max_age_s, r.max_events, r.max_bytes, r.max_total_bytes)
+        loop = asyncio.get_running_loop()
+        store = await loop.run_in_executor(
+            None, open_store, cfg.store, cfg.data_dir, cfg.durability, retention, cfg.native_idempotency_window_s
+        )
+        lim = cfg.limits
+        settings = NodeSettings(
+            max_subscriptions=lim.max_subscriptions,
+            max_recovery=cfg.native_max_recovery,
+            commit_batch=cfg.commit_batch,
+            retention=retention,
+        )
+        self.node = node = Node(store, settings, new_epochs=cfg.durability == "none")
+        await node.__aenter__()
+        codec_limits = {
+            "max_channel_bytes": lim.max_channel_bytes,
+            "max_tags": lim.max_tags,
+            "max_tag_bytes": lim.max_tag_bytes,
+            "max_headers": lim.max_headers,
+            "max_header_bytes": lim.max_header_bytes,
+        }
+        http_settings = HttpSettings(
+            max_frame=lim.max_frame,
+            max_channel_bytes=lim.max_channel_bytes,
+            max_subscriptions=lim.max_subscriptions,
+            send_queue=lim.send_queue,
+            send_queue_bytes=lim.send_queue_bytes,
+            ping_interval=cfg.native_ping_interval_s,
+            codec_limits=codec_limits,
+        )
+        app, self._native_http = build_app(node, http_settings)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+        await self._runner.setup()
+        host, port = parse_listen(cfg.http_listen, "http.listen")
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        self.ports["http"] = _bound_port(site)
+        log.info("listening", extra={"listener": "http", "address": f"{host}:{self.ports['http']}"})
+
+        if cfg.native_enabled:
+            host, port = parse_listen(cfg.native_tcp_listen, "native.tcp_listen")
+
+            def make(codec: nc.NativeCodec, writer: asyncio.StreamWriter) -> NativeConnection:
+                async def send(data: bytes) -> None:
+                    writer.write(codec.frame_for_stream(data))
+                    await writer.drain()
+
+                async def close(code: int) -> None:
+                    writer.close()
+
+                conn = NativeConnection(
+                    node,
+                    codec,
+                    send=send,
+                    close=close,
+                    max_frame=lim.max_frame,
+                    max_subscriptions=lim.max_subscriptions,
+                    send_queue=lim.send_queue,
+                    send_queue_bytes=lim.send_queue_bytes,
+                    ping_interval=cfg.native_ping_interval_s,
+                )
+                return conn
+
+            def track(task: asyncio.Task[None]) -> None:
+                self._tcp_conns.add(task)
+                task.add_done_callback(self._tcp_conns.discard)
+
+            self._tcp = await serve_native_tcp(host, port, make, lim.max_frame, track)
+            self.ports["native"] = self._tcp.sockets[0].getsockname()[1]
+            log.info("listening", extra={"listener": "native", "address": f"{host}:{self.ports['native']}"})
+        log.info(
+            "hubbub %s started", __version__,
+            extra={"store": store.engine, "durability": cfg.durability, "data_dir": cfg.data_dir},
+        )
+
+    async def stop(self) -> None:
+        """Graceful shutdown. Idempotent."""
+        if self._tcp is not None:
+            self._tcp.close()
+        node = self.node
+        if node is not None:
+            for sess in node.sessions:
+                sess.kick(SHUTDOWN_CODE)
+        # Give write loops a moment to send their close frames.
+        tasks = list(self._tcp_conns) + (list(self._native_http.connections) if self._native_http else [])
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=2.0)
+            for t in pending:
+                t.cancel()
+        if self._tcp is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._tcp.wait_closed(), 2.0)
+            self._tcp = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if node is not None:
+            await node.close()
+            self.node = None
+            log.info("hubbub stopped")
+
+
+def _bound_port(site: web.TCPSite) -> int:
+    server: Any = site._server  # aiohttp keeps the asyncio server here
+    return int(server.sockets[0].getsockname()[1])
+
+
+async def _serve(config: Config) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    async with Server(config):
+        await stop.wait()
+        log.info("shutting down")
+
+
+def run(config: Config) -> None:
+    """Run a server until SIGTERM or SIGINT (the ``hubbub serve`` command)."""
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a default dependency on POSIX
+        runner = asyncio.run
+    runner(_serve(config))

@@ -1,0 +1,379 @@
+"""The aiohttp application: native WebSocket and HTTP API, health, metrics (protocols README §1).
+
+Channel names are taken from the *raw* request path (before percent-decoding), so ``%2F`` inside a segment
+stays part of the segment (mapping.md §2.3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import WSMsgType, web
+from prometheus_client import CollectorRegistry
+
+from hubbub.channels import parse_pattern, route_channel
+from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
+from hubbub.core.session import Overflow
+from hubbub.dialects import native as nc
+from hubbub.errors import BadChannel, BadRequest, HubbubError
+from hubbub.events import Event, Position, Publisher
+from hubbub.log.base import AppendRequest, ChannelInfo, LogStore
+
+from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
+from .native import NativeConnection
+
+__all__ = ["HttpSettings", "build_app"]
+
+log = logging.getLogger("hubbub.http")
+
+NATIVE_PROTOCOLS = ("hubbub.v1.json", "hubbub.v1.msgpack")
+SSE_PING_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    max_frame: int
+    max_channel_bytes: int
+    max_subscriptions: int
+    send_queue: int
+    send_queue_bytes: int
+    ping_interval: float
+    codec_limits: dict[str, int]
+
+
+def _text(status: int, body: str) -> web.Response:
+    return web.Response(status=status, body=body.encode(), content_type="text/plain", charset="utf-8")
+
+
+def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+def _error(exc: HubbubError, **extra: Any) -> web.Response:
+    status, body = nc.render_http_error(exc.code, exc.detail, **extra)
+    return _json(status, body)
+
+
+def _raw_rest(request: web.Request, prefix: str) -> str:
+    raw = request.raw_path.split("?", 1)[0]
+    return raw[len(prefix) :] if raw.startswith(prefix) else raw.lstrip("/")
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return _text(404, "404 page not found\n")
+    except web.HTTPRequestEntityTooLarge:
+        return _text(413, "request body too large\n")
+    except web.HTTPException:
+        raise
+    except HubbubError as exc:
+        return _error(exc)
+
+
+class SseEncoder:
+    key = "native.sse"
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        data = cache.get(replay)
+        if data is None:
+            data = cache[replay] = nc.render_sse_event(event, replay)
+        return data
+
+
+class NativeHttp:
+    """Handlers of the native surface."""
+
+    def __init__(self, node: Node, settings: HttpSettings, registry: CollectorRegistry) -> None:
+        self.node = node
+        self.s = settings
+        self.registry = registry
+        self.connections: set[asyncio.Task[Any]] = set()
+
+    # -- WebSocket --------------------------------------------------------------------------------------
+
+    async def websocket(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(
+            protocols=NATIVE_PROTOCOLS, max_msg_size=self.s.max_frame, autoping=True, compress=False
+        )
+        ready = ws.can_prepare(request)
+        if not ready.ok:
+            return _text(400, "websocket upgrade required\n")
+        if ready.protocol is None:
+            return _text(400, "unsupported subprotocol\n")
+        await ws.prepare(request)
+        binary = ready.protocol.endswith("msgpack")
+        codec = nc.NativeCodec("msgpack" if binary else "json", max_frame=self.s.max_frame, **self.s.codec_limits)
+
+        async def send(data: bytes) -> None:
+            if binary:
+                await ws.send_bytes(data)
+            else:
+                await ws.send_str(data.decode())
+
+        async def close(code: int) -> None:
+            await ws.close(code=code)
+
+        conn = self._connection(codec, send, close)
+        task = asyncio.current_task()
+        if task is not None:
+            self.connections.add(task)
+        conn.start()
+        try:
+            async for msg in ws:
+                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    try:
+                        cmd = codec.decode(msg.data)
+                    except HubbubError as exc:
+                        conn.bad_input(exc)
+                        if exc.fatal:
+                            break
+                        continue
+                    await conn.handle(cmd)
+                    if conn.session.ending or conn.session.kicked:
+                        break
+                elif msg.type == WSMsgType.ERROR:
+                    break
+            if conn.session.ending or conn.session.kicked:
+                await asyncio.wait_for(conn.wait_written(), 10)
+        except (asyncio.CancelledError, ConnectionError, TimeoutError):
+            pass
+        finally:
+            await conn.finish()
+            if not ws.closed:
+                code = conn.session.kicked or conn.session.ending or 1001
+                with contextlib.suppress(Exception):
+                    await ws.close(code=code)
+            if task is not None:
+                self.connections.discard(task)
+        return ws
+
+    def _connection(
+        self, codec: nc.NativeCodec, send: Callable[[bytes], Awaitable[None]], close: Callable[[int], Awaitable[None]]
+    ) -> NativeConnection:
+        s = self.s
+        return NativeConnection(
+            self.node,
+            codec,
+            send=send,
+            close=close,
+            max_frame=s.max_frame,
+            max_subscriptions=s.max_subscriptions,
+            send_queue=s.send_queue,
+            send_queue_bytes=s.send_queue_bytes,
+            ping_interval=s.ping_interval,
+        )
+
+    # -- HTTP API ---------------------------------------------------------------------------------------
+
+    async def publish(self, request: web.Request) -> web.Response:
+        channel = route_channel(_raw_rest(request, "/api/v1/publish/"), self.s.max_channel_bytes)
+        body = await request.read()
+        content_type, headers, tags, idem = nc.http_publish_fields(
+            request.headers.get("Content-Type"),
+            request.query.getall("tag", []),
+            list(request.headers.items()),
+            request.headers.get("Idempotency-Key", ""),
+            **self.s.codec_limits,
+        )
+        req = AppendRequest(
+            channel=channel,
+            publisher=Publisher("native", "", secrets.token_hex(8), idem),
+            payload=body,
+            content_type=content_type,
+            headers=headers,
+            tags=tags,
+            idem=idem,
+        )
+        r = await self.node.publish(req)
+        ev = r.event
+        out: dict[str, Any] = {"channel": ev.channel, "seq": ev.seq, "epoch": ev.epoch, "time": str(ev.time_ns)}
+        if r.duplicate:
+            out["duplicate"] = True
+        return _json(200, orjson.dumps(out) + b"\n")
+
+    async def log_read(self, request: web.Request) -> web.Response:
+        channel = route_channel(_raw_rest(request, "/api/v1/log/"), self.s.max_channel_bytes)
+        q = request.query
+        fmt = q.get("format", "json")
+        if fmt not in ("json", "jsonl", "msgpack"):
+            raise BadRequest("format must be json, jsonl or msgpack")
+        since = _int_param(q, "since", 0)
+        limit = min(_int_param(q, "limit", 100), 1000)
+        from_time = _int_param(q, "from_time", None)
+        to_time = _int_param(q, "to_time", None)
+        if limit < 0 or since < 0:
+            raise BadRequest("since and limit must not be negative")
+        epoch = q.get("epoch")
+
+        def read(store: LogStore) -> tuple[ChannelInfo, list[Event]]:
+            info = store.head(channel)
+            if epoch is not None and epoch != info.epoch:
+                return info, []
+            return info, store.read(channel, since, limit, from_time, to_time) if limit else []
+
+        info, events = await self.node.read(read)
+        if epoch is not None and epoch != info.epoch:
+            return _error(
+                HubbubError("epoch mismatch", code=4202), position={"seq": info.top, "epoch": info.epoch}
+            )
+        first = info.first if not info.empty else 0
+        body, ctype, extra = nc.render_log(info.channel, info.epoch, first, info.top, since < first - 1, events, fmt)
+        return web.Response(status=200, body=body, headers={"Content-Type": ctype, **extra})
+
+    async def channels(self, request: web.Request) -> web.Response:
+        pattern = parse_pattern("/" + _raw_rest(request, "/api/v1/channels/"), self.s.max_channel_bytes)
+        after = request.query.get("after", "")
+        limit = min(_int_param(request.query, "limit", 1000), 10000)
+        if limit < 0:
+            raise BadRequest("limit must not be negative")
+
+        def read(store: LogStore) -> list[ChannelInfo]:
+            from hubbub.core.replay import list_channels
+
+            return [ci for ci in list_channels(store, pattern) if ci.channel.encode() > after.encode()][:limit]
+
+        infos = await self.node.read(read)
+        out = {
+            "channels": [
+                {"channel": ci.channel, "epoch": ci.epoch, "first": ci.first, "top": ci.top} for ci in infos
+            ]
+        }
+        return _json(200, orjson.dumps(out) + b"\n")
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        pattern = parse_pattern("/" + _raw_rest(request, "/api/v1/stream/"), self.s.max_channel_bytes)
+        q = request.query
+        tags = frozenset(q.getall("tag", []))
+        last = _int_param(q, "last", None)
+        from_time = _int_param(q, "from_time", None)
+        last_id = request.headers.get("Last-Event-ID") or q.get("last_event_id")
+        spec = ReplaySpec(last=last, from_time=from_time)
+        resume: tuple[int, str, int, str] | None = None
+        if last_id:
+            resume = nc.parse_sse_last_event_id(last_id)
+            t, epoch, seq, ch = resume
+            if not pattern.matches(ch):
+                raise BadRequest("Last-Event-ID names a channel outside the pattern")
+            # Event times are unique across the whole log, so "merged key greater than the id's" is
+            # exactly: the id's channel after its seq, every other channel from time t + 1.
+            spec = ReplaySpec(since={ch: Position(seq, epoch)}, from_time=t + 1)
+        elif last is not None and from_time is not None:
+            raise BadRequest("give at most one of last and from_time")
+        if last is not None and last < 1:
+            raise BadRequest("last must be at least 1")
+        sess = Session(
+            "native",
+            SseEncoder(),
+            max_items=self.s.send_queue,
+            max_bytes=self.s.send_queue_bytes,
+            overflow=Overflow.DISCONNECT,
+        )
+        resp = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        self.node.attach(sess)
+        task = asyncio.current_task()
+        if task is not None:
+            self.connections.add(task)
+        try:
+            def on_snapshot(plan: ReplayPlan) -> None:
+                for g in plan.gaps:
+                    data = {
+                        "channel": g.channel,
+                        "reason": g.reason,
+                        "since": {"seq": g.since.seq, "epoch": g.since.epoch},
+                        "position": {"seq": g.position.seq, "epoch": g.position.epoch},
+                    }
+                    sess.push(b"event: gap\ndata: " + orjson.dumps(data) + b"\n\n")
+
+            def on_replayed(plan: ReplayPlan) -> None:
+                sess.push(b"event: recovered\ndata: " + orjson.dumps({"replayed": len(plan.events)}) + b"\n\n")
+
+            await resp.prepare(request)
+            await resp.write(b"retry: 2000\n\n")
+            writer = asyncio.ensure_future(self._sse_writer(sess, resp))
+            try:
+                await self.node.subscribe(
+                    sess, "sse", pattern, tags, spec, on_snapshot=on_snapshot, on_replayed=on_replayed
+                )
+                await writer
+            finally:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await writer
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.node.detach(sess)
+            if task is not None:
+                self.connections.discard(task)
+        return resp
+
+    async def _sse_writer(self, sess: Session, resp: web.StreamResponse) -> None:
+        while True:
+            try:
+                frames = await asyncio.wait_for(sess.next_frames(), SSE_PING_S)
+            except TimeoutError:
+                await resp.write(b": ping\n\n")
+                continue
+            if not frames:
+                if sess.kicked == sess.slow_close_code:
+                    self.node.count_slow_close("native")
+                return
+            await resp.write(b"".join(frames))
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        checks: dict[str, str] = {}
+        if self.node.closing:
+            checks["node"] = "shutting down"
+        else:
+            try:
+                await asyncio.wait_for(self.node.read(lambda st: st.top_time()), 5)
+            except Exception as exc:
+                checks["store"] = type(exc).__name__
+        if checks:
+            return _json(503, orjson.dumps({"status": "fail", "checks": checks}) + b"\n")
+        return _json(200, b'{"status":"ok"}\n')
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = render_metrics(self.registry)
+        return web.Response(status=200, body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def _int_param(q: Any, name: str, default: Any) -> Any:
+    v = q.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer") from None
+
+
+def build_app(node: Node, settings: HttpSettings) -> tuple[web.Application, NativeHttp]:
+    """The aiohttp application with every enabled route."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(NodeCollector(node, node.store.stats))  # type: ignore[arg-type]
+    native = NativeHttp(node, settings, registry)
+    app = web.Application(middlewares=[_errors], client_max_size=settings.max_frame)
+    app.router.add_get("/ws/hubbub", native.websocket)
+    app.router.add_post("/api/v1/publish/{rest:.*}", native.publish)
+    app.router.add_get("/api/v1/log/{rest:.*}", native.log_read)
+    app.router.add_get("/api/v1/channels/{rest:.*}", native.channels)
+    app.router.add_get("/api/v1/stream/{rest:.*}", native.stream)
+    app.router.add_get("/healthz", native.healthz)
+    app.router.add_get("/metrics", native.metrics)
+    return app, native
+
+
+_ = BadChannel  # re-exported errors are raised by route_channel/parse_pattern

@@ -1,0 +1,76 @@
+"""Prometheus exposition of the node's statistics (native.md §9), on a per-server registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from hubbub import __version__
+from hubbub.core import Node
+
+__all__ = ["CONTENT_TYPE", "DIALECTS", "NodeCollector", "render_metrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DIALECTS = ("ivy", "guble", "wearscript", "mist2015", "mist1", "qpubs", "native")
+
+
+class NodeCollector:
+    """Reads the node's counters at scrape time; nothing is counted twice."""
+
+    def __init__(self, node: Node, store_stats: Callable[[], Any]) -> None:
+        self.node = node
+        self.store_stats = store_stats
+
+    def collect(self) -> Iterator[Any]:
+        node = self.node
+        conns = GaugeMetricFamily("hubbub_connections", "Open connections", labels=["dialect"])
+        counts: dict[str, int] = dict.fromkeys(DIALECTS, 0)
+        for s in node.sessions:
+            counts[s.dialect] = counts.get(s.dialect, 0) + 1
+        for d, n in counts.items():
+            conns.add_metric([d], n)
+        yield conns
+        for name, doc, src in (
+            ("hubbub_events_published", "Events published", node.published),
+            ("hubbub_deliveries", "Events delivered to connections", node.deliveries),
+            ("hubbub_dropped", "Events dropped by the slow-consumer policy", self._dropped()),
+            ("hubbub_bad_input", "Bad input seen", node.bad_input),
+            ("hubbub_slow_consumer_closes", "Connections closed as slow consumers", node.slow_closes),
+        ):
+            c = CounterMetricFamily(name, doc, labels=["dialect"])
+            for d in DIALECTS:
+                c.add_metric([d], src.get(d, 0))
+            for d, v in src.items():
+                if d not in DIALECTS:
+                    c.add_metric([d], v)
+            yield c
+        st = self.store_stats()
+        yield GaugeMetricFamily("hubbub_log_events", "Retained events in the log", value=st.events)
+        yield GaugeMetricFamily("hubbub_log_bytes", "Retained payload, header and tag bytes", value=st.bytes)
+        yield GaugeMetricFamily("hubbub_channels", "Channels with retained events", value=st.channels)
+        h = node.ack_latency
+        buckets = []
+        acc = 0
+        for b, n in zip(h.buckets, h.counts, strict=False):
+            acc += n
+            buckets.append((repr(b), acc))
+        buckets.append(("+Inf", h.count))
+        yield HistogramMetricFamily(
+            "hubbub_publish_ack_seconds", "Time from publish to acknowledgement", buckets=buckets, sum_value=h.sum
+        )
+        info = GaugeMetricFamily("hubbub_build_info", "Build information", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+
+    def _dropped(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.node.sessions:
+            out[s.dialect] = out.get(s.dialect, 0) + s.stats.dropped
+        return out
+
+
+def render_metrics(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,234 @@
+"""The core node against real stores: fan-out, replay/live junction, recovery rules (native.md §6)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hubbub.channels import parse_pattern
+from hubbub.core import Node, NodeSettings, ReplayPlan, ReplaySpec, Session
+from hubbub.errors import HubbubError, LimitExceeded, SubscriptionError
+from hubbub.events import Event, Position, Publisher
+from hubbub.log import open_store
+from hubbub.log.base import AppendRequest, RetentionPolicy
+
+
+class Enc:
+    """Records what a session would put on the wire as plain tuples."""
+
+    key = "test"
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        return repr((event.channel, event.seq, tuple(subs), replay, event.payload.decode())).encode()
+
+
+async def drain(sess: Session) -> list[Any]:
+    out: list[Any] = []
+    while sess.queued:
+        for f in await sess.next_frames():
+            out.append(eval(f.decode()))  # noqa: S307 - our own repr of tuples of literals
+    return out
+
+
+def req(channel: str, payload: str, tags: tuple[str, ...] = ()) -> AppendRequest:
+    return AppendRequest(channel, Publisher("native"), payload.encode(), "text/plain", tags=tags)
+
+
+Run = Callable[[Callable[[Node], Awaitable[None]]], None]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def run(request: pytest.FixtureRequest, tmp_path: Path) -> Run:
+    def runner(body: Callable[[Node], Awaitable[None]], **settings: Any) -> None:
+        async def main() -> None:
+            store = open_store(request.param, str(tmp_path / "data"), "commit", RetentionPolicy(), 600)
+            async with Node(store, NodeSettings(**settings)) as node:
+                await body(node)
+
+        asyncio.run(main())
+
+    return runner
+
+
+def session(node: Node, max_items: int = 1024, echo: bool = True) -> Session:
+    s = Session("native", Enc(), max_items=max_items, max_bytes=1 << 24, echo=echo)
+    node.attach(s)
+    return s
+
+
+async def sub(
+    node: Node, s: Session, sid: str, pattern: str, spec: ReplaySpec | None = None, tags: frozenset[str] = frozenset()
+) -> list[ReplayPlan]:
+    plans: list[ReplayPlan] = []
+    await node.subscribe(s, sid, parse_pattern(pattern), tags, spec, on_snapshot=plans.append)
+    return plans
+
+
+def test_subtree_receives_once_with_every_matching_sub(run: Run) -> None:
+    async def body(node: Node) -> None:
+        s = session(node)
+        await sub(node, s, "a", "/a/**")
+        await sub(node, s, "b", "/a/b/c")
+        await sub(node, s, "c", "/a/*/c")
+        await node.publish(req("/a/b/c", "hi"))
+        await node.publish(req("/ab", "no"))
+        assert await drain(s) == [("/a/b/c", 1, ("a", "b", "c"), False, "hi")]
+
+    run(body)
+
+
+def test_tags_and_echo(run: Run) -> None:
+    async def body(node: Node) -> None:
+        quiet = session(node, echo=False)
+        other = session(node)
+        await sub(node, quiet, "q", "/t", tags=frozenset({"x"}))
+        await sub(node, other, "o", "/t", tags=frozenset({"x"}))
+        r = req("/t", "own", ("x", "y"))
+        await node.publish(r, quiet)
+        await node.publish(req("/t", "untagged"))
+        assert await drain(quiet) == []
+        assert await drain(other) == [("/t", 1, ("o",), False, "own")]
+
+    run(body)
+
+
+def test_since_replays_exactly_then_live(run: Run) -> None:
+    async def body(node: Node) -> None:
+        for i in range(5):
+            r = await node.publish(req("/r", str(i + 1)))
+        epoch = r.event.epoch
+        s = session(node)
+        plans = await sub(node, s, "s", "/r", ReplaySpec(since=Position(2, epoch)))
+        assert plans[0].position == Position(5, epoch)
+        await node.publish(req("/r", "6"))
+        got = await drain(s)
+        assert got == [("/r", n, ("s",), True, str(n)) for n in (3, 4, 5)] + [("/r", 6, ("s",), False, "6")]
+
+    run(body)
+
+
+def test_replay_live_junction_under_concurrent_publishing(run: Run) -> None:
+    async def body(node: Node) -> None:
+        first = await node.publish(req("/j", "1"))
+        stop = asyncio.Event()
+
+        async def publisher() -> None:
+            i = 1
+            while not stop.is_set():
+                i += 1
+                node.submit(req("/j", str(i)))
+                await asyncio.sleep(0)
+
+        task = asyncio.ensure_future(publisher())
+        await asyncio.sleep(0.01)
+        s = session(node, max_items=100000)
+        await sub(node, s, "s", "/j", ReplaySpec(since=Position(1, first.event.epoch)))
+        await asyncio.sleep(0.02)
+        stop.set()
+        await task
+        await node.publish(req("/j", "last"))
+        seqs = [f[1] for f in await drain(s)]
+        assert seqs == list(range(2, seqs[-1] + 1)), "gapless and duplicate-free across the junction"
+        assert len(seqs) > 5
+
+    run(body)
+
+
+def test_gaps_epoch_trimmed_and_ahead(run: Run) -> None:
+    async def body(node: Node) -> None:
+        r = await node.publish(req("/g", "1"))
+        e = r.event.epoch
+        s = session(node)
+        plans = await sub(node, s, "a", "/g", ReplaySpec(since=Position(1, "otherepo")))
+        assert [g.reason for g in plans[0].gaps] == ["epoch"]
+        assert not plans[0].events and not plans[0].replayed
+        plans = await sub(node, s, "b", "/g", ReplaySpec(since=Position(9, e)))
+        assert [g.reason for g in plans[0].gaps] == ["ahead"]
+        # lost commits: the channel continues in a new epoch
+        assert plans[0].gaps[0].position.epoch != e
+        r2 = await node.publish(req("/g", "again"))
+        assert r2.event.seq == 1 and r2.event.epoch != e
+
+    run(body)
+
+
+def test_trimmed_gap(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = open_store("memory", str(tmp_path), "commit", RetentionPolicy(max_events=3), 600)
+        async with Node(store) as node:
+            for i in range(10):
+                r = await node.publish(req("/tr", str(i)))
+            s = session(node)
+            plans = await sub(node, s, "s", "/tr", ReplaySpec(since=Position(2, r.event.epoch)))
+            assert [g.reason for g in plans[0].gaps] == ["trimmed"]
+            plans = await sub(node, s, "t", "/tr", ReplaySpec(since=Position(7, r.event.epoch)))
+            assert not plans[0].gaps
+            assert [f[1] for f in await drain(s)] == [8, 9, 10]
+
+    asyncio.run(main())
+
+
+def test_recovery_too_large_and_limits(run: Run) -> None:
+    async def body(node: Node) -> None:
+        for _ in range(5):
+            r = await node.publish(req("/big", "x"))
+        s = session(node)
+        with pytest.raises(SubscriptionError) as info:
+            await sub(node, s, "s", "/big", ReplaySpec(since=Position(0, r.event.epoch)))
+        assert info.value.code == 4203
+        assert node.subscriptions(s) == []
+        await sub(node, s, "s", "/big")
+        with pytest.raises(SubscriptionError) as info:
+            await sub(node, s, "s", "/big")
+        assert info.value.code == 4200
+        await sub(node, s, "t", "/x")
+        with pytest.raises(LimitExceeded):
+            await sub(node, s, "u", "/y")
+
+    run(body, max_recovery=3, max_subscriptions=2)
+
+
+def test_pattern_replay_in_merged_order(run: Run) -> None:
+    async def body(node: Node) -> None:
+        t0 = (await node.publish(req("/p/a", "a1"))).event.time_ns
+        await node.publish(req("/p/b", "b1"))
+        await node.publish(req("/p/a", "a2"))
+        await node.publish(req("/q", "no"))
+        s = session(node)
+        await sub(node, s, "s", "/p/**", ReplaySpec(from_time=t0))
+        assert [f[4] for f in await drain(s)] == ["a1", "b1", "a2"]
+        await sub(node, s, "l", "/p/*", ReplaySpec(last=2))
+        assert [f[4] for f in await drain(s)] == ["b1", "a2"]
+
+    run(body)
+
+
+def test_slow_consumer_is_kicked(run: Run) -> None:
+    async def body(node: Node) -> None:
+        s = session(node, max_items=4)
+        await sub(node, s, "s", "/slow")
+        for i in range(10):
+            await node.publish(req("/slow", str(i)))
+        assert s.kicked == 4302
+        assert node.slow_closes.get("native") == 1
+
+    run(body)
+
+
+def test_storage_failure_reaches_publisher(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = open_store("memory", str(tmp_path), "commit", RetentionPolicy(), 600)
+        async with Node(store) as node:
+            def broken(batch: Any) -> Any:
+                raise OSError("disk gone")
+
+            store.append = broken  # type: ignore[method-assign]
+            with pytest.raises(HubbubError) as info:
+                await node.publish(req("/x", "1"))
+            assert info.value.code == 4301
+
+    asyncio.run(main())

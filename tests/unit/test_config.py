@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hubbub.config import ConfigError, env_name, flag_name, load_config
+
+
+def test_defaults() -> None:
+    cfg = load_config({}, env={})
+    assert cfg.http_listen == "127.0.0.1:8080"
+    assert cfg.data_dir == "./hubbub-data"
+    assert cfg.durability == "commit"
+    assert cfg.limits.max_frame == 1 << 20
+
+
+def test_precedence_cli_env_file(tmp_path: Path) -> None:
+    f = tmp_path / "h.toml"
+    f.write_text('durability = "none"\n[limits]\nmax_frame = 100\nmax_tags = 5\n')
+    env = {"HUBBUB_LIMITS_MAX_FRAME": "200", "HUBBUB_DURABILITY": "fsync"}
+    cfg = load_config({"durability": "commit"}, env=env, config_file=str(f))
+    assert cfg.durability == "commit"  # CLI beats env
+    assert cfg.limits.max_frame == 200  # env beats file
+    assert cfg.limits.max_tags == 5  # file beats default
+
+
+def test_names() -> None:
+    assert flag_name("http.listen") == "--http-listen"
+    assert flag_name("limits.max_frame") == "--limits-max-frame"
+    assert env_name("mist.tcp_listen") == "HUBBUB_MIST_TCP_LISTEN"
+    assert env_name("log.retention.max_age_s") == "HUBBUB_LOG_RETENTION_MAX_AGE_S"
+
+
+@pytest.mark.parametrize(
+    ("cli", "needle"),
+    [
+        ({"durability": "sometimes"}, "durability"),
+        ({"limits.max_frame": "lots"}, "limits.max_frame"),
+        ({"limits.max_frame": "0"}, "limits.max_frame"),
+        ({"http.listen": "nowhere"}, "http_listen"),
+        ({"native.enabled": "maybe"}, "native.enabled"),
+    ],
+)
+def test_errors_name_the_key(cli: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load_config(cli, env={})
+
+
+def test_unknown_file_key(tmp_path: Path) -> None:
+    f = tmp_path / "h.toml"
+    f.write_text("nonsense = 1\n")
+    with pytest.raises(ConfigError, match="nonsense"):
+        load_config({}, env={}, config_file=str(f))
