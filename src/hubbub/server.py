@@ -124,7 +124,7 @@ class Server:
                 self._tcp_conns.add(task)
                 task.add_done_callback(self._tcp_conns.discard)
 
-            self._tcp = await serve_native_tcp(host, port, make, lim.max_frame, track)
+            self._tcp = await serve_native_tcp(host, port, make, lim.max_frame, track, codec_limits)
             self.ports["native"] = self._tcp.sockets[0].getsockname()[1]
             log.info("listening", extra={"listener": "native", "address": f"{host}:{self.ports['native']}"})
         log.info(

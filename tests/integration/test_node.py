@@ -61,7 +61,12 @@ def session(node: Node, max_items: int = 1024, echo: bool = True) -> Session:
 
 
 async def sub(
-    node: Node, s: Session, sid: str, pattern: str, spec: ReplaySpec | None = None, tags: frozenset[str] = frozenset()
+    node: Node,
+    s: Session,
+    sid: str,
+    pattern: str,
+    spec: ReplaySpec | None = None,
+    tags: frozenset[str] = frozenset(),
 ) -> list[ReplayPlan]:
     plans: list[ReplayPlan] = []
     await node.subscribe(s, sid, parse_pattern(pattern), tags, spec, on_snapshot=plans.append)
@@ -223,6 +228,7 @@ def test_storage_failure_reaches_publisher(tmp_path: Path) -> None:
     async def main() -> None:
         store = open_store("memory", str(tmp_path), "commit", RetentionPolicy(), 600)
         async with Node(store) as node:
+
             def broken(batch: Any) -> Any:
                 raise OSError("disk gone")
 

@@ -78,7 +78,13 @@ def test_kill_9_loses_no_acknowledged_event(tmp_path: Path) -> None:
         while sent < total:
             batch = b"".join(
                 json.dumps(
-                    {"op": "publish", "id": 10 + i, "channel": "/crash/c", "text": f"{i}:{payload}", "ack": True}
+                    {
+                        "op": "publish",
+                        "id": 10 + i,
+                        "channel": "/crash/c",
+                        "text": f"{i}:{payload}",
+                        "ack": True,
+                    }
                 ).encode()
                 + b"\n"
                 for i in range(sent, min(sent + 200, total))

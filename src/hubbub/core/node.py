@@ -190,6 +190,7 @@ class Node:
     def attach(self, session: Session) -> None:
         self._sessions.add(session)
         self._subs[session] = {}
+        session.on_slow = self._on_slow
 
     def detach(self, session: Session) -> None:
         """Forget a session and all its subscriptions. Idempotent."""
@@ -312,12 +313,10 @@ class Node:
         if sess.deliver(event, sub_ids, cache):
             d = sess.dialect
             self.deliveries[d] = self.deliveries.get(d, 0) + 1
-        elif sess.kicked:
-            self._note_kicked(sess)
 
-    def _note_kicked(self, sess: Session) -> None:
-        if sess.kicked == sess.slow_close_code and sess in self._sessions:
-            self.count_slow_close(sess.dialect)
+    def _on_slow(self, sess: Session) -> None:
+        log.info("closing slow consumer", extra={"dialect": sess.dialect, "session": sess.id})
+        self.count_slow_close(sess.dialect)
 
     def _hold(self, sub: Subscription, event: Event) -> None:
         assert sub.holding is not None
@@ -325,7 +324,6 @@ class Node:
         if len(sub.holding) > sub.session.max_items * 4:
             # The replay cannot keep up with the live stream: apply the slow-consumer policy.
             sub.session.kick(sub.session.slow_close_code)
-            self._note_kicked(sub.session)
 
     # -- subscribe --------------------------------------------------------------------------------------
 
@@ -382,17 +380,12 @@ class Node:
             if session.closed or session.kicked:
                 break
             if session.queued >= session.max_items - 1:
-                await self._wait_room(session)
+                await session.wait_room()
             session.deliver(ev, [sub_id], cache, replay=True)
         if on_replayed is not None and plan.replayed:
             on_replayed(plan)
         self._release(sub, plan)
         return sub
-
-    async def _wait_room(self, session: Session) -> None:
-        # The transport drains the queue; poll for room at a modest rate while a large replay is paced.
-        while session.queued >= session.max_items // 2 and not (session.closed or session.kicked):
-            await asyncio.sleep(0.001)
 
     def _release(self, sub: Subscription, plan: ReplayPlan) -> None:
         held = sub.holding or []

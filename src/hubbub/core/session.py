@@ -78,9 +78,12 @@ class Session:
     echo: bool = True
     params: dict[str, str] = field(default_factory=dict)
     on_catch_up: Callable[[], None] | None = None
+    #: Called once when the session is kicked as a slow consumer (the node counts it).
+    on_slow: Callable[[Session], None] | None = None
     _frames: deque[tuple[bytes, bool]] = field(default_factory=deque)
     _nbytes: int = 0
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _room: asyncio.Event = field(default_factory=asyncio.Event)
     kicked: int = 0
     ending: int = 0
     closed: bool = False
@@ -89,12 +92,22 @@ class Session:
     # -- producing (core side) --------------------------------------------------------------------------
 
     def push(self, data: bytes, *, is_event: bool = False) -> bool:
-        """Queue one frame. Returns False when the frame was not queued (closed, kicked, or dropped)."""
+        """Queue one frame. Returns False when the frame was not queued (closed, kicked, or dropped).
+
+        The overflow policy applies to *events*. Other frames (replies, notices) are answers to the
+        client's own requests: the transport throttles reading requests instead (:meth:`wait_room`), so
+        they are queued beyond the bound, up to a hard cap of four times the bound, past which the session
+        is kicked all the same.
+        """
         if self.closed or self.kicked or self.ending:
             return False
         n = len(data)
         if len(self._frames) >= self.max_items or self._nbytes + n > self.max_bytes:
-            if not self._overflow(n, is_event):
+            if not is_event:
+                if len(self._frames) >= 4 * self.max_items or self._nbytes + n > 4 * self.max_bytes:
+                    self.kick(self.slow_close_code)
+                    return False
+            elif not self._overflow(n, is_event):
                 return False
         self._frames.append((data, is_event))
         self._nbytes += n
@@ -116,6 +129,9 @@ class Session:
             self._frames.clear()
             self._nbytes = 0
             self._wake.set()
+            self._room.set()
+            if code == self.slow_close_code and self.on_slow is not None:
+                self.on_slow(self)
 
     def _overflow(self, n: int, is_event: bool) -> bool:
         if self.overflow is Overflow.DISCONNECT:
@@ -163,26 +179,36 @@ class Session:
         if self.kicked or self.closed:
             return []
         frames = self._frames
-        out = []
+        out: list[bytes] = []
         total = 0
         while frames and (not out or total + len(frames[0][0]) <= limit_bytes):
             data, _ = frames.popleft()
             total += len(data)
             out.append(data)
         self._nbytes -= total
+        if len(frames) < self.max_items // 2:
+            self._room.set()
         return out
+
+    async def wait_room(self) -> None:
+        """Wait until the queue is at most half full (or the session ends): read-side back-pressure."""
+        while len(self._frames) >= self.max_items // 2 and not (self.closed or self.kicked or self.ending):
+            self._room.clear()
+            await self._room.wait()
 
     def end(self, code: int) -> None:
         """Close gracefully with ``code`` once the frames already queued are written."""
         if not self.ending:
             self.ending = code
             self._wake.set()
+            self._room.set()
 
     def close(self) -> None:
         self.closed = True
         self._frames.clear()
         self._nbytes = 0
         self._wake.set()
+        self._room.set()
 
     @property
     def queued(self) -> int:

@@ -2,8 +2,9 @@
 
 :class:`NativeCodec` turns one WebSocket message (or one TCP frame) into a :data:`Command` and turns replies,
 pushes and events into bytes, in JSON or msgpack. :class:`NativeStreamDecoder` splits a raw TCP byte stream
-into frames, picking the framing from the first byte. The HTTP renderings live in :mod:`.native_http` and
-are re-exported here so transports need only this module.
+into frames, picking the framing from the first byte. The command values and their field readers live in
+:mod:`.native_commands`, the HTTP renderings in :mod:`.native_http` and the shared event rendering in
+:mod:`.native_common`; everything a transport needs is re-exported here.
 
 Invariants:
 
@@ -21,10 +22,7 @@ Concurrency contract: a codec or stream decoder belongs to one connection and is
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 import msgpack
@@ -42,6 +40,27 @@ from hubbub.errors import (
 )
 from hubbub.events import Event, Position
 
+from .native_commands import (
+    MAX_U64,
+    Auth,
+    Command,
+    Hello,
+    Obj,
+    Ping,
+    Pong,
+    Publish,
+    Subscribe,
+    Unsubscribe,
+    is_int,
+    json_payload,
+    opt_bool,
+    opt_list,
+    position,
+    request_id,
+    string,
+    sub_id,
+    time_ns,
+)
 from .native_common import (
     DEFAULT_CONTENT_TYPE,
     DEFAULT_MAX_FRAME,
@@ -52,7 +71,6 @@ from .native_common import (
     check_headers,
     check_idem,
     check_tags,
-    dump_json_value,
     event_body_json,
     event_body_msgpack,
     plain,
@@ -62,8 +80,11 @@ from .native_http import (
     http_publish_fields,
     parse_sse_last_event_id,
     render_http_error,
+    render_http_publish,
     render_log,
     render_sse_event,
+    render_sse_gap,
+    render_sse_recovered,
 )
 
 __all__ = [
@@ -86,167 +107,18 @@ __all__ = [
     "http_publish_fields",
     "parse_sse_last_event_id",
     "render_http_error",
+    "render_http_publish",
     "render_log",
     "render_sse_event",
+    "render_sse_gap",
+    "render_sse_recovered",
 ]
 
 PROTOCOL_VERSION: Final = 1
 #: WebSocket subprotocol → encoding.
 SUBPROTOCOLS: Final[dict[str, Encoding]] = {"hubbub.v1.json": "json", "hubbub.v1.msgpack": "msgpack"}
 
-MAX_ID: Final = 1 << 31
-MAX_SUB_CHARS: Final = 64
-MAX_U64: Final = (1 << 64) - 1
 MAX_STREAM_FRAME: Final = 1 << 24  # TCP msgpack length prefix must be below 2^24 (native.md §1)
-
-
-# -- commands ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """``hello``. ``v`` is whatever the client sent; the connection answers 4006 unless it is 1 (and then
-    the other fields keep their defaults, since another version may define them differently)."""
-
-    id: int
-    v: int
-    token: str | None = None
-    client: str = ""
-    echo: bool = True
-    batch: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Subscribe:
-    """``subscribe``. At most one of ``since``/``last``/``from_time``, except ``from_time`` with a ``since``
-    map. ``since`` is a :class:`Position` for an exact channel and a map of canonical channel → position
-    (every key matching ``pattern``) for a pattern."""
-
-    id: int
-    sub: str
-    pattern: Pattern
-    tags: frozenset[str] = frozenset()
-    since: Position | dict[str, Position] | None = None
-    last: int | None = None
-    from_time: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Unsubscribe:
-    id: int
-    sub: str
-
-
-@dataclass(frozen=True, slots=True)
-class Publish:
-    """``publish``. ``channel`` is canonical, ``tags`` sorted and de-duplicated, ``headers`` user headers
-    only, ``payload`` the bytes to store, ``content_type`` the given type or the payload field's default."""
-
-    id: int
-    channel: str
-    payload: bytes
-    content_type: str
-    headers: dict[str, str] = field(default_factory=dict)
-    tags: tuple[str, ...] = ()
-    idem: str = ""
-    ack: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    """A client ``ping``; answered with ``pong`` echoing ``id`` when given."""
-
-    id: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Pong:
-    """A client ``pong`` (the answer to a server ping)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Auth:
-    """``auth``: token refresh."""
-
-    id: int
-    token: str
-
-
-Command: TypeAlias = Hello | Subscribe | Unsubscribe | Publish | Ping | Pong | Auth
-
-
-# -- field readers (raise BadRequest; the caller attaches the request id) --------------------------------
-
-_Obj = dict[Any, Any]
-
-
-def _is_int(v: object) -> bool:
-    return type(v) is int  # bool is an int subclass and is refused everywhere
-
-
-def _request_id(obj: _Obj) -> int:
-    v = obj.get("id")
-    if v is None:
-        raise BadRequest("id is required")
-    if not _is_int(v):
-        raise BadRequest("id must be an integer")
-    if not 0 <= v < MAX_ID:
-        raise BadRequest("id must be in 0 .. 2^31-1")
-    return int(v)
-
-
-def _str(obj: _Obj, key: str) -> str:
-    v = obj.get(key)
-    if type(v) is not str:
-        raise BadRequest(f"{key} must be a string")
-    return v
-
-
-def _opt_bool(obj: _Obj, key: str, default: bool) -> bool:
-    v = obj.get(key)
-    if v is None:
-        return default
-    if type(v) is not bool:
-        raise BadRequest(f"{key} must be true or false")
-    return v
-
-
-def _sub_id(obj: _Obj) -> str:
-    v = obj.get("sub")
-    if type(v) is not str or not 1 <= len(v) <= MAX_SUB_CHARS:
-        raise BadRequest(f"sub must be a string of 1-{MAX_SUB_CHARS} characters")
-    return v
-
-
-def _list(obj: _Obj, key: str) -> list[Any] | None:
-    v = obj.get(key)
-    if v is None:
-        return None
-    if type(v) is not list:
-        raise BadRequest(f"{key} must be a list")
-    return v
-
-
-def _uint(v: object, what: str) -> int:
-    if type(v) is not int or not 0 <= v <= MAX_U64:
-        raise BadRequest(f"{what} must be a non-negative integer")
-    return v
-
-
-def _position(v: object, what: str) -> Position:
-    if type(v) is not dict:
-        raise BadRequest(f"{what} must be {{seq, epoch}}")
-    epoch = v.get("epoch")
-    if type(epoch) is not str:
-        raise BadRequest(f"{what} needs an epoch string")
-    return Position(_uint(v.get("seq"), f"{what}.seq"), epoch)
-
-
-def _time(v: object) -> int:
-    """``from_time``: nanoseconds, an integer or (JSON, where they exceed 2^53) a decimal string."""
-    if type(v) is str and 0 < len(v) <= 20 and v.isascii() and v.isdigit():
-        v = int(v)
-    return _uint(v, "from_time")
 
 
 # -- the codec --------------------------------------------------------------------------------------------
@@ -281,7 +153,16 @@ class NativeCodec:
     tags and headers (protocols README §2).
     """
 
-    __slots__ = ("_body_key", "_packer", "_parsers", "encoding", "limits", "max_frame")
+    __slots__ = (
+        "_body_key",
+        "_json",
+        "_packer",
+        "_parsers",
+        "encoding",
+        "limits",
+        "max_frame",
+        "send_detail",
+    )
 
     def __init__(
         self,
@@ -293,17 +174,21 @@ class NativeCodec:
         max_tag_bytes: int = 256,
         max_headers: int = 64,
         max_header_bytes: int = 8192,
+        send_detail: bool = False,
     ) -> None:
         if encoding not in ("json", "msgpack"):
             raise ValueError(f"unknown native encoding {encoding!r}")
         self.encoding: Encoding = encoding
+        self._json = encoding == "json"
         self.max_frame = max_frame
+        #: Whether error frames carry the optional ``detail`` field (native.md §7).
+        self.send_detail = send_detail
         self.limits = Limits(max_channel_bytes, max_tags, max_tag_bytes, max_headers, max_header_bytes)
         # A per-codec packer: reusing one is much cheaper than msgpack.packb, and a codec has one thread.
         self._packer = msgpack.Packer(use_bin_type=True)
         # The fan-out cache is keyed by encoding, so a cache shared across encodings stays correct.
         self._body_key = f"native.{encoding}.body"
-        self._parsers: dict[str, Callable[[_Obj], Command]] = {
+        self._parsers: dict[str, Callable[[Obj], Command]] = {
             "hello": self._hello,
             "subscribe": self._subscribe,
             "unsubscribe": self._unsubscribe,
@@ -370,12 +255,12 @@ class NativeCodec:
                 raise UnknownOp("unknown op")
             return parser(obj)
         except HubbubError as exc:
-            if exc.request_id is None and _is_int(rid):
+            if exc.request_id is None and is_int(rid):
                 exc.request_id = rid
             raise
 
-    def _hello(self, obj: _Obj) -> Hello:
-        rid = _request_id(obj)
+    def _hello(self, obj: Obj) -> Hello:
+        rid = request_id(obj)
         v = obj.get("v")
         if type(v) is not int:
             raise BadRequest("v must be an integer")
@@ -389,13 +274,13 @@ class NativeCodec:
             client = ""
         elif type(client) is not str:
             raise BadRequest("client must be a string")
-        return Hello(rid, v, token, client, _opt_bool(obj, "echo", True), _opt_bool(obj, "batch", False))
+        return Hello(rid, v, token, client, opt_bool(obj, "echo", True), opt_bool(obj, "batch", False))
 
-    def _subscribe(self, obj: _Obj) -> Subscribe:
-        rid = _request_id(obj)
-        sub = _sub_id(obj)
-        pattern = parse_pattern(_str(obj, "pattern"), self.limits.max_channel_bytes)
-        raw_tags = _list(obj, "tags")
+    def _subscribe(self, obj: Obj) -> Subscribe:
+        rid = request_id(obj)
+        sub = sub_id(obj)
+        pattern = parse_pattern(string(obj, "pattern"), self.limits.max_channel_bytes)
+        raw_tags = opt_list(obj, "tags")
         tags = frozenset(check_tags(raw_tags, self.limits)) if raw_tags else frozenset()
         raw_since = obj.get("since")
         raw_last = obj.get("last")
@@ -407,10 +292,10 @@ class NativeCodec:
             since = self._since(raw_since, pattern)
         last = None
         if raw_last is not None:
-            if not _is_int(raw_last) or not 1 <= raw_last <= MAX_U64:
+            if not is_int(raw_last) or not 1 <= raw_last <= MAX_U64:
                 raise BadRequest("last must be an integer >= 1")
             last = int(raw_last)
-        from_time = None if raw_from is None else _time(raw_from)
+        from_time = None if raw_from is None else time_ns(raw_from)
         given = (since is not None) + (last is not None) + (from_time is not None)
         if given > 1 and not (given == 2 and isinstance(since, dict) and from_time is not None):
             raise BadRequest(
@@ -418,9 +303,9 @@ class NativeCodec:
             )
         return Subscribe(rid, sub, pattern, tags, since, last, from_time)
 
-    def _since(self, raw: _Obj, pattern: Pattern) -> Position | dict[str, Position]:
+    def _since(self, raw: Obj, pattern: Pattern) -> Position | dict[str, Position]:
         if pattern.is_exact:
-            return _position(raw, "since")
+            return position(raw, "since")
         out: dict[str, Position] = {}
         for key, value in raw.items():
             if type(key) is not str or not key.startswith("/"):
@@ -428,18 +313,18 @@ class NativeCodec:
             ch = canonical(key, self.limits.max_channel_bytes)
             if not pattern.matches(ch):
                 raise BadRequest("since lists a channel the pattern does not match")
-            out[ch] = _position(value, "since")
+            out[ch] = position(value, "since")
         return out
 
-    def _unsubscribe(self, obj: _Obj) -> Unsubscribe:
-        return Unsubscribe(_request_id(obj), _sub_id(obj))
+    def _unsubscribe(self, obj: Obj) -> Unsubscribe:
+        return Unsubscribe(request_id(obj), sub_id(obj))
 
-    def _publish(self, obj: _Obj) -> Publish:
-        rid = _request_id(obj)
+    def _publish(self, obj: Obj) -> Publish:
+        rid = request_id(obj)
         lim = self.limits
-        channel = canonical(_str(obj, "channel"), lim.max_channel_bytes)
+        channel = canonical(string(obj, "channel"), lim.max_channel_bytes)
         if self.encoding == "json":
-            payload, default_type = _json_payload(obj)
+            payload, default_type = json_payload(obj)
         else:
             raw = obj.get("payload")
             if type(raw) is bytes:
@@ -457,19 +342,19 @@ class NativeCodec:
             if type(raw_headers) is not dict:
                 raise BadRequest("headers must be an object of strings")
             headers = check_headers(raw_headers.items(), lim)
-        raw_tags = _list(obj, "tags")
+        raw_tags = opt_list(obj, "tags")
         tags = check_tags(raw_tags, lim) if raw_tags else ()
         idem = check_idem(obj.get("idem"))
-        return Publish(rid, channel, payload, content_type, headers, tags, idem, _opt_bool(obj, "ack", False))
+        return Publish(rid, channel, payload, content_type, headers, tags, idem, opt_bool(obj, "ack", False))
 
-    def _ping(self, obj: _Obj) -> Ping:
-        return Ping(None if obj.get("id") is None else _request_id(obj))
+    def _ping(self, obj: Obj) -> Ping:
+        return Ping(None if obj.get("id") is None else request_id(obj))
 
-    def _pong(self, obj: _Obj) -> Pong:
+    def _pong(self, obj: Obj) -> Pong:
         return Pong()
 
-    def _auth(self, obj: _Obj) -> Auth:
-        return Auth(_request_id(obj), _str(obj, "token"))
+    def _auth(self, obj: Obj) -> Auth:
+        return Auth(request_id(obj), string(obj, "token"))
 
     # -- encoding: replies and pushes -------------------------------------------------------------------
 
@@ -479,7 +364,7 @@ class NativeCodec:
         out: bytes = self._packer.pack(obj)
         return out
 
-    def _time(self, ns: int) -> str | int:
+    def _wire_time(self, ns: int) -> str | int:
         return str(ns) if self.encoding == "json" else ns
 
     def encode_reply(self, id: int, fields: dict[str, Any] | None = None, /, **extra: Any) -> bytes:
@@ -525,7 +410,7 @@ class NativeCodec:
             "channel": event.channel,
             "seq": event.seq,
             "epoch": event.epoch,
-            "time": self._time(event.time_ns),
+            "time": self._wire_time(event.time_ns),
         }
         if duplicate:
             obj["duplicate"] = True
@@ -539,19 +424,23 @@ class NativeCodec:
         if position is not None:
             obj["position"] = {"seq": position.seq, "epoch": position.epoch}
         else:
-            obj["top_time"] = self._time(top_time or 0)
+            obj["top_time"] = self._wire_time(top_time or 0)
         return self._dump(obj)
 
     def encode_error(self, code: int, id: int | None = None, detail: str = "", **extra: Any) -> bytes:
         """``{"op":"error","id":n,"code":c,"message":"…","temporary":b}`` (native.md §3.1), ``id`` only when
-        answering a request, then ``detail`` when given, then ``extra`` (e.g. ``supported=[1]``)."""
+        answering a request, then ``extra`` (e.g. ``supported=[1]``).
+
+        ``detail`` goes on the wire only when the codec was built with ``send_detail=True``: the
+        conformance vectors compare error frames exactly, so by default it is for logs only.
+        """
         obj: dict[str, Any] = {"op": "error"}
         if id is not None:
             obj["id"] = id
         obj["code"] = code
         obj["message"] = error_message(code)
         obj["temporary"] = is_temporary(code)
-        if detail:
+        if detail and self.send_detail:
             obj["detail"] = detail
         for k, v in extra.items():
             obj[k] = plain(v)
@@ -609,10 +498,18 @@ class NativeCodec:
         ``cache`` is a dict scoped to one fan-out and shared by every connection with this encoding: the
         event body is encoded on the first call, and every call only encodes ``subs`` and concatenates.
         """
-        body = self.event_body(event, cache)
+        # The cache lookup of event_body(), inlined: this runs once per event per subscribed connection.
+        if cache is not None:
+            hit = cache.get(self._body_key)
+            if hit is not None and hit[0] is event:
+                body: bytes = hit[1]
+            else:
+                body = self.event_body(event, cache)
+        else:
+            body = self.event_body(event)
         if type(subs) is not list:
             subs = list(subs)
-        if self.encoding == "json":
+        if self._json:
             return b"".join(
                 (_EVENT_JSON, orjson.dumps(subs), body, _EVENT_JSON_REPLAY_END if replay else _EVENT_JSON_END)
             )
@@ -633,25 +530,6 @@ class NativeCodec:
         if self.encoding == "json":
             return data + b"\n"
         return len(data).to_bytes(4, "big") + data
-
-
-def _json_payload(obj: _Obj) -> tuple[bytes, str]:
-    """Exactly one of ``json``, ``text``, ``b64`` (JSON transport, native.md §3.4)."""
-    present = [k for k in ("json", "text", "b64") if k in obj]
-    if len(present) != 1:
-        raise BadRequest("give exactly one of json, text and b64")
-    kind = present[0]
-    value = obj[kind]
-    if kind == "json":
-        return dump_json_value(value), "application/json"
-    if type(value) is not str:
-        raise BadRequest(f"{kind} must be a string")
-    if kind == "text":
-        return value.encode("utf-8"), "text/plain; charset=utf-8"
-    try:
-        return base64.b64decode(value.encode("ascii"), validate=True), DEFAULT_CONTENT_TYPE
-    except (binascii.Error, UnicodeEncodeError, ValueError):
-        raise BadRequest("b64 is not valid base64") from None
 
 
 # -- raw TCP framing --------------------------------------------------------------------------------------
@@ -686,13 +564,7 @@ class NativeStreamDecoder:
         max_header_bytes: int = 8192,
     ) -> None:
         self.max_frame = max_frame
-        self._limits = {
-            "max_channel_bytes": max_channel_bytes,
-            "max_tags": max_tags,
-            "max_tag_bytes": max_tag_bytes,
-            "max_headers": max_headers,
-            "max_header_bytes": max_header_bytes,
-        }
+        self._limits = Limits(max_channel_bytes, max_tags, max_tag_bytes, max_headers, max_header_bytes)
         #: ``"json"`` or ``"msgpack"`` once the first byte was seen (the server answers in the same one).
         self.encoding: Encoding | None = None
         self._codec: NativeCodec | None = None
@@ -728,7 +600,16 @@ class NativeStreamDecoder:
             else:
                 self._fail(BadFrame("the first byte must be '{' (JSON lines) or 0x00 (msgpack)"), out)
                 return out
-            self._codec = NativeCodec(self.encoding, max_frame=self.max_frame, **self._limits)
+            lim = self._limits
+            self._codec = NativeCodec(
+                self.encoding,
+                max_frame=self.max_frame,
+                max_channel_bytes=lim.max_channel_bytes,
+                max_tags=lim.max_tags,
+                max_tag_bytes=lim.max_tag_bytes,
+                max_headers=lim.max_headers,
+                max_header_bytes=lim.max_header_bytes,
+            )
         self._buf += data
         if self.encoding == "json":
             self._lines(out)
@@ -794,14 +675,3 @@ class NativeStreamDecoder:
                 return
         if pos:
             del buf[:pos]
-
-
-# Re-exported HTTP renderings (they live in native_http to keep this module small).
-_ = (
-    event_object,
-    http_publish_fields,
-    parse_sse_last_event_id,
-    render_http_error,
-    render_log,
-    render_sse_event,
-)

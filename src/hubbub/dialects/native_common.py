@@ -17,6 +17,7 @@ Pure functions, no I/O; safe to call from any thread.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -79,7 +80,14 @@ def packb(value: Any) -> bytes:
 
 
 def _utf8_len(s: str) -> int:
-    return len(s) if s.isascii() else len(s.encode("utf-8"))
+    """UTF-8 length; :class:`BadRequest` for text that has no UTF-8 form (lone surrogates, which e.g. an
+    HTTP server's ``surrogateescape`` decoding of invalid bytes produces) and so could never be rendered."""
+    if s.isascii():
+        return len(s)
+    try:
+        return len(s.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadRequest("text is not valid UTF-8") from None
 
 
 # -- validation shared by WebSocket/TCP commands and HTTP publishes ---------------------------------------
@@ -99,7 +107,7 @@ def check_tags(items: Iterable[object], limits: Limits) -> tuple[str, ...]:
         raise LimitExceeded(f"at most {limits.max_tags} tags")
     cap = limits.max_tag_bytes
     for t in seen:
-        if len(t) * 4 > cap and _utf8_len(t) > cap:
+        if _utf8_len(t) > cap:
             raise LimitExceeded(f"a tag is at most {cap} bytes")
     return tuple(sorted(seen))
 
@@ -132,6 +140,7 @@ def check_idem(value: object) -> str:
         raise BadRequest("idem must be a string")
     if len(value) > MAX_IDEM_CHARS:
         raise BadRequest(f"idem is at most {MAX_IDEM_CHARS} characters")
+    _utf8_len(value)
     return value
 
 
@@ -151,15 +160,17 @@ def check_content_type(value: object) -> str:
 # -- payloads ---------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
 def is_json_type(content_type: str) -> bool:
     """``application/json`` or any ``…+json`` type, parameters and case ignored (mapping.md §1)."""
     mt = content_type.split(";", 1)[0].strip().lower()
     return mt == "application/json" or mt.endswith("+json")
 
 
-# A JSON string (escapes included) or a run of insignificant whitespace. Applied only to text already
-# known to be valid JSON, where a raw control character cannot occur inside a string.
-_JSON_WS = re.compile(rb'("[^"\\]*(?:\\.[^"\\]*)*")|[ \t\n\r]+', re.DOTALL)
+# A JSON string (escapes included, captured) or a run of insignificant whitespace (not captured). Only
+# applied to text already known to be valid JSON, where a raw control character cannot occur in a string.
+# ``split`` + ``join`` runs in C (``sub`` with a group template calls back into Python per match in 3.11).
+_JSON_WS = re.compile(rb'("[^"\\]*+(?:\\.[^"\\]*+)*+")|[ \t\n\r]++', re.DOTALL)
 
 
 def _reject_constant(name: str) -> Any:
@@ -191,13 +202,19 @@ def compact_json(raw: bytes) -> bytes | None:
     unchanged.
     """
     try:
-        orjson.loads(raw)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         if not _valid_json_slow(raw):
             return None
-    if b" " in raw or b"\n" in raw or b"\r" in raw or b"\t" in raw:
-        return _JSON_WS.sub(rb"\1", raw)
-    return raw
+    else:
+        if not (b" " in raw or b"\n" in raw or b"\r" in raw or b"\t" in raw):
+            return raw
+        try:
+            if orjson.dumps(value) == raw:  # compact already; the spaces are inside strings
+                return raw
+        except TypeError:
+            pass  # nesting orjson does not write back
+    return b"".join(filter(None, _JSON_WS.split(raw)))
 
 
 def dump_json_value(value: Any) -> bytes:

@@ -1,7 +1,7 @@
-"""The log's record schema (the contract with the data pipeline) and the compact codec for its map/list columns.
+"""The log's record schema (the contract with the data pipeline) and the compact codec for map/list columns.
 
-Every engine stores, and every reader of the log (``hubbub.pipeline``, exports, backups) sees, one **record** per
-event with exactly the columns of :data:`RECORD_SCHEMA`, in that order:
+Every engine stores, and every reader of the log (``hubbub.pipeline``, exports, backups) sees, one **record**
+per event with exactly the columns of :data:`RECORD_SCHEMA`, in that order:
 
 * ``channel`` (string): canonical channel path (``/a/b``), UTF-8; byte order is path order
 * ``seq`` (int64): sequence number within ``(channel, epoch)``: 1, 2, 3… without gaps
@@ -17,13 +17,14 @@ event with exactly the columns of :data:`RECORD_SCHEMA`, in that order:
 * ``content_type`` (string): the payload's media type
 
 No column is nullable: absent strings are ``""``, absent maps and lists are empty. A record's *size* (what
-retention counts, :attr:`hubbub.events.Event.size`) is the payload length plus the UTF-8 lengths of every header
-key and value and every tag.
+retention counts, :attr:`hubbub.events.Event.size`) is the payload length plus the UTF-8 lengths of every
+header key and value and every tag.
 
-Column codec (:func:`encode_headers` … :func:`decode_tags`): where a store keeps ``headers`` or ``tags`` in one
-binary database column, it uses MessagePack (``use_bin_type``): a map of str to str, and an array of str. An
-empty map or list is stored as **zero bytes** (``b""``), which is also what the hot path writes for the common
-event without headers or tags. Any other content is an error (:class:`RecordError`): a reader never guesses.
+Column codec (:func:`encode_headers` … :func:`decode_tags`): where a store keeps ``headers`` or ``tags`` in
+one binary database column, it uses MessagePack (``use_bin_type``): a map of str to str, and an array of str.
+An empty map or list is stored as **zero bytes** (``b""``), which is also what the hot path writes for the
+common event without headers or tags. Any other content is an error (:class:`RecordError`): a reader never
+guesses.
 
 Schema changes bump :data:`RECORD_SCHEMA_VERSION`; a change that removes or retypes a column is breaking for
 every archive the pipeline wrote.

@@ -22,7 +22,7 @@ from hubbub.channels import parse_pattern, route_channel
 from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
-from hubbub.errors import BadChannel, BadRequest, HubbubError
+from hubbub.errors import BadRequest, HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.log.base import AppendRequest, ChannelInfo, LogStore
 
@@ -112,7 +112,7 @@ class NativeHttp:
             return _text(400, "unsupported subprotocol\n")
         await ws.prepare(request)
         binary = ready.protocol.endswith("msgpack")
-        codec = nc.NativeCodec("msgpack" if binary else "json", max_frame=self.s.max_frame, **self.s.codec_limits)
+        codec = native_codec("msgpack" if binary else "json", self.s.max_frame, self.s.codec_limits)
 
         async def send(data: bytes) -> None:
             if binary:
@@ -327,8 +327,6 @@ class NativeHttp:
                 await resp.write(b": ping\n\n")
                 continue
             if not frames:
-                if sess.kicked == sess.slow_close_code:
-                    self.node.count_slow_close("native")
                 return
             await resp.write(b"".join(frames))
 
@@ -360,10 +358,23 @@ def _int_param(q: Any, name: str, default: Any) -> Any:
         raise BadRequest(f"{name} must be an integer") from None
 
 
+def native_codec(encoding: str, max_frame: int, limits: dict[str, int]) -> nc.NativeCodec:
+    """A native codec with the server's limits."""
+    return nc.NativeCodec(
+        "msgpack" if encoding == "msgpack" else "json",
+        max_frame=max_frame,
+        max_channel_bytes=limits["max_channel_bytes"],
+        max_tags=limits["max_tags"],
+        max_tag_bytes=limits["max_tag_bytes"],
+        max_headers=limits["max_headers"],
+        max_header_bytes=limits["max_header_bytes"],
+    )
+
+
 def build_app(node: Node, settings: HttpSettings) -> tuple[web.Application, NativeHttp]:
     """The aiohttp application with every enabled route."""
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(NodeCollector(node, node.store.stats))  # type: ignore[arg-type]
+    registry.register(NodeCollector(node, node.store.stats))
     native = NativeHttp(node, settings, registry)
     app = web.Application(middlewares=[_errors], client_max_size=settings.max_frame)
     app.router.add_get("/ws/hubbub", native.websocket)
@@ -375,5 +386,3 @@ def build_app(node: Node, settings: HttpSettings) -> tuple[web.Application, Nati
     app.router.add_get("/metrics", native.metrics)
     return app, native
 
-
-_ = BadChannel  # re-exported errors are raised by route_channel/parse_pattern

@@ -73,6 +73,9 @@ class NativeConnection:
         )
         self.hello_done = False
         self.batch = False
+        self.inflight = 0
+        self.max_inflight = send_queue
+        self._acked = asyncio.Event()
         self.last_recv = time.monotonic()
         self.last_send = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -166,8 +169,22 @@ class NativeConnection:
             elif want_ack:
                 sess.push(codec.encode_publish_reply(rid, r.event, r.duplicate))
 
+        self.inflight += 1
+
+        def done_and_count(r: AppendResult | HubbubError) -> None:
+            self.inflight -= 1
+            if self.inflight < self.max_inflight // 2:
+                self._acked.set()
+            done(r)
+
+        # Read-side back-pressure: bounded publishes in flight and a bounded reply queue.
+        if self.inflight >= self.max_inflight:
+            self._acked.clear()
+            await self._acked.wait()
+        if sess.queued >= sess.max_items:
+            await sess.wait_room()
         await self.node.writable()
-        self.node.submit(req, sess, done)
+        self.node.submit(req, sess, done_and_count)
 
     async def _subscribe(self, cmd: nc.Subscribe) -> None:
         sess = self.session
@@ -221,9 +238,6 @@ class NativeConnection:
                     for f in frames:
                         await self._send(f)
             if sess.kicked:
-                if sess.kicked == sess.slow_close_code:
-                    self.node.count_slow_close("native")
-                    log.info("native session %s closed as a slow consumer", sess.id)
                 if sess.kicked != SHUTDOWN_CODE:
                     with contextlib.suppress(Exception):
                         await self._send(codec.encode_error(sess.kicked))

@@ -21,15 +21,15 @@ READ_CHUNK = 256 * 1024
 
 async def serve_native_tcp(
     host: str, port: int, make_connection: Callable[[nc.NativeCodec, asyncio.StreamWriter], NativeConnection],
-    max_frame: int, on_connection: Callable[[asyncio.Task[None]], None],
+    max_frame: int, on_connection: Callable[[asyncio.Task[None]], None], limits: dict[str, int],
 ) -> asyncio.Server:
     """Start the listener. ``make_connection`` builds the connection glue once the framing is known."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        on_connection(task)  # type: ignore[arg-type]
-        decoder = nc.NativeStreamDecoder(max_frame=max_frame)
+        on_connection(task)
+        decoder = nc.NativeStreamDecoder(max_frame=max_frame, **limits)
         conn: NativeConnection | None = None
         try:
             while True:

@@ -1,0 +1,302 @@
+"""Fuzz target for the native codec (STYLE.md item 3).
+
+The only assertion: every input is accepted (a command), or rejected with a documented
+:class:`hubbub.errors.HubbubError` whose code is in :data:`hubbub.errors.CODES`. Any other exception is a bug.
+
+Inputs: arbitrary bytes; arbitrary JSON-ish and msgpack-ish values; command-shaped objects with plausible
+and implausible field values; byte-level mutations of valid frames; and all of these framed as a raw TCP
+stream (JSON lines or length-prefixed msgpack) split into arbitrary chunks.
+
+    python fuzz/fuzz_native.py --seconds 60
+
+``tests/property/test_native_fuzz.py`` runs the same properties at a modest ``max_examples``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+try:
+    import hubbub  # noqa: F401
+except ImportError:  # run from a checkout without installing: python fuzz/fuzz_native.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import msgpack
+
+from hubbub.dialects import native as nc
+from hubbub.errors import CODES, HubbubError
+
+__all__ = [
+    "check_decode",
+    "check_stream",
+    "json_frames",
+    "msgpack_frames",
+    "raw_bytes",
+    "stream_inputs",
+]
+
+SMALL_FRAME = 512
+CODECS = {
+    "json": nc.NativeCodec("json"),
+    "msgpack": nc.NativeCodec("msgpack"),
+    "json-small": nc.NativeCodec(
+        "json", max_frame=SMALL_FRAME, max_tags=3, max_headers=2, max_header_bytes=32
+    ),
+    "msgpack-small": nc.NativeCodec("msgpack", max_frame=SMALL_FRAME, max_tags=3, max_tag_bytes=4),
+}
+
+
+# -- the property -----------------------------------------------------------------------------------------
+
+
+def _ok(item: object) -> None:
+    if isinstance(item, HubbubError):
+        assert item.code in CODES, f"undocumented error code {item.code}: {item!r}"
+    else:
+        assert isinstance(
+            item, nc.Hello | nc.Subscribe | nc.Unsubscribe | nc.Publish | nc.Ping | nc.Pong | nc.Auth
+        ), item
+
+
+def check_decode(codec: nc.NativeCodec, data: bytes | str) -> None:
+    """Accepted, or rejected with a documented error."""
+    try:
+        cmd = codec.decode(data)
+    except HubbubError as exc:
+        _ok(exc)
+    else:
+        _ok(cmd)
+
+
+def check_stream(chunks: list[bytes], max_frame: int) -> None:
+    """Every item of a stream, however it is chunked, is a command or a documented error."""
+    dec = nc.NativeStreamDecoder(max_frame)
+    for c in chunks:
+        for item in dec.feed(c):
+            _ok(item)
+
+
+# -- strategies -------------------------------------------------------------------------------------------
+
+OPS = ["hello", "subscribe", "unsubscribe", "publish", "ping", "pong", "auth", "frobnicate", ""]
+FIELDS = [
+    "op", "id", "v", "token", "client", "echo", "batch", "sub", "pattern", "tags", "since", "last",
+    "from_time", "channel", "json", "text", "b64", "payload", "content_type", "headers", "idem", "ack",
+]  # fmt: skip
+
+raw_bytes = st.binary(max_size=600)
+
+_segment = st.sampled_from(
+    ["", "a", "chat", "*", "**", "%2A", "%", "%FF", "%c3%a9", "é", "a:b", "\x00", "x" * 40]
+)
+paths = st.builds(lambda segs: "/" + "/".join(segs), st.lists(_segment, max_size=5)) | st.text(max_size=20)
+
+_ints = st.sampled_from([0, 1, -1, 2**31 - 1, 2**31, 2**53 + 1, 2**63 - 1, 2**64 - 1]) | st.integers(
+    -(2**63), 2**64 - 1
+)
+_scalars = st.none() | st.booleans() | _ints | st.floats(allow_nan=False) | st.text(max_size=12)
+
+
+def _json_values(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.recursive(
+        leaves,
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
+
+
+values = _json_values(_scalars)
+positions = st.fixed_dictionaries(
+    {"seq": _ints, "epoch": st.sampled_from(["", "k3j2a9x1"]) | st.text(max_size=9)}
+)
+since = positions | st.dictionaries(paths, positions | values, max_size=3) | values
+tags = st.lists(st.text(max_size=6) | _scalars, max_size=6) | values
+headers = st.dictionaries(
+    st.sampled_from([":p", "", "k", "trace"]) | st.text(max_size=6),
+    st.text(max_size=8) | _scalars,
+    max_size=4,
+)
+
+_FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "id": _ints | values,
+    "v": st.sampled_from([1, 2, 0, True, "1"]),
+    "token": st.text(max_size=8) | _scalars,
+    "client": st.text(max_size=8) | _scalars,
+    "echo": st.booleans() | _scalars,
+    "batch": st.booleans() | _scalars,
+    "sub": st.text(max_size=70) | _scalars,
+    "pattern": paths | _scalars,
+    "tags": tags,
+    "since": since,
+    "last": _ints | _scalars,
+    "from_time": _ints | st.from_regex(r"-?[0-9]{0,22}", fullmatch=True) | _scalars,
+    "channel": paths | _scalars,
+    "json": values,
+    "text": st.text(max_size=20) | _scalars,
+    "b64": st.sampled_from(["", "/w==", "YQ", "@@", "aGk="]) | st.text(max_size=8) | _scalars,
+    "payload": st.binary(max_size=20) | st.text(max_size=8) | _scalars,
+    "content_type": st.sampled_from(["application/json", "text/plain", "", "a\nb"]) | _scalars,
+    "headers": headers | values,
+    "idem": st.text(max_size=130) | _scalars,
+    "ack": st.booleans() | _scalars,
+}
+
+
+@st.composite
+def commands(draw: st.DrawFn) -> dict[str, Any]:
+    """Command-shaped objects: a (mostly) known op and a random subset of fields with edgy values."""
+    obj: dict[str, Any] = {"op": draw(st.sampled_from(OPS) | _scalars)}
+    for name in draw(st.lists(st.sampled_from(FIELDS[1:]), max_size=8, unique=True)):
+        obj[name] = draw(_FIELD_VALUES[name])
+    return obj
+
+
+objects = commands() | values
+
+
+def _dump_json(value: Any, ensure_ascii: bool) -> bytes | None:
+    try:
+        return json.dumps(value, ensure_ascii=ensure_ascii, default=lambda b: b.hex()).encode(
+            "utf-8", "surrogatepass"
+        )
+    except (ValueError, TypeError, RecursionError):
+        return None
+
+
+def _dump_msgpack(value: Any, bin_type: bool) -> bytes | None:
+    try:
+        out: bytes = msgpack.packb(value, use_bin_type=bin_type)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return out
+
+
+@st.composite
+def _mutated(draw: st.DrawFn, base: bytes) -> bytes:
+    data = bytearray(base)
+    for _ in range(draw(st.integers(0, 4))):
+        op = draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
+        i = draw(st.integers(0, max(0, len(data))))
+        if op == "flip" and data:
+            data[min(i, len(data) - 1)] = draw(st.integers(0, 255))
+        elif op == "insert":
+            data[i:i] = draw(st.binary(min_size=1, max_size=4))
+        elif op == "delete" and data:
+            del data[min(i, len(data) - 1)]
+        elif op == "truncate":
+            del data[i:]
+    return bytes(data)
+
+
+@st.composite
+def json_frames(draw: st.DrawFn) -> bytes:
+    """A JSON frame: encoded objects, possibly mutated, or plain garbage."""
+    kind = draw(st.sampled_from(["object", "mutated", "raw"]))
+    if kind == "raw":
+        return draw(raw_bytes)
+    frame = _dump_json(draw(objects), draw(st.booleans())) or b"{}"
+    return draw(_mutated(frame)) if kind == "mutated" else frame
+
+
+@st.composite
+def msgpack_frames(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["object", "mutated", "raw"]))
+    if kind == "raw":
+        return draw(raw_bytes)
+    frame = _dump_msgpack(draw(objects), draw(st.booleans())) or b"\x80"
+    return draw(_mutated(frame)) if kind == "mutated" else frame
+
+
+@st.composite
+def stream_inputs(draw: st.DrawFn) -> tuple[list[bytes], int]:
+    """A TCP stream (framed JSON lines or msgpack frames, with junk mixed in) and a chunking of it."""
+    max_frame = draw(st.sampled_from([64, SMALL_FRAME, 1 << 20]))
+    mode = draw(st.sampled_from(["jsonl", "msgpack", "raw"]))
+    if mode == "raw":
+        data = draw(raw_bytes)
+    elif mode == "jsonl":
+        lines = draw(st.lists(json_frames(), max_size=5))
+        sep = draw(st.sampled_from([b"\n", b"\r\n"]))
+        data = b"{" + b"".join(line.replace(b"\n", b" ") + sep for line in lines)
+        data = data if draw(st.booleans()) else draw(_mutated(data))
+    else:
+        frames = draw(st.lists(msgpack_frames(), max_size=5))
+        data = b"".join(len(f).to_bytes(4, "big") + f for f in frames)
+        data = data if draw(st.booleans()) else draw(_mutated(data))
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=8)))
+    chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    return chunks, max_frame
+
+
+# -- the fuzz loop ----------------------------------------------------------------------------------------
+
+
+def _targets(max_examples: int) -> list[Callable[[], None]]:
+    cfg = settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    codec_names = st.sampled_from(list(CODECS))
+
+    @cfg
+    @given(codec_names, raw_bytes)
+    def fuzz_raw(name: str, data: bytes) -> None:
+        check_decode(CODECS[name], data)
+
+    @cfg
+    @given(st.sampled_from(["json", "json-small"]), json_frames())
+    def fuzz_json(name: str, data: bytes) -> None:
+        check_decode(CODECS[name], data)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return
+        check_decode(CODECS[name], text)
+
+    @cfg
+    @given(st.sampled_from(["msgpack", "msgpack-small"]), msgpack_frames())
+    def fuzz_msgpack(name: str, data: bytes) -> None:
+        check_decode(CODECS[name], data)
+
+    @cfg
+    @given(stream_inputs())
+    def fuzz_stream(inp: tuple[list[bytes], int]) -> None:
+        check_stream(*inp)
+
+    return [fuzz_raw, fuzz_json, fuzz_msgpack, fuzz_stream]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Fuzz the native codec with hypothesis.")
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long to run (default 60)")
+    ap.add_argument("--batch", type=int, default=500, help="examples per target per round")
+    args = ap.parse_args(argv)
+    targets = _targets(args.batch)
+    deadline = time.monotonic() + args.seconds
+    rounds = 0
+    while True:
+        for t in targets:
+            t()
+        rounds += 1
+        if time.monotonic() >= deadline:
+            break
+    print(f"fuzz_native: {rounds} rounds, about {rounds * args.batch * len(targets)} examples, no failure")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

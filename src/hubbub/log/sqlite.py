@@ -1,0 +1,798 @@
+"""``SqliteLogStore``: the embedded default engine, one SQLite database file in WAL mode.
+
+Schema (version :data:`SCHEMA_VERSION`, kept in ``meta``)::
+
+    meta      (key TEXT PRIMARY KEY, value INTEGER)                     -- schema_version, last_time
+    channels  (id INTEGER PRIMARY KEY, path TEXT UNIQUE, epoch, first, top, top_time, count, bytes)
+    events    (channel_id, seq, time_ns, size, publisher_dialect, publisher_user, publisher_app,
+               publisher_msg_id, content_type, headers BLOB, tags BLOB, payload BLOB,
+               PRIMARY KEY (channel_id, seq)) WITHOUT ROWID
+    idem      (channel_id, user, key, seq, time_ns, PRIMARY KEY (channel_id, user, key)) WITHOUT ROWID
+
+``headers`` and ``tags`` use the column codec of :mod:`hubbub.log.records`; the epoch of an event is its
+channel's (a reset deletes the old epoch's events in the same transaction). ``channels.path`` compares with
+SQLite's BINARY collation, which is the UTF-8 byte order :meth:`LogStore.channels` promises. ``payload``
+is the last column so that scans of the small columns (retention, time searches) never touch overflow pages.
+
+Time searches (``read(from_time=…)``, age retention) use no index: within one channel's epoch ``time_ns``
+strictly increases with ``seq``, so a binary search over ``seq`` costs a handful of primary-key look-ups and
+keeps the hot path at one B-tree insert per event.
+
+Durability (protocols README §5), all in WAL mode:
+
+* ``fsync``: ``synchronous=FULL``, the WAL is fsync'd at every commit, so a commit survives power loss.
+* ``commit``: ``synchronous=NORMAL``. A commit is written to the WAL (the OS page cache) before it returns, so
+  it survives a crash of the process (``kill -9``); the WAL is fsync'd only at checkpoints, so an OS crash or
+  power loss may lose the last commits (never corrupts the database).
+* ``none``: ``synchronous=OFF``. Nothing is promised; the server calls :meth:`new_epochs_on_open` at start.
+
+Concurrency contract:
+
+* The writer methods (``append``, ``apply_retention``, ``reset_channel``, ``new_epochs_on_open``, ``close``)
+  use one writer connection and a cache of every channel's head, and must be called from one thread at a
+  time (the core's log writer thread). The store may be opened on another thread (the connection is created
+  with ``check_same_thread=False`` for that reason and for ``close``).
+* Reads may come from any thread, concurrently: each thread gets its own read-only connection (a
+  ``threading.local``), and every read runs in one snapshot, so it sees whole commits only.
+* ``close`` closes every reader connection too; it must not race with reads still running (the core shuts
+  its reader pool down first). Reads after ``close`` raise :class:`StorageError`.
+* One database file has one writer: opening takes an exclusive ``flock`` on ``<file>.lock``; a second store on
+  the same file (in this process or another) fails with :class:`StorageError`.
+
+Every ``sqlite3`` error becomes a :class:`~hubbub.errors.StorageError` whose message names the operation and
+SQLite's error code only (never SQL or paths). The full error goes to the ``hubbub.log.sqlite`` logger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from hubbub.errors import StorageError
+from hubbub.events import Event, Publisher
+from hubbub.log.base import (
+    AppendRequest,
+    AppendResult,
+    ChannelInfo,
+    LogStore,
+    RetentionPolicy,
+    StoreStats,
+    new_epoch,
+)
+from hubbub.log.records import (
+    RecordError,
+    decode_headers,
+    decode_tags,
+    encode_headers,
+    encode_tags,
+    event_size,
+)
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["DURABILITY_SYNCHRONOUS", "SCHEMA_VERSION", "SqliteLogStore"]
+
+log = logging.getLogger("hubbub.log.sqlite")
+
+#: Version of the database schema in this module's docstring.
+SCHEMA_VERSION: Final = 1
+
+#: ``durability`` → ``PRAGMA synchronous`` (see the module docstring).
+DURABILITY_SYNCHRONOUS: Final[dict[str, str]] = {"fsync": "FULL", "commit": "NORMAL", "none": "OFF"}
+
+_NS: Final = 1_000_000_000
+_MAX_INT64: Final = (1 << 63) - 1
+
+_SCHEMA: Final = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID",
+    """CREATE TABLE IF NOT EXISTS channels (
+        id INTEGER PRIMARY KEY,
+        path TEXT NOT NULL UNIQUE,
+        epoch TEXT NOT NULL,
+        first INTEGER NOT NULL,
+        top INTEGER NOT NULL,
+        top_time INTEGER NOT NULL,
+        count INTEGER NOT NULL,
+        bytes INTEGER NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS events (
+        pos INTEGER PRIMARY KEY,
+        channel_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        time_ns INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        publisher_dialect TEXT NOT NULL,
+        publisher_user TEXT NOT NULL,
+        publisher_app TEXT NOT NULL,
+        publisher_msg_id TEXT NOT NULL,
+        content_type TEXT NOT NULL,
+        headers BLOB NOT NULL,
+        tags BLOB NOT NULL,
+        payload BLOB NOT NULL
+    )""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS events_channel_seq ON events (channel_id, seq)",
+    """CREATE TABLE IF NOT EXISTS idem (
+        channel_id INTEGER NOT NULL,
+        user TEXT NOT NULL,
+        key TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        time_ns INTEGER NOT NULL,
+        PRIMARY KEY (channel_id, user, key)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS idem_time ON idem (time_ns)",
+)
+
+_EVENT_COLS: Final = (
+    "seq, time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type, "
+    "headers, tags, payload"
+)
+_INSERT_EVENT: Final = (
+    "INSERT INTO events (channel_id, seq, time_ns, size, publisher_dialect, publisher_user, publisher_app, "
+    "publisher_msg_id, content_type, headers, tags, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_CHANNEL: Final = (
+    "INSERT INTO channels (id, path, epoch, first, top, top_time, count, bytes) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_CHANNEL: Final = (
+    "UPDATE channels SET first = ?, top = ?, top_time = ?, count = ?, bytes = ? WHERE id = ?"
+)
+_SET_LAST_TIME: Final = "UPDATE meta SET value = ? WHERE key = 'last_time'"
+_HEAD_COLS: Final = "path, epoch, first, top, top_time"
+# How often (in log time) append forgets expired idempotency keys.
+_IDEM_PRUNE_EVERY_NS: Final = 10 * _NS
+_HEADS_CHUNK: Final = 500
+
+
+@dataclass(slots=True)
+class _Head:
+    """The writer's cached copy of one ``channels`` row."""
+
+    id: int
+    epoch: str
+    first: int
+    top: int
+    top_time: int
+    count: int
+    bytes: int
+
+    def row(self) -> tuple[int, int, int, int, int, int]:
+        return (self.first, self.top, self.top_time, self.count, self.bytes, self.id)
+
+
+def _error(what: str, exc: BaseException) -> StorageError:
+    """A safe :class:`StorageError` for a failed operation; the details go to the log only."""
+    name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
+    log.error("sqlite: %s failed: %s: %s", what, name, exc)
+    return StorageError(f"log {what} failed ({name})")
+
+
+def _prefix_upper(prefix: str) -> str | None:
+    """The smallest string greater than every string that starts with ``prefix`` (None: there is none)."""
+    chars = list(prefix)
+    while chars:
+        c = ord(chars.pop()) + 1
+        if c == 0xD800:  # skip the surrogates: they are not text
+            c = 0xE000
+        if c <= 0x10FFFF:
+            return "".join(chars) + chr(c)
+    return None
+
+
+class SqliteLogStore(LogStore):
+    """A :class:`LogStore` in one SQLite file (see the module docstring for schema and contract).
+
+    ``path``: the database file (created if absent; its directory must exist). ``durability``: ``fsync``,
+    ``commit`` or ``none``. ``retention``: its ``max_events``/``max_bytes`` apply per channel inside every
+    append's transaction. ``idem_window_s``: how long idempotency keys are kept (0 turns idempotency off).
+    ``clock`` returns nanoseconds since the Unix epoch (tests pass a fake one). ``busy_timeout_ms``: how long
+    a statement waits for a lock held by another connection (another process reading or backing up the file).
+    """
+
+    engine = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: str = "commit",
+        retention: RetentionPolicy | None = None,
+        idem_window_s: int = 600,
+        clock: Callable[[], int] = time.time_ns,
+        busy_timeout_ms: int = 5000,
+    ) -> None:
+        if durability not in DURABILITY_SYNCHRONOUS:
+            raise ValueError(
+                f"durability must be one of {', '.join(DURABILITY_SYNCHRONOUS)}, not {durability!r}"
+            )
+        self.path = Path(path).absolute()
+        self.durability = durability
+        self._retention = retention or RetentionPolicy()
+        self._idem_window_ns = max(idem_window_s, 0) * _NS
+        self._clock = clock
+        self._busy_timeout_ms = max(busy_timeout_ms, 0)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._reader_uri = self.path.as_uri() + "?mode=ro"
+        # Writer state (writer thread only).
+        self._heads: dict[str, _Head] = {}
+        self._next_id = 1
+        self._last_time = 0
+        self._idem_prune_at = 0
+        self._lock_fd = -1
+        self._conn: sqlite3.Connection | None = None
+        try:
+            self._lock_file()
+            self._conn = self._open_writer()
+            self._load()
+        except BaseException:
+            self._release()
+            raise
+
+    # -- opening -------------------------------------------------------------------------------------
+
+    def _lock_file(self) -> None:
+        if fcntl is None:  # pragma: no cover - not POSIX
+            return
+        try:
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise _error("open", exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise StorageError("log database is in use by another store") from exc
+        self._lock_fd = fd
+
+    def _open_writer(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, cached_statements=64
+            )
+        except sqlite3.Error as exc:
+            raise _error("open", exc) from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StorageError("log database cannot use WAL mode")
+            conn.execute(f"PRAGMA synchronous = {DURABILITY_SYNCHRONOUS[self.durability]}")
+            conn.execute("PRAGMA cache_size = -32768")  # 32 MiB
+            conn.execute("PRAGMA temp_store = MEMORY")
+            # Checkpoint less often than the default 1000 pages: each checkpoint runs inside a commit.
+            conn.execute("PRAGMA wal_autocheckpoint = 4000")
+            conn.execute("PRAGMA journal_size_limit = 67108864")
+            conn.execute("BEGIN IMMEDIATE")
+            for stmt in _SCHEMA:
+                conn.execute(stmt)
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+                conn.execute("INSERT INTO meta (key, value) VALUES ('last_time', 0)")
+            elif row[0] != SCHEMA_VERSION:
+                raise StorageError(
+                    f"log database has schema version {row[0]}, this hubbub reads {SCHEMA_VERSION}"
+                )
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _error("open", exc) from exc
+            raise
+        return conn
+
+    def _load(self) -> None:
+        """(Re)load the writer's cache from the database."""
+        conn = self._writer()
+        try:
+            heads: dict[str, _Head] = {}
+            next_id = 1
+            for cid, path, epoch, first, top, top_time, count, nbytes in conn.execute(
+                "SELECT id, path, epoch, first, top, top_time, count, bytes FROM channels"
+            ):
+                heads[path] = _Head(cid, epoch, first, top, top_time, count, nbytes)
+                next_id = max(next_id, cid + 1)
+            last_time = conn.execute("SELECT value FROM meta WHERE key = 'last_time'").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise _error("open", exc) from exc
+        self._heads, self._next_id, self._last_time = heads, next_id, int(last_time)
+
+    def _writer(self) -> sqlite3.Connection:
+        conn = self._conn
+        if conn is None or self._closed:
+            raise StorageError("log store is closed")
+        return conn
+
+    @contextlib.contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction. On failure: roll back, reload the head cache, raise StorageError."""
+        conn = self._writer()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            # The cache may hold changes of the rolled-back transaction.
+            self._load()
+            if isinstance(exc, (sqlite3.Error, RecordError)):
+                raise _error(what, exc) from exc
+            raise
+
+    # -- writer side ---------------------------------------------------------------------------------
+
+    def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+        if not batch:
+            self._writer()
+            return []
+        with self._transaction("append") as conn:
+            now = self._clock()
+            t = self._last_time
+            window = self._idem_window_ns
+            heads = self._heads
+            touched: dict[str, _Head] = {}
+            created: set[str] = set()
+            rows: list[tuple[Any, ...]] = []
+            idem_rows: list[tuple[int, str, str, int, int]] = []
+            batch_idem: dict[tuple[str, str, str], Event] = {}
+            results: list[AppendResult] = []
+            for req in batch:
+                name = req.channel
+                h = heads.get(name)
+                if h is None:
+                    h = heads[name] = _Head(self._next_id, new_epoch(), 1, 0, 0, 0, 0)
+                    self._next_id += 1
+                    created.add(name)
+                pub = req.publisher
+                idem = req.idem
+                if idem and window:
+                    t_next = now if now > t else t + 1
+                    key = (pub.user, name, idem)
+                    dup = batch_idem.get(key)
+                    if dup is None and name not in created:
+                        dup = self._find_original(conn, name, h, req, t_next - window)
+                    if dup is not None and t_next - dup.time_ns < window:
+                        results.append(AppendResult(dup, duplicate=True))
+                        continue
+                t = now if now > t else t + 1
+                seq = h.top + 1
+                h.top = seq
+                h.top_time = t
+                h.count += 1
+                payload = req.payload
+                headers = req.headers
+                tags = req.tags
+                if headers or tags:
+                    size = event_size(payload, headers, tags)
+                    hb = encode_headers(headers)
+                    tb = encode_tags(tags)
+                    headers = dict(headers)
+                    tags = tuple(tags)
+                else:
+                    size = len(payload)
+                    hb = tb = b""
+                    headers = {}
+                h.bytes += size
+                touched[name] = h
+                rows.append(
+                    (
+                        h.id,
+                        seq,
+                        t,
+                        size,
+                        pub.dialect,
+                        pub.user,
+                        pub.app,
+                        pub.msg_id,
+                        req.content_type,
+                        hb,
+                        tb,
+                        payload,
+                    )
+                )
+                ev = Event(name, seq, h.epoch, t, pub, payload, req.content_type, headers, tags)
+                results.append(AppendResult(ev))
+                if idem and window:
+                    batch_idem[key] = ev
+                    idem_rows.append((h.id, pub.user, idem, seq, t))
+            if rows:
+                conn.executemany(_INSERT_EVENT, rows)
+            pol = self._retention
+            if pol.max_events or pol.max_bytes:
+                for h in touched.values():
+                    self._trim_per_channel(conn, h)
+            if created:
+                conn.executemany(
+                    _INSERT_CHANNEL,
+                    [(heads[n].id, n, heads[n].epoch, *heads[n].row()[:5]) for n in created],
+                )
+            if len(touched) > len(created):
+                conn.executemany(_UPDATE_CHANNEL, [h.row() for n, h in touched.items() if n not in created])
+            if idem_rows:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO idem (channel_id, user, key, seq, time_ns) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    idem_rows,
+                )
+            if window and t >= self._idem_prune_at:
+                conn.execute("DELETE FROM idem WHERE time_ns <= ?", (t - window,))
+                self._idem_prune_at = t + min(window, _IDEM_PRUNE_EVERY_NS)
+            if t != self._last_time:
+                conn.execute(_SET_LAST_TIME, (t,))
+        self._last_time = t
+        return results
+
+    def _find_original(
+        self, conn: sqlite3.Connection, name: str, h: _Head, req: AppendRequest, after: int
+    ) -> Event | None:
+        """The event a repeated idempotency key first appended, if it is newer than ``after``."""
+        row = conn.execute(
+            "SELECT seq, time_ns FROM idem WHERE channel_id = ? AND user = ? AND key = ?",
+            (h.id, req.publisher.user, req.idem),
+        ).fetchone()
+        if row is None or row[1] <= after:
+            return None
+        seq, t = row
+        found = conn.execute(
+            f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (h.id, seq)
+        ).fetchall()
+        if found:
+            return self._events(name, h.epoch, found)[0]
+        # Trimmed since: rebuild it from the repeated request (same key, so the same event) and the position.
+        return Event(
+            name,
+            seq,
+            h.epoch,
+            t,
+            req.publisher,
+            req.payload,
+            req.content_type,
+            dict(req.headers),
+            tuple(req.tags),
+        )
+
+    def _trim_per_channel(self, conn: sqlite3.Connection, h: _Head) -> None:
+        pol = self._retention
+        if pol.max_events and h.count > pol.max_events:
+            self._delete_below(conn, h, h.top - pol.max_events + 1)
+        if pol.max_bytes and h.bytes > pol.max_bytes:
+            excess = h.bytes - pol.max_bytes
+            cut, removed = h.first, 0
+            cur = conn.execute(
+                "SELECT seq, size FROM events WHERE channel_id = ? AND seq >= ? ORDER BY seq", (h.id, h.first)
+            )
+            try:
+                for seq, size in cur:
+                    cut, removed = seq + 1, removed + size
+                    if removed >= excess:
+                        break
+            finally:
+                cur.close()
+            self._delete_below(conn, h, cut, removed)
+
+    @staticmethod
+    def _delete_below(conn: sqlite3.Connection, h: _Head, cut: int, removed_bytes: int | None = None) -> int:
+        """Delete the channel's events with ``seq < cut``; update the head. Returns how many."""
+        cut = min(cut, h.top + 1)
+        n = cut - h.first
+        if n <= 0:
+            return 0
+        if removed_bytes is None:
+            removed_bytes = conn.execute(
+                "SELECT coalesce(sum(size), 0) FROM events WHERE channel_id = ? AND seq < ?", (h.id, cut)
+            ).fetchone()[0]
+        conn.execute("DELETE FROM events WHERE channel_id = ? AND seq < ?", (h.id, cut))
+        h.first = cut
+        h.count -= n
+        h.bytes -= removed_bytes
+        return n
+
+    def reset_channel(self, channel: str) -> ChannelInfo:
+        with self._transaction("reset") as conn:
+            epoch = new_epoch()
+            h = self._heads.get(channel)
+            if h is None:
+                h = self._heads[channel] = _Head(self._next_id, epoch, 1, 0, 0, 0, 0)
+                self._next_id += 1
+                conn.execute(_INSERT_CHANNEL, (h.id, channel, epoch, 1, 0, 0, 0, 0))
+            else:
+                conn.execute("DELETE FROM events WHERE channel_id = ?", (h.id,))
+                conn.execute("DELETE FROM idem WHERE channel_id = ?", (h.id,))
+                h.epoch, h.first, h.top, h.top_time, h.count, h.bytes = epoch, 1, 0, 0, 0, 0
+                conn.execute(
+                    "UPDATE channels SET epoch = ?, first = 1, top = 0, top_time = 0, count = 0, bytes = 0 "
+                    "WHERE id = ?",
+                    (epoch, h.id),
+                )
+        return ChannelInfo(channel, epoch, 1, 0, 0)
+
+    def new_epochs_on_open(self) -> None:
+        with self._transaction("reset") as conn:
+            conn.execute("DELETE FROM events")
+            conn.execute("DELETE FROM idem")
+            for h in self._heads.values():
+                h.epoch, h.first, h.top, h.top_time, h.count, h.bytes = new_epoch(), 1, 0, 0, 0, 0
+            conn.executemany(
+                "UPDATE channels SET epoch = ?, first = 1, top = 0, top_time = 0, count = 0, bytes = 0 "
+                "WHERE id = ?",
+                [(h.epoch, h.id) for h in self._heads.values()],
+            )
+
+    def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
+        removed = 0
+        with self._transaction("retention") as conn:
+            live = [h for h in self._heads.values() if h.count]
+            if policy.max_age_s:
+                cutoff = now_ns - policy.max_age_s * _NS
+                for h in live:
+                    if h.top_time < cutoff:
+                        cut = h.top + 1
+                    else:
+                        cut = _seq_at_time(conn, h.id, h.first, h.top, cutoff)
+                    n = self._delete_below(conn, h, cut)
+                    if n:
+                        removed += n
+                        conn.execute(_UPDATE_CHANNEL, h.row())
+            total = sum(h.bytes for h in live)
+            if policy.max_total_bytes and total > policy.max_total_bytes:
+                removed += self._trim_total(conn, [h for h in live if h.count], total, policy.max_total_bytes)
+        return removed
+
+    def _trim_total(self, conn: sqlite3.Connection, live: list[_Head], total: int, cap: int) -> int:
+        """Trim the oldest events of the whole log (by time) until ``total <= cap``."""
+
+        def stream(h: _Head) -> Iterator[tuple[int, int, int, _Head]]:
+            after = h.first - 1
+            while True:
+                page = conn.execute(
+                    "SELECT seq, time_ns, size FROM events WHERE channel_id = ? AND seq > ? "
+                    "ORDER BY seq LIMIT 256",
+                    (h.id, after),
+                ).fetchall()
+                if not page:
+                    return
+                for seq, t, size in page:
+                    yield t, seq, size, h
+                after = page[-1][0]
+
+        cuts: dict[int, tuple[_Head, int, int]] = {}
+        for _t, seq, size, h in heapq.merge(*(stream(h) for h in live), key=lambda x: x[0]):
+            total -= size
+            prev = cuts.get(h.id)
+            cuts[h.id] = (h, seq + 1, (prev[2] if prev else 0) + size)
+            if total <= cap:
+                break
+        removed = 0
+        for h, cut, nbytes in cuts.values():
+            removed += self._delete_below(conn, h, cut, nbytes)
+            conn.execute(_UPDATE_CHANNEL, h.row())
+        return removed
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        readers, self._readers = self._readers, []
+        for c in readers:
+            with contextlib.suppress(sqlite3.Error):
+                c.close()
+        conn, self._conn = self._conn, None
+        try:
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA optimize")
+                conn.close()
+        except sqlite3.Error as exc:
+            raise _error("close", exc) from exc
+        finally:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = -1
+
+    # -- readers -------------------------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and not self._closed:
+            return conn
+        with self._close_lock:
+            if self._closed:
+                raise StorageError("log store is closed")
+            try:
+                conn = sqlite3.connect(
+                    self._reader_uri,
+                    uri=True,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    cached_statements=64,
+                )
+            except sqlite3.Error as exc:
+                raise _error("read", exc) from exc
+            self._readers.append(conn)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            conn.execute("PRAGMA cache_size = -8192")  # 8 MiB
+        except sqlite3.Error as exc:
+            raise _error("read", exc) from exc
+        self._local.conn = conn
+        return conn
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction on this thread's reader: every statement in it sees the same commit."""
+        conn = self._reader()
+        try:
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise _error("read", exc) from exc
+        except RecordError as exc:
+            raise _error("read", exc) from exc
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        try:
+            return self._reader().execute(sql, params).fetchone()
+        except sqlite3.Error as exc:
+            raise _error("read", exc) from exc
+
+    @staticmethod
+    def _events(channel: str, epoch: str, rows: Iterable[Sequence[Any]]) -> list[Event]:
+        pubs: dict[tuple[str, str, str, str], Publisher] = {}
+        out: list[Event] = []
+        for seq, t, dialect, user, app, msg_id, ctype, hb, tb, payload in rows:
+            pk = (dialect, user, app, msg_id)
+            pub = pubs.get(pk)
+            if pub is None:
+                pub = pubs[pk] = Publisher(dialect, user, app, msg_id)
+            out.append(
+                Event(
+                    channel,
+                    seq,
+                    epoch,
+                    t,
+                    pub,
+                    payload,
+                    ctype,
+                    decode_headers(hb) if hb else {},
+                    decode_tags(tb) if tb else (),
+                )
+            )
+        return out
+
+    def head(self, channel: str) -> ChannelInfo:
+        row = self._one(f"SELECT {_HEAD_COLS} FROM channels WHERE path = ?", (channel,))
+        return ChannelInfo(channel, "", 0, 0, 0) if row is None else ChannelInfo(*row)
+
+    def heads(self, channels: Iterable[str]) -> dict[str, ChannelInfo]:
+        names = list(dict.fromkeys(channels))
+        out = {n: ChannelInfo(n, "", 0, 0, 0) for n in names}
+        with self._snapshot() as conn:
+            for i in range(0, len(names), _HEADS_CHUNK):
+                chunk = names[i : i + _HEADS_CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                for row in conn.execute(f"SELECT {_HEAD_COLS} FROM channels WHERE path IN ({marks})", chunk):
+                    out[row[0]] = ChannelInfo(*row)
+        return out
+
+    def read(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+    ) -> list[Event]:
+        if limit <= 0:
+            self._reader()
+            return []
+        with self._snapshot() as conn:
+            row = conn.execute(
+                "SELECT id, epoch, first, top FROM channels WHERE path = ?", (channel,)
+            ).fetchone()
+            if row is None:
+                return []
+            cid, epoch, first, top = row
+            lo, hi = max(after_seq + 1, first), top
+            if from_time is not None and lo <= hi:
+                lo = _seq_at_time(conn, cid, lo, hi, from_time)
+            if to_time is not None and lo <= hi:
+                hi = _seq_at_time(conn, cid, lo, hi, to_time) - 1
+            if lo > hi:
+                return []
+            rows = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events "
+                "WHERE channel_id = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?",
+                (cid, lo, hi, min(limit, _MAX_INT64)),
+            ).fetchall()
+            return self._events(channel, epoch, rows)
+
+    def read_last(self, channel: str, n: int) -> list[Event]:
+        if n <= 0:
+            self._reader()
+            return []
+        with self._snapshot() as conn:
+            row = conn.execute("SELECT id, epoch FROM channels WHERE path = ?", (channel,)).fetchone()
+            if row is None:
+                return []
+            cid, epoch = row
+            rows = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? ORDER BY seq DESC LIMIT ?",
+                (cid, min(n, _MAX_INT64)),
+            ).fetchall()
+            rows.reverse()
+            return self._events(channel, epoch, rows)
+
+    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+        if limit <= 0:
+            self._reader()
+            return []
+        sql = f"SELECT {_HEAD_COLS} FROM channels WHERE path > ? AND count > 0"
+        params: list[Any] = [after]
+        if prefix:
+            sql += " AND path >= ?"
+            params.append(prefix)
+            upper = _prefix_upper(prefix)
+            if upper is not None:
+                sql += " AND path < ?"
+                params.append(upper)
+        sql += " ORDER BY path LIMIT ?"
+        params.append(min(limit, _MAX_INT64))
+        with self._snapshot() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [ChannelInfo(*r) for r in rows if r[0].startswith(prefix)]
+
+    def top_time(self) -> int:
+        row = self._one("SELECT value FROM meta WHERE key = 'last_time'")
+        return int(row[0]) if row else 0
+
+    def stats(self) -> StoreStats:
+        row = self._one(
+            "SELECT coalesce(sum(count), 0), coalesce(sum(bytes), 0), coalesce(sum(count > 0), 0) "
+            "FROM channels"
+        )
+        return StoreStats(events=int(row[0]), bytes=int(row[1]), channels=int(row[2]))
+
+
+def _seq_at_time(conn: sqlite3.Connection, cid: int, lo: int, hi: int, t: int) -> int:
+    """The smallest ``seq`` in ``[lo, hi]`` of a channel whose ``time_ns >= t``, or ``hi + 1``.
+
+    Binary search: within one epoch ``time_ns`` strictly increases with ``seq``. Each probe reads the first
+    event at or after the middle, so a hole in the seqs (which the store never leaves) costs nothing.
+    """
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        row = conn.execute(
+            "SELECT seq, time_ns FROM events WHERE channel_id = ? AND seq >= ? ORDER BY seq LIMIT 1",
+            (cid, mid),
+        ).fetchone()
+        if row is None or row[0] > hi or row[1] >= t:
+            hi = mid - 1
+        else:
+            lo = row[0] + 1
+    return lo

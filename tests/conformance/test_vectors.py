@@ -1,0 +1,159 @@
+"""Every case of every conformance-vector file, each against a fresh server (``tests/conformance/runner.py``).
+
+A case runs only when its own file's dialect and every dialect its steps touch are in
+``IMPLEMENTED_DIALECTS``; the others are skipped with the list of what is missing. Each dialect's work adds
+its name to the set.
+
+The vectors are read from ``$HUBBUB_VECTORS_DIR`` if set, else from the first of ``docs/protocols/vectors``,
+``tests/conformance/vectors`` and ``/work/shared/protocols/vectors`` that exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .runner import DIALECTS, REQUIREMENTS, CaseFailure, HasPorts, dialects_touched, run_case
+
+IMPLEMENTED_DIALECTS: set[str] = {"native"}
+
+_REPO = Path(__file__).resolve().parents[2]
+_CANDIDATES = (
+    _REPO / "docs" / "protocols" / "vectors",
+    _REPO / "tests" / "conformance" / "vectors",
+    Path("/work/shared/protocols/vectors"),
+)
+# Listener keys the runner binds to port 0 when the configuration knows them (dialects arrive one by one).
+_TCP_LISTEN_KEYS = ("native.tcp_listen", "mist.tcp_listen", "qpubs.qrpc_listen")
+
+
+def vectors_dir() -> Path | None:
+    env = os.environ.get("HUBBUB_VECTORS_DIR")
+    if env:
+        return Path(env)
+    return next((p for p in _CANDIDATES if (p / "native.json").is_file()), None)
+
+
+def load_cases() -> list[tuple[str, dict[str, Any]]]:
+    """(file dialect, case) for every case of every vector file found."""
+    root = vectors_dir()
+    if root is None:
+        return []
+    out: list[tuple[str, dict[str, Any]]] = []
+    for dialect in DIALECTS:
+        path = root / f"{dialect}.json"
+        if path.is_file():
+            out.extend((dialect, case) for case in json.loads(path.read_text(encoding="utf-8")))
+    return out
+
+
+CASES = load_cases()
+
+
+def server_factory(
+    data_dir: Path, overrides: Mapping[str, Any]
+) -> Callable[[], AbstractAsyncContextManager[HasPorts]]:
+    """A fresh ``Server`` on ``data_dir`` per call (the runner calls it again on restart), loopback port 0."""
+    # Imported here, not at the top: collection (and the skips) must work while the server is half-built.
+    from hubbub.config import KEYS, load_config  # noqa: PLC0415
+    from hubbub.server import Server  # noqa: PLC0415
+
+    cli: dict[str, Any] = {"data_dir": str(data_dir), "http.listen": "127.0.0.1:0"}
+    cli.update({key: "127.0.0.1:0" for key in _TCP_LISTEN_KEYS if key in KEYS})
+    cli.update(overrides)
+    config = load_config(cli=cli, env={})
+
+    def start() -> AbstractAsyncContextManager[HasPorts]:
+        server: AbstractAsyncContextManager[HasPorts] = Server(config)
+        return server
+
+    return start
+
+
+def skip_reason(dialect: str, case: Mapping[str, Any]) -> str | None:
+    missing = ({dialect} | dialects_touched(case)) - IMPLEMENTED_DIALECTS
+    if missing:
+        return f"needs dialects not yet served: {', '.join(sorted(missing))}"
+    unsupported = set(case.get("requires", [])) - REQUIREMENTS
+    if unsupported:
+        return f"needs runner capabilities: {', '.join(sorted(unsupported))}"
+    return None
+
+
+@pytest.mark.parametrize(("dialect", "case"), [pytest.param(d, c, id=c["id"]) for d, c in CASES])
+def test_vector(dialect: str, case: dict[str, Any], tmp_path: Path) -> None:
+    reason = skip_reason(dialect, case)
+    if reason:
+        pytest.skip(reason)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    start = server_factory(data_dir, case.get("config", {}))
+    failure: str | None = None
+    try:
+        asyncio.run(run_case(case, start))
+    except CaseFailure as exc:
+        if exc.__cause__ is not None:  # a server that did not start or stop cleanly: keep its traceback
+            raise
+        failure = str(exc)
+    if failure is not None:  # the message names the step and what came; a traceback would only add noise
+        pytest.fail(failure, pytrace=False)
+
+
+def test_vectors_found() -> None:
+    """Guard against silently running nothing: the vector files must be found, with unique case ids."""
+    if vectors_dir() is None:
+        pytest.skip("no conformance vectors found (set HUBBUB_VECTORS_DIR)")
+    ids = [case["id"] for _, case in CASES]
+    assert ids, "the vector directory holds no cases"
+    assert len(ids) == len(set(ids)), "case ids must be unique across files"
+    for dialect, case in CASES:
+        assert case["id"].startswith(f"{dialect}."), f"{case['id']} is in {dialect}.json"
+
+
+# No shared vector restarts the server yet, so this inline native case keeps the runner's `server` step
+# honest: open clients see the shutdown, the new server's ports are used, and an acknowledged event survives.
+RESTART_CASE: dict[str, Any] = {
+    "id": "native.runner-restart",
+    "describe": "The restart step: clients see the close and reconnect on the new ports; the log survives.",
+    "requires": ["restart"],
+    "steps": [
+        {"client": "A", "connect": "ws:/ws/hubbub", "subprotocols": ["hubbub.v1.json"]},
+        {"client": "A", "send_json": {"op": "hello", "id": 1, "v": 1}},
+        {"client": "A", "expect_json": {"op": "reply", "id": 1}, "match": "subset"},
+        {
+            "http": "POST /api/v1/publish/r",
+            "send_body": "kept",
+            "status": 200,
+            "expect_json": {"channel": "/r", "seq": "{{INT:seq}}", "epoch": "{{EPOCH:e}}", "time": "{{NS}}"},
+        },
+        {"server": "restart"},
+        {"client": "A", "expect_close": 1001},
+        {
+            "http": "GET /api/v1/log/r",
+            "status": 200,
+            "match": "subset",
+            "expect_json": {
+                "epoch": "{{$e}}",
+                "top": "{{$seq}}",
+                "events": [{"seq": "{{$seq}}", "text": "kept"}],
+            },
+        },
+        {"client": "A", "connect": "ws:/ws/hubbub", "subprotocols": ["hubbub.v1.json"]},
+        {"client": "A", "send_json": {"op": "hello", "id": 1, "v": 1}},
+        {"client": "A", "expect_json": {"op": "reply", "id": 1}, "match": "subset"},
+        {"client": "A", "send_json": {"op": "ping", "id": "{{$seq}}"}},
+        {"client": "A", "expect_json": {"op": "pong", "id": "{{$seq}}"}},
+    ],
+    "expect": [{"all": "quiet", "within_ms": 100}],
+}
+
+
+def test_runner_restart(tmp_path: Path) -> None:
+    test_vector("native", RESTART_CASE, tmp_path)

@@ -1,0 +1,87 @@
+"""The native fuzz properties (fuzz/fuzz_native.py) at a modest number of examples, plus two stream
+properties that need more than "accepted or documented error": chunking does not change the result, and
+the buffer stays bounded."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from hypothesis import HealthCheck, given, settings
+
+from hubbub.dialects import native as nc
+from hubbub.errors import HubbubError
+
+
+def _load_fuzz() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "fuzz" / "fuzz_native.py"
+    spec = importlib.util.spec_from_file_location("fuzz_native", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fuzz_native", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fz = _load_fuzz()
+
+CFG = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+JSON = fz.CODECS["json"]
+JSON_SMALL = fz.CODECS["json-small"]
+MP = fz.CODECS["msgpack"]
+MP_SMALL = fz.CODECS["msgpack-small"]
+
+
+@CFG
+@given(fz.raw_bytes)
+def test_raw_bytes(data: bytes) -> None:
+    for codec in fz.CODECS.values():
+        fz.check_decode(codec, data)
+
+
+@CFG
+@given(fz.json_frames())
+def test_json_frames(data: bytes) -> None:
+    fz.check_decode(JSON, data)
+    fz.check_decode(JSON_SMALL, data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return
+    fz.check_decode(JSON, text)
+
+
+@CFG
+@given(fz.msgpack_frames())
+def test_msgpack_frames(data: bytes) -> None:
+    fz.check_decode(MP, data)
+    fz.check_decode(MP_SMALL, data)
+
+
+@CFG
+@given(fz.stream_inputs())
+def test_stream(inp: tuple[list[bytes], int]) -> None:
+    fz.check_stream(*inp)
+
+
+def _norm(items: list[object]) -> list[object]:
+    return [("error", x.code, x.request_id) if isinstance(x, HubbubError) else x for x in items]
+
+
+@CFG
+@given(fz.stream_inputs())
+def test_stream_chunking_does_not_matter(inp: tuple[list[bytes], int]) -> None:
+    chunks, max_frame = inp
+    whole = nc.NativeStreamDecoder(max_frame)
+    expected = _norm(whole.feed(b"".join(chunks)))
+    split = nc.NativeStreamDecoder(max_frame)
+    got: list[object] = []
+    peak = 0
+    for c in chunks:
+        got.extend(_norm(split.feed(c)))
+        peak = max(peak, split.buffered)
+    assert got == expected
+    assert split.failed == whole.failed
+    assert peak <= max_frame + 4  # after a feed, at most one incomplete frame (+ CR or length prefix) is held
