@@ -84,10 +84,7 @@ class SseEncoder:
     key = "native.sse"
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
-        data = cache.get(replay)
-        if data is None:
-            data = cache[replay] = nc.render_sse_event(event, replay)
-        return data
+        return nc.render_sse_event(event, replay, cache)
 
 
 class NativeHttp:
@@ -285,32 +282,31 @@ class NativeHttp:
         task = asyncio.current_task()
         if task is not None:
             self.connections.add(task)
+        writer: asyncio.Future[None] | None = None
         try:
+
             def on_snapshot(plan: ReplayPlan) -> None:
+                # The subscription is registered now: only from here on may the headers go out (a client
+                # that saw them may publish and must then receive its event).
+                nonlocal writer
+                writer = asyncio.ensure_future(self._sse_writer(request, sess, resp))
                 for g in plan.gaps:
-                    data = {
-                        "channel": g.channel,
-                        "reason": g.reason,
-                        "since": {"seq": g.since.seq, "epoch": g.since.epoch},
-                        "position": {"seq": g.position.seq, "epoch": g.position.epoch},
-                    }
-                    sess.push(b"event: gap\ndata: " + orjson.dumps(data) + b"\n\n")
+                    sess.push(nc.render_sse_gap(g.channel, g.reason, g.since, g.position))
 
             def on_replayed(plan: ReplayPlan) -> None:
-                sess.push(b"event: recovered\ndata: " + orjson.dumps({"replayed": len(plan.events)}) + b"\n\n")
+                sess.push(nc.render_sse_recovered(len(plan.events)))
 
-            await resp.prepare(request)
-            await resp.write(b"retry: 2000\n\n")
-            writer = asyncio.ensure_future(self._sse_writer(sess, resp))
             try:
                 await self.node.subscribe(
                     sess, "sse", pattern, tags, spec, on_snapshot=on_snapshot, on_replayed=on_replayed
                 )
+                assert writer is not None
                 await writer
             finally:
-                writer.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await writer
+                if writer is not None:
+                    writer.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await writer
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
@@ -319,7 +315,9 @@ class NativeHttp:
                 self.connections.discard(task)
         return resp
 
-    async def _sse_writer(self, sess: Session, resp: web.StreamResponse) -> None:
+    async def _sse_writer(self, request: web.Request, sess: Session, resp: web.StreamResponse) -> None:
+        await resp.prepare(request)
+        await resp.write(b"retry: 2000\n\n")
         while True:
             try:
                 frames = await asyncio.wait_for(sess.next_frames(), SSE_PING_S)
