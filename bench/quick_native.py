@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from integration.serverproc import ServerProcess  # noqa: E402
+from integration.serverproc import ServerProcess
 
 
 class Conn:

@@ -1,6 +1,6 @@
 """Router match rate: 10k subscriptions of mixed exact / * / ** patterns.
 
-    PYTHONPATH=src python bench/router.py
+PYTHONPATH=src python bench/router.py
 """
 
 from __future__ import annotations

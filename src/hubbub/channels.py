@@ -10,7 +10,8 @@ Note on the root: ``/`` splits into one empty segment, so the root is the same c
 ``/chat/``.
 
 Patterns: a segment that is exactly ``*`` matches any one segment; a last segment exactly ``**`` matches zero
-or more segments. A literal ``*`` segment is written ``%2A``. In a :class:`Pattern`, ``None`` stands for ``*``.
+or more segments. A literal ``*`` segment is written ``%2A``. In a :class:`Pattern`, ``None`` stands for
+``*``.
 """
 
 from __future__ import annotations
@@ -155,10 +156,7 @@ class Pattern:
                 return False
         elif len(segs) != len(parts):
             return False
-        for p, s in zip(parts, segs, strict=False):
-            if p is not None and p != s:
-                return False
-        return True
+        return all(p is None or p == s for p, s in zip(parts, segs, strict=False))
 
 
 def parse_pattern(text: str, max_bytes: int = MAX_CHANNEL_BYTES) -> Pattern:

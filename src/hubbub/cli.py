@@ -72,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(HUBBUB_<KEY>) or in a TOML file (--config); the command line wins.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    serve.add_argument("--config", metavar="FILE", help="TOML config file with dotted keys or tables",
-                       default=None)
+    serve.add_argument(
+        "--config", metavar="FILE", help="TOML config file with dotted keys or tables", default=None
+    )
     for key in KEYS:
         serve.add_argument(
             flag_name(key),
@@ -121,5 +122,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
-
-

@@ -173,7 +173,7 @@ def load_config(
     env: Mapping[str, str] | None = None,
     config_file: str | None = None,
 ) -> Config:
-    """Build the configuration. ``cli`` maps dotted keys to values given on the command line (None = unset)."""
+    """Build the configuration. ``cli`` maps dotted keys to command-line values (None = unset)."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     if config_file:
@@ -207,7 +207,9 @@ def load_config(
             retention[path[1]] = v
         else:
             top[path[0]] = v
-    cfg = replace(cfg, limits=replace(cfg.limits, **limits), retention=replace(cfg.retention, **retention), **top)
+    cfg = replace(
+        cfg, limits=replace(cfg.limits, **limits), retention=replace(cfg.retention, **retention), **top
+    )
     return cfg.validate()
 
 

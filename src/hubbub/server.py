@@ -60,7 +60,13 @@ class Server:
         retention = RetentionPolicy(r.max_age_s, r.max_events, r.max_bytes, r.max_total_bytes)
         loop = asyncio.get_running_loop()
         store = await loop.run_in_executor(
-            None, open_store, cfg.store, cfg.data_dir, cfg.durability, retention, cfg.native_idempotency_window_s
+            None,
+            open_store,
+            cfg.store,
+            cfg.data_dir,
+            cfg.durability,
+            retention,
+            cfg.native_idempotency_window_s,
         )
         lim = cfg.limits
         settings = NodeSettings(
@@ -128,7 +134,8 @@ class Server:
             self.ports["native"] = self._tcp.sockets[0].getsockname()[1]
             log.info("listening", extra={"listener": "native", "address": f"{host}:{self.ports['native']}"})
         log.info(
-            "hubbub %s started", __version__,
+            "hubbub %s started",
+            __version__,
             extra={"store": store.engine, "durability": cfg.durability, "data_dir": cfg.data_dir},
         )
 

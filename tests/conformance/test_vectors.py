@@ -4,8 +4,8 @@ A case runs only when its own file's dialect and every dialect its steps touch a
 ``IMPLEMENTED_DIALECTS``; the others are skipped with the list of what is missing. Each dialect's work adds
 its name to the set.
 
-The vectors are read from ``$HUBBUB_VECTORS_DIR`` if set, else from the first of ``docs/protocols/vectors``,
-``tests/conformance/vectors`` and ``/work/shared/protocols/vectors`` that exists.
+The vectors are read from ``$HUBBUB_VECTORS_DIR`` if set, else from ``shared/protocols/vectors`` beside the
+repository (where the specs are provided, and where CI puts them). Not finding them is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -25,11 +25,7 @@ from .runner import DIALECTS, REQUIREMENTS, CaseFailure, HasPorts, dialects_touc
 IMPLEMENTED_DIALECTS: set[str] = {"native"}
 
 _REPO = Path(__file__).resolve().parents[2]
-_CANDIDATES = (
-    _REPO / "docs" / "protocols" / "vectors",
-    _REPO / "tests" / "conformance" / "vectors",
-    Path("/work/shared/protocols/vectors"),
-)
+_CANDIDATES = (_REPO.parent / "shared" / "protocols" / "vectors",)
 # Listener keys the runner binds to port 0 when the configuration knows them (dialects arrive one by one).
 _TCP_LISTEN_KEYS = ("native.tcp_listen", "mist.tcp_listen", "qpubs.qrpc_listen")
 
@@ -62,8 +58,8 @@ def server_factory(
 ) -> Callable[[], AbstractAsyncContextManager[HasPorts]]:
     """A fresh ``Server`` on ``data_dir`` per call (the runner calls it again on restart), loopback port 0."""
     # Imported here, not at the top: collection (and the skips) must work while the server is half-built.
-    from hubbub.config import KEYS, load_config  # noqa: PLC0415
-    from hubbub.server import Server  # noqa: PLC0415
+    from hubbub.config import KEYS, load_config
+    from hubbub.server import Server
 
     cli: dict[str, Any] = {"data_dir": str(data_dir), "http.listen": "127.0.0.1:0"}
     cli.update({key: "127.0.0.1:0" for key in _TCP_LISTEN_KEYS if key in KEYS})
@@ -108,8 +104,9 @@ def test_vector(dialect: str, case: dict[str, Any], tmp_path: Path) -> None:
 
 def test_vectors_found() -> None:
     """Guard against silently running nothing: the vector files must be found, with unique case ids."""
-    if vectors_dir() is None:
-        pytest.skip("no conformance vectors found (set HUBBUB_VECTORS_DIR)")
+    assert vectors_dir() is not None, (
+        "no conformance vectors found beside the repository (set HUBBUB_VECTORS_DIR)"
+    )
     ids = [case["id"] for _, case in CASES]
     assert ids, "the vector directory holds no cases"
     assert len(ids) == len(set(ids)), "case ids must be unique across files"

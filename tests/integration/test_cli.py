@@ -19,7 +19,12 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 def hubbub(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run(
-        [sys.executable, "-m", "hubbub", *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+        [sys.executable, "-m", "hubbub", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
     )
 
 

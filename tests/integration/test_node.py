@@ -30,7 +30,7 @@ async def drain(sess: Session) -> list[Any]:
     out: list[Any] = []
     while sess.queued:
         for f in await sess.next_frames():
-            out.append(eval(f.decode()))  # noqa: S307 - our own repr of tuples of literals
+            out.append(eval(f.decode()))
     return out
 
 

@@ -51,7 +51,7 @@ def test_drop_oldest_keeps_control_frames_and_counts() -> None:
 def test_byte_bound_applies() -> None:
     s = Session("native", Enc(), max_items=100, max_bytes=10, overflow=Overflow.DISCONNECT)
     assert s.push(b"12345")
-    assert not s.push(b"123456")
+    assert not s.push(b"123456", is_event=True)
     assert s.kicked
 
 
@@ -101,3 +101,26 @@ def test_next_frames_respects_byte_limit() -> None:
         s.push(b"x" * 100)
     assert len(asyncio.run(s.next_frames(limit_bytes=250))) == 2
     assert len(asyncio.run(s.next_frames(limit_bytes=50))) == 1  # always at least one
+
+
+def test_replies_are_throttled_not_dropped_up_to_a_hard_cap() -> None:
+    s = Session("native", Enc(), max_items=2, max_bytes=1 << 20)
+    for _ in range(8):
+        assert s.push(b"reply")  # over the bound: the reader is throttled, the reply is kept
+    assert not s.kicked
+    assert not s.push(b"one too many")
+    assert s.kicked == 4302
+
+
+def test_wait_room_wakes_when_drained() -> None:
+    async def main() -> None:
+        s = Session("native", Enc(), max_items=4, max_bytes=1 << 20)
+        for _ in range(4):
+            s.push(b"r")
+        waiter = asyncio.ensure_future(s.wait_room())
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        await s.next_frames()
+        await asyncio.wait_for(waiter, 1)
+
+    asyncio.run(main())

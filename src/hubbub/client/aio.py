@@ -22,6 +22,10 @@ fills up instead of ours, and a consumer that stays too slow is eventually disco
 (error 4302), after which the client reconnects and recovers from the log. Because one socket carries
 everything, a full subscription also holds back publish acknowledgements on the same client: consume your
 subscriptions, or publish and subscribe on separate clients when a subscriber may lag.
+
+Values, errors and the event codec live in :mod:`hubbub.client._wire`, the transports in
+:mod:`hubbub.client._transport` and :class:`Subscription` in :mod:`hubbub.client.subscription`; everything
+public is re-exported here.
 """
 
 from __future__ import annotations
@@ -29,38 +33,44 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
 import random
-import re
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
-from urllib.parse import urlsplit
+from typing import Any
 
 import aiohttp
-import orjson
 
 from hubbub import __version__
-from hubbub.errors import (
-    AuthError,
-    BadChannel,
-    BadFrame,
-    BadRequest,
-    FrameTooLarge,
-    HubbubError,
-    LimitExceeded,
-    ProtocolError,
-    ShuttingDown,
-    StorageError,
-    SubscriptionError,
-    UnknownOp,
-    is_fatal,
-    is_temporary,
+from hubbub.client._transport import (
+    WS_PATH,  # noqa: F401 - still importable from here
+    _Conn,
+    _parse_url,
+    _TcpTransport,
+    _Transport,
+    _WsTransport,
 )
-from hubbub.events import Event, Position, Publisher
+from hubbub.client._wire import (
+    _FINAL_CODES,
+    CannotConnect,
+    ClientClosed,
+    ClientConnectionError,
+    ClientStatistics,
+    ConnectionLost,
+    Gap,
+    PublishAck,
+    SubscriptionStatistics,
+    _dumps,
+    _loads,
+    _position,
+    error_from_frame,
+    event_as_dict,
+    event_from_dict,
+)
+from hubbub.client.subscription import Subscription
+from hubbub.errors import BadFrame, FrameTooLarge, HubbubError
+from hubbub.events import Position
 
 __all__ = [
     "AsyncClient",
@@ -81,324 +91,8 @@ __all__ = [
 log = logging.getLogger("hubbub.client")
 
 SUBPROTOCOL = "hubbub.v1.json"
-WS_PATH = "/ws/hubbub"
 DEFAULT_CLIENT_NAME = f"hubbub-py/{__version__}"
 _MAX_ID = (1 << 31) - 1
-
-
-# -- values ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PublishAck:
-    """The server's acknowledgement of a publish: where the event was committed.
-
-    ``time`` is the commit time in nanoseconds. ``duplicate`` is true when the idempotency key had been seen
-    within the server's window and the event was not appended again (the position is the original one).
-    """
-
-    channel: str
-    seq: int
-    epoch: str
-    time: int
-    duplicate: bool = False
-
-    @property
-    def position(self) -> Position:
-        return Position(self.seq, self.epoch)
-
-
-@dataclass(frozen=True, slots=True)
-class Gap:
-    """A subscription could not be recovered for ``channel``: events after ``since`` up to ``position`` are
-    lost to this subscriber (``reason``: ``epoch`` the log restarted, ``trimmed`` retention removed them,
-    ``ahead`` the server lost commits). The stream for that channel continues after ``position``.
-
-    Subscriptions yield these alongside :class:`~hubbub.events.Event` values, so a gap is never silent.
-    """
-
-    channel: str
-    since: Position
-    position: Position
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class SubscriptionStatistics:
-    id: str
-    pattern: str
-    active: bool
-    queued: int
-    max_queue: int
-    received: int
-    duplicates_dropped: int
-    gaps: int
-    replayed: int
-    subscribes: int
-
-
-@dataclass(frozen=True, slots=True)
-class ClientStatistics:
-    url: str
-    connected: bool
-    connects: int
-    disconnects: int
-    frames_sent: int
-    frames_received: int
-    events_received: int
-    pending_requests: int
-    retry_queue: int
-    subscriptions: int
-    queued: int
-    unmatched_errors: int
-    last_error: str
-
-
-# -- errors ---------------------------------------------------------------------------------------------
-
-
-class ClientConnectionError(HubbubError, ConnectionError):
-    """The client has no usable connection. Also a :class:`ConnectionError`. Temporary (code 4300)."""
-
-    code = 4300
-
-
-class CannotConnect(ClientConnectionError):
-    """The server could not be reached, or refused the WebSocket upgrade."""
-
-
-class ConnectionLost(ClientConnectionError):
-    """The connection dropped while a request was in flight (its outcome is unknown), or for good."""
-
-
-class ClientClosed(ClientConnectionError):
-    """The client was closed."""
-
-
-_FINAL_CODES = frozenset(c for c in range(4000, 4400) if is_fatal(c) and not is_temporary(c))
-
-
-def error_from_frame(frame: Mapping[str, Any]) -> HubbubError:
-    """The :mod:`hubbub.errors` exception for a native ``error`` frame (or an HTTP ``error`` object)."""
-    try:
-        code = int(frame.get("code", 4300))
-    except (TypeError, ValueError):
-        code = 4300
-    detail = frame.get("detail") or ""
-    if not isinstance(detail, str):
-        detail = str(detail)
-    rid = frame.get("id")
-    request_id = rid if isinstance(rid, int) else None
-    exact: dict[int, type[HubbubError]] = {
-        4000: BadFrame,
-        4001: BadRequest,
-        4002: UnknownOp,
-        4003: FrameTooLarge,
-        4004: BadChannel,
-        4007: LimitExceeded,
-        4301: StorageError,
-        4303: ShuttingDown,
-    }
-    cls: type[HubbubError]
-    if code in exact:
-        cls = exact[code]
-    elif code in (4005, 4006) or 4000 <= code < 4100:
-        cls = ProtocolError
-    elif 4100 <= code < 4200:
-        cls = AuthError
-    elif 4200 <= code < 4300:
-        cls = SubscriptionError
-    else:
-        cls = HubbubError
-    return cls(detail, code=code, request_id=request_id)
-
-
-# -- JSON -----------------------------------------------------------------------------------------------
-
-# orjson turns integers beyond 64 bits into floats; the standard library keeps them exact. Event times are
-# 19 digits, so a run of 20 digits is the cheap sign that a frame needs the exact parser.
-_BIG_INT = re.compile(r"\d{20}")
-_BIG_INT_B = re.compile(rb"\d{20}")
-
-
-def _loads(raw: str | bytes) -> Any:
-    big = _BIG_INT.search(raw) if isinstance(raw, str) else _BIG_INT_B.search(raw)
-    if big is not None:
-        return json.loads(raw)
-    return orjson.loads(raw)
-
-
-def _dumps(obj: Any) -> bytes:
-    try:
-        return orjson.dumps(obj)
-    except TypeError:
-        # Integers over 64 bits: the standard library can encode them exactly.
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _is_json_type(content_type: str) -> bool:
-    base = content_type.split(";", 1)[0].strip().lower()
-    return base == "application/json" or base.endswith("+json")
-
-
-def _position(obj: Any) -> Position:
-    if not isinstance(obj, Mapping):
-        return Position(0, "")
-    return Position(int(obj.get("seq", 0)), str(obj.get("epoch", "")))
-
-
-def event_from_dict(obj: Mapping[str, Any]) -> Event:
-    """Decode a native JSON event object (an ``event`` push, or an HTTP log/stream event) into an Event.
-
-    The payload comes from ``json`` (re-encoded as compact JSON, so byte-exactness of JSON payloads is not
-    preserved by the JSON transport), ``text`` (UTF-8), ``b64`` or ``payload``.
-    """
-    if "json" in obj:
-        payload = _dumps(obj["json"])
-    elif "text" in obj:
-        payload = str(obj["text"]).encode()
-    elif "b64" in obj:
-        payload = base64.b64decode(str(obj["b64"]))
-    elif "payload" in obj:
-        p = obj["payload"]
-        payload = p if isinstance(p, bytes) else str(p).encode()
-    else:
-        payload = b""
-    pub = obj.get("publisher")
-    publisher = (
-        Publisher(
-            str(pub.get("dialect", "")),
-            str(pub.get("user", "")),
-            str(pub.get("app", "")),
-            str(pub.get("msg_id", "")),
-        )
-        if isinstance(pub, Mapping)
-        else Publisher("")
-    )
-    headers = obj.get("headers")
-    tags = obj.get("tags")
-    return Event(
-        channel=str(obj.get("channel", "")),
-        seq=int(obj.get("seq", 0)),
-        epoch=str(obj.get("epoch", "")),
-        time_ns=int(obj.get("time", 0)),
-        publisher=publisher,
-        payload=payload,
-        content_type=str(obj.get("content_type", "")),
-        headers={str(k): str(v) for k, v in headers.items()} if isinstance(headers, Mapping) else {},
-        tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
-    )
-
-
-def event_as_dict(event: Event) -> dict[str, Any]:
-    """The native JSON event object for an Event (native.md §3.5, without ``op`` and ``subs``)."""
-    p = event.publisher
-    out: dict[str, Any] = {
-        "channel": event.channel,
-        "seq": event.seq,
-        "epoch": event.epoch,
-        "time": str(event.time_ns),
-        "publisher": {"dialect": p.dialect, "user": p.user, "app": p.app, "msg_id": p.msg_id},
-        "headers": event.user_headers,
-        "tags": list(event.tags),
-        "content_type": event.content_type,
-    }
-    if _is_json_type(event.content_type):
-        try:
-            out["json"] = _loads(event.payload)
-            return out
-        except ValueError:
-            pass
-    try:
-        out["text"] = event.payload.decode("utf-8")
-    except UnicodeDecodeError:
-        out["b64"] = base64.b64encode(event.payload).decode()
-    return out
-
-
-# -- transports -----------------------------------------------------------------------------------------
-
-
-class _Transport(Protocol):
-    close_code: int | None
-
-    async def send(self, data: bytes) -> None: ...
-
-    async def recv(self) -> str | bytes | None:
-        """The next frame, or None once the connection is closed."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-class _WsTransport:
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        self.ws = ws
-        self.close_code: int | None = None
-
-    async def send(self, data: bytes) -> None:
-        await self.ws.send_str(data.decode())
-
-    async def recv(self) -> str | bytes | None:
-        while True:
-            msg = await self.ws.receive()
-            if msg.type == aiohttp.WSMsgType.TEXT:
-                return str(msg.data)
-            if msg.type == aiohttp.WSMsgType.BINARY:
-                return bytes(msg.data)
-            if msg.type in (aiohttp.WSMsgType.PING, aiohttp.WSMsgType.PONG):
-                continue
-            self.close_code = self.ws.close_code
-            return None
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.ws.close()
-
-
-class _TcpTransport:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.close_code: int | None = None
-
-    async def send(self, data: bytes) -> None:
-        self.writer.write(data + b"\n")
-        await self.writer.drain()
-
-    async def recv(self) -> str | bytes | None:
-        while True:
-            try:
-                line = await self.reader.readuntil(b"\n")
-            except asyncio.IncompleteReadError:
-                return None
-            except asyncio.LimitOverrunError:
-                # A line over the bound: the stream cannot be resynchronised, so the connection ends.
-                log.warning("native TCP line over the client's max_frame; dropping the connection")
-                return None
-            line = line.rstrip(b"\r\n")
-            if line:
-                return line
-
-    async def close(self) -> None:
-        self.writer.close()
-        try:
-            await asyncio.wait_for(self.writer.wait_closed(), 2.0)
-        except TimeoutError:
-            self.writer.transport.abort()  # a peer that does not read must not hold up the reconnect
-        except Exception:
-            pass
-
-
-@dataclass(eq=False)
-class _Conn:
-    """One live connection after a successful hello."""
-
-    transport: _Transport
-    session: str
-    ping_interval: float
-    max_frame: int
-    error: HubbubError | None = None  # the fatal error the server pushed before closing, if any
 
 
 @dataclass(eq=False)
@@ -408,307 +102,6 @@ class _Pending:
     future: asyncio.Future[dict[str, Any]]
     on_reply: Callable[[dict[str, Any]], None] | None = None
     retry: bool = False  # publish with an idempotency key: resend after a reconnect
-
-
-def _parse_url(url: str) -> tuple[str, str, str, int]:
-    """(kind, url, host, port): kind is ``ws`` or ``tcp``; ``url`` is the WebSocket URL for ``ws``."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme == "tcp":
-        if not parts.hostname or parts.port is None:
-            raise ValueError(f"tcp URL needs a host and a port: {url!r}")
-        return "tcp", url, parts.hostname, parts.port
-    if scheme in ("ws", "http"):
-        ws_scheme = "ws"
-    elif scheme in ("wss", "https"):
-        ws_scheme = "wss"
-    else:
-        raise ValueError(
-            f"unsupported URL scheme {parts.scheme!r} (use ws://, wss://, http://, https:// or tcp://)"
-        )
-    if not parts.hostname:
-        raise ValueError(f"URL needs a host: {url!r}")
-    path = parts.path if parts.path not in ("", "/") else WS_PATH
-    query = f"?{parts.query}" if parts.query else ""
-    port = parts.port or (443 if ws_scheme == "wss" else 80)
-    return "ws", f"{ws_scheme}://{parts.netloc}{path}{query}", parts.hostname, port
-
-
-# -- subscriptions --------------------------------------------------------------------------------------
-
-
-class Subscription:
-    """One subscription: an async iterator of :class:`~hubbub.events.Event` and :class:`Gap` values.
-
-    Created by :meth:`AsyncClient.subscribe`. ``await sub`` (or ``async with sub``, or the first iteration)
-    sends the subscribe request and returns once the server confirmed it: events committed after that are
-    delivered. Iteration yields what is queued, then ends (``StopAsyncIteration``) after :meth:`unsubscribe`
-    or :meth:`AsyncClient.close`, or raises the error that ended the subscription (for example a failed
-    resubscription after a reconnect, or :class:`ConnectionLost` when reconnecting is off).
-
-    ``positions`` is the last position delivered per channel. After a reconnect the subscription resumes
-    from it; events at or before it are dropped if the server sends them again.
-    """
-
-    def __init__(
-        self,
-        client: AsyncClient,
-        sub_id: str,
-        *,
-        pattern: str,
-        tags: tuple[str, ...],
-        since: Position | Mapping[str, Position] | None,
-        last: int | None,
-        from_time: int | None,
-        max_queue: int,
-    ) -> None:
-        self._client = client
-        self.id = sub_id
-        self.pattern = pattern
-        self.tags = tags
-        self._orig_since = since
-        self._orig_last = last
-        self._orig_from_time = from_time
-        self.max_queue = max_queue
-        self._queue: deque[Event | Gap] = deque()
-        self._not_empty = asyncio.Event()
-        self._not_full = asyncio.Event()
-        self._not_full.set()
-        self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._started = False
-        self._closed = False
-        self._error: BaseException | None = None
-        self._conn: _Conn | None = None  # the connection this subscription was (or is being) sent on
-        self._active = False
-        # Resume state (see _request_fields).
-        self._sent: dict[str, Any] | None = None
-        self._replay_requested = False
-        self._complete = False
-        self._seen_since_sent = False
-        self._exact: bool | None = isinstance(since, Position) or None
-        self._exact_pos: Position | None = since if isinstance(since, Position) else None
-        self._positions: dict[str, Position] = dict(since) if isinstance(since, Mapping) else {}
-        self._last_time = 0
-        self._top_time = 0
-        # Statistics.
-        self._received = 0
-        self._dups = 0
-        self._gaps = 0
-        self._replayed = 0
-        self._subscribes = 0
-
-    # -- public -----------------------------------------------------------------------------------------
-
-    @property
-    def positions(self) -> dict[str, Position]:
-        """The last delivered position per channel (a copy)."""
-        return dict(self._positions)
-
-    @property
-    def position(self) -> Position | None:
-        """For an exact channel: the position the stream has reached (None before the first reply)."""
-        return self._exact_pos if self._exact else None
-
-    @property
-    def active(self) -> bool:
-        return self._active and not self._closed
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    async def start(self) -> Subscription:
-        """Send the subscribe request (once) and wait for the server to confirm it."""
-        if not self._started:
-            self._started = True
-            await self._client._start_subscription(self)
-        await asyncio.shield(self._ready)
-        return self
-
-    def __await__(self) -> Generator[Any, None, Subscription]:
-        return self.start().__await__()
-
-    async def __aenter__(self) -> Subscription:
-        return await self.start()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.unsubscribe()
-
-    def __aiter__(self) -> AsyncIterator[Event | Gap]:
-        return self
-
-    async def __anext__(self) -> Event | Gap:
-        if not self._closed and (not self._started or not self._ready.done()):
-            await self.start()
-        while True:
-            if self._queue:
-                item = self._queue.popleft()
-                self._not_full.set()
-                if not self._queue:
-                    self._not_empty.clear()
-                return item
-            if self._closed:
-                if self._error is not None:
-                    raise self._error
-                raise StopAsyncIteration
-            await self._not_empty.wait()
-
-    async def get(self, timeout: float | None = None) -> Event | Gap | None:  # noqa: ASYNC109 - a convenience
-        """The next item, waiting at most ``timeout`` seconds (``TimeoutError``); None once ended normally."""
-        try:
-            async with asyncio.timeout(timeout):
-                return await self.__anext__()
-        except StopAsyncIteration:
-            return None
-
-    async def unsubscribe(self) -> None:
-        """Stop the subscription: queued items are discarded and iteration ends. Idempotent."""
-        if self._closed:
-            return
-        was_active = self._active
-        self._queue.clear()
-        self._end(None)
-        if was_active:
-            await self._client._unsubscribe(self)
-
-    aclose = unsubscribe
-
-    def statistics(self) -> SubscriptionStatistics:
-        return SubscriptionStatistics(
-            id=self.id,
-            pattern=self.pattern,
-            active=self.active,
-            queued=len(self._queue),
-            max_queue=self.max_queue,
-            received=self._received,
-            duplicates_dropped=self._dups,
-            gaps=self._gaps,
-            replayed=self._replayed,
-            subscribes=self._subscribes,
-        )
-
-    def __repr__(self) -> str:
-        return f"<Subscription {self.id} {self.pattern!r} active={self.active}>"
-
-    # -- client side (called from the client's reader, on the event loop) ------------------------------
-
-    def _request_fields(self) -> dict[str, Any]:
-        """The replay fields of the next subscribe request.
-
-        First time: the caller's options. Afterwards (a resume): if the previous request's replay had not
-        started delivering anything, the same fields again; otherwise the exact channel's last position, or
-        for a pattern the map of every channel seen plus ``from_time`` just after the newest event seen (or,
-        once live, after the snapshot's newest event), so channels never seen are recovered as well. Event
-        times are unique and increase in commit order, so nothing is skipped or repeated.
-        """
-        if self._sent is None:
-            fields: dict[str, Any] = {}
-            since = self._orig_since
-            if isinstance(since, Position):
-                fields["since"] = {"seq": since.seq, "epoch": since.epoch}
-            elif since is not None:
-                fields["since"] = {ch: {"seq": p.seq, "epoch": p.epoch} for ch, p in since.items()}
-            if self._orig_last is not None:
-                fields["last"] = self._orig_last
-            if self._orig_from_time is not None:
-                fields["from_time"] = self._orig_from_time
-            return fields
-        if not self._complete and not self._seen_since_sent:
-            return dict(self._sent)
-        if self._exact:
-            if self._exact_pos is None:
-                return dict(self._sent)
-            return {"since": {"seq": self._exact_pos.seq, "epoch": self._exact_pos.epoch}}
-        base = max(self._last_time, self._top_time) if self._complete else self._last_time
-        fields = {"from_time": base + 1}
-        if self._positions:
-            fields["since"] = {ch: {"seq": p.seq, "epoch": p.epoch} for ch, p in self._positions.items()}
-        return fields
-
-    def _on_sent(self, fields: dict[str, Any]) -> None:
-        self._sent = fields
-        self._replay_requested = bool(fields.keys() & {"since", "last", "from_time"})
-        self._complete = False
-        self._seen_since_sent = False
-        self._subscribes += 1
-
-    def _on_reply(self, frame: dict[str, Any]) -> None:
-        if "position" in frame:
-            self._exact = True
-            if not self._replay_requested:
-                self._exact_pos = _position(frame["position"])
-                self._complete = True
-        else:
-            self._exact = False
-            with contextlib.suppress(TypeError, ValueError):
-                self._top_time = int(frame.get("top_time", 0))
-            if not self._replay_requested:
-                self._complete = True
-        self._active = True
-
-    def _on_recovered(self, frame: dict[str, Any]) -> None:
-        self._complete = True
-        with contextlib.suppress(TypeError, ValueError):
-            self._replayed += int(frame.get("replayed", 0))
-        if self._exact and "position" in frame:
-            self._exact_pos = _position(frame["position"])
-
-    async def _deliver_gap(self, gap: Gap) -> None:
-        self._gaps += 1
-        self._positions[gap.channel] = gap.position
-        if self._exact:
-            self._exact_pos = gap.position
-            self._complete = True  # an exact channel gets a gap and no replay
-        await self._put(gap)
-
-    async def _deliver(self, event: Event) -> None:
-        last = self._exact_pos if self._exact else self._positions.get(event.channel)
-        if last is not None and last.epoch == event.epoch and event.seq <= last.seq:
-            self._dups += 1
-            return
-        pos = Position(event.seq, event.epoch)
-        self._positions[event.channel] = pos
-        if self._exact:
-            self._exact_pos = pos
-        self._last_time = max(self._last_time, event.time_ns)
-        self._seen_since_sent = True
-        self._received += 1
-        await self._put(event)
-
-    async def _put(self, item: Event | Gap) -> None:
-        # Backpressure: wait for the consumer (the reader stops reading the socket meanwhile).
-        while len(self._queue) >= self.max_queue and not self._closed:
-            self._not_full.clear()
-            await self._not_full.wait()
-        if self._closed:
-            return
-        self._queue.append(item)
-        self._not_empty.set()
-
-    def _set_ready(self) -> None:
-        if not self._ready.done():
-            self._ready.set_result(None)
-
-    def _end(self, error: BaseException | None) -> None:
-        """Terminal: iteration drains the queue, then stops (or raises ``error``)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._active = False
-        self._error = error
-        if not self._ready.done():
-            if error is not None:
-                self._ready.set_exception(error)
-                # Retrieved here so an unobserved failure is not reported as "never retrieved".
-                self._ready.exception()
-            else:
-                self._ready.set_exception(ClientClosed("subscription closed"))
-                self._ready.exception()
-        self._not_empty.set()
-        self._not_full.set()
-        self._client._subs.pop(self.id, None)
 
 
 # -- the client -----------------------------------------------------------------------------------------

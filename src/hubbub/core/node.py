@@ -121,7 +121,9 @@ class Node:
         self._room.set()
         self._closing = False
         self._writer: LogWriter | None = None
-        self._readers = ThreadPoolExecutor(self.settings.reader_threads, thread_name_prefix="hubbub-log-reader")
+        self._readers = ThreadPoolExecutor(
+            self.settings.reader_threads, thread_name_prefix="hubbub-log-reader"
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         # statistics, per dialect

@@ -11,6 +11,7 @@ callback runs on the event loop thread; the store's write methods run on the wri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -114,10 +115,8 @@ class LogWriter:
         except Exception:
             log.exception("log append failed")
             result = StorageError("storage failure")
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
             self._loop.call_soon_threadsafe(self._on_committed, items, result)
-        except RuntimeError:  # the loop is closed: the server is gone
-            pass
 
     def _control(self, fut: asyncio.Future[Any], fn: Callable[[LogStore], Any]) -> None:
         try:
@@ -140,10 +139,8 @@ class LogWriter:
             else:
                 fut.set_result(value)
 
-        try:
+        with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(done)
-        except RuntimeError:
-            pass
 
     def statistics(self) -> dict[str, int]:
         return {"batches": self.batches, "events": self.events, "queued": self._inbox.qsize()}

@@ -377,7 +377,7 @@ class NativeCodec:
             obj[k] = plain(v)
         return self._dump(obj)
 
-    def encode_hello_reply(  # noqa: PLR0917 (the transports call it positionally)
+    def encode_hello_reply(
         self,
         id: int,
         session: str,

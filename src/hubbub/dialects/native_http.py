@@ -87,7 +87,7 @@ def _object_json(event: Event, replay: bool = False) -> bytes:
     return b"{" + body[1:] + (b',"replay":true}' if replay else b"}")
 
 
-def render_log(  # noqa: PLR0917 (the HTTP transport calls it positionally)
+def render_log(
     channel: str,
     epoch: str,
     first: int,

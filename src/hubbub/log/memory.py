@@ -28,7 +28,7 @@ import heapq
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hubbub.errors import StorageError
@@ -71,6 +71,12 @@ class _Channel:
             del self.events[:n]
             del self.sizes[:n]
         return n
+
+
+def _oldest_first(ch: _Channel) -> Iterator[tuple[int, _Channel, int]]:
+    """``(time_ns, channel, index)`` of a channel's retained events, oldest first."""
+    for i, e in enumerate(ch.events):
+        yield e.time_ns, ch, i
 
 
 class MemoryLogStore(LogStore):
@@ -198,15 +204,12 @@ class MemoryLogStore(LogStore):
                 if total > policy.max_total_bytes:
                     # The oldest events of the whole log by time: merge the channels' (time-sorted) events.
                     cut: dict[int, tuple[_Channel, int]] = {}
-                    streams = (
-                        ((e.time_ns, id(ch), ch, i) for i, e in enumerate(ch.events))
-                        for ch in self._channels.values()
-                    )
-                    for _, cid, ch, i in heapq.merge(*streams, key=lambda x: x[0]):
+                    streams = [_oldest_first(ch) for ch in self._channels.values()]
+                    for _, ch, i in heapq.merge(*streams, key=lambda x: x[0]):
                         if total <= policy.max_total_bytes:
                             break
                         total -= ch.sizes[i]
-                        cut[cid] = (ch, i + 1)
+                        cut[id(ch)] = (ch, i + 1)
                     for ch, n in cut.values():
                         removed += ch.trim_to(ch.first + n)
             return removed

@@ -67,7 +67,9 @@ def _raw_rest(request: web.Request, prefix: str) -> str:
 
 
 @web.middleware
-async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> Any:
     try:
         return await handler(request)
     except web.HTTPNotFound:
@@ -155,7 +157,10 @@ class NativeHttp:
         return ws
 
     def _connection(
-        self, codec: nc.NativeCodec, send: Callable[[bytes], Awaitable[None]], close: Callable[[int], Awaitable[None]]
+        self,
+        codec: nc.NativeCodec,
+        send: Callable[[bytes], Awaitable[None]],
+        close: Callable[[int], Awaitable[None]],
     ) -> NativeConnection:
         s = self.s
         return NativeConnection(
@@ -193,7 +198,12 @@ class NativeHttp:
         )
         r = await self.node.publish(req)
         ev = r.event
-        out: dict[str, Any] = {"channel": ev.channel, "seq": ev.seq, "epoch": ev.epoch, "time": str(ev.time_ns)}
+        out: dict[str, Any] = {
+            "channel": ev.channel,
+            "seq": ev.seq,
+            "epoch": ev.epoch,
+            "time": str(ev.time_ns),
+        }
         if r.duplicate:
             out["duplicate"] = True
         return _json(200, orjson.dumps(out) + b"\n")
@@ -224,7 +234,9 @@ class NativeHttp:
                 HubbubError("epoch mismatch", code=4202), position={"seq": info.top, "epoch": info.epoch}
             )
         first = info.first if not info.empty else 0
-        body, ctype, extra = nc.render_log(info.channel, info.epoch, first, info.top, since < first - 1, events, fmt)
+        body, ctype, extra = nc.render_log(
+            info.channel, info.epoch, first, info.top, since < first - 1, events, fmt
+        )
         return web.Response(status=200, body=body, headers={"Content-Type": ctype, **extra})
 
     async def channels(self, request: web.Request) -> web.Response:
@@ -237,7 +249,9 @@ class NativeHttp:
         def read(store: LogStore) -> list[ChannelInfo]:
             from hubbub.core.replay import list_channels
 
-            return [ci for ci in list_channels(store, pattern) if ci.channel.encode() > after.encode()][:limit]
+            return [ci for ci in list_channels(store, pattern) if ci.channel.encode() > after.encode()][
+                :limit
+            ]
 
         infos = await self.node.read(read)
         out = {
@@ -383,4 +397,3 @@ def build_app(node: Node, settings: HttpSettings) -> tuple[web.Application, Nati
     app.router.add_get("/healthz", native.healthz)
     app.router.add_get("/metrics", native.metrics)
     return app, native
-

@@ -59,7 +59,10 @@ class NodeCollector:
             buckets.append((repr(b), acc))
         buckets.append(("+Inf", h.count))
         yield HistogramMetricFamily(
-            "hubbub_publish_ack_seconds", "Time from publish to acknowledgement", buckets=buckets, sum_value=h.sum
+            "hubbub_publish_ack_seconds",
+            "Time from publish to acknowledgement",
+            buckets=buckets,
+            sum_value=h.sum,
         )
         info = GaugeMetricFamily("hubbub_build_info", "Build information", labels=["version"])
         info.add_metric([__version__], 1)

@@ -20,8 +20,12 @@ READ_CHUNK = 256 * 1024
 
 
 async def serve_native_tcp(
-    host: str, port: int, make_connection: Callable[[nc.NativeCodec, asyncio.StreamWriter], NativeConnection],
-    max_frame: int, on_connection: Callable[[asyncio.Task[None]], None], limits: dict[str, int],
+    host: str,
+    port: int,
+    make_connection: Callable[[nc.NativeCodec, asyncio.StreamWriter], NativeConnection],
+    max_frame: int,
+    on_connection: Callable[[asyncio.Task[None]], None],
+    limits: dict[str, int],
 ) -> asyncio.Server:
     """Start the listener. ``make_connection`` builds the connection glue once the framing is known."""
 

@@ -1,0 +1,299 @@
+"""One subscription of the native asyncio client: an async iterator of events and gaps.
+
+:class:`Subscription` keeps the bounded queue (see the backpressure policy in :mod:`hubbub.client.aio`) and
+the resume state: the last position delivered per channel, from which the client resubscribes after a
+reconnect. It belongs to its :class:`~hubbub.client.aio.AsyncClient`'s event loop and is used from that
+loop only; the ``_on_*`` and ``_deliver*`` hooks are called by the client's reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Generator, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from hubbub.client._transport import _Conn
+from hubbub.client._wire import ClientClosed, Gap, SubscriptionStatistics, _position
+from hubbub.events import Event, Position
+
+if TYPE_CHECKING:
+    from hubbub.client.aio import AsyncClient
+
+__all__ = ["Subscription"]
+
+
+class Subscription:
+    """One subscription: an async iterator of :class:`~hubbub.events.Event` and :class:`Gap` values.
+
+    Created by :meth:`AsyncClient.subscribe`. ``await sub`` (or ``async with sub``, or the first iteration)
+    sends the subscribe request and returns once the server confirmed it: events committed after that are
+    delivered. Iteration yields what is queued, then ends (``StopAsyncIteration``) after :meth:`unsubscribe`
+    or :meth:`AsyncClient.close`, or raises the error that ended the subscription (for example a failed
+    resubscription after a reconnect, or :class:`ConnectionLost` when reconnecting is off).
+
+    ``positions`` is the last position delivered per channel. After a reconnect the subscription resumes
+    from it; events at or before it are dropped if the server sends them again.
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        sub_id: str,
+        *,
+        pattern: str,
+        tags: tuple[str, ...],
+        since: Position | Mapping[str, Position] | None,
+        last: int | None,
+        from_time: int | None,
+        max_queue: int,
+    ) -> None:
+        self._client = client
+        self.id = sub_id
+        self.pattern = pattern
+        self.tags = tags
+        self._orig_since = since
+        self._orig_last = last
+        self._orig_from_time = from_time
+        self.max_queue = max_queue
+        self._queue: deque[Event | Gap] = deque()
+        self._not_empty = asyncio.Event()
+        self._not_full = asyncio.Event()
+        self._not_full.set()
+        self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._started = False
+        self._closed = False
+        self._error: BaseException | None = None
+        self._conn: _Conn | None = None  # the connection this subscription was (or is being) sent on
+        self._active = False
+        # Resume state (see _request_fields).
+        self._sent: dict[str, Any] | None = None
+        self._replay_requested = False
+        self._complete = False
+        self._seen_since_sent = False
+        self._exact: bool | None = isinstance(since, Position) or None
+        self._exact_pos: Position | None = since if isinstance(since, Position) else None
+        self._positions: dict[str, Position] = dict(since) if isinstance(since, Mapping) else {}
+        self._last_time = 0
+        self._top_time = 0
+        # Statistics.
+        self._received = 0
+        self._dups = 0
+        self._gaps = 0
+        self._replayed = 0
+        self._subscribes = 0
+
+    # -- public -----------------------------------------------------------------------------------------
+
+    @property
+    def positions(self) -> dict[str, Position]:
+        """The last delivered position per channel (a copy)."""
+        return dict(self._positions)
+
+    @property
+    def position(self) -> Position | None:
+        """For an exact channel: the position the stream has reached (None before the first reply)."""
+        return self._exact_pos if self._exact else None
+
+    @property
+    def active(self) -> bool:
+        return self._active and not self._closed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def start(self) -> Subscription:
+        """Send the subscribe request (once) and wait for the server to confirm it."""
+        if not self._started:
+            self._started = True
+            await self._client._start_subscription(self)
+        await asyncio.shield(self._ready)
+        return self
+
+    def __await__(self) -> Generator[Any, None, Subscription]:
+        return self.start().__await__()
+
+    async def __aenter__(self) -> Subscription:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.unsubscribe()
+
+    def __aiter__(self) -> AsyncIterator[Event | Gap]:
+        return self
+
+    async def __anext__(self) -> Event | Gap:
+        if not self._closed and (not self._started or not self._ready.done()):
+            await self.start()
+        while True:
+            if self._queue:
+                item = self._queue.popleft()
+                self._not_full.set()
+                if not self._queue:
+                    self._not_empty.clear()
+                return item
+            if self._closed:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            await self._not_empty.wait()
+
+    async def get(self, timeout: float | None = None) -> Event | Gap | None:  # noqa: ASYNC109 - a convenience
+        """The next item, waiting at most ``timeout`` seconds (``TimeoutError``); None once ended normally."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    async def unsubscribe(self) -> None:
+        """Stop the subscription: queued items are discarded and iteration ends. Idempotent."""
+        if self._closed:
+            return
+        was_active = self._active
+        self._queue.clear()
+        self._end(None)
+        if was_active:
+            await self._client._unsubscribe(self)
+
+    aclose = unsubscribe
+
+    def statistics(self) -> SubscriptionStatistics:
+        return SubscriptionStatistics(
+            id=self.id,
+            pattern=self.pattern,
+            active=self.active,
+            queued=len(self._queue),
+            max_queue=self.max_queue,
+            received=self._received,
+            duplicates_dropped=self._dups,
+            gaps=self._gaps,
+            replayed=self._replayed,
+            subscribes=self._subscribes,
+        )
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.id} {self.pattern!r} active={self.active}>"
+
+    # -- client side (called from the client's reader, on the event loop) ------------------------------
+
+    def _request_fields(self) -> dict[str, Any]:
+        """The replay fields of the next subscribe request.
+
+        First time: the caller's options. Afterwards (a resume): if the previous request's replay had not
+        started delivering anything, the same fields again; otherwise the exact channel's last position, or
+        for a pattern the map of every channel seen plus ``from_time`` just after the newest event seen (or,
+        once live, after the snapshot's newest event), so channels never seen are recovered as well. Event
+        times are unique and increase in commit order, so nothing is skipped or repeated.
+        """
+        if self._sent is None:
+            fields: dict[str, Any] = {}
+            since = self._orig_since
+            if isinstance(since, Position):
+                fields["since"] = {"seq": since.seq, "epoch": since.epoch}
+            elif since is not None:
+                fields["since"] = {ch: {"seq": p.seq, "epoch": p.epoch} for ch, p in since.items()}
+            if self._orig_last is not None:
+                fields["last"] = self._orig_last
+            if self._orig_from_time is not None:
+                fields["from_time"] = self._orig_from_time
+            return fields
+        if not self._complete and not self._seen_since_sent:
+            return dict(self._sent)
+        if self._exact:
+            if self._exact_pos is None:
+                return dict(self._sent)
+            return {"since": {"seq": self._exact_pos.seq, "epoch": self._exact_pos.epoch}}
+        base = max(self._last_time, self._top_time) if self._complete else self._last_time
+        fields = {"from_time": base + 1}
+        if self._positions:
+            fields["since"] = {ch: {"seq": p.seq, "epoch": p.epoch} for ch, p in self._positions.items()}
+        return fields
+
+    def _on_sent(self, fields: dict[str, Any]) -> None:
+        self._sent = fields
+        self._replay_requested = bool(fields.keys() & {"since", "last", "from_time"})
+        self._complete = False
+        self._seen_since_sent = False
+        self._subscribes += 1
+
+    def _on_reply(self, frame: dict[str, Any]) -> None:
+        if "position" in frame:
+            self._exact = True
+            if not self._replay_requested:
+                self._exact_pos = _position(frame["position"])
+                self._complete = True
+        else:
+            self._exact = False
+            with contextlib.suppress(TypeError, ValueError):
+                self._top_time = int(frame.get("top_time", 0))
+            if not self._replay_requested:
+                self._complete = True
+        self._active = True
+
+    def _on_recovered(self, frame: dict[str, Any]) -> None:
+        self._complete = True
+        with contextlib.suppress(TypeError, ValueError):
+            self._replayed += int(frame.get("replayed", 0))
+        if self._exact and "position" in frame:
+            self._exact_pos = _position(frame["position"])
+
+    async def _deliver_gap(self, gap: Gap) -> None:
+        self._gaps += 1
+        self._positions[gap.channel] = gap.position
+        if self._exact:
+            self._exact_pos = gap.position
+            self._complete = True  # an exact channel gets a gap and no replay
+        await self._put(gap)
+
+    async def _deliver(self, event: Event) -> None:
+        last = self._exact_pos if self._exact else self._positions.get(event.channel)
+        if last is not None and last.epoch == event.epoch and event.seq <= last.seq:
+            self._dups += 1
+            return
+        pos = Position(event.seq, event.epoch)
+        self._positions[event.channel] = pos
+        if self._exact:
+            self._exact_pos = pos
+        self._last_time = max(self._last_time, event.time_ns)
+        self._seen_since_sent = True
+        self._received += 1
+        await self._put(event)
+
+    async def _put(self, item: Event | Gap) -> None:
+        # Backpressure: wait for the consumer (the reader stops reading the socket meanwhile).
+        while len(self._queue) >= self.max_queue and not self._closed:
+            self._not_full.clear()
+            await self._not_full.wait()
+        if self._closed:
+            return
+        self._queue.append(item)
+        self._not_empty.set()
+
+    def _set_ready(self) -> None:
+        if not self._ready.done():
+            self._ready.set_result(None)
+
+    def _end(self, error: BaseException | None) -> None:
+        """Terminal: iteration drains the queue, then stops (or raises ``error``)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._active = False
+        self._error = error
+        if not self._ready.done():
+            if error is not None:
+                self._ready.set_exception(error)
+                # Retrieved here so an unobserved failure is not reported as "never retrieved".
+                self._ready.exception()
+            else:
+                self._ready.set_exception(ClientClosed("subscription closed"))
+                self._ready.exception()
+        self._not_empty.set()
+        self._not_full.set()
+        self._client._subs.pop(self.id, None)

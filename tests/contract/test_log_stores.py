@@ -1,0 +1,694 @@
+"""One conformance suite for every ``LogStore`` engine (the invariants in ``hubbub/log/base.py``).
+
+Every test runs against each engine: ``memory`` and ``sqlite`` in each durability mode. Tests that need a
+store to survive a close (``persistent``) skip the memory engine. Time comes from a fake clock, so nothing
+depends on the wall clock or on sleeping.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from hubbub.errors import StorageError
+from hubbub.events import Event, Publisher
+from hubbub.log import (
+    AppendRequest,
+    ChannelInfo,
+    LogStore,
+    MemoryLogStore,
+    RetentionPolicy,
+    SqliteLogStore,
+    StoreStats,
+    open_store,
+)
+
+NS = 1_000_000_000
+START = 1_700_000_000 * NS
+EPOCH_RE = re.compile(r"^[0-9a-z]{8}$")
+ENGINES = ["memory", "sqlite-fsync", "sqlite-commit", "sqlite-none"]
+
+
+class Clock:
+    """A fake ``time.time_ns``: stands still until moved."""
+
+    def __init__(self, now: int = START) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += int(seconds * NS)
+
+
+class Factory:
+    """Opens stores of one engine on one file (sqlite) and closes them all at the end of the test."""
+
+    def __init__(self, engine: str, tmp_path: Path) -> None:
+        self.engine = engine
+        self.path = tmp_path / "log.db"
+        self.clock = Clock()
+        self.persistent = engine != "memory"
+        self.opened: list[LogStore] = []
+        self.retention = RetentionPolicy()
+        self.idem_window_s = 600
+
+    def open(self, retention: RetentionPolicy | None = None, idem_window_s: int | None = None) -> LogStore:
+        if retention is not None:
+            self.retention = retention
+        if idem_window_s is not None:
+            self.idem_window_s = idem_window_s
+        store: LogStore
+        if self.engine == "memory":
+            store = MemoryLogStore(
+                retention=self.retention, idem_window_s=self.idem_window_s, clock=self.clock
+            )
+        else:
+            store = SqliteLogStore(
+                self.path,
+                durability=self.engine.split("-")[1],
+                retention=self.retention,
+                idem_window_s=self.idem_window_s,
+                clock=self.clock,
+            )
+        self.opened.append(store)
+        return store
+
+    def reopen(self, store: LogStore) -> LogStore:
+        """Close ``store`` and open the same file again (sqlite only)."""
+        assert self.persistent
+        store.close()
+        return self.open()
+
+    def close_all(self) -> None:
+        for st in self.opened:
+            st.close()
+
+
+@pytest.fixture(params=ENGINES)
+def factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
+    f = Factory(request.param, tmp_path)
+    try:
+        yield f
+    finally:
+        f.close_all()
+
+
+@pytest.fixture
+def store(factory: Factory) -> LogStore:
+    return factory.open()
+
+
+PUB = Publisher("native", "alice", "app1", "m1")
+
+
+def req(
+    channel: str,
+    payload: bytes = b"x",
+    *,
+    user: str = "alice",
+    idem: str = "",
+    headers: Mapping[str, str] | None = None,
+    tags: tuple[str, ...] = (),
+    content_type: str = "text/plain",
+) -> AppendRequest:
+    return AppendRequest(
+        channel=channel,
+        publisher=Publisher("native", user, "app1", idem),
+        payload=payload,
+        content_type=content_type,
+        headers=headers or {},
+        tags=tags,
+        idem=idem,
+    )
+
+
+def seqs(events: list[Event]) -> list[int]:
+    return [e.seq for e in events]
+
+
+def append_n(store: LogStore, channel: str, n: int, payload: bytes = b"x") -> list[Event]:
+    return [r.event for r in store.append([req(channel, payload) for _ in range(n)])]
+
+
+# -- sequencing ---------------------------------------------------------------------------------------
+
+
+def test_seq_starts_at_one_and_is_consecutive_within_a_batch(store: LogStore) -> None:
+    res = store.append([req("/a"), req("/b"), req("/a"), req("/c"), req("/a")])
+    assert [(r.event.channel, r.event.seq, r.duplicate) for r in res] == [
+        ("/a", 1, False),
+        ("/b", 1, False),
+        ("/a", 2, False),
+        ("/c", 1, False),
+        ("/a", 3, False),
+    ]
+    res = store.append([req("/b"), req("/a")])
+    assert [(r.event.channel, r.event.seq) for r in res] == [("/b", 2), ("/a", 4)]
+    assert seqs(store.read("/a")) == [1, 2, 3, 4]
+    assert store.append([]) == []
+
+
+def test_result_events_carry_what_was_appended(store: LogStore) -> None:
+    headers = {"x-trace": "t1", ":pseudo": "p", "ü": "ÿ"}
+    r = store.append(
+        [req("/chat/ünï", b"\x00\xffbin", headers=headers, tags=("a", "b"), content_type="application/x")]
+    )[0]
+    ev = r.event
+    assert (ev.channel, ev.payload, ev.content_type, dict(ev.headers), ev.tags) == (
+        "/chat/ünï",
+        b"\x00\xffbin",
+        "application/x",
+        headers,
+        ("a", "b"),
+    )
+    assert ev.publisher == Publisher("native", "alice", "app1", "")
+    assert store.read("/chat/ünï") == [ev]
+    empty = store.append([req("/e", b"")])[0].event
+    assert store.read("/e") == [empty]
+    assert empty.payload == b"" and dict(empty.headers) == {} and empty.tags == ()
+
+
+def test_epochs(factory: Factory, store: LogStore) -> None:
+    res = store.append([req(f"/ch{i}") for i in range(6)])
+    epochs = [r.event.epoch for r in res]
+    assert all(EPOCH_RE.match(e) for e in epochs)
+    assert len(set(epochs)) == 6
+    again = store.append([req("/ch0")])[0].event
+    assert again.epoch == epochs[0]
+    assert store.head("/ch0").epoch == epochs[0]
+    if factory.persistent:
+        store = factory.reopen(store)
+        assert store.head("/ch0").epoch == epochs[0]
+        assert store.append([req("/ch0")])[0].event.position.epoch == epochs[0]
+
+
+def test_time_is_strictly_increasing_over_the_whole_log(factory: Factory, store: LogStore) -> None:
+    clock = factory.clock
+    assert store.top_time() == 0
+    first = store.append([req("/a")])[0].event
+    assert first.time_ns == clock.now  # max(now, last + 1) with an empty log is now
+    times = [first.time_ns]
+    times += [r.event.time_ns for r in store.append([req("/b"), req("/a"), req("/c")])]  # same clock reading
+    clock.advance(-3600)  # the clock steps back an hour
+    times += [r.event.time_ns for r in store.append([req("/c"), req("/b")])]
+    clock.advance(7200)
+    times += [r.event.time_ns for r in store.append([req("/a")])]
+    assert times == sorted(set(times))
+    assert times[-1] == clock.now
+    assert store.top_time() == times[-1]
+    assert store.head("/a").top_time == times[-1]
+    if factory.persistent:
+        clock.advance(-7200)
+        store = factory.reopen(store)
+        assert store.top_time() == times[-1]
+        assert store.append([req("/d")])[0].event.time_ns == times[-1] + 1
+
+
+# -- reads ---------------------------------------------------------------------------------------------
+
+
+def test_read_by_seq_range_and_limit(store: LogStore) -> None:
+    append_n(store, "/a", 10)
+    append_n(store, "/b", 2)
+    assert seqs(store.read("/a")) == list(range(1, 11))
+    assert seqs(store.read("/a", after_seq=3, limit=4)) == [4, 5, 6, 7]
+    assert seqs(store.read("/a", after_seq=9)) == [10]
+    assert store.read("/a", after_seq=10) == []
+    assert store.read("/a", after_seq=2**70) == []
+    assert seqs(store.read("/a", after_seq=-5, limit=2)) == [1, 2]
+    assert store.read("/a", limit=0) == []
+    assert store.read("/nope") == []
+    assert all(e.channel == "/a" for e in store.read("/a"))
+
+
+def test_read_by_time_range(factory: Factory, store: LogStore) -> None:
+    stamps = []
+    for _ in range(8):
+        stamps.append(store.append([req("/t"), req("/other"), req("/t")])[0].event.time_ns)
+        factory.clock.advance(1)
+    evs = store.read("/t")
+    assert seqs(store.read("/t", from_time=stamps[3])) == [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+    assert seqs(store.read("/t", to_time=stamps[2])) == [1, 2, 3, 4]
+    assert seqs(store.read("/t", from_time=stamps[2], to_time=stamps[4])) == [5, 6, 7, 8]
+    assert seqs(store.read("/t", after_seq=6, from_time=stamps[2], to_time=stamps[4])) == [7, 8]
+    assert seqs(store.read("/t", from_time=stamps[2], limit=3)) == [5, 6, 7]
+    # from_time inclusive, to_time exclusive, at the exact time of an event.
+    assert seqs(store.read("/t", from_time=evs[5].time_ns, to_time=evs[7].time_ns)) == [6, 7]
+    assert store.read("/t", from_time=stamps[-1] + NS) == []
+    assert store.read("/t", to_time=stamps[0]) == []
+    assert store.read("/t", from_time=stamps[5], to_time=stamps[2]) == []
+    assert seqs(store.read("/t", from_time=-(2**70), to_time=2**70)) == list(range(1, 17))
+
+
+def test_read_last(store: LogStore) -> None:
+    append_n(store, "/a", 5)
+    assert seqs(store.read_last("/a", 3)) == [3, 4, 5]
+    assert seqs(store.read_last("/a", 50)) == [1, 2, 3, 4, 5]
+    assert store.read_last("/a", 0) == []
+    assert store.read_last("/nope", 3) == []
+
+
+def test_head_of_unknown_and_known_channels(store: LogStore) -> None:
+    info = store.head("/never")
+    assert info == ChannelInfo("/never", "", 0, 0, 0)
+    assert info.empty
+    evs = append_n(store, "/a", 3)
+    info = store.head("/a")
+    assert info == ChannelInfo("/a", evs[0].epoch, 1, 3, evs[-1].time_ns)
+    assert not info.empty
+    heads = store.heads(["/a", "/never", "/a"])
+    assert heads == {"/a": info, "/never": ChannelInfo("/never", "", 0, 0, 0)}
+
+
+def test_channels_order_after_limit_prefix(store: LogStore) -> None:
+    names = ["/b", "/a/2", "/a", "/a/10", "/é", "/z", "/\U0001f600", "/\uffff", "/A", "/a b"]
+    store.append([req(n) for n in names])
+    expected = sorted(names, key=lambda n: n.encode())
+    got = [c.channel for c in store.channels()]
+    assert got == expected
+    assert [c.channel for c in store.channels(limit=3)] == expected[:3]
+    assert [c.channel for c in store.channels(after=expected[3], limit=2)] == expected[4:6]
+    assert store.channels(after=expected[-1]) == []
+    assert store.channels(limit=0) == []
+    assert [c.channel for c in store.channels(prefix="/a")] == ["/a", "/a b", "/a/10", "/a/2"]
+    assert [c.channel for c in store.channels(prefix="/a/")] == ["/a/10", "/a/2"]
+    assert [c.channel for c in store.channels(prefix="/a", after="/a b")] == ["/a/10", "/a/2"]
+    assert [c.channel for c in store.channels(prefix="/\U0001f600")] == ["/\U0001f600"]
+    assert [c.channel for c in store.channels(prefix="/\U0010ffff")] == []
+    assert store.channels(prefix="/q") == []
+    info = {c.channel: c for c in store.channels()}
+    assert info["/b"] == store.head("/b")
+    # Channels without retained events are left out.
+    store.reset_channel("/b")
+    assert "/b" not in [c.channel for c in store.channels()]
+
+
+# -- retention -------------------------------------------------------------------------------------------
+
+
+def test_retention_by_count(factory: Factory) -> None:
+    store = factory.open(RetentionPolicy(max_events=3))
+    evs = append_n(store, "/a", 2)
+    assert store.head("/a").first == 1
+    evs += append_n(store, "/a", 5)  # 7 appended, within one batch too
+    head = store.head("/a")
+    assert (head.epoch, head.first, head.top, head.top_time) == (evs[0].epoch, 5, 7, evs[-1].time_ns)
+    assert seqs(store.read("/a")) == [5, 6, 7]
+    assert seqs(store.read_last("/a", 10)) == [5, 6, 7]
+    assert store.stats() == StoreStats(events=3, bytes=3, channels=1)
+    assert store.append([req("/a")])[0].event.seq == 8
+    assert store.head("/a").first == 6
+
+
+def test_retention_by_bytes(factory: Factory) -> None:
+    store = factory.open(RetentionPolicy(max_bytes=10))
+    store.append([req("/a", b"1234"), req("/a", b"1234")])
+    assert store.head("/a").first == 1
+    store.append([req("/a", b"123")])  # 11 bytes: the oldest goes
+    assert (store.head("/a").first, store.head("/a").top) == (2, 3)
+    assert store.stats().bytes == 7
+    # Headers and tags count as well.
+    store.append([req("/a", b"", headers={"k": "v"})])  # 2 bytes -> 9
+    assert store.head("/a").first == 2
+    store.append([req("/a", b"", tags=("t",))])  # 1 byte -> 10
+    assert store.head("/a").first == 2
+    # A single event over the limit is committed, acknowledged, and trimmed at once.
+    ev = store.append([req("/a", b"x" * 11)])[0].event
+    head = store.head("/a")
+    assert (ev.seq, head.first, head.top, head.epoch) == (6, 7, 6, ev.epoch)
+    assert store.read("/a") == []
+    assert store.channels() == []
+    assert store.stats() == StoreStats(0, 0, 0)
+    assert store.append([req("/a", b"ok")])[0].event.seq == 7
+    assert seqs(store.read("/a")) == [7]
+    # Exactly at the limit is within it: 2 + 4 + 4 = 10 keeps all three, and one more drops only the oldest.
+    store.append([req("/a", b"1234"), req("/a", b"1234")])
+    assert seqs(store.read("/a")) == [7, 8, 9]
+    store.append([req("/a", b"12")])
+    assert seqs(store.read("/a")) == [8, 9, 10]
+
+
+def test_retention_by_age(factory: Factory, store: LogStore) -> None:
+    clock = factory.clock
+    epoch_b = store.append([req("/a"), req("/b")])[1].event.epoch
+    clock.advance(10)
+    store.append([req("/a")])
+    clock.advance(10)
+    store.append([req("/a"), req("/c")])
+    assert store.apply_retention(RetentionPolicy(), clock.now) == 0
+    removed = store.apply_retention(RetentionPolicy(max_age_s=15), clock.now)
+    assert removed == 2  # /a 1 and /b 1 are 20 s old; /a 2 is 10 s old
+    assert (store.head("/a").first, store.head("/a").top) == (2, 3)
+    assert seqs(store.read("/a")) == [2, 3]
+    b = store.head("/b")
+    assert (b.first, b.top, b.epoch) == (2, 1, epoch_b)
+    assert store.read("/b") == []
+    assert [c.channel for c in store.channels()] == ["/a", "/c"]
+    assert store.apply_retention(RetentionPolicy(max_age_s=15), clock.now) == 0
+    assert store.apply_retention(RetentionPolicy(max_age_s=1), clock.now + 2 * NS) == 3
+    assert store.stats() == StoreStats(0, 0, 0)
+    assert store.head("/a").top == 3
+    assert store.append([req("/a")])[0].event.seq == 4
+
+
+def test_retention_by_total_size(factory: Factory, store: LogStore) -> None:
+    for _ in range(4):
+        store.append([req("/a", b"aaaa"), req("/b", b"bb")])
+        factory.clock.advance(1)
+    assert store.stats() == StoreStats(events=8, bytes=24, channels=2)
+    assert store.apply_retention(RetentionPolicy(max_total_bytes=24), factory.clock.now) == 0
+    # Oldest first by time over the whole log: a1 b1 a2 (10 bytes) brings 24 down to 14.
+    assert store.apply_retention(RetentionPolicy(max_total_bytes=15), factory.clock.now) == 3
+    assert (store.head("/a").first, store.head("/b").first) == (3, 2)
+    assert store.stats() == StoreStats(events=5, bytes=14, channels=2)
+    epoch_a = store.head("/a").epoch
+    assert store.apply_retention(RetentionPolicy(max_total_bytes=1), factory.clock.now) == 5
+    a = store.head("/a")
+    assert (a.first, a.top, a.epoch) == (5, 4, epoch_a)
+    assert store.stats() == StoreStats(0, 0, 0)
+
+
+def test_retention_age_and_total_together(factory: Factory, store: LogStore) -> None:
+    store.append([req("/a", b"1234")])
+    factory.clock.advance(100)
+    store.append([req("/a", b"1234"), req("/b", b"1234")])
+    removed = store.apply_retention(RetentionPolicy(max_age_s=50, max_total_bytes=4), factory.clock.now)
+    assert removed == 2
+    assert seqs(store.read("/b")) == [1]
+
+
+# -- resets --------------------------------------------------------------------------------------------
+
+
+def test_reset_channel(factory: Factory, store: LogStore) -> None:
+    old = append_n(store, "/a", 3)
+    append_n(store, "/b", 1)
+    info = store.reset_channel("/a")
+    assert EPOCH_RE.match(info.epoch) and info.epoch != old[0].epoch
+    assert (info.channel, info.first, info.top, info.top_time) == ("/a", 1, 0, 0)
+    assert store.head("/a") == info
+    assert store.read("/a") == []
+    assert [c.channel for c in store.channels()] == ["/b"]
+    ev = store.append([req("/a")])[0].event
+    assert (ev.seq, ev.epoch) == (1, info.epoch)
+    assert ev.time_ns > old[-1].time_ns
+    assert seqs(store.read("/b")) == [1]
+    fresh = store.reset_channel("/fresh")
+    assert (fresh.first, fresh.top) == (1, 0) and EPOCH_RE.match(fresh.epoch)
+    assert store.head("/fresh") == fresh
+    assert store.append([req("/fresh")])[0].event.position.epoch == fresh.epoch
+    if factory.persistent:
+        store = factory.reopen(store)
+        assert store.head("/a").epoch == info.epoch
+        assert seqs(store.read("/a")) == [1]
+
+
+def test_new_epochs_on_open(factory: Factory, store: LogStore) -> None:
+    a = append_n(store, "/a", 3)[0]
+    b = append_n(store, "/b", 1)[0]
+    if factory.persistent:
+        store = factory.reopen(store)
+    store.new_epochs_on_open()
+    ha, hb = store.head("/a"), store.head("/b")
+    assert ha.epoch not in ("", a.epoch) and hb.epoch not in ("", b.epoch)
+    assert (ha.first, ha.top, hb.first, hb.top) == (1, 0, 1, 0)
+    assert store.read("/a") == [] and store.channels() == []
+    assert store.stats() == StoreStats(0, 0, 0)
+    ev = store.append([req("/a")])[0].event
+    assert (ev.seq, ev.epoch) == (1, ha.epoch)
+
+
+# -- idempotency -----------------------------------------------------------------------------------------
+
+
+def test_idempotent_append(factory: Factory) -> None:
+    store = factory.open(idem_window_s=60)
+    orig = store.append([req("/a", b"one", idem="k1")])[0]
+    assert not orig.duplicate
+    factory.clock.advance(30)
+    res = store.append(
+        [req("/a", b"one", idem="k1"), req("/a", b"two", idem="k2"), req("/a", b"two", idem="k2")]
+    )
+    assert res[0].duplicate and res[0].event == orig.event
+    assert not res[1].duplicate and res[1].event.seq == 2
+    assert res[2].duplicate and res[2].event == res[1].event  # within one batch
+    # Another user, another channel or no key: not a duplicate.
+    other = store.append([req("/a", idem="k1", user="bob"), req("/b", idem="k1"), req("/a"), req("/a")])
+    assert not any(r.duplicate for r in other)
+    assert seqs(store.read("/a")) == [1, 2, 3, 4, 5]
+    assert store.stats().events == 6
+    # Past the window (by the new commit's time) the key may be used again.
+    factory.clock.advance(30)
+    again = store.append([req("/a", b"one", idem="k1")])[0]
+    assert not again.duplicate and again.event.seq == 6
+    assert store.append([req("/a", b"one", idem="k1")])[0].event == again.event
+
+
+def test_idempotency_survives_restart(factory: Factory) -> None:
+    if not factory.persistent:
+        pytest.skip("the memory engine keeps nothing across a restart")
+    store = factory.open(idem_window_s=60)
+    orig = store.append([req("/a", b"p", idem="k", headers={"h": "v"}, tags=("t",))])[0].event
+    store = factory.reopen(store)
+    dup = store.append([req("/a", b"p", idem="k", headers={"h": "v"}, tags=("t",))])[0]
+    assert dup.duplicate and dup.event == orig
+    factory.clock.advance(61)
+    store = factory.reopen(store)
+    assert not store.append([req("/a", b"p", idem="k")])[0].duplicate
+
+
+def test_idempotency_of_trimmed_event_and_after_reset(factory: Factory) -> None:
+    store = factory.open(RetentionPolicy(max_events=1), idem_window_s=60)
+    orig = store.append([req("/a", b"p", idem="k")])[0].event
+    store.append([req("/a", b"later")])
+    dup = store.append([req("/a", b"p", idem="k")])[0]
+    assert dup.duplicate and (dup.event.seq, dup.event.epoch, dup.event.time_ns) == (
+        1,
+        orig.epoch,
+        orig.time_ns,
+    )
+    assert dup.event.payload == b"p"
+    store.reset_channel("/a")
+    res = store.append([req("/a", b"p", idem="k")])[0]
+    assert not res.duplicate and res.event.seq == 1
+
+
+def test_idempotency_off_with_zero_window(factory: Factory) -> None:
+    store = factory.open(idem_window_s=0)
+    res = store.append([req("/a", idem="k"), req("/a", idem="k")])
+    assert [r.duplicate for r in res] == [False, False]
+    assert seqs(store.read("/a")) == [1, 2]
+
+
+# -- stats, close ---------------------------------------------------------------------------------------
+
+
+def test_stats(store: LogStore) -> None:
+    assert store.stats() == StoreStats(0, 0, 0)
+    store.append([req("/a", b"abc", headers={"k": "vv"}, tags=("t1",)), req("/b", "é".encode()), req("/a")])
+    evs = store.read("/a") + store.read("/b")
+    assert store.stats() == StoreStats(events=3, bytes=sum(e.size for e in evs), channels=2)
+    assert store.stats().bytes == 3 + 3 + 2 + 2 + 1
+
+
+def test_close_is_idempotent_and_final(factory: Factory, store: LogStore) -> None:
+    store.append([req("/a")])
+    store.close()
+    store.close()
+    with pytest.raises(StorageError):
+        store.append([req("/a")])
+    with pytest.raises(StorageError):
+        store.read("/a")
+    with pytest.raises(StorageError):
+        store.head("/a")
+    if factory.persistent:
+        reopened = factory.open()
+        assert seqs(reopened.read("/a")) == [1]
+
+
+# -- concurrency ---------------------------------------------------------------------------------------
+
+
+def test_reads_from_other_threads_while_appending(store: LogStore) -> None:
+    batches, per_batch = 60, 25
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            last_top = 0
+            while True:
+                finished = done.is_set()
+                head = store.head("/a")
+                assert head.top >= last_top and head.top % per_batch == 0  # whole batches only
+                last_top = head.top
+                evs = store.read("/a", after_seq=max(head.top - 40, 0), limit=100)
+                assert seqs(evs) == list(range(evs[0].seq, evs[0].seq + len(evs))) if evs else True
+                assert not evs or evs[-1].seq >= head.top
+                last = store.read_last("/b", 3)
+                assert len({e.epoch for e in last}) <= 1
+                store.stats()
+                store.channels()
+                if finished:
+                    assert head.top == batches * per_batch
+                    return
+        except BaseException as exc:  # handed to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(batches):
+            store.append([req("/a") for _ in range(per_batch - 1)] + [req("/b"), req("/a")])
+    finally:
+        done.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert not errors, errors[0]
+    assert not any(t.is_alive() for t in threads)
+    assert store.head("/a").top == batches * per_batch
+
+
+# -- sqlite specifics ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sqlite_path(tmp_path: Path) -> Path:
+    return tmp_path / "hubbub.db"
+
+
+def test_sqlite_failed_commit_leaves_nothing_and_no_gap(sqlite_path: Path) -> None:
+    store = SqliteLogStore(sqlite_path, busy_timeout_ms=50)
+    try:
+        store.append([req("/a"), req("/a")])
+        blocker = sqlite3.connect(sqlite_path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            with pytest.raises(StorageError) as err:
+                store.append([req("/a"), req("/new")])
+            assert "SELECT" not in str(err.value) and str(sqlite_path) not in str(err.value)
+            assert err.value.code == 4301
+            blocker.execute("ROLLBACK")
+        finally:
+            blocker.close()
+        assert store.head("/a").top == 2 and store.head("/new").empty
+        res = store.append([req("/a"), req("/new")])
+        assert [r.event.seq for r in res] == [3, 1]
+        assert seqs(store.read("/a")) == [1, 2, 3]
+    finally:
+        store.close()
+
+
+def test_sqlite_one_writer_per_file(sqlite_path: Path) -> None:
+    store = SqliteLogStore(sqlite_path)
+    try:
+        with pytest.raises(StorageError, match="in use"):
+            SqliteLogStore(sqlite_path)
+    finally:
+        store.close()
+    SqliteLogStore(sqlite_path).close()  # free again after close
+
+
+def test_sqlite_refuses_unknown_schema_version(sqlite_path: Path) -> None:
+    SqliteLogStore(sqlite_path).close()
+    conn = sqlite3.connect(sqlite_path)
+    with conn:
+        conn.execute("UPDATE meta SET value = 99 WHERE key = 'schema_version'")
+    conn.close()
+    with pytest.raises(StorageError, match="schema version"):
+        SqliteLogStore(sqlite_path)
+    # The failed open released its lock: the second attempt fails the same way, not with "in use".
+    with pytest.raises(StorageError, match="schema version"):
+        SqliteLogStore(sqlite_path)
+
+
+@pytest.mark.parametrize("durability", ["commit", "fsync"])
+def test_sqlite_commits_survive_kill_9(sqlite_path: Path, durability: str) -> None:
+    """A committed batch survives the process being killed without closing anything."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from hubbub.events import Publisher
+        from hubbub.log import AppendRequest, SqliteLogStore
+        st = SqliteLogStore({str(sqlite_path)!r}, durability={durability!r})
+        pub = Publisher("native")
+        for i in range(5):
+            st.append([AppendRequest("/k", pub, b"p%d" % i, "text/plain") for _ in range(100)])
+        print(st.head("/k").epoch, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == -9, proc.stderr
+    epoch = proc.stdout.strip()
+    store = SqliteLogStore(sqlite_path, durability=durability)
+    try:
+        assert store.head("/k") == ChannelInfo("/k", epoch, 1, 500, store.head("/k").top_time)
+        assert seqs(store.read("/k", limit=1000)) == list(range(1, 501))
+        assert store.append([req("/k")])[0].event.seq == 501
+    finally:
+        store.close()
+
+
+# -- open_store ------------------------------------------------------------------------------------------
+
+
+def test_open_store_urls(tmp_path: Path) -> None:
+    pol = RetentionPolicy()
+    data_dir = tmp_path / "data" / "dir"
+    st = open_store("sqlite", str(data_dir), "commit", pol, 600)
+    try:
+        assert isinstance(st, SqliteLogStore) and st.engine == "sqlite"
+        assert (data_dir / "hubbub.db").exists()
+    finally:
+        st.close()
+    path = tmp_path / "other" / "x.db"
+    st = open_store(f"sqlite://{path}", str(data_dir), "fsync", pol, 600)
+    try:
+        assert isinstance(st, SqliteLogStore) and st.path == path and st.durability == "fsync"
+    finally:
+        st.close()
+    st = open_store("memory", str(tmp_path / "unused"), "none", pol, 600)
+    try:
+        assert isinstance(st, MemoryLogStore) and st.engine == "memory"
+        assert not (tmp_path / "unused").exists()
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgresql://user:secret@db/hubbub", "not supported yet"),
+        ("postgres://user:secret@db/hubbub", "not supported yet"),
+        ("sqlite://relative.db", "three slashes"),
+        ("sqlite:///", "three slashes"),
+        ("redis://user:secret@host", "unknown log store redis://"),
+        ("mysql", "unknown log store 'mysql'"),
+        ("", "unknown log store"),
+    ],
+)
+def test_open_store_rejects(tmp_path: Path, url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        open_store(url, str(tmp_path), "commit", RetentionPolicy(), 600)
+    assert "secret" not in str(err.value)
+
+
+def test_open_store_rejects_unknown_durability(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="durability"):
+        open_store("memory", str(tmp_path), "sometimes", RetentionPolicy(), 600)
