@@ -238,3 +238,32 @@ def test_storage_failure_reaches_publisher(tmp_path: Path) -> None:
             assert info.value.code == 4301
 
     asyncio.run(main())
+
+
+def test_delivery_filters_and_session_lookup(run: Run) -> None:
+    async def body(node: Node) -> None:
+        alice = session(node)
+        alice.user = "alice"
+        bob = session(node)
+        bob.user = "bob"
+        for s in (alice, bob):
+            await sub(node, s, "s", "/f")
+        r = AppendRequest(
+            "/f", Publisher("guble"), b"to alice", "text/plain", headers={":filter.user_id": "alice"}
+        )
+        await node.publish(r)
+        to_bob_app = AppendRequest(
+            "/f", Publisher("guble"), b"to bob", "text/plain", headers={":filter.application_id": bob.id}
+        )
+        await node.publish(to_bob_app)
+        nobody = AppendRequest(
+            "/f", Publisher("guble"), b"x", "text/plain", headers={":filter.colour": "red"}
+        )
+        await node.publish(nobody)
+        assert [f[4] for f in await drain(alice)] == ["to alice"]
+        assert [f[4] for f in await drain(bob)] == ["to bob"]
+        assert node.session_by_id(bob.id) is bob
+        node.detach(bob)
+        assert node.session_by_id(bob.id) is None
+
+    run(body)

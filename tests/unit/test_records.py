@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+import threading
 from types import MappingProxyType
 
 import msgpack
@@ -156,3 +158,24 @@ def test_encoders_reject_non_strings() -> None:
 def test_event_size_matches_event() -> None:
     assert event_size(EVENT.payload, EVENT.headers, EVENT.tags) == EVENT.size
     assert event_size(b"abc", {}, ()) == 3
+    ev = dataclasses.replace(EVENT, headers={"k": "v"}, tags=("ascii", "ünï", "\U0001f600"))
+    assert event_size(ev.payload, ev.headers, ev.tags) == ev.size == 6 + 2 + 5 + 5 + 4
+
+
+def test_codec_from_many_threads() -> None:
+    """Each thread packs with its own Packer: concurrent encodes never mix their output."""
+    errors: list[str] = []
+
+    def work(i: int) -> None:
+        h = {f"k{i}": f"v{j}" for j in range(3)}
+        for _ in range(2000):
+            if decode_headers(encode_headers(h)) != h or decode_tags(encode_tags((f"t{i}",))) != (f"t{i}",):
+                errors.append(f"thread {i}")
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -58,6 +58,30 @@ class NodeSettings:
     reader_threads: int = 4
 
 
+FILTER_PREFIX = ":filter."
+
+
+def delivery_filters(event: Event) -> list[tuple[str, str]]:
+    """The event's delivery filters (mapping.md §6): ``:filter.<name>`` pseudo-headers."""
+    n = len(FILTER_PREFIX)
+    return [(k[n:], v) for k, v in event.headers.items() if k.startswith(FILTER_PREFIX)]
+
+
+def passes(session: Session, filters: list[tuple[str, str]]) -> bool:
+    """Whether a connection's parameters equal every filter. ``user_id`` is the connection's user,
+    ``application_id`` its session id; any other filter name matches no connection."""
+    for name, value in filters:
+        if name == "user_id":
+            if session.user != value:
+                return False
+        elif name == "application_id":
+            if session.id != value:
+                return False
+        else:
+            return False
+    return True
+
+
 @dataclass(eq=False, slots=True)
 class Subscription:
     """One subscription of one session. Identity-hashed: the router uses it as its key."""
@@ -116,6 +140,7 @@ class Node:
         self._new_epochs = new_epochs
         self._subs: dict[Session, dict[str, Subscription]] = {}
         self._sessions: set[Session] = set()
+        self._by_id: dict[str, Session] = {}
         self._pending = 0
         self._room = asyncio.Event()
         self._room.set()
@@ -191,6 +216,7 @@ class Node:
 
     def attach(self, session: Session) -> None:
         self._sessions.add(session)
+        self._by_id[session.id] = session
         self._subs[session] = {}
         session.on_slow = self._on_slow
 
@@ -201,7 +227,13 @@ class Node:
             for s in subs.values():
                 self.router.remove(s.pattern, s, s.tags)
         self._sessions.discard(session)
+        if self._by_id.get(session.id) is session:
+            del self._by_id[session.id]
         session.close()
+
+    def session_by_id(self, session_id: str) -> Session | None:
+        """The attached session with this id (ivy's HTTP ``sid`` names the connection to exclude)."""
+        return self._by_id.get(session_id)
 
     @property
     def sessions(self) -> frozenset[Session]:
@@ -278,6 +310,11 @@ class Node:
         subs = self.router.match(event.channel, event.tags)
         if not subs:
             return
+        if event.headers and any(k.startswith(FILTER_PREFIX) for k in event.headers):
+            filters = delivery_filters(event)
+            subs = tuple(s for s in subs if passes(s.session, filters))
+            if not subs:
+                return
         caches: dict[str, dict[Any, Any]] = {}
         if len(subs) == 1:
             s = subs[0]
@@ -402,6 +439,8 @@ class Node:
             top = tops.get(ev.channel)
             if top is not None and ev.seq <= top:
                 continue  # part of the snapshot: replayed (or deliberately not) already
+            if ev.headers and not passes(sess, delivery_filters(ev)):
+                continue
             ids = [s.sub_id for s in subs.values() if s.holding is None and s.matches(ev)]
             if ids:
                 self._deliver(sess, ev, ids, caches)

@@ -34,6 +34,7 @@ Everything here is pure and thread-safe (no state).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -104,6 +105,17 @@ class RecordError(ValueError):
 
 
 _EMPTY: Final = b""
+_local = threading.local()
+
+
+def _pack(obj: dict[str, str] | list[str]) -> bytes:
+    # A Packer per thread: ``msgpack.packb`` builds a new one per call, which costs more than the packing.
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    data: bytes = packer.pack(obj)
+    return data
 
 
 def encode_headers(headers: Mapping[str, str]) -> bytes:
@@ -115,8 +127,7 @@ def encode_headers(headers: Mapping[str, str]) -> bytes:
     for k, v in headers.items():
         if type(k) is not str or type(v) is not str:
             raise RecordError("header names and values must be strings")
-    data: bytes = msgpack.packb(headers, use_bin_type=True)
-    return data
+    return _pack(headers)
 
 
 def decode_headers(data: bytes | None) -> dict[str, str]:
@@ -139,8 +150,7 @@ def encode_tags(tags: Sequence[str]) -> bytes:
     for t in tags:
         if type(t) is not str:
             raise RecordError("tags must be strings")
-    data: bytes = msgpack.packb(list(tags), use_bin_type=True)
-    return data
+    return _pack(list(tags))
 
 
 def decode_tags(data: bytes | None) -> tuple[str, ...]:
@@ -166,12 +176,13 @@ def _unpack(data: bytes) -> Any:
 def event_size(payload: bytes, headers: Mapping[str, str], tags: Sequence[str]) -> int:
     """What retention counts for one event; equal to :attr:`Event.size` for the same values."""
     n = len(payload)
+    # One join and (only for non-ASCII text) one encode: this runs for every appended event.
     if headers:
-        for k, v in headers.items():
-            n += len(k.encode()) + len(v.encode())
+        text = "".join(headers) + "".join(headers.values())
+        n += len(text) if text.isascii() else len(text.encode())
     if tags:
-        for t in tags:
-            n += len(t.encode())
+        text = "".join(tags)
+        n += len(text) if text.isascii() else len(text.encode())
     return n
 
 

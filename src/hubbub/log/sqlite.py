@@ -346,7 +346,6 @@ class SqliteLogStore(LogStore):
             conn.execute(f"PRAGMA synchronous = {DURABILITY_SYNCHRONOUS[self.durability]}")
             conn.execute("PRAGMA cache_size = -32768")  # 32 MiB
             conn.execute("PRAGMA temp_store = MEMORY")
-            conn.execute("PRAGMA mmap_size = 268435456")
             # The background checkpointer does the copying; this high mark only lets the WAL start over
             # under continuous load (a checkpoint that finds almost everything copied is cheap).
             conn.execute(f"PRAGMA wal_autocheckpoint = {_WRITER_AUTOCHECKPOINT}")
