@@ -79,6 +79,9 @@ class Config:
     log_level: str = "info"
     log_format: str = "text"
     commit_batch: int = 4096
+    # -- dialect settings: each dialect adds its fields below its own marker --
+    # -- guble --
+    # -- ivy --
 
     def validate(self) -> Config:
         if self.durability not in DURABILITY_MODES:
@@ -127,6 +130,8 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "cors_origin": (("cors_origin",), str),
     "log_level": (("log_level",), str),
     "log_format": (("log_format",), str),
+    # -- guble keys --
+    # -- ivy keys --
 }
 
 

@@ -21,7 +21,7 @@ from hubbub.core import Node, NodeSettings
 from hubbub.dialects import native as nc
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
-from hubbub.transports.http import HttpSettings, NativeHttp, build_app
+from hubbub.transports.http import HttpSettings, NativeHttp, RouteInstaller, build_app
 from hubbub.transports.native import SHUTDOWN_CODE, NativeConnection
 from hubbub.transports.tcp import serve_native_tcp
 
@@ -93,7 +93,10 @@ class Server:
             ping_interval=cfg.native_ping_interval_s,
             codec_limits=codec_limits,
         )
-        app, self._native_http = build_app(node, http_settings)
+        installers: list[RouteInstaller] = []
+        # Each dialect adds its route installer here, built from its own settings (the dialect's docs list
+        # its configuration keys).
+        app, self._native_http = build_app(node, http_settings, installers)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
         await self._runner.setup()
         host, port = parse_listen(cfg.http_listen, "http.listen")

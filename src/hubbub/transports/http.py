@@ -29,7 +29,7 @@ from hubbub.log.base import AppendRequest, ChannelInfo, LogStore
 from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
 from .native import NativeConnection
 
-__all__ = ["HttpSettings", "build_app"]
+__all__ = ["HttpSettings", "RouteInstaller", "build_app", "native_codec"]
 
 log = logging.getLogger("hubbub.http")
 
@@ -383,8 +383,14 @@ def native_codec(encoding: str, max_frame: int, limits: dict[str, int]) -> nc.Na
     )
 
 
-def build_app(node: Node, settings: HttpSettings) -> tuple[web.Application, NativeHttp]:
-    """The aiohttp application with every enabled route."""
+#: Adds one dialect's routes to the application (called once, before the application starts).
+RouteInstaller = Callable[[web.Application, Node, HttpSettings], None]
+
+
+def build_app(
+    node: Node, settings: HttpSettings, installers: Sequence[RouteInstaller] = ()
+) -> tuple[web.Application, NativeHttp]:
+    """The aiohttp application with the native routes and each enabled dialect's routes."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(NodeCollector(node, node.store.stats))
     native = NativeHttp(node, settings, registry)
@@ -396,4 +402,6 @@ def build_app(node: Node, settings: HttpSettings) -> tuple[web.Application, Nati
     app.router.add_get("/api/v1/stream/{rest:.*}", native.stream)
     app.router.add_get("/healthz", native.healthz)
     app.router.add_get("/metrics", native.metrics)
+    for install in installers:
+        install(app, node, settings)
     return app, native
