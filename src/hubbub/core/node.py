@@ -188,8 +188,10 @@ class Node:
             await asyncio.get_running_loop().run_in_executor(None, self._writer.stop)
             # Let the final completions (acks) scheduled by the writer run before we return.
             await asyncio.sleep(0)
-        self._readers.shutdown(wait=True)
-        self.store.close()
+        loop = asyncio.get_running_loop()
+        # Both block (reader threads finishing, the store's final checkpoint): keep them off the loop.
+        await loop.run_in_executor(None, self._readers.shutdown, True)
+        await loop.run_in_executor(None, self.store.close)
 
     @property
     def closing(self) -> bool:

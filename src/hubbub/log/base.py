@@ -149,9 +149,9 @@ class LogStore(abc.ABC):
 
     @abc.abstractmethod
     def top_time(self) -> int:
-        """``time_ns`` of the newest committed event in the whole log, 0 when empty. It is kept when that event is
-        later trimmed or its channel reset, so it never goes back (it is 0 only for a log that never had an
-        event)."""
+        """``time_ns`` of the newest committed event in the whole log, 0 when empty. It is kept when that
+        event is later trimmed or its channel reset, so it never goes back (it is 0 only for a log that never
+        had an event)."""
 
     @abc.abstractmethod
     def reset_channel(self, channel: str) -> ChannelInfo:
