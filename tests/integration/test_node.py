@@ -267,3 +267,33 @@ def test_delivery_filters_and_session_lookup(run: Run) -> None:
         assert node.session_by_id(bob.id) is None
 
     run(body)
+
+
+def test_held_event_inside_the_snapshot_still_reaches_other_live_subs(run: Run) -> None:
+    async def body(node: Node) -> None:
+        s = session(node)
+        await sub(node, s, "live", "/h/**")
+        # Hold the new exact subscription open while a publish commits, as a slow snapshot read would.
+        plans: list[ReplayPlan] = []
+        gate = asyncio.Event()
+        real_read = node.read
+
+        async def slow_read(fn: Any, *args: Any) -> Any:
+            await node.publish(req("/h/x", "during"))
+            await gate.wait()
+            return await real_read(fn, *args)
+
+        node.read = slow_read  # type: ignore[method-assign]
+        task = asyncio.ensure_future(
+            node.subscribe(s, "new", parse_pattern("/h/x"), on_snapshot=plans.append)
+        )
+        await asyncio.sleep(0.01)
+        node.read = real_read  # type: ignore[method-assign]
+        gate.set()
+        await task
+        await node.publish(req("/h/x", "after"))
+        got = await drain(s)
+        assert got == [("/h/x", 1, ("live",), False, "during"), ("/h/x", 2, ("live", "new"), False, "after")]
+        assert plans[0].position is not None and plans[0].position.seq == 1
+
+    run(body)

@@ -378,6 +378,7 @@ class Node:
         *,
         on_snapshot: Callable[[ReplayPlan], None],
         on_replayed: Callable[[ReplayPlan], None] | None = None,
+        planner: Callable[[LogStore], ReplayPlan] | None = None,
     ) -> Subscription:
         """Create a subscription, with a replay if ``replay`` asks for one.
 
@@ -386,6 +387,11 @@ class Node:
         ``on_replayed(plan)`` queues the end-of-replay notice; right after it, held live events newer than the
         snapshot are released, all in one loop step. Raises :class:`SubscriptionError` (4200, 4203),
         :class:`LimitExceeded` (4007) or ``BadRequest``; then no subscription exists.
+
+        ``planner``, when given, replaces the native replay planning (``replay`` is then ignored): it runs on
+        a reader thread and returns the events to replay and the snapshot's ``tops``; held live events at or
+        below their channel's top are not released (an empty ``tops`` releases every held event). Used for
+        guble's fetch selection.
         """
         if self._closing:
             raise ShuttingDown()
@@ -401,7 +407,10 @@ class Node:
         subs[sub_id] = sub
         self.router.add(pattern, sub, tags)
         try:
-            plan = await self.read(plan_replay, pattern, spec, self.settings.max_recovery)
+            if planner is not None:
+                plan = await self.read(planner)
+            else:
+                plan = await self.read(plan_replay, pattern, spec, self.settings.max_recovery)
             for ch in plan.ahead:
                 # Commits the client saw were lost: continuity is broken, so the channel gets a new epoch.
                 info = await self.reset_channel(ch)
@@ -437,13 +446,21 @@ class Node:
         sess = sub.session
         subs = self._subs.get(sess, {})
         caches: dict[str, dict[Any, Any]] = {}
+        replayed = {(e.channel, e.seq) for e in plan.events} if plan.events else set()
         for ev in held:
-            top = tops.get(ev.channel)
-            if top is not None and ev.seq <= top:
-                continue  # part of the snapshot: replayed (or deliberately not) already
             if ev.headers and not passes(sess, delivery_filters(ev)):
                 continue
-            ids = [s.sub_id for s in subs.values() if s.holding is None and s.matches(ev)]
+            top = tops.get(ev.channel)
+            in_snapshot = top is not None and ev.seq <= top
+            if in_snapshot and (ev.channel, ev.seq) in replayed:
+                continue  # the replay sent it already: once per connection
+            # An event inside the snapshot is not the new subscription's (its stream starts after the
+            # snapshot), but the connection's other live subscriptions still get it.
+            ids = [
+                s.sub_id
+                for s in subs.values()
+                if s.holding is None and not (in_snapshot and s is sub) and s.matches(ev)
+            ]
             if ids:
                 self._deliver(sess, ev, ids, caches)
 

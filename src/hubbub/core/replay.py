@@ -88,6 +88,14 @@ def _read_range(store: LogStore, channel: str, after: int, top: int, from_time: 
     return out
 
 
+def _read_last(store: LogStore, info: ChannelInfo, n: int) -> list[Event]:
+    """The last ``n`` events at or below the snapshot's top. Reading by seq (not ``read_last``) keeps the
+    count exact when commits land between the snapshot and this read."""
+    if n <= 0 or info.top == 0:
+        return []
+    return _read_range(store, info.channel, max(info.top - n, info.first - 1, 0), info.top, None)
+
+
 def _check_since(info: ChannelInfo, since: Position) -> tuple[Gap | None, bool]:
     """Returns (gap, ahead) for a ``since`` against the channel's snapshot."""
     seq, epoch = since.seq, since.epoch
@@ -129,8 +137,7 @@ def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec, max_recover
                 raise SubscriptionError("recovery too large", code=4203)
             plan.events = _read_range(store, channel, max(since.seq, info.first - 1), info.top, None)
         elif spec.last is not None:
-            plan.events = store.read_last(channel, min(spec.last, max_recovery))
-            plan.events = [e for e in plan.events if e.seq <= info.top]
+            plan.events = _read_last(store, info, min(spec.last, max_recovery))
         else:
             evs = store.read(channel, 0, max_recovery + 1, from_time=spec.from_time)
             evs = [e for e in evs if e.seq <= info.top]
@@ -141,11 +148,14 @@ def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec, max_recover
 
     # A pattern: per-channel snapshot, replay in merged order.
     plan.top_time = store.top_time()
+    if not spec.wanted:
+        # No replay: every live event held while this ran was fanned out after the subscription was
+        # registered, so all of them are released; no per-channel snapshot is needed (and listing every
+        # channel under ``/**`` would cost as much as the log has channels).
+        return plan
     infos = list_channels(store, pattern)
     for ci in infos:
         plan.tops[ci.channel] = ci.top
-    if not spec.wanted:
-        return plan
     plan.replayed = True
     by_name = {ci.channel: ci for ci in infos}
     streams: list[list[Event]] = []
@@ -174,7 +184,7 @@ def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec, max_recover
     rest: Iterable[ChannelInfo] = (ci for ci in infos if ci.channel not in since_map)
     if spec.last is not None:
         n = min(spec.last, max_recovery)
-        lasts = [[e for e in store.read_last(ci.channel, n) if e.seq <= ci.top] for ci in rest]
+        lasts = [_read_last(store, ci, n) for ci in rest]
         merged = list(heapq.merge(*lasts, key=merged_key))
         plan.events = merged[-n:] if n else []
         return plan
