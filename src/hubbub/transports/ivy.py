@@ -1,0 +1,545 @@
+"""Ivy over HTTP: the WebSocket at ``/ws`` and the log views and publish at ``/events/`` and ``/log/``.
+
+:func:`ivy_installer` returns the :data:`~hubbub.transports.http.RouteInstaller` that ``server.py`` adds
+when ``ivy.enabled`` is true. The protocol logic lives in :mod:`hubbub.dialects.ivy`; this module only
+moves frames and requests between aiohttp, the codec and the node.
+
+Concurrency contract: everything runs on the event loop thread, except the log reads, which run on the
+node's reader threads (:meth:`Node.read`) as pure functions of the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from email.utils import formatdate, parsedate_to_datetime
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from hubbub.core import Node, ReplayPlan, Session
+from hubbub.core.replay import list_channels
+from hubbub.core.session import Overflow
+from hubbub.dialects import ivy
+from hubbub.errors import (
+    AuthError,
+    BadChannel,
+    BadRequest,
+    FrameTooLarge,
+    HubbubError,
+    LimitExceeded,
+    ProtocolError,
+    ShuttingDown,
+    SubscriptionError,
+)
+from hubbub.events import Event, Publisher
+from hubbub.log.base import AppendRequest, AppendResult, LogStore
+
+from .http import HttpSettings, RouteInstaller
+
+__all__ = ["IvyConnection", "IvyEncoder", "IvySettings", "ivy_installer"]
+
+log = logging.getLogger("hubbub.ivy")
+
+DIALECT = "ivy"
+PREFIXES = ("/events/", "/log/")
+IMMUTABLE = "public, max-age=31536000, immutable"
+PAGE = 1000
+
+# Close codes (protocols README §7, ivy.md §9).
+CLOSE_GOING_AWAY = 1001
+CLOSE_PROTOCOL = 1002
+CLOSE_UNSUPPORTED = 1003
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_INTERNAL = 1011
+CLOSE_SLOW = 1013
+
+
+@dataclass(frozen=True, slots=True)
+class IvySettings:
+    """The ``ivy.*`` configuration keys (docs/dialects/ivy.md)."""
+
+    large_event_bytes: int = ivy.DEFAULT_LARGE_EVENT_BYTES
+    ping_interval_s: float = 54.0
+    read_timeout_s: float = 60.0
+    #: Largest log-read body, in bytes, before the read is refused with 413 (a bound on memory).
+    max_log_bytes: int = 64 << 20
+
+
+def _text(status: int, body: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        body=body.encode(),
+        headers={"Content-Type": "text/plain; charset=utf-8", **(headers or {})},
+    )
+
+
+def _raw_rest(request: web.Request, prefix: str) -> str:
+    raw = request.raw_path.split("?", 1)[0]
+    return raw[len(prefix) :] if raw.startswith(prefix) else ""
+
+
+class IvyEncoder:
+    """Session encoder: every ivy session with the same large-event threshold shares the rendering."""
+
+    def __init__(self, codec: ivy.IvyCodec) -> None:
+        self.codec = codec
+        self.key = codec.key
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        return self.codec.encode_event(event, cache)
+
+
+class IvyConnection:
+    """One ivy WebSocket: commands from the codec become node calls, the session's queue goes out."""
+
+    def __init__(
+        self,
+        node: Node,
+        codec: ivy.IvyCodec,
+        *,
+        send: Callable[[bytes], Awaitable[None]],
+        close: Callable[[int], Awaitable[None]],
+        ping: Callable[[], Awaitable[None]],
+        settings: HttpSettings,
+        ivy_settings: IvySettings,
+    ) -> None:
+        self.node = node
+        self.codec = codec
+        self._send = send
+        self._close = close
+        self._ping = ping
+        self.ivy = ivy_settings
+        self.max_frame = settings.max_frame
+        self.session = Session(
+            DIALECT,
+            IvyEncoder(codec),
+            max_items=settings.send_queue,
+            max_bytes=settings.send_queue_bytes,
+            overflow=Overflow.DISCONNECT,
+            slow_close_code=CLOSE_SLOW,
+            echo=False,  # the publishing connection never receives its own event (ivy.md §4)
+        )
+        self.inflight = 0
+        self.max_inflight = settings.send_queue
+        self._acked = asyncio.Event()
+        self.last_recv = time.monotonic()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._writer: asyncio.Task[None] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Attach to the node, queue the session-id pseudo-event, start the writer and the keepalive."""
+        sess = self.session
+        self.node.attach(sess)
+        sess.push(self.codec.encode_intro(sess.id, time.time_ns()))
+        self._writer = self._spawn(self.write_loop())
+        self._spawn(self.keepalive())
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        t: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    @property
+    def done(self) -> bool:
+        return bool(self.session.ending or self.session.kicked or self.session.closed)
+
+    async def finish(self) -> None:
+        """The reader is done: let a pending close go out, then detach and stop the tasks."""
+        sess = self.session
+        if (sess.ending or sess.kicked) and self._writer is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._writer), 10)
+        self.node.detach(sess)
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    # -- inbound ------------------------------------------------------------------------------------------
+
+    def received(self) -> None:
+        self.last_recv = time.monotonic()
+
+    def bad_input(self, code: int, why: str) -> None:
+        """Ivy's rule: an invalid command closes the connection. Logged at debug level and counted."""
+        self.node.count_bad_input(DIALECT)
+        log.debug("closing ivy connection: %s", why, extra={"session": self.session.id, "code": code})
+        self.session.end(code)
+
+    async def handle_text(self, frame: str) -> None:
+        try:
+            cmd = self.codec.decode(frame)
+        except FrameTooLarge as exc:
+            self.bad_input(CLOSE_TOO_BIG, exc.detail)
+            return
+        except ProtocolError as exc:
+            self.bad_input(CLOSE_PROTOCOL, exc.detail or exc.message)
+            return
+        await self.handle(cmd)
+
+    async def handle(self, cmd: ivy.Command) -> None:
+        sess = self.session
+        if isinstance(cmd, ivy.TimeRequest):
+            if sess.queued >= sess.max_items:
+                await sess.wait_room()
+            sess.push(self.codec.encode_time(cmd.ack, time.time_ns()))
+        elif isinstance(cmd, ivy.Publish):
+            await self._publish(cmd)
+        elif isinstance(cmd, ivy.Subscribe):
+            await self._subscribe(cmd.channel)
+        elif isinstance(cmd, ivy.Unsubscribe):
+            with contextlib.suppress(SubscriptionError):  # unknown paths are ignored
+                self.node.unsubscribe(sess, cmd.channel)
+
+    async def _subscribe(self, channel: str) -> None:
+        sess = self.session
+
+        def on_snapshot(plan: ReplayPlan) -> None:
+            pass  # ivy has no subscribe reply and no replay
+
+        try:
+            await self.node.subscribe(
+                sess,
+                channel,
+                ivy.subscription_pattern(channel),
+                on_snapshot=on_snapshot,
+                planner=_live_only,
+            )
+        except SubscriptionError:
+            pass  # already subscribed to this path: a no-op, as upstream's set of paths
+        except LimitExceeded:
+            self.bad_input(CLOSE_POLICY, "too many subscriptions")
+        except ShuttingDown:
+            sess.end(CLOSE_GOING_AWAY)
+
+    async def _publish(self, cmd: ivy.Publish) -> None:
+        sess = self.session
+        req = AppendRequest(
+            channel=cmd.channel,
+            publisher=Publisher(DIALECT, sess.user, sess.id, ""),
+            payload=cmd.payload,
+            content_type=ivy.CONTENT_TYPE,
+        )
+
+        def done(r: AppendResult | HubbubError) -> None:
+            self.inflight -= 1
+            if self.inflight < self.max_inflight // 2:
+                self._acked.set()
+            if isinstance(r, HubbubError):
+                # Ivy has no error reply: close (README §5: storage failure → 1011).
+                log.warning("ivy publish failed: %s", r, extra={"session": sess.id})
+                sess.end(CLOSE_POLICY if isinstance(r, AuthError) else CLOSE_INTERNAL)
+
+        # Read-side back-pressure: a bounded number of publishes in flight.
+        if self.inflight >= self.max_inflight:
+            self._acked.clear()
+            await self._acked.wait()
+        await self.node.writable()
+        try:
+            self.node.submit(req, sess, done)
+        except AuthError:
+            self.bad_input(CLOSE_POLICY, "publish not allowed")
+            return
+        except ShuttingDown:
+            sess.end(CLOSE_GOING_AWAY)
+            return
+        self.inflight += 1
+
+    # -- outbound -----------------------------------------------------------------------------------------
+
+    async def write_loop(self) -> None:
+        """Drain the session's queue to the socket; close with the session's code when it ends."""
+        sess = self.session
+        try:
+            while True:
+                frames = await sess.next_frames(self.max_frame)
+                if not frames:
+                    break
+                for f in frames:
+                    await self._send(f)
+            code = sess.kicked or sess.ending
+            if code:
+                await self._close(code)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.debug("ivy write loop ended", exc_info=True)
+
+    async def keepalive(self) -> None:
+        """Ping every ``ping_interval_s``; close with 1001 when nothing arrived for ``read_timeout_s``."""
+        interval = self.ivy.ping_interval_s
+        timeout = self.ivy.read_timeout_s
+        last_ping = time.monotonic()
+        while not self.done:
+            now = time.monotonic()
+            await asyncio.sleep(max(0.01, min(last_ping + interval, self.last_recv + timeout) - now))
+            now = time.monotonic()
+            if now - self.last_recv >= timeout:
+                log.debug("ivy read timeout", extra={"session": self.session.id})
+                self.session.kick(CLOSE_GOING_AWAY)
+                return
+            if now - last_ping >= interval:
+                last_ping = now
+                with contextlib.suppress(Exception):
+                    await self._ping()
+
+
+def _live_only(store: LogStore) -> ReplayPlan:
+    """An ivy subscription is live only: an empty snapshot, so subscribing never scans the channel list
+    (``+/`` would otherwise list every channel just to replay nothing)."""
+    return ReplayPlan()
+
+
+class IvyHttp:
+    """The handlers of the ivy routes."""
+
+    def __init__(self, node: Node, settings: HttpSettings, ivy_settings: IvySettings) -> None:
+        self.node = node
+        self.s = settings
+        self.ivy = ivy_settings
+
+    # -- WebSocket ----------------------------------------------------------------------------------------
+
+    async def websocket(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(
+            protocols=(ivy.SUBPROTOCOL,), max_msg_size=self.s.max_frame, autoping=False, compress=False
+        )
+        if not ws.can_prepare(request).ok:
+            return _text(400, "websocket upgrade required\n")
+        await ws.prepare(request)
+        codec = ivy.IvyCodec(
+            max_frame=self.s.max_frame,
+            max_channel_bytes=self.s.max_channel_bytes,
+            large_event_bytes=self.ivy.large_event_bytes,
+        )
+
+        async def send(data: bytes) -> None:
+            await ws.send_frame(data, WSMsgType.TEXT)
+
+        async def close(code: int) -> None:
+            await ws.close(code=code)
+
+        async def ping() -> None:
+            await ws.ping()
+
+        conn = IvyConnection(
+            self.node, codec, send=send, close=close, ping=ping, settings=self.s, ivy_settings=self.ivy
+        )
+        conn.start()
+        try:
+            while not conn.done:
+                msg = await ws.receive()
+                conn.received()
+                if msg.type == WSMsgType.TEXT:
+                    await conn.handle_text(msg.data)
+                elif msg.type == WSMsgType.BINARY:
+                    conn.bad_input(CLOSE_UNSUPPORTED, "binary frame")
+                elif msg.type == WSMsgType.PING:
+                    await ws.pong(msg.data)
+                elif msg.type == WSMsgType.PONG:
+                    pass
+                else:
+                    if msg.type == WSMsgType.ERROR and getattr(msg.data, "code", None) == CLOSE_TOO_BIG:
+                        # aiohttp refused the frame and already sent close 1009.
+                        self.node.count_bad_input(DIALECT)
+                        log.debug("closing ivy connection: frame too large")
+                    break
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        finally:
+            await conn.finish()
+            if not ws.closed:
+                code = conn.session.kicked or conn.session.ending or CLOSE_GOING_AWAY
+                with contextlib.suppress(Exception):
+                    await ws.close(code=code)
+        return ws
+
+    # -- /events/ and /log/ -------------------------------------------------------------------------------
+
+    def events_handler(self, prefix: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            if request.method == "GET":
+                return await self.log_read(request, prefix)
+            if request.method == "POST":
+                return await self.publish(request, prefix)
+            return _text(404, "Not Found\n")
+
+        return handler
+
+    async def publish(self, request: web.Request, prefix: str) -> web.Response:
+        try:
+            channel = ivy.publish_path(_raw_rest(request, prefix), self.s.max_channel_bytes)
+        except BadChannel:
+            return _text(400, "invalid path\n")
+        try:
+            form = await request.post()
+        except web.HTTPException:
+            raise  # 413 from client_max_size: the shared error middleware answers it
+        except Exception:
+            return _text(400, "invalid form body\n")
+        data = form.get("data")
+        if data is None:
+            payload = b""
+        elif isinstance(data, str):
+            payload = data.encode("utf-8", "replace")
+        elif isinstance(data, bytes | bytearray):
+            payload = bytes(data)
+        else:  # a file part (FormData with a Blob)
+            payload = data.file.read()
+        sid = form.get("sid")
+        sid = sid if isinstance(sid, str) else ""
+        origin = self.node.session_by_id(sid) if sid else None
+        if origin is not None and origin.dialect != DIALECT:
+            origin = None
+        req = AppendRequest(
+            channel=channel,
+            publisher=Publisher(DIALECT, "", sid, ""),
+            payload=payload,
+            content_type=ivy.CONTENT_TYPE,
+        )
+        try:
+            await self.node.publish(req, origin)
+        except AuthError:
+            return _text(403, "forbidden\n")
+        except HubbubError as exc:
+            log.warning("ivy HTTP publish failed: %s", exc)
+            return _text(503, "unavailable\n")
+        return web.Response(status=200, body=b"")
+
+    async def log_read(self, request: web.Request, prefix: str) -> web.Response:
+        try:
+            lp = ivy.parse_log_path(_raw_rest(request, prefix), self.s.max_channel_bytes)
+        except BadRequest:
+            return _text(400, "invalid glob path\n")
+        q = request.query
+        try:
+            n = ivy.parse_count(q.get("n"))
+        except BadRequest:
+            return _text(400, "invalid line count\n")
+        at = q.get("at")
+        rng = ivy.at_range(at) if at is not None else None
+        nothing = at is not None and rng is None
+        try:
+            top_time, lines, newest = await self.node.read(
+                _read_log, lp, n, rng, nothing, self.ivy.max_log_bytes
+            )
+        except _TooLarge:
+            return _text(413, "log too large: narrow the read with ?n= or ?at=\n")
+        except HubbubError as exc:
+            log.warning("ivy log read failed: %s", exc)
+            return _text(503, "unavailable\n")
+        cache = IMMUTABLE if at is not None and ivy.immutable_at(rng, top_time) else "no-cache"
+        headers = {"Content-Type": "text/plain", "Accept-Ranges": "bytes", "Cache-Control": cache}
+        if not lines:
+            return web.Response(status=200, body=b"", headers=headers)
+        newest_s = newest // 1_000_000_000
+        headers["Last-Modified"] = formatdate(newest_s, usegmt=True)
+        ims = request.headers.get("If-Modified-Since")
+        if ims is not None and _not_modified(ims, newest_s):
+            headers.pop("Content-Type")
+            return web.Response(status=304, headers=headers)
+        body = b"\n".join(lines)
+        rh = request.headers.get("Range")
+        if rh is not None:
+            r = ivy.parse_range(rh, len(body))
+            if r is False:
+                headers["Content-Range"] = f"bytes */{len(body)}"
+                return web.Response(status=416, body=b"", headers=headers)
+            if isinstance(r, tuple):
+                a, b = r
+                headers["Content-Range"] = f"bytes {a}-{b}/{len(body)}"
+                return web.Response(status=206, body=body[a : b + 1], headers=headers)
+        return web.Response(status=200, body=body, headers=headers)
+
+
+def _not_modified(ims: str, newest_s: int) -> bool:
+    try:
+        since = parsedate_to_datetime(ims)
+    except (TypeError, ValueError, IndexError):
+        return False
+    if since.tzinfo is None:
+        return False
+    return since.timestamp() >= newest_s
+
+
+class _TooLarge(Exception):
+    """The log read would exceed ``ivy.max_log_bytes``."""
+
+
+def _events(store: LogStore, channel: str, n: int | None, rng: tuple[int, int] | None) -> Iterator[Event]:
+    """The channel's events oldest first: in the ``at`` range if given; without one, from the n-th last."""
+    after = 0
+    lo: int | None = None
+    hi: int | None = None
+    if rng is not None:
+        lo, hi = rng
+    elif n is not None:
+        info = store.head(channel)
+        if info.empty:
+            return
+        # Retained events are contiguous from ``first`` to ``top``: start right before the n-th last.
+        after = max(info.first - 1, info.top - n, 0)
+    while True:
+        page = store.read(channel, after, PAGE, lo, hi)
+        yield from page
+        if len(page) < PAGE:
+            return
+        after = page[-1].seq
+
+
+def _read_log(
+    store: LogStore,
+    lp: ivy.LogPath,
+    n: int | None,
+    rng: tuple[int, int] | None,
+    nothing: bool,
+    max_bytes: int,
+) -> tuple[int, list[bytes], int]:
+    """On a reader thread: (top_time read first, the rendered lines, the newest returned time)."""
+    top_time = store.top_time()
+    if nothing:
+        return top_time, [], 0
+    pattern = lp.pattern
+    channels = [lp.channel] if pattern is None else [ci.channel for ci in list_channels(store, pattern)]
+    lines: list[bytes] = []
+    total = 0
+    newest = 0
+    for ch in channels:
+        kept: deque[tuple[int, bytes]] = deque()
+        size = 0
+        for ev in _events(store, ch, n, rng):
+            line = ivy.render_log_line(ev).encode()
+            kept.append((ev.time_ns, line))
+            size += len(line) + 1
+            if n is not None and len(kept) > n:
+                size -= len(kept.popleft()[1]) + 1
+            if total + size > max_bytes + 1:
+                raise _TooLarge
+        for t, line in kept:
+            newest = max(newest, t)
+            lines.append(line)
+        total += size
+    return top_time, lines, newest
+
+
+def ivy_installer(ivy_settings: IvySettings) -> RouteInstaller:
+    """The installer of the ivy routes, for ``build_app``."""
+
+    def install(app: web.Application, node: Node, settings: HttpSettings) -> None:
+        h = IvyHttp(node, settings, ivy_settings)
+        app.router.add_get("/ws", h.websocket, allow_head=False)
+        for prefix in PREFIXES:
+            app.router.add_route("*", prefix + "{rest:.*}", h.events_handler(prefix))
+
+    return install
