@@ -11,7 +11,18 @@ import sys
 from collections.abc import Sequence
 
 from hubbub import __version__
-from hubbub.config import KEYS, Config, ConfigError, Limits, Retention, env_name, flag_name, load_config
+from hubbub.config import (
+    GUBLE_ENV,
+    GUBLE_FLAGS,
+    KEYS,
+    Config,
+    ConfigError,
+    Limits,
+    Retention,
+    env_name,
+    flag_name,
+    load_config,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -41,7 +52,17 @@ _HELP = {
     "log.retention.max_bytes": "keep at most this many bytes per channel (0: unlimited)",
     "log.retention.max_total_bytes": "size cap for the whole log; oldest events go first (0: unlimited)",
     "auth.mode": "off (everyone may publish and subscribe)",
-    "cors_origin": "CORS for browsers on other origins: *, an origin, or empty (off)",
+    "cors_origin": "CORS for browsers on other origins: *, an origin, a JSON list of origins, or empty (off)",
+    "ivy.enabled": "serve the ivy dialect: WebSocket /ws and the log at /events/ and /log/ (true/false)",
+    "ivy.large_event_bytes": "ivy events with a payload this large or larger are announced in short form",
+    "ivy.ping_interval_s": "seconds between the server's pings on an ivy WebSocket",
+    "ivy.read_timeout_s": "close an ivy WebSocket (1001) when nothing arrives for this many seconds",
+    "ivy.max_log_bytes": "largest ivy log-read body; larger reads get 413 (narrow them with ?n= or ?at=)",
+    "guble.enabled": "serve the guble dialect: WebSocket /stream/, REST /api/, admin /admin/ (true/false)",
+    "guble.node_id": "the node id guble shows as the 7th field of every message",
+    "guble.health_endpoint": "path of guble's health check (empty: off)",
+    "guble.metrics_endpoint": "path of guble's JSON metrics (empty: off)",
+    "guble.auth": "auth for the guble routes; empty means auth.mode",
     "log_level": "debug, info, warning or error",
     "log_format": "text or json (one JSON object per line)",
 }
@@ -83,6 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help=f"{_HELP.get(key, key)} [env {env_name(key)}; default {_default(key)!r}]",
         )
+    guble_vars = {key: var for var, key in GUBLE_ENV.items()}
+    for flag, key in GUBLE_FLAGS.items():
+        serve.add_argument(
+            flag,
+            dest=flag,
+            metavar="VALUE",
+            default=None,
+            help=f"guble's name for {flag_name(key)} [env {guble_vars[key]}; the hubbub names win]",
+        )
     serve.set_defaults(func=_serve)
     try:
         from hubbub.cli_client import add_client_commands
@@ -98,6 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
     from hubbub.server import run
 
     cli = {key: getattr(args, key) for key in KEYS}
+    cli.update({flag: getattr(args, flag) for flag in GUBLE_FLAGS})
     try:
         cfg = load_config(cli, config_file=args.config)
     except ConfigError as exc:

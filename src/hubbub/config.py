@@ -7,7 +7,9 @@ variables, then a TOML config file, then the defaults below. Secrets are masked 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -22,6 +24,7 @@ __all__ = [
     "env_name",
     "flag_name",
     "load_config",
+    "parse_cors_origin",
     "parse_listen",
 ]
 
@@ -81,7 +84,17 @@ class Config:
     commit_batch: int = 4096
     # -- dialect settings: each dialect adds its fields below its own marker --
     # -- guble --
+    guble_enabled: bool = True
+    guble_node_id: int = 0
+    guble_health_endpoint: str = "/admin/healthcheck"
+    guble_metrics_endpoint: str = "/admin/metrics"
+    guble_auth: str = ""  # "" means auth.mode
     # -- ivy --
+    ivy_enabled: bool = True
+    ivy_large_event_bytes: int = 65536
+    ivy_ping_interval_s: float = 54.0
+    ivy_read_timeout_s: float = 60.0
+    ivy_max_log_bytes: int = 64 << 20
 
     def validate(self) -> Config:
         if self.durability not in DURABILITY_MODES:
@@ -102,6 +115,20 @@ class Config:
                 raise ConfigError(f"log.retention.{f.name}: must be 0 (unlimited) or positive")
         if self.native_ping_interval_s <= 0:
             raise ConfigError("native.ping_interval_s: must be positive")
+        parse_cors_origin(self.cors_origin)
+        for key in (
+            "ivy_large_event_bytes",
+            "ivy_ping_interval_s",
+            "ivy_read_timeout_s",
+            "ivy_max_log_bytes",
+        ):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key.replace('_', '.', 1)}: must be positive")
+        if self.guble_auth not in ("", "off"):
+            raise ConfigError("guble.auth: only 'off' is supported in this release")
+        for key in ("guble_health_endpoint", "guble_metrics_endpoint"):
+            if getattr(self, key) and not getattr(self, key).startswith("/"):
+                raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (off) or a path from /")
         return self
 
 
@@ -110,6 +137,29 @@ def parse_listen(value: str, key: str = "listen") -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+_ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#,\"]+")
+
+
+def parse_cors_origin(value: str) -> tuple[str, ...]:
+    """``cors_origin`` (README §2): ``""`` (off) → ``()``, ``*``, one origin, or a JSON list of origins."""
+    v = value.strip()
+    if v == "":
+        return ()
+    if v.startswith("["):
+        try:
+            items = json.loads(v)
+        except ValueError:
+            raise ConfigError("cors_origin: not a valid JSON list") from None
+        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+            raise ConfigError("cors_origin: expected a JSON list of origins")
+    else:
+        items = [v]
+    for o in items:
+        if o != "*" and _ORIGIN.fullmatch(o) is None:
+            raise ConfigError(f"cors_origin: {o!r} is not * or an origin such as https://example.com")
+    return tuple(items)
 
 
 # Dotted key -> (path in Config, type). The single table from which flags, env names and TOML keys derive.
@@ -131,8 +181,49 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "log_level": (("log_level",), str),
     "log_format": (("log_format",), str),
     # -- guble keys --
+    "guble.enabled": (("guble_enabled",), bool),
+    "guble.node_id": (("guble_node_id",), int),
+    "guble.health_endpoint": (("guble_health_endpoint",), str),
+    "guble.metrics_endpoint": (("guble_metrics_endpoint",), str),
+    "guble.auth": (("guble_auth",), str),
     # -- ivy keys --
+    "ivy.enabled": (("ivy_enabled",), bool),
+    "ivy.large_event_bytes": (("ivy_large_event_bytes",), int),
+    "ivy.ping_interval_s": (("ivy_ping_interval_s",), float),
+    "ivy.read_timeout_s": (("ivy_read_timeout_s",), float),
+    "ivy.max_log_bytes": (("ivy_max_log_bytes",), int),
 }
+
+
+# guble's own option names (guble.md §1). A hubbub flag or HUBBUB_* variable always wins over these.
+GUBLE_FLAGS: dict[str, str] = {
+    "--http": "http.listen",
+    "--storage-path": "data_dir",
+    "--health-endpoint": "guble.health_endpoint",
+    "--metrics-endpoint": "guble.metrics_endpoint",
+    "--node-id": "guble.node_id",
+}
+GUBLE_ENV: dict[str, str] = {
+    "GUBLE_HTTP_LISTEN": "http.listen",
+    "GUBLE_STORAGE_PATH": "data_dir",
+    "GUBLE_HEALTH_ENDPOINT": "guble.health_endpoint",
+    "GUBLE_METRICS_ENDPOINT": "guble.metrics_endpoint",
+    "GUBLE_NODE_ID": "guble.node_id",
+}
+
+
+def _guble_aliases(values: dict[str, Any], cli: Mapping[str, Any], env: Mapping[str, str]) -> None:
+    """Apply guble's variables, then its flags, over the file (below HUBBUB_* and hubbub flags)."""
+    for name, given in [(n, env.get(n)) for n in GUBLE_ENV] + [(f, cli.get(f)) for f in GUBLE_FLAGS]:
+        if given is None:
+            continue
+        key = GUBLE_ENV.get(name) or GUBLE_FLAGS[name]
+        # guble's ":8080" listens on every interface
+        every = key == "http.listen" and isinstance(given, str) and given.startswith(":")
+        values[key] = "0.0.0.0" + given if every else given
+    for name in sorted(env):
+        if name.startswith("GUBLE_") and name not in GUBLE_ENV:
+            logging.getLogger("hubbub.config").warning("ignoring %s: guble option not used by hubbub", name)
 
 
 def flag_name(key: str) -> str:
@@ -191,11 +282,12 @@ def load_config(
             if key not in KEYS:
                 raise ConfigError(f"config file {config_file}: unknown key {key!r}")
             values[key] = v
+    _guble_aliases(values, cli or {}, env)
     for key in KEYS:
         if env_name(key) in env:
             values[key] = env[env_name(key)]
     for key, v in (cli or {}).items():
-        if v is not None:
+        if v is not None and key not in GUBLE_FLAGS:
             if key not in KEYS:
                 raise ConfigError(f"unknown key {key!r}")
             values[key] = v

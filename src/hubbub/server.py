@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from typing import Any
@@ -16,12 +17,15 @@ from typing import Any
 from aiohttp import web
 
 from hubbub import __version__
-from hubbub.config import Config, parse_listen
+from hubbub.config import Config, parse_cors_origin, parse_listen
 from hubbub.core import Node, NodeSettings
 from hubbub.dialects import native as nc
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
+from hubbub.transports.guble import GubleSettings
+from hubbub.transports.guble import install as install_guble
 from hubbub.transports.http import HttpSettings, NativeHttp, RouteInstaller, build_app
+from hubbub.transports.ivy import IvySettings, ivy_installer
 from hubbub.transports.native import SHUTDOWN_CODE, NativeConnection
 from hubbub.transports.tcp import serve_native_tcp
 
@@ -92,8 +96,23 @@ class Server:
             send_queue_bytes=lim.send_queue_bytes,
             ping_interval=cfg.native_ping_interval_s,
             codec_limits=codec_limits,
+            cors_origins=parse_cors_origin(cfg.cors_origin),
         )
         installers: list[RouteInstaller] = []
+        if cfg.ivy_enabled:
+            installers.append(
+                ivy_installer(
+                    IvySettings(
+                        large_event_bytes=cfg.ivy_large_event_bytes,
+                        ping_interval_s=cfg.ivy_ping_interval_s,
+                        read_timeout_s=cfg.ivy_read_timeout_s,
+                        max_log_bytes=cfg.ivy_max_log_bytes,
+                    )
+                )
+            )
+        if cfg.guble_enabled:
+            gs = GubleSettings(cfg.guble_node_id, cfg.guble_health_endpoint, cfg.guble_metrics_endpoint)
+            installers.append(functools.partial(install_guble, settings=gs))
         # Each dialect adds its route installer here, built from its own settings (the dialect's docs list
         # its configuration keys).
         app, self._native_http = build_app(node, http_settings, installers)

@@ -22,6 +22,8 @@ import msgpack
 import orjson
 import pytest
 
+from hubbub.dialects import guble as gc
+from hubbub.dialects import ivy
 from hubbub.dialects import native as nc
 from hubbub.errors import CODES, HubbubError
 
@@ -175,6 +177,57 @@ MESSAGE_CASES: list[MessageCase] = [
         too_large_code=4003,
     ),
 ]
+
+# -- ivy: one command per WebSocket text frame (given as its UTF-8 bytes) -----------------------------------
+
+_IVY_MESSAGES: list[bytes] = [
+    b"+/chat",
+    b"#k2#+/chat/room",
+    b":/chat:a:b:c\n\xc3\xa9",
+    b"-/chat",
+    b"@",
+    b"#k1#@",
+    b"+/Upper",  # invalid path: close 1002
+    b"x",  # unknown command: close 1002
+]
+
+MESSAGE_CASES.append(
+    MessageCase(
+        name="ivy",
+        decode=ivy.IvyCodec().decode,
+        messages=_IVY_MESSAGES,
+        oversized=lambda max_frame: b":/a:" + b"x" * (max_frame - 3),
+        make=lambda max_frame: ivy.IvyCodec(max_frame=max_frame).decode,
+        too_large_code=4003,
+    )
+)
+
+# -- guble (one WebSocket message at a time) -----------------------------------------------------------
+
+_GUBLE_MESSAGES: list[bytes] = [
+    b'> /foo\n{"k": "v"}\nhello world',
+    b"> /foo/bar 42\n\nsub body",
+    b"> /foo",
+    b"+ /foo",
+    b"+ /foo -5,5",
+    b"+ /foo 0 3\n",
+    b"- /foo\n",
+    b"+ /foo abc",
+    b"> foo",
+    b"XXXX",
+    b"> /caf\xc3\xa9\n\n\x00\xff",
+]
+
+MESSAGE_CASES.append(
+    MessageCase(
+        name="guble",
+        decode=gc.GubleCodec().decode,
+        messages=_GUBLE_MESSAGES,
+        oversized=lambda max_frame: b"> /foo\n\n" + b"x" * max_frame,
+        make=lambda max_frame: gc.GubleCodec(max_frame=max_frame).decode,
+        too_large_code=4003,
+    )
+)
 
 MAX_FRAME = 4096
 

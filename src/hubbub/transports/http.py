@@ -26,6 +26,7 @@ from hubbub.errors import BadRequest, HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.log.base import AppendRequest, ChannelInfo, LogStore
 
+from .cors import install_cors
 from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
 from .native import NativeConnection
 
@@ -46,6 +47,8 @@ class HttpSettings:
     send_queue_bytes: int
     ping_interval: float
     codec_limits: dict[str, int]
+    #: ``cors_origin`` parsed: ``()`` is off, ``("*",)`` any origin, else the allowed origins (README §1).
+    cors_origins: tuple[str, ...] = ()
 
 
 def _text(status: int, body: str) -> web.Response:
@@ -395,6 +398,7 @@ def build_app(
     registry.register(NodeCollector(node, node.store.stats))
     native = NativeHttp(node, settings, registry)
     app = web.Application(middlewares=[_errors], client_max_size=settings.max_frame)
+    install_cors(app, settings.cors_origins)  # global: every route, native and dialects alike
     app.router.add_get("/ws/hubbub", native.websocket)
     app.router.add_post("/api/v1/publish/{rest:.*}", native.publish)
     app.router.add_get("/api/v1/log/{rest:.*}", native.log_read)

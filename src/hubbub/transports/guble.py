@@ -1,0 +1,695 @@
+"""The guble dialect's routes: WebSocket at ``/stream/…``, REST at ``/api/…``, admin at ``/admin/…``
+(protocols/guble.md).
+
+One :class:`GubleConnection` serves one WebSocket: it feeds decoded commands to the node and drains the
+session's queue to the socket (always binary frames). :class:`GubleHub` owns the connections and serves the
+HTTP endpoints; :func:`install` adds its routes to the application.
+
+Receivers (guble.md §3, §5): one per canonical channel and connection, each a node subscription to the
+channel's subtree. A receiver with a start id replays the guble selection (:func:`plan_fetch`, run on a
+reader thread through the node's ``planner`` hook) and then goes live with the node's hold-and-release
+junction, so there is no gap and no duplicate. A fetch with ``maxCount`` reads once and never subscribes.
+
+Slow consumers (README §4, guble.md §6): sessions use ``Overflow.CATCH_UP``. When the queue overflows, the
+session drops its queued live events and calls :meth:`GubleConnection._on_catch_up`, which unsubscribes the
+live receivers at once and re-subscribes them with a replay of every event after the last live event the
+connection wrote (by commit time, which is unique and increasing across the whole log), framed like a fetch
+and ending in ``#subscribed-to``.
+
+Concurrency contract: everything runs on the event loop thread, except the planners (reader threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import heapq
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import WSMsgType, web
+
+from hubbub.channels import Pattern, route_channel, segments
+from hubbub.core import Node, ReplayPlan, Session
+from hubbub.core.node import delivery_filters, passes
+from hubbub.core.replay import PAGE, list_channels, merged_key
+from hubbub.core.session import Overflow
+from hubbub.dialects import guble as gc
+from hubbub.errors import BadChannel, FrameTooLarge, HubbubError, SubscriptionError
+from hubbub.events import Event, Publisher
+from hubbub.log.base import AppendRequest, AppendResult, LogStore
+
+from .http import HttpSettings
+
+__all__ = [
+    "GUBLE_HUB",
+    "GubleConnection",
+    "GubleHub",
+    "GubleSettings",
+    "install",
+    "plan_fetch",
+    "subtree_pattern",
+]
+
+log = logging.getLogger("hubbub.guble")
+
+SHUTDOWN_CODE = 1001
+SLOW_CLOSE_CODE = 1013
+HEARTBEAT_S = 30.0
+OCTET_STREAM = "application/octet-stream"
+
+
+@dataclass(frozen=True, slots=True)
+class GubleSettings:
+    """The ``guble.*`` configuration keys (guble.md §1)."""
+
+    node_id: int = 0
+    health_endpoint: str = "/admin/healthcheck"
+    metrics_endpoint: str = "/admin/metrics"
+
+
+# -- replay selection (reader threads) ----------------------------------------------------------------------
+
+
+def subtree_pattern(channel: str) -> Pattern:
+    """Subtree(P): the channel and every channel below it, segment by segment. The root matches all."""
+    parts: tuple[str, ...] = () if channel == "/" else tuple(segments(channel))
+    text = "/" + "/".join("%2A" * len(p) if p in ("*", "**") else p for p in parts)
+    return Pattern(parts, True, (text + "/**") if parts else "/**")
+
+
+def _events(
+    store: LogStore, channel: str, top: int, after_seq: int = 0, from_time: int | None = None
+) -> Iterator[Event]:
+    """The channel's events after ``after_seq`` (and from ``from_time``) up to the snapshot's ``top``."""
+    after = after_seq
+    while after < top:
+        page = store.read(channel, after_seq=after, limit=PAGE, from_time=from_time)
+        for e in page:
+            if e.seq > top:
+                return
+            yield e
+        if len(page) < PAGE:
+            return
+        after = page[-1].seq
+
+
+def _last(store: LogStore, channel: str, top: int, k: int, keep: Callable[[Event], bool]) -> list[Event]:
+    """The last ``k`` events of the channel (up to ``top``) that ``keep`` accepts, oldest first."""
+    n = k
+    while True:
+        # Commits after the snapshot take room in the window too: grow it until k events at or below
+        # ``top`` pass, or the channel has no more.
+        raw = store.read_last(channel, n)
+        kept = [e for e in raw if e.seq <= top and keep(e)]
+        if len(kept) >= k or len(raw) < n or not k:
+            return kept[-k:] if k else []
+        n *= 2
+
+
+def plan_fetch(
+    store: LogStore,
+    channel: str,
+    start_id: int | None,
+    max_count: int | None,
+    keep: Callable[[Event], bool],
+    cap: int,
+    from_time: int | None = None,
+) -> ReplayPlan:
+    """The guble fetch selection over Subtree(channel) (guble.md §5), or with ``from_time`` a catch-up (every
+    event from that time). ``tops`` covers every channel of the subtree; the events are at or below them,
+    in merged order, at most ``cap``."""
+    pattern = subtree_pattern(channel)
+    plan = ReplayPlan(replayed=True)
+    infos = list_channels(store, pattern)
+    tops = plan.tops
+    for ci in infos:
+        tops[ci.channel] = ci.top
+    limit = cap if not max_count else min(max_count, cap)
+    if from_time is not None or not start_id:
+        streams = [_events(store, ch, top, 0, from_time) for ch, top in tops.items()]
+        merged = (e for e in heapq.merge(*streams, key=merged_key) if keep(e))
+        plan.events = list(itertools.islice(merged, limit))
+    elif start_id > 0:
+        top = tops.get(channel, 0)
+        first = next((e for e in _events(store, channel, top, start_id - 1) if keep(e)), None)
+        if first is None:
+            return plan
+        streams = [
+            _events(store, ch, t, first.seq - 1) if ch == channel else _events(store, ch, t, 0, first.time_ns)
+            for ch, t in tops.items()
+        ]
+        merged = (e for e in heapq.merge(*streams, key=merged_key) if keep(e))
+        plan.events = list(itertools.islice(merged, limit))
+    else:
+        k = min(max_count if max_count else -start_id, cap)
+        lasts = [_last(store, ch, top, k, keep) for ch, top in tops.items()]
+        plan.events = list(heapq.merge(*lasts, key=merged_key))[-k:]
+    return plan
+
+
+def _none(e: Event) -> bool:
+    return False
+
+
+def _live_plan(store: LogStore) -> ReplayPlan:
+    # A receiver without a fetch: no snapshot to skip, so every event held while subscribing is released.
+    return ReplayPlan()
+
+
+# -- connections --------------------------------------------------------------------------------------------
+
+
+class Receiver:
+    """One ``+ <path>`` of one connection."""
+
+    _order = itertools.count()
+
+    def __init__(self, channel: str, sub_id: str) -> None:
+        self.channel = channel
+        self.path = gc.render_path(channel)
+        self.pattern = subtree_pattern(channel)
+        self.sub_id = sub_id
+        self.task: asyncio.Task[None] | None = None
+        self.live = False
+        self.catching = False  # re-subscribing in a catch-up
+        self.dropped = False  # unsubscribed by a catch-up, which will re-subscribe its channel
+        self.registered_ns = time.time_ns()
+        self.order = next(Receiver._order)
+
+
+class _Encoder:
+    """The session's encoder: the shared rendering, plus a record of each queued event frame (its time and
+    whether it is a replay) so the write loop knows the last live event it wrote."""
+
+    def __init__(self, codec: gc.GubleCodec, meta: deque[tuple[int, bool]], catch_up: set[str]) -> None:
+        self.codec = codec
+        self.key = f"guble.{codec.node_id}"
+        self.meta = meta
+        self.catch_up = catch_up
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        # A catch-up replay stands in for dropped live events: it counts as live for the next catch-up.
+        self.meta.append((event.time_ns, replay and not (subs and subs[0] in self.catch_up)))
+        return self.codec.encode_event(event, cache)
+
+
+class GubleConnection:
+    """Glue between one guble WebSocket, the codec and the node."""
+
+    def __init__(
+        self,
+        hub: GubleHub,
+        user: str,
+        send: Callable[[bytes], Any],
+        close: Callable[[int], Any],
+    ) -> None:
+        self.hub = hub
+        self.node = hub.node
+        self.codec = hub.codec
+        self._send = send
+        self._close = close
+        self._meta: deque[tuple[int, bool]] = deque()
+        self._catch_up_subs: set[str] = set()
+        s = hub.http
+        self.session = Session(
+            "guble",
+            _Encoder(self.codec, self._meta, self._catch_up_subs),
+            max_items=s.send_queue,
+            max_bytes=s.send_queue_bytes,
+            overflow=Overflow.CATCH_UP,
+            slow_close_code=SLOW_CLOSE_CODE,
+            id=gc.new_xid(),
+            user=user,
+        )
+        self.session.on_catch_up = self._on_catch_up
+        self.receivers: dict[str, Receiver] = {}
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._last_live_ns = 0
+        self._pending: dict[str, Receiver] | None = None  # receivers waiting for a catch-up
+        self._from_ns: int | None = None
+        self.catch_ups = 0
+
+    # -- helpers ----------------------------------------------------------------------------------------
+
+    def _push(self, data: bytes) -> None:
+        self.session.push(data)
+
+    def _notice(self, name: str, arg: str | None = None) -> None:
+        self.session.push(self.codec.encode_notice(name, arg))
+
+    def _keep(self, e: Event) -> bool:
+        return not e.headers or passes(self.session, delivery_filters(e))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    def bad_input(self, exc: HubbubError) -> None:
+        self.node.count_bad_input("guble")
+        self._push(gc.error_text(exc))
+
+    # -- commands ---------------------------------------------------------------------------------------
+
+    async def handle(self, cmd: gc.Command) -> None:
+        try:
+            if isinstance(cmd, gc.Send):
+                await self._publish(cmd)
+            elif isinstance(cmd, gc.Receive):
+                await self._receive(cmd)
+            else:
+                rec = self.receivers.pop(cmd.channel, None)
+                if rec is not None:
+                    self._stop(rec)
+                    self._notice("canceled", rec.path)
+        except HubbubError as exc:
+            self._push(gc.error_text(exc))
+
+    async def _publish(self, cmd: gc.Send) -> None:
+        sess = self.session
+        lim = self.hub.http.codec_limits
+        req = AppendRequest(
+            channel=cmd.channel,
+            publisher=Publisher("guble", sess.user, sess.id, cmd.msg_id),
+            payload=cmd.body,
+            content_type=OCTET_STREAM,
+            headers=gc.headers_for_send(cmd, lim["max_headers"], lim["max_header_bytes"]),
+        )
+
+        def done(r: AppendResult | HubbubError) -> None:
+            if isinstance(r, HubbubError):
+                sess.push(gc.error_text(r))
+            else:
+                sess.push(self.codec.encode_notice("send"))
+
+        # Read-side back-pressure: a client that does not read its replies stops being read.
+        if sess.queued >= sess.max_items // 2:
+            await sess.wait_room()
+        await self.node.writable()
+        self.node.submit(req, sess, done)
+
+    def _stop(self, rec: Receiver) -> None:
+        if rec.task is not None and not rec.task.done():
+            rec.task.cancel()
+        rec.live = False
+        with contextlib.suppress(SubscriptionError):
+            self.node.unsubscribe(self.session, rec.sub_id)
+
+    def _new_receiver(self, channel: str) -> Receiver:
+        old = self.receivers.pop(channel, None)
+        if old is not None:
+            self._stop(old)  # a second "+" for the same path replaces the receiver silently
+        rec = Receiver(channel, f"g{next(self._ids)}")
+        self.receivers[channel] = rec
+        return rec
+
+    async def _receive(self, cmd: gc.Receive) -> None:
+        rec = self._new_receiver(cmd.channel)
+        if not cmd.fetches:
+            await self._subscribe(rec, _live_plan, fetch=False)
+            return
+        planner = functools.partial(
+            plan_fetch,
+            channel=cmd.channel,
+            start_id=cmd.start_id,
+            max_count=cmd.max_count,
+            keep=self._keep,
+            cap=self.node.settings.max_recovery,
+        )
+        if cmd.subscribes:
+            rec.task = self._spawn(self._run(rec, self._subscribe(rec, planner, fetch=True)))
+        else:
+            rec.task = self._spawn(self._run(rec, self._fetch_only(rec, planner)))
+
+    async def _run(self, rec: Receiver, coro: Any) -> None:
+        try:
+            await coro
+        except HubbubError as exc:
+            if rec.dropped:
+                return  # a catch-up unsubscribed it meanwhile and re-subscribes the channel
+            if self.receivers.get(rec.channel) is rec:
+                del self.receivers[rec.channel]
+            if not isinstance(exc, SubscriptionError):  # 4201: cancelled while reading
+                self._push(gc.error_text(exc))
+
+    async def _subscribe(self, rec: Receiver, planner: Callable[[LogStore], ReplayPlan], fetch: bool) -> None:
+        def on_snapshot(plan: ReplayPlan) -> None:
+            if fetch:
+                self._notice("fetch-start", f"{rec.path} {len(plan.events)}")
+            else:
+                self._notice("subscribed-to", rec.path)
+
+        def on_replayed(plan: ReplayPlan) -> None:
+            self._notice("fetch-end", rec.path)
+            self._notice("subscribed-to", rec.path)
+
+        await self.node.subscribe(
+            self.session,
+            rec.sub_id,
+            rec.pattern,
+            planner=planner,
+            on_snapshot=on_snapshot,
+            on_replayed=on_replayed,
+        )
+        rec.catching = False
+        rec.live = not rec.dropped and self.receivers.get(rec.channel) is rec
+        if rec.live:
+            self.hub.total_subscriptions += 1
+
+    async def _fetch_only(self, rec: Receiver, planner: Callable[[LogStore], ReplayPlan]) -> None:
+        sess = self.session
+        try:
+            plan = await self.node.read(planner)
+            self._notice("fetch-start", f"{rec.path} {len(plan.events)}")
+            cache: dict[Any, Any] = {}
+            for ev in plan.events:
+                if sess.closed or sess.kicked:
+                    return
+                if sess.queued >= sess.max_items - 1:
+                    await sess.wait_room()
+                sess.deliver(ev, [], cache, replay=True)
+            self._notice("fetch-end", rec.path)
+        finally:
+            if self.receivers.get(rec.channel) is rec:
+                del self.receivers[rec.channel]
+
+    # -- slow consumer: catch up from the log -----------------------------------------------------------
+
+    def _on_catch_up(self) -> None:
+        """Called by the session (inside a push) when it dropped its queued live events.
+
+        Every event frame queued was dropped (and the new one was not queued); each has a commit time after
+        ``_last_live_ns`` (live events reach a connection in commit order). The live receivers, and those
+        re-subscribing in a catch-up already under way, are unsubscribed at once and queued for a catch-up
+        from that time."""
+        self._meta.clear()
+        self.catch_ups += 1
+        t = self._last_live_ns
+        self._from_ns = t if self._from_ns is None else min(self._from_ns, t)
+        start = self._pending is None
+        pending = self._pending if self._pending is not None else {}
+        for r in list(self.receivers.values()):
+            if r.live or r.catching:
+                if r.catching and r.task is not None:
+                    r.task.cancel()
+                r.live = r.catching = False
+                r.dropped = True
+                with contextlib.suppress(SubscriptionError):
+                    self.node.unsubscribe(self.session, r.sub_id)
+                pending[r.channel] = r
+        self._pending = pending
+        if start:
+            self._spawn(self._catch_up())
+
+    async def _catch_up(self) -> None:
+        try:
+            while self._pending:
+                batch = sorted(self._pending.values(), key=lambda r: len(r.pattern.parts))
+                self._pending = {}
+                from_ns = self._from_ns or 0
+                self._from_ns = None
+                # Ancestors first: a receiver inside another one's subtree gets its events through that one's
+                # replay, and only re-subscribes (an empty fetch) once the ancestor is live again.
+                for old in batch:
+                    if self.receivers.get(old.channel) is not old:
+                        continue  # cancelled or replaced meanwhile
+                    covered = any(o is not old and o.pattern.matches(old.channel) for o in batch)
+                    rec = Receiver(old.channel, f"g{next(self._ids)}")
+                    rec.registered_ns = old.registered_ns
+                    rec.catching = True
+                    self.receivers[old.channel] = rec
+                    planner = functools.partial(
+                        plan_fetch,
+                        channel=rec.channel,
+                        start_id=None,
+                        max_count=None,
+                        keep=self._keep if not covered else _none,
+                        cap=self.node.settings.max_recovery if not covered else 0,
+                        from_time=max(from_ns + 1, old.registered_ns),
+                    )
+                    self._catch_up_subs.add(rec.sub_id)
+                    rec.task = self._spawn(self._run(rec, self._subscribe(rec, planner, fetch=True)))
+                    await asyncio.wait([rec.task])
+                    self._catch_up_subs.discard(rec.sub_id)
+        finally:
+            self._pending = None
+
+    # -- outbound ---------------------------------------------------------------------------------------
+
+    async def write_loop(self) -> None:
+        """Drain the session's queue to the socket until the session ends; then close."""
+        sess = self.session
+        meta = self._meta
+        try:
+            while True:
+                frames = await sess.next_frames(self.hub.http.max_frame)
+                if not frames:
+                    break
+                for f in frames:
+                    if f[:1] == b"/" and meta:  # an event frame (notifications start with # or !)
+                        t, replay = meta.popleft()
+                        if not replay and t > self._last_live_ns:
+                            self._last_live_ns = t
+                for f in frames:
+                    await self._send(f)
+            code = sess.kicked or sess.ending
+            if code:
+                await self._close(code)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.debug("guble write loop ended", exc_info=True)
+
+    def start(self) -> None:
+        self.node.attach(self.session)
+        self.session.push(self.codec.encode_connected(self.session.id, self.session.user))
+        self._spawn(self.write_loop())
+
+    async def finish(self) -> None:
+        for rec in list(self.receivers.values()):
+            self._stop(rec)
+        self.receivers.clear()
+        self.node.detach(self.session)
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+
+# -- the hub: WebSocket and HTTP handlers -------------------------------------------------------------------
+
+
+def _text(status: int, body: str) -> web.Response:
+    return web.Response(status=status, body=body.encode(), content_type="text/plain", charset="utf-8")
+
+
+def _json(status: int, obj: Any, charset: bool = False) -> web.Response:
+    resp = web.Response(status=status, body=orjson.dumps(obj))
+    resp.headers["Content-Type"] = "application/json; charset=utf-8" if charset else "application/json"
+    return resp
+
+
+def _raw_rest(request: web.Request, prefix: str) -> str:
+    raw = request.raw_path.split("?", 1)[0]
+    return raw[len(prefix) :] if raw.startswith(prefix) else ""
+
+
+class GubleHub:
+    """Every guble connection of one server, and the guble HTTP handlers."""
+
+    def __init__(self, node: Node, http: HttpSettings, settings: GubleSettings) -> None:
+        self.node = node
+        self.http = http
+        self.settings = settings
+        self.codec = gc.GubleCodec(
+            max_frame=http.max_frame, max_channel_bytes=http.max_channel_bytes, node_id=settings.node_id
+        )
+        self.connections: set[GubleConnection] = set()
+        self.total_subscriptions = 0
+
+    def live_receivers(self) -> list[tuple[GubleConnection, Receiver]]:
+        out = [(c, r) for c in self.connections for r in c.receivers.values() if r.live]
+        out.sort(key=lambda cr: cr[1].order)
+        return out
+
+    # -- WebSocket --------------------------------------------------------------------------------------
+
+    async def websocket(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(max_msg_size=self.http.max_frame, heartbeat=HEARTBEAT_S, compress=False)
+        if not ws.can_prepare(request).ok:
+            return _text(400, "websocket upgrade required\n")
+        await ws.prepare(request)
+
+        async def close(code: int) -> None:
+            await ws.close(code=code)
+
+        conn = GubleConnection(self, gc.user_id_from_path(request.raw_path), ws.send_bytes, close)
+        self.connections.add(conn)
+        conn.start()
+        sess = conn.session
+        try:
+            async for msg in ws:
+                if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    if msg.type == WSMsgType.ERROR:
+                        break
+                    continue
+                try:
+                    cmd = self.codec.decode(msg.data)
+                except FrameTooLarge:
+                    self.node.count_bad_input("guble")
+                    await ws.close(code=1009)
+                    break
+                except HubbubError as exc:
+                    conn.bad_input(exc)
+                    continue
+                await conn.handle(cmd)
+                if sess.kicked or sess.ending:
+                    break
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        finally:
+            self.connections.discard(conn)
+            code = sess.kicked or sess.ending
+            await conn.finish()
+            if not ws.closed:
+                with contextlib.suppress(Exception):
+                    await ws.close(code=code or SHUTDOWN_CODE)
+        return ws
+
+    # -- REST -------------------------------------------------------------------------------------------
+
+    async def message(self, request: web.Request) -> web.Response:
+        rest = _raw_rest(request, "/api/message/")
+        if not rest:
+            return _text(404, "404 page not found\n")
+        if request.method == "HEAD":
+            return web.Response(status=200)
+        if request.method != "POST":
+            return _text(405, "Method not allowed\n")
+        try:
+            channel = route_channel(rest, self.http.max_channel_bytes)
+        except BadChannel:
+            return _text(400, "invalid path\n")
+        body = await request.read()
+        lim = self.http.codec_limits
+        try:
+            headers = gc.rest_publish_headers(
+                request.headers.items(), request.query.items(), lim["max_headers"], lim["max_header_bytes"]
+            )
+        except HubbubError as exc:
+            return _text(400, f"{exc.detail}\n")
+        q = request.query
+        req = AppendRequest(
+            channel=channel,
+            publisher=Publisher("guble", q.get("userId", ""), gc.new_xid(), q.get("messageId", "")),
+            payload=body,
+            content_type=request.headers.get("Content-Type") or OCTET_STREAM,
+            headers=headers,
+        )
+        try:
+            await self.node.publish(req)
+        except HubbubError as exc:
+            return _text(500 if exc.code != 4303 else 503, f"{exc.message}\n")
+        return _text(200, "OK")
+
+    async def subscribers(self, request: web.Request) -> web.Response:
+        rest = _raw_rest(request, "/api/subscribers/")
+        if not rest:
+            return _text(404, "404 page not found\n")
+        if request.method not in ("GET", "HEAD"):
+            return _text(405, "Method not allowed\n")
+        try:
+            channel = route_channel(rest, self.http.max_channel_bytes)
+        except BadChannel:
+            return _text(400, "invalid path\n")
+        out = [
+            {"application_id": c.session.id, "user_id": c.session.user}
+            for c, r in self.live_receivers()
+            if r.channel == channel
+        ]
+        return _json(200, out)
+
+    # -- admin ------------------------------------------------------------------------------------------
+
+    async def healthcheck(self, request: web.Request) -> web.Response:
+        checks: dict[str, str] = {}
+        if self.node.closing:
+            checks["node"] = "shutting down"
+        else:
+            try:
+                await asyncio.wait_for(self.node.read(lambda st: st.top_time()), 5)
+            except Exception as exc:
+                checks["store"] = type(exc).__name__
+        return _json(503 if checks else 200, checks, charset=True)
+
+    def counters(self) -> dict[str, int]:
+        """The JSON counters of ``/admin/metrics``: guble's key names, then the counters of ``/metrics``."""
+        node = self.node
+        out: dict[str, int] = {
+            "router.total_messages_incoming": sum(node.published.values()),
+            "router.total_messages_routed": sum(node.deliveries.values()),
+            "router.total_subscriptions": self.total_subscriptions,
+            "router.current_routes": int(node.router.statistics()["subscriptions"]),
+        }
+        conns: dict[str, int] = {}
+        dropped: dict[str, int] = {}
+        for s in node.sessions:
+            conns[s.dialect] = conns.get(s.dialect, 0) + 1
+            dropped[s.dialect] = dropped.get(s.dialect, 0) + s.stats.dropped
+        for name, src in (
+            ("hubbub_connections", conns),
+            ("hubbub_events_published_total", node.published),
+            ("hubbub_deliveries_total", node.deliveries),
+            ("hubbub_dropped_total", dropped),
+            ("hubbub_bad_input_total", node.bad_input),
+            ("hubbub_slow_consumer_closes_total", node.slow_closes),
+        ):
+            for d, v in sorted(src.items()):
+                out[f"{name}.{d}"] = v
+        return out
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return _json(200, self.counters(), charset=True)
+
+    async def router(self, request: web.Request) -> web.Response:
+        if request.method != "GET":
+            return _json(405, {"error": "Error method not allowed. Only HTTP GET is accepted"})
+        out: dict[str, list[dict[str, Any]]] = {}
+        for c, r in self.live_receivers():
+            out.setdefault(r.path, []).append(
+                {
+                    "RouteParams": {"application_id": c.session.id, "user_id": c.session.user},
+                    "Path": r.path,
+                    "ChannelSize": self.http.send_queue,
+                }
+            )
+        return _json(200, out)
+
+
+#: The installed hub, for tests and tools: ``app[GUBLE_HUB]``.
+GUBLE_HUB = web.AppKey("guble_hub", GubleHub)
+
+
+def install(app: web.Application, node: Node, http: HttpSettings, *, settings: GubleSettings) -> None:
+    """Add the guble routes (a :data:`~hubbub.transports.http.RouteInstaller` once ``settings`` is bound)."""
+    hub = GubleHub(node, http, settings)
+    app[GUBLE_HUB] = hub
+    app.router.add_get("/stream/{rest:.*}", hub.websocket)
+    app.router.add_route("*", "/api/message/{rest:.*}", hub.message)
+    app.router.add_route("*", "/api/subscribers/{rest:.*}", hub.subscribers)
+    if settings.health_endpoint:
+        app.router.add_route("*", settings.health_endpoint, hub.healthcheck)
+    if settings.metrics_endpoint:
+        app.router.add_route("*", settings.metrics_endpoint, hub.metrics)
+    app.router.add_route("*", "/admin/router", hub.router)

@@ -1,0 +1,327 @@
+"""The guble dialect against a real server on loopback ports (and, for catch-up, a connection whose socket
+is stalled on purpose). Each test runs inside ``asyncio.run``; waits are on frames, with timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from hubbub.config import load_config
+from hubbub.core import Node, NodeSettings
+from hubbub.events import Publisher
+from hubbub.log import open_store
+from hubbub.log.base import AppendRequest, RetentionPolicy
+from hubbub.server import Server
+from hubbub.transports.guble import GubleConnection, GubleHub, GubleSettings, _last, plan_fetch
+from hubbub.transports.http import HttpSettings
+
+WAIT = 5.0
+CONNECTED = re.compile(
+    r'#connected You are connected to the server\.\n\{"ApplicationId": "([0-9a-v]{20})", '
+    r'"UserId": "(.*)", "Time": "\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"\}'
+)
+
+
+@contextlib.asynccontextmanager
+async def serve(data_dir: Path, **extra: Any) -> AsyncIterator[str]:
+    cli = {"data_dir": str(data_dir), "http.listen": "127.0.0.1:0", "native.tcp_listen": "127.0.0.1:0"}
+    cli.update(extra)
+    async with Server(load_config(cli=cli, env={})) as server:
+        yield f"127.0.0.1:{server.ports['http']}"
+
+
+async def recv(ws: aiohttp.ClientWebSocketResponse) -> bytes:
+    msg = await asyncio.wait_for(ws.receive(), WAIT)
+    assert msg.type == aiohttp.WSMsgType.BINARY, msg  # guble always sends binary frames
+    data: bytes = msg.data
+    return data
+
+
+async def connect(http: aiohttp.ClientSession, addr: str, user: str = "") -> tuple[Any, str]:
+    path = f"/stream/user/{user}" if user else "/stream/"
+    ws = await http.ws_connect(f"ws://{addr}{path}")
+    m = CONNECTED.fullmatch((await recv(ws)).decode())
+    assert m is not None and m.group(2) == user
+    return ws, m.group(1)
+
+
+def meta(line: bytes) -> list[str]:
+    return line.split(b"\n", 1)[0].decode().split(",")
+
+
+def test_guble_cli_session(tmp_path: Path) -> None:
+    """The way guble-cli drives a session: each line with its newline, a header line, then a body."""
+
+    async def main() -> None:
+        async with serve(tmp_path / "d") as addr, aiohttp.ClientSession() as http:
+            ws, app = await connect(http, addr, "alice")
+            await ws.send_str("+ /foo\n")
+            assert await recv(ws) == b"#subscribed-to /foo"
+            await ws.send_str('> /foo\n{"x": 1}\n' + "hello")  # guble-cli: command line, header line, body
+            assert await recv(ws) == b"#send"
+            line = await recv(ws)
+            assert meta(line)[:5] == ["/foo", "1", "alice", app, ""] and meta(line)[6] == "0"
+            assert line.split(b"\n", 1)[1] == b'{"x": 1}\nhello'
+            await ws.send_str("> /foo/sub 77\n\n")  # empty header and body: the metadata line alone
+            assert await recv(ws) == b"#send"
+            assert meta(await recv(ws))[:2] == ["/foo/sub", "1"]
+            await ws.send_str("+ /foo 0 5\n")
+            assert await recv(ws) == b"#fetch-start /foo 2"
+            assert (await recv(ws)).endswith(b"\nhello")
+            assert meta(await recv(ws))[0] == "/foo/sub"
+            assert await recv(ws) == b"#fetch-end /foo"
+            await ws.send_str("bogus\n")
+            assert await recv(ws) == b"!error-bad-request unknown command bogus"
+            await ws.send_str("- /foo\n")  # the fetch-only receiver replaced the live one, and has finished
+            await ws.send_str("+ /bar\n")
+            assert await recv(ws) == b"#subscribed-to /bar"
+            await ws.send_str("- /bar\n")
+            assert await recv(ws) == b"#canceled /bar"
+            await ws.close()
+
+    asyncio.run(main())
+
+
+def test_rest_and_admin(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with (
+            serve(tmp_path / "d", **{"guble.node_id": "9", "limits.max_frame": "4096"}) as addr,
+            aiohttp.ClientSession() as http,
+        ):
+            base = f"http://{addr}"
+            ws, app = await connect(http, addr, "carol")
+            await ws.send_str("+ /rest")
+            assert await recv(ws) == b"#subscribed-to /rest"
+            async with http.post(
+                f"{base}/api/message/rest?userId=m&filterUserId=carol",
+                data=b"body",
+                headers={"X-Guble-My-Key": "v", "Content-Type": "text/plain"},
+            ) as r:
+                assert (r.status, await r.text(), r.headers["Content-Type"]) == (
+                    200,
+                    "OK",
+                    "text/plain; charset=utf-8",
+                )
+            line = await recv(ws)
+            fields = meta(line)
+            assert fields[0:3] == ["/rest", "1", "m"] and re.fullmatch("[0-9a-v]{20}", fields[3])
+            assert fields[4:] == ['{"user_id":"carol"}', fields[5], "9"]
+            assert line.split(b"\n", 1)[1] == b'{"My-Key":"v"}\nbody'
+            async with http.get(f"{base}/api/subscribers/rest") as r:
+                assert await r.json() == [{"application_id": app, "user_id": "carol"}]
+            async with http.get(f"{base}/admin/router") as r:
+                assert await r.json() == {
+                    "/rest": [
+                        {
+                            "RouteParams": {"application_id": app, "user_id": "carol"},
+                            "Path": "/rest",
+                            "ChannelSize": 1024,
+                        }
+                    ]
+                }
+            async with http.post(f"{base}/admin/router") as r:
+                assert r.status == 405
+                assert await r.json() == {"error": "Error method not allowed. Only HTTP GET is accepted"}
+            async with http.get(f"{base}/admin/metrics") as r:
+                counters = await r.json()
+                assert counters["router.total_messages_incoming"] == 1
+                assert counters["router.current_routes"] == 1
+                assert counters["router.total_subscriptions"] == 1
+                assert counters["hubbub_events_published_total.guble"] == 1
+            async with http.get(f"{base}/admin/healthcheck") as r:
+                assert (r.status, await r.text()) == (200, "{}")
+            async with http.post(f"{base}/api/message/a%FF", data=b"x") as r:
+                assert (r.status, await r.text()) == (400, "invalid path\n")
+            async with http.post(f"{base}/api/message/big", data=b"x" * 5000) as r:
+                assert r.status == 413
+            async with http.get(f"{base}/fcm/") as r:
+                assert r.status == 404
+            await ws.send_str("- /rest")
+            assert await recv(ws) == b"#canceled /rest"
+            async with http.get(f"{base}/api/subscribers/rest") as r:
+                assert await r.json() == []
+            await ws.close()
+
+    asyncio.run(main())
+
+
+def test_admin_endpoints_configurable_and_dialect_switch(tmp_path: Path) -> None:
+    async def main() -> None:
+        cfg = {"guble.health_endpoint": "/h", "guble.metrics_endpoint": ""}
+        async with serve(tmp_path / "a", **cfg) as addr, aiohttp.ClientSession() as http:
+            async with http.get(f"http://{addr}/h") as r:
+                assert r.status == 200
+            for path in ("/admin/healthcheck", "/admin/metrics"):
+                async with http.get(f"http://{addr}{path}") as r:
+                    assert r.status == 404
+        async with (
+            serve(tmp_path / "b", **{"guble.enabled": "false"}) as addr,
+            aiohttp.ClientSession() as http,
+            http.get(f"http://{addr}/api/subscribers/x") as r,
+        ):
+            assert r.status == 404
+
+    asyncio.run(main())
+
+
+def test_cross_dialect_both_ways(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path / "d") as addr, aiohttp.ClientSession() as http:
+            ws, _ = await connect(http, addr, "bob")
+            await ws.send_str("+ /x")
+            assert await recv(ws) == b"#subscribed-to /x"
+            nat = await http.ws_connect(f"ws://{addr}/ws/hubbub", protocols=["hubbub.v1.json"])
+            await nat.send_json({"op": "hello", "id": 1, "v": 1})
+            sid = (await nat.receive_json(timeout=WAIT))["session"]
+            await nat.send_json({"op": "subscribe", "id": 2, "sub": "s", "pattern": "/x/**"})
+            assert (await nat.receive_json(timeout=WAIT))["op"] == "reply"
+            # guble -> native: the header line's members become headers, the pseudo-header stays hidden.
+            await ws.send_str('> /x/y m1\n{"k": "v", "n": 2}\nhi')
+            assert await recv(ws) == b"#send"
+            assert (await recv(ws)).endswith(b"\nhi")
+            ev = await nat.receive_json(timeout=WAIT)
+            assert ev["channel"] == "/x/y" and ev["text"] == "hi"
+            assert ev["headers"] == {"k": "v", "n": "2"}
+            # native -> guble: compact sorted header JSON, the native session id as application id.
+            await nat.send_json(
+                {"op": "publish", "id": 3, "channel": "/x", "text": "yo", "headers": {"b": "2", "a": "1"}}
+            )
+            line = await recv(ws)
+            assert meta(line)[:5] == ["/x", "1", "", sid, ""]
+            assert line.split(b"\n", 1)[1] == b'{"a":"1","b":"2"}\nyo'
+            await nat.close()
+            await ws.close()
+
+    asyncio.run(main())
+
+
+def test_fetch_then_live_has_no_gap_or_duplicate(tmp_path: Path) -> None:
+    """Publishes race a fetch with a subscription: every event arrives exactly once, in order."""
+
+    async def main() -> None:
+        async with serve(tmp_path / "d") as addr, aiohttp.ClientSession() as http:
+            pub, _ = await connect(http, addr, "p")
+            for i in range(30):
+                await pub.send_str(f"> /r/{i % 3}\n\n{i}")
+            for _ in range(30):
+                assert await recv(pub) == b"#send"
+            sub, _ = await connect(http, addr, "s")
+            await sub.send_str("+ /r -10")
+            for i in range(30, 60):
+                await pub.send_str(f"> /r/{i % 3}\n\n{i}")
+            frames: list[bytes] = []
+            while not frames or not frames[-1].endswith(b"\n59"):
+                frames.append(await recv(sub))
+            # The fetch reads a snapshot taken while the publishes race it: exactly 10 events, then the
+            # live ones, together every event from the first replayed one on, once and in order.
+            assert frames[0] == b"#fetch-start /r 10"
+            assert frames[11:13] == [b"#fetch-end /r", b"#subscribed-to /r"]
+            got = [int(f.rsplit(b"\n", 1)[1]) for f in frames[1:11] + frames[13:]]
+            assert got == list(range(got[0], 60)) and got[0] >= 20
+            await asyncio.sleep(0.1)
+            await pub.close()
+            await sub.close()
+
+    asyncio.run(main())
+
+
+def test_slow_consumer_catches_up_from_the_log(tmp_path: Path) -> None:
+    """A connection whose socket stalls overflows its queue; it is switched to catch-up from the log and,
+    once the socket drains, has every event exactly once, with a fetch block before going live again. A
+    stall that outlasts the node's hold bound (4 x send_queue events during the catch-up) closes it (1013)."""
+
+    async def main() -> None:
+        store = open_store("memory", str(tmp_path), "commit", RetentionPolicy(), 600)
+        async with Node(store, NodeSettings()) as node:
+            limits = {"max_channel_bytes": 1024, "max_headers": 64, "max_header_bytes": 8192}
+            http = HttpSettings(1 << 20, 1024, 1024, 4, 1 << 20, 25.0, limits)
+            hub = GubleHub(node, http, GubleSettings())
+
+            async def run(n_stalled: int) -> tuple[GubleConnection, list[bytes]]:
+                gate = asyncio.Event()
+                last = asyncio.Event()
+                sent: list[bytes] = []
+                closed: list[int] = []
+
+                async def send(data: bytes) -> None:
+                    await gate.wait()
+                    sent.append(data)
+                    if data.endswith(b"\nlast"):
+                        last.set()
+
+                async def close(code: int) -> None:
+                    closed.append(code)
+                    last.set()
+
+                conn = GubleConnection(hub, "slow", send, close)
+                conn.start()
+                await conn.handle(hub.codec.decode("+ /q"))
+                for i in range(n_stalled):
+                    req = AppendRequest("/q" if i % 2 else "/q/s", Publisher("native"), str(i).encode(), "x")
+                    await node.publish(req)
+                assert conn.catch_ups >= 1
+                gate.set()
+                for i in range(n_stalled, n_stalled + 5):
+                    await node.publish(AppendRequest("/q/s", Publisher("native"), str(i).encode(), "x"))
+                await node.publish(AppendRequest("/q", Publisher("native"), b"last", "x"))
+                await asyncio.wait_for(last.wait(), WAIT)
+                await conn.finish()
+                return conn, sent if not closed else [b"closed %d" % closed[0]]
+
+            conn, sent = await run(12)
+            events = [f.rsplit(b"\n", 1)[1] for f in sent if f.startswith(b"/")]
+            assert events == [str(i).encode() for i in range(17)] + [b"last"]
+            assert sent.count(b"#fetch-end /q") == conn.catch_ups
+            assert sent.count(b"#subscribed-to /q") == conn.catch_ups + 1
+            _, sent = await run(60)
+            assert sent == [b"closed 1013"]
+
+    asyncio.run(main())
+
+
+def test_guble_env_aliases() -> None:
+    cfg = load_config(
+        env={
+            "GUBLE_HTTP_LISTEN": ":8099",
+            "GUBLE_STORAGE_PATH": "/tmp/g",
+            "GUBLE_NODE_ID": "4",
+            "GUBLE_METRICS_ENDPOINT": "",
+            "GUBLE_KVS": "memory",
+        }
+    )
+    assert (cfg.http_listen, cfg.data_dir, cfg.guble_node_id, cfg.guble_metrics_endpoint) == (
+        "0.0.0.0:8099",
+        "/tmp/g",
+        4,
+        "",
+    )
+    # A HUBBUB_* variable or a hubbub flag wins over the alias; a guble flag beats a guble variable.
+    cfg = load_config(
+        cli={"--node-id": "6", "--http": "127.0.0.1:1"},
+        env={"GUBLE_NODE_ID": "5", "GUBLE_HTTP_LISTEN": ":2", "HUBBUB_HTTP_LISTEN": "127.0.0.1:3"},
+    )
+    assert (cfg.guble_node_id, cfg.http_listen) == (6, "127.0.0.1:3")
+    cfg = load_config(cli={"http.listen": "127.0.0.1:4", "--http": ":5"}, env={})
+    assert cfg.http_listen == "127.0.0.1:4"
+
+
+def test_fetch_selection_ignores_commits_after_the_snapshot(tmp_path: Path) -> None:
+    """Commits that race a backward fetch (seqs above the snapshot's top) must not shrink the selection."""
+    store = open_store("memory", str(tmp_path), "commit", RetentionPolicy(), 600)
+    store.append([AppendRequest("/c", Publisher("native"), str(i).encode(), "x") for i in range(30)])
+    got = _last(store, "/c", 10, 5, lambda e: True)
+    assert [e.seq for e in got] == [6, 7, 8, 9, 10]
+    odd = _last(store, "/c", 10, 3, lambda e: e.seq % 2 == 1)
+    assert [e.seq for e in odd] == [5, 7, 9]
+    plan = plan_fetch(store, "/", -3, None, lambda e: True, 100)
+    assert plan.tops == {"/c": 30} and [e.seq for e in plan.events] == [28, 29, 30]
+    plan = plan_fetch(store, "/c", 25, 2, lambda e: True, 100)
+    assert [e.seq for e in plan.events] == [25, 26]
+    assert plan_fetch(store, "/c", 31, None, lambda e: True, 100).events == []
+    store.close()
