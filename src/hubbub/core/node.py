@@ -17,6 +17,7 @@ Ordering guarantees:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
@@ -112,14 +113,11 @@ class Histogram:
         self.sum = 0.0
         self.count = 0
 
-    def observe(self, v: float) -> None:
-        self.sum += v
-        self.count += 1
-        for i, b in enumerate(self.buckets):
-            if v <= b:
-                self.counts[i] += 1
-                return
-        self.counts[-1] += 1
+    def observe(self, v: float, n: int = 1) -> None:
+        """Record ``n`` observations of ``v``."""
+        self.sum += v * n
+        self.count += n
+        self.counts[bisect.bisect_left(self.buckets, v)] += n
 
 
 class Node:
@@ -146,6 +144,10 @@ class Node:
         self._room.set()
         self._closing = False
         self._writer: LogWriter | None = None
+        # Publishes of the current loop tick, handed to the writer together (see _flush).
+        self._batch_items: list[_Pending] = []
+        self._batch_reqs: list[AppendRequest] = []
+        self._batch_t0 = 0.0
         self._readers = ThreadPoolExecutor(
             self.settings.reader_threads, thread_name_prefix="hubbub-log-reader"
         )
@@ -185,6 +187,7 @@ class Node:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         if self._writer is not None:
+            self._flush()
             await asyncio.get_running_loop().run_in_executor(None, self._writer.stop)
             # Let the final completions (acks) scheduled by the writer run before we return.
             await asyncio.sleep(0)
@@ -262,7 +265,19 @@ class Node:
         self._pending += 1
         if self._pending >= self.settings.max_pending:
             self._room.clear()
-        self._writer.submit(_Pending(origin, done, time.perf_counter()), request)
+        if not self._batch_reqs:
+            self._batch_t0 = time.perf_counter()
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+        self._batch_items.append(_Pending(origin, done, self._batch_t0))
+        self._batch_reqs.append(request)
+
+    def _flush(self) -> None:
+        """Hand this loop tick's publishes to the writer thread in one go."""
+        items, reqs = self._batch_items, self._batch_reqs
+        if reqs and self._writer is not None:
+            self._batch_items, self._batch_reqs = [], []
+            self._writer.submit(items, reqs)
 
     async def publish(self, request: AppendRequest, origin: Session | None = None) -> AppendResult:
         """Publish and wait for the acknowledgement."""
@@ -279,6 +294,11 @@ class Node:
 
         self.submit(request, origin, done)
         return await fut
+
+    @property
+    def has_room(self) -> bool:
+        """Whether a publish may be submitted without waiting (see :meth:`writable`)."""
+        return self._room.is_set()
 
     async def writable(self) -> None:
         """Wait until the writer has room (back-pressure for publishers)."""

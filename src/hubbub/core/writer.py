@@ -52,9 +52,13 @@ class LogWriter:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, item: Any, request: AppendRequest) -> None:
-        """Queue one append. ``item`` is returned with its result to ``on_committed``."""
-        self._inbox.put((item, request))
+    def submit(self, items: list[Any], requests: list[AppendRequest]) -> None:
+        """Queue appends (one loop tick's worth). Each item is returned with its result to ``on_committed``.
+
+        Handing over whole lists, not single events, keeps the cross-thread traffic (and the GIL hand-offs
+        it causes) to one per event-loop tick however many events the tick published.
+        """
+        self._inbox.put((items, requests))
 
     def submit_control(self, fn: Callable[[LogStore], Any]) -> asyncio.Future[Any]:
         """Run ``fn(store)`` on the writer thread, in order with appends; the future gets its result."""
@@ -76,7 +80,8 @@ class LogWriter:
             if first is _STOP:
                 break
             pending = [first]
-            while len(pending) < self._max_batch:
+            size = len(first[1]) if isinstance(first[1], list) else 1
+            while size < self._max_batch:
                 try:
                     nxt = inbox.get_nowait()
                 except queue.Empty:
@@ -85,20 +90,21 @@ class LogWriter:
                     stop = True
                     break
                 pending.append(nxt)
+                size += len(nxt[1]) if isinstance(nxt[1], list) else 1
             self._process(pending)
 
     def _process(self, pending: list[Any]) -> None:
         items: list[Any] = []
         requests: list[AppendRequest] = []
-        for item, req in pending:
-            if isinstance(req, AppendRequest):
-                items.append(item)
-                requests.append(req)
+        for first, second in pending:
+            if isinstance(second, list):
+                items.extend(first)
+                requests.extend(second)
                 continue
             # A control function: flush the appends before it so ordering is preserved.
             self._flush(items, requests)
             items, requests = [], []
-            self._control(item, req)
+            self._control(first, second)
         self._flush(items, requests)
 
     def _flush(self, items: list[Any], requests: list[AppendRequest]) -> None:

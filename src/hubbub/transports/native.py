@@ -183,7 +183,8 @@ class NativeConnection:
             await self._acked.wait()
         if sess.queued >= sess.max_items:
             await sess.wait_room()
-        await self.node.writable()
+        if not self.node.has_room:
+            await self.node.writable()
         self.node.submit(req, sess, done_and_count)
 
     async def _subscribe(self, cmd: nc.Subscribe) -> None:
