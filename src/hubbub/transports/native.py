@@ -72,6 +72,7 @@ class NativeConnection:
             slow_close_code=4302,
         )
         self.hello_done = False
+        self._publisher = Publisher("native")
         self.batch = False
         self.inflight = 0
         self.max_inflight = send_queue
@@ -115,6 +116,8 @@ class NativeConnection:
             elif isinstance(cmd, nc.Hello):
                 self._fatal(4005, cmd.id, "hello already done")
             elif isinstance(cmd, nc.Auth):
+                # With auth off the identity cannot change. When tokens arrive, a refresh that changes the
+                # user must also renew self._publisher.
                 sess.push(self.codec.encode_reply(cmd.id, {"user": sess.user}))
         except HubbubError as exc:
             sess.push(self.codec.encode_error(exc.code, getattr(cmd, "id", None), exc.detail))
@@ -134,6 +137,8 @@ class NativeConnection:
         sess.echo = cmd.echo
         self.batch = cmd.batch
         self.hello_done = True
+        # The common publish carries no idempotency key: one Publisher value serves them all.
+        self._publisher = Publisher("native", sess.user, sess.id, "")
         self.node.attach(sess)
         pi = self.ping_interval
         sess.push(
@@ -152,7 +157,7 @@ class NativeConnection:
         sess = self.session
         req = AppendRequest(
             channel=cmd.channel,
-            publisher=Publisher("native", sess.user, sess.id, cmd.idem),
+            publisher=self._publisher if not cmd.idem else Publisher("native", sess.user, sess.id, cmd.idem),
             payload=cmd.payload,
             content_type=cmd.content_type,
             headers=cmd.headers,
