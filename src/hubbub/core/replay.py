@@ -14,7 +14,15 @@ from hubbub.errors import BadRequest, SubscriptionError
 from hubbub.events import Event, Position
 from hubbub.log.base import ChannelInfo, LogStore
 
-__all__ = ["Gap", "ReplayPlan", "ReplaySpec", "list_channels", "merged_key", "plan_replay"]
+__all__ = [
+    "Gap",
+    "ReplayPlan",
+    "ReplaySpec",
+    "list_channels",
+    "merged_key",
+    "plan_replay",
+    "trimmed_after",
+]
 
 PAGE = 1000
 
@@ -86,6 +94,21 @@ def _read_range(store: LogStore, channel: str, after: int, top: int, from_time: 
         out.extend(page)
         after = page[-1].seq
     return out
+
+
+def trimmed_after(store: LogStore, pattern: Pattern, time_ns: int, skip: Iterable[str] = ()) -> list[Gap]:
+    """``trimmed`` gaps for a resume from ``time_ns`` across a pattern (native.md §8, SSE): every matching
+    channel whose retained events start after ``time_ns`` while earlier ones were trimmed. The trimmed events'
+    times are gone, so a channel whose first retained event is newer than the resume point is reported."""
+    skipped = set(skip)
+    gaps: list[Gap] = []
+    for ci in list_channels(store, pattern):
+        if ci.channel in skipped or ci.first <= 1:
+            continue
+        first = store.read(ci.channel, ci.first - 1, 1)
+        if first and first[0].time_ns > time_ns:
+            gaps.append(Gap(ci.channel, Position(0, ci.epoch), Position(ci.top, ci.epoch), "trimmed"))
+    return gaps
 
 
 def _read_last(store: LogStore, info: ChannelInfo, n: int) -> list[Event]:

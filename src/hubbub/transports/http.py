@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from hubbub.channels import parse_pattern, route_channel
 from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
+from hubbub.core.replay import plan_replay, trimmed_after
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
 from hubbub.errors import BadRequest, HubbubError
@@ -273,6 +274,7 @@ class NativeHttp:
         last_id = request.headers.get("Last-Event-ID") or q.get("last_event_id")
         spec = ReplaySpec(last=last, from_time=from_time)
         resume: tuple[int, str, int, str] | None = None
+        planner: Callable[[LogStore], ReplayPlan] | None = None
         if last_id:
             resume = nc.parse_sse_last_event_id(last_id)
             t, epoch, seq, ch = resume
@@ -281,6 +283,15 @@ class NativeHttp:
             # Event times are unique across the whole log, so "merged key greater than the id's" is
             # exactly: the id's channel after its seq, every other channel from time t + 1.
             spec = ReplaySpec(since={ch: Position(seq, epoch)}, from_time=t + 1)
+            max_recovery = self.node.settings.max_recovery
+            resume_spec = spec
+
+            def resume_planner(store: LogStore) -> ReplayPlan:
+                plan = plan_replay(store, pattern, resume_spec, max_recovery)
+                plan.gaps.extend(trimmed_after(store, pattern, t, skip=(ch,)))
+                return plan
+
+            planner = resume_planner
         elif last is not None and from_time is not None:
             raise BadRequest("give at most one of last and from_time")
         if last is not None and last < 1:
@@ -315,7 +326,14 @@ class NativeHttp:
 
             try:
                 await self.node.subscribe(
-                    sess, "sse", pattern, tags, spec, on_snapshot=on_snapshot, on_replayed=on_replayed
+                    sess,
+                    "sse",
+                    pattern,
+                    tags,
+                    spec,
+                    on_snapshot=on_snapshot,
+                    on_replayed=on_replayed,
+                    planner=planner,
                 )
                 assert writer is not None
                 await writer

@@ -1,0 +1,80 @@
+"""Server-sent events: resume with Last-Event-ID replays exactly what came after, and reports trimmed gaps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from hubbub.config import load_config
+from hubbub.server import Server
+
+
+async def read_sse(resp: aiohttp.ClientResponse, n: int) -> list[dict[str, Any]]:
+    """The next ``n`` SSE events (comments and retry-only blocks skipped)."""
+    out: list[dict[str, Any]] = []
+    block: dict[str, str] = {}
+    while len(out) < n:
+        raw = await asyncio.wait_for(resp.content.readline(), 5)
+        line = raw.decode().rstrip("\n")
+        if line == "":
+            if "data" in block:
+                out.append(
+                    {
+                        "id": block.get("id"),
+                        "event": block.get("event", "message"),
+                        **json.loads(block["data"]),
+                    }
+                )
+            block = {}
+        elif not line.startswith(":"):
+            key, _, value = line.partition(": ")
+            block[key] = value
+    return out
+
+
+def test_last_event_id_resume_with_trimmed_gap(tmp_path: Path) -> None:
+    async def main() -> None:
+        cfg = load_config(
+            {
+                "data_dir": str(tmp_path),
+                "http.listen": "127.0.0.1:0",
+                "native.tcp_listen": "127.0.0.1:0",
+                "log.retention.max_events": "2",
+            },
+            env={},
+        )
+        async with Server(cfg) as srv, aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{srv.ports['http']}"
+
+            async def pub(ch: str, body: str) -> None:
+                async with http.post(f"{base}/api/v1/publish{ch}", data=body) as r:
+                    assert r.status == 200
+
+            async with http.get(f"{base}/api/v1/stream/s/**") as stream:
+                await pub("/s/a", "a1")
+                first = (await read_sse(stream, 1))[0]
+            assert first["channel"] == "/s/a" and first["seq"] == 1
+            # Away: /s/a gets two more (retained), /s/b gets three (only the last two are retained).
+            for body in ("a2", "a3"):
+                await pub("/s/a", body)
+            for body in ("b1", "b2", "b3"):
+                await pub("/s/b", body)
+            headers = {"Last-Event-ID": first["id"]}
+            async with http.get(f"{base}/api/v1/stream/s/**", headers=headers) as stream:
+                events = await read_sse(stream, 6)
+            gap, *replayed, recovered = events
+            assert gap["event"] == "gap" and gap["channel"] == "/s/b" and gap["reason"] == "trimmed"
+            # Exactly what came after the id, in merged (commit) order: no duplicate of /s/a 1.
+            assert [(e["channel"], e["seq"], e["replay"]) for e in replayed] == [
+                ("/s/a", 2, True),
+                ("/s/a", 3, True),
+                ("/s/b", 2, True),
+                ("/s/b", 3, True),
+            ]
+            assert recovered["event"] == "recovered" and recovered["replayed"] == 4
+
+    asyncio.run(main())
