@@ -297,3 +297,18 @@ def test_held_event_inside_the_snapshot_still_reaches_other_live_subs(run: Run) 
         assert plans[0].position is not None and plans[0].position.seq == 1
 
     run(body)
+
+
+def test_ahead_under_fsync_is_a_gap_without_a_new_epoch(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = open_store("sqlite", str(tmp_path), "fsync", RetentionPolicy(), 600)
+        async with Node(store, NodeSettings(commits_can_be_lost=False)) as node:
+            r = await node.publish(req("/f", "1"))
+            s = session(node)
+            plans = await sub(node, s, "s", "/f", ReplaySpec(since=Position(5, r.event.epoch)))
+            assert [g.reason for g in plans[0].gaps] == ["ahead"]
+            # fsync loses no commit: the claim is the client's error, and the log keeps its epoch and events.
+            again = await node.publish(req("/f", "2"))
+            assert (again.event.seq, again.event.epoch) == (2, r.event.epoch)
+
+    asyncio.run(main())

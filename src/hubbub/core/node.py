@@ -56,6 +56,9 @@ class NodeSettings:
     commit_batch: int = 4096
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_interval_s: float = 30.0
+    #: Whether commits can be lost (``durability`` commit or none). Only then does a client position ahead
+    #: of the log mean lost commits (and a new epoch); under fsync it is a client error.
+    commits_can_be_lost: bool = True
     reader_threads: int = 4
 
 
@@ -431,7 +434,7 @@ class Node:
                 plan = await self.read(planner)
             else:
                 plan = await self.read(plan_replay, pattern, spec, self.settings.max_recovery)
-            for ch in plan.ahead:
+            for ch in plan.ahead if self.settings.commits_can_be_lost else ():
                 # Commits the client saw were lost: continuity is broken, so the channel gets a new epoch.
                 info = await self.reset_channel(ch)
                 pos = Position(info.top, info.epoch)
