@@ -1,0 +1,239 @@
+"""Servers under test: hubbub and its peers, started on free loopback ports in temp dirs, stopped by PID.
+
+CPU time and RSS are read from ``/proc/<pid>/stat`` and ``/proc/<pid>/status``. Every server is started with
+RLIMIT_NOFILE raised to its hard limit so that 10k connections fit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from proto import Spec, nats_request
+
+__all__ = ["Server", "available", "free_port", "raise_nofile", "start"]
+
+_TICK = os.sysconf("SC_CLK_TCK")
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The peer binaries, looked up on PATH and in the Debian locations.
+BINARIES = {"nats": "nats-server", "mosquitto": "mosquitto", "redis": "redis-server"}
+
+
+def raise_nofile() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def which(name: str) -> str | None:
+    return shutil.which(name) or next(
+        (p for d in ("/usr/sbin", "/usr/bin", "/sbin") if os.path.exists(p := f"{d}/{name}")), None
+    )
+
+
+def available(peer: str) -> str | None:
+    """The binary for ``peer`` (``nats``, ``mosquitto``, ``redis``), or None when it is not installed."""
+    return which(BINARIES[peer])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port} after {timeout}s")
+
+
+class Server:
+    """One running server process and the temp dir it owns."""
+
+    def __init__(self, name: str, proc: subprocess.Popen[bytes], tmp: str, specs: dict[str, Spec]) -> None:
+        self.name = name
+        self.proc = proc
+        self.tmp = tmp
+        self.specs = specs
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the server so far."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / _TICK
+
+    def rss(self) -> int:
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _popen(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as f:
+        return subprocess.Popen(
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=raise_nofile,  # noqa: PLW1509 - the driver starts servers before any thread
+            start_new_session=True,
+        )
+
+
+def _hubbub(extra: list[str], data_dir: str | None = None) -> Server:
+    tmp = tempfile.mkdtemp(prefix="hubbub-bench-")
+    data = data_dir or os.path.join(tmp, "data")
+    log = Path(tmp) / "server.log"
+    cmd = [
+        sys.executable, "-m", "hubbub", "serve",
+        "--data-dir", data,
+        "--http-listen", "127.0.0.1:0",
+        "--native-tcp-listen", "127.0.0.1:0",
+        "--log-format", "json",
+        "--log-level", "info",
+        "--limits-send-queue", "65536",
+        "--limits-send-queue-bytes", str(256 << 20),
+        *extra,
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    proc = _popen(cmd, log, env)
+    srv = Server("hubbub", proc, tmp, {})
+    ports: dict[str, int] = {}
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline and not {"http", "native"} <= ports.keys():
+            if proc.poll() is not None:
+                raise RuntimeError(f"hubbub exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            for line in log.read_text(errors="replace").splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("message") == "listening":
+                    ports[rec["listener"]] = int(rec["address"].rsplit(":", 1)[1])
+            time.sleep(0.05)
+        if not {"http", "native"} <= ports.keys():
+            raise RuntimeError(f"hubbub did not start: {log.read_text()[-2000:]}")
+    except BaseException:
+        srv.stop()
+        raise
+    srv.specs = {
+        "hubbub": Spec("hubbub", ports["native"], ports["http"]),
+        "hubbub-ws": Spec("hubbub-ws", ports["native"], ports["http"]),
+    }
+    return srv
+
+
+def start(target: str, durability: str = "commit", data_dir: str | None = None) -> Server:
+    """Start ``target``: ``hubbub`` (memory store, durability none), ``hubbub-<durability>`` (SQLite),
+    ``nats``, ``js`` (JetStream, file storage, stream ``B`` on ``js.>``), ``mosquitto``, ``redis`` or
+    ``redis-aof-<fsync|commit|none>`` (append-only file with appendfsync always/everysec/no)."""
+    if target == "hubbub":
+        return _hubbub(["--store", "memory", "--durability", "none"])
+    if target.startswith("hubbub-"):
+        return _hubbub(
+            ["--durability", target.split("-", 1)[1], "--native-max-recovery", "1000000"], data_dir
+        )
+    tmp = tempfile.mkdtemp(prefix=f"bench-{target}-")
+    port = free_port()
+    log = Path(tmp) / "server.log"
+    srv: Server | None = None
+    try:
+        if target in ("nats", "js"):
+            exe = available("nats")
+            assert exe
+            cmd = [exe, "-a", "127.0.0.1", "-p", str(port)]
+            if target == "js":
+                cmd += ["-js", "-sd", tmp]
+            srv = Server(target, _popen(cmd, log), tmp, {target: Spec(target, port)})
+            _wait_port(port, srv.proc)
+            if target == "js":
+                srv.specs["nats"] = Spec("nats", port)
+                nats_request(
+                    Spec("js", port),
+                    "$JS.API.STREAM.CREATE.B",
+                    {"name": "B", "subjects": ["js.>"], "storage": "file", "max_msgs": -1, "max_bytes": -1},
+                )
+            return srv
+        if target == "mosquitto":
+            exe = available("mosquitto")
+            assert exe
+            conf = Path(tmp) / "mosquitto.conf"
+            conf.write_text(
+                f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+                "max_inflight_messages 0\nmax_queued_messages 0\nmax_queued_bytes 0\n"
+                f"log_dest file {tmp}/mosquitto.log\n"
+            )
+            srv = Server(target, _popen([exe, "-c", str(conf)], log), tmp, {})
+            srv.specs = {"mqtt0": Spec("mqtt0", port), "mqtt1": Spec("mqtt1", port)}
+            _wait_port(port, srv.proc)
+            return srv
+        if target.startswith("redis"):
+            exe = available("redis")
+            assert exe
+            cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp, "--save", ""]
+            cmd += ["--maxclients", "15000", "--protected-mode", "no", "--daemonize", "no"]
+            if target.startswith("redis-aof-"):
+                mode = {"fsync": "always", "commit": "everysec", "none": "no"}[target.rsplit("-", 1)[1]]
+                cmd += ["--appendonly", "yes", "--appendfsync", mode]
+            else:
+                cmd += ["--appendonly", "no"]
+            srv = Server(target, _popen(cmd, log), tmp, {})
+            srv.specs = {"redis": Spec("redis", port), "xredis": Spec("xredis", port)}
+            _wait_port(port, srv.proc)
+            return srv
+    except BaseException:
+        if srv is not None:
+            srv.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    raise ValueError(f"unknown target {target!r}")

@@ -1,0 +1,581 @@
+"""The side-by-side benchmark suite: hubbub and, with ``--peers``, NATS (core, JetStream), Mosquitto (QoS 0/1)
+and Redis (pub/sub, streams), in one run; a ratio table in bench/RESULTS.md and a chart in bench/results.png.
+
+    hubbub bench [--peers] [--quick] [--scenarios 1to1,fanout,...] [--out bench/RESULTS.md]
+    PYTHONPATH=src python bench/suite.py --peers          # the same
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+if str(HERE.parent / "src") not in sys.path:
+    sys.path.insert(0, str(HERE.parent / "src"))
+
+from procs import Server, available, raise_nofile, start  # noqa: E402
+from scenarios import Result, idle_memory, latency, replay, throughput  # noqa: E402
+
+__all__ = ["main"]
+
+SCENARIOS = ("1to1", "fanout", "100to1", "latency", "persist", "replay", "memory")
+SIZES = (16, 1024)
+MODES = ("fsync", "commit", "none")
+
+#: Column -> (label, peer needed). hubbub columns first.
+PEER_LABELS = {
+    "nats": "NATS core",
+    "js": "NATS JetStream (file)",
+    "mqtt0": "Mosquitto QoS 0",
+    "mqtt1": "Mosquitto QoS 1",
+    "redis": "Redis pub/sub",
+    "xredis": "Redis streams",
+}
+
+
+@dataclass
+class Row:
+    scenario: str  # e.g. "1to1/16B"
+    target: str  # hubbub, hubbub-ws, nats, js, mqtt0, mqtt1, redis, xredis
+    value: float | None
+    unit: str
+    extra: dict[str, float]
+    server_cpu_s: float
+    driver_cpu_s: float
+    elapsed_s: float
+    note: str
+    higher_is_better: bool = True
+
+
+@dataclass
+class Plan:
+    quick: bool
+    peers: bool
+    scenarios: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        return 20_000 if self.quick else 2_000_000
+
+    @property
+    def duration(self) -> float:
+        return 1.5 if self.quick else 4.0
+
+
+class Suite:
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.rows: list[Row] = []
+        self.skipped: dict[str, str] = {}
+
+    def log(self, msg: str) -> None:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    def record(self, scenario: str, target: str, fn: Callable[[], Result], higher: bool = True) -> None:
+        self.log(f"{scenario} {target} ...")
+        try:
+            r = fn()
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            self.rows.append(Row(scenario, target, None, "", {}, 0, 0, 0, f"failed: {exc}", higher))
+            return
+        self.rows.append(
+            Row(
+                scenario,
+                target,
+                r.value,
+                r.unit,
+                r.extra,
+                r.server_cpu_s,
+                r.driver_cpu_s,
+                r.elapsed_s,
+                r.note,
+                higher,
+            )
+        )
+        self.log(
+            f"  {r.value:,.1f} {r.unit} {r.extra} srv={r.server_cpu_s:.2f}s drv={r.driver_cpu_s:.2f}s "
+            f"{r.note}"
+        )
+
+    @contextmanager
+    def server(self, target: str, **kw: str) -> Iterator[Server | None]:
+        peer = {"nats": "nats", "js": "nats", "mosquitto": "mosquitto"}.get(target)
+        if target.startswith("redis"):
+            peer = "redis"
+        if peer is not None and available(peer) is None:
+            self.skipped[target] = (
+                f"{peer} is not installed (apt-get install nats-server mosquitto redis-server)"
+            )
+            yield None
+            return
+        srv = start(target, **kw)
+        try:
+            yield srv
+        finally:
+            srv.stop()
+
+    # -- groups ------------------------------------------------------------------------------------------
+
+    def pubsub(self) -> None:
+        """1→1, 1→100, 100→1 and latency on the non-persistent paths."""
+        p = self.plan
+        groups: list[tuple[str, tuple[str, ...]]] = [("hubbub", ("hubbub", "hubbub-ws"))]
+        if p.peers:
+            groups += [("nats", ("nats",)), ("mosquitto", ("mqtt0",)), ("redis", ("redis",))]
+        fan = 10 if p.quick else 100
+        for target, kinds in groups:
+            for kind in kinds:
+                # A fresh server per kind: the memory store keeps every event, which would skew later runs.
+                with self.server(target) as srv:
+                    if srv is None:
+                        continue
+                    spec = srv.specs[kind]
+                    for size in SIZES:
+                        tag = f"{size}B"
+                        if "1to1" in p.scenarios and kind != "hubbub-ws":
+                            self.record(
+                                f"1to1/{tag}",
+                                kind,
+                                partial(
+                                    throughput,
+                                    srv,
+                                    spec,
+                                    spec,
+                                    f"o{size}",
+                                    size,
+                                    p.count,
+                                    duration=p.duration,
+                                ),
+                            )
+                        if "fanout" in p.scenarios:
+                            self.record(
+                                f"fanout{fan}/{tag}",
+                                kind,
+                                partial(
+                                    throughput,
+                                    srv,
+                                    spec,
+                                    spec,
+                                    f"f{size}",
+                                    size,
+                                    p.count,
+                                    subs=fan,
+                                    window=500,
+                                    duration=p.duration,
+                                ),
+                            )
+                        if "100to1" in p.scenarios and kind != "hubbub-ws":
+                            self.record(
+                                f"{fan}to1/{tag}",
+                                kind,
+                                partial(
+                                    throughput,
+                                    srv,
+                                    spec,
+                                    spec,
+                                    f"m{size}",
+                                    size,
+                                    p.count,
+                                    pubs=fan,
+                                    duration=p.duration,
+                                ),
+                            )
+                        if "latency" in p.scenarios:
+                            n = 300 if p.quick else 5000
+                            self.record(
+                                f"latency/{tag}",
+                                kind,
+                                partial(latency, srv, spec, f"l{size}", size, n, 1000.0),
+                                higher=False,
+                            )
+
+    def persist(self) -> None:
+        """Acked publish and persistent end to end per durability mode; JetStream, QoS 1, Redis AOF beside."""
+        p = self.plan
+        for mode in MODES:
+            groups: list[tuple[str, str]] = [(f"hubbub-{mode}", "hubbub")]
+            if p.peers:
+                groups += [("js", "js"), ("mosquitto", "mqtt1"), (f"redis-aof-{mode}", "xredis")]
+            for target, kind in groups:
+                if mode != "commit" and target in ("js", "mosquitto"):
+                    continue  # one durability setting only: shown beside every mode from the commit run
+                with self.server(target) as srv:
+                    if srv is None:
+                        continue
+                    spec = srv.specs[kind]
+                    for size in SIZES:
+                        tag = f"{size}B"
+                        self.record(
+                            f"persist-ack-{mode}/{tag}",
+                            kind,
+                            partial(
+                                throughput,
+                                srv,
+                                spec,
+                                None,
+                                f"a{size}",
+                                size,
+                                p.count,
+                                subs=0,
+                                ack=True,
+                                window=4000,
+                                duration=p.duration,
+                            ),
+                        )
+                        if kind == "xredis":
+                            continue  # streams e2e needs an XREAD loop: not measured (see RESULTS.md)
+                        self.record(
+                            f"persist-e2e-{mode}/{tag}",
+                            kind,
+                            partial(
+                                throughput,
+                                srv,
+                                spec,
+                                spec,
+                                f"e{size}",
+                                size,
+                                p.count,
+                                ack=True,
+                                window=4000,
+                                duration=p.duration,
+                            ),
+                        )
+
+    def replay(self) -> None:
+        p = self.plan
+        total = 20_000 if p.quick else 1_000_000
+        for size in SIZES:
+            tag = f"{size}B"
+            with tempfile.TemporaryDirectory(prefix="hubbub-replay-") as tmp:
+                data = os.path.join(tmp, "data")
+                self.log(f"prefilling {total} events of {size} B")
+                _prefill_hubbub(data, "/b/r", total, size)
+                with self.server("hubbub-commit", data_dir=data) as srv:
+                    assert srv is not None
+                    self.record(
+                        f"replay/{tag}", "hubbub", partial(replay, srv, srv.specs["hubbub"], "r", total)
+                    )
+            if not p.peers:
+                continue
+            with self.server("js") as srv:
+                if srv is not None:
+                    _prefill_peer(srv, "js", "r", total, size)
+                    self.record(f"replay/{tag}", "js", partial(replay, srv, srv.specs["js"], "r", total))
+            with self.server("redis") as srv:
+                if srv is not None:
+                    _prefill_peer(srv, "xredis", "r", total, size)
+                    self.record(
+                        f"replay/{tag}", "xredis", partial(replay, srv, srv.specs["xredis"], "r", total)
+                    )
+
+    def memory(self) -> None:
+        p = self.plan
+        counts = (100, 200) if p.quick else (1000, 10_000)
+        groups: list[tuple[str, str]] = [("hubbub", "hubbub-ws")]
+        if p.peers:
+            groups += [("nats", "nats"), ("mosquitto", "mqtt0"), ("redis", "redis")]
+        for target, kind in groups:
+            for n in counts:
+                with self.server(target) as srv:
+                    if srv is None:
+                        continue
+                    self.record(
+                        f"idle-mem-{n}", kind, partial(idle_memory, srv, srv.specs[kind], n), higher=False
+                    )
+
+    def run(self) -> None:
+        raise_nofile()
+        sc = self.plan.scenarios
+        if {"1to1", "fanout", "100to1", "latency"} & set(sc):
+            self.pubsub()
+        if "persist" in sc:
+            self.persist()
+        if "replay" in sc:
+            self.replay()
+        if "memory" in sc:
+            self.memory()
+
+
+def _prefill_hubbub(data_dir: str, channel: str, total: int, size: int) -> None:
+    """Fill a data dir through the store directly, in appends of 1000 (far faster than publishing)."""
+    from hubbub.events import Publisher
+    from hubbub.log import AppendRequest, RetentionPolicy, open_store
+
+    pub = Publisher("native", "", "bench", "")
+    batch = [AppendRequest(channel, pub, b"x" * size, "application/octet-stream") for _ in range(1000)]
+    st = open_store("sqlite", data_dir, "none", RetentionPolicy(), 600)
+    try:
+        for _ in range(total // 1000):
+            st.append(batch)
+    finally:
+        st.close()
+
+
+def _prefill_peer(srv: Server, kind: str, name: str, total: int, size: int) -> None:
+    from scenarios import subject
+
+    spec = srv.specs[kind]
+    r = throughput(srv, spec, None, name, size, total, subs=0, ack=True, window=8000, duration=300)
+    if r.extra.get("count", 0) < total:
+        raise RuntimeError(f"prefill of {kind} stored only {r.extra.get('count')} of {total}")
+    del subject
+
+
+# -- machine and report --------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, str]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        mem_kb = next(
+            int(x.split()[1])
+            for x in Path("/proc/meminfo").read_text().splitlines()
+            if x.startswith("MemTotal")
+        )
+        mem = f"{mem_kb / 1024 / 1024:.1f} GiB"
+    except (OSError, StopIteration):
+        mem = "unknown"
+    versions = {}
+    for peer, args in (("nats", ["--version"]), ("mosquitto", ["-h"]), ("redis", ["--version"])):
+        exe = available(peer)
+        if exe is None:
+            versions[peer] = "not installed"
+            continue
+        import subprocess
+
+        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=10, check=False)
+        versions[peer] = (out.stdout + out.stderr).strip().splitlines()[0][:80]
+    return {
+        "nproc": str(os.cpu_count()),
+        "cpu": cpu,
+        "memory": mem,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        **{f"{k} version": v for k, v in versions.items()},
+    }
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "—"
+    if unit.startswith("µs"):
+        return f"{v:,.0f} µs"
+    if unit == "B/conn":
+        return f"{v / 1024:,.1f} KiB"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f}M"
+    if v >= 1e3:
+        return f"{v / 1e3:.1f}k"
+    return f"{v:.0f}"
+
+
+PEERS_FOR = {
+    "1to1": ("nats", "mqtt0", "redis"),
+    "fanout": ("nats", "mqtt0", "redis"),
+    "to1": ("nats", "mqtt0", "redis"),
+    "latency": ("nats", "mqtt0", "redis"),
+    "persist-ack": ("js", "mqtt1", "xredis"),
+    "persist-e2e": ("js", "mqtt1"),
+    "replay": ("js", "xredis"),
+    "idle-mem": ("nats", "mqtt0", "redis"),
+}
+
+
+def _family(scenario: str) -> str:
+    head = scenario.split("/", maxsplit=1)[0]
+    for k in ("persist-ack", "persist-e2e", "idle-mem", "fanout", "latency", "replay", "1to1"):
+        if head.startswith(k):
+            return k
+    return "to1"
+
+
+def table(rows: list[Row], skipped: dict[str, str]) -> str:
+    by: dict[tuple[str, str], Row] = {(r.scenario, r.target): r for r in rows}
+    scen = list(dict.fromkeys(r.scenario for r in rows))
+    lines = [
+        "| scenario | hubbub | hubbub CPU (srv / driver s) | peer | peer value | peer CPU (srv / driver s) "
+        "| hubbub / peer |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in scen:
+        fam = _family(s)
+        hubs = [r for r in rows if r.scenario == s and r.target.startswith("hubbub")]
+        # Persistent peers ran once (commit run) and are shown beside every mode.
+        peer_scen = s.replace("-fsync/", "-commit/").replace("-none/", "-commit/")
+        for h in hubs:
+            label = s if h.target == "hubbub" else f"{s} ({h.target})"
+            hv = _fmt(h.value, h.unit) + (f" ({_pcts(h)})" if h.extra.get("p50") else "")
+            hc = f"{h.server_cpu_s:.1f} / {h.driver_cpu_s:.1f}"
+            peers = PEERS_FOR.get(fam, ())
+            found = False
+            for peer in peers:
+                pr = by.get((s, peer)) or (by.get((peer_scen, peer)) if peer in ("js", "mqtt1") else None)
+                if pr is None:
+                    continue
+                found = True
+                ratio = "—"
+                if pr.value and h.value is not None:
+                    ratio = f"{h.value / pr.value:.2f}x"
+                pv = _fmt(pr.value, pr.unit) + (f" ({_pcts(pr)})" if pr.extra.get("p50") else "")
+                note = f" ({pr.note})" if pr.note else ""
+                pc = f"{pr.server_cpu_s:.1f} / {pr.driver_cpu_s:.1f}"
+                lines.append(f"| {label} | {hv} | {hc} | {PEER_LABELS[peer]} | {pv}{note} | {pc} | {ratio} |")
+            if not found:
+                note = f" ({h.note})" if h.note else ""
+                lines.append(f"| {label} | {hv}{note} | {hc} | — | peers not run | — | — |")
+    for target, why in skipped.items():
+        lines.append(f"| (all) | — | — | {target} | not run: {why} | — | — |")
+    return "\n".join(lines)
+
+
+def _pcts(r: Row) -> str:
+    return f"p50 {r.extra['p50']:,.0f} / p99.9 {r.extra['p99.9']:,.0f} µs"
+
+
+def chart(rows: list[Row], path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "chart skipped: matplotlib is not installed (pip install -e '.[bench]')"
+    thr = [r for r in rows if r.value and r.unit == "msgs/s"]
+    lat = [r for r in rows if r.value and r.unit.startswith("µs")]
+    targets = list(dict.fromkeys(r.target for r in rows))
+    fig, axes = plt.subplots(2, 1, figsize=(14, 11))
+    for ax, sel, key, title in (
+        (axes[0], thr, "value", "throughput (msgs or deliveries /s, log scale)"),
+        (axes[1], lat, "p99", "latency p99 at 1000 msgs/s (µs, log scale)"),
+    ):
+        scen = list(dict.fromkeys(r.scenario for r in sel))
+        width = 0.8 / max(1, len(targets))
+        for i, t in enumerate(targets):
+            xs, ys = [], []
+            for j, s in enumerate(scen):
+                r = next((r for r in sel if r.scenario == s and r.target == t), None)
+                if r is not None and r.value:
+                    xs.append(j + i * width)
+                    ys.append(r.value if key == "value" else r.extra["p99"])
+            if xs:
+                ax.bar(xs, ys, width, label=t)
+        ax.set_xticks(
+            [j + 0.4 - width / 2 for j in range(len(scen))], scen, rotation=35, ha="right", fontsize=8
+        )
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.legend(fontsize=8, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return f"chart: {path.name}"
+
+
+def write_results(suite: Suite, out: Path, argv: list[str], started: float, chart_msg: str) -> None:
+    m = machine()
+    keep = ""
+    if out.exists():
+        # Everything from the "## Analysis" heading on is hand-written (profiles and plans): keep it.
+        text = out.read_text()
+        if "\n## Analysis" in text:
+            keep = text[text.index("\n## Analysis") :]
+    cmd = "hubbub bench " + " ".join(shlex.quote(a) for a in argv)
+    body = [
+        "# hubbub benchmark results",
+        "",
+        f"Generated {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} in "
+        f"{time.time() - started:.0f} s "
+        f"by `{cmd}` (regenerate with `PYTHONPATH=src python -m hubbub bench --peers`).",
+        "",
+        "## Machine",
+        "",
+        *[f"- {k}: {v}" for k, v in m.items()],
+        "",
+        "## Results (hubbub / peer, same run)",
+        "",
+        "Ratios above 1 favour hubbub for rates; for latency and memory lower is better, so a ratio above 1 "
+        "favours the peer. CPU columns are the server's and the driver's CPU seconds over the measured "
+        "interval "
+        "(the driver is not the bottleneck when its CPU stays below the wall time x its processes). "
+        "Non-persistent hubbub runs use `--store memory --durability none`; persistent ones the SQLite "
+        "store.",
+        "",
+        table(suite.rows, suite.skipped),
+        "",
+        chart_msg,
+        "",
+        "<details><summary>raw rows (JSON)</summary>",
+        "",
+        "```json",
+        json.dumps([asdict(r) for r in suite.rows], indent=None)[:200_000],
+        "```",
+        "",
+        "</details>",
+        "",
+    ]
+    out.write_text("\n".join(body) + keep)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="hubbub bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--peers", action="store_true", help="run NATS, Mosquitto and Redis side by side")
+    ap.add_argument("--quick", action="store_true", help="tiny counts (the CI smoke form)")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
+    ap.add_argument("--out", default=str(HERE / "RESULTS.md"), help="where the Markdown results go")
+    ap.add_argument("--chart", default=None, help="PNG path (default: results.png beside --out)")
+    ap.add_argument("--json", default=None, help="also write the raw rows as JSON here")
+    args = ap.parse_args(argv)
+    scen = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
+    bad = set(scen) - set(SCENARIOS)
+    if bad:
+        ap.error(f"unknown scenarios: {', '.join(sorted(bad))}")
+    started = time.time()
+    suite = Suite(Plan(args.quick, args.peers, scen))
+    if args.peers:
+        for peer in ("nats", "mosquitto", "redis"):
+            if available(peer) is None:
+                suite.skipped[peer] = "not installed (apt-get install nats-server mosquitto redis-server)"
+    try:
+        suite.run()
+    except KeyboardInterrupt:
+        suite.log("interrupted: writing what was measured")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png = Path(args.chart) if args.chart else out.with_name("results.png")
+    msg = chart(suite.rows, png)
+    if msg.startswith("chart:"):
+        msg = f"![throughput and latency per scenario]({png.name})"
+    suite.log(msg)
+    write_results(suite, out, list(argv if argv is not None else sys.argv[1:]), started, msg)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in suite.rows], indent=1))
+    print(table(suite.rows, suite.skipped))
+    failed = [r for r in suite.rows if r.value is None]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Smoke test of the benchmark suite: ``hubbub bench --quick`` against hubbub alone completes and gives a
+number for every scenario. It asserts nothing about speed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_quick_bench_produces_numbers(tmp_path: Path) -> None:
+    out, raw = tmp_path / "RESULTS.md", tmp_path / "rows.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hubbub", "bench", "--quick", "--out", str(out), "--json", str(raw)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=140, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(raw.read_text())
+    families = {r["scenario"].split("/")[0] for r in rows}
+    # 1to1, fanoutN, Nto1, latency, persist-ack-*, persist-e2e-*, replay, idle-mem-N
+    for fam in ("1to1", "fanout", "latency", "persist-ack-fsync", "persist-e2e-none", "replay", "idle-mem"):
+        assert any(f.startswith(fam) for f in families), (fam, families)
+    assert any(f.endswith("to1") and f != "1to1" for f in families), families
+    for r in rows:
+        assert r["value"] is not None and r["value"] > 0, r
+    text = out.read_text()
+    assert "## Machine" in text and "| scenario |" in text
+    assert "results.png" in text or "chart skipped" in text
