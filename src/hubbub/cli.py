@@ -120,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_client_commands(sub)
+    from hubbub.pipeline.cli import add_pipeline_commands  # imports no Spark until a job runs
+
+    add_pipeline_commands(sub)
+    from hubbub.bench_cli import add_bench_command  # the suite itself lives in bench/ of a checkout
+
+    add_bench_command(sub)
     return parser
 
 

@@ -46,6 +46,8 @@ def open_store(
     durability: str,
     retention: RetentionPolicy,
     idem_window_s: int,
+    *,
+    readonly: bool = False,
 ) -> LogStore:
     """Open the log store that ``url`` names (protocols README §2, key ``store``).
 
@@ -56,20 +58,26 @@ def open_store(
     ``postgresql://…`` is not supported yet. Anything else, or an unknown ``durability``, raises
     :class:`ValueError` with a message fit for the user (it never echoes credentials). Failing to open the
     database raises :class:`hubbub.errors.StorageError`. Blocking: call it off the event loop.
+
+    ``readonly=True`` (SQLite only) opens a reader of an existing file, which may belong to a running server:
+    no lock, nothing created, the writer methods raise ``StorageError`` (the data pipeline uses it).
     """
     if durability not in DURABILITY_SYNCHRONOUS:
         raise ValueError(f"durability must be one of {', '.join(DURABILITY_SYNCHRONOUS)}, not {durability!r}")
     if url == "memory":
+        if readonly:
+            raise ValueError("store: a memory store cannot be opened read-only")
         return MemoryLogStore(retention=retention, idem_window_s=idem_window_s)
     if url == "sqlite":
-        os.makedirs(data_dir, exist_ok=True)
+        if not readonly:
+            os.makedirs(data_dir, exist_ok=True)
         path = os.path.join(data_dir, DB_FILENAME)
     elif url.startswith("sqlite:"):
         if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
             raise ValueError("store: write a SQLite file as sqlite:///<absolute path> (three slashes)")
         path = url[len("sqlite://") :]
         parent = os.path.dirname(path)
-        if parent:
+        if parent and not readonly:
             os.makedirs(parent, exist_ok=True)
     else:
         scheme = urlsplit(url).scheme.lower() if "://" in url else ""
@@ -78,4 +86,6 @@ def open_store(
         # Only the scheme is echoed: a URL may carry a password.
         shown = f"{scheme}://…" if scheme else repr(url)
         raise ValueError(f"store: unknown log store {shown} (expected sqlite, sqlite:///<file> or memory)")
-    return SqliteLogStore(path, durability=durability, retention=retention, idem_window_s=idem_window_s)
+    return SqliteLogStore(
+        path, durability=durability, retention=retention, idem_window_s=idem_window_s, readonly=readonly
+    )

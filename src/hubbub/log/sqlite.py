@@ -50,6 +50,10 @@ Concurrency contract:
   :class:`StorageError`.
 * One database file has one writer: opening takes an exclusive ``flock`` on ``<file>.lock``; a second store on
   the same file (in this process or another) fails with :class:`StorageError`.
+* ``readonly=True`` opens a **reader only** (the data pipeline reading a running server's file): no lock file,
+  no writer connection, no checkpointer, nothing created; the file must exist with this schema version. Its
+  read methods work as above (each read one snapshot, concurrently with the owning server's writer); the
+  writer methods raise :class:`StorageError`.
 
 Every ``sqlite3`` error becomes a :class:`~hubbub.errors.StorageError` whose message names the operation and
 SQLite's error code only (never SQL or paths). The full error goes to the ``hubbub.log.sqlite`` logger.
@@ -279,6 +283,7 @@ class SqliteLogStore(LogStore):
         idem_window_s: int = 600,
         clock: Callable[[], int] = time.time_ns,
         busy_timeout_ms: int = 5000,
+        readonly: bool = False,
     ) -> None:
         if durability not in DURABILITY_SYNCHRONOUS:
             raise ValueError(
@@ -303,6 +308,10 @@ class SqliteLogStore(LogStore):
         self._lock_fd = -1
         self._conn: sqlite3.Connection | None = None
         self._checkpointer: _Checkpointer | None = None
+        self.readonly = readonly
+        if readonly:
+            self._open_readonly()
+            return
         try:
             self._lock_file()
             self._conn = self._open_writer()
@@ -316,6 +325,20 @@ class SqliteLogStore(LogStore):
             raise
 
     # -- opening -------------------------------------------------------------------------------------
+
+    def _open_readonly(self) -> None:
+        if not self.path.is_file():
+            raise StorageError("log database does not exist")
+        try:
+            row = self._one("SELECT value FROM meta WHERE key = 'schema_version'")
+        except StorageError:
+            self._release()
+            raise
+        if row is None or row[0] != SCHEMA_VERSION:
+            self._release()
+            raise StorageError(
+                f"log database has schema version {row and row[0]}, this hubbub reads {SCHEMA_VERSION}"
+            )
 
     def _lock_file(self) -> None:
         if fcntl is None:  # pragma: no cover - not POSIX
@@ -388,6 +411,8 @@ class SqliteLogStore(LogStore):
 
     def _writer(self) -> sqlite3.Connection:
         conn = self._conn
+        if self.readonly and not self._closed:
+            raise StorageError("log store is open read-only")
         if conn is None or self._closed:
             raise StorageError("log store is closed")
         return conn
@@ -777,15 +802,30 @@ class SqliteLogStore(LogStore):
         from_time: int | None = None,
         to_time: int | None = None,
     ) -> list[Event]:
+        epoch, rows = self.read_rows(channel, after_seq, limit, from_time, to_time)
+        return self._events(channel, epoch, rows) if rows else []
+
+    def read_rows(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+    ) -> tuple[str, list[tuple[Any, ...]]]:
+        """:meth:`read` without building events, for bulk readers (the data pipeline): ``(epoch, rows)``,
+        each row ``(seq, time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id,
+        content_type, headers, tags, payload)`` with ``headers`` and ``tags`` in the column codec of
+        :mod:`hubbub.log.records`. An unknown channel gives ``("", [])``."""
         if limit <= 0:
             self._reader()
-            return []
+            return "", []
         with self._snapshot() as conn:
             row = conn.execute(
                 "SELECT id, epoch, first, top FROM channels WHERE path = ?", (channel,)
             ).fetchone()
             if row is None:
-                return []
+                return "", []
             cid, epoch, first, top = row
             lo, hi = max(after_seq + 1, first), top
             if from_time is not None and lo <= hi:
@@ -793,13 +833,13 @@ class SqliteLogStore(LogStore):
             if to_time is not None and lo <= hi:
                 hi = _seq_at_time(conn, cid, lo, hi, to_time) - 1
             if lo > hi:
-                return []
+                return epoch, []
             rows = conn.execute(
                 f"SELECT {_EVENT_COLS} FROM events "
                 "WHERE channel_id = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?",
                 (cid, lo, hi, min(limit, _MAX_INT64)),
             ).fetchall()
-            return self._events(channel, epoch, rows)
+            return epoch, rows
 
     def read_last(self, channel: str, n: int) -> list[Event]:
         if n <= 0:

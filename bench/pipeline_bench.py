@@ -1,0 +1,126 @@
+"""Measure the data pipeline (docs/pipeline.md): source read, archive, Parquet read, streaming latency.
+
+    PYTHONPATH=src PYSPARK_PYTHON=$(which python) SPARK_LOCAL_IP=127.0.0.1 \
+        python bench/pipeline_bench.py --events 1000000 --dir /tmp/hubbub-bench
+
+Builds a SQLite log of N events (10 channels, 100-byte payloads, a third with a header), then times each
+step in ``local[2]``; streaming latency runs a real server and a streaming query with the default trigger.
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from hubbub.events import Publisher
+from hubbub.log import AppendRequest, SqliteLogStore
+from hubbub.pipeline import jobs
+
+
+def build(path: Path, n: int) -> None:
+    st = SqliteLogStore(path)
+    pub = Publisher("native", "u", "app", "")
+    for _ in range(n // 1000):
+        st.append(
+            [
+                AppendRequest(
+                    f"/bench/c{i % 10}", pub, b"x" * 100, "text/plain", {"k": "v"} if i % 3 == 0 else {}
+                )
+                for i in range(1000)
+            ]
+        )
+    st.close()
+
+
+def timed(fn: object) -> float:
+    t = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--dir", default="/tmp/hubbub-bench")
+    args = ap.parse_args()
+    d = Path(args.dir)
+    db = d / "log.db"
+    if not db.exists():
+        d.mkdir(parents=True, exist_ok=True)
+        build(db, args.events)
+    url = f"sqlite:///{db}"
+    spark = jobs.make_session("local[2]", **{"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    out: dict[str, object] = {"events": args.events}
+    df = spark.read.format("hubbub").option("url", url).load()
+    df.selectExpr("count(*)").collect()  # warm up the Python workers
+    read_s = min(timed(lambda: df.selectExpr("count(*)", "sum(length(payload))").collect()) for _ in range(2))
+    out["source_read_events_per_s"] = round(args.events / read_s)
+    shutil.rmtree(d / "archive", ignore_errors=True)
+    res = jobs.archive(spark, url, str(d / "archive"))
+    out["archive_events_per_s"] = res["events_per_s"]
+    pq = spark.read.parquet(str(d / "archive" / "data"))
+    pq.selectExpr("count(*)").collect()
+    pq_s = min(timed(lambda: pq.selectExpr("count(*)", "sum(length(payload))").collect()) for _ in range(3))
+    out["parquet_read_events_per_s"] = round(args.events / pq_s)
+    out["streaming_latency_ms"] = latency(spark, d)
+    spark.stop()
+    print(json.dumps(out))
+
+
+def latency(spark: object, d: Path) -> dict[str, float]:
+    from tests.integration.serverproc import ServerProcess
+
+    from hubbub.client import Client
+
+    srv = ServerProcess(d / "server").start()
+    url = f"http://127.0.0.1:{srv.ports['http']}"
+    lat: list[float] = []
+    try:
+        with Client.connect(url) as c:
+            c.publish("/lat/warm", b"w")
+
+            def on_batch(batch: object, _id: int) -> None:
+                now = time.time_ns()
+                for row in batch.select("time").collect():  # type: ignore[attr-defined]
+                    lat.append((now - row.time) / 1e6)
+
+            q = (
+                spark.readStream.format("hubbub")  # type: ignore[attr-defined]
+                .option("url", url)
+                .option("channels", "/lat/**")
+                .option("startingOffsets", "latest")
+                .load()
+                .writeStream.foreachBatch(on_batch)
+                .start()
+            )
+            time.sleep(5)
+            stop = threading.Event()
+            for i in range(40):
+                c.publish(f"/lat/{i % 2}", str(i).encode())
+                stop.wait(0.25)
+            time.sleep(3)
+            q.stop()
+    finally:
+        srv.terminate()
+    lat.sort()
+    return {
+        "n": len(lat),
+        "p50": round(statistics.median(lat), 1),
+        "p90": round(lat[int(len(lat) * 0.9) - 1], 1),
+        "max": round(lat[-1], 1),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The record schema as Arrow, and builders of Arrow record batches from the log's raw rows.
+
+:data:`ARROW_SCHEMA` is :data:`hubbub.log.records.RECORD_SCHEMA` column for column (no column nullable);
+:data:`hubbub.log.records.SPARK_DDL` is the same schema in Spark's words. Spark's Python data source turns
+these batches into rows without a Python object per value, which is why the source yields batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+import pyarrow as pa
+
+from hubbub.log.records import RECORD_SCHEMA, decode_headers, decode_tags
+
+__all__ = ["ARROW_SCHEMA", "batch_from_events", "batch_from_rows", "empty_batch"]
+
+_TYPES: Final[dict[str, pa.DataType]] = {
+    "string": pa.string(),
+    "int64": pa.int64(),
+    "binary": pa.binary(),
+    "map<string,string>": pa.map_(pa.string(), pa.string()),
+    "list<string>": pa.list_(pa.string()),
+}
+
+#: The record schema as an Arrow schema, in column order.
+ARROW_SCHEMA: Final = pa.schema([pa.field(c.name, _TYPES[c.type], nullable=False) for c in RECORD_SCHEMA])
+
+_MAP: Final = _TYPES["map<string,string>"]
+_LIST: Final = _TYPES["list<string>"]
+
+
+def empty_batch() -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+
+
+def _const_or_array(values: Sequence[Any], typ: pa.DataType) -> pa.Array:
+    # Most columns of a page hold one value (one dialect, one content type): repeat it instead of converting
+    # every element. Comparing to the first value is far cheaper than building an array from Python objects.
+    first = values[0]
+    if values.count(first) == len(values):
+        return pa.repeat(pa.scalar(first, typ), len(values))
+    return pa.array(values, typ)
+
+
+def _map_column(encoded: Sequence[bytes]) -> pa.Array:
+    if not any(encoded):
+        offsets = pa.array([0] * (len(encoded) + 1), pa.int32())
+        return pa.MapArray.from_arrays(offsets, pa.array([], pa.string()), pa.array([], pa.string()))
+    return pa.array([list(decode_headers(h).items()) if h else [] for h in encoded], _MAP)
+
+
+def _list_column(encoded: Sequence[bytes]) -> pa.Array:
+    if not any(encoded):
+        offsets = pa.array([0] * (len(encoded) + 1), pa.int32())
+        return pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
+    return pa.array([list(decode_tags(t)) if t else [] for t in encoded], _LIST)
+
+
+def batch_from_rows(channel: str, epoch: str, rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
+    """A batch from :meth:`hubbub.log.SqliteLogStore.read_rows` rows of one channel and epoch."""
+    n = len(rows)
+    if n == 0:
+        return empty_batch()
+    seq, time_ns, dialect, user, app, msg_id, ctype, headers, tags, payload = zip(*rows, strict=True)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(channel, pa.string()), n),
+            pa.array(seq, pa.int64()),
+            pa.repeat(pa.scalar(epoch, pa.string()), n),
+            pa.array(time_ns, pa.int64()),
+            _const_or_array(dialect, pa.string()),
+            _const_or_array(user, pa.string()),
+            _const_or_array(app, pa.string()),
+            _const_or_array(msg_id, pa.string()),
+            _map_column(headers),
+            _list_column(tags),
+            pa.array(payload, pa.binary()),
+            _const_or_array(ctype, pa.string()),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+def batch_from_events(events: Iterable[Mapping[str, Any]]) -> pa.RecordBatch:
+    """A batch from event objects of the HTTP log API's ``msgpack`` form (native.md §8)."""
+    evs = list(events)
+    if not evs:
+        return empty_batch()
+    pubs = [e["publisher"] for e in evs]
+    return pa.RecordBatch.from_arrays(
+        [
+            _const_or_array([e["channel"] for e in evs], pa.string()),
+            pa.array([e["seq"] for e in evs], pa.int64()),
+            _const_or_array([e["epoch"] for e in evs], pa.string()),
+            pa.array([e["time"] for e in evs], pa.int64()),
+            _const_or_array([p["dialect"] for p in pubs], pa.string()),
+            _const_or_array([p["user"] for p in pubs], pa.string()),
+            _const_or_array([p["app"] for p in pubs], pa.string()),
+            _const_or_array([p["msg_id"] for p in pubs], pa.string()),
+            pa.array([list(e["headers"].items()) for e in evs], _MAP),
+            pa.array([e["tags"] for e in evs], _LIST),
+            pa.array([e["payload"] for e in evs], pa.binary()),
+            _const_or_array([e["content_type"] for e in evs], pa.string()),
+        ],
+        schema=ARROW_SCHEMA,
+    )

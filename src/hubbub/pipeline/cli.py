@@ -1,0 +1,133 @@
+"""``hubbub pipeline <job>``: the pipeline's jobs on the command line (docs/pipeline.md).
+
+This module imports neither pyspark nor the jobs until a job runs, so ``hubbub --help`` works without the
+``spark`` extra. Every job prints its summary as one JSON line on standard output; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+__all__ = ["add_pipeline_commands"]
+
+JOBS = {
+    "archive": "archive the log to Parquet, partitioned by channel root and date (incremental, idempotent)",
+    "stats": "per-channel counts, bytes, publishers, first/last event, events per hour; CSV, Parquet, PNG",
+    "audit": "sequence gaps and duplicates per channel and epoch",
+    "retention": "drop archived partitions older than N days",
+    "compact": "keep the latest event per key (taken from a header)",
+    "export": "JSON lines or Parquet for a channel pattern and time range",
+    "backfill": "publish an archive or export into a running server, idempotently",
+}
+
+
+def add_pipeline_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``pipeline`` and its jobs on the ``hubbub`` command's subparsers."""
+    pipe = subparsers.add_parser(
+        "pipeline",
+        help="data pipeline jobs on Apache Spark (needs the spark extra)",
+        description="Run a data pipeline job on Spark: local mode by default, or any cluster with --master.",
+    )
+    jobs = pipe.add_subparsers(dest="job", metavar="JOB")
+    for name, text in JOBS.items():
+        p = jobs.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        p.add_argument(
+            "--master",
+            default=os.environ.get("HUBBUB_SPARK_MASTER", "local[2]"),
+            help="Spark master: local[N] or spark://host:port [env HUBBUB_SPARK_MASTER; default local[2]]",
+        )
+        p.add_argument(
+            "--conf", action="append", default=[], metavar="K=V", help="a Spark setting (repeatable)"
+        )
+        p.add_argument("--no-progress", action="store_true", help="do not show progress on stderr")
+        if name != "retention":
+            src = p.add_mutually_exclusive_group(required=name in ("archive",))
+            src.add_argument("--url", default="", help="a running server, http://host:port")
+            src.add_argument("--store", default="", help="a log store, sqlite:///ABS/PATH.db (read-only)")
+            if name != "archive":
+                src.add_argument("--input", default="", help="an archive or Parquet export directory")
+            p.add_argument("--channels", default="/**", help="channel pattern (default /**)")
+            p.add_argument("--token", default=os.environ.get("HUBBUB_TOKEN", ""), help="bearer token")
+        if name in ("stats", "export"):
+            p.add_argument("--from", dest="start_time", default="", help="start time (ns or ISO-8601, UTC)")
+            p.add_argument("--to", dest="end_time", default="", help="end time, exclusive")
+        if name == "backfill":
+            p.add_argument("--target", required=True, help="the server to publish to, http://host:port")
+            p.add_argument("--channel-prefix", default="", help="publish /a/b as PREFIX/a/b")
+        else:
+            p.add_argument("--out", required=True, help="output directory")
+        if name == "retention":
+            p.add_argument("--days", type=int, required=True, help="keep this many days")
+        if name == "compact":
+            p.add_argument("--key-header", required=True, help="header holding the key")
+        if name == "export":
+            p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+        if name == "stats":
+            p.add_argument("--top", type=int, default=5, help="channels in the chart (default 5)")
+        p.set_defaults(func=_run, _command=f"pipeline {name}")
+
+    def usage(args: argparse.Namespace) -> int:
+        pipe.print_help()
+        return 2
+
+    pipe.set_defaults(func=usage)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        from hubbub.pipeline import jobs
+        from hubbub.pipeline.sources import PipelineError
+    except ImportError as exc:
+        print(
+            f"hubbub {args._command}: needs the spark extra (pip install 'hubbub[spark]'): {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.job == "retention":
+        print(json.dumps(jobs.retention(args.out, args.days)))
+        return 0
+    conf = dict(kv.split("=", 1) for kv in args.conf if "=" in kv)
+    show = not args.no_progress and sys.stderr.isatty()
+    try:
+        spark = jobs.make_session(args.master, f"hubbub-{args.job}", **conf)
+    except Exception as exc:  # Java missing, master unreachable
+        print(f"hubbub {args._command}: cannot start Spark: {exc}", file=sys.stderr)
+        return 1
+    spark.sparkContext.setLogLevel("ERROR")
+    url = args.url or args.store
+    try:
+        result: dict[str, Any]
+        if args.job == "archive":
+            result = jobs.archive(spark, url, args.out, args.channels, args.token, show)
+        elif args.job == "backfill":
+            if not args.input:
+                raise PipelineError("backfill reads an archive or export: give --input DIR")
+            result = jobs.backfill(
+                spark, args.input, args.target, args.channels, args.channel_prefix, args.token, show
+            )
+        else:
+            kw: dict[str, Any] = {}
+            if args.job in ("stats", "export"):
+                kw = {"start_time": args.start_time, "end_time": args.end_time}
+            df = jobs.load(
+                spark, url=url, input_dir=args.input, channels=args.channels, token=args.token, **kw
+            )
+            if args.job == "stats":
+                result = jobs.stats(spark, df, args.out, args.top, show)
+            elif args.job == "audit":
+                result = jobs.audit(spark, df, args.out, show)
+            elif args.job == "compact":
+                result = jobs.compact(spark, df, args.out, args.key_header, show)
+            else:
+                result = jobs.export(spark, df, args.out, args.format, show)
+    except PipelineError as exc:
+        print(f"hubbub {args._command}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    print(json.dumps(result, default=str))
+    return 0

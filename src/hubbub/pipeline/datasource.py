@@ -1,0 +1,479 @@
+"""The Spark data source ``hubbub`` (PySpark 4 Python Data Source API): batch and streaming read and write.
+
+Read::
+
+    spark.read.format("hubbub").option("url", "http://127.0.0.1:8080").option("channels", "/chat/**").load()
+    spark.read.format("hubbub").option("url", "sqlite:///var/lib/hubbub/hubbub.db").load()
+    spark.readStream.format("hubbub").option("url", …).option("startingOffsets", "earliest").load()
+
+Write (publishes each row; ``channel`` and ``payload`` columns, optional ``content_type``, ``headers``,
+``tags``; the idempotency key from ``idemColumn`` or from the row's source position)::
+
+    df.write.format("hubbub").option("url", "http://127.0.0.1:8080").mode("append").save()
+
+The schema is the log's record schema, :data:`hubbub.log.records.SPARK_DDL` (docs/pipeline.md). There is
+no ``pushFilters``: ranges are options (``startSeq``, ``endSeq``, ``startTime``, ``endTime``,
+``startingOffsets``). Options are documented in docs/pipeline.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import Row, StructType
+
+from hubbub.log.records import SPARK_DDL
+from hubbub.pipeline.sources import LogSource, PipelineError, open_source
+
+__all__ = [
+    "SOURCE_HEADER",
+    "DataLossError",
+    "HubbubDataSource",
+    "PublishCommit",
+    "position_key",
+]
+
+#: Header the sink sets on each published event to the source position (``channel#epoch:seq``).
+SOURCE_HEADER = "hubbub-source"
+_MAX_IDEM = 128
+
+
+class DataLossError(PipelineError):
+    """A streaming read found a channel reset (new epoch) or trimmed past its offset."""
+
+
+def position_key(channel: str, epoch: str, seq: int) -> str:
+    """The source position of an event as text: ``channel#epoch:seq``."""
+    return f"{channel}#{epoch}:{seq}"
+
+
+def _idem(key: str) -> str:
+    if len(key) <= _MAX_IDEM:
+        return key
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _time_option(value: str | None) -> int | None:
+    """Nanoseconds since the Unix epoch, from an integer or an ISO-8601 time (UTC when no zone)."""
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise PipelineError(f"not a time (ns or ISO-8601): {value!r}") from None
+    if dt.tzinfo is None:
+        from datetime import UTC
+
+        dt = dt.replace(tzinfo=UTC)
+    return int(dt.timestamp() * 1_000_000) * 1000
+
+
+def _bool_option(value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True, slots=True)
+class _Range:
+    channel: str
+    epoch: str
+    after: int  # read seq > after …
+    hi: int  # … and <= hi
+
+
+@dataclass(frozen=True)
+class HubbubPartition(InputPartition):  # type: ignore[misc]
+    """Seq ranges of one or more channels (small channels share a partition)."""
+
+    ranges: tuple[_Range, ...]
+    strict: bool = False  # streaming with failOnDataLoss: a trimmed range is an error
+
+
+@dataclass
+class _Options:
+    url: str
+    token: str
+    channels: str
+    start_seq: int
+    end_seq: int | None
+    start_time: int | None
+    end_time: int | None
+    starting: str
+    partition_size: int
+    max_per_trigger: int | None
+    fail_on_data_loss: bool
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> _Options:
+        opts = {k.lower(): v for k, v in options.items()}
+        url = opts.get("url") or opts.get("store") or opts.get("path") or ""
+        if not url:
+            raise PipelineError("hubbub: set option url (http://host:port or sqlite:///path)")
+        end_seq = opts.get("endseq")
+        mpt = opts.get("maxeventspertrigger")
+        return cls(
+            url=url,
+            token=opts.get("token", ""),
+            channels=opts.get("channels", "/**"),
+            start_seq=int(opts.get("startseq", "1")),
+            end_seq=int(end_seq) if end_seq else None,
+            start_time=_time_option(opts.get("starttime")),
+            end_time=_time_option(opts.get("endtime")),
+            starting=opts.get("startingoffsets", ""),
+            partition_size=max(1, int(opts.get("partitionsize", "100000"))),
+            max_per_trigger=int(mpt) if mpt else None,
+            fail_on_data_loss=_bool_option(opts.get("failondataloss"), True),
+        )
+
+    def source(self) -> LogSource:
+        return open_source(self.url, self.token)
+
+
+def _offset_map(text: str) -> dict[str, dict[str, Any]]:
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        raise PipelineError(f"startingOffsets is not earliest, latest or a JSON map: {text!r}") from None
+    if not isinstance(obj, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("seq"), int) and isinstance(v.get("epoch"), str)
+        for v in obj.values()
+    ):
+        raise PipelineError('startingOffsets must map channels to {"epoch": "…", "seq": N}')
+    return obj
+
+
+def _pack(ranges: Sequence[_Range], size: int, strict: bool = False) -> list[HubbubPartition]:
+    """Split ranges into pieces of at most ``size`` events, and pack small ones together."""
+    out: list[HubbubPartition] = []
+    cur: list[_Range] = []
+    n = 0
+    for r in ranges:
+        after = r.after
+        while after < r.hi:
+            take = min(r.hi - after, size - n)
+            cur.append(_Range(r.channel, r.epoch, after, after + take))
+            after += take
+            n += take
+            if n >= size:
+                out.append(HubbubPartition(tuple(cur), strict))
+                cur, n = [], 0
+    if cur:
+        out.append(HubbubPartition(tuple(cur), strict))
+    return out
+
+
+def _read_partition(opts: _Options, part: HubbubPartition) -> Iterator[pa.RecordBatch]:
+    src = opts.source()
+    for r in part.ranges:
+        after = r.after
+        while after < r.hi:
+            page = src.read(
+                r.channel, r.epoch, after, min(src.page_limit, r.hi - after), opts.start_time, opts.end_time
+            )
+            batch = page.batch
+            if batch.num_rows == 0:
+                if part.strict and page.first - 1 > after:
+                    raise DataLossError(
+                        f"channel {r.channel}: events after seq {after} were trimmed "
+                        f"(first is now {page.first}); "
+                        "set failOnDataLoss=false to skip them"
+                    )
+                break
+            seqs = batch.column(1)
+            first_seq = seqs[0].as_py()
+            if part.strict and opts.start_time is None and first_seq != after + 1:
+                raise DataLossError(
+                    f"channel {r.channel}: events {after + 1}..{first_seq - 1} were trimmed; "
+                    "set failOnDataLoss=false to skip them"
+                )
+            last = seqs[-1].as_py()
+            if last > r.hi:
+                batch = batch.slice(0, batch.num_rows - (last - r.hi))  # seqs have no gaps
+                last = r.hi
+            yield batch
+            after = last
+
+
+class HubbubDataSource(DataSource):  # type: ignore[misc]
+    """``format("hubbub")``: see the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "hubbub"
+
+    def schema(self) -> str:
+        return SPARK_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return HubbubBatchReader(_Options.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return HubbubStreamReader(_Options.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return HubbubWriter(dict(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return HubbubStreamWriter(dict(self.options), schema)
+
+
+class HubbubBatchReader(DataSourceReader):  # type: ignore[misc]
+    def __init__(self, opts: _Options) -> None:
+        self.opts = opts
+
+    def partitions(self) -> Sequence[InputPartition]:
+        o = self.opts
+        starting = _offset_map(o.starting) if o.starting.strip().startswith("{") else {}
+        ranges = []
+        for ci in o.source().channels(o.channels):
+            after = max(o.start_seq - 1, ci.first - 1)
+            prev = starting.get(ci.channel)
+            if prev is not None and prev["epoch"] == ci.epoch:
+                after = max(after, prev["seq"])
+            hi = ci.top if o.end_seq is None else min(ci.top, o.end_seq)
+            if hi > after:
+                ranges.append(_Range(ci.channel, ci.epoch, after, hi))
+        return _pack(ranges, o.partition_size) or [HubbubPartition(())]
+
+    def read(self, partition: HubbubPartition) -> Iterator[pa.RecordBatch]:
+        return _read_partition(self.opts, partition)
+
+
+class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    """Offsets: ``{channel: {"epoch": E, "seq": S}}``, S the last seq read (see docs/pipeline.md)."""
+
+    def __init__(self, opts: _Options) -> None:
+        self.opts = opts
+        self._target: dict[str, tuple[str, int]] | None = None
+        self._last: dict[str, Any] | None = None
+
+    def initialOffset(self) -> dict[str, Any]:
+        o = self.opts
+        src = o.source()
+        infos = src.channels(o.channels)
+        start = o.starting.strip() or "earliest"
+        if start.startswith("{"):
+            given = _offset_map(start)
+            out = {ci.channel: {"epoch": ci.epoch, "seq": ci.first - 1} for ci in infos}
+            out.update(given)
+            return out
+        if start == "latest":
+            return {ci.channel: {"epoch": ci.epoch, "seq": ci.top} for ci in infos}
+        if start != "earliest":
+            raise PipelineError(f"startingOffsets must be earliest, latest or a JSON map, not {start!r}")
+        out = {}
+        for ci in infos:
+            seq = ci.first - 1
+            if o.start_time is not None:
+                page = src.read(ci.channel, ci.epoch, seq, 1, o.start_time, None)
+                seq = page.batch.column(1)[0].as_py() - 1 if page.batch.num_rows else ci.top
+            out[ci.channel] = {"epoch": ci.epoch, "seq": seq}
+        return out
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_per_trigger:
+            return ReadMaxRows(self.opts.max_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {
+            ci.channel: (ci.epoch, ci.top) for ci in self.opts.source().channels(self.opts.channels)
+        }
+
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, Any]:
+        o = self.opts
+        if start is None:  # PySpark before 4.2 calls latestOffset() without arguments
+            start = self._last if self._last is not None else self.initialOffset()
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end: dict[str, Any] = {ch: dict(v) for ch, v in start.items()}
+        wants: list[tuple[str, str, int, int]] = []  # channel, epoch, base seq, available up to
+        for ci in o.source().channels(o.channels):
+            prev = start.get(ci.channel)
+            base = 0
+            if prev is not None:
+                if prev["epoch"] != ci.epoch:
+                    if o.fail_on_data_loss:
+                        raise DataLossError(
+                            f"channel {ci.channel}: epoch changed from {prev['epoch']} to {ci.epoch} (the "
+                            f"channel was reset) after seq {prev['seq']}; "
+                            "set failOnDataLoss=false to restart "
+                            "it from its new start"
+                        )
+                elif prev["seq"] < ci.first - 1:
+                    if o.fail_on_data_loss:
+                        raise DataLossError(
+                            f"channel {ci.channel}: events {prev['seq'] + 1}..{ci.first - 1} were trimmed "
+                            "before they were read; set failOnDataLoss=false to skip them"
+                        )
+                    base = ci.first - 1
+                else:
+                    base = prev["seq"]
+            top = ci.top
+            if self._target is not None:
+                tgt = self._target.get(ci.channel)
+                top = min(top, tgt[1]) if tgt is not None and tgt[0] == ci.epoch else base
+            if prev is None or prev["epoch"] != ci.epoch or top > base:
+                wants.append((ci.channel, ci.epoch, base, max(top, base)))
+        if budget is not None:
+            # Water-filling: every channel with data gets an equal share; unused shares go to the others.
+            wants.sort(key=lambda w: w[3] - w[2])
+            left = budget
+            for i, (ch, ep, base, top) in enumerate(wants):
+                share = max(left // (len(wants) - i), 1 if left > 0 else 0)
+                take = min(top - base, share)
+                left -= take
+                end[ch] = {"epoch": ep, "seq": base + take}
+        else:
+            for ch, ep, _base, top in wants:
+                end[ch] = {"epoch": ep, "seq": top}
+        self._last = end
+        return end
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        ranges = []
+        for ch in sorted(end):
+            e = end[ch]
+            s = start.get(ch)
+            after = s["seq"] if s is not None and s["epoch"] == e["epoch"] else 0
+            if e["seq"] > after:
+                ranges.append(_Range(ch, e["epoch"], after, e["seq"]))
+        return _pack(ranges, self.opts.partition_size, strict=self.opts.fail_on_data_loss)
+
+    def read(self, partition: HubbubPartition) -> Iterator[pa.RecordBatch]:
+        # The time range picks the start offsets only: a stream reads every event after them.
+        opts = self.opts
+        if opts.start_time is not None or opts.end_time is not None:
+            opts = _Options(**{**opts.__dict__, "start_time": None, "end_time": None})
+        return _read_partition(opts, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass
+
+
+# -- sink ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PublishCommit(WriterCommitMessage):  # type: ignore[misc]
+    published: int = 0
+    duplicates: int = 0
+    channels: dict[str, int] = field(default_factory=dict)
+
+
+class _Publishing:
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        opts = {k.lower(): v for k, v in options.items()}
+        self.url = opts.get("url") or opts.get("path") or ""
+        if not self.url.startswith(("http://", "https://")):
+            raise PipelineError("hubbub sink: set option url to a running server (http://host:port)")
+        self.token = opts.get("token", "")
+        self.channel = opts.get("channel", "")
+        self.prefix = opts.get("channelprefix", "").rstrip("/")
+        self.idem_column = opts.get("idemcolumn", "")
+        self.source_header = opts.get("sourceheader", SOURCE_HEADER)
+        names = set(schema.fieldNames())
+        if "payload" not in names:
+            raise PipelineError("hubbub sink: the rows need a payload column")
+        if not self.channel and "channel" not in names:
+            raise PipelineError("hubbub sink: set option channel, or give the rows a channel column")
+        if self.idem_column and self.idem_column not in names:
+            raise PipelineError(f"hubbub sink: idemColumn {self.idem_column!r} is not a column")
+        if not self.idem_column and not {"channel", "seq"} <= names:
+            raise PipelineError(
+                "hubbub sink: set idemColumn, or give the rows their source channel and seq columns "
+                "(every published event needs an idempotency key, so a retried task never publishes twice)"
+            )
+        self.has_epoch = "epoch" in names
+        self.has = names
+
+    def publish_rows(self, rows: Iterator[Row]) -> PublishCommit:
+        from hubbub.pipeline.sources import HttpPublisher
+
+        pub = HttpPublisher(self.url, self.token)
+        msg = PublishCommit()
+        has = self.has
+        try:
+            for row in rows:
+                d = row.asDict()
+                src_ch = d.get("channel") or ""
+                position = (
+                    position_key(src_ch, (d.get("epoch") or "") if self.has_epoch else "", int(d["seq"]))
+                    if "seq" in has and "channel" in has and d.get("seq") is not None
+                    else ""
+                )
+                key = str(d[self.idem_column]) if self.idem_column else position
+                target = self.channel or src_ch
+                if self.prefix:
+                    target = self.prefix + (target if target != "/" else "")
+                payload = d["payload"]
+                if isinstance(payload, str):
+                    payload = payload.encode()
+                headers = dict(d.get("headers") or {}) if "headers" in has else {}
+                if self.source_header and position:
+                    headers[self.source_header] = position
+                r = pub.publish(
+                    target,
+                    bytes(payload),
+                    idem=_idem(key),
+                    content_type=str(d.get("content_type") or "") if "content_type" in has else "",
+                    headers=headers,
+                    tags=list(d.get("tags") or ()) if "tags" in has else (),
+                )
+                if r.duplicate:
+                    msg.duplicates += 1
+                else:
+                    msg.published += 1
+                msg.channels[r.channel] = max(msg.channels.get(r.channel, 0), r.seq)
+        finally:
+            pub.close()
+        return msg
+
+
+class HubbubWriter(DataSourceWriter):  # type: ignore[misc]
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.p = _Publishing(options, schema)
+
+    def write(self, iterator: Iterator[Row]) -> PublishCommit:
+        return self.p.publish_rows(iterator)
+
+
+class HubbubStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.p = _Publishing(options, schema)
+
+    def write(self, iterator: Iterator[Row]) -> PublishCommit:
+        return self.p.publish_rows(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass

@@ -1,0 +1,487 @@
+"""The pipeline's jobs: archive, stats, audit, retention, compact, export and backfill (docs/pipeline.md).
+
+Each job takes a :class:`~pyspark.sql.SparkSession` (see :func:`make_session`) and returns a JSON-able
+summary; ``hubbub pipeline <job>`` (:mod:`hubbub.pipeline.cli`) wraps them. Inputs are the ``hubbub`` data
+source (a running server or a store) or Parquet (an archive or an export).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from hubbub.channels import parse_pattern
+from hubbub.pipeline.datasource import SOURCE_HEADER, HubbubDataSource
+from hubbub.pipeline.sources import PipelineError
+
+__all__ = [
+    "archive",
+    "audit",
+    "backfill",
+    "compact",
+    "export",
+    "load",
+    "make_session",
+    "pattern_filter",
+    "progress",
+    "retention",
+    "stats",
+]
+
+STATE_FILE = "_hubbub_archive.json"
+DATA_DIR = "data"
+STAGING_DIR = "_staging"
+
+#: The size of an event as retention counts it (hubbub.log.records.event_size), in Spark SQL.
+SIZE_SQL = (
+    "octet_length(payload)"
+    " + aggregate(map_keys(headers), 0L, (a, k) -> a + octet_length(k))"
+    " + aggregate(map_values(headers), 0L, (a, v) -> a + octet_length(v))"
+    " + aggregate(tags, 0L, (a, t) -> a + octet_length(t))"
+)
+
+
+def make_session(master: str = "local[2]", app: str = "hubbub-pipeline", **conf: str) -> SparkSession:
+    """A SparkSession for the jobs: UTC session time zone, the ``hubbub`` source registered."""
+    b = SparkSession.builder.master(master).appName(app).config("spark.sql.session.timeZone", "UTC")
+    b = b.config("spark.ui.showConsoleProgress", "false")
+    for k, v in conf.items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.dataSource.register(HubbubDataSource)
+    return spark
+
+
+@contextlib.contextmanager
+def progress(spark: SparkSession, what: str, enabled: bool = True) -> Iterator[None]:
+    """Show Spark's progress (stages and tasks) with rich on stderr while the block runs."""
+    if not enabled:
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    tracker = spark.sparkContext.statusTracker()
+    stop = threading.Event()
+    bar = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    task = bar.add_task(what, total=None)
+
+    def poll() -> None:
+        while not stop.wait(0.2):
+            done = total = 0
+            stages = tracker.getActiveStageIds()
+            for sid in stages:
+                info = tracker.getStageInfo(sid)
+                if info is not None:
+                    done += info.numCompletedTasks
+                    total += info.numTasks
+            desc = f"{what}: stage {','.join(map(str, stages))}" if stages else what
+            bar.update(task, description=desc, completed=done, total=total or None)
+
+    with bar:
+        t = threading.Thread(target=poll, name="hubbub-progress", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join()
+
+
+def pattern_filter(pattern: str) -> Column:
+    """A Spark condition on ``channel`` equal to the native pattern's match (native.md §4)."""
+    pat = parse_pattern(pattern)
+    parts = [r"[^/]*" if p is None else re.escape(p) for p in pat.parts]
+    if pat.subtree:
+        regex = "^/" + "/".join(parts) + "(/.*)?$" if parts else "^/.*$"
+    else:
+        regex = "^/" + "/".join(parts) + "$"
+    return F.col("channel").rlike(regex)
+
+
+def load(
+    spark: SparkSession,
+    *,
+    url: str = "",
+    input_dir: str = "",
+    channels: str = "/**",
+    token: str = "",
+    start_time: str = "",
+    end_time: str = "",
+) -> DataFrame:
+    """The log as a DataFrame of the record schema: from ``url`` (server or store) or Parquet ``input_dir``
+    (an archive's directory, or Parquet export)."""
+    if url:
+        r = spark.read.format("hubbub").option("url", url).option("channels", channels)
+        if token:
+            r = r.option("token", token)
+        if start_time:
+            r = r.option("startTime", start_time)
+        if end_time:
+            r = r.option("endTime", end_time)
+        return r.load()
+    if not input_dir:
+        raise PipelineError("give a source: --url, --store or --input")
+    path = Path(input_dir)
+    if (path / DATA_DIR).is_dir():
+        path = path / DATA_DIR
+    df = spark.read.parquet(str(path)).where(pattern_filter(channels))
+    from hubbub.pipeline.datasource import _time_option
+
+    lo, hi = _time_option(start_time), _time_option(end_time)
+    if lo is not None:
+        df = df.where(F.col("time") >= lo)
+    if hi is not None:
+        df = df.where(F.col("time") < hi)
+    return df
+
+
+def _ts_micros(col: str = "time") -> Column:
+    return F.timestamp_micros(F.floor(F.col(col) / 1000))
+
+
+# -- archive --------------------------------------------------------------------------------------------
+
+
+def _load_state(out: Path) -> dict[str, Any]:
+    f = out / STATE_FILE
+    if not f.exists():
+        return {"version": 1, "positions": {}, "pending": None}
+    state: dict[str, Any] = json.loads(f.read_text())
+    return state
+
+
+def _save_state(out: Path, state: dict[str, Any]) -> None:
+    tmp = out / (STATE_FILE + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(state, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, out / STATE_FILE)
+
+
+def _publish_staged(out: Path, run: str) -> int:
+    """Move a run's staged Parquet files into the archive (idempotent: what is moved stays moved)."""
+    staging = out / STAGING_DIR / run
+    moved = 0
+    if staging.is_dir():
+        for f in sorted(staging.rglob("*.parquet")):
+            rel = f.parent.relative_to(staging)
+            dest = out / DATA_DIR / rel
+            dest.mkdir(parents=True, exist_ok=True)
+            os.replace(f, dest / f"{run}-{f.name}")
+            moved += 1
+        shutil.rmtree(staging)
+    return moved
+
+
+def archive(
+    spark: SparkSession, url: str, out: str, channels: str = "/**", token: str = "", show: bool = False
+) -> dict[str, Any]:
+    """Archive the log to Parquet under ``out/data/root=<first segment>/date=<UTC day>/``, sorted by
+    (channel, seq) within files. Incremental and idempotent: ``out/_hubbub_archive.json`` keeps the archived
+    position of every channel, and a run is staged first and then moved in under a write-ahead record, so a
+    crash at any point neither loses nor duplicates events on the next run."""
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    state = _load_state(outp)
+    pending = state.get("pending")
+    if pending:  # a run crashed after staging: roll it forward
+        _publish_staged(outp, pending["run"])
+        state = {"version": 1, "positions": pending["positions"], "pending": None}
+        _save_state(outp, state)
+    shutil.rmtree(outp / STAGING_DIR, ignore_errors=True)  # staged but never recorded: discard
+    positions: dict[str, dict[str, Any]] = state["positions"]
+    run = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+    staging = outp / STAGING_DIR / run
+    t0 = time.perf_counter()
+    r = spark.read.format("hubbub").option("url", url).option("channels", channels)
+    if token:
+        r = r.option("token", token)
+    df = r.option("startingOffsets", json.dumps(positions)).load()
+    root = F.regexp_extract(F.col("channel"), r"^/([^/]*)", 1)
+    df = (
+        df.withColumn("root", F.when(root == "", F.lit("_")).otherwise(root))
+        .withColumn("date", F.date_format(_ts_micros(), "yyyy-MM-dd"))
+        # The source's partitions are already seq ranges of channels: sorting inside them needs no shuffle.
+        .sortWithinPartitions("root", "date", "channel", "seq")
+    )
+    with progress(spark, "archive", show):
+        df.write.partitionBy("root", "date").parquet(str(staging))
+        tops = []
+        if any(staging.rglob("*.parquet")):
+            staged = spark.read.parquet(str(staging))
+            tops = (
+                staged.groupBy("channel", "epoch")
+                .agg(F.max("seq").alias("seq"), F.count("*").alias("n"))
+                .collect()
+            )
+    events = sum(int(row["n"]) for row in tops)
+    new = dict(positions)
+    for row in tops:
+        new[row["channel"]] = {"epoch": row["epoch"], "seq": int(row["seq"])}
+    _save_state(outp, {"version": 1, "positions": positions, "pending": {"run": run, "positions": new}})
+    files = _publish_staged(outp, run)
+    _save_state(outp, {"version": 1, "positions": new, "pending": None})
+    shutil.rmtree(outp / STAGING_DIR, ignore_errors=True)
+    dt = time.perf_counter() - t0
+    return {
+        "job": "archive",
+        "events": events,
+        "channels": len(tops),
+        "files": files,
+        "seconds": round(dt, 3),
+        "events_per_s": round(events / dt) if dt > 0 else 0,
+        "positions": len(new),
+    }
+
+
+# -- stats ----------------------------------------------------------------------------------------------
+
+
+def stats(spark: SparkSession, df: DataFrame, out: str, top: int = 5, show: bool = False) -> dict[str, Any]:
+    """Per channel: events, bytes, publishers, first and last event; events per hour; a PNG chart of the
+    ``top`` busiest channels over time. Writes Parquet and CSV under ``out``."""
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    ev = df.withColumn("size", F.expr(SIZE_SQL)).withColumn("ts", _ts_micros())
+    per_channel = ev.groupBy("channel").agg(
+        F.count("*").alias("events"),
+        F.sum("size").alias("bytes"),
+        F.countDistinct("publisher_dialect", "publisher_user", "publisher_app").alias("publishers"),
+        F.min("ts").alias("first_time"),
+        F.max("ts").alias("last_time"),
+        F.min("seq").alias("first_seq"),
+        F.max("seq").alias("last_seq"),
+    )
+    hourly = ev.groupBy("channel", F.date_trunc("hour", "ts").alias("hour")).agg(
+        F.count("*").alias("events"), F.sum("size").alias("bytes")
+    )
+    with progress(spark, "stats", show):
+        pc = per_channel.orderBy(F.desc("events"), "channel").toPandas()
+        hr = hourly.orderBy("channel", "hour").toPandas()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pandas(pc, preserve_index=False), outp / "channels.parquet")
+    pq.write_table(pa.Table.from_pandas(hr, preserve_index=False), outp / "hourly.parquet")
+    pc.to_csv(outp / "channels.csv", index=False)
+    hr.to_csv(outp / "hourly.csv", index=False)
+    busiest = list(pc["channel"][:top])
+    _chart(hr, busiest, outp / "busiest.png")
+    return {
+        "job": "stats",
+        "channels": len(pc),
+        "events": int(pc["events"].sum()) if len(pc) else 0,
+        "bytes": int(pc["bytes"].sum()) if len(pc) else 0,
+        "busiest": busiest,
+        "out": str(outp),
+    }
+
+
+def _chart(hourly: Any, channels: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for ch in channels:
+        rows = hourly[hourly["channel"] == ch]
+        ax.plot(rows["hour"], rows["events"], marker="o", label=ch)
+    ax.set_title(f"Busiest {len(channels)} channels: events per hour (UTC)")
+    ax.set_xlabel("hour")
+    ax.set_ylabel("events")
+    if channels:
+        ax.legend(loc="upper left", fontsize="small")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -- audit ----------------------------------------------------------------------------------------------
+
+
+def audit(spark: SparkSession, df: DataFrame, out: str, show: bool = False) -> dict[str, Any]:
+    """Sequence gaps and duplicates per (channel, epoch). Writes ``audit.csv``/``gaps.csv`` (and Parquet)."""
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    keyed = df.select("channel", "epoch", "seq")
+    summary = keyed.groupBy("channel", "epoch").agg(
+        F.count("*").alias("events"),
+        F.countDistinct("seq").alias("distinct_seqs"),
+        F.min("seq").alias("first_seq"),
+        F.max("seq").alias("last_seq"),
+    )
+    summary = summary.withColumn("duplicates", F.col("events") - F.col("distinct_seqs")).withColumn(
+        "missing", F.col("last_seq") - F.col("first_seq") + 1 - F.col("distinct_seqs")
+    )
+    w = Window.partitionBy("channel", "epoch").orderBy("seq")
+    gaps = (
+        keyed.distinct()
+        .withColumn("prev", F.lag("seq").over(w))
+        .where(F.col("seq") - F.col("prev") > 1)
+        .select("channel", "epoch", (F.col("prev") + 1).alias("gap_from"), (F.col("seq") - 1).alias("gap_to"))
+    )
+    with progress(spark, "audit", show):
+        s = summary.orderBy("channel", "epoch").toPandas()
+        g = gaps.orderBy("channel", "epoch", "gap_from").toPandas()
+    s.to_csv(outp / "audit.csv", index=False)
+    g.to_csv(outp / "gaps.csv", index=False)
+    s.to_parquet(outp / "audit.parquet", index=False)
+    return {
+        "job": "audit",
+        "channels": int(s["channel"].nunique()) if len(s) else 0,
+        "events": int(s["events"].sum()) if len(s) else 0,
+        "duplicates": int(s["duplicates"].sum()) if len(s) else 0,
+        "missing": int(s["missing"].sum()) if len(s) else 0,
+        "gaps": len(g),
+        "ok": bool(len(g) == 0 and (len(s) == 0 or int(s["duplicates"].sum()) == 0)),
+    }
+
+
+# -- retention ------------------------------------------------------------------------------------------
+
+
+def retention(archive_dir: str, days: int, now: datetime | None = None) -> dict[str, Any]:
+    """Drop the archive's date partitions older than ``days`` days (UTC). The archived positions are kept,
+    so a later archive run does not archive the dropped events again."""
+    today = (now or datetime.now(UTC)).date()
+    cutoff = today - timedelta(days=days)
+    dropped: list[str] = []
+    data = Path(archive_dir) / DATA_DIR
+    for d in sorted(data.glob("root=*/date=*")):
+        try:
+            day = datetime.strptime(d.name[len("date=") :], "%Y-%m-%d").date()
+        except ValueError:
+            continue
+        if day < cutoff:
+            shutil.rmtree(d)
+            dropped.append(str(d.relative_to(data)))
+    for root in data.glob("root=*"):
+        if root.is_dir() and not any(root.iterdir()):
+            root.rmdir()
+    return {"job": "retention", "cutoff": cutoff.isoformat(), "dropped": dropped}
+
+
+# -- compact, export -------------------------------------------------------------------------------------
+
+
+def compact(
+    spark: SparkSession, df: DataFrame, out: str, key_header: str, show: bool = False
+) -> dict[str, Any]:
+    """Keep the latest event (highest time) per (channel, key), the key taken from header ``key_header``;
+    events without the header are dropped. Parquet under ``out``, sorted by (channel, seq)."""
+    keyed = df.withColumn("key", F.col("headers").getItem(key_header)).where(F.col("key").isNotNull())
+    w = Window.partitionBy("channel", "key").orderBy(F.desc("time"))
+    latest = keyed.withColumn("_rn", F.row_number().over(w)).where("_rn = 1").drop("_rn", "key")
+    with progress(spark, "compact", show):
+        latest.orderBy("channel", "seq").write.mode("overwrite").parquet(out)
+        n = spark.read.parquet(out).count()
+    return {"job": "compact", "events": n, "key_header": key_header, "out": out}
+
+
+def export(
+    spark: SparkSession, df: DataFrame, out: str, fmt: str = "jsonl", show: bool = False
+) -> dict[str, Any]:
+    """Write the events as JSON lines (payload base64, as Spark writes binary) or Parquet, sorted."""
+    ordered = df.orderBy("channel", "epoch", "seq")
+    with progress(spark, "export", show):
+        if fmt == "jsonl":
+            ordered.write.mode("overwrite").json(out)
+            n = spark.read.json(out).count()
+        elif fmt == "parquet":
+            ordered.write.mode("overwrite").parquet(out)
+            n = spark.read.parquet(out).count()
+        else:
+            raise PipelineError(f"export format must be jsonl or parquet, not {fmt!r}")
+    return {"job": "export", "format": fmt, "events": n, "out": out}
+
+
+# -- backfill -------------------------------------------------------------------------------------------
+
+
+def _position(df: DataFrame) -> Column:
+    return F.concat(F.col("channel"), F.lit("#"), F.col("epoch"), F.lit(":"), F.col("seq").cast("string"))
+
+
+def backfill(
+    spark: SparkSession,
+    input_dir: str,
+    url: str,
+    channels: str = "/**",
+    channel_prefix: str = "",
+    token: str = "",
+    show: bool = False,
+) -> dict[str, Any]:
+    """Publish archived or exported events into a running server through the sink.
+
+    Idempotent however much later it reruns: every published event carries its source position in header
+    ``hubbub-source`` (and as its idempotency key, which covers task retries inside the server's window);
+    before publishing, the events whose position the target already holds are skipped."""
+    src = load(spark, input_dir=input_dir, channels=channels)
+    prefix = channel_prefix.rstrip("/")
+    target_pattern = (prefix + channels) if prefix else channels
+    present = (
+        spark.read.format("hubbub")
+        .option("url", url)
+        .option("channels", target_pattern)
+        .option("token", token)
+        .load()
+        .select(F.col("headers").getItem(SOURCE_HEADER).alias("pos"))
+        .where(F.col("pos").isNotNull())
+        .distinct()
+    )
+    todo = (
+        src.withColumn("pos", _position(src))
+        .join(present, on="pos", how="left_anti")
+        .drop("pos")
+        .repartition(4, "channel")
+        .sortWithinPartitions("channel", "epoch", "seq")
+    )
+    w = todo.write.format("hubbub").option("url", url).mode("append")
+    if prefix:
+        w = w.option("channelPrefix", prefix)
+    if token:
+        w = w.option("token", token)
+    t0 = time.perf_counter()
+    with progress(spark, "backfill", show):
+        total = src.count()
+        pending = todo.count()
+        w.save()
+    return {
+        "job": "backfill",
+        "source_events": total,
+        "already_present": total - pending,
+        "published": pending,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }

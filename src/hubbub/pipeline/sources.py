@@ -1,0 +1,332 @@
+"""Where the pipeline reads the log from, and how it publishes: no Spark here, only the log and HTTP.
+
+* :class:`StoreSource`: a store URL (``sqlite:///ABS/PATH.db``), opened **read-only**, so it may be the file
+  of a running server (no lock taken, every read one snapshot).
+* :class:`HttpSource`: a running server (``http://host:port``) through its HTTP log API (native.md §8):
+  ``/api/v1/channels/<pattern>`` and ``/api/v1/log/<channel>?format=msgpack`` (pages of at most 1000).
+* :class:`HttpPublisher`: ``POST /api/v1/publish/<channel>`` with an ``Idempotency-Key``, on one kept-alive
+  connection, retrying a failed request with the same key (so a retry never appends twice).
+
+Both sources give pages as Arrow record batches of the record schema (:mod:`hubbub.pipeline.arrow`).
+Sources are cached per process (:func:`open_source`): Spark runs many partitions in one Python worker.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgpack
+import pyarrow as pa
+
+from hubbub.channels import Pattern, parse_pattern
+from hubbub.log import ChannelInfo, LogStore, RetentionPolicy, SqliteLogStore, open_store
+from hubbub.log.records import event_to_record
+from hubbub.pipeline.arrow import ARROW_SCHEMA, batch_from_events, batch_from_rows
+
+__all__ = [
+    "EpochChanged",
+    "HttpPublisher",
+    "HttpSource",
+    "LogSource",
+    "Page",
+    "PipelineError",
+    "PublishResult",
+    "StoreSource",
+    "open_source",
+]
+
+
+class PipelineError(RuntimeError):
+    """A pipeline failure with a message fit for the user."""
+
+
+class EpochChanged(PipelineError):
+    """The channel's epoch is not the one the read was planned for (it was reset)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a channel: its head at read time and the events as an Arrow batch."""
+
+    epoch: str
+    first: int
+    top: int
+    batch: pa.RecordBatch
+
+
+class LogSource(Protocol):
+    url: str
+    page_limit: int
+
+    def channels(self, pattern: str) -> list[ChannelInfo]: ...
+
+    def read(
+        self,
+        channel: str,
+        epoch: str | None,
+        after_seq: int,
+        limit: int,
+        from_time: int | None = None,
+        to_time: int | None = None,
+    ) -> Page: ...
+
+    def close(self) -> None: ...
+
+
+def _prefix(pattern: Pattern) -> str:
+    prefix = ""
+    for p in pattern.parts:
+        if p is None:
+            break
+        prefix += "/" + p
+    return prefix
+
+
+class StoreSource:
+    """Reads a log store directly, read-only (see the module docstring)."""
+
+    page_limit = 20000
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        try:
+            self.store: LogStore = open_store(url, "", "commit", RetentionPolicy(), 0, readonly=True)
+        except ValueError as exc:
+            raise PipelineError(str(exc)) from exc
+
+    def channels(self, pattern: str) -> list[ChannelInfo]:
+        pat = parse_pattern(pattern)
+        prefix = _prefix(pat)
+        out: list[ChannelInfo] = []
+        after = ""
+        while True:
+            page = self.store.channels(after=after, limit=10000, prefix=prefix)
+            out.extend(ci for ci in page if pat.matches(ci.channel))
+            if len(page) < 10000:
+                return out
+            after = page[-1].channel
+
+    def read(
+        self,
+        channel: str,
+        epoch: str | None,
+        after_seq: int,
+        limit: int,
+        from_time: int | None = None,
+        to_time: int | None = None,
+    ) -> Page:
+        store = self.store
+        if isinstance(store, SqliteLogStore):
+            head = store.head(channel)
+            cur, rows = store.read_rows(channel, after_seq, limit, from_time, to_time)
+            if cur != head.epoch:  # reset between the two snapshots: read again
+                return self.read(channel, epoch, after_seq, limit, from_time, to_time)
+            if epoch is not None and cur != epoch:
+                raise EpochChanged(f"channel {channel}: epoch is now {cur!r}, not {epoch!r}")
+            return Page(cur, head.first, head.top, batch_from_rows(channel, cur, rows))
+        # Any other engine: through events.
+        head = store.head(channel)
+        if epoch is not None and head.epoch != epoch:
+            raise EpochChanged(f"channel {channel}: epoch is now {head.epoch!r}, not {epoch!r}")
+        events = store.read(channel, after_seq, limit, from_time, to_time)
+        batch = pa.RecordBatch.from_pylist([event_to_record(e) for e in events], schema=ARROW_SCHEMA)
+        return Page(head.epoch, head.first, head.top, batch)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class _Http:
+    """One kept-alive HTTP/1.1 connection, reopened on failure; a request is retried a few times."""
+
+    def __init__(self, url: str, token: str = "", timeout: float = 30.0, retries: int = 4) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PipelineError(f"url must be http://host:port, not {url!r}")
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.https else 80)
+        self.base = parts.path.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.retries = retries
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            self._conn = cls(self.host, self.port, timeout=self.timeout)
+        return self._conn
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        hdrs = dict(headers or {})
+        if self.token:
+            hdrs["Authorization"] = f"Bearer {self.token}"
+        delay = 0.1
+        for attempt in range(self.retries + 1):
+            conn = self._connection()
+            try:
+                conn.request(method, self.base + path, body=body, headers=hdrs)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if attempt == self.retries:
+                    raise PipelineError(f"{method} {path.split('?', maxsplit=1)[0]}: {exc}") from exc
+                time.sleep(delay)
+                delay *= 2
+                continue
+            if resp.status >= 500 and attempt < self.retries:
+                time.sleep(delay)
+                delay *= 2
+                continue
+            return resp.status, data
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _channel_path(channel: str) -> str:
+    # Canonical paths keep "%" only in %XX escapes: leave those, "/" and pattern "*" alone, quote the rest.
+    return urllib.parse.quote(channel[1:], safe="/%*")
+
+
+def _error_text(status: int, data: bytes) -> str:
+    try:
+        err = json.loads(data)["error"]
+        return f"{status} {err.get('code')} {err.get('message')}"
+    except (ValueError, KeyError, TypeError):
+        return f"{status} {data[:200]!r}"
+
+
+class HttpSource:
+    """Reads a running server through its HTTP log API (see the module docstring)."""
+
+    page_limit = 1000
+
+    def __init__(self, url: str, token: str = "") -> None:
+        self.url = url
+        self._http = _Http(url, token)
+        self._lock = threading.Lock()
+
+    def channels(self, pattern: str) -> list[ChannelInfo]:
+        parse_pattern(pattern)
+        out: list[ChannelInfo] = []
+        after = ""
+        while True:
+            q = urllib.parse.urlencode({"after": after, "limit": 10000})
+            with self._lock:
+                status, data = self._http.request("GET", f"/api/v1/channels/{_channel_path(pattern)}?{q}")
+            if status != 200:
+                raise PipelineError(f"listing channels {pattern}: {_error_text(status, data)}")
+            page = json.loads(data)["channels"]
+            out.extend(ChannelInfo(c["channel"], c["epoch"], c["first"], c["top"], 0) for c in page)
+            if len(page) < 10000:
+                return out
+            after = page[-1]["channel"]
+
+    def read(
+        self,
+        channel: str,
+        epoch: str | None,
+        after_seq: int,
+        limit: int,
+        from_time: int | None = None,
+        to_time: int | None = None,
+    ) -> Page:
+        q: dict[str, Any] = {"since": after_seq, "limit": min(limit, self.page_limit), "format": "msgpack"}
+        if epoch is not None:
+            q["epoch"] = epoch
+        if from_time is not None:
+            q["from_time"] = from_time
+        if to_time is not None:
+            q["to_time"] = to_time
+        path = f"/api/v1/log/{_channel_path(channel)}?{urllib.parse.urlencode(q)}"
+        with self._lock:
+            status, data = self._http.request("GET", path)
+        if status == 409:
+            pos = json.loads(data)["error"].get("position", {})
+            raise EpochChanged(f"channel {channel}: epoch is now {pos.get('epoch')!r}, not {epoch!r}")
+        if status != 200:
+            raise PipelineError(f"reading {channel}: {_error_text(status, data)}")
+        body = msgpack.unpackb(data, raw=False)
+        return Page(body["epoch"], body["first"], body["top"], batch_from_events(body["events"]))
+
+    def close(self) -> None:
+        with self._lock:
+            self._http.close()
+
+
+_sources: dict[tuple[str, str], LogSource] = {}
+_sources_lock = threading.Lock()
+
+
+def open_source(url: str, token: str = "") -> LogSource:
+    """The (per-process cached) source for ``url``: ``http(s)://…`` or a store URL."""
+    key = (url, token)
+    with _sources_lock:
+        src = _sources.get(key)
+        if src is None:
+            if url.startswith(("http://", "https://")):
+                src = HttpSource(url, token)
+            elif url.startswith("sqlite:"):
+                src = StoreSource(url)
+            else:
+                raise PipelineError(f"url must be http://host:port or sqlite:///path, not {url!r}")
+            _sources[key] = src
+        return src
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    channel: str
+    seq: int
+    epoch: str
+    duplicate: bool
+
+
+class HttpPublisher:
+    """Publishes over the HTTP API; idempotent by key (see the module docstring)."""
+
+    def __init__(self, url: str, token: str = "") -> None:
+        self._http = _Http(url, token)
+
+    def publish(
+        self,
+        channel: str,
+        payload: bytes,
+        *,
+        idem: str,
+        content_type: str = "",
+        headers: Mapping[str, str] | None = None,
+        tags: Sequence[str] = (),
+    ) -> PublishResult:
+        hdrs = {"Idempotency-Key": idem}
+        if content_type:
+            hdrs["Content-Type"] = content_type
+        for k, v in (headers or {}).items():
+            if not k.startswith(":"):
+                hdrs[f"Hubbub-Header-{k}"] = v
+        q = ("?" + urllib.parse.urlencode([("tag", t) for t in tags])) if tags else ""
+        status, data = self._http.request(
+            "POST", f"/api/v1/publish/{_channel_path(channel)}{q}", payload, hdrs
+        )
+        if status != 200:
+            raise PipelineError(f"publishing to {channel}: {_error_text(status, data)}")
+        r = json.loads(data)
+        return PublishResult(r["channel"], r["seq"], r["epoch"], bool(r.get("duplicate")))
+
+    def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,10 @@
+"""Auto-registration of the ``hubbub`` Spark data source.
+
+PySpark 4 looks up every top-level module named ``pyspark_*`` on the Python path, and registers the
+``DefaultSource`` it exports under ``DefaultSource.name()``; so ``spark.read.format("hubbub")`` works with no
+``spark.dataSource.register(...)`` call once hubbub is installed with the ``spark`` extra.
+"""
+
+from hubbub.pipeline.datasource import HubbubDataSource as DefaultSource
+
+__all__ = ["DefaultSource"]

@@ -1,0 +1,116 @@
+"""A real Spark standalone cluster (master + one worker from the pyspark package): the archive and stats
+jobs submitted with ``hubbub pipeline --master spark://…``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyspark
+import pytest
+
+from hubbub.client import Client
+from tests.integration.serverproc import ServerProcess
+
+from .conftest import JVM_FLAGS, http_url, spark_env, store_url
+
+pytestmark = pytest.mark.spark
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():  # type: ignore[operator]
+                return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(what)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[str]:
+    home = os.path.dirname(pyspark.__file__)
+    env = {**os.environ, **spark_env(), "SPARK_HOME": home, "SPARK_LOG_DIR": str(tmp_path / "logs")}
+    env["SPARK_DAEMON_JAVA_OPTS"] = JVM_FLAGS
+    port, ui, wui = free_port(), free_port(), free_port()
+    spark_class = os.path.join(home, "bin", "spark-class")
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = [open(tmp_path / "master.log", "wb"), open(tmp_path / "worker.log", "wb")]  # noqa: SIM115
+    try:
+        procs.append(
+            subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                 "--port", str(port), "--webui-port", str(ui)],
+                env=env, stdout=logs[0], stderr=subprocess.STDOUT,
+            )
+        )  # fmt: skip
+        wait_for(lambda: socket.create_connection(("127.0.0.1", port), 1).close() is None, 60, "master")
+        procs.append(
+            subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
+                 "--host", "127.0.0.1", "--cores", "2", "--memory", "1g", "--webui-port", str(wui),
+                 "--work-dir", str(tmp_path / "work")],
+                env=env, stdout=logs[1], stderr=subprocess.STDOUT,
+            )
+        )  # fmt: skip
+
+        def worker_alive() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as r:
+                return int(json.load(r).get("aliveworkers", 0)) >= 1
+
+        wait_for(worker_alive, 60, "worker registration")
+        yield f"spark://127.0.0.1:{port}"
+    finally:
+        for p in reversed(procs):  # stopped by PID
+            p.terminate()
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for f in logs:
+            f.close()
+
+
+def hubbub_pipeline(*args: str) -> dict[str, object]:
+    env = {**os.environ, **spark_env()}
+    r = subprocess.run(
+        [sys.executable, "-m", "hubbub", "pipeline", *args, "--no-progress",
+         "--conf", f"spark.driver.extraJavaOptions={JVM_FLAGS}", "--conf", "spark.ui.enabled=false",
+         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.executor.memory=512m"],
+        env=env, capture_output=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    return json.loads(r.stdout.decode().strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_archive_and_stats_on_a_standalone_cluster(
+    cluster: str, server: ServerProcess, tmp_path: Path
+) -> None:
+    with Client.connect(http_url(server)) as c:
+        for i in range(500):
+            c.publish(f"/cl/{i % 5}", f"event {i}".encode())
+    res = hubbub_pipeline(
+        "archive", "--master", cluster, "--store", store_url(server), "--out", str(tmp_path / "a")
+    )
+    assert res["events"] == 500 and res["channels"] == 5
+    st = hubbub_pipeline(
+        "stats", "--master", cluster, "--input", str(tmp_path / "a"), "--out", str(tmp_path / "s")
+    )
+    assert st["events"] == 500 and st["channels"] == 5
+    assert (tmp_path / "s" / "busiest.png").exists()

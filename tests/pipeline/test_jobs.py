@@ -1,0 +1,111 @@
+"""The jobs, through the ``hubbub pipeline`` command's functions, against a running server and its store."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from hubbub.client import Client
+from hubbub.pipeline import jobs
+from tests.integration.serverproc import ServerProcess
+
+from .conftest import http_url, store_url
+
+pytestmark = pytest.mark.spark
+
+
+def publish(url: str, counts: dict[str, int], start: int = 0) -> None:
+    with Client.connect(url) as c:
+        for ch, n in counts.items():
+            for i in range(start, start + n):
+                c.publish(ch, f"{ch}:{i}".encode(), headers={"key": f"k{i % 4}"}, tags=["t"])
+
+
+def test_archive_stats_audit_export_compact_retention(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    url, store = http_url(server), store_url(server)
+    publish(url, {"/chat/a": 60, "/chat/b": 25, "/sys/x": 15})
+    out = tmp_path / "archive"
+    first = jobs.archive(spark, store, str(out))  # the embedded store of the running server, read-only
+    assert first["events"] == 100 and first["channels"] == 3
+    assert jobs.archive(spark, store, str(out))["events"] == 0  # idempotent
+    publish(url, {"/chat/a": 7, "/new": 3}, start=60)
+    assert jobs.archive(spark, store, str(out))["events"] == 10  # incremental
+    state = json.loads((out / jobs.STATE_FILE).read_text())["positions"]
+    assert {k: v["seq"] for k, v in state.items()} == {"/chat/a": 67, "/chat/b": 25, "/sys/x": 15, "/new": 3}
+    roots = sorted(p.name for p in (out / "data").iterdir())
+    assert roots == ["root=chat", "root=new", "root=sys"]
+    archived = spark.read.parquet(str(out / "data"))
+    live = spark.read.format("hubbub").option("url", url).load()
+    cols = ["channel", "seq", "epoch", "time", "payload", "tags"]
+    assertDataFrameEqual(archived.select(cols), live.select(cols), checkRowOrder=False)
+    assert str(archived.select("date").distinct().first()[0]) == datetime.now(UTC).strftime("%Y-%m-%d")
+
+    a = jobs.audit(spark, jobs.load(spark, input_dir=str(out)), str(tmp_path / "audit"))
+    assert a["ok"] and a["events"] == 110 and a["gaps"] == 0
+    # An archive with a hole and a repeat: the audit finds both.
+    bad = archived.where("NOT (channel = '/chat/a' AND seq IN (10, 11))").unionByName(
+        archived.where("seq = 3")
+    )
+    b = jobs.audit(spark, bad, str(tmp_path / "audit2"))
+    assert b["gaps"] == 1 and b["duplicates"] == 4 and b["missing"] == 2
+    assert pd.read_csv(tmp_path / "audit2" / "gaps.csv").to_dict("records") == [
+        {"channel": "/chat/a", "epoch": state["/chat/a"]["epoch"], "gap_from": 10, "gap_to": 11}
+    ]
+
+    s = jobs.stats(spark, jobs.load(spark, url=store), str(tmp_path / "stats"))
+    assert s["events"] == 110 and s["busiest"][0] == "/chat/a"
+    channels = pd.read_csv(tmp_path / "stats" / "channels.csv")
+    row = channels[channels.channel == "/chat/a"].iloc[0]
+    # Two client sessions published to /chat/a: two publishers (the app is the session).
+    assert row.events == 67 and row.publishers == 2 and row.first_seq == 1 and row.last_seq == 67
+    payload_bytes = sum(len(f"/chat/a:{i}") for i in range(67))
+    assert row.bytes == payload_bytes + 67 * (len("key") + 2 + len("t"))
+    assert (tmp_path / "stats" / "busiest.png").stat().st_size > 1000
+    assert (tmp_path / "stats" / "hourly.parquet").exists()
+
+    e = jobs.export(spark, jobs.load(spark, url=url, channels="/chat/*"), str(tmp_path / "exp"), "jsonl")
+    assert e["events"] == 92
+    first_line = json.loads(next((tmp_path / "exp").glob("part-*.json")).read_text().splitlines()[0])
+    assert first_line["channel"] == "/chat/a" and first_line["seq"] == 1
+
+    c = jobs.compact(spark, jobs.load(spark, input_dir=str(out)), str(tmp_path / "compact"), "key")
+    assert c["events"] == 3 * 4 + 3  # 4 keys on /chat/a, /chat/b and /sys/x; /new has 3 events, 3 keys
+    latest = spark.read.parquet(str(tmp_path / "compact")).where("channel = '/chat/a'")
+    assert sorted(r.seq for r in latest.collect()) == [64, 65, 66, 67]
+
+    old = out / "data" / "root=chat" / "date=2000-01-01"
+    old.mkdir()
+    (old / "part-0.parquet").write_bytes(b"")
+    r = jobs.retention(str(out), days=30)
+    assert r["dropped"] == ["root=chat/date=2000-01-01"] and not old.exists()
+    now = datetime.now(UTC) + timedelta(days=1)
+    assert jobs.retention(str(out), days=30, now=now)["dropped"] == []
+
+
+def test_backfill_is_idempotent_after_the_idempotency_window(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    url = http_url(server)
+    publish(url, {"/orig/a": 30, "/orig/b": 12})
+    out = tmp_path / "archive"
+    jobs.archive(spark, url, str(out))
+    first = jobs.backfill(spark, str(out), url, channels="/orig/**", channel_prefix="/restored")
+    assert first["published"] == 42 and first["already_present"] == 0
+    time.sleep(2.5)  # the server's idempotency window (2 s in this fixture) has passed
+    again = jobs.backfill(spark, str(out), url, channels="/orig/**", channel_prefix="/restored")
+    assert again["published"] == 0 and again["already_present"] == 42
+    restored = spark.read.format("hubbub").option("url", url).option("channels", "/restored/**").load()
+    assert restored.count() == 42
+    assert restored.where("channel = '/restored/orig/a'").agg(F.max("seq")).first()[0] == 30
+    got = restored.where("channel = '/restored/orig/a'").orderBy("seq").select("payload").collect()
+    assert [r.payload for r in got] == [f"/orig/a:{i}".encode() for i in range(30)]  # in order

@@ -1,0 +1,100 @@
+"""The ``hubbub`` data source, batch: from a store and from a running server, ranges, partitions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrameReader, SparkSession
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from hubbub.client import Client
+from hubbub.log import SqliteLogStore
+from hubbub.log.records import RECORD_COLUMNS, SPARK_DDL
+from hubbub.pipeline.datasource import HubbubBatchReader, _Options
+from tests.integration.serverproc import ServerProcess
+
+from .conftest import fill, http_url, store_url
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> tuple[str, SqliteLogStore]:
+    path = tmp_path / "log.db"
+    st = SqliteLogStore(path)
+    fill(st, {"/chat/a": 250, "/chat/b/x": 40, "/other": 7})
+    return f"sqlite:///{path}", st
+
+
+def test_schema_is_the_record_schema(spark: SparkSession, store: tuple[str, SqliteLogStore]) -> None:
+    df = spark.read.format("hubbub").option("url", store[0]).load()
+    assert tuple(df.columns) == RECORD_COLUMNS
+    assert df.schema == spark.createDataFrame([], SPARK_DDL).schema
+
+
+def test_batch_read_from_store_matches_the_log(
+    spark: SparkSession, store: tuple[str, SqliteLogStore]
+) -> None:
+    url, st = store
+    df = spark.read.format("hubbub").option("url", url).option("channels", "/chat/**").load()
+    expected = []
+    for ch in ("/chat/a", "/chat/b/x"):
+        for e in st.read(ch, 0, 10_000):
+            expected.append(
+                (e.channel, e.seq, e.epoch, e.time_ns, dict(e.headers), list(e.tags), bytes(e.payload))
+            )
+    exp = spark.createDataFrame(
+        expected,
+        "channel STRING, seq BIGINT, epoch STRING, time BIGINT, headers MAP<STRING,STRING>, "
+        "tags ARRAY<STRING>, payload BINARY",
+    )
+    got = df.select("channel", "seq", "epoch", "time", "headers", "tags", "payload")
+    assertDataFrameEqual(got, exp, checkRowOrder=False)
+    assert df.where("publisher_user != 'tester' OR content_type != 'text/plain'").count() == 0
+
+
+def test_ranges_and_partitions(spark: SparkSession, store: tuple[str, SqliteLogStore]) -> None:
+    url, st = store
+
+    def r() -> DataFrameReader:  # a reader keeps its options: a fresh one each time
+        return spark.read.format("hubbub").option("url", url)
+
+    df = r().option("channels", "/chat/a").option("startSeq", "11").option("endSeq", "120").load()
+    assert [row.seq for row in df.orderBy("seq").collect()] == list(range(11, 121))
+    mid = st.read("/chat/a", 99, 1)[0].time_ns
+    late = r().option("channels", "/chat/a").option("startTime", str(mid)).load()
+    assert late.agg(F.min("seq")).first()[0] == 100
+    assert late.count() == 151
+    # Small channels share a partition; big ones are split by seq range.
+    parts = HubbubBatchReader(_Options.parse({"url": url, "partitionSize": "100"})).partitions()
+    assert [[(x.channel, x.after, x.hi) for x in p.ranges] for p in parts] == [
+        [("/chat/a", 0, 100)],
+        [("/chat/a", 100, 200)],
+        [("/chat/a", 200, 250), ("/chat/b/x", 0, 40), ("/other", 0, 7)],
+    ]
+    split = r().option("partitionSize", "100").load()
+    assert split.rdd.getNumPartitions() == 3
+    assert split.count() == 297
+    offsets = json.dumps({"/chat/a": {"epoch": st.head("/chat/a").epoch, "seq": 245}})
+    assert r().option("channels", "/chat/a").option("startingOffsets", offsets).load().count() == 5
+
+
+def test_batch_read_from_running_server(spark: SparkSession, server: ServerProcess) -> None:
+    with Client.connect(http_url(server)) as c:
+        for i in range(1200):
+            c.publish("/room/1" if i % 4 else "/room/2", f"m{i}".encode(), headers={"n": str(i)}, tags=["t"])
+    over_http = (
+        spark.read.format("hubbub").option("url", http_url(server)).option("channels", "/room/*").load()
+    )
+    from_store = (
+        spark.read.format("hubbub").option("url", store_url(server)).option("channels", "/room/*").load()
+    )
+    assert over_http.count() == 1200
+    # The HTTP API shows user headers only; the store also holds pseudo-headers, if any.
+    cols = ["channel", "seq", "epoch", "time", "publisher_dialect", "publisher_app", "tags", "payload"]
+    assertDataFrameEqual(over_http.select(cols), from_store.select(cols), checkRowOrder=False)
+    row = over_http.where("channel = '/room/2' AND seq = 1").first()
+    assert row.payload == b"m0" and row.headers == {"n": "0"}

@@ -1,0 +1,142 @@
+"""Streaming read: availableNow, restarts from a checkpoint, epoch changes and trimming, the round trip."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from hubbub.client import Client
+from hubbub.log import RetentionPolicy, SqliteLogStore
+from hubbub.log.records import SPARK_DDL
+from tests.integration.serverproc import ServerProcess
+
+from .conftest import fill, http_url
+
+pytestmark = pytest.mark.spark
+
+
+def run_once(spark: SparkSession, url: str, out: Path, ckpt: Path, **options: str) -> list[int]:
+    """One availableNow run of hubbub → Parquet; returns the rows of each micro-batch."""
+    r = spark.readStream.format("hubbub").option("url", url)
+    for k, v in options.items():
+        r = r.option(k, v)
+    q = (
+        r.load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(120)
+    if q.exception() is not None:
+        raise q.exception()  # type: ignore[misc]
+    return [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+
+
+def parquet(spark: SparkSession, out: Path) -> DataFrame:
+    return spark.read.schema(SPARK_DDL).parquet(str(out))
+
+
+def test_available_now_and_restart_read_exactly_the_new_events(spark: SparkSession, tmp_path: Path) -> None:
+    st = SqliteLogStore(tmp_path / "log.db")
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    fill(st, {"/s/a": 300, "/s/b": 120})
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    batches = run_once(spark, url, out, ckpt, maxEventsPerTrigger="100")
+    assert sum(batches) == 420 and len(batches) >= 5 and max(batches) <= 100  # all read, in bounded steps
+    fill(st, {"/s/a": 30, "/s/new": 5})
+    assert sum(run_once(spark, url, out, ckpt, maxEventsPerTrigger="100")) == 35
+    assert run_once(spark, url, out, ckpt) == []  # nothing new: nothing read
+    df = parquet(spark, out)
+    assert df.count() == 455
+    assert df.select("channel", "seq").distinct().count() == 455
+    exp = spark.createDataFrame([("/s/a", 330), ("/s/b", 120), ("/s/new", 5)], "channel STRING, n BIGINT")
+    assertDataFrameEqual(df.groupBy("channel").agg(F.max("seq").alias("n")), exp, checkRowOrder=False)
+    st.close()
+
+
+def test_starting_offsets_latest_and_start_time(spark: SparkSession, tmp_path: Path) -> None:
+    st = SqliteLogStore(tmp_path / "log.db")
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    fill(st, {"/t": 50})
+    t = st.read("/t", 39, 1)[0].time_ns
+    assert sum(run_once(spark, url, tmp_path / "o1", tmp_path / "c1", startTime=str(t))) == 11  # seq 40..50
+    assert run_once(spark, url, tmp_path / "o2", tmp_path / "c2", startingOffsets="latest") == []
+    fill(st, {"/t": 3})
+    assert sum(run_once(spark, url, tmp_path / "o2", tmp_path / "c2", startingOffsets="latest")) == 3
+    st.close()
+
+
+def test_epoch_change_and_trim_fail_clearly_or_restart(spark: SparkSession, tmp_path: Path) -> None:
+    st = SqliteLogStore(tmp_path / "log.db")
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    fill(st, {"/e/a": 20, "/e/b": 20})
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    assert sum(run_once(spark, url, out, ckpt)) == 40
+    st.reset_channel("/e/a")
+    fill(st, {"/e/a": 4})
+    with pytest.raises(StreamingQueryException, match="epoch changed"):
+        run_once(spark, url, out, ckpt)
+    assert sum(run_once(spark, url, out, ckpt, failOnDataLoss="false")) == 4
+    # Trim /e/b past the stream's position.
+    fill(st, {"/e/b": 10})
+    st.apply_retention(RetentionPolicy(max_age_s=1), time.time_ns() + 10**12)
+    fill(st, {"/e/b": 2})
+    with pytest.raises(StreamingQueryException, match="trimmed"):
+        run_once(spark, url, out, ckpt)
+    assert sum(run_once(spark, url, out, ckpt, failOnDataLoss="false")) == 2
+    df = parquet(spark, out)
+    assert df.where("channel = '/e/a'").select("epoch").distinct().count() == 2
+    st.close()
+
+
+def test_hubbub_to_parquet_to_hubbub_across_a_restart(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    """hubbub → Parquet (stream 1) → hubbub (stream 2, the sink), each with a checkpoint, run twice with
+    new events in between: the copy holds every event exactly once, in order."""
+    url = http_url(server)
+
+    def publish(lo: int, hi: int) -> None:
+        with Client.connect(url) as c:
+            for i in range(lo, hi):
+                c.publish(f"/in/{i % 3}", f"e{i}".encode(), headers={"i": str(i)})
+
+    def run_both() -> None:
+        run_once(spark, url, tmp_path / "lake", tmp_path / "c1", channels="/in/**")
+        q = (
+            spark.readStream.schema(SPARK_DDL)
+            .parquet(str(tmp_path / "lake"))
+            .writeStream.format("hubbub")
+            .option("url", url)
+            .option("channelPrefix", "/copy")
+            .option("checkpointLocation", str(tmp_path / "c2"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(120)
+        assert q.exception() is None
+
+    publish(0, 90)
+    run_both()
+    publish(90, 150)
+    run_both()  # the restart
+    src = spark.read.format("hubbub").option("url", url).option("channels", "/in/**").load()
+    copy = spark.read.format("hubbub").option("url", url).option("channels", "/copy/**").load()
+    assert copy.count() == 150
+    got = copy.select(
+        F.regexp_replace("channel", "^/copy", "").alias("channel"),
+        "seq",
+        "payload",
+        F.col("headers")["i"].alias("i"),
+    )
+    assertDataFrameEqual(
+        got, src.select("channel", "seq", "payload", F.col("headers")["i"].alias("i")), checkRowOrder=False
+    )
