@@ -914,3 +914,15 @@ def test_event_object_forms() -> None:
     assert obj["json"] == {"x": 1} and obj["headers"] == {} and list(obj)[-1] == "replay"
     mp = nc.event_object(ev, encoding="msgpack")
     assert mp["payload"] == b'{"x": 1}' and mp["time"] == T and "replay" not in mp
+
+
+def test_json_payload_keeps_integers_beyond_64_bits() -> None:
+    codec = nc.NativeCodec("json")
+    frame = '{"op":"publish","id":2,"channel":"/a","json":{"big":123456789012345678901234567890,"n":-1}}'
+    for message in (frame, frame.encode()):
+        cmd = codec.decode(message)
+        assert isinstance(cmd, nc.Publish)
+        assert cmd.payload == b'{"big":123456789012345678901234567890,"n":-1}'
+    with pytest.raises(HubbubError) as info:
+        codec.decode('{"op":"publish","id":2,"channel":"/a","json":NaN,"x":12345678901234567890}')
+    assert info.value.code == 4000

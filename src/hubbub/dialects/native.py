@@ -22,6 +22,8 @@ Concurrency contract: a codec or stream decoder belongs to one connection and is
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeAlias
 
@@ -141,6 +143,14 @@ PUSH_FIELDS: Final[dict[str, tuple[str, ...]]] = {
 }
 
 
+_LONG_INT = re.compile(rb"[0-9]{19,}")
+_LONG_INT_STR = re.compile(r"[0-9]{19,}")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def error_message(code: int) -> str:
     """The fixed public text for a code: its name with ``_`` as spaces (native.md §7)."""
     return CODES.get(code, ("internal",))[0].replace("_", " ")
@@ -232,8 +242,19 @@ class NativeCodec:
     def _load(self, message: bytes | bytearray | memoryview | str) -> Any:
         if self.encoding == "json":
             try:
-                return orjson.loads(message)
-            except orjson.JSONDecodeError:
+                # orjson reads integers beyond 64 bits as floats, which would change a ``json`` payload's
+                # digits; a frame with such a long digit run is read by the standard library instead.
+                if isinstance(message, str):
+                    long_int = _LONG_INT_STR.search(message) is not None
+                else:
+                    long_int = _LONG_INT.search(message) is not None
+                if not long_int:
+                    return orjson.loads(message)
+                return json.loads(
+                    bytes(message) if isinstance(message, memoryview) else message,
+                    parse_constant=_no_constant,
+                )
+            except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
                 raise BadFrame("not JSON") from None
         try:
             return msgpack.unpackb(message, raw=False, strict_map_key=False)
