@@ -91,7 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the server",
         description="Run a hubbub server. Every option can also be set in the environment "
         "(HUBBUB_<KEY>) or in a TOML file (--config); the command line wins.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     serve.add_argument(
         "--config", metavar="FILE", help="TOML config file with dotted keys or tables", default=None
