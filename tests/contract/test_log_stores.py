@@ -414,6 +414,37 @@ def test_reset_channel(factory: Factory, store: LogStore) -> None:
         assert seqs(store.read("/a")) == [1]
 
 
+def test_trim(factory: Factory, store: LogStore) -> None:
+    a = append_n(store, "/a", 5, b"xx")
+    append_n(store, "/b", 2)
+    info = store.trim("/a", 3)
+    assert info == ChannelInfo("/a", a[0].epoch, 4, 5, a[-1].time_ns)
+    assert store.head("/a") == info
+    assert seqs(store.read("/a")) == [4, 5] and seqs(store.read_last("/a", 10)) == [4, 5]
+    assert store.stats() == StoreStats(events=4, bytes=2 * 2 + 2 * 1, channels=2)
+    # Idempotent, and first never moves down.
+    assert store.trim("/a", 3) == info and store.trim("/a", 1) == info and store.trim("/a", 0) == info
+    assert seqs(store.read("/b")) == [1, 2]  # other channels untouched
+    # Up to top: every event goes, the position stays.
+    everything = store.trim("/a", 5)
+    assert (everything.epoch, everything.first, everything.top) == (a[0].epoch, 6, 5)
+    assert store.read("/a") == [] and [c.channel for c in store.channels()] == ["/b"]
+    assert store.stats() == StoreStats(events=2, bytes=2, channels=1)
+    ev = store.append([req("/a")])[0].event
+    assert (ev.seq, ev.epoch) == (6, a[0].epoch)  # seq continues in the same epoch
+    for channel, seq in (("/a", 7), ("/a", -1), ("/never", 1)):
+        with pytest.raises(ValueError):
+            store.trim(channel, seq)
+    assert seqs(store.read("/a")) == [6]
+    assert store.trim("/never", 0) == ChannelInfo("/never", "", 0, 0, 0)
+    assert store.head("/never").epoch == ""
+    if factory.persistent:
+        store = factory.reopen(store)
+        assert store.head("/a") == ChannelInfo("/a", a[0].epoch, 6, 6, ev.time_ns)
+        assert store.stats() == StoreStats(events=3, bytes=3, channels=2)
+        assert store.trim("/a", 6).first == 7 and store.read("/a") == []
+
+
 def test_new_epochs_on_open(factory: Factory, store: LogStore) -> None:
     a = append_n(store, "/a", 3)[0]
     b = append_n(store, "/b", 1)[0]
@@ -567,6 +598,39 @@ def test_reads_from_other_threads_while_appending(store: LogStore) -> None:
 @pytest.fixture
 def sqlite_path(tmp_path: Path) -> Path:
     return tmp_path / "hubbub.db"
+
+
+def test_sqlite_read_rows_compact_text(sqlite_path: Path) -> None:
+    store = SqliteLogStore(sqlite_path)
+    try:
+        store.append(
+            [
+                req("/a", b"1", user="u1"),
+                req("/a", b"2", user="u1"),
+                req("/a", b"3", user="u2", content_type="application/json"),
+                req("/a", b"4", user="u1", idem="k4", headers={"h": "v"}),
+            ]
+        )
+        epoch, full = store.read_rows("/a", 0, 100)
+        assert store.read_rows("/a", 0, 100, compact_text=True)[0] == epoch
+        compact = store.read_rows("/a", 0, 100, compact_text=True)[1]
+        assert compact[0] == full[0]  # the first row holds every value
+        text = slice(2, 7)  # publisher_dialect, _user, _app, _msg_id, content_type
+        for c, f in zip(compact[1:], full[1:], strict=True):
+            assert c[:2] == f[:2] and c[7:] == f[7:]
+            assert [
+                None if v == first else v for v, first in zip(f[text], full[0][text], strict=True)
+            ] == list(c[text])
+        assert [r[3] for r in compact] == ["u1", None, "u2", None]
+        assert [r[5] for r in compact] == ["", None, None, "k4"]
+        # A page compares with its own first row (seq 2 here), not the channel's.
+        page = store.read_rows("/a", 1, 2, compact_text=True)[1]
+        assert page[0] == full[1]
+        assert page[1][2:7] == (None, "u2", None, None, "application/json")
+        assert store.read_rows("/a", 4, 10, compact_text=True) == (epoch, [])
+        assert store.read_rows("/none", 0, 10, compact_text=True) == ("", [])
+    finally:
+        store.close()
 
 
 def test_sqlite_failed_commit_leaves_nothing_and_no_gap(sqlite_path: Path) -> None:

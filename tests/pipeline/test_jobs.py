@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -15,6 +17,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from hubbub.client import Client
 from hubbub.pipeline import jobs
+from hubbub.pipeline.sources import PipelineError
 from tests.integration.serverproc import ServerProcess
 
 from .conftest import http_url, store_url
@@ -109,3 +112,39 @@ def test_backfill_is_idempotent_after_the_idempotency_window(
     assert restored.where("channel = '/restored/orig/a'").agg(F.max("seq")).first()[0] == 30
     got = restored.where("channel = '/restored/orig/a'").orderBy("seq").select("payload").collect()
     assert [r.payload for r in got] == [f"/orig/a:{i}".encode() for i in range(30)]  # in order
+
+
+def log_head(url: str, channel: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/api/v1/log{channel}?limit=1000") as r:
+        body: dict[str, Any] = json.loads(r.read())
+    return body
+
+
+def test_archive_trim_trims_the_hot_log_to_the_archived_position(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    url, store = http_url(server), store_url(server)
+    publish(url, {"/hot/a": 40, "/hot/b": 10, "/cold/c": 5})
+    out = tmp_path / "archive"
+    with pytest.raises(PipelineError, match="--trim needs the running server"):
+        jobs.archive(spark, store, str(out), trim=True)  # the store belongs to the server
+    assert not (out / jobs.STATE_FILE).exists()
+
+    first = jobs.archive(spark, url, str(out), channels="/hot/**", trim=True)
+    assert first["events"] == 50 and first["trimmed"] == 2 and first["trim_skipped"] == []
+    a, b = log_head(url, "/hot/a"), log_head(url, "/hot/b")
+    assert (a["first"], a["top"], a["events"]) == (41, 40, [])
+    assert (b["first"], b["top"], b["events"]) == (11, 10, [])
+    assert log_head(url, "/cold/c")["first"] == 1  # outside the pattern: not archived, not trimmed
+
+    publish(url, {"/hot/a": 6}, start=40)
+    again = jobs.archive(spark, url, str(out), channels="/hot/**", trim=True)
+    assert again["events"] == 6  # only the new events: nothing archived twice
+    a = log_head(url, "/hot/a")
+    assert (a["first"], a["top"], a["events"]) == (47, 46, [])
+    assert jobs.archive(spark, url, str(out), channels="/hot/**", trim=True)["events"] == 0
+
+    archived = spark.read.parquet(str(out / "data"))
+    assert archived.count() == 56 and archived.select("channel", "seq").distinct().count() == 56
+    got = archived.where("channel = '/hot/a'").orderBy("seq").select("seq", "payload").collect()
+    assert [(r.seq, r.payload) for r in got] == [(i + 1, f"/hot/a:{i}".encode()) for i in range(46)]

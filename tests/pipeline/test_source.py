@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrameReader, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from hubbub.client import Client
-from hubbub.log import SqliteLogStore
-from hubbub.log.records import RECORD_COLUMNS, SPARK_DDL
+from hubbub.events import Publisher
+from hubbub.log import AppendRequest, SqliteLogStore
+from hubbub.log.records import RECORD_COLUMNS, SPARK_DDL, event_to_record
+from hubbub.pipeline.arrow import ARROW_SCHEMA, batch_from_rows
 from hubbub.pipeline.datasource import HubbubBatchReader, _Options
 from tests.integration.serverproc import ServerProcess
 
@@ -27,6 +30,33 @@ def store(tmp_path: Path) -> tuple[str, SqliteLogStore]:
     st = SqliteLogStore(path)
     fill(st, {"/chat/a": 250, "/chat/b/x": 40, "/other": 7})
     return f"sqlite:///{path}", st
+
+
+def test_arrow_batch_from_compact_rows_equals_the_full_rows(tmp_path: Path) -> None:
+    st = SqliteLogStore(tmp_path / "log.db")
+    try:
+        fill(st, {"/a": 50})
+        st.append(
+            [
+                AppendRequest("/a", Publisher("other", "u", "app2", f"m{i}"), b"p", ctype, hdrs, tags)
+                for i, (ctype, hdrs, tags) in enumerate(
+                    [
+                        ("application/json", {"x": "1", "y": "2"}, ("a", "b")),
+                        ("text/plain", {"x": "1", "y": "2"}, ("a", "b")),
+                        ("text/plain", {"é": "ü"}, ()),
+                    ]
+                )
+            ]
+        )
+        for after, limit in ((0, 100), (0, 1), (10, 20), (49, 10), (51, 5)):
+            epoch, full = st.read_rows("/a", after, limit)
+            compact = st.read_rows("/a", after, limit, compact_text=True)[1]
+            want = batch_from_rows("/a", epoch, full)
+            assert batch_from_rows("/a", epoch, compact).equals(want)
+            records = [event_to_record(e) for e in st.read("/a", after, limit)]
+            assert want.equals(pa.RecordBatch.from_pylist(records, schema=ARROW_SCHEMA))
+    finally:
+        st.close()
 
 
 def test_schema_is_the_record_schema(spark: SparkSession, store: tuple[str, SqliteLogStore]) -> None:

@@ -28,16 +28,16 @@ from typing import Any, TypeVar
 
 from hubbub.auth import AllowAll, Authorizer
 from hubbub.channels import Pattern
-from hubbub.errors import HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
+from hubbub.errors import BadRequest, HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
 from hubbub.events import Event, Position
-from hubbub.log.base import AppendRequest, AppendResult, LogStore, RetentionPolicy
+from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, LogStore, RetentionPolicy
 from hubbub.router import Router
 
 from .replay import Gap, ReplayPlan, ReplaySpec, plan_replay
 from .session import Session
 from .writer import LogWriter
 
-__all__ = ["Node", "NodeSettings", "Subscription"]
+__all__ = ["EpochMismatch", "Node", "NodeSettings", "Subscription"]
 
 log = logging.getLogger("hubbub.node")
 
@@ -60,6 +60,16 @@ class NodeSettings:
     #: of the log mean lost commits (and a new epoch); under fsync it is a client error.
     commits_can_be_lost: bool = True
     reader_threads: int = 4
+
+
+class EpochMismatch(HubbubError):
+    """A request named an epoch that is not the channel's current one; ``head`` is the current position."""
+
+    code = 4202
+
+    def __init__(self, head: ChannelInfo) -> None:
+        super().__init__(f"the channel's epoch is {head.epoch!r}")
+        self.head = head
 
 
 FILTER_PREFIX = ":filter."
@@ -514,6 +524,25 @@ class Node:
         """Start a new epoch for a channel (on the writer thread, in order with appends)."""
         assert self._writer is not None
         return await self._writer.submit_control(lambda st: st.reset_channel(channel))
+
+    async def trim(self, channel: str, epoch: str, up_to_seq: int) -> ChannelInfo:
+        """Trim the channel's events with ``seq <= up_to_seq`` if its current epoch is ``epoch``; returns the
+        new head. On the writer thread, in order with appends; the epoch is checked in the same call, so a
+        reset cannot slip in between. Raises :class:`EpochMismatch` (the channel's epoch differs, or it was
+        never used) or :class:`BadRequest` (``up_to_seq`` negative or beyond the channel's top)."""
+        if self._closing or self._writer is None:
+            raise ShuttingDown()
+
+        def trim(st: LogStore) -> ChannelInfo:
+            head = st.head(channel)
+            if head.empty or head.epoch != epoch:
+                raise EpochMismatch(head)
+            if not 0 <= up_to_seq <= head.top:
+                raise BadRequest(f"seq must be between 0 and the channel's top ({head.top})")
+            return st.trim(channel, up_to_seq)
+
+        info: ChannelInfo = await self._writer.submit_control(trim)
+        return info
 
     def statistics(self) -> dict[str, Any]:
         return {

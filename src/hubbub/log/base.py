@@ -2,8 +2,8 @@
 
 Concurrency contract (every engine):
 
-* ``append``, ``apply_retention``, ``reset_channel`` and ``close`` are called from **one writer thread** only
-  (core owns it). They are never called concurrently with each other.
+* ``append``, ``apply_retention``, ``trim``, ``reset_channel`` and ``close`` are called from **one writer
+  thread** only (core owns it). They are never called concurrently with each other.
 * Every read method (``head``, ``heads``, ``read``, ``read_last``, ``channels``, ``top_time``, ``stats``) may
   be called from any thread, concurrently with the writer and with each other. Reads see only committed data.
 * No method is ever called on the event loop thread.
@@ -165,6 +165,18 @@ class LogStore(abc.ABC):
     @abc.abstractmethod
     def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
         """Trim by age and by total size. Returns the number of events removed."""
+
+    @abc.abstractmethod
+    def trim(self, channel: str, up_to_seq: int) -> ChannelInfo:
+        """Remove the channel's events with ``seq <= up_to_seq``; returns the new head. A **writer-thread**
+        method (like :meth:`append`): never called concurrently with the other writer methods.
+
+        ``first`` moves up to ``up_to_seq + 1`` (never down: trimming what is already gone changes nothing, so
+        a repeated call is a no-op); ``top``, ``top_time`` and ``epoch`` never change; :meth:`stats` counts
+        the remaining events and bytes. ``up_to_seq == top`` trims every event (``first`` becomes
+        ``top + 1``). Raises ``ValueError`` when ``up_to_seq`` is negative or beyond ``top`` (an unknown
+        channel has top 0). The caller checks the epoch (in the same writer-thread call, so it is atomic).
+        """
 
     @abc.abstractmethod
     def stats(self) -> StoreStats:

@@ -214,6 +214,18 @@ class MemoryLogStore(LogStore):
                         removed += ch.trim_to(ch.first + n)
             return removed
 
+    def trim(self, channel: str, up_to_seq: int) -> ChannelInfo:
+        with self._lock:
+            self._check_open()
+            ch = self._channels.get(channel)
+            top = 0 if ch is None else ch.top
+            if not 0 <= up_to_seq <= top:
+                raise ValueError(f"cannot trim to seq {up_to_seq}: the channel's top is {top}")
+            if ch is None:
+                return ChannelInfo(channel, "", 0, 0, 0)
+            ch.trim_to(up_to_seq + 1)
+            return self._info(channel, ch)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

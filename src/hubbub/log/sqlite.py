@@ -39,7 +39,8 @@ lets the WAL start over under continuous load.
 
 Concurrency contract:
 
-* The writer methods (``append``, ``apply_retention``, ``reset_channel``, ``new_epochs_on_open``, ``close``)
+* The writer methods (``append``, ``apply_retention``, ``trim``, ``reset_channel``, ``new_epochs_on_open``,
+  ``close``)
   use one writer connection and a cache of every channel's head, and must be called from one thread at a
   time (the core's log writer thread). The store may be opened on another thread (the connection is created
   with ``check_same_thread=False`` for that reason and for ``close``).
@@ -152,6 +153,20 @@ _SCHEMA: Final = (
 _EVENT_COLS: Final = (
     "seq, time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type, "
     "headers, tags, payload"
+)
+_TEXT_COLS: Final = (
+    "publisher_dialect",
+    "publisher_user",
+    "publisher_app",
+    "publisher_msg_id",
+    "content_type",
+)
+# read_rows(compact_text=True): a text column is NULL where it equals the given (first row's) value.
+_COMPACT_SELECT: Final = (
+    "SELECT seq, time_ns, "
+    + ", ".join(f"nullif({c}, ?{i})" for i, c in enumerate(_TEXT_COLS, 1))
+    + ", headers, tags, payload FROM events WHERE channel_id = ?6 AND seq BETWEEN ?7 AND ?8 "
+    "ORDER BY seq LIMIT ?9"
 )
 _INSERT_EVENT: Final = (
     "INSERT INTO events (channel_id, seq, time_ns, size, publisher_dialect, publisher_user, publisher_app, "
@@ -605,6 +620,22 @@ class SqliteLogStore(LogStore):
         h.bytes -= removed_bytes
         return n
 
+    def trim(self, channel: str, up_to_seq: int) -> ChannelInfo:
+        self._writer()
+        h = self._heads.get(channel)
+        top = 0 if h is None else h.top
+        if not 0 <= up_to_seq <= top:
+            raise ValueError(f"cannot trim to seq {up_to_seq}: the channel's top is {top}")
+        if h is None:
+            return ChannelInfo(channel, "", 0, 0, 0)
+        if up_to_seq >= h.first:
+            with self._transaction("trim") as conn:
+                self._delete_below(conn, h, up_to_seq + 1)
+                conn.execute(_UPDATE_CHANNEL, h.row())
+            if self._checkpointer is not None:
+                self._checkpointer.kick()
+        return ChannelInfo(channel, h.epoch, h.first, h.top, h.top_time)
+
     def reset_channel(self, channel: str) -> ChannelInfo:
         with self._transaction("reset") as conn:
             epoch = new_epoch()
@@ -812,11 +843,17 @@ class SqliteLogStore(LogStore):
         limit: int = 1000,
         from_time: int | None = None,
         to_time: int | None = None,
+        *,
+        compact_text: bool = False,
     ) -> tuple[str, list[tuple[Any, ...]]]:
         """:meth:`read` without building events, for bulk readers (the data pipeline): ``(epoch, rows)``,
         each row ``(seq, time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id,
         content_type, headers, tags, payload)`` with ``headers`` and ``tags`` in the column codec of
-        :mod:`hubbub.log.records`. An unknown channel gives ``("", [])``."""
+        :mod:`hubbub.log.records`. An unknown channel gives ``("", [])``.
+
+        ``compact_text``: in every row but the first, each of the five text columns (``publisher_*`` and
+        ``content_type``) is ``None`` where it equals the first row's value (SQLite compares, so no Python
+        string is made for a repeated value: in a page they mostly are)."""
         if limit <= 0:
             self._reader()
             return "", []
@@ -834,11 +871,23 @@ class SqliteLogStore(LogStore):
                 hi = _seq_at_time(conn, cid, lo, hi, to_time) - 1
             if lo > hi:
                 return epoch, []
-            rows = conn.execute(
-                f"SELECT {_EVENT_COLS} FROM events "
-                "WHERE channel_id = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?",
-                (cid, lo, hi, min(limit, _MAX_INT64)),
-            ).fetchall()
+            n = min(limit, _MAX_INT64)
+            if not compact_text:
+                rows = conn.execute(
+                    f"SELECT {_EVENT_COLS} FROM events "
+                    "WHERE channel_id = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?",
+                    (cid, lo, hi, n),
+                ).fetchall()
+                return epoch, rows
+            first_row = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ? "
+                "ORDER BY seq LIMIT 1",
+                (cid, lo, hi),
+            ).fetchone()
+            if first_row is None:
+                return epoch, []
+            rows = conn.execute(_COMPACT_SELECT, (*first_row[2:7], cid, lo, hi, n)).fetchall()
+            rows[0] = first_row
             return epoch, rows
 
     def read_last(self, channel: str, n: int) -> list[Event]:

@@ -7,10 +7,11 @@ these batches into rows without a Python object per value, which is why the sour
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from hubbub.log.records import RECORD_SCHEMA, decode_headers, decode_tags
 
@@ -44,22 +45,43 @@ def _const_or_array(values: Sequence[Any], typ: pa.DataType) -> pa.Array:
     return pa.array(values, typ)
 
 
-def _map_column(encoded: Sequence[bytes]) -> pa.Array:
+def _text_column(values: Sequence[str | None]) -> pa.Array:
+    """A string column from ``read_rows`` values, where ``None`` (``compact_text``) means the first value."""
+    first = values[0]
+    n = len(values)
+    if values.count(None) == n - 1 or values.count(first) == n:
+        return pa.repeat(pa.scalar(first, pa.string()), n)
+    arr = pa.array(values, pa.string())
+    return pc.fill_null(arr, first) if arr.null_count else arr
+
+
+def _decoded_column(encoded: Sequence[bytes], decode: Callable[[bytes], Any], typ: pa.DataType) -> pa.Array:
+    """A column of encoded values (``b""`` for empty), decoding each distinct value once.
+
+    The page's values are dictionary-encoded in Arrow, only the distinct ones are decoded in Python, and the
+    column is gathered from them with ``take``: pages repeat a few header maps and tag sets many times.
+    """
     if not any(encoded):
         offsets = pa.array([0] * (len(encoded) + 1), pa.int32())
-        return pa.MapArray.from_arrays(offsets, pa.array([], pa.string()), pa.array([], pa.string()))
-    return pa.array([list(decode_headers(h).items()) if h else [] for h in encoded], _MAP)
+        if typ == _MAP:
+            return pa.MapArray.from_arrays(offsets, pa.array([], pa.string()), pa.array([], pa.string()))
+        return pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
+    codes = pa.array(encoded, pa.binary()).dictionary_encode()
+    distinct = pa.array([decode(b) if b else [] for b in codes.dictionary.to_pylist()], typ)
+    return distinct.take(codes.indices)
+
+
+def _map_column(encoded: Sequence[bytes]) -> pa.Array:
+    return _decoded_column(encoded, lambda b: list(decode_headers(b).items()), _MAP)
 
 
 def _list_column(encoded: Sequence[bytes]) -> pa.Array:
-    if not any(encoded):
-        offsets = pa.array([0] * (len(encoded) + 1), pa.int32())
-        return pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
-    return pa.array([list(decode_tags(t)) if t else [] for t in encoded], _LIST)
+    return _decoded_column(encoded, lambda b: list(decode_tags(b)), _LIST)
 
 
 def batch_from_rows(channel: str, epoch: str, rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
-    """A batch from :meth:`hubbub.log.SqliteLogStore.read_rows` rows of one channel and epoch."""
+    """A batch from :meth:`hubbub.log.SqliteLogStore.read_rows` rows of one channel and epoch (with or
+    without ``compact_text``)."""
     n = len(rows)
     if n == 0:
         return empty_batch()
@@ -70,14 +92,14 @@ def batch_from_rows(channel: str, epoch: str, rows: Sequence[Sequence[Any]]) -> 
             pa.array(seq, pa.int64()),
             pa.repeat(pa.scalar(epoch, pa.string()), n),
             pa.array(time_ns, pa.int64()),
-            _const_or_array(dialect, pa.string()),
-            _const_or_array(user, pa.string()),
-            _const_or_array(app, pa.string()),
-            _const_or_array(msg_id, pa.string()),
+            _text_column(dialect),
+            _text_column(user),
+            _text_column(app),
+            _text_column(msg_id),
             _map_column(headers),
             _list_column(tags),
             pa.array(payload, pa.binary()),
-            _const_or_array(ctype, pa.string()),
+            _text_column(ctype),
         ],
         schema=ARROW_SCHEMA,
     )

@@ -60,6 +60,12 @@ def add_pipeline_commands(subparsers: argparse._SubParsersAction[argparse.Argume
             p.add_argument("--channel-prefix", default="", help="publish /a/b as PREFIX/a/b")
         else:
             p.add_argument("--out", required=True, help="output directory")
+        if name == "archive":
+            p.add_argument(
+                "--trim",
+                action="store_true",
+                help="then trim the server's log up to what is archived (needs --url: the server trims)",
+            )
         if name == "retention":
             p.add_argument("--days", type=int, required=True, help="keep this many days")
         if name == "compact":
@@ -90,6 +96,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.job == "retention":
         print(json.dumps(jobs.retention(args.out, args.days)))
         return 0
+    if args.job == "archive" and args.trim and not args.url:
+        print(
+            f"hubbub {args._command}: --trim needs --url http://host:port (the running server trims its "
+            "own store; a store given with --store is read-only)",
+            file=sys.stderr,
+        )
+        return 2
     conf = dict(kv.split("=", 1) for kv in args.conf if "=" in kv)
     show = not args.no_progress and sys.stderr.isatty()
     try:
@@ -102,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         result: dict[str, Any]
         if args.job == "archive":
-            result = jobs.archive(spark, url, args.out, args.channels, args.token, show)
+            result = jobs.archive(spark, url, args.out, args.channels, args.token, show, args.trim)
         elif args.job == "backfill":
             if not args.input:
                 raise PipelineError("backfill reads an archive or export: give --input DIR")

@@ -14,6 +14,7 @@ import re
 import shutil
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,7 @@ __all__ = [
     "progress",
     "retention",
     "stats",
+    "trim_archived",
 ]
 
 STATE_FILE = "_hubbub_archive.json"
@@ -203,13 +205,51 @@ def _publish_staged(out: Path, run: str) -> int:
     return moved
 
 
+def trim_archived(url: str, positions: dict[str, dict[str, Any]], token: str = "") -> dict[str, Any]:
+    """Trim a running server's log up to the archived ``positions`` (``POST /api/v1/trim/<channel>``, one
+    call per channel; idempotent, so a retry or a rerun is harmless). A channel whose epoch changed since it
+    was archived (reset) or that is gone is skipped (``skipped``): its current events were never archived."""
+    from hubbub.pipeline.sources import _channel_path, _error_text, _Http
+
+    conn = _Http(url, token)
+    trimmed: dict[str, int] = {}
+    skipped: list[str] = []
+    try:
+        for channel, pos in sorted(positions.items()):
+            query = urllib.parse.urlencode({"seq": int(pos["seq"]), "epoch": pos["epoch"]})
+            status, data = conn.request("POST", f"/api/v1/trim/{_channel_path(channel)}?{query}")
+            if status == 409:
+                skipped.append(channel)
+            elif status != 200:
+                raise PipelineError(f"trim {channel}: {_error_text(status, data)}")
+            else:
+                trimmed[channel] = int(json.loads(data)["first"])
+    finally:
+        conn.close()
+    return {"trimmed": trimmed, "skipped": skipped}
+
+
 def archive(
-    spark: SparkSession, url: str, out: str, channels: str = "/**", token: str = "", show: bool = False
+    spark: SparkSession,
+    url: str,
+    out: str,
+    channels: str = "/**",
+    token: str = "",
+    show: bool = False,
+    trim: bool = False,
 ) -> dict[str, Any]:
     """Archive the log to Parquet under ``out/data/root=<first segment>/date=<UTC day>/``, sorted by
     (channel, seq) within files. Incremental and idempotent: ``out/_hubbub_archive.json`` keeps the archived
     position of every channel, and a run is staged first and then moved in under a write-ahead record, so a
-    crash at any point neither loses nor duplicates events on the next run."""
+    crash at any point neither loses nor duplicates events on the next run.
+
+    ``trim``: once the run is committed, trim the server's log (``url`` must be ``http://…``: the store file
+    belongs to the server) up to the archived position of every channel matching ``channels``."""
+    if trim and not url.startswith(("http://", "https://")):
+        raise PipelineError(
+            "--trim needs the running server (--url http://host:port): its store is written only by the "
+            "server, so a store given with --store cannot be trimmed"
+        )
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
     state = _load_state(outp)
@@ -253,7 +293,7 @@ def archive(
     _save_state(outp, {"version": 1, "positions": new, "pending": None})
     shutil.rmtree(outp / STAGING_DIR, ignore_errors=True)
     dt = time.perf_counter() - t0
-    return {
+    result: dict[str, Any] = {
         "job": "archive",
         "events": events,
         "channels": len(tops),
@@ -262,6 +302,12 @@ def archive(
         "events_per_s": round(events / dt) if dt > 0 else 0,
         "positions": len(new),
     }
+    if trim:  # only now: every position in ``new`` is committed to the archive
+        pat = parse_pattern(channels)
+        done = trim_archived(url, {ch: p for ch, p in new.items() if pat.matches(ch)}, token)
+        result["trimmed"] = len(done["trimmed"])
+        result["trim_skipped"] = done["skipped"]
+    return result
 
 
 # -- stats ----------------------------------------------------------------------------------------------

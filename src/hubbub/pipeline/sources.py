@@ -125,7 +125,7 @@ class StoreSource:
         store = self.store
         if isinstance(store, SqliteLogStore):
             head = store.head(channel)
-            cur, rows = store.read_rows(channel, after_seq, limit, from_time, to_time)
+            cur, rows = store.read_rows(channel, after_seq, limit, from_time, to_time, compact_text=True)
             if cur != head.epoch:  # reset between the two snapshots: read again
                 return self.read(channel, epoch, after_seq, limit, from_time, to_time)
             if epoch is not None and cur != epoch:

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from hubbub.channels import parse_pattern, route_channel
 from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
+from hubbub.core.node import EpochMismatch
 from hubbub.core.replay import plan_replay, trimmed_after
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
@@ -243,6 +244,25 @@ class NativeHttp:
         )
         return web.Response(status=200, body=body, headers={"Content-Type": ctype, **extra})
 
+    async def trim(self, request: web.Request) -> web.Response:
+        """``POST /api/v1/trim/<channel>?seq=S&epoch=E`` (a hubbub v1 addition, docs/native.md "Admin"): trim
+        the channel's events with ``seq <= S`` if its current epoch is E."""
+        channel = route_channel(_raw_rest(request, "/api/v1/trim/"), self.s.max_channel_bytes)
+        q = request.query
+        seq = _int_param(q, "seq", None)
+        epoch = q.get("epoch", "")
+        if seq is None or not epoch:
+            raise BadRequest("seq and epoch are required")
+        if seq < 0:
+            raise BadRequest("seq must not be negative")
+        try:
+            info = await self.node.trim(channel, epoch, seq)
+        except EpochMismatch as exc:
+            head = exc.head
+            return _error(exc, position={"seq": head.top, "epoch": head.epoch})
+        out = {"channel": info.channel, "epoch": info.epoch, "first": info.first, "top": info.top}
+        return _json(200, orjson.dumps(out) + b"\n")
+
     async def channels(self, request: web.Request) -> web.Response:
         pattern = parse_pattern("/" + _raw_rest(request, "/api/v1/channels/"), self.s.max_channel_bytes)
         after = request.query.get("after", "")
@@ -420,6 +440,7 @@ def build_app(
     app.router.add_get("/ws/hubbub", native.websocket)
     app.router.add_post("/api/v1/publish/{rest:.*}", native.publish)
     app.router.add_get("/api/v1/log/{rest:.*}", native.log_read)
+    app.router.add_post("/api/v1/trim/{rest:.*}", native.trim)
     app.router.add_get("/api/v1/channels/{rest:.*}", native.channels)
     app.router.add_get("/api/v1/stream/{rest:.*}", native.stream)
     app.router.add_get("/healthz", native.healthz)
