@@ -46,7 +46,7 @@ from hubbub.errors import BadChannel, FrameTooLarge, HubbubError, SubscriptionEr
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
-from .http import HttpSettings
+from .http import HttpSettings, raw_rest, text_response
 
 __all__ = [
     "GUBLE_HUB",
@@ -490,19 +490,10 @@ class GubleConnection:
 # -- the hub: WebSocket and HTTP handlers -------------------------------------------------------------------
 
 
-def _text(status: int, body: str) -> web.Response:
-    return web.Response(status=status, body=body.encode(), content_type="text/plain", charset="utf-8")
-
-
 def _json(status: int, obj: Any, charset: bool = False) -> web.Response:
     resp = web.Response(status=status, body=orjson.dumps(obj))
     resp.headers["Content-Type"] = "application/json; charset=utf-8" if charset else "application/json"
     return resp
-
-
-def _raw_rest(request: web.Request, prefix: str) -> str:
-    raw = request.raw_path.split("?", 1)[0]
-    return raw[len(prefix) :] if raw.startswith(prefix) else ""
 
 
 class GubleHub:
@@ -528,7 +519,7 @@ class GubleHub:
     async def websocket(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(max_msg_size=self.http.max_frame, heartbeat=HEARTBEAT_S, compress=False)
         if not ws.can_prepare(request).ok:
-            return _text(400, "websocket upgrade required\n")
+            return text_response(400, "websocket upgrade required\n")
         await ws.prepare(request)
 
         async def close(code: int) -> None:
@@ -570,17 +561,17 @@ class GubleHub:
     # -- REST -------------------------------------------------------------------------------------------
 
     async def message(self, request: web.Request) -> web.Response:
-        rest = _raw_rest(request, "/api/message/")
+        rest = raw_rest(request, "/api/message/")
         if not rest:
-            return _text(404, "404 page not found\n")
+            return text_response(404, "404 page not found\n")
         if request.method == "HEAD":
             return web.Response(status=200)
         if request.method != "POST":
-            return _text(405, "Method not allowed\n")
+            return text_response(405, "Method not allowed\n")
         try:
             channel = route_channel(rest, self.http.max_channel_bytes)
         except BadChannel:
-            return _text(400, "invalid path\n")
+            return text_response(400, "invalid path\n")
         body = await request.read()
         lim = self.http.codec_limits
         try:
@@ -588,7 +579,7 @@ class GubleHub:
                 request.headers.items(), request.query.items(), lim["max_headers"], lim["max_header_bytes"]
             )
         except HubbubError as exc:
-            return _text(400, f"{exc.detail}\n")
+            return text_response(400, f"{exc.detail}\n")
         q = request.query
         req = AppendRequest(
             channel=channel,
@@ -600,19 +591,19 @@ class GubleHub:
         try:
             await self.node.publish(req)
         except HubbubError as exc:
-            return _text(500 if exc.code != 4303 else 503, f"{exc.message}\n")
-        return _text(200, "OK")
+            return text_response(500 if exc.code != 4303 else 503, f"{exc.message}\n")
+        return text_response(200, "OK")
 
     async def subscribers(self, request: web.Request) -> web.Response:
-        rest = _raw_rest(request, "/api/subscribers/")
+        rest = raw_rest(request, "/api/subscribers/")
         if not rest:
-            return _text(404, "404 page not found\n")
+            return text_response(404, "404 page not found\n")
         if request.method not in ("GET", "HEAD"):
-            return _text(405, "Method not allowed\n")
+            return text_response(405, "Method not allowed\n")
         try:
             channel = route_channel(rest, self.http.max_channel_bytes)
         except BadChannel:
-            return _text(400, "invalid path\n")
+            return text_response(400, "invalid path\n")
         out = [
             {"application_id": c.session.id, "user_id": c.session.user}
             for c, r in self.live_receivers()

@@ -32,7 +32,7 @@ from .cors import install_cors
 from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
 from .native import NativeConnection
 
-__all__ = ["HttpSettings", "RouteInstaller", "build_app", "native_codec"]
+__all__ = ["HttpSettings", "RouteInstaller", "build_app", "native_codec", "raw_rest", "text_response"]
 
 log = logging.getLogger("hubbub.http")
 
@@ -53,8 +53,13 @@ class HttpSettings:
     cors_origins: tuple[str, ...] = ()
 
 
-def _text(status: int, body: str) -> web.Response:
-    return web.Response(status=status, body=body.encode(), content_type="text/plain", charset="utf-8")
+def text_response(status: int, body: str, headers: dict[str, str] | None = None) -> web.Response:
+    """A ``text/plain; charset=utf-8`` response (every dialect's plain-text answers)."""
+    return web.Response(
+        status=status,
+        body=body.encode(),
+        headers={"Content-Type": "text/plain; charset=utf-8", **(headers or {})},
+    )
 
 
 def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
@@ -66,9 +71,10 @@ def _error(exc: HubbubError, **extra: Any) -> web.Response:
     return _json(status, body)
 
 
-def _raw_rest(request: web.Request, prefix: str) -> str:
+def raw_rest(request: web.Request, prefix: str) -> str:
+    """The raw (still percent-encoded) path after a route prefix: the channel text of mapping.md §2.3."""
     raw = request.raw_path.split("?", 1)[0]
-    return raw[len(prefix) :] if raw.startswith(prefix) else raw.lstrip("/")
+    return raw[len(prefix) :] if raw.startswith(prefix) else ""
 
 
 @web.middleware
@@ -78,9 +84,9 @@ async def _errors(
     try:
         return await handler(request)
     except web.HTTPNotFound:
-        return _text(404, "404 page not found\n")
+        return text_response(404, "404 page not found\n")
     except web.HTTPRequestEntityTooLarge:
-        return _text(413, "request body too large\n")
+        return text_response(413, "request body too large\n")
     except web.HTTPException:
         raise
     except HubbubError as exc:
@@ -111,9 +117,9 @@ class NativeHttp:
         )
         ready = ws.can_prepare(request)
         if not ready.ok:
-            return _text(400, "websocket upgrade required\n")
+            return text_response(400, "websocket upgrade required\n")
         if ready.protocol is None:
-            return _text(400, "unsupported subprotocol\n")
+            return text_response(400, "unsupported subprotocol\n")
         await ws.prepare(request)
         binary = ready.protocol.endswith("msgpack")
         codec = native_codec("msgpack" if binary else "json", self.s.max_frame, self.s.codec_limits)
@@ -183,7 +189,7 @@ class NativeHttp:
     # -- HTTP API ---------------------------------------------------------------------------------------
 
     async def publish(self, request: web.Request) -> web.Response:
-        channel = route_channel(_raw_rest(request, "/api/v1/publish/"), self.s.max_channel_bytes)
+        channel = route_channel(raw_rest(request, "/api/v1/publish/"), self.s.max_channel_bytes)
         body = await request.read()
         content_type, headers, tags, idem = nc.http_publish_fields(
             request.headers.get("Content-Type"),
@@ -214,7 +220,7 @@ class NativeHttp:
         return _json(200, orjson.dumps(out) + b"\n")
 
     async def log_read(self, request: web.Request) -> web.Response:
-        channel = route_channel(_raw_rest(request, "/api/v1/log/"), self.s.max_channel_bytes)
+        channel = route_channel(raw_rest(request, "/api/v1/log/"), self.s.max_channel_bytes)
         q = request.query
         fmt = q.get("format", "json")
         if fmt not in ("json", "jsonl", "msgpack"):
@@ -247,7 +253,7 @@ class NativeHttp:
     async def trim(self, request: web.Request) -> web.Response:
         """``POST /api/v1/trim/<channel>?seq=S&epoch=E`` (a hubbub v1 addition, docs/native.md "Admin"): trim
         the channel's events with ``seq <= S`` if its current epoch is E."""
-        channel = route_channel(_raw_rest(request, "/api/v1/trim/"), self.s.max_channel_bytes)
+        channel = route_channel(raw_rest(request, "/api/v1/trim/"), self.s.max_channel_bytes)
         q = request.query
         seq = _int_param(q, "seq", None)
         epoch = q.get("epoch", "")
@@ -264,7 +270,7 @@ class NativeHttp:
         return _json(200, orjson.dumps(out) + b"\n")
 
     async def channels(self, request: web.Request) -> web.Response:
-        pattern = parse_pattern("/" + _raw_rest(request, "/api/v1/channels/"), self.s.max_channel_bytes)
+        pattern = parse_pattern("/" + raw_rest(request, "/api/v1/channels/"), self.s.max_channel_bytes)
         after = request.query.get("after", "")
         limit = min(_int_param(request.query, "limit", 1000), 10000)
         if limit < 0:
@@ -286,7 +292,7 @@ class NativeHttp:
         return _json(200, orjson.dumps(out) + b"\n")
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        pattern = parse_pattern("/" + _raw_rest(request, "/api/v1/stream/"), self.s.max_channel_bytes)
+        pattern = parse_pattern("/" + raw_rest(request, "/api/v1/stream/"), self.s.max_channel_bytes)
         q = request.query
         tags = frozenset(q.getall("tag", []))
         last = _int_param(q, "last", None)

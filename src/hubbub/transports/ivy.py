@@ -40,7 +40,7 @@ from hubbub.errors import (
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
-from .http import HttpSettings, RouteInstaller
+from .http import HttpSettings, RouteInstaller, raw_rest, text_response
 
 __all__ = ["IvyConnection", "IvyEncoder", "IvySettings", "ivy_installer"]
 
@@ -70,19 +70,6 @@ class IvySettings:
     read_timeout_s: float = 60.0
     #: Largest log-read body, in bytes, before the read is refused with 413 (a bound on memory).
     max_log_bytes: int = 64 << 20
-
-
-def _text(status: int, body: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status,
-        body=body.encode(),
-        headers={"Content-Type": "text/plain; charset=utf-8", **(headers or {})},
-    )
-
-
-def _raw_rest(request: web.Request, prefix: str) -> str:
-    raw = request.raw_path.split("?", 1)[0]
-    return raw[len(prefix) :] if raw.startswith(prefix) else ""
 
 
 class IvyEncoder:
@@ -316,7 +303,7 @@ class IvyHttp:
             protocols=(ivy.SUBPROTOCOL,), max_msg_size=self.s.max_frame, autoping=False, compress=False
         )
         if not ws.can_prepare(request).ok:
-            return _text(400, "websocket upgrade required\n")
+            return text_response(400, "websocket upgrade required\n")
         await ws.prepare(request)
         codec = ivy.IvyCodec(
             max_frame=self.s.max_frame,
@@ -373,21 +360,21 @@ class IvyHttp:
                 return await self.log_read(request, prefix)
             if request.method == "POST":
                 return await self.publish(request, prefix)
-            return _text(404, "Not Found\n")
+            return text_response(404, "Not Found\n")
 
         return handler
 
     async def publish(self, request: web.Request, prefix: str) -> web.Response:
         try:
-            channel = ivy.publish_path(_raw_rest(request, prefix), self.s.max_channel_bytes)
+            channel = ivy.publish_path(raw_rest(request, prefix), self.s.max_channel_bytes)
         except BadChannel:
-            return _text(400, "invalid path\n")
+            return text_response(400, "invalid path\n")
         try:
             form = await request.post()
         except web.HTTPException:
             raise  # 413 from client_max_size: the shared error middleware answers it
         except Exception:
-            return _text(400, "invalid form body\n")
+            return text_response(400, "invalid form body\n")
         data = form.get("data")
         if data is None:
             payload = b""
@@ -411,22 +398,22 @@ class IvyHttp:
         try:
             await self.node.publish(req, origin)
         except AuthError:
-            return _text(403, "forbidden\n")
+            return text_response(403, "forbidden\n")
         except HubbubError as exc:
             log.warning("ivy HTTP publish failed: %s", exc)
-            return _text(503, "unavailable\n")
+            return text_response(503, "unavailable\n")
         return web.Response(status=200, body=b"")
 
     async def log_read(self, request: web.Request, prefix: str) -> web.Response:
         try:
-            lp = ivy.parse_log_path(_raw_rest(request, prefix), self.s.max_channel_bytes)
+            lp = ivy.parse_log_path(raw_rest(request, prefix), self.s.max_channel_bytes)
         except BadRequest:
-            return _text(400, "invalid glob path\n")
+            return text_response(400, "invalid glob path\n")
         q = request.query
         try:
             n = ivy.parse_count(q.get("n"))
         except BadRequest:
-            return _text(400, "invalid line count\n")
+            return text_response(400, "invalid line count\n")
         at = q.get("at")
         rng = ivy.at_range(at) if at is not None else None
         nothing = at is not None and rng is None
@@ -435,10 +422,10 @@ class IvyHttp:
                 _read_log, lp, n, rng, nothing, self.ivy.max_log_bytes
             )
         except _TooLarge:
-            return _text(413, "log too large: narrow the read with ?n= or ?at=\n")
+            return text_response(413, "log too large: narrow the read with ?n= or ?at=\n")
         except HubbubError as exc:
             log.warning("ivy log read failed: %s", exc)
-            return _text(503, "unavailable\n")
+            return text_response(503, "unavailable\n")
         cache = IMMUTABLE if at is not None and ivy.immutable_at(rng, top_time) else "no-cache"
         headers = {"Content-Type": "text/plain", "Accept-Ranges": "bytes", "Cache-Control": cache}
         if not lines:
