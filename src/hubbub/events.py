@@ -7,11 +7,52 @@ transports) passes these objects around and never mutates them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, TypeVar
 
-__all__ = ["EMPTY_POSITION", "Event", "Position", "Publisher"]
+__all__ = ["EMPTY_POSITION", "Event", "Position", "Publisher", "fast_init"]
+
+_C = TypeVar("_C", bound=type)
 
 
+def fast_init(cls: _C) -> _C:
+    """Give a frozen, slotted dataclass a faster ``__init__`` with the same signature and semantics.
+
+    The generated ``__init__`` of a frozen dataclass assigns each field through ``object.__setattr__``,
+    which costs about 1.5 µs for an ``Event``; this one stores through the slots' own descriptors (about
+    half). Instances stay frozen (assignment still raises ``FrozenInstanceError``), hashable and equal by
+    value. Used for the values built once or more per message on the hot path. Classes with
+    ``__post_init__`` or init-less fields are refused.
+    """
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__} has __post_init__")
+    ns: dict[str, Any] = {"_MISSING": MISSING}
+    params: list[str] = []
+    body: list[str] = []
+    for f in fields(cls):
+        if not f.init:
+            raise TypeError(f"{cls.__name__}.{f.name} is not an init field")
+        ns[f"_set_{f.name}"] = getattr(cls, f.name).__set__
+        if f.default is not MISSING:
+            ns[f"_dflt_{f.name}"] = f.default
+            params.append(f"{f.name}=_dflt_{f.name}")
+            body.append(f"    _set_{f.name}(self, {f.name})")
+        elif f.default_factory is not MISSING:
+            ns[f"_fact_{f.name}"] = f.default_factory
+            params.append(f"{f.name}=_MISSING")
+            body.append(f"    _set_{f.name}(self, _fact_{f.name}() if {f.name} is _MISSING else {f.name})")
+        else:
+            params.append(f.name)
+            body.append(f"    _set_{f.name}(self, {f.name})")
+    src = f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body or ["    pass"]) + "\n"
+    exec(src, ns)  # the source is built above from the class's own field names only
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    setattr(cls, "__init__", init)  # noqa: B010 -- mypy refuses assigning __init__ on a class
+    return cls
+
+
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Position:
     """A place in one channel's log: the sequence number within an epoch.
@@ -26,6 +67,7 @@ class Position:
 EMPTY_POSITION = Position(0, "")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Publisher:
     """Who published an event (mapping.md §1)."""
@@ -36,6 +78,7 @@ class Publisher:
     msg_id: str = ""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Event:
     """One committed event, exactly as stored in the log.

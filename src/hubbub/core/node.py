@@ -110,11 +110,8 @@ class Subscription:
         return self.pattern.matches(event.channel) and self.tags.issubset(event.tags)
 
 
-@dataclass(slots=True)
-class _Pending:
-    origin: Session | None
-    done: Done | None
-    t0: float
+#: A submitted publish waiting for its commit: (origin session, done callback, submit tick's perf_counter).
+_Pending = tuple[Session | None, Done | None, float]
 
 
 class Histogram:
@@ -270,6 +267,10 @@ class Node:
 
         Raises :class:`ShuttingDown` while the node closes, and ``AuthError`` when publishing is not allowed.
         Callers that publish in a loop should ``await node.writable()`` to respect back-pressure.
+
+        ``done`` callbacks run in submission order (the writer commits in order, and a failed commit fails
+        its whole batch in order), so a connection may keep its own FIFO of request ids instead of a
+        closure per publish.
         """
         if self._closing or self._writer is None:
             raise ShuttingDown()
@@ -282,7 +283,7 @@ class Node:
             self._batch_t0 = time.perf_counter()
             assert self._loop is not None
             self._loop.call_soon(self._flush)
-        self._batch_items.append(_Pending(origin, done, self._batch_t0))
+        self._batch_items.append((origin, done, self._batch_t0))
         self._batch_reqs.append(request)
 
     def _flush(self) -> None:
@@ -323,23 +324,31 @@ class Node:
         if self._pending < self.settings.max_pending // 2:
             self._room.set()
         if isinstance(result, HubbubError):
-            for it in items:
-                if it.done is not None:
-                    it.done(result)
+            for _origin, done, _t0 in items:
+                if done is not None:
+                    done(result)
             return
         now = time.perf_counter()
         obs = self.ack_latency.observe
-        for it, r in zip(items, result, strict=True):
-            obs(now - it.t0)
-            if it.done is not None:
-                it.done(r)
+        # Items of one submit tick share their t0: one histogram update per tick, not per event.
+        t_run, n_run = items[0][2], 0
+        for (_origin, done, t0), r in zip(items, result, strict=True):
+            if t0 != t_run:
+                obs(now - t_run, n_run)
+                t_run, n_run = t0, 0
+            n_run += 1
+            if done is not None:
+                done(r)
+        obs(now - t_run, n_run)
         published = self.published
-        for it, r in zip(items, result, strict=True):
+        fan_out = self._fan_out
+        for (origin, _done, _t0), r in zip(items, result, strict=True):
             if r.duplicate:
                 continue
-            d = r.event.publisher.dialect
+            ev = r.event
+            d = ev.publisher.dialect
             published[d] = published.get(d, 0) + 1
-            self._fan_out(r.event, it.origin)
+            fan_out(ev, origin)
 
     def _fan_out(self, event: Event, origin: Session | None) -> None:
         subs = self.router.match(event.channel, event.tags)

@@ -43,6 +43,7 @@ from hubbub.errors import (
 from hubbub.events import Event, Position
 
 from .native_commands import (
+    MAX_ID,
     MAX_U64,
     Auth,
     Command,
@@ -120,6 +121,8 @@ PROTOCOL_VERSION: Final = 1
 #: WebSocket subprotocol → encoding.
 SUBPROTOCOLS: Final[dict[str, Encoding]] = {"hubbub.v1.json": "json", "hubbub.v1.msgpack": "msgpack"}
 
+#: Canonical forms of raw channel texts kept per codec (cleared when full).
+CHANNEL_CACHE_SIZE: Final = 1024
 MAX_STREAM_FRAME: Final = 1 << 24  # TCP msgpack length prefix must be below 2^24 (native.md §1)
 
 
@@ -165,6 +168,7 @@ class NativeCodec:
 
     __slots__ = (
         "_body_key",
+        "_channels",
         "_json",
         "_packer",
         "_parsers",
@@ -198,6 +202,8 @@ class NativeCodec:
         self._packer = msgpack.Packer(use_bin_type=True)
         # The fan-out cache is keyed by encoding, so a cache shared across encodings stays correct.
         self._body_key = f"native.{encoding}.body"
+        # Raw channel text -> canonical channel: publishers repeat their channels.
+        self._channels: dict[str, str] = {}
         self._parsers: dict[str, Callable[[Obj], Command]] = {
             "hello": self._hello,
             "subscribe": self._subscribe,
@@ -341,10 +347,20 @@ class NativeCodec:
         return Unsubscribe(request_id(obj), sub_id(obj))
 
     def _publish(self, obj: Obj) -> Publish:
-        rid = request_id(obj)
+        # The hot path of every publishing client: the common fields are checked inline.
+        rid = obj.get("id")
+        if type(rid) is not int or not 0 <= rid < MAX_ID:
+            rid = request_id(obj)
         lim = self.limits
-        channel = canonical(string(obj, "channel"), lim.max_channel_bytes)
-        if self.encoding == "json":
+        raw_channel = obj.get("channel")
+        channel = self._channels.get(raw_channel) if type(raw_channel) is str else None
+        if channel is None:
+            raw_channel = string(obj, "channel")
+            channel = canonical(raw_channel, lim.max_channel_bytes)
+            if len(self._channels) >= CHANNEL_CACHE_SIZE:
+                self._channels.clear()
+            self._channels[raw_channel] = channel
+        if self._json:
             payload, default_type = json_payload(obj)
         else:
             raw = obj.get("payload")
@@ -363,10 +379,14 @@ class NativeCodec:
             if type(raw_headers) is not dict:
                 raise BadRequest("headers must be an object of strings")
             headers = check_headers(raw_headers.items(), lim)
-        raw_tags = opt_list(obj, "tags")
-        tags = check_tags(raw_tags, lim) if raw_tags else ()
-        idem = check_idem(obj.get("idem"))
-        return Publish(rid, channel, payload, content_type, headers, tags, idem, opt_bool(obj, "ack", False))
+        raw_tags = obj.get("tags")
+        tags = check_tags(opt_list(obj, "tags") or (), lim) if raw_tags is not None else ()
+        idem = obj.get("idem")
+        idem = "" if idem is None else check_idem(idem)
+        ack = obj.get("ack", False)
+        if type(ack) is not bool:
+            ack = opt_bool(obj, "ack", False)
+        return Publish(rid, channel, payload, content_type, headers, tags, idem, ack)
 
     def _ping(self, obj: Obj) -> Ping:
         return Ping(None if obj.get("id") is None else request_id(obj))

@@ -14,7 +14,7 @@ from typing import Any, Final, TypeAlias
 
 from hubbub.channels import Pattern
 from hubbub.errors import BadRequest
-from hubbub.events import Position
+from hubbub.events import Position, fast_init
 
 from .native_common import DEFAULT_CONTENT_TYPE, dump_json_value
 
@@ -85,6 +85,7 @@ class Unsubscribe:
     sub: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Publish:
     """``publish``. ``channel`` is canonical, ``tags`` sorted and de-duplicated, ``headers`` user headers

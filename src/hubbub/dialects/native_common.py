@@ -20,6 +20,7 @@ import base64
 import functools
 import json
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -269,46 +270,114 @@ def _user_headers(event: Event) -> dict[str, str]:
     return {k: v for k, v in event.headers.items() if not k.startswith(":")}
 
 
+class _Fragments(threading.local):
+    """Per-thread encoding state of the event bodies: a reusable msgpack packer, and the last publisher's
+    encoded map in each encoding (consecutive events mostly share one ``Publisher`` object: a connection
+    keeps one for all its publishes, so an identity check saves re-encoding it)."""
+
+    def __init__(self) -> None:
+        self.pack = msgpack.Packer(use_bin_type=True).pack
+        self.mp_pub: tuple[object, bytes] = (None, b"")
+        self.json_pub: tuple[object, bytes] = (None, b"")
+
+
+_frag = _Fragments()
+
+
+def _json_publisher(event: Event) -> bytes:
+    pub = event.publisher
+    hit = _frag.json_pub
+    if hit[0] is pub:
+        return hit[1]
+    out = orjson.dumps(_publisher(event))
+    _frag.json_pub = (pub, out)
+    return out
+
+
 def event_body_json(event: Event) -> bytes:
     """``,"channel":…,<payload field>`` (leading comma, no closing brace): the JSON event object after
     ``op`` and ``subs``. Wrap as ``b"{" + body[1:] + b"}"`` for the object alone."""
     head = orjson.dumps(
-        {
-            "channel": event.channel,
-            "seq": event.seq,
-            "epoch": event.epoch,
-            "time": str(event.time_ns),
-            "publisher": _publisher(event),
-            "headers": _user_headers(event),
-            "tags": _tags(event),
-            "content_type": event.content_type,
-        }
+        {"channel": event.channel, "seq": event.seq, "epoch": event.epoch, "time": str(event.time_ns)}
     )
+    headers = orjson.dumps(_user_headers(event)) if event.headers else b"{}"
+    tags = orjson.dumps(_tags(event)) if event.tags else b"[]"
     name, value = payload_field(event)
-    return b"," + head[1:-1] + b',"' + name.encode() + b'":' + value
+    return b"".join(
+        (
+            b",",
+            head[1:-1],
+            b',"publisher":',
+            _json_publisher(event),
+            b',"headers":',
+            headers,
+            b',"tags":',
+            tags,
+            b',"content_type":',
+            orjson.dumps(event.content_type),
+            b',"',
+            name.encode(),
+            b'":',
+            value,
+        )
+    )
 
 
 #: Number of key/value pairs in :func:`event_body_msgpack`.
 MSGPACK_BODY_PAIRS = 9
 
+_MK = {
+    k: packb(k) for k in ("channel", "seq", "epoch", "time", "publisher", "headers", "tags", "content_type")
+}
+_MK_CHANNEL, _MK_SEQ, _MK_EPOCH, _MK_TIME = _MK["channel"], _MK["seq"], _MK["epoch"], _MK["time"]
+_MK_PUBLISHER, _MK_HEADERS, _MK_TAGS, _MK_CT = (
+    _MK["publisher"],
+    _MK["headers"],
+    _MK["tags"],
+    _MK["content_type"],
+)
+_MK_PAYLOAD = packb("payload")
+_MP_EMPTY_MAP = b"\x80"
+_MP_EMPTY_ARRAY = b"\x90"
+
 
 def event_body_msgpack(event: Event) -> bytes:
     """The msgpack event map's pairs after ``op`` and ``subs`` (no map header): ``channel`` .. ``payload``,
-    with ``time`` an integer and ``payload`` bin. Prefix ``0x89`` for the object alone."""
-    packed = packb(
-        {
-            "channel": event.channel,
-            "seq": event.seq,
-            "epoch": event.epoch,
-            "time": event.time_ns,
-            "publisher": _publisher(event),
-            "headers": _user_headers(event),
-            "tags": _tags(event),
-            "content_type": event.content_type,
-            "payload": bytes(event.payload),
-        }
+    with ``time`` an integer and ``payload`` bin. Prefix ``0x89`` for the object alone.
+
+    Spliced from pre-encoded keys and per-field packs: the same bytes as packing the whole map.
+    """
+    frag = _frag
+    pack = frag.pack
+    pub = event.publisher
+    hit = frag.mp_pub
+    if hit[0] is pub:
+        pub_bytes = hit[1]
+    else:
+        pub_bytes = pack(_publisher(event))
+        frag.mp_pub = (pub, pub_bytes)
+    return b"".join(
+        (
+            _MK_CHANNEL,
+            pack(event.channel),
+            _MK_SEQ,
+            pack(event.seq),
+            _MK_EPOCH,
+            pack(event.epoch),
+            _MK_TIME,
+            pack(event.time_ns),
+            _MK_PUBLISHER,
+            pub_bytes,
+            _MK_HEADERS,
+            pack(_user_headers(event)) if event.headers else _MP_EMPTY_MAP,
+            _MK_TAGS,
+            pack(_tags(event)) if event.tags else _MP_EMPTY_ARRAY,
+            _MK_CT,
+            pack(event.content_type),
+            _MK_PAYLOAD,
+            pack(bytes(event.payload)),
+        )
     )
-    return packed[1:]  # drop the fixmap header (0x89)
 
 
 def plain(value: Any) -> Any:

@@ -29,7 +29,7 @@ import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hubbub.events import Event, Publisher
+from hubbub.events import Event, Publisher, fast_init
 
 __all__ = [
     "AppendRequest",
@@ -49,6 +49,7 @@ def new_epoch() -> str:
     return "".join(secrets.choice(_EPOCH_ALPHABET) for _ in range(8))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AppendRequest:
     """One event to append; the store assigns ``seq``, ``epoch`` and ``time_ns``."""
@@ -62,12 +63,14 @@ class AppendRequest:
     idem: str = ""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     event: Event
     duplicate: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ChannelInfo:
     """A channel's position. ``first`` is the oldest retained seq (``top + 1`` when all are trimmed)."""

@@ -148,7 +148,8 @@ class NativeHttp:
                         if exc.fatal:
                             break
                         continue
-                    await conn.handle(cmd)
+                    if not (type(cmd) is nc.Publish and conn.publish_nowait(cmd)):
+                        await conn.handle(cmd)
                     if conn.session.ending or conn.session.kicked:
                         break
                 elif msg.type == WSMsgType.ERROR:

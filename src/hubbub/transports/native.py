@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -77,6 +78,8 @@ class NativeConnection:
         self.inflight = 0
         self.max_inflight = send_queue
         self._acked = asyncio.Event()
+        #: (request id, ack wanted) of each publish in flight, oldest first.
+        self._pending: deque[tuple[int, bool]] = deque()
         self.last_recv = time.monotonic()
         self.last_send = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -153,36 +156,29 @@ class NativeConnection:
             )
         )
 
+    def publish_nowait(self, cmd: nc.Publish) -> bool:
+        """Submit a publish at once when nothing asks to wait; False means call :meth:`handle` instead.
+
+        The common case of the hot path: no coroutine, no closure, one request object per publish.
+        """
+        if (
+            not self.hello_done
+            or self.inflight >= self.max_inflight
+            or self.session.queued >= self.session.max_items
+            or not self.node.has_room
+        ):
+            return False
+        try:
+            self._submit(cmd)
+        except HubbubError as exc:
+            self.session.push(self.codec.encode_error(exc.code, cmd.id, exc.detail))
+            if exc.fatal:
+                self.session.end(exc.code)
+        return True
+
     async def _publish(self, cmd: nc.Publish) -> None:
-        sess = self.session
-        req = AppendRequest(
-            channel=cmd.channel,
-            publisher=self._publisher if not cmd.idem else Publisher("native", sess.user, sess.id, cmd.idem),
-            payload=cmd.payload,
-            content_type=cmd.content_type,
-            headers=cmd.headers,
-            tags=cmd.tags,
-            idem=cmd.idem,
-        )
-        codec = self.codec
-        rid = cmd.id
-        want_ack = cmd.ack
-
-        def done(r: AppendResult | HubbubError) -> None:
-            if isinstance(r, HubbubError):
-                sess.push(codec.encode_error(r.code, rid, r.detail))
-            elif want_ack:
-                sess.push(codec.encode_publish_reply(rid, r.event, r.duplicate))
-
-        self.inflight += 1
-
-        def done_and_count(r: AppendResult | HubbubError) -> None:
-            self.inflight -= 1
-            if self.inflight < self.max_inflight // 2:
-                self._acked.set()
-            done(r)
-
         # Read-side back-pressure: bounded publishes in flight and a bounded reply queue.
+        sess = self.session
         if self.inflight >= self.max_inflight:
             self._acked.clear()
             await self._acked.wait()
@@ -190,7 +186,34 @@ class NativeConnection:
             await sess.wait_room()
         if not self.node.has_room:
             await self.node.writable()
-        self.node.submit(req, sess, done_and_count)
+        self._submit(cmd)
+
+    def _submit(self, cmd: nc.Publish) -> None:
+        sess = self.session
+        req = AppendRequest(
+            cmd.channel,
+            self._publisher if not cmd.idem else Publisher("native", sess.user, sess.id, cmd.idem),
+            cmd.payload,
+            cmd.content_type,
+            cmd.headers,
+            cmd.tags,
+            cmd.idem,
+        )
+        self.node.submit(req, sess, self._done)
+        # The node completes publishes in submission order (Node.submit), so the replies' ids queue here.
+        self._pending.append((cmd.id, cmd.ack))
+        self.inflight += 1
+
+    def _done(self, r: AppendResult | HubbubError) -> None:
+        """A publish of this connection was committed (or failed): reply, and release read back-pressure."""
+        rid, want_ack = self._pending.popleft()
+        self.inflight -= 1
+        if self.inflight < self.max_inflight // 2:
+            self._acked.set()
+        if isinstance(r, HubbubError):
+            self.session.push(self.codec.encode_error(r.code, rid, r.detail))
+        elif want_ack:
+            self.session.push(self.codec.encode_publish_reply(rid, r.event, r.duplicate))
 
     async def _subscribe(self, cmd: nc.Subscribe) -> None:
         sess = self.session

@@ -55,7 +55,8 @@ async def serve_native_tcp(
                             fatal = True
                             break
                     elif conn is not None:
-                        await conn.handle(item)
+                        if not (type(item) is nc.Publish and conn.publish_nowait(item)):
+                            await conn.handle(item)
                         if conn.session.ending or conn.session.kicked:
                             fatal = True
                             break
