@@ -121,6 +121,8 @@ PROTOCOL_VERSION: Final = 1
 #: WebSocket subprotocol → encoding.
 SUBPROTOCOLS: Final[dict[str, Encoding]] = {"hubbub.v1.json": "json", "hubbub.v1.msgpack": "msgpack"}
 
+_unpackb = msgpack.unpackb
+
 #: Canonical forms of raw channel texts kept per codec (cleared when full).
 CHANNEL_CACHE_SIZE: Final = 1024
 MAX_STREAM_FRAME: Final = 1 << 24  # TCP msgpack length prefix must be below 2^24 (native.md §1)
@@ -230,23 +232,40 @@ class NativeCodec:
         Raises :class:`FrameTooLarge` (4003) over ``max_frame``, :class:`BadFrame` (4000) for input that is
         not one JSON object / msgpack map, and otherwise what :meth:`decode_object` raises.
         """
-        if isinstance(message, str):
-            n = len(message)
-            if n > self.max_frame or (
-                n * 4 > self.max_frame and len(message.encode("utf-8", "replace")) > self.max_frame
-            ):
+        if not self._json and type(message) is not str:
+            # The binary hot path (msgpack over TCP or WebSocket), the general one's steps inlined.
+            if len(message) > self.max_frame:
                 raise FrameTooLarge(f"frame over {self.max_frame} bytes")
-            if self.encoding == "msgpack":
-                raise BadFrame("msgpack frames are binary")
-        elif len(message) > self.max_frame:
-            raise FrameTooLarge(f"frame over {self.max_frame} bytes")
-        obj = self._load(message)
+            try:
+                obj = _unpackb(message, raw=False, strict_map_key=False)
+            except Exception:
+                raise BadFrame("not msgpack") from None
+            if type(obj) is dict and obj.get("op") == "publish":
+                try:
+                    return self._publish(obj)
+                except HubbubError as exc:
+                    rid = obj.get("id")
+                    if exc.request_id is None and is_int(rid):
+                        exc.request_id = rid
+                    raise
+        else:
+            if isinstance(message, str):
+                n = len(message)
+                if n > self.max_frame or (
+                    n * 4 > self.max_frame and len(message.encode("utf-8", "replace")) > self.max_frame
+                ):
+                    raise FrameTooLarge(f"frame over {self.max_frame} bytes")
+                if not self._json:
+                    raise BadFrame("msgpack frames are binary")
+            elif len(message) > self.max_frame:
+                raise FrameTooLarge(f"frame over {self.max_frame} bytes")
+            obj = self._load(message)
         if type(obj) is not dict:
             raise BadFrame("a frame must be an object")
         return self.decode_object(obj)
 
     def _load(self, message: bytes | bytearray | memoryview | str) -> Any:
-        if self.encoding == "json":
+        if self._json:
             try:
                 # orjson reads integers beyond 64 bits as floats, which would change a ``json`` payload's
                 # digits; a frame with such a long digit run is read by the standard library instead.
@@ -263,7 +282,7 @@ class NativeCodec:
             except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
                 raise BadFrame("not JSON") from None
         try:
-            return msgpack.unpackb(message, raw=False, strict_map_key=False)
+            return _unpackb(message, raw=False, strict_map_key=False)
         except Exception:
             # unpackb is pure C: any failure (bad format, extra data, bad UTF-8, unhashable key, nesting
             # depth) means the bytes are not one msgpack value.
