@@ -77,7 +77,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     payload = b"x" * args.size
     async with Node(store, NodeSettings(max_recovery=0)) as node:
         subs: list[tuple[NativeConnection, Sink]] = []
-        for i in range(args.subs):
+        for _ in range(args.subs):
             dec = nc.NativeStreamDecoder(max_frame=1 << 20)
             sink = Sink()
             dec.feed(b"")
@@ -85,7 +85,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             conn = connection(node, dec.codec, sink)
             for it in items:
                 await conn.handle(it)  # type: ignore[arg-type]
-            await feed(conn, dec, frame({"op": "subscribe", "id": 2, "sub": f"s{i}", "pattern": "/b/c"}))
+            await feed(conn, dec, frame({"op": "subscribe", "id": 2, "sub": "s", "pattern": "/b/c"}))
             subs.append((conn, sink))
         pdec = nc.NativeStreamDecoder(max_frame=1 << 20)
         psink = Sink()

@@ -312,3 +312,58 @@ def test_ahead_under_fsync_is_a_gap_without_a_new_epoch(tmp_path: Path) -> None:
             assert (again.event.seq, again.event.epoch) == (2, r.event.epoch)
 
     asyncio.run(main())
+
+
+def test_burst_fan_out_keeps_order_ids_echo_filters_and_overflow(run: Run) -> None:
+    """Publishes of one tick commit together and fan out in runs (Node._fan_out_run): every session must
+    still get exactly its events, in commit order, with its own subscription ids."""
+
+    async def body(node: Node) -> None:
+        origin = session(node, echo=False)
+        plain = session(node)
+        both = session(node)
+        slow = session(node, max_items=3)
+        for s in (origin, plain, both, slow):
+            await sub(node, s, "x", "/r/**")
+        await sub(node, both, "y", "/r/a")
+        burst: list[tuple[str, Session | None, dict[str, str]]] = [
+            ("/r/a", origin, {}),
+            ("/r/a", origin, {}),
+            ("/r/b", origin, {}),
+            ("/r/a", None, {}),
+            ("/r/a", None, {":filter.user_id": "nobody"}),
+            ("/r/b", None, {}),
+            ("/r/a", origin, {}),
+        ]
+        done: list[Any] = []
+        all_done = asyncio.Event()
+
+        def on_done(r: Any) -> None:
+            done.append(r)
+            if len(done) == len(burst):
+                all_done.set()
+
+        for i, (ch, who, headers) in enumerate(burst):
+            r = AppendRequest(ch, Publisher("native"), str(i).encode(), "text/plain", headers=headers)
+            node.submit(r, who, on_done)
+        await asyncio.wait_for(all_done.wait(), 10)
+        seqs = {"/r/a": 0, "/r/b": 0}
+        expected: list[tuple[str, int, str, Session | None, bool]] = []
+        for i, (ch, who, headers) in enumerate(burst):
+            seqs[ch] += 1
+            expected.append((ch, seqs[ch], str(i), who, bool(headers)))
+
+        def want(s: Session, ids: Callable[[str], tuple[str, ...]]) -> list[Any]:
+            return [
+                (ch, seq, ids(ch), False, p)
+                for ch, seq, p, who, filtered in expected
+                if not filtered and not (who is s and not s.echo)
+            ]
+
+        assert await drain(origin) == want(origin, lambda ch: ("x",))
+        assert await drain(plain) == want(plain, lambda ch: ("x",))
+        assert await drain(both) == want(both, lambda ch: ("x", "y") if ch == "/r/a" else ("x",))
+        assert slow.kicked == 4302 and await drain(slow) == []
+        assert node.deliveries["native"] == 2 + 6 + 6 + 3  # the slow one took 3 before its kick
+
+    run(body)

@@ -110,6 +110,12 @@ class Subscription:
         return self.pattern.matches(event.channel) and self.tags.issubset(event.tags)
 
 
+#: Fan-out groupings kept (see Node._plan); cleared when full.
+PLAN_CACHE_SIZE = 4096
+
+#: One session's share of a fan-out: the session, its matching subscription ids, those subscriptions.
+_Group = tuple[Session, tuple[str, ...], list["Subscription"]]
+
 #: A submitted publish waiting for its commit: (origin session, done callback, submit tick's perf_counter).
 _Pending = tuple[Session | None, Done | None, float]
 
@@ -147,6 +153,9 @@ class Node:
         self.router: Router[Subscription] = Router()
         self._new_epochs = new_epochs
         self._subs: dict[Session, dict[str, Subscription]] = {}
+        #: Subscriptions whose replay is still being read: live events for them are held (see subscribe).
+        self._holding: set[Subscription] = set()
+        self._plans: dict[int, tuple[tuple[Subscription, ...], list[_Group]]] = {}
         self._sessions: set[Session] = set()
         self._by_id: dict[str, Session] = {}
         self._pending = 0
@@ -241,6 +250,8 @@ class Node:
         if subs:
             for s in subs.values():
                 self.router.remove(s.pattern, s, s.tags)
+                self._holding.discard(s)
+            self._plans.clear()
         self._sessions.discard(session)
         if self._by_id.get(session.id) is session:
             del self._by_id[session.id]
@@ -342,21 +353,76 @@ class Node:
         obs(now - t_run, n_run)
         published = self.published
         fan_out = self._fan_out
+        match = self.router.match
+        # Consecutive events with the same subscribers and origin (one publisher's burst on one channel)
+        # fan out as a run: each connection then takes the run's frames in one step (see _fan_out_run).
+        run: list[Event] = []
+        run_subs: tuple[Subscription, ...] = ()
+        run_origin: Session | None = None
         for (origin, _done, _t0), r in zip(items, result, strict=True):
             if r.duplicate:
                 continue
             ev = r.event
             d = ev.publisher.dialect
             published[d] = published.get(d, 0) + 1
+            subs = match(ev.channel, ev.tags)
+            if not subs:
+                continue
+            if (
+                len(subs) > 1
+                and not self._holding
+                and not (ev.headers and any(k.startswith(FILTER_PREFIX) for k in ev.headers))
+            ):
+                if subs is run_subs and origin is run_origin:
+                    run.append(ev)
+                    continue
+                if run:
+                    self._fan_out_run(run_subs, run, run_origin)
+                run, run_subs, run_origin = [ev], subs, origin
+                continue
+            if run:
+                self._fan_out_run(run_subs, run, run_origin)
+                run, run_subs = [], ()
             fan_out(ev, origin)
+        if run:
+            self._fan_out_run(run_subs, run, run_origin)
+
+    def _fan_out_run(
+        self, subs: tuple[Subscription, ...], events: list[Event], origin: Session | None
+    ) -> None:
+        """Fan out events that match the same subscriptions, none of them holding or filtered: every
+        connection with the same encoding and subscription ids shares one list of frames, queued at once."""
+        plan = self._plan(subs, cacheable=True)
+        deliveries = self.deliveries
+        run_caches: dict[str, list[dict[Any, Any]]] = {}
+        run_frames: dict[tuple[str, tuple[str, ...]], tuple[list[bytes], int]] = {}
+        for sess, ids, _group in plan:
+            if sess is origin and not sess.echo:
+                continue
+            enc = sess.encoder
+            fk = (enc.key, ids)
+            hit = run_frames.get(fk)
+            if hit is None:
+                caches = run_caches.get(enc.key)
+                if caches is None:
+                    caches = run_caches[enc.key] = [{} for _ in events]
+                encode = enc.encode_event
+                frames = [encode(ev, ids, False, c) for ev, c in zip(events, caches, strict=True)]
+                hit = run_frames[fk] = (frames, sum(map(len, frames)))
+            n = sess.deliver_frames(*hit)
+            if n:
+                d = sess.dialect
+                deliveries[d] = deliveries.get(d, 0) + n
 
     def _fan_out(self, event: Event, origin: Session | None) -> None:
         subs = self.router.match(event.channel, event.tags)
         if not subs:
             return
+        filtered = False
         if event.headers and any(k.startswith(FILTER_PREFIX) for k in event.headers):
             filters = delivery_filters(event)
             subs = tuple(s for s in subs if passes(s.session, filters))
+            filtered = True
             if not subs:
                 return
         caches: dict[str, dict[Any, Any]] = {}
@@ -368,8 +434,34 @@ class Node:
             if s.holding is not None:
                 self._hold(s, event)
                 return
-            self._deliver(sess, event, [s.sub_id], caches)
+            self._deliver(sess, event, (s.sub_id,), caches)
             return
+        plan = self._plan(subs, cacheable=not filtered)
+        holding = self._holding
+        deliveries = self.deliveries
+        for sess, ids, group in plan:
+            if sess is origin and not sess.echo:
+                continue
+            if holding:
+                holder = next((s for s in group if s.holding is not None), None)
+                if holder is not None:
+                    self._hold(holder, event)
+                    continue
+            key = sess.encoder.key
+            cache = caches.get(key)
+            if cache is None:
+                cache = caches[key] = {}
+            if sess.deliver(event, ids, cache):
+                d = sess.dialect
+                deliveries[d] = deliveries.get(d, 0) + 1
+
+    def _plan(self, subs: tuple[Subscription, ...], cacheable: bool) -> list[_Group]:
+        """The matched subscriptions grouped by session, in match order: each session gets an event once,
+        listing all its matching subscription ids. The router returns the same tuple for a channel until
+        its subscriptions change, so the grouping is cached by that tuple's identity."""
+        hit = self._plans.get(id(subs)) if cacheable else None
+        if hit is not None and hit[0] is subs:
+            return hit[1]
         groups: dict[Session, list[Subscription]] = {}
         for s in subs:
             g = groups.get(s.session)
@@ -377,17 +469,16 @@ class Node:
                 groups[s.session] = [s]
             else:
                 g.append(s)
-        for sess, group in groups.items():
-            if sess is origin and not sess.echo:
-                continue
-            holder = next((s for s in group if s.holding is not None), None)
-            if holder is not None:
-                self._hold(holder, event)
-                continue
-            self._deliver(sess, event, [s.sub_id for s in group], caches)
+        plan = [(sess, tuple(s.sub_id for s in group), group) for sess, group in groups.items()]
+        if cacheable:
+            if len(self._plans) >= PLAN_CACHE_SIZE:
+                self._plans.clear()
+            # The entry keeps ``subs`` alive, so its id cannot be reused while the entry exists.
+            self._plans[id(subs)] = (subs, plan)
+        return plan
 
     def _deliver(
-        self, sess: Session, event: Event, sub_ids: list[str], caches: dict[str, dict[Any, Any]]
+        self, sess: Session, event: Event, sub_ids: Sequence[str], caches: dict[str, dict[Any, Any]]
     ) -> None:
         key = sess.encoder.key
         cache = caches.get(key)
@@ -446,8 +537,10 @@ class Node:
             raise LimitExceeded("too many subscriptions")
         spec = replay or ReplaySpec()
         sub = Subscription(session, sub_id, pattern, tags, holding=[])
+        self._holding.add(sub)
         subs[sub_id] = sub
         self.router.add(pattern, sub, tags)
+        self._plans.clear()
         try:
             if planner is not None:
                 plan = await self.read(planner)
@@ -482,6 +575,7 @@ class Node:
     def _release(self, sub: Subscription, plan: ReplayPlan) -> None:
         held = sub.holding or []
         sub.holding = None
+        self._holding.discard(sub)
         if not held:
             return
         tops = plan.tops
@@ -514,10 +608,12 @@ class Node:
         self._drop(sub)
 
     def _drop(self, sub: Subscription) -> None:
+        self._holding.discard(sub)
         subs = self._subs.get(sub.session)
         if subs is not None and subs.get(sub.sub_id) is sub:
             del subs[sub.sub_id]
         self.router.remove(sub.pattern, sub, sub.tags)
+        self._plans.clear()
 
     def subscriptions(self, session: Session) -> list[Subscription]:
         return list(self._subs.get(session, {}).values())

@@ -26,6 +26,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Protocol
 
 from hubbub.events import Event
@@ -137,6 +138,35 @@ class Session:
             self.stats.delivered += 1
         return ok
 
+    def deliver_frames(self, frames: list[bytes], nbytes: int) -> int:
+        """Queue already-encoded event frames (``nbytes`` in all); returns how many were queued.
+
+        The fan-out of a run of events: when they fit, they are queued in one step; otherwise one by one
+        through :meth:`push`, so the overflow policy applies exactly as for single events.
+        """
+        q = self._frames
+        k = len(frames)
+        if (
+            len(q) + k <= self.max_items
+            and self._nbytes + nbytes <= self.max_bytes
+            and not (self.closed or self.kicked or self.ending)
+        ):
+            was_empty = not q
+            q.extend(zip(frames, repeat(True)))
+            self._nbytes += nbytes
+            if was_empty and k:
+                self._wake.set()
+            self.stats.delivered += k
+            return k
+        n = 0
+        for f in frames:
+            if self.push(f, is_event=True):
+                n += 1
+            elif self.kicked or self.closed:
+                break
+        self.stats.delivered += n
+        return n
+
     def kick(self, code: int) -> None:
         """Ask the transport to close the connection with ``code`` (after the dialect's error, if any)."""
         if not self.kicked and not self.closed:
@@ -194,12 +224,19 @@ class Session:
         if self.kicked or self.closed:
             return []
         frames = self._frames
-        out: list[bytes] = []
-        total = 0
-        while frames and (not out or total + len(frames[0][0]) <= limit_bytes):
-            data, _ = frames.popleft()
-            total += len(data)
-            out.append(data)
+        out: list[bytes]
+        if self._nbytes <= limit_bytes:
+            # Everything fits (the common case): take the whole queue in one step.
+            out = [data for data, _ in frames]
+            frames.clear()
+            total = self._nbytes
+        else:
+            out = []
+            total = 0
+            while frames and (not out or total + len(frames[0][0]) <= limit_bytes):
+                data, _ = frames.popleft()
+                total += len(data)
+                out.append(data)
         self._nbytes -= total
         if len(frames) < self.max_items // 2:
             self._room.set()

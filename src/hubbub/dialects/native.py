@@ -567,7 +567,17 @@ class NativeCodec:
                 body = self.event_body(event, cache)
         else:
             body = self.event_body(event)
-        if type(subs) is not list:
+        if cache is not None and type(subs) is tuple:
+            # Connections with the same subscription ids get the very same frame.
+            fk = (subs, replay)
+            frame: bytes | None = cache.get(fk)
+            if frame is None:
+                frame = cache[fk] = self._event_frame(body, subs, replay)
+            return frame
+        return self._event_frame(body, subs, replay)
+
+    def _event_frame(self, body: bytes, subs: Sequence[str], replay: bool) -> bytes:
+        if type(subs) is not list and type(subs) is not tuple:
             subs = list(subs)
         if self._json:
             return b"".join(
