@@ -133,6 +133,10 @@ class Server:
                     writer.write(codec.frame_for_stream(data))
                     await writer.drain()
 
+                async def send_many(frames: list[bytes]) -> None:
+                    writer.write(b"".join(map(codec.frame_for_stream, frames)))
+                    await writer.drain()
+
                 async def close(code: int) -> None:
                     writer.close()
 
@@ -141,6 +145,7 @@ class Server:
                     codec,
                     send=send,
                     close=close,
+                    send_many=send_many,
                     max_frame=lim.max_frame,
                     max_subscriptions=lim.max_subscriptions,
                     send_queue=lim.send_queue,

@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+import struct
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,25 @@ log = logging.getLogger("hubbub.http")
 
 NATIVE_PROTOCOLS = ("hubbub.v1.json", "hubbub.v1.msgpack")
 SSE_PING_S = 15.0
+
+
+#: Bytes buffered on a WebSocket's transport above which a burst write waits for the peer to read.
+WS_WRITE_HIGH_WATER = 1 << 20
+WS_DRAIN_POLL_S = 0.002
+
+
+def ws_frames(frames: list[bytes], opcode: int) -> Iterator[bytes]:
+    """Server-to-client WebSocket frames (RFC 6455 §5.2: FIN set, no mask) for ``frames``."""
+    head = 0x80 | opcode
+    for f in frames:
+        n = len(f)
+        if n < 126:
+            yield bytes((head, n))
+        elif n < 65536:
+            yield struct.pack("!BBH", head, 126, n)
+        else:
+            yield struct.pack("!BBQ", head, 127, n)
+        yield f
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +153,23 @@ class NativeHttp:
         async def close(code: int) -> None:
             await ws.close(code=code)
 
-        conn = self._connection(codec, send, close)
+        transport = request.transport
+        opcode = 0x82 if binary else 0x81
+
+        async def send_many(frames: list[bytes]) -> None:
+            # One write for a burst of frames: aiohttp writes (and tries a send() for) each frame
+            # separately. Data frames from a server are unmasked and uncompressed here (no per-message
+            # deflate is negotiated), so the RFC 6455 framing is the header alone.
+            if transport is None or transport.is_closing():
+                for f in frames:
+                    await send(f)
+                return
+            transport.write(b"".join(ws_frames(frames, opcode)))
+            # aiohttp has no public drain for its connection: poll the transport's buffer instead.
+            while transport.get_write_buffer_size() > WS_WRITE_HIGH_WATER and not transport.is_closing():  # noqa: ASYNC110
+                await asyncio.sleep(WS_DRAIN_POLL_S)
+
+        conn = self._connection(codec, send, close, send_many)
         task = asyncio.current_task()
         if task is not None:
             self.connections.add(task)
@@ -173,6 +209,7 @@ class NativeHttp:
         codec: nc.NativeCodec,
         send: Callable[[bytes], Awaitable[None]],
         close: Callable[[int], Awaitable[None]],
+        send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
     ) -> NativeConnection:
         s = self.s
         return NativeConnection(
@@ -180,6 +217,7 @@ class NativeHttp:
             codec,
             send=send,
             close=close,
+            send_many=send_many,
             max_frame=s.max_frame,
             max_subscriptions=s.max_subscriptions,
             send_queue=s.send_queue,

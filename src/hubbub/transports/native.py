@@ -50,6 +50,7 @@ class NativeConnection:
         *,
         send: Callable[[bytes], Awaitable[None]],
         close: Callable[[int], Awaitable[None]],
+        send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
         max_frame: int,
         max_subscriptions: int,
         send_queue: int,
@@ -59,6 +60,8 @@ class NativeConnection:
         self.node = node
         self.codec = codec
         self._send = send
+        # Writes several frames at once (one socket write), for clients that did not ask for batch frames.
+        self._send_many = send_many
         self._close = close
         self.max_frame = max_frame
         self.max_subscriptions = max_subscriptions
@@ -262,6 +265,8 @@ class NativeConnection:
                 self.last_send = time.monotonic()
                 if self.batch and len(frames) > 1:
                     await self._send(codec.encode_batch(frames))
+                elif self._send_many is not None and len(frames) > 1:
+                    await self._send_many(frames)
                 else:
                     for f in frames:
                         await self._send(f)
