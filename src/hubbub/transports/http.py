@@ -145,10 +145,8 @@ class NativeHttp:
         codec = native_codec("msgpack" if binary else "json", self.s.max_frame, self.s.codec_limits)
 
         async def send(data: bytes) -> None:
-            if binary:
-                await ws.send_bytes(data)
-            else:
-                await ws.send_str(data.decode())
+            # Frames are encoded already (JSON text is UTF-8): no decode and re-encode for text frames.
+            await ws.send_frame(data, WSMsgType.BINARY if binary else WSMsgType.TEXT)
 
         async def close(code: int) -> None:
             await ws.close(code=code)
