@@ -31,6 +31,7 @@ from hubbub.log import (
     StoreStats,
     open_store,
 )
+from hubbub.log.sqlite import ScanColumns, ScanPlan
 
 NS = 1_000_000_000
 START = 1_700_000_000 * NS
@@ -629,6 +630,94 @@ def test_sqlite_read_rows_compact_text(sqlite_path: Path) -> None:
         assert page[1][2:7] == (None, "u2", None, None, "application/json")
         assert store.read_rows("/a", 4, 10, compact_text=True) == (epoch, [])
         assert store.read_rows("/none", 0, 10, compact_text=True) == ("", [])
+    finally:
+        store.close()
+
+
+def _scan_rows(store: SqliteLogStore, pieces: list[ScanColumns]) -> list[tuple[object, ...]]:
+    """ScanColumns decoded in Python: ``(channel id, seq, time_ns, dialect, user, app, msg_id, content_type,
+    headers, tags, payload)`` per event."""
+
+    def ints(text: str) -> list[int]:
+        return [int(x) for x in text.split(",")] if text else []
+
+    def var(col: tuple[str, bytes]) -> list[bytes]:
+        out, at = [], 0
+        for n in ints(col[0]):
+            out.append(col[1][at : at + n])
+            at += n
+        assert at == len(col[1])
+        return out
+
+    rows: list[tuple[object, ...]] = []
+    for p in pieces:
+        text = [[v] * p.n if isinstance(v, str) else [b.decode() for b in var(v)] for v in p.text]
+        cols = [ints(p.channel_id), ints(p.seq), ints(p.time_ns), *text, var(p.headers), var(p.tags)]
+        cols.append(var(p.payload))
+        assert all(len(c) == p.n for c in cols)
+        rows.extend(zip(*cols, strict=True))
+    return rows
+
+
+def test_sqlite_scan_plan_and_columns(sqlite_path: Path) -> None:
+    store = SqliteLogStore(sqlite_path)
+    try:
+        assert store.scan_plan(10) == ScanPlan((), 0, {}, 0, 0)
+        assert store.scan_columns(1, 1, max_time=0) == []
+        for i in range(12):
+            ch = ["/a", "/b", "/c/ü"][i % 3]
+            store.append(
+                [
+                    req(
+                        ch,
+                        bytes([i, 0, 255]) + "é".encode(),
+                        user="ü" if i == 10 else "u",
+                        headers={"h": str(i % 2)} if i % 3 else None,
+                        tags=("t",) if i % 2 else (),
+                        content_type="text/plain" if i < 9 else "application/json",
+                    )
+                ]
+            )
+        store.trim("/a", 2)  # a hole in pos: /a's seqs 1 and 2
+        plan = store.scan_plan(4)
+        ids = {info.channel: cid for cid, info in plan.channels.items()}
+        assert sorted(ids) == ["/a", "/b", "/c/ü"]
+        assert plan.events == 10 and plan.max_time == store.top_time()
+        assert len(plan.splits) == 4  # 4 + 4 + 2 events
+        reader = SqliteLogStore(sqlite_path, readonly=True)
+        try:
+            pieces = [
+                p
+                for lo, hi in zip(plan.splits, plan.splits[1:], strict=False)
+                for p in reader.scan_columns(lo, hi, max_time=plan.max_time)
+            ]
+            assert [p.n for p in pieces] == [4, 4, 2]
+            assert pieces[0].text == ("native", "u", "app1", "", "text/plain")  # one value each
+            assert not isinstance(pieces[-1].text[1], str)  # users differ: one value per event
+            got = _scan_rows(reader, pieces)
+            want = sorted(
+                ((ids[ch], *row) for ch in ids for row in reader.read_rows(ch, 0, 100)[1]),
+                key=lambda r: r[2],  # time order is pos order
+            )
+            assert got == want
+            # Bounds: channels and seq ranges, through the temporary table.
+            lo, hi = plan.splits[0], plan.splits[-1]
+            bounded = reader.scan_columns(lo, hi, max_time=plan.max_time, bounds=[(ids["/b"], 2, 3)])
+            assert [(r[0], r[1]) for r in _scan_rows(reader, bounded)] == [(ids["/b"], 2), (ids["/b"], 3)]
+            # A time range is a pos range; later commits are past max_time.
+            times = [r[2] for r in want]
+            part = store.scan_plan(100, from_time=times[3], to_time=times[7])
+            pieces = reader.scan_columns(part.splits[0], part.splits[1], max_time=part.max_time)
+            assert [r[2] for r in _scan_rows(reader, pieces)] == times[3:7]
+            store.append([req("/a", b"late")])
+            pieces = reader.scan_columns(lo, hi + 10, max_time=plan.max_time)
+            assert _scan_rows(reader, pieces) == want
+            # Over SQLite's string limit, a range is read in halves: the same events in pos order.
+            reader._reader().setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 40)
+            pieces = reader.scan_columns(lo, hi, max_time=plan.max_time)
+            assert len(pieces) > 1 and _scan_rows(reader, pieces) == want
+        finally:
+            reader.close()
     finally:
         store.close()
 

@@ -98,7 +98,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["DURABILITY_SYNCHRONOUS", "SCHEMA_VERSION", "SqliteLogStore"]
+__all__ = ["DURABILITY_SYNCHRONOUS", "SCHEMA_VERSION", "ScanColumns", "ScanPlan", "SqliteLogStore"]
 
 log = logging.getLogger("hubbub.log.sqlite")
 
@@ -209,6 +209,43 @@ class _Head:
 
     def row(self) -> tuple[int, int, int, int, int, int]:
         return (self.first, self.top, self.top_time, self.count, self.bytes, self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class ScanPlan:
+    """What :meth:`SqliteLogStore.scan_plan` found in one snapshot.
+
+    ``splits``: ascending ``pos`` boundaries; piece ``i`` is ``splits[i] <= pos < splits[i + 1]`` (empty when
+    no event is in range). ``max_time``: the newest event's time in that snapshot; a scan bounded by it sees
+    no later commit. ``channels``: channel id -> head, for every channel holding events. ``events`` and
+    ``bytes``: the log's totals (for sizing reads)."""
+
+    splits: tuple[int, ...]
+    max_time: int
+    channels: dict[int, ChannelInfo]
+    events: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScanColumns:
+    """Events of a ``pos`` range as columns, in SQLite's concatenated form: no Python object per event.
+
+    ``channel_id``, ``seq`` and ``time_ns`` are decimal integers joined with ``,`` (``""`` when ``n`` is 0).
+    A variable-length column is ``(lengths, data)``: the byte length of every value joined with ``,`` and the
+    values' bytes concatenated (text as UTF-8; ``headers`` and ``tags`` in the column codec of
+    :mod:`hubbub.log.records`). ``text`` holds the five text columns (``publisher_dialect``,
+    ``publisher_user``, ``publisher_app``, ``publisher_msg_id``, ``content_type``), together either one
+    ``str`` each (every row has that value, as is usual) or ``(lengths, data)`` each."""
+
+    n: int
+    channel_id: str
+    seq: str
+    time_ns: str
+    text: tuple[str, ...] | tuple[tuple[str, bytes], ...]
+    headers: tuple[str, bytes]
+    tags: tuple[str, bytes]
+    payload: tuple[str, bytes]
 
 
 def _error(what: str, exc: BaseException) -> StorageError:
@@ -890,6 +927,78 @@ class SqliteLogStore(LogStore):
             rows[0] = first_row
             return epoch, rows
 
+    def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
+        """Plan a bulk read of the whole log in commit (``pos``) order: see :class:`ScanPlan`. Each piece
+        holds ``size`` events (the last one at most ``size``) with ``from_time <= time_ns < to_time``:
+        ``time_ns`` increases with ``pos``, so the time range is a ``pos`` range, found by binary search.
+        For bulk readers (the data pipeline), with :meth:`scan_columns`."""
+        size = max(size, 1)
+        with self._snapshot() as conn:
+            channels = {
+                row[0]: ChannelInfo(*row[1:])
+                for row in conn.execute(
+                    f"SELECT id, {_HEAD_COLS} FROM channels WHERE count > 0 ORDER BY path"
+                )
+            }
+            events, nbytes = conn.execute(
+                "SELECT coalesce(sum(count), 0), coalesce(sum(bytes), 0) FROM channels"
+            ).fetchone()
+            first = conn.execute("SELECT pos FROM events ORDER BY pos LIMIT 1").fetchone()
+            last = conn.execute("SELECT pos, time_ns FROM events ORDER BY pos DESC LIMIT 1").fetchone()
+            if first is None or last is None:
+                return ScanPlan((), 0, channels, events, nbytes)
+            lo, hi, max_time = first[0], last[0], last[1]
+            if from_time is not None:
+                lo = _pos_at_time(conn, lo, hi, from_time)
+            if to_time is not None and lo <= hi:
+                hi = _pos_at_time(conn, lo, hi, to_time) - 1
+            splits: list[int] = []
+            at: int | None = lo
+            while at is not None and at <= hi:
+                splits.append(at)
+                row = conn.execute(
+                    "SELECT pos FROM events WHERE pos >= ? ORDER BY pos LIMIT 1 OFFSET ?", (at, size)
+                ).fetchone()
+                at = None if row is None else row[0]
+            if splits:
+                splits.append(hi + 1)
+            return ScanPlan(tuple(splits), max_time, channels, events, nbytes)
+
+    def scan_columns(
+        self,
+        lo_pos: int,
+        hi_pos: int,
+        *,
+        max_time: int,
+        bounds: Sequence[tuple[int, int, int]] | None = None,
+    ) -> list[ScanColumns]:
+        """The events with ``lo_pos <= pos < hi_pos`` and ``time_ns <= max_time``, in ``pos`` order, as
+        columns (:class:`ScanColumns`), read in one snapshot by a sequential scan of the table. ``bounds``:
+        only these ``(channel id, lowest seq, highest seq)`` (a join with a temporary table of this thread's
+        reader). Usually one piece; a range whose columns would exceed SQLite's string limit is read in
+        halves (pieces in ``pos`` order)."""
+        if lo_pos >= hi_pos:
+            self._reader()
+            return []
+        with self._snapshot() as conn:
+            join, where = "", ""
+            if bounds is not None:
+                if getattr(self._local, "scan_table", None) is not conn:
+                    conn.execute(
+                        "CREATE TEMP TABLE IF NOT EXISTS hubbub_scan "
+                        "(cid INTEGER PRIMARY KEY, lo INTEGER NOT NULL, hi INTEGER NOT NULL)"
+                    )
+                    self._local.scan_table = conn
+                conn.execute("DELETE FROM temp.hubbub_scan")
+                conn.executemany("INSERT INTO temp.hubbub_scan (cid, lo, hi) VALUES (?, ?, ?)", bounds)
+                # CROSS JOIN keeps ``events`` the outer loop: a scan in ``pos`` order, one look-up per row in
+                # the small table (faster than ``channel_id IN (…)``, measured).
+                join = " CROSS JOIN temp.hubbub_scan AS b ON b.cid = e.channel_id"
+                where = " AND e.seq BETWEEN b.lo AND b.hi"
+            out: list[ScanColumns] = []
+            _scan(conn, join, where, lo_pos, hi_pos, max_time, out)
+            return out
+
     def read_last(self, channel: str, n: int) -> list[Event]:
         if n <= 0:
             self._reader()
@@ -935,6 +1044,67 @@ class SqliteLogStore(LogStore):
             "FROM channels"
         )
         return StoreStats(events=int(row[0]), bytes=int(row[1]), channels=int(row[2]))
+
+
+def _pos_at_time(conn: sqlite3.Connection, lo: int, hi: int, t: int) -> int:
+    """The smallest ``pos`` in ``[lo, hi]`` of an event with ``time_ns >= t``, or ``hi + 1``
+    (``time_ns`` increases with ``pos``)."""
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        row = conn.execute(
+            "SELECT pos, time_ns FROM events WHERE pos >= ? ORDER BY pos LIMIT 1", (mid,)
+        ).fetchone()
+        if row is None or row[0] > hi or row[1] >= t:
+            hi = mid - 1
+        else:
+            lo = row[0] + 1
+    return lo
+
+
+_SCAN_VARLEN: Final = "group_concat(length({c})), CAST(group_concat({c}, '') AS BLOB)"
+_SCAN_SELECT: Final = (
+    "SELECT count(*), group_concat(e.channel_id), group_concat(e.seq), group_concat(e.time_ns), "
+    + ", ".join(_SCAN_VARLEN.format(c=f"e.{c}") for c in ("headers", "tags", "payload"))
+    + ", total("
+    + " OR ".join(f"e.{c} IS NOT ?{i}" for i, c in enumerate(_TEXT_COLS, 1))
+    + ")"
+)
+_SCAN_TEXT: Final = "SELECT " + ", ".join(_SCAN_VARLEN.format(c=f"CAST(e.{c} AS BLOB)") for c in _TEXT_COLS)
+
+
+def _scan(
+    conn: sqlite3.Connection,
+    join: str,
+    where: str,
+    lo: int,
+    hi: int,
+    max_time: int,
+    out: list[ScanColumns],
+) -> None:
+    """:meth:`SqliteLogStore.scan_columns` of ``lo <= pos < hi`` into ``out``, halving on SQLITE_TOOBIG."""
+    tail = f" FROM events AS e{join} WHERE e.pos >= ?6 AND e.pos < ?7 AND e.time_ns <= ?8{where}"
+    first = conn.execute(
+        "SELECT " + ", ".join(f"e.{c}" for c in _TEXT_COLS) + tail + " ORDER BY e.pos LIMIT 1",
+        (None, None, None, None, None, lo, hi, max_time),
+    ).fetchone()
+    if first is None:
+        return
+    try:
+        n, cids, seqs, times, hl, hd, tl, td, pl, pd, varied = conn.execute(
+            _SCAN_SELECT + tail, (*first, lo, hi, max_time)
+        ).fetchone()
+        text: tuple[str, ...] | tuple[tuple[str, bytes], ...] = tuple(first)
+        if varied:
+            row = conn.execute(_SCAN_TEXT + tail, (None, None, None, None, None, lo, hi, max_time)).fetchone()
+            text = tuple((row[i], row[i + 1]) for i in range(0, 10, 2))
+    except sqlite3.DataError:  # SQLITE_TOOBIG: the concatenated columns are over SQLite's limit
+        if hi - lo <= 1:
+            raise
+        mid = (lo + hi) // 2
+        _scan(conn, join, where, lo, mid, max_time, out)
+        _scan(conn, join, where, mid, hi, max_time, out)
+        return
+    out.append(ScanColumns(n, cids, seqs, times, text, (hl, hd), (tl, td), (pl, pd)))
 
 
 def _seq_at_time(conn: sqlite3.Connection, cid: int, lo: int, hi: int, t: int) -> int:
