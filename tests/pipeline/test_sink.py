@@ -6,6 +6,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from hubbub.pipeline.datasource import SOURCE_HEADER
+from hubbub.pipeline.sources import HttpPublisher
 from tests.integration.serverproc import ServerProcess
 
 from .conftest import http_url
@@ -13,6 +14,7 @@ from .conftest import http_url
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.parametrize("server", [600], indirect=True, ids=["window600"])
 def test_batch_write_is_idempotent(spark: SparkSession, server: ServerProcess) -> None:
     url = http_url(server)
     rows = [("/src/a", "ep000001", i, f"p{i}".encode(), {"h": "v"}, ["x"]) for i in range(1, 41)]
@@ -31,6 +33,7 @@ def test_batch_write_is_idempotent(spark: SparkSession, server: ServerProcess) -
     assert row.headers == {"h": "v", SOURCE_HEADER: "/src/a#ep000001:7"}
 
 
+@pytest.mark.parametrize("server", [600], indirect=True, ids=["window600"])
 def test_idem_column_and_fixed_channel(spark: SparkSession, server: ServerProcess) -> None:
     url = http_url(server)
     df = spark.createDataFrame([(f"k{i % 5}", f"v{i}") for i in range(20)], "key STRING, payload STRING")
@@ -41,3 +44,38 @@ def test_idem_column_and_fixed_channel(spark: SparkSession, server: ServerProces
         spark.createDataFrame([("x",)], "payload STRING").write.format("hubbub").option("url", url).option(
             "channel", "/fixed"
         ).mode("append").save()
+
+
+def test_any_unicode_header_value_round_trips(spark: SparkSession, server: ServerProcess) -> None:
+    # Values beyond latin-1 go as UTF-8 header fields; what no HTTP header field can carry (line breaks,
+    # leading or trailing blanks, control characters, upper-case or non-token names) goes as a native frame.
+    url = http_url(server)
+    values = {
+        1: {"lang": "日本語 ✓ ünïcödé 🎉"},
+        2: {"greek": "αβγ", "plain": "ascii"},
+        3: {"multi": "line one\nline two", "pad": "  padded  "},
+        4: {"ctl": "a\x00b\x1f\x7f", "empty": ""},
+        5: {"Upper Case Name": "€", "emoji-🎉": "\u2028"},
+    }
+    rows = [("/src/u", "ep000001", i, f"p{i}".encode(), h) for i, h in values.items()]
+    df = spark.createDataFrame(
+        rows, "channel STRING, epoch STRING, seq BIGINT, payload BINARY, headers MAP<STRING,STRING>"
+    ).repartition(2)
+    df.write.format("hubbub").option("url", url).option("channelPrefix", "/uni").mode("append").save()
+    out = spark.read.format("hubbub").option("url", url).option("channels", "/uni/**").load().collect()
+    assert len(out) == len(values)
+    got = {int(r.publisher_msg_id.rsplit(":", 1)[1]): (r.payload, r.headers) for r in out}
+    for i, h in values.items():
+        assert got[i] == (f"p{i}".encode(), {**h, SOURCE_HEADER: f"/src/u#ep000001:{i}"})
+
+
+@pytest.mark.parametrize("headers", [{"k": "ünïcödé ✓"}, {"k": "two\nlines"}], ids=["http", "native"])
+def test_publisher_is_idempotent_on_both_paths(server: ServerProcess, headers: dict[str, str]) -> None:
+    pub = HttpPublisher(http_url(server))
+    try:
+        first = pub.publish("/idem/x", b"p", idem="key-1", headers=headers, tags=["t"])
+        again = pub.publish("/idem/x", b"p", idem="key-1", headers=headers, tags=["t"])
+    finally:
+        pub.close()
+    assert (first.seq, first.duplicate) == (1, False)
+    assert (again.seq, again.epoch, again.duplicate) == (1, first.epoch, True)

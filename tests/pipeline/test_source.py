@@ -15,8 +15,9 @@ from hubbub.client import Client
 from hubbub.events import Publisher
 from hubbub.log import AppendRequest, SqliteLogStore
 from hubbub.log.records import RECORD_COLUMNS, SPARK_DDL, event_to_record
+from hubbub.pipeline import datasource
 from hubbub.pipeline.arrow import ARROW_SCHEMA, batch_from_rows
-from hubbub.pipeline.datasource import HubbubBatchReader, _Options
+from hubbub.pipeline.datasource import HubbubBatchReader, HubbubScanPartition, _Options, _pack, _Range
 from tests.integration.serverproc import ServerProcess
 
 from .conftest import fill, http_url, store_url
@@ -98,9 +99,20 @@ def test_ranges_and_partitions(spark: SparkSession, store: tuple[str, SqliteLogS
     late = r().option("channels", "/chat/a").option("startTime", str(mid)).load()
     assert late.agg(F.min("seq")).first()[0] == 100
     assert late.count() == 151
-    # Small channels share a partition; big ones are split by seq range.
+    # A store read of most of the log: commit-order (pos) ranges of partitionSize events, one table scan each.
     parts = HubbubBatchReader(_Options.parse({"url": url, "partitionSize": "100"})).partitions()
+    assert all(isinstance(p, HubbubScanPartition) for p in parts)
+    assert [(p.lo, p.hi, p.bounds) for p in parts] == [(1, 101, None), (101, 201, None), (201, 298, None)]
+    # A read of a small part of it goes through the (channel, seq) index instead: seq ranges of channels.
+    few = {"url": url, "partitionSize": "5", "channels": "/other"}
+    parts = HubbubBatchReader(_Options.parse(few)).partitions()
     assert [[(x.channel, x.after, x.hi) for x in p.ranges] for p in parts] == [
+        [("/other", 0, 5)],
+        [("/other", 5, 7)],
+    ]
+    # Small channels share a partition; big ones are split by seq range.
+    ranges = [_Range("/chat/a", "e", 0, 250), _Range("/chat/b/x", "e", 0, 40), _Range("/other", "e", 0, 7)]
+    assert [[(x.channel, x.after, x.hi) for x in p.ranges] for p in _pack(ranges, 100)] == [
         [("/chat/a", 0, 100)],
         [("/chat/a", 100, 200)],
         [("/chat/a", 200, 250), ("/chat/b/x", 0, 40), ("/other", 0, 7)],
@@ -110,6 +122,66 @@ def test_ranges_and_partitions(spark: SparkSession, store: tuple[str, SqliteLogS
     assert split.count() == 297
     offsets = json.dumps({"/chat/a": {"epoch": st.head("/chat/a").epoch, "seq": 245}})
     assert r().option("channels", "/chat/a").option("startingOffsets", offsets).load().count() == 5
+
+
+def _read_all(opts: dict[str, str]) -> tuple[list[object], pa.Table]:
+    reader = HubbubBatchReader(_Options.parse(opts))
+    parts = list(reader.partitions())
+    batches = [b for p in parts for b in reader.read(p)]
+    table = pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+    return parts, table.sort_by([("channel", "ascending"), ("seq", "ascending")])
+
+
+def test_scan_partitions_read_what_the_index_path_reads(
+    store: tuple[str, SqliteLogStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, st = store
+    st.append(
+        [
+            AppendRequest(
+                "/chat/b/x", Publisher("http", f"u{i}", "a", f"m{i}"), bytes([i, 0, 255]), ctype, h, t
+            )
+            for i, (ctype, h, t) in enumerate(
+                [
+                    ("application/json", {"ü": "日本"}, ("x", "y")),
+                    ("text/plain", {}, ()),
+                    ("a/b", {"k": ""}, ("z",)),
+                ]
+                * 5
+            )
+        ]
+    )
+    st.trim("/chat/a", 20)  # a hole in pos order
+    a, b = st.head("/chat/a"), st.head("/chat/b/x")
+    times = [e.time_ns for e in st.read("/chat/a", 0, 1000)]
+    cases: list[dict[str, str]] = [
+        {},
+        {"partitionSize": "37"},
+        {"channels": "/chat/**"},
+        {"startSeq": "30", "endSeq": "48"},
+        {"startTime": str(times[10]), "endTime": str(times[200])},
+        {
+            "startingOffsets": json.dumps(
+                {"/chat/a": {"epoch": a.epoch, "seq": 100}, "/other": {"epoch": "x", "seq": 3}}
+            )
+        },
+        {
+            "endingOffsets": json.dumps(
+                {"/chat/a": {"epoch": a.epoch, "seq": 240}, "/chat/b/x": {"epoch": b.epoch, "seq": 50}}
+            )
+        },
+        {"endingOffsets": json.dumps({"/chat/a": {"epoch": "other", "seq": 240}})},
+    ]
+    for case in cases:
+        opts = {"url": url, "partitionSize": "100", **case}
+        parts, scanned = _read_all(opts)
+        assert all(isinstance(p, HubbubScanPartition) for p in parts) or scanned.num_rows == 0, case
+        with monkeypatch.context() as m:
+            m.setattr(datasource, "_scan_partitions", lambda o, s: None)
+            old_parts, indexed = _read_all(opts)
+        assert not any(isinstance(p, HubbubScanPartition) for p in old_parts)
+        assert scanned.equals(indexed), case
+    assert _read_all({"url": url})[1].num_rows == 297 + 15 - 20
 
 
 def test_batch_read_from_running_server(spark: SparkSession, server: ServerProcess) -> None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from hubbub.log.records import RECORD_SCHEMA, decode_headers, decode_tags
+from hubbub.log.sqlite import ScanColumns
 
-__all__ = ["ARROW_SCHEMA", "batch_from_events", "batch_from_rows", "empty_batch"]
+__all__ = ["ARROW_SCHEMA", "batch_from_columns", "batch_from_events", "batch_from_rows", "empty_batch"]
 
 _TYPES: Final[dict[str, pa.DataType]] = {
     "string": pa.string(),
@@ -55,28 +57,47 @@ def _text_column(values: Sequence[str | None]) -> pa.Array:
     return pc.fill_null(arr, first) if arr.null_count else arr
 
 
-def _decoded_column(encoded: Sequence[bytes], decode: Callable[[bytes], Any], typ: pa.DataType) -> pa.Array:
+def _empty_lists(n: int, typ: pa.DataType) -> pa.Array:
+    offsets = pa.array(np.zeros(n + 1, np.int32))
+    if typ == _MAP:
+        return pa.MapArray.from_arrays(offsets, pa.array([], pa.string()), pa.array([], pa.string()))
+    return pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
+
+
+def _decoded_column(
+    encoded: Sequence[bytes] | pa.Array, decode: Callable[[bytes], Any], typ: pa.DataType
+) -> pa.Array:
     """A column of encoded values (``b""`` for empty), decoding each distinct value once.
 
     The page's values are dictionary-encoded in Arrow, only the distinct ones are decoded in Python, and the
     column is gathered from them with ``take``: pages repeat a few header maps and tag sets many times.
     """
-    if not any(encoded):
-        offsets = pa.array([0] * (len(encoded) + 1), pa.int32())
-        if typ == _MAP:
-            return pa.MapArray.from_arrays(offsets, pa.array([], pa.string()), pa.array([], pa.string()))
-        return pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
-    codes = pa.array(encoded, pa.binary()).dictionary_encode()
+    if isinstance(encoded, pa.Array):
+        if len(encoded.buffers()[2] or b"") == 0:  # every value empty
+            return _empty_lists(len(encoded), typ)
+        codes = encoded.dictionary_encode()
+    else:
+        if not any(encoded):
+            return _empty_lists(len(encoded), typ)
+        codes = pa.array(encoded, pa.binary()).dictionary_encode()
     distinct = pa.array([decode(b) if b else [] for b in codes.dictionary.to_pylist()], typ)
     return distinct.take(codes.indices)
 
 
-def _map_column(encoded: Sequence[bytes]) -> pa.Array:
-    return _decoded_column(encoded, lambda b: list(decode_headers(b).items()), _MAP)
+def _map_column(encoded: Sequence[bytes] | pa.Array) -> pa.Array:
+    return _decoded_column(encoded, _header_items, _MAP)
 
 
-def _list_column(encoded: Sequence[bytes]) -> pa.Array:
-    return _decoded_column(encoded, lambda b: list(decode_tags(b)), _LIST)
+def _list_column(encoded: Sequence[bytes] | pa.Array) -> pa.Array:
+    return _decoded_column(encoded, _tag_list, _LIST)
+
+
+def _header_items(b: bytes) -> list[tuple[str, str]]:
+    return list(decode_headers(b).items())
+
+
+def _tag_list(b: bytes) -> list[str]:
+    return list(decode_tags(b))
 
 
 def batch_from_rows(channel: str, epoch: str, rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
@@ -125,6 +146,67 @@ def batch_from_events(events: Iterable[Mapping[str, Any]]) -> pa.RecordBatch:
             pa.array([e["tags"] for e in evs], _LIST),
             pa.array([e["payload"] for e in evs], pa.binary()),
             _const_or_array([e["content_type"] for e in evs], pa.string()),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+# -- ScanColumns (SqliteLogStore.scan_columns): no Python object per event -------------------------------
+
+
+def _ints(text: str) -> pa.Array:
+    """``"1,2,3"`` -> an int64 array, parsed by Arrow."""
+    parts = pc.split_pattern(pa.array([text], pa.large_string()), ",")
+    return pc.cast(pc.list_flatten(parts), pa.int64())
+
+
+def _varlen(lengths: str, data: bytes, n: int, typ: pa.DataType) -> pa.Array:
+    """A binary or string array from the values' byte lengths (``"3,0,5"``) and their concatenated bytes."""
+    offsets = np.zeros(n + 1, np.int32)
+    if data:
+        np.cumsum(_ints(lengths).to_numpy(), out=offsets[1:])
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def batch_from_columns(cols: ScanColumns, channels: Mapping[int, tuple[str, str]]) -> pa.RecordBatch:
+    """A batch from :meth:`hubbub.log.SqliteLogStore.scan_columns` columns; ``channels`` maps each channel
+    id in them to its ``(path, epoch)``. Arrow parses and gathers every column: Python handles only the
+    distinct channels, header maps and tag sets."""
+    n = cols.n
+    if n == 0:
+        return empty_batch()
+    cids = _ints(cols.channel_id)
+    ids = pc.unique(cids).to_pylist()
+    if len(ids) == 1:
+        path, epoch = channels[ids[0]]
+        channel = pa.repeat(pa.scalar(path, pa.string()), n)
+        epochs = pa.repeat(pa.scalar(epoch, pa.string()), n)
+    else:
+        where = pc.index_in(cids, value_set=pa.array(ids, pa.int64()))
+        names = [channels[i] for i in ids]
+        channel = pa.array([c for c, _ in names], pa.string()).take(where)
+        epochs = pa.array([e for _, e in names], pa.string()).take(where)
+    text: list[pa.Array] = []
+    for value in cols.text:
+        if isinstance(value, str):
+            text.append(pa.repeat(pa.scalar(value, pa.string()), n))
+        else:
+            text.append(_varlen(value[0], value[1], n, pa.string()))
+    dialect, user, app, msg_id, ctype = text
+    return pa.RecordBatch.from_arrays(
+        [
+            channel,
+            _ints(cols.seq),
+            epochs,
+            _ints(cols.time_ns),
+            dialect,
+            user,
+            app,
+            msg_id,
+            _map_column(_varlen(*cols.headers, n, pa.binary())),
+            _list_column(_varlen(*cols.tags, n, pa.binary())),
+            _varlen(*cols.payload, n, pa.binary()),
+            ctype,
         ],
         schema=ARROW_SCHEMA,
     )

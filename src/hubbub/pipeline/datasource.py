@@ -19,6 +19,7 @@ no ``pushFilters``: ranges are options (``startSeq``, ``endSeq``, ``startTime``,
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,8 +44,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import Row, StructType
 
+from hubbub.channels import parse_pattern
+from hubbub.log import ChannelInfo, SqliteLogStore
 from hubbub.log.records import SPARK_DDL
-from hubbub.pipeline.sources import LogSource, PipelineError, open_source
+from hubbub.pipeline.arrow import batch_from_columns
+from hubbub.pipeline.sources import LogSource, PipelineError, StoreSource, open_source
 
 __all__ = [
     "SOURCE_HEADER",
@@ -125,6 +129,7 @@ class _Options:
     start_time: int | None
     end_time: int | None
     starting: str
+    ending: str
     partition_size: int
     max_per_trigger: int | None
     fail_on_data_loss: bool
@@ -146,6 +151,7 @@ class _Options:
             start_time=_time_option(opts.get("starttime")),
             end_time=_time_option(opts.get("endtime")),
             starting=opts.get("startingoffsets", ""),
+            ending=opts.get("endingoffsets", ""),
             partition_size=max(1, int(opts.get("partitionsize", "100000"))),
             max_per_trigger=int(mpt) if mpt else None,
             fail_on_data_loss=_bool_option(opts.get("failondataloss"), True),
@@ -155,17 +161,39 @@ class _Options:
         return open_source(self.url, self.token)
 
 
-def _offset_map(text: str) -> dict[str, dict[str, Any]]:
+def _offset_map(text: str, name: str = "startingOffsets") -> dict[str, dict[str, Any]]:
     try:
         obj = json.loads(text)
     except ValueError:
-        raise PipelineError(f"startingOffsets is not earliest, latest or a JSON map: {text!r}") from None
+        raise PipelineError(f"{name} is not earliest, latest or a JSON map: {text!r}") from None
     if not isinstance(obj, dict) or not all(
         isinstance(v, dict) and isinstance(v.get("seq"), int) and isinstance(v.get("epoch"), str)
         for v in obj.values()
     ):
-        raise PipelineError('startingOffsets must map channels to {"epoch": "…", "seq": N}')
+        raise PipelineError(f'{name} must map channels to {{"epoch": "…", "seq": N}}')
     return obj
+
+
+class _BatchRange:
+    """The seq range a batch read wants of each channel, from the options (see docs/pipeline.md)."""
+
+    def __init__(self, o: _Options) -> None:
+        self.o = o
+        self.starting = _offset_map(o.starting) if o.starting.strip().startswith("{") else {}
+        self.ending = _offset_map(o.ending, "endingOffsets") if o.ending.strip() else None
+
+    def of(self, ci: ChannelInfo) -> tuple[int, int]:
+        """``(after, hi)``: read ``after < seq <= hi`` (nothing when ``hi <= after``)."""
+        o = self.o
+        after = max(o.start_seq - 1, ci.first - 1)
+        prev = self.starting.get(ci.channel)
+        if prev is not None and prev["epoch"] == ci.epoch:
+            after = max(after, prev["seq"])
+        hi = ci.top if o.end_seq is None else min(ci.top, o.end_seq)
+        if self.ending is not None:
+            end = self.ending.get(ci.channel)
+            hi = min(hi, end["seq"]) if end is not None and end["epoch"] == ci.epoch else 0
+        return after, hi
 
 
 def _pack(ranges: Sequence[_Range], size: int, strict: bool = False) -> list[HubbubPartition]:
@@ -188,7 +216,81 @@ def _pack(ranges: Sequence[_Range], size: int, strict: bool = False) -> list[Hub
     return out
 
 
-def _read_partition(opts: _Options, part: HubbubPartition) -> Iterator[pa.RecordBatch]:
+@dataclass(frozen=True)
+class HubbubScanPartition(InputPartition):  # type: ignore[misc]
+    """A commit-order (``pos``) range ``lo <= pos < hi`` of a SQLite store, read by a sequential scan.
+
+    ``channels``: ``(id, path, epoch)`` of every channel the plan saw; ``bounds``: ``(id, first seq, last
+    seq)`` of the channels to read, or ``None`` for every event; ``max_time``: the plan's newest event, so
+    later commits are not read; ``step``: ``pos`` values per chunk (one Arrow batch each)."""
+
+    lo: int
+    hi: int
+    max_time: int
+    channels: tuple[tuple[int, str, str], ...]
+    bounds: tuple[tuple[int, int, int], ...] | None
+    step: int
+
+
+# Chunks of a scan partition: about this many bytes of events each (SQLite concatenates a chunk's columns).
+_SCAN_CHUNK_BYTES = 16 << 20
+_SCAN_CHUNK_MAX = 65536
+# A scan visits every event in its range; one row SQLite skips costs about a twentieth of one read through
+# the (channel, seq) index, so scan when the read wants more than this share of the range.
+_SCAN_MIN_SHARE = 1 / 16
+
+
+def _scan_partitions(o: _Options, store: SqliteLogStore) -> list[InputPartition] | None:
+    """Partitions as ``pos`` ranges when the read wants enough of the log (else ``None``)."""
+    plan = store.scan_plan(o.partition_size, o.start_time, o.end_time)
+    if not plan.splits:
+        return [HubbubPartition(())]
+    pat = parse_pattern(o.channels)
+    want = _BatchRange(o)
+    bounds: list[tuple[int, int, int]] = []
+    wanted = 0
+    everything = True
+    for cid, ci in plan.channels.items():
+        if not pat.matches(ci.channel):
+            everything = False
+            continue
+        after, hi = want.of(ci)
+        if after >= ci.first or hi < ci.top:
+            everything = False
+        if hi > after:
+            bounds.append((cid, after + 1, hi))
+            wanted += hi - after
+    if not bounds:
+        return [HubbubPartition(())]
+    scanned = min(plan.events, (len(plan.splits) - 1) * o.partition_size)
+    if wanted < scanned * _SCAN_MIN_SHARE:
+        return None
+    per_event = plan.bytes / plan.events if plan.events else 1
+    step = int(max(256, min(_SCAN_CHUNK_MAX, _SCAN_CHUNK_BYTES / max(per_event, 1))))
+    channels = tuple((cid, ci.channel, ci.epoch) for cid, ci in plan.channels.items())
+    return [
+        HubbubScanPartition(lo, hi, plan.max_time, channels, None if everything else tuple(bounds), step)
+        for lo, hi in itertools.pairwise(plan.splits)
+    ]
+
+
+def _read_scan(opts: _Options, part: HubbubScanPartition) -> Iterator[pa.RecordBatch]:
+    src = opts.source()
+    if not isinstance(src, StoreSource) or not isinstance(src.store, SqliteLogStore):
+        raise PipelineError(f"{opts.url}: a pos-range partition needs a SQLite store")
+    names = {cid: (path, epoch) for cid, path, epoch in part.channels}
+    at = part.lo
+    while at < part.hi:
+        end = min(at + part.step, part.hi)
+        for cols in src.store.scan_columns(at, end, max_time=part.max_time, bounds=part.bounds):
+            yield batch_from_columns(cols, names)
+        at = end
+
+
+def _read_partition(opts: _Options, part: InputPartition) -> Iterator[pa.RecordBatch]:
+    if isinstance(part, HubbubScanPartition):
+        yield from _read_scan(opts, part)
+        return
     src = opts.source()
     for r in part.ranges:
         after = r.after
@@ -249,19 +351,20 @@ class HubbubBatchReader(DataSourceReader):  # type: ignore[misc]
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.opts
-        starting = _offset_map(o.starting) if o.starting.strip().startswith("{") else {}
+        src = o.source()
+        if isinstance(src, StoreSource) and isinstance(src.store, SqliteLogStore):
+            scan = _scan_partitions(o, src.store)
+            if scan is not None:
+                return scan
+        want = _BatchRange(o)
         ranges = []
-        for ci in o.source().channels(o.channels):
-            after = max(o.start_seq - 1, ci.first - 1)
-            prev = starting.get(ci.channel)
-            if prev is not None and prev["epoch"] == ci.epoch:
-                after = max(after, prev["seq"])
-            hi = ci.top if o.end_seq is None else min(ci.top, o.end_seq)
+        for ci in src.channels(o.channels):
+            after, hi = want.of(ci)
             if hi > after:
                 ranges.append(_Range(ci.channel, ci.epoch, after, hi))
         return _pack(ranges, o.partition_size) or [HubbubPartition(())]
 
-    def read(self, partition: HubbubPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(self.opts, partition)
 
 

@@ -21,12 +21,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 from hubbub.channels import parse_pattern
 from hubbub.pipeline.datasource import SOURCE_HEADER, HubbubDataSource
-from hubbub.pipeline.sources import PipelineError
+from hubbub.pipeline.sources import PipelineError, open_source
 
 __all__ = [
     "archive",
@@ -263,31 +263,41 @@ def archive(
     run = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     staging = outp / STAGING_DIR / run
     t0 = time.perf_counter()
-    r = spark.read.format("hubbub").option("url", url).option("channels", channels)
-    if token:
-        r = r.option("token", token)
-    df = r.option("startingOffsets", json.dumps(positions)).load()
-    root = F.regexp_extract(F.col("channel"), r"^/([^/]*)", 1)
-    df = (
-        df.withColumn("root", F.when(root == "", F.lit("_")).otherwise(root))
-        .withColumn("date", F.date_format(_ts_micros(), "yyyy-MM-dd"))
-        # The source's partitions are already seq ranges of channels: sorting inside them needs no shuffle.
-        .sortWithinPartitions("root", "date", "channel", "seq")
-    )
-    with progress(spark, "archive", show):
-        df.write.partitionBy("root", "date").parquet(str(staging))
-        tops = []
-        if any(staging.rglob("*.parquet")):
-            staged = spark.read.parquet(str(staging))
-            tops = (
-                staged.groupBy("channel", "epoch")
-                .agg(F.max("seq").alias("seq"), F.count("*").alias("n"))
-                .collect()
-            )
-    events = sum(int(row["n"]) for row in tops)
-    new = dict(positions)
-    for row in tops:
-        new[row["channel"]] = {"epoch": row["epoch"], "seq": int(row["seq"])}
+    # The run's end, decided here: each matching channel up to its top now (endingOffsets), so the new
+    # positions are known without reading the output back. What a channel loses before it is read (trimmed,
+    # or reset) is gone from the log anyway: its position still moves to this end.
+    ends: dict[str, dict[str, Any]] = {}
+    for ci in open_source(url, token).channels(channels):
+        prev = positions.get(ci.channel)
+        if prev is None or prev["epoch"] != ci.epoch or prev["seq"] < ci.top:
+            ends[ci.channel] = {"epoch": ci.epoch, "seq": ci.top}
+    events = 0
+    if ends:
+        r = spark.read.format("hubbub").option("url", url).option("channels", channels)
+        if token:
+            r = r.option("token", token)
+        df = (
+            r.option("startingOffsets", json.dumps(positions))
+            .option("endingOffsets", json.dumps(ends))
+            .load()
+        )
+        # Built-in expressions only (no Python per row): the first segment, and the UTC day as a DATE (the
+        # directory is date=YYYY-MM-DD as for a string, and Spark reads it back as a DATE either way).
+        root = F.substring_index(F.substring(F.col("channel"), 2, 1 << 30), "/", 1)
+        day = F.date_from_unix_date(F.floor(F.col("time") / (86400 * 10**9)).cast("int"))
+        counted = Observation("archive")
+        df = (
+            df.withColumn("root", F.when(root == "", F.lit("_")).otherwise(root))
+            .withColumn("date", day)
+            .observe(counted, F.count(F.lit(1)).alias("events"))
+            # Each file sorted by (channel, seq); the source's partitions are ranges of the log, so sorting
+            # inside them needs no shuffle, and the writer's own sort by (root, date) is this sort's prefix.
+            .sortWithinPartitions("root", "date", "channel", "seq")
+        )
+        with progress(spark, "archive", show):
+            df.write.partitionBy("root", "date").parquet(str(staging))
+        events = int(counted.get["events"])
+    new = {**positions, **ends}
     _save_state(outp, {"version": 1, "positions": positions, "pending": {"run": run, "positions": new}})
     files = _publish_staged(outp, run)
     _save_state(outp, {"version": 1, "positions": new, "pending": None})
@@ -296,7 +306,7 @@ def archive(
     result: dict[str, Any] = {
         "job": "archive",
         "events": events,
-        "channels": len(tops),
+        "channels": len(ends),
         "files": files,
         "seconds": round(dt, 3),
         "events_per_s": round(events / dt) if dt > 0 else 0,

@@ -5,7 +5,10 @@
 * :class:`HttpSource`: a running server (``http://host:port``) through its HTTP log API (native.md §8):
   ``/api/v1/channels/<pattern>`` and ``/api/v1/log/<channel>?format=msgpack`` (pages of at most 1000).
 * :class:`HttpPublisher`: ``POST /api/v1/publish/<channel>`` with an ``Idempotency-Key``, on one kept-alive
-  connection, retrying a failed request with the same key (so a retry never appends twice).
+  connection, retrying a failed request with the same key (so a retry never appends twice). Header values go
+  as UTF-8 (the server reads header fields as UTF-8); an event with a header that no HTTP header field can
+  carry (a control character, leading or trailing blanks, a name that is not a lower-case token) is
+  published through the native protocol instead (``/ws/hubbub`` on the same port, JSON frames).
 
 Both sources give pages as Arrow record batches of the record schema (:mod:`hubbub.pipeline.arrow`).
 Sources are cached per process (:func:`open_source`): Spark runs many partitions in one Python worker.
@@ -15,20 +18,25 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import threading
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 import pyarrow as pa
 
 from hubbub.channels import Pattern, parse_pattern
+from hubbub.errors import HubbubError
 from hubbub.log import ChannelInfo, LogStore, RetentionPolicy, SqliteLogStore, open_store
 from hubbub.log.records import event_to_record
 from hubbub.pipeline.arrow import ARROW_SCHEMA, batch_from_events, batch_from_rows
+
+if TYPE_CHECKING:
+    from hubbub.client import Client
 
 __all__ = [
     "EpochChanged",
@@ -166,9 +174,13 @@ class _Http:
         return self._conn
 
     def request(
-        self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: Mapping[str, str | bytes] | None = None,
     ) -> tuple[int, bytes]:
-        hdrs = dict(headers or {})
+        hdrs: dict[str, str | bytes] = dict(headers or {})
         if self.token:
             hdrs["Authorization"] = f"Bearer {self.token}"
         delay = 0.1
@@ -297,11 +309,26 @@ class PublishResult:
     duplicate: bool
 
 
+# A header HTTP carries unchanged: the name a lower-case token (the server lower-cases names); the value with
+# no control character but tab and no leading or trailing blank (parsers strip those), any other character
+# as UTF-8.
+_HTTP_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
+_HTTP_VALUE = re.compile(r"(?:[^\x00-\x20\x7f](?:[^\x00-\x08\x0a-\x1f\x7f]*[^\x00-\x20\x7f])?)?")
+
+
+def http_header_ok(name: str, value: str) -> bool:
+    """Whether ``Hubbub-Header-<name>: <value>`` reaches the server as header ``name`` = ``value``."""
+    return _HTTP_NAME.fullmatch(name) is not None and _HTTP_VALUE.fullmatch(value) is not None
+
+
 class HttpPublisher:
     """Publishes over the HTTP API; idempotent by key (see the module docstring)."""
 
     def __init__(self, url: str, token: str = "") -> None:
+        self.url = url
+        self.token = token
         self._http = _Http(url, token)
+        self._native: Client | None = None
 
     def publish(
         self,
@@ -313,12 +340,14 @@ class HttpPublisher:
         headers: Mapping[str, str] | None = None,
         tags: Sequence[str] = (),
     ) -> PublishResult:
-        hdrs = {"Idempotency-Key": idem}
+        user = {k: v for k, v in (headers or {}).items() if not k.startswith(":")}
+        if not all(http_header_ok(k, v) for k, v in user.items()):
+            return self._publish_native(channel, payload, idem, content_type, user, tags)
+        hdrs: dict[str, str | bytes] = {"Idempotency-Key": idem}
         if content_type:
             hdrs["Content-Type"] = content_type
-        for k, v in (headers or {}).items():
-            if not k.startswith(":"):
-                hdrs[f"Hubbub-Header-{k}"] = v
+        for k, v in user.items():
+            hdrs[f"Hubbub-Header-{k}"] = v.encode()  # UTF-8, which is how the server decodes header fields
         q = ("?" + urllib.parse.urlencode([("tag", t) for t in tags])) if tags else ""
         status, data = self._http.request(
             "POST", f"/api/v1/publish/{_channel_path(channel)}{q}", payload, hdrs
@@ -328,5 +357,38 @@ class HttpPublisher:
         r = json.loads(data)
         return PublishResult(r["channel"], r["seq"], r["epoch"], bool(r.get("duplicate")))
 
+    def _publish_native(
+        self,
+        channel: str,
+        payload: bytes,
+        idem: str,
+        content_type: str,
+        headers: Mapping[str, str],
+        tags: Sequence[str],
+    ) -> PublishResult:
+        """The same publish as a native-protocol frame: its headers are a JSON object, so any text goes."""
+        from hubbub.client import Client
+
+        try:
+            if self._native is None:
+                self._native = Client(self.url, token=self.token or None, timeout=30.0)
+            ack = self._native.publish(
+                channel,
+                payload,
+                content_type=content_type or None,
+                headers=headers,
+                tags=tags,
+                idem=idem,
+                timeout=30.0,
+            )
+        except (HubbubError, OSError, TimeoutError) as exc:
+            raise PipelineError(f"publishing to {channel}: {exc}") from exc
+        if ack is None:  # pragma: no cover - only without ack
+            raise PipelineError(f"publishing to {channel}: no acknowledgement")
+        return PublishResult(ack.channel, ack.seq, ack.epoch, ack.duplicate)
+
     def close(self) -> None:
         self._http.close()
+        native, self._native = self._native, None
+        if native is not None:
+            native.close()
