@@ -5,7 +5,8 @@
 
 Builds a SQLite log of N events (10 channels, 100-byte payloads, a third with a header), then times each
 step in ``local[2]``; streaming latency runs a real server and a streaming query with the default trigger.
-Prints one JSON object.
+Prints one JSON object. ``--figure PNG`` draws measured against target from one or more such JSON outputs
+(``--results FILE …``; their median) without running anything.
 """
 
 from __future__ import annotations
@@ -48,11 +49,46 @@ def timed(fn: object) -> float:
     return time.perf_counter() - t
 
 
+TARGETS = {
+    "source_read_events_per_s": ("source read\n(store, local[2])", 500_000),
+    "archive_events_per_s": ("archive", 200_000),
+    "parquet_read_events_per_s": ("Parquet read", 1_000_000),
+}
+
+
+def figure(results: list[Path], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [json.loads(r.read_text()) for r in results]
+    keys = list(TARGETS)
+    measured = [statistics.median(run[k] for run in runs) for k in keys]
+    xs = range(len(keys))
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.bar([x - 0.2 for x in xs], measured, 0.4, label=f"measured (median of {len(runs)})")
+    ax.bar([x + 0.2 for x in xs], [TARGETS[k][1] for k in keys], 0.4, label="target")
+    ax.set_xticks(list(xs), [TARGETS[k][0] for k in keys])
+    ax.set_yscale("log")
+    ax.set_ylabel("events/s (log)")
+    ax.set_title(f"hubbub pipeline, {runs[0]['events'] // 1_000_000}M events, 2-core machine, local[2]")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--dir", default="/tmp/hubbub-bench")
+    ap.add_argument("--figure", type=Path, help="draw this PNG from --results instead of measuring")
+    ap.add_argument("--results", type=Path, nargs="*", default=[])
     args = ap.parse_args()
+    if args.figure:
+        figure(args.results, args.figure)
+        return
     d = Path(args.dir)
     db = d / "log.db"
     if not db.exists():
