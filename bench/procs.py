@@ -16,11 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from proto import Spec, nats_request
 
-__all__ = ["Server", "available", "free_port", "raise_nofile", "start"]
+__all__ = ["Server", "available", "free_port", "install_peers", "raise_nofile", "start"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,40 @@ def which(name: str) -> str | None:
 def available(peer: str) -> str | None:
     """The binary for ``peer`` (``nats``, ``mosquitto``, ``redis``), or None when it is not installed."""
     return which(BINARIES[peer])
+
+
+#: The Debian packages that provide :data:`BINARIES`.
+PACKAGES = {"nats": "nats-server", "mosquitto": "mosquitto", "redis": "redis-server"}
+
+
+def install_peers(peers: list[str], log: Callable[[str], None]) -> str | None:
+    """Install the missing ``peers`` with ``apt-get``; None when done, else why not (the caller skips them).
+
+    Only as root on a machine with ``apt-get``: the bench never asks for a password. The packages' own
+    services are not needed (the bench starts its servers itself on free loopback ports)."""
+    missing = [p for p in peers if available(p) is None]
+    if not missing:
+        return None
+    pkgs = [PACKAGES[p] for p in missing]
+    hint = f"not installed (apt-get install {' '.join(pkgs)})"
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        return hint
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    log(f"installing {' '.join(pkgs)} with apt-get")
+
+    def apt(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["apt-get", *args], env=env, capture_output=True, text=True, timeout=900, check=False
+        )
+
+    done = apt("install", "-y", "-qq", *pkgs)
+    if done.returncode != 0:  # often a stale package index: update once and retry
+        apt("update", "-qq")
+        done = apt("install", "-y", "-qq", *pkgs)
+    if done.returncode != 0:
+        log(f"apt-get failed: {done.stderr.strip()[-500:]}")
+        return f"{hint}: apt-get failed"
+    return None if all(available(p) for p in missing) else hint
 
 
 def free_port() -> int:

@@ -29,7 +29,7 @@ if str(HERE) not in sys.path:
 if str(HERE.parent / "src") not in sys.path:
     sys.path.insert(0, str(HERE.parent / "src"))
 
-from procs import Server, available, raise_nofile, start  # noqa: E402
+from procs import PACKAGES, Server, available, install_peers, raise_nofile, start  # noqa: E402
 from scenarios import Result, idle_memory, latency, replay, throughput  # noqa: E402
 
 __all__ = ["main"]
@@ -542,6 +542,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="hubbub bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--peers", action="store_true", help="run NATS, Mosquitto and Redis side by side")
+    ap.add_argument(
+        "--no-install",
+        action="store_true",
+        help="with --peers, do not install missing peers with apt-get (by default the bench installs them "
+        "when it runs as root on a Debian-like machine, else skips them)",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny counts (the CI smoke form)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"), help="where the Markdown results go")
@@ -555,9 +561,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     suite = Suite(Plan(args.quick, args.peers, scen))
     if args.peers:
-        for peer in ("nats", "mosquitto", "redis"):
+        peers = ["nats", "mosquitto", "redis"]
+        why = None if args.no_install else install_peers(peers, suite.log)
+        for peer in peers:
             if available(peer) is None:
-                suite.skipped[peer] = "not installed (apt-get install nats-server mosquitto redis-server)"
+                suite.skipped[peer] = why or f"not installed (apt-get install {PACKAGES[peer]})"
     try:
         suite.run()
     except KeyboardInterrupt:

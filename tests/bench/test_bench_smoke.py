@@ -35,3 +35,27 @@ def test_quick_bench_produces_numbers(tmp_path: Path) -> None:
     text = out.read_text()
     assert "## Machine" in text and "| scenario |" in text
     assert "results.png" in text or "chart skipped" in text
+
+
+def test_missing_peers_are_skipped_with_the_install_command_when_not_root(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import procs
+
+    monkeypatch.setattr(procs, "available", lambda peer: None)
+    monkeypatch.setattr(procs.os, "geteuid", lambda: 1000)
+    ran: list[object] = []
+    monkeypatch.setattr(procs.subprocess, "run", lambda *a, **k: ran.append(a))
+    why = procs.install_peers(["nats", "redis"], print)
+    assert why == "not installed (apt-get install nats-server redis-server)"
+    assert ran == []  # never asks for a password or runs apt-get as another user
+
+
+def test_installed_peers_need_no_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import procs
+
+    monkeypatch.setattr(procs, "available", lambda peer: f"/usr/sbin/{procs.BINARIES[peer]}")
+    monkeypatch.setattr(procs.subprocess, "run", lambda *a, **k: pytest.fail("apt-get ran"))
+    assert procs.install_peers(["nats", "mosquitto", "redis"], print) is None
