@@ -78,7 +78,6 @@ class Server:
             max_recovery=cfg.native_max_recovery,
             commit_batch=cfg.commit_batch,
             retention=retention,
-            commits_can_be_lost=cfg.durability != "fsync",
         )
         self.node = node = Node(store, settings, new_epochs=cfg.durability == "none")
         await node.__aenter__()

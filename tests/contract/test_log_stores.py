@@ -399,7 +399,7 @@ def test_reset_channel(factory: Factory, store: LogStore) -> None:
     assert EPOCH_RE.match(info.epoch) and info.epoch != old[0].epoch
     assert (info.channel, info.first, info.top, info.top_time) == ("/a", 1, 0, 0)
     assert store.head("/a") == info
-    assert store.read("/a") == []
+    assert store.read("/a") == [] and store.read_last("/a", 5) == []
     assert [c.channel for c in store.channels()] == ["/b"]
     ev = store.append([req("/a")])[0].event
     assert (ev.seq, ev.epoch) == (1, info.epoch)
@@ -413,6 +413,64 @@ def test_reset_channel(factory: Factory, store: LogStore) -> None:
         store = factory.reopen(store)
         assert store.head("/a").epoch == info.epoch
         assert seqs(store.read("/a")) == [1]
+
+
+def test_reset_keeps_the_old_epochs_events(factory: Factory, store: LogStore) -> None:
+    """A new epoch deletes nothing: the old epoch's events stay, readable under their old epoch."""
+    old = append_n(store, "/a", 3, b"xy")
+    append_n(store, "/b", 1)
+    first = store.reset_channel("/a")
+    assert store.stats() == StoreStats(events=4, bytes=7, channels=1, retired_epochs=1)
+    retired = ChannelInfo("/a", old[0].epoch, 1, 3, old[-1].time_ns)
+    assert store.retired_epochs("/a") == [retired] and store.retired_epochs("/b") == []
+    assert store.read("/a", epoch=old[0].epoch) == old
+    assert store.read("/a", 1, 1, epoch=old[0].epoch) == old[1:2]
+    assert store.read("/a", epoch=first.epoch) == [] and store.read("/a", epoch="nosuchep") == []
+    new = append_n(store, "/a", 2)
+    assert seqs(store.read("/a")) == [1, 2] and {e.epoch for e in store.read("/a")} == {first.epoch}
+    second = store.reset_channel("/a")
+    assert [ci.epoch for ci in store.retired_epochs("/a")] == [old[0].epoch, first.epoch]
+    # An epoch without events leaves nothing behind.
+    store.reset_channel("/a")
+    assert [ci.epoch for ci in store.retired_epochs("/a")] == [old[0].epoch, first.epoch]
+    assert store.head("/a").epoch not in (second.epoch, "")
+    assert store.stats() == StoreStats(events=6, bytes=9, channels=1, retired_epochs=2)
+    if factory.persistent:
+        store = factory.reopen(store)
+        assert store.retired_epochs("/a")[0] == retired
+        assert store.read("/a", epoch=old[0].epoch) == old
+        assert store.read("/a", epoch=first.epoch) == new
+        assert store.stats() == StoreStats(events=6, bytes=9, channels=1, retired_epochs=2)
+        assert store.append([req("/a")])[0].event.seq == 1
+
+
+def test_retired_epochs_are_trimmed_by_retention_and_trim(factory: Factory, store: LogStore) -> None:
+    old = append_n(store, "/a", 4, b"abcd")
+    store.reset_channel("/a")
+    factory.clock.advance(10)
+    append_n(store, "/a", 2, b"ab")
+    # Total size: the oldest events of the whole log go first, retired epochs included.
+    assert store.apply_retention(RetentionPolicy(max_total_bytes=16), factory.clock.now) == 1
+    assert store.retired_epochs("/a") == [ChannelInfo("/a", old[0].epoch, 2, 4, old[-1].time_ns)]
+    # trim names the retired epoch; the current one is untouched.
+    info = store.trim("/a", 2, epoch=old[0].epoch)
+    assert info == ChannelInfo("/a", old[0].epoch, 3, 4, old[-1].time_ns)
+    assert store.trim("/a", 1, epoch=old[0].epoch) == info  # never down
+    assert seqs(store.read("/a", epoch=old[0].epoch)) == [3, 4] and seqs(store.read("/a")) == [1, 2]
+    for seq, epoch in ((5, old[0].epoch), (0, "nosuchep"), (-1, old[0].epoch)):
+        with pytest.raises(ValueError):
+            store.trim("/a", seq, epoch=epoch)
+    cur = store.head("/a")
+    assert store.trim("/a", 1, epoch=cur.epoch).first == 2  # the current epoch by name
+    # Age: the retired epoch's events are older than the cutoff, the current one's are not.
+    assert store.apply_retention(RetentionPolicy(max_age_s=5), factory.clock.now) == 2
+    assert store.retired_epochs("/a") == [] and store.read("/a", epoch=old[0].epoch) == []
+    assert store.stats() == StoreStats(events=1, bytes=2, channels=1, retired_epochs=0)
+    with pytest.raises(ValueError):
+        store.trim("/a", 4, epoch=old[0].epoch)  # gone with its last event
+    if factory.persistent:
+        store = factory.reopen(store)
+        assert store.retired_epochs("/a") == [] and store.stats().events == 1
 
 
 def test_trim(factory: Factory, store: LogStore) -> None:
@@ -447,16 +505,20 @@ def test_trim(factory: Factory, store: LogStore) -> None:
 
 
 def test_new_epochs_on_open(factory: Factory, store: LogStore) -> None:
-    a = append_n(store, "/a", 3)[0]
+    a = append_n(store, "/a", 3)
     b = append_n(store, "/b", 1)[0]
+    store.trim("/b", 1)
     if factory.persistent:
         store = factory.reopen(store)
     store.new_epochs_on_open()
     ha, hb = store.head("/a"), store.head("/b")
-    assert ha.epoch not in ("", a.epoch) and hb.epoch not in ("", b.epoch)
+    assert ha.epoch not in ("", a[0].epoch) and hb.epoch not in ("", b.epoch)
     assert (ha.first, ha.top, hb.first, hb.top) == (1, 0, 1, 0)
     assert store.read("/a") == [] and store.channels() == []
-    assert store.stats() == StoreStats(0, 0, 0)
+    # Nothing is deleted: the old epochs' events stay under their old epochs (/b had none left).
+    assert store.stats() == StoreStats(events=3, bytes=3, channels=0, retired_epochs=1)
+    assert store.retired_epochs("/a") == [ChannelInfo("/a", a[0].epoch, 1, 3, a[-1].time_ns)]
+    assert store.read("/a", epoch=a[0].epoch) == a and store.retired_epochs("/b") == []
     ev = store.append([req("/a")])[0].event
     assert (ev.seq, ev.epoch) == (1, ha.epoch)
 
@@ -511,9 +573,41 @@ def test_idempotency_of_trimmed_event_and_after_reset(factory: Factory) -> None:
         orig.time_ns,
     )
     assert dup.event.payload == b"p"
+    # After a new epoch, a retry still answers the original, in its old epoch (trimmed: rebuilt).
     store.reset_channel("/a")
     res = store.append([req("/a", b"p", idem="k")])[0]
-    assert not res.duplicate and res.event.seq == 1
+    assert res.duplicate and res.event == dup.event
+    assert store.head("/a").top == 0
+    # Past the window the key is new, in the new epoch.
+    factory.clock.advance(61)
+    res = store.append([req("/a", b"p", idem="k")])[0]
+    assert not res.duplicate and res.event.seq == 1 and res.event.epoch == store.head("/a").epoch
+
+
+def test_idempotency_across_new_epochs(factory: Factory) -> None:
+    """A retry of a publish acknowledged before a new epoch is the same publish: it answers the original
+    event (still in the log, under its old epoch) and appends nothing, however many epochs later."""
+    store = factory.open(idem_window_s=60)
+    orig = store.append([req("/a", b"p", idem="k", headers={"h": "v"}, tags=("t",))])[0].event
+    store.append([req("/a", b"q", idem="k2")])
+    store.reset_channel("/a")
+    store.append([req("/a", b"new")])
+    if factory.persistent:
+        store = factory.reopen(store)
+    store.new_epochs_on_open()
+    res = store.append([req("/a", b"p", idem="k", headers={"h": "v"}, tags=("t",)), req("/a", b"r")])
+    assert res[0].duplicate and res[0].event == orig
+    assert not res[1].duplicate and (res[1].event.seq, res[1].event.epoch) == (1, store.head("/a").epoch)
+    # Another user's key is not the same publish.
+    assert not store.append([req("/a", b"p", idem="k", user="bob")])[0].duplicate
+    # A key used again in the new epoch (past the window) is the new epoch's from then on.
+    factory.clock.advance(61)
+    again = store.append([req("/a", b"q", idem="k2")])[0]
+    assert not again.duplicate and again.event.epoch == store.head("/a").epoch
+    assert store.append([req("/a", b"q", idem="k2")])[0].event == again.event
+    if factory.persistent:
+        store = factory.reopen(store)
+        assert store.append([req("/a", b"q", idem="k2")])[0].event == again.event
 
 
 def test_idempotency_off_with_zero_window(factory: Factory) -> None:
@@ -799,6 +893,163 @@ def test_sqlite_commits_survive_kill_9(sqlite_path: Path, durability: str) -> No
 
 
 # -- open_store ------------------------------------------------------------------------------------------
+
+
+def test_commits_may_be_lost_only_for_the_epochs_of_an_unclean_stop(
+    factory: Factory, store: LogStore
+) -> None:
+    """Nothing of a store that was opened fresh, or closed cleanly, can have been lost."""
+    a = append_n(store, "/a", 2)[0]
+    assert not store.commits_may_be_lost("/a", a.epoch) and not store.commits_may_be_lost("/none", "")
+    if factory.persistent:
+        store = factory.reopen(store)
+        assert not store.commits_may_be_lost("/a", a.epoch)
+
+
+def _killed_writer(path: Path, durability: str) -> str:
+    """Append to ``/k`` in another process that is then killed (no close); returns ``/k``'s epoch."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from hubbub.events import Publisher
+        from hubbub.log import AppendRequest, SqliteLogStore
+        st = SqliteLogStore({str(path)!r}, durability={durability!r})
+        st.append([AppendRequest("/k", Publisher("native"), b"p", "text/plain") for _ in range(3)])
+        print(st.head("/k").epoch, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == -9, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.mark.parametrize("durability", ["commit", "none", "fsync"])
+def test_sqlite_commits_may_be_lost_after_an_unclean_stop(sqlite_path: Path, durability: str) -> None:
+    SqliteLogStore(sqlite_path).close()  # an earlier, clean run
+    epoch = _killed_writer(sqlite_path, durability)
+    store = SqliteLogStore(sqlite_path, durability="commit")
+    try:
+        # fsync synced every commit: nothing can be lost. Otherwise /k's epoch may have lost its last commits.
+        assert store.commits_may_be_lost("/k", epoch) == (durability != "fsync")
+        assert not store.commits_may_be_lost("/k", "otherepo")
+        store.append([req("/n")])  # a channel begun since the unclean stop
+        assert not store.commits_may_be_lost("/n", store.head("/n").epoch)
+        store = _reopen(store, sqlite_path)  # a clean restart does not make it any less true
+        assert store.commits_may_be_lost("/k", epoch) == (durability != "fsync")
+        if durability != "fsync":
+            new = store.reset_channel("/k")  # the new epoch is the store's own: nothing of it was lost
+            assert not store.commits_may_be_lost("/k", new.epoch)
+            assert not store.commits_may_be_lost("/k", epoch)
+            assert seqs(store.read("/k", epoch=epoch)) == [1, 2, 3]
+            store = _reopen(store, sqlite_path)
+            assert not store.commits_may_be_lost("/k", new.epoch)
+    finally:
+        store.close()
+    # durability=none: every start gives every channel a new epoch, so nothing is suspect after it.
+    store = SqliteLogStore(sqlite_path, durability="none")
+    try:
+        store.new_epochs_on_open()
+        assert not store.commits_may_be_lost("/k", store.head("/k").epoch)
+    finally:
+        store.close()
+
+
+def _reopen(store: SqliteLogStore, path: Path) -> SqliteLogStore:
+    store.close()
+    return SqliteLogStore(path)
+
+
+# The schema of version 1 as that version created it (frozen here: the migration's input).
+_V1_SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE channels (id INTEGER PRIMARY KEY, path TEXT NOT NULL UNIQUE, epoch TEXT NOT NULL, "
+    "first INTEGER NOT NULL, top INTEGER NOT NULL, top_time INTEGER NOT NULL, count INTEGER NOT NULL, "
+    "bytes INTEGER NOT NULL)",
+    "CREATE TABLE events (pos INTEGER PRIMARY KEY, channel_id INTEGER NOT NULL, seq INTEGER NOT NULL, "
+    "time_ns INTEGER NOT NULL, size INTEGER NOT NULL, publisher_dialect TEXT NOT NULL, "
+    "publisher_user TEXT NOT NULL, publisher_app TEXT NOT NULL, publisher_msg_id TEXT NOT NULL, "
+    "content_type TEXT NOT NULL, headers BLOB NOT NULL, tags BLOB NOT NULL, payload BLOB NOT NULL)",
+    "CREATE UNIQUE INDEX events_channel_seq ON events (channel_id, seq)",
+    "CREATE TABLE idem (channel_id INTEGER NOT NULL, user TEXT NOT NULL, key TEXT NOT NULL, "
+    "seq INTEGER NOT NULL, time_ns INTEGER NOT NULL, PRIMARY KEY (channel_id, user, key)) WITHOUT ROWID",
+    "CREATE INDEX idem_time ON idem (time_ns)",
+)
+
+
+def test_sqlite_migrates_a_version_1_database(sqlite_path: Path) -> None:
+    t1, t2 = START, START + 1
+    conn = sqlite3.connect(sqlite_path)
+    with conn:
+        for stmt in _V1_SCHEMA:
+            conn.execute(stmt)
+        conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", 1), ("last_time", t2)])
+        conn.execute("INSERT INTO channels VALUES (7, '/a', 'aaaaaaaa', 1, 2, ?, 2, 2)", (t2,))
+        conn.executemany(
+            "INSERT INTO events (channel_id, seq, time_ns, size, publisher_dialect, publisher_user, "
+            "publisher_app, publisher_msg_id, content_type, headers, tags, payload) "
+            "VALUES (7, ?, ?, 1, 'native', 'alice', 'app1', ?, 'text/plain', x'', x'', ?)",
+            [(1, t1, "k", b"p"), (2, t2, "", b"q")],
+        )
+        conn.execute("INSERT INTO idem VALUES (7, 'alice', 'k', 1, ?)", (t1,))
+    conn.close()
+    with pytest.raises(StorageError, match="schema version"):
+        SqliteLogStore(sqlite_path, readonly=True)  # a reader never migrates
+    clock = Clock(t2 + NS)
+    store = SqliteLogStore(sqlite_path, clock=clock)
+    try:
+        assert store.head("/a") == ChannelInfo("/a", "aaaaaaaa", 1, 2, t2)
+        assert [(e.seq, e.payload, e.time_ns) for e in store.read("/a")] == [(1, b"p", t1), (2, b"q", t2)]
+        dup = store.append([req("/a", b"p", idem="k")])[0]
+        assert dup.duplicate and (dup.event.seq, dup.event.epoch) == (1, "aaaaaaaa")
+        # How version 1's writer stopped is unknown: its epochs count as possibly having lost commits.
+        assert store.commits_may_be_lost("/a", "aaaaaaaa")
+        new = store.reset_channel("/a")
+        assert store.append([req("/b"), req("/a")])[1].event.position.epoch == new.epoch
+        assert store.retired_epochs("/a") == [ChannelInfo("/a", "aaaaaaaa", 1, 2, t2)]
+        assert store.append([req("/a", b"p", idem="k")])[0].event == dup.event
+        store = _reopen(store, sqlite_path)
+        kept = store.read("/a", epoch="aaaaaaaa")
+        assert seqs(kept) == [1, 2] and kept[0] == dup.event
+        assert store.stats() == StoreStats(events=4, bytes=4, channels=2, retired_epochs=1)
+        reader = SqliteLogStore(sqlite_path, readonly=True)
+        try:
+            assert reader.retired_epochs("/a") == store.retired_epochs("/a")
+        finally:
+            reader.close()
+    finally:
+        store.close()
+    conn = sqlite3.connect(sqlite_path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (2,)
+    conn.close()
+
+
+def test_sqlite_scan_plan_includes_retired_epochs(sqlite_path: Path) -> None:
+    store = SqliteLogStore(sqlite_path)
+    try:
+        old = append_n(store, "/a", 3)
+        append_n(store, "/b", 2)
+        store.reset_channel("/a")
+        new = append_n(store, "/a", 2)
+        plan = store.scan_plan(100)
+        assert plan.events == 7 and len(plan.retired) == 1
+        by_epoch = {(ci.channel, ci.epoch): cid for cid, ci in plan.channels.items()}
+        assert sorted(by_epoch) == sorted(
+            [("/a", old[0].epoch), ("/a", new[0].epoch), ("/b", store.head("/b").epoch)]
+        )
+        assert plan.retired == {by_epoch["/a", old[0].epoch]}
+        assert plan.channels[by_epoch["/a", old[0].epoch]] == store.retired_epochs("/a")[0]
+        store.reset_channel("/a")  # after the plan: its ids still name the same epochs
+        pieces = store.scan_columns(plan.splits[0], plan.splits[-1], max_time=plan.max_time)
+        got = [
+            (plan.channels[r[0]].channel, plan.channels[r[0]].epoch, r[1]) for r in _scan_rows(store, pieces)
+        ]
+        assert sorted(got) == sorted((e.channel, e.epoch, e.seq) for e in [*old, *new, *store.read("/b")])
+    finally:
+        store.close()
 
 
 def test_open_store_urls(tmp_path: Path) -> None:

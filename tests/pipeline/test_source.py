@@ -200,3 +200,30 @@ def test_batch_read_from_running_server(spark: SparkSession, server: ServerProce
     assertDataFrameEqual(over_http.select(cols), from_store.select(cols), checkRowOrder=False)
     row = over_http.where("channel = '/room/2' AND seq = 1").first()
     assert row.payload == b"m0" and row.headers == {"n": "0"}
+
+
+def test_batch_read_from_store_includes_retired_epochs(store: tuple[str, SqliteLogStore]) -> None:
+    """A new epoch deletes nothing: a batch read of a store gets the old epochs' events too, each under its
+    own epoch, for a big read (a scan) and a small one alike; endingOffsets (the archive's) name current
+    epochs."""
+    url, st = store
+    old = st.head("/other").epoch
+    st.reset_channel("/other")
+    fill(st, {"/other": 3})
+    new = st.head("/other").epoch
+
+    def keys(opts: dict[str, str]) -> list[tuple[str, str, int]]:
+        table = _read_all({"url": url, **opts})[1]
+        cols = [table.column(c).to_pylist() for c in ("channel", "epoch", "seq")]
+        return sorted(zip(*cols, strict=True))
+
+    other = sorted([("/other", old, s) for s in range(1, 8)] + [("/other", new, s) for s in range(1, 4)])
+    everything = keys({})
+    assert len(everything) == 300 and [k for k in everything if k[0] == "/other"] == other
+    assert keys({"channels": "/other", "partitionSize": "5"}) == other
+    ending = json.dumps({"/other": {"epoch": new, "seq": 2}})
+    assert keys({"channels": "/other", "endingOffsets": ending}) == [("/other", new, 1), ("/other", new, 2)]
+    starting = json.dumps({"/other": {"epoch": old, "seq": 5}})
+    assert keys({"channels": "/other", "startingOffsets": starting}) == [
+        k for k in other if k[1] == new or k[2] > 5
+    ]

@@ -2,11 +2,14 @@
 
 Concurrency contract (every engine):
 
-* ``append``, ``apply_retention``, ``trim``, ``reset_channel`` and ``close`` are called from **one writer
-  thread** only (core owns it). They are never called concurrently with each other.
-* Every read method (``head``, ``heads``, ``read``, ``read_last``, ``channels``, ``top_time``, ``stats``) may
-  be called from any thread, concurrently with the writer and with each other. Reads see only committed data.
-* No method is ever called on the event loop thread.
+* ``append``, ``apply_retention``, ``trim``, ``reset_channel``, ``new_epochs_on_open``,
+  ``commits_may_be_lost`` and ``close`` are called from **one writer thread** only (core owns it). They are
+  never called concurrently with each other.
+* Every read method (``head``, ``heads``, ``read``, ``read_runs``, ``read_last``, ``channels``,
+  ``retired_epochs``, ``top_time``, ``stats``) may be called from any thread, concurrently with the writer
+  and with each other. Reads see only committed data.
+* No method is ever called on the event loop thread, except ``append`` of an engine that sets
+  ``inline_append``: core may call it on the loop, never concurrently with the other writer methods.
 
 Invariants (checked by ``tests/contract/test_log_stores.py`` against every engine):
 
@@ -15,10 +18,18 @@ Invariants (checked by ``tests/contract/test_log_stores.py`` against every engin
   strictly increasing per channel and never lower than any earlier commit.
 * A new channel gets a fresh random epoch (``[0-9a-z]{8}``). The epoch changes only through ``reset_channel``
   (or ``new_epochs_on_open``), and then ``seq`` restarts at 1.
+* A new epoch deletes nothing. The old epoch's events stay in the store as a **retired epoch** of the
+  channel, under their old epoch and seqs: ``stats`` counts them, ``retired_epochs`` lists them, ``read``
+  with ``epoch=`` reads them, age and total-size retention and ``trim`` with ``epoch=`` remove them, and a
+  retired epoch is gone once its last event is. The per-channel limits (``max_events``, ``max_bytes``) apply
+  at appends, so not to retired epochs. ``head``, ``heads``, ``read``, ``read_last`` and ``channels`` see the
+  current epoch only.
 * Trimming removes the oldest events of a channel; ``first`` moves up, ``top`` and ``epoch`` never change.
 * Idempotency: an ``AppendRequest`` with an ``idem`` key that repeats ``(user, channel, idem)`` of an event
   appended within ``idem_window_ns`` (by the new commit's time) is not appended again; the result is the
-  original event with ``duplicate=True``. This holds across restarts.
+  original event with ``duplicate=True``. This holds across restarts and across new epochs: a retry of a
+  publish acknowledged before the channel's epoch changed answers the original event, with its old epoch and
+  seq (it is still in the log, and it was delivered when it was committed), instead of appending it again.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ __all__ = [
     "AppendRequest",
     "AppendResult",
     "ChannelInfo",
+    "EventRun",
     "LogStore",
     "RetentionPolicy",
     "StoreStats",
@@ -87,6 +99,61 @@ class ChannelInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class EventRun:
+    """Consecutive events of one channel that differ only in ``seq``, ``time_ns`` and ``payload``: the bulk
+    form of :meth:`LogStore.read_runs`, which builds no :class:`Event` per event.
+
+    ``proto`` is the run's first event. Event ``i`` of the run is ``proto`` with ``seq = proto.seq + i``,
+    ``time_ns = rows[i][0]`` and ``payload = rows[i][1]``; every other field (channel, epoch, publisher,
+    content type, headers, tags) is ``proto``'s. ``rows`` is never empty and ``rows[0]`` is ``proto``'s own.
+    """
+
+    proto: Event
+    rows: list[tuple[int, bytes]]
+
+    @property
+    def last_seq(self) -> int:
+        return self.proto.seq + len(self.rows) - 1
+
+    def events(self) -> list[Event]:
+        """The run as events (for consumers that need them one by one)."""
+        p = self.proto
+        ch, epoch, pub, ctype = p.channel, p.epoch, p.publisher, p.content_type
+        headers, tags = p.headers, p.tags
+        return [
+            Event(ch, seq, epoch, t, pub, payload, ctype, headers, tags)
+            for seq, (t, payload) in enumerate(self.rows, p.seq)
+        ]
+
+
+def same_but_position(a: Event, b: Event) -> bool:
+    """Whether two events of one channel may share an :class:`EventRun` (everything but seq, time and payload
+    equal)."""
+    return (
+        a.epoch == b.epoch
+        and a.publisher == b.publisher
+        and a.content_type == b.content_type
+        and a.headers == b.headers
+        and a.tags == b.tags
+    )
+
+
+def runs_of(events: Iterable[Event]) -> list[EventRun]:
+    """Group events of one channel, in seq order, into runs (see :class:`EventRun`)."""
+    out: list[EventRun] = []
+    prev: Event | None = None
+    rows: list[tuple[int, bytes]] = []
+    for e in events:
+        if prev is not None and e.seq == prev.seq + 1 and same_but_position(prev, e):
+            rows.append((e.time_ns, e.payload))
+        else:
+            rows = [(e.time_ns, e.payload)]
+            out.append(EventRun(e, rows))
+        prev = e
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class RetentionPolicy:
     """``0`` means unlimited. ``max_events``/``max_bytes`` apply per channel at every append;
     ``max_age_s``/``max_total_bytes`` apply when ``apply_retention`` runs."""
@@ -99,9 +166,14 @@ class RetentionPolicy:
 
 @dataclass(frozen=True, slots=True)
 class StoreStats:
+    """``events`` and ``bytes``: every retained event, retired epochs included. ``channels``: channels whose
+    current epoch holds events (as :meth:`LogStore.channels` lists them). ``retired_epochs``: retired epochs
+    holding events."""
+
     events: int
     bytes: int
     channels: int
+    retired_epochs: int = 0
 
 
 class LogStore(abc.ABC):
@@ -109,6 +181,9 @@ class LogStore(abc.ABC):
 
     #: Name of the engine, for logs and metrics.
     engine: str = ""
+    #: Whether ``append`` is cheap and never waits on I/O (no disk, no network), so that core may run it on
+    #: the event loop thread instead of handing it to the writer thread (see ``hubbub.core.writer``).
+    inline_append: bool = False
 
     @abc.abstractmethod
     def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
@@ -136,9 +211,24 @@ class LogStore(abc.ABC):
         limit: int = 1000,
         from_time: int | None = None,
         to_time: int | None = None,
+        *,
+        epoch: str | None = None,
     ) -> list[Event]:
         """Events of the channel's current epoch with ``seq > after_seq`` and
-        ``from_time <= time_ns < to_time`` (when given), oldest first, at most ``limit``."""
+        ``from_time <= time_ns < to_time`` (when given), oldest first, at most ``limit``. ``epoch``: read that
+        epoch instead, the current one or a retired one (none: no events)."""
+
+    def read_runs(self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000) -> list[EventRun]:
+        """The events of :meth:`read` with ``after_seq < seq <= up_to_seq`` (at most ``limit``, oldest first),
+        grouped in runs (:class:`EventRun`), all from one snapshot: the bulk read of a replay.
+
+        The runs hold consecutive seqs of the channel's current epoch; their ``proto`` events carry that
+        epoch, so a caller that pages through a channel notices a reset between two calls. This default groups
+        :meth:`read`'s events; engines override it to skip building an event per row."""
+        if up_to_seq <= after_seq or limit <= 0:
+            return []
+        events = self.read(channel, after_seq, min(limit, up_to_seq - after_seq))
+        return runs_of(e for e in events if e.seq <= up_to_seq)
 
     @abc.abstractmethod
     def read_last(self, channel: str, n: int) -> list[Event]:
@@ -151,6 +241,11 @@ class LogStore(abc.ABC):
         whose path starts with it (a cheap pre-filter for patterns)."""
 
     @abc.abstractmethod
+    def retired_epochs(self, channel: str) -> list[ChannelInfo]:
+        """The channel's retired epochs that still hold events, oldest first, each with its own ``epoch``,
+        ``first``, ``top`` and ``top_time`` (admin tools; read them with ``read(…, epoch=…)``)."""
+
+    @abc.abstractmethod
     def top_time(self) -> int:
         """``time_ns`` of the newest committed event in the whole log, 0 when empty. It is kept when that
         event is later trimmed or its channel reset, so it never goes back (it is 0 only for a log that never
@@ -158,21 +253,31 @@ class LogStore(abc.ABC):
 
     @abc.abstractmethod
     def reset_channel(self, channel: str) -> ChannelInfo:
-        """Delete the channel's events and start a new epoch (seq restarts at 1). Returns the new head
-        (``top`` 0, ``first`` 1, the new epoch)."""
+        """Start a new epoch for the channel (seq restarts at 1); its events stay, as a retired epoch (see
+        the module docstring). Returns the new head (``top`` 0, ``first`` 1, the new epoch). A channel that
+        never had an event is created with a new epoch."""
 
     @abc.abstractmethod
     def new_epochs_on_open(self) -> None:
-        """Give every channel a new epoch, deleting its events (``durability=none`` restarts)."""
+        """Give every channel a new epoch, as :meth:`reset_channel` does (``durability=none`` restarts)."""
+
+    @abc.abstractmethod
+    def commits_may_be_lost(self, channel: str, epoch: str) -> bool:
+        """Whether the channel's current epoch is ``epoch`` and commits of it may have been lost: only then
+        is a client position beyond its top evidence of lost commits (native.md §6 ``ahead``) rather than a
+        client's error. A **writer-thread** method, so the caller can decide and reset in one call."""
 
     @abc.abstractmethod
     def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
         """Trim by age and by total size. Returns the number of events removed."""
 
     @abc.abstractmethod
-    def trim(self, channel: str, up_to_seq: int) -> ChannelInfo:
+    def trim(self, channel: str, up_to_seq: int, *, epoch: str | None = None) -> ChannelInfo:
         """Remove the channel's events with ``seq <= up_to_seq``; returns the new head. A **writer-thread**
-        method (like :meth:`append`): never called concurrently with the other writer methods.
+        method (like :meth:`append`): never called concurrently with the other writer methods. ``epoch``, when
+        it names a retired epoch of the channel, trims that one instead (and returns its head; it is gone once
+        empty); an ``epoch`` that is neither the current one nor a retired one holding events raises
+        ``ValueError``.
 
         ``first`` moves up to ``up_to_seq + 1`` (never down: trimming what is already gone changes nothing, so
         a repeated call is a no-op); ``top``, ``top_time`` and ``epoch`` never change; :meth:`stats` counts

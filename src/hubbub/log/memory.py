@@ -8,8 +8,10 @@ the hypothesis state machine). Where ``base.py`` leaves a choice open, this file
 * ``top_time()`` is the time of the newest event ever committed (it survives trimming and resets); 0 only for
   a log that never had an event.
 * ``reset_channel`` of a channel that never had an event creates it with a new epoch (first 1, top 0).
-  ``reset_channel`` and ``new_epochs_on_open`` also forget the idempotency keys of the channels they reset:
-  the old positions mean nothing in the new epoch.
+  ``reset_channel`` and ``new_epochs_on_open`` keep the old epoch's events as a retired epoch (when it holds
+  any), and keep the idempotency keys: a retry answers the original event in its old epoch.
+* ``commits_may_be_lost`` is always false: nothing of this engine outlives its process, so no epoch of it
+  can have lost commits.
 * A duplicate (idempotency) is judged against the time the event would have been given, and answers the
   original event, even when that event has since been trimmed (engines that cannot read it back rebuild it
   from the request with the original position and time).
@@ -18,7 +20,8 @@ the hypothesis state machine). Where ``base.py`` leaves a choice open, this file
   succeeds (and is acknowledged), the channel's ``first`` moves to ``top + 1``.
 
 Concurrency: one lock guards all state, so every read sees a whole batch or none of it; the writer methods are
-called from one thread as the ``LogStore`` contract says, reads from any thread.
+never called concurrently, as the ``LogStore`` contract says (``append`` may run on the event loop:
+``inline_append``), reads from any thread.
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ class MemoryLogStore(LogStore):
     """
 
     engine = "memory"
+    # The append only touches process memory: core runs it on the loop, saving two thread hand-offs.
+    inline_append = True
 
     def __init__(
         self,
@@ -101,6 +106,8 @@ class MemoryLogStore(LogStore):
         self._clock = clock
         self._lock = threading.Lock()
         self._channels: dict[str, _Channel] = {}
+        # Retired epochs holding events, per channel, oldest first.
+        self._retired: dict[str, list[_Channel]] = {}
         self._last_time = 0
         # (user, channel, idem) -> the original event; insertion order is time order (oldest first).
         self._idem: OrderedDict[tuple[str, str, str], Event] = OrderedDict()
@@ -115,42 +122,44 @@ class MemoryLogStore(LogStore):
             t = self._last_time
             window = self._idem_window_ns
             if window:
-                self._forget_idem(max(now, t + 1) - window)
+                # Keys no later request can match: every later event time is after ``t`` (the wall clock may
+                # step back, so ``now`` is no lower bound). A key in the window is checked at its time below.
+                self._forget_idem(t + 1 - window)
             results: list[AppendResult] = []
             touched: dict[str, _Channel] = {}
+            channels = self._channels
+            idem_keys = self._idem
+            # Plain loop with locals: core may run this on the event loop (``inline_append``), per event.
             for req in batch:
-                ch = self._channels.get(req.channel)
+                name = req.channel
+                ch = channels.get(name)
                 if ch is None:
-                    ch = self._channels[req.channel] = _Channel(epoch=new_epoch())
-                t_next = max(now, t + 1)
-                key = (req.publisher.user, req.channel, req.idem)
-                if req.idem and window:
-                    orig = self._idem.get(key)
-                    if orig is not None and orig.epoch == ch.epoch and t_next - orig.time_ns < window:
+                    ch = channels[name] = _Channel(epoch=new_epoch())
+                t_next = now if now > t else t + 1
+                idem = req.idem
+                if idem and window:
+                    key = (req.publisher.user, name, idem)
+                    orig = idem_keys.get(key)
+                    if orig is not None and t_next - orig.time_ns < window:
                         results.append(AppendResult(orig, duplicate=True))
                         continue
                 t = t_next
-                ch.top += 1
-                ev = Event(
-                    channel=req.channel,
-                    seq=ch.top,
-                    epoch=ch.epoch,
-                    time_ns=t,
-                    publisher=req.publisher,
-                    payload=bytes(req.payload),
-                    content_type=req.content_type,
-                    headers=dict(req.headers),
-                    tags=tuple(req.tags),
-                )
-                size = event_size(ev.payload, ev.headers, ev.tags)
+                seq = ch.top = ch.top + 1
+                payload = req.payload
+                if type(payload) is not bytes:
+                    payload = bytes(payload)
+                headers: dict[str, str] = dict(req.headers) if req.headers else {}
+                tags = tuple(req.tags)
+                size = event_size(payload, headers, tags) if headers or tags else len(payload)
+                ev = Event(name, seq, ch.epoch, t, req.publisher, payload, req.content_type, headers, tags)
                 ch.top_time = t
                 ch.events.append(ev)
                 ch.sizes.append(size)
                 ch.bytes += size
-                touched[req.channel] = ch
-                if req.idem and window:
-                    self._idem.pop(key, None)
-                    self._idem[key] = ev
+                touched[name] = ch
+                if idem and window:
+                    idem_keys.pop(key, None)
+                    idem_keys[key] = ev
                 results.append(AppendResult(ev))
             self._last_time = t
             for ch in touched.values():
@@ -175,20 +184,39 @@ class MemoryLogStore(LogStore):
                 break
             del self._idem[key]
 
+    def _new_epoch(self, name: str) -> _Channel:
+        old = self._channels.get(name)
+        if old is not None and old.events:
+            self._retired.setdefault(name, []).append(old)
+        ch = self._channels[name] = _Channel(epoch=new_epoch())
+        return ch
+
     def reset_channel(self, channel: str) -> ChannelInfo:
         with self._lock:
             self._check_open()
-            ch = self._channels[channel] = _Channel(epoch=new_epoch())
-            for key in [k for k in self._idem if k[1] == channel]:
-                del self._idem[key]
-            return self._info(channel, ch)
+            return self._info(channel, self._new_epoch(channel))
 
     def new_epochs_on_open(self) -> None:
         with self._lock:
             self._check_open()
-            for name in self._channels:
-                self._channels[name] = _Channel(epoch=new_epoch())
-            self._idem.clear()
+            for name in list(self._channels):
+                self._new_epoch(name)
+
+    def commits_may_be_lost(self, channel: str, epoch: str) -> bool:
+        return False
+
+    def _all_epochs(self) -> Iterator[_Channel]:
+        yield from self._channels.values()
+        for old in self._retired.values():
+            yield from old
+
+    def _drop_empty_retired(self) -> None:
+        for name in list(self._retired):
+            kept = [ch for ch in self._retired[name] if ch.events]
+            if kept:
+                self._retired[name] = kept
+            else:
+                del self._retired[name]
 
     def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
         with self._lock:
@@ -196,15 +224,15 @@ class MemoryLogStore(LogStore):
             removed = 0
             if policy.max_age_s:
                 cutoff = now_ns - policy.max_age_s * _NS
-                for ch in self._channels.values():
+                for ch in self._all_epochs():
                     n = bisect.bisect_left(ch.events, cutoff, key=lambda e: e.time_ns)
                     removed += ch.trim_to(ch.first + n)
             if policy.max_total_bytes:
-                total = sum(ch.bytes for ch in self._channels.values())
+                total = sum(ch.bytes for ch in self._all_epochs())
                 if total > policy.max_total_bytes:
-                    # The oldest events of the whole log by time: merge the channels' (time-sorted) events.
+                    # The oldest events of the whole log by time: merge the epochs' (time-sorted) events.
                     cut: dict[int, tuple[_Channel, int]] = {}
-                    streams = [_oldest_first(ch) for ch in self._channels.values()]
+                    streams = [_oldest_first(ch) for ch in self._all_epochs()]
                     for _, ch, i in heapq.merge(*streams, key=lambda x: x[0]):
                         if total <= policy.max_total_bytes:
                             break
@@ -212,19 +240,28 @@ class MemoryLogStore(LogStore):
                         cut[id(ch)] = (ch, i + 1)
                     for ch, n in cut.values():
                         removed += ch.trim_to(ch.first + n)
+            self._drop_empty_retired()
             return removed
 
-    def trim(self, channel: str, up_to_seq: int) -> ChannelInfo:
+    def trim(self, channel: str, up_to_seq: int, *, epoch: str | None = None) -> ChannelInfo:
         with self._lock:
             self._check_open()
             ch = self._channels.get(channel)
+            if epoch is not None and (ch is None or ch.epoch != epoch):
+                ch = self._retired_epoch(channel, epoch)
+                if ch is None:
+                    raise ValueError(f"the channel has no epoch {epoch!r} holding events")
             top = 0 if ch is None else ch.top
             if not 0 <= up_to_seq <= top:
                 raise ValueError(f"cannot trim to seq {up_to_seq}: the channel's top is {top}")
             if ch is None:
                 return ChannelInfo(channel, "", 0, 0, 0)
             ch.trim_to(up_to_seq + 1)
+            self._drop_empty_retired()
             return self._info(channel, ch)
+
+    def _retired_epoch(self, channel: str, epoch: str) -> _Channel | None:
+        return next((ch for ch in self._retired.get(channel, ()) if ch.epoch == epoch), None)
 
     def close(self) -> None:
         with self._lock:
@@ -262,10 +299,14 @@ class MemoryLogStore(LogStore):
         limit: int = 1000,
         from_time: int | None = None,
         to_time: int | None = None,
+        *,
+        epoch: str | None = None,
     ) -> list[Event]:
         with self._lock:
             self._check_open()
             ch = self._channels.get(channel)
+            if epoch is not None and (ch is None or ch.epoch != epoch):
+                ch = self._retired_epoch(channel, epoch)
             if ch is None or limit <= 0:
                 return []
             evs = ch.events
@@ -298,6 +339,11 @@ class MemoryLogStore(LogStore):
             )
             return [self._info(n, self._channels[n]) for n in names[:limit]]
 
+    def retired_epochs(self, channel: str) -> list[ChannelInfo]:
+        with self._lock:
+            self._check_open()
+            return [self._info(channel, ch) for ch in self._retired.get(channel, ())]
+
     def top_time(self) -> int:
         with self._lock:
             self._check_open()
@@ -306,9 +352,10 @@ class MemoryLogStore(LogStore):
     def stats(self) -> StoreStats:
         with self._lock:
             self._check_open()
-            live = [ch for ch in self._channels.values() if ch.events]
+            live = [ch for ch in self._all_epochs() if ch.events]
             return StoreStats(
                 events=sum(len(ch.events) for ch in live),
                 bytes=sum(ch.bytes for ch in live),
-                channels=len(live),
+                channels=sum(1 for ch in self._channels.values() if ch.events),
+                retired_epochs=sum(len(old) for old in self._retired.values()),
             )

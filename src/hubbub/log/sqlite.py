@@ -2,16 +2,37 @@
 
 Schema (version :data:`SCHEMA_VERSION`, kept in ``meta``)::
 
-    meta      (key TEXT PRIMARY KEY, value INTEGER)                     -- schema_version, last_time
+    meta      (key TEXT PRIMARY KEY, value INTEGER)   -- schema_version, last_time, writer, suspect_below
     channels  (id INTEGER PRIMARY KEY, path TEXT UNIQUE, epoch, first, top, top_time, count, bytes)
+    retired_epochs (id INTEGER PRIMARY KEY, path, epoch, first, top, top_time, count, bytes)
+              INDEX retired_epochs_path (path)
     events    (pos INTEGER PRIMARY KEY, channel_id, seq, time_ns, size, publisher_dialect, publisher_user,
                publisher_app, publisher_msg_id, content_type, headers BLOB, tags BLOB, payload BLOB)
               UNIQUE INDEX events_channel_seq (channel_id, seq)
-    idem      (channel_id, user, key, seq, time_ns, PRIMARY KEY (channel_id, user, key)) WITHOUT ROWID
+    idem      (channel_id, user, key, seq, time_ns, origin_id, origin_epoch,
+               PRIMARY KEY (channel_id, user, key)) WITHOUT ROWID
 
-``headers`` and ``tags`` use the column codec of :mod:`hubbub.log.records`; the epoch of an event is its
-channel's (a reset deletes the old epoch's events in the same transaction). ``channels.path`` compares with
-SQLite's BINARY collation, which is the UTF-8 byte order :meth:`LogStore.channels` promises.
+``headers`` and ``tags`` use the column codec of :mod:`hubbub.log.records`. A ``channels`` row is one epoch
+of a channel, the current one: an event's channel and epoch are those of its ``channel_id``. A new epoch
+(:meth:`~SqliteLogStore.reset_channel`, :meth:`~SqliteLogStore.new_epochs_on_open`) deletes nothing: the
+old row moves to ``retired_epochs`` under the same id (so its events keep their ``channel_id``) and the
+channel gets a new row with a new id. Ids only grow and are never reused. A retired epoch stays while it
+holds events (age and total-size retention and :meth:`~SqliteLogStore.trim` remove them; the per-channel
+limits apply at appends, which a retired epoch no longer gets) and is deleted with its last event. The
+idempotency keys move to the new id; ``origin_id``/``origin_epoch`` (``NULL``: the row's own channel id and
+its current epoch) say where the original event is. ``channels.path`` compares with SQLite's BINARY
+collation, which is the UTF-8 byte order :meth:`LogStore.channels` promises.
+
+Schema version 1 (no ``retired_epochs``, no ``origin_*``, no ``writer`` marker) is migrated when a writer
+opens it; a reader (``readonly=True``) needs the current version.
+
+Lost commits (native.md §6 ``ahead``): ``meta.writer`` is 0 once the last writer closed cleanly, else 1
+(open with ``fsync``) or 2 (open with ``commit`` or ``none``); it is written with a synced commit at open
+and at close. Opening after a writer that did not close under ``commit`` or ``none`` (or a version 1 file,
+whose past is unknown) sets ``suspect_below`` to the next channel id: the current epochs of the channels
+that existed then, and only those, may have lost their last commits (an OS crash or power loss may have
+dropped WAL frames that were never synced). :meth:`~SqliteLogStore.commits_may_be_lost` answers from it. It
+survives clean restarts, since a client that saw the lost commits may come back much later.
 
 Why ``events`` is a rowid table in log order rather than ``WITHOUT ROWID`` clustered on ``(channel_id, seq)``
 (the first design): measured on the 2-core dev machine (batches of 1000, 100-byte payloads, ``commit``), the
@@ -33,6 +54,9 @@ Durability (protocols README §5), all in WAL mode:
   power loss may lose the last commits (never corrupts the database).
 * ``none``: ``synchronous=OFF``. Nothing is promised; the server calls :meth:`new_epochs_on_open` at start.
 
+The ``writer`` marker commits at open and close are synced whatever the durability (``synchronous=FULL`` for
+those two commits only): an open marker lost with the commits after it would hide their loss.
+
 Checkpoints (copying the WAL into the database) run on a small background thread with its own connection, so
 commits do not pay for them; the writer's own auto-checkpoint stays on at a high mark as the backstop that
 lets the WAL start over under continuous load.
@@ -40,7 +64,7 @@ lets the WAL start over under continuous load.
 Concurrency contract:
 
 * The writer methods (``append``, ``apply_retention``, ``trim``, ``reset_channel``, ``new_epochs_on_open``,
-  ``close``)
+  ``commits_may_be_lost``, ``close``)
   use one writer connection and a cache of every channel's head, and must be called from one thread at a
   time (the core's log writer thread). The store may be opened on another thread (the connection is created
   with ``check_same_thread=False`` for that reason and for ``close``).
@@ -79,6 +103,7 @@ from hubbub.log.base import (
     AppendRequest,
     AppendResult,
     ChannelInfo,
+    EventRun,
     LogStore,
     RetentionPolicy,
     StoreStats,
@@ -103,7 +128,7 @@ __all__ = ["DURABILITY_SYNCHRONOUS", "SCHEMA_VERSION", "ScanColumns", "ScanPlan"
 log = logging.getLogger("hubbub.log.sqlite")
 
 #: Version of the database schema in this module's docstring.
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 #: ``durability`` → ``PRAGMA synchronous`` (see the module docstring).
 DURABILITY_SYNCHRONOUS: Final[dict[str, str]] = {"fsync": "FULL", "commit": "NORMAL", "none": "OFF"}
@@ -123,6 +148,17 @@ _SCHEMA: Final = (
         count INTEGER NOT NULL,
         bytes INTEGER NOT NULL
     )""",
+    """CREATE TABLE IF NOT EXISTS retired_epochs (
+        id INTEGER PRIMARY KEY,
+        path TEXT NOT NULL,
+        epoch TEXT NOT NULL,
+        first INTEGER NOT NULL,
+        top INTEGER NOT NULL,
+        top_time INTEGER NOT NULL,
+        count INTEGER NOT NULL,
+        bytes INTEGER NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS retired_epochs_path ON retired_epochs (path)",
     """CREATE TABLE IF NOT EXISTS events (
         pos INTEGER PRIMARY KEY,
         channel_id INTEGER NOT NULL,
@@ -145,6 +181,8 @@ _SCHEMA: Final = (
         key TEXT NOT NULL,
         seq INTEGER NOT NULL,
         time_ns INTEGER NOT NULL,
+        origin_id INTEGER,
+        origin_epoch TEXT,
         PRIMARY KEY (channel_id, user, key)
     ) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS idem_time ON idem (time_ns)",
@@ -168,6 +206,12 @@ _COMPACT_SELECT: Final = (
     + ", headers, tags, payload FROM events WHERE channel_id = ?6 AND seq BETWEEN ?7 AND ?8 "
     "ORDER BY seq LIMIT ?9"
 )
+# read_runs: the (time_ns, payload) of a range's rows that equal the first row in every other column.
+_RUN_SELECT: Final = (
+    "SELECT time_ns, payload FROM events WHERE channel_id = ?1 AND seq BETWEEN ?2 AND ?3 "
+    + "".join(f"AND {c} = ?{i} " for i, c in enumerate((*_TEXT_COLS, "headers", "tags"), 4))
+    + "ORDER BY seq"
+)
 _INSERT_EVENT: Final = (
     "INSERT INTO events (channel_id, seq, time_ns, size, publisher_dialect, publisher_user, publisher_app, "
     "publisher_msg_id, content_type, headers, tags, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -180,6 +224,28 @@ _UPDATE_CHANNEL: Final = (
     "UPDATE channels SET first = ?, top = ?, top_time = ?, count = ?, bytes = ? WHERE id = ?"
 )
 _SET_LAST_TIME: Final = "UPDATE meta SET value = ? WHERE key = 'last_time'"
+_INSERT_RETIRED: Final = (
+    "INSERT INTO retired_epochs (id, path, epoch, first, top, top_time, count, bytes) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# The idempotency keys of a retired epoch follow the channel to its new row and remember the original's.
+_MOVE_IDEM: Final = (
+    "UPDATE idem SET channel_id = ?1, origin_id = coalesce(origin_id, ?2), "
+    "origin_epoch = coalesce(origin_epoch, ?3) WHERE channel_id = ?2"
+)
+# meta.writer (see the module docstring): closed cleanly, open with fsync, open with commit or none.
+_WRITER_CLOSED: Final = 0
+_WRITER_OPEN_SYNCED: Final = 1
+_WRITER_OPEN: Final = 2
+# Version 1 -> 2: retired epochs (created by _SCHEMA), where an idempotency key's original is, the writer
+# marker (a version 1 file's last close is unknown: counted as unclean).
+_MIGRATE_V1: Final = (
+    "ALTER TABLE idem ADD COLUMN origin_id INTEGER",
+    "ALTER TABLE idem ADD COLUMN origin_epoch TEXT",
+    f"INSERT OR REPLACE INTO meta (key, value) VALUES ('writer', {_WRITER_OPEN})",
+    "INSERT OR REPLACE INTO meta (key, value) VALUES ('suspect_below', 0)",
+    "UPDATE meta SET value = 2 WHERE key = 'schema_version'",
+)
 _HEAD_COLS: Final = "path, epoch, first, top, top_time"
 # How often (in log time) append forgets expired idempotency keys.
 _IDEM_PRUNE_EVERY_NS: Final = 10 * _NS
@@ -217,14 +283,16 @@ class ScanPlan:
 
     ``splits``: ascending ``pos`` boundaries; piece ``i`` is ``splits[i] <= pos < splits[i + 1]`` (empty when
     no event is in range). ``max_time``: the newest event's time in that snapshot; a scan bounded by it sees
-    no later commit. ``channels``: channel id -> head, for every channel holding events. ``events`` and
-    ``bytes``: the log's totals (for sizing reads)."""
+    no later commit. ``channels``: channel id -> head, for every epoch holding events, current or retired
+    (a channel with retired epochs has several ids, each with its own epoch). ``events`` and ``bytes``: the
+    log's totals (for sizing reads). ``retired``: the ids of ``channels`` that are retired epochs."""
 
     splits: tuple[int, ...]
     max_time: int
     channels: dict[int, ChannelInfo]
     events: int
     bytes: int
+    retired: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,7 +422,10 @@ class SqliteLogStore(LogStore):
         self._reader_uri = self.path.as_uri() + "?mode=ro"
         # Writer state (writer thread only).
         self._heads: dict[str, _Head] = {}
+        # Retired epochs holding events: id -> (channel, head).
+        self._retired: dict[int, tuple[str, _Head]] = {}
         self._next_id = 1
+        self._suspect_below = 0
         self._last_time = 0
         self._idem_prune_at = 0
         self._lock_fd = -1
@@ -425,18 +496,40 @@ class SqliteLogStore(LogStore):
             # under continuous load (a checkpoint that finds almost everything copied is cheap).
             conn.execute(f"PRAGMA wal_autocheckpoint = {_WRITER_AUTOCHECKPOINT}")
             conn.execute("PRAGMA journal_size_limit = 67108864")
+            # This transaction writes the open marker: synced whatever the durability (module docstring).
+            conn.execute("PRAGMA synchronous = FULL")
             conn.execute("BEGIN IMMEDIATE")
             for stmt in _SCHEMA:
                 conn.execute(stmt)
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row is None:
-                conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
-                conn.execute("INSERT INTO meta (key, value) VALUES ('last_time', 0)")
+                conn.executemany(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)",
+                    [
+                        ("schema_version", SCHEMA_VERSION),
+                        ("last_time", 0),
+                        ("writer", _WRITER_CLOSED),
+                        ("suspect_below", 0),
+                    ],
+                )
+            elif row[0] == 1:
+                for stmt in _MIGRATE_V1:
+                    conn.execute(stmt)
             elif row[0] != SCHEMA_VERSION:
                 raise StorageError(
                     f"log database has schema version {row[0]}, this hubbub reads {SCHEMA_VERSION}"
                 )
+            if conn.execute("SELECT value FROM meta WHERE key = 'writer'").fetchone()[0] == _WRITER_OPEN:
+                # The last writer did not close, and did not sync every commit: the current epochs of the
+                # channels it left may have lost their last commits.
+                conn.execute(
+                    "UPDATE meta SET value = (SELECT 1 + max(coalesce((SELECT max(id) FROM channels), 0), "
+                    "coalesce((SELECT max(id) FROM retired_epochs), 0))) WHERE key = 'suspect_below'"
+                )
+            marker = _WRITER_OPEN_SYNCED if self.durability == "fsync" else _WRITER_OPEN
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'writer'", (marker,))
             conn.execute("COMMIT")
+            conn.execute(f"PRAGMA synchronous = {DURABILITY_SYNCHRONOUS[self.durability]}")
         except BaseException as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
@@ -450,16 +543,23 @@ class SqliteLogStore(LogStore):
         conn = self._writer()
         try:
             heads: dict[str, _Head] = {}
+            retired: dict[int, tuple[str, _Head]] = {}
             next_id = 1
             for cid, path, epoch, first, top, top_time, count, nbytes in conn.execute(
                 "SELECT id, path, epoch, first, top, top_time, count, bytes FROM channels"
             ):
                 heads[path] = _Head(cid, epoch, first, top, top_time, count, nbytes)
                 next_id = max(next_id, cid + 1)
-            last_time = conn.execute("SELECT value FROM meta WHERE key = 'last_time'").fetchone()[0]
+            for cid, path, epoch, first, top, top_time, count, nbytes in conn.execute(
+                "SELECT id, path, epoch, first, top, top_time, count, bytes FROM retired_epochs"
+            ):
+                retired[cid] = (path, _Head(cid, epoch, first, top, top_time, count, nbytes))
+                next_id = max(next_id, cid + 1)
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.Error as exc:
             raise _error("open", exc) from exc
-        self._heads, self._next_id, self._last_time = heads, next_id, int(last_time)
+        self._heads, self._retired, self._next_id = heads, retired, next_id
+        self._last_time, self._suspect_below = int(meta["last_time"]), int(meta["suspect_below"])
 
     def _writer(self) -> sqlite3.Connection:
         conn = self._conn
@@ -595,24 +695,26 @@ class SqliteLogStore(LogStore):
     def _find_original(
         self, conn: sqlite3.Connection, name: str, h: _Head, req: AppendRequest, after: int
     ) -> Event | None:
-        """The event a repeated idempotency key first appended, if it is newer than ``after``."""
+        """The event a repeated idempotency key first appended, if it is newer than ``after``. It may be in
+        a retired epoch of the channel: the key was acknowledged there, and the event is still in the log."""
         row = conn.execute(
-            "SELECT seq, time_ns FROM idem WHERE channel_id = ? AND user = ? AND key = ?",
-            (h.id, req.publisher.user, req.idem),
+            "SELECT seq, time_ns, coalesce(origin_id, channel_id), coalesce(origin_epoch, ?) FROM idem "
+            "WHERE channel_id = ? AND user = ? AND key = ?",
+            (h.epoch, h.id, req.publisher.user, req.idem),
         ).fetchone()
         if row is None or row[1] <= after:
             return None
-        seq, t = row
+        seq, t, cid, epoch = row
         found = conn.execute(
-            f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (h.id, seq)
+            f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (cid, seq)
         ).fetchall()
         if found:
-            return self._events(name, h.epoch, found)[0]
+            return self._events(name, epoch, found)[0]
         # Trimmed since: rebuild it from the repeated request (same key, so the same event) and the position.
         return Event(
             name,
             seq,
-            h.epoch,
+            epoch,
             t,
             req.publisher,
             req.payload,
@@ -657,9 +759,13 @@ class SqliteLogStore(LogStore):
         h.bytes -= removed_bytes
         return n
 
-    def trim(self, channel: str, up_to_seq: int) -> ChannelInfo:
+    def trim(self, channel: str, up_to_seq: int, *, epoch: str | None = None) -> ChannelInfo:
         self._writer()
         h = self._heads.get(channel)
+        rid: int | None = None
+        if epoch is not None and (h is None or h.epoch != epoch):
+            rid = self._retired_id(channel, epoch)
+            h = self._retired[rid][1]
         top = 0 if h is None else h.top
         if not 0 <= up_to_seq <= top:
             raise ValueError(f"cannot trim to seq {up_to_seq}: the channel's top is {top}")
@@ -668,46 +774,75 @@ class SqliteLogStore(LogStore):
         if up_to_seq >= h.first:
             with self._transaction("trim") as conn:
                 self._delete_below(conn, h, up_to_seq + 1)
-                conn.execute(_UPDATE_CHANNEL, h.row())
+                if rid is None:
+                    conn.execute(_UPDATE_CHANNEL, h.row())
+                else:
+                    self._save_retired(conn, (rid,))
             if self._checkpointer is not None:
                 self._checkpointer.kick()
         return ChannelInfo(channel, h.epoch, h.first, h.top, h.top_time)
 
+    def _retired_id(self, channel: str, epoch: str) -> int:
+        for rid, (path, h) in self._retired.items():
+            if path == channel and h.epoch == epoch:
+                return rid
+        raise ValueError(f"the channel has no epoch {epoch!r} holding events")
+
+    def _save_retired(self, conn: sqlite3.Connection, ids: Iterable[int]) -> None:
+        """Write the changed heads of retired epochs; delete those left without events."""
+        heads = [self._retired[rid][1] for rid in ids]
+        conn.executemany(
+            "UPDATE retired_epochs SET first = ?, top = ?, top_time = ?, count = ?, bytes = ? WHERE id = ?",
+            [h.row() for h in heads if h.count > 0],
+        )
+        gone = [h.id for h in heads if h.count <= 0]
+        if gone:
+            conn.executemany("DELETE FROM retired_epochs WHERE id = ?", [(rid,) for rid in gone])
+            for rid in gone:
+                del self._retired[rid]
+
+    def _start_epochs(self, conn: sqlite3.Connection, names: Sequence[str]) -> None:
+        """Give each channel a new epoch: a new ``channels`` row with a new id. The old row, if any, moves to
+        ``retired_epochs`` (when it holds events) with its id, so its events stay where they are; its
+        idempotency keys move to the new row (see the module docstring). Inside a writer transaction."""
+        retire: list[tuple[str, _Head]] = []
+        rows: list[tuple[Any, ...]] = []
+        moves: list[tuple[int, int, str]] = []
+        for name in names:
+            old = self._heads.get(name)
+            h = self._heads[name] = _Head(self._next_id, new_epoch(), 1, 0, 0, 0, 0)
+            self._next_id += 1
+            rows.append((h.id, name, h.epoch, *h.row()[:5]))
+            if old is not None:
+                moves.append((h.id, old.id, old.epoch))
+                if old.count > 0:
+                    retire.append((name, old))
+        if moves:
+            conn.executemany(_INSERT_RETIRED, [(h.id, n, h.epoch, *h.row()[:5]) for n, h in retire])
+            conn.executemany("DELETE FROM channels WHERE id = ?", [(old_id,) for _, old_id, _ in moves])
+            conn.executemany(_MOVE_IDEM, moves)
+            self._retired.update((h.id, (n, h)) for n, h in retire)
+        conn.executemany(_INSERT_CHANNEL, rows)
+
     def reset_channel(self, channel: str) -> ChannelInfo:
         with self._transaction("reset") as conn:
-            epoch = new_epoch()
-            h = self._heads.get(channel)
-            if h is None:
-                h = self._heads[channel] = _Head(self._next_id, epoch, 1, 0, 0, 0, 0)
-                self._next_id += 1
-                conn.execute(_INSERT_CHANNEL, (h.id, channel, epoch, 1, 0, 0, 0, 0))
-            else:
-                conn.execute("DELETE FROM events WHERE channel_id = ?", (h.id,))
-                conn.execute("DELETE FROM idem WHERE channel_id = ?", (h.id,))
-                h.epoch, h.first, h.top, h.top_time, h.count, h.bytes = epoch, 1, 0, 0, 0, 0
-                conn.execute(
-                    "UPDATE channels SET epoch = ?, first = 1, top = 0, top_time = 0, count = 0, bytes = 0 "
-                    "WHERE id = ?",
-                    (epoch, h.id),
-                )
-        return ChannelInfo(channel, epoch, 1, 0, 0)
+            self._start_epochs(conn, (channel,))
+        h = self._heads[channel]
+        return ChannelInfo(channel, h.epoch, 1, 0, 0)
 
     def new_epochs_on_open(self) -> None:
         with self._transaction("reset") as conn:
-            conn.execute("DELETE FROM events")
-            conn.execute("DELETE FROM idem")
-            for h in self._heads.values():
-                h.epoch, h.first, h.top, h.top_time, h.count, h.bytes = new_epoch(), 1, 0, 0, 0, 0
-            conn.executemany(
-                "UPDATE channels SET epoch = ?, first = 1, top = 0, top_time = 0, count = 0, bytes = 0 "
-                "WHERE id = ?",
-                [(h.epoch, h.id) for h in self._heads.values()],
-            )
+            self._start_epochs(conn, list(self._heads))
+
+    def commits_may_be_lost(self, channel: str, epoch: str) -> bool:
+        h = self._heads.get(channel)
+        # Ids grow: a row older than the last unclean open is an epoch that was current then.
+        return h is not None and h.epoch == epoch and h.id < self._suspect_below
 
     def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
         cutoff = now_ns - policy.max_age_s * _NS if policy.max_age_s else None
         cap = policy.max_total_bytes
-        total = sum(h.bytes for h in self._heads.values())
+        total = sum(h.bytes for h in self._heads.values()) + sum(h.bytes for _, h in self._retired.values())
         if cutoff is None and not (cap and total > cap):
             self._writer()
             return 0
@@ -739,12 +874,14 @@ class SqliteLogStore(LogStore):
                 return 0
             conn.execute("DELETE FROM events WHERE pos <= ?", (last_pos,))
             by_id = {h.id: h for h in self._heads.values()}
+            by_id.update((rid, h) for rid, (_, h) in self._retired.items())
             removed = 0
             for cid, (cut, n, nbytes) in cuts.items():
                 h = by_id[cid]
                 h.first, h.count, h.bytes = cut, h.count - n, h.bytes - nbytes
                 removed += n
-            conn.executemany(_UPDATE_CHANNEL, [by_id[cid].row() for cid in cuts])
+            conn.executemany(_UPDATE_CHANNEL, [by_id[cid].row() for cid in cuts if cid not in self._retired])
+            self._save_retired(conn, [cid for cid in cuts if cid in self._retired])
         return removed
 
     def close(self) -> None:
@@ -752,7 +889,20 @@ class SqliteLogStore(LogStore):
             if self._closed:
                 return
             self._closed = True
+        self._mark_closed()
         self._release()
+
+    def _mark_closed(self) -> None:
+        """Record the clean close in ``meta.writer``, synced (see the module docstring). If that fails, the
+        next open counts this close as unclean, which errs on the safe side."""
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'writer'", (_WRITER_CLOSED,))
+        except sqlite3.Error as exc:
+            log.warning("sqlite: recording the clean close failed: %s", exc)
 
     def _release(self) -> None:
         ckpt, self._checkpointer = self._checkpointer, None
@@ -869,8 +1019,10 @@ class SqliteLogStore(LogStore):
         limit: int = 1000,
         from_time: int | None = None,
         to_time: int | None = None,
+        *,
+        epoch: str | None = None,
     ) -> list[Event]:
-        epoch, rows = self.read_rows(channel, after_seq, limit, from_time, to_time)
+        epoch, rows = self.read_rows(channel, after_seq, limit, from_time, to_time, epoch=epoch)
         return self._events(channel, epoch, rows) if rows else []
 
     def read_rows(
@@ -882,6 +1034,7 @@ class SqliteLogStore(LogStore):
         to_time: int | None = None,
         *,
         compact_text: bool = False,
+        epoch: str | None = None,
     ) -> tuple[str, list[tuple[Any, ...]]]:
         """:meth:`read` without building events, for bulk readers (the data pipeline): ``(epoch, rows)``,
         each row ``(seq, time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id,
@@ -890,14 +1043,24 @@ class SqliteLogStore(LogStore):
 
         ``compact_text``: in every row but the first, each of the five text columns (``publisher_*`` and
         ``content_type``) is ``None`` where it equals the first row's value (SQLite compares, so no Python
-        string is made for a repeated value: in a page they mostly are)."""
+        string is made for a repeated value: in a page they mostly are).
+
+        ``epoch``: read that epoch of the channel, current or retired (``("", [])`` when the channel has no
+        such epoch holding events)."""
         if limit <= 0:
             self._reader()
             return "", []
         with self._snapshot() as conn:
-            row = conn.execute(
-                "SELECT id, epoch, first, top FROM channels WHERE path = ?", (channel,)
-            ).fetchone()
+            if epoch is None:
+                row = conn.execute(
+                    "SELECT id, epoch, first, top FROM channels WHERE path = ?", (channel,)
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    "SELECT id, epoch, first, top FROM channels WHERE path = ?1 AND epoch = ?2 UNION ALL "
+                    "SELECT id, epoch, first, top FROM retired_epochs WHERE path = ?1 AND epoch = ?2",
+                    (channel, epoch),
+                ).fetchone()
             if row is None:
                 return "", []
             cid, epoch, first, top = row
@@ -927,6 +1090,38 @@ class SqliteLogStore(LogStore):
             rows[0] = first_row
             return epoch, rows
 
+    def read_runs(self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000) -> list[EventRun]:
+        """See :meth:`LogStore.read_runs`. A range whose rows all share the first row's publisher, content
+        type, headers and tags (the usual page: one publisher's events) is two statements and one
+        ``(time_ns, payload)`` tuple per row, checked by SQLite; any other range is read whole and grouped."""
+        if up_to_seq <= after_seq or limit <= 0:
+            self._reader()
+            return []
+        with self._snapshot() as conn:
+            row = conn.execute(
+                "SELECT id, epoch, first, top FROM channels WHERE path = ?", (channel,)
+            ).fetchone()
+            if row is None:
+                return []
+            cid, epoch, first, top = row
+            lo = max(after_seq + 1, first)
+            hi = min(up_to_seq, top, lo - 1 + min(limit, _MAX_INT64 - lo))
+            if lo > hi:
+                return []
+            head = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (cid, lo)
+            ).fetchone()
+            if head is not None:
+                rows = conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9])).fetchall()
+                # Seqs are unique: as many matching rows as seqs in the range means every row matched.
+                if len(rows) == hi - lo + 1:
+                    return [EventRun(self._events(channel, epoch, [head])[0], rows)]
+            rows = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+                (cid, lo, hi),
+            ).fetchall()
+            return _runs(channel, epoch, rows)
+
     def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
         """Plan a bulk read of the whole log in commit (``pos``) order: see :class:`ScanPlan`. Each piece
         holds ``size`` events (the last one at most ``size``) with ``from_time <= time_ns < to_time``:
@@ -934,19 +1129,23 @@ class SqliteLogStore(LogStore):
         For bulk readers (the data pipeline), with :meth:`scan_columns`."""
         size = max(size, 1)
         with self._snapshot() as conn:
-            channels = {
-                row[0]: ChannelInfo(*row[1:])
-                for row in conn.execute(
-                    f"SELECT id, {_HEAD_COLS} FROM channels WHERE count > 0 ORDER BY path"
-                )
-            }
+            channels: dict[int, ChannelInfo] = {}
+            retired: set[int] = set()
+            for row in conn.execute(
+                f"SELECT 0, id, {_HEAD_COLS} FROM channels WHERE count > 0 UNION ALL "
+                f"SELECT 1, id, {_HEAD_COLS} FROM retired_epochs ORDER BY path, id"
+            ):
+                channels[row[1]] = ChannelInfo(*row[2:])
+                if row[0]:
+                    retired.add(row[1])
             events, nbytes = conn.execute(
-                "SELECT coalesce(sum(count), 0), coalesce(sum(bytes), 0) FROM channels"
+                "SELECT coalesce(sum(count), 0), coalesce(sum(bytes), 0) FROM "
+                "(SELECT count, bytes FROM channels UNION ALL SELECT count, bytes FROM retired_epochs)"
             ).fetchone()
             first = conn.execute("SELECT pos FROM events ORDER BY pos LIMIT 1").fetchone()
             last = conn.execute("SELECT pos, time_ns FROM events ORDER BY pos DESC LIMIT 1").fetchone()
             if first is None or last is None:
-                return ScanPlan((), 0, channels, events, nbytes)
+                return ScanPlan((), 0, channels, events, nbytes, frozenset(retired))
             lo, hi, max_time = first[0], last[0], last[1]
             if from_time is not None:
                 lo = _pos_at_time(conn, lo, hi, from_time)
@@ -962,7 +1161,7 @@ class SqliteLogStore(LogStore):
                 at = None if row is None else row[0]
             if splits:
                 splits.append(hi + 1)
-            return ScanPlan(tuple(splits), max_time, channels, events, nbytes)
+            return ScanPlan(tuple(splits), max_time, channels, events, nbytes, frozenset(retired))
 
     def scan_columns(
         self,
@@ -1039,11 +1238,46 @@ class SqliteLogStore(LogStore):
         return int(row[0]) if row else 0
 
     def stats(self) -> StoreStats:
-        row = self._one(
-            "SELECT coalesce(sum(count), 0), coalesce(sum(bytes), 0), coalesce(sum(count > 0), 0) "
-            "FROM channels"
+        with self._snapshot() as conn:
+            events, nbytes, channels = conn.execute(
+                "SELECT coalesce(sum(count), 0), coalesce(sum(bytes), 0), coalesce(sum(count > 0), 0) "
+                "FROM channels"
+            ).fetchone()
+            retired, r_events, r_bytes = conn.execute(
+                "SELECT count(*), coalesce(sum(count), 0), coalesce(sum(bytes), 0) FROM retired_epochs"
+            ).fetchone()
+        return StoreStats(
+            events=int(events + r_events),
+            bytes=int(nbytes + r_bytes),
+            channels=int(channels),
+            retired_epochs=int(retired),
         )
-        return StoreStats(events=int(row[0]), bytes=int(row[1]), channels=int(row[2]))
+
+    def retired_epochs(self, channel: str) -> list[ChannelInfo]:
+        with self._snapshot() as conn:
+            rows = conn.execute(
+                f"SELECT {_HEAD_COLS} FROM retired_epochs WHERE path = ? ORDER BY id", (channel,)
+            ).fetchall()
+        return [ChannelInfo(*r) for r in rows]
+
+
+def _runs(channel: str, epoch: str, rows: list[Any]) -> list[EventRun]:
+    """Group full event rows (``_EVENT_COLS``, in seq order) into runs; one event is built per run."""
+    out: list[EventRun] = []
+    prev_key: tuple[Any, ...] = ()
+    prev_seq = 0
+    run: list[tuple[int, bytes]] = []
+    for r in rows:
+        seq = r[0]
+        key = r[2:9]
+        if seq == prev_seq + 1 and key == prev_key:
+            run.append((r[1], r[9]))
+        else:
+            run = [(r[1], r[9])]
+            out.append(EventRun(SqliteLogStore._events(channel, epoch, [r])[0], run))
+            prev_key = key
+        prev_seq = seq
+    return out
 
 
 def _pos_at_time(conn: sqlite3.Connection, lo: int, hi: int, t: int) -> int:

@@ -263,7 +263,9 @@ def _scan_partitions(o: _Options, store: SqliteLogStore) -> list[InputPartition]
     if not bounds:
         return [HubbubPartition(())]
     scanned = min(plan.events, (len(plan.splits) - 1) * o.partition_size)
-    if wanted < scanned * _SCAN_MIN_SHARE:
+    # Only a scan reads retired epochs (the index path reads the channels' current epochs, like the HTTP log
+    # API): a read that wants one stays a scan, so what it returns does not depend on this choice.
+    if wanted < scanned * _SCAN_MIN_SHARE and not any(cid in plan.retired for cid, _, _ in bounds):
         return None
     per_event = plan.bytes / plan.events if plan.events else 1
     step = int(max(256, min(_SCAN_CHUNK_MAX, _SCAN_CHUNK_BYTES / max(per_event, 1))))

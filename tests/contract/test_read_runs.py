@@ -1,0 +1,132 @@
+"""``LogStore.read_runs`` against every engine: the events of ``read``, grouped in runs, bounded and in one
+snapshot; bad stored data never becomes a run."""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hubbub.errors import StorageError
+from hubbub.events import Event, Publisher
+from hubbub.log import AppendRequest, LogStore, MemoryLogStore, SqliteLogStore
+from hubbub.log.base import EventRun, same_but_position
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogStore]:
+    st: LogStore = MemoryLogStore() if request.param == "memory" else SqliteLogStore(tmp_path / "log.db")
+    try:
+        yield st
+    finally:
+        st.close()
+
+
+def req(
+    payload: bytes = b"x",
+    *,
+    app: str = "a",
+    msg_id: str = "",
+    headers: dict[str, str] | None = None,
+    tags: tuple[str, ...] = (),
+    content_type: str = "text/plain",
+    channel: str = "/r",
+) -> AppendRequest:
+    return AppendRequest(
+        channel, Publisher("native", "u", app, msg_id), payload, content_type, headers or {}, tags
+    )
+
+
+def flat(runs: list[EventRun]) -> list[Event]:
+    return [e for r in runs for e in r.events()]
+
+
+def check_runs(runs: list[EventRun]) -> None:
+    """Every run is non-empty, starts with its proto's own row, and is maximal (neighbours differ)."""
+    for r in runs:
+        assert r.rows and r.rows[0] == (r.proto.time_ns, r.proto.payload)
+    for a, b in itertools.pairwise(runs):
+        last = a.events()[-1]
+        assert not (b.proto.seq == last.seq + 1 and same_but_position(last, b.proto))
+
+
+def test_uniform_events_are_one_run(store: LogStore) -> None:
+    store.append([req(b"p%d" % i) for i in range(50)])
+    runs = store.read_runs("/r", 0, 50, 1000)
+    assert len(runs) == 1
+    assert runs[0].proto == store.read("/r", 0, 1)[0]
+    assert flat(runs) == store.read("/r", 0, 1000)
+
+
+def test_mixed_events_group_exactly_as_read(store: LogStore) -> None:
+    kinds = [
+        req(b"1"),
+        req(b"2"),
+        req(b"3", app="b"),
+        req(b"4", msg_id="k1"),
+        req(b"5", msg_id="k2"),
+        req(b"6", headers={"h": "1"}),
+        req(b"7", headers={"h": "1"}),
+        req(b"8", headers={"h": "2", ":filter.user_id": "u"}),
+        req(b"9", tags=("t",)),
+        req(b"10", tags=("t",)),
+        req(b"11", content_type="application/json"),
+        req(b"12"),
+        req(b"13"),
+    ]
+    store.append([req(b"other", channel="/other")])
+    store.append(kinds)
+    store.append([req(b"other", channel="/other")])
+    runs = store.read_runs("/r", 0, 13, 1000)
+    check_runs(runs)
+    assert flat(runs) == store.read("/r", 0, 1000)
+    assert [len(r.rows) for r in runs] == [2, 1, 1, 1, 2, 1, 2, 1, 2]
+
+
+def test_bounds(store: LogStore) -> None:
+    store.append([req(b"%d" % i, app="a" if i % 3 else "b") for i in range(1, 21)])
+    assert [e.seq for e in flat(store.read_runs("/r", 3, 7, 100))] == [4, 5, 6, 7]
+    assert [e.seq for e in flat(store.read_runs("/r", 3, 20, 2))] == [4, 5]
+    assert [e.seq for e in flat(store.read_runs("/r", 18, 1000, 100))] == [19, 20]
+    assert store.read_runs("/r", 5, 5, 100) == []
+    assert store.read_runs("/r", 7, 3, 100) == []
+    assert store.read_runs("/r", 0, 20, 0) == []
+    assert store.read_runs("/r", 20, 30, 100) == []
+    assert store.read_runs("/nope", 0, 10, 100) == []
+    for after in range(0, 20, 3):
+        for up_to in (after + 1, after + 5, 20):
+            assert flat(store.read_runs("/r", after, up_to, 4)) == [
+                e for e in store.read("/r", after, 4) if e.seq <= up_to
+            ]
+
+
+def test_trimmed_and_reset_channels(store: LogStore) -> None:
+    store.append([req(b"%d" % i) for i in range(10)])
+    store.trim("/r", 6)
+    assert [e.seq for e in flat(store.read_runs("/r", 2, 10, 100))] == [7, 8, 9, 10]
+    old = store.head("/r").epoch
+    info = store.reset_channel("/r")
+    assert store.read_runs("/r", 0, 10, 100) == []
+    store.append([req(b"new")])
+    runs = store.read_runs("/r", 0, 10, 100)
+    assert [(e.seq, e.epoch, e.payload) for e in flat(runs)] == [(1, info.epoch, b"new")]
+    assert info.epoch != old
+
+
+def test_sqlite_bad_stored_columns_are_a_storage_error(tmp_path: Path) -> None:
+    st = SqliteLogStore(tmp_path / "log.db")
+    try:
+        st.append([req(b"%d" % i) for i in range(6)])
+        with sqlite3.connect(tmp_path / "log.db") as db:
+            # Row 4 differs from the page's first row, so it is read and decoded on its own.
+            db.execute("UPDATE events SET headers = x'c1' WHERE seq = 4")
+        with pytest.raises(StorageError):
+            st.read_runs("/r", 0, 6, 100)
+        assert [e.seq for e in flat(st.read_runs("/r", 0, 3, 100))] == [1, 2, 3]
+        with pytest.raises(StorageError):
+            st.read_runs("/r", 3, 6, 100)  # the page's first row itself
+    finally:
+        st.close()
