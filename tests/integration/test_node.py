@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -153,10 +157,12 @@ def test_gaps_epoch_trimmed_and_ahead(run: Run) -> None:
         assert not plans[0].events and not plans[0].replayed
         plans = await sub(node, s, "b", "/g", ReplaySpec(since=Position(9, e)))
         assert [g.reason for g in plans[0].gaps] == ["ahead"]
-        # lost commits: the channel continues in a new epoch
-        assert plans[0].gaps[0].position.epoch != e
+        # This log was opened fresh: no commit can have been lost, so the claim is the client's error. The
+        # channel keeps its epoch and its events (a new epoch after lost commits: test_ahead_after_...).
+        assert plans[0].gaps[0].position == Position(1, e)
         r2 = await node.publish(req("/g", "again"))
-        assert r2.event.seq == 1 and r2.event.epoch != e
+        assert (r2.event.seq, r2.event.epoch) == (2, e)
+        assert [ev.payload for ev in node.store.read("/g")] == [b"1", b"again"]
 
     run(body)
 
@@ -302,7 +308,7 @@ def test_held_event_inside_the_snapshot_still_reaches_other_live_subs(run: Run) 
 def test_ahead_under_fsync_is_a_gap_without_a_new_epoch(tmp_path: Path) -> None:
     async def main() -> None:
         store = open_store("sqlite", str(tmp_path), "fsync", RetentionPolicy(), 600)
-        async with Node(store, NodeSettings(commits_can_be_lost=False)) as node:
+        async with Node(store) as node:
             r = await node.publish(req("/f", "1"))
             s = session(node)
             plans = await sub(node, s, "s", "/f", ReplaySpec(since=Position(5, r.event.epoch)))
@@ -310,6 +316,97 @@ def test_ahead_under_fsync_is_a_gap_without_a_new_epoch(tmp_path: Path) -> None:
             # fsync loses no commit: the claim is the client's error, and the log keeps its epoch and events.
             again = await node.publish(req("/f", "2"))
             assert (again.event.seq, again.event.epoch) == (2, r.event.epoch)
+
+    asyncio.run(main())
+
+
+def _killed_publisher(db: Path, channel: str, n: int) -> str:
+    """Append ``n`` events to ``channel`` of the log ``db`` (durability commit) in another process, which is
+    then killed without closing anything (as in a crash); returns the channel's epoch."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from hubbub.events import Publisher
+        from hubbub.log import AppendRequest, SqliteLogStore
+        st = SqliteLogStore({str(db)!r}, durability="commit")
+        pub = Publisher("native")
+        st.append([AppendRequest({channel!r}, pub, b"%d" % i, "text/plain") for i in range({n})])
+        print(st.head({channel!r}).epoch, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == -9, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_ahead_after_an_unclean_stop_starts_a_new_epoch_and_keeps_the_events(tmp_path: Path) -> None:
+    """After a stop that may have lost commits, a client that saw more than the log holds gets a new epoch
+    (native.md §6), and the old epoch's events stay in the store. Only once: the new epoch is the server's
+    own, so a claim beyond its top is the client's error."""
+    data = tmp_path / "data"
+    data.mkdir()
+    old = _killed_publisher(data / "hubbub.db", "/l", 3)
+
+    async def main() -> None:
+        store = open_store("sqlite", str(data), "commit", RetentionPolicy(), 600)
+        async with Node(store) as node:
+            s = session(node)
+            plans = await sub(node, s, "a", "/l", ReplaySpec(since=Position(5, old)))
+            gap = plans[0].gaps[0]
+            assert gap.reason == "ahead" and gap.position.seq == 0 and gap.position.epoch not in ("", old)
+            new = gap.position.epoch
+            assert plans[0].position == Position(0, new) and not plans[0].events
+            assert store.head("/l").epoch == new
+            # Nothing was deleted: the old epoch is still in the store, under its own epoch.
+            assert [e.payload for e in store.read("/l", epoch=old)] == [b"0", b"1", b"2"]
+            assert [ci.epoch for ci in store.retired_epochs("/l")] == [old]
+            assert store.stats().events == 3
+            r = await node.publish(req("/l", "after"))
+            assert (r.event.seq, r.event.epoch) == (1, new)
+            # The same claim again: the epoch differs now, so it is an ``epoch`` gap; no further new epoch.
+            plans = await sub(node, s, "b", "/l", ReplaySpec(since=Position(5, old)))
+            assert [(g.reason, g.position) for g in plans[0].gaps] == [("epoch", Position(1, new))]
+            # A claim beyond the new epoch's top: nothing of it can have been lost.
+            plans = await sub(node, s, "c", "/l", ReplaySpec(since=Position(9, new)))
+            assert [(g.reason, g.position) for g in plans[0].gaps] == [("ahead", Position(1, new))]
+            again = await node.publish(req("/l", "again"))
+            assert (again.event.seq, again.event.epoch) == (2, new)
+            assert store.stats().events == 5
+
+    asyncio.run(main())
+
+
+def test_durability_none_restart_keeps_the_old_events(tmp_path: Path) -> None:
+    """A ``durability=none`` start gives every channel a new epoch; the events of the old ones stay in the
+    store under their old epochs."""
+
+    async def start() -> Node:
+        store = open_store("sqlite", str(tmp_path), "none", RetentionPolicy(), 600)
+        node = Node(store, new_epochs=True)
+        await node.__aenter__()
+        return node
+
+    async def main() -> None:
+        node = await start()
+        first = [(await node.publish(req("/n", str(i)))).event for i in range(2)]
+        await node.close()
+        node = await start()
+        try:
+            store = node.store
+            head = store.head("/n")
+            assert head.epoch not in ("", first[0].epoch) and head.top == 0
+            assert store.read("/n", epoch=first[0].epoch) == first
+            assert store.stats().events == 2
+            s = session(node)
+            plans = await sub(node, s, "a", "/n", ReplaySpec(since=Position(2, first[0].epoch)))
+            assert [g.reason for g in plans[0].gaps] == ["epoch"]
+            assert (await node.publish(req("/n", "x"))).event.position == Position(1, head.epoch)
+        finally:
+            await node.close()
 
     asyncio.run(main())
 

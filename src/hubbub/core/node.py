@@ -30,10 +30,10 @@ from hubbub.auth import AllowAll, Authorizer
 from hubbub.channels import Pattern
 from hubbub.errors import BadRequest, HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
 from hubbub.events import Event, Position
-from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, LogStore, RetentionPolicy
+from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, EventRun, LogStore, RetentionPolicy
 from hubbub.router import Router
 
-from .replay import Gap, ReplayPlan, ReplaySpec, plan_replay
+from .replay import Gap, ReplayPlan, ReplaySpan, ReplaySpec, plan_replay
 from .session import Session
 from .writer import LogWriter
 
@@ -56,9 +56,6 @@ class NodeSettings:
     commit_batch: int = 4096
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_interval_s: float = 30.0
-    #: Whether commits can be lost (``durability`` commit or none). Only then does a client position ahead
-    #: of the log mean lost commits (and a new epoch); under fsync it is a client error.
-    commits_can_be_lost: bool = True
     reader_threads: int = 4
 
 
@@ -109,6 +106,10 @@ class Subscription:
     def matches(self, event: Event) -> bool:
         return self.pattern.matches(event.channel) and self.tags.issubset(event.tags)
 
+
+#: Events per page of an exact channel's replay (Node._replay_span): large enough that the per-page costs
+#: (statements, a reader-thread hand-off, one queue step) vanish per event, small enough to hold two pages.
+REPLAY_PAGE = 2048
 
 #: Fan-out groupings kept (see Node._plan); cleared when full.
 PLAN_CACHE_SIZE = 4096
@@ -167,6 +168,7 @@ class Node:
         self._batch_items: list[_Pending] = []
         self._batch_reqs: list[AppendRequest] = []
         self._batch_t0 = 0.0
+        self._inline = store.inline_append
         self._readers = ThreadPoolExecutor(
             self.settings.reader_threads, thread_name_prefix="hubbub-log-reader"
         )
@@ -297,12 +299,50 @@ class Node:
         self._batch_items.append((origin, done, self._batch_t0))
         self._batch_reqs.append(request)
 
+    def submit_many(self, requests: list[AppendRequest], origin: Session, done: Done) -> None:
+        """Queue several publishes of one connection at once, as :meth:`submit` would one by one.
+
+        Every request is authorized before any is queued: on :class:`ShuttingDown` or ``AuthError`` nothing
+        was queued (the caller then submits them one by one to answer each). ``done`` runs once per request,
+        in order. The batch form saves the per-publish call and checks of a read full of publishes.
+        """
+        if self._closing or self._writer is None:
+            raise ShuttingDown()
+        user = origin.user
+        check = self.authorizer.check_publish
+        checked = None
+        for req in requests:
+            # A read usually publishes to one channel: the permission depends only on (user, channel).
+            if req.channel != checked:
+                check(user, req.channel)
+                checked = req.channel
+        self._pending += len(requests)
+        if self._pending >= self.settings.max_pending:
+            self._room.clear()
+        if not self._batch_reqs:
+            self._batch_t0 = time.perf_counter()
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+        # One item tuple serves the whole batch: they share origin, callback and submit time.
+        self._batch_items += [(origin, done, self._batch_t0)] * len(requests)
+        self._batch_reqs += requests
+
     def _flush(self) -> None:
-        """Hand this loop tick's publishes to the writer thread in one go."""
+        """Commit this loop tick's publishes in one go.
+
+        An engine with ``inline_append`` (memory) is appended to right here, on the loop, when the writer
+        thread is idle (nothing of it can be overtaken): the acks and the fan-out then happen in this same
+        callback, without the two thread hand-offs, whose GIL waits dominated both the cost and the latency
+        of such a commit. Anything else goes to the writer thread.
+        """
         items, reqs = self._batch_items, self._batch_reqs
-        if reqs and self._writer is not None:
+        writer = self._writer
+        if reqs and writer is not None:
             self._batch_items, self._batch_reqs = [], []
-            self._writer.submit(items, reqs)
+            if self._inline and writer.idle:
+                self._on_committed(items, writer.append_inline(reqs))
+            else:
+                writer.submit(items, reqs)
 
     async def publish(self, request: AppendRequest, origin: Session | None = None) -> AppendResult:
         """Publish and wait for the acknowledgement."""
@@ -368,10 +408,8 @@ class Node:
             subs = match(ev.channel, ev.tags)
             if not subs:
                 continue
-            if (
-                len(subs) > 1
-                and not self._holding
-                and not (ev.headers and any(k.startswith(FILTER_PREFIX) for k in ev.headers))
+            if not self._holding and not (
+                ev.headers and any(k.startswith(FILTER_PREFIX) for k in ev.headers)
             ):
                 if subs is run_subs and origin is run_origin:
                     run.append(ev)
@@ -394,6 +432,18 @@ class Node:
         connection with the same encoding and subscription ids shares one list of frames, queued at once."""
         plan = self._plan(subs, cacheable=True)
         deliveries = self.deliveries
+        if len(plan) == 1:
+            # One connection (the 1→1 case): no frame sharing to arrange, encode and queue the run directly.
+            sess, ids, _group = plan[0]
+            if sess is origin and not sess.echo:
+                return
+            encode = sess.encoder.encode_event
+            frames = [encode(ev, ids, False, {}) for ev in events]
+            n = sess.deliver_frames(frames, sum(map(len, frames)))
+            if n:
+                d = sess.dialect
+                deliveries[d] = deliveries.get(d, 0) + n
+            return
         run_caches: dict[str, list[dict[Any, Any]]] = {}
         run_frames: dict[tuple[str, tuple[str, ...]], tuple[list[bytes], int]] = {}
         for sess, ids, _group in plan:
@@ -546,9 +596,11 @@ class Node:
                 plan = await self.read(planner)
             else:
                 plan = await self.read(plan_replay, pattern, spec, self.settings.max_recovery)
-            for ch in plan.ahead if self.settings.commits_can_be_lost else ():
-                # Commits the client saw were lost: continuity is broken, so the channel gets a new epoch.
-                info = await self.reset_channel(ch)
+            for ch in plan.ahead:
+                epoch = next(g.position.epoch for g in plan.gaps if g.channel == ch)
+                info = await self._new_epoch_if_lost(ch, epoch)
+                if info is None:
+                    continue  # the client's error: the channel keeps its epoch, the gap says so
                 pos = Position(info.top, info.epoch)
                 plan.tops[ch] = 0
                 plan.gaps = [g if g.channel != ch else Gap(ch, g.since, pos, g.reason) for g in plan.gaps]
@@ -561,18 +613,85 @@ class Node:
             raise SubscriptionError("subscription was cancelled", code=4201)
         on_snapshot(plan)
         cache: dict[Any, Any] = {}
+        sent = 0
         for ev in plan.events:
             if session.closed or session.kicked:
                 break
             if session.queued >= session.max_items - 1:
                 await session.wait_room()
-            session.deliver(ev, [sub_id], cache, replay=True)
+            sent += session.deliver(ev, [sub_id], cache, replay=True)
+        span_last = 0
+        if plan.span is not None and not (session.closed or session.kicked):
+            n, span_last = await self._replay_span(session, sub_id, plan.span)
+            sent += n
+        plan.sent = sent
         if on_replayed is not None and plan.replayed:
             on_replayed(plan)
-        self._release(sub, plan)
+        self._release(sub, plan, span_last)
         return sub
 
-    def _release(self, sub: Subscription, plan: ReplayPlan) -> None:
+    async def _replay_span(self, session: Session, sub_id: str, span: ReplaySpan) -> tuple[int, int]:
+        """Queue an exact channel's replay page by page: each page is read (:meth:`LogStore.read_runs`) and,
+        when the session's encoder is a :class:`~hubbub.core.session.RunEncoder`, encoded on a reader thread
+        while the loop queues and writes the previous one; the queue paces the reading, so the replay holds at
+        most two pages whatever its length. Returns (events queued, last seq queued).
+
+        The snapshot promised every event of the span. If a page does not continue it exactly (the events were
+        trimmed or the channel reset meanwhile, which a slow replay invites), the session is closed as a slow
+        consumer rather than leave a silent gap: the client resumes with ``since`` and gets an explicit gap.
+        A failed read closes the session with the error's code (the subscription's reply went out already).
+        """
+        loop = asyncio.get_running_loop()
+        read_runs = self.store.read_runs
+        channel, top = span.channel, span.top
+        subs = (sub_id,)
+        encode_run = getattr(session.encoder, "encode_run", None)
+
+        def read_page(after: int) -> tuple[list[EventRun], list[list[bytes]] | None]:
+            runs = read_runs(channel, after, top, REPLAY_PAGE)
+            if encode_run is None:
+                return runs, None
+            return runs, [encode_run(r.proto, r.rows, subs, True) for r in runs]
+
+        cache: dict[Any, Any] = {}
+        after = span.after
+        sent = 0
+        pending = loop.run_in_executor(self._readers, read_page, after)
+        try:
+            while after < top:
+                try:
+                    runs, encoded = await pending
+                except HubbubError as exc:
+                    log.warning("replay read failed: %s", exc, extra={"session": session.id})
+                    session.kick(exc.code)
+                    break
+                end = runs[-1].last_seq if runs else after
+                if runs and end < top:
+                    pending = loop.run_in_executor(self._readers, read_page, end)
+                for i, run in enumerate(runs):
+                    if run.proto.seq != after + 1 or run.proto.epoch != span.epoch:
+                        break
+                    frames = encoded[i] if encoded is not None else session.encode_run(run, subs, cache)
+                    n = await session.replay_frames(frames)
+                    sent += n
+                    after += n
+                    if n < len(frames):
+                        return sent, after
+                if after != end or not runs:
+                    if after < top and not (session.closed or session.kicked or session.ending):
+                        log.info(
+                            "replay lost its snapshot (trimmed or reset meanwhile)",
+                            extra={"dialect": session.dialect, "session": session.id},
+                        )
+                        session.kick(session.slow_close_code)
+                    break
+        finally:
+            # A read still running is not needed any more; one that failed unawaited is not worth a log line.
+            if not pending.cancel() and not pending.cancelled():
+                pending.exception()
+        return sent, after
+
+    def _release(self, sub: Subscription, plan: ReplayPlan, span_last: int = 0) -> None:
         held = sub.holding or []
         sub.holding = None
         self._holding.discard(sub)
@@ -583,12 +702,16 @@ class Node:
         subs = self._subs.get(sess, {})
         caches: dict[str, dict[Any, Any]] = {}
         replayed = {(e.channel, e.seq) for e in plan.events} if plan.events else set()
+        span = plan.span
         for ev in held:
             if ev.headers and not passes(sess, delivery_filters(ev)):
                 continue
             top = tops.get(ev.channel)
             in_snapshot = top is not None and ev.seq <= top
-            if in_snapshot and (ev.channel, ev.seq) in replayed:
+            if in_snapshot and (
+                (ev.channel, ev.seq) in replayed
+                or (span is not None and ev.channel == span.channel and span.after < ev.seq <= span_last)
+            ):
                 continue  # the replay sent it already: once per connection
             # An event inside the snapshot is not the new subscription's (its stream starts after the
             # snapshot), but the connection's other live subscriptions still get it.
@@ -629,6 +752,24 @@ class Node:
         """Start a new epoch for a channel (on the writer thread, in order with appends)."""
         assert self._writer is not None
         return await self._writer.submit_control(lambda st: st.reset_channel(channel))
+
+    async def _new_epoch_if_lost(self, channel: str, epoch: str) -> ChannelInfo | None:
+        """A client saw commits beyond the top of the channel's epoch ``epoch`` (a ``since`` ahead). Where the
+        store says commits of that epoch may have been lost (the previous server stopped without closing the
+        log, and did not sync every commit), continuity is broken: start a new epoch (the old one's events
+        stay in the store) and return its head, as native.md §6 asks. Anywhere else the claim cannot be true
+        (nothing was lost: ``fsync``, a clean stop, an epoch begun since) and would only let a client cut
+        every other client's recovery short, so nothing changes and this returns ``None``.
+
+        On the writer thread: the check and the reset are one step, so of several clients claiming the same
+        lost commits only the first starts a new epoch (the others find a newer one)."""
+        assert self._writer is not None
+
+        def new_epoch(st: LogStore) -> ChannelInfo | None:
+            return st.reset_channel(channel) if st.commits_may_be_lost(channel, epoch) else None
+
+        info: ChannelInfo | None = await self._writer.submit_control(new_epoch)
+        return info
 
     async def trim(self, channel: str, epoch: str, up_to_seq: int) -> ChannelInfo:
         """Trim the channel's events with ``seq <= up_to_seq`` if its current epoch is ``epoch``; returns the

@@ -17,6 +17,7 @@ from hubbub.log.base import ChannelInfo, LogStore
 __all__ = [
     "Gap",
     "ReplayPlan",
+    "ReplaySpan",
     "ReplaySpec",
     "list_channels",
     "merged_key",
@@ -48,9 +49,26 @@ class Gap:
     reason: str  # "epoch" | "trimmed" | "ahead"
 
 
+@dataclass(frozen=True, slots=True)
+class ReplaySpan:
+    """An exact channel's replay, not read yet: its events of epoch ``epoch`` with ``after < seq <= top``. The
+    node reads it page by page while it sends it (:meth:`LogStore.read_runs`), so a replay of any length holds
+    one or two pages in memory, never the whole span."""
+
+    channel: str
+    epoch: str
+    after: int
+    top: int
+
+    @property
+    def count(self) -> int:
+        return self.top - self.after
+
+
 @dataclass(slots=True)
 class ReplayPlan:
-    """The snapshot: per-channel heads (``tops``), gaps to report, and the events to replay in order."""
+    """The snapshot: per-channel heads (``tops``), gaps to report, and what to replay, in order: ``events``,
+    then the events of ``span`` (an exact channel's replay, read while it is sent)."""
 
     position: Position | None = None  # exact channel: the reply position
     top_time: int = 0  # pattern: the reply top_time
@@ -59,6 +77,9 @@ class ReplayPlan:
     events: list[Event] = field(default_factory=list)
     replayed: bool = False  # a replay was requested (so ``recovered`` is sent)
     ahead: list[str] = field(default_factory=list)  # channels that need a new epoch (reason "ahead")
+    span: ReplaySpan | None = None
+    #: How many events the replay queued; set by the node before ``on_replayed``.
+    sent: int = 0
 
 
 def merged_key(e: Event) -> tuple[int, bytes, int]:
@@ -158,15 +179,17 @@ def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec, max_recover
                 return plan
             if info.top - since.seq > max_recovery:
                 raise SubscriptionError("recovery too large", code=4203)
-            plan.events = _read_range(store, channel, max(since.seq, info.first - 1), info.top, None)
+            after = max(since.seq, info.first - 1)
         elif spec.last is not None:
-            plan.events = _read_last(store, info, min(spec.last, max_recovery))
+            after = max(info.top - min(spec.last, max_recovery), info.first - 1, 0)
         else:
-            evs = store.read(channel, 0, max_recovery + 1, from_time=spec.from_time)
-            evs = [e for e in evs if e.seq <= info.top]
-            if len(evs) > max_recovery:
+            # The first event at or after from_time; every later one up to the top is replayed.
+            first = store.read(channel, 0, 1, from_time=spec.from_time)
+            after = min(first[0].seq - 1, info.top) if first and first[0].epoch == info.epoch else info.top
+            if info.top - after > max_recovery:
                 raise SubscriptionError("recovery too large", code=4203)
-            plan.events = evs
+        if after < info.top:
+            plan.span = ReplaySpan(channel, info.epoch, after, info.top)
         return plan
 
     # A pattern: per-channel snapshot, replay in merged order.

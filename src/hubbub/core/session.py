@@ -20,7 +20,6 @@ CATCH_UP       drop the queued live events and ask the dialect to catch up from 
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import secrets
 from collections import deque
@@ -30,8 +29,11 @@ from itertools import repeat
 from typing import Any, Protocol
 
 from hubbub.events import Event
+from hubbub.log.base import EventRun
 
-__all__ = ["Encoder", "Overflow", "Session", "SessionStats", "new_session_id"]
+from .flag import Flag
+
+__all__ = ["Encoder", "Overflow", "RunEncoder", "Session", "SessionStats", "new_session_id"]
 
 
 def new_session_id() -> str:
@@ -53,6 +55,21 @@ class Encoder(Protocol):
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
         """The bytes of one event frame for a connection whose matching subscriptions are ``subs``."""
+        ...
+
+
+class RunEncoder(Encoder, Protocol):
+    """An :class:`Encoder` that also renders a run of events at once (a replay page; see
+    :class:`~hubbub.log.base.EventRun`). Encoders without it get the run's events one by one.
+
+    ``encode_run`` must be thread-safe and depend on nothing but its arguments: the node calls it on a reader
+    thread, next to the read of the page, while the loop writes the previous page.
+    """
+
+    def encode_run(
+        self, proto: Event, rows: Sequence[tuple[int, bytes]], subs: Sequence[str], replay: bool
+    ) -> list[bytes]:
+        """The frames of the run's events, in order: the same bytes as :meth:`encode_event` per event."""
         ...
 
 
@@ -83,8 +100,9 @@ class Session:
     on_slow: Callable[[Session], None] | None = None
     _frames: deque[tuple[bytes, bool]] = field(default_factory=deque)
     _nbytes: int = 0
-    _wake: asyncio.Event = field(default_factory=asyncio.Event)
-    _room: asyncio.Event = field(default_factory=asyncio.Event)
+    # Flags, not asyncio.Events: a session exists per idle connection, and an Event costs some 850 bytes.
+    _wake: Flag = field(default_factory=Flag)
+    _room: Flag = field(default_factory=Flag)
     kicked: int = 0
     ending: int = 0
     closed: bool = False
@@ -167,6 +185,47 @@ class Session:
         self.stats.delivered += n
         return n
 
+    def encode_run(self, run: EventRun, subs: Sequence[str], cache: dict[Any, Any]) -> list[bytes]:
+        """The replayed event frames of ``run`` for this connection (through the encoder's ``encode_run`` when
+        it has one, else event by event through ``cache``)."""
+        encode_run = getattr(self.encoder, "encode_run", None)
+        if encode_run is not None:
+            frames: list[bytes] = encode_run(run.proto, run.rows, subs, True)
+            return frames
+        encode = self.encoder.encode_event
+        return [encode(ev, subs, True, cache) for ev in run.events()]
+
+    async def replay_frames(self, frames: list[bytes]) -> int:
+        """Queue replayed event frames in order, pacing on the queue: wait for room rather than overflow,
+        since a replay can read the log much faster than the connection drains. Returns how many were queued
+        (fewer only when the session ended meanwhile).
+
+        The frames go in chunks of at most half the queue's bound (in frames and in bytes; a single frame may
+        be larger), each queued once the queue has room for it; the writer frees room as it takes frames.
+        """
+        done = 0
+        total = len(frames)
+        step = max(1, self.max_items // 2)
+        while done < total:
+            if self.closed or self.kicked or self.ending:
+                break
+            chunk = frames[done : done + step] if done or total > step else frames
+            nbytes = sum(map(len, chunk))
+            while nbytes > self.max_bytes // 2 and len(chunk) > 1:
+                chunk = chunk[: len(chunk) // 2]
+                nbytes = sum(map(len, chunk))
+            while self._frames and (
+                len(self._frames) + len(chunk) >= self.max_items or self._nbytes + nbytes > self.max_bytes
+            ):
+                if self.closed or self.kicked or self.ending:
+                    return done
+                self._room.clear()
+                await self._room.wait()
+            if self.closed or self.kicked or self.ending:
+                break
+            done += self.deliver_frames(chunk, nbytes)
+        return done
+
     def kick(self, code: int) -> None:
         """Ask the transport to close the connection with ``code`` (after the dialect's error, if any)."""
         if not self.kicked and not self.closed:
@@ -238,7 +297,7 @@ class Session:
                 total += len(data)
                 out.append(data)
         self._nbytes -= total
-        if len(frames) < self.max_items // 2:
+        if len(frames) < self.max_items // 2 or self._nbytes <= self.max_bytes // 2:
             self._room.set()
         return out
 

@@ -4,8 +4,14 @@ Publishers on the event loop call :meth:`LogWriter.submit`; the thread takes eve
 ``max_batch``) and appends it in one transaction, then hands the results back to the loop with one
 ``call_soon_threadsafe``. Acknowledgements and fan-out therefore happen only after the commit returned.
 
-Concurrency contract: ``submit``/``submit_control`` are called from the event loop thread; the completion
-callback runs on the event loop thread; the store's write methods run on the writer thread only.
+An engine whose append is cheap and never waits on I/O (``LogStore.inline_append``, the memory store) may
+instead be appended to on the loop itself through :meth:`LogWriter.append_inline`, but only while the writer
+is :attr:`~LogWriter.idle`: nothing queued or running on the thread and every completion delivered. Writer
+methods then still never run concurrently, and run in the order they were asked for.
+
+Concurrency contract: ``submit``/``submit_control``/``append_inline``/``idle`` are called from the event loop
+thread; the completion callback runs on the event loop thread; the store's write methods run on the writer
+thread only, except ``append`` through ``append_inline`` as above.
 """
 
 from __future__ import annotations
@@ -46,8 +52,12 @@ class LogWriter:
         self._max_batch = max_batch
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="hubbub-log-writer", daemon=True)
+        #: Submissions (append lists and control functions) whose completion has not run on the loop yet.
+        #: Only the loop thread touches it: incremented on submit, decremented as the completion runs.
+        self._outstanding = 0
         self.batches = 0
         self.events = 0
+        self.inline_batches = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -58,11 +68,30 @@ class LogWriter:
         Handing over whole lists, not single events, keeps the cross-thread traffic (and the GIL hand-offs
         it causes) to one per event-loop tick however many events the tick published.
         """
+        self._outstanding += 1
         self._inbox.put((items, requests))
+
+    @property
+    def idle(self) -> bool:
+        """Whether the thread has nothing queued or running and every completion has run on the loop, so an
+        append made now on the loop comes after all earlier writes and their completions (loop thread)."""
+        return self._outstanding == 0
+
+    def append_inline(self, requests: list[AppendRequest]) -> list[AppendResult] | HubbubError:
+        """Append on the calling (loop) thread and return the results, or the error that fails them all.
+
+        Only for engines with ``inline_append`` and only while :attr:`idle`: the caller checks both. It saves
+        the two thread hand-offs of a commit, which cost more than such an engine's whole append.
+        """
+        result = self._append(requests)
+        if not isinstance(result, HubbubError):
+            self.inline_batches += 1
+        return result
 
     def submit_control(self, fn: Callable[[LogStore], Any]) -> asyncio.Future[Any]:
         """Run ``fn(store)`` on the writer thread, in order with appends; the future gets its result."""
         fut: asyncio.Future[Any] = self._loop.create_future()
+        self._outstanding += 1
         self._inbox.put((fut, fn))
         return fut
 
@@ -96,33 +125,47 @@ class LogWriter:
     def _process(self, pending: list[Any]) -> None:
         items: list[Any] = []
         requests: list[AppendRequest] = []
+        merged = 0  # submissions whose appends are merged into ``requests``
         for first, second in pending:
             if isinstance(second, list):
                 items.extend(first)
                 requests.extend(second)
+                merged += 1
                 continue
             # A control function: flush the appends before it so ordering is preserved.
-            self._flush(items, requests)
-            items, requests = [], []
+            self._flush(merged, items, requests)
+            items, requests, merged = [], [], 0
             self._control(first, second)
-        self._flush(items, requests)
+        self._flush(merged, items, requests)
 
-    def _flush(self, items: list[Any], requests: list[AppendRequest]) -> None:
-        if not requests:
+    def _flush(self, merged: int, items: list[Any], requests: list[AppendRequest]) -> None:
+        if not merged:
             return
-        result: list[AppendResult] | HubbubError
+        # An empty submission still completes (and counts down ``_outstanding``); it appends nothing.
+        result = self._append(requests) if requests else []
+        with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
+            self._loop.call_soon_threadsafe(self._committed, merged, items, result)
+
+    def _append(self, requests: list[AppendRequest]) -> list[AppendResult] | HubbubError:
+        """One ``store.append``; any failure becomes the error every request of the batch gets."""
         try:
             result = self._store.append(requests)
-            self.batches += 1
-            self.events += len(requests)
         except HubbubError as exc:
             log.error("log append failed: %s", exc)
-            result = exc
+            return exc
         except Exception:
             log.exception("log append failed")
-            result = StorageError("storage failure")
-        with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
-            self._loop.call_soon_threadsafe(self._on_committed, items, result)
+            return StorageError("storage failure")
+        self.batches += 1
+        self.events += len(requests)
+        return result
+
+    def _committed(self, merged: int, items: list[Any], result: list[AppendResult] | HubbubError) -> None:
+        # On the loop: the submissions count as completed before the callback runs, so that it (and what it
+        # wakes) already sees the writer idle when nothing else is queued.
+        self._outstanding -= merged
+        if items:
+            self._on_committed(items, result)
 
     def _control(self, fut: asyncio.Future[Any], fn: Callable[[LogStore], Any]) -> None:
         try:
@@ -138,6 +181,7 @@ class LogWriter:
 
     def _resolve(self, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
         def done() -> None:
+            self._outstanding -= 1
             if fut.done():
                 return
             if exc is not None:
@@ -149,4 +193,9 @@ class LogWriter:
             self._loop.call_soon_threadsafe(done)
 
     def statistics(self) -> dict[str, int]:
-        return {"batches": self.batches, "events": self.events, "queued": self._inbox.qsize()}
+        return {
+            "batches": self.batches,
+            "inline_batches": self.inline_batches,
+            "events": self.events,
+            "queued": self._inbox.qsize(),
+        }

@@ -1,0 +1,331 @@
+"""The publish hot path: inline commits of the memory engine, batched submission of one read's publishes,
+the one-subscriber run fan-out, and what the TCP transport does with a read's items."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from hubbub.auth import Authorizer
+from hubbub.channels import parse_pattern
+from hubbub.core import Node, NodeSettings, Session
+from hubbub.dialects import native as nc
+from hubbub.errors import HubbubError
+from hubbub.events import Event, Publisher
+from hubbub.log import open_store
+from hubbub.log.base import AppendRequest, AppendResult, LogStore, RetentionPolicy
+from hubbub.transports.native import NativeConnection
+from hubbub.transports.tcp import dispatch
+
+
+class Enc:
+    key = "test"
+
+    def encode_event(self, event: Event, subs: Any, replay: bool, cache: dict[Any, Any]) -> bytes:
+        return repr((event.channel, event.seq, tuple(subs), event.payload.decode())).encode()
+
+
+async def drain(sess: Session) -> list[Any]:
+    out: list[Any] = []
+    while sess.queued:
+        for f in await sess.next_frames():
+            out.append(eval(f.decode()))
+    return out
+
+
+def req(channel: str, payload: str) -> AppendRequest:
+    return AppendRequest(channel, Publisher("native"), payload.encode(), "text/plain")
+
+
+def run_node(store: str, tmp_path: Path, body: Callable[[Node], Awaitable[None]], **kw: Any) -> None:
+    async def main() -> None:
+        st = open_store(store, str(tmp_path / "data"), "commit", RetentionPolicy(), 600)
+        async with Node(st, NodeSettings(), **kw) as node:
+            await body(node)
+
+    asyncio.run(main())
+
+
+# -- inline commits (memory engine) ---------------------------------------------------------------------
+
+
+def test_memory_engine_commits_on_the_loop_when_the_writer_is_idle(tmp_path: Path) -> None:
+    async def body(node: Node) -> None:
+        writer = node._writer
+        assert writer is not None and writer.idle
+        r = await node.publish(req("/a", "x"))
+        assert r.event.seq == 1
+        stats = node.statistics()["writer"]
+        assert stats["inline_batches"] == 1 and stats["events"] == 1
+
+    run_node("memory", tmp_path, body)
+
+
+def test_sqlite_engine_never_commits_on_the_loop(tmp_path: Path) -> None:
+    async def body(node: Node) -> None:
+        await node.publish(req("/a", "x"))
+        assert node.statistics()["writer"]["inline_batches"] == 0
+
+    run_node("sqlite", tmp_path, body)
+
+
+def test_inline_commit_waits_behind_writer_thread_work(tmp_path: Path) -> None:
+    """A publish made while a control operation is still on the writer thread is not appended on the loop
+    ahead of it: it lands after the reset, in the new epoch, and its ack comes after the control's result."""
+
+    async def body(node: Node) -> None:
+        await node.publish(req("/a", "before"))
+        writer = node._writer
+        assert writer is not None
+        gate = threading.Event()
+        order: list[str] = []
+
+        def slow_reset(st: LogStore) -> Any:
+            gate.wait(10)
+            return st.reset_channel("/a")
+
+        ctl = writer.submit_control(slow_reset)
+        assert not writer.idle
+        results: list[AppendResult | HubbubError] = []
+
+        def done(r: AppendResult | HubbubError) -> None:
+            order.append("ack after the reset" if ctl.done() else "ack before the reset")
+            results.append(r)
+
+        s = Session("native", Enc(), max_items=16, max_bytes=1 << 20)
+        node.attach(s)
+        node.submit(req("/a", "after"), s, done)
+        await asyncio.sleep(0.05)
+        assert results == []  # held behind the reset, not appended inline
+        gate.set()
+        info = await ctl
+        while not results:  # noqa: ASYNC110 - the completion is scheduled from the writer thread
+            await asyncio.sleep(0.001)
+        r = results[0]
+        assert isinstance(r, AppendResult)
+        assert (r.event.epoch, r.event.seq) == (info.epoch, 1)
+        assert order == ["ack after the reset"]
+        assert writer.idle
+        # Once the writer is idle again, publishes go back to the inline path.
+        before = node.statistics()["writer"]["inline_batches"]
+        await node.publish(req("/a", "later"))
+        assert node.statistics()["writer"]["inline_batches"] == before + 1
+
+    run_node("memory", tmp_path, body)
+
+
+def test_inline_commit_of_a_closed_store_fails_the_publish(tmp_path: Path) -> None:
+    async def body(node: Node) -> None:
+        node.store.close()
+        with pytest.raises(HubbubError) as err:
+            await node.publish(req("/a", "x"))
+        assert err.value.code == 4301
+
+    run_node("memory", tmp_path, body)
+
+
+# -- one-subscriber runs --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_single_subscriber_run_keeps_order_ids_and_echo(store: str, tmp_path: Path) -> None:
+    async def body(node: Node) -> None:
+        sub = Session("native", Enc(), max_items=1024, max_bytes=1 << 24)
+        pub = Session("native", Enc(), max_items=1024, max_bytes=1 << 24, echo=False)
+        node.attach(sub)
+        node.attach(pub)
+        await node.subscribe(sub, "s", parse_pattern("/a/*"), on_snapshot=lambda _p: None)
+        await node.subscribe(pub, "own", parse_pattern("/a/x"), on_snapshot=lambda _p: None)
+        futs = [
+            asyncio.ensure_future(node.publish(req(ch, str(i)), pub))
+            for i, ch in enumerate(["/a/x", "/a/y", "/a/y", "/a/x", "/b", "/a/x"])
+        ]
+        await asyncio.gather(*futs)
+        got = await drain(sub)
+        assert got == [
+            ("/a/x", 1, ("s",), "0"),
+            ("/a/y", 1, ("s",), "1"),
+            ("/a/y", 2, ("s",), "2"),
+            ("/a/x", 2, ("s",), "3"),
+            ("/a/x", 3, ("s",), "5"),
+        ]
+        assert await drain(pub) == []  # echo off: its own events never come back
+        assert node.deliveries["native"] == 5
+
+    run_node(store, tmp_path, body)
+
+
+def test_single_subscriber_run_applies_the_overflow_policy(tmp_path: Path) -> None:
+    async def body(node: Node) -> None:
+        sub = Session("native", Enc(), max_items=3, max_bytes=1 << 24)
+        node.attach(sub)
+        await node.subscribe(sub, "s", parse_pattern("/a"), on_snapshot=lambda _p: None)
+        await asyncio.gather(*(node.publish(req("/a", str(i))) for i in range(5)))
+        assert sub.kicked == sub.slow_close_code
+
+    run_node("memory", tmp_path, body)
+
+
+# -- one read's publishes through the TCP dispatch ------------------------------------------------------
+
+
+def frame(obj: dict[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(obj, use_bin_type=True)
+    return struct.pack(">I", len(body)) + body
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+
+    async def send(self, data: bytes) -> None:
+        self.frames.append(msgpack.unpackb(data, raw=False))
+
+    async def close(self, code: int) -> None:
+        pass
+
+
+class DenyChannel(Authorizer):
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+
+    def may_publish(self, user: str, channel: str) -> bool:
+        return channel != self.channel
+
+    def may_subscribe(self, user: str, channel: str) -> bool:
+        return True
+
+
+async def open_conn(
+    node: Node, send_queue: int = 1024
+) -> tuple[NativeConnection, nc.NativeStreamDecoder, Sink]:
+    dec = nc.NativeStreamDecoder()
+    items = dec.feed(frame({"op": "hello", "id": 1, "v": 1}))
+    sink = Sink()
+    conn = NativeConnection(
+        node,
+        dec.codec,
+        send=sink.send,
+        close=sink.close,
+        max_frame=1 << 20,
+        max_subscriptions=16,
+        send_queue=send_queue,
+        send_queue_bytes=1 << 24,
+        ping_interval=3600.0,
+    )
+    conn.start()
+    await dispatch(conn, items)
+    return conn, dec, sink
+
+
+async def replies(sink: Sink, n: int) -> list[Any]:
+    for _ in range(1000):
+        got = [f for f in sink.frames if f.get("op") in ("reply", "error")]
+        if len(got) >= n:
+            return got
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"only {sink.frames!r}")
+
+
+def pub(i: int, channel: str = "/a", ack: bool = True) -> dict[str, Any]:
+    return {"op": "publish", "id": i, "channel": channel, "payload": str(i).encode(), "ack": ack}
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_read_of_publishes_is_acked_in_order(store: str, tmp_path: Path) -> None:
+    async def body(node: Node) -> None:
+        conn, dec, sink = await open_conn(node)
+        data = b"".join(frame(pub(i)) for i in range(10, 60))
+        assert not await dispatch(conn, dec.feed(data))
+        got = await replies(sink, 51)  # hello + 50 acks
+        assert [f["id"] for f in got[1:]] == list(range(10, 60))
+        assert [f["seq"] for f in got[1:]] == list(range(1, 51))
+        assert conn.inflight == 0
+        await conn.finish()
+
+    run_node(store, tmp_path, body)
+
+
+def test_a_denied_publish_in_a_read_gets_its_own_error(tmp_path: Path) -> None:
+    async def body(node: Node) -> None:
+        conn, dec, sink = await open_conn(node)
+        data = b"".join(frame(pub(i, "/no" if i == 3 else "/a")) for i in range(1, 6))
+        assert not await dispatch(conn, dec.feed(data))
+        got = await replies(sink, 6)
+        errors = [(f["id"], f["code"]) for f in got if f["op"] == "error"]
+        assert errors == [(3, 4102)]
+        acks = [f for f in got[1:] if f["op"] == "reply"]
+        assert [(f["id"], f["seq"]) for f in acks] == [(1, 1), (2, 2), (4, 3), (5, 4)]
+        await conn.finish()
+
+    run_node("memory", tmp_path, body, authorizer=DenyChannel("/no"))
+
+
+def test_a_read_larger_than_the_inflight_bound_waits_for_room(tmp_path: Path) -> None:
+    async def body(node: Node) -> None:
+        conn, dec, sink = await open_conn(node, send_queue=8)
+        data = b"".join(frame(pub(i, ack=i % 3 == 0)) for i in range(1, 41))
+        before = conn.last_recv
+        assert not await dispatch(conn, dec.feed(data))
+        assert conn.last_recv >= before
+        assert conn.inflight <= conn.max_inflight
+        got = await replies(sink, 1 + 13)
+        assert [f["id"] for f in got[1:]] == [i for i in range(1, 41) if i % 3 == 0]
+        assert [f["seq"] for f in got[1:]] == [i for i in range(1, 41) if i % 3 == 0]
+        for _ in range(1000):
+            if conn.inflight == 0:
+                break
+            await asyncio.sleep(0.005)
+        assert conn.inflight == 0
+        await conn.finish()
+
+    run_node("memory", tmp_path, body)
+
+
+def test_mixed_items_keep_their_order_and_bad_frames_are_answered(tmp_path: Path) -> None:
+    async def body(node: Node) -> None:
+        conn, dec, sink = await open_conn(node)
+        data = b"".join(
+            [
+                frame(pub(1)),
+                frame({"op": "publish", "id": 2, "channel": "/a"}),  # no payload: 4001, not fatal
+                frame(pub(3)),
+                frame({"op": "ping", "id": 4}),
+                frame(pub(5)),
+            ]
+        )
+        assert not await dispatch(conn, dec.feed(data))
+        got = await replies(sink, 5)
+        # Errors answer at once; acks follow the commit, in publish order.
+        assert [(f["op"], f.get("id")) for f in got[1:]] == [
+            ("error", 2),
+            ("reply", 1),
+            ("reply", 3),
+            ("reply", 5),
+        ]
+        assert got[1]["code"] == 4001
+        assert [f["seq"] for f in got[2:]] == [1, 2, 3]
+        assert ("pong", 4) in [(f["op"], f.get("id")) for f in sink.frames]
+        await conn.finish()
+
+    run_node("memory", tmp_path, body)
+
+
+def test_a_fatal_frame_stops_the_read(tmp_path: Path) -> None:
+    async def body(node: Node) -> None:
+        conn, dec, _sink = await open_conn(node)
+        data = frame(pub(1)) + frame({"op": "hello", "id": 2, "v": 1}) + frame(pub(3))
+        assert await dispatch(conn, dec.feed(data))
+        await asyncio.sleep(0.05)
+        assert conn.session.ending == 4005
+        assert node.store.head("/a").top == 1  # the publish after the fatal frame was not taken
+        await conn.finish()
+
+    run_node("memory", tmp_path, body)
