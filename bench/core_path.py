@@ -25,6 +25,7 @@ from hubbub.core import Node, NodeSettings
 from hubbub.dialects import native as nc
 from hubbub.log import RetentionPolicy, open_store
 from hubbub.transports.native import NativeConnection
+from hubbub.transports.tcp import dispatch
 
 
 def frame(obj: dict[str, Any]) -> bytes:
@@ -64,11 +65,10 @@ def connection(node: Node, codec: nc.NativeCodec, sink: Sink) -> NativeConnectio
 
 
 async def feed(conn: NativeConnection, decoder: nc.NativeStreamDecoder, data: bytes) -> None:
-    for item in decoder.feed(data):
-        assert not isinstance(item, Exception), item
-        # As the TCP transport does: publishes go straight in unless back-pressure asks to wait.
-        if not (type(item) is nc.Publish and conn.publish_nowait(item)):
-            await conn.handle(item)
+    items = decoder.feed(data)
+    assert not any(isinstance(item, Exception) for item in items), items
+    # Exactly what the TCP transport does with one read's items.
+    await dispatch(conn, items)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

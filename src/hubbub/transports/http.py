@@ -31,7 +31,7 @@ from hubbub.log.base import AppendRequest, ChannelInfo, LogStore
 
 from .cors import install_cors
 from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
-from .native import NativeConnection
+from .native import NativeConnection, NativeEncoder
 
 __all__ = ["HttpSettings", "RouteInstaller", "build_app", "native_codec", "raw_rest", "text_response"]
 
@@ -113,6 +113,43 @@ async def _errors(
         return _error(exc)
 
 
+class _WsSink:
+    """The send, close and burst-send callables of one native WebSocket's :class:`NativeConnection`.
+
+    Bound methods of a slotted object rather than closures: a connection that idles keeps these alive, and
+    three closures with their cells cost several times as much.
+    """
+
+    __slots__ = ("opcode", "transport", "type", "ws")
+
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None, binary: bool) -> None:
+        self.ws = ws
+        self.transport = transport
+        self.type = WSMsgType.BINARY if binary else WSMsgType.TEXT
+        self.opcode = 0x82 if binary else 0x81
+
+    async def send(self, data: bytes) -> None:
+        # Frames are encoded already (JSON text is UTF-8): no decode and re-encode for text frames.
+        await self.ws.send_frame(data, self.type)
+
+    async def close(self, code: int) -> None:
+        await self.ws.close(code=code)
+
+    async def send_many(self, frames: list[bytes]) -> None:
+        # One write for a burst of frames: aiohttp writes (and tries a send() for) each frame separately.
+        # Data frames from a server are unmasked and uncompressed here (no per-message deflate is
+        # negotiated), so the RFC 6455 framing is the header alone.
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            for f in frames:
+                await self.send(f)
+            return
+        transport.write(b"".join(ws_frames(frames, self.opcode)))
+        # aiohttp has no public drain for its connection: poll the transport's buffer instead.
+        while transport.get_write_buffer_size() > WS_WRITE_HIGH_WATER and not transport.is_closing():  # noqa: ASYNC110
+            await asyncio.sleep(WS_DRAIN_POLL_S)
+
+
 class SseEncoder:
     key = "native.sse"
 
@@ -128,6 +165,12 @@ class NativeHttp:
         self.s = settings
         self.registry = registry
         self.connections: set[asyncio.Task[Any]] = set()
+        # One codec and session encoder per encoding, shared by every WebSocket: neither keeps state of a
+        # connection, and a codec's msgpack packer alone allocates a 256 KiB buffer.
+        self._codecs = {
+            enc: native_codec(enc, settings.max_frame, settings.codec_limits) for enc in ("json", "msgpack")
+        }
+        self._encoders = {enc: NativeEncoder(codec) for enc, codec in self._codecs.items()}
 
     # -- WebSocket --------------------------------------------------------------------------------------
 
@@ -141,33 +184,10 @@ class NativeHttp:
         if ready.protocol is None:
             return text_response(400, "unsupported subprotocol\n")
         await ws.prepare(request)
-        binary = ready.protocol.endswith("msgpack")
-        codec = native_codec("msgpack" if binary else "json", self.s.max_frame, self.s.codec_limits)
-
-        async def send(data: bytes) -> None:
-            # Frames are encoded already (JSON text is UTF-8): no decode and re-encode for text frames.
-            await ws.send_frame(data, WSMsgType.BINARY if binary else WSMsgType.TEXT)
-
-        async def close(code: int) -> None:
-            await ws.close(code=code)
-
-        transport = request.transport
-        opcode = 0x82 if binary else 0x81
-
-        async def send_many(frames: list[bytes]) -> None:
-            # One write for a burst of frames: aiohttp writes (and tries a send() for) each frame
-            # separately. Data frames from a server are unmasked and uncompressed here (no per-message
-            # deflate is negotiated), so the RFC 6455 framing is the header alone.
-            if transport is None or transport.is_closing():
-                for f in frames:
-                    await send(f)
-                return
-            transport.write(b"".join(ws_frames(frames, opcode)))
-            # aiohttp has no public drain for its connection: poll the transport's buffer instead.
-            while transport.get_write_buffer_size() > WS_WRITE_HIGH_WATER and not transport.is_closing():  # noqa: ASYNC110
-                await asyncio.sleep(WS_DRAIN_POLL_S)
-
-        conn = self._connection(codec, send, close, send_many)
+        encoding = "msgpack" if ready.protocol.endswith("msgpack") else "json"
+        codec = self._codecs[encoding]
+        sink = _WsSink(ws, request.transport, encoding == "msgpack")
+        conn = self._connection(codec, sink.send, sink.close, sink.send_many, self._encoders[encoding])
         task = asyncio.current_task()
         if task is not None:
             self.connections.add(task)
@@ -181,9 +201,13 @@ class NativeHttp:
                         conn.bad_input(exc)
                         if exc.fatal:
                             break
+                        del msg
                         continue
                     if not (type(cmd) is nc.Publish and conn.publish_nowait(cmd)):
                         await conn.handle(cmd)
+                    # Not kept while waiting for the next message: an idle connection would hold its last
+                    # one (up to max_frame bytes) in this frame.
+                    del msg, cmd
                     if conn.session.ending or conn.session.kicked:
                         break
                 elif msg.type == WSMsgType.ERROR:
@@ -208,6 +232,7 @@ class NativeHttp:
         send: Callable[[bytes], Awaitable[None]],
         close: Callable[[int], Awaitable[None]],
         send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
+        encoder: NativeEncoder | None = None,
     ) -> NativeConnection:
         s = self.s
         return NativeConnection(
@@ -216,6 +241,7 @@ class NativeHttp:
             send=send,
             close=close,
             send_many=send_many,
+            encoder=encoder,
             max_frame=s.max_frame,
             max_subscriptions=s.max_subscriptions,
             send_queue=s.send_queue,
@@ -385,7 +411,7 @@ class NativeHttp:
                     sess.push(nc.render_sse_gap(g.channel, g.reason, g.since, g.position))
 
             def on_replayed(plan: ReplayPlan) -> None:
-                sess.push(nc.render_sse_recovered(len(plan.events)))
+                sess.push(nc.render_sse_recovered(plan.sent))
 
             try:
                 await self.node.subscribe(

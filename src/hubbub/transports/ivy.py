@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from hubbub.core import Node, ReplayPlan, Session
+from hubbub.core.flag import Flag
 from hubbub.core.replay import list_channels
 from hubbub.core.session import Overflow
 from hubbub.dialects import ivy
@@ -115,7 +116,7 @@ class IvyConnection:
         )
         self.inflight = 0
         self.max_inflight = settings.send_queue
-        self._acked = asyncio.Event()
+        self._acked = Flag()  # an asyncio.Event is some 850 bytes per idle connection
         self.last_recv = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._writer: asyncio.Task[None] | None = None

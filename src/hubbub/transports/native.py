@@ -1,7 +1,12 @@
 """Native protocol connections: commands from the native codec become node calls; replies go back out.
 
 One :class:`NativeConnection` serves one WebSocket or TCP connection. The transport feeds it decoded
-commands (in order) and runs :meth:`NativeConnection.write_loop` to drain the session's queue.
+commands (in order); :meth:`NativeConnection.start` runs its writer task, which drains the session's queue,
+and enters it in the event loop's :class:`Keepalive` for its ping interval.
+
+An idle connection is mostly this glue, so its size matters at ten thousand connections: the class has
+slots, its publish bookkeeping is created with the first publish, and keepalive is one timer per event loop
+and ping interval instead of a task (with its coroutine, sleep future and timer) per connection.
 
 Concurrency contract: everything runs on the event loop thread.
 """
@@ -12,18 +17,21 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, ClassVar
 
 from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
+from hubbub.core.flag import Flag
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
+from hubbub.dialects.native_common import event_frames
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult
 
-__all__ = ["NativeConnection", "NativeEncoder"]
+__all__ = ["Keepalive", "NativeConnection", "NativeEncoder"]
 
 log = logging.getLogger("hubbub.native")
 
@@ -31,7 +39,12 @@ SHUTDOWN_CODE = 1001
 
 
 class NativeEncoder:
-    """Session encoder for one native encoding; sessions with the same encoding share the fan-out cache."""
+    """Session encoder for one native encoding; sessions with the same encoding share the fan-out cache.
+
+    Stateless apart from its codec: connections that share a codec may share one encoder.
+    """
+
+    __slots__ = ("codec", "encode_event", "key")
 
     def __init__(self, codec: nc.NativeCodec) -> None:
         self.codec = codec
@@ -39,9 +52,41 @@ class NativeEncoder:
         # The codec's method itself, not a wrapper: one call less per event and subscriber.
         self.encode_event: Callable[[Event, Sequence[str], bool, dict[Any, Any]], bytes] = codec.encode_event
 
+    def encode_run(
+        self, proto: Event, rows: Sequence[tuple[int, bytes]], subs: Sequence[str], replay: bool
+    ) -> list[bytes]:
+        """The frames of a run of replayed events, encoded together (``Session.encode_run``)."""
+        return event_frames(self.codec.encoding, proto, rows, subs, replay)
+
 
 class NativeConnection:
-    """Glue between one native connection, its codec and the node."""
+    """Glue between one native connection, its codec and the node.
+
+    The codec (and ``encoder``, built from the codec when not given) may be shared by every connection with
+    the same encoding: neither keeps per-connection state.
+    """
+
+    __slots__ = (
+        "_acked",
+        "_close",
+        "_pending",
+        "_publisher",
+        "_send",
+        "_send_many",
+        "_writer",
+        "batch",
+        "codec",
+        "hello_done",
+        "inflight",
+        "last_recv",
+        "last_send",
+        "max_frame",
+        "max_inflight",
+        "max_subscriptions",
+        "node",
+        "ping_interval",
+        "session",
+    )
 
     def __init__(
         self,
@@ -56,6 +101,7 @@ class NativeConnection:
         send_queue: int,
         send_queue_bytes: int,
         ping_interval: float,
+        encoder: NativeEncoder | None = None,
     ) -> None:
         self.node = node
         self.codec = codec
@@ -68,7 +114,7 @@ class NativeConnection:
         self.ping_interval = ping_interval
         self.session = Session(
             "native",
-            NativeEncoder(codec),
+            encoder if encoder is not None else NativeEncoder(codec),
             max_items=send_queue,
             max_bytes=send_queue_bytes,
             overflow=Overflow.DISCONNECT,
@@ -79,12 +125,13 @@ class NativeConnection:
         self.batch = False
         self.inflight = 0
         self.max_inflight = send_queue
-        self._acked = asyncio.Event()
-        #: (request id, ack wanted) of each publish in flight, oldest first.
-        self._pending: deque[tuple[int, bool]] = deque()
+        self._acked = Flag()
+        #: (request id, ack wanted) of each publish in flight, oldest first; created by the first publish (an
+        #: empty deque is some 750 bytes, and many connections only subscribe).
+        self._pending: deque[tuple[int, bool]] | None = None
         self.last_recv = time.monotonic()
         self.last_send = time.monotonic()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._writer: asyncio.Task[None] | None = None
 
     # -- inbound ----------------------------------------------------------------------------------------
 
@@ -163,6 +210,7 @@ class NativeConnection:
 
         The common case of the hot path: no coroutine, no closure, one request object per publish.
         """
+        self.last_recv = time.monotonic()  # a publishing client is not silent (keepalive, native.md §2)
         if (
             not self.hello_done
             or self.inflight >= self.max_inflight
@@ -176,6 +224,55 @@ class NativeConnection:
             self.session.push(self.codec.encode_error(exc.code, cmd.id, exc.detail))
             if exc.fatal:
                 self.session.end(exc.code)
+        return True
+
+    async def publish_many(self, cmds: list[nc.Publish]) -> None:
+        """Submit the publishes of one read, in order: as many as back-pressure allows in one batch (one node
+        call, one FIFO extension), the rest one by one through :meth:`handle`, which waits for room.
+
+        Stops early once the session ends (a fatal error answered one of them), as :meth:`handle` would.
+        """
+        self.last_recv = time.monotonic()
+        sess = self.session
+        done = 0
+        if self.hello_done and self.node.has_room:
+            room = min(self.max_inflight - self.inflight, sess.max_items - sess.queued)
+            if room >= len(cmds):
+                done = len(cmds) if self._submit_many(cmds) else 0
+            elif room > 1:
+                done = room if self._submit_many(cmds[:room]) else 0
+        for cmd in cmds[done:] if done else cmds:
+            await self.handle(cmd)
+            if sess.ending or sess.kicked:
+                return
+
+    def _submit_many(self, cmds: list[nc.Publish]) -> bool:
+        """Submit publishes as one batch; False when the node refused them (nothing was queued): the caller
+        then submits them one by one, which answers each with its own error."""
+        sess = self.session
+        pub = self._publisher
+        reqs = [
+            AppendRequest(
+                c.channel,
+                pub if not c.idem else Publisher("native", sess.user, sess.id, c.idem),
+                c.payload,
+                c.content_type,
+                c.headers,
+                c.tags,
+                c.idem,
+            )
+            for c in cmds
+        ]
+        try:
+            self.node.submit_many(reqs, sess, self._done)
+        except HubbubError:
+            return False
+        # The node completes publishes in submission order, so the replies' ids queue here (see _submit).
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = deque()
+        pending.extend([(c.id, c.ack) for c in cmds])
+        self.inflight += len(cmds)
         return True
 
     async def _publish(self, cmd: nc.Publish) -> None:
@@ -203,11 +300,15 @@ class NativeConnection:
         )
         self.node.submit(req, sess, self._done)
         # The node completes publishes in submission order (Node.submit), so the replies' ids queue here.
-        self._pending.append((cmd.id, cmd.ack))
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = deque()
+        pending.append((cmd.id, cmd.ack))
         self.inflight += 1
 
     def _done(self, r: AppendResult | HubbubError) -> None:
         """A publish of this connection was committed (or failed): reply, and release read back-pressure."""
+        assert self._pending is not None  # _submit queued this publish's entry
         rid, want_ack = self._pending.popleft()
         self.inflight -= 1
         if self.inflight < self.max_inflight // 2:
@@ -242,7 +343,7 @@ class NativeConnection:
                 )
 
         def on_replayed(plan: ReplayPlan) -> None:
-            fields: dict[str, Any] = {"sub": cmd.sub, "replayed": len(plan.events)}
+            fields: dict[str, Any] = {"sub": cmd.sub, "replayed": plan.sent}
             if exact and plan.position is not None:
                 fields["position"] = {"seq": plan.position.seq, "epoch": plan.position.epoch}
             sess.push(codec.encode_push("recovered", **fields))
@@ -270,6 +371,8 @@ class NativeConnection:
                 else:
                     for f in frames:
                         await self._send(f)
+                # Not kept while waiting for the next frames: a connection idle after a burst would hold it.
+                del frames
             if sess.kicked:
                 if sess.kicked != SHUTDOWN_CODE:
                     with contextlib.suppress(Exception):
@@ -282,37 +385,114 @@ class NativeConnection:
         except Exception:
             log.debug("native write loop ended", exc_info=True)
 
-    async def keepalive(self) -> None:
-        """Server pings when idle; no client frame for three intervals is a timeout (4304)."""
-        interval = self.ping_interval
-        while not self.session.closed:
-            await asyncio.sleep(min(interval, 1.0) if interval < 1.0 else interval / 5)
-            now = time.monotonic()
-            if now - self.last_recv > 3 * interval:
-                self._fatal(4304, None)
-                return
-            if self.hello_done and now - self.last_send >= interval:
-                self.last_send = now
-                self.session.push(self.codec.encode_push("ping"))
+    def timed_out(self) -> None:
+        """No client frame for three ping intervals (called by :class:`Keepalive`): error 4304, then close."""
+        self._fatal(4304, None)
 
     def start(self) -> None:
-        for coro in (self.write_loop(), self.keepalive()):
-            t = asyncio.ensure_future(coro)
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
+        """Start the writer task and the keepalive. Called once, before the first command."""
+        self._writer = asyncio.ensure_future(self.write_loop())
+        Keepalive.for_interval(self.ping_interval).add(self)
 
     async def finish(self) -> None:
-        """The peer is gone: detach from the node and stop the tasks."""
+        """The peer is gone: detach from the node and stop the writer and the keepalive."""
+        Keepalive.for_interval(self.ping_interval).discard(self)
         self.node.detach(self.session)
-        for t in list(self._tasks):
+        t = self._writer
+        if t is not None:
             t.cancel()
-        for t in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
     async def wait_written(self) -> None:
         """Wait until the write loop ended (after a graceful end or a kick)."""
-        for t in list(self._tasks):
-            if t.get_coro().__qualname__.endswith("write_loop"):  # type: ignore[union-attr]
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.shield(t)
+        t = self._writer
+        if t is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(t)
+
+
+class Keepalive:
+    """Keepalive of native connections (native.md §2): one timer for every connection of an event loop with
+    the same ping interval, instead of a sleeping task per connection.
+
+    Each tick (every fifth of the interval; every interval when it is below one second) looks at every
+    member: one that received nothing for three intervals times out (4304); one that completed ``hello``
+    and sent nothing for an interval gets a ``ping``. A connection is thus pinged between one interval and
+    one tick after its last frame, and closed at most one tick after the third silent interval. A tick
+    costs well under a microsecond per connection. The timer runs only while there are members.
+
+    Concurrency contract: called from the event loop thread only.
+    """
+
+    __slots__ = ("_handle", "_loop", "_members", "interval", "period")
+
+    #: The instances of each running event loop, by ping interval.
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, Keepalive]]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, interval: float, loop: asyncio.AbstractEventLoop) -> None:
+        if not interval > 0:
+            raise ValueError("ping interval must be positive")
+        self.interval = interval
+        self.period = interval if interval < 1.0 else interval / 5
+        self._loop = loop
+        # A dict, not a set: ticks visit connections in the order they joined.
+        self._members: dict[NativeConnection, None] = {}
+        self._handle: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def for_interval(cls, interval: float) -> Keepalive:
+        """The running event loop's keepalive for ``interval`` (created on first use)."""
+        loop = asyncio.get_running_loop()
+        per_loop = cls._by_loop.get(loop)
+        if per_loop is None:
+            per_loop = cls._by_loop[loop] = {}
+        ka = per_loop.get(interval)
+        if ka is None:
+            ka = per_loop[interval] = cls(interval, loop)
+        return ka
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __iter__(self) -> Iterator[NativeConnection]:
+        """The member connections, in the order they joined."""
+        return iter(list(self._members))
+
+    def add(self, conn: NativeConnection) -> None:
+        self._members[conn] = None
+        if self._handle is None:
+            self._handle = self._loop.call_later(self.period, self._tick)
+
+    def discard(self, conn: NativeConnection) -> None:
+        """Forget ``conn``. Idempotent."""
+        self._members.pop(conn, None)
+        if not self._members and self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self) -> None:
+        self._handle = None
+        interval = self.interval
+        silent = 3 * interval
+        now = time.monotonic()
+        ping: bytes | None = None
+        ping_codec: nc.NativeCodec | None = None
+        for conn in list(self._members):
+            if conn.session.closed:
+                self._members.pop(conn, None)
+            elif now - conn.last_recv > silent:
+                self._members.pop(conn, None)
+                conn.timed_out()
+            elif conn.hello_done and now - conn.last_send >= interval:
+                conn.last_send = now
+                codec = conn.codec
+                if codec is not ping_codec:
+                    # Connections of one transport and encoding share their codec: encode the ping once.
+                    ping, ping_codec = codec.encode_push("ping"), codec
+                assert ping is not None
+                conn.session.push(ping)
+        if self._members:
+            self._handle = self._loop.call_later(self.period, self._tick)

@@ -12,7 +12,7 @@ from hubbub.errors import HubbubError
 
 from .native import NativeConnection
 
-__all__ = ["serve_native_tcp"]
+__all__ = ["dispatch", "serve_native_tcp"]
 
 log = logging.getLogger("hubbub.tcp")
 
@@ -44,23 +44,7 @@ async def serve_native_tcp(
                 if conn is None and decoder.encoding is not None:
                     conn = make_connection(decoder.codec, writer)
                     conn.start()
-                fatal = False
-                for item in items:
-                    if isinstance(item, HubbubError):
-                        if conn is None:
-                            fatal = True
-                            break
-                        conn.bad_input(item)
-                        if item.fatal:
-                            fatal = True
-                            break
-                    elif conn is not None:
-                        if not (type(item) is nc.Publish and conn.publish_nowait(item)):
-                            await conn.handle(item)
-                        if conn.session.ending or conn.session.kicked:
-                            fatal = True
-                            break
-                if fatal or decoder.failed:
+                if await dispatch(conn, items) or decoder.failed:
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -78,3 +62,39 @@ async def serve_native_tcp(
                 await writer.wait_closed()
 
     return await asyncio.start_server(handle, host, port, limit=max_frame + 1024)
+
+
+async def dispatch(conn: NativeConnection | None, items: list[nc.StreamItem]) -> bool:
+    """Hand one read's decoded items to the connection, in order; True when the connection must close.
+
+    Consecutive publishes (the common read: a client's pipelined burst) go to the connection as one batch,
+    so the node takes them in one call (:meth:`NativeConnection.publish_many`).
+    """
+    n = len(items)
+    i = 0
+    while i < n:
+        item = items[i]
+        if isinstance(item, HubbubError):
+            if conn is None:
+                return True
+            conn.bad_input(item)
+            if item.fatal:
+                return True
+            i += 1
+            continue
+        if conn is None:
+            i += 1
+            continue
+        if type(item) is nc.Publish:
+            j = i + 1
+            while j < n and type(items[j]) is nc.Publish:
+                j += 1
+            run: list[nc.Publish] = items[i:j]  # type: ignore[assignment]  # all Publish, checked above
+            await conn.publish_many(run)
+            i = j
+        else:
+            await conn.handle(item)
+            i += 1
+        if conn.session.ending or conn.session.kicked:
+            return True
+    return False
