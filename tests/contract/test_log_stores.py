@@ -180,6 +180,46 @@ def test_result_events_carry_what_was_appended(store: LogStore) -> None:
     assert empty.payload == b"" and dict(empty.headers) == {} and empty.tags == ()
 
 
+def mixed_batch() -> list[AppendRequest]:
+    """Requests whose publisher, content type, headers or tags change after runs of many lengths: single
+    events, runs shorter than, as long as and longer than the sqlite engine's shortest shared-column run (8),
+    and runs longer than its largest insert statement (256 rows)."""
+    one_pub = Publisher("native", "bob", "app2", "")
+    kinds = [
+        lambda i: req("/m/a", b"p%d" % i),  # a new but equal publisher per event
+        lambda i: AppendRequest("/m/b", one_pub, b"", "text/plain"),  # one publisher object, empty payloads
+        lambda i: req("/m/a", b"h", headers={"x-trace": "same", ":p": "q"}, tags=("t", "u")),
+        lambda i: req("/m/b", b"u%d" % i, headers={"x-trace": f"t{i}"}),  # every event differs
+        lambda i: req("/m/a", b"c" * i, content_type="application/x"),
+        lambda i: req("/m/c" if i % 2 else "/m/a", "é".encode(), user="carol"),  # one run, two channels
+        lambda i: req("/m/a", b"k", idem=f"k{i}"),  # the publisher's msg_id differs per event
+    ]
+    lengths = [1, 3, 7, 8, 9, 1, 300, 2, 600, 40, 8, 7, 520]
+    out: list[AppendRequest] = []
+    for n, length in enumerate(lengths):
+        kind = kinds[n % len(kinds)]
+        out += [kind(i) for i in range(length)]
+    return out
+
+
+def test_batches_of_mixed_runs_read_back_exactly(factory: Factory, store: LogStore) -> None:
+    batch = mixed_batch()
+    res = store.append(batch)
+    events = [r.event for r in res]
+    assert not any(r.duplicate for r in res)
+    assert [(e.channel, e.payload, e.content_type, e.publisher) for e in events] == [
+        (r.channel, r.payload, r.content_type, r.publisher) for r in batch
+    ]
+    for ch in ("/m/a", "/m/b", "/m/c"):
+        assert store.read(ch, limit=10_000) == [e for e in events if e.channel == ch]
+    assert store.stats().bytes == sum(e.size for e in events)
+    if factory.persistent:
+        store = factory.reopen(store)
+        assert [e for ch in ("/m/a", "/m/b", "/m/c") for e in store.read(ch, limit=10_000)] == sorted(
+            events, key=lambda e: (e.channel, e.seq)
+        )
+
+
 def test_epochs(factory: Factory, store: LogStore) -> None:
     res = store.append([req(f"/ch{i}") for i in range(6)])
     epochs = [r.event.epoch for r in res]
@@ -814,6 +854,31 @@ def test_sqlite_scan_plan_and_columns(sqlite_path: Path) -> None:
             reader.close()
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("max_params", [None, 40, 13])
+def test_sqlite_rows_of_mixed_runs(sqlite_path: Path, max_params: int | None) -> None:
+    """Rows are stored in append order (``pos``) with the right ``size``, also where SQLite allows only a few
+    parameters per statement (so the multi-row inserts are smaller)."""
+    store = SqliteLogStore(sqlite_path)
+    try:
+        if max_params is not None:
+            assert store._conn is not None
+            store._conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, max_params)
+        events = [r.event for r in store.append(mixed_batch())]
+        # Again, backwards (the idempotent requests are now duplicates: no rows).
+        events += [r.event for r in store.append(mixed_batch()[::-1]) if not r.duplicate]
+    finally:
+        store.close()
+    conn = sqlite3.connect(sqlite_path)
+    try:
+        rows = conn.execute(
+            "SELECT c.path, e.seq, e.time_ns, e.size, e.publisher_msg_id FROM events e "
+            "JOIN channels c ON c.id = e.channel_id ORDER BY e.pos"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert rows == [(e.channel, e.seq, e.time_ns, e.size, e.publisher.msg_id) for e in events]
 
 
 def test_sqlite_failed_commit_leaves_nothing_and_no_gap(sqlite_path: Path) -> None:
