@@ -2,11 +2,13 @@
 
 Drives the real pieces (stream decoder, ``NativeConnection``, ``Node`` with its writer thread, the store,
 fan-out, encoding, the subscriber's write loop) with pre-encoded msgpack frames and counts the bytes the
-subscriber would have sent. Process CPU time per event is much steadier than a socket benchmark's rate on a
-shared machine, so use this for before/after figures of hot-path changes; ``hubbub bench`` remains the
-end-to-end measure.
+subscriber would have sent. The garbage collector is set up as a server process does
+(:func:`hubbub.server.tune_gc`) unless ``--default-gc`` keeps the interpreter's settings. Process CPU time
+per event is much steadier than a socket benchmark's rate on a shared machine, so use this for before/after
+figures of hot-path changes; ``hubbub bench`` remains the end-to-end measure.
 
     PYTHONPATH=src python bench/core_path.py --events 200000 [--store memory|sqlite] [--ack] [--subs N]
+        [--default-gc]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import msgpack
 from hubbub.core import Node, NodeSettings
 from hubbub.dialects import native as nc
 from hubbub.log import RetentionPolicy, open_store
+from hubbub.server import tune_gc
 from hubbub.transports.native import NativeConnection
 from hubbub.transports.tcp import dispatch
 
@@ -65,7 +68,7 @@ def connection(node: Node, codec: nc.NativeCodec, sink: Sink) -> NativeConnectio
 
 
 async def feed(conn: NativeConnection, decoder: nc.NativeStreamDecoder, data: bytes) -> None:
-    items = decoder.feed(data)
+    items = decoder.feed_runs(data)
     assert not any(isinstance(item, Exception) for item in items), items
     # Exactly what the TCP transport does with one read's items.
     await dispatch(conn, items)
@@ -120,6 +123,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "subs": args.subs,
         "events": sent,
         "deliveries": delivered,
+        "gc": "default" if args.default_gc else "server",
         "cpu_us_per_event": round(1e6 * (c1 - c0) / sent, 2),
         "events_per_s": round(sent / (t1 - t0)),
         "deliveries_per_s": round(delivered / (t1 - t0)),
@@ -136,7 +140,15 @@ def main() -> None:
     ap.add_argument("--subs", type=int, default=1, help="subscriber connections")
     ap.add_argument("--uvloop", action="store_true", help="run on uvloop, as the server does")
     ap.add_argument("--repeat", type=int, default=5, help="runs; the figures are the best run's")
+    ap.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep the interpreter's garbage collector settings (by default they are a server process's: "
+        "hubbub.server.tune_gc)",
+    )
     args = ap.parse_args()
+    if not args.default_gc:
+        tune_gc()
     runs = []
     for _ in range(args.repeat):
         if args.uvloop:

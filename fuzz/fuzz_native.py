@@ -1,7 +1,9 @@
 """Fuzz target for the native codec (STYLE.md item 3).
 
-The only assertion: every input is accepted (a command), or rejected with a documented
+The main assertion: every input is accepted (a command), or rejected with a documented
 :class:`hubbub.errors.HubbubError` whose code is in :data:`hubbub.errors.CODES`. Any other exception is a bug.
+A differential one checks the stream decoder's fast path: the items of :meth:`NativeStreamDecoder.feed_runs`
+(runs of common publishes expanded) equal those of each frame decoded alone by :meth:`NativeCodec.decode`.
 
 Inputs: arbitrary bytes; arbitrary JSON-ish and msgpack-ish values; command-shaped objects with plausible
 and implausible field values; byte-level mutations of valid frames; and all of these framed as a raw TCP
@@ -33,14 +35,17 @@ except ImportError:  # run from a checkout without installing: python fuzz/fuzz_
 import msgpack
 
 from hubbub.dialects import native as nc
-from hubbub.errors import CODES, HubbubError
+from hubbub.errors import CODES, BadFrame, FrameTooLarge, HubbubError
 
 __all__ = [
     "check_decode",
     "check_stream",
+    "check_stream_runs",
     "json_frames",
     "msgpack_frames",
+    "publish_streams",
     "raw_bytes",
+    "reference_items",
     "stream_inputs",
 ]
 
@@ -83,6 +88,70 @@ def check_stream(chunks: list[bytes], max_frame: int) -> None:
     for c in chunks:
         for item in dec.feed(c):
             _ok(item)
+
+
+def reference_items(data: bytes, max_frame: int) -> list[object]:
+    """The items of a whole stream, each frame decoded alone by :meth:`NativeCodec.decode` (the message
+    codec's general path), with the stream framing of native.md §1: the oracle for the stream decoder."""
+    if not data:
+        return []
+    if data[0] not in (0x7B, 0x00):
+        return [BadFrame("first byte")]
+    codec = nc.NativeCodec("json" if data[0] == 0x7B else "msgpack", max_frame=max_frame)
+    out: list[object] = []
+
+    def one(frame: bytes) -> bool:
+        try:
+            out.append(codec.decode(frame))
+        except HubbubError as exc:
+            out.append(exc)
+            return not exc.fatal
+        return True
+
+    if codec.encoding == "json":
+        *lines, rest = data.split(b"\n")
+        for raw in lines:
+            line = raw[:-1] if raw.endswith(b"\r") else raw
+            if len(line) > max_frame:
+                out.append(FrameTooLarge("line"))
+                return out
+            if line and not one(line):
+                return out
+        if len(rest) > max_frame + 1:
+            out.append(FrameTooLarge("line"))
+        return out
+    limit = min(max_frame, nc.MAX_STREAM_FRAME - 1)
+    pos = 0
+    while len(data) - pos >= 4:
+        n = int.from_bytes(data[pos : pos + 4], "big")
+        if n > limit:
+            out.append(FrameTooLarge("frame"))
+            return out
+        if len(data) - pos - 4 < n or not one(data[pos + 4 : pos + 4 + n]):
+            return out
+        pos += 4 + n
+    return out
+
+
+def _norm(item: object) -> object:
+    return ("error", item.code, item.request_id) if isinstance(item, HubbubError) else item
+
+
+def check_stream_runs(chunks: list[bytes], max_frame: int) -> None:
+    """:meth:`NativeStreamDecoder.feed_runs`, runs expanded, gives :func:`reference_items`; a run holds
+    only publishes of the common shape, at least one."""
+    dec = nc.NativeStreamDecoder(max_frame)
+    got: list[object] = []
+    for c in chunks:
+        for item in dec.feed_runs(c):
+            if isinstance(item, nc.PublishRun):
+                cmds = item.commands()
+                assert cmds, "an empty run"
+                assert all(not p.headers and not p.tags and not p.idem for p in cmds), cmds
+                got.extend(cmds)
+            else:
+                got.append(_norm(item))
+    assert got == [_norm(x) for x in reference_items(b"".join(chunks), max_frame)]
 
 
 # -- strategies -------------------------------------------------------------------------------------------
@@ -240,6 +309,58 @@ def stream_inputs(draw: st.DrawFn) -> tuple[list[bytes], int]:
     return chunks, max_frame
 
 
+@st.composite
+def _publish(draw: st.DrawFn, json_kind: bool) -> dict[str, Any]:
+    """A publish, mostly of the common shape (few channels, so they repeat); each field is sometimes of a
+    wrong type, and some fields are dropped or added."""
+
+    def odd() -> bool:
+        return draw(st.integers(0, 5)) == 0
+
+    obj: dict[str, Any] = {"op": "publish"}
+    obj["id"] = draw(_FIELD_VALUES["id"] if odd() else st.integers(0, 9))
+    obj["channel"] = draw(
+        _FIELD_VALUES["channel"] if odd() else st.sampled_from(["/a", "/b/c", "/a/", "/%41", "/a//b"])
+    )
+    if json_kind:
+        kind = draw(st.sampled_from(["text", "json", "b64"]))
+        obj[kind] = draw(
+            _FIELD_VALUES[kind] if odd() else st.just("aGk=") if kind == "b64" else st.text(max_size=4)
+        )
+    else:
+        obj["payload"] = draw(_FIELD_VALUES["payload"] if odd() else st.binary(max_size=8))
+    if draw(st.booleans()):
+        obj["ack"] = draw(_FIELD_VALUES["ack"] if odd() else st.booleans())
+    if odd():
+        for name in draw(st.lists(st.sampled_from(FIELDS), min_size=1, max_size=2, unique=True)):
+            if draw(st.booleans()):
+                obj.pop(name, None)
+            else:
+                obj[name] = draw(_FIELD_VALUES.get(name, values))
+    return obj
+
+
+@st.composite
+def publish_streams(draw: st.DrawFn) -> tuple[list[bytes], int]:
+    """A TCP stream of mostly publishes, a few other frames among them, and a chunking of it."""
+    max_frame = draw(st.sampled_from([64, SMALL_FRAME, 1 << 20]))
+    use_json = draw(st.booleans())
+    frames: list[bytes] = []
+    for _ in range(draw(st.integers(0, 12))):
+        obj = draw(_publish(use_json) if draw(st.integers(0, 5)) else objects)
+        if use_json:
+            frames.append((_dump_json(obj, draw(st.booleans())) or b"{}").replace(b"\n", b" ") + b"\n")
+        else:
+            body = _dump_msgpack(obj, True) or b"\x80"
+            frames.append(len(body).to_bytes(4, "big") + body)
+    data = b"".join(frames)
+    if use_json and not data.startswith(b"{"):
+        data = b"{}\n" + data  # a JSON stream starts with '{'
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=6)))
+    chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    return chunks, max_frame
+
+
 # -- the fuzz loop ----------------------------------------------------------------------------------------
 
 
@@ -277,7 +398,12 @@ def _targets(max_examples: int) -> list[Callable[[], None]]:
     def fuzz_stream(inp: tuple[list[bytes], int]) -> None:
         check_stream(*inp)
 
-    return [fuzz_raw, fuzz_json, fuzz_msgpack, fuzz_stream]
+    @cfg
+    @given(stream_inputs() | publish_streams())
+    def fuzz_stream_runs(inp: tuple[list[bytes], int]) -> None:
+        check_stream_runs(*inp)
+
+    return [fuzz_raw, fuzz_json, fuzz_msgpack, fuzz_stream, fuzz_stream_runs]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import signal
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -26,10 +27,10 @@ from hubbub.transports.guble import GubleSettings
 from hubbub.transports.guble import install as install_guble
 from hubbub.transports.http import HttpSettings, NativeHttp, RouteInstaller, build_app
 from hubbub.transports.ivy import IvySettings, ivy_installer
-from hubbub.transports.native import SHUTDOWN_CODE, NativeConnection
+from hubbub.transports.native import SHUTDOWN_CODE, NativeConnection, NativeEncoder
 from hubbub.transports.tcp import serve_native_tcp
 
-__all__ = ["Server", "run"]
+__all__ = ["GC_THRESHOLDS", "Server", "run", "tune_gc"]
 
 log = logging.getLogger("hubbub.server")
 
@@ -126,10 +127,17 @@ class Server:
 
         if cfg.native_enabled:
             host, port = parse_listen(cfg.native_tcp_listen, "native.tcp_listen")
+            # The listener shares its codecs (one per encoding), so connections share the session encoders.
+            encoders: dict[str, NativeEncoder] = {}
 
             def make(codec: nc.NativeCodec, writer: asyncio.StreamWriter) -> NativeConnection:
+                encoder = encoders.get(codec.encoding)
+                if encoder is None or encoder.codec is not codec:
+                    encoder = encoders[codec.encoding] = NativeEncoder(codec)
+
                 async def send(data: bytes) -> None:
-                    writer.write(codec.frame_for_stream(data))
+                    # The prefix and the frame as two buffers: a batch frame can be a megabyte, not copied.
+                    writer.writelines(codec.stream_parts(data))
                     await writer.drain()
 
                 async def send_many(frames: list[bytes]) -> None:
@@ -150,6 +158,7 @@ class Server:
                     send_queue=lim.send_queue,
                     send_queue_bytes=lim.send_queue_bytes,
                     ping_interval=cfg.native_ping_interval_s,
+                    encoder=encoder,
                 )
                 return conn
 
@@ -198,6 +207,32 @@ def _bound_port(site: web.TCPSite) -> int:
     return int(server.sockets[0].getsockname()[1])
 
 
+#: The cyclic garbage collector's thresholds (generations 0, 1, 2) while a server process runs.
+GC_THRESHOLDS: Final = (50_000, 10, 10)
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector cheap for a server process; called once startup is done.
+
+    hubbub's own objects (events, requests, frames, commands) hold no reference cycles and are freed by
+    reference counting, yet every allocation of a container counts towards a young-generation collection
+    (by default every 700), which walks every young object still alive, such as the thousands of publishes
+    of a pipelined burst in flight, and promotes them, so that full collections, which walk everything a
+    memory store retains, come sooner. Two changes, together worth a fifth to a third of the CPU time of a
+    publish (bench/core_path.py --server-gc, memory 1→1: 8.6 → 6.0 µs per event; sqlite, acks: 13.7 → 11.2):
+
+    * ``gc.freeze()``: what startup allocated (modules, classes, the store's and listeners' state) moves to
+      a permanent generation that collections no longer walk.
+    * A young-generation threshold of 50,000: objects of a burst are mostly freed before a collection sees
+      them. Cycles are still collected, only after 50,000 rather than 700 net allocations, so the garbage
+      cycles waiting for a collection (of exceptions and their tracebacks, say) stay bounded, at some
+      megabytes.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 async def _serve(config: Config) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -205,6 +240,7 @@ async def _serve(config: Config) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     async with Server(config):
+        tune_gc()
         await stop.wait()
         log.info("shutting down")
 

@@ -196,6 +196,81 @@ def test_ws_connections_share_one_codec_per_encoding(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def _mp_frame(obj: dict[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(obj, use_bin_type=True)
+    return len(body).to_bytes(4, "big") + body
+
+
+async def _mp_read(reader: asyncio.StreamReader) -> dict[str, Any]:
+    n = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), WAIT), "big")
+    out: dict[str, Any] = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), WAIT))
+    return out
+
+
+def test_tcp_connections_share_one_codec_per_encoding(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _server(tmp_path) as server:
+            port = server.ports["native"]
+            a = await asyncio.open_connection("127.0.0.1", port)
+            b = await asyncio.open_connection("127.0.0.1", port)
+            c = await asyncio.open_connection("127.0.0.1", port)
+            for _, w in (a, b):
+                w.write(_mp_frame({"op": "hello", "id": 1, "v": 1}))
+            c[1].write(b'{"op":"hello","id":1,"v":1}\n')
+            for r, _ in (a, b):
+                assert (await _mp_read(r))["op"] == "reply"
+            assert orjson.loads(await asyncio.wait_for(c[0].readline(), WAIT))["op"] == "reply"
+            ka = Keepalive.for_interval(25.0)
+            await _until(lambda: len(ka) == 3)
+            conns: list[NativeConnection] = list(ka)
+            mp = [x for x in conns if x.codec.encoding == "msgpack"]
+            js = [x for x in conns if x.codec.encoding == "json"]
+            assert len(mp) == 2 and len(js) == 1
+            assert mp[0].codec is mp[1].codec and mp[0].session.encoder is mp[1].session.encoder
+            assert js[0].codec is not mp[0].codec
+
+            # a subscribes; b publishes one read of 50 (acked every tenth), c a few JSON lines: a gets every
+            # event, in order, and each publisher its own acks.
+            a[1].write(_mp_frame({"op": "subscribe", "id": 2, "sub": "s", "pattern": "/t/**"}))
+            assert (await _mp_read(a[0]))["op"] == "reply"
+            b[1].write(
+                b"".join(
+                    _mp_frame(
+                        {
+                            "op": "publish",
+                            "id": i,
+                            "channel": "/t/b",
+                            "payload": b"%d" % i,
+                            "ack": i % 10 == 0,
+                        }
+                    )
+                    for i in range(1, 51)
+                )
+            )
+            acks = [await _mp_read(b[0]) for _ in range(5)]
+            assert [(f["op"], f["id"]) for f in acks] == [("reply", i) for i in (10, 20, 30, 40, 50)]
+            c[1].write(
+                b"".join(
+                    orjson.dumps({"op": "publish", "id": i, "channel": "/t/c", "text": str(i), "ack": True})
+                    + b"\n"
+                    for i in range(1, 4)
+                )
+            )
+            replies = [orjson.loads(await asyncio.wait_for(c[0].readline(), WAIT)) for _ in range(3)]
+            assert [(f["op"], f["id"], f["seq"]) for f in replies] == [("reply", i, i) for i in range(1, 4)]
+            events: list[dict[str, Any]] = []
+            while len(events) < 53:
+                events.append(await _mp_read(a[0]))
+            got = [(e["channel"], e["payload"]) for e in events]
+            assert got == [("/t/b", b"%d" % i) for i in range(1, 51)] + [
+                ("/t/c", b"%d" % i) for i in range(1, 4)
+            ]
+            for _, w in (a, b, c):
+                w.close()
+
+    asyncio.run(main())
+
+
 #: Idle clients in another process, so that only the server's allocations are traced here. Raw sockets:
 #: the WebSocket upgrade and a masked msgpack hello, then idle until stdin closes.
 _HOLD = textwrap.dedent(

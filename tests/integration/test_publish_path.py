@@ -238,12 +238,26 @@ def pub(i: int, channel: str = "/a", ack: bool = True) -> dict[str, Any]:
     return {"op": "publish", "id": i, "channel": channel, "payload": str(i).encode(), "ack": ack}
 
 
+def decode(dec: nc.NativeStreamDecoder, how: str, data: bytes) -> list[nc.RunItem]:
+    """One read's items: commands only (``feed``: publishes go to ``publish_many``) or with runs of common
+    publishes (``feed_runs``, what the TCP transport uses: ``publish_run``)."""
+    if how == "feed":
+        return list(dec.feed(data))
+    return dec.feed_runs(data)
+
+
+FEEDS = pytest.mark.parametrize("how", ["feed", "feed_runs"])
+
+
+@FEEDS
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
-def test_a_read_of_publishes_is_acked_in_order(store: str, tmp_path: Path) -> None:
+def test_a_read_of_publishes_is_acked_in_order(store: str, how: str, tmp_path: Path) -> None:
     async def body(node: Node) -> None:
         conn, dec, sink = await open_conn(node)
         data = b"".join(frame(pub(i)) for i in range(10, 60))
-        assert not await dispatch(conn, dec.feed(data))
+        items = decode(dec, how, data)
+        assert (how == "feed_runs") == any(isinstance(x, nc.PublishRun) for x in items)
+        assert not await dispatch(conn, items)
         got = await replies(sink, 51)  # hello + 50 acks
         assert [f["id"] for f in got[1:]] == list(range(10, 60))
         assert [f["seq"] for f in got[1:]] == list(range(1, 51))
@@ -253,27 +267,40 @@ def test_a_read_of_publishes_is_acked_in_order(store: str, tmp_path: Path) -> No
     run_node(store, tmp_path, body)
 
 
-def test_a_denied_publish_in_a_read_gets_its_own_error(tmp_path: Path) -> None:
+@FEEDS
+def test_a_denied_publish_in_a_read_gets_its_own_error(how: str, tmp_path: Path) -> None:
     async def body(node: Node) -> None:
         conn, dec, sink = await open_conn(node)
         data = b"".join(frame(pub(i, "/no" if i == 3 else "/a")) for i in range(1, 6))
-        assert not await dispatch(conn, dec.feed(data))
+        assert not await dispatch(conn, decode(dec, how, data))
         got = await replies(sink, 6)
         errors = [(f["id"], f["code"]) for f in got if f["op"] == "error"]
         assert errors == [(3, 4102)]
         acks = [f for f in got[1:] if f["op"] == "reply"]
         assert [(f["id"], f["seq"]) for f in acks] == [(1, 1), (2, 2), (4, 3), (5, 4)]
+        # Both channels are known now: the next read is one run, which the node refuses as a whole; each
+        # publish is then answered on its own.
+        data = b"".join(frame(pub(i, "/no" if i == 8 else "/a")) for i in range(6, 11))
+        items = decode(dec, how, data)
+        assert how == "feed" or [len(x) for x in items if isinstance(x, nc.PublishRun)] == [5]
+        assert not await dispatch(conn, items)
+        got = await replies(sink, 11)
+        errors = [(f["id"], f["code"]) for f in got if f["op"] == "error"]
+        assert errors == [(3, 4102), (8, 4102)]
+        acks = [f for f in got[6:] if f["op"] == "reply"]
+        assert [(f["id"], f["seq"]) for f in acks] == [(6, 5), (7, 6), (9, 7), (10, 8)]
         await conn.finish()
 
     run_node("memory", tmp_path, body, authorizer=DenyChannel("/no"))
 
 
-def test_a_read_larger_than_the_inflight_bound_waits_for_room(tmp_path: Path) -> None:
+@FEEDS
+def test_a_read_larger_than_the_inflight_bound_waits_for_room(how: str, tmp_path: Path) -> None:
     async def body(node: Node) -> None:
         conn, dec, sink = await open_conn(node, send_queue=8)
         data = b"".join(frame(pub(i, ack=i % 3 == 0)) for i in range(1, 41))
         before = conn.last_recv
-        assert not await dispatch(conn, dec.feed(data))
+        assert not await dispatch(conn, decode(dec, how, data))
         assert conn.last_recv >= before
         assert conn.inflight <= conn.max_inflight
         got = await replies(sink, 1 + 13)
@@ -289,7 +316,8 @@ def test_a_read_larger_than_the_inflight_bound_waits_for_room(tmp_path: Path) ->
     run_node("memory", tmp_path, body)
 
 
-def test_mixed_items_keep_their_order_and_bad_frames_are_answered(tmp_path: Path) -> None:
+@FEEDS
+def test_mixed_items_keep_their_order_and_bad_frames_are_answered(how: str, tmp_path: Path) -> None:
     async def body(node: Node) -> None:
         conn, dec, sink = await open_conn(node)
         data = b"".join(
@@ -301,7 +329,7 @@ def test_mixed_items_keep_their_order_and_bad_frames_are_answered(tmp_path: Path
                 frame(pub(5)),
             ]
         )
-        assert not await dispatch(conn, dec.feed(data))
+        assert not await dispatch(conn, decode(dec, how, data))
         got = await replies(sink, 5)
         # Errors answer at once; acks follow the commit, in publish order.
         assert [(f["op"], f.get("id")) for f in got[1:]] == [
@@ -318,14 +346,15 @@ def test_mixed_items_keep_their_order_and_bad_frames_are_answered(tmp_path: Path
     run_node("memory", tmp_path, body)
 
 
-def test_a_fatal_frame_stops_the_read(tmp_path: Path) -> None:
+@FEEDS
+def test_a_fatal_frame_stops_the_read(how: str, tmp_path: Path) -> None:
     async def body(node: Node) -> None:
         conn, dec, _sink = await open_conn(node)
-        data = frame(pub(1)) + frame({"op": "hello", "id": 2, "v": 1}) + frame(pub(3))
-        assert await dispatch(conn, dec.feed(data))
+        data = frame(pub(1)) + frame(pub(2)) + frame({"op": "hello", "id": 9, "v": 1}) + frame(pub(3))
+        assert await dispatch(conn, decode(dec, how, data))
         await asyncio.sleep(0.05)
         assert conn.session.ending == 4005
-        assert node.store.head("/a").top == 1  # the publish after the fatal frame was not taken
+        assert node.store.head("/a").top == 2  # the publish after the fatal frame was not taken
         await conn.finish()
 
     run_node("memory", tmp_path, body)

@@ -1,6 +1,6 @@
-"""The native fuzz properties (fuzz/fuzz_native.py) at a modest number of examples, plus two stream
-properties that need more than "accepted or documented error": chunking does not change the result, and
-the buffer stays bounded."""
+"""The native fuzz properties (fuzz/fuzz_native.py) at a modest number of examples, plus stream properties
+that need more than "accepted or documented error": chunking does not change the result, the buffer stays
+bounded, and the runs of a TCP read decode as the message codec decodes each frame."""
 
 from __future__ import annotations
 
@@ -85,3 +85,10 @@ def test_stream_chunking_does_not_matter(inp: tuple[list[bytes], int]) -> None:
     assert got == expected
     assert split.failed == whole.failed
     assert peak <= max_frame + 4  # after a feed, at most one incomplete frame (+ CR or length prefix) is held
+
+
+@CFG
+@given(fz.stream_inputs() | fz.publish_streams())
+def test_stream_runs_match_the_message_codec(inp: tuple[list[bytes], int]) -> None:
+    """The fast path of a TCP read (runs of common publishes) decodes exactly as the general path does."""
+    fz.check_stream_runs(*inp)

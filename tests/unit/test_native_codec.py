@@ -740,6 +740,10 @@ def test_frame_for_stream() -> None:
     data = MP.encode_push("ping")
     assert MP.frame_for_stream(data) == len(data).to_bytes(4, "big") + data
     assert MP.frame_for_stream(data)[0] == 0
+    for codec, frame in ((JSON, b'{"op":"ping"}'), (MP, data)):
+        parts = codec.stream_parts(frame)
+        assert b"".join(parts) == codec.frame_for_stream(frame)
+        assert any(p is frame for p in parts)  # the frame itself, not a copy
 
 
 def test_round_trip_through_stream_decoder() -> None:

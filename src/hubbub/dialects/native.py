@@ -2,7 +2,8 @@
 
 :class:`NativeCodec` turns one WebSocket message (or one TCP frame) into a :data:`Command` and turns replies,
 pushes and events into bytes, in JSON or msgpack. :class:`NativeStreamDecoder` splits a raw TCP byte stream
-into frames, picking the framing from the first byte. The command values and their field readers live in
+into frames, picking the framing from the first byte, and decodes each read in one loop (the common publishes
+as a :class:`PublishRun`). The command values and their field readers live in
 :mod:`.native_commands`, the HTTP renderings in :mod:`.native_http` and the shared event rendering in
 :mod:`.native_common`; everything a transport needs is re-exported here.
 
@@ -12,19 +13,22 @@ Invariants:
   whose code is in :data:`hubbub.errors.CODES`; when the frame's integer ``id`` could be read, the error
   carries it in ``request_id`` so the error frame can echo it. Nothing else escapes.
 * Every read is bounded by ``max_frame`` and the ``limits.*`` values given to the constructor.
-* Stream parsing does not depend on chunking: feeding the same bytes in any split gives the same items.
+* Stream parsing does not depend on chunking: feeding the same bytes in any split gives the same items
+  (``feed_runs`` gives the same publishes, only grouped in runs per read).
 * Encoders return complete frames (``bytes``); JSON output is compact with keys in the spec's order.
 * An event body is encoded once per fan-out and encoding (``cache``); each connection only adds its ``subs``.
 
-Concurrency contract: a codec or stream decoder belongs to one connection and is called from one thread
-(the event loop). The module-level functions are pure and thread-safe.
+Concurrency contract: a stream decoder belongs to one connection; a codec keeps no state of a connection, so
+the connections of one event loop may share it (the TCP listener and the WebSocket endpoint do). Both are
+called from one thread (the event loop). The module-level functions are pure and thread-safe.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+import struct
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 import msgpack
@@ -70,12 +74,14 @@ from .native_common import (
     MSGPACK_BODY_PAIRS,
     Encoding,
     Limits,
+    batch_frame,
     check_content_type,
     check_headers,
     check_idem,
     check_tags,
     event_body_json,
     event_body_msgpack,
+    pack_batches,
     plain,
 )
 from .native_http import (
@@ -103,6 +109,9 @@ __all__ = [
     "Ping",
     "Pong",
     "Publish",
+    "PublishRun",
+    "RunItem",
+    "StreamItem",
     "Subscribe",
     "Unsubscribe",
     "error_message",
@@ -122,6 +131,7 @@ PROTOCOL_VERSION: Final = 1
 SUBPROTOCOLS: Final[dict[str, Encoding]] = {"hubbub.v1.json": "json", "hubbub.v1.msgpack": "msgpack"}
 
 _unpackb = msgpack.unpackb
+_orjson_loads = orjson.loads
 
 #: Canonical forms of raw channel texts kept per codec (cleared when full).
 CHANNEL_CACHE_SIZE: Final = 1024
@@ -137,7 +147,6 @@ _MP_OP_EVENT_SUBS: Final = b"\xa2op\xa5event\xa4subs"
 _MP_EVENT: Final = bytes([0x80 | (MSGPACK_BODY_PAIRS + 2)]) + _MP_OP_EVENT_SUBS
 _MP_EVENT_REPLAY: Final = bytes([0x80 | (MSGPACK_BODY_PAIRS + 3)]) + _MP_OP_EVENT_SUBS
 _MP_REPLAY: Final = b"\xa6replay\xc3"
-_MP_BATCH: Final = b"\x82\xa2op\xa5batch\xa6frames"
 
 #: Field order of the server pushes (native.md §3.5): listed fields first, in this order, then any others.
 PUSH_FIELDS: Final[dict[str, tuple[str, ...]]] = {
@@ -275,10 +284,15 @@ class NativeCodec:
                     long_int = _LONG_INT.search(message) is not None
                 if not long_int:
                     return orjson.loads(message)
-                return json.loads(
+                obj = json.loads(
                     bytes(message) if isinstance(message, memoryview) else message,
                     parse_constant=_no_constant,
                 )
+                # Unlike orjson, the standard library accepts escaped lone surrogates ("\\ud800"), which
+                # no string of the frame may hold (they cannot be encoded); the UnicodeEncodeError is a
+                # ValueError.
+                json.dumps(obj, ensure_ascii=False).encode("utf-8")
+                return obj
             except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
                 raise BadFrame("not JSON") from None
         try:
@@ -589,11 +603,12 @@ class NativeCodec:
 
     def encode_batch(self, frames: Sequence[bytes]) -> bytes:
         """``{"op":"batch","frames":[…]}`` from already-encoded frames, without re-encoding them."""
-        if self.encoding == "json":
-            return b'{"op":"batch","frames":[' + b",".join(frames) + b"]}"
-        packer = self._packer
-        header: bytes = packer.pack_array_header(len(frames))
-        return b"".join((_MP_BATCH, header, *frames))
+        return batch_frame(self.encoding, frames)
+
+    def encode_batches(self, frames: Sequence[bytes], limit: int) -> list[bytes]:
+        """``frames`` packed into as few ``batch`` frames of at most ``limit`` bytes as possible (see
+        :func:`~hubbub.dialects.native_common.pack_batches`). Thread-safe."""
+        return pack_batches(self.encoding, frames, limit)
 
     def frame_for_stream(self, data: bytes) -> bytes:
         """Frame one encoded message for raw TCP: a JSON line, or a 4-byte big-endian length + msgpack."""
@@ -601,10 +616,64 @@ class NativeCodec:
             return data + b"\n"
         return len(data).to_bytes(4, "big") + data
 
+    def stream_parts(self, data: bytes) -> tuple[bytes, bytes]:
+        """:meth:`frame_for_stream` as two pieces to write one after the other, without copying ``data``."""
+        if self._json:
+            return data, b"\n"
+        return len(data).to_bytes(4, "big"), data
+
 
 # -- raw TCP framing --------------------------------------------------------------------------------------
 
 StreamItem: TypeAlias = Command | HubbubError
+
+_U32: Final = struct.Struct(">I").unpack_from
+#: The content type of a JSON publish's ``text`` payload (native.md §3.4).
+_TEXT_TYPE: Final = "text/plain; charset=utf-8"
+
+
+class PublishRun:
+    """Consecutive publishes of the common shape from one read of a TCP stream, as parallel lists.
+
+    The common shape is ``op``, ``id``, ``channel`` and the payload (msgpack ``payload`` as bin; JSON one of
+    ``text``, ``json``, ``b64``), optionally a boolean ``ack``, and nothing else: no content type, headers,
+    tags or idempotency key. A read full of them (a pipelining client's burst) thus builds no command value
+    per publish: the connection makes the store's requests straight from these lists. Publish ``i`` is
+    ``Publish(replies[i][0], channels[i], payloads[i], content_types[i], ack=replies[i][1])``.
+    """
+
+    __slots__ = ("channels", "content_types", "payloads", "replies")
+
+    def __init__(self) -> None:
+        #: Canonical channels.
+        self.channels: list[str] = []
+        self.payloads: list[bytes] = []
+        self.content_types: list[str] = []
+        #: ``(request id, ack wanted)`` of each publish: what a connection keeps until the commit.
+        self.replies: list[tuple[int, bool]] = []
+
+    def __len__(self) -> int:
+        return len(self.replies)
+
+    def __repr__(self) -> str:
+        return f"PublishRun({len(self)} publishes)"
+
+    def commands(self, start: int = 0) -> list[Publish]:
+        """The publishes from ``start`` on, as :class:`Publish` commands."""
+        return [
+            Publish(rid, channel, payload, ct, {}, (), "", ack)
+            for (rid, ack), channel, payload, ct in zip(
+                self.replies[start:],
+                self.channels[start:],
+                self.payloads[start:],
+                self.content_types[start:],
+                strict=True,
+            )
+        ]
+
+
+#: What :meth:`NativeStreamDecoder.feed_runs` returns: commands, errors and runs of common publishes.
+RunItem: TypeAlias = Command | HubbubError | PublishRun
 
 
 class NativeStreamDecoder:
@@ -617,11 +686,29 @@ class NativeStreamDecoder:
     After a fatal error (4000, 4003) ``failed`` is set, the buffer is dropped and later input is ignored:
     the transport sends the error (when ``encoding`` is known) and closes.
 
+    :meth:`feed_runs` is the transport's form of :meth:`feed`: the same items, except that consecutive
+    publishes of the common shape come as one :class:`PublishRun`. Each read's frames are split and
+    decoded in one loop; only frames of another shape go through :meth:`NativeCodec.decode_object`.
+
+    ``codecs`` (by encoding) lets every connection of a listener share its codecs, which keep no state of
+    a connection; without it the decoder builds its own once the encoding is known.
+
     The buffer never holds more than one incomplete frame of at most ``max_frame`` bytes (+ ``\\r``) plus
     the complete frames of the current chunk.
     """
 
-    __slots__ = ("_buf", "_codec", "_limits", "_scanned", "encoding", "error", "failed", "max_frame")
+    __slots__ = (
+        "_buf",
+        "_codec",
+        "_codecs",
+        "_limits",
+        "_run",
+        "_scanned",
+        "encoding",
+        "error",
+        "failed",
+        "max_frame",
+    )
 
     def __init__(
         self,
@@ -632,14 +719,18 @@ class NativeStreamDecoder:
         max_tag_bytes: int = 256,
         max_headers: int = 64,
         max_header_bytes: int = 8192,
+        codecs: Mapping[Encoding, NativeCodec] | None = None,
     ) -> None:
         self.max_frame = max_frame
         self._limits = Limits(max_channel_bytes, max_tags, max_tag_bytes, max_headers, max_header_bytes)
+        self._codecs = codecs
         #: ``"json"`` or ``"msgpack"`` once the first byte was seen (the server answers in the same one).
         self.encoding: Encoding | None = None
         self._codec: NativeCodec | None = None
         self._buf = bytearray()
         self._scanned = 0  # JSON lines: bytes of _buf already known to hold no newline
+        #: The run the current read's common publishes join (the last item of that read's output).
+        self._run: PublishRun | None = None
         self.failed = False
         #: The fatal error, once ``failed``.
         self.error: HubbubError | None = None
@@ -658,9 +749,20 @@ class NativeStreamDecoder:
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[StreamItem]:
         """Add received bytes; return the commands and errors of every frame they complete, in order."""
+        out: list[StreamItem] = []
+        for item in self.feed_runs(data):
+            if isinstance(item, PublishRun):
+                out += item.commands()
+            else:
+                out.append(item)
+        return out
+
+    def feed_runs(self, data: bytes | bytearray | memoryview) -> list[RunItem]:
+        """:meth:`feed`, with a read's consecutive publishes of the common shape in a :class:`PublishRun`."""
         if self.failed or not data:
             return []
-        out: list[StreamItem] = []
+        out: list[RunItem] = []
+        self._run = None
         if self.encoding is None:
             first = data[0]
             if first == 0x7B:
@@ -670,34 +772,42 @@ class NativeStreamDecoder:
             else:
                 self._fail(BadFrame("the first byte must be '{' (JSON lines) or 0x00 (msgpack)"), out)
                 return out
-            lim = self._limits
-            self._codec = NativeCodec(
-                self.encoding,
-                max_frame=self.max_frame,
-                max_channel_bytes=lim.max_channel_bytes,
-                max_tags=lim.max_tags,
-                max_tag_bytes=lim.max_tag_bytes,
-                max_headers=lim.max_headers,
-                max_header_bytes=lim.max_header_bytes,
-            )
+            if self._codecs is not None:
+                self._codec = self._codecs[self.encoding]
+            else:
+                lim = self._limits
+                self._codec = NativeCodec(
+                    self.encoding,
+                    max_frame=self.max_frame,
+                    max_channel_bytes=lim.max_channel_bytes,
+                    max_tags=lim.max_tags,
+                    max_tag_bytes=lim.max_tag_bytes,
+                    max_headers=lim.max_headers,
+                    max_header_bytes=lim.max_header_bytes,
+                )
         self._buf += data
         if self.encoding == "json":
             self._lines(out)
         else:
             self._frames(out)
+        self._run = None
         return out
 
-    def _fail(self, exc: HubbubError, out: list[StreamItem]) -> None:
+    def _fail(self, exc: HubbubError, out: list[RunItem]) -> None:
         out.append(exc)
         self.failed = True
         self.error = exc
         self._buf = bytearray()
         self._scanned = 0
 
-    def _emit(self, frame: bytes | bytearray | memoryview, out: list[StreamItem]) -> bool:
-        """Decode one frame into ``out``; False after a fatal error."""
+    def _object(self, obj: Any, out: list[RunItem]) -> bool:
+        """Decode one frame's value through the codec's general path into ``out``; False after a fatal
+        error."""
+        self._run = None
         try:
-            out.append(self.codec.decode(frame))
+            if type(obj) is not dict:
+                raise BadFrame("a frame must be an object")
+            out.append(self.codec.decode_object(obj))
         except HubbubError as exc:
             if exc.fatal:
                 self._fail(exc, out)
@@ -705,9 +815,57 @@ class NativeStreamDecoder:
             out.append(exc)
         return True
 
-    def _lines(self, out: list[StreamItem]) -> None:
+    def _quick_json(self, obj: Any, out: list[RunItem]) -> bool:
+        """Add a JSON publish of the common shape (see :class:`PublishRun`) to the read's run.
+
+        False, with nothing added, for any other frame, including every frame the general path would
+        refuse: the general path then decodes it, with its own errors. (:meth:`_frames` has the msgpack
+        case inline.)
+        """
+        if type(obj) is not dict or obj.get("op") != "publish":
+            return False
+        rid = obj.get("id")
+        ack = obj.get("ack", False)
+        raw_channel = obj.get("channel")
+        if (
+            type(rid) is not int
+            or not 0 <= rid < MAX_ID
+            or type(ack) is not bool
+            or type(raw_channel) is not str
+            or len(obj) != 4 + ("ack" in obj)
+        ):
+            return False
+        # A channel the codec has not seen yet takes the general path once, which canonicalizes it.
+        channel = self.codec._channels.get(raw_channel)
+        if channel is None:
+            return False
+        # The fourth field must be the payload: one of text, json and b64 (json_payload checks which).
+        text = obj.get("text")
+        if type(text) is str:
+            payload, content_type = text.encode("utf-8"), _TEXT_TYPE
+        else:
+            try:
+                payload, content_type = json_payload(obj)
+            except HubbubError:
+                return False
+        run = self._run
+        if run is None:
+            run = self._run = PublishRun()
+            out.append(run)
+        run.channels.append(channel)
+        run.payloads.append(payload)
+        run.content_types.append(content_type)
+        run.replies.append((rid, ack))
+        return True
+
+    def _lines(self, out: list[RunItem]) -> None:
         buf = self._buf
         limit = self.max_frame
+        codec = self.codec
+        quick = self._quick_json
+        # The usual read holds no digit run long enough to need the standard library (see NativeCodec._load):
+        # one search of the whole buffer then spares each line its own.
+        load = codec._load if _LONG_INT.search(buf) is not None else None
         pos = 0
         search = self._scanned
         while True:
@@ -721,27 +879,73 @@ class NativeStreamDecoder:
             if end - pos > limit:
                 self._fail(FrameTooLarge(f"line over {limit} bytes"), out)
                 return
-            if end > pos and not self._emit(buf[pos:end], out):
-                return
+            if end > pos:
+                try:
+                    obj = _orjson_loads(buf[pos:end]) if load is None else load(buf[pos:end])
+                except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
+                    self._fail(BadFrame("not JSON"), out)
+                    return
+                except HubbubError as exc:  # BadFrame from _load: fatal
+                    self._fail(exc, out)
+                    return
+                if not quick(obj, out) and not self._object(obj, out):
+                    return
             pos = search = nl + 1
         if pos:
             del buf[:pos]
         self._scanned = len(buf)
 
-    def _frames(self, out: list[StreamItem]) -> None:
+    def _frames(self, out: list[RunItem]) -> None:
         buf = self._buf
+        end = len(buf)
         limit = min(self.max_frame, MAX_STREAM_FRAME - 1)
+        channels = self.codec._channels
+        unpackb = _unpackb
+        run: PublishRun | None = None
         pos = 0
-        while len(buf) - pos >= 4:
-            n = int.from_bytes(buf[pos : pos + 4], "big")
+        while end - pos >= 4:
+            (n,) = _U32(buf, pos)
             if n > limit:
                 self._fail(FrameTooLarge(f"frame over {limit} bytes"), out)
                 return
-            if len(buf) - pos - 4 < n:
-                break
             start = pos + 4
+            if end - start < n:
+                break
             pos = start + n
-            if not self._emit(buf[start:pos], out):
+            try:
+                obj = unpackb(buf[start:pos], raw=False, strict_map_key=False)
+            except Exception:
+                # unpackb is pure C: any failure (bad format, extra data, bad UTF-8, unhashable key, nesting
+                # depth) means the bytes are not one msgpack value.
+                self._fail(BadFrame("not msgpack"), out)
+                return
+            # A publish of the common shape joins the read's run (see _quick_json); inline, as this runs
+            # once per published message.
+            if type(obj) is dict and obj.get("op") == "publish":
+                rid = obj.get("id")
+                ack = obj.get("ack", False)
+                raw_channel = obj.get("channel")
+                payload = obj.get("payload")
+                if (
+                    type(rid) is int
+                    and 0 <= rid < MAX_ID
+                    and type(ack) is bool
+                    and type(raw_channel) is str
+                    and type(payload) is bytes
+                    and len(obj) == 4 + ("ack" in obj)
+                ):
+                    channel = channels.get(raw_channel)
+                    if channel is not None:
+                        if run is None:
+                            run = PublishRun()
+                            out.append(run)
+                        run.channels.append(channel)
+                        run.payloads.append(payload)
+                        run.content_types.append(DEFAULT_CONTENT_TYPE)
+                        run.replies.append((rid, ack))
+                        continue
+            run = None
+            if not self._object(obj, out):
                 return
         if pos:
             del buf[:pos]

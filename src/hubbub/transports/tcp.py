@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hubbub.dialects import native as nc
 from hubbub.errors import HubbubError
@@ -27,20 +27,37 @@ async def serve_native_tcp(
     on_connection: Callable[[asyncio.Task[None]], None],
     limits: dict[str, int],
 ) -> asyncio.Server:
-    """Start the listener. ``make_connection`` builds the connection glue once the framing is known."""
+    """Start the listener. ``make_connection`` builds the connection glue once the framing is known.
+
+    Every connection of the listener shares one codec per encoding: a codec keeps no state of a connection
+    (its channel cache only maps raw channel text to canonical form), and its msgpack packer alone holds a
+    256 KiB buffer.
+    """
+    codecs: dict[nc.Encoding, nc.NativeCodec] = {
+        enc: nc.NativeCodec(
+            enc,
+            max_frame=max_frame,
+            max_channel_bytes=limits["max_channel_bytes"],
+            max_tags=limits["max_tags"],
+            max_tag_bytes=limits["max_tag_bytes"],
+            max_headers=limits["max_headers"],
+            max_header_bytes=limits["max_header_bytes"],
+        )
+        for enc in ("json", "msgpack")
+    }
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         on_connection(task)
-        decoder = nc.NativeStreamDecoder(max_frame=max_frame, **limits)
+        decoder = nc.NativeStreamDecoder(max_frame=max_frame, codecs=codecs, **limits)
         conn: NativeConnection | None = None
         try:
             while True:
                 data = await reader.read(READ_CHUNK)
                 if not data:
                     break
-                items = decoder.feed(data)
+                items = decoder.feed_runs(data)
                 if conn is None and decoder.encoding is not None:
                     conn = make_connection(decoder.codec, writer)
                     conn.start()
@@ -64,11 +81,12 @@ async def serve_native_tcp(
     return await asyncio.start_server(handle, host, port, limit=max_frame + 1024)
 
 
-async def dispatch(conn: NativeConnection | None, items: list[nc.StreamItem]) -> bool:
+async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -> bool:
     """Hand one read's decoded items to the connection, in order; True when the connection must close.
 
-    Consecutive publishes (the common read: a client's pipelined burst) go to the connection as one batch,
-    so the node takes them in one call (:meth:`NativeConnection.publish_many`).
+    A run of common publishes (the usual read: a client's pipelined burst) goes to the connection at once,
+    and so do consecutive other publishes, so the node takes them in one call each
+    (:meth:`NativeConnection.publish_run`, :meth:`NativeConnection.publish_many`).
     """
     n = len(items)
     i = 0
@@ -85,7 +103,10 @@ async def dispatch(conn: NativeConnection | None, items: list[nc.StreamItem]) ->
         if conn is None:
             i += 1
             continue
-        if type(item) is nc.Publish:
+        if isinstance(item, nc.PublishRun):
+            await conn.publish_run(item)
+            i += 1
+        elif type(item) is nc.Publish:
             j = i + 1
             while j < n and type(items[j]) is nc.Publish:
                 j += 1
