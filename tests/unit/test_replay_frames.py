@@ -1,4 +1,5 @@
-"""``event_frames``: a run of replayed events encodes to exactly the frames of its events, one by one."""
+"""``event_frames``: a run of replayed events encodes to exactly the frames of its events, one by one; and
+``event_batches``: packed into batch frames, exactly those frames packed by ``pack_batches``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.dialects import native as nc
-from hubbub.dialects.native_common import event_frames
+from hubbub.dialects.native_common import _msgpack_heads, event_batches, event_frames, pack_batches
 from hubbub.events import Event, Publisher
 from hubbub.log.base import EventRun
 
@@ -97,3 +98,94 @@ def test_frames_decode_to_the_events() -> None:
         (129, "7", False),
     ]
     assert [next(k for k in ("json", "text", "b64") if k in g) for g in jframes] == ["text", "json", "b64"]
+
+
+# -- batch frames of runs ---------------------------------------------------------------------------------
+
+
+def greedy_batches(encoding: nc.Encoding, frames: list[bytes], limit: int) -> list[bytes]:
+    """The packing rule spelled out frame by frame: the longest group that fits the limit with its batch
+    overhead; a group of one frame goes out as that frame."""
+    codec = nc.NativeCodec(encoding)
+
+    def size(group: list[bytes]) -> int:
+        return len(codec.encode_batch(group))
+
+    out: list[list[bytes]] = []
+    for f in frames:
+        if out and size([*out[-1], f]) <= limit:
+            out[-1].append(f)
+        else:
+            out.append([f])
+    return [g[0] if len(g) == 1 else codec.encode_batch(g) for g in out]
+
+
+limits = st.one_of(st.integers(1, 4000), st.just(1 << 20))
+
+
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+@settings(max_examples=200, deadline=None)
+@given(frames=st.lists(st.binary(min_size=1, max_size=300), max_size=40), limit=limits)
+def test_pack_batches_is_greedy_within_the_limit(
+    encoding: nc.Encoding, frames: list[bytes], limit: int
+) -> None:
+    got = pack_batches(encoding, frames, limit)
+    assert got == greedy_batches(encoding, frames, limit)
+    codec = nc.NativeCodec(encoding)
+    assert codec.encode_batches(frames, limit) == got
+    for b in got:
+        assert len(b) <= limit or b in frames  # only a frame that fits no batch goes over, alone
+
+
+@st.composite
+def uniform_runs(draw: st.DrawFn) -> tuple[Event, list[tuple[int, bytes]]]:
+    """Runs whose times and payload sizes share one msgpack form each (the usual replay page): the batches
+    are built without single frames. The seqs may cross a boundary of msgpack's integer forms."""
+    seq = draw(st.sampled_from([1, 100, 120, 250, 65530, (1 << 32) - 5, 1 << 40]))
+    base = draw(st.sampled_from([0, 200, 70000, 1 << 33, 1_700_000_000_000_000_000]))
+    size = draw(st.sampled_from([0, 3, 16, 255, 256, 300, 65536]))
+    n = draw(st.integers(1, 30))
+    rows = [(base + draw(st.integers(0, 40)), bytes([i % 256]) * size) for i in range(n)]
+    headers = draw(st.sampled_from([{}, {"k": "v", ":filter.user_id": "u"}]))
+    proto = Event(
+        "/r/%s", seq, "abcd1234", rows[0][0], Publisher("native", "u", "a", ""), rows[0][1],
+        "application/octet-stream", headers, ("t",),
+    )  # fmt: skip
+    return proto, rows
+
+
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+@settings(max_examples=200, deadline=None)
+@given(run=st.one_of(runs(), uniform_runs()), replay=st.booleans(), limit=limits)
+def test_run_batches_equal_packed_single_event_frames(
+    encoding: nc.Encoding, run: tuple[Event, list[tuple[int, bytes]]], replay: bool, limit: int
+) -> None:
+    proto, rows = run
+    want = pack_batches(encoding, event_frames(encoding, proto, rows, ["s", "%d"], replay), limit)
+    assert event_batches(encoding, proto, rows, ("s", "%d"), replay, limit) == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(run=uniform_runs(), replay=st.booleans())
+def test_uniform_msgpack_runs_take_the_struct_path(
+    run: tuple[Event, list[tuple[int, bytes]]], replay: bool
+) -> None:
+    proto, rows = run
+    got = _msgpack_heads(proto, rows, ("s",), replay, b"")
+    assert got is not None
+    heads, sizes = got
+    frames = event_frames("msgpack", proto, rows, ("s",), replay)
+    suffix = b"\xa6replay\xc3" if replay else b""
+    assert [h + p + suffix for h, (_, p) in zip(heads, rows, strict=True)] == frames
+    assert sizes == [len(p) for _, p in rows]
+
+
+def test_a_replay_page_splits_into_batches_within_max_frame() -> None:
+    proto = Event("/r", 1, "abcd1234", 1 << 60, Publisher("native"), b"x" * 100, "text/plain")
+    rows = [((1 << 60) + i, b"x" * 100) for i in range(500)]
+    batches = event_batches("msgpack", proto, rows, ("s",), True, 4096)
+    assert len(batches) > 10 and all(len(b) <= 4096 for b in batches)
+    got = [f for b in batches for f in msgpack.unpackb(b)["frames"]]
+    assert [(g["seq"], g["time"], g["replay"]) for g in got] == [
+        (1 + i, (1 << 60) + i, True) for i in range(500)
+    ]

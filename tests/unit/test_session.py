@@ -4,8 +4,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from hubbub.core.session import Overflow, Session
+from hubbub.core.session import FrameRun, Overflow, Session
 from hubbub.events import Event, Publisher
+from hubbub.log.base import EventRun
 
 
 class Enc:
@@ -122,5 +123,171 @@ def test_wait_room_wakes_when_drained() -> None:
         assert not waiter.done()
         await s.next_frames()
         await asyncio.wait_for(waiter, 1)
+
+    asyncio.run(main())
+
+
+# -- runs of event frames (FrameRun) ----------------------------------------------------------------------
+
+
+def frames_of(n: int, tag: str = "f", size: int = 10) -> list[bytes]:
+    return [f"{tag}{i}".encode().ljust(size, b".") for i in range(n)]
+
+
+def run_of(frames: list[bytes]) -> FrameRun:
+    return FrameRun(frames, sum(map(len, frames)))
+
+
+def test_a_run_is_one_entry_counted_frame_by_frame() -> None:
+    s = Session("native", Enc(), max_items=30, max_bytes=1 << 20)
+    fs = frames_of(20)
+    assert s.push(b"reply")
+    assert s.deliver_run(run_of(fs)) == 20
+    assert s.queued == 21 and s.statistics()["queued_frames"] == 21
+    assert s.statistics()["queued_bytes"] == 5 + 200 and s.stats.delivered == 20
+    assert len(s._frames) == 2  # one entry for the whole run
+    # Over max_items: frame by frame, as single events, until the policy kicks the session.
+    assert s.deliver_run(run_of(frames_of(10, "g"))) == 9
+    assert s.kicked == 4302
+    assert s.queued == 0
+
+
+def test_next_frames_takes_runs_in_order_and_splits_them_at_the_byte_limit() -> None:
+    async def main() -> None:
+        s = Session("native", Enc(), max_items=100, max_bytes=1 << 20)
+        a, b = frames_of(10, "a"), frames_of(10, "b")
+        s.push(b"r1")
+        s.deliver_run(run_of(a))
+        s.push(b"r2")
+        s.deliver_run(run_of(b))
+        got: list[bytes] = []
+        while s.queued:
+            part = await s.next_frames(limit_bytes=35)
+            assert part and (len(part) == 1 or sum(map(len, part)) <= 35)
+            got += part
+        assert got == [b"r1", *a, b"r2", *b]
+        assert s.statistics()["queued_bytes"] == 0
+        s.deliver_run(run_of(a))
+        s.deliver_run(run_of(b))
+        assert await s.next_frames() == a + b  # all at once when it all fits
+
+    asyncio.run(main())
+
+
+def test_next_entries_hands_out_shared_runs_whole() -> None:
+    async def main() -> None:
+        s = Session("native", Enc(), max_items=100, max_bytes=1 << 20)
+        run = run_of(frames_of(10))
+        s.push(b"r1")
+        s.deliver_run(run)
+        s.push(b"r2")
+        assert await s.next_entries(limit_bytes=40) == [b"r1"]
+        assert await s.next_entries(limit_bytes=40) == [run]  # whole, over the limit: the writer packs it
+        assert s.queued == 1
+        assert await s.next_entries() == [b"r2"]
+        s.deliver_run(run_of(frames_of(3)))  # a short run is queued frame by frame
+        assert await s.next_entries() == frames_of(3)
+
+    asyncio.run(main())
+
+
+def test_a_shared_run_is_packed_once() -> None:
+    calls: list[int] = []
+
+    def pack(frames: Sequence[bytes], limit: int) -> list[bytes]:
+        calls.append(limit)
+        return [b"|".join(frames)]
+
+    run = run_of(frames_of(10))
+    a = Session("native", Enc(), max_items=100, max_bytes=1 << 20)
+    b = Session("native", Enc(), max_items=100, max_bytes=1 << 20)
+    a.deliver_run(run)
+    b.deliver_run(run)
+    got_a = asyncio.run(a.next_entries())
+    got_b = asyncio.run(b.next_entries())
+    assert got_a == got_b == [run]
+    first = run.batches(pack, 1000)
+    assert run.batches(pack, 1000) is first
+    assert calls == [1000]
+    run.batches(pack, 500)  # another limit: packed again
+    assert calls == [1000, 500]
+    assert run.frames == frames_of(10)  # never changed by a session
+
+
+def test_drop_oldest_drops_single_frames_of_queued_runs() -> None:
+    s = Session("mist1", Enc(), max_items=10, max_bytes=1 << 20, overflow=Overflow.DROP_OLDEST)
+    s.push(b"reply")
+    s.deliver_run(run_of(frames_of(9)))
+    assert s.deliver(ev(1), ["s"], {})  # drops the run's first frame
+    assert s.stats.dropped == 1 and s.queued == 10
+    assert asyncio.run(s.next_frames()) == [b"reply", *frames_of(9)[1:], b"s:x"]
+
+
+def test_catch_up_drops_queued_runs() -> None:
+    called: list[int] = []
+    s = Session("guble", Enc(), max_items=10, max_bytes=1 << 20, overflow=Overflow.CATCH_UP)
+    s.on_catch_up = lambda: called.append(1)
+    s.push(b"status")
+    s.deliver_run(run_of(frames_of(9)))
+    assert not s.deliver(ev(1), ["s"], {})
+    assert called == [1] and s.stats.dropped == 9 and s.queued == 1
+    assert asyncio.run(s.next_frames()) == [b"status"]
+
+
+class BatchEnc(Enc):
+    """Packs runs as ``[frame|frame|…]`` groups of at most ``limit`` bytes."""
+
+    def encode_batches(self, frames: Sequence[bytes], limit: int) -> list[bytes]:
+        out: list[bytes] = []
+        for f in frames:
+            if out and len(out[-1]) + len(f) + 1 <= limit:
+                out[-1] += b"|" + f
+            else:
+                out.append(f)
+        return out
+
+    def encode_run_batches(
+        self, proto: Event, rows: Sequence[tuple[int, bytes]], subs: Sequence[str], replay: bool, limit: int
+    ) -> list[bytes]:
+        frames = [f"{proto.seq + i}:".encode() + p for i, (_, p) in enumerate(rows)]
+        return self.encode_batches(frames, limit)
+
+
+def test_replay_chunks_of_a_batching_session_come_packed() -> None:
+    rows = [(i, b"p") for i in range(25)]
+    proto = Event("/a", 7, "e0000000", 0, Publisher("native"), b"p", "text/plain")
+    s = Session("native", BatchEnc(), max_items=20, max_bytes=1 << 20)
+    assert s.replay_run_chunks(EventRun(proto, rows), ("s",)) is None  # not batching
+    s.batch_limit = 12
+    chunks = s.replay_run_chunks(EventRun(proto, rows), ("s",))
+    assert chunks is not None
+    assert [c.count for c in chunks] == [10, 10, 5]  # half the queue's bound each
+    assert all(c.frames is None and c.packed for c in chunks)
+    joined = b"|".join(b for c in chunks for b in c.batches(BatchEnc().encode_batches, 12))
+    assert joined.split(b"|") == [f"{7 + i}:p".encode() for i in range(25)]
+    assert all(len(b) <= 12 for c in chunks for b in c.single())
+    assert chunks[0].nbytes == sum(map(len, chunks[0].single()))
+    frames = s.replay_chunks(frames_of(25))
+    assert [c.count for c in frames] == [10, 10, 5]
+    assert frames[0].packed and frames[1].packed and frames[2].packed is None  # too short to pack ahead
+    dropping = Session("x", BatchEnc(), max_items=20, max_bytes=1 << 20, overflow=Overflow.DROP_OLDEST)
+    dropping.batch_limit = 12
+    assert dropping.replay_run_chunks(EventRun(proto, rows), ("s",)) is None
+
+
+def test_replay_runs_pace_packed_chunks_through_the_queue() -> None:
+    async def main() -> None:
+        rows = [(i, b"p") for i in range(100)]
+        proto = Event("/a", 1, "e0000000", 0, Publisher("native"), b"p", "text/plain")
+        s = Session("native", BatchEnc(), max_items=20, max_bytes=1 << 20, batch_limit=30)
+        chunks = s.replay_run_chunks(EventRun(proto, rows), ("s",))
+        assert chunks is not None
+        replay = asyncio.ensure_future(s.replay_runs(chunks))
+        got: list[bytes] = []
+        while not replay.done() or s.queued:
+            assert s.queued <= 20
+            got += await s.next_frames()  # a packed-only run comes as its batch frames
+        assert await replay == 100
+        assert b"|".join(got).split(b"|") == [f"{1 + i}:p".encode() for i in range(100)]
 
     asyncio.run(main())

@@ -34,7 +34,7 @@ from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, EventRun, 
 from hubbub.router import Router
 
 from .replay import Gap, ReplayPlan, ReplaySpan, ReplaySpec, plan_replay
-from .session import Session
+from .session import FrameRun, Session
 from .writer import LogWriter
 
 __all__ = ["EpochMismatch", "Node", "NodeSettings", "Subscription"]
@@ -429,7 +429,8 @@ class Node:
         self, subs: tuple[Subscription, ...], events: list[Event], origin: Session | None
     ) -> None:
         """Fan out events that match the same subscriptions, none of them holding or filtered: every
-        connection with the same encoding and subscription ids shares one list of frames, queued at once."""
+        connection with the same encoding and subscription ids shares one :class:`FrameRun`, queued at once
+        (and, for batching connections, packed into batch frames once for all of them)."""
         plan = self._plan(subs, cacheable=True)
         deliveries = self.deliveries
         if len(plan) == 1:
@@ -445,7 +446,7 @@ class Node:
                 deliveries[d] = deliveries.get(d, 0) + n
             return
         run_caches: dict[str, list[dict[Any, Any]]] = {}
-        run_frames: dict[tuple[str, tuple[str, ...]], tuple[list[bytes], int]] = {}
+        run_frames: dict[tuple[str, tuple[str, ...]], FrameRun] = {}
         for sess, ids, _group in plan:
             if sess is origin and not sess.echo:
                 continue
@@ -458,8 +459,8 @@ class Node:
                     caches = run_caches[enc.key] = [{} for _ in events]
                 encode = enc.encode_event
                 frames = [encode(ev, ids, False, c) for ev, c in zip(events, caches, strict=True)]
-                hit = run_frames[fk] = (frames, sum(map(len, frames)))
-            n = sess.deliver_frames(*hit)
+                hit = run_frames[fk] = FrameRun(frames, sum(map(len, frames)))
+            n = sess.deliver_run(hit)
             if n:
                 d = sess.dialect
                 deliveries[d] = deliveries.get(d, 0) + n
@@ -636,6 +637,10 @@ class Node:
         while the loop queues and writes the previous one; the queue paces the reading, so the replay holds at
         most two pages whatever its length. Returns (events queued, last seq queued).
 
+        The reader thread also cuts each run into the chunks the queue takes (``Session.replay_chunks``); for
+        a batching session they come as batch frames already (``Session.replay_run_chunks``), built without
+        the single event frames, so the loop only queues them and the writer sends them as they are.
+
         The snapshot promised every event of the span. If a page does not continue it exactly (the events were
         trimmed or the channel reset meanwhile, which a slow replay invites), the session is closed as a slow
         consumer rather than leave a silent gap: the client resumes with ``since`` and gets an explicit gap.
@@ -646,12 +651,16 @@ class Node:
         channel, top = span.channel, span.top
         subs = (sub_id,)
         encode_run = getattr(session.encoder, "encode_run", None)
+        chunks = session.replay_chunks
+        packed_chunks = session.replay_run_chunks
 
-        def read_page(after: int) -> tuple[list[EventRun], list[list[bytes]] | None]:
+        def read_page(after: int) -> tuple[list[EventRun], list[list[FrameRun]] | None]:
             runs = read_runs(channel, after, top, REPLAY_PAGE)
             if encode_run is None:
                 return runs, None
-            return runs, [encode_run(r.proto, r.rows, subs, True) for r in runs]
+            return runs, [
+                packed_chunks(r, subs) or chunks(encode_run(r.proto, r.rows, subs, True)) for r in runs
+            ]
 
         cache: dict[Any, Any] = {}
         after = span.after
@@ -671,11 +680,14 @@ class Node:
                 for i, run in enumerate(runs):
                     if run.proto.seq != after + 1 or run.proto.epoch != span.epoch:
                         break
-                    frames = encoded[i] if encoded is not None else session.encode_run(run, subs, cache)
-                    n = await session.replay_frames(frames)
+                    if encoded is not None:
+                        chunked = encoded[i]
+                    else:
+                        chunked = session.replay_chunks(session.encode_run(run, subs, cache))
+                    n = await session.replay_runs(chunked)
                     sent += n
                     after += n
-                    if n < len(frames):
+                    if n < len(run.rows):
                         return sent, after
                 if after != end or not runs:
                     if after < top and not (session.closed or session.kicked or session.ending):

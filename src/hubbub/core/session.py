@@ -5,7 +5,14 @@ bytes of the connection's dialect; the core calls it once per event and fan-out,
 between sessions with the same ``Encoder.key`` so each event is encoded once per dialect, not once per
 subscriber.
 
-Concurrency contract: every method is called from the event loop thread only.
+A run of event frames (a burst's fan-out, a replay chunk) is queued as one :class:`FrameRun` entry, shared
+by every session that gets the same frames: queueing it costs the same for ten frames or ten thousand, and
+a batching writer (native ``batch``) packs it into batch frames once for all of those sessions. The bounds
+still count every frame.
+
+Concurrency contract: every method is called from the event loop thread only, except
+:meth:`Session.replay_chunks` and :meth:`Session.replay_run_chunks`, which read only settings fixed before
+the first subscription and run on the node's reader threads.
 
 Overflow policies (protocols README §4), applied when a push would exceed ``max_items`` or ``max_bytes``:
 
@@ -24,16 +31,28 @@ import enum
 import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import repeat
-from typing import Any, Protocol
+from typing import Any, Protocol, cast, final
 
 from hubbub.events import Event
 from hubbub.log.base import EventRun
 
 from .flag import Flag
 
-__all__ = ["Encoder", "Overflow", "RunEncoder", "Session", "SessionStats", "new_session_id"]
+__all__ = [
+    "BatchEncoder",
+    "Encoder",
+    "FrameRun",
+    "Overflow",
+    "RunEncoder",
+    "Session",
+    "SessionStats",
+    "new_session_id",
+]
+
+#: A run of fewer event frames is queued frame by frame rather than as one :class:`FrameRun` entry.
+RUN_ENTRY_MIN = 8
 
 
 def new_session_id() -> str:
@@ -73,6 +92,76 @@ class RunEncoder(Encoder, Protocol):
         ...
 
 
+class BatchEncoder(Encoder, Protocol):
+    """An :class:`Encoder` for a dialect with batch frames (native ``batch``; :attr:`Session.batch_limit`).
+
+    Both methods are thread-safe and depend on nothing but their arguments.
+    """
+
+    def encode_batches(self, frames: Sequence[bytes], limit: int) -> list[bytes]:
+        """``frames`` packed in order into as few batch frames of at most ``limit`` bytes as possible (a frame
+        that fits no batch goes alone, as itself)."""
+        ...
+
+    def encode_run_batches(
+        self, proto: Event, rows: Sequence[tuple[int, bytes]], subs: Sequence[str], replay: bool, limit: int
+    ) -> list[bytes]:
+        """A run's event frames (``RunEncoder.encode_run``) packed as :meth:`encode_batches` packs them,
+        built without the single frames where the encoding allows."""
+        ...
+
+
+@final
+@dataclass(eq=False, slots=True)
+class FrameRun:
+    """Event frames queued as one entry: a fan-out run's frames, shared by every session that gets the same
+    frames (the node gives them the same object), or a chunk of a replay. It counts as ``count`` events
+    against the queue's bounds.
+
+    ``packed`` caches the frames packed into batch frames of at most ``packed_for`` bytes (see
+    :meth:`Session.next_entries`): the first batching writer packs them, and every other session holding the
+    same run sends the very same bytes. Sessions sharing a run share its encoding (the node groups sessions by
+    ``Encoder.key``), so the limit is the whole key.
+
+    A replay chunk for a batching session may come packed only (``frames`` is ``None``; see
+    :meth:`Session.replay_run_chunks`): its batch frames are then all there is of it.
+    """
+
+    frames: list[bytes] | None
+    nbytes: int
+    packed: list[bytes] | None = None
+    packed_for: int = 0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if self.frames is not None:
+            self.count = len(self.frames)
+
+    def batches(self, pack: Callable[[Sequence[bytes], int], list[bytes]], limit: int) -> list[bytes]:
+        """The run as batch frames of at most ``limit`` bytes, packed by ``pack`` on first use."""
+        packed = self.packed
+        frames = self.frames
+        if frames is None:
+            assert packed is not None  # a packed-only run is built packed
+            return packed
+        if packed is None or self.packed_for != limit:
+            packed = self.packed = pack(frames, limit)
+            self.packed_for = limit
+        return packed
+
+    def single(self) -> list[bytes]:
+        """The frames one by one (a packed-only run's batch frames: there is nothing finer)."""
+        frames = self.frames
+        if frames is None:
+            assert self.packed is not None
+            return self.packed
+        return frames
+
+
+#: A queue entry: one frame and whether it is an event, or a run of event frames.
+Entry = tuple[bytes, bool] | FrameRun
+
+
 @dataclass(slots=True)
 class SessionStats:
     queued_frames: int = 0
@@ -98,8 +187,14 @@ class Session:
     on_catch_up: Callable[[], None] | None = None
     #: Called once when the session is kicked as a slow consumer (the node counts it).
     on_slow: Callable[[Session], None] | None = None
-    _frames: deque[tuple[bytes, bool]] = field(default_factory=deque)
+    #: When nonzero, the transport's writer packs event frames into batch frames of at most this many bytes
+    #: and takes the queue with :meth:`next_entries`; a replay then queues its chunks already packed.
+    batch_limit: int = 0
+    _frames: deque[Entry] = field(default_factory=deque)
     _nbytes: int = 0
+    #: Frames queued (a :class:`FrameRun` counts its frames) and :class:`FrameRun` entries among them.
+    _count: int = 0
+    _runs: int = 0
     # Flags, not asyncio.Events: a session exists per idle connection, and an Event costs some 850 bytes.
     _wake: Flag = field(default_factory=Flag)
     _room: Flag = field(default_factory=Flag)
@@ -121,33 +216,34 @@ class Session:
         if self.closed or self.kicked or self.ending:
             return False
         n = len(data)
-        if len(self._frames) >= self.max_items or self._nbytes + n > self.max_bytes:
+        if self._count >= self.max_items or self._nbytes + n > self.max_bytes:
             if not is_event:
-                if len(self._frames) >= 4 * self.max_items or self._nbytes + n > 4 * self.max_bytes:
+                if self._count >= 4 * self.max_items or self._nbytes + n > 4 * self.max_bytes:
                     self.kick(self.slow_close_code)
                     return False
             elif not self._overflow(n, is_event):
                 return False
         self._frames.append((data, is_event))
         self._nbytes += n
-        if len(self._frames) == 1:
+        self._count += 1
+        if self._count == 1:
             self._wake.set()
         return True
 
     def deliver(self, event: Event, subs: Sequence[str], cache: dict[Any, Any], replay: bool = False) -> bool:
         """Encode (through the shared cache) and queue one event."""
         data = self.encoder.encode_event(event, subs, replay, cache)
-        frames = self._frames
         n = len(data)
         if (
-            len(frames) < self.max_items
+            self._count < self.max_items
             and self._nbytes + n <= self.max_bytes
             and not (self.closed or self.kicked or self.ending)
         ):
             # push()'s common case, inlined: this runs once per event per subscribed connection.
-            frames.append((data, True))
+            self._frames.append((data, True))
             self._nbytes += n
-            if len(frames) == 1:
+            self._count += 1
+            if self._count == 1:
                 self._wake.set()
             self.stats.delivered += 1
             return True
@@ -159,23 +255,43 @@ class Session:
     def deliver_frames(self, frames: list[bytes], nbytes: int) -> int:
         """Queue already-encoded event frames (``nbytes`` in all); returns how many were queued.
 
-        The fan-out of a run of events: when they fit, they are queued in one step; otherwise one by one
-        through :meth:`push`, so the overflow policy applies exactly as for single events.
+        See :meth:`deliver_run`, which this is for frames that no other session shares.
+        """
+        return self.deliver_run(FrameRun(frames, nbytes))
+
+    def deliver_run(self, run: FrameRun) -> int:
+        """Queue the event frames of ``run``; returns how many were queued.
+
+        The fan-out of a run of events: when they fit, they are queued in one step, as one entry (frame by
+        frame when there are only a few); otherwise one by one through :meth:`push`, so the overflow policy
+        applies exactly as for single events (a packed-only run is queued whole or not at all). ``run`` may
+        be shared with other sessions and is never changed.
         """
         q = self._frames
-        k = len(frames)
+        frames = run.frames
+        k = run.count
         if (
-            len(q) + k <= self.max_items
-            and self._nbytes + nbytes <= self.max_bytes
+            self._count + k <= self.max_items
+            and self._nbytes + run.nbytes <= self.max_bytes
             and not (self.closed or self.kicked or self.ending)
         ):
-            was_empty = not q
-            q.extend(zip(frames, repeat(True)))
-            self._nbytes += nbytes
-            if was_empty and k:
+            if not k:
+                return 0
+            was_empty = not self._count
+            if k >= RUN_ENTRY_MIN or frames is None:
+                q.append(run)
+                self._runs += 1
+            else:
+                q.extend(zip(frames, repeat(True)))
+            self._nbytes += run.nbytes
+            self._count += k
+            if was_empty:
                 self._wake.set()
             self.stats.delivered += k
             return k
+        if frames is None:
+            self._overflow(run.nbytes, True)
+            return 0
         n = 0
         for f in frames:
             if self.push(f, is_event=True):
@@ -195,27 +311,86 @@ class Session:
         encode = self.encoder.encode_event
         return [encode(ev, subs, True, cache) for ev in run.events()]
 
-    async def replay_frames(self, frames: list[bytes]) -> int:
-        """Queue replayed event frames in order, pacing on the queue: wait for room rather than overflow,
-        since a replay can read the log much faster than the connection drains. Returns how many were queued
-        (fewer only when the session ended meanwhile).
+    def replay_chunks(self, frames: list[bytes]) -> list[FrameRun]:
+        """Replayed event frames cut into the chunks :meth:`replay_runs` queues one at a time: at most half
+        the queue's bound each, in frames and in bytes (a single frame may be larger). With ``batch_limit``
+        set, each chunk comes packed into batch frames already.
 
-        The frames go in chunks of at most half the queue's bound (in frames and in bytes; a single frame may
-        be larger), each queued once the queue has room for it; the writer frees room as it takes frames.
+        Depends only on the session's bounds and encoder, which do not change: the node calls it on a reader
+        thread, next to the read and encoding of a page.
         """
-        done = 0
+        out: list[FrameRun] = []
         total = len(frames)
         step = max(1, self.max_items // 2)
+        half_bytes = self.max_bytes // 2
+        done = 0
         while done < total:
-            if self.closed or self.kicked or self.ending:
-                break
             chunk = frames[done : done + step] if done or total > step else frames
             nbytes = sum(map(len, chunk))
-            while nbytes > self.max_bytes // 2 and len(chunk) > 1:
+            while nbytes > half_bytes and len(chunk) > 1:
                 chunk = chunk[: len(chunk) // 2]
                 nbytes = sum(map(len, chunk))
-            while self._frames and (
-                len(self._frames) + len(chunk) >= self.max_items or self._nbytes + nbytes > self.max_bytes
+            out.append(FrameRun(chunk, nbytes))
+            done += len(chunk)
+        limit = self.batch_limit
+        pack = getattr(self.encoder, "encode_batches", None) if limit else None
+        if pack is not None:
+            for run in out:
+                if run.count >= RUN_ENTRY_MIN:
+                    run.batches(pack, limit)
+        return out
+
+    def replay_run_chunks(self, run: EventRun, subs: Sequence[str]) -> list[FrameRun] | None:
+        """A replayed :class:`~hubbub.log.base.EventRun` as packed-only chunks (:class:`FrameRun` without
+        single frames), cut as :meth:`replay_chunks` cuts frames; ``None`` when this session does not take
+        them: they are for a batching session (``batch_limit``) whose encoder is a :class:`BatchEncoder`, and
+        only with the DISCONNECT policy, as the other policies drop single frames.
+
+        Thread-safe, like :meth:`replay_chunks`.
+        """
+        limit = self.batch_limit
+        encode = getattr(self.encoder, "encode_run_batches", None)
+        if not limit or encode is None or self.overflow is not Overflow.DISCONNECT:
+            return None
+        proto, rows = run.proto, run.rows
+        step = max(1, self.max_items // 2)
+        half_bytes = self.max_bytes // 2
+        out: list[FrameRun] = []
+        total = len(rows)
+        done = 0
+        while done < total:
+            k = min(step, total - done)
+            while True:
+                part = rows[done : done + k] if done or k < total else rows
+                # The chunk's own first event: only seq, time and payload differ along a run.
+                head = (
+                    proto
+                    if not done
+                    else replace(proto, seq=proto.seq + done, time_ns=part[0][0], payload=part[0][1])
+                )
+                packed: list[bytes] = encode(head, part, subs, True, limit)
+                nbytes = sum(map(len, packed))
+                if nbytes <= half_bytes or k == 1:
+                    break
+                k //= 2
+            out.append(FrameRun(None, nbytes, packed, limit, k))
+            done += k
+        return out
+
+    async def replay_runs(self, runs: list[FrameRun]) -> int:
+        """Queue replayed chunks of event frames (:meth:`replay_chunks`) in order, pacing on the queue: wait
+        for room rather than overflow, since a replay can read the log much faster than the connection
+        drains. Returns how many frames were queued (fewer only when the session ended meanwhile).
+
+        Each chunk is queued once the queue has room for it; the writer frees room as it takes frames.
+        """
+        done = 0
+        for run in runs:
+            if self.closed or self.kicked or self.ending:
+                break
+            k = run.count
+            while self._count and (
+                self._count + k >= self.max_items or self._nbytes + run.nbytes > self.max_bytes
             ):
                 if self.closed or self.kicked or self.ending:
                     return done
@@ -223,36 +398,60 @@ class Session:
                 await self._room.wait()
             if self.closed or self.kicked or self.ending:
                 break
-            done += self.deliver_frames(chunk, nbytes)
+            n = self.deliver_run(run)
+            done += n
+            if n < k:
+                break
         return done
 
     def kick(self, code: int) -> None:
         """Ask the transport to close the connection with ``code`` (after the dialect's error, if any)."""
         if not self.kicked and not self.closed:
             self.kicked = code
-            self._frames.clear()
-            self._nbytes = 0
+            self._clear()
             self._wake.set()
             self._room.set()
             if code == self.slow_close_code and self.on_slow is not None:
                 self.on_slow(self)
 
+    def _clear(self) -> None:
+        self._frames.clear()
+        self._nbytes = self._count = self._runs = 0
+
+    def _flatten(self) -> None:
+        """Turn every :class:`FrameRun` entry into single-frame entries (the overflow policies drop frames one
+        by one; rare, so it need not be fast)."""
+        if self._runs:
+            flat: deque[Entry] = deque()
+            for e in self._frames:
+                if type(e) is FrameRun:
+                    single = e.single()
+                    flat.extend(zip(single, repeat(True)))
+                    # A packed-only run's batch frames are its finest parts: each counts as one frame now.
+                    self._count -= e.count - len(single)
+                else:
+                    flat.append(e)
+            self._frames = flat
+            self._runs = 0
+
     def _overflow(self, n: int, is_event: bool) -> bool:
         if self.overflow is Overflow.DISCONNECT:
             self.kick(self.slow_close_code)
             return False
+        self._flatten()
+        entries = cast("deque[tuple[bytes, bool]]", self._frames)  # single frames only, after _flatten
         if self.overflow is Overflow.DROP_OLDEST:
-            frames = self._frames
             kept: deque[tuple[bytes, bool]] = deque()
-            while frames and (len(frames) + len(kept) >= self.max_items or self._nbytes + n > self.max_bytes):
-                data, ev = frames.popleft()
+            while entries and (self._count >= self.max_items or self._nbytes + n > self.max_bytes):
+                data, ev = entries.popleft()
                 if ev:
                     self._nbytes -= len(data)
+                    self._count -= 1
                     self.stats.dropped += 1
                 else:
                     kept.append((data, ev))
-            frames.extendleft(reversed(kept))
-            if len(frames) >= self.max_items or self._nbytes + n > self.max_bytes:
+            entries.extendleft(reversed(kept))
+            if self._count >= self.max_items or self._nbytes + n > self.max_bytes:
                 if is_event:
                     self.stats.dropped += 1
                     return False
@@ -260,9 +459,10 @@ class Session:
                 return False
             return True
         # CATCH_UP: drop every queued live event and let the dialect refill from the log.
-        remaining = deque(f for f in self._frames if not f[1])
-        self.stats.dropped += len(self._frames) - len(remaining)
-        self._frames = remaining
+        remaining = [f for f in entries if not f[1]]
+        self.stats.dropped += self._count - len(remaining)
+        self._frames = deque(remaining)
+        self._count = len(remaining)
         self._nbytes = sum(len(d) for d, _ in remaining)
         if self.on_catch_up is not None:
             self.on_catch_up()
@@ -270,40 +470,131 @@ class Session:
 
     # -- consuming (transport side) ---------------------------------------------------------------------
 
+    async def _wait_frames(self) -> bool:
+        """Wait for queued frames; False when the session was kicked or closed (or ended with none left)."""
+        while not self._count:
+            if self.kicked or self.closed or self.ending:
+                return False
+            self._wake.clear()
+            await self._wake.wait()
+        return not (self.kicked or self.closed)
+
+    def _taken(self, total: int, count: int) -> None:
+        self._nbytes -= total
+        self._count -= count
+        if self._count < self.max_items // 2 or self._nbytes <= self.max_bytes // 2:
+            self._room.set()
+
     async def next_frames(self, limit_bytes: int = 1 << 20) -> list[bytes]:
         """Wait for queued frames and take them (at least one, then up to ``limit_bytes`` in total).
 
-        Returns an empty list when the session was kicked or closed: the transport then closes.
+        Returns an empty list when the session was kicked or closed: the transport then closes. (A packed-only
+        run, which only a batching session gets, comes as its batch frames.)
         """
-        while not self._frames:
-            if self.kicked or self.closed or self.ending:
-                return []
-            self._wake.clear()
-            await self._wake.wait()
-        if self.kicked or self.closed:
+        if not await self._wait_frames():
             return []
         frames = self._frames
         out: list[bytes]
         if self._nbytes <= limit_bytes:
             # Everything fits (the common case): take the whole queue in one step.
-            out = [data for data, _ in frames]
+            if not self._runs:
+                out = [data for data, _ in cast("deque[tuple[bytes, bool]]", frames)]  # no runs queued
+            else:
+                out = []
+                for e in frames:
+                    if type(e) is FrameRun:
+                        out += e.single()
+                    else:
+                        out.append(e[0])
+                self._runs = 0
             frames.clear()
-            total = self._nbytes
-        else:
-            out = []
-            total = 0
-            while frames and (not out or total + len(frames[0][0]) <= limit_bytes):
-                data, _ = frames.popleft()
-                total += len(data)
-                out.append(data)
-        self._nbytes -= total
-        if len(frames) < self.max_items // 2 or self._nbytes <= self.max_bytes // 2:
-            self._room.set()
+            self._taken(self._nbytes, self._count)
+            return out
+        out = []
+        total = 0
+        count = 0
+        while frames:
+            e = frames[0]
+            if type(e) is not FrameRun:
+                n = len(e[0])
+                if out and total + n > limit_bytes:
+                    break
+                frames.popleft()
+                out.append(e[0])
+                total += n
+                count += 1
+                continue
+            run_frames = e.frames
+            if run_frames is None or total + e.nbytes <= limit_bytes:
+                if out and total + e.nbytes > limit_bytes:
+                    break  # a packed-only run goes whole
+                frames.popleft()
+                self._runs -= 1
+                out += e.single()
+                total += e.nbytes
+                count += e.count
+                continue
+            # Take the part of the run that fits (at least one frame); the rest stays queued as a new run.
+            k = 0
+            part = 0
+            for f in run_frames:
+                if (out or k) and total + part + len(f) > limit_bytes:
+                    break
+                part += len(f)
+                k += 1
+            if k:
+                out += run_frames[:k]
+                total += part
+                count += k
+                frames[0] = FrameRun(run_frames[k:], e.nbytes - part)
+            break
+        self._taken(total, count)
+        return out
+
+    async def next_entries(self, limit_bytes: int = 1 << 20) -> list[bytes | FrameRun]:
+        """Like :meth:`next_frames`, for a writer that packs batch frames: the event runs come whole, as
+        :class:`FrameRun` (pack them with :meth:`FrameRun.batches`, which shares the packing with every
+        session holding the same run); other frames come alone. Takes at least one entry, then entries up to
+        ``limit_bytes`` in total (a run counts whole, and may alone exceed it).
+        """
+        if not await self._wait_frames():
+            return []
+        frames = self._frames
+        out: list[bytes | FrameRun] = []
+        total = 0
+        count = 0
+        if self._nbytes <= limit_bytes:
+            for e in frames:
+                if type(e) is FrameRun:
+                    out.append(e)
+                else:
+                    out.append(e[0])
+            frames.clear()
+            self._runs = 0
+            self._taken(self._nbytes, self._count)
+            return out
+        while frames:
+            e = frames[0]
+            if type(e) is FrameRun:
+                n, k = e.nbytes, e.count
+            else:
+                n, k = len(e[0]), 1
+            if out and total + n > limit_bytes:
+                break
+            frames.popleft()
+            if type(e) is FrameRun:
+                self._runs -= 1
+                out.append(e)
+            else:
+                out.append(e[0])
+            total += n
+            count += k
+        self._taken(total, count)
         return out
 
     async def wait_room(self) -> None:
         """Wait until the queue is at most half full (or the session ends): read-side back-pressure."""
-        while len(self._frames) >= self.max_items // 2 and not (self.closed or self.kicked or self.ending):
+        while self._count >= self.max_items // 2 and not (self.closed or self.kicked or self.ending):
             self._room.clear()
             await self._room.wait()
 
@@ -316,18 +607,18 @@ class Session:
 
     def close(self) -> None:
         self.closed = True
-        self._frames.clear()
-        self._nbytes = 0
+        self._clear()
         self._wake.set()
         self._room.set()
 
     @property
     def queued(self) -> int:
-        return len(self._frames)
+        """Frames queued (events of a run counted one by one)."""
+        return self._count
 
     def statistics(self) -> dict[str, int]:
         return {
-            "queued_frames": len(self._frames),
+            "queued_frames": self._count,
             "queued_bytes": self._nbytes,
             "delivered": self.stats.delivered,
             "dropped": self.stats.dropped,

@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 
 from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
 from hubbub.core.flag import Flag
-from hubbub.core.session import Overflow
+from hubbub.core.session import FrameRun, Overflow
 from hubbub.dialects import native as nc
-from hubbub.dialects.native_common import event_frames
+from hubbub.dialects.native_common import event_batches, event_frames, pack_batches
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult
@@ -36,6 +36,11 @@ __all__ = ["Keepalive", "NativeConnection", "NativeEncoder"]
 log = logging.getLogger("hubbub.native")
 
 SHUTDOWN_CODE = 1001
+#: A queued run of at least this many event frames is packed on its own (and the packing shared); shorter
+#: ones are packed together with the frames around them.
+SHARED_PACK_MIN = 32
+#: Batch frames of one writer pass up to this many bytes in all are written with one ``send_many``.
+SEND_MANY_MAX = 64 << 10
 
 
 class NativeEncoder:
@@ -57,6 +62,17 @@ class NativeEncoder:
     ) -> list[bytes]:
         """The frames of a run of replayed events, encoded together (``Session.encode_run``)."""
         return event_frames(self.codec.encoding, proto, rows, subs, replay)
+
+    def encode_batches(self, frames: Sequence[bytes], limit: int) -> list[bytes]:
+        """Frames packed into ``batch`` frames of at most ``limit`` bytes (``Session.batch_limit``)."""
+        return pack_batches(self.codec.encoding, frames, limit)
+
+    def encode_run_batches(
+        self, proto: Event, rows: Sequence[tuple[int, bytes]], subs: Sequence[str], replay: bool, limit: int
+    ) -> list[bytes]:
+        """A run's frames packed as :meth:`encode_batches` packs them, built without the single frames
+        (``Session.replay_run_chunks``; a replay page to a batching connection)."""
+        return event_batches(self.codec.encoding, proto, rows, subs, replay, limit)
 
 
 class NativeConnection:
@@ -188,6 +204,8 @@ class NativeConnection:
         sess = self.session
         sess.echo = cmd.echo
         self.batch = cmd.batch
+        if cmd.batch:
+            sess.batch_limit = self.max_frame
         self.hello_done = True
         # The common publish carries no idempotency key: one Publisher value serves them all.
         self._publisher = Publisher("native", sess.user, sess.id, "")
@@ -245,6 +263,48 @@ class NativeConnection:
             await self.handle(cmd)
             if sess.ending or sess.kicked:
                 return
+
+    async def publish_run(self, run: nc.PublishRun) -> None:
+        """Submit a run of common publishes, as :meth:`publish_many` would their commands: the requests are
+        made straight from the run's lists. Publishes beyond the back-pressure room wait in :meth:`handle`.
+        """
+        self.last_recv = time.monotonic()
+        sess = self.session
+        n = len(run)
+        done = 0
+        if self.hello_done and self.node.has_room:
+            room = min(self.max_inflight - self.inflight, sess.max_items - sess.queued)
+            if room >= n:
+                done = n if self._submit_run(run, n) else 0
+            elif room > 1:
+                done = room if self._submit_run(run, room) else 0
+        if done == n:
+            return
+        for cmd in run.commands(done):
+            await self.handle(cmd)
+            if sess.ending or sess.kicked:
+                return
+
+    def _submit_run(self, run: nc.PublishRun, count: int) -> bool:
+        """Submit the first ``count`` publishes of ``run`` as one batch; False when the node refused them
+        (nothing was queued), as :meth:`_submit_many`."""
+        pub = self._publisher
+        channels, payloads, types, replies = run.channels, run.payloads, run.content_types, run.replies
+        if count < len(replies):
+            channels, payloads, types = channels[:count], payloads[:count], types[:count]
+            replies = replies[:count]
+        reqs = [AppendRequest(c, pub, p, t) for c, p, t in zip(channels, payloads, types, strict=True)]
+        try:
+            self.node.submit_many(reqs, self.session, self._done)
+        except HubbubError:
+            return False
+        # The node completes publishes in submission order (see _submit).
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = deque()
+        pending.extend(replies)
+        self.inflight += count
+        return True
 
     def _submit_many(self, cmds: list[nc.Publish]) -> bool:
         """Submit publishes as one batch; False when the node refused them (nothing was queued): the caller
@@ -360,13 +420,19 @@ class NativeConnection:
         codec = self.codec
         try:
             while True:
+                if self.batch:
+                    entries = await sess.next_entries(self.max_frame)
+                    if not entries:
+                        break
+                    self.last_send = time.monotonic()
+                    await self._send_batches(entries)
+                    del entries
+                    continue
                 frames = await sess.next_frames(self.max_frame)
                 if not frames:
                     break
                 self.last_send = time.monotonic()
-                if self.batch and len(frames) > 1:
-                    await self._send(codec.encode_batch(frames))
-                elif self._send_many is not None and len(frames) > 1:
+                if self._send_many is not None and len(frames) > 1:
                     await self._send_many(frames)
                 else:
                     for f in frames:
@@ -384,6 +450,36 @@ class NativeConnection:
             raise
         except Exception:
             log.debug("native write loop ended", exc_info=True)
+
+    async def _send_batches(self, entries: list[bytes | FrameRun]) -> None:
+        """Send queued entries packed into ``batch`` frames within ``max_frame`` (native.md §3.5), in order.
+
+        A long run of events (:class:`FrameRun`) goes out as its own batch frames, packed once for every
+        connection that holds the same run; single frames and short runs between them are packed together.
+        """
+        limit = self.max_frame
+        pack = self.codec.encode_batches
+        out: list[bytes] = []
+        loose: list[bytes] = []
+        for e in entries:
+            if type(e) is not FrameRun:
+                loose.append(e)
+            elif e.frames is not None and e.packed is None and e.count < SHARED_PACK_MIN:
+                loose += e.frames
+            else:
+                if loose:
+                    out += pack(loose, limit)
+                    loose = []
+                out += e.batches(pack, limit)
+        if loose:
+            out += pack(loose, limit)
+        # Small batches go out in one write; large ones one by one, as the transport writes a single message
+        # without copying it (a write of several joins them).
+        if len(out) > 1 and self._send_many is not None and sum(map(len, out)) <= SEND_MANY_MAX:
+            await self._send_many(out)
+        else:
+            for f in out:
+                await self._send(f)
 
     def timed_out(self) -> None:
         """No client frame for three ping intervals (called by :class:`Keepalive`): error 4304, then close."""

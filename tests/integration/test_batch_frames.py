@@ -1,0 +1,157 @@
+"""Batch frames (native.md §3.5) of batching connections: a fan-out run is packed once, and the same batch
+frames go to every connection that gets the run; a replay reaches a batching connection as batch frames built
+on the reader thread. Either way the batches unpack to exactly the single event frames, in order, within
+``max_frame``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from hubbub.core import Node, NodeSettings
+from hubbub.dialects import native as nc
+from hubbub.errors import HubbubError
+from hubbub.events import Publisher
+from hubbub.log import open_store
+from hubbub.log.base import AppendRequest, AppendResult, RetentionPolicy
+from hubbub.transports.native import NativeConnection
+
+
+class Sink:
+    """A connection's socket side: keeps every message written, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    async def send(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    async def send_many(self, frames: list[bytes]) -> None:
+        self.sent.extend(frames)
+
+    async def close(self, code: int) -> None:
+        pass
+
+
+def connect(
+    node: Node, codec: nc.NativeCodec, sink: Sink, max_frame: int, send_queue: int
+) -> NativeConnection:
+    conn = NativeConnection(
+        node,
+        codec,
+        send=sink.send,
+        close=sink.close,
+        send_many=sink.send_many,
+        max_frame=max_frame,
+        max_subscriptions=16,
+        send_queue=send_queue,
+        send_queue_bytes=16 << 20,
+        ping_interval=3600.0,
+    )
+    conn.start()
+    return conn
+
+
+def unpack(encoding: str, data: bytes) -> dict[str, Any]:
+    obj: dict[str, Any] = json.loads(data) if encoding == "json" else msgpack.unpackb(data)
+    return obj
+
+
+def frames_in(encoding: str, data: bytes) -> list[dict[str, Any]]:
+    """The frames a message carries: a batch's frames, or the message itself."""
+    obj = unpack(encoding, data)
+    frames: list[dict[str, Any]] = obj["frames"] if obj["op"] == "batch" else [obj]
+    return frames
+
+
+def wait_until(cond: Callable[[], bool]) -> Any:
+    async def poll() -> None:
+        while not cond():  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
+
+    return asyncio.wait_for(poll(), 10)
+
+
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+def test_a_fan_out_run_is_packed_once_for_every_batching_connection(encoding: nc.Encoding) -> None:
+    n, max_frame = 300, 4096
+
+    async def main() -> None:
+        store = open_store("memory", "", "none", RetentionPolicy(), 600)
+        async with Node(store, NodeSettings(max_recovery=0)) as node:
+            codec = nc.NativeCodec(encoding)
+            sinks = [Sink() for _ in range(3)]
+            conns = [connect(node, codec, s, max_frame, 4096) for s in sinks]
+            for c in conns:
+                await c.handle(nc.Hello(1, 1, None, "", True, True))
+                await c.handle(codec.decode_object({"op": "subscribe", "id": 2, "sub": "s", "pattern": "/b"}))
+            pub = connect(node, codec, Sink(), max_frame, 4096)
+            await pub.handle(nc.Hello(1, 1, None, "", True, True))
+            results: list[AppendResult | HubbubError] = []
+            reqs = [
+                AppendRequest("/b", pub._publisher, f"payload {i}".encode() * 8, "text/plain")
+                for i in range(n)
+            ]
+            node.submit_many(reqs, pub.session, results.append)
+            await wait_until(lambda: len(results) == n and all(not c.session.queued for c in conns))
+            await wait_until(lambda: all(sum(b"payload" in m for m in s.sent) for s in sinks))
+            events = [r.event for r in results if isinstance(r, AppendResult)]
+            assert len(events) == n
+            want = [codec.encode_event(e, ["s"]) for e in events]
+            batches = [[m for m in s.sent if unpack(encoding, m)["op"] in ("batch", "event")] for s in sinks]
+            for got in batches:
+                assert len(got) > 1 and all(len(m) <= max_frame for m in got)
+                frames = [f for m in got for f in frames_in(encoding, m)]
+                assert frames == [unpack(encoding, w) for w in want]  # each event once, in order
+            # The very same bytes objects went to every connection: packed once.
+            assert all(a is b for a, b in zip(batches[0], batches[1], strict=True))
+            assert all(a is b for a, b in zip(batches[0], batches[2], strict=True))
+            for c in [*conns, pub]:
+                await c.finish()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+@pytest.mark.parametrize("store_engine", ["sqlite", "memory"])
+def test_a_replay_reaches_a_batching_connection_as_exact_batches(
+    encoding: nc.Encoding, store_engine: str, tmp_path: Path
+) -> None:
+    n, max_frame = 3000, 2048
+
+    async def main() -> None:
+        store = open_store(store_engine, str(tmp_path / "data"), "commit", RetentionPolicy(), 600)
+        pub = Publisher("native", "u", "a", "")
+        for i in range(0, n, 1000):
+            store.append(
+                [AppendRequest("/r", pub, f"p{i + j}".encode() * 5, "text/plain") for j in range(1000)]
+            )
+        async with Node(store, NodeSettings(max_recovery=n)) as node:
+            codec = nc.NativeCodec(encoding)
+            sink = Sink()
+            conn = connect(node, codec, sink, max_frame, 64)  # a small queue: the replay comes in chunks
+            await conn.handle(nc.Hello(1, 1, None, "", True, True))
+            await conn.handle(
+                codec.decode_object({"op": "subscribe", "id": 2, "sub": "s", "pattern": "/r", "last": n})
+            )
+
+            def ops() -> list[dict[str, Any]]:
+                return [f for m in sink.sent for f in frames_in(encoding, m)]
+
+            await wait_until(lambda: any(o.get("op") == "recovered" for o in ops()))
+            assert all(len(m) <= max_frame for m in sink.sent)
+            assert sum(unpack(encoding, m)["op"] == "batch" for m in sink.sent) > 10
+            got = [o for o in ops() if o["op"] == "event"]
+            stored = store.read("/r", 0, n)
+            assert got == [unpack(encoding, codec.encode_event(e, ["s"], True)) for e in stored]
+            kinds = [o["op"] for o in ops()]
+            assert kinds[1] == "reply" and kinds[-1] == "recovered"  # order: reply, events, recovered
+            await conn.finish()
+
+    asyncio.run(main())
