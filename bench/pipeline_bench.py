@@ -5,14 +5,18 @@
 
 Builds a SQLite log of N events (10 channels, 100-byte payloads, a third with a header), then times each
 step in ``local[2]``; streaming latency runs a real server and a streaming query with the default trigger.
-Prints one JSON object. ``--figure PNG`` draws measured against target from one or more such JSON outputs
-(``--results FILE …``; their median) without running anything.
+Prints one JSON object. ``archive_cpu_s`` is the CPU time of the whole process tree (this driver, Spark's
+JVM, the Python workers) during the archive, which a busy machine distorts less than the rate.
+``--only-archive`` runs the archive alone, first in a fresh session as ``hubbub pipeline archive`` does;
+``--conf K=V`` passes Spark settings (to compare them). ``--figure PNG`` draws measured against target from
+one or more such JSON outputs (``--results FILE …``; their median) without running anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -22,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from pyspark.sql import SparkSession
 
 from hubbub.events import Publisher
 from hubbub.log import AppendRequest, SqliteLogStore
@@ -41,6 +47,33 @@ def build(path: Path, n: int) -> None:
             ]
         )
     st.close()
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system, with reaped children) of this process and all its descendants (/proc)."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        parent[int(d)] = int(fields[1])
+        ticks[int(d)] = sum(int(x) for x in fields[11:15])
+    me = os.getpid()
+
+    def mine(pid: int) -> bool:
+        while pid > 1:
+            if pid == me:
+                return True
+            pid = parent.get(pid, 0)
+        return False
+
+    return sum(t for pid, t in ticks.items() if mine(pid)) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(fn: object) -> float:
@@ -85,6 +118,8 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/hubbub-bench")
     ap.add_argument("--figure", type=Path, help="draw this PNG from --results instead of measuring")
     ap.add_argument("--results", type=Path, nargs="*", default=[])
+    ap.add_argument("--only-archive", action="store_true", help="run the archive alone, first in the session")
+    ap.add_argument("--conf", action="append", default=[], metavar="K=V", help="a Spark setting (repeatable)")
     args = ap.parse_args()
     if args.figure:
         figure(args.results, args.figure)
@@ -95,16 +130,20 @@ def main() -> None:
         d.mkdir(parents=True, exist_ok=True)
         build(db, args.events)
     url = f"sqlite:///{db}"
-    spark = jobs.make_session("local[2]", **{"spark.ui.enabled": "false"})
+    conf = dict(kv.split("=", 1) for kv in args.conf)
+    spark = jobs.make_session("local[2]", **{"spark.ui.enabled": "false", **conf})
     spark.sparkContext.setLogLevel("ERROR")
-    out: dict[str, object] = {"events": args.events}
+    out: dict[str, object] = {"events": args.events, "conf": conf}
+    if args.only_archive:
+        archive(spark, url, d, out)
+        spark.stop()
+        print(json.dumps(out))
+        return
     df = spark.read.format("hubbub").option("url", url).load()
     df.selectExpr("count(*)").collect()  # warm up the Python workers
     read_s = min(timed(lambda: df.selectExpr("count(*)", "sum(length(payload))").collect()) for _ in range(2))
     out["source_read_events_per_s"] = round(args.events / read_s)
-    shutil.rmtree(d / "archive", ignore_errors=True)
-    res = jobs.archive(spark, url, str(d / "archive"))
-    out["archive_events_per_s"] = res["events_per_s"]
+    archive(spark, url, d, out)
     pq = spark.read.parquet(str(d / "archive" / "data"))
     pq.selectExpr("count(*)").collect()
     pq_s = min(timed(lambda: pq.selectExpr("count(*)", "sum(length(payload))").collect()) for _ in range(3))
@@ -112,6 +151,14 @@ def main() -> None:
     out["streaming_latency_ms"] = latency(spark, d)
     spark.stop()
     print(json.dumps(out))
+
+
+def archive(spark: SparkSession, url: str, d: Path, out: dict[str, object]) -> None:
+    shutil.rmtree(d / "archive", ignore_errors=True)
+    cpu = tree_cpu_s()
+    res = jobs.archive(spark, url, str(d / "archive"))
+    out["archive_cpu_s"] = round(tree_cpu_s() - cpu, 2)
+    out["archive_events_per_s"] = res["events_per_s"]
 
 
 def latency(spark: object, d: Path) -> dict[str, float]:

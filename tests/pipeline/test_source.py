@@ -18,6 +18,7 @@ from hubbub.log.records import RECORD_COLUMNS, SPARK_DDL, event_to_record
 from hubbub.pipeline import datasource
 from hubbub.pipeline.arrow import ARROW_SCHEMA, batch_from_rows
 from hubbub.pipeline.datasource import HubbubBatchReader, HubbubScanPartition, _Options, _pack, _Range
+from hubbub.pipeline.sources import PipelineError
 from tests.integration.serverproc import ServerProcess
 
 from .conftest import fill, http_url, store_url
@@ -227,3 +228,32 @@ def test_batch_read_from_store_includes_retired_epochs(store: tuple[str, SqliteL
     assert keys({"channels": "/other", "startingOffsets": starting}) == [
         k for k in other if k[1] == new or k[2] > 5
     ]
+
+
+def test_batch_offsets_name_several_epochs_of_a_channel(store: tuple[str, SqliteLogStore]) -> None:
+    """Batch ``startingOffsets``/``endingOffsets`` may give a channel a list of positions, one per epoch
+    (the archive's form): each applies to its own epoch only."""
+    url, st = store
+    old = st.head("/other").epoch
+    st.reset_channel("/other")
+    fill(st, {"/other": 4})
+    new = st.head("/other").epoch
+
+    def keys(opts: dict[str, str]) -> list[tuple[str, str, int]]:
+        table = _read_all({"url": url, "channels": "/other", **opts})[1]
+        cols = [table.column(c).to_pylist() for c in ("channel", "epoch", "seq")]
+        return sorted(zip(*cols, strict=True))
+
+    ending = json.dumps({"/other": [{"epoch": old, "seq": 6}, {"epoch": new, "seq": 1}]})
+    assert keys({"endingOffsets": ending}) == sorted(
+        [("/other", old, s) for s in range(1, 7)] + [("/other", new, 1)]
+    )
+    starting = json.dumps({"/other": [{"epoch": old, "seq": 6}, {"epoch": new, "seq": 2}]})
+    assert keys({"startingOffsets": starting}) == sorted(
+        [("/other", old, 7), ("/other", new, 3), ("/other", new, 4)]
+    )
+    both = {"startingOffsets": starting, "endingOffsets": ending}
+    assert keys(both) == []
+    for bad in ({"/other": [{"epoch": old}]}, {"/other": [{"epoch": old, "seq": True}]}, [1]):
+        with pytest.raises(PipelineError, match="must map channels"):
+            keys({"endingOffsets": json.dumps(bad)})

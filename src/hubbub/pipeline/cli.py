@@ -64,7 +64,8 @@ def add_pipeline_commands(subparsers: argparse._SubParsersAction[argparse.Argume
             p.add_argument(
                 "--trim",
                 action="store_true",
-                help="then trim the server's log up to what is archived (needs --url: the server trims)",
+                help="then trim the log up to what is archived: through the server (--url; current epochs "
+                "only), or the store itself (--store; every epoch; only while no server has it open)",
             )
         if name == "retention":
             p.add_argument("--days", type=int, required=True, help="keep this many days")
@@ -96,13 +97,6 @@ def _run(args: argparse.Namespace) -> int:
     if args.job == "retention":
         print(json.dumps(jobs.retention(args.out, args.days)))
         return 0
-    if args.job == "archive" and args.trim and not args.url:
-        print(
-            f"hubbub {args._command}: --trim needs --url http://host:port (the running server trims its "
-            "own store; a store given with --store is read-only)",
-            file=sys.stderr,
-        )
-        return 2
     conf = dict(kv.split("=", 1) for kv in args.conf if "=" in kv)
     show = not args.no_progress and sys.stderr.isatty()
     try:

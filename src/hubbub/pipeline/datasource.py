@@ -174,25 +174,47 @@ def _offset_map(text: str, name: str = "startingOffsets") -> dict[str, dict[str,
     return obj
 
 
+def _epoch_offsets(text: str, name: str) -> dict[str, dict[str, int]]:
+    """A batch read's offsets, ``channel -> epoch -> seq``: each channel maps to one ``{"epoch": E, "seq":
+    S}`` (the streaming form) or to a list of them, one per epoch (a channel's current and retired epochs)."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        raise PipelineError(f"{name} is not a JSON map: {text!r}") from None
+    out: dict[str, dict[str, int]] = {}
+    shape = f'{name} must map channels to {{"epoch": "…", "seq": N}} or to a list of them'
+    if not isinstance(obj, dict):
+        raise PipelineError(shape)
+    for channel, value in obj.items():
+        items = value if isinstance(value, list) else [value]
+        for v in items:
+            if not (isinstance(v, dict) and type(v.get("seq")) is int and isinstance(v.get("epoch"), str)):
+                raise PipelineError(shape)
+            out.setdefault(channel, {})[v["epoch"]] = v["seq"]
+    return out
+
+
 class _BatchRange:
-    """The seq range a batch read wants of each channel, from the options (see docs/pipeline.md)."""
+    """The seq range a batch read wants of each channel's epoch, from the options (see docs/pipeline.md)."""
 
     def __init__(self, o: _Options) -> None:
         self.o = o
-        self.starting = _offset_map(o.starting) if o.starting.strip().startswith("{") else {}
-        self.ending = _offset_map(o.ending, "endingOffsets") if o.ending.strip() else None
+        starting = o.starting.strip()
+        self.starting = _epoch_offsets(starting, "startingOffsets") if starting.startswith("{") else {}
+        self.ending = _epoch_offsets(o.ending, "endingOffsets") if o.ending.strip() else None
 
     def of(self, ci: ChannelInfo) -> tuple[int, int]:
-        """``(after, hi)``: read ``after < seq <= hi`` (nothing when ``hi <= after``)."""
+        """``(after, hi)``: read ``after < seq <= hi`` of the epoch ``ci`` names (nothing when ``hi <=
+        after``). Offsets of the channel's other epochs do not apply to it."""
         o = self.o
         after = max(o.start_seq - 1, ci.first - 1)
-        prev = self.starting.get(ci.channel)
-        if prev is not None and prev["epoch"] == ci.epoch:
-            after = max(after, prev["seq"])
+        prev = self.starting.get(ci.channel, {}).get(ci.epoch)
+        if prev is not None:
+            after = max(after, prev)
         hi = ci.top if o.end_seq is None else min(ci.top, o.end_seq)
         if self.ending is not None:
-            end = self.ending.get(ci.channel)
-            hi = min(hi, end["seq"]) if end is not None and end["epoch"] == ci.epoch else 0
+            end = self.ending.get(ci.channel, {}).get(ci.epoch)
+            hi = 0 if end is None else min(hi, end)
         return after, hi
 
 

@@ -25,8 +25,10 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 from hubbub.channels import parse_pattern
-from hubbub.pipeline.datasource import SOURCE_HEADER, HubbubDataSource
-from hubbub.pipeline.sources import PipelineError, open_source
+from hubbub.errors import StorageError
+from hubbub.log import LogStore, RetentionPolicy, open_store
+from hubbub.pipeline.datasource import SOURCE_HEADER, HubbubDataSource, position_key
+from hubbub.pipeline.sources import PipelineError, log_epochs, open_source
 
 __all__ = [
     "archive",
@@ -172,22 +174,52 @@ def _ts_micros(col: str = "time") -> Column:
 
 # -- archive --------------------------------------------------------------------------------------------
 
+#: The archive's state file format. Version 2 keeps a position per (channel, epoch); version 1 (one epoch per
+#: channel, ``{channel: {"epoch": E, "seq": S}}``) is read and rewritten as version 2.
+STATE_VERSION = 2
+
+#: Archived positions: channel -> epoch -> the last archived seq of that epoch.
+Positions = dict[str, dict[str, int]]
+
+
+def _positions_from(version: int, raw: dict[str, Any]) -> Positions:
+    if version == 1:
+        return {ch: {str(p["epoch"]): int(p["seq"])} for ch, p in raw.items()}
+    return {ch: {str(e): int(s) for e, s in eps.items()} for ch, eps in raw.items()}
+
 
 def _load_state(out: Path) -> dict[str, Any]:
     f = out / STATE_FILE
     if not f.exists():
-        return {"version": 1, "positions": {}, "pending": None}
-    state: dict[str, Any] = json.loads(f.read_text())
-    return state
+        return {"version": STATE_VERSION, "positions": {}, "pending": None}
+    state = json.loads(f.read_text())
+    version = int(state.get("version", 1))
+    if version not in (1, STATE_VERSION):
+        raise PipelineError(f"{f}: archive state version {version}, this hubbub reads 1 and {STATE_VERSION}")
+    pending = state.get("pending")
+    return {
+        "version": STATE_VERSION,
+        "positions": _positions_from(version, state.get("positions") or {}),
+        "pending": pending
+        and {"run": pending["run"], "positions": _positions_from(version, pending["positions"])},
+    }
 
 
-def _save_state(out: Path, state: dict[str, Any]) -> None:
+def _save_state(out: Path, positions: Positions, pending: dict[str, Any] | None = None) -> None:
+    state = {"version": STATE_VERSION, "positions": positions, "pending": pending}
     tmp = out / (STATE_FILE + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(state, fh, indent=1, sort_keys=True)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, out / STATE_FILE)
+
+
+def _offsets(positions: Positions) -> str:
+    """Positions as the data source's batch offsets: each channel a list of ``{"epoch", "seq"}``."""
+    return json.dumps(
+        {ch: [{"epoch": e, "seq": s} for e, s in sorted(eps.items())] for ch, eps in positions.items()}
+    )
 
 
 def _publish_staged(out: Path, run: str) -> int:
@@ -206,9 +238,10 @@ def _publish_staged(out: Path, run: str) -> int:
 
 
 def trim_archived(url: str, positions: dict[str, dict[str, Any]], token: str = "") -> dict[str, Any]:
-    """Trim a running server's log up to the archived ``positions`` (``POST /api/v1/trim/<channel>``, one
-    call per channel; idempotent, so a retry or a rerun is harmless). A channel whose epoch changed since it
-    was archived (reset) or that is gone is skipped (``skipped``): its current events were never archived."""
+    """Trim a running server's log up to the archived ``positions``, ``{channel: {"epoch": E, "seq": S}}``
+    (``POST /api/v1/trim/<channel>``, one call per channel; idempotent, so a retry or a rerun is harmless).
+    The server trims current epochs only: a channel whose epoch changed since it was archived (reset) or that
+    is gone is skipped (``skipped``): its current events were never archived."""
     from hubbub.pipeline.sources import _channel_path, _error_text, _Http
 
     conn = _Http(url, token)
@@ -229,6 +262,37 @@ def trim_archived(url: str, positions: dict[str, dict[str, Any]], token: str = "
     return {"trimmed": trimmed, "skipped": skipped}
 
 
+def _open_for_trim(url: str) -> LogStore:
+    """The store at ``url`` opened as its writer, to trim it: this takes the store's lock, so it fails while
+    a server (or anything else) has the file open for writing, and nothing else writes it until closed.
+    ``fsync``: each trim is synced, and should this process die before closing the store, the server's next
+    start does not take it for a writer that may have lost commits (docs/log.md, ``ahead``)."""
+    try:
+        return open_store(url, "", "fsync", RetentionPolicy(), 0)
+    except StorageError as exc:
+        raise PipelineError(
+            f"--trim with --store opens the store for writing, which needs the server stopped ({exc}); "
+            "while it runs, trim through it with --url http://host:port"
+        ) from exc
+    except ValueError as exc:
+        raise PipelineError(str(exc)) from exc
+
+
+def _trim_store(store: LogStore, positions: Positions) -> dict[str, Any]:
+    """Trim every archived (channel, epoch), current or retired, up to its archived seq."""
+    trimmed = 0
+    skipped: list[str] = []
+    for channel, eps in sorted(positions.items()):
+        for epoch, seq in sorted(eps.items()):
+            try:
+                store.trim(channel, seq, epoch=epoch)
+            except ValueError:  # that epoch holds no events any more (gone with retention)
+                skipped.append(position_key(channel, epoch, seq))
+                continue
+            trimmed += 1
+    return {"trimmed": trimmed, "skipped": skipped}
+
+
 def archive(
     spark: SparkSession,
     url: str,
@@ -239,48 +303,86 @@ def archive(
     trim: bool = False,
 ) -> dict[str, Any]:
     """Archive the log to Parquet under ``out/data/root=<first segment>/date=<UTC day>/``, sorted by
-    (channel, seq) within files. Incremental and idempotent: ``out/_hubbub_archive.json`` keeps the archived
-    position of every channel, and a run is staged first and then moved in under a write-ahead record, so a
-    crash at any point neither loses nor duplicates events on the next run.
+    (channel, time) within files. Incremental and idempotent: ``out/_hubbub_archive.json`` keeps the archived
+    position of every (channel, epoch), and a run is staged first and then moved in under a write-ahead
+    record, so a crash at any point neither loses nor duplicates events on the next run.
 
-    ``trim``: once the run is committed, trim the server's log (``url`` must be ``http://…``: the store file
-    belongs to the server) up to the archived position of every channel matching ``channels``."""
-    if trim and not url.startswith(("http://", "https://")):
-        raise PipelineError(
-            "--trim needs the running server (--url http://host:port): its store is written only by the "
-            "server, so a store given with --store cannot be trimmed"
-        )
+    From a store, every epoch is archived, current and retired (docs/log.md "Epochs"): the events a channel
+    got after the last run and before a new epoch are archived by the next run, once. A server's HTTP API
+    shows current epochs only: their positions are kept, so a later run from the store archives the rest.
+
+    ``trim``: once the run is committed, trim what is archived of every channel matching ``channels``.
+    Through a server (``http://…``), its current epochs (its trim API refuses the others); from a store
+    (``sqlite:///…``), every epoch, current and retired, with the store opened as its writer (refused while
+    a server has it open)."""
+    http = url.startswith(("http://", "https://"))
     outp = Path(out)
-    outp.mkdir(parents=True, exist_ok=True)
+    writer = _open_for_trim(url) if trim and not http else None  # first: fail before any work
+    try:
+        outp.mkdir(parents=True, exist_ok=True)
+        result = _archive_run(spark, url, outp, channels, token, show)
+        if trim:  # only now: every position in the state file is committed to the archive
+            pat = parse_pattern(channels)
+            positions: Positions = result.pop("_positions")
+            todo = {ch: eps for ch, eps in positions.items() if pat.matches(ch)}
+            if writer is not None:
+                done = _trim_store(writer, todo)
+                result["trimmed"] = done["trimmed"]
+                result["trim_skipped"] = done["skipped"]
+            else:
+                current: dict[str, str] = result.pop("_current")
+                now = {
+                    ch: {"epoch": e, "seq": todo[ch][e]} for ch, e in current.items() if e in todo.get(ch, {})
+                }
+                done = trim_archived(url, now, token)
+                result["trimmed"] = len(done["trimmed"])
+                result["trim_skipped"] = done["skipped"]
+                # Archived epochs that were not current: the server's trim API cannot trim them.
+                result["trim_not_current"] = sum(
+                    1 for ch, eps in todo.items() for e in eps if current.get(ch) != e
+                )
+    finally:
+        if writer is not None:
+            writer.close()
+    result.pop("_positions", None)
+    result.pop("_current", None)
+    return result
+
+
+def _archive_run(
+    spark: SparkSession, url: str, outp: Path, channels: str, token: str, show: bool
+) -> dict[str, Any]:
+    """One archive run (see :func:`archive`); the result also holds the committed positions (``_positions``)
+    and each listed channel's current epoch (``_current``)."""
     state = _load_state(outp)
     pending = state.get("pending")
     if pending:  # a run crashed after staging: roll it forward
         _publish_staged(outp, pending["run"])
-        state = {"version": 1, "positions": pending["positions"], "pending": None}
-        _save_state(outp, state)
+        _save_state(outp, pending["positions"])
+        state["positions"] = pending["positions"]
     shutil.rmtree(outp / STAGING_DIR, ignore_errors=True)  # staged but never recorded: discard
-    positions: dict[str, dict[str, Any]] = state["positions"]
+    positions: Positions = state["positions"]
     run = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     staging = outp / STAGING_DIR / run
     t0 = time.perf_counter()
-    # The run's end, decided here: each matching channel up to its top now (endingOffsets), so the new
-    # positions are known without reading the output back. What a channel loses before it is read (trimmed,
-    # or reset) is gone from the log anyway: its position still moves to this end.
-    ends: dict[str, dict[str, Any]] = {}
-    for ci in open_source(url, token).channels(channels):
-        prev = positions.get(ci.channel)
-        if prev is None or prev["epoch"] != ci.epoch or prev["seq"] < ci.top:
-            ends[ci.channel] = {"epoch": ci.epoch, "seq": ci.top}
+    # The run's end, decided here: each matching (channel, epoch) up to its top now (endingOffsets), so the
+    # new positions are known without reading the output back. A store shows every epoch holding events,
+    # current and retired; a server its channels' current epochs. What an epoch loses before it is read
+    # (trimmed) is gone from the log anyway: its position still moves to this end.
+    src = open_source(url, token)
+    held = log_epochs(src, channels)
+    listed = held if held is not None else src.channels(channels)
+    current = {ci.channel: ci.epoch for ci in listed} if held is None else {}
+    ends: Positions = {}
+    for ci in listed:
+        if positions.get(ci.channel, {}).get(ci.epoch, 0) < ci.top:
+            ends.setdefault(ci.channel, {})[ci.epoch] = ci.top
     events = 0
     if ends:
         r = spark.read.format("hubbub").option("url", url).option("channels", channels)
         if token:
             r = r.option("token", token)
-        df = (
-            r.option("startingOffsets", json.dumps(positions))
-            .option("endingOffsets", json.dumps(ends))
-            .load()
-        )
+        df = r.option("startingOffsets", _offsets(positions)).option("endingOffsets", _offsets(ends)).load()
         # Built-in expressions only (no Python per row): the first segment, and the UTC day as a DATE (the
         # directory is date=YYYY-MM-DD as for a string, and Spark reads it back as a DATE either way).
         root = F.substring_index(F.substring(F.col("channel"), 2, 1 << 30), "/", 1)
@@ -290,34 +392,46 @@ def archive(
             df.withColumn("root", F.when(root == "", F.lit("_")).otherwise(root))
             .withColumn("date", day)
             .observe(counted, F.count(F.lit(1)).alias("events"))
-            # Each file sorted by (channel, seq); the source's partitions are ranges of the log, so sorting
-            # inside them needs no shuffle, and the writer's own sort by (root, date) is this sort's prefix.
-            .sortWithinPartitions("root", "date", "channel", "seq")
+            # Each file sorted by (channel, time): (channel, seq) within an epoch, and a channel's epochs one
+            # after the other. The source's partitions are ranges of the log, so sorting inside them needs
+            # no shuffle, and the writer's own sort by (root, date) is this sort's prefix.
+            .sortWithinPartitions("root", "date", "channel", "time")
         )
         with progress(spark, "archive", show):
             df.write.partitionBy("root", "date").parquet(str(staging))
         events = int(counted.get["events"])
-    new = {**positions, **ends}
-    _save_state(outp, {"version": 1, "positions": positions, "pending": {"run": run, "positions": new}})
+    new = {ch: dict(eps) for ch, eps in positions.items()}
+    for ch, eps in ends.items():
+        new.setdefault(ch, {}).update(eps)
+    if held is not None:
+        # A store shows every epoch that holds events: forget the matching channels' other epochs (trimmed
+        # or aged out to nothing). Safe: an epoch without events is never read again from before its first,
+        # and a new epoch has a new name.
+        pat = parse_pattern(channels)
+        holding = {(ci.channel, ci.epoch) for ci in held}
+        for ch in [c for c in new if pat.matches(c)]:
+            kept = {e: s for e, s in new[ch].items() if (ch, e) in holding}
+            if kept:
+                new[ch] = kept
+            else:
+                del new[ch]
+    _save_state(outp, positions, {"run": run, "positions": new})
     files = _publish_staged(outp, run)
-    _save_state(outp, {"version": 1, "positions": new, "pending": None})
+    _save_state(outp, new)
     shutil.rmtree(outp / STAGING_DIR, ignore_errors=True)
     dt = time.perf_counter() - t0
-    result: dict[str, Any] = {
+    return {
         "job": "archive",
         "events": events,
         "channels": len(ends),
+        "epochs": sum(len(eps) for eps in ends.values()),
         "files": files,
         "seconds": round(dt, 3),
         "events_per_s": round(events / dt) if dt > 0 else 0,
-        "positions": len(new),
+        "positions": sum(len(eps) for eps in new.values()),
+        "_positions": new,
+        "_current": current,
     }
-    if trim:  # only now: every position in ``new`` is committed to the archive
-        pat = parse_pattern(channels)
-        done = trim_archived(url, {ch: p for ch, p in new.items() if pat.matches(ch)}, token)
-        result["trimmed"] = len(done["trimmed"])
-        result["trim_skipped"] = done["skipped"]
-    return result
 
 
 # -- stats ----------------------------------------------------------------------------------------------

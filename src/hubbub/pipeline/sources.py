@@ -47,6 +47,7 @@ __all__ = [
     "PipelineError",
     "PublishResult",
     "StoreSource",
+    "log_epochs",
     "open_source",
 ]
 
@@ -149,6 +150,27 @@ class StoreSource:
 
     def close(self) -> None:
         self.store.close()
+
+
+def log_epochs(src: LogSource, pattern: str) -> list[ChannelInfo] | None:
+    """Every epoch holding events of the channels matching ``pattern``, current and retired (docs/log.md
+    "Epochs"), one :class:`ChannelInfo` each (a channel with retired epochs appears once per epoch), from one
+    snapshot of a store; ``None`` for a server, whose HTTP API shows current epochs only.
+
+    From a SQLite store, the epochs of a :meth:`SqliteLogStore.scan_plan` over an empty time range: every
+    epoch with events in one snapshot, and no pass over the events table to split it."""
+    if not isinstance(src, StoreSource):
+        return None
+    pat = parse_pattern(pattern)
+    store = src.store
+    if isinstance(store, SqliteLogStore):
+        plan = store.scan_plan(1, to_time=0)
+        return [ci for ci in plan.channels.values() if pat.matches(ci.channel)]
+    out: list[ChannelInfo] = []
+    for ci in src.channels(pattern):
+        out.append(ci)
+        out.extend(store.retired_epochs(ci.channel))
+    return out
 
 
 class _Http:
