@@ -579,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     suite.log(msg)
     write_results(suite, out, list(argv if argv is not None else sys.argv[1:]), started, msg)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps([asdict(r) for r in suite.rows], indent=1))
     print(table(suite.rows, suite.skipped))
     failed = [r for r in suite.rows if r.value is None]
