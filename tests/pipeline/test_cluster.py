@@ -1,8 +1,9 @@
-"""A real Spark standalone cluster (master + one worker from the pyspark package): the archive and stats
-jobs submitted with ``hubbub pipeline --master spark://…``."""
+"""A real Spark standalone cluster (master + one worker from the pyspark package): the archive, stats and
+backfill jobs submitted with ``hubbub pipeline --master spark://…``."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -99,7 +100,7 @@ def hubbub_pipeline(*args: str) -> dict[str, object]:
     return json.loads(r.stdout.decode().strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def test_archive_and_stats_on_a_standalone_cluster(
+def test_archive_stats_and_backfill_on_a_standalone_cluster(
     cluster: str, server: ServerProcess, tmp_path: Path
 ) -> None:
     with Client.connect(http_url(server)) as c:
@@ -114,3 +115,13 @@ def test_archive_and_stats_on_a_standalone_cluster(
     )
     assert st["events"] == 500 and st["channels"] == 5
     assert (tmp_path / "s" / "busiest.png").exists()
+    # The archive back into the running server under another prefix; a rerun publishes nothing again.
+    args = ["--input", str(tmp_path / "a"), "--target", http_url(server), "--channel-prefix", "/restored"]
+    bf = hubbub_pipeline("backfill", "--master", cluster, *args)
+    assert bf["published"] == 500 and bf["already_present"] == 0, bf
+    again = hubbub_pipeline("backfill", "--master", cluster, *args)
+    assert again["published"] == 0 and again["already_present"] == 500, again
+    with urllib.request.urlopen(f"{http_url(server)}/api/v1/log/restored/cl/3?limit=1000") as r:
+        body = json.load(r)
+    got = [e.get("text") or base64.b64decode(e["b64"]).decode() for e in body["events"]]
+    assert got == [f"event {i}" for i in range(3, 500, 5)] and body["top"] == 100  # in order, once
