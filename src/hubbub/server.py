@@ -219,7 +219,8 @@ def tune_gc() -> None:
     (by default every 700), which walks every young object still alive, such as the thousands of publishes
     of a pipelined burst in flight, and promotes them, so that full collections, which walk everything a
     memory store retains, come sooner. Two changes, together worth a fifth to a third of the CPU time of a
-    publish (bench/core_path.py --server-gc, memory 1→1: 8.6 → 6.0 µs per event; sqlite, acks: 13.7 → 11.2):
+    publish (bench/core_path.py against --default-gc, memory 1→1: 8.6 → 6.0 µs per event; sqlite, acks: 13.7 →
+    11.2):
 
     * ``gc.freeze()``: what startup allocated (modules, classes, the store's and listeners' state) moves to
       a permanent generation that collections no longer walk.
