@@ -93,6 +93,17 @@ def passes(session: Session, filters: list[tuple[str, str]]) -> bool:
     return True
 
 
+def withheld(session: Session, event: Event) -> bool:
+    """Whether the event's delivery filters keep it from ``session``; an event without filters never is.
+    Cheap for the common event without headers: replays call it once per event (or per run)."""
+    headers = event.headers
+    return (
+        bool(headers)
+        and any(k.startswith(FILTER_PREFIX) for k in headers)
+        and not passes(session, delivery_filters(event))
+    )
+
+
 @dataclass(eq=False, slots=True)
 class Subscription:
     """One subscription of one session. Identity-hashed: the router uses it as its key."""
@@ -569,8 +580,10 @@ class Node:
         ``on_snapshot(plan)`` runs on the loop once the snapshot is read: the transport queues its reply and
         any gap notices. The replayed events are then queued (pacing on the session's queue), and
         ``on_replayed(plan)`` queues the end-of-replay notice; right after it, held live events newer than the
-        snapshot are released, all in one loop step. Raises :class:`SubscriptionError` (4200, 4203),
-        :class:`LimitExceeded` (4007) or ``BadRequest``; then no subscription exists.
+        snapshot are released, all in one loop step. The replay, like live delivery, skips events whose
+        delivery filters do not match the session (README §3); ``plan.sent`` counts what was queued. Raises
+        :class:`SubscriptionError` (4200, 4203), :class:`LimitExceeded` (4007) or ``BadRequest``; then no
+        subscription exists.
 
         ``planner``, when given, replaces the native replay planning (``replay`` is then ignored): it runs on
         a reader thread and returns the events to replay and the snapshot's ``tops``; held live events at or
@@ -618,6 +631,8 @@ class Node:
         for ev in plan.events:
             if session.closed or session.kicked:
                 break
+            if ev.headers and withheld(session, ev):
+                continue  # not this connection's, as in live fan-out (README §3)
             if session.queued >= session.max_items - 1:
                 await session.wait_room()
             sent += session.deliver(ev, [sub_id], cache, replay=True)
@@ -635,7 +650,9 @@ class Node:
         """Queue an exact channel's replay page by page: each page is read (:meth:`LogStore.read_runs`) and,
         when the session's encoder is a :class:`~hubbub.core.session.RunEncoder`, encoded on a reader thread
         while the loop queues and writes the previous one; the queue paces the reading, so the replay holds at
-        most two pages whatever its length. Returns (events queued, last seq queued).
+        most two pages whatever its length. Runs whose delivery filters withhold them from the session are
+        passed over (neither encoded nor queued). Returns (events queued, last seq replayed: queued or passed
+        over).
 
         The reader thread also cuts each run into the chunks the queue takes (``Session.replay_chunks``); for
         a batching session they come as batch frames already (``Session.replay_run_chunks``), built without
@@ -654,12 +671,17 @@ class Node:
         chunks = session.replay_chunks
         packed_chunks = session.replay_run_chunks
 
-        def read_page(after: int) -> tuple[list[EventRun], list[list[FrameRun]] | None]:
+        def read_page(after: int) -> tuple[list[EventRun], list[list[FrameRun] | None] | None]:
             runs = read_runs(channel, after, top, REPLAY_PAGE)
             if encode_run is None:
                 return runs, None
+            # A run's events share their headers, so one filter check covers the run; a withheld run
+            # (None) is not encoded at all.
             return runs, [
-                packed_chunks(r, subs) or chunks(encode_run(r.proto, r.rows, subs, True)) for r in runs
+                None
+                if r.proto.headers and withheld(session, r.proto)
+                else packed_chunks(r, subs) or chunks(encode_run(r.proto, r.rows, subs, True))
+                for r in runs
             ]
 
         cache: dict[Any, Any] = {}
@@ -680,10 +702,20 @@ class Node:
                 for i, run in enumerate(runs):
                     if run.proto.seq != after + 1 or run.proto.epoch != span.epoch:
                         break
+                    chunked: list[FrameRun] | None
                     if encoded is not None:
                         chunked = encoded[i]
+                    elif run.proto.headers and withheld(session, run.proto):
+                        chunked = None
                     else:
                         chunked = session.replay_chunks(session.encode_run(run, subs, cache))
+                    if chunked is None:
+                        # Withheld by its delivery filters: passed over, but the replay's position moves
+                        # past it, so the continuity check and the live junction see no gap.
+                        if session.closed or session.kicked or session.ending:
+                            return sent, after
+                        after += len(run.rows)
+                        continue
                     n = await session.replay_runs(chunked)
                     sent += n
                     after += n
