@@ -137,21 +137,30 @@ def test_archive_reads_a_state_file_of_version_1(spark: SparkSession, tmp_path: 
         jobs.archive(spark, url, str(out2))
 
 
-def test_archive_through_the_server_then_the_store_for_retired_epochs(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    """Through the server: current epochs only (its log and trim APIs); the archived position of an epoch
-    that was reset away is kept, so a run from the store archives its rest, and trims it once the server
-    is stopped."""
+def test_archive_through_the_server_trims_retired_epochs_too(spark: SparkSession, tmp_path: Path) -> None:
+    """Through the server the archive reads current epochs only (its log API); the archived position of an
+    epoch that was reset away is kept, so a run from the store archives its rest. ``--trim`` through the
+    server trims every archived epoch, current and retired (its trim API), each only up to what is archived:
+    the retired epoch keeps its unarchived events until a run has archived them, and is gone once trimmed to
+    its top."""
     server = ServerProcess(tmp_path / "server").start()
     db = server.data_dir / "hubbub.db"
     out = tmp_path / "archive"
+
+    def retired() -> list[tuple[str, int, int]]:
+        st = SqliteLogStore(db, readonly=True)  # a reader, beside the running server
+        try:
+            return [(ci.epoch, ci.first, ci.top) for ci in st.retired_epochs("/h")]
+        finally:
+            st.close()
+
     try:
         with Client.connect(http_url(server)) as c:
             for i in range(10):
                 c.publish("/h", f"a{i}".encode())
         first = jobs.archive(spark, http_url(server), str(out), trim=True)
-        assert first["events"] == 10 and first["trimmed"] == 1 and first["trim_not_current"] == 0
+        assert first["events"] == 10 and first["trimmed"] == 1 and first["trim_skipped"] == []
+        assert "trim_not_current" not in first
         with Client.connect(http_url(server)) as c:
             for i in range(10, 15):
                 c.publish("/h", f"a{i}".encode())  # seqs 11..15, not archived before the reset below
@@ -166,23 +175,34 @@ def test_archive_through_the_server_then_the_store_for_retired_epochs(
         with Client.connect(http_url(server)) as c:
             for i in range(2):
                 c.publish("/h", f"b{i}".encode())
+        # Both archived epochs are trimmed: the retired one only up to its archived seq 10 (already trimmed
+        # there: nothing changes), so its unarchived 11..15 stay.
         second = jobs.archive(spark, http_url(server), str(out), trim=True)
-        assert second["events"] == 2 and second["trimmed"] == 1 and second["trim_not_current"] == 1
+        assert second["events"] == 2 and second["trimmed"] == 2 and second["trim_skipped"] == []
         new = json.loads((out / jobs.STATE_FILE).read_text())["positions"]["/h"]
         assert new[old] == 10 and len(new) == 2
+        (cur,) = set(new) - {old}
+        assert retired() == [(old, 11, 15)]
         # From the store, while the server runs (read-only): the retired epoch's rest, once.
         third = jobs.archive(spark, store_url(server), str(out))
         assert third["events"] == 5 and third["epochs"] == 1
         assert jobs.archive(spark, store_url(server), str(out))["events"] == 0
+        # Through the server again: the retired epoch is trimmed to its top, so it is gone.
+        fourth = jobs.archive(spark, http_url(server), str(out), trim=True)
+        assert fourth["events"] == 0 and fourth["trimmed"] == 1 and fourth["trim_skipped"] == []
+        assert retired() == []
+        # A server run keeps the position of an epoch it cannot list: it is skipped (409, no events any
+        # more) until a run from the store forgets it.
+        fifth = jobs.archive(spark, http_url(server), str(out), trim=True)
+        assert fifth["trimmed"] == 0 and fifth["trim_skipped"] == [f"/h#{old}:15"]
+        assert jobs.archive(spark, store_url(server), str(out))["positions"] == 0
+        sixth = jobs.archive(spark, http_url(server), str(out), trim=True)
+        assert sixth["trimmed"] == 0 and sixth["trim_skipped"] == []
+        with Client.connect(http_url(server)) as c:
+            pos = c.publish("/h", b"b2")  # the current epoch goes on after its trimmed seqs
+        assert (pos.seq, pos.epoch) == (3, cur)
     finally:
         server.terminate()
-    fourth = jobs.archive(spark, f"sqlite:///{db}", str(out), trim=True)  # the server is stopped
-    assert fourth["events"] == 0 and fourth["trimmed"] == 1  # the retired epoch; the current is empty
-    st = SqliteLogStore(db)
-    try:
-        assert st.retired_epochs("/h") == []
-    finally:
-        st.close()
     got = spark.read.parquet(str(out / "data")).select("epoch", "seq", "payload").collect()
     assert sorted((r.epoch == old, r.seq, r.payload) for r in got) == sorted(
         [(True, i + 1, f"a{i}".encode()) for i in range(15)]

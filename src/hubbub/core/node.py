@@ -45,7 +45,7 @@ from .replay import Gap, ReplayPlan, ReplaySpan, ReplaySpec, plan_replay
 from .session import Encoder, FrameRun, Session
 from .writer import LogWriter
 
-__all__ = ["EpochMismatch", "Node", "NodeSettings", "Subscription"]
+__all__ = ["EpochMismatch", "Node", "NodeSettings", "Subscription", "Trimmed"]
 
 log = logging.getLogger("hubbub.node")
 
@@ -68,13 +68,24 @@ class NodeSettings:
 
 
 class EpochMismatch(HubbubError):
-    """A request named an epoch that is not the channel's current one; ``head`` is the current position."""
+    """A request named an epoch it cannot act on: not the channel's current one (or, for :meth:`Node.trim`,
+    neither the current one nor a retired one holding events); ``head`` is the current position."""
 
     code = 4202
 
     def __init__(self, head: ChannelInfo) -> None:
         super().__init__(f"the channel's epoch is {head.epoch!r}")
         self.head = head
+
+
+@dataclass(frozen=True, slots=True)
+class Trimmed:
+    """What :meth:`Node.trim` did: ``info`` is the trimmed epoch's position afterwards (its ``epoch`` the one
+    named; ``first`` is ``top + 1`` once it holds no events), ``current`` whether that epoch is the channel's
+    current one. A retired epoch left without events is gone from the store (docs/log.md "Epochs")."""
+
+    info: ChannelInfo
+    current: bool
 
 
 FILTER_PREFIX = ":filter."
@@ -832,24 +843,32 @@ class Node:
         info: ChannelInfo | None = await self._writer.submit_control(new_epoch)
         return info
 
-    async def trim(self, channel: str, epoch: str, up_to_seq: int) -> ChannelInfo:
-        """Trim the channel's events with ``seq <= up_to_seq`` if its current epoch is ``epoch``; returns the
-        new head. On the writer thread, in order with appends; the epoch is checked in the same call, so a
-        reset cannot slip in between. Raises :class:`EpochMismatch` (the channel's epoch differs, or it was
-        never used) or :class:`BadRequest` (``up_to_seq`` negative or beyond the channel's top)."""
+    async def trim(self, channel: str, epoch: str, up_to_seq: int) -> Trimmed:
+        """Trim the events with ``seq <= up_to_seq`` of the channel's epoch ``epoch``: its current epoch, or a
+        retired one still holding events (docs/log.md "Epochs"; the current epoch is untouched then). On the
+        writer thread, in order with appends; the epoch is looked up in the same call, so a reset cannot slip
+        in between (a reset just before makes the named epoch a retired one, which is trimmed all the same).
+        Raises :class:`EpochMismatch` with the current head (``epoch`` is neither: never used, or a retired
+        epoch already gone with its last event) or :class:`BadRequest` (``up_to_seq`` negative or beyond that
+        epoch's top)."""
         if self._closing or self._writer is None:
             raise ShuttingDown()
 
-        def trim(st: LogStore) -> ChannelInfo:
+        def trim(st: LogStore) -> Trimmed:
             head = st.head(channel)
-            if head.empty or head.epoch != epoch:
+            if not head.empty and head.epoch == epoch:
+                if not 0 <= up_to_seq <= head.top:
+                    raise BadRequest(f"seq must be between 0 and the channel's top ({head.top})")
+                return Trimmed(st.trim(channel, up_to_seq), current=True)
+            old = next((ci for ci in st.retired_epochs(channel) if ci.epoch == epoch), None)
+            if old is None:
                 raise EpochMismatch(head)
-            if not 0 <= up_to_seq <= head.top:
-                raise BadRequest(f"seq must be between 0 and the channel's top ({head.top})")
-            return st.trim(channel, up_to_seq)
+            if not 0 <= up_to_seq <= old.top:
+                raise BadRequest(f"seq must be between 0 and the epoch's top ({old.top})")
+            return Trimmed(st.trim(channel, up_to_seq, epoch=epoch), current=False)
 
-        info: ChannelInfo = await self._writer.submit_control(trim)
-        return info
+        done: Trimmed = await self._writer.submit_control(trim)
+        return done
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -858,6 +877,7 @@ class Node:
             "router": self.router.statistics(),
             "writer": self._writer.statistics() if self._writer else {},
         }
+
 
 def _run_frames(
     encoder: Encoder, events: list[Event], ids: tuple[str, ...], runs: list[EventRun] | None

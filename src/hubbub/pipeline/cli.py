@@ -64,8 +64,8 @@ def add_pipeline_commands(subparsers: argparse._SubParsersAction[argparse.Argume
             p.add_argument(
                 "--trim",
                 action="store_true",
-                help="then trim the log up to what is archived: through the server (--url; current epochs "
-                "only), or the store itself (--store; every epoch; only while no server has it open)",
+                help="then trim the log up to what is archived, every epoch (current and retired): through "
+                "the server (--url), or the store itself (--store; only while no server has it open)",
             )
         if name == "retention":
             p.add_argument("--days", type=int, required=True, help="keep this many days")

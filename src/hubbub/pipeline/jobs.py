@@ -237,26 +237,29 @@ def _publish_staged(out: Path, run: str) -> int:
     return moved
 
 
-def trim_archived(url: str, positions: dict[str, dict[str, Any]], token: str = "") -> dict[str, Any]:
-    """Trim a running server's log up to the archived ``positions``, ``{channel: {"epoch": E, "seq": S}}``
-    (``POST /api/v1/trim/<channel>``, one call per channel; idempotent, so a retry or a rerun is harmless).
-    The server trims current epochs only: a channel whose epoch changed since it was archived (reset) or that
-    is gone is skipped (``skipped``): its current events were never archived."""
+def trim_archived(url: str, positions: Positions, token: str = "") -> dict[str, Any]:
+    """Trim a running server's log up to the archived ``positions``, ``{channel: {epoch: seq}}``: every
+    (channel, epoch), current or retired, through ``POST /api/v1/trim/<channel>?seq=S&epoch=E`` (native.md
+    "Admin"), one call each. Idempotent for what still holds events, so a retry or a rerun is harmless; the
+    events of an epoch after its archived seq stay. Returns ``trimmed`` (how many epochs the server trimmed)
+    and ``skipped``: the positions (``channel#epoch:seq``) whose epoch holds no events any more (409: trimmed
+    to nothing, or gone with retention or with a ``durability = none`` restart)."""
     from hubbub.pipeline.sources import _channel_path, _error_text, _Http
 
     conn = _Http(url, token)
-    trimmed: dict[str, int] = {}
+    trimmed = 0
     skipped: list[str] = []
     try:
-        for channel, pos in sorted(positions.items()):
-            query = urllib.parse.urlencode({"seq": int(pos["seq"]), "epoch": pos["epoch"]})
-            status, data = conn.request("POST", f"/api/v1/trim/{_channel_path(channel)}?{query}")
-            if status == 409:
-                skipped.append(channel)
-            elif status != 200:
-                raise PipelineError(f"trim {channel}: {_error_text(status, data)}")
-            else:
-                trimmed[channel] = int(json.loads(data)["first"])
+        for channel, eps in sorted(positions.items()):
+            for epoch, seq in sorted(eps.items()):
+                query = urllib.parse.urlencode({"seq": int(seq), "epoch": epoch})
+                status, data = conn.request("POST", f"/api/v1/trim/{_channel_path(channel)}?{query}")
+                if status == 409:
+                    skipped.append(position_key(channel, epoch, seq))
+                elif status != 200:
+                    raise PipelineError(f"trim {channel} epoch {epoch}: {_error_text(status, data)}")
+                else:
+                    trimmed += 1
     finally:
         conn.close()
     return {"trimmed": trimmed, "skipped": skipped}
@@ -311,10 +314,9 @@ def archive(
     got after the last run and before a new epoch are archived by the next run, once. A server's HTTP API
     shows current epochs only: their positions are kept, so a later run from the store archives the rest.
 
-    ``trim``: once the run is committed, trim what is archived of every channel matching ``channels``.
-    Through a server (``http://…``), its current epochs (its trim API refuses the others); from a store
-    (``sqlite:///…``), every epoch, current and retired, with the store opened as its writer (refused while
-    a server has it open)."""
+    ``trim``: once the run is committed, trim what is archived of every channel matching ``channels``, every
+    archived epoch, current and retired: through a server (``http://…``) with its trim API, or from a store
+    (``sqlite:///…``) opened as its writer (refused while a server has it open)."""
     http = url.startswith(("http://", "https://"))
     outp = Path(out)
     writer = _open_for_trim(url) if trim and not http else None  # first: fail before any work
@@ -325,35 +327,21 @@ def archive(
             pat = parse_pattern(channels)
             positions: Positions = result.pop("_positions")
             todo = {ch: eps for ch, eps in positions.items() if pat.matches(ch)}
-            if writer is not None:
-                done = _trim_store(writer, todo)
-                result["trimmed"] = done["trimmed"]
-                result["trim_skipped"] = done["skipped"]
-            else:
-                current: dict[str, str] = result.pop("_current")
-                now = {
-                    ch: {"epoch": e, "seq": todo[ch][e]} for ch, e in current.items() if e in todo.get(ch, {})
-                }
-                done = trim_archived(url, now, token)
-                result["trimmed"] = len(done["trimmed"])
-                result["trim_skipped"] = done["skipped"]
-                # Archived epochs that were not current: the server's trim API cannot trim them.
-                result["trim_not_current"] = sum(
-                    1 for ch, eps in todo.items() for e in eps if current.get(ch) != e
-                )
+            done = _trim_store(writer, todo) if writer is not None else trim_archived(url, todo, token)
+            result["trimmed"] = done["trimmed"]
+            result["trim_skipped"] = done["skipped"]
     finally:
         if writer is not None:
             writer.close()
     result.pop("_positions", None)
-    result.pop("_current", None)
     return result
 
 
 def _archive_run(
     spark: SparkSession, url: str, outp: Path, channels: str, token: str, show: bool
 ) -> dict[str, Any]:
-    """One archive run (see :func:`archive`); the result also holds the committed positions (``_positions``)
-    and each listed channel's current epoch (``_current``)."""
+    """One archive run (see :func:`archive`); the result also holds the committed positions
+    (``_positions``)."""
     state = _load_state(outp)
     pending = state.get("pending")
     if pending:  # a run crashed after staging: roll it forward
@@ -372,7 +360,6 @@ def _archive_run(
     src = open_source(url, token)
     held = log_epochs(src, channels)
     listed = held if held is not None else src.channels(channels)
-    current = {ci.channel: ci.epoch for ci in listed} if held is None else {}
     ends: Positions = {}
     for ci in listed:
         if positions.get(ci.channel, {}).get(ci.epoch, 0) < ci.top:
@@ -430,7 +417,6 @@ def _archive_run(
         "events_per_s": round(events / dt) if dt > 0 else 0,
         "positions": sum(len(eps) for eps in new.values()),
         "_positions": new,
-        "_current": current,
     }
 
 

@@ -315,7 +315,9 @@ class NativeHttp:
 
     async def trim(self, request: web.Request) -> web.Response:
         """``POST /api/v1/trim/<channel>?seq=S&epoch=E`` (a hubbub v1 addition, docs/native.md "Admin"): trim
-        the channel's events with ``seq <= S`` if its current epoch is E."""
+        the events with ``seq <= S`` of the channel's epoch E, its current one or a retired one still holding
+        events. The reply is that epoch's position afterwards and whether it is the current one; 409 with the
+        current position when E is neither."""
         channel = route_channel(raw_rest(request, "/api/v1/trim/"), self.s.max_channel_bytes)
         q = request.query
         seq = _int_param(q, "seq", None)
@@ -325,11 +327,18 @@ class NativeHttp:
         if seq < 0:
             raise BadRequest("seq must not be negative")
         try:
-            info = await self.node.trim(channel, epoch, seq)
+            done = await self.node.trim(channel, epoch, seq)
         except EpochMismatch as exc:
             head = exc.head
             return _error(exc, position={"seq": head.top, "epoch": head.epoch})
-        out = {"channel": info.channel, "epoch": info.epoch, "first": info.first, "top": info.top}
+        info = done.info
+        out = {
+            "channel": info.channel,
+            "epoch": info.epoch,
+            "first": info.first,
+            "top": info.top,
+            "current": done.current,
+        }
         return _json(200, orjson.dumps(out) + b"\n")
 
     async def channels(self, request: web.Request) -> web.Response:
