@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +16,11 @@ import pytest
 
 from hubbub.core import Node, NodeSettings
 from hubbub.dialects import native as nc
-from hubbub.errors import HubbubError
+from hubbub.errors import HubbubError, StorageError
 from hubbub.events import Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, AppendResult, RetentionPolicy
+from hubbub.log.memory import MemoryLogStore
 from hubbub.transports.native import NativeConnection
 
 
@@ -153,5 +154,45 @@ def test_a_replay_reaches_a_batching_connection_as_exact_batches(
             kinds = [o["op"] for o in ops()]
             assert kinds[1] == "reply" and kinds[-1] == "recovered"  # order: reply, events, recovered
             await conn.finish()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_submit_many_with_done_many_completes_a_run_in_one_call(fail: bool) -> None:
+    """``done_many`` gets a commit's results of one ``submit_many`` at once, in order and between the
+    completions of the submissions around it; a failed commit calls ``done`` per request instead."""
+
+    class FailingStore(MemoryLogStore):
+        def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+            raise StorageError("disk on fire")
+
+    async def main() -> None:
+        store = FailingStore() if fail else open_store("memory", "", "none", RetentionPolicy(), 600)
+        async with Node(store, NodeSettings(max_recovery=0)) as node:
+            codec = nc.NativeCodec("msgpack")
+            pub = connect(node, codec, Sink(), 4096, 4096)
+            await pub.handle(nc.Hello(1, 1, None, "", True, True))
+            calls: list[tuple[str, object]] = []
+            reqs = [AppendRequest("/d", pub._publisher, b"p%d" % i, "text/plain") for i in range(5)]
+            node.submit(reqs[0], pub.session, lambda r: calls.append(("one", r)))
+            node.submit_many(
+                reqs[1:4],
+                pub.session,
+                lambda r: calls.append(("each", r)),
+                lambda rs: calls.append(("many", rs)),
+            )
+            node.submit(reqs[4], pub.session, lambda r: calls.append(("one", r)))
+            await wait_until(lambda: len(calls) >= (5 if fail else 3))
+            if fail:
+                assert [k for k, _ in calls] == ["one", "each", "each", "each", "one"]
+                assert all(isinstance(r, StorageError) for _, r in calls)
+            else:
+                assert [k for k, _ in calls] == ["one", "many", "one"]
+                many = calls[1][1]
+                assert isinstance(many, list)
+                assert [r.event.payload for r in many] == [b"p1", b"p2", b"p3"]
+                assert [r.event.seq for r in many] == [2, 3, 4]
+            await pub.finish()
 
     asyncio.run(main())

@@ -113,6 +113,19 @@ def test_replies_are_throttled_not_dropped_up_to_a_hard_cap() -> None:
     assert s.kicked == 4302
 
 
+def test_push_replies_queues_in_order_with_the_same_hard_cap_as_push() -> None:
+    s = Session("native", Enc(), max_items=2, max_bytes=1 << 20)
+    assert s.push_replies([])
+    assert s.push(b"r0")
+    assert s.push_replies([b"r1", b"r2", b"r3"])  # over the bound, under the cap: kept
+    assert asyncio.run(s.next_frames()) == [b"r0", b"r1", b"r2", b"r3"]
+    assert s.push_replies([b"x"] * 8)  # exactly the cap of 4 x max_items, as 8 push() calls would allow
+    assert not s.kicked
+    assert not s.push_replies([b"one too many"])
+    assert s.kicked == 4302
+    assert not s.push_replies([b"after the kick"])
+
+
 def test_wait_room_wakes_when_drained() -> None:
     async def main() -> None:
         s = Session("native", Enc(), max_items=4, max_bytes=1 << 20)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, final
 
 from hubbub.auth import AllowAll, Authorizer
 from hubbub.channels import Pattern
@@ -52,6 +52,8 @@ log = logging.getLogger("hubbub.node")
 T = TypeVar("T")
 
 Done = Callable[["AppendResult | HubbubError"], None]
+#: Completes a run of one connection's committed publishes, in order (:meth:`Node.submit_many`).
+DoneMany = Callable[["list[AppendResult]"], None]
 
 ACK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -151,8 +153,26 @@ _RUN_ENCODE_MIN = 4
 #: One session's share of a fan-out: the session, its matching subscription ids, those subscriptions.
 _Group = tuple[Session, tuple[str, ...], list["Subscription"]]
 
+
+@final
+class _Completion:
+    """The completion of one :meth:`Node.submit_many` call with ``done_many``: its ``count`` publishes are
+    consecutive in a commit batch (the writer never splits a submission), so a commit completes them with one
+    ``many`` call; a failed commit calls ``one`` per publish, as for any other submission."""
+
+    __slots__ = ("count", "many", "one")
+
+    def __init__(self, one: Done, many: DoneMany, count: int) -> None:
+        self.one = one
+        self.many = many
+        self.count = count
+
+    def __call__(self, r: AppendResult | HubbubError) -> None:
+        self.one(r)
+
+
 #: A submitted publish waiting for its commit: (origin session, done callback, submit tick's perf_counter).
-_Pending = tuple[Session | None, Done | None, float]
+_Pending = tuple[Session | None, Done | _Completion | None, float]
 
 
 class Histogram:
@@ -333,12 +353,21 @@ class Node:
         self._batch_items.append((origin, done, self._batch_t0))
         self._batch_reqs.append(request)
 
-    def submit_many(self, requests: list[AppendRequest], origin: Session, done: Done) -> None:
+    def submit_many(
+        self,
+        requests: list[AppendRequest],
+        origin: Session,
+        done: Done,
+        done_many: DoneMany | None = None,
+    ) -> None:
         """Queue several publishes of one connection at once, as :meth:`submit` would one by one.
 
         Every request is authorized before any is queued: on :class:`ShuttingDown` or ``AuthError`` nothing
         was queued (the caller then submits them one by one to answer each). ``done`` runs once per request,
-        in order. The batch form saves the per-publish call and checks of a read full of publishes.
+        in order; with ``done_many``, a commit instead completes all of them with one ``done_many(results)``
+        call (the results in request order), at the point where ``done`` would have run for the first, and
+        ``done`` runs only for a failed commit, once per request. The batch form saves the per-publish call
+        and checks of a read full of publishes.
         """
         if self._closing or self._writer is None:
             raise ShuttingDown()
@@ -358,7 +387,8 @@ class Node:
             assert self._loop is not None
             self._loop.call_soon(self._flush)
         # One item tuple serves the whole batch: they share origin, callback and submit time.
-        self._batch_items += [(origin, done, self._batch_t0)] * len(requests)
+        cb: Done | _Completion = done if done_many is None else _Completion(done, done_many, len(requests))
+        self._batch_items += [(origin, cb, self._batch_t0)] * len(requests)
         self._batch_reqs += requests
 
     def _flush(self) -> None:
@@ -416,14 +446,25 @@ class Node:
         now = time.perf_counter()
         obs = self.ack_latency.observe
         # Items of one submit tick share their t0: one histogram update per tick, not per event.
+        if len(items) != len(result):
+            raise RuntimeError("the log store returned a result count that differs from the batch's")
         t_run, n_run = items[0][2], 0
-        for (_origin, done, t0), r in zip(items, result, strict=True):
+        i, end = 0, len(items)
+        while i < end:
+            _origin, done, t0 = items[i]
             if t0 != t_run:
                 obs(now - t_run, n_run)
                 t_run, n_run = t0, 0
+            if type(done) is _Completion:
+                k = done.count
+                done.many(result[i : i + k])
+                n_run += k
+                i += k
+                continue
             n_run += 1
             if done is not None:
-                done(r)
+                done(result[i])
+            i += 1
         obs(now - t_run, n_run)
         published = self.published
         fan_out = self._fan_out

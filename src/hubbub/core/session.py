@@ -230,6 +230,27 @@ class Session:
             self._wake.set()
         return True
 
+    def push_replies(self, frames: list[bytes]) -> bool:
+        """Queue non-event frames (replies) in order, as :meth:`push` would one by one, in one step.
+        Returns False when they were not queued (closed, kicked, or past the hard cap, which kicks)."""
+        if self.closed or self.kicked or self.ending:
+            return False
+        k = len(frames)
+        if not k:
+            return True
+        nbytes = sum(map(len, frames))
+        # push() checks each frame against the cap before queueing it; the last one is the one that counts.
+        if self._count + k - 1 >= 4 * self.max_items or self._nbytes + nbytes > 4 * self.max_bytes:
+            self.kick(self.slow_close_code)
+            return False
+        was_empty = not self._count
+        self._frames.extend(zip(frames, repeat(False)))
+        self._nbytes += nbytes
+        self._count += k
+        if was_empty:
+            self._wake.set()
+        return True
+
     def deliver(self, event: Event, subs: Sequence[str], cache: dict[Any, Any], replay: bool = False) -> bool:
         """Encode (through the shared cache) and queue one event."""
         data = self.encoder.encode_event(event, subs, replay, cache)

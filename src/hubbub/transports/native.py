@@ -295,7 +295,7 @@ class NativeConnection:
             replies = replies[:count]
         reqs = [AppendRequest(c, pub, p, t) for c, p, t in zip(channels, payloads, types, strict=True)]
         try:
-            self.node.submit_many(reqs, self.session, self._done)
+            self.node.submit_many(reqs, self.session, self._done, self._done_many)
         except HubbubError:
             return False
         # The node completes publishes in submission order (see _submit).
@@ -324,7 +324,7 @@ class NativeConnection:
             for c in cmds
         ]
         try:
-            self.node.submit_many(reqs, sess, self._done)
+            self.node.submit_many(reqs, sess, self._done, self._done_many)
         except HubbubError:
             return False
         # The node completes publishes in submission order, so the replies' ids queue here (see _submit).
@@ -377,6 +377,25 @@ class NativeConnection:
             self.session.push(self.codec.encode_error(r.code, rid, r.detail))
         elif want_ack:
             self.session.push(self.codec.encode_publish_reply(rid, r.event, r.duplicate))
+
+    def _done_many(self, results: list[AppendResult]) -> None:
+        """A run of this connection's publishes was committed (``Node.submit_many``): the replies of those
+        that asked for one, queued in one step."""
+        pending = self._pending
+        assert pending is not None  # _submit_many / _submit_run queued the entries
+        k = len(results)
+        self.inflight -= k
+        if self.inflight < self.max_inflight // 2:
+            self._acked.set()
+        popleft = pending.popleft
+        encode = self.codec.encode_publish_reply
+        frames = []
+        for r in results:
+            rid, want_ack = popleft()
+            if want_ack:
+                frames.append(encode(rid, r.event, r.duplicate))
+        if frames:
+            self.session.push_replies(frames)
 
     async def _subscribe(self, cmd: nc.Subscribe) -> None:
         sess = self.session

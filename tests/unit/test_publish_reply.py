@@ -1,0 +1,58 @@
+"""The msgpack publish reply is built from cached per-channel pieces (``NativeCodec.encode_publish_reply``):
+it must be byte for byte the packed map of native.md §3.4, for every integer width and any channel."""
+
+from __future__ import annotations
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hubbub.dialects import native as nc
+from hubbub.dialects.native import _REPLY_PARTS_MAX
+from hubbub.events import Event, Publisher
+
+widths = st.sampled_from([0, 1, 127, 128, 255, 256, 65535, 65536, (1 << 32) - 1, 1 << 32, (1 << 63) - 1])
+ints = st.one_of(widths, st.integers(0, (1 << 63) - 1))
+
+
+def event(channel: str, seq: int, epoch: str, time_ns: int) -> Event:
+    return Event(channel, seq, epoch, time_ns, Publisher("native", "u", "s", ""), b"p", "x/y", {}, ())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rid=ints,
+    seq=ints,
+    time_ns=ints,
+    channel=st.sampled_from(["/a", "/chat/é", "/" + "x" * 40, "/" + "y" * 300]),
+    epoch=st.sampled_from(["abcd1234", "e" * 40]),
+    duplicate=st.booleans(),
+)
+def test_reply_is_the_packed_map(
+    rid: int, seq: int, time_ns: int, channel: str, epoch: str, duplicate: bool
+) -> None:
+    codec = nc.NativeCodec("msgpack")
+    want = {"op": "reply", "id": rid, "channel": channel, "seq": seq, "epoch": epoch, "time": time_ns}
+    if duplicate:
+        want["duplicate"] = True
+    ev = event(channel, seq, epoch, time_ns)
+    for _ in range(2):  # the second reply comes from the cached pieces
+        got = codec.encode_publish_reply(rid, ev, duplicate)
+        assert got == msgpack.packb(want, use_bin_type=True)
+        assert list(msgpack.unpackb(got).items()) == list(want.items())
+
+
+def test_reply_pieces_are_bounded_and_stay_right_after_clearing() -> None:
+    codec = nc.NativeCodec("msgpack")
+    for i in range(_REPLY_PARTS_MAX + 10):
+        codec.encode_publish_reply(1, event(f"/c/{i}", 1, "e", 1))
+    assert len(codec._reply_parts) <= _REPLY_PARTS_MAX
+    got = codec.encode_publish_reply(7, event("/c/0", 9, "e", 5))
+    assert msgpack.unpackb(got) == {
+        "op": "reply",
+        "id": 7,
+        "channel": "/c/0",
+        "seq": 9,
+        "epoch": "e",
+        "time": 5,
+    }
