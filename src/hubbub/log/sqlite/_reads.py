@@ -1,0 +1,538 @@
+"""The read side of :class:`SqliteLogStore`: per-thread read-only connections, every read in one
+snapshot; reads, runs, and the bulk scans of the data pipeline (:class:`ScanPlan`, :class:`ScanColumns`).
+
+Time searches (``read(from_time=…)``) use no index: within one channel's epoch ``time_ns`` strictly increases
+with ``seq``, so a binary search over ``seq`` costs a handful of index look-ups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from hubbub.errors import StorageError
+from hubbub.events import Event, Publisher
+from hubbub.log.base import ChannelInfo, EventRun, StoreStats
+from hubbub.log.records import decode_headers, decode_tags
+from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error
+from hubbub.log.sqlite._schema import _EVENT_COLS, _TEXT_COLS
+
+__all__ = ["ScanColumns", "ScanPlan"]
+
+_MAX_INT64: Final = (1 << 63) - 1
+
+_HEAD_COLS: Final = "path, epoch, first, top, top_time"
+_HEADS_CHUNK: Final = 500
+# read_rows(compact_text=True): a text column is NULL where it equals the given (first row's) value.
+_COMPACT_SELECT: Final = (
+    "SELECT seq, time_ns, "
+    + ", ".join(f"nullif({c}, ?{i})" for i, c in enumerate(_TEXT_COLS, 1))
+    + ", headers, tags, payload FROM events WHERE channel_id = ?6 AND seq BETWEEN ?7 AND ?8 "
+    "ORDER BY seq LIMIT ?9"
+)
+# read_runs: the (time_ns, payload) of a range's rows that equal the first row in every other column.
+_RUN_SELECT: Final = (
+    "SELECT time_ns, payload FROM events WHERE channel_id = ?1 AND seq BETWEEN ?2 AND ?3 "
+    + "".join(f"AND {c} = ?{i} " for i, c in enumerate((*_TEXT_COLS, "headers", "tags"), 4))
+    + "ORDER BY seq"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ScanPlan:
+    """What :meth:`SqliteLogStore.scan_plan` found in one snapshot.
+
+    ``splits``: ascending ``pos`` boundaries; piece ``i`` is ``splits[i] <= pos < splits[i + 1]`` (empty when
+    no event is in range). ``max_time``: the newest event's time in that snapshot; a scan bounded by it sees
+    no later commit. ``channels``: channel id -> head, for every epoch holding events, current or retired
+    (a channel with retired epochs has several ids, each with its own epoch). ``events`` and ``bytes``: the
+    log's totals (for sizing reads). ``retired``: the ids of ``channels`` that are retired epochs."""
+
+    splits: tuple[int, ...]
+    max_time: int
+    channels: dict[int, ChannelInfo]
+    events: int
+    bytes: int
+    retired: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ScanColumns:
+    """Events of a ``pos`` range as columns, in SQLite's concatenated form: no Python object per event.
+
+    ``channel_id``, ``seq`` and ``time_ns`` are decimal integers joined with ``,`` (``""`` when ``n`` is 0).
+    A variable-length column is ``(lengths, data)``: the byte length of every value joined with ``,`` and the
+    values' bytes concatenated (text as UTF-8; ``headers`` and ``tags`` in the column codec of
+    :mod:`hubbub.log.records`). ``text`` holds the five text columns (``publisher_dialect``,
+    ``publisher_user``, ``publisher_app``, ``publisher_msg_id``, ``content_type``), together either one
+    ``str`` each (every row has that value, as is usual) or ``(lengths, data)`` each."""
+
+    n: int
+    channel_id: str
+    seq: str
+    time_ns: str
+    text: tuple[str, ...] | tuple[tuple[str, bytes], ...]
+    headers: tuple[str, bytes]
+    tags: tuple[str, bytes]
+    payload: tuple[str, bytes]
+
+
+def _prefix_upper(prefix: str) -> str | None:
+    """The smallest string greater than every string that starts with ``prefix`` (None: there is none)."""
+    chars = list(prefix)
+    while chars:
+        c = ord(chars.pop()) + 1
+        if c == 0xD800:  # skip the surrogates: they are not text
+            c = 0xE000
+        if c <= 0x10FFFF:
+            return "".join(chars) + chr(c)
+    return None
+
+
+class _ReadSide:
+    """The read methods of :class:`SqliteLogStore`, which mixes this in (see its concurrency contract).
+
+    :class:`SqliteLogStore` ``__init__`` sets these attributes; ``close`` closes ``_readers``."""
+
+    _closed: bool
+    _close_lock: threading.Lock
+    _local: threading.local
+    _readers: list[sqlite3.Connection]
+    _reader_uri: str
+    _busy_timeout_ms: int
+
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and not self._closed:
+            return conn
+        with self._close_lock:
+            if self._closed:
+                raise StorageError("log store is closed")
+            try:
+                conn = sqlite3.connect(
+                    self._reader_uri,
+                    uri=True,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    cached_statements=64,
+                )
+            except sqlite3.Error as exc:
+                raise _error("read", exc) from exc
+            self._readers.append(conn)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            conn.execute("PRAGMA cache_size = -8192")  # 8 MiB
+        except sqlite3.Error as exc:
+            raise _error("read", exc) from exc
+        self._local.conn = conn
+        return conn
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction on this thread's reader: every statement in it sees the same commit."""
+        conn = self._reader()
+        try:
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+        except _STORAGE_ERRORS as exc:
+            raise _error("read", exc) from exc
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        try:
+            return self._reader().execute(sql, params).fetchone()
+        except _STORAGE_ERRORS as exc:
+            raise _error("read", exc) from exc
+
+    @staticmethod
+    def _events(channel: str, epoch: str, rows: Iterable[Sequence[Any]]) -> list[Event]:
+        pubs: dict[tuple[str, str, str, str], Publisher] = {}
+        out: list[Event] = []
+        for seq, t, dialect, user, app, msg_id, ctype, hb, tb, payload in rows:
+            pk = (dialect, user, app, msg_id)
+            pub = pubs.get(pk)
+            if pub is None:
+                pub = pubs[pk] = Publisher(dialect, user, app, msg_id)
+            out.append(
+                Event(
+                    channel,
+                    seq,
+                    epoch,
+                    t,
+                    pub,
+                    payload,
+                    ctype,
+                    decode_headers(hb) if hb else {},
+                    decode_tags(tb) if tb else (),
+                )
+            )
+        return out
+
+    def head(self, channel: str) -> ChannelInfo:
+        row = self._one(f"SELECT {_HEAD_COLS} FROM channels WHERE path = ?", (channel,))
+        return ChannelInfo(channel, "", 0, 0, 0) if row is None else ChannelInfo(*row)
+
+    def heads(self, channels: Iterable[str]) -> dict[str, ChannelInfo]:
+        names = list(dict.fromkeys(channels))
+        out = {n: ChannelInfo(n, "", 0, 0, 0) for n in names}
+        with self._snapshot() as conn:
+            for i in range(0, len(names), _HEADS_CHUNK):
+                chunk = names[i : i + _HEADS_CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                for row in conn.execute(f"SELECT {_HEAD_COLS} FROM channels WHERE path IN ({marks})", chunk):
+                    out[row[0]] = ChannelInfo(*row)
+        return out
+
+    def read(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        *,
+        epoch: str | None = None,
+    ) -> list[Event]:
+        epoch, rows = self.read_rows(channel, after_seq, limit, from_time, to_time, epoch=epoch)
+        return self._events(channel, epoch, rows) if rows else []
+
+    def read_rows(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        *,
+        compact_text: bool = False,
+        epoch: str | None = None,
+    ) -> tuple[str, list[tuple[Any, ...]]]:
+        """:meth:`read` without building events, for bulk readers (the data pipeline): ``(epoch, rows)``,
+        each row ``(seq, time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id,
+        content_type, headers, tags, payload)`` with ``headers`` and ``tags`` in the column codec of
+        :mod:`hubbub.log.records`. An unknown channel gives ``("", [])``.
+
+        ``compact_text``: in every row but the first, each of the five text columns (``publisher_*`` and
+        ``content_type``) is ``None`` where it equals the first row's value (SQLite compares, so no Python
+        string is made for a repeated value: in a page they mostly are).
+
+        ``epoch``: read that epoch of the channel, current or retired (``("", [])`` when the channel has no
+        such epoch holding events)."""
+        if limit <= 0:
+            self._reader()
+            return "", []
+        with self._snapshot() as conn:
+            if epoch is None:
+                row = conn.execute(
+                    "SELECT id, epoch, first, top FROM channels WHERE path = ?", (channel,)
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    "SELECT id, epoch, first, top FROM channels WHERE path = ?1 AND epoch = ?2 UNION ALL "
+                    "SELECT id, epoch, first, top FROM retired_epochs WHERE path = ?1 AND epoch = ?2",
+                    (channel, epoch),
+                ).fetchone()
+            if row is None:
+                return "", []
+            cid, epoch, first, top = row
+            lo, hi = max(after_seq + 1, first), top
+            if from_time is not None and lo <= hi:
+                lo = _seq_at_time(conn, cid, lo, hi, from_time)
+            if to_time is not None and lo <= hi:
+                hi = _seq_at_time(conn, cid, lo, hi, to_time) - 1
+            if lo > hi:
+                return epoch, []
+            n = min(limit, _MAX_INT64)
+            if not compact_text:
+                rows = conn.execute(
+                    f"SELECT {_EVENT_COLS} FROM events "
+                    "WHERE channel_id = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?",
+                    (cid, lo, hi, n),
+                ).fetchall()
+                return epoch, rows
+            first_row = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ? "
+                "ORDER BY seq LIMIT 1",
+                (cid, lo, hi),
+            ).fetchone()
+            if first_row is None:
+                return epoch, []
+            rows = conn.execute(_COMPACT_SELECT, (*first_row[2:7], cid, lo, hi, n)).fetchall()
+            rows[0] = first_row
+            return epoch, rows
+
+    def read_runs(self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000) -> list[EventRun]:
+        """See :meth:`LogStore.read_runs`. A range whose rows all share the first row's publisher, content
+        type, headers and tags (the usual page: one publisher's events) is two statements and one
+        ``(time_ns, payload)`` tuple per row, checked by SQLite; any other range is read whole and grouped."""
+        if up_to_seq <= after_seq or limit <= 0:
+            self._reader()
+            return []
+        with self._snapshot() as conn:
+            row = conn.execute(
+                "SELECT id, epoch, first, top FROM channels WHERE path = ?", (channel,)
+            ).fetchone()
+            if row is None:
+                return []
+            cid, epoch, first, top = row
+            lo = max(after_seq + 1, first)
+            hi = min(up_to_seq, top, lo - 1 + min(limit, _MAX_INT64 - lo))
+            if lo > hi:
+                return []
+            head = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (cid, lo)
+            ).fetchone()
+            if head is not None:
+                rows = conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9])).fetchall()
+                # Seqs are unique: as many matching rows as seqs in the range means every row matched.
+                if len(rows) == hi - lo + 1:
+                    return [EventRun(self._events(channel, epoch, [head])[0], rows)]
+            rows = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+                (cid, lo, hi),
+            ).fetchall()
+            return _runs(channel, epoch, rows)
+
+    def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
+        """Plan a bulk read of the whole log in commit (``pos``) order: see :class:`ScanPlan`. Each piece
+        holds ``size`` events (the last one at most ``size``) with ``from_time <= time_ns < to_time``:
+        ``time_ns`` increases with ``pos``, so the time range is a ``pos`` range, found by binary search.
+        For bulk readers (the data pipeline), with :meth:`scan_columns`."""
+        size = max(size, 1)
+        with self._snapshot() as conn:
+            channels: dict[int, ChannelInfo] = {}
+            retired: set[int] = set()
+            for row in conn.execute(
+                f"SELECT 0, id, {_HEAD_COLS} FROM channels WHERE count > 0 UNION ALL "
+                f"SELECT 1, id, {_HEAD_COLS} FROM retired_epochs ORDER BY path, id"
+            ):
+                channels[row[1]] = ChannelInfo(*row[2:])
+                if row[0]:
+                    retired.add(row[1])
+            events, nbytes = conn.execute(
+                "SELECT coalesce(sum(count), 0), coalesce(sum(bytes), 0) FROM "
+                "(SELECT count, bytes FROM channels UNION ALL SELECT count, bytes FROM retired_epochs)"
+            ).fetchone()
+            first = conn.execute("SELECT pos FROM events ORDER BY pos LIMIT 1").fetchone()
+            last = conn.execute("SELECT pos, time_ns FROM events ORDER BY pos DESC LIMIT 1").fetchone()
+            if first is None or last is None:
+                return ScanPlan((), 0, channels, events, nbytes, frozenset(retired))
+            lo, hi, max_time = first[0], last[0], last[1]
+            if from_time is not None:
+                lo = _pos_at_time(conn, lo, hi, from_time)
+            if to_time is not None and lo <= hi:
+                hi = _pos_at_time(conn, lo, hi, to_time) - 1
+            splits: list[int] = []
+            at: int | None = lo
+            while at is not None and at <= hi:
+                splits.append(at)
+                row = conn.execute(
+                    "SELECT pos FROM events WHERE pos >= ? ORDER BY pos LIMIT 1 OFFSET ?", (at, size)
+                ).fetchone()
+                at = None if row is None else row[0]
+            if splits:
+                splits.append(hi + 1)
+            return ScanPlan(tuple(splits), max_time, channels, events, nbytes, frozenset(retired))
+
+    def scan_columns(
+        self,
+        lo_pos: int,
+        hi_pos: int,
+        *,
+        max_time: int,
+        bounds: Sequence[tuple[int, int, int]] | None = None,
+    ) -> list[ScanColumns]:
+        """The events with ``lo_pos <= pos < hi_pos`` and ``time_ns <= max_time``, in ``pos`` order, as
+        columns (:class:`ScanColumns`), read in one snapshot by a sequential scan of the table. ``bounds``:
+        only these ``(channel id, lowest seq, highest seq)`` (a join with a temporary table of this thread's
+        reader). Usually one piece; a range whose columns would exceed SQLite's string limit is read in
+        halves (pieces in ``pos`` order)."""
+        if lo_pos >= hi_pos:
+            self._reader()
+            return []
+        with self._snapshot() as conn:
+            join, where = "", ""
+            if bounds is not None:
+                if getattr(self._local, "scan_table", None) is not conn:
+                    conn.execute(
+                        "CREATE TEMP TABLE IF NOT EXISTS hubbub_scan "
+                        "(cid INTEGER PRIMARY KEY, lo INTEGER NOT NULL, hi INTEGER NOT NULL)"
+                    )
+                    self._local.scan_table = conn
+                conn.execute("DELETE FROM temp.hubbub_scan")
+                conn.executemany("INSERT INTO temp.hubbub_scan (cid, lo, hi) VALUES (?, ?, ?)", bounds)
+                # CROSS JOIN keeps ``events`` the outer loop: a scan in ``pos`` order, one look-up per row in
+                # the small table (faster than ``channel_id IN (…)``, measured).
+                join = " CROSS JOIN temp.hubbub_scan AS b ON b.cid = e.channel_id"
+                where = " AND e.seq BETWEEN b.lo AND b.hi"
+            out: list[ScanColumns] = []
+            _scan(conn, join, where, lo_pos, hi_pos, max_time, out)
+            return out
+
+    def read_last(self, channel: str, n: int) -> list[Event]:
+        if n <= 0:
+            self._reader()
+            return []
+        with self._snapshot() as conn:
+            row = conn.execute("SELECT id, epoch FROM channels WHERE path = ?", (channel,)).fetchone()
+            if row is None:
+                return []
+            cid, epoch = row
+            rows = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? ORDER BY seq DESC LIMIT ?",
+                (cid, min(n, _MAX_INT64)),
+            ).fetchall()
+            rows.reverse()
+            return self._events(channel, epoch, rows)
+
+    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+        if limit <= 0:
+            self._reader()
+            return []
+        sql = f"SELECT {_HEAD_COLS} FROM channels WHERE path > ? AND count > 0"
+        params: list[Any] = [after]
+        if prefix:
+            sql += " AND path >= ?"
+            params.append(prefix)
+            upper = _prefix_upper(prefix)
+            if upper is not None:
+                sql += " AND path < ?"
+                params.append(upper)
+        sql += " ORDER BY path LIMIT ?"
+        params.append(min(limit, _MAX_INT64))
+        with self._snapshot() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [ChannelInfo(*r) for r in rows if r[0].startswith(prefix)]
+
+    def top_time(self) -> int:
+        row = self._one("SELECT value FROM meta WHERE key = 'last_time'")
+        return int(row[0]) if row else 0
+
+    def stats(self) -> StoreStats:
+        with self._snapshot() as conn:
+            events, nbytes, channels = conn.execute(
+                "SELECT coalesce(sum(count), 0), coalesce(sum(bytes), 0), coalesce(sum(count > 0), 0) "
+                "FROM channels"
+            ).fetchone()
+            retired, r_events, r_bytes = conn.execute(
+                "SELECT count(*), coalesce(sum(count), 0), coalesce(sum(bytes), 0) FROM retired_epochs"
+            ).fetchone()
+        return StoreStats(
+            events=int(events + r_events),
+            bytes=int(nbytes + r_bytes),
+            channels=int(channels),
+            retired_epochs=int(retired),
+        )
+
+    def retired_epochs(self, channel: str) -> list[ChannelInfo]:
+        with self._snapshot() as conn:
+            rows = conn.execute(
+                f"SELECT {_HEAD_COLS} FROM retired_epochs WHERE path = ? ORDER BY id", (channel,)
+            ).fetchall()
+        return [ChannelInfo(*r) for r in rows]
+
+
+def _runs(channel: str, epoch: str, rows: list[Any]) -> list[EventRun]:
+    """Group full event rows (``_EVENT_COLS``, in seq order) into runs; one event is built per run."""
+    out: list[EventRun] = []
+    prev_key: tuple[Any, ...] = ()
+    prev_seq = 0
+    run: list[tuple[int, bytes]] = []
+    for r in rows:
+        seq = r[0]
+        key = r[2:9]
+        if seq == prev_seq + 1 and key == prev_key:
+            run.append((r[1], r[9]))
+        else:
+            run = [(r[1], r[9])]
+            out.append(EventRun(_ReadSide._events(channel, epoch, [r])[0], run))
+            prev_key = key
+        prev_seq = seq
+    return out
+
+
+def _pos_at_time(conn: sqlite3.Connection, lo: int, hi: int, t: int) -> int:
+    """The smallest ``pos`` in ``[lo, hi]`` of an event with ``time_ns >= t``, or ``hi + 1``
+    (``time_ns`` increases with ``pos``)."""
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        row = conn.execute(
+            "SELECT pos, time_ns FROM events WHERE pos >= ? ORDER BY pos LIMIT 1", (mid,)
+        ).fetchone()
+        if row is None or row[0] > hi or row[1] >= t:
+            hi = mid - 1
+        else:
+            lo = row[0] + 1
+    return lo
+
+
+_SCAN_VARLEN: Final = "group_concat(length({c})), CAST(group_concat({c}, '') AS BLOB)"
+_SCAN_SELECT: Final = (
+    "SELECT count(*), group_concat(e.channel_id), group_concat(e.seq), group_concat(e.time_ns), "
+    + ", ".join(_SCAN_VARLEN.format(c=f"e.{c}") for c in ("headers", "tags", "payload"))
+    + ", total("
+    + " OR ".join(f"e.{c} IS NOT ?{i}" for i, c in enumerate(_TEXT_COLS, 1))
+    + ")"
+)
+_SCAN_TEXT: Final = "SELECT " + ", ".join(_SCAN_VARLEN.format(c=f"CAST(e.{c} AS BLOB)") for c in _TEXT_COLS)
+
+
+def _scan(
+    conn: sqlite3.Connection,
+    join: str,
+    where: str,
+    lo: int,
+    hi: int,
+    max_time: int,
+    out: list[ScanColumns],
+) -> None:
+    """:meth:`SqliteLogStore.scan_columns` of ``lo <= pos < hi`` into ``out``, halving on SQLITE_TOOBIG."""
+    tail = f" FROM events AS e{join} WHERE e.pos >= ?6 AND e.pos < ?7 AND e.time_ns <= ?8{where}"
+    first = conn.execute(
+        "SELECT " + ", ".join(f"e.{c}" for c in _TEXT_COLS) + tail + " ORDER BY e.pos LIMIT 1",
+        (None, None, None, None, None, lo, hi, max_time),
+    ).fetchone()
+    if first is None:
+        return
+    try:
+        n, cids, seqs, times, hl, hd, tl, td, pl, pd, varied = conn.execute(
+            _SCAN_SELECT + tail, (*first, lo, hi, max_time)
+        ).fetchone()
+        text: tuple[str, ...] | tuple[tuple[str, bytes], ...] = tuple(first)
+        if varied:
+            row = conn.execute(_SCAN_TEXT + tail, (None, None, None, None, None, lo, hi, max_time)).fetchone()
+            text = tuple((row[i], row[i + 1]) for i in range(0, 10, 2))
+    except sqlite3.DataError:  # SQLITE_TOOBIG: the concatenated columns are over SQLite's limit
+        if hi - lo <= 1:
+            raise
+        mid = (lo + hi) // 2
+        _scan(conn, join, where, lo, mid, max_time, out)
+        _scan(conn, join, where, mid, hi, max_time, out)
+        return
+    out.append(ScanColumns(n, cids, seqs, times, text, (hl, hd), (tl, td), (pl, pd)))
+
+
+def _seq_at_time(conn: sqlite3.Connection, cid: int, lo: int, hi: int, t: int) -> int:
+    """The smallest ``seq`` in ``[lo, hi]`` of a channel whose ``time_ns >= t``, or ``hi + 1``.
+
+    Binary search: within one epoch ``time_ns`` strictly increases with ``seq``. Each probe reads the first
+    event at or after the middle, so a hole in the seqs (which the store never leaves) costs nothing.
+    """
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        row = conn.execute(
+            "SELECT seq, time_ns FROM events WHERE channel_id = ? AND seq >= ? ORDER BY seq LIMIT 1",
+            (cid, mid),
+        ).fetchone()
+        if row is None or row[0] > hi or row[1] >= t:
+            hi = mid - 1
+        else:
+            lo = row[0] + 1
+    return lo

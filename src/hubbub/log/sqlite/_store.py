@@ -1,0 +1,620 @@
+"""``SqliteLogStore``: the embedded default engine, one SQLite database file in WAL mode.
+
+This module has the store itself: opening, the lock file, the writer side (append, trim, epochs, retention)
+and closing. The schema, its migration, the lost-commits marker and durability are in ``_schema.py``; how
+append writes rows in ``_inserts.py``; the read side in ``_reads.py``; checkpoints in ``_checkpointer.py``;
+errors in ``_errors.py``.
+
+Concurrency contract:
+
+* The writer methods (``append``, ``apply_retention``, ``trim``, ``reset_channel``, ``new_epochs_on_open``,
+  ``commits_may_be_lost``, ``close``)
+  use one writer connection and a cache of every channel's head, and must be called from one thread at a
+  time (the core's log writer thread). The store may be opened on another thread (the connection is created
+  with ``check_same_thread=False`` for that reason and for ``close``).
+* Reads may come from any thread, concurrently: each thread gets its own read-only connection (a
+  ``threading.local``), and every read runs in one snapshot, so it sees whole commits only.
+* ``close`` stops the checkpoint thread and closes every reader connection too; it must not race with reads
+  still running (the core shuts its reader pool down first). Reads after ``close`` raise
+  :class:`StorageError`.
+* One database file has one writer: opening takes an exclusive ``flock`` on ``<file>.lock``; a second store on
+  the same file (in this process or another) fails with :class:`StorageError`.
+* ``readonly=True`` opens a **reader only** (the data pipeline reading a running server's file): no lock file,
+  no writer connection, no checkpointer, nothing created; the file must exist with this schema version. Its
+  read methods work as above (each read one snapshot, concurrently with the owning server's writer); the
+  writer methods raise :class:`StorageError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from hubbub.errors import StorageError
+from hubbub.events import Event, Publisher
+from hubbub.log.base import (
+    AppendRequest,
+    AppendResult,
+    ChannelInfo,
+    LogStore,
+    RetentionPolicy,
+    new_epoch,
+)
+from hubbub.log.records import encode_headers, encode_tags, event_size
+from hubbub.log.sqlite._checkpointer import _Checkpointer
+from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
+from hubbub.log.sqlite._inserts import _MIN_RUN, _insert_events, _run_rows, _same_publisher
+from hubbub.log.sqlite._reads import _ReadSide
+from hubbub.log.sqlite._schema import (
+    _EVENT_COLS,
+    _WRITER_CLOSED,
+    DURABILITY_SYNCHRONOUS,
+    SCHEMA_VERSION,
+    _connect_writer,
+)
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["SqliteLogStore"]
+
+_NS: Final = 1_000_000_000
+# How often (in log time) append forgets expired idempotency keys.
+_IDEM_PRUNE_EVERY_NS: Final = 10 * _NS
+
+_INSERT_CHANNEL: Final = (
+    "INSERT INTO channels (id, path, epoch, first, top, top_time, count, bytes) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_CHANNEL: Final = (
+    "UPDATE channels SET first = ?, top = ?, top_time = ?, count = ?, bytes = ? WHERE id = ?"
+)
+_SET_LAST_TIME: Final = "UPDATE meta SET value = ? WHERE key = 'last_time'"
+_INSERT_RETIRED: Final = (
+    "INSERT INTO retired_epochs (id, path, epoch, first, top, top_time, count, bytes) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# The idempotency keys of a retired epoch follow the channel to its new row and remember the original's.
+_MOVE_IDEM: Final = (
+    "UPDATE idem SET channel_id = ?1, origin_id = coalesce(origin_id, ?2), "
+    "origin_epoch = coalesce(origin_epoch, ?3) WHERE channel_id = ?2"
+)
+
+
+@dataclass(slots=True)
+class _Head:
+    """The writer's cached copy of one ``channels`` row."""
+
+    id: int
+    epoch: str
+    first: int
+    top: int
+    top_time: int
+    count: int
+    bytes: int
+
+    def row(self) -> tuple[int, int, int, int, int, int]:
+        return (self.first, self.top, self.top_time, self.count, self.bytes, self.id)
+
+
+class SqliteLogStore(_ReadSide, LogStore):
+    """A :class:`LogStore` in one SQLite file (schema: ``_schema.py``; contract: the module docstring).
+
+    ``path``: the database file (created if absent; its directory must exist). ``durability``: ``fsync``,
+    ``commit`` or ``none``. ``retention``: its ``max_events``/``max_bytes`` apply per channel inside every
+    append's transaction. ``idem_window_s``: how long idempotency keys are kept (0 turns idempotency off).
+    ``clock`` returns nanoseconds since the Unix epoch (tests pass a fake one). ``busy_timeout_ms``: how long
+    a statement waits for a lock held by another connection (another process reading or backing up the file).
+    """
+
+    engine = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: str = "commit",
+        retention: RetentionPolicy | None = None,
+        idem_window_s: int = 600,
+        clock: Callable[[], int] = time.time_ns,
+        busy_timeout_ms: int = 5000,
+        readonly: bool = False,
+    ) -> None:
+        if durability not in DURABILITY_SYNCHRONOUS:
+            raise ValueError(
+                f"durability must be one of {', '.join(DURABILITY_SYNCHRONOUS)}, not {durability!r}"
+            )
+        self.path = Path(path).absolute()
+        self.durability = durability
+        self._retention = retention or RetentionPolicy()
+        self._idem_window_ns = max(idem_window_s, 0) * _NS
+        self._clock = clock
+        self._busy_timeout_ms = max(busy_timeout_ms, 0)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._reader_uri = self.path.as_uri() + "?mode=ro"
+        # Writer state (writer thread only).
+        self._heads: dict[str, _Head] = {}
+        # Retired epochs holding events: id -> (channel, head).
+        self._retired: dict[int, tuple[str, _Head]] = {}
+        self._next_id = 1
+        self._suspect_below = 0
+        self._last_time = 0
+        self._idem_prune_at = 0
+        self._lock_fd = -1
+        self._conn: sqlite3.Connection | None = None
+        self._checkpointer: _Checkpointer | None = None
+        self.readonly = readonly
+        if readonly:
+            self._open_readonly()
+            return
+        try:
+            self._lock_file()
+            self._conn = _connect_writer(self.path, self.durability, self._busy_timeout_ms)
+            self._load()
+            try:
+                self._checkpointer = _Checkpointer(self.path, DURABILITY_SYNCHRONOUS[durability])
+            except sqlite3.Error as exc:
+                raise _error("open", exc) from exc
+        except BaseException:
+            self._release()
+            raise
+
+    # -- opening -------------------------------------------------------------------------------------
+
+    def _open_readonly(self) -> None:
+        if not self.path.is_file():
+            raise StorageError("log database does not exist")
+        try:
+            row = self._one("SELECT value FROM meta WHERE key = 'schema_version'")
+        except StorageError:
+            self._release()
+            raise
+        if row is None or row[0] != SCHEMA_VERSION:
+            self._release()
+            raise StorageError(
+                f"log database has schema version {row and row[0]}, this hubbub reads {SCHEMA_VERSION}"
+            )
+
+    def _lock_file(self) -> None:
+        if fcntl is None:  # pragma: no cover - not POSIX
+            return
+        try:
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise _error("open", exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise StorageError("log database is in use by another store") from exc
+        self._lock_fd = fd
+
+    def _load(self) -> None:
+        """(Re)load the writer's cache from the database."""
+        conn = self._writer()
+        try:
+            heads: dict[str, _Head] = {}
+            retired: dict[int, tuple[str, _Head]] = {}
+            next_id = 1
+            for cid, path, epoch, first, top, top_time, count, nbytes in conn.execute(
+                "SELECT id, path, epoch, first, top, top_time, count, bytes FROM channels"
+            ):
+                heads[path] = _Head(cid, epoch, first, top, top_time, count, nbytes)
+                next_id = max(next_id, cid + 1)
+            for cid, path, epoch, first, top, top_time, count, nbytes in conn.execute(
+                "SELECT id, path, epoch, first, top, top_time, count, bytes FROM retired_epochs"
+            ):
+                retired[cid] = (path, _Head(cid, epoch, first, top, top_time, count, nbytes))
+                next_id = max(next_id, cid + 1)
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.Error as exc:
+            raise _error("open", exc) from exc
+        self._heads, self._retired, self._next_id = heads, retired, next_id
+        self._last_time, self._suspect_below = int(meta["last_time"]), int(meta["suspect_below"])
+
+    def _writer(self) -> sqlite3.Connection:
+        conn = self._conn
+        if self.readonly and not self._closed:
+            raise StorageError("log store is open read-only")
+        if conn is None or self._closed:
+            raise StorageError("log store is closed")
+        return conn
+
+    @contextlib.contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction. On failure: roll back, reload the head cache, raise StorageError."""
+        conn = self._writer()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            # The cache may hold changes of the rolled-back transaction.
+            self._load()
+            if isinstance(exc, _STORAGE_ERRORS):
+                raise _error(what, exc) from exc
+            raise
+
+    # -- writer side ---------------------------------------------------------------------------------
+
+    def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+        if not batch:
+            self._writer()
+            return []
+        with self._transaction("append") as conn:
+            now = self._clock()
+            t = self._last_time
+            window = self._idem_window_ns
+            heads = self._heads
+            touched: dict[str, _Head] = {}
+            created: set[str] = set()
+            # The ``events`` rows (see _insert_events): ``segments`` of 12-parameter rows each followed by a
+            # long run's rows, then ``full``. The current run is of ``r_pub`` (or a publisher equal to it but
+            # for msg_id), ``r_ctype``, ``r_hb`` and ``r_tb``; it has ``r_n`` events. Its first _MIN_RUN - 1
+            # rows go to ``full`` from index ``r_start``; at _MIN_RUN they move to a new ``run``.
+            segments: list[tuple[list[Any], list[Any]]] = []
+            full: list[Any] = []
+            run: list[Any] | None = None
+            r_pub: Publisher | None = None
+            r_ctype: str | None = None
+            r_hb = r_tb = b""
+            r_n = r_start = 0
+            idem_rows: list[tuple[int, str, str, int, int]] = []
+            batch_idem: dict[tuple[str, str, str], Event] = {}
+            results: list[AppendResult] = []
+            add_result = results.append
+            # The previous request's channel and head: a batch is mostly runs of one channel's publishes.
+            name: str | None = None
+            h: _Head | None = None
+            for req in batch:
+                if req.channel != name or h is None:
+                    name = req.channel
+                    h = heads.get(name)
+                    if h is None:
+                        h = heads[name] = _Head(self._next_id, new_epoch(), 1, 0, 0, 0, 0)
+                        self._next_id += 1
+                        created.add(name)
+                    touched[name] = h
+                pub = req.publisher
+                idem = req.idem
+                if idem and window:
+                    t_next = now if now > t else t + 1
+                    key = (pub.user, name, idem)
+                    dup = batch_idem.get(key)
+                    if dup is None and name not in created:
+                        dup = self._find_original(conn, name, h, req, t_next - window)
+                    if dup is not None and t_next - dup.time_ns < window:
+                        add_result(AppendResult(dup, duplicate=True))
+                        continue
+                t = now if now > t else t + 1
+                h.top = seq = h.top + 1
+                h.top_time = t
+                h.count += 1
+                payload = req.payload
+                headers = req.headers
+                tags = req.tags
+                if headers or tags:
+                    size = event_size(payload, headers, tags)
+                    hb = encode_headers(headers)
+                    tb = encode_tags(tags)
+                    headers = dict(headers)
+                    tags = tuple(tags)
+                else:
+                    size = len(payload)
+                    hb = tb = b""
+                    headers = {}
+                h.bytes += size
+                ctype = req.content_type
+                if (
+                    (pub is not r_pub and (r_pub is None or not _same_publisher(pub, r_pub)))
+                    or ctype != r_ctype
+                    or hb != r_hb
+                    or tb != r_tb
+                ):
+                    r_pub, r_ctype, r_hb, r_tb = pub, ctype, hb, tb
+                    r_n, r_start, run = 0, len(full), None
+                r_n += 1
+                if run is not None:
+                    run += (h.id, seq, t, pub.msg_id, payload)
+                elif r_n < _MIN_RUN:
+                    full += (
+                        h.id,
+                        seq,
+                        t,
+                        size,
+                        pub.dialect,
+                        pub.user,
+                        pub.app,
+                        pub.msg_id,
+                        ctype,
+                        hb,
+                        tb,
+                        payload,
+                    )
+                else:
+                    run = [pub.dialect, pub.user, pub.app, ctype, hb, tb, size - len(payload)]
+                    run += _run_rows(full, r_start)
+                    del full[r_start:]
+                    run += (h.id, seq, t, pub.msg_id, payload)
+                    segments.append((full, run))
+                    full = []
+                ev = Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)
+                add_result(AppendResult(ev))
+                if idem and window:
+                    batch_idem[key] = ev
+                    idem_rows.append((h.id, pub.user, idem, seq, t))
+            _insert_events(conn, segments, full, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+            pol = self._retention
+            if pol.max_events or pol.max_bytes:
+                for h in touched.values():
+                    self._trim_per_channel(conn, h)
+            if created:
+                conn.executemany(
+                    _INSERT_CHANNEL,
+                    [(heads[n].id, n, heads[n].epoch, *heads[n].row()[:5]) for n in created],
+                )
+            if len(touched) > len(created):
+                conn.executemany(_UPDATE_CHANNEL, [h.row() for n, h in touched.items() if n not in created])
+            if idem_rows:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO idem (channel_id, user, key, seq, time_ns) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    idem_rows,
+                )
+            if window and t >= self._idem_prune_at:
+                conn.execute("DELETE FROM idem WHERE time_ns <= ?", (t - window,))
+                self._idem_prune_at = t + min(window, _IDEM_PRUNE_EVERY_NS)
+            if t != self._last_time:
+                conn.execute(_SET_LAST_TIME, (t,))
+        self._last_time = t
+        if self._checkpointer is not None:
+            self._checkpointer.kick()
+        return results
+
+    def _find_original(
+        self, conn: sqlite3.Connection, name: str, h: _Head, req: AppendRequest, after: int
+    ) -> Event | None:
+        """The event a repeated idempotency key first appended, if it is newer than ``after``. It may be in
+        a retired epoch of the channel: the key was acknowledged there, and the event is still in the log."""
+        row = conn.execute(
+            "SELECT seq, time_ns, coalesce(origin_id, channel_id), coalesce(origin_epoch, ?) FROM idem "
+            "WHERE channel_id = ? AND user = ? AND key = ?",
+            (h.epoch, h.id, req.publisher.user, req.idem),
+        ).fetchone()
+        if row is None or row[1] <= after:
+            return None
+        seq, t, cid, epoch = row
+        found = conn.execute(
+            f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (cid, seq)
+        ).fetchall()
+        if found:
+            return self._events(name, epoch, found)[0]
+        # Trimmed since: rebuild it from the repeated request (same key, so the same event) and the position.
+        return Event(
+            name,
+            seq,
+            epoch,
+            t,
+            req.publisher,
+            req.payload,
+            req.content_type,
+            dict(req.headers),
+            tuple(req.tags),
+        )
+
+    def _trim_per_channel(self, conn: sqlite3.Connection, h: _Head) -> None:
+        pol = self._retention
+        if pol.max_events and h.count > pol.max_events:
+            self._delete_below(conn, h, h.top - pol.max_events + 1)
+        if pol.max_bytes and h.bytes > pol.max_bytes:
+            excess = h.bytes - pol.max_bytes
+            cut, removed = h.first, 0
+            cur = conn.execute(
+                "SELECT seq, size FROM events WHERE channel_id = ? AND seq >= ? ORDER BY seq", (h.id, h.first)
+            )
+            try:
+                for seq, size in cur:
+                    cut, removed = seq + 1, removed + size
+                    if removed >= excess:
+                        break
+            finally:
+                cur.close()
+            self._delete_below(conn, h, cut, removed)
+
+    @staticmethod
+    def _delete_below(conn: sqlite3.Connection, h: _Head, cut: int, removed_bytes: int | None = None) -> int:
+        """Delete the channel's events with ``seq < cut``; update the head. Returns how many."""
+        cut = min(cut, h.top + 1)
+        n = cut - h.first
+        if n <= 0:
+            return 0
+        if removed_bytes is None:
+            removed_bytes = conn.execute(
+                "SELECT coalesce(sum(size), 0) FROM events WHERE channel_id = ? AND seq < ?", (h.id, cut)
+            ).fetchone()[0]
+        conn.execute("DELETE FROM events WHERE channel_id = ? AND seq < ?", (h.id, cut))
+        h.first = cut
+        h.count -= n
+        h.bytes -= removed_bytes
+        return n
+
+    def trim(self, channel: str, up_to_seq: int, *, epoch: str | None = None) -> ChannelInfo:
+        self._writer()
+        h = self._heads.get(channel)
+        rid: int | None = None
+        if epoch is not None and (h is None or h.epoch != epoch):
+            rid = self._retired_id(channel, epoch)
+            h = self._retired[rid][1]
+        top = 0 if h is None else h.top
+        if not 0 <= up_to_seq <= top:
+            raise ValueError(f"cannot trim to seq {up_to_seq}: the channel's top is {top}")
+        if h is None:
+            return ChannelInfo(channel, "", 0, 0, 0)
+        if up_to_seq >= h.first:
+            with self._transaction("trim") as conn:
+                self._delete_below(conn, h, up_to_seq + 1)
+                if rid is None:
+                    conn.execute(_UPDATE_CHANNEL, h.row())
+                else:
+                    self._save_retired(conn, (rid,))
+            if self._checkpointer is not None:
+                self._checkpointer.kick()
+        return ChannelInfo(channel, h.epoch, h.first, h.top, h.top_time)
+
+    def _retired_id(self, channel: str, epoch: str) -> int:
+        for rid, (path, h) in self._retired.items():
+            if path == channel and h.epoch == epoch:
+                return rid
+        raise ValueError(f"the channel has no epoch {epoch!r} holding events")
+
+    def _save_retired(self, conn: sqlite3.Connection, ids: Iterable[int]) -> None:
+        """Write the changed heads of retired epochs; delete those left without events."""
+        heads = [self._retired[rid][1] for rid in ids]
+        conn.executemany(
+            "UPDATE retired_epochs SET first = ?, top = ?, top_time = ?, count = ?, bytes = ? WHERE id = ?",
+            [h.row() for h in heads if h.count > 0],
+        )
+        gone = [h.id for h in heads if h.count <= 0]
+        if gone:
+            conn.executemany("DELETE FROM retired_epochs WHERE id = ?", [(rid,) for rid in gone])
+            for rid in gone:
+                del self._retired[rid]
+
+    def _start_epochs(self, conn: sqlite3.Connection, names: Sequence[str]) -> None:
+        """Give each channel a new epoch: a new ``channels`` row with a new id. The old row, if any, moves to
+        ``retired_epochs`` (when it holds events) with its id, so its events stay where they are; its
+        idempotency keys move to the new row (see ``_schema.py``). Inside a writer transaction."""
+        retire: list[tuple[str, _Head]] = []
+        rows: list[tuple[Any, ...]] = []
+        moves: list[tuple[int, int, str]] = []
+        for name in names:
+            old = self._heads.get(name)
+            h = self._heads[name] = _Head(self._next_id, new_epoch(), 1, 0, 0, 0, 0)
+            self._next_id += 1
+            rows.append((h.id, name, h.epoch, *h.row()[:5]))
+            if old is not None:
+                moves.append((h.id, old.id, old.epoch))
+                if old.count > 0:
+                    retire.append((name, old))
+        if moves:
+            conn.executemany(_INSERT_RETIRED, [(h.id, n, h.epoch, *h.row()[:5]) for n, h in retire])
+            conn.executemany("DELETE FROM channels WHERE id = ?", [(old_id,) for _, old_id, _ in moves])
+            conn.executemany(_MOVE_IDEM, moves)
+            self._retired.update((h.id, (n, h)) for n, h in retire)
+        conn.executemany(_INSERT_CHANNEL, rows)
+
+    def reset_channel(self, channel: str) -> ChannelInfo:
+        with self._transaction("reset") as conn:
+            self._start_epochs(conn, (channel,))
+        h = self._heads[channel]
+        return ChannelInfo(channel, h.epoch, 1, 0, 0)
+
+    def new_epochs_on_open(self) -> None:
+        with self._transaction("reset") as conn:
+            self._start_epochs(conn, list(self._heads))
+
+    def commits_may_be_lost(self, channel: str, epoch: str) -> bool:
+        h = self._heads.get(channel)
+        # Ids grow: a row older than the last unclean open is an epoch that was current then.
+        return h is not None and h.epoch == epoch and h.id < self._suspect_below
+
+    def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
+        cutoff = now_ns - policy.max_age_s * _NS if policy.max_age_s else None
+        cap = policy.max_total_bytes
+        total = sum(h.bytes for h in self._heads.values()) + sum(h.bytes for _, h in self._retired.values())
+        if cutoff is None and not (cap and total > cap):
+            self._writer()
+            return 0
+        with self._transaction("retention") as conn:
+            # ``pos`` order is commit order is time order: the events to drop are a prefix of the table.
+            cuts: dict[int, list[int]] = {}  # channel id -> [new first, events, bytes]
+            last_pos = after = 0
+            done = False
+            while not done:
+                page = conn.execute(
+                    "SELECT pos, channel_id, seq, time_ns, size FROM events "
+                    "WHERE pos > ? ORDER BY pos LIMIT 1024",
+                    (after,),
+                ).fetchall()
+                if not page:
+                    break
+                for pos, cid, seq, t, size in page:
+                    if not ((cutoff is not None and t < cutoff) or (cap and total > cap)):
+                        done = True
+                        break
+                    total -= size
+                    acc = cuts.get(cid)
+                    if acc is None:
+                        acc = cuts[cid] = [0, 0, 0]
+                    acc[0], acc[1], acc[2] = seq + 1, acc[1] + 1, acc[2] + size
+                    last_pos = pos
+                after = page[-1][0]
+            if not cuts:
+                return 0
+            conn.execute("DELETE FROM events WHERE pos <= ?", (last_pos,))
+            by_id = {h.id: h for h in self._heads.values()}
+            by_id.update((rid, h) for rid, (_, h) in self._retired.items())
+            removed = 0
+            for cid, (cut, n, nbytes) in cuts.items():
+                h = by_id[cid]
+                h.first, h.count, h.bytes = cut, h.count - n, h.bytes - nbytes
+                removed += n
+            conn.executemany(_UPDATE_CHANNEL, [by_id[cid].row() for cid in cuts if cid not in self._retired])
+            self._save_retired(conn, [cid for cid in cuts if cid in self._retired])
+        return removed
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._mark_closed()
+        self._release()
+
+    def _mark_closed(self) -> None:
+        """Record the clean close in ``meta.writer``, synced (see ``_schema.py``). If that fails, the
+        next open counts this close as unclean, which errs on the safe side."""
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'writer'", (_WRITER_CLOSED,))
+        except sqlite3.Error as exc:
+            log.warning("sqlite: recording the clean close failed: %s", exc)
+
+    def _release(self) -> None:
+        ckpt, self._checkpointer = self._checkpointer, None
+        if ckpt is not None:
+            ckpt.stop()
+        readers, self._readers = self._readers, []
+        for c in readers:
+            with contextlib.suppress(sqlite3.Error):
+                c.close()
+        conn, self._conn = self._conn, None
+        try:
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA optimize")
+                conn.close()
+        except sqlite3.Error as exc:
+            raise _error("close", exc) from exc
+        finally:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = -1
