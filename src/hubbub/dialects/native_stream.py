@@ -1,0 +1,372 @@
+"""The native protocol's raw TCP stream (protocols/native.md §1): sans-I/O framing and whole-read decoding.
+
+:class:`NativeStreamDecoder` splits a raw TCP byte stream into frames, picking the framing from the first
+byte (JSON lines, or msgpack frames each after a 4-byte big-endian length), and decodes each read in one loop
+(the common publishes as a :class:`PublishRun`); every other frame goes through
+:meth:`~.native_codec.NativeCodec.decode_object`. :mod:`.native` re-exports both.
+
+Invariants:
+
+* Every read is bounded by ``max_frame`` and the ``limits.*`` values given to the constructor.
+* Stream parsing does not depend on chunking: feeding the same bytes in any split gives the same items
+  (``feed_runs`` gives the same publishes, only grouped in runs per read).
+
+Concurrency contract: a stream decoder belongs to one connection and is called from one thread (the event
+loop); the codecs it decodes with keep no state of a connection and may be shared (see :mod:`.native_codec`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from typing import Any, Final, TypeAlias
+
+import msgpack
+import orjson
+
+from hubbub.errors import BadFrame, FrameTooLarge, HubbubError
+
+from .native_codec import _LONG_INT, NativeCodec
+from .native_commands import MAX_ID, Command, Publish, json_payload
+from .native_common import DEFAULT_CONTENT_TYPE, DEFAULT_MAX_FRAME, Encoding, Limits
+
+__all__ = [
+    "MAX_STREAM_FRAME",
+    "NativeStreamDecoder",
+    "PublishRun",
+    "RunItem",
+    "StreamItem",
+]
+
+_unpackb = msgpack.unpackb
+_orjson_loads = orjson.loads
+
+MAX_STREAM_FRAME: Final = 1 << 24  # TCP msgpack length prefix must be below 2^24 (native.md §1)
+
+
+# -- raw TCP framing --------------------------------------------------------------------------------------
+
+StreamItem: TypeAlias = Command | HubbubError
+
+_U32: Final = struct.Struct(">I").unpack_from
+#: The content type of a JSON publish's ``text`` payload (native.md §3.4).
+_TEXT_TYPE: Final = "text/plain; charset=utf-8"
+
+
+class PublishRun:
+    """Consecutive publishes of the common shape from one read of a TCP stream, as parallel lists.
+
+    The common shape is ``op``, ``id``, ``channel`` and the payload (msgpack ``payload`` as bin; JSON one of
+    ``text``, ``json``, ``b64``), optionally a boolean ``ack``, and nothing else: no content type, headers,
+    tags or idempotency key. A read full of them (a pipelining client's burst) thus builds no command value
+    per publish: the connection makes the store's requests straight from these lists. Publish ``i`` is
+    ``Publish(replies[i][0], channels[i], payloads[i], content_types[i], ack=replies[i][1])``.
+    """
+
+    __slots__ = ("channels", "content_types", "payloads", "replies")
+
+    def __init__(self) -> None:
+        #: Canonical channels.
+        self.channels: list[str] = []
+        self.payloads: list[bytes] = []
+        self.content_types: list[str] = []
+        #: ``(request id, ack wanted)`` of each publish: what a connection keeps until the commit.
+        self.replies: list[tuple[int, bool]] = []
+
+    def __len__(self) -> int:
+        return len(self.replies)
+
+    def __repr__(self) -> str:
+        return f"PublishRun({len(self)} publishes)"
+
+    def commands(self, start: int = 0) -> list[Publish]:
+        """The publishes from ``start`` on, as :class:`Publish` commands."""
+        return [
+            Publish(rid, channel, payload, ct, {}, (), "", ack)
+            for (rid, ack), channel, payload, ct in zip(
+                self.replies[start:],
+                self.channels[start:],
+                self.payloads[start:],
+                self.content_types[start:],
+                strict=True,
+            )
+        ]
+
+
+#: What :meth:`NativeStreamDecoder.feed_runs` returns: commands, errors and runs of common publishes.
+RunItem: TypeAlias = Command | HubbubError | PublishRun
+
+
+class NativeStreamDecoder:
+    """Splits a native TCP byte stream into commands (native.md §1).
+
+    The first byte picks the framing: ``{`` → JSON lines (``\\n``-terminated, a ``\\r`` before it ignored,
+    blank lines skipped), ``0x00`` → msgpack frames each preceded by a 4-byte big-endian length (below 2^24
+    and at most ``max_frame``); any other byte is a fatal :class:`BadFrame`. :meth:`feed` returns commands
+    and errors in stream order. Non-fatal errors (4001, 4002, 4004, 4007) consume exactly their own frame.
+    After a fatal error (4000, 4003) ``failed`` is set, the buffer is dropped and later input is ignored:
+    the transport sends the error (when ``encoding`` is known) and closes.
+
+    :meth:`feed_runs` is the transport's form of :meth:`feed`: the same items, except that consecutive
+    publishes of the common shape come as one :class:`PublishRun`. Each read's frames are split and
+    decoded in one loop; only frames of another shape go through :meth:`NativeCodec.decode_object`.
+
+    ``codecs`` (by encoding) lets every connection of a listener share its codecs, which keep no state of
+    a connection; without it the decoder builds its own once the encoding is known.
+
+    The buffer never holds more than one incomplete frame of at most ``max_frame`` bytes (+ ``\\r``) plus
+    the complete frames of the current chunk.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_codec",
+        "_codecs",
+        "_limits",
+        "_run",
+        "_scanned",
+        "encoding",
+        "error",
+        "failed",
+        "max_frame",
+    )
+
+    def __init__(
+        self,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        *,
+        max_channel_bytes: int = 1024,
+        max_tags: int = 64,
+        max_tag_bytes: int = 256,
+        max_headers: int = 64,
+        max_header_bytes: int = 8192,
+        codecs: Mapping[Encoding, NativeCodec] | None = None,
+    ) -> None:
+        self.max_frame = max_frame
+        self._limits = Limits(max_channel_bytes, max_tags, max_tag_bytes, max_headers, max_header_bytes)
+        self._codecs = codecs
+        #: ``"json"`` or ``"msgpack"`` once the first byte was seen (the server answers in the same one).
+        self.encoding: Encoding | None = None
+        self._codec: NativeCodec | None = None
+        self._buf = bytearray()
+        self._scanned = 0  # JSON lines: bytes of _buf already known to hold no newline
+        #: The run the current read's common publishes join (the last item of that read's output).
+        self._run: PublishRun | None = None
+        self.failed = False
+        #: The fatal error, once ``failed``.
+        self.error: HubbubError | None = None
+
+    @property
+    def codec(self) -> NativeCodec:
+        """The codec for the detected encoding. Only valid once ``encoding`` is set."""
+        if self._codec is None:
+            raise RuntimeError("the stream's encoding is not known yet")
+        return self._codec
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an incomplete frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[StreamItem]:
+        """Add received bytes; return the commands and errors of every frame they complete, in order."""
+        out: list[StreamItem] = []
+        for item in self.feed_runs(data):
+            if isinstance(item, PublishRun):
+                out += item.commands()
+            else:
+                out.append(item)
+        return out
+
+    def feed_runs(self, data: bytes | bytearray | memoryview) -> list[RunItem]:
+        """:meth:`feed`, with a read's consecutive publishes of the common shape in a :class:`PublishRun`."""
+        if self.failed or not data:
+            return []
+        out: list[RunItem] = []
+        self._run = None
+        if self.encoding is None:
+            first = data[0]
+            if first == 0x7B:
+                self.encoding = "json"
+            elif first == 0x00:
+                self.encoding = "msgpack"
+            else:
+                self._fail(BadFrame("the first byte must be '{' (JSON lines) or 0x00 (msgpack)"), out)
+                return out
+            if self._codecs is not None:
+                self._codec = self._codecs[self.encoding]
+            else:
+                lim = self._limits
+                self._codec = NativeCodec(
+                    self.encoding,
+                    max_frame=self.max_frame,
+                    max_channel_bytes=lim.max_channel_bytes,
+                    max_tags=lim.max_tags,
+                    max_tag_bytes=lim.max_tag_bytes,
+                    max_headers=lim.max_headers,
+                    max_header_bytes=lim.max_header_bytes,
+                )
+        self._buf += data
+        if self.encoding == "json":
+            self._lines(out)
+        else:
+            self._frames(out)
+        self._run = None
+        return out
+
+    def _fail(self, exc: HubbubError, out: list[RunItem]) -> None:
+        out.append(exc)
+        self.failed = True
+        self.error = exc
+        self._buf = bytearray()
+        self._scanned = 0
+
+    def _object(self, obj: Any, out: list[RunItem]) -> bool:
+        """Decode one frame's value through the codec's general path into ``out``; False after a fatal
+        error."""
+        self._run = None
+        try:
+            if type(obj) is not dict:
+                raise BadFrame("a frame must be an object")
+            out.append(self.codec.decode_object(obj))
+        except HubbubError as exc:
+            if exc.fatal:
+                self._fail(exc, out)
+                return False
+            out.append(exc)
+        return True
+
+    def _quick_json(self, obj: Any, out: list[RunItem]) -> bool:
+        """Add a JSON publish of the common shape (see :class:`PublishRun`) to the read's run.
+
+        False, with nothing added, for any other frame, including every frame the general path would
+        refuse: the general path then decodes it, with its own errors. (:meth:`_frames` has the msgpack
+        case inline.)
+        """
+        if type(obj) is not dict or obj.get("op") != "publish":
+            return False
+        rid = obj.get("id")
+        ack = obj.get("ack", False)
+        raw_channel = obj.get("channel")
+        if (
+            type(rid) is not int
+            or not 0 <= rid < MAX_ID
+            or type(ack) is not bool
+            or type(raw_channel) is not str
+            or len(obj) != 4 + ("ack" in obj)
+        ):
+            return False
+        # A channel the codec has not seen yet takes the general path once, which canonicalizes it.
+        channel = self.codec._channels.get(raw_channel)
+        if channel is None:
+            return False
+        # The fourth field must be the payload: one of text, json and b64 (json_payload checks which).
+        text = obj.get("text")
+        if type(text) is str:
+            payload, content_type = text.encode("utf-8"), _TEXT_TYPE
+        else:
+            try:
+                payload, content_type = json_payload(obj)
+            except HubbubError:
+                return False
+        run = self._run
+        if run is None:
+            run = self._run = PublishRun()
+            out.append(run)
+        run.channels.append(channel)
+        run.payloads.append(payload)
+        run.content_types.append(content_type)
+        run.replies.append((rid, ack))
+        return True
+
+    def _lines(self, out: list[RunItem]) -> None:
+        buf = self._buf
+        limit = self.max_frame
+        codec = self.codec
+        quick = self._quick_json
+        # The usual read holds no digit run long enough to need the standard library (see NativeCodec._load):
+        # one search of the whole buffer then spares each line its own.
+        load = codec._load if _LONG_INT.search(buf) is not None else None
+        pos = 0
+        search = self._scanned
+        while True:
+            nl = buf.find(b"\n", search)
+            if nl < 0:
+                if len(buf) - pos > limit + 1:  # + 1: room for the '\r' of a CRLF line of exactly max_frame
+                    self._fail(FrameTooLarge(f"line over {limit} bytes"), out)
+                    return
+                break
+            end = nl - 1 if nl > pos and buf[nl - 1] == 0x0D else nl
+            if end - pos > limit:
+                self._fail(FrameTooLarge(f"line over {limit} bytes"), out)
+                return
+            if end > pos:
+                try:
+                    obj = _orjson_loads(buf[pos:end]) if load is None else load(buf[pos:end])
+                except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
+                    self._fail(BadFrame("not JSON"), out)
+                    return
+                except HubbubError as exc:  # BadFrame from _load: fatal
+                    self._fail(exc, out)
+                    return
+                if not quick(obj, out) and not self._object(obj, out):
+                    return
+            pos = search = nl + 1
+        if pos:
+            del buf[:pos]
+        self._scanned = len(buf)
+
+    def _frames(self, out: list[RunItem]) -> None:
+        buf = self._buf
+        end = len(buf)
+        limit = min(self.max_frame, MAX_STREAM_FRAME - 1)
+        channels = self.codec._channels
+        unpackb = _unpackb
+        run: PublishRun | None = None
+        pos = 0
+        while end - pos >= 4:
+            (n,) = _U32(buf, pos)
+            if n > limit:
+                self._fail(FrameTooLarge(f"frame over {limit} bytes"), out)
+                return
+            start = pos + 4
+            if end - start < n:
+                break
+            pos = start + n
+            try:
+                obj = unpackb(buf[start:pos], raw=False, strict_map_key=False)
+            except Exception:
+                # unpackb is pure C: any failure (bad format, extra data, bad UTF-8, unhashable key, nesting
+                # depth) means the bytes are not one msgpack value.
+                self._fail(BadFrame("not msgpack"), out)
+                return
+            # A publish of the common shape joins the read's run (see _quick_json); inline, as this runs
+            # once per published message.
+            if type(obj) is dict and obj.get("op") == "publish":
+                rid = obj.get("id")
+                ack = obj.get("ack", False)
+                raw_channel = obj.get("channel")
+                payload = obj.get("payload")
+                if (
+                    type(rid) is int
+                    and 0 <= rid < MAX_ID
+                    and type(ack) is bool
+                    and type(raw_channel) is str
+                    and type(payload) is bytes
+                    and len(obj) == 4 + ("ack" in obj)
+                ):
+                    channel = channels.get(raw_channel)
+                    if channel is not None:
+                        if run is None:
+                            run = PublishRun()
+                            out.append(run)
+                        run.channels.append(channel)
+                        run.payloads.append(payload)
+                        run.content_types.append(DEFAULT_CONTENT_TYPE)
+                        run.replies.append((rid, ack))
+                        continue
+            run = None
+            if not self._object(obj, out):
+                return
+        if pos:
+            del buf[:pos]
