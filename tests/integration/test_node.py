@@ -412,7 +412,7 @@ def test_durability_none_restart_keeps_the_old_events(tmp_path: Path) -> None:
 
 
 def test_burst_fan_out_keeps_order_ids_echo_filters_and_overflow(run: Run) -> None:
-    """Publishes of one tick commit together and fan out in runs (Node._fan_out_run): every session must
+    """Publishes of one tick commit together and fan out in runs (FanOut.fan_out_run): every session must
     still get exactly its events, in commit order, with its own subscription ids."""
 
     async def body(node: Node) -> None:

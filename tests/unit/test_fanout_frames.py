@@ -1,5 +1,6 @@
-"""Live fan-out encodes a run of events for one connection as :class:`EventRun` pieces (``Node._run_frames``):
-the frames must be exactly those of encoding each event alone, however the run splits into pieces."""
+"""Live fan-out encodes a run of events for one connection as :class:`EventRun` pieces
+(``hubbub.core.fanout._run_frames``): the frames must be exactly those of encoding each event alone, however
+the run splits into pieces."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hubbub.core.node import _RUN_ENCODE_MIN, _run_frames
+from hubbub.core.fanout import _RUN_ENCODE_MIN, _run_frames
 from hubbub.dialects import native as nc
 from hubbub.events import Event, Publisher
 from hubbub.transports.native import NativeEncoder

@@ -37,12 +37,13 @@ from hubbub.log.base import (
     EventRun,
     LogStore,
     RetentionPolicy,
-    runs_of,
 )
 from hubbub.router import Router
 
+from .fanout import FanOut
+from .filters import FILTER_PREFIX, delivery_filters, passes, withheld
 from .replay import Gap, ReplayPlan, ReplaySpan, ReplaySpec, plan_replay
-from .session import Encoder, FrameRun, Session
+from .session import FrameRun, Session
 from .writer import LogWriter
 
 __all__ = ["EpochMismatch", "Node", "NodeSettings", "Subscription", "Trimmed"]
@@ -90,41 +91,6 @@ class Trimmed:
     current: bool
 
 
-FILTER_PREFIX = ":filter."
-
-
-def delivery_filters(event: Event) -> list[tuple[str, str]]:
-    """The event's delivery filters (mapping.md §6): ``:filter.<name>`` pseudo-headers."""
-    n = len(FILTER_PREFIX)
-    return [(k[n:], v) for k, v in event.headers.items() if k.startswith(FILTER_PREFIX)]
-
-
-def passes(session: Session, filters: list[tuple[str, str]]) -> bool:
-    """Whether a connection's parameters equal every filter. ``user_id`` is the connection's user,
-    ``application_id`` its session id; any other filter name matches no connection."""
-    for name, value in filters:
-        if name == "user_id":
-            if session.user != value:
-                return False
-        elif name == "application_id":
-            if session.id != value:
-                return False
-        else:
-            return False
-    return True
-
-
-def withheld(session: Session, event: Event) -> bool:
-    """Whether the event's delivery filters keep it from ``session``; an event without filters never is.
-    Cheap for the common event without headers: replays call it once per event (or per run)."""
-    headers = event.headers
-    return (
-        bool(headers)
-        and any(k.startswith(FILTER_PREFIX) for k in headers)
-        and not passes(session, delivery_filters(event))
-    )
-
-
 @dataclass(eq=False, slots=True)
 class Subscription:
     """One subscription of one session. Identity-hashed: the router uses it as its key."""
@@ -142,16 +108,6 @@ class Subscription:
 #: Events per page of an exact channel's replay (Node._replay_span): large enough that the per-page costs
 #: (statements, a reader-thread hand-off, one queue step) vanish per event, small enough to hold two pages.
 REPLAY_PAGE = 2048
-
-#: Fan-out groupings kept (see Node._plan); cleared when full.
-PLAN_CACHE_SIZE = 4096
-
-#: A fan-out run to one connection of at least this many events is encoded as :class:`EventRun` pieces when
-#: the connection's encoder can (``RunEncoder.encode_run``: shared fields encoded once per run).
-_RUN_ENCODE_MIN = 4
-
-#: One session's share of a fan-out: the session, its matching subscription ids, those subscriptions.
-_Group = tuple[Session, tuple[str, ...], list["Subscription"]]
 
 
 @final
@@ -210,7 +166,6 @@ class Node:
         self._subs: dict[Session, dict[str, Subscription]] = {}
         #: Subscriptions whose replay is still being read: live events for them are held (see subscribe).
         self._holding: set[Subscription] = set()
-        self._plans: dict[int, tuple[tuple[Subscription, ...], list[_Group]]] = {}
         self._sessions: set[Session] = set()
         self._by_id: dict[str, Session] = {}
         self._pending = 0
@@ -234,6 +189,8 @@ class Node:
         self.bad_input: dict[str, int] = {}
         self.slow_closes: dict[str, int] = {}
         self.ack_latency = Histogram(ACK_BUCKETS)
+        # Live delivery: reads the router and the holding set, counts into ``deliveries``.
+        self._fanout = FanOut(self.router, self._holding, self.deliveries)
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -307,7 +264,7 @@ class Node:
             for s in subs.values():
                 self.router.remove(s.pattern, s, s.tags)
                 self._holding.discard(s)
-            self._plans.clear()
+            self._fanout.clear_plans()
         self._sessions.discard(session)
         if self._by_id.get(session.id) is session:
             del self._by_id[session.id]
@@ -326,6 +283,10 @@ class Node:
 
     def count_slow_close(self, dialect: str) -> None:
         self.slow_closes[dialect] = self.slow_closes.get(dialect, 0) + 1
+
+    def _on_slow(self, sess: Session) -> None:
+        log.info("closing slow consumer", extra={"dialect": sess.dialect, "session": sess.id})
+        self.count_slow_close(sess.dialect)
 
     # -- publish ----------------------------------------------------------------------------------------
 
@@ -467,10 +428,10 @@ class Node:
             i += 1
         obs(now - t_run, n_run)
         published = self.published
-        fan_out = self._fan_out
+        fan_out, fan_out_run = self._fanout.fan_out, self._fanout.fan_out_run
         match = self.router.match
         # Consecutive events with the same subscribers and origin (one publisher's burst on one channel)
-        # fan out as a run: each connection then takes the run's frames in one step (see _fan_out_run).
+        # fan out as a run: each connection then takes the run's frames in one step (see FanOut.fan_out_run).
         run: list[Event] = []
         run_subs: tuple[Subscription, ...] = ()
         run_origin: Session | None = None
@@ -490,145 +451,15 @@ class Node:
                     run.append(ev)
                     continue
                 if run:
-                    self._fan_out_run(run_subs, run, run_origin)
+                    fan_out_run(run_subs, run, run_origin)
                 run, run_subs, run_origin = [ev], subs, origin
                 continue
             if run:
-                self._fan_out_run(run_subs, run, run_origin)
+                fan_out_run(run_subs, run, run_origin)
                 run, run_subs = [], ()
             fan_out(ev, origin)
         if run:
-            self._fan_out_run(run_subs, run, run_origin)
-
-    def _fan_out_run(
-        self, subs: tuple[Subscription, ...], events: list[Event], origin: Session | None
-    ) -> None:
-        """Fan out events that match the same subscriptions, none of them holding or filtered: every
-        connection with the same encoding and subscription ids shares one :class:`FrameRun`, queued at once
-        (and, for batching connections, packed into batch frames once for all of them)."""
-        plan = self._plan(subs, cacheable=True)
-        deliveries = self.deliveries
-        if len(plan) == 1:
-            # One connection (the 1→1 case): no frame sharing to arrange, encode and queue the run directly.
-            sess, ids, _group = plan[0]
-            if sess is origin and not sess.echo:
-                return
-            frames = _run_frames(sess.encoder, events, ids, None)
-            n = sess.deliver_frames(frames, sum(map(len, frames)))
-            if n:
-                d = sess.dialect
-                deliveries[d] = deliveries.get(d, 0) + n
-            return
-        run_caches: dict[str, list[dict[Any, Any]]] = {}
-        run_frames: dict[tuple[str, tuple[str, ...]], FrameRun] = {}
-        runs: list[EventRun] | None = None
-        for sess, ids, _group in plan:
-            if sess is origin and not sess.echo:
-                continue
-            enc = sess.encoder
-            fk = (enc.key, ids)
-            hit = run_frames.get(fk)
-            if hit is None:
-                if len(events) >= _RUN_ENCODE_MIN and hasattr(enc, "encode_run"):
-                    if runs is None:
-                        runs = runs_of(events)
-                    frames = _run_frames(enc, events, ids, runs)
-                else:
-                    caches = run_caches.get(enc.key)
-                    if caches is None:
-                        caches = run_caches[enc.key] = [{} for _ in events]
-                    encode = enc.encode_event
-                    frames = [encode(ev, ids, False, c) for ev, c in zip(events, caches, strict=True)]
-                hit = run_frames[fk] = FrameRun(frames, sum(map(len, frames)))
-            n = sess.deliver_run(hit)
-            if n:
-                d = sess.dialect
-                deliveries[d] = deliveries.get(d, 0) + n
-
-    def _fan_out(self, event: Event, origin: Session | None) -> None:
-        subs = self.router.match(event.channel, event.tags)
-        if not subs:
-            return
-        filtered = False
-        if event.headers and any(k.startswith(FILTER_PREFIX) for k in event.headers):
-            filters = delivery_filters(event)
-            subs = tuple(s for s in subs if passes(s.session, filters))
-            filtered = True
-            if not subs:
-                return
-        caches: dict[str, dict[Any, Any]] = {}
-        if len(subs) == 1:
-            s = subs[0]
-            sess = s.session
-            if sess is origin and not sess.echo:
-                return
-            if s.holding is not None:
-                self._hold(s, event)
-                return
-            self._deliver(sess, event, (s.sub_id,), caches)
-            return
-        plan = self._plan(subs, cacheable=not filtered)
-        holding = self._holding
-        deliveries = self.deliveries
-        for sess, ids, group in plan:
-            if sess is origin and not sess.echo:
-                continue
-            if holding:
-                holder = next((s for s in group if s.holding is not None), None)
-                if holder is not None:
-                    self._hold(holder, event)
-                    continue
-            key = sess.encoder.key
-            cache = caches.get(key)
-            if cache is None:
-                cache = caches[key] = {}
-            if sess.deliver(event, ids, cache):
-                d = sess.dialect
-                deliveries[d] = deliveries.get(d, 0) + 1
-
-    def _plan(self, subs: tuple[Subscription, ...], cacheable: bool) -> list[_Group]:
-        """The matched subscriptions grouped by session, in match order: each session gets an event once,
-        listing all its matching subscription ids. The router returns the same tuple for a channel until
-        its subscriptions change, so the grouping is cached by that tuple's identity."""
-        hit = self._plans.get(id(subs)) if cacheable else None
-        if hit is not None and hit[0] is subs:
-            return hit[1]
-        groups: dict[Session, list[Subscription]] = {}
-        for s in subs:
-            g = groups.get(s.session)
-            if g is None:
-                groups[s.session] = [s]
-            else:
-                g.append(s)
-        plan = [(sess, tuple(s.sub_id for s in group), group) for sess, group in groups.items()]
-        if cacheable:
-            if len(self._plans) >= PLAN_CACHE_SIZE:
-                self._plans.clear()
-            # The entry keeps ``subs`` alive, so its id cannot be reused while the entry exists.
-            self._plans[id(subs)] = (subs, plan)
-        return plan
-
-    def _deliver(
-        self, sess: Session, event: Event, sub_ids: Sequence[str], caches: dict[str, dict[Any, Any]]
-    ) -> None:
-        key = sess.encoder.key
-        cache = caches.get(key)
-        if cache is None:
-            cache = caches[key] = {}
-        if sess.deliver(event, sub_ids, cache):
-            d = sess.dialect
-            self.deliveries[d] = self.deliveries.get(d, 0) + 1
-
-    def _on_slow(self, sess: Session) -> None:
-        log.info("closing slow consumer", extra={"dialect": sess.dialect, "session": sess.id})
-        self.count_slow_close(sess.dialect)
-
-    def _hold(self, sub: Subscription, event: Event) -> None:
-        assert sub.holding is not None
-        sub.holding.append(event)
-        if len(sub.holding) > sub.session.max_items * 4:
-            # The replay cannot keep up with the live stream: apply the slow-consumer policy.
-            sub.session.kick(sub.session.slow_close_code)
+            fan_out_run(run_subs, run, run_origin)
 
     # -- subscribe --------------------------------------------------------------------------------------
 
@@ -673,7 +504,7 @@ class Node:
         self._holding.add(sub)
         subs[sub_id] = sub
         self.router.add(pattern, sub, tags)
-        self._plans.clear()
+        self._fanout.clear_plans()
         try:
             if planner is not None:
                 plan = await self.read(planner)
@@ -834,7 +665,7 @@ class Node:
                 if s.holding is None and not (in_snapshot and s is sub) and s.matches(ev)
             ]
             if ids:
-                self._deliver(sess, ev, ids, caches)
+                self._fanout.deliver(sess, ev, ids, caches)
 
     def unsubscribe(self, session: Session, sub_id: str) -> None:
         subs = self._subs.get(session)
@@ -849,7 +680,7 @@ class Node:
         if subs is not None and subs.get(sub.sub_id) is sub:
             del subs[sub.sub_id]
         self.router.remove(sub.pattern, sub, sub.tags)
-        self._plans.clear()
+        self._fanout.clear_plans()
 
     def subscriptions(self, session: Session) -> list[Subscription]:
         return list(self._subs.get(session, {}).values())
@@ -918,20 +749,3 @@ class Node:
             "router": self.router.statistics(),
             "writer": self._writer.statistics() if self._writer else {},
         }
-
-
-def _run_frames(
-    encoder: Encoder, events: list[Event], ids: tuple[str, ...], runs: list[EventRun] | None
-) -> list[bytes]:
-    """The live event frames of ``events`` (one fan-out run) for a connection whose matching subscriptions are
-    ``ids``. Through ``RunEncoder.encode_run`` (every field the events share encoded once per
-    :class:`EventRun`; ``runs``: ``runs_of(events)`` when already grouped) when the encoder has it and the run
-    has at least ``_RUN_ENCODE_MIN`` events, else event by event; the same bytes either way."""
-    encode_run = getattr(encoder, "encode_run", None)
-    if encode_run is None or len(events) < _RUN_ENCODE_MIN:
-        encode = encoder.encode_event
-        return [encode(ev, ids, False, {}) for ev in events]
-    frames: list[bytes] = []
-    for r in runs_of(events) if runs is None else runs:
-        frames += encode_run(r.proto, r.rows, ids, False)
-    return frames

@@ -38,7 +38,7 @@ from aiohttp import WSMsgType, web
 
 from hubbub.channels import Pattern, route_channel, segments
 from hubbub.core import Node, ReplayPlan, Session
-from hubbub.core.node import delivery_filters, passes
+from hubbub.core.filters import delivery_filters, passes
 from hubbub.core.replay import PAGE, list_channels, merged_key
 from hubbub.core.session import Overflow
 from hubbub.dialects import guble as gc

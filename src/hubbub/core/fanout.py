@@ -1,0 +1,204 @@
+"""Live fan-out: committed events to the sessions whose subscriptions match them.
+
+Concurrency contract: called from the event loop only, by the :class:`~hubbub.core.node.Node` that owns the
+:class:`FanOut` (its commit completion, and the release of held events after a replay). The node's ordering
+guarantees (see :mod:`hubbub.core.node`) hold because the node hands events over in commit order: each session
+gets a live event at most once, with the ids of every subscription of that session that matches it, and an
+event for a subscription whose replay is still being read is held on that subscription instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, final
+
+from hubbub.events import Event
+from hubbub.log.base import EventRun, runs_of
+from hubbub.router import Router
+
+from .filters import FILTER_PREFIX, delivery_filters, passes
+from .session import Encoder, FrameRun, Session
+
+if TYPE_CHECKING:
+    from .node import Subscription
+
+__all__ = ["PLAN_CACHE_SIZE", "FanOut"]
+
+#: Fan-out groupings kept (see FanOut._plan); cleared when full.
+PLAN_CACHE_SIZE = 4096
+
+#: A fan-out run to one connection of at least this many events is encoded as :class:`EventRun` pieces when
+#: the connection's encoder can (``RunEncoder.encode_run``: shared fields encoded once per run).
+_RUN_ENCODE_MIN = 4
+
+#: One session's share of a fan-out: the session, its matching subscription ids, those subscriptions.
+_Group = tuple[Session, tuple[str, ...], list["Subscription"]]
+
+
+@final
+class FanOut:
+    """The node's live delivery. ``router`` and ``holding`` (the subscriptions whose replay is still being
+    read) are the node's, only read here; each delivery is counted, per dialect, in ``deliveries``. Keeps the
+    grouping of each matched subscription tuple by session (:meth:`_plan`), which the node clears whenever a
+    subscription comes or goes (:meth:`clear_plans`)."""
+
+    __slots__ = ("_holding", "_plans", "deliveries", "router")
+
+    def __init__(
+        self, router: Router[Subscription], holding: set[Subscription], deliveries: dict[str, int]
+    ) -> None:
+        self.router = router
+        self._holding = holding
+        self.deliveries = deliveries
+        self._plans: dict[int, tuple[tuple[Subscription, ...], list[_Group]]] = {}
+
+    def clear_plans(self) -> None:
+        """Forget every cached grouping: the router's subscriptions changed."""
+        self._plans.clear()
+
+    def fan_out_run(
+        self, subs: tuple[Subscription, ...], events: list[Event], origin: Session | None
+    ) -> None:
+        """Fan out events that match the same subscriptions, none of them holding or filtered: every
+        connection with the same encoding and subscription ids shares one :class:`FrameRun`, queued at once
+        (and, for batching connections, packed into batch frames once for all of them)."""
+        plan = self._plan(subs, cacheable=True)
+        deliveries = self.deliveries
+        if len(plan) == 1:
+            # One connection (the 1→1 case): no frame sharing to arrange, encode and queue the run directly.
+            sess, ids, _group = plan[0]
+            if sess is origin and not sess.echo:
+                return
+            frames = _run_frames(sess.encoder, events, ids, None)
+            n = sess.deliver_frames(frames, sum(map(len, frames)))
+            if n:
+                d = sess.dialect
+                deliveries[d] = deliveries.get(d, 0) + n
+            return
+        run_caches: dict[str, list[dict[Any, Any]]] = {}
+        run_frames: dict[tuple[str, tuple[str, ...]], FrameRun] = {}
+        runs: list[EventRun] | None = None
+        for sess, ids, _group in plan:
+            if sess is origin and not sess.echo:
+                continue
+            enc = sess.encoder
+            fk = (enc.key, ids)
+            hit = run_frames.get(fk)
+            if hit is None:
+                if len(events) >= _RUN_ENCODE_MIN and hasattr(enc, "encode_run"):
+                    if runs is None:
+                        runs = runs_of(events)
+                    frames = _run_frames(enc, events, ids, runs)
+                else:
+                    caches = run_caches.get(enc.key)
+                    if caches is None:
+                        caches = run_caches[enc.key] = [{} for _ in events]
+                    encode = enc.encode_event
+                    frames = [encode(ev, ids, False, c) for ev, c in zip(events, caches, strict=True)]
+                hit = run_frames[fk] = FrameRun(frames, sum(map(len, frames)))
+            n = sess.deliver_run(hit)
+            if n:
+                d = sess.dialect
+                deliveries[d] = deliveries.get(d, 0) + n
+
+    def fan_out(self, event: Event, origin: Session | None) -> None:
+        """Fan out one event: to the sessions of its matching subscriptions that pass its delivery filters,
+        or held for a matching subscription whose replay is still being read."""
+        subs = self.router.match(event.channel, event.tags)
+        if not subs:
+            return
+        filtered = False
+        if event.headers and any(k.startswith(FILTER_PREFIX) for k in event.headers):
+            filters = delivery_filters(event)
+            subs = tuple(s for s in subs if passes(s.session, filters))
+            filtered = True
+            if not subs:
+                return
+        caches: dict[str, dict[Any, Any]] = {}
+        if len(subs) == 1:
+            s = subs[0]
+            sess = s.session
+            if sess is origin and not sess.echo:
+                return
+            if s.holding is not None:
+                self._hold(s, event)
+                return
+            self.deliver(sess, event, (s.sub_id,), caches)
+            return
+        plan = self._plan(subs, cacheable=not filtered)
+        holding = self._holding
+        deliveries = self.deliveries
+        for sess, ids, group in plan:
+            if sess is origin and not sess.echo:
+                continue
+            if holding:
+                holder = next((s for s in group if s.holding is not None), None)
+                if holder is not None:
+                    self._hold(holder, event)
+                    continue
+            key = sess.encoder.key
+            cache = caches.get(key)
+            if cache is None:
+                cache = caches[key] = {}
+            if sess.deliver(event, ids, cache):
+                d = sess.dialect
+                deliveries[d] = deliveries.get(d, 0) + 1
+
+    def _plan(self, subs: tuple[Subscription, ...], cacheable: bool) -> list[_Group]:
+        """The matched subscriptions grouped by session, in match order: each session gets an event once,
+        listing all its matching subscription ids. The router returns the same tuple for a channel until
+        its subscriptions change, so the grouping is cached by that tuple's identity."""
+        hit = self._plans.get(id(subs)) if cacheable else None
+        if hit is not None and hit[0] is subs:
+            return hit[1]
+        groups: dict[Session, list[Subscription]] = {}
+        for s in subs:
+            g = groups.get(s.session)
+            if g is None:
+                groups[s.session] = [s]
+            else:
+                g.append(s)
+        plan = [(sess, tuple(s.sub_id for s in group), group) for sess, group in groups.items()]
+        if cacheable:
+            if len(self._plans) >= PLAN_CACHE_SIZE:
+                self._plans.clear()
+            # The entry keeps ``subs`` alive, so its id cannot be reused while the entry exists.
+            self._plans[id(subs)] = (subs, plan)
+        return plan
+
+    def deliver(
+        self, sess: Session, event: Event, sub_ids: Sequence[str], caches: dict[str, dict[Any, Any]]
+    ) -> None:
+        """Queue ``event`` to ``sess`` for its subscriptions ``sub_ids``, encoded through the cache of the
+        session's encoding in ``caches`` (shared by every session of one fan-out)."""
+        key = sess.encoder.key
+        cache = caches.get(key)
+        if cache is None:
+            cache = caches[key] = {}
+        if sess.deliver(event, sub_ids, cache):
+            d = sess.dialect
+            self.deliveries[d] = self.deliveries.get(d, 0) + 1
+
+    def _hold(self, sub: Subscription, event: Event) -> None:
+        assert sub.holding is not None
+        sub.holding.append(event)
+        if len(sub.holding) > sub.session.max_items * 4:
+            # The replay cannot keep up with the live stream: apply the slow-consumer policy.
+            sub.session.kick(sub.session.slow_close_code)
+
+
+def _run_frames(
+    encoder: Encoder, events: list[Event], ids: tuple[str, ...], runs: list[EventRun] | None
+) -> list[bytes]:
+    """The live event frames of ``events`` (one fan-out run) for a connection whose matching subscriptions are
+    ``ids``. Through ``RunEncoder.encode_run`` (every field the events share encoded once per
+    :class:`EventRun`; ``runs``: ``runs_of(events)`` when already grouped) when the encoder has it and the run
+    has at least ``_RUN_ENCODE_MIN`` events, else event by event; the same bytes either way."""
+    encode_run = getattr(encoder, "encode_run", None)
+    if encode_run is None or len(events) < _RUN_ENCODE_MIN:
+        encode = encoder.encode_event
+        return [encode(ev, ids, False, {}) for ev in events]
+    frames: list[bytes] = []
+    for r in runs_of(events) if runs is None else runs:
+        frames += encode_run(r.proto, r.rows, ids, False)
+    return frames
