@@ -28,7 +28,7 @@ from hubbub.channels import parse_pattern
 from hubbub.errors import StorageError
 from hubbub.log import LogStore, RetentionPolicy, open_store
 from hubbub.pipeline.datasource import SOURCE_HEADER, HubbubDataSource, position_key
-from hubbub.pipeline.sources import PipelineError, log_epochs, open_source
+from hubbub.pipeline.sources import PipelineError, connect_source, log_epochs
 
 __all__ = [
     "archive",
@@ -357,9 +357,10 @@ def _archive_run(
     # new positions are known without reading the output back. A store shows every epoch holding events,
     # current and retired; a server its channels' current epochs. What an epoch loses before it is read
     # (trimmed) is gone from the log anyway: its position still moves to this end.
-    src = open_source(url, token)
-    held = log_epochs(src, channels)
-    listed = held if held is not None else src.channels(channels)
+    # Not the per-process cached source: the driver needs it once, and closes it (its connection or store).
+    with contextlib.closing(connect_source(url, token)) as src:
+        held = log_epochs(src, channels)
+        listed = held if held is not None else src.channels(channels)
     ends: Positions = {}
     for ci in listed:
         if positions.get(ci.channel, {}).get(ci.epoch, 0) < ci.top:

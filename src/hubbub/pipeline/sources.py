@@ -11,7 +11,8 @@
   published through the native protocol instead (``/ws/hubbub`` on the same port, JSON frames).
 
 Both sources give pages as Arrow record batches of the record schema (:mod:`hubbub.pipeline.arrow`).
-Sources are cached per process (:func:`open_source`): Spark runs many partitions in one Python worker.
+Sources are cached per process (:func:`open_source`): Spark runs many partitions in one Python worker. A
+one-off use (a job on the driver) opens its own (:func:`connect_source`) and closes it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ __all__ = [
     "PipelineError",
     "PublishResult",
     "StoreSource",
+    "connect_source",
     "log_epochs",
     "open_source",
 ]
@@ -307,18 +309,25 @@ _sources: dict[tuple[str, str], LogSource] = {}
 _sources_lock = threading.Lock()
 
 
+def connect_source(url: str, token: str = "") -> LogSource:
+    """A new source for ``url``: ``http(s)://…`` or a store URL. Not cached: the caller closes it."""
+    if url.startswith(("http://", "https://")):
+        return HttpSource(url, token)
+    if url.startswith("sqlite:"):
+        return StoreSource(url)
+    raise PipelineError(f"url must be http://host:port or sqlite:///path, not {url!r}")
+
+
 def open_source(url: str, token: str = "") -> LogSource:
-    """The (per-process cached) source for ``url``: ``http(s)://…`` or a store URL."""
+    """The (per-process cached) source for ``url``: ``http(s)://…`` or a store URL. It stays open (a
+    kept-alive connection, an open store) for the life of the process, for the many partitions a Spark
+    worker reads; code that needs a source once (a job on the driver) takes :func:`connect_source` and
+    closes it."""
     key = (url, token)
     with _sources_lock:
         src = _sources.get(key)
         if src is None:
-            if url.startswith(("http://", "https://")):
-                src = HttpSource(url, token)
-            elif url.startswith("sqlite:"):
-                src = StoreSource(url)
-            else:
-                raise PipelineError(f"url must be http://host:port or sqlite:///path, not {url!r}")
+            src = connect_source(url, token)
             _sources[key] = src
         return src
 
