@@ -127,7 +127,7 @@ class FanOut:
             return
         plan = self._plan(subs, cacheable=not filtered)
         holding = self._holding
-        deliveries = self.deliveries
+        deliver = self.deliver
         for sess, ids, group in plan:
             if sess is origin and not sess.echo:
                 continue
@@ -136,13 +136,7 @@ class FanOut:
                 if holder is not None:
                     self._hold(holder, event)
                     continue
-            key = sess.encoder.key
-            cache = caches.get(key)
-            if cache is None:
-                cache = caches[key] = {}
-            if sess.deliver(event, ids, cache):
-                d = sess.dialect
-                deliveries[d] = deliveries.get(d, 0) + 1
+            deliver(sess, event, ids, caches)
 
     def _plan(self, subs: tuple[Subscription, ...], cacheable: bool) -> list[_Group]:
         """The matched subscriptions grouped by session, in match order: each session gets an event once,
