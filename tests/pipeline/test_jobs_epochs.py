@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -191,13 +192,20 @@ def test_archive_through_the_server_trims_retired_epochs_too(spark: SparkSession
         fourth = jobs.archive(spark, http_url(server), str(out), trim=True)
         assert fourth["events"] == 0 and fourth["trimmed"] == 1 and fourth["trim_skipped"] == []
         assert retired() == []
-        # A server run keeps the position of an epoch it cannot list: it is skipped (409, no events any
-        # more) until a run from the store forgets it.
+
+        # A server run cannot list retired epochs, so it keeps the position of the one just trimmed away (the
+        # current epoch, trimmed to nothing, is not listed and was forgotten by the store run); its next trim
+        # finds the epoch gone (409), reports it once and forgets its position.
+        def state() -> Any:
+            return json.loads((out / jobs.STATE_FILE).read_text())["positions"]
+
+        assert state() == {"/h": {old: 15}}
         fifth = jobs.archive(spark, http_url(server), str(out), trim=True)
         assert fifth["trimmed"] == 0 and fifth["trim_skipped"] == [f"/h#{old}:15"]
-        assert jobs.archive(spark, store_url(server), str(out))["positions"] == 0
+        assert state() == {}
         sixth = jobs.archive(spark, http_url(server), str(out), trim=True)
         assert sixth["trimmed"] == 0 and sixth["trim_skipped"] == []
+        assert jobs.archive(spark, store_url(server), str(out))["positions"] == 0
         with Client.connect(http_url(server)) as c:
             pos = c.publish("/h", b"b2")  # the current epoch goes on after its trimmed seqs
         assert (pos.seq, pos.epoch) == (3, cur)

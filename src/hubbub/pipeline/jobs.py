@@ -243,12 +243,14 @@ def trim_archived(url: str, positions: Positions, token: str = "") -> dict[str, 
     "Admin"), one call each. Idempotent for what still holds events, so a retry or a rerun is harmless; the
     events of an epoch after its archived seq stay. Returns ``trimmed`` (how many epochs the server trimmed)
     and ``skipped``: the positions (``channel#epoch:seq``) whose epoch holds no events any more (409: trimmed
-    to nothing, or gone with retention or with a ``durability = none`` restart)."""
+    to nothing, or gone with retention or with a ``durability = none`` restart), and ``gone``: their
+    ``(channel, epoch)`` pairs."""
     from hubbub.pipeline.sources import _channel_path, _error_text, _Http
 
     conn = _Http(url, token)
     trimmed = 0
     skipped: list[str] = []
+    gone: list[tuple[str, str]] = []
     try:
         for channel, eps in sorted(positions.items()):
             for epoch, seq in sorted(eps.items()):
@@ -256,13 +258,14 @@ def trim_archived(url: str, positions: Positions, token: str = "") -> dict[str, 
                 status, data = conn.request("POST", f"/api/v1/trim/{_channel_path(channel)}?{query}")
                 if status == 409:
                     skipped.append(position_key(channel, epoch, seq))
+                    gone.append((channel, epoch))
                 elif status != 200:
                     raise PipelineError(f"trim {channel} epoch {epoch}: {_error_text(status, data)}")
                 else:
                     trimmed += 1
     finally:
         conn.close()
-    return {"trimmed": trimmed, "skipped": skipped}
+    return {"trimmed": trimmed, "skipped": skipped, "gone": gone}
 
 
 def _open_for_trim(url: str) -> LogStore:
@@ -285,15 +288,40 @@ def _trim_store(store: LogStore, positions: Positions) -> dict[str, Any]:
     """Trim every archived (channel, epoch), current or retired, up to its archived seq."""
     trimmed = 0
     skipped: list[str] = []
+    gone: list[tuple[str, str]] = []
     for channel, eps in sorted(positions.items()):
         for epoch, seq in sorted(eps.items()):
             try:
                 store.trim(channel, seq, epoch=epoch)
             except ValueError:  # that epoch holds no events any more (gone with retention)
                 skipped.append(position_key(channel, epoch, seq))
+                if store.head(channel).epoch != epoch and all(
+                    ci.epoch != epoch for ci in store.retired_epochs(channel)
+                ):
+                    gone.append((channel, epoch))
                 continue
             trimmed += 1
-    return {"trimmed": trimmed, "skipped": skipped}
+    return {"trimmed": trimmed, "skipped": skipped, "gone": gone}
+
+
+def _forget(outp: Path, gone: list[tuple[str, str]]) -> None:
+    """Drop the archived positions of epochs that no longer exist in the log (a trim found none of their
+    events: a retired epoch is deleted with its last event). Safe: nothing can be added to such an epoch, and
+    epochs are never renamed or reused. Left alone while a run is pending (it rewrites the file itself)."""
+    state = _load_state(outp)
+    if state["pending"] is not None:
+        return
+    positions: Positions = state["positions"]
+    changed = False
+    for channel, epoch in gone:
+        eps = positions.get(channel)
+        if eps is not None and epoch in eps:
+            del eps[epoch]
+            changed = True
+            if not eps:
+                del positions[channel]
+    if changed:
+        _save_state(outp, positions)
 
 
 def archive(
@@ -330,6 +358,7 @@ def archive(
             done = _trim_store(writer, todo) if writer is not None else trim_archived(url, todo, token)
             result["trimmed"] = done["trimmed"]
             result["trim_skipped"] = done["skipped"]
+            _forget(outp, done["gone"])
     finally:
         if writer is not None:
             writer.close()
