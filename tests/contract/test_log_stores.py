@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hubbub.errors import StorageError
+from hubbub.errors import EpochMismatch, StorageError, TrimEpochGone, TrimError, TrimOutOfRange
 from hubbub.events import Event, Publisher
 from hubbub.log import (
     AppendRequest,
@@ -497,16 +497,25 @@ def test_retired_epochs_are_trimmed_by_retention_and_trim(factory: Factory, stor
     assert info == ChannelInfo("/a", old[0].epoch, 3, 4, old[-1].time_ns)
     assert store.trim("/a", 1, epoch=old[0].epoch) == info  # never down
     assert seqs(store.read("/a", epoch=old[0].epoch)) == [3, 4] and seqs(store.read("/a")) == [1, 2]
-    for seq, epoch in ((5, old[0].epoch), (0, "nosuchep"), (-1, old[0].epoch)):
-        with pytest.raises(ValueError):
-            store.trim("/a", seq, epoch=epoch)
     cur = store.head("/a")
+    for seq, epoch, error in (
+        (5, old[0].epoch, TrimOutOfRange),
+        (0, "nosuchep", TrimEpochGone),
+        (-1, old[0].epoch, TrimOutOfRange),
+    ):
+        with pytest.raises(error) as err:
+            store.trim("/a", seq, epoch=epoch)
+        assert isinstance(err.value, TrimError) and not isinstance(err.value, ValueError)
+        if error is TrimEpochGone:  # it carries the current head (the 409's position)
+            assert isinstance(err.value, EpochMismatch) and err.value.head == cur
+        else:
+            assert (err.value.seq, err.value.top) == (seq, 4)
     assert store.trim("/a", 1, epoch=cur.epoch).first == 2  # the current epoch by name
     # Age: the retired epoch's events are older than the cutoff, the current one's are not.
     assert store.apply_retention(RetentionPolicy(max_age_s=5), factory.clock.now) == 2
     assert store.retired_epochs("/a") == [] and store.read("/a", epoch=old[0].epoch) == []
     assert store.stats() == StoreStats(events=1, bytes=2, channels=1, retired_epochs=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(TrimEpochGone):
         store.trim("/a", 4, epoch=old[0].epoch)  # gone with its last event
     if factory.persistent:
         store = factory.reopen(store)
@@ -531,9 +540,13 @@ def test_trim(factory: Factory, store: LogStore) -> None:
     assert store.stats() == StoreStats(events=2, bytes=2, channels=1)
     ev = store.append([req("/a")])[0].event
     assert (ev.seq, ev.epoch) == (6, a[0].epoch)  # seq continues in the same epoch
-    for channel, seq in (("/a", 7), ("/a", -1), ("/never", 1)):
-        with pytest.raises(ValueError):
+    for channel, seq, top in (("/a", 7, 6), ("/a", -1, 6), ("/never", 1, 0)):
+        with pytest.raises(TrimOutOfRange) as err:
             store.trim(channel, seq)
+        assert (err.value.seq, err.value.top) == (seq, top)
+    with pytest.raises(TrimEpochGone) as gone:
+        store.trim("/never", 0, epoch="nosuchep")
+    assert gone.value.head == ChannelInfo("/never", "", 0, 0, 0)
     assert seqs(store.read("/a")) == [6]
     assert store.trim("/never", 0) == ChannelInfo("/never", "", 0, 0, 0)
     assert store.head("/never").epoch == ""

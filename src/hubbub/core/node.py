@@ -28,7 +28,13 @@ from typing import Any, TypeVar, final
 
 from hubbub.auth import AllowAll, Authorizer
 from hubbub.channels import Pattern
-from hubbub.errors import BadRequest, HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
+from hubbub.errors import (
+    EpochMismatch,
+    HubbubError,
+    LimitExceeded,
+    ShuttingDown,
+    SubscriptionError,
+)
 from hubbub.events import Event, Position
 from hubbub.log.base import (
     AppendRequest,
@@ -68,17 +74,6 @@ class NodeSettings:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_interval_s: float = 30.0
     reader_threads: int = 4
-
-
-class EpochMismatch(HubbubError):
-    """A request named an epoch it cannot act on: not the channel's current one (or, for :meth:`Node.trim`,
-    neither the current one nor a retired one holding events); ``head`` is the current position."""
-
-    code = 4202
-
-    def __init__(self, head: ChannelInfo) -> None:
-        super().__init__(f"the channel's epoch is {head.epoch!r}")
-        self.head = head
 
 
 @dataclass(frozen=True, slots=True)
@@ -720,24 +715,16 @@ class Node:
         retired one still holding events (docs/log.md "Epochs"; the current epoch is untouched then). On the
         writer thread, in order with appends; the epoch is looked up in the same call, so a reset cannot slip
         in between (a reset just before makes the named epoch a retired one, which is trimmed all the same).
-        Raises :class:`EpochMismatch` with the current head (``epoch`` is neither: never used, or a retired
-        epoch already gone with its last event) or :class:`BadRequest` (``up_to_seq`` negative or beyond that
-        epoch's top)."""
+        Raises :class:`~hubbub.errors.TrimEpochGone` (an :class:`EpochMismatch`) with the current head
+        (``epoch`` is neither: never used, or a retired epoch already gone with its last event) or
+        :class:`~hubbub.errors.TrimOutOfRange` (``up_to_seq`` negative or beyond that epoch's top): the
+        store's own typed errors (``LogStore.trim``)."""
         if self._closing or self._writer is None:
             raise ShuttingDown()
 
         def trim(st: LogStore) -> Trimmed:
-            head = st.head(channel)
-            if not head.empty and head.epoch == epoch:
-                if not 0 <= up_to_seq <= head.top:
-                    raise BadRequest(f"seq must be between 0 and the channel's top ({head.top})")
-                return Trimmed(st.trim(channel, up_to_seq), current=True)
-            old = next((ci for ci in st.retired_epochs(channel) if ci.epoch == epoch), None)
-            if old is None:
-                raise EpochMismatch(head)
-            if not 0 <= up_to_seq <= old.top:
-                raise BadRequest(f"seq must be between 0 and the epoch's top ({old.top})")
-            return Trimmed(st.trim(channel, up_to_seq, epoch=epoch), current=False)
+            info = st.trim(channel, up_to_seq, epoch=epoch)
+            return Trimmed(info, current=st.head(channel).epoch == epoch)
 
         done: Trimmed = await self._writer.submit_control(trim)
         return done

@@ -277,13 +277,14 @@ class LogStore(abc.ABC):
         method (like :meth:`append`): never called concurrently with the other writer methods. ``epoch``, when
         it names a retired epoch of the channel, trims that one instead (and returns its head; it is gone once
         empty); an ``epoch`` that is neither the current one nor a retired one holding events raises
-        ``ValueError``.
+        :class:`hubbub.errors.TrimEpochGone` (carrying the channel's current head).
 
         ``first`` moves up to ``up_to_seq + 1`` (never down: trimming what is already gone changes nothing, so
         a repeated call is a no-op); ``top``, ``top_time`` and ``epoch`` never change; :meth:`stats` counts
         the remaining events and bytes. ``up_to_seq == top`` trims every event (``first`` becomes
-        ``top + 1``). Raises ``ValueError`` when ``up_to_seq`` is negative or beyond ``top`` (an unknown
-        channel has top 0). The caller checks the epoch (in the same writer-thread call, so it is atomic).
+        ``top + 1``). Raises :class:`hubbub.errors.TrimOutOfRange` when ``up_to_seq`` is negative or beyond
+        the top of the epoch trimmed (an unknown channel has top 0). Both errors are
+        :class:`hubbub.errors.TrimError`; the log is unchanged then.
         """
 
     @abc.abstractmethod

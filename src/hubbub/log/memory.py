@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from hubbub.errors import StorageError
+from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.events import Event
 from hubbub.log.base import (
     AppendRequest,
@@ -248,12 +248,13 @@ class MemoryLogStore(LogStore):
             self._check_open()
             ch = self._channels.get(channel)
             if epoch is not None and (ch is None or ch.epoch != epoch):
+                current = ChannelInfo(channel, "", 0, 0, 0) if ch is None else self._info(channel, ch)
                 ch = self._retired_epoch(channel, epoch)
                 if ch is None:
-                    raise ValueError(f"the channel has no epoch {epoch!r} holding events")
+                    raise TrimEpochGone(current, epoch)
             top = 0 if ch is None else ch.top
             if not 0 <= up_to_seq <= top:
-                raise ValueError(f"cannot trim to seq {up_to_seq}: the channel's top is {top}")
+                raise TrimOutOfRange(up_to_seq, top)
             if ch is None:
                 return ChannelInfo(channel, "", 0, 0, 0)
             ch.trim_to(up_to_seq + 1)

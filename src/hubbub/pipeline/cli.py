@@ -86,8 +86,8 @@ def add_pipeline_commands(subparsers: argparse._SubParsersAction[argparse.Argume
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        from hubbub.errors import PipelineError
         from hubbub.pipeline import jobs
-        from hubbub.pipeline.sources import PipelineError
     except ImportError as exc:
         print(
             f"hubbub {args._command}: needs the spark extra (pip install 'hubbub[spark]'): {exc}",

@@ -45,10 +45,11 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import Row, StructType
 
 from hubbub.channels import parse_pattern
+from hubbub.errors import DataLossError, PipelineError  # DataLossError: also importable from here
 from hubbub.log import ChannelInfo, SqliteLogStore
 from hubbub.log.records import SPARK_DDL
 from hubbub.pipeline.arrow import batch_from_columns
-from hubbub.pipeline.sources import LogSource, PipelineError, StoreSource, open_source
+from hubbub.pipeline.sources import LogSource, StoreSource, open_source
 
 __all__ = [
     "SOURCE_HEADER",
@@ -61,10 +62,6 @@ __all__ = [
 #: Header the sink sets on each published event to the source position (``channel#epoch:seq``).
 SOURCE_HEADER = "hubbub-source"
 _MAX_IDEM = 128
-
-
-class DataLossError(PipelineError):
-    """A streaming read found a channel reset (new epoch) or trimmed past its offset."""
 
 
 def position_key(channel: str, epoch: str, seq: int) -> str:

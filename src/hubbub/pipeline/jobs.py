@@ -25,10 +25,10 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 from hubbub.channels import parse_pattern
-from hubbub.errors import StorageError
+from hubbub.errors import PipelineError, StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.log import LogStore, RetentionPolicy, open_store
 from hubbub.pipeline.datasource import SOURCE_HEADER, HubbubDataSource, position_key
-from hubbub.pipeline.sources import PipelineError, connect_source, log_epochs
+from hubbub.pipeline.sources import connect_source, log_epochs
 
 __all__ = [
     "archive",
@@ -256,9 +256,11 @@ def trim_archived(url: str, positions: Positions, token: str = "") -> dict[str, 
             for epoch, seq in sorted(eps.items()):
                 query = urllib.parse.urlencode({"seq": int(seq), "epoch": epoch})
                 status, data = conn.request("POST", f"/api/v1/trim/{_channel_path(channel)}?{query}")
-                if status == 409:
+                if status == 409:  # TrimEpochGone
                     skipped.append(position_key(channel, epoch, seq))
                     gone.append((channel, epoch))
+                elif status == 400:  # TrimOutOfRange: seq was checked to be >= 0 here, so beyond the top
+                    raise _beyond_top(channel, epoch, seq, _error_text(status, data))
                 elif status != 200:
                     raise PipelineError(f"trim {channel} epoch {epoch}: {_error_text(status, data)}")
                 else:
@@ -266,6 +268,16 @@ def trim_archived(url: str, positions: Positions, token: str = "") -> dict[str, 
     finally:
         conn.close()
     return {"trimmed": trimmed, "skipped": skipped, "gone": gone}
+
+
+def _beyond_top(channel: str, epoch: str, seq: int, why: str) -> PipelineError:
+    """The error for an archived position beyond its epoch's top in the log: that log is not the one the
+    archive was made from (a store restored from an older backup, or another server's), and trimming it
+    up to the archive's positions would not mean "what is archived"."""
+    return PipelineError(
+        f"trim {channel} epoch {epoch}: the archive holds it up to seq {seq}, beyond the top of that epoch "
+        f"in the log ({why}); is this the log the archive was made from? Nothing more was trimmed"
+    )
 
 
 def _open_for_trim(url: str) -> LogStore:
@@ -293,13 +305,12 @@ def _trim_store(store: LogStore, positions: Positions) -> dict[str, Any]:
         for epoch, seq in sorted(eps.items()):
             try:
                 store.trim(channel, seq, epoch=epoch)
-            except ValueError:  # that epoch holds no events any more (gone with retention)
+            except TrimEpochGone:  # that epoch holds no events any more (trimmed, or gone with retention)
                 skipped.append(position_key(channel, epoch, seq))
-                if store.head(channel).epoch != epoch and all(
-                    ci.epoch != epoch for ci in store.retired_epochs(channel)
-                ):
-                    gone.append((channel, epoch))
+                gone.append((channel, epoch))
                 continue
+            except TrimOutOfRange as exc:
+                raise _beyond_top(channel, epoch, seq, str(exc)) from exc
             trimmed += 1
     return {"trimmed": trimmed, "skipped": skipped, "gone": gone}
 

@@ -11,7 +11,8 @@
   published through the native protocol instead (``/ws/hubbub`` on the same port, JSON frames).
 
 Both sources give pages as Arrow record batches of the record schema (:mod:`hubbub.pipeline.arrow`).
-Sources are cached per process (:func:`open_source`): Spark runs many partitions in one Python worker. A
+``PipelineError`` and ``EpochChanged`` live in :mod:`hubbub.errors` (importable from here too). Sources are
+cached per process (:func:`open_source`): Spark runs many partitions in one Python worker. A
 one-off use (a job on the driver) opens its own (:func:`connect_source`) and closes it.
 """
 
@@ -31,7 +32,7 @@ import msgpack
 import pyarrow as pa
 
 from hubbub.channels import Pattern, parse_pattern
-from hubbub.errors import HubbubError
+from hubbub.errors import EpochChanged, HubbubError, PipelineError
 from hubbub.log import ChannelInfo, LogStore, RetentionPolicy, SqliteLogStore, open_store
 from hubbub.log.records import event_to_record
 from hubbub.pipeline.arrow import ARROW_SCHEMA, batch_from_events, batch_from_rows
@@ -52,14 +53,6 @@ __all__ = [
     "log_epochs",
     "open_source",
 ]
-
-
-class PipelineError(RuntimeError):
-    """A pipeline failure with a message fit for the user."""
-
-
-class EpochChanged(PipelineError):
-    """The channel's epoch is not the one the read was planned for (it was reset)."""
 
 
 @dataclass(frozen=True, slots=True)

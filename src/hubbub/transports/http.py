@@ -21,11 +21,10 @@ from prometheus_client import CollectorRegistry
 
 from hubbub.channels import parse_pattern, route_channel
 from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
-from hubbub.core.node import EpochMismatch
 from hubbub.core.replay import plan_replay, trimmed_after
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
-from hubbub.errors import BadRequest, HubbubError
+from hubbub.errors import BadRequest, EpochMismatch, HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.log.base import AppendRequest, ChannelInfo, LogStore
 
@@ -316,8 +315,9 @@ class NativeHttp:
     async def trim(self, request: web.Request) -> web.Response:
         """``POST /api/v1/trim/<channel>?seq=S&epoch=E`` (a hubbub v1 addition, docs/native.md "Admin"): trim
         the events with ``seq <= S`` of the channel's epoch E, its current one or a retired one still holding
-        events. The reply is that epoch's position afterwards and whether it is the current one; 409 with the
-        current position when E is neither."""
+        events. The reply is that epoch's position afterwards and whether it is the current one. The store's
+        typed trim errors map to statuses: ``TrimEpochGone`` (E is neither) to 409 with the current position,
+        ``TrimOutOfRange`` (S beyond the epoch's top) to 400 (code 4001, through the error middleware)."""
         channel = route_channel(raw_rest(request, "/api/v1/trim/"), self.s.max_channel_bytes)
         q = request.query
         seq = _int_param(q, "seq", None)
