@@ -537,6 +537,10 @@ def test_trim(factory: Factory, store: LogStore) -> None:
     everything = store.trim("/a", 5)
     assert (everything.epoch, everything.first, everything.top) == (a[0].epoch, 6, 5)
     assert store.read("/a") == [] and [c.channel for c in store.channels()] == ["/b"]
+    # A listing with the emptied channels keeps /a's position: where a reader that starts now goes on.
+    assert store.channels(include_empty=True) == [everything, store.head("/b")]
+    assert store.channels(include_empty=True, prefix="/a", limit=1) == [everything]
+    assert store.channels(after="/a", include_empty=True) == [store.head("/b")]
     assert store.stats() == StoreStats(events=2, bytes=2, channels=1)
     ev = store.append([req("/a")])[0].event
     assert (ev.seq, ev.epoch) == (6, a[0].epoch)  # seq continues in the same epoch
@@ -553,7 +557,10 @@ def test_trim(factory: Factory, store: LogStore) -> None:
     if factory.persistent:
         store = factory.reopen(store)
         assert store.head("/a") == ChannelInfo("/a", a[0].epoch, 6, 6, ev.time_ns)
-        assert store.stats() == StoreStats(events=3, bytes=3, channels=2)
+        store.trim("/a", 6)
+        assert store.channels(include_empty=True, prefix="/a") == [store.head("/a")]
+        assert store.head("/a").first == 7 and store.channels(prefix="/a") == []
+        assert store.stats() == StoreStats(events=2, bytes=2, channels=1)
         assert store.trim("/a", 6).first == 7 and store.read("/a") == []
 
 

@@ -235,10 +235,17 @@ class LogStore(abc.ABC):
         """The last ``n`` retained events of the channel, oldest first."""
 
     @abc.abstractmethod
-    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+    def channels(
+        self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
+    ) -> list[ChannelInfo]:
         """Channels holding at least one retained event, in byte order of the canonical path (UTF-8),
         starting strictly after ``after``, at most ``limit``. ``prefix``, when given, keeps only channels
-        whose path starts with it (a cheap pre-filter for patterns)."""
+        whose path starts with it (a cheap pre-filter for patterns).
+
+        ``include_empty``: also the channels whose current epoch holds no event (trimmed or aged out to
+        nothing, or reset and not published to since), each with its position (``first = top + 1``, the low
+        water mark): a reader that starts now knows where such a channel goes on, so its next event is not
+        taken for the first of a new channel with the earlier ones lost."""
 
     @abc.abstractmethod
     def retired_epochs(self, channel: str) -> list[ChannelInfo]:

@@ -327,7 +327,9 @@ class MemoryLogStore(LogStore):
                 return []
             return ch.events[-n:]
 
-    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+    def channels(
+        self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
+    ) -> list[ChannelInfo]:
         with self._lock:
             self._check_open()
             if limit <= 0:
@@ -336,7 +338,7 @@ class MemoryLogStore(LogStore):
             names = sorted(
                 n
                 for n, ch in self._channels.items()
-                if ch.events and n > after and (not prefix or n.startswith(prefix))
+                if (ch.events or include_empty) and n > after and (not prefix or n.startswith(prefix))
             )
             return [self._info(n, self._channels[n]) for n in names[:limit]]
 

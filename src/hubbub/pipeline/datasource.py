@@ -400,7 +400,11 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
     def initialOffset(self) -> dict[str, Any]:
         o = self.opts
         src = o.source()
-        infos = src.channels(o.channels)
+        # Channels trimmed to nothing too, with their positions: a stream that starts after a trim goes on
+        # where the channel does, so its next event is not taken for the first of a channel that lost the
+        # rest. "earliest" is each channel's first retained event: what was trimmed before the stream
+        # started is not a loss for it.
+        infos = src.channels(o.channels, include_empty=True)
         start = o.starting.strip() or "earliest"
         if start.startswith("{"):
             given = _offset_map(start)
@@ -427,7 +431,8 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {
-            ci.channel: (ci.epoch, ci.top) for ci in self.opts.source().channels(self.opts.channels)
+            ci.channel: (ci.epoch, ci.top)
+            for ci in self.opts.source().channels(self.opts.channels, include_empty=True)
         }
 
     def latestOffset(
@@ -439,7 +444,7 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end: dict[str, Any] = {ch: dict(v) for ch, v in start.items()}
         wants: list[tuple[str, str, int, int]] = []  # channel, epoch, base seq, available up to
-        for ci in o.source().channels(o.channels):
+        for ci in o.source().channels(o.channels, include_empty=True):
             prev = start.get(ci.channel)
             base = 0
             if prev is not None:

@@ -69,7 +69,10 @@ class LogSource(Protocol):
     url: str
     page_limit: int
 
-    def channels(self, pattern: str) -> list[ChannelInfo]: ...
+    def channels(self, pattern: str, include_empty: bool = False) -> list[ChannelInfo]:
+        """The channels matching ``pattern`` that hold events; ``include_empty``: also those whose current
+        epoch holds none (trimmed to nothing), with their position (``LogStore.channels``)."""
+        ...
 
     def read(
         self,
@@ -105,13 +108,13 @@ class StoreSource:
         except ValueError as exc:
             raise PipelineError(str(exc)) from exc
 
-    def channels(self, pattern: str) -> list[ChannelInfo]:
+    def channels(self, pattern: str, include_empty: bool = False) -> list[ChannelInfo]:
         pat = parse_pattern(pattern)
         prefix = _prefix(pat)
         out: list[ChannelInfo] = []
         after = ""
         while True:
-            page = self.store.channels(after=after, limit=10000, prefix=prefix)
+            page = self.store.channels(after=after, limit=10000, prefix=prefix, include_empty=include_empty)
             out.extend(ci for ci in page if pat.matches(ci.channel))
             if len(page) < 10000:
                 return out
@@ -250,12 +253,15 @@ class HttpSource:
         self._http = _Http(url, token)
         self._lock = threading.Lock()
 
-    def channels(self, pattern: str) -> list[ChannelInfo]:
+    def channels(self, pattern: str, include_empty: bool = False) -> list[ChannelInfo]:
         parse_pattern(pattern)
         out: list[ChannelInfo] = []
         after = ""
         while True:
-            q = urllib.parse.urlencode({"after": after, "limit": 10000})
+            params: dict[str, Any] = {"after": after, "limit": 10000}
+            if include_empty:
+                params["include_empty"] = 1  # a hubbub addition to the listing (docs/native.md "Admin")
+            q = urllib.parse.urlencode(params)
             with self._lock:
                 status, data = self._http.request("GET", f"/api/v1/channels/{_channel_path(pattern)}?{q}")
             if status != 200:

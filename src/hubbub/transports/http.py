@@ -347,13 +347,20 @@ class NativeHttp:
         limit = min(_int_param(request.query, "limit", 1000), 10000)
         if limit < 0:
             raise BadRequest("limit must not be negative")
+        # A hubbub addition (docs/native.md "Admin"): also the channels trimmed (or aged out) to nothing.
+        empty = request.query.get("include_empty", "")
+        if empty not in ("", "0", "1", "false", "true"):
+            raise BadRequest("include_empty must be 0, 1, false or true")
+        include_empty = empty in ("1", "true")
 
         def read(store: LogStore) -> list[ChannelInfo]:
             from hubbub.core.replay import list_channels
 
-            return [ci for ci in list_channels(store, pattern) if ci.channel.encode() > after.encode()][
-                :limit
-            ]
+            return [
+                ci
+                for ci in list_channels(store, pattern, include_empty=include_empty)
+                if ci.channel.encode() > after.encode()
+            ][:limit]
 
         infos = await self.node.read(read)
         out = {

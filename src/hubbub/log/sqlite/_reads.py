@@ -392,11 +392,15 @@ class _ReadSide:
             rows.reverse()
             return self._events(channel, epoch, rows)
 
-    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+    def channels(
+        self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
+    ) -> list[ChannelInfo]:
         if limit <= 0:
             self._reader()
             return []
-        sql = f"SELECT {_HEAD_COLS} FROM channels WHERE path > ? AND count > 0"
+        sql = f"SELECT {_HEAD_COLS} FROM channels WHERE path > ?"
+        if not include_empty:
+            sql += " AND count > 0"
         params: list[Any] = [after]
         if prefix:
             sql += " AND path >= ?"
