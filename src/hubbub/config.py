@@ -73,7 +73,7 @@ class Config:
     native_tcp_listen: str = "127.0.0.1:7400"
     native_enabled: bool = True
     native_ping_interval_s: float = 25.0
-    native_idempotency_window_s: int = 600
+    native_idempotency_window_s: float = 600.0
     native_max_recovery: int = 10000
     limits: Limits = field(default_factory=Limits)
     retention: Retention = field(default_factory=Retention)
@@ -115,6 +115,8 @@ class Config:
                 raise ConfigError(f"log.retention.{f.name}: must be 0 (unlimited) or positive")
         if self.native_ping_interval_s <= 0:
             raise ConfigError("native.ping_interval_s: must be positive")
+        if self.native_idempotency_window_s < 0:
+            raise ConfigError("native.idempotency_window_s: must be 0 (off) or positive")
         parse_cors_origin(self.cors_origin)
         for key in (
             "ivy_large_event_bytes",
@@ -172,7 +174,7 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "native.tcp_listen": (("native_tcp_listen",), str),
     "native.enabled": (("native_enabled",), bool),
     "native.ping_interval_s": (("native_ping_interval_s",), float),
-    "native.idempotency_window_s": (("native_idempotency_window_s",), int),
+    "native.idempotency_window_s": (("native_idempotency_window_s",), float),
     "native.max_recovery": (("native_max_recovery",), int),
     **{f"limits.{f.name}": (("limits", f.name), int) for f in fields(Limits)},
     **{f"log.retention.{f.name}": (("retention", f.name), int) for f in fields(Retention)},
@@ -237,6 +239,8 @@ def env_name(key: str) -> str:
 def _coerce(key: str, typ: type, value: Any) -> Any:
     if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
         return value
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # TOML's 600 for a float key
     if not isinstance(value, str):
         raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}")
     try:

@@ -62,9 +62,9 @@ class Factory:
         self.persistent = engine != "memory"
         self.opened: list[LogStore] = []
         self.retention = RetentionPolicy()
-        self.idem_window_s = 600
+        self.idem_window_s: float = 600
 
-    def open(self, retention: RetentionPolicy | None = None, idem_window_s: int | None = None) -> LogStore:
+    def open(self, retention: RetentionPolicy | None = None, idem_window_s: float | None = None) -> LogStore:
         if retention is not None:
             self.retention = retention
         if idem_window_s is not None:
@@ -607,6 +607,15 @@ def test_idempotent_append(factory: Factory) -> None:
     again = store.append([req("/a", b"one", idem="k1")])[0]
     assert not again.duplicate and again.event.seq == 6
     assert store.append([req("/a", b"one", idem="k1")])[0].event == again.event
+
+
+def test_idempotency_window_in_fractions_of_a_second(factory: Factory) -> None:
+    store = factory.open(idem_window_s=0.5)
+    orig = store.append([req("/a", idem="k")])[0]
+    factory.clock.advance(0.4)
+    assert store.append([req("/a", idem="k")])[0].event == orig.event
+    factory.clock.advance(0.2)
+    assert not store.append([req("/a", idem="k")])[0].duplicate
 
 
 def test_idempotency_survives_restart(factory: Factory) -> None:

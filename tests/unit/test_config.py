@@ -40,6 +40,7 @@ def test_names() -> None:
         ({"limits.max_frame": "0"}, "limits.max_frame"),
         ({"http.listen": "nowhere"}, "http_listen"),
         ({"native.enabled": "maybe"}, "native.enabled"),
+        ({"native.idempotency_window_s": "-1"}, "native.idempotency_window_s"),
     ],
 )
 def test_errors_name_the_key(cli: dict[str, str], needle: str) -> None:
@@ -52,3 +53,12 @@ def test_unknown_file_key(tmp_path: Path) -> None:
     f.write_text("nonsense = 1\n")
     with pytest.raises(ConfigError, match="nonsense"):
         load_config({}, env={}, config_file=str(f))
+
+
+def test_idempotency_window_takes_fractions_of_a_second(tmp_path: Path) -> None:
+    assert load_config({}, env={}).native_idempotency_window_s == 600
+    f = tmp_path / "h.toml"
+    f.write_text("[native]\nidempotency_window_s = 30\n")  # a TOML integer for the float key
+    assert load_config({}, env={}, config_file=str(f)).native_idempotency_window_s == 30.0
+    env = {"HUBBUB_NATIVE_IDEMPOTENCY_WINDOW_S": "0.5"}
+    assert load_config({}, env=env, config_file=str(f)).native_idempotency_window_s == 0.5

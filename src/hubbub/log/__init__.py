@@ -45,7 +45,7 @@ def open_store(
     data_dir: str,
     durability: str,
     retention: RetentionPolicy,
-    idem_window_s: int,
+    idem_window_s: float,
     *,
     readonly: bool = False,
 ) -> LogStore:

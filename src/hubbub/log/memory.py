@@ -98,11 +98,11 @@ class MemoryLogStore(LogStore):
         self,
         *,
         retention: RetentionPolicy | None = None,
-        idem_window_s: int = 600,
+        idem_window_s: float = 600,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self._retention = retention or RetentionPolicy()
-        self._idem_window_ns = max(idem_window_s, 0) * _NS
+        self._idem_window_ns = int(max(idem_window_s, 0) * _NS)
         self._clock = clock
         self._lock = threading.Lock()
         self._channels: dict[str, _Channel] = {}

@@ -127,7 +127,7 @@ class SqliteLogStore(_ReadSide, LogStore):
         *,
         durability: str = "commit",
         retention: RetentionPolicy | None = None,
-        idem_window_s: int = 600,
+        idem_window_s: float = 600,
         clock: Callable[[], int] = time.time_ns,
         busy_timeout_ms: int = 5000,
         readonly: bool = False,
@@ -139,7 +139,7 @@ class SqliteLogStore(_ReadSide, LogStore):
         self.path = Path(path).absolute()
         self.durability = durability
         self._retention = retention or RetentionPolicy()
-        self._idem_window_ns = max(idem_window_s, 0) * _NS
+        self._idem_window_ns = int(max(idem_window_s, 0) * _NS)
         self._clock = clock
         self._busy_timeout_ms = max(busy_timeout_ms, 0)
         self._closed = False
