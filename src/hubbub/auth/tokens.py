@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import jwt
-from jwt.algorithms import RSAAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from hubbub.errors import AuthError, BadChannel
 
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 ALGORITHMS: Final = ("HS256", "RS256")
+#: Shortest HS256 secret accepted (RFC 7518 §3.2: a key of at least the hash's size).
+MIN_SECRET_BYTES: Final = 32
 #: Verified JWTs remembered (token -> identity), so an HTTP client sending the same bearer token on every
 #: request costs one signature check, not one per request. Cleared when full.
 VERIFIED_CACHE: Final = 4096
@@ -78,13 +81,21 @@ class KeySet:
         return [k for _i, k in keys]
 
 
-def _rsa_public(pem: bytes, where: str) -> Any:
+def _rsa_public(pem: bytes, where: str) -> rsa.RSAPublicKey:
+    """An RSA public key from PEM (a private key gives its public half: only that is needed to verify)."""
+    key: Any
     try:
-        key = RSAAlgorithm.prepare_key(pem)
-    except (jwt.InvalidKeyError, ValueError, TypeError) as exc:
-        raise ValueError(f"{where}: not an RSA public key ({type(exc).__name__})") from None
-    # A private key works too, but only its public half is needed to verify.
-    return key.public_key() if hasattr(key, "private_bytes") else key
+        key = serialization.load_pem_public_key(pem)
+    except ValueError:
+        try:
+            key = serialization.load_pem_private_key(pem, password=None).public_key()
+        except (ValueError, TypeError):
+            raise ValueError(f"{where}: not a PEM public key") from None
+    except TypeError:
+        raise ValueError(f"{where}: not a PEM public key") from None
+    if not isinstance(key, rsa.RSAPublicKey):
+        raise ValueError(f"{where}: not an RSA key")
+    return key
 
 
 def load_keys(entries: Sequence[str], jwks_file: str = "") -> KeySet:
@@ -114,8 +125,8 @@ def load_keys(entries: Sequence[str], jwks_file: str = "") -> KeySet:
             rs.append((None, _rsa_public(data, where)))
         else:
             secret = data.rstrip(b"\r\n")
-            if not secret:
-                raise ValueError(f"{where}: empty secret")
+            if len(secret) < MIN_SECRET_BYTES:
+                raise ValueError(f"{where}: an HS256 secret needs at least {MIN_SECRET_BYTES} bytes")
             hs.append((None, secret))
     if jwks_file:
         try:
@@ -139,6 +150,8 @@ def load_keys(entries: Sequence[str], jwks_file: str = "") -> KeySet:
                 key = jwk.key
                 rs.append((kid, key.public_key() if hasattr(key, "private_bytes") else key))
             elif k.get("kty") == "oct":
+                if len(jwk.key) < MIN_SECRET_BYTES:
+                    raise ValueError(f"{where}: an HS256 secret needs at least {MIN_SECRET_BYTES} bytes")
                 hs.append((kid, bytes(jwk.key)))
             else:
                 raise ValueError(f"{where}: key type {k.get('kty')!r} is not RSA or oct")
@@ -237,7 +250,8 @@ class Authenticator:
         ident = self.static.get(token)
         if ident is not None:
             return ident
-        if token.count(".") != 2:
+        if token.count(".") != 2 or not token.isascii():
+            # A JWT is three base64url parts: anything else (non-ASCII text included) is no token of ours.
             raise AuthError("unknown token", code=4101)
         hit = self._cache.get(token)
         if hit is not None:
