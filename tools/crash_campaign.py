@@ -254,7 +254,9 @@ class Campaign:
                 # A new epoch: allowed, but a client naming the old one must be told.
                 status, body = _get(f"http://127.0.0.1:{http}/api/v1/log{ch}?epoch={acked_epoch}&limit=1")
                 if status != 409 or "position" not in json.dumps(body):
-                    res.failures.append(f"{ch}: epoch changed to {epoch} but epoch={acked_epoch} got {status}")
+                    res.failures.append(
+                        f"{ch}: epoch changed to {epoch} but epoch={acked_epoch} got {status}"
+                    )
                 res.new_epochs += 1
                 self.verified[ch] = (epoch, head["top"])
                 continue
@@ -336,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--durability", choices=("fsync", "commit", "none"), default="fsync")
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--channels", type=int, default=3)
-    ap.add_argument("--kill-min", type=float, default=0.2, help="earliest kill, seconds after publishing starts")
+    ap.add_argument(
+        "--kill-min", type=float, default=0.2, help="earliest kill, seconds after publishing starts"
+    )
     ap.add_argument("--kill-max", type=float, default=1.5, help="latest kill")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--data-dir", type=Path, default=None, help="keep the data here (default: a temp dir)")

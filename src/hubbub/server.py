@@ -190,7 +190,14 @@ class Server:
                 task.add_done_callback(self._tcp_conns.discard)
 
             self._tcp = await serve_native_tcp(
-                host, port, make, lim.max_frame, track, codec_limits, ssl_context=self._ssl, limiter=node.limiter
+                host,
+                port,
+                make,
+                lim.max_frame,
+                track,
+                codec_limits,
+                ssl_context=self._ssl,
+                limiter=node.limiter,
             )
             self.ports["native"] = self._tcp.sockets[0].getsockname()[1]
             log.info("listening", extra={"listener": "native", "address": f"{host}:{self.ports['native']}"})

@@ -35,6 +35,7 @@ from typing import Any, Final
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.types import Options
 
 from hubbub.errors import AuthError, BadChannel
 
@@ -277,7 +278,7 @@ class Authenticator:
         candidates = self.keys.candidates(alg, kid)
         if not candidates:
             raise AuthError("no key for the token's algorithm", code=4101)
-        options: dict[str, Any] = {"verify_aud": bool(self.audience), "verify_iss": bool(self.issuer)}
+        options: Options = {"verify_aud": bool(self.audience), "verify_iss": bool(self.issuer)}
         claims: dict[str, Any] | None = None
         now = self.clock()
         for key in candidates:

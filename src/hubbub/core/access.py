@@ -140,7 +140,9 @@ class Access:
 
     # -- audit ------------------------------------------------------------------------------------------
 
-    def refused(self, exc: AuthError, dialect: str, peer: str = "", user: str = "", channel: str = "") -> None:
+    def refused(
+        self, exc: AuthError, dialect: str, peer: str = "", user: str = "", channel: str = ""
+    ) -> None:
         """Count and audit one refusal. Never given, and so never logs, the token."""
         name = CODES.get(exc.code, ("auth_error",))[0]
         self.refusals[name] = self.refusals.get(name, 0) + 1
@@ -173,5 +175,9 @@ def only_visible(plan: ReplayPlan, pattern: Pattern, visible: Callable[[str], bo
     plan.ahead = [ch for ch in plan.ahead if visible(ch)]
     if plan.span is not None and not visible(plan.span.channel):
         plan.span = None
-    if pattern.is_exact and plan.position is not None and not visible("/" + "/".join(map(str, pattern.parts))):
+    if (
+        pattern.is_exact
+        and plan.position is not None
+        and not visible("/" + "/".join(map(str, pattern.parts)))
+    ):
         plan.position = Position(0, "")

@@ -152,7 +152,9 @@ def _admission(node: Node, settings: HttpSettings) -> Any:
     ) -> Any:
         path = request.path
         if locked and locked_route(path, locked):
-            node.access.refused(AuthError("dialect takes no token yet", code=4100), "http", peer_address(request))
+            node.access.refused(
+                AuthError("dialect takes no token yet", code=4100), "http", peer_address(request)
+            )
             return text_response(401, "unauthorized\n")
         ip = peer_address(request)
         over = node.limiter.admit(ip, "native" if path.startswith(("/api/v1/", "/ws/hubbub")) else "http")
@@ -593,7 +595,9 @@ def build_app(
     registry = CollectorRegistry(auto_describe=True)
     registry.register(NodeCollector(node, node.store.stats))
     native = NativeHttp(node, settings, registry)
-    app = web.Application(middlewares=[_errors, _admission(node, settings)], client_max_size=settings.max_frame)
+    app = web.Application(
+        middlewares=[_errors, _admission(node, settings)], client_max_size=settings.max_frame
+    )
     app.on_response_prepare.append(_server_header)
     install_cors(app, settings.cors_origins)  # global: every route, native and dialects alike
     app.router.add_get("/ws/hubbub", native.websocket)
