@@ -21,6 +21,7 @@ __all__ = [
     "ConfigError",
     "Limits",
     "Retention",
+    "SecretMap",
     "env_name",
     "flag_name",
     "load_config",
@@ -46,6 +47,15 @@ class Limits:
     max_subscriptions: int = 1024
     send_queue: int = 1024
     send_queue_bytes: int = 16 << 20
+    # The limits below are off at 0 (unlimited): docs/security.md gives values for an exposed server.
+    publish_rate: int = 0
+    publish_burst: int = 0
+    max_connections: int = 0
+    max_connections_per_ip: int = 0
+
+
+#: Limits for which 0 means "unlimited" (every other limit must be positive).
+UNLIMITED_AT_ZERO = frozenset({"publish_rate", "publish_burst", "max_connections", "max_connections_per_ip"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +69,17 @@ class Retention:
 class _Secret(str):
     """A string whose repr never shows its value."""
 
+    __slots__ = ()
+
     def __repr__(self) -> str:
         return "'***'" if self else "''"
+
+
+class SecretMap(dict[str, Any]):
+    """A mapping whose keys are secrets (``auth.tokens``): its repr shows only how many entries it has."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} secret entries>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +97,16 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     retention: Retention = field(default_factory=Retention)
     auth_mode: str = "off"
+    #: ``auth.tokens``: token -> {"user", "publish", "subscribe", "admin"} (README §6); masked in repr.
+    auth_tokens: SecretMap = field(default_factory=SecretMap)
+    #: ``auth.jwt_keys``: HS256 secrets, RS256 public keys (PEM) or ``file:<path>``; masked in repr.
+    auth_jwt_keys: tuple[str, ...] = ()
+    auth_jwks_file: str = ""
+    auth_jwt_leeway_s: float = 30.0
+    auth_jwt_audience: str = ""
+    auth_jwt_issuer: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
     cors_origin: str = ""
     log_level: str = "info"
     log_format: str = "text"
@@ -95,6 +124,11 @@ class Config:
     ivy_ping_interval_s: float = 54.0
     ivy_read_timeout_s: float = 60.0
     ivy_max_log_bytes: int = 64 << 20
+    ivy_auth: str = ""  # "" means auth.mode
+
+    def dialect_auth(self, dialect: str) -> str:
+        """The auth mode of one dialect: its ``<dialect>.auth`` when set, else ``auth.mode``."""
+        return str(getattr(self, f"{dialect}_auth", "") or self.auth_mode)
 
     def validate(self) -> Config:
         if self.durability not in DURABILITY_MODES:
@@ -103,12 +137,17 @@ class Config:
             raise ConfigError("log_format: must be text or json")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError("log_level: must be debug, info, warning or error")
-        if self.auth_mode != "off":
-            raise ConfigError("auth.mode: only 'off' is supported in this release")
+        if self.auth_mode not in ("off", "token"):
+            raise ConfigError("auth.mode: must be off or token")
+        if self.auth_jwt_leeway_s < 0:
+            raise ConfigError("auth.jwt_leeway_s: must not be negative")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls.cert and tls.key: give both or neither")
         for key in ("http_listen", "native_tcp_listen"):
             parse_listen(getattr(self, key), key)
         for f in fields(Limits):
-            if getattr(self.limits, f.name) <= 0:
+            v = getattr(self.limits, f.name)
+            if v < 0 or (v == 0 and f.name not in UNLIMITED_AT_ZERO):
                 raise ConfigError(f"limits.{f.name}: must be positive")
         for f in fields(Retention):
             if getattr(self.retention, f.name) < 0:
@@ -126,8 +165,9 @@ class Config:
         ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be positive")
-        if self.guble_auth not in ("", "off"):
-            raise ConfigError("guble.auth: only 'off' is supported in this release")
+        for key in ("guble_auth", "ivy_auth"):
+            if getattr(self, key) not in ("", "off", "token"):
+                raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (auth.mode), off or token")
         for key in ("guble_health_endpoint", "guble_metrics_endpoint"):
             if getattr(self, key) and not getattr(self, key).startswith("/"):
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (off) or a path from /")
@@ -179,6 +219,14 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     **{f"limits.{f.name}": (("limits", f.name), int) for f in fields(Limits)},
     **{f"log.retention.{f.name}": (("retention", f.name), int) for f in fields(Retention)},
     "auth.mode": (("auth_mode",), str),
+    "auth.tokens": (("auth_tokens",), dict),
+    "auth.jwt_keys": (("auth_jwt_keys",), tuple),
+    "auth.jwks_file": (("auth_jwks_file",), str),
+    "auth.jwt_leeway_s": (("auth_jwt_leeway_s",), float),
+    "auth.jwt_audience": (("auth_jwt_audience",), str),
+    "auth.jwt_issuer": (("auth_jwt_issuer",), str),
+    "tls.cert": (("tls_cert",), str),
+    "tls.key": (("tls_key",), str),
     "cors_origin": (("cors_origin",), str),
     "log_level": (("log_level",), str),
     "log_format": (("log_format",), str),
@@ -194,6 +242,7 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "ivy.ping_interval_s": (("ivy_ping_interval_s",), float),
     "ivy.read_timeout_s": (("ivy_read_timeout_s",), float),
     "ivy.max_log_bytes": (("ivy_max_log_bytes",), int),
+    "ivy.auth": (("ivy_auth",), str),
 }
 
 
@@ -237,6 +286,10 @@ def env_name(key: str) -> str:
 
 
 def _coerce(key: str, typ: type, value: Any) -> Any:
+    if typ is dict or typ is tuple:
+        return _coerce_json(key, typ, value)
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
     if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
         return value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
@@ -255,6 +308,23 @@ def _coerce(key: str, typ: type, value: Any) -> Any:
     except ValueError:
         raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}") from None
     return value
+
+
+def _coerce_json(key: str, typ: type, value: Any) -> Any:
+    """A map (``dict``) or list (``tuple``) key: a TOML table or array, or JSON text (flags, environment,
+    README §2). Maps become a :class:`SecretMap`, lists a tuple of masked strings."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ConfigError(f"{key}: not valid JSON") from None
+    if typ is dict:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{key}: expected a JSON object")
+        return SecretMap(value)
+    if not isinstance(value, list | tuple) or not all(isinstance(x, str) for x in value):
+        raise ConfigError(f"{key}: expected a JSON list of strings")
+    return tuple(_Secret(x) for x in value)
 
 
 def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -10,6 +10,8 @@
     │   ├── UnknownOp               unknown command                                        (4002)
     │   └── BadChannel              invalid channel or pattern, or over the limit          (4004)
     ├── LimitExceeded               too many subscriptions, tags or headers                (4007)
+    │   ├── RateLimited             publishes over the connection's rate and burst         (4008)
+    │   └── TooManyConnections      over limits.max_connections(_per_ip)                   (4009)
     ├── AuthError                   authentication and permission                        (4100-4103)
     ├── SubscriptionError           already / not subscribed, recovery too large          (4200-4203)
     ├── EpochMismatch               a request names an epoch it cannot act on; ``head``    (4202)
@@ -46,9 +48,11 @@ __all__ = [
     "LimitExceeded",
     "PipelineError",
     "ProtocolError",
+    "RateLimited",
     "ShuttingDown",
     "StorageError",
     "SubscriptionError",
+    "TooManyConnections",
     "TrimEpochGone",
     "TrimError",
     "TrimOutOfRange",
@@ -68,6 +72,8 @@ CODES: dict[int, tuple[str, bool, bool, int]] = {
     4005: ("hello_required", False, True, 0),
     4006: ("unsupported_version", False, True, 0),
     4007: ("too_many_subscriptions", False, False, 400),
+    4008: ("rate_limited", True, False, 429),
+    4009: ("too_many_connections", True, True, 503),
     4100: ("auth_required", False, True, 401),
     4101: ("bad_token", False, True, 401),
     4102: ("forbidden", False, False, 403),
@@ -149,6 +155,14 @@ class BadChannel(ProtocolError):
 
 class LimitExceeded(HubbubError):
     code = 4007
+
+
+class RateLimited(LimitExceeded):
+    code = 4008
+
+
+class TooManyConnections(LimitExceeded):
+    code = 4009
 
 
 class AuthError(HubbubError):

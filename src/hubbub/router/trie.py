@@ -28,11 +28,15 @@ Structure (after nats-server's sublist, STYLE.md item 7):
   dict keeps insertion order, and evicting in batches keeps the cost per miss O(1) amortised, where
   popping the oldest entry on every miss is quadratic for a dict and about 3x dearer with an OrderedDict.
 * ``remove`` prunes trie nodes left empty, so add/remove churn never grows the trie.
+* A key may be added with a ``visible`` predicate over channels (a subscription whose token may read only
+  some of the channels its pattern matches): a matching channel is kept for that key only where the
+  predicate holds. The predicate runs on a cache miss only, so its answer is cached with the result; it
+  must therefore be fixed for as long as the key is indexed (re-add the key to change it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable
+from collections.abc import Callable, Collection, Hashable
 from itertools import islice
 from typing import Generic, TypeVar
 
@@ -124,6 +128,7 @@ class Router(Generic[K]):
         "_seq",
         "_subs",
         "_tagged",
+        "_visible",
     )
 
     def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
@@ -137,6 +142,8 @@ class Router(Generic[K]):
         self._seq: dict[K, int] = {}
         self._next_seq = 0
         self._tagged = 0  # how many subscriptions have a non-empty tag set
+        # key -> channel predicate, for the keys added with one (see the module docstring)
+        self._visible: dict[K, Callable[[str], bool]] = {}
         self._generation = 0
         self._cache_size = cache_size
         # channel | (channel, tags) -> result, oldest first.
@@ -147,8 +154,14 @@ class Router(Generic[K]):
 
     # -- changes ----------------------------------------------------------------------------------------
 
-    def add(self, pattern: Pattern, key: K, tags: frozenset[str] = frozenset()) -> None:
-        """Index ``key`` under ``pattern`` and ``tags``.
+    def add(
+        self,
+        pattern: Pattern,
+        key: K,
+        tags: frozenset[str] = frozenset(),
+        visible: Callable[[str], bool] | None = None,
+    ) -> None:
+        """Index ``key`` under ``pattern`` and ``tags``; with ``visible``, only for the channels it accepts.
 
         Raises :class:`ValueError` if ``key`` is already indexed (one key is one subscription).
         """
@@ -177,6 +190,8 @@ class Router(Generic[K]):
             if bucket is None:
                 bucket = node.exact = _Bucket()
         bucket.add(key, tags)
+        if visible is not None:
+            self._visible[key] = visible
         self._subs[key] = (pattern, tags)
         self._seq[key] = self._next_seq
         self._next_seq += 1
@@ -222,6 +237,7 @@ class Router(Generic[K]):
             node = parent
         del self._subs[key]
         del self._seq[key]
+        self._visible.pop(key, None)
         if tags:
             self._tagged -= 1
         self._generation += 1
@@ -313,6 +329,8 @@ class Router(Generic[K]):
         if not found:
             return _EMPTY
         if len(found) == 1 and not found[0].tagged:
+            if self._visible:
+                return self._only_visible(tuple(found[0].plain), channel)
             return tuple(found[0].plain)
         keys: list[K] = []
         runs = 0
@@ -331,7 +349,15 @@ class Router(Generic[K]):
         if runs > 1:
             # Concatenated sorted runs: timsort merges them in about linear time.
             keys.sort(key=self._seq.__getitem__)
+        if self._visible:
+            return self._only_visible(tuple(keys), channel)
         return tuple(keys)
+
+    def _only_visible(self, keys: tuple[K, ...], channel: str) -> tuple[K, ...]:
+        visible = self._visible
+        if not any(k in visible for k in keys):
+            return keys
+        return tuple(k for k in keys if (v := visible.get(k)) is None or v(channel))
 
     # -- introspection ----------------------------------------------------------------------------------
 
