@@ -1,7 +1,8 @@
 """One conformance suite for every ``LogStore`` engine (the invariants in ``hubbub/log/base.py``).
 
-Every test runs against each engine: ``memory`` and ``sqlite`` in each durability mode. Tests that need a
-store to survive a close (``persistent``) skip the memory engine. Time comes from a fake clock, so nothing
+Every test runs against each engine: ``memory``, and ``sqlite`` and ``postgres`` in each durability mode
+(PostgreSQL: a real server, ``tests/conftest.py``, a fresh database per test). Tests that need a store to
+survive a close (``persistent``) skip the memory engine. Time comes from a fake clock, so nothing
 depends on the wall clock or on sleeping.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -31,12 +33,21 @@ from hubbub.log import (
     StoreStats,
     open_store,
 )
+from hubbub.log.postgres import PostgresLogStore
 from hubbub.log.sqlite import ScanColumns, ScanPlan
 
 NS = 1_000_000_000
 START = 1_700_000_000 * NS
 EPOCH_RE = re.compile(r"^[0-9a-z]{8}$")
-ENGINES = ["memory", "sqlite-fsync", "sqlite-commit", "sqlite-none"]
+ENGINES = [
+    "memory",
+    "sqlite-fsync",
+    "sqlite-commit",
+    "sqlite-none",
+    "postgres-fsync",
+    "postgres-commit",
+    "postgres-none",
+]
 
 
 class Clock:
@@ -53,11 +64,13 @@ class Clock:
 
 
 class Factory:
-    """Opens stores of one engine on one file (sqlite) and closes them all at the end of the test."""
+    """Opens stores of one engine on one file (sqlite) or database (postgres) and closes them all at the end
+    of the test."""
 
-    def __init__(self, engine: str, tmp_path: Path) -> None:
+    def __init__(self, engine: str, tmp_path: Path, pg_url: str = "") -> None:
         self.engine = engine
         self.path = tmp_path / "log.db"
+        self.pg_url = pg_url
         self.clock = Clock()
         self.persistent = engine != "memory"
         self.opened: list[LogStore] = []
@@ -74,6 +87,14 @@ class Factory:
             store = MemoryLogStore(
                 retention=self.retention, idem_window_s=self.idem_window_s, clock=self.clock
             )
+        elif self.engine.startswith("postgres"):
+            store = PostgresLogStore(
+                self.pg_url,
+                durability=self.engine.split("-")[1],
+                retention=self.retention,
+                idem_window_s=self.idem_window_s,
+                clock=self.clock,
+            )
         else:
             store = SqliteLogStore(
                 self.path,
@@ -86,7 +107,7 @@ class Factory:
         return store
 
     def reopen(self, store: LogStore) -> LogStore:
-        """Close ``store`` and open the same file again (sqlite only)."""
+        """Close ``store`` and open the same file or database again (not memory)."""
         assert self.persistent
         store.close()
         return self.open()
@@ -98,7 +119,9 @@ class Factory:
 
 @pytest.fixture(params=ENGINES)
 def factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
-    f = Factory(request.param, tmp_path)
+    engine: str = request.param
+    pg_url = request.getfixturevalue("pg_url") if engine.startswith("postgres") else ""
+    f = Factory(engine, tmp_path, pg_url)
     try:
         yield f
     finally:
@@ -1143,8 +1166,6 @@ def test_open_store_urls(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("postgresql://user:secret@db/hubbub", "not supported yet"),
-        ("postgres://user:secret@db/hubbub", "not supported yet"),
         ("sqlite://relative.db", "three slashes"),
         ("sqlite:///", "three slashes"),
         ("redis://user:secret@host", "unknown log store redis://"),
@@ -1156,6 +1177,39 @@ def test_open_store_rejects(tmp_path: Path, url: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         open_store(url, str(tmp_path), "commit", RetentionPolicy(), 600)
     assert "secret" not in str(err.value)
+
+
+def test_open_store_postgres(pg_url: str) -> None:
+    st = open_store(pg_url, "", "fsync", RetentionPolicy(max_events=5), 600)
+    try:
+        assert isinstance(st, PostgresLogStore) and st.engine == "postgres" and st.durability == "fsync"
+        st.append([req("/a")])
+    finally:
+        st.close()
+    st = open_store(pg_url.replace("postgresql://", "postgres://"), "", "commit", RetentionPolicy(), 600)
+    try:
+        assert seqs(st.read("/a")) == [1]
+    finally:
+        st.close()
+    reader = open_store(pg_url, "", "commit", RetentionPolicy(), 0, readonly=True)
+    try:
+        assert reader.readonly and seqs(reader.read("/a")) == [1]
+        with pytest.raises(StorageError, match="read-only"):
+            reader.append([req("/a")])
+    finally:
+        reader.close()
+
+
+def test_open_store_postgres_unreachable_hides_credentials() -> None:
+    """A server that cannot be reached: StorageError, quickly, naming neither the password nor the host."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # a port nothing listens on
+        port = s.getsockname()[1]
+        url = f"postgresql://user:secret@127.0.0.1:{port}/hubbub"
+        with pytest.raises(StorageError) as err:
+            open_store(url, "", "commit", RetentionPolicy(), 600)
+    assert err.value.code == 4301
+    assert "secret" not in str(err.value) and "127.0.0.1" not in str(err.value)
 
 
 def test_open_store_rejects_unknown_durability(tmp_path: Path) -> None:
