@@ -34,6 +34,7 @@ from hubbub.log import (
     open_store,
 )
 from hubbub.log.postgres import PostgresLogStore
+from hubbub.log.records import encode_headers, encode_tags
 from hubbub.log.sqlite import ScanColumns, ScanPlan
 
 NS = 1_000_000_000
@@ -750,6 +751,136 @@ def test_reads_from_other_threads_while_appending(store: LogStore) -> None:
     assert store.head("/a").top == batches * per_batch
 
 
+# -- bulk reads (the data pipeline) -----------------------------------------------------------------------
+
+
+def test_read_rows_compact_text(store: LogStore) -> None:
+    store.append(
+        [
+            req("/a", b"1", user="u1"),
+            req("/a", b"2", user="u1"),
+            req("/a", b"3", user="u2", content_type="application/json"),
+            req("/a", b"4", user="u1", idem="k4", headers={"h": "v"}, tags=("t",)),
+        ]
+    )
+    epoch, full = store.read_rows("/a", 0, 100)
+    assert epoch == store.head("/a").epoch
+    evs = store.read("/a")
+    assert full == [
+        (
+            e.seq,
+            e.time_ns,
+            e.publisher.dialect,
+            e.publisher.user,
+            e.publisher.app,
+            e.publisher.msg_id,
+            e.content_type,
+            encode_headers(e.headers),
+            encode_tags(e.tags),
+            e.payload,
+        )
+        for e in evs
+    ]
+    compact = store.read_rows("/a", 0, 100, compact_text=True)[1]
+    assert compact[0] == full[0]
+    assert [r[3] for r in compact] == ["u1", None, "u2", None]
+    assert [r[5] for r in compact] == ["", None, None, "k4"]
+    assert [r[6] for r in compact] == ["text/plain", None, "application/json", None]
+    assert [r[:2] + r[7:] for r in compact] == [r[:2] + r[7:] for r in full]
+    page = store.read_rows("/a", 1, 2, compact_text=True)[1]  # compared with its own first row
+    assert page[0] == full[1] and page[1][2:7] == (None, "u2", None, None, "application/json")
+    assert store.read_rows("/a", 4, 10, compact_text=True) == (epoch, [])
+    assert store.read_rows("/a", 0, 10, to_time=evs[2].time_ns)[1] == full[:2]
+    assert store.read_rows("/none", 0, 10) == ("", [])
+    old = store.reset_channel("/a")
+    assert store.read_rows("/a", 0, 10) == (old.epoch, [])
+    assert store.read_rows("/a", 2, 10, epoch=epoch) == (epoch, full[2:])
+    assert store.read_rows("/a", 0, 10, epoch="nosuchep") == ("", [])
+
+
+def _scan_all(store: LogStore, plan: ScanPlan, **kw: object) -> list[list[tuple[object, ...]]]:
+    """Every piece of a plan, scanned, decoded: one list of rows per split."""
+    return [
+        _scan_rows(store, store.scan_columns(lo, hi, max_time=plan.max_time, **kw))  # type: ignore[arg-type]
+        for lo, hi in zip(plan.splits, plan.splits[1:], strict=False)
+    ]
+
+
+def test_scan_plan_and_columns(factory: Factory, store: LogStore) -> None:
+    assert store.scan_plan(10) == ScanPlan((), 0, {}, 0, 0)
+    assert store.scan_columns(1, 1, max_time=0) == []
+    sent: list[Event] = []
+    for i in range(12):
+        ch = ["/a", "/b", "/c/ü"][i % 3]
+        sent += [
+            r.event
+            for r in store.append(
+                [
+                    req(
+                        ch,
+                        bytes([i, 0, 255]) + "é".encode(),
+                        user="ü" if i == 10 else "u",
+                        headers={"h": str(i % 2)} if i % 3 else None,
+                        tags=("t",) if i % 2 else (),
+                        content_type="text/plain" if i < 9 else "application/json",
+                    )
+                ]
+            )
+        ]
+        factory.clock.advance(1)
+    store.trim("/a", 2)  # /a's seqs 1 and 2 go
+    kept = [e for e in sent if not (e.channel == "/a" and e.seq <= 2)]
+    plan = store.scan_plan(4)
+    ids = {info.channel: cid for cid, info in plan.channels.items()}
+    assert sorted(ids) == ["/a", "/b", "/c/ü"] and not plan.retired
+    assert all(plan.channels[ids[ch]] == store.head(ch) for ch in ids)
+    assert plan.events == 10 and plan.bytes == sum(e.size for e in kept)
+    assert plan.max_time == store.top_time()
+    pieces = _scan_all(store, plan)
+    assert [len(p) for p in pieces] == [4, 4, 2]
+    want = [
+        (
+            ids[e.channel],
+            e.seq,
+            e.time_ns,
+            e.publisher.dialect,
+            e.publisher.user,
+            e.publisher.app,
+            e.publisher.msg_id,
+            e.content_type,
+            encode_headers(e.headers),
+            encode_tags(e.tags),
+            e.payload,
+        )
+        for e in kept
+    ]
+    assert [r for p in pieces for r in p] == want  # pos order is commit order
+    lo, hi = plan.splits[0], plan.splits[-1]
+    first = store.scan_columns(plan.splits[0], plan.splits[1], max_time=plan.max_time)
+    assert first[0].text == ("native", "u", "app1", "", "text/plain")  # one value each
+    last = store.scan_columns(plan.splits[-2], plan.splits[-1], max_time=plan.max_time)
+    assert not isinstance(last[0].text[1], str)  # users differ: one value per event
+    # Bounds: epochs and seq ranges.
+    bounded = store.scan_columns(lo, hi, max_time=plan.max_time, bounds=[(ids["/b"], 2, 3)])
+    assert [(r[0], r[1]) for r in _scan_rows(store, bounded)] == [(ids["/b"], 2), (ids["/b"], 3)]
+    assert store.scan_columns(lo, hi, max_time=plan.max_time, bounds=[]) == []
+    # A time range is a pos range; max_time hides later commits.
+    times = [r[2] for r in want]
+    part = store.scan_plan(100, from_time=times[3], to_time=times[7])
+    assert [r[2] for p in _scan_all(store, part) for r in p] == times[3:7]
+    assert store.scan_plan(100, from_time=times[-1] + 1).splits == ()
+    store.append([req("/a", b"late")])
+    assert _scan_rows(store, store.scan_columns(lo, hi + 10, max_time=plan.max_time)) == want
+    # Retired epochs are in the plan, under their own ids.
+    old = store.head("/b")
+    store.reset_channel("/b")
+    plan = store.scan_plan(100)
+    assert len(plan.retired) == 1
+    (rid,) = plan.retired
+    assert plan.channels[rid] == store.retired_epochs("/b")[0] == old
+    assert [r[1] for p in _scan_all(store, plan) for r in p if r[0] == rid] == [1, 2, 3, 4]
+
+
 # -- sqlite specifics ----------------------------------------------------------------------------------
 
 
@@ -791,7 +922,7 @@ def test_sqlite_read_rows_compact_text(sqlite_path: Path) -> None:
         store.close()
 
 
-def _scan_rows(store: SqliteLogStore, pieces: list[ScanColumns]) -> list[tuple[object, ...]]:
+def _scan_rows(store: LogStore, pieces: list[ScanColumns]) -> list[tuple[object, ...]]:
     """ScanColumns decoded in Python: ``(channel id, seq, time_ns, dialect, user, app, msg_id, content_type,
     headers, tags, payload)`` per event."""
 

@@ -198,8 +198,10 @@ class _ReadSide:
         *,
         epoch: str | None = None,
     ) -> list[Event]:
-        cur, rows = self._read_rows(channel, after_seq, limit, from_time, to_time, False, epoch)
-        return _Decoder().events(channel, cur, rows) if rows else []
+        def events(cur: str, rows: list[Any]) -> list[Event]:
+            return _Decoder().events(channel, cur, rows) if rows else []
+
+        return self._read_rows(channel, after_seq, limit, from_time, to_time, False, epoch, events)
 
     def read_rows(
         self,
@@ -214,9 +216,11 @@ class _ReadSide:
     ) -> tuple[str, list[Row]]:
         """See :meth:`LogStore.read_rows`: one snapshot; with ``compact_text`` PostgreSQL compares the text
         columns with the first row's."""
-        cur, rows = self._read_rows(channel, after_seq, limit, from_time, to_time, compact_text, epoch)
-        dec = _Decoder()
-        return cur, [dec.row(r) for r in rows]
+        def text_rows(cur: str, rows: list[Any]) -> tuple[str, list[Row]]:
+            dec = _Decoder()
+            return cur, [dec.row(r) for r in rows]
+
+        return self._read_rows(channel, after_seq, limit, from_time, to_time, compact_text, epoch, text_rows)
 
     def _read_rows(
         self,
@@ -227,13 +231,15 @@ class _ReadSide:
         to_time: int | None,
         compact_text: bool,
         epoch: str | None,
-    ) -> tuple[str, list[Any]]:
-        """``(epoch, stored rows)``: text columns as stored (bytes)."""
+        post: Callable[[str, list[Any]], T],
+    ) -> T:
+        """``post(epoch, stored rows)`` (text columns as stored: bytes), run inside the read so that its
+        decoding errors are read errors."""
         if limit <= 0:
             self._read(lambda conn: None, snapshot=False)
-            return "", []
+            return post("", [])
 
-        def q(conn: Conn) -> tuple[str, list[Any]]:
+        def q(conn: Conn) -> T:
             if epoch is None:
                 row = conn.execute(
                     "SELECT id, epoch, first, top FROM channels WHERE path = %s", (channel,)
@@ -245,7 +251,7 @@ class _ReadSide:
                     (channel, epoch, channel, epoch),
                 ).fetchone()
             if row is None:
-                return "", []
+                return post("", [])
             cid, cur, first, top = row
             lo, hi = max(_clamp(after_seq) + 1, first), top
             if from_time is not None and lo <= hi:
@@ -253,7 +259,7 @@ class _ReadSide:
             if to_time is not None and lo <= hi:
                 hi = _seq_at_time(conn, cid, lo, hi, to_time) - 1
             if lo > hi:
-                return cur, []
+                return post(cur, [])
             n = min(limit, _MAX_INT64)
             if not compact_text:
                 rows = conn.execute(
@@ -262,7 +268,7 @@ class _ReadSide:
                     (cid, lo, hi, n),
                     binary=True,
                 ).fetchall()
-                return cur, rows
+                return post(cur, rows)
             first_row = conn.execute(
                 f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
                 "ORDER BY seq LIMIT 1",
@@ -270,10 +276,10 @@ class _ReadSide:
                 binary=True,
             ).fetchone()
             if first_row is None:
-                return cur, []
+                return post(cur, [])
             rows = conn.execute(_COMPACT_SELECT, (*first_row[2:7], cid, lo, hi, n), binary=True).fetchall()
             rows[0] = first_row
-            return cur, rows
+            return post(cur, rows)
 
         return self._read(q)
 
