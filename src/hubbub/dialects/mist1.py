@@ -144,9 +144,10 @@ class JsonValueSplitter:
 
     :meth:`next` returns the bytes of the next complete value, or None when more input is needed; it raises
     :class:`~hubbub.errors.BadFrame` at the first byte that cannot continue valid JSON, and
-    :class:`~hubbub.errors.FrameTooLarge` once a value passes ``max_frame`` bytes. A top-level number ends
-    only at the next non-number byte (``1`` then ``2`` is ``12``). Scanning resumes where it stopped, so a
-    value fed one byte at a time costs linear time.
+    :class:`~hubbub.errors.FrameTooLarge` once a value passes ``max_frame`` bytes (bytes beyond that are not
+    looked at, so an oversized value is reported as such even if it is also malformed). A top-level number
+    ends only at the next non-number byte (``1`` then ``2`` is ``12``). Scanning resumes where it stopped,
+    so a value fed one byte at a time costs linear time.
     """
 
     __slots__ = ("_key", "_lit", "_lit_i", "_num_start", "_pos", "_stack", "_state", "buf", "max_frame")
@@ -188,14 +189,15 @@ class JsonValueSplitter:
     def _scan(self) -> int:
         """The end of the current value, or -1 (the scan state is kept for the next call)."""
         buf = self.buf
-        n = len(buf)
+        # Look no further than max_frame + 1 bytes: a value not ended by then is too large, whatever follows.
+        n = min(len(buf), self.max_frame + 1)
         pos = self._pos
         state = self._state
         stack = self._stack
         done = False  # a value (scalar or container) just ended
         while pos < n:
             if state == _STRING:
-                m = _STRING_STOP.search(buf, pos)
+                m = _STRING_STOP.search(buf, pos, n)
                 if m is None:
                     pos = n
                     break
@@ -228,7 +230,7 @@ class JsonValueSplitter:
                 else:
                     raise BadFrame("control character in a string")
             elif state == _NUMBER_RUN:
-                m = _NUMBER_CHARS.match(buf, pos)
+                m = _NUMBER_CHARS.match(buf, pos, n)
                 assert m is not None  # the pattern matches the empty string
                 pos = m.end()
                 if pos >= n:
