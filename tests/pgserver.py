@@ -127,8 +127,8 @@ class PgServer:
                 self.port = _free_port()
             opts = " ".join(f"-c {k}={v}" for k, v in {**self.settings, "port": str(self.port)}.items())
             res = self._run(
-                "pg_ctl", "start", "-w", "-t", str(int(timeout)), "-D", str(self.data), "-l", str(self.logfile),
-                "-o", opts, check=False,
+                "pg_ctl", "start", "-w", "-t", str(int(timeout)),
+                "-D", str(self.data), "-l", str(self.logfile), "-o", opts, check=False,
             )  # fmt: skip
             if res.returncode == 0:
                 return self

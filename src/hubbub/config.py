@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from hubbub.channels import canonical
+from hubbub.errors import BadChannel
+
 __all__ = [
     "DURABILITY_MODES",
     "Config",
@@ -125,6 +128,12 @@ class Config:
     ivy_read_timeout_s: float = 60.0
     ivy_max_log_bytes: int = 64 << 20
     ivy_auth: str = ""  # "" means auth.mode
+    # -- mist (protocols/mist.md §1; limits are the shared limits.*) --
+    mist_enabled: bool = True
+    mist_tcp_listen: str = "127.0.0.1:1445"
+    mist_channel: str = "/mist"
+    mist_auth: str = ""  # "" means auth.mode
+    mist_token: str = field(default_factory=lambda: _Secret(""))  # an extra master token (upstream --token)
 
     def dialect_auth(self, dialect: str) -> str:
         """The auth mode of one dialect: its ``<dialect>.auth`` when set, else ``auth.mode``."""
@@ -168,6 +177,14 @@ class Config:
         for key in ("guble_auth", "ivy_auth"):
             if getattr(self, key) not in ("", "off", "token"):
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (auth.mode), off or token")
+        parse_listen(self.mist_tcp_listen, "mist.tcp_listen")
+        try:
+            if canonical(self.mist_channel, self.limits.max_channel_bytes) != self.mist_channel:
+                raise BadChannel("not canonical")
+        except BadChannel:
+            raise ConfigError("mist.channel: must be a canonical channel path such as /mist") from None
+        if self.mist_auth not in ("", "off"):
+            raise ConfigError("mist.auth: only 'off' is supported in this release")
         for key in ("guble_health_endpoint", "guble_metrics_endpoint"):
             if getattr(self, key) and not getattr(self, key).startswith("/"):
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (off) or a path from /")
@@ -243,7 +260,16 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "ivy.read_timeout_s": (("ivy_read_timeout_s",), float),
     "ivy.max_log_bytes": (("ivy_max_log_bytes",), int),
     "ivy.auth": (("ivy_auth",), str),
+    # -- mist keys --
+    "mist.enabled": (("mist_enabled",), bool),
+    "mist.tcp_listen": (("mist_tcp_listen",), str),
+    "mist.channel": (("mist_channel",), str),
+    "mist.auth": (("mist_auth",), str),
+    "mist.token": (("mist_token",), str),
 }
+
+#: Keys whose values are masked in ``repr`` and logs.
+SECRET_KEYS: frozenset[str] = frozenset({"mist.token"})
 
 
 # guble's own option names (guble.md §1). A hubbub flag or HUBBUB_* variable always wins over these.
@@ -372,6 +398,8 @@ def load_config(
     for key, raw in values.items():
         path, typ = KEYS[key]
         v = _coerce(key, typ, raw)
+        if key in SECRET_KEYS:
+            v = _Secret(v)
         if path[0] == "limits":
             limits[path[1]] = v
         elif path[0] == "retention":
