@@ -216,6 +216,7 @@ class _ReadSide:
     ) -> tuple[str, list[Row]]:
         """See :meth:`LogStore.read_rows`: one snapshot; with ``compact_text`` PostgreSQL compares the text
         columns with the first row's."""
+
         def text_rows(cur: str, rows: list[Any]) -> tuple[str, list[Row]]:
             dec = _Decoder()
             return cur, [dec.row(r) for r in rows]
