@@ -290,7 +290,7 @@ def qpubs_target(data: bytes) -> None:
             with contextlib.suppress(HubbubError):
                 pattern = topic.pattern()
                 channel = qpd.emit_channel(text.strip("*"), sep)
-                if pattern is not None and topic.kind != "tail":
+                if pattern is not None and not topic.filtered:
                     assert pattern.matches(channel) is topic.matches(qpd.topic_name(channel, sep))
     qpd.alias_topic(text)
     with contextlib.suppress(qpd.QpubsError):

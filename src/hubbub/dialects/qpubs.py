@@ -105,16 +105,25 @@ class Topic:
             return name.endswith(self.text[1:])
         return False
 
+    @property
+    def filtered(self) -> bool:
+        """Is :meth:`pattern` a superset, so that deliveries must be filtered with :meth:`matches`? For tail
+        topics, and for head topics whose separator overlaps itself (``::``, ``aa``), where a name can
+        start with H without H's last separator being a segment boundary of the name."""
+        if self.kind == "tail":
+            return True
+        return self.kind == "head" and self.text[:-1].split(self.separator)[-1] != ""
+
     def pattern(self, max_bytes: int = MAX_CHANNEL_BYTES) -> Pattern | None:
-        """The native pattern to subscribe in the core: exactly the matching channels for exact and head
-        topics; every channel (``/**``) for a tail topic, to be filtered with :meth:`matches`; ``None`` for a
-        topic that never matches."""
+        """The native pattern to subscribe in the core: exactly the matching channels unless
+        :attr:`filtered`, where it is a superset (every channel for a tail topic); ``None`` for a topic that
+        never matches."""
         sep = self.separator
         if self.kind == "exact":
             return parse_pattern(_literal(from_separated(self.text, sep, max_bytes)), max_bytes)
         if self.kind == "head":
             # H ends with the separator: names starting with H are the channels with H's segments (less the
-            # empty one after its last separator) and at least one segment more.
+            # one after its last separator, empty unless the separator overlaps itself) and one more at least.
             segs = self.text[:-1].split(sep)[:-1]
             return parse_pattern("/" + "".join(_lit(s) + "/" for s in segs) + "*/**", max_bytes)
         if self.kind == "tail":
