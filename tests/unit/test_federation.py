@@ -95,6 +95,11 @@ def test_minimal_cover_examples() -> None:
     got = minimal_cover(parse_pattern(t) for t in ["/a/b", "/a/**", "/c/*", "/c/d", "/a/*/x", "/c/*"])
     assert [p.text for p in got] == ["/a/**", "/c/*"]
     assert [p.text for p in minimal_cover([parse_pattern("/**"), parse_pattern("/x")])] == ["/**"]
+    # Found by the property test: every channel has a first segment, so these two are the same set.
+    assert covers(parse_pattern("/*/**"), parse_pattern("/**")) and covers(
+        parse_pattern("/**"), parse_pattern("/*/**")
+    )
+    assert [p.text for p in minimal_cover([parse_pattern("/*/**"), parse_pattern("/**")])] == ["/**"]
 
 
 # -- recovery ------------------------------------------------------------------------------------------------

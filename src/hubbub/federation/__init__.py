@@ -143,7 +143,9 @@ def covers(q: Pattern, p: Pattern) -> bool:
     if q.subtree:
         # q = Q/**: p must stay under Q. A subtree p may match channels as short as its own parts.
         if len(pp) < len(qp):
-            return False
+            # Every channel has a segment (the root is [""]), so /** matches what /*/** does; any other
+            # shorter p matches channels too short for q.
+            return p.subtree and not pp and qp == (None,)
     elif p.subtree or len(pp) != len(qp):
         return False
     return all(a is None or (b is not None and a == b) for a, b in zip(qp, pp, strict=False))
