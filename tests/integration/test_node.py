@@ -15,6 +15,7 @@ import pytest
 
 from hubbub.channels import parse_pattern
 from hubbub.core import Node, NodeSettings, ReplayPlan, ReplaySpec, Session
+from hubbub.core.session import Overflow
 from hubbub.errors import HubbubError, LimitExceeded, SubscriptionError
 from hubbub.events import Event, Position, Publisher
 from hubbub.log import open_store
@@ -462,5 +463,43 @@ def test_burst_fan_out_keeps_order_ids_echo_filters_and_overflow(run: Run) -> No
         assert await drain(both) == want(both, lambda ch: ("x", "y") if ch == "/r/a" else ("x",))
         assert slow.kicked == 4302 and await drain(slow) == []
         assert node.deliveries["native"] == 2 + 6 + 6 + 3  # the slow one took 3 before its kick
+
+    run(body)
+
+
+def test_a_catch_up_in_one_run_keeps_the_next_runs_of_the_batch_away(run: Run) -> None:
+    """A commit batch fans out run after run. When a run overflows a CATCH_UP session and its catch-up
+    unsubscribes it (as guble's does, to replay from the log everything it dropped and all that follows), the
+    later runs of the same batch, matched before that, must not reach it: it would get them twice."""
+
+    async def body(node: Node) -> None:
+        catching = Session("guble", Enc(), max_items=3, max_bytes=1 << 24, overflow=Overflow.CATCH_UP)
+        node.attach(catching)
+        switched: list[int] = []
+
+        def on_catch_up() -> None:
+            switched.append(catching.stats.dropped)
+            node.unsubscribe(catching, "c")
+
+        catching.on_catch_up = on_catch_up
+        other = session(node)
+        await sub(node, catching, "c", "/r")
+        await sub(node, other, "o", "/r")
+        a, b = session(node), session(node)
+        done: list[Any] = []
+        all_done = asyncio.Event()
+
+        def on_done(r: Any) -> None:
+            done.append(r)
+            if len(done) == 10:
+                all_done.set()
+
+        # One tick: two runs (one per origin) commit together.
+        for i in range(10):
+            node.submit(req("/r", str(i)), a if i < 5 else b, on_done)
+        await asyncio.wait_for(all_done.wait(), 10)
+        assert switched == [3]
+        assert await drain(catching) == []  # everything from the overflow on is the catch-up's to replay
+        assert [p for *_, p in await drain(other)] == [str(i) for i in range(10)]
 
     run(body)
