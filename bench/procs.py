@@ -204,6 +204,8 @@ def _hubbub(extra: list[str], data_dir: str | None = None) -> Server:
     srv.specs = {
         "hubbub": Spec("hubbub", ports["native"], ports["http"]),
         "hubbub-ws": Spec("hubbub-ws", ports["native"], ports["http"]),
+        "hubbub-json": Spec("hubbub-json", ports["native"], ports["http"]),
+        "hubbub-wsjson": Spec("hubbub-wsjson", ports["native"], ports["http"]),
     }
     return srv
 

@@ -34,9 +34,25 @@ __all__ = [
 HOST = "127.0.0.1"
 
 #: Kinds: ``hubbub`` (native TCP, msgpack, batch:true), ``hubbub-ws`` (WebSocket msgpack, one frame per
-#: message), ``nats``, ``js`` (NATS JetStream), ``mqtt0``/``mqtt1`` (Mosquitto QoS 0/1), ``redis`` (pub/sub),
-#: ``xredis`` (Redis streams).
-KINDS = ("hubbub", "hubbub-ws", "nats", "js", "mqtt0", "mqtt1", "redis", "xredis")
+#: message), ``hubbub-json`` (native TCP, JSON lines, batch:true), ``hubbub-wsjson`` (WebSocket JSON text
+#: frames, one frame per message: what a browser speaks), ``nats``, ``js`` (NATS JetStream),
+#: ``mqtt0``/``mqtt1`` (Mosquitto QoS 0/1), ``redis`` (pub/sub), ``xredis`` (Redis streams).
+KINDS = (
+    "hubbub",
+    "hubbub-ws",
+    "hubbub-json",
+    "hubbub-wsjson",
+    "nats",
+    "js",
+    "mqtt0",
+    "mqtt1",
+    "redis",
+    "xredis",
+)
+
+#: The hubbub kinds that speak JSON, and those that run over WebSocket.
+JSON_KINDS = ("hubbub-json", "hubbub-wsjson")
+WS_KINDS = ("hubbub-ws", "hubbub-wsjson")
 
 
 @dataclass(frozen=True)
@@ -91,44 +107,68 @@ def _hub_frame(obj: object) -> bytes:
     return struct.pack(">I", len(body)) + body
 
 
-def _ws_frame(body: bytes) -> bytes:
+def _ws_frame(body: bytes, text: bool = False) -> bytes:
     # Client frames must be masked; an all-zero mask key leaves the payload unchanged (RFC 6455 §5.3).
     n = len(body)
+    op = 0x81 if text else 0x82
     if n < 126:
-        head = bytes([0x82, 0x80 | n])
+        head = bytes([op, 0x80 | n])
     elif n < 1 << 16:
-        head = bytes([0x82, 0x80 | 126]) + struct.pack(">H", n)
+        head = bytes([op, 0x80 | 126]) + struct.pack(">H", n)
     else:
-        head = bytes([0x82, 0x80 | 127]) + struct.pack(">Q", n)
+        head = bytes([op, 0x80 | 127]) + struct.pack(">Q", n)
     return head + b"\x00\x00\x00\x00" + body
 
 
+def _js(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+#: Once per reply frame and once per event (live or replayed) the server sends, in each encoding.
+_MP_REPLY, _MP_EVENT = b"\xa2op\xa5reply", b"\xa2op\xa5event"
+_JS_REPLY, _JS_EVENT = b'"op":"reply"', b'"op":"event"'
+
+
+def _reply_marker(kind: str) -> bytes:
+    return _JS_REPLY if kind in JSON_KINDS else _MP_REPLY
+
+
 def _hub_open(spec: Spec, batch: bool) -> Conn:
-    if spec.kind == "hubbub-ws":
+    reply = _reply_marker(spec.kind)
+    hello: dict[str, object] = {"op": "hello", "id": 1, "v": 1}
+    if spec.kind in WS_KINDS:
+        proto = "hubbub.v1.json" if spec.kind in JSON_KINDS else "hubbub.v1.msgpack"
         s = _connect(spec.http_port)
         key = base64.b64encode(os.urandom(16)).decode()
         s.sendall(
             (
                 f"GET /ws/hubbub HTTP/1.1\r\nHost: {HOST}:{spec.http_port}\r\nUpgrade: websocket\r\n"
                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-                "Sec-WebSocket-Protocol: hubbub.v1.msgpack\r\n\r\n"
+                f"Sec-WebSocket-Protocol: {proto}\r\n\r\n"
             ).encode()
         )
         buf = _read_until(s, b"\r\n\r\n")
         if not buf.startswith(b"HTTP/1.1 101"):
             raise ConnectionError(f"websocket upgrade refused: {buf[:200]!r}")
         rest = buf.split(b"\r\n\r\n", 1)[1]
-        s.sendall(_ws_frame(_mp({"op": "hello", "id": 1, "v": 1, "batch": False})))
-        rest = _read_until(s, b"\xa5reply", rest)
-        return Conn(s, rest.split(b"\xa5reply", 1)[1])
+        s.sendall(_hub_send_obj(spec, {**hello, "batch": False}))
+        rest = _read_until(s, reply, rest)
+        return Conn(s, rest.split(reply, 1)[1])
     s = _connect(spec.port)
-    s.sendall(_hub_frame({"op": "hello", "id": 1, "v": 1, "batch": batch}))
-    buf = _read_until(s, b"\xa5reply")
-    return Conn(s, b"")
+    s.sendall(_hub_send_obj(spec, {**hello, "batch": batch}))
+    buf = _read_until(s, reply)
+    return Conn(s, buf.split(reply, 1)[1])
 
 
 def _hub_send_obj(spec: Spec, obj: object) -> bytes:
-    return _ws_frame(_mp(obj)) if spec.kind == "hubbub-ws" else _hub_frame(obj)
+    k = spec.kind
+    if k == "hubbub-ws":
+        return _ws_frame(_mp(obj))
+    if k == "hubbub-wsjson":
+        return _ws_frame(_js(obj), text=True)
+    if k == "hubbub-json":
+        return _js(obj) + b"\n"
+    return _hub_frame(obj)
 
 
 # -- NATS ------------------------------------------------------------------------------------------------
@@ -258,8 +298,9 @@ def _open_sub(spec: Spec, subject: str, replay_last: int = 0) -> Conn:
         if replay_last:
             req["last"] = replay_last
         c.sock.sendall(_hub_send_obj(spec, req))
-        buf = _read_until(c.sock, b"\xa5reply", c.rest)
-        return Conn(c.sock, buf.split(b"\xa5reply", 1)[1])
+        reply = _reply_marker(k)
+        buf = _read_until(c.sock, reply, c.rest)
+        return Conn(c.sock, buf.split(reply, 1)[1])
     if k == "nats":
         c = _nats_open(spec)
         c.sock.sendall(b"SUB %s 1\r\nPING\r\n" % subject.encode())
@@ -298,10 +339,13 @@ def pub_frames(spec: Spec, subject: str, payload: bytes, n: int, ack: bool) -> b
     """``n`` publishes of ``payload`` to ``subject``, concatenated, ready for one ``sendall``."""
     k = spec.kind
     if k.startswith("hubbub"):
-        one = _hub_send_obj(
-            spec, {"op": "publish", "id": 3, "channel": subject, "payload": payload, "ack": ack}
-        )
-        return one * n
+        # JSON carries the payload as ``text`` (the bench payloads are ASCII), msgpack as ``payload`` (bin).
+        body: dict[str, object] = {"op": "publish", "id": 3, "channel": subject, "ack": ack}
+        if k in JSON_KINDS:
+            body["text"] = payload.decode()
+        else:
+            body["payload"] = payload
+        return _hub_send_obj(spec, body) * n
     if k == "nats":
         return (b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload)) * n
     if k == "js":
@@ -324,7 +368,7 @@ def pub_frames(spec: Spec, subject: str, payload: bytes, n: int, ack: bool) -> b
 def deliver_marker(spec: Spec, subject: str) -> bytes:
     k = spec.kind
     if k.startswith("hubbub"):
-        return b"\xa2op\xa5event"
+        return _JS_EVENT if k in JSON_KINDS else _MP_EVENT
     if k == "nats":
         return b"MSG " + subject.encode() + b" "
     if k == "js":
@@ -340,7 +384,7 @@ def ack_marker(spec: Spec) -> bytes:
     """Once per acknowledged publish (for kinds without acks: once per reply the server sends, or b"")."""
     k = spec.kind
     if k.startswith("hubbub"):
-        return b"\xa2op\xa5reply"
+        return _reply_marker(k)
     if k == "js":
         return b"MSG _I.a"
     if k == "mqtt1":

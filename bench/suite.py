@@ -30,6 +30,7 @@ if str(HERE.parent / "src") not in sys.path:
     sys.path.insert(0, str(HERE.parent / "src"))
 
 from procs import PACKAGES, Server, available, install_peers, raise_nofile, start  # noqa: E402
+from proto import WS_KINDS  # noqa: E402
 from scenarios import Result, idle_memory, latency, replay, throughput  # noqa: E402
 
 __all__ = ["main"]
@@ -136,7 +137,9 @@ class Suite:
     def pubsub(self) -> None:
         """1→1, 1→100, 100→1 and latency on the non-persistent paths."""
         p = self.plan
-        groups: list[tuple[str, tuple[str, ...]]] = [("hubbub", ("hubbub", "hubbub-ws"))]
+        groups: list[tuple[str, tuple[str, ...]]] = [
+            ("hubbub", ("hubbub", "hubbub-ws", "hubbub-json", "hubbub-wsjson"))
+        ]
         if p.peers:
             groups += [("nats", ("nats",)), ("mosquitto", ("mqtt0",)), ("redis", ("redis",))]
         fan = 10 if p.quick else 100
@@ -149,7 +152,7 @@ class Suite:
                     spec = srv.specs[kind]
                     for size in SIZES:
                         tag = f"{size}B"
-                        if "1to1" in p.scenarios and kind != "hubbub-ws":
+                        if "1to1" in p.scenarios and kind not in WS_KINDS:
                             self.record(
                                 f"1to1/{tag}",
                                 kind,
@@ -181,7 +184,7 @@ class Suite:
                                     duration=p.duration,
                                 ),
                             )
-                        if "100to1" in p.scenarios and kind != "hubbub-ws":
+                        if "100to1" in p.scenarios and kind not in WS_KINDS:
                             self.record(
                                 f"{fan}to1/{tag}",
                                 kind,
@@ -211,6 +214,9 @@ class Suite:
         p = self.plan
         for mode in MODES:
             groups: list[tuple[str, str]] = [(f"hubbub-{mode}", "hubbub")]
+            if mode == "commit":
+                # The JSON path (what browsers speak) beside msgpack, over TCP JSON lines and WebSocket text.
+                groups += [(f"hubbub-{mode}", "hubbub-json"), (f"hubbub-{mode}", "hubbub-wsjson")]
             if p.peers:
                 groups += [("js", "js"), ("mosquitto", "mqtt1"), (f"redis-aof-{mode}", "xredis")]
             for target, kind in groups:
@@ -341,13 +347,33 @@ def _prefill_peer(srv: Server, kind: str, name: str, total: int, size: int) -> N
 # -- machine and report --------------------------------------------------------------------------------------
 
 
+def cpu_model(cpuinfo: str) -> str:
+    """The first CPU of ``/proc/cpuinfo`` named as precisely as it says: a virtual machine often reports only
+    "Intel(R) Xeon(R) Processor", so the family, model and stepping numbers and the clock go beside the name
+    (they tell one generation from another; ratios against other servers differ between them)."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        k, _, v = line.partition(":")
+        fields.setdefault(k.strip(), v.strip())
+    name = fields.get("model name", "unknown")
+    ids = [
+        f"{k} {fields[f]}"
+        for k, f in (("family", "cpu family"), ("model", "model"), ("stepping", "stepping"))
+        if f in fields
+    ]
+    if "cpu MHz" in fields:
+        ids.append(f"{float(fields['cpu MHz']):.0f} MHz")
+    return f"{name} ({', '.join(ids)})" if ids else name
+
+
 def machine() -> dict[str, str]:
     cpu = "unknown"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpu = cpu_model(Path("/proc/cpuinfo").read_text())
         mem_kb = next(
             int(x.split()[1])
             for x in Path("/proc/meminfo").read_text().splitlines()

@@ -51,7 +51,20 @@ _HELP = {
     "log.retention.max_events": "keep at most this many events per channel (0: unlimited)",
     "log.retention.max_bytes": "keep at most this many bytes per channel (0: unlimited)",
     "log.retention.max_total_bytes": "size cap for the whole log; oldest events go first (0: unlimited)",
-    "auth.mode": "off (everyone may publish and subscribe)",
+    "auth.mode": "off (everyone may publish and subscribe) or token (docs/security.md)",
+    "auth.tokens": "static tokens, JSON: {TOKEN: {user, publish: [patterns], subscribe: [patterns], admin}}",
+    "auth.jwt_keys": "JSON list of JWT keys: HS256 secrets, RS256 public keys (PEM), or file:PATH",
+    "auth.jwks_file": "a JSON Web Key Set file of JWT keys (RSA and oct, by kid); reloaded on SIGHUP",
+    "auth.jwt_leeway_s": "clock-skew allowance for the exp and nbf claims, in seconds",
+    "auth.jwt_audience": "when set, JWTs must carry this aud",
+    "auth.jwt_issuer": "when set, JWTs must carry this iss",
+    "tls.cert": "PEM certificate chain: serve HTTP/WebSocket and native TCP over TLS (reloaded on SIGHUP)",
+    "tls.key": "PEM private key of tls.cert",
+    "limits.publish_rate": "publishes per second per connection (token bucket; 0: unlimited)",
+    "limits.publish_burst": "publishes a connection may send at once above the rate (0: one second's worth)",
+    "limits.max_connections": "open connections and in-flight HTTP requests in all (0: unlimited)",
+    "limits.max_connections_per_ip": "the same per client address (0: unlimited)",
+    "ivy.auth": "auth for the ivy routes; empty means auth.mode",
     "cors_origin": "CORS for browsers on other origins: *, an origin, a JSON list of origins, or empty (off)",
     "ivy.enabled": "serve the ivy dialect: WebSocket /ws and the log at /events/ and /log/ (true/false)",
     "ivy.large_event_bytes": "ivy events with a payload this large or larger are announced in short form",
@@ -141,7 +154,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     setup_logging(cfg.log_level, cfg.log_format)
     try:
-        run(cfg)
+        run(cfg, lambda: load_config(cli, config_file=args.config))
     except OSError as exc:
         print(f"hubbub serve: {exc}", file=sys.stderr)
         return 1

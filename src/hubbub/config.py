@@ -15,12 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from hubbub.channels import canonical
+from hubbub.errors import BadChannel
+
 __all__ = [
     "DURABILITY_MODES",
     "Config",
     "ConfigError",
     "Limits",
     "Retention",
+    "SecretMap",
     "env_name",
     "flag_name",
     "load_config",
@@ -46,6 +50,15 @@ class Limits:
     max_subscriptions: int = 1024
     send_queue: int = 1024
     send_queue_bytes: int = 16 << 20
+    # The limits below are off at 0 (unlimited): docs/security.md gives values for an exposed server.
+    publish_rate: int = 0
+    publish_burst: int = 0
+    max_connections: int = 0
+    max_connections_per_ip: int = 0
+
+
+#: Limits for which 0 means "unlimited" (every other limit must be positive).
+UNLIMITED_AT_ZERO = frozenset({"publish_rate", "publish_burst", "max_connections", "max_connections_per_ip"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +72,17 @@ class Retention:
 class _Secret(str):
     """A string whose repr never shows its value."""
 
+    __slots__ = ()
+
     def __repr__(self) -> str:
         return "'***'" if self else "''"
+
+
+class SecretMap(dict[str, Any]):
+    """A mapping whose keys are secrets (``auth.tokens``): its repr shows only how many entries it has."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} secret entries>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +95,21 @@ class Config:
     native_tcp_listen: str = "127.0.0.1:7400"
     native_enabled: bool = True
     native_ping_interval_s: float = 25.0
-    native_idempotency_window_s: int = 600
+    native_idempotency_window_s: float = 600.0
     native_max_recovery: int = 10000
     limits: Limits = field(default_factory=Limits)
     retention: Retention = field(default_factory=Retention)
     auth_mode: str = "off"
+    #: ``auth.tokens``: token -> {"user", "publish", "subscribe", "admin"} (README §6); masked in repr.
+    auth_tokens: SecretMap = field(default_factory=SecretMap)
+    #: ``auth.jwt_keys``: HS256 secrets, RS256 public keys (PEM) or ``file:<path>``; masked in repr.
+    auth_jwt_keys: tuple[str, ...] = ()
+    auth_jwks_file: str = ""
+    auth_jwt_leeway_s: float = 30.0
+    auth_jwt_audience: str = ""
+    auth_jwt_issuer: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
     cors_origin: str = ""
     log_level: str = "info"
     log_format: str = "text"
@@ -95,6 +127,17 @@ class Config:
     ivy_ping_interval_s: float = 54.0
     ivy_read_timeout_s: float = 60.0
     ivy_max_log_bytes: int = 64 << 20
+    ivy_auth: str = ""  # "" means auth.mode
+    # -- mist (protocols/mist.md §1; limits are the shared limits.*) --
+    mist_enabled: bool = True
+    mist_tcp_listen: str = "127.0.0.1:1445"
+    mist_channel: str = "/mist"
+    mist_auth: str = ""  # "" means auth.mode
+    mist_token: str = field(default_factory=lambda: _Secret(""))  # an extra master token (upstream --token)
+
+    def dialect_auth(self, dialect: str) -> str:
+        """The auth mode of one dialect: its ``<dialect>.auth`` when set, else ``auth.mode``."""
+        return str(getattr(self, f"{dialect}_auth", "") or self.auth_mode)
 
     def validate(self) -> Config:
         if self.durability not in DURABILITY_MODES:
@@ -103,18 +146,25 @@ class Config:
             raise ConfigError("log_format: must be text or json")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError("log_level: must be debug, info, warning or error")
-        if self.auth_mode != "off":
-            raise ConfigError("auth.mode: only 'off' is supported in this release")
+        if self.auth_mode not in ("off", "token"):
+            raise ConfigError("auth.mode: must be off or token")
+        if self.auth_jwt_leeway_s < 0:
+            raise ConfigError("auth.jwt_leeway_s: must not be negative")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls.cert and tls.key: give both or neither")
         for key in ("http_listen", "native_tcp_listen"):
             parse_listen(getattr(self, key), key)
         for f in fields(Limits):
-            if getattr(self.limits, f.name) <= 0:
+            v = getattr(self.limits, f.name)
+            if v < 0 or (v == 0 and f.name not in UNLIMITED_AT_ZERO):
                 raise ConfigError(f"limits.{f.name}: must be positive")
         for f in fields(Retention):
             if getattr(self.retention, f.name) < 0:
                 raise ConfigError(f"log.retention.{f.name}: must be 0 (unlimited) or positive")
         if self.native_ping_interval_s <= 0:
             raise ConfigError("native.ping_interval_s: must be positive")
+        if self.native_idempotency_window_s < 0:
+            raise ConfigError("native.idempotency_window_s: must be 0 (off) or positive")
         parse_cors_origin(self.cors_origin)
         for key in (
             "ivy_large_event_bytes",
@@ -124,8 +174,17 @@ class Config:
         ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be positive")
-        if self.guble_auth not in ("", "off"):
-            raise ConfigError("guble.auth: only 'off' is supported in this release")
+        for key in ("guble_auth", "ivy_auth"):
+            if getattr(self, key) not in ("", "off", "token"):
+                raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (auth.mode), off or token")
+        parse_listen(self.mist_tcp_listen, "mist.tcp_listen")
+        try:
+            if canonical(self.mist_channel, self.limits.max_channel_bytes) != self.mist_channel:
+                raise BadChannel("not canonical")
+        except BadChannel:
+            raise ConfigError("mist.channel: must be a canonical channel path such as /mist") from None
+        if self.mist_auth not in ("", "off"):
+            raise ConfigError("mist.auth: only 'off' is supported in this release")
         for key in ("guble_health_endpoint", "guble_metrics_endpoint"):
             if getattr(self, key) and not getattr(self, key).startswith("/"):
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (off) or a path from /")
@@ -172,11 +231,19 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "native.tcp_listen": (("native_tcp_listen",), str),
     "native.enabled": (("native_enabled",), bool),
     "native.ping_interval_s": (("native_ping_interval_s",), float),
-    "native.idempotency_window_s": (("native_idempotency_window_s",), int),
+    "native.idempotency_window_s": (("native_idempotency_window_s",), float),
     "native.max_recovery": (("native_max_recovery",), int),
     **{f"limits.{f.name}": (("limits", f.name), int) for f in fields(Limits)},
     **{f"log.retention.{f.name}": (("retention", f.name), int) for f in fields(Retention)},
     "auth.mode": (("auth_mode",), str),
+    "auth.tokens": (("auth_tokens",), dict),
+    "auth.jwt_keys": (("auth_jwt_keys",), tuple),
+    "auth.jwks_file": (("auth_jwks_file",), str),
+    "auth.jwt_leeway_s": (("auth_jwt_leeway_s",), float),
+    "auth.jwt_audience": (("auth_jwt_audience",), str),
+    "auth.jwt_issuer": (("auth_jwt_issuer",), str),
+    "tls.cert": (("tls_cert",), str),
+    "tls.key": (("tls_key",), str),
     "cors_origin": (("cors_origin",), str),
     "log_level": (("log_level",), str),
     "log_format": (("log_format",), str),
@@ -192,7 +259,17 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "ivy.ping_interval_s": (("ivy_ping_interval_s",), float),
     "ivy.read_timeout_s": (("ivy_read_timeout_s",), float),
     "ivy.max_log_bytes": (("ivy_max_log_bytes",), int),
+    "ivy.auth": (("ivy_auth",), str),
+    # -- mist keys --
+    "mist.enabled": (("mist_enabled",), bool),
+    "mist.tcp_listen": (("mist_tcp_listen",), str),
+    "mist.channel": (("mist_channel",), str),
+    "mist.auth": (("mist_auth",), str),
+    "mist.token": (("mist_token",), str),
 }
+
+#: Keys whose values are masked in ``repr`` and logs.
+SECRET_KEYS: frozenset[str] = frozenset({"mist.token"})
 
 
 # guble's own option names (guble.md §1). A hubbub flag or HUBBUB_* variable always wins over these.
@@ -235,8 +312,14 @@ def env_name(key: str) -> str:
 
 
 def _coerce(key: str, typ: type, value: Any) -> Any:
+    if typ is dict or typ is tuple:
+        return _coerce_json(key, typ, value)
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
     if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
         return value
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # TOML's 600 for a float key
     if not isinstance(value, str):
         raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}")
     try:
@@ -251,6 +334,23 @@ def _coerce(key: str, typ: type, value: Any) -> Any:
     except ValueError:
         raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}") from None
     return value
+
+
+def _coerce_json(key: str, typ: type, value: Any) -> Any:
+    """A map (``dict``) or list (``tuple``) key: a TOML table or array, or JSON text (flags, environment,
+    README §2). Maps become a :class:`SecretMap`, lists a tuple of masked strings."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ConfigError(f"{key}: not valid JSON") from None
+    if typ is dict:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{key}: expected a JSON object")
+        return SecretMap(value)
+    if not isinstance(value, list | tuple) or not all(isinstance(x, str) for x in value):
+        raise ConfigError(f"{key}: expected a JSON list of strings")
+    return tuple(_Secret(x) for x in value)
 
 
 def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -298,6 +398,8 @@ def load_config(
     for key, raw in values.items():
         path, typ = KEYS[key]
         v = _coerce(key, typ, raw)
+        if key in SECRET_KEYS:
+            v = _Secret(v)
         if path[0] == "limits":
             limits[path[1]] = v
         elif path[0] == "retention":

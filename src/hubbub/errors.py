@@ -10,10 +10,20 @@
     │   ├── UnknownOp               unknown command                                        (4002)
     │   └── BadChannel              invalid channel or pattern, or over the limit          (4004)
     ├── LimitExceeded               too many subscriptions, tags or headers                (4007)
+    │   ├── RateLimited             publishes over the connection's rate and burst         (4008)
+    │   └── TooManyConnections      over limits.max_connections(_per_ip)                   (4009)
     ├── AuthError                   authentication and permission                        (4100-4103)
     ├── SubscriptionError           already / not subscribed, recovery too large          (4200-4203)
+    ├── EpochMismatch               a request names an epoch it cannot act on; ``head``    (4202)
+    ├── TrimError                   ``LogStore.trim`` cannot do what it was asked
+    │   ├── TrimOutOfRange          seq negative or beyond the epoch's top                 (4001)
+    │   └── TrimEpochGone           the epoch is neither the current one nor a retired one (4202)
+    │                               holding events (also an ``EpochMismatch``)
     ├── StorageError                the log cannot commit or read                          (4301)
-    └── ShuttingDown                the node is stopping                                   (4303)
+    ├── ShuttingDown                the node is stopping                                   (4303)
+    └── PipelineError               a data pipeline failure, its message fit for the user  (4300)
+        ├── EpochChanged            a read's channel was reset under it (a new epoch)
+        └── DataLossError           a stream found a channel reset or trimmed past its offset
 
 Codes 4000-4399 are the native protocol's (native.md §7) and double as WebSocket close codes. Dialects map
 them to their own error replies. ``message`` is always the fixed public text for the code: it never carries
@@ -22,19 +32,30 @@ internals (tracebacks, paths, SQL). Optional ``detail`` is a short, safe explana
 
 from __future__ import annotations
 
+from typing import Protocol
+
 __all__ = [
     "CODES",
     "AuthError",
     "BadChannel",
     "BadFrame",
     "BadRequest",
+    "DataLossError",
+    "EpochChanged",
+    "EpochMismatch",
     "FrameTooLarge",
     "HubbubError",
     "LimitExceeded",
+    "PipelineError",
     "ProtocolError",
+    "RateLimited",
     "ShuttingDown",
     "StorageError",
     "SubscriptionError",
+    "TooManyConnections",
+    "TrimEpochGone",
+    "TrimError",
+    "TrimOutOfRange",
     "UnknownOp",
     "http_status",
     "is_fatal",
@@ -51,6 +72,8 @@ CODES: dict[int, tuple[str, bool, bool, int]] = {
     4005: ("hello_required", False, True, 0),
     4006: ("unsupported_version", False, True, 0),
     4007: ("too_many_subscriptions", False, False, 400),
+    4008: ("rate_limited", True, False, 429),
+    4009: ("too_many_connections", True, True, 503),
     4100: ("auth_required", False, True, 401),
     4101: ("bad_token", False, True, 401),
     4102: ("forbidden", False, False, 403),
@@ -134,6 +157,14 @@ class LimitExceeded(HubbubError):
     code = 4007
 
 
+class RateLimited(LimitExceeded):
+    code = 4008
+
+
+class TooManyConnections(LimitExceeded):
+    code = 4009
+
+
 class AuthError(HubbubError):
     code = 4101
 
@@ -148,3 +179,73 @@ class StorageError(HubbubError):
 
 class ShuttingDown(HubbubError):
     code = 4303
+
+
+class Head(Protocol):
+    """A channel's position as errors carry it (``hubbub.log.ChannelInfo`` is one)."""
+
+    @property
+    def channel(self) -> str: ...
+
+    @property
+    def epoch(self) -> str: ...
+
+    @property
+    def top(self) -> int: ...
+
+
+class EpochMismatch(HubbubError):
+    """A request named an epoch it cannot act on: not the channel's current one (or, for a trim, neither the
+    current one nor a retired one holding events); ``head`` is the channel's current position (epoch ``""``
+    for a channel that never had an event). HTTP answers 409 with that position."""
+
+    code = 4202
+
+    def __init__(self, head: Head, detail: str = "") -> None:
+        super().__init__(detail or f"the channel's epoch is {head.epoch!r}")
+        self.head = head
+
+
+class TrimError(HubbubError):
+    """``LogStore.trim`` cannot do what it was asked (the log is unchanged)."""
+
+    code = 4001
+
+
+class TrimOutOfRange(TrimError):
+    """The seq to trim up to is negative or beyond the top of the epoch named (``top``; 0 for a channel that
+    never had an event). A caller's error: HTTP answers 400."""
+
+    code = 4001
+
+    def __init__(self, seq: int, top: int) -> None:
+        super().__init__(f"cannot trim to seq {seq}: must be between 0 and the top ({top})")
+        self.seq = seq
+        self.top = top
+
+
+class TrimEpochGone(TrimError, EpochMismatch):
+    """The epoch named is neither the channel's current one nor a retired one still holding events: never
+    used, or a retired epoch gone with its last event (nothing can be added to it again). ``head`` is the
+    channel's current position; HTTP answers 409 with it."""
+
+    code = 4202
+
+    def __init__(self, head: Head, epoch: str) -> None:
+        EpochMismatch.__init__(self, head, f"the channel has no epoch {epoch!r} holding events")
+        self.epoch = epoch
+
+
+class PipelineError(HubbubError):
+    """A data pipeline failure (``hubbub.pipeline``) with a message fit for the user; ``str()`` is that
+    message."""
+
+    code = 4300
+
+
+class EpochChanged(PipelineError):
+    """The channel's epoch is not the one the read was planned for (it was reset)."""
+
+
+class DataLossError(PipelineError):
+    """A streaming read found a channel reset (new epoch) or trimmed past its offset."""

@@ -13,13 +13,17 @@ import functools
 import gc
 import logging
 import signal
+import ssl
+from collections.abc import Callable
 from typing import Any, Final
 
 from aiohttp import web
 
 from hubbub import __version__
-from hubbub.config import Config, parse_cors_origin, parse_listen
+from hubbub.auth import Authenticator, TokenAuthorizer, load_keys, parse_static_tokens
+from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import Node, NodeSettings
+from hubbub.core.limits import LimitSettings
 from hubbub.dialects import native as nc
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
@@ -28,7 +32,8 @@ from hubbub.transports.guble import install as install_guble
 from hubbub.transports.http import HttpSettings, NativeHttp, RouteInstaller, build_app
 from hubbub.transports.ivy import IvySettings, ivy_installer
 from hubbub.transports.native import SHUTDOWN_CODE, NativeConnection, NativeEncoder
-from hubbub.transports.tcp import serve_native_tcp
+from hubbub.transports.tcp import peer_ip, serve_native_tcp
+from hubbub.transports.tls import reload_context, server_context
 
 __all__ = ["GC_THRESHOLDS", "Server", "run", "tune_gc"]
 
@@ -38,8 +43,11 @@ log = logging.getLogger("hubbub.server")
 class Server:
     """One hubbub node with all its listeners. See the module docstring."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, reload_config: Callable[[], Config] | None = None) -> None:
         self.config = config
+        #: Re-reads the configuration on :meth:`reload` (the CLI's flags, environment and file).
+        self._reload_config = reload_config
+        self._ssl: ssl.SSLContext | None = None
         self.ports: dict[str, int] = {}
         self.node: Node | None = None
         self._runner: web.AppRunner | None = None
@@ -80,7 +88,20 @@ class Server:
             commit_batch=cfg.commit_batch,
             retention=retention,
         )
-        self.node = node = Node(store, settings, new_epochs=cfg.durability == "none")
+        lim_settings = LimitSettings(
+            lim.publish_rate, lim.publish_burst, lim.max_connections, lim.max_connections_per_ip
+        )
+        token = cfg.auth_mode == "token"
+        self.node = node = Node(
+            store,
+            settings,
+            TokenAuthorizer() if token else None,
+            new_epochs=cfg.durability == "none",
+            authenticator=build_authenticator(cfg) if token else None,
+            limits=lim_settings,
+        )
+        if cfg.tls_cert:
+            self._ssl = server_context(cfg.tls_cert, cfg.tls_key)
         await node.__aenter__()
         codec_limits = {
             "max_channel_bytes": lim.max_channel_bytes,
@@ -98,6 +119,7 @@ class Server:
             ping_interval=cfg.native_ping_interval_s,
             codec_limits=codec_limits,
             cors_origins=parse_cors_origin(cfg.cors_origin),
+            locked_routes=_locked_routes(cfg),
         )
         installers: list[RouteInstaller] = []
         if cfg.ivy_enabled:
@@ -120,7 +142,7 @@ class Server:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
         await self._runner.setup()
         host, port = parse_listen(cfg.http_listen, "http.listen")
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        site = web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=self._ssl)
         await site.start()
         self.ports["http"] = _bound_port(site)
         log.info("listening", extra={"listener": "http", "address": f"{host}:{self.ports['http']}"})
@@ -160,13 +182,23 @@ class Server:
                     ping_interval=cfg.native_ping_interval_s,
                     encoder=encoder,
                 )
+                conn.peer = peer_ip(writer)
                 return conn
 
             def track(task: asyncio.Task[None]) -> None:
                 self._tcp_conns.add(task)
                 task.add_done_callback(self._tcp_conns.discard)
 
-            self._tcp = await serve_native_tcp(host, port, make, lim.max_frame, track, codec_limits)
+            self._tcp = await serve_native_tcp(
+                host,
+                port,
+                make,
+                lim.max_frame,
+                track,
+                codec_limits,
+                ssl_context=self._ssl,
+                limiter=node.limiter,
+            )
             self.ports["native"] = self._tcp.sockets[0].getsockname()[1]
             log.info("listening", extra={"listener": "native", "address": f"{host}:{self.ports['native']}"})
         log.info(
@@ -174,6 +206,25 @@ class Server:
             __version__,
             extra={"store": store.engine, "durability": cfg.durability, "data_dir": cfg.data_dir},
         )
+
+    def reload(self) -> None:
+        """Re-read the JWT keys (``auth.jwt_keys``, ``auth.jwks_file``), the static tokens and the TLS
+        certificate (SIGHUP). Open connections keep their identity, their expiry and their TLS session. A
+        reload that fails is logged and changes nothing."""
+        node = self.node
+        if node is None:
+            return
+        try:
+            cfg = self._reload_config() if self._reload_config is not None else self.config
+            if cfg.auth_mode == "token" and node.access.authenticator is not None:
+                node.access.authenticator = build_authenticator(cfg)
+            if self._ssl is not None and cfg.tls_cert:
+                reload_context(self._ssl, cfg.tls_cert, cfg.tls_key)
+        except (ConfigError, ValueError, OSError, ssl.SSLError) as exc:
+            log.error("reload failed, keeping the current keys: %s", exc)
+            return
+        self.config = cfg
+        log.info("reloaded keys and certificates")
 
     async def stop(self) -> None:
         """Graceful shutdown. Idempotent."""
@@ -200,6 +251,37 @@ class Server:
             await node.close()
             self.node = None
             log.info("hubbub stopped")
+
+
+def build_authenticator(cfg: Config) -> Authenticator:
+    """The authenticator of ``auth.mode = token``: reads the key files. Raises :class:`ValueError` (naming the
+    entry, never a secret) when a token or key cannot be used."""
+    return Authenticator(
+        parse_static_tokens(cfg.auth_tokens),
+        load_keys(cfg.auth_jwt_keys, cfg.auth_jwks_file),
+        leeway=cfg.auth_jwt_leeway_s,
+        audience=cfg.auth_jwt_audience,
+        issuer=cfg.auth_jwt_issuer,
+    )
+
+
+#: HTTP routes of each dialect whose token presentation is not served yet (README §6): with its auth on
+#: they answer 401 rather than serve without checking tokens.
+_UNWIRED_ROUTES: dict[str, tuple[str, ...]] = {
+    "ivy": ("/ws", "/events/", "/log/"),
+    "guble": ("/stream/", "/api/", "/admin/"),
+}
+
+
+def _locked_routes(cfg: Config) -> tuple[str, ...]:
+    out: list[str] = []
+    for dialect, routes in _UNWIRED_ROUTES.items():
+        if getattr(cfg, f"{dialect}_enabled", False) and cfg.dialect_auth(dialect) == "token":
+            log.warning(
+                "%s does not take tokens yet: with %s.auth = token its routes answer 401", dialect, dialect
+            )
+            out += routes
+    return tuple(out)
 
 
 def _bound_port(site: web.TCPSite) -> int:
@@ -234,24 +316,27 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def _serve(config: Config) -> None:
+async def _serve(config: Config, reload_config: Callable[[], Config] | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    async with Server(config):
+    async with Server(config, reload_config) as server:
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGHUP, server.reload)
         tune_gc()
         await stop.wait()
         log.info("shutting down")
 
 
-def run(config: Config) -> None:
-    """Run a server until SIGTERM or SIGINT (the ``hubbub serve`` command)."""
+def run(config: Config, reload_config: Callable[[], Config] | None = None) -> None:
+    """Run a server until SIGTERM or SIGINT (the ``hubbub serve`` command); SIGHUP reloads keys and
+    certificates, through ``reload_config`` when given."""
     try:
         import uvloop
 
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a default dependency on POSIX
         runner = asyncio.run
-    runner(_serve(config))
+    runner(_serve(config, reload_config))

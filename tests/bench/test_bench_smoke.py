@@ -32,8 +32,15 @@ def test_quick_bench_produces_numbers(tmp_path: Path) -> None:
     assert any(f.endswith("to1") and f != "1to1" for f in families), families
     for r in rows:
         assert r["value"] is not None and r["value"] > 0, r
+    # The JSON path (TCP JSON lines and WebSocket text frames) is measured beside msgpack, acked end to end.
+    targets = {(r["scenario"].split("/")[0], r["target"]) for r in rows}
+    for kind in ("hubbub-json", "hubbub-wsjson"):
+        assert ("persist-e2e-commit", kind) in targets, targets
+        assert ("persist-ack-commit", kind) in targets, targets
+    assert ("1to1", "hubbub-json") in targets, targets
     text = out.read_text()
     assert "## Machine" in text and "| scenario |" in text
+    assert "(family " in text  # the CPU is named with its family and model numbers
     assert "results.png" in text or "chart skipped" in text
 
 
@@ -59,3 +66,16 @@ def test_installed_peers_need_no_install(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(procs, "available", lambda peer: f"/usr/sbin/{procs.BINARIES[peer]}")
     monkeypatch.setattr(procs.subprocess, "run", lambda *a, **k: pytest.fail("apt-get ran"))
     assert procs.install_peers(["nats", "mosquitto", "redis"], print) is None
+
+
+def test_cpu_model_names_a_generic_virtual_cpu_by_its_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import suite
+
+    info = (
+        "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 167\n"
+        "model name\t: Intel(R) Xeon(R) Processor\nstepping\t: 1\ncpu MHz\t\t: 2600.000\n\n"
+        "processor\t: 1\nmodel name\t: Other\n"
+    )
+    assert suite.cpu_model(info) == "Intel(R) Xeon(R) Processor (family 6, model 167, stepping 1, 2600 MHz)"
+    assert suite.cpu_model("model name\t: AMD EPYC 7B13\n") == "AMD EPYC 7B13"

@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from hubbub.dialects import guble as gc
-from hubbub.dialects import ivy
+from hubbub.dialects import ivy, mist
 from hubbub.dialects import native as nc
 from hubbub.errors import CODES, HubbubError
 
@@ -59,6 +59,9 @@ class StreamCase:
     bad_start: bytes | None = None
     #: Items as comparable values (errors by code and request id).
     normalise: Callable[[object], object] = field(default=lambda x: x)
+    #: Messages end by their own syntax (a JSON object at its closing brace), not at the framer's
+    #: separator: a partial frame is then cut inside the message itself.
+    self_delimiting: bool = False
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,186 @@ MESSAGE_CASES.append(
     )
 )
 
+# -- mist (both generations): connection state machines, adapted to the decoder shape above ----------------
+
+
+class _MistStream:
+    """A mist TCP connection as a :class:`StreamDecoder`: its outputs are the items, except that a fatal
+    error's reply and the close after it are one item, ``("error", code, None)``."""
+
+    def __init__(self, conn: mist.Mist2015Connection | mist.Mist1Connection) -> None:
+        self.conn = conn
+
+    @property
+    def failed(self) -> bool:
+        return self.conn.failed
+
+    @property
+    def buffered(self) -> int:
+        return self.conn.buffered
+
+    def feed(self, data: bytes) -> list[object]:
+        items: list[object] = []
+        for out in self.conn.receive_data(data):
+            if isinstance(out, mist.Close):
+                assert self.conn.error is not None
+                if items and isinstance(items[-1], mist.Send):
+                    items.pop()  # the error's own reply
+                items.append(("error", self.conn.error.code, None))
+            else:
+                items.append(out)
+        return items
+
+
+def _mist_ws_decoder(make: Callable[[], Any]) -> Callable[[bytes], object]:
+    """A mist WebSocket connection as a message decoder: a fresh connection per message; a fatal error
+    (over ``max_frame``) is raised, everything else is returned as the outputs."""
+
+    def decode(message: bytes) -> object:
+        conn = make()
+        out = conn.receive_frame(message)
+        if conn.failed:
+            raise conn.error
+        return out
+
+    return decode
+
+
+_MANY_TAGS = b",".join(b"t%d" % i for i in range(65))
+
+_MIST2015_LINES: list[bytes] = [
+    b"ping",
+    b"subscribe b,a",
+    b"publish a,b some data  with spaces",
+    b"pong",
+    b"",
+    b"ping extra",
+    b"publish a",
+    b"subscribe a b",
+    b"ping\r",
+    b"tags tok",
+    b"register t1,t2 tok",
+    b"set t3 tok",
+    b"unset t1 tok",
+    b"unregister tok",
+    b"subscribe " + _MANY_TAGS,
+    b"publish \xff data",
+    b"publish caf\xc3\xa9 \x00\xff\r",
+]
+
+_MIST1_JSON = [
+    b'{"command":"ping"}',
+    b'{"command":"subscribe","tags":["b","a"]}',
+    b'{"command":"publish","tags":["a","b","a"],"data":"hi\\nthere \xc3\xa9"}',
+    b'{"command":"nope","tags":["x"],"data":"d"}',
+    b"[1]",
+    b'"a string"',
+    b'{"command":5}',
+    b'{"command":"publish","tags":"a"}',
+    b'{"command":"listall","tags":["q"]}',
+    b'{"command":"who"}',
+    b'{"command":"register","tags":["a"],"data":"t"}',
+    b'{"command":"subscribe","tags":[' + b",".join(b'"t%d"' % i for i in range(65)) + b"]}",
+    b'{"command":"ping","x":{"nested":[1,-2.5e3,true,null,{"a":"}]\\""}]}}',
+]
+
+
+def _space(m: bytes) -> bytes:
+    return m + b" "
+
+
+def _nothing(m: bytes) -> bytes:
+    return m
+
+
+def _mist2015_sized(n: int) -> bytes:
+    return b"publish a " + b"x" * (n - 10)
+
+
+def _mist1_sized(n: int) -> bytes:
+    base = b'{"command":"publish","tags":["a"],"data":""}'
+    return base[:-2] + b"x" * (n - len(base)) + base[-2:]
+
+
+STREAM_CASES += [
+    StreamCase(
+        name="mist2015-tcp",
+        make=lambda max_frame: _MistStream(mist.Mist2015Connection(max_frame=max_frame)),
+        framers=(_lf,),
+        messages=_MIST2015_LINES,
+        sized=_mist2015_sized,
+        oversized=lambda max_frame: b"publish a " + b"x" * max_frame,
+        too_large_code=4003,
+    ),
+    StreamCase(
+        name="mist1-tcp",
+        make=lambda max_frame: _MistStream(mist.Mist1Connection(max_frame=max_frame)),
+        framers=(_lf, _crlf, _space, _nothing),
+        messages=_MIST1_JSON,
+        sized=_mist1_sized,
+        oversized=lambda max_frame: b'{"command":"publish","tags":["a"],"data":"' + b"x" * max_frame,
+        too_large_code=4003,
+        bad_start=b'{"command":"ping"]',
+        self_delimiting=True,
+    ),
+]
+
+_MIST2015_WS = [
+    b'{"command":"ping"}',
+    b'{"command":"list"}',
+    b'{"command":"subscribe","tags":["b","a"]}',
+    b'{"command":"unsubscribe","tags":["a","b"]}',
+    b'{"command":"subscribe","tags":"a"}',
+    b'{"command":"publish","tags":["a"],"data":"x"}',
+    b"not json",
+    b"[]",
+    b'{"command":1}',
+    b"\xff",
+    b'{"command":"subscribe","tags":[' + b",".join(b'"t%d"' % i for i in range(65)) + b"]}",
+]
+
+MESSAGE_CASES += [
+    MessageCase(
+        name="mist2015-ws",
+        decode=_mist_ws_decoder(mist.Mist2015WsConnection),
+        messages=_MIST2015_WS,
+        oversized=lambda max_frame: b'{"command":"ping","x":"' + b"x" * max_frame + b'"}',
+        make=lambda max_frame: _mist_ws_decoder(lambda: mist.Mist2015WsConnection(max_frame=max_frame)),
+        too_large_code=4003,
+    ),
+    MessageCase(
+        name="mist1-ws",
+        decode=_mist_ws_decoder(mist.Mist1WsConnection),
+        messages=[*_MIST1_JSON, b"{garbage", b'{"command":"ping"} {"command":"ping"}'],
+        oversized=lambda max_frame: b'{"command":"ping","x":"' + b"x" * max_frame + b'"}',
+        make=lambda max_frame: _mist_ws_decoder(lambda: mist.Mist1WsConnection(max_frame=max_frame)),
+        too_large_code=4003,
+    ),
+]
+
+
+_MIST_ITEM_TYPES = (
+    mist.Send,
+    mist.Publish,
+    mist.Subscribe,
+    mist.ListAll,
+    mist.Who,
+    mist.Register,
+    mist.Unregister,
+    mist.SetTags,
+    mist.UnsetTags,
+    mist.TokenTags,
+)
+
+
+def test_mist_stream_items_are_outputs() -> None:
+    """Every mist line/value gives exactly one output here, of a documented kind."""
+    for case in STREAM_CASES:
+        if case.name.startswith("mist"):
+            for item in _expected(case):
+                assert isinstance(item, _MIST_ITEM_TYPES), item
+
+
 MAX_FRAME = 4096
 
 
@@ -312,7 +495,8 @@ def test_stream_trailing_partial_data(case: StreamCase) -> None:
     for framer in case.framers:
         whole = framer(case.messages[0])
         nxt = framer(case.messages[1])
-        for cut in (1, len(nxt) // 2, len(nxt) - 1):
+        n = len(case.messages[1]) if case.self_delimiting else len(nxt)
+        for cut in (1, n // 2, n - 1):
             dec = case.make(MAX_FRAME)
             got = [case.normalise(x) for x in dec.feed(whole + nxt[:cut])]
             assert got == _feed_all(case, [whole])

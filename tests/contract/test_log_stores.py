@@ -1,7 +1,8 @@
 """One conformance suite for every ``LogStore`` engine (the invariants in ``hubbub/log/base.py``).
 
-Every test runs against each engine: ``memory`` and ``sqlite`` in each durability mode. Tests that need a
-store to survive a close (``persistent``) skip the memory engine. Time comes from a fake clock, so nothing
+Every test runs against each engine: ``memory``, and ``sqlite`` and ``postgres`` in each durability mode
+(PostgreSQL: a real server, ``tests/conftest.py``, a fresh database per test). Tests that need a store to
+survive a close (``persistent``) skip the memory engine. Time comes from a fake clock, so nothing
 depends on the wall clock or on sleeping.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from hubbub.errors import StorageError
+from hubbub.errors import EpochMismatch, StorageError, TrimEpochGone, TrimError, TrimOutOfRange
 from hubbub.events import Event, Publisher
 from hubbub.log import (
     AppendRequest,
@@ -31,12 +33,22 @@ from hubbub.log import (
     StoreStats,
     open_store,
 )
+from hubbub.log.postgres import PostgresLogStore
+from hubbub.log.records import encode_headers, encode_tags
 from hubbub.log.sqlite import ScanColumns, ScanPlan
 
 NS = 1_000_000_000
 START = 1_700_000_000 * NS
 EPOCH_RE = re.compile(r"^[0-9a-z]{8}$")
-ENGINES = ["memory", "sqlite-fsync", "sqlite-commit", "sqlite-none"]
+ENGINES = [
+    "memory",
+    "sqlite-fsync",
+    "sqlite-commit",
+    "sqlite-none",
+    "postgres-fsync",
+    "postgres-commit",
+    "postgres-none",
+]
 
 
 class Clock:
@@ -53,18 +65,20 @@ class Clock:
 
 
 class Factory:
-    """Opens stores of one engine on one file (sqlite) and closes them all at the end of the test."""
+    """Opens stores of one engine on one file (sqlite) or database (postgres) and closes them all at the end
+    of the test."""
 
-    def __init__(self, engine: str, tmp_path: Path) -> None:
+    def __init__(self, engine: str, tmp_path: Path, pg_url: str = "") -> None:
         self.engine = engine
         self.path = tmp_path / "log.db"
+        self.pg_url = pg_url
         self.clock = Clock()
         self.persistent = engine != "memory"
         self.opened: list[LogStore] = []
         self.retention = RetentionPolicy()
-        self.idem_window_s = 600
+        self.idem_window_s: float = 600
 
-    def open(self, retention: RetentionPolicy | None = None, idem_window_s: int | None = None) -> LogStore:
+    def open(self, retention: RetentionPolicy | None = None, idem_window_s: float | None = None) -> LogStore:
         if retention is not None:
             self.retention = retention
         if idem_window_s is not None:
@@ -73,6 +87,14 @@ class Factory:
         if self.engine == "memory":
             store = MemoryLogStore(
                 retention=self.retention, idem_window_s=self.idem_window_s, clock=self.clock
+            )
+        elif self.engine.startswith("postgres"):
+            store = PostgresLogStore(
+                self.pg_url,
+                durability=self.engine.split("-")[1],
+                retention=self.retention,
+                idem_window_s=self.idem_window_s,
+                clock=self.clock,
             )
         else:
             store = SqliteLogStore(
@@ -86,7 +108,7 @@ class Factory:
         return store
 
     def reopen(self, store: LogStore) -> LogStore:
-        """Close ``store`` and open the same file again (sqlite only)."""
+        """Close ``store`` and open the same file or database again (not memory)."""
         assert self.persistent
         store.close()
         return self.open()
@@ -98,7 +120,9 @@ class Factory:
 
 @pytest.fixture(params=ENGINES)
 def factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
-    f = Factory(request.param, tmp_path)
+    engine: str = request.param
+    pg_url = request.getfixturevalue("pg_url") if engine.startswith("postgres") else ""
+    f = Factory(engine, tmp_path, pg_url)
     try:
         yield f
     finally:
@@ -497,16 +521,25 @@ def test_retired_epochs_are_trimmed_by_retention_and_trim(factory: Factory, stor
     assert info == ChannelInfo("/a", old[0].epoch, 3, 4, old[-1].time_ns)
     assert store.trim("/a", 1, epoch=old[0].epoch) == info  # never down
     assert seqs(store.read("/a", epoch=old[0].epoch)) == [3, 4] and seqs(store.read("/a")) == [1, 2]
-    for seq, epoch in ((5, old[0].epoch), (0, "nosuchep"), (-1, old[0].epoch)):
-        with pytest.raises(ValueError):
-            store.trim("/a", seq, epoch=epoch)
     cur = store.head("/a")
+    for seq, epoch, error in (
+        (5, old[0].epoch, TrimOutOfRange),
+        (0, "nosuchep", TrimEpochGone),
+        (-1, old[0].epoch, TrimOutOfRange),
+    ):
+        with pytest.raises(error) as err:
+            store.trim("/a", seq, epoch=epoch)
+        assert isinstance(err.value, TrimError) and not isinstance(err.value, ValueError)
+        if error is TrimEpochGone:  # it carries the current head (the 409's position)
+            assert isinstance(err.value, EpochMismatch) and err.value.head == cur
+        else:
+            assert (err.value.seq, err.value.top) == (seq, 4)
     assert store.trim("/a", 1, epoch=cur.epoch).first == 2  # the current epoch by name
     # Age: the retired epoch's events are older than the cutoff, the current one's are not.
     assert store.apply_retention(RetentionPolicy(max_age_s=5), factory.clock.now) == 2
     assert store.retired_epochs("/a") == [] and store.read("/a", epoch=old[0].epoch) == []
     assert store.stats() == StoreStats(events=1, bytes=2, channels=1, retired_epochs=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(TrimEpochGone):
         store.trim("/a", 4, epoch=old[0].epoch)  # gone with its last event
     if factory.persistent:
         store = factory.reopen(store)
@@ -528,19 +561,30 @@ def test_trim(factory: Factory, store: LogStore) -> None:
     everything = store.trim("/a", 5)
     assert (everything.epoch, everything.first, everything.top) == (a[0].epoch, 6, 5)
     assert store.read("/a") == [] and [c.channel for c in store.channels()] == ["/b"]
+    # A listing with the emptied channels keeps /a's position: where a reader that starts now goes on.
+    assert store.channels(include_empty=True) == [everything, store.head("/b")]
+    assert store.channels(include_empty=True, prefix="/a", limit=1) == [everything]
+    assert store.channels(after="/a", include_empty=True) == [store.head("/b")]
     assert store.stats() == StoreStats(events=2, bytes=2, channels=1)
     ev = store.append([req("/a")])[0].event
     assert (ev.seq, ev.epoch) == (6, a[0].epoch)  # seq continues in the same epoch
-    for channel, seq in (("/a", 7), ("/a", -1), ("/never", 1)):
-        with pytest.raises(ValueError):
+    for channel, seq, top in (("/a", 7, 6), ("/a", -1, 6), ("/never", 1, 0)):
+        with pytest.raises(TrimOutOfRange) as err:
             store.trim(channel, seq)
+        assert (err.value.seq, err.value.top) == (seq, top)
+    with pytest.raises(TrimEpochGone) as gone:
+        store.trim("/never", 0, epoch="nosuchep")
+    assert gone.value.head == ChannelInfo("/never", "", 0, 0, 0)
     assert seqs(store.read("/a")) == [6]
     assert store.trim("/never", 0) == ChannelInfo("/never", "", 0, 0, 0)
     assert store.head("/never").epoch == ""
     if factory.persistent:
         store = factory.reopen(store)
         assert store.head("/a") == ChannelInfo("/a", a[0].epoch, 6, 6, ev.time_ns)
-        assert store.stats() == StoreStats(events=3, bytes=3, channels=2)
+        store.trim("/a", 6)
+        assert store.channels(include_empty=True, prefix="/a") == [store.head("/a")]
+        assert store.head("/a").first == 7 and store.channels(prefix="/a") == []
+        assert store.stats() == StoreStats(events=2, bytes=2, channels=1)
         assert store.trim("/a", 6).first == 7 and store.read("/a") == []
 
 
@@ -587,6 +631,15 @@ def test_idempotent_append(factory: Factory) -> None:
     again = store.append([req("/a", b"one", idem="k1")])[0]
     assert not again.duplicate and again.event.seq == 6
     assert store.append([req("/a", b"one", idem="k1")])[0].event == again.event
+
+
+def test_idempotency_window_in_fractions_of_a_second(factory: Factory) -> None:
+    store = factory.open(idem_window_s=0.5)
+    orig = store.append([req("/a", idem="k")])[0]
+    factory.clock.advance(0.4)
+    assert store.append([req("/a", idem="k")])[0].event == orig.event
+    factory.clock.advance(0.2)
+    assert not store.append([req("/a", idem="k")])[0].duplicate
 
 
 def test_idempotency_survives_restart(factory: Factory) -> None:
@@ -727,6 +780,136 @@ def test_reads_from_other_threads_while_appending(store: LogStore) -> None:
     assert store.head("/a").top == batches * per_batch
 
 
+# -- bulk reads (the data pipeline) -----------------------------------------------------------------------
+
+
+def test_read_rows_compact_text(store: LogStore) -> None:
+    store.append(
+        [
+            req("/a", b"1", user="u1"),
+            req("/a", b"2", user="u1"),
+            req("/a", b"3", user="u2", content_type="application/json"),
+            req("/a", b"4", user="u1", idem="k4", headers={"h": "v"}, tags=("t",)),
+        ]
+    )
+    epoch, full = store.read_rows("/a", 0, 100)
+    assert epoch == store.head("/a").epoch
+    evs = store.read("/a")
+    assert full == [
+        (
+            e.seq,
+            e.time_ns,
+            e.publisher.dialect,
+            e.publisher.user,
+            e.publisher.app,
+            e.publisher.msg_id,
+            e.content_type,
+            encode_headers(e.headers),
+            encode_tags(e.tags),
+            e.payload,
+        )
+        for e in evs
+    ]
+    compact = store.read_rows("/a", 0, 100, compact_text=True)[1]
+    assert compact[0] == full[0]
+    assert [r[3] for r in compact] == ["u1", None, "u2", None]
+    assert [r[5] for r in compact] == ["", None, None, "k4"]
+    assert [r[6] for r in compact] == ["text/plain", None, "application/json", None]
+    assert [r[:2] + r[7:] for r in compact] == [r[:2] + r[7:] for r in full]
+    page = store.read_rows("/a", 1, 2, compact_text=True)[1]  # compared with its own first row
+    assert page[0] == full[1] and page[1][2:7] == (None, "u2", None, None, "application/json")
+    assert store.read_rows("/a", 4, 10, compact_text=True) == (epoch, [])
+    assert store.read_rows("/a", 0, 10, to_time=evs[2].time_ns)[1] == full[:2]
+    assert store.read_rows("/none", 0, 10) == ("", [])
+    old = store.reset_channel("/a")
+    assert store.read_rows("/a", 0, 10) == (old.epoch, [])
+    assert store.read_rows("/a", 2, 10, epoch=epoch) == (epoch, full[2:])
+    assert store.read_rows("/a", 0, 10, epoch="nosuchep") == ("", [])
+
+
+def _scan_all(store: LogStore, plan: ScanPlan, **kw: object) -> list[list[tuple[object, ...]]]:
+    """Every piece of a plan, scanned, decoded: one list of rows per split."""
+    return [
+        _scan_rows(store, store.scan_columns(lo, hi, max_time=plan.max_time, **kw))  # type: ignore[arg-type]
+        for lo, hi in zip(plan.splits, plan.splits[1:], strict=False)
+    ]
+
+
+def test_scan_plan_and_columns(factory: Factory, store: LogStore) -> None:
+    assert store.scan_plan(10) == ScanPlan((), 0, {}, 0, 0)
+    assert store.scan_columns(1, 1, max_time=0) == []
+    sent: list[Event] = []
+    for i in range(12):
+        ch = ["/a", "/b", "/c/ü"][i % 3]
+        sent += [
+            r.event
+            for r in store.append(
+                [
+                    req(
+                        ch,
+                        bytes([i, 0, 255]) + "é".encode(),
+                        user="ü" if i == 10 else "u",
+                        headers={"h": str(i % 2)} if i % 3 else None,
+                        tags=("t",) if i % 2 else (),
+                        content_type="text/plain" if i < 9 else "application/json",
+                    )
+                ]
+            )
+        ]
+        factory.clock.advance(1)
+    store.trim("/a", 2)  # /a's seqs 1 and 2 go
+    kept = [e for e in sent if not (e.channel == "/a" and e.seq <= 2)]
+    plan = store.scan_plan(4)
+    ids = {info.channel: cid for cid, info in plan.channels.items()}
+    assert sorted(ids) == ["/a", "/b", "/c/ü"] and not plan.retired
+    assert all(plan.channels[ids[ch]] == store.head(ch) for ch in ids)
+    assert plan.events == 10 and plan.bytes == sum(e.size for e in kept)
+    assert plan.max_time == store.top_time()
+    pieces = _scan_all(store, plan)
+    assert [len(p) for p in pieces] == [4, 4, 2]
+    want = [
+        (
+            ids[e.channel],
+            e.seq,
+            e.time_ns,
+            e.publisher.dialect,
+            e.publisher.user,
+            e.publisher.app,
+            e.publisher.msg_id,
+            e.content_type,
+            encode_headers(e.headers),
+            encode_tags(e.tags),
+            e.payload,
+        )
+        for e in kept
+    ]
+    assert [r for p in pieces for r in p] == want  # pos order is commit order
+    lo, hi = plan.splits[0], plan.splits[-1]
+    first = store.scan_columns(plan.splits[0], plan.splits[1], max_time=plan.max_time)
+    assert first[0].text == ("native", "u", "app1", "", "text/plain")  # one value each
+    last = store.scan_columns(plan.splits[-2], plan.splits[-1], max_time=plan.max_time)
+    assert not isinstance(last[0].text[1], str)  # users differ: one value per event
+    # Bounds: epochs and seq ranges.
+    bounded = store.scan_columns(lo, hi, max_time=plan.max_time, bounds=[(ids["/b"], 2, 3)])
+    assert [(r[0], r[1]) for r in _scan_rows(store, bounded)] == [(ids["/b"], 2), (ids["/b"], 3)]
+    assert store.scan_columns(lo, hi, max_time=plan.max_time, bounds=[]) == []
+    # A time range is a pos range; max_time hides later commits.
+    times = [r[2] for r in want]
+    part = store.scan_plan(100, from_time=times[3], to_time=times[7])
+    assert [r[2] for p in _scan_all(store, part) for r in p] == times[3:7]
+    assert store.scan_plan(100, from_time=times[-1] + 1).splits == ()
+    store.append([req("/a", b"late")])
+    assert _scan_rows(store, store.scan_columns(lo, hi + 10, max_time=plan.max_time)) == want
+    # Retired epochs are in the plan, under their own ids.
+    old = store.head("/b")
+    store.reset_channel("/b")
+    plan = store.scan_plan(100)
+    assert len(plan.retired) == 1
+    (rid,) = plan.retired
+    assert plan.channels[rid] == store.retired_epochs("/b")[0] == old
+    assert [r[1] for p in _scan_all(store, plan) for r in p if r[0] == rid] == [1, 2, 3, 4]
+
+
 # -- sqlite specifics ----------------------------------------------------------------------------------
 
 
@@ -768,7 +951,7 @@ def test_sqlite_read_rows_compact_text(sqlite_path: Path) -> None:
         store.close()
 
 
-def _scan_rows(store: SqliteLogStore, pieces: list[ScanColumns]) -> list[tuple[object, ...]]:
+def _scan_rows(store: LogStore, pieces: list[ScanColumns]) -> list[tuple[object, ...]]:
     """ScanColumns decoded in Python: ``(channel id, seq, time_ns, dialect, user, app, msg_id, content_type,
     headers, tags, payload)`` per event."""
 
@@ -1143,8 +1326,6 @@ def test_open_store_urls(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("postgresql://user:secret@db/hubbub", "not supported yet"),
-        ("postgres://user:secret@db/hubbub", "not supported yet"),
         ("sqlite://relative.db", "three slashes"),
         ("sqlite:///", "three slashes"),
         ("redis://user:secret@host", "unknown log store redis://"),
@@ -1156,6 +1337,39 @@ def test_open_store_rejects(tmp_path: Path, url: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         open_store(url, str(tmp_path), "commit", RetentionPolicy(), 600)
     assert "secret" not in str(err.value)
+
+
+def test_open_store_postgres(pg_url: str) -> None:
+    st = open_store(pg_url, "", "fsync", RetentionPolicy(max_events=5), 600)
+    try:
+        assert isinstance(st, PostgresLogStore) and st.engine == "postgres" and st.durability == "fsync"
+        st.append([req("/a")])
+    finally:
+        st.close()
+    st = open_store(pg_url.replace("postgresql://", "postgres://"), "", "commit", RetentionPolicy(), 600)
+    try:
+        assert seqs(st.read("/a")) == [1]
+    finally:
+        st.close()
+    reader = open_store(pg_url, "", "commit", RetentionPolicy(), 0, readonly=True)
+    try:
+        assert reader.readonly and seqs(reader.read("/a")) == [1]
+        with pytest.raises(StorageError, match="read-only"):
+            reader.append([req("/a")])
+    finally:
+        reader.close()
+
+
+def test_open_store_postgres_unreachable_hides_credentials() -> None:
+    """A server that cannot be reached: StorageError, quickly, naming neither the password nor the host."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # a port nothing listens on
+        port = s.getsockname()[1]
+        url = f"postgresql://user:secret@127.0.0.1:{port}/hubbub"
+        with pytest.raises(StorageError) as err:
+            open_store(url, "", "commit", RetentionPolicy(), 600)
+    assert err.value.code == 4301
+    assert "secret" not in str(err.value) and "127.0.0.1" not in str(err.value)
 
 
 def test_open_store_rejects_unknown_durability(tmp_path: Path) -> None:

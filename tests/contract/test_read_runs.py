@@ -8,17 +8,25 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from hubbub.errors import StorageError
 from hubbub.events import Event, Publisher
 from hubbub.log import AppendRequest, LogStore, MemoryLogStore, SqliteLogStore
 from hubbub.log.base import EventRun, same_but_position
+from hubbub.log.postgres import PostgresLogStore
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogStore]:
-    st: LogStore = MemoryLogStore() if request.param == "memory" else SqliteLogStore(tmp_path / "log.db")
+    st: LogStore
+    if request.param == "memory":
+        st = MemoryLogStore()
+    elif request.param == "postgres":
+        st = PostgresLogStore(request.getfixturevalue("pg_url"))
+    else:
+        st = SqliteLogStore(tmp_path / "log.db")
     try:
         yield st
     finally:
@@ -128,5 +136,23 @@ def test_sqlite_bad_stored_columns_are_a_storage_error(tmp_path: Path) -> None:
         assert [e.seq for e in flat(st.read_runs("/r", 0, 3, 100))] == [1, 2, 3]
         with pytest.raises(StorageError):
             st.read_runs("/r", 3, 6, 100)  # the page's first row itself
+    finally:
+        st.close()
+
+
+def test_postgres_bad_stored_columns_are_a_storage_error(pg_url: str) -> None:
+    st = PostgresLogStore(pg_url)
+    try:
+        st.append([req(b"%d" % i) for i in range(6)])
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            db.execute("UPDATE events SET headers = '\\xc1'::bytea WHERE seq = 4")
+        with pytest.raises(StorageError) as err:
+            st.read_runs("/r", 0, 6, 100)
+        assert "UPDATE" not in str(err.value) and "SELECT" not in str(err.value)
+        assert [e.seq for e in flat(st.read_runs("/r", 0, 3, 100))] == [1, 2, 3]
+        with pytest.raises(StorageError):
+            st.read_runs("/r", 3, 6, 100)
+        with pytest.raises(StorageError):
+            st.read("/r")
     finally:
         st.close()

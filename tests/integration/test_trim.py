@@ -49,6 +49,14 @@ def test_trim_endpoint(tmp_path: Path) -> None:
             # Up to top: empty, and the channel keeps its position; publishing continues at seq 6.
             status, body = await call("POST", f"/api/v1/trim/t/a?seq=5&epoch={epoch}")
             assert (status, body["first"], body["top"]) == (200, 6, 5)
+            # Listings leave the emptied channel out, unless asked for it with its position.
+            status, listing = await call("GET", "/api/v1/channels/t/*")
+            assert [c["channel"] for c in listing["channels"]] == ["/t/b"]
+            status, listing = await call("GET", "/api/v1/channels/t/*?include_empty=1")
+            assert listing["channels"][0] == {"channel": "/t/a", "epoch": epoch, "first": 6, "top": 5}
+            assert [c["channel"] for c in listing["channels"]] == ["/t/a", "/t/b"]
+            status, body = await call("GET", "/api/v1/channels/t/*?include_empty=maybe")
+            assert (status, body["error"]["code"]) == (400, 4001)
             status, pub = await call("POST", "/api/v1/publish/t/a")
             assert (pub["seq"], pub["epoch"]) == (6, epoch)
             status, log = await call("GET", "/api/v1/log/t/b")

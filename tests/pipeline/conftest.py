@@ -62,9 +62,9 @@ def spark() -> Iterator[SparkSession]:
 
 @pytest.fixture
 def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
-    # A short idempotency window (2 s) by default, for the tests that outlive it; a test that relies on
-    # duplicates being recognised across Spark jobs asks for a longer one (indirect parametrization), so a
-    # slow machine does not make it flaky.
+    # A short idempotency window (2 s, native.idempotency_window_s) by default; a test may ask for another
+    # (indirect parametrization): shorter for one that waits for it to pass, longer for one that relies on
+    # duplicates being recognised across Spark jobs, so a slow machine does not make it flaky.
     window = str(getattr(request, "param", 2))
     proc = ServerProcess(tmp_path / "server", extra=["--native-idempotency-window-s", window]).start()
     try:

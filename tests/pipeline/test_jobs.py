@@ -101,6 +101,19 @@ def test_archive_stats_audit_export_compact_retention(
     assert jobs.retention(str(out), days=30, now=now)["dropped"] == []
 
 
+def wait_idempotency_window(url: str, timeout: float = 30.0) -> None:
+    """Return once the server's idempotency window has passed for every key used so far: publish a probe
+    with one key until the server appends it again (a key is remembered for the window after its event's
+    commit, and every earlier event was committed before the probe's first one)."""
+    deadline = time.monotonic() + timeout
+    with Client.connect(url) as c:
+        assert not c.publish("/probe", b"p", idem="window-probe").duplicate
+        while c.publish("/probe", b"p", idem="window-probe").duplicate:
+            assert time.monotonic() < deadline, "the idempotency window did not pass"
+            time.sleep(0.02)  # poll the condition; it is the server that decides
+
+
+@pytest.mark.parametrize("server", [0.5], indirect=True)  # native.idempotency_window_s
 def test_backfill_is_idempotent_after_the_idempotency_window(
     spark: SparkSession, server: ServerProcess, tmp_path: Path
 ) -> None:
@@ -110,7 +123,7 @@ def test_backfill_is_idempotent_after_the_idempotency_window(
     jobs.archive(spark, url, str(out))
     first = jobs.backfill(spark, str(out), url, channels="/orig/**", channel_prefix="/restored")
     assert first["published"] == 42 and first["already_present"] == 0
-    time.sleep(2.5)  # the server's idempotency window (2 s in this fixture) has passed
+    wait_idempotency_window(url)
     again = jobs.backfill(spark, str(out), url, channels="/orig/**", channel_prefix="/restored")
     assert again["published"] == 0 and again["already_present"] == 42
     restored = spark.read.format("hubbub").option("url", url).option("channels", "/restored/**").load()

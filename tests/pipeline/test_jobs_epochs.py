@@ -216,3 +216,28 @@ def test_archive_through_the_server_trims_retired_epochs_too(spark: SparkSession
         [(True, i + 1, f"a{i}".encode()) for i in range(15)]
         + [(False, i + 1, f"b{i}".encode()) for i in range(2)]
     )
+
+
+def test_archive_trim_from_a_store_refuses_positions_beyond_the_top(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A trim that finds an archived position beyond its epoch's top (the store was restored from an older
+    backup) fails the job with the reason: it is not an epoch gone, which ``trim_skipped`` would report and
+    the state file forget."""
+    path = tmp_path / "log.db"
+    url = f"sqlite:///{path}"
+    st = SqliteLogStore(path)
+    fill(st, {"/a": 10, "/b": 3})
+    epoch = st.head("/a").epoch
+    st.close()
+    backup = tmp_path / "backup.db"
+    backup.write_bytes(path.read_bytes())  # closed cleanly: the whole log is in the main file
+    st = SqliteLogStore(path)
+    fill(st, {"/a": 5})
+    st.close()
+    out = tmp_path / "archive"
+    assert jobs.archive(spark, url, str(out))["events"] == 18
+    path.write_bytes(backup.read_bytes())  # the log goes back to /a's seq 10
+    with pytest.raises(PipelineError, match=rf"/a epoch {epoch}: .* up to seq 15, beyond the top"):
+        jobs.archive(spark, url, str(out), trim=True)
+    assert json.loads((out / jobs.STATE_FILE).read_text())["positions"]["/a"] == {epoch: 15}

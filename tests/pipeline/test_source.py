@@ -257,3 +257,47 @@ def test_batch_offsets_name_several_epochs_of_a_channel(store: tuple[str, Sqlite
     for bad in ({"/other": [{"epoch": old}]}, {"/other": [{"epoch": old, "seq": True}]}, [1]):
         with pytest.raises(PipelineError, match="must map channels"):
             keys({"endingOffsets": json.dumps(bad)})
+
+
+def test_unknown_options_and_a_different_schema_are_refused(
+    spark: SparkSession, store: tuple[str, SqliteLogStore]
+) -> None:
+    """A typo or an option of another source is refused, saying what to use, instead of being ignored; a user
+    schema must be the record schema, refused at load() rather than failing once the query runs."""
+    url, _ = store
+
+    def load(**options: str) -> int:
+        r = spark.read.format("hubbub").option("url", url)
+        for k, v in options.items():
+            r = r.option(k, v)
+        return r.load().count()
+
+    with pytest.raises(Exception, match=r"unknown option 'startseqq'; did you mean startSeq\?") as err:
+        load(startSeqq="5")
+    assert "valid options: url, store, path, token, channels, startSeq" in str(err.value)
+    with pytest.raises(Exception, match="Kafka option: for hubbub use channels"):
+        load(subscribe="chat")
+    assert load(startSeq="241", channels="/chat/a") == 10  # the valid ones still work
+    # Kafka's names of the same meaning are accepted: minPartitions splits the read further.
+    df = spark.read.format("hubbub").option("url", url).option("minPartitions", "6").load()
+    assert df.rdd.getNumPartitions() >= 6 and df.count() == 297
+    few = (
+        spark.read.format("hubbub")
+        .option("url", url)
+        .option("channels", "/other")
+        .option("minPartitions", "3")
+    )
+    assert few.load().rdd.getNumPartitions() == 3 and few.load().count() == 7
+
+    with pytest.raises(Exception, match="record schema and cannot be changed"):
+        spark.read.format("hubbub").schema("channel STRING, seq BIGINT").option("url", url).load().count()
+    same = spark.read.format("hubbub").schema(SPARK_DDL).option("url", url).load()
+    assert same.count() == 297  # the record schema itself is fine
+
+    rows = spark.createDataFrame([("/x", 1, b"p")], "channel STRING, seq BIGINT, payload BINARY")
+    with pytest.raises(
+        Exception, match="hubbub sink: unknown option 'channelprefx'; did you mean channelPrefix"
+    ):
+        rows.write.format("hubbub").option("url", "http://127.0.0.1:1").option("channelPrefx", "/c").mode(
+            "append"
+        ).save()

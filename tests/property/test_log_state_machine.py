@@ -1,16 +1,28 @@
 """The sqlite log engine against the memory reference engine, as a hypothesis state machine.
 
 Both stores get the same operations (append batches with idempotency keys, resets, retention, a clock that
-jumps back and forth) and must agree on every result and on their whole state after every step. The sqlite
-store is also closed and reopened at random ("crash and recover"): everything committed must still be there.
-Epochs are random in both, so they are compared through a bijection learned as they appear.
+jumps back and forth) and must agree on every result and on their whole state after every step. Epochs are
+random in both, so they are compared through a bijection learned as they appear.
+
+The sqlite store runs in a child process (:class:`StoreProcess`), so that it can really crash: the machine
+closes and reopens it cleanly, kills the process with SIGKILL while it is idle, and kills it while it is
+executing an append (after the child has taken the request, so the kill lands during the commit or just
+after it). After a crash everything committed must still be there, an append caught by the kill must be there
+whole or not at all, and the store must report that the channels' current epochs may have lost commits under
+``commit`` and ``none`` (the lost-commits path: native.md §6 ``ahead``), and must not under ``fsync``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import multiprocessing
+import os
+import signal
 import tempfile
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -56,6 +68,104 @@ def requests(draw: st.DrawFn) -> AppendRequest:
     )
 
 
+# -- the sqlite store in a child process ----------------------------------------------------------------
+
+#: Children fork from a server process that has imported hubbub and this module but started no thread, so
+#: that forking is safe and cheap (a crash every few steps, hundreds per run).
+_CTX = multiprocessing.get_context("forkserver")
+_CTX.set_forkserver_preload(["hubbub.log", __name__])
+
+
+def _serve(conn: Connection, path: str, durability: str, policy: RetentionPolicy, window: int) -> None:
+    """The child: open the store, then answer ``(method, now, args, kwargs)`` calls until ``close``. Before
+    executing a call it answers ``"taken"``, so the parent can kill it during the call."""
+    clock = Clock()
+    store = SqliteLogStore(
+        Path(path), durability=durability, retention=policy, idem_window_s=window, clock=clock
+    )
+    conn.send(("ready", None))
+    while True:
+        method, now, args, kwargs = conn.recv()
+        clock.now = now
+        conn.send(("taken", None))
+        try:
+            call = functools.partial(_state, store) if method == "state" else getattr(store, method)
+            result = call(*args, **kwargs)
+        except Exception as exc:
+            conn.send(("error", repr(exc)))
+            continue
+        conn.send(("ok", result))
+        if method == "close":
+            return
+
+
+def _state(store: Any, mids: dict[str, int | None]) -> dict[str, Any]:
+    """Everything the machine's invariant compares, read in one call (``mids``: per channel, the time that
+    splits its events for the time-range reads, or None)."""
+    out: dict[str, Any] = {}
+    for ch, mid in mids.items():
+        out[ch] = (
+            store.head(ch),
+            store.read(ch, limit=10_000),
+            [e.seq for e in store.read_last(ch, 2)],
+            [(ri, store.read(ch, limit=10_000, epoch=ri.epoch)) for ri in store.retired_epochs(ch)],
+            None
+            if mid is None
+            else (
+                [e.seq for e in store.read(ch, from_time=mid)],
+                [e.seq for e in store.read(ch, to_time=mid)],
+            ),
+        )
+    out[""] = (store.channels(), store.stats(), store.top_time())
+    return out
+
+
+class StoreProcess:
+    """A :class:`SqliteLogStore` in a child process, called like one (``store.append(batch)``), plus
+    :meth:`kill` (SIGKILL, no clean close) and :meth:`kill_during`."""
+
+    def __init__(
+        self, path: Path, durability: str, policy: RetentionPolicy, window: int, clock: Clock
+    ) -> None:
+        self.clock = clock
+        self._conn, child = _CTX.Pipe()
+        self._proc = _CTX.Process(target=_serve, args=(child, str(path), durability, policy, window))
+        self._proc.start()
+        child.close()
+        assert self._conn.recv() == ("ready", None)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        self._conn.send((method, self.clock.now, args, kwargs))
+        assert self._conn.recv() == ("taken", None)
+        kind, result = self._conn.recv()
+        assert kind == "ok", result
+        return result
+
+    def __getattr__(self, method: str) -> Any:
+        return lambda *args, **kwargs: self._call(method, *args, **kwargs)
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            self._call("close")
+        self._join()
+
+    def kill(self) -> None:
+        """SIGKILL: the store gets no chance to close, sync or clean up."""
+        os.kill(self._proc.pid or 0, signal.SIGKILL)
+        self._join()
+
+    def kill_during(self, method: str, *args: Any) -> None:
+        """Start ``method`` in the child and kill the child as soon as it has taken the call."""
+        self._conn.send((method, self.clock.now, args, {}))
+        assert self._conn.recv() == ("taken", None)
+        self.kill()
+
+    def _join(self) -> None:
+        self._proc.join(10)
+        assert self._proc.exitcode is not None, "the store process did not end"
+        self._conn.close()
+
+
 class LogMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -63,20 +173,28 @@ class LogMachine(RuleBasedStateMachine):
         self.path = Path(self._tmp.name) / "log.db"
         self.clock = Clock()
         self.mem: MemoryLogStore | None = None
-        self.sql: SqliteLogStore | None = None
+        self.sql: StoreProcess | None = None
         self.epochs: dict[str, str] = {}  # sqlite epoch -> memory epoch
         self.reopens = 0
 
     # -- helpers -----------------------------------------------------------------------------------
 
-    def _open_sql(self) -> SqliteLogStore:
-        return SqliteLogStore(
-            self.path,
-            durability=self.durability,
-            retention=self.policy,
-            idem_window_s=self.window,
-            clock=self.clock,
-        )
+    def _open_sql(self) -> StoreProcess:
+        return StoreProcess(self.path, self.durability, self.policy, self.window, self.clock)
+
+    def _after_crash(self) -> None:
+        """Reopen after a kill, and check that the store knows which epochs may have lost commits."""
+        self.sql = self._open_sql()
+        self.reopens += 1
+        sql, _ = self.stores
+        for ch in CHANNELS:
+            epoch = sql.head(ch).epoch
+            if epoch:
+                # Every channel existed before the crash (none was created since the reopen).
+                assert sql.commits_may_be_lost(ch, epoch) is (self.durability != "fsync"), (
+                    ch,
+                    self.durability,
+                )
 
     def _epoch(self, sql_epoch: str, mem_epoch: str) -> None:
         """Both epochs name the same thing: learn or check the bijection."""
@@ -101,7 +219,7 @@ class LogMachine(RuleBasedStateMachine):
         assert dataclasses.replace(s, epoch=m.epoch) == m
 
     @property
-    def stores(self) -> tuple[SqliteLogStore, MemoryLogStore]:
+    def stores(self) -> tuple[Any, MemoryLogStore]:
         assert self.sql is not None and self.mem is not None
         return self.sql, self.mem
 
@@ -141,11 +259,29 @@ class LogMachine(RuleBasedStateMachine):
         assert sql.apply_retention(pol, self.clock.now) == mem.apply_retention(pol, self.clock.now)
 
     @rule()
-    def crash_and_reopen(self) -> None:
+    def close_and_reopen(self) -> None:
         sql, _ = self.stores
         sql.close()
         self.sql = self._open_sql()
         self.reopens += 1
+
+    @rule()
+    def crash_and_reopen(self) -> None:
+        sql, _ = self.stores
+        sql.kill()
+        self._after_crash()
+
+    @rule(batch=st.lists(requests(), min_size=1, max_size=6), step=st.integers(0, 2))
+    def crash_during_append(self, batch: list[AppendRequest], step: int) -> None:
+        sql, mem = self.stores
+        self.clock.now += step * NS
+        sql.kill_during("append", batch)
+        self._after_crash()
+        sql, _ = self.stores
+        # The append is atomic: it landed whole (a top moved) or not at all; the memory store follows.
+        landed = any(sql.head(r.channel).top != mem.head(r.channel).top for r in batch)
+        if landed:
+            mem.append(batch)
 
     @precondition(lambda self: self.reopens > 0)
     @rule()
@@ -161,38 +297,40 @@ class LogMachine(RuleBasedStateMachine):
         if self.mem is None:
             return
         sql, mem = self.stores
+        reads = {ch: mem.read(ch, limit=10_000) for ch in CHANNELS}
+        mids = {ch: (em[len(em) // 2].time_ns if em else None) for ch, em in reads.items()}
+        state = sql.state(mids)
         for ch in CHANNELS:
-            self._same_info(sql.head(ch), mem.head(ch))
-            es, em = sql.read(ch, limit=10_000), mem.read(ch, limit=10_000)
+            head, es, last2, retired, ranges = state[ch]
+            em = reads[ch]
+            self._same_info(head, mem.head(ch))
             assert len(es) == len(em)
             for a, b in zip(es, em, strict=True):
                 self._same_event(a, b)
-            assert [e.seq for e in sql.read_last(ch, 2)] == [e.seq for e in mem.read_last(ch, 2)]
+            assert last2 == [e.seq for e in mem.read_last(ch, 2)]
             # Retired epochs (a new epoch deletes nothing) agree too, events included.
-            rs, rm = sql.retired_epochs(ch), mem.retired_epochs(ch)
-            assert len(rs) == len(rm)
-            for ri_s, ri_m in zip(rs, rm, strict=True):
+            rm = mem.retired_epochs(ch)
+            assert len(retired) == len(rm)
+            for (ri_s, olds), ri_m in zip(retired, rm, strict=True):
                 self._same_info(ri_s, ri_m)
-                olds = sql.read(ch, limit=10_000, epoch=ri_s.epoch)
                 oldm = mem.read(ch, limit=10_000, epoch=ri_m.epoch)
                 assert len(olds) == len(oldm)
                 for a, b in zip(olds, oldm, strict=True):
                     self._same_event(a, b)
-            if em:
+            mid = mids[ch]
+            if mid is not None:
                 # A time-range read agrees too (the engines search differently).
-                mid = em[len(em) // 2].time_ns
-                assert [e.seq for e in sql.read(ch, from_time=mid)] == [
-                    e.seq for e in mem.read(ch, from_time=mid)
-                ]
-                assert [e.seq for e in sql.read(ch, to_time=mid)] == [
-                    e.seq for e in mem.read(ch, to_time=mid)
-                ]
-        cs, cm = sql.channels(), mem.channels()
+                assert ranges == (
+                    [e.seq for e in mem.read(ch, from_time=mid)],
+                    [e.seq for e in mem.read(ch, to_time=mid)],
+                )
+        cs, stats, top_time = state[""]
+        cm = mem.channels()
         assert [c.channel for c in cs] == [c.channel for c in cm]
         for ci_s, ci_m in zip(cs, cm, strict=True):
             self._same_info(ci_s, ci_m)
-        assert sql.stats() == mem.stats()
-        assert sql.top_time() == mem.top_time()
+        assert stats == mem.stats()
+        assert top_time == mem.top_time()
 
     def teardown(self) -> None:
         try:

@@ -40,6 +40,7 @@ def test_names() -> None:
         ({"limits.max_frame": "0"}, "limits.max_frame"),
         ({"http.listen": "nowhere"}, "http_listen"),
         ({"native.enabled": "maybe"}, "native.enabled"),
+        ({"native.idempotency_window_s": "-1"}, "native.idempotency_window_s"),
     ],
 )
 def test_errors_name_the_key(cli: dict[str, str], needle: str) -> None:
@@ -52,3 +53,38 @@ def test_unknown_file_key(tmp_path: Path) -> None:
     f.write_text("nonsense = 1\n")
     with pytest.raises(ConfigError, match="nonsense"):
         load_config({}, env={}, config_file=str(f))
+
+
+def test_idempotency_window_takes_fractions_of_a_second(tmp_path: Path) -> None:
+    assert load_config({}, env={}).native_idempotency_window_s == 600
+    f = tmp_path / "h.toml"
+    f.write_text("[native]\nidempotency_window_s = 30\n")  # a TOML integer for the float key
+    assert load_config({}, env={}, config_file=str(f)).native_idempotency_window_s == 30.0
+    env = {"HUBBUB_NATIVE_IDEMPOTENCY_WINDOW_S": "0.5"}
+    assert load_config({}, env=env, config_file=str(f)).native_idempotency_window_s == 0.5
+
+
+def test_mist_keys() -> None:
+    cfg = load_config({}, env={})
+    assert (cfg.mist_enabled, cfg.mist_tcp_listen, cfg.mist_channel, cfg.mist_auth) == (
+        True,
+        "127.0.0.1:1445",
+        "/mist",
+        "",
+    )
+    cfg = load_config(
+        {"mist.tcp_listen": "127.0.0.1:0", "mist.token": "s3cret"},
+        env={"HUBBUB_MIST_TCP_LISTEN": "127.0.0.1:9", "HUBBUB_MIST_ENABLED": "false"},
+    )
+    assert cfg.mist_tcp_listen == "127.0.0.1:0"  # the flag beats the environment
+    assert not cfg.mist_enabled
+    assert cfg.mist_token == "s3cret" and "s3cret" not in repr(cfg)
+    assert flag_name("mist.tcp_listen") == "--mist-tcp-listen"
+    for bad, needle in (
+        ({"mist.tcp_listen": "nowhere"}, "mist.tcp_listen"),
+        ({"mist.channel": "mist"}, "mist.channel"),
+        ({"mist.channel": "/a%41"}, "mist.channel"),
+        ({"mist.auth": "token"}, "mist.auth"),
+    ):
+        with pytest.raises(ConfigError, match=needle):
+            load_config(bad, env={})

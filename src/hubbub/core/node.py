@@ -17,18 +17,24 @@ Ordering guarantees:
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, final
 
-from hubbub.auth import AllowAll, Authorizer
+from hubbub.auth import Authenticator, Authorizer, Identity
 from hubbub.channels import Pattern
-from hubbub.errors import BadRequest, HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
+from hubbub.errors import (
+    EpochMismatch,
+    HubbubError,
+    LimitExceeded,
+    RateLimited,
+    ShuttingDown,
+    SubscriptionError,
+)
 from hubbub.events import Event, Position
 from hubbub.log.base import (
     AppendRequest,
@@ -40,13 +46,16 @@ from hubbub.log.base import (
 )
 from hubbub.router import Router
 
+from .access import Access, only_visible
 from .fanout import FanOut
 from .filters import FILTER_PREFIX, delivery_filters, passes, withheld
+from .limits import Limiter, LimitSettings
 from .replay import Gap, ReplayPlan, ReplaySpan, ReplaySpec, plan_replay
 from .session import FrameRun, Session
+from .stats import Histogram
 from .writer import LogWriter
 
-__all__ = ["EpochMismatch", "Node", "NodeSettings", "Subscription", "Trimmed"]
+__all__ = ["EpochMismatch", "Histogram", "Node", "NodeSettings", "Subscription", "Trimmed"]
 
 log = logging.getLogger("hubbub.node")
 
@@ -70,17 +79,6 @@ class NodeSettings:
     reader_threads: int = 4
 
 
-class EpochMismatch(HubbubError):
-    """A request named an epoch it cannot act on: not the channel's current one (or, for :meth:`Node.trim`,
-    neither the current one nor a retired one holding events); ``head`` is the current position."""
-
-    code = 4202
-
-    def __init__(self, head: ChannelInfo) -> None:
-        super().__init__(f"the channel's epoch is {head.epoch!r}")
-        self.head = head
-
-
 @dataclass(frozen=True, slots=True)
 class Trimmed:
     """What :meth:`Node.trim` did: ``info`` is the trimmed epoch's position afterwards (its ``epoch`` the one
@@ -100,9 +98,15 @@ class Subscription:
     pattern: Pattern
     tags: frozenset[str]
     holding: list[Event] | None = None
+    #: The channels of the pattern the session's identity may read, when not all (``Access.visibility``).
+    visible: Callable[[str], bool] | None = None
 
     def matches(self, event: Event) -> bool:
-        return self.pattern.matches(event.channel) and self.tags.issubset(event.tags)
+        return (
+            self.pattern.matches(event.channel)
+            and self.tags.issubset(event.tags)
+            and (self.visible is None or self.visible(event.channel))
+        )
 
 
 #: Events per page of an exact channel's replay (Node._replay_span): large enough that the per-page costs
@@ -131,22 +135,6 @@ class _Completion:
 _Pending = tuple[Session | None, Done | _Completion | None, float]
 
 
-class Histogram:
-    """A fixed-bucket histogram (cumulative on export)."""
-
-    def __init__(self, buckets: Sequence[float]) -> None:
-        self.buckets = tuple(buckets)
-        self.counts = [0] * (len(self.buckets) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, v: float, n: int = 1) -> None:
-        """Record ``n`` observations of ``v``."""
-        self.sum += v * n
-        self.count += n
-        self.counts[bisect.bisect_left(self.buckets, v)] += n
-
-
 class Node:
     """See the module docstring. Use as ``async with Node(store, settings) as node``."""
 
@@ -157,10 +145,17 @@ class Node:
         authorizer: Authorizer | None = None,
         *,
         new_epochs: bool = False,
+        authenticator: Authenticator | None = None,
+        limits: LimitSettings | None = None,
     ) -> None:
         self.store = store
         self.settings = settings or NodeSettings()
-        self.authorizer: Authorizer = authorizer or AllowAll()
+        #: Authentication, permission checks, token expiry and the audit log: the one enforcement point.
+        # Transports call it directly for log reads (check_read), admin operations (check_admin) and
+        # connection admission (limiter.admit / limiter.release).
+        self.access = Access(authorizer, authenticator, Limiter(limits))
+        self.authorizer: Authorizer = self.access.authorizer
+        self.limiter = self.access.limiter
         self.router: Router[Subscription] = Router()
         self._new_epochs = new_epochs
         self._subs: dict[Session, dict[str, Subscription]] = {}
@@ -252,6 +247,8 @@ class Node:
     # -- sessions ---------------------------------------------------------------------------------------
 
     def attach(self, session: Session) -> None:
+        if session.bucket is None:
+            session.bucket = self.limiter.bucket()
         self._sessions.add(session)
         self._by_id[session.id] = session
         self._subs[session] = {}
@@ -266,9 +263,32 @@ class Node:
                 self._holding.discard(s)
             self._fanout.clear_plans()
         self._sessions.discard(session)
+        self.access.unbind(session)
         if self._by_id.get(session.id) is session:
             del self._by_id[session.id]
         session.close()
+
+    # -- authentication ---------------------------------------------------------------------------------
+
+    def authenticate(self, token: str | None, dialect: str, peer: str = "") -> Identity:
+        """The identity ``token`` gives (one HTTP request), or ``AuthError`` 4100/4101/4103 (audited).
+        With ``auth.mode = off`` every token, or none, gives :data:`~hubbub.auth.ANONYMOUS`."""
+        return self.access.authenticate(token, dialect, peer)
+
+    def login(self, session: Session, token: str | None, peer: str = "") -> Identity:
+        """Authenticate a connection (or refresh its token): the identity becomes the session's, its
+        expiry timer is armed (4103 when it fires), and existing subscriptions follow the new permissions.
+        Raises ``AuthError`` (4100, 4101, 4103) and leaves the session as it was."""
+        ident = self.access.authenticate(token, session.dialect, peer)
+        self.access.bind(session, ident)
+        subs = self._subs.get(session)
+        if subs:
+            for s in subs.values():
+                self.router.remove(s.pattern, s, s.tags)
+                s.visible = self.access.visibility(ident, s.pattern)
+                self.router.add(s.pattern, s, s.tags, s.visible)
+            self._fanout.clear_plans()
+        return ident
 
     def session_by_id(self, session_id: str) -> Session | None:
         """The attached session with this id (ivy's HTTP ``sid`` names the connection to exclude)."""
@@ -290,10 +310,18 @@ class Node:
 
     # -- publish ----------------------------------------------------------------------------------------
 
-    def submit(self, request: AppendRequest, origin: Session | None = None, done: Done | None = None) -> None:
+    def submit(
+        self,
+        request: AppendRequest,
+        origin: Session | None = None,
+        done: Done | None = None,
+        identity: Identity | None = None,
+    ) -> None:
         """Queue a publish. ``done`` is called on the loop with the result once committed (or failed).
 
-        Raises :class:`ShuttingDown` while the node closes, and ``AuthError`` when publishing is not allowed.
+        The publisher is ``origin``'s identity, or ``identity`` for a publish without a connection (HTTP).
+        Raises :class:`ShuttingDown` while the node closes, ``AuthError`` (4102) when publishing is not
+        allowed, and :class:`RateLimited` (4008) when the connection is over its publish rate.
         Callers that publish in a loop should ``await node.writable()`` to respect back-pressure.
 
         ``done`` callbacks run in submission order (the writer commits in order, and a failed commit fails
@@ -302,8 +330,13 @@ class Node:
         """
         if self._closing or self._writer is None:
             raise ShuttingDown()
-        user = origin.user if origin is not None else request.publisher.user
-        self.authorizer.check_publish(user, request.channel)
+        if origin is not None:
+            identity = origin.identity
+            bucket = origin.bucket
+            if bucket is not None and not bucket.take(1):
+                self._rate_limited(origin)
+        if self.authorizer.enabled:
+            self.access.check_publish(identity, request.channel, request.publisher.dialect)
         self._pending += 1
         if self._pending >= self.settings.max_pending:
             self._room.clear()
@@ -332,14 +365,19 @@ class Node:
         """
         if self._closing or self._writer is None:
             raise ShuttingDown()
-        user = origin.user
-        check = self.authorizer.check_publish
-        checked = None
-        for req in requests:
-            # A read usually publishes to one channel: the permission depends only on (user, channel).
-            if req.channel != checked:
-                check(user, req.channel)
-                checked = req.channel
+        if self.authorizer.enabled:
+            identity = origin.identity
+            check = self.access.check_publish
+            checked = None
+            for req in requests:
+                # A read usually publishes to one channel: the permission depends only on (identity, channel).
+                if req.channel != checked:
+                    check(identity, req.channel, origin.dialect)
+                    checked = req.channel
+        bucket = origin.bucket
+        if bucket is not None and not bucket.take(len(requests)):
+            # All or nothing: the caller submits them one by one, and each beyond the bucket is refused.
+            self._rate_limited(origin)
         self._pending += len(requests)
         if self._pending >= self.settings.max_pending:
             self._room.clear()
@@ -351,6 +389,10 @@ class Node:
         cb: Done | _Completion = done if done_many is None else _Completion(done, done_many, len(requests))
         self._batch_items += [(origin, cb, self._batch_t0)] * len(requests)
         self._batch_reqs += requests
+
+    def _rate_limited(self, origin: Session) -> None:
+        self.limiter.refused("publish_rate", origin.dialect)
+        raise RateLimited("publish rate exceeded")
 
     def _flush(self) -> None:
         """Commit this loop tick's publishes in one go.
@@ -369,8 +411,10 @@ class Node:
             else:
                 writer.submit(items, reqs)
 
-    async def publish(self, request: AppendRequest, origin: Session | None = None) -> AppendResult:
-        """Publish and wait for the acknowledgement."""
+    async def publish(
+        self, request: AppendRequest, origin: Session | None = None, identity: Identity | None = None
+    ) -> AppendResult:
+        """Publish and wait for the acknowledgement (``identity`` as for :meth:`submit`)."""
         await self.writable()
         fut: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
 
@@ -382,7 +426,7 @@ class Node:
             else:
                 fut.set_result(r)
 
-        self.submit(request, origin, done)
+        self.submit(request, origin, done, identity)
         return await fut
 
     @property
@@ -504,18 +548,22 @@ class Node:
         if sub_id in subs:
             raise SubscriptionError("sub id in use", code=4200)
         if len(subs) >= self.settings.max_subscriptions:
+            self.limiter.refused("max_subscriptions", session.dialect)
             raise LimitExceeded("too many subscriptions")
         spec = replay or ReplaySpec()
-        sub = Subscription(session, sub_id, pattern, tags, holding=[])
+        visible = self.access.visibility(session.identity, pattern)
+        sub = Subscription(session, sub_id, pattern, tags, holding=[], visible=visible)
         self._holding.add(sub)
         subs[sub_id] = sub
-        self.router.add(pattern, sub, tags)
+        self.router.add(pattern, sub, tags, visible)
         self._fanout.clear_plans()
         try:
             if planner is not None:
                 plan = await self.read(planner)
             else:
                 plan = await self.read(plan_replay, pattern, spec, self.settings.max_recovery)
+            if visible is not None:
+                only_visible(plan, pattern, visible)
             for ch in plan.ahead:
                 epoch = next(g.position.epoch for g in plan.gaps if g.channel == ch)
                 info = await self._new_epoch_if_lost(ch, epoch)
@@ -726,24 +774,16 @@ class Node:
         retired one still holding events (docs/log.md "Epochs"; the current epoch is untouched then). On the
         writer thread, in order with appends; the epoch is looked up in the same call, so a reset cannot slip
         in between (a reset just before makes the named epoch a retired one, which is trimmed all the same).
-        Raises :class:`EpochMismatch` with the current head (``epoch`` is neither: never used, or a retired
-        epoch already gone with its last event) or :class:`BadRequest` (``up_to_seq`` negative or beyond that
-        epoch's top)."""
+        Raises :class:`~hubbub.errors.TrimEpochGone` (an :class:`EpochMismatch`) with the current head
+        (``epoch`` is neither: never used, or a retired epoch already gone with its last event) or
+        :class:`~hubbub.errors.TrimOutOfRange` (``up_to_seq`` negative or beyond that epoch's top): the
+        store's own typed errors (``LogStore.trim``)."""
         if self._closing or self._writer is None:
             raise ShuttingDown()
 
         def trim(st: LogStore) -> Trimmed:
-            head = st.head(channel)
-            if not head.empty and head.epoch == epoch:
-                if not 0 <= up_to_seq <= head.top:
-                    raise BadRequest(f"seq must be between 0 and the channel's top ({head.top})")
-                return Trimmed(st.trim(channel, up_to_seq), current=True)
-            old = next((ci for ci in st.retired_epochs(channel) if ci.epoch == epoch), None)
-            if old is None:
-                raise EpochMismatch(head)
-            if not 0 <= up_to_seq <= old.top:
-                raise BadRequest(f"seq must be between 0 and the epoch's top ({old.top})")
-            return Trimmed(st.trim(channel, up_to_seq, epoch=epoch), current=False)
+            info = st.trim(channel, up_to_seq, epoch=epoch)
+            return Trimmed(info, current=st.head(channel).epoch == epoch)
 
         done: Trimmed = await self._writer.submit_control(trim)
         return done

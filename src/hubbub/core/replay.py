@@ -87,8 +87,9 @@ def merged_key(e: Event) -> tuple[int, bytes, int]:
     return (e.time_ns, e.channel.encode(), e.seq)
 
 
-def list_channels(store: LogStore, pattern: Pattern) -> list[ChannelInfo]:
-    """Every channel with retained events that matches ``pattern``."""
+def list_channels(store: LogStore, pattern: Pattern, *, include_empty: bool = False) -> list[ChannelInfo]:
+    """Every channel with retained events that matches ``pattern`` (``include_empty``: every channel with a
+    current epoch, as :meth:`LogStore.channels` lists them)."""
     prefix = ""
     for p in pattern.parts:
         if p is None:
@@ -98,7 +99,7 @@ def list_channels(store: LogStore, pattern: Pattern) -> list[ChannelInfo]:
     out: list[ChannelInfo] = []
     after = ""
     while True:
-        page = store.channels(after=after, limit=PAGE, prefix=prefix)
+        page = store.channels(after=after, limit=PAGE, prefix=prefix, include_empty=include_empty)
         out.extend(ci for ci in page if pattern.matches(ci.channel))
         if len(page) < PAGE:
             return out

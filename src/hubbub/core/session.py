@@ -35,10 +35,12 @@ from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Any, Protocol, cast, final
 
+from hubbub.auth import Identity
 from hubbub.events import Event
 from hubbub.log.base import EventRun
 
 from .flag import Flag
+from .limits import TokenBucket
 
 __all__ = [
     "BatchEncoder",
@@ -188,6 +190,10 @@ class Session:
     user: str = ""
     echo: bool = True
     params: dict[str, str] = field(default_factory=dict)
+    #: Who the connection is (``Node.login``); ``None`` until it authenticates (auth on: may do nothing).
+    identity: Identity | None = None
+    #: The connection's publish rate bucket (``limits.publish_rate``), set by ``Node.attach``.
+    bucket: TokenBucket | None = None
     on_catch_up: Callable[[], None] | None = None
     #: Called once when the session is kicked as a slow consumer (the node counts it).
     on_slow: Callable[[Session], None] | None = None

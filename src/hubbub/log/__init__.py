@@ -1,8 +1,10 @@
 """The durable per-channel event log: the :class:`LogStore` interface, its engines, and :func:`open_store`.
 
-Engines: :class:`MemoryLogStore` (reference, nothing survives a restart) and :class:`SqliteLogStore` (the
-embedded default). Every engine does blocking I/O and must be called off the event loop (see ``base.py`` for
-the threading contract). The record schema shared with the data pipeline is in :mod:`hubbub.log.records`.
+Engines: :class:`MemoryLogStore` (reference, nothing survives a restart), :class:`SqliteLogStore` (the
+embedded default) and ``PostgresLogStore`` (:mod:`hubbub.log.postgres`: one database shared by several
+nodes; imported when opened, so that psycopg is loaded only where it is used). Every engine does blocking
+I/O and must be called off the event loop (see ``base.py`` for the threading contract). The record schema
+shared with the data pipeline is in :mod:`hubbub.log.records`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from hubbub.log.base import (
     ChannelInfo,
     LogStore,
     RetentionPolicy,
+    ScanColumns,
+    ScanPlan,
     StoreStats,
     new_epoch,
 )
@@ -30,6 +34,8 @@ __all__ = [
     "LogStore",
     "MemoryLogStore",
     "RetentionPolicy",
+    "ScanColumns",
+    "ScanPlan",
     "SqliteLogStore",
     "StoreStats",
     "new_epoch",
@@ -45,7 +51,7 @@ def open_store(
     data_dir: str,
     durability: str,
     retention: RetentionPolicy,
-    idem_window_s: int,
+    idem_window_s: float,
     *,
     readonly: bool = False,
 ) -> LogStore:
@@ -54,13 +60,15 @@ def open_store(
     * ``sqlite``: ``<data_dir>/hubbub.db``, creating ``data_dir`` if needed.
     * ``sqlite:///<absolute path>``: that database file, creating its directory if needed.
     * ``memory``: an in-memory store; nothing survives a restart.
+    * ``postgresql://…`` (or ``postgres://…``): a PostgreSQL database (libpq URI), which several servers may
+      share; the schema is created or migrated at open.
 
-    ``postgresql://…`` is not supported yet. Anything else, or an unknown ``durability``, raises
-    :class:`ValueError` with a message fit for the user (it never echoes credentials). Failing to open the
-    database raises :class:`hubbub.errors.StorageError`. Blocking: call it off the event loop.
+    Anything else, or an unknown ``durability``, raises :class:`ValueError` with a message fit for the user
+    (it never echoes credentials). Failing to open the database raises :class:`hubbub.errors.StorageError`.
+    Blocking: call it off the event loop.
 
-    ``readonly=True`` (SQLite only) opens a reader of an existing file, which may belong to a running server:
-    no lock, nothing created, the writer methods raise ``StorageError`` (the data pipeline uses it).
+    ``readonly=True`` (SQLite, PostgreSQL) opens a reader of an existing log, which may belong to running
+    servers: no lock, nothing created, the writer methods raise ``StorageError`` (the data pipeline uses it).
     """
     if durability not in DURABILITY_SYNCHRONOUS:
         raise ValueError(f"durability must be one of {', '.join(DURABILITY_SYNCHRONOUS)}, not {durability!r}")
@@ -82,10 +90,20 @@ def open_store(
     else:
         scheme = urlsplit(url).scheme.lower() if "://" in url else ""
         if scheme in ("postgresql", "postgres"):
-            raise ValueError("store: postgresql:// is not supported yet (use sqlite or memory)")
+            from hubbub.log.postgres import PostgresLogStore
+
+            return PostgresLogStore(
+                url,
+                durability=durability,
+                retention=retention,
+                idem_window_s=idem_window_s,
+                readonly=readonly,
+            )
         # Only the scheme is echoed: a URL may carry a password.
         shown = f"{scheme}://…" if scheme else repr(url)
-        raise ValueError(f"store: unknown log store {shown} (expected sqlite, sqlite:///<file> or memory)")
+        raise ValueError(
+            f"store: unknown log store {shown} (expected sqlite, sqlite:///<file>, memory or postgresql://…)"
+        )
     return SqliteLogStore(
         path, durability=durability, retention=retention, idem_window_s=idem_window_s, readonly=readonly
     )

@@ -5,9 +5,9 @@ Concurrency contract (every engine):
 * ``append``, ``apply_retention``, ``trim``, ``reset_channel``, ``new_epochs_on_open``,
   ``commits_may_be_lost`` and ``close`` are called from **one writer thread** only (core owns it). They are
   never called concurrently with each other.
-* Every read method (``head``, ``heads``, ``read``, ``read_runs``, ``read_last``, ``channels``,
-  ``retired_epochs``, ``top_time``, ``stats``) may be called from any thread, concurrently with the writer
-  and with each other. Reads see only committed data.
+* Every read method (``head``, ``heads``, ``read``, ``read_runs``, ``read_rows``, ``read_last``, ``channels``,
+  ``retired_epochs``, ``top_time``, ``stats``, ``scan_plan``, ``scan_columns``) may be called from any thread,
+  concurrently with the writer and with each other. Reads see only committed data.
 * No method is ever called on the event loop thread, except ``append`` of an engine that sets
   ``inline_append``: core may call it on the loop, never concurrently with the other writer methods.
 
@@ -25,6 +25,10 @@ Invariants (checked by ``tests/contract/test_log_stores.py`` against every engin
   at appends, so not to retired epochs. ``head``, ``heads``, ``read``, ``read_last`` and ``channels`` see the
   current epoch only.
 * Trimming removes the oldest events of a channel; ``first`` moves up, ``top`` and ``epoch`` never change.
+* Every event has a **log position** ``pos``: an integer assigned at append, increasing in commit order over
+  the whole log (so with ``time_ns``); there may be holes. Every epoch of a channel, current or retired, has
+  an integer **epoch id**, never reused. Both exist for the bulk reads of the data pipeline (``scan_plan``,
+  ``scan_columns``), which read the log in ``pos`` order.
 * Idempotency: an ``AppendRequest`` with an ``idem`` key that repeats ``(user, channel, idem)`` of an event
   appended within ``idem_window_ns`` (by the new commit's time) is not appended again; the result is the
   original event with ``duplicate=True``. This holds across restarts and across new epochs: a retry of a
@@ -39,8 +43,10 @@ import secrets
 import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hubbub.events import Event, Publisher, fast_init
+from hubbub.log.records import encode_headers, encode_tags
 
 __all__ = [
     "AppendRequest",
@@ -49,8 +55,11 @@ __all__ = [
     "EventRun",
     "LogStore",
     "RetentionPolicy",
+    "ScanColumns",
+    "ScanPlan",
     "StoreStats",
     "new_epoch",
+    "prefix_upper",
 ]
 
 _EPOCH_ALPHABET = string.digits + string.ascii_lowercase
@@ -126,6 +135,18 @@ class EventRun:
         ]
 
 
+def prefix_upper(prefix: str) -> str | None:
+    """The smallest string greater than every string that starts with ``prefix`` (None: there is none)."""
+    chars = list(prefix)
+    while chars:
+        c = ord(chars.pop()) + 1
+        if c == 0xD800:  # skip the surrogates: they are not text
+            c = 0xE000
+        if c <= 0x10FFFF:
+            return "".join(chars) + chr(c)
+    return None
+
+
 def same_but_position(a: Event, b: Event) -> bool:
     """Whether two events of one channel may share an :class:`EventRun` (everything but seq, time and payload
     equal)."""
@@ -176,11 +197,57 @@ class StoreStats:
     retired_epochs: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ScanPlan:
+    """What :meth:`LogStore.scan_plan` found in one snapshot.
+
+    ``splits``: ascending ``pos`` boundaries; piece ``i`` is ``splits[i] <= pos < splits[i + 1]`` (empty when
+    no event is in range). ``max_time``: the newest event's time in that snapshot; a scan bounded by it sees
+    no later commit. ``channels``: epoch id -> head, for every epoch holding events, current or retired
+    (a channel with retired epochs has several ids, each with its own epoch). ``events`` and ``bytes``: the
+    log's totals (for sizing reads). ``retired``: the ids of ``channels`` that are retired epochs."""
+
+    splits: tuple[int, ...]
+    max_time: int
+    channels: dict[int, ChannelInfo]
+    events: int
+    bytes: int
+    retired: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ScanColumns:
+    """Events of a ``pos`` range as columns, concatenated: no Python object per event.
+
+    ``channel_id`` (the epoch id), ``seq`` and ``time_ns`` are decimal integers joined with ``,`` (``""`` when
+    ``n`` is 0). A variable-length column is ``(lengths, data)``: the byte length of every value joined with
+    ``,`` and the values' bytes concatenated (text as UTF-8; ``headers`` and ``tags`` in the column codec of
+    :mod:`hubbub.log.records`). ``text`` holds the five text columns (``publisher_dialect``,
+    ``publisher_user``, ``publisher_app``, ``publisher_msg_id``, ``content_type``), together either one
+    ``str`` each (every row has that value, as is usual) or ``(lengths, data)`` each."""
+
+    n: int
+    channel_id: str
+    seq: str
+    time_ns: str
+    text: tuple[str, ...] | tuple[tuple[str, bytes], ...]
+    headers: tuple[str, bytes]
+    tags: tuple[str, bytes]
+    payload: tuple[str, bytes]
+
+
+#: A row of :meth:`LogStore.read_rows`: ``(seq, time_ns, publisher_dialect, publisher_user, publisher_app,
+#: publisher_msg_id, content_type, headers, tags, payload)``, headers and tags in the column codec.
+Row = tuple[Any, ...]
+
+
 class LogStore(abc.ABC):
     """A durable, per-channel sequenced event log. See the module docstring for the contract."""
 
     #: Name of the engine, for logs and metrics.
     engine: str = ""
+    #: Whether the store was opened as a reader only (its writer methods raise ``StorageError``).
+    readonly: bool = False
     #: Whether ``append`` is cheap and never waits on I/O (no disk, no network), so that core may run it on
     #: the event loop thread instead of handing it to the writer thread (see ``hubbub.core.writer``).
     inline_append: bool = False
@@ -230,15 +297,86 @@ class LogStore(abc.ABC):
         events = self.read(channel, after_seq, min(limit, up_to_seq - after_seq))
         return runs_of(e for e in events if e.seq <= up_to_seq)
 
+    def read_rows(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        *,
+        compact_text: bool = False,
+        epoch: str | None = None,
+    ) -> tuple[str, list[Row]]:
+        """:meth:`read` without building events, for bulk readers (the data pipeline): ``(epoch, rows)`` from
+        one snapshot, each row ``(seq, time_ns, publisher_dialect, publisher_user, publisher_app,
+        publisher_msg_id, content_type, headers, tags, payload)`` with ``headers`` and ``tags`` in the column
+        codec of :mod:`hubbub.log.records`. An unknown channel gives ``("", [])``.
+
+        ``compact_text``: in every row but the first, each of the five text columns (``publisher_*`` and
+        ``content_type``) is ``None`` where it equals the first row's value.
+
+        ``epoch``: read that epoch of the channel, current or retired (``("", [])`` when the channel has no
+        such epoch holding events). This default reads events (:meth:`read` and :meth:`head` or
+        :meth:`retired_epochs`, so not one snapshot); engines override it."""
+        events = self.read(channel, after_seq, limit, from_time, to_time, epoch=epoch)
+        if events:
+            cur = events[0].epoch
+        elif epoch is None:
+            cur = self.head(channel).epoch
+        else:
+            known = [self.head(channel), *self.retired_epochs(channel)]
+            cur = epoch if any(ci.epoch == epoch for ci in known if ci.epoch) else ""
+        rows: list[Row] = []
+        first: tuple[str, ...] = ()
+        for e in events:
+            p = e.publisher
+            text: tuple[str | None, ...] = (p.dialect, p.user, p.app, p.msg_id, e.content_type)
+            if compact_text:
+                if not rows:
+                    first = (p.dialect, p.user, p.app, p.msg_id, e.content_type)
+                else:
+                    text = tuple(None if v == f else v for v, f in zip(text, first, strict=True))
+            rows.append((e.seq, e.time_ns, *text, encode_headers(e.headers), encode_tags(e.tags), e.payload))
+        return cur, rows
+
+    @abc.abstractmethod
+    def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
+        """Plan a bulk read of the whole log in ``pos`` order (see :class:`ScanPlan`), from one snapshot.
+        Each piece holds ``size`` events (the last one at most ``size``) with ``from_time <= time_ns <
+        to_time``: ``time_ns`` increases with ``pos``, so the time range is a ``pos`` range. For bulk readers
+        (the data pipeline), with :meth:`scan_columns`."""
+
+    @abc.abstractmethod
+    def scan_columns(
+        self,
+        lo_pos: int,
+        hi_pos: int,
+        *,
+        max_time: int,
+        bounds: Sequence[tuple[int, int, int]] | None = None,
+    ) -> list[ScanColumns]:
+        """The events with ``lo_pos <= pos < hi_pos`` and ``time_ns <= max_time``, in ``pos`` order, as
+        columns (:class:`ScanColumns`), read in one snapshot. ``bounds``: only these ``(epoch id, lowest seq,
+        highest seq)``. Usually one piece; an engine may split a range it cannot return at once (pieces in
+        ``pos`` order); an empty range gives no piece."""
+
     @abc.abstractmethod
     def read_last(self, channel: str, n: int) -> list[Event]:
         """The last ``n`` retained events of the channel, oldest first."""
 
     @abc.abstractmethod
-    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+    def channels(
+        self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
+    ) -> list[ChannelInfo]:
         """Channels holding at least one retained event, in byte order of the canonical path (UTF-8),
         starting strictly after ``after``, at most ``limit``. ``prefix``, when given, keeps only channels
-        whose path starts with it (a cheap pre-filter for patterns)."""
+        whose path starts with it (a cheap pre-filter for patterns).
+
+        ``include_empty``: also the channels whose current epoch holds no event (trimmed or aged out to
+        nothing, or reset and not published to since), each with its position (``first = top + 1``, the low
+        water mark): a reader that starts now knows where such a channel goes on, so its next event is not
+        taken for the first of a new channel with the earlier ones lost."""
 
     @abc.abstractmethod
     def retired_epochs(self, channel: str) -> list[ChannelInfo]:
@@ -277,13 +415,14 @@ class LogStore(abc.ABC):
         method (like :meth:`append`): never called concurrently with the other writer methods. ``epoch``, when
         it names a retired epoch of the channel, trims that one instead (and returns its head; it is gone once
         empty); an ``epoch`` that is neither the current one nor a retired one holding events raises
-        ``ValueError``.
+        :class:`hubbub.errors.TrimEpochGone` (carrying the channel's current head).
 
         ``first`` moves up to ``up_to_seq + 1`` (never down: trimming what is already gone changes nothing, so
         a repeated call is a no-op); ``top``, ``top_time`` and ``epoch`` never change; :meth:`stats` counts
         the remaining events and bytes. ``up_to_seq == top`` trims every event (``first`` becomes
-        ``top + 1``). Raises ``ValueError`` when ``up_to_seq`` is negative or beyond ``top`` (an unknown
-        channel has top 0). The caller checks the epoch (in the same writer-thread call, so it is atomic).
+        ``top + 1``). Raises :class:`hubbub.errors.TrimOutOfRange` when ``up_to_seq`` is negative or beyond
+        the top of the epoch trimmed (an unknown channel has top 0). Both errors are
+        :class:`hubbub.errors.TrimError`; the log is unchanged then.
         """
 
     @abc.abstractmethod

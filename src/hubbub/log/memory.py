@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from hubbub.errors import StorageError
+from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.events import Event
 from hubbub.log.base import (
     AppendRequest,
@@ -42,10 +42,13 @@ from hubbub.log.base import (
     ChannelInfo,
     LogStore,
     RetentionPolicy,
+    Row,
+    ScanColumns,
+    ScanPlan,
     StoreStats,
     new_epoch,
 )
-from hubbub.log.records import event_size
+from hubbub.log.records import encode_headers, encode_tags, event_size
 
 __all__ = ["MemoryLogStore"]
 
@@ -54,13 +57,18 @@ _NS = 1_000_000_000
 
 @dataclass(slots=True)
 class _Channel:
+    """One epoch of a channel (the current one, or a retired one)."""
+
     epoch: str
+    id: int
     top: int = 0
     top_time: int = 0
     bytes: int = 0
-    # Retained events, oldest first; always the contiguous seqs ``first .. top``.
+    # Retained events, oldest first; always the contiguous seqs ``first .. top``. ``sizes`` and ``pos`` are
+    # per event too: its size and its log position.
     events: list[Event] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
 
     @property
     def first(self) -> int:
@@ -73,6 +81,7 @@ class _Channel:
             self.bytes -= sum(self.sizes[:n])
             del self.events[:n]
             del self.sizes[:n]
+            del self.pos[:n]
         return n
 
 
@@ -98,17 +107,20 @@ class MemoryLogStore(LogStore):
         self,
         *,
         retention: RetentionPolicy | None = None,
-        idem_window_s: int = 600,
+        idem_window_s: float = 600,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self._retention = retention or RetentionPolicy()
-        self._idem_window_ns = max(idem_window_s, 0) * _NS
+        self._idem_window_ns = int(max(idem_window_s, 0) * _NS)
         self._clock = clock
-        self._lock = threading.Lock()
+        # Reentrant: read_rows holds it across the reads it is made of (one snapshot).
+        self._lock = threading.RLock()
         self._channels: dict[str, _Channel] = {}
         # Retired epochs holding events, per channel, oldest first.
         self._retired: dict[str, list[_Channel]] = {}
         self._last_time = 0
+        self._next_id = 1
+        self._next_pos = 1
         # (user, channel, idem) -> the original event; insertion order is time order (oldest first).
         self._idem: OrderedDict[tuple[str, str, str], Event] = OrderedDict()
         self._closed = False
@@ -129,12 +141,13 @@ class MemoryLogStore(LogStore):
             touched: dict[str, _Channel] = {}
             channels = self._channels
             idem_keys = self._idem
+            pos = self._next_pos
             # Plain loop with locals: core may run this on the event loop (``inline_append``), per event.
             for req in batch:
                 name = req.channel
                 ch = channels.get(name)
                 if ch is None:
-                    ch = channels[name] = _Channel(epoch=new_epoch())
+                    ch = channels[name] = self._epoch_row()
                 t_next = now if now > t else t + 1
                 idem = req.idem
                 if idem and window:
@@ -155,6 +168,8 @@ class MemoryLogStore(LogStore):
                 ch.top_time = t
                 ch.events.append(ev)
                 ch.sizes.append(size)
+                ch.pos.append(pos)
+                pos += 1
                 ch.bytes += size
                 touched[name] = ch
                 if idem and window:
@@ -162,6 +177,7 @@ class MemoryLogStore(LogStore):
                     idem_keys[key] = ev
                 results.append(AppendResult(ev))
             self._last_time = t
+            self._next_pos = pos
             for ch in touched.values():
                 self._trim_channel(ch)
             return results
@@ -188,7 +204,13 @@ class MemoryLogStore(LogStore):
         old = self._channels.get(name)
         if old is not None and old.events:
             self._retired.setdefault(name, []).append(old)
-        ch = self._channels[name] = _Channel(epoch=new_epoch())
+        ch = self._channels[name] = self._epoch_row()
+        return ch
+
+    def _epoch_row(self) -> _Channel:
+        """A new epoch with a new id (caller holds the lock)."""
+        ch = _Channel(epoch=new_epoch(), id=self._next_id)
+        self._next_id += 1
         return ch
 
     def reset_channel(self, channel: str) -> ChannelInfo:
@@ -248,12 +270,13 @@ class MemoryLogStore(LogStore):
             self._check_open()
             ch = self._channels.get(channel)
             if epoch is not None and (ch is None or ch.epoch != epoch):
+                current = ChannelInfo(channel, "", 0, 0, 0) if ch is None else self._info(channel, ch)
                 ch = self._retired_epoch(channel, epoch)
                 if ch is None:
-                    raise ValueError(f"the channel has no epoch {epoch!r} holding events")
+                    raise TrimEpochGone(current, epoch)
             top = 0 if ch is None else ch.top
             if not 0 <= up_to_seq <= top:
-                raise ValueError(f"cannot trim to seq {up_to_seq}: the channel's top is {top}")
+                raise TrimOutOfRange(up_to_seq, top)
             if ch is None:
                 return ChannelInfo(channel, "", 0, 0, 0)
             ch.trim_to(up_to_seq + 1)
@@ -318,6 +341,75 @@ class MemoryLogStore(LogStore):
                 hi = bisect.bisect_left(evs, to_time, key=lambda e: e.time_ns)
             return evs[lo : min(hi, lo + limit)] if lo < hi else []
 
+    def read_rows(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        *,
+        compact_text: bool = False,
+        epoch: str | None = None,
+    ) -> tuple[str, list[Row]]:
+        # The interface's rows from events, under the lock: one snapshot.
+        with self._lock:
+            return super().read_rows(
+                channel, after_seq, limit, from_time, to_time, compact_text=compact_text, epoch=epoch
+            )
+
+    def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
+        size = max(size, 1)
+        with self._lock:
+            self._check_open()
+            epochs = [ch for ch in self._all_epochs() if ch.events]
+            names = {id(ch): name for name, ch in self._channels.items()}
+            names.update((id(ch), name) for name, old in self._retired.items() for ch in old)
+            channels = {ch.id: self._info(names[id(ch)], ch) for ch in epochs}
+            retired = frozenset(ch.id for old in self._retired.values() for ch in old)
+            events = sum(len(ch.events) for ch in epochs)
+            nbytes = sum(ch.bytes for ch in epochs)
+            # (pos, time) of every event, in pos order (which is time order).
+            order = sorted((p, e.time_ns) for ch in epochs for p, e in zip(ch.pos, ch.events, strict=True))
+            if not order:
+                return ScanPlan((), 0, channels, events, nbytes, retired)
+            max_time = order[-1][1]
+            lo = 0 if from_time is None else bisect.bisect_left(order, from_time, key=lambda r: r[1])
+            hi = len(order) if to_time is None else bisect.bisect_left(order, to_time, key=lambda r: r[1])
+            if lo >= hi:
+                return ScanPlan((), max_time, channels, events, nbytes, retired)
+            splits = [order[i][0] for i in range(lo, hi, size)]
+            splits.append(order[hi - 1][0] + 1)
+            return ScanPlan(tuple(splits), max_time, channels, events, nbytes, retired)
+
+    def scan_columns(
+        self,
+        lo_pos: int,
+        hi_pos: int,
+        *,
+        max_time: int,
+        bounds: Sequence[tuple[int, int, int]] | None = None,
+    ) -> list[ScanColumns]:
+        with self._lock:
+            self._check_open()
+            want = None if bounds is None else {cid: (lo, hi) for cid, lo, hi in bounds}
+            picked: list[tuple[int, int, Event]] = []
+            for ch in self._all_epochs():
+                rng = (-1, -1) if want is None else want.get(ch.id)
+                if rng is None:
+                    continue
+                for p, e in zip(ch.pos, ch.events, strict=True):
+                    if (
+                        lo_pos <= p < hi_pos
+                        and e.time_ns <= max_time
+                        and (want is None or rng[0] <= e.seq <= rng[1])
+                    ):
+                        picked.append((p, ch.id, e))
+        if not picked:
+            return []
+        picked.sort(key=lambda r: r[0])
+        return [_columns([(cid, e) for _, cid, e in picked])]
+
     def read_last(self, channel: str, n: int) -> list[Event]:
         with self._lock:
             self._check_open()
@@ -326,7 +418,9 @@ class MemoryLogStore(LogStore):
                 return []
             return ch.events[-n:]
 
-    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+    def channels(
+        self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
+    ) -> list[ChannelInfo]:
         with self._lock:
             self._check_open()
             if limit <= 0:
@@ -335,7 +429,7 @@ class MemoryLogStore(LogStore):
             names = sorted(
                 n
                 for n, ch in self._channels.items()
-                if ch.events and n > after and (not prefix or n.startswith(prefix))
+                if (ch.events or include_empty) and n > after and (not prefix or n.startswith(prefix))
             )
             return [self._info(n, self._channels[n]) for n in names[:limit]]
 
@@ -359,3 +453,34 @@ class MemoryLogStore(LogStore):
                 channels=sum(1 for ch in self._channels.values() if ch.events),
                 retired_epochs=sum(len(old) for old in self._retired.values()),
             )
+
+
+def _joined(values: Iterable[int]) -> str:
+    return ",".join(map(str, values))
+
+
+def _varlen(values: Sequence[bytes]) -> tuple[str, bytes]:
+    return _joined(len(v) for v in values), b"".join(values)
+
+
+def _columns(rows: Sequence[tuple[int, Event]]) -> ScanColumns:
+    """:class:`ScanColumns` of events (with their epoch ids), in the order given."""
+    texts = [
+        (e.publisher.dialect, e.publisher.user, e.publisher.app, e.publisher.msg_id, e.content_type)
+        for _, e in rows
+    ]
+    text: tuple[str, ...] | tuple[tuple[str, bytes], ...]
+    if all(t == texts[0] for t in texts):
+        text = texts[0]
+    else:
+        text = tuple(_varlen([t[i].encode() for t in texts]) for i in range(5))
+    return ScanColumns(
+        n=len(rows),
+        channel_id=_joined(cid for cid, _ in rows),
+        seq=_joined(e.seq for _, e in rows),
+        time_ns=_joined(e.time_ns for _, e in rows),
+        text=text,
+        headers=_varlen([encode_headers(e.headers) for _, e in rows]),
+        tags=_varlen([encode_tags(e.tags) for _, e in rows]),
+        payload=_varlen([e.payload for _, e in rows]),
+    )

@@ -86,8 +86,8 @@ def add_pipeline_commands(subparsers: argparse._SubParsersAction[argparse.Argume
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        from hubbub.errors import PipelineError
         from hubbub.pipeline import jobs
-        from hubbub.pipeline.sources import PipelineError
     except ImportError as exc:
         print(
             f"hubbub {args._command}: needs the spark extra (pip install 'hubbub[spark]'): {exc}",
@@ -95,7 +95,11 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 2
     if args.job == "retention":
-        print(json.dumps(jobs.retention(args.out, args.days)))
+        try:
+            print(json.dumps(jobs.retention(args.out, args.days)))
+        except PipelineError as exc:
+            print(f"hubbub {args._command}: {exc}", file=sys.stderr)
+            return 1
         return 0
     conf = dict(kv.split("=", 1) for kv in args.conf if "=" in kv)
     show = not args.no_progress and sys.stderr.isatty()
@@ -137,4 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     print(json.dumps(result, default=str))
+    if result.get("ok") is False:  # audit: gaps or duplicates found
+        print(f"hubbub {args._command}: found gaps or duplicates (see {args.out})", file=sys.stderr)
+        return 1
     return 0

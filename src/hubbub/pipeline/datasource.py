@@ -18,9 +18,11 @@ no ``pushFilters``: ranges are options (``startSeq``, ``endSeq``, ``startTime``,
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,10 +47,11 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import Row, StructType
 
 from hubbub.channels import parse_pattern
+from hubbub.errors import DataLossError, PipelineError  # DataLossError: also importable from here
 from hubbub.log import ChannelInfo, SqliteLogStore
-from hubbub.log.records import SPARK_DDL
+from hubbub.log.records import RECORD_SCHEMA, SPARK_DDL
 from hubbub.pipeline.arrow import batch_from_columns
-from hubbub.pipeline.sources import LogSource, PipelineError, StoreSource, open_source
+from hubbub.pipeline.sources import LogSource, StoreSource, open_source
 
 __all__ = [
     "SOURCE_HEADER",
@@ -61,10 +64,6 @@ __all__ = [
 #: Header the sink sets on each published event to the source position (``channel#epoch:seq``).
 SOURCE_HEADER = "hubbub-source"
 _MAX_IDEM = 128
-
-
-class DataLossError(PipelineError):
-    """A streaming read found a channel reset (new epoch) or trimmed past its offset."""
 
 
 def position_key(channel: str, epoch: str, seq: int) -> str:
@@ -95,6 +94,90 @@ def _time_option(value: str | None) -> int | None:
 
         dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp() * 1_000_000) * 1000
+
+
+#: The read options (docs/pipeline.md), as written there; Spark hands them over lower-cased.
+READ_OPTIONS: tuple[str, ...] = (
+    "url",
+    "store",
+    "path",
+    "token",
+    "channels",
+    "startSeq",
+    "endSeq",
+    "startTime",
+    "endTime",
+    "startingOffsets",
+    "endingOffsets",
+    "partitionSize",
+    "minPartitions",
+    "maxEventsPerTrigger",
+    "maxOffsetsPerTrigger",
+    "failOnDataLoss",
+)
+#: The sink's options. ``checkpointLocation`` is Spark's (a streaming write passes it on to the sink).
+WRITE_OPTIONS: tuple[str, ...] = (
+    "url",
+    "path",
+    "token",
+    "channel",
+    "channelPrefix",
+    "idemColumn",
+    "sourceHeader",
+    "checkpointLocation",
+)
+# Kafka source options with no hubbub option of the same meaning: what to use instead.
+_KAFKA_INSTEAD = {
+    "subscribe": "channels (a native pattern, such as /chat/**)",
+    "subscribepattern": "channels (a native pattern, such as /chat/**)",
+    "assign": "channels (a native pattern, such as /chat/**)",
+    "kafka.bootstrap.servers": "url (http://host:port or sqlite:///ABS/PATH.db)",
+    "startingtimestamp": "startTime",
+    "startingoffsetsbytimestamp": "startTime, or startingOffsets with positions",
+    "endingtimestamp": "endTime",
+    "endingoffsetsbytimestamp": "endTime, or endingOffsets with positions",
+    "includeheaders": "nothing: the headers column is always there",
+    "minoffsetspertrigger": "maxEventsPerTrigger (there is no minimum)",
+    "maxtriggerdelay": "maxEventsPerTrigger (there is no minimum)",
+    "groupidprefix": "nothing: hubbub has no consumer groups, the checkpoint holds the positions",
+    "kafka.group.id": "nothing: hubbub has no consumer groups, the checkpoint holds the positions",
+}
+
+
+def check_options(options: Mapping[str, str], valid: Sequence[str], what: str) -> None:
+    """Refuse an option that is not in ``valid`` (a typo would otherwise be ignored): the message says what
+    to use instead (a Kafka option) or the closest valid names, and lists them all."""
+    names = {v.lower(): v for v in valid}
+    for key in options:
+        k = key.lower()
+        if k in names:
+            continue
+        instead = _KAFKA_INSTEAD.get(k)
+        if instead is not None:
+            hint = f"; that is a Kafka option: for hubbub use {instead}"
+        else:
+            close = difflib.get_close_matches(k, names, n=2, cutoff=0.75)
+            hint = f"; did you mean {' or '.join(names[c] for c in close)}?" if close else ""
+        raise PipelineError(
+            f"hubbub {what}: unknown option {key!r}{hint} (valid options: {', '.join(valid)})"
+        )
+
+
+#: The record schema as Spark writes a type without nullability (``DataType.simpleString()``).
+_RECORD_SHAPE = (
+    "struct<" + ",".join(f"{c.name}:{c.spark.lower().replace(' ', '')}" for c in RECORD_SCHEMA) + ">"
+)
+
+
+def check_schema(schema: StructType) -> None:
+    """A user schema (``.schema(...)``) must be the record schema (nullability aside): the source returns
+    exactly those columns, so anything else would only fail once the query runs."""
+    if schema.simpleString() != _RECORD_SHAPE:
+        raise PipelineError(
+            "hubbub: the source's schema is the log's record schema and cannot be changed; leave out "
+            f".schema(...) or give exactly {SPARK_DDL} (got {schema.simpleString()}); select or cast columns "
+            "after load() instead"
+        )
 
 
 def _bool_option(value: str | None, default: bool) -> bool:
@@ -133,15 +216,22 @@ class _Options:
     partition_size: int
     max_per_trigger: int | None
     fail_on_data_loss: bool
+    min_partitions: int = 0
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Options:
+        check_options(options, READ_OPTIONS, "source")
         opts = {k.lower(): v for k, v in options.items()}
         url = opts.get("url") or opts.get("store") or opts.get("path") or ""
         if not url:
             raise PipelineError("hubbub: set option url (http://host:port or sqlite:///path)")
         end_seq = opts.get("endseq")
-        mpt = opts.get("maxeventspertrigger")
+        if "maxeventspertrigger" in opts and "maxoffsetspertrigger" in opts:
+            raise PipelineError(
+                "hubbub: set maxEventsPerTrigger or maxOffsetsPerTrigger (the same), not both"
+            )
+        # maxOffsetsPerTrigger: Kafka's name for the same limit (one offset is one event here).
+        mpt = opts.get("maxeventspertrigger") or opts.get("maxoffsetspertrigger")
         return cls(
             url=url,
             token=opts.get("token", ""),
@@ -155,7 +245,15 @@ class _Options:
             partition_size=max(1, int(opts.get("partitionsize", "100000"))),
             max_per_trigger=int(mpt) if mpt else None,
             fail_on_data_loss=_bool_option(opts.get("failondataloss"), True),
+            min_partitions=max(0, int(opts.get("minpartitions", "0"))),
         )
+
+    def piece_size(self, events: int) -> int:
+        """Events per partition for a read of ``events``: ``partitionSize``, smaller where that makes fewer
+        than ``minPartitions`` partitions (Kafka's option of that name: big ranges split further)."""
+        if self.min_partitions > 1 and events > 0:
+            return max(1, min(self.partition_size, math.ceil(events / self.min_partitions)))
+        return self.partition_size
 
     def source(self) -> LogSource:
         return open_source(self.url, self.token)
@@ -264,9 +362,13 @@ _SCAN_MIN_SHARE = 1 / 16
 
 def _scan_partitions(o: _Options, store: SqliteLogStore) -> list[InputPartition] | None:
     """Partitions as ``pos`` ranges when the read wants enough of the log (else ``None``)."""
-    plan = store.scan_plan(o.partition_size, o.start_time, o.end_time)
+    size = o.partition_size
+    plan = store.scan_plan(size, o.start_time, o.end_time)
     if not plan.splits:
         return [HubbubPartition(())]
+    if o.min_partitions > 1 and len(plan.splits) - 1 < o.min_partitions:
+        size = o.piece_size(plan.events)  # minPartitions: plan again in smaller pieces
+        plan = store.scan_plan(size, o.start_time, o.end_time)
     pat = parse_pattern(o.channels)
     want = _BatchRange(o)
     bounds: list[tuple[int, int, int]] = []
@@ -284,7 +386,7 @@ def _scan_partitions(o: _Options, store: SqliteLogStore) -> list[InputPartition]
             wanted += hi - after
     if not bounds:
         return [HubbubPartition(())]
-    scanned = min(plan.events, (len(plan.splits) - 1) * o.partition_size)
+    scanned = min(plan.events, (len(plan.splits) - 1) * size)
     # Only a scan reads retired epochs (the index path reads the channels' current epochs, like the HTTP log
     # API): a read that wants one stays a scan, so what it returns does not depend on this choice.
     if wanted < scanned * _SCAN_MIN_SHARE and not any(cid in plan.retired for cid, _, _ in bounds):
@@ -357,9 +459,11 @@ class HubbubDataSource(DataSource):  # type: ignore[misc]
         return SPARK_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        check_schema(schema)
         return HubbubBatchReader(_Options.parse(self.options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        check_schema(schema)
         return HubbubStreamReader(_Options.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -386,7 +490,8 @@ class HubbubBatchReader(DataSourceReader):  # type: ignore[misc]
             after, hi = want.of(ci)
             if hi > after:
                 ranges.append(_Range(ci.channel, ci.epoch, after, hi))
-        return _pack(ranges, o.partition_size) or [HubbubPartition(())]
+        size = o.piece_size(sum(r.hi - r.after for r in ranges))
+        return _pack(ranges, size) or [HubbubPartition(())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(self.opts, partition)
@@ -403,7 +508,11 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
     def initialOffset(self) -> dict[str, Any]:
         o = self.opts
         src = o.source()
-        infos = src.channels(o.channels)
+        # Channels trimmed to nothing too, with their positions: a stream that starts after a trim goes on
+        # where the channel does, so its next event is not taken for the first of a channel that lost the
+        # rest. "earliest" is each channel's first retained event: what was trimmed before the stream
+        # started is not a loss for it.
+        infos = src.channels(o.channels, include_empty=True)
         start = o.starting.strip() or "earliest"
         if start.startswith("{"):
             given = _offset_map(start)
@@ -430,7 +539,8 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {
-            ci.channel: (ci.epoch, ci.top) for ci in self.opts.source().channels(self.opts.channels)
+            ci.channel: (ci.epoch, ci.top)
+            for ci in self.opts.source().channels(self.opts.channels, include_empty=True)
         }
 
     def latestOffset(
@@ -442,7 +552,7 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end: dict[str, Any] = {ch: dict(v) for ch, v in start.items()}
         wants: list[tuple[str, str, int, int]] = []  # channel, epoch, base seq, available up to
-        for ci in o.source().channels(o.channels):
+        for ci in o.source().channels(o.channels, include_empty=True):
             prev = start.get(ci.channel)
             base = 0
             if prev is not None:
@@ -492,7 +602,8 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             after = s["seq"] if s is not None and s["epoch"] == e["epoch"] else 0
             if e["seq"] > after:
                 ranges.append(_Range(ch, e["epoch"], after, e["seq"]))
-        return _pack(ranges, self.opts.partition_size, strict=self.opts.fail_on_data_loss)
+        size = self.opts.piece_size(sum(r.hi - r.after for r in ranges))
+        return _pack(ranges, size, strict=self.opts.fail_on_data_loss)
 
     def read(self, partition: HubbubPartition) -> Iterator[pa.RecordBatch]:
         # The time range picks the start offsets only: a stream reads every event after them.
@@ -517,6 +628,7 @@ class PublishCommit(WriterCommitMessage):  # type: ignore[misc]
 
 class _Publishing:
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        check_options(options, WRITE_OPTIONS, "sink")
         opts = {k.lower(): v for k, v in options.items()}
         self.url = opts.get("url") or opts.get("path") or ""
         if not self.url.startswith(("http://", "https://")):

@@ -8,10 +8,12 @@ source (a running server or a store) or Parquet (an archive or an export).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import shutil
+import socket
 import threading
 import time
 import urllib.parse
@@ -25,10 +27,10 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 from hubbub.channels import parse_pattern
-from hubbub.errors import StorageError
+from hubbub.errors import PipelineError, StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.log import LogStore, RetentionPolicy, open_store
 from hubbub.pipeline.datasource import SOURCE_HEADER, HubbubDataSource, position_key
-from hubbub.pipeline.sources import PipelineError, connect_source, log_epochs
+from hubbub.pipeline.sources import connect_source, log_epochs
 
 __all__ = [
     "archive",
@@ -38,6 +40,7 @@ __all__ = [
     "export",
     "load",
     "make_session",
+    "out_lock",
     "pattern_filter",
     "progress",
     "retention",
@@ -46,6 +49,8 @@ __all__ = [
 ]
 
 STATE_FILE = "_hubbub_archive.json"
+#: Held (``flock``, exclusive) by the run that writes an archive directory: archive, retention.
+LOCK_FILE = "_hubbub_archive.lock"
 DATA_DIR = "data"
 STAGING_DIR = "_staging"
 
@@ -215,6 +220,32 @@ def _save_state(out: Path, positions: Positions, pending: dict[str, Any] | None 
     os.replace(tmp, out / STATE_FILE)
 
 
+@contextlib.contextmanager
+def out_lock(outp: Path, job: str) -> Iterator[None]:
+    """Hold the archive directory's lock (``DIR/_hubbub_archive.lock``, an exclusive ``flock``) while the
+    block runs, or fail at once with a :class:`PipelineError` naming the run that holds it. Two runs on one
+    directory would read the same positions and both append what is new (each event archived twice), or
+    drop partitions under a run moving files in. The lock goes with the process (a crashed run leaves
+    nothing to clean up); the file keeps the last holder's description, for that message."""
+    outp.mkdir(parents=True, exist_ok=True)
+    fd = os.open(outp / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 500).decode(errors="replace").strip() or "another run"
+            raise PipelineError(
+                f"{outp} is in use by another run ({holder}); runs on one --out directory take turns, "
+                "as two at once would archive the same events twice: try again when it has finished"
+            ) from None
+        since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{job}, pid {os.getpid()} on {socket.gethostname()}, since {since}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _offsets(positions: Positions) -> str:
     """Positions as the data source's batch offsets: each channel a list of ``{"epoch", "seq"}``."""
     return json.dumps(
@@ -256,9 +287,11 @@ def trim_archived(url: str, positions: Positions, token: str = "") -> dict[str, 
             for epoch, seq in sorted(eps.items()):
                 query = urllib.parse.urlencode({"seq": int(seq), "epoch": epoch})
                 status, data = conn.request("POST", f"/api/v1/trim/{_channel_path(channel)}?{query}")
-                if status == 409:
+                if status == 409:  # TrimEpochGone
                     skipped.append(position_key(channel, epoch, seq))
                     gone.append((channel, epoch))
+                elif status == 400:  # TrimOutOfRange: seq was checked to be >= 0 here, so beyond the top
+                    raise _beyond_top(channel, epoch, seq, _error_text(status, data))
                 elif status != 200:
                     raise PipelineError(f"trim {channel} epoch {epoch}: {_error_text(status, data)}")
                 else:
@@ -266,6 +299,16 @@ def trim_archived(url: str, positions: Positions, token: str = "") -> dict[str, 
     finally:
         conn.close()
     return {"trimmed": trimmed, "skipped": skipped, "gone": gone}
+
+
+def _beyond_top(channel: str, epoch: str, seq: int, why: str) -> PipelineError:
+    """The error for an archived position beyond its epoch's top in the log: that log is not the one the
+    archive was made from (a store restored from an older backup, or another server's), and trimming it
+    up to the archive's positions would not mean "what is archived"."""
+    return PipelineError(
+        f"trim {channel} epoch {epoch}: the archive holds it up to seq {seq}, beyond the top of that epoch "
+        f"in the log ({why}); is this the log the archive was made from? Nothing more was trimmed"
+    )
 
 
 def _open_for_trim(url: str) -> LogStore:
@@ -293,13 +336,12 @@ def _trim_store(store: LogStore, positions: Positions) -> dict[str, Any]:
         for epoch, seq in sorted(eps.items()):
             try:
                 store.trim(channel, seq, epoch=epoch)
-            except ValueError:  # that epoch holds no events any more (gone with retention)
+            except TrimEpochGone:  # that epoch holds no events any more (trimmed, or gone with retention)
                 skipped.append(position_key(channel, epoch, seq))
-                if store.head(channel).epoch != epoch and all(
-                    ci.epoch != epoch for ci in store.retired_epochs(channel)
-                ):
-                    gone.append((channel, epoch))
+                gone.append((channel, epoch))
                 continue
+            except TrimOutOfRange as exc:
+                raise _beyond_top(channel, epoch, seq, str(exc)) from exc
             trimmed += 1
     return {"trimmed": trimmed, "skipped": skipped, "gone": gone}
 
@@ -347,9 +389,22 @@ def archive(
     (``sqlite:///…``) opened as its writer (refused while a server has it open)."""
     http = url.startswith(("http://", "https://"))
     outp = Path(out)
+    with out_lock(outp, "archive"):
+        return _archive_locked(spark, url, outp, channels, token, show, trim, http)
+
+
+def _archive_locked(
+    spark: SparkSession,
+    url: str,
+    outp: Path,
+    channels: str,
+    token: str,
+    show: bool,
+    trim: bool,
+    http: bool,
+) -> dict[str, Any]:
     writer = _open_for_trim(url) if trim and not http else None  # first: fail before any work
     try:
-        outp.mkdir(parents=True, exist_ok=True)
         result = _archive_run(spark, url, outp, channels, token, show)
         if trim:  # only now: every position in the state file is committed to the archive
             pat = parse_pattern(channels)
@@ -559,12 +614,26 @@ def audit(spark: SparkSession, df: DataFrame, out: str, show: bool = False) -> d
 
 
 def retention(archive_dir: str, days: int, now: datetime | None = None) -> dict[str, Any]:
-    """Drop the archive's date partitions older than ``days`` days (UTC). The archived positions are kept,
-    so a later archive run does not archive the dropped events again."""
+    """Drop the archive's date partitions older than ``days`` days (UTC): ``days = 0`` keeps today only.
+    The archived positions are kept, so a later archive run does not archive the dropped events again.
+
+    Refuses (:class:`PipelineError`) a negative ``days`` (it would drop today's and even future days) and a
+    directory that is not an archive (none of ``_hubbub_archive.json`` and ``data/``: a mistyped path must
+    not report success). Holds the directory's lock (:func:`out_lock`) while it drops."""
+    if days < 0:
+        raise PipelineError(f"--days must be 0 or more (0 keeps today only), not {days}")
+    outp = Path(archive_dir)
+    if not (outp / STATE_FILE).is_file() and not (outp / DATA_DIR).is_dir():
+        raise PipelineError(f"{archive_dir} is not an archive (it holds no {STATE_FILE} and no {DATA_DIR}/)")
+    with out_lock(outp, "retention"):
+        return _retention(outp, days, now)
+
+
+def _retention(outp: Path, days: int, now: datetime | None) -> dict[str, Any]:
     today = (now or datetime.now(UTC)).date()
     cutoff = today - timedelta(days=days)
     dropped: list[str] = []
-    data = Path(archive_dir) / DATA_DIR
+    data = outp / DATA_DIR
     for d in sorted(data.glob("root=*/date=*")):
         try:
             day = datetime.strptime(d.name[len("date=") :], "%Y-%m-%d").date()

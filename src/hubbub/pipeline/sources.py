@@ -11,7 +11,8 @@
   published through the native protocol instead (``/ws/hubbub`` on the same port, JSON frames).
 
 Both sources give pages as Arrow record batches of the record schema (:mod:`hubbub.pipeline.arrow`).
-Sources are cached per process (:func:`open_source`): Spark runs many partitions in one Python worker. A
+``PipelineError`` and ``EpochChanged`` live in :mod:`hubbub.errors` (importable from here too). Sources are
+cached per process (:func:`open_source`): Spark runs many partitions in one Python worker. A
 one-off use (a job on the driver) opens its own (:func:`connect_source`) and closes it.
 """
 
@@ -31,7 +32,7 @@ import msgpack
 import pyarrow as pa
 
 from hubbub.channels import Pattern, parse_pattern
-from hubbub.errors import HubbubError
+from hubbub.errors import EpochChanged, HubbubError, PipelineError
 from hubbub.log import ChannelInfo, LogStore, RetentionPolicy, SqliteLogStore, open_store
 from hubbub.log.records import event_to_record
 from hubbub.pipeline.arrow import ARROW_SCHEMA, batch_from_events, batch_from_rows
@@ -54,14 +55,6 @@ __all__ = [
 ]
 
 
-class PipelineError(RuntimeError):
-    """A pipeline failure with a message fit for the user."""
-
-
-class EpochChanged(PipelineError):
-    """The channel's epoch is not the one the read was planned for (it was reset)."""
-
-
 @dataclass(frozen=True, slots=True)
 class Page:
     """One page of a channel: its head at read time and the events as an Arrow batch."""
@@ -76,7 +69,10 @@ class LogSource(Protocol):
     url: str
     page_limit: int
 
-    def channels(self, pattern: str) -> list[ChannelInfo]: ...
+    def channels(self, pattern: str, include_empty: bool = False) -> list[ChannelInfo]:
+        """The channels matching ``pattern`` that hold events; ``include_empty``: also those whose current
+        epoch holds none (trimmed to nothing), with their position (``LogStore.channels``)."""
+        ...
 
     def read(
         self,
@@ -112,13 +108,13 @@ class StoreSource:
         except ValueError as exc:
             raise PipelineError(str(exc)) from exc
 
-    def channels(self, pattern: str) -> list[ChannelInfo]:
+    def channels(self, pattern: str, include_empty: bool = False) -> list[ChannelInfo]:
         pat = parse_pattern(pattern)
         prefix = _prefix(pat)
         out: list[ChannelInfo] = []
         after = ""
         while True:
-            page = self.store.channels(after=after, limit=10000, prefix=prefix)
+            page = self.store.channels(after=after, limit=10000, prefix=prefix, include_empty=include_empty)
             out.extend(ci for ci in page if pat.matches(ci.channel))
             if len(page) < 10000:
                 return out
@@ -257,12 +253,15 @@ class HttpSource:
         self._http = _Http(url, token)
         self._lock = threading.Lock()
 
-    def channels(self, pattern: str) -> list[ChannelInfo]:
+    def channels(self, pattern: str, include_empty: bool = False) -> list[ChannelInfo]:
         parse_pattern(pattern)
         out: list[ChannelInfo] = []
         after = ""
         while True:
-            q = urllib.parse.urlencode({"after": after, "limit": 10000})
+            params: dict[str, Any] = {"after": after, "limit": 10000}
+            if include_empty:
+                params["include_empty"] = 1  # a hubbub addition to the listing (docs/native.md "Admin")
+            q = urllib.parse.urlencode(params)
             with self._lock:
                 status, data = self._http.request("GET", f"/api/v1/channels/{_channel_path(pattern)}?{q}")
             if status != 200:

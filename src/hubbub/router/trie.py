@@ -14,8 +14,10 @@ Structure (after nats-server's sublist, STYLE.md item 7):
   matches ``/chat`` itself and everything below. ``/**`` is the root's ``subtree`` bucket and matches every
   channel, the root ``/`` (segments ``[""]``) included.
 * A bucket splits its keys into untagged keys (the common case: copied out wholesale, no per-key work) and
-  a tag index: keys grouped by their tag set, so one subset test covers every key that shares a filter,
-  and no tagged group is looked at when the event has no tags.
+  a :class:`~hubbub.router.tags.TagIndex`: a trie over sorted tag sets that finds the sets contained in the
+  event's tags without testing the others (true subset semantics, mist.md §5), and is not looked at when
+  the event has no tags. Every dialect's tagged subscriptions (mist's ``/**`` plus a tag set, native
+  ``tags``) share it.
 * Results are tuples in subscription insertion order. Every key gets a sequence number when it is added;
   each bucket is an insertion-ordered dict, so a result drawn from one bucket is already in order, and a
   result drawn from several is a concatenation of sorted runs, which ``list.sort`` (timsort) merges in
@@ -28,15 +30,21 @@ Structure (after nats-server's sublist, STYLE.md item 7):
   dict keeps insertion order, and evicting in batches keeps the cost per miss O(1) amortised, where
   popping the oldest entry on every miss is quadratic for a dict and about 3x dearer with an OrderedDict.
 * ``remove`` prunes trie nodes left empty, so add/remove churn never grows the trie.
+* A key may be added with a ``visible`` predicate over channels (a subscription whose token may read only
+  some of the channels its pattern matches): a matching channel is kept for that key only where the
+  predicate holds. The predicate runs on a cache miss only, so its answer is cached with the result; it
+  must therefore be fixed for as long as the key is indexed (re-add the key to change it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable
+from collections.abc import Callable, Collection, Hashable
 from itertools import islice
 from typing import Generic, TypeVar
 
 from hubbub.channels import Pattern
+
+from .tags import TagIndex
 
 __all__ = ["DEFAULT_CACHE_SIZE", "Router"]
 
@@ -50,36 +58,54 @@ _EMPTY: tuple[()] = ()
 class _Bucket(Generic[K]):
     """Keys of the subscriptions whose pattern ends at one trie position.
 
-    ``plain`` holds untagged keys; ``tagged`` maps a tag set to the keys filtered by exactly that set. Both
-    are dicts used as insertion-ordered sets (values unused).
+    ``plain`` holds untagged keys, a dict used as an insertion-ordered set (values unused); ``tagged``
+    indexes the keys filtered by a tag set (:class:`TagIndex`), created on first use.
     """
 
     __slots__ = ("plain", "tagged")
 
     def __init__(self) -> None:
         self.plain: dict[K, None] = {}
-        self.tagged: dict[frozenset[str], dict[K, None]] = {}
+        self.tagged: TagIndex[K] | None = None
 
     def add(self, key: K, tags: frozenset[str]) -> None:
         if tags:
-            group = self.tagged.get(tags)
-            if group is None:
-                group = self.tagged[tags] = {}
-            group[key] = None
+            index = self.tagged
+            if index is None:
+                index = self.tagged = TagIndex()
+            index.add(key, tags)
         else:
             self.plain[key] = None
 
     def discard(self, key: K, tags: frozenset[str]) -> None:
         if tags:
-            group = self.tagged[tags]
-            del group[key]
-            if not group:
-                del self.tagged[tags]
+            index = self.tagged
+            assert index is not None
+            index.discard(key, tags)
+            if not index:
+                self.tagged = None
         else:
             del self.plain[key]
 
     def __bool__(self) -> bool:
         return bool(self.plain) or bool(self.tagged)
+
+
+def _sorted_distinct(tags: Collection[str]) -> tuple[str, ...]:
+    """``tags`` as a sorted tuple without duplicates. Events already carry one, which is returned as it is
+    after one pass to check it."""
+    if type(tags) is tuple:
+        n = len(tags)
+        if n < 2:
+            return tags
+        prev = tags[0]
+        for t in tags[1:]:
+            if t <= prev:
+                break
+            prev = t
+        else:
+            return tags
+    return tuple(sorted(set(tags)))
 
 
 class _Node(Generic[K]):
@@ -124,6 +150,7 @@ class Router(Generic[K]):
         "_seq",
         "_subs",
         "_tagged",
+        "_visible",
     )
 
     def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
@@ -137,6 +164,8 @@ class Router(Generic[K]):
         self._seq: dict[K, int] = {}
         self._next_seq = 0
         self._tagged = 0  # how many subscriptions have a non-empty tag set
+        # key -> channel predicate, for the keys added with one (see the module docstring)
+        self._visible: dict[K, Callable[[str], bool]] = {}
         self._generation = 0
         self._cache_size = cache_size
         # channel | (channel, tags) -> result, oldest first.
@@ -147,8 +176,14 @@ class Router(Generic[K]):
 
     # -- changes ----------------------------------------------------------------------------------------
 
-    def add(self, pattern: Pattern, key: K, tags: frozenset[str] = frozenset()) -> None:
-        """Index ``key`` under ``pattern`` and ``tags``.
+    def add(
+        self,
+        pattern: Pattern,
+        key: K,
+        tags: frozenset[str] = frozenset(),
+        visible: Callable[[str], bool] | None = None,
+    ) -> None:
+        """Index ``key`` under ``pattern`` and ``tags``; with ``visible``, only for the channels it accepts.
 
         Raises :class:`ValueError` if ``key`` is already indexed (one key is one subscription).
         """
@@ -177,6 +212,8 @@ class Router(Generic[K]):
             if bucket is None:
                 bucket = node.exact = _Bucket()
         bucket.add(key, tags)
+        if visible is not None:
+            self._visible[key] = visible
         self._subs[key] = (pattern, tags)
         self._seq[key] = self._next_seq
         self._next_seq += 1
@@ -222,6 +259,7 @@ class Router(Generic[K]):
             node = parent
         del self._subs[key]
         del self._seq[key]
+        self._visible.pop(key, None)
         if tags:
             self._tagged -= 1
         self._generation += 1
@@ -313,25 +351,32 @@ class Router(Generic[K]):
         if not found:
             return _EMPTY
         if len(found) == 1 and not found[0].tagged:
+            if self._visible:
+                return self._only_visible(tuple(found[0].plain), channel)
             return tuple(found[0].plain)
         keys: list[K] = []
         runs = 0
-        tagset: frozenset[str] | set[str] | None = None
+        sorted_tags: tuple[str, ...] | None = None
         for bucket in found:
             if bucket.plain:
                 keys.extend(bucket.plain)
                 runs += 1
-            if bucket.tagged and tags:
-                if tagset is None:
-                    tagset = tags if isinstance(tags, (frozenset, set)) else frozenset(tags)
-                for wanted, group in bucket.tagged.items():
-                    if wanted <= tagset:
-                        keys.extend(group)
-                        runs += 1
+            if bucket.tagged is not None and tags:
+                if sorted_tags is None:
+                    sorted_tags = _sorted_distinct(tags)
+                runs += bucket.tagged.collect(sorted_tags, keys)
         if runs > 1:
             # Concatenated sorted runs: timsort merges them in about linear time.
             keys.sort(key=self._seq.__getitem__)
+        if self._visible:
+            return self._only_visible(tuple(keys), channel)
         return tuple(keys)
+
+    def _only_visible(self, keys: tuple[K, ...], channel: str) -> tuple[K, ...]:
+        visible = self._visible
+        if not any(k in visible for k in keys):
+            return keys
+        return tuple(k for k in keys if (v := visible.get(k)) is None or v(channel))
 
     # -- introspection ----------------------------------------------------------------------------------
 

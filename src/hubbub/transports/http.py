@@ -19,13 +19,13 @@ import orjson
 from aiohttp import WSMsgType, web
 from prometheus_client import CollectorRegistry
 
+from hubbub.auth import Identity
 from hubbub.channels import parse_pattern, route_channel
 from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
-from hubbub.core.node import EpochMismatch
 from hubbub.core.replay import plan_replay, trimmed_after
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
-from hubbub.errors import BadRequest, HubbubError
+from hubbub.errors import AuthError, BadRequest, EpochMismatch, HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.log.base import AppendRequest, ChannelInfo, LogStore
 
@@ -71,6 +71,9 @@ class HttpSettings:
     codec_limits: dict[str, int]
     #: ``cors_origin`` parsed: ``()`` is off, ``("*",)`` any origin, else the allowed origins (README §1).
     cors_origins: tuple[str, ...] = ()
+    #: Routes of dialects that must authenticate but cannot yet take a token: with auth on they answer
+    #: 401 (see :func:`locked_route`). Entries ending in ``/`` are prefixes, the others exact paths.
+    locked_routes: tuple[str, ...] = ()
 
 
 def text_response(status: int, body: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -111,6 +114,59 @@ async def _errors(
         raise
     except HubbubError as exc:
         return _error(exc)
+
+
+def request_token(request: web.Request) -> str | None:
+    """The token of a request, README §6: ``Authorization: Bearer <token>``, else the ``token`` query."""
+    auth = request.headers.get("Authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.query.get("token") or None
+
+
+def peer_address(request: web.Request) -> str:
+    """The client's address (the socket's; proxies' forwarding headers are not trusted)."""
+    return request.remote or ""
+
+
+NATIVE_PATHS = ("/ws/hubbub", "/healthz", "/metrics")
+
+
+def locked_route(path: str, locked: tuple[str, ...]) -> bool:
+    """Whether ``path`` belongs to a dialect listed in ``locked`` (native routes never are)."""
+    if path in NATIVE_PATHS or path.startswith("/api/v1/"):
+        return False
+    return any(path.startswith(r) if r.endswith("/") else path == r for r in locked)
+
+
+def _admission(node: Node, settings: HttpSettings) -> Any:
+    """Middleware: connection limits (every request and WebSocket counts while it runs), then the lock on
+    routes of dialects that cannot take a token yet."""
+    locked = settings.locked_routes
+
+    @web.middleware
+    async def admission(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> Any:
+        path = request.path
+        if locked and locked_route(path, locked):
+            node.access.refused(
+                AuthError("dialect takes no token yet", code=4100), "http", peer_address(request)
+            )
+            return text_response(401, "unauthorized\n")
+        ip = peer_address(request)
+        over = node.limiter.admit(ip, "native" if path.startswith(("/api/v1/", "/ws/hubbub")) else "http")
+        if over is not None:
+            if path.startswith(("/api/v1/", "/ws/hubbub")):
+                return _error(HubbubError(over, code=4009))
+            return text_response(503, "too many connections\n")
+        try:
+            return await handler(request)
+        finally:
+            node.limiter.release(ip)
+
+    return admission
 
 
 class _WsSink:
@@ -188,6 +244,8 @@ class NativeHttp:
         codec = self._codecs[encoding]
         sink = _WsSink(ws, request.transport, encoding == "msgpack")
         conn = self._connection(codec, sink.send, sink.close, sink.send_many, self._encoders[encoding])
+        conn.upgrade_token = request_token(request)
+        conn.peer = peer_address(request)
         task = asyncio.current_task()
         if task is not None:
             self.connections.add(task)
@@ -251,7 +309,12 @@ class NativeHttp:
 
     # -- HTTP API ---------------------------------------------------------------------------------------
 
+    def _identity(self, request: web.Request) -> Identity:
+        """The request's identity (README §6), or ``AuthError`` 4100/4101/4103, answered 401."""
+        return self.node.authenticate(request_token(request), "native", peer_address(request))
+
     async def publish(self, request: web.Request) -> web.Response:
+        ident = self._identity(request)
         channel = route_channel(raw_rest(request, "/api/v1/publish/"), self.s.max_channel_bytes)
         body = await request.read()
         content_type, headers, tags, idem = nc.http_publish_fields(
@@ -263,14 +326,14 @@ class NativeHttp:
         )
         req = AppendRequest(
             channel=channel,
-            publisher=Publisher("native", "", secrets.token_hex(8), idem),
+            publisher=Publisher("native", ident.user, secrets.token_hex(8), idem),
             payload=body,
             content_type=content_type,
             headers=headers,
             tags=tags,
             idem=idem,
         )
-        r = await self.node.publish(req)
+        r = await self.node.publish(req, identity=ident)
         ev = r.event
         out: dict[str, Any] = {
             "channel": ev.channel,
@@ -283,7 +346,9 @@ class NativeHttp:
         return _json(200, orjson.dumps(out) + b"\n")
 
     async def log_read(self, request: web.Request) -> web.Response:
+        ident = self._identity(request)
         channel = route_channel(raw_rest(request, "/api/v1/log/"), self.s.max_channel_bytes)
+        self.node.access.check_read(ident, channel, "native")
         q = request.query
         fmt = q.get("format", "json")
         if fmt not in ("json", "jsonl", "msgpack"):
@@ -316,8 +381,11 @@ class NativeHttp:
     async def trim(self, request: web.Request) -> web.Response:
         """``POST /api/v1/trim/<channel>?seq=S&epoch=E`` (a hubbub v1 addition, docs/native.md "Admin"): trim
         the events with ``seq <= S`` of the channel's epoch E, its current one or a retired one still holding
-        events. The reply is that epoch's position afterwards and whether it is the current one; 409 with the
-        current position when E is neither."""
+        events. The reply is that epoch's position afterwards and whether it is the current one. The store's
+        typed trim errors map to statuses: ``TrimEpochGone`` (E is neither) to 409 with the current position,
+        ``TrimOutOfRange`` (S beyond the epoch's top) to 400 (code 4001, through the error middleware). Needs
+        an admin identity when auth is on (403 otherwise)."""
+        self.node.access.check_admin(self._identity(request), "native")
         channel = route_channel(raw_rest(request, "/api/v1/trim/"), self.s.max_channel_bytes)
         q = request.query
         seq = _int_param(q, "seq", None)
@@ -342,18 +410,28 @@ class NativeHttp:
         return _json(200, orjson.dumps(out) + b"\n")
 
     async def channels(self, request: web.Request) -> web.Response:
+        ident = self._identity(request)
+        may_read = self.node.access.may_read
         pattern = parse_pattern("/" + raw_rest(request, "/api/v1/channels/"), self.s.max_channel_bytes)
         after = request.query.get("after", "")
         limit = min(_int_param(request.query, "limit", 1000), 10000)
         if limit < 0:
             raise BadRequest("limit must not be negative")
+        # A hubbub addition (docs/native.md "Admin"): also the channels trimmed (or aged out) to nothing.
+        empty = request.query.get("include_empty", "")
+        if empty not in ("", "0", "1", "false", "true"):
+            raise BadRequest("include_empty must be 0, 1, false or true")
+        include_empty = empty in ("1", "true")
 
         def read(store: LogStore) -> list[ChannelInfo]:
             from hubbub.core.replay import list_channels
 
-            return [ci for ci in list_channels(store, pattern) if ci.channel.encode() > after.encode()][
-                :limit
-            ]
+            # Channels the identity may not read are left out, as if they held no events.
+            return [
+                ci
+                for ci in list_channels(store, pattern, include_empty=include_empty)
+                if ci.channel.encode() > after.encode() and may_read(ident, ci.channel)
+            ][:limit]
 
         infos = await self.node.read(read)
         out = {
@@ -364,6 +442,7 @@ class NativeHttp:
         return _json(200, orjson.dumps(out) + b"\n")
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
+        ident = self._identity(request)
         pattern = parse_pattern("/" + raw_rest(request, "/api/v1/stream/"), self.s.max_channel_bytes)
         q = request.query
         tags = frozenset(q.getall("tag", []))
@@ -401,6 +480,9 @@ class NativeHttp:
             max_bytes=self.s.send_queue_bytes,
             overflow=Overflow.DISCONNECT,
         )
+        # The stream's events are filtered by the identity's subscribe grant, and it ends at the token's
+        # expiry (the session is kicked; the writer sees the end).
+        self.node.access.bind(sess, ident)
         resp = web.StreamResponse(
             status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -475,6 +557,7 @@ class NativeHttp:
         return _json(200, b'{"status":"ok"}\n')
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self._identity(request)  # any valid token may scrape; /healthz stays open for load balancers
         body = render_metrics(self.registry)
         return web.Response(status=200, body=body, headers={"Content-Type": CONTENT_TYPE})
 
@@ -502,6 +585,11 @@ def native_codec(encoding: str, max_frame: int, limits: dict[str, int]) -> nc.Na
     )
 
 
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    """``Server: hubbub``, without versions (aiohttp would announce its own and Python's)."""
+    response.headers["Server"] = "hubbub"
+
+
 #: Adds one dialect's routes to the application (called once, before the application starts).
 RouteInstaller = Callable[[web.Application, Node, HttpSettings], None]
 
@@ -513,7 +601,10 @@ def build_app(
     registry = CollectorRegistry(auto_describe=True)
     registry.register(NodeCollector(node, node.store.stats))
     native = NativeHttp(node, settings, registry)
-    app = web.Application(middlewares=[_errors], client_max_size=settings.max_frame)
+    app = web.Application(
+        middlewares=[_errors, _admission(node, settings)], client_max_size=settings.max_frame
+    )
+    app.on_response_prepare.append(_server_header)
     install_cors(app, settings.cors_origins)  # global: every route, native and dialects alike
     app.router.add_get("/ws/hubbub", native.websocket)
     app.router.add_post("/api/v1/publish/{rest:.*}", native.publish)

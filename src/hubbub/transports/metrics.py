@@ -47,6 +47,7 @@ class NodeCollector:
                 if d not in DIALECTS:
                     c.add_metric([d], v)
             yield c
+        yield from self._access()
         st = self.store_stats()
         yield GaugeMetricFamily("hubbub_log_events", "Retained events in the log", value=st.events)
         yield GaugeMetricFamily("hubbub_log_bytes", "Retained payload, header and tag bytes", value=st.bytes)
@@ -67,6 +68,33 @@ class NodeCollector:
         info = GaugeMetricFamily("hubbub_build_info", "Build information", labels=["version"])
         info.add_metric([__version__], 1)
         yield info
+
+    def _access(self) -> Iterator[Any]:
+        """Refusals by the limits (``limits.*``) and by authentication and permission checks."""
+        from hubbub.core.limits import LIMIT_NAMES
+
+        access = self.node.access
+        lim = CounterMetricFamily(
+            "hubbub_limit_refusals",
+            "Requests and connections refused by a limit",
+            labels=["limit", "dialect"],
+        )
+        refusals = dict(access.limiter.refusals)
+        for name in LIMIT_NAMES:
+            refusals.setdefault((name, "native"), 0)
+        for (name, dialect), n in sorted(refusals.items()):
+            lim.add_metric([name, dialect], n)
+        yield lim
+        auth = CounterMetricFamily(
+            "hubbub_auth_refusals", "Refused authentications and operations", labels=["reason"]
+        )
+        reasons = {"auth_required": 0, "bad_token": 0, "forbidden": 0, "token_expired": 0, **access.refusals}
+        for reason, n in sorted(reasons.items()):
+            auth.add_metric([reason], n)
+        yield auth
+        yield GaugeMetricFamily(
+            "hubbub_token_expiry_timers", "Connections whose token expires", value=access.timers
+        )
 
     def _dropped(self) -> dict[str, int]:
         out: dict[str, int] = {}

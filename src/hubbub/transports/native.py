@@ -100,8 +100,10 @@ class NativeConnection:
         "max_inflight",
         "max_subscriptions",
         "node",
+        "peer",
         "ping_interval",
         "session",
+        "upgrade_token",
     )
 
     def __init__(
@@ -148,6 +150,10 @@ class NativeConnection:
         self.last_recv = time.monotonic()
         self.last_send = time.monotonic()
         self._writer: asyncio.Task[None] | None = None
+        #: A token presented on the WebSocket upgrade (header or query), used when ``hello`` has none.
+        self.upgrade_token: str | None = None
+        #: The peer's address, for the audit log.
+        self.peer = ""
 
     # -- inbound ----------------------------------------------------------------------------------------
 
@@ -184,8 +190,9 @@ class NativeConnection:
             elif isinstance(cmd, nc.Hello):
                 self._fatal(4005, cmd.id, "hello already done")
             elif isinstance(cmd, nc.Auth):
-                # With auth off the identity cannot change. When tokens arrive, a refresh that changes the
-                # user must also renew self._publisher.
+                # Token refresh (native.md §2): new permissions and expiry; a bad token is fatal (4101).
+                self.node.login(sess, cmd.token, self.peer)
+                self._publisher = Publisher("native", sess.user, sess.id, "")
                 sess.push(self.codec.encode_reply(cmd.id, {"user": sess.user}))
         except HubbubError as exc:
             sess.push(self.codec.encode_error(exc.code, getattr(cmd, "id", None), exc.detail))
@@ -202,6 +209,13 @@ class NativeConnection:
             self._fatal(4006, cmd.id, supported=[1])
             return
         sess = self.session
+        try:
+            # The token of hello, else one presented on the upgrade (README §6); 4100/4101/4103 are fatal.
+            self.node.login(sess, cmd.token or self.upgrade_token, self.peer)
+        except HubbubError as exc:
+            self.session.push(self.codec.encode_error(exc.code, cmd.id))
+            self.session.end(exc.code)
+            return
         sess.echo = cmd.echo
         self.batch = cmd.batch
         if cmd.batch:

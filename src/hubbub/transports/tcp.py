@@ -5,18 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable, Sequence
 
+from hubbub.core.limits import Limiter
 from hubbub.dialects import native as nc
 from hubbub.errors import HubbubError
 
 from .native import NativeConnection
 
-__all__ = ["dispatch", "serve_native_tcp"]
+__all__ = ["dispatch", "peer_ip", "serve_native_tcp"]
 
 log = logging.getLogger("hubbub.tcp")
 
 READ_CHUNK = 256 * 1024
+#: How long a refused connection (over a connection limit) is given to send its first byte, which picks the
+#: framing of the error frame it is then sent.
+REFUSAL_WAIT_S = 5.0
+
+
+def peer_ip(writer: asyncio.StreamWriter) -> str:
+    """The peer's IP address (empty when the transport does not know it)."""
+    peer = writer.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
 
 async def serve_native_tcp(
@@ -26,8 +37,15 @@ async def serve_native_tcp(
     max_frame: int,
     on_connection: Callable[[asyncio.Task[None]], None],
     limits: dict[str, int],
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    limiter: Limiter | None = None,
 ) -> asyncio.Server:
     """Start the listener. ``make_connection`` builds the connection glue once the framing is known.
+
+    With ``ssl_context`` the listener speaks TLS. With ``limiter`` every connection is admitted first
+    (``limits.max_connections``, ``limits.max_connections_per_ip``): a refused one gets error 4009 in the
+    framing its first byte picks, then a close.
 
     Every connection of the listener shares one codec per encoding: a codec keeps no state of a connection
     (its channel cache only maps raw channel text to canonical form), and its msgpack packer alone holds a
@@ -50,6 +68,17 @@ async def serve_native_tcp(
         task = asyncio.current_task()
         assert task is not None
         on_connection(task)
+        ip = peer_ip(writer)
+        if limiter is not None and limiter.admit(ip, "native") is not None:
+            await _refuse(reader, writer, codecs)
+            return
+        try:
+            await serve(reader, writer)
+        finally:
+            if limiter is not None:
+                limiter.release(ip)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         decoder = nc.NativeStreamDecoder(max_frame=max_frame, codecs=codecs, **limits)
         conn: NativeConnection | None = None
         try:
@@ -78,7 +107,25 @@ async def serve_native_tcp(
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    return await asyncio.start_server(handle, host, port, limit=max_frame + 1024)
+    return await asyncio.start_server(handle, host, port, limit=max_frame + 1024, ssl=ssl_context)
+
+
+async def _refuse(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, codecs: dict[nc.Encoding, nc.NativeCodec]
+) -> None:
+    """Answer a connection over a connection limit: error 4009 in its framing, then close."""
+    try:
+        first = await asyncio.wait_for(reader.read(1), REFUSAL_WAIT_S)
+        if first in (b"{", b"\x00"):
+            codec = codecs["json" if first == b"{" else "msgpack"]
+            writer.write(codec.frame_for_stream(codec.encode_error(4009, None)))
+            await writer.drain()
+    except (ConnectionError, TimeoutError, OSError):
+        pass
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
 
 
 async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -> bool:

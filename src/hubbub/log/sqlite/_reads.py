@@ -11,12 +11,11 @@ import contextlib
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from hubbub.errors import StorageError
 from hubbub.events import Event, Publisher
-from hubbub.log.base import ChannelInfo, EventRun, StoreStats
+from hubbub.log.base import ChannelInfo, EventRun, ScanColumns, ScanPlan, StoreStats, prefix_upper
 from hubbub.log.records import decode_headers, decode_tags
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error
 from hubbub.log.sqlite._schema import _EVENT_COLS, _TEXT_COLS
@@ -40,57 +39,6 @@ _RUN_SELECT: Final = (
     + "".join(f"AND {c} = ?{i} " for i, c in enumerate((*_TEXT_COLS, "headers", "tags"), 4))
     + "ORDER BY seq"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ScanPlan:
-    """What :meth:`SqliteLogStore.scan_plan` found in one snapshot.
-
-    ``splits``: ascending ``pos`` boundaries; piece ``i`` is ``splits[i] <= pos < splits[i + 1]`` (empty when
-    no event is in range). ``max_time``: the newest event's time in that snapshot; a scan bounded by it sees
-    no later commit. ``channels``: channel id -> head, for every epoch holding events, current or retired
-    (a channel with retired epochs has several ids, each with its own epoch). ``events`` and ``bytes``: the
-    log's totals (for sizing reads). ``retired``: the ids of ``channels`` that are retired epochs."""
-
-    splits: tuple[int, ...]
-    max_time: int
-    channels: dict[int, ChannelInfo]
-    events: int
-    bytes: int
-    retired: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class ScanColumns:
-    """Events of a ``pos`` range as columns, in SQLite's concatenated form: no Python object per event.
-
-    ``channel_id``, ``seq`` and ``time_ns`` are decimal integers joined with ``,`` (``""`` when ``n`` is 0).
-    A variable-length column is ``(lengths, data)``: the byte length of every value joined with ``,`` and the
-    values' bytes concatenated (text as UTF-8; ``headers`` and ``tags`` in the column codec of
-    :mod:`hubbub.log.records`). ``text`` holds the five text columns (``publisher_dialect``,
-    ``publisher_user``, ``publisher_app``, ``publisher_msg_id``, ``content_type``), together either one
-    ``str`` each (every row has that value, as is usual) or ``(lengths, data)`` each."""
-
-    n: int
-    channel_id: str
-    seq: str
-    time_ns: str
-    text: tuple[str, ...] | tuple[tuple[str, bytes], ...]
-    headers: tuple[str, bytes]
-    tags: tuple[str, bytes]
-    payload: tuple[str, bytes]
-
-
-def _prefix_upper(prefix: str) -> str | None:
-    """The smallest string greater than every string that starts with ``prefix`` (None: there is none)."""
-    chars = list(prefix)
-    while chars:
-        c = ord(chars.pop()) + 1
-        if c == 0xD800:  # skip the surrogates: they are not text
-            c = 0xE000
-        if c <= 0x10FFFF:
-            return "".join(chars) + chr(c)
-    return None
 
 
 class _ReadSide:
@@ -392,16 +340,20 @@ class _ReadSide:
             rows.reverse()
             return self._events(channel, epoch, rows)
 
-    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+    def channels(
+        self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
+    ) -> list[ChannelInfo]:
         if limit <= 0:
             self._reader()
             return []
-        sql = f"SELECT {_HEAD_COLS} FROM channels WHERE path > ? AND count > 0"
+        sql = f"SELECT {_HEAD_COLS} FROM channels WHERE path > ?"
+        if not include_empty:
+            sql += " AND count > 0"
         params: list[Any] = [after]
         if prefix:
             sql += " AND path >= ?"
             params.append(prefix)
-            upper = _prefix_upper(prefix)
+            upper = prefix_upper(prefix)
             if upper is not None:
                 sql += " AND path < ?"
                 params.append(upper)

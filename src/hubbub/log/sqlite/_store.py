@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from hubbub.errors import StorageError
+from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.events import Event, Publisher
 from hubbub.log.base import (
     AppendRequest,
@@ -105,6 +105,9 @@ class _Head:
     def row(self) -> tuple[int, int, int, int, int, int]:
         return (self.first, self.top, self.top_time, self.count, self.bytes, self.id)
 
+    def info(self, channel: str) -> ChannelInfo:
+        return ChannelInfo(channel, self.epoch, self.first, self.top, self.top_time)
+
 
 class SqliteLogStore(_ReadSide, LogStore):
     """A :class:`LogStore` in one SQLite file (schema: ``_schema.py``; contract: the module docstring).
@@ -124,7 +127,7 @@ class SqliteLogStore(_ReadSide, LogStore):
         *,
         durability: str = "commit",
         retention: RetentionPolicy | None = None,
-        idem_window_s: int = 600,
+        idem_window_s: float = 600,
         clock: Callable[[], int] = time.time_ns,
         busy_timeout_ms: int = 5000,
         readonly: bool = False,
@@ -136,7 +139,7 @@ class SqliteLogStore(_ReadSide, LogStore):
         self.path = Path(path).absolute()
         self.durability = durability
         self._retention = retention or RetentionPolicy()
-        self._idem_window_ns = max(idem_window_s, 0) * _NS
+        self._idem_window_ns = int(max(idem_window_s, 0) * _NS)
         self._clock = clock
         self._busy_timeout_ms = max(busy_timeout_ms, 0)
         self._closed = False
@@ -458,11 +461,15 @@ class SqliteLogStore(_ReadSide, LogStore):
         h = self._heads.get(channel)
         rid: int | None = None
         if epoch is not None and (h is None or h.epoch != epoch):
-            rid = self._retired_id(channel, epoch)
+            found = self._retired_id(channel, epoch)
+            if found is None:
+                current = ChannelInfo(channel, "", 0, 0, 0) if h is None else h.info(channel)
+                raise TrimEpochGone(current, epoch)
+            rid = found
             h = self._retired[rid][1]
         top = 0 if h is None else h.top
         if not 0 <= up_to_seq <= top:
-            raise ValueError(f"cannot trim to seq {up_to_seq}: the channel's top is {top}")
+            raise TrimOutOfRange(up_to_seq, top)
         if h is None:
             return ChannelInfo(channel, "", 0, 0, 0)
         if up_to_seq >= h.first:
@@ -474,13 +481,13 @@ class SqliteLogStore(_ReadSide, LogStore):
                     self._save_retired(conn, (rid,))
             if self._checkpointer is not None:
                 self._checkpointer.kick()
-        return ChannelInfo(channel, h.epoch, h.first, h.top, h.top_time)
+        return h.info(channel)
 
-    def _retired_id(self, channel: str, epoch: str) -> int:
+    def _retired_id(self, channel: str, epoch: str) -> int | None:
         for rid, (path, h) in self._retired.items():
             if path == channel and h.epoch == epoch:
                 return rid
-        raise ValueError(f"the channel has no epoch {epoch!r} holding events")
+        return None
 
     def _save_retired(self, conn: sqlite3.Connection, ids: Iterable[int]) -> None:
         """Write the changed heads of retired epochs; delete those left without events."""

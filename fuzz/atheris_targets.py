@@ -1,0 +1,345 @@
+"""Coverage-guided fuzz targets (atheris/libFuzzer) for every codec and HTTP parser, with a fallback.
+
+Each target takes raw bytes and asserts the STYLE.md item 3 property: the input is accepted, or rejected
+with a documented error (a :class:`hubbub.errors.HubbubError` whose code is in :data:`hubbub.errors.CODES`;
+for configuration parsers a ``ValueError``). Anything else (another exception, a wrong round trip) is a
+crash. The targets reuse the checks of the hypothesis fuzzers beside this file (``fuzz_native.py``,
+``fuzz_ivy.py``, ``fuzz_guble.py``).
+
+=================  ==============================================================================
+target             what it feeds
+=================  ==============================================================================
+native_json        ``NativeCodec("json").decode``, as bytes and as text
+native_msgpack     ``NativeCodec("msgpack").decode``
+native_stream      a raw TCP stream, chunked as the bytes say: ``NativeStreamDecoder`` (and its
+                   publish runs against each frame decoded alone)
+native_http        the HTTP API's parsers: ``Last-Event-ID``, publish fields (content type, tags,
+                   ``Hubbub-Header-*``, idempotency key), route channels and patterns
+ivy                ``IvyCodec.decode`` (two limits), ``ivyesc``, the log path, count and Range parsers
+guble              ``GubleCodec.decode`` (two limits), header lines, REST publish headers, Go integers
+channels           ``canonical``, ``parse_pattern``, separator-dialect names, and pattern matching
+auth               ``Authenticator.authenticate`` on arbitrary tokens (JWT-shaped or not, HS256 and
+                   RS256 keys configured) and ``parse_static_tokens`` on arbitrary JSON
+=================  ==============================================================================
+
+Run one target (corpus in ``fuzz/corpus/<target>/``, crashes written to ``fuzz/crashes/``)::
+
+    python fuzz/atheris_targets.py native_json --seconds 600
+    python fuzz/atheris_targets.py all --seconds 5          # each target in turn (CI)
+
+Without atheris (``pip install atheris``; it needs a libFuzzer-capable build) the same targets run under
+hypothesis on random bytes, after the corpus. ``tests/property/test_fuzz_targets.py`` replays every corpus
+file and runs each target for a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE / "corpus"
+CRASHES = HERE / "crashes"
+
+try:
+    import atheris
+except ImportError:  # the hypothesis fallback below
+    atheris = None
+
+with atheris.instrument_imports() if atheris is not None else contextlib.nullcontext():
+    try:
+        import hubbub  # noqa: F401
+    except ImportError:  # run from a checkout without installing
+        sys.path.insert(0, str(HERE.parent / "src"))
+    sys.path.insert(0, str(HERE))
+    import fuzz_guble
+    import fuzz_ivy
+    import fuzz_native
+
+    from hubbub import channels as chn
+    from hubbub.auth import Authenticator, Identity, load_keys, parse_static_tokens
+    from hubbub.dialects import guble as gc
+    from hubbub.dialects import native as nc
+    from hubbub.errors import CODES, HubbubError
+
+__all__ = ["TARGETS", "main", "replay_corpus", "run_target"]
+
+
+def _pieces(data: bytes, n: int) -> list[bytes]:
+    """``data`` cut at its first ``n - 1`` NUL bytes into ``n`` pieces (missing pieces empty)."""
+    parts = data.split(b"\x00", n - 1)
+    return parts + [b""] * (n - len(parts))
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _documented(exc: HubbubError) -> None:
+    assert exc.code in CODES, f"undocumented error code {exc.code}: {exc!r}"
+
+
+# -- targets ----------------------------------------------------------------------------------------------
+
+
+def native_json(data: bytes) -> None:
+    for name in ("json", "json-small"):
+        codec = fuzz_native.CODECS[name]
+        fuzz_native.check_decode(codec, data)
+        with contextlib.suppress(UnicodeDecodeError):
+            fuzz_native.check_decode(codec, data.decode("utf-8"))
+
+
+def native_msgpack(data: bytes) -> None:
+    for name in ("msgpack", "msgpack-small"):
+        fuzz_native.check_decode(fuzz_native.CODECS[name], data)
+
+
+def native_stream(data: bytes) -> None:
+    if not data:
+        return
+    max_frame = (64, fuzz_native.SMALL_FRAME, 1 << 20)[data[0] % 3]
+    body = data[1:]
+    # Cut points from the body's own bytes: the chunking changes with the input, as on a real socket.
+    cuts = sorted({b * len(body) // 256 for b in body[:8]})
+    chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    fuzz_native.check_stream(chunks, max_frame)
+    fuzz_native.check_stream_runs(chunks, max_frame)
+
+
+def native_http(data: bytes) -> None:
+    last_id, ctype, tags, headers, idem, path = map(_text, _pieces(data, 6))
+    try:
+        t, _epoch, seq, channel = nc.parse_sse_last_event_id(last_id)
+        assert 0 <= t < 1 << 64 and 0 <= seq < 1 << 64 and chn.is_canonical(channel)
+    except HubbubError as exc:
+        _documented(exc)
+    header_items = [tuple(h.split(":", 1)) if ":" in h else (h, "") for h in headers.split("\n")]
+    try:
+        nc.http_publish_fields(ctype or None, tags.split("&"), header_items, idem, max_tags=4, max_headers=4)
+    except HubbubError as exc:
+        _documented(exc)
+    for fn in (chn.route_channel, lambda p: chn.parse_pattern("/" + p)):
+        try:
+            fn(path)
+        except HubbubError as exc:
+            _documented(exc)
+
+
+def ivy_target(data: bytes) -> None:
+    frame, http, payload = _pieces(data, 3)
+    for codec in fuzz_ivy.CODECS.values():
+        fuzz_ivy.check_decode(codec, frame)
+        with contextlib.suppress(UnicodeDecodeError):
+            fuzz_ivy.check_decode(codec, frame.decode("utf-8"))
+    fuzz_ivy.check_ivyesc(payload)
+    text = _text(http)
+    with contextlib.suppress(UnicodeEncodeError):
+        text.encode("utf-8")
+        fuzz_ivy.check_http(text, len(payload))
+        fuzz_ivy.check_at_range(text[:12], [int.from_bytes(payload[:8].ljust(8, b"\0"), "big") % 10**19])
+
+
+def _go_int(text: str) -> None:
+    try:
+        n = gc.parse_go_int(text, "Atoi")
+    except ValueError as exc:  # Go's error text is the documented rejection
+        assert str(exc).startswith("strconv.Atoi: parsing "), exc
+        return
+    assert -(1 << 63) <= n < 1 << 63, n
+
+
+def guble_target(data: bytes) -> None:
+    frame, line, extra = _pieces(data, 3)
+    for codec in fuzz_guble.CODECS.values():
+        fuzz_guble.check_decode(codec, frame)
+        with contextlib.suppress(UnicodeDecodeError):
+            fuzz_guble.check_decode(codec, frame.decode("utf-8"))
+    text = _text(line)
+    for fn in (
+        lambda: gc.header_line_headers(text, 4, 64),
+        lambda: _go_int(text),
+        lambda: gc.rest_publish_headers(
+            [tuple(h.split(":", 1)) if ":" in h else (h, "") for h in _text(extra).split("\n")],
+            [("filterUserId", text)],
+            4,
+            64,
+        ),
+    ):
+        try:
+            fn()
+        except HubbubError as exc:
+            _documented(exc)
+        except UnicodeEncodeError:
+            pass  # lone surrogates from non-UTF-8 input: a WebSocket text frame or header never has them
+
+
+def channels_target(data: bytes) -> None:
+    path, other = (_text(p) for p in _pieces(data, 2))
+    canon: str | None = None
+    try:
+        canon = chn.canonical(path)
+        assert chn.is_canonical(canon), canon
+        assert chn.canonical(canon) == canon
+    except HubbubError as exc:
+        _documented(exc)
+    try:
+        pat = chn.parse_pattern(other)
+        assert chn.parse_pattern(pat.text) == pat, pat
+        if canon is not None:
+            pat.matches(canon)
+    except HubbubError as exc:
+        _documented(exc)
+    for sep in (":", "."):
+        try:
+            ch = chn.from_separated(path, sep)
+            chn.to_separated(ch, sep)
+        except HubbubError as exc:
+            _documented(exc)
+
+
+def _rsa_public_pem() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
+    return key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
+
+
+FUZZ_SECRET = "fuzz-secret-of-thirty-two-bytes!"
+_AUTH = Authenticator(
+    parse_static_tokens({"static-token": {"user": "u", "publish": ["/a/**"]}}),
+    load_keys([FUZZ_SECRET, _rsa_public_pem()]),
+    leeway=5,
+)
+
+
+def auth_target(data: bytes) -> None:
+    token, doc = _pieces(data, 2)
+    try:
+        ident = _AUTH.authenticate(_text(token))
+        assert isinstance(ident, Identity)
+    except HubbubError as exc:
+        assert exc.code in (4100, 4101, 4103), exc
+        if len(token) >= 8:
+            assert _text(token) not in str(exc), "the token leaked into the error"
+    try:
+        table = json.loads(doc)
+    except (ValueError, RecursionError):
+        return
+    if isinstance(table, dict):
+        with contextlib.suppress(ValueError):
+            parse_static_tokens(table)
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "native_json": native_json,
+    "native_msgpack": native_msgpack,
+    "native_stream": native_stream,
+    "native_http": native_http,
+    "ivy": ivy_target,
+    "guble": guble_target,
+    "channels": channels_target,
+    "auth": auth_target,
+}
+
+
+# -- running ----------------------------------------------------------------------------------------------
+
+
+def corpus_files(name: str) -> Iterator[Path]:
+    d = CORPUS / name
+    if d.is_dir():
+        yield from sorted(p for p in d.iterdir() if p.is_file())
+
+
+def replay_corpus(name: str) -> int:
+    """Feed every corpus file of a target to it; returns how many (an assertion fails on a regression)."""
+    fn = TARGETS[name]
+    n = 0
+    for p in corpus_files(name):
+        fn(p.read_bytes())
+        n += 1
+    return n
+
+
+def _hypothesis(name: str, seconds: float) -> int:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    fn = TARGETS[name]
+
+    @settings(max_examples=500, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.binary(max_size=2048))
+    def prop(data: bytes) -> None:
+        fn(data)
+
+    deadline = time.monotonic() + seconds
+    rounds = 0
+    while True:
+        prop()
+        rounds += 1
+        if time.monotonic() >= deadline:
+            return rounds * 500
+
+
+def run_target(name: str, seconds: float, work: Path | None = None) -> int:
+    """Fuzz one target for ``seconds``. With atheris this process becomes libFuzzer's and exits with its
+    status (non-zero on a crash, the input saved under ``fuzz/crashes/``). New inputs go to ``work`` when
+    given (a long run's scratch corpus, read after the kept one), else into the kept corpus."""
+    n = replay_corpus(name)
+    if atheris is None:
+        examples = _hypothesis(name, seconds)
+        print(f"{name}: corpus {n} files, then hypothesis (no atheris): {examples} inputs, no failure")
+        return 0
+    corpus = CORPUS / name
+    corpus.mkdir(parents=True, exist_ok=True)
+    CRASHES.mkdir(exist_ok=True)
+    args = [
+        sys.argv[0],
+        f"-max_total_time={max(1, int(seconds))}",
+        "-max_len=4096",
+        "-rss_limit_mb=2048",
+        "-print_final_stats=1",
+        f"-artifact_prefix={CRASHES}/{name}-",
+        *([str(work)] if work is not None else []),
+        str(corpus),
+    ]
+    if work is not None:
+        work.mkdir(parents=True, exist_ok=True)
+    atheris.Setup(args, TARGETS[name])
+    atheris.Fuzz()
+    return 0  # pragma: no cover - atheris.Fuzz exits
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Fuzz hubbub's codecs and parsers (atheris, else hypothesis).")
+    ap.add_argument("target", choices=[*TARGETS, "all"])
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz (each, with all)")
+    ap.add_argument("--work", type=Path, default=None, help="scratch corpus for new inputs (long runs)")
+    args = ap.parse_args(argv)
+    if args.target != "all":
+        return run_target(args.target, args.seconds, args.work)
+    # libFuzzer owns its process: one child per target.
+    failed = []
+    for name in TARGETS:
+        r = subprocess.run(
+            [sys.executable, __file__, name, "--seconds", str(args.seconds)], env=os.environ, check=False
+        )
+        if r.returncode:
+            failed.append(name)
+    print("failed: " + ", ".join(failed) if failed else f"all {len(TARGETS)} targets ran without a failure")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The mist dialect, both generations (protocols/mist.md): one import for the wiring.
+
+Re-exports the shared commands and outputs (:mod:`.mist_common`), the 2015 state machines
+(:mod:`.mist2015`) and the 1.x ones (:mod:`.mist1`), and picks a TCP connection's generation from its first
+bytes (:func:`tcp_connection`).
+
+Concurrency contract: as the modules it re-exports (a connection object per connection, on the event loop).
+"""
+
+from __future__ import annotations
+
+from .mist1 import Mist1Connection, Mist1WsConnection, render_event, render_reply
+from .mist2015 import Mist2015Connection, Mist2015WsConnection, render_event_tcp, render_event_ws
+from .mist_common import (
+    CONTENT_TYPE,
+    DEFAULT_CHANNEL,
+    DEFAULT_MAX_FRAME,
+    DEFAULT_MAX_SUBSCRIPTIONS,
+    DEFAULT_MAX_TAG_BYTES,
+    DEFAULT_MAX_TAGS,
+    REPLICA_HEADER,
+    Authenticate,
+    Close,
+    Command,
+    ListAll,
+    MistGrant,
+    Output,
+    Publish,
+    Register,
+    RegistryCommand,
+    Send,
+    SetTags,
+    Subscribe,
+    TokenTags,
+    Unregister,
+    UnsetTags,
+    Unsubscribe,
+    Who,
+    detect_generation,
+)
+
+__all__ = [
+    "CONTENT_TYPE",
+    "DEFAULT_CHANNEL",
+    "DEFAULT_MAX_FRAME",
+    "DEFAULT_MAX_SUBSCRIPTIONS",
+    "DEFAULT_MAX_TAGS",
+    "DEFAULT_MAX_TAG_BYTES",
+    "REPLICA_HEADER",
+    "Authenticate",
+    "Close",
+    "Command",
+    "ListAll",
+    "Mist1Connection",
+    "Mist1WsConnection",
+    "Mist2015Connection",
+    "Mist2015WsConnection",
+    "MistGrant",
+    "Output",
+    "Publish",
+    "Register",
+    "RegistryCommand",
+    "Send",
+    "SetTags",
+    "Subscribe",
+    "TokenTags",
+    "Unregister",
+    "UnsetTags",
+    "Unsubscribe",
+    "Who",
+    "detect_generation",
+    "render_event",
+    "render_event_tcp",
+    "render_event_ws",
+    "render_reply",
+    "tcp_connection",
+]
+
+
+def tcp_connection(
+    first: bytes,
+    *,
+    max_frame: int = DEFAULT_MAX_FRAME,
+    max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS,
+    max_tags: int = DEFAULT_MAX_TAGS,
+    max_tag_bytes: int = DEFAULT_MAX_TAG_BYTES,
+    channel: str = DEFAULT_CHANNEL,
+    auth_required: bool = False,
+) -> Mist2015Connection | Mist1Connection | None:
+    """The state machine for a mist TCP connection whose first received bytes are ``first`` (mist.md §1:
+    ``{`` → 1.x, anything else → 2015), or None while ``first`` is empty. The caller then feeds it
+    ``first`` itself and everything after."""
+    generation = detect_generation(first)
+    if generation is None:
+        return None
+    cls = Mist1Connection if generation == "mist1" else Mist2015Connection
+    return cls(
+        max_frame=max_frame,
+        max_subscriptions=max_subscriptions,
+        max_tags=max_tags,
+        max_tag_bytes=max_tag_bytes,
+        channel=channel,
+        auth_required=auth_required,
+    )

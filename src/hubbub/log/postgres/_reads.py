@@ -1,0 +1,538 @@
+"""The read side of :class:`PostgresLogStore`: connections from a pool, every multi-statement read in one
+``REPEATABLE READ`` snapshot; reads, runs, and the bulk scans of the data pipeline.
+
+A read whose pooled connection turns out to be dead (the server restarted since it was opened) is retried
+once on another connection, after the pool has dropped its other dead connections: reads change nothing, so
+a retry is always safe. Time searches use no index, as in the SQLite engine: within one channel's epoch
+``time_ns`` strictly increases with ``seq``, and over the log with ``pos``, so a binary search costs a
+handful of index look-ups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, TypeVar, cast
+
+import psycopg
+import psycopg_pool
+
+from hubbub.errors import StorageError
+from hubbub.events import Event, Publisher
+from hubbub.log.base import ChannelInfo, EventRun, Row, ScanColumns, ScanPlan, StoreStats, prefix_upper
+from hubbub.log.postgres._errors import _STORAGE_ERRORS, _error
+from hubbub.log.postgres._schema import _EVENT_COLS, _TEXT_COLS
+from hubbub.log.records import decode_headers, decode_tags
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+
+_MAX_INT64: Final = (1 << 63) - 1
+_MIN_INT64: Final = -(1 << 63)
+
+_HEAD_COLS: Final = "path, epoch, first, top, top_time"
+_COMPACT_SELECT: Final = (
+    "SELECT seq, time_ns, "
+    + ", ".join(f"nullif({c}, %s)" for c in _TEXT_COLS)
+    + ", headers, tags, payload FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
+    "ORDER BY seq LIMIT %s"
+)
+# read_runs: the (time_ns, payload) of a range's rows that equal the first row in every other column.
+_RUN_SELECT: Final = (
+    "SELECT time_ns, payload FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
+    + "".join(f"AND {c} = %s " for c in (*_TEXT_COLS, "headers", "tags"))
+    + "ORDER BY seq"
+)
+_SCAN_VARLEN: Final = (
+    "string_agg(length({c})::text, ',' ORDER BY e.pos), string_agg({c}, ''::bytea ORDER BY e.pos)"
+)
+_SCAN_SELECT: Final = (
+    "SELECT count(*), string_agg(e.channel_id::text, ',' ORDER BY e.pos), "
+    "string_agg(e.seq::text, ',' ORDER BY e.pos), string_agg(e.time_ns::text, ',' ORDER BY e.pos), "
+    + ", ".join(_SCAN_VARLEN.format(c=f"e.{c}") for c in ("headers", "tags", "payload"))
+    + ", count(*) FILTER (WHERE "
+    + " OR ".join(f"e.{c} IS DISTINCT FROM %s" for c in _TEXT_COLS)
+    + ")"
+)
+_SCAN_TEXT: Final = "SELECT " + ", ".join(_SCAN_VARLEN.format(c=f"e.{c}") for c in _TEXT_COLS)
+
+
+def _clamp(n: int) -> int:
+    """``n`` within PostgreSQL's BIGINT (callers' bounds may be any Python int)."""
+    return min(max(n, _MIN_INT64), _MAX_INT64)
+
+
+class _Decoder:
+    """Turns stored rows into events or str rows, decoding each distinct text value once."""
+
+    __slots__ = ("pubs", "text")
+
+    def __init__(self) -> None:
+        self.pubs: dict[tuple[bytes, bytes, bytes, bytes], Publisher] = {}
+        self.text: dict[bytes, str] = {}
+
+    def s(self, b: bytes | None) -> str | None:
+        if b is None:
+            return None
+        v = self.text.get(b)
+        if v is None:
+            v = self.text[b] = b.decode()
+        return v
+
+    def events(self, channel: str, epoch: str, rows: Iterable[Sequence[Any]]) -> list[Event]:
+        out: list[Event] = []
+        for seq, t, dialect, user, app, msg_id, ctype, hb, tb, payload in rows:
+            pk = (dialect, user, app, msg_id)
+            pub = self.pubs.get(pk)
+            if pub is None:
+                pub = self.pubs[pk] = Publisher(
+                    dialect.decode(), user.decode(), app.decode(), msg_id.decode()
+                )
+            out.append(
+                Event(
+                    channel,
+                    seq,
+                    epoch,
+                    t,
+                    pub,
+                    payload,
+                    self.s(ctype) or "",
+                    decode_headers(hb) if hb else {},
+                    decode_tags(tb) if tb else (),
+                )
+            )
+        return out
+
+    def row(self, r: Sequence[Any]) -> Row:
+        """A stored row with its text columns as ``str`` (``None`` stays ``None``)."""
+        s = self.s
+        return (r[0], r[1], s(r[2]), s(r[3]), s(r[4]), s(r[5]), s(r[6]), r[7], r[8], r[9])
+
+
+def _runs(channel: str, epoch: str, rows: list[Any]) -> list[EventRun]:
+    """Group full event rows (``_EVENT_COLS``, in seq order) into runs; one event is built per run."""
+    dec = _Decoder()
+    out: list[EventRun] = []
+    prev_key: tuple[Any, ...] = ()
+    prev_seq = 0
+    run: list[tuple[int, bytes]] = []
+    for r in rows:
+        seq = r[0]
+        key = tuple(r[2:9])
+        if seq == prev_seq + 1 and key == prev_key:
+            run.append((r[1], r[9]))
+        else:
+            run = [(r[1], r[9])]
+            out.append(EventRun(dec.events(channel, epoch, [r])[0], run))
+            prev_key = key
+        prev_seq = seq
+    return out
+
+
+class _ReadSide:
+    """The read methods of :class:`PostgresLogStore`, which mixes this in (see its concurrency contract).
+
+    :class:`PostgresLogStore` sets these attributes; ``close`` closes ``_pool``."""
+
+    _closed: bool
+    _close_lock: threading.Lock
+    _pool: psycopg_pool.ConnectionPool[Any] | None
+    _pool_timeout_s: float
+
+    def _read(self, fn: Callable[[Conn], T], *, snapshot: bool = True) -> T:
+        """Run ``fn`` on a pooled connection (in a REPEATABLE READ, READ ONLY transaction when
+        ``snapshot``), retrying once on another connection if this one was dead."""
+        for attempt in (0, 1):
+            pool = self._pool
+            if pool is None or self._closed:
+                raise StorageError("log store is closed")
+            conn: Conn | None = None
+            try:
+                conn = pool.getconn(timeout=self._pool_timeout_s)
+                try:
+                    if snapshot:
+                        with conn.transaction():
+                            return fn(conn)
+                    return fn(conn)
+                finally:
+                    pool.putconn(conn)
+            except _STORAGE_ERRORS as exc:
+                if attempt == 0 and conn is not None and conn.broken and not self._closed:
+                    # The server went away since this connection was made: drop the pool's other dead
+                    # connections and try once more (nothing was changed by a read).
+                    with contextlib.suppress(*_STORAGE_ERRORS):
+                        pool.check()
+                    continue
+                raise _error("read", exc) from exc
+        raise AssertionError("unreachable")
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def head(self, channel: str) -> ChannelInfo:
+        def q(conn: Conn) -> ChannelInfo:
+            row = conn.execute(f"SELECT {_HEAD_COLS} FROM channels WHERE path = %s", (channel,)).fetchone()
+            return ChannelInfo(channel, "", 0, 0, 0) if row is None else ChannelInfo(*row)
+
+        return self._read(q, snapshot=False)
+
+    def heads(self, channels: Iterable[str]) -> dict[str, ChannelInfo]:
+        names = list(dict.fromkeys(channels))
+
+        def q(conn: Conn) -> dict[str, ChannelInfo]:
+            out = {n: ChannelInfo(n, "", 0, 0, 0) for n in names}
+            if names:
+                for row in conn.execute(f"SELECT {_HEAD_COLS} FROM channels WHERE path = ANY(%s)", (names,)):
+                    out[row[0]] = ChannelInfo(*row)
+            return out
+
+        return self._read(q, snapshot=False)
+
+    def read(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        *,
+        epoch: str | None = None,
+    ) -> list[Event]:
+        def events(cur: str, rows: list[Any]) -> list[Event]:
+            return _Decoder().events(channel, cur, rows) if rows else []
+
+        return self._read_rows(channel, after_seq, limit, from_time, to_time, False, epoch, events)
+
+    def read_rows(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        *,
+        compact_text: bool = False,
+        epoch: str | None = None,
+    ) -> tuple[str, list[Row]]:
+        """See :meth:`LogStore.read_rows`: one snapshot; with ``compact_text`` PostgreSQL compares the text
+        columns with the first row's."""
+
+        def text_rows(cur: str, rows: list[Any]) -> tuple[str, list[Row]]:
+            dec = _Decoder()
+            return cur, [dec.row(r) for r in rows]
+
+        return self._read_rows(channel, after_seq, limit, from_time, to_time, compact_text, epoch, text_rows)
+
+    def _read_rows(
+        self,
+        channel: str,
+        after_seq: int,
+        limit: int,
+        from_time: int | None,
+        to_time: int | None,
+        compact_text: bool,
+        epoch: str | None,
+        post: Callable[[str, list[Any]], T],
+    ) -> T:
+        """``post(epoch, stored rows)`` (text columns as stored: bytes), run inside the read so that its
+        decoding errors are read errors."""
+        if limit <= 0:
+            self._read(lambda conn: None, snapshot=False)
+            return post("", [])
+
+        def q(conn: Conn) -> T:
+            if epoch is None:
+                row = conn.execute(
+                    "SELECT id, epoch, first, top FROM channels WHERE path = %s", (channel,)
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    "SELECT id, epoch, first, top FROM channels WHERE path = %s AND epoch = %s UNION ALL "
+                    "SELECT id, epoch, first, top FROM retired_epochs WHERE path = %s AND epoch = %s",
+                    (channel, epoch, channel, epoch),
+                ).fetchone()
+            if row is None:
+                return post("", [])
+            cid, cur, first, top = row
+            lo, hi = max(_clamp(after_seq) + 1, first), top
+            if from_time is not None and lo <= hi:
+                lo = _seq_at_time(conn, cid, lo, hi, from_time)
+            if to_time is not None and lo <= hi:
+                hi = _seq_at_time(conn, cid, lo, hi, to_time) - 1
+            if lo > hi:
+                return post(cur, [])
+            n = min(limit, _MAX_INT64)
+            if not compact_text:
+                rows = conn.execute(
+                    f"SELECT {_EVENT_COLS} FROM events "
+                    "WHERE channel_id = %s AND seq BETWEEN %s AND %s ORDER BY seq LIMIT %s",
+                    (cid, lo, hi, n),
+                    binary=True,
+                ).fetchall()
+                return post(cur, rows)
+            first_row = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
+                "ORDER BY seq LIMIT 1",
+                (cid, lo, hi),
+                binary=True,
+            ).fetchone()
+            if first_row is None:
+                return post(cur, [])
+            rows = conn.execute(_COMPACT_SELECT, (*first_row[2:7], cid, lo, hi, n), binary=True).fetchall()
+            rows[0] = first_row
+            return post(cur, rows)
+
+        return self._read(q)
+
+    def read_runs(self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000) -> list[EventRun]:
+        """See :meth:`LogStore.read_runs`. A range whose rows all share the first row's publisher, content
+        type, headers and tags is two statements and one ``(time_ns, payload)`` tuple per row, checked by
+        PostgreSQL; any other range is read whole and grouped."""
+        if up_to_seq <= after_seq or limit <= 0:
+            self._read(lambda conn: None, snapshot=False)
+            return []
+
+        def q(conn: Conn) -> list[EventRun]:
+            row = conn.execute(
+                "SELECT id, epoch, first, top FROM channels WHERE path = %s", (channel,)
+            ).fetchone()
+            if row is None:
+                return []
+            cid, epoch, first, top = row
+            lo = max(_clamp(after_seq) + 1, first)
+            hi = min(_clamp(up_to_seq), top, lo - 1 + min(limit, _MAX_INT64 - lo))
+            if lo > hi:
+                return []
+            head = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq = %s", (cid, lo), binary=True
+            ).fetchone()
+            if head is not None:
+                rows = conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9]), binary=True).fetchall()
+                # Seqs are unique: as many matching rows as seqs in the range means every row matched.
+                if len(rows) == hi - lo + 1:
+                    return [EventRun(_Decoder().events(channel, epoch, [head])[0], rows)]
+            rows = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
+                "ORDER BY seq",
+                (cid, lo, hi),
+                binary=True,
+            ).fetchall()
+            return _runs(channel, epoch, rows)
+
+        return self._read(q)
+
+    def read_last(self, channel: str, n: int) -> list[Event]:
+        if n <= 0:
+            self._read(lambda conn: None, snapshot=False)
+            return []
+
+        def q(conn: Conn) -> list[Event]:
+            row = conn.execute("SELECT id, epoch FROM channels WHERE path = %s", (channel,)).fetchone()
+            if row is None:
+                return []
+            cid, epoch = row
+            rows = conn.execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s ORDER BY seq DESC LIMIT %s",
+                (cid, min(n, _MAX_INT64)),
+                binary=True,
+            ).fetchall()
+            rows.reverse()
+            return _Decoder().events(channel, epoch, rows)
+
+        return self._read(q)
+
+    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+        if limit <= 0:
+            self._read(lambda conn: None, snapshot=False)
+            return []
+        sql = f"SELECT {_HEAD_COLS} FROM channels WHERE path > %s AND count > 0"
+        params: list[Any] = [after]
+        if prefix:
+            sql += " AND path >= %s"
+            params.append(prefix)
+            upper = prefix_upper(prefix)
+            if upper is not None:
+                sql += " AND path < %s"
+                params.append(upper)
+        sql += " ORDER BY path LIMIT %s"
+        params.append(min(limit, _MAX_INT64))
+        rows = self._read(lambda conn: conn.execute(sql, params).fetchall(), snapshot=False)
+        return [ChannelInfo(*r) for r in rows if r[0].startswith(prefix)]
+
+    def retired_epochs(self, channel: str) -> list[ChannelInfo]:
+        rows = self._read(
+            lambda conn: conn.execute(
+                f"SELECT {_HEAD_COLS} FROM retired_epochs WHERE path = %s ORDER BY id", (channel,)
+            ).fetchall(),
+            snapshot=False,
+        )
+        return [ChannelInfo(*r) for r in rows]
+
+    def top_time(self) -> int:
+        row = self._read(
+            lambda conn: conn.execute("SELECT last_time FROM log_state").fetchone(), snapshot=False
+        )
+        return int(row[0]) if row else 0
+
+    def stats(self) -> StoreStats:
+        row = self._read(
+            lambda conn: conn.execute(
+                "SELECT (SELECT coalesce(sum(count), 0) FROM channels), "
+                "(SELECT coalesce(sum(bytes), 0) FROM channels), "
+                "(SELECT count(*) FROM channels WHERE count > 0), "
+                "(SELECT count(*) FROM retired_epochs), "
+                "(SELECT coalesce(sum(count), 0) FROM retired_epochs), "
+                "(SELECT coalesce(sum(bytes), 0) FROM retired_epochs)"
+            ).fetchone(),
+            snapshot=False,
+        )
+        assert row is not None
+        events, nbytes, channels, retired, r_events, r_bytes = (int(v) for v in row)
+        return StoreStats(
+            events=events + r_events, bytes=nbytes + r_bytes, channels=channels, retired_epochs=retired
+        )
+
+    # -- bulk reads of the data pipeline -------------------------------------------------------------
+
+    def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
+        """See :meth:`LogStore.scan_plan`."""
+        size = max(size, 1)
+
+        def q(conn: Conn) -> ScanPlan:
+            channels: dict[int, ChannelInfo] = {}
+            retired: set[int] = set()
+            for row in conn.execute(
+                f"SELECT 0, id, {_HEAD_COLS} FROM channels WHERE count > 0 UNION ALL "
+                f"SELECT 1, id, {_HEAD_COLS} FROM retired_epochs ORDER BY 3, 2"
+            ):
+                channels[row[1]] = ChannelInfo(*row[2:])
+                if row[0]:
+                    retired.add(row[1])
+            totals = conn.execute(
+                "SELECT coalesce(sum(count), 0), coalesce(sum(bytes), 0) FROM "
+                "(SELECT count, bytes FROM channels UNION ALL SELECT count, bytes FROM retired_epochs) AS t"
+            ).fetchone()
+            assert totals is not None
+            events, nbytes = int(totals[0]), int(totals[1])
+            first = conn.execute("SELECT pos FROM events ORDER BY pos LIMIT 1").fetchone()
+            last = conn.execute("SELECT pos, time_ns FROM events ORDER BY pos DESC LIMIT 1").fetchone()
+            if first is None or last is None:
+                return ScanPlan((), 0, channels, events, nbytes, frozenset(retired))
+            lo, hi, max_time = first[0], last[0], last[1]
+            if from_time is not None:
+                lo = _pos_at_time(conn, lo, hi, from_time)
+            if to_time is not None and lo <= hi:
+                hi = _pos_at_time(conn, lo, hi, to_time) - 1
+            splits: list[int] = []
+            at: int | None = lo
+            while at is not None and at <= hi:
+                splits.append(at)
+                row = conn.execute(
+                    "SELECT pos FROM events WHERE pos >= %s ORDER BY pos LIMIT 1 OFFSET %s", (at, size)
+                ).fetchone()
+                at = None if row is None else row[0]
+            if splits:
+                splits.append(hi + 1)
+            return ScanPlan(tuple(splits), max_time, channels, events, nbytes, frozenset(retired))
+
+        return self._read(q)
+
+    def scan_columns(
+        self,
+        lo_pos: int,
+        hi_pos: int,
+        *,
+        max_time: int,
+        bounds: Sequence[tuple[int, int, int]] | None = None,
+    ) -> list[ScanColumns]:
+        """See :meth:`LogStore.scan_columns`: PostgreSQL concatenates each column (``string_agg``) in one
+        snapshot; ``bounds`` joins the events with arrays of (epoch id, lowest seq, highest seq). A range
+        whose columns are over PostgreSQL's value limit (1 GB) is read in halves."""
+        if lo_pos >= hi_pos:
+            self._read(lambda conn: None, snapshot=False)
+            return []
+        join, extra = "", cast(tuple[Any, ...], ())
+        if bounds is not None:
+            join = (
+                " JOIN unnest(%s::int8[], %s::int8[], %s::int8[]) AS b(cid, lo, hi)"
+                " ON b.cid = e.channel_id AND e.seq BETWEEN b.lo AND b.hi"
+            )
+            extra = ([b[0] for b in bounds], [b[1] for b in bounds], [b[2] for b in bounds])
+
+        def q(conn: Conn) -> list[ScanColumns]:
+            out: list[ScanColumns] = []
+            _scan(conn, join, extra, _clamp(lo_pos), _clamp(hi_pos), _clamp(max_time), out)
+            return out
+
+        return self._read(q)
+
+
+def _scan(
+    conn: Conn,
+    join: str,
+    extra: tuple[Any, ...],
+    lo: int,
+    hi: int,
+    max_time: int,
+    out: list[ScanColumns],
+) -> None:
+    """``scan_columns`` of ``lo <= pos < hi`` into ``out``, halving a range over the value limit."""
+    tail = f" FROM events AS e{join} WHERE e.pos >= %s AND e.pos < %s AND e.time_ns <= %s"
+    params = (*extra, lo, hi, max_time)
+    first = conn.execute(
+        "SELECT " + ", ".join(f"e.{c}" for c in _TEXT_COLS) + tail + " ORDER BY e.pos LIMIT 1",
+        params,
+        binary=True,
+    ).fetchone()
+    if first is None:
+        return
+    try:
+        with conn.transaction():  # a savepoint: a failed statement must not end the snapshot
+            row = conn.execute(_SCAN_SELECT + tail, (*first, *params), binary=True).fetchone()
+            assert row is not None
+            n, cids, seqs, times, hl, hd, tl, td, pl, pd, varied = row
+            text: tuple[str, ...] | tuple[tuple[str, bytes], ...] = tuple(b.decode() for b in first)
+            if varied:
+                trow = conn.execute(_SCAN_TEXT + tail, params, binary=True).fetchone()
+                assert trow is not None
+                text = tuple((trow[i], bytes(trow[i + 1])) for i in range(0, 10, 2))
+    except (psycopg.errors.ProgramLimitExceeded, psycopg.errors.OutOfMemory):
+        if hi - lo <= 1:
+            raise
+        mid = (lo + hi) // 2
+        _scan(conn, join, extra, lo, mid, max_time, out)
+        _scan(conn, join, extra, mid, hi, max_time, out)
+        return
+    out.append(ScanColumns(n, cids, seqs, times, text, (hl, bytes(hd)), (tl, bytes(td)), (pl, bytes(pd))))
+
+
+def _seq_at_time(conn: Conn, cid: int, lo: int, hi: int, t: int) -> int:
+    """The smallest ``seq`` in ``[lo, hi]`` of a channel whose ``time_ns >= t``, or ``hi + 1`` (binary
+    search: within one epoch ``time_ns`` strictly increases with ``seq``)."""
+    t = _clamp(t)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        row = conn.execute(
+            "SELECT seq, time_ns FROM events WHERE channel_id = %s AND seq >= %s ORDER BY seq LIMIT 1",
+            (cid, mid),
+        ).fetchone()
+        if row is None or row[0] > hi or row[1] >= t:
+            hi = mid - 1
+        else:
+            lo = row[0] + 1
+    return lo
+
+
+def _pos_at_time(conn: Conn, lo: int, hi: int, t: int) -> int:
+    """The smallest ``pos`` in ``[lo, hi]`` of an event with ``time_ns >= t``, or ``hi + 1``."""
+    t = _clamp(t)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        row = conn.execute(
+            "SELECT pos, time_ns FROM events WHERE pos >= %s ORDER BY pos LIMIT 1", (mid,)
+        ).fetchone()
+        if row is None or row[0] > hi or row[1] >= t:
+            hi = mid - 1
+        else:
+            lo = row[0] + 1
+    return lo

@@ -1,0 +1,111 @@
+"""``hubbub pipeline`` exits non-zero on what it refuses or finds wrong: bad arguments, a directory that is
+not an archive, an archive directory another run holds, an audit that finds gaps or duplicates."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hubbub.pipeline import jobs
+from hubbub.pipeline.arrow import ARROW_SCHEMA
+
+from .conftest import JVM_FLAGS, spark_env
+
+pytestmark = pytest.mark.spark
+
+
+def pipeline(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hubbub", "pipeline", *args, "--no-progress",
+         "--conf", f"spark.driver.extraJavaOptions={JVM_FLAGS}", "--conf", "spark.ui.enabled=false",
+         "--conf", "spark.driver.host=127.0.0.1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **spark_env()},
+        check=False,
+    )  # fmt: skip
+
+
+def archive_dir(tmp_path: Path, days: list[str]) -> Path:
+    out = tmp_path / "archive"
+    for day in days:
+        part = out / "data" / "root=a" / f"date={day}"
+        part.mkdir(parents=True)
+        (part / "part-0.parquet").write_bytes(b"")
+    (out / jobs.STATE_FILE).write_text(json.dumps({"version": 2, "positions": {}, "pending": None}))
+    return out
+
+
+def test_retention_refuses_negative_days_and_a_missing_archive(tmp_path: Path) -> None:
+    today = datetime.now(UTC).date()
+    days = [today.isoformat(), (today - timedelta(days=40)).isoformat()]
+    out = archive_dir(tmp_path, days)
+    r = pipeline("retention", "--out", str(out), "--days", "-5")
+    assert r.returncode == 1 and "--days must be 0 or more" in r.stderr and r.stdout == ""
+    assert sorted(p.name for p in (out / "data" / "root=a").iterdir()) == sorted(f"date={d}" for d in days)
+
+    missing = tmp_path / "no-such-archive"
+    r = pipeline("retention", "--out", str(missing), "--days", "5")
+    assert r.returncode == 1 and "is not an archive" in r.stderr and not missing.exists()
+
+    r = pipeline("retention", "--out", str(out), "--days", "30")
+    assert r.returncode == 0 and json.loads(r.stdout)["dropped"] == [f"root=a/date={days[1]}"]
+
+
+def test_runs_on_one_out_directory_take_turns(tmp_path: Path) -> None:
+    """Another run holds the directory (its lock): archive and retention refuse at once, saying so, and
+    touch nothing; once it is free they run."""
+    out = archive_dir(tmp_path, ["2000-01-01"])
+    fd = os.open(out / jobs.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, b"archive, pid 4242 on elsewhere, since 2026-01-01T00:00:00Z\n")
+        with pytest.raises(jobs.PipelineError, match=r"in use by another run \(archive, pid 4242"):
+            jobs.retention(str(out), 30)
+        # The archive job is refused before it opens Spark or the source (no session is needed to see it).
+        with pytest.raises(jobs.PipelineError, match="in use by another run"):
+            jobs.archive(None, "sqlite:///nowhere.db", str(out))  # type: ignore[arg-type]
+        r = pipeline("retention", "--out", str(out), "--days", "30")
+        assert r.returncode == 1 and "in use by another run (archive, pid 4242" in r.stderr
+        assert (out / "data" / "root=a" / "date=2000-01-01").is_dir()
+    finally:
+        os.close(fd)
+    assert jobs.retention(str(out), 30)["dropped"] == ["root=a/date=2000-01-01"]
+
+
+def test_audit_exits_1_when_it_finds_gaps_or_duplicates(tmp_path: Path) -> None:
+    rows = [
+        {
+            "channel": "/a",
+            "seq": seq,
+            "epoch": "abcdefgh",
+            "time": 1_700_000_000_000_000_000 + seq,
+            "publisher_dialect": "native",
+            "publisher_user": "",
+            "publisher_app": "",
+            "publisher_msg_id": "",
+            "headers": [],
+            "tags": [],
+            "payload": b"x",
+            "content_type": "text/plain",
+        }
+        for seq in (1, 2, 4, 4)  # 3 missing, 4 twice
+    ]
+    data = tmp_path / "export"
+    data.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=ARROW_SCHEMA), data / "part-0.parquet")
+    r = pipeline("audit", "--input", str(data), "--out", str(tmp_path / "audit"))
+    assert r.returncode == 1, r.stderr
+    res = json.loads(r.stdout)
+    assert res["ok"] is False and res["gaps"] == 1 and res["duplicates"] == 1
+    assert "found gaps or duplicates" in r.stderr
