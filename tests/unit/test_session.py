@@ -83,7 +83,7 @@ def test_next_frames_waits_and_ends() -> None:
     async def main() -> None:
         s = Session("native", Enc(), max_items=10, max_bytes=1000)
         waiter = asyncio.ensure_future(s.next_frames())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step: the new task runs up to its wait (no timing involved)
         assert not waiter.done()
         s.push(b"a")
         assert await asyncio.wait_for(waiter, 1) == [b"a"]
@@ -132,7 +132,7 @@ def test_wait_room_wakes_when_drained() -> None:
         for _ in range(4):
             s.push(b"r")
         waiter = asyncio.ensure_future(s.wait_room())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step: the new task runs up to its wait (no timing involved)
         assert not waiter.done()
         await s.next_frames()
         await asyncio.wait_for(waiter, 1)
