@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ class ServerProcess:
     proc: subprocess.Popen[bytes] | None = None
     ports: dict[str, int] = field(default_factory=dict)
     log_path: Path | None = None
+    _pump: threading.Thread | None = None
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-{time.monotonic_ns()}.log"
@@ -35,27 +37,44 @@ class ServerProcess:
         env = dict(os.environ)
         src = str(Path(__file__).resolve().parents[2] / "src")
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
-        deadline = time.monotonic() + timeout
+        # The server's output goes through a pipe: a thread copies it to the log file line by line and
+        # announces each listener as its "listening" record comes, so start() waits on that, not on a poll.
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         self.ports = {}
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            for line in self.log().splitlines():
+        ready = threading.Event()
+        self._pump = threading.Thread(target=self._copy_output, args=(self.proc, ready), daemon=True)
+        self._pump.start()
+        if not ready.wait(timeout):
+            self.kill()
+            raise RuntimeError(f"server did not start within {timeout}s:\n{self.log()}")
+        if not {"http", "native"} <= self.ports.keys():
+            self.proc.wait(10)
+            raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+        return self
+
+    def _copy_output(self, proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
+        """Copy the process's output to the log file until it ends; set ``ready`` once both listeners are
+        up, or at the end of the output (the process is gone)."""
+        assert proc.stdout is not None and self.log_path is not None
+        with proc.stdout as out, open(self.log_path, "wb") as log:
+            for line in out:
+                log.write(line)
+                log.flush()
+                if ready.is_set():
+                    continue
                 try:
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if rec.get("message") == "listening":
+                if isinstance(rec, dict) and rec.get("message") == "listening":
                     self.ports[rec["listener"]] = int(rec["address"].rsplit(":", 1)[1])
-            if {"http", "native"} <= self.ports.keys():
-                return self
-            time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"server did not start within {timeout}s:\n{self.log()}")
+                    if {"http", "native"} <= self.ports.keys():
+                        ready.set()
+        ready.set()
 
     def log(self) -> str:
+        if self._pump is not None and self.proc is not None and self.proc.poll() is not None:
+            self._pump.join(10)  # the process is gone: its last lines are copied once the pipe ends
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
     @property

@@ -25,16 +25,19 @@ from hubbub.transports.native import NativeConnection
 
 
 class Sink:
-    """A connection's socket side: keeps every message written, in order."""
+    """A connection's socket side: keeps every message written, in order; ``wrote`` is set at each write."""
 
     def __init__(self) -> None:
         self.sent: list[bytes] = []
+        self.wrote = asyncio.Event()
 
     async def send(self, data: bytes) -> None:
         self.sent.append(data)
+        self.wrote.set()
 
     async def send_many(self, frames: list[bytes]) -> None:
         self.sent.extend(frames)
+        self.wrote.set()
 
     async def close(self, code: int) -> None:
         pass
@@ -71,12 +74,16 @@ def frames_in(encoding: str, data: bytes) -> list[dict[str, Any]]:
     return frames
 
 
-def wait_until(cond: Callable[[], bool]) -> Any:
-    async def poll() -> None:
-        while not cond():  # noqa: ASYNC110
-            await asyncio.sleep(0.001)
+async def until(changed: asyncio.Event, cond: Callable[[], bool]) -> None:
+    """Wait until ``cond()`` holds, looking again at each change: ``changed`` is set whenever what ``cond``
+    reads changes (and cleared here)."""
 
-    return asyncio.wait_for(poll(), 10)
+    async def wait() -> None:
+        while not cond():
+            changed.clear()
+            await changed.wait()
+
+    await asyncio.wait_for(wait(), 10)
 
 
 @pytest.mark.parametrize("encoding", ["msgpack", "json"])
@@ -100,8 +107,13 @@ def test_a_fan_out_run_is_packed_once_for_every_batching_connection(encoding: nc
                 for i in range(n)
             ]
             node.submit_many(reqs, pub.session, results.append)
-            await wait_until(lambda: len(results) == n and all(not c.session.queued for c in conns))
-            await wait_until(lambda: all(sum(b"payload" in m for m in s.sent) for s in sinks))
+
+            def events_in(sink: Sink) -> int:
+                return sum(f["op"] == "event" for m in sink.sent for f in frames_in(encoding, m))
+
+            for s in sinks:
+                await until(s.wrote, lambda s=s: events_in(s) >= n)  # type: ignore[misc]
+            assert len(results) == n and all(not c.session.queued for c in conns)
             events = [r.event for r in results if isinstance(r, AppendResult)]
             assert len(events) == n
             want = [codec.encode_event(e, ["s"]) for e in events]
@@ -145,7 +157,7 @@ def test_a_replay_reaches_a_batching_connection_as_exact_batches(
             def ops() -> list[dict[str, Any]]:
                 return [f for m in sink.sent for f in frames_in(encoding, m)]
 
-            await wait_until(lambda: any(o.get("op") == "recovered" for o in ops()))
+            await until(sink.wrote, lambda: any(o.get("op") == "recovered" for o in ops()))
             assert all(len(m) <= max_frame for m in sink.sent)
             assert sum(unpack(encoding, m)["op"] == "batch" for m in sink.sent) > 10
             got = [o for o in ops() if o["op"] == "event"]
@@ -174,16 +186,20 @@ def test_submit_many_with_done_many_completes_a_run_in_one_call(fail: bool) -> N
             pub = connect(node, codec, Sink(), 4096, 4096)
             await pub.handle(nc.Hello(1, 1, None, "", True, True))
             calls: list[tuple[str, object]] = []
+            called = asyncio.Event()
+
+            def call(kind: str) -> Callable[[object], None]:
+                def record(r: object) -> None:
+                    calls.append((kind, r))
+                    called.set()
+
+                return record
+
             reqs = [AppendRequest("/d", pub._publisher, b"p%d" % i, "text/plain") for i in range(5)]
-            node.submit(reqs[0], pub.session, lambda r: calls.append(("one", r)))
-            node.submit_many(
-                reqs[1:4],
-                pub.session,
-                lambda r: calls.append(("each", r)),
-                lambda rs: calls.append(("many", rs)),
-            )
-            node.submit(reqs[4], pub.session, lambda r: calls.append(("one", r)))
-            await wait_until(lambda: len(calls) >= (5 if fail else 3))
+            node.submit(reqs[0], pub.session, call("one"))
+            node.submit_many(reqs[1:4], pub.session, call("each"), call("many"))
+            node.submit(reqs[4], pub.session, call("one"))
+            await until(called, lambda: len(calls) >= (5 if fail else 3))
             if fail:
                 assert [k for k, _ in calls] == ["one", "each", "each", "each", "one"]
                 assert all(isinstance(r, StorageError) for _, r in calls)

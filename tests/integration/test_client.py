@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 
@@ -60,13 +62,6 @@ def tcp_url(server: Server) -> str:
 
 def url_for(server: Server, transport: str) -> str:
     return ws_url(server) if transport == "ws" else tcp_url(server)
-
-
-async def until(cond: Callable[[], bool], within: float = WAIT) -> None:
-    """Wait for a condition that has no event to wait on (polled, bounded by ``within``)."""
-    async with asyncio.timeout(within):
-        while not cond():  # noqa: ASYNC110 - the client exposes no event for "disconnected"
-            await asyncio.sleep(0.01)
 
 
 async def take(sub: Subscription, n: int) -> list[Event | Gap]:
@@ -299,7 +294,8 @@ def test_reconnect_recovers_without_gap_or_duplicate(tmp_path: Path, transport: 
             assert [e.payload for e in await events(pattern, 3)] == [b"a1", b"a2", b"a3"]
         try:
             # The server is gone; a publish now waits for the reconnect.
-            await until(lambda: not client.connected)
+            await asyncio.wait_for(client.wait_disconnected(), WAIT)
+            assert not client.connected
             waiting = asyncio.create_task(client.publish("/r/b", "sent while away", idem="away-1"))
             async with serve(data, ports["http"], ports["native"]) as s2:
                 async with AsyncClient.connect(url_for(s2, transport)) as pub:
@@ -459,6 +455,21 @@ def test_resume_survives_a_drop_during_resubscribe() -> None:
     asyncio.run(body())
 
 
+async def pings_answered(server: Server, n: int) -> None:
+    """Open a native WebSocket, answer ``n`` pings with pongs, close."""
+    async with aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(ws_url(server) + "/ws/hubbub", protocols=["hubbub.v1.json"])
+        await ws.send_str(json.dumps({"op": "hello", "id": 1, "v": 1}))
+        pings = 0
+        while pings < n:
+            f = json.loads(await ws.receive_str(timeout=WAIT))
+            assert f["op"] in ("reply", "ping"), f
+            if f["op"] == "ping":
+                pings += 1
+                await ws.send_str('{"op":"pong"}')
+        await ws.close()
+
+
 def test_client_answers_server_pings(tmp_path: Path) -> None:
     async def body() -> None:
         cfg = load_config(
@@ -473,10 +484,12 @@ def test_client_answers_server_pings(tmp_path: Path) -> None:
         async with Server(cfg) as server:
             for url in (ws_url(server), tcp_url(server)):
                 async with AsyncClient.connect(url, batch=False) as client:
-                    # Six pings take more than the three silent intervals after which the server
-                    # would close a connection that does not answer (4304).
-                    await until(lambda c=client: c.statistics().frames_received >= 6)
+                    # The clock: a second connection on the same keepalive timer, answering its pings by
+                    # hand. Six of them take more than the three silent intervals after which the server
+                    # closes a connection that does not answer (4304).
+                    await pings_answered(server, 6)
                     stats = client.statistics()
+                    assert stats.frames_received >= 4  # the hello reply, and pings
                     assert (stats.connects, stats.disconnects, stats.last_error) == (1, 0, "")
                     assert await client.publish("/alive", "yes") is not None
 

@@ -364,11 +364,10 @@ def test_slow_consumer_is_closed_1013(tmp_path: Path) -> None:
                 # The client stops reading; the socket buffers fill, then the session's queue overflows.
                 payload = b"p" * 60000
                 for _ in range(400):
-                    await node.writable()
-                    node.submit(AppendRequest("/slow", Publisher("native"), payload, "text/plain"))
+                    # Committed and fanned out when this returns: the overflow, if any, has happened.
+                    await node.publish(AppendRequest("/slow", Publisher("native"), payload, "text/plain"))
                     if node.slow_closes.get("ivy"):
                         break
-                    await asyncio.sleep(0)
                 codes = []
                 while True:
                     msg = await ws.receive(timeout=WAIT)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +38,6 @@ def _server(tmp_path: Path, ping_interval: float = 25.0) -> Server:
 
 def _url(server: Server) -> str:
     return f"ws://127.0.0.1:{server.ports['http']}/ws/hubbub"
-
-
-async def _until(cond: Callable[[], bool], within: float = WAIT) -> None:
-    async with asyncio.timeout(within):
-        while not cond():  # noqa: ASYNC110 - server-side state has no event to wait on
-            await asyncio.sleep(0.01)
 
 
 async def _recv(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
@@ -95,15 +88,23 @@ def test_a_silent_ws_client_is_pinged_then_closed_with_4304(tmp_path: Path) -> N
 
 def test_a_ws_client_that_only_publishes_is_not_silent(tmp_path: Path) -> None:
     """Publishes count as traffic: a client that publishes (acked or not) and never answers a ping stays open
-    well past three ping intervals."""
+    well past three ping intervals. Paced by the server's pings: each comes at least one interval after the
+    server's last frame, and the client answers it with a publish only."""
 
     async def main() -> None:
         async with _server(tmp_path, 0.1) as server, aiohttp.ClientSession() as http:
             for ack in (True, False):
                 ws = await _hello(http, _url(server))
-                for i in range(40):  # 0.8 s: eight ping intervals
-                    await _send(ws, {"op": "publish", "id": i + 2, "channel": "/p", "text": "x", "ack": ack})
-                    await asyncio.sleep(0.02)
+                pings = 0
+                i = 1
+                while pings < 8:  # eight ping intervals at least, with no pong
+                    f = await _recv(ws)
+                    if f.get("op") == "ping":
+                        pings += 1
+                        i += 1
+                        await _send(ws, {"op": "publish", "id": i, "channel": "/p", "text": "x", "ack": ack})
+                    else:
+                        assert ack and f.get("op") == "reply" and f["id"] == i, f
                 await _send(ws, {"op": "publish", "id": 99, "channel": "/p", "text": "x", "ack": True})
                 while (f := await _recv(ws)).get("id") != 99:
                     assert f.get("op") in ("reply", "ping"), f
@@ -132,7 +133,8 @@ def test_pongs_keep_ws_and_tcp_connections_open_on_one_timer(tmp_path: Path) -> 
             reader, writer = await asyncio.open_connection("127.0.0.1", server.ports["native"])
             writer.write(b'{"op":"hello","id":1,"v":1}\n')
             assert orjson.loads(await asyncio.wait_for(reader.readline(), WAIT))["op"] == "reply"
-            await _until(lambda: len(ka) == 2)  # both transports' connections share the loop's keepalive
+            # Both transports' connections share the loop's keepalive (joined at hello, before its reply).
+            assert len(ka) == 2
 
             # Six pings each, answered: well past three silent intervals, and still open.
             for _ in range(6):
@@ -150,7 +152,7 @@ def test_pongs_keep_ws_and_tcp_connections_open_on_one_timer(tmp_path: Path) -> 
             await ws.close()
             writer.close()
             await writer.wait_closed()
-            await _until(lambda: len(ka) == 0)
+            await asyncio.wait_for(ka.wait_empty(), WAIT)
             assert ka._handle is None
 
     asyncio.run(main())
@@ -164,7 +166,7 @@ def test_ws_connections_share_one_codec_per_encoding(tmp_path: Path) -> None:
             b = await _hello(http, url, "msgpack")
             c = await _hello(http, url, "json")
             ka = Keepalive.for_interval(25.0)
-            await _until(lambda: len(ka) == 3)
+            assert len(ka) == 3  # joined at hello, before its reply
             conns: list[NativeConnection] = list(ka)
             mp = [x for x in conns if x.codec.encoding == "msgpack"]
             js = [x for x in conns if x.codec.encoding == "json"]
@@ -221,7 +223,7 @@ def test_tcp_connections_share_one_codec_per_encoding(tmp_path: Path) -> None:
                 assert (await _mp_read(r))["op"] == "reply"
             assert orjson.loads(await asyncio.wait_for(c[0].readline(), WAIT))["op"] == "reply"
             ka = Keepalive.for_interval(25.0)
-            await _until(lambda: len(ka) == 3)
+            assert len(ka) == 3  # joined at hello, before its reply
             conns: list[NativeConnection] = list(ka)
             mp = [x for x in conns if x.codec.encoding == "msgpack"]
             js = [x for x in conns if x.codec.encoding == "json"]
@@ -295,6 +297,14 @@ _HOLD = textwrap.dedent(
         while b"reply" not in buf:
             buf += s.recv(4096)
         socks.append(s)
+    # A ping round trip on each: its handler has gone back to reading after its hello, and is idle.
+    ping = msgpack.packb({"op": "ping", "id": 2})
+    for s in socks:
+        s.sendall(bytes([0x82, 0x80 | len(ping)]) + b"\\0\\0\\0\\0" + ping)
+    for s in socks:
+        buf = b""
+        while b"pong" not in buf:
+            buf += s.recv(4096)
     print("ready", flush=True)
     sys.stdin.read()
     """
@@ -328,15 +338,15 @@ def test_idle_ws_connection_footprint_stays_bounded(tmp_path: Path) -> None:
             loop = asyncio.get_running_loop()
             ka = Keepalive.for_interval(25.0)
             warm = await loop.run_in_executor(None, hold, server.ports["http"])
-            await _until(lambda: len(ka) == n)
+            assert len(ka) == n
             release(warm)
-            await _until(lambda: len(ka) == 0)
+            await asyncio.wait_for(ka.wait_empty(), WAIT)
             tracemalloc.start()
             try:
                 before = tracemalloc.take_snapshot()
                 proc = await loop.run_in_executor(None, hold, server.ports["http"])
-                await _until(lambda: len(ka) == n and all(c.hello_done for c in ka))
-                await asyncio.sleep(0.2)  # let the handlers settle into their idle waits
+                # Every connection said hello and had a ping answered (the client is ready only then).
+                assert len(ka) == n and all(c.hello_done for c in ka)
                 after = tracemalloc.take_snapshot()
             finally:
                 tracemalloc.stop()

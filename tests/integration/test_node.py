@@ -15,6 +15,7 @@ import pytest
 
 from hubbub.channels import parse_pattern
 from hubbub.core import Node, NodeSettings, ReplayPlan, ReplaySpec, Session
+from hubbub.core.session import Overflow
 from hubbub.errors import HubbubError, LimitExceeded, SubscriptionError
 from hubbub.events import Event, Position, Publisher
 from hubbub.log import open_store
@@ -121,28 +122,67 @@ def test_since_replays_exactly_then_live(run: Run) -> None:
 
 
 def test_replay_live_junction_under_concurrent_publishing(run: Run) -> None:
+    """A publisher commits one event after another while a subscription with a replay is made. A probe on the
+    node's reader hand-off (``Node.read``, which every snapshot goes through) waits, right after the snapshot
+    is read, until the publisher has committed more: those commits raced the snapshot and are held on the new
+    subscription (checked), then released after the replay. The session gets every event once, in order,
+    across the junction."""
+
     async def body(node: Node) -> None:
         first = await node.publish(req("/j", "1"))
+        committed = [first.event.seq]
+        progress = asyncio.Event()  # set, and cleared by whoever waits, at each commit
         stop = asyncio.Event()
 
         async def publisher() -> None:
             i = 1
             while not stop.is_set():
                 i += 1
-                node.submit(req("/j", str(i)))
-                await asyncio.sleep(0)
+                r = await node.publish(req("/j", str(i)))
+                committed.append(r.event.seq)
+                progress.set()
+
+        async def until_committed(n: int) -> None:
+            while len(committed) < n:
+                progress.clear()
+                await asyncio.wait_for(progress.wait(), 10)
 
         task = asyncio.ensure_future(publisher())
-        await asyncio.sleep(0.01)
+        await until_committed(5)  # the publisher is going
         s = session(node, max_items=100000)
-        await sub(node, s, "s", "/j", ReplaySpec(since=Position(1, first.event.epoch)))
-        await asyncio.sleep(0.02)
+        real_read = node.read
+        raced: list[tuple[int, list[int]]] = []  # (commits during the probe, held seqs then)
+
+        async def probe(fn: Any, *args: Any) -> Any:
+            result = await real_read(fn, *args)
+            before = len(committed)
+            await until_committed(before + 3)
+            held = [sb for sb in node.subscriptions(s) if sb.sub_id == "s" and sb.holding is not None]
+            raced.append((len(committed) - before, [e.seq for sb in held for e in sb.holding or ()]))
+            return result
+
+        node.read = probe  # type: ignore[method-assign]
+        plans = await sub(node, s, "s", "/j", ReplaySpec(since=Position(1, first.event.epoch)))
+        node.read = real_read  # type: ignore[method-assign]
+        n = len(committed)
+        await until_committed(n + 3)  # live events after the junction
         stop.set()
         await task
         await node.publish(req("/j", "last"))
-        seqs = [f[1] for f in await drain(s)]
+        top = plans[0].position
+        assert top is not None
+        # The race happened: commits landed between the snapshot and going live, and were held (events held
+        # from before the snapshot, at or below its top, are the replay's and released to nobody).
+        ((count, held),) = raced
+        after_snapshot = [seq for seq in held if seq > top.seq]
+        assert count >= 3 and len(after_snapshot) >= 3, (top, held)
+        got = await drain(s)
+        seqs = [f[1] for f in got]
         assert seqs == list(range(2, seqs[-1] + 1)), "gapless and duplicate-free across the junction"
-        assert len(seqs) > 5
+        assert seqs[-1] == committed[-1] + 1
+        # Replayed up to the snapshot's top, live (the held ones first) after it.
+        assert [f[3] for f in got] == [seq <= top.seq for seq in seqs]
+        assert set(after_snapshot) <= set(seqs)
 
     run(body)
 
@@ -284,8 +324,11 @@ def test_held_event_inside_the_snapshot_still_reaches_other_live_subs(run: Run) 
         gate = asyncio.Event()
         real_read = node.read
 
+        published = asyncio.Event()
+
         async def slow_read(fn: Any, *args: Any) -> Any:
             await node.publish(req("/h/x", "during"))
+            published.set()
             await gate.wait()
             return await real_read(fn, *args)
 
@@ -293,7 +336,7 @@ def test_held_event_inside_the_snapshot_still_reaches_other_live_subs(run: Run) 
         task = asyncio.ensure_future(
             node.subscribe(s, "new", parse_pattern("/h/x"), on_snapshot=plans.append)
         )
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(published.wait(), 10)
         node.read = real_read  # type: ignore[method-assign]
         gate.set()
         await task
@@ -462,5 +505,43 @@ def test_burst_fan_out_keeps_order_ids_echo_filters_and_overflow(run: Run) -> No
         assert await drain(both) == want(both, lambda ch: ("x", "y") if ch == "/r/a" else ("x",))
         assert slow.kicked == 4302 and await drain(slow) == []
         assert node.deliveries["native"] == 2 + 6 + 6 + 3  # the slow one took 3 before its kick
+
+    run(body)
+
+
+def test_a_catch_up_in_one_run_keeps_the_next_runs_of_the_batch_away(run: Run) -> None:
+    """A commit batch fans out run after run. When a run overflows a CATCH_UP session and its catch-up
+    unsubscribes it (as guble's does, to replay from the log everything it dropped and all that follows), the
+    later runs of the same batch, matched before that, must not reach it: it would get them twice."""
+
+    async def body(node: Node) -> None:
+        catching = Session("guble", Enc(), max_items=3, max_bytes=1 << 24, overflow=Overflow.CATCH_UP)
+        node.attach(catching)
+        switched: list[int] = []
+
+        def on_catch_up() -> None:
+            switched.append(catching.stats.dropped)
+            node.unsubscribe(catching, "c")
+
+        catching.on_catch_up = on_catch_up
+        other = session(node)
+        await sub(node, catching, "c", "/r")
+        await sub(node, other, "o", "/r")
+        a, b = session(node), session(node)
+        done: list[Any] = []
+        all_done = asyncio.Event()
+
+        def on_done(r: Any) -> None:
+            done.append(r)
+            if len(done) == 10:
+                all_done.set()
+
+        # One tick: two runs (one per origin) commit together.
+        for i in range(10):
+            node.submit(req("/r", str(i)), a if i < 5 else b, on_done)
+        await asyncio.wait_for(all_done.wait(), 10)
+        assert switched == [3]
+        assert await drain(catching) == []  # everything from the overflow on is the catch-up's to replay
+        assert [p for *_, p in await drain(other)] == [str(i) for i in range(10)]
 
     run(body)

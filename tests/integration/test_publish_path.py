@@ -94,20 +94,24 @@ def test_inline_commit_waits_behind_writer_thread_work(tmp_path: Path) -> None:
         ctl = writer.submit_control(slow_reset)
         assert not writer.idle
         results: list[AppendResult | HubbubError] = []
+        acked = asyncio.Event()
 
         def done(r: AppendResult | HubbubError) -> None:
             order.append("ack after the reset" if ctl.done() else "ack before the reset")
             results.append(r)
+            acked.set()
 
         s = Session("native", Enc(), max_items=16, max_bytes=1 << 20)
         node.attach(s)
+        inline_before = node.statistics()["writer"]["inline_batches"]
         node.submit(req("/a", "after"), s, done)
-        await asyncio.sleep(0.05)
-        assert results == []  # held behind the reset, not appended inline
+        # Not appended inline (that would have completed it within submit); queued behind the reset, which
+        # holds the writer thread until the gate opens.
+        assert results == []
+        assert node.statistics()["writer"]["inline_batches"] == inline_before
         gate.set()
         info = await ctl
-        while not results:  # noqa: ASYNC110 - the completion is scheduled from the writer thread
-            await asyncio.sleep(0.001)
+        await asyncio.wait_for(acked.wait(), 10)  # the completion is scheduled from the writer thread
         r = results[0]
         assert isinstance(r, AppendResult)
         assert (r.event.epoch, r.event.seq) == (info.epoch, 1)
@@ -182,11 +186,15 @@ def frame(obj: dict[str, Any]) -> bytes:
 
 
 class Sink:
+    """The connection's outbound frames, decoded; ``sent`` is set at each one (cleared by who waits)."""
+
     def __init__(self) -> None:
         self.frames: list[Any] = []
+        self.sent = asyncio.Event()
 
     async def send(self, data: bytes) -> None:
         self.frames.append(msgpack.unpackb(data, raw=False))
+        self.sent.set()
 
     async def close(self, code: int) -> None:
         pass
@@ -229,12 +237,16 @@ async def open_conn(
 
 
 async def replies(sink: Sink, n: int) -> list[Any]:
-    for _ in range(1000):
+    """The first ``n`` (at least) reply and error frames, once the connection has sent them."""
+    while True:
         got = [f for f in sink.frames if f.get("op") in ("reply", "error")]
         if len(got) >= n:
             return got
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"only {sink.frames!r}")
+        sink.sent.clear()
+        try:
+            await asyncio.wait_for(sink.sent.wait(), 10)
+        except TimeoutError:
+            raise AssertionError(f"only {sink.frames!r}") from None
 
 
 def pub(i: int, channel: str = "/a", ack: bool = True) -> dict[str, Any]:
@@ -309,10 +321,9 @@ def test_a_read_larger_than_the_inflight_bound_waits_for_room(how: str, tmp_path
         got = await replies(sink, 1 + 13)
         assert [f["id"] for f in got[1:]] == [i for i in range(1, 41) if i % 3 == 0]
         assert [f["seq"] for f in got[1:]] == [i for i in range(1, 41) if i % 3 == 0]
-        for _ in range(1000):
-            if conn.inflight == 0:
-                break
-            await asyncio.sleep(0.005)
+        # Publishes complete in order: once an acked one after them is answered, all of them are done.
+        assert not await dispatch(conn, decode(dec, how, frame(pub(41))))
+        assert [f["id"] for f in await replies(sink, 1 + 14)][-1] == 41
         assert conn.inflight == 0
         await conn.finish()
 
@@ -355,8 +366,9 @@ def test_a_fatal_frame_stops_the_read(how: str, tmp_path: Path) -> None:
         conn, dec, _sink = await open_conn(node)
         data = frame(pub(1)) + frame(pub(2)) + frame({"op": "hello", "id": 9, "v": 1}) + frame(pub(3))
         assert await dispatch(conn, decode(dec, how, data))
-        await asyncio.sleep(0.05)
         assert conn.session.ending == 4005
+        # Commits complete in order: once a later one is done, so are those the connection made.
+        await node.publish(req("/b", "later"))
         assert node.store.head("/a").top == 2  # the publish after the fatal frame was not taken
         await conn.finish()
 

@@ -4,13 +4,19 @@ the run splits into pieces."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hubbub.core.fanout import _RUN_ENCODE_MIN, _run_frames
+from hubbub.channels import parse_pattern
+from hubbub.core.fanout import _RUN_ENCODE_MIN, FanOut, _run_frames
+from hubbub.core.node import Subscription
+from hubbub.core.session import Session
 from hubbub.dialects import native as nc
 from hubbub.events import Event, Publisher
+from hubbub.router import Router
 from hubbub.transports.native import NativeEncoder
 
 PUBLISHERS = [
@@ -73,3 +79,38 @@ def test_encoders_without_encode_run_get_events_one_by_one() -> None:
     assert _run_frames(_PlainEncoder(), events, ("s",), None) == [
         b"%d:p%d" % (s, s) for s in range(1, 2 * _RUN_ENCODE_MIN)
     ]
+
+
+class _OwnEncoder(_PlainEncoder):
+    """An encoder that records what its own connection gets (``Encoder.per_connection``), as guble's does."""
+
+    per_connection = True
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def encode_event(self, event: Event, subs: object, replay: bool, cache: dict[object, object]) -> bytes:
+        self.seen.append(event.seq)
+        return super().encode_event(event, subs, replay, cache)
+
+
+@pytest.mark.parametrize("n", [1, _RUN_ENCODE_MIN, 3 * _RUN_ENCODE_MIN])
+def test_a_run_is_shared_between_connections_unless_their_encoder_is_per_connection(n: int) -> None:
+    """Connections with the same encoding and subscription ids share one encoded run; a per-connection
+    encoder is called for its own connection all the same, and each connection gets every frame once."""
+    router: Router[Subscription] = Router()
+    fan = FanOut(router, set(), {})
+    own = [_OwnEncoder() for _ in range(3)]
+    plain = _PlainEncoder()
+    sessions = [Session("own", e, max_items=1000, max_bytes=1 << 20) for e in own]
+    sessions += [Session("plain", plain, max_items=1000, max_bytes=1 << 20) for _ in range(2)]
+    for s in sessions:
+        router.add(parse_pattern("/a"), Subscription(s, "g1", parse_pattern("/a"), frozenset()))
+    pub = PUBLISHERS[0]
+    events = [Event("/a", s, "e", s, pub, b"p%d" % s, "x/y", {}, ()) for s in range(1, n + 1)]
+    fan.fan_out_run(router.match("/a"), events, None)
+    assert [e.seen for e in own] == [list(range(1, n + 1))] * 3
+    want = [b"%d:p%d" % (s, s) for s in range(1, n + 1)]
+    for s in sessions:
+        assert asyncio.run(s.next_frames()) == want
+    assert fan.deliveries == {"own": 3 * n, "plain": 2 * n}

@@ -19,7 +19,7 @@ def test_wait_returns_at_once_when_set_and_blocks_after_clear() -> None:
         assert await asyncio.wait_for(f.wait(), 1) is True
         f.clear()
         waiter = asyncio.ensure_future(f.wait())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step: the new task runs up to its wait (no timing involved)
         assert not waiter.done()
         f.set()
         assert await asyncio.wait_for(waiter, 1) is True
@@ -37,7 +37,7 @@ def test_set_wakes_every_waiter_once_and_a_second_set_is_a_no_op() -> None:
             woken.append(i)
 
         tasks = [asyncio.ensure_future(wait(i)) for i in range(3)]
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step: the new task runs up to its wait (no timing involved)
         assert woken == [] and "3 waiting" in repr(f)
         f.set()
         f.set()
@@ -53,7 +53,7 @@ def test_a_cancelled_waiter_leaves_and_others_still_wake() -> None:
         f = Flag()
         a = asyncio.ensure_future(f.wait())
         b = asyncio.ensure_future(f.wait())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step: the new task runs up to its wait (no timing involved)
         a.cancel()
         with pytest.raises(asyncio.CancelledError):
             await a
@@ -63,7 +63,7 @@ def test_a_cancelled_waiter_leaves_and_others_still_wake() -> None:
             await b
         assert f._waiters is None  # nothing is kept for an idle flag
         c = asyncio.ensure_future(f.wait())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step: the new task runs up to its wait (no timing involved)
         f.set()
         assert await asyncio.wait_for(c, 1) is True
 
@@ -74,14 +74,14 @@ def test_a_waiter_woken_then_cancelled_does_not_break_the_flag() -> None:
     async def main() -> None:
         f = Flag()
         w = asyncio.ensure_future(f.wait())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step: the new task runs up to its wait (no timing involved)
         f.set()
         w.cancel()  # its future is resolved already; the task sees the cancellation
         with pytest.raises(asyncio.CancelledError):
             await w
         f.clear()
         again = asyncio.ensure_future(f.wait())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step: the new task runs up to its wait (no timing involved)
         f.set()
         assert await asyncio.wait_for(again, 1) is True
 

@@ -83,7 +83,7 @@ def test_next_frames_waits_and_ends() -> None:
     async def main() -> None:
         s = Session("native", Enc(), max_items=10, max_bytes=1000)
         waiter = asyncio.ensure_future(s.next_frames())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step: the new task runs up to its wait (no timing involved)
         assert not waiter.done()
         s.push(b"a")
         assert await asyncio.wait_for(waiter, 1) == [b"a"]
@@ -132,7 +132,7 @@ def test_wait_room_wakes_when_drained() -> None:
         for _ in range(4):
             s.push(b"r")
         waiter = asyncio.ensure_future(s.wait_room())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step: the new task runs up to its wait (no timing involved)
         assert not waiter.done()
         await s.next_frames()
         await asyncio.wait_for(waiter, 1)
@@ -245,6 +245,25 @@ def test_catch_up_drops_queued_runs() -> None:
     assert not s.deliver(ev(1), ["s"], {})
     assert called == [1] and s.stats.dropped == 9 and s.queued == 1
     assert asyncio.run(s.next_frames()) == [b"status"]
+
+
+def test_a_run_that_overflows_into_a_catch_up_stops_there() -> None:
+    """The catch-up replays from the log every event from the dropped ones on: the rest of the run too, so
+    none of it is queued after the switch (it would arrive twice, and ahead of the replay)."""
+    called: list[int] = []
+    s = Session("guble", Enc(), max_items=4, max_bytes=1 << 20, overflow=Overflow.CATCH_UP)
+    s.on_catch_up = lambda: called.append(s.queued)
+    s.push(b"status")
+    assert s.deliver_run(run_of(frames_of(6))) == 3
+    assert called == [1] and s.stats.dropped == 3 and s.queued == 1
+    assert asyncio.run(s.next_frames()) == [b"status"]
+
+
+def test_a_run_that_overflows_drop_oldest_keeps_its_newest_frames() -> None:
+    s = Session("mist1", Enc(), max_items=4, max_bytes=1 << 20, overflow=Overflow.DROP_OLDEST)
+    assert s.deliver_run(run_of(frames_of(6))) == 6
+    assert s.stats.dropped == 2
+    assert asyncio.run(s.next_frames()) == frames_of(6)[2:]
 
 
 class BatchEnc(Enc):

@@ -93,7 +93,7 @@ def test_commits_complete_in_order_with_the_lower_interval(tmp_path: Path, defau
         w.start()
         for k in range(30):
             w.submit(list(range(k * 100, k * 100 + 100)), [AppendRequest("/c", pub, b"x", "t")] * 100)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # one loop step between submits, so commits interleave with them
         await asyncio.wait_for(done.wait(), 30)
         await asyncio.get_running_loop().run_in_executor(None, w.stop)
 

@@ -164,6 +164,8 @@ class AsyncClient:
         self._http: aiohttp.ClientSession | None = None
         self._conn: _Conn | None = None
         self._connected = asyncio.Event()  # set while a connection is usable, and once terminal
+        self._disconnected = asyncio.Event()  # set while no connection is usable
+        self._disconnected.set()
         self._final: HubbubError | None = None  # set once the client will never connect again
         self._closing = False
         self._supervisor: asyncio.Task[None] | None = None
@@ -211,6 +213,11 @@ class AsyncClient:
     @property
     def connected(self) -> bool:
         return self._conn is not None
+
+    async def wait_disconnected(self) -> None:
+        """Wait until the client has no usable connection (at once when it has none): its connection was
+        lost, or the client is closed. It reconnects by itself meanwhile when it may."""
+        await self._disconnected.wait()
 
     @property
     def session(self) -> str:
@@ -459,6 +466,7 @@ class AsyncClient:
         self._conn = conn
         self._stats["connects"] += 1
         self._connected.set()
+        self._disconnected.clear()
 
     async def _wait_connected(self) -> _Conn:
         while True:
@@ -548,6 +556,7 @@ class AsyncClient:
         """Fail or park what was in flight. Returns the final error when the client must not reconnect."""
         self._conn = None
         self._connected.clear()
+        self._disconnected.set()
         self._stats["disconnects"] += 1
         err = conn.error
         if err is None and conn.transport.close_code in _FINAL_CODES:

@@ -61,7 +61,11 @@ class FanOut:
     ) -> None:
         """Fan out events that match the same subscriptions, none of them holding or filtered: every
         connection with the same encoding and subscription ids shares one :class:`FrameRun`, queued at once
-        (and, for batching connections, packed into batch frames once for all of them)."""
+        (and, for batching connections, packed into batch frames once for all of them); a per-connection
+        encoder (``Encoder.per_connection``) encodes its own frames, through the run's shared rendering cache.
+
+        A session's overflow may change the subscriptions meanwhile (a catch-up unsubscribes): ``subs`` holds
+        for this run only, and the caller matches the next run's events after this call."""
         plan = self._plan(subs, cacheable=True)
         deliveries = self.deliveries
         if len(plan) == 1:
@@ -84,8 +88,19 @@ class FanOut:
             enc = sess.encoder
             fk = (enc.key, ids)
             hit = run_frames.get(fk)
-            if hit is None:
-                if len(events) >= _RUN_ENCODE_MIN and hasattr(enc, "encode_run"):
+            if hit is not None and getattr(enc, "per_connection", False):
+                # Frames encoded for another connection: this encoder must see its own connection's events
+                # (Encoder.per_connection), so it encodes them, through the same rendering cache.
+                shared = run_caches.get(enc.key) or [{} for _ in events]
+                encode = enc.encode_event
+                frames = [encode(ev, ids, False, c) for ev, c in zip(events, shared, strict=True)]
+                hit = FrameRun(frames, sum(map(len, frames)))
+            elif hit is None:
+                if (
+                    len(events) >= _RUN_ENCODE_MIN
+                    and hasattr(enc, "encode_run")
+                    and not getattr(enc, "per_connection", False)
+                ):
                     if runs is None:
                         runs = runs_of(events)
                     frames = _run_frames(enc, events, ids, runs)

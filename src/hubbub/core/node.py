@@ -496,6 +496,12 @@ class Node:
                     continue
                 if run:
                     fan_out_run(run_subs, run, run_origin)
+                    # That fan-out may have unsubscribed a session (a guble catch-up, which replays from the
+                    # log what it dropped and all that follows): match again, so it gets no event twice.
+                    subs = match(ev.channel, ev.tags)
+                    if not subs:
+                        run, run_subs = [], ()
+                        continue
                 run, run_subs, run_origin = [ev], subs, origin
                 continue
             if run:

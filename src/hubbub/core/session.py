@@ -74,6 +74,10 @@ class Encoder(Protocol):
     #: Sessions with equal keys share the per-event encoding cache.
     key: str
 
+    # An encoder may also set ``per_connection = True``: its ``encode_event`` keeps state of its own
+    # connection (guble records each queued event frame), so the fan-out calls it for every session and never
+    # hands one session the frames encoded for another (it still shares the rendering cache between them).
+
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
         """The bytes of one event frame for a connection whose matching subscriptions are ``subs``."""
         ...
@@ -291,8 +295,9 @@ class Session:
 
         The fan-out of a run of events: when they fit, they are queued in one step, as one entry (frame by
         frame when there are only a few); otherwise one by one through :meth:`push`, so the overflow policy
-        applies exactly as for single events (a packed-only run is queued whole or not at all). ``run`` may
-        be shared with other sessions and is never changed.
+        applies exactly as for single events, up to a catch-up, which stands in for the rest of the run (a
+        packed-only run is queued whole or not at all). ``run`` may be shared with other sessions and is never
+        changed.
         """
         q = self._frames
         frames = run.frames
@@ -320,10 +325,13 @@ class Session:
             self._overflow(run.nbytes, True)
             return 0
         n = 0
+        catch_up = self.overflow is Overflow.CATCH_UP
         for f in frames:
             if self.push(f, is_event=True):
                 n += 1
-            elif self.kicked or self.closed:
+            elif self.kicked or self.closed or catch_up:
+                # A catch-up refills from the log every event from the dropped ones on, the rest of this run
+                # included: queueing it as well would deliver it twice, and out of order.
                 break
         self.stats.delivered += n
         return n

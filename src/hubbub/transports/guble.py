@@ -187,7 +187,11 @@ class Receiver:
 
 class _Encoder:
     """The session's encoder: the shared rendering, plus a record of each queued event frame (its time and
-    whether it is a replay) so the write loop knows the last live event it wrote."""
+    whether it is a replay) so the write loop knows the last live event it wrote. That record is this
+    connection's own (``per_connection``): the fan-out calls the encoder for each guble session, never handing
+    one the frames encoded for another, as guble receiver ids (``g1``, ...) repeat across connections."""
+
+    per_connection = True
 
     def __init__(self, codec: gc.GubleCodec, meta: deque[tuple[int, bool]], catch_up: set[str]) -> None:
         self.codec = codec

@@ -554,7 +554,7 @@ class Keepalive:
     Concurrency contract: called from the event loop thread only.
     """
 
-    __slots__ = ("_handle", "_loop", "_members", "interval", "period")
+    __slots__ = ("_empty", "_handle", "_loop", "_members", "interval", "period")
 
     #: The instances of each running event loop, by ping interval.
     _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, Keepalive]]] = (
@@ -570,6 +570,8 @@ class Keepalive:
         # A dict, not a set: ticks visit connections in the order they joined.
         self._members: dict[NativeConnection, None] = {}
         self._handle: asyncio.TimerHandle | None = None
+        self._empty = asyncio.Event()
+        self._empty.set()
 
     @classmethod
     def for_interval(cls, interval: float) -> Keepalive:
@@ -590,17 +592,24 @@ class Keepalive:
         """The member connections, in the order they joined."""
         return iter(list(self._members))
 
+    async def wait_empty(self) -> None:
+        """Wait until no connection is a member (every one has finished or timed out)."""
+        await self._empty.wait()
+
     def add(self, conn: NativeConnection) -> None:
         self._members[conn] = None
+        self._empty.clear()
         if self._handle is None:
             self._handle = self._loop.call_later(self.period, self._tick)
 
     def discard(self, conn: NativeConnection) -> None:
         """Forget ``conn``. Idempotent."""
         self._members.pop(conn, None)
-        if not self._members and self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        if not self._members:
+            self._empty.set()
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
 
     def _tick(self) -> None:
         self._handle = None
@@ -625,3 +634,5 @@ class Keepalive:
                 conn.session.push(ping)
         if self._members:
             self._handle = self._loop.call_later(self.period, self._tick)
+        else:
+            self._empty.set()
