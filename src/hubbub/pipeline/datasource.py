@@ -19,12 +19,11 @@ no ``pushFilters``: ranges are options (``startSeq``, ``endSeq``, ``startTime``,
 from __future__ import annotations
 
 import difflib
-import hashlib
 import itertools
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -36,7 +35,6 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
-    WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -44,37 +42,31 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import Row, StructType
+from pyspark.sql.types import StructType
 
 from hubbub.channels import parse_pattern
 from hubbub.errors import DataLossError, PipelineError  # DataLossError: also importable from here
 from hubbub.log import ChannelInfo, SqliteLogStore
 from hubbub.log.records import RECORD_SCHEMA, SPARK_DDL
 from hubbub.pipeline.arrow import batch_from_columns
+from hubbub.pipeline.sink import (
+    SOURCE_HEADER,
+    WRITE_OPTIONS,
+    HubbubStreamWriter,
+    HubbubWriter,
+    PublishCommit,
+    position_key,
+)
 from hubbub.pipeline.sources import LogSource, StoreSource, open_source
 
 __all__ = [
     "SOURCE_HEADER",
+    "WRITE_OPTIONS",
     "DataLossError",
     "HubbubDataSource",
     "PublishCommit",
     "position_key",
 ]
-
-#: Header the sink sets on each published event to the source position (``channel#epoch:seq``).
-SOURCE_HEADER = "hubbub-source"
-_MAX_IDEM = 128
-
-
-def position_key(channel: str, epoch: str, seq: int) -> str:
-    """The source position of an event as text: ``channel#epoch:seq``."""
-    return f"{channel}#{epoch}:{seq}"
-
-
-def _idem(key: str) -> str:
-    if len(key) <= _MAX_IDEM:
-        return key
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def _time_option(value: str | None) -> int | None:
@@ -114,17 +106,6 @@ READ_OPTIONS: tuple[str, ...] = (
     "maxEventsPerTrigger",
     "maxOffsetsPerTrigger",
     "failOnDataLoss",
-)
-#: The sink's options. ``checkpointLocation`` is Spark's (a streaming write passes it on to the sink).
-WRITE_OPTIONS: tuple[str, ...] = (
-    "url",
-    "path",
-    "token",
-    "channel",
-    "channelPrefix",
-    "idemColumn",
-    "sourceHeader",
-    "checkpointLocation",
 )
 # Kafka source options with no hubbub option of the same meaning: what to use instead.
 _KAFKA_INSTEAD = {
@@ -613,106 +594,4 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         return _read_partition(opts, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
-        pass
-
-
-# -- sink ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PublishCommit(WriterCommitMessage):  # type: ignore[misc]
-    published: int = 0
-    duplicates: int = 0
-    channels: dict[str, int] = field(default_factory=dict)
-
-
-class _Publishing:
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        check_options(options, WRITE_OPTIONS, "sink")
-        opts = {k.lower(): v for k, v in options.items()}
-        self.url = opts.get("url") or opts.get("path") or ""
-        if not self.url.startswith(("http://", "https://")):
-            raise PipelineError("hubbub sink: set option url to a running server (http://host:port)")
-        self.token = opts.get("token", "")
-        self.channel = opts.get("channel", "")
-        self.prefix = opts.get("channelprefix", "").rstrip("/")
-        self.idem_column = opts.get("idemcolumn", "")
-        self.source_header = opts.get("sourceheader", SOURCE_HEADER)
-        names = set(schema.fieldNames())
-        if "payload" not in names:
-            raise PipelineError("hubbub sink: the rows need a payload column")
-        if not self.channel and "channel" not in names:
-            raise PipelineError("hubbub sink: set option channel, or give the rows a channel column")
-        if self.idem_column and self.idem_column not in names:
-            raise PipelineError(f"hubbub sink: idemColumn {self.idem_column!r} is not a column")
-        if not self.idem_column and not {"channel", "seq"} <= names:
-            raise PipelineError(
-                "hubbub sink: set idemColumn, or give the rows their source channel and seq columns "
-                "(every published event needs an idempotency key, so a retried task never publishes twice)"
-            )
-        self.has_epoch = "epoch" in names
-        self.has = names
-
-    def publish_rows(self, rows: Iterator[Row]) -> PublishCommit:
-        from hubbub.pipeline.sources import HttpPublisher
-
-        pub = HttpPublisher(self.url, self.token)
-        msg = PublishCommit()
-        has = self.has
-        try:
-            for row in rows:
-                d = row.asDict()
-                src_ch = d.get("channel") or ""
-                position = (
-                    position_key(src_ch, (d.get("epoch") or "") if self.has_epoch else "", int(d["seq"]))
-                    if "seq" in has and "channel" in has and d.get("seq") is not None
-                    else ""
-                )
-                key = str(d[self.idem_column]) if self.idem_column else position
-                target = self.channel or src_ch
-                if self.prefix:
-                    target = self.prefix + (target if target != "/" else "")
-                payload = d["payload"]
-                if isinstance(payload, str):
-                    payload = payload.encode()
-                headers = dict(d.get("headers") or {}) if "headers" in has else {}
-                if self.source_header and position:
-                    headers[self.source_header] = position
-                r = pub.publish(
-                    target,
-                    bytes(payload),
-                    idem=_idem(key),
-                    content_type=str(d.get("content_type") or "") if "content_type" in has else "",
-                    headers=headers,
-                    tags=list(d.get("tags") or ()) if "tags" in has else (),
-                )
-                if r.duplicate:
-                    msg.duplicates += 1
-                else:
-                    msg.published += 1
-                msg.channels[r.channel] = max(msg.channels.get(r.channel, 0), r.seq)
-        finally:
-            pub.close()
-        return msg
-
-
-class HubbubWriter(DataSourceWriter):  # type: ignore[misc]
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.p = _Publishing(options, schema)
-
-    def write(self, iterator: Iterator[Row]) -> PublishCommit:
-        return self.p.publish_rows(iterator)
-
-
-class HubbubStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.p = _Publishing(options, schema)
-
-    def write(self, iterator: Iterator[Row]) -> PublishCommit:
-        return self.p.publish_rows(iterator)
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass

@@ -697,8 +697,12 @@ def backfill(
     channel_prefix: str = "",
     token: str = "",
     show: bool = False,
+    *,
+    native_address: str = "",
 ) -> dict[str, Any]:
-    """Publish archived or exported events into a running server through the sink.
+    """Publish archived or exported events into a running server through the sink (pipelined over one
+    native connection per task: ``native_address``, the sink's ``nativeAddress``, or the WebSocket route of
+    ``url``; HTTP when the server offers neither).
 
     Idempotent however much later it reruns: every published event carries its source position in header
     ``hubbub-source`` (and as its idempotency key, which covers task retries inside the server's window);
@@ -728,6 +732,8 @@ def backfill(
         w = w.option("channelPrefix", prefix)
     if token:
         w = w.option("token", token)
+    if native_address:
+        w = w.option("nativeAddress", native_address)
     t0 = time.perf_counter()
     with progress(spark, "backfill", show):
         total = src.count()
