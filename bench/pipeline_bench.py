@@ -187,6 +187,7 @@ def sink(spark: SparkSession, url: str, d: Path, out: dict[str, object], n: int,
     df.cache().count()  # the rows are in memory: the write is what is timed
     out["sink_events"] = n
     out["sink_transport"] = transport
+    shutil.rmtree(d / "sink-server", ignore_errors=True)  # a fresh log: no event is a duplicate
     srv = ServerProcess(d / "sink-server").start()
     try:
         target = f"http://127.0.0.1:{srv.ports['http']}"
@@ -206,6 +207,7 @@ def sink(spark: SparkSession, url: str, d: Path, out: dict[str, object], n: int,
     arch = d / "sink-archive"
     shutil.rmtree(arch, ignore_errors=True)
     df.write.parquet(str(arch / "data"))
+    shutil.rmtree(d / "backfill-server", ignore_errors=True)
     srv = ServerProcess(d / "backfill-server").start()
     try:
         target = f"http://127.0.0.1:{srv.ports['http']}"

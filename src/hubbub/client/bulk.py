@@ -86,6 +86,8 @@ class _Framing:
         return _ws_frame(0x2, body)
 
     def feed(self, data: bytes) -> list[bytes]:
+        if self.closed:  # nothing after a close frame counts
+            return []
         self.buf += data
         out: list[bytes] = []
         buf = self.buf
