@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import json
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ from hubbub.pipeline.sink import (
     position_key,
 )
 from hubbub.pipeline.sources import LogSource, StoreSource, open_source
+
+log = logging.getLogger("hubbub.pipeline")
 
 __all__ = [
     "SOURCE_HEADER",
@@ -407,26 +410,43 @@ def _read_partition(opts: _Options, part: InputPartition) -> Iterator[pa.RecordB
             )
             batch = page.batch
             if batch.num_rows == 0:
-                if part.strict and page.first - 1 > after:
-                    raise DataLossError(
-                        f"channel {r.channel}: events after seq {after} were trimmed "
-                        f"(first is now {page.first}); "
-                        "set failOnDataLoss=false to skip them"
-                    )
+                if page.first - 1 > after:
+                    if part.strict:
+                        raise DataLossError(
+                            f"channel {r.channel}: events after seq {after} were trimmed "
+                            f"(first is now {page.first}); "
+                            "set failOnDataLoss=false to skip them"
+                        )
+                    _warn_skipped(r.channel, after + 1, min(page.first - 1, r.hi), "trimmed while reading")
                 break
             seqs = batch.column(1)
             first_seq = seqs[0].as_py()
-            if part.strict and opts.start_time is None and first_seq != after + 1:
-                raise DataLossError(
-                    f"channel {r.channel}: events {after + 1}..{first_seq - 1} were trimmed; "
-                    "set failOnDataLoss=false to skip them"
-                )
+            if opts.start_time is None and first_seq != after + 1:
+                if part.strict:
+                    raise DataLossError(
+                        f"channel {r.channel}: events {after + 1}..{first_seq - 1} were trimmed; "
+                        "set failOnDataLoss=false to skip them"
+                    )
+                _warn_skipped(r.channel, after + 1, first_seq - 1, "trimmed while reading")
             last = seqs[-1].as_py()
             if last > r.hi:
                 batch = batch.slice(0, batch.num_rows - (last - r.hi))  # seqs have no gaps
                 last = r.hi
             yield batch
             after = last
+
+
+def _warn_skipped(channel: str, lo: int, hi: int, why: str) -> None:
+    """failOnDataLoss=false: say what a stream skips (events ``lo..hi`` of ``channel``) instead of nothing."""
+    if hi >= lo:
+        log.warning(
+            "hubbub stream: skipping %d events of %s (seqs %d..%d, %s; failOnDataLoss=false)",
+            hi - lo + 1,
+            channel,
+            lo,
+            hi,
+            why,
+        )
 
 
 class HubbubDataSource(DataSource):  # type: ignore[misc]
@@ -485,6 +505,10 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self.opts = opts
         self._target: dict[str, tuple[str, int]] | None = None
         self._last: dict[str, Any] | None = None
+        self._report: dict[str, Any] | None = None
+        self._skips_seen: set[tuple[str, str, int, str, int]] = set()
+        self._skipped_events = 0
+        self._skipped_channels = 0
 
     def initialOffset(self) -> dict[str, Any]:
         o = self.opts
@@ -533,7 +557,8 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end: dict[str, Any] = {ch: dict(v) for ch, v in start.items()}
         wants: list[tuple[str, str, int, int]] = []  # channel, epoch, base seq, available up to
-        for ci in o.source().channels(o.channels, include_empty=True):
+        infos = o.source().channels(o.channels, include_empty=True)
+        for ci in infos:
             prev = start.get(ci.channel)
             base = 0
             if prev is not None:
@@ -545,12 +570,14 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
                             "set failOnDataLoss=false to restart "
                             "it from its new start"
                         )
+                    self._skip(ci, prev, 0, f"epoch {prev['epoch']} reset to {ci.epoch}")
                 elif prev["seq"] < ci.first - 1:
                     if o.fail_on_data_loss:
                         raise DataLossError(
                             f"channel {ci.channel}: events {prev['seq'] + 1}..{ci.first - 1} were trimmed "
                             "before they were read; set failOnDataLoss=false to skip them"
                         )
+                    self._skip(ci, prev, ci.first - 1 - prev["seq"], "trimmed before they were read")
                     base = ci.first - 1
                 else:
                     base = prev["seq"]
@@ -573,7 +600,54 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             for ch, ep, _base, top in wants:
                 end[ch] = {"epoch": ep, "seq": top}
         self._last = end
+        self._report = self._lag(infos, end)
         return end
+
+    def _skip(self, ci: ChannelInfo, prev: Mapping[str, Any], events: int, why: str) -> None:
+        """failOnDataLoss=false skips events of ``ci`` after ``prev``: count them and warn, once per skip
+        (a trigger with no new data plans from the same start again)."""
+        key = (ci.channel, str(prev["epoch"]), int(prev["seq"]), ci.epoch, ci.first)
+        if key in self._skips_seen:
+            return
+        self._skips_seen.add(key)
+        self._skipped_channels += 1
+        self._skipped_events += events
+        if events:
+            _warn_skipped(ci.channel, int(prev["seq"]) + 1, int(prev["seq"]) + events, why)
+        else:  # the old epoch's last seq is not known once it is reset away
+            log.warning(
+                "hubbub stream: %s: %s after seq %s; events of the old epoch after it are skipped, the "
+                "stream goes on from the new epoch's first event (failOnDataLoss=false)",
+                ci.channel,
+                why,
+                prev["seq"],
+            )
+
+    def _lag(self, infos: Sequence[ChannelInfo], end: Mapping[str, Any]) -> dict[str, Any]:
+        """What :meth:`reportLatestOffset` shows: each channel's latest position and, past the batch being
+        planned (``end``), the events and channels the query is behind, and what it skipped so far."""
+        behind = channels = 0
+        latest: dict[str, Any] = {}
+        for ci in infos:
+            latest[ci.channel] = {"epoch": ci.epoch, "seq": ci.top}
+            e = end.get(ci.channel)
+            done = e["seq"] if e is not None and e["epoch"] == ci.epoch else ci.first - 1
+            if ci.top > done:
+                behind += ci.top - max(done, ci.first - 1)
+                channels += 1
+        return {
+            "eventsBehind": behind,
+            "channelsBehind": channels,
+            "eventsSkipped": self._skipped_events,
+            "channelsSkipped": self._skipped_channels,
+            "channels": latest,
+        }
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """Lag, in the query's progress (``sources[].latestOffset``): PySpark's Python streaming sources
+        cannot fill ``sources[].metrics`` (their JVM side does not report source metrics), so the lag rides
+        on the latest offset, which Spark only displays. Called on the driver after :meth:`latestOffset`."""
+        return self._report
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         ranges = []
