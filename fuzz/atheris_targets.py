@@ -20,6 +20,10 @@ guble              ``GubleCodec.decode`` (two limits), header lines, REST publis
 channels           ``canonical``, ``parse_pattern``, separator-dialect names, and pattern matching
 client_framing     ``hubbub.client.bulk``'s framing of server bytes (native TCP length prefixes and WebSocket
                    frames), chunked as the bytes say, with two limits
+qpubs              ``QrpcConnection.feed`` (auth on and off, a small line limit), listen topics with
+                   their patterns, alias queries
+wearscript         ``decode_frame`` and a hub with two connections fed the bytes as one frame, then as
+                   frames cut at NUL bytes (announcements, data, test-handler commands)
 auth               ``Authenticator.authenticate`` on arbitrary tokens (JWT-shaped or not, HS256 and
                    RS256 keys configured) and ``parse_static_tokens`` on arbitrary JSON
 =================  ==============================================================================
@@ -70,6 +74,8 @@ with atheris.instrument_imports() if atheris is not None else contextlib.nullcon
     from hubbub.client import bulk as client_bulk
     from hubbub.dialects import guble as gc
     from hubbub.dialects import native as nc
+    from hubbub.dialects import qpubs as qpd
+    from hubbub.dialects import wearscript as wsd
     from hubbub.errors import CODES, HubbubError
 
 __all__ = ["TARGETS", "main", "replay_corpus", "run_target"]
@@ -265,6 +271,56 @@ def auth_target(data: bytes) -> None:
             parse_static_tokens(table)
 
 
+def wearscript_target(data: bytes) -> None:
+    try:
+        f = wsd.decode_frame(data, max_frame=4096)
+    except wsd.BadFrame as exc:
+        assert exc.code in (1007, 1009), exc.code
+    else:
+        assert f.args_bytes[:1] and isinstance(f.name, str)
+    hub = wsd.WearscriptHub(hub_channels=["x"])
+    a = wsd.WearscriptConnection(hub, max_frame=4096, max_channels=8)
+    b = wsd.WearscriptConnection(hub, max_frame=4096, max_channels=8)
+    for piece in [data, *data.split(b"\x00")]:
+        for out in a.on_binary(piece):
+            if isinstance(out, wsd.Close):
+                assert out.code in (1007, 1008, 1009), out
+            elif isinstance(out, wsd.Forward):
+                assert set(out.targets) <= {a.id, b.id}
+            elif isinstance(out, wsd.Exists):
+                a.reply_exists(out.resp, True)
+    a.on_close()
+    assert hub.connections() == [b.id]
+
+
+def qpubs_target(data: bytes) -> None:
+    for auth in (False, True):
+        conn = qpd.QrpcConnection(auth_required=auth, max_line=256, max_calls=4)
+        for piece in (data[: len(data) // 2], data[len(data) // 2 :]):
+            for out in conn.feed(piece):
+                if isinstance(out, qpd.Send):
+                    assert out.data.endswith(b"\n") and json.loads(out.data)["s"] == "end"
+                elif isinstance(out, qpd.Auth):
+                    conn.authenticated()
+    text = _text(data)
+    with contextlib.suppress(UnicodeEncodeError):
+        text.encode("utf-8")  # the checks below take text as the wire gives it: valid UTF-8
+        for sep in (".", "::"):
+            try:
+                topic = qpd.parse_topic(text, sep)
+            except qpd.QpubsError as exc:
+                assert exc.code == "EBADTOPIC"
+                continue
+            with contextlib.suppress(HubbubError):
+                pattern = topic.pattern()
+                channel = qpd.emit_channel(text.strip("*"), sep)
+                if pattern is not None and not topic.filtered:
+                    assert pattern.matches(channel) is topic.matches(qpd.topic_name(channel, sep))
+    qpd.alias_topic(text)
+    with contextlib.suppress(qpd.QpubsError):
+        qpd.alias_emit(text)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "native_json": native_json,
     "native_msgpack": native_msgpack,
@@ -275,6 +331,8 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "channels": channels_target,
     "client_framing": client_framing,
     "auth": auth_target,
+    "wearscript": wearscript_target,
+    "qpubs": qpubs_target,
 }
 
 
