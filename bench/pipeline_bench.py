@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -54,10 +55,13 @@ def build(path: Path, n: int) -> None:
     st.close()
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds (user + system, with reaped children) of this process and all its descendants (/proc)."""
+def tree_cpu_s(split: bool = False) -> Any:
+    """CPU seconds (user + system, with reaped children) of this process and all its descendants (/proc);
+    with ``split``, by kind: ``{"jvm": …, "server": …, "python": …}`` (the server: a ``hubbub serve`` child;
+    python: this driver and Spark's Python workers)."""
     parent: dict[int, int] = {}
     ticks: dict[int, int] = {}
+    kinds: dict[int, str] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -69,6 +73,12 @@ def tree_cpu_s() -> float:
         fields = stat[stat.rfind(")") + 2 :].split()
         parent[int(d)] = int(fields[1])
         ticks[int(d)] = sum(int(x) for x in fields[11:15])
+        if split:
+            try:
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            kinds[int(d)] = "jvm" if cmd[0].endswith(b"java") else "server" if b"serve" in cmd else "python"
     me = os.getpid()
 
     def mine(pid: int) -> bool:
@@ -78,7 +88,14 @@ def tree_cpu_s() -> float:
             pid = parent.get(pid, 0)
         return False
 
-    return sum(t for pid, t in ticks.items() if mine(pid)) / os.sysconf("SC_CLK_TCK")
+    hz = os.sysconf("SC_CLK_TCK")
+    if split:
+        out: dict[str, float] = {"jvm": 0.0, "server": 0.0, "python": 0.0}
+        for pid, t in ticks.items():
+            if mine(pid):
+                out[kinds.get(pid, "python")] += t / hz
+        return out
+    return sum(t for pid, t in ticks.items() if mine(pid)) / hz
 
 
 def timed(fn: object) -> float:
@@ -195,10 +212,12 @@ def sink(spark: SparkSession, url: str, d: Path, out: dict[str, object], n: int,
         w = w.option("transport", transport)
         if transport == "native":
             w = w.option("nativeAddress", f"tcp://127.0.0.1:{srv.ports['native']}")
-        cpu = tree_cpu_s()
+        cpu = tree_cpu_s(split=True)
         t = timed(lambda: w.mode("append").save())
         out["sink_events_per_s"] = round(n / t)
-        out["sink_cpu_s"] = round(tree_cpu_s() - cpu, 2)  # without the server's
+        after = tree_cpu_s(split=True)
+        # CPU µs per event: Spark's JVM, the Python side (workers: rows, the publisher), the server.
+        out["sink_cpu_us_per_event"] = {k: round((after[k] - cpu[k]) / n * 1e6, 1) for k in after}
     finally:
         srv.terminate()
     df.unpersist()

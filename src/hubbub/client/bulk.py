@@ -56,6 +56,7 @@ _MSGPACK_PROTO = "hubbub.v1.msgpack"
 # ones to commit while it acknowledges the last (a whole window per write would make it stop and go).
 _FLUSH_BYTES = 64 << 10
 _MAX_ID = (1 << 31) - 1
+_LEN = struct.Struct(">I")
 
 
 @dataclass(eq=False, slots=True)
@@ -82,7 +83,7 @@ class _Framing:
 
     def wrap(self, body: bytes) -> bytes:
         if not self.ws:
-            return struct.pack(">I", len(body)) + body
+            return _LEN.pack(len(body)) + body
         return _ws_frame(0x2, body)
 
     def feed(self, data: bytes) -> list[bytes]:
@@ -204,6 +205,7 @@ class BulkPublisher:
         self._unacked: dict[int, _Item] = {}  # in the order sent (dicts keep insertion order)
         self._later: list[_Item] = []  # temporarily refused: resent after their delay
         self._next_id = 1
+        self._pack = msgpack.Packer(use_bin_type=True).pack
         self.sent = 0
         self.resent = 0
         self.reconnects = 0
@@ -289,7 +291,7 @@ class BulkPublisher:
         """Give ``item`` a fresh id and queue its frame (written by :meth:`_write_out`)."""
         pid = self._new_id()
         item.frame["id"] = pid
-        body: bytes = msgpack.packb(item.frame, use_bin_type=True)
+        body: bytes = self._pack(item.frame)
         if len(body) > self._max_frame:
             raise PublishRefused(
                 item.channel,
@@ -297,7 +299,11 @@ class BulkPublisher:
                 FrameTooLarge(f"frame of {len(body)} bytes over the server's max_frame {self._max_frame}"),
             )
         self._unacked[pid] = item
-        self._out += self._framing.wrap(body)
+        if self._ws:
+            self._out += _ws_frame(0x2, body)
+        else:  # two appends: no concatenated copy of the frame
+            self._out += _LEN.pack(len(body))
+            self._out += body
         self.sent += 1
 
     def _write_out(self) -> None:
@@ -377,18 +383,20 @@ class BulkPublisher:
             return
         op = frame.get("op")
         if op == "batch":
-            for f in frame.get("frames") or ():
-                self._on_frame(f)
+            frames = frame.get("frames")
+            if isinstance(frames, list):
+                for f in frames:
+                    self._on_frame(f)
         elif op == "reply":
             item = self._unacked.pop(frame.get("id", -1), None)
             if item is None:
                 return
             ack = PublishAck(
-                channel=str(frame.get("channel", item.channel)),
-                seq=int(frame.get("seq", 0)),
-                epoch=str(frame.get("epoch", "")),
-                time=int(frame.get("time", 0)),
-                duplicate=bool(frame.get("duplicate", False)),
+                str(frame.get("channel", item.channel)),
+                int(frame.get("seq", 0)),
+                str(frame.get("epoch", "")),
+                int(frame.get("time", 0)),
+                bool(frame.get("duplicate", False)),
             )
             if self._on_ack is not None:
                 self._on_ack(ack)

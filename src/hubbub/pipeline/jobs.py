@@ -33,6 +33,7 @@ from hubbub.pipeline.datasource import SOURCE_HEADER, HubbubDataSource, position
 from hubbub.pipeline.sources import connect_source, log_epochs
 
 __all__ = [
+    "Progress",
     "archive",
     "audit",
     "backfill",
@@ -42,7 +43,6 @@ __all__ = [
     "make_session",
     "out_lock",
     "pattern_filter",
-    "Progress",
     "progress",
     "retention",
     "stats",
