@@ -8,6 +8,11 @@ step in ``local[2]``; streaming latency runs a real server and a streaming query
 Prints one JSON object. ``archive_cpu_s`` is the CPU time of the whole process tree (this driver, Spark's
 JVM, the Python workers) during the archive, which a busy machine distorts less than the rate.
 ``--only-archive`` runs the archive alone, first in a fresh session as ``hubbub pipeline archive`` does;
+``--only-sink`` runs the sink and backfill scenarios alone: ``sink_events_per_s`` writes ``--sink-events``
+events of the log (10 channels, ``minPartitions`` 2) to a real server with ``format("hubbub")`` over
+``--sink-transport`` (``native``: one pipelined native connection per task, to the native TCP listener;
+``http``: one POST per row, the old path), ``backfill_events_per_s`` runs ``jobs.backfill`` of an archive of
+those events into another fresh server (its target read included);
 ``--conf K=V`` passes Spark settings (to compare them). ``--figure PNG`` draws measured against target from
 one or more such JSON outputs (``--results FILE …``; their median) without running anything.
 """
@@ -23,6 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -49,10 +55,13 @@ def build(path: Path, n: int) -> None:
     st.close()
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds (user + system, with reaped children) of this process and all its descendants (/proc)."""
+def tree_cpu_s(split: bool = False) -> Any:
+    """CPU seconds (user + system, with reaped children) of this process and all its descendants (/proc);
+    with ``split``, by kind: ``{"jvm": …, "server": …, "python": …}`` (the server: a ``hubbub serve`` child;
+    python: this driver and Spark's Python workers)."""
     parent: dict[int, int] = {}
     ticks: dict[int, int] = {}
+    kinds: dict[int, str] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -64,6 +73,12 @@ def tree_cpu_s() -> float:
         fields = stat[stat.rfind(")") + 2 :].split()
         parent[int(d)] = int(fields[1])
         ticks[int(d)] = sum(int(x) for x in fields[11:15])
+        if split:
+            try:
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            kinds[int(d)] = "jvm" if cmd[0].endswith(b"java") else "server" if b"serve" in cmd else "python"
     me = os.getpid()
 
     def mine(pid: int) -> bool:
@@ -73,7 +88,14 @@ def tree_cpu_s() -> float:
             pid = parent.get(pid, 0)
         return False
 
-    return sum(t for pid, t in ticks.items() if mine(pid)) / os.sysconf("SC_CLK_TCK")
+    hz = os.sysconf("SC_CLK_TCK")
+    if split:
+        out: dict[str, float] = {"jvm": 0.0, "server": 0.0, "python": 0.0}
+        for pid, t in ticks.items():
+            if mine(pid):
+                out[kinds.get(pid, "python")] += t / hz
+        return out
+    return sum(t for pid, t in ticks.items() if mine(pid)) / hz
 
 
 def timed(fn: object) -> float:
@@ -119,6 +141,9 @@ def main() -> None:
     ap.add_argument("--figure", type=Path, help="draw this PNG from --results instead of measuring")
     ap.add_argument("--results", type=Path, nargs="*", default=[])
     ap.add_argument("--only-archive", action="store_true", help="run the archive alone, first in the session")
+    ap.add_argument("--only-sink", action="store_true", help="run the sink and backfill scenarios alone")
+    ap.add_argument("--sink-events", type=int, default=200_000, help="events the sink scenario writes")
+    ap.add_argument("--sink-transport", choices=("native", "http"), default="native")
     ap.add_argument("--conf", action="append", default=[], metavar="K=V", help="a Spark setting (repeatable)")
     args = ap.parse_args()
     if args.figure:
@@ -134,6 +159,11 @@ def main() -> None:
     spark = jobs.make_session("local[2]", **{"spark.ui.enabled": "false", **conf})
     spark.sparkContext.setLogLevel("ERROR")
     out: dict[str, object] = {"events": args.events, "conf": conf}
+    if args.only_sink:
+        sink(spark, url, d, out, args.sink_events, args.sink_transport)
+        spark.stop()
+        print(json.dumps(out))
+        return
     if args.only_archive:
         archive(spark, url, d, out)
         spark.stop()
@@ -149,6 +179,7 @@ def main() -> None:
     pq_s = min(timed(lambda: pq.selectExpr("count(*)", "sum(length(payload))").collect()) for _ in range(3))
     out["parquet_read_events_per_s"] = round(args.events / pq_s)
     out["streaming_latency_ms"] = latency(spark, d)
+    sink(spark, url, d, out, args.sink_events, "native")
     spark.stop()
     print(json.dumps(out))
 
@@ -159,6 +190,57 @@ def archive(spark: SparkSession, url: str, d: Path, out: dict[str, object]) -> N
     res = jobs.archive(spark, url, str(d / "archive"))
     out["archive_cpu_s"] = round(tree_cpu_s() - cpu, 2)
     out["archive_events_per_s"] = res["events_per_s"]
+
+
+def sink(spark: SparkSession, url: str, d: Path, out: dict[str, object], n: int, transport: str) -> None:
+    """Sink and backfill into fresh real servers (see the module docstring)."""
+    from tests.integration.serverproc import ServerProcess
+
+    per = max(1, n // 10)
+    n = per * 10
+    df = (
+        spark.read.format("hubbub").option("url", url).option("endSeq", per).option("minPartitions", 2).load()
+    )
+    df.cache().count()  # the rows are in memory: the write is what is timed
+    out["sink_events"] = n
+    out["sink_transport"] = transport
+    shutil.rmtree(d / "sink-server", ignore_errors=True)  # a fresh log: no event is a duplicate
+    srv = ServerProcess(d / "sink-server").start()
+    try:
+        target = f"http://127.0.0.1:{srv.ports['http']}"
+        w = df.write.format("hubbub").option("url", target).option("channelPrefix", "/sink")
+        w = w.option("transport", transport)
+        if transport == "native":
+            w = w.option("nativeAddress", f"tcp://127.0.0.1:{srv.ports['native']}")
+        # Warm up: Spark's Python workers start, and import the sink, outside the timed write.
+        warm = df.limit(100).write.format("hubbub").option("url", target).option("channelPrefix", "/warm")
+        warm.option("transport", transport).mode("append").save()
+        cpu = tree_cpu_s(split=True)
+        t = timed(lambda: w.mode("append").save())
+        out["sink_events_per_s"] = round(n / t)
+        after = tree_cpu_s(split=True)
+        # CPU µs per event: Spark's JVM, the Python side (workers: rows, the publisher), the server.
+        out["sink_cpu_us_per_event"] = {k: round((after[k] - cpu[k]) / n * 1e6, 1) for k in after}
+    finally:
+        srv.terminate()
+    df.unpersist()
+    if transport != "native":
+        return
+    arch = d / "sink-archive"
+    shutil.rmtree(arch, ignore_errors=True)
+    df.write.parquet(str(arch / "data"))
+    shutil.rmtree(d / "backfill-server", ignore_errors=True)
+    srv = ServerProcess(d / "backfill-server").start()
+    try:
+        target = f"http://127.0.0.1:{srv.ports['http']}"
+        res = jobs.backfill(
+            spark, str(arch / "data"), target, native_address=f"tcp://127.0.0.1:{srv.ports['native']}"
+        )
+        out["backfill_events"] = res["published"]
+        out["backfill_seconds"] = res["seconds"]
+        out["backfill_events_per_s"] = round(int(res["published"]) / float(res["seconds"]))
+    finally:
+        srv.terminate()
 
 
 def latency(spark: object, d: Path) -> dict[str, float]:

@@ -18,6 +18,8 @@ native_http        the HTTP API's parsers: ``Last-Event-ID``, publish fields (co
 ivy                ``IvyCodec.decode`` (two limits), ``ivyesc``, the log path, count and Range parsers
 guble              ``GubleCodec.decode`` (two limits), header lines, REST publish headers, Go integers
 channels           ``canonical``, ``parse_pattern``, separator-dialect names, and pattern matching
+client_framing     ``hubbub.client.bulk``'s framing of server bytes (native TCP length prefixes and WebSocket
+                   frames), chunked as the bytes say, with two limits
 qpubs              ``QrpcConnection.feed`` (auth on and off, a small line limit), listen topics with
                    their patterns, alias queries
 wearscript         ``decode_frame`` and a hub with two connections fed the bytes as one frame, then as
@@ -69,6 +71,7 @@ with atheris.instrument_imports() if atheris is not None else contextlib.nullcon
 
     from hubbub import channels as chn
     from hubbub.auth import Authenticator, Identity, load_keys, parse_static_tokens
+    from hubbub.client import bulk as client_bulk
     from hubbub.dialects import guble as gc
     from hubbub.dialects import native as nc
     from hubbub.dialects import qpubs as qpd
@@ -211,6 +214,27 @@ def channels_target(data: bytes) -> None:
             _documented(exc)
 
 
+def client_framing(data: bytes) -> None:
+    if not data:
+        return
+    ws, max_frame = bool(data[0] & 1), (64, 1 << 20)[(data[0] >> 1) & 1]
+    body = data[1:]
+    cuts = sorted({b * len(body) // 256 for b in body[:8]})
+    chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    whole = client_bulk._Framing(ws, max_frame)
+    pieces = client_bulk._Framing(ws, max_frame)
+    try:
+        got = whole.feed(body)
+    except HubbubError as exc:
+        _documented(exc)
+        return
+    out: list[bytes] = []
+    for c in chunks:
+        out += pieces.feed(c)  # the same input in pieces: the same messages (no error: whole had none)
+    assert all(len(m) <= max_frame for m in got), "a message over the limit"
+    assert out == got, "framing depends on chunking"
+
+
 def _rsa_public_pem() -> str:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
@@ -305,6 +329,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "ivy": ivy_target,
     "guble": guble_target,
     "channels": channels_target,
+    "client_framing": client_framing,
     "auth": auth_target,
     "wearscript": wearscript_target,
     "qpubs": qpubs_target,

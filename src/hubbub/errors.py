@@ -21,6 +21,7 @@
     │                               holding events (also an ``EpochMismatch``)
     ├── StorageError                the log cannot commit or read                          (4301)
     ├── ShuttingDown                the node is stopping                                   (4303)
+    ├── PublishRefused              a pipelined publish the server refused; ``error``      (its code)
     └── PipelineError               a data pipeline failure, its message fit for the user  (4300)
         ├── EpochChanged            a read's channel was reset under it (a new epoch)
         └── DataLossError           a stream found a channel reset or trimmed past its offset
@@ -48,6 +49,7 @@ __all__ = [
     "LimitExceeded",
     "PipelineError",
     "ProtocolError",
+    "PublishRefused",
     "RateLimited",
     "ShuttingDown",
     "StorageError",
@@ -234,6 +236,17 @@ class TrimEpochGone(TrimError, EpochMismatch):
     def __init__(self, head: Head, epoch: str) -> None:
         EpochMismatch.__init__(self, head, f"the channel has no epoch {epoch!r} holding events")
         self.epoch = epoch
+
+
+class PublishRefused(HubbubError):
+    """A server refused one of many pipelined publishes (``hubbub.client.bulk``) for good: the publish's
+    ``channel`` and ``idem`` key, and the server's ``error`` (whose code this error carries)."""
+
+    def __init__(self, channel: str, idem: str | None, error: HubbubError) -> None:
+        super().__init__(f"publishing to {channel}: {error.code} {error}", code=error.code)
+        self.channel = channel
+        self.idem = idem
+        self.error = error
 
 
 class PipelineError(HubbubError):

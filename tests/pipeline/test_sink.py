@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from pyspark.sql import SparkSession
 
@@ -79,3 +81,81 @@ def test_publisher_is_idempotent_on_both_paths(server: ServerProcess, headers: d
         pub.close()
     assert (first.seq, first.duplicate) == (1, False)
     assert (again.seq, again.epoch, again.duplicate) == (1, first.epoch, True)
+
+
+def _native(server: ServerProcess) -> str:
+    return f"tcp://127.0.0.1:{server.ports['native']}"
+
+
+def _positions(spark: SparkSession, url: str, pattern: str) -> list[tuple[str, int, str]]:
+    out = spark.read.format("hubbub").option("url", url).option("channels", pattern).load()
+    return [(r.channel, r.seq, r.headers[SOURCE_HEADER]) for r in out.orderBy("channel", "seq").collect()]
+
+
+@pytest.mark.parametrize("server", [600], indirect=True, ids=["window600"])
+def test_native_sink_rerun_after_a_refused_row_publishes_nothing_twice(
+    spark: SparkSession, server: ServerProcess
+) -> None:
+    url = http_url(server)
+    bad = "/src/" + "x" * 2000  # over limits.max_channel_bytes: the server refuses that one publish
+    rows = [("/src/a" if i != 30 else bad, "ep000001", i, f"p{i}".encode()) for i in range(1, 61)]
+    df = spark.createDataFrame(rows, "channel STRING, epoch STRING, seq BIGINT, payload BINARY").repartition(
+        1
+    )
+    w = df.write.format("hubbub").option("url", url).option("channelPrefix", "/dst")
+    w = w.option("nativeAddress", _native(server)).option("transport", "native").option("publishWindow", "8")
+    with pytest.raises(Exception, match=r"publishing to /dst/src/x+: 4004"):  # the row's channel and error
+        w.mode("append").save()
+    before = _positions(spark, url, "/dst/**")
+    assert before  # the task published rows before it failed
+    # The rerun (what a retried task does, with the bad row fixed): every row once, none twice.
+    fixed = df.where(f"channel != '{bad}'")
+    fixed.write.format("hubbub").option("url", url).option("channelPrefix", "/dst").option(
+        "nativeAddress", _native(server)
+    ).mode("append").save()
+    after = _positions(spark, url, "/dst/**")
+    assert len(after) == 59 and len({p for _, _, p in after}) == 59
+    assert [s for _, s, _ in after] == list(range(1, 60))  # no hole, no duplicate append
+    assert after[: len(before)] == before
+
+
+@pytest.mark.parametrize("server", [600], indirect=True, ids=["window600"])
+def test_keys_are_the_same_over_http_and_native(spark: SparkSession, server: ServerProcess) -> None:
+    url = http_url(server)
+    rows = [("/src/k", "ep000002", i, f"p{i}", ["t"]) for i in range(1, 26)]
+    df = spark.createDataFrame(
+        rows, "channel STRING, epoch STRING, seq BIGINT, payload STRING, tags ARRAY<STRING>"
+    )
+    df.write.format("hubbub").option("url", url).option("transport", "http").mode("append").save()
+    first = _positions(spark, url, "/src/k")
+    # Native over the WebSocket route of url (no nativeAddress), then over TCP: all duplicates.
+    df.repartition(3).write.format("hubbub").option("url", url).mode("append").save()
+    df.write.format("hubbub").option("url", url).option("nativeAddress", _native(server)).mode(
+        "append"
+    ).save()
+    assert _positions(spark, url, "/src/k") == first and len(first) == 25
+    out = spark.read.format("hubbub").option("url", url).option("channels", "/src/k").load()
+    assert {(r.payload, tuple(r.tags)) for r in out.collect()} == {
+        (f"p{i}".encode(), ("t",)) for i in range(1, 26)
+    }
+
+
+def test_native_sink_options_fail_clearly(spark: SparkSession, server: ServerProcess) -> None:
+    url = http_url(server)
+    df = spark.createDataFrame(
+        [("/src/o", "e", 1, b"p")], "channel STRING, epoch STRING, seq BIGINT, payload BINARY"
+    )
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    closed = s.getsockname()[1]
+    s.close()
+    # A nativeAddress nobody listens on: no silent fallback to HTTP.
+    with pytest.raises(Exception, match=f"127.0.0.1:{closed}"):
+        df.write.format("hubbub").option("url", url).option(
+            "nativeAddress", f"tcp://127.0.0.1:{closed}"
+        ).mode("append").save()
+    with pytest.raises(Exception, match="transport must be one of auto, native, http"):
+        df.write.format("hubbub").option("url", url).option("transport", "udp").mode("append").save()
+    with pytest.raises(Exception, match="publishWindow must be a positive integer"):
+        df.write.format("hubbub").option("url", url).option("publishWindow", "0").mode("append").save()
+    assert _positions(spark, url, "/src/**") == []

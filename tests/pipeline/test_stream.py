@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from pathlib import Path
 
@@ -9,11 +11,19 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.testing import assertDataFrameEqual
 
 from hubbub.client import Client
 from hubbub.log import RetentionPolicy, SqliteLogStore
 from hubbub.log.records import SPARK_DDL
+from hubbub.pipeline.datasource import (
+    HubbubPartition,
+    HubbubStreamReader,
+    _Options,
+    _Range,
+    _read_partition,
+)
 from tests.integration.serverproc import ServerProcess
 
 from .conftest import fill, http_url
@@ -166,3 +176,74 @@ def test_a_stream_started_after_archive_trim_is_not_data_loss(
     assert sum(run_once(spark, url, out, ckpt, channels="/t/**", startingOffsets=starting)) == 1
     got = parquet(spark, out).select("channel", "seq", "payload").collect()
     assert [(r.channel, r.seq, r.payload) for r in got] == [("/t/a", 6, b"a5")]
+
+
+def test_progress_reports_lag_in_events_and_channels(spark: SparkSession, tmp_path: Path) -> None:
+    st = SqliteLogStore(tmp_path / "log.db")
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    fill(st, {"/l/a": 100, "/l/b": 30, "/l/c": 1})
+    q = (
+        spark.readStream.format("hubbub")
+        .option("url", url)
+        .option("maxEventsPerTrigger", "40")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(120)
+    assert q.exception() is None
+    progress = [p for p in q.recentProgress if p["numInputRows"]]
+    assert len(progress) >= 4
+    read = 0
+    for p in progress:
+        src = p["sources"][0]
+        latest, end = json.loads(src["latestOffset"]), json.loads(src["endOffset"])
+        behind = {ch: pos["seq"] - end[ch]["seq"] for ch, pos in latest["channels"].items()}
+        assert latest["eventsBehind"] == sum(behind.values())
+        assert latest["channelsBehind"] == sum(1 for b in behind.values() if b > 0)
+        assert latest["eventsSkipped"] == 0
+        read += p["numInputRows"]
+        assert latest["eventsBehind"] == 131 - read  # what is left after this batch
+    assert json.loads(progress[0]["sources"][0]["latestOffset"])["channelsBehind"] >= 1
+    assert json.loads(progress[-1]["sources"][0]["latestOffset"])["eventsBehind"] == 0
+    st.close()
+
+
+def test_skipped_events_are_counted_and_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    st = SqliteLogStore(tmp_path / "log.db")
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    fill(st, {"/w/a": 20, "/w/b": 3})
+    epoch = st.head("/w/a").epoch
+    start = {"/w/a": {"epoch": epoch, "seq": 5}, "/w/b": {"epoch": st.head("/w/b").epoch, "seq": 3}}
+    st.apply_retention(RetentionPolicy(max_age_s=1), time.time_ns() + 10**12)  # trims everything
+    fill(st, {"/w/a": 2})  # seqs 21, 22: 6..20 are gone
+    opts = _Options.parse({"url": url, "failOnDataLoss": "false"})
+    caplog.set_level(logging.WARNING, logger="hubbub.pipeline")
+    # Executor side: a partition planned before the trim finds its events gone.
+    part = HubbubPartition((_Range("/w/a", epoch, 5, 22),), strict=False)
+    assert sum(b.num_rows for b in _read_partition(opts, part)) == 2
+    assert "skipping 15 events of /w/a (seqs 6..20, trimmed while reading" in caplog.text
+    caplog.clear()
+    # Driver side: planning from an offset behind the trim.
+    reader = HubbubStreamReader(opts)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end["/w/a"] == {"epoch": epoch, "seq": 22}
+    assert caplog.text.count("skipping 15 events of /w/a (seqs 6..20, trimmed before they were read") == 1
+    report = reader.reportLatestOffset()
+    assert report is not None
+    assert (report["eventsSkipped"], report["channelsSkipped"]) == (15, 1)
+    assert (report["eventsBehind"], report["channelsBehind"]) == (0, 0)
+    reader.latestOffset(start, ReadAllAvailable())  # the same start again (a trigger without a batch)
+    assert caplog.text.count("skipping 15 events") == 1  # said once
+    # A reset channel: the old epoch's rest is skipped, with a warning.
+    st.reset_channel("/w/b")
+    fill(st, {"/w/b": 1})
+    caplog.clear()
+    reader.latestOffset(end, ReadAllAvailable())
+    assert "/w/b: epoch" in caplog.text and "skipped" in caplog.text
+    report = reader.reportLatestOffset()
+    assert report is not None and report["channelsSkipped"] == 2 and report["eventsBehind"] == 0
+    st.close()

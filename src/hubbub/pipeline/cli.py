@@ -58,6 +58,12 @@ def add_pipeline_commands(subparsers: argparse._SubParsersAction[argparse.Argume
         if name == "backfill":
             p.add_argument("--target", required=True, help="the server to publish to, http://host:port")
             p.add_argument("--channel-prefix", default="", help="publish /a/b as PREFIX/a/b")
+            p.add_argument(
+                "--native-address",
+                default="",
+                help="the target's native TCP listener, tcp://host:port (default: the native WebSocket "
+                "route on --target's port; HTTP if neither is offered)",
+            )
         else:
             p.add_argument("--out", required=True, help="output directory")
         if name == "archive":
@@ -118,7 +124,14 @@ def _run(args: argparse.Namespace) -> int:
             if not args.input:
                 raise PipelineError("backfill reads an archive or export: give --input DIR")
             result = jobs.backfill(
-                spark, args.input, args.target, args.channels, args.channel_prefix, args.token, show
+                spark,
+                args.input,
+                args.target,
+                args.channels,
+                args.channel_prefix,
+                args.token,
+                show,
+                native_address=args.native_address,
             )
         else:
             kw: dict[str, Any] = {}

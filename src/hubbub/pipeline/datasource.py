@@ -19,12 +19,12 @@ no ``pushFilters``: ranges are options (``startSeq``, ``endSeq``, ``startTime``,
 from __future__ import annotations
 
 import difflib
-import hashlib
 import itertools
 import json
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -36,7 +36,6 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
-    WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -44,37 +43,33 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import Row, StructType
+from pyspark.sql.types import StructType
 
 from hubbub.channels import parse_pattern
 from hubbub.errors import DataLossError, PipelineError  # DataLossError: also importable from here
 from hubbub.log import ChannelInfo, SqliteLogStore
 from hubbub.log.records import RECORD_SCHEMA, SPARK_DDL
 from hubbub.pipeline.arrow import batch_from_columns
+from hubbub.pipeline.sink import (
+    SOURCE_HEADER,
+    WRITE_OPTIONS,
+    HubbubStreamWriter,
+    HubbubWriter,
+    PublishCommit,
+    position_key,
+)
 from hubbub.pipeline.sources import LogSource, StoreSource, open_source
+
+log = logging.getLogger("hubbub.pipeline")
 
 __all__ = [
     "SOURCE_HEADER",
+    "WRITE_OPTIONS",
     "DataLossError",
     "HubbubDataSource",
     "PublishCommit",
     "position_key",
 ]
-
-#: Header the sink sets on each published event to the source position (``channel#epoch:seq``).
-SOURCE_HEADER = "hubbub-source"
-_MAX_IDEM = 128
-
-
-def position_key(channel: str, epoch: str, seq: int) -> str:
-    """The source position of an event as text: ``channel#epoch:seq``."""
-    return f"{channel}#{epoch}:{seq}"
-
-
-def _idem(key: str) -> str:
-    if len(key) <= _MAX_IDEM:
-        return key
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def _time_option(value: str | None) -> int | None:
@@ -114,17 +109,6 @@ READ_OPTIONS: tuple[str, ...] = (
     "maxEventsPerTrigger",
     "maxOffsetsPerTrigger",
     "failOnDataLoss",
-)
-#: The sink's options. ``checkpointLocation`` is Spark's (a streaming write passes it on to the sink).
-WRITE_OPTIONS: tuple[str, ...] = (
-    "url",
-    "path",
-    "token",
-    "channel",
-    "channelPrefix",
-    "idemColumn",
-    "sourceHeader",
-    "checkpointLocation",
 )
 # Kafka source options with no hubbub option of the same meaning: what to use instead.
 _KAFKA_INSTEAD = {
@@ -426,26 +410,43 @@ def _read_partition(opts: _Options, part: InputPartition) -> Iterator[pa.RecordB
             )
             batch = page.batch
             if batch.num_rows == 0:
-                if part.strict and page.first - 1 > after:
-                    raise DataLossError(
-                        f"channel {r.channel}: events after seq {after} were trimmed "
-                        f"(first is now {page.first}); "
-                        "set failOnDataLoss=false to skip them"
-                    )
+                if page.first - 1 > after:
+                    if part.strict:
+                        raise DataLossError(
+                            f"channel {r.channel}: events after seq {after} were trimmed "
+                            f"(first is now {page.first}); "
+                            "set failOnDataLoss=false to skip them"
+                        )
+                    _warn_skipped(r.channel, after + 1, min(page.first - 1, r.hi), "trimmed while reading")
                 break
             seqs = batch.column(1)
             first_seq = seqs[0].as_py()
-            if part.strict and opts.start_time is None and first_seq != after + 1:
-                raise DataLossError(
-                    f"channel {r.channel}: events {after + 1}..{first_seq - 1} were trimmed; "
-                    "set failOnDataLoss=false to skip them"
-                )
+            if opts.start_time is None and first_seq != after + 1:
+                if part.strict:
+                    raise DataLossError(
+                        f"channel {r.channel}: events {after + 1}..{first_seq - 1} were trimmed; "
+                        "set failOnDataLoss=false to skip them"
+                    )
+                _warn_skipped(r.channel, after + 1, first_seq - 1, "trimmed while reading")
             last = seqs[-1].as_py()
             if last > r.hi:
                 batch = batch.slice(0, batch.num_rows - (last - r.hi))  # seqs have no gaps
                 last = r.hi
             yield batch
             after = last
+
+
+def _warn_skipped(channel: str, lo: int, hi: int, why: str) -> None:
+    """failOnDataLoss=false: say what a stream skips (events ``lo..hi`` of ``channel``) instead of nothing."""
+    if hi >= lo:
+        log.warning(
+            "hubbub stream: skipping %d events of %s (seqs %d..%d, %s; failOnDataLoss=false)",
+            hi - lo + 1,
+            channel,
+            lo,
+            hi,
+            why,
+        )
 
 
 class HubbubDataSource(DataSource):  # type: ignore[misc]
@@ -504,6 +505,10 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self.opts = opts
         self._target: dict[str, tuple[str, int]] | None = None
         self._last: dict[str, Any] | None = None
+        self._report: dict[str, Any] | None = None
+        self._skips_seen: set[tuple[str, str, int, str, int]] = set()
+        self._skipped_events = 0
+        self._skipped_channels = 0
 
     def initialOffset(self) -> dict[str, Any]:
         o = self.opts
@@ -552,7 +557,8 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end: dict[str, Any] = {ch: dict(v) for ch, v in start.items()}
         wants: list[tuple[str, str, int, int]] = []  # channel, epoch, base seq, available up to
-        for ci in o.source().channels(o.channels, include_empty=True):
+        infos = o.source().channels(o.channels, include_empty=True)
+        for ci in infos:
             prev = start.get(ci.channel)
             base = 0
             if prev is not None:
@@ -564,12 +570,14 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
                             "set failOnDataLoss=false to restart "
                             "it from its new start"
                         )
+                    self._skip(ci, prev, 0, f"epoch {prev['epoch']} reset to {ci.epoch}")
                 elif prev["seq"] < ci.first - 1:
                     if o.fail_on_data_loss:
                         raise DataLossError(
                             f"channel {ci.channel}: events {prev['seq'] + 1}..{ci.first - 1} were trimmed "
                             "before they were read; set failOnDataLoss=false to skip them"
                         )
+                    self._skip(ci, prev, ci.first - 1 - prev["seq"], "trimmed before they were read")
                     base = ci.first - 1
                 else:
                     base = prev["seq"]
@@ -592,7 +600,54 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             for ch, ep, _base, top in wants:
                 end[ch] = {"epoch": ep, "seq": top}
         self._last = end
+        self._report = self._lag(infos, end)
         return end
+
+    def _skip(self, ci: ChannelInfo, prev: Mapping[str, Any], events: int, why: str) -> None:
+        """failOnDataLoss=false skips events of ``ci`` after ``prev``: count them and warn, once per skip
+        (a trigger with no new data plans from the same start again)."""
+        key = (ci.channel, str(prev["epoch"]), int(prev["seq"]), ci.epoch, ci.first)
+        if key in self._skips_seen:
+            return
+        self._skips_seen.add(key)
+        self._skipped_channels += 1
+        self._skipped_events += events
+        if events:
+            _warn_skipped(ci.channel, int(prev["seq"]) + 1, int(prev["seq"]) + events, why)
+        else:  # the old epoch's last seq is not known once it is reset away
+            log.warning(
+                "hubbub stream: %s: %s after seq %s; events of the old epoch after it are skipped, the "
+                "stream goes on from the new epoch's first event (failOnDataLoss=false)",
+                ci.channel,
+                why,
+                prev["seq"],
+            )
+
+    def _lag(self, infos: Sequence[ChannelInfo], end: Mapping[str, Any]) -> dict[str, Any]:
+        """What :meth:`reportLatestOffset` shows: each channel's latest position and, past the batch being
+        planned (``end``), the events and channels the query is behind, and what it skipped so far."""
+        behind = channels = 0
+        latest: dict[str, Any] = {}
+        for ci in infos:
+            latest[ci.channel] = {"epoch": ci.epoch, "seq": ci.top}
+            e = end.get(ci.channel)
+            done = e["seq"] if e is not None and e["epoch"] == ci.epoch else ci.first - 1
+            if ci.top > done:
+                behind += ci.top - max(done, ci.first - 1)
+                channels += 1
+        return {
+            "eventsBehind": behind,
+            "channelsBehind": channels,
+            "eventsSkipped": self._skipped_events,
+            "channelsSkipped": self._skipped_channels,
+            "channels": latest,
+        }
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """Lag, in the query's progress (``sources[].latestOffset``): PySpark's Python streaming sources
+        cannot fill ``sources[].metrics`` (their JVM side does not report source metrics), so the lag rides
+        on the latest offset, which Spark only displays. Called on the driver after :meth:`latestOffset`."""
+        return self._report
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         ranges = []
@@ -613,106 +668,4 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         return _read_partition(opts, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
-        pass
-
-
-# -- sink ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PublishCommit(WriterCommitMessage):  # type: ignore[misc]
-    published: int = 0
-    duplicates: int = 0
-    channels: dict[str, int] = field(default_factory=dict)
-
-
-class _Publishing:
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        check_options(options, WRITE_OPTIONS, "sink")
-        opts = {k.lower(): v for k, v in options.items()}
-        self.url = opts.get("url") or opts.get("path") or ""
-        if not self.url.startswith(("http://", "https://")):
-            raise PipelineError("hubbub sink: set option url to a running server (http://host:port)")
-        self.token = opts.get("token", "")
-        self.channel = opts.get("channel", "")
-        self.prefix = opts.get("channelprefix", "").rstrip("/")
-        self.idem_column = opts.get("idemcolumn", "")
-        self.source_header = opts.get("sourceheader", SOURCE_HEADER)
-        names = set(schema.fieldNames())
-        if "payload" not in names:
-            raise PipelineError("hubbub sink: the rows need a payload column")
-        if not self.channel and "channel" not in names:
-            raise PipelineError("hubbub sink: set option channel, or give the rows a channel column")
-        if self.idem_column and self.idem_column not in names:
-            raise PipelineError(f"hubbub sink: idemColumn {self.idem_column!r} is not a column")
-        if not self.idem_column and not {"channel", "seq"} <= names:
-            raise PipelineError(
-                "hubbub sink: set idemColumn, or give the rows their source channel and seq columns "
-                "(every published event needs an idempotency key, so a retried task never publishes twice)"
-            )
-        self.has_epoch = "epoch" in names
-        self.has = names
-
-    def publish_rows(self, rows: Iterator[Row]) -> PublishCommit:
-        from hubbub.pipeline.sources import HttpPublisher
-
-        pub = HttpPublisher(self.url, self.token)
-        msg = PublishCommit()
-        has = self.has
-        try:
-            for row in rows:
-                d = row.asDict()
-                src_ch = d.get("channel") or ""
-                position = (
-                    position_key(src_ch, (d.get("epoch") or "") if self.has_epoch else "", int(d["seq"]))
-                    if "seq" in has and "channel" in has and d.get("seq") is not None
-                    else ""
-                )
-                key = str(d[self.idem_column]) if self.idem_column else position
-                target = self.channel or src_ch
-                if self.prefix:
-                    target = self.prefix + (target if target != "/" else "")
-                payload = d["payload"]
-                if isinstance(payload, str):
-                    payload = payload.encode()
-                headers = dict(d.get("headers") or {}) if "headers" in has else {}
-                if self.source_header and position:
-                    headers[self.source_header] = position
-                r = pub.publish(
-                    target,
-                    bytes(payload),
-                    idem=_idem(key),
-                    content_type=str(d.get("content_type") or "") if "content_type" in has else "",
-                    headers=headers,
-                    tags=list(d.get("tags") or ()) if "tags" in has else (),
-                )
-                if r.duplicate:
-                    msg.duplicates += 1
-                else:
-                    msg.published += 1
-                msg.channels[r.channel] = max(msg.channels.get(r.channel, 0), r.seq)
-        finally:
-            pub.close()
-        return msg
-
-
-class HubbubWriter(DataSourceWriter):  # type: ignore[misc]
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.p = _Publishing(options, schema)
-
-    def write(self, iterator: Iterator[Row]) -> PublishCommit:
-        return self.p.publish_rows(iterator)
-
-
-class HubbubStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.p = _Publishing(options, schema)
-
-    def write(self, iterator: Iterator[Row]) -> PublishCommit:
-        return self.p.publish_rows(iterator)
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass

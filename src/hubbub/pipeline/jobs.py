@@ -33,6 +33,7 @@ from hubbub.pipeline.datasource import SOURCE_HEADER, HubbubDataSource, position
 from hubbub.pipeline.sources import connect_source, log_epochs
 
 __all__ = [
+    "Progress",
     "archive",
     "audit",
     "backfill",
@@ -67,6 +68,8 @@ def make_session(master: str = "local[2]", app: str = "hubbub-pipeline", **conf:
     """A SparkSession for the jobs: UTC session time zone, the ``hubbub`` source registered."""
     b = SparkSession.builder.master(master).appName(app).config("spark.sql.session.timeZone", "UTC")
     b = b.config("spark.ui.showConsoleProgress", "false")
+    # Running tasks report their records with each heartbeat: often enough for the progress display.
+    b = b.config("spark.executor.heartbeatInterval", "2s")
     for k, v in conf.items():
         b = b.config(k, v)
     spark = b.getOrCreate()
@@ -74,55 +77,102 @@ def make_session(master: str = "local[2]", app: str = "hubbub-pipeline", **conf:
     return spark
 
 
+class Progress:
+    """What :func:`progress` shows: set :attr:`total` (events) once it is known."""
+
+    total: int | None = None
+
+
+def _stage_events(store: Any, sid: int) -> tuple[int, int, int]:
+    """(events, completed tasks, tasks) of a stage's last attempt, from Spark's status store: the records it
+    wrote, else read (a sink, whose writes Spark does not count), else read from a shuffle."""
+    try:
+        d = store.lastStageAttempt(sid)
+    except Exception:  # py4j: the stage is not in the store (yet, or any more)
+        return 0, 0, 0
+    events = int(d.outputRecords()) or int(d.inputRecords()) or int(d.shuffleReadRecords())
+    return events, int(d.numCompleteTasks()), int(d.numTasks())
+
+
 @contextlib.contextmanager
-def progress(spark: SparkSession, what: str, enabled: bool = True) -> Iterator[None]:
-    """Show Spark's progress (stages and tasks) with rich on stderr while the block runs."""
+def progress(
+    spark: SparkSession, what: str, enabled: bool = True, total: int | None = None
+) -> Iterator[Progress]:
+    """Show progress with rich on stderr while the block runs: the running stage, its tasks, the events it
+    has done (of ``total``, or of :attr:`Progress.total` once the block sets it) and their rate. Events are
+    what Spark's status store counts for the stage (records written, else read), updated as tasks finish and
+    with each executor heartbeat (``make_session`` sets it to 2 s). Nothing is shown when not ``enabled``
+    (the CLI: ``--no-progress``, or stderr not a terminal)."""
+    handle = Progress()
+    handle.total = total
     if not enabled:
-        yield
+        yield handle
         return
     from rich.console import Console
     from rich.progress import (
         BarColumn,
-        MofNCompleteColumn,
-        Progress,
         SpinnerColumn,
         TextColumn,
         TimeElapsedColumn,
     )
+    from rich.progress import (
+        Progress as Bar,
+    )
 
     tracker = spark.sparkContext.statusTracker()
+    store = spark.sparkContext._jsc.sc().statusStore()
     stop = threading.Event()
-    bar = Progress(
+    bar = Bar(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
     )
     task = bar.add_task(what, total=None)
+    started: dict[int, float] = {}
 
     def poll() -> None:
-        while not stop.wait(0.2):
-            done = total = 0
-            stages = tracker.getActiveStageIds()
+        while not stop.wait(0.5):
+            stages = sorted(tracker.getActiveStageIds())
+            if not stages:
+                bar.update(task, description=what)
+                continue
+            events = done = tasks = 0
+            now = time.monotonic()
             for sid in stages:
-                info = tracker.getStageInfo(sid)
-                if info is not None:
-                    done += info.numCompletedTasks
-                    total += info.numTasks
-            desc = f"{what}: stage {','.join(map(str, stages))}" if stages else what
-            bar.update(task, description=desc, completed=done, total=total or None)
+                started.setdefault(sid, now)
+                e, d, n = _stage_events(store, sid)
+                events, done, tasks = events + e, done + d, tasks + n
+            elapsed = now - min(started[sid] for sid in stages)
+            rate = events / elapsed if elapsed > 0 else 0.0
+            of = f"/{handle.total:,}" if handle.total is not None else ""
+            desc = (
+                f"{what}: stage {','.join(map(str, stages))} · tasks {done}/{tasks} · "
+                f"events {events:,}{of} · {_rate(rate)} events/s"
+            )
+            if handle.total:
+                bar.update(task, description=desc, completed=min(events, handle.total), total=handle.total)
+            else:
+                bar.update(task, description=desc, completed=done, total=tasks or None)
 
     with bar:
         t = threading.Thread(target=poll, name="hubbub-progress", daemon=True)
         t.start()
         try:
-            yield
+            yield handle
         finally:
             stop.set()
             t.join()
+
+
+def _rate(r: float) -> str:
+    if r >= 1e6:
+        return f"{r / 1e6:.1f}M"
+    if r >= 1e3:
+        return f"{r / 1e3:.1f}k"
+    return f"{r:.0f}"
 
 
 def pattern_filter(pattern: str) -> Column:
@@ -446,9 +496,12 @@ def _archive_run(
         held = log_epochs(src, channels)
         listed = held if held is not None else src.channels(channels)
     ends: Positions = {}
+    planned = 0  # at most this many events (fewer if some are trimmed before they are read)
     for ci in listed:
-        if positions.get(ci.channel, {}).get(ci.epoch, 0) < ci.top:
+        done = positions.get(ci.channel, {}).get(ci.epoch, 0)
+        if done < ci.top:
             ends.setdefault(ci.channel, {})[ci.epoch] = ci.top
+            planned += ci.top - max(done, ci.first - 1)
     events = 0
     if ends:
         r = spark.read.format("hubbub").option("url", url).option("channels", channels)
@@ -469,7 +522,7 @@ def _archive_run(
             # no shuffle, and the writer's own sort by (root, date) is this sort's prefix.
             .sortWithinPartitions("root", "date", "channel", "time")
         )
-        with progress(spark, "archive", show):
+        with progress(spark, "archive", show, total=planned):
             df.write.partitionBy("root", "date").parquet(str(staging))
         events = int(counted.get["events"])
     new = {ch: dict(eps) for ch, eps in positions.items()}
@@ -670,7 +723,8 @@ def export(
 ) -> dict[str, Any]:
     """Write the events as JSON lines (payload base64, as Spark writes binary) or Parquet, sorted."""
     ordered = df.orderBy("channel", "epoch", "seq")
-    with progress(spark, "export", show):
+    # The total for the progress display costs a pass over the input: only when it is shown.
+    with progress(spark, "export", show, total=df.count() if show else None):
         if fmt == "jsonl":
             ordered.write.mode("overwrite").json(out)
             n = spark.read.json(out).count()
@@ -697,8 +751,12 @@ def backfill(
     channel_prefix: str = "",
     token: str = "",
     show: bool = False,
+    *,
+    native_address: str = "",
 ) -> dict[str, Any]:
-    """Publish archived or exported events into a running server through the sink.
+    """Publish archived or exported events into a running server through the sink (pipelined over one
+    native connection per task: ``native_address``, the sink's ``nativeAddress``, or the WebSocket route of
+    ``url``; HTTP when the server offers neither).
 
     Idempotent however much later it reruns: every published event carries its source position in header
     ``hubbub-source`` (and as its idempotency key, which covers task retries inside the server's window);
@@ -728,10 +786,13 @@ def backfill(
         w = w.option("channelPrefix", prefix)
     if token:
         w = w.option("token", token)
+    if native_address:
+        w = w.option("nativeAddress", native_address)
     t0 = time.perf_counter()
-    with progress(spark, "backfill", show):
+    with progress(spark, "backfill", show) as shown:
         total = src.count()
         pending = todo.count()
+        shown.total = pending
         w.save()
     return {
         "job": "backfill",

@@ -1,0 +1,527 @@
+"""A blocking, pipelined publisher for bulk loads: many acknowledged publishes over one native connection.
+
+::
+
+    with BulkPublisher("tcp://127.0.0.1:7400", window=1024) as pub:
+        for row in rows:
+            pub.publish(row.channel, row.payload, idem=row.key)   # returns at once (until the window is full)
+        pub.flush()                                                # every publish acknowledged
+    acks = pub.acks                                                # or pass on_ack=
+
+The interactive clients (:mod:`hubbub.client.aio`, :mod:`hubbub.client.sync`) wait for each publish's reply;
+a bulk load cannot afford a round trip per event. :class:`BulkPublisher` writes publish frames (msgpack,
+``ack:true``) back to back, many per socket write, and reads the acknowledgements as they come, with at most
+``window`` publishes unacknowledged (the bound: when it is reached, :meth:`publish` blocks reading replies).
+
+Transports (native.md §1): ``tcp://host:port`` (the native TCP listener, length-prefixed msgpack frames) or
+``ws://host:port[/path]`` / ``http://…`` (the WebSocket route ``/ws/hubbub``, subprotocol
+``hubbub.v1.msgpack``). TLS is not supported here (use the HTTP publisher for ``https://``).
+
+Delivery: a publish carrying ``idem`` is safe to send twice, the server appends it once within its
+idempotency window and acknowledges the repeat with ``duplicate``. So when the connection drops, the
+publisher reconnects (``retries`` attempts, doubling delays) and sends every unacknowledged publish again,
+oldest first; a temporary error (4300, 4301) resends that publish after a delay too. Publishes without
+``idem`` are never resent: their loss raises :class:`ConnectionLost`. Any other error of a publish raises
+:class:`PublishRefused` (the publish, and the server's error) from the call that read it; publishes sent
+after it may have been committed. Order: acknowledged publishes were appended in the order given, except
+that a resent one lands after those that were acknowledged before it.
+
+Concurrency contract: one thread at a time (no locking); blocking socket I/O with ``timeout`` per wait.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgpack
+
+from hubbub.client._wire import CannotConnect, ConnectionLost, PublishAck, error_from_frame
+from hubbub.errors import FrameTooLarge, HubbubError, PublishRefused, is_temporary
+
+__all__ = ["BulkPublisher"]
+
+_MSGPACK_PROTO = "hubbub.v1.msgpack"
+# Frames are written when this much is queued, or a quarter of the window (or the window is full, or on
+# flush): enough that one write carries many publishes, little enough that the server always has the next
+# ones to commit while it acknowledges the last (a whole window per write would make it stop and go).
+_FLUSH_BYTES = 64 << 10
+_MAX_ID = (1 << 31) - 1
+_LEN = struct.Struct(">I")
+
+
+@dataclass(eq=False, slots=True)
+class _Item:
+    channel: str
+    frame: dict[str, Any]
+    idem: str | None
+    tries: int = 0
+    not_before: float = 0.0
+
+
+class _Framing:
+    """Byte framing of one transport: ``wrap`` a msgpack body for sending, ``feed`` received bytes and get
+    the message bodies back (any chunking). Sans-I/O; ``control`` collects frames the transport must send
+    back (WebSocket pongs), ``closed`` is set once the peer said it closes."""
+
+    def __init__(self, ws: bool, max_frame: int) -> None:
+        self.ws = ws
+        self.max_frame = max_frame
+        self.buf = bytearray()
+        self.parts = bytearray()  # a fragmented WebSocket message so far
+        self.control = bytearray()
+        self.closed = False
+
+    def wrap(self, body: bytes) -> bytes:
+        if not self.ws:
+            return _LEN.pack(len(body)) + body
+        return _ws_frame(0x2, body)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if self.closed:  # nothing after a close frame counts
+            return []
+        self.buf += data
+        out: list[bytes] = []
+        buf = self.buf
+        while True:
+            if not self.ws:
+                if len(buf) < 4:
+                    break
+                (n,) = struct.unpack_from(">I", buf)
+                if n > self.max_frame:
+                    raise FrameTooLarge(f"server frame of {n} bytes over {self.max_frame}")
+                if len(buf) < 4 + n:
+                    break
+                out.append(bytes(buf[4 : 4 + n]))
+                del buf[: 4 + n]
+                continue
+            if len(buf) < 2:
+                break
+            fin, op, masked, n = buf[0] & 0x80, buf[0] & 0x0F, buf[1] & 0x80, buf[1] & 0x7F
+            at = 2
+            if n == 126:
+                if len(buf) < 4:
+                    break
+                (n,) = struct.unpack_from(">H", buf, 2)
+                at = 4
+            elif n == 127:
+                if len(buf) < 10:
+                    break
+                (n,) = struct.unpack_from(">Q", buf, 2)
+                at = 10
+            if n > self.max_frame:
+                raise FrameTooLarge(f"server message of {n} bytes over {self.max_frame}")
+            mask = b""
+            if masked:
+                mask = bytes(buf[at : at + 4])
+                at += 4
+            if len(buf) < at + n:
+                break
+            payload = bytes(buf[at : at + n])
+            del buf[: at + n]
+            if mask:
+                payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+            if op == 0x9:  # ping
+                self.control += _ws_frame(0xA, payload)
+            elif op == 0x8:
+                self.closed = True
+                break
+            elif op in (0x0, 0x1, 0x2):
+                self.parts += payload
+                if len(self.parts) > self.max_frame:
+                    raise FrameTooLarge(f"server message over {self.max_frame}")
+                if fin:
+                    out.append(bytes(self.parts))
+                    self.parts.clear()
+        return out
+
+
+def _ws_frame(op: int, body: bytes) -> bytes:
+    # Client frames are masked (RFC 6455 §5.3). A random key, applied with one big-integer XOR.
+    n = len(body)
+    if n < 126:
+        head = bytes([0x80 | op, 0x80 | n])
+    elif n < 1 << 16:
+        head = bytes([0x80 | op, 0x80 | 126]) + struct.pack(">H", n)
+    else:
+        head = bytes([0x80 | op, 0x80 | 127]) + struct.pack(">Q", n)
+    key = os.urandom(4)
+    if not body:
+        return head + key
+    k = int.from_bytes((key * (n // 4 + 1))[:n], "big")
+    return head + key + (int.from_bytes(body, "big") ^ k).to_bytes(n, "big")
+
+
+class BulkPublisher:
+    """Pipelined acknowledged publishes over one native connection (see the module docstring).
+
+    ``window``: most publishes unacknowledged at once. ``on_ack``: called with each acknowledgement as it
+    is read (in the order the server sends them); without it they collect in :attr:`acks`. ``timeout``:
+    seconds any one wait for the server may take before the connection counts as lost.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        window: int = 1024,
+        on_ack: Callable[[PublishAck], None] | None = None,
+        timeout: float = 30.0,
+        retries: int = 4,
+        client_name: str = "hubbub-bulk",
+    ) -> None:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in ("tcp", "ws", "http") or not parts.hostname:
+            raise ValueError(f"bulk publisher URL must be tcp://, ws:// or http://host:port, not {url!r}")
+        self.url = url
+        self._ws = scheme != "tcp"
+        self._host = parts.hostname
+        self._port = parts.port or (80 if self._ws else 7400)
+        self._path = parts.path if parts.path not in ("", "/") else "/ws/hubbub"
+        self._token = token
+        self._window = max(1, window)
+        self._flush_frames = max(1, self._window // 4)
+        self._queued = 0  # publishes queued since the last write
+        self._on_ack = on_ack
+        self.acks: list[PublishAck] = []
+        self._timeout = timeout
+        self._retries = retries
+        self._client_name = client_name
+        self._sock: socket.socket | None = None
+        self._framing = _Framing(self._ws, 64 << 20)
+        self._max_frame = 1 << 20
+        self._out = bytearray()
+        self._unacked: dict[int, _Item] = {}  # in the order sent (dicts keep insertion order)
+        self._later: list[_Item] = []  # temporarily refused: resent after their delay
+        self._next_id = 1
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+        self.sent = 0
+        self.resent = 0
+        self.reconnects = 0
+        self._connect()
+
+    # -- public API -----------------------------------------------------------------------------------
+
+    def publish(
+        self,
+        channel: str,
+        payload: bytes,
+        *,
+        idem: str | None = None,
+        content_type: str = "",
+        headers: Mapping[str, str] | None = None,
+        tags: Sequence[str] = (),
+    ) -> None:
+        """Queue one acknowledged publish; blocks while ``window`` publishes are unacknowledged. Raises
+        :class:`PublishRefused` for a refused publish (this one or an earlier one whose reply arrived)."""
+        frame: dict[str, Any] = {
+            "op": "publish",
+            "id": 0,
+            "channel": channel,
+            "payload": payload,
+            "ack": True,
+        }
+        if content_type:
+            frame["content_type"] = content_type
+        if headers:
+            frame["headers"] = dict(headers)
+        if tags:
+            frame["tags"] = list(tags)
+        if idem is not None:
+            frame["idem"] = idem
+        item = _Item(channel, frame, idem)
+        self._send(item)
+        self._queued += 1
+        if self._queued >= self._flush_frames or len(self._out) >= _FLUSH_BYTES:
+            self._write_out()
+        while len(self._unacked) + len(self._later) >= self._window:
+            self._write_out()
+            self._pump(block=True)
+
+    def flush(self) -> None:
+        """Send everything queued and wait until every publish is acknowledged."""
+        while self._unacked or self._later or self._out:
+            self._write_out()
+            if self._unacked or self._later:
+                self._pump(block=True)
+
+    @property
+    def pending(self) -> int:
+        """Publishes sent or queued and not acknowledged yet."""
+        return len(self._unacked) + len(self._later)
+
+    def close(self) -> None:
+        """Close the connection (unacknowledged publishes are abandoned: call :meth:`flush` first)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                if self._ws:
+                    sock.sendall(_ws_frame(0x8, struct.pack(">H", 1000)))
+            except OSError:
+                pass
+            sock.close()
+
+    def __enter__(self) -> BulkPublisher:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- sending --------------------------------------------------------------------------------------
+
+    def _new_id(self) -> int:
+        i = self._next_id
+        self._next_id = i + 1 if i < _MAX_ID else 1
+        return i
+
+    def _send(self, item: _Item) -> None:
+        """Give ``item`` a fresh id and queue its frame (written by :meth:`_write_out`)."""
+        pid = self._new_id()
+        item.frame["id"] = pid
+        body: bytes = self._pack(item.frame)
+        if len(body) > self._max_frame:
+            raise PublishRefused(
+                item.channel,
+                item.idem,
+                FrameTooLarge(f"frame of {len(body)} bytes over the server's max_frame {self._max_frame}"),
+            )
+        self._unacked[pid] = item
+        if self._ws:
+            self._out += _ws_frame(0x2, body)
+        else:  # two appends: no concatenated copy of the frame
+            self._out += _LEN.pack(len(body))
+            self._out += body
+        self.sent += 1
+
+    def _write_out(self) -> None:
+        """Write the queued frames, reading replies whenever the server has some (so neither side can
+        block the other with full buffers)."""
+        self._resend_due()
+        self._queued = 0
+        while self._out:
+            sock = self._sock
+            if sock is None:
+                self._reconnect()
+                continue
+            try:
+                r, w, _ = select.select([sock], [sock], [], self._timeout)
+                if not r and not w:
+                    raise TimeoutError("server neither reads nor answers")
+                if r:
+                    self._read_some(sock)
+                    if self._sock is not sock:
+                        continue
+                if w and self._out:
+                    n = sock.send(self._out)
+                    del self._out[:n]
+            except (OSError, TimeoutError):
+                self._lost()
+
+    def _resend_due(self) -> None:
+        if not self._later:
+            return
+        now = time.monotonic()
+        due = [i for i in self._later if i.not_before <= now]
+        if due:
+            self._later = [i for i in self._later if i.not_before > now]
+            for item in due:
+                self._send(item)
+                self.resent += 1
+
+    # -- reading --------------------------------------------------------------------------------------
+
+    def _pump(self, block: bool) -> None:
+        """Read what the server sent; with ``block``, wait (up to the timeout, or a resend's delay) for it."""
+        sock = self._sock
+        if sock is None:
+            self._reconnect()
+            return
+        wait = self._timeout if block else 0.0
+        if self._later:
+            wait = min(wait, max(0.0, min(i.not_before for i in self._later) - time.monotonic()))
+            if not self._unacked:
+                time.sleep(wait)
+                self._resend_due()
+                return
+        try:
+            r, _, _ = select.select([sock], [], [], wait)
+            if r:
+                self._read_some(sock)
+            elif block and not self._later:
+                raise TimeoutError(f"no reply within {self._timeout}s")
+        except (OSError, TimeoutError):
+            self._lost()
+        self._resend_due()
+
+    def _read_some(self, sock: socket.socket) -> None:
+        data = sock.recv(1 << 18)
+        if not data:
+            raise ConnectionResetError("closed by the server")
+        for body in self._framing.feed(data):
+            self._on_frame(msgpack.unpackb(body, raw=False))
+        if self._framing.control:
+            sock.sendall(self._framing.control)
+            self._framing.control.clear()
+        if self._framing.closed:
+            raise ConnectionResetError("closed by the server")
+
+    def _on_frame(self, frame: Any) -> None:
+        if not isinstance(frame, dict):
+            return
+        op = frame.get("op")
+        if op == "batch":
+            frames = frame.get("frames")
+            if isinstance(frames, list):
+                for f in frames:
+                    self._on_frame(f)
+        elif op == "reply":
+            item = self._unacked.pop(frame.get("id", -1), None)
+            if item is None:
+                return
+            ack = PublishAck(
+                str(frame.get("channel", item.channel)),
+                int(frame.get("seq", 0)),
+                str(frame.get("epoch", "")),
+                int(frame.get("time", 0)),
+                bool(frame.get("duplicate", False)),
+            )
+            if self._on_ack is not None:
+                self._on_ack(ack)
+            else:
+                self.acks.append(ack)
+        elif op == "ping":
+            pong: dict[str, Any] = {"op": "pong"}
+            if "id" in frame:
+                pong["id"] = frame["id"]
+            self._out += self._framing.wrap(msgpack.packb(pong, use_bin_type=True))
+        elif op == "error":
+            err = error_from_frame(frame)
+            item = self._unacked.pop(frame.get("id", -1), None)
+            if item is None:
+                if err.fatal and err.temporary:  # the server closes next (slow consumer, shutting down)
+                    raise ConnectionResetError(f"server error {err.code} {err}")
+                if err.fatal:  # a final one (bad token) will not get better by reconnecting
+                    raise err
+                return
+            if is_temporary(err.code) and item.idem is not None and item.tries < self._retries:
+                item.tries += 1
+                item.not_before = time.monotonic() + 0.1 * 2**item.tries
+                self._later.append(item)
+                return
+            raise PublishRefused(item.channel, item.idem, err)
+
+    # -- connection -----------------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        """Open the connection and say hello (no retry here). Raises CannotConnect or the hello's error."""
+        try:
+            sock = socket.create_connection((self._host, self._port), timeout=self._timeout)
+        except OSError as exc:
+            raise CannotConnect(f"{self.url}: {exc}") from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(self._timeout)
+            framing = _Framing(self._ws, 64 << 20)
+            rest = self._upgrade(sock) if self._ws else b""
+            hello: dict[str, Any] = {"op": "hello", "id": 0, "v": 1, "client": self._client_name}
+            hello.update(echo=False, batch=True)
+            if self._token:
+                hello["token"] = self._token
+            sock.sendall(framing.wrap(msgpack.packb(hello, use_bin_type=True)))
+            frames = framing.feed(rest)
+            while not frames:
+                data = sock.recv(1 << 16)
+                if not data or framing.closed:
+                    raise CannotConnect(f"{self.url}: connection closed during hello")
+                frames = framing.feed(data)
+            reply = msgpack.unpackb(frames[0], raw=False)
+            if isinstance(reply, dict) and reply.get("op") == "batch":
+                reply = (reply.get("frames") or [{}])[0]
+            if not isinstance(reply, dict) or reply.get("op") not in ("reply", "error"):
+                raise CannotConnect(f"{self.url}: bad hello reply")
+            if reply["op"] == "error":
+                raise error_from_frame(reply)
+            self._max_frame = int((reply.get("limits") or {}).get("max_frame", 1 << 20))
+            for body in frames[1:]:
+                self._on_frame(msgpack.unpackb(body, raw=False))
+        except HubbubError:
+            sock.close()
+            raise
+        except (OSError, ValueError) as exc:  # a reset, a timeout, a reply that is not msgpack
+            sock.close()
+            raise CannotConnect(f"{self.url}: {exc}") from exc
+        except BaseException:
+            sock.close()
+            raise
+        self._framing = framing
+        self._sock = sock
+
+    def _upgrade(self, sock: socket.socket) -> bytes:
+        key = base64.b64encode(os.urandom(16)).decode()
+        auth = f"Authorization: Bearer {self._token}\r\n" if self._token else ""
+        sock.sendall(
+            (
+                f"GET {self._path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+                f"Sec-WebSocket-Protocol: {_MSGPACK_PROTO}\r\n{auth}\r\n"
+            ).encode()
+        )
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            data = sock.recv(1 << 16)
+            if not data or len(buf) > 1 << 16:
+                raise CannotConnect(f"{self.url}: WebSocket upgrade refused (no answer)")
+            buf += data
+        head, rest = buf.split(b"\r\n\r\n", 1)
+        status = head.split(b"\r\n", 1)[0].decode("latin-1")
+        if " 101 " not in status + " ":
+            raise CannotConnect(f"{self.url}: WebSocket upgrade refused ({status})")
+        if _MSGPACK_PROTO.encode() not in head:
+            raise CannotConnect(f"{self.url}: server did not accept subprotocol {_MSGPACK_PROTO}")
+        return rest
+
+    def _lost(self) -> None:
+        """The connection failed: drop it; the next write or read reconnects."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        self._reconnect()
+
+    def _reconnect(self) -> None:
+        """Connect again and queue every unacknowledged publish again, oldest first; a publish without
+        ``idem`` cannot be resent safely, so its loss raises ConnectionLost."""
+        lost = list(self._unacked.values())
+        self._unacked.clear()
+        self._out.clear()
+        for item in lost:
+            if item.idem is None:
+                raise ConnectionLost(
+                    f"{self.url}: connection lost with a publish to {item.channel} unacknowledged"
+                )
+        delay = 0.1
+        for attempt in range(self._retries + 1):
+            try:
+                self._connect()
+                break
+            except CannotConnect:
+                if attempt == self._retries:
+                    raise
+                time.sleep(delay)
+                delay *= 2
+        self.reconnects += 1
+        for item in lost:
+            self._send(item)
+            self.resent += 1

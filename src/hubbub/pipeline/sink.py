@@ -1,0 +1,314 @@
+"""The ``hubbub`` sink: publishes a DataFrame's rows to a running server (batch and streaming writes).
+
+Each Spark task publishes its rows over **one native connection**, pipelined (:class:`BulkPublisher`): up to
+``publishWindow`` publishes unacknowledged, many frames per socket write, every publish acknowledged before
+the task reports success. Where that connection goes (option ``nativeAddress``, docs/pipeline.md):
+
+* ``tcp://host:port``: the server's native TCP listener (``native.tcp_listen``);
+* ``ws://host:port``: the native WebSocket route (``/ws/hubbub``);
+* not given: the WebSocket route on the port of ``url``, so nothing more needs configuring.
+
+``transport``: ``auto`` (the default) falls back to HTTP (``POST /api/v1/publish``, one request per row, the
+old path) when the native connection cannot be opened and ``nativeAddress`` was not given; ``native`` never
+falls back; ``http`` always uses HTTP.
+
+Every row carries an idempotency key (``idemColumn``, or its source position ``channel#epoch:seq``), the same
+on either transport, so a retried task, or a publish resent after a reconnect, is acknowledged as a
+duplicate instead of appended again (within the server's ``native.idempotency_window_s``). A publish the
+server refuses fails the task with that row's channel and the server's error, as over HTTP.
+
+Spark hands the rows over as Arrow record batches (``DataSourceArrowWriter``), which costs far less per row
+than ``Row`` objects; a PySpark without the streaming Arrow writer (before 4.1) gets rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import datasource as _ds
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import Row, StructType
+
+from hubbub.client._wire import CannotConnect
+from hubbub.client.bulk import BulkPublisher
+from hubbub.errors import HubbubError, PipelineError
+
+__all__ = [
+    "SOURCE_HEADER",
+    "WRITE_OPTIONS",
+    "HubbubStreamWriter",
+    "HubbubWriter",
+    "PublishCommit",
+    "position_key",
+]
+
+log = logging.getLogger("hubbub.pipeline")
+
+#: Header the sink sets on each published event to the source position (``channel#epoch:seq``).
+SOURCE_HEADER = "hubbub-source"
+_MAX_IDEM = 128
+_TRANSPORTS = ("auto", "native", "http")
+
+#: The sink's options. ``checkpointLocation`` is Spark's (a streaming write passes it on to the sink).
+WRITE_OPTIONS: tuple[str, ...] = (
+    "url",
+    "path",
+    "token",
+    "channel",
+    "channelPrefix",
+    "idemColumn",
+    "sourceHeader",
+    "nativeAddress",
+    "transport",
+    "publishWindow",
+    "checkpointLocation",
+)
+
+
+def position_key(channel: str, epoch: str, seq: int) -> str:
+    """The source position of an event as text: ``channel#epoch:seq``."""
+    return f"{channel}#{epoch}:{seq}"
+
+
+def _idem(key: str) -> str:
+    if len(key) <= _MAX_IDEM:
+        return key
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class PublishCommit(WriterCommitMessage):  # type: ignore[misc]
+    published: int = 0
+    duplicates: int = 0
+    channels: dict[str, int] = field(default_factory=dict)
+    transport: str = ""
+
+    def count(self, channel: str, seq: int, duplicate: bool) -> None:
+        if duplicate:
+            self.duplicates += 1
+        else:
+            self.published += 1
+        if seq > self.channels.get(channel, 0):
+            self.channels[channel] = seq
+
+
+def _native_url(url: str, address: str) -> str:
+    """The native endpoint: ``nativeAddress`` (``tcp://``, ``ws://``, or ``host:port`` for TCP), else the
+    WebSocket route on ``url``'s port."""
+    if address:
+        return address if "://" in address else "tcp://" + address
+    return url
+
+
+#: One row to publish: target channel, payload, idempotency key, content type, headers, tags (a plain tuple:
+#: this is made once per row, and a frozen dataclass costs several times more).
+_Row = tuple[str, bytes, str, str, dict[str, str], list[str]]
+
+
+class _Publishing:
+    """The sink's options, checked against the input schema once; :meth:`publish` runs in each task."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        from hubbub.pipeline.datasource import check_options
+
+        check_options(options, WRITE_OPTIONS, "sink")
+        opts = {k.lower(): v for k, v in options.items()}
+        self.url = opts.get("url") or opts.get("path") or ""
+        if not self.url.startswith(("http://", "https://")):
+            raise PipelineError("hubbub sink: set option url to a running server (http://host:port)")
+        self.token = opts.get("token", "")
+        self.channel = opts.get("channel", "")
+        self.prefix = opts.get("channelprefix", "").rstrip("/")
+        self.idem_column = opts.get("idemcolumn", "")
+        self.source_header = opts.get("sourceheader", SOURCE_HEADER)
+        self.native_address = opts.get("nativeaddress", "").strip()
+        self.transport = opts.get("transport", "auto").strip().lower()
+        if self.transport not in _TRANSPORTS:
+            raise PipelineError(f"hubbub sink: transport must be one of {', '.join(_TRANSPORTS)}")
+        try:
+            self.window = int(opts.get("publishwindow", "1024"))
+        except ValueError:
+            raise PipelineError("hubbub sink: publishWindow must be a positive integer") from None
+        if self.window < 1:
+            raise PipelineError("hubbub sink: publishWindow must be a positive integer")
+        if self.native_address and self.transport == "http":
+            raise PipelineError("hubbub sink: nativeAddress has no use with transport http")
+        if self.transport == "native" and not self.native_address and self.url.startswith("https://"):
+            raise PipelineError(
+                "hubbub sink: the native publisher does not do TLS; set nativeAddress, or transport http"
+            )
+        names = set(schema.fieldNames())
+        if "payload" not in names:
+            raise PipelineError("hubbub sink: the rows need a payload column")
+        if not self.channel and "channel" not in names:
+            raise PipelineError("hubbub sink: set option channel, or give the rows a channel column")
+        if self.idem_column and self.idem_column not in names:
+            raise PipelineError(f"hubbub sink: idemColumn {self.idem_column!r} is not a column")
+        if not self.idem_column and not {"channel", "seq"} <= names:
+            raise PipelineError(
+                "hubbub sink: set idemColumn, or give the rows their source channel and seq columns "
+                "(every published event needs an idempotency key, so a retried task never publishes twice)"
+            )
+        self.has_channel = "channel" in names
+
+    # -- rows -----------------------------------------------------------------------------------------
+
+    def _row(
+        self,
+        src_ch: str | None,
+        epoch: str | None,
+        seq: int | None,
+        key: Any,
+        payload: bytes | str,
+        headers: Mapping[str, str] | Iterable[tuple[str, str]] | None,
+        tags: Iterable[str] | None,
+        content_type: str | None,
+    ) -> _Row:
+        src_ch = src_ch or ""
+        position = position_key(src_ch, epoch or "", int(seq)) if seq is not None and self.has_channel else ""
+        target = self.channel or src_ch
+        if self.prefix:
+            target = self.prefix + (target if target != "/" else "")
+        if isinstance(payload, str):
+            payload = payload.encode()
+        hdrs: dict[str, str] = {}
+        if headers:
+            items = headers.items() if isinstance(headers, Mapping) else headers
+            hdrs = {k: v for k, v in items if not k.startswith(":")}
+        if self.source_header and position:
+            hdrs[self.source_header] = position
+        idem = _idem(str(key) if self.idem_column else position)
+        return (target, payload, idem, content_type or "", hdrs, list(tags) if tags else [])
+
+    def rows_of_batches(self, batches: Iterable[pa.RecordBatch]) -> Iterator[_Row]:
+        """The rows of Arrow batches: only the columns the sink reads, each converted at once (far cheaper
+        than Spark Rows, or than every column of the record schema)."""
+        for batch in batches:
+            n = batch.num_rows
+            names = batch.schema.names
+
+            def col(
+                name: str, n: int = n, batch: pa.RecordBatch = batch, names: list[str] = names
+            ) -> list[Any]:
+                if not name or name not in names:
+                    return [None] * n
+                return batch.column(names.index(name)).to_pylist()  # type: ignore[no-any-return]
+
+            yield from map(
+                self._row,
+                col("channel"),
+                col("epoch"),
+                col("seq"),
+                col(self.idem_column),
+                col("payload"),
+                col("headers"),
+                col("tags"),
+                col("content_type"),
+            )
+
+    def rows_of_rows(self, rows: Iterable[Row]) -> Iterator[_Row]:
+        for row in rows:
+            d = row.asDict()
+            yield self._row(
+                d.get("channel"),
+                d.get("epoch"),
+                d.get("seq"),
+                d.get(self.idem_column) if self.idem_column else None,
+                d["payload"],
+                d.get("headers"),
+                d.get("tags"),
+                d.get("content_type"),
+            )
+
+    # -- publishing -----------------------------------------------------------------------------------
+
+    def publish(self, rows: Iterator[_Row]) -> PublishCommit:
+        """Publish every row (called in a Spark task): natively, or over HTTP (see the module docstring)."""
+        native = self.native_address or not self.url.startswith("https://")
+        if self.transport != "http" and native:
+            commit = PublishCommit(transport="native")
+            try:
+                pub = BulkPublisher(
+                    _native_url(self.url, self.native_address),
+                    token=self.token or None,
+                    window=self.window,
+                    on_ack=lambda a: commit.count(a.channel, a.seq, a.duplicate),
+                    client_name="hubbub-pipeline-sink",
+                )
+            except CannotConnect as exc:
+                if self.transport == "native" or self.native_address:
+                    raise PipelineError(f"hubbub sink: {exc}") from exc
+                log.warning("hubbub sink: no native connection (%s); publishing over HTTP instead", exc)
+            except HubbubError as exc:
+                raise PipelineError(f"hubbub sink: {exc}") from exc
+            else:
+                return self._publish_native(pub, rows, commit)
+        return self._publish_http(rows)
+
+    def _publish_native(
+        self, pub: BulkPublisher, rows: Iterator[_Row], commit: PublishCommit
+    ) -> PublishCommit:
+        try:
+            publish = pub.publish
+            for channel, payload, idem, ctype, headers, tags in rows:
+                publish(channel, payload, idem=idem, content_type=ctype, headers=headers, tags=tags)
+            pub.flush()
+        except HubbubError as exc:
+            raise PipelineError(
+                str(exc) if str(exc).startswith("publishing") else f"hubbub sink: {exc}"
+            ) from exc
+        except (OSError, TimeoutError) as exc:
+            raise PipelineError(f"hubbub sink: {pub.url}: {exc}") from exc
+        finally:
+            pub.close()
+        return commit
+
+    def _publish_http(self, rows: Iterator[_Row]) -> PublishCommit:
+        from hubbub.pipeline.sources import HttpPublisher
+
+        pub = HttpPublisher(self.url, self.token)
+        commit = PublishCommit(transport="http")
+        try:
+            for channel, payload, idem, ctype, headers, tags in rows:
+                res = pub.publish(channel, payload, idem=idem, content_type=ctype, headers=headers, tags=tags)
+                commit.count(res.channel, res.seq, res.duplicate)
+        finally:
+            pub.close()
+        return commit
+
+
+class HubbubWriter(DataSourceArrowWriter):  # type: ignore[misc]
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.p = _Publishing(options, schema)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PublishCommit:
+        return self.p.publish(self.p.rows_of_batches(iterator))
+
+
+# The streaming Arrow writer came with PySpark 4.1; before it, streaming writes get Rows.
+_StreamBase: type = getattr(_ds, "DataSourceStreamArrowWriter", DataSourceStreamWriter)
+_STREAM_ARROW = _StreamBase is not DataSourceStreamWriter
+
+
+class HubbubStreamWriter(_StreamBase):  # type: ignore[misc]
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.p = _Publishing(options, schema)
+
+    def write(self, iterator: Iterator[Any]) -> PublishCommit:
+        rows = self.p.rows_of_batches(iterator) if _STREAM_ARROW else self.p.rows_of_rows(iterator)
+        return self.p.publish(rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
