@@ -25,13 +25,14 @@ from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import Node, NodeSettings
 from hubbub.core.limits import LimitSettings
 from hubbub.dialects import native as nc
+from hubbub.disconnect import Disconnect
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
 from hubbub.transports.guble import GubleSettings
 from hubbub.transports.guble import install as install_guble
 from hubbub.transports.http import HttpSettings, NativeHttp, RouteInstaller, build_app
 from hubbub.transports.ivy import IvySettings, ivy_installer
-from hubbub.transports.native import SHUTDOWN_CODE, NativeConnection, NativeEncoder
+from hubbub.transports.native import NativeConnection, NativeEncoder
 from hubbub.transports.tcp import peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
 
@@ -166,7 +167,7 @@ class Server:
                     writer.write(b"".join(map(codec.frame_for_stream, frames)))
                     await writer.drain()
 
-                async def close(code: int) -> None:
+                async def close(code: Disconnect) -> None:
                     writer.close()
 
                 conn = NativeConnection(
@@ -233,7 +234,7 @@ class Server:
         node = self.node
         if node is not None:
             for sess in node.sessions:
-                sess.kick(SHUTDOWN_CODE)
+                sess.kick(Disconnect.GOING_AWAY)
         # Give write loops a moment to send their close frames.
         tasks = list(self._tcp_conns) + (list(self._native_http.connections) if self._native_http else [])
         if tasks:

@@ -27,6 +27,7 @@ from typing import Any, TypeVar, final
 
 from hubbub.auth import Authenticator, Authorizer, Identity
 from hubbub.channels import Pattern
+from hubbub.disconnect import Disconnect
 from hubbub.errors import (
     EpochMismatch,
     HubbubError,
@@ -642,7 +643,7 @@ class Node:
                     runs, encoded = await pending
                 except HubbubError as exc:
                     log.warning("replay read failed: %s", exc, extra={"session": session.id})
-                    session.kick(exc.code)
+                    session.kick(Disconnect.of(exc.code))
                     break
                 end = runs[-1].last_seq if runs else after
                 if runs and end < top:

@@ -36,6 +36,7 @@ from itertools import repeat
 from typing import Any, Protocol, cast, final
 
 from hubbub.auth import Identity
+from hubbub.disconnect import Disconnect
 from hubbub.events import Event
 from hubbub.log.base import EventRun
 
@@ -181,7 +182,7 @@ class Session:
     max_items: int
     max_bytes: int
     overflow: Overflow = Overflow.DISCONNECT
-    slow_close_code: int = 4302
+    slow_close_code: Disconnect = Disconnect.SLOW_CONSUMER
     id: str = field(default_factory=new_session_id)
     user: str = ""
     echo: bool = True
@@ -204,8 +205,10 @@ class Session:
     # Flags, not asyncio.Events: a session exists per idle connection, and an Event costs some 850 bytes.
     _wake: Flag = field(default_factory=Flag)
     _room: Flag = field(default_factory=Flag)
-    kicked: int = 0
-    ending: int = 0
+    #: Why the session was kicked (closed without writing what is queued), or ``None``.
+    kicked: Disconnect | None = None
+    #: Why the session ends once what is queued is written, or ``None``.
+    ending: Disconnect | None = None
     closed: bool = False
     stats: SessionStats = field(default_factory=SessionStats)
 
@@ -431,7 +434,7 @@ class Session:
                 break
         return done
 
-    def kick(self, code: int) -> None:
+    def kick(self, code: Disconnect) -> None:
         """Ask the transport to close the connection with ``code`` (after the dialect's error, if any)."""
         if not self.kicked and not self.closed:
             self.kicked = code
@@ -625,7 +628,7 @@ class Session:
             self._room.clear()
             await self._room.wait()
 
-    def end(self, code: int) -> None:
+    def end(self, code: Disconnect) -> None:
         """Close gracefully with ``code`` once the frames already queued are written."""
         if not self.ending:
             self.ending = code

@@ -42,6 +42,7 @@ from hubbub.core.filters import delivery_filters, passes
 from hubbub.core.replay import PAGE, list_channels, merged_key
 from hubbub.core.session import Overflow
 from hubbub.dialects import guble as gc
+from hubbub.disconnect import Disconnect
 from hubbub.errors import BadChannel, FrameTooLarge, HubbubError, SubscriptionError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
@@ -60,8 +61,6 @@ __all__ = [
 
 log = logging.getLogger("hubbub.guble")
 
-SHUTDOWN_CODE = 1001
-SLOW_CLOSE_CODE = 1013
 HEARTBEAT_S = 30.0
 OCTET_STREAM = "application/octet-stream"
 
@@ -209,7 +208,7 @@ class GubleConnection:
         hub: GubleHub,
         user: str,
         send: Callable[[bytes], Any],
-        close: Callable[[int], Any],
+        close: Callable[[Disconnect], Any],
     ) -> None:
         self.hub = hub
         self.node = hub.node
@@ -225,7 +224,7 @@ class GubleConnection:
             max_items=s.send_queue,
             max_bytes=s.send_queue_bytes,
             overflow=Overflow.CATCH_UP,
-            slow_close_code=SLOW_CLOSE_CODE,
+            slow_close_code=Disconnect.TRY_AGAIN_LATER,
             id=gc.new_xid(),
             user=user,
         )
@@ -522,7 +521,7 @@ class GubleHub:
             return text_response(400, "websocket upgrade required\n")
         await ws.prepare(request)
 
-        async def close(code: int) -> None:
+        async def close(code: Disconnect) -> None:
             await ws.close(code=code)
 
         conn = GubleConnection(self, gc.user_id_from_path(request.raw_path), ws.send_bytes, close)
@@ -539,7 +538,7 @@ class GubleHub:
                     cmd = self.codec.decode(msg.data)
                 except FrameTooLarge:
                     self.node.count_bad_input("guble")
-                    await ws.close(code=1009)
+                    await ws.close(code=Disconnect.MESSAGE_TOO_BIG)
                     break
                 except HubbubError as exc:
                     conn.bad_input(exc)
@@ -555,7 +554,7 @@ class GubleHub:
             await conn.finish()
             if not ws.closed:
                 with contextlib.suppress(Exception):
-                    await ws.close(code=code or SHUTDOWN_CODE)
+                    await ws.close(code=code or Disconnect.GOING_AWAY)
         return ws
 
     # -- REST -------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
 from hubbub.core.replay import plan_replay, trimmed_after
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
+from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadRequest, EpochMismatch, HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.log.base import AppendRequest, ChannelInfo, LogStore
@@ -159,7 +160,7 @@ def _admission(node: Node, settings: HttpSettings) -> Any:
         over = node.limiter.admit(ip, "native" if path.startswith(("/api/v1/", "/ws/hubbub")) else "http")
         if over is not None:
             if path.startswith(("/api/v1/", "/ws/hubbub")):
-                return _error(HubbubError(over, code=4009))
+                return _error(HubbubError(over, code=Disconnect.TOO_MANY_CONNECTIONS))
             return text_response(503, "too many connections\n")
         try:
             return await handler(request)
@@ -188,7 +189,7 @@ class _WsSink:
         # Frames are encoded already (JSON text is UTF-8): no decode and re-encode for text frames.
         await self.ws.send_frame(data, self.type)
 
-    async def close(self, code: int) -> None:
+    async def close(self, code: Disconnect) -> None:
         await self.ws.close(code=code)
 
     async def send_many(self, frames: list[bytes]) -> None:
@@ -277,7 +278,7 @@ class NativeHttp:
         finally:
             await conn.finish()
             if not ws.closed:
-                code = conn.session.kicked or conn.session.ending or 1001
+                code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
                 with contextlib.suppress(Exception):
                     await ws.close(code=code)
             if task is not None:
@@ -288,7 +289,7 @@ class NativeHttp:
         self,
         codec: nc.NativeCodec,
         send: Callable[[bytes], Awaitable[None]],
-        close: Callable[[int], Awaitable[None]],
+        close: Callable[[Disconnect], Awaitable[None]],
         send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
         encoder: NativeEncoder | None = None,
     ) -> NativeConnection:

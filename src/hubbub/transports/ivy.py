@@ -27,6 +27,7 @@ from hubbub.core.flag import Flag
 from hubbub.core.replay import list_channels
 from hubbub.core.session import Overflow
 from hubbub.dialects import ivy
+from hubbub.disconnect import Disconnect
 from hubbub.errors import (
     AuthError,
     BadChannel,
@@ -51,15 +52,6 @@ DIALECT = "ivy"
 PREFIXES = ("/events/", "/log/")
 IMMUTABLE = "public, max-age=31536000, immutable"
 PAGE = 1000
-
-# Close codes (protocols README §7, ivy.md §9).
-CLOSE_GOING_AWAY = 1001
-CLOSE_PROTOCOL = 1002
-CLOSE_UNSUPPORTED = 1003
-CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009
-CLOSE_INTERNAL = 1011
-CLOSE_SLOW = 1013
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +85,7 @@ class IvyConnection:
         codec: ivy.IvyCodec,
         *,
         send: Callable[[bytes], Awaitable[None]],
-        close: Callable[[int], Awaitable[None]],
+        close: Callable[[Disconnect], Awaitable[None]],
         ping: Callable[[], Awaitable[None]],
         settings: HttpSettings,
         ivy_settings: IvySettings,
@@ -111,7 +103,7 @@ class IvyConnection:
             max_items=settings.send_queue,
             max_bytes=settings.send_queue_bytes,
             overflow=Overflow.DISCONNECT,
-            slow_close_code=CLOSE_SLOW,
+            slow_close_code=Disconnect.TRY_AGAIN_LATER,
             echo=False,  # the publishing connection never receives its own event (ivy.md §4)
         )
         self.inflight = 0
@@ -159,7 +151,7 @@ class IvyConnection:
     def received(self) -> None:
         self.last_recv = time.monotonic()
 
-    def bad_input(self, code: int, why: str) -> None:
+    def bad_input(self, code: Disconnect, why: str) -> None:
         """Ivy's rule: an invalid command closes the connection. Logged at debug level and counted."""
         self.node.count_bad_input(DIALECT)
         log.debug("closing ivy connection: %s", why, extra={"session": self.session.id, "code": code})
@@ -169,10 +161,10 @@ class IvyConnection:
         try:
             cmd = self.codec.decode(frame)
         except FrameTooLarge as exc:
-            self.bad_input(CLOSE_TOO_BIG, exc.detail)
+            self.bad_input(Disconnect.MESSAGE_TOO_BIG, exc.detail)
             return
         except ProtocolError as exc:
-            self.bad_input(CLOSE_PROTOCOL, exc.detail or exc.message)
+            self.bad_input(Disconnect.PROTOCOL_ERROR, exc.detail or exc.message)
             return
         await self.handle(cmd)
 
@@ -207,9 +199,9 @@ class IvyConnection:
         except SubscriptionError:
             pass  # already subscribed to this path: a no-op, as upstream's set of paths
         except LimitExceeded:
-            self.bad_input(CLOSE_POLICY, "too many subscriptions")
+            self.bad_input(Disconnect.POLICY_VIOLATION, "too many subscriptions")
         except ShuttingDown:
-            sess.end(CLOSE_GOING_AWAY)
+            sess.end(Disconnect.GOING_AWAY)
 
     async def _publish(self, cmd: ivy.Publish) -> None:
         sess = self.session
@@ -227,7 +219,9 @@ class IvyConnection:
             if isinstance(r, HubbubError):
                 # Ivy has no error reply: close (README §5: storage failure → 1011).
                 log.warning("ivy publish failed: %s", r, extra={"session": sess.id})
-                sess.end(CLOSE_POLICY if isinstance(r, AuthError) else CLOSE_INTERNAL)
+                sess.end(
+                    Disconnect.POLICY_VIOLATION if isinstance(r, AuthError) else Disconnect.INTERNAL_ERROR
+                )
 
         # Read-side back-pressure: a bounded number of publishes in flight.
         if self.inflight >= self.max_inflight:
@@ -237,10 +231,10 @@ class IvyConnection:
         try:
             self.node.submit(req, sess, done)
         except AuthError:
-            self.bad_input(CLOSE_POLICY, "publish not allowed")
+            self.bad_input(Disconnect.POLICY_VIOLATION, "publish not allowed")
             return
         except ShuttingDown:
-            sess.end(CLOSE_GOING_AWAY)
+            sess.end(Disconnect.GOING_AWAY)
             return
         self.inflight += 1
 
@@ -275,7 +269,7 @@ class IvyConnection:
             now = time.monotonic()
             if now - self.last_recv >= timeout:
                 log.debug("ivy read timeout", extra={"session": self.session.id})
-                self.session.kick(CLOSE_GOING_AWAY)
+                self.session.kick(Disconnect.GOING_AWAY)
                 return
             if now - last_ping >= interval:
                 last_ping = now
@@ -315,7 +309,7 @@ class IvyHttp:
         async def send(data: bytes) -> None:
             await ws.send_frame(data, WSMsgType.TEXT)
 
-        async def close(code: int) -> None:
+        async def close(code: Disconnect) -> None:
             await ws.close(code=code)
 
         async def ping() -> None:
@@ -332,13 +326,16 @@ class IvyHttp:
                 if msg.type == WSMsgType.TEXT:
                     await conn.handle_text(msg.data)
                 elif msg.type == WSMsgType.BINARY:
-                    conn.bad_input(CLOSE_UNSUPPORTED, "binary frame")
+                    conn.bad_input(Disconnect.UNSUPPORTED_DATA, "binary frame")
                 elif msg.type == WSMsgType.PING:
                     await ws.pong(msg.data)
                 elif msg.type == WSMsgType.PONG:
                     pass
                 else:
-                    if msg.type == WSMsgType.ERROR and getattr(msg.data, "code", None) == CLOSE_TOO_BIG:
+                    if (
+                        msg.type == WSMsgType.ERROR
+                        and getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG
+                    ):
                         # aiohttp refused the frame and already sent close 1009.
                         self.node.count_bad_input(DIALECT)
                         log.debug("closing ivy connection: frame too large")
@@ -348,7 +345,7 @@ class IvyHttp:
         finally:
             await conn.finish()
             if not ws.closed:
-                code = conn.session.kicked or conn.session.ending or CLOSE_GOING_AWAY
+                code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
                 with contextlib.suppress(Exception):
                     await ws.close(code=code)
         return ws

@@ -27,6 +27,7 @@ from hubbub.core.flag import Flag
 from hubbub.core.session import FrameRun, Overflow
 from hubbub.dialects import native as nc
 from hubbub.dialects.native_common import event_batches, event_frames, pack_batches
+from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult
@@ -35,7 +36,6 @@ __all__ = ["Keepalive", "NativeConnection", "NativeEncoder"]
 
 log = logging.getLogger("hubbub.native")
 
-SHUTDOWN_CODE = 1001
 #: A queued run of at least this many event frames is packed on its own (and the packing shared); shorter
 #: ones are packed together with the frames around them.
 SHARED_PACK_MIN = 32
@@ -112,7 +112,7 @@ class NativeConnection:
         codec: nc.NativeCodec,
         *,
         send: Callable[[bytes], Awaitable[None]],
-        close: Callable[[int], Awaitable[None]],
+        close: Callable[[Disconnect], Awaitable[None]],
         send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
         max_frame: int,
         max_subscriptions: int,
@@ -136,7 +136,7 @@ class NativeConnection:
             max_items=send_queue,
             max_bytes=send_queue_bytes,
             overflow=Overflow.DISCONNECT,
-            slow_close_code=4302,
+            slow_close_code=Disconnect.SLOW_CONSUMER,
         )
         self.hello_done = False
         self._publisher = Publisher("native")
@@ -162,7 +162,7 @@ class NativeConnection:
         self.node.count_bad_input("native")
         self.session.push(self.codec.encode_error(exc.code, exc.request_id, exc.detail))
         if exc.fatal:
-            self.session.end(exc.code)
+            self.session.end(Disconnect.of(exc.code))
 
     async def handle(self, cmd: nc.Command) -> None:
         self.last_recv = time.monotonic()
@@ -171,7 +171,7 @@ class NativeConnection:
             if not isinstance(cmd, nc.Hello):
                 if isinstance(cmd, nc.Pong):
                     return
-                self._fatal(4005, getattr(cmd, "id", None))
+                self._fatal(Disconnect.HELLO_REQUIRED, getattr(cmd, "id", None))
                 return
             self._hello(cmd)
             return
@@ -188,7 +188,7 @@ class NativeConnection:
             elif isinstance(cmd, nc.Pong):
                 pass
             elif isinstance(cmd, nc.Hello):
-                self._fatal(4005, cmd.id, "hello already done")
+                self._fatal(Disconnect.HELLO_REQUIRED, cmd.id, "hello already done")
             elif isinstance(cmd, nc.Auth):
                 # Token refresh (native.md §2): new permissions and expiry; a bad token is fatal (4101).
                 self.node.login(sess, cmd.token, self.peer)
@@ -197,16 +197,16 @@ class NativeConnection:
         except HubbubError as exc:
             sess.push(self.codec.encode_error(exc.code, getattr(cmd, "id", None), exc.detail))
             if exc.fatal:
-                sess.end(exc.code)
+                sess.end(Disconnect.of(exc.code))
 
-    def _fatal(self, code: int, req_id: int | None, detail: str = "", **extra: Any) -> None:
+    def _fatal(self, code: Disconnect, req_id: int | None, detail: str = "", **extra: Any) -> None:
         self.node.count_bad_input("native")
         self.session.push(self.codec.encode_error(code, req_id, detail, **extra))
         self.session.end(code)
 
     def _hello(self, cmd: nc.Hello) -> None:
         if cmd.v != 1:
-            self._fatal(4006, cmd.id, supported=[1])
+            self._fatal(Disconnect.UNSUPPORTED_VERSION, cmd.id, supported=[1])
             return
         sess = self.session
         try:
@@ -214,7 +214,7 @@ class NativeConnection:
             self.node.login(sess, cmd.token or self.upgrade_token, self.peer)
         except HubbubError as exc:
             self.session.push(self.codec.encode_error(exc.code, cmd.id))
-            self.session.end(exc.code)
+            self.session.end(Disconnect.of(exc.code))
             return
         sess.echo = cmd.echo
         self.batch = cmd.batch
@@ -255,7 +255,7 @@ class NativeConnection:
         except HubbubError as exc:
             self.session.push(self.codec.encode_error(exc.code, cmd.id, exc.detail))
             if exc.fatal:
-                self.session.end(exc.code)
+                self.session.end(Disconnect.of(exc.code))
         return True
 
     async def publish_many(self, cmds: list[nc.Publish]) -> None:
@@ -473,7 +473,7 @@ class NativeConnection:
                 # Not kept while waiting for the next frames: a connection idle after a burst would hold it.
                 del frames
             if sess.kicked:
-                if sess.kicked != SHUTDOWN_CODE:
+                if sess.kicked != Disconnect.GOING_AWAY:
                     with contextlib.suppress(Exception):
                         await self._send(codec.encode_error(sess.kicked))
                 await self._close(sess.kicked)
@@ -516,7 +516,7 @@ class NativeConnection:
 
     def timed_out(self) -> None:
         """No client frame for three ping intervals (called by :class:`Keepalive`): error 4304, then close."""
-        self._fatal(4304, None)
+        self._fatal(Disconnect.TIMEOUT, None)
 
     def start(self) -> None:
         """Start the writer task and the keepalive. Called once, before the first command."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from hubbub.core.limits import Limiter
 from hubbub.dialects import native as nc
+from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 
 from .native import NativeConnection
@@ -118,7 +119,7 @@ async def _refuse(
         first = await asyncio.wait_for(reader.read(1), REFUSAL_WAIT_S)
         if first in (b"{", b"\x00"):
             codec = codecs["json" if first == b"{" else "msgpack"]
-            writer.write(codec.frame_for_stream(codec.encode_error(4009, None)))
+            writer.write(codec.frame_for_stream(codec.encode_error(Disconnect.TOO_MANY_CONNECTIONS, None)))
             await writer.drain()
     except (ConnectionError, TimeoutError, OSError):
         pass
