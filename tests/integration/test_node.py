@@ -282,19 +282,19 @@ def test_held_event_inside_the_snapshot_still_reaches_other_live_subs(run: Run) 
         # Hold the new exact subscription open while a publish commits, as a slow snapshot read would.
         plans: list[ReplayPlan] = []
         gate = asyncio.Event()
-        real_read = node.read
+        real_read = node.reads.call
 
         async def slow_read(fn: Any, *args: Any) -> Any:
             await node.publish(req("/h/x", "during"))
             await gate.wait()
             return await real_read(fn, *args)
 
-        node.read = slow_read  # type: ignore[method-assign]
+        node.reads.call = slow_read  # type: ignore[method-assign]
         task = asyncio.ensure_future(
             node.subscribe(s, "new", parse_pattern("/h/x"), on_snapshot=plans.append)
         )
         await asyncio.sleep(0.01)
-        node.read = real_read  # type: ignore[method-assign]
+        node.reads.call = real_read  # type: ignore[method-assign]
         gate.set()
         await task
         await node.publish(req("/h/x", "after"))

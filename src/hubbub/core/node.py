@@ -21,7 +21,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, final
 
@@ -51,6 +50,7 @@ from .access import Access, only_visible
 from .fanout import FanOut
 from .filters import FILTER_PREFIX, delivery_filters, passes, withheld
 from .limits import Limiter, LimitSettings
+from .reads import ChannelPage, LogReads, Planner
 from .replay import Gap, ReplayPlan, ReplaySpan, ReplaySpec, plan_replay
 from .session import FrameRun, Session
 from .stats import Histogram
@@ -174,9 +174,8 @@ class Node:
         self._batch_reqs: list[AppendRequest] = []
         self._batch_t0 = 0.0
         self._inline = store.inline_append
-        self._readers = ThreadPoolExecutor(
-            self.settings.reader_threads, thread_name_prefix="hubbub-log-reader"
-        )
+        #: The reader threads and the typed reads of the log (the one way to read the store from the loop).
+        self.reads = LogReads(store, self.settings.reader_threads)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         # statistics, per dialect
@@ -221,7 +220,7 @@ class Node:
             await asyncio.sleep(0)
         loop = asyncio.get_running_loop()
         # Both block (reader threads finishing, the store's final checkpoint): keep them off the loop.
-        await loop.run_in_executor(None, self._readers.shutdown, True)
+        await self.reads.close()
         await loop.run_in_executor(None, self.store.close)
 
     @property
@@ -554,9 +553,9 @@ class Node:
         self._fanout.clear_plans()
         try:
             if planner is not None:
-                plan = await self.read(planner)
+                plan = await self.reads.plan(planner)
             else:
-                plan = await self.read(plan_replay, pattern, spec, self.settings.max_recovery)
+                plan = await self.reads.call(plan_replay, pattern, spec, self.settings.max_recovery)
             if visible is not None:
                 only_visible(plan, pattern, visible)
             for ch in plan.ahead:
@@ -612,7 +611,6 @@ class Node:
         consumer rather than leave a silent gap: the client resumes with ``since`` and gets an explicit gap.
         A failed read closes the session with the error's code (the subscription's reply went out already).
         """
-        loop = asyncio.get_running_loop()
         read_runs = self.store.read_runs
         channel, top = span.channel, span.top
         subs = (sub_id,)
@@ -636,7 +634,7 @@ class Node:
         cache: dict[Any, Any] = {}
         after = span.after
         sent = 0
-        pending = loop.run_in_executor(self._readers, read_page, after)
+        pending = self.reads.submit(read_page, after)
         try:
             while after < top:
                 try:
@@ -647,7 +645,7 @@ class Node:
                     break
                 end = runs[-1].last_seq if runs else after
                 if runs and end < top:
-                    pending = loop.run_in_executor(self._readers, read_page, end)
+                    pending = self.reads.submit(read_page, end)
                 for i, run in enumerate(runs):
                     if run.proto.seq != after + 1 or run.proto.epoch != span.epoch:
                         break
@@ -736,10 +734,51 @@ class Node:
 
     # -- reads and control ------------------------------------------------------------------------------
 
-    async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(store, *args)`` on a reader thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._readers, fn, self.store, *args)
+    async def read_channel(
+        self,
+        channel: str,
+        *,
+        since: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        epoch: str | None = None,
+    ) -> ChannelPage:
+        """A bounded read of one channel's log (:meth:`LogReads.read_channel`). The caller checked read
+        permission (``access.check_read``)."""
+        return await self.reads.read_channel(
+            channel, since=since, limit=limit, from_time=from_time, to_time=to_time, epoch=epoch
+        )
+
+    async def list_channels(
+        self,
+        pattern: Pattern,
+        *,
+        readable_by: Identity | None = None,
+        after: str = "",
+        limit: int = 1000,
+        include_empty: bool = False,
+    ) -> list[ChannelInfo]:
+        """The channels matching ``pattern`` (:meth:`LogReads.list_channels`). With ``readable_by``, the ones
+        that identity may not read are left out, as if they held no events."""
+        keep = None
+        if readable_by is not None:
+            may_read, ident = self.access.may_read, readable_by
+
+            def keep(channel: str) -> bool:
+                return may_read(ident, channel)
+
+        return await self.reads.list_channels(
+            pattern, after=after, limit=limit, include_empty=include_empty, keep=keep
+        )
+
+    async def top_time(self) -> int:
+        """The log's newest commit time (:meth:`LogReads.top_time`); the health probe of the store."""
+        return await self.reads.top_time()
+
+    async def fetch(self, planner: Planner) -> ReplayPlan:
+        """A dialect's replay selection read without subscribing (guble's fetch; :meth:`LogReads.plan`)."""
+        return await self.reads.plan(planner)
 
     async def reset_channel(self, channel: str) -> Any:
         """Start a new epoch for a channel (on the writer thread, in order with appends)."""

@@ -368,7 +368,7 @@ class GubleConnection:
     async def _fetch_only(self, rec: Receiver, planner: Callable[[LogStore], ReplayPlan]) -> None:
         sess = self.session
         try:
-            plan = await self.node.read(planner)
+            plan = await self.node.fetch(planner)
             self._notice("fetch-start", f"{rec.path} {len(plan.events)}")
             cache: dict[Any, Any] = {}
             for ev in plan.events:
@@ -618,7 +618,7 @@ class GubleHub:
             checks["node"] = "shutting down"
         else:
             try:
-                await asyncio.wait_for(self.node.read(lambda st: st.top_time()), 5)
+                await asyncio.wait_for(self.node.top_time(), 5)
             except Exception as exc:
                 checks["store"] = type(exc).__name__
         return _json(503 if checks else 200, checks, charset=True)

@@ -28,7 +28,7 @@ from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadRequest, EpochMismatch, HubbubError
 from hubbub.events import Event, Position, Publisher
-from hubbub.log.base import AppendRequest, ChannelInfo, LogStore
+from hubbub.log.base import AppendRequest, LogStore
 
 from .cors import install_cors
 from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
@@ -362,14 +362,11 @@ class NativeHttp:
             raise BadRequest("since and limit must not be negative")
         epoch = q.get("epoch")
 
-        def read(store: LogStore) -> tuple[ChannelInfo, list[Event]]:
-            info = store.head(channel)
-            if epoch is not None and epoch != info.epoch:
-                return info, []
-            return info, store.read(channel, since, limit, from_time, to_time) if limit else []
-
-        info, events = await self.node.read(read)
-        if epoch is not None and epoch != info.epoch:
+        page = await self.node.read_channel(
+            channel, since=since, limit=limit, from_time=from_time, to_time=to_time, epoch=epoch
+        )
+        info, events = page.info, page.events
+        if not page.epoch_matches:
             return _error(
                 HubbubError("epoch mismatch", code=4202), position={"seq": info.top, "epoch": info.epoch}
             )
@@ -412,7 +409,6 @@ class NativeHttp:
 
     async def channels(self, request: web.Request) -> web.Response:
         ident = self._identity(request)
-        may_read = self.node.access.may_read
         pattern = parse_pattern("/" + raw_rest(request, "/api/v1/channels/"), self.s.max_channel_bytes)
         after = request.query.get("after", "")
         limit = min(_int_param(request.query, "limit", 1000), 10000)
@@ -424,17 +420,10 @@ class NativeHttp:
             raise BadRequest("include_empty must be 0, 1, false or true")
         include_empty = empty in ("1", "true")
 
-        def read(store: LogStore) -> list[ChannelInfo]:
-            from hubbub.core.replay import list_channels
-
-            # Channels the identity may not read are left out, as if they held no events.
-            return [
-                ci
-                for ci in list_channels(store, pattern, include_empty=include_empty)
-                if ci.channel.encode() > after.encode() and may_read(ident, ci.channel)
-            ][:limit]
-
-        infos = await self.node.read(read)
+        # Channels the identity may not read are left out, as if they held no events.
+        infos = await self.node.list_channels(
+            pattern, readable_by=ident, after=after, limit=limit, include_empty=include_empty
+        )
         out = {
             "channels": [
                 {"channel": ci.channel, "epoch": ci.epoch, "first": ci.first, "top": ci.top} for ci in infos
@@ -550,7 +539,7 @@ class NativeHttp:
             checks["node"] = "shutting down"
         else:
             try:
-                await asyncio.wait_for(self.node.read(lambda st: st.top_time()), 5)
+                await asyncio.wait_for(self.node.top_time(), 5)
             except Exception as exc:
                 checks["store"] = type(exc).__name__
         if checks:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate, parsedate_to_datetime
 from typing import Any
@@ -24,7 +24,7 @@ from aiohttp import WSMsgType, web
 
 from hubbub.core import Node, ReplayPlan, Session
 from hubbub.core.flag import Flag
-from hubbub.core.replay import list_channels
+from hubbub.core.reads import LIST_LIMIT
 from hubbub.core.session import Overflow
 from hubbub.dialects import ivy
 from hubbub.disconnect import Disconnect
@@ -416,9 +416,7 @@ class IvyHttp:
         rng = ivy.at_range(at) if at is not None else None
         nothing = at is not None and rng is None
         try:
-            top_time, lines, newest = await self.node.read(
-                _read_log, lp, n, rng, nothing, self.ivy.max_log_bytes
-            )
+            top_time, lines, newest = await _read_log(self.node, lp, n, rng, nothing, self.ivy.max_log_bytes)
         except _TooLarge:
             return text_response(413, "log too large: narrow the read with ?n= or ?at=\n")
         except HubbubError as exc:
@@ -462,7 +460,9 @@ class _TooLarge(Exception):
     """The log read would exceed ``ivy.max_log_bytes``."""
 
 
-def _events(store: LogStore, channel: str, n: int | None, rng: tuple[int, int] | None) -> Iterator[Event]:
+async def _events(
+    node: Node, channel: str, n: int | None, rng: tuple[int, int] | None
+) -> AsyncIterator[Event]:
     """The channel's events oldest first: in the ``at`` range if given; without one, from the n-th last."""
     after = 0
     lo: int | None = None
@@ -470,40 +470,46 @@ def _events(store: LogStore, channel: str, n: int | None, rng: tuple[int, int] |
     if rng is not None:
         lo, hi = rng
     elif n is not None:
-        info = store.head(channel)
+        info = await node.reads.head(channel)
         if info.empty:
             return
         # Retained events are contiguous from ``first`` to ``top``: start right before the n-th last.
         after = max(info.first - 1, info.top - n, 0)
     while True:
-        page = store.read(channel, after, PAGE, lo, hi)
-        yield from page
+        page = (await node.read_channel(channel, since=after, limit=PAGE, from_time=lo, to_time=hi)).events
+        for ev in page:
+            yield ev
         if len(page) < PAGE:
             return
         after = page[-1].seq
 
 
-def _read_log(
-    store: LogStore,
+async def _read_log(
+    node: Node,
     lp: ivy.LogPath,
     n: int | None,
     rng: tuple[int, int] | None,
     nothing: bool,
     max_bytes: int,
 ) -> tuple[int, list[bytes], int]:
-    """On a reader thread: (top_time read first, the rendered lines, the newest returned time)."""
-    top_time = store.top_time()
+    """(top_time read first, the rendered lines, the newest returned time), through the node's typed reads:
+    a page of at most ``PAGE`` events per reader-thread hop, rendered on the loop."""
+    top_time = await node.top_time()
     if nothing:
         return top_time, [], 0
     pattern = lp.pattern
-    channels = [lp.channel] if pattern is None else [ci.channel for ci in list_channels(store, pattern)]
+    channels = (
+        [lp.channel]
+        if pattern is None
+        else [ci.channel for ci in await node.list_channels(pattern, limit=LIST_LIMIT)]
+    )
     lines: list[bytes] = []
     total = 0
     newest = 0
     for ch in channels:
         kept: deque[tuple[int, bytes]] = deque()
         size = 0
-        for ev in _events(store, ch, n, rng):
+        async for ev in _events(node, ch, n, rng):
             line = ivy.render_log_line(ev).encode()
             kept.append((ev.time_ns, line))
             size += len(line) + 1
