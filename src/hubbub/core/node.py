@@ -157,6 +157,8 @@ class Node:
         self.deliveries = self.registry.deliveries
         self.bad_input: dict[str, int] = {}
         self.slow_closes: dict[str, int] = {}
+        #: Unexpected socket failures the transports met (each logged at warning), per dialect.
+        self.io_errors: dict[str, int] = {}
         self.ack_latency = self.batcher.ack_latency
         b, r = self.batcher, self.registry
         self.submit = b.submit

@@ -48,6 +48,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, raw_rest, text_response
+from .pump import SessionPump
 
 __all__ = [
     "GUBLE_HUB",
@@ -213,8 +214,6 @@ class GubleConnection:
         self.hub = hub
         self.node = hub.node
         self.codec = hub.codec
-        self._send = send
-        self._close = close
         self._meta: deque[tuple[int, bool]] = deque()
         self._catch_up_subs: set[str] = set()
         s = hub.http
@@ -236,6 +235,9 @@ class GubleConnection:
         self._pending: dict[str, Receiver] | None = None  # receivers waiting for a catch-up
         self._from_ns: int | None = None
         self.catch_ups = 0
+        self._pump = SessionPump(
+            self.node, self.session, send=send, close=close, max_frame=s.max_frame, on_frames=self._sent
+        )
 
     # -- helpers ----------------------------------------------------------------------------------------
 
@@ -445,34 +447,19 @@ class GubleConnection:
 
     # -- outbound ---------------------------------------------------------------------------------------
 
-    async def write_loop(self) -> None:
-        """Drain the session's queue to the socket until the session ends; then close."""
-        sess = self.session
+    def _sent(self, frames: list[bytes]) -> None:
+        """The pump is about to write ``frames``: track the newest live event's commit time (catch-up)."""
         meta = self._meta
-        try:
-            while True:
-                frames = await sess.next_frames(self.hub.http.max_frame)
-                if not frames:
-                    break
-                for f in frames:
-                    if f[:1] == b"/" and meta:  # an event frame (notifications start with # or !)
-                        t, replay = meta.popleft()
-                        if not replay and t > self._last_live_ns:
-                            self._last_live_ns = t
-                for f in frames:
-                    await self._send(f)
-            code = sess.kicked or sess.ending
-            if code:
-                await self._close(code)
-        except (ConnectionError, asyncio.CancelledError):
-            raise
-        except Exception:
-            log.debug("guble write loop ended", exc_info=True)
+        for f in frames:
+            if f[:1] == b"/" and meta:  # an event frame (notifications start with # or !)
+                t, replay = meta.popleft()
+                if not replay and t > self._last_live_ns:
+                    self._last_live_ns = t
 
     def start(self) -> None:
         self.node.attach(self.session)
         self.session.push(self.codec.encode_connected(self.session.id, self.session.user))
-        self._spawn(self.write_loop())
+        self._spawn(self._pump.run())
 
     async def finish(self) -> None:
         for rec in list(self.receivers.values()):

@@ -33,6 +33,7 @@ from hubbub.log.base import AppendRequest, LogStore
 from .cors import install_cors
 from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
 from .native import NativeConnection, NativeEncoder
+from .pump import SessionPump
 
 __all__ = ["HttpSettings", "RouteInstaller", "build_app", "native_codec", "raw_rest", "text_response"]
 
@@ -523,15 +524,23 @@ class NativeHttp:
     async def _sse_writer(self, request: web.Request, sess: Session, resp: web.StreamResponse) -> None:
         await resp.prepare(request)
         await resp.write(b"retry: 2000\n\n")
-        while True:
-            try:
-                frames = await asyncio.wait_for(sess.next_frames(), SSE_PING_S)
-            except TimeoutError:
-                await resp.write(b": ping\n\n")
-                continue
-            if not frames:
-                return
+
+        async def send_many(frames: list[bytes]) -> None:
             await resp.write(b"".join(frames))
+
+        async def end(reason: Disconnect) -> None:
+            pass  # the response ends when the handler returns
+
+        pump = SessionPump(
+            self.node,
+            sess,
+            send=resp.write,
+            send_many=send_many,
+            close=end,
+            max_frame=1 << 20,
+            keepalive=(SSE_PING_S, b": ping\n\n"),
+        )
+        await pump.run()
 
     async def healthz(self, request: web.Request) -> web.Response:
         checks: dict[str, str] = {}

@@ -43,6 +43,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, RouteInstaller, raw_rest, text_response
+from .pump import SessionPump, io_failed
 
 __all__ = ["IvyConnection", "IvyEncoder", "IvySettings", "ivy_installer"]
 
@@ -92,8 +93,6 @@ class IvyConnection:
     ) -> None:
         self.node = node
         self.codec = codec
-        self._send = send
-        self._close = close
         self._ping = ping
         self.ivy = ivy_settings
         self.max_frame = settings.max_frame
@@ -112,6 +111,7 @@ class IvyConnection:
         self.last_recv = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._writer: asyncio.Task[None] | None = None
+        self._pump = SessionPump(node, self.session, send=send, close=close, max_frame=self.max_frame)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
@@ -120,7 +120,7 @@ class IvyConnection:
         sess = self.session
         self.node.attach(sess)
         sess.push(self.codec.encode_intro(sess.id, time.time_ns()))
-        self._writer = self._spawn(self.write_loop())
+        self._writer = self._spawn(self._pump.run())
         self._spawn(self.keepalive())
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -240,24 +240,6 @@ class IvyConnection:
 
     # -- outbound -----------------------------------------------------------------------------------------
 
-    async def write_loop(self) -> None:
-        """Drain the session's queue to the socket; close with the session's code when it ends."""
-        sess = self.session
-        try:
-            while True:
-                frames = await sess.next_frames(self.max_frame)
-                if not frames:
-                    break
-                for f in frames:
-                    await self._send(f)
-            code = sess.kicked or sess.ending
-            if code:
-                await self._close(code)
-        except (ConnectionError, asyncio.CancelledError):
-            raise
-        except Exception:
-            log.debug("ivy write loop ended", exc_info=True)
-
     async def keepalive(self) -> None:
         """Ping every ``ping_interval_s``; close with 1001 when nothing arrived for ``read_timeout_s``."""
         interval = self.ivy.ping_interval_s
@@ -273,8 +255,12 @@ class IvyConnection:
                 return
             if now - last_ping >= interval:
                 last_ping = now
-                with contextlib.suppress(Exception):
+                try:
                     await self._ping()
+                except ConnectionError:
+                    pass  # the peer is gone: the reader sees it and ends the connection
+                except Exception as exc:
+                    io_failed(self.node, DIALECT, self.session.id, "ping", exc)
 
 
 def _live_only(store: LogStore) -> ReplayPlan:

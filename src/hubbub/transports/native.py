@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
 from hubbub.core.flag import Flag
-from hubbub.core.session import FrameRun, Overflow
+from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
 from hubbub.dialects.native_common import event_batches, event_frames, pack_batches
 from hubbub.disconnect import Disconnect
@@ -32,15 +32,11 @@ from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult
 
+from .pump import SessionPump
+
 __all__ = ["Keepalive", "NativeConnection", "NativeEncoder"]
 
 log = logging.getLogger("hubbub.native")
-
-#: A queued run of at least this many event frames is packed on its own (and the packing shared); shorter
-#: ones are packed together with the frames around them.
-SHARED_PACK_MIN = 32
-#: Batch frames of one writer pass up to this many bytes in all are written with one ``send_many``.
-SEND_MANY_MAX = 64 << 10
 
 
 class NativeEncoder:
@@ -84,18 +80,15 @@ class NativeConnection:
 
     __slots__ = (
         "_acked",
-        "_close",
         "_pending",
         "_publisher",
-        "_send",
-        "_send_many",
+        "_pump",
         "_writer",
         "batch",
         "codec",
         "hello_done",
         "inflight",
         "last_recv",
-        "last_send",
         "max_frame",
         "max_inflight",
         "max_subscriptions",
@@ -123,10 +116,6 @@ class NativeConnection:
     ) -> None:
         self.node = node
         self.codec = codec
-        self._send = send
-        # Writes several frames at once (one socket write), for clients that did not ask for batch frames.
-        self._send_many = send_many
-        self._close = close
         self.max_frame = max_frame
         self.max_subscriptions = max_subscriptions
         self.ping_interval = ping_interval
@@ -148,8 +137,18 @@ class NativeConnection:
         #: empty deque is some 750 bytes, and many connections only subscribe).
         self._pending: deque[tuple[int, bool]] | None = None
         self.last_recv = time.monotonic()
-        self.last_send = time.monotonic()
         self._writer: asyncio.Task[None] | None = None
+        self._pump = SessionPump(
+            node,
+            self.session,
+            send=send,
+            close=close,
+            max_frame=max_frame,
+            # Writes several frames at once (one socket write), for clients that did not ask for batch frames.
+            send_many=send_many,
+            pack=codec.encode_batches,
+            farewell=self._farewell,
+        )
         #: A token presented on the WebSocket upgrade (header or query), used when ``hello`` has none.
         self.upgrade_token: str | None = None
         #: The peer's address, for the audit log.
@@ -447,72 +446,18 @@ class NativeConnection:
 
     # -- outbound ---------------------------------------------------------------------------------------
 
-    async def write_loop(self) -> None:
-        """Drain the session's queue to the socket until the session ends; then close the connection."""
-        sess = self.session
-        codec = self.codec
-        try:
-            while True:
-                if self.batch:
-                    entries = await sess.next_entries(self.max_frame)
-                    if not entries:
-                        break
-                    self.last_send = time.monotonic()
-                    await self._send_batches(entries)
-                    del entries
-                    continue
-                frames = await sess.next_frames(self.max_frame)
-                if not frames:
-                    break
-                self.last_send = time.monotonic()
-                if self._send_many is not None and len(frames) > 1:
-                    await self._send_many(frames)
-                else:
-                    for f in frames:
-                        await self._send(f)
-                # Not kept while waiting for the next frames: a connection idle after a burst would hold it.
-                del frames
-            if sess.kicked:
-                if sess.kicked != Disconnect.GOING_AWAY:
-                    with contextlib.suppress(Exception):
-                        await self._send(codec.encode_error(sess.kicked))
-                await self._close(sess.kicked)
-            elif sess.ending:
-                await self._close(sess.ending)
-        except (ConnectionError, asyncio.CancelledError):
-            raise
-        except Exception:
-            log.debug("native write loop ended", exc_info=True)
+    def _farewell(self, reason: Disconnect) -> bytes | None:
+        """The error frame a kicked connection gets before the close (none when the server goes away)."""
+        return None if reason == Disconnect.GOING_AWAY else self.codec.encode_error(reason)
 
-    async def _send_batches(self, entries: list[bytes | FrameRun]) -> None:
-        """Send queued entries packed into ``batch`` frames within ``max_frame`` (native.md §3.5), in order.
+    @property
+    def last_send(self) -> float:
+        """When the connection last wrote (monotonic): the keepalive pings a connection silent for long."""
+        return self._pump.last_send
 
-        A long run of events (:class:`FrameRun`) goes out as its own batch frames, packed once for every
-        connection that holds the same run; single frames and short runs between them are packed together.
-        """
-        limit = self.max_frame
-        pack = self.codec.encode_batches
-        out: list[bytes] = []
-        loose: list[bytes] = []
-        for e in entries:
-            if type(e) is not FrameRun:
-                loose.append(e)
-            elif e.frames is not None and e.packed is None and e.count < SHARED_PACK_MIN:
-                loose += e.frames
-            else:
-                if loose:
-                    out += pack(loose, limit)
-                    loose = []
-                out += e.batches(pack, limit)
-        if loose:
-            out += pack(loose, limit)
-        # Small batches go out in one write; large ones one by one, as the transport writes a single message
-        # without copying it (a write of several joins them).
-        if len(out) > 1 and self._send_many is not None and sum(map(len, out)) <= SEND_MANY_MAX:
-            await self._send_many(out)
-        else:
-            for f in out:
-                await self._send(f)
+    @last_send.setter
+    def last_send(self, t: float) -> None:
+        self._pump.last_send = t
 
     def timed_out(self) -> None:
         """No client frame for three ping intervals (called by :class:`Keepalive`): error 4304, then close."""
@@ -520,7 +465,7 @@ class NativeConnection:
 
     def start(self) -> None:
         """Start the writer task and the keepalive. Called once, before the first command."""
-        self._writer = asyncio.ensure_future(self.write_loop())
+        self._writer = asyncio.ensure_future(self._pump.run())
         Keepalive.for_interval(self.ping_interval).add(self)
 
     async def finish(self) -> None:
