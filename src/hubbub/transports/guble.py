@@ -48,7 +48,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, raw_rest, text_response
-from .pump import SessionPump
+from .pump import SessionPump, quietly, stopped
 
 __all__ = [
     "GUBLE_HUB",
@@ -469,8 +469,7 @@ class GubleConnection:
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            await stopped(t, self.node, "guble", self.session.id)
 
 
 # -- the hub: WebSocket and HTTP handlers -------------------------------------------------------------------
@@ -540,8 +539,8 @@ class GubleHub:
             code = sess.kicked or sess.ending
             await conn.finish()
             if not ws.closed:
-                with contextlib.suppress(Exception):
-                    await ws.close(code=code or Disconnect.GOING_AWAY)
+                reason = code or Disconnect.GOING_AWAY
+                await quietly(lambda: ws.close(code=reason), self.node, "guble", sess.id, "close")
         return ws
 
     # -- REST -------------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ stays part of the segment (mapping.md §2.3).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import struct
@@ -33,7 +32,7 @@ from hubbub.log.base import AppendRequest, LogStore
 from .cors import install_cors
 from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
 from .native import NativeConnection, NativeEncoder
-from .pump import SessionPump
+from .pump import SessionPump, quietly, stopped
 
 __all__ = ["HttpSettings", "RouteInstaller", "build_app", "native_codec", "raw_rest", "text_response"]
 
@@ -280,8 +279,7 @@ class NativeHttp:
             await conn.finish()
             if not ws.closed:
                 code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
-                with contextlib.suppress(Exception):
-                    await ws.close(code=code)
+                await quietly(lambda: ws.close(code=code), self.node, "native", conn.session.id, "close")
             if task is not None:
                 self.connections.discard(task)
         return ws
@@ -433,114 +431,8 @@ class NativeHttp:
         return _json(200, orjson.dumps(out) + b"\n")
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        ident = self._identity(request)
-        pattern = parse_pattern("/" + raw_rest(request, "/api/v1/stream/"), self.s.max_channel_bytes)
-        q = request.query
-        tags = frozenset(q.getall("tag", []))
-        last = _int_param(q, "last", None)
-        from_time = _int_param(q, "from_time", None)
-        last_id = request.headers.get("Last-Event-ID") or q.get("last_event_id")
-        spec = ReplaySpec(last=last, from_time=from_time)
-        resume: tuple[int, str, int, str] | None = None
-        planner: Callable[[LogStore], ReplayPlan] | None = None
-        if last_id:
-            resume = nc.parse_sse_last_event_id(last_id)
-            t, epoch, seq, ch = resume
-            if not pattern.matches(ch):
-                raise BadRequest("Last-Event-ID names a channel outside the pattern")
-            # Event times are unique across the whole log, so "merged key greater than the id's" is
-            # exactly: the id's channel after its seq, every other channel from time t + 1.
-            spec = ReplaySpec(since={ch: Position(seq, epoch)}, from_time=t + 1)
-            max_recovery = self.node.settings.max_recovery
-            resume_spec = spec
-
-            def resume_planner(store: LogStore) -> ReplayPlan:
-                plan = plan_replay(store, pattern, resume_spec, max_recovery)
-                plan.gaps.extend(trimmed_after(store, pattern, t, skip=(ch,)))
-                return plan
-
-            planner = resume_planner
-        elif last is not None and from_time is not None:
-            raise BadRequest("give at most one of last and from_time")
-        if last is not None and last < 1:
-            raise BadRequest("last must be at least 1")
-        sess = Session(
-            "native",
-            SseEncoder(),
-            max_items=self.s.send_queue,
-            max_bytes=self.s.send_queue_bytes,
-            overflow=Overflow.DISCONNECT,
-        )
-        # The stream's events are filtered by the identity's subscribe grant, and it ends at the token's
-        # expiry (the session is kicked; the writer sees the end).
-        self.node.access.bind(sess, ident)
-        resp = web.StreamResponse(
-            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        self.node.attach(sess)
-        task = asyncio.current_task()
-        if task is not None:
-            self.connections.add(task)
-        writer: asyncio.Future[None] | None = None
-        try:
-
-            def on_snapshot(plan: ReplayPlan) -> None:
-                # The subscription is registered now: only from here on may the headers go out (a client
-                # that saw them may publish and must then receive its event).
-                nonlocal writer
-                writer = asyncio.ensure_future(self._sse_writer(request, sess, resp))
-                for g in plan.gaps:
-                    sess.push(nc.render_sse_gap(g.channel, g.reason, g.since, g.position))
-
-            def on_replayed(plan: ReplayPlan) -> None:
-                sess.push(nc.render_sse_recovered(plan.sent))
-
-            try:
-                await self.node.subscribe(
-                    sess,
-                    "sse",
-                    pattern,
-                    tags,
-                    spec,
-                    on_snapshot=on_snapshot,
-                    on_replayed=on_replayed,
-                    planner=planner,
-                )
-                assert writer is not None
-                await writer
-            finally:
-                if writer is not None:
-                    writer.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await writer
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            self.node.detach(sess)
-            if task is not None:
-                self.connections.discard(task)
-        return resp
-
-    async def _sse_writer(self, request: web.Request, sess: Session, resp: web.StreamResponse) -> None:
-        await resp.prepare(request)
-        await resp.write(b"retry: 2000\n\n")
-
-        async def send_many(frames: list[bytes]) -> None:
-            await resp.write(b"".join(frames))
-
-        async def end(reason: Disconnect) -> None:
-            pass  # the response ends when the handler returns
-
-        pump = SessionPump(
-            self.node,
-            sess,
-            send=resp.write,
-            send_many=send_many,
-            close=end,
-            max_frame=1 << 20,
-            keepalive=(SSE_PING_S, b": ping\n\n"),
-        )
-        await pump.run()
+        """``GET /api/v1/stream/<pattern>``: Server-Sent Events (native.md "SSE"); see :func:`_sse_stream`."""
+        return await _sse_stream(self, request, self._identity(request))
 
     async def healthz(self, request: web.Request) -> web.Response:
         checks: dict[str, str] = {}
@@ -559,6 +451,117 @@ class NativeHttp:
         self._identity(request)  # any valid token may scrape; /healthz stays open for load balancers
         body = render_metrics(self.registry)
         return web.Response(status=200, body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -> web.StreamResponse:
+    """The SSE stream of one request: a session subscribed to the pattern, drained by a pump."""
+    pattern = parse_pattern("/" + raw_rest(request, "/api/v1/stream/"), self.s.max_channel_bytes)
+    q = request.query
+    tags = frozenset(q.getall("tag", []))
+    last = _int_param(q, "last", None)
+    from_time = _int_param(q, "from_time", None)
+    last_id = request.headers.get("Last-Event-ID") or q.get("last_event_id")
+    spec = ReplaySpec(last=last, from_time=from_time)
+    resume: tuple[int, str, int, str] | None = None
+    planner: Callable[[LogStore], ReplayPlan] | None = None
+    if last_id:
+        resume = nc.parse_sse_last_event_id(last_id)
+        t, epoch, seq, ch = resume
+        if not pattern.matches(ch):
+            raise BadRequest("Last-Event-ID names a channel outside the pattern")
+        # Event times are unique across the whole log, so "merged key greater than the id's" is
+        # exactly: the id's channel after its seq, every other channel from time t + 1.
+        spec = ReplaySpec(since={ch: Position(seq, epoch)}, from_time=t + 1)
+        max_recovery = self.node.settings.max_recovery
+        resume_spec = spec
+
+        def resume_planner(store: LogStore) -> ReplayPlan:
+            plan = plan_replay(store, pattern, resume_spec, max_recovery)
+            plan.gaps.extend(trimmed_after(store, pattern, t, skip=(ch,)))
+            return plan
+
+        planner = resume_planner
+    elif last is not None and from_time is not None:
+        raise BadRequest("give at most one of last and from_time")
+    if last is not None and last < 1:
+        raise BadRequest("last must be at least 1")
+    sess = Session(
+        "native",
+        SseEncoder(),
+        max_items=self.s.send_queue,
+        max_bytes=self.s.send_queue_bytes,
+        overflow=Overflow.DISCONNECT,
+    )
+    # The stream's events are filtered by the identity's subscribe grant, and it ends at the token's
+    # expiry (the session is kicked; the writer sees the end).
+    self.node.access.bind(sess, ident)
+    resp = web.StreamResponse(
+        status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    self.node.attach(sess)
+    task = asyncio.current_task()
+    if task is not None:
+        self.connections.add(task)
+    writer: asyncio.Future[None] | None = None
+    try:
+
+        def on_snapshot(plan: ReplayPlan) -> None:
+            # The subscription is registered now: only from here on may the headers go out (a client
+            # that saw them may publish and must then receive its event).
+            nonlocal writer
+            writer = asyncio.ensure_future(_sse_writer(self.node, request, sess, resp))
+            for g in plan.gaps:
+                sess.push(nc.render_sse_gap(g.channel, g.reason, g.since, g.position))
+
+        def on_replayed(plan: ReplayPlan) -> None:
+            sess.push(nc.render_sse_recovered(plan.sent))
+
+        try:
+            await self.node.subscribe(
+                sess,
+                "sse",
+                pattern,
+                tags,
+                spec,
+                on_snapshot=on_snapshot,
+                on_replayed=on_replayed,
+                planner=planner,
+            )
+            assert writer is not None
+            await writer
+        finally:
+            if writer is not None:
+                writer.cancel()
+                await stopped(writer, self.node, "native", sess.id)
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        self.node.detach(sess)
+        if task is not None:
+            self.connections.discard(task)
+    return resp
+
+
+async def _sse_writer(node: Node, request: web.Request, sess: Session, resp: web.StreamResponse) -> None:
+    await resp.prepare(request)
+    await resp.write(b"retry: 2000\n\n")
+
+    async def send_many(frames: list[bytes]) -> None:
+        await resp.write(b"".join(frames))
+
+    async def end(reason: Disconnect) -> None:
+        pass  # the response ends when the handler returns
+
+    pump = SessionPump(
+        node,
+        sess,
+        send=resp.write,
+        send_many=send_many,
+        close=end,
+        max_frame=1 << 20,
+        keepalive=(SSE_PING_S, b": ping\n\n"),
+    )
+    await pump.run()
 
 
 def _int_param(q: Any, name: str, default: Any) -> Any:

@@ -43,7 +43,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, RouteInstaller, raw_rest, text_response
-from .pump import SessionPump, io_failed
+from .pump import SessionPump, io_failed, quietly, stopped
 
 __all__ = ["IvyConnection", "IvyEncoder", "IvySettings", "ivy_installer"]
 
@@ -137,14 +137,12 @@ class IvyConnection:
         """The reader is done: let a pending close go out, then detach and stop the tasks."""
         sess = self.session
         if (sess.ending or sess.kicked) and self._writer is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(self._writer), 10)
+            await stopped(asyncio.wait_for(asyncio.shield(self._writer), 10), self.node, DIALECT, sess.id)
         self.node.detach(sess)
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            await stopped(t, self.node, DIALECT, sess.id)
 
     # -- inbound ------------------------------------------------------------------------------------------
 
@@ -332,8 +330,7 @@ class IvyHttp:
             await conn.finish()
             if not ws.closed:
                 code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
-                with contextlib.suppress(Exception):
-                    await ws.close(code=code)
+                await quietly(lambda: ws.close(code=code), self.node, DIALECT, conn.session.id, "close")
         return ws
 
     # -- /events/ and /log/ -------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ Concurrency contract: everything runs on the event loop thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import weakref
@@ -32,7 +31,7 @@ from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult
 
-from .pump import SessionPump
+from .pump import SessionPump, stopped
 
 __all__ = ["Keepalive", "NativeConnection", "NativeEncoder"]
 
@@ -475,15 +474,13 @@ class NativeConnection:
         t = self._writer
         if t is not None:
             t.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            await stopped(t, self.node, "native", self.session.id)
 
     async def wait_written(self) -> None:
         """Wait until the write loop ended (after a graceful end or a kick)."""
         t = self._writer
         if t is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.shield(t)
+            await stopped(asyncio.shield(t), self.node, "native", self.session.id)
 
 
 class Keepalive:

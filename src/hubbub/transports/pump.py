@@ -30,7 +30,7 @@ from typing import final
 from hubbub.core import Disconnect, Node, Session
 from hubbub.core.session import FrameRun
 
-__all__ = ["SEND_MANY_MAX", "SHARED_PACK_MIN", "Pack", "SessionPump", "io_failed"]
+__all__ = ["SEND_MANY_MAX", "SHARED_PACK_MIN", "Pack", "SessionPump", "io_failed", "quietly", "stopped"]
 
 log = logging.getLogger("hubbub.transport")
 
@@ -44,9 +44,11 @@ SEND_MANY_MAX = 64 << 10
 Pack = Callable[[Sequence[bytes], int], list[bytes]]
 
 
-def io_failed(node: Node, dialect: str, session_id: str, what: str, exc: BaseException) -> None:
-    """An unexpected socket failure: a warning with the connection's context, counted per dialect."""
-    node.io_errors[dialect] = node.io_errors.get(dialect, 0) + 1
+def io_failed(node: Node | None, dialect: str, session_id: str, what: str, exc: BaseException) -> None:
+    """An unexpected socket failure: a warning with the connection's context, counted per dialect in the
+    node's ``io_errors`` (``hubbub_io_errors``)."""
+    if node is not None:
+        node.io_errors[dialect] = node.io_errors.get(dialect, 0) + 1
     log.warning(
         "%s failed on a %s connection: %s: %s",
         what,
@@ -57,16 +59,32 @@ def io_failed(node: Node, dialect: str, session_id: str, what: str, exc: BaseExc
     )
 
 
-async def close_quietly(
-    node: Node, session: Session, close: Callable[[], Awaitable[object]], what: str = "close"
+async def quietly(
+    io: Callable[[], Awaitable[object]], node: Node | None, dialect: str, session_id: str, what: str
 ) -> None:
-    """Close a socket that may be gone already: a peer that left is expected, anything else is reported."""
+    """Run the socket operation ``io()`` (a close, a last frame) on a connection that may be gone already:
+    a peer that left (``ConnectionError``, a timeout) is expected and passes silently, anything else is
+    reported with :func:`io_failed`. Cancellation propagates."""
     try:
-        await close()
-    except (ConnectionError, asyncio.CancelledError, TimeoutError):
+        await io()
+    except (ConnectionError, TimeoutError):
         pass
     except Exception as exc:
-        io_failed(node, session.dialect, session.id, what, exc)
+        io_failed(node, dialect, session_id, what, exc)
+
+
+async def stopped(task: Awaitable[object] | None, node: Node | None, dialect: str, session_id: str) -> None:
+    """Wait for a connection's task that was cancelled or is ending (its write loop, its keepalive), or for
+    ``wait_for``/``shield`` around one: its own failures are reported where they happen; a failure that
+    escaped is reported here. Cancelled, timed out or the peer gone: nothing to report."""
+    if task is None:
+        return
+    try:
+        await task
+    except (asyncio.CancelledError, ConnectionError, TimeoutError):
+        pass
+    except Exception as exc:
+        io_failed(node, dialect, session_id, "connection task", exc)
 
 
 @final
@@ -153,7 +171,7 @@ class SessionPump:
                 if sess.kicked and self._farewell is not None:
                     last = self._farewell(sess.kicked)
                     if last is not None:
-                        await close_quietly(self.node, sess, lambda: send(last), "farewell frame")
+                        await quietly(lambda: send(last), self.node, sess.dialect, sess.id, "farewell frame")
                 await self._close(reason)
         except (ConnectionError, asyncio.CancelledError):
             raise

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from collections.abc import Callable, Sequence
@@ -14,6 +13,7 @@ from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 
 from .native import NativeConnection
+from .pump import quietly
 
 __all__ = ["dispatch", "peer_ip", "serve_native_tcp"]
 
@@ -105,8 +105,13 @@ async def serve_native_tcp(
                     await conn.wait_written()
                 await conn.finish()
             writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            await quietly(
+                writer.wait_closed,
+                conn.node if conn else None,
+                "native",
+                conn.session.id if conn else "",
+                "close",
+            )
 
     return await asyncio.start_server(handle, host, port, limit=max_frame + 1024, ssl=ssl_context)
 
@@ -125,8 +130,7 @@ async def _refuse(
         pass
     finally:
         writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
+        await quietly(writer.wait_closed, None, "native", "", "close of a refused connection")
 
 
 async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -> bool:
