@@ -43,6 +43,7 @@ from .native_http import (
     render_sse_gap,
     render_sse_recovered,
 )
+from .native_protocol import Admit, NativeProtocol, Phase
 from .native_stream import MAX_STREAM_FRAME, NativeStreamDecoder, PublishRun, RunItem, StreamItem
 
 __all__ = [
@@ -51,13 +52,16 @@ __all__ = [
     "PROTOCOL_VERSION",
     "PUSH_FIELDS",
     "SUBPROTOCOLS",
+    "Admit",
     "Auth",
     "Command",
     "Encoding",
     "Hello",
     "Limits",
     "NativeCodec",
+    "NativeProtocol",
     "NativeStreamDecoder",
+    "Phase",
     "Ping",
     "Pong",
     "Publish",
