@@ -31,7 +31,7 @@ from .native_commands import (
     Subscribe,
     Unsubscribe,
 )
-from .native_common import Encoding, Limits
+from .native_common import Encoding, Limits, event_batches, event_frames, pack_batches
 from .native_http import (
     event_object,
     http_publish_fields,
@@ -71,8 +71,11 @@ __all__ = [
     "Subscribe",
     "Unsubscribe",
     "error_message",
+    "event_batches",
+    "event_frames",
     "event_object",
     "http_publish_fields",
+    "pack_batches",
     "parse_sse_last_event_id",
     "render_http_error",
     "render_http_publish",

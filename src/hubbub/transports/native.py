@@ -24,7 +24,6 @@ from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
 from hubbub.core.flag import Flag
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
-from hubbub.dialects.native_common import event_batches, event_frames, pack_batches
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
@@ -57,18 +56,18 @@ class NativeEncoder:
         self, proto: Event, rows: Sequence[tuple[int, bytes]], subs: Sequence[str], replay: bool
     ) -> list[bytes]:
         """The frames of a run of replayed events, encoded together (``Session.encode_run``)."""
-        return event_frames(self.codec.encoding, proto, rows, subs, replay)
+        return nc.event_frames(self.codec.encoding, proto, rows, subs, replay)
 
     def encode_batches(self, frames: Sequence[bytes], limit: int) -> list[bytes]:
         """Frames packed into ``batch`` frames of at most ``limit`` bytes (``Session.batch_limit``)."""
-        return pack_batches(self.codec.encoding, frames, limit)
+        return nc.pack_batches(self.codec.encoding, frames, limit)
 
     def encode_run_batches(
         self, proto: Event, rows: Sequence[tuple[int, bytes]], subs: Sequence[str], replay: bool, limit: int
     ) -> list[bytes]:
         """A run's frames packed as :meth:`encode_batches` packs them, built without the single frames
         (``Session.replay_run_chunks``; a replay page to a batching connection)."""
-        return event_batches(self.codec.encoding, proto, rows, subs, replay, limit)
+        return nc.event_batches(self.codec.encoding, proto, rows, subs, replay, limit)
 
 
 class NativeConnection(NativePublishing):
