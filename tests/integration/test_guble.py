@@ -14,11 +14,12 @@ import aiohttp
 
 from hubbub.config import load_config
 from hubbub.core import Node, NodeSettings
+from hubbub.dialects.guble_fetch import _last
 from hubbub.events import Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
 from hubbub.server import Server
-from hubbub.transports.guble import GubleConnection, GubleHub, GubleSettings, _last, plan_fetch
+from hubbub.transports.guble import GubleConnection, GubleHub, GubleSettings, plan_fetch
 from hubbub.transports.http import HttpSettings
 
 WAIT = 5.0

@@ -36,17 +36,21 @@ from hubbub.channels import MAX_CHANNEL_BYTES, canonical
 from hubbub.errors import BadChannel, BadRequest, FrameTooLarge, HubbubError, ProtocolError, UnknownOp
 from hubbub.events import Event
 
+from .guble_fetch import ChannelReader, fetch_selection, subtree_pattern
+
 __all__ = [
     "DEFAULT_MAX_FRAME",
     "FILTER_PREFIX",
     "GUBLE_HEADER",
     "Cancel",
+    "ChannelReader",
     "Command",
     "GubleCodec",
     "Receive",
     "Send",
     "canonical_mime_key",
     "error_text",
+    "fetch_selection",
     "filter_name",
     "go_quote",
     "header_line_headers",
@@ -54,6 +58,7 @@ __all__ = [
     "parse_go_int",
     "render_path",
     "rest_publish_headers",
+    "subtree_pattern",
     "user_id_from_path",
 ]
 

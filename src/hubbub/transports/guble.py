@@ -24,22 +24,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import heapq
 import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import WSMsgType, web
 
-from hubbub.channels import Pattern, route_channel, segments
+from hubbub.channels import route_channel
 from hubbub.core import Node, ReplayPlan, Session
 from hubbub.core.filters import delivery_filters, passes
-from hubbub.core.replay import PAGE, list_channels, merged_key
+from hubbub.core.replay import list_channels
 from hubbub.core.session import Overflow
 from hubbub.dialects import guble as gc
 from hubbub.disconnect import Disconnect
@@ -77,41 +76,7 @@ class GubleSettings:
 
 # -- replay selection (reader threads) ----------------------------------------------------------------------
 
-
-def subtree_pattern(channel: str) -> Pattern:
-    """Subtree(P): the channel and every channel below it, segment by segment. The root matches all."""
-    parts: tuple[str, ...] = () if channel == "/" else tuple(segments(channel))
-    text = "/" + "/".join("%2A" * len(p) if p in ("*", "**") else p for p in parts)
-    return Pattern(parts, True, (text + "/**") if parts else "/**")
-
-
-def _events(
-    store: LogStore, channel: str, top: int, after_seq: int = 0, from_time: int | None = None
-) -> Iterator[Event]:
-    """The channel's events after ``after_seq`` (and from ``from_time``) up to the snapshot's ``top``."""
-    after = after_seq
-    while after < top:
-        page = store.read(channel, after_seq=after, limit=PAGE, from_time=from_time)
-        for e in page:
-            if e.seq > top:
-                return
-            yield e
-        if len(page) < PAGE:
-            return
-        after = page[-1].seq
-
-
-def _last(store: LogStore, channel: str, top: int, k: int, keep: Callable[[Event], bool]) -> list[Event]:
-    """The last ``k`` events of the channel (up to ``top``) that ``keep`` accepts, oldest first."""
-    n = k
-    while True:
-        # Commits after the snapshot take room in the window too: grow it until k events at or below
-        # ``top`` pass, or the channel has no more.
-        raw = store.read_last(channel, n)
-        kept = [e for e in raw if e.seq <= top and keep(e)]
-        if len(kept) >= k or len(raw) < n or not k:
-            return kept[-k:] if k else []
-        n *= 2
+subtree_pattern = gc.subtree_pattern
 
 
 def plan_fetch(
@@ -123,35 +88,14 @@ def plan_fetch(
     cap: int,
     from_time: int | None = None,
 ) -> ReplayPlan:
-    """The guble fetch selection over Subtree(channel) (guble.md §5), or with ``from_time`` a catch-up (every
-    event from that time). ``tops`` covers every channel of the subtree; the events are at or below them,
-    in merged order, at most ``cap``."""
-    pattern = subtree_pattern(channel)
+    """The guble fetch selection over Subtree(channel) (guble.md §5; ``gc.fetch_selection``), or with
+    ``from_time`` a catch-up (every event from that time), as a replay plan: ``tops`` covers every channel of
+    the subtree, read first; the events are at or below them, in merged order, at most ``cap``."""
     plan = ReplayPlan(replayed=True)
-    infos = list_channels(store, pattern)
     tops = plan.tops
-    for ci in infos:
+    for ci in list_channels(store, gc.subtree_pattern(channel)):
         tops[ci.channel] = ci.top
-    limit = cap if not max_count else min(max_count, cap)
-    if from_time is not None or not start_id:
-        streams = [_events(store, ch, top, 0, from_time) for ch, top in tops.items()]
-        merged = (e for e in heapq.merge(*streams, key=merged_key) if keep(e))
-        plan.events = list(itertools.islice(merged, limit))
-    elif start_id > 0:
-        top = tops.get(channel, 0)
-        first = next((e for e in _events(store, channel, top, start_id - 1) if keep(e)), None)
-        if first is None:
-            return plan
-        streams = [
-            _events(store, ch, t, first.seq - 1) if ch == channel else _events(store, ch, t, 0, first.time_ns)
-            for ch, t in tops.items()
-        ]
-        merged = (e for e in heapq.merge(*streams, key=merged_key) if keep(e))
-        plan.events = list(itertools.islice(merged, limit))
-    else:
-        k = min(max_count if max_count else -start_id, cap)
-        lasts = [_last(store, ch, top, k, keep) for ch, top in tops.items()]
-        plan.events = list(heapq.merge(*lasts, key=merged_key))[-k:]
+    plan.events = gc.fetch_selection(store, channel, tops, start_id, max_count, keep, cap, from_time)
     return plan
 
 
