@@ -32,7 +32,6 @@ from hubbub.errors import (
     AuthError,
     BadChannel,
     BadRequest,
-    FrameTooLarge,
     HubbubError,
     LimitExceeded,
     ProtocolError,
@@ -158,11 +157,8 @@ class IvyConnection:
     async def handle_text(self, frame: str) -> None:
         try:
             cmd = self.codec.decode(frame)
-        except FrameTooLarge as exc:
-            self.bad_input(Disconnect.MESSAGE_TOO_BIG, exc.detail)
-            return
         except ProtocolError as exc:
-            self.bad_input(Disconnect.PROTOCOL_ERROR, exc.detail or exc.message)
+            self.bad_input(ivy.close_reason(exc), exc.detail or exc.message)
             return
         await self.handle(cmd)
 
@@ -196,10 +192,10 @@ class IvyConnection:
             )
         except SubscriptionError:
             pass  # already subscribed to this path: a no-op, as upstream's set of paths
-        except LimitExceeded:
-            self.bad_input(Disconnect.POLICY_VIOLATION, "too many subscriptions")
-        except ShuttingDown:
-            sess.end(Disconnect.GOING_AWAY)
+        except LimitExceeded as exc:
+            self.bad_input(ivy.close_reason(exc), "too many subscriptions")
+        except ShuttingDown as exc:
+            sess.end(ivy.close_reason(exc))
 
     async def _publish(self, cmd: ivy.Publish) -> None:
         sess = self.session
@@ -217,9 +213,7 @@ class IvyConnection:
             if isinstance(r, HubbubError):
                 # Ivy has no error reply: close (README §5: storage failure → 1011).
                 log.warning("ivy publish failed: %s", r, extra={"session": sess.id})
-                sess.end(
-                    Disconnect.POLICY_VIOLATION if isinstance(r, AuthError) else Disconnect.INTERNAL_ERROR
-                )
+                sess.end(ivy.close_reason(r))
 
         # Read-side back-pressure: a bounded number of publishes in flight.
         if self.inflight >= self.max_inflight:
@@ -228,11 +222,11 @@ class IvyConnection:
         await self.node.writable()
         try:
             self.node.submit(req, sess, done)
-        except AuthError:
-            self.bad_input(Disconnect.POLICY_VIOLATION, "publish not allowed")
+        except AuthError as exc:
+            self.bad_input(ivy.close_reason(exc), "publish not allowed")
             return
-        except ShuttingDown:
-            sess.end(Disconnect.GOING_AWAY)
+        except ShuttingDown as exc:
+            sess.end(ivy.close_reason(exc))
             return
         self.inflight += 1
 
