@@ -72,3 +72,26 @@ def test_subtree_of_the_root_matches_everything() -> None:
     assert gf.subtree_pattern("/").matches("/a/b")
     assert gf.subtree_pattern("/a").matches("/a") and gf.subtree_pattern("/a").matches("/a/b/c")
     assert not gf.subtree_pattern("/a").matches("/ab")
+
+
+def test_live_mark_counts_written_live_events_only() -> None:
+    mark = gf.LiveMark()
+    mark.queued(10, True)
+    mark.queued(20, False)  # a fetch's replayed event: not live
+    mark.queued(30, True)
+    mark.written([b"#subscribed-to /a", b"/a,1,..."])
+    assert mark.last_live_ns == 10
+    mark.written([b"/a,2,...", b"/a,3,..."])
+    assert mark.last_live_ns == 30
+    mark.queued(40, True)
+    assert mark.dropped() == 30  # the dropped event at 40 was never written
+    mark.written([b"/a,5,..."])  # nothing queued any more: nothing matched
+    assert mark.last_live_ns == 30
+
+
+def test_catch_up_steps_put_ancestors_first_and_cover_their_subtrees() -> None:
+    steps = gf.catch_up_steps([("/a/b", 5), ("/c", 500), ("/a", 7)], 100)
+    assert [s.channel for s in steps] == ["/c", "/a", "/a/b"]
+    assert [s.covered for s in steps] == [False, False, True]
+    # From just after the last live event, or from a later registration.
+    assert [s.from_time for s in steps] == [500, 101, 101]

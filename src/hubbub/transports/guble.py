@@ -27,7 +27,6 @@ import functools
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -133,15 +132,15 @@ class _Encoder:
     """The session's encoder: the shared rendering, plus a record of each queued event frame (its time and
     whether it is a replay) so the write loop knows the last live event it wrote."""
 
-    def __init__(self, codec: gc.GubleCodec, meta: deque[tuple[int, bool]], catch_up: set[str]) -> None:
+    def __init__(self, codec: gc.GubleCodec, mark: gc.LiveMark, catch_up: set[str]) -> None:
         self.codec = codec
         self.key = f"guble.{codec.node_id}"
-        self.meta = meta
+        self.mark = mark
         self.catch_up = catch_up
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
         # A catch-up replay stands in for dropped live events: it counts as live for the next catch-up.
-        self.meta.append((event.time_ns, replay and not (subs and subs[0] in self.catch_up)))
+        self.mark.queued(event.time_ns, not replay or bool(subs and subs[0] in self.catch_up))
         return self.codec.encode_event(event, cache)
 
 
@@ -158,12 +157,13 @@ class GubleConnection:
         self.hub = hub
         self.node = hub.node
         self.codec = hub.codec
-        self._meta: deque[tuple[int, bool]] = deque()
+        #: Where a catch-up starts: the newest live event written (guble.md §6).
+        self._mark = gc.LiveMark()
         self._catch_up_subs: set[str] = set()
         s = hub.http
         self.session = Session(
             "guble",
-            _Encoder(self.codec, self._meta, self._catch_up_subs),
+            _Encoder(self.codec, self._mark, self._catch_up_subs),
             max_items=s.send_queue,
             max_bytes=s.send_queue_bytes,
             overflow=Overflow.CATCH_UP,
@@ -175,12 +175,16 @@ class GubleConnection:
         self.receivers: dict[str, Receiver] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._last_live_ns = 0
         self._pending: dict[str, Receiver] | None = None  # receivers waiting for a catch-up
         self._from_ns: int | None = None
         self.catch_ups = 0
         self._pump = SessionPump(
-            self.node, self.session, send=send, close=close, max_frame=s.max_frame, on_frames=self._sent
+            self.node,
+            self.session,
+            send=send,
+            close=close,
+            max_frame=s.max_frame,
+            on_frames=self._mark.written,
         )
 
     # -- helpers ----------------------------------------------------------------------------------------
@@ -334,12 +338,10 @@ class GubleConnection:
         """Called by the session (inside a push) when it dropped its queued live events.
 
         Every event frame queued was dropped (and the new one was not queued); each has a commit time after
-        ``_last_live_ns`` (live events reach a connection in commit order). The live receivers, and those
-        re-subscribing in a catch-up already under way, are unsubscribed at once and queued for a catch-up
-        from that time."""
-        self._meta.clear()
+        the newest live event written (``gc.LiveMark``). The live receivers, and those re-subscribing in a
+        catch-up already under way, are unsubscribed at once and queued for a catch-up from that time."""
+        t = self._mark.dropped()
         self.catch_ups += 1
-        t = self._last_live_ns
         self._from_ns = t if self._from_ns is None else min(self._from_ns, t)
         start = self._pending is None
         pending = self._pending if self._pending is not None else {}
@@ -359,16 +361,17 @@ class GubleConnection:
     async def _catch_up(self) -> None:
         try:
             while self._pending:
-                batch = sorted(self._pending.values(), key=lambda r: len(r.pattern.parts))
+                dropped = self._pending
                 self._pending = {}
                 from_ns = self._from_ns or 0
                 self._from_ns = None
                 # Ancestors first: a receiver inside another one's subtree gets its events through that one's
                 # replay, and only re-subscribes (an empty fetch) once the ancestor is live again.
-                for old in batch:
+                steps = gc.catch_up_steps([(r.channel, r.registered_ns) for r in dropped.values()], from_ns)
+                for step in steps:
+                    old, covered = dropped[step.channel], step.covered
                     if self.receivers.get(old.channel) is not old:
                         continue  # cancelled or replaced meanwhile
-                    covered = any(o is not old and o.pattern.matches(old.channel) for o in batch)
                     rec = Receiver(old.channel, f"g{next(self._ids)}")
                     rec.registered_ns = old.registered_ns
                     rec.catching = True
@@ -380,7 +383,7 @@ class GubleConnection:
                         max_count=None,
                         keep=self._keep if not covered else _none,
                         cap=self.node.settings.max_recovery if not covered else 0,
-                        from_time=max(from_ns + 1, old.registered_ns),
+                        from_time=step.from_time,
                     )
                     self._catch_up_subs.add(rec.sub_id)
                     rec.task = self._spawn(self._run(rec, self._subscribe(rec, planner, fetch=True)))
@@ -390,15 +393,6 @@ class GubleConnection:
             self._pending = None
 
     # -- outbound ---------------------------------------------------------------------------------------
-
-    def _sent(self, frames: list[bytes]) -> None:
-        """The pump is about to write ``frames``: track the newest live event's commit time (catch-up)."""
-        meta = self._meta
-        for f in frames:
-            if f[:1] == b"/" and meta:  # an event frame (notifications start with # or !)
-                t, replay = meta.popleft()
-                if not replay and t > self._last_live_ns:
-                    self._last_live_ns = t
 
     def start(self) -> None:
         self.node.attach(self.session)
