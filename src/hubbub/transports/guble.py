@@ -174,7 +174,9 @@ class GubleConnection:
         self.session.on_catch_up = self._on_catch_up
         self.receivers: dict[str, Receiver] = {}
         self._ids = itertools.count(1)
+        #: The connection's tasks (writer, receivers, catch-up), in the handler's TaskGroup (see start).
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._group: asyncio.TaskGroup | None = None
         self._pending: dict[str, Receiver] | None = None  # receivers waiting for a catch-up
         self._from_ns: int | None = None
         self.catch_ups = 0
@@ -199,7 +201,8 @@ class GubleConnection:
         return not e.headers or passes(self.session, delivery_filters(e))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        t = asyncio.ensure_future(coro)
+        assert self._group is not None  # start() came first
+        t = self._group.create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
         return t
@@ -394,7 +397,10 @@ class GubleConnection:
 
     # -- outbound ---------------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, group: asyncio.TaskGroup) -> None:
+        """Attach and start the writer; every task of the connection is one of ``group`` (its lifetime), and
+        :meth:`finish` ends them before the group closes."""
+        self._group = group
         self.node.attach(self.session)
         self.session.push(self.codec.encode_connected(self.session.id, self.session.user))
         self._spawn(self._pump.run())
@@ -450,7 +456,28 @@ class GubleHub:
 
         conn = GubleConnection(self, gc.user_id_from_path(request.raw_path), ws.send_bytes, close)
         self.connections.add(conn)
-        conn.start()
+        sess = conn.session
+        code: Disconnect | None = None
+        try:
+            async with asyncio.TaskGroup() as group:
+                conn.start(group)
+                try:
+                    await self._read(ws, conn)
+                finally:
+                    self.connections.discard(conn)
+                    code = sess.kicked or sess.ending
+                    await conn.finish()
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        finally:
+            self.connections.discard(conn)
+            if not ws.closed:
+                reason = code or Disconnect.GOING_AWAY
+                await quietly(lambda: ws.close(code=reason), self.node, "guble", sess.id, "close")
+        return ws
+
+    async def _read(self, ws: web.WebSocketResponse, conn: GubleConnection) -> None:
+        """The connection's frames to its dialect, until it ends or the peer goes."""
         sess = conn.session
         try:
             async for msg in ws:
@@ -470,16 +497,8 @@ class GubleHub:
                 await conn.handle(cmd)
                 if sess.kicked or sess.ending:
                     break
-        except (asyncio.CancelledError, ConnectionError):
+        except ConnectionError:
             pass
-        finally:
-            self.connections.discard(conn)
-            code = sess.kicked or sess.ending
-            await conn.finish()
-            if not ws.closed:
-                reason = code or Disconnect.GOING_AWAY
-                await quietly(lambda: ws.close(code=reason), self.node, "guble", sess.id, "close")
-        return ws
 
     # -- REST -------------------------------------------------------------------------------------------
 

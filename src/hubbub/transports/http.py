@@ -250,7 +250,27 @@ class NativeHttp:
         task = asyncio.current_task()
         if task is not None:
             self.connections.add(task)
-        conn.start()
+        try:
+            async with asyncio.TaskGroup() as group:
+                conn.start(group)
+                try:
+                    await self._read(ws, codec, conn)
+                finally:
+                    await conn.finish()
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        finally:
+            if not ws.closed:
+                code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
+                await quietly(lambda: ws.close(code=code), self.node, "native", conn.session.id, "close")
+            if task is not None:
+                self.connections.discard(task)
+        return ws
+
+    @staticmethod
+    async def _read(ws: web.WebSocketResponse, codec: nc.NativeCodec, conn: NativeConnection) -> None:
+        """The connection's messages to the connection, until it ends (then its close is written first, for
+        at most 10 s) or the peer goes."""
         try:
             async for msg in ws:
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
@@ -273,16 +293,8 @@ class NativeHttp:
                     break
             if conn.session.ending or conn.session.kicked:
                 await asyncio.wait_for(conn.wait_written(), 10)
-        except (asyncio.CancelledError, ConnectionError, TimeoutError):
+        except (ConnectionError, TimeoutError):
             pass
-        finally:
-            await conn.finish()
-            if not ws.closed:
-                code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
-                await quietly(lambda: ws.close(code=code), self.node, "native", conn.session.id, "close")
-            if task is not None:
-                self.connections.discard(task)
-        return ws
 
     def _connection(
         self,

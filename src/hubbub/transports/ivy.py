@@ -108,14 +108,18 @@ class IvyConnection:
         self.max_inflight = settings.send_queue
         self._acked = Flag()  # an asyncio.Event is some 850 bytes per idle connection
         self.last_recv = time.monotonic()
+        #: The connection's tasks (writer, keepalive), in the handler's TaskGroup (see :meth:`start`).
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._group: asyncio.TaskGroup | None = None
         self._writer: asyncio.Task[None] | None = None
         self._pump = SessionPump(node, self.session, send=send, close=close, max_frame=self.max_frame)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Attach to the node, queue the session-id pseudo-event, start the writer and the keepalive."""
+    def start(self, group: asyncio.TaskGroup) -> None:
+        """Attach to the node, queue the session-id pseudo-event, start the writer and the keepalive as tasks
+        of ``group``, the connection's lifetime (:meth:`finish` ends them before the group closes)."""
+        self._group = group
         sess = self.session
         self.node.attach(sess)
         sess.push(self.codec.encode_intro(sess.id, time.time_ns()))
@@ -123,7 +127,8 @@ class IvyConnection:
         self._spawn(self.keepalive())
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        t: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        assert self._group is not None  # start() came first
+        t: asyncio.Task[Any] = self._group.create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
         return t
@@ -296,7 +301,23 @@ class IvyHttp:
         conn = IvyConnection(
             self.node, codec, send=send, close=close, ping=ping, settings=self.s, ivy_settings=self.ivy
         )
-        conn.start()
+        try:
+            async with asyncio.TaskGroup() as group:
+                conn.start(group)
+                try:
+                    await self._read(ws, conn)
+                finally:
+                    await conn.finish()
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        finally:
+            if not ws.closed:
+                code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
+                await quietly(lambda: ws.close(code=code), self.node, DIALECT, conn.session.id, "close")
+        return ws
+
+    async def _read(self, ws: web.WebSocketResponse, conn: IvyConnection) -> None:
+        """The connection's frames to its dialect, until it ends or the peer goes."""
         try:
             while not conn.done:
                 msg = await ws.receive()
@@ -318,14 +339,8 @@ class IvyHttp:
                         self.node.count_bad_input(DIALECT)
                         log.debug("closing ivy connection: frame too large")
                     break
-        except (asyncio.CancelledError, ConnectionError):
+        except ConnectionError:
             pass
-        finally:
-            await conn.finish()
-            if not ws.closed:
-                code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
-                await quietly(lambda: ws.close(code=code), self.node, DIALECT, conn.session.id, "close")
-        return ws
 
     # -- /events/ and /log/ -------------------------------------------------------------------------------
 

@@ -245,9 +245,12 @@ class NativeConnection(NativePublishing):
         self.node.count_bad_input("native")
         self.proto.fatal(Disconnect.TIMEOUT, None)
 
-    def start(self) -> None:
-        """Start the writer task and the keepalive. Called once, before the first command."""
-        self._writer = asyncio.ensure_future(self._pump.run())
+    def start(self, group: asyncio.TaskGroup | None = None) -> None:
+        """Start the writer task and the keepalive. Called once, before the first command. The writer is a
+        task of ``group``, the connection's lifetime, when given (the transports' handlers); :meth:`finish`
+        ends it either way."""
+        run = self._pump.run()
+        self._writer = group.create_task(run) if group is not None else asyncio.ensure_future(run)
         Keepalive.for_interval(self.ping_interval).add(self)
 
     async def finish(self) -> None:

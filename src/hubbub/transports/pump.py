@@ -14,7 +14,9 @@ line); dialects that ping from their own timers (native's :class:`~hubbub.transp
 ivy) or leave it to the WebSocket layer (guble) do not set it.
 
 Failures of the socket end the loop: an expected one (the peer went away: ``ConnectionError``) quietly, any
-other with a warning naming the connection and a count in the node's ``io_errors`` (:func:`io_failed`).
+other with a warning naming the connection and a count in the node's ``io_errors`` (:func:`io_failed`). The
+loop never raises (only cancellation propagates), so it runs as a task of the connection's
+``asyncio.TaskGroup`` without taking the connection down with it.
 
 Concurrency contract: everything runs on the event loop thread; one task per connection runs :meth:`run`.
 """
@@ -173,8 +175,8 @@ class SessionPump:
                     if last is not None:
                         await quietly(lambda: send(last), self.node, sess.dialect, sess.id, "farewell frame")
                 await self._close(reason)
-        except (ConnectionError, asyncio.CancelledError):
-            raise
+        except ConnectionError:
+            pass  # the peer is gone: the reader sees it too and ends the connection
         except Exception as exc:
             io_failed(self.node, sess.dialect, sess.id, "write loop", exc)
 

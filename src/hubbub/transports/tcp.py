@@ -74,12 +74,16 @@ async def serve_native_tcp(
             await _refuse(reader, writer, codecs)
             return
         try:
-            await serve(reader, writer)
+            async with asyncio.TaskGroup() as group:
+                await serve(reader, writer, group)
         finally:
             if limiter is not None:
                 limiter.release(ip)
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: asyncio.TaskGroup
+    ) -> None:
+        """One connection, its writer a task of ``group`` (the connection's lifetime)."""
         decoder = nc.NativeStreamDecoder(max_frame=max_frame, codecs=codecs, **limits)
         conn: NativeConnection | None = None
         try:
@@ -90,7 +94,7 @@ async def serve_native_tcp(
                 items = decoder.feed_runs(data)
                 if conn is None and decoder.encoding is not None:
                     conn = make_connection(decoder.codec, writer)
-                    conn.start()
+                    conn.start(group)
                 if await dispatch(conn, items) or decoder.failed:
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
