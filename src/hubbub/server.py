@@ -33,6 +33,7 @@ from hubbub.transports.guble import install as install_guble
 from hubbub.transports.http import HttpSettings, NativeHttp, RouteInstaller, build_app
 from hubbub.transports.ivy import IvySettings, ivy_installer
 from hubbub.transports.native import NativeConnection, NativeEncoder
+from hubbub.transports.pump import quietly
 from hubbub.transports.tcp import peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
 
@@ -241,9 +242,11 @@ class Server:
             _, pending = await asyncio.wait(tasks, timeout=2.0)
             for t in pending:
                 t.cancel()
-        if self._tcp is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._tcp.wait_closed(), 2.0)
+        tcp = self._tcp
+        if tcp is not None:
+            await quietly(
+                lambda: asyncio.wait_for(tcp.wait_closed(), 2.0), node, "native", "", "listener close"
+            )
             self._tcp = None
         if self._runner is not None:
             await self._runner.cleanup()
