@@ -39,3 +39,59 @@ def test_mypy_strict() -> None:
 
 def test_import_layers() -> None:
     _run(_tool("lint-imports"))
+
+
+#: The most lines of a module in src/hubbub (STYLE: split a module that passes about 800 lines).
+MAX_MODULE_LINES = 800
+#: The most lines of a class in the packages that hold connection and core state (issue 13).
+MAX_CLASS_LINES = 300
+CLASS_LIMITED = ("core", "transports")
+#: Modules over the limit today, each with its line count then: a ratchet. The entry must go once the module
+#: is split (the test fails when the module shrank below the limit or grew past its count).
+OVER_MODULE_LIMIT: dict[str, int] = {"log/postgres/_store.py": 844}
+
+
+def _sources() -> list[Path]:
+    return sorted((ROOT / "src" / "hubbub").rglob("*.py"))
+
+
+def test_no_module_over_the_line_limit() -> None:
+    too_long: list[str] = []
+    for path in _sources():
+        rel = path.relative_to(ROOT / "src" / "hubbub").as_posix()
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        allowed = OVER_MODULE_LIMIT.get(rel)
+        if allowed is not None:
+            assert n > MAX_MODULE_LINES, f"{rel} is {n} lines now: remove it from OVER_MODULE_LIMIT"
+            if n > allowed:
+                too_long.append(f"{rel}: {n} lines (at most {allowed} until it is split)")
+        elif n > MAX_MODULE_LINES:
+            too_long.append(f"{rel}: {n} lines")
+    assert not too_long, "modules over the limit (split them):\n" + "\n".join(too_long)
+
+
+def test_no_class_over_the_line_limit_in_core_and_transports() -> None:
+    import ast
+
+    too_long: list[str] = []
+    for pkg in CLASS_LIMITED:
+        for path in sorted((ROOT / "src" / "hubbub" / pkg).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    n = (node.end_lineno or node.lineno) - start + 1
+                    if n > MAX_CLASS_LINES:
+                        too_long.append(f"{pkg}/{path.name}: class {node.name} is {n} lines")
+    assert not too_long, "classes over the limit (split them):\n" + "\n".join(too_long)
+
+
+def test_transports_never_hand_the_core_a_function_over_the_store() -> None:
+    """Transports read the log through the typed reads (``Node.read_channel``, ``list_channels``, ...)."""
+    offenders = [
+        f"{p.name}:{i}"
+        for p in sorted((ROOT / "src" / "hubbub" / "transports").glob("*.py"))
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if "node.read(" in line or "reads.call(" in line
+    ]
+    assert not offenders, offenders

@@ -25,13 +25,15 @@ from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import Node, NodeSettings
 from hubbub.core.limits import LimitSettings
 from hubbub.dialects import native as nc
+from hubbub.disconnect import Disconnect
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
 from hubbub.transports.guble import GubleSettings
 from hubbub.transports.guble import install as install_guble
 from hubbub.transports.http import HttpSettings, NativeHttp, RouteInstaller, build_app
 from hubbub.transports.ivy import IvySettings, ivy_installer
-from hubbub.transports.native import SHUTDOWN_CODE, NativeConnection, NativeEncoder
+from hubbub.transports.native import NativeConnection, NativeEncoder
+from hubbub.transports.pump import quietly
 from hubbub.transports.tcp import peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
 
@@ -166,7 +168,7 @@ class Server:
                     writer.write(b"".join(map(codec.frame_for_stream, frames)))
                     await writer.drain()
 
-                async def close(code: int) -> None:
+                async def close(code: Disconnect) -> None:
                     writer.close()
 
                 conn = NativeConnection(
@@ -233,16 +235,18 @@ class Server:
         node = self.node
         if node is not None:
             for sess in node.sessions:
-                sess.kick(SHUTDOWN_CODE)
+                sess.kick(Disconnect.GOING_AWAY)
         # Give write loops a moment to send their close frames.
         tasks = list(self._tcp_conns) + (list(self._native_http.connections) if self._native_http else [])
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=2.0)
             for t in pending:
                 t.cancel()
-        if self._tcp is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._tcp.wait_closed(), 2.0)
+        tcp = self._tcp
+        if tcp is not None:
+            await quietly(
+                lambda: asyncio.wait_for(tcp.wait_closed(), 2.0), node, "native", "", "listener close"
+            )
             self._tcp = None
         if self._runner is not None:
             await self._runner.cleanup()

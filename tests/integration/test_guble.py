@@ -14,11 +14,12 @@ import aiohttp
 
 from hubbub.config import load_config
 from hubbub.core import Node, NodeSettings
+from hubbub.dialects.guble_fetch import _last
 from hubbub.events import Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
 from hubbub.server import Server
-from hubbub.transports.guble import GubleConnection, GubleHub, GubleSettings, _last, plan_fetch
+from hubbub.transports.guble import GubleConnection, GubleHub, GubleSettings, plan_fetch
 from hubbub.transports.http import HttpSettings
 
 WAIT = 5.0
@@ -263,18 +264,21 @@ def test_slow_consumer_catches_up_from_the_log(tmp_path: Path) -> None:
                     last.set()
 
                 conn = GubleConnection(hub, "slow", send, close)
-                conn.start()
-                await conn.handle(hub.codec.decode("+ /q"))
-                for i in range(n_stalled):
-                    req = AppendRequest("/q" if i % 2 else "/q/s", Publisher("native"), str(i).encode(), "x")
-                    await node.publish(req)
-                assert conn.catch_ups >= 1
-                gate.set()
-                for i in range(n_stalled, n_stalled + 5):
-                    await node.publish(AppendRequest("/q/s", Publisher("native"), str(i).encode(), "x"))
-                await node.publish(AppendRequest("/q", Publisher("native"), b"last", "x"))
-                await asyncio.wait_for(last.wait(), WAIT)
-                await conn.finish()
+                async with asyncio.TaskGroup() as group:
+                    conn.start(group)
+                    await conn.handle(hub.codec.decode("+ /q"))
+                    for i in range(n_stalled):
+                        req = AppendRequest(
+                            "/q" if i % 2 else "/q/s", Publisher("native"), str(i).encode(), "x"
+                        )
+                        await node.publish(req)
+                    assert conn.catch_ups >= 1
+                    gate.set()
+                    for i in range(n_stalled, n_stalled + 5):
+                        await node.publish(AppendRequest("/q/s", Publisher("native"), str(i).encode(), "x"))
+                    await node.publish(AppendRequest("/q", Publisher("native"), b"last", "x"))
+                    await asyncio.wait_for(last.wait(), WAIT)
+                    await conn.finish()
                 return conn, sent if not closed else [b"closed %d" % closed[0]]
 
             conn, sent = await run(12)

@@ -353,7 +353,7 @@ def test_idle_ws_connection_footprint_stays_bounded(tmp_path: Path) -> None:
             grown = sum(d.size_diff for d in after.compare_to(before, "filename"))
             assert grown / n < 22 * 1024, f"{grown / n:.0f} bytes per idle connection"
             conns = list(ka)
-            assert all(c._pending is None for c in conns)  # created by the first publish only
+            assert all(c.proto._pending is None for c in conns)  # created by the first publish only
             assert len({id(c.codec) for c in conns}) == 1
             release(proc)
 

@@ -150,7 +150,7 @@ def test_replay_live_junction_under_concurrent_publishing(run: Run) -> None:
         task = asyncio.ensure_future(publisher())
         await until_committed(5)  # the publisher is going
         s = session(node, max_items=100000)
-        real_read = node.read
+        real_read = node.reads.call
         raced: list[tuple[int, list[int]]] = []  # (commits during the probe, held seqs then)
 
         async def probe(fn: Any, *args: Any) -> Any:
@@ -161,9 +161,9 @@ def test_replay_live_junction_under_concurrent_publishing(run: Run) -> None:
             raced.append((len(committed) - before, [e.seq for sb in held for e in sb.holding or ()]))
             return result
 
-        node.read = probe  # type: ignore[method-assign]
+        node.reads.call = probe  # type: ignore[method-assign]
         plans = await sub(node, s, "s", "/j", ReplaySpec(since=Position(1, first.event.epoch)))
-        node.read = real_read  # type: ignore[method-assign]
+        node.reads.call = real_read  # type: ignore[method-assign]
         n = len(committed)
         await until_committed(n + 3)  # live events after the junction
         stop.set()
@@ -322,7 +322,7 @@ def test_held_event_inside_the_snapshot_still_reaches_other_live_subs(run: Run) 
         # Hold the new exact subscription open while a publish commits, as a slow snapshot read would.
         plans: list[ReplayPlan] = []
         gate = asyncio.Event()
-        real_read = node.read
+        real_read = node.reads.call
 
         published = asyncio.Event()
 
@@ -332,12 +332,12 @@ def test_held_event_inside_the_snapshot_still_reaches_other_live_subs(run: Run) 
             await gate.wait()
             return await real_read(fn, *args)
 
-        node.read = slow_read  # type: ignore[method-assign]
+        node.reads.call = slow_read  # type: ignore[method-assign]
         task = asyncio.ensure_future(
             node.subscribe(s, "new", parse_pattern("/h/x"), on_snapshot=plans.append)
         )
         await asyncio.wait_for(published.wait(), 10)
-        node.read = real_read  # type: ignore[method-assign]
+        node.reads.call = real_read  # type: ignore[method-assign]
         gate.set()
         await task
         await node.publish(req("/h/x", "after"))

@@ -58,7 +58,7 @@ def run_node(store: str, tmp_path: Path, body: Callable[[Node], Awaitable[None]]
 
 def test_memory_engine_commits_on_the_loop_when_the_writer_is_idle(tmp_path: Path) -> None:
     async def body(node: Node) -> None:
-        writer = node._writer
+        writer = node.batcher.writer
         assert writer is not None and writer.idle
         r = await node.publish(req("/a", "x"))
         assert r.event.seq == 1
@@ -82,7 +82,7 @@ def test_inline_commit_waits_behind_writer_thread_work(tmp_path: Path) -> None:
 
     async def body(node: Node) -> None:
         await node.publish(req("/a", "before"))
-        writer = node._writer
+        writer = node.batcher.writer
         assert writer is not None
         gate = threading.Event()
         order: list[str] = []

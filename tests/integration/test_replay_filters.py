@@ -18,7 +18,7 @@ import pytest
 from hubbub.channels import parse_pattern
 from hubbub.config import load_config
 from hubbub.core import Node, NodeSettings, ReplayPlan, ReplaySpec, Session
-from hubbub.core import node as node_mod
+from hubbub.core import replay_service as node_mod
 from hubbub.dialects import native as nc
 from hubbub.events import Event, Position, Publisher
 from hubbub.log import open_store

@@ -13,7 +13,7 @@ import pytest
 
 from hubbub.channels import parse_pattern
 from hubbub.core import Node, NodeSettings, ReplayPlan, ReplaySpec, Session
-from hubbub.core import node as node_mod
+from hubbub.core import replay_service as node_mod
 from hubbub.dialects import native as nc
 from hubbub.errors import StorageError
 from hubbub.events import Event, Position, Publisher

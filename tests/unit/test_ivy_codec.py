@@ -244,3 +244,15 @@ def test_immutable_at() -> None:
 )
 def test_parse_range(header: str, total: int, result: object) -> None:
     assert ivy.parse_range(header, total) == result
+
+
+def test_close_reasons_by_error_kind() -> None:
+    from hubbub.disconnect import Disconnect
+    from hubbub.errors import AuthError, BadFrame, LimitExceeded, ShuttingDown, StorageError
+
+    assert ivy.close_reason(FrameTooLarge()) is Disconnect.MESSAGE_TOO_BIG
+    assert ivy.close_reason(BadFrame()) is Disconnect.PROTOCOL_ERROR
+    assert ivy.close_reason(AuthError(code=4102)) is Disconnect.POLICY_VIOLATION
+    assert ivy.close_reason(LimitExceeded()) is Disconnect.POLICY_VIOLATION
+    assert ivy.close_reason(ShuttingDown()) is Disconnect.GOING_AWAY
+    assert ivy.close_reason(StorageError()) is Disconnect.INTERNAL_ERROR

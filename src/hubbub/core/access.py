@@ -26,6 +26,7 @@ from typing import Final
 
 from hubbub.auth import ANONYMOUS, AllowAll, Authenticator, Authorizer, Identity
 from hubbub.channels import Pattern
+from hubbub.disconnect import Disconnect
 from hubbub.errors import CODES, AuthError
 from hubbub.events import Position
 
@@ -97,7 +98,7 @@ class Access:
     def _expired(self, session: Session) -> None:
         self._timers.pop(session, None)
         self.refused(AuthError("token expired", code=4103), session.dialect, "", session.user)
-        session.kick(4103)
+        session.kick(Disconnect.TOKEN_EXPIRED)
 
     @property
     def timers(self) -> int:

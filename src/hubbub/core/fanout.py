@@ -20,7 +20,7 @@ from .filters import FILTER_PREFIX, delivery_filters, passes
 from .session import Encoder, FrameRun, Session
 
 if TYPE_CHECKING:
-    from .node import Subscription
+    from .subscriptions import Subscription
 
 __all__ = ["PLAN_CACHE_SIZE", "FanOut"]
 

@@ -36,6 +36,7 @@ from itertools import repeat
 from typing import Any, Protocol, cast, final
 
 from hubbub.auth import Identity
+from hubbub.disconnect import Disconnect
 from hubbub.events import Event
 from hubbub.log.base import EventRun
 
@@ -46,6 +47,7 @@ __all__ = [
     "BatchEncoder",
     "Encoder",
     "FrameRun",
+    "OutboundQueue",
     "Overflow",
     "RunEncoder",
     "Session",
@@ -177,15 +179,17 @@ class SessionStats:
 
 
 @dataclass(eq=False, slots=True)
-class Session:
-    """A connection's state in the core. Identity-hashed: it is used as a dict key in fan-out."""
+class OutboundQueue:
+    """A connection's state in the core and the producing (core) side of its bounded outbound queue.
+    Identity-hashed: it is used as a dict key in fan-out. :class:`Session` adds the consuming (transport) side
+    and the replay's chunking; the core and the transports only ever make :class:`Session` objects."""
 
     dialect: str
     encoder: Encoder
     max_items: int
     max_bytes: int
     overflow: Overflow = Overflow.DISCONNECT
-    slow_close_code: int = 4302
+    slow_close_code: Disconnect = Disconnect.SLOW_CONSUMER
     id: str = field(default_factory=new_session_id)
     user: str = ""
     echo: bool = True
@@ -208,8 +212,10 @@ class Session:
     # Flags, not asyncio.Events: a session exists per idle connection, and an Event costs some 850 bytes.
     _wake: Flag = field(default_factory=Flag)
     _room: Flag = field(default_factory=Flag)
-    kicked: int = 0
-    ending: int = 0
+    #: Why the session was kicked (closed without writing what is queued), or ``None``.
+    kicked: Disconnect | None = None
+    #: Why the session ends once what is queued is written, or ``None``.
+    ending: Disconnect | None = None
     closed: bool = False
     stats: SessionStats = field(default_factory=SessionStats)
 
@@ -336,6 +342,78 @@ class Session:
         self.stats.delivered += n
         return n
 
+    def kick(self, code: Disconnect) -> None:
+        """Ask the transport to close the connection with ``code`` (after the dialect's error, if any)."""
+        if not self.kicked and not self.closed:
+            self.kicked = code
+            self._clear()
+            self._wake.set()
+            self._room.set()
+            if code == self.slow_close_code and self.on_slow is not None:
+                self.on_slow(cast("Session", self))  # only Session objects are ever made
+
+    def _clear(self) -> None:
+        self._frames.clear()
+        self._nbytes = self._count = self._runs = 0
+
+    def _flatten(self) -> None:
+        """Turn every :class:`FrameRun` entry into single-frame entries (the overflow policies drop frames one
+        by one; rare, so it need not be fast)."""
+        if self._runs:
+            flat: deque[Entry] = deque()
+            for e in self._frames:
+                if type(e) is FrameRun:
+                    single = e.single()
+                    flat.extend(zip(single, repeat(True)))
+                    # A packed-only run's batch frames are its finest parts: each counts as one frame now.
+                    self._count -= e.count - len(single)
+                else:
+                    flat.append(e)
+            self._frames = flat
+            self._runs = 0
+
+    def _overflow(self, n: int, is_event: bool) -> bool:
+        if self.overflow is Overflow.DISCONNECT:
+            self.kick(self.slow_close_code)
+            return False
+        self._flatten()
+        entries = cast("deque[tuple[bytes, bool]]", self._frames)  # single frames only, after _flatten
+        if self.overflow is Overflow.DROP_OLDEST:
+            kept: deque[tuple[bytes, bool]] = deque()
+            while entries and (self._count >= self.max_items or self._nbytes + n > self.max_bytes):
+                data, ev = entries.popleft()
+                if ev:
+                    self._nbytes -= len(data)
+                    self._count -= 1
+                    self.stats.dropped += 1
+                else:
+                    kept.append((data, ev))
+            entries.extendleft(reversed(kept))
+            if self._count >= self.max_items or self._nbytes + n > self.max_bytes:
+                if is_event:
+                    self.stats.dropped += 1
+                    return False
+                self.kick(self.slow_close_code)
+                return False
+            return True
+        # CATCH_UP: drop every queued live event and let the dialect refill from the log.
+        remaining = [f for f in entries if not f[1]]
+        self.stats.dropped += self._count - len(remaining)
+        self._frames = deque(remaining)
+        self._count = len(remaining)
+        self._nbytes = sum(len(d) for d, _ in remaining)
+        if self.on_catch_up is not None:
+            self.on_catch_up()
+        return not is_event
+
+
+@dataclass(eq=False, slots=True)
+class Session(OutboundQueue):
+    """A connection's state in the core (fields and producing side: :class:`OutboundQueue`), the consuming
+    side the transport's write loop drains, and the chunking of replays."""
+
+    # -- replay (core side; the chunking runs on reader threads) -----------------------------------------
+
     def encode_run(self, run: EventRun, subs: Sequence[str], cache: dict[Any, Any]) -> list[bytes]:
         """The replayed event frames of ``run`` for this connection (through the encoder's ``encode_run`` when
         it has one, else event by event through ``cache``)."""
@@ -438,70 +516,6 @@ class Session:
             if n < k:
                 break
         return done
-
-    def kick(self, code: int) -> None:
-        """Ask the transport to close the connection with ``code`` (after the dialect's error, if any)."""
-        if not self.kicked and not self.closed:
-            self.kicked = code
-            self._clear()
-            self._wake.set()
-            self._room.set()
-            if code == self.slow_close_code and self.on_slow is not None:
-                self.on_slow(self)
-
-    def _clear(self) -> None:
-        self._frames.clear()
-        self._nbytes = self._count = self._runs = 0
-
-    def _flatten(self) -> None:
-        """Turn every :class:`FrameRun` entry into single-frame entries (the overflow policies drop frames one
-        by one; rare, so it need not be fast)."""
-        if self._runs:
-            flat: deque[Entry] = deque()
-            for e in self._frames:
-                if type(e) is FrameRun:
-                    single = e.single()
-                    flat.extend(zip(single, repeat(True)))
-                    # A packed-only run's batch frames are its finest parts: each counts as one frame now.
-                    self._count -= e.count - len(single)
-                else:
-                    flat.append(e)
-            self._frames = flat
-            self._runs = 0
-
-    def _overflow(self, n: int, is_event: bool) -> bool:
-        if self.overflow is Overflow.DISCONNECT:
-            self.kick(self.slow_close_code)
-            return False
-        self._flatten()
-        entries = cast("deque[tuple[bytes, bool]]", self._frames)  # single frames only, after _flatten
-        if self.overflow is Overflow.DROP_OLDEST:
-            kept: deque[tuple[bytes, bool]] = deque()
-            while entries and (self._count >= self.max_items or self._nbytes + n > self.max_bytes):
-                data, ev = entries.popleft()
-                if ev:
-                    self._nbytes -= len(data)
-                    self._count -= 1
-                    self.stats.dropped += 1
-                else:
-                    kept.append((data, ev))
-            entries.extendleft(reversed(kept))
-            if self._count >= self.max_items or self._nbytes + n > self.max_bytes:
-                if is_event:
-                    self.stats.dropped += 1
-                    return False
-                self.kick(self.slow_close_code)
-                return False
-            return True
-        # CATCH_UP: drop every queued live event and let the dialect refill from the log.
-        remaining = [f for f in entries if not f[1]]
-        self.stats.dropped += self._count - len(remaining)
-        self._frames = deque(remaining)
-        self._count = len(remaining)
-        self._nbytes = sum(len(d) for d, _ in remaining)
-        if self.on_catch_up is not None:
-            self.on_catch_up()
-        return not is_event
 
     # -- consuming (transport side) ---------------------------------------------------------------------
 
@@ -633,7 +647,7 @@ class Session:
             self._room.clear()
             await self._room.wait()
 
-    def end(self, code: int) -> None:
+    def end(self, code: Disconnect) -> None:
         """Close gracefully with ``code`` once the frames already queued are written."""
         if not self.ending:
             self.ending = code

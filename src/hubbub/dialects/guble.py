@@ -36,17 +36,31 @@ from hubbub.channels import MAX_CHANNEL_BYTES, canonical
 from hubbub.errors import BadChannel, BadRequest, FrameTooLarge, HubbubError, ProtocolError, UnknownOp
 from hubbub.events import Event
 
+from .guble_fetch import (
+    CatchUpStep,
+    ChannelReader,
+    LiveMark,
+    catch_up_steps,
+    fetch_selection,
+    subtree_pattern,
+)
+
 __all__ = [
     "DEFAULT_MAX_FRAME",
     "FILTER_PREFIX",
     "GUBLE_HEADER",
     "Cancel",
+    "CatchUpStep",
+    "ChannelReader",
     "Command",
     "GubleCodec",
+    "LiveMark",
     "Receive",
     "Send",
     "canonical_mime_key",
+    "catch_up_steps",
     "error_text",
+    "fetch_selection",
     "filter_name",
     "go_quote",
     "header_line_headers",
@@ -54,6 +68,7 @@ __all__ = [
     "parse_go_int",
     "render_path",
     "rest_publish_headers",
+    "subtree_pattern",
     "user_id_from_path",
 ]
 

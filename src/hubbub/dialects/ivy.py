@@ -30,7 +30,19 @@ from typing import Any, Final, TypeAlias
 from urllib.parse import unquote
 
 from hubbub.channels import MAX_CHANNEL_BYTES, Pattern, canonical, dec, enc
-from hubbub.errors import BadChannel, BadFrame, BadRequest, FrameTooLarge, UnknownOp
+from hubbub.disconnect import Disconnect
+from hubbub.errors import (
+    AuthError,
+    BadChannel,
+    BadFrame,
+    BadRequest,
+    FrameTooLarge,
+    HubbubError,
+    LimitExceeded,
+    ProtocolError,
+    ShuttingDown,
+    UnknownOp,
+)
 from hubbub.events import Event
 
 __all__ = [
@@ -46,6 +58,7 @@ __all__ = [
     "TimeRequest",
     "Unsubscribe",
     "at_range",
+    "close_reason",
     "immutable_at",
     "ivy_path",
     "ivyesc",
@@ -385,3 +398,18 @@ def publish_path(rest: str, max_channel_bytes: int = MAX_CHANNEL_BYTES) -> str:
     except UnicodeDecodeError:
         raise BadChannel("path is not UTF-8") from None
     return ivy_path(text, max_channel_bytes)
+
+
+def close_reason(exc: HubbubError) -> Disconnect:
+    """Ivy has no error reply: an error closes the connection, with the WebSocket code for its kind (ivy.md
+    §9, protocols README §5). A frame over the limit 1009, any other bad input 1002, a refusal (not allowed,
+    too many subscriptions) 1008, the server stopping 1001, anything else (a storage failure) 1011."""
+    if isinstance(exc, FrameTooLarge):
+        return Disconnect.MESSAGE_TOO_BIG
+    if isinstance(exc, ProtocolError):
+        return Disconnect.PROTOCOL_ERROR
+    if isinstance(exc, AuthError | LimitExceeded):
+        return Disconnect.POLICY_VIOLATION
+    if isinstance(exc, ShuttingDown):
+        return Disconnect.GOING_AWAY
+    return Disconnect.INTERNAL_ERROR

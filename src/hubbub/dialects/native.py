@@ -31,7 +31,7 @@ from .native_commands import (
     Subscribe,
     Unsubscribe,
 )
-from .native_common import Encoding, Limits
+from .native_common import Encoding, Limits, event_batches, event_frames, pack_batches
 from .native_http import (
     event_object,
     http_publish_fields,
@@ -43,6 +43,7 @@ from .native_http import (
     render_sse_gap,
     render_sse_recovered,
 )
+from .native_protocol import Admit, NativeProtocol, Phase
 from .native_stream import MAX_STREAM_FRAME, NativeStreamDecoder, PublishRun, RunItem, StreamItem
 
 __all__ = [
@@ -51,13 +52,16 @@ __all__ = [
     "PROTOCOL_VERSION",
     "PUSH_FIELDS",
     "SUBPROTOCOLS",
+    "Admit",
     "Auth",
     "Command",
     "Encoding",
     "Hello",
     "Limits",
     "NativeCodec",
+    "NativeProtocol",
     "NativeStreamDecoder",
+    "Phase",
     "Ping",
     "Pong",
     "Publish",
@@ -67,8 +71,11 @@ __all__ = [
     "Subscribe",
     "Unsubscribe",
     "error_message",
+    "event_batches",
+    "event_frames",
     "event_object",
     "http_publish_fields",
+    "pack_batches",
     "parse_sse_last_event_id",
     "render_http_error",
     "render_http_publish",

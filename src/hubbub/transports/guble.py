@@ -24,29 +24,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import heapq
 import itertools
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import WSMsgType, web
 
-from hubbub.channels import Pattern, route_channel, segments
+from hubbub.channels import route_channel
 from hubbub.core import Node, ReplayPlan, Session
 from hubbub.core.filters import delivery_filters, passes
-from hubbub.core.replay import PAGE, list_channels, merged_key
+from hubbub.core.replay import list_channels
 from hubbub.core.session import Overflow
 from hubbub.dialects import guble as gc
+from hubbub.disconnect import Disconnect
 from hubbub.errors import BadChannel, FrameTooLarge, HubbubError, SubscriptionError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, raw_rest, text_response
+from .pump import SessionPump, quietly, stopped
 
 __all__ = [
     "GUBLE_HUB",
@@ -60,8 +60,6 @@ __all__ = [
 
 log = logging.getLogger("hubbub.guble")
 
-SHUTDOWN_CODE = 1001
-SLOW_CLOSE_CODE = 1013
 HEARTBEAT_S = 30.0
 OCTET_STREAM = "application/octet-stream"
 
@@ -77,41 +75,7 @@ class GubleSettings:
 
 # -- replay selection (reader threads) ----------------------------------------------------------------------
 
-
-def subtree_pattern(channel: str) -> Pattern:
-    """Subtree(P): the channel and every channel below it, segment by segment. The root matches all."""
-    parts: tuple[str, ...] = () if channel == "/" else tuple(segments(channel))
-    text = "/" + "/".join("%2A" * len(p) if p in ("*", "**") else p for p in parts)
-    return Pattern(parts, True, (text + "/**") if parts else "/**")
-
-
-def _events(
-    store: LogStore, channel: str, top: int, after_seq: int = 0, from_time: int | None = None
-) -> Iterator[Event]:
-    """The channel's events after ``after_seq`` (and from ``from_time``) up to the snapshot's ``top``."""
-    after = after_seq
-    while after < top:
-        page = store.read(channel, after_seq=after, limit=PAGE, from_time=from_time)
-        for e in page:
-            if e.seq > top:
-                return
-            yield e
-        if len(page) < PAGE:
-            return
-        after = page[-1].seq
-
-
-def _last(store: LogStore, channel: str, top: int, k: int, keep: Callable[[Event], bool]) -> list[Event]:
-    """The last ``k`` events of the channel (up to ``top``) that ``keep`` accepts, oldest first."""
-    n = k
-    while True:
-        # Commits after the snapshot take room in the window too: grow it until k events at or below
-        # ``top`` pass, or the channel has no more.
-        raw = store.read_last(channel, n)
-        kept = [e for e in raw if e.seq <= top and keep(e)]
-        if len(kept) >= k or len(raw) < n or not k:
-            return kept[-k:] if k else []
-        n *= 2
+subtree_pattern = gc.subtree_pattern
 
 
 def plan_fetch(
@@ -123,35 +87,14 @@ def plan_fetch(
     cap: int,
     from_time: int | None = None,
 ) -> ReplayPlan:
-    """The guble fetch selection over Subtree(channel) (guble.md §5), or with ``from_time`` a catch-up (every
-    event from that time). ``tops`` covers every channel of the subtree; the events are at or below them,
-    in merged order, at most ``cap``."""
-    pattern = subtree_pattern(channel)
+    """The guble fetch selection over Subtree(channel) (guble.md §5; ``gc.fetch_selection``), or with
+    ``from_time`` a catch-up (every event from that time), as a replay plan: ``tops`` covers every channel of
+    the subtree, read first; the events are at or below them, in merged order, at most ``cap``."""
     plan = ReplayPlan(replayed=True)
-    infos = list_channels(store, pattern)
     tops = plan.tops
-    for ci in infos:
+    for ci in list_channels(store, gc.subtree_pattern(channel)):
         tops[ci.channel] = ci.top
-    limit = cap if not max_count else min(max_count, cap)
-    if from_time is not None or not start_id:
-        streams = [_events(store, ch, top, 0, from_time) for ch, top in tops.items()]
-        merged = (e for e in heapq.merge(*streams, key=merged_key) if keep(e))
-        plan.events = list(itertools.islice(merged, limit))
-    elif start_id > 0:
-        top = tops.get(channel, 0)
-        first = next((e for e in _events(store, channel, top, start_id - 1) if keep(e)), None)
-        if first is None:
-            return plan
-        streams = [
-            _events(store, ch, t, first.seq - 1) if ch == channel else _events(store, ch, t, 0, first.time_ns)
-            for ch, t in tops.items()
-        ]
-        merged = (e for e in heapq.merge(*streams, key=merged_key) if keep(e))
-        plan.events = list(itertools.islice(merged, limit))
-    else:
-        k = min(max_count if max_count else -start_id, cap)
-        lasts = [_last(store, ch, top, k, keep) for ch, top in tops.items()]
-        plan.events = list(heapq.merge(*lasts, key=merged_key))[-k:]
+    plan.events = gc.fetch_selection(store, channel, tops, start_id, max_count, keep, cap, from_time)
     return plan
 
 
@@ -193,15 +136,15 @@ class _Encoder:
 
     per_connection = True
 
-    def __init__(self, codec: gc.GubleCodec, meta: deque[tuple[int, bool]], catch_up: set[str]) -> None:
+    def __init__(self, codec: gc.GubleCodec, mark: gc.LiveMark, catch_up: set[str]) -> None:
         self.codec = codec
         self.key = f"guble.{codec.node_id}"
-        self.meta = meta
+        self.mark = mark
         self.catch_up = catch_up
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
         # A catch-up replay stands in for dropped live events: it counts as live for the next catch-up.
-        self.meta.append((event.time_ns, replay and not (subs and subs[0] in self.catch_up)))
+        self.mark.queued(event.time_ns, not replay or bool(subs and subs[0] in self.catch_up))
         return self.codec.encode_event(event, cache)
 
 
@@ -213,34 +156,42 @@ class GubleConnection:
         hub: GubleHub,
         user: str,
         send: Callable[[bytes], Any],
-        close: Callable[[int], Any],
+        close: Callable[[Disconnect], Any],
     ) -> None:
         self.hub = hub
         self.node = hub.node
         self.codec = hub.codec
-        self._send = send
-        self._close = close
-        self._meta: deque[tuple[int, bool]] = deque()
+        #: Where a catch-up starts: the newest live event written (guble.md §6).
+        self._mark = gc.LiveMark()
         self._catch_up_subs: set[str] = set()
         s = hub.http
         self.session = Session(
             "guble",
-            _Encoder(self.codec, self._meta, self._catch_up_subs),
+            _Encoder(self.codec, self._mark, self._catch_up_subs),
             max_items=s.send_queue,
             max_bytes=s.send_queue_bytes,
             overflow=Overflow.CATCH_UP,
-            slow_close_code=SLOW_CLOSE_CODE,
+            slow_close_code=Disconnect.TRY_AGAIN_LATER,
             id=gc.new_xid(),
             user=user,
         )
         self.session.on_catch_up = self._on_catch_up
         self.receivers: dict[str, Receiver] = {}
         self._ids = itertools.count(1)
+        #: The connection's tasks (writer, receivers, catch-up), in the handler's TaskGroup (see start).
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._last_live_ns = 0
+        self._group: asyncio.TaskGroup | None = None
         self._pending: dict[str, Receiver] | None = None  # receivers waiting for a catch-up
         self._from_ns: int | None = None
         self.catch_ups = 0
+        self._pump = SessionPump(
+            self.node,
+            self.session,
+            send=send,
+            close=close,
+            max_frame=s.max_frame,
+            on_frames=self._mark.written,
+        )
 
     # -- helpers ----------------------------------------------------------------------------------------
 
@@ -254,7 +205,8 @@ class GubleConnection:
         return not e.headers or passes(self.session, delivery_filters(e))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        t = asyncio.ensure_future(coro)
+        assert self._group is not None  # start() came first
+        t = self._group.create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
         return t
@@ -373,7 +325,7 @@ class GubleConnection:
     async def _fetch_only(self, rec: Receiver, planner: Callable[[LogStore], ReplayPlan]) -> None:
         sess = self.session
         try:
-            plan = await self.node.read(planner)
+            plan = await self.node.fetch(planner)
             self._notice("fetch-start", f"{rec.path} {len(plan.events)}")
             cache: dict[Any, Any] = {}
             for ev in plan.events:
@@ -393,12 +345,10 @@ class GubleConnection:
         """Called by the session (inside a push) when it dropped its queued live events.
 
         Every event frame queued was dropped (and the new one was not queued); each has a commit time after
-        ``_last_live_ns`` (live events reach a connection in commit order). The live receivers, and those
-        re-subscribing in a catch-up already under way, are unsubscribed at once and queued for a catch-up
-        from that time."""
-        self._meta.clear()
+        the newest live event written (``gc.LiveMark``). The live receivers, and those re-subscribing in a
+        catch-up already under way, are unsubscribed at once and queued for a catch-up from that time."""
+        t = self._mark.dropped()
         self.catch_ups += 1
-        t = self._last_live_ns
         self._from_ns = t if self._from_ns is None else min(self._from_ns, t)
         start = self._pending is None
         pending = self._pending if self._pending is not None else {}
@@ -418,16 +368,17 @@ class GubleConnection:
     async def _catch_up(self) -> None:
         try:
             while self._pending:
-                batch = sorted(self._pending.values(), key=lambda r: len(r.pattern.parts))
+                dropped = self._pending
                 self._pending = {}
                 from_ns = self._from_ns or 0
                 self._from_ns = None
                 # Ancestors first: a receiver inside another one's subtree gets its events through that one's
                 # replay, and only re-subscribes (an empty fetch) once the ancestor is live again.
-                for old in batch:
+                steps = gc.catch_up_steps([(r.channel, r.registered_ns) for r in dropped.values()], from_ns)
+                for step in steps:
+                    old, covered = dropped[step.channel], step.covered
                     if self.receivers.get(old.channel) is not old:
                         continue  # cancelled or replaced meanwhile
-                    covered = any(o is not old and o.pattern.matches(old.channel) for o in batch)
                     rec = Receiver(old.channel, f"g{next(self._ids)}")
                     rec.registered_ns = old.registered_ns
                     rec.catching = True
@@ -439,7 +390,7 @@ class GubleConnection:
                         max_count=None,
                         keep=self._keep if not covered else _none,
                         cap=self.node.settings.max_recovery if not covered else 0,
-                        from_time=max(from_ns + 1, old.registered_ns),
+                        from_time=step.from_time,
                     )
                     self._catch_up_subs.add(rec.sub_id)
                     rec.task = self._spawn(self._run(rec, self._subscribe(rec, planner, fetch=True)))
@@ -450,34 +401,13 @@ class GubleConnection:
 
     # -- outbound ---------------------------------------------------------------------------------------
 
-    async def write_loop(self) -> None:
-        """Drain the session's queue to the socket until the session ends; then close."""
-        sess = self.session
-        meta = self._meta
-        try:
-            while True:
-                frames = await sess.next_frames(self.hub.http.max_frame)
-                if not frames:
-                    break
-                for f in frames:
-                    if f[:1] == b"/" and meta:  # an event frame (notifications start with # or !)
-                        t, replay = meta.popleft()
-                        if not replay and t > self._last_live_ns:
-                            self._last_live_ns = t
-                for f in frames:
-                    await self._send(f)
-            code = sess.kicked or sess.ending
-            if code:
-                await self._close(code)
-        except (ConnectionError, asyncio.CancelledError):
-            raise
-        except Exception:
-            log.debug("guble write loop ended", exc_info=True)
-
-    def start(self) -> None:
+    def start(self, group: asyncio.TaskGroup) -> None:
+        """Attach and start the writer; every task of the connection is one of ``group`` (its lifetime), and
+        :meth:`finish` ends them before the group closes."""
+        self._group = group
         self.node.attach(self.session)
         self.session.push(self.codec.encode_connected(self.session.id, self.session.user))
-        self._spawn(self.write_loop())
+        self._spawn(self._pump.run())
 
     async def finish(self) -> None:
         for rec in list(self.receivers.values()):
@@ -487,8 +417,7 @@ class GubleConnection:
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            await stopped(t, self.node, "guble", self.session.id)
 
 
 # -- the hub: WebSocket and HTTP handlers -------------------------------------------------------------------
@@ -526,12 +455,33 @@ class GubleHub:
             return text_response(400, "websocket upgrade required\n")
         await ws.prepare(request)
 
-        async def close(code: int) -> None:
+        async def close(code: Disconnect) -> None:
             await ws.close(code=code)
 
         conn = GubleConnection(self, gc.user_id_from_path(request.raw_path), ws.send_bytes, close)
         self.connections.add(conn)
-        conn.start()
+        sess = conn.session
+        code: Disconnect | None = None
+        try:
+            async with asyncio.TaskGroup() as group:
+                conn.start(group)
+                try:
+                    await self._read(ws, conn)
+                finally:
+                    self.connections.discard(conn)
+                    code = sess.kicked or sess.ending
+                    await conn.finish()
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        finally:
+            self.connections.discard(conn)
+            if not ws.closed:
+                reason = code or Disconnect.GOING_AWAY
+                await quietly(lambda: ws.close(code=reason), self.node, "guble", sess.id, "close")
+        return ws
+
+    async def _read(self, ws: web.WebSocketResponse, conn: GubleConnection) -> None:
+        """The connection's frames to its dialect, until it ends or the peer goes."""
         sess = conn.session
         try:
             async for msg in ws:
@@ -543,7 +493,7 @@ class GubleHub:
                     cmd = self.codec.decode(msg.data)
                 except FrameTooLarge:
                     self.node.count_bad_input("guble")
-                    await ws.close(code=1009)
+                    await ws.close(code=Disconnect.MESSAGE_TOO_BIG)
                     break
                 except HubbubError as exc:
                     conn.bad_input(exc)
@@ -551,16 +501,8 @@ class GubleHub:
                 await conn.handle(cmd)
                 if sess.kicked or sess.ending:
                     break
-        except (asyncio.CancelledError, ConnectionError):
+        except ConnectionError:
             pass
-        finally:
-            self.connections.discard(conn)
-            code = sess.kicked or sess.ending
-            await conn.finish()
-            if not ws.closed:
-                with contextlib.suppress(Exception):
-                    await ws.close(code=code or SHUTDOWN_CODE)
-        return ws
 
     # -- REST -------------------------------------------------------------------------------------------
 
@@ -623,7 +565,7 @@ class GubleHub:
             checks["node"] = "shutting down"
         else:
             try:
-                await asyncio.wait_for(self.node.read(lambda st: st.top_time()), 5)
+                await asyncio.wait_for(self.node.top_time(), 5)
             except Exception as exc:
                 checks["store"] = type(exc).__name__
         return _json(503 if checks else 200, checks, charset=True)

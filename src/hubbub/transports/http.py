@@ -7,7 +7,6 @@ stays part of the segment (mapping.md §2.3).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import struct
@@ -25,13 +24,15 @@ from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
 from hubbub.core.replay import plan_replay, trimmed_after
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
+from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadRequest, EpochMismatch, HubbubError
 from hubbub.events import Event, Position, Publisher
-from hubbub.log.base import AppendRequest, ChannelInfo, LogStore
+from hubbub.log.base import AppendRequest, LogStore
 
 from .cors import install_cors
 from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
 from .native import NativeConnection, NativeEncoder
+from .pump import SessionPump, quietly, stopped
 
 __all__ = ["HttpSettings", "RouteInstaller", "build_app", "native_codec", "raw_rest", "text_response"]
 
@@ -159,7 +160,7 @@ def _admission(node: Node, settings: HttpSettings) -> Any:
         over = node.limiter.admit(ip, "native" if path.startswith(("/api/v1/", "/ws/hubbub")) else "http")
         if over is not None:
             if path.startswith(("/api/v1/", "/ws/hubbub")):
-                return _error(HubbubError(over, code=4009))
+                return _error(HubbubError(over, code=Disconnect.TOO_MANY_CONNECTIONS))
             return text_response(503, "too many connections\n")
         try:
             return await handler(request)
@@ -188,7 +189,7 @@ class _WsSink:
         # Frames are encoded already (JSON text is UTF-8): no decode and re-encode for text frames.
         await self.ws.send_frame(data, self.type)
 
-    async def close(self, code: int) -> None:
+    async def close(self, code: Disconnect) -> None:
         await self.ws.close(code=code)
 
     async def send_many(self, frames: list[bytes]) -> None:
@@ -249,7 +250,27 @@ class NativeHttp:
         task = asyncio.current_task()
         if task is not None:
             self.connections.add(task)
-        conn.start()
+        try:
+            async with asyncio.TaskGroup() as group:
+                conn.start(group)
+                try:
+                    await self._read(ws, codec, conn)
+                finally:
+                    await conn.finish()
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        finally:
+            if not ws.closed:
+                code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
+                await quietly(lambda: ws.close(code=code), self.node, "native", conn.session.id, "close")
+            if task is not None:
+                self.connections.discard(task)
+        return ws
+
+    @staticmethod
+    async def _read(ws: web.WebSocketResponse, codec: nc.NativeCodec, conn: NativeConnection) -> None:
+        """The connection's messages to the connection, until it ends (then its close is written first, for
+        at most 10 s) or the peer goes."""
         try:
             async for msg in ws:
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
@@ -272,23 +293,14 @@ class NativeHttp:
                     break
             if conn.session.ending or conn.session.kicked:
                 await asyncio.wait_for(conn.wait_written(), 10)
-        except (asyncio.CancelledError, ConnectionError, TimeoutError):
+        except (ConnectionError, TimeoutError):
             pass
-        finally:
-            await conn.finish()
-            if not ws.closed:
-                code = conn.session.kicked or conn.session.ending or 1001
-                with contextlib.suppress(Exception):
-                    await ws.close(code=code)
-            if task is not None:
-                self.connections.discard(task)
-        return ws
 
     def _connection(
         self,
         codec: nc.NativeCodec,
         send: Callable[[bytes], Awaitable[None]],
-        close: Callable[[int], Awaitable[None]],
+        close: Callable[[Disconnect], Awaitable[None]],
         send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
         encoder: NativeEncoder | None = None,
     ) -> NativeConnection:
@@ -361,14 +373,11 @@ class NativeHttp:
             raise BadRequest("since and limit must not be negative")
         epoch = q.get("epoch")
 
-        def read(store: LogStore) -> tuple[ChannelInfo, list[Event]]:
-            info = store.head(channel)
-            if epoch is not None and epoch != info.epoch:
-                return info, []
-            return info, store.read(channel, since, limit, from_time, to_time) if limit else []
-
-        info, events = await self.node.read(read)
-        if epoch is not None and epoch != info.epoch:
+        page = await self.node.read_channel(
+            channel, since=since, limit=limit, from_time=from_time, to_time=to_time, epoch=epoch
+        )
+        info, events = page.info, page.events
+        if not page.epoch_matches:
             return _error(
                 HubbubError("epoch mismatch", code=4202), position={"seq": info.top, "epoch": info.epoch}
             )
@@ -411,7 +420,6 @@ class NativeHttp:
 
     async def channels(self, request: web.Request) -> web.Response:
         ident = self._identity(request)
-        may_read = self.node.access.may_read
         pattern = parse_pattern("/" + raw_rest(request, "/api/v1/channels/"), self.s.max_channel_bytes)
         after = request.query.get("after", "")
         limit = min(_int_param(request.query, "limit", 1000), 10000)
@@ -423,17 +431,10 @@ class NativeHttp:
             raise BadRequest("include_empty must be 0, 1, false or true")
         include_empty = empty in ("1", "true")
 
-        def read(store: LogStore) -> list[ChannelInfo]:
-            from hubbub.core.replay import list_channels
-
-            # Channels the identity may not read are left out, as if they held no events.
-            return [
-                ci
-                for ci in list_channels(store, pattern, include_empty=include_empty)
-                if ci.channel.encode() > after.encode() and may_read(ident, ci.channel)
-            ][:limit]
-
-        infos = await self.node.read(read)
+        # Channels the identity may not read are left out, as if they held no events.
+        infos = await self.node.list_channels(
+            pattern, readable_by=ident, after=after, limit=limit, include_empty=include_empty
+        )
         out = {
             "channels": [
                 {"channel": ci.channel, "epoch": ci.epoch, "first": ci.first, "top": ci.top} for ci in infos
@@ -442,106 +443,8 @@ class NativeHttp:
         return _json(200, orjson.dumps(out) + b"\n")
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        ident = self._identity(request)
-        pattern = parse_pattern("/" + raw_rest(request, "/api/v1/stream/"), self.s.max_channel_bytes)
-        q = request.query
-        tags = frozenset(q.getall("tag", []))
-        last = _int_param(q, "last", None)
-        from_time = _int_param(q, "from_time", None)
-        last_id = request.headers.get("Last-Event-ID") or q.get("last_event_id")
-        spec = ReplaySpec(last=last, from_time=from_time)
-        resume: tuple[int, str, int, str] | None = None
-        planner: Callable[[LogStore], ReplayPlan] | None = None
-        if last_id:
-            resume = nc.parse_sse_last_event_id(last_id)
-            t, epoch, seq, ch = resume
-            if not pattern.matches(ch):
-                raise BadRequest("Last-Event-ID names a channel outside the pattern")
-            # Event times are unique across the whole log, so "merged key greater than the id's" is
-            # exactly: the id's channel after its seq, every other channel from time t + 1.
-            spec = ReplaySpec(since={ch: Position(seq, epoch)}, from_time=t + 1)
-            max_recovery = self.node.settings.max_recovery
-            resume_spec = spec
-
-            def resume_planner(store: LogStore) -> ReplayPlan:
-                plan = plan_replay(store, pattern, resume_spec, max_recovery)
-                plan.gaps.extend(trimmed_after(store, pattern, t, skip=(ch,)))
-                return plan
-
-            planner = resume_planner
-        elif last is not None and from_time is not None:
-            raise BadRequest("give at most one of last and from_time")
-        if last is not None and last < 1:
-            raise BadRequest("last must be at least 1")
-        sess = Session(
-            "native",
-            SseEncoder(),
-            max_items=self.s.send_queue,
-            max_bytes=self.s.send_queue_bytes,
-            overflow=Overflow.DISCONNECT,
-        )
-        # The stream's events are filtered by the identity's subscribe grant, and it ends at the token's
-        # expiry (the session is kicked; the writer sees the end).
-        self.node.access.bind(sess, ident)
-        resp = web.StreamResponse(
-            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        self.node.attach(sess)
-        task = asyncio.current_task()
-        if task is not None:
-            self.connections.add(task)
-        writer: asyncio.Future[None] | None = None
-        try:
-
-            def on_snapshot(plan: ReplayPlan) -> None:
-                # The subscription is registered now: only from here on may the headers go out (a client
-                # that saw them may publish and must then receive its event).
-                nonlocal writer
-                writer = asyncio.ensure_future(self._sse_writer(request, sess, resp))
-                for g in plan.gaps:
-                    sess.push(nc.render_sse_gap(g.channel, g.reason, g.since, g.position))
-
-            def on_replayed(plan: ReplayPlan) -> None:
-                sess.push(nc.render_sse_recovered(plan.sent))
-
-            try:
-                await self.node.subscribe(
-                    sess,
-                    "sse",
-                    pattern,
-                    tags,
-                    spec,
-                    on_snapshot=on_snapshot,
-                    on_replayed=on_replayed,
-                    planner=planner,
-                )
-                assert writer is not None
-                await writer
-            finally:
-                if writer is not None:
-                    writer.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await writer
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            self.node.detach(sess)
-            if task is not None:
-                self.connections.discard(task)
-        return resp
-
-    async def _sse_writer(self, request: web.Request, sess: Session, resp: web.StreamResponse) -> None:
-        await resp.prepare(request)
-        await resp.write(b"retry: 2000\n\n")
-        while True:
-            try:
-                frames = await asyncio.wait_for(sess.next_frames(), SSE_PING_S)
-            except TimeoutError:
-                await resp.write(b": ping\n\n")
-                continue
-            if not frames:
-                return
-            await resp.write(b"".join(frames))
+        """``GET /api/v1/stream/<pattern>``: Server-Sent Events (native.md "SSE"); see :func:`_sse_stream`."""
+        return await _sse_stream(self, request, self._identity(request))
 
     async def healthz(self, request: web.Request) -> web.Response:
         checks: dict[str, str] = {}
@@ -549,7 +452,7 @@ class NativeHttp:
             checks["node"] = "shutting down"
         else:
             try:
-                await asyncio.wait_for(self.node.read(lambda st: st.top_time()), 5)
+                await asyncio.wait_for(self.node.top_time(), 5)
             except Exception as exc:
                 checks["store"] = type(exc).__name__
         if checks:
@@ -560,6 +463,117 @@ class NativeHttp:
         self._identity(request)  # any valid token may scrape; /healthz stays open for load balancers
         body = render_metrics(self.registry)
         return web.Response(status=200, body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -> web.StreamResponse:
+    """The SSE stream of one request: a session subscribed to the pattern, drained by a pump."""
+    pattern = parse_pattern("/" + raw_rest(request, "/api/v1/stream/"), self.s.max_channel_bytes)
+    q = request.query
+    tags = frozenset(q.getall("tag", []))
+    last = _int_param(q, "last", None)
+    from_time = _int_param(q, "from_time", None)
+    last_id = request.headers.get("Last-Event-ID") or q.get("last_event_id")
+    spec = ReplaySpec(last=last, from_time=from_time)
+    resume: tuple[int, str, int, str] | None = None
+    planner: Callable[[LogStore], ReplayPlan] | None = None
+    if last_id:
+        resume = nc.parse_sse_last_event_id(last_id)
+        t, epoch, seq, ch = resume
+        if not pattern.matches(ch):
+            raise BadRequest("Last-Event-ID names a channel outside the pattern")
+        # Event times are unique across the whole log, so "merged key greater than the id's" is
+        # exactly: the id's channel after its seq, every other channel from time t + 1.
+        spec = ReplaySpec(since={ch: Position(seq, epoch)}, from_time=t + 1)
+        max_recovery = self.node.settings.max_recovery
+        resume_spec = spec
+
+        def resume_planner(store: LogStore) -> ReplayPlan:
+            plan = plan_replay(store, pattern, resume_spec, max_recovery)
+            plan.gaps.extend(trimmed_after(store, pattern, t, skip=(ch,)))
+            return plan
+
+        planner = resume_planner
+    elif last is not None and from_time is not None:
+        raise BadRequest("give at most one of last and from_time")
+    if last is not None and last < 1:
+        raise BadRequest("last must be at least 1")
+    sess = Session(
+        "native",
+        SseEncoder(),
+        max_items=self.s.send_queue,
+        max_bytes=self.s.send_queue_bytes,
+        overflow=Overflow.DISCONNECT,
+    )
+    # The stream's events are filtered by the identity's subscribe grant, and it ends at the token's
+    # expiry (the session is kicked; the writer sees the end).
+    self.node.access.bind(sess, ident)
+    resp = web.StreamResponse(
+        status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    self.node.attach(sess)
+    task = asyncio.current_task()
+    if task is not None:
+        self.connections.add(task)
+    writer: asyncio.Future[None] | None = None
+    try:
+
+        def on_snapshot(plan: ReplayPlan) -> None:
+            # The subscription is registered now: only from here on may the headers go out (a client
+            # that saw them may publish and must then receive its event).
+            nonlocal writer
+            writer = asyncio.ensure_future(_sse_writer(self.node, request, sess, resp))
+            for g in plan.gaps:
+                sess.push(nc.render_sse_gap(g.channel, g.reason, g.since, g.position))
+
+        def on_replayed(plan: ReplayPlan) -> None:
+            sess.push(nc.render_sse_recovered(plan.sent))
+
+        try:
+            await self.node.subscribe(
+                sess,
+                "sse",
+                pattern,
+                tags,
+                spec,
+                on_snapshot=on_snapshot,
+                on_replayed=on_replayed,
+                planner=planner,
+            )
+            assert writer is not None
+            await writer
+        finally:
+            if writer is not None:
+                writer.cancel()
+                await stopped(writer, self.node, "native", sess.id)
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        self.node.detach(sess)
+        if task is not None:
+            self.connections.discard(task)
+    return resp
+
+
+async def _sse_writer(node: Node, request: web.Request, sess: Session, resp: web.StreamResponse) -> None:
+    await resp.prepare(request)
+    await resp.write(b"retry: 2000\n\n")
+
+    async def send_many(frames: list[bytes]) -> None:
+        await resp.write(b"".join(frames))
+
+    async def end(reason: Disconnect) -> None:
+        pass  # the response ends when the handler returns
+
+    pump = SessionPump(
+        node,
+        sess,
+        send=resp.write,
+        send_many=send_many,
+        close=end,
+        max_frame=1 << 20,
+        keepalive=(SSE_PING_S, b": ping\n\n"),
+    )
+    await pump.run()
 
 
 def _int_param(q: Any, name: str, default: Any) -> Any:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate, parsedate_to_datetime
 from typing import Any
@@ -24,14 +24,14 @@ from aiohttp import WSMsgType, web
 
 from hubbub.core import Node, ReplayPlan, Session
 from hubbub.core.flag import Flag
-from hubbub.core.replay import list_channels
+from hubbub.core.reads import LIST_LIMIT
 from hubbub.core.session import Overflow
 from hubbub.dialects import ivy
+from hubbub.disconnect import Disconnect
 from hubbub.errors import (
     AuthError,
     BadChannel,
     BadRequest,
-    FrameTooLarge,
     HubbubError,
     LimitExceeded,
     ProtocolError,
@@ -42,6 +42,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, RouteInstaller, raw_rest, text_response
+from .pump import SessionPump, io_failed, quietly, stopped
 
 __all__ = ["IvyConnection", "IvyEncoder", "IvySettings", "ivy_installer"]
 
@@ -51,15 +52,6 @@ DIALECT = "ivy"
 PREFIXES = ("/events/", "/log/")
 IMMUTABLE = "public, max-age=31536000, immutable"
 PAGE = 1000
-
-# Close codes (protocols README §7, ivy.md §9).
-CLOSE_GOING_AWAY = 1001
-CLOSE_PROTOCOL = 1002
-CLOSE_UNSUPPORTED = 1003
-CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009
-CLOSE_INTERNAL = 1011
-CLOSE_SLOW = 1013
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,15 +85,13 @@ class IvyConnection:
         codec: ivy.IvyCodec,
         *,
         send: Callable[[bytes], Awaitable[None]],
-        close: Callable[[int], Awaitable[None]],
+        close: Callable[[Disconnect], Awaitable[None]],
         ping: Callable[[], Awaitable[None]],
         settings: HttpSettings,
         ivy_settings: IvySettings,
     ) -> None:
         self.node = node
         self.codec = codec
-        self._send = send
-        self._close = close
         self._ping = ping
         self.ivy = ivy_settings
         self.max_frame = settings.max_frame
@@ -111,28 +101,34 @@ class IvyConnection:
             max_items=settings.send_queue,
             max_bytes=settings.send_queue_bytes,
             overflow=Overflow.DISCONNECT,
-            slow_close_code=CLOSE_SLOW,
+            slow_close_code=Disconnect.TRY_AGAIN_LATER,
             echo=False,  # the publishing connection never receives its own event (ivy.md §4)
         )
         self.inflight = 0
         self.max_inflight = settings.send_queue
         self._acked = Flag()  # an asyncio.Event is some 850 bytes per idle connection
         self.last_recv = time.monotonic()
+        #: The connection's tasks (writer, keepalive), in the handler's TaskGroup (see :meth:`start`).
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._group: asyncio.TaskGroup | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._pump = SessionPump(node, self.session, send=send, close=close, max_frame=self.max_frame)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Attach to the node, queue the session-id pseudo-event, start the writer and the keepalive."""
+    def start(self, group: asyncio.TaskGroup) -> None:
+        """Attach to the node, queue the session-id pseudo-event, start the writer and the keepalive as tasks
+        of ``group``, the connection's lifetime (:meth:`finish` ends them before the group closes)."""
+        self._group = group
         sess = self.session
         self.node.attach(sess)
         sess.push(self.codec.encode_intro(sess.id, time.time_ns()))
-        self._writer = self._spawn(self.write_loop())
+        self._writer = self._spawn(self._pump.run())
         self._spawn(self.keepalive())
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        t: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        assert self._group is not None  # start() came first
+        t: asyncio.Task[Any] = self._group.create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
         return t
@@ -145,21 +141,19 @@ class IvyConnection:
         """The reader is done: let a pending close go out, then detach and stop the tasks."""
         sess = self.session
         if (sess.ending or sess.kicked) and self._writer is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(self._writer), 10)
+            await stopped(asyncio.wait_for(asyncio.shield(self._writer), 10), self.node, DIALECT, sess.id)
         self.node.detach(sess)
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            await stopped(t, self.node, DIALECT, sess.id)
 
     # -- inbound ------------------------------------------------------------------------------------------
 
     def received(self) -> None:
         self.last_recv = time.monotonic()
 
-    def bad_input(self, code: int, why: str) -> None:
+    def bad_input(self, code: Disconnect, why: str) -> None:
         """Ivy's rule: an invalid command closes the connection. Logged at debug level and counted."""
         self.node.count_bad_input(DIALECT)
         log.debug("closing ivy connection: %s", why, extra={"session": self.session.id, "code": code})
@@ -168,11 +162,8 @@ class IvyConnection:
     async def handle_text(self, frame: str) -> None:
         try:
             cmd = self.codec.decode(frame)
-        except FrameTooLarge as exc:
-            self.bad_input(CLOSE_TOO_BIG, exc.detail)
-            return
         except ProtocolError as exc:
-            self.bad_input(CLOSE_PROTOCOL, exc.detail or exc.message)
+            self.bad_input(ivy.close_reason(exc), exc.detail or exc.message)
             return
         await self.handle(cmd)
 
@@ -206,10 +197,10 @@ class IvyConnection:
             )
         except SubscriptionError:
             pass  # already subscribed to this path: a no-op, as upstream's set of paths
-        except LimitExceeded:
-            self.bad_input(CLOSE_POLICY, "too many subscriptions")
-        except ShuttingDown:
-            sess.end(CLOSE_GOING_AWAY)
+        except LimitExceeded as exc:
+            self.bad_input(ivy.close_reason(exc), "too many subscriptions")
+        except ShuttingDown as exc:
+            sess.end(ivy.close_reason(exc))
 
     async def _publish(self, cmd: ivy.Publish) -> None:
         sess = self.session
@@ -227,7 +218,7 @@ class IvyConnection:
             if isinstance(r, HubbubError):
                 # Ivy has no error reply: close (README §5: storage failure → 1011).
                 log.warning("ivy publish failed: %s", r, extra={"session": sess.id})
-                sess.end(CLOSE_POLICY if isinstance(r, AuthError) else CLOSE_INTERNAL)
+                sess.end(ivy.close_reason(r))
 
         # Read-side back-pressure: a bounded number of publishes in flight.
         if self.inflight >= self.max_inflight:
@@ -236,33 +227,15 @@ class IvyConnection:
         await self.node.writable()
         try:
             self.node.submit(req, sess, done)
-        except AuthError:
-            self.bad_input(CLOSE_POLICY, "publish not allowed")
+        except AuthError as exc:
+            self.bad_input(ivy.close_reason(exc), "publish not allowed")
             return
-        except ShuttingDown:
-            sess.end(CLOSE_GOING_AWAY)
+        except ShuttingDown as exc:
+            sess.end(ivy.close_reason(exc))
             return
         self.inflight += 1
 
     # -- outbound -----------------------------------------------------------------------------------------
-
-    async def write_loop(self) -> None:
-        """Drain the session's queue to the socket; close with the session's code when it ends."""
-        sess = self.session
-        try:
-            while True:
-                frames = await sess.next_frames(self.max_frame)
-                if not frames:
-                    break
-                for f in frames:
-                    await self._send(f)
-            code = sess.kicked or sess.ending
-            if code:
-                await self._close(code)
-        except (ConnectionError, asyncio.CancelledError):
-            raise
-        except Exception:
-            log.debug("ivy write loop ended", exc_info=True)
 
     async def keepalive(self) -> None:
         """Ping every ``ping_interval_s``; close with 1001 when nothing arrived for ``read_timeout_s``."""
@@ -275,12 +248,16 @@ class IvyConnection:
             now = time.monotonic()
             if now - self.last_recv >= timeout:
                 log.debug("ivy read timeout", extra={"session": self.session.id})
-                self.session.kick(CLOSE_GOING_AWAY)
+                self.session.kick(Disconnect.GOING_AWAY)
                 return
             if now - last_ping >= interval:
                 last_ping = now
-                with contextlib.suppress(Exception):
+                try:
                     await self._ping()
+                except ConnectionError:
+                    pass  # the peer is gone: the reader sees it and ends the connection
+                except Exception as exc:
+                    io_failed(self.node, DIALECT, self.session.id, "ping", exc)
 
 
 def _live_only(store: LogStore) -> ReplayPlan:
@@ -315,7 +292,7 @@ class IvyHttp:
         async def send(data: bytes) -> None:
             await ws.send_frame(data, WSMsgType.TEXT)
 
-        async def close(code: int) -> None:
+        async def close(code: Disconnect) -> None:
             await ws.close(code=code)
 
         async def ping() -> None:
@@ -324,7 +301,23 @@ class IvyHttp:
         conn = IvyConnection(
             self.node, codec, send=send, close=close, ping=ping, settings=self.s, ivy_settings=self.ivy
         )
-        conn.start()
+        try:
+            async with asyncio.TaskGroup() as group:
+                conn.start(group)
+                try:
+                    await self._read(ws, conn)
+                finally:
+                    await conn.finish()
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        finally:
+            if not ws.closed:
+                code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
+                await quietly(lambda: ws.close(code=code), self.node, DIALECT, conn.session.id, "close")
+        return ws
+
+    async def _read(self, ws: web.WebSocketResponse, conn: IvyConnection) -> None:
+        """The connection's frames to its dialect, until it ends or the peer goes."""
         try:
             while not conn.done:
                 msg = await ws.receive()
@@ -332,26 +325,22 @@ class IvyHttp:
                 if msg.type == WSMsgType.TEXT:
                     await conn.handle_text(msg.data)
                 elif msg.type == WSMsgType.BINARY:
-                    conn.bad_input(CLOSE_UNSUPPORTED, "binary frame")
+                    conn.bad_input(Disconnect.UNSUPPORTED_DATA, "binary frame")
                 elif msg.type == WSMsgType.PING:
                     await ws.pong(msg.data)
                 elif msg.type == WSMsgType.PONG:
                     pass
                 else:
-                    if msg.type == WSMsgType.ERROR and getattr(msg.data, "code", None) == CLOSE_TOO_BIG:
+                    if (
+                        msg.type == WSMsgType.ERROR
+                        and getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG
+                    ):
                         # aiohttp refused the frame and already sent close 1009.
                         self.node.count_bad_input(DIALECT)
                         log.debug("closing ivy connection: frame too large")
                     break
-        except (asyncio.CancelledError, ConnectionError):
+        except ConnectionError:
             pass
-        finally:
-            await conn.finish()
-            if not ws.closed:
-                code = conn.session.kicked or conn.session.ending or CLOSE_GOING_AWAY
-                with contextlib.suppress(Exception):
-                    await ws.close(code=code)
-        return ws
 
     # -- /events/ and /log/ -------------------------------------------------------------------------------
 
@@ -419,9 +408,7 @@ class IvyHttp:
         rng = ivy.at_range(at) if at is not None else None
         nothing = at is not None and rng is None
         try:
-            top_time, lines, newest = await self.node.read(
-                _read_log, lp, n, rng, nothing, self.ivy.max_log_bytes
-            )
+            top_time, lines, newest = await _read_log(self.node, lp, n, rng, nothing, self.ivy.max_log_bytes)
         except _TooLarge:
             return text_response(413, "log too large: narrow the read with ?n= or ?at=\n")
         except HubbubError as exc:
@@ -465,7 +452,9 @@ class _TooLarge(Exception):
     """The log read would exceed ``ivy.max_log_bytes``."""
 
 
-def _events(store: LogStore, channel: str, n: int | None, rng: tuple[int, int] | None) -> Iterator[Event]:
+async def _events(
+    node: Node, channel: str, n: int | None, rng: tuple[int, int] | None
+) -> AsyncIterator[Event]:
     """The channel's events oldest first: in the ``at`` range if given; without one, from the n-th last."""
     after = 0
     lo: int | None = None
@@ -473,40 +462,46 @@ def _events(store: LogStore, channel: str, n: int | None, rng: tuple[int, int] |
     if rng is not None:
         lo, hi = rng
     elif n is not None:
-        info = store.head(channel)
+        info = await node.reads.head(channel)
         if info.empty:
             return
         # Retained events are contiguous from ``first`` to ``top``: start right before the n-th last.
         after = max(info.first - 1, info.top - n, 0)
     while True:
-        page = store.read(channel, after, PAGE, lo, hi)
-        yield from page
+        page = (await node.read_channel(channel, since=after, limit=PAGE, from_time=lo, to_time=hi)).events
+        for ev in page:
+            yield ev
         if len(page) < PAGE:
             return
         after = page[-1].seq
 
 
-def _read_log(
-    store: LogStore,
+async def _read_log(
+    node: Node,
     lp: ivy.LogPath,
     n: int | None,
     rng: tuple[int, int] | None,
     nothing: bool,
     max_bytes: int,
 ) -> tuple[int, list[bytes], int]:
-    """On a reader thread: (top_time read first, the rendered lines, the newest returned time)."""
-    top_time = store.top_time()
+    """(top_time read first, the rendered lines, the newest returned time), through the node's typed reads:
+    a page of at most ``PAGE`` events per reader-thread hop, rendered on the loop."""
+    top_time = await node.top_time()
     if nothing:
         return top_time, [], 0
     pattern = lp.pattern
-    channels = [lp.channel] if pattern is None else [ci.channel for ci in list_channels(store, pattern)]
+    channels = (
+        [lp.channel]
+        if pattern is None
+        else [ci.channel for ci in await node.list_channels(pattern, limit=LIST_LIMIT)]
+    )
     lines: list[bytes] = []
     total = 0
     newest = 0
     for ch in channels:
         kept: deque[tuple[int, bytes]] = deque()
         size = 0
-        for ev in _events(store, ch, n, rng):
+        async for ev in _events(node, ch, n, rng):
             line = ivy.render_log_line(ev).encode()
             kept.append((ev.time_ns, line))
             size += len(line) + 1

@@ -39,6 +39,7 @@ class NodeCollector:
             ("hubbub_dropped", "Events dropped by the slow-consumer policy", self._dropped()),
             ("hubbub_bad_input", "Bad input seen", node.bad_input),
             ("hubbub_slow_consumer_closes", "Connections closed as slow consumers", node.slow_closes),
+            ("hubbub_io_errors", "Unexpected socket failures (logged at warning)", node.io_errors),
         ):
             c = CounterMetricFamily(name, doc, labels=["dialect"])
             for d in DIALECTS:

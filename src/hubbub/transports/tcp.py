@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from collections.abc import Callable, Sequence
 
 from hubbub.core.limits import Limiter
 from hubbub.dialects import native as nc
+from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 
 from .native import NativeConnection
+from .pump import quietly
 
 __all__ = ["dispatch", "peer_ip", "serve_native_tcp"]
 
@@ -73,12 +74,16 @@ async def serve_native_tcp(
             await _refuse(reader, writer, codecs)
             return
         try:
-            await serve(reader, writer)
+            async with asyncio.TaskGroup() as group:
+                await serve(reader, writer, group)
         finally:
             if limiter is not None:
                 limiter.release(ip)
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: asyncio.TaskGroup
+    ) -> None:
+        """One connection, its writer a task of ``group`` (the connection's lifetime)."""
         decoder = nc.NativeStreamDecoder(max_frame=max_frame, codecs=codecs, **limits)
         conn: NativeConnection | None = None
         try:
@@ -89,7 +94,7 @@ async def serve_native_tcp(
                 items = decoder.feed_runs(data)
                 if conn is None and decoder.encoding is not None:
                     conn = make_connection(decoder.codec, writer)
-                    conn.start()
+                    conn.start(group)
                 if await dispatch(conn, items) or decoder.failed:
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -104,8 +109,13 @@ async def serve_native_tcp(
                     await conn.wait_written()
                 await conn.finish()
             writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            await quietly(
+                writer.wait_closed,
+                conn.node if conn else None,
+                "native",
+                conn.session.id if conn else "",
+                "close",
+            )
 
     return await asyncio.start_server(handle, host, port, limit=max_frame + 1024, ssl=ssl_context)
 
@@ -118,14 +128,13 @@ async def _refuse(
         first = await asyncio.wait_for(reader.read(1), REFUSAL_WAIT_S)
         if first in (b"{", b"\x00"):
             codec = codecs["json" if first == b"{" else "msgpack"]
-            writer.write(codec.frame_for_stream(codec.encode_error(4009, None)))
+            writer.write(codec.frame_for_stream(codec.encode_error(Disconnect.TOO_MANY_CONNECTIONS, None)))
             await writer.drain()
     except (ConnectionError, TimeoutError, OSError):
         pass
     finally:
         writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
+        await quietly(writer.wait_closed, None, "native", "", "close of a refused connection")
 
 
 async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -> bool:

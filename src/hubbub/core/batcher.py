@@ -1,0 +1,287 @@
+"""The write batcher: publishes of one loop tick go to the log writer together, and come back acknowledged.
+
+A publish is authorized and rate-checked here (through :class:`~hubbub.core.access.Access`, the one
+enforcement point), queued with the others of the same loop tick, and handed to the
+:class:`~hubbub.core.writer.LogWriter` in one submission (group commit). When the commit returns, the
+publishers' ``done`` callbacks run, in submission order, and only then is the committed batch handed on for
+fan-out (``on_committed``): a publisher that also subscribes sees its reply before its own copy.
+
+Concurrency contract: every method is called from the event loop thread; the writer completes commits on the
+loop (``call_soon_threadsafe``), or right inside :meth:`WriteBatcher.flush` for an engine that appends inline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, final
+
+from hubbub.auth import Identity
+from hubbub.errors import HubbubError, RateLimited, ShuttingDown
+from hubbub.log.base import AppendRequest, AppendResult, LogStore
+
+from .access import Access
+from .session import Session
+from .stats import Histogram
+from .writer import LogWriter
+
+__all__ = ["ACK_BUCKETS", "Done", "DoneMany", "Pending", "WriteBatcher"]
+
+T = TypeVar("T")
+
+Done = Callable[["AppendResult | HubbubError"], None]
+#: Completes a run of one connection's committed publishes, in order (:meth:`WriteBatcher.submit_many`).
+DoneMany = Callable[["list[AppendResult]"], None]
+
+ACK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@final
+class _Completion:
+    """The completion of one :meth:`WriteBatcher.submit_many` call with ``done_many``: its ``count``
+    publishes are consecutive in a commit batch (the writer never splits a submission), so a commit completes
+    them with one ``many`` call; a failed commit calls ``one`` per publish, as for any other submission."""
+
+    __slots__ = ("count", "many", "one")
+
+    def __init__(self, one: Done, many: DoneMany, count: int) -> None:
+        self.one = one
+        self.many = many
+        self.count = count
+
+    def __call__(self, r: AppendResult | HubbubError) -> None:
+        self.one(r)
+
+
+#: A submitted publish waiting for its commit: (origin session, done callback, submit tick's perf_counter).
+Pending = tuple[Session | None, Done | _Completion | None, float]
+
+
+@final
+class WriteBatcher:
+    """See the module docstring. ``on_committed(items, results)`` gets each committed batch after its acks."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        access: Access,
+        on_committed: Callable[[list[Pending], list[AppendResult]], None],
+        *,
+        max_pending: int,
+        commit_batch: int,
+    ) -> None:
+        self.store = store
+        self.access = access
+        self.max_pending = max_pending
+        self.commit_batch = commit_batch
+        self._fan_out = on_committed
+        #: Set once the node closes: every submission then raises :class:`ShuttingDown`.
+        self.closing = False
+        self.writer: LogWriter | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        # Publishes of the current loop tick, handed to the writer together (see flush).
+        self._batch_items: list[Pending] = []
+        self._batch_reqs: list[AppendRequest] = []
+        self._batch_t0 = 0.0
+        self._inline = store.inline_append
+        self.ack_latency = Histogram(ACK_BUCKETS)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the writer thread (on the running loop)."""
+        self._loop = asyncio.get_running_loop()
+        self.writer = LogWriter(self.store, self._loop, self._on_committed, self.commit_batch)
+        self.writer.start()
+
+    async def stop(self) -> None:
+        """Commit everything queued and stop the writer thread (``closing`` is set by then)."""
+        self.closing = True
+        if self.writer is not None:
+            self.flush()
+            await asyncio.get_running_loop().run_in_executor(None, self.writer.stop)
+            # Let the final completions (acks) scheduled by the writer run before we return.
+            await asyncio.sleep(0)
+
+    def control(self, fn: Callable[[LogStore], T]) -> Awaitable[T]:
+        """Run ``fn(store)`` on the writer thread, in order with the appends (trim, reset, retention)."""
+        if self.writer is None:
+            raise ShuttingDown()
+        return self.writer.submit_control(fn)
+
+    # -- publish ----------------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        request: AppendRequest,
+        origin: Session | None = None,
+        done: Done | None = None,
+        identity: Identity | None = None,
+    ) -> None:
+        """Queue a publish. ``done`` is called on the loop with the result once committed (or failed).
+
+        The publisher is ``origin``'s identity, or ``identity`` for a publish without a connection (HTTP).
+        Raises :class:`ShuttingDown` while the node closes, ``AuthError`` (4102) when publishing is not
+        allowed, and :class:`RateLimited` (4008) when the connection is over its publish rate.
+        Callers that publish in a loop should ``await writable()`` to respect back-pressure.
+
+        ``done`` callbacks run in submission order (the writer commits in order, and a failed commit fails
+        its whole batch in order), so a connection may keep its own FIFO of request ids instead of a
+        closure per publish.
+        """
+        if self.closing or self.writer is None:
+            raise ShuttingDown()
+        if origin is not None:
+            identity = origin.identity
+            bucket = origin.bucket
+            if bucket is not None and not bucket.take(1):
+                self._rate_limited(origin)
+        if self.access.authorizer.enabled:
+            self.access.check_publish(identity, request.channel, request.publisher.dialect)
+        self._pending += 1
+        if self._pending >= self.max_pending:
+            self._room.clear()
+        if not self._batch_reqs:
+            self._batch_t0 = time.perf_counter()
+            assert self._loop is not None
+            self._loop.call_soon(self.flush)
+        self._batch_items.append((origin, done, self._batch_t0))
+        self._batch_reqs.append(request)
+
+    def submit_many(
+        self,
+        requests: list[AppendRequest],
+        origin: Session,
+        done: Done,
+        done_many: DoneMany | None = None,
+    ) -> None:
+        """Queue several publishes of one connection at once, as :meth:`submit` would one by one.
+
+        Every request is authorized before any is queued: on :class:`ShuttingDown` or ``AuthError`` nothing
+        was queued (the caller then submits them one by one to answer each). ``done`` runs once per request,
+        in order; with ``done_many``, a commit instead completes all of them with one ``done_many(results)``
+        call (the results in request order), at the point where ``done`` would have run for the first, and
+        ``done`` runs only for a failed commit, once per request. The batch form saves the per-publish call
+        and checks of a read full of publishes.
+        """
+        if self.closing or self.writer is None:
+            raise ShuttingDown()
+        if self.access.authorizer.enabled:
+            identity = origin.identity
+            check = self.access.check_publish
+            checked = None
+            for req in requests:
+                # A read usually publishes to one channel: the permission depends only on (identity, channel).
+                if req.channel != checked:
+                    check(identity, req.channel, origin.dialect)
+                    checked = req.channel
+        bucket = origin.bucket
+        if bucket is not None and not bucket.take(len(requests)):
+            # All or nothing: the caller submits them one by one, and each beyond the bucket is refused.
+            self._rate_limited(origin)
+        self._pending += len(requests)
+        if self._pending >= self.max_pending:
+            self._room.clear()
+        if not self._batch_reqs:
+            self._batch_t0 = time.perf_counter()
+            assert self._loop is not None
+            self._loop.call_soon(self.flush)
+        # One item tuple serves the whole batch: they share origin, callback and submit time.
+        cb: Done | _Completion = done if done_many is None else _Completion(done, done_many, len(requests))
+        self._batch_items += [(origin, cb, self._batch_t0)] * len(requests)
+        self._batch_reqs += requests
+
+    def _rate_limited(self, origin: Session) -> None:
+        self.access.limiter.refused("publish_rate", origin.dialect)
+        raise RateLimited("publish rate exceeded")
+
+    def flush(self) -> None:
+        """Commit this loop tick's publishes in one go.
+
+        An engine with ``inline_append`` (memory) is appended to right here, on the loop, when the writer
+        thread is idle (nothing of it can be overtaken): the acks and the fan-out then happen in this same
+        callback, without the two thread hand-offs, whose GIL waits dominated both the cost and the latency
+        of such a commit. Anything else goes to the writer thread.
+        """
+        items, reqs = self._batch_items, self._batch_reqs
+        writer = self.writer
+        if reqs and writer is not None:
+            self._batch_items, self._batch_reqs = [], []
+            if self._inline and writer.idle:
+                self._on_committed(items, writer.append_inline(reqs))
+            else:
+                writer.submit(items, reqs)
+
+    async def publish(
+        self, request: AppendRequest, origin: Session | None = None, identity: Identity | None = None
+    ) -> AppendResult:
+        """Publish and wait for the acknowledgement (``identity`` as for :meth:`submit`)."""
+        await self.writable()
+        fut: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+
+        def done(r: AppendResult | HubbubError) -> None:
+            if fut.done():
+                return
+            if isinstance(r, HubbubError):
+                fut.set_exception(r)
+            else:
+                fut.set_result(r)
+
+        self.submit(request, origin, done, identity)
+        return await fut
+
+    @property
+    def has_room(self) -> bool:
+        """Whether a publish may be submitted without waiting (see :meth:`writable`)."""
+        return self._room.is_set()
+
+    async def writable(self) -> None:
+        """Wait until the writer has room (back-pressure for publishers)."""
+        if not self._room.is_set():
+            await self._room.wait()
+
+    @property
+    def pending(self) -> int:
+        """Publishes submitted and not committed yet."""
+        return self._pending
+
+    def _on_committed(self, items: list[Pending], result: list[AppendResult] | HubbubError) -> None:
+        self._pending -= len(items)
+        if self._pending < self.max_pending // 2:
+            self._room.set()
+        if isinstance(result, HubbubError):
+            for _origin, done, _t0 in items:
+                if done is not None:
+                    done(result)
+            return
+        now = time.perf_counter()
+        obs = self.ack_latency.observe
+        # Items of one submit tick share their t0: one histogram update per tick, not per event.
+        if len(items) != len(result):
+            raise RuntimeError("the log store returned a result count that differs from the batch's")
+        t_run, n_run = items[0][2], 0
+        i, end = 0, len(items)
+        while i < end:
+            _origin, done, t0 = items[i]
+            if t0 != t_run:
+                obs(now - t_run, n_run)
+                t_run, n_run = t0, 0
+            if type(done) is _Completion:
+                k = done.count
+                done.many(result[i : i + k])
+                n_run += k
+                i += k
+                continue
+            n_run += 1
+            if done is not None:
+                done(result[i])
+            i += 1
+        obs(now - t_run, n_run)
+        self._fan_out(items, result)
+
+    def statistics(self) -> dict[str, Any]:
+        return {"pending": self._pending, "writer": self.writer.statistics() if self.writer else {}}

@@ -1,0 +1,130 @@
+"""Reads of the log for transports and the node: typed, bounded, and off the event loop.
+
+:class:`LogReads` owns the node's reader threads. Each method runs one store call (or a short series of them,
+from one thread hop) on a reader thread and returns plain values: a transport never hands the core a
+function over the store. Bounds: :meth:`LogReads.read_channel` returns at most :data:`READ_LIMIT` events per
+call and :meth:`LogReads.list_channels` at most :data:`LIST_LIMIT` channels, whatever is asked.
+
+Concurrency contract: the coroutines are called from the event loop thread; the store calls they make run
+on the reader threads (``LogStore`` reads are thread-safe, ARCHITECTURE §2). :meth:`LogReads.submit` is the
+one non-coroutine entry: the node's paged replay starts the read of the next page with it while the loop
+sends the previous one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar, final
+
+from hubbub.channels import Pattern
+from hubbub.events import Event
+from hubbub.log.base import ChannelInfo, LogStore
+
+from .replay import ReplayPlan, list_channels
+
+__all__ = ["LIST_LIMIT", "READ_LIMIT", "ChannelPage", "LogReads", "Planner"]
+
+T = TypeVar("T")
+
+#: The most events one :meth:`LogReads.read_channel` returns.
+READ_LIMIT = 10_000
+#: The most channels one :meth:`LogReads.list_channels` returns.
+LIST_LIMIT = 10_000
+
+#: Selects a subscription's (or a fetch's) snapshot and replay on a reader thread: a dialect's own replay
+#: selection (guble's fetch), in place of the native one (:func:`~hubbub.core.replay.plan_replay`).
+Planner = Callable[[LogStore], ReplayPlan]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelPage:
+    """One bounded read of a channel: its position when read (``info``) and the events read. ``events`` is
+    empty when the read named an epoch other than the current one (``epoch_matches`` is then false)."""
+
+    info: ChannelInfo
+    events: list[Event]
+    epoch_matches: bool = True
+
+
+@final
+class LogReads:
+    """The node's reader threads and the typed reads run on them. See the module docstring."""
+
+    def __init__(self, store: LogStore, threads: int) -> None:
+        self.store = store
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="hubbub-log-reader")
+
+    async def close(self) -> None:
+        """Wait for the reads running, off the loop (joining the threads blocks)."""
+        await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown, True)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Start ``fn(*args)`` on a reader thread (core only: the paged replay's read-ahead)."""
+        return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(store, *args)`` on a reader thread (core only: replay planning)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, self.store, *args)
+
+    async def read_channel(
+        self,
+        channel: str,
+        *,
+        since: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        epoch: str | None = None,
+    ) -> ChannelPage:
+        """The channel's position and its events with ``seq > since`` (and ``from_time <= time_ns <=
+        to_time`` where given), oldest first, at most ``min(limit, READ_LIMIT)``. With ``epoch``, the events
+        only when it is the channel's current epoch (the position is read first, in the same thread hop)."""
+        n = max(0, min(limit, READ_LIMIT))
+
+        def read(store: LogStore) -> ChannelPage:
+            info = store.head(channel)
+            if epoch is not None and epoch != info.epoch:
+                return ChannelPage(info, [], epoch_matches=False)
+            return ChannelPage(info, store.read(channel, since, n, from_time, to_time) if n else [])
+
+        return await self.call(read)
+
+    async def head(self, channel: str) -> ChannelInfo:
+        """The channel's position (``LogStore.head``)."""
+        return await self.call(lambda st: st.head(channel))
+
+    async def list_channels(
+        self,
+        pattern: Pattern,
+        *,
+        after: str = "",
+        limit: int = 1000,
+        include_empty: bool = False,
+        keep: Callable[[str], bool] | None = None,
+    ) -> list[ChannelInfo]:
+        """The channels matching ``pattern`` with retained events (``include_empty``: every channel with a
+        current epoch), in byte order of their path, strictly after ``after``, that ``keep`` accepts (on the
+        reader thread: it must be thread-safe), at most ``min(limit, LIST_LIMIT)``."""
+        n = max(0, min(limit, LIST_LIMIT))
+        low = after.encode()
+
+        def read(store: LogStore) -> list[ChannelInfo]:
+            return [
+                ci
+                for ci in list_channels(store, pattern, include_empty=include_empty)
+                if ci.channel.encode() > low and (keep is None or keep(ci.channel))
+            ][:n]
+
+        return await self.call(read)
+
+    async def top_time(self) -> int:
+        """``time_ns`` of the newest committed event of the whole log (``LogStore.top_time``); also the
+        store's health probe."""
+        return await self.call(lambda st: st.top_time())
+
+    async def plan(self, planner: Planner) -> ReplayPlan:
+        """Run a dialect's replay selection on a reader thread, without subscribing (guble's fetch)."""
+        return await self.call(planner)

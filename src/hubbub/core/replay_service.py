@@ -1,0 +1,224 @@
+"""The replay service: a subscription with a start position gets its snapshot, its replay, then goes live.
+
+A subscription is registered *holding* (:meth:`SubscriptionRegistry.add`): live events that match it are
+held while the snapshot and replay are read (on the reader threads, :class:`~hubbub.core.reads.LogReads`),
+then the held ones newer than the snapshot are released right after the replay, in the same loop step
+(ARCHITECTURE §4). A replay never hides a gap: trimmed or reset positions are reported as gaps by the plan,
+and a replay that loses its snapshot while it is sent closes the session as a slow consumer.
+
+Concurrency contract: called from the event loop thread only; store reads run on the reader threads, epoch
+changes on the writer thread (``control``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, final
+
+from hubbub.channels import Pattern
+from hubbub.disconnect import Disconnect
+from hubbub.errors import HubbubError, SubscriptionError
+from hubbub.events import Position
+from hubbub.log.base import ChannelInfo, EventRun, LogStore
+
+from .access import only_visible
+from .filters import withheld
+from .reads import LogReads, Planner
+from .replay import Gap, ReplayPlan, ReplaySpan, ReplaySpec, plan_replay
+from .session import FrameRun, Session
+from .subscriptions import Subscription, SubscriptionRegistry
+
+__all__ = ["REPLAY_PAGE", "ReplayService"]
+
+log = logging.getLogger("hubbub.node")
+
+T = TypeVar("T")
+
+#: Events per page of an exact channel's replay (ReplayService._replay_span): large enough that the per-page
+#: costs (statements, a reader-thread hand-off, one queue step) vanish per event, small enough to hold two.
+REPLAY_PAGE = 2048
+
+
+@final
+class ReplayService:
+    """See the module docstring. ``control(fn)`` runs ``fn(store)`` on the writer thread."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        reads: LogReads,
+        registry: SubscriptionRegistry,
+        control: Callable[[Callable[[LogStore], Any]], Awaitable[Any]],
+        max_recovery: int,
+    ) -> None:
+        self.store = store
+        self.reads = reads
+        self.registry = registry
+        self._control = control
+        self.max_recovery = max_recovery
+
+    async def subscribe(
+        self,
+        session: Session,
+        sub_id: str,
+        pattern: Pattern,
+        tags: frozenset[str],
+        replay: ReplaySpec | None,
+        *,
+        on_snapshot: Callable[[ReplayPlan], None],
+        on_replayed: Callable[[ReplayPlan], None] | None = None,
+        planner: Planner | None = None,
+    ) -> Subscription:
+        """``Node.subscribe``: see there."""
+        spec = replay or ReplaySpec()
+        registry = self.registry
+        sub = registry.add(session, sub_id, pattern, tags)
+        visible = sub.visible
+        try:
+            if planner is not None:
+                plan = await self.reads.plan(planner)
+            else:
+                plan = await self.reads.call(plan_replay, pattern, spec, self.max_recovery)
+            if visible is not None:
+                only_visible(plan, pattern, visible)
+            for ch in plan.ahead:
+                epoch = next(g.position.epoch for g in plan.gaps if g.channel == ch)
+                info = await self._new_epoch_if_lost(ch, epoch)
+                if info is None:
+                    continue  # the client's error: the channel keeps its epoch, the gap says so
+                pos = Position(info.top, info.epoch)
+                plan.tops[ch] = 0
+                plan.gaps = [g if g.channel != ch else Gap(ch, g.since, pos, g.reason) for g in plan.gaps]
+                if pattern.is_exact:
+                    plan.position = pos
+        except BaseException:
+            registry.drop(sub)
+            raise
+        if not registry.is_current(sub):  # unsubscribed or detached meanwhile
+            raise SubscriptionError("subscription was cancelled", code=4201)
+        on_snapshot(plan)
+        cache: dict[Any, Any] = {}
+        sent = 0
+        for ev in plan.events:
+            if session.closed or session.kicked:
+                break
+            if ev.headers and withheld(session, ev):
+                continue  # not this connection's, as in live fan-out (README §3)
+            if session.queued >= session.max_items - 1:
+                await session.wait_room()
+            sent += session.deliver(ev, [sub_id], cache, replay=True)
+        span_last = 0
+        if plan.span is not None and not (session.closed or session.kicked):
+            n, span_last = await self._replay_span(session, sub_id, plan.span)
+            sent += n
+        plan.sent = sent
+        if on_replayed is not None and plan.replayed:
+            on_replayed(plan)
+        registry.release(sub, plan, span_last)
+        return sub
+
+    async def _replay_span(self, session: Session, sub_id: str, span: ReplaySpan) -> tuple[int, int]:
+        """Queue an exact channel's replay page by page: each page is read (:meth:`LogStore.read_runs`) and,
+        when the session's encoder is a :class:`~hubbub.core.session.RunEncoder`, encoded on a reader thread
+        while the loop queues and writes the previous one; the queue paces the reading, so the replay holds at
+        most two pages whatever its length. Runs whose delivery filters withhold them from the session are
+        passed over (neither encoded nor queued). Returns (events queued, last seq replayed: queued or passed
+        over).
+
+        The reader thread also cuts each run into the chunks the queue takes (``Session.replay_chunks``); for
+        a batching session they come as batch frames already (``Session.replay_run_chunks``), built without
+        the single event frames, so the loop only queues them and the writer sends them as they are.
+
+        The snapshot promised every event of the span. If a page does not continue it exactly (the events were
+        trimmed or the channel reset meanwhile, which a slow replay invites), the session is closed as a slow
+        consumer rather than leave a silent gap: the client resumes with ``since`` and gets an explicit gap.
+        A failed read closes the session with the error's code (the subscription's reply went out already).
+        """
+        read_runs = self.store.read_runs
+        channel, top = span.channel, span.top
+        subs = (sub_id,)
+        encode_run = getattr(session.encoder, "encode_run", None)
+        chunks = session.replay_chunks
+        packed_chunks = session.replay_run_chunks
+
+        def read_page(after: int) -> tuple[list[EventRun], list[list[FrameRun] | None] | None]:
+            runs = read_runs(channel, after, top, REPLAY_PAGE)
+            if encode_run is None:
+                return runs, None
+            # A run's events share their headers, so one filter check covers the run; a withheld run
+            # (None) is not encoded at all.
+            return runs, [
+                None
+                if r.proto.headers and withheld(session, r.proto)
+                else packed_chunks(r, subs) or chunks(encode_run(r.proto, r.rows, subs, True))
+                for r in runs
+            ]
+
+        cache: dict[Any, Any] = {}
+        after = span.after
+        sent = 0
+        pending = self.reads.submit(read_page, after)
+        try:
+            while after < top:
+                try:
+                    runs, encoded = await pending
+                except HubbubError as exc:
+                    log.warning("replay read failed: %s", exc, extra={"session": session.id})
+                    session.kick(Disconnect.of(exc.code))
+                    break
+                end = runs[-1].last_seq if runs else after
+                if runs and end < top:
+                    pending = self.reads.submit(read_page, end)
+                for i, run in enumerate(runs):
+                    if run.proto.seq != after + 1 or run.proto.epoch != span.epoch:
+                        break
+                    chunked: list[FrameRun] | None
+                    if encoded is not None:
+                        chunked = encoded[i]
+                    elif run.proto.headers and withheld(session, run.proto):
+                        chunked = None
+                    else:
+                        chunked = session.replay_chunks(session.encode_run(run, subs, cache))
+                    if chunked is None:
+                        # Withheld by its delivery filters: passed over, but the replay's position moves
+                        # past it, so the continuity check and the live junction see no gap.
+                        if session.closed or session.kicked or session.ending:
+                            return sent, after
+                        after += len(run.rows)
+                        continue
+                    n = await session.replay_runs(chunked)
+                    sent += n
+                    after += n
+                    if n < len(run.rows):
+                        return sent, after
+                if after != end or not runs:
+                    if after < top and not (session.closed or session.kicked or session.ending):
+                        log.info(
+                            "replay lost its snapshot (trimmed or reset meanwhile)",
+                            extra={"dialect": session.dialect, "session": session.id},
+                        )
+                        session.kick(session.slow_close_code)
+                    break
+        finally:
+            # A read still running is not needed any more; one that failed unawaited is not worth a log line.
+            if not pending.cancel() and not pending.cancelled():
+                pending.exception()
+        return sent, after
+
+    async def _new_epoch_if_lost(self, channel: str, epoch: str) -> ChannelInfo | None:
+        """A client saw commits beyond the top of the channel's epoch ``epoch`` (a ``since`` ahead). Where the
+        store says commits of that epoch may have been lost (the previous server stopped without closing the
+        log, and did not sync every commit), continuity is broken: start a new epoch (the old one's events
+        stay in the store) and return its head, as native.md §6 asks. Anywhere else the claim cannot be true
+        (nothing was lost: ``fsync``, a clean stop, an epoch begun since) and would only let a client cut
+        every other client's recovery short, so nothing changes and this returns ``None``.
+
+        On the writer thread: the check and the reset are one step, so of several clients claiming the same
+        lost commits only the first starts a new epoch (the others find a newer one)."""
+
+        def new_epoch(st: LogStore) -> ChannelInfo | None:
+            return st.reset_channel(channel) if st.commits_may_be_lost(channel, epoch) else None
+
+        info: ChannelInfo | None = await self._control(new_epoch)
+        return info

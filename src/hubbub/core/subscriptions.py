@@ -1,0 +1,242 @@
+"""The subscription registry: attached sessions, their subscriptions in the router, and live fan-out.
+
+The registry owns the router, the sessions and their subscriptions, and the set of subscriptions still
+*holding* (a replay being read: live events for them are kept on the subscription, see
+:class:`~hubbub.core.replay_service.ReplayService`). Committed batches come in through
+:meth:`SubscriptionRegistry.fan_out_committed`, in commit order; :class:`~hubbub.core.fanout.FanOut` does the
+per-session delivery.
+
+Concurrency contract: called from the event loop thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, final
+
+from hubbub.auth import Identity
+from hubbub.channels import Pattern
+from hubbub.errors import LimitExceeded, ShuttingDown, SubscriptionError
+from hubbub.events import Event
+from hubbub.log.base import AppendResult
+from hubbub.router import Router
+
+from .access import Access
+from .batcher import Pending
+from .fanout import FanOut
+from .filters import FILTER_PREFIX, delivery_filters, passes
+from .replay import ReplayPlan
+from .session import Session
+
+__all__ = ["Subscription", "SubscriptionRegistry"]
+
+
+@dataclass(eq=False, slots=True)
+class Subscription:
+    """One subscription of one session. Identity-hashed: the router uses it as its key."""
+
+    session: Session
+    sub_id: str
+    pattern: Pattern
+    tags: frozenset[str]
+    holding: list[Event] | None = None
+    #: The channels of the pattern the session's identity may read, when not all (``Access.visibility``).
+    visible: Callable[[str], bool] | None = None
+
+    def matches(self, event: Event) -> bool:
+        return (
+            self.pattern.matches(event.channel)
+            and self.tags.issubset(event.tags)
+            and (self.visible is None or self.visible(event.channel))
+        )
+
+
+@final
+class SubscriptionRegistry:
+    """See the module docstring. ``published`` and ``deliveries`` count per dialect (the node's statistics);
+    ``on_slow`` is set on every attached session (called once when it is kicked as a slow consumer)."""
+
+    def __init__(self, access: Access, max_subscriptions: int, on_slow: Callable[[Session], None]) -> None:
+        self.access = access
+        self.max_subscriptions = max_subscriptions
+        self.on_slow = on_slow
+        self.router: Router[Subscription] = Router()
+        self._subs: dict[Session, dict[str, Subscription]] = {}
+        #: Subscriptions whose replay is still being read: live events for them are held (see add).
+        self._holding: set[Subscription] = set()
+        self._sessions: set[Session] = set()
+        self._by_id: dict[str, Session] = {}
+        self.published: dict[str, int] = {}
+        self.deliveries: dict[str, int] = {}
+        # Live delivery: reads the router and the holding set, counts into ``deliveries``.
+        self.fanout = FanOut(self.router, self._holding, self.deliveries)
+
+    # -- sessions ---------------------------------------------------------------------------------------
+
+    def attach(self, session: Session) -> None:
+        if session.bucket is None:
+            session.bucket = self.access.limiter.bucket()
+        self._sessions.add(session)
+        self._by_id[session.id] = session
+        self._subs[session] = {}
+        session.on_slow = self.on_slow
+
+    def detach(self, session: Session) -> None:
+        """Forget a session and all its subscriptions. Idempotent."""
+        subs = self._subs.pop(session, None)
+        if subs:
+            for s in subs.values():
+                self.router.remove(s.pattern, s, s.tags)
+                self._holding.discard(s)
+            self.fanout.clear_plans()
+        self._sessions.discard(session)
+        self.access.unbind(session)
+        if self._by_id.get(session.id) is session:
+            del self._by_id[session.id]
+        session.close()
+
+    def rebind(self, session: Session, ident: Identity) -> None:
+        """The session's identity changed (``Node.login``): its subscriptions follow the new permissions."""
+        subs = self._subs.get(session)
+        if subs:
+            for s in subs.values():
+                self.router.remove(s.pattern, s, s.tags)
+                s.visible = self.access.visibility(ident, s.pattern)
+                self.router.add(s.pattern, s, s.tags, s.visible)
+            self.fanout.clear_plans()
+
+    def session_by_id(self, session_id: str) -> Session | None:
+        """The attached session with this id (ivy's HTTP ``sid`` names the connection to exclude)."""
+        return self._by_id.get(session_id)
+
+    @property
+    def sessions(self) -> frozenset[Session]:
+        return frozenset(self._sessions)
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    # -- subscriptions ----------------------------------------------------------------------------------
+
+    def add(self, session: Session, sub_id: str, pattern: Pattern, tags: frozenset[str]) -> Subscription:
+        """Register a subscription *holding*: live events that match it are kept on it until
+        :meth:`release`. Raises :class:`SubscriptionError` (4200), :class:`LimitExceeded` (4007) or
+        :class:`ShuttingDown` (the session is detached)."""
+        subs = self._subs.get(session)
+        if subs is None:
+            raise ShuttingDown("session is closed")
+        if sub_id in subs:
+            raise SubscriptionError("sub id in use", code=4200)
+        if len(subs) >= self.max_subscriptions:
+            self.access.limiter.refused("max_subscriptions", session.dialect)
+            raise LimitExceeded("too many subscriptions")
+        visible = self.access.visibility(session.identity, pattern)
+        sub = Subscription(session, sub_id, pattern, tags, holding=[], visible=visible)
+        self._holding.add(sub)
+        subs[sub_id] = sub
+        self.router.add(pattern, sub, tags, visible)
+        self.fanout.clear_plans()
+        return sub
+
+    def is_current(self, sub: Subscription) -> bool:
+        """Whether ``sub`` is still registered (not unsubscribed or detached meanwhile)."""
+        subs = self._subs.get(sub.session)
+        return subs is not None and subs.get(sub.sub_id) is sub
+
+    def unsubscribe(self, session: Session, sub_id: str) -> None:
+        subs = self._subs.get(session)
+        sub = subs.get(sub_id) if subs else None
+        if sub is None:
+            raise SubscriptionError("not subscribed", code=4201)
+        self.drop(sub)
+
+    def drop(self, sub: Subscription) -> None:
+        self._holding.discard(sub)
+        subs = self._subs.get(sub.session)
+        if subs is not None and subs.get(sub.sub_id) is sub:
+            del subs[sub.sub_id]
+        self.router.remove(sub.pattern, sub, sub.tags)
+        self.fanout.clear_plans()
+
+    def subscriptions(self, session: Session) -> list[Subscription]:
+        return list(self._subs.get(session, {}).values())
+
+    def release(self, sub: Subscription, plan: ReplayPlan, span_last: int = 0) -> None:
+        """End ``sub``'s holding right after its replay: deliver the held events the replay did not send
+        (``plan``'s events, and the span's events up to ``span_last``), in the same loop step."""
+        held = sub.holding or []
+        sub.holding = None
+        self._holding.discard(sub)
+        if not held:
+            return
+        tops = plan.tops
+        sess = sub.session
+        subs = self._subs.get(sess, {})
+        caches: dict[str, dict[Any, Any]] = {}
+        replayed = {(e.channel, e.seq) for e in plan.events} if plan.events else set()
+        span = plan.span
+        for ev in held:
+            if ev.headers and not passes(sess, delivery_filters(ev)):
+                continue
+            top = tops.get(ev.channel)
+            in_snapshot = top is not None and ev.seq <= top
+            if in_snapshot and (
+                (ev.channel, ev.seq) in replayed
+                or (span is not None and ev.channel == span.channel and span.after < ev.seq <= span_last)
+            ):
+                continue  # the replay sent it already: once per connection
+            # An event inside the snapshot is not the new subscription's (its stream starts after the
+            # snapshot), but the connection's other live subscriptions still get it.
+            ids = [
+                s.sub_id
+                for s in subs.values()
+                if s.holding is None and not (in_snapshot and s is sub) and s.matches(ev)
+            ]
+            if ids:
+                self.fanout.deliver(sess, ev, ids, caches)
+
+    # -- live fan-out -----------------------------------------------------------------------------------
+
+    def fan_out_committed(self, items: list[Pending], result: list[AppendResult]) -> None:
+        """Fan out a committed batch (after its acks), in commit order."""
+        published = self.published
+        fan_out, fan_out_run = self.fanout.fan_out, self.fanout.fan_out_run
+        match = self.router.match
+        # Consecutive events with the same subscribers and origin (one publisher's burst on one channel)
+        # fan out as a run: each connection then takes the run's frames in one step (see FanOut.fan_out_run).
+        run: list[Event] = []
+        run_subs: tuple[Subscription, ...] = ()
+        run_origin: Session | None = None
+        for (origin, _done, _t0), r in zip(items, result, strict=True):
+            if r.duplicate:
+                continue
+            ev = r.event
+            d = ev.publisher.dialect
+            published[d] = published.get(d, 0) + 1
+            subs = match(ev.channel, ev.tags)
+            if not subs:
+                continue
+            if not self._holding and not (
+                ev.headers and any(k.startswith(FILTER_PREFIX) for k in ev.headers)
+            ):
+                if subs is run_subs and origin is run_origin:
+                    run.append(ev)
+                    continue
+                if run:
+                    fan_out_run(run_subs, run, run_origin)
+                    # That fan-out may have unsubscribed a session (a guble catch-up, which replays from the
+                    # log what it dropped and all that follows): match again, so it gets no event twice.
+                    subs = match(ev.channel, ev.tags)
+                    if not subs:
+                        run, run_subs = [], ()
+                        continue
+                run, run_subs, run_origin = [ev], subs, origin
+                continue
+            if run:
+                fan_out_run(run_subs, run, run_origin)
+                run, run_subs = [], ()
+            fan_out(ev, origin)
+        if run:
+            fan_out_run(run_subs, run, run_origin)

@@ -1,0 +1,182 @@
+"""The publish path of a native connection: the hot path, kept apart from the rest of the glue.
+
+:class:`NativePublishing` turns the native ``publish`` commands of one connection into core submissions with
+read-side back-pressure (a bounded number of publishes in flight, a bounded reply queue, the writer's room),
+and their commit results into replies through the connection's
+:class:`~hubbub.dialects.native_protocol.NativeProtocol` (which keeps the FIFO of request ids).
+:class:`~hubbub.transports.native.NativeConnection` is the one subclass.
+
+Concurrency contract: everything runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hubbub.core import Node, Session
+from hubbub.core.flag import Flag
+from hubbub.dialects import native as nc
+from hubbub.errors import HubbubError
+from hubbub.events import Publisher
+from hubbub.log.base import AppendRequest, AppendResult
+
+__all__ = ["NativePublishing"]
+
+_OPEN = nc.Phase.OPEN
+
+
+class NativePublishing:
+    """The publish half of a native connection; see the module docstring. The subclass sets every slot."""
+
+    __slots__ = ("_acked", "_publisher", "last_recv", "node", "proto", "session")
+
+    node: Node
+    session: Session
+    proto: nc.NativeProtocol
+    _acked: Flag
+    _publisher: Publisher
+    last_recv: float
+
+    async def handle(self, cmd: nc.Command) -> None:
+        """Handle any command (the subclass's); the publishes beyond the back-pressure room go here."""
+        raise NotImplementedError
+
+    def publish_nowait(self, cmd: nc.Publish) -> bool:
+        """Submit a publish at once when nothing asks to wait; False means call :meth:`handle` instead.
+
+        The common case of the hot path: no coroutine, no closure, one request object per publish.
+        """
+        self.last_recv = time.monotonic()  # a publishing client is not silent (keepalive, native.md §2)
+        proto = self.proto
+        if (
+            proto.phase is not _OPEN
+            or proto.inflight >= proto.max_inflight
+            or self.session.queued >= self.session.max_items
+            or not self.node.has_room
+        ):
+            return False
+        try:
+            self._submit(cmd)
+        except HubbubError as exc:
+            proto.failed(exc, cmd.id)
+        return True
+
+    async def publish_many(self, cmds: list[nc.Publish]) -> None:
+        """Submit the publishes of one read, in order: as many as back-pressure allows in one batch (one node
+        call, one FIFO extension), the rest one by one through :meth:`handle`, which waits for room.
+
+        Stops early once the session ends (a fatal error answered one of them), as :meth:`handle` would.
+        """
+        self.last_recv = time.monotonic()
+        sess = self.session
+        done = 0
+        proto = self.proto
+        if proto.phase is _OPEN and self.node.has_room:
+            room = min(proto.max_inflight - proto.inflight, sess.max_items - sess.queued)
+            if room >= len(cmds):
+                done = len(cmds) if self._submit_many(cmds) else 0
+            elif room > 1:
+                done = room if self._submit_many(cmds[:room]) else 0
+        for cmd in cmds[done:] if done else cmds:
+            await self.handle(cmd)
+            if sess.ending or sess.kicked:
+                return
+
+    async def publish_run(self, run: nc.PublishRun) -> None:
+        """Submit a run of common publishes, as :meth:`publish_many` would their commands: the requests are
+        made straight from the run's lists. Publishes beyond the back-pressure room wait in :meth:`handle`.
+        """
+        self.last_recv = time.monotonic()
+        sess = self.session
+        n = len(run)
+        done = 0
+        proto = self.proto
+        if proto.phase is _OPEN and self.node.has_room:
+            room = min(proto.max_inflight - proto.inflight, sess.max_items - sess.queued)
+            if room >= n:
+                done = n if self._submit_run(run, n) else 0
+            elif room > 1:
+                done = room if self._submit_run(run, room) else 0
+        if done == n:
+            return
+        for cmd in run.commands(done):
+            await self.handle(cmd)
+            if sess.ending or sess.kicked:
+                return
+
+    def _submit_run(self, run: nc.PublishRun, count: int) -> bool:
+        """Submit the first ``count`` publishes of ``run`` as one batch; False when the node refused them
+        (nothing was queued), as :meth:`_submit_many`."""
+        pub = self._publisher
+        channels, payloads, types, replies = run.channels, run.payloads, run.content_types, run.replies
+        if count < len(replies):
+            channels, payloads, types = channels[:count], payloads[:count], types[:count]
+            replies = replies[:count]
+        reqs = [AppendRequest(c, pub, p, t) for c, p, t in zip(channels, payloads, types, strict=True)]
+        try:
+            self.node.submit_many(reqs, self.session, self.proto.committed, self._done_many)
+        except HubbubError:
+            return False
+        # The node completes publishes in submission order (see _submit).
+        self.proto.submitted_many(replies, count)
+        return True
+
+    def _submit_many(self, cmds: list[nc.Publish]) -> bool:
+        """Submit publishes as one batch; False when the node refused them (nothing was queued): the caller
+        then submits them one by one, which answers each with its own error."""
+        sess = self.session
+        pub = self._publisher
+        reqs = [
+            AppendRequest(
+                c.channel,
+                pub if not c.idem else Publisher("native", sess.user, sess.id, c.idem),
+                c.payload,
+                c.content_type,
+                c.headers,
+                c.tags,
+                c.idem,
+            )
+            for c in cmds
+        ]
+        try:
+            self.node.submit_many(reqs, sess, self.proto.committed, self._done_many)
+        except HubbubError:
+            return False
+        # The node completes publishes in submission order, so the replies' ids queue here (see _submit).
+        self.proto.submitted_many([(c.id, c.ack) for c in cmds], len(cmds))
+        return True
+
+    async def _publish(self, cmd: nc.Publish) -> None:
+        # Read-side back-pressure: bounded publishes in flight and a bounded reply queue.
+        sess = self.session
+        if not self.proto.has_room():
+            self._acked.clear()
+            await self._acked.wait()
+        if sess.queued >= sess.max_items:
+            await sess.wait_room()
+        if not self.node.has_room:
+            await self.node.writable()
+        self._submit(cmd)
+
+    def _submit(self, cmd: nc.Publish) -> None:
+        sess = self.session
+        req = AppendRequest(
+            cmd.channel,
+            self._publisher if not cmd.idem else Publisher("native", sess.user, sess.id, cmd.idem),
+            cmd.payload,
+            cmd.content_type,
+            cmd.headers,
+            cmd.tags,
+            cmd.idem,
+        )
+        proto = self.proto
+        self.node.submit(req, sess, proto.committed)
+        # The node completes publishes in submission order (Node.submit), so the replies' ids queue here.
+        proto.submitted(cmd.id, cmd.ack)
+
+    def _done_many(self, results: list[AppendResult]) -> None:
+        """A run of this connection's publishes was committed (``Node.submit_many``): the replies of those
+        that asked for one, queued in one step."""
+        frames = self.proto.committed_many(results)
+        if frames:
+            self.session.push_replies(frames)

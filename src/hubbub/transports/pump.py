@@ -1,0 +1,212 @@
+"""The socket pump: one write loop for every connection, whatever its dialect and transport.
+
+A :class:`SessionPump` drains one session's bounded queue to a socket (a WebSocket, a TCP stream) and closes
+the connection with the session's :class:`~hubbub.disconnect.Disconnect` reason once the session ends. The
+dialect shapes what goes out through three optional hooks, never through a loop of its own:
+
+* ``pack``: for a session with ``batch_limit`` set (native ``batch`` frames), how queued entries become
+  batch frames; runs shared by several sessions are packed once for all of them.
+* ``on_frames``: sees every list of frames before it is written (guble tracks its live position there).
+* ``farewell``: the frame to send before closing a kicked session (native's error frame), or ``None``.
+
+``keepalive`` (seconds, frame) writes the frame whenever the queue stayed empty that long (SSE's comment
+line); dialects that ping from their own timers (native's :class:`~hubbub.transports.native.Keepalive`,
+ivy) or leave it to the WebSocket layer (guble) do not set it.
+
+Failures of the socket end the loop: an expected one (the peer went away: ``ConnectionError``) quietly, any
+other with a warning naming the connection and a count in the node's ``io_errors`` (:func:`io_failed`). The
+loop never raises (only cancellation propagates), so it runs as a task of the connection's
+``asyncio.TaskGroup`` without taking the connection down with it.
+
+Concurrency contract: everything runs on the event loop thread; one task per connection runs :meth:`run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import final
+
+from hubbub.core import Disconnect, Node, Session
+from hubbub.core.session import FrameRun
+
+__all__ = ["SEND_MANY_MAX", "SHARED_PACK_MIN", "Pack", "SessionPump", "io_failed", "quietly", "stopped"]
+
+log = logging.getLogger("hubbub.transport")
+
+#: A queued run of at least this many event frames is packed on its own (and the packing shared); shorter
+#: ones are packed together with the frames around them.
+SHARED_PACK_MIN = 32
+#: Batch frames of one writer pass up to this many bytes in all are written with one ``send_many``.
+SEND_MANY_MAX = 64 << 10
+
+#: Packs frames into batch frames of at most ``limit`` bytes (``BatchEncoder.encode_batches``).
+Pack = Callable[[Sequence[bytes], int], list[bytes]]
+
+
+def io_failed(node: Node | None, dialect: str, session_id: str, what: str, exc: BaseException) -> None:
+    """An unexpected socket failure: a warning with the connection's context, counted per dialect in the
+    node's ``io_errors`` (``hubbub_io_errors``)."""
+    if node is not None:
+        node.io_errors[dialect] = node.io_errors.get(dialect, 0) + 1
+    log.warning(
+        "%s failed on a %s connection: %s: %s",
+        what,
+        dialect,
+        type(exc).__name__,
+        exc,
+        extra={"dialect": dialect, "session": session_id},
+    )
+
+
+async def quietly(
+    io: Callable[[], Awaitable[object]], node: Node | None, dialect: str, session_id: str, what: str
+) -> None:
+    """Run the socket operation ``io()`` (a close, a last frame) on a connection that may be gone already:
+    a peer that left (``ConnectionError``, a timeout) is expected and passes silently, anything else is
+    reported with :func:`io_failed`. Cancellation propagates."""
+    try:
+        await io()
+    except (ConnectionError, TimeoutError):
+        pass
+    except Exception as exc:
+        io_failed(node, dialect, session_id, what, exc)
+
+
+async def stopped(task: Awaitable[object] | None, node: Node | None, dialect: str, session_id: str) -> None:
+    """Wait for a connection's task that was cancelled or is ending (its write loop, its keepalive), or for
+    ``wait_for``/``shield`` around one: its own failures are reported where they happen; a failure that
+    escaped is reported here. Cancelled, timed out or the peer gone: nothing to report."""
+    if task is None:
+        return
+    try:
+        await task
+    except (asyncio.CancelledError, ConnectionError, TimeoutError):
+        pass
+    except Exception as exc:
+        io_failed(node, dialect, session_id, "connection task", exc)
+
+
+@final
+class SessionPump:
+    """See the module docstring. ``last_send`` is the monotonic time of the last write (keepalive)."""
+
+    __slots__ = (
+        "_close",
+        "_farewell",
+        "_keepalive",
+        "_on_frames",
+        "_pack",
+        "_send",
+        "_send_many",
+        "last_send",
+        "max_frame",
+        "node",
+        "session",
+    )
+
+    def __init__(
+        self,
+        node: Node,
+        session: Session,
+        *,
+        send: Callable[[bytes], Awaitable[object]],
+        close: Callable[[Disconnect], Awaitable[object]],
+        max_frame: int,
+        send_many: Callable[[list[bytes]], Awaitable[object]] | None = None,
+        pack: Pack | None = None,
+        on_frames: Callable[[list[bytes]], None] | None = None,
+        farewell: Callable[[Disconnect], bytes | None] | None = None,
+        keepalive: tuple[float, bytes] | None = None,
+    ) -> None:
+        self.node = node
+        self.session = session
+        self._send = send
+        self._close = close
+        self._send_many = send_many
+        self._pack = pack
+        self._on_frames = on_frames
+        self._farewell = farewell
+        self._keepalive = keepalive
+        self.max_frame = max_frame
+        self.last_send = time.monotonic()
+
+    async def run(self) -> None:
+        """Drain the session's queue to the socket until the session ends; then close the connection."""
+        sess = self.session
+        send, send_many, on_frames = self._send, self._send_many, self._on_frames
+        keepalive = self._keepalive
+        try:
+            while True:
+                if sess.batch_limit and self._pack is not None:
+                    entries = await sess.next_entries(self.max_frame)
+                    if not entries:
+                        break
+                    self.last_send = time.monotonic()
+                    await self._send_batches(entries)
+                    del entries
+                    continue
+                if keepalive is None:
+                    frames = await sess.next_frames(self.max_frame)
+                else:
+                    try:
+                        frames = await asyncio.wait_for(sess.next_frames(self.max_frame), keepalive[0])
+                    except TimeoutError:
+                        await send(keepalive[1])
+                        continue
+                if not frames:
+                    break
+                self.last_send = time.monotonic()
+                if on_frames is not None:
+                    on_frames(frames)
+                if send_many is not None and len(frames) > 1:
+                    await send_many(frames)
+                else:
+                    for f in frames:
+                        await send(f)
+                # Not kept while waiting for the next frames: a connection idle after a burst would hold it.
+                del frames
+            reason = sess.kicked or sess.ending
+            if reason:
+                if sess.kicked and self._farewell is not None:
+                    last = self._farewell(sess.kicked)
+                    if last is not None:
+                        await quietly(lambda: send(last), self.node, sess.dialect, sess.id, "farewell frame")
+                await self._close(reason)
+        except ConnectionError:
+            pass  # the peer is gone: the reader sees it too and ends the connection
+        except Exception as exc:
+            io_failed(self.node, sess.dialect, sess.id, "write loop", exc)
+
+    async def _send_batches(self, entries: list[bytes | FrameRun]) -> None:
+        """Send queued entries packed into batch frames within ``max_frame`` (native.md §3.5), in order.
+
+        A long run of events (:class:`FrameRun`) goes out as its own batch frames, packed once for every
+        connection that holds the same run; single frames and short runs between them are packed together.
+        """
+        limit = self.max_frame
+        pack = self._pack
+        assert pack is not None
+        out: list[bytes] = []
+        loose: list[bytes] = []
+        for e in entries:
+            if type(e) is not FrameRun:
+                loose.append(e)
+            elif e.frames is not None and e.packed is None and e.count < SHARED_PACK_MIN:
+                loose += e.frames
+            else:
+                if loose:
+                    out += pack(loose, limit)
+                    loose = []
+                out += e.batches(pack, limit)
+        if loose:
+            out += pack(loose, limit)
+        # Small batches go out in one write; large ones one by one, as the transport writes a single message
+        # without copying it (a write of several joins them).
+        if len(out) > 1 and self._send_many is not None and sum(map(len, out)) <= SEND_MANY_MAX:
+            await self._send_many(out)
+        else:
+            for f in out:
+                await self._send(f)

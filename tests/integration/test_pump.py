@@ -1,0 +1,109 @@
+"""The socket pump over a real TCP connection on 127.0.0.1: frames out in order, keepalive, close reason."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hubbub.core import Disconnect, Node, NodeSettings, Session
+from hubbub.events import Event
+from hubbub.log import open_store
+from hubbub.log.base import RetentionPolicy
+from hubbub.transports.pump import SessionPump
+
+
+class Enc:
+    key = "test"
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        return event.payload
+
+
+class Wire:
+    """What the pump wrote, with an event set on every write (tests wait on it, never on a sleep)."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.wrote = asyncio.Event()
+
+    async def until(self, frame: bytes) -> None:
+        while frame not in self.frames:
+            self.wrote.clear()
+            await asyncio.wait_for(self.wrote.wait(), 10)
+
+
+async def pumped(
+    tmp_path: Path, feed: Any, keepalive: tuple[float, bytes] | None = None
+) -> tuple[bytes, Any]:
+    """Run a pump writing to a real socket; ``feed(session)`` queues frames and ends the session. Returns
+    every byte the peer read and the reason the pump closed with."""
+    store = open_store("memory", str(tmp_path), "none", RetentionPolicy(), 600)
+    async with Node(store, NodeSettings()) as node:
+        accepted: asyncio.Future[asyncio.StreamWriter] = asyncio.get_running_loop().create_future()
+
+        async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            accepted.set_result(w)
+
+        server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, client = await asyncio.open_connection("127.0.0.1", port)
+        w = await accepted
+        sess = Session("native", Enc(), max_items=64, max_bytes=1 << 16)
+        node.attach(sess)
+        closed: list[Disconnect] = []
+        wire = Wire()
+
+        async def send(data: bytes) -> None:
+            wire.frames.append(data)
+            wire.wrote.set()
+            w.write(data)
+            await w.drain()
+
+        async def close(reason: Disconnect) -> None:
+            closed.append(reason)
+            w.close()
+
+        pump = SessionPump(node, sess, send=send, close=close, max_frame=1 << 16, keepalive=keepalive)
+        task = asyncio.ensure_future(pump.run())
+        await feed(sess, wire)
+        await asyncio.wait_for(task, 10)
+        data = await asyncio.wait_for(reader.read(), 10)
+        client.close()
+        node.detach(sess)
+        server.close()
+        await server.wait_closed()
+        assert node.io_errors == {}
+        return data, closed
+
+
+def test_frames_go_out_in_order_then_the_close_reason(tmp_path: Path) -> None:
+    async def feed(sess: Session, wire: Wire) -> None:
+        for i in range(5):
+            sess.push(f"<{i}>".encode())
+        sess.end(Disconnect.NORMAL)
+
+    data, closed = asyncio.run(pumped(tmp_path, feed))
+    assert data == b"<0><1><2><3><4>"
+    assert closed == [Disconnect.NORMAL]
+
+
+def test_an_idle_queue_gets_the_keepalive_frame(tmp_path: Path) -> None:
+    async def feed(sess: Session, wire: Wire) -> None:
+        sess.push(b"first;")
+        await wire.until(b"ping;")  # the queue stayed empty for the keepalive interval
+        sess.end(Disconnect.GOING_AWAY)
+
+    data, closed = asyncio.run(pumped(tmp_path, feed, keepalive=(0.01, b"ping;")))
+    assert data.startswith(b"first;ping;")
+    assert closed == [Disconnect.GOING_AWAY]
+
+
+def test_a_kicked_session_closes_with_its_reason_and_nothing_queued(tmp_path: Path) -> None:
+    async def feed(sess: Session, wire: Wire) -> None:
+        sess.kick(Disconnect.SLOW_CONSUMER)
+
+    data, closed = asyncio.run(pumped(tmp_path, feed))
+    assert data == b""
+    assert closed == [Disconnect.SLOW_CONSUMER]

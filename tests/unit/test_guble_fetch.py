@@ -1,0 +1,97 @@
+"""Guble's fetch selection (dialects/guble_fetch.py) against a naive selection over the memory log."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hubbub.dialects import guble_fetch as gf
+from hubbub.events import Event, Publisher
+from hubbub.log import RetentionPolicy, open_store
+from hubbub.log.base import AppendRequest
+
+CHANNELS = ["/a", "/a/x", "/a/y/z", "/b"]
+
+
+def naive(
+    events: list[Event], channel: str, start_id: int | None, max_count: int | None, keep_odd: bool, cap: int
+) -> list[Event]:
+    sub = gf.subtree_pattern(channel)
+    kept = sorted(
+        (e for e in events if sub.matches(e.channel) and (not keep_odd or e.seq % 2 == 1)), key=gf.merged_key
+    )
+    limit = cap if not max_count else min(max_count, cap)
+    if not start_id:
+        return kept[:limit]
+    if start_id > 0:
+        first = next((e for e in kept if e.channel == channel and e.seq >= start_id), None)
+        if first is None:
+            return []
+        rest = [
+            e
+            for e in kept
+            if (e.channel == channel and e.seq >= first.seq)
+            or (e.channel != channel and e.time_ns >= first.time_ns)
+        ]
+        return rest[:limit]
+    k = min(max_count if max_count else -start_id, cap)
+    return kept[-k:]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from(CHANNELS), min_size=0, max_size=60),
+    st.sampled_from(["/", "/a", "/a/x", "/b"]),
+    st.one_of(st.none(), st.integers(-8, 12).filter(lambda i: i != 0)),
+    st.one_of(st.none(), st.integers(1, 10)),
+    st.booleans(),
+    st.integers(1, 50),
+)
+def test_selection_matches_the_naive_one(
+    publishes: list[str], channel: str, start_id: int | None, max_count: int | None, odd: bool, cap: int
+) -> None:
+    store = open_store("memory", "", "none", RetentionPolicy(), 600)
+    try:
+        for i, ch in enumerate(publishes):
+            store.append([AppendRequest(ch, Publisher("guble"), str(i).encode(), "text/plain")])
+        events = [e for ch in CHANNELS for e in store.read(ch, 0, 1000)]
+        tops = {
+            ci.channel: ci.top for ci in store.channels() if gf.subtree_pattern(channel).matches(ci.channel)
+        }
+
+        def keep(e: Event) -> bool:
+            return not odd or e.seq % 2 == 1
+
+        got = gf.fetch_selection(store, channel, tops, start_id, max_count, keep, cap)
+        assert got == naive(events, channel, start_id, max_count, odd, cap)
+    finally:
+        store.close()
+
+
+def test_subtree_of_the_root_matches_everything() -> None:
+    assert gf.subtree_pattern("/").matches("/a/b")
+    assert gf.subtree_pattern("/a").matches("/a") and gf.subtree_pattern("/a").matches("/a/b/c")
+    assert not gf.subtree_pattern("/a").matches("/ab")
+
+
+def test_live_mark_counts_written_live_events_only() -> None:
+    mark = gf.LiveMark()
+    mark.queued(10, True)
+    mark.queued(20, False)  # a fetch's replayed event: not live
+    mark.queued(30, True)
+    mark.written([b"#subscribed-to /a", b"/a,1,..."])
+    assert mark.last_live_ns == 10
+    mark.written([b"/a,2,...", b"/a,3,..."])
+    assert mark.last_live_ns == 30
+    mark.queued(40, True)
+    assert mark.dropped() == 30  # the dropped event at 40 was never written
+    mark.written([b"/a,5,..."])  # nothing queued any more: nothing matched
+    assert mark.last_live_ns == 30
+
+
+def test_catch_up_steps_put_ancestors_first_and_cover_their_subtrees() -> None:
+    steps = gf.catch_up_steps([("/a/b", 5), ("/c", 500), ("/a", 7)], 100)
+    assert [s.channel for s in steps] == ["/c", "/a", "/a/b"]
+    assert [s.covered for s in steps] == [False, False, True]
+    # From just after the last live event, or from a later registration.
+    assert [s.from_time for s in steps] == [500, 101, 101]
