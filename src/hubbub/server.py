@@ -130,11 +130,17 @@ class Server:
                         ping_interval_s=cfg.ivy_ping_interval_s,
                         read_timeout_s=cfg.ivy_read_timeout_s,
                         max_log_bytes=cfg.ivy_max_log_bytes,
+                        auth=token and cfg.dialect_auth("ivy") == "token",
                     )
                 )
             )
         if cfg.guble_enabled:
-            gs = GubleSettings(cfg.guble_node_id, cfg.guble_health_endpoint, cfg.guble_metrics_endpoint)
+            gs = GubleSettings(
+                cfg.guble_node_id,
+                cfg.guble_health_endpoint,
+                cfg.guble_metrics_endpoint,
+                auth=token and cfg.dialect_auth("guble") == "token",
+            )
             installers.append(functools.partial(install_guble, settings=gs))
         # Each dialect adds its route installer here, built from its own settings (the dialect's docs list
         # its configuration keys).
@@ -266,11 +272,9 @@ def build_authenticator(cfg: Config) -> Authenticator:
 
 
 #: HTTP routes of each dialect whose token presentation is not served yet (README §6): with its auth on
-#: they answer 401 rather than serve without checking tokens.
-_UNWIRED_ROUTES: dict[str, tuple[str, ...]] = {
-    "ivy": ("/ws", "/events/", "/log/"),
-    "guble": ("/stream/", "/api/", "/admin/"),
-}
+#: they answer 401 rather than serve without checking tokens. Native, ivy and guble take tokens; a dialect
+#: whose routes land before its token presentation is listed here until then.
+_UNWIRED_ROUTES: dict[str, tuple[str, ...]] = {}
 
 
 def _locked_routes(cfg: Config) -> tuple[str, ...]:

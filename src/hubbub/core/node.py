@@ -319,7 +319,7 @@ class Node:
     ) -> None:
         """Queue a publish. ``done`` is called on the loop with the result once committed (or failed).
 
-        The publisher is ``origin``'s identity, or ``identity`` for a publish without a connection (HTTP).
+        The publisher is ``identity`` when given (an HTTP request), else ``origin``'s identity.
         Raises :class:`ShuttingDown` while the node closes, ``AuthError`` (4102) when publishing is not
         allowed, and :class:`RateLimited` (4008) when the connection is over its publish rate.
         Callers that publish in a loop should ``await node.writable()`` to respect back-pressure.
@@ -331,7 +331,8 @@ class Node:
         if self._closing or self._writer is None:
             raise ShuttingDown()
         if origin is not None:
-            identity = origin.identity
+            if identity is None:  # an HTTP publish naming a connection (ivy sid) keeps its own identity
+                identity = origin.identity
             bucket = origin.bucket
             if bucket is not None and not bucket.take(1):
                 self._rate_limited(origin)

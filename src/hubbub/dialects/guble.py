@@ -232,7 +232,9 @@ def new_xid() -> str:
 def error_text(exc: HubbubError) -> bytes:
     """The notification answering an error: ``!error-bad-request <text>`` for bad input,
     ``!error-server-internal <text>`` otherwise (the text is the public message, never internals)."""
-    if isinstance(exc, ProtocolError) or exc.code in (4001, 4004, 4007, 4102):
+    if exc.code == 4102:  # guble.md §3: a send the token does not allow
+        return b"!error-bad-request access denied"
+    if isinstance(exc, ProtocolError) or exc.code in (4001, 4004, 4007, 4008):
         return b"!error-bad-request " + (exc.detail or exc.message).encode("utf-8", "replace")
     return b"!error-server-internal " + exc.message.encode()
 

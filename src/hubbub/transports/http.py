@@ -19,7 +19,7 @@ import orjson
 from aiohttp import WSMsgType, web
 from prometheus_client import CollectorRegistry
 
-from hubbub.auth import Identity
+from hubbub.auth import ANONYMOUS, Identity
 from hubbub.channels import parse_pattern, route_channel
 from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
 from hubbub.core.replay import plan_replay, trimmed_after
@@ -33,7 +33,17 @@ from .cors import install_cors
 from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
 from .native import NativeConnection, NativeEncoder
 
-__all__ = ["HttpSettings", "RouteInstaller", "build_app", "native_codec", "raw_rest", "text_response"]
+__all__ = [
+    "HttpSettings",
+    "RouteInstaller",
+    "build_app",
+    "native_codec",
+    "peer_address",
+    "raw_rest",
+    "request_identity",
+    "request_token",
+    "text_response",
+]
 
 log = logging.getLogger("hubbub.http")
 
@@ -128,6 +138,15 @@ def request_token(request: web.Request) -> str | None:
 def peer_address(request: web.Request) -> str:
     """The client's address (the socket's; proxies' forwarding headers are not trusted)."""
     return request.remote or ""
+
+
+def request_identity(node: Node, request: web.Request, dialect: str, auth: bool = True) -> Identity:
+    """The identity of one request or WebSocket upgrade of ``dialect`` (README §6): from its token when the
+    dialect's auth is on, :data:`~hubbub.auth.ANONYMOUS` when it is off (``<dialect>.auth = off``). Raises
+    ``AuthError`` 4100/4101/4103, audited, which every dialect answers with ``401``."""
+    if not auth:
+        return ANONYMOUS
+    return node.authenticate(request_token(request), dialect, peer_address(request))
 
 
 NATIVE_PATHS = ("/ws/hubbub", "/healthz", "/metrics")

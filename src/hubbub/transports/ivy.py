@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -41,7 +42,7 @@ from hubbub.errors import (
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
-from .http import HttpSettings, RouteInstaller, raw_rest, text_response
+from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 
 __all__ = ["IvyConnection", "IvyEncoder", "IvySettings", "ivy_installer"]
 
@@ -50,6 +51,7 @@ log = logging.getLogger("hubbub.ivy")
 DIALECT = "ivy"
 PREFIXES = ("/events/", "/log/")
 IMMUTABLE = "public, max-age=31536000, immutable"
+IMMUTABLE_PRIVATE = "private, max-age=31536000, immutable"
 PAGE = 1000
 
 # Close codes (protocols README §7, ivy.md §9).
@@ -60,6 +62,14 @@ CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_INTERNAL = 1011
 CLOSE_SLOW = 1013
+#: The native code an expired token kicks a session with (core/access.py); ivy has no error reply, so the
+#: connection closes with 1008 (README §7: permission denied).
+TOKEN_EXPIRED = 4103
+
+
+def close_code(code: int) -> int:
+    """The WebSocket close code for a session's end or kick code."""
+    return CLOSE_POLICY if code == TOKEN_EXPIRED else code
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +81,8 @@ class IvySettings:
     read_timeout_s: float = 60.0
     #: Largest log-read body, in bytes, before the read is refused with 413 (a bound on memory).
     max_log_bytes: int = 64 << 20
+    #: ``ivy.auth`` resolved: a token is required on the upgrade and on every ``/events/`` request (§8).
+    auth: bool = False
 
 
 class IvyEncoder:
@@ -239,6 +251,9 @@ class IvyConnection:
         except AuthError:
             self.bad_input(CLOSE_POLICY, "publish not allowed")
             return
+        except LimitExceeded:  # the publish rate (limits.publish_rate): ivy has no error reply
+            self.bad_input(CLOSE_POLICY, "publish rate exceeded")
+            return
         except ShuttingDown:
             sess.end(CLOSE_GOING_AWAY)
             return
@@ -258,7 +273,7 @@ class IvyConnection:
                     await self._send(f)
             code = sess.kicked or sess.ending
             if code:
-                await self._close(code)
+                await self._close(close_code(code))
         except (ConnectionError, asyncio.CancelledError):
             raise
         except Exception:
@@ -305,6 +320,10 @@ class IvyHttp:
         )
         if not ws.can_prepare(request).ok:
             return text_response(400, "websocket upgrade required\n")
+        try:
+            ident = request_identity(self.node, request, DIALECT, self.ivy.auth)
+        except AuthError:
+            return text_response(401, "unauthorized\n")
         await ws.prepare(request)
         codec = ivy.IvyCodec(
             max_frame=self.s.max_frame,
@@ -324,6 +343,9 @@ class IvyHttp:
         conn = IvyConnection(
             self.node, codec, send=send, close=close, ping=ping, settings=self.s, ivy_settings=self.ivy
         )
+        # Bound before the session is attached: its subscriptions see the token's permissions, and its
+        # expiry closes it (1008).
+        self.node.access.bind(conn.session, ident)
         conn.start()
         try:
             while not conn.done:
@@ -350,7 +372,7 @@ class IvyHttp:
             if not ws.closed:
                 code = conn.session.kicked or conn.session.ending or CLOSE_GOING_AWAY
                 with contextlib.suppress(Exception):
-                    await ws.close(code=code)
+                    await ws.close(code=close_code(code))
         return ws
 
     # -- /events/ and /log/ -------------------------------------------------------------------------------
@@ -366,6 +388,10 @@ class IvyHttp:
         return handler
 
     async def publish(self, request: web.Request, prefix: str) -> web.Response:
+        try:
+            ident = request_identity(self.node, request, DIALECT, self.ivy.auth)
+        except AuthError:
+            return text_response(401, "unauthorized\n")
         try:
             channel = ivy.publish_path(raw_rest(request, prefix), self.s.max_channel_bytes)
         except BadChannel:
@@ -392,14 +418,17 @@ class IvyHttp:
             origin = None
         req = AppendRequest(
             channel=channel,
-            publisher=Publisher(DIALECT, "", sid, ""),
+            publisher=Publisher(DIALECT, ident.user, sid, ""),
             payload=payload,
             content_type=ivy.CONTENT_TYPE,
         )
         try:
-            await self.node.publish(req, origin)
+            # The request's own identity decides, not that of the connection its sid names.
+            await self.node.publish(req, origin, identity=ident)
         except AuthError:
             return text_response(403, "forbidden\n")
+        except LimitExceeded:
+            return text_response(429, "too many requests\n")
         except HubbubError as exc:
             log.warning("ivy HTTP publish failed: %s", exc)
             return text_response(503, "unavailable\n")
@@ -407,9 +436,23 @@ class IvyHttp:
 
     async def log_read(self, request: web.Request, prefix: str) -> web.Response:
         try:
+            ident = request_identity(self.node, request, DIALECT, self.ivy.auth)
+        except AuthError:
+            return text_response(401, "unauthorized\n")
+        try:
             lp = ivy.parse_log_path(raw_rest(request, prefix), self.s.max_channel_bytes)
         except BadRequest:
             return text_response(400, "invalid glob path\n")
+        # Log reads check the subscribe permission (README §6): an exact channel the token may not read is
+        # refused; a glob leaves out the channels it may not read, as if they held no events.
+        visible: Callable[[str], bool] | None = None
+        if lp.pattern is None:
+            try:
+                self.node.access.check_read(ident, lp.channel, DIALECT)
+            except AuthError:
+                return text_response(403, "forbidden\n")
+        else:
+            visible = self.node.access.visibility(ident, lp.pattern)
         q = request.query
         try:
             n = ivy.parse_count(q.get("n"))
@@ -420,7 +463,7 @@ class IvyHttp:
         nothing = at is not None and rng is None
         try:
             top_time, lines, newest = await self.node.read(
-                _read_log, lp, n, rng, nothing, self.ivy.max_log_bytes
+                functools.partial(_read_log, visible=visible), lp, n, rng, nothing, self.ivy.max_log_bytes
             )
         except _TooLarge:
             return text_response(413, "log too large: narrow the read with ?n= or ?at=\n")
@@ -428,6 +471,8 @@ class IvyHttp:
             log.warning("ivy log read failed: %s", exc)
             return text_response(503, "unavailable\n")
         cache = IMMUTABLE if at is not None and ivy.immutable_at(rng, top_time) else "no-cache"
+        if self.ivy.auth and cache == IMMUTABLE:
+            cache = IMMUTABLE_PRIVATE  # a shared cache must not serve one token's read to another
         headers = {"Content-Type": "text/plain", "Accept-Ranges": "bytes", "Cache-Control": cache}
         if not lines:
             return web.Response(status=200, body=b"", headers=headers)
@@ -493,13 +538,17 @@ def _read_log(
     rng: tuple[int, int] | None,
     nothing: bool,
     max_bytes: int,
+    visible: Callable[[str], bool] | None = None,
 ) -> tuple[int, list[bytes], int]:
-    """On a reader thread: (top_time read first, the rendered lines, the newest returned time)."""
+    """On a reader thread: (top_time read first, the rendered lines, the newest returned time). A glob
+    reads only the channels ``visible`` accepts (all when it is ``None``)."""
     top_time = store.top_time()
     if nothing:
         return top_time, [], 0
     pattern = lp.pattern
     channels = [lp.channel] if pattern is None else [ci.channel for ci in list_channels(store, pattern)]
+    if visible is not None:
+        channels = [ch for ch in channels if visible(ch)]
     lines: list[bytes] = []
     total = 0
     newest = 0
