@@ -152,6 +152,32 @@ def request_identity(node: Node, request: web.Request, dialect: str, auth: bool 
 NATIVE_PATHS = ("/ws/hubbub", "/healthz", "/metrics")
 
 
+#: Path prefixes of the other dialects' routes (README §1), for the ``dialect`` label of refusals.
+_DIALECT_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("/events/", "ivy"),
+    ("/log/", "ivy"),
+    ("/stream/", "guble"),
+    ("/api/message/", "guble"),
+    ("/api/subscribers/", "guble"),
+    ("/admin/", "guble"),
+    ("/wearscript/", "wearscript"),
+    ("/mist/", "mist"),
+    ("/qpubs/", "qpubs"),
+)
+
+
+def route_dialect(path: str) -> str:
+    """The dialect a request path belongs to (README §1), ``http`` when none claims it."""
+    if path in NATIVE_PATHS or path.startswith("/api/v1/"):
+        return "native"
+    if path == "/ws":
+        return "ivy"
+    for prefix, dialect in _DIALECT_PREFIXES:
+        if path.startswith(prefix):
+            return dialect
+    return "http"
+
+
 def locked_route(path: str, locked: tuple[str, ...]) -> bool:
     """Whether ``path`` belongs to a dialect listed in ``locked`` (native routes never are)."""
     if path in NATIVE_PATHS or path.startswith("/api/v1/"):
@@ -175,9 +201,10 @@ def _admission(node: Node, settings: HttpSettings) -> Any:
             )
             return text_response(401, "unauthorized\n")
         ip = peer_address(request)
-        over = node.limiter.admit(ip, "native" if path.startswith(("/api/v1/", "/ws/hubbub")) else "http")
+        dialect = route_dialect(path)
+        over = node.limiter.admit(ip, dialect)
         if over is not None:
-            if path.startswith(("/api/v1/", "/ws/hubbub")):
+            if dialect == "native":
                 return _error(HubbubError(over, code=4009))
             return text_response(503, "too many connections\n")
         try:
