@@ -223,7 +223,7 @@ class PostgresLogStore(_ReadSide, LogStore):
         *,
         durability: str = "commit",
         retention: RetentionPolicy | None = None,
-        idem_window_s: int = 600,
+        idem_window_s: float = 600,
         clock: Callable[[], int] = time.time_ns,
         readonly: bool = False,
         pool_size: int = 8,
@@ -239,7 +239,7 @@ class PostgresLogStore(_ReadSide, LogStore):
         self.durability = durability
         self.readonly = readonly
         self._retention = retention or RetentionPolicy()
-        self._idem_window_ns = max(idem_window_s, 0) * _NS
+        self._idem_window_ns = int(max(idem_window_s, 0) * _NS)
         self._clock = clock
         self._connect_timeout_s = max(connect_timeout_s, 1.0)
         self._pool_timeout_s = self._connect_timeout_s
