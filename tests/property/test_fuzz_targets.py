@@ -16,26 +16,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "fuzz" / "atheris_targets.py"
-TARGETS = (
-    "native_json",
-    "native_msgpack",
-    "native_stream",
-    "native_http",
-    "ivy",
-    "guble",
-    "channels",
-    "auth",
-)
-#: Seconds of fuzzing per target: eight targets stay well under two minutes together.
+#: Seconds of fuzzing per target: the targets stay under two minutes together.
 SECONDS = 5
 
 
-def test_targets_listed() -> None:
-    """Every target of the script runs here (a new target is not left out of CI)."""
+def target_names() -> list[str]:
+    """The names in the script's ``TARGETS`` table, read from its text (importing it would set atheris up
+    in this process): a new target runs here without being listed twice."""
     text = SCRIPT.read_text(encoding="utf-8")
     block = text.split("TARGETS: dict[str, Callable[[bytes], None]] = {", 1)[1].split("}", 1)[0]
-    names = [line.split(":", 1)[0].strip().strip('"') for line in block.strip().splitlines()]
-    assert tuple(names) == TARGETS
+    return [line.split(":", 1)[0].strip().strip('"') for line in block.strip().splitlines()]
+
+
+TARGETS = target_names()
+
+
+def test_targets_have_corpus() -> None:
+    assert len(TARGETS) >= 8, TARGETS
     for name in TARGETS:
         assert any((ROOT / "fuzz" / "corpus" / name).iterdir()), f"{name} has no corpus"
 
