@@ -272,9 +272,12 @@ def build_authenticator(cfg: Config) -> Authenticator:
 
 
 #: HTTP routes of each dialect whose token presentation is not served yet (README §6): with its auth on
-#: they answer 401 rather than serve without checking tokens. Native, ivy and guble take tokens; a dialect
-#: whose routes land before its token presentation is listed here until then.
-_UNWIRED_ROUTES: dict[str, tuple[str, ...]] = {}
+#: they answer 401 rather than serve without checking tokens. Native, ivy and guble take tokens; the others
+#: stay here until their routes take them too (a dialect without ``<dialect>.enabled`` has no routes yet).
+_UNWIRED_ROUTES: dict[str, tuple[str, ...]] = {
+    "wearscript": ("/wearscript/",),
+    "qpubs": ("/qpubs/", "/listen", "/once", "/ignore", "/emit"),
+}
 
 
 def _locked_routes(cfg: Config) -> tuple[str, ...]:
