@@ -181,3 +181,40 @@ def test_connections_per_ip_and_total(tmp_path: Path) -> None:
             assert r[("max_connections", "native")] == 1, r
 
     asyncio.run(main())
+
+
+def test_max_frame_counted(tmp_path: Path) -> None:
+    """``limits.max_frame`` refusals are counted by dialect: WebSocket messages (close 1009), native TCP
+    lines (4003) and HTTP bodies (413)."""
+
+    async def main() -> None:
+        async with server(tmp_path, max_frame=1024) as (srv, http):
+            big = "x" * 2000
+            nat = await native_ws(srv, http)
+            await nat.send_str(big)
+            msg = await nat.receive()
+            assert (msg.type, msg.data) == (aiohttp.WSMsgType.CLOSE, 1009)
+            gub = await guble_ws(srv, http)
+            await gub.send_str("> /g\n\n" + big)
+            msg = await gub.receive()
+            assert (msg.type, msg.data) == (aiohttp.WSMsgType.CLOSE, 1009)
+            ivy = await ivy_ws(srv, http)
+            await ivy.send_str(":/i:" + big)
+            msg = await ivy.receive()
+            assert (msg.type, msg.data) == (aiohttp.WSMsgType.CLOSE, 1009)
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.ports["native"])
+            writer.write(b'{"op":"hello","id":1,"v":1}\n' + big.encode() + b"\n")
+            lines = [json.loads(line) for line in (await asyncio.wait_for(reader.read(), 10)).splitlines()]
+            assert lines[-1]["code"] == 4003
+            writer.close()
+            base = f"http://127.0.0.1:{srv.ports['http']}"
+            async with http.post(base + "/api/v1/publish/n", data=big.encode()) as r:
+                assert r.status == 413
+            async with http.post(base + "/events/i", data={"data": big}) as r:
+                assert r.status == 413
+            r = await refusals(srv, http)
+            assert r[("max_frame", "native")] == 3, r
+            assert r[("max_frame", "guble")] == 1, r
+            assert r[("max_frame", "ivy")] == 2, r
+
+    asyncio.run(main())

@@ -560,12 +560,16 @@ class GubleHub:
             async for msg in ws:
                 if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                     if msg.type == WSMsgType.ERROR:
+                        if getattr(msg.data, "code", None) == 1009:  # aiohttp refused it: over max_frame
+                            self.node.count_bad_input("guble")
+                            self.node.limiter.refused("max_frame", "guble")
                         break
                     continue
                 try:
                     cmd = self.codec.decode(msg.data)
                 except FrameTooLarge:
                     self.node.count_bad_input("guble")
+                    self.node.limiter.refused("max_frame", "guble")
                     await ws.close(code=1009)
                     break
                 except HubbubError as exc:

@@ -209,6 +209,9 @@ def _admission(node: Node, settings: HttpSettings) -> Any:
             return text_response(503, "too many connections\n")
         try:
             return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            node.limiter.refused("max_frame", dialect)  # answered 413 by the error middleware
+            raise
         finally:
             node.limiter.release(ip)
 
@@ -315,6 +318,8 @@ class NativeHttp:
                     if conn.session.ending or conn.session.kicked:
                         break
                 elif msg.type == WSMsgType.ERROR:
+                    if getattr(msg.data, "code", None) == 1009:  # aiohttp refused a message over max_frame
+                        self.node.limiter.refused("max_frame", "native")
                     break
             if conn.session.ending or conn.session.kicked:
                 await asyncio.wait_for(conn.wait_written(), 10)

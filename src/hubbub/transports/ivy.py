@@ -181,6 +181,7 @@ class IvyConnection:
         try:
             cmd = self.codec.decode(frame)
         except FrameTooLarge as exc:
+            self.node.limiter.refused("max_frame", DIALECT)
             self.bad_input(CLOSE_TOO_BIG, exc.detail)
             return
         except ProtocolError as exc:
@@ -363,6 +364,7 @@ class IvyHttp:
                     if msg.type == WSMsgType.ERROR and getattr(msg.data, "code", None) == CLOSE_TOO_BIG:
                         # aiohttp refused the frame and already sent close 1009.
                         self.node.count_bad_input(DIALECT)
+                        self.node.limiter.refused("max_frame", DIALECT)
                         log.debug("closing ivy connection: frame too large")
                     break
         except (asyncio.CancelledError, ConnectionError):

@@ -160,6 +160,8 @@ class NativeConnection:
     def bad_input(self, exc: HubbubError) -> None:
         """Answer a decoding error: the error frame, then a close when it is fatal."""
         self.node.count_bad_input("native")
+        if exc.code == 4003:  # frame_too_large
+            self.node.limiter.refused("max_frame", "native")
         self.session.push(self.codec.encode_error(exc.code, exc.request_id, exc.detail))
         if exc.fatal:
             self.session.end(exc.code)
