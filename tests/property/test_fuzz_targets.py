@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "fuzz" / "atheris_targets.py"
 #: Seconds of fuzzing per target: the targets stay under two minutes together.
-SECONDS = 5
+SECONDS = 3
 
 
 def target_names() -> list[str]:
