@@ -39,6 +39,26 @@ __all__ = ["GC_THRESHOLDS", "Server", "run", "tune_gc"]
 
 log = logging.getLogger("hubbub.server")
 
+#: Seconds a native TCP write may wait for a peer that stopped reading before the connection is aborted.
+#: A slow consumer is closed when its queue overflows, but its error frame and close wait behind what it
+#: never read: without a bound it would keep its socket and connection slot for as long as it likes.
+WRITE_TIMEOUT_S: float = 30.0
+
+
+async def drain(writer: asyncio.StreamWriter) -> None:
+    """``writer.drain()``, aborting the connection when the peer has not read for :data:`WRITE_TIMEOUT_S`.
+    The timer is set only when the transport's buffer is over its high-water mark (a drain that would wait):
+    the common write costs nothing more."""
+    transport = writer.transport
+    if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]:
+        await writer.drain()
+        return
+    try:
+        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+    except TimeoutError:
+        transport.abort()
+        raise ConnectionResetError("the peer read nothing within the write timeout") from None
+
 
 class Server:
     """One hubbub node with all its listeners. See the module docstring."""
@@ -166,11 +186,11 @@ class Server:
                 async def send(data: bytes) -> None:
                     # The prefix and the frame as two buffers: a batch frame can be a megabyte, not copied.
                     writer.writelines(codec.stream_parts(data))
-                    await writer.drain()
+                    await drain(writer)
 
                 async def send_many(frames: list[bytes]) -> None:
                     writer.write(b"".join(map(codec.frame_for_stream, frames)))
-                    await writer.drain()
+                    await drain(writer)
 
                 async def close(code: int) -> None:
                     writer.close()

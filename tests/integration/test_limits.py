@@ -218,3 +218,51 @@ def test_max_frame_counted(tmp_path: Path) -> None:
             assert r[("max_frame", "ivy")] == 2, r
 
     asyncio.run(main())
+
+
+def server_sockets(port: int) -> list[str]:
+    """The sockets of connections accepted on ``port`` that the server still holds (from /proc/net/tcp: any
+    state but LISTEN, with an inode; orphans the kernel finishes alone are not counted)."""
+    out = []
+    with open("/proc/net/tcp") as fh:
+        for line in fh.readlines()[1:]:
+            f = line.split()
+            if int(f[1].split(":")[1], 16) == port and f[3] != "0A" and f[9] != "0":
+                out.append(line.strip())
+    return out
+
+
+def test_stalled_tcp_peer_is_dropped(tmp_path: Path, monkeypatch: Any) -> None:
+    """A native TCP subscriber that stops reading is closed as a slow consumer, and its socket goes away once
+    the write timeout passes: it does not linger behind the bytes it never read, holding a socket."""
+    import hubbub.server
+
+    monkeypatch.setattr(hubbub.server, "WRITE_TIMEOUT_S", 1.0)
+
+    async def main() -> None:
+        async with server(tmp_path) as (srv, _http):
+            assert srv.node is not None
+            node, port = srv.node, srv.ports["native"]
+            sub_reader, stalled = await asyncio.open_connection("127.0.0.1", port)
+            stalled.write(
+                b'{"op":"hello","id":0,"v":1}\n{"op":"subscribe","id":1,"sub":"s","pattern":"/f"}\n'
+            )
+            await sub_reader.readline()
+            await sub_reader.readline()  # subscribed; from here on it reads nothing
+            reader, pub = await asyncio.open_connection("127.0.0.1", port)
+            pub.write(b'{"op":"hello","id":0,"v":1}\n')
+            await reader.readline()
+            burst = (b'{"op":"publish","id":1,"channel":"/f","text":"' + b"y" * 1000 + b'"}\n') * 100
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            # Publish until the server holds only the publisher's socket (the subscriber never reads).
+            while len(server_sockets(port)) > 1 or len(node.sessions) > 1:
+                assert loop.time() < deadline, (node.slow_closes, server_sockets(port))
+                pub.write(burst)
+                await pub.drain()
+            assert node.slow_closes.get("native") == 1
+            assert node.limiter.connections == 1
+            pub.close()
+            stalled.close()
+
+    asyncio.run(main())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import threading
 import time
@@ -234,3 +235,42 @@ async def _until_close(ws: aiohttp.ClientWebSocketResponse) -> aiohttp.WSMessage
         msg = await ws.receive()
         if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
             return msg
+
+
+@pytest.mark.slow
+def test_shutdown_with_a_stalled_peer(tmp_path: Path) -> None:
+    """SIGTERM ends the process promptly even when a native TCP subscriber stopped reading (its last frames
+    can never be sent): the closing connection is aborted after a bounded wait instead of holding the
+    shutdown forever."""
+    srv = ServerProcess(tmp_path / "data").start()
+
+    async def stall_then_term() -> float:
+        port = srv.ports["native"]
+        _r, stalled = await asyncio.open_connection("127.0.0.1", port)
+        stalled.write(b'{"op":"hello","id":0,"v":1}\n{"op":"subscribe","id":1,"sub":"s","pattern":"/s"}\n')
+        reader, pub = await asyncio.open_connection("127.0.0.1", port)
+        pub.write(b'{"op":"hello","id":0,"v":1}\n')
+        await reader.readline()
+        burst = (b'{"op":"publish","id":1,"channel":"/s","text":"' + b"z" * 1000 + b'"}\n') * 100
+        async with aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{srv.ports['http']}"
+            while not await metric(http, base, 'hubbub_slow_consumer_closes_total{dialect="native"}'):
+                for _ in range(20):
+                    pub.write(burst)
+                    await pub.drain()
+        pub.close()
+        assert srv.proc is not None
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        while srv.proc.poll() is None:
+            assert time.monotonic() - t0 < 30, "the server did not exit within 30 s of SIGTERM"
+            await asyncio.sleep(0.05)
+        stalled.close()
+        return time.monotonic() - t0
+
+    try:
+        took = asyncio.run(stall_then_term())
+    finally:
+        srv.kill()
+    assert srv.proc is not None and srv.proc.returncode == 0, srv.log()
+    assert took < 15, took

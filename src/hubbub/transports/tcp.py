@@ -22,6 +22,10 @@ READ_CHUNK = 256 * 1024
 #: How long a refused connection (over a connection limit) is given to send its first byte, which picks the
 #: framing of the error frame it is then sent.
 REFUSAL_WAIT_S = 5.0
+#: Seconds a closing connection may take to send what it still has (the last frames, a slow consumer's
+#: error) before its socket is aborted: a peer that stopped reading must not hold the socket, nor keep the
+#: server from shutting down.
+CLOSE_WAIT_S = 5.0
 
 
 def peer_ip(writer: asyncio.StreamWriter) -> str:
@@ -101,11 +105,14 @@ async def serve_native_tcp(
         finally:
             if conn is not None:
                 if conn.session.ending or conn.session.kicked:
-                    await conn.wait_written()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(conn.wait_written(), CLOSE_WAIT_S)
                 await conn.finish()
             writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            try:
+                await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S)
+            except Exception:  # the peer reads nothing (timeout) or reset the connection
+                writer.transport.abort()
 
     return await asyncio.start_server(handle, host, port, limit=max_frame + 1024, ssl=ssl_context)
 
