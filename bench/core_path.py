@@ -8,7 +8,13 @@ per event is much steadier than a socket benchmark's rate on a shared machine, s
 figures of hot-path changes; ``hubbub bench`` remains the end-to-end measure.
 
     PYTHONPATH=src python bench/core_path.py --events 200000 [--store memory|sqlite] [--ack] [--subs N]
-        [--default-gc]
+        [--default-gc] [--auth off|jwt|jwt-narrow]
+
+``--auth jwt`` runs with ``auth.mode = token``: every connection presents an HS256 JWT in ``hello`` whose
+``publish`` and ``subscribe`` claims are ``["/b/**"]``, so each publish is checked against the grant (the
+enforcement point in the core) and the subscription's grant check is made once, at subscribe time.
+``jwt-narrow`` grants ``["/b/c", "/b/d"]`` and subscribes to ``/b/*``: the grant cannot cover the pattern,
+so every delivery is checked too. ``bench/auth_cost.py`` compares them with ``off``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 import msgpack
 
+from hubbub.auth import Authenticator, KeySet, TokenAuthorizer
 from hubbub.core import Node, NodeSettings
 from hubbub.dialects import native as nc
 from hubbub.log import RetentionPolicy, open_store
@@ -74,25 +81,48 @@ async def feed(conn: NativeConnection, decoder: nc.NativeStreamDecoder, data: by
     await dispatch(conn, items)
 
 
+BENCH_SECRET = b"bench-hs256-secret-0123456789abcdef"
+
+
+def auth_setup(mode: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(Node keyword arguments, hello fields, subscription pattern) for ``--auth``."""
+    if mode == "off":
+        return {}, {}, "/b/c"
+    import jwt
+
+    grant = ["/b/**"] if mode == "jwt" else ["/b/c", "/b/d"]
+    token = jwt.encode(
+        {"sub": "bench", "publish": grant, "subscribe": grant, "exp": int(time.time()) + 3600},
+        BENCH_SECRET,
+        algorithm="HS256",
+    )
+    node_kw = {
+        "authorizer": TokenAuthorizer(),
+        "authenticator": Authenticator(keys=KeySet(hs256=((None, BENCH_SECRET),))),
+    }
+    return node_kw, {"token": token}, "/b/c" if mode == "jwt" else "/b/*"
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = tempfile.TemporaryDirectory()
     store = open_store(args.store, tmp.name, args.durability, RetentionPolicy(), 120)
     payload = b"x" * args.size
-    async with Node(store, NodeSettings(max_recovery=0)) as node:
+    node_kw, hello_kw, pattern = auth_setup(args.auth)
+    async with Node(store, NodeSettings(max_recovery=0), **node_kw) as node:
         subs: list[tuple[NativeConnection, Sink]] = []
         for _ in range(args.subs):
             dec = nc.NativeStreamDecoder(max_frame=1 << 20)
             sink = Sink()
             dec.feed(b"")
-            items = dec.feed(frame({"op": "hello", "id": 1, "v": 1, "batch": True}))
+            items = dec.feed(frame({"op": "hello", "id": 1, "v": 1, "batch": True, **hello_kw}))
             conn = connection(node, dec.codec, sink)
             for it in items:
                 await conn.handle(it)  # type: ignore[arg-type]
-            await feed(conn, dec, frame({"op": "subscribe", "id": 2, "sub": "s", "pattern": "/b/c"}))
+            await feed(conn, dec, frame({"op": "subscribe", "id": 2, "sub": "s", "pattern": pattern}))
             subs.append((conn, sink))
         pdec = nc.NativeStreamDecoder(max_frame=1 << 20)
         psink = Sink()
-        items = pdec.feed(frame({"op": "hello", "id": 1, "v": 1, "batch": True}))
+        items = pdec.feed(frame({"op": "hello", "id": 1, "v": 1, "batch": True, **hello_kw}))
         pub = connection(node, pdec.codec, psink)
         for it in items:
             await pub.handle(it)  # type: ignore[arg-type]
@@ -113,6 +143,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(0.01)
         c1, t1 = time.process_time(), time.perf_counter()
         delivered = sum(c.session.stats.delivered for c, _ in subs)
+        assert delivered == sent * args.subs, (delivered, sent)  # nothing refused or filtered away
         for c, _ in [*subs, (pub, psink)]:
             await c.finish()
     tmp.cleanup()
@@ -121,6 +152,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "durability": args.durability,
         "ack": args.ack,
         "subs": args.subs,
+        "auth": args.auth,
         "events": sent,
         "deliveries": delivered,
         "gc": "default" if args.default_gc else "server",
@@ -140,6 +172,7 @@ def main() -> None:
     ap.add_argument("--subs", type=int, default=1, help="subscriber connections")
     ap.add_argument("--uvloop", action="store_true", help="run on uvloop, as the server does")
     ap.add_argument("--repeat", type=int, default=5, help="runs; the figures are the best run's")
+    ap.add_argument("--auth", default="off", choices=["off", "jwt", "jwt-narrow"], help="see above")
     ap.add_argument(
         "--default-gc",
         action="store_true",

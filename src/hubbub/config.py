@@ -177,6 +177,9 @@ class Config:
         for key in ("guble_auth", "ivy_auth"):
             if getattr(self, key) not in ("", "off", "token"):
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (auth.mode), off or token")
+            if getattr(self, key) == "token" and self.auth_mode != "token":
+                # The keys and tokens are those of auth.*: a dialect cannot check tokens on its own.
+                raise ConfigError(f"{key.replace('_', '.', 1)} = token needs auth.mode = token")
         parse_listen(self.mist_tcp_listen, "mist.tcp_listen")
         try:
             if canonical(self.mist_channel, self.limits.max_channel_bytes) != self.mist_channel:

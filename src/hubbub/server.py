@@ -41,6 +41,26 @@ __all__ = ["GC_THRESHOLDS", "Server", "run", "tune_gc"]
 
 log = logging.getLogger("hubbub.server")
 
+#: Seconds a native TCP write may wait for a peer that stopped reading before the connection is aborted.
+#: A slow consumer is closed when its queue overflows, but its error frame and close wait behind what it
+#: never read: without a bound it would keep its socket and connection slot for as long as it likes.
+WRITE_TIMEOUT_S: float = 30.0
+
+
+async def drain(writer: asyncio.StreamWriter) -> None:
+    """``writer.drain()``, aborting the connection when the peer has not read for :data:`WRITE_TIMEOUT_S`.
+    The timer is set only when the transport's buffer is over its high-water mark (a drain that would wait):
+    the common write costs nothing more."""
+    transport = writer.transport
+    if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]:
+        await writer.drain()
+        return
+    try:
+        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+    except TimeoutError:
+        transport.abort()
+        raise ConnectionResetError("the peer read nothing within the write timeout") from None
+
 
 class Server:
     """One hubbub node with all its listeners. See the module docstring."""
@@ -132,11 +152,17 @@ class Server:
                         ping_interval_s=cfg.ivy_ping_interval_s,
                         read_timeout_s=cfg.ivy_read_timeout_s,
                         max_log_bytes=cfg.ivy_max_log_bytes,
+                        auth=token and cfg.dialect_auth("ivy") == "token",
                     )
                 )
             )
         if cfg.guble_enabled:
-            gs = GubleSettings(cfg.guble_node_id, cfg.guble_health_endpoint, cfg.guble_metrics_endpoint)
+            gs = GubleSettings(
+                cfg.guble_node_id,
+                cfg.guble_health_endpoint,
+                cfg.guble_metrics_endpoint,
+                auth=token and cfg.dialect_auth("guble") == "token",
+            )
             installers.append(functools.partial(install_guble, settings=gs))
         # Each dialect adds its route installer here, built from its own settings (the dialect's docs list
         # its configuration keys).
@@ -162,11 +188,11 @@ class Server:
                 async def send(data: bytes) -> None:
                     # The prefix and the frame as two buffers: a batch frame can be a megabyte, not copied.
                     writer.writelines(codec.stream_parts(data))
-                    await writer.drain()
+                    await drain(writer)
 
                 async def send_many(frames: list[bytes]) -> None:
                     writer.write(b"".join(map(codec.frame_for_stream, frames)))
-                    await writer.drain()
+                    await drain(writer)
 
                 async def close(code: Disconnect) -> None:
                     writer.close()
@@ -270,10 +296,11 @@ def build_authenticator(cfg: Config) -> Authenticator:
 
 
 #: HTTP routes of each dialect whose token presentation is not served yet (README §6): with its auth on
-#: they answer 401 rather than serve without checking tokens.
+#: they answer 401 rather than serve without checking tokens. Native, ivy and guble take tokens; the others
+#: stay here until their routes take them too (a dialect without ``<dialect>.enabled`` has no routes yet).
 _UNWIRED_ROUTES: dict[str, tuple[str, ...]] = {
-    "ivy": ("/ws", "/events/", "/log/"),
-    "guble": ("/stream/", "/api/", "/admin/"),
+    "wearscript": ("/wearscript/",),
+    "qpubs": ("/qpubs/", "/listen", "/once", "/ignore", "/emit"),
 }
 
 

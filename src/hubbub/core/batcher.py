@@ -124,7 +124,7 @@ class WriteBatcher:
     ) -> None:
         """Queue a publish. ``done`` is called on the loop with the result once committed (or failed).
 
-        The publisher is ``origin``'s identity, or ``identity`` for a publish without a connection (HTTP).
+        The publisher is ``identity`` when given (an HTTP request), else ``origin``'s identity.
         Raises :class:`ShuttingDown` while the node closes, ``AuthError`` (4102) when publishing is not
         allowed, and :class:`RateLimited` (4008) when the connection is over its publish rate.
         Callers that publish in a loop should ``await writable()`` to respect back-pressure.
@@ -136,7 +136,8 @@ class WriteBatcher:
         if self.closing or self.writer is None:
             raise ShuttingDown()
         if origin is not None:
-            identity = origin.identity
+            if identity is None:  # an HTTP publish naming a connection (ivy sid) keeps its own identity
+                identity = origin.identity
             bucket = origin.bucket
             if bucket is not None and not bucket.take(1):
                 self._rate_limited(origin)

@@ -33,6 +33,7 @@ from typing import Any, Final, TypeAlias
 import orjson
 
 from hubbub.channels import MAX_CHANNEL_BYTES, canonical
+from hubbub.disconnect import Disconnect
 from hubbub.errors import BadChannel, BadRequest, FrameTooLarge, HubbubError, ProtocolError, UnknownOp
 from hubbub.events import Event
 
@@ -70,6 +71,7 @@ __all__ = [
     "rest_publish_headers",
     "subtree_pattern",
     "user_id_from_path",
+    "wire_close",
 ]
 
 DEFAULT_MAX_FRAME: Final = 1 << 20
@@ -247,7 +249,9 @@ def new_xid() -> str:
 def error_text(exc: HubbubError) -> bytes:
     """The notification answering an error: ``!error-bad-request <text>`` for bad input,
     ``!error-server-internal <text>`` otherwise (the text is the public message, never internals)."""
-    if isinstance(exc, ProtocolError) or exc.code in (4001, 4004, 4007, 4102):
+    if exc.code == 4102:  # guble.md §3: a send the token does not allow
+        return b"!error-bad-request access denied"
+    if isinstance(exc, ProtocolError) or exc.code in (4001, 4004, 4007, 4008):
         return b"!error-bad-request " + (exc.detail or exc.message).encode("utf-8", "replace")
     return b"!error-server-internal " + exc.message.encode()
 
@@ -497,3 +501,9 @@ def headers_for_send(cmd: Send, max_headers: int = 64, max_header_bytes: int = 8
 
 
 __all__ += ["headers_for_send"]
+
+
+def wire_close(reason: Disconnect) -> Disconnect:
+    """The close a guble client sees for a session's end or kick: an expired token closes with 1008 (guble
+    has no error notice for it; protocols README §7, permission denied), every other reason as it is."""
+    return Disconnect.POLICY_VIOLATION if reason == Disconnect.TOKEN_EXPIRED else reason

@@ -71,6 +71,7 @@ __all__ = [
     "render_path",
     "subscription_pattern",
     "ts",
+    "wire_close",
 ]
 
 SUBPROTOCOL: Final = "ivy1"
@@ -413,3 +414,9 @@ def close_reason(exc: HubbubError) -> Disconnect:
     if isinstance(exc, ShuttingDown):
         return Disconnect.GOING_AWAY
     return Disconnect.INTERNAL_ERROR
+
+
+def wire_close(reason: Disconnect) -> Disconnect:
+    """The close an ivy client sees for a session's end or kick: an expired token closes with 1008 (ivy has
+    no error reply; protocols README §7, permission denied), every other reason as it is."""
+    return Disconnect.POLICY_VIOLATION if reason == Disconnect.TOKEN_EXPIRED else reason

@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
+from hubbub.auth import Identity
 from hubbub.channels import route_channel
 from hubbub.core import Node, ReplayPlan, Session
 from hubbub.core.filters import delivery_filters, passes
@@ -41,11 +42,11 @@ from hubbub.core.replay import list_channels
 from hubbub.core.session import Overflow
 from hubbub.dialects import guble as gc
 from hubbub.disconnect import Disconnect
-from hubbub.errors import BadChannel, FrameTooLarge, HubbubError, SubscriptionError
+from hubbub.errors import AuthError, BadChannel, FrameTooLarge, HubbubError, SubscriptionError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
-from .http import HttpSettings, raw_rest, text_response
+from .http import HttpSettings, raw_rest, request_identity, text_response
 from .pump import SessionPump, quietly, stopped
 
 __all__ = [
@@ -71,6 +72,8 @@ class GubleSettings:
     node_id: int = 0
     health_endpoint: str = "/admin/healthcheck"
     metrics_endpoint: str = "/admin/metrics"
+    #: ``guble.auth`` resolved: a token on the ``/stream/`` upgrade and on every REST and admin call (§9).
+    auth: bool = False
 
 
 # -- replay selection (reader threads) ----------------------------------------------------------------------
@@ -202,6 +205,12 @@ class GubleConnection:
         self.session.push(self.codec.encode_notice(name, arg))
 
     def _keep(self, e: Event) -> bool:
+        """Whether a fetch selects ``e`` (guble.md §5: events that fail the connection's filters or
+        permissions are not part of the selection, so counts and "last K" see only the others). The
+        permission check only reads the identity's grants."""
+        access = self.node.access
+        if access.authorizer.enabled and not access.may_read(self.session.identity, e.channel):
+            return False
         return not e.headers or passes(self.session, delivery_filters(e))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -453,13 +462,20 @@ class GubleHub:
         ws = web.WebSocketResponse(max_msg_size=self.http.max_frame, heartbeat=HEARTBEAT_S, compress=False)
         if not ws.can_prepare(request).ok:
             return text_response(400, "websocket upgrade required\n")
+        try:
+            ident = request_identity(self.node, request, "guble", self.settings.auth)
+        except AuthError:
+            return text_response(401, "unauthorized\n")
         await ws.prepare(request)
 
         async def close(code: Disconnect) -> None:
-            await ws.close(code=code)
+            await ws.close(code=gc.wire_close(code))
 
-        conn = GubleConnection(self, gc.user_id_from_path(request.raw_path), ws.send_bytes, close)
+        # With auth on, the token's user replaces the userId of the URL (guble.md §9).
+        user = ident.user if self.settings.auth else gc.user_id_from_path(request.raw_path)
+        conn = GubleConnection(self, user, ws.send_bytes, close)
         self.connections.add(conn)
+        self.node.access.bind(conn.session, ident)
         sess = conn.session
         code: Disconnect | None = None
         try:
@@ -476,7 +492,7 @@ class GubleHub:
         finally:
             self.connections.discard(conn)
             if not ws.closed:
-                reason = code or Disconnect.GOING_AWAY
+                reason = gc.wire_close(code or Disconnect.GOING_AWAY)
                 await quietly(lambda: ws.close(code=reason), self.node, "guble", sess.id, "close")
         return ws
 
@@ -487,12 +503,17 @@ class GubleHub:
             async for msg in ws:
                 if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                     if msg.type == WSMsgType.ERROR:
+                        if getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG:
+                            # aiohttp refused the frame (over max_frame) and already sent close 1009.
+                            self.node.count_bad_input("guble")
+                            self.node.limiter.refused("max_frame", "guble")
                         break
                     continue
                 try:
                     cmd = self.codec.decode(msg.data)
                 except FrameTooLarge:
                     self.node.count_bad_input("guble")
+                    self.node.limiter.refused("max_frame", "guble")
                     await ws.close(code=Disconnect.MESSAGE_TOO_BIG)
                     break
                 except HubbubError as exc:
@@ -506,10 +527,18 @@ class GubleHub:
 
     # -- REST -------------------------------------------------------------------------------------------
 
+    def _identity(self, request: web.Request) -> Identity:
+        """The request's identity (guble.md §9); ``AuthError`` when it has no valid token."""
+        return request_identity(self.node, request, "guble", self.settings.auth)
+
     async def message(self, request: web.Request) -> web.Response:
         rest = raw_rest(request, "/api/message/")
         if not rest:
             return text_response(404, "404 page not found\n")
+        try:
+            ident = self._identity(request)
+        except AuthError:
+            return text_response(401, "unauthorized\n")
         if request.method == "HEAD":
             return web.Response(status=200)
         if request.method != "POST":
@@ -527,15 +556,18 @@ class GubleHub:
         except HubbubError as exc:
             return text_response(400, f"{exc.detail}\n")
         q = request.query
+        user = ident.user if self.settings.auth else q.get("userId", "")
         req = AppendRequest(
             channel=channel,
-            publisher=Publisher("guble", q.get("userId", ""), gc.new_xid(), q.get("messageId", "")),
+            publisher=Publisher("guble", user, gc.new_xid(), q.get("messageId", "")),
             payload=body,
             content_type=request.headers.get("Content-Type") or OCTET_STREAM,
             headers=headers,
         )
         try:
-            await self.node.publish(req)
+            await self.node.publish(req, identity=ident)
+        except AuthError:
+            return text_response(403, "forbidden\n")
         except HubbubError as exc:
             return text_response(500 if exc.code != 4303 else 503, f"{exc.message}\n")
         return text_response(200, "OK")
@@ -544,12 +576,20 @@ class GubleHub:
         rest = raw_rest(request, "/api/subscribers/")
         if not rest:
             return text_response(404, "404 page not found\n")
+        try:
+            ident = self._identity(request)
+        except AuthError:
+            return text_response(401, "unauthorized\n")
         if request.method not in ("GET", "HEAD"):
             return text_response(405, "Method not allowed\n")
         try:
             channel = route_channel(rest, self.http.max_channel_bytes)
         except BadChannel:
             return text_response(400, "invalid path\n")
+        try:  # who listens on a topic is read access to it
+            self.node.access.check_read(ident, channel, "guble")
+        except AuthError:
+            return text_response(403, "forbidden\n")
         out = [
             {"application_id": c.session.id, "user_id": c.session.user}
             for c, r in self.live_receivers()
@@ -559,7 +599,23 @@ class GubleHub:
 
     # -- admin ------------------------------------------------------------------------------------------
 
+    def _admin(self, request: web.Request) -> web.Response | None:
+        """``None`` when the request may use ``/admin/*``: with auth on, a token with the ``admin`` claim
+        (401 without a valid token, 403 without the claim). Native ``/healthz`` stays open for probes."""
+        try:
+            ident = self._identity(request)
+        except AuthError:
+            return text_response(401, "unauthorized\n")
+        try:
+            self.node.access.check_admin(ident, "guble")
+        except AuthError:
+            return text_response(403, "forbidden\n")
+        return None
+
     async def healthcheck(self, request: web.Request) -> web.Response:
+        refused = self._admin(request)
+        if refused is not None:
+            return refused
         checks: dict[str, str] = {}
         if self.node.closing:
             checks["node"] = "shutting down"
@@ -597,9 +653,15 @@ class GubleHub:
         return out
 
     async def metrics(self, request: web.Request) -> web.Response:
+        refused = self._admin(request)
+        if refused is not None:
+            return refused
         return _json(200, self.counters(), charset=True)
 
     async def router(self, request: web.Request) -> web.Response:
+        refused = self._admin(request)
+        if refused is not None:
+            return refused
         if request.method != "GET":
             return _json(405, {"error": "Error method not allowed. Only HTTP GET is accepted"})
         out: dict[str, list[dict[str, Any]]] = {}

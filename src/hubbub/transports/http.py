@@ -18,7 +18,7 @@ import orjson
 from aiohttp import WSMsgType, web
 from prometheus_client import CollectorRegistry
 
-from hubbub.auth import Identity
+from hubbub.auth import ANONYMOUS, Identity
 from hubbub.channels import parse_pattern, route_channel
 from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
 from hubbub.core.replay import plan_replay, trimmed_after
@@ -34,7 +34,17 @@ from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
 from .native import NativeConnection, NativeEncoder
 from .pump import SessionPump, quietly, stopped
 
-__all__ = ["HttpSettings", "RouteInstaller", "build_app", "native_codec", "raw_rest", "text_response"]
+__all__ = [
+    "HttpSettings",
+    "RouteInstaller",
+    "build_app",
+    "native_codec",
+    "peer_address",
+    "raw_rest",
+    "request_identity",
+    "request_token",
+    "text_response",
+]
 
 log = logging.getLogger("hubbub.http")
 
@@ -131,7 +141,42 @@ def peer_address(request: web.Request) -> str:
     return request.remote or ""
 
 
+def request_identity(node: Node, request: web.Request, dialect: str, auth: bool = True) -> Identity:
+    """The identity of one request or WebSocket upgrade of ``dialect`` (README §6): from its token when the
+    dialect's auth is on, :data:`~hubbub.auth.ANONYMOUS` when it is off (``<dialect>.auth = off``). Raises
+    ``AuthError`` 4100/4101/4103, audited, which every dialect answers with ``401``."""
+    if not auth:
+        return ANONYMOUS
+    return node.authenticate(request_token(request), dialect, peer_address(request))
+
+
 NATIVE_PATHS = ("/ws/hubbub", "/healthz", "/metrics")
+
+
+#: Path prefixes of the other dialects' routes (README §1), for the ``dialect`` label of refusals.
+_DIALECT_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("/events/", "ivy"),
+    ("/log/", "ivy"),
+    ("/stream/", "guble"),
+    ("/api/message/", "guble"),
+    ("/api/subscribers/", "guble"),
+    ("/admin/", "guble"),
+    ("/wearscript/", "wearscript"),
+    ("/mist/", "mist"),
+    ("/qpubs/", "qpubs"),
+)
+
+
+def route_dialect(path: str) -> str:
+    """The dialect a request path belongs to (README §1), ``http`` when none claims it."""
+    if path in NATIVE_PATHS or path.startswith("/api/v1/"):
+        return "native"
+    if path == "/ws":
+        return "ivy"
+    for prefix, dialect in _DIALECT_PREFIXES:
+        if path.startswith(prefix):
+            return dialect
+    return "http"
 
 
 def locked_route(path: str, locked: tuple[str, ...]) -> bool:
@@ -157,13 +202,17 @@ def _admission(node: Node, settings: HttpSettings) -> Any:
             )
             return text_response(401, "unauthorized\n")
         ip = peer_address(request)
-        over = node.limiter.admit(ip, "native" if path.startswith(("/api/v1/", "/ws/hubbub")) else "http")
+        dialect = route_dialect(path)
+        over = node.limiter.admit(ip, dialect)
         if over is not None:
-            if path.startswith(("/api/v1/", "/ws/hubbub")):
+            if dialect == "native":
                 return _error(HubbubError(over, code=Disconnect.TOO_MANY_CONNECTIONS))
             return text_response(503, "too many connections\n")
         try:
             return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            node.limiter.refused("max_frame", dialect)  # answered 413 by the error middleware
+            raise
         finally:
             node.limiter.release(ip)
 
@@ -290,6 +339,9 @@ class NativeHttp:
                     if conn.session.ending or conn.session.kicked:
                         break
                 elif msg.type == WSMsgType.ERROR:
+                    if getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG:
+                        # aiohttp refused a message over max_frame (and sent close 1009)
+                        conn.node.limiter.refused("max_frame", "native")
                     break
             if conn.session.ending or conn.session.kicked:
                 await asyncio.wait_for(conn.wait_written(), 10)

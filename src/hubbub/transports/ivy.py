@@ -32,6 +32,7 @@ from hubbub.errors import (
     AuthError,
     BadChannel,
     BadRequest,
+    FrameTooLarge,
     HubbubError,
     LimitExceeded,
     ProtocolError,
@@ -41,7 +42,7 @@ from hubbub.errors import (
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
-from .http import HttpSettings, RouteInstaller, raw_rest, text_response
+from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 from .pump import SessionPump, io_failed, quietly, stopped
 
 __all__ = ["IvyConnection", "IvyEncoder", "IvySettings", "ivy_installer"]
@@ -51,6 +52,7 @@ log = logging.getLogger("hubbub.ivy")
 DIALECT = "ivy"
 PREFIXES = ("/events/", "/log/")
 IMMUTABLE = "public, max-age=31536000, immutable"
+IMMUTABLE_PRIVATE = "private, max-age=31536000, immutable"
 PAGE = 1000
 
 
@@ -63,6 +65,8 @@ class IvySettings:
     read_timeout_s: float = 60.0
     #: Largest log-read body, in bytes, before the read is refused with 413 (a bound on memory).
     max_log_bytes: int = 64 << 20
+    #: ``ivy.auth`` resolved: a token is required on the upgrade and on every ``/events/`` request (§8).
+    auth: bool = False
 
 
 class IvyEncoder:
@@ -162,6 +166,10 @@ class IvyConnection:
     async def handle_text(self, frame: str) -> None:
         try:
             cmd = self.codec.decode(frame)
+        except FrameTooLarge as exc:
+            self.node.limiter.refused("max_frame", DIALECT)
+            self.bad_input(ivy.close_reason(exc), exc.detail or exc.message)
+            return
         except ProtocolError as exc:
             self.bad_input(ivy.close_reason(exc), exc.detail or exc.message)
             return
@@ -230,6 +238,9 @@ class IvyConnection:
         except AuthError as exc:
             self.bad_input(ivy.close_reason(exc), "publish not allowed")
             return
+        except LimitExceeded as exc:  # the publish rate (limits.publish_rate): ivy has no error reply
+            self.bad_input(ivy.close_reason(exc), "publish rate exceeded")
+            return
         except ShuttingDown as exc:
             sess.end(ivy.close_reason(exc))
             return
@@ -282,6 +293,10 @@ class IvyHttp:
         )
         if not ws.can_prepare(request).ok:
             return text_response(400, "websocket upgrade required\n")
+        try:
+            ident = request_identity(self.node, request, DIALECT, self.ivy.auth)
+        except AuthError:
+            return text_response(401, "unauthorized\n")
         await ws.prepare(request)
         codec = ivy.IvyCodec(
             max_frame=self.s.max_frame,
@@ -293,7 +308,7 @@ class IvyHttp:
             await ws.send_frame(data, WSMsgType.TEXT)
 
         async def close(code: Disconnect) -> None:
-            await ws.close(code=code)
+            await ws.close(code=ivy.wire_close(code))
 
         async def ping() -> None:
             await ws.ping()
@@ -301,6 +316,9 @@ class IvyHttp:
         conn = IvyConnection(
             self.node, codec, send=send, close=close, ping=ping, settings=self.s, ivy_settings=self.ivy
         )
+        # Bound before the session is attached: its subscriptions see the token's permissions, and its
+        # expiry closes it (1008).
+        self.node.access.bind(conn.session, ident)
         try:
             async with asyncio.TaskGroup() as group:
                 conn.start(group)
@@ -312,7 +330,7 @@ class IvyHttp:
             pass
         finally:
             if not ws.closed:
-                code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
+                code = ivy.wire_close(conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY)
                 await quietly(lambda: ws.close(code=code), self.node, DIALECT, conn.session.id, "close")
         return ws
 
@@ -337,6 +355,7 @@ class IvyHttp:
                     ):
                         # aiohttp refused the frame and already sent close 1009.
                         self.node.count_bad_input(DIALECT)
+                        self.node.limiter.refused("max_frame", DIALECT)
                         log.debug("closing ivy connection: frame too large")
                     break
         except ConnectionError:
@@ -355,6 +374,10 @@ class IvyHttp:
         return handler
 
     async def publish(self, request: web.Request, prefix: str) -> web.Response:
+        try:
+            ident = request_identity(self.node, request, DIALECT, self.ivy.auth)
+        except AuthError:
+            return text_response(401, "unauthorized\n")
         try:
             channel = ivy.publish_path(raw_rest(request, prefix), self.s.max_channel_bytes)
         except BadChannel:
@@ -381,14 +404,17 @@ class IvyHttp:
             origin = None
         req = AppendRequest(
             channel=channel,
-            publisher=Publisher(DIALECT, "", sid, ""),
+            publisher=Publisher(DIALECT, ident.user, sid, ""),
             payload=payload,
             content_type=ivy.CONTENT_TYPE,
         )
         try:
-            await self.node.publish(req, origin)
+            # The request's own identity decides, not that of the connection its sid names.
+            await self.node.publish(req, origin, identity=ident)
         except AuthError:
             return text_response(403, "forbidden\n")
+        except LimitExceeded:
+            return text_response(429, "too many requests\n")
         except HubbubError as exc:
             log.warning("ivy HTTP publish failed: %s", exc)
             return text_response(503, "unavailable\n")
@@ -396,9 +422,23 @@ class IvyHttp:
 
     async def log_read(self, request: web.Request, prefix: str) -> web.Response:
         try:
+            ident = request_identity(self.node, request, DIALECT, self.ivy.auth)
+        except AuthError:
+            return text_response(401, "unauthorized\n")
+        try:
             lp = ivy.parse_log_path(raw_rest(request, prefix), self.s.max_channel_bytes)
         except BadRequest:
             return text_response(400, "invalid glob path\n")
+        # Log reads check the subscribe permission (README §6): an exact channel the token may not read is
+        # refused; a glob leaves out the channels it may not read, as if they held no events.
+        visible: Callable[[str], bool] | None = None
+        if lp.pattern is None:
+            try:
+                self.node.access.check_read(ident, lp.channel, DIALECT)
+            except AuthError:
+                return text_response(403, "forbidden\n")
+        else:
+            visible = self.node.access.visibility(ident, lp.pattern)
         q = request.query
         try:
             n = ivy.parse_count(q.get("n"))
@@ -408,13 +448,17 @@ class IvyHttp:
         rng = ivy.at_range(at) if at is not None else None
         nothing = at is not None and rng is None
         try:
-            top_time, lines, newest = await _read_log(self.node, lp, n, rng, nothing, self.ivy.max_log_bytes)
+            top_time, lines, newest = await _read_log(
+                self.node, lp, n, rng, nothing, self.ivy.max_log_bytes, visible
+            )
         except _TooLarge:
             return text_response(413, "log too large: narrow the read with ?n= or ?at=\n")
         except HubbubError as exc:
             log.warning("ivy log read failed: %s", exc)
             return text_response(503, "unavailable\n")
         cache = IMMUTABLE if at is not None and ivy.immutable_at(rng, top_time) else "no-cache"
+        if self.ivy.auth and cache == IMMUTABLE:
+            cache = IMMUTABLE_PRIVATE  # a shared cache must not serve one token's read to another
         headers = {"Content-Type": "text/plain", "Accept-Ranges": "bytes", "Cache-Control": cache}
         if not lines:
             return web.Response(status=200, body=b"", headers=headers)
@@ -483,9 +527,11 @@ async def _read_log(
     rng: tuple[int, int] | None,
     nothing: bool,
     max_bytes: int,
+    visible: Callable[[str], bool] | None = None,
 ) -> tuple[int, list[bytes], int]:
     """(top_time read first, the rendered lines, the newest returned time), through the node's typed reads:
-    a page of at most ``PAGE`` events per reader-thread hop, rendered on the loop."""
+    a page of at most ``PAGE`` events per reader-thread hop, rendered on the loop. A glob reads only the
+    channels ``visible`` accepts (all when it is ``None``)."""
     top_time = await node.top_time()
     if nothing:
         return top_time, [], 0
@@ -495,6 +541,8 @@ async def _read_log(
         if pattern is None
         else [ci.channel for ci in await node.list_channels(pattern, limit=LIST_LIMIT)]
     )
+    if visible is not None:
+        channels = [ch for ch in channels if visible(ch)]
     lines: list[bytes] = []
     total = 0
     newest = 0

@@ -141,6 +141,8 @@ class NativeConnection(NativePublishing):
     def bad_input(self, exc: HubbubError) -> None:
         """Answer a decoding error: the error frame, then a close when it is fatal."""
         self.node.count_bad_input("native")
+        if exc.code == Disconnect.FRAME_TOO_LARGE:
+            self.node.limiter.refused("max_frame", "native")
         self.proto.failed(exc, exc.request_id)
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Callable, Sequence
@@ -23,6 +24,10 @@ READ_CHUNK = 256 * 1024
 #: How long a refused connection (over a connection limit) is given to send its first byte, which picks the
 #: framing of the error frame it is then sent.
 REFUSAL_WAIT_S = 5.0
+#: Seconds a closing connection may take to send what it still has (the last frames, a slow consumer's
+#: error) before its socket is aborted: a peer that stopped reading must not hold the socket, nor keep the
+#: server from shutting down.
+CLOSE_WAIT_S = 5.0
 
 
 def peer_ip(writer: asyncio.StreamWriter) -> str:
@@ -106,16 +111,19 @@ async def serve_native_tcp(
         finally:
             if conn is not None:
                 if conn.session.ending or conn.session.kicked:
-                    await conn.wait_written()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(conn.wait_written(), CLOSE_WAIT_S)
                 await conn.finish()
             writer.close()
             await quietly(
-                writer.wait_closed,
+                lambda: asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S),
                 conn.node if conn else None,
                 "native",
                 conn.session.id if conn else "",
                 "close",
             )
+            # A peer that reads nothing (the wait timed out) keeps no socket; after a clean close, a no-op.
+            writer.transport.abort()
 
     return await asyncio.start_server(handle, host, port, limit=max_frame + 1024, ssl=ssl_context)
 

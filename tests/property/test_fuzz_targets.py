@@ -1,0 +1,57 @@
+"""The fuzz targets of ``fuzz/atheris_targets.py`` in CI: each target replays its corpus (the
+``regression-*`` inputs are the crashes found so far) and is fuzzed for a few seconds, coverage-guided
+under atheris when it is installed, else with hypothesis. New inputs go to a scratch directory.
+
+The long run (10 minutes per target) is ``python fuzz/atheris_targets.py all --seconds 600 --work DIR``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "fuzz" / "atheris_targets.py"
+#: Seconds of fuzzing per target: the targets stay under two minutes together.
+SECONDS = 3
+
+
+def target_names() -> list[str]:
+    """The names in the script's ``TARGETS`` table, read from its text (importing it would set atheris up
+    in this process): a new target runs here without being listed twice."""
+    text = SCRIPT.read_text(encoding="utf-8")
+    block = text.split("TARGETS: dict[str, Callable[[bytes], None]] = {", 1)[1].split("}", 1)[0]
+    return [line.split(":", 1)[0].strip().strip('"') for line in block.strip().splitlines()]
+
+
+TARGETS = target_names()
+
+
+def test_targets_have_corpus() -> None:
+    assert len(TARGETS) >= 8, TARGETS
+    for name in TARGETS:
+        assert any((ROOT / "fuzz" / "corpus" / name).iterdir()), f"{name} has no corpus"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+def test_fuzz_target(target: str, tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), target, "--seconds", str(SECONDS), "--work", str(tmp_path / "work")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    # libFuzzer's summary (atheris) or the fallback's line: the target really ran.
+    assert "Done " in out or "no failure" in out, out[-2000:]
