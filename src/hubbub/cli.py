@@ -30,7 +30,8 @@ _HELP = {
     "data_dir": "directory for the log store and small state files",
     "durability": "when a publish is acknowledged: fsync (after fsync; survives power loss), "
     "commit (after the commit; survives a process crash), none (once sequenced; promises nothing)",
-    "store": "log engine: sqlite (in data_dir), sqlite:///FILE, or memory (nothing survives a restart)",
+    "store": "log engine: sqlite (in data_dir), sqlite:///FILE, memory (nothing survives a restart), "
+    "or postgresql://USER@HOST:PORT/DB (shared by the nodes of a cluster)",
     "broker": "redis://... for fan-out across nodes (not yet supported)",
     "http.listen": "HTTP and WebSocket listener, HOST:PORT (port 0 picks a free port)",
     "native.tcp_listen": "native raw TCP listener, HOST:PORT",
