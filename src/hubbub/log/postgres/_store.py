@@ -44,7 +44,7 @@ import psycopg
 import psycopg_pool
 from psycopg.pq import TransactionStatus
 
-from hubbub.errors import StorageError
+from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.events import Event, Publisher
 from hubbub.log.base import (
     AppendRequest,
@@ -149,6 +149,10 @@ class _Head:
     bytes: int
 
 
+def _info(channel: str, h: _Head) -> ChannelInfo:
+    return ChannelInfo(channel, h.epoch, h.first, h.top, h.top_time)
+
+
 @dataclass(slots=True)
 class _State:
     """The ``log_state`` row, locked by the current write transaction, and what came with it."""
@@ -223,7 +227,7 @@ class PostgresLogStore(_ReadSide, LogStore):
         *,
         durability: str = "commit",
         retention: RetentionPolicy | None = None,
-        idem_window_s: int = 600,
+        idem_window_s: float = 600,
         clock: Callable[[], int] = time.time_ns,
         readonly: bool = False,
         pool_size: int = 8,
@@ -239,7 +243,7 @@ class PostgresLogStore(_ReadSide, LogStore):
         self.durability = durability
         self.readonly = readonly
         self._retention = retention or RetentionPolicy()
-        self._idem_window_ns = max(idem_window_s, 0) * _NS
+        self._idem_window_ns = int(max(idem_window_s, 0) * _NS)
         self._clock = clock
         self._connect_timeout_s = max(connect_timeout_s, 1.0)
         self._pool_timeout_s = self._connect_timeout_s
@@ -692,11 +696,12 @@ class PostgresLogStore(_ReadSide, LogStore):
                     f"SELECT {_HEAD_ROW} FROM retired_epochs WHERE path = %s AND epoch = %s", (channel, epoch)
                 ).fetchone()
                 if row is None:
-                    raise ValueError(f"the channel has no epoch {epoch!r} holding events")
+                    current = ChannelInfo(channel, "", 0, 0, 0) if h is None else _info(channel, h)
+                    raise TrimEpochGone(current, epoch)
                 h, table = _Head(*row), "retired_epochs"
             top = 0 if h is None else h.top
             if not 0 <= up_to_seq <= top:
-                raise ValueError(f"cannot trim to seq {up_to_seq}: the channel's top is {top}")
+                raise TrimOutOfRange(up_to_seq, top)
             if h is None:
                 return ChannelInfo(channel, "", 0, 0, 0)
             if up_to_seq >= h.first:
@@ -706,7 +711,7 @@ class PostgresLogStore(_ReadSide, LogStore):
                 conn.execute(_UPDATE_HEADS.format(table=table), _heads_row([h]))
                 if table == "retired_epochs":
                     conn.execute("DELETE FROM retired_epochs WHERE id = %s AND count <= 0", (h.id,))
-            return ChannelInfo(channel, h.epoch, h.first, h.top, h.top_time)
+            return _info(channel, h)
 
         return self._write("trim", body)
 
