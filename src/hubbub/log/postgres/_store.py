@@ -354,8 +354,8 @@ class PostgresLogStore(_ReadSide, LogStore):
 
         ``body`` gets the connection (in pipeline mode) and the :class:`_Lock`, whose ``state`` it reads and
         changes; it queues or runs its statements, and the state is saved before the commit. A failure rolls
-        back and raises StorageError (``ValueError`` from ``body`` is raised as is); see the module docstring
-        for retries and commits whose outcome was cut off."""
+        back and raises StorageError (``ValueError`` and hubbub's own errors from ``body`` are raised as
+        is); see the module docstring for retries and commits whose outcome was cut off."""
         for attempt in (0, 1):
             conn = self._writer()
             st: _State | None = None
