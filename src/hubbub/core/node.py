@@ -50,6 +50,7 @@ from .access import Access, only_visible
 from .fanout import FanOut
 from .filters import FILTER_PREFIX, delivery_filters, passes, withheld
 from .limits import Limiter, LimitSettings
+from .relay import Relay, committed_events
 from .replay import Gap, ReplayPlan, ReplaySpan, ReplaySpec, plan_replay
 from .session import FrameRun, Session
 from .stats import Histogram
@@ -186,6 +187,8 @@ class Node:
         self.ack_latency = Histogram(ACK_BUCKETS)
         # Live delivery: reads the router and the holding set, counts into ``deliveries``.
         self._fanout = FanOut(self.router, self._holding, self.deliveries)
+        #: A cluster relay (``core/relay.py``): when set, committed events go to it, not to the fan-out.
+        self.relay: Relay | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -471,6 +474,9 @@ class Node:
                 done(result[i])
             i += 1
         obs(now - t_run, n_run)
+        if self.relay is not None:
+            self.relay.committed(committed_events(items, result, self.published))
+            return
         published = self.published
         fan_out, fan_out_run = self._fanout.fan_out, self._fanout.fan_out_run
         match = self.router.match
@@ -504,6 +510,10 @@ class Node:
             fan_out(ev, origin)
         if run:
             fan_out_run(run_subs, run, run_origin)
+
+    def fan_out(self, event: Event, origin: Session | None = None) -> None:
+        """Deliver a committed event to the matching local sessions: a relay's release (``relay``)."""
+        self._fanout.fan_out(event, origin)
 
     # -- subscribe --------------------------------------------------------------------------------------
 
