@@ -67,6 +67,7 @@ with atheris.instrument_imports() if atheris is not None else contextlib.nullcon
 
     from hubbub import channels as chn
     from hubbub.auth import Authenticator, Identity, load_keys, parse_static_tokens
+    from hubbub.cluster import wire as cw
     from hubbub.dialects import guble as gc
     from hubbub.dialects import native as nc
     from hubbub.dialects import wearscript as wsd
@@ -266,6 +267,20 @@ def wearscript_target(data: bytes) -> None:
     assert hub.connections() == [b.id]
 
 
+def cluster_wire_target(data: bytes) -> None:
+    """A Redis message between nodes: decoded, or refused with BadMessage; what decodes re-encodes to the same
+    message."""
+    try:
+        m = cw.decode(data)
+    except cw.BadMessage:
+        return
+    if m.events:
+        again = [cw.decode(b) for b in cw.encode_events(m.node, m.events)]
+        assert [e for x in again for e in x.events] == m.events
+    else:
+        assert cw.decode(cw.encode_tops(m.node, m.tops)) == m
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "native_json": native_json,
     "native_msgpack": native_msgpack,
@@ -276,6 +291,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "channels": channels_target,
     "auth": auth_target,
     "wearscript": wearscript_target,
+    "cluster_wire": cluster_wire_target,
 }
 
 
