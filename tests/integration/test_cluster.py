@@ -165,3 +165,51 @@ def test_a_node_started_without_redis_serves_and_joins_later(
             assert c.next_push()["text"] == "two"
     finally:
         a.kill()
+
+
+def test_three_nodes_a_node_killed_mid_load_loses_no_acknowledged_event(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    a, b, c = (_node(tmp_path, n, pg_url, redis_server) for n in "abc")
+    try:
+        with Lines(c.ports["native"]) as watcher, Lines(a.ports["native"]) as on_a:
+            for s in (watcher, on_a):
+                assert s.subscribe("s", "/load")["op"] == "reply"
+            acked: dict[int, str] = {}
+            pub = Lines(a.ports["native"])
+            for i in range(150):
+                r = pub.publish("/load", f"m{i}")
+                acked[int(r["seq"])] = f"m{i}"
+            epoch = str(r["epoch"])
+            # A commit in flight at the kill: sent, maybe committed, never acknowledged.
+            pub.send({"op": "publish", "id": 9999, "channel": "/load", "text": "maybe", "ack": True})
+            a.kill()  # kill -9 node A mid-load
+            pub.close()
+            # The publisher goes on on node B.
+            with Lines(b.ports["native"]) as pub_b:
+                for i in range(150, 300):
+                    r = pub_b.publish("/load", f"m{i}")
+                    acked[int(r["seq"])] = f"m{i}"
+            top = max(acked)
+            # Node A's subscriber saw some prefix, then lost its connection.
+            seen: list[dict[str, Any]] = []
+            with pytest.raises((ConnectionError, OSError)):
+                while True:
+                    seen.append(on_a.next_push())
+            last = seen[-1]["seq"] if seen else 0
+            assert [e["seq"] for e in seen] == list(range(1, last + 1))
+            # ... and recovers on node B from its position, with no gap and no repeat.
+            with Lines(b.ports["native"]) as again:
+                reply = again.subscribe("s", "/load", since={"seq": last, "epoch": epoch})
+                assert reply["position"] == {"seq": top, "epoch": epoch}, reply
+                rest = [again.next_push() for _ in range(reply["position"]["seq"] - last)]
+                assert [e["seq"] for e in rest] == list(range(last + 1, reply["position"]["seq"] + 1))
+                assert again.next_push("recovered")["replayed"] == len(rest)
+            # Node C's subscriber sees every committed event, acknowledged ones included, in order, once.
+            got = [watcher.next_push() for _ in range(top)]
+            assert [e["seq"] for e in got] == list(range(1, top + 1))
+            texts = {e["seq"]: e["text"] for e in got}
+            assert all(texts[q] == t for q, t in acked.items())
+    finally:
+        for n in (a, b, c):
+            n.kill()

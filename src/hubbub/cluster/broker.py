@@ -15,7 +15,9 @@ what it commits meanwhile is remembered as per-channel tops (not events), which 
 back so that the other nodes fill them from the log; and every ``cluster.poll_interval_s`` it compares the
 log's heads with what it delivered and fills the difference, so its subscribers see the other nodes' events
 too, later. Once the subscription is back, it catches up from the log the same way. A subscription is always
-made first and the log's heads read after it, so nothing committed in between is missed. The state shows in
+made first and the log's heads read after it, so nothing committed in between is missed. With Redis up, a
+cheap watch (the log's newest commit time against the newest delivered) finds events that were committed and
+never published (a node killed in between) and fills them. The state shows in
 ``/healthz`` (``broker``) and ``/metrics`` (``hubbub_cluster_*``).
 
 Concurrency contract: :meth:`committed`, :meth:`start`, :meth:`close`, :meth:`health` and :meth:`statistics`
@@ -123,6 +125,7 @@ class RedisBroker:
         self.bad_messages = 0
         self.reconnects = 0
         self.syncs = 0
+        self.watch_syncs = 0
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
@@ -138,10 +141,13 @@ class RedisBroker:
                 "cluster: Redis unavailable at start (%s); serving from the log until it is back", exc
             )
             self._set_up(False)
+        t0 = await self._top_time()
         self.sequencer.seed(await self._all_heads())
+        self.sequencer.note_time(t0)
         node.relay = self
         self._spawn(self._receive_loop())
         self._spawn(self._publish_loop())
+        self._spawn(self._watch_loop())
         log.info(
             "cluster: node %s on %s",
             self.node_id,
@@ -248,12 +254,41 @@ class RedisBroker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._reads, read_all)
 
+    async def _top_time(self) -> int:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reads, self.store.top_time)
+
     async def _sync(self) -> None:
         """Fill every channel the log has further than this node delivered."""
         self.syncs += 1
+        t = await self._top_time()
         n = self.sequencer.sync_all(await self._all_heads())
+        self.sequencer.note_time(t)
         if n:
             log.info("cluster: catching up %d channels from the log", n)
+
+    async def _watch_loop(self) -> None:
+        """While Redis is up, the events of a node killed between its commit and its publish, or of a message
+        Redis dropped, would reach this node only with a later event of their channel. So every poll interval
+        the log's newest commit time is compared with the newest this node delivered; still ahead one
+        interval later, it means such events: sync from the log. (While Redis is away, the receive loop syncs
+        every interval anyway.) One small query per interval."""
+        behind = 0
+        while not self._closed:
+            await asyncio.sleep(self.settings.poll_interval_s)
+            if not self.up:
+                behind = 0
+                continue
+            try:
+                if behind and self.sequencer.max_time < behind:
+                    self.watch_syncs += 1
+                    await self._sync()
+                behind = 0
+                t = await self._top_time()
+                if t > self.sequencer.max_time:
+                    behind = t
+            except Exception as exc:  # the log away: the fills report it; try again next interval
+                log.debug("cluster: watching the log failed: %s", exc)
 
     def position(self, channel: str, epoch: str, top: int) -> int:
         """How far (``<= top``) this node delivered the channel's epoch ``epoch``, waiting a moment for it
@@ -312,7 +347,7 @@ class RedisBroker:
                 except (RedisError, OSError, TimeoutError) as exc:
                     log.debug("cluster: Redis still unavailable: %s", exc)
                     with contextlib.suppress(Exception):
-                        await self._sync()
+                        await self._sync()  # the log away too: the next interval tries again
                     await asyncio.sleep(min(delay, self.settings.poll_interval_s))
                     delay = min(delay * 2, self.settings.poll_interval_s)
                     continue
@@ -414,6 +449,7 @@ class RedisBroker:
             "bad_messages": self.bad_messages,
             "reconnects": self.reconnects,
             "syncs": self.syncs,
+            "watch_syncs": self.watch_syncs,
             "unannounced_channels": len(self._dirty),
             **self.sequencer.statistics(),
         }

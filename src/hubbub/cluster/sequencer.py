@@ -111,6 +111,8 @@ class Sequencer(Generic[Origin]):
         self.lost = 0
         self.fill_errors = 0
         self.skipped = 0
+        #: The newest commit time known delivered (released, or covered by a sync): see :meth:`note_time`.
+        self.max_time = 0
 
     # -- state --------------------------------------------------------------------------------------------
 
@@ -224,8 +226,14 @@ class Sequencer(Generic[Origin]):
 
     # -- release ------------------------------------------------------------------------------------------
 
+    def note_time(self, time_ns: int) -> None:
+        """Everything committed up to ``time_ns`` is released or being filled (a seed or a sync read the log's
+        heads after that commit time)."""
+        self.max_time = max(self.max_time, time_ns)
+
     def _release(self, ev: Event, origin: Origin | None) -> None:
         self.released_count += 1
+        self.max_time = max(self.max_time, ev.time_ns)
         try:
             self._deliver(ev, origin)
         except Exception:  # one faulty delivery must not stop the channel's stream
