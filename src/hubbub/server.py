@@ -253,6 +253,8 @@ class Server:
             await self._runner.cleanup()
             self._runner = None
         if node is not None:
+            if self._broker is not None:
+                await self._broker.sequencer.close()  # no more fills: the store closes with the node
             await node.close()
             self.node = None
         if self._broker is not None:

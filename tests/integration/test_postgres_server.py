@@ -66,3 +66,35 @@ def test_store_from_environment(tmp_path: Path, pg_url: str, monkeypatch: pytest
             assert row.fetchone() == (1,)
     finally:
         srv.kill()
+
+
+def test_postgresql_restart_fails_publishes_with_4301_then_recovers(tmp_path: Path) -> None:
+    from tests.pgserver import PgServer, missing_reason
+
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with PgServer() as pg:  # a server of this test's own: it is stopped and started again
+        url = pg.create_database("restart")
+        srv = ServerProcess(tmp_path / "data", ["--store", url]).start()
+        try:
+            with Lines(srv.ports["native"]) as c:
+                acked = [int(c.publish("/r", f"m{i}")["seq"]) for i in range(10)]
+                pg.stop("fast")
+                down = c.publish("/r", "while down")
+                assert down["op"] == "error" and down["code"] == 4301 and down["temporary"] is True
+                with pytest.raises(urllib.error.HTTPError) as failed:  # /healthz: the store is unreachable
+                    _healthz(srv.ports["http"])
+                assert failed.value.code == 503
+                pg.start()
+                again = c.publish("/r", "after")
+                assert again["op"] == "reply", again
+                acked.append(int(again["seq"]))
+            assert srv.alive
+            with Lines(srv.ports["native"]) as r:
+                reply = r.subscribe("s", "/r", last=100)
+                n = reply["position"]["seq"]
+                seqs = [r.next_push()["seq"] for _ in range(n)]
+            assert seqs == list(range(1, n + 1)) and set(acked) <= set(seqs)
+        finally:
+            srv.kill()
