@@ -26,7 +26,8 @@ def _get(port: int, path: str) -> tuple[int, bytes]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+        with exc:
+            return exc.code, exc.read()
 
 
 def _healthz(node: ServerProcess) -> dict[str, Any]:

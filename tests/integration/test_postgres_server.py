@@ -86,6 +86,7 @@ def test_postgresql_restart_fails_publishes_with_4301_then_recovers(tmp_path: Pa
                 with pytest.raises(urllib.error.HTTPError) as failed:  # /healthz: the store is unreachable
                     _healthz(srv.ports["http"])
                 assert failed.value.code == 503
+                failed.value.close()
                 pg.start()
                 again = c.publish("/r", "after")
                 assert again["op"] == "reply", again
