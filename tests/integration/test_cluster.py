@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from tests.redisserver import RedisServer
@@ -117,6 +118,22 @@ def test_subscribers_on_both_nodes_see_every_publish_in_order_once(cluster: list
             assert [e["seq"] for e in _events(r, 5)] == [296, 297, 298, 299, 300]
     assert _metric(b, "hubbub_cluster_broker_up") == 1
     assert _metric(b, "hubbub_cluster_received_total") >= 150
+
+
+def test_foreign_messages_on_the_redis_channel_are_ignored(
+    cluster: list[ServerProcess], redis_server: RedisServer
+) -> None:
+    import redis
+
+    a, b = cluster
+    with redis.Redis.from_url(redis_server.url) as r:
+        assert r.publish("hubbub.events", b"not a hubbub message") == 2  # both nodes listen
+        r.publish("hubbub.events", msgpack.packb([1, "x", "e", [["/z", 1]]]))
+    _wait_for(lambda: _metric(b, "hubbub_cluster_bad_messages_total") == 2, "node B to count them")
+    with Lines(b.ports["native"]) as sub, Lines(a.ports["native"]) as pub:
+        assert sub.subscribe("s", "/z")["op"] == "reply"
+        assert pub.publish("/z", "fine")["seq"] == 1
+        assert sub.next_push()["text"] == "fine"
 
 
 def test_redis_killed_and_restarted_loses_and_repeats_nothing(

@@ -80,3 +80,27 @@ def test_a_snapshot_waits_for_what_the_log_holds_and_nothing_comes_twice(redis_s
                 await b.close()
 
     asyncio.run(main())
+
+
+def test_events_committed_and_never_published_reach_live_subscribers(redis_server: RedisServer) -> None:
+    async def main() -> None:
+        store = MemoryLogStore()
+        b = RedisBroker(BrokerSettings(redis_server.url, "y", gap_wait_s=30.0, poll_interval_s=0.05), store)
+        node = Node(ClusterView(store, b))
+        await node.__aenter__()
+        await b.start(node)
+        try:
+            live = Session("native", Enc(), max_items=1024, max_bytes=1 << 24)
+            node.attach(live)
+            await node.subscribe(live, "l", parse_pattern("/w/**"), on_snapshot=lambda p: None)
+            # The last commits of another node that died before publishing them: no later event shows a gap.
+            store.append([_req("/w/a", "a1"), _req("/w/b", "b1"), _req("/w/a", "a2")])
+            got = await _frames(live, 3)  # found by the watch of the log's newest commit time
+            assert sorted((f[0], f[1]) for f in got) == [("/w/a", 1), ("/w/a", 2), ("/w/b", 1)]
+            assert [f[1] for f in got if f[0] == "/w/a"] == [1, 2]
+            assert b.watch_syncs >= 1
+        finally:
+            await node.close()
+            await b.close()
+
+    asyncio.run(main())

@@ -328,7 +328,10 @@ class Sequencer(Generic[Origin]):
         """The log's current epoch is ``epoch``: the one released so far is finished."""
         self._pending -= len(st.pending)
         st.retired.append(st.epoch)
-        st.epoch, st.last = epoch, 0
+        # The position first: a reader thread (released()) may look between the two stores, and must never
+        # see the new epoch with the old epoch's seq.
+        st.last = 0
+        st.epoch = epoch
         st.pending = st.other.pop(epoch, {})
         self._retire_others(st)
 
