@@ -60,20 +60,21 @@ def test_a_snapshot_waits_for_what_the_log_holds_and_nothing_comes_twice(redis_s
                 new, "n", parse_pattern("/v"), replay=ReplaySpec(last=10), on_snapshot=plans.append
             )
             assert plans[0].position.seq == 5
-            await x.publish(_req("/v", "p5"))
-            got = await _frames(new, 6)
-            assert [(f[1], f[3]) for f in got] == [
-                (1, True),
-                (2, True),
-                (3, True),
-                (4, True),
-                (5, True),
-                (6, False),
-            ]
-            assert [f[1] for f in await _frames(live, 3)] == [4, 5, 6]
+            store.append([_req("/v", "q5")])  # once more, for a pattern's snapshot this time
+            pat = Session("native", Enc(), max_items=1024, max_bytes=1 << 24)
+            y.attach(pat)
+            await y.subscribe(
+                pat, "p", parse_pattern("/**"), replay=ReplaySpec(last=10), on_snapshot=plans.append
+            )
+            assert plans[1].tops == {"/v": 6}
+            await x.publish(_req("/v", "p6"))
+            assert [(f[1], f[3]) for f in await _frames(pat, 7)] == [(i, i < 7) for i in range(1, 8)]
+            got = await _frames(new, 7)
+            assert [(f[1], f[3]) for f in got] == [(i, i < 6) for i in range(1, 8)]
+            assert [f[1] for f in await _frames(live, 4)] == [4, 5, 6, 7]
             await asyncio.sleep(0)
-            assert new.queued == 0 and live.queued == 0  # nothing more: no event came twice
-            assert brokers[1].sequencer.filled == 2
+            assert new.queued == 0 and live.queued == 0 and pat.queued == 0  # nothing came twice
+            assert brokers[1].sequencer.filled == 3
         finally:
             for b, node in zip(brokers, nodes, strict=True):
                 await node.close()

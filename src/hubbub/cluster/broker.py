@@ -294,26 +294,37 @@ class RedisBroker:
         """How far (``<= top``) this node delivered the channel's epoch ``epoch``, waiting a moment for it
         to deliver up to ``top`` (a position the log holds) first. From a log reader thread (a replay's
         snapshot): never from the loop. The writer thread does not wait."""
-        released = self.sequencer.released(channel)
-        if released is not None and released[0] == epoch and released[1] >= top:
-            return top
+        return self.positions([(channel, epoch, top)])[0]
+
+    def positions(self, wanted: Sequence[tuple[str, str, int]]) -> list[int]:
+        """:meth:`position` of several channels, waiting for all of them at once (one ``catch_up_s`` in
+        all, however many lag)."""
+        seq = self.sequencer
+        out = [_capped(seq.released(ch), ep, top) for ch, ep, top in wanted]
+        behind = [i for i, (_, _, top) in enumerate(wanted) if out[i] < top]
         loop = self._loop
         if (
-            loop is None
+            not behind
+            or loop is None
             or self._closed
             or threading.current_thread().name.startswith("hubbub-log-writer")
             or _on_loop(loop)
         ):
-            return _capped(released, epoch, top)
-        fut = asyncio.run_coroutine_threadsafe(
-            self.sequencer.catch_up(channel, epoch, top, self.settings.catch_up_s), loop
-        )
+            return out
+        wait_s = self.settings.catch_up_s
+
+        async def catch_up() -> None:
+            await asyncio.gather(*(seq.catch_up(*wanted[i], wait_s) for i in behind))
+
+        fut = asyncio.run_coroutine_threadsafe(catch_up(), loop)
         try:
-            got = fut.result(self.settings.catch_up_s + 1.0)
+            fut.result(wait_s + 1.0)
         except Exception:
             fut.cancel()
-            got = self.sequencer.released(channel)
-        return _capped(got, epoch, top)
+        for i in behind:
+            ch, ep, top = wanted[i]
+            out[i] = _capped(seq.released(ch), ep, top)
+        return out
 
     # -- Redis: receiving --------------------------------------------------------------------------------
 

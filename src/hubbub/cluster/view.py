@@ -47,27 +47,32 @@ class ClusterView(LogStore):
         self.readonly = store.readonly
         self.inline_append = store.inline_append
 
-    def _cap(self, info: ChannelInfo) -> ChannelInfo:
-        if not info.epoch or info.top == 0:
-            return info
-        top = self.broker.position(info.channel, info.epoch, info.top)
-        if top >= info.top:
-            return info
-        return ChannelInfo(info.channel, info.epoch, min(info.first, top + 1), top, info.top_time)
+    def _cap(self, infos: list[ChannelInfo]) -> list[ChannelInfo]:
+        """``infos`` capped at what the node delivered (waiting for all of them at once)."""
+        live = [i for i, ci in enumerate(infos) if ci.epoch and ci.top > 0]
+        if not live:
+            return infos
+        tops = self.broker.positions([(infos[i].channel, infos[i].epoch, infos[i].top) for i in live])
+        out = list(infos)
+        for i, top in zip(live, tops, strict=True):
+            ci = infos[i]
+            if top < ci.top:
+                out[i] = ChannelInfo(ci.channel, ci.epoch, min(ci.first, top + 1), top, ci.top_time)
+        return out
 
     # -- capped -------------------------------------------------------------------------------------------
 
     def head(self, channel: str) -> ChannelInfo:
-        return self._cap(self.store.head(channel))
+        return self._cap([self.store.head(channel)])[0]
 
     def heads(self, channels: Iterable[str]) -> dict[str, ChannelInfo]:
-        return {ch: self._cap(ci) for ch, ci in self.store.heads(channels).items()}
+        found = self.store.heads(channels)
+        return dict(zip(found, self._cap(list(found.values())), strict=True))
 
     def channels(
         self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
     ) -> list[ChannelInfo]:
-        page = self.store.channels(after, limit, prefix, include_empty=include_empty)
-        return [self._cap(ci) for ci in page]
+        return self._cap(self.store.channels(after, limit, prefix, include_empty=include_empty))
 
     # -- as they are --------------------------------------------------------------------------------------
 
