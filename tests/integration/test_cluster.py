@@ -231,3 +231,22 @@ def test_three_nodes_a_node_killed_mid_load_loses_no_acknowledged_event(
     finally:
         for n in (a, b, c):
             n.kill()
+
+
+def test_two_nodes_given_one_id_still_hear_each_other_and_say_so(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    extra = ["--store", pg_url, "--broker", redis_server.url, "--cluster-node-id", "twin"]
+    a = ServerProcess(tmp_path / "a", extra).start()
+    b = ServerProcess(tmp_path / "b", extra).start()
+    try:
+        with Lines(b.ports["native"]) as sub, Lines(a.ports["native"]) as pub:
+            assert sub.subscribe("s", "/t")["op"] == "reply"
+            for i in range(3):
+                assert pub.publish("/t", f"m{i}")["seq"] == i + 1
+            assert [sub.next_push()["seq"] for _ in range(3)] == [1, 2, 3]
+        _wait_for(lambda: "another node uses this node's id" in b.log(), "node B to say so")
+        assert _metric(b, "hubbub_cluster_fills_total") == 0  # heard through Redis, not from the log
+    finally:
+        a.kill()
+        b.kill()

@@ -88,6 +88,9 @@ class RedisBroker:
     def __init__(self, settings: BrokerSettings, store: LogStore) -> None:
         self.settings = settings
         self.node_id = settings.node_id
+        #: This process in the messages it sends (``wire``): the node id and a random instance token.
+        self.sender = f"{settings.node_id}/{secrets.token_hex(4)}"
+        self._twin_warned = False
         self.store = store
         self._node: Node | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -386,8 +389,13 @@ class RedisBroker:
             if self.bad_messages == 1 or self.bad_messages % 1000 == 0:
                 log.warning("cluster: ignoring a message on %s: %s", self.settings.redis_channel, exc)
             return
-        if m.node == self.node_id:
+        if m.node == self.sender:
             return  # this node's own: offered at commit
+        if not self._twin_warned and m.node.rpartition("/")[0] == self.node_id:
+            self._twin_warned = True
+            log.error(
+                "cluster: another node uses this node's id %r (cluster.node_id must be unique)", self.node_id
+            )
         offer = self.sequencer.offer
         for ev in m.events:
             offer(ev)
@@ -408,10 +416,10 @@ class RedisBroker:
 
     async def _publish(self, events: list[Event]) -> None:
         name = self.settings.redis_channel
-        msgs = list(wire.encode_events(self.node_id, events))
+        msgs = list(wire.encode_events(self.sender, events))
         dirty = dict(self._dirty)
         if dirty:
-            msgs.append(wire.encode_tops(self.node_id, [(ch, ep, seq) for ch, (ep, seq) in dirty.items()]))
+            msgs.append(wire.encode_tops(self.sender, [(ch, ep, seq) for ch, (ep, seq) in dirty.items()]))
         if not msgs:
             return
         async with self._pub.pipeline(transaction=False) as pipe:

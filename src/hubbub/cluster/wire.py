@@ -1,7 +1,9 @@
 """The messages nodes exchange through Redis: committed events, and the tops of channels a node committed to
 while it could not publish. Pure: bytes in, values out.
 
-Every message is one msgpack array ``[1, node_id, kind, items]``:
+Every message is one msgpack array ``[1, sender, kind, items]``, the sender being ``<node id>/<instance>``
+(the instance a random token of the process, so that a node recognises its own messages and notices another
+node configured with its id):
 
 * ``kind = "e"``: committed events of one node, in its commit order. Each item is ``[channel, seq, epoch,
   time_ns, dialect, user, app, msg_id, payload, content_type, headers, tags]``.
