@@ -8,6 +8,9 @@ machine's cores, so the figures compare setups with each other, not with a real 
 
     python bench/cluster_path.py --count 20000 --size 100
 
+It also reports the CPU time each process spent per event (each node, PostgreSQL's processes together,
+Redis): the per-event costs of the scaling model in docs/cluster.md.
+
 Setups: ``sqlite`` (one node, the embedded log), ``postgres`` (one node on PostgreSQL), ``2 nodes`` (publisher
 on node 1, subscriber on node 2), ``3 nodes`` (publisher on node 1, subscribers on nodes 2 and 3).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import tempfile
@@ -31,6 +35,30 @@ from tests.pgserver import PgServer  # noqa: E402
 from tests.redisserver import RedisServer  # noqa: E402
 
 CHANNEL = "/bench/cluster"
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (``/proc/<pid>/stat``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of ``root`` and its children (PostgreSQL's postmaster and its backends)."""
+    total = cpu_s(root)
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == root:
+                total += cpu_s(int(d.name))
+    return total
 
 
 class Lines:
@@ -94,16 +122,21 @@ def publish(port: int, count: int, size: int, window: int = 1000) -> None:
 
 
 def run_setup(
-    name: str, nodes: list[ServerProcess], subs_on: list[int], count: int, size: int
+    name: str, nodes: list[ServerProcess], subs_on: list[int], count: int, size: int, others: dict[str, int]
 ) -> dict[str, object]:
+    """``others``: more processes to account CPU to (name -> pid of the process or of its tree's root)."""
     subs = [Subscriber(nodes[i].ports["native"], count) for i in subs_on]
     for s in subs:
         s.start()
+    pids = {f"node {i + 1}": n.proc.pid for i, n in enumerate(nodes) if n.proc is not None}
+    before = {k: cpu_s(p) for k, p in pids.items()} | {k: tree_cpu_s(p) for k, p in others.items()}
     t0 = time.perf_counter()
     publish(nodes[0].ports["native"], count, size)
     for s in subs:
         s.done.wait(300)
     dt = time.perf_counter() - t0
+    after = {k: cpu_s(p) for k, p in pids.items()} | {k: tree_cpu_s(p) for k, p in others.items()}
+    cpu_us = {k: round((after[k] - before[k]) / count * 1e6, 1) for k in before}
     lat = sorted(x for s in subs for x in s.latencies)
     pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6  # noqa: E731
     return {
@@ -112,6 +145,7 @@ def run_setup(
         "p50_ms": round(pct(0.50), 2),
         "p99_ms": round(pct(0.99), 2),
         "in_order_once": all(s.in_order and s.last_seq == count for s in subs),
+        "cpu_us_per_event": cpu_us,
     }
 
 
@@ -138,18 +172,25 @@ def main() -> None:
         setups.append(("postgres+redis, 2 nodes (1 -> 2)", cluster("two", 2), [1]))
         setups.append(("postgres+redis, 3 nodes (1 -> 2, 3)", cluster("three", 3), [1, 2]))
         try:
+            postmaster = int((pg.data / "postmaster.pid").read_text().split()[0])
             for name, nodes, subs_on in setups:
-                rows.append(run_setup(name, nodes, subs_on, args.count, args.size))
+                others = {} if name.startswith("sqlite") else {"postgres": postmaster}
+                if redis.proc is not None and "redis" in name:
+                    others["redis"] = redis.proc.pid
+                rows.append(run_setup(name, nodes, subs_on, args.count, args.size, others))
                 print(json.dumps(rows[-1]), flush=True)
         finally:
             for _, nodes, _ in setups:
                 for n in nodes:
                     n.kill()
     head = f"setup ({args.count} events of {args.size} B, acks)"
-    print(f"\n| {head} | events/s | commit→delivery p50 ms | p99 ms |")
-    print("|---|---|---|---|")
+    print(f"\n| {head} | events/s | commit→delivery p50 ms | p99 ms | CPU µs per event |")
+    print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['setup']} | {r['events_per_s']} | {r['p50_ms']} | {r['p99_ms']} |")
+        cpu = r["cpu_us_per_event"]
+        assert isinstance(cpu, dict)
+        costs = ", ".join(f"{k} {v}" for k, v in cpu.items())
+        print(f"| {r['setup']} | {r['events_per_s']} | {r['p50_ms']} | {r['p99_ms']} | {costs} |")
 
 
 if __name__ == "__main__":
