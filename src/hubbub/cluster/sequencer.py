@@ -32,11 +32,10 @@ the owner runs off the loop). Fills of one channel never overlap; fills of sever
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from hubbub.errors import HubbubError
@@ -59,10 +58,12 @@ RETIRED_KEPT = 8
 class _Chan(Generic[Origin]):
     epoch: str
     last: int
-    pending: dict[int, tuple[Event, Origin | None]] = field(default_factory=dict)
+    # The buffers are made when first needed: a node keeps one of these per channel of the log.
+    pending: dict[int, tuple[Event, Origin | None]] | None = None
     #: Events of epochs other than ``epoch``, until a fill decides which epoch is current.
-    other: dict[str, dict[int, tuple[Event, Origin | None]]] = field(default_factory=dict)
-    retired: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=RETIRED_KEPT))
+    other: dict[str, dict[int, tuple[Event, Origin | None]]] | None = None
+    #: The last few epochs finished (``RETIRED_KEPT``).
+    retired: tuple[str, ...] = ()
     timer: asyncio.TimerHandle | None = None
     filling: bool = False
     #: Set while a fill runs; waiters of :meth:`Sequencer.catch_up` wait for the fill's end.
@@ -71,7 +72,14 @@ class _Chan(Generic[Origin]):
     again: bool = False
 
     def buffered(self) -> int:
-        return len(self.pending) + sum(map(len, self.other.values()))
+        return len(self.pending or ()) + sum(map(len, (self.other or {}).values()))
+
+    def take(self, seq: int) -> tuple[Event, Origin | None] | None:
+        """The buffered event ``seq``, removed from the buffer (None: not buffered)."""
+        return None if self.pending is None else self.pending.pop(seq, None)
+
+    def retire(self, epoch: str) -> None:
+        self.retired = (*self.retired, epoch)[-RETIRED_KEPT:]
 
 
 class Sequencer(Generic[Origin]):
@@ -156,7 +164,9 @@ class Sequencer(Generic[Origin]):
                 if st.pending:
                     self._drain(st)
                 return
-            if ev.seq in st.pending:
+            if st.pending is None:
+                st.pending = {}
+            elif ev.seq in st.pending:
                 self.duplicates += 1
                 return
             st.pending[ev.seq] = (ev, origin)
@@ -164,6 +174,8 @@ class Sequencer(Generic[Origin]):
             if ev.epoch in st.retired:
                 self.duplicates += 1  # a late event of an epoch this node finished from the log
                 return
+            if st.other is None:
+                st.other = {}
             st.other.setdefault(ev.epoch, {})[ev.seq] = (ev, origin)
         self._pending += 1
         if self._pending > self.max_pending:
@@ -242,6 +254,8 @@ class Sequencer(Generic[Origin]):
     def _drain(self, st: _Chan[Origin]) -> None:
         """Release the buffered seqs that now follow."""
         pending = st.pending
+        if not pending:
+            return
         while pending:
             item = pending.pop(st.last + 1, None)
             if item is None:
@@ -262,8 +276,7 @@ class Sequencer(Generic[Origin]):
         if n:
             log.warning("cluster: %d events buffered for %s; filling it from the log instead", n, channel)
         self._pending -= n
-        st.pending.clear()
-        st.other.clear()
+        st.pending = st.other = None
         self._start_fill(channel)
 
     # -- fills --------------------------------------------------------------------------------------------
@@ -326,24 +339,26 @@ class Sequencer(Generic[Origin]):
 
     def _switch(self, st: _Chan[Origin], epoch: str) -> None:
         """The log's current epoch is ``epoch``: the one released so far is finished."""
-        self._pending -= len(st.pending)
-        st.retired.append(st.epoch)
+        self._pending -= len(st.pending or ())
+        st.retire(st.epoch)
         # The position first: a reader thread (released()) may look between the two stores, and must never
         # see the new epoch with the old epoch's seq.
         st.last = 0
         st.epoch = epoch
-        st.pending = st.other.pop(epoch, {})
+        st.pending = st.other.pop(epoch, None) if st.other else None
         self._retire_others(st)
 
     def _retire_others(self, st: _Chan[Origin]) -> None:
         """Events of epochs that are not the log's current one (nor the released one): late events of an
         epoch retired before this node saw its successor."""
+        if not st.other:
+            return
         for ep, items in st.other.items():
             if ep != st.epoch:
-                st.retired.append(ep)
+                st.retire(ep)
                 self._pending -= len(items)
                 self.duplicates += len(items)
-        st.other.clear()
+        st.other = None
 
     async def _fill_range(self, channel: str, st: _Chan[Origin], top: int | None) -> None:
         """Release the released epoch's events after the position up to ``top`` (None: to its end), taking
@@ -356,13 +371,13 @@ class Sequencer(Generic[Origin]):
             return
         while top is None or st.last < top:
             nxt = st.last + 1
-            item = st.pending.pop(nxt, None)
+            item = st.take(nxt)
             if item is not None:
                 self._pending -= 1
                 st.last = nxt
                 self._release(*item)
                 continue
-            later = [s for s in st.pending if s > nxt]
+            later = [s for s in st.pending or () if s > nxt]
             stop = min(later) - 1 if later else top
             want = FILL_PAGE if stop is None else min(FILL_PAGE, stop - st.last)
             events = await self._read(channel, epoch, st.last, want)
@@ -380,7 +395,7 @@ class Sequencer(Generic[Origin]):
             for e in events:
                 if e.seq != st.last + 1:
                     continue  # released meanwhile from the buffer
-                item = st.pending.pop(e.seq, None)
+                item = st.take(e.seq)
                 if item is not None:
                     self._pending -= 1
                 else:
