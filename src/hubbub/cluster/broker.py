@@ -189,7 +189,10 @@ class RedisBroker:
     def _set_up(self, up: bool) -> None:
         if up != self.up:
             self._changed = time.monotonic()
-            log.warning("cluster: Redis %s", "connected" if up else "lost; serving from the log")
+            if up:
+                log.info("cluster: Redis connected")
+            else:
+                log.warning("cluster: Redis lost; serving from the log until it is back")
         self.up = up
 
     # -- the node's seam ----------------------------------------------------------------------------------
