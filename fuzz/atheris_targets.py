@@ -26,6 +26,8 @@ wearscript         ``decode_frame`` and a hub with two connections fed the bytes
                    frames cut at NUL bytes (announcements, data, test-handler commands)
 auth               ``Authenticator.authenticate`` on arbitrary tokens (JWT-shaped or not, HS256 and
                    RS256 keys configured) and ``parse_static_tokens`` on arbitrary JSON
+cluster_wire       ``hubbub.cluster.wire.decode`` (messages between the nodes of a cluster), and the
+                   re-encoding of what decodes
 =================  ==============================================================================
 
 Run one target (corpus in ``fuzz/corpus/<target>/``, crashes written to ``fuzz/crashes/``)::
@@ -78,6 +80,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     from hubbub import channels as chn
     from hubbub.auth import Authenticator, Identity, load_keys, parse_static_tokens
     from hubbub.client import bulk as client_bulk
+    from hubbub.cluster import wire as cw
     from hubbub.dialects import guble as gc
     from hubbub.dialects import native as nc
     from hubbub.dialects import qpubs as qpd
@@ -299,6 +302,20 @@ def wearscript_target(data: bytes) -> None:
     assert hub.connections() == [b.id]
 
 
+def cluster_wire_target(data: bytes) -> None:
+    """A Redis message between nodes: decoded, or refused with BadMessage; what decodes re-encodes to the same
+    message."""
+    try:
+        m = cw.decode(data)
+    except cw.BadMessage:
+        return
+    if m.events:
+        again = [cw.decode(b) for b in cw.encode_events(m.node, m.events)]
+        assert [e for x in again for e in x.events] == m.events
+    else:
+        assert cw.decode(cw.encode_tops(m.node, m.tops)) == m
+
+
 def qpubs_target(data: bytes) -> None:
     for auth in (False, True):
         conn = qpd.QrpcConnection(auth_required=auth, max_line=256, max_calls=4)
@@ -338,6 +355,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "client_framing": client_framing,
     "auth": auth_target,
     "wearscript": wearscript_target,
+    "cluster_wire": cluster_wire_target,
     "qpubs": qpubs_target,
 }
 

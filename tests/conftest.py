@@ -1,8 +1,10 @@
-"""Fixtures shared by several test directories: a real PostgreSQL server (``tests/pgserver.py``).
+"""Fixtures shared by several test directories: a real PostgreSQL server (``tests/pgserver.py``) and real
+Redis servers (``tests/redisserver.py``).
 
 ``pg_server`` starts one server for the whole run, on first use only; ``pg_url`` gives each test a fresh
-database on it. Where PostgreSQL cannot be had, the tests that need it skip with the reason, except in CI
-(``CI`` set), where ``.ci/run`` installs it, so a missing server is a failure there.
+database on it. ``redis_server`` starts a Redis server for one test (a test may kill and restart it). Where
+the binaries cannot be had, the tests that need them skip with the reason, except in CI (``CI`` set), where
+``.ci/run`` installs them, so a missing server is a failure there.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.pgserver import PgServer, missing_reason
+from tests.redisserver import RedisServer
+from tests.redisserver import missing_reason as redis_missing
 
 _db_names = itertools.count(1)
 
@@ -41,3 +45,18 @@ def pg_url(pg_server: PgServer) -> Iterator[str]:
         yield url
     finally:
         pg_server.drop_database(name)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A Redis server of this test's own, on a free loopback port."""
+    reason = redis_missing()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs Redis: {reason}")
+        pytest.skip(reason)
+    server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        server.close()

@@ -30,8 +30,16 @@ _HELP = {
     "data_dir": "directory for the log store and small state files",
     "durability": "when a publish is acknowledged: fsync (after fsync; survives power loss), "
     "commit (after the commit; survives a process crash), none (once sequenced; promises nothing)",
-    "store": "log engine: sqlite (in data_dir), sqlite:///FILE, or memory (nothing survives a restart)",
-    "broker": "redis://... for fan-out across nodes (not yet supported)",
+    "store": "log engine: sqlite (in data_dir), sqlite:///FILE, memory (nothing survives a restart), "
+    "or postgresql://USER@HOST:PORT/DB (shared by the nodes of a cluster)",
+    "broker": "redis://HOST:PORT[/DB]: fan out across the nodes of a cluster sharing a postgresql:// store "
+    "(docs/cluster.md)",
+    "cluster.node_id": "this node's id in the cluster (default: host-pid-random, unique per process)",
+    "cluster.redis_channel": "the Redis pub/sub channel the nodes of one cluster share",
+    "cluster.gap_wait_s": "how long a node waits for a missing event from another node before reading it "
+    "from the log",
+    "cluster.poll_interval_s": "while Redis is away, how often a node delivers other nodes' events "
+    "from the log",
     "http.listen": "HTTP and WebSocket listener, HOST:PORT (port 0 picks a free port)",
     "native.tcp_listen": "native raw TCP listener, HOST:PORT",
     "native.enabled": "serve the native protocol (true/false)",

@@ -134,6 +134,11 @@ class Config:
     mist_channel: str = "/mist"
     mist_auth: str = ""  # "" means auth.mode
     mist_token: str = field(default_factory=lambda: _Secret(""))  # an extra master token (upstream --token)
+    # -- cluster (docs/cluster.md; used when broker is set) --
+    cluster_node_id: str = ""  # "" means host-pid-random, unique per process
+    cluster_redis_channel: str = "hubbub.events"
+    cluster_gap_wait_s: float = 0.1
+    cluster_poll_interval_s: float = 1.0
 
     def dialect_auth(self, dialect: str) -> str:
         """The auth mode of one dialect: its ``<dialect>.auth`` when set, else ``auth.mode``."""
@@ -188,6 +193,16 @@ class Config:
             raise ConfigError("mist.channel: must be a canonical channel path such as /mist") from None
         if self.mist_auth not in ("", "off"):
             raise ConfigError("mist.auth: only 'off' is supported in this release")
+        if self.broker:
+            scheme = self.broker.split("://", 1)[0].lower() if "://" in self.broker else ""
+            if scheme not in ("redis", "rediss", "unix"):
+                raise ConfigError("broker: expected redis://HOST:PORT[/DB], rediss://… or unix://PATH")
+            if not self.store.lower().startswith(("postgresql://", "postgres://")):
+                raise ConfigError("broker: the nodes of a cluster share one log: set store to postgresql://…")
+        if self.cluster_gap_wait_s <= 0 or self.cluster_poll_interval_s <= 0:
+            raise ConfigError("cluster.gap_wait_s and cluster.poll_interval_s: must be positive")
+        if not self.cluster_redis_channel:
+            raise ConfigError("cluster.redis_channel: must not be empty")
         for key in ("guble_health_endpoint", "guble_metrics_endpoint"):
             if getattr(self, key) and not getattr(self, key).startswith("/"):
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (off) or a path from /")
@@ -269,6 +284,11 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "mist.channel": (("mist_channel",), str),
     "mist.auth": (("mist_auth",), str),
     "mist.token": (("mist_token",), str),
+    # -- cluster keys --
+    "cluster.node_id": (("cluster_node_id",), str),
+    "cluster.redis_channel": (("cluster_redis_channel",), str),
+    "cluster.gap_wait_s": (("cluster_gap_wait_s",), float),
+    "cluster.poll_interval_s": (("cluster_poll_interval_s",), float),
 }
 
 #: Keys whose values are masked in ``repr`` and logs.

@@ -21,12 +21,13 @@ from aiohttp import web
 
 from hubbub import __version__
 from hubbub.auth import Authenticator, TokenAuthorizer, load_keys, parse_static_tokens
+from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, default_node_id
 from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import Node, NodeSettings
 from hubbub.core.limits import LimitSettings
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
-from hubbub.log import open_store
+from hubbub.log import LogStore, open_store
 from hubbub.log.base import RetentionPolicy
 from hubbub.transports.guble import GubleSettings
 from hubbub.transports.guble import install as install_guble
@@ -37,7 +38,7 @@ from hubbub.transports.pump import quietly
 from hubbub.transports.tcp import peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
 
-__all__ = ["GC_THRESHOLDS", "Server", "run", "tune_gc"]
+__all__ = ["GC_THRESHOLDS", "Server", "build_broker", "run", "tune_gc"]
 
 log = logging.getLogger("hubbub.server")
 
@@ -77,6 +78,7 @@ class Server:
         self._tcp: asyncio.Server | None = None
         self._tcp_conns: set[asyncio.Task[None]] = set()
         self._tcp_native: set[NativeConnection] = set()
+        self._broker: RedisBroker | None = None
 
     async def __aenter__(self) -> Server:
         try:
@@ -103,6 +105,7 @@ class Server:
             retention,
             cfg.native_idempotency_window_s,
         )
+        broker = self._broker = build_broker(cfg, store) if cfg.broker else None
         lim = cfg.limits
         settings = NodeSettings(
             max_subscriptions=lim.max_subscriptions,
@@ -115,7 +118,7 @@ class Server:
         )
         token = cfg.auth_mode == "token"
         self.node = node = Node(
-            store,
+            store if broker is None else ClusterView(store, broker),
             settings,
             TokenAuthorizer() if token else None,
             new_epochs=cfg.durability == "none",
@@ -125,6 +128,8 @@ class Server:
         if cfg.tls_cert:
             self._ssl = server_context(cfg.tls_cert, cfg.tls_key)
         await node.__aenter__()
+        if broker is not None:
+            await broker.start(node)  # before any listener: the node delivers from the log's heads on
         codec_limits = {
             "max_channel_bytes": lim.max_channel_bytes,
             "max_tags": lim.max_tags,
@@ -278,9 +283,27 @@ class Server:
             await self._runner.cleanup()
             self._runner = None
         if node is not None:
+            if self._broker is not None:
+                await self._broker.sequencer.close()  # no more fills: the store closes with the node
             await node.close()
             self.node = None
+        if self._broker is not None:
+            await self._broker.close()  # after the node: its last commits go to the other nodes too
+            self._broker = None
+        if node is not None:
             log.info("hubbub stopped")
+
+
+def build_broker(cfg: Config, store: LogStore) -> RedisBroker:
+    """The Redis broker of ``broker = redis://…`` (docs/cluster.md)."""
+    settings = BrokerSettings(
+        url=cfg.broker,
+        node_id=cfg.cluster_node_id or default_node_id(),
+        redis_channel=cfg.cluster_redis_channel,
+        gap_wait_s=cfg.cluster_gap_wait_s,
+        poll_interval_s=cfg.cluster_poll_interval_s,
+    )
+    return RedisBroker(settings, store)
 
 
 def build_authenticator(cfg: Config) -> Authenticator:

@@ -22,7 +22,7 @@ pytest.importorskip("pyarrow", reason="the Spark tests need the spark extra")
 from pyspark.sql import SparkSession
 
 from hubbub.events import Publisher
-from hubbub.log import AppendRequest, SqliteLogStore
+from hubbub.log import AppendRequest, LogStore
 from tests.integration.serverproc import ServerProcess
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -84,7 +84,7 @@ def store_url(proc: ServerProcess) -> str:
 PUB = Publisher("native", "tester", "app1", "")
 
 
-def fill(store: SqliteLogStore, channels: dict[str, int], headers: bool = True) -> None:
+def fill(store: LogStore, channels: dict[str, int], headers: bool = True) -> None:
     """Append ``n`` events to each channel, in batches, with a few headers and tags."""
     batch: list[AppendRequest] = []
     for ch, n in channels.items():

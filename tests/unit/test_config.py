@@ -88,3 +88,17 @@ def test_mist_keys() -> None:
     ):
         with pytest.raises(ConfigError, match=needle):
             load_config(bad, env={})
+
+
+def test_cluster_keys() -> None:
+    pg = "postgresql://hubbub@127.0.0.1:5432/hubbub"
+    env = {"HUBBUB_STORE": pg, "HUBBUB_BROKER": "redis://127.0.0.1:6379/0", "HUBBUB_CLUSTER_NODE_ID": "n1"}
+    cfg = load_config({"cluster.gap_wait_s": "0.25"}, env=env)
+    assert (cfg.broker, cfg.cluster_node_id, cfg.cluster_gap_wait_s) == (env["HUBBUB_BROKER"], "n1", 0.25)
+    assert cfg.cluster_redis_channel == "hubbub.events" and cfg.cluster_poll_interval_s == 1.0
+    with pytest.raises(ConfigError, match="share one log"):
+        load_config({"broker": "redis://127.0.0.1:6379"}, env={})
+    with pytest.raises(ConfigError, match="broker: expected"):
+        load_config({"broker": "http://x", "store": pg}, env={})
+    with pytest.raises(ConfigError, match="must be positive"):
+        load_config({"broker": "redis://x", "store": pg, "cluster.gap_wait_s": "0"}, env={})

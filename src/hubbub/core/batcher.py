@@ -75,7 +75,8 @@ class WriteBatcher:
         self.access = access
         self.max_pending = max_pending
         self.commit_batch = commit_batch
-        self._fan_out = on_committed
+        #: Called with each committed batch after its acks (the node swaps it for a cluster relay).
+        self.on_committed = on_committed
         #: Set once the node closes: every submission then raises :class:`ShuttingDown`.
         self.closing = False
         self.writer: LogWriter | None = None
@@ -282,7 +283,7 @@ class WriteBatcher:
                 done(result[i])
             i += 1
         obs(now - t_run, n_run)
-        self._fan_out(items, result)
+        self.on_committed(items, result)
 
     def statistics(self) -> dict[str, Any]:
         return {"pending": self._pending, "writer": self.writer.statistics() if self.writer else {}}

@@ -42,12 +42,14 @@ from typing import Any, Protocol
 from hubbub.auth import Authenticator, Authorizer, Identity
 from hubbub.channels import Pattern
 from hubbub.errors import EpochMismatch, HubbubError, ShuttingDown
+from hubbub.events import Event
 from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, LogStore, RetentionPolicy
 
 from .access import Access
-from .batcher import Done, DoneMany, WriteBatcher
+from .batcher import Done, DoneMany, Pending, WriteBatcher
 from .limits import Limiter, LimitSettings
 from .reads import ChannelPage, LogReads, Planner
+from .relay import Relay, committed_events
 from .replay import ReplayPlan, ReplaySpec
 from .replay_service import REPLAY_PAGE, ReplayService
 from .session import Session
@@ -170,6 +172,7 @@ class Node:
         self.session_by_id = r.session_by_id
         self.unsubscribe = r.unsubscribe
         self.subscriptions = r.subscriptions
+        self._relay: Relay | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -255,6 +258,28 @@ class Node:
     def has_room(self) -> bool:
         """Whether a publish may be submitted without waiting (``WriteBatcher.writable``)."""
         return self.batcher.has_room
+
+    # -- cluster relay ----------------------------------------------------------------------------------
+
+    @property
+    def relay(self) -> Relay | None:
+        """A cluster relay (``core/relay.py``): when set, committed events go to it, not to the fan-out; it
+        hands them back, with other nodes' events, through :meth:`fan_out`."""
+        return self._relay
+
+    @relay.setter
+    def relay(self, relay: Relay | None) -> None:
+        self._relay = relay
+        # The batcher calls one of the two per committed batch: no check on the path without a relay.
+        self.batcher.on_committed = self.registry.fan_out_committed if relay is None else self._to_relay
+
+    def _to_relay(self, items: list[Pending], result: list[AppendResult]) -> None:
+        assert self._relay is not None
+        self._relay.committed(committed_events(items, result, self.published))
+
+    def fan_out(self, event: Event, origin: Session | None = None) -> None:
+        """Deliver a committed event to the matching local sessions: a relay's release (``relay``)."""
+        self.registry.fanout.fan_out(event, origin)
 
     # -- subscribe --------------------------------------------------------------------------------------
 

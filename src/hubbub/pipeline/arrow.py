@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hubbub.log.base import ScanColumns
 from hubbub.log.records import RECORD_SCHEMA, decode_headers, decode_tags
-from hubbub.log.sqlite import ScanColumns
 
 __all__ = ["ARROW_SCHEMA", "batch_from_columns", "batch_from_events", "batch_from_rows", "empty_batch"]
 
@@ -101,7 +101,7 @@ def _tag_list(b: bytes) -> list[str]:
 
 
 def batch_from_rows(channel: str, epoch: str, rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
-    """A batch from :meth:`hubbub.log.SqliteLogStore.read_rows` rows of one channel and epoch (with or
+    """A batch from :meth:`hubbub.log.LogStore.read_rows` rows of one channel and epoch (with or
     without ``compact_text``)."""
     n = len(rows)
     if n == 0:
@@ -151,7 +151,7 @@ def batch_from_events(events: Iterable[Mapping[str, Any]]) -> pa.RecordBatch:
     )
 
 
-# -- ScanColumns (SqliteLogStore.scan_columns): no Python object per event -------------------------------
+# -- ScanColumns (LogStore.scan_columns): no Python object per event -------------------------------
 
 
 def _ints(text: str) -> pa.Array:
@@ -169,7 +169,7 @@ def _varlen(lengths: str, data: bytes, n: int, typ: pa.DataType) -> pa.Array:
 
 
 def batch_from_columns(cols: ScanColumns, channels: Mapping[int, tuple[str, str]]) -> pa.RecordBatch:
-    """A batch from :meth:`hubbub.log.SqliteLogStore.scan_columns` columns; ``channels`` maps each channel
+    """A batch from :meth:`hubbub.log.LogStore.scan_columns` columns; ``channels`` maps each channel
     id in them to its ``(path, epoch)``. Arrow parses and gathers every column: Python handles only the
     distinct channels, header maps and tag sets."""
     n = cols.n

@@ -47,7 +47,9 @@ def add_pipeline_commands(subparsers: argparse._SubParsersAction[argparse.Argume
         if name != "retention":
             src = p.add_mutually_exclusive_group(required=name in ("archive",))
             src.add_argument("--url", default="", help="a running server, http://host:port")
-            src.add_argument("--store", default="", help="a log store, sqlite:///ABS/PATH.db (read-only)")
+            src.add_argument(
+                "--store", default="", help="a log store, sqlite:///ABS/PATH.db or postgresql://… (read-only)"
+            )
             if name != "archive":
                 src.add_argument("--input", default="", help="an archive or Parquet export directory")
             p.add_argument("--channels", default="/**", help="channel pattern (default /**)")

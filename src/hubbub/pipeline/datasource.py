@@ -47,7 +47,7 @@ from pyspark.sql.types import StructType
 
 from hubbub.channels import parse_pattern
 from hubbub.errors import DataLossError, PipelineError  # DataLossError: also importable from here
-from hubbub.log import ChannelInfo, SqliteLogStore
+from hubbub.log import ChannelInfo, LogStore
 from hubbub.log.records import RECORD_SCHEMA, SPARK_DDL
 from hubbub.pipeline.arrow import batch_from_columns
 from hubbub.pipeline.sink import (
@@ -115,7 +115,7 @@ _KAFKA_INSTEAD = {
     "subscribe": "channels (a native pattern, such as /chat/**)",
     "subscribepattern": "channels (a native pattern, such as /chat/**)",
     "assign": "channels (a native pattern, such as /chat/**)",
-    "kafka.bootstrap.servers": "url (http://host:port or sqlite:///ABS/PATH.db)",
+    "kafka.bootstrap.servers": "url (http://host:port, sqlite:///ABS/PATH.db or postgresql://…)",
     "startingtimestamp": "startTime",
     "startingoffsetsbytimestamp": "startTime, or startingOffsets with positions",
     "endingtimestamp": "endTime",
@@ -208,7 +208,7 @@ class _Options:
         opts = {k.lower(): v for k, v in options.items()}
         url = opts.get("url") or opts.get("store") or opts.get("path") or ""
         if not url:
-            raise PipelineError("hubbub: set option url (http://host:port or sqlite:///path)")
+            raise PipelineError("hubbub: set option url (http://host:port, sqlite:///path or postgresql://…)")
         end_seq = opts.get("endseq")
         if "maxeventspertrigger" in opts and "maxoffsetspertrigger" in opts:
             raise PipelineError(
@@ -344,7 +344,7 @@ _SCAN_CHUNK_MAX = 65536
 _SCAN_MIN_SHARE = 1 / 16
 
 
-def _scan_partitions(o: _Options, store: SqliteLogStore) -> list[InputPartition] | None:
+def _scan_partitions(o: _Options, store: LogStore) -> list[InputPartition] | None:
     """Partitions as ``pos`` ranges when the read wants enough of the log (else ``None``)."""
     size = o.partition_size
     plan = store.scan_plan(size, o.start_time, o.end_time)
@@ -386,8 +386,8 @@ def _scan_partitions(o: _Options, store: SqliteLogStore) -> list[InputPartition]
 
 def _read_scan(opts: _Options, part: HubbubScanPartition) -> Iterator[pa.RecordBatch]:
     src = opts.source()
-    if not isinstance(src, StoreSource) or not isinstance(src.store, SqliteLogStore):
-        raise PipelineError(f"{opts.url}: a pos-range partition needs a SQLite store")
+    if not isinstance(src, StoreSource):
+        raise PipelineError(f"{opts.url}: a pos-range partition needs a store URL, not a server's")
     names = {cid: (path, epoch) for cid, path, epoch in part.channels}
     at = part.lo
     while at < part.hi:
@@ -481,7 +481,7 @@ class HubbubBatchReader(DataSourceReader):  # type: ignore[misc]
     def partitions(self) -> Sequence[InputPartition]:
         o = self.opts
         src = o.source()
-        if isinstance(src, StoreSource) and isinstance(src.store, SqliteLogStore):
+        if isinstance(src, StoreSource):
             scan = _scan_partitions(o, src.store)
             if scan is not None:
                 return scan

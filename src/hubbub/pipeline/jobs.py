@@ -338,7 +338,8 @@ def archive(
 
     ``trim``: once the run is committed, trim what is archived of every channel matching ``channels``, every
     archived epoch, current and retired: through a server (``http://…``) with its trim API, or from a store
-    (``sqlite:///…``) opened as its writer (refused while a server has it open)."""
+    (``sqlite:///…``, ``postgresql://…``) opened as a writer (a SQLite file is refused while a server has it
+    open; a PostgreSQL log is shared, and trims take its log lock as any writer does)."""
     http = url.startswith(("http://", "https://"))
     outp = Path(out)
     with out_lock(outp, "archive"):

@@ -1,7 +1,8 @@
 """Where the pipeline reads the log from, and how it publishes: no Spark here, only the log and HTTP.
 
-* :class:`StoreSource`: a store URL (``sqlite:///ABS/PATH.db``), opened **read-only**, so it may be the file
-  of a running server (no lock taken, every read one snapshot).
+* :class:`StoreSource`: a store URL (``sqlite:///ABS/PATH.db`` or ``postgresql://…``), opened **read-only**,
+  so it may be the log of running servers (no lock taken, every read one snapshot). It reads through the
+  ``LogStore`` interface only (``read_rows``, ``scan_plan``, ``scan_columns``), whatever the engine.
 * :class:`HttpSource`: a running server (``http://host:port``) through its HTTP log API (native.md §8):
   ``/api/v1/channels/<pattern>`` and ``/api/v1/log/<channel>?format=msgpack`` (pages of at most 1000).
 * :class:`HttpPublisher`: ``POST /api/v1/publish/<channel>`` with an ``Idempotency-Key``, on one kept-alive
@@ -33,14 +34,14 @@ import pyarrow as pa
 
 from hubbub.channels import Pattern, parse_pattern
 from hubbub.errors import EpochChanged, HubbubError, PipelineError
-from hubbub.log import ChannelInfo, LogStore, RetentionPolicy, SqliteLogStore, open_store
-from hubbub.log.records import event_to_record
-from hubbub.pipeline.arrow import ARROW_SCHEMA, batch_from_events, batch_from_rows
+from hubbub.log import ChannelInfo, LogStore, RetentionPolicy, open_store
+from hubbub.pipeline.arrow import batch_from_events, batch_from_rows
 
 if TYPE_CHECKING:
     from hubbub.client import Client
 
 __all__ = [
+    "STORE_SCHEMES",
     "EpochChanged",
     "HttpPublisher",
     "HttpSource",
@@ -63,6 +64,16 @@ class Page:
     first: int
     top: int
     batch: pa.RecordBatch
+
+
+#: URL prefixes of the stores a :class:`StoreSource` reads.
+STORE_SCHEMES = ("sqlite:", "postgresql://", "postgres://")
+
+
+def _shown(url: str) -> str:
+    """``url`` for an error message: a URL with a scheme shows only that (it may carry a password)."""
+    scheme, sep, _ = url.partition("://")
+    return f"{scheme}://…" if sep else repr(url)
 
 
 class LogSource(Protocol):
@@ -130,21 +141,13 @@ class StoreSource:
         to_time: int | None = None,
     ) -> Page:
         store = self.store
-        if isinstance(store, SqliteLogStore):
-            head = store.head(channel)
-            cur, rows = store.read_rows(channel, after_seq, limit, from_time, to_time, compact_text=True)
-            if cur != head.epoch:  # reset between the two snapshots: read again
-                return self.read(channel, epoch, after_seq, limit, from_time, to_time)
-            if epoch is not None and cur != epoch:
-                raise EpochChanged(f"channel {channel}: epoch is now {cur!r}, not {epoch!r}")
-            return Page(cur, head.first, head.top, batch_from_rows(channel, cur, rows))
-        # Any other engine: through events.
         head = store.head(channel)
-        if epoch is not None and head.epoch != epoch:
-            raise EpochChanged(f"channel {channel}: epoch is now {head.epoch!r}, not {epoch!r}")
-        events = store.read(channel, after_seq, limit, from_time, to_time)
-        batch = pa.RecordBatch.from_pylist([event_to_record(e) for e in events], schema=ARROW_SCHEMA)
-        return Page(head.epoch, head.first, head.top, batch)
+        cur, rows = store.read_rows(channel, after_seq, limit, from_time, to_time, compact_text=True)
+        if cur != head.epoch:  # reset between the two snapshots: read again
+            return self.read(channel, epoch, after_seq, limit, from_time, to_time)
+        if epoch is not None and cur != epoch:
+            raise EpochChanged(f"channel {channel}: epoch is now {cur!r}, not {epoch!r}")
+        return Page(cur, head.first, head.top, batch_from_rows(channel, cur, rows))
 
     def close(self) -> None:
         self.store.close()
@@ -155,20 +158,13 @@ def log_epochs(src: LogSource, pattern: str) -> list[ChannelInfo] | None:
     "Epochs"), one :class:`ChannelInfo` each (a channel with retired epochs appears once per epoch), from one
     snapshot of a store; ``None`` for a server, whose HTTP API shows current epochs only.
 
-    From a SQLite store, the epochs of a :meth:`SqliteLogStore.scan_plan` over an empty time range: every
-    epoch with events in one snapshot, and no pass over the events table to split it."""
+    From a store, the epochs of a :meth:`LogStore.scan_plan` over an empty time range: every epoch with events
+    in one snapshot, and no pass over the events to split them."""
     if not isinstance(src, StoreSource):
         return None
     pat = parse_pattern(pattern)
-    store = src.store
-    if isinstance(store, SqliteLogStore):
-        plan = store.scan_plan(1, to_time=0)
-        return [ci for ci in plan.channels.values() if pat.matches(ci.channel)]
-    out: list[ChannelInfo] = []
-    for ci in src.channels(pattern):
-        out.append(ci)
-        out.extend(store.retired_epochs(ci.channel))
-    return out
+    plan = src.store.scan_plan(1, to_time=0)
+    return [ci for ci in plan.channels.values() if pat.matches(ci.channel)]
 
 
 class _Http:
@@ -312,9 +308,9 @@ def connect_source(url: str, token: str = "") -> LogSource:
     """A new source for ``url``: ``http(s)://…`` or a store URL. Not cached: the caller closes it."""
     if url.startswith(("http://", "https://")):
         return HttpSource(url, token)
-    if url.startswith("sqlite:"):
+    if url.startswith(STORE_SCHEMES):
         return StoreSource(url)
-    raise PipelineError(f"url must be http://host:port or sqlite:///path, not {url!r}")
+    raise PipelineError(f"url must be http://host:port, sqlite:///path or postgresql://…, not {_shown(url)}")
 
 
 def open_source(url: str, token: str = "") -> LogSource:

@@ -509,6 +509,12 @@ class NativeHttp:
                 checks["store"] = type(exc).__name__
         if checks:
             return _json(503, orjson.dumps({"status": "fail", "checks": checks}) + b"\n")
+        relay = self.node.relay
+        if relay is not None:
+            # A node without its broker still serves (from the log, later): degraded, not failed.
+            broker = relay.health()
+            status = "ok" if broker.get("state") == "up" else "degraded"
+            return _json(200, orjson.dumps({"status": status, "broker": broker}) + b"\n")
         return _json(200, b'{"status":"ok"}\n')
 
     async def metrics(self, request: web.Request) -> web.Response:

@@ -11,9 +11,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from hubbub import __version__
 from hubbub.core import Node
 
-__all__ = ["CONTENT_TYPE", "DIALECTS", "NodeCollector", "render_metrics"]
+__all__ = ["CLUSTER_GAUGES", "CONTENT_TYPE", "DIALECTS", "NodeCollector", "render_metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The cluster relay's numbers that are gauges (the others are counters).
+CLUSTER_GAUGES = frozenset({"broker_up", "buffered", "channels", "unannounced_channels"})
 DIALECTS = ("ivy", "guble", "wearscript", "mist2015", "mist1", "qpubs", "native")
 
 
@@ -66,6 +68,7 @@ class NodeCollector:
             buckets=buckets,
             sum_value=h.sum,
         )
+        yield from self._cluster()
         info = GaugeMetricFamily("hubbub_build_info", "Build information", labels=["version"])
         info.add_metric([__version__], 1)
         yield info
@@ -96,6 +99,18 @@ class NodeCollector:
         yield GaugeMetricFamily(
             "hubbub_token_expiry_timers", "Connections whose token expires", value=access.timers
         )
+
+    def _cluster(self) -> Iterator[Any]:
+        """The cluster relay's numbers (docs/cluster.md), when there is one: gauges and counters."""
+        relay = self.node.relay
+        if relay is None:
+            return
+        for name, v in relay.statistics().items():
+            doc = f"Cluster: {name.replace('_', ' ')}"
+            if name in CLUSTER_GAUGES:
+                yield GaugeMetricFamily(f"hubbub_cluster_{name}", doc, value=v)
+            else:
+                yield CounterMetricFamily(f"hubbub_cluster_{name}", doc, value=v)
 
     def _dropped(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -149,6 +149,10 @@ class _Head:
     bytes: int
 
 
+def _info(channel: str, h: _Head) -> ChannelInfo:
+    return ChannelInfo(channel, h.epoch, h.first, h.top, h.top_time)
+
+
 @dataclass(slots=True)
 class _State:
     """The ``log_state`` row, locked by the current write transaction, and what came with it."""
@@ -692,11 +696,7 @@ class PostgresLogStore(_ReadSide, LogStore):
                     f"SELECT {_HEAD_ROW} FROM retired_epochs WHERE path = %s AND epoch = %s", (channel, epoch)
                 ).fetchone()
                 if row is None:
-                    current = (
-                        ChannelInfo(channel, "", 0, 0, 0)
-                        if h is None
-                        else ChannelInfo(channel, h.epoch, h.first, h.top, h.top_time)
-                    )
+                    current = ChannelInfo(channel, "", 0, 0, 0) if h is None else _info(channel, h)
                     raise TrimEpochGone(current, epoch)
                 h, table = _Head(*row), "retired_epochs"
             top = 0 if h is None else h.top
@@ -711,7 +711,7 @@ class PostgresLogStore(_ReadSide, LogStore):
                 conn.execute(_UPDATE_HEADS.format(table=table), _heads_row([h]))
                 if table == "retired_epochs":
                     conn.execute("DELETE FROM retired_epochs WHERE id = %s AND count <= 0", (h.id,))
-            return ChannelInfo(channel, h.epoch, h.first, h.top, h.top_time)
+            return _info(channel, h)
 
         return self._write("trim", body)
 

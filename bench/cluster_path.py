@@ -1,0 +1,197 @@
+"""Cross-node delivery figures: events/s and commit-to-delivery latency, one node against a cluster.
+
+Starts its own PostgreSQL (initdb in a temporary directory) and Redis, then for each setup real ``hubbub
+serve`` processes on free loopback ports, and drives them over raw TCP (JSON lines): one publisher on node 1
+pipelines ``--count`` publishes with acks, in windows; subscribers read every event and take, per event, the
+time from its commit (the event's ``time``, assigned by the log) to its arrival. Every process shares this
+machine's cores, so the figures compare setups with each other, not with a real cluster.
+
+    python bench/cluster_path.py --count 20000 --size 100
+
+It also reports the CPU time each process spent per event (each node, PostgreSQL's processes together,
+Redis): the per-event costs of the scaling model in docs/cluster.md.
+
+Setups: ``sqlite`` (one node, the embedded log), ``postgres`` (one node on PostgreSQL), ``2 nodes`` (publisher
+on node 1, subscriber on node 2), ``3 nodes`` (publisher on node 1, subscribers on nodes 2 and 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.serverproc import ServerProcess  # noqa: E402
+from tests.pgserver import PgServer  # noqa: E402
+from tests.redisserver import RedisServer  # noqa: E402
+
+CHANNEL = "/bench/cluster"
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (``/proc/<pid>/stat``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of ``root`` and its children (PostgreSQL's postmaster and its backends)."""
+    total = cpu_s(root)
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == root:
+                total += cpu_s(int(d.name))
+    return total
+
+
+class Lines:
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+        self.sock.sendall(b'{"op":"hello","id":1,"v":1}\n')
+        self.lines()
+
+    def lines(self) -> list[bytes]:
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("closed")
+            self.buf += chunk
+        head, _, self.buf = self.buf.rpartition(b"\n")
+        return head.split(b"\n")
+
+
+class Subscriber(threading.Thread):
+    def __init__(self, port: int, count: int) -> None:
+        super().__init__(daemon=True)
+        self.conn = Lines(port)
+        self.conn.sock.sendall(f'{{"op":"subscribe","id":2,"sub":"s","pattern":"{CHANNEL}"}}\n'.encode())
+        self.conn.lines()
+        self.count = count
+        self.latencies: list[int] = []
+        self.last_seq = 0
+        self.in_order = True
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        lat = self.latencies
+        while len(lat) < self.count:
+            lines = self.conn.lines()
+            now = time.time_ns()
+            for line in lines:
+                ev = json.loads(line)
+                if ev.get("op") != "event":
+                    continue
+                lat.append(now - int(ev["time"]))
+                self.in_order &= ev["seq"] == self.last_seq + 1
+                self.last_seq = ev["seq"]
+        self.done.set()
+
+
+def publish(port: int, count: int, size: int, window: int = 1000) -> None:
+    c = Lines(port)
+    text = "x" * size
+    frame = lambda i: f'{{"op":"publish","id":{i + 10},"channel":"{CHANNEL}","text":"{text}","ack":true}}\n'  # noqa: E731
+    sent = acked = 0
+    while acked < count:
+        if sent - acked < window and sent < count:
+            n = min(window, count - sent)
+            c.sock.sendall("".join(frame(sent + i) for i in range(n)).encode())
+            sent += n
+        for line in c.lines():
+            acked += line.count(b'"op":"reply"')
+    c.sock.close()
+
+
+def run_setup(
+    name: str, nodes: list[ServerProcess], subs_on: list[int], count: int, size: int, others: dict[str, int]
+) -> dict[str, object]:
+    """``others``: more processes to account CPU to (name -> pid of the process or of its tree's root)."""
+    subs = [Subscriber(nodes[i].ports["native"], count) for i in subs_on]
+    for s in subs:
+        s.start()
+    pids = {f"node {i + 1}": n.proc.pid for i, n in enumerate(nodes) if n.proc is not None}
+    before = {k: cpu_s(p) for k, p in pids.items()} | {k: tree_cpu_s(p) for k, p in others.items()}
+    t0 = time.perf_counter()
+    publish(nodes[0].ports["native"], count, size)
+    for s in subs:
+        s.done.wait(300)
+    dt = time.perf_counter() - t0
+    after = {k: cpu_s(p) for k, p in pids.items()} | {k: tree_cpu_s(p) for k, p in others.items()}
+    cpu_us = {k: round((after[k] - before[k]) / count * 1e6, 1) for k in before}
+    lat = sorted(x for s in subs for x in s.latencies)
+    pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6  # noqa: E731
+    return {
+        "setup": name,
+        "events_per_s": round(count / dt),
+        "p50_ms": round(pct(0.50), 2),
+        "p99_ms": round(pct(0.99), 2),
+        "in_order_once": all(s.in_order and s.last_seq == count for s in subs),
+        "cpu_us_per_event": cpu_us,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=int, default=20000)
+    ap.add_argument("--size", type=int, default=100)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, PgServer() as pg, RedisServer() as redis:
+        base = Path(tmp)
+
+        def cluster(tag: str, n: int) -> list[ServerProcess]:
+            url = pg.create_database(f"bench_{tag}")
+            extra = ["--store", url, "--native-idempotency-window-s", "0"]
+            if n > 1:
+                extra += ["--broker", redis.url, "--cluster-redis-channel", f"bench.{tag}"]
+            return [ServerProcess(base / f"{tag}{i}", extra).start() for i in range(n)]
+
+        setups: list[tuple[str, list[ServerProcess], list[int]]] = []
+        sqlite = [ServerProcess(base / "sqlite", ["--native-idempotency-window-s", "0"]).start()]
+        setups.append(("sqlite, 1 node", sqlite, [0]))
+        setups.append(("postgres, 1 node", cluster("one", 1), [0]))
+        setups.append(("postgres+redis, 2 nodes (1 -> 2)", cluster("two", 2), [1]))
+        setups.append(("postgres+redis, 3 nodes (1 -> 2, 3)", cluster("three", 3), [1, 2]))
+        try:
+            postmaster = int((pg.data / "postmaster.pid").read_text().split()[0])
+            for name, nodes, subs_on in setups:
+                others = {} if name.startswith("sqlite") else {"postgres": postmaster}
+                if redis.proc is not None and "redis" in name:
+                    others["redis"] = redis.proc.pid
+                rows.append(run_setup(name, nodes, subs_on, args.count, args.size, others))
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            for _, nodes, _ in setups:
+                for n in nodes:
+                    n.kill()
+    head = f"setup ({args.count} events of {args.size} B, acks)"
+    print(f"\n| {head} | events/s | commit→delivery p50 ms | p99 ms | CPU µs per event |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        cpu = r["cpu_us_per_event"]
+        assert isinstance(cpu, dict)
+        costs = ", ".join(f"{k} {v}" for k, v in cpu.items())
+        print(f"| {r['setup']} | {r['events_per_s']} | {r['p50_ms']} | {r['p99_ms']} | {costs} |")
+
+
+if __name__ == "__main__":
+    main()

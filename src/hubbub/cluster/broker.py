@@ -1,0 +1,490 @@
+"""The Redis broker: committed events between the nodes of a cluster (docs/cluster.md).
+
+Every node of a cluster shares one PostgreSQL log and one Redis channel (``cluster.redis_channel``). After
+each commit a node hands its new events to :meth:`RedisBroker.committed` (the node's ``relay`` seam), which
+
+1. offers them to the node's :class:`~hubbub.cluster.sequencer.Sequencer`, which releases them to the local
+   fan-out in per-channel seq order together with the events of the other nodes, and
+2. queues them for Redis: one task publishes whatever is queued, batched into few messages (``wire``).
+
+Another task holds a subscription to the Redis channel and offers every other node's events to the sequencer
+(gaps are filled from the log there).
+
+**Losing Redis.** A node keeps serving without Redis: its own events are still delivered locally, in order;
+what it commits meanwhile is remembered as per-channel tops (not events), which it announces once Redis is
+back so that the other nodes fill them from the log; and every ``cluster.poll_interval_s`` it compares the
+log's heads with what it delivered and fills the difference, so its subscribers see the other nodes' events
+too, later. Once the subscription is back, it catches up from the log the same way. A subscription is always
+made first and the log's heads read after it, so nothing committed in between is missed. With Redis up, a
+cheap watch (the log's newest commit time against the newest delivered) finds events that were committed and
+never published (a node killed in between) and fills them. The state shows in
+``/healthz`` (``broker``) and ``/metrics`` (``hubbub_cluster_*``).
+
+Concurrency contract: :meth:`committed`, :meth:`start`, :meth:`close`, :meth:`health` and :meth:`statistics`
+run on the event loop; :meth:`position` on any other thread (the node's log readers). Log reads of the
+broker run on its own small thread pool, never on the node's readers, so a reader waiting in
+:meth:`position` cannot starve them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from hubbub.events import Event
+from hubbub.log.base import ChannelInfo, LogStore
+
+from . import wire
+from .sequencer import Sequencer
+
+if TYPE_CHECKING:
+    from hubbub.core import Node
+    from hubbub.core.session import Session
+
+__all__ = ["BrokerSettings", "RedisBroker", "default_node_id"]
+
+log = logging.getLogger("hubbub.cluster")
+
+#: Channels per page when reading every head of the log (seed and catch-up).
+HEADS_PAGE = 5000
+#: Events queued for Redis beyond which, while Redis is slow or away, they are kept as tops instead.
+MAX_OUTBOX = 100_000
+
+
+def default_node_id() -> str:
+    """A node id unique without configuration: host, process and a random part."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    url: str
+    node_id: str
+    redis_channel: str = "hubbub.events"
+    gap_wait_s: float = 0.1
+    poll_interval_s: float = 1.0
+    #: How long a replay's snapshot waits for this node to deliver what the log already holds.
+    catch_up_s: float = 2.0
+
+
+class RedisBroker:
+    """See the module docstring. ``store`` is the node's log (the real one, not a view)."""
+
+    def __init__(self, settings: BrokerSettings, store: LogStore) -> None:
+        self.settings = settings
+        self.node_id = settings.node_id
+        #: This process in the messages it sends (``wire``): the node id and a random instance token.
+        self.sender = f"{settings.node_id}/{secrets.token_hex(4)}"
+        self._twin_warned = False
+        self.store = store
+        self._node: Node | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reads = ThreadPoolExecutor(2, thread_name_prefix="hubbub-cluster-reader")
+        self.sequencer: Sequencer[Session] = Sequencer(
+            self._deliver,
+            self._read,
+            self._head,
+            self._lost,
+            self._interested,
+            gap_wait=settings.gap_wait_s,
+        )
+        retry = Retry(NoBackoff(), 0)  # no silent reconnects: an outage must be seen, to catch up after it
+        opts: dict[str, Any] = {
+            "socket_connect_timeout": 2.0,
+            "socket_keepalive": True,
+            "health_check_interval": 5,
+            "retry": retry,
+        }
+        self._pub = aioredis.Redis.from_url(settings.url, socket_timeout=5.0, **opts)
+        self._sub = aioredis.Redis.from_url(settings.url, socket_timeout=None, **opts)
+        self._pubsub: Any = None
+        self._outbox: list[Event] = []
+        self._wake = asyncio.Event()
+        self._dirty: dict[str, tuple[str, int]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.up = False
+        self._changed = time.monotonic()
+        # statistics
+        self.published = 0
+        self.publish_errors = 0
+        self.received = 0
+        self.messages = 0
+        self.bad_messages = 0
+        self.reconnects = 0
+        self.syncs = 0
+        self.watch_syncs = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    async def start(self, node: Node) -> None:
+        """Subscribe (or note that Redis is away), read the log's heads, attach to ``node`` and start the
+        tasks. Call before the node's listeners start: nothing is delivered before the heads are read."""
+        self._node = node
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self._subscribe()
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "cluster: Redis unavailable at start (%s); serving from the log until it is back", exc
+            )
+            self._set_up(False)
+        t0 = await self._top_time()
+        self.sequencer.seed(await self._all_heads())
+        self.sequencer.note_time(t0)
+        node.relay = self
+        self._spawn(self._receive_loop())
+        self._spawn(self._publish_loop())
+        self._spawn(self._watch_loop())
+        log.info(
+            "cluster: node %s on %s",
+            self.node_id,
+            self.settings.redis_channel,
+            extra={"node_id": self.node_id, "broker": "up" if self.up else "down"},
+        )
+
+    async def close(self) -> None:
+        """Publish what is queued (briefly), stop the tasks and release the connections."""
+        if self._closed:
+            return
+        if self._outbox and self.up:
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                await asyncio.wait_for(self._publish(self._take()), 2.0)
+        self._closed = True
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.sequencer.close()
+        await self._drop_pubsub()
+        for client in (self._pub, self._sub):
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        if self._node is not None and self._node.relay is self:
+            self._node.relay = None
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._reads.shutdown, True)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _set_up(self, up: bool) -> None:
+        if up != self.up:
+            self._changed = time.monotonic()
+            if up:
+                log.info("cluster: Redis connected")
+            else:
+                log.warning("cluster: Redis lost; serving from the log until it is back")
+        self.up = up
+
+    # -- the node's seam ----------------------------------------------------------------------------------
+
+    def committed(self, events: Sequence[tuple[Session | None, Event]]) -> None:
+        """This node's newly committed events, in commit order (on the loop, after their acks)."""
+        offer = self.sequencer.offer
+        for origin, ev in events:
+            offer(ev, origin)
+        if self.up and len(self._outbox) < MAX_OUTBOX:
+            self._outbox.extend(ev for _, ev in events)
+            self._wake.set()
+        else:
+            self._mark_dirty(ev for _, ev in events)
+
+    def _deliver(self, ev: Event, origin: Session | None) -> None:
+        node = self._node
+        if node is not None:
+            node.fan_out(ev, origin)
+
+    def _interested(self, channel: str) -> bool:
+        node = self._node
+        if node is None:
+            return False
+        if node.router.match(channel):
+            return True
+        # Subscriptions with tags match only events that carry them: any such one on the channel counts.
+        return any(
+            s.tags and s.pattern.matches(channel) for sess in node.sessions for s in node.subscriptions(sess)
+        )
+
+    def _lost(self, channel: str) -> None:
+        """Events of ``channel`` were trimmed before they could be delivered here: close the connections
+        subscribed to it as slow consumers, so they resume from their position and get an explicit gap."""
+        node = self._node
+        if node is None:
+            return
+        for sess in node.sessions:
+            if any(s.pattern.matches(channel) for s in node.subscriptions(sess)):
+                sess.kick(sess.slow_close_code)
+
+    # -- log reads (own threads) ----------------------------------------------------------------------------
+
+    async def _read(self, channel: str, epoch: str, after: int, limit: int) -> list[Event]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._reads, lambda: self.store.read(channel, after, limit, epoch=epoch)
+        )
+
+    async def _head(self, channel: str) -> ChannelInfo:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reads, self.store.head, channel)
+
+    async def _all_heads(self) -> list[ChannelInfo]:
+        def read_all() -> list[ChannelInfo]:
+            out: list[ChannelInfo] = []
+            after = ""
+            while True:
+                page = self.store.channels(after=after, limit=HEADS_PAGE, include_empty=True)
+                out += page
+                if len(page) < HEADS_PAGE:
+                    return out
+                after = page[-1].channel
+
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reads, read_all)
+
+    async def _top_time(self) -> int:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reads, self.store.top_time)
+
+    async def _sync(self) -> None:
+        """Fill every channel the log has further than this node delivered."""
+        self.syncs += 1
+        t = await self._top_time()
+        n = self.sequencer.sync_all(await self._all_heads())
+        self.sequencer.note_time(t)
+        if n:
+            log.info("cluster: catching up %d channels from the log", n)
+
+    async def _watch_loop(self) -> None:
+        """While Redis is up, the events of a node killed between its commit and its publish, or of a message
+        Redis dropped, would reach this node only with a later event of their channel. So every poll interval
+        the log's newest commit time is compared with the newest this node delivered; still ahead one
+        interval later, it means such events: sync from the log. (While Redis is away, the receive loop syncs
+        every interval anyway.) One small query per interval."""
+        behind = 0
+        while not self._closed:
+            await asyncio.sleep(self.settings.poll_interval_s)
+            if not self.up:
+                behind = 0
+                continue
+            try:
+                if behind and self.sequencer.max_time < behind:
+                    self.watch_syncs += 1
+                    await self._sync()
+                behind = 0
+                t = await self._top_time()
+                if t > self.sequencer.max_time:
+                    behind = t
+            except Exception as exc:  # the log away: the fills report it; try again next interval
+                log.debug("cluster: watching the log failed: %s", exc)
+
+    def position(self, channel: str, epoch: str, top: int) -> int:
+        """How far (``<= top``) this node delivered the channel's epoch ``epoch``, waiting a moment for it
+        to deliver up to ``top`` (a position the log holds) first. From a log reader thread (a replay's
+        snapshot): never from the loop. The writer thread does not wait."""
+        return self.positions([(channel, epoch, top)])[0]
+
+    def positions(self, wanted: Sequence[tuple[str, str, int]]) -> list[int]:
+        """:meth:`position` of several channels, waiting for all of them at once (one ``catch_up_s`` in
+        all, however many lag)."""
+        seq = self.sequencer
+        out = [_capped(seq.released(ch), ep, top) for ch, ep, top in wanted]
+        behind = [i for i, (_, _, top) in enumerate(wanted) if out[i] < top]
+        loop = self._loop
+        if (
+            not behind
+            or loop is None
+            or self._closed
+            or threading.current_thread().name.startswith("hubbub-log-writer")
+            or _on_loop(loop)
+        ):
+            return out
+        wait_s = self.settings.catch_up_s
+
+        async def catch_up() -> None:
+            await asyncio.gather(*(seq.catch_up(*wanted[i], wait_s) for i in behind))
+
+        fut = asyncio.run_coroutine_threadsafe(catch_up(), loop)
+        try:
+            fut.result(wait_s + 1.0)
+        except Exception:
+            fut.cancel()
+        for i in behind:
+            ch, ep, top = wanted[i]
+            out[i] = _capped(seq.released(ch), ep, top)
+        return out
+
+    # -- Redis: receiving --------------------------------------------------------------------------------
+
+    async def _subscribe(self) -> None:
+        await self._drop_pubsub()
+        ps = self._sub.pubsub(ignore_subscribe_messages=True)
+        try:
+            await asyncio.wait_for(ps.subscribe(self.settings.redis_channel), 5.0)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await ps.aclose()  # type: ignore[no-untyped-call]
+            raise
+        self._pubsub = ps
+        self._set_up(True)
+
+    async def _drop_pubsub(self) -> None:
+        ps, self._pubsub = self._pubsub, None
+        if ps is not None:
+            with contextlib.suppress(Exception):
+                await ps.aclose()
+
+    async def _receive_loop(self) -> None:
+        delay = 0.1
+        while not self._closed:
+            if self._pubsub is None:
+                # Away: deliver from the log every poll interval, and try Redis again meanwhile.
+                try:
+                    await self._subscribe()
+                    self.reconnects += 1
+                    delay = 0.1
+                except (RedisError, OSError, TimeoutError) as exc:
+                    log.debug("cluster: Redis still unavailable: %s", exc)
+                    with contextlib.suppress(Exception):
+                        await self._sync()  # the log away too: the next interval tries again
+                    await asyncio.sleep(min(delay, self.settings.poll_interval_s))
+                    delay = min(delay * 2, self.settings.poll_interval_s)
+                    continue
+                # Subscribed again: what was committed while away is in the log.
+                self._wake.set()  # announce this node's own tops
+                with contextlib.suppress(Exception):
+                    await self._sync()
+            try:
+                msg = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            except (RedisError, OSError) as exc:
+                log.warning("cluster: Redis subscription lost: %s", exc)
+                self._set_up(False)
+                await self._drop_pubsub()
+                continue
+            if msg is None or msg.get("type") != "message":
+                continue
+            self._on_message(msg["data"])
+
+    def _on_message(self, data: Any) -> None:
+        self.messages += 1
+        try:
+            m = wire.decode(data if isinstance(data, bytes) else bytes(data))
+        except wire.BadMessage as exc:
+            self.bad_messages += 1
+            if self.bad_messages == 1 or self.bad_messages % 1000 == 0:
+                log.warning("cluster: ignoring a message on %s: %s", self.settings.redis_channel, exc)
+            return
+        if m.node == self.sender:
+            return  # this node's own: offered at commit
+        if not self._twin_warned and m.node.rpartition("/")[0] == self.node_id:
+            self._twin_warned = True
+            log.error(
+                "cluster: another node uses this node's id %r (cluster.node_id must be unique)", self.node_id
+            )
+        offer = self.sequencer.offer
+        for ev in m.events:
+            offer(ev)
+        self.received += len(m.events)
+        for channel, epoch, top in m.tops:
+            self.sequencer.committed_up_to(channel, epoch, top)
+
+    # -- Redis: publishing -------------------------------------------------------------------------------
+
+    def _take(self) -> list[Event]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    def _mark_dirty(self, events: Any) -> None:
+        dirty = self._dirty
+        for ev in events:
+            dirty[ev.channel] = (ev.epoch, ev.seq)
+
+    async def _publish(self, events: list[Event]) -> None:
+        name = self.settings.redis_channel
+        msgs = list(wire.encode_events(self.sender, events))
+        dirty = dict(self._dirty)
+        if dirty:
+            msgs.append(wire.encode_tops(self.sender, [(ch, ep, seq) for ch, (ep, seq) in dirty.items()]))
+        if not msgs:
+            return
+        async with self._pub.pipeline(transaction=False) as pipe:
+            for m in msgs:
+                pipe.publish(name, m)
+            await pipe.execute()
+        for ch, top in dirty.items():  # announced, unless it moved on meanwhile
+            if self._dirty.get(ch) == top:
+                del self._dirty[ch]
+
+    async def _publish_loop(self) -> None:
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+            events = self._take()
+            if not self.up:
+                self._mark_dirty(events)
+                continue
+            try:
+                await self._publish(events)
+                self.published += len(events)
+            except (RedisError, OSError, TimeoutError) as exc:
+                # Whether Redis took them is unknown: announce their tops later (a repeat is harmless).
+                self.publish_errors += 1
+                log.warning("cluster: publishing to Redis failed: %s", exc)
+                self._mark_dirty(events)
+
+    # -- reporting ----------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """For ``/healthz``: the broker's state (``up`` or ``down``: serving from the log)."""
+        return {
+            "state": "up" if self.up else "down",
+            "node_id": self.node_id,
+            "for_s": round(time.monotonic() - self._changed, 3),
+        }
+
+    def statistics(self) -> dict[str, int | float]:
+        """Counters and gauges for ``/metrics`` (``hubbub_cluster_<name>``)."""
+        return {
+            "broker_up": int(self.up),
+            "published": self.published,
+            "publish_errors": self.publish_errors,
+            "received": self.received,
+            "messages": self.messages,
+            "bad_messages": self.bad_messages,
+            "reconnects": self.reconnects,
+            "syncs": self.syncs,
+            "watch_syncs": self.watch_syncs,
+            "unannounced_channels": len(self._dirty),
+            **self.sequencer.statistics(),
+        }
+
+
+def _capped(released: tuple[str, int] | None, epoch: str, top: int) -> int:
+    if released is None or released[0] != epoch:
+        return 0
+    return min(released[1], top)
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
