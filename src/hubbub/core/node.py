@@ -186,6 +186,9 @@ class Node:
         self.ack_latency = Histogram(ACK_BUCKETS)
         # Live delivery: reads the router and the holding set, counts into ``deliveries``.
         self._fanout = FanOut(self.router, self._holding, self.deliveries)
+        #: Runs on the loop with the results of every successful commit, after the publishers' acks and
+        #: before live fan-out: the durable-consumer service (core/consumers.py) takes its journal items here.
+        self.commit_hook: Callable[[list[AppendResult]], None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -471,6 +474,8 @@ class Node:
                 done(result[i])
             i += 1
         obs(now - t_run, n_run)
+        if self.commit_hook is not None:
+            self.commit_hook(result)
         published = self.published
         fan_out, fan_out_run = self._fanout.fan_out, self._fanout.fan_out_run
         match = self.router.match
@@ -739,6 +744,13 @@ class Node:
         """Run ``fn(store, *args)`` on a reader thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._readers, fn, self.store, *args)
+
+    async def write(self, fn: Callable[[LogStore], T]) -> T:
+        """Run ``fn(store)`` on the writer thread, in order with appends (store writer methods)."""
+        if self._writer is None:
+            raise ShuttingDown()
+        done: T = await self._writer.submit_control(fn)
+        return done
 
     async def reset_channel(self, channel: str) -> Any:
         """Start a new epoch for a channel (on the writer thread, in order with appends)."""
