@@ -18,6 +18,8 @@ native_http        the HTTP API's parsers: ``Last-Event-ID``, publish fields (co
 ivy                ``IvyCodec.decode`` (two limits), ``ivyesc``, the log path, count and Range parsers
 guble              ``GubleCodec.decode`` (two limits), header lines, REST publish headers, Go integers
 channels           ``canonical``, ``parse_pattern``, separator-dialect names, and pattern matching
+wearscript         ``decode_frame`` and a hub with two connections fed the bytes as one frame, then as
+                   frames cut at NUL bytes (announcements, data, test-handler commands)
 auth               ``Authenticator.authenticate`` on arbitrary tokens (JWT-shaped or not, HS256 and
                    RS256 keys configured) and ``parse_static_tokens`` on arbitrary JSON
 =================  ==============================================================================
@@ -67,6 +69,7 @@ with atheris.instrument_imports() if atheris is not None else contextlib.nullcon
     from hubbub.auth import Authenticator, Identity, load_keys, parse_static_tokens
     from hubbub.dialects import guble as gc
     from hubbub.dialects import native as nc
+    from hubbub.dialects import wearscript as wsd
     from hubbub.errors import CODES, HubbubError
 
 __all__ = ["TARGETS", "main", "replay_corpus", "run_target"]
@@ -241,6 +244,28 @@ def auth_target(data: bytes) -> None:
             parse_static_tokens(table)
 
 
+def wearscript_target(data: bytes) -> None:
+    try:
+        f = wsd.decode_frame(data, max_frame=4096)
+    except wsd.BadFrame as exc:
+        assert exc.code in (1007, 1009), exc.code
+    else:
+        assert f.args_bytes[:1] and isinstance(f.name, str)
+    hub = wsd.WearscriptHub(hub_channels=["x"])
+    a = wsd.WearscriptConnection(hub, max_frame=4096, max_channels=8)
+    b = wsd.WearscriptConnection(hub, max_frame=4096, max_channels=8)
+    for piece in [data, *data.split(b"\x00")]:
+        for out in a.on_binary(piece):
+            if isinstance(out, wsd.Close):
+                assert out.code in (1007, 1008, 1009), out
+            elif isinstance(out, wsd.Forward):
+                assert set(out.targets) <= {a.id, b.id}
+            elif isinstance(out, wsd.Exists):
+                a.reply_exists(out.resp, True)
+    a.on_close()
+    assert hub.connections() == [b.id]
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "native_json": native_json,
     "native_msgpack": native_msgpack,
@@ -250,6 +275,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "guble": guble_target,
     "channels": channels_target,
     "auth": auth_target,
+    "wearscript": wearscript_target,
 }
 
 

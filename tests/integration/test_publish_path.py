@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from hubbub.auth import Authorizer
+from hubbub.auth import Authorizer, Identity
 from hubbub.channels import parse_pattern
 from hubbub.core import Node, NodeSettings, Session
 from hubbub.dialects import native as nc
@@ -196,10 +196,13 @@ class DenyChannel(Authorizer):
     def __init__(self, channel: str) -> None:
         self.channel = channel
 
-    def may_publish(self, user: str, channel: str) -> bool:
+    def may_publish(self, identity: Identity | None, channel: str) -> bool:
         return channel != self.channel
 
-    def may_subscribe(self, user: str, channel: str) -> bool:
+    def may_subscribe(self, identity: Identity | None, channel: str) -> bool:
+        return True
+
+    def may_admin(self, identity: Identity | None) -> bool:
         return True
 
 

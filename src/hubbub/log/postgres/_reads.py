@@ -341,11 +341,15 @@ class _ReadSide:
 
         return self._read(q)
 
-    def channels(self, after: str = "", limit: int = 1000, prefix: str = "") -> list[ChannelInfo]:
+    def channels(
+        self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
+    ) -> list[ChannelInfo]:
         if limit <= 0:
             self._read(lambda conn: None, snapshot=False)
             return []
-        sql = f"SELECT {_HEAD_COLS} FROM channels WHERE path > %s AND count > 0"
+        sql = f"SELECT {_HEAD_COLS} FROM channels WHERE path > %s"
+        if not include_empty:
+            sql += " AND count > 0"
         params: list[Any] = [after]
         if prefix:
             sql += " AND path >= %s"

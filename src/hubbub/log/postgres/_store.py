@@ -44,7 +44,7 @@ import psycopg
 import psycopg_pool
 from psycopg.pq import TransactionStatus
 
-from hubbub.errors import StorageError
+from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.events import Event, Publisher
 from hubbub.log.base import (
     AppendRequest,
@@ -225,7 +225,7 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
         *,
         durability: str = "commit",
         retention: RetentionPolicy | None = None,
-        idem_window_s: int = 600,
+        idem_window_s: float = 600,
         clock: Callable[[], int] = time.time_ns,
         readonly: bool = False,
         pool_size: int = 8,
@@ -241,7 +241,7 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
         self.durability = durability
         self.readonly = readonly
         self._retention = retention or RetentionPolicy()
-        self._idem_window_ns = max(idem_window_s, 0) * _NS
+        self._idem_window_ns = int(max(idem_window_s, 0) * _NS)
         self._clock = clock
         self._connect_timeout_s = max(connect_timeout_s, 1.0)
         self._pool_timeout_s = self._connect_timeout_s
@@ -355,8 +355,8 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
 
         ``body`` gets the connection (in pipeline mode) and the :class:`_Lock`, whose ``state`` it reads and
         changes; it queues or runs its statements, and the state is saved before the commit. A failure rolls
-        back and raises StorageError (``ValueError`` from ``body`` is raised as is); see the module docstring
-        for retries and commits whose outcome was cut off."""
+        back and raises StorageError (``ValueError`` and hubbub's own errors from ``body`` are raised as
+        is); see the module docstring for retries and commits whose outcome was cut off."""
         for attempt in (0, 1):
             conn = self._writer()
             st: _State | None = None
@@ -699,11 +699,16 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
                     f"SELECT {_HEAD_ROW} FROM retired_epochs WHERE path = %s AND epoch = %s", (channel, epoch)
                 ).fetchone()
                 if row is None:
-                    raise ValueError(f"the channel has no epoch {epoch!r} holding events")
+                    current = (
+                        ChannelInfo(channel, "", 0, 0, 0)
+                        if h is None
+                        else ChannelInfo(channel, h.epoch, h.first, h.top, h.top_time)
+                    )
+                    raise TrimEpochGone(current, epoch)
                 h, table = _Head(*row), "retired_epochs"
             top = 0 if h is None else h.top
             if not 0 <= up_to_seq <= top:
-                raise ValueError(f"cannot trim to seq {up_to_seq}: the channel's top is {top}")
+                raise TrimOutOfRange(up_to_seq, top)
             if h is None:
                 return ChannelInfo(channel, "", 0, 0, 0)
             if up_to_seq >= h.first:

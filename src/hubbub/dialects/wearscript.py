@@ -1,0 +1,614 @@
+"""The WearScript dialect (protocols/wearscript.md): frames, names, the hub's state and its test handler.
+
+Every WearScript message, both ways, is one binary WebSocket frame holding a msgpack array
+``[channel, arg1, …]``. hubbub is the **hub**: devices announce what they listen to on the ``subscriptions``
+channel, and the hub forwards data messages to the connections whose announced set matches, and publishes
+them into the shared tree.
+
+Three pieces, none touching a socket, the loop, the router or the log:
+
+* :func:`decode_frame` / :func:`pack` / :func:`render_event`: the codec (§1, mapping.md §4-§5).
+* :class:`WearscriptHub`: the hub's state shared by every WearScript connection of a node: the devices each
+  connection announced, the hub's own list (§3), and who matches a channel (§2).
+* :class:`WearscriptConnection`: one connection's state machine. It is fed frames and returns **outputs**,
+  to be carried out in order: :class:`Send` (a frame for this connection), :class:`Forward` (one frame for
+  other connections), :class:`Close`, and the commands for the core: :class:`Publish` (store and deliver a
+  data message), :class:`ListenChanged` (the connection's channel set changed: subscribe it in the core),
+  :class:`Exists` (the test handler asks whether any subscription of any dialect matches a channel; answer
+  with :meth:`WearscriptConnection.reply_exists`) and :class:`HubListChanged` (broadcast the hub list, at
+  most once per 100 ms).
+
+Names and channels: a name ``a:b`` is the canonical channel ``/a/b`` (mapping.md §2.4). A subscription name
+``s`` matches channel ``c`` when ``c == s`` or ``c`` begins with ``s + ":"``; in canonical terms ``s`` is a
+segment prefix of ``c``, except that ``""`` (the root) matches only ``""`` (§2).
+
+Concurrency contract: a hub and its connections belong to one event loop and are called from it only. The
+module-level functions are pure and thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+import msgpack
+
+from hubbub.channels import MAX_CHANNEL_BYTES, Pattern, from_separated, to_separated
+from hubbub.errors import BadChannel
+from hubbub.events import Event
+
+__all__ = [
+    "CONTENT_TYPE",
+    "DEFAULT_GROUP_DEVICE",
+    "MAX_DEPTH",
+    "SEPARATOR",
+    "SUBSCRIPTIONS",
+    "BadFrame",
+    "Close",
+    "Exists",
+    "Forward",
+    "Frame",
+    "HubListChanged",
+    "ListenChanged",
+    "Output",
+    "Publish",
+    "Send",
+    "WearscriptConnection",
+    "WearscriptHub",
+    "advertised_name",
+    "channel_of",
+    "decode_frame",
+    "listen_patterns",
+    "matches",
+    "name_of",
+    "pack",
+    "render_event",
+]
+
+SEPARATOR: Final = ":"
+SUBSCRIPTIONS: Final = "subscriptions"
+#: Content type of every WearScript data message in the log (mapping.md §4).
+CONTENT_TYPE: Final = "application/msgpack"
+DEFAULT_GROUP_DEVICE: Final = "server:0"
+#: Deepest nesting of arrays and maps a frame may hold (§8).
+MAX_DEPTH: Final = 64
+
+# WebSocket close codes (§8).
+CLOSE_UNSUPPORTED: Final = 1003  # a text frame
+CLOSE_INVALID: Final = 1007  # not one msgpack array with a string channel, or a bad subscriptions frame
+CLOSE_POLICY: Final = 1008  # too many channels, or a publish the token may not make
+CLOSE_TOO_BIG: Final = 1009  # over limits.max_frame
+
+
+class BadFrame(Exception):
+    """A frame the dialect refuses; the connection closes with ``code`` (§8)."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+
+
+# -- the codec ----------------------------------------------------------------------------------------------
+
+
+def pack(value: Any) -> bytes:
+    """msgpack in the old-spec-compatible form the hub sends (§1): strings and bytes as raw (fixstr, str16,
+    str32; never str8 or bin), the smallest integers and headers, floats as float64. A string read leniently
+    from raw that was not UTF-8 packs back to the same bytes."""
+    out: bytes = msgpack.packb(value, use_bin_type=False, unicode_errors="surrogateescape")
+    return out
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _header_len(first: int) -> int:
+    """Length of a msgpack array header from its first byte (0 when it is not an array)."""
+    if 0x90 <= first <= 0x9F:
+        return 1
+    return 3 if first == 0xDC else 5 if first == 0xDD else 0
+
+
+def _ext(code: int, data: bytes) -> bytes:
+    return bytes(data)  # ext values are kept as opaque bytes (§1)
+
+
+def _too_deep(value: Any) -> bool:
+    """Does an argument nest deeper than :data:`MAX_DEPTH` (the frame's own array being level 1)?"""
+    stack: list[tuple[Any, int]] = [(value, 2)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, list):
+            if depth > MAX_DEPTH:
+                return True
+            stack.extend((x, depth + 1) for x in v)
+        elif isinstance(v, dict):
+            if depth > MAX_DEPTH:
+                return True
+            for k, x in v.items():
+                stack.append((k, depth + 1))
+                stack.append((x, depth + 1))
+    return False
+
+
+def _unpacker(data: bytes) -> msgpack.Unpacker:
+    # Old-spec raw and new-spec str both decode to str; raw that is not UTF-8 keeps its bytes as
+    # surrogate escapes, so nothing is lost (§1 "decoding is lenient").
+    up = msgpack.Unpacker(
+        raw=False,
+        unicode_errors="surrogateescape",
+        ext_hook=_ext,
+        strict_map_key=False,
+        max_buffer_size=max(len(data), 1),
+    )
+    up.feed(data)
+    return up
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One decoded frame. ``name`` is element 0; ``args`` the other elements, decoded; ``args_bytes`` the
+    msgpack array of the arguments, their bytes exactly as received (the payload stored in the log)."""
+
+    name: str
+    args: tuple[Any, ...]
+    args_bytes: bytes
+
+
+def decode_frame(data: bytes, max_frame: int = 1 << 20) -> Frame:
+    """Decode one binary frame, or raise :class:`BadFrame` with the close code of §8."""
+    if len(data) > max_frame:
+        raise BadFrame(CLOSE_TOO_BIG, f"frame over {max_frame} bytes")
+    up = _unpacker(data)
+    try:
+        n = up.read_array_header()
+        if n == 0:
+            raise BadFrame(CLOSE_INVALID, "an empty array")
+        name = up.unpack()
+        start = up.tell()
+        args = tuple(up.unpack() for _ in range(n - 1))
+        end = up.tell()
+    except BadFrame:
+        raise
+    except (msgpack.OutOfData, msgpack.UnpackException, ValueError, TypeError) as exc:
+        raise BadFrame(CLOSE_INVALID, f"not one msgpack array: {type(exc).__name__}") from None
+    except RecursionError:
+        raise BadFrame(CLOSE_INVALID, f"nested deeper than {MAX_DEPTH}") from None
+    if end != len(data):
+        raise BadFrame(CLOSE_INVALID, "more than one msgpack value")
+    if not isinstance(name, str):
+        raise BadFrame(CLOSE_INVALID, "element 0 is not a string")
+    if any(_too_deep(a) for a in args if isinstance(a, list | dict)):
+        raise BadFrame(CLOSE_INVALID, f"nested deeper than {MAX_DEPTH}")
+    return Frame(name, args, _array_header(n - 1) + data[start:end])
+
+
+def channel_of(name: str, max_bytes: int = MAX_CHANNEL_BYTES) -> str:
+    """The canonical channel of a WearScript name (mapping.md §2.4). Raises :class:`BadChannel` for a name
+    that is not UTF-8 text or is too long."""
+    return from_separated(name, SEPARATOR, max_bytes)
+
+
+def name_of(channel: str) -> str:
+    """The WearScript name of a canonical channel."""
+    return to_separated(channel, SEPARATOR)
+
+
+def matches(sub_channel: str, channel: str) -> bool:
+    """Does a subscription (canonical) match a channel (canonical)? §2: a segment prefix, but the root
+    matches only the root."""
+    if sub_channel == "/":
+        return channel == "/"
+    return channel == sub_channel or channel.startswith(sub_channel + "/")
+
+
+def listen_patterns(sub_channel: str) -> list[str]:
+    """Native patterns that select what a WearScript subscription matches, for the core's router: the
+    channel and its subtree (``/a/**`` matches ``/a`` too), or just ``/`` for the root."""
+    return ["/"] if sub_channel == "/" else [sub_channel + "/**"]
+
+
+def advertised_name(pattern: Pattern) -> str:
+    """The name the hub advertises for another dialect's subscription (§3): its literal prefix, rendered as
+    a WearScript name (``/a/*/c`` → ``a``; ``/**`` and the root → ``""``)."""
+    lit: list[str] = []
+    for p in pattern.parts:
+        if p is None:
+            break
+        lit.append(p)
+    if not lit or lit == [""]:
+        return ""
+    return name_of("/" + "/".join(lit))
+
+
+def render_event(name: str, event: Event) -> bytes:
+    """The frame for an event (mapping.md §5): ``[name, *args]``. A msgpack payload that is one array gives
+    the arguments, their bytes unchanged (so an event a WearScript client published goes out as it came);
+    another msgpack value is one argument; any other payload is one string argument (raw bytes when it is
+    not UTF-8)."""
+    payload = event.payload
+    head = pack(name)
+    if event.content_type == CONTENT_TYPE and payload:
+        hl = _header_len(payload[0])
+        if hl:
+            try:
+                up = _unpacker(payload)
+                n = up.read_array_header()
+                for _ in range(n):
+                    up.skip()
+                if up.tell() == len(payload):
+                    return _array_header(n + 1) + head + payload[hl:]
+            except (msgpack.OutOfData, msgpack.UnpackException, ValueError):
+                pass
+        else:
+            try:
+                up = _unpacker(payload)
+                up.skip()
+                if up.tell() == len(payload):
+                    return b"\x92" + head + payload
+            except (msgpack.OutOfData, msgpack.UnpackException, ValueError):
+                pass
+    try:
+        arg: str | bytes = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        arg = payload
+    return b"\x92" + head + pack(arg)
+
+
+# -- outputs ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A binary frame for this connection."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """One binary frame for each of ``targets`` (hub connection ids; this connection may be among them)."""
+
+    data: bytes
+    targets: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the connection with this WebSocket code after the outputs before it."""
+
+    code: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Store a data message on ``channel`` (canonical) with ``payload`` (the arguments' msgpack array, as
+    received) and content type :data:`CONTENT_TYPE`, then deliver it to every matching subscriber of every
+    dialect except this connection (§4 "Self"). A publish the connection's identity may not make closes it
+    with 1008 (§7)."""
+
+    channel: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ListenChanged:
+    """The connection's external set changed: it now listens to exactly ``channels`` (canonical, sorted).
+    The wiring subscribes it in the core with :func:`listen_patterns` of each, and drops the rest."""
+
+    channels: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Exists:
+    """Does any subscription of any dialect match ``channel`` (canonical)? Answer with
+    :meth:`WearscriptConnection.reply_exists`, passing ``resp``."""
+
+    channel: str
+    resp: str
+
+
+@dataclass(frozen=True, slots=True)
+class HubListChanged:
+    """The hub list changed: send :meth:`WearscriptHub.hub_list_frame` to every WearScript connection (at
+    most once per 100 ms; the latest list wins)."""
+
+
+Output: TypeAlias = Send | Forward | Close | Publish | ListenChanged | Exists | HubListChanged
+
+
+# -- the hub ------------------------------------------------------------------------------------------------
+
+
+class WearscriptHub:
+    """The hub's state (§3): the devices each connection announced, in order, and the hub's own list.
+
+    Connections are numbered by :meth:`attach` in the order they arrive, which is the greeting's "oldest
+    connection first". Matching a channel against every connection's set is a scan over connections: meshes
+    of devices are tens or hundreds of connections, and each connection's set is checked by prefix lookups,
+    not by testing every name.
+    """
+
+    def __init__(
+        self,
+        group_device: str = DEFAULT_GROUP_DEVICE,
+        *,
+        test_handler: bool = True,
+        hub_channels: Sequence[str] = (),
+        advertise_foreign: bool = True,
+    ) -> None:
+        self.group_device = group_device
+        self.test_handler = test_handler
+        self.advertise_foreign = advertise_foreign
+        self._next = 0
+        #: connection id -> {group:device -> names as announced}, both in announcement order
+        self._devices: dict[int, dict[str, list[str]]] = {}
+        #: connection id -> canonical channels of the union of its devices' lists
+        self._external: dict[int, frozenset[str]] = {}
+        self._bound: set[str] = {channel_of("test" + SEPARATOR + group_device)} if test_handler else set()
+        self._fixed = set(hub_channels)
+        self._foreign: Counter[str] = Counter()
+
+    # -- connections --
+
+    def attach(self) -> tuple[int, list[bytes]]:
+        """A new connection: its id and its greeting frames (§3 "Greeting")."""
+        cid = self._next
+        self._next += 1
+        frames = [self.hub_list_frame()]
+        for other, devices in self._devices.items():
+            for gd, names in devices.items():
+                if names and other != cid:
+                    frames.append(pack([SUBSCRIPTIONS, gd, names]))
+        self._devices[cid] = {}
+        self._external[cid] = frozenset()
+        return cid, frames
+
+    def detach(self, cid: int) -> list[bytes]:
+        """A connection closed: the departure frames for every remaining connection, one per device it
+        announced, in announcement order."""
+        devices = self._devices.pop(cid, {})
+        self._external.pop(cid, None)
+        return [pack([SUBSCRIPTIONS, gd, []]) for gd, names in devices.items() if names]
+
+    def connections(self) -> list[int]:
+        return list(self._devices)
+
+    def others(self, cid: int) -> tuple[int, ...]:
+        return tuple(c for c in self._devices if c != cid)
+
+    def announce(self, cid: int, gd: str, names: list[str], max_channels: int) -> frozenset[str] | None:
+        """Replace ``gd``'s list on connection ``cid`` (an empty list removes the device). Returns the
+        connection's new external set (canonical channels), or ``None`` when it would exceed
+        ``max_channels`` (nothing is changed then). Raises :class:`BadChannel` for a name that is not a
+        channel."""
+        canon = {channel_of(n) for n in names}
+        devices = self._devices[cid]
+        union = set(canon)
+        for other, ns in devices.items():
+            if other != gd:
+                union.update(channel_of(n) for n in ns)
+        if len(union) > max_channels:
+            return None
+        if names:
+            devices[gd] = list(names)
+        else:
+            devices.pop(gd, None)
+        ext = frozenset(union)
+        self._external[cid] = ext
+        return ext
+
+    def matching(self, channel: str, exclude: int | None = None) -> tuple[int, ...]:
+        """Connections whose external set matches ``channel`` (canonical), in connection order."""
+        probes = _prefixes(channel)
+        return tuple(
+            c for c, ext in self._external.items() if c != exclude and ext and not probes.isdisjoint(ext)
+        )
+
+    def external(self) -> dict[str, list[str]]:
+        """Every known device's list (``channelsExternal``), oldest connection first."""
+        out: dict[str, list[str]] = {}
+        for devices in self._devices.values():
+            for gd, names in devices.items():
+                out[gd] = list(names)
+        return out
+
+    # -- the hub list --
+
+    def hub_list(self) -> list[str]:
+        """The hub's own list (§3): sorted, no duplicates."""
+        names = {name_of(c) for c in self._bound} | self._fixed
+        if self.advertise_foreign:
+            names.update(n for n, k in self._foreign.items() if k > 0)
+        return sorted(names)
+
+    def hub_list_frame(self) -> bytes:
+        return pack([SUBSCRIPTIONS, self.group_device, self.hub_list()])
+
+    def foreign_added(self, pattern: Pattern) -> bool:
+        """Another dialect's connection subscribed ``pattern``; ``True`` when the hub list changed."""
+        if not self.advertise_foreign:
+            return False
+        name = advertised_name(pattern)
+        self._foreign[name] += 1
+        return self._foreign[name] == 1 and name not in self._fixed and channel_of(name) not in self._bound
+
+    def foreign_removed(self, pattern: Pattern) -> bool:
+        """Another dialect's subscription went away; ``True`` when the hub list changed."""
+        if not self.advertise_foreign:
+            return False
+        name = advertised_name(pattern)
+        left = self._foreign[name] - 1
+        if left > 0:
+            self._foreign[name] = left
+            return False
+        self._foreign.pop(name, None)
+        return name not in self._fixed and channel_of(name) not in self._bound
+
+    # -- the test handler (§5) --
+
+    def test_bound(self, channel: str) -> bool:
+        """Is ``channel`` (canonical) handled by the test handler?"""
+        return bool(self._bound) and not _prefixes(channel).isdisjoint(self._bound)
+
+    def bind(self, name: str) -> bool:
+        """``subscribe``: bind a channel to the test handler; ``True`` when the hub list changed."""
+        before = self.hub_list()
+        self._bound.add(channel_of(name))
+        return self.hub_list() != before
+
+    def unbind(self, name: str) -> bool:
+        """``unsubscribe``; ``True`` when the hub list changed."""
+        before = self.hub_list()
+        self._bound.discard(channel_of(name))
+        return self.hub_list() != before
+
+
+def _prefixes(channel: str) -> set[str]:
+    """The canonical subscriptions that match ``channel``: the channel and each segment prefix (the root only
+    for the root itself)."""
+    if channel == "/":
+        return {"/"}
+    out = {channel}
+    i = channel.find("/", 1)
+    while i != -1:
+        out.add(channel[:i])
+        i = channel.find("/", i + 1)
+    return out
+
+
+# -- one connection -----------------------------------------------------------------------------------------
+
+
+class WearscriptConnection:
+    """One WearScript connection's state machine (§3-§5, §8).
+
+    ``max_frame`` is ``limits.max_frame``; ``max_channels`` is ``limits.max_subscriptions``, the most
+    channels one connection's external set may hold.
+    """
+
+    def __init__(self, hub: WearscriptHub, *, max_frame: int = 1 << 20, max_channels: int = 1024) -> None:
+        self.hub = hub
+        self.max_frame = max_frame
+        self.max_channels = max_channels
+        self.id, self._greeting = hub.attach()
+        self.closed = False
+
+    def greeting(self) -> list[Output]:
+        """What to send right after the upgrade."""
+        frames, self._greeting = self._greeting, []
+        return [Send(f) for f in frames]
+
+    def on_text(self) -> list[Output]:
+        return [Close(CLOSE_UNSUPPORTED, "text frames are not WearScript")]
+
+    def on_binary(self, data: bytes) -> list[Output]:
+        if self.closed:
+            return []
+        try:
+            frame = decode_frame(data, self.max_frame)
+            if frame.name == SUBSCRIPTIONS:
+                return self._subscriptions(frame, data)
+            channel = channel_of(frame.name)
+        except BadFrame as exc:
+            return [Close(exc.code, str(exc))]
+        except BadChannel as exc:
+            return [Close(CLOSE_INVALID, str(exc))]
+        if self.hub.test_bound(channel):
+            return self._test(frame)
+        return [Publish(channel, frame.args_bytes)]
+
+    def on_close(self) -> list[Output]:
+        """The connection is gone: departure frames for the others."""
+        if self.closed:
+            return []
+        self.closed = True
+        frames = self.hub.detach(self.id)
+        targets = self.hub.connections()
+        return [Forward(f, tuple(targets)) for f in frames] if targets else []
+
+    def _subscriptions(self, frame: Frame, data: bytes) -> list[Output]:
+        args = frame.args
+        if (
+            len(args) < 2
+            or not isinstance(args[0], str)
+            or not isinstance(args[1], list)
+            or not all(isinstance(n, str) for n in args[1])
+        ):
+            return [Close(CLOSE_INVALID, "subscriptions needs a group:device and a list of channel names")]
+        try:
+            ext = self.hub.announce(self.id, args[0], args[1], self.max_channels)
+        except BadChannel as exc:
+            return [Close(CLOSE_INVALID, str(exc))]
+        if ext is None:
+            return [Close(CLOSE_POLICY, f"more than {self.max_channels} channels on one connection")]
+        out: list[Output] = []
+        others = self.hub.others(self.id)
+        if others:
+            out.append(Forward(data, others))
+        out.append(ListenChanged(tuple(sorted(ext))))
+        return out
+
+    # -- the test handler --
+
+    def _test(self, frame: Frame) -> list[Output]:
+        args = frame.args
+        if len(args) < 2 or not isinstance(args[0], str) or not isinstance(args[1], str):
+            return []
+        command, resp, rest = args[0], args[1], args[2:]
+        hub = self.hub
+        group, _, device = hub.group_device.partition(SEPARATOR)
+        value: list[Any]
+        if command == "group":
+            value = [group]
+        elif command == "device":
+            value = [device]
+        elif command == "groupDevice":
+            value = [hub.group_device]
+        elif command == "channelsInternal":
+            value = [hub.hub_list()]
+        elif command == "channelsExternal":
+            value = [hub.external()]
+        elif command == "exists" and rest and isinstance(rest[0], str):
+            try:
+                return [Exists(channel_of(rest[0]), resp)]
+            except BadChannel:
+                return []
+        elif command == "channel" and all(isinstance(p, str) for p in rest):
+            value = [SEPARATOR.join(rest)]
+        elif command == "subchannel" and rest and isinstance(rest[0], str):
+            value = [rest[0] + SEPARATOR + hub.group_device]
+        elif command == "ackchannel" and rest and isinstance(rest[0], str):
+            value = [rest[0] + SEPARATOR + "ACK"]
+        elif command == "publish":
+            value = list(rest)
+        elif command in ("subscribe", "unsubscribe") and rest and isinstance(rest[0], str):
+            try:
+                changed = hub.bind(rest[0]) if command == "subscribe" else hub.unbind(rest[0])
+            except BadChannel:
+                return []
+            return [HubListChanged()] if changed else []
+        else:
+            return []
+        return self._reply(resp, value)
+
+    def _reply(self, resp: str, value: Iterable[Any]) -> list[Output]:
+        """A reply on ``resp`` to the connections whose set matches it, the asker included; not logged."""
+        try:
+            channel = channel_of(resp)
+        except BadChannel:
+            return []
+        targets = self.hub.matching(channel)
+        return [Forward(pack([resp, *value]), targets)] if targets else []
+
+    def reply_exists(self, resp: str, exists: bool) -> list[Output]:
+        """Render the core's answer to :class:`Exists`."""
+        return self._reply(resp, [exists])

@@ -1,0 +1,391 @@
+"""The WearScript dialect's codec, hub state and connection state machine (protocols/wearscript.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hubbub.channels import parse_pattern
+from hubbub.dialects import wearscript as ws
+from hubbub.events import Event, Publisher
+
+
+def frame(*items: Any) -> bytes:
+    out: bytes = msgpack.packb(list(items), use_bin_type=True)
+    return out
+
+
+def lenient(data: bytes) -> Any:
+    """Decode as the dialect does: raw and str alike, ext as bytes."""
+    return msgpack.unpackb(
+        data,
+        raw=False,
+        unicode_errors="surrogateescape",
+        strict_map_key=False,
+        ext_hook=lambda c, d: bytes(d),
+    )
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False)
+
+
+# -- §2 matching ---------------------------------------------------------------------------------------------
+
+TABLE = [
+    ("", "a", False),
+    ("", "", True),
+    ("a", "a", True),
+    ("a", "a:b", True),
+    ("b", "a:b", False),
+    ("a:", "a", False),
+    ("a:", "a:b", False),
+    ("a:", "a::b", True),
+    ("a:b", "a", False),
+    ("a:b", "a:b", True),
+    ("a:b", "a:bc", False),
+    ("a:b", "a:b:c", True),
+]
+
+
+@pytest.mark.parametrize(("sub", "chan", "expected"), TABLE)
+def test_the_matching_table(sub: str, chan: str, expected: bool) -> None:
+    assert ws.matches(ws.channel_of(sub), ws.channel_of(chan)) is expected
+    hub = ws.WearscriptHub(test_handler=False)
+    conn = ws.WearscriptConnection(hub)
+    conn.on_binary(frame("subscriptions", "phone:A", [sub]))
+    assert hub.matching(ws.channel_of(chan)) == ((conn.id,) if expected else ())
+
+
+names = st.text(alphabet="ab:", max_size=6)
+
+
+@given(names, names)
+def test_matching_is_the_name_rule(sub: str, chan: str) -> None:
+    by_name = chan == sub if sub == "" else chan == sub or chan.startswith(sub + ":")
+    assert ws.matches(ws.channel_of(sub), ws.channel_of(chan)) is by_name
+
+
+def test_listen_patterns_select_what_matches() -> None:
+    for sub in ("", "a", "a:", "a:b"):
+        pats = [parse_pattern(p) for p in ws.listen_patterns(ws.channel_of(sub))]
+        for chan in ("", "a", "a:b", "a::b", "a:bc", "a:b:c", "b"):
+            c = ws.channel_of(chan)
+            assert any(p.matches(c) for p in pats) is ws.matches(ws.channel_of(sub), c), (sub, chan)
+
+
+def test_names_and_channels() -> None:
+    assert ws.channel_of("a:b:c") == "/a/b/c"
+    assert ws.channel_of("") == "/"
+    assert ws.channel_of("img/jpeg:x") == "/img%2Fjpeg/x"
+    assert ws.name_of("/img%2Fjpeg/x") == "img/jpeg:x"
+    assert ws.name_of("/chat/room") == "chat:room"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "name"),
+    [("/a/b", "a:b"), ("/a/*/c", "a"), ("/a/b/**", "a:b"), ("/**", ""), ("/", ""), ("/*", "")],
+)
+def test_advertised_names(pattern: str, name: str) -> None:
+    assert ws.advertised_name(parse_pattern(pattern)) == name
+
+
+# -- §1 frames -----------------------------------------------------------------------------------------------
+
+
+def test_a_frame_keeps_its_argument_bytes() -> None:
+    # A new-spec str8 argument and a map: the stored payload is the arguments exactly as received.
+    data = frame("x:y", "s" * 40, {"k": [1, 2.5]}, b"\x00\xff")
+    f = ws.decode_frame(data)
+    assert f.name == "x:y" and f.args == ("s" * 40, {"k": [1, 2.5]}, b"\x00\xff")
+    assert f.args_bytes == b"\x93" + data[1 + 4 :]
+    assert unpack(f.args_bytes) == list(f.args)
+
+
+def test_old_spec_raw_strings_decode_leniently() -> None:
+    data = msgpack.packb(["chan", b"\xc3\xa9t\xe9"], use_bin_type=False)  # raw, the last one not UTF-8
+    f = ws.decode_frame(data)
+    assert f.name == "chan" and f.args[0] == "ét\udce9"
+    assert f.args_bytes == b"\x91" + data[6:]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\xc1",  # never used
+        msgpack.packb({"a": 1}),
+        msgpack.packb([]),
+        msgpack.packb([1, 2]),
+        msgpack.packb(["a"]) + b"\x01",
+        b"\x92\xa1a",  # cut short
+        b"\x91" + b"\x91" * 70 + b"\x90",  # element 0 nested too deep
+        frame("a", [[[[1]]]])[:-1],
+    ],
+)
+def test_bad_frames_close_1007(data: bytes) -> None:
+    with pytest.raises(ws.BadFrame) as caught:
+        ws.decode_frame(data)
+    assert caught.value.code == 1007
+
+
+def test_depth_is_limited_to_64() -> None:
+    def nested(depth: int) -> Any:
+        v: Any = 1
+        for _ in range(depth):
+            v = [v]
+        return v
+
+    ws.decode_frame(frame("a", nested(63)))  # the frame's own array is level 1
+    with pytest.raises(ws.BadFrame):
+        ws.decode_frame(frame("a", nested(64)))
+
+
+def test_an_oversized_frame_closes_1009() -> None:
+    with pytest.raises(ws.BadFrame) as caught:
+        ws.decode_frame(frame("a", "x" * 100), max_frame=64)
+    assert caught.value.code == 1009
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=500)
+def test_any_bytes_decode_or_close(data: bytes) -> None:
+    try:
+        f = ws.decode_frame(data)
+    except ws.BadFrame as exc:
+        assert exc.code in (1007, 1009)
+        return
+    assert isinstance(f.name, str)
+    assert lenient(f.args_bytes) == list(f.args)
+
+
+def test_the_hub_packs_old_spec() -> None:
+    out = ws.pack(["c" * 40, b"\x00\x01", 1.5, 300])
+    assert b"\xd9" not in out and b"\xc4" not in out  # never str8, never bin
+    assert out[1:4] == b"\xda\x00\x28"  # raw16 for a 40-byte string
+    assert b"\xcb" in out  # float64
+
+
+msgpack_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.text(max_size=40)
+    | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@given(st.text(alphabet="abc:", min_size=1, max_size=8), st.lists(msgpack_values, max_size=5))
+def test_a_wearscript_event_goes_out_as_it_came(name: str, args: list[Any]) -> None:
+    data = ws.pack([name, *args])
+    f = ws.decode_frame(data)
+    ev = event(ws.channel_of(name), f.args_bytes, ws.CONTENT_TYPE)
+    assert ws.render_event(ws.name_of(ev.channel), ev) == data
+
+
+def event(channel: str, payload: bytes, content_type: str) -> Event:
+    return Event(channel, 1, "e0000000", 1, Publisher("native"), payload, content_type)
+
+
+@pytest.mark.parametrize(
+    ("payload", "content_type", "args"),
+    [
+        (b"hi 5%", "text/plain", ["hi 5%"]),
+        (b"\xff\x00", "application/octet-stream", ["\udcff\x00"]),  # raw bytes, read back leniently
+        (msgpack.packb([1, "two"]), ws.CONTENT_TYPE, [1, "two"]),
+        (msgpack.packb({"k": 1}), ws.CONTENT_TYPE, [{"k": 1}]),
+        (b"\xc1", ws.CONTENT_TYPE, ["\udcc1"]),  # not msgpack after all: one raw argument
+        (msgpack.packb([1]) + b"\x01", ws.CONTENT_TYPE, ["\udc91\x01\x01"]),
+        (b"", "text/plain", [""]),
+    ],
+)
+def test_events_of_other_dialects(payload: bytes, content_type: str, args: list[Any]) -> None:
+    out = ws.render_event("chat:room", event("/chat/room", payload, content_type))
+    assert b"\xc4" not in out[:2]  # old-spec: no bin header
+    got = ws.decode_frame(out)
+    assert got.name == "chat:room" and list(got.args) == args
+
+
+# -- §3 the hub and its connections -------------------------------------------------------------------------
+
+
+def sends(outs: list[ws.Output]) -> list[Any]:
+    return [unpack(o.data) for o in outs if isinstance(o, ws.Send)]
+
+
+def test_greeting_lists_the_hub_and_the_known_devices() -> None:
+    hub = ws.WearscriptHub()
+    a = ws.WearscriptConnection(hub)
+    assert sends(a.greeting()) == [["subscriptions", "server:0", ["test:server:0"]]]
+    a.on_binary(frame("subscriptions", "phone:A", ["chan", "x:y"]))
+    a.on_binary(frame("subscriptions", "watch:A", ["w"]))
+    a.on_binary(frame("subscriptions", "gone:A", []))
+    b = ws.WearscriptConnection(hub)
+    b.on_binary(frame("subscriptions", "phone:B", ["b"]))
+    c = ws.WearscriptConnection(hub)
+    assert sends(c.greeting()) == [
+        ["subscriptions", "server:0", ["test:server:0"]],
+        ["subscriptions", "phone:A", ["chan", "x:y"]],
+        ["subscriptions", "watch:A", ["w"]],
+        ["subscriptions", "phone:B", ["b"]],
+    ]
+
+
+def test_subscriptions_are_forwarded_identical_and_replace_the_list() -> None:
+    hub = ws.WearscriptHub()
+    a, b = ws.WearscriptConnection(hub), ws.WearscriptConnection(hub)
+    raw = frame("subscriptions", "phone:A", ["chan", "x:y"])
+    outs = a.on_binary(raw)
+    assert outs == [ws.Forward(raw, (b.id,)), ws.ListenChanged(("/chan", "/x/y"))]
+    outs = a.on_binary(frame("subscriptions", "phone:A", ["z"]))
+    assert outs[-1] == ws.ListenChanged(("/z",))
+    assert hub.matching("/chan") == () and hub.matching("/z/1") == (a.id,)
+    assert hub.matching("/z", exclude=a.id) == ()
+
+
+def test_a_connection_speaks_for_several_devices() -> None:
+    hub = ws.WearscriptHub()
+    a = ws.WearscriptConnection(hub)
+    a.on_binary(frame("subscriptions", "phone:A", ["p"]))
+    assert a.on_binary(frame("subscriptions", "watch:A", ["w"]))[-1] == ws.ListenChanged(("/p", "/w"))
+    assert a.on_binary(frame("subscriptions", "phone:A", []))[-1] == ws.ListenChanged(("/w",))
+
+
+def test_a_device_named_in_raw_bytes_that_are_not_utf8() -> None:
+    # Found by fuzzing: the departure notice of such a device could not be packed.
+    hub = ws.WearscriptHub()
+    a, b = ws.WearscriptConnection(hub), ws.WearscriptConnection(hub)
+    raw = msgpack.packb(["subscriptions", b"ph\xffne:A", [b"x"]], use_bin_type=False)
+    assert a.on_binary(raw)[0] == ws.Forward(raw, (b.id,))
+    c = ws.WearscriptConnection(hub)
+    assert c.greeting()[1] == ws.Send(raw)
+    assert [o.data for o in a.on_close() if isinstance(o, ws.Forward)] == [
+        msgpack.packb(["subscriptions", b"ph\xffne:A", []], use_bin_type=False)
+    ]
+
+
+def test_departure_notices_in_announcement_order() -> None:
+    hub = ws.WearscriptHub()
+    a, b = ws.WearscriptConnection(hub), ws.WearscriptConnection(hub)
+    a.on_binary(frame("subscriptions", "phone:A", ["p"]))
+    a.on_binary(frame("subscriptions", "watch:A", ["w"]))
+    outs = a.on_close()
+    assert [(unpack(o.data), o.targets) for o in outs if isinstance(o, ws.Forward)] == [
+        (["subscriptions", "phone:A", []], (b.id,)),
+        (["subscriptions", "watch:A", []], (b.id,)),
+    ]
+    assert a.on_close() == [] and hub.connections() == [b.id]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        frame("subscriptions"),
+        frame("subscriptions", "gd"),
+        frame("subscriptions", 5, ["a"]),
+        frame("subscriptions", "gd", "a"),
+        frame("subscriptions", "gd", ["a", 1]),
+        frame("subscriptions", "gd", ["\udcff"[:0] + "a", b"b"]),
+    ],
+)
+def test_bad_subscriptions_close_1007(bad: bytes) -> None:
+    conn = ws.WearscriptConnection(ws.WearscriptHub())
+    assert conn.on_binary(bad) == [ws.Close(1007, conn.on_binary(bad)[0].reason)]  # type: ignore[union-attr]
+
+
+def test_too_many_channels_close_1008() -> None:
+    hub = ws.WearscriptHub()
+    conn = ws.WearscriptConnection(hub, max_channels=3)
+    conn.on_binary(frame("subscriptions", "a:1", ["a", "b"]))
+    outs = conn.on_binary(frame("subscriptions", "a:2", ["c", "d"]))
+    assert len(outs) == 1 and isinstance(outs[0], ws.Close) and outs[0].code == 1008
+    assert hub.matching("/c") == () and hub.matching("/a") == (conn.id,)
+
+
+def test_text_frames_close_1003() -> None:
+    assert ws.WearscriptConnection(ws.WearscriptHub()).on_text()[0].code == 1003  # type: ignore[union-attr]
+
+
+def test_a_data_message_is_published_with_its_argument_bytes() -> None:
+    conn = ws.WearscriptConnection(ws.WearscriptHub())
+    raw = frame("x:y", 1, "two")
+    assert conn.on_binary(raw) == [ws.Publish("/x/y", b"\x92" + raw[5:])]
+
+
+# -- §5 the test handler -------------------------------------------------------------------------------------
+
+
+def asker() -> tuple[ws.WearscriptHub, ws.WearscriptConnection]:
+    hub = ws.WearscriptHub()
+    conn = ws.WearscriptConnection(hub)
+    conn.on_binary(frame("subscriptions", "phone:A", ["resp"]))
+    return hub, conn
+
+
+def reply(conn: ws.WearscriptConnection, *items: Any) -> Any:
+    outs = conn.on_binary(frame("test:server:0", *items))
+    fwd = [o for o in outs if isinstance(o, ws.Forward)]
+    if not fwd:
+        return None
+    assert fwd[0].targets == (conn.id,)
+    return unpack(fwd[0].data)
+
+
+@pytest.mark.parametrize(
+    ("items", "expected"),
+    [
+        (("group", "resp"), ["resp", "server"]),
+        (("device", "resp"), ["resp", "0"]),
+        (("groupDevice", "resp"), ["resp", "server:0"]),
+        (("channelsInternal", "resp"), ["resp", ["test:server:0"]]),
+        (("channelsExternal", "resp"), ["resp", {"phone:A": ["resp"]}]),
+        (("channel", "resp", "p1", "p2"), ["resp", "p1:p2"]),
+        (("subchannel", "resp", "x"), ["resp", "x:server:0"]),
+        (("ackchannel", "resp", "x"), ["resp", "x:ACK"]),
+        (("publish", "resp", 1, [2]), ["resp", 1, [2]]),
+        (("nonsense", "resp"), None),
+        ((5, "resp"), None),
+        (("group", 5), None),
+        (("group", "nobody"), None),  # nobody listens on the reply channel
+    ],
+)
+def test_test_handler_commands(items: tuple[Any, ...], expected: Any) -> None:
+    _, conn = asker()
+    assert reply(conn, *items) == expected
+
+
+def test_exists_asks_the_core() -> None:
+    _, conn = asker()
+    outs = conn.on_binary(frame("test:server:0", "exists", "resp", "a:b"))
+    assert outs == [ws.Exists("/a/b", "resp")]
+    fwd = conn.reply_exists("resp", True)
+    assert [unpack(o.data) for o in fwd if isinstance(o, ws.Forward)] == [["resp", True]]
+
+
+def test_subscribe_binds_a_channel_and_changes_the_hub_list() -> None:
+    hub, conn = asker()
+    assert conn.on_binary(frame("test:server:0", "subscribe", "resp", "ctl")) == [ws.HubListChanged()]
+    assert hub.hub_list() == ["ctl", "test:server:0"]
+    assert reply(conn, "x") is None  # a frame without a command on a bound channel is ignored
+    assert conn.on_binary(frame("ctl:sub", "group", "resp"))  # bound: a control message, not a publish
+    assert conn.on_binary(frame("test:server:0", "unsubscribe", "resp", "ctl")) == [ws.HubListChanged()]
+    assert conn.on_binary(frame("ctl", "group", "resp")) == [ws.Publish("/ctl", frame("group", "resp"))]
+
+
+def test_foreign_subscriptions_are_advertised_once() -> None:
+    hub = ws.WearscriptHub(hub_channels=["extra"])
+    p = parse_pattern("/chat/*/x")
+    assert hub.foreign_added(p) is True
+    assert hub.foreign_added(parse_pattern("/chat/**")) is False
+    assert hub.hub_list() == ["chat", "extra", "test:server:0"]
+    assert hub.foreign_removed(p) is False
+    assert hub.foreign_removed(parse_pattern("/chat/**")) is True
+    assert hub.hub_list() == ["extra", "test:server:0"]
+    quiet = ws.WearscriptHub(advertise_foreign=False, test_handler=False)
+    assert quiet.foreign_added(p) is False and quiet.hub_list() == []
