@@ -89,7 +89,7 @@ async def pending(node: Node, name: str) -> list[int]:
 
 def test_batches_in_order_and_acks_stored_before_the_next_batch(tmp_path: Path) -> None:
     async def body(node: Node, svc: ConsumerService) -> None:
-        info, created = await svc.create(spec())
+        _, created = await svc.create(spec())
         assert created
         await publish(node, "/other", "no")
         await publish(node, "/jobs/a", *[str(i) for i in range(10)])

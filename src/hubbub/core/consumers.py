@@ -10,7 +10,7 @@ out to **openers** in batches and settles what they acknowledge:
   in journal order. One batch per opener at a time.
 * ``ack`` removes the batch's items from the journal durably (a writer-thread transaction, grouped per loop
   tick) before it returns and before that opener gets another batch. ``nack`` gives the items back with a
-  backoff of 100 ms × their attempts (at most 5 s), stored with them. An opener that closes or goes away
+  backoff of 100 ms times their attempts (at most 5 s), stored with them. An opener that closes or goes away
   gives its batch back at once (attempts + 1). After a restart every unacknowledged item is pending again.
 * Order: a consumer whose openers are not shared delivers in journal order (so per channel in commit order),
   redeliveries included: a nacked batch holds back everything after it until its backoff ends. A work queue
