@@ -199,6 +199,9 @@ class ConsumerService:
         self._by_name: dict[str, _Consumer] = {}
         self._by_id: dict[int, _Consumer] = {}
         self._dirty: set[_Consumer] = set()
+        # Consumer ids that journal notifications named before the service knew them (see _add).
+        self._unknown: set[int] = set()
+        self._unknown_overflow = False
         self._pump_scheduled = False
         # Settles (acks and retries) of this loop tick, written together.
         self._acks: list[tuple[int, tuple[int, ...]]] = []
@@ -266,10 +269,16 @@ class ConsumerService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _add(self, info: ConsumerInfo) -> _Consumer:
+    def _add(self, info: ConsumerInfo, *, new: bool = False) -> _Consumer:
+        """Start serving a consumer. One just created (``new``) has an empty journal: unless a notification
+        already named it, everything it gets comes through notifications, and nothing is read."""
         c = _Consumer(info)
         self._by_name[info.spec.name] = self._by_id[info.id] = c
-        self._spawn(self._fill(c), f"consumer-fill-{info.id}")
+        if new and not self._unknown_overflow and info.id not in self._unknown:
+            c.backlog = False
+        else:
+            self._spawn(self._fill(c), f"consumer-fill-{info.id}")
+        self._unknown.discard(info.id)
         return c
 
     # -- definitions ----------------------------------------------------------------------------------------
@@ -284,7 +293,7 @@ class ConsumerService:
         if c is None or c.id != info.id:
             if c is not None:  # deleted and created again meanwhile
                 self._forget(c, "deleted")
-            c = self._add(info)
+            c = self._add(info, new=created)
         return c.info, created
 
     async def delete(self, name: str) -> bool:
@@ -374,7 +383,12 @@ class ConsumerService:
                 for cid, pos in r.journal:
                     c = by_id.get(cid)
                     if c is None:
-                        continue  # not loaded yet: it reads its journal from the store
+                        # Not known yet (created, and its create() not resumed): it reads its journal.
+                        if len(self._unknown) < 4096:
+                            self._unknown.add(cid)
+                        else:
+                            self._unknown_overflow = True
+                        continue
                     if c.backlog or c.reading or len(c.items) >= self._max_items:
                         c.backlog = c.dropped = True
                         self._schedule(c)
