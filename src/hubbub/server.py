@@ -22,7 +22,7 @@ from aiohttp import web
 from hubbub import __version__
 from hubbub.auth import Authenticator, TokenAuthorizer, load_keys, parse_static_tokens
 from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
-from hubbub.core import Node, NodeSettings
+from hubbub.core import ConsumerService, Node, NodeSettings
 from hubbub.core.limits import LimitSettings
 from hubbub.dialects import native as nc
 from hubbub.log import open_store
@@ -50,6 +50,8 @@ class Server:
         self._ssl: ssl.SSLContext | None = None
         self.ports: dict[str, int] = {}
         self.node: Node | None = None
+        #: Durable consumers (docs/consumers.md): started with the node, before any listener.
+        self.consumers: ConsumerService | None = None
         self._runner: web.AppRunner | None = None
         self._native_http: NativeHttp | None = None
         self._tcp: asyncio.Server | None = None
@@ -103,6 +105,8 @@ class Server:
         if cfg.tls_cert:
             self._ssl = server_context(cfg.tls_cert, cfg.tls_key)
         await node.__aenter__()
+        self.consumers = ConsumerService(node)
+        await self.consumers.start()
         codec_limits = {
             "max_channel_bytes": lim.max_channel_bytes,
             "max_tags": lim.max_tags,
@@ -247,6 +251,9 @@ class Server:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.consumers is not None:
+            await self.consumers.close()
+            self.consumers = None
         if node is not None:
             await node.close()
             self.node = None
