@@ -202,6 +202,8 @@ class ConsumerService:
         # Consumer ids that journal notifications named before the service knew them (see _add).
         self._unknown: set[int] = set()
         self._unknown_overflow = False
+        #: Creates under way (their consumer may journal before create() resumes).
+        self._creating = 0
         self._pump_scheduled = False
         # Settles (acks and retries) of this loop tick, written together.
         self._acks: list[tuple[int, tuple[int, ...]]] = []
@@ -288,7 +290,11 @@ class ConsumerService:
         committed after this returns is journaled for it. Raises ``BadRequest``/``BadChannel``."""
         self._check_open()
         check_name(spec.name)
-        info, created = await self._node.write(lambda st: st.consumer_create(spec))
+        self._creating += 1
+        try:
+            info, created = await self._node.write(lambda st: st.consumer_create(spec))
+        finally:
+            self._creating -= 1
         c = self._by_name.get(info.spec.name)
         if c is None or c.id != info.id:
             if c is not None:  # deleted and created again meanwhile
@@ -375,6 +381,8 @@ class ConsumerService:
         """``node.commit_hook``: take each commit's journal items, and feed live groups."""
         by_id = self._by_id
         groups = self._group_index
+        if not by_id and not groups and not self._creating:
+            return  # nothing to do per event (a create under way must see its early items: _unknown)
         for r in results:
             if r.duplicate:
                 continue
