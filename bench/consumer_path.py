@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections.abc import Callable
 
 from hubbub.core import Batch, ConsumerService, Node, Opener
 from hubbub.events import Publisher
@@ -29,7 +30,9 @@ async def run(a: argparse.Namespace, data: str) -> float:
         acked = 0
         openers: list[Opener] = []
 
-        def on_batch(k: int) -> object:
+        tasks: set[asyncio.Task[None]] = set()
+
+        def on_batch(k: int) -> Callable[[Batch], None]:
             def cb(b: Batch) -> None:
                 async def ack() -> None:
                     nonlocal acked
@@ -38,12 +41,14 @@ async def run(a: argparse.Namespace, data: str) -> float:
                     if acked >= a.events:
                         done.set()
 
-                asyncio.ensure_future(ack())
+                task = asyncio.ensure_future(ack())
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
 
             return cb
 
         for k in range(a.openers):
-            openers.append(await svc.open("bench", on_batch(k), batch_max=a.batch))  # type: ignore[arg-type]
+            openers.append(await svc.open("bench", on_batch(k), batch_max=a.batch))
         pub = Publisher("native", "bench", "bench", "")
         t0 = time.perf_counter()
         for i in range(a.events):

@@ -19,12 +19,17 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendResult
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry
 from hubbub.log.records import decode_headers, decode_tags, encode_headers, encode_tags
+from hubbub.log.sqlite._inserts import _INSERT_MAX_LOG2, _insert_chunks, _insert_log2
 from hubbub.log.sqlite._reads import _ReadSide
 
-_INSERT_JOURNAL: Final = (
+_JOURNAL_ROW: Final = 15
+# Multi-row statements of 2**k rows (k <= _INSERT_MAX_LOG2), as append writes ``events`` (_inserts.py): one
+# sqlite3_step per statement instead of one per row.
+_INSERT_JOURNAL: Final = tuple(
     "INSERT INTO journal (consumer_id, pos, attempts, not_before, channel, epoch, seq, time_ns, size, "
     "publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type, headers, tags, "
-    "payload) VALUES (?, ?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "payload) VALUES " + ", ".join(["(?, ?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * (1 << k))
+    for k in range(_INSERT_MAX_LOG2 + 1)
 )
 _ITEM_COLS: Final = (
     "pos, attempts, not_before, channel, epoch, seq, time_ns, publisher_dialect, publisher_user, "
@@ -92,7 +97,7 @@ class _ConsumerSide(_ReadSide):
     def _journal(self, conn: sqlite3.Connection, results: list[AppendResult]) -> None:
         """Journal each new event of an append for the consumers that match it (inside its transaction)."""
         match, crows = self._jindex.match, self._crows
-        rows: list[tuple[Any, ...]] = []
+        rows: list[Any] = []
         touched: dict[int, _Row] = {}
         for i, r in enumerate(results):
             if r.duplicate:
@@ -112,13 +117,12 @@ class _ConsumerSide(_ReadSide):
                 c.pending += 1
                 c.bytes += size
                 entries.append((cid, c.top))
-                rows.append(
-                    (cid, c.top, ev.channel, ev.epoch, ev.seq, ev.time_ns, size, p.dialect, p.user, p.app,
-                     p.msg_id, ev.content_type, hb, tb, ev.payload)
-                )  # fmt: skip
+                rows += (cid, c.top, ev.channel, ev.epoch, ev.seq, ev.time_ns, size, p.dialect, p.user, p.app,
+                         p.msg_id, ev.content_type, hb, tb, ev.payload)  # fmt: skip
             results[i] = AppendResult(ev, False, tuple(entries))
         if rows:
-            conn.executemany(_INSERT_JOURNAL, rows)
+            limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+            _insert_chunks(conn, _INSERT_JOURNAL, _insert_log2(limit, 0, _JOURNAL_ROW), 0, _JOURNAL_ROW, rows)
             conn.executemany(_UPDATE_CONSUMER, [(c.top, c.pending, c.bytes, c.id) for c in touched.values()])
 
     def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
@@ -164,17 +168,13 @@ class _ConsumerSide(_ReadSide):
                 c = crows[cid]
                 for chunk in _chunks(sorted(set(positions))):
                     marks = ",".join("?" * len(chunk))
-                    n, nbytes = conn.execute(
-                        f"SELECT count(*), coalesce(sum(size), 0) FROM journal "
-                        f"WHERE consumer_id = ? AND pos IN ({marks})",
+                    gone = conn.execute(
+                        f"DELETE FROM journal WHERE consumer_id = ? AND pos IN ({marks}) RETURNING size",
                         (cid, *chunk),
-                    ).fetchone()
-                    if n:
-                        conn.execute(
-                            f"DELETE FROM journal WHERE consumer_id = ? AND pos IN ({marks})", (cid, *chunk)
-                        )
-                        c.pending -= n
-                        c.bytes -= nbytes
+                    ).fetchall()
+                    if gone:
+                        c.pending -= len(gone)
+                        c.bytes -= sum(r[0] for r in gone)
                         touched.add(cid)
             for r in retried:
                 conn.executemany(

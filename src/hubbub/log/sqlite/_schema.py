@@ -16,7 +16,7 @@ Schema (version :data:`SCHEMA_VERSION`, kept in ``meta``)::
                bytes)
     journal   (consumer_id, pos, attempts, not_before, channel TEXT, epoch TEXT, seq, time_ns, size,
                publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type,
-               headers BLOB, tags BLOB, payload BLOB, PRIMARY KEY (consumer_id, pos))
+               headers BLOB, tags BLOB, payload BLOB, PRIMARY KEY (consumer_id, pos)) WITHOUT ROWID
 
 ``headers`` and ``tags`` use the column codec of :mod:`hubbub.log.records`. A ``channels`` row is one epoch
 of a channel, the current one: an event's channel and epoch are those of its ``channel_id``. A new epoch
@@ -165,7 +165,7 @@ _SCHEMA: Final = (
         tags BLOB NOT NULL,
         payload BLOB NOT NULL,
         PRIMARY KEY (consumer_id, pos)
-    )""",
+    ) WITHOUT ROWID""",
 )
 
 _EVENT_COLS: Final = (
