@@ -58,7 +58,7 @@ async def run(a: argparse.Namespace, data: str) -> float:
             if i % 1000 == 999:
                 await asyncio.sleep(0)
         await done.wait()
-        return a.events / (time.perf_counter() - t0)
+        return float(a.events / (time.perf_counter() - t0))
 
 
 def main() -> None:
