@@ -74,6 +74,14 @@ def test_bad_filters_create_nothing(store: LogStore) -> None:
         store.consumer_create(spec("c", "*.x.*", syntax="qpubs"))
     with pytest.raises(BadRequest):
         store.consumer_create(spec("c", "/a", syntax="nope"))
+    for bad in (
+        spec("bad name"),
+        spec(batch_bytes=0),
+        spec(batch_wait_ms=-1),
+        spec("c", "a.*", syntax="qpubs", separator="*"),
+    ):
+        with pytest.raises(BadRequest):
+            store.consumer_create(bad)
     assert store.consumers() == []
     store.append([req("/a/b")])
     assert store.consumers() == []

@@ -53,7 +53,7 @@ from hubbub.errors import (
 )
 from hubbub.events import Event
 from hubbub.log.base import AppendResult, LogStore
-from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_name
+from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 
 from .node import Node
 
@@ -289,7 +289,7 @@ class ConsumerService:
         """Create the consumer unless it exists (then its own spec is kept): ``(info, created)``. Every event
         committed after this returns is journaled for it. Raises ``BadRequest``/``BadChannel``."""
         self._check_open()
-        check_name(spec.name)
+        check_spec(spec)
         self._creating += 1
         try:
             info, created = await self._node.write(lambda st: st.consumer_create(spec))

@@ -44,6 +44,7 @@ __all__ = [
     "JournalItem",
     "Retry",
     "check_name",
+    "check_spec",
     "compile_filter",
 ]
 
@@ -193,6 +194,16 @@ def compile_filter(spec: ConsumerSpec) -> Filter:
     if not need:
         return lambda ch, tags: chan(ch)
     return lambda ch, tags: chan(ch) and need.issubset(tags)
+
+
+def check_spec(spec: ConsumerSpec) -> ConsumerSpec:
+    """Whether ``spec`` can be created: a good name, ``batch_wait_ms >= 0``, ``batch_bytes >= 1`` and a
+    filter that reads. Raises ``BadRequest``/``BadChannel``."""
+    check_name(spec.name)
+    if spec.batch_wait_ms < 0 or spec.batch_bytes < 1:
+        raise BadRequest("bad batch_wait_ms or batch_bytes")
+    compile_filter(spec)
+    return spec
 
 
 class JournalIndex:

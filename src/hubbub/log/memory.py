@@ -48,7 +48,7 @@ from hubbub.log.base import (
     StoreStats,
     new_epoch,
 )
-from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry
+from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 from hubbub.log.records import encode_headers, encode_tags, event_size
 
 __all__ = ["MemoryLogStore"]
@@ -230,7 +230,8 @@ class MemoryLogStore(LogStore):
             c = self._consumers.get(spec.name)
             if c is not None:
                 return c.info(), False
-            self._jindex.add(self._next_consumer, spec)  # validates the filter before anything changes
+            check_spec(spec)
+            self._jindex.add(self._next_consumer, spec)
             c = _Consumer(self._next_consumer, spec, max(self._clock(), self._last_time))
             self._next_consumer += 1
             self._consumers[spec.name] = self._consumer_ids[c.id] = c

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import psycopg
 
 from hubbub.log.base import AppendResult
-from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry
+from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 from hubbub.log.postgres._reads import Conn, _Decoder
 from hubbub.log.records import encode_headers, encode_tags
 
@@ -113,8 +113,6 @@ class _ConsumerSide:
             )
 
     def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
-        JournalIndex().add(0, spec)  # validates the filter before anything is written
-
         def body(conn: Conn, lock: Any) -> tuple[ConsumerInfo, bool]:
             st = lock.state
             row = conn.execute(
@@ -122,6 +120,7 @@ class _ConsumerSide:
             ).fetchone()
             if row is not None:
                 return _info(row), False
+            check_spec(spec)  # before anything is written (a failure rolls back)
             created = max(self._clock(), st.last_time)
             row = conn.execute(
                 "INSERT INTO consumers (name, spec, created_ns, top, pending, bytes) "

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendResult
-from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry
+from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 from hubbub.log.records import decode_headers, decode_tags, encode_headers, encode_tags
 from hubbub.log.sqlite._inserts import _INSERT_MAX_LOG2, _insert_chunks, _insert_log2
 from hubbub.log.sqlite._reads import _ReadSide
@@ -129,7 +129,7 @@ class _ConsumerSide(_ReadSide):
         for r in self._crows.values():
             if r.spec.name == spec.name:
                 return r.info(), False
-        JournalIndex().add(0, spec)  # validates the filter before anything is written
+        check_spec(spec)  # before anything is written
         created = max(self._clock(), self._last_time)
         with self._transaction("consumer") as conn:
             cur = conn.execute(
