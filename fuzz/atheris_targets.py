@@ -18,6 +18,8 @@ native_http        the HTTP API's parsers: ``Last-Event-ID``, publish fields (co
 ivy                ``IvyCodec.decode`` (two limits), ``ivyesc``, the log path, count and Range parsers
 guble              ``GubleCodec.decode`` (two limits), header lines, REST publish headers, Go integers
 channels           ``canonical``, ``parse_pattern``, separator-dialect names, and pattern matching
+qpubs              ``QrpcConnection.feed`` (auth on and off, a small line limit), listen topics with
+                   their patterns, alias queries
 wearscript         ``decode_frame`` and a hub with two connections fed the bytes as one frame, then as
                    frames cut at NUL bytes (announcements, data, test-handler commands)
 auth               ``Authenticator.authenticate`` on arbitrary tokens (JWT-shaped or not, HS256 and
@@ -69,6 +71,7 @@ with atheris.instrument_imports() if atheris is not None else contextlib.nullcon
     from hubbub.auth import Authenticator, Identity, load_keys, parse_static_tokens
     from hubbub.dialects import guble as gc
     from hubbub.dialects import native as nc
+    from hubbub.dialects import qpubs as qpd
     from hubbub.dialects import wearscript as wsd
     from hubbub.errors import CODES, HubbubError
 
@@ -266,6 +269,34 @@ def wearscript_target(data: bytes) -> None:
     assert hub.connections() == [b.id]
 
 
+def qpubs_target(data: bytes) -> None:
+    for auth in (False, True):
+        conn = qpd.QrpcConnection(auth_required=auth, max_line=256, max_calls=4)
+        for piece in (data[: len(data) // 2], data[len(data) // 2 :]):
+            for out in conn.feed(piece):
+                if isinstance(out, qpd.Send):
+                    assert out.data.endswith(b"\n") and json.loads(out.data)["s"] == "end"
+                elif isinstance(out, qpd.Auth):
+                    conn.authenticated()
+    text = _text(data)
+    with contextlib.suppress(UnicodeEncodeError):
+        text.encode("utf-8")  # the checks below take text as the wire gives it: valid UTF-8
+        for sep in (".", "::"):
+            try:
+                topic = qpd.parse_topic(text, sep)
+            except qpd.QpubsError as exc:
+                assert exc.code == "EBADTOPIC"
+                continue
+            with contextlib.suppress(HubbubError):
+                pattern = topic.pattern()
+                channel = qpd.emit_channel(text.strip("*"), sep)
+                if pattern is not None and not topic.filtered:
+                    assert pattern.matches(channel) is topic.matches(qpd.topic_name(channel, sep))
+    qpd.alias_topic(text)
+    with contextlib.suppress(qpd.QpubsError):
+        qpd.alias_emit(text)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "native_json": native_json,
     "native_msgpack": native_msgpack,
@@ -276,6 +307,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "channels": channels_target,
     "auth": auth_target,
     "wearscript": wearscript_target,
+    "qpubs": qpubs_target,
 }
 
 
