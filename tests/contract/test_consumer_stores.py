@@ -166,10 +166,28 @@ def test_qpubs_and_tag_filters(store: LogStore) -> None:
     tagged, _ = store.consumer_create(spec("tagged", "/**", tags=("t1", "t2")))
     # qpubs.md §1's table: foo.* gets foo.bar, foo.bar.baz and foo. (not foo); *.bar gets foo.bar,
     # baz.foo.bar and .bar (not bar).
-    chans = ["/foo", "/foo/bar", "/bar", "/bar/foo", "/foo/bar/baz", "/foo/", "/baz/foo/bar", "//bar", "/a/b"]
+    # A native channel whose one segment holds the separator (/foo.x) renders as foo.x and matches foo.*, as a
+    # live qpubs listen would (matching is on the rendered name, as the engine does).
+    chans = [
+        "/foo",
+        "/foo/bar",
+        "/bar",
+        "/bar/foo",
+        "/foo/bar/baz",
+        "/foo/",
+        "/baz/foo/bar",
+        "//bar",
+        "/a/b",
+        "/foo.x",
+    ]
     store.append([req(ch, ch.encode()) for ch in chans])
     store.append([req("/t", b"1", tags=("t1",)), req("/t", b"2", tags=("t2", "t1", "t3"))])
-    assert [i.event.channel for i in store.consumer_items(head.id)] == ["/foo/bar", "/foo/bar/baz", "/foo/"]
+    assert [i.event.channel for i in store.consumer_items(head.id)] == [
+        "/foo/bar",
+        "/foo/bar/baz",
+        "/foo/",
+        "/foo.x",
+    ]
     assert [i.event.channel for i in store.consumer_items(tail.id)] == ["/foo/bar", "/baz/foo/bar", "//bar"]
     assert [i.event.channel for i in store.consumer_items(exact.id)] == ["/foo/"]
     assert store.consumer_items(never.id) == []

@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Final
 
-from hubbub.channels import enc, parse_pattern, segments
+from hubbub.channels import parse_pattern, to_separated
 from hubbub.errors import BadChannel, BadRequest
 from hubbub.events import Event
 
@@ -147,37 +147,24 @@ class Retry:
 
 
 def _qpubs_filter(topic: str, sep: str) -> Callable[[str], bool]:
-    """The channels a qpubs listen topic matches (qpubs.md §1, mapping.md §2.4), on canonical channels."""
+    """The channels a qpubs listen topic matches (qpubs.md §1): the channel rendered as a topic name with the
+    separator (mapping.md §2.4), tested as the engine does, byte for byte, so that a durable subscription
+    gets exactly what a live ``listen`` of the same topic gets (``hubbub.dialects.qpubs.Topic.matches``)."""
     if not sep or "*" in sep:
         raise BadRequest("bad separator")
-    if len(topic) >= 1 and topic.startswith("*") and topic.endswith("*"):
+    if topic.startswith("*") and topic.endswith("*"):
         raise BadChannel("cannot wildcard both head and tail")
     if topic.endswith("*"):
         head = topic[:-1]
         if not head.endswith(sep):
             return lambda ch: False  # ``a*``: accepted, matches nothing
-        prefix = [enc(s) for s in head.split(sep)[:-1]]
-        n = len(prefix)
-
-        def head_match(ch: str) -> bool:
-            segs = segments(ch)
-            return len(segs) > n and segs[:n] == prefix
-
-        return head_match
+        return lambda ch: to_separated(ch, sep).startswith(head)
     if topic.startswith("*"):
         tail = topic[1:]
         if not tail.startswith(sep):
             return lambda ch: False
-        suffix = [enc(s) for s in tail.split(sep)[1:]]
-        n = len(suffix)
-
-        def tail_match(ch: str) -> bool:
-            segs = segments(ch)
-            return len(segs) > n and segs[-n:] == suffix
-
-        return tail_match
-    exact = "/" + "/".join(enc(s) for s in topic.split(sep)) if topic else "/"
-    return lambda ch: ch == exact
+        return lambda ch: to_separated(ch, sep).endswith(tail)
+    return lambda ch: to_separated(ch, sep) == topic
 
 
 def compile_filter(spec: ConsumerSpec) -> Filter:
