@@ -274,6 +274,30 @@ def test_a_work_queue_gives_each_batch_to_exactly_one_member(tmp_path: Path) -> 
     run(tmp_path, body)
 
 
+def test_a_batch_callback_may_close_openers_at_once(tmp_path: Path) -> None:
+    async def body(node: Node, svc: ConsumerService) -> None:
+        await svc.create(spec(shared=True))
+        got: list[tuple[str, list[int]]] = []
+        openers: dict[str, Any] = {}
+        second = asyncio.Event()
+
+        def quitter(b: Batch) -> None:
+            got.append(("quitter", positions(b)))
+            openers["quitter"].close()  # inside the callback: the batch goes back at once
+
+        def worker(b: Batch) -> None:
+            got.append(("worker", positions(b)))
+            second.set()
+
+        openers["quitter"] = await svc.open("c", quitter, batch_max=2)
+        openers["worker"] = await svc.open("c", worker, batch_max=2)
+        await publish(node, "/jobs/a", "1")
+        await asyncio.wait_for(second.wait(), WAIT)
+        assert got == [("quitter", [1]), ("worker", [1])]
+
+    run(tmp_path, body)
+
+
 def test_a_backlog_larger_than_memory_is_paged_in(tmp_path: Path) -> None:
     async def body(node: Node, svc: ConsumerService) -> None:
         await svc.create(spec())

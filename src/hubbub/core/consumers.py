@@ -503,13 +503,15 @@ class ConsumerService:
                 wake = deadline - now if wake is None else min(wake, deadline - now)
             else:
                 c.wait_start = None
-                n = len(c.openers)
-                start = c.rr
+                # A copy: a batch callback may close its opener (or another) at once.
+                ring = list(c.openers)
+                n = len(ring)
+                start = c.rr % n
                 for k in range(n):
                     if not c.ready:
                         break
-                    o = c.openers[(start + k) % n]
-                    if o.batch is None and not o.settling:
+                    o = ring[(start + k) % n]
+                    if not o.closed and o.batch is None and not o.settling:
                         self._dispatch(c, o)
                         c.rr = (start + k + 1) % n
         else:
