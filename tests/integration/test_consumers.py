@@ -31,9 +31,11 @@ WAIT = 10.0
 Body = Callable[[Node, ConsumerService], Awaitable[None]]
 
 
-def run(tmp_path: Path, body: Body, *, retention: RetentionPolicy | None = None, **kw: Any) -> None:
+def run(
+    tmp_path: Path, body: Body, *, retention: RetentionPolicy | None = None, url: str = "sqlite", **kw: Any
+) -> None:
     async def main() -> None:
-        store = open_store("sqlite", str(tmp_path / "data"), "commit", retention or RetentionPolicy(), 600)
+        store = open_store(url, str(tmp_path / "data"), "commit", retention or RetentionPolicy(), 600)
         async with Node(store, NodeSettings()) as node, ConsumerService(node, **kw) as svc:
             await body(node, svc)
 
@@ -87,7 +89,12 @@ async def pending(node: Node, name: str) -> list[int]:
     return [it.pos for it in await node.read(lambda st: st.consumer_items(cid, 0, 10_000))]
 
 
-def test_batches_in_order_and_acks_stored_before_the_next_batch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["sqlite", "memory", "postgres"])
+def test_batches_in_order_and_acks_stored_before_the_next_batch(
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("pg_url") if engine == "postgres" else engine
+
     async def body(node: Node, svc: ConsumerService) -> None:
         _, created = await svc.create(spec())
         assert created
@@ -120,7 +127,7 @@ def test_batches_in_order_and_acks_stored_before_the_next_batch(tmp_path: Path) 
         assert await pending(node, "c") == []
         assert svc.statistics()["acked"] == 11
 
-    run(tmp_path, body)
+    run(tmp_path, body, url=url)
 
 
 def test_batch_bytes_and_batch_wait(tmp_path: Path) -> None:
@@ -384,7 +391,12 @@ def test_live_exclusive_groups(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
-def test_a_restart_delivers_every_unacknowledged_item_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_a_restart_delivers_every_unacknowledged_item_again(
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
+) -> None:
+    url = "sqlite" if engine == "sqlite" else request.getfixturevalue("pg_url")
+
     async def first(node: Node, svc: ConsumerService) -> None:
         await svc.create(spec())
         await publish(node, "/jobs/a", *[str(i) for i in range(6)])
@@ -395,7 +407,7 @@ def test_a_restart_delivers_every_unacknowledged_item_again(tmp_path: Path) -> N
         b2 = await r.next()
         await o.nack(b2.number)  # given back with a backoff, stored
 
-    run(tmp_path, first)
+    run(tmp_path, first, url=url)
 
     async def second(node: Node, svc: ConsumerService) -> None:
         r = Recv()
@@ -404,8 +416,9 @@ def test_a_restart_delivers_every_unacknowledged_item_again(tmp_path: Path) -> N
         assert payloads(b) == ["2", "3", "4", "5"]
         assert [it.attempts for it in b.items] == [1, 1, 0, 0]
         await o.ack(b.number)
+        assert await pending(node, "c") == []
 
-    run(tmp_path, second)
+    run(tmp_path, second, url=url)
 
 
 _CHILD = textwrap.dedent(
