@@ -14,6 +14,11 @@
     │   └── TooManyConnections      over limits.max_connections(_per_ip)                   (4009)
     ├── AuthError                   authentication and permission                        (4100-4103)
     ├── SubscriptionError           already / not subscribed, recovery too large          (4200-4203)
+    ├── ConsumerError               durable consumers (docs/consumers.md)                 (4204-4207)
+    │   ├── ConsumerNotFound        no such consumer                                       (4204)
+    │   ├── ConsumerExists          exists, and the open may not reuse it                  (4205)
+    │   ├── ConsumerBusy            open elsewhere, and not shared on both sides           (4206)
+    │   └── UnknownBatch            ack or nack of a batch that this opener does not hold  (4207)
     ├── EpochMismatch               a request names an epoch it cannot act on; ``head``    (4202)
     ├── TrimError                   ``LogStore.trim`` cannot do what it was asked
     │   ├── TrimOutOfRange          seq negative or beyond the epoch's top                 (4001)
@@ -41,6 +46,10 @@ __all__ = [
     "BadChannel",
     "BadFrame",
     "BadRequest",
+    "ConsumerBusy",
+    "ConsumerError",
+    "ConsumerExists",
+    "ConsumerNotFound",
     "DataLossError",
     "EpochChanged",
     "EpochMismatch",
@@ -58,6 +67,7 @@ __all__ = [
     "TrimEpochGone",
     "TrimError",
     "TrimOutOfRange",
+    "UnknownBatch",
     "UnknownOp",
     "http_status",
     "is_fatal",
@@ -84,6 +94,10 @@ CODES: dict[int, tuple[str, bool, bool, int]] = {
     4201: ("not_subscribed", False, False, 0),
     4202: ("epoch_mismatch", False, False, 409),
     4203: ("recovery_too_large", False, False, 400),
+    4204: ("consumer_not_found", False, False, 404),
+    4205: ("consumer_exists", False, False, 409),
+    4206: ("consumer_busy", False, False, 409),
+    4207: ("unknown_batch", False, False, 400),
     4300: ("internal", True, False, 500),
     4301: ("unavailable", True, False, 503),
     4302: ("slow_consumer", True, True, 0),
@@ -173,6 +187,26 @@ class AuthError(HubbubError):
 
 class SubscriptionError(HubbubError):
     code = 4200
+
+
+class ConsumerError(HubbubError):
+    code = 4204
+
+
+class ConsumerNotFound(ConsumerError):
+    code = 4204
+
+
+class ConsumerExists(ConsumerError):
+    code = 4205
+
+
+class ConsumerBusy(ConsumerError):
+    code = 4206
+
+
+class UnknownBatch(ConsumerError):
+    code = 4207
 
 
 class StorageError(HubbubError):

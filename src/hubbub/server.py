@@ -23,7 +23,7 @@ from hubbub import __version__
 from hubbub.auth import Authenticator, TokenAuthorizer, load_keys, parse_static_tokens
 from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, default_node_id
 from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
-from hubbub.core import Node, NodeSettings
+from hubbub.core import ConsumerService, Node, NodeSettings
 from hubbub.core.limits import LimitSettings
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
@@ -73,6 +73,8 @@ class Server:
         self._ssl: ssl.SSLContext | None = None
         self.ports: dict[str, int] = {}
         self.node: Node | None = None
+        #: Durable consumers (docs/consumers.md): started with the node, before any listener.
+        self.consumers: ConsumerService | None = None
         self._runner: web.AppRunner | None = None
         self._native_http: NativeHttp | None = None
         self._tcp: asyncio.Server | None = None
@@ -130,6 +132,8 @@ class Server:
         await node.__aenter__()
         if broker is not None:
             await broker.start(node)  # before any listener: the node delivers from the log's heads on
+        self.consumers = ConsumerService(node)
+        await self.consumers.start()
         codec_limits = {
             "max_channel_bytes": lim.max_channel_bytes,
             "max_tags": lim.max_tags,
@@ -282,6 +286,9 @@ class Server:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.consumers is not None:
+            await self.consumers.close()
+            self.consumers = None
         if node is not None:
             if self._broker is not None:
                 await self._broker.sequencer.close()  # no more fills: the store closes with the node

@@ -31,6 +31,7 @@ from hubbub.log.base import (
     ScanPlan,
     StoreStats,
 )
+from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem, Retry
 
 from .broker import RedisBroker
 
@@ -148,6 +149,25 @@ class ClusterView(LogStore):
 
     def stats(self) -> StoreStats:
         return self.store.stats()
+
+    # Durable consumers live in the shared log as they are: the journal is the store's, on every node.
+
+    def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
+        return self.store.consumer_create(spec)
+
+    def consumer_delete(self, name: str) -> bool:
+        return self.store.consumer_delete(name)
+
+    def consumer_settle(
+        self, acked: Sequence[tuple[int, Sequence[int]]], retried: Sequence[Retry] = ()
+    ) -> None:
+        self.store.consumer_settle(acked, retried)
+
+    def consumers(self) -> list[ConsumerInfo]:
+        return self.store.consumers()
+
+    def consumer_items(self, consumer_id: int, after_pos: int = 0, limit: int = 1000) -> list[JournalItem]:
+        return self.store.consumer_items(consumer_id, after_pos, limit)
 
     def close(self) -> None:
         self.store.close()

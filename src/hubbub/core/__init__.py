@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from hubbub.disconnect import Disconnect
 
+from .consumers import Batch, ConsumerService, GroupMember, Opener
 from .node import Node, NodeSettings, Subscription
 from .replay import Gap, ReplayPlan, ReplaySpec
 from .session import Encoder, Overflow, Session, new_session_id
 
 __all__ = [
+    "Batch",
+    "ConsumerService",
     "Disconnect",
     "Encoder",
     "Gap",
+    "GroupMember",
     "Node",
     "NodeSettings",
+    "Opener",
     "Overflow",
     "ReplayPlan",
     "ReplaySpec",

@@ -77,6 +77,9 @@ class WriteBatcher:
         self.commit_batch = commit_batch
         #: Called with each committed batch after its acks (the node swaps it for a cluster relay).
         self.on_committed = on_committed
+        #: Runs on the loop with the results of every successful commit, after the publishers' acks and
+        #: before live fan-out: the durable-consumer service (core/consumers.py) takes its journal items here.
+        self.commit_hook: Callable[[list[AppendResult]], None] | None = None
         #: Set once the node closes: every submission then raises :class:`ShuttingDown`.
         self.closing = False
         self.writer: LogWriter | None = None
@@ -283,6 +286,9 @@ class WriteBatcher:
                 done(result[i])
             i += 1
         obs(now - t_run, n_run)
+        hook = self.commit_hook
+        if hook is not None:
+            hook(result)
         self.on_committed(items, result)
 
     def statistics(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from hubbub.auth import Authenticator, Authorizer, Identity
 from hubbub.channels import Pattern
@@ -59,6 +59,8 @@ from .subscriptions import Subscription, SubscriptionRegistry
 __all__ = ["REPLAY_PAGE", "EpochMismatch", "Histogram", "Node", "NodeSettings", "Subscription", "Trimmed"]
 
 log = logging.getLogger("hubbub.node")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +274,20 @@ class Node:
         self._relay = relay
         # The batcher calls one of the two per committed batch: no check on the path without a relay.
         self.batcher.on_committed = self.registry.fan_out_committed if relay is None else self._to_relay
+
+    @property
+    def commit_hook(self) -> Callable[[list[AppendResult]], None] | None:
+        """Runs on the loop with the results of every successful commit, after the acks and before the
+        fan-out: the durable-consumer service (core/consumers.py) takes its journal items there."""
+        return self.batcher.commit_hook
+
+    @commit_hook.setter
+    def commit_hook(self, hook: Callable[[list[AppendResult]], None] | None) -> None:
+        self.batcher.commit_hook = hook
+
+    async def write(self, fn: Callable[[LogStore], T]) -> T:
+        """Run ``fn(store)`` on the writer thread, in order with appends (store writer methods)."""
+        return await self.batcher.control(fn)
 
     def _to_relay(self, items: list[Pending], result: list[AppendResult]) -> None:
         assert self._relay is not None

@@ -3,10 +3,11 @@
 Concurrency contract (every engine):
 
 * ``append``, ``apply_retention``, ``trim``, ``reset_channel``, ``new_epochs_on_open``,
-  ``commits_may_be_lost`` and ``close`` are called from **one writer thread** only (core owns it). They are
-  never called concurrently with each other.
+  ``commits_may_be_lost``, ``consumer_create``, ``consumer_delete``, ``consumer_settle`` and ``close`` are
+  called from **one writer thread** only (core owns it). They are never called concurrently with each other.
 * Every read method (``head``, ``heads``, ``read``, ``read_runs``, ``read_rows``, ``read_last``, ``channels``,
-  ``retired_epochs``, ``top_time``, ``stats``, ``scan_plan``, ``scan_columns``) may be called from any thread,
+  ``retired_epochs``, ``top_time``, ``stats``, ``scan_plan``, ``scan_columns``, ``consumers``,
+  ``consumer_items``) may be called from any thread,
   concurrently with the writer and with each other. Reads see only committed data.
 * No method is ever called on the event loop thread, except ``append`` of an engine that sets
   ``inline_append``: core may call it on the loop, never concurrently with the other writer methods.
@@ -46,15 +47,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hubbub.events import Event, Publisher, fast_init
+from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem, Retry
 from hubbub.log.records import encode_headers, encode_tags
 
 __all__ = [
     "AppendRequest",
     "AppendResult",
     "ChannelInfo",
+    "ConsumerInfo",
+    "ConsumerSpec",
     "EventRun",
+    "JournalItem",
     "LogStore",
     "RetentionPolicy",
+    "Retry",
     "ScanColumns",
     "ScanPlan",
     "StoreStats",
@@ -87,8 +93,12 @@ class AppendRequest:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class AppendResult:
+    """``journal``: the ``(consumer id, journal pos)`` of every durable consumer this event was journaled for
+    in the same transaction (``hubbub.log.consumers``); empty for a duplicate."""
+
     event: Event
     duplicate: bool = False
+    journal: tuple[tuple[int, int], ...] = ()
 
 
 @fast_init
@@ -424,6 +434,35 @@ class LogStore(abc.ABC):
         the top of the epoch trimmed (an unknown channel has top 0). Both errors are
         :class:`hubbub.errors.TrimError`; the log is unchanged then.
         """
+
+    # -- durable consumers (hubbub.log.consumers) -------------------------------------------------------
+
+    @abc.abstractmethod
+    def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
+        """Create the consumer ``spec.name`` unless it exists; returns its info and whether it was created
+        (an existing one keeps its own spec). Every later append journals for it. A **writer-thread**
+        method. Raises ``BadChannel``/``BadRequest`` for a filter that cannot be read (nothing created)."""
+
+    @abc.abstractmethod
+    def consumer_delete(self, name: str) -> bool:
+        """Delete the consumer and its journal; whether it existed. A **writer-thread** method."""
+
+    @abc.abstractmethod
+    def consumer_settle(
+        self, acked: Sequence[tuple[int, Sequence[int]]], retried: Sequence[Retry] = ()
+    ) -> None:
+        """In one transaction: remove the acknowledged items (``(consumer id, positions)``), and give back
+        the ``retried`` ones (attempts + 1, ``not_before_ns``). Unknown consumers and positions are passed
+        over (an item acknowledged twice, a consumer deleted meanwhile). Durable when it returns, as an
+        append is. A **writer-thread** method."""
+
+    @abc.abstractmethod
+    def consumers(self) -> list[ConsumerInfo]:
+        """Every consumer, by name."""
+
+    @abc.abstractmethod
+    def consumer_items(self, consumer_id: int, after_pos: int = 0, limit: int = 1000) -> list[JournalItem]:
+        """The consumer's unacknowledged items with ``pos > after_pos``, by position, at most ``limit``."""
 
     @abc.abstractmethod
     def stats(self) -> StoreStats:

@@ -48,6 +48,7 @@ from hubbub.log.base import (
     StoreStats,
     new_epoch,
 )
+from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 from hubbub.log.records import encode_headers, encode_tags, event_size
 
 __all__ = ["MemoryLogStore"]
@@ -83,6 +84,21 @@ class _Channel:
             del self.sizes[:n]
             del self.pos[:n]
         return n
+
+
+@dataclass(slots=True)
+class _Consumer:
+    """A durable consumer and its journal (unacknowledged items by position, in position order)."""
+
+    id: int
+    spec: ConsumerSpec
+    created_ns: int
+    top: int = 0
+    bytes: int = 0
+    items: dict[int, JournalItem] = field(default_factory=dict)
+
+    def info(self) -> ConsumerInfo:
+        return ConsumerInfo(self.id, self.spec, self.created_ns, self.top, len(self.items), self.bytes)
 
 
 def _oldest_first(ch: _Channel) -> Iterator[tuple[int, _Channel, int]]:
@@ -124,6 +140,11 @@ class MemoryLogStore(LogStore):
         # (user, channel, idem) -> the original event; insertion order is time order (oldest first).
         self._idem: OrderedDict[tuple[str, str, str], Event] = OrderedDict()
         self._closed = False
+        # Durable consumers: by name, by id, and the filters that journal events at append.
+        self._consumers: dict[str, _Consumer] = {}
+        self._consumer_ids: dict[int, _Consumer] = {}
+        self._next_consumer = 1
+        self._jindex = JournalIndex()
 
     # -- writer side ---------------------------------------------------------------------------------
 
@@ -180,7 +201,93 @@ class MemoryLogStore(LogStore):
             self._next_pos = pos
             for ch in touched.values():
                 self._trim_channel(ch)
+            if self._jindex:
+                self._journal(results)
             return results
+
+    def _journal(self, results: list[AppendResult]) -> None:
+        """Journal each new event for the consumers that match it (caller holds the lock)."""
+        match, by_id = self._jindex.match, self._consumer_ids
+        for i, r in enumerate(results):
+            if r.duplicate:
+                continue
+            ev = r.event
+            ids = match(ev.channel, ev.tags)
+            if not ids:
+                continue
+            entries = []
+            for cid in ids:
+                c = by_id[cid]
+                c.top += 1
+                c.items[c.top] = JournalItem(c.top, ev)
+                c.bytes += ev.size
+                entries.append((cid, c.top))
+            results[i] = AppendResult(ev, False, tuple(entries))
+
+    def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
+        with self._lock:
+            self._check_open()
+            c = self._consumers.get(spec.name)
+            if c is not None:
+                return c.info(), False
+            check_spec(spec)
+            self._jindex.add(self._next_consumer, spec)
+            c = _Consumer(self._next_consumer, spec, max(self._clock(), self._last_time))
+            self._next_consumer += 1
+            self._consumers[spec.name] = self._consumer_ids[c.id] = c
+            return c.info(), True
+
+    def consumer_delete(self, name: str) -> bool:
+        with self._lock:
+            self._check_open()
+            c = self._consumers.pop(name, None)
+            if c is None:
+                return False
+            del self._consumer_ids[c.id]
+            self._jindex.remove(c.id)
+            return True
+
+    def consumer_settle(
+        self, acked: Sequence[tuple[int, Sequence[int]]], retried: Sequence[Retry] = ()
+    ) -> None:
+        with self._lock:
+            self._check_open()
+            for cid, positions in acked:
+                c = self._consumer_ids.get(cid)
+                if c is None:
+                    continue
+                for p in positions:
+                    item = c.items.pop(p, None)
+                    if item is not None:
+                        c.bytes -= item.event.size
+            for r in retried:
+                c = self._consumer_ids.get(r.consumer_id)
+                if c is None:
+                    continue
+                for p in r.positions:
+                    item = c.items.get(p)
+                    if item is not None:
+                        c.items[p] = JournalItem(p, item.event, item.attempts + 1, r.not_before_ns)
+
+    def consumers(self) -> list[ConsumerInfo]:
+        with self._lock:
+            self._check_open()
+            return [self._consumers[n].info() for n in sorted(self._consumers)]
+
+    def consumer_items(self, consumer_id: int, after_pos: int = 0, limit: int = 1000) -> list[JournalItem]:
+        with self._lock:
+            self._check_open()
+            c = self._consumer_ids.get(consumer_id)
+            if c is None or limit <= 0:
+                return []
+            # Positions were inserted ascending; a retried item keeps its place (dict assignment).
+            out = []
+            for p, item in c.items.items():
+                if p > after_pos:
+                    out.append(item)
+                    if len(out) >= limit:
+                        break
+            return out
 
     def _trim_channel(self, ch: _Channel) -> None:
         pol = self._retention

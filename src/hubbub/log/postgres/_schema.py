@@ -14,6 +14,11 @@ Schema (version :data:`SCHEMA_VERSION`, kept in ``schema_version``)::
     idem      (channel_id, "user" BYTEA, key BYTEA, seq, time_ns, origin_id, origin_epoch,
                PRIMARY KEY (channel_id, "user", key))
               INDEX idem_time (time_ns)
+    consumers (id BIGSERIAL PRIMARY KEY, name TEXT UNIQUE, spec TEXT, created_ns, top, pending, bytes)
+    journal   (consumer_id, pos, attempts, not_before, channel TEXT, epoch TEXT, seq, time_ns, size,
+               publisher_dialect BYTEA, publisher_user BYTEA, publisher_app BYTEA, publisher_msg_id BYTEA,
+               content_type BYTEA, headers BYTEA, tags BYTEA, payload BYTEA, PRIMARY KEY (consumer_id, pos))
+    consumer_gen (gen BIGINT)                            -- one row, bumped by consumer create and delete
 
 It is the SQLite engine's schema (``hubbub.log.sqlite._schema``) with these differences:
 
@@ -34,6 +39,9 @@ It is the SQLite engine's schema (``hubbub.log.sqlite._schema``) with these diff
 
 Epochs are kept as in SQLite: a new epoch moves the channel's ``channels`` row to ``retired_epochs`` under
 its id, and the channel gets a new row with a new id (``log_state.next_id``).
+
+Durable consumers (:mod:`hubbub.log.consumers`, ``_consumers.py``) are the SQLite engine's tables plus
+``consumer_gen``, which tells every node's writer when to reload the consumers' filters.
 
 Versions and migration: the schema is created by the first store that opens the database as a writer, and
 migrated by a writer that finds an older version, in one transaction under an advisory lock (several nodes
@@ -64,7 +72,7 @@ import psycopg
 __all__ = ["DURABILITY_SYNCHRONOUS_COMMIT", "SCHEMA_VERSION"]
 
 #: Version of the database schema in this module's docstring.
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 #: ``durability`` -> ``synchronous_commit`` (see the module docstring).
 DURABILITY_SYNCHRONOUS_COMMIT: Final[dict[str, str]] = {"fsync": "on", "commit": "local", "none": "off"}
@@ -134,8 +142,44 @@ _SCHEMA_V1: Final = (
     "INSERT INTO schema_version (version) VALUES (1)",
 )
 
-# _MIGRATIONS[v]: the statements that take version v to v + 1 (none yet: version 1 is the first).
-_MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {}
+# _MIGRATIONS[v]: the statements that take version v to v + 1. A new database is created at version 1 and
+# migrated up like an old one.
+_MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
+    # 1 -> 2: durable consumers.
+    1: (
+        """CREATE TABLE consumers (
+            id BIGSERIAL PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            spec TEXT NOT NULL,
+            created_ns BIGINT NOT NULL,
+            top BIGINT NOT NULL,
+            pending BIGINT NOT NULL,
+            bytes BIGINT NOT NULL
+        )""",
+        """CREATE TABLE journal (
+            consumer_id BIGINT NOT NULL,
+            pos BIGINT NOT NULL,
+            attempts BIGINT NOT NULL,
+            not_before BIGINT NOT NULL,
+            channel TEXT NOT NULL,
+            epoch TEXT NOT NULL,
+            seq BIGINT NOT NULL,
+            time_ns BIGINT NOT NULL,
+            size BIGINT NOT NULL,
+            publisher_dialect BYTEA NOT NULL,
+            publisher_user BYTEA NOT NULL,
+            publisher_app BYTEA NOT NULL,
+            publisher_msg_id BYTEA NOT NULL,
+            content_type BYTEA NOT NULL,
+            headers BYTEA NOT NULL,
+            tags BYTEA NOT NULL,
+            payload BYTEA NOT NULL,
+            PRIMARY KEY (consumer_id, pos)
+        )""",
+        "CREATE TABLE consumer_gen (gen BIGINT NOT NULL)",
+        "INSERT INTO consumer_gen (gen) VALUES (0)",
+    ),
+}
 
 _EVENT_COLS: Final = (
     "seq, time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type, "
@@ -168,14 +212,16 @@ def ensure_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
         found = _schema_version(conn)
+        start = found
         if found is None:
             for stmt in _SCHEMA_V1:
                 conn.execute(stmt)
-            return 0
-        if found > SCHEMA_VERSION:
+            start = 1
+        elif found > SCHEMA_VERSION:
             raise ValueError(f"log database has schema version {found}, this hubbub reads {SCHEMA_VERSION}")
-        for v in range(found, SCHEMA_VERSION):
+        assert start is not None
+        for v in range(start, SCHEMA_VERSION):
             for stmt in _MIGRATIONS[v]:
                 conn.execute(stmt)
             conn.execute("UPDATE schema_version SET version = %s", (v + 1,))
-        return found
+        return found or 0

@@ -54,6 +54,8 @@ from hubbub.log.base import (
     RetentionPolicy,
     new_epoch,
 )
+from hubbub.log.consumers import JournalIndex
+from hubbub.log.postgres._consumers import CONSUMER_TOPS, _ConsumerSide
 from hubbub.log.postgres._errors import _STORAGE_ERRORS, _error, log
 from hubbub.log.postgres._reads import Conn, _Decoder, _ReadSide
 from hubbub.log.postgres._schema import (
@@ -205,7 +207,7 @@ def _heads_row(heads: Sequence[_Head]) -> tuple[list[int], ...]:
     )
 
 
-class PostgresLogStore(_ReadSide, LogStore):
+class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
     """A :class:`LogStore` in a PostgreSQL database (schema: ``_schema.py``; contract: the module docstring).
 
     ``url``: a libpq connection URI or string (``postgresql://user:password@host:port/dbname?…``).
@@ -254,6 +256,9 @@ class PostgresLogStore(_ReadSide, LogStore):
         self._conn: Conn | None = None
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._idem_prune_at = 0
+        # The consumers' filters as of consumer_gen ``_jgen`` (-1: not loaded yet); see _consumers.py.
+        self._jindex = JournalIndex()
+        self._jgen = -1
         try:
             if readonly:
                 self._check_version()
@@ -454,6 +459,7 @@ class PostgresLogStore(_ReadSide, LogStore):
         window = self._idem_window_ns
         names = list(dict.fromkeys(r.channel for r in batch))
         heads_cur = self._heads(conn, names)
+        tops_cur = conn.execute(CONSUMER_TOPS)
         orig_cur = None
         if window:
             keys = {(r.channel, r.publisher.user, r.idem) for r in batch if r.idem}
@@ -612,6 +618,7 @@ class PostgresLogStore(_ReadSide, LogStore):
             conn.execute("DELETE FROM idem WHERE time_ns <= %s", (t - window,))
             self._idem_prune_at = t + min(window, _IDEM_PRUNE_EVERY_NS)
         st.last_time, st.last_pos = t, pos
+        self._journal(conn, results, tops_cur)
         return results
 
     @staticmethod

@@ -12,6 +12,11 @@ Schema (version :data:`SCHEMA_VERSION`, kept in ``meta``)::
               UNIQUE INDEX events_channel_seq (channel_id, seq)
     idem      (channel_id, user, key, seq, time_ns, origin_id, origin_epoch,
                PRIMARY KEY (channel_id, user, key)) WITHOUT ROWID
+    consumers (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT UNIQUE, spec TEXT, created_ns, top, pending,
+               bytes)
+    journal   (consumer_id, pos, attempts, not_before, channel TEXT, epoch TEXT, seq, time_ns, size,
+               publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type,
+               headers BLOB, tags BLOB, payload BLOB, PRIMARY KEY (consumer_id, pos)) WITHOUT ROWID
 
 ``headers`` and ``tags`` use the column codec of :mod:`hubbub.log.records`. A ``channels`` row is one epoch
 of a channel, the current one: an event's channel and epoch are those of its ``channel_id``. A new epoch
@@ -24,8 +29,15 @@ idempotency keys move to the new id; ``origin_id``/``origin_epoch`` (``NULL``: t
 its current epoch) say where the original event is. ``channels.path`` compares with SQLite's BINARY
 collation, which is the UTF-8 byte order :meth:`LogStore.channels` promises.
 
-Schema version 1 (no ``retired_epochs``, no ``origin_*``, no ``writer`` marker) is migrated when a writer
-opens it; a reader (``readonly=True``) needs the current version.
+``consumers`` and ``journal`` hold the durable consumers (:mod:`hubbub.log.consumers`): ``spec`` is the
+consumer's :class:`~hubbub.log.consumers.ConsumerSpec` as JSON, ``top`` its last journal position, ``pending``
+and ``bytes`` its unacknowledged items; a ``journal`` row is a copy of one event (channel path and epoch
+included, so it outlives the event's trimming and its channel's reset) with the item's ``attempts`` and
+``not_before`` (ns).
+
+Schema version 1 (no ``retired_epochs``, no ``origin_*``, no ``writer`` marker) and version 2 (no
+``consumers``, no ``journal``) are migrated when a writer opens them; a reader (``readonly=True``) needs the
+current version.
 
 Lost commits (native.md §6 ``ahead``): ``meta.writer`` is 0 once the last writer closed cleanly, else 1
 (open with ``fsync``) or 2 (open with ``commit`` or ``none``); it is written with a synced commit at open
@@ -70,7 +82,7 @@ from hubbub.log.sqlite._errors import _error
 __all__ = ["DURABILITY_SYNCHRONOUS", "SCHEMA_VERSION"]
 
 #: Version of the database schema in this module's docstring.
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 #: ``durability`` → ``PRAGMA synchronous`` (see the module docstring).
 DURABILITY_SYNCHRONOUS: Final[dict[str, str]] = {"fsync": "FULL", "commit": "NORMAL", "none": "OFF"}
@@ -125,6 +137,35 @@ _SCHEMA: Final = (
         PRIMARY KEY (channel_id, user, key)
     ) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS idem_time ON idem (time_ns)",
+    """CREATE TABLE IF NOT EXISTS consumers (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL UNIQUE,
+        spec TEXT NOT NULL,
+        created_ns INTEGER NOT NULL,
+        top INTEGER NOT NULL,
+        pending INTEGER NOT NULL,
+        bytes INTEGER NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS journal (
+        consumer_id INTEGER NOT NULL,
+        pos INTEGER NOT NULL,
+        attempts INTEGER NOT NULL,
+        not_before INTEGER NOT NULL,
+        channel TEXT NOT NULL,
+        epoch TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        time_ns INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        publisher_dialect TEXT NOT NULL,
+        publisher_user TEXT NOT NULL,
+        publisher_app TEXT NOT NULL,
+        publisher_msg_id TEXT NOT NULL,
+        content_type TEXT NOT NULL,
+        headers BLOB NOT NULL,
+        tags BLOB NOT NULL,
+        payload BLOB NOT NULL,
+        PRIMARY KEY (consumer_id, pos)
+    ) WITHOUT ROWID""",
 )
 
 _EVENT_COLS: Final = (
@@ -151,6 +192,8 @@ _MIGRATE_V1: Final = (
     "INSERT OR REPLACE INTO meta (key, value) VALUES ('suspect_below', 0)",
     "UPDATE meta SET value = 2 WHERE key = 'schema_version'",
 )
+# Version 2 -> 3: durable consumers (their tables are created by _SCHEMA).
+_MIGRATE_V2: Final = ("UPDATE meta SET value = 3 WHERE key = 'schema_version'",)
 # The writer's own auto-checkpoint (the backstop), in WAL pages (64 MiB at 4 KiB pages).
 _WRITER_AUTOCHECKPOINT: Final = 16384
 
@@ -190,8 +233,8 @@ def _connect_writer(path: Path, durability: str, busy_timeout_ms: int) -> sqlite
                     ("suspect_below", 0),
                 ],
             )
-        elif row[0] == 1:
-            for stmt in _MIGRATE_V1:
+        elif row[0] in (1, 2):
+            for stmt in (_MIGRATE_V1 if row[0] == 1 else ()) + _MIGRATE_V2:
                 conn.execute(stmt)
         elif row[0] != SCHEMA_VERSION:
             raise StorageError(

@@ -47,11 +47,12 @@ from hubbub.log.base import (
     RetentionPolicy,
     new_epoch,
 )
+from hubbub.log.consumers import JournalIndex
 from hubbub.log.records import encode_headers, encode_tags, event_size
 from hubbub.log.sqlite._checkpointer import _Checkpointer
+from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
 from hubbub.log.sqlite._inserts import _MIN_RUN, _insert_events, _run_rows, _same_publisher
-from hubbub.log.sqlite._reads import _ReadSide
 from hubbub.log.sqlite._schema import (
     _EVENT_COLS,
     _WRITER_CLOSED,
@@ -109,7 +110,7 @@ class _Head:
         return ChannelInfo(channel, self.epoch, self.first, self.top, self.top_time)
 
 
-class SqliteLogStore(_ReadSide, LogStore):
+class SqliteLogStore(_ConsumerSide, LogStore):
     """A :class:`LogStore` in one SQLite file (schema: ``_schema.py``; contract: the module docstring).
 
     ``path``: the database file (created if absent; its directory must exist). ``durability``: ``fsync``,
@@ -158,6 +159,8 @@ class SqliteLogStore(_ReadSide, LogStore):
         self._lock_fd = -1
         self._conn: sqlite3.Connection | None = None
         self._checkpointer: _Checkpointer | None = None
+        self._crows: dict[int, _Row] = {}
+        self._jindex = JournalIndex()
         self.readonly = readonly
         if readonly:
             self._open_readonly()
@@ -222,6 +225,7 @@ class SqliteLogStore(_ReadSide, LogStore):
                 retired[cid] = (path, _Head(cid, epoch, first, top, top_time, count, nbytes))
                 next_id = max(next_id, cid + 1)
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            self._load_consumers(conn)
         except sqlite3.Error as exc:
             raise _error("open", exc) from exc
         self._heads, self._retired, self._next_id = heads, retired, next_id
@@ -384,6 +388,8 @@ class SqliteLogStore(_ReadSide, LogStore):
                 self._idem_prune_at = t + min(window, _IDEM_PRUNE_EVERY_NS)
             if t != self._last_time:
                 conn.execute(_SET_LAST_TIME, (t,))
+            if self._jindex:
+                self._journal(conn, results)
         self._last_time = t
         if self._checkpointer is not None:
             self._checkpointer.kick()

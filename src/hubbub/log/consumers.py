@@ -1,0 +1,238 @@
+"""Durable consumers in the log store: definitions, journals, and the filters that pick their events.
+
+A **durable consumer** (qpubs.md §6, docs/consumers.md) is a named subscription whose matching events the
+store **journals**: at every append, inside the append's own transaction, each committed event that matches a
+consumer's filter is copied into that consumer's journal under the next journal position ``pos`` (1, 2, …
+per consumer, never reused). An item stays in the journal until it is acknowledged
+(:meth:`~hubbub.log.base.LogStore.consumer_settle`), whatever log retention, ``trim`` or a channel reset do
+to the event in the log: the journal holds a **copy** (channel, seq, epoch, time, publisher, content type,
+headers, tags, payload), not a reference. That is the retention rule of every engine: the log's limits apply
+to the log, a consumer's unacknowledged items are never dropped, and the cost is the copy (its bytes count
+in :attr:`ConsumerInfo.bytes`, not in the log's ``StoreStats``).
+
+Because journaling happens inside the append transaction, an event is either committed *and* journaled for
+every consumer that existed when its batch was committed, or neither: a crash cannot lose an item between
+the log and a journal. A consumer created by :meth:`~hubbub.log.base.LogStore.consumer_create` gets every
+event of every later append (writer methods are serialised, so "later" is exact).
+
+The store keeps, per item, the number of deliveries that were given back (``attempts``: nacks, and openers
+that went away with the item unacknowledged) and the earliest time it may be delivered again
+(``not_before_ns``, for nack backoff). Which opener holds which item is not stored: after a restart every
+unacknowledged item is pending again (at least once).
+
+This module is pure: the engines and core share its types, and :func:`compile_filter` (used by the engines
+at append) depends only on :mod:`hubbub.channels`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any, Final
+
+from hubbub.channels import parse_pattern, to_separated
+from hubbub.errors import BadChannel, BadRequest
+from hubbub.events import Event
+
+__all__ = [
+    "DEFAULT_BATCH_BYTES",
+    "DEFAULT_BATCH_WAIT_MS",
+    "ConsumerInfo",
+    "ConsumerSpec",
+    "JournalIndex",
+    "JournalItem",
+    "Retry",
+    "check_name",
+    "check_spec",
+    "compile_filter",
+]
+
+DEFAULT_BATCH_BYTES: Final = 2_097_152
+DEFAULT_BATCH_WAIT_MS: Final = 5
+_NAME_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+Filter = Callable[[str, Collection[str]], bool]
+
+
+def check_name(name: str) -> str:
+    """A consumer name is 1-128 characters of ``[A-Za-z0-9._-]`` (qpubs.md §4 ``subId``); else BadRequest."""
+    if not 1 <= len(name) <= 128 or not _NAME_CHARS.issuperset(name):
+        raise BadRequest("bad consumer name")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSpec:
+    """What defines a consumer, fixed at creation.
+
+    ``syntax`` says how ``pattern`` reads: ``native`` (a native pattern, native.md §4: ``/a/*``, ``/a/**``)
+    or ``qpubs`` (a qpubs listen topic with ``separator``, qpubs.md §1: exact, head ``foo.*``, tail
+    ``*.bar``). ``tags``: an event must carry all of them. ``shared``: a work queue (several openers, each
+    batch to one). ``batch_wait_ms`` / ``batch_bytes``: how a batch is collected (docs/consumers.md).
+    """
+
+    name: str
+    pattern: str
+    syntax: str = "native"
+    separator: str = "."
+    tags: tuple[str, ...] = ()
+    shared: bool = False
+    batch_wait_ms: int = DEFAULT_BATCH_WAIT_MS
+    batch_bytes: int = DEFAULT_BATCH_BYTES
+
+    def to_json(self) -> str:
+        """The stored form (one text column): every field but ``name``."""
+        return json.dumps(
+            {
+                "pattern": self.pattern,
+                "syntax": self.syntax,
+                "separator": self.separator,
+                "tags": list(self.tags),
+                "shared": self.shared,
+                "batch_wait_ms": self.batch_wait_ms,
+                "batch_bytes": self.batch_bytes,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, name: str, text: str) -> ConsumerSpec:
+        d: dict[str, Any] = json.loads(text)
+        return cls(
+            name=name,
+            pattern=str(d["pattern"]),
+            syntax=str(d.get("syntax", "native")),
+            separator=str(d.get("separator", ".")),
+            tags=tuple(str(t) for t in d.get("tags", ())),
+            shared=bool(d.get("shared", False)),
+            batch_wait_ms=int(d.get("batch_wait_ms", DEFAULT_BATCH_WAIT_MS)),
+            batch_bytes=int(d.get("batch_bytes", DEFAULT_BATCH_BYTES)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    """A stored consumer. ``id``: the store's number for it (never reused). ``top``: the last journal
+    position assigned. ``pending``/``bytes``: unacknowledged items in its journal and their event bytes."""
+
+    id: int
+    spec: ConsumerSpec
+    created_ns: int
+    top: int = 0
+    pending: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JournalItem:
+    """One unacknowledged journal item: the event copy, its position, the deliveries given back so far and
+    the earliest time it may be delivered again (0: at once)."""
+
+    pos: int
+    event: Event
+    attempts: int = 0
+    not_before_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Items of a consumer given back unacknowledged: each one's ``attempts`` goes up by one, and it may not
+    be delivered again before ``not_before_ns``."""
+
+    consumer_id: int
+    positions: tuple[int, ...]
+    not_before_ns: int = 0
+
+
+def _qpubs_filter(topic: str, sep: str) -> Callable[[str], bool]:
+    """The channels a qpubs listen topic matches (qpubs.md §1): the channel rendered as a topic name with the
+    separator (mapping.md §2.4), tested as the engine does, byte for byte, so that a durable subscription
+    gets exactly what a live ``listen`` of the same topic gets (``hubbub.dialects.qpubs.Topic.matches``)."""
+    if not sep or "*" in sep:
+        raise BadRequest("bad separator")
+    if topic.startswith("*") and topic.endswith("*"):
+        raise BadChannel("cannot wildcard both head and tail")
+    if topic.endswith("*"):
+        head = topic[:-1]
+        if not head.endswith(sep):
+            return lambda ch: False  # ``a*``: accepted, matches nothing
+        return lambda ch: to_separated(ch, sep).startswith(head)
+    if topic.startswith("*"):
+        tail = topic[1:]
+        if not tail.startswith(sep):
+            return lambda ch: False
+        return lambda ch: to_separated(ch, sep).endswith(tail)
+    return lambda ch: to_separated(ch, sep) == topic
+
+
+def compile_filter(spec: ConsumerSpec) -> Filter:
+    """``spec``'s filter: ``f(channel, tags)`` is whether an event belongs in its journal. Raises
+    ``BadChannel``/``BadRequest`` for a pattern that cannot be read."""
+    if spec.syntax == "native":
+        pat = parse_pattern(spec.pattern)
+        chan: Callable[[str], bool] = pat.matches
+    elif spec.syntax == "qpubs":
+        chan = _qpubs_filter(spec.pattern, spec.separator)
+    else:
+        raise BadRequest("unknown pattern syntax")
+    need = frozenset(spec.tags)
+    if not need:
+        return lambda ch, tags: chan(ch)
+    return lambda ch, tags: chan(ch) and need.issubset(tags)
+
+
+def check_spec(spec: ConsumerSpec) -> ConsumerSpec:
+    """Whether ``spec`` can be created: a good name, ``batch_wait_ms >= 0``, ``batch_bytes >= 1`` and a
+    filter that reads. Raises ``BadRequest``/``BadChannel``."""
+    check_name(spec.name)
+    if spec.batch_wait_ms < 0 or spec.batch_bytes < 1:
+        raise BadRequest("bad batch_wait_ms or batch_bytes")
+    compile_filter(spec)
+    return spec
+
+
+class JournalIndex:
+    """Which consumers journal an event: the engines' matcher at append.
+
+    Holds each consumer's compiled filter and caches the answer per ``(channel, tags)`` (bounded; cleared
+    whenever a consumer is added or removed). Not thread-safe: an engine touches it from its writer methods
+    only, which are serialised.
+    """
+
+    _CACHE_MAX: Final = 4096
+
+    def __init__(self) -> None:
+        self._filters: dict[int, Filter] = {}
+        self._cache: dict[tuple[str, tuple[str, ...]], tuple[int, ...]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._filters)
+
+    def __len__(self) -> int:
+        return len(self._filters)
+
+    def add(self, consumer_id: int, spec: ConsumerSpec) -> None:
+        self._filters[consumer_id] = compile_filter(spec)
+        self._cache.clear()
+
+    def remove(self, consumer_id: int) -> None:
+        self._filters.pop(consumer_id, None)
+        self._cache.clear()
+
+    def clear(self) -> None:
+        self._filters.clear()
+        self._cache.clear()
+
+    def match(self, channel: str, tags: tuple[str, ...]) -> tuple[int, ...]:
+        """The ids of the consumers whose filter matches, ascending."""
+        key = (channel, tags)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        found = tuple(cid for cid, f in sorted(self._filters.items()) if f(channel, tags))
+        if len(self._cache) >= self._CACHE_MAX:
+            self._cache.clear()
+        self._cache[key] = found
+        return found

@@ -1,0 +1,213 @@
+"""Durable consumers of :class:`SqliteLogStore` (:mod:`hubbub.log.consumers`): the ``consumers`` and
+``journal`` tables of ``_schema.py``.
+
+The writer keeps every consumer's row (``top``, ``pending``, ``bytes``) and the :class:`JournalIndex` of
+their filters in memory, loaded at open and reloaded after a failed transaction, like the channel heads.
+Journaling is part of ``append``'s transaction (:meth:`_ConsumerSide._journal`), so an event and its journal
+copies commit together. Concurrency: as the store's (writer methods on the writer thread, reads anywhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from hubbub.events import Event, Publisher
+from hubbub.log.base import AppendResult
+from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
+from hubbub.log.records import decode_headers, decode_tags, encode_headers, encode_tags
+from hubbub.log.sqlite._inserts import _INSERT_MAX_LOG2, _insert_chunks, _insert_log2
+from hubbub.log.sqlite._reads import _ReadSide
+
+_JOURNAL_ROW: Final = 15
+# Multi-row statements of 2**k rows (k <= _INSERT_MAX_LOG2), as append writes ``events`` (_inserts.py): one
+# sqlite3_step per statement instead of one per row.
+_INSERT_JOURNAL: Final = tuple(
+    "INSERT INTO journal (consumer_id, pos, attempts, not_before, channel, epoch, seq, time_ns, size, "
+    "publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type, headers, tags, "
+    "payload) VALUES " + ", ".join(["(?, ?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * (1 << k))
+    for k in range(_INSERT_MAX_LOG2 + 1)
+)
+_ITEM_COLS: Final = (
+    "pos, attempts, not_before, channel, epoch, seq, time_ns, publisher_dialect, publisher_user, "
+    "publisher_app, publisher_msg_id, content_type, headers, tags, payload"
+)
+_UPDATE_CONSUMER: Final = "UPDATE consumers SET top = ?, pending = ?, bytes = ? WHERE id = ?"
+
+
+@dataclass(slots=True)
+class _Row:
+    """The writer's copy of one ``consumers`` row."""
+
+    id: int
+    spec: ConsumerSpec
+    created_ns: int
+    top: int
+    pending: int
+    bytes: int
+
+    def info(self) -> ConsumerInfo:
+        return ConsumerInfo(self.id, self.spec, self.created_ns, self.top, self.pending, self.bytes)
+
+
+def _item(row: Sequence[Any]) -> JournalItem:
+    pos, attempts, not_before, ch, epoch, seq, t, dialect, user, app, msg_id, ctype, hb, tb, payload = row
+    ev = Event(
+        ch,
+        seq,
+        epoch,
+        t,
+        Publisher(dialect, user, app, msg_id),
+        payload,
+        ctype,
+        decode_headers(hb) if hb else {},
+        decode_tags(tb) if tb else (),
+    )
+    return JournalItem(pos, ev, attempts, not_before)
+
+
+class _ConsumerSide(_ReadSide):
+    """The consumer methods of :class:`SqliteLogStore`, which mixes this in and provides ``_transaction``
+    and ``_clock``."""
+
+    _crows: dict[int, _Row]
+    _jindex: JournalIndex
+    _last_time: int
+    _clock: Callable[[], int]
+
+    if TYPE_CHECKING:
+
+        def _transaction(self, what: str) -> contextlib.AbstractContextManager[sqlite3.Connection]: ...
+
+    def _load_consumers(self, conn: sqlite3.Connection) -> None:
+        """(Re)load the consumer rows and their filters (writer thread; raises sqlite3.Error)."""
+        rows = conn.execute(
+            "SELECT id, name, spec, created_ns, top, pending, bytes FROM consumers"
+        ).fetchall()
+        crows: dict[int, _Row] = {}
+        index = JournalIndex()
+        for cid, name, spec, created, top, pending, nbytes in rows:
+            r = crows[cid] = _Row(cid, ConsumerSpec.from_json(name, spec), created, top, pending, nbytes)
+            index.add(cid, r.spec)
+        self._crows, self._jindex = crows, index
+
+    def _journal(self, conn: sqlite3.Connection, results: list[AppendResult]) -> None:
+        """Journal each new event of an append for the consumers that match it (inside its transaction)."""
+        match, crows = self._jindex.match, self._crows
+        rows: list[Any] = []
+        touched: dict[int, _Row] = {}
+        for i, r in enumerate(results):
+            if r.duplicate:
+                continue
+            ev = r.event
+            ids = match(ev.channel, ev.tags)
+            if not ids:
+                continue
+            p = ev.publisher
+            hb = encode_headers(ev.headers) if ev.headers else b""
+            tb = encode_tags(ev.tags) if ev.tags else b""
+            size = ev.size
+            entries = []
+            for cid in ids:
+                c = touched[cid] = crows[cid]
+                c.top += 1
+                c.pending += 1
+                c.bytes += size
+                entries.append((cid, c.top))
+                rows += (cid, c.top, ev.channel, ev.epoch, ev.seq, ev.time_ns, size, p.dialect, p.user, p.app,
+                         p.msg_id, ev.content_type, hb, tb, ev.payload)  # fmt: skip
+            results[i] = AppendResult(ev, False, tuple(entries))
+        if rows:
+            limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+            _insert_chunks(conn, _INSERT_JOURNAL, _insert_log2(limit, 0, _JOURNAL_ROW), 0, _JOURNAL_ROW, rows)
+            conn.executemany(_UPDATE_CONSUMER, [(c.top, c.pending, c.bytes, c.id) for c in touched.values()])
+
+    def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
+        for r in self._crows.values():
+            if r.spec.name == spec.name:
+                return r.info(), False
+        check_spec(spec)  # before anything is written
+        created = max(self._clock(), self._last_time)
+        with self._transaction("consumer") as conn:
+            cur = conn.execute(
+                "INSERT INTO consumers (name, spec, created_ns, top, pending, bytes) "
+                "VALUES (?, ?, ?, 0, 0, 0)",
+                (spec.name, spec.to_json(), created),
+            )
+            cid = int(cur.lastrowid or 0)
+        row = self._crows[cid] = _Row(cid, spec, created, 0, 0, 0)
+        self._jindex.add(cid, spec)
+        return row.info(), True
+
+    def consumer_delete(self, name: str) -> bool:
+        found = [r for r in self._crows.values() if r.spec.name == name]
+        if not found:
+            return False
+        cid = found[0].id
+        with self._transaction("consumer") as conn:
+            conn.execute("DELETE FROM journal WHERE consumer_id = ?", (cid,))
+            conn.execute("DELETE FROM consumers WHERE id = ?", (cid,))
+        del self._crows[cid]
+        self._jindex.remove(cid)
+        return True
+
+    def consumer_settle(
+        self, acked: Sequence[tuple[int, Sequence[int]]], retried: Sequence[Retry] = ()
+    ) -> None:
+        crows = self._crows
+        acked = [(cid, ps) for cid, ps in acked if cid in crows and ps]
+        retried = [r for r in retried if r.consumer_id in crows and r.positions]
+        if not acked and not retried:
+            return
+        with self._transaction("consumer") as conn:
+            touched: set[int] = set()
+            for cid, positions in acked:
+                c = crows[cid]
+                for chunk in _chunks(sorted(set(positions))):
+                    marks = ",".join("?" * len(chunk))
+                    gone = conn.execute(
+                        f"DELETE FROM journal WHERE consumer_id = ? AND pos IN ({marks}) RETURNING size",
+                        (cid, *chunk),
+                    ).fetchall()
+                    if gone:
+                        c.pending -= len(gone)
+                        c.bytes -= sum(r[0] for r in gone)
+                        touched.add(cid)
+            for r in retried:
+                conn.executemany(
+                    "UPDATE journal SET attempts = attempts + 1, not_before = ? "
+                    "WHERE consumer_id = ? AND pos = ?",
+                    [(r.not_before_ns, r.consumer_id, p) for p in r.positions],
+                )
+            if touched:
+                conn.executemany(
+                    _UPDATE_CONSUMER, [(crows[c].top, crows[c].pending, crows[c].bytes, c) for c in touched]
+                )
+
+    def consumers(self) -> list[ConsumerInfo]:
+        with self._snapshot() as conn:
+            rows = conn.execute(
+                "SELECT id, name, spec, created_ns, top, pending, bytes FROM consumers ORDER BY name"
+            ).fetchall()
+        return [
+            ConsumerInfo(cid, ConsumerSpec.from_json(name, spec), created, top, pending, nbytes)
+            for cid, name, spec, created, top, pending, nbytes in rows
+        ]
+
+    def consumer_items(self, consumer_id: int, after_pos: int = 0, limit: int = 1000) -> list[JournalItem]:
+        if limit <= 0:
+            return []
+        with self._snapshot() as conn:
+            rows = conn.execute(
+                f"SELECT {_ITEM_COLS} FROM journal WHERE consumer_id = ? AND pos > ? ORDER BY pos LIMIT ?",
+                (consumer_id, after_pos, limit),
+            ).fetchall()
+        return [_item(r) for r in rows]
+
+
+def _chunks(values: list[int], size: int = 500) -> Iterator[list[int]]:
+    for i in range(0, len(values), size):
+        yield values[i : i + size]
