@@ -37,8 +37,8 @@ class ServerProcess:
         env = dict(os.environ)
         src = str(Path(__file__).resolve().parents[2] / "src")
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-        # The server's output goes through a pipe: a thread copies it to the log file line by line and
-        # announces each listener as its "listening" record comes, so start() waits on that, not on a poll.
+        # The server's output goes through a pipe: a thread copies it to the log file line by line, notes
+        # each listener's port and announces the "started" record, so start() waits on that, not on a poll.
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         self.ports = {}
         ready = threading.Event()
@@ -53,8 +53,8 @@ class ServerProcess:
         return self
 
     def _copy_output(self, proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
-        """Copy the process's output to the log file until it ends; set ``ready`` once both listeners are
-        up, or at the end of the output (the process is gone)."""
+        """Copy the process's output to the log file until it ends; set ``ready`` once the server says it
+        started (every listener is up then), or at the end of the output (the process is gone)."""
         assert proc.stdout is not None and self.log_path is not None
         with proc.stdout as out, open(self.log_path, "wb") as log:
             for line in out:
@@ -66,10 +66,13 @@ class ServerProcess:
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(rec, dict) and rec.get("message") == "listening":
+                if not isinstance(rec, dict):
+                    continue
+                msg = rec.get("message")
+                if msg == "listening":
                     self.ports[rec["listener"]] = int(rec["address"].rsplit(":", 1)[1])
-                    if {"http", "native"} <= self.ports.keys():
-                        ready.set()
+                elif isinstance(msg, str) and msg.startswith("hubbub ") and msg.endswith(" started"):
+                    ready.set()  # after every listener's record (the server logs it last)
         ready.set()
 
     def log(self) -> str:

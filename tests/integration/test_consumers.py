@@ -84,9 +84,9 @@ def positions(b: Batch) -> list[int]:
 
 
 async def pending(node: Node, name: str) -> list[int]:
-    infos = await node.read(lambda st: st.consumers())
+    infos = await node.reads.call(lambda st: st.consumers())
     cid = next(i.id for i in infos if i.spec.name == name)
-    return [it.pos for it in await node.read(lambda st: st.consumer_items(cid, 0, 10_000))]
+    return [it.pos for it in await node.reads.call(lambda st: st.consumer_items(cid, 0, 10_000))]
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "memory", "postgres"])
@@ -349,7 +349,7 @@ def test_retention_never_drops_unacknowledged_items(tmp_path: Path) -> None:
     async def body(node: Node, svc: ConsumerService) -> None:
         await svc.create(spec())
         await publish(node, "/jobs/a", *[str(i) for i in range(6)])
-        assert [e.seq for e in await node.read(lambda st: st.read("/jobs/a"))] == [5, 6]
+        assert [e.seq for e in await node.reads.call(lambda st: st.read("/jobs/a"))] == [5, 6]
         r = Recv()
         o = await svc.open("c", r.on_batch)
         b = await r.next()

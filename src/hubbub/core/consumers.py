@@ -18,9 +18,9 @@ out to **openers** in batches and settles what they acknowledge:
   later items pass a batch that waits out its backoff.
 
 Memory: at most ``max_items`` items per consumer are held (pending or outstanding); the rest stay in the store
-and are read in pages (``backlog``) as room frees up. Journal notifications come from the node's
-``commit_hook``, which this service sets; a notification that finds no room (or a consumer still reading
-its backlog) is dropped and the item read from the store later, so none is lost between the two.
+and are read in pages (``backlog``) as room frees up. Journal notifications come from the ``commit_hook`` of
+the node's write batcher, which this service sets; a notification that finds no room (or a consumer still
+reading its backlog) is dropped and the item read from the store later, so none is lost between the two.
 
 **Live exclusive groups** (``listenExclusive``): members with the same group name and filter share a group;
 each matching event goes to exactly one member, round-robin in join order, at most once, and never to a group
@@ -190,8 +190,8 @@ class _Group:
 
 class ConsumerService:
     """See the module docstring. Use as ``async with ConsumerService(node) as consumers`` inside the node's
-    own ``async with``: it loads the consumers and sets ``node.commit_hook``, before any publish should be
-    accepted."""
+    own ``async with``: it loads the consumers and sets the batcher's ``commit_hook``, before any publish
+    should be accepted."""
 
     def __init__(self, node: Node, *, max_items: int = 10_000) -> None:
         self._node = node
@@ -233,7 +233,7 @@ class ConsumerService:
     async def start(self) -> None:
         """Load every consumer (their unacknowledged items become pending) and hook into the node."""
         self._loop = asyncio.get_running_loop()
-        self._node.commit_hook = self._committed
+        self._node.batcher.commit_hook = self._committed
         infos: list[ConsumerInfo] = await self._node.reads.call(lambda st: st.consumers())
         for info in infos:
             if info.spec.name not in self._by_name:
@@ -244,8 +244,8 @@ class ConsumerService:
         if self._closing:
             return
         self._closing = True
-        if self._node.commit_hook == self._committed:
-            self._node.commit_hook = None
+        if self._node.batcher.commit_hook == self._committed:
+            self._node.batcher.commit_hook = None
         for c in list(self._by_name.values()):
             for o in list(c.openers):
                 self._close_opener(o, "shutdown", notify=True)
@@ -292,7 +292,7 @@ class ConsumerService:
         check_spec(spec)
         self._creating += 1
         try:
-            info, created = await self._node.write(lambda st: st.consumer_create(spec))
+            info, created = await self._node.batcher.control(lambda st: st.consumer_create(spec))
         finally:
             self._creating -= 1
         c = self._by_name.get(info.spec.name)
@@ -305,7 +305,7 @@ class ConsumerService:
     async def delete(self, name: str) -> bool:
         """Delete the consumer and its journal, closing its openers (``on_close("deleted")``)."""
         self._check_open()
-        found: bool = await self._node.write(lambda st: st.consumer_delete(name))
+        found: bool = await self._node.batcher.control(lambda st: st.consumer_delete(name))
         c = self._by_name.get(name)
         if c is not None:
             self._forget(c, "deleted")
@@ -378,7 +378,7 @@ class ConsumerService:
     # -- journal notifications -----------------------------------------------------------------------------
 
     def _committed(self, results: list[AppendResult]) -> None:
-        """``node.commit_hook``: take each commit's journal items, and feed live groups."""
+        """The batcher's ``commit_hook``: take each commit's journal items, and feed live groups."""
         by_id = self._by_id
         groups = self._group_index
         if not by_id and not groups and not self._creating:
@@ -626,7 +626,7 @@ class ConsumerService:
 
         async def write() -> None:
             try:
-                await self._node.write(lambda st: _settle(st, acks, retries))
+                await self._node.batcher.control(lambda st: _settle(st, acks, retries))
             except BaseException as exc:
                 if fut is not None and not fut.done():
                     fut.set_exception(exc)

@@ -275,20 +275,6 @@ class Node:
         # The batcher calls one of the two per committed batch: no check on the path without a relay.
         self.batcher.on_committed = self.registry.fan_out_committed if relay is None else self._to_relay
 
-    @property
-    def commit_hook(self) -> Callable[[list[AppendResult]], None] | None:
-        """Runs on the loop with the results of every successful commit, after the acks and before the
-        fan-out: the durable-consumer service (core/consumers.py) takes its journal items there."""
-        return self.batcher.commit_hook
-
-    @commit_hook.setter
-    def commit_hook(self, hook: Callable[[list[AppendResult]], None] | None) -> None:
-        self.batcher.commit_hook = hook
-
-    async def write(self, fn: Callable[[LogStore], T]) -> T:
-        """Run ``fn(store)`` on the writer thread, in order with appends (store writer methods)."""
-        return await self.batcher.control(fn)
-
     def _to_relay(self, items: list[Pending], result: list[AppendResult]) -> None:
         assert self._relay is not None
         self._relay.committed(committed_events(items, result, self.published))

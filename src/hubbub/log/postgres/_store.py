@@ -1,8 +1,8 @@
 """``PostgresLogStore``: the shared engine, one PostgreSQL database that several hubbub nodes write to.
 
 This module has the store itself: opening, the writer side (append, trim, epochs, retention) and closing. The
-schema, its migrations and durability are in ``_schema.py``; the read side in ``_reads.py``; errors in
-``_errors.py``.
+schema, its migrations and durability are in ``_schema.py``; the read side in ``_reads.py``; the rows of a
+write transaction in ``_heads.py``; errors in ``_errors.py``.
 
 Concurrency contract:
 
@@ -36,8 +36,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Final, TypeVar
 
 import psycopg
@@ -57,6 +55,7 @@ from hubbub.log.base import (
 from hubbub.log.consumers import JournalIndex
 from hubbub.log.postgres._consumers import CONSUMER_TOPS, _ConsumerSide
 from hubbub.log.postgres._errors import _STORAGE_ERRORS, _error, log
+from hubbub.log.postgres._heads import _Head, _heads_row, _info, _Lock, _State, _Unresolved
 from hubbub.log.postgres._reads import Conn, _Decoder, _ReadSide
 from hubbub.log.postgres._schema import (
     DURABILITY_SYNCHRONOUS_COMMIT,
@@ -76,10 +75,6 @@ _IDEM_PRUNE_EVERY_NS: Final = 10 * _NS
 # Rows per page when retention walks the log in pos order.
 _RETENTION_PAGE: Final = 4096
 
-_LOCK_STATE: Final = (
-    "SELECT last_time, last_pos, next_id, suspect_below, async_start, pg_postmaster_start_time(), "
-    "pg_current_xact_id()::text FROM log_state FOR UPDATE"
-)
 _SAVE_STATE: Final = (
     "UPDATE log_state SET last_time = %s, last_pos = %s, next_id = %s, suspect_below = %s, async_start = %s"
 )
@@ -136,75 +131,6 @@ _DELETE_PREFIX: Final = (
     "WITH d AS (DELETE FROM events WHERE pos <= %s RETURNING channel_id, seq, size) "
     "SELECT channel_id, count(*), sum(size), max(seq) FROM d GROUP BY channel_id"
 )
-
-
-@dataclass(slots=True)
-class _Head:
-    """A ``channels`` or ``retired_epochs`` row, as read inside a write transaction."""
-
-    id: int
-    epoch: str
-    first: int
-    top: int
-    top_time: int
-    count: int
-    bytes: int
-
-
-def _info(channel: str, h: _Head) -> ChannelInfo:
-    return ChannelInfo(channel, h.epoch, h.first, h.top, h.top_time)
-
-
-@dataclass(slots=True)
-class _State:
-    """The ``log_state`` row, locked by the current write transaction, and what came with it."""
-
-    last_time: int
-    last_pos: int
-    next_id: int
-    suspect_below: int
-    async_start: datetime | None
-    server_start: datetime
-    xid: str
-    saved: tuple[Any, ...] = ()
-
-    def row(self) -> tuple[Any, ...]:
-        return (self.last_time, self.last_pos, self.next_id, self.suspect_below, self.async_start)
-
-
-class _Lock:
-    """The log lock of one write transaction: its ``SELECT … FOR UPDATE`` is queued at once, its row fetched
-    when :attr:`state` is first asked for (so a body can queue its own reads in the same round trip)."""
-
-    __slots__ = ("_conn", "_cur", "_state", "_store")
-
-    def __init__(self, store: PostgresLogStore, conn: Conn) -> None:
-        self._store = store
-        self._conn = conn
-        self._cur = conn.execute(_LOCK_STATE)
-        self._state: _State | None = None
-
-    @property
-    def state(self) -> _State:
-        st = self._state
-        if st is None:
-            st = self._state = self._store._fetch_state(self._conn, self._cur)
-        return st
-
-
-class _Unresolved(Exception):
-    """The commit's outcome could not be learnt (internal)."""
-
-
-def _heads_row(heads: Sequence[_Head]) -> tuple[list[int], ...]:
-    return (
-        [h.id for h in heads],
-        [h.first for h in heads],
-        [h.top for h in heads],
-        [h.top_time for h in heads],
-        [h.count for h in heads],
-        [h.bytes for h in heads],
-    )
 
 
 class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
