@@ -53,6 +53,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus"
@@ -113,6 +114,60 @@ def native_json(data: bytes) -> None:
         fuzz_native.check_decode(codec, data)
         with contextlib.suppress(UnicodeDecodeError):
             fuzz_native.check_decode(codec, data.decode("utf-8"))
+
+
+def _structured(strategy: Any, check: Callable[[Any], None]) -> Callable[[bytes], None]:
+    """A target that turns libFuzzer's bytes into a value of a hypothesis ``strategy`` (hypothesis's
+    ``fuzz_one_input``) and checks it: the fuzzer then mutates the *structure* of commands (fields, types,
+    nesting, framing), where a target fed raw bytes mostly stops at the JSON or msgpack syntax, which is
+    parsed in C and so gives the fuzzer no coverage to learn from."""
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def run(value: Any) -> None:
+        check(value)
+
+    fuzz_one: Callable[[bytes], None] = run.hypothesis.fuzz_one_input
+    return fuzz_one
+
+
+def _check_frame(kind_and_frame: tuple[str, bytes]) -> None:
+    kind, frame = kind_and_frame
+    (native_json if kind == "json" else native_msgpack)(frame)
+
+
+def _check_stream(chunks_and_limit: tuple[list[bytes], int]) -> None:
+    chunks, max_frame = chunks_and_limit
+    fuzz_native.check_stream(chunks, max_frame)
+    fuzz_native.check_stream_runs(chunks, max_frame)
+
+
+def native_commands(data: bytes) -> None:
+    """Command-shaped native frames, JSON and msgpack, with plausible and implausible fields and byte-level
+    mutations (the strategies of fuzz_native.py), through every native codec."""
+    global _NATIVE_COMMANDS
+    if _NATIVE_COMMANDS is None:
+        from hypothesis import strategies as st
+
+        frames = st.tuples(st.just("json"), fuzz_native.json_frames()) | st.tuples(
+            st.just("msgpack"), fuzz_native.msgpack_frames()
+        )
+        _NATIVE_COMMANDS = _structured(frames, _check_frame)
+    _NATIVE_COMMANDS(data)
+
+
+def native_command_streams(data: bytes) -> None:
+    """Streams of command-shaped frames (JSON lines or length-prefixed msgpack, publish runs among them)
+    split into chunks, through the stream decoder, against each frame decoded alone."""
+    global _NATIVE_STREAMS
+    if _NATIVE_STREAMS is None:
+        _NATIVE_STREAMS = _structured(fuzz_native.stream_inputs(), _check_stream)
+    _NATIVE_STREAMS(data)
+
+
+_NATIVE_COMMANDS: Callable[[bytes], None] | None = None
+_NATIVE_STREAMS: Callable[[bytes], None] | None = None
 
 
 def native_msgpack(data: bytes) -> None:
@@ -348,6 +403,8 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "native_json": native_json,
     "native_msgpack": native_msgpack,
     "native_stream": native_stream,
+    "native_commands": native_commands,
+    "native_command_streams": native_command_streams,
     "native_http": native_http,
     "ivy": ivy_target,
     "guble": guble_target,
