@@ -389,3 +389,71 @@ def test_foreign_subscriptions_are_advertised_once() -> None:
     assert hub.hub_list() == ["extra", "test:server:0"]
     quiet = ws.WearscriptHub(advertise_foreign=False, test_handler=False)
     assert quiet.foreign_added(p) is False and quiet.hub_list() == []
+
+
+# -- fixes: the root subscription and frame heads ------------------------------------------------------------
+
+
+def test_the_root_subscription_does_not_match_a_name_starting_with_the_separator() -> None:
+    """``""`` is the root ([""]), a segment prefix of ``:a`` (["", "a"]); §2: it matches only ``""``."""
+    hub = ws.WearscriptHub(test_handler=False)
+    a = ws.WearscriptConnection(hub)
+    a.on_binary(frame("subscriptions", "phone:A", [""]))
+    assert hub.matching(ws.channel_of(":a")) == ()
+    assert hub.matching(ws.channel_of("")) == (a.id,)
+    b = ws.WearscriptConnection(hub)
+    b.on_binary(frame("subscriptions", "phone:B", [":"]))
+    assert hub.matching(ws.channel_of("::x")) == (b.id,)
+
+
+def _event_of(out: list[ws.Output]) -> Event:
+    pub = next(o for o in out if isinstance(o, ws.Publish))
+    headers = {ws.HEAD_HEADER: pub.head} if pub.head else {}
+    return Event(
+        pub.channel, 1, "abcdefgh", 1, Publisher("wearscript"), pub.payload, ws.CONTENT_TYPE, headers
+    )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        msgpack.packb(["n" * 40, 1, "two"], use_bin_type=True),  # a str8 name (new-spec packers)
+        b"\xdc\x00\x02" + msgpack.packb("chan") + msgpack.packb([5])[1:],  # a 16-bit array header
+        b"\x92\xda\x00\x04chan\x01",  # a str16 name of four bytes
+    ],
+)
+def test_a_frame_head_written_otherwise_still_goes_out_as_it_came(data: bytes) -> None:
+    hub = ws.WearscriptHub(test_handler=False)
+    conn = ws.WearscriptConnection(hub)
+    out = conn.on_binary(data)
+    pub = next(o for o in out if isinstance(o, ws.Publish))
+    assert pub.head
+    ev = _event_of(out)
+    assert ws.render_event(ws.name_of(ev.channel), ev) == data
+
+
+def test_a_usual_frame_keeps_no_head() -> None:
+    hub = ws.WearscriptHub(test_handler=False)
+    out = ws.WearscriptConnection(hub).on_binary(ws.pack(["chan", 1, "x"]))
+    assert next(o for o in out if isinstance(o, ws.Publish)).head == ""
+
+
+def test_a_head_that_does_not_fit_the_event_is_ignored() -> None:
+    ev = Event(
+        "/chan", 1, "abcdefgh", 1, Publisher("wearscript"), ws.pack([1]), ws.CONTENT_TYPE,
+        {ws.HEAD_HEADER: (b"\x93" + ws.pack("other")).hex()},
+    )  # fmt: skip
+    assert ws.render_event("chan", ev) == ws.pack(["chan", 1])
+    bad = Event("/chan", 1, "abcdefgh", 1, Publisher("wearscript"), ws.pack([1]), ws.CONTENT_TYPE,
+                {ws.HEAD_HEADER: "zz"})  # fmt: skip
+    assert ws.render_event("chan", bad) == ws.pack(["chan", 1])
+
+
+def test_close_reasons_are_disconnect_members() -> None:
+    from hubbub.disconnect import Disconnect
+
+    hub = ws.WearscriptHub()
+    conn = ws.WearscriptConnection(hub)
+    (close,) = conn.on_binary(b"\xc1")
+    assert isinstance(close, ws.Close) and close.code is Disconnect.INVALID_PAYLOAD
+    assert conn.on_text() == [ws.Close(Disconnect.UNSUPPORTED_DATA, "text frames are not WearScript")]
