@@ -242,9 +242,9 @@ def test_subscriptions_are_forwarded_identical_and_replace_the_list() -> None:
     a, b = ws.WearscriptConnection(hub), ws.WearscriptConnection(hub)
     raw = frame("subscriptions", "phone:A", ["chan", "x:y"])
     outs = a.on_binary(raw)
-    assert outs == [ws.Forward(raw, (b.id,)), ws.ListenChanged(("/chan", "/x/y"))]
+    assert outs == [ws.ListenChanged(("/chan", "/x/y")), ws.Forward(raw, (b.id,))]
     outs = a.on_binary(frame("subscriptions", "phone:A", ["z"]))
-    assert outs[-1] == ws.ListenChanged(("/z",))
+    assert outs[0] == ws.ListenChanged(("/z",))
     assert hub.matching("/chan") == () and hub.matching("/z/1") == (a.id,)
     assert hub.matching("/z", exclude=a.id) == ()
 
@@ -262,7 +262,7 @@ def test_a_device_named_in_raw_bytes_that_are_not_utf8() -> None:
     hub = ws.WearscriptHub()
     a, b = ws.WearscriptConnection(hub), ws.WearscriptConnection(hub)
     raw = msgpack.packb(["subscriptions", b"ph\xffne:A", [b"x"]], use_bin_type=False)
-    assert a.on_binary(raw)[0] == ws.Forward(raw, (b.id,))
+    assert a.on_binary(raw)[1] == ws.Forward(raw, (b.id,))
     c = ws.WearscriptConnection(hub)
     assert c.greeting()[1] == ws.Send(raw)
     assert [o.data for o in a.on_close() if isinstance(o, ws.Forward)] == [

@@ -67,6 +67,7 @@ __all__ = [
     "name_of",
     "pack",
     "render_event",
+    "wire_close",
 ]
 
 SEPARATOR: Final = ":"
@@ -244,6 +245,12 @@ def advertised_name(pattern: Pattern) -> str:
     return name_of("/" + "/".join(lit))
 
 
+def wire_close(reason: Disconnect) -> Disconnect:
+    """The close a WearScript peer sees for a session's end or kick: an expired token closes with 1008 (§7,
+    the dialect has no error reply), every other reason as it is."""
+    return Disconnect.POLICY_VIOLATION if reason == Disconnect.TOKEN_EXPIRED else reason
+
+
 def render_event(name: str, event: Event) -> bytes:
     """The frame for an event (mapping.md §5): ``[name, *args]``. A msgpack payload that is one array gives
     the arguments, their bytes unchanged (so an event a WearScript client published goes out as it came);
@@ -306,10 +313,16 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """One binary frame for each of ``targets`` (hub connection ids; this connection may be among them)."""
+    """One binary frame for each of ``targets`` (hub connection ids; this connection may be among them).
+    ``reply`` is the canonical channel of a test-handler reply (published on it, §5: each target must be
+    allowed to read it), ``None`` for ``subscriptions`` frames. ``relayed`` marks a reply that carries the
+    asker's own values (the ``publish`` command): that is the asker's publish, which its identity must be
+    allowed to make."""
 
     data: bytes
     targets: tuple[int, ...]
+    reply: str | None = None
+    relayed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -585,11 +598,11 @@ class WearscriptConnection:
             return [Close(CLOSE_INVALID, str(exc))]
         if ext is None:
             return [Close(CLOSE_POLICY, f"more than {self.max_channels} channels on one connection")]
-        out: list[Output] = []
+        # The core subscriptions first: once the others learn the list, they may send to it at once.
+        out: list[Output] = [ListenChanged(tuple(sorted(ext)))]
         others = self.hub.others(self.id)
         if others:
             out.append(Forward(data, others))
-        out.append(ListenChanged(tuple(sorted(ext))))
         return out
 
     # -- the test handler --
@@ -624,7 +637,7 @@ class WearscriptConnection:
         elif command == "ackchannel" and rest and isinstance(rest[0], str):
             value = [rest[0] + SEPARATOR + "ACK"]
         elif command == "publish":
-            value = list(rest)
+            return self._reply(resp, list(rest), relayed=True)
         elif command in ("subscribe", "unsubscribe") and rest and isinstance(rest[0], str):
             try:
                 changed = hub.bind(rest[0]) if command == "subscribe" else hub.unbind(rest[0])
@@ -635,14 +648,14 @@ class WearscriptConnection:
             return []
         return self._reply(resp, value)
 
-    def _reply(self, resp: str, value: Iterable[Any]) -> list[Output]:
+    def _reply(self, resp: str, value: Iterable[Any], *, relayed: bool = False) -> list[Output]:
         """A reply on ``resp`` to the connections whose set matches it, the asker included; not logged."""
         try:
             channel = channel_of(resp)
         except BadChannel:
             return []
         targets = self.hub.matching(channel)
-        return [Forward(pack([resp, *value]), targets)] if targets else []
+        return [Forward(pack([resp, *value]), targets, channel, relayed)] if targets else []
 
     def reply_exists(self, resp: str, exists: bool) -> list[Output]:
         """Render the core's answer to :class:`Exists`."""
