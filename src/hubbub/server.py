@@ -38,6 +38,7 @@ from hubbub.transports.pump import quietly
 from hubbub.transports.tcp import peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
 from hubbub.transports.wearscript import WearscriptService, WearscriptSettings
+from hubbub.transports.wearscript_link import WearscriptUpstream
 
 __all__ = ["GC_THRESHOLDS", "Server", "build_broker", "run", "tune_gc"]
 
@@ -83,6 +84,8 @@ class Server:
         self._tcp_native: set[NativeConnection] = set()
         self._broker: RedisBroker | None = None
         self.wearscript: WearscriptService | None = None
+        #: The link up to a WearScript hub (``wearscript.upstream``).
+        self.wearscript_upstream: WearscriptUpstream | None = None
 
     async def __aenter__(self) -> Server:
         try:
@@ -189,6 +192,10 @@ class Server:
         self.ports["http"] = _bound_port(site)
         log.info("listening", extra={"listener": "http", "address": f"{host}:{self.ports['http']}"})
 
+        if self.wearscript is not None and cfg.wearscript_upstream:
+            self.wearscript_upstream = WearscriptUpstream(self.wearscript, str(cfg.wearscript_upstream))
+            self.wearscript_upstream.start()
+
         if cfg.native_enabled:
             host, port = parse_listen(cfg.native_tcp_listen, "native.tcp_listen")
             # The listener shares its codecs (one per encoding), so connections share the session encoders.
@@ -270,6 +277,9 @@ class Server:
 
     async def stop(self) -> None:
         """Graceful shutdown. Idempotent."""
+        if self.wearscript_upstream is not None:
+            await self.wearscript_upstream.close()  # first: it must not reconnect while the node stops
+            self.wearscript_upstream = None
         if self._tcp is not None:
             self._tcp.close()
         node = self.node

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -43,7 +44,15 @@ from hubbub.log.base import AppendRequest, AppendResult, LogStore
 from .http import HttpSettings, peer_address, request_token, text_response
 from .pump import SessionPump, io_failed, quietly, stopped
 
-__all__ = ["WearscriptEncoder", "WearscriptService", "WearscriptSettings", "WearscriptWire"]
+__all__ = [
+    "ABOVE_HEADER",
+    "HUB_HEADER",
+    "WearscriptEncoder",
+    "WearscriptService",
+    "WearscriptSettings",
+    "WearscriptWire",
+    "serve",
+]
 
 log = logging.getLogger("hubbub.wearscript")
 
@@ -51,6 +60,10 @@ DIALECT = "wearscript"
 ROUTE = "/wearscript/ws"
 #: The hub list goes out at most this often (§3).
 BROADCAST_INTERVAL_S = 0.1
+#: Headers of a hubbub WearScript upgrade response (and of the upstream link's request): the hub's id, and
+#: the ids of the hubs above it, through its upstream link (hubbub.transports.wearscript_link).
+HUB_HEADER = "X-Hubbub-Wearscript-Hub"
+ABOVE_HEADER = "X-Hubbub-Wearscript-Above"
 
 Socket = web.WebSocketResponse | ClientWebSocketResponse
 
@@ -350,11 +363,12 @@ class WearscriptService:
             advertise_foreign=settings.advertise_foreign,
         )
         self.wires: dict[int, WearscriptWire] = {}
+        #: This hub's id in links between hubs, and the ids of the hubs above it while its link is up.
+        self.hub_id = "ws-" + secrets.token_hex(6)
+        self.above: list[str] = []
         self._sent_list = self.hub.hub_list()
         self._last_broadcast = 0.0
         self._timer: asyncio.TimerHandle | None = None
-        #: Called whenever the hub list or any device list changes (the upstream link re-advertises).
-        self.on_change: list[Callable[[], None]] = []
         self._unwatch = node.watch_subscriptions(self._watch)
 
     def close(self) -> None:
@@ -443,6 +457,8 @@ class WearscriptService:
 
     async def websocket(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(max_msg_size=self.http.max_frame, autoping=False, compress=False)
+        ws.headers[HUB_HEADER] = self.hub_id
+        ws.headers[ABOVE_HEADER] = ",".join(self.above)
         if not ws.can_prepare(request).ok:
             return text_response(400, "websocket upgrade required\n")
         try:
