@@ -38,7 +38,7 @@ from hubbub.transports.pump import quietly
 from hubbub.transports.tcp import peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
 from hubbub.transports.wearscript import WearscriptService, WearscriptSettings
-from hubbub.transports.wearscript_link import WearscriptUpstream
+from hubbub.transports.wearscript_link import WearscriptLinkCollector, WearscriptUpstream
 
 __all__ = ["GC_THRESHOLDS", "Server", "build_broker", "run", "tune_gc"]
 
@@ -193,7 +193,10 @@ class Server:
         log.info("listening", extra={"listener": "http", "address": f"{host}:{self.ports['http']}"})
 
         if self.wearscript is not None and cfg.wearscript_upstream:
+            if cfg.wearscript_group_device == Config().wearscript_group_device:
+                log.warning("linked WearScript hubs should each have their own wearscript.group_device")
             self.wearscript_upstream = WearscriptUpstream(self.wearscript, str(cfg.wearscript_upstream))
+            self._native_http.registry.register(WearscriptLinkCollector(self.wearscript_upstream))
             self.wearscript_upstream.start()
 
         if cfg.native_enabled:

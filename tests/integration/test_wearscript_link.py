@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import msgpack
+
+from hubbub.config import load_config
+from hubbub.server import Server
 
 from .serverproc import ServerProcess
 
@@ -113,6 +117,13 @@ def test_a_node_links_up_to_a_wearscript_hub_both_ways_and_after_a_crash(tmp_pat
         async def first() -> None:
             async with aiohttp.ClientSession() as http:
                 await exchange(http, up_port, down_port, "1")
+                async with http.get(f"http://127.0.0.1:{down_port}/metrics") as r:
+                    text = await r.text()
+                link = f'link="ws-127.0.0.1-{up_port}"'
+                assert f"hubbub_wearscript_link_up{{{link}}} 1.0" in text
+                # Up: /up1/x and /up1/marker; down: down1:y, down1:z, down1:w.
+                assert f'hubbub_wearscript_link_events_total{{direction="up",{link}}} 2.0' in text
+                assert f'hubbub_wearscript_link_events_total{{direction="down",{link}}} 3.0' in text
 
         asyncio.run(first())
 
@@ -129,3 +140,74 @@ def test_a_node_links_up_to_a_wearscript_hub_both_ways_and_after_a_crash(tmp_pat
         above.kill()
         if below is not None:
             below.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def _until(check: Callable[[], bool], what: str) -> None:
+    """Wait for a link's state, which changes on its own task (a connection opening or refused)."""
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {check.__doc__}")
+        await asyncio.sleep(0.01)
+
+
+def test_links_that_would_close_a_cycle_are_refused(tmp_path: Path) -> None:
+    """A ← B and B ← A: whichever link comes up second learns that it is below the other already."""
+    pa, pb = _free_port(), _free_port()
+
+    def config(name: str, port: int, up: int) -> Any:
+        return load_config(
+            cli={
+                "data_dir": str(tmp_path / name),
+                "http.listen": f"127.0.0.1:{port}",
+                "native.tcp_listen": "127.0.0.1:0",
+                "wearscript.group_device": f"server:{name}",
+                "wearscript.upstream": f"ws://127.0.0.1:{up}/wearscript/ws",
+            },
+            env={},
+        )
+
+    async def go() -> None:
+        async with Server(config("a", pa, pb)) as a, Server(config("b", pb, pa)) as b:
+            la, lb = a.wearscript_upstream, b.wearscript_upstream
+            assert la is not None and lb is not None
+            await _until(lambda: {la.state, lb.state} == {"up", "refused"}, "one link up, one refused")
+            refused, kept = (la, lb) if la.state == "refused" else (lb, la)
+            n, k = refused.reconnects, kept.reconnects
+            await _until(lambda: refused.reconnects > n and refused.state == "refused", "a second refusal")
+            assert kept.state == "up" and kept.reconnects == k  # the link that came up first stayed up
+
+    asyncio.run(go())
+
+
+def test_a_node_cannot_link_up_to_itself(tmp_path: Path) -> None:
+    port = _free_port()
+
+    async def go() -> None:
+        cfg = load_config(
+            cli={
+                "data_dir": str(tmp_path / "d"),
+                "http.listen": f"127.0.0.1:{port}",
+                "native.tcp_listen": "127.0.0.1:0",
+                "wearscript.upstream": f"ws://127.0.0.1:{port}/wearscript/ws",
+            },
+            env={},
+        )
+        async with Server(cfg) as server, aiohttp.ClientSession() as http:
+            link = server.wearscript_upstream
+            assert link is not None
+            await _until(lambda: link.state == "refused", "the refusal")
+            async with device(http, port) as d:
+                assert await d.recv() == ["subscriptions", "server:0", ["test:server:0"]]
+                await d.send("subscriptions", "phone:a", ["a"])
+                await d.send("test:server:0", "channelsExternal", "a")
+                assert await d.recv() == ["a", {"phone:a": ["a"]}]  # the refused link announced nothing
+
+    asyncio.run(go())

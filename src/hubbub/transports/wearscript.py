@@ -24,6 +24,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -366,6 +367,8 @@ class WearscriptService:
         #: This hub's id in links between hubs, and the ids of the hubs above it while its link is up.
         self.hub_id = "ws-" + secrets.token_hex(6)
         self.above: list[str] = []
+        #: The ids of the hubbub hubs linked up to this one (connections that named their hub), with counts.
+        self.below: Counter[str] = Counter()
         self._sent_list = self.hub.hub_list()
         self._last_broadcast = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -465,8 +468,20 @@ class WearscriptService:
             ident = self.identity(request)
         except AuthError:
             return text_response(401, "unauthorized\n")
+        below = request.headers.get(HUB_HEADER)
+        if below and (below == self.hub_id or below in self.above):
+            # A hubbub hub linking up from above this one (or this one itself): a cycle (409 tells it so).
+            return text_response(409, "this link would close a cycle of hubs\n")
         await ws.prepare(request)  # any Origin, or none (§1)
-        await serve(self, ws, ident)
+        if below:
+            self.below[below] += 1
+        try:
+            await serve(self, ws, ident)
+        finally:
+            if below:
+                self.below[below] -= 1
+                if self.below[below] <= 0:
+                    del self.below[below]
         return ws
 
 

@@ -16,7 +16,8 @@ this node and runs it as any WearScript connection of the hub (:func:`~hubbub.tr
   ``<link> <epoch> <n>``, :data:`~hubbub.federation.HOPS_HEADER` ``<link>``), so no hubbub node forwards it
   back to this link (:func:`~hubbub.federation.forwards_to`), after a reconnect or through a native
   federation link either. A hubbub hub above answers the upgrade with its hub id and the ids above it
-  (``X-Hubbub-Wearscript-Hub``, ``X-Hubbub-Wearscript-Above``): a link that would close a cycle is refused
+  (``X-Hubbub-Wearscript-Hub``, ``X-Hubbub-Wearscript-Above``), and refuses with 409 a link from a hub
+  above it: a link that would close a cycle is refused at either end
   (:func:`~hubbub.federation.cycle_reason`). WearScript frames carry no path, so through hubs that are not
   hubbub the links must form a tree, as WearScript's own hubs require.
 * **Reconnects** with capped exponential backoff and full jitter (:class:`~hubbub.federation.Backoff`);
@@ -33,11 +34,12 @@ import logging
 import re
 import secrets
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hubbub.auth import ANONYMOUS
 from hubbub.dialects import wearscript as wsd
@@ -47,7 +49,7 @@ from hubbub.federation import HOPS_HEADER, ORIGIN_HEADER, Backoff, Origin, cycle
 from .pump import stopped
 from .wearscript import ABOVE_HEADER, DIALECT, HUB_HEADER, WearscriptService, serve
 
-__all__ = ["LinkEncoder", "WearscriptUpstream", "link_id"]
+__all__ = ["LinkEncoder", "WearscriptLinkCollector", "WearscriptUpstream", "link_id"]
 
 log = logging.getLogger("hubbub.wearscript.link")
 
@@ -92,6 +94,8 @@ class WearscriptUpstream:
         self.state = "connecting"
         self.reconnects = 0
         self.received = 0
+        #: Data messages that came down, over every connection of the link.
+        self.received_total = 0
         self._epoch = ""
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -110,6 +114,7 @@ class WearscriptUpstream:
     def _stamp(self) -> dict[str, str]:
         """The federation headers of one event that came down (see the module docstring)."""
         self.received += 1
+        self.received_total += 1
         origin = Origin(self.peer, self._epoch, self.received)
         return {ORIGIN_HEADER: origin.render(), HOPS_HEADER: self.peer}
 
@@ -117,13 +122,14 @@ class WearscriptUpstream:
         """Connect, serve the connection until it ends, wait, connect again: until :meth:`close`."""
         service = self.service
         timeout = aiohttp.ClientWSTimeout(ws_close=5.0)
-        headers = {HUB_HEADER: service.hub_id, ABOVE_HEADER: ",".join(service.above)}
+        headers = {HUB_HEADER: service.hub_id}  # a hubbub hub above refuses a link from its own ancestors
         async with aiohttp.ClientSession() as http:
             first = True
             while not self._stopping:
                 if not first:
                     self.reconnects += 1
                 first = False
+                self.state = "connecting"
                 try:
                     async with http.ws_connect(
                         self.url,
@@ -139,6 +145,16 @@ class WearscriptUpstream:
                             await ws.close()
                         else:
                             await self._serve(ws)
+                except aiohttp.WSServerHandshakeError as exc:
+                    if exc.status == 409:  # the hub above sees this one above it already
+                        self.state = "refused"
+                        log.error("wearscript upstream refused: a cycle", extra={"link": self.peer})
+                    else:
+                        log.warning(
+                            "wearscript upstream refused the upgrade: %s (a token in the URL?)",
+                            exc.status,
+                            extra={"link": self.peer},
+                        )
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     log.info(
                         "wearscript upstream unreachable: %s: %s",
@@ -149,7 +165,7 @@ class WearscriptUpstream:
                 if self._stopping:
                     break
                 if self.state != "refused":
-                    self.state = "down"
+                    self.state = "down"  # unreachable, or the connection ended
                 await asyncio.sleep(self.backoff.next_delay())
 
     def _refusal(self, headers: Mapping[str, str]) -> str | None:
@@ -168,6 +184,14 @@ class WearscriptUpstream:
         upstream = headers.get(HUB_HEADER)
         above = headers.get(ABOVE_HEADER, "")
         service.above = ([upstream] if upstream else []) + [h for h in above.split(",") if h]
+        loop = set(service.above) & set(service.below)
+        if loop:
+            # Two links came up at once, each before the other was known: the hub above is below this one
+            # too. Give up this side (the other side may do the same; the jittered retries settle it).
+            service.above = []
+            self.state = "refused"
+            log.error("wearscript upstream refused: %s is below this hub too", ",".join(sorted(loop)))
+            return
         self.state = "up"
         self.backoff.reset()
         log.info("wearscript upstream up", extra={"link": self.peer})
@@ -183,3 +207,42 @@ def _upgrade_headers(ws: aiohttp.ClientWebSocketResponse) -> Mapping[str, str]:
     response = getattr(ws, "_response", None)
     headers: Mapping[str, str] = response.headers if response is not None else {}
     return headers
+
+
+class WearscriptLinkCollector:
+    """The link on ``/metrics``: ``hubbub_wearscript_link_up`` (1 while connected),
+    ``hubbub_wearscript_link_state`` (1 for the current state), ``hubbub_wearscript_link_reconnects`` and
+    ``hubbub_wearscript_link_events`` (``direction`` ``up``: events queued up the link, ``down``: data
+    messages that came down and were published here), each labelled with the link's name."""
+
+    def __init__(self, link: WearscriptUpstream) -> None:
+        self.link = link
+
+    def collect(self) -> Iterator[Any]:
+        link = self.link
+        up = GaugeMetricFamily(
+            "hubbub_wearscript_link_up", "WearScript upstream link connected", labels=["link"]
+        )
+        up.add_metric([link.peer], 1 if link.state == "up" else 0)
+        yield up
+        state = GaugeMetricFamily(
+            "hubbub_wearscript_link_state", "WearScript upstream link state", labels=["link", "state"]
+        )
+        for s in ("connecting", "up", "down", "refused"):
+            state.add_metric([link.peer, s], 1 if link.state == s else 0)
+        yield state
+        rc = CounterMetricFamily(
+            "hubbub_wearscript_link_reconnects",
+            "WearScript upstream connections after the first",
+            labels=["link"],
+        )
+        rc.add_metric([link.peer], link.reconnects)
+        yield rc
+        ev = CounterMetricFamily(
+            "hubbub_wearscript_link_events",
+            "Events over the WearScript upstream link",
+            labels=["link", "direction"],
+        )
+        ev.add_metric([link.peer, "up"], link.encoder.forwarded)
+        ev.add_metric([link.peer, "down"], link.received_total)
+        yield ev
