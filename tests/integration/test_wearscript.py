@@ -216,3 +216,73 @@ def test_other_dialects_subscriptions_are_advertised_as_they_come_and_go(tmp_pat
             assert await w.recv() == HUB
 
     asyncio.run(go())
+
+
+BAD_FRAMES = [
+    (b"\xc1", 1007),  # not msgpack
+    (b"\x90", 1007),  # an empty array
+    (b"\x81\xa1a\x01", 1007),  # not an array
+    (b"\x92\x01\x02", 1007),  # element 0 not a string
+    (b"\x91\xa1a\x01", 1007),  # trailing bytes: not exactly one value
+    (b"\x92\xa1a" + b"\x91" * 64 + b"\xc0", 1007),  # nested deeper than 64
+    (msgpack.packb(["subscriptions", "phone:A", [1]]), 1007),  # a list of non-strings
+    (msgpack.packb(["subscriptions", 7, []]), 1007),  # no group:device
+    (msgpack.packb(["subscriptions", "phone:A", ["a", "b", "c", "d"]]), 1008),  # over max_subscriptions
+    (msgpack.packb(["big", "x" * 2000]), 1009),  # over max_frame
+]
+
+
+def test_bad_input_and_limits_close_cleanly(tmp_path: Path) -> None:
+    async def go() -> None:
+        overrides = {"limits.max_frame": 1024, "limits.max_subscriptions": 3}
+        async with serve(tmp_path / "d", **overrides) as addr, aiohttp.ClientSession() as http:
+            async with peer(http, addr, new_spec=True) as witness:
+                assert await witness.recv() == HUB
+                for data, code in BAD_FRAMES:
+                    async with peer(http, addr, new_spec=True) as p:
+                        assert await p.recv() == HUB
+                        await p.ws.send_bytes(data)
+                        msg = await p.ws.receive(timeout=WAIT)
+                        assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == code, (data, msg)
+                # The hub is unharmed: the witness still gets what it listens to.
+                await witness.send("subscriptions", "phone:w", ["ok"])
+                await sync(witness, "ok:sync")
+                async with http.post(f"http://{addr}/api/v1/publish/ok", data=b"fine") as r:
+                    assert r.status == 200
+                assert await witness.recv() == ["ok", "fine"]
+                async with http.get(f"http://{addr}/metrics") as r:
+                    text = await r.text()
+                assert 'hubbub_bad_input_total{dialect="wearscript"} 9.0' in text  # 1008 is a refusal
+
+    asyncio.run(go())
+
+
+def test_hub_settings_test_handler_off_and_fixed_channels(tmp_path: Path) -> None:
+    async def go() -> None:
+        overrides = {
+            "wearscript.test_handler": "false",
+            "wearscript.hub_channels": '["gist", "weariverse"]',
+            "wearscript.advertise_foreign": "false",
+            "wearscript.group_device": "hub:7",
+        }
+        async with (
+            serve(tmp_path / "d", **overrides) as addr,
+            aiohttp.ClientSession() as http,
+            peer(http, addr, new_spec=True) as a,
+            peer(http, addr, new_spec=True) as b,
+        ):
+            assert await a.recv() == ["subscriptions", "hub:7", ["gist", "weariverse"]]
+            assert await b.recv() == ["subscriptions", "hub:7", ["gist", "weariverse"]]
+            async with http.ws_connect(f"ws://{addr}/ws", protocols=("ivy1",)) as ivy:
+                await ivy.receive_str(timeout=WAIT)
+                await ivy.send_str("+/news")  # not advertised with advertise_foreign off
+                await a.send("subscriptions", "phone:a", ["test"])
+                assert await b.recv() == ["subscriptions", "phone:a", ["test"]]
+                # With the test handler off, test:hub:7 is a channel like any other.
+                await b.send("test:hub:7", "device", "resp")
+                assert await a.recv() == ["test:hub:7", "device", "resp"]
+                async with http.get(f"http://{addr}/api/v1/log/test/hub/7") as r:
+                    assert (await r.json())["top"] == 1
+            await a.quiet()
+
+    asyncio.run(go())
