@@ -235,24 +235,27 @@ BAD_FRAMES = [
 def test_bad_input_and_limits_close_cleanly(tmp_path: Path) -> None:
     async def go() -> None:
         overrides = {"limits.max_frame": 1024, "limits.max_subscriptions": 3}
-        async with serve(tmp_path / "d", **overrides) as addr, aiohttp.ClientSession() as http:
-            async with peer(http, addr, new_spec=True) as witness:
-                assert await witness.recv() == HUB
-                for data, code in BAD_FRAMES:
-                    async with peer(http, addr, new_spec=True) as p:
-                        assert await p.recv() == HUB
-                        await p.ws.send_bytes(data)
-                        msg = await p.ws.receive(timeout=WAIT)
-                        assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == code, (data, msg)
-                # The hub is unharmed: the witness still gets what it listens to.
-                await witness.send("subscriptions", "phone:w", ["ok"])
-                await sync(witness, "ok:sync")
-                async with http.post(f"http://{addr}/api/v1/publish/ok", data=b"fine") as r:
-                    assert r.status == 200
-                assert await witness.recv() == ["ok", "fine"]
-                async with http.get(f"http://{addr}/metrics") as r:
-                    text = await r.text()
-                assert 'hubbub_bad_input_total{dialect="wearscript"} 9.0' in text  # 1008 is a refusal
+        async with (
+            serve(tmp_path / "d", **overrides) as addr,
+            aiohttp.ClientSession() as http,
+            peer(http, addr, new_spec=True) as witness,
+        ):
+            assert await witness.recv() == HUB
+            for data, code in BAD_FRAMES:
+                async with peer(http, addr, new_spec=True) as p:
+                    assert await p.recv() == HUB
+                    await p.ws.send_bytes(data)
+                    msg = await p.ws.receive(timeout=WAIT)
+                    assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == code, (data, msg)
+            # The hub is unharmed: the witness still gets what it listens to.
+            await witness.send("subscriptions", "phone:w", ["ok"])
+            await sync(witness, "ok:sync")
+            async with http.post(f"http://{addr}/api/v1/publish/ok", data=b"fine") as r:
+                assert r.status == 200
+            assert await witness.recv() == ["ok", "fine"]
+            async with http.get(f"http://{addr}/metrics") as r:
+                text = await r.text()
+            assert 'hubbub_bad_input_total{dialect="wearscript"} 9.0' in text  # 1008 is a refusal
 
     asyncio.run(go())
 
