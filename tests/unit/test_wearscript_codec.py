@@ -457,3 +457,74 @@ def test_close_reasons_are_disconnect_members() -> None:
     (close,) = conn.on_binary(b"\xc1")
     assert isinstance(close, ws.Close) and close.code is Disconnect.INVALID_PAYLOAD
     assert conn.on_text() == [ws.Close(Disconnect.UNSUPPORTED_DATA, "text frames are not WearScript")]
+
+
+# -- properties of the connection state machine -------------------------------------------------------------
+
+
+def _wide(items: list[Any]) -> bytes:
+    """The frame with a 16-bit array header and str16 strings at the top level (a packer that does not pick
+    the smallest forms)."""
+    out = b"\xdc" + len(items).to_bytes(2, "big")
+    for x in items:
+        if isinstance(x, str):
+            b = x.encode()
+            out += b"\xda" + len(b).to_bytes(2, "big") + b
+        else:
+            out += msgpack.packb(x, use_bin_type=True)
+    return out
+
+
+@given(
+    st.text(alphabet=st.sampled_from("ab:%/é\x01"), min_size=1, max_size=40),
+    st.lists(msgpack_values, max_size=20),
+    st.sampled_from(["old", "new", "wide"]),
+)
+@settings(max_examples=300)
+def test_every_published_frame_goes_out_byte_identical(name: str, args: list[Any], style: str) -> None:
+    """Whatever packer a peer uses, a data message is rendered back to the very frame that came in: the
+    Publish output, stored as an event, renders to it (mapping.md §5.2)."""
+    items = [name, *args]
+    if style == "wide":
+        data = _wide(items)
+    else:
+        data = msgpack.packb(items, use_bin_type=style == "new")
+    out = ws.WearscriptConnection(ws.WearscriptHub(test_handler=False)).on_binary(data)
+    (pub,) = out
+    assert isinstance(pub, ws.Publish) and pub.channel == ws.channel_of(name)
+    headers = {ws.HEAD_HEADER: pub.head} if pub.head else {}
+    ev = Event(pub.channel, 1, "e0000000", 1, Publisher("wearscript"), pub.payload, ws.CONTENT_TYPE, headers)
+    assert ws.render_event(ws.name_of(ev.channel), ev) == data
+
+
+lists_of_names = st.lists(st.text(alphabet="ab:", max_size=4), max_size=4)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from(["d:0", "d:1"]), lists_of_names),
+        max_size=12,
+    ),
+    st.text(alphabet="ab:", max_size=5),
+)
+def test_matching_follows_the_announced_lists(steps: list[tuple[int, str, list[str]]], chan: str) -> None:
+    """After any announcements, a connection matches a channel exactly when a name in the union of its
+    devices' current lists matches it (§2, §3), and the forwarded frames reach only the others."""
+    hub = ws.WearscriptHub(test_handler=False)
+    conns = [ws.WearscriptConnection(hub) for _ in range(3)]
+    lists: dict[int, dict[str, list[str]]] = {c.id: {} for c in conns}
+    for i, gd, names in steps:
+        outs = conns[i].on_binary(frame("subscriptions", gd, names))
+        fwd = [o for o in outs if isinstance(o, ws.Forward)]
+        assert [o.targets for o in fwd] == [tuple(c.id for c in conns if c is not conns[i])]
+        if names:
+            lists[conns[i].id][gd] = names
+        else:
+            lists[conns[i].id].pop(gd, None)
+    c = ws.channel_of(chan)
+    want = tuple(
+        cid
+        for cid, devices in lists.items()
+        if any(ws.matches(ws.channel_of(n), c) for ns in devices.values() for n in ns)
+    )
+    assert hub.matching(c) == want
