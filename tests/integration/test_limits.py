@@ -255,14 +255,17 @@ def test_stalled_tcp_peer_is_dropped(tmp_path: Path, monkeypatch: Any) -> None:
             burst = (b'{"op":"publish","id":1,"channel":"/f","text":"' + b"y" * 1000 + b'"}\n') * 100
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 60
-            # Publish until the server holds only the publisher's socket (the subscriber never reads).
-            while len(server_sockets(port)) > 1 or len(node.sessions) > 1:
-                assert loop.time() < deadline, (node.slow_closes, server_sockets(port))
-                pub.write(burst)
-                await pub.drain()
-            assert node.slow_closes.get("native") == 1
-            assert node.limiter.connections == 1
-            pub.close()
-            stalled.close()
+            try:
+                # Publish until the server holds only the publisher's socket (the subscriber never reads) and
+                # has released the stalled one's connection slot (after its socket is gone).
+                while len(server_sockets(port)) > 1 or len(node.sessions) > 1 or node.limiter.connections > 1:
+                    assert loop.time() < deadline, (node.slow_closes, server_sockets(port))
+                    pub.write(burst)
+                    await pub.drain()
+                assert node.slow_closes.get("native") == 1
+                assert node.limiter.connections == 1
+            finally:
+                pub.close()
+                stalled.close()
 
     asyncio.run(main())
