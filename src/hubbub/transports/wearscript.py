@@ -34,7 +34,7 @@ from aiohttp.client_ws import ClientWebSocketResponse
 
 from hubbub.auth import Identity
 from hubbub.channels import parse_pattern
-from hubbub.core import Node, Overflow, ReplayPlan, Session, Subscription
+from hubbub.core import Encoder, Node, Overflow, ReplayPlan, Session, Subscription
 from hubbub.core.flag import Flag
 from hubbub.dialects import wearscript as wsd
 from hubbub.disconnect import Disconnect
@@ -108,8 +108,9 @@ def _nothing(plan: ReplayPlan) -> None:
 class WearscriptWire:
     """One WearScript connection: the dialect's state machine, its session and its write loop.
 
-    ``headers`` are added to every event it publishes (the upstream link stamps the federation origin);
-    ``encoder`` renders the events it is sent (the link's skips the events that came from its peer)."""
+    ``publish_headers()`` gives headers added to each event it publishes (the upstream link stamps the
+    federation origin); ``encoder`` renders the events it is sent (the link's renders an event that came
+    from its peer as an empty frame, which is not sent)."""
 
     def __init__(
         self,
@@ -118,7 +119,7 @@ class WearscriptWire:
         send: Callable[[bytes], Awaitable[object]],
         close: Callable[[Disconnect], Awaitable[object]],
         ping: Callable[[], Awaitable[object]],
-        encoder: Any = None,
+        encoder: Encoder | None = None,
         publish_headers: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         self.service = service
@@ -208,7 +209,10 @@ class WearscriptWire:
                 elif msg.type == WSMsgType.PONG:
                     pass
                 else:
-                    if msg.type == WSMsgType.ERROR and getattr(msg.data, "code", None) == 1009:
+                    if (
+                        msg.type == WSMsgType.ERROR
+                        and getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG
+                    ):
                         # aiohttp refused a frame over limits.max_frame and sent close 1009 itself (§8).
                         self.node.count_bad_input(DIALECT)
                         self.node.limiter.refused("max_frame", DIALECT)
@@ -490,9 +494,8 @@ async def serve(
     ws: Socket,
     ident: Identity | None,
     *,
-    encoder: Any = None,
+    encoder: Encoder | None = None,
     publish_headers: Callable[[], dict[str, str]] | None = None,
-    on_start: Callable[[WearscriptWire], None] | None = None,
 ) -> WearscriptWire:
     """Run one WearScript connection over an open WebSocket (accepted, or opened by the upstream link)
     until it ends; the socket is closed on return."""
@@ -517,8 +520,6 @@ async def serve(
     try:
         async with asyncio.TaskGroup() as group:
             await wire.start(group)
-            if on_start is not None:
-                on_start(wire)
             try:
                 await wire.read(ws)
             finally:
