@@ -289,3 +289,41 @@ def test_hub_settings_test_handler_off_and_fixed_channels(tmp_path: Path) -> Non
             await a.quiet()
 
     asyncio.run(go())
+
+
+def test_a_device_that_stops_reading_loses_the_oldest_events_not_its_connection(tmp_path: Path) -> None:
+    """Outbound overflow drops the oldest queued events (protocols README §4), counted; what the device
+    reads afterwards is still in order, and the connection stays open."""
+    n, size = 300, 64 << 10
+
+    async def go() -> None:
+        overrides = {"limits.send_queue": 8, "store": "memory", "durability": "none"}
+        async with (
+            serve(tmp_path / "d", **overrides) as addr,
+            aiohttp.ClientSession() as http,
+            peer(http, addr, new_spec=True) as slow,
+        ):
+            assert await slow.recv() == HUB
+            await slow.send("subscriptions", "phone:slow", ["flood", "sync"])
+            await sync(slow)
+            body = b"x" * size
+            for i in range(n):  # each answered after its commit, so after its fan-out
+                async with http.post(f"http://{addr}/api/v1/publish/flood/{i}", data=body) as r:
+                    assert r.status == 200
+            async with http.get(f"http://{addr}/metrics") as r:
+                text = await r.text()
+            dropped = next(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith('hubbub_dropped_total{dialect="wearscript"}')
+            )
+            assert 0 < dropped < n
+            seen = []
+            while len(seen) < n - dropped:
+                name, payload = await slow.recv()
+                assert payload == body.decode()
+                seen.append(int(name.split(":")[1]))
+            assert seen == sorted(seen) and seen[-1] == n - 1  # in order, the newest kept
+            await sync(slow)  # still open
+
+    asyncio.run(go())
