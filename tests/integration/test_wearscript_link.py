@@ -211,3 +211,34 @@ def test_a_node_cannot_link_up_to_itself(tmp_path: Path) -> None:
                 assert await d.recv() == ["a", {"phone:a": ["a"]}]  # the refused link announced nothing
 
     asyncio.run(go())
+
+
+def test_the_hub_above_learns_when_the_node_below_dies(tmp_path: Path) -> None:
+    """kill -9 of the linked node: its connection drops uncleanly, and the devices above are told that every
+    device it spoke for is gone."""
+    above = ServerProcess(tmp_path / "above").start()
+    below: ServerProcess | None = None
+    try:
+        up_port = above.ports["http"]
+        url = f"ws://127.0.0.1:{up_port}/wearscript/ws"
+
+        async def go() -> None:
+            nonlocal below
+            async with aiohttp.ClientSession() as http, device(http, up_port) as u:
+                below = ServerProcess(
+                    tmp_path / "below",
+                    ["--wearscript-upstream", url, "--wearscript-group-device", "server:d"],
+                ).start()
+                await u.until(["subscriptions", "server:d", ["test:server:d"]])
+                async with device(http, below.ports["http"]) as d:
+                    await d.send("subscriptions", "phone:x", ["x"])
+                    await u.until(["subscriptions", "phone:x", ["x"]])
+                    below.kill()
+                    gone = [await u.recv(), await u.recv()]
+                assert gone == [["subscriptions", "server:d", []], ["subscriptions", "phone:x", []]]
+
+        asyncio.run(go())
+    finally:
+        above.kill()
+        if below is not None:
+            below.kill()
