@@ -53,6 +53,9 @@ __all__ = ["LinkEncoder", "WearscriptLinkCollector", "WearscriptUpstream", "link
 
 log = logging.getLogger("hubbub.wearscript.link")
 
+#: Seconds to open the connection (TCP, TLS and the upgrade) before the attempt counts as failed.
+CONNECT_TIMEOUT_S = 10.0
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _EPOCH = string.digits + string.ascii_lowercase
 
@@ -123,7 +126,9 @@ class WearscriptUpstream:
         service = self.service
         timeout = aiohttp.ClientWSTimeout(ws_close=5.0)
         headers = {HUB_HEADER: service.hub_id}  # a hubbub hub above refuses a link from its own ancestors
-        async with aiohttp.ClientSession() as http:
+        # A bound on opening the connection (an unreachable host), none on the connection's life.
+        limits = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=limits) as http:
             first = True
             while not self._stopping:
                 if not first:
