@@ -23,7 +23,8 @@ client_framing     ``hubbub.client.bulk``'s framing of server bytes (native TCP 
 qpubs              ``QrpcConnection.feed`` (auth on and off, a small line limit), listen topics with
                    their patterns, alias queries
 wearscript         ``decode_frame`` and a hub with two connections fed the bytes as one frame, then as
-                   frames cut at NUL bytes (announcements, data, test-handler commands)
+                   frames cut at NUL bytes (announcements, data, test-handler commands); a data message
+                   renders back to the frame it came in
 auth               ``Authenticator.authenticate`` on arbitrary tokens (JWT-shaped or not, HS256 and
                    RS256 keys configured) and ``parse_static_tokens`` on arbitrary JSON
 cluster_wire       ``hubbub.cluster.wire.decode`` (messages between the nodes of a cluster), and the
@@ -87,6 +88,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     from hubbub.dialects import qpubs as qpd
     from hubbub.dialects import wearscript as wsd
     from hubbub.errors import CODES, HubbubError
+    from hubbub.events import Event, Publisher
 
 __all__ = ["TARGETS", "main", "replay_corpus", "run_target"]
 
@@ -353,6 +355,12 @@ def wearscript_target(data: bytes) -> None:
                 assert set(out.targets) <= {a.id, b.id}
             elif isinstance(out, wsd.Exists):
                 a.reply_exists(out.resp, True)
+            elif isinstance(out, wsd.Publish):
+                # What is published goes out to WearScript connections as it came (mapping.md §5.2).
+                headers = {wsd.HEAD_HEADER: out.head} if out.head else {}
+                ev = Event(out.channel, 1, "e0000000", 1, Publisher("wearscript"), out.payload,
+                           wsd.CONTENT_TYPE, headers)  # fmt: skip
+                assert wsd.render_event(wsd.name_of(out.channel), ev) == piece
     a.on_close()
     assert hub.connections() == [b.id]
 

@@ -84,6 +84,13 @@ _HELP = {
     "guble.health_endpoint": "path of guble's health check (empty: off)",
     "guble.metrics_endpoint": "path of guble's JSON metrics (empty: off)",
     "guble.auth": "auth for the guble routes; empty means auth.mode",
+    "wearscript.enabled": "serve the WearScript dialect: WebSocket /wearscript/ws[/<secret>] (true/false)",
+    "wearscript.group_device": "the hub's own group:device (test handler channel test:<group:device>)",
+    "wearscript.test_handler": "answer the WearScript test-handler protocol (true/false)",
+    "wearscript.hub_channels": "JSON list of extra channels the WearScript hub always advertises",
+    "wearscript.advertise_foreign": "advertise other dialects' subscriptions to WearScript devices",
+    "wearscript.auth": "auth for the WearScript routes; empty means auth.mode",
+    "wearscript.upstream": "ws:// URL of a WearScript hub to link up to (its /wearscript/ws[/<secret>])",
     "log_level": "debug, info, warning or error",
     "log_format": "text or json (one JSON object per line)",
 }

@@ -134,6 +134,15 @@ class Config:
     mist_channel: str = "/mist"
     mist_auth: str = ""  # "" means auth.mode
     mist_token: str = field(default_factory=lambda: _Secret(""))  # an extra master token (upstream --token)
+    # -- wearscript (protocols/wearscript.md §1, §7; docs/dialects/wearscript.md) --
+    wearscript_enabled: bool = True
+    wearscript_group_device: str = "server:0"
+    wearscript_test_handler: bool = True
+    wearscript_hub_channels: tuple[str, ...] = ()
+    wearscript_advertise_foreign: bool = True
+    wearscript_auth: str = ""  # "" means auth.mode
+    #: A WearScript hub this node links up to (ws://…/wearscript/ws[/<secret>]); masked in repr.
+    wearscript_upstream: str = field(default_factory=lambda: _Secret(""))
     # -- cluster (docs/cluster.md; used when broker is set) --
     cluster_node_id: str = ""  # "" means host-pid-random, unique per process
     cluster_redis_channel: str = "hubbub.events"
@@ -179,7 +188,7 @@ class Config:
         ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be positive")
-        for key in ("guble_auth", "ivy_auth"):
+        for key in ("guble_auth", "ivy_auth", "wearscript_auth"):
             if getattr(self, key) not in ("", "off", "token"):
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (auth.mode), off or token")
             if getattr(self, key) == "token" and self.auth_mode != "token":
@@ -193,6 +202,12 @@ class Config:
             raise ConfigError("mist.channel: must be a canonical channel path such as /mist") from None
         if self.mist_auth not in ("", "off"):
             raise ConfigError("mist.auth: only 'off' is supported in this release")
+        group, sep, device = self.wearscript_group_device.partition(":")
+        if not sep or not group or not device:
+            raise ConfigError("wearscript.group_device: expected GROUP:DEVICE, such as server:0")
+        up = self.wearscript_upstream
+        if up and not up.lower().startswith(("ws://", "wss://")):
+            raise ConfigError("wearscript.upstream: expected a ws:// or wss:// URL of a WearScript hub")
         if self.broker:
             scheme = self.broker.split("://", 1)[0].lower() if "://" in self.broker else ""
             if scheme not in ("redis", "rediss", "unix"):
@@ -284,6 +299,14 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "mist.channel": (("mist_channel",), str),
     "mist.auth": (("mist_auth",), str),
     "mist.token": (("mist_token",), str),
+    # -- wearscript keys --
+    "wearscript.enabled": (("wearscript_enabled",), bool),
+    "wearscript.group_device": (("wearscript_group_device",), str),
+    "wearscript.test_handler": (("wearscript_test_handler",), bool),
+    "wearscript.hub_channels": (("wearscript_hub_channels",), tuple),
+    "wearscript.advertise_foreign": (("wearscript_advertise_foreign",), bool),
+    "wearscript.auth": (("wearscript_auth",), str),
+    "wearscript.upstream": (("wearscript_upstream",), str),
     # -- cluster keys --
     "cluster.node_id": (("cluster_node_id",), str),
     "cluster.redis_channel": (("cluster_redis_channel",), str),
@@ -292,7 +315,7 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
 }
 
 #: Keys whose values are masked in ``repr`` and logs.
-SECRET_KEYS: frozenset[str] = frozenset({"mist.token"})
+SECRET_KEYS: frozenset[str] = frozenset({"mist.token", "wearscript.upstream"})
 
 
 # guble's own option names (guble.md §1). A hubbub flag or HUBBUB_* variable always wins over these.

@@ -51,6 +51,8 @@ class Disconnect(enum.IntEnum):
     GOING_AWAY = (1001, "going away", True)
     PROTOCOL_ERROR = (1002, "protocol error", False)
     UNSUPPORTED_DATA = (1003, "unsupported data", False)
+    #: A frame whose payload cannot be decoded (wearscript: not one msgpack array with a string channel).
+    INVALID_PAYLOAD = (1007, "invalid frame payload data", False)
     POLICY_VIOLATION = (1008, "policy violation", False)
     MESSAGE_TOO_BIG = (1009, "message too big", False)
     INTERNAL_ERROR = (1011, "internal error", True)

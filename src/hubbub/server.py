@@ -37,6 +37,8 @@ from hubbub.transports.native import NativeConnection, NativeEncoder
 from hubbub.transports.pump import quietly
 from hubbub.transports.tcp import peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
+from hubbub.transports.wearscript import WearscriptService, WearscriptSettings
+from hubbub.transports.wearscript_link import WearscriptLinkCollector, WearscriptUpstream
 
 __all__ = ["GC_THRESHOLDS", "Server", "build_broker", "run", "tune_gc"]
 
@@ -81,6 +83,9 @@ class Server:
         self._tcp_conns: set[asyncio.Task[None]] = set()
         self._tcp_native: set[NativeConnection] = set()
         self._broker: RedisBroker | None = None
+        self.wearscript: WearscriptService | None = None
+        #: The link up to a WearScript hub (``wearscript.upstream``).
+        self.wearscript_upstream: WearscriptUpstream | None = None
 
     async def __aenter__(self) -> Server:
         try:
@@ -173,6 +178,9 @@ class Server:
                 auth=token and cfg.dialect_auth("guble") == "token",
             )
             installers.append(functools.partial(install_guble, settings=gs))
+        if cfg.wearscript_enabled:
+            self.wearscript = WearscriptService(node, wearscript_settings(cfg), http_settings)
+            installers.append(self.wearscript.install)
         # Each dialect adds its route installer here, built from its own settings (the dialect's docs list
         # its configuration keys).
         app, self._native_http = build_app(node, http_settings, installers)
@@ -183,6 +191,13 @@ class Server:
         await site.start()
         self.ports["http"] = _bound_port(site)
         log.info("listening", extra={"listener": "http", "address": f"{host}:{self.ports['http']}"})
+
+        if self.wearscript is not None and cfg.wearscript_upstream:
+            if cfg.wearscript_group_device == Config().wearscript_group_device:
+                log.warning("linked WearScript hubs should each have their own wearscript.group_device")
+            self.wearscript_upstream = WearscriptUpstream(self.wearscript, str(cfg.wearscript_upstream))
+            self._native_http.registry.register(WearscriptLinkCollector(self.wearscript_upstream))
+            self.wearscript_upstream.start()
 
         if cfg.native_enabled:
             host, port = parse_listen(cfg.native_tcp_listen, "native.tcp_listen")
@@ -265,6 +280,9 @@ class Server:
 
     async def stop(self) -> None:
         """Graceful shutdown. Idempotent."""
+        if self.wearscript_upstream is not None:
+            await self.wearscript_upstream.close()  # first: it must not reconnect while the node stops
+            self.wearscript_upstream = None
         if self._tcp is not None:
             self._tcp.close()
         node = self.node
@@ -286,6 +304,9 @@ class Server:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.wearscript is not None:
+            self.wearscript.close()
+            self.wearscript = None
         if self.consumers is not None:
             await self.consumers.close()
             self.consumers = None
@@ -299,6 +320,17 @@ class Server:
             self._broker = None
         if node is not None:
             log.info("hubbub stopped")
+
+
+def wearscript_settings(cfg: Config) -> WearscriptSettings:
+    """The WearScript hub's settings from the ``wearscript.*`` keys."""
+    return WearscriptSettings(
+        group_device=cfg.wearscript_group_device,
+        test_handler=cfg.wearscript_test_handler,
+        hub_channels=tuple(str(c) for c in cfg.wearscript_hub_channels),
+        advertise_foreign=cfg.wearscript_advertise_foreign,
+        auth=cfg.auth_mode == "token" and cfg.dialect_auth("wearscript") == "token",
+    )
 
 
 def build_broker(cfg: Config, store: LogStore) -> RedisBroker:
@@ -326,10 +358,10 @@ def build_authenticator(cfg: Config) -> Authenticator:
 
 
 #: HTTP routes of each dialect whose token presentation is not served yet (README §6): with its auth on
-#: they answer 401 rather than serve without checking tokens. Native, ivy and guble take tokens; the others
-#: stay here until their routes take them too (a dialect without ``<dialect>.enabled`` has no routes yet).
+#: they answer 401 rather than serve without checking tokens. Native, ivy, guble and wearscript take
+#: tokens; the others stay here until their routes take them too (a dialect without ``<dialect>.enabled``
+#: has no routes yet).
 _UNWIRED_ROUTES: dict[str, tuple[str, ...]] = {
-    "wearscript": ("/wearscript/",),
     "qpubs": ("/qpubs/", "/listen", "/once", "/ignore", "/emit"),
 }
 

@@ -102,3 +102,32 @@ def test_cluster_keys() -> None:
         load_config({"broker": "http://x", "store": pg}, env={})
     with pytest.raises(ConfigError, match="must be positive"):
         load_config({"broker": "redis://x", "store": pg, "cluster.gap_wait_s": "0"}, env={})
+
+
+def test_wearscript_keys(tmp_path: Path) -> None:
+    cfg = load_config(cli={}, env={})
+    assert cfg.wearscript_enabled and cfg.wearscript_test_handler and cfg.wearscript_advertise_foreign
+    assert cfg.wearscript_group_device == "server:0" and cfg.wearscript_hub_channels == ()
+    assert cfg.wearscript_upstream == "" and cfg.dialect_auth("wearscript") == "off"
+    url = "ws://127.0.0.1:9/wearscript/ws/s3cret"
+    cfg = load_config(
+        cli={"wearscript.hub_channels": '["gist"]'},
+        env={"HUBBUB_WEARSCRIPT_UPSTREAM": url, "HUBBUB_WEARSCRIPT_GROUP_DEVICE": "hub:1"},
+    )
+    assert cfg.wearscript_upstream == url and cfg.wearscript_group_device == "hub:1"
+    assert list(cfg.wearscript_hub_channels) == ["gist"]
+    assert "s3cret" not in repr(cfg)  # the upstream URL may hold a token
+    toml = tmp_path / "c.toml"
+    toml.write_text('[wearscript]\ntest_handler = false\nauth = "off"\n')
+    cfg = load_config(config_file=str(toml), env={})
+    assert not cfg.wearscript_test_handler and cfg.dialect_auth("wearscript") == "off"
+    assert flag_name("wearscript.upstream") == "--wearscript-upstream"
+    for cli, needle in [
+        ({"wearscript.group_device": "server"}, "wearscript.group_device"),
+        ({"wearscript.group_device": ":0"}, "wearscript.group_device"),
+        ({"wearscript.upstream": "http://x/wearscript/ws"}, "wearscript.upstream"),
+        ({"wearscript.auth": "token"}, "wearscript.auth"),
+        ({"wearscript.hub_channels": "gist"}, "wearscript.hub_channels"),
+    ]:
+        with pytest.raises(ConfigError, match=needle):
+            load_config(cli=cli, env={})

@@ -242,9 +242,9 @@ def test_subscriptions_are_forwarded_identical_and_replace_the_list() -> None:
     a, b = ws.WearscriptConnection(hub), ws.WearscriptConnection(hub)
     raw = frame("subscriptions", "phone:A", ["chan", "x:y"])
     outs = a.on_binary(raw)
-    assert outs == [ws.Forward(raw, (b.id,)), ws.ListenChanged(("/chan", "/x/y"))]
+    assert outs == [ws.ListenChanged(("/chan", "/x/y")), ws.Forward(raw, (b.id,))]
     outs = a.on_binary(frame("subscriptions", "phone:A", ["z"]))
-    assert outs[-1] == ws.ListenChanged(("/z",))
+    assert outs[0] == ws.ListenChanged(("/z",))
     assert hub.matching("/chan") == () and hub.matching("/z/1") == (a.id,)
     assert hub.matching("/z", exclude=a.id) == ()
 
@@ -262,7 +262,7 @@ def test_a_device_named_in_raw_bytes_that_are_not_utf8() -> None:
     hub = ws.WearscriptHub()
     a, b = ws.WearscriptConnection(hub), ws.WearscriptConnection(hub)
     raw = msgpack.packb(["subscriptions", b"ph\xffne:A", [b"x"]], use_bin_type=False)
-    assert a.on_binary(raw)[0] == ws.Forward(raw, (b.id,))
+    assert a.on_binary(raw)[1] == ws.Forward(raw, (b.id,))
     c = ws.WearscriptConnection(hub)
     assert c.greeting()[1] == ws.Send(raw)
     assert [o.data for o in a.on_close() if isinstance(o, ws.Forward)] == [
@@ -296,7 +296,8 @@ def test_departure_notices_in_announcement_order() -> None:
 )
 def test_bad_subscriptions_close_1007(bad: bytes) -> None:
     conn = ws.WearscriptConnection(ws.WearscriptHub())
-    assert conn.on_binary(bad) == [ws.Close(1007, conn.on_binary(bad)[0].reason)]  # type: ignore[union-attr]
+    (close,) = conn.on_binary(bad)
+    assert isinstance(close, ws.Close) and close.code == 1007
 
 
 def test_too_many_channels_close_1008() -> None:
@@ -389,3 +390,139 @@ def test_foreign_subscriptions_are_advertised_once() -> None:
     assert hub.hub_list() == ["extra", "test:server:0"]
     quiet = ws.WearscriptHub(advertise_foreign=False, test_handler=False)
     assert quiet.foreign_added(p) is False and quiet.hub_list() == []
+
+
+# -- fixes: the root subscription and frame heads ------------------------------------------------------------
+
+
+def test_the_root_subscription_does_not_match_a_name_starting_with_the_separator() -> None:
+    """``""`` is the root ([""]), a segment prefix of ``:a`` (["", "a"]); §2: it matches only ``""``."""
+    hub = ws.WearscriptHub(test_handler=False)
+    a = ws.WearscriptConnection(hub)
+    a.on_binary(frame("subscriptions", "phone:A", [""]))
+    assert hub.matching(ws.channel_of(":a")) == ()
+    assert hub.matching(ws.channel_of("")) == (a.id,)
+    b = ws.WearscriptConnection(hub)
+    b.on_binary(frame("subscriptions", "phone:B", [":"]))
+    assert hub.matching(ws.channel_of("::x")) == (b.id,)
+
+
+def _event_of(out: list[ws.Output]) -> Event:
+    pub = next(o for o in out if isinstance(o, ws.Publish))
+    headers = {ws.HEAD_HEADER: pub.head} if pub.head else {}
+    return Event(
+        pub.channel, 1, "abcdefgh", 1, Publisher("wearscript"), pub.payload, ws.CONTENT_TYPE, headers
+    )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        msgpack.packb(["n" * 40, 1, "two"], use_bin_type=True),  # a str8 name (new-spec packers)
+        b"\xdc\x00\x02" + msgpack.packb("chan") + msgpack.packb([5])[1:],  # a 16-bit array header
+        b"\x92\xda\x00\x04chan\x01",  # a str16 name of four bytes
+    ],
+)
+def test_a_frame_head_written_otherwise_still_goes_out_as_it_came(data: bytes) -> None:
+    hub = ws.WearscriptHub(test_handler=False)
+    conn = ws.WearscriptConnection(hub)
+    out = conn.on_binary(data)
+    pub = next(o for o in out if isinstance(o, ws.Publish))
+    assert pub.head
+    ev = _event_of(out)
+    assert ws.render_event(ws.name_of(ev.channel), ev) == data
+
+
+def test_a_usual_frame_keeps_no_head() -> None:
+    hub = ws.WearscriptHub(test_handler=False)
+    out = ws.WearscriptConnection(hub).on_binary(ws.pack(["chan", 1, "x"]))
+    assert next(o for o in out if isinstance(o, ws.Publish)).head == ""
+
+
+def test_a_head_that_does_not_fit_the_event_is_ignored() -> None:
+    ev = Event(
+        "/chan", 1, "abcdefgh", 1, Publisher("wearscript"), ws.pack([1]), ws.CONTENT_TYPE,
+        {ws.HEAD_HEADER: (b"\x93" + ws.pack("other")).hex()},
+    )  # fmt: skip
+    assert ws.render_event("chan", ev) == ws.pack(["chan", 1])
+    bad = Event("/chan", 1, "abcdefgh", 1, Publisher("wearscript"), ws.pack([1]), ws.CONTENT_TYPE,
+                {ws.HEAD_HEADER: "zz"})  # fmt: skip
+    assert ws.render_event("chan", bad) == ws.pack(["chan", 1])
+
+
+def test_close_reasons_are_disconnect_members() -> None:
+    from hubbub.disconnect import Disconnect
+
+    hub = ws.WearscriptHub()
+    conn = ws.WearscriptConnection(hub)
+    (close,) = conn.on_binary(b"\xc1")
+    assert isinstance(close, ws.Close) and close.code is Disconnect.INVALID_PAYLOAD
+    assert conn.on_text() == [ws.Close(Disconnect.UNSUPPORTED_DATA, "text frames are not WearScript")]
+
+
+# -- properties of the connection state machine -------------------------------------------------------------
+
+
+def _wide(items: list[Any]) -> bytes:
+    """The frame with a 16-bit array header and str16 strings at the top level (a packer that does not pick
+    the smallest forms)."""
+    out = b"\xdc" + len(items).to_bytes(2, "big")
+    for x in items:
+        if isinstance(x, str):
+            b = x.encode()
+            out += b"\xda" + len(b).to_bytes(2, "big") + b
+        else:
+            out += msgpack.packb(x, use_bin_type=True)
+    return out
+
+
+@given(
+    st.text(alphabet=st.sampled_from("ab:%/é\x01"), min_size=1, max_size=40),
+    st.lists(msgpack_values, max_size=20),
+    st.sampled_from(["old", "new", "wide"]),
+)
+@settings(max_examples=300)
+def test_every_published_frame_goes_out_byte_identical(name: str, args: list[Any], style: str) -> None:
+    """Whatever packer a peer uses, a data message is rendered back to the very frame that came in: the
+    Publish output, stored as an event, renders to it (mapping.md §5.2)."""
+    items = [name, *args]
+    data = _wide(items) if style == "wide" else msgpack.packb(items, use_bin_type=style == "new")
+    out = ws.WearscriptConnection(ws.WearscriptHub(test_handler=False)).on_binary(data)
+    (pub,) = out
+    assert isinstance(pub, ws.Publish) and pub.channel == ws.channel_of(name)
+    headers = {ws.HEAD_HEADER: pub.head} if pub.head else {}
+    ev = Event(pub.channel, 1, "e0000000", 1, Publisher("wearscript"), pub.payload, ws.CONTENT_TYPE, headers)
+    assert ws.render_event(ws.name_of(ev.channel), ev) == data
+
+
+lists_of_names = st.lists(st.text(alphabet="ab:", max_size=4), max_size=4)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from(["d:0", "d:1"]), lists_of_names),
+        max_size=12,
+    ),
+    st.text(alphabet="ab:", max_size=5),
+)
+def test_matching_follows_the_announced_lists(steps: list[tuple[int, str, list[str]]], chan: str) -> None:
+    """After any announcements, a connection matches a channel exactly when a name in the union of its
+    devices' current lists matches it (§2, §3), and the forwarded frames reach only the others."""
+    hub = ws.WearscriptHub(test_handler=False)
+    conns = [ws.WearscriptConnection(hub) for _ in range(3)]
+    lists: dict[int, dict[str, list[str]]] = {c.id: {} for c in conns}
+    for i, gd, names in steps:
+        outs = conns[i].on_binary(frame("subscriptions", gd, names))
+        fwd = [o for o in outs if isinstance(o, ws.Forward)]
+        assert [o.targets for o in fwd] == [tuple(c.id for c in conns if c is not conns[i])]
+        if names:
+            lists[conns[i].id][gd] = names
+        else:
+            lists[conns[i].id].pop(gd, None)
+    c = ws.channel_of(chan)
+    want = tuple(
+        cid
+        for cid, devices in lists.items()
+        if any(ws.matches(ws.channel_of(n), c) for ns in devices.values() for n in ns)
+    )
+    assert hub.matching(c) == want

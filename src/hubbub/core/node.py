@@ -119,6 +119,7 @@ class Node:
     session_by_id: Callable[[str], Session | None]
     unsubscribe: Callable[[Session, str], None]
     subscriptions: Callable[[Session], list[Subscription]]
+    watch_subscriptions: Callable[[Callable[[Subscription, bool], None]], Callable[[], None]]
 
     def __init__(
         self,
@@ -174,6 +175,7 @@ class Node:
         self.session_by_id = r.session_by_id
         self.unsubscribe = r.unsubscribe
         self.subscriptions = r.subscriptions
+        self.watch_subscriptions = r.watch
         self._relay: Relay | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------

@@ -71,6 +71,9 @@ class SubscriptionRegistry:
         self.deliveries: dict[str, int] = {}
         # Live delivery: reads the router and the holding set, counts into ``deliveries``.
         self.fanout = FanOut(self.router, self._holding, self.deliveries)
+        #: Called with (subscription, True) when a subscription is added and (subscription, False) when it
+        #: goes (``Node.watch_subscriptions``); a watcher must not add or drop subscriptions itself.
+        self.watchers: list[Callable[[Subscription, bool], None]] = []
 
     # -- sessions ---------------------------------------------------------------------------------------
 
@@ -90,6 +93,9 @@ class SubscriptionRegistry:
                 self.router.remove(s.pattern, s, s.tags)
                 self._holding.discard(s)
             self.fanout.clear_plans()
+            for w in self.watchers:
+                for s in subs.values():
+                    w(s, False)
         self._sessions.discard(session)
         self.access.unbind(session)
         if self._by_id.get(session.id) is session:
@@ -105,6 +111,19 @@ class SubscriptionRegistry:
                 s.visible = self.access.visibility(ident, s.pattern)
                 self.router.add(s.pattern, s, s.tags, s.visible)
             self.fanout.clear_plans()
+
+    def watch(self, watcher: Callable[[Subscription, bool], None]) -> Callable[[], None]:
+        """``Node.watch_subscriptions``: call ``watcher(subscription, added)`` whenever a subscription of any
+        session comes (``True``) or goes (``False``), on the loop, right after the change (the wearscript hub
+        advertises what the other dialects listen to). Returns the function that stops the watching."""
+        watchers = self.watchers
+        watchers.append(watcher)
+
+        def stop() -> None:
+            if watcher in watchers:
+                watchers.remove(watcher)
+
+        return stop
 
     def session_by_id(self, session_id: str) -> Session | None:
         """The attached session with this id (ivy's HTTP ``sid`` names the connection to exclude)."""
@@ -138,6 +157,8 @@ class SubscriptionRegistry:
         subs[sub_id] = sub
         self.router.add(pattern, sub, tags, visible)
         self.fanout.clear_plans()
+        for w in self.watchers:
+            w(sub, True)
         return sub
 
     def is_current(self, sub: Subscription) -> bool:
@@ -155,10 +176,15 @@ class SubscriptionRegistry:
     def drop(self, sub: Subscription) -> None:
         self._holding.discard(sub)
         subs = self._subs.get(sub.session)
+        current = False
         if subs is not None and subs.get(sub.sub_id) is sub:
             del subs[sub.sub_id]
+            current = True
         self.router.remove(sub.pattern, sub, sub.tags)
         self.fanout.clear_plans()
+        if current:
+            for w in self.watchers:
+                w(sub, False)
 
     def subscriptions(self, session: Session) -> list[Subscription]:
         return list(self._subs.get(session, {}).values())

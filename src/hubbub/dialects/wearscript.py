@@ -36,12 +36,14 @@ from typing import Any, Final, TypeAlias
 import msgpack
 
 from hubbub.channels import MAX_CHANNEL_BYTES, Pattern, from_separated, to_separated
+from hubbub.disconnect import Disconnect
 from hubbub.errors import BadChannel
 from hubbub.events import Event
 
 __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_GROUP_DEVICE",
+    "HEAD_HEADER",
     "MAX_DEPTH",
     "SEPARATOR",
     "SUBSCRIPTIONS",
@@ -65,6 +67,7 @@ __all__ = [
     "name_of",
     "pack",
     "render_event",
+    "wire_close",
 ]
 
 SEPARATOR: Final = ":"
@@ -75,17 +78,22 @@ DEFAULT_GROUP_DEVICE: Final = "server:0"
 #: Deepest nesting of arrays and maps a frame may hold (§8).
 MAX_DEPTH: Final = 64
 
-# WebSocket close codes (§8).
-CLOSE_UNSUPPORTED: Final = 1003  # a text frame
-CLOSE_INVALID: Final = 1007  # not one msgpack array with a string channel, or a bad subscriptions frame
-CLOSE_POLICY: Final = 1008  # too many channels, or a publish the token may not make
-CLOSE_TOO_BIG: Final = 1009  # over limits.max_frame
+#: The pseudo-header that keeps a data message's frame head (its array header and channel string, hex) when
+#: the sender encoded them otherwise than :func:`pack` does (a str8 name, a wide array header), so that the
+#: event still goes out byte-identical to the frame it came in (mapping.md §5.2). Absent in the usual case.
+HEAD_HEADER: Final = ":wearscript.head"
+
+# WebSocket close reasons (§8).
+CLOSE_UNSUPPORTED: Final = Disconnect.UNSUPPORTED_DATA  # 1003: a text frame
+CLOSE_INVALID: Final = Disconnect.INVALID_PAYLOAD  # 1007: not one msgpack array with a string channel, …
+CLOSE_POLICY: Final = Disconnect.POLICY_VIOLATION  # 1008: too many channels, or a publish not allowed
+CLOSE_TOO_BIG: Final = Disconnect.MESSAGE_TOO_BIG  # 1009: over limits.max_frame
 
 
 class BadFrame(Exception):
     """A frame the dialect refuses; the connection closes with ``code`` (§8)."""
 
-    def __init__(self, code: int, why: str) -> None:
+    def __init__(self, code: Disconnect, why: str) -> None:
         super().__init__(why)
         self.code = code
 
@@ -155,11 +163,20 @@ def _unpacker(data: bytes) -> msgpack.Unpacker:
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One decoded frame. ``name`` is element 0; ``args`` the other elements, decoded; ``args_bytes`` the
-    msgpack array of the arguments, their bytes exactly as received (the payload stored in the log)."""
+    msgpack array of the arguments, their bytes exactly as received (the payload stored in the log);
+    ``head`` the frame's bytes before the arguments (its array header and the channel string)."""
 
     name: str
     args: tuple[Any, ...]
     args_bytes: bytes
+    head: bytes = b""
+
+    def odd_head(self) -> str:
+        """The :data:`HEAD_HEADER` value for this frame: ``""`` when its head is the one :func:`pack` writes
+        (so rendering the event gives the frame back as it is), else the head in hex."""
+        if self.head == _array_header(len(self.args) + 1) + pack(self.name):
+            return ""
+        return self.head.hex()
 
 
 def decode_frame(data: bytes, max_frame: int = 1 << 20) -> Frame:
@@ -187,7 +204,7 @@ def decode_frame(data: bytes, max_frame: int = 1 << 20) -> Frame:
         raise BadFrame(CLOSE_INVALID, "element 0 is not a string")
     if any(_too_deep(a) for a in args if isinstance(a, list | dict)):
         raise BadFrame(CLOSE_INVALID, f"nested deeper than {MAX_DEPTH}")
-    return Frame(name, args, _array_header(n - 1) + data[start:end])
+    return Frame(name, args, _array_header(n - 1) + data[start:end], data[:start])
 
 
 def channel_of(name: str, max_bytes: int = MAX_CHANNEL_BYTES) -> str:
@@ -228,11 +245,18 @@ def advertised_name(pattern: Pattern) -> str:
     return name_of("/" + "/".join(lit))
 
 
+def wire_close(reason: Disconnect) -> Disconnect:
+    """The close a WearScript peer sees for a session's end or kick: an expired token closes with 1008 (§7,
+    the dialect has no error reply), every other reason as it is."""
+    return Disconnect.POLICY_VIOLATION if reason == Disconnect.TOKEN_EXPIRED else reason
+
+
 def render_event(name: str, event: Event) -> bytes:
     """The frame for an event (mapping.md §5): ``[name, *args]``. A msgpack payload that is one array gives
     the arguments, their bytes unchanged (so an event a WearScript client published goes out as it came);
     another msgpack value is one argument; any other payload is one string argument (raw bytes when it is
-    not UTF-8)."""
+    not UTF-8). A frame head kept in :data:`HEAD_HEADER` is used as it came when it names the same channel
+    and the same number of arguments."""
     payload = event.payload
     head = pack(name)
     if event.content_type == CONTENT_TYPE and payload:
@@ -244,6 +268,9 @@ def render_event(name: str, event: Event) -> bytes:
                 for _ in range(n):
                     up.skip()
                 if up.tell() == len(payload):
+                    odd = event.headers.get(HEAD_HEADER) if event.headers else None
+                    if odd and _head_fits(odd, name, n):
+                        return bytes.fromhex(odd) + payload[hl:]
                     return _array_header(n + 1) + head + payload[hl:]
             except (msgpack.OutOfData, msgpack.UnpackException, ValueError):
                 pass
@@ -262,6 +289,18 @@ def render_event(name: str, event: Event) -> bytes:
     return b"\x92" + head + pack(arg)
 
 
+def _head_fits(odd: str, name: str, n_args: int) -> bool:
+    """Is ``odd`` (hex) an array header of ``n_args + 1`` elements followed by the string ``name``?"""
+    try:
+        data = bytes.fromhex(odd)
+        up = _unpacker(data)
+        if up.read_array_header() != n_args + 1:
+            return False
+        return bool(up.unpack() == name and up.tell() == len(data))
+    except (msgpack.OutOfData, msgpack.UnpackException, ValueError, TypeError):
+        return False
+
+
 # -- outputs ------------------------------------------------------------------------------------------------
 
 
@@ -274,17 +313,23 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """One binary frame for each of ``targets`` (hub connection ids; this connection may be among them)."""
+    """One binary frame for each of ``targets`` (hub connection ids; this connection may be among them).
+    ``reply`` is the canonical channel of a test-handler reply (published on it, §5: each target must be
+    allowed to read it), ``None`` for ``subscriptions`` frames. ``relayed`` marks a reply that carries the
+    asker's own values (the ``publish`` command): that is the asker's publish, which its identity must be
+    allowed to make."""
 
     data: bytes
     targets: tuple[int, ...]
+    reply: str | None = None
+    relayed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Close:
-    """Close the connection with this WebSocket code after the outputs before it."""
+    """Close the connection with this reason after the outputs before it."""
 
-    code: int
+    code: Disconnect
     reason: str = ""
 
 
@@ -293,10 +338,12 @@ class Publish:
     """Store a data message on ``channel`` (canonical) with ``payload`` (the arguments' msgpack array, as
     received) and content type :data:`CONTENT_TYPE`, then deliver it to every matching subscriber of every
     dialect except this connection (§4 "Self"). A publish the connection's identity may not make closes it
-    with 1008 (§7)."""
+    with 1008 (§7). ``head`` is the frame's :meth:`Frame.odd_head`: when not empty, store it in the event's
+    :data:`HEAD_HEADER`."""
 
     channel: str
     payload: bytes
+    head: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,7 +527,8 @@ def _prefixes(channel: str) -> set[str]:
     out = {channel}
     i = channel.find("/", 1)
     while i != -1:
-        out.add(channel[:i])
+        if i > 1:  # "//a" (name ":a") has the prefix [""], which is the root: it matches only the root
+            out.add(channel[:i])
         i = channel.find("/", i + 1)
     return out
 
@@ -524,7 +572,7 @@ class WearscriptConnection:
             return [Close(CLOSE_INVALID, str(exc))]
         if self.hub.test_bound(channel):
             return self._test(frame)
-        return [Publish(channel, frame.args_bytes)]
+        return [Publish(channel, frame.args_bytes, frame.odd_head())]
 
     def on_close(self) -> list[Output]:
         """The connection is gone: departure frames for the others."""
@@ -550,11 +598,11 @@ class WearscriptConnection:
             return [Close(CLOSE_INVALID, str(exc))]
         if ext is None:
             return [Close(CLOSE_POLICY, f"more than {self.max_channels} channels on one connection")]
-        out: list[Output] = []
+        # The core subscriptions first: once the others learn the list, they may send to it at once.
+        out: list[Output] = [ListenChanged(tuple(sorted(ext)))]
         others = self.hub.others(self.id)
         if others:
             out.append(Forward(data, others))
-        out.append(ListenChanged(tuple(sorted(ext))))
         return out
 
     # -- the test handler --
@@ -589,7 +637,7 @@ class WearscriptConnection:
         elif command == "ackchannel" and rest and isinstance(rest[0], str):
             value = [rest[0] + SEPARATOR + "ACK"]
         elif command == "publish":
-            value = list(rest)
+            return self._reply(resp, list(rest), relayed=True)
         elif command in ("subscribe", "unsubscribe") and rest and isinstance(rest[0], str):
             try:
                 changed = hub.bind(rest[0]) if command == "subscribe" else hub.unbind(rest[0])
@@ -600,14 +648,14 @@ class WearscriptConnection:
             return []
         return self._reply(resp, value)
 
-    def _reply(self, resp: str, value: Iterable[Any]) -> list[Output]:
+    def _reply(self, resp: str, value: Iterable[Any], *, relayed: bool = False) -> list[Output]:
         """A reply on ``resp`` to the connections whose set matches it, the asker included; not logged."""
         try:
             channel = channel_of(resp)
         except BadChannel:
             return []
         targets = self.hub.matching(channel)
-        return [Forward(pack([resp, *value]), targets)] if targets else []
+        return [Forward(pack([resp, *value]), targets, channel, relayed)] if targets else []
 
     def reply_exists(self, resp: str, exists: bool) -> list[Output]:
         """Render the core's answer to :class:`Exists`."""

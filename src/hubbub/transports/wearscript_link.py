@@ -1,0 +1,253 @@
+"""This node's WearScript hub linked up to another WearScript hub (``wearscript.upstream``).
+
+WearScript hubs chain by connecting to each other as they connect to devices: a hub below is, to the hub
+above, one connection that speaks for many devices. :class:`WearscriptUpstream` opens that connection from
+this node and runs it as any WearScript connection of the hub (:func:`~hubbub.transports.wearscript.serve`):
+
+* **Up**: the greeting tells the hub above this hub's list (its test channel, the channels of its other
+  dialects' subscriptions) and every local device's list; every later list change goes up as it happens. So
+  the hub above sends down only what someone here listens to.
+* **Down**: the lists the hub above sends (its own and its devices') are this connection's external set:
+  local publishes of every dialect that match it are forwarded up, rendered ``[name, *args]``; frames from
+  above are published here like a device's data messages (committed to the log, then delivered to every
+  dialect).
+* **No loop**: the link is the publisher of what comes down, so fan-out never hands it back (``echo`` off);
+  each event that came down carries the federation pseudo-headers (:data:`~hubbub.federation.ORIGIN_HEADER`
+  ``<link> <epoch> <n>``, :data:`~hubbub.federation.HOPS_HEADER` ``<link>``), so no hubbub node forwards it
+  back to this link (:func:`~hubbub.federation.forwards_to`), after a reconnect or through a native
+  federation link either. A hubbub hub above answers the upgrade with its hub id and the ids above it
+  (``X-Hubbub-Wearscript-Hub``, ``X-Hubbub-Wearscript-Above``), and refuses with 409 a link from a hub
+  above it: a link that would close a cycle is refused at either end
+  (:func:`~hubbub.federation.cycle_reason`). WearScript frames carry no path, so through hubs that are not
+  hubbub the links must form a tree, as WearScript's own hubs require.
+* **Reconnects** with capped exponential backoff and full jitter (:class:`~hubbub.federation.Backoff`);
+  WearScript has no replay, so what was published while the link was down is not sent (best effort, as
+  the dialect).
+
+Concurrency contract: runs on the event loop; one task per link (:meth:`WearscriptUpstream.run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import string
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from hubbub.auth import ANONYMOUS
+from hubbub.dialects import wearscript as wsd
+from hubbub.events import Event
+from hubbub.federation import HOPS_HEADER, ORIGIN_HEADER, Backoff, Origin, cycle_reason, forwards_to
+
+from .pump import stopped
+from .wearscript import ABOVE_HEADER, DIALECT, HUB_HEADER, WearscriptService, serve
+
+__all__ = ["LinkEncoder", "WearscriptLinkCollector", "WearscriptUpstream", "link_id"]
+
+log = logging.getLogger("hubbub.wearscript.link")
+
+#: Seconds to open the connection (TCP, TLS and the upgrade) before the attempt counts as failed.
+CONNECT_TIMEOUT_S = 10.0
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_EPOCH = string.digits + string.ascii_lowercase
+
+
+def link_id(url: str) -> str:
+    """The link's name in the federation headers: ``ws-<host>-<port>`` (a valid node id)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "wss" else 80)
+    return _UNSAFE.sub("-", f"ws-{parts.hostname or 'hub'}-{port}")[:64]
+
+
+class LinkEncoder:
+    """The link's session encoder: ``[name, *args]`` as for any WearScript connection, and nothing (an empty
+    frame, which the link does not send) for an event that came over this link (:func:`forwards_to`)."""
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+        self.key = f"{DIALECT}-link:{peer}"
+        self.forwarded = 0
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        if event.headers and ORIGIN_HEADER in event.headers and not forwards_to(self.peer, event.headers):
+            return b""
+        self.forwarded += 1
+        return wsd.render_event(wsd.name_of(event.channel), event)
+
+
+class WearscriptUpstream:
+    """One link up to the WearScript hub at ``url``. ``state`` is ``connecting``, ``up``, ``down`` or
+    ``refused`` (a cycle); ``reconnects`` counts the connections opened after the first; ``received``
+    the data messages that came down, ``forwarded`` (on :attr:`encoder`) the events queued up."""
+
+    def __init__(self, service: WearscriptService, url: str, backoff: Backoff | None = None) -> None:
+        self.service = service
+        self.url = url
+        self.peer = link_id(url)
+        self.encoder = LinkEncoder(self.peer)
+        self.backoff = backoff or Backoff(0.1, 30.0)
+        self.state = "connecting"
+        self.reconnects = 0
+        self.received = 0
+        #: Data messages that came down, over every connection of the link.
+        self.received_total = 0
+        self._epoch = ""
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run())
+
+    async def close(self) -> None:
+        """Stop the link: its connection closes (1001) and it does not reconnect."""
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await stopped(task, self.service.node, DIALECT, "")
+
+    def _stamp(self) -> dict[str, str]:
+        """The federation headers of one event that came down (see the module docstring)."""
+        self.received += 1
+        self.received_total += 1
+        origin = Origin(self.peer, self._epoch, self.received)
+        return {ORIGIN_HEADER: origin.render(), HOPS_HEADER: self.peer}
+
+    async def run(self) -> None:
+        """Connect, serve the connection until it ends, wait, connect again: until :meth:`close`."""
+        service = self.service
+        timeout = aiohttp.ClientWSTimeout(ws_close=5.0)
+        headers = {HUB_HEADER: service.hub_id}  # a hubbub hub above refuses a link from its own ancestors
+        # A bound on opening the connection (an unreachable host), none on the connection's life.
+        limits = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=limits) as http:
+            first = True
+            while not self._stopping:
+                if not first:
+                    self.reconnects += 1
+                first = False
+                self.state = "connecting"
+                try:
+                    async with http.ws_connect(
+                        self.url,
+                        autoping=False,
+                        max_msg_size=service.http.max_frame,
+                        timeout=timeout,
+                        headers=headers,
+                    ) as ws:
+                        reason = self._refusal(_upgrade_headers(ws))
+                        if reason is not None:
+                            self.state = "refused"
+                            log.error("wearscript upstream refused: %s", reason, extra={"link": self.peer})
+                            await ws.close()
+                        else:
+                            await self._serve(ws)
+                except aiohttp.WSServerHandshakeError as exc:
+                    if exc.status == 409:  # the hub above sees this one above it already
+                        self.state = "refused"
+                        log.error("wearscript upstream refused: a cycle", extra={"link": self.peer})
+                    else:
+                        log.warning(
+                            "wearscript upstream refused the upgrade: %s (a token in the URL?)",
+                            exc.status,
+                            extra={"link": self.peer},
+                        )
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    log.info(
+                        "wearscript upstream unreachable: %s: %s",
+                        type(exc).__name__,
+                        exc,
+                        extra={"link": self.peer},
+                    )
+                if self._stopping:
+                    break
+                if self.state != "refused":
+                    self.state = "down"  # unreachable, or the connection ended
+                await asyncio.sleep(self.backoff.next_delay())
+
+    def _refusal(self, headers: Mapping[str, str]) -> str | None:
+        """Why the hub above may not be linked to (a cycle it reports), or ``None``."""
+        upstream = headers.get(HUB_HEADER)
+        if not upstream:
+            return None  # not a hubbub hub: nothing to check
+        above = [h for h in headers.get(ABOVE_HEADER, "").split(",") if h]
+        return cycle_reason(self.service.hub_id, upstream, above)
+
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        service = self.service
+        self._epoch = "".join(secrets.choice(_EPOCH) for _ in range(8))
+        self.received = 0
+        headers = _upgrade_headers(ws)
+        upstream = headers.get(HUB_HEADER)
+        above = headers.get(ABOVE_HEADER, "")
+        service.above = ([upstream] if upstream else []) + [h for h in above.split(",") if h]
+        loop = set(service.above) & set(service.below)
+        if loop:
+            # Two links came up at once, each before the other was known: the hub above is below this one
+            # too. Give up this side (the other side may do the same; the jittered retries settle it).
+            service.above = []
+            self.state = "refused"
+            log.error("wearscript upstream refused: %s is below this hub too", ",".join(sorted(loop)))
+            return
+        self.state = "up"
+        self.backoff.reset()
+        log.info("wearscript upstream up", extra={"link": self.peer})
+        try:
+            await serve(service, ws, ANONYMOUS, encoder=self.encoder, publish_headers=self._stamp)
+        finally:
+            service.above = []
+            log.info("wearscript upstream down", extra={"link": self.peer})
+
+
+def _upgrade_headers(ws: aiohttp.ClientWebSocketResponse) -> Mapping[str, str]:
+    """The upgrade response's headers (aiohttp keeps the response here and has no public accessor)."""
+    response = getattr(ws, "_response", None)
+    headers: Mapping[str, str] = response.headers if response is not None else {}
+    return headers
+
+
+class WearscriptLinkCollector:
+    """The link on ``/metrics``: ``hubbub_wearscript_link_up`` (1 while connected),
+    ``hubbub_wearscript_link_state`` (1 for the current state), ``hubbub_wearscript_link_reconnects`` and
+    ``hubbub_wearscript_link_events`` (``direction`` ``up``: events queued up the link, ``down``: data
+    messages that came down and were published here), each labelled with the link's name."""
+
+    def __init__(self, link: WearscriptUpstream) -> None:
+        self.link = link
+
+    def collect(self) -> Iterator[Any]:
+        link = self.link
+        up = GaugeMetricFamily(
+            "hubbub_wearscript_link_up", "WearScript upstream link connected", labels=["link"]
+        )
+        up.add_metric([link.peer], 1 if link.state == "up" else 0)
+        yield up
+        state = GaugeMetricFamily(
+            "hubbub_wearscript_link_state", "WearScript upstream link state", labels=["link", "state"]
+        )
+        for s in ("connecting", "up", "down", "refused"):
+            state.add_metric([link.peer, s], 1 if link.state == s else 0)
+        yield state
+        rc = CounterMetricFamily(
+            "hubbub_wearscript_link_reconnects",
+            "WearScript upstream connections after the first",
+            labels=["link"],
+        )
+        rc.add_metric([link.peer], link.reconnects)
+        yield rc
+        ev = CounterMetricFamily(
+            "hubbub_wearscript_link_events",
+            "Events over the WearScript upstream link",
+            labels=["link", "direction"],
+        )
+        ev.add_metric([link.peer, "up"], link.encoder.forwarded)
+        ev.add_metric([link.peer, "down"], link.received_total)
+        yield ev
