@@ -47,7 +47,7 @@ MAX_MODULE_LINES = 800
 MAX_CLASS_LINES = 300
 CLASS_LIMITED = ("core", "transports")
 #: Classes over the limit today, each with its line count then: a ratchet, as OVER_MODULE_LIMIT.
-OVER_CLASS_LIMIT: dict[str, int] = {"core/consumers.py:ConsumerService": 545}
+OVER_CLASS_LIMIT: dict[str, int] = {}
 #: Modules over the limit today, each with its line count then: a ratchet. The entry must go once the module
 #: is split (the test fails when the module shrank below the limit or grew past its count).
 OVER_MODULE_LIMIT: dict[str, int] = {}

@@ -1,0 +1,330 @@
+"""How a durable consumer's journal reaches its openers: journal notifications, backlog reads, batching, and
+the settle writes. Parts of :class:`~hubbub.core.ConsumerService` (:mod:`hubbub.core.consumers` states the
+rules); loop thread only.
+
+* :class:`Settles` collects one loop tick's acks and retries (nack backoffs, items given back) and writes
+  them together on the writer thread.
+* :class:`Delivery` takes each commit's journal items (the batcher's ``commit_hook``), reads backlogs in
+  pages, and hands pending items to idle openers in batches (``batch_wait_ms``, ``batch_bytes``, round-robin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Final
+
+from hubbub.errors import HubbubError
+from hubbub.log.base import AppendResult, LogStore
+from hubbub.log.consumers import JournalItem, Retry
+
+from .consumer_groups import LiveGroups
+from .consumer_state import NS, Batch, ConsumerState, Opener, Outstanding
+from .node import Node
+
+__all__ = ["Delivery", "Settles"]
+
+log = logging.getLogger("hubbub.consumers")
+
+#: How long to wait before reading a backlog again after a failed read.
+_RETRY_READ_S: Final = 1.0
+
+Spawn = Callable[[Coroutine[Any, Any, None], str], None]
+
+
+class Settles:
+    """Acks and retries of this loop tick, written in one store transaction on the writer thread."""
+
+    def __init__(self, node: Node, spawn: Spawn) -> None:
+        self._node = node
+        self._spawn = spawn
+        self.acks: list[tuple[int, tuple[int, ...]]] = []
+        self.retries: list[Retry] = []
+        self._fut: asyncio.Future[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def queued(self) -> bool:
+        return bool(self.acks or self.retries)
+
+    def soon(self) -> asyncio.Future[None]:
+        """The future of the settle write that takes what is queued now (one per loop tick)."""
+        fut = self._fut
+        if fut is None:
+            assert self.loop is not None
+            fut = self._fut = self.loop.create_future()
+            self.loop.call_soon(self.write)
+        return fut
+
+    def write(self) -> None:
+        fut, self._fut = self._fut, None
+        acks, self.acks = self.acks, []
+        retries, self.retries = self.retries, []
+
+        async def write() -> None:
+            try:
+                await self._node.batcher.control(lambda st: _settle(st, acks, retries))
+            except BaseException as exc:
+                if fut is not None and not fut.done():
+                    fut.set_exception(exc)
+                    fut.exception()  # retrieved: an opener that went away does not wait for it
+                if not isinstance(exc, HubbubError):
+                    raise
+                log.warning("storing consumer acks failed: %s", exc)
+                return
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+        if acks or retries:
+            self._spawn(write(), "consumer-settle")
+        elif fut is not None and not fut.done():
+            fut.set_result(None)
+
+
+class Delivery:
+    """Journal items in, batches out. ``by_id`` is the service's own map of consumers (shared, not copied);
+    ``close_opener(opener, reason)`` closes an opener whose callback failed."""
+
+    def __init__(
+        self,
+        node: Node,
+        by_id: dict[int, ConsumerState],
+        groups: LiveGroups,
+        settles: Settles,
+        spawn: Spawn,
+        close_opener: Callable[[Opener, str], None],
+        max_items: int,
+    ) -> None:
+        self._node = node
+        self._by_id = by_id
+        self._groups = groups
+        self._settles = settles
+        self._spawn = spawn
+        self._close_opener = close_opener
+        self.max_items = max_items
+        self._dirty: set[ConsumerState] = set()
+        self._pump_scheduled = False
+        # Consumer ids that journal notifications named before the service knew them (see adopt).
+        self._unknown: set[int] = set()
+        self._unknown_overflow = False
+        #: Creates under way (their consumer may journal before create() resumes).
+        self.creating = 0
+        self.closing = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        # statistics
+        self.batches = 0
+        self.redelivered = 0
+
+    def adopt(self, c: ConsumerState, *, new: bool) -> None:
+        """Start serving ``c``. One just created (``new``) has an empty journal: unless a notification
+        already named it, everything it gets comes through notifications, and nothing is read."""
+        if new and not self._unknown_overflow and c.id not in self._unknown:
+            c.backlog = False
+        else:
+            self._spawn(self.fill(c), f"consumer-fill-{c.id}")
+        self._unknown.discard(c.id)
+
+    # -- journal notifications -----------------------------------------------------------------------------
+
+    def committed(self, results: list[AppendResult]) -> None:
+        """The batcher's ``commit_hook``: take each commit's journal items, and feed live groups."""
+        by_id = self._by_id
+        groups = self._groups.index
+        if not by_id and not groups and not self.creating:
+            return  # nothing to do per event (a create under way must see its early items: _unknown)
+        for r in results:
+            if r.duplicate:
+                continue
+            if r.journal:
+                ev = r.event
+                for cid, pos in r.journal:
+                    c = by_id.get(cid)
+                    if c is None:
+                        # Not known yet (created, and its create() not resumed): it reads its journal.
+                        if len(self._unknown) < 4096:
+                            self._unknown.add(cid)
+                        else:
+                            self._unknown_overflow = True
+                        continue
+                    if c.backlog or c.reading or len(c.items) >= self.max_items:
+                        c.backlog = c.dropped = True
+                        self.schedule(c)
+                        continue
+                    c.items[pos] = JournalItem(pos, ev)
+                    c.loaded_to = pos
+                    heapq.heappush(c.ready, pos)
+                    c.ready_bytes += ev.size
+                    self.schedule(c)
+            if groups:
+                self._groups.deliver(r.event)
+
+    async def fill(self, c: ConsumerState) -> None:
+        """Read the consumer's items beyond ``loaded_to`` from the store while it has a backlog and room."""
+        if c.reading:
+            return
+        c.reading = True
+        try:
+            while c.backlog and not c.deleted and not self.closing:
+                room = self.max_items - len(c.items)
+                if room < max(self.max_items // 4, 1):
+                    return  # called again as items are acknowledged
+                c.dropped = False
+                try:
+                    got: list[JournalItem] = await self._node.reads.call(_items, c.id, c.loaded_to, room)
+                except HubbubError as exc:
+                    log.warning("reading consumer %s failed: %s", c.spec.name, exc)
+                    await asyncio.sleep(_RETRY_READ_S)
+                    continue
+                if c.deleted:
+                    return
+                now_ns = time.time_ns()
+                for it in got:
+                    if it.pos in c.items or it.pos <= c.loaded_to:
+                        continue
+                    c.items[it.pos] = it
+                    if it.not_before_ns > now_ns:
+                        heapq.heappush(c.delayed, (it.not_before_ns, it.pos))
+                    else:
+                        heapq.heappush(c.ready, it.pos)
+                        c.ready_bytes += it.event.size
+                if got:
+                    c.loaded_to = max(c.loaded_to, got[-1].pos)
+                if len(got) < room and not c.dropped:
+                    c.backlog = False
+                self.schedule(c)
+        finally:
+            c.reading = False
+
+    # -- batching -------------------------------------------------------------------------------------------
+
+    def schedule(self, c: ConsumerState) -> None:
+        """Pump ``c`` once at the end of this loop tick (coalescing a tick's commits and acks)."""
+        self._dirty.add(c)
+        if not self._pump_scheduled and self.loop is not None:
+            self._pump_scheduled = True
+            self.loop.call_soon(self._pump_dirty)
+
+    def _pump_dirty(self) -> None:
+        self._pump_scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for c in dirty:
+            self._pump(c)
+
+    def _timer(self, c: ConsumerState, delay: float) -> None:
+        if c.timer is not None:
+            c.timer.cancel()
+        assert self.loop is not None
+        c.timer = self.loop.call_later(max(delay, 0.0), self._on_timer, c)
+
+    def _on_timer(self, c: ConsumerState) -> None:
+        c.timer = None
+        self._pump(c)
+
+    def _pump(self, c: ConsumerState) -> None:
+        """Hand out what can go out now; arm the timer for what must wait (batch wait, backoff)."""
+        if c.deleted or self.closing:
+            return
+        if c.backlog and not c.reading and len(c.items) < self.max_items * 3 // 4:
+            self._spawn(self.fill(c), f"consumer-fill-{c.id}")
+        now_ns = time.time_ns()
+        while c.delayed and c.delayed[0][0] <= now_ns:
+            _, pos = heapq.heappop(c.delayed)
+            it = c.items.get(pos)
+            if it is not None:
+                heapq.heappush(c.ready, pos)
+                c.ready_bytes += it.event.size
+        idle = [o for o in c.openers if o.batch is None and not o.settling]
+        # Ordered delivery (no shared openers): nothing passes a batch that waits out its backoff.
+        ordered = not any(o.shared for o in c.openers)
+        wake: float | None = (c.delayed[0][0] - now_ns) / NS if c.delayed and c.openers else None
+        if idle and c.ready and not (ordered and c.delayed):
+            assert self.loop is not None
+            now = self.loop.time()
+            if c.wait_start is None:
+                c.wait_start = now
+            deadline = c.wait_start + c.spec.batch_wait_ms / 1000
+            full = c.ready_bytes >= c.spec.batch_bytes or any(
+                o.batch_max and len(c.ready) >= o.batch_max for o in idle
+            )
+            if not full and now < deadline:
+                wake = deadline - now if wake is None else min(wake, deadline - now)
+            else:
+                c.wait_start = None
+                # A copy: a batch callback may close its opener (or another) at once.
+                ring = list(c.openers)
+                n = len(ring)
+                start = c.rr % n
+                for k in range(n):
+                    if not c.ready:
+                        break
+                    o = ring[(start + k) % n]
+                    if not o.closed and o.batch is None and not o.settling:
+                        self._dispatch(c, o)
+                        c.rr = (start + k + 1) % n
+        else:
+            c.wait_start = None
+        if wake is not None:
+            self._timer(c, wake)
+        elif c.timer is not None:
+            c.timer.cancel()
+            c.timer = None
+
+    def _dispatch(self, c: ConsumerState, o: Opener) -> None:
+        limit = c.spec.batch_bytes
+        most = o.batch_max or len(c.ready)
+        out: list[JournalItem] = []
+        size = 0
+        while c.ready and len(out) < most:
+            it = c.items.get(c.ready[0])
+            if it is None:  # acknowledged meanwhile (cannot happen while pending; kept for safety)
+                heapq.heappop(c.ready)
+                continue
+            s = it.event.size
+            if out and size + s > limit:
+                break
+            heapq.heappop(c.ready)
+            c.ready_bytes -= s
+            size += s
+            out.append(it)
+        if not out:
+            return
+        number = c.next_batch
+        c.next_batch += 1
+        c.outstanding[number] = Outstanding(o, tuple(it.pos for it in out))
+        o.batch = number
+        self.batches += 1
+        self.redelivered += sum(1 for it in out if it.attempts)
+        try:
+            o.deliver(Batch(c.spec.name, number, tuple(out)))
+        except Exception:
+            log.exception("a consumer's batch callback failed; closing the opener")
+            self._close_opener(o, "error")
+
+    def give_back(self, c: ConsumerState, positions: Sequence[int], not_before_ns: int) -> None:
+        """Outstanding items back to pending (attempts + 1), now or after ``not_before_ns``; stored."""
+        kept: list[int] = []
+        for pos in positions:
+            it = c.items.get(pos)
+            if it is None:
+                continue
+            c.items[pos] = JournalItem(pos, it.event, it.attempts + 1, not_before_ns)
+            kept.append(pos)
+            if not_before_ns:
+                heapq.heappush(c.delayed, (not_before_ns, pos))
+            else:
+                heapq.heappush(c.ready, pos)
+                c.ready_bytes += it.event.size
+        if kept:
+            self._settles.retries.append(Retry(c.id, tuple(kept), not_before_ns))
+            self._settles.soon()
+
+
+def _items(store: LogStore, consumer_id: int, after: int, limit: int) -> list[JournalItem]:
+    return store.consumer_items(consumer_id, after, limit)
+
+
+def _settle(store: LogStore, acks: list[tuple[int, tuple[int, ...]]], retries: list[Retry]) -> None:
+    store.consumer_settle(acks, retries)

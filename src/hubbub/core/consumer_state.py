@@ -1,0 +1,134 @@
+"""The durable-consumer service's values and per-consumer state (see :mod:`hubbub.core.consumers`).
+
+``Batch`` and ``Opener`` are public (re-exported by ``hubbub.core``); ``ConsumerState`` and ``Outstanding``
+are the service's own bookkeeping, shared by its parts (:mod:`.consumers`, :mod:`.consumer_delivery`).
+Loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem
+
+if TYPE_CHECKING:
+    from .consumers import ConsumerService
+
+__all__ = ["BACKOFF_MAX_NS", "BACKOFF_STEP_NS", "Batch", "ConsumerState", "Opener", "Outstanding"]
+
+NS: Final = 1_000_000_000
+#: Nack backoff: this much per attempt, at most :data:`BACKOFF_MAX_NS` (qpubs.md §6).
+BACKOFF_STEP_NS: Final = 100_000_000
+BACKOFF_MAX_NS: Final = 5 * NS
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One batch handed to an opener. ``number`` increases per consumer (a redelivery gets a new one);
+    ``items`` keep their journal positions."""
+
+    consumer: str
+    number: int
+    items: tuple[JournalItem, ...]
+
+
+class Opener:
+    """One holder of a consumer (a qpubs ``openSubscription`` call, a native consume). Made by
+    :meth:`ConsumerService.open`; loop thread only."""
+
+    def __init__(
+        self,
+        service: ConsumerService,
+        consumer: ConsumerState,
+        shared: bool,
+        on_batch: Callable[[Batch], None],
+        on_close: Callable[[str], None] | None,
+        batch_max: int = 0,
+    ) -> None:
+        self._service = service
+        self._consumer = consumer
+        self.shared = shared
+        #: The most items per batch for this opener (0: only ``batch_bytes`` limits it).
+        self.batch_max = max(batch_max, 0)
+        self._on_batch = on_batch
+        self._on_close = on_close
+        #: The batch this opener holds (its number), if any.
+        self.batch: int | None = None
+        #: An ack of this opener is being stored: no new batch until it is.
+        self.settling = False
+        self.closed = False
+
+    @property
+    def name(self) -> str:
+        return self._consumer.info.spec.name
+
+    @property
+    def consumer(self) -> ConsumerState:
+        return self._consumer
+
+    def deliver(self, batch: Batch) -> None:
+        """Hand ``batch`` to the opener's callback (the service's parts only)."""
+        self._on_batch(batch)
+
+    def notify_close(self, reason: str) -> None:
+        if self._on_close is not None:
+            self._on_close(reason)
+
+    async def ack(self, batch: int) -> None:
+        """Acknowledge the whole batch: its items leave the journal, durably, before this returns and before
+        this opener gets another batch. Raises :class:`UnknownBatch` when this opener does not hold it, and
+        ``StorageError`` when it could not be stored (the items are then delivered again)."""
+        await self._service._ack(self, batch)
+
+    async def nack(self, batch: int) -> None:
+        """Give the batch back: delivered again (to any opener) after the backoff. Raises
+        :class:`UnknownBatch` as :meth:`ack` does."""
+        await self._service._nack(self, batch)
+
+    def close(self) -> None:
+        """Stop holding the consumer; an outstanding batch goes back to pending at once. Idempotent."""
+        self._service._close_opener(self, "closed", notify=False)
+
+
+@dataclass(eq=False, slots=True)
+class Outstanding:
+    opener: Opener
+    positions: tuple[int, ...]
+
+
+@dataclass(eq=False, slots=True)
+class ConsumerState:
+    """The service's state of one consumer (loop thread only)."""
+
+    info: ConsumerInfo
+    #: Unacknowledged items held in memory (pending or outstanding), by position.
+    items: dict[int, JournalItem] = field(default_factory=dict)
+    #: Pending positions that may go out now (a heap) and their bytes.
+    ready: list[int] = field(default_factory=list)
+    ready_bytes: int = 0
+    #: Pending positions waiting out a backoff: a heap of (not_before_ns, pos).
+    delayed: list[tuple[int, int]] = field(default_factory=list)
+    outstanding: dict[int, Outstanding] = field(default_factory=dict)
+    openers: list[Opener] = field(default_factory=list)
+    rr: int = 0
+    next_batch: int = 1
+    #: Whether the store may hold items not in memory, above ``loaded_to``.
+    backlog: bool = True
+    loaded_to: int = 0
+    reading: bool = False
+    dropped: bool = False
+    #: When the current batch wait started (loop time), and its timer.
+    wait_start: float | None = None
+    timer: asyncio.TimerHandle | None = None
+    deleted: bool = False
+
+    @property
+    def id(self) -> int:
+        return self.info.id
+
+    @property
+    def spec(self) -> ConsumerSpec:
+        return self.info.spec
