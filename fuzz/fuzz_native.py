@@ -68,7 +68,20 @@ def _ok(item: object) -> None:
         assert item.code in CODES, f"undocumented error code {item.code}: {item!r}"
     else:
         assert isinstance(
-            item, nc.Hello | nc.Subscribe | nc.Unsubscribe | nc.Publish | nc.Ping | nc.Pong | nc.Auth
+            item,
+            nc.Hello
+            | nc.Subscribe
+            | nc.Unsubscribe
+            | nc.Publish
+            | nc.Ping
+            | nc.Pong
+            | nc.Auth
+            | nc.ConsumerCreate
+            | nc.Consume
+            | nc.Unconsume
+            | nc.ConsumerDelete
+            | nc.Ack
+            | nc.Nack,
         ), item
 
 
@@ -156,10 +169,14 @@ def check_stream_runs(chunks: list[bytes], max_frame: int) -> None:
 
 # -- strategies -------------------------------------------------------------------------------------------
 
-OPS = ["hello", "subscribe", "unsubscribe", "publish", "ping", "pong", "auth", "frobnicate", ""]
+OPS = [
+    "hello", "subscribe", "unsubscribe", "publish", "ping", "pong", "auth", "frobnicate", "",
+    "consumer_create", "consumer_delete", "consume", "unconsume", "ack", "nack",
+]  # fmt: skip
 FIELDS = [
     "op", "id", "v", "token", "client", "echo", "batch", "sub", "pattern", "tags", "since", "last",
     "from_time", "channel", "json", "text", "b64", "payload", "content_type", "headers", "idem", "ack",
+    "consumer", "create", "reuse", "shared", "max", "batch_wait_ms", "batch_bytes",
 ]  # fmt: skip
 
 raw_bytes = st.binary(max_size=600)
@@ -220,6 +237,13 @@ _FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "headers": headers | values,
     "idem": st.text(max_size=130) | _scalars,
     "ack": st.booleans() | _scalars,
+    "consumer": st.sampled_from(["jobs", "a.b-c_9", "", "a/b", "x" * 129]) | st.text(max_size=10) | _scalars,
+    "create": st.booleans() | _scalars,
+    "reuse": st.booleans() | _scalars,
+    "shared": st.booleans() | _scalars,
+    "max": _ints | _scalars,
+    "batch_wait_ms": _ints | _scalars,
+    "batch_bytes": _ints | _scalars,
 }
 
 

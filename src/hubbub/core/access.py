@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Final
 
 from hubbub.auth import ANONYMOUS, AllowAll, Authenticator, Authorizer, Identity
-from hubbub.channels import Pattern
+from hubbub.channels import Pattern, parse_pattern
 from hubbub.disconnect import Disconnect
 from hubbub.errors import CODES, AuthError
 from hubbub.events import Position
@@ -138,6 +138,19 @@ class Access:
         except AuthError as exc:
             self.refused(exc, dialect, "", identity.user if identity else "")
             raise
+
+    def check_consume(self, identity: Identity | None, pattern: Pattern | None, dialect: str) -> None:
+        """A durable consumer hands out every event its pattern matches, unfiltered: using one takes the
+        subscribe permission over the whole ``pattern`` (``None``: a pattern that is not native, which
+        only a token that may read everything covers), or admin. Else ``AuthError`` 4102."""
+        az = self.authorizer
+        if not az.enabled or az.may_admin(identity):
+            return
+        if az.reads_everything(identity, pattern if pattern is not None else parse_pattern("/**")):
+            return
+        exc = AuthError("consume not allowed", code=4102)
+        self.refused(exc, dialect, "", identity.user if identity else "", pattern.text if pattern else "")
+        raise exc
 
     # -- audit ------------------------------------------------------------------------------------------
 

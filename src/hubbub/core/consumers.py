@@ -97,6 +97,7 @@ class ConsumerService:
         """Load every consumer (their unacknowledged items become pending) and hook into the node."""
         self._delivery.loop = self._settles.loop = asyncio.get_running_loop()
         self._node.batcher.commit_hook = self._delivery.committed
+        self._node.consumers = self
         infos: list[ConsumerInfo] = await self._node.reads.call(lambda st: st.consumers())
         for info in infos:
             if info.spec.name not in self._by_name:
@@ -109,6 +110,8 @@ class ConsumerService:
         self._closing = self._delivery.closing = True
         if self._node.batcher.commit_hook == self._delivery.committed:
             self._node.batcher.commit_hook = None
+        if self._node.consumers is self:
+            self._node.consumers = None
         for c in list(self._by_name.values()):
             for o in list(c.openers):
                 self._close_opener(o, "shutdown", notify=True)

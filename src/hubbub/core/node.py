@@ -37,7 +37,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from hubbub.auth import Authenticator, Authorizer, Identity
 from hubbub.channels import Pattern
@@ -55,6 +55,9 @@ from .replay_service import REPLAY_PAGE, ReplayService
 from .session import Session
 from .stats import Histogram
 from .subscriptions import Subscription, SubscriptionRegistry
+
+if TYPE_CHECKING:
+    from .consumers import ConsumerService
 
 __all__ = ["REPLAY_PAGE", "EpochMismatch", "Histogram", "Node", "NodeSettings", "Subscription", "Trimmed"]
 
@@ -177,6 +180,7 @@ class Node:
         self.subscriptions = r.subscriptions
         self.watch_subscriptions = r.watch
         self._relay: Relay | None = None
+        self.consumers: ConsumerService | None = None  # set by the service while it runs (docs/consumers.md)
 
     # -- lifecycle --------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ module-level functions are pure and thread-safe.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -41,6 +42,7 @@ from hubbub.errors import (
 from hubbub.events import Event, Position
 
 from .native_commands import (
+    CONSUMER_OPS,
     MAX_ID,
     MAX_U64,
     Auth,
@@ -78,6 +80,7 @@ from .native_common import (
     pack_batches,
     plain,
 )
+from .native_consumers import deliver_frame, parse_consumer_op
 
 __all__ = [
     "CHANNEL_CACHE_SIZE",
@@ -118,6 +121,7 @@ PUSH_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "gap": ("sub", "channel", "since", "position", "reason"),
     "ping": (),
     "pong": ("id",),
+    "consumer_closed": ("consumer", "reason"),
 }
 
 
@@ -191,6 +195,8 @@ class NativeCodec:
             "pong": self._pong,
             "auth": self._auth,
         }
+        for op in CONSUMER_OPS:
+            self._parsers[op] = functools.partial(parse_consumer_op, op, limits=self.limits)
 
     @property
     def binary(self) -> bool:
@@ -584,6 +590,10 @@ class NativeCodec:
         if replay:
             return b"".join((_MP_EVENT_REPLAY, self._packer.pack(subs), body, _MP_REPLAY))
         return b"".join((_MP_EVENT, self._packer.pack(subs), body))
+
+    def encode_deliver(self, consumer: str, batch: int, items: Sequence[Any]) -> bytes:
+        """A ``deliver`` push: one batch of a durable consumer (docs/native.md "Durable consumers")."""
+        return deliver_frame(self.encoding, consumer, batch, items)
 
     def encode_batch(self, frames: Sequence[bytes]) -> bytes:
         """``{"op":"batch","frames":[…]}`` from already-encoded frames, without re-encoding them."""

@@ -19,17 +19,24 @@ from hubbub.events import Position, fast_init
 from .native_common import DEFAULT_CONTENT_TYPE, dump_json_value
 
 __all__ = [
+    "CONSUMER_OPS",
     "MAX_ID",
     "MAX_SUB_CHARS",
     "MAX_U64",
+    "Ack",
     "Auth",
     "Command",
+    "Consume",
+    "ConsumerCreate",
+    "ConsumerDelete",
     "Hello",
+    "Nack",
     "Obj",
     "Ping",
     "Pong",
     "Publish",
     "Subscribe",
+    "Unconsume",
     "Unsubscribe",
     "is_int",
     "json_payload",
@@ -121,7 +128,92 @@ class Auth:
     token: str
 
 
-Command: TypeAlias = Hello | Subscribe | Unsubscribe | Publish | Ping | Pong | Auth
+# -- durable consumers (docs/native.md "Durable consumers"; parsed by :mod:`.native_consumers`) ----------
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerCreate:
+    """``consumer_create``: define a durable consumer (kept if it exists). ``pattern`` is canonical."""
+
+    id: int
+    consumer: str
+    pattern: Pattern
+    tags: tuple[str, ...] = ()
+    shared: bool = False
+    batch_wait_ms: int | None = None
+    batch_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Consume:
+    """``consume``: open a durable consumer on this connection (creating it from ``pattern`` when ``create``
+    and it does not exist). ``shared`` ``None``: the consumer's own. ``max``: the most items per batch
+    (0: only ``batch_bytes``)."""
+
+    id: int
+    consumer: str
+    pattern: Pattern | None = None
+    tags: tuple[str, ...] = ()
+    create: bool = True
+    reuse: bool = True
+    shared: bool | None = None
+    max: int = 0
+    batch_wait_ms: int | None = None
+    batch_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unconsume:
+    """``unconsume``: stop holding the consumer; an outstanding batch is redelivered."""
+
+    id: int
+    consumer: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerDelete:
+    """``consumer_delete``: remove the consumer and its journal."""
+
+    id: int
+    consumer: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """``ack``: the whole batch is done; its items leave the journal durably before the reply."""
+
+    id: int
+    consumer: str
+    batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """``nack``: give the batch back; its items are redelivered after the backoff."""
+
+    id: int
+    consumer: str
+    batch: int
+
+
+#: The consumer commands' ops.
+CONSUMER_OPS: Final = ("consumer_create", "consumer_delete", "consume", "unconsume", "ack", "nack")
+
+Command: TypeAlias = (
+    Hello
+    | Subscribe
+    | Unsubscribe
+    | Publish
+    | Ping
+    | Pong
+    | Auth
+    | ConsumerCreate
+    | Consume
+    | Unconsume
+    | ConsumerDelete
+    | Ack
+    | Nack
+)
 
 
 # -- field readers (raise BadRequest; the caller attaches the request id) --------------------------------

@@ -80,22 +80,24 @@ class ConsumerSpec:
     shared: bool = False
     batch_wait_ms: int = DEFAULT_BATCH_WAIT_MS
     batch_bytes: int = DEFAULT_BATCH_BYTES
+    #: Who created it (the native protocol's user; empty when unknown): deleting another's consumer takes
+    #: the admin permission (docs/native.md "Durable consumers").
+    owner: str = ""
 
     def to_json(self) -> str:
-        """The stored form (one text column): every field but ``name``."""
-        return json.dumps(
-            {
-                "pattern": self.pattern,
-                "syntax": self.syntax,
-                "separator": self.separator,
-                "tags": list(self.tags),
-                "shared": self.shared,
-                "batch_wait_ms": self.batch_wait_ms,
-                "batch_bytes": self.batch_bytes,
-            },
-            separators=(",", ":"),
-            sort_keys=True,
-        )
+        """The stored form (one text column): every field but ``name`` (``owner`` only when set)."""
+        d: dict[str, Any] = {
+            "pattern": self.pattern,
+            "syntax": self.syntax,
+            "separator": self.separator,
+            "tags": list(self.tags),
+            "shared": self.shared,
+            "batch_wait_ms": self.batch_wait_ms,
+            "batch_bytes": self.batch_bytes,
+        }
+        if self.owner:
+            d["owner"] = self.owner
+        return json.dumps(d, separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def from_json(cls, name: str, text: str) -> ConsumerSpec:
@@ -109,6 +111,7 @@ class ConsumerSpec:
             shared=bool(d.get("shared", False)),
             batch_wait_ms=int(d.get("batch_wait_ms", DEFAULT_BATCH_WAIT_MS)),
             batch_bytes=int(d.get("batch_bytes", DEFAULT_BATCH_BYTES)),
+            owner=str(d.get("owner", "")),
         )
 
 

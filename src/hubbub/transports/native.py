@@ -28,6 +28,7 @@ from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
 
+from .native_consume import CONSUMER_COMMANDS, NativeConsumers
 from .native_publish import NativePublishing
 from .pump import SessionPump, stopped
 
@@ -77,7 +78,7 @@ class NativeConnection(NativePublishing):
     the same encoding: neither keeps per-connection state.
     """
 
-    __slots__ = ("_pump", "_writer", "codec", "peer", "ping_interval", "upgrade_token")
+    __slots__ = ("_consumers", "_pump", "_writer", "codec", "peer", "ping_interval", "upgrade_token")
 
     def __init__(
         self,
@@ -135,6 +136,8 @@ class NativeConnection(NativePublishing):
         self.upgrade_token: str | None = None
         #: The peer's address, for the audit log.
         self.peer = ""
+        #: The durable consumers this connection holds (made by its first consumer op).
+        self._consumers: NativeConsumers | None = None
 
     # -- inbound ----------------------------------------------------------------------------------------
 
@@ -183,6 +186,13 @@ class NativeConnection(NativePublishing):
                 self.node.login(sess, cmd.token, self.peer)
                 self._publisher = Publisher("native", sess.user, sess.id, "")
                 sess.push(self.codec.encode_reply(cmd.id, {"user": sess.user}))
+            elif isinstance(cmd, CONSUMER_COMMANDS):
+                held = self._consumers
+                if held is None:
+                    held = self._consumers = NativeConsumers(
+                        self.node, sess, self.codec, self.proto.max_subscriptions
+                    )
+                await held.handle(cmd)
         except HubbubError as exc:
             self.proto.failed(exc, getattr(cmd, "id", None))
 
@@ -258,6 +268,8 @@ class NativeConnection(NativePublishing):
     async def finish(self) -> None:
         """The peer is gone: detach from the node and stop the writer and the keepalive."""
         Keepalive.for_interval(self.ping_interval).discard(self)
+        if self._consumers is not None:
+            self._consumers.close()  # their batches are redelivered at once
         self.node.detach(self.session)
         t = self._writer
         if t is not None:
