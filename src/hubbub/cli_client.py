@@ -1,8 +1,8 @@
-"""The client side of the ``hubbub`` command line: ``pub``, ``sub`` and ``log``.
+"""The client side of the ``hubbub`` command line: ``pub``, ``sub``, ``consume`` and ``log``.
 
-``pub`` and ``sub`` speak the native protocol through :class:`hubbub.client.AsyncClient`; ``log`` pages
-through the HTTP log API. Every command takes ``--url`` (env ``HUBBUB_URL``) and ``--token`` (env
-``HUBBUB_TOKEN``). Exit codes: 0 success, 1 a connection or server error (one line on stderr), 2 bad
+``pub``, ``sub`` and ``consume`` speak the native protocol through :class:`hubbub.client.AsyncClient`;
+``log`` pages through the HTTP log API. Every command takes ``--url`` (env ``HUBBUB_URL``) and ``--token``
+(env ``HUBBUB_TOKEN``). Exit codes: 0 success, 1 a connection or server error (one line on stderr), 2 bad
 arguments, 130 interrupted (Ctrl-C).
 """
 
@@ -47,7 +47,7 @@ class _UsageError(ValueError):
 
 
 def add_client_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``pub``, ``sub`` and ``log`` on the ``hubbub`` command's subparsers."""
+    """Register ``pub``, ``sub``, ``consume`` and ``log`` on the ``hubbub`` command's subparsers."""
     pub = subparsers.add_parser(
         "pub",
         help="publish events",
@@ -86,6 +86,29 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     sub.add_argument("--count", type=int, metavar="N", help="exit after N events")
     sub.add_argument("--output", choices=("text", "json"), default="text", help=_OUTPUT_HELP)
     sub.set_defaults(func=_cmd_sub, _command="sub")
+
+    con = subparsers.add_parser(
+        "consume",
+        help="read a durable consumer, acknowledging what it prints",
+        description="Open the durable consumer NAME (created on PATTERN when it does not exist; "
+        "docs/native.md 'Durable consumers') and print its events as they arrive, 'CHANNEL SEQ PAYLOAD' "
+        "per line or one JSON object per line with --output json (the event, with its journal position "
+        "'pos' and 'attempts'). Each batch is acknowledged once printed, so an event printed is never "
+        "delivered again; events not yet acknowledged when the command stops are delivered again later "
+        "(at least once). Reconnects on its own.",
+    )
+    _common(con)
+    con.add_argument("name", metavar="NAME", help="the consumer's name (1-128 of A-Z a-z 0-9 . _ -)")
+    con.add_argument("pattern", metavar="PATTERN", help="the channel or pattern it journals (on creation)")
+    con.add_argument("--shared", action="store_true", help="join it as a work queue member")
+    con.add_argument("--max", type=int, default=0, metavar="N", help="at most N events per batch")
+    con.add_argument("--tag", action="append", default=[], metavar="TAG", help="required tag (repeatable)")
+    con.add_argument(
+        "--count", type=int, metavar="N", help="exit after the batch that brings the events printed to N"
+    )
+    con.add_argument("--no-create", action="store_true", help="fail (4204) when it does not exist")
+    con.add_argument("--output", choices=("text", "json"), default="text", help=_OUTPUT_HELP)
+    con.set_defaults(func=_cmd_consume, _command="consume")
 
     logp = subparsers.add_parser(
         "log",
@@ -302,6 +325,42 @@ async def _sub(args: argparse.Namespace) -> int:
             else:
                 _write(sys.stdout, _event_text(item))
             seen += 1
+            if args.count is not None and seen >= args.count:
+                break
+    return 0
+
+
+# -- consume --------------------------------------------------------------------------------------------
+
+
+def _cmd_consume(args: argparse.Namespace) -> int:
+    return _run(args, _consume)
+
+
+async def _consume(args: argparse.Namespace) -> int:
+    if args.count is not None and args.count < 1:
+        raise _UsageError("--count must be at least 1")
+    if args.max < 0:
+        raise _UsageError("--max must be at least 0")
+    seen = 0
+    options: dict[str, Any] = {"max": args.max or None, "tags": args.tag or None}
+    if args.shared:
+        options["shared"] = True
+    if args.no_create:
+        options["create"] = False
+    async with (
+        _connect(args, reconnect=True) as client,
+        client.consume(args.name, args.pattern, **options) as consumer,
+    ):
+        async for batch in consumer:
+            for item in batch:
+                if args.output == "json":
+                    obj = {"pos": item.pos, "attempts": item.attempts, **event_as_dict(item.event)}
+                    _write(sys.stdout, orjson.dumps(obj).decode())
+                else:
+                    _write(sys.stdout, _event_text(item.event))
+                seen += 1
+            await batch.ack()
             if args.count is not None and seen >= args.count:
                 break
     return 0

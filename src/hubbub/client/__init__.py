@@ -24,7 +24,9 @@ from hubbub.client.aio import (
     event_as_dict,
     event_from_dict,
 )
-from hubbub.client.sync import Client, SyncSubscription
+from hubbub.client.consumer import Consumer, ConsumerBatch, ConsumerItem
+from hubbub.client.emitter import Emitter, Listener
+from hubbub.client.sync import Client, SyncBatch, SyncConsumer, SyncSubscription
 
 __all__ = [
     "AsyncClient",
@@ -34,10 +36,17 @@ __all__ = [
     "ClientConnectionError",
     "ClientStatistics",
     "ConnectionLost",
+    "Consumer",
+    "ConsumerBatch",
+    "ConsumerItem",
+    "Emitter",
     "Gap",
+    "Listener",
     "PublishAck",
     "Subscription",
     "SubscriptionStatistics",
+    "SyncBatch",
+    "SyncConsumer",
     "SyncSubscription",
     "error_from_frame",
     "event_as_dict",

@@ -68,6 +68,7 @@ from hubbub.client._wire import (
     event_as_dict,
     event_from_dict,
 )
+from hubbub.client.consumer import Consumer
 from hubbub.client.subscription import Subscription
 from hubbub.errors import BadFrame, FrameTooLarge, HubbubError
 from hubbub.events import Position
@@ -172,6 +173,7 @@ class AsyncClient:
         self._pending: dict[int, _Pending] = {}
         self._retry: list[_Pending] = []
         self._subs: dict[str, Subscription] = {}
+        self._consumers: dict[str, Consumer] = {}
         self._next_id = 0
         self._next_sub = 0
         self._stats = {"connects": 0, "disconnects": 0, "sent": 0, "received": 0, "events": 0, "unmatched": 0}
@@ -309,6 +311,11 @@ class AsyncClient:
             from_time=from_time,
             max_queue=max_queue if max_queue is not None else self._max_queue,
         )
+
+    def consume(self, name: str, pattern: str | None = None, **options: Any) -> Consumer:
+        """A durable consumer (:mod:`hubbub.client.consumer`); ``options``: the ``consume`` fields."""
+        self._check_open()
+        return Consumer(self, name, {"pattern": pattern, **options})
 
     def subscriptions(self) -> list[Subscription]:
         return list(self._subs.values())
@@ -550,7 +557,10 @@ class AsyncClient:
                 if not entry.future.done():
                     entry.future.set_exception(exc)
         self._set_connected(conn)
-        await asyncio.gather(*(self._subscribe_on(sub, conn) for sub in list(self._subs.values())))
+        await asyncio.gather(
+            *(self._subscribe_on(sub, conn) for sub in list(self._subs.values())),
+            *(c._open_on(conn) for c in list(self._consumers.values())),
+        )
 
     def _on_disconnect(self, conn: _Conn) -> HubbubError | None:
         """Fail or park what was in flight. Returns the final error when the client must not reconnect."""
@@ -590,8 +600,8 @@ class AsyncClient:
                 entry.future.set_exception(final)
         self._pending.clear()
         self._retry.clear()
-        for sub in list(self._subs.values()):
-            sub._end(error)
+        for sub in [*self._subs.values(), *self._consumers.values()]:
+            sub._end(error)  # type: ignore[attr-defined]  # both have _end
         self._connected.set()  # wake waiters; they see _final
 
     # -- requests ---------------------------------------------------------------------------------------
@@ -767,6 +777,8 @@ class AsyncClient:
             sub = self._subs.get(str(frame.get("sub")))
             if sub is not None and sub._conn is conn:
                 sub._on_recovered(frame)
+        elif op in ("deliver", "consumer_closed") and (c := self._consumers.get(frame.get("consumer"))):  # type: ignore[arg-type]
+            c._on_frame(conn, frame)
         elif op == "ping":
             pong: dict[str, Any] = {"op": "pong"}
             if "id" in frame:

@@ -35,9 +35,10 @@ from hubbub.client.aio import (
     Subscription,
     SubscriptionStatistics,
 )
+from hubbub.client.consumer import Consumer, ConsumerBatch, ConsumerItem
 from hubbub.events import Event, Position
 
-__all__ = ["Client", "SyncSubscription"]
+__all__ = ["Client", "SyncBatch", "SyncConsumer", "SyncSubscription"]
 
 T = TypeVar("T")
 
@@ -163,6 +164,95 @@ class SyncSubscription:
         return f"<SyncSubscription {self._sub.id} {self._sub.pattern!r}>"
 
 
+class SyncBatch:
+    """A blocking view of a :class:`ConsumerBatch`: iterate its items, then :meth:`ack` or :meth:`nack`."""
+
+    def __init__(self, client: Client, batch: ConsumerBatch) -> None:
+        self._client = client
+        self._batch = batch
+        self.number = batch.number
+        self.items = batch.items
+
+    @property
+    def events(self) -> list[Event]:
+        return self._batch.events
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[ConsumerItem]:
+        return iter(self.items)
+
+    def ack(self, timeout: float | None = None) -> None:
+        """See :meth:`ConsumerBatch.ack`: durable once this returns."""
+        self._client._thread.call(self._batch.ack(), timeout)
+
+    def nack(self, timeout: float | None = None) -> None:
+        self._client._thread.call(self._batch.nack(), timeout)
+
+    def __repr__(self) -> str:
+        return repr(self._batch).replace("ConsumerBatch", "SyncBatch")
+
+
+class SyncConsumer:
+    """A blocking iterator over a durable consumer's batches (:class:`Consumer`)."""
+
+    def __init__(self, client: Client, consumer: Consumer) -> None:
+        self._client = client
+        self._consumer = consumer
+
+    @property
+    def name(self) -> str:
+        return self._consumer.name
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self._consumer.info
+
+    @property
+    def closed(self) -> bool:
+        return self._consumer.closed
+
+    def __iter__(self) -> Iterator[SyncBatch]:
+        return self
+
+    def __next__(self) -> SyncBatch:
+        batch = self.get()
+        if batch is None:
+            raise StopIteration
+        return batch
+
+    def get(self, timeout: float | None = None) -> SyncBatch | None:
+        """The next batch; ``TimeoutError`` after ``timeout`` seconds; None once the consumer ended."""
+
+        async def next_batch() -> ConsumerBatch | None:
+            try:
+                return await self._consumer.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        batch = self._client._thread.call(next_batch(), timeout)
+        return None if batch is None else SyncBatch(self._client, batch)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop consuming; a batch not acknowledged is delivered again. Idempotent."""
+        if self._consumer.closed:
+            return
+        with contextlib.suppress(ClientClosed):
+            self._client._thread.call(self._consumer.close(), timeout)
+
+    def __enter__(self) -> SyncConsumer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SyncConsumer {self.name}>"
+
+
 class Client:
     """The blocking native-protocol client. ``Client(url, ...)`` or ``Client.connect(url, ...)`` connects.
 
@@ -256,6 +346,21 @@ class Client:
                 raise
 
         return SyncSubscription(self, self._thread.call(start(), timeout))
+
+    def consume(
+        self, name: str, pattern: str | None = None, *, timeout: float | None = None, **options: Any
+    ) -> SyncConsumer:
+        """Open a durable consumer and wait for the server's confirmation. See :meth:`AsyncClient.consume`."""
+
+        async def start() -> Consumer:
+            consumer = self._aclient.consume(name, pattern, **options)
+            try:
+                return await consumer
+            except BaseException:
+                await consumer.close()
+                raise
+
+        return SyncConsumer(self, self._thread.call(start(), timeout))
 
     def ping(self, timeout: float | None = None) -> None:
         self._thread.call(self._aclient.ping(), timeout)
