@@ -31,7 +31,9 @@ class Wire:
         self._writer: asyncio.StreamWriter | None = None
 
     @classmethod
-    async def open(cls, ports: dict[str, int], transport: str, encoding: str) -> Wire:
+    async def open(
+        cls, ports: dict[str, int], transport: str, encoding: str, token: str | None = None
+    ) -> Wire:
         w = cls(transport, encoding)
         if transport == "ws":
             w._http = aiohttp.ClientSession()
@@ -40,7 +42,7 @@ class Wire:
             )
         else:
             w._reader, w._writer = await asyncio.open_connection("127.0.0.1", ports["native"])
-        reply = await w.request({"op": "hello", "v": 1})
+        reply = await w.request({"op": "hello", "v": 1, **({"token": token} if token else {})})
         assert reply["op"] == "reply", reply
         return w
 

@@ -97,6 +97,9 @@ class NativeConsumers:
                 session.push(codec.encode_push("consumer_closed", consumer=name, reason=reason))
 
         before = existing is None
+        # The store's counts (the service's copy of a definition keeps those of its creation), read before
+        # the open: once open, batches may go out, and the reply must come first.
+        current = None if before else next((i for i in await svc.consumers() if i.spec.name == name), None)
         opener = await svc.open(
             name,
             on_batch,
@@ -112,7 +115,7 @@ class NativeConsumers:
             return
         holder.append(opener)
         self.table.opened(name, opener)
-        info = svc.info(name)
+        info = current or svc.info(name)
         fields = self._described(info, before and info is not None) if info is not None else {}
         fields["shared"] = opener.shared
         session.push(codec.encode_reply(cmd.id, fields))
