@@ -1,0 +1,255 @@
+"""Durable consumer throughput over the wire: events published, stored, delivered in batches and acknowledged,
+end to end, hubbub side by side with a JetStream durable pull consumer and Redis streams consumer groups.
+
+PYTHONPATH=src python bench/consumer_wire.py [--events 20000] [--events-single 4000] [--batches 1,100]
+    [--payload 100] [--peers hubbub,js,redis] [--json OUT]
+
+Each run starts a fresh server on a free loopback port (bench/procs.py): hubbub with the SQLite store and
+``--durability commit``, ``nats-server -js`` with file storage, ``redis-server`` with ``appendfsync
+everysec``.
+One publisher connection pipelines publishes in windows of 1000 (each acknowledged by the server once stored:
+hubbub ``publish`` with ``ack``, JetStream ``PubAck``, Redis ``XADD`` in a pipeline) while one consumer
+connection takes batches of at most B events and acknowledges each batch before it takes the next:
+
+* hubbub: ``consume`` with ``max`` B over native TCP msgpack; ``ack`` answered once the items are durably
+  gone from the journal; the next batch comes after it.
+* JetStream: a durable pull consumer with ``AckPolicy.ALL``; ``fetch(B)``, then ``ack_sync`` of the batch's
+  last message (acknowledges the batch, confirmed by the server).
+* Redis: ``XREADGROUP COUNT B`` on a consumer group, then ``XACK`` of the batch's ids.
+
+The figure is events acknowledged per second from the first publish to the last acknowledgement. A peer whose
+server binary or client library is missing is skipped, saying so. The driver is one Python process (asyncio)
+for every target, so client overhead is in every figure alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from procs import Server, available, start
+
+WINDOW = 1000
+
+
+# -- hubbub ------------------------------------------------------------------------------------------------
+
+
+class _Msgpack:
+    """One native TCP msgpack connection (length-prefixed frames)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.r, self.w = reader, writer
+        self.ids = 0
+
+    @classmethod
+    async def open(cls, port: int) -> _Msgpack:
+        r, w = await asyncio.open_connection("127.0.0.1", port, limit=1 << 26)
+        c = cls(r, w)
+        c.send({"op": "hello", "id": 1, "v": 1})
+        assert (await c.recv())["op"] == "reply"
+        return c
+
+    def send(self, obj: dict[str, Any]) -> None:
+        data = msgpack.packb(obj, use_bin_type=True)
+        self.w.write(len(data).to_bytes(4, "big") + data)
+
+    async def recv(self) -> dict[str, Any]:
+        while True:
+            n = int.from_bytes(await self.r.readexactly(4), "big")
+            obj: dict[str, Any] = msgpack.unpackb(await self.r.readexactly(n), raw=False)
+            if obj.get("op") != "ping":
+                return obj
+            self.send({"op": "pong"})
+
+    def close(self) -> None:
+        self.w.close()
+
+
+async def hubbub_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
+    port = srv.specs["hubbub"].port
+    pub, con = await _Msgpack.open(port), await _Msgpack.open(port)
+    con.send({"op": "consume", "id": 2, "consumer": "bench", "pattern": "/bench/**", "max": batch})
+    reply = await con.recv()
+    assert reply["op"] == "reply", reply
+    done = 0
+
+    async def publish() -> None:
+        i = 0
+        while i < n:
+            k = min(WINDOW, n - i)
+            for j in range(k):
+                pub.send(
+                    {"op": "publish", "id": i + j, "channel": "/bench/a", "payload": payload, "ack": True}
+                )
+            for _ in range(k):
+                r = await pub.recv()
+                assert r["op"] == "reply", r
+            i += k
+
+    async def consume() -> None:
+        nonlocal done
+        rid = 10
+        while done < n:
+            d = await con.recv()
+            assert d["op"] == "deliver", d
+            rid += 1
+            con.send({"op": "ack", "id": rid, "consumer": "bench", "batch": d["batch"]})
+            done += len(d["items"])
+            r = await con.recv()
+            assert r["op"] == "reply" and r["id"] == rid, r
+
+    t0 = time.perf_counter()
+    await asyncio.gather(publish(), consume())
+    rate = n / (time.perf_counter() - t0)
+    pub.close()
+    con.close()
+    return rate
+
+
+# -- JetStream ---------------------------------------------------------------------------------------------
+
+
+async def js_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    url = f"nats://127.0.0.1:{srv.specs['js'].port}"
+    pnc, cnc = await nats.connect(url), await nats.connect(url)
+    pjs, cjs = pnc.jetstream(), cnc.jetstream()
+    cfg = ConsumerConfig(ack_policy=AckPolicy.ALL, max_ack_pending=-1, max_waiting=512)
+    psub = await cjs.pull_subscribe("js.bench", durable="bench", config=cfg)
+    done = 0
+
+    async def publish() -> None:
+        i = 0
+        while i < n:
+            k = min(WINDOW, n - i)
+            await asyncio.gather(*(pjs.publish("js.bench", payload) for _ in range(k)))
+            i += k
+
+    async def consume() -> None:
+        nonlocal done
+        while done < n:
+            try:
+                msgs = await psub.fetch(batch, timeout=5)
+            except nats.errors.TimeoutError:
+                continue
+            await msgs[-1].ack_sync()
+            done += len(msgs)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(publish(), consume())
+    rate = n / (time.perf_counter() - t0)
+    await pnc.close()
+    await cnc.close()
+    return rate
+
+
+# -- Redis streams -----------------------------------------------------------------------------------------
+
+
+async def redis_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
+    import redis.asyncio as aioredis
+
+    port = srv.specs["xredis"].port
+    p, c = aioredis.Redis(port=port), aioredis.Redis(port=port)
+    await c.xgroup_create("bench", "g", id="0", mkstream=True)
+    done = 0
+
+    async def publish() -> None:
+        i = 0
+        while i < n:
+            k = min(WINDOW, n - i)
+            pipe = p.pipeline(transaction=False)
+            for _ in range(k):
+                pipe.xadd("bench", {"p": payload})
+            await pipe.execute()
+            i += k
+
+    async def consume() -> None:
+        nonlocal done
+        while done < n:
+            got = await c.xreadgroup("g", "c1", {"bench": ">"}, count=batch, block=1000)
+            if not got:
+                continue
+            ids = [mid for mid, _ in got[0][1]]
+            await c.xack("bench", "g", *ids)
+            done += len(ids)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(publish(), consume())
+    rate = n / (time.perf_counter() - t0)
+    await p.aclose()
+    await c.aclose()
+    return rate
+
+
+# -- driver ------------------------------------------------------------------------------------------------
+
+PEERS: dict[str, tuple[str, Callable[[Server, int, int, bytes], Awaitable[float]], str]] = {
+    "hubbub": ("hubbub-commit", hubbub_run, "SQLite, durability commit"),
+    "js": ("js", js_run, "JetStream file storage, AckPolicy.ALL"),
+    "redis": ("redis-aof-commit", redis_run, "AOF appendfsync everysec"),
+}
+
+
+def _missing(peer: str) -> str | None:
+    if peer == "js":
+        if available("nats") is None:
+            return "nats-server not found (apt-get install -y nats-server)"
+        try:
+            import nats  # noqa: F401
+        except ImportError:
+            return "nats-py not installed (the dev extras)"
+    if peer == "redis" and available("redis") is None:
+        return "redis-server not found"
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=20_000, help="events per run with batches above 1")
+    ap.add_argument("--events-single", type=int, default=4_000, help="events per run with batch 1")
+    ap.add_argument("--batches", default="1,100")
+    ap.add_argument("--payload", type=int, default=100)
+    ap.add_argument("--peers", default="hubbub,js,redis")
+    ap.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
+    a = ap.parse_args()
+    payload = b"x" * a.payload
+    rows: list[dict[str, Any]] = []
+    print(f"# {platform.node()} nproc={os.cpu_count()} load={os.getloadavg()[0]:.2f} payload={a.payload}B")
+    for batch in (int(b) for b in a.batches.split(",")):
+        n = a.events_single if batch == 1 else a.events
+        for peer in a.peers.split(","):
+            why = _missing(peer)
+            if why is not None:
+                print(f"batch={batch:<4} {peer:<7} skipped: {why}")
+                continue
+            target, fn, what = PEERS[peer]
+            srv = start(target)
+            try:
+                rate = asyncio.run(fn(srv, n, batch, payload))
+            finally:
+                srv.stop()
+            rows.append({"batch": batch, "peer": peer, "events": n, "rate": rate, "setup": what})
+            print(f"batch={batch:<4} {peer:<7} {rate:>10,.0f} events/s acked end to end ({n} events; {what})")
+    print(f"# load after: {os.getloadavg()[0]:.2f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
