@@ -8,7 +8,7 @@ per event is much steadier than a socket benchmark's rate on a shared machine, s
 figures of hot-path changes; ``hubbub bench`` remains the end-to-end measure.
 
     PYTHONPATH=src python bench/core_path.py --events 200000 [--store memory|sqlite] [--ack] [--subs N]
-        [--default-gc] [--auth off|jwt|jwt-narrow]
+        [--default-gc] [--auth off|jwt|jwt-narrow] [--sink]
 
 ``--auth jwt`` runs with ``auth.mode = token``: every connection presents an HS256 JWT in ``hello`` whose
 ``publish`` and ``subscribe`` claims are ``["/b/**"]``, so each publish is checked against the grant (the
@@ -84,6 +84,20 @@ async def feed(conn: NativeConnection, decoder: nc.NativeStreamDecoder, data: by
 BENCH_SECRET = b"bench-hs256-secret-0123456789abcdef"
 
 
+def sink_publish(rid: int, position: str, payload: bytes, ack: bool) -> dict[str, Any]:
+    """A publish as the Spark sink sends it (docs/pipeline.md "Sink")."""
+    return {
+        "op": "publish",
+        "id": rid,
+        "channel": "/b/c",
+        "payload": payload,
+        "ack": ack,
+        "content_type": "text/plain",
+        "headers": {"hubbub-source": position},
+        "idem": position,
+    }
+
+
 def auth_setup(mode: str) -> tuple[dict[str, Any], dict[str, Any], str]:
     """(Node keyword arguments, hello fields, subscription pattern) for ``--auth``."""
     if mode == "off":
@@ -131,11 +145,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             frame({"op": "publish", "id": 3 + i, "channel": "/b/c", "payload": payload, "ack": args.ack})
             for i in range(chunk)
         )
+        # --sink: every publish unique, as the Spark sink sends them (its source position as idempotency key
+        # and header, a content type), so the chunks are all encoded before the clock starts.
+        chunks = [data]
+        if args.sink:
+            chunks = [
+                b"".join(
+                    frame(sink_publish(3 + i, f"/b/c#aaaaaaaa:{base + i + 1}", payload, args.ack))
+                    for i in range(chunk)
+                )
+                for base in range(0, args.events, chunk)
+            ]
         await asyncio.sleep(0.05)
         c0, t0 = time.process_time(), time.perf_counter()
         sent = 0
         while sent < args.events:
-            await feed(pub, pdec, data)
+            await feed(pub, pdec, chunks[(sent // chunk) % len(chunks)])
             sent += chunk
             await asyncio.sleep(0)
         while node.statistics()["pending"] or any(c.session.queued for c, _ in subs):  # noqa: ASYNC110
@@ -153,6 +178,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "ack": args.ack,
         "subs": args.subs,
         "auth": args.auth,
+        "sink": args.sink,
         "events": sent,
         "deliveries": delivered,
         "gc": "default" if args.default_gc else "server",
@@ -170,6 +196,11 @@ def main() -> None:
     ap.add_argument("--durability", default="none", choices=["fsync", "commit", "none"])
     ap.add_argument("--ack", action="store_true", help="publish with ack: true")
     ap.add_argument("--subs", type=int, default=1, help="subscriber connections")
+    ap.add_argument(
+        "--sink",
+        action="store_true",
+        help="publishes as the Spark sink sends them: an idempotency key and header each, a content type",
+    )
     ap.add_argument("--uvloop", action="store_true", help="run on uvloop, as the server does")
     ap.add_argument("--repeat", type=int, default=5, help="runs; the figures are the best run's")
     ap.add_argument("--auth", default="off", choices=["off", "jwt", "jwt-narrow"], help="see above")

@@ -703,6 +703,32 @@ def test_idempotency_across_new_epochs(factory: Factory) -> None:
         assert store.append([req("/a", b"q", idem="k2")])[0].event == again.event
 
 
+def test_idempotency_of_big_keyed_batches(factory: Factory) -> None:
+    """A bulk load's batches (every publish keyed, many channels and users, odd sizes past one statement's
+    rows, keys any text): a retry of each batch, whole or mixed with new keys, appends only the new ones."""
+    store = factory.open(idem_window_s=60)
+    odd = ['q"uote', "back\\slash", "é", "\U0001f600", "a,b]", "[", "null", "1", " ", "\t"]
+    keys = [f"/src/c{i % 3}#ep:{i}" for i in range(1100)] + odd
+    batch = [req(f"/c{i % 3}", str(i).encode(), idem=k, user=f"u{i % 2}") for i, k in enumerate(keys)]
+    first = store.append(batch)
+    assert not any(r.duplicate for r in first)
+    if factory.persistent:
+        store = factory.reopen(store)
+    factory.clock.advance(10)
+    again = store.append(batch)
+    assert all(r.duplicate for r in again)
+    assert [r.event for r in again] == [r.event for r in first]
+    # Half old keys, half new ones, interleaved, and a new key repeated in the batch.
+    new = [req(f"/c{i % 3}", b"n", idem=f"new{i}", user=f"u{i % 2}") for i in range(250)]
+    mixed = [x for pair in zip(batch[::4], new, strict=False) for x in pair] + [new[0]]
+    res = store.append(mixed)
+    assert [r.duplicate for r in res] == [i % 2 == 0 for i in range(len(mixed) - 1)] + [True]
+    assert res[-1].event == res[1].event
+    assert store.stats().events == len(keys) + len(new)
+    # The same key of another user is another publish.
+    assert not store.append([req("/c0", idem=keys[0], user="u9")])[0].duplicate
+
+
 def test_idempotency_off_with_zero_window(factory: Factory) -> None:
     store = factory.open(idem_window_s=0)
     res = store.append([req("/a", idem="k"), req("/a", idem="k")])

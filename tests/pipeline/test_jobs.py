@@ -17,6 +17,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from hubbub.client import Client
 from hubbub.pipeline import jobs
+from hubbub.pipeline.datasource import SOURCE_HEADER
 from hubbub.pipeline.sources import PipelineError
 from tests.integration.serverproc import ServerProcess
 
@@ -131,6 +132,31 @@ def test_backfill_is_idempotent_after_the_idempotency_window(
     assert restored.where("channel = '/restored/orig/a'").agg(F.max("seq")).first()[0] == 30
     got = restored.where("channel = '/restored/orig/a'").orderBy("seq").select("payload").collect()
     assert [r.payload for r in got] == [f"/orig/a:{i}".encode() for i in range(30)]  # in order
+
+
+def test_backfill_of_a_partly_restored_archive_publishes_the_rest_with_every_field(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    """A rerun after the archive grew publishes only the new events (the target's positions are joined
+    away), and what the backfill leaves unread (time, publisher) is not needed for what it publishes."""
+    url = http_url(server)
+    publish(url, {"/orig/a": 10, "/orig/b": 4})
+    out = tmp_path / "archive"
+    jobs.archive(spark, url, str(out), channels="/orig/**")
+    first = jobs.backfill(spark, str(out), url, channels="/orig/**", channel_prefix="/re")
+    assert (first["published"], first["already_present"]) == (14, 0)
+    publish(url, {"/orig/a": 5}, start=10)
+    jobs.archive(spark, url, str(out), channels="/orig/**")
+    again = jobs.backfill(spark, str(out), url, channels="/orig/**", channel_prefix="/re")
+    assert (again["published"], again["already_present"]) == (5, 14)
+    with urllib.request.urlopen(f"{url}/api/v1/log/re/orig/a?limit=1000") as r:
+        events = json.loads(r.read())["events"]
+    assert [e["seq"] for e in events] == list(range(1, 16))
+    orig = log_head(url, "/orig/a")
+    for e, o in zip(events, orig["events"], strict=True):
+        assert e["tags"] == o["tags"] == ["t"]
+        assert e["headers"] == {**o["headers"], SOURCE_HEADER: f"/orig/a#{o['epoch']}:{o['seq']}"}
+        assert e["content_type"] == o["content_type"]
 
 
 def log_head(url: str, channel: str) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import socket
+from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
@@ -159,3 +161,89 @@ def test_native_sink_options_fail_clearly(spark: SparkSession, server: ServerPro
     with pytest.raises(Exception, match="publishWindow must be a positive integer"):
         df.write.format("hubbub").option("url", url).option("publishWindow", "0").mode("append").save()
     assert _positions(spark, url, "/src/**") == []
+
+
+# -- rows of Arrow batches (no Spark): the columnar path gives exactly the rows of the per-row rules ---------
+
+
+def _batch(n: int = 7) -> pa.RecordBatch:
+    hdrs: list[list[tuple[str, str]] | None] = [
+        [("k", "v")],
+        [],
+        None,
+        [(":pseudo", "x"), ("a", "ü"), (SOURCE_HEADER, "old")],
+        [("k", "v"), ("k2", "v2")],
+        [],
+        [("z", "")],
+    ]
+    tags: list[list[str] | None] = [["t"], [], None, ["a", "b"], [], ["x"], []]
+    return pa.RecordBatch.from_pydict(
+        {
+            "channel": pa.array(["/a", "/", "/b/c", "/a", "/ü", "/" + "x" * 130, "/a"][:n]),
+            "seq": pa.array([1, 2, 3, 4, 5, 6, 7][:n], pa.int64()),
+            "epoch": pa.array(["e1", "e2", "e1", "e1", "e3", "e1", "e1"][:n]),
+            "time": pa.array(list(range(n)), pa.int64()),
+            "headers": pa.array(hdrs[:n], pa.map_(pa.string(), pa.string())),
+            "tags": pa.array(tags[:n], pa.list_(pa.string())),
+            "payload": pa.array([b"p%d" % i for i in range(n)], pa.binary()),
+            "content_type": pa.array(["text/plain", None, "a/b", "", "x/y", "text/plain", "c/d"][:n]),
+        }
+    )
+
+
+def _per_row(p: Any, batch: pa.RecordBatch) -> Any:
+    """What the per-row rules (``_Publishing._row``) make of a batch, as the sink's columns."""
+    from hubbub.pipeline.sink import _columns
+
+    d = batch.to_pydict()
+    n = batch.num_rows
+    return _columns(
+        map(
+            p._row,
+            d.get("channel", [None] * n),
+            d.get("epoch", [None] * n),
+            d.get("seq", [None] * n),
+            d[p.idem_column] if p.idem_column else [None] * n,
+            d["payload"],
+            d.get("headers", [None] * n),
+            d.get("tags", [None] * n),
+            d.get("content_type", [None] * n),
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"channelPrefix": "/sink/"},
+        {"channel": "/fixed", "channelPrefix": "/p"},
+        {"sourceHeader": ""},
+        {"sourceHeader": "src"},
+    ],
+)
+@pytest.mark.parametrize(
+    "shape", ["whole", "sliced", "no headers or tags", "string payload", "null seq", "large channel"]
+)
+def test_rows_of_arrow_batches_match_the_per_row_rules(options: dict[str, str], shape: str) -> None:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from hubbub.pipeline.sink import _Publishing
+
+    batch = _batch()
+    if shape == "sliced":
+        batch = batch.slice(2, 4)
+    elif shape == "no headers or tags":
+        batch = batch.drop_columns(["headers", "tags"])
+    elif shape == "string payload":
+        batch = batch.set_column(6, "payload", pa.array([f"s{i}" for i in range(7)]))
+    elif shape == "null seq":
+        batch = batch.set_column(1, "seq", pa.array([1, None, 3, 4, 5, 6, 7], pa.int64()))
+    elif shape == "large channel":
+        batch = batch.set_column(0, "channel", batch.column(0).cast(pa.large_string()))
+    schema = StructType([StructField(name, StringType()) for name in batch.schema.names])
+    p = _Publishing({"url": "http://127.0.0.1:1", **options}, schema)
+    got = p._rows_of_batch(batch)
+    assert got == _per_row(p, batch)
+    # A position over 128 characters becomes its SHA-256 (the same key on every transport).
+    assert any(k.startswith("sha256:") for k in got[2])

@@ -642,6 +642,10 @@ def export(
 # -- backfill -------------------------------------------------------------------------------------------
 
 
+#: The columns the sink reads (docs/pipeline.md "Sink"), in the record schema's order.
+_SINK_COLUMNS = ("channel", "seq", "epoch", "headers", "tags", "payload", "content_type")
+
+
 def _position(df: DataFrame) -> Column:
     return F.concat(F.col("channel"), F.lit("#"), F.col("epoch"), F.lit(":"), F.col("seq").cast("string"))
 
@@ -663,8 +667,13 @@ def backfill(
 
     Idempotent however much later it reruns: every published event carries its source position in header
     ``hubbub-source`` (and as its idempotency key, which covers task retries inside the server's window);
-    before publishing, the events whose position the target already holds are skipped."""
+    before publishing, the events whose position the target already holds are skipped.
+
+    Only the columns the sink reads are read (Parquet reads no others, and Spark hands no others to the
+    sink's Python workers). The target's positions are read once (cached): when it holds none (a first run)
+    there is nothing to join, and the publishes are counted without reading the input twice."""
     src = load(spark, input_dir=input_dir, channels=channels)
+    src = src.select(*[c for c in _SINK_COLUMNS if c in src.columns])
     prefix = channel_prefix.rstrip("/")
     target_pattern = (prefix + channels) if prefix else channels
     present = (
@@ -676,27 +685,30 @@ def backfill(
         .select(F.col("headers").getItem(SOURCE_HEADER).alias("pos"))
         .where(F.col("pos").isNotNull())
         .distinct()
+        .cache()
     )
-    todo = (
-        src.withColumn("pos", _position(src))
-        .join(present, on="pos", how="left_anti")
-        .drop("pos")
-        .repartition(4, "channel")
-        .sortWithinPartitions("channel", "epoch", "seq")
-    )
-    w = todo.write.format("hubbub").option("url", url).mode("append")
-    if prefix:
-        w = w.option("channelPrefix", prefix)
-    if token:
-        w = w.option("token", token)
-    if native_address:
-        w = w.option("nativeAddress", native_address)
     t0 = time.perf_counter()
-    with progress(spark, "backfill", show) as shown:
-        total = src.count()
-        pending = todo.count()
-        shown.total = pending
-        w.save()
+    try:
+        todo = src
+        joined = present.count() > 0
+        if joined:
+            todo = src.withColumn("pos", _position(src)).join(present, on="pos", how="left_anti")
+            todo = todo.drop("pos")
+        todo = todo.repartition(4, "channel").sortWithinPartitions("channel", "epoch", "seq")
+        w = todo.write.format("hubbub").option("url", url).mode("append")
+        if prefix:
+            w = w.option("channelPrefix", prefix)
+        if token:
+            w = w.option("token", token)
+        if native_address:
+            w = w.option("nativeAddress", native_address)
+        with progress(spark, "backfill", show) as shown:
+            total = src.count()
+            pending = todo.count() if joined else total
+            shown.total = pending
+            w.save()
+    finally:
+        present.unpersist()
     return {
         "job": "backfill",
         "source_events": total,

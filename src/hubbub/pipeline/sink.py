@@ -24,12 +24,14 @@ than ``Row`` objects; a PySpark without the streaming Arrow writer (before 4.1) 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import datasource as _ds
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -109,9 +111,49 @@ def _native_url(url: str, address: str) -> str:
     return url
 
 
+def _headers(items: Any, source: str, position: str) -> dict[str, str]:
+    """A row's headers: its user headers (a map column's ``(key, value)`` pairs, or a dict), pseudo-headers
+    left out, and ``source`` (when set) holding the row's source position."""
+    if not items:
+        return {source: position} if source else {}
+    pairs = items.items() if isinstance(items, Mapping) else items
+    out = {k: v for k, v in pairs if not k.startswith(":")}
+    if source:
+        out[source] = position
+    return out
+
+
+def _nonempty_lists(arr: pa.Array) -> Iterator[tuple[int, slice]]:
+    """``(row, slice of the flat values)`` of each row of a list or map array that has values (nulls and
+    empty lists have none). Arrow finds them; Python visits only those rows."""
+    # Absolute offsets into the whole flat values (``.values``, ``.keys``, ``.items`` ignore a slice's start).
+    off = arr.offsets
+    n = len(arr)
+    has = pc.greater(pc.subtract(off.slice(1, n), off.slice(0, n)), 0)
+    if arr.null_count:
+        has = pc.and_(has, arr.is_valid())
+    rows = pc.indices_nonzero(has).to_pylist()
+    if not rows:
+        return
+    offsets = off.to_pylist()
+    for i in rows:
+        yield i, slice(offsets[i], offsets[i + 1])
+
+
+def _columns(rows: Iterable[_Row]) -> _Rows:
+    """Rows as the sink's columns."""
+    cols: list[list[Any]] = [[], [], [], [], [], []]
+    for row in rows:
+        for c, v in zip(cols, row, strict=True):
+            c.append(v)
+    return (cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
+
+
 #: One row to publish: target channel, payload, idempotency key, content type, headers, tags (a plain tuple:
 #: this is made once per row, and a frozen dataclass costs several times more).
 _Row = tuple[str, bytes, str, str, dict[str, str], list[str]]
+#: Rows to publish as columns (the fields of :data:`_Row`, a list each): what a batch becomes.
+_Rows = tuple[list[str], list[bytes], list[str], list[str], list[dict[str, str]], list[list[str]]]
 
 
 class _Publishing:
@@ -162,6 +204,12 @@ class _Publishing:
 
     # -- rows -----------------------------------------------------------------------------------------
 
+    def _target(self, channel: str) -> str:
+        """Where a row of ``channel`` goes: ``channelPrefix`` in front (the prefix alone for ``/``)."""
+        if self.prefix:
+            return self.prefix + (channel if channel != "/" else "")
+        return channel
+
     def _row(
         self,
         src_ch: str | None,
@@ -175,9 +223,7 @@ class _Publishing:
     ) -> _Row:
         src_ch = src_ch or ""
         position = position_key(src_ch, epoch or "", int(seq)) if seq is not None and self.has_channel else ""
-        target = self.channel or src_ch
-        if self.prefix:
-            target = self.prefix + (target if target != "/" else "")
+        target = self._target(self.channel or src_ch)
         if isinstance(payload, str):
             payload = payload.encode()
         hdrs: dict[str, str] = {}
@@ -189,49 +235,120 @@ class _Publishing:
         idem = _idem(str(key) if self.idem_column else position)
         return (target, payload, idem, content_type or "", hdrs, list(tags) if tags else [])
 
-    def rows_of_batches(self, batches: Iterable[pa.RecordBatch]) -> Iterator[_Row]:
-        """The rows of Arrow batches: only the columns the sink reads, each converted at once (far cheaper
-        than Spark Rows, or than every column of the record schema)."""
+    def rows_of_batches(self, batches: Iterable[pa.RecordBatch]) -> Iterator[_Rows]:
+        """The rows of Arrow batches, a batch at a time: only the columns the sink reads, each converted at
+        once (far cheaper than Spark Rows, or than every column of the record schema)."""
         for batch in batches:
-            n = batch.num_rows
-            names = batch.schema.names
+            yield self._rows_of_batch(batch)
 
-            def col(
-                name: str, n: int = n, batch: pa.RecordBatch = batch, names: list[str] = names
-            ) -> list[Any]:
-                if not name or name not in names:
-                    return [None] * n
-                return batch.column(names.index(name)).to_pylist()  # type: ignore[no-any-return]
+    def _rows_of_batch(self, batch: pa.RecordBatch) -> _Rows:
+        """The rows of one batch. The source positions and target channels are built by Arrow (string
+        joins in C), so Python touches each row once, for its headers; a batch with a null in the
+        position's columns takes :meth:`_row` per row (whose rules say what a missing value means)."""
+        n = batch.num_rows
+        names = batch.schema.names
 
-            yield from map(
-                self._row,
-                col("channel"),
-                col("epoch"),
-                col("seq"),
-                col(self.idem_column),
-                col("payload"),
-                col("headers"),
-                col("tags"),
-                col("content_type"),
+        def column(name: str) -> pa.Array | None:
+            return batch.column(names.index(name)) if name and name in names else None
+
+        def col(name: str) -> list[Any]:
+            c = column(name)
+            return [None] * n if c is None else c.to_pylist()
+
+        ch, ep, sq, pay = column("channel"), column("epoch"), column("seq"), column("payload")
+        if (
+            self.idem_column
+            or ch is None
+            or sq is None
+            or ep is None
+            or pay is None
+            or not pa.types.is_string(ch.type)
+            or not pa.types.is_string(ep.type)
+            or not pa.types.is_integer(sq.type)
+            or not (pa.types.is_binary(pay.type) or pa.types.is_string(pay.type))
+            or ch.null_count
+            or ep.null_count
+            or sq.null_count
+            or pay.null_count
+        ):
+            return _columns(
+                map(
+                    self._row,
+                    col("channel"),
+                    col("epoch"),
+                    col("seq"),
+                    col(self.idem_column),
+                    col("payload"),
+                    col("headers"),
+                    col("tags"),
+                    col("content_type"),
+                )
             )
+        pos = pc.binary_join_element_wise(
+            pc.binary_join_element_wise(ch, ep, "#"), pc.cast(sq, pa.string()), ":"
+        )
+        positions: list[str] = pos.to_pylist()
+        keys = positions
+        if n and pc.max(pc.utf8_length(pos)).as_py() > _MAX_IDEM:
+            keys = [_idem(p) for p in positions]
+        if self.channel:
+            targets: list[str] = [self._target(self.channel)] * n
+        elif self.prefix:
+            rest = pc.if_else(pc.equal(ch, "/"), pa.scalar("", ch.type), ch)
+            targets = pc.binary_join_element_wise(pa.scalar(self.prefix, ch.type), rest, "").to_pylist()
+        else:
+            targets = ch.to_pylist()
+        if pa.types.is_string(pay.type):
+            pay = pay.cast(pa.binary())
+        ctypes = [c or "" for c in col("content_type")]
+        source = self.source_header
+        headers: list[dict[str, str]] = [{source: p} for p in positions] if source else [{} for _ in keys]
+        hcol = column("headers")
+        if hcol is not None and pa.types.is_map(hcol.type):
+            # Only the rows with headers are visited (a map column's to_pylist costs a microsecond a row).
+            hkeys, hvalues = hcol.keys.to_pylist(), hcol.items.to_pylist()
+            for i, at in _nonempty_lists(hcol):
+                headers[i] = _headers(zip(hkeys[at], hvalues[at], strict=True), source, positions[i])
+        elif hcol is not None:
+            for i, h in enumerate(hcol.to_pylist()):
+                if h:
+                    headers[i] = _headers(h, source, positions[i])
+        tags: list[list[str]] = [[]] * n
+        tcol = column("tags")
+        if tcol is not None and pa.types.is_list(tcol.type):
+            tvalues = tcol.values.to_pylist()
+            for i, at in _nonempty_lists(tcol):
+                tags[i] = tvalues[at]
+        elif tcol is not None:
+            tags = [t or [] for t in tcol.to_pylist()]
+        return (targets, pay.to_pylist(), keys, ctypes, headers, tags)
 
-    def rows_of_rows(self, rows: Iterable[Row]) -> Iterator[_Row]:
-        for row in rows:
-            d = row.asDict()
-            yield self._row(
-                d.get("channel"),
-                d.get("epoch"),
-                d.get("seq"),
-                d.get(self.idem_column) if self.idem_column else None,
-                d["payload"],
-                d.get("headers"),
-                d.get("tags"),
-                d.get("content_type"),
-            )
+    def rows_of_rows(self, rows: Iterable[Row], chunk: int = 1024) -> Iterator[_Rows]:
+        it = iter(rows)
+        while True:
+            part = list(itertools.islice(it, chunk))
+            if not part:
+                return
+            out: list[_Row] = []
+            for row in part:
+                d = row.asDict()
+                out.append(
+                    self._row(
+                        d.get("channel"),
+                        d.get("epoch"),
+                        d.get("seq"),
+                        d.get(self.idem_column) if self.idem_column else None,
+                        d["payload"],
+                        d.get("headers"),
+                        d.get("tags"),
+                        d.get("content_type"),
+                    )
+                )
+            yield _columns(out)
 
     # -- publishing -----------------------------------------------------------------------------------
 
-    def publish(self, rows: Iterator[_Row]) -> PublishCommit:
+    def publish(self, rows: Iterator[_Rows]) -> PublishCommit:
         """Publish every row (called in a Spark task): natively, or over HTTP (see the module docstring)."""
         native = self.native_address or not self.url.startswith("https://")
         if self.transport != "http" and native:
@@ -255,12 +372,11 @@ class _Publishing:
         return self._publish_http(rows)
 
     def _publish_native(
-        self, pub: BulkPublisher, rows: Iterator[_Row], commit: PublishCommit
+        self, pub: BulkPublisher, rows: Iterator[_Rows], commit: PublishCommit
     ) -> PublishCommit:
         try:
-            publish = pub.publish
-            for channel, payload, idem, ctype, headers, tags in rows:
-                publish(channel, payload, idem=idem, content_type=ctype, headers=headers, tags=tags)
+            for channels, payloads, keys, ctypes, headers, tags in rows:
+                pub.publish_many(channels, payloads, keys, ctypes, headers, tags)
             pub.flush()
         except HubbubError as exc:
             raise PipelineError(
@@ -272,13 +388,15 @@ class _Publishing:
             pub.close()
         return commit
 
-    def _publish_http(self, rows: Iterator[_Row]) -> PublishCommit:
+    def _publish_http(self, rows: Iterator[_Rows]) -> PublishCommit:
         from hubbub.pipeline.sources import HttpPublisher
 
         pub = HttpPublisher(self.url, self.token)
         commit = PublishCommit(transport="http")
         try:
-            for channel, payload, idem, ctype, headers, tags in rows:
+            for channel, payload, idem, ctype, headers, tags in itertools.chain.from_iterable(
+                zip(*cols, strict=True) for cols in rows
+            ):
                 res = pub.publish(channel, payload, idem=idem, content_type=ctype, headers=headers, tags=tags)
                 commit.count(res.channel, res.seq, res.duplicate)
         finally:

@@ -9,6 +9,7 @@ design record:
   1, the lost-commits marker, durability (:data:`DURABILITY_SYNCHRONOUS`), and opening the writer
   connection.
 * ``_inserts.py``: the multi-row ``INSERT`` statements append writes events with (full rows and run rows).
+* ``_idem.py``: idempotency keys, looked up and written per batch (one statement per channel and user).
 * ``_reads.py``: the read side: per-thread reader connections, reads, runs, time searches, and the bulk scans
   of the data pipeline (:class:`ScanPlan`, :class:`ScanColumns`).
 * ``_checkpointer.py``: the background WAL checkpointer.

@@ -52,6 +52,7 @@ from hubbub.log.records import encode_headers, encode_tags, event_size
 from hubbub.log.sqlite._checkpointer import _Checkpointer
 from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
+from hubbub.log.sqlite._idem import Original, find_originals, insert_keys
 from hubbub.log.sqlite._inserts import _MIN_RUN, _insert_events, _run_rows, _same_publisher
 from hubbub.log.sqlite._schema import (
     _EVENT_COLS,
@@ -281,8 +282,10 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             r_ctype: str | None = None
             r_hb = r_tb = b""
             r_n = r_start = 0
-            idem_rows: list[tuple[int, str, str, int, int]] = []
+            idem_rows: list[Any] = []  # flat: channel id, user, key, seq, time_ns per key (see _idem.py)
             batch_idem: dict[tuple[str, str, str], Event] = {}
+            # The keys' rows, looked up per batch before any is written (so as the requests see them).
+            originals = find_originals(conn, heads, batch) if window else {}
             results: list[AppendResult] = []
             add_result = results.append
             # The previous request's channel and head: a batch is mostly runs of one channel's publishes.
@@ -303,8 +306,10 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     t_next = now if now > t else t + 1
                     key = (pub.user, name, idem)
                     dup = batch_idem.get(key)
-                    if dup is None and name not in created:
-                        dup = self._find_original(conn, name, h, req, t_next - window)
+                    if dup is None and originals:
+                        found = originals.get(key)
+                        if found is not None and found[1] > t_next - window:
+                            dup = self._original(conn, name, found, req)
                     if dup is not None and t_next - dup.time_ns < window:
                         add_result(AppendResult(dup, duplicate=True))
                         continue
@@ -364,8 +369,9 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                 add_result(AppendResult(ev))
                 if idem and window:
                     batch_idem[key] = ev
-                    idem_rows.append((h.id, pub.user, idem, seq, t))
-            _insert_events(conn, segments, full, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+                    idem_rows += (h.id, pub.user, idem, seq, t)
+            limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+            _insert_events(conn, segments, full, limit)
             pol = self._retention
             if pol.max_events or pol.max_bytes:
                 for h in touched.values():
@@ -378,11 +384,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             if len(touched) > len(created):
                 conn.executemany(_UPDATE_CHANNEL, [h.row() for n, h in touched.items() if n not in created])
             if idem_rows:
-                conn.executemany(
-                    "INSERT OR REPLACE INTO idem (channel_id, user, key, seq, time_ns) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    idem_rows,
-                )
+                insert_keys(conn, idem_rows, limit)
             if window and t >= self._idem_prune_at:
                 conn.execute("DELETE FROM idem WHERE time_ns <= ?", (t - window,))
                 self._idem_prune_at = t + min(window, _IDEM_PRUNE_EVERY_NS)
@@ -395,19 +397,10 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             self._checkpointer.kick()
         return results
 
-    def _find_original(
-        self, conn: sqlite3.Connection, name: str, h: _Head, req: AppendRequest, after: int
-    ) -> Event | None:
-        """The event a repeated idempotency key first appended, if it is newer than ``after``. It may be in
-        a retired epoch of the channel: the key was acknowledged there, and the event is still in the log."""
-        row = conn.execute(
-            "SELECT seq, time_ns, coalesce(origin_id, channel_id), coalesce(origin_epoch, ?) FROM idem "
-            "WHERE channel_id = ? AND user = ? AND key = ?",
-            (h.epoch, h.id, req.publisher.user, req.idem),
-        ).fetchone()
-        if row is None or row[1] <= after:
-            return None
-        seq, t, cid, epoch = row
+    def _original(self, conn: sqlite3.Connection, name: str, key: Original, req: AppendRequest) -> Event:
+        """The event a repeated idempotency key first appended (its ``idem`` row: ``key``). It may be in a
+        retired epoch of the channel: the key was acknowledged there, and the event is still in the log."""
+        seq, t, cid, epoch = key
         found = conn.execute(
             f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (cid, seq)
         ).fetchall()
