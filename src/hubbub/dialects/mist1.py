@@ -90,6 +90,17 @@ __all__ = [
 #: Registry commands: served on authenticated connections only (mist.md §7).
 ADMIN_COMMANDS: Final = frozenset({"register", "unregister", "set", "unset", "tags"})
 
+#: The wire name of each command the core may refuse (for the ``Access denied`` reply).
+_COMMAND_NAMES: Final[dict[type, str]] = {
+    Publish: "publish",
+    Subscribe: "subscribe",
+    Register: "register",
+    Unregister: "unregister",
+    SetTags: "set",
+    UnsetTags: "unset",
+    TokenTags: "tags",
+}
+
 _INVALID_JSON: Final = b'{"command":"","error":"Invalid JSON"}\n'
 _TOO_LARGE: Final = b'{"command":"","error":"Message too large"}\n'
 _PONG: Final = Send(b'{"command":"ping","data":"pong"}\n')
@@ -485,10 +496,11 @@ class _Base:
         return None
 
     def reply_error(self, cmd: Command, exc: HubbubError) -> list[Output]:
-        """The outputs answering the core's refusal of ``cmd``: ``Access denied`` for a publish the token
-        may not make (4102), ``Too many subscriptions`` (4007); anything else closes (1011)."""
+        """The outputs answering the core's refusal of ``cmd``: ``Access denied`` (with the command's name)
+        for a publish or registry command the token may not make (4102), ``Too many subscriptions`` (4007);
+        anything else closes (1011)."""
         if isinstance(exc, AuthError) and exc.code == 4102:
-            return [Send(render_reply("publish", error="Access denied"))]
+            return [Send(render_reply(_COMMAND_NAMES.get(type(cmd), "publish"), error="Access denied"))]
         if isinstance(exc, LimitExceeded):
             return [Send(render_reply("subscribe", error="Too many subscriptions"))]
         self._fail(exc)
