@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from hubbub.server import Server
 
 from .mist_clients import WAIT, Client1x, GoClient2015, Message
 from .serverproc import ServerProcess
+from .test_auth_reload import client_context, make_cert
 
 HOST = "127.0.0.1"
 TOKENS = {
@@ -408,5 +410,75 @@ def test_connections_of_both_generations_share_a_fan_out_burst(tmp_path: Path) -
                 await j.close()
             for w in [*ws15, *ws1]:
                 await w.close()
+
+    asyncio.run(main())
+
+
+# -- replication peers, keepalive, TLS ----------------------------------------------------------------------
+
+
+def test_replication_peers_never_get_each_others_events(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as ports:
+            peer_a, peer_b, plain = [await Lines.open(ports.mist) for _ in range(3)]
+            for c in (peer_a, peer_b):
+                await c.send("enable-replication\nsubscribe r\nping\n")
+                assert await c.line() == "pong"
+            await plain.send("subscribe r\nping\n")
+            assert await plain.line() == "pong"
+            await peer_a.send("publish r from-peer\n")
+            await plain.send("publish r from-plain\n")
+            assert await plain.line() == "publish r from-peer"
+            assert await plain.line() == "publish r from-plain"
+            for c in (peer_a, peer_b):  # a peer gets the plain client's event only (not even its own)
+                assert await c.line() == "publish r from-plain"
+                await c.send("ping\n")
+                assert await c.line() == "pong"
+            for c in (peer_a, peer_b, plain):
+                await c.close()
+
+    asyncio.run(main())
+
+
+def test_websocket_keepalive_closes_a_silent_client_with_1001(tmp_path: Path) -> None:
+    async def main() -> None:
+        cli: dict[str, Any] = {
+            "data_dir": str(tmp_path),
+            "http.listen": f"{HOST}:0",
+            "mist.tcp_listen": f"{HOST}:0",
+        }
+        async with Server(load_config(cli=cli, env={})) as server, aiohttp.ClientSession() as http:
+            assert server.mist is not None
+            server.mist.settings = dataclasses.replace(
+                server.mist.settings, ping_interval_s=0.05, read_timeout_s=0.3
+            )
+            url = f"http://{HOST}:{server.ports['http']}/mist/v1/ws"
+            async with http.ws_connect(url, autoping=False) as ws:  # never answers the pings
+                pings = 0
+                while True:
+                    msg = await ws.receive(timeout=WAIT)
+                    if msg.type != aiohttp.WSMsgType.PING:
+                        break
+                    pings += 1
+                assert pings >= 1
+                assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1001
+
+    asyncio.run(main())
+
+
+def test_the_mist_tcp_listener_speaks_tls(tmp_path: Path) -> None:
+    cert, key = make_cert(tmp_path, "hubbub-mist")
+
+    async def main() -> None:
+        async with serve(tmp_path / "data", **{"tls.cert": str(cert), "tls.key": str(key)}) as ports:
+            reader, writer = await asyncio.open_connection(HOST, ports.mist, ssl=client_context(cert))
+            c = Lines(reader, writer)
+            await c.send("ping\n{x\n")
+            assert await c.line() == "pong"
+            assert await c.line() == "error Unknown command '[{x]'"
+            await c.close()
+            j = Client1x(*await asyncio.open_connection(HOST, ports.mist, ssl=client_context(cert)))
+            await j.ping()
+            await j.close()
 
     asyncio.run(main())

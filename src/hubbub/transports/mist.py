@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -45,7 +46,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, peer_address, request_token, text_response
-from .pump import SessionPump, quietly, stopped
+from .pump import SessionPump, io_failed, quietly, stopped
 
 __all__ = [
     "MistEncoder",
@@ -86,6 +87,9 @@ class MistSettings:
     token: str = ""
     max_tags: int = md.DEFAULT_MAX_TAGS
     max_tag_bytes: int = md.DEFAULT_MAX_TAG_BYTES
+    #: WebSocket keepalive (protocols README §8): a ping this often, close 1001 after this much silence.
+    ping_interval_s: float = 30.0
+    read_timeout_s: float = 90.0
 
 
 class MistEncoder:
@@ -165,6 +169,8 @@ class MistWire:
             echo=proto.echo,  # 2015 delivers to the publisher, 1.x never (mist.md §5)
         )
         self._replica = False
+        #: Monotonic time of the last frame received (WebSocket keepalive).
+        self.last_recv = time.monotonic()
         self.inflight = 0
         self.max_inflight = h.send_queue
         self._acked = Flag()
@@ -486,7 +492,7 @@ class MistService:
         return await self._websocket(request, generation="mist1")
 
     async def _websocket(self, request: web.Request, generation: str) -> web.StreamResponse:
-        ws = web.WebSocketResponse(max_msg_size=self.http.max_frame, autoping=True, compress=False)
+        ws = web.WebSocketResponse(max_msg_size=self.http.max_frame, autoping=False, compress=False)
         if not ws.can_prepare(request).ok:
             return text_response(400, "websocket upgrade required\n")
         peer = peer_address(request)
@@ -530,9 +536,11 @@ class MistService:
         try:
             async with asyncio.TaskGroup() as group:
                 wire.start(group, identity)
+                keepalive = group.create_task(self._keepalive(ws, wire))
                 try:
                     await self._read(ws, wire)
                 finally:
+                    keepalive.cancel()
                     await wire.finish()
         except (asyncio.CancelledError, ConnectionError):
             pass
@@ -551,9 +559,15 @@ class MistService:
         try:
             while not wire.done:
                 msg = await ws.receive()
+                wire.last_recv = time.monotonic()
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     await wire.handle(proto.receive_frame(msg.data, binary=msg.type == WSMsgType.BINARY))
                     await sess.wait_room()  # read-side back-pressure: replies wait for the writer
+                    continue
+                if msg.type == WSMsgType.PING:
+                    await ws.pong(msg.data)
+                    continue
+                if msg.type == WSMsgType.PONG:
                     continue
                 if (
                     msg.type == WSMsgType.ERROR
@@ -565,3 +579,23 @@ class MistService:
                 break
         except ConnectionError:
             pass
+
+    async def _keepalive(self, ws: web.WebSocketResponse, wire: MistWire) -> None:
+        """Ping every ``ping_interval_s``; close with 1001 after ``read_timeout_s`` of silence (README §8)."""
+        interval, timeout = self.settings.ping_interval_s, self.settings.read_timeout_s
+        last_ping = time.monotonic()
+        while not wire.done:
+            now = time.monotonic()
+            await asyncio.sleep(max(0.01, min(last_ping + interval, wire.last_recv + timeout) - now))
+            now = time.monotonic()
+            if now - wire.last_recv >= timeout:
+                wire.session.kick(Disconnect.GOING_AWAY)
+                return
+            if now - last_ping >= interval:
+                last_ping = now
+                try:
+                    await ws.ping()
+                except ConnectionError:
+                    pass  # the peer is gone: the reader sees it and ends the connection
+                except Exception as exc:
+                    io_failed(self.node, wire.session.dialect, wire.session.id, "ping", exc)
