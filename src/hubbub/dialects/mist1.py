@@ -557,6 +557,13 @@ class Mist1Connection(_Base):
             return []
         self._split.buf += data
         out: list[Output] = []
+        if self.awaiting_auth:
+            # The transport kept reading while authentication was pending: bound what is held. (Only what
+            # arrives meanwhile: input that came with the first message waits whatever its size, so the
+            # outputs do not depend on where the reads split it.)
+            if len(self._split.buf) > self.max_frame:
+                self._fatal(FrameTooLarge("input over max_frame while authenticating"), _TOO_LARGE, out)
+            return out
         self._process(out)
         return out
 
@@ -615,9 +622,6 @@ class Mist1Connection(_Base):
                 out.append(Authenticate(msg.data))
                 break
             self._execute(msg, out)
-        if self.awaiting_auth and len(split.buf) > self.max_frame:
-            # The transport kept reading while authentication was pending: bound what is held.
-            self._fatal(FrameTooLarge("input over max_frame while authenticating"), _TOO_LARGE, out)
 
 
 class Mist1WsConnection(_Base):
