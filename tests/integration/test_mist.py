@@ -482,3 +482,38 @@ def test_the_mist_tcp_listener_speaks_tls(tmp_path: Path) -> None:
             await j.close()
 
     asyncio.run(main())
+
+
+def test_a_burst_with_varying_tags_fans_out_as_runs_in_order(tmp_path: Path) -> None:
+    """Events of one burst that match the same subscriptions through different tags are delivered as runs:
+    every subscriber gets each once, in order, and the publisher (2015: subscribed too) its own."""
+    n = 300
+
+    async def main() -> None:
+        async with serve(tmp_path) as ports:
+            lines = [await Lines.open(ports.mist) for _ in range(3)]
+            jsons = [await Client1x.connect(HOST, ports.mist) for _ in range(2)]
+            for c in lines:
+                await c.send("subscribe r\nping\n")
+                assert await c.line() == "pong"
+            for j in jsons:
+                await j.send(command="subscribe", tags=["r"])
+                await j.ping()
+            publisher = lines[0]
+            await publisher.send("".join(f"publish r,k{i} {i}\n" for i in range(n)))
+            for c in lines:
+                assert [await c.line() for _ in range(n)] == [f"publish k{i},r {i}" for i in range(n)]
+            for j in jsons:
+                got = [await j.recv() for _ in range(n)]
+                assert got == [
+                    {"command": "publish", "tags": [f"k{i}", "r"], "data": str(i)} for i in range(n)
+                ]
+            for c in lines:
+                await c.send("ping\n")
+                assert await c.line() == "pong"
+                await c.close()
+            for j in jsons:
+                await j.ping()
+                await j.close()
+
+    asyncio.run(main())

@@ -143,7 +143,9 @@ def _is_error_reply(proto: Proto, data: bytes) -> bool:
 class MistWire:
     """One mist connection: its dialect state machine, session and write loop. See the module docstring.
 
-    ``send`` writes one frame (a TCP write or a WebSocket frame), ``close`` closes the connection."""
+    ``send`` writes one frame (a TCP write or a WebSocket frame), ``close`` closes the connection, and
+    ``send_many`` (TCP) writes several frames at once: one write for a burst, where an empty frame (a replica
+    event for a replication peer) adds nothing."""
 
     def __init__(
         self,
@@ -152,6 +154,7 @@ class MistWire:
         *,
         send: Callable[[bytes], Awaitable[object]],
         close: Callable[[Disconnect], Awaitable[object]],
+        send_many: Callable[[list[bytes]], Awaitable[object]] | None = None,
         peer: str = "",
     ) -> None:
         self.service = service
@@ -181,7 +184,9 @@ class MistWire:
             if data:  # an empty frame is a replica event this replication peer must not get
                 await send(data)
 
-        self._pump = SessionPump(node, self.session, send=send_nonempty, close=close, max_frame=h.max_frame)
+        self._pump = SessionPump(
+            node, self.session, send=send_nonempty, close=close, max_frame=h.max_frame, send_many=send_many
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 

@@ -84,6 +84,10 @@ async def serve_mist_tcp(
             writer.write(data)
             await _drain(writer)
 
+        async def send_many(frames: list[bytes]) -> None:
+            writer.write(b"".join(frames))  # a stream: a burst of events goes out in one write
+            await _drain(writer)
+
         async def close(code: Disconnect) -> None:
             writer.close()
 
@@ -94,7 +98,9 @@ async def serve_mist_tcp(
                 if not data:
                     break
                 if wire is None:
-                    wire = MistWire(service, service.tcp_proto(data), send=send, close=close, peer=ip)
+                    wire = MistWire(
+                        service, service.tcp_proto(data), send=send, close=close, send_many=send_many, peer=ip
+                    )
                     wire.start(group, service.first_identity())
                 proto = wire.proto
                 assert isinstance(proto, md.Mist2015Connection | md.Mist1Connection)
