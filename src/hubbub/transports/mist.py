@@ -215,7 +215,6 @@ class MistWire:
                 asyncio.wait_for(asyncio.shield(self._writer), 10), self.node, sess.dialect, sess.id
             )
         self.node.detach(sess)
-        self.node.access.unbind(sess)
         if self._writer is not None:
             self._writer.cancel()
             await stopped(self._writer, self.node, sess.dialect, sess.id)
