@@ -22,6 +22,13 @@ client_framing     ``hubbub.client.bulk``'s framing of server bytes (native TCP 
                    frames), chunked as the bytes say, with two limits
 qpubs              ``QrpcConnection.feed`` (auth on and off, a small line limit), listen topics with
                    their patterns, alias queries
+mist2015_lines     ``Mist2015Connection`` (auth off and on, small limits) fed the bytes whole and in 7-byte
+                   pieces: the same outputs; replies are documented lines; publishes render
+mist2015_ws        ``Mist2015WsConnection.receive_frame`` (text and binary): one documented JSON reply,
+                   or close 1009
+mist1_stream       ``Mist1Connection`` (auth off and on) fed the bytes whole and in 7-byte pieces: the same
+                   outputs; every reply is one JSON object and a newline
+mist1_ws           ``Mist1WsConnection.receive_frame``: JSON replies with a newline, or close 1009
 wearscript         ``decode_frame`` and a hub with two connections fed the bytes as one frame, then as
                    frames cut at NUL bytes (announcements, data, test-handler commands); a data message
                    renders back to the frame it came in
@@ -84,6 +91,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     from hubbub.client import bulk as client_bulk
     from hubbub.cluster import wire as cw
     from hubbub.dialects import guble as gc
+    from hubbub.dialects import mist as md
     from hubbub.dialects import native as nc
     from hubbub.dialects import qpubs as qpd
     from hubbub.dialects import wearscript as wsd
@@ -365,6 +373,95 @@ def wearscript_target(data: bytes) -> None:
     assert hub.connections() == [b.id]
 
 
+def _mist_run(conn: Any, pieces: list[bytes]) -> list[Any]:
+    """Feed a mist TCP connection, answering each authentication with a grant; all outputs in order."""
+    out: list[Any] = []
+    for piece in pieces:
+        got = conn.receive_data(piece)
+        while got:
+            out += got
+            got = conn.auth_result(md.MistGrant()) if conn.awaiting_auth else []
+    return out
+
+
+def _mist_check_publish(out: Any) -> None:
+    assert out.tags and list(out.tags) == sorted(set(out.tags)), out
+    ev = Event("/mist", 1, "e0000000", 1, Publisher("mist2015"), out.payload, md.CONTENT_TYPE, {}, out.tags)
+    line = md.render_event_tcp(ev)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(md.render_event(ev))["command"] == "publish"
+    assert json.loads(md.render_event_ws(ev))["tags"] == list(out.tags)
+
+
+_MIST2015_REPLIES = (b"pong\n", b"list ", b"error ")
+
+
+def mist2015_lines(data: bytes) -> None:
+    for auth in (False, True):
+        whole = md.Mist2015Connection(max_frame=128, max_subscriptions=4, max_tags=8, auth_required=auth)
+        cut = md.Mist2015Connection(max_frame=128, max_subscriptions=4, max_tags=8, auth_required=auth)
+        outs = _mist_run(whole, [data])
+        assert outs == _mist_run(cut, [data[i : i + 7] for i in range(0, len(data), 7)]), "chunking matters"
+        for i, out in enumerate(outs):
+            if isinstance(out, md.Send):
+                assert out.data.startswith(_MIST2015_REPLIES) and out.data.endswith(b"\n"), out
+            elif isinstance(out, md.Close):
+                assert whole.failed and i == len(outs) - 1, outs
+            elif isinstance(out, md.Publish):
+                _mist_check_publish(out)
+            elif isinstance(out, md.Subscribe | md.Unsubscribe):
+                assert out.tags and len(out.tags) <= 8
+        assert len(whole.subscriptions) <= 4 and whole.buffered <= 129
+
+
+def mist2015_ws(data: bytes) -> None:
+    conn = md.Mist2015WsConnection(max_frame=256, max_subscriptions=4, max_tags=8)
+    for piece in [data, *data.split(b"\x00")]:
+        for binary in (False, True):
+            for out in conn.receive_frame(piece, binary=binary):
+                if isinstance(out, md.Send):
+                    reply = json.loads(out.data)
+                    assert isinstance(reply, dict) and isinstance(reply.get("success", True), bool), reply
+                elif isinstance(out, md.Close):
+                    assert out.code == 1009 and len(piece) > 256
+                    return
+                else:
+                    assert isinstance(out, md.Subscribe | md.Unsubscribe) and out.tags
+
+
+def _mist1_check(outs: list[Any], conn: Any) -> None:
+    for i, out in enumerate(outs):
+        if isinstance(out, md.Send):
+            assert out.data.endswith(b"\n") and out.data.count(b"\n") == 1, out
+            assert isinstance(json.loads(out.data)["command"], str)
+        elif isinstance(out, md.Close):
+            assert conn.failed and i == len(outs) - 1 and out.code in (1000, 1009), outs
+        elif isinstance(out, md.Publish):
+            _mist_check_publish(out)
+        elif isinstance(out, md.ListAll | md.Who):
+            assert isinstance(conn.reply_who(md.Who(out.echo), 1, 0), bytes)
+
+
+def mist1_stream(data: bytes) -> None:
+    for auth in (False, True):
+        whole = md.Mist1Connection(max_frame=128, max_subscriptions=4, max_tags=8, auth_required=auth)
+        cut = md.Mist1Connection(max_frame=128, max_subscriptions=4, max_tags=8, auth_required=auth)
+        outs = _mist_run(whole, [data])
+        assert outs == _mist_run(cut, [data[i : i + 7] for i in range(0, len(data), 7)]), "chunking matters"
+        _mist1_check(outs, whole)
+        assert len(whole.subscriptions) <= 4
+
+
+def mist1_ws(data: bytes) -> None:
+    conn = md.Mist1WsConnection(max_frame=256, max_subscriptions=4, max_tags=8, auth_required=True)
+    for piece in [data, *data.split(b"\x00")]:
+        outs = conn.receive_frame(piece)
+        if outs and isinstance(outs[-1], md.Close):
+            assert outs == [md.Close(1009)] and len(piece) > 256
+            return
+        _mist1_check(outs, conn)
+
+
 def cluster_wire_target(data: bytes) -> None:
     """A Redis message between nodes: decoded, or refused with BadMessage; what decodes re-encodes to the same
     message."""
@@ -420,6 +517,10 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "client_framing": client_framing,
     "auth": auth_target,
     "wearscript": wearscript_target,
+    "mist2015_lines": mist2015_lines,
+    "mist2015_ws": mist2015_ws,
+    "mist1_stream": mist1_stream,
+    "mist1_ws": mist1_ws,
     "cluster_wire": cluster_wire_target,
     "qpubs": qpubs_target,
 }

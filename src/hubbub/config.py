@@ -188,7 +188,7 @@ class Config:
         ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be positive")
-        for key in ("guble_auth", "ivy_auth", "wearscript_auth"):
+        for key in ("guble_auth", "ivy_auth", "wearscript_auth", "mist_auth"):
             if getattr(self, key) not in ("", "off", "token"):
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (auth.mode), off or token")
             if getattr(self, key) == "token" and self.auth_mode != "token":
@@ -200,8 +200,6 @@ class Config:
                 raise BadChannel("not canonical")
         except BadChannel:
             raise ConfigError("mist.channel: must be a canonical channel path such as /mist") from None
-        if self.mist_auth not in ("", "off"):
-            raise ConfigError("mist.auth: only 'off' is supported in this release")
         group, sep, device = self.wearscript_group_device.partition(":")
         if not sep or not group or not device:
             raise ConfigError("wearscript.group_device: expected GROUP:DEVICE, such as server:0")

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from hubbub import __version__
 from hubbub.auth import Authenticator, TokenAuthorizer, load_keys, parse_static_tokens
+from hubbub.auth.mist_registry import MistTokenRegistry
 from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, default_node_id
 from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import ConsumerService, Node, NodeSettings
@@ -33,6 +34,8 @@ from hubbub.transports.guble import GubleSettings
 from hubbub.transports.guble import install as install_guble
 from hubbub.transports.http import HttpSettings, NativeHttp, RouteInstaller, build_app
 from hubbub.transports.ivy import IvySettings, ivy_installer
+from hubbub.transports.mist import MistService, MistSettings
+from hubbub.transports.mist_tcp import serve_mist_tcp
 from hubbub.transports.native import NativeConnection, NativeEncoder
 from hubbub.transports.pump import quietly
 from hubbub.transports.tcp import peer_ip, serve_native_tcp
@@ -84,6 +87,9 @@ class Server:
         self._tcp_native: set[NativeConnection] = set()
         self._broker: RedisBroker | None = None
         self.wearscript: WearscriptService | None = None
+        #: Mist, both generations (protocols/mist.md): its service and TCP listener.
+        self.mist: MistService | None = None
+        self._mist_tcp: asyncio.Server | None = None
         #: The link up to a WearScript hub (``wearscript.upstream``).
         self.wearscript_upstream: WearscriptUpstream | None = None
 
@@ -181,6 +187,22 @@ class Server:
         if cfg.wearscript_enabled:
             self.wearscript = WearscriptService(node, wearscript_settings(cfg), http_settings)
             installers.append(self.wearscript.install)
+        if cfg.mist_enabled:
+            registry = await loop.run_in_executor(None, MistTokenRegistry.in_data_dir, cfg.data_dir)
+            self.mist = MistService(
+                node,
+                MistSettings(
+                    channel=cfg.mist_channel,
+                    auth=token and cfg.dialect_auth("mist") == "token",
+                    token=str(cfg.mist_token),
+                    max_tags=lim.max_tags,
+                    max_tag_bytes=lim.max_tag_bytes,
+                ),
+                http_settings,
+                registry,
+                lambda: node.access.authenticator,
+            )
+            installers.append(self.mist.install)
         # Each dialect adds its route installer here, built from its own settings (the dialect's docs list
         # its configuration keys).
         app, self._native_http = build_app(node, http_settings, installers)
@@ -253,6 +275,18 @@ class Server:
             )
             self.ports["native"] = self._tcp.sockets[0].getsockname()[1]
             log.info("listening", extra={"listener": "native", "address": f"{host}:{self.ports['native']}"})
+        if self.mist is not None:
+            host, port = parse_listen(cfg.mist_tcp_listen, "mist.tcp_listen")
+
+            def track_mist(task: asyncio.Task[None]) -> None:
+                self._tcp_conns.add(task)
+                task.add_done_callback(self._tcp_conns.discard)
+
+            self._mist_tcp = await serve_mist_tcp(
+                host, port, self.mist, track_mist, ssl_context=self._ssl, limiter=node.limiter
+            )
+            self.ports["mist"] = self._mist_tcp.sockets[0].getsockname()[1]
+            log.info("listening", extra={"listener": "mist", "address": f"{host}:{self.ports['mist']}"})
         log.info(
             "hubbub %s started",
             __version__,
@@ -285,6 +319,8 @@ class Server:
             self.wearscript_upstream = None
         if self._tcp is not None:
             self._tcp.close()
+        if self._mist_tcp is not None:
+            self._mist_tcp.close()
         node = self.node
         if node is not None:
             for sess in node.sessions:
@@ -301,12 +337,19 @@ class Server:
                 lambda: asyncio.wait_for(tcp.wait_closed(), 2.0), node, "native", "", "listener close"
             )
             self._tcp = None
+        mist_tcp = self._mist_tcp
+        if mist_tcp is not None:
+            await quietly(
+                lambda: asyncio.wait_for(mist_tcp.wait_closed(), 2.0), node, "mist", "", "listener close"
+            )
+            self._mist_tcp = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
         if self.wearscript is not None:
             self.wearscript.close()
             self.wearscript = None
+        self.mist = None
         if self.consumers is not None:
             await self.consumers.close()
             self.consumers = None

@@ -84,7 +84,8 @@ def test_mist_keys() -> None:
         ({"mist.tcp_listen": "nowhere"}, "mist.tcp_listen"),
         ({"mist.channel": "mist"}, "mist.channel"),
         ({"mist.channel": "/a%41"}, "mist.channel"),
-        ({"mist.auth": "token"}, "mist.auth"),
+        ({"mist.auth": "token"}, "mist.auth"),  # needs auth.mode = token
+        ({"mist.auth": "maybe"}, "mist.auth"),
     ):
         with pytest.raises(ConfigError, match=needle):
             load_config(bad, env={})

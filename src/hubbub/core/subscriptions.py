@@ -247,7 +247,10 @@ class SubscriptionRegistry:
             if not self._holding and not (
                 ev.headers and any(k.startswith(FILTER_PREFIX) for k in ev.headers)
             ):
-                if subs is run_subs and origin is run_origin:
+                # Tagged events of one burst match the same subscriptions through different router results
+                # (the cache is keyed by their tags): equal tuples of the same subscriptions, compared by
+                # identity element by element (Subscription is identity-compared), still make a run.
+                if origin is run_origin and (subs is run_subs or (ev.tags and subs == run_subs)):
                     run.append(ev)
                     continue
                 if run:

@@ -90,6 +90,17 @@ __all__ = [
 #: Registry commands: served on authenticated connections only (mist.md §7).
 ADMIN_COMMANDS: Final = frozenset({"register", "unregister", "set", "unset", "tags"})
 
+#: The wire name of each command the core may refuse (for the ``Access denied`` reply).
+_COMMAND_NAMES: Final[dict[type, str]] = {
+    Publish: "publish",
+    Subscribe: "subscribe",
+    Register: "register",
+    Unregister: "unregister",
+    SetTags: "set",
+    UnsetTags: "unset",
+    TokenTags: "tags",
+}
+
 _INVALID_JSON: Final = b'{"command":"","error":"Invalid JSON"}\n'
 _TOO_LARGE: Final = b'{"command":"","error":"Message too large"}\n'
 _PONG: Final = Send(b'{"command":"ping","data":"pong"}\n')
@@ -485,10 +496,11 @@ class _Base:
         return None
 
     def reply_error(self, cmd: Command, exc: HubbubError) -> list[Output]:
-        """The outputs answering the core's refusal of ``cmd``: ``Access denied`` for a publish the token
-        may not make (4102), ``Too many subscriptions`` (4007); anything else closes (1011)."""
+        """The outputs answering the core's refusal of ``cmd``: ``Access denied`` (with the command's name)
+        for a publish or registry command the token may not make (4102), ``Too many subscriptions`` (4007);
+        anything else closes (1011)."""
         if isinstance(exc, AuthError) and exc.code == 4102:
-            return [Send(render_reply("publish", error="Access denied"))]
+            return [Send(render_reply(_COMMAND_NAMES.get(type(cmd), "publish"), error="Access denied"))]
         if isinstance(exc, LimitExceeded):
             return [Send(render_reply("subscribe", error="Too many subscriptions"))]
         self._fail(exc)
@@ -545,6 +557,13 @@ class Mist1Connection(_Base):
             return []
         self._split.buf += data
         out: list[Output] = []
+        if self.awaiting_auth:
+            # The transport kept reading while authentication was pending: bound what is held. (Only what
+            # arrives meanwhile: input that came with the first message waits whatever its size, so the
+            # outputs do not depend on where the reads split it.)
+            if len(self._split.buf) > self.max_frame:
+                self._fatal(FrameTooLarge("input over max_frame while authenticating"), _TOO_LARGE, out)
+            return out
         self._process(out)
         return out
 
@@ -603,9 +622,6 @@ class Mist1Connection(_Base):
                 out.append(Authenticate(msg.data))
                 break
             self._execute(msg, out)
-        if self.awaiting_auth and len(split.buf) > self.max_frame:
-            # The transport kept reading while authentication was pending: bound what is held.
-            self._fatal(FrameTooLarge("input over max_frame while authenticating"), _TOO_LARGE, out)
 
 
 class Mist1WsConnection(_Base):

@@ -244,6 +244,13 @@ class Mist2015Connection(_Base):
             return []
         self._buf += data
         out: list[Output] = []
+        if self.awaiting_auth:
+            # The transport kept reading while authentication was pending: bound what is held. (Only what
+            # arrives meanwhile: input that came with the auth line waits whatever its size, so the outputs
+            # do not depend on where the reads split it.)
+            if len(self._buf) > self.max_frame:
+                self._fatal(FrameTooLarge(f"line over {self.max_frame} bytes"), _LINE_TOO_LONG, out)
+            return out
         self._process(out)
         return out
 
@@ -278,9 +285,6 @@ class Mist2015Connection(_Base):
             del buf[: nl + 1]
             self._scanned = 0
             self._line(line, out)
-        if self.awaiting_auth and len(buf) > self.max_frame:
-            # The transport kept reading while authentication was pending: bound what is held.
-            self._fatal(FrameTooLarge(f"line over {self.max_frame} bytes"), _LINE_TOO_LONG, out)
 
     def _fatal(self, exc: HubbubError, reply: Send, out: list[Output]) -> None:
         out.append(reply)

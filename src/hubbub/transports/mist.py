@@ -1,0 +1,605 @@
+"""Mist, both generations (protocols/mist.md): the WebSocket routes, ``/mist/ping`` and the connection wiring
+shared with the TCP listener (:mod:`hubbub.transports.mist_tcp`).
+
+The protocol logic is the sans-I/O :mod:`hubbub.dialects.mist`; this module carries its outputs out:
+
+* :class:`MistService` is the node's mist state: the token registry (``data_dir/mist-tokens.json``), which
+  tokens mist accepts (§8), the open connections (for ``listall`` and ``who``), the shared session encoders,
+  and the HTTP routes ``/mist/ws`` (2015), ``/mist/v1/ws`` (1.x) and ``/mist/ping``.
+* :class:`MistWire` is one connection of either generation over either transport: ``Send`` outputs go to
+  its session's queue, ``Publish`` to the log (committed before delivery, §6), ``Subscribe`` to a live core
+  subscription ``/**`` with the tag set (the router's tag index matches it, §5), the registry commands to
+  the registry (admin permission through ``node.access``), ``Authenticate`` to :meth:`MistService.login`.
+  A :class:`~hubbub.transports.pump.SessionPump` writes the queue; every task of the connection belongs to
+  the ``asyncio.TaskGroup`` of its handler.
+
+``who`` counts come from :attr:`MistService.presence`, a plain function (local connections by default), so a
+cluster-wide count can replace it.
+
+Concurrency contract: everything runs on the event loop thread; a connection's input is handled one piece at
+a time, in order (a subscription exists in the core before the next command is read). Registry writes (an
+fsync each) run on the default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+from aiohttp import WSMsgType, web
+
+from hubbub.auth import ANONYMOUS, EVERYTHING, NOTHING, Authenticator, Identity
+from hubbub.auth.mist_registry import MistAuthenticator, MistTokenRegistry
+from hubbub.channels import parse_pattern
+from hubbub.core import Node, ReplayPlan, Session
+from hubbub.core.flag import Flag
+from hubbub.core.session import Overflow
+from hubbub.dialects import mist as md
+from hubbub.disconnect import Disconnect
+from hubbub.errors import AuthError, HubbubError, LimitExceeded, RateLimited, ShuttingDown, SubscriptionError
+from hubbub.events import Event, Publisher
+from hubbub.log.base import AppendRequest, AppendResult, LogStore
+
+from .http import HttpSettings, peer_address, request_token, text_response
+from .pump import SessionPump, io_failed, quietly, stopped
+
+__all__ = [
+    "MistEncoder",
+    "MistService",
+    "MistSettings",
+    "MistWire",
+    "Presence",
+    "Proto",
+    "mist_token",
+]
+
+log = logging.getLogger("hubbub.mist")
+
+DIALECT: Final = "mist"
+WS_2015: Final = "/mist/ws"
+WS_1: Final = "/mist/v1/ws"
+PING: Final = "/mist/ping"
+#: Every mist subscription is ``/**`` with a tag set (mist.md §5: events of every channel).
+_EVERY_CHANNEL: Final = parse_pattern("/**")
+#: The identity of ``mist.token`` (the upstream master token): everything, the registry included.
+MASTER: Final = Identity("", EVERYTHING, EVERYTHING, admin=True, via="mist-token")
+#: The identity of a 2015 WebSocket client with a registry token: it reads (through its tag check) only.
+REGISTRY_READER: Final = Identity("", NOTHING, EVERYTHING, admin=False, via="mist-registry")
+
+Proto: TypeAlias = md.Mist2015Connection | md.Mist2015WsConnection | md.Mist1Connection | md.Mist1WsConnection
+#: ``who``'s two numbers: mist connections accepted since start, open ones holding a subscription.
+Presence: TypeAlias = Callable[[], tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class MistSettings:
+    """The ``mist.*`` keys resolved (docs/dialects/mist.md); limits are the shared ``limits.*``."""
+
+    channel: str = md.DEFAULT_CHANNEL
+    #: ``mist.auth`` resolved: tokens are checked (§8).
+    auth: bool = False
+    #: ``mist.token``: an extra master token ("" for none).
+    token: str = ""
+    max_tags: int = md.DEFAULT_MAX_TAGS
+    max_tag_bytes: int = md.DEFAULT_MAX_TAG_BYTES
+    #: WebSocket keepalive (protocols README §8): a ping this often, close 1001 after this much silence.
+    ping_interval_s: float = 30.0
+    read_timeout_s: float = 90.0
+
+
+class MistEncoder:
+    """Session encoder of one rendering (2015 line, 2015 WS, 1.x), shared by every connection using it.
+
+    ``replica`` is the encoder of a 2015 replication peer: an event another peer published renders as an
+    empty frame, which the wire does not send (mist.md §5)."""
+
+    __slots__ = ("_render", "key", "replica")
+
+    def __init__(self, key: str, render: Callable[[Event], bytes], replica: bool = False) -> None:
+        self.key = key + ".replica" if replica else key
+        self._render = render
+        self.replica = replica
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        if self.replica and md.REPLICA_HEADER in event.headers:
+            return b""
+        hit: bytes | None = cache.get(self.key)
+        if hit is None:
+            hit = cache[self.key] = self._render(event)
+        return hit
+
+
+def _live_only(store: LogStore) -> ReplayPlan:
+    """Mist has no replay (§6): an empty snapshot, so subscribing never reads the log."""
+    return ReplayPlan()
+
+
+def _nothing(plan: ReplayPlan) -> None:
+    """No subscribe reply from the core: the dialect answered already, where it answers at all."""
+
+
+def _sub_id(tags: frozenset[str]) -> str:
+    # The tag set identifies the subscription (one per distinct set per connection); \x1f cannot be confused
+    # with a tag boundary the way "," could (1.x tags may hold commas).
+    return "\x1f".join(sorted(tags))
+
+
+def _is_error_reply(proto: Proto, data: bytes) -> bool:
+    """Whether a dialect reply is an error answer (counted as bad input). Replies carry no event, so the
+    error marker can only be the dialect's own: a 2015 ``error`` line, a 2015 WS ``"success":false``, a
+    1.x ``"error"`` key (JSON escapes any quote inside a string, so the raw key cannot come from data)."""
+    if isinstance(proto, md.Mist2015Connection):
+        return data.startswith(b"error ")
+    if isinstance(proto, md.Mist2015WsConnection):
+        return data.startswith(b'{"success":false')
+    return b'"error":"' in data
+
+
+class MistWire:
+    """One mist connection: its dialect state machine, session and write loop. See the module docstring.
+
+    ``send`` writes one frame (a TCP write or a WebSocket frame), ``close`` closes the connection, and
+    ``send_many`` (TCP) writes several frames at once: one write for a burst, where an empty frame (a replica
+    event for a replication peer) adds nothing."""
+
+    def __init__(
+        self,
+        service: MistService,
+        proto: Proto,
+        *,
+        send: Callable[[bytes], Awaitable[object]],
+        close: Callable[[Disconnect], Awaitable[object]],
+        send_many: Callable[[list[bytes]], Awaitable[object]] | None = None,
+        peer: str = "",
+    ) -> None:
+        self.service = service
+        self.proto = proto
+        self.peer = peer
+        node = self.node = service.node
+        h = service.http
+        self.session = Session(
+            proto.generation,
+            service.encoder_for(proto),
+            max_items=h.send_queue,
+            max_bytes=h.send_queue_bytes,
+            overflow=Overflow.DROP_OLDEST,  # best effort, no way to report a gap (protocols README §4)
+            slow_close_code=Disconnect.TRY_AGAIN_LATER,
+            echo=proto.echo,  # 2015 delivers to the publisher, 1.x never (mist.md §5)
+        )
+        self._replica = False
+        #: Monotonic time of the last frame received (WebSocket keepalive).
+        self.last_recv = time.monotonic()
+        self.inflight = 0
+        self.max_inflight = h.send_queue
+        self._acked = Flag()
+        self._group: asyncio.TaskGroup | None = None
+        self._writer: asyncio.Task[None] | None = None
+
+        async def send_nonempty(data: bytes) -> None:
+            if data:  # an empty frame is a replica event this replication peer must not get
+                await send(data)
+
+        self._pump = SessionPump(
+            node, self.session, send=send_nonempty, close=close, max_frame=h.max_frame, send_many=send_many
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    def start(self, group: asyncio.TaskGroup, identity: Identity | None) -> None:
+        """Bind ``identity`` (None: a TCP connection that must send its token first), attach to the node and
+        the service, start the writer in ``group``."""
+        self._group = group
+        if identity is not None:
+            # Bound before the session is attached: its subscriptions see the token's permissions.
+            self.node.access.bind(self.session, identity)
+        self.node.attach(self.session)
+        self.service.join(self)
+        self._writer = group.create_task(self._pump.run())
+
+    @property
+    def done(self) -> bool:
+        s = self.session
+        return bool(s.ending or s.kicked or s.closed)
+
+    async def finish(self) -> None:
+        """The reader is done: a pending close goes out (for at most 10 s), the writer stops."""
+        sess = self.session
+        self.service.leave(self)
+        if (sess.ending or sess.kicked) and self._writer is not None:
+            await stopped(
+                asyncio.wait_for(asyncio.shield(self._writer), 10), self.node, sess.dialect, sess.id
+            )
+        self.node.detach(sess)
+        if self._writer is not None:
+            self._writer.cancel()
+            await stopped(self._writer, self.node, sess.dialect, sess.id)
+
+    # -- the dialect's outputs ----------------------------------------------------------------------------
+
+    async def handle(self, outputs: list[md.Output]) -> None:
+        """Carry out the dialect's outputs, in order."""
+        for out in outputs:
+            if self.done:
+                return
+            if isinstance(out, md.Send):
+                if _is_error_reply(self.proto, out.data):
+                    self.node.count_bad_input(self.session.dialect)
+                self.session.push(out.data)
+            elif isinstance(out, md.Close):
+                self._close(out.code)
+            elif isinstance(out, md.Publish):
+                await self._publish(out)
+            elif isinstance(out, md.Subscribe):
+                await self._subscribe(out)
+            elif isinstance(out, md.Unsubscribe):
+                with contextlib.suppress(SubscriptionError):  # gone with a detach meanwhile
+                    self.node.unsubscribe(self.session, _sub_id(out.tags))
+            elif isinstance(out, md.ListAll):
+                assert isinstance(self.proto, md.Mist1Connection | md.Mist1WsConnection)
+                self.session.push(self.proto.reply_listall(out, self.service.listall()))
+            elif isinstance(out, md.Who):
+                assert isinstance(self.proto, md.Mist1Connection | md.Mist1WsConnection)
+                self.session.push(self.proto.reply_who(out, *self.service.presence()))
+            elif isinstance(out, md.Authenticate):
+                await self._authenticate(out)
+            else:
+                await self._registry(out)
+        if isinstance(self.proto, md.Mist2015Connection) and self.proto.replica and not self._replica:
+            # enable-replication: from now on, events of replication peers are not sent here (mist.md §5).
+            self._replica = True
+            self.session.encoder = self.service.encoder_for(self.proto)
+
+    def _close(self, code: int) -> None:
+        if code != Disconnect.NORMAL or self.proto.failed:
+            self.node.count_bad_input(self.session.dialect)
+        if code == Disconnect.MESSAGE_TOO_BIG:
+            self.node.limiter.refused("max_frame", self.session.dialect)
+        self.session.end(Disconnect.of(code))
+
+    def _refused(self, cmd: md.Command, exc: HubbubError) -> None:
+        """The core refused ``cmd``: the dialect's answer (replies, or a close)."""
+        for out in self.proto.reply_error(cmd, exc):
+            if isinstance(out, md.Send):
+                self.session.push(out.data)
+            elif isinstance(out, md.Close):
+                self.session.end(Disconnect.of(out.code))
+
+    async def _authenticate(self, cmd: md.Authenticate) -> None:
+        proto = self.proto
+        assert isinstance(proto, md.Mist2015Connection | md.Mist1Connection)
+        found = self.service.login(cmd.token, allow_registry=False, peer=self.peer)
+        if found is None:
+            self.node.count_bad_input(self.session.dialect)
+            await self.handle(proto.auth_result(None))
+            return
+        identity, grant = found
+        self.node.access.bind(self.session, identity)  # before any subscription: the first line is auth
+        await self.handle(proto.auth_result(grant))
+
+    async def _subscribe(self, cmd: md.Subscribe) -> None:
+        try:
+            await self.node.subscribe(
+                self.session,
+                _sub_id(cmd.tags),
+                _EVERY_CHANNEL,
+                cmd.tags,
+                on_snapshot=_nothing,
+                planner=_live_only,
+            )
+        except (LimitExceeded, AuthError) as exc:
+            self._refused(cmd, exc)
+        except (SubscriptionError, ShuttingDown):
+            pass  # closed meanwhile
+
+    async def _publish(self, cmd: md.Publish) -> None:
+        sess = self.session
+        req = AppendRequest(
+            channel=cmd.channel,
+            publisher=Publisher(sess.dialect, sess.user, sess.id, ""),
+            payload=cmd.payload,
+            content_type=md.CONTENT_TYPE,
+            headers=cmd.headers,
+            tags=cmd.tags,
+        )
+
+        def done(r: AppendResult | HubbubError) -> None:
+            self.inflight -= 1
+            if self.inflight < self.max_inflight // 2:
+                self._acked.set()
+            if isinstance(r, HubbubError):
+                log.warning("mist publish failed: %s", r, extra={"session": sess.id})
+                self._refused(cmd, r)
+
+        if self.inflight >= self.max_inflight:  # read-side back-pressure: bounded publishes in flight
+            self._acked.clear()
+            await self._acked.wait()
+        await self.node.writable()
+        try:
+            self.node.submit(req, sess, done)
+        except RateLimited:
+            return  # mist has no reply for it: the publish is dropped (counted by the limiter)
+        except (AuthError, LimitExceeded) as exc:
+            self._refused(cmd, exc)
+            return
+        except ShuttingDown:
+            sess.end(Disconnect.GOING_AWAY)
+            return
+        self.inflight += 1
+
+    async def _registry(self, cmd: md.RegistryCommand) -> None:
+        """A registry command (mist.md §7): an administrator's only when auth is on."""
+        node, sess = self.node, self.session
+        try:
+            node.access.check_admin(sess.identity, sess.dialect)
+        except AuthError as exc:
+            self._refused(cmd, exc)
+            return
+        registry = self.service.registry
+        call: Callable[[], bool | frozenset[str] | None]
+        if isinstance(cmd, md.Register):
+            call = lambda: registry.register(cmd.token, cmd.tags)  # noqa: E731
+        elif isinstance(cmd, md.Unregister):
+            call = lambda: registry.unregister(cmd.token)  # noqa: E731
+        elif isinstance(cmd, md.SetTags):
+            call = lambda: registry.set_tags(cmd.token, cmd.tags)  # noqa: E731
+        elif isinstance(cmd, md.UnsetTags):
+            call = lambda: registry.unset_tags(cmd.token, cmd.tags)  # noqa: E731
+        else:
+            call = lambda: registry.tags(cmd.token)  # noqa: E731
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(None, call)
+        except HubbubError as exc:  # StorageError: the registry cannot be written
+            log.error("mist token registry: %s", exc)
+            self._refused(cmd, exc)
+            return
+        proto = self.proto
+        assert not isinstance(proto, md.Mist2015WsConnection)  # it has no registry commands
+        reply = proto.reply_registry(cmd, result)
+        if reply is not None:
+            sess.push(reply)
+
+
+def mist_token(request: web.Request) -> str | None:
+    """The token of a mist WebSocket upgrade (mist.md §8): the ``X-Auth-Token`` header, the query
+    ``x-auth-token`` or ``X-AUTH-TOKEN``, else the README §6 forms (``Authorization: Bearer``, ``token``)."""
+    token = request.headers.get("X-Auth-Token")
+    if token:
+        return token
+    q = request.query
+    return q.get("x-auth-token") or q.get("X-AUTH-TOKEN") or request_token(request)
+
+
+class MistService:
+    """The node's mist state and HTTP routes. See the module docstring.
+
+    ``authenticator`` verifies the global tokens (``auth.*``; None with ``auth.mode = off``)."""
+
+    def __init__(
+        self,
+        node: Node,
+        settings: MistSettings,
+        http: HttpSettings,
+        registry: MistTokenRegistry,
+        authenticator: Callable[[], Authenticator | None],
+    ) -> None:
+        self.node = node
+        self.settings = settings
+        self.http = http
+        self.registry = registry
+        self._authenticator = authenticator
+        self._auth = MistAuthenticator(master_token=settings.token, registry=registry)
+        self.wires: set[MistWire] = set()
+        #: Mist connections accepted since start (both generations, every transport).
+        self.lifetime = 0
+        #: ``who``'s numbers; local connections unless replaced (a cluster-wide count).
+        self.presence: Presence = self.local_presence
+        self._encoders: dict[tuple[str, bool], MistEncoder] = {}
+
+    # -- connections --
+
+    def encoder_for(self, proto: Proto) -> MistEncoder:
+        """The shared encoder of the connection's rendering (a replication peer's of its own)."""
+        if isinstance(proto, md.Mist2015Connection):
+            key, render = "mist2015.tcp", md.render_event_tcp
+        elif isinstance(proto, md.Mist2015WsConnection):
+            key, render = "mist2015.ws", md.render_event_ws
+        else:
+            key, render = "mist1", md.render_event
+        replica = proto.replica if isinstance(proto, md.Mist2015Connection) else False
+        enc = self._encoders.get((key, replica))
+        if enc is None:
+            enc = self._encoders[key, replica] = MistEncoder(key, render, replica)
+        return enc
+
+    def tcp_proto(self, first: bytes) -> md.Mist2015Connection | md.Mist1Connection:
+        """The state machine of a TCP connection whose first bytes are ``first`` (mist.md §1)."""
+        h, s = self.http, self.settings
+        proto = md.tcp_connection(
+            first,
+            max_frame=h.max_frame,
+            max_subscriptions=h.max_subscriptions,
+            max_tags=s.max_tags,
+            max_tag_bytes=s.max_tag_bytes,
+            channel=s.channel,
+            auth_required=s.auth,
+        )
+        assert proto is not None  # first is never empty
+        return proto
+
+    def first_identity(self) -> Identity | None:
+        """A new TCP connection's identity: everyone's with auth off, none until its token otherwise."""
+        return None if self.settings.auth else ANONYMOUS
+
+    def join(self, wire: MistWire) -> None:
+        self.wires.add(wire)
+        self.lifetime += 1
+
+    def leave(self, wire: MistWire) -> None:
+        self.wires.discard(wire)
+
+    def listall(self) -> set[str]:
+        """The distinct tags of every mist subscription on this node (1.x ``listall``)."""
+        out: set[str] = set()
+        for wire in self.wires:
+            for tags in wire.proto.subscriptions:
+                out |= tags
+        return out
+
+    def local_presence(self) -> tuple[int, int]:
+        """Connections since start, and open ones holding at least one subscription (this node's)."""
+        return self.lifetime, sum(1 for w in self.wires if w.proto.subscribed)
+
+    def login(
+        self, token: str | None, *, allow_registry: bool, peer: str
+    ) -> tuple[Identity, md.MistGrant] | None:
+        """What ``token`` allows on mist (mist.md §8): ``mist.token``, then a global token, then (where
+        ``allow_registry``: the 2015 WebSocket) a registry token with tags. None (audited) when refused."""
+        if token:
+            if self._auth.check(token) is not None:
+                return MASTER, md.MistGrant()
+            authenticator = self._authenticator()
+            if authenticator is not None:
+                try:
+                    ident = authenticator.authenticate(token)
+                except AuthError:
+                    pass
+                else:
+                    return ident, md.MistGrant(ident.user)
+            if allow_registry:
+                access = self._auth.check(token, allow_registry=True)
+                if access is not None:
+                    return REGISTRY_READER, md.MistGrant("", access.registry_tags)
+        code = 4101 if token else 4100
+        self.node.access.refused(AuthError("mist token refused", code=code), DIALECT, peer)
+        return None
+
+    # -- HTTP --
+
+    def install(self, app: web.Application, node: Node, settings: HttpSettings) -> None:
+        """The :data:`~hubbub.transports.http.RouteInstaller` of the mist routes (mist.md §1)."""
+        app.router.add_get(WS_2015, self.websocket_2015, allow_head=False)
+        app.router.add_get(WS_1, self.websocket_1, allow_head=False)
+        app.router.add_get(PING, self.ping)
+
+    async def ping(self, request: web.Request) -> web.StreamResponse:
+        return text_response(200, "pong\n")
+
+    async def websocket_2015(self, request: web.Request) -> web.StreamResponse:
+        return await self._websocket(request, generation="mist2015")
+
+    async def websocket_1(self, request: web.Request) -> web.StreamResponse:
+        return await self._websocket(request, generation="mist1")
+
+    async def _websocket(self, request: web.Request, generation: str) -> web.StreamResponse:
+        ws = web.WebSocketResponse(max_msg_size=self.http.max_frame, autoping=False, compress=False)
+        if not ws.can_prepare(request).ok:
+            return text_response(400, "websocket upgrade required\n")
+        peer = peer_address(request)
+        identity: Identity = ANONYMOUS
+        grant = md.MistGrant()
+        if self.settings.auth:
+            found = self.login(mist_token(request), allow_registry=generation == "mist2015", peer=peer)
+            if found is None:
+                return text_response(401, "unauthorized\n")
+            identity, grant = found
+        await ws.prepare(request)  # any Origin, or none (mist.md §10)
+        h, s = self.http, self.settings
+        proto: Proto
+        if generation == "mist2015":
+            proto = md.Mist2015WsConnection(
+                max_frame=h.max_frame,
+                max_subscriptions=h.max_subscriptions,
+                max_tags=s.max_tags,
+                max_tag_bytes=s.max_tag_bytes,
+                channel=s.channel,
+                grant=grant,
+            )
+        else:
+            proto = md.Mist1WsConnection(
+                max_frame=h.max_frame,
+                max_subscriptions=h.max_subscriptions,
+                max_tags=s.max_tags,
+                max_tag_bytes=s.max_tag_bytes,
+                channel=s.channel,
+                auth_required=s.auth,
+                grant=grant,
+            )
+
+        async def send(data: bytes) -> None:
+            await ws.send_frame(data, WSMsgType.TEXT)
+
+        async def close(code: Disconnect) -> None:
+            await ws.close(code=code)
+
+        wire = MistWire(self, proto, send=send, close=close, peer=peer)
+        try:
+            async with asyncio.TaskGroup() as group:
+                wire.start(group, identity)
+                keepalive = group.create_task(self._keepalive(ws, wire))
+                try:
+                    await self._read(ws, wire)
+                finally:
+                    keepalive.cancel()
+                    await wire.finish()
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        finally:
+            if not ws.closed:
+                sess = wire.session
+                code = sess.kicked or sess.ending or Disconnect.GOING_AWAY
+                await quietly(lambda: ws.close(code=code), self.node, sess.dialect, sess.id, "close")
+        return ws
+
+    async def _read(self, ws: web.WebSocketResponse, wire: MistWire) -> None:
+        """The connection's frames to the dialect, one at a time, until it ends or the peer goes."""
+        proto = wire.proto
+        assert isinstance(proto, md.Mist2015WsConnection | md.Mist1WsConnection)
+        sess = wire.session
+        try:
+            while not wire.done:
+                msg = await ws.receive()
+                wire.last_recv = time.monotonic()
+                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    await wire.handle(proto.receive_frame(msg.data, binary=msg.type == WSMsgType.BINARY))
+                    await sess.wait_room()  # read-side back-pressure: replies wait for the writer
+                    continue
+                if msg.type == WSMsgType.PING:
+                    await ws.pong(msg.data)
+                    continue
+                if msg.type == WSMsgType.PONG:
+                    continue
+                if (
+                    msg.type == WSMsgType.ERROR
+                    and getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG
+                ):
+                    # aiohttp refused a frame over limits.max_frame and sent close 1009 itself (§9).
+                    self.node.count_bad_input(sess.dialect)
+                    self.node.limiter.refused("max_frame", sess.dialect)
+                break
+        except ConnectionError:
+            pass
+
+    async def _keepalive(self, ws: web.WebSocketResponse, wire: MistWire) -> None:
+        """Ping every ``ping_interval_s``; close with 1001 after ``read_timeout_s`` of silence (README §8)."""
+        interval, timeout = self.settings.ping_interval_s, self.settings.read_timeout_s
+        last_ping = time.monotonic()
+        while not wire.done:
+            now = time.monotonic()
+            await asyncio.sleep(max(0.01, min(last_ping + interval, wire.last_recv + timeout) - now))
+            now = time.monotonic()
+            if now - wire.last_recv >= timeout:
+                wire.session.kick(Disconnect.GOING_AWAY)
+                return
+            if now - last_ping >= interval:
+                last_ping = now
+                try:
+                    await ws.ping()
+                except ConnectionError:
+                    pass  # the peer is gone: the reader sees it and ends the connection
+                except Exception as exc:
+                    io_failed(self.node, wire.session.dialect, wire.session.id, "ping", exc)

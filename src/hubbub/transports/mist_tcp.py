@@ -1,0 +1,126 @@
+"""The mist TCP listener (``mist.tcp_listen``, protocols/mist.md §1): one port for both generations.
+
+The first byte of a connection picks its generation (``{`` → 1.x JSON stream, anything else → the 2015 line
+protocol); every byte, that first one included, then goes to the generation's sans-I/O state machine, and its
+outputs to a :class:`~hubbub.transports.mist.MistWire`. With ``ssl_context`` the listener speaks TLS
+(``tls.cert``/``tls.key``, as the native listener). With ``limiter`` each connection is admitted first
+(``limits.max_connections``, ``limits.max_connections_per_ip``); mist has no error for a refusal, so a refused
+connection is closed.
+
+Concurrency contract: everything runs on the event loop thread; one task per connection (its handler) owns a
+``TaskGroup`` holding its write loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Callable
+from typing import Final
+
+from hubbub.core.limits import Limiter
+from hubbub.dialects import mist as md
+from hubbub.disconnect import Disconnect
+
+from .mist import DIALECT, MistService, MistWire
+from .pump import quietly
+from .tcp import peer_ip
+
+__all__ = ["serve_mist_tcp"]
+
+log = logging.getLogger("hubbub.mist")
+
+READ_CHUNK: Final = 64 * 1024
+#: Seconds a closing connection may take to send what it still has before its socket is aborted.
+CLOSE_WAIT_S: Final = 5.0
+#: Seconds a write may wait for a peer that stopped reading before the connection is aborted.
+WRITE_TIMEOUT_S: Final = 30.0
+
+
+async def _drain(writer: asyncio.StreamWriter) -> None:
+    transport = writer.transport
+    if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]:
+        await writer.drain()
+        return
+    try:
+        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+    except TimeoutError:
+        transport.abort()
+        raise ConnectionResetError("the peer read nothing within the write timeout") from None
+
+
+async def serve_mist_tcp(
+    host: str,
+    port: int,
+    service: MistService,
+    on_connection: Callable[[asyncio.Task[None]], None],
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    limiter: Limiter | None = None,
+) -> asyncio.Server:
+    """Start the listener; ``on_connection`` is given each connection's task (the server waits for them)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        on_connection(task)
+        ip = peer_ip(writer)
+        if limiter is not None and limiter.admit(ip, DIALECT) is not None:
+            writer.close()
+            await quietly(writer.wait_closed, service.node, DIALECT, "", "close of a refused connection")
+            return
+        try:
+            async with asyncio.TaskGroup() as group:
+                await serve(reader, writer, group, ip)
+        finally:
+            if limiter is not None:
+                limiter.release(ip)
+
+    async def serve(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: asyncio.TaskGroup, ip: str
+    ) -> None:
+        async def send(data: bytes) -> None:
+            writer.write(data)
+            await _drain(writer)
+
+        async def send_many(frames: list[bytes]) -> None:
+            writer.write(b"".join(frames))  # a stream: a burst of events goes out in one write
+            await _drain(writer)
+
+        async def close(code: Disconnect) -> None:
+            writer.close()
+
+        wire: MistWire | None = None
+        try:
+            while True:
+                data = await reader.read(READ_CHUNK)
+                if not data:
+                    break
+                if wire is None:
+                    wire = MistWire(
+                        service, service.tcp_proto(data), send=send, close=close, send_many=send_many, peer=ip
+                    )
+                    wire.start(group, service.first_identity())
+                proto = wire.proto
+                assert isinstance(proto, md.Mist2015Connection | md.Mist1Connection)
+                await wire.handle(proto.receive_data(data))
+                if wire.done:
+                    break
+                await wire.session.wait_room()  # read-side back-pressure: replies wait for the writer
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("mist TCP connection failed")
+        finally:
+            if wire is not None:
+                await wire.finish()
+            writer.close()
+            node = service.node
+            sid = wire.session.id if wire is not None else ""
+            await quietly(
+                lambda: asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S), node, DIALECT, sid, "close"
+            )
+            writer.transport.abort()  # a peer that read nothing keeps no socket; after a clean close, a no-op
+
+    return await asyncio.start_server(handle, host, port, ssl=ssl_context)
