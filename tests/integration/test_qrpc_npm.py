@@ -75,7 +75,8 @@ def test_stock_qrpc_client_session(tmp_path: Path, qrpc_modules: Path) -> None:
     assert r["emitA"] == {"ok": True, "delivered": 1}
     assert r["emitB"] == {"ok": True, "delivered": 2}  # the listen and the once
     assert r["once"] == {"topic": "npm.b", "value": "bee"}
-    assert r["listened"] == [{"topic": "npm.a", "value": {"x": [1, "two"]}}, {"topic": "npm.b", "value": "bee"}]
+    a, b = {"topic": "npm.a", "value": {"x": [1, "two"]}}, {"topic": "npm.b", "value": "bee"}
+    assert r["listened"] == [a, b]
     assert r["ignored"] == {"ok": True, "removed": 1}
     assert r["error"] == {"isError": True, "message": "nope: no handler", "code": "ENOHANDLER"}
     assert r["created"] == {"ok": True, "subId": "npm-sub", "created": True}
