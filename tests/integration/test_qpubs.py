@@ -85,6 +85,20 @@ def test_auth_on_qrpc_and_http(tmp_path: Path) -> None:
             async with http.get(f"{base}/emit?pub.y,6", headers=hdr) as r:
                 assert await r.json() == {"ok": True, "delivered": 1}
             assert (await q.next(lid))["m"] == {"topic": "pub.y", "value": 6}
+            # A durable subscription journals every match; alice's batches leave out what she may not read.
+            oid = q.send("openSubscription", {"subId": "all-x", "topic": "*.x"})
+            await barrier(q)
+            root = await QrpcClient.connect(srv.ports["qrpc"])
+            assert (await root.call("auth", {"token": "tok-root"}))["user"] == "root"
+            await root.call("emit", {"topic": "secret.x", "value": "no"})
+            await root.call("emit", {"topic": "pub.x", "value": "yes"})
+            seen: list[Any] = []
+            while "yes" not in seen:
+                m = (await q.next(oid))["m"]
+                seen += [it["value"] for it in m["items"]]
+                assert await q.call("ack", {"subId": "all-x", "batch": m["batch"]}) == {"ok": True}
+            assert seen == ["yes"]
+            await root.close()
             await q.close()
 
     asyncio.run(main())

@@ -13,6 +13,7 @@ Concurrency contract: everything runs on the event loop thread, one call at a ti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hubbub.core import Batch, ConsumerService, Opener
@@ -25,9 +26,16 @@ if TYPE_CHECKING:
 __all__ = ["QrpcSubscriptions", "render_batch"]
 
 
-def render_batch(call_id: str, batch: Batch, separator: str) -> bytes:
-    """One batch as a stream item of the ``openSubscription`` call ``call_id``."""
-    items = [{"pos": it.pos, **qpd.render_item(it.event, separator)} for it in batch.items]
+def render_batch(
+    call_id: str, batch: Batch, separator: str, may_read: Callable[[str], bool] | None = None
+) -> bytes:
+    """One batch as a stream item of the ``openSubscription`` call ``call_id``. With ``may_read``, items of
+    channels the connection may not read are left out (they are settled with the batch all the same)."""
+    items = [
+        {"pos": it.pos, **qpd.render_item(it.event, separator)}
+        for it in batch.items
+        if may_read is None or may_read(it.event.channel)
+    ]
     return qpd.render_stream_item(call_id, {"subId": batch.consumer, "batch": batch.number, "items": items})
 
 
@@ -79,8 +87,15 @@ class QrpcSubscriptions:
         wire = self.wire
         sep = wire.service.settings.separator
 
+        access, sess = wire.node.access, wire.session
+
+        def may_read(channel: str) -> bool:
+            return access.may_read(sess.identity, channel)
+
+        check = may_read if access.authorizer.enabled else None
+
         def on_batch(batch: Batch) -> None:
-            wire.session.push(render_batch(cid, batch, sep))
+            wire.session.push(render_batch(cid, batch, sep, check))
 
         def on_close(reason: str) -> None:
             if self.openers.pop(cid, None) is not None:
