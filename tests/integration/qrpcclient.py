@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import ssl
 from collections import defaultdict
 from typing import Any
 
@@ -23,8 +24,10 @@ class QrpcClient:
         self._task = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def connect(cls, port: int, host: str = "127.0.0.1") -> QrpcClient:
-        reader, writer = await asyncio.open_connection(host, port, limit=1 << 22)
+    async def connect(
+        cls, port: int, host: str = "127.0.0.1", ssl_context: ssl.SSLContext | None = None
+    ) -> QrpcClient:
+        reader, writer = await asyncio.open_connection(host, port, limit=1 << 22, ssl=ssl_context)
         return cls(reader, writer)
 
     async def _read(self) -> None:

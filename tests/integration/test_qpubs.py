@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,10 +19,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hubbub.config import load_config
+from hubbub.config import ConfigError, load_config
 from hubbub.server import Server
+from tests.conftest import DEFAULT_QRPC_LISTEN
 
 from .qrpcclient import CallError, QrpcClient
+from .test_auth_reload import make_cert
 
 WAIT = 10.0
 TOKENS = {
@@ -281,3 +284,43 @@ def test_bad_qrpc_input(tmp_path: Path) -> None:
             await q.close()
 
     asyncio.run(main())
+
+
+def test_tls_on_the_qrpc_listener_and_qpubs_disabled(tmp_path: Path) -> None:
+    """With ``tls.cert`` the qrpc listener speaks TLS, as native TCP does; ``qpubs.enabled = false`` serves
+    neither the routes nor the listener."""
+    cert, key = make_cert(tmp_path, "qrpc")
+
+    async def main() -> None:
+        tls = {"tls.cert": str(cert), "tls.key": str(key)}
+        async with serve(tmp_path, **tls) as (srv, _base):
+            ctx = ssl.create_default_context(cafile=str(cert))
+            q = await QrpcClient.connect(srv.ports["qrpc"], ssl_context=ctx)
+            assert await q.call("emit", {"topic": "t", "value": 1}) == {"ok": True, "delivered": 0}
+            await q.close()
+        async with serve(tmp_path, **{"qpubs.enabled": False}) as (srv, base), aiohttp.ClientSession() as http:
+            assert "qrpc" not in srv.ports
+            async with http.get(f"{base}/qpubs/listen?topic=a") as r:
+                assert r.status == 404
+
+    asyncio.run(main())
+
+
+def test_configuration_keys() -> None:
+    cfg = load_config(
+        cli={"qpubs.separator": "::", "qpubs.batch_wait_ms": 0},
+        env={"HUBBUB_QPUBS_QRPC_LISTEN": "127.0.0.1:7000", "HUBBUB_QPUBS_AUTH": "off"},
+    )
+    assert (cfg.qpubs_separator, cfg.qpubs_batch_wait_ms) == ("::", 0)
+    assert (cfg.qpubs_qrpc_listen, cfg.qpubs_auth) == ("127.0.0.1:7000", "off")
+    assert DEFAULT_QRPC_LISTEN == "127.0.0.1:1337"  # qpubs.md §1 (tests move it: tests/conftest.py)
+    for bad in (
+        {"qpubs.separator": "*"},
+        {"qpubs.separator": ""},
+        {"qpubs.qrpc_listen": "nope"},
+        {"qpubs.heartbeat_s": 0},
+        {"qpubs.batch_wait_ms": -1},
+        {"qpubs.auth": "token"},  # needs auth.mode = token
+    ):
+        with pytest.raises(ConfigError):
+            load_config(cli=bad, env={}).validate()
