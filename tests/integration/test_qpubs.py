@@ -298,7 +298,8 @@ def test_tls_on_the_qrpc_listener_and_qpubs_disabled(tmp_path: Path) -> None:
             q = await QrpcClient.connect(srv.ports["qrpc"], ssl_context=ctx)
             assert await q.call("emit", {"topic": "t", "value": 1}) == {"ok": True, "delivered": 0}
             await q.close()
-        async with serve(tmp_path, **{"qpubs.enabled": False}) as (srv, base), aiohttp.ClientSession() as http:
+        off = {"qpubs.enabled": False}
+        async with serve(tmp_path, **off) as (srv, base), aiohttp.ClientSession() as http:
             assert "qrpc" not in srv.ports
             async with http.get(f"{base}/qpubs/listen?topic=a") as r:
                 assert r.status == 404
