@@ -137,6 +137,17 @@ def test_http_ignore_once_timeout_heartbeat_and_refusals(tmp_path: Path) -> None
                 assert a.status == 200
             async with http.get(f"{base}/ignore?a.b") as a:
                 assert await a.json() == {"ok": True, "removed": 0}
+            # A once whose client goes away is noticed within a heartbeat interval, though it writes nothing.
+            node = _srv.node
+            assert node is not None
+            before = len(node.sessions)
+            o = await http.get(f"{base}/qpubs/once", params={"topic": "never"})
+            assert len(node.sessions) == before + 1
+            o.close()
+            deadline = time.monotonic() + WAIT
+            while len(node.sessions) > before:  # a condition, polled: the server has no event to wait on
+                assert time.monotonic() < deadline, "the abandoned once was not noticed"
+                await asyncio.sleep(0.05)
 
     asyncio.run(main())
 

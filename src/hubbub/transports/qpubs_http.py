@@ -275,12 +275,17 @@ class QpubsHttp:
     async def _write(
         self, request: web.Request, sess: Session, resp: web.StreamResponse, sse: bool | None
     ) -> None:
-        """Headers now, then the session's frames until it ends (``sse``: ``None`` for once, no heartbeat)."""
+        """Headers now, then the session's frames until it ends (``sse``: ``None`` for once, whose body must
+        stay one JSON line: its keepalive writes nothing and only checks that the client is still there)."""
         await resp.prepare(request)
 
         async def send(data: bytes) -> None:
             if data:
                 await resp.write(data)
+                return
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("the client went away")
 
         async def send_many(frames: list[bytes]) -> None:
             await resp.write(b"".join(frames))
@@ -288,7 +293,7 @@ class QpubsHttp:
         async def end(reason: Disconnect) -> None:
             pass  # the response ends when the handler returns
 
-        beat = None if sse is None else (self.settings.heartbeat_s, b": ping\n\n" if sse else b"\n")
+        beat = (self.settings.heartbeat_s, b"" if sse is None else b": ping\n\n" if sse else b"\n")
         pump = SessionPump(
             self.node, sess, send=send, send_many=send_many, close=end, max_frame=1 << 20, keepalive=beat
         )
