@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgpack
 import pytest
 
 from hubbub.config import ConfigError, load_config
@@ -271,7 +272,14 @@ def test_other_dialects_feed_qpubs_and_the_separator_is_configurable(tmp_path: P
             oid = q.send("openSubscription", {"subId": "d"})
             items = (await q.next(oid))["m"]["items"]
             assert [it["topic"] for it in items] == ["a::b::done", "x::done"]
-            # A qpubs emit reaches a native SSE reader as JSON.
+            # A WearScript data message: its arguments, a msgpack array, come as a JSON array.
+            chat = q.send("listen", {"topic": "chat::*"})
+            await barrier(q)
+            ws = await http.ws_connect(base.replace("http", "ws") + "/wearscript/ws")
+            await ws.receive(timeout=WAIT)  # the hub's list
+            await ws.send_bytes(msgpack.packb(["chat:x", "hello", 1]))
+            assert (await q.next(chat))["m"] == {"topic": "chat::x", "value": ["hello", 1]}
+            await ws.close()
             assert (await emit(http, base, "a::z", {"n": 1}))["delivered"] == 1  # the head listen
             await q.close()
 
