@@ -344,3 +344,34 @@ def test_configuration_keys() -> None:
     ):
         with pytest.raises(ConfigError):
             load_config(cli=bad, env={}).validate()
+
+
+def test_shutdown_with_open_calls(tmp_path: Path) -> None:
+    """A server stopping with qrpc listens, a group member, an open subscription holding a batch and an HTTP
+    stream open closes them all promptly; the held batch is pending again after the restart."""
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            async with serve(tmp_path) as (srv, base):
+                q = await QrpcClient.connect(srv.ports["qrpc"])
+                q.send("listen", {"topic": "z.*"})
+                q.send("listenExclusive", {"topic": "z.*", "group": "g"})
+                oid = q.send("openSubscription", {"subId": "keep", "topic": "z.*"})
+                await barrier(q)
+                stream = await http.get(f"{base}/qpubs/listen?topic=z.*")
+                await emit(http, base, "z.1", 1)
+                held = (await q.next(oid))["m"]
+                t0 = time.monotonic()
+            assert time.monotonic() - t0 < 5
+            await asyncio.wait_for(q.eof.wait(), WAIT)
+            assert await asyncio.wait_for(stream.content.read(), WAIT) == b'{"topic":"z.1","value":1}\n'
+            stream.release()
+            await q.close()
+        async with serve(tmp_path) as (srv, _base):
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            oid = q.send("openSubscription", {"subId": "keep", "create": False})
+            again = (await q.next(oid))["m"]
+            assert again["items"] == held["items"]
+            await q.close()
+
+    asyncio.run(main())
