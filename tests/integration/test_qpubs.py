@@ -375,3 +375,21 @@ def test_shutdown_with_open_calls(tmp_path: Path) -> None:
             await q.close()
 
     asyncio.run(main())
+
+
+def test_publish_rate_on_qrpc(tmp_path: Path) -> None:
+    """Emits over ``limits.publish_rate`` (burst 2) get ``ERATE``; the connection stays usable."""
+
+    async def main() -> None:
+        cfg = {"limits.publish_rate": 1, "limits.publish_burst": 2}
+        async with serve(tmp_path, **cfg) as (srv, _base):
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            ids = [q.send("emit", {"topic": "r", "value": i}) for i in range(4)]
+            answers = [await q.next(cid) for cid in ids]
+            codes = [a["e"]["code"] if a.get("e") else "ok" for a in answers]
+            assert codes[:2] == ["ok", "ok"] and "ERATE" in codes[2:], codes
+            assert next(a for a in answers if a.get("e"))["e"]["message"] == "rate limited"
+            await barrier(q)
+            await q.close()
+
+    asyncio.run(main())
