@@ -393,3 +393,24 @@ def test_publish_rate_on_qrpc(tmp_path: Path) -> None:
             await q.close()
 
     asyncio.run(main())
+
+
+def test_a_listen_after_an_emit_does_not_get_that_emit(tmp_path: Path) -> None:
+    """Calls are handled in arrival order (§4): a listen sent right after a pipelined emit on the same
+    connection is registered after that emit's event went out, so it gets only later events."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (srv, _base):
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            for rnd in range(5):
+                topic = f"o{rnd}.x"
+                e1 = q.send("emit", {"topic": topic, "value": "before"})
+                lid = q.send("listen", {"topic": f"o{rnd}.*"})
+                await barrier(q)
+                assert (await q.next(e1))["m"] == {"ok": True, "delivered": 0}
+                after = await q.call("emit", {"topic": topic, "value": "after"})
+                assert after == {"ok": True, "delivered": 1}
+                assert (await q.next(lid))["m"] == {"topic": topic, "value": "after"}
+            await q.close()
+
+    asyncio.run(main())

@@ -6,7 +6,8 @@ its outputs out, one call at a time in arrival order (a ``listen`` is registered
 read):
 
 * ``emit``: published through the write batcher and answered after the commit with ``delivered``
-  (:func:`~hubbub.transports.qpubs_common.recipients`); emits are pipelined, bounded by ``send_queue``.
+  (:func:`~hubbub.transports.qpubs_common.recipients`); emits are pipelined, bounded by ``send_queue``,
+  and a later ``listen`` waits for them, so it never gets an event emitted before it.
 * ``listen``/``once``: one live core subscription per call, its id the call id, so the fan-out gives the
   connection an event once with every matching call's id; :class:`QrpcEncoder` renders one stream item per
   call that matches (a tail topic's subscription is a superset) and a ``once`` call's result.
@@ -166,6 +167,9 @@ class QrpcWire:
         self.inflight = 0
         self._room = asyncio.Event()
         self._room.set()
+        #: Set while no emit of this connection is in flight (see :meth:`_listen`).
+        self._idle = asyncio.Event()
+        self._idle.set()
 
         async def send_nonempty(data: bytes) -> None:
             if data:  # an event none of this connection's calls wants renders empty
@@ -292,6 +296,8 @@ class QrpcWire:
             self.inflight -= 1
             if self.inflight < self.session.max_items // 2:
                 self._room.set()
+            if not self.inflight:
+                self._idle.set()
             if isinstance(r, HubbubError):
                 self.error(cid, qpubs_error(r))
             else:
@@ -303,9 +309,14 @@ class QrpcWire:
         await node.writable()
         node.submit(req, sess, done)
         self.inflight += 1
+        self._idle.clear()
 
     async def _listen(self, out: qpd.Listen) -> None:
         cid, topic = out.call_id, out.topic
+        # Arrival order (§4): a listen after an emit of this connection must not get that emit's event, as
+        # it would if it were registered before the (pipelined) emit commits. Its commit and fan-out happen
+        # in one loop step, so once none is in flight they are over.
+        await self._idle.wait()
         if out.group is not None:
             consumers = self.service.consumers
             assert consumers is not None
