@@ -172,6 +172,7 @@ def _hubbub(extra: list[str], data_dir: str | None = None) -> Server:
         "--data-dir", data,
         "--http-listen", "127.0.0.1:0",
         "--native-tcp-listen", "127.0.0.1:0",
+        "--qpubs-qrpc-listen", "127.0.0.1:0",
         "--log-format", "json",
         "--log-level", "info",
         "--limits-send-queue", "65536",

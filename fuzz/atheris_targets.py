@@ -29,6 +29,10 @@ mist2015_ws        ``Mist2015WsConnection.receive_frame`` (text and binary): one
 mist1_stream       ``Mist1Connection`` (auth off and on) fed the bytes whole and in 7-byte pieces: the same
                    outputs; every reply is one JSON object and a newline
 mist1_ws           ``Mist1WsConnection.receive_frame``: JSON replies with a newline, or close 1009
+qrpc_framing       a qrpc byte stream built from the bytes (calls of every handler with good and bad
+                   fields, garbage, blank and over-long lines: ``fuzz_qrpc.py``), fed whole, in
+                   chunks and byte by byte to ``QrpcConnection`` with the same outputs; every line the
+                   server renders decodes as the stock npm qrpc client decodes it
 wearscript         ``decode_frame`` and a hub with two connections fed the bytes as one frame, then as
                    frames cut at NUL bytes (announcements, data, test-handler commands); a data message
                    renders back to the frame it came in
@@ -74,7 +78,7 @@ except ImportError:  # the hypothesis fallback below
 
 #: Modules whose coverage guides the fuzzer: hubbub, its checks beside this file, and PyJWT (token parsing).
 #: Not hypothesis, which the checks import and which would only slow the start-up of every run.
-INSTRUMENTED = ["hubbub", "jwt", "fuzz_guble", "fuzz_ivy", "fuzz_native"]
+INSTRUMENTED = ["hubbub", "jwt", "fuzz_guble", "fuzz_ivy", "fuzz_native", "fuzz_qrpc"]
 
 with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None else contextlib.nullcontext():
     try:
@@ -85,6 +89,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     import fuzz_guble
     import fuzz_ivy
     import fuzz_native
+    import fuzz_qrpc
 
     from hubbub import channels as chn
     from hubbub.auth import Authenticator, Identity, load_keys, parse_static_tokens
@@ -504,6 +509,14 @@ def qpubs_target(data: bytes) -> None:
         qpd.alias_emit(text)
 
 
+def qrpc_framing(data: bytes) -> None:
+    fuzz_qrpc.check_stream(data)
+    text = _text(data)
+    with contextlib.suppress(UnicodeEncodeError):
+        text.encode("utf-8")  # call ids and messages come off the wire as valid UTF-8
+        fuzz_qrpc.check_renderers(text[:24], {"topic": text, "value": [text]}, text)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "native_json": native_json,
     "native_msgpack": native_msgpack,
@@ -523,6 +536,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "mist1_ws": mist1_ws,
     "cluster_wire": cluster_wire_target,
     "qpubs": qpubs_target,
+    "qrpc_framing": qrpc_framing,
 }
 
 

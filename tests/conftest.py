@@ -15,11 +15,19 @@ from collections.abc import Iterator
 
 import pytest
 
+import hubbub.config
 from tests.pgserver import PgServer, missing_reason
 from tests.redisserver import RedisServer
 from tests.redisserver import missing_reason as redis_missing
 
 _db_names = itertools.count(1)
+
+# Servers started by tests (in process, or as ``hubbub serve`` children, which inherit the environment) put
+# their qpubs qrpc listener on a free port, not on the fixed default 127.0.0.1:1337 that several test
+# processes on one machine would fight over. The default itself is kept in ``DEFAULT_QRPC_LISTEN``.
+DEFAULT_QRPC_LISTEN = hubbub.config.DEFAULT_QRPC_LISTEN
+hubbub.config.DEFAULT_QRPC_LISTEN = "127.0.0.1:0"
+os.environ.setdefault("HUBBUB_QPUBS_QRPC_LISTEN", "127.0.0.1:0")
 
 
 @pytest.fixture(scope="session")

@@ -71,6 +71,7 @@ class _Server:
             "--durability", self.durability,
             "--http-listen", "127.0.0.1:0",
             "--native-tcp-listen", "127.0.0.1:0",
+            "--qpubs-qrpc-listen", "127.0.0.1:0",
             "--log-format", "json",
         ]  # fmt: skip
         env = dict(os.environ)

@@ -33,6 +33,9 @@ __all__ = [
 ]
 
 DURABILITY_MODES = ("fsync", "commit", "none")
+#: ``qpubs.qrpc_listen``'s default (qpubs.md §1). A module value, read when a :class:`Config` is made, so
+#: that a test run can move every server it starts off the fixed port (tests/conftest.py).
+DEFAULT_QRPC_LISTEN = "127.0.0.1:1337"
 
 
 class ConfigError(ValueError):
@@ -143,6 +146,14 @@ class Config:
     wearscript_auth: str = ""  # "" means auth.mode
     #: A WearScript hub this node links up to (ws://…/wearscript/ws[/<secret>]); masked in repr.
     wearscript_upstream: str = field(default_factory=lambda: _Secret(""))
+    # -- qpubs (protocols/qpubs.md §1, §8; docs/dialects/qpubs.md) --
+    qpubs_enabled: bool = True
+    qpubs_separator: str = "."
+    qpubs_qrpc_listen: str = field(default_factory=lambda: DEFAULT_QRPC_LISTEN)
+    qpubs_heartbeat_s: float = 15.0
+    qpubs_batch_bytes: int = 2_097_152
+    qpubs_batch_wait_ms: int = 5
+    qpubs_auth: str = ""  # "" means auth.mode
     # -- cluster (docs/cluster.md; used when broker is set) --
     cluster_node_id: str = ""  # "" means host-pid-random, unique per process
     cluster_redis_channel: str = "hubbub.events"
@@ -188,7 +199,7 @@ class Config:
         ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be positive")
-        for key in ("guble_auth", "ivy_auth", "wearscript_auth", "mist_auth"):
+        for key in ("guble_auth", "ivy_auth", "wearscript_auth", "mist_auth", "qpubs_auth"):
             if getattr(self, key) not in ("", "off", "token"):
                 raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (auth.mode), off or token")
             if getattr(self, key) == "token" and self.auth_mode != "token":
@@ -200,6 +211,13 @@ class Config:
                 raise BadChannel("not canonical")
         except BadChannel:
             raise ConfigError("mist.channel: must be a canonical channel path such as /mist") from None
+        if not self.qpubs_separator or "*" in self.qpubs_separator:
+            raise ConfigError("qpubs.separator: must be non-empty and must not contain *")
+        parse_listen(self.qpubs_qrpc_listen, "qpubs.qrpc_listen")
+        if self.qpubs_heartbeat_s <= 0 or self.qpubs_batch_bytes <= 0:
+            raise ConfigError("qpubs.heartbeat_s and qpubs.batch_bytes: must be positive")
+        if self.qpubs_batch_wait_ms < 0:
+            raise ConfigError("qpubs.batch_wait_ms: must not be negative")
         group, sep, device = self.wearscript_group_device.partition(":")
         if not sep or not group or not device:
             raise ConfigError("wearscript.group_device: expected GROUP:DEVICE, such as server:0")
@@ -305,6 +323,14 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "wearscript.advertise_foreign": (("wearscript_advertise_foreign",), bool),
     "wearscript.auth": (("wearscript_auth",), str),
     "wearscript.upstream": (("wearscript_upstream",), str),
+    # -- qpubs keys --
+    "qpubs.enabled": (("qpubs_enabled",), bool),
+    "qpubs.separator": (("qpubs_separator",), str),
+    "qpubs.qrpc_listen": (("qpubs_qrpc_listen",), str),
+    "qpubs.heartbeat_s": (("qpubs_heartbeat_s",), float),
+    "qpubs.batch_bytes": (("qpubs_batch_bytes",), int),
+    "qpubs.batch_wait_ms": (("qpubs_batch_wait_ms",), int),
+    "qpubs.auth": (("qpubs_auth",), str),
     # -- cluster keys --
     "cluster.node_id": (("cluster_node_id",), str),
     "cluster.redis_channel": (("cluster_redis_channel",), str),

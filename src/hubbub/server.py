@@ -38,6 +38,9 @@ from hubbub.transports.mist import MistService, MistSettings
 from hubbub.transports.mist_tcp import serve_mist_tcp
 from hubbub.transports.native import NativeConnection, NativeEncoder
 from hubbub.transports.pump import quietly
+from hubbub.transports.qpubs_common import QpubsSettings
+from hubbub.transports.qpubs_http import QpubsHttp
+from hubbub.transports.qrpc import QrpcService, serve_qrpc
 from hubbub.transports.tcp import peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
 from hubbub.transports.wearscript import WearscriptService, WearscriptSettings
@@ -90,6 +93,9 @@ class Server:
         #: Mist, both generations (protocols/mist.md): its service and TCP listener.
         self.mist: MistService | None = None
         self._mist_tcp: asyncio.Server | None = None
+        self.qpubs_http: QpubsHttp | None = None
+        self.qrpc: QrpcService | None = None
+        self._qrpc_server: asyncio.Server | None = None
         #: The link up to a WearScript hub (``wearscript.upstream``).
         self.wearscript_upstream: WearscriptUpstream | None = None
 
@@ -203,6 +209,9 @@ class Server:
                 lambda: node.access.authenticator,
             )
             installers.append(self.mist.install)
+        if cfg.qpubs_enabled:
+            self.qpubs_http = QpubsHttp(node, self.consumers, qpubs_settings(cfg), http_settings)
+            installers.append(self.qpubs_http.install)
         # Each dialect adds its route installer here, built from its own settings (the dialect's docs list
         # its configuration keys).
         app, self._native_http = build_app(node, http_settings, installers)
@@ -220,6 +229,13 @@ class Server:
             self.wearscript_upstream = WearscriptUpstream(self.wearscript, str(cfg.wearscript_upstream))
             self._native_http.registry.register(WearscriptLinkCollector(self.wearscript_upstream))
             self.wearscript_upstream.start()
+
+        if cfg.qpubs_enabled:
+            host, port = parse_listen(cfg.qpubs_qrpc_listen, "qpubs.qrpc_listen")
+            self.qrpc = QrpcService(node, self.consumers, qpubs_settings(cfg), http_settings)
+            self._qrpc_server = await serve_qrpc(host, port, self.qrpc, ssl_context=self._ssl)
+            self.ports["qrpc"] = self._qrpc_server.sockets[0].getsockname()[1]
+            log.info("listening", extra={"listener": "qrpc", "address": f"{host}:{self.ports['qrpc']}"})
 
         if cfg.native_enabled:
             host, port = parse_listen(cfg.native_tcp_listen, "native.tcp_listen")
@@ -321,12 +337,16 @@ class Server:
             self._tcp.close()
         if self._mist_tcp is not None:
             self._mist_tcp.close()
+        if self._qrpc_server is not None:
+            self._qrpc_server.close()
         node = self.node
         if node is not None:
             for sess in node.sessions:
                 sess.kick(Disconnect.GOING_AWAY)
         # Give write loops a moment to send their close frames.
         tasks = list(self._tcp_conns) + (list(self._native_http.connections) if self._native_http else [])
+        tasks += list(self.qrpc.connections) if self.qrpc is not None else []
+        tasks += list(self.qpubs_http.connections) if self.qpubs_http is not None else []
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=2.0)
             for t in pending:
@@ -343,6 +363,12 @@ class Server:
                 lambda: asyncio.wait_for(mist_tcp.wait_closed(), 2.0), node, "mist", "", "listener close"
             )
             self._mist_tcp = None
+        qrpc = self._qrpc_server
+        if qrpc is not None:
+            await quietly(
+                lambda: asyncio.wait_for(qrpc.wait_closed(), 2.0), node, "qpubs", "", "listener close"
+            )
+            self._qrpc_server = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -376,6 +402,17 @@ def wearscript_settings(cfg: Config) -> WearscriptSettings:
     )
 
 
+def qpubs_settings(cfg: Config) -> QpubsSettings:
+    """The qpubs settings from the ``qpubs.*`` keys."""
+    return QpubsSettings(
+        separator=cfg.qpubs_separator,
+        heartbeat_s=cfg.qpubs_heartbeat_s,
+        batch_bytes=cfg.qpubs_batch_bytes,
+        batch_wait_ms=cfg.qpubs_batch_wait_ms,
+        auth=cfg.auth_mode == "token" and cfg.dialect_auth("qpubs") == "token",
+    )
+
+
 def build_broker(cfg: Config, store: LogStore) -> RedisBroker:
     """The Redis broker of ``broker = redis://…`` (docs/cluster.md)."""
     settings = BrokerSettings(
@@ -401,12 +438,10 @@ def build_authenticator(cfg: Config) -> Authenticator:
 
 
 #: HTTP routes of each dialect whose token presentation is not served yet (README §6): with its auth on
-#: they answer 401 rather than serve without checking tokens. Native, ivy, guble and wearscript take
-#: tokens; the others stay here until their routes take them too (a dialect without ``<dialect>.enabled``
+#: they answer 401 rather than serve without checking tokens. Native, ivy, guble, wearscript and qpubs
+#: take tokens; the others stay here until their routes take them too (a dialect without ``<dialect>.enabled``
 #: has no routes yet).
-_UNWIRED_ROUTES: dict[str, tuple[str, ...]] = {
-    "qpubs": ("/qpubs/", "/listen", "/once", "/ignore", "/emit"),
-}
+_UNWIRED_ROUTES: dict[str, tuple[str, ...]] = {}
 
 
 def _locked_routes(cfg: Config) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ import pytest
 
 from .runner import DIALECTS, REQUIREMENTS, CaseFailure, HasPorts, dialects_touched, run_case
 
-IMPLEMENTED_DIALECTS: set[str] = {"native", "ivy", "guble", "wearscript", "mist"}
+IMPLEMENTED_DIALECTS: set[str] = {"native", "ivy", "guble", "wearscript", "mist", "qpubs"}
 
 _REPO = Path(__file__).resolve().parents[2]
 _CANDIDATES = (_REPO.parent / "shared" / "protocols" / "vectors",)

@@ -31,6 +31,7 @@ class ServerProcess:
             "--data-dir", str(self.data_dir),
             "--http-listen", "127.0.0.1:0",
             "--native-tcp-listen", "127.0.0.1:0",
+            "--qpubs-qrpc-listen", "127.0.0.1:0",
             "--log-format", "json",
             *self.extra,
         ]  # fmt: skip

@@ -1,0 +1,424 @@
+"""qpubs over qrpc (protocols/qpubs.md §4): the TCP listener on ``qpubs.qrpc_listen`` speaking the line
+framing of the npm ``qrpc`` package, so a stock ``qrpc.connect(port, host)`` client can call it.
+
+The protocol logic is the sans-I/O :class:`~hubbub.dialects.qpubs.QrpcConnection`; :class:`QrpcWire` carries
+its outputs out, one call at a time in arrival order (a ``listen`` is registered before the next line is
+read):
+
+* ``emit``: published through the write batcher and answered after the commit with ``delivered``
+  (:func:`~hubbub.transports.qpubs_common.recipients`); emits are pipelined, bounded by ``send_queue``,
+  and a later ``listen`` waits for them, so it never gets an event emitted before it.
+* ``listen``/``once``: one live core subscription per call, its id the call id, so the fan-out gives the
+  connection an event once with every matching call's id; :class:`QrpcEncoder` renders one stream item per
+  call that matches (a tail topic's subscription is a superset) and a ``once`` call's result.
+* ``listenExclusive``: a member of a live group of the consumer service; durable subscriptions:
+  :mod:`hubbub.transports.qrpc_subs`.
+
+Live items are queued as events (a slow reader drops its oldest, §5); results, ends and batches as replies.
+
+Concurrency contract: everything runs on the event loop thread; one task reads each connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from hubbub.core import ConsumerService, GroupMember, Node, Overflow, ReplayPlan, Session
+from hubbub.dialects import qpubs as qpd
+from hubbub.disconnect import Disconnect
+from hubbub.errors import AuthError, HubbubError, SubscriptionError
+from hubbub.events import Event, Publisher
+from hubbub.log.base import AppendRequest, AppendResult, LogStore
+
+from .http import HttpSettings
+from .pump import SessionPump, quietly, stopped
+from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
+from .qrpc_subs import QrpcSubscriptions
+
+__all__ = ["QrpcEncoder", "QrpcService", "QrpcWire", "serve_qrpc"]
+
+log = logging.getLogger("hubbub.qrpc")
+
+READ_CHUNK = 256 * 1024
+#: Seconds a write may wait for a peer that stopped reading, and a closing connection to flush.
+WRITE_TIMEOUT_S = 30.0
+CLOSE_WAIT_S = 5.0
+
+
+def _live_only(store: LogStore) -> ReplayPlan:
+    return ReplayPlan()
+
+
+def _nothing(plan: ReplayPlan) -> None:
+    """No reply to a listen until its first event."""
+
+
+@dataclass(slots=True)
+class _Call:
+    """An open ``listen``/``once`` call: its topic and its line prefixes (the id rendered once)."""
+
+    topic: qpd.Topic
+    once: bool
+    item_prefix: bytes
+    result_prefix: bytes
+    fired: bool = False
+
+    def wants(self, event: Event) -> bool:
+        if self.fired:
+            return False
+        t = self.topic
+        return not t.filtered or t.matches(qpd.topic_name(event.channel, t.separator))
+
+
+class QrpcEncoder:
+    """Renders an event for one connection's matching calls (per connection: it knows their topics)."""
+
+    per_connection = True
+    key = "qpubs.qrpc"
+
+    def __init__(self, separator: str, fired: Callable[[str], None]) -> None:
+        self.separator = separator
+        self.calls: dict[str, _Call] = {}
+        self._fired = fired
+
+    def add(self, call_id: str, topic: qpd.Topic, once: bool) -> None:
+        rid = orjson.dumps(call_id)
+        head = b'{"v":1,"id":' + rid
+        self.calls[call_id] = _Call(topic, once, head + b',"s":"ok","m":', head + b',"e":null,"s":"end","m":')
+
+    def recipients(self, event: Event, subs: Sequence[str]) -> int:
+        calls = self.calls
+        return sum(1 for cid in subs if (c := calls.get(cid)) is not None and c.wants(event))
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        out: list[bytes] = []
+        item: bytes | None = None
+        for cid in subs:
+            c = self.calls.get(cid)
+            if c is None or not c.wants(event):
+                continue
+            if item is None:
+                item = cache.get("qpubs.item")
+                if item is None:
+                    item = cache["qpubs.item"] = orjson.dumps(qpd.render_item(event, self.separator))
+            if c.once:
+                c.fired = True
+                out.append(c.result_prefix + item + b"}\n")
+                asyncio.get_running_loop().call_soon(self._fired, cid)
+            else:
+                out.append(c.item_prefix + item + b"}\n")
+        return b"".join(out)
+
+
+class QrpcService:
+    """The node's qrpc side: settings, the consumer service, and every open connection's task."""
+
+    def __init__(
+        self, node: Node, consumers: ConsumerService, settings: QpubsSettings, http: HttpSettings
+    ) -> None:
+        self.node = node
+        self.consumers: ConsumerService | None = consumers
+        self.settings = settings
+        self.http = http
+        self.connections: set[asyncio.Task[None]] = set()
+
+
+class QrpcWire:
+    """One qrpc connection: the dialect's state machine, its session, its calls and its write loop."""
+
+    def __init__(
+        self,
+        service: QrpcService,
+        *,
+        send: Callable[[bytes], Awaitable[object]],
+        close: Callable[[Disconnect], Awaitable[object]],
+        peer: str = "",
+    ) -> None:
+        self.service = service
+        node = self.node = service.node
+        s, h = service.settings, service.http
+        self.encoder = QrpcEncoder(s.separator, self._once_fired)
+        self.session = Session(
+            DIALECT,
+            self.encoder,
+            max_items=h.send_queue,
+            max_bytes=h.send_queue_bytes,
+            overflow=Overflow.DROP_OLDEST,
+            slow_close_code=Disconnect.TRY_AGAIN_LATER,
+        )
+        self.proto = qpd.QrpcConnection(
+            s.separator,
+            auth_required=s.auth,
+            max_line=h.max_frame,
+            max_calls=h.max_subscriptions,
+            max_channel_bytes=h.max_channel_bytes,
+        )
+        self.peer = peer
+        self.subs = QrpcSubscriptions(self)
+        self.groups: dict[str, GroupMember] = {}
+        self.inflight = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        #: Set while no emit of this connection is in flight (see :meth:`_listen`).
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+        async def send_nonempty(data: bytes) -> None:
+            if data:  # an event none of this connection's calls wants renders empty
+                await send(data)
+
+        async def send_many(frames: list[bytes]) -> None:
+            await send(b"".join(frames))
+
+        self._pump = SessionPump(
+            node, self.session, send=send_nonempty, send_many=send_many, close=close, max_frame=h.max_frame
+        )
+        self._writer: asyncio.Task[None] | None = None
+
+    @property
+    def done(self) -> bool:
+        s = self.session
+        return bool(s.ending or s.kicked or s.closed)
+
+    def start(self, group: asyncio.TaskGroup) -> None:
+        self.node.attach(self.session)
+        self._writer = group.create_task(self._pump.run())
+
+    async def finish(self) -> None:
+        """The reader is done: give back batches, leave groups, flush a pending close, detach."""
+        self.subs.close_all()
+        for m in self.groups.values():
+            m.leave()
+        self.groups.clear()
+        sess = self.session
+        if (sess.ending or sess.kicked) and self._writer is not None:
+            await stopped(
+                asyncio.wait_for(asyncio.shield(self._writer), CLOSE_WAIT_S), self.node, DIALECT, sess.id
+            )
+        self.node.detach(sess)
+        if self._writer is not None:
+            self._writer.cancel()
+            await stopped(self._writer, self.node, DIALECT, sess.id)
+
+    # -- replies --
+
+    def reply(self, call_id: str, result: Any) -> None:
+        self.session.push(qpd.render_result(call_id, result))
+
+    def error(self, call_id: str, exc: qpd.QpubsError) -> None:
+        self.session.push(qpd.render_error(call_id, exc))
+
+    def end_call(self, call_id: str) -> None:
+        """A streaming call ends without data (ignored, closed, deleted)."""
+        self.proto.ended(call_id)
+        self.session.push(qpd.render_end(call_id))
+
+    # -- inbound --
+
+    async def feed(self, data: bytes) -> None:
+        for out in self.proto.feed(data):
+            if self.done:
+                return
+            await self.handle(out)
+
+    async def handle(self, out: qpd.Output) -> None:
+        if isinstance(out, qpd.Send):
+            self.session.push(out.data)
+            return
+        if isinstance(out, qpd.Close):
+            self.node.count_bad_input(DIALECT)
+            self.node.limiter.refused("max_frame", DIALECT)
+            self.session.end(Disconnect.FRAME_TOO_LARGE)
+            return
+        cid = out.call_id
+        streaming = isinstance(out, qpd.Listen | qpd.OpenSubscription)
+        try:
+            await self._call(out)
+        except qpd.QpubsError as exc:
+            if streaming:
+                self.proto.ended(cid)
+            self.error(cid, exc)
+        except HubbubError as exc:
+            if streaming:
+                self.proto.ended(cid)
+            sub_id = getattr(out, "sub_id", "")
+            self.error(cid, qpubs_error(exc, sub_id, getattr(out, "batch", 0)))
+
+    async def _call(self, out: qpd.Call) -> None:
+        subs = self.subs
+        if isinstance(out, qpd.Emit):
+            await self._emit(out)
+        elif isinstance(out, qpd.Listen):
+            await self._listen(out)
+        elif isinstance(out, qpd.Ignore):
+            if out.closes is not None:
+                self._drop(out.closes)
+                self.end_call(out.closes)
+            self.reply(out.call_id, {"ok": True, "removed": 0 if out.closes is None else 1})
+        elif isinstance(out, qpd.Auth):
+            try:
+                ident = self.node.login(self.session, out.token, self.peer)
+            except AuthError:
+                raise qpd.QpubsError("unauthorized", "EAUTH", 401) from None
+            self.proto.authenticated()
+            self.reply(out.call_id, {"ok": True, "user": ident.user})
+        elif isinstance(out, qpd.CreateSubscription):
+            await subs.create(out)
+        elif isinstance(out, qpd.OpenSubscription):
+            await subs.open(out)
+        elif isinstance(out, qpd.CloseSubscription):
+            await subs.close(out)
+        elif isinstance(out, qpd.DeleteSubscription):
+            await subs.delete(out)
+        elif isinstance(out, qpd.Ack):
+            await subs.ack(out)
+
+    async def _emit(self, out: qpd.Emit) -> None:
+        sess, node = self.session, self.node
+        req = AppendRequest(
+            channel=out.channel,
+            publisher=Publisher(DIALECT, sess.user, sess.id, ""),
+            payload=out.payload,
+            content_type=qpd.CONTENT_TYPE,
+        )
+        cid = out.call_id
+        consumers = self.service.consumers
+
+        def done(r: AppendResult | HubbubError) -> None:
+            self.inflight -= 1
+            if self.inflight < self.session.max_items // 2:
+                self._room.set()
+            if not self.inflight:
+                self._idle.set()
+            if isinstance(r, HubbubError):
+                self.error(cid, qpubs_error(r))
+            else:
+                self.reply(cid, {"ok": True, "delivered": recipients(node, consumers, r, sess)})
+
+        if self.inflight >= self.session.max_items:  # read-side back-pressure: bounded emits in flight
+            self._room.clear()
+            await self._room.wait()
+        await node.writable()
+        node.submit(req, sess, done)
+        self.inflight += 1
+        self._idle.clear()
+
+    async def _listen(self, out: qpd.Listen) -> None:
+        cid, topic = out.call_id, out.topic
+        # Arrival order (§4): a listen after an emit of this connection must not get that emit's event, as
+        # it would if it were registered before the (pipelined) emit commits. Its commit and fan-out happen
+        # in one loop step, so once none is in flight they are over.
+        await self._idle.wait()
+        if out.group is not None:
+            consumers = self.service.consumers
+            assert consumers is not None
+            sess, may_read = self.session, self.node.access.may_read
+            line = b'{"v":1,"id":' + orjson.dumps(cid) + b',"s":"ok","m":'
+            sep = topic.separator
+
+            def deliver(ev: Event) -> None:
+                if may_read(sess.identity, ev.channel):
+                    sess.push(line + orjson.dumps(qpd.render_item(ev, sep)) + b"}\n", is_event=True)
+
+            self.groups[cid] = consumers.join(out.group, topic.text, deliver, syntax="qpubs", separator=sep)
+            return
+        self.encoder.add(cid, topic, out.once)
+        pattern = topic.pattern(self.service.http.max_channel_bytes)
+        if pattern is None:
+            return  # accepted, matches nothing (§1)
+        try:
+            await self.node.subscribe(self.session, cid, pattern, on_snapshot=_nothing, planner=_live_only)
+        except BaseException:
+            self.encoder.calls.pop(cid, None)
+            raise
+
+    def _drop(self, cid: str) -> None:
+        """Stop delivering to the call ``cid`` (a listen, once or group member)."""
+        m = self.groups.pop(cid, None)
+        if m is not None:
+            m.leave()
+            return
+        self.encoder.calls.pop(cid, None)
+        with contextlib.suppress(SubscriptionError):
+            self.node.unsubscribe(self.session, cid)
+
+    def _once_fired(self, cid: str) -> None:
+        """A once call got its event (the result is queued): it is over."""
+        call = self.encoder.calls.get(cid)
+        if call is not None and call.fired:
+            self._drop(cid)
+            self.proto.ended(cid)
+
+
+async def serve_qrpc(
+    host: str,
+    port: int,
+    service: QrpcService,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+) -> asyncio.Server:
+    """Start the qrpc listener (TLS with ``ssl_context``; connections admitted by the node's limiter)."""
+    node = service.node
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        service.connections.add(task)
+        task.add_done_callback(service.connections.discard)
+        peer = writer.get_extra_info("peername")
+        ip = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if node.limiter.admit(ip, DIALECT) is not None:
+            writer.close()
+            await quietly(writer.wait_closed, node, DIALECT, "", "close of a refused connection")
+            return
+        try:
+            async with asyncio.TaskGroup() as group:
+                await _serve(reader, writer, group, ip)
+        finally:
+            node.limiter.release(ip)
+
+    async def send(writer: asyncio.StreamWriter, data: bytes) -> None:
+        writer.write(data)
+        transport = writer.transport
+        if transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]:
+            try:
+                await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+            except TimeoutError:
+                transport.abort()
+                raise ConnectionResetError("the peer read nothing within the write timeout") from None
+
+    async def _serve(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: asyncio.TaskGroup, ip: str
+    ) -> None:
+        async def close(code: Disconnect) -> None:
+            writer.close()
+
+        wire = QrpcWire(service, send=lambda d: send(writer, d), close=close, peer=ip)
+        wire.start(group)
+        try:
+            while not wire.done:
+                data = await reader.read(READ_CHUNK)
+                if not data:
+                    break
+                await wire.feed(data)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("qrpc connection failed")
+        finally:
+            await wire.finish()
+            writer.close()
+            await quietly(
+                lambda: asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S), node, DIALECT, "", "close"
+            )
+            writer.transport.abort()
+
+    return await asyncio.start_server(handle, host, port, ssl=ssl_context)

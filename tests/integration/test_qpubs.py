@@ -1,0 +1,416 @@
+"""qpubs over real sockets (protocols/qpubs.md): what the conformance vectors leave out. Auth on both
+surfaces (§8), the HTTP listener controls (ignore by listener id, once with a timeout, heartbeats, 405,
+413), durable subscriptions beyond the backlog batch (nack and backoff, close, delete from another
+connection, refusals), work queues and ``listenExclusive`` groups, other dialects feeding qpubs listens and
+subscriptions, the configurable separator, and bad qrpc input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgpack
+import pytest
+
+from hubbub.config import ConfigError, load_config
+from hubbub.server import Server
+from tests.conftest import DEFAULT_QRPC_LISTEN
+
+from .qrpcclient import CallError, QrpcClient
+from .test_auth_reload import make_cert
+
+WAIT = 10.0
+TOKENS = {
+    "tok-root": {"user": "root", "admin": True},
+    "tok-alice": {"user": "alice", "publish": ["/pub/**"], "subscribe": ["/pub/**"]},
+}
+
+
+@contextlib.asynccontextmanager
+async def serve(tmp_path: Path, **overrides: Any) -> AsyncIterator[tuple[Server, str]]:
+    cli: dict[str, Any] = {
+        "data_dir": str(tmp_path / "data"),
+        "http.listen": "127.0.0.1:0",
+        "native.tcp_listen": "127.0.0.1:0",
+        "qpubs.qrpc_listen": "127.0.0.1:0",
+    }
+    cli.update(overrides)
+    async with Server(load_config(cli=cli, env={})) as srv:
+        yield srv, f"http://127.0.0.1:{srv.ports['http']}"
+
+
+async def barrier(q: QrpcClient) -> None:
+    """Every call sent before this one has been handled (calls are handled in arrival order)."""
+    assert await q.call("ignore", {"topic": "__barrier__"}) == {"ok": True, "removed": 0}
+
+
+async def emit(http: aiohttp.ClientSession, base: str, topic: str, value: Any, **kw: Any) -> Any:
+    async with http.post(f"{base}/qpubs/emit", params={"topic": topic}, json=value, **kw) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+def test_auth_on_qrpc_and_http(tmp_path: Path) -> None:
+    async def main() -> None:
+        cfg = {"auth.mode": "token", "auth.tokens": TOKENS}
+        async with serve(tmp_path, **cfg) as (srv, base), aiohttp.ClientSession() as http:
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            with pytest.raises(CallError) as e:
+                await q.call("emit", {"topic": "pub.x", "value": 1})
+            assert (e.value.code, e.value.message) == ("EAUTH", "unauthorized")
+            with pytest.raises(CallError) as e:
+                await q.call("auth", {"token": "nope"})
+            assert e.value.code == "EAUTH"
+            assert await q.call("auth", {"token": "tok-alice"}) == {"ok": True, "user": "alice"}
+            with pytest.raises(CallError) as e:
+                await q.call("emit", {"topic": "secret.x", "value": 1})
+            assert (e.value.code, e.value.message) == ("EPERM", "forbidden")
+            lid = q.send("listen", {"topic": "pub.*"})
+            await barrier(q)
+            # HTTP: no token 401, a token in the query or the header, a forbidden emit 403.
+            async with http.post(f"{base}/qpubs/emit?topic=pub.x", data=b"1") as r:
+                assert (r.status, await r.json()) == (401, {"ok": False, "error": "unauthorized"})
+            async with http.post(f"{base}/qpubs/emit?topic=secret.x&token=tok-alice", data=b"1") as r:
+                assert (r.status, await r.json()) == (403, {"ok": False, "error": "forbidden"})
+            hdr = {"Authorization": "Bearer tok-alice"}
+            assert await emit(http, base, "pub.x", 5, headers=hdr) == {"ok": True, "delivered": 1}
+            assert (await q.next(lid))["m"] == {"topic": "pub.x", "value": 5}
+            # The aliases take the header only: the whole query string is the topic.
+            async with http.get(f"{base}/emit?pub.y,6") as r:
+                assert r.status == 401
+            async with http.get(f"{base}/emit?pub.y,6", headers=hdr) as r:
+                assert await r.json() == {"ok": True, "delivered": 1}
+            assert (await q.next(lid))["m"] == {"topic": "pub.y", "value": 6}
+            # A durable subscription journals every match; alice's batches leave out what she may not read.
+            oid = q.send("openSubscription", {"subId": "all-x", "topic": "*.x"})
+            await barrier(q)
+            root = await QrpcClient.connect(srv.ports["qrpc"])
+            assert (await root.call("auth", {"token": "tok-root"}))["user"] == "root"
+            await root.call("emit", {"topic": "secret.x", "value": "no"})
+            await root.call("emit", {"topic": "pub.x", "value": "yes"})
+            seen: list[Any] = []
+            while "yes" not in seen:
+                m = (await q.next(oid))["m"]
+                seen += [it["value"] for it in m["items"]]
+                assert await q.call("ack", {"subId": "all-x", "batch": m["batch"]}) == {"ok": True}
+            assert seen == ["yes"]
+            await root.close()
+            await q.close()
+
+    asyncio.run(main())
+
+
+def test_http_ignore_once_timeout_heartbeat_and_refusals(tmp_path: Path) -> None:
+    async def main() -> None:
+        cfg = {"qpubs.heartbeat_s": 0.2, "limits.max_frame": 4096}
+        async with serve(tmp_path, **cfg) as (_srv, base), aiohttp.ClientSession() as http:
+            r = await http.get(f"{base}/qpubs/listen?topic=h.*")
+            assert r.headers["Content-Type"].startswith("application/x-ndjson")
+            lid = r.headers["Qpubs-Listener"]
+            # Silence gives heartbeats: empty lines.
+            assert await asyncio.wait_for(r.content.readline(), WAIT) == b"\n"
+            # ignore with another topic removes nothing; with the stream's own, ends the stream.
+            async with http.post(f"{base}/qpubs/ignore", params={"topic": "x", "listener": lid}) as a:
+                assert await a.json() == {"ok": True, "removed": 0}
+            async with http.post(f"{base}/qpubs/ignore", params={"topic": "h.*", "listener": lid}) as a:
+                assert await a.json() == {"ok": True, "removed": 1}
+            rest = await asyncio.wait_for(r.content.read(), WAIT)
+            assert rest.strip(b"\n") == b""
+            r.release()
+            # once with a timeout and no event: an empty body.
+            t0 = time.monotonic()
+            async with http.get(f"{base}/qpubs/once", params={"topic": "none", "timeout_ms": "100"}) as o:
+                assert o.status == 200 and await o.read() == b""
+            assert time.monotonic() - t0 >= 0.09
+            async with http.get(f"{base}/qpubs/emit?topic=x") as a:
+                assert (a.status, await a.json()) == (405, {"ok": False, "error": "method not allowed"})
+            async with http.post(f"{base}/qpubs/emit?topic=x", data=b"1" * 8000) as a:
+                assert (a.status, await a.json()) == (413, {"ok": False, "error": "too large"})
+            async with http.get(f"{base}/once?a*") as a:  # never matches, but accepted: closed by us
+                assert a.status == 200
+            async with http.get(f"{base}/ignore?a.b") as a:
+                assert await a.json() == {"ok": True, "removed": 0}
+            # A once whose client goes away is noticed within a heartbeat interval, though it writes nothing.
+            node = _srv.node
+            assert node is not None
+            before = len(node.sessions)
+            o = await http.get(f"{base}/qpubs/once", params={"topic": "never"})
+            assert len(node.sessions) == before + 1
+            o.close()
+            deadline = time.monotonic() + WAIT
+            while len(node.sessions) > before:  # a condition, polled: the server has no event to wait on
+                assert time.monotonic() < deadline, "the abandoned once was not noticed"
+                await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+
+
+def test_durable_nack_close_delete_and_refusals(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (srv, base), aiohttp.ClientSession() as http:
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            q2 = await QrpcClient.connect(srv.ports["qrpc"])
+            with pytest.raises(CallError) as e:
+                await q.call("openSubscription", {"subId": "s", "topic": "j.*", "create": False})
+            assert (e.value.code, e.value.message) == ("ENOENT", "s: not found, may not create")
+            with pytest.raises(CallError) as e:
+                await q.call("ack", {"subId": "s", "batch": 1})
+            assert (e.value.code, e.value.message) == ("ENOENT", "s: not found")
+            with pytest.raises(CallError) as e:
+                await q.call("createSubscription", {"subId": "bad id!", "topic": "j.*"})
+            assert (e.value.code, e.value.message) == ("EBADREQ", "bad subId")
+            oid = q.send("openSubscription", {"subId": "s", "topic": "j.*"})
+            await barrier(q)
+            with pytest.raises(CallError) as e:
+                await q2.call("openSubscription", {"subId": "s"})
+            assert (e.value.code, e.value.message) == ("EBUSY", "s: already listening")
+            assert await emit(http, base, "j.1", "one") == {"ok": True, "delivered": 1}
+            b1 = (await q.next(oid))["m"]
+            assert b1 == {"subId": "s", "batch": 1, "items": [{"pos": 1, "topic": "j.1", "value": "one"}]}
+            with pytest.raises(CallError) as e:
+                await q.call("ack", {"subId": "s", "batch": 9})
+            assert (e.value.code, e.value.message) == ("EBATCH", "s: unknown batch 9")
+            # A nack: the same item again, a new batch number, after the backoff (100 ms).
+            t0 = time.monotonic()
+            assert await q.call("ack", {"subId": "s", "batch": 1, "error": "retry"}) == {"ok": True}
+            b2 = (await q.next(oid))["m"]
+            assert time.monotonic() - t0 >= 0.09
+            assert (b2["batch"], b2["items"]) == (2, b1["items"])
+            # closeSubscription ends the call and gives the batch back; the other connection gets it.
+            assert await q.call("closeSubscription", {"subId": "s"}) == {"ok": True, "subId": "s"}
+            assert await q.next(oid) == {"v": 1, "id": oid, "s": "end"}
+            oid2 = q2.send("openSubscription", {"subId": "s"})
+            b3 = (await q2.next(oid2))["m"]
+            assert (b3["batch"], b3["items"]) == (3, b1["items"])
+            assert await q2.call("ack", {"subId": "s", "batch": 3}) == {"ok": True}
+            # deleteSubscription from the first connection ends the open call on the second.
+            assert await q.call("deleteSubscription", {"subId": "s"}) == {
+                "ok": True,
+                "subId": "s",
+                "deleted": True,
+            }
+            assert await q2.next(oid2) == {"v": 1, "id": oid2, "s": "end"}
+            assert await q.call("deleteSubscription", {"subId": "s"}) == {
+                "ok": True,
+                "subId": "s",
+                "deleted": False,
+            }
+            assert await emit(http, base, "j.2", 2) == {"ok": True, "delivered": 0}
+            await q.close()
+            await q2.close()
+
+    asyncio.run(main())
+
+
+def test_listen_exclusive_groups_and_work_queues(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (srv, base), aiohttp.ClientSession() as http:
+            a = await QrpcClient.connect(srv.ports["qrpc"])
+            b = await QrpcClient.connect(srv.ports["qrpc"])
+            ga = a.send("listenExclusive", {"topic": "g.*", "group": "G"})
+            gb = b.send("listenExclusive", {"topic": "g.*", "group": "G"})
+            await barrier(a)
+            await barrier(b)
+            for i in range(4):  # a group counts once in delivered
+                assert await emit(http, base, f"g.{i}", i) == {"ok": True, "delivered": 1}
+            got_a = [(await a.next(ga))["m"]["value"] for _ in range(2)]
+            got_b = [(await b.next(gb))["m"]["value"] for _ in range(2)]
+            assert sorted(got_a + got_b) == [0, 1, 2, 3] and got_a == [0, 2]
+            # A shared work queue: each batch to exactly one opener.
+            wa = a.send("openSubscription", {"subId": "w", "topic": "w.*", "shared": True})
+            await barrier(a)
+            wb = b.send("openSubscription", {"subId": "w", "shared": True})
+            await barrier(b)
+            seen: list[int] = []
+            for i in range(6):
+                await emit(http, base, f"w.{i}", i)
+            while len(seen) < 6:
+                for q, cid in ((a, wa), (b, wb)):
+                    with contextlib.suppress(TimeoutError):
+                        m = (await q.next(cid, 0.05))["m"]
+                        seen += [it["value"] for it in m["items"]]
+                        assert await q.call("ack", {"subId": "w", "batch": m["batch"]}) == {"ok": True}
+            assert sorted(seen) == list(range(6))
+            await a.close()
+            await b.close()
+
+    asyncio.run(main())
+
+
+def test_other_dialects_feed_qpubs_and_the_separator_is_configurable(tmp_path: Path) -> None:
+    async def main() -> None:
+        cfg = {"qpubs.separator": "::"}
+        async with serve(tmp_path, **cfg) as (srv, base), aiohttp.ClientSession() as http:
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            tail = q.send("listen", {"topic": "*::done"})
+            head = q.send("listen", {"topic": "a::*"})
+            assert await q.call("createSubscription", {"subId": "d", "topic": "*::done"}) == {
+                "ok": True,
+                "subId": "d",
+                "created": True,
+            }
+            # A native publish (text) and one with msgpack reach the listens and the subscription.
+            async with http.post(f"{base}/api/v1/publish/a/b/done", data=b"hi") as r:
+                assert r.status == 200
+            lines = [await q.next(tail), await q.next(head)]
+            assert all(m["m"] == {"topic": "a::b::done", "value": "hi"} for m in lines)
+            async with http.post(
+                f"{base}/api/v1/publish/x/done",
+                data=b"\x81\xa1k\x01",
+                headers={"Content-Type": "application/msgpack"},
+            ) as r:
+                assert r.status == 200
+            assert (await q.next(tail))["m"] == {"topic": "x::done", "value": {"k": 1}}
+            oid = q.send("openSubscription", {"subId": "d"})
+            items = (await q.next(oid))["m"]["items"]
+            assert [it["topic"] for it in items] == ["a::b::done", "x::done"]
+            # A WearScript data message: its arguments, a msgpack array, come as a JSON array.
+            chat = q.send("listen", {"topic": "chat::*"})
+            await barrier(q)
+            ws = await http.ws_connect(base.replace("http", "ws") + "/wearscript/ws")
+            await ws.receive(timeout=WAIT)  # the hub's list
+            await ws.send_bytes(msgpack.packb(["chat:x", "hello", 1]))
+            assert (await q.next(chat))["m"] == {"topic": "chat::x", "value": ["hello", 1]}
+            await ws.close()
+            assert (await emit(http, base, "a::z", {"n": 1}))["delivered"] == 1  # the head listen
+            await q.close()
+
+    asyncio.run(main())
+
+
+def test_bad_qrpc_input(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path, **{"limits.max_frame": 1024}) as (srv, _base):
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            q.writer.write(b'not json\n[1]\n{"n":"emit"}\n')  # skipped: no error, no close
+            with pytest.raises(CallError) as e:
+                await q.call("emit", {"topic": 5, "value": 1})
+            assert e.value.code == "EBADTOPIC"
+            msg = await q.next(q.send("emit", {"topic": "t"}))
+            assert msg["e"]["code"] == "EBADREQ"
+            q.writer.write(json.dumps({"v": 2, "id": "v", "n": "emit", "m": {}}).encode() + b"\n")
+            assert (await q.next("v"))["e"]["code"] == "EVERSION"
+            q.writer.write(b"x" * 2000 + b"\n")  # over limits.max_frame: the connection closes
+            await asyncio.wait_for(q.eof.wait(), WAIT)
+            await q.close()
+
+    asyncio.run(main())
+
+
+def test_tls_on_the_qrpc_listener_and_qpubs_disabled(tmp_path: Path) -> None:
+    """With ``tls.cert`` the qrpc listener speaks TLS, as native TCP does; ``qpubs.enabled = false`` serves
+    neither the routes nor the listener."""
+    cert, key = make_cert(tmp_path, "qrpc")
+
+    async def main() -> None:
+        tls = {"tls.cert": str(cert), "tls.key": str(key)}
+        async with serve(tmp_path, **tls) as (srv, _base):
+            ctx = ssl.create_default_context(cafile=str(cert))
+            q = await QrpcClient.connect(srv.ports["qrpc"], ssl_context=ctx)
+            assert await q.call("emit", {"topic": "t", "value": 1}) == {"ok": True, "delivered": 0}
+            await q.close()
+        off = {"qpubs.enabled": False}
+        async with serve(tmp_path, **off) as (srv, base), aiohttp.ClientSession() as http:
+            assert "qrpc" not in srv.ports
+            async with http.get(f"{base}/qpubs/listen?topic=a") as r:
+                assert r.status == 404
+
+    asyncio.run(main())
+
+
+def test_configuration_keys() -> None:
+    cfg = load_config(
+        cli={"qpubs.separator": "::", "qpubs.batch_wait_ms": 0},
+        env={"HUBBUB_QPUBS_QRPC_LISTEN": "127.0.0.1:7000", "HUBBUB_QPUBS_AUTH": "off"},
+    )
+    assert (cfg.qpubs_separator, cfg.qpubs_batch_wait_ms) == ("::", 0)
+    assert (cfg.qpubs_qrpc_listen, cfg.qpubs_auth) == ("127.0.0.1:7000", "off")
+    assert DEFAULT_QRPC_LISTEN == "127.0.0.1:1337"  # qpubs.md §1 (tests move it: tests/conftest.py)
+    for bad in (
+        {"qpubs.separator": "*"},
+        {"qpubs.separator": ""},
+        {"qpubs.qrpc_listen": "nope"},
+        {"qpubs.heartbeat_s": 0},
+        {"qpubs.batch_wait_ms": -1},
+        {"qpubs.auth": "token"},  # needs auth.mode = token
+    ):
+        with pytest.raises(ConfigError):
+            load_config(cli=bad, env={}).validate()
+
+
+def test_shutdown_with_open_calls(tmp_path: Path) -> None:
+    """A server stopping with qrpc listens, a group member, an open subscription holding a batch and an HTTP
+    stream open closes them all promptly; the held batch is pending again after the restart."""
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            async with serve(tmp_path) as (srv, base):
+                q = await QrpcClient.connect(srv.ports["qrpc"])
+                q.send("listen", {"topic": "z.*"})
+                q.send("listenExclusive", {"topic": "z.*", "group": "g"})
+                oid = q.send("openSubscription", {"subId": "keep", "topic": "z.*"})
+                await barrier(q)
+                stream = await http.get(f"{base}/qpubs/listen?topic=z.*")
+                await emit(http, base, "z.1", 1)
+                held = (await q.next(oid))["m"]
+                t0 = time.monotonic()
+            assert time.monotonic() - t0 < 5
+            await asyncio.wait_for(q.eof.wait(), WAIT)
+            assert await asyncio.wait_for(stream.content.read(), WAIT) == b'{"topic":"z.1","value":1}\n'
+            stream.release()
+            await q.close()
+        async with serve(tmp_path) as (srv, _base):
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            oid = q.send("openSubscription", {"subId": "keep", "create": False})
+            again = (await q.next(oid))["m"]
+            assert again["items"] == held["items"]
+            await q.close()
+
+    asyncio.run(main())
+
+
+def test_publish_rate_on_qrpc(tmp_path: Path) -> None:
+    """Emits over ``limits.publish_rate`` (burst 2) get ``ERATE``; the connection stays usable."""
+
+    async def main() -> None:
+        cfg = {"limits.publish_rate": 1, "limits.publish_burst": 2}
+        async with serve(tmp_path, **cfg) as (srv, _base):
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            ids = [q.send("emit", {"topic": "r", "value": i}) for i in range(4)]
+            answers = [await q.next(cid) for cid in ids]
+            codes = [a["e"]["code"] if a.get("e") else "ok" for a in answers]
+            assert codes[:2] == ["ok", "ok"] and "ERATE" in codes[2:], codes
+            assert next(a for a in answers if a.get("e"))["e"]["message"] == "rate limited"
+            await barrier(q)
+            await q.close()
+
+    asyncio.run(main())
+
+
+def test_a_listen_after_an_emit_does_not_get_that_emit(tmp_path: Path) -> None:
+    """Calls are handled in arrival order (§4): a listen sent right after a pipelined emit on the same
+    connection is registered after that emit's event went out, so it gets only later events."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (srv, _base):
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            for rnd in range(5):
+                topic = f"o{rnd}.x"
+                e1 = q.send("emit", {"topic": topic, "value": "before"})
+                lid = q.send("listen", {"topic": f"o{rnd}.*"})
+                await barrier(q)
+                assert (await q.next(e1))["m"] == {"ok": True, "delivered": 0}
+                after = await q.call("emit", {"topic": topic, "value": "after"})
+                assert after == {"ok": True, "delivered": 1}
+                assert (await q.next(lid))["m"] == {"topic": topic, "value": "after"}
+            await q.close()
+
+    asyncio.run(main())
