@@ -23,11 +23,15 @@ from tests.redisserver import missing_reason as redis_missing
 _db_names = itertools.count(1)
 
 # Servers started by tests (in process, or as ``hubbub serve`` children, which inherit the environment) put
-# their qpubs qrpc listener on a free port, not on the fixed default 127.0.0.1:1337 that several test
-# processes on one machine would fight over. The default itself is kept in ``DEFAULT_QRPC_LISTEN``.
+# their qpubs qrpc and mist TCP listeners on free ports, not on the fixed defaults 127.0.0.1:1337 and
+# 127.0.0.1:1445 that several servers on one machine would fight over. The defaults themselves are kept in
+# ``DEFAULT_QRPC_LISTEN`` and ``DEFAULT_MIST_TCP_LISTEN``.
 DEFAULT_QRPC_LISTEN = hubbub.config.DEFAULT_QRPC_LISTEN
+DEFAULT_MIST_TCP_LISTEN = hubbub.config.DEFAULT_MIST_TCP_LISTEN
 hubbub.config.DEFAULT_QRPC_LISTEN = "127.0.0.1:0"
+hubbub.config.DEFAULT_MIST_TCP_LISTEN = "127.0.0.1:0"
 os.environ.setdefault("HUBBUB_QPUBS_QRPC_LISTEN", "127.0.0.1:0")
+os.environ.setdefault("HUBBUB_MIST_TCP_LISTEN", "127.0.0.1:0")
 
 
 @pytest.fixture(scope="session")

@@ -72,6 +72,7 @@ class _Server:
             "--http-listen", "127.0.0.1:0",
             "--native-tcp-listen", "127.0.0.1:0",
             "--qpubs-qrpc-listen", "127.0.0.1:0",
+            "--mist-tcp-listen", "127.0.0.1:0",
             "--log-format", "json",
         ]  # fmt: skip
         env = dict(os.environ)

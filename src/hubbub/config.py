@@ -36,6 +36,7 @@ DURABILITY_MODES = ("fsync", "commit", "none")
 #: ``qpubs.qrpc_listen``'s default (qpubs.md §1). A module value, read when a :class:`Config` is made, so
 #: that a test run can move every server it starts off the fixed port (tests/conftest.py).
 DEFAULT_QRPC_LISTEN = "127.0.0.1:1337"
+DEFAULT_MIST_TCP_LISTEN = "127.0.0.1:1445"
 
 
 class ConfigError(ValueError):
@@ -133,7 +134,7 @@ class Config:
     ivy_auth: str = ""  # "" means auth.mode
     # -- mist (protocols/mist.md §1; limits are the shared limits.*) --
     mist_enabled: bool = True
-    mist_tcp_listen: str = "127.0.0.1:1445"
+    mist_tcp_listen: str = field(default_factory=lambda: DEFAULT_MIST_TCP_LISTEN)
     mist_channel: str = "/mist"
     mist_auth: str = ""  # "" means auth.mode
     mist_token: str = field(default_factory=lambda: _Secret(""))  # an extra master token (upstream --token)

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
+import hubbub.config
 from hubbub.config import ConfigError, env_name, flag_name, load_config
+from tests.conftest import DEFAULT_MIST_TCP_LISTEN
 
 
 def test_defaults() -> None:
@@ -65,10 +67,11 @@ def test_idempotency_window_takes_fractions_of_a_second(tmp_path: Path) -> None:
 
 
 def test_mist_keys() -> None:
+    assert DEFAULT_MIST_TCP_LISTEN == "127.0.0.1:1445"  # the shipped default (tests' servers use free ports)
     cfg = load_config({}, env={})
     assert (cfg.mist_enabled, cfg.mist_tcp_listen, cfg.mist_channel, cfg.mist_auth) == (
         True,
-        "127.0.0.1:1445",
+        hubbub.config.DEFAULT_MIST_TCP_LISTEN,
         "/mist",
         "",
     )
