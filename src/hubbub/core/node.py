@@ -48,6 +48,7 @@ from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, LogStore, 
 from .access import Access
 from .batcher import Done, DoneMany, Pending, WriteBatcher
 from .limits import Limiter, LimitSettings
+from .presence import LocalPresence, Presence
 from .reads import ChannelPage, LogReads, Planner
 from .relay import Relay, committed_events
 from .replay import ReplayPlan, ReplaySpec
@@ -177,6 +178,7 @@ class Node:
         self.subscriptions = r.subscriptions
         self.watch_subscriptions = r.watch
         self._relay: Relay | None = None
+        self.presence: Presence = LocalPresence()  #: rosters (core/presence.py); a cluster's once installed
 
     # -- lifecycle --------------------------------------------------------------------------------------
 

@@ -513,8 +513,10 @@ class NativeHttp:
         if relay is not None:
             # A node without its broker still serves (from the log, later): degraded, not failed.
             broker = relay.health()
-            status = "ok" if broker.get("state") == "up" else "degraded"
-            return _json(200, orjson.dumps({"status": status, "broker": broker}) + b"\n")
+            presence = self.node.presence.health()
+            up = broker.get("state") == "up" and presence.get("state") != "down"
+            body = {"status": "ok" if up else "degraded", "broker": broker, "presence": presence}
+            return _json(200, orjson.dumps(body) + b"\n")
         return _json(200, b'{"status":"ok"}\n')
 
     async def metrics(self, request: web.Request) -> web.Response:
