@@ -1,5 +1,5 @@
-"""Durable consumers on PostgreSQL with two nodes sharing the log (two stores, two nodes, two consumer services
-in one process): a consumer created on one node journals the events committed by the other (the journal is
+"""Durable consumers on PostgreSQL with two nodes sharing the log (two stores, two nodes, two consumer
+services in one process): a consumer created on one node journals the events committed by the other (the journal is
 written in every node's commit); the node serving it must also hand them out, in journal order.
 
 Both fail today (strict xfail, so the fix shows): the service takes its own node's commit notifications as the
