@@ -1,12 +1,12 @@
 """Durable consumers on PostgreSQL with two nodes sharing the log (two stores, two nodes, two consumer
-services in one process): a consumer created on one node journals the events committed by the other (the journal is
-written in every node's commit); the node serving it must also hand them out, in journal order.
+services in one process): a consumer created on one node journals the events committed by the other (the
+journal is written in every node's commit); the node serving it must also hand them out, in journal order.
 
-Both fail today (strict xfail, so the fix shows): the service takes its own node's commit notifications as the
-journal's next items, so (1) an item journaled by another node before one of this node's moves ``loaded_to``
-past it and it is skipped until a restart, and (2) nothing tells an open consumer of another node's commits.
-The fix belongs in the consumer service: on a shared log, notifications are hints to read the journal, and the
-cluster relay's delivery of other nodes' events is one too."""
+Both fail today (strict xfail, so the fix shows): the service takes its own node's commit notifications as
+the journal's next items, so (1) an item journaled by another node before one of this node's moves
+``loaded_to`` past it and it is skipped until a restart, and (2) nothing tells an open consumer of another
+node's commits. The fix belongs in the consumer service: on a shared log, notifications are hints to read
+the journal, and the cluster relay's delivery of other nodes' events is one too."""
 
 from __future__ import annotations
 
