@@ -87,10 +87,10 @@ class Lines:
 
 
 class Subscriber(threading.Thread):
-    def __init__(self, port: int, count: int) -> None:
+    def __init__(self, port: int, count: int, channel: str = CHANNEL) -> None:
         super().__init__(daemon=True)
         self.conn = Lines(port)
-        self.conn.sock.sendall(f'{{"op":"subscribe","id":2,"sub":"s","pattern":"{CHANNEL}"}}\n'.encode())
+        self.conn.sock.sendall(f'{{"op":"subscribe","id":2,"sub":"s","pattern":"{channel}"}}\n'.encode())
         self.conn.lines()
         self.count = count
         self.latencies: list[int] = []
@@ -113,10 +113,10 @@ class Subscriber(threading.Thread):
         self.done.set()
 
 
-def publish(port: int, count: int, size: int, window: int = 1000) -> None:
+def publish(port: int, count: int, size: int, window: int = 1000, channel: str = CHANNEL) -> None:
     c = Lines(port)
     text = "x" * size
-    frame = lambda i: f'{{"op":"publish","id":{i + 10},"channel":"{CHANNEL}","text":"{text}","ack":true}}\n'  # noqa: E731
+    frame = lambda i: f'{{"op":"publish","id":{i + 10},"channel":"{channel}","text":"{text}","ack":true}}\n'  # noqa: E731
     sent = acked = 0
     while acked < count:
         if sent - acked < window and sent < count:
@@ -215,7 +215,7 @@ def js_publish(spec: Spec, subject: str, count: int, size: int, window: int = 10
     c.close()
 
 
-def run_js(count: int, size: int, n_subs: int = 2) -> dict[str, object]:
+def run_js(count: int, size: int, n_subs: int = 2, window: int = 1000) -> dict[str, object]:
     """JetStream (one ``nats-server -js``, file storage, stream ``B`` on ``js.>``): publisher and ``n_subs``
     push consumers, as in :func:`run_setup`."""
     srv = start("js")
@@ -228,7 +228,7 @@ def run_js(count: int, size: int, n_subs: int = 2) -> dict[str, object]:
         pid = srv.proc.pid
         before = cpu_s(pid)
         t0 = time.perf_counter()
-        js_publish(spec, subject, count, size)
+        js_publish(spec, subject, count, size, window)
         for s in subs:
             s.done.wait(300)
         dt = time.perf_counter() - t0
@@ -238,7 +238,8 @@ def run_js(count: int, size: int, n_subs: int = 2) -> dict[str, object]:
     lat = sorted(x for s in subs for x in s.latencies)
     pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6  # noqa: E731
     return {
-        "setup": f"JetStream, 1 server, file storage ({n_subs} push consumers)",
+        "events": count,
+        "setup": f"JetStream, 1 server, file storage ({n_subs} push consumers){_one_at_a_time(window)}",
         "events_per_s": round(count / dt),
         "p50_ms": round(pct(0.50), 2),
         "p99_ms": round(pct(0.99), 2),
@@ -288,7 +289,7 @@ def start_js_cluster(replicas: int) -> list[Server]:
         raise
 
 
-def run_js_cluster(count: int, size: int, replicas: int) -> dict[str, object]:
+def run_js_cluster(count: int, size: int, replicas: int, window: int = 1000) -> dict[str, object]:
     """JetStream on three servers: publisher on server 1, a push consumer on each of servers 2 and 3."""
     servers = start_js_cluster(replicas)
     try:
@@ -299,7 +300,7 @@ def run_js_cluster(count: int, size: int, replicas: int) -> dict[str, object]:
         pids = {f"nats {i + 1}": srv.proc.pid for i, srv in enumerate(servers)}
         before = {k: cpu_s(p) for k, p in pids.items()}
         t0 = time.perf_counter()
-        js_publish(servers[0].specs["js"], subject, count, size)
+        js_publish(servers[0].specs["js"], subject, count, size, window)
         for sub in subs:
             sub.done.wait(300)
         dt = time.perf_counter() - t0
@@ -310,7 +311,8 @@ def run_js_cluster(count: int, size: int, replicas: int) -> dict[str, object]:
     lat = sorted(x for sub in subs for x in sub.latencies)
     pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6  # noqa: E731
     return {
-        "setup": f"JetStream, 3 servers, stream R{replicas} (1 -> 2, 3)",
+        "events": count,
+        "setup": f"JetStream, 3 servers, stream R{replicas} (1 -> 2, 3){_one_at_a_time(window)}",
         "events_per_s": round(count / dt),
         "p50_ms": round(pct(0.50), 2),
         "p99_ms": round(pct(0.99), 2),
@@ -319,17 +321,29 @@ def run_js_cluster(count: int, size: int, replicas: int) -> dict[str, object]:
     }
 
 
+def _one_at_a_time(window: int) -> str:
+    return ", one at a time" if window == 1 else ""
+
+
 def run_setup(
-    name: str, nodes: list[ServerProcess], subs_on: list[int], count: int, size: int, others: dict[str, int]
+    name: str,
+    nodes: list[ServerProcess],
+    subs_on: list[int],
+    count: int,
+    size: int,
+    others: dict[str, int],
+    window: int = 1000,
+    channel: str = CHANNEL,
 ) -> dict[str, object]:
-    """``others``: more processes to account CPU to (name -> pid of the process or of its tree's root)."""
-    subs = [Subscriber(nodes[i].ports["native"], count) for i in subs_on]
+    """``others``: more processes to account CPU to (name -> pid of the process or of its tree's root).
+    ``window``: publishes outstanding at most (1: each waits for the previous one's ack, light load)."""
+    subs = [Subscriber(nodes[i].ports["native"], count, channel) for i in subs_on]
     for s in subs:
         s.start()
     pids = {f"node {i + 1}": n.proc.pid for i, n in enumerate(nodes) if n.proc is not None}
     before = {k: cpu_s(p) for k, p in pids.items()} | {k: tree_cpu_s(p) for k, p in others.items()}
     t0 = time.perf_counter()
-    publish(nodes[0].ports["native"], count, size)
+    publish(nodes[0].ports["native"], count, size, window, channel)
     for s in subs:
         s.done.wait(300)
     dt = time.perf_counter() - t0
@@ -338,7 +352,8 @@ def run_setup(
     lat = sorted(x for s in subs for x in s.latencies)
     pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6  # noqa: E731
     return {
-        "setup": name,
+        "setup": name + _one_at_a_time(window),
+        "events": count,
         "events_per_s": round(count / dt),
         "p50_ms": round(pct(0.50), 2),
         "p99_ms": round(pct(0.99), 2),
@@ -351,12 +366,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--count", type=int, default=20000)
     ap.add_argument("--size", type=int, default=100)
-    ap.add_argument("--only-js", action="store_true", help="the JetStream setup alone")
+    ap.add_argument("--only-js", action="store_true", help="the JetStream setups alone")
+    ap.add_argument(
+        "--light",
+        type=int,
+        default=1000,
+        help="events of the light-load pass (one publish at a time; 0: none)",
+    )
     args = ap.parse_args()
     if args.only_js:
         print(json.dumps(run_js(args.count, args.size)))
         for r in (1, 3):
             print(json.dumps(run_js_cluster(args.count, args.size, r)))
+        if args.light:
+            print(json.dumps(run_js(args.light, args.size, window=1)))
+            print(json.dumps(run_js_cluster(args.light, args.size, 1, window=1)))
         return
     rows = []
     with tempfile.TemporaryDirectory() as tmp, PgServer() as pg, RedisServer() as redis:
@@ -383,6 +407,12 @@ def main() -> None:
                     others["redis"] = redis.proc.pid
                 rows.append(run_setup(name, nodes, subs_on, args.count, args.size, others))
                 print(json.dumps(rows[-1]), flush=True)
+            if args.light:  # cross-node latency without queues: each publish waits for its ack
+                for name, nodes, subs_on in setups:
+                    others = {} if name.startswith("sqlite") else {"postgres": postmaster}
+                    row = run_setup(name, nodes, subs_on, args.light, args.size, others, 1, "/bench/light")
+                    rows.append(row)
+                    print(json.dumps(rows[-1]), flush=True)
         finally:
             for _, nodes, _ in setups:
                 for n in nodes:
@@ -393,16 +423,21 @@ def main() -> None:
         for replicas in (1, 3):
             rows.append(run_js_cluster(args.count, args.size, replicas))
             print(json.dumps(rows[-1]), flush=True)
+        if args.light:
+            for row in (run_js(args.light, args.size, window=1), run_js_cluster(args.light, args.size, 1, 1)):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     else:
         print("JetStream skipped: nats-server not installed (apt-get install nats-server)", flush=True)
-    head = f"setup ({args.count} events of {args.size} B, acks)"
-    print(f"\n| {head} | events/s | commit→delivery p50 ms | p99 ms | CPU µs per event |")
-    print("|---|---|---|---|---|")
+    head = f"setup (events of {args.size} B, acks)"
+    print(f"\n| {head} | events | events/s | commit→delivery p50 ms | p99 ms | CPU µs per event |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         cpu = r["cpu_us_per_event"]
         assert isinstance(cpu, dict)
         costs = ", ".join(f"{k} {v}" for k, v in cpu.items())
-        print(f"| {r['setup']} | {r['events_per_s']} | {r['p50_ms']} | {r['p99_ms']} | {costs} |")
+        cells = [r["setup"], r["events"], r["events_per_s"], r["p50_ms"], r["p99_ms"], costs]
+        print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
 if __name__ == "__main__":
