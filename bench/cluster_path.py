@@ -13,10 +13,14 @@ Redis): the per-event costs of the scaling model in docs/cluster.md.
 
 Setups: ``sqlite`` (one node, the embedded log), ``postgres`` (one node on PostgreSQL), ``2 nodes`` (publisher
 on node 1, subscriber on node 2), ``3 nodes`` (publisher on node 1, subscribers on nodes 2 and 3), and, for
-comparison in the same run, NATS JetStream (``nats-server -js``, file storage): one server, a publisher
-pipelining acknowledged publishes (``PUB`` with a reply inbox) the same way, and two push consumers; the
-latency is from the stream's store time (in each delivery's ack subject) to arrival. Skipped, with a note,
-when ``nats-server`` is not installed (``apt-get install nats-server``).
+comparison in the same run, NATS JetStream (``nats-server -js``, file storage): one server with two push
+consumers, and three routed servers (publisher on server 1, a push consumer on each of servers 2 and 3) with
+the stream at one replica and at three; the publisher pipelines acknowledged publishes (``PUB`` with a reply
+inbox) the same way; the latency is from the stream's store time (in each delivery's ack subject) to arrival.
+Skipped, with a note, when ``nats-server`` is not installed (``apt-get install nats-server``).
+
+Then a light-load pass (``--light N``, default 1000; 0 skips it): every setup again with each publish waiting
+for its ack before the next, for the latency of the hop itself, without queues.
 """
 
 from __future__ import annotations
