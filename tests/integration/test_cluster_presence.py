@@ -49,6 +49,16 @@ async def _roster(http: aiohttp.ClientSession, node: ServerProcess, channel: str
         return [m["user_id"] for m in json.loads(await r.read())]
 
 
+async def _cluster(http: aiohttp.ClientSession, node: ServerProcess) -> list[str]:
+    """The live nodes as ``node`` sees them (``GET /api/v1/cluster``)."""
+    async with http.get(f"http://127.0.0.1:{node.ports['http']}/api/v1/cluster") as r:
+        assert r.status == 200
+        body = json.loads(await r.read())
+        assert body["node_id"] == node.data_dir.name and body["broker"]["state"] == "up"
+        nodes: list[str] = body["nodes"]
+        return nodes
+
+
 async def _until_roster(
     http: aiohttp.ClientSession, node: ServerProcess, channel: str, want: list[str], within: float = 20.0
 ) -> float:
@@ -80,14 +90,17 @@ def test_guble_subscribers_span_the_nodes_and_a_killed_node_leaves(
                 await ws3.send_str("- /room")
                 await _until_roster(http, b, "/room", ["u1", "u2"])
                 assert _metric(a, "hubbub_presence_members") == 1  # node A's own: u1 on /room
+                assert await _cluster(http, b) == ["a", "b", "c"]
                 # Node A killed -9: its receivers leave node B's and C's rosters within the TTL.
                 a.kill()
                 waited = await _until_roster(http, c, "/room", ["u2"], within=TTL_S * 4 + 10)
                 assert waited < TTL_S * 4 + 5
                 await _until_roster(http, b, "/room", ["u2"])
+                assert await _cluster(http, b) == ["b", "c"]
                 # Node C stopped cleanly: its receiver leaves at once, no TTL.
                 assert await asyncio.to_thread(c.terminate) == 0
                 assert await _roster(http, b, "/other") == []
+                assert await _cluster(http, b) == ["b"]
                 for ws in (ws1, ws2, ws3, ws4):
                     await ws.close()
 

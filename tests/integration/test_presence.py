@@ -40,6 +40,7 @@ def test_local_presence_keeps_join_order_and_counts() -> None:
         p.add("c")
         p.add("c", 2)
         assert await p.total("c") == 3 and await p.total("other") == 0
+        assert await p.nodes() == [] and await LocalPresence("n1").nodes() == ["n1"]
 
     asyncio.run(main())
 
@@ -63,6 +64,7 @@ def test_rosters_span_the_nodes_and_a_silent_node_expires(redis_server: RedisSer
                 return all([await p.count("guble:/a") == 3 for p in (one, two)])
 
             await _until(both_see_all, "both nodes to list the three members")
+            assert await one.nodes() == ["one", "two"] == await two.nodes()
             for p in (one, two):
                 ms = await p.members("guble:/a")
                 assert [(m.key, m.node, m.fields["user_id"]) for m in ms] == [
@@ -84,6 +86,7 @@ def test_rosters_span_the_nodes_and_a_silent_node_expires(redis_server: RedisSer
             assert [m.key for m in await two.members("guble:/a")] == ["c2"]
             assert await two.members("guble:/b") == []
             assert await two.total("conns") == 2
+            assert await two.nodes() == ["two"]
         finally:
             await two.close()
             one._closed = True

@@ -328,6 +328,16 @@ class RedisPresence:
             self.read_errors += 1
         return n
 
+    async def nodes(self) -> list[str]:
+        """The live nodes as their heartbeats show them (this one alone while Redis is away)."""
+        out = [self.node_id]
+        if self.up:
+            try:
+                out += await asyncio.wait_for(self._others(), READ_TIMEOUT_S)
+            except _FAILURES:
+                self.read_errors += 1
+        return sorted(out)
+
     # -- reporting --------------------------------------------------------------------------------------
 
     def health(self) -> dict[str, str]:

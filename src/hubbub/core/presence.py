@@ -64,6 +64,9 @@ class Presence(Protocol):
     async def total(self, counter: str) -> int:
         """``counter`` summed over the live nodes."""
 
+    async def nodes(self) -> list[str]:
+        """The ids of the live nodes, this one included, sorted (empty on a single node)."""
+
     def statistics(self) -> dict[str, int | float]:
         """Numbers for ``/metrics`` (``hubbub_presence_<name>``)."""
 
@@ -111,6 +114,9 @@ class LocalPresence:
 
     async def total(self, counter: str) -> int:
         return self.counters.get(counter, 0)
+
+    async def nodes(self) -> list[str]:
+        return [self.node] if self.node else []
 
     def statistics(self) -> dict[str, int | float]:
         return {"rosters": len(self.rosters), "members": sum(len(m) for m in self.rosters.values())}
