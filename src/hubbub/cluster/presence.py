@@ -147,8 +147,12 @@ class RedisPresence:
         beat_s = self.ttl_ms / 3000
         next_beat = time.monotonic() + beat_s
         while not self._closed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, next_beat - time.monotonic()))
+            left = max(0.0, next_beat - time.monotonic())
+            if self.up:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), left)
+            else:
+                await asyncio.sleep(left)  # Redis away: try again at the next beat, not at every change
             self._wake.clear()
             beat = time.monotonic() >= next_beat
             if beat:
