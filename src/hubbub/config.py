@@ -160,6 +160,7 @@ class Config:
     cluster_redis_channel: str = "hubbub.events"
     cluster_gap_wait_s: float = 0.1
     cluster_poll_interval_s: float = 1.0
+    cluster_presence_ttl_s: float = 15.0
 
     def dialect_auth(self, dialect: str) -> str:
         """The auth mode of one dialect: its ``<dialect>.auth`` when set, else ``auth.mode``."""
@@ -231,8 +232,14 @@ class Config:
                 raise ConfigError("broker: expected redis://HOST:PORT[/DB], rediss://… or unix://PATH")
             if not self.store.lower().startswith(("postgresql://", "postgres://")):
                 raise ConfigError("broker: the nodes of a cluster share one log: set store to postgresql://…")
-        if self.cluster_gap_wait_s <= 0 or self.cluster_poll_interval_s <= 0:
-            raise ConfigError("cluster.gap_wait_s and cluster.poll_interval_s: must be positive")
+        if (
+            self.cluster_gap_wait_s <= 0
+            or self.cluster_poll_interval_s <= 0
+            or self.cluster_presence_ttl_s <= 0
+        ):
+            raise ConfigError(
+                "cluster.gap_wait_s, cluster.poll_interval_s and cluster.presence_ttl_s: must be positive"
+            )
         if not self.cluster_redis_channel:
             raise ConfigError("cluster.redis_channel: must not be empty")
         for key in ("guble_health_endpoint", "guble_metrics_endpoint"):
@@ -337,6 +344,7 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "cluster.redis_channel": (("cluster_redis_channel",), str),
     "cluster.gap_wait_s": (("cluster_gap_wait_s",), float),
     "cluster.poll_interval_s": (("cluster_poll_interval_s",), float),
+    "cluster.presence_ttl_s": (("cluster_presence_ttl_s",), float),
 }
 
 #: Keys whose values are masked in ``repr`` and logs.

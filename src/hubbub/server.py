@@ -22,7 +22,7 @@ from aiohttp import web
 from hubbub import __version__
 from hubbub.auth import Authenticator, TokenAuthorizer, load_keys, parse_static_tokens
 from hubbub.auth.mist_registry import MistTokenRegistry
-from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, default_node_id
+from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, RedisPresence, default_node_id
 from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import ConsumerService, Node, NodeSettings
 from hubbub.core.limits import LimitSettings
@@ -46,7 +46,7 @@ from hubbub.transports.tls import reload_context, server_context
 from hubbub.transports.wearscript import WearscriptService, WearscriptSettings
 from hubbub.transports.wearscript_link import WearscriptLinkCollector, WearscriptUpstream
 
-__all__ = ["GC_THRESHOLDS", "Server", "build_broker", "run", "tune_gc"]
+__all__ = ["GC_THRESHOLDS", "Server", "build_broker", "build_presence", "run", "tune_gc"]
 
 log = logging.getLogger("hubbub.server")
 
@@ -89,6 +89,7 @@ class Server:
         self._tcp_conns: set[asyncio.Task[None]] = set()
         self._tcp_native: set[NativeConnection] = set()
         self._broker: RedisBroker | None = None
+        self._presence: RedisPresence | None = None
         self.wearscript: WearscriptService | None = None
         #: Mist, both generations (protocols/mist.md): its service and TCP listener.
         self.mist: MistService | None = None
@@ -149,6 +150,9 @@ class Server:
         await node.__aenter__()
         if broker is not None:
             await broker.start(node)  # before any listener: the node delivers from the log's heads on
+            presence = self._presence = build_presence(cfg, broker.node_id)
+            await presence.start()
+            node.presence = presence  # rosters (guble subscribers, mist who) cluster-wide
         self.consumers = ConsumerService(node)
         await self.consumers.start()
         codec_limits = {
@@ -387,6 +391,9 @@ class Server:
         if self._broker is not None:
             await self._broker.close()  # after the node: its last commits go to the other nodes too
             self._broker = None
+        if self._presence is not None:
+            await self._presence.close()  # after the listeners: this node's members leave the rosters
+            self._presence = None
         if node is not None:
             log.info("hubbub stopped")
 
@@ -423,6 +430,11 @@ def build_broker(cfg: Config, store: LogStore) -> RedisBroker:
         poll_interval_s=cfg.cluster_poll_interval_s,
     )
     return RedisBroker(settings, store)
+
+
+def build_presence(cfg: Config, node_id: str) -> RedisPresence:
+    """The cluster-wide rosters of a cluster node (docs/cluster.md "Presence"), in the broker's Redis."""
+    return RedisPresence(cfg.broker, node_id, cfg.cluster_redis_channel, cfg.cluster_presence_ttl_s)
 
 
 def build_authenticator(cfg: Config) -> Authenticator:

@@ -26,7 +26,9 @@ def test_serve_on_postgresql_publishes_and_replays(tmp_path: Path, pg_url: str) 
     srv = ServerProcess(tmp_path / "data", ["--store", pg_url]).start()
     try:
         assert '"store":"postgres"' in srv.log()
-        assert _healthz(srv.ports["http"])["status"] == "ok"
+        assert _healthz(srv.ports["http"]) == {"status": "ok"}  # no broker: one node, no cluster states
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.ports['http']}/api/v1/cluster", timeout=10) as r:
+            assert json.loads(r.read()) == {"nodes": []}
         with Lines(srv.ports["native"]) as sub, Lines(srv.ports["native"]) as pub:
             reply = sub.subscribe("s", "/pg/**")
             assert reply["op"] == "reply", reply

@@ -4,6 +4,7 @@
 * :class:`~hubbub.cluster.sequencer.Sequencer`: releases them to the node's sessions in per-channel seq
   order, filling gaps from the log.
 * :class:`ClusterView`: the log as the node has delivered it, for subscription snapshots.
+* :class:`RedisPresence`: rosters (guble's subscribers, mist ``who``) for the whole cluster, with TTLs.
 
 Used by the composition root when ``broker`` is set; never needed by a single node.
 """
@@ -11,7 +12,8 @@ Used by the composition root when ``broker`` is set; never needed by a single no
 from __future__ import annotations
 
 from .broker import BrokerSettings, RedisBroker, default_node_id
+from .presence import RedisPresence
 from .sequencer import Sequencer
 from .view import ClusterView
 
-__all__ = ["BrokerSettings", "ClusterView", "RedisBroker", "Sequencer", "default_node_id"]
+__all__ = ["BrokerSettings", "ClusterView", "RedisBroker", "RedisPresence", "Sequencer", "default_node_id"]

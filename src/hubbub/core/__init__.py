@@ -6,6 +6,7 @@ from hubbub.disconnect import Disconnect
 
 from .consumers import Batch, ConsumerService, GroupMember, Opener
 from .node import Node, NodeSettings, Subscription
+from .presence import LocalPresence, Member, Presence
 from .replay import Gap, ReplayPlan, ReplaySpec
 from .session import Encoder, Overflow, Session, new_session_id
 
@@ -16,10 +17,13 @@ __all__ = [
     "Encoder",
     "Gap",
     "GroupMember",
+    "LocalPresence",
+    "Member",
     "Node",
     "NodeSettings",
     "Opener",
     "Overflow",
+    "Presence",
     "ReplayPlan",
     "ReplaySpec",
     "Session",

@@ -48,6 +48,7 @@ from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, LogStore, 
 from .access import Access
 from .batcher import Done, DoneMany, Pending, WriteBatcher
 from .limits import Limiter, LimitSettings
+from .presence import LocalPresence, Presence
 from .reads import ChannelPage, LogReads, Planner
 from .relay import Relay, committed_events
 from .replay import ReplayPlan, ReplaySpec
@@ -181,6 +182,7 @@ class Node:
         self.watch_subscriptions = r.watch
         self._relay: Relay | None = None
         self.consumers: ConsumerService | None = None  # set by the service while it runs (docs/consumers.md)
+        self.presence: Presence = LocalPresence()  #: rosters (core/presence.py); a cluster's once installed
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -243,8 +245,7 @@ class Node:
         """Authenticate a connection (or refresh its token): the identity becomes the session's, its
         expiry timer is armed (4103 when it fires), and existing subscriptions follow the new permissions.
         Raises ``AuthError`` (4100, 4101, 4103) and leaves the session as it was."""
-        ident = self.access.authenticate(token, session.dialect, peer)
-        self.access.bind(session, ident)
+        self.access.bind(session, ident := self.access.authenticate(token, session.dialect, peer))
         self.registry.rebind(session, ident)
         return ident
 
@@ -271,8 +272,8 @@ class Node:
 
     @property
     def relay(self) -> Relay | None:
-        """A cluster relay (``core/relay.py``): when set, committed events go to it, not to the fan-out; it
-        hands them back, with other nodes' events, through :meth:`fan_out`."""
+        """A cluster relay (``core/relay.py``): committed events go to it, not to the fan-out; it hands them
+        back, with other nodes' events, through :meth:`fan_out`."""
         return self._relay
 
     @relay.setter
@@ -372,7 +373,7 @@ class Node:
         )
 
     async def top_time(self) -> int:
-        """The log's newest commit time (:meth:`LogReads.top_time`); the health probe of the store."""
+        """The log's newest commit time (:meth:`LogReads.top_time`); the store's health probe."""
         return await self.reads.top_time()
 
     async def fetch(self, planner: Planner) -> ReplayPlan:

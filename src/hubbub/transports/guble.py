@@ -56,6 +56,7 @@ __all__ = [
     "GubleSettings",
     "install",
     "plan_fetch",
+    "roster_name",
     "subtree_pattern",
 ]
 
@@ -111,6 +112,11 @@ def _live_plan(store: LogStore) -> ReplayPlan:
 
 
 # -- connections --------------------------------------------------------------------------------------------
+
+
+def roster_name(channel: str) -> str:
+    """The presence roster of guble's receivers on exactly ``channel`` (canonical)."""
+    return f"guble:{channel}"
 
 
 class Receiver:
@@ -263,10 +269,20 @@ class GubleConnection:
         await self.node.writable()
         self.node.submit(req, sess, done)
 
+    def _present(self, rec: Receiver) -> None:
+        """List the connection as a subscriber of ``rec``'s channel (``/api/subscribers``, cluster-wide)."""
+        sess = self.session
+        fields = {"application_id": sess.id, "user_id": sess.user}
+        self.node.presence.join(roster_name(rec.channel), sess.id, fields)
+
+    def _absent(self, rec: Receiver) -> None:
+        self.node.presence.leave(roster_name(rec.channel), self.session.id)
+
     def _stop(self, rec: Receiver) -> None:
         if rec.task is not None and not rec.task.done():
             rec.task.cancel()
         rec.live = False
+        self._absent(rec)
         with contextlib.suppress(SubscriptionError):
             self.node.unsubscribe(self.session, rec.sub_id)
 
@@ -304,6 +320,7 @@ class GubleConnection:
                 return  # a catch-up unsubscribed it meanwhile and re-subscribes the channel
             if self.receivers.get(rec.channel) is rec:
                 del self.receivers[rec.channel]
+                self._absent(rec)
             if not isinstance(exc, SubscriptionError):  # 4201: cancelled while reading
                 self._push(gc.error_text(exc))
 
@@ -330,6 +347,8 @@ class GubleConnection:
         rec.live = not rec.dropped and self.receivers.get(rec.channel) is rec
         if rec.live:
             self.hub.total_subscriptions += 1
+            # Joining again after a catch-up keeps the connection's place in the roster.
+            self._present(rec)
 
     async def _fetch_only(self, rec: Receiver, planner: Callable[[LogStore], ReplayPlan]) -> None:
         sess = self.session
@@ -590,11 +609,9 @@ class GubleHub:
             self.node.access.check_read(ident, channel, "guble")
         except AuthError:
             return text_response(403, "forbidden\n")
-        out = [
-            {"application_id": c.session.id, "user_id": c.session.user}
-            for c, r in self.live_receivers()
-            if r.channel == channel
-        ]
+        # Every node's receivers (node.presence: this node's alone, or the cluster's), oldest first.
+        members = await self.node.presence.members(roster_name(channel))
+        out = [{k: m.fields.get(k, "") for k in ("application_id", "user_id")} for m in members]
         return _json(200, out)
 
     # -- admin ------------------------------------------------------------------------------------------

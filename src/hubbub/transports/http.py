@@ -513,9 +513,28 @@ class NativeHttp:
         if relay is not None:
             # A node without its broker still serves (from the log, later): degraded, not failed.
             broker = relay.health()
-            status = "ok" if broker.get("state") == "up" else "degraded"
-            return _json(200, orjson.dumps({"status": status, "broker": broker}) + b"\n")
+            presence = self.node.presence.health()
+            up = broker.get("state") == "up" and presence.get("state") != "down"
+            body = {"status": "ok" if up else "degraded", "broker": broker, "presence": presence}
+            return _json(200, orjson.dumps(body) + b"\n")
         return _json(200, b'{"status":"ok"}\n')
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        """``GET /api/v1/cluster``: this node's id, the live nodes (presence heartbeats) and the states of its
+        broker and presence (docs/cluster.md); ``{"nodes":[]}`` on a single node. Any valid token, as
+        ``/metrics``."""
+        self._identity(request)
+        relay = self.node.relay
+        if relay is None:
+            return _json(200, b'{"nodes":[]}\n')
+        broker = relay.health()
+        body = {
+            "node_id": broker.get("node_id"),
+            "nodes": await self.node.presence.nodes(),
+            "broker": broker,
+            "presence": self.node.presence.health(),
+        }
+        return _json(200, orjson.dumps(body) + b"\n")
 
     async def metrics(self, request: web.Request) -> web.Response:
         self._identity(request)  # any valid token may scrape; /healthz stays open for load balancers
@@ -686,6 +705,7 @@ def build_app(
     app.router.add_get("/api/v1/stream/{rest:.*}", native.stream)
     app.router.add_get("/healthz", native.healthz)
     app.router.add_get("/metrics", native.metrics)
+    app.router.add_get("/api/v1/cluster", native.cluster)
     for install in installers:
         install(app, node, settings)
     return app, native

@@ -11,11 +11,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from hubbub import __version__
 from hubbub.core import Node
 
-__all__ = ["CLUSTER_GAUGES", "CONTENT_TYPE", "DIALECTS", "NodeCollector", "render_metrics"]
+__all__ = ["CLUSTER_GAUGES", "CONTENT_TYPE", "DIALECTS", "PRESENCE_GAUGES", "NodeCollector", "render_metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: The cluster relay's numbers that are gauges (the others are counters).
 CLUSTER_GAUGES = frozenset({"broker_up", "buffered", "channels", "unannounced_channels"})
+#: The presence's numbers that are gauges (the others are counters).
+PRESENCE_GAUGES = frozenset({"up", "rosters", "members"})
 DIALECTS = ("ivy", "guble", "wearscript", "mist2015", "mist1", "qpubs", "native")
 
 
@@ -69,6 +71,7 @@ class NodeCollector:
             sum_value=h.sum,
         )
         yield from self._cluster()
+        yield from self._presence()
         info = GaugeMetricFamily("hubbub_build_info", "Build information", labels=["version"])
         info.add_metric([__version__], 1)
         yield info
@@ -111,6 +114,15 @@ class NodeCollector:
                 yield GaugeMetricFamily(f"hubbub_cluster_{name}", doc, value=v)
             else:
                 yield CounterMetricFamily(f"hubbub_cluster_{name}", doc, value=v)
+
+    def _presence(self) -> Iterator[Any]:
+        """The rosters' numbers (``core/presence.py``): this node's members; on a cluster, Redis's state."""
+        for name, v in self.node.presence.statistics().items():
+            doc = f"Presence (rosters): {name.replace('_', ' ')}"
+            if name in PRESENCE_GAUGES:
+                yield GaugeMetricFamily(f"hubbub_presence_{name}", doc, value=v)
+            else:
+                yield CounterMetricFamily(f"hubbub_presence_{name}", doc, value=v)
 
     def _dropped(self) -> dict[str, int]:
         out: dict[str, int] = {}
