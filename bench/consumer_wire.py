@@ -18,9 +18,9 @@ connection takes batches of at most B events and acknowledges each batch before 
 * Redis: ``XREADGROUP COUNT B`` on a consumer group, then ``XACK`` of the batch's ids.
 
 The figure is events acknowledged per second from the first publish to the last acknowledgement (with
-``--drain``: every event is published first, and the figure is the consumer's alone, draining the backlog). A peer whose
-server binary or client library is missing is skipped, saying so. The driver is one Python process (asyncio)
-for every target, so client overhead is in every figure alike.
+``--drain``: every event is published first, and the figure is the consumer's alone, draining the backlog).
+A peer whose server binary or client library is missing is skipped, saying so. The driver is one Python
+process (asyncio) for every target, so client overhead is in every figure alike.
 """
 
 from __future__ import annotations

@@ -392,3 +392,48 @@ def test_the_emitter_api(server: ServerProcess) -> None:
             assert em.listeners() == []
 
     run(body)
+
+
+def test_the_python_client_reopens_its_consumer_after_the_server_crashes(tmp_path: Path) -> None:
+    """kill -9 while the client holds a batch: once the server is back (same port, same data) the client
+    opens the consumer again by itself and gets the batch again; acknowledging the old one raises
+    ConnectionLost, and nothing acknowledged comes back."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    extra = ["--native-tcp-listen", f"127.0.0.1:{port}"]
+    srv = ServerProcess(tmp_path / "data", extra).start()
+    from hubbub.client import ConnectionLost
+
+    async def body() -> None:
+        nonlocal srv
+        async with AsyncClient.connect(f"tcp://127.0.0.1:{port}", reconnect_max_delay=0.2) as client:
+            await (await client.consume("rc", "/rc/**")).close()
+            for i in range(4):
+                await client.publish("/rc/a", f"r{i}")
+            consumer = await client.consume("rc", max=2)
+            first = await asyncio.wait_for(consumer.__anext__(), WAIT)
+            assert [it.pos for it in first] == [1, 2]
+            await first.ack()
+            held = await asyncio.wait_for(consumer.__anext__(), WAIT)
+            assert [it.pos for it in held] == [3, 4]
+            srv.kill()
+            await asyncio.wait_for(client.wait_disconnected(), WAIT)
+            srv = ServerProcess(tmp_path / "data", extra).start()
+            again = await asyncio.wait_for(consumer.__anext__(), WAIT)
+            assert [(it.pos, it.event.payload) for it in again] == [(3, b"r2"), (4, b"r3")]
+            with pytest.raises(ConnectionLost):
+                await held.ack()
+            await again.ack()
+            await client.publish("/rc/a", "r4")
+            last = await asyncio.wait_for(consumer.__anext__(), WAIT)
+            assert [it.pos for it in last] == [5]
+            await last.ack()
+            await consumer.close()
+
+    try:
+        run(body)
+    finally:
+        srv.kill()

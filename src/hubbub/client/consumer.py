@@ -102,6 +102,8 @@ class Consumer:
         self._client = client
         self.name = name
         self._fields = {k: list(v) if k == "tags" else v for k, v in fields.items() if v is not None}
+        if "pattern" not in self._fields:
+            self._fields.setdefault("create", False)  # no pattern to create it from: open an existing one
         self._queue: deque[ConsumerBatch] = deque()
         self._wake = asyncio.Event()
         self._conn: _Conn | None = None
