@@ -437,3 +437,34 @@ def test_the_python_client_reopens_its_consumer_after_the_server_crashes(tmp_pat
         run(body)
     finally:
         srv.kill()
+
+
+def test_a_batch_fits_the_connections_send_queue(tmp_path: Path) -> None:
+    """Whatever ``batch_bytes`` a consumer has, a connection's batches hold at most a third of its send queue
+    in event bytes (one event at least), so a deliver frame never closes it as a slow consumer."""
+    srv = ServerProcess(tmp_path / "data", ["--limits-send-queue-bytes", "30000"]).start()
+
+    async def body() -> None:
+        w = await Wire.open(srv.ports, "tcp", "msgpack")
+        pub = await Wire.open(srv.ports, "tcp", "json")
+        r = await w.request(
+            {"op": "consumer_create", "consumer": "big", "pattern": "/big", "batch_bytes": 1 << 30}
+        )
+        assert r["op"] == "reply"
+        await publish(pub, "/big", *[str(i) * 4000 for i in range(10)])
+        r = await w.request({"op": "consume", "consumer": "big", "create": False})
+        assert r["op"] == "reply" and r["pending"] == 10
+        got: list[int] = []
+        while len(got) < 10:
+            d = await w.push()
+            assert sum(len(it["payload"]) for it in d["items"]) <= 10000
+            got += [it["pos"] for it in d["items"]]
+            assert (await w.request({"op": "ack", "consumer": "big", "batch": d["batch"]}))["op"] == "reply"
+        assert got == list(range(1, 11))
+        await w.close()
+        await pub.close()
+
+    try:
+        run(body)
+    finally:
+        srv.kill()

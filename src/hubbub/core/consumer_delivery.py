@@ -246,8 +246,9 @@ class Delivery:
             if c.wait_start is None:
                 c.wait_start = now
             deadline = c.wait_start + c.spec.batch_wait_ms / 1000
-            full = c.ready_bytes >= c.spec.batch_bytes or any(
-                o.batch_max and len(c.ready) >= o.batch_max for o in idle
+            n, size = len(c.ready), c.ready_bytes
+            full = size >= c.spec.batch_bytes or any(
+                (o.batch_max and n >= o.batch_max) or (o.bytes_max and size >= o.bytes_max) for o in idle
             )
             if not full and now < deadline:
                 wake = deadline - now if wake is None else min(wake, deadline - now)
@@ -273,7 +274,7 @@ class Delivery:
             c.timer = None
 
     def _dispatch(self, c: ConsumerState, o: Opener) -> None:
-        limit = c.spec.batch_bytes
+        limit = min(c.spec.batch_bytes, o.bytes_max) if o.bytes_max else c.spec.batch_bytes
         most = o.batch_max or len(c.ready)
         out: list[JournalItem] = []
         size = 0

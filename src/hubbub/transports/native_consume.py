@@ -109,6 +109,9 @@ class NativeConsumers:
             reuse=cmd.reuse,
             shared=cmd.shared,
             batch_max=cmd.max,
+            # A deliver frame must fit the connection's send queue, whatever batch_bytes the consumer has
+            # (a frame far over it would close the connection as a slow consumer, again at every retry).
+            bytes_max=max(session.max_bytes // 3, 1),
         )
         if self._ended or session.closed:
             opener.close()  # the connection ended while the consumer was being created
