@@ -468,3 +468,30 @@ def test_a_batch_fits_the_connections_send_queue(tmp_path: Path) -> None:
         run(body)
     finally:
         srv.kill()
+
+
+def test_the_blocking_emitter_and_consumer(server: ServerProcess) -> None:
+    import threading
+
+    from hubbub.client import Client
+
+    with Client(f"ws://127.0.0.1:{server.ports['http']}") as client:
+        em = client.emitter()
+        got: list[tuple[str, Any]] = []
+        seen = threading.Event()
+
+        def on(value: Any, topic: str) -> None:
+            got.append((topic, value))
+            seen.set()
+
+        em.listen("*.done", on)
+        em.emit("job.done", {"ok": True})
+        assert seen.wait(WAIT)
+        assert got == [("job.done", {"ok": True})]
+        assert em.ignore("*.done") == 1
+        with client.consume("sync", "/sync/**", max=10) as consumer:
+            client.publish("/sync/a", "s1")
+            batch = consumer.get(WAIT)
+            assert batch is not None and [e.payload for e in batch.events] == [b"s1"]
+            batch.ack()
+        em.close()
