@@ -63,11 +63,16 @@ class NativeConsumers:
             push(codec.encode_reply(cmd.id, {}))
         elif isinstance(cmd, nc.ConsumerCreate):
             self._check(cmd.pattern)
+            existing = svc.info(cmd.consumer)
+            if existing is not None:  # its reply describes the one that exists: it must be readable too
+                self._check(_native(existing))
             spec = self._spec(cmd, cmd.pattern)
             made, created = await svc.create(spec)
             push(codec.encode_reply(cmd.id, self._described(made, created)))
         elif isinstance(cmd, nc.ConsumerDelete):
-            info = svc.info(cmd.consumer)
+            info = svc.info(cmd.consumer) or next(
+                (i for i in await svc.consumers() if i.spec.name == cmd.consumer), None
+            )
             if info is not None:
                 self._check(_native(info))
                 owner = info.spec.owner
