@@ -2,7 +2,7 @@
 end to end, hubbub side by side with a JetStream durable pull consumer and Redis streams consumer groups.
 
 PYTHONPATH=src python bench/consumer_wire.py [--events 20000] [--events-single 4000] [--batches 1,100]
-    [--payload 100] [--peers hubbub,js,redis] [--json OUT]
+    [--payload 100] [--peers hubbub,js,redis] [--drain] [--json OUT]
 
 Each run starts a fresh server on a free loopback port (bench/procs.py): hubbub with the SQLite store and
 ``--durability commit``, ``nats-server -js`` with file storage, ``redis-server`` with ``appendfsync
@@ -17,9 +17,10 @@ connection takes batches of at most B events and acknowledges each batch before 
   last message (acknowledges the batch, confirmed by the server).
 * Redis: ``XREADGROUP COUNT B`` on a consumer group, then ``XACK`` of the batch's ids.
 
-The figure is events acknowledged per second from the first publish to the last acknowledgement. A peer whose
-server binary or client library is missing is skipped, saying so. The driver is one Python process (asyncio)
-for every target, so client overhead is in every figure alike.
+The figure is events acknowledged per second from the first publish to the last acknowledgement (with
+``--drain``: every event is published first, and the figure is the consumer's alone, draining the backlog).
+A peer whose server binary or client library is missing is skipped, saying so. The driver is one Python
+process (asyncio) for every target, so client overhead is in every figure alike.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import Server, available, start
 
 WINDOW = 1000
+#: ``--drain``: publish everything first, then time the consumer alone (the backlog drained).
+DRAIN = False
 
 
 # -- hubbub ------------------------------------------------------------------------------------------------
@@ -112,7 +115,12 @@ async def hubbub_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
             assert r["op"] == "reply" and r["id"] == rid, r
 
     t0 = time.perf_counter()
-    await asyncio.gather(publish(), consume())
+    if DRAIN:
+        await publish()
+        t0 = time.perf_counter()
+        await consume()
+    else:
+        await asyncio.gather(publish(), consume())
     rate = n / (time.perf_counter() - t0)
     pub.close()
     con.close()
@@ -151,7 +159,12 @@ async def js_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
             done += len(msgs)
 
     t0 = time.perf_counter()
-    await asyncio.gather(publish(), consume())
+    if DRAIN:
+        await publish()
+        t0 = time.perf_counter()
+        await consume()
+    else:
+        await asyncio.gather(publish(), consume())
     rate = n / (time.perf_counter() - t0)
     await pnc.close()
     await cnc.close()
@@ -190,7 +203,12 @@ async def redis_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
             done += len(ids)
 
     t0 = time.perf_counter()
-    await asyncio.gather(publish(), consume())
+    if DRAIN:
+        await publish()
+        t0 = time.perf_counter()
+        await consume()
+    else:
+        await asyncio.gather(publish(), consume())
     rate = n / (time.perf_counter() - t0)
     await p.aclose()
     await c.aclose()
@@ -227,7 +245,10 @@ def main() -> None:
     ap.add_argument("--payload", type=int, default=100)
     ap.add_argument("--peers", default="hubbub,js,redis")
     ap.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
+    ap.add_argument("--drain", action="store_true", help="publish first, then time draining the backlog")
     a = ap.parse_args()
+    global DRAIN
+    DRAIN = a.drain
     payload = b"x" * a.payload
     rows: list[dict[str, Any]] = []
     print(f"# {platform.node()} nproc={os.cpu_count()} load={os.getloadavg()[0]:.2f} payload={a.payload}B")
@@ -244,8 +265,11 @@ def main() -> None:
                 rate = asyncio.run(fn(srv, n, batch, payload))
             finally:
                 srv.stop()
-            rows.append({"batch": batch, "peer": peer, "events": n, "rate": rate, "setup": what})
-            print(f"batch={batch:<4} {peer:<7} {rate:>10,.0f} events/s acked end to end ({n} events; {what})")
+            mode = "drained" if DRAIN else "end to end"
+            rows.append(
+                {"batch": batch, "peer": peer, "events": n, "rate": rate, "setup": what, "mode": mode}
+            )
+            print(f"batch={batch:<4} {peer:<7} {rate:>10,.0f} events/s acked {mode} ({n} events; {what})")
     print(f"# load after: {os.getloadavg()[0]:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))

@@ -487,3 +487,29 @@ def test_after_kill_9_acked_stays_acked_and_the_rest_is_delivered_again(tmp_path
         assert await pending(node, "c") == []
 
     run(tmp_path, after)
+
+
+@pytest.mark.parametrize("durability", ["commit", "fsync"])
+def test_acks_are_stored_on_the_loop_or_by_the_writer(tmp_path: Path, durability: str) -> None:
+    """An idle writer and a store that allows it (SQLite without fsync, memory): the settle runs on the loop;
+    with fsync it goes through the writer thread. Either way the ack is stored before it returns."""
+
+    async def main() -> None:
+        store = open_store("sqlite", str(tmp_path / "data"), durability, RetentionPolicy(), 600)
+        assert store.inline_settle is (durability != "fsync")
+        async with Node(store, NodeSettings()) as node, ConsumerService(node) as svc:
+            await svc.create(spec())
+            await publish(node, "/jobs/a", "1", "2", "3")
+            r = Recv()
+            o = await svc.open("c", r.on_batch, batch_max=2)
+            assert node.batcher.writer is not None
+            b = await r.next()
+            await o.ack(b.number)
+            assert await pending(node, "c") == [3]
+            b = await r.next()
+            await o.ack(b.number)
+            assert await pending(node, "c") == []
+            inline = node.batcher.writer.statistics()["inline_controls"]
+            assert inline == (2 if durability == "commit" else 0)
+
+    asyncio.run(main())

@@ -392,3 +392,106 @@ def test_the_emitter_api(server: ServerProcess) -> None:
             assert em.listeners() == []
 
     run(body)
+
+
+def test_the_python_client_reopens_its_consumer_after_the_server_crashes(tmp_path: Path) -> None:
+    """kill -9 while the client holds a batch: once the server is back (same port, same data) the client
+    opens the consumer again by itself and gets the batch again; acknowledging the old one raises
+    ConnectionLost, and nothing acknowledged comes back."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    extra = ["--native-tcp-listen", f"127.0.0.1:{port}"]
+    srv = ServerProcess(tmp_path / "data", extra).start()
+    from hubbub.client import ConnectionLost
+
+    async def body() -> None:
+        nonlocal srv
+        async with AsyncClient.connect(f"tcp://127.0.0.1:{port}", reconnect_max_delay=0.2) as client:
+            await (await client.consume("rc", "/rc/**")).close()
+            for i in range(4):
+                await client.publish("/rc/a", f"r{i}")
+            consumer = await client.consume("rc", max=2)
+            first = await asyncio.wait_for(consumer.__anext__(), WAIT)
+            assert [it.pos for it in first] == [1, 2]
+            await first.ack()
+            held = await asyncio.wait_for(consumer.__anext__(), WAIT)
+            assert [it.pos for it in held] == [3, 4]
+            srv.kill()
+            await asyncio.wait_for(client.wait_disconnected(), WAIT)
+            srv = ServerProcess(tmp_path / "data", extra).start()
+            again = await asyncio.wait_for(consumer.__anext__(), WAIT)
+            assert [(it.pos, it.event.payload) for it in again] == [(3, b"r2"), (4, b"r3")]
+            with pytest.raises(ConnectionLost):
+                await held.ack()
+            await again.ack()
+            await client.publish("/rc/a", "r4")
+            last = await asyncio.wait_for(consumer.__anext__(), WAIT)
+            assert [it.pos for it in last] == [5]
+            await last.ack()
+            await consumer.close()
+
+    try:
+        run(body)
+    finally:
+        srv.kill()
+
+
+def test_a_batch_fits_the_connections_send_queue(tmp_path: Path) -> None:
+    """Whatever ``batch_bytes`` a consumer has, a connection's batches hold at most a third of its send queue
+    in event bytes (one event at least), so a deliver frame never closes it as a slow consumer."""
+    srv = ServerProcess(tmp_path / "data", ["--limits-send-queue-bytes", "30000"]).start()
+
+    async def body() -> None:
+        w = await Wire.open(srv.ports, "tcp", "msgpack")
+        pub = await Wire.open(srv.ports, "tcp", "json")
+        r = await w.request(
+            {"op": "consumer_create", "consumer": "big", "pattern": "/big", "batch_bytes": 1 << 30}
+        )
+        assert r["op"] == "reply"
+        await publish(pub, "/big", *[str(i) * 4000 for i in range(10)])
+        r = await w.request({"op": "consume", "consumer": "big", "create": False})
+        assert r["op"] == "reply" and r["pending"] == 10
+        got: list[int] = []
+        while len(got) < 10:
+            d = await w.push()
+            assert sum(len(it["payload"]) for it in d["items"]) <= 10000
+            got += [it["pos"] for it in d["items"]]
+            assert (await w.request({"op": "ack", "consumer": "big", "batch": d["batch"]}))["op"] == "reply"
+        assert got == list(range(1, 11))
+        await w.close()
+        await pub.close()
+
+    try:
+        run(body)
+    finally:
+        srv.kill()
+
+
+def test_the_blocking_emitter_and_consumer(server: ServerProcess) -> None:
+    import threading
+
+    from hubbub.client import Client
+
+    with Client(f"ws://127.0.0.1:{server.ports['http']}") as client:
+        em = client.emitter()
+        got: list[tuple[str, Any]] = []
+        seen = threading.Event()
+
+        def on(value: Any, topic: str) -> None:
+            got.append((topic, value))
+            seen.set()
+
+        em.listen("*.done", on)
+        em.emit("job.done", {"ok": True})
+        assert seen.wait(WAIT)
+        assert got == [("job.done", {"ok": True})]
+        assert em.ignore("*.done") == 1
+        with client.consume("sync", "/sync/**", max=10) as consumer:
+            client.publish("/sync/a", "s1")
+            batch = consumer.get(WAIT)
+            assert batch is not None and [e.payload for e in batch.events] == [b"s1"]
+            batch.ack()
+        em.close()

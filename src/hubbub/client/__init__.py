@@ -26,7 +26,7 @@ from hubbub.client.aio import (
 )
 from hubbub.client.consumer import Consumer, ConsumerBatch, ConsumerItem
 from hubbub.client.emitter import Emitter, Listener
-from hubbub.client.sync import Client, SyncBatch, SyncConsumer, SyncSubscription
+from hubbub.client.sync import Client, SyncBatch, SyncConsumer, SyncEmitter, SyncSubscription
 
 __all__ = [
     "AsyncClient",
@@ -47,6 +47,7 @@ __all__ = [
     "SubscriptionStatistics",
     "SyncBatch",
     "SyncConsumer",
+    "SyncEmitter",
     "SyncSubscription",
     "error_from_frame",
     "event_as_dict",

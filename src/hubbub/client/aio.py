@@ -313,7 +313,7 @@ class AsyncClient:
         )
 
     def consume(self, name: str, pattern: str | None = None, **options: Any) -> Consumer:
-        """A durable consumer (:mod:`hubbub.client.consumer`); ``options``: the ``consume`` fields."""
+        """A durable consumer (:mod:`hubbub.client.consumer`); without a pattern, an existing one only."""
         self._check_open()
         return Consumer(self, name, {"pattern": pattern, **options})
 

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Consumer", "ConsumerBatch", "ConsumerItem"]
 
+#: How often, and how far apart, a reopen refused as busy (4206) is tried again after a reconnect.
+_BUSY_RETRIES = 20
+_BUSY_DELAY_S = 0.25
+
 
 @dataclass(frozen=True, slots=True)
 class ConsumerItem:
@@ -102,6 +106,8 @@ class Consumer:
         self._client = client
         self.name = name
         self._fields = {k: list(v) if k == "tags" else v for k, v in fields.items() if v is not None}
+        if "pattern" not in self._fields:
+            self._fields.setdefault("create", False)  # no pattern to create it from: open an existing one
         self._queue: deque[ConsumerBatch] = deque()
         self._wake = asyncio.Event()
         self._conn: _Conn | None = None
@@ -137,17 +143,25 @@ class Consumer:
         if self._conn is conn or self.closed:
             return
         self._conn = conn
-        try:
-            frame = {"op": "consume", "consumer": self.name, **self._fields}
-            reply = await self._client._request(frame, conn=conn)
-            self.info = {k: v for k, v in reply.items() if k not in ("op", "id")}
-        except ClientConnectionError:
-            if self._client._final is not None:
-                self._end(self._client._final)
-            return
-        except HubbubError as exc:
-            self._end(exc)
-            return
+        frame = {"op": "consume", "consumer": self.name, **self._fields}
+        for attempt in range(_BUSY_RETRIES + 1):
+            try:
+                reply = await self._client._request(dict(frame), conn=conn)
+                break
+            except ClientConnectionError:
+                if self._client._final is not None:
+                    self._end(self._client._final)
+                return
+            except HubbubError as exc:
+                # Reopening after a reconnect: the server may not have seen the old connection go yet, and
+                # count it as the holder (4206) for a moment.
+                if exc.code != 4206 or not self._ready.done() or attempt == _BUSY_RETRIES or self.closed:
+                    self._end(exc)
+                    return
+                await asyncio.sleep(_BUSY_DELAY_S)
+                if conn is not self._client._conn:
+                    return  # replaced meanwhile: the next connection reopens it
+        self.info = {k: v for k, v in reply.items() if k not in ("op", "id")}
         if not self._ready.done():
             self._ready.set_result(None)
 

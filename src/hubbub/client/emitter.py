@@ -39,7 +39,7 @@ from hubbub.client._wire import PublishAck
 from hubbub.client.subscription import Subscription
 from hubbub.events import Event
 
-__all__ = ["Emitter", "Listener", "topic_matcher"]
+__all__ = ["Emitter", "Handler", "Listener", "topic_matcher"]
 
 log = logging.getLogger("hubbub.client")
 

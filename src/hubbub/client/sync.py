@@ -36,9 +36,10 @@ from hubbub.client.aio import (
     SubscriptionStatistics,
 )
 from hubbub.client.consumer import Consumer, ConsumerBatch, ConsumerItem
+from hubbub.client.emitter import Emitter, Handler, Listener
 from hubbub.events import Event, Position
 
-__all__ = ["Client", "SyncBatch", "SyncConsumer", "SyncSubscription"]
+__all__ = ["Client", "SyncBatch", "SyncConsumer", "SyncEmitter", "SyncSubscription"]
 
 T = TypeVar("T")
 
@@ -253,6 +254,31 @@ class SyncConsumer:
         return f"<SyncConsumer {self.name}>"
 
 
+class SyncEmitter:
+    """qpubs' emitter API (:class:`~hubbub.client.Emitter`), blocking. Listener functions run on the client's
+    loop thread: keep them short, and do not call the client from them."""
+
+    def __init__(self, client: Client, emitter: Emitter) -> None:
+        self._client = client
+        self._emitter = emitter
+
+    def emit(self, topic: str, value: Any, timeout: float | None = None) -> PublishAck | None:
+        return self._client._thread.call(self._emitter.emit(topic, value), timeout)
+
+    def listen(self, topic: str, fn: Handler, timeout: float | None = None) -> Listener:
+        return self._client._thread.call(self._emitter.listen(topic, fn), timeout)
+
+    def once(self, topic: str, timeout: float | None = None) -> Any:
+        """The value of the next event on a matching topic (``TimeoutError`` after ``timeout`` s)."""
+        return self._client._thread.call(self._emitter.once(topic, timeout=timeout))
+
+    def ignore(self, topic: str, fn: Handler | None = None, timeout: float | None = None) -> int:
+        return self._client._thread.call(self._emitter.ignore(topic, fn), timeout)
+
+    def close(self) -> None:
+        self._client._thread.call(self._emitter.close())
+
+
 class Client:
     """The blocking native-protocol client. ``Client(url, ...)`` or ``Client.connect(url, ...)`` connects.
 
@@ -361,6 +387,10 @@ class Client:
                 raise
 
         return SyncConsumer(self, self._thread.call(start(), timeout))
+
+    def emitter(self, separator: str = ".") -> SyncEmitter:
+        """qpubs' ``listen``/``emit``/``once``/``ignore`` on this client (:class:`SyncEmitter`)."""
+        return SyncEmitter(self, Emitter(self._aclient, separator))
 
     def ping(self, timeout: float | None = None) -> None:
         self._thread.call(self._aclient.ping(), timeout)

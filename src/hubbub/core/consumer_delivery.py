@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
-from hubbub.errors import HubbubError
+from hubbub.errors import HubbubError, StorageError
 from hubbub.log.base import AppendResult, LogStore
 from hubbub.log.consumers import JournalItem, Retry
 
@@ -78,7 +78,27 @@ class Settles:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
-        if acks or retries:
+        writer = self._node.batcher.writer
+        if (acks or retries) and writer is not None and writer.idle and self._node.store.inline_settle:
+            # Right here on the loop (the store allows it, and nothing else is being written): no thread
+            # hand-offs between the ack and its answer.
+            try:
+                writer.control_inline(lambda st: _settle(st, acks, retries))
+            except HubbubError as exc:
+                log.warning("storing consumer acks failed: %s", exc)
+                if fut is not None and not fut.done():
+                    fut.set_exception(exc)
+                    fut.exception()
+                return
+            except Exception:
+                log.exception("storing consumer acks failed")
+                if fut is not None and not fut.done():
+                    fut.set_exception(StorageError("storage failure"))
+                    fut.exception()
+                return
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        elif acks or retries:
             self._spawn(write(), "consumer-settle")
         elif fut is not None and not fut.done():
             fut.set_result(None)
@@ -246,8 +266,9 @@ class Delivery:
             if c.wait_start is None:
                 c.wait_start = now
             deadline = c.wait_start + c.spec.batch_wait_ms / 1000
-            full = c.ready_bytes >= c.spec.batch_bytes or any(
-                o.batch_max and len(c.ready) >= o.batch_max for o in idle
+            n, size = len(c.ready), c.ready_bytes
+            full = size >= c.spec.batch_bytes or any(
+                (o.batch_max and n >= o.batch_max) or (o.bytes_max and size >= o.bytes_max) for o in idle
             )
             if not full and now < deadline:
                 wake = deadline - now if wake is None else min(wake, deadline - now)
@@ -273,7 +294,7 @@ class Delivery:
             c.timer = None
 
     def _dispatch(self, c: ConsumerState, o: Opener) -> None:
-        limit = c.spec.batch_bytes
+        limit = min(c.spec.batch_bytes, o.bytes_max) if o.bytes_max else c.spec.batch_bytes
         most = o.batch_max or len(c.ready)
         out: list[JournalItem] = []
         size = 0

@@ -47,12 +47,15 @@ class Opener:
         on_batch: Callable[[Batch], None],
         on_close: Callable[[str], None] | None,
         batch_max: int = 0,
+        bytes_max: int = 0,
     ) -> None:
         self._service = service
         self._consumer = consumer
         self.shared = shared
         #: The most items per batch for this opener (0: only ``batch_bytes`` limits it).
         self.batch_max = max(batch_max, 0)
+        #: The most event bytes per batch for this opener, below the consumer's ``batch_bytes`` (0: that).
+        self.bytes_max = max(bytes_max, 0)
         self._on_batch = on_batch
         self._on_close = on_close
         #: The batch this opener holds (its number), if any.

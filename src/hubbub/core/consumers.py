@@ -199,13 +199,15 @@ class ConsumerService:
         reuse: bool = True,
         shared: bool | None = None,
         batch_max: int = 0,
+        bytes_max: int = 0,
     ) -> Opener:
         """Open the consumer ``name``: ``on_batch`` gets its batches. When it does not exist it is created
         from ``spec`` if ``create`` (else :class:`ConsumerNotFound`); when it exists and ``reuse`` is false,
         :class:`ConsumerExists`. ``shared`` (default: the consumer's own) must be true for this opener and
         every other one, else :class:`ConsumerBusy`. ``on_close(reason)`` runs when the service closes the
         opener (``deleted``, ``shutdown``, ``error``), not after :meth:`Opener.close`. ``batch_max``: the
-        most items per batch for this opener (0: no limit but ``batch_bytes``)."""
+        most items per batch for this opener (0: no limit but ``batch_bytes``); ``bytes_max``: the most event
+        bytes (0: ``batch_bytes``), e.g. what one frame of the opener's connection may carry."""
         self._check_open()
         c = self._by_name.get(name)
         if c is None:
@@ -224,7 +226,7 @@ class ConsumerService:
         share = c.spec.shared if shared is None else shared
         if c.openers and not (share and all(o.shared for o in c.openers)):
             raise ConsumerBusy(f"{name}: already listening")
-        o = Opener(self, c, share, on_batch, on_close, batch_max)
+        o = Opener(self, c, share, on_batch, on_close, batch_max, bytes_max)
         c.openers.append(o)
         self._delivery.schedule(c)
         return o

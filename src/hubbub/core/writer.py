@@ -95,6 +95,7 @@ class LogWriter:
         self.batches = 0
         self.events = 0
         self.inline_batches = 0
+        self.inline_controls = 0
         self._switching = False
 
     def start(self) -> None:
@@ -128,6 +129,12 @@ class LogWriter:
         if not isinstance(result, HubbubError):
             self.inline_batches += 1
         return result
+
+    def control_inline(self, fn: Callable[[LogStore], Any]) -> Any:
+        """Run ``fn(store)`` on the calling (loop) thread and return its result. Only while :attr:`idle`,
+        and only for a method the store allows there (``inline_settle``): the caller checks both."""
+        self.inline_controls += 1
+        return fn(self._store)
 
     def submit_control(self, fn: Callable[[LogStore], Any]) -> asyncio.Future[Any]:
         """Run ``fn(store)`` on the writer thread, in order with appends; the future gets its result."""
@@ -240,6 +247,7 @@ class LogWriter:
         return {
             "batches": self.batches,
             "inline_batches": self.inline_batches,
+            "inline_controls": self.inline_controls,
             "events": self.events,
             "queued": self._inbox.qsize(),
         }

@@ -10,7 +10,8 @@ Concurrency contract (every engine):
   ``consumer_items``) may be called from any thread,
   concurrently with the writer and with each other. Reads see only committed data.
 * No method is ever called on the event loop thread, except ``append`` of an engine that sets
-  ``inline_append``: core may call it on the loop, never concurrently with the other writer methods.
+  ``inline_append`` and ``consumer_settle`` of one that sets ``inline_settle``: core may call them on the
+  loop, never concurrently with the other writer methods.
 
 Invariants (checked by ``tests/contract/test_log_stores.py`` against every engine):
 
@@ -261,6 +262,10 @@ class LogStore(abc.ABC):
     #: Whether ``append`` is cheap and never waits on I/O (no disk, no network), so that core may run it on
     #: the event loop thread instead of handing it to the writer thread (see ``hubbub.core.writer``).
     inline_append: bool = False
+    #: Whether ``consumer_settle`` is cheap and never waits on I/O beyond the page cache (no fsync, no
+    #: network), so that core may run it on the event loop thread while the writer is idle: an ack is then
+    #: stored without the two thread hand-offs of a writer round trip (``hubbub.core.consumer_delivery``).
+    inline_settle: bool = False
 
     @abc.abstractmethod
     def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:

@@ -118,6 +118,7 @@ class MemoryLogStore(LogStore):
     engine = "memory"
     # The append only touches process memory: core runs it on the loop, saving two thread hand-offs.
     inline_append = True
+    inline_settle = True
 
     def __init__(
         self,

@@ -63,11 +63,16 @@ class NativeConsumers:
             push(codec.encode_reply(cmd.id, {}))
         elif isinstance(cmd, nc.ConsumerCreate):
             self._check(cmd.pattern)
+            existing = svc.info(cmd.consumer)
+            if existing is not None:  # its reply describes the one that exists: it must be readable too
+                self._check(_native(existing))
             spec = self._spec(cmd, cmd.pattern)
             made, created = await svc.create(spec)
             push(codec.encode_reply(cmd.id, self._described(made, created)))
         elif isinstance(cmd, nc.ConsumerDelete):
-            info = svc.info(cmd.consumer)
+            info = svc.info(cmd.consumer) or next(
+                (i for i in await svc.consumers() if i.spec.name == cmd.consumer), None
+            )
             if info is not None:
                 self._check(_native(info))
                 owner = info.spec.owner
@@ -109,6 +114,9 @@ class NativeConsumers:
             reuse=cmd.reuse,
             shared=cmd.shared,
             batch_max=cmd.max,
+            # A deliver frame must fit the connection's send queue, whatever batch_bytes the consumer has
+            # (a frame far over it would close the connection as a slow consumer, again at every retry).
+            bytes_max=max(session.max_bytes // 3, 1),
         )
         if self._ended or session.closed:
             opener.close()  # the connection ended while the consumer was being created

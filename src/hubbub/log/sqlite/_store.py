@@ -140,6 +140,9 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             )
         self.path = Path(path).absolute()
         self.durability = durability
+        # A settle is a small transaction; without fsync its commit only writes the WAL (page cache), and the
+        # checkpointer is PASSIVE, so it never waits for a lock: core may run it on the loop (base.py).
+        self.inline_settle = durability != "fsync"
         self._retention = retention or RetentionPolicy()
         self._idem_window_ns = int(max(idem_window_s, 0) * _NS)
         self._clock = clock
