@@ -485,11 +485,14 @@ def qpubs_target(data: bytes) -> None:
     for auth in (False, True):
         conn = qpd.QrpcConnection(auth_required=auth, max_line=256, max_calls=4)
         for piece in (data[: len(data) // 2], data[len(data) // 2 :]):
-            for out in conn.feed(piece):
-                if isinstance(out, qpd.Send):
-                    assert out.data.endswith(b"\n") and json.loads(out.data)["s"] == "end"
-                elif isinstance(out, qpd.Auth):
-                    conn.authenticated()
+            batch = conn.feed(piece)
+            while batch:
+                for out in batch:
+                    if isinstance(out, qpd.Send):
+                        assert out.data.endswith(b"\n") and json.loads(out.data)["s"] == "end"
+                    elif isinstance(out, qpd.Auth):
+                        conn.authenticated()
+                batch = conn.resume()
     text = _text(data)
     with contextlib.suppress(UnicodeEncodeError):
         text.encode("utf-8")  # the checks below take text as the wire gives it: valid UTF-8

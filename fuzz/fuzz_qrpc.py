@@ -85,12 +85,16 @@ def _feed(chunks: list[bytes], auth: bool) -> list[Any]:
     conn = qpd.QrpcConnection(auth_required=auth, max_line=MAX_LINE, max_calls=3)
     outs: list[Any] = []
     for chunk in chunks:
-        for out in conn.feed(chunk):
-            outs.append(out)
-            if isinstance(out, qpd.Auth):
-                conn.authenticated()  # the wiring accepts every token here
-            elif isinstance(out, qpd.Listen) and out.once and out.call_id.endswith("0"):
-                conn.ended(out.call_id)  # some once calls fire at once
+        batch = conn.feed(chunk)
+        while batch:
+            for out in batch:
+                outs.append(out)
+                if isinstance(out, qpd.Auth):
+                    if out.token != "bad":
+                        conn.authenticated()  # the wiring accepts every token but "bad" here
+                elif isinstance(out, qpd.Listen) and out.once and out.call_id.endswith("0"):
+                    conn.ended(out.call_id)  # some once calls fire at once
+            batch = conn.resume()
     return outs
 
 

@@ -245,9 +245,31 @@ def test_auth_gates_every_call() -> None:
     assert sent(out) == [qp.render_error("1", qp.QpubsError("unauthorized", "EAUTH")).decode()]
     assert c.feed(line({"id": "2", "n": "auth", "m": {"token": "k"}})) == [qp.Auth("2", "k")]
     c.authenticated()
+    assert c.resume() == []
     assert c.feed(line({"id": "3", "n": "emit", "m": {"topic": "t", "value": 1}})) == [
         qp.Emit("3", "t", "/t", b"1")
     ]
+
+
+def test_calls_pipelined_behind_auth_wait_for_its_answer() -> None:
+    """A client that sends a call right behind ``auth`` (one read) has it judged with the token's answer."""
+    emit = line({"id": "3", "n": "emit", "m": {"topic": "t", "value": 1}})
+    c = qp.QrpcConnection(auth_required=True)
+    assert c.feed(line({"id": "2", "n": "auth", "m": {"token": "k"}}) + emit) == [qp.Auth("2", "k")]
+    assert c.paused and c.feed(emit) == []  # later reads wait too
+    c.authenticated()
+    assert c.resume() == [qp.Emit("3", "t", "/t", b"1"), qp.Emit("3", "t", "/t", b"1")]
+    refused = qp.QrpcConnection(auth_required=True)
+    assert refused.feed(line({"id": "2", "n": "auth", "m": {"token": "x"}}) + emit) == [qp.Auth("2", "x")]
+    out = refused.resume()  # the token was refused: the call behind it is refused as unauthorized
+    assert sent(out) == [qp.render_error("3", qp.QpubsError("unauthorized", "EAUTH")).decode()]
+
+
+def test_a_paused_connection_bounds_what_waits() -> None:
+    c = qp.QrpcConnection(auth_required=True, max_line=64)
+    assert c.feed(line({"id": "2", "n": "auth", "m": {"token": "k"}})) == [qp.Auth("2", "k")]
+    out = c.feed(b"x" * 65)
+    assert isinstance(out[-1], qp.Close) and c.closed
 
 
 def test_open_calls_are_limited() -> None:

@@ -410,6 +410,11 @@ class QrpcConnection:
     """One qrpc connection (§4): newline-delimited JSON calls in, outputs out.
 
     ``auth_required``: every call but ``auth`` is refused with ``EAUTH`` until :meth:`authenticated`.
+    An ``auth`` call pauses the connection: its :class:`Auth` is the last output of :meth:`feed`, and the
+    lines after it (pipelined by the client in the same read or later) wait in the buffer until the wiring
+    has checked the token and calls :meth:`resume`, so a call sent right behind ``auth`` is judged with the
+    token's answer whatever way the bytes were split. While paused, at most ``max_line`` bytes more than the
+    pausing read brought may wait.
     ``max_line`` is ``limits.max_frame``; ``max_calls`` is ``limits.max_subscriptions`` (open streaming
     calls).
     """
@@ -422,16 +427,39 @@ class QrpcConnection:
     _buf: bytearray = field(default_factory=bytearray)
     _open: dict[str, _Open] = field(default_factory=dict)
     _authed: bool = False
+    _paused: bool = False
+    _pause_limit: int = 0
     closed: bool = False
 
     # -- input --
 
     def feed(self, data: bytes) -> list[Output]:
-        """Bytes from the socket; the outputs of every complete line, in order."""
+        """Bytes from the socket; the outputs of every complete line, in order (up to an ``auth`` call's
+        :class:`Auth`, which pauses the connection until :meth:`resume`)."""
         if self.closed:
             return []
+        self._buf += data
+        if self._paused:
+            if len(self._buf) > self._pause_limit:
+                return self._close([], "line over limits.max_frame")
+            return []
+        return self._lines()
+
+    def resume(self) -> list[Output]:
+        """The wiring has answered the pausing ``auth`` call (:meth:`authenticated` first if the token was
+        accepted): the outputs of the lines that waited, up to the next ``auth``."""
+        if self.closed or not self._paused:
+            return []
+        self._paused = False
+        return self._lines()
+
+    @property
+    def paused(self) -> bool:
+        """Whether an ``auth`` call waits for :meth:`resume`."""
+        return self._paused
+
+    def _lines(self) -> list[Output]:
         buf = self._buf
-        buf += data
         out: list[Output] = []
         start = 0
         while True:
@@ -442,7 +470,13 @@ class QrpcConnection:
             start = nl + 1
             if len(line) > self.max_line:
                 return self._close(out, "line over limits.max_frame")
-            out.extend(self._line(line))
+            outs = self._line(line)
+            out.extend(outs)
+            if outs and isinstance(outs[-1], Auth):
+                del buf[:start]
+                self._paused = True
+                self._pause_limit = len(buf) + self.max_line
+                return out
         del buf[:start]
         if len(buf) > self.max_line:
             return self._close(out, "line over limits.max_frame")

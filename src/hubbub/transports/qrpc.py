@@ -224,10 +224,14 @@ class QrpcWire:
     # -- inbound --
 
     async def feed(self, data: bytes) -> None:
-        for out in self.proto.feed(data):
-            if self.done:
-                return
-            await self.handle(out)
+        outs = self.proto.feed(data)
+        while outs:
+            for out in outs:
+                if self.done:
+                    return
+                await self.handle(out)
+            # An auth call paused the connection (its answer is out): the calls behind it now run.
+            outs = self.proto.resume()
 
     async def handle(self, out: qpd.Output) -> None:
         if isinstance(out, qpd.Send):
