@@ -35,15 +35,19 @@ from typing import Final
 from hubbub.channels import Pattern
 
 __all__ = [
+    "FROM_HEADER",
     "HOPS_HEADER",
+    "MAX_HOPS",
     "ORIGIN_HEADER",
     "Backoff",
     "Cursor",
     "Origin",
     "accepts",
+    "arrived",
     "covers",
     "cycle_reason",
     "forwards_to",
+    "forwards_up",
     "hops_of",
     "idempotency_key",
     "minimal_cover",
@@ -54,6 +58,9 @@ __all__ = [
 
 ORIGIN_HEADER: Final = ":fed.origin"
 HOPS_HEADER: Final = ":fed.hops"
+#: ``up`` on an event this node received from one of its upstreams: it is not forwarded up again (upward,
+#: an event climbs from where it was published; it comes down only where someone listens).
+FROM_HEADER: Final = ":fed.from"
 #: The most hops an event may have made; a longer path is refused as a misconfiguration.
 MAX_HOPS: Final = 32
 
@@ -126,6 +133,22 @@ def forwards_to(peer: str, headers: Mapping[str, str]) -> bool:
     """May an event (as stamped by :func:`stamp`) be sent to ``peer``? Not to a node on its path."""
     origin = origin_of(headers)
     return peer not in hops_of(headers) and (origin is None or origin.node != peer)
+
+
+def forwards_up(peer: str, headers: Mapping[str, str]) -> bool:
+    """May an event stored on this node go up to its upstream ``peer``? Yes when it was published here or
+    came from a downstream, unless ``peer`` is on its path; never when it came from an upstream."""
+    return headers.get(FROM_HEADER) != "up" and forwards_to(peer, headers)
+
+
+def arrived(node: str, fed: Mapping[str, str], from_upstream: bool) -> dict[str, str]:
+    """The federation pseudo-headers ``node`` stores with an event that came over a link (``fed``: its
+    origin and hops as received, which :func:`accepts` took): the same origin, ``node`` appended to the
+    hops, and :data:`FROM_HEADER` when it came down from an upstream."""
+    out = {ORIGIN_HEADER: fed[ORIGIN_HEADER], HOPS_HEADER: ",".join((*hops_of(fed), node))}
+    if from_upstream:
+        out[FROM_HEADER] = "up"
+    return out
 
 
 def idempotency_key(origin: Origin) -> str:

@@ -1,0 +1,289 @@
+"""The upstream end of native federation links: other hubbub nodes linked up to this one (``--upstream``).
+
+A downstream node opens an ordinary native WebSocket (``/ws/hubbub``, msgpack) naming itself in
+:data:`~hubbub.federation.wire.NODE_HEADER`. :class:`FederationHub` answers the upgrade (this node's id and
+the ids above it, or ``409`` for a link that would close a cycle) and serves the connection as a
+:class:`FederationPeer`: a :class:`~hubbub.transports.native.NativeConnection` whose
+
+* **publishes** carry the hop headers (:mod:`hubbub.federation.wire`): each is stored with its origin, its
+  hops plus this node, its original publisher and the idempotency key derived from its origin, so an event
+  that reaches this node by two paths is stored once; one whose path holds this node already is refused
+  (4001), which the peer counts.
+* **events** are rendered with their hop headers (stamped with this node: an event published here gets this
+  node as its origin), and never sent to the peer when the peer is on their path (no echo of its own
+  events, by whatever path they came back).
+
+Subscriptions, recovery (``since``), keepalive, limits and permissions are the native connection's own: a
+link is a native client, with a token like any other (auth on: it needs publish and subscribe rights).
+
+Concurrency contract: everything runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from hubbub.core import Node
+from hubbub.dialects import native as nc
+from hubbub.disconnect import Disconnect
+from hubbub.errors import BadRequest
+from hubbub.events import Event, Publisher
+from hubbub.federation import accepts, arrived, forwards_to, hops_of, idempotency_key, origin_of, stamp
+from hubbub.federation.wire import (
+    ABOVE_HEADER,
+    NODE_HEADER,
+    link_headers,
+    parse_publisher,
+    render_above,
+    split_link_headers,
+)
+from hubbub.log.base import AppendRequest
+
+from .native import NativeConnection
+from .pump import SessionPump
+
+__all__ = ["FederationHub", "FederationHubCollector", "FederationPeer", "PeerEncoder", "PeerStats"]
+
+log = logging.getLogger("hubbub.federation")
+
+
+@dataclass(slots=True)
+class PeerStats:
+    """One downstream node's counters, over all its connections."""
+
+    connected: int = 0
+    connections: int = 0
+    #: Events it published here (stored, or refused as a loop) and events queued down to it.
+    received: int = 0
+    refused: int = 0
+    sent: int = 0
+
+
+class FederationHub:
+    """This node in the federation: its id, the ids above it (reported by its upstream links while they
+    are up) and the downstream nodes linked to it. See the module docstring."""
+
+    def __init__(self, node: Node, node_id: str) -> None:
+        self.node = node
+        self.node_id = node_id
+        #: Per upstream link (its URL id): the upstream's id and the ids above it, while the link is up.
+        self.above: dict[str, tuple[str, ...]] = {}
+        self.peers: dict[str, PeerStats] = {}
+
+    def above_ids(self) -> set[str]:
+        out: set[str] = set()
+        for ids in self.above.values():
+            out.update(ids)
+        return out
+
+    def refusal(self, peer: str) -> str | None:
+        """Why a link from downstream node ``peer`` may not come up (it would close a cycle), or ``None``."""
+        if peer == self.node_id:
+            return f"node {peer} cannot link to itself"
+        if peer in self.above_ids():
+            return f"node {peer} is above {self.node_id}: this link would close a cycle"
+        return None
+
+    def upgrade_headers(self) -> dict[str, str]:
+        return {NODE_HEADER: self.node_id, ABOVE_HEADER: render_above(self.above_ids())}
+
+    def connection(
+        self,
+        peer: str,
+        codec: nc.NativeCodec,
+        *,
+        send: Callable[[bytes], Awaitable[None]],
+        close: Callable[[Disconnect], Awaitable[None]],
+        send_many: Callable[[list[bytes]], Awaitable[None]] | None,
+        max_frame: int,
+        max_subscriptions: int,
+        send_queue: int,
+        send_queue_bytes: int,
+        ping_interval: float,
+    ) -> FederationPeer:
+        stats = self.peers.get(peer)
+        if stats is None:
+            stats = self.peers[peer] = PeerStats()
+        return FederationPeer(
+            self,
+            peer,
+            stats,
+            self.node,
+            codec,
+            send=send,
+            close=close,
+            send_many=send_many,
+            max_frame=max_frame,
+            max_subscriptions=max_subscriptions,
+            send_queue=send_queue,
+            send_queue_bytes=send_queue_bytes,
+            ping_interval=ping_interval,
+        )
+
+
+class PeerEncoder:
+    """Events for one downstream node: the native event frame with the hop headers, or nothing (an empty
+    frame, which is never written) for an event whose path holds the peer."""
+
+    __slots__ = ("codec", "key", "node_id", "peer", "stats")
+
+    def __init__(self, codec: nc.NativeCodec, node_id: str, peer: str, stats: PeerStats) -> None:
+        self.codec = codec
+        self.node_id = node_id
+        self.peer = peer
+        self.stats = stats
+        self.key = f"native-fed.{codec.encoding}:{peer}"
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        headers = event.headers
+        if not forwards_to(self.peer, headers):
+            return b""
+        stamped, _ = stamp(self.node_id, headers, event.epoch, event.seq)
+        out = replace(event, headers=link_headers(event.user_headers, stamped))
+        self.stats.sent += 1
+        return self.codec.encode_event(out, subs, replay, None)
+
+    def encode_batches(self, frames: Sequence[bytes], limit: int) -> list[bytes]:
+        return self.codec.encode_batches([f for f in frames if f], limit)
+
+
+class FederationPeer(NativeConnection):
+    """A downstream node's link: see the module docstring."""
+
+    __slots__ = ("hub", "peer_id", "stats")
+
+    def __init__(
+        self,
+        hub: FederationHub,
+        peer: str,
+        stats: PeerStats,
+        node: Node,
+        codec: nc.NativeCodec,
+        *,
+        send: Callable[[bytes], Awaitable[None]],
+        close: Callable[[Disconnect], Awaitable[None]],
+        send_many: Callable[[list[bytes]], Awaitable[None]] | None,
+        max_frame: int,
+        max_subscriptions: int,
+        send_queue: int,
+        send_queue_bytes: int,
+        ping_interval: float,
+    ) -> None:
+        encoder = PeerEncoder(codec, hub.node_id, peer, stats)
+        super().__init__(
+            node,
+            codec,
+            send=send,
+            close=close,
+            send_many=send_many,
+            max_frame=max_frame,
+            max_subscriptions=max_subscriptions,
+            send_queue=send_queue,
+            send_queue_bytes=send_queue_bytes,
+            ping_interval=ping_interval,
+            encoder=encoder,  # type: ignore[arg-type]  # a native encoder without runs: frames one by one
+        )
+        self.hub = hub
+        self.peer_id = peer
+        self.stats = stats
+
+        async def send_some(data: bytes) -> None:
+            if data:  # an empty frame is an event the peer must not get (PeerEncoder)
+                await send(data)
+
+        async def send_all(frames: list[bytes]) -> None:
+            kept = [f for f in frames if f]
+            if send_many is not None and len(kept) > 1:
+                await send_many(kept)
+            else:
+                for f in kept:
+                    await send(f)
+
+        self._pump = SessionPump(
+            node,
+            self.session,
+            send=send_some,
+            close=close,
+            max_frame=max_frame,
+            send_many=send_all,
+            pack=encoder.encode_batches,
+            farewell=self._farewell,
+        )
+
+    def start(self, group: Any = None) -> None:
+        self.stats.connected += 1
+        self.stats.connections += 1
+        log.info("federation link from below up", extra={"link": self.peer_id})
+        super().start(group)
+
+    async def finish(self) -> None:
+        self.stats.connected -= 1
+        log.info("federation link from below down", extra={"link": self.peer_id})
+        await super().finish()
+
+    def _submit_many(self, cmds: list[nc.Publish]) -> bool:
+        return False  # one by one (each answered on its own): links publish over WebSocket, one per message
+
+    def _submit_run(self, run: nc.PublishRun, count: int) -> bool:
+        return False
+
+    def _submit(self, cmd: nc.Publish) -> None:
+        """Store an event the peer forwards up: its origin, its hops plus this node, its publisher."""
+        hub = self.hub
+        user, fed, publisher = split_link_headers(cmd.headers)
+        self.stats.received += 1
+        if fed is None or hops_of(fed)[-1] != self.peer_id or not accepts(hub.node_id, fed):
+            self.stats.refused += 1
+            raise BadRequest("a federated event needs its origin and hops, and must not have been here")
+        origin = origin_of(fed)
+        assert origin is not None  # split_link_headers checked it
+        pub = parse_publisher(publisher)
+        sess = self.session
+        req = AppendRequest(
+            cmd.channel,
+            Publisher(*pub) if pub is not None else Publisher("native", sess.user, sess.id, ""),
+            cmd.payload,
+            cmd.content_type,
+            {**user, **arrived(hub.node_id, fed, False)},
+            cmd.tags,
+            idempotency_key(origin),
+        )
+        proto = self.proto
+        self.node.submit(req, sess, proto.committed)
+        proto.submitted(cmd.id, cmd.ack)
+
+
+class FederationHubCollector:
+    """The downstream links on ``/metrics``: ``hubbub_federation_peer_up`` (connections open now) and
+    ``hubbub_federation_peer_events`` (``direction`` ``up``: events it forwarded here, ``down``: events
+    queued to it; ``refused``: its events refused as loops), labelled with the peer's node id."""
+
+    def __init__(self, hub: FederationHub) -> None:
+        self.hub = hub
+
+    def collect(self) -> Iterator[Any]:
+        up = GaugeMetricFamily(
+            "hubbub_federation_peer_up", "Links from downstream nodes open", labels=["peer"]
+        )
+        ev = CounterMetricFamily(
+            "hubbub_federation_peer_events",
+            "Events over links from downstream nodes",
+            labels=["peer", "direction"],
+        )
+        conns = CounterMetricFamily(
+            "hubbub_federation_peer_connections", "Connections of downstream nodes' links", labels=["peer"]
+        )
+        for peer, s in sorted(self.hub.peers.items()):
+            up.add_metric([peer], s.connected)
+            ev.add_metric([peer, "up"], s.received - s.refused)
+            ev.add_metric([peer, "down"], s.sent)
+            ev.add_metric([peer, "refused"], s.refused)
+            conns.add_metric([peer], s.connections)
+        yield up
+        yield ev
+        yield conns

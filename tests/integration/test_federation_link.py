@@ -1,0 +1,146 @@
+"""Native federation links between two hubbub nodes in one process (``upstream``): events both ways, with
+their publisher and without the hop headers for ordinary subscribers, nothing back over the link, interest
+that follows the subscriptions, the metrics of both ends, and cycles refused at either end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from hubbub.client import AsyncClient
+from hubbub.config import Config
+from hubbub.events import Event
+from hubbub.server import Server
+from hubbub.transports.federation_link import FederationUpstream
+
+WAIT = 15.0
+
+
+def config(tmp: Path, name: str, *upstream: str) -> Config:
+    return Config(
+        data_dir=str(tmp / name),
+        http_listen="127.0.0.1:0",
+        native_tcp_listen="127.0.0.1:0",
+        federation_node_id=name,
+        upstream=upstream,
+    )
+
+
+def url(server: Server) -> str:
+    return f"ws://127.0.0.1:{server.ports['http']}"
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while not check():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def synced(*links: FederationUpstream) -> None:
+    await until(lambda: all(link.synced for link in links), "the links to follow the subscriptions")
+
+
+async def metrics(server: Server) -> str:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{server.ports['http']}/metrics") as r,
+    ):
+        return await r.text()
+
+
+async def log(server: Server, channel: str) -> list[Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{server.ports['http']}/api/v1/log{channel}") as r,
+    ):
+        body = await r.json()
+    events: list[Any] = body["events"]
+    return events
+
+
+@contextlib.asynccontextmanager
+async def client(server: Server) -> AsyncIterator[AsyncClient]:
+    c = await AsyncClient.connect(url(server))
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def take(sub: Any, n: int) -> list[Event]:
+    it = sub.__aiter__()
+    return [await asyncio.wait_for(it.__anext__(), WAIT) for _ in range(n)]
+
+
+def test_events_cross_a_link_both_ways_once_with_their_publisher(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Server(config(tmp_path, "A")) as a, Server(config(tmp_path, "B", url(a))) as b:
+            link = b.upstreams[0]
+            async with client(a) as ca, client(b) as cb:
+                async with cb.subscribe("/down/**") as below, ca.subscribe("/up/**") as above:
+                    await synced(link)
+                    assert set(link.wanted()) == {"/down/**"}
+                    # Up: everything published below goes up; down: only what someone below listens to.
+                    await ca.publish("/down/1", "a1", headers={"k": "v"})
+                    await ca.publish("/other/1", "not wanted below")
+                    await cb.publish("/up/1", "b1", tags=["t"])
+                    await cb.publish("/down/2", "b2")  # published below: below sees it once, above keeps it
+                    got_below = await take(below, 2)
+                    got_above = await take(above, 1)
+                    assert [(e.channel, e.payload) for e in got_below] == [
+                        ("/down/1", b"a1"),
+                        ("/down/2", b"b2"),
+                    ]
+                    assert got_below[0].headers == {"k": "v"}  # the hop headers are not shown
+                    assert got_below[0].publisher.dialect == "native"
+                    assert (got_above[0].channel, got_above[0].payload, got_above[0].tags) == (
+                        "/up/1",
+                        b"b1",
+                        ("t",),
+                    )
+                    # Nothing came back: the last event each side sees is a marker published after.
+                    await ca.publish("/down/3", "a3")
+                    assert [e.payload for e in await take(below, 1)] == [b"a3"]
+                # The subscriptions are gone: the link unsubscribes upstream.
+                await synced(link)
+                assert link.wanted() == {}
+                assert [e["text"] for e in await log(a, "/down/2")] == ["b2"]  # went up once
+            text = await metrics(b)
+            assert re.search(r'hubbub_federation_link_up\{link="fed-[^"]+",upstream="A"\} 1.0', text)
+            # Up: /up/1 and /down/2, nothing else; down: /down/1 and /down/3, not /down/2 back again.
+            assert re.search(r'link_events_total\{direction="up",link="[^"]+"\} 2.0', text)
+            assert re.search(r'link_events_total\{direction="down",link="[^"]+"\} 2.0', text)
+            text = await metrics(a)
+            assert 'hubbub_federation_peer_up{peer="B"} 1.0' in text
+
+    asyncio.run(main())
+
+
+def test_a_link_that_would_close_a_cycle_is_refused(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Server(config(tmp_path, "A")) as a, Server(config(tmp_path, "B", url(a))) as b:
+            await until(lambda: b.upstreams[0].state == "up", "B's link up")
+            # A linking up to B, which is below it: B reports A above it; A refuses, B would answer 409.
+            async with Server(config(tmp_path / "again", "A", url(b))) as a2:
+                await until(lambda: a2.upstreams[0].state == "refused", "the cycle refused")
+            # A node linking to itself is refused too.
+            async with Server(config(tmp_path / "self", "A", url(a))) as a3:
+                await until(lambda: a3.upstreams[0].state == "refused", "the self-link refused")
+            # And the upstream end answers 409 to a node above it.
+            headers = {"Hubbub-Federation-Node": "A", "Sec-WebSocket-Protocol": "hubbub.v1.msgpack"}
+            async with aiohttp.ClientSession() as http:
+                try:
+                    async with http.ws_connect(url(b) + "/ws/hubbub", headers=headers):
+                        raise AssertionError("the upgrade should have been refused")
+                except aiohttp.WSServerHandshakeError as exc:
+                    assert exc.status == 409
+
+    asyncio.run(main())
