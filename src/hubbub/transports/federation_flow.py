@@ -17,6 +17,7 @@ Concurrency contract: everything runs on the event loop, except :class:`UpEncode
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -129,6 +130,8 @@ class LinkCursors:
         # A new link sends up what is published from now on.
         self.up = Cursor(last_time=time.time_ns() - 1)
         self.dirty = False
+        #: Set for a save that should not wait for the next interval (the first recovery point).
+        self.urgent = Flag()
         if path is None:
             return
         try:
@@ -136,7 +139,12 @@ class LinkCursors:
             self.down = Cursor.from_json(data["down"])
             self.up = Cursor.from_json(data["up"])
         except FileNotFoundError:
-            pass
+            # Saved at once: a crash before the first interval must not make the link start afresh (and
+            # skip what was published here since it was created).
+            try:
+                self.save_now()
+            except OSError as exc:
+                log.error("federation: cannot save the link's cursors in %s: %s", path, exc)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.error("federation: cannot read %s (%s); starting the link afresh", path, exc)
 
@@ -159,7 +167,9 @@ class LinkCursors:
         """Save every :data:`SAVE_INTERVAL_S` while anything moved."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(SAVE_INTERVAL_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.urgent.wait(), SAVE_INTERVAL_S)
+            self.urgent.clear()
             if self.dirty and self.path is not None:
                 self.dirty = False
                 try:
@@ -392,6 +402,8 @@ class DownFlow:
             elif kind == "gap":
                 down.positions[entry[2]] = (entry[3], entry[4])
             else:
+                if not down.last_time:
+                    self.cursors.urgent.set()  # the first recovery point: saved at once
                 down.last_time = max(down.last_time, entry[2])
             moved = True
         if moved:

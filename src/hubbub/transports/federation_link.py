@@ -84,6 +84,8 @@ CONNECT_TIMEOUT_S: Final = 10.0
 CLIENT: Final = "hubbub-federation/1"
 #: Interest changes within this long are sent upstream together.
 SYNC_DELAY_S: Final = 0.02
+#: How long after the link comes up a new upstream subscription recovers from the cursor.
+RECOVER_WINDOW_S: Final = 30.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -152,7 +154,8 @@ class FederationUpstream:
         self._interest_changed = self.interest.changed
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
-        self._unwatch: Any = None
+        # From now, before any listener opens: no subscription may come before the link watches.
+        self._unwatch: Any = node.watch_subscriptions(self.interest.watch)
         self._next_id = 1
         self._subs: dict[str, str] = {}  # pattern text -> sub id (subscribed upstream)
         self._sub_requests: dict[int, str] = {}  # request id -> pattern text
@@ -169,7 +172,6 @@ class FederationUpstream:
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._unwatch = self.node.watch_subscriptions(self.interest.watch)
         self._task = asyncio.get_running_loop().create_task(self.run())
 
     async def close(self) -> None:
@@ -346,7 +348,8 @@ class FederationUpstream:
 
     def _subscribed(self, item: LinkReply, down: DownFlow) -> None:
         if self._sub_requests.pop(item.id, None) is not None:
-            self._top_time = max(self._top_time, item.top_time)
+            # Recovered up to the upstream's newest event then (1: its log was empty, so from its start).
+            self._top_time = max(self._top_time, item.top_time or 1)
             self._time_mark(down)
 
     def _not_subscribed(self, item: LinkError) -> None:
@@ -372,9 +375,13 @@ class FederationUpstream:
             self._top_time = 0
 
     async def _sync(self, ws: aiohttp.ClientWebSocketResponse, down: DownFlow) -> None:
-        """Keep the upstream subscriptions on :meth:`wanted`; the first round recovers from the cursor."""
-        recover = True
+        """Keep the upstream subscriptions on :meth:`wanted`. For :data:`RECOVER_WINDOW_S` after the link
+        comes up, a subscription recovers from the cursor (the interest of this node comes back as its
+        subscribers and the nodes below reconnect); after that, a new pattern starts live."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + RECOVER_WINDOW_S
         cursor = self.cursors.down
+        base_time = cursor.last_time  # where channels not in the cursor are recovered from, this time
         while True:
             self._interest_changed.clear()
             want = self.wanted()
@@ -382,9 +389,7 @@ class FederationUpstream:
                 sid = self._subs.pop(text)
                 self._replaying.discard(text)
                 await ws.send_bytes(msgpack.packb({"op": "unsubscribe", "id": self._rid(), "sub": sid}))
-            for ch in list(cursor.positions):  # channels no longer followed: no recovery for them later
-                if not any(p.matches(ch) for p in want.values()):
-                    del cursor.positions[ch]
+            recover = loop.time() < until
             for text, pattern in want.items():
                 if text in self._subs:
                     continue
@@ -393,16 +398,18 @@ class FederationUpstream:
                 frame: dict[str, Any] = {"op": "subscribe", "id": rid, "sub": sid, "pattern": text}
                 if recover:
                     since = cursor.since(pattern)
-                    if since:
+                    if since and pattern.is_exact:
+                        frame["since"] = since[text]  # an exact channel's since is its position alone
+                    elif since:
                         frame["since"] = since
-                    if cursor.last_time:
-                        frame["from_time"] = cursor.last_time + 1
+                    if base_time and not (since and pattern.is_exact):
+                        frame["from_time"] = base_time + 1
                     if "since" in frame or "from_time" in frame:
                         self._replaying.add(text)
                 self._subs[text] = sid
                 self._sub_requests[rid] = text
+                log.info("federation: subscribing upstream", extra={"link": self.name, "frame": repr(frame)})
                 await ws.send_bytes(msgpack.packb(frame))
-            recover = False
             await self._interest_changed.wait()
             await asyncio.sleep(SYNC_DELAY_S)
 
