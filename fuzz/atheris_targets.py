@@ -83,6 +83,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     import fuzz_native
 
     from hubbub import channels as chn
+    from hubbub import federation as fed
     from hubbub.auth import Authenticator, Identity, load_keys, parse_static_tokens
     from hubbub.client import bulk as client_bulk
     from hubbub.cluster import wire as cw
@@ -90,10 +91,9 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     from hubbub.dialects import native as nc
     from hubbub.dialects import qpubs as qpd
     from hubbub.dialects import wearscript as wsd
-    from hubbub import federation as fed
     from hubbub.errors import CODES, HubbubError
-    from hubbub.federation import wire as fw
     from hubbub.events import Event, Publisher
+    from hubbub.federation import wire as fw
 
 __all__ = ["TARGETS", "main", "replay_corpus", "run_target"]
 
