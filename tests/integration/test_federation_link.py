@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import socket
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from hubbub.client import AsyncClient
 from hubbub.config import Config
 from hubbub.events import Event
 from hubbub.server import Server
+from hubbub.transports import federation_flow
 from hubbub.transports.federation_link import FederationUpstream
 
 WAIT = 15.0
@@ -144,3 +147,42 @@ def test_a_link_that_would_close_a_cycle_is_refused(tmp_path: Path) -> None:
                     assert exc.status == 409
 
     asyncio.run(main())
+
+
+def test_a_backlog_longer_than_one_replay_goes_up_in_rounds_after_the_node_above_comes_back(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The node above is down while the node below takes more publishes than one local replay sends
+    (``UP_CHUNK``, made small here): once it is back, every event goes up once, in order per channel."""
+    monkeypatch.setattr(federation_flow, "UP_CHUNK", 40)
+
+    async def main() -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        a_cfg = replace(config(tmp_path, "A"), http_listen=f"127.0.0.1:{port}")
+        async with Server(a_cfg) as a, Server(config(tmp_path, "B", url(a))) as b:
+            link = b.upstreams[0]
+            await until(lambda: link.state == "up", "the link up")
+            await a.stop()
+            await until(lambda: link.state != "up", "the link down")
+            async with client(b) as cb:
+                for i in range(150):
+                    await cb.publish(f"/up/c{i % 3}", str(i))
+            async with Server(a_cfg) as a2:
+                await until(lambda: link.state == "up", "the link up again")
+                for ch in ("/up/c0", "/up/c1", "/up/c2"):
+                    await until_log(a2, ch, 50)
+                    texts = [e["text"] for e in await log(a2, ch)]
+                    assert texts == [str(i) for i in range(int(ch[-1]), 150, 3)], texts
+                assert link.stats.gaps == 0 and link.stats.sent_up == 150
+
+    asyncio.run(main())
+
+
+async def until_log(server: Server, channel: str, n: int) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while len(await log(server, channel)) < n:
+        assert loop.time() < deadline, f"{channel}: fewer than {n} events"
+        await asyncio.sleep(0.05)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import struct
 import time
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -33,9 +35,10 @@ import msgpack
 
 from hubbub.auth import EVERYTHING, Identity
 from hubbub.channels import Pattern, parse_pattern
-from hubbub.core import Node, ReplayPlan, ReplaySpec, Session, Subscription
+from hubbub.core import Gap, Node, ReplayPlan, Session, Subscription
 from hubbub.core.flag import Flag
-from hubbub.errors import HubbubError, SubscriptionError
+from hubbub.core.replay import list_channels, merged_key
+from hubbub.errors import HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.federation import (
     Cursor,
@@ -48,7 +51,7 @@ from hubbub.federation import (
     stamp,
 )
 from hubbub.federation.wire import LinkEvent, LinkGap, link_headers, render_publisher, split_link_headers
-from hubbub.log.base import AppendRequest, AppendResult
+from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 __all__ = [
     "DIALECT",
@@ -59,6 +62,7 @@ __all__ = [
     "LinkStats",
     "UpEncoder",
     "UpFlow",
+    "plan_up",
 ]
 
 log = logging.getLogger("hubbub.federation")
@@ -71,6 +75,8 @@ LINK_IDENTITY: Final = Identity("federation", EVERYTHING, EVERYTHING, via="feder
 MAX_INFLIGHT: Final = 512
 #: Events from above not yet committed here, at most (then the link stops reading).
 MAX_DOWN_PENDING: Final = 4096
+#: Events one local replay sends up at most; a longer backlog goes in several rounds (a resync each).
+UP_CHUNK: Final = 10000
 SAVE_INTERVAL_S: Final = 0.2
 _ALL: Final = parse_pattern("/**")
 #: The head of an up frame (:class:`UpEncoder`): seq, time, channel length, epoch length.
@@ -219,6 +225,56 @@ def _with_id(body: bytes, rid: int) -> bytes:
     return b"".join((bytes((body[0] + 1,)), _ID_KEY, msgpack.packb(rid), body[1:]))
 
 
+def plan_up(
+    store: LogStore,
+    *,
+    since: Mapping[str, Position],
+    from_time: int,
+    cap: int,
+    cut: dict[str, int],
+    starts: dict[str, tuple[str, int]],
+) -> ReplayPlan:
+    """The up session's replay (a planner: runs on a reader thread): every channel's events after its up
+    cursor position (channels not in the cursor: from ``from_time``), at most ``cap`` in all, in merged
+    order; channels with more left go into ``cut``, with the last seq replayed (and, when not in the cursor
+    and not read at all, the position before their first event to send into ``starts``). A position the log
+    no longer holds is a gap."""
+    plan = ReplayPlan()
+    events: list[Event] = []
+    budget = cap
+    for info in list_channels(store, _ALL):
+        ch = info.channel
+        plan.tops[ch] = info.top
+        pos = since.get(ch)
+        after, ft = 0, None
+        if pos is None:
+            ft = from_time
+        elif pos.epoch != info.epoch:
+            plan.gaps.append(Gap(ch, pos, Position(0, info.epoch), "epoch"))
+        elif pos.seq < info.first - 1:
+            after = info.first - 1
+            plan.gaps.append(Gap(ch, pos, Position(after, info.epoch), "trimmed"))
+        else:
+            after = pos.seq
+        if after >= info.top:
+            continue
+        if budget <= 0:
+            cut[ch] = after
+            if pos is None:  # where it starts, kept in the cursor: later rounds must not skip it
+                first = store.read(ch, 0, 1, from_time=ft)
+                if first:
+                    starts[ch] = (first[0].epoch, first[0].seq - 1)
+            continue
+        evs = store.read(ch, after, budget, from_time=ft)
+        budget -= len(evs)
+        if budget == 0 and evs and evs[-1].seq < info.top:
+            cut[ch] = evs[-1].seq  # the budget ran out inside this channel
+        events += evs
+    events.sort(key=merged_key)
+    plan.events = events
+    return plan
+
+
 class UpFlow:
     """One connection's up direction. See the module docstring."""
 
@@ -230,12 +286,23 @@ class UpFlow:
         self.fifo: deque[list[Any]] = deque()
         self.ids: dict[int, list[Any]] = {}
         self._acked = Flag()
+        #: Per channel, the last position queued up (the cursor moves on acknowledgements).
+        self.sent: dict[str, tuple[str, int]] = {}
+        #: Channels whose replay was cut at :data:`UP_CHUNK`, with the last seq it holds: what comes after
+        #: waits for the next round.
+        self.cut: dict[str, int] = {}
+        self.resync = False
 
     async def subscribe_local(self, sess: Session) -> None:
-        """The local ``/**`` subscription, replaying what the upstream has not acknowledged."""
+        """The local ``/**`` subscription, replaying (at most :data:`UP_CHUNK` events: :func:`plan_up`) what
+        the upstream has not acknowledged."""
         up = self.cursors.up
         since = {ch: Position(seq, ep) for ch, (ep, seq) in up.positions.items()}
-        spec = ReplaySpec(since=since, from_time=up.last_time + 1)
+        self.sent = dict(up.positions)
+        starts: dict[str, tuple[str, int]] = {}
+        planner = functools.partial(
+            plan_up, since=since, from_time=up.last_time + 1, cap=UP_CHUNK, cut=self.cut, starts=starts
+        )
 
         def on_snapshot(plan: ReplayPlan) -> None:
             for gap in plan.gaps:
@@ -246,31 +313,54 @@ class UpFlow:
                     gap.reason,
                     extra={"link": self.name},
                 )
-                up.positions[gap.channel] = (gap.position.epoch, gap.position.seq)
+                up.positions[gap.channel] = self.sent[gap.channel] = (gap.position.epoch, gap.position.seq)
+            up.positions.update(starts)
+            if self.cut:
+                log.info("federation: a long backlog goes up in rounds", extra={"link": self.name})
 
-        try:
-            await self.node.subscribe(sess, "up", _ALL, frozenset(), spec, on_snapshot=on_snapshot)
-        except SubscriptionError as exc:  # 4203: more to send than one replay may hold
-            self.stats.gaps += 1
-            log.error(
-                "federation: cannot resend what the upstream missed: %s", exc, extra={"link": self.name}
-            )
-            await self.node.subscribe(sess, "up", _ALL, frozenset(), None, on_snapshot=on_snapshot)
+        await self.node.subscribe(
+            sess, "up", _ALL, frozenset(), None, on_snapshot=on_snapshot, planner=planner
+        )
+        if self.cut:
+            sess.push(b"")  # after the replay's last frame: the writer resyncs for the next round there
+
+    def _in_order(self, ch: str, ep: str, seq: int) -> bool:
+        """Whether an event continues what was sent of its channel; an event after a hole (a channel whose
+        replay was cut, or one the session dropped) asks for a resync instead."""
+        cut = self.cut.get(ch)
+        if cut is not None and seq > cut:
+            self.resync = True
+            return False
+        last = self.sent.get(ch)
+        if last is not None and last[0] == ep and seq != last[1] + 1:
+            if seq > last[1] + 1:
+                self.resync = True
+            return False
+        self.sent[ch] = (ep, seq)
+        return True
 
     async def write(
         self, ws: aiohttp.ClientWebSocketResponse, sess: Session, rid: Any, max_frame: int
     ) -> None:
-        """Send the up session's events as publishes (``rid()`` gives request ids) until it ends."""
+        """Send the up session's events as publishes (``rid()`` gives request ids) until it ends, or until
+        a resync is due (then once everything sent is acknowledged: the link reconnects and replays from the
+        up cursor)."""
         fifo, ids = self.fifo, self.ids
         size = _HEAD.size
-        while True:
+        while not self.resync:
             frames = await sess.next_frames(max_frame)
             if not frames:
                 return  # kicked (the upstream is slower than this node): reconnect, resend from the cursor
             for f in frames:
+                if not f:  # the end of a replay that was cut: the next round
+                    self.resync = True
+                    break
                 seq, t, chl, epl = _HEAD.unpack_from(f)
                 body = size + chl + epl
-                entry = [len(f) == body, f[size : size + chl].decode(), f[size + chl : body].decode(), seq, t]
+                ch, ep = f[size : size + chl].decode(), f[size + chl : body].decode()
+                if not self._in_order(ch, ep, seq):
+                    continue
+                entry = [len(f) == body, ch, ep, seq, t]
                 fifo.append(entry)
                 if entry[0]:
                     continue
@@ -283,6 +373,10 @@ class UpFlow:
                 self.stats.sent_up += 1
             del frames
             self.settle()
+        while ids:
+            self._acked.clear()
+            await self._acked.wait()
+        self.settle()
 
     def completed(self, rid: int, refused: bool) -> bool:
         """A reply (or an error) to request ``rid``: ``True`` when it answered a publish of this flow."""
