@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from hubbub.client import AsyncClient
-from hubbub.config import Config
+from hubbub.config import Config, SecretMap
 from hubbub.events import Event
 from hubbub.server import Server
 from hubbub.transports import federation_flow
@@ -186,3 +186,51 @@ async def until_log(server: Server, channel: str, n: int) -> None:
     while len(await log(server, channel)) < n:
         assert loop.time() < deadline, f"{channel}: fewer than {n} events"
         await asyncio.sleep(0.05)
+
+
+def test_links_present_their_token_from_the_url_or_federation_token(tmp_path: Path) -> None:
+    """With ``auth.mode = token`` above, a link comes up with a token (in its URL, or ``federation.token``)
+    and carries events both ways; without one it stays down, retrying."""
+    tokens = {
+        "linktok": {"user": "fed", "publish": ["/**"], "subscribe": ["/**"]},
+        "usertok": {"user": "u", "publish": ["/**"], "subscribe": ["/**"]},
+    }
+
+    async def main() -> None:
+        a_cfg = replace(config(tmp_path, "A"), auth_mode="token", auth_tokens=SecretMap(tokens))
+        async with Server(a_cfg) as a:
+            in_url = config(tmp_path, "B", url(a) + "?token=linktok")
+            in_cfg = replace(config(tmp_path, "C", url(a)), federation_token="linktok")
+            none = config(tmp_path, "D", url(a))
+            async with Server(in_url) as b, Server(in_cfg) as c, Server(none) as d:
+                await synced(b.upstreams[0], c.upstreams[0])
+                assert b.upstreams[0].url == url(a) + "/ws/hubbub"  # the token is not kept in the URL
+                await until(lambda: d.upstreams[0].reconnects >= 2, "the link without a token to retry")
+                assert d.upstreams[0].state != "up"
+                async with client(b) as cb, cb.subscribe("/x/**") as below:
+                    await synced(b.upstreams[0])
+                    ca = await AsyncClient.connect(url(a), token="usertok")
+                    try:
+                        await ca.publish("/x/1", "down")
+                    finally:
+                        await ca.close()
+                    assert [e.payload for e in await take(below, 1)] == [b"down"]
+                async with client(c) as cc:
+                    await cc.publish("/y/1", "up")
+                await until_log_auth(a, "/y/1", "usertok")
+
+    asyncio.run(main())
+
+
+async def until_log_auth(server: Server, channel: str, token: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        while True:
+            async with http.get(f"http://127.0.0.1:{server.ports['http']}/api/v1/log{channel}") as r:
+                body = await r.json()
+            if body.get("events"):
+                return
+            assert loop.time() < deadline, f"{channel}: nothing went up"
+            await asyncio.sleep(0.05)
