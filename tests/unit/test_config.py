@@ -148,5 +148,5 @@ def test_upstream_from_flags_environment_and_file(tmp_path: Path) -> None:
     assert "'t'" not in repr(cfg)
     with pytest.raises(ConfigError, match="upstream"):
         load_config({"upstream": ["http://a:1"]}, env={})
-    with pytest.raises(ConfigError, match="federation.node_id"):
+    with pytest.raises(ConfigError, match=r"federation\.node_id"):
         load_config({"federation.node_id": "a b"}, env={})
