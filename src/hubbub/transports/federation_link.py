@@ -82,6 +82,8 @@ log = logging.getLogger("hubbub.federation")
 
 CONNECT_TIMEOUT_S: Final = 10.0
 CLIENT: Final = "hubbub-federation/1"
+#: A WebSocket ping this often; no pong within half of it closes the connection (and the link reconnects).
+HEARTBEAT_S: Final = 20.0
 #: Interest changes within this long are sent upstream together.
 SYNC_DELAY_S: Final = 0.02
 #: How long after the link comes up a new upstream subscription recovers from the cursor.
@@ -224,6 +226,7 @@ class FederationUpstream:
                             headers=headers,
                             max_msg_size=self.max_frame,
                             autoping=True,
+                            heartbeat=HEARTBEAT_S,  # a node above that vanished (no pong) ends the link
                             timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
                         ) as ws:
                             await self._connected(ws)
