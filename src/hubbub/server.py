@@ -274,11 +274,11 @@ class Server:
     def _federate(self, node: Node, cfg: Config, engine: str, http: NativeHttp) -> None:
         """This node's federation id, the links of nodes below (``federation.accept``), and the links up
         (``upstream``), created before any listener so that no publish precedes their cursors."""
-        hub = self.federation = FederationHub(node, federation_node_id(cfg))
+        state_dir = None if engine == "memory" else Path(cfg.data_dir) / "federation"
+        hub = self.federation = FederationHub(node, federation_node_id(cfg), state_dir)
         if cfg.federation_accept:
             http.federation = hub
         http.registry.register(FederationHubCollector(hub))
-        state_dir = None if engine == "memory" else Path(cfg.data_dir) / "federation"
         lim = cfg.limits
         for url in cfg.upstream:
             self.upstreams.append(

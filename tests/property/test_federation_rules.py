@@ -57,6 +57,14 @@ def effective(nodes: dict[str, Node], name: str) -> set[str]:
     return out
 
 
+def below(nodes: dict[str, Node], name: str) -> set[str]:
+    """The nodes below a node (what it learns from its links' handshakes and the paths of what comes up)."""
+    out: set[str] = set()
+    for d in nodes[name].downs:
+        out |= {d} | below(nodes, d)
+    return out
+
+
 def cover_matches(patterns: set[str], channel: str) -> bool:
     return any(p.matches(channel) for p in minimal_cover(parse_pattern(t) for t in patterns))
 
@@ -110,7 +118,7 @@ def test_events_reach_exactly_where_they_should_once_and_never_loop(
     def send_from(name: str, channel: str, headers: dict[str, str], seq: int) -> None:
         node = nodes[name]
         for u in node.ups:
-            if forwards_up(u, headers):
+            if forwards_up(u, headers, below(nodes, name)):
                 sent, _ = stamp(name, headers, "e", seq)
                 queue.append((u, False, channel, sent))
         for d in node.downs:

@@ -3,7 +3,8 @@ hop headers of each event, and the decoding of the frames a link reads from the 
 
 A link is a native WebSocket connection (``hubbub.v1.msgpack``) that names itself on the upgrade:
 
-* **Handshake.** The request carries :data:`NODE_HEADER` (the downstream node's id); the answer carries the
+* **Handshake.** The request carries :data:`NODE_HEADER` (the downstream node's id) and
+  :data:`BELOW_HEADER` (the ids below it, as far as it knows); the answer carries the
   upstream's id in :data:`NODE_HEADER` and the ids above it (its own upstream links, transitively) in
   :data:`ABOVE_HEADER`, comma-separated. An upstream answers ``409`` to a node that is itself or above it
   (a link that would close a cycle); the downstream refuses an upstream that lists it above
@@ -34,10 +35,11 @@ import orjson
 
 from hubbub.errors import BadFrame
 
-from . import HOPS_HEADER, MAX_HOPS, ORIGIN_HEADER, hops_of, origin_of, valid_node_id
+from . import FROM_HEADER, HOPS_HEADER, MAX_HOPS, ORIGIN_HEADER, Origin, origin_of, valid_node_id
 
 __all__ = [
     "ABOVE_HEADER",
+    "BELOW_HEADER",
     "LINK_HEADERS",
     "LINK_HOPS",
     "LINK_ORIGIN",
@@ -48,6 +50,7 @@ __all__ = [
     "LinkEvent",
     "LinkGap",
     "LinkItem",
+    "LinkPath",
     "LinkPing",
     "LinkRecovered",
     "LinkReply",
@@ -55,6 +58,7 @@ __all__ = [
     "fed_headers",
     "link_headers",
     "parse_above",
+    "parse_link_headers",
     "parse_node",
     "parse_publisher",
     "render_above",
@@ -64,12 +68,15 @@ __all__ = [
 
 NODE_HEADER: Final = "Hubbub-Federation-Node"
 ABOVE_HEADER: Final = "Hubbub-Federation-Above"
+#: On a link's upgrade request: the ids of the nodes below the downstream (its descendants).
+BELOW_HEADER: Final = "Hubbub-Federation-Below"
 LINK_ORIGIN: Final = "hubbub-fed-origin"
 LINK_HOPS: Final = "hubbub-fed-hops"
 LINK_PUBLISHER: Final = "hubbub-fed-publisher"
 LINK_HEADERS: Final = frozenset({LINK_ORIGIN, LINK_HOPS, LINK_PUBLISHER})
 #: The longest value of a handshake or hop header, in characters.
 MAX_VALUE: Final = 4096
+_STR_ONLY: Final = {str}
 #: The most node ids an ``Above`` header may list.
 MAX_ABOVE: Final = 256
 
@@ -104,21 +111,45 @@ def render_above(ids: Iterable[str]) -> str:
 # -- hop headers --------------------------------------------------------------------------------------------
 
 
-def split_link_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str] | None, str]:
-    """A link event's headers as ``(user headers, federation pseudo-headers, publisher text)``. The
-    pseudo-headers are ``None`` when the origin or hops are missing or malformed (the event cannot be taken:
-    its path is unknown)."""
+@dataclass(frozen=True, slots=True)
+class LinkPath:
+    """Where a link event comes from: its origin and hops, parsed, and their header texts."""
+
+    origin: Origin
+    hops: tuple[str, ...]
+    origin_text: str
+    hops_text: str
+
+    def arrived(self, node: str, from_upstream: bool) -> dict[str, str]:
+        """:func:`hubbub.federation.arrived`, without parsing again."""
+        out = {ORIGIN_HEADER: self.origin_text, HOPS_HEADER: f"{self.hops_text},{node}"}
+        if from_upstream:
+            out[FROM_HEADER] = "up"
+        return out
+
+
+def parse_link_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], LinkPath | None, str]:
+    """A link event's headers as ``(user headers, its path, publisher text)``. The path is ``None`` when the
+    origin or hops are missing or malformed (the event cannot be taken: its path is unknown)."""
     user = {k: v for k, v in headers.items() if k not in LINK_HEADERS}
-    origin = headers.get(LINK_ORIGIN, "")
-    hops = headers.get(LINK_HOPS, "")
+    origin_text = headers.get(LINK_ORIGIN, "")
+    hops_text = headers.get(LINK_HOPS, "")
     publisher = headers.get(LINK_PUBLISHER, "")
-    if not origin or not hops or len(origin) > MAX_VALUE or len(hops) > MAX_VALUE:
+    if not origin_text or not hops_text or len(origin_text) > MAX_VALUE or len(hops_text) > MAX_VALUE:
         return user, None, publisher
-    fed = {ORIGIN_HEADER: origin, HOPS_HEADER: hops}
-    path = hops_of(fed)
-    if origin_of(fed) is None or not path or len(path) > MAX_HOPS or not all(valid_node_id(h) for h in path):
+    origin = origin_of({ORIGIN_HEADER: origin_text})
+    hops = tuple(h for h in hops_text.split(",") if h)
+    if origin is None or not hops or len(hops) > MAX_HOPS or not all(map(valid_node_id, hops)):
         return user, None, publisher
-    return user, fed, publisher
+    return user, LinkPath(origin, hops, origin_text, ",".join(hops)), publisher
+
+
+def split_link_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str] | None, str]:
+    """:func:`parse_link_headers` with the path as the federation pseudo-headers (``None``: no valid path)."""
+    user, path, publisher = parse_link_headers(headers)
+    if path is None:
+        return user, None, publisher
+    return user, {ORIGIN_HEADER: path.origin_text, HOPS_HEADER: path.hops_text}, publisher
 
 
 def link_headers(user: Mapping[str, str], stamped: Mapping[str, str], publisher: str = "") -> dict[str, str]:
@@ -230,7 +261,8 @@ def _uint(obj: dict[Any, Any], key: str) -> int:
 def _str_map(v: object, key: str) -> dict[str, str]:
     if v is None:
         return {}
-    if type(v) is not dict or not all(type(k) is str and type(x) is str for k, x in v.items()):
+    # map(type, …) runs in C: this is once or twice per event on a busy link.
+    if type(v) is not dict or (v and (set(map(type, v)) | set(map(type, v.values()))) != _STR_ONLY):
         raise BadFrame(f"{key} must be a map of strings")
     return v
 

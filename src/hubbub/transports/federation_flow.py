@@ -25,7 +25,7 @@ import os
 import struct
 import time
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -42,15 +42,13 @@ from hubbub.errors import HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.federation import (
     Cursor,
-    accepts,
-    arrived,
+    accepts_path,
     forwards_up,
     idempotency_key,
     minimal_cover,
-    origin_of,
     stamp,
 )
-from hubbub.federation.wire import LinkEvent, LinkGap, link_headers, render_publisher, split_link_headers
+from hubbub.federation.wire import LinkEvent, LinkGap, link_headers, parse_link_headers, render_publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 __all__ = [
@@ -190,16 +188,17 @@ class UpEncoder:
     """The up session's encoder: each event as a head (its position here) and, when it goes up, the
     msgpack ``publish`` map without its ``id`` (the writer adds it). Pure: it runs on reader threads too."""
 
-    def __init__(self, node_id: str, peer: str) -> None:
+    def __init__(self, node_id: str, peer: str, below: Collection[str] = ()) -> None:
         self.node_id = node_id
         self.peer = peer
+        self.below = below  # the hub's live set (read on the loop only: no encode_run)
         self.key = f"{DIALECT}-up:{peer}:{id(self)}"
 
     def encode_event(self, event: Event, subs: Any, replay: bool, cache: dict[Any, Any]) -> bytes:
         ch = event.channel.encode()
         ep = event.epoch.encode()
         head = _HEAD.pack(event.seq, event.time_ns, len(ch), len(ep)) + ch + ep
-        if not forwards_up(self.peer, event.headers):
+        if not forwards_up(self.peer, event.headers, self.below):
             return head
         stamped, origin = stamp(self.node_id, event.headers, event.epoch, event.seq)
         p = event.publisher
@@ -432,9 +431,8 @@ class DownFlow:
         entry: list[Any] = [False, "event", ev.channel, ev.epoch, ev.seq, ev.time_ns]
         self.fifo.append(entry)
         node_id = self.node_id
-        user, fed, _ = split_link_headers(ev.headers)
-        origin = origin_of(fed) if fed is not None else None
-        if fed is None or origin is None or not accepts(node_id, fed):
+        user, path, _ = parse_link_headers(ev.headers)
+        if path is None or not accepts_path(node_id, path.origin, path.hops):
             stats.dropped_down += 1
             entry[0] = True
             self.settle()
@@ -444,9 +442,9 @@ class DownFlow:
             Publisher(*ev.publisher),
             ev.payload,
             ev.content_type,
-            {**user, **arrived(node_id, fed, True)},
+            {**user, **path.arrived(node_id, True)},
             ev.tags,
-            idempotency_key(origin),
+            idempotency_key(path.origin),
         )
 
         def done(r: AppendResult | HubbubError) -> None:

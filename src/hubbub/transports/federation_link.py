@@ -51,6 +51,7 @@ from hubbub.errors import BadFrame, HubbubError
 from hubbub.federation import Backoff, cycle_reason
 from hubbub.federation.wire import (
     ABOVE_HEADER,
+    BELOW_HEADER,
     NODE_HEADER,
     LinkError,
     LinkEvent,
@@ -61,6 +62,7 @@ from hubbub.federation.wire import (
     decode_frame,
     parse_above,
     parse_node,
+    render_above,
 )
 
 from .federation_flow import (
@@ -209,7 +211,6 @@ class FederationUpstream:
 
     async def run(self) -> None:
         limits = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S)
-        headers = {NODE_HEADER: self.hub.node_id}
         async with aiohttp.ClientSession(timeout=limits) as http:
             saver = asyncio.get_running_loop().create_task(self.cursors.save_loop())
             try:
@@ -223,7 +224,10 @@ class FederationUpstream:
                         async with http.ws_connect(
                             self.url,
                             protocols=("hubbub.v1.msgpack",),
-                            headers=headers,
+                            headers={
+                                NODE_HEADER: self.hub.node_id,
+                                BELOW_HEADER: render_above(self.hub.below),
+                            },
                             max_msg_size=self.max_frame,
                             autoping=True,
                             heartbeat=HEARTBEAT_S,  # a node above that vanished (no pong) ends the link
@@ -255,6 +259,8 @@ class FederationUpstream:
     async def _connected(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         response = getattr(ws, "_response", None)
         upstream, above, why = handshake(self.hub.node_id, response.headers if response is not None else {})
+        if why is None and upstream in self.hub.below:
+            why = f"{upstream} is below {self.hub.node_id}: linking up to it would close a cycle"
         if why is not None:
             self.state = "refused"
             log.error("federation upstream refused: %s", why, extra={"link": self.name})
@@ -286,7 +292,7 @@ class FederationUpstream:
         down = self.down = DownFlow(self.name, self.node, self.hub.node_id, self.cursors, self.stats)
         sess = Session(
             DIALECT,
-            UpEncoder(self.hub.node_id, upstream),
+            UpEncoder(self.hub.node_id, upstream, self.hub.below),
             max_items=self.send_queue,
             max_bytes=self.send_queue_bytes,
             overflow=Overflow.DISCONNECT,

@@ -21,9 +21,11 @@ Concurrency contract: everything runs on the event loop thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -33,14 +35,17 @@ from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadRequest
 from hubbub.events import Event, Publisher
-from hubbub.federation import accepts, arrived, forwards_to, hops_of, idempotency_key, origin_of, stamp
+from hubbub.federation import accepts_path, forwards_to, idempotency_key, stamp, valid_node_id
 from hubbub.federation.wire import (
     ABOVE_HEADER,
+    LINK_HOPS,
+    LINK_ORIGIN,
     NODE_HEADER,
     link_headers,
+    parse_above,
+    parse_link_headers,
     parse_publisher,
     render_above,
-    split_link_headers,
 )
 from hubbub.log.base import AppendRequest
 
@@ -68,12 +73,33 @@ class FederationHub:
     """This node in the federation: its id, the ids above it (reported by its upstream links while they
     are up) and the downstream nodes linked to it. See the module docstring."""
 
-    def __init__(self, node: Node, node_id: str) -> None:
+    def __init__(self, node: Node, node_id: str, state_dir: Path | None = None) -> None:
         self.node = node
         self.node_id = node_id
+        #: The ids of the nodes below this one (reported by links on their upgrade, and on the paths of the
+        #: events they send up), kept in ``<data_dir>/federation/below``: an event from above whose origin
+        #: is below still goes up to the other upstreams (:func:`~hubbub.federation.forwards_up`).
+        self.below: set[str] = set()
+        self._below_path = state_dir / "below" if state_dir is not None else None
+        if self._below_path is not None:
+            with contextlib.suppress(OSError):
+                self.below = {i for i in self._below_path.read_text().split() if valid_node_id(i)}
         #: Per upstream link (its URL id): the upstream's id and the ids above it, while the link is up.
         self.above: dict[str, tuple[str, ...]] = {}
         self.peers: dict[str, PeerStats] = {}
+
+    def learn_below(self, ids: Iterable[str]) -> None:
+        """Nodes found to be below this one. Saved when the set grows (rarely: once per new node)."""
+        new = {i for i in ids if i not in self.below and i != self.node_id}
+        if not new:
+            return
+        self.below |= new
+        if self._below_path is not None:
+            try:
+                self._below_path.parent.mkdir(parents=True, exist_ok=True)
+                self._below_path.write_text("\n".join(sorted(self.below)) + "\n")
+            except OSError as exc:
+                log.warning("federation: cannot save the nodes below in %s: %s", self._below_path, exc)
 
     def above_ids(self) -> set[str]:
         out: set[str] = set()
@@ -97,6 +123,7 @@ class FederationHub:
         peer: str,
         codec: nc.NativeCodec,
         *,
+        below: str | None = None,
         send: Callable[[bytes], Awaitable[None]],
         close: Callable[[Disconnect], Awaitable[None]],
         send_many: Callable[[list[bytes]], Awaitable[None]] | None,
@@ -106,6 +133,7 @@ class FederationHub:
         send_queue_bytes: int,
         ping_interval: float,
     ) -> FederationPeer:
+        self.learn_below([peer, *(parse_above(below) or ())])
         stats = self.peers.get(peer)
         if stats is None:
             stats = self.peers[peer] = PeerStats()
@@ -141,10 +169,15 @@ class PeerEncoder:
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
         headers = event.headers
-        if not forwards_to(self.peer, headers):
-            return b""
-        stamped, _ = stamp(self.node_id, headers, event.epoch, event.seq)
-        out = replace(event, headers=link_headers(event.user_headers, stamped))
+        if not headers:  # published here, no headers: the common case, nothing to parse
+            fed = {LINK_ORIGIN: f"{self.node_id} {event.epoch} {event.seq}", LINK_HOPS: self.node_id}
+        else:
+            if not forwards_to(self.peer, headers):
+                return b""
+            stamped, _ = stamp(self.node_id, headers, event.epoch, event.seq)
+            fed = link_headers(event.user_headers, stamped)
+        out = Event(event.channel, event.seq, event.epoch, event.time_ns, event.publisher, event.payload,
+                    event.content_type, fed, event.tags)  # fmt: skip
         self.stats.sent += 1
         return self.codec.encode_event(out, subs, replay, None)
 
@@ -235,13 +268,17 @@ class FederationPeer(NativeConnection):
     def _submit(self, cmd: nc.Publish) -> None:
         """Store an event the peer forwards up: its origin, its hops plus this node, its publisher."""
         hub = self.hub
-        user, fed, publisher = split_link_headers(cmd.headers)
+        user, path, publisher = parse_link_headers(cmd.headers)
         self.stats.received += 1
-        if fed is None or hops_of(fed)[-1] != self.peer_id or not accepts(hub.node_id, fed):
+        if (
+            path is None
+            or path.hops[-1] != self.peer_id
+            or not accepts_path(hub.node_id, path.origin, path.hops)
+        ):
             self.stats.refused += 1
             raise BadRequest("a federated event needs its origin and hops, and must not have been here")
-        origin = origin_of(fed)
-        assert origin is not None  # split_link_headers checked it
+        if not hub.below.issuperset(path.hops):
+            hub.learn_below(path.hops)
         pub = parse_publisher(publisher)
         sess = self.session
         req = AppendRequest(
@@ -249,9 +286,9 @@ class FederationPeer(NativeConnection):
             Publisher(*pub) if pub is not None else Publisher("native", sess.user, sess.id, ""),
             cmd.payload,
             cmd.content_type,
-            {**user, **arrived(hub.node_id, fed, False)},
+            {**user, **path.arrived(hub.node_id, False)},
             cmd.tags,
-            idempotency_key(origin),
+            idempotency_key(path.origin),
         )
         proto = self.proto
         self.node.submit(req, sess, proto.committed)

@@ -27,7 +27,7 @@ from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadRequest, EpochMismatch, HubbubError
 from hubbub.events import Event, Position, Publisher
-from hubbub.federation.wire import NODE_HEADER, parse_node
+from hubbub.federation.wire import BELOW_HEADER, NODE_HEADER, parse_node
 from hubbub.log.base import AppendRequest, LogStore
 
 from .cors import install_cors
@@ -313,6 +313,7 @@ class NativeHttp:
             conn: NativeConnection = fed.connection(
                 peer,
                 codec,
+                below=request.headers.get(BELOW_HEADER),
                 send=sink.send,
                 close=sink.close,
                 send_many=sink.send_many,
