@@ -207,3 +207,67 @@ def test_three_nodes_deliver_everything_once_in_order_and_survive_a_crash(
         asyncio.run(main())
     finally:
         mesh.stop()
+
+
+async def metric(http: aiohttp.ClientSession, port: int, pattern: str) -> list[str]:
+    async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+        return re.findall(pattern, await r.text())
+
+
+def test_two_processes_link_both_ways_and_refuse_a_cycle(tmp_path: Path) -> None:
+    """``hubbub serve --upstream``: events go up and down one link between two processes, and a third
+    process that names itself A and links up to B (below A) is refused at both ends."""
+    mesh = Mesh(tmp_path, {"B": ["A"]})
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            mesh.start("A")
+            mesh.start("B")
+            up, down = Subscriber("A", "/t/**"), Subscriber("B", "/t/**")
+            async with connected(mesh, "A") as ca, connected(mesh, "B") as cb:
+                tasks = [asyncio.create_task(up.run(ca)), asyncio.create_task(down.run(cb))]
+                await asyncio.wait_for(up.ready.wait(), WAIT)
+                await asyncio.wait_for(down.ready.wait(), WAIT)
+                await mesh.synced(http)
+                await ca.publish("/t/from-A/c0", b"A:0")
+                await cb.publish("/t/from-B/c0", b"B:0")
+                both = {("/t/from-A/c0", b"A:0"), ("/t/from-B/c0", b"B:0")}
+                for s in (up, down):
+                    await s.until(both)
+                    s.check(both)
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            # A second "A" linking up to B, which is below A: refused by the node itself, and by B (409).
+            port = free_port()
+            rogue = ServerProcess(
+                tmp_path / "rogue",
+                [
+                    "--http-listen",
+                    f"127.0.0.1:{port}",
+                    "--federation-node-id",
+                    "A",
+                    "--upstream",
+                    mesh.url("B"),
+                ],
+            ).start()
+            try:
+                deadline = time.monotonic() + WAIT
+                state = r'hubbub_federation_link_state\{link="[^"]+",state="refused"\} (\S+)'
+                while await metric(http, port, state) != ["1.0"]:
+                    assert time.monotonic() < deadline, rogue.log()[-2000:]
+                    await asyncio.sleep(0.05)
+            finally:
+                rogue.kill()
+            headers = {"Hubbub-Federation-Node": "A"}
+            try:
+                async with http.ws_connect(mesh.url("B") + "/ws/hubbub", protocols=("hubbub.v1.msgpack",),
+                                           headers=headers):  # fmt: skip
+                    raise AssertionError("B took a link from the node above it")
+            except aiohttp.WSServerHandshakeError as exc:
+                assert exc.status == 409
+
+    try:
+        asyncio.run(main())
+    finally:
+        mesh.stop()
