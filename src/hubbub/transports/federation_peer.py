@@ -281,9 +281,15 @@ class FederationPeer(NativeConnection):
             hub.learn_below(path.hops)
         pub = parse_publisher(publisher)
         sess = self.session
+        ident = sess.identity
+        if pub is None:
+            pub = ("native", sess.user, sess.id, "")
+        elif ident is not None and not ident.admin and pub[1] != sess.user:
+            # Only an admin token (or auth off) may speak for other users: otherwise the user is the link's.
+            pub = (pub[0], sess.user, pub[2], pub[3])
         req = AppendRequest(
             cmd.channel,
-            Publisher(*pub) if pub is not None else Publisher("native", sess.user, sess.id, ""),
+            Publisher(*pub),
             cmd.payload,
             cmd.content_type,
             {**user, **path.arrived(hub.node_id, False)},
