@@ -84,6 +84,15 @@ log = logging.getLogger("hubbub.federation")
 
 CONNECT_TIMEOUT_S: Final = 10.0
 CLIENT: Final = "hubbub-federation/1"
+#: The link's ``hello``: no echo of its own publishes, batch frames down.
+HELLO: Final[dict[str, Any]] = {
+    "op": "hello",
+    "id": 0,
+    "v": 1,
+    "client": CLIENT,
+    "echo": False,
+    "batch": True,
+}
 #: A WebSocket ping this often; no pong within half of it closes the connection (and the link reconnects).
 HEARTBEAT_S: Final = 20.0
 #: Interest changes within this long are sent upstream together.
@@ -164,6 +173,8 @@ class FederationUpstream:
         self._subs: dict[str, str] = {}  # pattern text -> sub id (subscribed upstream)
         self._sub_requests: dict[int, str] = {}  # request id -> pattern text
         self._replaying: set[str] = set()  # pattern texts whose replay has not ended
+        self._refused: set[str] = set()  # refused upstream (not asked again on this connection)
+        self._live_only: set[str] = set()  # too much missed to recover: subscribed live
         self._top_time = 0
         self.up: UpFlow | None = None
         self.down: DownFlow | None = None
@@ -202,7 +213,7 @@ class FederationUpstream:
         """Up, subscribed upstream to exactly :meth:`wanted`, every subscription answered and replayed."""
         return (
             self.state == "up"
-            and set(self._subs) == set(self.wanted())
+            and set(self._subs) == set(self.wanted()) - self._refused
             and not self._sub_requests
             and not self._replaying
         )
@@ -265,14 +276,7 @@ class FederationUpstream:
             self.state = "refused"
             log.error("federation upstream refused: %s", why, extra={"link": self.name})
             return
-        hello: dict[str, Any] = {
-            "op": "hello",
-            "id": 0,
-            "v": 1,
-            "client": CLIENT,
-            "echo": False,
-            "batch": True,
-        }
+        hello: dict[str, Any] = dict(HELLO)
         if self._token:
             hello["token"] = self._token
         await ws.send_bytes(msgpack.packb(hello))
@@ -288,6 +292,7 @@ class FederationUpstream:
         self.hub.above[self.name] = (upstream, *above)
         self._next_id = 1
         self._subs, self._sub_requests, self._replaying, self._top_time = {}, {}, set(), 0
+        self._refused, self._live_only = set(), set()
         up = self.up = UpFlow(self.name, self.node, self.cursors, self.stats)
         down = self.down = DownFlow(self.name, self.node, self.hub.node_id, self.cursors, self.stats)
         sess = Session(
@@ -367,13 +372,13 @@ class FederationUpstream:
             return
         self._subs.pop(text, None)
         self._replaying.discard(text)
-        if item.code == 4203:  # more missed than one replay may hold: the next round subscribes live
-            self.stats.gaps += 1
-            log.error(
-                "federation: too much missed upstream on %s to recover", text, extra={"link": self.name}
-            )
-        else:
-            log.error("federation upstream refused subscribing to %s: %s", text, item.code)
+        # 4203: too much missed to recover (a gap: the next round subscribes live); anything else (a
+        # permission, a limit) is not asked again until the link reconnects: no retry loop.
+        (self._live_only if item.code == 4203 else self._refused).add(text)
+        self.stats.gaps += item.code == 4203
+        log.error(
+            "federation upstream refused subscribing to %s: %s", text, item.code, extra={"link": self.name}
+        )
         self._interest_changed.set()
 
     def _time_mark(self, down: DownFlow) -> None:
@@ -400,12 +405,12 @@ class FederationUpstream:
                 await ws.send_bytes(msgpack.packb({"op": "unsubscribe", "id": self._rid(), "sub": sid}))
             recover = loop.time() < until
             for text, pattern in want.items():
-                if text in self._subs:
+                if text in self._subs or text in self._refused:
                     continue
                 rid = self._rid()
                 sid = f"s{rid}"
                 frame: dict[str, Any] = {"op": "subscribe", "id": rid, "sub": sid, "pattern": text}
-                if recover:
+                if recover and text not in self._live_only:
                     since = cursor.since(pattern)
                     if since and pattern.is_exact:
                         frame["since"] = since[text]  # an exact channel's since is its position alone
