@@ -8,6 +8,7 @@ so one clock):
 * ``hubbub 1 node``: publisher and subscriber on one ``hubbub serve`` (native WebSocket, msgpack).
 * ``hubbub link``: publisher on A, subscriber on B started with ``--upstream A`` (one hop down; the link
   subscribes upstream to B's interest and commits each event on B before delivering it there).
+* ``hubbub 2 hops``: publisher on A, subscriber on C, with C ``--upstream B`` and B ``--upstream A``.
 * ``nats 1 server``: publisher and subscriber on one ``nats-server`` (core NATS, no persistence).
 * ``nats leaf link``: publisher on a hub ``nats-server``, subscriber on a leaf node connected to it
   (``leafnodes`` remotes).
@@ -252,6 +253,9 @@ def main() -> None:
             pb = down.specs["hubbub"].http_port
             out["hubbub link (A→B)"] = asyncio.run(hubbub_pair(pa, pb, a.events, a.samples))
             out["hubbub link up (B→A)"] = asyncio.run(hubbub_pair(pb, pa, a.events, a.samples))
+            with hubbub(a.store, ["--federation-node-id", "C", "--upstream", f"ws://127.0.0.1:{pb}"]) as low:
+                pc = low.specs["hubbub"].http_port
+                out["hubbub 2 hops (A→B→C)"] = asyncio.run(hubbub_pair(pa, pc, a.events, a.samples))
     srv, port = nats_server("")
     with srv:
         out["nats 1 server"] = asyncio.run(nats_pair(port, port, a.events, a.samples))
