@@ -1,8 +1,10 @@
 """The two directions of a native federation link (:mod:`hubbub.transports.federation_link`), and its
 cursors on disk.
 
-* :class:`UpFlow`: a local session subscribed to ``/**`` (replaying from the up cursor) whose events go up
-  as acknowledged publishes; the up cursor advances, strictly in order, as the upstream acknowledges them.
+* :class:`UpFlow`: a local session subscribed to ``/**`` (replaying from the up cursor, at most
+  :data:`UP_CHUNK` events a round: :func:`plan_up`) whose events go up as acknowledged publishes, each
+  channel strictly in order (an event after a hole asks for a resync); the up cursor advances, in order, as
+  the upstream acknowledges them.
 * :class:`DownFlow`: events that come down are committed here; the down cursor advances, strictly in order,
   as they commit (or are dropped as loops, or reported as gaps).
 * :class:`LinkCursors`: both cursors, saved to ``<data_dir>/federation/<link>.json`` (write, fsync, rename).
@@ -10,8 +12,9 @@ cursors on disk.
 Both flows keep a completion FIFO (``[done, …position]`` entries in arrival order): a cursor moves only past
 a prefix of completed entries, so a saved cursor never claims an event that is not safely on the other side.
 
-Concurrency contract: everything runs on the event loop, except :class:`UpEncoder` (reader threads too) and
-:meth:`LinkCursors.save_now` (an executor thread, on a snapshot taken on the loop).
+Concurrency contract: everything runs on the event loop, except :func:`plan_up` (a reader thread: a
+planner) and :meth:`LinkCursors.save_now` (an executor thread, on a snapshot taken on the loop).
+:class:`UpEncoder` has no ``encode_run``, so the node calls it on the loop only.
 """
 
 from __future__ import annotations
@@ -186,7 +189,7 @@ class LinkCursors:
 
 class UpEncoder:
     """The up session's encoder: each event as a head (its position here) and, when it goes up, the
-    msgpack ``publish`` map without its ``id`` (the writer adds it). Pure: it runs on reader threads too."""
+    msgpack ``publish`` map without its ``id`` (the writer adds it)."""
 
     def __init__(self, node_id: str, peer: str, below: Collection[str] = ()) -> None:
         self.node_id = node_id

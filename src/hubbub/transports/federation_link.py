@@ -10,21 +10,24 @@ federation handshake headers (:mod:`hubbub.federation.wire`), and runs both dire
   ``:fed.from = up``, its original publisher and the idempotency key of its origin: an event that reaches
   this node by two upstreams is stored once. One whose path holds this node is dropped.
 * **Up** (what was published here, or came up from below). A local session subscribes to ``/**`` and
-  receives every event committed here; those that did not come down from an upstream, and whose path does
-  not hold the node above (:func:`~hubbub.federation.forwards_up`), are published upstream with their hop
-  headers and the idempotency key of their origin, acknowledged one by one.
+  receives every event committed here; those that did not come down from an upstream (or did, but were
+  published below this node), and whose path does not hold the node above
+  (:func:`~hubbub.federation.forwards_up`), are published upstream with their hop headers and the
+  idempotency key of their origin, acknowledged one by one.
 * **Recovery by position.** Both directions keep a :class:`~hubbub.federation.Cursor`: down, the upstream's
   position per channel of the last event committed here; up, this node's position per channel of the last
   event the upstream acknowledged. Both advance strictly in order (a completion FIFO), are saved to
   ``<data_dir>/federation/<link>.json`` five times a second and at shutdown, and after a reconnect or a
   restart (``kill -9`` included) the link resubscribes with ``since`` from them: upstream with
-  ``since``/``from_time`` (native.md §6), locally with the same replay. A cursor that lags the truth (a
+  ``since``/``from_time`` (native.md §6), locally with a replay of its own (in rounds of at most 10000
+  events: :mod:`~hubbub.transports.federation_flow`). A cursor that lags the truth (a
   crash between a commit and a save) resends a few events, which the idempotency keys turn away
   (``native.idempotency_window_s``): no gap, no duplicate. A position the log no longer holds is a ``gap``,
   counted.
 * **Reconnects** with capped exponential backoff and full jitter (:class:`~hubbub.federation.Backoff`).
-* **Cycles**: the upstream reports its id and the ids above it on the upgrade; a link to a node that is this
-  one or below it is refused at either end (``refused``); the hops stop what neither end can see.
+* **Cycles**: the upstream reports its id and the ids above it on the upgrade (and learns the ids below the
+  downstream); a link to a node that is this one or below it is refused at either end (``refused``); the
+  hops stop what neither end can see.
 
 Concurrency contract: runs on the event loop; one task per link (:meth:`FederationUpstream.run`), with a
 reader, a writer, an interest syncer and a cursor saver as tasks of each connection.
