@@ -34,6 +34,7 @@ import msgpack
 import orjson
 
 from hubbub.errors import BadFrame
+from hubbub.events import fast_init
 
 from . import FROM_HEADER, HOPS_HEADER, MAX_HOPS, ORIGIN_HEADER, Origin, origin_of, valid_node_id
 
@@ -111,6 +112,7 @@ def render_above(ids: Iterable[str]) -> str:
 # -- hop headers --------------------------------------------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LinkPath:
     """Where a link event comes from: its origin and hops, parsed, and their header texts."""
@@ -188,6 +190,7 @@ def parse_publisher(raw: str) -> tuple[str, str, str, str] | None:
 # -- frames from the node above ------------------------------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LinkEvent:
     """An ``event`` frame: the event as the upstream stored it (``headers`` are the frame's, hop headers
