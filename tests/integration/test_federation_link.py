@@ -19,7 +19,7 @@ from hubbub.client import AsyncClient
 from hubbub.config import Config, SecretMap
 from hubbub.events import Event
 from hubbub.server import Server
-from hubbub.transports import federation_flow
+from hubbub.transports import federation_flow, federation_peer
 from hubbub.transports.federation_link import FederationUpstream
 
 WAIT = 15.0
@@ -62,7 +62,7 @@ async def metrics(server: Server) -> str:
 async def log(server: Server, channel: str) -> list[Any]:
     async with (
         aiohttp.ClientSession() as http,
-        http.get(f"http://127.0.0.1:{server.ports['http']}/api/v1/log{channel}") as r,
+        http.get(f"http://127.0.0.1:{server.ports['http']}/api/v1/log{channel}?limit=1000") as r,
     ):
         body = await r.json()
     events: list[Any] = body["events"]
@@ -234,3 +234,34 @@ async def until_log_auth(server: Server, channel: str, token: str) -> None:
                 return
             assert loop.time() < deadline, f"{channel}: nothing went up"
             await asyncio.sleep(0.05)
+
+
+def test_a_node_below_catches_up_on_more_than_one_replay_in_rounds(tmp_path: Path, monkeypatch: Any) -> None:
+    """The node below is down while more is published above than one replay holds (the node above's
+    ``native.max_recovery``, and the link's round, both made small here), on channels it knew and on a new
+    one: once back, it stores every event once, in order, and counts no gap."""
+    monkeypatch.setattr(federation_peer, "DOWN_CHUNK", 40)
+
+    async def main() -> None:
+        a_cfg = replace(config(tmp_path, "A"), native_max_recovery=20)
+        async with Server(a_cfg) as a, client(a) as ca:
+            b_cfg = config(tmp_path, "B", url(a))
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/d/**") as below:
+                await synced(b.upstreams[0])
+                for i in range(3):
+                    await ca.publish(f"/d/c{i}", "-1")
+                await take(below, 3)
+            for i in range(150):
+                await ca.publish(f"/d/c{i % 3}", str(i))
+                await ca.publish("/d/new", str(i))
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/d/**"):
+                link = b.upstreams[0]
+                await until_log(b, "/d/new", 150)
+                for ch in ("/d/c0", "/d/c1", "/d/c2"):
+                    await until_log(b, ch, 51)
+                    texts = [e["text"] for e in await log(b, ch)]
+                    assert texts == ["-1"] + [str(i) for i in range(int(ch[-1]), 150, 3)], texts
+                assert [e["text"] for e in await log(b, "/d/new")] == [str(i) for i in range(150)]
+                assert link.stats.gaps == 0 and link.reconnects >= 3  # rounds of 40 of 300 events
+
+    asyncio.run(main())

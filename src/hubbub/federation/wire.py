@@ -234,9 +234,11 @@ class LinkGap:
 
 @dataclass(frozen=True, slots=True)
 class LinkRecovered:
-    """``recovered``: subscription ``sub``'s replay is over."""
+    """``recovered``: subscription ``sub``'s replay is over; ``more``: the node above cut it (the rest comes
+    in the next round, from the cursor)."""
 
     sub: str
+    more: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +319,7 @@ def _item(obj: object) -> LinkItem | None:
             raise BadFrame("gap needs a position")
         return LinkGap(_str(obj, "channel"), _str(pos, "epoch"), _uint(pos, "seq"), _str(obj, "reason"))
     if op == "recovered":
-        return LinkRecovered(_str(obj, "sub"))
+        return LinkRecovered(_str(obj, "sub"), obj.get("more") is True)
     if op == "ping":
         return LinkPing()
     return None  # pong, ops of later versions: nothing for the link to do

@@ -231,28 +231,40 @@ def plan_up(
     store: LogStore,
     *,
     since: Mapping[str, Position],
-    from_time: int,
+    from_time: int | None,
     cap: int,
     cut: dict[str, int],
     starts: dict[str, tuple[str, int]],
+    pattern: Pattern = _ALL,
 ) -> ReplayPlan:
-    """The up session's replay (a planner: runs on a reader thread): every channel's events after its up
-    cursor position (channels not in the cursor: from ``from_time``), at most ``cap`` in all, in merged
-    order; channels with more left go into ``cut``, with the last seq replayed (and, when not in the cursor
-    and not read at all, the position before their first event to send into ``starts``). A position the log
-    no longer holds is a gap."""
-    plan = ReplayPlan()
+    """A link's replay (a planner: runs on a reader thread), with no limit but rounds: every channel of
+    ``pattern``'s events after its position in ``since`` (channels not in it: from ``from_time``; none when
+    it is ``None``), at most ``cap`` in all, in merged order; channels with more left go into ``cut``, with
+    the last seq replayed (and, when not in ``since`` and not read at all, the position before their first
+    event to send into ``starts``). A position the log no longer holds (trimmed, another epoch, ahead of the
+    log) is a gap. Used for the up session, and by the node above for a link's recovering subscriptions."""
+    plan = ReplayPlan(replayed=True)
+    if pattern.is_exact:
+        plan.position = Position(0, "")  # a channel never used, unless listed below
     events: list[Event] = []
     budget = cap
-    for info in list_channels(store, _ALL):
+    for info in list_channels(store, pattern):
         ch = info.channel
         plan.tops[ch] = info.top
+        if pattern.is_exact:
+            plan.position = Position(info.top, info.epoch)
+        plan.top_time = max(plan.top_time, info.top_time)
         pos = since.get(ch)
         after, ft = 0, None
         if pos is None:
+            if from_time is None:
+                continue
             ft = from_time
         elif pos.epoch != info.epoch:
             plan.gaps.append(Gap(ch, pos, Position(0, info.epoch), "epoch"))
+        elif pos.seq > info.top:
+            after = info.top
+            plan.gaps.append(Gap(ch, pos, Position(after, info.epoch), "ahead"))
         elif pos.seq < info.first - 1:
             after = info.first - 1
             plan.gaps.append(Gap(ch, pos, Position(after, info.epoch), "trimmed"))
@@ -421,6 +433,10 @@ class DownFlow:
         down = cursors.down
         #: What this connection received already (two subscriptions' replays may overlap).
         self.seen = Cursor(dict(down.positions), down.last_time)
+        #: Per channel, the position this connection's stream continues from (its recovering
+        #: subscriptions' ``since``, then every event and gap): an event after a hole ends the connection
+        #: (the node above cut a long replay into rounds; the next one starts from the cursor).
+        self.expect: dict[str, tuple[str, int]] = {}
         self.fifo: deque[list[Any]] = deque()
         self.broken = False
         self._settled = Flag()
@@ -429,8 +445,13 @@ class DownFlow:
         stats = self.stats
         stats.received_down += 1
         stats.lag_down_s = max(0.0, (time.time_ns() - ev.time_ns) / 1e9)
+        last = self.expect.get(ev.channel)
+        if last is not None and last[0] == ev.epoch and ev.seq > last[1] + 1:
+            self.broken = True  # a hole: resync from the cursor once what came before is committed
+            return
         if not self.seen.advance(ev.channel, ev.epoch, ev.seq, ev.time_ns):
             return
+        self.expect[ev.channel] = (ev.epoch, ev.seq)
         entry: list[Any] = [False, "event", ev.channel, ev.epoch, ev.seq, ev.time_ns]
         self.fifo.append(entry)
         node_id = self.node_id
@@ -468,14 +489,15 @@ class DownFlow:
             self.broken = True
 
     def gap(self, item: LinkGap) -> None:
-        self.stats.gaps += 1
-        log.warning(
-            "federation: events of %s are gone upstream (%s)",
-            item.channel,
-            item.reason,
-            extra={"link": self.name},
-        )
-        self.seen.positions[item.channel] = (item.epoch, item.seq)
+        if item.reason != "cut":  # "cut": where a channel left for the next round starts, not a loss
+            self.stats.gaps += 1
+            log.warning(
+                "federation: events of %s are gone upstream (%s)",
+                item.channel,
+                item.reason,
+                extra={"link": self.name},
+            )
+        self.seen.positions[item.channel] = self.expect[item.channel] = (item.epoch, item.seq)
         self.fifo.append([True, "gap", item.channel, item.epoch, item.seq])
         self.settle()
 

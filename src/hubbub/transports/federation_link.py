@@ -350,9 +350,9 @@ class FederationUpstream:
                     elif not up.completed(item.id, True):
                         self._not_subscribed(item)
                 elif isinstance(item, LinkRecovered):
-                    for text, sid in self._subs.items():
-                        if sid == item.sub:
-                            self._replaying.discard(text)
+                    self._replaying -= {t for t, sid in self._subs.items() if sid == item.sub}
+                    if item.more:  # the node above cut the replay: the next round, from the cursor
+                        down.broken, self._top_time = True, 0
                     self._time_mark(down)
                 elif isinstance(item, LinkGap):
                     down.gap(item)
@@ -415,6 +415,7 @@ class FederationUpstream:
                 frame: dict[str, Any] = {"op": "subscribe", "id": rid, "sub": sid, "pattern": text}
                 if recover and text not in self._live_only:
                     since = cursor.since(pattern)
+                    down.expect.update((ch, cursor.positions[ch]) for ch in since)
                     if since and pattern.is_exact:
                         frame["since"] = since[text]  # an exact channel's since is its position alone
                     elif since:

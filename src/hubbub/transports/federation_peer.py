@@ -22,6 +22,7 @@ Concurrency contract: everything runs on the event loop thread.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,11 +31,11 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from hubbub.core import Node
+from hubbub.core import Gap, Node, ReplayPlan
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadRequest
-from hubbub.events import Event, Publisher
+from hubbub.events import Event, Position, Publisher
 from hubbub.federation import accepts_path, forwards_to, idempotency_key, stamp, valid_node_id
 from hubbub.federation.wire import (
     ABOVE_HEADER,
@@ -49,12 +50,16 @@ from hubbub.federation.wire import (
 )
 from hubbub.log.base import AppendRequest
 
+from .federation_flow import UP_CHUNK, plan_up
 from .native import NativeConnection
 from .pump import SessionPump
 
 __all__ = ["FederationHub", "FederationHubCollector", "FederationPeer", "PeerEncoder", "PeerStats"]
 
 log = logging.getLogger("hubbub.federation")
+
+#: Events one replay to a node below sends at most; a longer one goes in rounds (the node below resubscribes).
+DOWN_CHUNK = UP_CHUNK
 
 
 @dataclass(slots=True)
@@ -258,6 +263,48 @@ class FederationPeer(NativeConnection):
         self.stats.connected -= 1
         log.info("federation link from below down", extra={"link": self.peer_id})
         await super().finish()
+
+    async def _subscribe(self, cmd: nc.Subscribe) -> None:
+        """A recovering subscription of the node below: replayed in rounds of at most :data:`DOWN_CHUNK`
+        events (:func:`~hubbub.transports.federation_flow.plan_up`), never refused as too large (4203). A cut
+        round ends with ``"more":true`` on ``recovered`` and, for a channel not read at all, a ``cut`` gap
+        saying where it starts; the node below resubscribes from its cursor."""
+        if cmd.since is None and cmd.from_time is None:
+            await super()._subscribe(cmd)
+            return
+        proto, pattern = self.proto, cmd.pattern
+        since = {pattern.text: cmd.since} if isinstance(cmd.since, Position) else dict(cmd.since or {})
+        cut: dict[str, int] = {}
+        starts: dict[str, tuple[str, int]] = {}
+        planner = functools.partial(
+            plan_up,
+            since=since,
+            from_time=cmd.from_time,
+            cap=DOWN_CHUNK,
+            cut=cut,
+            starts=starts,
+            pattern=pattern,
+        )
+
+        def on_snapshot(plan: ReplayPlan) -> None:
+            gaps = plan.gaps + [
+                Gap(ch, Position(0, ""), Position(s, e), "cut") for ch, (e, s) in starts.items()
+            ]
+            if pattern.is_exact:
+                proto.subscribed(cmd.id, cmd.sub, plan.position, None, gaps)
+            else:
+                proto.subscribed(cmd.id, cmd.sub, None, plan.top_time, gaps)
+
+        def on_replayed(plan: ReplayPlan) -> None:
+            fields: dict[str, Any] = {"sub": cmd.sub, "replayed": plan.sent}
+            if cut:
+                fields["more"] = True
+            self.session.push(self.codec.encode_push("recovered", **fields))
+
+        await self.node.subscribe(
+            self.session, cmd.sub, pattern, cmd.tags, None,
+            on_snapshot=on_snapshot, on_replayed=on_replayed, planner=planner,
+        )  # fmt: skip
 
     def _submit_many(self, cmds: list[nc.Publish]) -> bool:
         return False  # one by one (each answered on its own): links publish over WebSocket, one per message
