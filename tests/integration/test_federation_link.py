@@ -265,3 +265,37 @@ def test_a_node_below_catches_up_on_more_than_one_replay_in_rounds(tmp_path: Pat
                 assert link.stats.gaps == 0 and link.reconnects >= 3  # rounds of 40 of 300 events
 
     asyncio.run(main())
+
+
+def test_a_channel_written_on_both_sides_recovers_without_loops(tmp_path: Path) -> None:
+    """Both nodes publish to one channel: above, the channel holds events the link must not send back
+    down (they came from below), so the stream down has holes by design. The node below, restarted while
+    both sides publish, ends with every event once and does not reconnect in a loop."""
+
+    async def main() -> None:
+        async with Server(config(tmp_path, "A")) as a, client(a) as ca:
+            b_cfg = config(tmp_path, "B", url(a))
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/m/**"):
+                await synced(b.upstreams[0])
+                for i in range(10):
+                    await ca.publish("/m/x", f"a{i}")
+                    await cb.publish("/m/x", f"b{i}")
+                await until_log(b, "/m/x", 20)
+            for i in range(10, 20):
+                await ca.publish("/m/x", f"a{i}")
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/m/**"):
+                link = b.upstreams[0]
+                await synced(link)
+                for i in range(20, 30):
+                    await ca.publish("/m/x", f"a{i}")
+                    await cb.publish("/m/x", f"b{i}")
+                await until_log(b, "/m/x", 50)
+                await until_log(a, "/m/x", 50)
+                for server in (a, b):
+                    texts = [e["text"] for e in await log(server, "/m/x")]
+                    assert sorted(texts) == sorted([f"a{i}" for i in range(30)] + [f"b{i}" for i in range(10)]
+                                                   + [f"b{i}" for i in range(20, 30)])  # fmt: skip
+                    assert [t for t in texts if t[0] == "a"] == [f"a{i}" for i in range(30)]
+                assert link.reconnects == 0 and link.stats.gaps == 0
+
+    asyncio.run(main())

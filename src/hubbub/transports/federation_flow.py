@@ -3,8 +3,8 @@ cursors on disk.
 
 * :class:`UpFlow`: a local session subscribed to ``/**`` (replaying from the up cursor, at most
   :data:`UP_CHUNK` events a round: :func:`plan_up`) whose events go up as acknowledged publishes, each
-  channel strictly in order (an event after a hole asks for a resync); the up cursor advances, in order, as
-  the upstream acknowledges them.
+  channel in order (an event past a cut replay asks for a resync: the next round); the up cursor advances,
+  in order, as the upstream acknowledges them.
 * :class:`DownFlow`: events that come down are committed here; the down cursor advances, strictly in order,
   as they commit (or are dropped as loops, or reported as gaps).
 * :class:`LinkCursors`: both cursors, saved to ``<data_dir>/federation/<link>.json`` (write, fsync, rename).
@@ -339,16 +339,15 @@ class UpFlow:
             sess.push(b"")  # after the replay's last frame: the writer resyncs for the next round there
 
     def _in_order(self, ch: str, ep: str, seq: int) -> bool:
-        """Whether an event continues what was sent of its channel; an event after a hole (a channel whose
-        replay was cut, or one the session dropped) asks for a resync instead."""
+        """Whether an event goes on: not one sent already, nor one after the cut of a channel whose replay
+        was cut (that asks for a resync: the next round). Other holes are events kept from this session (its
+        delivery filters, ``:filter.*``: another connection's private events, not federated)."""
         cut = self.cut.get(ch)
         if cut is not None and seq > cut:
             self.resync = True
             return False
         last = self.sent.get(ch)
-        if last is not None and last[0] == ep and seq != last[1] + 1:
-            if seq > last[1] + 1:
-                self.resync = True
+        if last is not None and last[0] == ep and seq <= last[1]:
             return False
         self.sent[ch] = (ep, seq)
         return True
@@ -433,10 +432,6 @@ class DownFlow:
         down = cursors.down
         #: What this connection received already (two subscriptions' replays may overlap).
         self.seen = Cursor(dict(down.positions), down.last_time)
-        #: Per channel, the position this connection's stream continues from (its recovering
-        #: subscriptions' ``since``, then every event and gap): an event after a hole ends the connection
-        #: (the node above cut a long replay into rounds; the next one starts from the cursor).
-        self.expect: dict[str, tuple[str, int]] = {}
         self.fifo: deque[list[Any]] = deque()
         self.broken = False
         self._settled = Flag()
@@ -445,13 +440,8 @@ class DownFlow:
         stats = self.stats
         stats.received_down += 1
         stats.lag_down_s = max(0.0, (time.time_ns() - ev.time_ns) / 1e9)
-        last = self.expect.get(ev.channel)
-        if last is not None and last[0] == ev.epoch and ev.seq > last[1] + 1:
-            self.broken = True  # a hole: resync from the cursor once what came before is committed
-            return
         if not self.seen.advance(ev.channel, ev.epoch, ev.seq, ev.time_ns):
             return
-        self.expect[ev.channel] = (ev.epoch, ev.seq)
         entry: list[Any] = [False, "event", ev.channel, ev.epoch, ev.seq, ev.time_ns]
         self.fifo.append(entry)
         node_id = self.node_id
@@ -497,7 +487,7 @@ class DownFlow:
                 item.reason,
                 extra={"link": self.name},
             )
-        self.seen.positions[item.channel] = self.expect[item.channel] = (item.epoch, item.seq)
+        self.seen.positions[item.channel] = (item.epoch, item.seq)
         self.fifo.append([True, "gap", item.channel, item.epoch, item.seq])
         self.settle()
 

@@ -415,7 +415,6 @@ class FederationUpstream:
                 frame: dict[str, Any] = {"op": "subscribe", "id": rid, "sub": sid, "pattern": text}
                 if recover and text not in self._live_only:
                     since = cursor.since(pattern)
-                    down.expect.update((ch, cursor.positions[ch]) for ch in since)
                     if since and pattern.is_exact:
                         frame["since"] = since[text]  # an exact channel's since is its position alone
                     elif since:

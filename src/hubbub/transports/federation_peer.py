@@ -163,16 +163,22 @@ class PeerEncoder:
     """Events for one downstream node: the native event frame with the hop headers, or nothing (an empty
     frame, which is never written) for an event whose path holds the peer."""
 
-    __slots__ = ("codec", "key", "node_id", "peer", "stats")
+    __slots__ = ("codec", "cut", "key", "node_id", "peer", "stats")
 
     def __init__(self, codec: nc.NativeCodec, node_id: str, peer: str, stats: PeerStats) -> None:
         self.codec = codec
         self.node_id = node_id
         self.peer = peer
         self.stats = stats
-        self.key = f"native-fed.{codec.encoding}:{peer}"
+        # One per connection: ``cut`` is this connection's own.
+        self.key = f"native-fed.{codec.encoding}:{peer}:{id(self)}"
+        #: Channels whose replay was cut, with the last seq replayed: what comes after waits for the next
+        #: round (the peer resubscribes from its cursor), so the peer never sees a hole.
+        self.cut: dict[str, int] = {}
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        if self.cut and event.seq > self.cut.get(event.channel, event.seq):
+            return b""
         headers = event.headers
         if not headers:  # published here, no headers: the common case, nothing to parse
             fed = {LINK_ORIGIN: f"{self.node_id} {event.epoch} {event.seq}", LINK_HOPS: self.node_id}
@@ -273,6 +279,8 @@ class FederationPeer(NativeConnection):
             await super()._subscribe(cmd)
             return
         proto, pattern = self.proto, cmd.pattern
+        encoder = self.session.encoder
+        assert isinstance(encoder, PeerEncoder)
         since = {pattern.text: cmd.since} if isinstance(cmd.since, Position) else dict(cmd.since or {})
         cut: dict[str, int] = {}
         starts: dict[str, tuple[str, int]] = {}
@@ -287,6 +295,7 @@ class FederationPeer(NativeConnection):
         )
 
         def on_snapshot(plan: ReplayPlan) -> None:
+            encoder.cut.update(cut)  # before the replay and the held events: nothing past a cut goes out
             gaps = plan.gaps + [
                 Gap(ch, Position(0, ""), Position(s, e), "cut") for ch, (e, s) in starts.items()
             ]
