@@ -275,7 +275,7 @@ class FederationPeer(NativeConnection):
         events (:func:`~hubbub.transports.federation_flow.plan_up`), never refused as too large (4203). A cut
         round ends with ``"more":true`` on ``recovered`` and, for a channel not read at all, a ``cut`` gap
         saying where it starts; the node below resubscribes from its cursor."""
-        if cmd.since is None and cmd.from_time is None:
+        if (cmd.since is None and cmd.from_time is None) or cmd.tags:  # links never send tags
             await super()._subscribe(cmd)
             return
         proto, pattern = self.proto, cmd.pattern
