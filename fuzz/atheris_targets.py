@@ -40,6 +40,9 @@ auth               ``Authenticator.authenticate`` on arbitrary tokens (JWT-shape
                    RS256 keys configured) and ``parse_static_tokens`` on arbitrary JSON
 cluster_wire       ``hubbub.cluster.wire.decode`` (messages between the nodes of a cluster), and the
                    re-encoding of what decodes
+federation_link    what a federation link parses beyond the native codecs: frames from the node above
+                   (``federation.wire.decode_frame``), the handshake headers (node id, ids above), the
+                   hop headers (origin, hops, publisher) and a saved cursor
 =================  ==============================================================================
 
 Run one target (corpus in ``fuzz/corpus/<target>/``, crashes written to ``fuzz/crashes/``)::
@@ -92,6 +95,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     import fuzz_qrpc
 
     from hubbub import channels as chn
+    from hubbub import federation as fed
     from hubbub.auth import Authenticator, Identity, load_keys, parse_static_tokens
     from hubbub.client import bulk as client_bulk
     from hubbub.cluster import wire as cw
@@ -102,6 +106,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     from hubbub.dialects import wearscript as wsd
     from hubbub.errors import CODES, HubbubError
     from hubbub.events import Event, Publisher
+    from hubbub.federation import wire as fw
 
 __all__ = ["TARGETS", "main", "replay_corpus", "run_target"]
 
@@ -520,6 +525,46 @@ def qrpc_framing(data: bytes) -> None:
         fuzz_qrpc.check_renderers(text[:24], {"topic": text, "value": [text]}, text)
 
 
+def federation_link_target(data: bytes) -> None:
+    """Frames decode or raise BadFrame (4000); header and cursor parsers answer ``None``/``ValueError``, and
+    what they accept is well formed and round-trips."""
+    try:
+        items = fw.decode_frame(data)
+    except HubbubError as exc:
+        assert exc.code == 4000, exc
+    else:
+        for it in items:
+            if isinstance(it, fw.LinkEvent):
+                assert isinstance(it.payload, bytes) and it.seq >= 0 and it.time_ns >= 0
+    node, above, origin, hops, pub = (_text(p) for p in _pieces(data, 5))
+    n = fw.parse_node(node)
+    assert n is None or fed.valid_node_id(n)
+    ids = fw.parse_above(above)
+    if ids is not None:
+        assert all(fed.valid_node_id(i) for i in ids)
+        assert fw.parse_above(fw.render_above(ids)) == tuple(sorted(set(ids)))
+    user, fh, publisher = fw.split_link_headers(
+        {fw.LINK_ORIGIN: origin, fw.LINK_HOPS: hops, fw.LINK_PUBLISHER: pub, "k": "v"}
+    )
+    assert user == {"k": "v"} and publisher == pub
+    if fh is not None:
+        o = fed.origin_of(fh)
+        assert o is not None and fed.hops_of(fh)
+        fed.accepts("X", fh)
+        assert fed.idempotency_key(o).startswith("fed:")
+        stamped, o2 = fed.stamp("X", fh, "e", 1)
+        assert o2 == o and fed.hops_of(stamped)[-1] == "X"
+    p = fw.parse_publisher(pub)
+    if p is not None:
+        with contextlib.suppress(UnicodeEncodeError):
+            assert fw.parse_publisher(fw.render_publisher(*p)) == p
+    with contextlib.suppress(ValueError, RecursionError):
+        doc = json.loads(data)
+        if isinstance(doc, dict):
+            cursor = fed.Cursor.from_json(doc)
+            assert fed.Cursor.from_json(cursor.to_json()) == cursor
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "native_json": native_json,
     "native_msgpack": native_msgpack,
@@ -540,6 +585,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "cluster_wire": cluster_wire_target,
     "qpubs": qpubs_target,
     "qrpc_framing": qrpc_framing,
+    "federation_link": federation_link_target,
 }
 
 

@@ -26,6 +26,9 @@ from hubbub.config import (
 
 __all__ = ["build_parser", "main"]
 
+#: Keys given once per value on the command line (``--upstream A --upstream B``).
+REPEATABLE = frozenset({"upstream"})
+
 _HELP = {
     "data_dir": "directory for the log store and small state files",
     "durability": "when a publish is acknowledged: fsync (after fsync; survives power loss), "
@@ -100,6 +103,10 @@ _HELP = {
     "wearscript.advertise_foreign": "advertise other dialects' subscriptions to WearScript devices",
     "wearscript.auth": "auth for the WearScript routes; empty means auth.mode",
     "wearscript.upstream": "ws:// URL of a WearScript hub to link up to (its /wearscript/ws[/<secret>])",
+    "upstream": "ws:// URL of a hubbub node to link up to (repeatable; ?token=… or federation.token)",
+    "federation.node_id": "this node's id in the federation (default: one kept in DATA_DIR/federation)",
+    "federation.token": "the token the upstream links present (unless their URL has ?token=)",
+    "federation.accept": "take federation links from hubbub nodes below this one (true/false)",
     "log_level": "debug, info, warning or error",
     "log_format": "text or json (one JSON object per line)",
 }
@@ -138,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
             dest=key,
             metavar="VALUE",
             default=None,
+            action="append" if key in REPEATABLE else "store",
             help=f"{_HELP.get(key, key)} [env {env_name(key)}; default {_default(key)!r}]",
         )
     guble_vars = {key: var for var, key in GUBLE_ENV.items()}

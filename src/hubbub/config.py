@@ -155,6 +155,12 @@ class Config:
     qpubs_batch_bytes: int = 2_097_152
     qpubs_batch_wait_ms: int = 5
     qpubs_auth: str = ""  # "" means auth.mode
+    # -- federation (docs/federation.md) --
+    #: hubbub nodes this node links up to (ws://HOST:PORT[/ws/hubbub][?token=…]); masked in repr.
+    upstream: tuple[str, ...] = ()
+    federation_node_id: str = ""  # "" means an id kept in <data_dir>/federation/node-id
+    federation_token: str = field(default_factory=lambda: _Secret(""))
+    federation_accept: bool = True
     # -- cluster (docs/cluster.md; used when broker is set) --
     cluster_node_id: str = ""  # "" means host-pid-random, unique per process
     cluster_redis_channel: str = "hubbub.events"
@@ -226,6 +232,11 @@ class Config:
         up = self.wearscript_upstream
         if up and not up.lower().startswith(("ws://", "wss://")):
             raise ConfigError("wearscript.upstream: expected a ws:// or wss:// URL of a WearScript hub")
+        for url in self.upstream:
+            if not url.lower().startswith(("ws://", "wss://")):
+                raise ConfigError("upstream: expected ws:// or wss:// URLs of hubbub nodes")
+        if self.federation_node_id and not _FED_NODE.fullmatch(self.federation_node_id):
+            raise ConfigError("federation.node_id: 1 to 64 of A-Z a-z 0-9 . _ -")
         if self.broker:
             scheme = self.broker.split("://", 1)[0].lower() if "://" in self.broker else ""
             if scheme not in ("redis", "rediss", "unix"):
@@ -255,6 +266,7 @@ def parse_listen(value: str, key: str = "listen") -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+_FED_NODE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#,\"]+")
 
 
@@ -339,6 +351,11 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "qpubs.batch_bytes": (("qpubs_batch_bytes",), int),
     "qpubs.batch_wait_ms": (("qpubs_batch_wait_ms",), int),
     "qpubs.auth": (("qpubs_auth",), str),
+    # -- federation keys --
+    "upstream": (("upstream",), tuple),
+    "federation.node_id": (("federation_node_id",), str),
+    "federation.token": (("federation_token",), str),
+    "federation.accept": (("federation_accept",), bool),
     # -- cluster keys --
     "cluster.node_id": (("cluster_node_id",), str),
     "cluster.redis_channel": (("cluster_redis_channel",), str),
@@ -348,7 +365,7 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
 }
 
 #: Keys whose values are masked in ``repr`` and logs.
-SECRET_KEYS: frozenset[str] = frozenset({"mist.token", "wearscript.upstream"})
+SECRET_KEYS: frozenset[str] = frozenset({"mist.token", "wearscript.upstream", "federation.token"})
 
 
 # guble's own option names (guble.md §1). A hubbub flag or HUBBUB_* variable always wins over these.
@@ -418,6 +435,8 @@ def _coerce(key: str, typ: type, value: Any) -> Any:
 def _coerce_json(key: str, typ: type, value: Any) -> Any:
     """A map (``dict``) or list (``tuple``) key: a TOML table or array, or JSON text (flags, environment,
     README §2). Maps become a :class:`SecretMap`, lists a tuple of masked strings."""
+    if isinstance(value, str) and key == "upstream" and not value.lstrip().startswith("["):
+        value = [u for u in re.split(r"[\s,]+", value) if u]  # HUBBUB_UPSTREAM="ws://a ws://b"
     if isinstance(value, str):
         try:
             value = json.loads(value)

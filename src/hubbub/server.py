@@ -12,9 +12,11 @@ import contextlib
 import functools
 import gc
 import logging
+import secrets
 import signal
 import ssl
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import web
@@ -30,6 +32,8 @@ from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.log import LogStore, open_store
 from hubbub.log.base import RetentionPolicy
+from hubbub.transports.federation_link import FederationLinkCollector, FederationUpstream
+from hubbub.transports.federation_peer import FederationHub, FederationHubCollector
 from hubbub.transports.guble import GubleSettings
 from hubbub.transports.guble import install as install_guble
 from hubbub.transports.http import HttpSettings, NativeHttp, RouteInstaller, build_app
@@ -99,6 +103,9 @@ class Server:
         self._qrpc_server: asyncio.Server | None = None
         #: The link up to a WearScript hub (``wearscript.upstream``).
         self.wearscript_upstream: WearscriptUpstream | None = None
+        #: This node in the federation (docs/federation.md), and its links up to other hubbub nodes.
+        self.federation: FederationHub | None = None
+        self.upstreams: list[FederationUpstream] = []
 
     async def __aenter__(self) -> Server:
         try:
@@ -219,6 +226,8 @@ class Server:
         # Each dialect adds its route installer here, built from its own settings (the dialect's docs list
         # its configuration keys).
         app, self._native_http = build_app(node, http_settings, installers)
+        if cfg.federation_accept or cfg.upstream:
+            self._federate(node, cfg, store.engine, self._native_http)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
         await self._runner.setup()
         host, port = parse_listen(cfg.http_listen, "http.listen")
@@ -240,6 +249,8 @@ class Server:
             self._qrpc_server = await serve_qrpc(host, port, self.qrpc, ssl_context=self._ssl)
             self.ports["qrpc"] = self._qrpc_server.sockets[0].getsockname()[1]
             log.info("listening", extra={"listener": "qrpc", "address": f"{host}:{self.ports['qrpc']}"})
+        for link in self.upstreams:
+            link.start()
 
         if cfg.native_enabled:
             host, port = parse_listen(cfg.native_tcp_listen, "native.tcp_listen")
@@ -313,6 +324,32 @@ class Server:
             extra={"store": store.engine, "durability": cfg.durability, "data_dir": cfg.data_dir},
         )
 
+    def _federate(self, node: Node, cfg: Config, engine: str, http: NativeHttp) -> None:
+        """This node's federation id, the links of nodes below (``federation.accept``), and the links up
+        (``upstream``), created before any listener so that no publish precedes their cursors."""
+        state_dir = None if engine == "memory" else Path(cfg.data_dir) / "federation"
+        hub = self.federation = FederationHub(node, federation_node_id(cfg), state_dir)
+        if cfg.federation_accept:
+            http.federation = hub
+        http.registry.register(FederationHubCollector(hub))
+        lim = cfg.limits
+        for url in cfg.upstream:
+            self.upstreams.append(
+                FederationUpstream(
+                    node,
+                    hub,
+                    str(url),
+                    token=str(cfg.federation_token),
+                    state_dir=state_dir,
+                    max_frame=lim.max_frame,
+                    send_queue=lim.send_queue,
+                    send_queue_bytes=lim.send_queue_bytes,
+                )
+            )
+        if self.upstreams:
+            http.registry.register(FederationLinkCollector(self.upstreams))
+        log.info("federation node id %s", hub.node_id, extra={"upstreams": len(self.upstreams)})
+
     def reload(self) -> None:
         """Re-read the JWT keys (``auth.jwt_keys``, ``auth.jwks_file``), the static tokens and the TLS
         certificate (SIGHUP). Open connections keep their identity, their expiry and their TLS session. A
@@ -337,6 +374,9 @@ class Server:
         if self.wearscript_upstream is not None:
             await self.wearscript_upstream.close()  # first: it must not reconnect while the node stops
             self.wearscript_upstream = None
+        for link in self.upstreams:
+            await link.close()  # first too: it saves its cursors once no more events move
+        self.upstreams = []
         if self._tcp is not None:
             self._tcp.close()
         if self._mist_tcp is not None:
@@ -396,6 +436,27 @@ class Server:
             self._presence = None
         if node is not None:
             log.info("hubbub stopped")
+
+
+def federation_node_id(cfg: Config) -> str:
+    """``federation.node_id``, else the id kept in ``<data_dir>/federation/node-id`` (made on first start),
+    else (no writable data directory) a random one for this process."""
+    if cfg.federation_node_id:
+        return cfg.federation_node_id
+    path = Path(cfg.data_dir) / "federation" / "node-id"
+    try:
+        text = path.read_text().strip()
+        if text:
+            return text
+    except OSError:
+        pass
+    node_id = "n-" + secrets.token_hex(6)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(node_id + "\n")
+    except OSError as exc:
+        log.warning("cannot keep the federation node id in %s (%s): it changes on restart", path, exc)
+    return node_id
 
 
 def wearscript_settings(cfg: Config) -> WearscriptSettings:

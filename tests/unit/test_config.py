@@ -135,3 +135,22 @@ def test_wearscript_keys(tmp_path: Path) -> None:
     ]:
         with pytest.raises(ConfigError, match=needle):
             load_config(cli=cli, env={})
+
+
+def test_upstream_from_flags_environment_and_file(tmp_path: Path) -> None:
+    """``upstream``: repeatable on the command line, URLs separated by spaces or commas (or a JSON list) in
+    ``HUBBUB_UPSTREAM``, a TOML array in a file; masked in ``repr`` (a URL may hold a token)."""
+    cfg = load_config({"upstream": ["ws://a:1", "ws://b:2?token=s3cret"]}, env={})
+    assert cfg.upstream == ("ws://a:1", "ws://b:2?token=s3cret")
+    assert "s3cret" not in repr(cfg)
+    assert load_config({}, env={"HUBBUB_UPSTREAM": "ws://a:1, ws://b:2"}).upstream == ("ws://a:1", "ws://b:2")
+    assert load_config({}, env={"HUBBUB_UPSTREAM": '["ws://a:1"]'}).upstream == ("ws://a:1",)
+    f = tmp_path / "c.toml"
+    f.write_text('upstream = ["wss://a:1"]\n[federation]\nnode_id = "site-3"\ntoken = "t"\n')
+    cfg = load_config({}, env={}, config_file=str(f))
+    assert (cfg.upstream, cfg.federation_node_id, cfg.federation_token) == (("wss://a:1",), "site-3", "t")
+    assert "'t'" not in repr(cfg)
+    with pytest.raises(ConfigError, match="upstream"):
+        load_config({"upstream": ["http://a:1"]}, env={})
+    with pytest.raises(ConfigError, match=r"federation\.node_id"):
+        load_config({"federation.node_id": "a b"}, env={})

@@ -2,7 +2,7 @@
 
 A node started with ``--upstream URL`` is a **downstream** of that node: it links out, subscribes upstream to
 the union of what its own subscribers (every dialect, and its own downstream links) listen to, and forwards
-upward every event published on it or received from its downstreams. So upward an event climbs to every
+upward every event published on it or below it (:func:`forwards_up`). So upward an event climbs to every
 ancestor; downward it reaches only nodes where someone listens.
 
 What this package decides (the link's wiring carries it out):
@@ -26,24 +26,30 @@ link and is used from one thread.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from hubbub.channels import Pattern
 
 __all__ = [
+    "FROM_HEADER",
     "HOPS_HEADER",
+    "MAX_HOPS",
     "ORIGIN_HEADER",
     "Backoff",
     "Cursor",
     "Origin",
     "accepts",
+    "accepts_path",
+    "arrived",
     "covers",
     "cycle_reason",
     "forwards_to",
+    "forwards_up",
     "hops_of",
     "idempotency_key",
     "minimal_cover",
@@ -54,6 +60,9 @@ __all__ = [
 
 ORIGIN_HEADER: Final = ":fed.origin"
 HOPS_HEADER: Final = ":fed.hops"
+#: ``up`` on an event this node received from one of its upstreams: it is not forwarded up again (upward,
+#: an event climbs from where it was published; it comes down only where someone listens).
+FROM_HEADER: Final = ":fed.from"
 #: The most hops an event may have made; a longer path is refused as a misconfiguration.
 MAX_HOPS: Final = 32
 
@@ -62,6 +71,12 @@ _NODE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 def valid_node_id(node: str) -> bool:
     """Node ids are 1 to 64 of ``A-Z a-z 0-9 . _ -`` (they are joined with spaces and commas in headers)."""
+    return len(node) <= 64 and _valid_short_id(node)
+
+
+@functools.lru_cache(maxsize=1024)
+def _valid_short_id(node: str) -> bool:
+    # Cached: a mesh has few node ids, and every event that crosses a link names some.
     return _NODE_ID.fullmatch(node) is not None
 
 
@@ -115,8 +130,11 @@ def stamp(node: str, headers: Mapping[str, str], epoch: str, seq: int) -> tuple[
 def accepts(node: str, headers: Mapping[str, str]) -> bool:
     """Does ``node`` take an event that arrives over a link? Not when it went through ``node`` already (or
     started there), nor when its path is implausibly long."""
-    hops = hops_of(headers)
-    origin = origin_of(headers)
+    return accepts_path(node, origin_of(headers), hops_of(headers))
+
+
+def accepts_path(node: str, origin: Origin | None, hops: tuple[str, ...]) -> bool:
+    """:func:`accepts` on an origin and hops parsed already."""
     if origin is None or len(hops) > MAX_HOPS:
         return False
     return node not in hops and origin.node != node
@@ -126,6 +144,29 @@ def forwards_to(peer: str, headers: Mapping[str, str]) -> bool:
     """May an event (as stamped by :func:`stamp`) be sent to ``peer``? Not to a node on its path."""
     origin = origin_of(headers)
     return peer not in hops_of(headers) and (origin is None or origin.node != peer)
+
+
+def forwards_up(peer: str, headers: Mapping[str, str], below: Collection[str] = ()) -> bool:
+    """May an event stored on this node go up to its upstream ``peer``? Unless ``peer`` is on its path: yes
+    when it was published here or came from a downstream; when it came from an upstream, only if its
+    origin is ``below`` this node (one of its descendants: a copy from above won the race against the copy
+    from below, and the other upstreams still need it), never otherwise (up, an event climbs from where it
+    was published; it does not go sideways)."""
+    if headers.get(FROM_HEADER) == "up":
+        origin = origin_of(headers)
+        if origin is None or origin.node not in below:
+            return False
+    return forwards_to(peer, headers)
+
+
+def arrived(node: str, fed: Mapping[str, str], from_upstream: bool) -> dict[str, str]:
+    """The federation pseudo-headers ``node`` stores with an event that came over a link (``fed``: its
+    origin and hops as received, which :func:`accepts` took): the same origin, ``node`` appended to the
+    hops, and :data:`FROM_HEADER` when it came down from an upstream."""
+    out = {ORIGIN_HEADER: fed[ORIGIN_HEADER], HOPS_HEADER: ",".join((*hops_of(fed), node))}
+    if from_upstream:
+        out[FROM_HEADER] = "up"
+    return out
 
 
 def idempotency_key(origin: Origin) -> str:

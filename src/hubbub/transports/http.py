@@ -12,7 +12,7 @@ import secrets
 import struct
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import WSMsgType, web
@@ -27,12 +27,16 @@ from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadRequest, EpochMismatch, HubbubError
 from hubbub.events import Event, Position, Publisher
+from hubbub.federation.wire import BELOW_HEADER, NODE_HEADER, parse_node
 from hubbub.log.base import AppendRequest, LogStore
 
 from .cors import install_cors
 from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
 from .native import NativeConnection, NativeEncoder
 from .pump import SessionPump, quietly, stopped
+
+if TYPE_CHECKING:
+    from .federation_peer import FederationHub
 
 __all__ = [
     "HttpSettings",
@@ -277,6 +281,8 @@ class NativeHttp:
             enc: native_codec(enc, settings.max_frame, settings.codec_limits) for enc in ("json", "msgpack")
         }
         self._encoders = {enc: NativeEncoder(codec) for enc, codec in self._codecs.items()}
+        #: Links from downstream hubbub nodes (docs/federation.md), when this node takes them.
+        self.federation: FederationHub | None = None
 
     # -- WebSocket --------------------------------------------------------------------------------------
 
@@ -289,11 +295,18 @@ class NativeHttp:
             return text_response(400, "websocket upgrade required\n")
         if ready.protocol is None:
             return text_response(400, "unsupported subprotocol\n")
+        fed = self.federation
+        peer = request.headers.get(NODE_HEADER) if fed is not None else None
+        if fed is not None and peer is not None and (refused := _federation_upgrade(fed, peer, ws)):
+            return refused
         await ws.prepare(request)
         encoding = "msgpack" if ready.protocol.endswith("msgpack") else "json"
         codec = self._codecs[encoding]
         sink = _WsSink(ws, request.transport, encoding == "msgpack")
-        conn = self._connection(codec, sink.send, sink.close, sink.send_many, self._encoders[encoding])
+        if fed is not None and peer is not None:
+            conn: NativeConnection = _federation_connection(fed, peer, request, codec, sink, self.s)
+        else:
+            conn = self._connection(codec, sink.send, sink.close, sink.send_many, self._encoders[encoding])
         conn.upgrade_token = request_token(request)
         conn.peer = peer_address(request)
         task = asyncio.current_task()
@@ -709,3 +722,33 @@ def build_app(
     for install in installers:
         install(app, node, settings)
     return app, native
+
+
+def _federation_upgrade(fed: FederationHub, peer: str, ws: web.WebSocketResponse) -> web.Response | None:
+    """A downstream hubbub node's federation link (transports/federation_peer.py) asks to upgrade: the
+    refusal (400 for a bad node id, 409 for a cycle), or ``None`` with this node's answer headers set."""
+    node_id = parse_node(peer)
+    why = "bad federation node id" if node_id is None else fed.refusal(node_id)
+    if why is not None:
+        return text_response(400 if node_id is None else 409, why + "\n")
+    ws.headers.update(fed.upgrade_headers())
+    return None
+
+
+def _federation_connection(
+    fed: FederationHub, peer: str, request: web.Request, codec: nc.NativeCodec, sink: _WsSink, s: HttpSettings
+) -> NativeConnection:
+    """The native connection of a downstream node's federation link."""
+    return fed.connection(
+        peer,
+        codec,
+        below=request.headers.get(BELOW_HEADER),
+        send=sink.send,
+        close=sink.close,
+        send_many=sink.send_many,
+        max_frame=s.max_frame,
+        max_subscriptions=s.max_subscriptions,
+        send_queue=s.send_queue,
+        send_queue_bytes=s.send_queue_bytes,
+        ping_interval=s.ping_interval,
+    )

@@ -419,7 +419,7 @@ class WearscriptService:
 
     def _watch(self, sub: Subscription, added: bool) -> None:
         """Other dialects' subscriptions are advertised (§3); mist tag subscriptions are not."""
-        if sub.session.dialect == DIALECT or sub.tags:
+        if sub.session.dialect in (DIALECT, "federation") or sub.tags:  # not the federation links: their /**
             return
         hub = self.hub
         if hub.foreign_added(sub.pattern) if added else hub.foreign_removed(sub.pattern):

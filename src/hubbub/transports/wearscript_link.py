@@ -44,7 +44,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from hubbub.auth import ANONYMOUS
 from hubbub.dialects import wearscript as wsd
 from hubbub.events import Event
-from hubbub.federation import HOPS_HEADER, ORIGIN_HEADER, Backoff, Origin, cycle_reason, forwards_to
+from hubbub.federation import (
+    FROM_HEADER,
+    HOPS_HEADER,
+    ORIGIN_HEADER,
+    Backoff,
+    Origin,
+    cycle_reason,
+    forwards_to,
+)
 
 from .pump import stopped
 from .wearscript import ABOVE_HEADER, DIALECT, HUB_HEADER, WearscriptService, serve
@@ -119,7 +127,8 @@ class WearscriptUpstream:
         self.received += 1
         self.received_total += 1
         origin = Origin(self.peer, self._epoch, self.received)
-        return {ORIGIN_HEADER: origin.render(), HOPS_HEADER: self.peer}
+        # From above: a native federation link does not send it up again (hubbub.federation.forwards_up).
+        return {ORIGIN_HEADER: origin.render(), HOPS_HEADER: self.peer, FROM_HEADER: "up"}
 
     async def run(self) -> None:
         """Connect, serve the connection until it ends, wait, connect again: until :meth:`close`."""

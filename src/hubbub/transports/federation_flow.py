@@ -1,0 +1,526 @@
+"""The two directions of a native federation link (:mod:`hubbub.transports.federation_link`), and its
+cursors on disk.
+
+* :class:`UpFlow`: a local session subscribed to ``/**`` (replaying from the up cursor, at most
+  :data:`UP_CHUNK` events a round: :func:`plan_up`) whose events go up as acknowledged publishes, each
+  channel in order (an event past a cut replay asks for a resync: the next round); the up cursor advances,
+  in order, as the upstream acknowledges them.
+* :class:`DownFlow`: events that come down are committed here; the down cursor advances, strictly in order,
+  as they commit (or are dropped as loops, or reported as gaps).
+* :class:`LinkCursors`: both cursors, saved to ``<data_dir>/federation/<link>.json`` (write, fsync, rename).
+
+Both flows keep a completion FIFO (``[done, …position]`` entries in arrival order): a cursor moves only past
+a prefix of completed entries, so a saved cursor never claims an event that is not safely on the other side.
+
+Concurrency contract: everything runs on the event loop, except :func:`plan_up` (a reader thread: a
+planner) and :meth:`LinkCursors.save_now` (an executor thread, on a snapshot taken on the loop).
+:class:`UpEncoder` has no ``encode_run``, so the node calls it on the loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import struct
+import time
+from collections import Counter, deque
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+import msgpack
+
+from hubbub.auth import EVERYTHING, Identity
+from hubbub.channels import Pattern, parse_pattern
+from hubbub.core import Gap, Node, ReplayPlan, Session, Subscription
+from hubbub.core.flag import Flag
+from hubbub.core.replay import list_channels, merged_key
+from hubbub.errors import HubbubError
+from hubbub.events import Event, Position, Publisher
+from hubbub.federation import (
+    Cursor,
+    accepts_path,
+    forwards_up,
+    idempotency_key,
+    minimal_cover,
+    stamp,
+)
+from hubbub.federation.wire import LinkEvent, LinkGap, link_headers, parse_link_headers, render_publisher
+from hubbub.log.base import AppendRequest, AppendResult, LogStore
+
+__all__ = [
+    "DIALECT",
+    "LINK_IDENTITY",
+    "DownFlow",
+    "Interest",
+    "LinkCursors",
+    "LinkStats",
+    "UpEncoder",
+    "UpFlow",
+    "plan_up",
+]
+
+log = logging.getLogger("hubbub.federation")
+
+#: The dialect of a link's local session (excluded from the interest it advertises upstream).
+DIALECT: Final = "federation"
+#: Who a link is on this node: it reads every channel and publishes what comes down.
+LINK_IDENTITY: Final = Identity("federation", EVERYTHING, EVERYTHING, via="federation")
+#: Publishes sent up and not yet acknowledged, at most.
+MAX_INFLIGHT: Final = 512
+#: Events from above not yet committed here, at most (then the link stops reading).
+MAX_DOWN_PENDING: Final = 4096
+#: Events one local replay sends up at most; a longer backlog goes in several rounds (a resync each).
+UP_CHUNK: Final = 10000
+SAVE_INTERVAL_S: Final = 0.2
+_ALL: Final = parse_pattern("/**")
+#: The head of an up frame (:class:`UpEncoder`): seq, time, channel length, epoch length.
+_HEAD = struct.Struct(">QQHB")
+_ID_KEY: Final = msgpack.packb("id")
+
+
+@dataclass(slots=True)
+class LinkStats:
+    """A link's counters over all its connections (``/metrics``)."""
+
+    sent_up: int = 0
+    refused_up: int = 0
+    received_down: int = 0
+    dropped_down: int = 0
+    gaps: int = 0
+    lag_down_s: float = 0.0
+
+
+class Interest:
+    """What this node's subscribers listen to: every subscription's pattern (every dialect, the links of
+    nodes below included, but not the links' own up sessions), counted; ``changed`` is set on a change."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.patterns: dict[str, Pattern] = {}
+        self.changed = Flag()
+
+    def watch(self, sub: Subscription, added: bool) -> None:
+        """``Node.watch_subscriptions``'s watcher."""
+        if sub.session.dialect == DIALECT:
+            return
+        text = sub.pattern.text
+        if added:
+            self.counts[text] += 1
+            self.patterns[text] = sub.pattern
+        else:
+            self.counts[text] -= 1
+            if self.counts[text] <= 0:
+                del self.counts[text]
+                self.patterns.pop(text, None)
+        self.changed.set()
+
+    def cover(self) -> dict[str, Pattern]:
+        """The minimal cover of the patterns (:func:`~hubbub.federation.minimal_cover`), by text."""
+        return {p.text: p for p in minimal_cover(self.patterns.values())}
+
+
+class LinkCursors:
+    """The link's two cursors: ``down`` (upstream positions committed here) and ``up`` (positions here the
+    upstream acknowledged), loaded from and saved to ``path`` (``None``: kept in memory only)."""
+
+    def __init__(self, path: Path | None, name: str) -> None:
+        self.path = path
+        self.name = name
+        self.down = Cursor()
+        # A new link sends up what is published from now on.
+        self.up = Cursor(last_time=time.time_ns() - 1)
+        self.dirty = False
+        #: Set for a save that should not wait for the next interval (the first recovery point).
+        self.urgent = Flag()
+        if path is None:
+            return
+        try:
+            data = json.loads(path.read_text())
+            self.down = Cursor.from_json(data["down"])
+            self.up = Cursor.from_json(data["up"])
+        except FileNotFoundError:
+            # Saved at once: a crash before the first interval must not make the link start afresh (and
+            # skip what was published here since it was created).
+            try:
+                self.save_now()
+            except OSError as exc:
+                log.error("federation: cannot save the link's cursors in %s: %s", path, exc)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("federation: cannot read %s (%s); starting the link afresh", path, exc)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"down": self.down.to_json(), "up": self.up.to_json()}
+
+    def save_now(self, data: dict[str, Any] | None = None) -> None:
+        if self.path is None:
+            return
+        data = data if data is not None else self.snapshot()
+        tmp = self.path.with_suffix(".tmp")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w") as fh:
+            json.dump(data, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+    async def save_loop(self) -> None:
+        """Save every :data:`SAVE_INTERVAL_S` while anything moved."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.urgent.wait(), SAVE_INTERVAL_S)
+            self.urgent.clear()
+            if self.dirty and self.path is not None:
+                self.dirty = False
+                try:
+                    await loop.run_in_executor(None, self.save_now, self.snapshot())
+                except OSError as exc:
+                    log.error(
+                        "federation: cannot save the link's cursors: %s", exc, extra={"link": self.name}
+                    )
+
+
+class UpEncoder:
+    """The up session's encoder: each event as a head (its position here) and, when it goes up, the
+    msgpack ``publish`` map without its ``id`` (the writer adds it)."""
+
+    def __init__(self, node_id: str, peer: str, below: Collection[str] = ()) -> None:
+        self.node_id = node_id
+        self.peer = peer
+        self.below = below  # the hub's live set (read on the loop only: no encode_run)
+        self.key = f"{DIALECT}-up:{peer}:{id(self)}"
+
+    def encode_event(self, event: Event, subs: Any, replay: bool, cache: dict[Any, Any]) -> bytes:
+        ch = event.channel.encode()
+        ep = event.epoch.encode()
+        head = _HEAD.pack(event.seq, event.time_ns, len(ch), len(ep)) + ch + ep
+        if not forwards_up(self.peer, event.headers, self.below):
+            return head
+        stamped, origin = stamp(self.node_id, event.headers, event.epoch, event.seq)
+        p = event.publisher
+        publisher = render_publisher(p.dialect, p.user, p.app, p.msg_id)
+        body: bytes = msgpack.packb(
+            {
+                "op": "publish",
+                "channel": event.channel,
+                "payload": bytes(event.payload),
+                "content_type": event.content_type,
+                "headers": link_headers(event.user_headers, stamped, publisher),
+                "tags": list(event.tags),
+                "idem": idempotency_key(origin),
+                "ack": True,
+            },
+            use_bin_type=True,
+        )
+        return head + body
+
+
+def _with_id(body: bytes, rid: int) -> bytes:
+    """The publish map of :class:`UpEncoder` with ``id`` added (a fixmap of 8 pairs becomes 9)."""
+    return b"".join((bytes((body[0] + 1,)), _ID_KEY, msgpack.packb(rid), body[1:]))
+
+
+def plan_up(
+    store: LogStore,
+    *,
+    since: Mapping[str, Position],
+    from_time: int | None,
+    cap: int,
+    cut: dict[str, int],
+    starts: dict[str, tuple[str, int]],
+    pattern: Pattern = _ALL,
+) -> ReplayPlan:
+    """A link's replay (a planner: runs on a reader thread), with no limit but rounds: every channel of
+    ``pattern``'s events after its position in ``since`` (channels not in it: from ``from_time``; none when
+    it is ``None``), at most ``cap`` in all, in merged order; channels with more left go into ``cut``, with
+    the last seq replayed (and, when not in ``since`` and not read at all, the position before their first
+    event to send into ``starts``). A position the log no longer holds (trimmed, another epoch, ahead of the
+    log) is a gap. Used for the up session, and by the node above for a link's recovering subscriptions."""
+    plan = ReplayPlan(replayed=True)
+    if pattern.is_exact:
+        plan.position = Position(0, "")  # a channel never used, unless listed below
+    events: list[Event] = []
+    budget = cap
+    for info in list_channels(store, pattern):
+        ch = info.channel
+        plan.tops[ch] = info.top
+        if pattern.is_exact:
+            plan.position = Position(info.top, info.epoch)
+        plan.top_time = max(plan.top_time, info.top_time)
+        pos = since.get(ch)
+        after, ft = 0, None
+        if pos is None:
+            if from_time is None:
+                continue
+            ft = from_time
+        elif pos.epoch != info.epoch:
+            plan.gaps.append(Gap(ch, pos, Position(0, info.epoch), "epoch"))
+        elif pos.seq > info.top:
+            after = info.top
+            plan.gaps.append(Gap(ch, pos, Position(after, info.epoch), "ahead"))
+        elif pos.seq < info.first - 1:
+            after = info.first - 1
+            plan.gaps.append(Gap(ch, pos, Position(after, info.epoch), "trimmed"))
+        else:
+            after = pos.seq
+        if after >= info.top:
+            continue
+        if budget <= 0:
+            cut[ch] = after
+            if pos is None:  # where it starts, kept in the cursor: later rounds must not skip it
+                first = store.read(ch, 0, 1, from_time=ft)
+                if first:
+                    starts[ch] = (first[0].epoch, first[0].seq - 1)
+            continue
+        evs = store.read(ch, after, budget, from_time=ft)
+        budget -= len(evs)
+        if budget == 0 and evs and evs[-1].seq < info.top:
+            cut[ch] = evs[-1].seq  # the budget ran out inside this channel
+        events += evs
+    events.sort(key=merged_key)
+    plan.events = events
+    return plan
+
+
+class UpFlow:
+    """One connection's up direction. See the module docstring."""
+
+    def __init__(self, name: str, node: Node, cursors: LinkCursors, stats: LinkStats) -> None:
+        self.name = name
+        self.node = node
+        self.cursors = cursors
+        self.stats = stats
+        self.fifo: deque[list[Any]] = deque()
+        self.ids: dict[int, list[Any]] = {}
+        self._acked = Flag()
+        #: Per channel, the last position queued up (the cursor moves on acknowledgements).
+        self.sent: dict[str, tuple[str, int]] = {}
+        #: Channels whose replay was cut at :data:`UP_CHUNK`, with the last seq it holds: what comes after
+        #: waits for the next round.
+        self.cut: dict[str, int] = {}
+        self.resync = False
+
+    async def subscribe_local(self, sess: Session) -> None:
+        """The local ``/**`` subscription, replaying (at most :data:`UP_CHUNK` events: :func:`plan_up`) what
+        the upstream has not acknowledged."""
+        up = self.cursors.up
+        since = {ch: Position(seq, ep) for ch, (ep, seq) in up.positions.items()}
+        self.sent = dict(up.positions)
+        starts: dict[str, tuple[str, int]] = {}
+        planner = functools.partial(
+            plan_up, since=since, from_time=up.last_time + 1, cap=UP_CHUNK, cut=self.cut, starts=starts
+        )
+
+        def on_snapshot(plan: ReplayPlan) -> None:
+            for gap in plan.gaps:
+                self.stats.gaps += 1
+                log.warning(
+                    "federation: events of %s are gone here before they went up (%s)",
+                    gap.channel,
+                    gap.reason,
+                    extra={"link": self.name},
+                )
+                up.positions[gap.channel] = self.sent[gap.channel] = (gap.position.epoch, gap.position.seq)
+            up.positions.update(starts)
+            if self.cut:
+                log.info("federation: a long backlog goes up in rounds", extra={"link": self.name})
+
+        await self.node.subscribe(
+            sess, "up", _ALL, frozenset(), None, on_snapshot=on_snapshot, planner=planner
+        )
+        if self.cut:
+            sess.push(b"")  # after the replay's last frame: the writer resyncs for the next round there
+
+    def _in_order(self, ch: str, ep: str, seq: int) -> bool:
+        """Whether an event goes on: not one sent already, nor one after the cut of a channel whose replay
+        was cut (that asks for a resync: the next round). Other holes are events kept from this session (its
+        delivery filters, ``:filter.*``: another connection's private events, not federated)."""
+        cut = self.cut.get(ch)
+        if cut is not None and seq > cut:
+            self.resync = True
+            return False
+        last = self.sent.get(ch)
+        if last is not None and last[0] == ep and seq <= last[1]:
+            return False
+        self.sent[ch] = (ep, seq)
+        return True
+
+    async def write(
+        self, ws: aiohttp.ClientWebSocketResponse, sess: Session, rid: Any, max_frame: int
+    ) -> None:
+        """Send the up session's events as publishes (``rid()`` gives request ids) until it ends, or until
+        a resync is due (then once everything sent is acknowledged: the link reconnects and replays from the
+        up cursor)."""
+        fifo, ids = self.fifo, self.ids
+        size = _HEAD.size
+        while not self.resync:
+            frames = await sess.next_frames(max_frame)
+            if not frames:
+                return  # kicked (the upstream is slower than this node): reconnect, resend from the cursor
+            for f in frames:
+                if not f:  # the end of a replay that was cut: the next round
+                    self.resync = True
+                    break
+                seq, t, chl, epl = _HEAD.unpack_from(f)
+                body = size + chl + epl
+                ch, ep = f[size : size + chl].decode(), f[size + chl : body].decode()
+                if not self._in_order(ch, ep, seq):
+                    continue
+                entry = [len(f) == body, ch, ep, seq, t]
+                fifo.append(entry)
+                if entry[0]:
+                    continue
+                while len(ids) >= MAX_INFLIGHT:
+                    self._acked.clear()
+                    await self._acked.wait()
+                n = rid()
+                ids[n] = entry
+                await ws.send_bytes(_with_id(f[body:], n))
+                self.stats.sent_up += 1
+            del frames
+            self.settle()
+        while ids:
+            self._acked.clear()
+            await self._acked.wait()
+        self.settle()
+
+    def completed(self, rid: int, refused: bool) -> bool:
+        """A reply (or an error) to request ``rid``: ``True`` when it answered a publish of this flow."""
+        entry = self.ids.pop(rid, None)
+        if entry is None:
+            return False
+        if refused:  # refused above (a loop it saw, a permission): done with it all the same
+            self.stats.refused_up += 1
+        entry[0] = True
+        self._acked.set()
+        self.settle()
+        return True
+
+    def settle(self) -> None:
+        fifo = self.fifo
+        moved = False
+        up = self.cursors.up
+        while fifo and fifo[0][0]:
+            _, ch, ep, seq, t = fifo.popleft()
+            up.advance(ch, ep, seq, t)
+            moved = True
+        if moved:
+            self.cursors.dirty = True
+
+    def lag_s(self) -> float:
+        """How long the oldest event not yet acknowledged above has waited (0 when none)."""
+        fifo = self.fifo
+        return max(0.0, (time.time_ns() - int(fifo[0][4])) / 1e9) if fifo else 0.0
+
+
+class DownFlow:
+    """One connection's down direction. See the module docstring."""
+
+    def __init__(self, name: str, node: Node, node_id: str, cursors: LinkCursors, stats: LinkStats) -> None:
+        self.name = name
+        self.node = node
+        self.node_id = node_id
+        self.cursors = cursors
+        self.stats = stats
+        down = cursors.down
+        #: What this connection received already (two subscriptions' replays may overlap).
+        self.seen = Cursor(dict(down.positions), down.last_time)
+        self.fifo: deque[list[Any]] = deque()
+        self.broken = False
+        self._settled = Flag()
+
+    def event(self, ev: LinkEvent) -> None:
+        stats = self.stats
+        stats.received_down += 1
+        stats.lag_down_s = max(0.0, (time.time_ns() - ev.time_ns) / 1e9)
+        if not self.seen.advance(ev.channel, ev.epoch, ev.seq, ev.time_ns):
+            return
+        entry: list[Any] = [False, "event", ev.channel, ev.epoch, ev.seq, ev.time_ns]
+        self.fifo.append(entry)
+        node_id = self.node_id
+        user, path, _ = parse_link_headers(ev.headers)
+        if path is None or not accepts_path(node_id, path.origin, path.hops):
+            stats.dropped_down += 1
+            entry[0] = True
+            self.settle()
+            return
+        req = AppendRequest(
+            ev.channel,
+            Publisher(*ev.publisher),
+            ev.payload,
+            ev.content_type,
+            {**user, **path.arrived(node_id, True)},
+            ev.tags,
+            idempotency_key(path.origin),
+        )
+
+        def done(r: AppendResult | HubbubError) -> None:
+            if isinstance(r, HubbubError):
+                # Not committed: the cursor stays before it; the connection ends and recovery resends it.
+                log.warning(
+                    "federation: an event from above was not stored: %s", r, extra={"link": self.name}
+                )
+                self.broken = True
+                return
+            entry[0] = True
+            self.settle()
+
+        try:
+            self.node.submit(req, None, done, LINK_IDENTITY)
+        except HubbubError as exc:
+            log.warning("federation: an event from above was refused: %s", exc, extra={"link": self.name})
+            self.broken = True
+
+    def gap(self, item: LinkGap) -> None:
+        if item.reason != "cut":  # "cut": where a channel left for the next round starts, not a loss
+            self.stats.gaps += 1
+            log.warning(
+                "federation: events of %s are gone upstream (%s)",
+                item.channel,
+                item.reason,
+                extra={"link": self.name},
+            )
+        self.seen.positions[item.channel] = (item.epoch, item.seq)
+        self.fifo.append([True, "gap", item.channel, item.epoch, item.seq])
+        self.settle()
+
+    def recovered_to(self, top_time: int) -> None:
+        """Every event up to the upstream's ``top_time`` that the subscriptions want has come: unlisted
+        channels are recovered from after it next time (once what is before it has committed)."""
+        self.fifo.append([True, "time", top_time])
+        self.settle()
+
+    def settle(self) -> None:
+        fifo = self.fifo
+        down = self.cursors.down
+        moved = False
+        while fifo and fifo[0][0]:
+            entry = fifo.popleft()
+            kind = entry[1]
+            if kind == "event":
+                down.advance(entry[2], entry[3], entry[4], entry[5])
+            elif kind == "gap":
+                down.positions[entry[2]] = (entry[3], entry[4])
+            else:
+                if not down.last_time:
+                    self.cursors.urgent.set()  # the first recovery point: saved at once
+                down.last_time = max(down.last_time, entry[2])
+            moved = True
+        if moved:
+            self.cursors.dirty = True
+            self._settled.set()
+
+    async def pace(self) -> None:
+        """Wait while the node or this flow has too much in flight (the link stops reading meanwhile)."""
+        if not self.node.has_room:
+            await self.node.writable()
+        while len(self.fifo) >= MAX_DOWN_PENDING:
+            self._settled.clear()
+            await self._settled.wait()

@@ -1,0 +1,491 @@
+"""This node linked up to another hubbub node over the native protocol (``--upstream``; docs/federation.md).
+
+:class:`FederationUpstream` keeps one native WebSocket (msgpack) open to the node above, named with the
+federation handshake headers (:mod:`hubbub.federation.wire`), and runs both directions over it:
+
+* **Down** (what this node's subscribers want from above). The link watches every subscription on this node
+  (every dialect, and the links of nodes below: ``Node.watch_subscriptions``) and subscribes upstream to the
+  :func:`~hubbub.federation.minimal_cover` of their patterns, re-synced on every change. Each event that
+  comes down is committed here (so every local dialect gets it) with its origin, its hops plus this node,
+  ``:fed.from = up``, its original publisher and the idempotency key of its origin: an event that reaches
+  this node by two upstreams is stored once. One whose path holds this node is dropped.
+* **Up** (what was published here, or came up from below). A local session subscribes to ``/**`` and
+  receives every event committed here; those that did not come down from an upstream (or did, but were
+  published below this node), and whose path does not hold the node above
+  (:func:`~hubbub.federation.forwards_up`), are published upstream with their hop headers and the
+  idempotency key of their origin, acknowledged one by one.
+* **Recovery by position.** Both directions keep a :class:`~hubbub.federation.Cursor`: down, the upstream's
+  position per channel of the last event committed here; up, this node's position per channel of the last
+  event the upstream acknowledged. Both advance strictly in order (a completion FIFO), are saved to
+  ``<data_dir>/federation/<link>.json`` five times a second and at shutdown, and after a reconnect or a
+  restart (``kill -9`` included) the link resubscribes with ``since`` from them: upstream with
+  ``since``/``from_time`` (native.md §6), locally with a replay of its own (in rounds of at most 10000
+  events: :mod:`~hubbub.transports.federation_flow`). A cursor that lags the truth (a
+  crash between a commit and a save) resends a few events, which the idempotency keys turn away
+  (``native.idempotency_window_s``): no gap, no duplicate. A position the log no longer holds is a ``gap``,
+  counted.
+* **Reconnects** with capped exponential backoff and full jitter (:class:`~hubbub.federation.Backoff`).
+* **Cycles**: the upstream reports its id and the ids above it on the upgrade (and learns the ids below the
+  downstream); a link to a node that is this one or below it is refused at either end (``refused``); the
+  hops stop what neither end can see.
+
+Concurrency contract: runs on the event loop; one task per link (:meth:`FederationUpstream.run`), with a
+reader, a writer, an interest syncer and a cursor saver as tasks of each connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import aiohttp
+import msgpack
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from hubbub.channels import Pattern
+from hubbub.core import Node, Overflow, Session
+from hubbub.disconnect import Disconnect
+from hubbub.errors import BadFrame, HubbubError
+from hubbub.federation import Backoff, cycle_reason
+from hubbub.federation.wire import (
+    ABOVE_HEADER,
+    BELOW_HEADER,
+    NODE_HEADER,
+    LinkError,
+    LinkEvent,
+    LinkGap,
+    LinkPing,
+    LinkRecovered,
+    LinkReply,
+    decode_frame,
+    parse_above,
+    parse_node,
+    render_above,
+)
+
+from .federation_flow import (
+    DIALECT,
+    LINK_IDENTITY,
+    DownFlow,
+    Interest,
+    LinkCursors,
+    LinkStats,
+    UpEncoder,
+    UpFlow,
+)
+from .federation_peer import FederationHub
+from .pump import stopped
+
+__all__ = ["FederationLinkCollector", "FederationUpstream", "link_name", "split_token"]
+
+log = logging.getLogger("hubbub.federation")
+
+CONNECT_TIMEOUT_S: Final = 10.0
+CLIENT: Final = "hubbub-federation/1"
+#: The link's ``hello``: no echo of its own publishes, batch frames down.
+HELLO: Final[dict[str, Any]] = {
+    "op": "hello",
+    "id": 0,
+    "v": 1,
+    "client": CLIENT,
+    "echo": False,
+    "batch": True,
+}
+#: A WebSocket ping this often; no pong within half of it closes the connection (and the link reconnects).
+HEARTBEAT_S: Final = 20.0
+#: Interest changes within this long are sent upstream together.
+SYNC_DELAY_S: Final = 0.02
+#: How long after the link comes up a new upstream subscription recovers from the cursor.
+RECOVER_WINDOW_S: Final = 30.0
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def link_name(url: str) -> str:
+    """The link's name (metrics, its cursor file): ``fed-<host>-<port>``."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "wss" else 80)
+    return _UNSAFE.sub("-", f"fed-{parts.hostname or 'node'}-{port}")[:64]
+
+
+def split_token(url: str) -> tuple[str, str]:
+    """A link URL without its ``token`` query parameter, and that token (sent in ``hello``, never logged).
+    A URL without a path gets the native WebSocket path, ``/ws/hubbub``."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    token = next((v for k, v in query if k == "token"), "")
+    rest = urlencode([(k, v) for k, v in query if k != "token"])
+    path = parts.path if parts.path not in ("", "/") else "/ws/hubbub"
+    return urlunsplit((parts.scheme, parts.netloc, path, rest, "")), token
+
+
+def handshake(node_id: str, headers: Mapping[str, str]) -> tuple[str, tuple[str, ...], str | None]:
+    """The upstream's id and the ids above it from its upgrade answer, and why the link may not come up
+    (``None``: it may)."""
+    upstream = parse_node(headers.get(NODE_HEADER))
+    above = parse_above(headers.get(ABOVE_HEADER))
+    if upstream is None or above is None:
+        return "", (), "the upstream is not a hubbub node taking federation links"
+    return upstream, above, cycle_reason(node_id, upstream, above)
+
+
+class FederationUpstream:
+    """One link up to the hubbub node at ``url``. ``state`` is ``connecting``, ``up``, ``down`` or
+    ``refused``. See the module docstring."""
+
+    def __init__(
+        self,
+        node: Node,
+        hub: FederationHub,
+        url: str,
+        *,
+        token: str = "",
+        state_dir: Path | None = None,
+        backoff: Backoff | None = None,
+        max_frame: int = 1 << 20,
+        send_queue: int = 1024,
+        send_queue_bytes: int = 16 << 20,
+    ) -> None:
+        self.node = node
+        self.hub = hub
+        self.url, url_token = split_token(url)
+        self._token = token or url_token
+        self.name = link_name(self.url)
+        self.backoff = backoff or Backoff(0.1, 10.0)
+        self.max_frame = max_frame
+        self.send_queue = send_queue
+        self.send_queue_bytes = send_queue_bytes
+        self.state = "connecting"
+        self.upstream = ""
+        self.reconnects = 0
+        self.stats = LinkStats()
+        self.cursors = LinkCursors(
+            state_dir / f"{self.name}.json" if state_dir is not None else None, self.name
+        )
+        self.interest = Interest()
+        self._interest_changed = self.interest.changed
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        # From now, before any listener opens: no subscription may come before the link watches.
+        self._unwatch: Any = node.watch_subscriptions(self.interest.watch)
+        self._next_id = 1
+        self._subs: dict[str, str] = {}  # pattern text -> sub id (subscribed upstream)
+        self._sub_requests: dict[int, str] = {}  # request id -> pattern text
+        self._replaying: set[str] = set()  # pattern texts whose replay has not ended
+        self._refused: set[str] = set()  # refused upstream (not asked again on this connection)
+        self._live_only: set[str] = set()  # too much missed to recover: subscribed live
+        self._top_time = 0
+        self.up: UpFlow | None = None
+        self.down: DownFlow | None = None
+
+    def _rid(self) -> int:
+        rid = self._next_id
+        self._next_id = rid + 1 if rid < (1 << 31) - 1 else 1
+        return rid
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run())
+
+    async def close(self) -> None:
+        """Stop the link (it does not reconnect) and save its cursors."""
+        self._stopping = True
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await stopped(task, self.node, DIALECT, self.name)
+        data = self.cursors.snapshot()
+        await asyncio.get_running_loop().run_in_executor(None, self.cursors.save_now, data)
+
+    # -- interest --------------------------------------------------------------------------------------------
+
+    def wanted(self) -> dict[str, Pattern]:
+        """The patterns to subscribe upstream: the minimal cover of the local subscriptions'."""
+        return self.interest.cover()
+
+    @property
+    def synced(self) -> bool:
+        """Up, subscribed upstream to exactly :meth:`wanted`, every subscription answered and replayed."""
+        return (
+            self.state == "up"
+            and set(self._subs) == set(self.wanted()) - self._refused
+            and not self._sub_requests
+            and not self._replaying
+        )
+
+    # -- the connection loop ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        limits = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=limits) as http:
+            saver = asyncio.get_running_loop().create_task(self.cursors.save_loop())
+            try:
+                first = True
+                while not self._stopping:
+                    if not first:
+                        self.reconnects += 1
+                    first = False
+                    self.state = "connecting"
+                    try:
+                        async with http.ws_connect(
+                            self.url,
+                            protocols=("hubbub.v1.msgpack",),
+                            headers={
+                                NODE_HEADER: self.hub.node_id,
+                                BELOW_HEADER: render_above(self.hub.below),
+                            },
+                            max_msg_size=self.max_frame,
+                            autoping=True,
+                            heartbeat=HEARTBEAT_S,  # a node above that vanished (no pong) ends the link
+                            timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
+                        ) as ws:
+                            await self._connected(ws)
+                    except aiohttp.WSServerHandshakeError as exc:
+                        if exc.status == 409:
+                            self.state = "refused"  # the upstream sees this node above it: a cycle
+                        log.error(
+                            "federation upstream refused the link: %s", exc.status, extra={"link": self.name}
+                        )
+                    except (aiohttp.ClientError, OSError, TimeoutError, BadFrame, HubbubError) as exc:
+                        log.info(
+                            "federation upstream unreachable: %s: %s",
+                            type(exc).__name__,
+                            exc,
+                            extra={"link": self.name},
+                        )
+                    if self._stopping:
+                        break
+                    if self.state != "refused":
+                        self.state = "down"
+                    await asyncio.sleep(self.backoff.next_delay())
+            finally:
+                saver.cancel()
+                await stopped(saver, self.node, DIALECT, self.name)
+
+    async def _connected(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        response = getattr(ws, "_response", None)
+        upstream, above, why = handshake(self.hub.node_id, response.headers if response is not None else {})
+        if why is None and upstream in self.hub.below:
+            why = f"{upstream} is below {self.hub.node_id}: linking up to it would close a cycle"
+        if why is not None:
+            self.state = "refused"
+            log.error("federation upstream refused: %s", why, extra={"link": self.name})
+            return
+        hello: dict[str, Any] = dict(HELLO)
+        if self._token:
+            hello["token"] = self._token
+        await ws.send_bytes(msgpack.packb(hello))
+        msg = await ws.receive(timeout=CONNECT_TIMEOUT_S)
+        if msg.type != aiohttp.WSMsgType.BINARY:
+            raise BadFrame("the upstream closed the link during hello")
+        items = decode_frame(msg.data)
+        if not items or not isinstance(items[0], LinkReply):
+            code = items[0].code if items and isinstance(items[0], LinkError) else 0
+            log.error("federation upstream refused hello: %s (a token?)", code, extra={"link": self.name})
+            return
+        self.upstream = upstream
+        self.hub.above[self.name] = (upstream, *above)
+        self._next_id = 1
+        self._subs, self._sub_requests, self._replaying, self._top_time = {}, {}, set(), 0
+        self._refused, self._live_only = set(), set()
+        up = self.up = UpFlow(self.name, self.node, self.cursors, self.stats)
+        down = self.down = DownFlow(self.name, self.node, self.hub.node_id, self.cursors, self.stats)
+        sess = Session(
+            DIALECT,
+            UpEncoder(self.hub.node_id, upstream, self.hub.below),
+            max_items=self.send_queue,
+            max_bytes=self.send_queue_bytes,
+            overflow=Overflow.DISCONNECT,
+            slow_close_code=Disconnect.SLOW_CONSUMER,
+        )
+        self.node.access.bind(sess, LINK_IDENTITY)
+        self.node.attach(sess)
+        self.state = "up"
+        self.backoff.reset()
+        log.info("federation upstream up", extra={"link": self.name, "upstream": upstream})
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            loop = asyncio.get_running_loop()
+            tasks = [
+                loop.create_task(self._read(ws, up, down)),
+                loop.create_task(up.write(ws, sess, self._rid, self.max_frame)),
+                loop.create_task(self._sync(ws, down)),
+            ]
+            await up.subscribe_local(sess)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                await stopped(t, self.node, DIALECT, self.name)
+            self.node.detach(sess)
+            self.hub.above.pop(self.name, None)
+            log.info("federation upstream down", extra={"link": self.name})
+
+    # -- reading what the node above sends -------------------------------------------------------------------
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse, up: UpFlow, down: DownFlow) -> None:
+        async for msg in ws:
+            if msg.type != aiohttp.WSMsgType.BINARY:
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    raise BadFrame("a text frame on a msgpack link")
+                break
+            for item in decode_frame(msg.data):
+                if isinstance(item, LinkEvent):
+                    down.event(item)
+                elif isinstance(item, LinkReply):
+                    if not up.completed(item.id, False):
+                        self._subscribed(item, down)
+                elif isinstance(item, LinkError):
+                    if item.id is None:
+                        log.warning("federation upstream error %s", item.code, extra={"link": self.name})
+                    elif not up.completed(item.id, True):
+                        self._not_subscribed(item)
+                elif isinstance(item, LinkRecovered):
+                    self._replaying -= {t for t, sid in self._subs.items() if sid == item.sub}
+                    if item.more:  # the node above cut the replay: the next round, from the cursor
+                        down.broken, self._top_time = True, 0
+                    self._time_mark(down)
+                elif isinstance(item, LinkGap):
+                    down.gap(item)
+                elif isinstance(item, LinkPing):
+                    await ws.send_bytes(msgpack.packb({"op": "pong"}))
+            del msg
+            if down.broken:
+                return
+            await down.pace()
+
+    def _subscribed(self, item: LinkReply, down: DownFlow) -> None:
+        if self._sub_requests.pop(item.id, None) is not None:
+            # Recovered up to the upstream's newest event then (1: its log was empty, so from its start).
+            self._top_time = max(self._top_time, item.top_time or 1)
+            self._time_mark(down)
+
+    def _not_subscribed(self, item: LinkError) -> None:
+        text = self._sub_requests.pop(item.id, None) if item.id is not None else None
+        if text is None:
+            return
+        self._subs.pop(text, None)
+        self._replaying.discard(text)
+        # 4203: too much missed to recover (a gap: the next round subscribes live); anything else (a
+        # permission, a limit) is not asked again until the link reconnects: no retry loop.
+        (self._live_only if item.code == 4203 else self._refused).add(text)
+        self.stats.gaps += item.code == 4203
+        log.error(
+            "federation upstream refused subscribing to %s: %s", text, item.code, extra={"link": self.name}
+        )
+        self._interest_changed.set()
+
+    def _time_mark(self, down: DownFlow) -> None:
+        """Once no subscription is pending or replaying, the newest upstream time seen when subscribing is
+        where channels not in the cursor are recovered from next time."""
+        if not self._replaying and not self._sub_requests and self._top_time:
+            down.recovered_to(self._top_time)
+            self._top_time = 0
+
+    async def _sync(self, ws: aiohttp.ClientWebSocketResponse, down: DownFlow) -> None:
+        """Keep the upstream subscriptions on :meth:`wanted`. For :data:`RECOVER_WINDOW_S` after the link
+        comes up, a subscription recovers from the cursor (the interest of this node comes back as its
+        subscribers and the nodes below reconnect); after that, a new pattern starts live."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + RECOVER_WINDOW_S
+        cursor = self.cursors.down
+        base_time = cursor.last_time  # where channels not in the cursor are recovered from, this time
+        while True:
+            self._interest_changed.clear()
+            want = self.wanted()
+            for text in [t for t in self._subs if t not in want]:
+                sid = self._subs.pop(text)
+                self._replaying.discard(text)
+                await ws.send_bytes(msgpack.packb({"op": "unsubscribe", "id": self._rid(), "sub": sid}))
+            recover = loop.time() < until
+            for text, pattern in want.items():
+                if text in self._subs or text in self._refused:
+                    continue
+                rid = self._rid()
+                sid = f"s{rid}"
+                frame: dict[str, Any] = {"op": "subscribe", "id": rid, "sub": sid, "pattern": text}
+                if recover and text not in self._live_only:
+                    since = cursor.since(pattern)
+                    if since and pattern.is_exact:
+                        frame["since"] = since[text]  # an exact channel's since is its position alone
+                    elif since:
+                        frame["since"] = since
+                    if base_time and not (since and pattern.is_exact):
+                        frame["from_time"] = base_time + 1
+                    if "since" in frame or "from_time" in frame:
+                        self._replaying.add(text)
+                self._subs[text] = sid
+                self._sub_requests[rid] = text
+                log.info("federation: subscribing upstream", extra={"link": self.name, "frame": repr(frame)})
+                await ws.send_bytes(msgpack.packb(frame))
+            await self._interest_changed.wait()
+            await asyncio.sleep(SYNC_DELAY_S)
+
+
+class FederationLinkCollector:
+    """Every upstream link on ``/metrics``, labelled ``link`` (``fed-<host>-<port>``; docs/federation.md)."""
+
+    def __init__(self, links: list[FederationUpstream]) -> None:
+        self.links = links
+
+    def collect(self) -> Iterator[Any]:
+        up = GaugeMetricFamily(
+            "hubbub_federation_link_up", "Upstream link connected", labels=["link", "upstream"]
+        )
+        state = GaugeMetricFamily(
+            "hubbub_federation_link_state", "Upstream link state", labels=["link", "state"]
+        )
+        synced = GaugeMetricFamily(
+            "hubbub_federation_link_synced",
+            "Upstream link subscribed to the local interest and done recovering",
+            labels=["link"],
+        )
+        rc = CounterMetricFamily(
+            "hubbub_federation_link_reconnects", "Upstream connections after the first", labels=["link"]
+        )
+        ev = CounterMetricFamily(
+            "hubbub_federation_link_events", "Events over the upstream link", labels=["link", "direction"]
+        )
+        gaps = CounterMetricFamily(
+            "hubbub_federation_link_gaps",
+            "Channels whose missed events could not be recovered",
+            labels=["link"],
+        )
+        lag = GaugeMetricFamily(
+            "hubbub_federation_link_lag_seconds",
+            "down: age of the last event received; up: wait of the oldest event not yet acknowledged",
+            labels=["link", "direction"],
+        )
+        backlog = GaugeMetricFamily(
+            "hubbub_federation_link_backlog", "Events sent up and not yet acknowledged", labels=["link"]
+        )
+        pats = GaugeMetricFamily(
+            "hubbub_federation_link_patterns", "Patterns subscribed upstream", labels=["link"]
+        )
+        for link in self.links:
+            n, st = link.name, link.stats
+            up.add_metric([n, link.upstream], 1 if link.state == "up" else 0)
+            for s in ("connecting", "up", "down", "refused"):
+                state.add_metric([n, s], 1 if link.state == s else 0)
+            synced.add_metric([n], 1 if link.synced else 0)
+            rc.add_metric([n], link.reconnects)
+            ev.add_metric([n, "up"], st.sent_up)
+            ev.add_metric([n, "up_refused"], st.refused_up)
+            ev.add_metric([n, "down"], st.received_down)
+            ev.add_metric([n, "down_dropped"], st.dropped_down)
+            gaps.add_metric([n], st.gaps)
+            flow = link.up if link.state == "up" else None
+            lag.add_metric([n, "down"], st.lag_down_s)
+            lag.add_metric([n, "up"], flow.lag_s() if flow is not None else 0.0)
+            backlog.add_metric([n], len(flow.fifo) if flow is not None else 0)
+            pats.add_metric([n], len(link._subs))
+        yield from (up, state, synced, rc, ev, gaps, lag, backlog, pats)

@@ -1,0 +1,301 @@
+"""Native federation links between two hubbub nodes in one process (``upstream``): events both ways, with
+their publisher and without the hop headers for ordinary subscribers, nothing back over the link, interest
+that follows the subscriptions, the metrics of both ends, and cycles refused at either end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from hubbub.client import AsyncClient
+from hubbub.config import Config, SecretMap
+from hubbub.events import Event
+from hubbub.server import Server
+from hubbub.transports import federation_flow, federation_peer
+from hubbub.transports.federation_link import FederationUpstream
+
+WAIT = 15.0
+
+
+def config(tmp: Path, name: str, *upstream: str) -> Config:
+    return Config(
+        data_dir=str(tmp / name),
+        http_listen="127.0.0.1:0",
+        native_tcp_listen="127.0.0.1:0",
+        federation_node_id=name,
+        upstream=upstream,
+    )
+
+
+def url(server: Server) -> str:
+    return f"ws://127.0.0.1:{server.ports['http']}"
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while not check():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def synced(*links: FederationUpstream) -> None:
+    await until(lambda: all(link.synced for link in links), "the links to follow the subscriptions")
+
+
+async def metrics(server: Server) -> str:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{server.ports['http']}/metrics") as r,
+    ):
+        return await r.text()
+
+
+async def log(server: Server, channel: str) -> list[Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{server.ports['http']}/api/v1/log{channel}?limit=1000") as r,
+    ):
+        body = await r.json()
+    events: list[Any] = body["events"]
+    return events
+
+
+@contextlib.asynccontextmanager
+async def client(server: Server) -> AsyncIterator[AsyncClient]:
+    c = await AsyncClient.connect(url(server))
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def take(sub: Any, n: int) -> list[Event]:
+    it = sub.__aiter__()
+    return [await asyncio.wait_for(it.__anext__(), WAIT) for _ in range(n)]
+
+
+def test_events_cross_a_link_both_ways_once_with_their_publisher(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Server(config(tmp_path, "A")) as a, Server(config(tmp_path, "B", url(a))) as b:
+            link = b.upstreams[0]
+            async with client(a) as ca, client(b) as cb:
+                async with cb.subscribe("/down/**") as below, ca.subscribe("/up/**") as above:
+                    await synced(link)
+                    assert set(link.wanted()) == {"/down/**"}
+                    # Up: everything published below goes up; down: only what someone below listens to.
+                    await ca.publish("/down/1", "a1", headers={"k": "v"})
+                    await ca.publish("/other/1", "not wanted below")
+                    await cb.publish("/up/1", "b1", tags=["t"])
+                    await cb.publish("/down/2", "b2")  # published below: below sees it once, above keeps it
+                    got_below = await take(below, 2)
+                    got_above = await take(above, 1)
+                    assert [(e.channel, e.payload) for e in got_below] == [
+                        ("/down/1", b"a1"),
+                        ("/down/2", b"b2"),
+                    ]
+                    assert got_below[0].headers == {"k": "v"}  # the hop headers are not shown
+                    assert got_below[0].publisher.dialect == "native"
+                    assert (got_above[0].channel, got_above[0].payload, got_above[0].tags) == (
+                        "/up/1",
+                        b"b1",
+                        ("t",),
+                    )
+                    # Nothing came back: the last event each side sees is a marker published after.
+                    await ca.publish("/down/3", "a3")
+                    assert [e.payload for e in await take(below, 1)] == [b"a3"]
+                # The subscriptions are gone: the link unsubscribes upstream.
+                await synced(link)
+                assert link.wanted() == {}
+                assert [e["text"] for e in await log(a, "/down/2")] == ["b2"]  # went up once
+            text = await metrics(b)
+            assert re.search(r'hubbub_federation_link_up\{link="fed-[^"]+",upstream="A"\} 1.0', text)
+            # Up: /up/1 and /down/2, nothing else; down: /down/1 and /down/3, not /down/2 back again.
+            assert re.search(r'link_events_total\{direction="up",link="[^"]+"\} 2.0', text)
+            assert re.search(r'link_events_total\{direction="down",link="[^"]+"\} 2.0', text)
+            text = await metrics(a)
+            assert 'hubbub_federation_peer_up{peer="B"} 1.0' in text
+
+    asyncio.run(main())
+
+
+def test_a_link_that_would_close_a_cycle_is_refused(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Server(config(tmp_path, "A")) as a, Server(config(tmp_path, "B", url(a))) as b:
+            await until(lambda: b.upstreams[0].state == "up", "B's link up")
+            # A linking up to B, which is below it: B reports A above it; A refuses, B would answer 409.
+            async with Server(config(tmp_path / "again", "A", url(b))) as a2:
+                await until(lambda: a2.upstreams[0].state == "refused", "the cycle refused")
+            # A node linking to itself is refused too.
+            async with Server(config(tmp_path / "self", "A", url(a))) as a3:
+                await until(lambda: a3.upstreams[0].state == "refused", "the self-link refused")
+            # And the upstream end answers 409 to a node above it.
+            headers = {"Hubbub-Federation-Node": "A", "Sec-WebSocket-Protocol": "hubbub.v1.msgpack"}
+            async with aiohttp.ClientSession() as http:
+                try:
+                    async with http.ws_connect(url(b) + "/ws/hubbub", headers=headers):
+                        raise AssertionError("the upgrade should have been refused")
+                except aiohttp.WSServerHandshakeError as exc:
+                    assert exc.status == 409
+
+    asyncio.run(main())
+
+
+def test_a_backlog_longer_than_one_replay_goes_up_in_rounds_after_the_node_above_comes_back(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The node above is down while the node below takes more publishes than one local replay sends
+    (``UP_CHUNK``, made small here): once it is back, every event goes up once, in order per channel."""
+    monkeypatch.setattr(federation_flow, "UP_CHUNK", 40)
+
+    async def main() -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        a_cfg = replace(config(tmp_path, "A"), http_listen=f"127.0.0.1:{port}")
+        async with Server(a_cfg) as a, Server(config(tmp_path, "B", url(a))) as b:
+            link = b.upstreams[0]
+            await until(lambda: link.state == "up", "the link up")
+            await a.stop()
+            await until(lambda: link.state != "up", "the link down")
+            async with client(b) as cb:
+                for i in range(150):
+                    await cb.publish(f"/up/c{i % 3}", str(i))
+            async with Server(a_cfg) as a2:
+                await until(lambda: link.state == "up", "the link up again")
+                for ch in ("/up/c0", "/up/c1", "/up/c2"):
+                    await until_log(a2, ch, 50)
+                    texts = [e["text"] for e in await log(a2, ch)]
+                    assert texts == [str(i) for i in range(int(ch[-1]), 150, 3)], texts
+                assert link.stats.gaps == 0 and link.stats.sent_up == 150
+
+    asyncio.run(main())
+
+
+async def until_log(server: Server, channel: str, n: int) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while len(await log(server, channel)) < n:
+        assert loop.time() < deadline, f"{channel}: fewer than {n} events"
+        await asyncio.sleep(0.05)
+
+
+def test_links_present_their_token_from_the_url_or_federation_token(tmp_path: Path) -> None:
+    """With ``auth.mode = token`` above, a link comes up with a token (in its URL, or ``federation.token``)
+    and carries events both ways; without one it stays down, retrying."""
+    tokens = {
+        "linktok": {"user": "fed", "publish": ["/**"], "subscribe": ["/**"]},
+        "usertok": {"user": "u", "publish": ["/**"], "subscribe": ["/**"]},
+    }
+
+    async def main() -> None:
+        a_cfg = replace(config(tmp_path, "A"), auth_mode="token", auth_tokens=SecretMap(tokens))
+        async with Server(a_cfg) as a:
+            in_url = config(tmp_path, "B", url(a) + "?token=linktok")
+            in_cfg = replace(config(tmp_path, "C", url(a)), federation_token="linktok")
+            none = config(tmp_path, "D", url(a))
+            async with Server(in_url) as b, Server(in_cfg) as c, Server(none) as d:
+                await synced(b.upstreams[0], c.upstreams[0])
+                assert b.upstreams[0].url == url(a) + "/ws/hubbub"  # the token is not kept in the URL
+                await until(lambda: d.upstreams[0].reconnects >= 2, "the link without a token to retry")
+                assert d.upstreams[0].state != "up"
+                async with client(b) as cb, cb.subscribe("/x/**") as below:
+                    await synced(b.upstreams[0])
+                    ca = await AsyncClient.connect(url(a), token="usertok")
+                    try:
+                        await ca.publish("/x/1", "down")
+                    finally:
+                        await ca.close()
+                    assert [e.payload for e in await take(below, 1)] == [b"down"]
+                async with client(c) as cc:
+                    await cc.publish("/y/1", "up")
+                await until_log_auth(a, "/y/1", "usertok")
+
+    asyncio.run(main())
+
+
+async def until_log_auth(server: Server, channel: str, token: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        while True:
+            async with http.get(f"http://127.0.0.1:{server.ports['http']}/api/v1/log{channel}") as r:
+                body = await r.json()
+            if body.get("events"):
+                return
+            assert loop.time() < deadline, f"{channel}: nothing went up"
+            await asyncio.sleep(0.05)
+
+
+def test_a_node_below_catches_up_on_more_than_one_replay_in_rounds(tmp_path: Path, monkeypatch: Any) -> None:
+    """The node below is down while more is published above than one replay holds (the node above's
+    ``native.max_recovery``, and the link's round, both made small here), on channels it knew and on a new
+    one: once back, it stores every event once, in order, and counts no gap."""
+    monkeypatch.setattr(federation_peer, "DOWN_CHUNK", 40)
+
+    async def main() -> None:
+        a_cfg = replace(config(tmp_path, "A"), native_max_recovery=20)
+        async with Server(a_cfg) as a, client(a) as ca:
+            b_cfg = config(tmp_path, "B", url(a))
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/d/**") as below:
+                await synced(b.upstreams[0])
+                for i in range(3):
+                    await ca.publish(f"/d/c{i}", "-1")
+                await take(below, 3)
+            for i in range(150):
+                await ca.publish(f"/d/c{i % 3}", str(i))
+                await ca.publish("/d/new", str(i))
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/d/**"):
+                link = b.upstreams[0]
+                await until_log(b, "/d/new", 150)
+                for ch in ("/d/c0", "/d/c1", "/d/c2"):
+                    await until_log(b, ch, 51)
+                    texts = [e["text"] for e in await log(b, ch)]
+                    assert texts == ["-1"] + [str(i) for i in range(int(ch[-1]), 150, 3)], texts
+                assert [e["text"] for e in await log(b, "/d/new")] == [str(i) for i in range(150)]
+                assert link.stats.gaps == 0 and link.reconnects >= 3  # rounds of 40 of 300 events
+
+    asyncio.run(main())
+
+
+def test_a_channel_written_on_both_sides_recovers_without_loops(tmp_path: Path) -> None:
+    """Both nodes publish to one channel: above, the channel holds events the link must not send back
+    down (they came from below), so the stream down has holes by design. The node below, restarted while
+    both sides publish, ends with every event once and does not reconnect in a loop."""
+
+    async def main() -> None:
+        async with Server(config(tmp_path, "A")) as a, client(a) as ca:
+            b_cfg = config(tmp_path, "B", url(a))
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/m/**"):
+                await synced(b.upstreams[0])
+                for i in range(10):
+                    await ca.publish("/m/x", f"a{i}")
+                    await cb.publish("/m/x", f"b{i}")
+                await until_log(b, "/m/x", 20)
+            for i in range(10, 20):
+                await ca.publish("/m/x", f"a{i}")
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/m/**"):
+                link = b.upstreams[0]
+                await synced(link)
+                for i in range(20, 30):
+                    await ca.publish("/m/x", f"a{i}")
+                    await cb.publish("/m/x", f"b{i}")
+                await until_log(b, "/m/x", 50)
+                await until_log(a, "/m/x", 50)
+                for server in (a, b):
+                    texts = [e["text"] for e in await log(server, "/m/x")]
+                    assert sorted(texts) == sorted([f"a{i}" for i in range(30)] + [f"b{i}" for i in range(10)]
+                                                   + [f"b{i}" for i in range(20, 30)])  # fmt: skip
+                    assert [t for t in texts if t[0] == "a"] == [f"a{i}" for i in range(30)]
+                assert link.reconnects == 0 and link.stats.gaps == 0
+
+    asyncio.run(main())
