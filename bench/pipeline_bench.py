@@ -12,7 +12,8 @@ JVM, the Python workers) during the archive, which a busy machine distorts less 
 events of the log (10 channels, ``minPartitions`` 2) to a real server with ``format("hubbub")`` over
 ``--sink-transport`` (``native``: one pipelined native connection per task, to the native TCP listener;
 ``http``: one POST per row, the old path), ``backfill_events_per_s`` runs ``jobs.backfill`` of an archive of
-those events into another fresh server (its target read included);
+those events into another fresh server (its target read included; ``backfill_cpu_us_per_event`` as for the
+sink);
 ``--sink-select`` has the sink scenario write only the columns the sink reads (``jobs._SINK_COLUMNS``,
 what ``backfill`` writes) instead of the whole record; ``--conf K=V`` passes Spark settings (to compare
 them). ``--figure PNG`` draws measured against target from one or more such JSON outputs
@@ -251,9 +252,13 @@ def sink(
     srv = ServerProcess(d / "backfill-server").start()
     try:
         target = f"http://127.0.0.1:{srv.ports['http']}"
+        cpu = tree_cpu_s(split=True)
         res = jobs.backfill(
             spark, str(arch / "data"), target, native_address=f"tcp://127.0.0.1:{srv.ports['native']}"
         )
+        after = tree_cpu_s(split=True)
+        done = max(1, int(res["published"]))
+        out["backfill_cpu_us_per_event"] = {k: round((after[k] - cpu[k]) / done * 1e6, 1) for k in after}
         out["backfill_events"] = res["published"]
         out["backfill_seconds"] = res["seconds"]
         out["backfill_events_per_s"] = round(int(res["published"]) / float(res["seconds"]))
