@@ -12,9 +12,12 @@ JVM, the Python workers) during the archive, which a busy machine distorts less 
 events of the log (10 channels, ``minPartitions`` 2) to a real server with ``format("hubbub")`` over
 ``--sink-transport`` (``native``: one pipelined native connection per task, to the native TCP listener;
 ``http``: one POST per row, the old path), ``backfill_events_per_s`` runs ``jobs.backfill`` of an archive of
-those events into another fresh server (its target read included);
-``--conf K=V`` passes Spark settings (to compare them). ``--figure PNG`` draws measured against target from
-one or more such JSON outputs (``--results FILE …``; their median) without running anything.
+those events into another fresh server (its target read included; ``backfill_cpu_us_per_event`` as for the
+sink);
+``--sink-select`` has the sink scenario write only the columns the sink reads (``jobs._SINK_COLUMNS``,
+what ``backfill`` writes) instead of the whole record; ``--conf K=V`` passes Spark settings (to compare
+them). ``--figure PNG`` draws measured against target from one or more such JSON outputs
+(``--results FILE …``; their median) without running anything.
 """
 
 from __future__ import annotations
@@ -144,6 +147,11 @@ def main() -> None:
     ap.add_argument("--only-sink", action="store_true", help="run the sink and backfill scenarios alone")
     ap.add_argument("--sink-events", type=int, default=200_000, help="events the sink scenario writes")
     ap.add_argument("--sink-transport", choices=("native", "http"), default="native")
+    ap.add_argument(
+        "--sink-select",
+        action="store_true",
+        help="the sink scenario writes only the columns the sink reads (as backfill does), not every column",
+    )
     ap.add_argument("--conf", action="append", default=[], metavar="K=V", help="a Spark setting (repeatable)")
     args = ap.parse_args()
     if args.figure:
@@ -160,7 +168,7 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     out: dict[str, object] = {"events": args.events, "conf": conf}
     if args.only_sink:
-        sink(spark, url, d, out, args.sink_events, args.sink_transport)
+        sink(spark, url, d, out, args.sink_events, args.sink_transport, args.sink_select)
         spark.stop()
         print(json.dumps(out))
         return
@@ -192,7 +200,15 @@ def archive(spark: SparkSession, url: str, d: Path, out: dict[str, object]) -> N
     out["archive_events_per_s"] = res["events_per_s"]
 
 
-def sink(spark: SparkSession, url: str, d: Path, out: dict[str, object], n: int, transport: str) -> None:
+def sink(
+    spark: SparkSession,
+    url: str,
+    d: Path,
+    out: dict[str, object],
+    n: int,
+    transport: str,
+    select: bool = False,
+) -> None:
     """Sink and backfill into fresh real servers (see the module docstring)."""
     from tests.integration.serverproc import ServerProcess
 
@@ -201,6 +217,9 @@ def sink(spark: SparkSession, url: str, d: Path, out: dict[str, object], n: int,
     df = (
         spark.read.format("hubbub").option("url", url).option("endSeq", per).option("minPartitions", 2).load()
     )
+    if select:
+        df = df.select(*jobs._SINK_COLUMNS)
+        out["sink_select"] = True
     df.cache().count()  # the rows are in memory: the write is what is timed
     out["sink_events"] = n
     out["sink_transport"] = transport
@@ -233,9 +252,13 @@ def sink(spark: SparkSession, url: str, d: Path, out: dict[str, object], n: int,
     srv = ServerProcess(d / "backfill-server").start()
     try:
         target = f"http://127.0.0.1:{srv.ports['http']}"
+        cpu = tree_cpu_s(split=True)
         res = jobs.backfill(
             spark, str(arch / "data"), target, native_address=f"tcp://127.0.0.1:{srv.ports['native']}"
         )
+        after = tree_cpu_s(split=True)
+        done = max(1, int(res["published"]))
+        out["backfill_cpu_us_per_event"] = {k: round((after[k] - cpu[k]) / done * 1e6, 1) for k in after}
         out["backfill_events"] = res["published"]
         out["backfill_seconds"] = res["seconds"]
         out["backfill_events_per_s"] = round(int(res["published"]) / float(res["seconds"]))

@@ -155,6 +155,46 @@ def test_cut_connection_resends_unacknowledged_and_nothing_twice(server: ServerP
     assert sorted(e["text"] for e in events) == sorted(f"p{i}" for i in range(n))  # each exactly once
 
 
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+def test_publish_many_over_a_cut_connection_tallies_each_publish_once(
+    server: ServerProcess, transport: str
+) -> None:
+    """publish_many sends the frames publish would (resent with new ids after a cut: the id is appended to
+    a frame packed once); without kept acks the tallies count each publish once, new or duplicate."""
+    relay = Relay(server.ports["native"], cut_after=50_000)
+    url = relay.address if transport == "tcp" else http(server)
+    chs = [f"/bulk/many/{transport}/{i % 3}" for i in range(3000)]
+    keys = [f"many-{transport}-{i}" for i in range(3000)]
+    headers = [{"n": str(i)} if i % 2 else {} for i in range(3000)]
+    tags = [["t"] if i % 5 == 0 else [] for i in range(3000)]
+    try:
+        with BulkPublisher(url, window=256, keep_acks=False) as pub:
+            for at in range(0, 3000, 700):  # columns of odd lengths
+                part = slice(at, at + 700)
+                cts = ["text/x"] * len(chs[part])
+                payloads = [k.encode() for k in keys[part]]
+                pub.publish_many(chs[part], payloads, keys[part], cts, headers[part], tags[part])
+            pub.flush()
+    finally:
+        relay.close()
+    assert pub.acks == [] and pub.published + pub.duplicates == 3000
+    assert pub.tops == {f"/bulk/many/{transport}/{j}": 1000 for j in range(3)}
+    if transport == "tcp":
+        assert relay.cuts == 1 and pub.reconnects == 1 and pub.resent > 0
+    events = [e for j in range(3) for e in log_of(server, f"/bulk/many/{transport}/{j}")]
+    assert len(events) == 3000 and pub.published == 3000 - pub.duplicates
+    by_key = {e["text"]: e for e in events}
+    assert sorted(by_key) == sorted(keys)  # each exactly once
+    e = by_key[keys[5]]
+    assert (e["headers"], e["tags"], e["content_type"]) == ({"n": "5"}, ["t"], "text/x")
+    assert by_key[keys[4]]["headers"] == {} and by_key[keys[4]]["tags"] == []
+    # Again: all duplicates, tallied as such.
+    with BulkPublisher(tcp(server), window=256, keep_acks=False) as again:
+        again.publish_many(chs, [k.encode() for k in keys], keys, ["text/x"] * 3000, headers, tags)
+        again.flush()
+    assert (again.published, again.duplicates) == (0, 3000)
+
+
 def test_cut_connection_without_idem_is_reported(server: ServerProcess) -> None:
     relay = Relay(server.ports["native"], cut_after=20_000)
     try:

@@ -247,3 +247,24 @@ def test_rows_of_arrow_batches_match_the_per_row_rules(options: dict[str, str], 
     assert got == _per_row(p, batch)
     # A position over 128 characters becomes its SHA-256 (the same key on every transport).
     assert any(k.startswith("sha256:") for k in got[2])
+
+
+def test_rows_of_spark_rows_match_the_arrow_path() -> None:
+    """A streaming write on a PySpark without the Arrow stream writer gets Rows: the same rows, in chunks."""
+    from pyspark.sql import Row
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from hubbub.pipeline.sink import _Publishing
+
+    batch = _batch()
+    schema = StructType([StructField(name, StringType()) for name in batch.schema.names])
+    p = _Publishing({"url": "http://127.0.0.1:1", "channelPrefix": "/s"}, schema)
+    d = batch.to_pydict()
+    rows = [
+        Row(**{k: (dict(v) if k == "headers" and v is not None else v) for k, v in zip(d, vals, strict=True)})
+        for vals in zip(*d.values(), strict=True)
+    ]
+    chunks = list(p.rows_of_rows(rows, chunk=3))
+    assert [len(c[0]) for c in chunks] == [3, 3, 1]
+    merged = tuple([x for c in chunks for x in c[i]] for i in range(6))
+    assert merged == p._rows_of_batch(batch)

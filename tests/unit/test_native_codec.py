@@ -316,6 +316,44 @@ def test_publish_invalid(extra: dict[str, Any], exc: type[HubbubError]) -> None:
     raises(JSON, orjson.dumps({"op": "publish", "id": 8, "channel": "/a", **extra}), exc, 8)
 
 
+def test_publish_content_types_are_checked_whatever_came_before() -> None:
+    """A codec remembers the content types it accepted (publishers repeat theirs): what it refused stays
+    refused however often it comes, and what is not a string is refused, not a crash."""
+    codec = nc.NativeCodec("msgpack")
+    for _ in range(3):
+        for ct in ("text/plain", "a/b; q=1"):
+            pub = codec.decode(
+                packb({"op": "publish", "id": 1, "channel": "/a", "payload": b"", "content_type": ct})
+            )
+            assert isinstance(pub, nc.Publish) and pub.content_type == ct
+        for bad in ("", "text/plain\nX: y", 5, ["text/plain"], {"a": 1}):
+            frame = packb({"op": "publish", "id": 2, "channel": "/a", "payload": b"", "content_type": bad})
+            raises(codec, frame, BadRequest, 2)
+
+
+def test_publish_headers_text_with_no_utf8_form_is_4001_before_the_counts() -> None:
+    from hubbub.dialects.native_common import Limits, check_headers
+
+    lim = Limits(max_headers=1, max_header_bytes=4)
+    lone = "\ud800"  # what an HTTP server's surrogateescape makes of invalid bytes
+    # Over both limits, and a name with no UTF-8 form: the text is what is wrong (4001), as it always was.
+    with pytest.raises(BadRequest):
+        check_headers([("a", "bbbbbbb"), (lone, "c")], lim)
+    with pytest.raises(LimitExceeded):
+        check_headers([("a", "b"), ("c", "d")], lim)
+    with pytest.raises(LimitExceeded):
+        check_headers([("ab", "cde")], lim)
+    with pytest.raises(LimitExceeded):  # a repeated name's bytes count each time it is given
+        check_headers([("a", "b"), ("a", "c"), ("a", "d")], Limits(max_headers=1, max_header_bytes=5))
+    assert check_headers([("ab", "cd")], lim) == {"ab": "cd"}
+    assert check_headers([("é", "é")], lim) == {"é": "é"}
+
+
+def packb(obj: dict[str, Any]) -> bytes:
+    out: bytes = msgpack.packb(obj, use_bin_type=True)
+    return out
+
+
 @pytest.mark.parametrize("channel", ["nope", "", "/a%FF", "/" + "x" * 1024])
 def test_publish_bad_channel(channel: str) -> None:
     raises(JSON, orjson.dumps({"op": "publish", "id": 2, "channel": channel, "text": "x"}), BadChannel, 2)

@@ -172,7 +172,9 @@ class BulkPublisher:
     """Pipelined acknowledged publishes over one native connection (see the module docstring).
 
     ``window``: most publishes unacknowledged at once. ``on_ack``: called with each acknowledgement as it
-    is read (in the order the server sends them); without it they collect in :attr:`acks`. ``timeout``:
+    is read (in the order the server sends them); without it they collect in :attr:`acks`, unless
+    ``keep_acks`` is false (a bulk load that only needs the tallies: :attr:`published`,
+    :attr:`duplicates` and :attr:`tops`, kept in every case). ``timeout``:
     seconds any one wait for the server may take before the connection counts as lost.
     """
 
@@ -183,6 +185,7 @@ class BulkPublisher:
         token: str | None = None,
         window: int = 1024,
         on_ack: Callable[[PublishAck], None] | None = None,
+        keep_acks: bool = True,
         timeout: float = 30.0,
         retries: int = 4,
         client_name: str = "hubbub-bulk",
@@ -201,7 +204,13 @@ class BulkPublisher:
         self._flush_frames = max(1, self._window // 4)
         self._queued = 0  # publishes queued since the last write
         self._on_ack = on_ack
+        self._acks_wanted = on_ack is not None or keep_acks
         self.acks: list[PublishAck] = []
+        #: Publishes acknowledged as appended, and as duplicates (their key was known).
+        self.published = 0
+        self.duplicates = 0
+        #: The highest seq acknowledged per channel.
+        self.tops: dict[str, int] = {}
         self._timeout = timeout
         self._retries = retries
         self._client_name = client_name
@@ -420,23 +429,14 @@ class BulkPublisher:
         if op == "batch":
             frames = frame.get("frames")
             if isinstance(frames, list):
+                reply = self._reply
                 for f in frames:
-                    self._on_frame(f)
+                    if type(f) is dict and f.get("op") == "reply":
+                        reply(f)
+                    else:
+                        self._on_frame(f)
         elif op == "reply":
-            item = self._unacked.pop(frame.get("id", -1), None)
-            if item is None:
-                return
-            ack = PublishAck(
-                str(frame.get("channel", item.channel)),
-                int(frame.get("seq", 0)),
-                str(frame.get("epoch", "")),
-                int(frame.get("time", 0)),
-                bool(frame.get("duplicate", False)),
-            )
-            if self._on_ack is not None:
-                self._on_ack(ack)
-            else:
-                self.acks.append(ack)
+            self._reply(frame)
         elif op == "ping":
             pong: dict[str, Any] = {"op": "pong"}
             if "id" in frame:
@@ -457,6 +457,30 @@ class BulkPublisher:
                 self._later.append(item)
                 return
             raise PublishRefused(item.channel, item.idem, err)
+
+    def _reply(self, frame: dict[str, Any]) -> None:
+        """A publish's acknowledgement: tallied, and passed on or kept when asked for."""
+        item = self._unacked.pop(frame.get("id", -1), None)
+        if item is None:
+            return
+        channel = frame.get("channel", item.channel)
+        seq = frame.get("seq", 0)
+        duplicate = bool(frame.get("duplicate", False))
+        if duplicate:
+            self.duplicates += 1
+        else:
+            self.published += 1
+        if type(channel) is str and type(seq) is int and seq > self.tops.get(channel, 0):
+            self.tops[channel] = seq
+        if not self._acks_wanted:
+            return
+        ack = PublishAck(
+            str(channel), int(seq), str(frame.get("epoch", "")), int(frame.get("time", 0)), duplicate
+        )
+        if self._on_ack is not None:
+            self._on_ack(ack)
+        else:
+            self.acks.append(ack)
 
     # -- connection -----------------------------------------------------------------------------------
 

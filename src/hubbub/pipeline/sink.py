@@ -358,7 +358,7 @@ class _Publishing:
                     _native_url(self.url, self.native_address),
                     token=self.token or None,
                     window=self.window,
-                    on_ack=lambda a: commit.count(a.channel, a.seq, a.duplicate),
+                    keep_acks=False,  # the tallies are all the commit message needs
                     client_name="hubbub-pipeline-sink",
                 )
             except CannotConnect as exc:
@@ -378,6 +378,7 @@ class _Publishing:
             for channels, payloads, keys, ctypes, headers, tags in rows:
                 pub.publish_many(channels, payloads, keys, ctypes, headers, tags)
             pub.flush()
+            commit.published, commit.duplicates, commit.channels = pub.published, pub.duplicates, pub.tops
         except HubbubError as exc:
             raise PipelineError(
                 str(exc) if str(exc).startswith("publishing") else f"hubbub sink: {exc}"

@@ -4,9 +4,9 @@ A bulk load (the data pipeline's sink, ``backfill``) sends every publish with an
 of N publishes used to cost N ``SELECT`` statements (one per key, nearly all of them missing) and an
 ``executemany`` of N rows. Here the keys of a batch are looked up with one statement per (channel, user)
 of the batch (``key IN json_each(?)``: one parameter however many keys, each probed through the primary
-key), and the batch's new keys are written with multi-row ``INSERT`` statements of 2**k rows (as
-``_inserts.py`` does for events). Measured on the 2-core dev machine, a 500-publish batch of keyed
-publishes with a header each, store CPU per publish: see docs/pipeline.md "Sink figures".
+key); the events that a batch's repeated keys answer with are read with one statement per channel (a
+retried bulk load repeats every key); and the batch's new keys are written with multi-row ``INSERT``
+statements of 2**k rows (as ``_inserts.py`` does for events). Figures: docs/pipeline.md "Sink and backfill".
 
 The lookup happens before the batch's own keys are written, as the per-request lookups did, so what it
 finds is what each request would have found; repeats inside the batch are the caller's (``batch_idem``).
@@ -21,6 +21,7 @@ from typing import Any, Final, Protocol
 
 from hubbub.log.base import AppendRequest
 from hubbub.log.sqlite._inserts import _insert_chunks, _insert_log2
+from hubbub.log.sqlite._schema import _EVENT_COLS
 
 #: What a key's row says: (seq, time_ns, channel id and epoch of the original event).
 Original = tuple[int, int, int, str]
@@ -28,6 +29,9 @@ Original = tuple[int, int, int, str]
 _LOOKUP: Final = (
     "SELECT key, seq, time_ns, coalesce(origin_id, channel_id), coalesce(origin_epoch, ?1) FROM idem "
     "WHERE channel_id = ?2 AND user = ?3 AND key IN (SELECT value FROM json_each(?4))"
+)
+_ORIGINALS: Final = (
+    f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ?1 AND seq IN (SELECT value FROM json_each(?2))"
 )
 _INSERT_MAX_LOG2: Final = 8
 _IDEM_ROW: Final = 5
@@ -65,6 +69,21 @@ def find_originals(
         for key, seq, t, cid, epoch in conn.execute(_LOOKUP, (h.epoch, h.id, user, json.dumps(keys))):
             found[(user, name, key)] = (seq, t, cid, epoch)
     return found
+
+
+def original_rows(
+    conn: sqlite3.Connection, found: Mapping[tuple[str, str, str], Original]
+) -> dict[tuple[int, int], Sequence[Any]]:
+    """The ``events`` rows (``_EVENT_COLS``) of the originals ``found`` names, by (channel id, seq): one
+    statement per channel id. An original missing here was trimmed since (the caller rebuilds it)."""
+    seqs: dict[int, list[int]] = {}
+    for seq, _t, cid, _epoch in found.values():
+        seqs.setdefault(cid, []).append(seq)
+    rows: dict[tuple[int, int], Sequence[Any]] = {}
+    for cid, wanted in seqs.items():
+        for row in conn.execute(_ORIGINALS, (cid, json.dumps(wanted))):
+            rows[(cid, row[0])] = row
+    return rows
 
 
 def insert_keys(conn: sqlite3.Connection, rows: list[Any], limit: int) -> None:

@@ -32,7 +32,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -52,10 +52,9 @@ from hubbub.log.records import encode_headers, encode_tags, event_size
 from hubbub.log.sqlite._checkpointer import _Checkpointer
 from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
-from hubbub.log.sqlite._idem import Original, find_originals, insert_keys
+from hubbub.log.sqlite._idem import Original, find_originals, insert_keys, original_rows
 from hubbub.log.sqlite._inserts import _MIN_RUN, _insert_events, _run_rows, _same_publisher
 from hubbub.log.sqlite._schema import (
-    _EVENT_COLS,
     _WRITER_CLOSED,
     DURABILITY_SYNCHRONOUS,
     SCHEMA_VERSION,
@@ -289,6 +288,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             batch_idem: dict[tuple[str, str, str], Event] = {}
             # The keys' rows, looked up per batch before any is written (so as the requests see them).
             originals = find_originals(conn, heads, batch) if window else {}
+            original_events = original_rows(conn, originals) if originals else {}
             results: list[AppendResult] = []
             add_result = results.append
             # The previous request's channel and head: a batch is mostly runs of one channel's publishes.
@@ -312,7 +312,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     if dup is None and originals:
                         found = originals.get(key)
                         if found is not None and found[1] > t_next - window:
-                            dup = self._original(conn, name, found, req)
+                            dup = self._original(name, found, req, original_events)
                     if dup is not None and t_next - dup.time_ns < window:
                         add_result(AppendResult(dup, duplicate=True))
                         continue
@@ -400,15 +400,20 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             self._checkpointer.kick()
         return results
 
-    def _original(self, conn: sqlite3.Connection, name: str, key: Original, req: AppendRequest) -> Event:
-        """The event a repeated idempotency key first appended (its ``idem`` row: ``key``). It may be in a
-        retired epoch of the channel: the key was acknowledged there, and the event is still in the log."""
+    def _original(
+        self,
+        name: str,
+        key: Original,
+        req: AppendRequest,
+        rows: Mapping[tuple[int, int], Sequence[Any]],
+    ) -> Event:
+        """The event a repeated idempotency key first appended (its ``idem`` row: ``key``; ``rows``: the
+        batch's originals read by ``original_rows``). It may be in a retired epoch of the channel: the key
+        was acknowledged there, and the event is still in the log."""
         seq, t, cid, epoch = key
-        found = conn.execute(
-            f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (cid, seq)
-        ).fetchall()
-        if found:
-            return self._events(name, epoch, found)[0]
+        row = rows.get((cid, seq))
+        if row is not None:
+            return self._events(name, epoch, [row])[0]
         # Trimmed since: rebuild it from the repeated request (same key, so the same event) and the position.
         return Event(
             name,
