@@ -2,11 +2,10 @@
 services in one process): a consumer created on one node journals the events committed by the other (the
 journal is written in every node's commit); the node serving it must also hand them out, in journal order.
 
-Both fail today (strict xfail, so the fix shows): the service takes its own node's commit notifications as
-the journal's next items, so (1) an item journaled by another node before one of this node's moves
-``loaded_to`` past it and it is skipped until a restart, and (2) nothing tells an open consumer of another
-node's commits. The fix belongs in the consumer service: on a shared log, notifications are hints to read
-the journal, and the cluster relay's delivery of other nodes' events is one too."""
+On a shared log (``LogStore.shared``) the service takes its own node's commit notifications only when they
+continue ``loaded_to``, and reads the journal otherwise; other nodes' commits reach an open consumer
+through the cluster relay's hint (``ConsumerService.others_committed``) and, as a safety net, a periodic
+poll. Live exclusive groups get other nodes' events from the relay's releases (``released``)."""
 
 from __future__ import annotations
 
@@ -15,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker
 from hubbub.core import ConsumerService, Node, NodeSettings
+from hubbub.events import Event
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
+from tests.redisserver import RedisServer
 
 from .test_consumers import Recv, payloads, pending, publish, spec
 
@@ -30,10 +32,6 @@ async def _two_nodes(url: str, tmp: Path) -> tuple[Node, Node]:
     return a, b
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a notification of this node's commit moves loaded_to past items another node journaled before it",
-)
 def test_events_committed_by_another_node_are_journaled_for_a_consumer(tmp_path: Path, pg_url: str) -> None:
     async def main() -> None:
         a, b = await _two_nodes(pg_url, tmp_path)
@@ -60,11 +58,6 @@ def test_events_committed_by_another_node_are_journaled_for_a_consumer(tmp_path:
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a consumer's service learns of new journal items from its own node's commits only: items "
-    "another node journals while the consumer is open wait for a restart (docs/cluster.md)",
-)
 def test_an_open_consumer_gets_what_another_node_commits(tmp_path: Path, pg_url: str) -> None:
     async def main() -> None:
         a, b = await _two_nodes(pg_url, tmp_path)
@@ -79,5 +72,88 @@ def test_an_open_consumer_gets_what_another_node_commits(tmp_path: Path, pg_url:
             await publish(b, "/jobs/x", "from-b")
             bt = await asyncio.wait_for(r.q.get(), 5.0)
             assert payloads(bt) == ["from-b"]
+
+    asyncio.run(main())
+
+
+async def _cluster(url: str, tmp: Path, redis: RedisServer) -> tuple[list[Node], list[RedisBroker]]:
+    """Two nodes with Redis brokers on one PostgreSQL log, as ``hubbub serve`` builds them."""
+    nodes: list[Node] = []
+    brokers: list[RedisBroker] = []
+    for name in ("a", "b"):
+        store = open_store(url, str(tmp / name), "commit", RetentionPolicy(), 600)
+        br = RedisBroker(BrokerSettings(redis.url, name, poll_interval_s=60.0), store)
+        node = Node(ClusterView(store, br), NodeSettings())
+        await node.__aenter__()
+        await br.start(node)
+        nodes.append(node)
+        brokers.append(br)
+    return nodes, brokers
+
+
+async def _close(nodes: list[Node], brokers: list[RedisBroker]) -> None:
+    for br in brokers:
+        await br.close()
+    for node in nodes:
+        await node.close()
+
+
+def test_the_relay_tells_an_open_consumer_of_another_nodes_commits(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """With the poll an hour away, only the relay's hint can bring node B's commits to A's consumer."""
+
+    async def main() -> None:
+        (a, b), brokers = await _cluster(pg_url, tmp_path, redis_server)
+        try:
+            async with ConsumerService(a, poll_s=3600) as svc_a, ConsumerService(b, poll_s=3600):
+                await svc_a.create(spec())
+                r = Recv()
+                o = await svc_a.open("c", r.on_batch, r.on_close, batch_max=100)
+                got: list[str] = []
+                for i in range(5):  # node A commits nothing: its own notifications cannot bring these
+                    await publish(b, "/jobs/x", f"b{i}")
+                while len(got) < 5:
+                    bt = await r.next()
+                    got += payloads(bt)
+                    await o.ack(bt.number)
+                assert got == [f"b{i}" for i in range(5)]
+                await publish(a, "/jobs/y", "a0")  # and A's own next item follows them
+                await publish(b, "/jobs/x", "b5")
+                while len(got) < 7:
+                    bt = await r.next()
+                    got += payloads(bt)
+                    await o.ack(bt.number)
+                assert got[5:] == ["a0", "b5"]
+                assert await pending(b, "c") == []
+        finally:
+            await _close([a, b], brokers)
+
+    asyncio.run(main())
+
+
+def test_a_live_group_gets_every_nodes_events_in_order(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    async def main() -> None:
+        (a, b), brokers = await _cluster(pg_url, tmp_path, redis_server)
+        try:
+            async with ConsumerService(a) as svc_a, ConsumerService(b):
+                got: list[str] = []
+                done = asyncio.Event()
+
+                def deliver(ev: Event) -> None:
+                    got.append(ev.payload.decode())
+                    if len(got) == 6:
+                        done.set()
+
+                svc_a.join("g", "/jobs/**", deliver)
+                for i in range(3):
+                    await publish(b, "/jobs/x", f"b{i}")
+                    await publish(a, "/jobs/x", f"a{i}")
+                await asyncio.wait_for(done.wait(), 10.0)
+                assert got == ["b0", "a0", "b1", "a1", "b2", "a2"]  # once each, in the channel's seq order
+        finally:
+            await _close([a, b], brokers)
 
     asyncio.run(main())

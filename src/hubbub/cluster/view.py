@@ -47,6 +47,7 @@ class ClusterView(LogStore):
         self.engine = store.engine
         self.readonly = store.readonly
         self.inline_append = store.inline_append
+        self.shared = store.shared
 
     def _cap(self, infos: list[ChannelInfo]) -> list[ChannelInfo]:
         """``infos`` capped at what the node delivered (waiting for all of them at once)."""

@@ -18,8 +18,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
 from hubbub.errors import HubbubError
+from hubbub.events import Event
 from hubbub.log.base import AppendResult, LogStore
-from hubbub.log.consumers import JournalItem, Retry
+from hubbub.log.consumers import JournalIndex, JournalItem, Retry
 
 from .consumer_groups import LiveGroups
 from .consumer_state import NS, Batch, ConsumerState, Opener, Outstanding
@@ -105,6 +106,10 @@ class Delivery:
         self._spawn = spawn
         self._close_opener = close_opener
         self.max_items = max_items
+        #: The log is written by other nodes too (``LogStore.shared``): see :meth:`committed`.
+        self.shared = node.store.shared
+        #: Every consumer's filter, to tell which consumers another node's events journal for (:meth:`stale`).
+        self.index = JournalIndex()
         self._dirty: set[ConsumerState] = set()
         self._pump_scheduled = False
         # Consumer ids that journal notifications named before the service knew them (see adopt).
@@ -121,20 +126,32 @@ class Delivery:
     def adopt(self, c: ConsumerState, *, new: bool) -> None:
         """Start serving ``c``. One just created (``new``) has an empty journal: unless a notification
         already named it, everything it gets comes through notifications, and nothing is read."""
+        self.index.add(c.id, c.spec)
         if new and not self._unknown_overflow and c.id not in self._unknown:
             c.backlog = False
         else:
             self._spawn(self.fill(c), f"consumer-fill-{c.id}")
         self._unknown.discard(c.id)
 
+    def forget(self, c: ConsumerState) -> None:
+        """Stop serving ``c`` (deleted)."""
+        self.index.remove(c.id)
+
     # -- journal notifications -----------------------------------------------------------------------------
 
     def committed(self, results: list[AppendResult]) -> None:
-        """The batcher's ``commit_hook``: take each commit's journal items, and feed live groups."""
+        """The batcher's ``commit_hook``: take each commit's journal items, and feed live groups (on a node
+        with a cluster relay, the relay's releases feed them instead: :meth:`ConsumerService.released`).
+
+        On a shared log (``LogStore.shared``) other nodes journal too, and nothing here hears of it: an item
+        is taken only when it is the next position after ``loaded_to``; otherwise the consumer reads its
+        journal from ``loaded_to`` on (positions are allocated under the log lock, in commit order, so a read
+        that sees an item sees every earlier one)."""
         by_id = self._by_id
-        groups = self._groups.index
+        groups = self._groups.index if self._node.relay is None else None
         if not by_id and not groups and not self.creating:
             return  # nothing to do per event (a create under way must see its early items: _unknown)
+        shared = self.shared
         for r in results:
             if r.duplicate:
                 continue
@@ -149,7 +166,12 @@ class Delivery:
                         else:
                             self._unknown_overflow = True
                         continue
-                    if c.backlog or c.reading or len(c.items) >= self.max_items:
+                    if (
+                        c.backlog
+                        or c.reading
+                        or len(c.items) >= self.max_items
+                        or (shared and pos != c.loaded_to + 1)
+                    ):
                         c.backlog = c.dropped = True
                         self.schedule(c)
                         continue
@@ -160,6 +182,41 @@ class Delivery:
                     self.schedule(c)
             if groups:
                 self._groups.deliver(r.event)
+
+    def stale(self, c: ConsumerState) -> None:
+        """The journal of ``c`` may hold items beyond ``loaded_to`` that no notification brought (another
+        node committed them): read it (at once if it has room, else as items are acknowledged)."""
+        if c.deleted:
+            return
+        c.backlog = c.dropped = True
+        self.schedule(c)
+
+    def others_committed(self, events: Sequence[Event] | None) -> None:
+        """:meth:`ConsumerService.others_committed`: the open consumers ``events`` (None: all) journal for
+        read their journals."""
+        if events is None:
+            for c in self._by_id.values():
+                if c.openers:
+                    self.stale(c)
+            return
+        by_id = self._by_id
+        match = self.index.match
+        seen: set[int] = set()
+        for ev in events:
+            for cid in match(ev.channel, ev.tags):
+                if cid not in seen:
+                    seen.add(cid)
+                    found = by_id.get(cid)
+                    if found is not None and found.openers:
+                        self.stale(found)
+
+    async def poll(self, interval_s: float) -> None:
+        """On a shared log, the safety net under the relay's hints (a Redis message lost, a node killed
+        between its commit and its publish, no relay at all): every ``interval_s`` each consumer with
+        openers reads its journal beyond ``loaded_to`` (one small query per open consumer and interval)."""
+        while not self.closing:
+            await asyncio.sleep(interval_s)
+            self.others_committed(None)
 
     async def fill(self, c: ConsumerState) -> None:
         """Read the consumer's items beyond ``loaded_to`` from the store while it has a backlog and room."""

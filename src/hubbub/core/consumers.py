@@ -43,7 +43,7 @@ import contextlib
 import heapq
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from hubbub.errors import ConsumerBusy, ConsumerExists, ConsumerNotFound, ShuttingDown, UnknownBatch
@@ -65,8 +65,9 @@ class ConsumerService:
     own ``async with``: it loads the consumers and sets the batcher's ``commit_hook``, before any publish
     should be accepted."""
 
-    def __init__(self, node: Node, *, max_items: int = 10_000) -> None:
+    def __init__(self, node: Node, *, max_items: int = 10_000, poll_s: float = 1.0) -> None:
         self._node = node
+        self._poll_s = max(poll_s, 0.01)
         self._by_name: dict[str, ConsumerState] = {}
         self._by_id: dict[int, ConsumerState] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -102,6 +103,8 @@ class ConsumerService:
         for info in infos:
             if info.spec.name not in self._by_name:
                 self._add(info)
+        if self._delivery.shared:
+            self._spawn(self._delivery.poll(self._poll_s), "consumer-poll")
 
     async def close(self) -> None:
         """Close every opener and member, and wait for the settles under way."""
@@ -171,6 +174,7 @@ class ConsumerService:
 
     def _forget(self, c: ConsumerState, reason: str) -> None:
         c.deleted = True
+        self._delivery.forget(c)
         for o in list(c.openers):
             self._close_opener(o, reason, notify=True)
         if c.timer is not None:
@@ -226,7 +230,10 @@ class ConsumerService:
             raise ConsumerBusy(f"{name}: already listening")
         o = Opener(self, c, share, on_batch, on_close, batch_max)
         c.openers.append(o)
-        self._delivery.schedule(c)
+        if self._delivery.shared:
+            self._delivery.stale(c)  # other nodes may have journaled items since it was last read
+        else:
+            self._delivery.schedule(c)
         return o
 
     def _check_open(self) -> None:
@@ -297,6 +304,20 @@ class ConsumerService:
             except Exception:
                 log.exception("a consumer's close callback failed")
 
+    # -- other nodes' commits (shared log) -------------------------------------------------------------------
+
+    def others_committed(self, events: Sequence[Event] | None = None) -> None:
+        """Other nodes committed ``events`` (None: something, unknown, as a catch-up from the log finds): the
+        open consumers they journal for read their journals. The cluster relay calls it as their events
+        arrive, before it releases them in order."""
+        self._delivery.others_committed(events)
+
+    def released(self, event: Event) -> None:
+        """A cluster relay released ``event`` (this node's or another's) to the node, in per-channel order:
+        the live groups get it (on a node with a relay they get nothing from the commits themselves)."""
+        if self._groups.index:
+            self._groups.deliver(event)
+
     # -- live exclusive groups -------------------------------------------------------------------------------
 
     def join(
@@ -316,6 +337,10 @@ class ConsumerService:
     def groups_matching(self, channel: str, tags: tuple[str, ...] = ()) -> int:
         """How many live groups an event on ``channel`` reaches (each counts once: qpubs ``delivered``)."""
         return self._groups.matching(channel, tags)
+
+    @property
+    def has_groups(self) -> bool:
+        return bool(self._groups.index)
 
     def statistics(self) -> dict[str, Any]:
         return {

@@ -261,6 +261,10 @@ class LogStore(abc.ABC):
     #: Whether ``append`` is cheap and never waits on I/O (no disk, no network), so that core may run it on
     #: the event loop thread instead of handing it to the writer thread (see ``hubbub.core.writer``).
     inline_append: bool = False
+    #: Whether other processes write the same log (several nodes on one database): then a consumer's journal
+    #: also grows by commits this process never sees, so its readers learn of them by reading, not only from
+    #: their own commits (``hubbub.core.consumers``). Journal positions stay allocated in commit order.
+    shared: bool = False
 
     @abc.abstractmethod
     def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:

@@ -148,6 +148,7 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
     """
 
     engine = "postgres"
+    shared = True  # every node of a cluster writes this database
 
     def __init__(
         self,
