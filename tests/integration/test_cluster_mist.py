@@ -15,7 +15,6 @@ import pytest
 from tests.redisserver import RedisServer
 
 from .mist_clients import Client1x
-from .serverproc import ServerProcess
 from .test_cluster_presence import TTL_S, _node
 
 pytestmark = pytest.mark.slow
