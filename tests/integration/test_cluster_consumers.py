@@ -10,6 +10,7 @@ poll. Live exclusive groups get other nodes' events from the relay's releases (`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
 from tests.redisserver import RedisServer
 
+from .consumer_wire import Wire, text
+from .serverproc import ServerProcess
 from .test_consumers import Recv, payloads, pending, publish, spec
 
 pytestmark = pytest.mark.slow
@@ -157,3 +160,76 @@ def test_a_live_group_gets_every_nodes_events_in_order(
             await _close([a, b], brokers)
 
     asyncio.run(main())
+
+
+def _server(tmp: Path, name: str, pg_url: str, redis: RedisServer) -> ServerProcess:
+    return ServerProcess(
+        tmp / name, ["--store", pg_url, "--broker", redis.url, "--cluster-node-id", name]
+    ).start()
+
+
+def test_a_node_killed_mid_load_loses_no_acknowledged_event_for_a_consumer_on_another(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """Real processes: a consumer held on node A over native TCP while publishers on A and B load it, and B is
+    killed -9 mid-load (events it committed may never reach Redis): A's consumer gets every acknowledged event
+    of both, each once, per channel in publish order."""
+    a = _server(tmp_path, "a", pg_url, redis_server)
+    b = _server(tmp_path, "b", pg_url, redis_server)
+    acked: dict[str, list[str]] = {"/k/a": [], "/k/b": []}
+
+    async def publisher(node: ServerProcess, channel: str, n: int, stop_after: int | None) -> None:
+        w = await Wire.open(node.ports, "tcp", "json")
+        try:
+            for i in range(n):
+                if stop_after is not None and len(acked[channel]) == stop_after:
+                    node.kill()  # -9, with the next publishes of this connection under way
+                r = await w.request({"op": "publish", "channel": channel, "ack": True, "text": f"{i}"})
+                assert r["op"] == "reply", r
+                acked[channel].append(f"{i}")
+        except (ConnectionError, OSError, asyncio.IncompleteReadError, TimeoutError):
+            assert stop_after is not None  # only node B goes away
+        finally:
+            with contextlib.suppress(Exception):
+                await w.close()
+
+    async def main() -> None:
+        c = await Wire.open(a.ports, "tcp", "json")
+        r = await c.request({"op": "consume", "consumer": "k", "pattern": "/k/*", "max": 50})
+        assert r["op"] == "reply", r
+        got: dict[str, list[str]] = {"/k/a": [], "/k/b": []}
+        seen: set[int] = set()
+        progress = asyncio.Event()
+        loads = asyncio.gather(publisher(a, "/k/a", 300, None), publisher(b, "/k/b", 1000, 150))
+
+        async def consume() -> None:
+            while True:
+                d = await c.push()
+                for it in d["items"]:
+                    assert it["pos"] not in seen  # each once (acknowledged as it comes)
+                    seen.add(it["pos"])
+                    got[it["channel"]].append(text(it))
+                assert (await c.request({"op": "ack", "consumer": "k", "batch": d["batch"]}))["op"] == "reply"
+                progress.set()
+
+        eater = asyncio.ensure_future(consume())
+        await loads
+        assert len(acked["/k/a"]) == 300 and len(acked["/k/b"]) >= 150
+        async with asyncio.timeout(30):
+            while len(got["/k/a"]) < 300 or len(got["/k/b"]) < len(acked["/k/b"]):
+                progress.clear()
+                await progress.wait()
+        eater.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await eater
+        assert got["/k/a"] == acked["/k/a"]
+        # Node B's: every acknowledged one, in order; a few more that it committed before the kill may follow.
+        assert got["/k/b"][: len(acked["/k/b"])] == acked["/k/b"]
+        assert got["/k/b"] == [f"{i}" for i in range(len(got["/k/b"]))]
+        await c.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 120))
+    finally:
+        a.kill()
+        b.kill()
