@@ -4,7 +4,7 @@ shared with the TCP listener (:mod:`hubbub.transports.mist_tcp`).
 The protocol logic is the sans-I/O :mod:`hubbub.dialects.mist`; this module carries its outputs out:
 
 * :class:`MistService` is the node's mist state: the token registry (``data_dir/mist-tokens.json``), which
-  tokens mist accepts (§8), the open connections (for ``listall`` and ``who``), the shared session encoders,
+  tokens mist accepts (§8), the open connections, the shared session encoders,
   and the HTTP routes ``/mist/ws`` (2015), ``/mist/v1/ws`` (1.x) and ``/mist/ping``.
 * :class:`MistWire` is one connection of either generation over either transport: ``Send`` outputs go to
   its session's queue, ``Publish`` to the log (committed before delivery, §6), ``Subscribe`` to a live core
