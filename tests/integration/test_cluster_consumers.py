@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker
+from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, RedisPresence
 from hubbub.core import ConsumerService, Node, NodeSettings
 from hubbub.events import Event
 from hubbub.log import open_store
@@ -79,26 +81,38 @@ def test_an_open_consumer_gets_what_another_node_commits(tmp_path: Path, pg_url:
     asyncio.run(main())
 
 
-async def _cluster(url: str, tmp: Path, redis: RedisServer) -> tuple[list[Node], list[RedisBroker]]:
-    """Two nodes with Redis brokers on one PostgreSQL log, as ``hubbub serve`` builds them."""
+async def _cluster(url: str, tmp: Path, redis: RedisServer) -> tuple[list[Node], list[Any]]:
+    """Two nodes with Redis brokers and presences on one PostgreSQL log, as ``hubbub serve`` builds them."""
     nodes: list[Node] = []
-    brokers: list[RedisBroker] = []
+    parts: list[Any] = []
     for name in ("a", "b"):
         store = open_store(url, str(tmp / name), "commit", RetentionPolicy(), 600)
         br = RedisBroker(BrokerSettings(redis.url, name, poll_interval_s=60.0), store)
         node = Node(ClusterView(store, br), NodeSettings())
         await node.__aenter__()
         await br.start(node)
+        presence = RedisPresence(redis.url, name, "hubbub.events", 15.0)
+        await presence.start()
+        node.presence = presence
         nodes.append(node)
-        brokers.append(br)
-    return nodes, brokers
+        parts += [br, presence]
+    return nodes, parts
 
 
-async def _close(nodes: list[Node], brokers: list[RedisBroker]) -> None:
-    for br in brokers:
-        await br.close()
+async def _close(nodes: list[Node], parts: list[Any]) -> None:
+    for p in parts:
+        await p.close()
     for node in nodes:
         await node.close()
+
+
+async def _rosters_read(*services: ConsumerService) -> None:
+    """Until every service has read the presence rosters of its live groups (a group's share of a node)."""
+    for _ in range(1000):
+        if not any(svc.statistics()["group_rosters_unread"] for svc in services):
+            return
+        await asyncio.sleep(0.01)  # polling what the nodes decide
+    raise AssertionError("the group rosters were not read within 10 s")
 
 
 def test_the_relay_tells_an_open_consumer_of_another_nodes_commits(
@@ -151,6 +165,7 @@ def test_a_live_group_gets_every_nodes_events_in_order(
                         done.set()
 
                 svc_a.join("g", "/jobs/**", deliver)
+                await _rosters_read(svc_a)
                 for i in range(3):
                     await publish(b, "/jobs/x", f"b{i}")
                     await publish(a, "/jobs/x", f"a{i}")
@@ -233,3 +248,49 @@ def test_a_node_killed_mid_load_loses_no_acknowledged_event_for_a_consumer_on_an
     finally:
         a.kill()
         b.kill()
+
+
+def test_a_live_group_with_members_on_two_nodes_gives_each_event_to_one_of_them(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """Node A's member alone first takes everything; once node B's member has settled in (its roster entry
+    older than ``settle_s`` at an event's commit), the nodes share the events; never one event to both."""
+
+    async def main() -> None:
+        (a, b), parts = await _cluster(pg_url, tmp_path, redis_server)
+        try:
+            async with ConsumerService(a, poll_s=0.2) as svc_a, ConsumerService(b, poll_s=0.2) as svc_b:
+                got: dict[str, list[str]] = {"a": [], "b": []}
+                total = 0
+                all_in = asyncio.Event()
+
+                def member(name: str) -> Callable[[Event], None]:
+                    def deliver(ev: Event) -> None:
+                        got[name].append(ev.payload.decode())
+                        if sum(map(len, got.values())) >= total:
+                            all_in.set()
+
+                    return deliver
+
+                svc_a.join("g", "/jobs/**", member("a"))
+                await _rosters_read(svc_a)
+                svc_b.join("g", "/jobs/**", member("b"))
+                await _rosters_read(svc_b)
+                # Publish on both nodes until node B's member has a share (B settles after 1.2 s).
+                async with asyncio.timeout(30):
+                    while not got["b"] or total < 40:
+                        for node in (a, b):
+                            total += 1
+                            all_in.clear()
+                            await publish(node, f"/jobs/{total % 3}", f"e{total}")
+                    while sum(map(len, got.values())) < total:
+                        all_in.clear()
+                        await all_in.wait()
+                every = got["a"] + got["b"]
+                assert sorted(every) == sorted(f"e{i}" for i in range(1, total + 1))  # each once
+                assert not set(got["a"]) & set(got["b"])
+                assert got["a"] and got["b"]
+        finally:
+            await _close([a, b], parts)
+
+    asyncio.run(main())

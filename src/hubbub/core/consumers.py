@@ -51,7 +51,7 @@ from hubbub.events import Event
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, check_spec
 
 from .consumer_delivery import Delivery, Settles
-from .consumer_groups import GroupMember, LiveGroups
+from .consumer_groups import GroupMember, GroupShares, LiveGroups
 from .consumer_state import BACKOFF_MAX_NS, BACKOFF_STEP_NS, Batch, ConsumerState, Opener, Outstanding
 from .node import Node
 
@@ -105,6 +105,8 @@ class ConsumerService:
                 self._add(info)
         if self._delivery.shared:
             self._spawn(self._delivery.poll(self._poll_s), "consumer-poll")
+            if self._node.relay is not None:  # a cluster: groups span the nodes
+                self._groups.span(GroupShares(self._node.presence, self._poll_s), self._spawn)
 
     async def close(self) -> None:
         """Close every opener and member, and wait for the settles under way."""
@@ -307,16 +309,13 @@ class ConsumerService:
     # -- other nodes' commits (shared log) -------------------------------------------------------------------
 
     def others_committed(self, events: Sequence[Event] | None = None) -> None:
-        """Other nodes committed ``events`` (None: something, unknown, as a catch-up from the log finds): the
-        open consumers they journal for read their journals. The cluster relay calls it as their events
-        arrive, before it releases them in order."""
+        """Other nodes committed ``events`` (None: unknown ones, a catch-up): the open consumers they journal
+        for read their journals. The cluster relay calls it as the events arrive, before it releases them."""
         self._delivery.others_committed(events)
 
     def released(self, event: Event) -> None:
-        """A cluster relay released ``event`` (this node's or another's) to the node, in per-channel order:
-        the live groups get it (on a node with a relay they get nothing from the commits themselves)."""
-        if self._groups.index:
-            self._groups.deliver(event)
+        """A cluster relay released ``event`` (any node's) in per-channel order: to the live groups."""
+        self._groups.deliver(event)
 
     # -- live exclusive groups -------------------------------------------------------------------------------
 
@@ -351,6 +350,7 @@ class ConsumerService:
             "acked": self.acked,
             "redelivered": self._delivery.redelivered,
             "groups": len(self._groups),
+            "group_rosters_unread": self._groups.unread,
         }
 
     @property
