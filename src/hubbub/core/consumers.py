@@ -21,10 +21,15 @@ Memory: at most ``max_items`` items per consumer are held (pending or outstandin
 and are read in pages (``backlog``) as room frees up. Journal notifications come from the ``commit_hook`` of
 the node's write batcher, which this service sets; a notification that finds no room (or a consumer still
 reading its backlog) is dropped and the item read from the store later, so none is lost between the two.
+On a log other nodes write too (``LogStore.shared``, a cluster), a notification is taken only when it
+continues what was read, and other nodes' items are read from the store when the cluster relay hints at them
+(:meth:`ConsumerService.others_committed`) and every ``poll_s`` (:mod:`.consumer_delivery`).
 
 **Live exclusive groups** (``listenExclusive``): members with the same group name and filter share a group;
 each matching event goes to exactly one member, round-robin in join order, at most once, and never to a group
-without members. They are live only: nothing is stored.
+without members. They are live only: nothing is stored. On a cluster node they take every node's events from
+the relay (:meth:`ConsumerService.released`), and the nodes share each group's events
+(:mod:`.consumer_groups`).
 
 The service is split in parts: :mod:`.consumer_state` (batches, openers, per-consumer state),
 :mod:`.consumer_delivery` (notifications, backlog reads, batching, settle writes) and :mod:`.consumer_groups`
