@@ -265,6 +265,11 @@ def test_everything_survives_a_reopen(factory: Factory) -> None:
     assert res[0].journal == ((c.id, 5),)
 
 
+def test_only_a_shared_engine_says_it_is_shared(factory: Factory) -> None:
+    """``LogStore.shared``: the consumer service reads the journal for other nodes' items only then."""
+    assert factory.open().shared is factory.engine.startswith("postgres")
+
+
 def test_a_shared_database_journals_for_consumers_of_every_node(factory: Factory) -> None:
     if not factory.engine.startswith("postgres"):
         pytest.skip("only PostgreSQL is shared by several nodes")
@@ -275,6 +280,8 @@ def test_a_shared_database_journals_for_consumers_of_every_node(factory: Factory
     b.append([req("/a/1")])
     a.append([req("/a/2")])
     b.append([req("/a/3")])
+    # Positions follow commit order whichever node commits, one after another: the consumer service takes a
+    # node's own notification only when it continues what it read (core/consumer_delivery.py).
     assert [i.pos for i in a.consumer_items(c.id)] == [1, 2, 3]
     assert a.consumer_delete("c")
     b.append([req("/a/4")])
