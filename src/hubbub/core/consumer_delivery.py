@@ -166,6 +166,8 @@ class Delivery:
                         else:
                             self._unknown_overflow = True
                         continue
+                    if pos <= c.loaded_to:
+                        continue  # a backlog read saw this commit before its notification came: loaded
                     if (
                         c.backlog
                         or c.reading
