@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, RedisPresence
@@ -25,6 +26,7 @@ from hubbub.log.base import RetentionPolicy
 from tests.redisserver import RedisServer
 
 from .consumer_wire import Wire, text
+from .qrpcclient import QrpcClient
 from .serverproc import ServerProcess
 from .test_consumers import Recv, payloads, pending, publish, spec
 
@@ -294,3 +296,63 @@ def test_a_live_group_with_members_on_two_nodes_gives_each_event_to_one_of_them(
             await _close([a, b], parts)
 
     asyncio.run(main())
+
+
+def test_qpubs_listen_exclusive_across_two_real_nodes(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """``hubbub serve`` twice: a ``listenExclusive`` group with a member on each node, emits on both nodes;
+    every emit reaches exactly one member, and once node B's member settled in, both get a share."""
+    extra = ["--cluster-poll-interval-s", "0.2"]
+    a, b = (
+        ServerProcess(
+            tmp_path / n, ["--store", pg_url, "--broker", redis_server.url, "--cluster-node-id", n, *extra]
+        ).start()
+        for n in "ab"
+    )
+
+    async def main() -> None:
+        got: dict[str, list[int]] = {"a": [], "b": []}
+        arrived = asyncio.Event()
+
+        async def member(node: ServerProcess, name: str) -> QrpcClient:
+            q = await QrpcClient.connect(node.ports["qrpc"])
+            cid = q.send("listenExclusive", {"topic": "g.*", "group": "G"})
+            assert await q.call("ignore", {"topic": "__barrier__"}) == {"ok": True, "removed": 0}
+
+            async def drain() -> None:
+                while True:
+                    msg = await q.next(cid, 3600)
+                    got[name].append(msg["m"]["value"])
+                    arrived.set()
+
+            tasks.append(asyncio.ensure_future(drain()))
+            return q
+
+        tasks: list[asyncio.Task[None]] = []
+        qa = await member(a, "a")
+        qb = await member(b, "b")
+        sent = 0
+        async with aiohttp.ClientSession() as http:
+            async with asyncio.timeout(60):
+                while not got["b"] or sent < 40:
+                    for node in (a, b):
+                        url = f"http://127.0.0.1:{node.ports['http']}/qpubs/emit"
+                        async with http.post(url, params={"topic": f"g.{sent % 3}"}, json=sent) as r:
+                            assert r.status == 200, await r.text()
+                        sent += 1
+                while len(got["a"]) + len(got["b"]) < sent:
+                    arrived.clear()
+                    await arrived.wait()
+        for t in tasks:
+            t.cancel()
+        assert sorted(got["a"] + got["b"]) == list(range(sent))  # each emit to exactly one member
+        assert got["a"] and got["b"]
+        await qa.close()
+        await qb.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        a.kill()
+        b.kill()
