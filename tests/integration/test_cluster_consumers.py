@@ -83,6 +83,31 @@ def test_an_open_consumer_gets_what_another_node_commits(tmp_path: Path, pg_url:
     asyncio.run(main())
 
 
+def test_consumers_created_and_deleted_on_another_node(tmp_path: Path, pg_url: str) -> None:
+    """A consumer node B creates can be opened on node A at once; one B deletes closes A's openers
+    (``deleted``) at A's next poll."""
+
+    async def main() -> None:
+        a, b = await _two_nodes(pg_url, tmp_path)
+        async with a, b, ConsumerService(a, poll_s=0.1) as svc_a, ConsumerService(b, poll_s=0.1) as svc_b:
+            await svc_b.create(spec("made-on-b"))
+            await publish(b, "/jobs/x", "one")
+            r = Recv()
+            o = await svc_a.open("made-on-b", r.on_batch, r.on_close, create=False)
+            bt = await r.next()
+            assert payloads(bt) == ["one"]
+            await o.ack(bt.number)
+            assert await svc_b.delete("made-on-b")
+            for _ in range(500):
+                if r.closed:
+                    break
+                await asyncio.sleep(0.01)  # polling what node A decides
+            assert r.closed == ["deleted"]
+            assert svc_a.info("made-on-b") is None
+
+    asyncio.run(main())
+
+
 async def _cluster(url: str, tmp: Path, redis: RedisServer) -> tuple[list[Node], list[Any]]:
     """Two nodes with Redis brokers and presences on one PostgreSQL log, as ``hubbub serve`` builds them."""
     nodes: list[Node] = []
@@ -353,6 +378,62 @@ def test_qpubs_listen_exclusive_across_two_real_nodes(
 
     try:
         asyncio.run(main())
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_the_node_serving_a_consumer_killed_its_client_resumes_on_another_with_nothing_lost(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """Node A serves a consumer and is killed -9 while its client holds a batch: the client opens the
+    consumer on node B and gets every unacknowledged item (the held batch included) and no acknowledged one,
+    while events go on being published on B."""
+    a = _server(tmp_path, "a", pg_url, redis_server)
+    b = _server(tmp_path, "b", pg_url, redis_server)
+    n = 60
+    acked: set[int] = set()
+    held: set[int] = set()
+
+    async def main() -> None:
+        w = await Wire.open(a.ports, "tcp", "json")
+        r = await w.request({"op": "consume", "consumer": "f", "pattern": "/f/*", "max": 5})
+        assert r["op"] == "reply", r
+        pub = await Wire.open(b.ports, "ws", "json")
+        for i in range(n):  # published on B, served by A
+            assert (await pub.request({"op": "publish", "channel": "/f/x", "ack": True, "text": f"{i}"}))[
+                "op"
+            ] == "reply"
+        while len(acked) < n // 2:
+            d = await w.push()
+            assert (await w.request({"op": "ack", "consumer": "f", "batch": d["batch"]}))["op"] == "reply"
+            acked.update(it["pos"] for it in d["items"])
+        d = await w.push()
+        held.update(it["pos"] for it in d["items"])
+        a.kill()
+        await w.close()
+        for i in range(n, n + 10):  # more while the client moves
+            assert (await pub.request({"op": "publish", "channel": "/f/x", "ack": True, "text": f"{i}"}))[
+                "op"
+            ] == "reply"
+        w2 = await Wire.open(b.ports, "tcp", "json")
+        r = await w2.request({"op": "consume", "consumer": "f", "create": False, "max": 7})
+        assert r["op"] == "reply", r
+        seen: dict[int, str] = {}
+        while len(seen) < n + 10 - len(acked):
+            d = await w2.push()
+            for it in d["items"]:
+                assert it["pos"] not in seen and it["pos"] not in acked
+                seen[it["pos"]] = text(it)
+            await w2.request({"op": "ack", "consumer": "f", "batch": d["batch"]})
+        assert set(seen) == set(range(1, n + 11)) - acked
+        assert held <= set(seen)
+        assert list(seen.values()) == sorted(seen.values(), key=int)  # journal order
+        await w2.close()
+        await pub.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 120))
     finally:
         a.kill()
         b.kill()

@@ -18,9 +18,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
 from hubbub.errors import HubbubError
-from hubbub.events import Event
 from hubbub.log.base import AppendResult, LogStore
-from hubbub.log.consumers import JournalIndex, JournalItem, Retry
+from hubbub.log.consumers import JournalItem, Retry
 
 from .consumer_groups import LiveGroups
 from .consumer_state import NS, Batch, ConsumerState, Opener, Outstanding
@@ -108,8 +107,6 @@ class Delivery:
         self.max_items = max_items
         #: The log is written by other nodes too (``LogStore.shared``): see :meth:`committed`.
         self.shared = node.store.shared
-        #: Every consumer's filter, to tell which consumers another node's events journal for (:meth:`stale`).
-        self.index = JournalIndex()
         self._dirty: set[ConsumerState] = set()
         self._pump_scheduled = False
         # Consumer ids that journal notifications named before the service knew them (see adopt).
@@ -126,16 +123,11 @@ class Delivery:
     def adopt(self, c: ConsumerState, *, new: bool) -> None:
         """Start serving ``c``. One just created (``new``) has an empty journal: unless a notification
         already named it, everything it gets comes through notifications, and nothing is read."""
-        self.index.add(c.id, c.spec)
         if new and not self._unknown_overflow and c.id not in self._unknown:
             c.backlog = False
         else:
             self._spawn(self.fill(c), f"consumer-fill-{c.id}")
         self._unknown.discard(c.id)
-
-    def forget(self, c: ConsumerState) -> None:
-        """Stop serving ``c`` (deleted)."""
-        self.index.remove(c.id)
 
     # -- journal notifications -----------------------------------------------------------------------------
 
@@ -192,33 +184,6 @@ class Delivery:
             return
         c.backlog = c.dropped = True
         self.schedule(c)
-
-    def others_committed(self, events: Sequence[Event] | None) -> None:
-        """:meth:`ConsumerService.others_committed`: the open consumers ``events`` (None: all) journal for
-        read their journals."""
-        if events is None:
-            for c in self._by_id.values():
-                if c.openers:
-                    self.stale(c)
-            return
-        by_id = self._by_id
-        match = self.index.match
-        seen: set[int] = set()
-        for ev in events:
-            for cid in match(ev.channel, ev.tags):
-                if cid not in seen:
-                    seen.add(cid)
-                    found = by_id.get(cid)
-                    if found is not None and found.openers:
-                        self.stale(found)
-
-    async def poll(self, interval_s: float) -> None:
-        """On a shared log, the safety net under the relay's hints (a Redis message lost, a node killed
-        between its commit and its publish, no relay at all): every ``interval_s`` each consumer with
-        openers reads its journal beyond ``loaded_to`` (one small query per open consumer and interval)."""
-        while not self.closing:
-            await asyncio.sleep(interval_s)
-            self.others_committed(None)
 
     async def fill(self, c: ConsumerState) -> None:
         """Read the consumer's items beyond ``loaded_to`` from the store while it has a backlog and room."""

@@ -23,7 +23,7 @@ the node's write batcher, which this service sets; a notification that finds no 
 reading its backlog) is dropped and the item read from the store later, so none is lost between the two.
 On a log other nodes write too (``LogStore.shared``, a cluster), a notification is taken only when it
 continues what was read, and other nodes' items are read from the store when the cluster relay hints at them
-(:meth:`ConsumerService.others_committed`) and every ``poll_s`` (:mod:`.consumer_delivery`).
+(:meth:`ConsumerService.others_committed`) and every ``poll_s`` (:mod:`.consumer_shared`).
 
 **Live exclusive groups** (``listenExclusive``): members with the same group name and filter share a group;
 each matching event goes to exactly one member, round-robin in join order, at most once, and never to a group
@@ -57,6 +57,7 @@ from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, check_spec
 
 from .consumer_delivery import Delivery, Settles
 from .consumer_groups import GroupMember, GroupShares, LiveGroups
+from .consumer_shared import SharedJournal
 from .consumer_state import BACKOFF_MAX_NS, BACKOFF_STEP_NS, Batch, ConsumerState, Opener, Outstanding
 from .node import Node
 
@@ -72,7 +73,6 @@ class ConsumerService:
 
     def __init__(self, node: Node, *, max_items: int = 10_000, poll_s: float = 1.0) -> None:
         self._node = node
-        self._poll_s = max(poll_s, 0.01)
         self._by_name: dict[str, ConsumerState] = {}
         self._by_id: dict[int, ConsumerState] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -86,6 +86,9 @@ class ConsumerService:
             self._spawn,
             lambda o, reason: self._close_opener(o, reason, notify=True),
             max(max_items, 1),
+        )
+        self._shared = SharedJournal(
+            node, self._by_name, self._by_id, self._delivery, self._add, self._forget, poll_s
         )
         self._closing = False
         self.acked = 0
@@ -104,20 +107,17 @@ class ConsumerService:
         self._delivery.loop = self._settles.loop = asyncio.get_running_loop()
         self._node.batcher.commit_hook = self._delivery.committed
         self._node.consumers = self
-        infos: list[ConsumerInfo] = await self._node.reads.call(lambda st: st.consumers())
-        for info in infos:
-            if info.spec.name not in self._by_name:
-                self._add(info)
+        await self._shared.reload()  # every consumer, at first
         if self._delivery.shared:
-            self._spawn(self._delivery.poll(self._poll_s), "consumer-poll")
+            self._spawn(self._shared.run(), "consumer-poll")
             if self._node.relay is not None:  # a cluster: groups span the nodes
-                self._groups.span(GroupShares(self._node.presence, self._poll_s), self._spawn)
+                self._groups.span(GroupShares(self._node.presence, self._shared.poll_s), self._spawn)
 
     async def close(self) -> None:
         """Close every opener and member, and wait for the settles under way."""
         if self._closing:
             return
-        self._closing = self._delivery.closing = True
+        self._closing = self._delivery.closing = self._shared.closing = True
         if self._node.batcher.commit_hook == self._delivery.committed:
             self._node.batcher.commit_hook = None
         if self._node.consumers is self:
@@ -148,6 +148,7 @@ class ConsumerService:
     def _add(self, info: ConsumerInfo, *, new: bool = False) -> ConsumerState:
         c = ConsumerState(info)
         self._by_name[info.spec.name] = self._by_id[info.id] = c
+        self._shared.index.add(c.id, c.spec)
         self._delivery.adopt(c, new=new)
         return c
 
@@ -181,7 +182,7 @@ class ConsumerService:
 
     def _forget(self, c: ConsumerState, reason: str) -> None:
         c.deleted = True
-        self._delivery.forget(c)
+        self._shared.index.remove(c.id)
         for o in list(c.openers):
             self._close_opener(o, reason, notify=True)
         if c.timer is not None:
@@ -218,7 +219,7 @@ class ConsumerService:
         opener (``deleted``, ``shutdown``, ``error``), not after :meth:`Opener.close`. ``batch_max``: the
         most items per batch for this opener (0: no limit but ``batch_bytes``)."""
         self._check_open()
-        c = self._by_name.get(name)
+        c = self._by_name.get(name) or await self._shared.find(name)
         if c is None:
             if not create or spec is None:
                 raise ConsumerNotFound(f"{name}: not found")
@@ -314,9 +315,9 @@ class ConsumerService:
     # -- other nodes' commits (shared log) -------------------------------------------------------------------
 
     def others_committed(self, events: Sequence[Event] | None = None) -> None:
-        """Other nodes committed ``events`` (None: unknown ones, a catch-up): the open consumers they journal
-        for read their journals. The cluster relay calls it as the events arrive, before it releases them."""
-        self._delivery.others_committed(events)
+        """Other nodes committed ``events`` (None: unknown ones): the open consumers they journal for read
+        their journals (:mod:`.consumer_shared`). The cluster relay calls it as the events arrive."""
+        self._shared.others_committed(events)
 
     def released(self, event: Event) -> None:
         """A cluster relay released ``event`` (any node's) in per-channel order: to the live groups."""
