@@ -20,6 +20,7 @@ import pytest
 
 from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, RedisPresence
 from hubbub.core import ConsumerService, Node, NodeSettings
+from hubbub.errors import ConsumerBusy
 from hubbub.events import Event
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
@@ -104,6 +105,40 @@ def test_consumers_created_and_deleted_on_another_node(tmp_path: Path, pg_url: s
                 await asyncio.sleep(0.01)  # polling what node A decides
             assert r.closed == ["deleted"]
             assert svc_a.info("made-on-b") is None
+
+    asyncio.run(main())
+
+
+def test_one_node_at_a_time_serves_a_consumer(tmp_path: Path, pg_url: str) -> None:
+    """An opener on node B is refused (ConsumerBusy) while node A holds the consumer, even a work queue's;
+    once A's last opener closes, B serves it, and A is refused in turn."""
+
+    async def main() -> None:
+        a, b = await _two_nodes(pg_url, tmp_path)
+        async with a, b, ConsumerService(a) as svc_a, ConsumerService(b) as svc_b:
+            await svc_a.create(spec("q", shared=True))
+            ra, rb = Recv(), Recv()
+            oa = await svc_a.open("q", ra.on_batch, ra.on_close)
+            oa2 = await svc_a.open("q", ra.on_batch, ra.on_close)  # a second member on the same node
+            with pytest.raises(ConsumerBusy):
+                await svc_b.open("q", rb.on_batch, rb.on_close)
+            oa.close()
+            with pytest.raises(ConsumerBusy):  # A still has a member
+                await svc_b.open("q", rb.on_batch, rb.on_close)
+            oa2.close()
+            ob = None
+            for _ in range(500):  # A gives the hold back in the background
+                try:
+                    ob = await svc_b.open("q", rb.on_batch, rb.on_close)
+                    break
+                except ConsumerBusy:
+                    await asyncio.sleep(0.01)
+            assert ob is not None
+            await publish(a, "/jobs/x", "to-b")
+            assert payloads(await rb.next()) == ["to-b"]
+            with pytest.raises(ConsumerBusy):
+                await svc_a.open("q", ra.on_batch, ra.on_close)
+            ob.close()
 
     asyncio.run(main())
 

@@ -8,15 +8,21 @@ only.
   safety net for a Redis message lost or a node killed between its commit and its publish).
 * Other nodes create and delete consumers: the service takes up those created (at the next poll, or at once
   when a name to open is not known) and drops those deleted (their openers are told ``deleted``).
+* One node at a time serves a consumer: its first opener on a node takes the log's hold of it
+  (``LogStore.consumer_hold``, a PostgreSQL advisory lock that ends with the node's session), or is refused
+  with :class:`~hubbub.errors.ConsumerBusy` while another node holds it; the node gives the hold back when its
+  last opener closes. A node killed lets go at once (its sessions end); a node that loses its connection to
+  PostgreSQL loses its holds with it, and another node may then serve the consumer too until it reopens.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
-from hubbub.errors import HubbubError
+from hubbub.errors import ConsumerBusy, HubbubError
 from hubbub.events import Event
 from hubbub.log.consumers import ConsumerInfo, JournalIndex
 
@@ -39,6 +45,7 @@ class SharedJournal:
         by_name: dict[str, ConsumerState],
         by_id: dict[int, ConsumerState],
         delivery: Delivery,
+        spawn: Callable[[Coroutine[Any, Any, None], str], None],
         add: Callable[[ConsumerInfo], object],
         forget: Callable[[ConsumerState, str], None],
         poll_s: float,
@@ -47,6 +54,7 @@ class SharedJournal:
         self._by_name = by_name
         self._by_id = by_id
         self._delivery = delivery
+        self._spawn = spawn
         self._add = add
         self._forget = forget
         self.poll_s = max(poll_s, 0.01)
@@ -87,6 +95,38 @@ class SharedJournal:
         for info in infos:
             if info.id not in self._by_id and info.id not in before:
                 self._add(info)
+
+    async def hold(self, c: ConsumerState) -> None:
+        """Before an opener of ``c``: take the log's hold of it unless this node has it; ConsumerBusy when
+        another node holds it."""
+        if not self._delivery.shared:
+            return
+        lock = c.hold_lock = c.hold_lock or asyncio.Lock()
+        async with lock:
+            if c.held:
+                return
+            ok: bool = await self._node.reads.call(lambda st: st.consumer_hold(c.id, True))
+            if not ok:
+                raise ConsumerBusy(f"{c.spec.name}: served by another node")
+            c.held = True
+
+    def let_go(self, c: ConsumerState) -> None:
+        """``c`` may have no opener left here: give its hold back (unless one opens meanwhile)."""
+        if not c.held or c.openers or c.hold_lock is None:
+            return
+        lock = c.hold_lock
+
+        async def give_back() -> None:
+            async with lock:
+                if not c.held or (c.openers and not c.deleted):
+                    return
+                c.held = False
+                try:
+                    await self._node.reads.call(lambda st: st.consumer_hold(c.id, False))
+                except HubbubError as exc:  # the session is gone, and the hold with it
+                    log.debug("giving back the hold of %s failed: %s", c.spec.name, exc)
+
+        self._spawn(give_back(), f"consumer-let-go-{c.id}")
 
     async def find(self, name: str) -> ConsumerState | None:
         """The consumer ``name``, which another node may have created since the last poll (None: none)."""

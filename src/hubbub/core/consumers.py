@@ -88,7 +88,7 @@ class ConsumerService:
             max(max_items, 1),
         )
         self._shared = SharedJournal(
-            node, self._by_name, self._by_id, self._delivery, self._add, self._forget, poll_s
+            node, self._by_name, self._by_id, self._delivery, self._spawn, self._add, self._forget, poll_s
         )
         self._closing = False
         self.acked = 0
@@ -192,8 +192,7 @@ class ConsumerService:
         self._by_id.pop(c.id, None)
 
     def info(self, name: str) -> ConsumerInfo | None:
-        c = self._by_name.get(name)
-        return None if c is None else c.info
+        return None if (c := self._by_name.get(name)) is None else c.info
 
     async def consumers(self) -> list[ConsumerInfo]:
         """Every consumer as the store has it now (counts included)."""
@@ -233,6 +232,7 @@ class ConsumerService:
                 raise ConsumerNotFound(f"{name}: not found")
         elif not reuse:
             raise ConsumerExists(f"{name}: exists, may not reuse")
+        await self._shared.hold(c)  # on a shared log: no other node serves it
         share = c.spec.shared if shared is None else shared
         if c.openers and not (share and all(o.shared for o in c.openers)):
             raise ConsumerBusy(f"{name}: already listening")
@@ -306,6 +306,7 @@ class ConsumerService:
                 self._delivery.give_back(c, out.positions, 0)
         if not c.deleted:
             self._delivery.schedule(c)
+        self._shared.let_go(c)
         if notify:
             try:
                 o.notify_close(reason)
@@ -315,8 +316,7 @@ class ConsumerService:
     # -- other nodes' commits (shared log) -------------------------------------------------------------------
 
     def others_committed(self, events: Sequence[Event] | None = None) -> None:
-        """Other nodes committed ``events`` (None: unknown ones): the open consumers they journal for read
-        their journals (:mod:`.consumer_shared`). The cluster relay calls it as the events arrive."""
+        """Other nodes committed ``events`` (None: unknown): see :mod:`.consumer_shared`."""
         self._shared.others_committed(events)
 
     def released(self, event: Event) -> None:

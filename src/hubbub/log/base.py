@@ -468,6 +468,13 @@ class LogStore(abc.ABC):
     def consumer_items(self, consumer_id: int, after_pos: int = 0, limit: int = 1000) -> list[JournalItem]:
         """The consumer's unacknowledged items with ``pos > after_pos``, by position, at most ``limit``."""
 
+    def consumer_hold(self, consumer_id: int, take: bool = True) -> bool:
+        """Take (``take``) or give back this store's hold of a consumer among the stores sharing the log
+        (``shared``): at most one holds a consumer at a time, so one node hands out its items. True when held
+        (or given back), False when another store holds it. A hold ends with its store or its process; taking
+        it again while held stacks (give it back as often). An engine no other process writes holds always."""
+        return True
+
     @abc.abstractmethod
     def stats(self) -> StoreStats:
         """Retained events, their bytes (payload + header + tag bytes, as ``Event.size``), channels."""
