@@ -226,8 +226,8 @@ def test_a_live_group_gets_every_nodes_events_in_order(
                     if len(got) == 6:
                         done.set()
 
-                svc_a.join("g", "/jobs/**", deliver)
-                await _rosters_read(svc_a)
+                await svc_a.join("g", "/jobs/**", deliver).ready()  # this node's share decided
+                assert svc_a.statistics()["group_rosters_unread"] == 0
                 for i in range(3):
                     await publish(b, "/jobs/x", f"b{i}")
                     await publish(a, "/jobs/x", f"a{i}")

@@ -53,6 +53,13 @@ class GroupMember:
         """Leave the group. Idempotent."""
         self._groups.leave(self)
 
+    async def ready(self) -> None:
+        """Until this node takes its share of the group's events: at once, except on a cluster node whose
+        group is new here (one read of its roster, at most a few seconds)."""
+        shares = self._groups.shares
+        if shares is not None:
+            await shares.ready(self._group.roster)
+
 
 @dataclass(eq=False, slots=True)
 class _Group:
@@ -75,12 +82,14 @@ class GroupShares:
         #: Per roster of a group with members here: ``(token, since_ns)`` of every node's entry, by token
         #: (None until the roster is first read).
         self.views: dict[str, list[tuple[str, int]] | None] = {}
+        self._read: dict[str, asyncio.Event] = {}
         self._wake = asyncio.Event()
         self.closed = False
 
     def joined(self, roster: str) -> None:
         self.presence.join(roster, self.token, {})
         self.views[roster] = None
+        self._read.setdefault(roster, asyncio.Event())
         self._wake.set()
 
     @property
@@ -88,9 +97,18 @@ class GroupShares:
         """Rosters not read yet since this node joined them."""
         return sum(1 for v in self.views.values() if v is None)
 
+    async def ready(self, roster: str, timeout_s: float = 5.0) -> None:
+        """Until ``roster`` has been read since this node joined it (or ``timeout_s``)."""
+        read = self._read.get(roster)
+        if read is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(read.wait(), timeout_s)
+
     def left(self, roster: str) -> None:
         self.presence.leave(roster, self.token)
         self.views.pop(roster, None)
+        if (read := self._read.pop(roster, None)) is not None:
+            read.set()
 
     def mine(self, roster: str, ev: Event) -> bool:
         """Whether this node delivers ``ev`` to its members of the group whose roster is ``roster``."""
@@ -122,6 +140,8 @@ class GroupShares:
                     if not any(t == self.token for t, _ in view):
                         view = sorted([*view, (self.token, time.time_ns())])  # written soon
                     self.views[roster] = view
+                    if (read := self._read.pop(roster, None)) is not None:
+                        read.set()
 
 
 class LiveGroups:
