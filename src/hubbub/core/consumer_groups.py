@@ -14,7 +14,8 @@ while no node has, the earliest to join takes every event): every node decides e
 sends no event to two nodes. A node leaving or killed keeps its share until the others read the roster
 again (killed: until its entry expires, ``cluster.presence_ttl_s``): those events go to nobody (at most once
 holds), and so do the events a node releases between joining a group and its first read of the roster
-(milliseconds: :meth:`GroupMember.ready` waits for that read). While Redis is away each node sees only itself and delivers every event to its own members.
+(milliseconds: :meth:`GroupMember.ready` waits for that read). While Redis is away each node sees only
+itself and delivers every event to its own members.
 """
 
 from __future__ import annotations
