@@ -48,6 +48,12 @@ _ITEM_COLS: Final = (
 _CONSUMER_COLS: Final = "id, name, spec, created_ns, top, pending, bytes"
 #: The first key of the advisory locks that are consumers' holds (``consumer_hold``): "hubb".
 _HOLD_KEY: Final = 0x68756262
+#: Server-side TCP keepalives of the holds' session (seconds): a silent peer is dropped after 10 + 5 * 3 s.
+_HOLD_KEEPALIVES: Final = (
+    ("tcp_keepalives_idle", 10),
+    ("tcp_keepalives_interval", 5),
+    ("tcp_keepalives_count", 3),
+)
 
 
 def _info(row: Sequence[Any]) -> ConsumerInfo:
@@ -203,7 +209,17 @@ class _ConsumerSide:
             if conn is None or conn.closed or conn.broken:
                 if not take:
                     return True  # the session is gone, and its holds with it
-                conn = self._hold_conn = self._connect("consumer_hold")
+                conn = self._connect("consumer_hold")
+                try:
+                    # The server notices a dead node (a machine lost, not only a process) within ~25 s and
+                    # ends its session, and the holds with it; the default is the OS's (often 2 hours).
+                    for name, value in _HOLD_KEEPALIVES:
+                        conn.execute(f"SET {name} = {value}")
+                except _STORAGE_ERRORS as exc:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    raise _error("consumer_hold", exc) from exc
+                self._hold_conn = conn
             try:
                 row = conn.execute(sql, (_HOLD_KEY, consumer_id)).fetchone()
             except _STORAGE_ERRORS as exc:
