@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from hubbub.client._transport import _Conn
 from hubbub.client._wire import ClientClosed, ClientConnectionError, ConnectionLost, event_from_dict
@@ -35,6 +35,12 @@ if TYPE_CHECKING:
     from hubbub.client.aio import AsyncClient
 
 __all__ = ["Consumer", "ConsumerBatch", "ConsumerItem"]
+
+#: ``consumer busy``: open elsewhere (on a cluster, maybe on a node that died a moment ago).
+BUSY: Final = 4206
+#: How long a consumer reopened after a reconnect retries while it is busy (a lost machine's hold ends
+#: within about 25 s on a cluster).
+BUSY_RETRY_S: Final = 40.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,17 +143,27 @@ class Consumer:
         if self._conn is conn or self.closed:
             return
         self._conn = conn
-        try:
-            frame = {"op": "consume", "consumer": self.name, **self._fields}
-            reply = await self._client._request(frame, conn=conn)
-            self.info = {k: v for k, v in reply.items() if k not in ("op", "id")}
-        except ClientConnectionError:
-            if self._client._final is not None:
-                self._end(self._client._final)
-            return
-        except HubbubError as exc:
-            self._end(exc)
-            return
+        frame = {"op": "consume", "consumer": self.name, **self._fields}
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + BUSY_RETRY_S, 0.05
+        while True:
+            try:
+                reply = await self._client._request(frame, conn=conn)
+                self.info = {k: v for k, v in reply.items() if k not in ("op", "id")}
+                break
+            except ClientConnectionError:
+                if self._client._final is not None:
+                    self._end(self._client._final)
+                return
+            except HubbubError as exc:
+                # Reopened after a reconnect, on a cluster: the node that served it may not have let go yet
+                # (it died a moment ago, docs/cluster.md): 4206 for a while, then it opens.
+                again = exc.code == BUSY and self._ready.done() and loop.time() < deadline
+                if not again or self.closed or self._conn is not conn:
+                    self._end(exc)
+                    return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
         if not self._ready.done():
             self._ready.set_result(None)
 
