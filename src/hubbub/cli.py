@@ -44,8 +44,8 @@ HELP = {
     "from the log",
     "cluster.poll_interval_s": "while Redis is away, how often a node delivers other nodes' events "
     "from the log",
-    "cluster.presence_ttl_s": "how long a node's roster entries (guble subscribers, mist who) outlive its "
-    "last heartbeat in Redis; a dead node leaves the rosters after this",
+    "cluster.presence_ttl_s": "how long a node's roster entries (guble's subscribers) outlive its last "
+    "heartbeat in Redis; a dead node leaves the rosters after this",
     "http.listen": "HTTP and WebSocket listener, HOST:PORT (port 0 picks a free port)",
     "native.tcp_listen": "native raw TCP listener, HOST:PORT",
     "native.enabled": "serve the native protocol (true/false)",
