@@ -112,7 +112,7 @@ HELP = {
     "wearscript.upstream": "ws:// URL of a WearScript hub to link up to (its /wearscript/ws[/<secret>])",
     "upstream": "ws:// URL of a hubbub node to link up to (repeatable; ?token=… or federation.token)",
     "federation.node_id": "this node's id in the federation (default: one kept in DATA_DIR/federation)",
-    "federation.token": "the token the upstream links present (unless their URL has ?token=)",
+    "federation.token": "the token every upstream link presents (when set, instead of its URL's ?token=)",
     "federation.accept": "take federation links from hubbub nodes below this one (true/false)",
     "log_level": "debug, info, warning or error",
     "log_format": "text or json (one JSON object per line)",
