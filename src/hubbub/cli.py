@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run the server",
         description="Run a hubbub server. Every option can also be set in the environment "
-        "(HUBBUB_<KEY>) or in a TOML file (--config); the command line wins.",
+        "(HUBBUB_<KEY>) or in a TOML file (--config); the command line wins. docs/operations.md "
+        "'Configuration reference' lists the same keys.",
     )
     serve.add_argument(
         "--config", metavar="FILE", help="TOML config file with dotted keys or tables", default=None
