@@ -2,7 +2,7 @@
 
 Every configuration key has a help line and a row in docs/operations.md ("Configuration reference") naming
 its flag, its environment variable and its default; every option and argument of every ``hubbub`` command has
-a help line; every metric docs/operations.md names is exported somewhere in the code.
+a help line; every metric the docs name is exported somewhere in the code.
 """
 
 from __future__ import annotations
@@ -79,12 +79,19 @@ def test_every_option_of_every_command_has_help() -> None:
     assert missing == []
 
 
-def test_metrics_named_in_operations_exist() -> None:
+@pytest.mark.parametrize(
+    "page", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))], ids=lambda p: p.name
+)
+def test_metrics_named_in_the_docs_exist(page: Path) -> None:
+    """A metric a page names (in backticks; ``hubbub_x_*`` for a family) is exported by the code: by its name
+    (``_total`` is the exposition's suffix of a counter), or by an f-string family such as
+    ``f"hubbub_cluster_{name}"``."""
     code = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "src" / "hubbub").rglob("*.py"))
     literal = set(re.findall(r"\"(hubbub_[a-z_]+)\"", code))
     families = set(re.findall(r"f\"(hubbub_[a-z_]+_)\{", code))
-    named = set(re.findall(r"`(hubbub_[a-z_]+\*?)", OPERATIONS.read_text(encoding="utf-8")))
-    assert named
+    named = set(re.findall(r"`(hubbub_[a-z_]+\*?)", page.read_text(encoding="utf-8")))
+    if page == OPERATIONS:
+        assert named
     unknown = []
     for name in sorted(named):
         if name.endswith("*"):
