@@ -167,7 +167,7 @@ class Consumer:
                     return
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
-            if conn is not self._client._conn:
+            if conn is not self._conn:
                 return  # replaced meanwhile: the next connection reopens it
         if not self._ready.done():
             self._ready.set_result(None)
