@@ -33,13 +33,13 @@ _INSERT_JOURNAL: Final = (
     "publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type, headers, tags, "
     "payload) "
     "SELECT u.cid, u.pos, 0, 0, u.ch, u.ep, u.seq, u.t, u.size, u.d, u.u, u.a, u.m, u.ct, u.h, u.tg, u.p "
-    "FROM unnest(%s::int8[], %s::int8[], %s::text[], %s::text[], %s::int8[], %s::int8[], %s::int8[], "
-    "%s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[]) "
+    "FROM unnest(%b::int8[], %b::int8[], %b::text[], %b::text[], %b::int8[], %b::int8[], %b::int8[], "
+    "%b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[]) "
     "AS u(cid, pos, ch, ep, seq, t, size, d, u, a, m, ct, h, tg, p)"
 )
 _ADD_TO_CONSUMERS: Final = (
     "UPDATE consumers AS c SET top = u.top, pending = c.pending + u.n, bytes = c.bytes + u.b "
-    "FROM unnest(%s::int8[], %s::int8[], %s::int8[], %s::int8[]) AS u(id, top, n, b) WHERE c.id = u.id"
+    "FROM unnest(%b::int8[], %b::int8[], %b::int8[], %b::int8[]) AS u(id, top, n, b) WHERE c.id = u.id"
 )
 _ITEM_COLS: Final = (
     "pos, attempts, not_before, channel, epoch, seq, time_ns, publisher_dialect, publisher_user, "
@@ -176,7 +176,7 @@ class _ConsumerSide:
             lock.state  # noqa: B018 -- takes the log lock first, as every write does
             if a_pos:
                 conn.execute(
-                    "WITH d AS (DELETE FROM journal j USING unnest(%s::int8[], %s::int8[]) AS u(cid, pos) "
+                    "WITH d AS (DELETE FROM journal j USING unnest(%b::int8[], %b::int8[]) AS u(cid, pos) "
                     "WHERE j.consumer_id = u.cid AND j.pos = u.pos RETURNING j.consumer_id, j.size), "
                     "s AS (SELECT consumer_id, count(*) AS n, sum(size) AS b FROM d GROUP BY consumer_id) "
                     "UPDATE consumers c SET pending = c.pending - s.n, bytes = c.bytes - s.b "
@@ -186,7 +186,7 @@ class _ConsumerSide:
             if r_pos:
                 conn.execute(
                     "UPDATE journal j SET attempts = j.attempts + 1, not_before = u.nb "
-                    "FROM unnest(%s::int8[], %s::int8[], %s::int8[]) AS u(cid, pos, nb) "
+                    "FROM unnest(%b::int8[], %b::int8[], %b::int8[]) AS u(cid, pos, nb) "
                     "WHERE j.consumer_id = u.cid AND j.pos = u.pos",
                     (r_cid, r_pos, r_nb),
                 )

@@ -182,7 +182,9 @@ class _ReadSide:
         def q(conn: Conn) -> dict[str, ChannelInfo]:
             out = {n: ChannelInfo(n, "", 0, 0, 0) for n in names}
             if names:
-                for row in conn.execute(f"SELECT {_HEAD_COLS} FROM channels WHERE path = ANY(%s)", (names,)):
+                for row in conn.execute(
+                    f"SELECT {_HEAD_COLS} FROM channels WHERE path = ANY(%b::text[])", (names,)
+                ):
                     out[row[0]] = ChannelInfo(*row)
             return out
 
@@ -458,7 +460,7 @@ class _ReadSide:
         join, extra = "", cast(tuple[Any, ...], ())
         if bounds is not None:
             join = (
-                " JOIN unnest(%s::int8[], %s::int8[], %s::int8[]) AS b(cid, lo, hi)"
+                " JOIN unnest(%b::int8[], %b::int8[], %b::int8[]) AS b(cid, lo, hi)"
                 " ON b.cid = e.channel_id AND e.seq BETWEEN b.lo AND b.hi"
             )
             extra = ([b[0] for b in bounds], [b[1] for b in bounds], [b[2] for b in bounds])
