@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hubbub.core import ConsumerService, Node, NodeSettings
+from hubbub.core import Batch, ConsumerService, Node, NodeSettings
 from hubbub.events import Event, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
@@ -139,5 +139,15 @@ def test_groups_and_the_bound_on_labelled_consumers(tmp_path: Path) -> None:
             members[0].leave()
             m = parse(generate_latest(registry).decode())
             assert m[("hubbub_consumer_group_members", "")] == 1
+            # A nacked batch waiting out its backoff: pending again (or already out again), still the oldest.
+            batches: asyncio.Queue[Batch] = asyncio.Queue()
+            opener = await svc.open("a", batches.put_nowait, create=False)
+            b = await asyncio.wait_for(batches.get(), WAIT)
+            await opener.nack(b.number)
+            m = parse(generate_latest(registry).decode())
+            assert per(m, "nacked_total", "a") == len(b.items) and per(m, "batches_total", "a") >= 1
+            assert per(m, "pending", "a") + per(m, "outstanding", "a") == 3
+            assert per(m, "oldest_unacked_seconds", "a") > 0 and per(m, "openers", "a") == 1
+            opener.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
