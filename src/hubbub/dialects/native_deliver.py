@@ -32,6 +32,8 @@ from .native_common import (
     MSGPACK_BODY_PAIRS,
     MSGPACK_PUBLISHER_KEY,
     Encoding,
+    event_body_json,
+    event_body_msgpack,
     is_json_type,
     json_payload_field,
     publisher_json,
@@ -56,7 +58,7 @@ def _fmt(literal: bytes) -> bytes:
 
 def _same_shape(a: Event, b: Event) -> bool:
     """Whether ``a`` and ``b`` render the same apart from seq, time, publisher and payload. Headers are
-    compared in order (their order is on the wire); the rest by value."""
+    compared by value and then their keys in order (the order is on the wire); the rest by value."""
     if a is b:
         return True
     ha, hb = a.headers, b.headers
@@ -65,22 +67,50 @@ def _same_shape(a: Event, b: Event) -> bool:
         and a.epoch == b.epoch
         and a.content_type == b.content_type
         and a.tags == b.tags
-        and (ha is hb or (not ha and not hb) or list(ha.items()) == list(hb.items()))
+        and (ha is hb or (not ha and not hb) or (ha == hb and list(ha) == list(hb)))
     )
 
 
+#: Shapes (templates) kept per thread and encoding, by channel (cleared when full).
+SHAPES_MAX: Final = 1024
+
+
 class _Shapes(threading.local):
-    """The last shape and publisher rendered in each encoding on this thread: consecutive batches of a
-    consumer mostly share them, so a batch of one item does not pay for a template."""
+    """The templates rendered on this thread, by channel, in each encoding, and the last publisher's
+    encoding: a consumer's batches mostly repeat a few channels, and a batch may interleave them. A template
+    is kept with a payload-less copy of the event it was made for, so no payload is held."""
 
     def __init__(self) -> None:
         self.packer = msgpack.Packer(use_bin_type=True)
         self.pack = self.packer.pack
-        # (shape's event, template, JSON content type?) and (publisher, its encoding)
-        self.json: tuple[Event | None, bytes, bool] = (None, b"", False)
+        # channel -> (shape's event, template, JSON content type?); (publisher, its encoding)
+        self.json: dict[str, tuple[Event, bytes, bool]] = {}
         self.json_pub: tuple[Publisher | None, bytes] = (None, b"")
-        self.mp: tuple[Event | None, bytes] = (None, b"")
+        self.mp: dict[str, tuple[Event, bytes, bool]] = {}
         self.mp_pub: tuple[Publisher | None, bytes] = (None, b"")
+
+
+def _shape_of(ev: Event) -> Event:
+    """``ev`` without what varies along a shape (seq, time, publisher, payload): what a template keeps."""
+    return Event(ev.channel, 0, ev.epoch, 0, _NOBODY, b"", ev.content_type, ev.headers, ev.tags)
+
+
+def _keep(shapes: dict[str, tuple[Event, bytes, bool]], ev: Event, fmt: bytes, json_type: bool) -> Event:
+    if len(shapes) >= SHAPES_MAX:
+        shapes.clear()
+    proto = _shape_of(ev)
+    shapes[ev.channel] = (proto, fmt, json_type)
+    return proto
+
+
+_NOBODY: Final = Publisher("")
+
+
+def _build_budget(n: int) -> int:
+    """Templates a batch of ``n`` items may build: a template costs a few items' worth of the per-item
+    rule, so a batch whose shapes do not repeat (a channel per event, headers that differ per event) stops
+    building them and costs about what the per-item rule does."""
+    return 2 + n // 16
 
 
 _shapes = _Shapes()
@@ -124,16 +154,27 @@ def _bin_head(n: int) -> bytes:
 
 def _deliver_json(consumer: str, batch: int, items: Sequence[Any]) -> bytes:
     st = _shapes
-    proto, fmt, json_type = st.json
+    shapes = st.json
+    proto: Event | None = None
+    fmt, json_type = b"", False
+    builds = _build_budget(len(items))
     last_pub, pub_bytes = st.json_pub
     field = json_payload_field
     out = [b'{"op":"deliver","consumer":%b,"batch":%d,"items":[' % (orjson.dumps(consumer), batch)]
     add = out.append
     for it in items:
         ev = it.event
-        if ev is not proto and (proto is None or not _same_shape(ev, proto)):
-            fmt, json_type = _json_template(ev)
-            proto = ev
+        if proto is None or not _same_shape(ev, proto):
+            hit = shapes.get(ev.channel)
+            if hit is not None and hit[0] is not proto and _same_shape(ev, hit[0]):
+                proto, fmt, json_type = hit
+            elif builds:
+                builds -= 1
+                fmt, json_type = _json_template(ev)
+                proto = _keep(shapes, ev, fmt, json_type)
+            else:  # shapes that do not repeat: the per-item rule
+                add(b'{"pos":%d,"attempts":%d%b}' % (it.pos, it.attempts, event_body_json(ev)))
+                continue
         pub = ev.publisher
         if pub is not last_pub:
             # Field by field: cheaper than the dataclass's __eq__, and store reads give each event its own
@@ -148,7 +189,6 @@ def _deliver_json(consumer: str, batch: int, items: Sequence[Any]) -> bytes:
                 pub_bytes = publisher_json(ev)
             last_pub = pub
         add(fmt % (it.pos, it.attempts, ev.seq, ev.time_ns, pub_bytes, field(ev.payload, json_type)))
-    st.json = (proto, fmt, json_type)
     st.json_pub = (last_pub, pub_bytes)
     return b"".join((out[0], b",".join(out[1:]), b"]}"))
 
@@ -156,7 +196,10 @@ def _deliver_json(consumer: str, batch: int, items: Sequence[Any]) -> bytes:
 def _deliver_msgpack(consumer: str, batch: int, items: Sequence[Any]) -> bytes:
     st = _shapes
     pack = st.pack
-    proto, fmt = st.mp
+    shapes = st.mp
+    proto: Event | None = None
+    fmt = b""
+    builds = _build_budget(len(items))
     last_pub, pub_bytes = st.mp_pub
     out = [
         _MP_DELIVER,
@@ -169,9 +212,18 @@ def _deliver_msgpack(consumer: str, batch: int, items: Sequence[Any]) -> bytes:
     add = out.append
     for it in items:
         ev = it.event
-        if ev is not proto and (proto is None or not _same_shape(ev, proto)):
-            fmt = _mp_template(ev, pack)
-            proto = ev
+        if proto is None or not _same_shape(ev, proto):
+            hit = shapes.get(ev.channel)
+            if hit is not None and hit[0] is not proto and _same_shape(ev, hit[0]):
+                proto, fmt, _ = hit
+            elif builds:
+                builds -= 1
+                fmt = _mp_template(ev, pack)
+                proto = _keep(shapes, ev, fmt, False)
+            else:  # shapes that do not repeat: the per-item rule
+                add(b"".join((_MP_ITEM_HEAD, pack(it.pos), _MP_ATTEMPTS, pack(it.attempts))))
+                add(event_body_msgpack(ev))
+                continue
         pub = ev.publisher
         if pub is not last_pub:
             # Field by field: cheaper than the dataclass's __eq__, and store reads give each event its own
@@ -190,7 +242,6 @@ def _deliver_msgpack(consumer: str, batch: int, items: Sequence[Any]) -> bytes:
         head = b"\xc4" + n.to_bytes(1, "big") if n < 0x100 else _bin_head(n)
         add(fmt % (pack(it.pos), pack(it.attempts), pack(ev.seq), pack(ev.time_ns), pub_bytes, head))
         add(payload)
-    st.mp = (proto, fmt)
     st.mp_pub = (last_pub, pub_bytes)
     return b"".join(out)
 
