@@ -7,6 +7,7 @@ with ``--config``; the command line wins, then the environment, then the file, t
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
@@ -24,12 +25,12 @@ from hubbub.config import (
     load_config,
 )
 
-__all__ = ["build_parser", "main"]
+__all__ = ["HELP", "build_parser", "default_text", "main"]
 
 #: Keys given once per value on the command line (``--upstream A --upstream B``).
 REPEATABLE = frozenset({"upstream"})
 
-_HELP = {
+HELP = {
     "data_dir": "directory for the log store and small state files",
     "durability": "when a publish is acknowledged: fsync (after fsync; survives power loss), "
     "commit (after the commit; survives a process crash), none (once sequenced; promises nothing)",
@@ -43,8 +44,8 @@ _HELP = {
     "from the log",
     "cluster.poll_interval_s": "while Redis is away, how often a node delivers other nodes' events "
     "from the log",
-    "cluster.presence_ttl_s": "how long a node's roster entries (guble subscribers, mist who) outlive its "
-    "last heartbeat in Redis; a dead node leaves the rosters after this",
+    "cluster.presence_ttl_s": "how long a node's roster entries (guble's subscribers) outlive its last "
+    "heartbeat in Redis; a dead node leaves the rosters after this",
     "http.listen": "HTTP and WebSocket listener, HOST:PORT (port 0 picks a free port)",
     "native.tcp_listen": "native raw TCP listener, HOST:PORT",
     "native.enabled": "serve the native protocol (true/false)",
@@ -71,15 +72,21 @@ _HELP = {
     "auth.jwt_leeway_s": "clock-skew allowance for the exp and nbf claims, in seconds",
     "auth.jwt_audience": "when set, JWTs must carry this aud",
     "auth.jwt_issuer": "when set, JWTs must carry this iss",
-    "tls.cert": "PEM certificate chain: serve HTTP/WebSocket and native TCP over TLS (reloaded on SIGHUP)",
+    "tls.cert": "PEM certificate chain: serve every listener (HTTP/WebSocket, native, mist and qrpc TCP) "
+    "over TLS (reloaded on SIGHUP)",
     "tls.key": "PEM private key of tls.cert",
     "limits.publish_rate": "publishes per second per connection (token bucket; 0: unlimited)",
     "limits.publish_burst": "publishes a connection may send at once above the rate (0: one second's worth)",
     "limits.max_connections": "open connections and in-flight HTTP requests in all (0: unlimited)",
     "limits.max_connections_per_ip": "the same per client address (0: unlimited)",
     "ivy.auth": "auth for the ivy routes; empty means auth.mode",
+    "mist.enabled": "serve mist: the TCP listener and WebSocket /mist/ws and /mist/v1/ws (true/false)",
+    "mist.tcp_listen": "HOST:PORT of the mist TCP listener (the 2015 line protocol and 1.x JSON alike)",
+    "mist.channel": "the channel every mist publish is stored on (a canonical path)",
+    "mist.auth": "auth for mist (TCP and WebSocket); empty means auth.mode",
+    "mist.token": "an extra master (admin) token mist accepts (masked in logs)",
     "qpubs.enabled": "serve qpubs: HTTP /qpubs/* and the aliases, and the qrpc TCP listener (true/false)",
-    "qpubs.separator": "the qpubs topic separator (non-empty, no *); default .",
+    "qpubs.separator": "the qpubs topic separator (non-empty, no *)",
     "qpubs.qrpc_listen": "HOST:PORT of the qpubs qrpc TCP listener",
     "qpubs.heartbeat_s": "seconds of silence before a qpubs HTTP listen stream sends a heartbeat",
     "qpubs.batch_bytes": "the most event bytes in one batch of a durable qpubs subscription",
@@ -105,7 +112,7 @@ _HELP = {
     "wearscript.upstream": "ws:// URL of a WearScript hub to link up to (its /wearscript/ws[/<secret>])",
     "upstream": "ws:// URL of a hubbub node to link up to (repeatable; ?token=… or federation.token)",
     "federation.node_id": "this node's id in the federation (default: one kept in DATA_DIR/federation)",
-    "federation.token": "the token the upstream links present (unless their URL has ?token=)",
+    "federation.token": "the token an upstream link presents when its URL has no ?token=",
     "federation.accept": "take federation links from hubbub nodes below this one (true/false)",
     "log_level": "debug, info, warning or error",
     "log_format": "text or json (one JSON object per line)",
@@ -122,6 +129,19 @@ def _default(key: str) -> object:
     return getattr(cfg, path[0])
 
 
+def default_text(key: str) -> str:
+    """``key``'s default as an operator writes it on the command line or in the environment: ``true``,
+    ``[]`` and ``{}`` (JSON), ``""`` for an empty string (docs/operations.md shows the same text)."""
+    value = _default(key)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | tuple):
+        return json.dumps(dict(value) if isinstance(value, dict) else list(value))
+    if isinstance(value, str):
+        return value or '""'
+    return str(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hubbub",
@@ -134,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run the server",
         description="Run a hubbub server. Every option can also be set in the environment "
-        "(HUBBUB_<KEY>) or in a TOML file (--config); the command line wins.",
+        "(HUBBUB_<KEY>) or in a TOML file (--config); the command line wins. docs/operations.md "
+        "'Configuration reference' lists the same keys.",
     )
     serve.add_argument(
         "--config", metavar="FILE", help="TOML config file with dotted keys or tables", default=None
@@ -146,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="VALUE",
             default=None,
             action="append" if key in REPEATABLE else "store",
-            help=f"{_HELP.get(key, key)} [env {env_name(key)}; default {_default(key)!r}]",
+            help=f"{HELP.get(key, key)} [env {env_name(key)}; default {default_text(key)}]",
         )
     guble_vars = {key: var for var, key in GUBLE_ENV.items()}
     for flag, key in GUBLE_FLAGS.items():

@@ -55,7 +55,7 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         "'SEQ EPOCH'. Without DATA and --lines, all of standard input is one event.",
     )
     _common(pub)
-    pub.add_argument("channel", metavar="CHANNEL")
+    pub.add_argument("channel", metavar="CHANNEL", help="the channel to publish to, such as /chat/lobby")
     pub.add_argument("data", metavar="DATA", nargs="?", help="the payload (text, or JSON with --json)")
     pub.add_argument("--lines", action="store_true", help="publish each line of standard input as an event")
     pub.add_argument("--json", action="store_true", help="the payload is JSON (published as a JSON value)")
@@ -77,7 +77,9 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         "Reconnects on its own and resumes without gaps or duplicates.",
     )
     _common(sub)
-    sub.add_argument("pattern", metavar="PATTERN")
+    sub.add_argument(
+        "pattern", metavar="PATTERN", help="a channel, or a pattern with * (one segment) and ** (any depth)"
+    )
     replay = sub.add_mutually_exclusive_group()
     replay.add_argument("--since", metavar="SEQ:EPOCH", help="resume an exact channel after this position")
     replay.add_argument("--last", type=int, metavar="N", help="replay the last N events first")
@@ -116,7 +118,7 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         description="Print the events of CHANNEL from its log (HTTP log API), oldest first.",
     )
     _common(logp)
-    logp.add_argument("channel", metavar="CHANNEL")
+    logp.add_argument("channel", metavar="CHANNEL", help="the channel whose log to print (not a pattern)")
     logp.add_argument("--since", type=int, default=0, metavar="SEQ", help="start after this seq (default 0)")
     logp.add_argument("--limit", type=int, metavar="N", help="print at most N events (default: all)")
     logp.add_argument("--output", choices=("text", "json"), default="text", help=_OUTPUT_HELP)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -265,6 +266,30 @@ def test_everything_survives_a_reopen(factory: Factory) -> None:
     assert res[0].journal == ((c.id, 5),)
 
 
+def test_only_a_shared_engine_says_it_is_shared(factory: Factory) -> None:
+    """``LogStore.shared``: the consumer service reads the journal for other nodes' items only then."""
+    assert factory.open().shared is factory.engine.startswith("postgres")
+
+
+def test_one_store_at_a_time_holds_a_consumer(factory: Factory) -> None:
+    a = factory.open()
+    assert a.consumer_hold(7) and a.consumer_hold(7, take=False)
+    if not a.shared:
+        return  # one process: always held
+    b = factory.open()
+    assert a.consumer_hold(7)
+    assert not b.consumer_hold(7) and b.consumer_hold(8)  # per consumer
+    assert a.consumer_hold(7, take=False)
+    assert b.consumer_hold(7)
+    assert not a.consumer_hold(7)
+    b.close()  # a hold ends with its store (once the server has seen the session end: a moment)
+    deadline = time.monotonic() + 10
+    while not a.consumer_hold(7):
+        assert time.monotonic() < deadline, "the hold outlived its store"
+        time.sleep(0.01)  # polling the server
+    assert a.consumer_hold(8)
+
+
 def test_a_shared_database_journals_for_consumers_of_every_node(factory: Factory) -> None:
     if not factory.engine.startswith("postgres"):
         pytest.skip("only PostgreSQL is shared by several nodes")
@@ -275,6 +300,8 @@ def test_a_shared_database_journals_for_consumers_of_every_node(factory: Factory
     b.append([req("/a/1")])
     a.append([req("/a/2")])
     b.append([req("/a/3")])
+    # Positions follow commit order whichever node commits, one after another: the consumer service takes a
+    # node's own notification only when it continues what it read (core/consumer_delivery.py).
     assert [i.pos for i in a.consumer_items(c.id)] == [1, 2, 3]
     assert a.consumer_delete("c")
     b.append([req("/a/4")])

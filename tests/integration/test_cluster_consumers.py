@@ -2,23 +2,33 @@
 services in one process): a consumer created on one node journals the events committed by the other (the
 journal is written in every node's commit); the node serving it must also hand them out, in journal order.
 
-Both fail today (strict xfail, so the fix shows): the service takes its own node's commit notifications as
-the journal's next items, so (1) an item journaled by another node before one of this node's moves
-``loaded_to`` past it and it is skipped until a restart, and (2) nothing tells an open consumer of another
-node's commits. The fix belongs in the consumer service: on a shared log, notifications are hints to read
-the journal, and the cluster relay's delivery of other nodes' events is one too."""
+On a shared log (``LogStore.shared``) the service takes its own node's commit notifications only when they
+continue ``loaded_to``, and reads the journal otherwise; other nodes' commits reach an open consumer
+through the cluster relay's hint (``ConsumerService.others_committed``) and, as a safety net, a periodic
+poll. Live exclusive groups get other nodes' events from the relay's releases (``released``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
+from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, RedisPresence
 from hubbub.core import ConsumerService, Node, NodeSettings
+from hubbub.errors import ConsumerBusy
+from hubbub.events import Event
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
+from tests.redisserver import RedisServer
 
+from .consumer_wire import Wire, text
+from .qrpcclient import QrpcClient
+from .serverproc import ServerProcess
 from .test_consumers import Recv, payloads, pending, publish, spec
 
 pytestmark = pytest.mark.slow
@@ -30,10 +40,6 @@ async def _two_nodes(url: str, tmp: Path) -> tuple[Node, Node]:
     return a, b
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a notification of this node's commit moves loaded_to past items another node journaled before it",
-)
 def test_events_committed_by_another_node_are_journaled_for_a_consumer(tmp_path: Path, pg_url: str) -> None:
     async def main() -> None:
         a, b = await _two_nodes(pg_url, tmp_path)
@@ -60,11 +66,6 @@ def test_events_committed_by_another_node_are_journaled_for_a_consumer(tmp_path:
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a consumer's service learns of new journal items from its own node's commits only: items "
-    "another node journals while the consumer is open wait for a restart (docs/cluster.md)",
-)
 def test_an_open_consumer_gets_what_another_node_commits(tmp_path: Path, pg_url: str) -> None:
     async def main() -> None:
         a, b = await _two_nodes(pg_url, tmp_path)
@@ -81,3 +82,393 @@ def test_an_open_consumer_gets_what_another_node_commits(tmp_path: Path, pg_url:
             assert payloads(bt) == ["from-b"]
 
     asyncio.run(main())
+
+
+def test_consumers_created_and_deleted_on_another_node(tmp_path: Path, pg_url: str) -> None:
+    """A consumer node B creates can be opened on node A at once; one B deletes closes A's openers
+    (``deleted``) at A's next poll."""
+
+    async def main() -> None:
+        a, b = await _two_nodes(pg_url, tmp_path)
+        async with a, b, ConsumerService(a, poll_s=0.1) as svc_a, ConsumerService(b, poll_s=0.1) as svc_b:
+            await svc_b.create(spec("made-on-b"))
+            await publish(b, "/jobs/x", "one")
+            r = Recv()
+            o = await svc_a.open("made-on-b", r.on_batch, r.on_close, create=False)
+            bt = await r.next()
+            assert payloads(bt) == ["one"]
+            await o.ack(bt.number)
+            assert await svc_b.delete("made-on-b")
+            for _ in range(500):
+                if r.closed:
+                    break
+                await asyncio.sleep(0.01)  # polling what node A decides
+            assert r.closed == ["deleted"]
+            assert svc_a.info("made-on-b") is None
+
+    asyncio.run(main())
+
+
+def test_one_node_at_a_time_serves_a_consumer(tmp_path: Path, pg_url: str) -> None:
+    """An opener on node B is refused (ConsumerBusy) while node A holds the consumer, even a work queue's;
+    once A's last opener closes, B serves it, and A is refused in turn."""
+
+    async def main() -> None:
+        a, b = await _two_nodes(pg_url, tmp_path)
+        async with a, b, ConsumerService(a) as svc_a, ConsumerService(b) as svc_b:
+            await svc_a.create(spec("q", shared=True))
+            ra, rb = Recv(), Recv()
+            oa = await svc_a.open("q", ra.on_batch, ra.on_close)
+            oa2 = await svc_a.open("q", ra.on_batch, ra.on_close)  # a second member on the same node
+            with pytest.raises(ConsumerBusy):
+                await svc_b.open("q", rb.on_batch, rb.on_close)
+            oa.close()
+            with pytest.raises(ConsumerBusy):  # A still has a member
+                await svc_b.open("q", rb.on_batch, rb.on_close)
+            oa2.close()
+            ob = None
+            for _ in range(500):  # A gives the hold back in the background
+                try:
+                    ob = await svc_b.open("q", rb.on_batch, rb.on_close)
+                    break
+                except ConsumerBusy:
+                    await asyncio.sleep(0.01)
+            assert ob is not None
+            await publish(a, "/jobs/x", "to-b")
+            assert payloads(await rb.next()) == ["to-b"]
+            with pytest.raises(ConsumerBusy):
+                await svc_a.open("q", ra.on_batch, ra.on_close)
+            ob.close()
+
+    asyncio.run(main())
+
+
+async def _cluster(url: str, tmp: Path, redis: RedisServer) -> tuple[list[Node], list[Any]]:
+    """Two nodes with Redis brokers and presences on one PostgreSQL log, as ``hubbub serve`` builds them."""
+    nodes: list[Node] = []
+    parts: list[Any] = []
+    for name in ("a", "b"):
+        store = open_store(url, str(tmp / name), "commit", RetentionPolicy(), 600)
+        br = RedisBroker(BrokerSettings(redis.url, name, poll_interval_s=60.0), store)
+        node = Node(ClusterView(store, br), NodeSettings())
+        await node.__aenter__()
+        await br.start(node)
+        presence = RedisPresence(redis.url, name, "hubbub.events", 15.0)
+        await presence.start()
+        node.presence = presence
+        nodes.append(node)
+        parts += [br, presence]
+    return nodes, parts
+
+
+async def _close(nodes: list[Node], parts: list[Any]) -> None:
+    for p in parts:
+        await p.close()
+    for node in nodes:
+        await node.close()
+
+
+async def _rosters_read(*services: ConsumerService) -> None:
+    """Until every service has read the presence rosters of its live groups (a group's share of a node)."""
+    for _ in range(1000):
+        if not any(svc.statistics()["group_rosters_unread"] for svc in services):
+            return
+        await asyncio.sleep(0.01)  # polling what the nodes decide
+    raise AssertionError("the group rosters were not read within 10 s")
+
+
+def test_the_relay_tells_an_open_consumer_of_another_nodes_commits(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """With the poll an hour away, only the relay's hint can bring node B's commits to A's consumer."""
+
+    async def main() -> None:
+        (a, b), brokers = await _cluster(pg_url, tmp_path, redis_server)
+        try:
+            async with ConsumerService(a, poll_s=3600) as svc_a, ConsumerService(b, poll_s=3600):
+                await svc_a.create(spec())
+                r = Recv()
+                o = await svc_a.open("c", r.on_batch, r.on_close, batch_max=100)
+                got: list[str] = []
+                for i in range(5):  # node A commits nothing: its own notifications cannot bring these
+                    await publish(b, "/jobs/x", f"b{i}")
+                while len(got) < 5:
+                    bt = await r.next()
+                    got += payloads(bt)
+                    await o.ack(bt.number)
+                assert got == [f"b{i}" for i in range(5)]
+                await publish(a, "/jobs/y", "a0")  # and A's own next item follows them
+                await publish(b, "/jobs/x", "b5")
+                while len(got) < 7:
+                    bt = await r.next()
+                    got += payloads(bt)
+                    await o.ack(bt.number)
+                assert got[5:] == ["a0", "b5"]
+                assert await pending(b, "c") == []
+        finally:
+            await _close([a, b], brokers)
+
+    asyncio.run(main())
+
+
+def test_a_live_group_gets_every_nodes_events_in_order(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    async def main() -> None:
+        (a, b), brokers = await _cluster(pg_url, tmp_path, redis_server)
+        try:
+            async with ConsumerService(a) as svc_a, ConsumerService(b):
+                got: list[str] = []
+                done = asyncio.Event()
+
+                def deliver(ev: Event) -> None:
+                    got.append(ev.payload.decode())
+                    if len(got) == 6:
+                        done.set()
+
+                await svc_a.join("g", "/jobs/**", deliver).ready()  # this node's share decided
+                assert svc_a.statistics()["group_rosters_unread"] == 0
+                for i in range(3):
+                    await publish(b, "/jobs/x", f"b{i}")
+                    await publish(a, "/jobs/x", f"a{i}")
+                await asyncio.wait_for(done.wait(), 10.0)
+                assert got == ["b0", "a0", "b1", "a1", "b2", "a2"]  # once each, in the channel's seq order
+        finally:
+            await _close([a, b], brokers)
+
+    asyncio.run(main())
+
+
+def _server(tmp: Path, name: str, pg_url: str, redis: RedisServer) -> ServerProcess:
+    return ServerProcess(
+        tmp / name, ["--store", pg_url, "--broker", redis.url, "--cluster-node-id", name]
+    ).start()
+
+
+def test_a_node_killed_mid_load_loses_no_acknowledged_event_for_a_consumer_on_another(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """Real processes: a consumer held on node A over native TCP while publishers on A and B load it, and B is
+    killed -9 mid-load (events it committed may never reach Redis): A's consumer gets every acknowledged event
+    of both, each once, per channel in publish order."""
+    a = _server(tmp_path, "a", pg_url, redis_server)
+    b = _server(tmp_path, "b", pg_url, redis_server)
+    acked: dict[str, list[str]] = {"/k/a": [], "/k/b": []}
+
+    async def publisher(node: ServerProcess, channel: str, n: int, stop_after: int | None) -> None:
+        w = await Wire.open(node.ports, "tcp", "json")
+        try:
+            for i in range(n):
+                if stop_after is not None and len(acked[channel]) == stop_after:
+                    node.kill()  # -9, with the next publishes of this connection under way
+                r = await w.request({"op": "publish", "channel": channel, "ack": True, "text": f"{i}"})
+                assert r["op"] == "reply", r
+                acked[channel].append(f"{i}")
+        except (ConnectionError, OSError, asyncio.IncompleteReadError, TimeoutError):
+            assert stop_after is not None  # only node B goes away
+        finally:
+            with contextlib.suppress(Exception):
+                await w.close()
+
+    async def main() -> None:
+        c = await Wire.open(a.ports, "tcp", "json")
+        r = await c.request({"op": "consume", "consumer": "k", "pattern": "/k/*", "max": 50})
+        assert r["op"] == "reply", r
+        got: dict[str, list[str]] = {"/k/a": [], "/k/b": []}
+        seen: set[int] = set()
+        progress = asyncio.Event()
+        loads = asyncio.gather(publisher(a, "/k/a", 300, None), publisher(b, "/k/b", 1000, 150))
+
+        async def consume() -> None:
+            while True:
+                d = await c.push()
+                for it in d["items"]:
+                    assert it["pos"] not in seen  # each once (acknowledged as it comes)
+                    seen.add(it["pos"])
+                    got[it["channel"]].append(text(it))
+                assert (await c.request({"op": "ack", "consumer": "k", "batch": d["batch"]}))["op"] == "reply"
+                progress.set()
+
+        eater = asyncio.ensure_future(consume())
+        await loads
+        assert len(acked["/k/a"]) == 300 and len(acked["/k/b"]) >= 150
+        async with asyncio.timeout(30):
+            while len(got["/k/a"]) < 300 or len(got["/k/b"]) < len(acked["/k/b"]):
+                progress.clear()
+                await progress.wait()
+        eater.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await eater
+        assert got["/k/a"] == acked["/k/a"]
+        # Node B's: every acknowledged one, in order; a few more that it committed before the kill may follow.
+        assert got["/k/b"][: len(acked["/k/b"])] == acked["/k/b"]
+        assert got["/k/b"] == [f"{i}" for i in range(len(got["/k/b"]))]
+        await c.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 120))
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_a_live_group_with_members_on_two_nodes_gives_each_event_to_one_of_them(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """Node A's member alone first takes everything; once node B's member has settled in (its roster entry
+    older than ``settle_s`` at an event's commit), the nodes share the events; never one event to both."""
+
+    async def main() -> None:
+        (a, b), parts = await _cluster(pg_url, tmp_path, redis_server)
+        try:
+            async with ConsumerService(a, poll_s=0.2) as svc_a, ConsumerService(b, poll_s=0.2) as svc_b:
+                got: dict[str, list[str]] = {"a": [], "b": []}
+                total = 0
+                all_in = asyncio.Event()
+
+                def member(name: str) -> Callable[[Event], None]:
+                    def deliver(ev: Event) -> None:
+                        got[name].append(ev.payload.decode())
+                        if sum(map(len, got.values())) >= total:
+                            all_in.set()
+
+                    return deliver
+
+                svc_a.join("g", "/jobs/**", member("a"))
+                await _rosters_read(svc_a)
+                svc_b.join("g", "/jobs/**", member("b"))
+                await _rosters_read(svc_b)
+                # Publish on both nodes until node B's member has a share (B settles after 1.2 s).
+                async with asyncio.timeout(30):
+                    while not got["b"] or total < 40:
+                        for node in (a, b):
+                            total += 1
+                            all_in.clear()
+                            await publish(node, f"/jobs/{total % 3}", f"e{total}")
+                    while sum(map(len, got.values())) < total:
+                        all_in.clear()
+                        await all_in.wait()
+                every = got["a"] + got["b"]
+                assert sorted(every) == sorted(f"e{i}" for i in range(1, total + 1))  # each once
+                assert not set(got["a"]) & set(got["b"])
+                assert got["a"] and got["b"]
+        finally:
+            await _close([a, b], parts)
+
+    asyncio.run(main())
+
+
+def test_qpubs_listen_exclusive_across_two_real_nodes(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """``hubbub serve`` twice: a ``listenExclusive`` group with a member on each node, emits on both nodes;
+    every emit reaches exactly one member, and once node B's member settled in, both get a share."""
+    extra = ["--cluster-poll-interval-s", "0.2"]
+    a, b = (
+        ServerProcess(
+            tmp_path / n, ["--store", pg_url, "--broker", redis_server.url, "--cluster-node-id", n, *extra]
+        ).start()
+        for n in "ab"
+    )
+
+    async def main() -> None:
+        got: dict[str, list[int]] = {"a": [], "b": []}
+        arrived = asyncio.Event()
+
+        async def member(node: ServerProcess, name: str) -> QrpcClient:
+            q = await QrpcClient.connect(node.ports["qrpc"])
+            cid = q.send("listenExclusive", {"topic": "g.*", "group": "G"})
+            assert await q.call("ignore", {"topic": "__barrier__"}) == {"ok": True, "removed": 0}
+
+            async def drain() -> None:
+                while True:
+                    msg = await q.next(cid, 3600)
+                    got[name].append(msg["m"]["value"])
+                    arrived.set()
+
+            tasks.append(asyncio.ensure_future(drain()))
+            return q
+
+        tasks: list[asyncio.Task[None]] = []
+        qa = await member(a, "a")
+        qb = await member(b, "b")
+        sent = 0
+        async with aiohttp.ClientSession() as http:
+            async with asyncio.timeout(60):
+                while not got["b"] or sent < 40:
+                    for node in (a, b):
+                        url = f"http://127.0.0.1:{node.ports['http']}/qpubs/emit"
+                        async with http.post(url, params={"topic": f"g.{sent % 3}"}, json=sent) as r:
+                            assert r.status == 200, await r.text()
+                        sent += 1
+                while len(got["a"]) + len(got["b"]) < sent:
+                    arrived.clear()
+                    await arrived.wait()
+        for t in tasks:
+            t.cancel()
+        assert sorted(got["a"] + got["b"]) == list(range(sent))  # each emit to exactly one member
+        assert got["a"] and got["b"]
+        await qa.close()
+        await qb.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_the_node_serving_a_consumer_killed_its_client_resumes_on_another_with_nothing_lost(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """Node A serves a consumer and is killed -9 while its client holds a batch: the client opens the
+    consumer on node B and gets every unacknowledged item (the held batch included) and no acknowledged one,
+    while events go on being published on B."""
+    a = _server(tmp_path, "a", pg_url, redis_server)
+    b = _server(tmp_path, "b", pg_url, redis_server)
+    n = 60
+    acked: set[int] = set()
+    held: set[int] = set()
+
+    async def main() -> None:
+        w = await Wire.open(a.ports, "tcp", "json")
+        r = await w.request({"op": "consume", "consumer": "f", "pattern": "/f/*", "max": 5})
+        assert r["op"] == "reply", r
+        pub = await Wire.open(b.ports, "ws", "json")
+        for i in range(n):  # published on B, served by A
+            assert (await pub.request({"op": "publish", "channel": "/f/x", "ack": True, "text": f"{i}"}))[
+                "op"
+            ] == "reply"
+        while len(acked) < n // 2:
+            d = await w.push()
+            assert (await w.request({"op": "ack", "consumer": "f", "batch": d["batch"]}))["op"] == "reply"
+            acked.update(it["pos"] for it in d["items"])
+        d = await w.push()
+        held.update(it["pos"] for it in d["items"])
+        a.kill()
+        await w.close()
+        for i in range(n, n + 10):  # more while the client moves
+            assert (await pub.request({"op": "publish", "channel": "/f/x", "ack": True, "text": f"{i}"}))[
+                "op"
+            ] == "reply"
+        w2 = await Wire.open(b.ports, "tcp", "json")
+        r = await w2.request({"op": "consume", "consumer": "f", "create": False, "max": 7})
+        assert r["op"] == "reply", r
+        seen: dict[int, str] = {}
+        while len(seen) < n + 10 - len(acked):
+            d = await w2.push()
+            for it in d["items"]:
+                assert it["pos"] not in seen and it["pos"] not in acked
+                seen[it["pos"]] = text(it)
+            await w2.request({"op": "ack", "consumer": "f", "batch": d["batch"]})
+        assert set(seen) == set(range(1, n + 11)) - acked
+        assert held <= set(seen)
+        assert list(seen.values()) == sorted(seen.values(), key=int)  # journal order
+        await w2.close()
+        await pub.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 120))
+    finally:
+        a.kill()
+        b.kill()

@@ -359,6 +359,33 @@ def test_retention_never_drops_unacknowledged_items(tmp_path: Path) -> None:
     run(tmp_path, body, retention=RetentionPolicy(max_events=2))
 
 
+def test_a_notification_coming_after_a_backlog_read_saw_its_commit_adds_nothing(tmp_path: Path) -> None:
+    """A backlog read on a reader thread can see a commit before the commit's notification reaches the loop:
+    the notification must not add its items a second time (each once in a batch, and counted once)."""
+
+    async def body(node: Node, svc: ConsumerService) -> None:
+        seen: list[Any] = []
+        hook = node.batcher.commit_hook
+        assert hook is not None
+
+        def spy(results: Any) -> None:
+            seen.extend(results)
+            hook(results)
+
+        node.batcher.commit_hook = spy
+        await svc.create(spec())
+        await publish(node, "/jobs/x", "one", "two")
+        hook(list(seen))  # the same notification again, as if it came after a read had loaded the items
+        r = Recv()
+        o = await svc.open("c", r.on_batch, r.on_close, batch_max=100)
+        bt = await r.next()
+        assert payloads(bt) == ["one", "two"]
+        await o.ack(bt.number)
+        assert svc.statistics()["held_items"] == 0
+
+    run(tmp_path, body)
+
+
 def test_live_exclusive_groups(tmp_path: Path) -> None:
     async def body(node: Node, svc: ConsumerService) -> None:
         got: dict[str, list[str]] = {"a": [], "b": [], "other": []}

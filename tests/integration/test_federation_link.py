@@ -189,8 +189,8 @@ async def until_log(server: Server, channel: str, n: int) -> None:
 
 
 def test_links_present_their_token_from_the_url_or_federation_token(tmp_path: Path) -> None:
-    """With ``auth.mode = token`` above, a link comes up with a token (in its URL, or ``federation.token``)
-    and carries events both ways; without one it stays down, retrying."""
+    """With ``auth.mode = token`` above, a link comes up with a token (in its URL, or ``federation.token``;
+    the URL's wins) and carries events both ways; without one it stays down, retrying."""
     tokens = {
         "linktok": {"user": "fed", "publish": ["/**"], "subscribe": ["/**"]},
         "usertok": {"user": "u", "publish": ["/**"], "subscribe": ["/**"]},
@@ -202,8 +202,10 @@ def test_links_present_their_token_from_the_url_or_federation_token(tmp_path: Pa
             in_url = config(tmp_path, "B", url(a) + "?token=linktok")
             in_cfg = replace(config(tmp_path, "C", url(a)), federation_token="linktok")
             none = config(tmp_path, "D", url(a))
-            async with Server(in_url) as b, Server(in_cfg) as c, Server(none) as d:
-                await synced(b.upstreams[0], c.upstreams[0])
+            # A URL's own token names that link: it wins over federation.token.
+            both = replace(config(tmp_path, "E", url(a) + "?token=linktok"), federation_token="badtok")
+            async with Server(in_url) as b, Server(in_cfg) as c, Server(none) as d, Server(both) as e:
+                await synced(b.upstreams[0], c.upstreams[0], e.upstreams[0])
                 assert b.upstreams[0].url == url(a) + "/ws/hubbub"  # the token is not kept in the URL
                 await until(lambda: d.upstreams[0].reconnects >= 2, "the link without a token to retry")
                 assert d.upstreams[0].state != "up"

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from hubbub.client._transport import _Conn
 from hubbub.client._wire import ClientClosed, ClientConnectionError, ConnectionLost, event_from_dict
@@ -36,9 +36,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Consumer", "ConsumerBatch", "ConsumerItem"]
 
-#: How often, and how far apart, a reopen refused as busy (4206) is tried again after a reconnect.
-_BUSY_RETRIES = 20
-_BUSY_DELAY_S = 0.25
+#: ``consumer busy``: open elsewhere (on a cluster, maybe on a node that died a moment ago).
+BUSY: Final = 4206
+#: How long a consumer reopened after a reconnect retries while it is busy (a lost machine's hold ends
+#: within about 25 s on a cluster).
+BUSY_RETRY_S: Final = 40.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,24 +146,29 @@ class Consumer:
             return
         self._conn = conn
         frame = {"op": "consume", "consumer": self.name, **self._fields}
-        for attempt in range(_BUSY_RETRIES + 1):
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + BUSY_RETRY_S, 0.05
+        while True:
             try:
                 reply = await self._client._request(dict(frame), conn=conn)
+                self.info = {k: v for k, v in reply.items() if k not in ("op", "id")}
                 break
             except ClientConnectionError:
                 if self._client._final is not None:
                     self._end(self._client._final)
                 return
             except HubbubError as exc:
-                # Reopening after a reconnect: the server may not have seen the old connection go yet, and
-                # count it as the holder (4206) for a moment.
-                if exc.code != 4206 or not self._ready.done() or attempt == _BUSY_RETRIES or self.closed:
+                # Reopened after a reconnect: the server may not have seen the old connection go yet, or, on
+                # a cluster, the node that served it may not have let go (it died a moment ago,
+                # docs/cluster.md): 4206 for a while, then it opens.
+                again = exc.code == BUSY and self._ready.done() and loop.time() < deadline
+                if not again or self.closed:
                     self._end(exc)
                     return
-                await asyncio.sleep(_BUSY_DELAY_S)
-                if conn is not self._client._conn:
-                    return  # replaced meanwhile: the next connection reopens it
-        self.info = {k: v for k, v in reply.items() if k not in ("op", "id")}
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            if conn is not self._conn:
+                return  # replaced meanwhile: the next connection reopens it
         if not self._ready.done():
             self._ready.set_result(None)
 

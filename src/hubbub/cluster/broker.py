@@ -212,12 +212,14 @@ class RedisBroker:
         node = self._node
         if node is not None:
             node.fan_out(ev, origin)
+            if node.consumers is not None:  # live exclusive groups take every node's events from here
+                node.consumers.released(ev)
 
     def _interested(self, channel: str) -> bool:
         node = self._node
         if node is None:
             return False
-        if node.router.match(channel):
+        if node.router.match(channel) or (node.consumers is not None and node.consumers.has_groups):
             return True
         # Subscriptions with tags match only events that carry them: any such one on the channel counts.
         return any(
@@ -270,6 +272,9 @@ class RedisBroker:
         t = await self._top_time()
         n = self.sequencer.sync_all(await self._all_heads())
         self.sequencer.note_time(t)
+        consumers = None if self._node is None else self._node.consumers
+        if n and consumers is not None:
+            consumers.others_committed(None)
         if n:
             log.info("cluster: catching up %d channels from the log", n)
 
@@ -399,6 +404,11 @@ class RedisBroker:
             log.error(
                 "cluster: another node uses this node's id %r (cluster.node_id must be unique)", self.node_id
             )
+        consumers = None if self._node is None else self._node.consumers
+        if consumers is not None:  # their journal items are committed: open durable consumers read them
+            consumers.others_committed(m.events)
+            if m.tops:
+                consumers.others_committed(None)
         offer = self.sequencer.offer
         for ev in m.events:
             offer(ev)

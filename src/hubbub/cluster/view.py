@@ -48,6 +48,7 @@ class ClusterView(LogStore):
         self.readonly = store.readonly
         self.inline_append = store.inline_append
         self.inline_settle = store.inline_settle
+        self.shared = store.shared
 
     def _cap(self, infos: list[ChannelInfo]) -> list[ChannelInfo]:
         """``infos`` capped at what the node delivered (waiting for all of them at once)."""
@@ -169,6 +170,9 @@ class ClusterView(LogStore):
 
     def consumer_items(self, consumer_id: int, after_pos: int = 0, limit: int = 1000) -> list[JournalItem]:
         return self.store.consumer_items(consumer_id, after_pos, limit)
+
+    def consumer_hold(self, consumer_id: int, take: bool = True) -> bool:
+        return self.store.consumer_hold(consumer_id, take)
 
     def close(self) -> None:
         self.store.close()

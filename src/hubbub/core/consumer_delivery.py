@@ -125,6 +125,8 @@ class Delivery:
         self._spawn = spawn
         self._close_opener = close_opener
         self.max_items = max_items
+        #: The log is written by other nodes too (``LogStore.shared``): see :meth:`committed`.
+        self.shared = node.store.shared
         self._dirty: set[ConsumerState] = set()
         self._pump_scheduled = False
         # Consumer ids that journal notifications named before the service knew them (see adopt).
@@ -150,11 +152,18 @@ class Delivery:
     # -- journal notifications -----------------------------------------------------------------------------
 
     def committed(self, results: list[AppendResult]) -> None:
-        """The batcher's ``commit_hook``: take each commit's journal items, and feed live groups."""
+        """The batcher's ``commit_hook``: take each commit's journal items, and feed live groups (on a node
+        with a cluster relay, the relay's releases feed them instead: :meth:`ConsumerService.released`).
+
+        On a shared log (``LogStore.shared``) other nodes journal too, and nothing here hears of it: an item
+        is taken only when it is the next position after ``loaded_to``; otherwise the consumer reads its
+        journal from ``loaded_to`` on (positions are allocated under the log lock, in commit order, so a read
+        that sees an item sees every earlier one)."""
         by_id = self._by_id
-        groups = self._groups.index
+        groups = self._groups.index if self._node.relay is None else None
         if not by_id and not groups and not self.creating:
             return  # nothing to do per event (a create under way must see its early items: _unknown)
+        shared = self.shared
         for r in results:
             if r.duplicate:
                 continue
@@ -169,7 +178,14 @@ class Delivery:
                         else:
                             self._unknown_overflow = True
                         continue
-                    if c.backlog or c.reading or len(c.items) >= self.max_items:
+                    if pos <= c.loaded_to:
+                        continue  # a backlog read saw this commit before its notification came: loaded
+                    if (
+                        c.backlog
+                        or c.reading
+                        or len(c.items) >= self.max_items
+                        or (shared and pos != c.loaded_to + 1)
+                    ):
                         c.backlog = c.dropped = True
                         self.schedule(c)
                         continue
@@ -180,6 +196,14 @@ class Delivery:
                     self.schedule(c)
             if groups:
                 self._groups.deliver(r.event)
+
+    def stale(self, c: ConsumerState) -> None:
+        """The journal of ``c`` may hold items beyond ``loaded_to`` that no notification brought (another
+        node committed them): read it (at once if it has room, else as items are acknowledged)."""
+        if c.deleted:
+            return
+        c.backlog = c.dropped = True
+        self.schedule(c)
 
     async def fill(self, c: ConsumerState) -> None:
         """Read the consumer's items beyond ``loaded_to`` from the store while it has a backlog and room."""

@@ -127,6 +127,10 @@ class ConsumerState:
     wait_start: float | None = None
     timer: asyncio.TimerHandle | None = None
     deleted: bool = False
+    #: On a shared log: this node holds the consumer (``LogStore.consumer_hold``); taken and given back
+    #: under ``hold_lock``.
+    held: bool = False
+    hold_lock: asyncio.Lock | None = None
 
     @property
     def id(self) -> int:

@@ -21,10 +21,15 @@ Memory: at most ``max_items`` items per consumer are held (pending or outstandin
 and are read in pages (``backlog``) as room frees up. Journal notifications come from the ``commit_hook`` of
 the node's write batcher, which this service sets; a notification that finds no room (or a consumer still
 reading its backlog) is dropped and the item read from the store later, so none is lost between the two.
+On a log other nodes write too (``LogStore.shared``, a cluster), a notification is taken only when it
+continues what was read, and other nodes' items are read from the store when the cluster relay hints at them
+(:meth:`ConsumerService.others_committed`) and every ``poll_s`` (:mod:`.consumer_shared`).
 
 **Live exclusive groups** (``listenExclusive``): members with the same group name and filter share a group;
 each matching event goes to exactly one member, round-robin in join order, at most once, and never to a group
-without members. They are live only: nothing is stored.
+without members. They are live only: nothing is stored. On a cluster node they take every node's events from
+the relay (:meth:`ConsumerService.released`), and the nodes share each group's events
+(:mod:`.consumer_groups`).
 
 The service is split in parts: :mod:`.consumer_state` (batches, openers, per-consumer state),
 :mod:`.consumer_delivery` (notifications, backlog reads, batching, settle writes) and :mod:`.consumer_groups`
@@ -43,7 +48,7 @@ import contextlib
 import heapq
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from hubbub.errors import ConsumerBusy, ConsumerExists, ConsumerNotFound, ShuttingDown, UnknownBatch
@@ -51,7 +56,8 @@ from hubbub.events import Event
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, check_spec
 
 from .consumer_delivery import Delivery, Settles
-from .consumer_groups import GroupMember, LiveGroups
+from .consumer_groups import GroupMember, GroupShares, LiveGroups
+from .consumer_shared import SharedJournal
 from .consumer_state import BACKOFF_MAX_NS, BACKOFF_STEP_NS, Batch, ConsumerState, Opener, Outstanding
 from .node import Node
 
@@ -61,11 +67,10 @@ log = logging.getLogger("hubbub.consumers")
 
 
 class ConsumerService:
-    """See the module docstring. Use as ``async with ConsumerService(node) as consumers`` inside the node's
-    own ``async with``: it loads the consumers and sets the batcher's ``commit_hook``, before any publish
-    should be accepted."""
+    """See the module docstring. ``async with ConsumerService(node)`` inside the node's own ``async with``
+    loads the consumers and sets the batcher's ``commit_hook``, before any publish should be accepted."""
 
-    def __init__(self, node: Node, *, max_items: int = 10_000) -> None:
+    def __init__(self, node: Node, *, max_items: int = 10_000, poll_s: float = 1.0) -> None:
         self._node = node
         self._by_name: dict[str, ConsumerState] = {}
         self._by_id: dict[int, ConsumerState] = {}
@@ -80,6 +85,9 @@ class ConsumerService:
             self._spawn,
             lambda o, reason: self._close_opener(o, reason, notify=True),
             max(max_items, 1),
+        )
+        self._shared = SharedJournal(
+            node, self._by_name, self._by_id, self._delivery, self._spawn, self._add, self._forget, poll_s
         )
         self._closing = False
         self.acked = 0
@@ -98,16 +106,17 @@ class ConsumerService:
         self._delivery.loop = self._settles.loop = asyncio.get_running_loop()
         self._node.batcher.commit_hook = self._delivery.committed
         self._node.consumers = self
-        infos: list[ConsumerInfo] = await self._node.reads.call(lambda st: st.consumers())
-        for info in infos:
-            if info.spec.name not in self._by_name:
-                self._add(info)
+        await self._shared.reload()  # every consumer, at first
+        if self._delivery.shared:
+            self._spawn(self._shared.run(), "consumer-poll")
+            if self._node.relay is not None:  # a cluster: groups span the nodes
+                self._groups.span(GroupShares(self._node.presence, self._shared.poll_s), self._spawn)
 
     async def close(self) -> None:
         """Close every opener and member, and wait for the settles under way."""
         if self._closing:
             return
-        self._closing = self._delivery.closing = True
+        self._closing = self._delivery.closing = self._shared.closing = True
         if self._node.batcher.commit_hook == self._delivery.committed:
             self._node.batcher.commit_hook = None
         if self._node.consumers is self:
@@ -138,6 +147,7 @@ class ConsumerService:
     def _add(self, info: ConsumerInfo, *, new: bool = False) -> ConsumerState:
         c = ConsumerState(info)
         self._by_name[info.spec.name] = self._by_id[info.id] = c
+        self._shared.index.add(c.id, c.spec)
         self._delivery.adopt(c, new=new)
         return c
 
@@ -171,6 +181,7 @@ class ConsumerService:
 
     def _forget(self, c: ConsumerState, reason: str) -> None:
         c.deleted = True
+        self._shared.index.remove(c.id)
         for o in list(c.openers):
             self._close_opener(o, reason, notify=True)
         if c.timer is not None:
@@ -180,8 +191,7 @@ class ConsumerService:
         self._by_id.pop(c.id, None)
 
     def info(self, name: str) -> ConsumerInfo | None:
-        c = self._by_name.get(name)
-        return None if c is None else c.info
+        return None if (c := self._by_name.get(name)) is None else c.info
 
     async def consumers(self) -> list[ConsumerInfo]:
         """Every consumer as the store has it now (counts included)."""
@@ -209,7 +219,7 @@ class ConsumerService:
         most items per batch for this opener (0: no limit but ``batch_bytes``); ``bytes_max``: the most event
         bytes (0: ``batch_bytes``), e.g. what one frame of the opener's connection may carry."""
         self._check_open()
-        c = self._by_name.get(name)
+        c = self._by_name.get(name) or await self._shared.find(name)
         if c is None:
             if not create or spec is None:
                 raise ConsumerNotFound(f"{name}: not found")
@@ -223,12 +233,16 @@ class ConsumerService:
                 raise ConsumerNotFound(f"{name}: not found")
         elif not reuse:
             raise ConsumerExists(f"{name}: exists, may not reuse")
+        await self._shared.hold(c)  # on a shared log: no other node serves it
         share = c.spec.shared if shared is None else shared
         if c.openers and not (share and all(o.shared for o in c.openers)):
             raise ConsumerBusy(f"{name}: already listening")
         o = Opener(self, c, share, on_batch, on_close, batch_max, bytes_max)
         c.openers.append(o)
-        self._delivery.schedule(c)
+        if self._delivery.shared:
+            self._delivery.stale(c)  # other nodes may have journaled items since it was last read
+        else:
+            self._delivery.schedule(c)
         return o
 
     def _check_open(self) -> None:
@@ -293,13 +307,22 @@ class ConsumerService:
                 self._delivery.give_back(c, out.positions, 0)
         if not c.deleted:
             self._delivery.schedule(c)
+        self._shared.let_go(c)
         if notify:
             try:
                 o.notify_close(reason)
             except Exception:
                 log.exception("a consumer's close callback failed")
 
-    # -- live exclusive groups -------------------------------------------------------------------------------
+    # -- other nodes' commits (shared log), live exclusive groups ----------------------------------------
+
+    def others_committed(self, events: Sequence[Event] | None = None) -> None:
+        """Other nodes committed ``events`` (None: unknown): see :mod:`.consumer_shared`."""
+        self._shared.others_committed(events)
+
+    def released(self, event: Event) -> None:
+        """A cluster relay released ``event`` (any node's) in per-channel order: to the live groups."""
+        self._groups.deliver(event)
 
     def join(
         self,
@@ -319,6 +342,10 @@ class ConsumerService:
         """How many live groups an event on ``channel`` reaches (each counts once: qpubs ``delivered``)."""
         return self._groups.matching(channel, tags)
 
+    @property
+    def has_groups(self) -> bool:
+        return bool(self._groups.index)
+
     def statistics(self) -> dict[str, Any]:
         return {
             "consumers": len(self._by_name),
@@ -328,6 +355,7 @@ class ConsumerService:
             "acked": self.acked,
             "redelivered": self._delivery.redelivered,
             "groups": len(self._groups),
+            "group_rosters_unread": self._groups.unread,
         }
 
     @property

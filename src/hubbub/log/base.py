@@ -266,6 +266,10 @@ class LogStore(abc.ABC):
     #: network), so that core may run it on the event loop thread while the writer is idle: an ack is then
     #: stored without the two thread hand-offs of a writer round trip (``hubbub.core.consumer_delivery``).
     inline_settle: bool = False
+    #: Whether other processes write the same log (several nodes on one database): then a consumer's journal
+    #: also grows by commits this process never sees, so its readers learn of them by reading, not only from
+    #: their own commits (``hubbub.core.consumers``). Journal positions stay allocated in commit order.
+    shared: bool = False
 
     @abc.abstractmethod
     def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
@@ -468,6 +472,13 @@ class LogStore(abc.ABC):
     @abc.abstractmethod
     def consumer_items(self, consumer_id: int, after_pos: int = 0, limit: int = 1000) -> list[JournalItem]:
         """The consumer's unacknowledged items with ``pos > after_pos``, by position, at most ``limit``."""
+
+    def consumer_hold(self, consumer_id: int, take: bool = True) -> bool:
+        """Take (``take``) or give back this store's hold of a consumer among the stores sharing the log
+        (``shared``): at most one holds a consumer at a time, so one node hands out its items. True when held
+        (or given back), False when another store holds it. A hold ends with its store or its process; taking
+        it again while held stacks (give it back as often). An engine no other process writes holds always."""
+        return True
 
     @abc.abstractmethod
     def stats(self) -> StoreStats:

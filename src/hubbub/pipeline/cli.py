@@ -80,7 +80,12 @@ def add_pipeline_commands(subparsers: argparse._SubParsersAction[argparse.Argume
         if name == "compact":
             p.add_argument("--key-header", required=True, help="header holding the key")
         if name == "export":
-            p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+            p.add_argument(
+                "--format",
+                choices=("jsonl", "parquet"),
+                default="jsonl",
+                help="output format (default jsonl)",
+            )
         if name == "stats":
             p.add_argument("--top", type=int, default=5, help="channels in the chart (default 5)")
         p.set_defaults(func=_run, _command=f"pipeline {name}")

@@ -153,7 +153,7 @@ class FederationUpstream:
         self.node = node
         self.hub = hub
         self.url, url_token = split_token(url)
-        self._token = token or url_token
+        self._token = url_token or token  # a link's own ?token= is more specific than federation.token
         self.name = link_name(self.url)
         self.backoff = backoff or Backoff(0.1, 10.0)
         self.max_frame = max_frame

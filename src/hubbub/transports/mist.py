@@ -4,7 +4,7 @@ shared with the TCP listener (:mod:`hubbub.transports.mist_tcp`).
 The protocol logic is the sans-I/O :mod:`hubbub.dialects.mist`; this module carries its outputs out:
 
 * :class:`MistService` is the node's mist state: the token registry (``data_dir/mist-tokens.json``), which
-  tokens mist accepts (§8), the open connections (for ``listall`` and ``who``), the shared session encoders,
+  tokens mist accepts (§8), the open connections, the shared session encoders,
   and the HTTP routes ``/mist/ws`` (2015), ``/mist/v1/ws`` (1.x) and ``/mist/ping``.
 * :class:`MistWire` is one connection of either generation over either transport: ``Send`` outputs go to
   its session's queue, ``Publish`` to the log (committed before delivery, §6), ``Subscribe`` to a live core
@@ -13,8 +13,11 @@ The protocol logic is the sans-I/O :mod:`hubbub.dialects.mist`; this module carr
   A :class:`~hubbub.transports.pump.SessionPump` writes the queue; every task of the connection belongs to
   the ``asyncio.TaskGroup`` of its handler.
 
-``who`` counts come from :attr:`MistService.presence`, a plain function (local connections by default), so a
-cluster-wide count can replace it.
+``who`` and ``listall`` read the node's presence (:mod:`hubbub.core.presence`; ``Node.presence``), so they
+answer for the whole cluster on a cluster node and for this node alone otherwise: every accepted connection
+adds one to the counter :data:`CONNECTIONS`, and a connection holding at least one subscription is a member of
+the roster :data:`SUBSCRIBERS` (key: its session id; field ``tags``: the distinct tags of its subscriptions,
+a sorted JSON array), joined on its first subscription and left on its last unsubscribe or close.
 
 Concurrency contract: everything runs on the event loop thread; a connection's input is handled one piece at
 a time, in order (a subscription exists in the core before the next command is read). Registry writes (an
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,7 +57,6 @@ __all__ = [
     "MistService",
     "MistSettings",
     "MistWire",
-    "Presence",
     "Proto",
     "mist_token",
 ]
@@ -72,8 +75,10 @@ MASTER: Final = Identity("", EVERYTHING, EVERYTHING, admin=True, via="mist-token
 REGISTRY_READER: Final = Identity("", NOTHING, EVERYTHING, admin=False, via="mist-registry")
 
 Proto: TypeAlias = md.Mist2015Connection | md.Mist2015WsConnection | md.Mist1Connection | md.Mist1WsConnection
-#: ``who``'s two numbers: mist connections accepted since start, open ones holding a subscription.
-Presence: TypeAlias = Callable[[], tuple[int, int]]
+#: The presence counter of mist connections accepted (``who``'s first number, summed over the nodes).
+CONNECTIONS: Final = "mist.connections"
+#: The presence roster of mist connections holding a subscription (``who``'s second number; ``listall``).
+SUBSCRIBERS: Final = "mist.subscribers"
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +177,8 @@ class MistWire:
             echo=proto.echo,  # 2015 delivers to the publisher, 1.x never (mist.md §5)
         )
         self._replica = False
+        #: The tags this connection shows in the :data:`SUBSCRIBERS` roster (None: not a member).
+        self._roster: frozenset[str] | None = None
         #: Monotonic time of the last frame received (WebSocket keepalive).
         self.last_recv = time.monotonic()
         self.inflight = 0
@@ -210,6 +217,9 @@ class MistWire:
         """The reader is done: a pending close goes out (for at most 10 s), the writer stops."""
         sess = self.session
         self.service.leave(self)
+        if self._roster is not None:
+            self._roster = None
+            self.node.presence.leave(SUBSCRIBERS, sess.id)
         if (sess.ending or sess.kicked) and self._writer is not None:
             await stopped(
                 asyncio.wait_for(asyncio.shield(self._writer), 10), self.node, sess.dialect, sess.id
@@ -223,9 +233,10 @@ class MistWire:
 
     async def handle(self, outputs: list[md.Output]) -> None:
         """Carry out the dialect's outputs, in order."""
+        roster = False
         for out in outputs:
             if self.done:
-                return
+                break
             if isinstance(out, md.Send):
                 if _is_error_reply(self.proto, out.data):
                     self.node.count_bad_input(self.session.dialect)
@@ -236,23 +247,44 @@ class MistWire:
                 await self._publish(out)
             elif isinstance(out, md.Subscribe):
                 await self._subscribe(out)
+                roster = True
             elif isinstance(out, md.Unsubscribe):
                 with contextlib.suppress(SubscriptionError):  # gone with a detach meanwhile
                     self.node.unsubscribe(self.session, _sub_id(out.tags))
+                roster = True
             elif isinstance(out, md.ListAll):
                 assert isinstance(self.proto, md.Mist1Connection | md.Mist1WsConnection)
-                self.session.push(self.proto.reply_listall(out, self.service.listall()))
+                self._show_roster()  # this connection's own subscriptions count at once
+                self.session.push(self.proto.reply_listall(out, await self.service.listall()))
             elif isinstance(out, md.Who):
                 assert isinstance(self.proto, md.Mist1Connection | md.Mist1WsConnection)
-                self.session.push(self.proto.reply_who(out, *self.service.presence()))
+                self._show_roster()
+                self.session.push(self.proto.reply_who(out, *await self.service.who()))
             elif isinstance(out, md.Authenticate):
                 await self._authenticate(out)
             else:
                 await self._registry(out)
+        if self.done:
+            return
+        if roster:
+            self._show_roster()
         if isinstance(self.proto, md.Mist2015Connection) and self.proto.replica and not self._replica:
             # enable-replication: from now on, events of replication peers are not sent here (mist.md §5).
             self._replica = True
             self.session.encoder = self.service.encoder_for(self.proto)
+
+    def _show_roster(self) -> None:
+        """Bring this connection's entry in the :data:`SUBSCRIBERS` roster up to date (a presence write only
+        when its tags changed)."""
+        proto = self.proto
+        tags = frozenset[str]().union(*proto.subscriptions) if proto.subscribed else None
+        if tags == self._roster:
+            return
+        self._roster = tags
+        if tags is None:
+            self.node.presence.leave(SUBSCRIBERS, self.session.id)
+        else:
+            self.node.presence.join(SUBSCRIBERS, self.session.id, {"tags": json.dumps(sorted(tags))})
 
     def _close(self, code: int) -> None:
         if code != Disconnect.NORMAL or self.proto.failed:
@@ -394,10 +426,8 @@ class MistService:
         self._authenticator = authenticator
         self._auth = MistAuthenticator(master_token=settings.token, registry=registry)
         self.wires: set[MistWire] = set()
-        #: Mist connections accepted since start (both generations, every transport).
+        #: Mist connections this node accepted since start (both generations, every transport).
         self.lifetime = 0
-        #: ``who``'s numbers; local connections unless replaced (a cluster-wide count).
-        self.presence: Presence = self.local_presence
         self._encoders: dict[tuple[str, bool], MistEncoder] = {}
 
     # -- connections --
@@ -438,21 +468,29 @@ class MistService:
     def join(self, wire: MistWire) -> None:
         self.wires.add(wire)
         self.lifetime += 1
+        self.node.presence.add(CONNECTIONS)
 
     def leave(self, wire: MistWire) -> None:
         self.wires.discard(wire)
 
-    def listall(self) -> set[str]:
-        """The distinct tags of every mist subscription on this node (1.x ``listall``)."""
+    async def listall(self) -> set[str]:
+        """The distinct tags of every mist subscription (1.x ``listall``): every node's, through the
+        presence (this node's alone on a single node, or while a cluster's Redis is away)."""
         out: set[str] = set()
-        for wire in self.wires:
-            for tags in wire.proto.subscriptions:
-                out |= tags
+        for m in await self.node.presence.members(SUBSCRIBERS):
+            try:
+                tags = json.loads(m.fields.get("tags", "[]"))
+            except ValueError:
+                continue  # not written by this module: ignore
+            if isinstance(tags, list):
+                out.update(t for t in tags if isinstance(t, str))
         return out
 
-    def local_presence(self) -> tuple[int, int]:
-        """Connections since start, and open ones holding at least one subscription (this node's)."""
-        return self.lifetime, sum(1 for w in self.wires if w.proto.subscribed)
+    async def who(self) -> tuple[int, int]:
+        """``who``'s numbers, summed over the nodes: mist connections accepted since start, and open ones
+        holding at least one subscription."""
+        presence = self.node.presence
+        return await presence.total(CONNECTIONS), await presence.count(SUBSCRIBERS)
 
     def login(
         self, token: str | None, *, allow_registry: bool, peer: str

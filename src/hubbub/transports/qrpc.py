@@ -332,7 +332,10 @@ class QrpcWire:
                 if may_read(sess.identity, ev.channel):
                     sess.push(line + orjson.dumps(qpd.render_item(ev, sep)) + b"}\n", is_event=True)
 
-            self.groups[cid] = consumers.join(out.group, topic.text, deliver, syntax="qpubs", separator=sep)
+            member = self.groups[cid] = consumers.join(
+                out.group, topic.text, deliver, syntax="qpubs", separator=sep
+            )
+            await member.ready()  # on a cluster: the node's share decided before the next call (§4)
             return
         self.encoder.add(cid, topic, out.once)
         pattern = topic.pattern(self.service.http.max_channel_bytes)

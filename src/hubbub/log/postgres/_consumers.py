@@ -11,6 +11,8 @@ write here runs under the log lock (``_write``), like every other write of the s
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -18,6 +20,7 @@ import psycopg
 
 from hubbub.log.base import AppendResult
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
+from hubbub.log.postgres._errors import _STORAGE_ERRORS, _error
 from hubbub.log.postgres._reads import Conn, _Decoder
 from hubbub.log.records import encode_headers, encode_tags
 
@@ -43,6 +46,14 @@ _ITEM_COLS: Final = (
     "publisher_app, publisher_msg_id, content_type, headers, tags, payload"
 )
 _CONSUMER_COLS: Final = "id, name, spec, created_ns, top, pending, bytes"
+#: The first key of the advisory locks that are consumers' holds (``consumer_hold``): "hubb".
+_HOLD_KEY: Final = 0x68756262
+#: Server-side TCP keepalives of the holds' session (seconds): a silent peer is dropped after 10 + 5 * 3 s.
+_HOLD_KEEPALIVES: Final = (
+    ("tcp_keepalives_idle", 10),
+    ("tcp_keepalives_interval", 5),
+    ("tcp_keepalives_count", 3),
+)
 
 
 def _info(row: Sequence[Any]) -> ConsumerInfo:
@@ -57,8 +68,13 @@ class _ConsumerSide:
     _jindex: JournalIndex
     _jgen: int
     _clock: Callable[[], int]
+    #: The session whose advisory locks are this store's consumer holds (made on first use), and its lock.
+    _hold_conn: Conn | None = None
+    _hold_lock: Final = threading.Lock()
 
     if TYPE_CHECKING:
+
+        def _connect(self, what: str) -> Conn: ...
 
         def _write(self, what: str, body: Callable[[Conn, Any], T]) -> T: ...
 
@@ -183,6 +199,42 @@ class _ConsumerSide:
             return [_info(r) for r in rows]
 
         return self._read(q)
+
+    def consumer_hold(self, consumer_id: int, take: bool = True) -> bool:
+        """A session-level advisory lock on a connection of its own: PostgreSQL ends it with the session, so
+        with the process (a node killed lets go at once). A lost connection loses every hold it had."""
+        sql = "SELECT pg_try_advisory_lock(%s, %s)" if take else "SELECT pg_advisory_unlock(%s, %s)"
+        with self._hold_lock:
+            conn = self._hold_conn
+            if conn is None or conn.closed or conn.broken:
+                if not take:
+                    return True  # the session is gone, and its holds with it
+                conn = self._connect("consumer_hold")
+                try:
+                    # The server notices a dead node (a machine lost, not only a process) within ~25 s and
+                    # ends its session, and the holds with it; the default is the OS's (often 2 hours).
+                    for name, value in _HOLD_KEEPALIVES:
+                        conn.execute(f"SET {name} = {value}")
+                except _STORAGE_ERRORS as exc:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    raise _error("consumer_hold", exc) from exc
+                self._hold_conn = conn
+            try:
+                row = conn.execute(sql, (_HOLD_KEY, consumer_id)).fetchone()
+            except _STORAGE_ERRORS as exc:
+                with contextlib.suppress(Exception):
+                    conn.close()
+                self._hold_conn = None
+                raise _error("consumer_hold", exc) from exc
+        return True if not take else bool(row and row[0])
+
+    def _drop_holds(self) -> None:
+        with self._hold_lock:
+            conn, self._hold_conn = self._hold_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def consumer_items(self, consumer_id: int, after_pos: int = 0, limit: int = 1000) -> list[JournalItem]:
         if limit <= 0:

@@ -148,6 +148,7 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
     """
 
     engine = "postgres"
+    shared = True  # every node of a cluster writes this database
 
     def __init__(
         self,
@@ -769,6 +770,7 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
             with contextlib.suppress(Exception):
                 pool.close(timeout=self._connect_timeout_s)
         self._drop_writer()
+        self._drop_holds()
 
 
 def _configure_reader(conn: Conn) -> None:
