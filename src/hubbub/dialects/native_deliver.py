@@ -91,8 +91,9 @@ class _Shapes(threading.local):
 
 
 def _shape_of(ev: Event) -> Event:
-    """``ev`` without what varies along a shape (seq, time, publisher, payload): what a template keeps."""
-    return Event(ev.channel, 0, ev.epoch, 0, _NOBODY, b"", ev.content_type, ev.headers, ev.tags)
+    """``ev`` without what varies along a shape (seq, time, publisher, payload): what a template keeps. The
+    headers are copied: the kept shape must not change with a dict someone else holds."""
+    return Event(ev.channel, 0, ev.epoch, 0, _NOBODY, b"", ev.content_type, dict(ev.headers), ev.tags)
 
 
 def _keep(shapes: dict[str, tuple[Event, bytes, bool]], ev: Event, fmt: bytes, json_type: bool) -> Event:
