@@ -18,7 +18,9 @@ connection takes batches of at most B events and acknowledges each batch before 
 * Redis: ``XREADGROUP COUNT B`` on a consumer group, then ``XACK`` of the batch's ids.
 
 The figure is events acknowledged per second from the first publish to the last acknowledgement (with
-``--drain``: every event is published first, and the figure is the consumer's alone, draining the backlog).
+``--drain``: every event is published first, and the figure is the consumer's alone, draining the backlog),
+and the server process's CPU time (user + system, all its threads) per event over the same span, which
+other load on the machine disturbs less.
 A peer whose server binary or client library is missing is skipped, saying so. The driver is one Python
 process (asyncio) for every target, so client overhead is in every figure alike.
 """
@@ -45,6 +47,9 @@ from procs import Server, available, start
 WINDOW = 1000
 #: ``--drain``: publish everything first, then time the consumer alone (the backlog drained).
 DRAIN = False
+#: The server's CPU time (user + system, all threads) per event over the timed phase of the last run, in µs:
+#: less sensitive than events/s to the other processes of a loaded machine.
+CPU_US = [0.0]
 
 
 # -- hubbub ------------------------------------------------------------------------------------------------
@@ -114,14 +119,15 @@ async def hubbub_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
             r = await con.recv()
             assert r["op"] == "reply" and r["id"] == rid, r
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), srv.cpu_s()
     if DRAIN:
         await publish()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), srv.cpu_s()
         await consume()
     else:
         await asyncio.gather(publish(), consume())
     rate = n / (time.perf_counter() - t0)
+    CPU_US[0] = (srv.cpu_s() - c0) / n * 1e6
     pub.close()
     con.close()
     return rate
@@ -158,14 +164,15 @@ async def js_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
             await msgs[-1].ack_sync()
             done += len(msgs)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), srv.cpu_s()
     if DRAIN:
         await publish()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), srv.cpu_s()
         await consume()
     else:
         await asyncio.gather(publish(), consume())
     rate = n / (time.perf_counter() - t0)
+    CPU_US[0] = (srv.cpu_s() - c0) / n * 1e6
     await pnc.close()
     await cnc.close()
     return rate
@@ -202,14 +209,15 @@ async def redis_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
             await c.xack("bench", "g", *ids)
             done += len(ids)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), srv.cpu_s()
     if DRAIN:
         await publish()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), srv.cpu_s()
         await consume()
     else:
         await asyncio.gather(publish(), consume())
     rate = n / (time.perf_counter() - t0)
+    CPU_US[0] = (srv.cpu_s() - c0) / n * 1e6
     await p.aclose()
     await c.aclose()
     return rate
@@ -266,10 +274,22 @@ def main() -> None:
             finally:
                 srv.stop()
             mode = "drained" if DRAIN else "end to end"
+            cpu = CPU_US[0]
             rows.append(
-                {"batch": batch, "peer": peer, "events": n, "rate": rate, "setup": what, "mode": mode}
+                {
+                    "batch": batch,
+                    "peer": peer,
+                    "events": n,
+                    "rate": rate,
+                    "server_cpu_us_per_event": cpu,
+                    "setup": what,
+                    "mode": mode,
+                }
             )
-            print(f"batch={batch:<4} {peer:<7} {rate:>10,.0f} events/s acked {mode} ({n} events; {what})")
+            print(
+                f"batch={batch:<4} {peer:<7} {rate:>10,.0f} events/s acked {mode},"
+                f" server CPU {cpu:6.1f} µs/event ({n} events; {what})"
+            )
     print(f"# load after: {os.getloadavg()[0]:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))

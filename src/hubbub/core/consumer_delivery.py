@@ -139,6 +139,8 @@ class Delivery:
         # statistics
         self.batches = 0
         self.redelivered = 0
+        self.acked = 0
+        self.nacked = 0
 
     def adopt(self, c: ConsumerState, *, new: bool) -> None:
         """Start serving ``c``. One just created (``new``) has an empty journal: unless a notification
@@ -340,8 +342,11 @@ class Delivery:
         c.next_batch += 1
         c.outstanding[number] = Outstanding(o, tuple(it.pos for it in out))
         o.batch = number
+        again = sum(1 for it in out if it.attempts)
         self.batches += 1
-        self.redelivered += sum(1 for it in out if it.attempts)
+        self.redelivered += again
+        c.batches += 1
+        c.redelivered += again
         try:
             o.deliver(Batch(c.spec.name, number, tuple(out)))
         except Exception:

@@ -155,6 +155,8 @@ class LiveGroups:
         self._by_id: dict[int, _Group] = {}
         self.index = JournalIndex()
         self._next = 1
+        #: Events handed to members (``/metrics``).
+        self.delivered = 0
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -219,11 +221,16 @@ class LiveGroups:
             i = g.rr % len(g.members)
             g.rr = i + 1
             m = g.members[i]
+            self.delivered += 1
             try:
                 m.deliver(ev)
             except Exception:
                 log.exception("a group member's callback failed; it leaves the group")
                 self.leave(m)
+
+    @property
+    def members(self) -> int:
+        return sum(len(g.members) for g in self._groups.values())
 
     def matching(self, channel: str, tags: tuple[str, ...] = ()) -> int:
         return len(self.index.match(channel, tags)) if self.index else 0

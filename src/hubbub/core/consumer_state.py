@@ -131,6 +131,15 @@ class ConsumerState:
     #: under ``hold_lock``.
     held: bool = False
     hold_lock: asyncio.Lock | None = None
+    #: Counters for ``/metrics`` (since this node took the consumer up): batches handed out, items
+    #: acknowledged, items given back by nack, items delivered again (``attempts`` above 0).
+    batches: int = 0
+    acked: int = 0
+    nacked: int = 0
+    redelivered: int = 0
+    #: Unacknowledged items in the store's journal at the last :meth:`ConsumerService.refresh_counts`
+    #: (-1: not read yet).
+    stored_pending: int = -1
 
     @property
     def id(self) -> int:

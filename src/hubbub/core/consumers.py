@@ -57,6 +57,7 @@ from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, check_spec
 
 from .consumer_delivery import Delivery, Settles
 from .consumer_groups import GroupMember, GroupShares, LiveGroups
+from .consumer_metrics import ConsumerMetrics
 from .consumer_shared import SharedJournal
 from .consumer_state import BACKOFF_MAX_NS, BACKOFF_STEP_NS, Batch, ConsumerState, Opener, Outstanding
 from .node import Node
@@ -90,7 +91,8 @@ class ConsumerService:
             node, self._by_name, self._by_id, self._delivery, self._spawn, self._add, self._forget, poll_s
         )
         self._closing = False
-        self.acked = 0
+        #: The figures for ``/metrics`` (:mod:`.consumer_metrics`).
+        self.metrics = ConsumerMetrics(node, self._by_name, self._delivery, self._groups)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -278,10 +280,13 @@ class ConsumerService:
         finally:
             o.settling = False
             self._delivery.schedule(c)
-        self.acked += len(items)
+        self._delivery.acked += len(items)
+        c.acked += len(items)
 
     async def _nack(self, o: Opener, batch: int) -> None:
         c, out = self._take(o, batch)
+        self._delivery.nacked += len(out.positions)
+        c.nacked += len(out.positions)
         attempts = max((c.items[p].attempts for p in out.positions if p in c.items), default=0) + 1
         delay = min(BACKOFF_STEP_NS * attempts, BACKOFF_MAX_NS)
         self._delivery.give_back(c, out.positions, time.time_ns() + delay)
@@ -352,16 +357,8 @@ class ConsumerService:
             "openers": sum(len(c.openers) for c in self._by_name.values()),
             "held_items": sum(len(c.items) for c in self._by_name.values()),
             "batches": self._delivery.batches,
-            "acked": self.acked,
+            "acked": self._delivery.acked,
             "redelivered": self._delivery.redelivered,
             "groups": len(self._groups),
             "group_rosters_unread": self._groups.unread,
         }
-
-    @property
-    def batches(self) -> int:
-        return self._delivery.batches
-
-    @property
-    def redelivered(self) -> int:
-        return self._delivery.redelivered

@@ -23,7 +23,7 @@ import re
 import struct
 import threading
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from operator import add, itemgetter
@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_MAX_FRAME",
     "MAX_IDEM_CHARS",
+    "MSGPACK_PUBLISHER_KEY",
     "Encoding",
     "Limits",
     "batch_frame",
@@ -54,11 +55,16 @@ __all__ = [
     "event_body_msgpack",
     "event_frames",
     "is_json_type",
+    "json_payload_field",
     "json_value",
     "pack_batches",
     "packb",
     "payload_field",
     "plain",
+    "publisher_json",
+    "publisher_msgpack",
+    "shared_fields_json",
+    "shared_fields_msgpack",
 ]
 
 Encoding = Literal["json", "msgpack"]
@@ -389,6 +395,64 @@ def event_body_msgpack(event: Event) -> bytes:
     )
 
 
+def publisher_json(event: Event) -> bytes:
+    """The JSON event object's ``publisher`` value."""
+    return _json_publisher(event)
+
+
+def publisher_msgpack(event: Event, pack: Callable[[Any], bytes]) -> bytes:
+    """The msgpack event map's ``publisher`` value (``pack``: a ``use_bin_type`` packer's)."""
+    return pack(_publisher(event))
+
+
+def shared_fields_json(event: Event) -> tuple[bytes, bytes, bytes]:
+    """The JSON event object's fields that do not vary along a channel's events (the publisher aside), in
+    three pieces around the seq, time and publisher values: ``"channel":…,"seq":`` / ``,"epoch":…,"time":"``
+    / ``,"headers":…,"content_type":…``. Joined as ``a + seq + b + time + '","publisher":' + publisher + c
+    + ',' +`` :func:`json_payload_field`, the bytes of :func:`event_body_json` without its leading comma."""
+    head = orjson.dumps({"channel": event.channel, "seq": 0, "epoch": event.epoch, "time": ""})
+    # head is {"channel":…,"seq":0,"epoch":…,"time":""}: split it around the seq and time values (a channel
+    # cannot hold '"seq":0,"epoch":', its quotes would be escaped).
+    at_seq = head.index(b'"seq":0,"epoch":') + 6
+    rest = b"".join(
+        (
+            b',"headers":',
+            orjson.dumps(_user_headers(event)) if event.headers else b"{}",
+            b',"tags":',
+            orjson.dumps(_tags(event)) if event.tags else b"[]",
+            b',"content_type":',
+            orjson.dumps(event.content_type),
+        )
+    )
+    return head[1:at_seq], head[at_seq + 1 : len(head) - 2], rest
+
+
+def shared_fields_msgpack(event: Event, pack: Callable[[Any], bytes]) -> tuple[bytes, bytes, bytes]:
+    """As :func:`shared_fields_json` for the msgpack event map (``pack``: a ``use_bin_type`` packer's):
+    ``channel`` .. the ``seq`` key / ``epoch`` .. the ``time`` key / ``headers`` .. the ``payload`` key.
+    Joined as ``a + seq + b + time + <publisher key> + publisher + c + payload`` (each value packed), the
+    bytes of :func:`event_body_msgpack`."""
+    return (
+        b"".join((_MK_CHANNEL, pack(event.channel), _MK_SEQ)),
+        b"".join((_MK_EPOCH, pack(event.epoch), _MK_TIME)),
+        b"".join(
+            (
+                _MK_HEADERS,
+                pack(_user_headers(event)) if event.headers else _MP_EMPTY_MAP,
+                _MK_TAGS,
+                pack(_tags(event)) if event.tags else _MP_EMPTY_ARRAY,
+                _MK_CT,
+                pack(event.content_type),
+                _MK_PAYLOAD,
+            )
+        ),
+    )
+
+
+#: The msgpack key ``publisher`` (between the time value and the publisher map).
+MSGPACK_PUBLISHER_KEY = _MK_PUBLISHER
+
+
 # -- runs of replayed events ------------------------------------------------------------------------------
 
 # The frame's opening up to ``subs`` (map of 11 pairs, 12 with ``replay``), as dialects.native writes it.
@@ -404,8 +468,9 @@ def _fmt(literal: bytes) -> bytes:
     return literal.replace(b"%", b"%%")
 
 
-def _json_payload_field(payload: bytes, json_type: bool) -> bytes:
-    """``"<field>":<value>`` of :func:`payload_field`, for one payload of a run."""
+def json_payload_field(payload: bytes, json_type: bool) -> bytes:
+    """``"<field>":<value>`` of :func:`payload_field` for a payload whose content type is JSON or not
+    (:func:`is_json_type`): one payload of a run or of a deliver batch."""
     if json_type:
         c = compact_json(payload)
         if c is not None:
@@ -464,7 +529,7 @@ def event_frames(
             )
         )
         json_type = is_json_type(proto.content_type)
-        field = _json_payload_field
+        field = json_payload_field
         return [fmt % (seq, t, field(p, json_type)) for seq, (t, p) in enumerate(rows, seq0)]
     pack = _frag.pack
     pub = pack(_publisher(proto))

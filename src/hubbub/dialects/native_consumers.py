@@ -2,10 +2,10 @@
 
 Parsing: :func:`parse_consumer_op` turns a decoded frame whose ``op`` is one of
 :data:`~.native_commands.CONSUMER_OPS` into its command (the codec registers it), raising ``BadRequest``
-(4001) or ``BadChannel`` (4004) for bad fields. Rendering: :func:`deliver_frame` is the ``deliver`` push, a
-batch of journal items, each an event object (as in an ``event`` frame, without ``subs``) with its journal
-position ``pos`` and ``attempts`` first; the events' bodies come from the shared event renderers, so a
-``deliver`` item reads exactly like an ``event``.
+(4001) or ``BadChannel`` (4004) for bad fields. Rendering: :func:`deliver_frame` (from :mod:`.native_deliver`)
+is the ``deliver`` push, a batch of journal items, each an event object (as in an ``event`` frame, without
+``subs``) with its journal position ``pos`` and ``attempts`` first; the events' fields come from the shared
+event renderers, so a ``deliver`` item reads exactly like an ``event``.
 
 :class:`ConsumerTable` is one connection's state: the consumers it holds, by name, each with the handle the
 transport keeps for it (the core's opener), at most ``max_consumers`` of them. Legal transitions::
@@ -29,11 +29,8 @@ pure.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, Final, Generic, TypeVar
-
-import msgpack
-import orjson
+from collections.abc import Iterator
+from typing import Final, Generic, TypeVar
 
 from hubbub.channels import Pattern, parse_pattern
 from hubbub.errors import BadRequest, ConsumerBusy, LimitExceeded
@@ -54,14 +51,8 @@ from .native_commands import (
     request_id,
     string,
 )
-from .native_common import (
-    MSGPACK_BODY_PAIRS,
-    Encoding,
-    Limits,
-    check_tags,
-    event_body_json,
-    event_body_msgpack,
-)
+from .native_common import Limits, check_tags
+from .native_deliver import deliver_frame
 
 __all__ = ["MAX_BATCH_ITEMS", "ConsumerTable", "deliver_frame", "parse_consumer_op"]
 
@@ -138,37 +129,6 @@ def parse_consumer_op(op: str, obj: Obj, limits: Limits) -> Command:
         reuse = opt_bool(obj, "reuse", True)
         return Consume(rid, name, pattern, tags, create, reuse, share, most, wait, size)
     raise BadRequest("not a consumer op")  # pragma: no cover - the codec routes only CONSUMER_OPS here
-
-
-_MP_ITEM_HEAD: Final = bytes([0x80 | (MSGPACK_BODY_PAIRS + 2)]) + msgpack.packb("pos")
-_MP_ATTEMPTS: Final = msgpack.packb("attempts")
-_MP_DELIVER: Final = b"\x84" + b"".join(msgpack.packb(x) for x in ("op", "deliver", "consumer"))
-
-
-def deliver_frame(encoding: Encoding, consumer: str, batch: int, items: Sequence[Any]) -> bytes:
-    """``{"op":"deliver","consumer":…,"batch":n,"items":[{"pos":…,"attempts":…,<event>}, …]}``.
-
-    ``items`` have ``pos``, ``attempts`` and ``event``. The event fields are the ``event`` frame's, rendered
-    by the same code (``time`` a string in JSON, payload ``json``/``text``/``b64`` in JSON, ``payload`` bin in
-    msgpack)."""
-    if encoding == "json":
-        parts = [b'{"op":"deliver","consumer":', orjson.dumps(consumer), b',"batch":%d,"items":[' % batch]
-        for i, it in enumerate(items):
-            parts.append(b'%s{"pos":%d,"attempts":%d' % (b"," if i else b"", it.pos, it.attempts))
-            parts.append(event_body_json(it.event))
-            parts.append(b"}")
-        parts.append(b"]}")
-        return b"".join(parts)
-    pack = msgpack.Packer(use_bin_type=True)
-    out = [_MP_DELIVER, pack.pack(consumer), pack.pack("batch"), pack.pack(batch), pack.pack("items")]
-    out.append(pack.pack_array_header(len(items)))
-    for it in items:
-        out.append(_MP_ITEM_HEAD)
-        out.append(pack.pack(it.pos))
-        out.append(_MP_ATTEMPTS)
-        out.append(pack.pack(it.attempts))
-        out.append(event_body_msgpack(it.event))
-    return b"".join(out)
 
 
 H = TypeVar("H")

@@ -31,7 +31,7 @@ from hubbub.federation.wire import BELOW_HEADER, NODE_HEADER, parse_node
 from hubbub.log.base import AppendRequest, LogStore
 
 from .cors import install_cors
-from .metrics import CONTENT_TYPE, NodeCollector, render_metrics
+from .metrics import CONTENT_TYPE, ConsumerCollector, NodeCollector, render_metrics
 from .native import NativeConnection, NativeEncoder
 from .pump import SessionPump, quietly, stopped
 
@@ -551,6 +551,11 @@ class NativeHttp:
 
     async def metrics(self, request: web.Request) -> web.Response:
         self._identity(request)  # any valid token may scrape; /healthz stays open for load balancers
+        if (svc := self.node.consumers) is not None:
+            try:
+                await svc.metrics.refresh()  # the journals' backlogs, as the store counts them
+            except HubbubError as exc:
+                log.debug("reading the consumers' backlogs failed: %s", exc)
         body = render_metrics(self.registry)
         return web.Response(status=200, body=body, headers={"Content-Type": CONTENT_TYPE})
 
@@ -704,6 +709,7 @@ def build_app(
     """The aiohttp application with the native routes and each enabled dialect's routes."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(NodeCollector(node, node.store.stats))
+    registry.register(ConsumerCollector(node))
     native = NativeHttp(node, settings, registry)
     app = web.Application(
         middlewares=[_errors, _admission(node, settings)], client_max_size=settings.max_frame

@@ -10,8 +10,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from hubbub import __version__
 from hubbub.core import Node
+from hubbub.core.consumer_metrics import LABELLED_MAX
 
-__all__ = ["CLUSTER_GAUGES", "CONTENT_TYPE", "DIALECTS", "PRESENCE_GAUGES", "NodeCollector", "render_metrics"]
+__all__ = [
+    "CLUSTER_GAUGES",
+    "CONTENT_TYPE",
+    "DIALECTS",
+    "PRESENCE_GAUGES",
+    "ConsumerCollector",
+    "NodeCollector",
+    "render_metrics",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: The cluster relay's numbers that are gauges (the others are counters).
@@ -129,6 +138,84 @@ class NodeCollector:
         for s in self.node.sessions:
             out[s.dialect] = out.get(s.dialect, 0) + s.stats.dropped
         return out
+
+
+#: Per consumer (label ``consumer``): (name, help, gauge?, the figure's field).
+_PER_CONSUMER = (
+    ("hubbub_consumer_pending", "Journal items not yet delivered", True, "pending"),
+    ("hubbub_consumer_outstanding", "Items delivered and not yet acknowledged", True, "outstanding"),
+    ("hubbub_consumer_openers", "Openers holding the consumer on this node", True, "openers"),
+    ("hubbub_consumer_batches", "Batches delivered", False, "batches"),
+    ("hubbub_consumer_acked", "Items acknowledged", False, "acked"),
+    ("hubbub_consumer_nacked", "Items given back by nack", False, "nacked"),
+    (
+        "hubbub_consumer_redelivered",
+        "Items delivered again (after nack, disconnect or restart)",
+        False,
+        "redelivered",
+    ),
+    (
+        "hubbub_consumer_oldest_unacked_seconds",
+        "Age of the oldest unacknowledged item held",
+        True,
+        "oldest_unacked_s",
+    ),
+)
+#: Service-wide: (name, help, gauge?, the totals' field).
+_TOTALS = (
+    ("hubbub_consumers", "Durable consumers", True, "consumers"),
+    ("hubbub_consumers_pending", "Journal items not yet delivered, every consumer", True, "pending"),
+    (
+        "hubbub_consumers_outstanding",
+        "Items delivered and not yet acknowledged, every consumer",
+        True,
+        "outstanding",
+    ),
+    ("hubbub_consumers_openers", "Consumer openers on this node", True, "openers"),
+    ("hubbub_consumers_batches", "Consumer batches delivered", False, "batches"),
+    ("hubbub_consumers_acked", "Consumer items acknowledged", False, "acked"),
+    ("hubbub_consumers_nacked", "Consumer items given back by nack", False, "nacked"),
+    ("hubbub_consumers_redelivered", "Consumer items delivered again", False, "redelivered"),
+    ("hubbub_consumer_groups", "Live exclusive groups with members on this node", True, "groups"),
+    ("hubbub_consumer_group_members", "Members of live exclusive groups on this node", True, "group_members"),
+    (
+        "hubbub_consumer_group_events",
+        "Events delivered to live exclusive group members",
+        False,
+        "group_events",
+    ),
+)
+
+
+class ConsumerCollector:
+    """The durable consumers' figures (docs/consumers.md "Monitoring"), while the node has a consumer service;
+    per consumer for the first ``limit`` by name (bounded label set), service-wide for all of them. The
+    store's backlog counts are read by :meth:`NativeHttp.metrics` before each scrape."""
+
+    def __init__(self, node: Node, limit: int | None = None) -> None:
+        self.node = node
+        self.limit = limit
+
+    def collect(self) -> Iterator[Any]:
+        svc = self.node.consumers
+        if svc is None:
+            return
+        figures = list(svc.metrics.consumers(LABELLED_MAX if self.limit is None else self.limit))
+        for name, doc, gauge, field in _PER_CONSUMER:
+            fam = (GaugeMetricFamily if gauge else CounterMetricFamily)(name, doc, labels=["consumer"])
+            for f in figures:
+                fam.add_metric([f.name], getattr(f, field))
+            yield fam
+        totals = svc.metrics.totals()
+        for name, doc, gauge, field in _TOTALS:
+            yield (GaugeMetricFamily if gauge else CounterMetricFamily)(
+                name, doc, value=getattr(totals, field)
+            )
+        yield GaugeMetricFamily(
+            "hubbub_consumers_unlabelled",
+            "Consumers beyond the per-consumer series' limit (in the totals only)",
+            value=max(totals.consumers - len(figures), 0),
+        )
 
 
 def render_metrics(registry: CollectorRegistry) -> bytes:

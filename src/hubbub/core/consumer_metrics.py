@@ -1,0 +1,148 @@
+"""The durable-consumer service's figures for ``/metrics`` (docs/consumers.md "Monitoring"). Part of
+:class:`~hubbub.core.ConsumerService`; loop thread only.
+
+The counters live on each :class:`~.consumer_state.ConsumerState` and on the service's parts, bumped where
+the work is done (a few integer increments per batch, ack or nack); this module only reads them at scrape
+time. The journal backlog is the store's own count of unacknowledged items (``ConsumerInfo.pending``, read
+once per scrape by :meth:`ConsumerMetrics.refresh`) less the items out with openers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from hubbub.log.consumers import ConsumerInfo
+
+from .consumer_delivery import Delivery
+from .consumer_groups import LiveGroups
+from .consumer_state import NS, ConsumerState
+from .node import Node
+
+__all__ = ["LABELLED_MAX", "ConsumerFigures", "ConsumerMetrics", "ConsumerTotals"]
+
+#: At most this many consumers get series of their own (the first by name); the totals count them all.
+LABELLED_MAX: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerFigures:
+    """One consumer's figures. ``pending``: journal items not out with an opener (in memory or still in the
+    store); ``outstanding``: items delivered and not yet acknowledged or given back; ``oldest_unacked_s``:
+    the age (since its commit) of the oldest unacknowledged item this node holds, pending or outstanding
+    (0: none). Counters since this node took the consumer up."""
+
+    name: str
+    pending: int
+    outstanding: int
+    openers: int
+    batches: int
+    acked: int
+    nacked: int
+    redelivered: int
+    oldest_unacked_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerTotals:
+    """Every consumer's and live group's figures together (the counters are the service's own)."""
+
+    consumers: int
+    pending: int
+    outstanding: int
+    openers: int
+    batches: int
+    acked: int
+    nacked: int
+    redelivered: int
+    groups: int
+    group_members: int
+    group_events: int
+
+
+class ConsumerMetrics:
+    """Reads the service's state; ``by_name`` is the service's own map (shared, not copied)."""
+
+    def __init__(self, node: Node, by_name: dict[str, ConsumerState], delivery: Delivery, groups: LiveGroups):
+        self._node = node
+        self._by_name = by_name
+        self._delivery = delivery
+        self._groups = groups
+
+    async def refresh(self) -> None:
+        """Read every consumer's unacknowledged count from the store (one read; ``HubbubError`` when the log
+        is away, and the figures keep the last count read)."""
+        infos: list[ConsumerInfo] = await self._node.reads.call(lambda st: st.consumers())
+        by_name = self._by_name
+        for info in infos:
+            c = by_name.get(info.spec.name)
+            if c is not None and c.id == info.id:
+                c.stored_pending = info.pending
+
+    def consumers(self, limit: int = LABELLED_MAX) -> Iterator[ConsumerFigures]:
+        """The figures of the first ``limit`` consumers by name."""
+        now_ns = time.time_ns()
+        for name in sorted(self._by_name)[:limit]:
+            yield figures(self._by_name[name], now_ns)
+
+    def totals(self) -> ConsumerTotals:
+        pending = outstanding = openers = 0
+        for c in self._by_name.values():
+            out = _outstanding(c)
+            pending += _pending(c, out)
+            outstanding += out
+            openers += len(c.openers)
+        d = self._delivery
+        return ConsumerTotals(
+            consumers=len(self._by_name),
+            pending=pending,
+            outstanding=outstanding,
+            openers=openers,
+            batches=d.batches,
+            acked=d.acked,
+            nacked=d.nacked,
+            redelivered=d.redelivered,
+            groups=len(self._groups),
+            group_members=self._groups.members,
+            group_events=self._groups.delivered,
+        )
+
+
+def figures(c: ConsumerState, now_ns: int) -> ConsumerFigures:
+    out = _outstanding(c)
+    return ConsumerFigures(
+        name=c.spec.name,
+        pending=_pending(c, out),
+        outstanding=out,
+        openers=len(c.openers),
+        batches=c.batches,
+        acked=c.acked,
+        nacked=c.nacked,
+        redelivered=c.redelivered,
+        oldest_unacked_s=_oldest_age(c, now_ns),
+    )
+
+
+def _outstanding(c: ConsumerState) -> int:
+    return sum(len(o.positions) for o in c.outstanding.values())
+
+
+def _pending(c: ConsumerState, outstanding: int) -> int:
+    if c.stored_pending >= 0:
+        return max(c.stored_pending - outstanding, 0)
+    # Not read from the store yet: what this node holds.
+    return len(c.ready) + sum(1 for _, pos in c.delayed if pos in c.items)
+
+
+def _oldest_age(c: ConsumerState, now_ns: int) -> float:
+    """Items enter memory in journal order, so the lowest position held is the oldest unacknowledged one."""
+    items = c.items
+    lowest = [c.ready[0]] if c.ready else []
+    lowest.extend(min(o.positions) for o in c.outstanding.values() if o.positions)
+    lowest.extend(pos for _, pos in c.delayed if pos in items)
+    held = [p for p in lowest if p in items]
+    if not held:
+        return 0.0
+    return max(now_ns - items[min(held)].event.time_ns, 0) / NS
