@@ -517,3 +517,45 @@ def test_a_burst_with_varying_tags_fans_out_as_runs_in_order(tmp_path: Path) -> 
                 await j.close()
 
     asyncio.run(main())
+
+
+def test_publish_rate_and_connection_limits(tmp_path: Path) -> None:
+    """Over ``limits.publish_rate`` a mist publish is dropped (mist has no reply for it) and counted; over
+    ``limits.max_connections_per_ip`` a TCP connection is closed at once."""
+
+    async def main() -> None:
+        cli: dict[str, Any] = {
+            "data_dir": str(tmp_path),
+            "http.listen": f"{HOST}:0",
+            "mist.tcp_listen": f"{HOST}:0",
+            "limits.publish_rate": 1,
+            "limits.publish_burst": 1,
+            "limits.max_connections_per_ip": 3,
+        }
+        async with Server(load_config(cli=cli, env={})) as server:
+            assert server.node is not None
+            port = server.ports["mist"]
+            sub = await Lines.open(port)
+            await sub.send("subscribe r\nping\n")
+            assert await sub.line() == "pong"
+            pub = await Lines.open(port)
+            await pub.send("".join(f"publish r {i}\n" for i in range(5)) + "ping\n")
+            assert await pub.line() == "pong"
+            assert await sub.line() == "publish r 0"
+            await sub.send("ping\n")
+            assert await sub.line() == "pong"  # the other four were dropped
+            third = await Lines.open(port)
+            await third.send("ping\n")
+            assert await third.line() == "pong"
+            refused = await Lines.open(port)
+            with contextlib.suppress(ConnectionError):
+                await refused.send("ping\n")
+                assert await refused.closed()
+            await refused.close()
+            refusals = server.node.limiter.refusals
+            assert refusals[("publish_rate", "mist2015")] == 4
+            assert refusals[("max_connections_per_ip", "mist")] == 1
+            for c in (sub, pub, third):
+                await c.close()
+
+    asyncio.run(main())
