@@ -517,3 +517,86 @@ def test_a_burst_with_varying_tags_fans_out_as_runs_in_order(tmp_path: Path) -> 
                 await j.close()
 
     asyncio.run(main())
+
+
+def test_publish_rate_and_connection_limits(tmp_path: Path) -> None:
+    """Over ``limits.publish_rate`` a mist publish is dropped (mist has no reply for it) and counted; over
+    ``limits.max_connections_per_ip`` a TCP connection is closed at once."""
+
+    async def main() -> None:
+        cli: dict[str, Any] = {
+            "data_dir": str(tmp_path),
+            "http.listen": f"{HOST}:0",
+            "mist.tcp_listen": f"{HOST}:0",
+            "limits.publish_rate": 1,
+            "limits.publish_burst": 1,
+            "limits.max_connections_per_ip": 3,
+        }
+        async with Server(load_config(cli=cli, env={})) as server:
+            assert server.node is not None
+            port = server.ports["mist"]
+            sub = await Lines.open(port)
+            await sub.send("subscribe r\nping\n")
+            assert await sub.line() == "pong"
+            pub = await Lines.open(port)
+            await pub.send("".join(f"publish r {i}\n" for i in range(5)) + "ping\n")
+            assert await pub.line() == "pong"
+            assert await sub.line() == "publish r 0"
+            await sub.send("ping\n")
+            assert await sub.line() == "pong"  # the other four were dropped
+            third = await Lines.open(port)
+            await third.send("ping\n")
+            assert await third.line() == "pong"
+            refused = await Lines.open(port)
+            with contextlib.suppress(ConnectionError):
+                await refused.send("ping\n")
+                assert await refused.closed()
+            await refused.close()
+            refusals = server.node.limiter.refusals
+            assert refusals[("publish_rate", "mist2015")] == 4
+            assert refusals[("max_connections_per_ip", "mist")] == 1
+            for c in (sub, pub, third):
+                await c.close()
+
+    asyncio.run(main())
+
+
+def test_a_subscriber_that_stops_reading_loses_the_oldest_events_in_order(tmp_path: Path) -> None:
+    """Outbound overflow drops the oldest queued events (counted in hubbub_dropped_total): the slow
+    subscriber keeps its connection and order and gets the newest; others are unaffected."""
+    n = 8000
+    payload = "x" * 1000
+
+    async def main() -> None:
+        limits = {"limits.send_queue": 32, "limits.send_queue_bytes": 1 << 20}
+        async with serve(tmp_path, **limits) as ports, aiohttp.ClientSession() as http:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds little for it
+            sock.connect((HOST, ports.mist))
+            slow = Lines(*await asyncio.open_connection(sock=sock))
+            fast = await Client1x.connect(HOST, ports.mist)
+            await slow.send("subscribe s\nping\n")
+            assert await slow.line() == "pong"
+            await fast.send(command="subscribe", tags=["s"])
+            await fast.ping()
+            pub = await Lines.open(ports.mist)
+            pub.writer.write("".join(f"publish s {i} {payload}\n" for i in range(n)).encode())
+            got_fast = []
+            while len(got_fast) < n:  # the reading subscriber gets everything, in order
+                msg = await fast.recv()
+                assert msg is not None
+                got_fast.append(int(msg["data"].split(" ")[0]))
+            assert got_fast == list(range(n))
+            seen = []
+            while not seen or seen[-1] != n - 1:
+                line = await slow.line()
+                seen.append(int(line.split(" ")[2]))
+            assert seen == sorted(set(seen)) and len(seen) < n  # in order, no duplicates, some dropped
+            await slow.send("ping\n")
+            assert await slow.line() == "pong"
+            assert 'hubbub_dropped_total{dialect="mist2015"}' in await metrics(http, ports)
+            for c in (slow, pub):
+                await c.close()
+            await fast.close()
+
+    asyncio.run(main())

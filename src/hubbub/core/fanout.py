@@ -68,6 +68,18 @@ class FanOut:
         for this run only, and the caller matches the next run's events after this call."""
         plan = self._plan(subs, cacheable=True)
         deliveries = self.deliveries
+        if len(events) == 1:
+            # One event (a lone publish, or a burst whose events each reach other connections, as sparse tag
+            # subscriptions make them): no run to share, so no FrameRun per connection, only the shared
+            # rendering per encoding (what fan_out does).
+            ev = events[0]
+            renders: dict[str, dict[Any, Any]] = {}
+            deliver = self.deliver
+            for sess, ids, _group in plan:
+                if sess is origin and not sess.echo:
+                    continue
+                deliver(sess, ev, ids, renders)
+            return
         if len(plan) == 1:
             # One connection (the 1→1 case): no frame sharing to arrange, encode and queue the run directly.
             sess, ids, _group = plan[0]
