@@ -43,7 +43,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
-from .pump import SessionPump, io_failed, quietly, stopped
+from .pump import SessionPump, keepalive, quietly, stopped
 
 __all__ = ["IvyConnection", "IvyEncoder", "IvySettings", "ivy_installer"]
 
@@ -250,25 +250,15 @@ class IvyConnection:
 
     async def keepalive(self) -> None:
         """Ping every ``ping_interval_s``; close with 1001 when nothing arrived for ``read_timeout_s``."""
-        interval = self.ivy.ping_interval_s
-        timeout = self.ivy.read_timeout_s
-        last_ping = time.monotonic()
-        while not self.done:
-            now = time.monotonic()
-            await asyncio.sleep(max(0.01, min(last_ping + interval, self.last_recv + timeout) - now))
-            now = time.monotonic()
-            if now - self.last_recv >= timeout:
-                log.debug("ivy read timeout", extra={"session": self.session.id})
-                self.session.kick(Disconnect.GOING_AWAY)
-                return
-            if now - last_ping >= interval:
-                last_ping = now
-                try:
-                    await self._ping()
-                except ConnectionError:
-                    pass  # the peer is gone: the reader sees it and ends the connection
-                except Exception as exc:
-                    io_failed(self.node, DIALECT, self.session.id, "ping", exc)
+        await keepalive(
+            self,
+            self.session,
+            self.node,
+            DIALECT,
+            self._ping,
+            self.ivy.ping_interval_s,
+            self.ivy.read_timeout_s,
+        )
 
 
 def _live_only(store: LogStore) -> ReplayPlan:

@@ -50,7 +50,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, peer_address, request_token, text_response
-from .pump import SessionPump, io_failed, quietly, stopped
+from .pump import SessionPump, keepalive, quietly, stopped
 
 __all__ = [
     "MistEncoder",
@@ -624,20 +624,13 @@ class MistService:
 
     async def _keepalive(self, ws: web.WebSocketResponse, wire: MistWire) -> None:
         """Ping every ``ping_interval_s``; close with 1001 after ``read_timeout_s`` of silence (README §8)."""
-        interval, timeout = self.settings.ping_interval_s, self.settings.read_timeout_s
-        last_ping = time.monotonic()
-        while not wire.done:
-            now = time.monotonic()
-            await asyncio.sleep(max(0.01, min(last_ping + interval, wire.last_recv + timeout) - now))
-            now = time.monotonic()
-            if now - wire.last_recv >= timeout:
-                wire.session.kick(Disconnect.GOING_AWAY)
-                return
-            if now - last_ping >= interval:
-                last_ping = now
-                try:
-                    await ws.ping()
-                except ConnectionError:
-                    pass  # the peer is gone: the reader sees it and ends the connection
-                except Exception as exc:
-                    io_failed(self.node, wire.session.dialect, wire.session.id, "ping", exc)
+        st = self.settings
+        await keepalive(
+            wire,
+            wire.session,
+            self.node,
+            wire.session.dialect,
+            ws.ping,
+            st.ping_interval_s,
+            st.read_timeout_s,
+        )

@@ -27,12 +27,22 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import final
+from typing import Protocol, final
 
 from hubbub.core import Disconnect, Node, Session
 from hubbub.core.session import FrameRun
 
-__all__ = ["SEND_MANY_MAX", "SHARED_PACK_MIN", "Pack", "SessionPump", "io_failed", "quietly", "stopped"]
+__all__ = [
+    "SEND_MANY_MAX",
+    "SHARED_PACK_MIN",
+    "Alive",
+    "Pack",
+    "SessionPump",
+    "io_failed",
+    "keepalive",
+    "quietly",
+    "stopped",
+]
 
 log = logging.getLogger("hubbub.transport")
 
@@ -210,3 +220,44 @@ class SessionPump:
         else:
             for f in out:
                 await self._send(f)
+
+
+class Alive(Protocol):
+    """What :func:`keepalive` watches on a connection: whether it ended, and when it last received."""
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def last_recv(self) -> float: ...
+
+
+async def keepalive(
+    conn: Alive,
+    session: Session,
+    node: Node | None,
+    dialect: str,
+    ping: Callable[[], Awaitable[object]],
+    interval: float,
+    silence: float,
+) -> None:
+    """A WebSocket keepalive (protocols README §8): ``ping`` every ``interval`` seconds; the session ends
+    with 1001 (``Disconnect.GOING_AWAY``) once nothing has arrived for ``silence`` seconds. A ping to a peer
+    that is gone is left to the reader; any other failure is logged and counted (:func:`io_failed`)."""
+    last_ping = time.monotonic()
+    while not conn.done:
+        now = time.monotonic()
+        await asyncio.sleep(max(0.01, min(last_ping + interval, conn.last_recv + silence) - now))
+        now = time.monotonic()
+        if now - conn.last_recv >= silence:
+            log.debug("read timeout", extra={"dialect": dialect, "session": session.id})
+            session.kick(Disconnect.GOING_AWAY)
+            return
+        if now - last_ping >= interval:
+            last_ping = now
+            try:
+                await ping()
+            except ConnectionError:
+                pass  # the peer is gone: the reader sees it and ends the connection
+            except Exception as exc:
+                io_failed(node, dialect, session.id, "ping", exc)
