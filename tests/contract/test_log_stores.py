@@ -8,6 +8,7 @@ depends on the wall clock or on sleeping.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
@@ -207,8 +208,10 @@ def test_result_events_carry_what_was_appended(store: LogStore) -> None:
 def mixed_batch() -> list[AppendRequest]:
     """Requests whose publisher, content type, headers or tags change after runs of many lengths: single
     events, runs shorter than, as long as and longer than the sqlite engine's shortest shared-column run (8),
-    and runs longer than its largest insert statement (256 rows)."""
+    and runs longer than its largest insert statement (256 rows); runs whose headers differ per event (the
+    sqlite engine's per-row-headers runs) and a run of equal headers that goes on with differing ones."""
     one_pub = Publisher("native", "bob", "app2", "")
+    keys = itertools.count()
     kinds = [
         lambda i: req("/m/a", b"p%d" % i),  # a new but equal publisher per event
         lambda i: AppendRequest("/m/b", one_pub, b"", "text/plain"),  # one publisher object, empty payloads
@@ -216,9 +219,13 @@ def mixed_batch() -> list[AppendRequest]:
         lambda i: req("/m/b", b"u%d" % i, headers={"x-trace": f"t{i}"}),  # every event differs
         lambda i: req("/m/a", b"c" * i, content_type="application/x"),
         lambda i: req("/m/c" if i % 2 else "/m/a", "é".encode(), user="carol"),  # one run, two channels
-        lambda i: req("/m/a", b"k", idem=f"k{i}"),  # the publisher's msg_id differs per event
+        lambda i: req("/m/a", b"k", idem=f"k{next(keys)}"),  # the publisher's msg_id differs per event
+        # As the data pipeline's sink publishes: a header and a key per event, alternating channels.
+        lambda i: req(f"/m/{'abc'[i % 3]}", b"s", headers={"src": f"/x#e:{i}"}, idem=f"s{next(keys)}"),
+        # Equal headers for a run, then a different one per event (the run that binds them once ends).
+        lambda i: req("/m/b", b"v", headers={"x": "same" if i < 10 else f"v{i}"}, tags=("t",)),
     ]
-    lengths = [1, 3, 7, 8, 9, 1, 300, 2, 600, 40, 8, 7, 520]
+    lengths = [1, 3, 7, 8, 9, 1, 300, 2, 600, 40, 8, 7, 520, 5, 9, 11, 300, 30]
     out: list[AppendRequest] = []
     for n, length in enumerate(lengths):
         kind = kinds[n % len(kinds)]

@@ -53,7 +53,13 @@ from hubbub.log.sqlite._checkpointer import _Checkpointer
 from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
 from hubbub.log.sqlite._idem import Original, find_originals, insert_keys, original_rows
-from hubbub.log.sqlite._inserts import _MIN_RUN, _insert_events, _run_rows, _same_publisher
+from hubbub.log.sqlite._inserts import (
+    _MIN_RUN,
+    _insert_events,
+    _run_rows,
+    _runh_rows,
+    _same_publisher,
+)
 from hubbub.log.sqlite._schema import (
     _WRITER_CLOSED,
     DURABILITY_SYNCHRONOUS,
@@ -276,13 +282,16 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             # The ``events`` rows (see _insert_events): ``segments`` of 12-parameter rows each followed by a
             # long run's rows, then ``full``. The current run is of ``r_pub`` (or a publisher equal to it but
             # for msg_id), ``r_ctype``, ``r_hb`` and ``r_tb``; it has ``r_n`` events. Its first _MIN_RUN - 1
-            # rows go to ``full`` from index ``r_start``; at _MIN_RUN they move to a new ``run``.
-            segments: list[tuple[list[Any], list[Any]]] = []
+            # rows go to ``full`` from index ``r_start``; at _MIN_RUN they move to a new ``run``. With
+            # ``r_varied`` the run's events differ in their headers (``r_hb`` is its first event's): such a
+            # run binds its headers per row (``_INSERT_RUNH``), and the segment's flag says so.
+            segments: list[tuple[list[Any], list[Any], bool]] = []
             full: list[Any] = []
             run: list[Any] | None = None
             r_pub: Publisher | None = None
             r_ctype: str | None = None
             r_hb = r_tb = b""
+            r_varied = False
             r_n = r_start = 0
             idem_rows: list[Any] = []  # flat: channel id, user, key, seq, time_ns per key (see _idem.py)
             batch_idem: dict[tuple[str, str, str], Event] = {}
@@ -335,17 +344,27 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     headers = {}
                 h.bytes += size
                 ctype = req.content_type
-                if (
+                fresh = (
                     (pub is not r_pub and (r_pub is None or not _same_publisher(pub, r_pub)))
                     or ctype != r_ctype
-                    or hb != r_hb
                     or tb != r_tb
-                ):
-                    r_pub, r_ctype, r_hb, r_tb = pub, ctype, hb, tb
+                )
+                if not fresh and hb != r_hb and not r_varied:
+                    # Headers differ within the run: before it became one, it becomes a run of per-row
+                    # headers; a run that binds its headers once ends here.
+                    if run is None:
+                        r_varied = True
+                    else:
+                        fresh = True
+                if fresh:
+                    r_pub, r_ctype, r_hb, r_tb, r_varied = pub, ctype, hb, tb, False
                     r_n, r_start, run = 0, len(full), None
                 r_n += 1
                 if run is not None:
-                    run += (h.id, seq, t, pub.msg_id, payload)
+                    if r_varied:
+                        run += (h.id, seq, t, pub.msg_id, hb, size, payload)
+                    else:
+                        run += (h.id, seq, t, pub.msg_id, payload)
                 elif r_n < _MIN_RUN:
                     full += (
                         h.id,
@@ -361,12 +380,19 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                         tb,
                         payload,
                     )
+                elif r_varied:
+                    run = [pub.dialect, pub.user, pub.app, ctype, tb]
+                    run += _runh_rows(full, r_start)
+                    del full[r_start:]
+                    run += (h.id, seq, t, pub.msg_id, hb, size, payload)
+                    segments.append((full, run, True))
+                    full = []
                 else:
                     run = [pub.dialect, pub.user, pub.app, ctype, hb, tb, size - len(payload)]
                     run += _run_rows(full, r_start)
                     del full[r_start:]
                     run += (h.id, seq, t, pub.msg_id, payload)
-                    segments.append((full, run))
+                    segments.append((full, run, False))
                     full = []
                 ev = Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)
                 add_result(AppendResult(ev))
