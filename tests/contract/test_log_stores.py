@@ -649,6 +649,46 @@ def test_idempotency_window_in_fractions_of_a_second(factory: Factory) -> None:
     assert not store.append([req("/a", idem="k")])[0].duplicate
 
 
+def test_keyed_batches_after_fresh_ones_answer_repeats_with_the_original(factory: Factory) -> None:
+    """A bulk load's batches: all keys new, then a batch mixing new keys, keys of earlier batches, a key
+    repeated inside it and a new channel; then an expired key. (The sqlite engine writes the keys of a batch
+    that follows a batch of new keys without looking them up first, and starts the batch over when one was
+    known: the results, heads and log must be as if it had looked them up.)"""
+    store = factory.open(idem_window_s=60)
+    first = store.append([req(f"/k/{'ab'[i % 2]}", b"%d" % i, idem=f"k{i}") for i in range(20)])
+    fresh = store.append([req(f"/k/{'ab'[i % 2]}", b"%d" % i, idem=f"k{i}") for i in range(20, 40)])
+    assert not any(r.duplicate for r in first + fresh)
+    mixed = [
+        req("/k/a", b"new", idem="n1"),
+        req("/k/b", b"again", idem="k3"),  # from the first batch
+        req("/k/new", b"n", idem="n2"),  # a channel this batch creates
+        req("/k/a", b"again", idem="k24"),  # from the second batch
+        req("/k/a", b"new", idem="n1"),  # repeated inside the batch
+        req("/k/b", b"plain"),
+        req("/k/new", b"n", idem="n3"),
+    ]
+    res = store.append(mixed)
+    assert [r.duplicate for r in res] == [False, True, False, True, True, False, False]
+    assert res[1].event == first[3].event and res[3].event == fresh[4].event and res[4].event == res[0].event
+    assert [(r.event.channel, r.event.seq) for r in res if not r.duplicate] == [
+        ("/k/a", 21),
+        ("/k/new", 1),
+        ("/k/b", 21),
+        ("/k/new", 2),
+    ]
+    assert store.head("/k/a").top == 21 and store.head("/k/b").top == 21 and store.head("/k/new").top == 2
+    assert [e.seq for e in store.read("/k/new")] == [1, 2]
+    assert seqs(store.read("/k/a", limit=100)) == list(range(1, 22))
+    assert store.stats().events == 44
+    # Fresh keys again, then (past the window) a key that was known: appended anew.
+    assert not any(r.duplicate for r in store.append([req("/k/a", idem=f"f{i}") for i in range(5)]))
+    factory.clock.advance(61)
+    late = store.append([req("/k/a", idem="k0"), req("/k/a", idem="g1")])
+    assert not any(r.duplicate for r in late) and [r.event.seq for r in late] == [27, 28]
+    assert store.append([req("/k/a", idem="k0")])[0].event == late[0].event
+    assert seqs(store.read("/k/a", limit=100)) == list(range(1, 29))
+
+
 def test_idempotency_survives_restart(factory: Factory) -> None:
     if not factory.persistent:
         pytest.skip("the memory engine keeps nothing across a restart")
