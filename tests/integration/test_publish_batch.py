@@ -18,6 +18,7 @@ import pytest
 
 from hubbub.client import Client
 from hubbub.client.bulk import BulkPublisher
+from hubbub.errors import PublishRefused
 from tests.integration.serverproc import ServerProcess
 from tests.integration.test_bulk_publisher import Relay, http, log_of, tcp
 
@@ -128,6 +129,16 @@ def test_a_refused_batch_appends_nothing_and_the_connection_goes_on(server: Serv
     finally:
         raw.close()
     assert [e["seq"] for e in log_of(server, "/pb/r")] == [1, 2, 3]
+
+
+def test_bulk_publisher_names_the_refused_row(server: ServerProcess) -> None:
+    bad = "/pb/" + "x" * 2000  # over limits.max_channel_bytes
+    chans = ["/pb/ok"] * 5 + [bad] + ["/pb/ok"] * 4
+    with BulkPublisher(tcp(server), window=64) as pub, pytest.raises(PublishRefused) as info:
+        pub.publish_many(chans, [b"x"] * 10, [f"r{i}" for i in range(10)], [""] * 10, [None] * 10, [[]] * 10)
+        pub.flush()
+    assert info.value.code == 4004 and info.value.channel == bad and info.value.idem == "r5"
+    assert log_of(server, "/pb/ok") == []  # the batch was refused whole
 
 
 def test_subscribers_get_every_row_in_order(server: ServerProcess) -> None:

@@ -213,3 +213,26 @@ def test_protocol_counts_a_batch_as_its_rows_in_flight() -> None:
     err = msgpack.unpackb(frames[-1])
     assert err["op"] == "error" and err["id"] == 5 and err["code"] == StorageError.code
     assert Disconnect.of(err["code"]) is not None
+
+
+@pytest.mark.parametrize(
+    ("fields", "row"),
+    [
+        ({"channels": ["/a", "/a", "bad"], "payloads": [b"x"] * 3}, 2),
+        ({"channels": ["/a", 7], "payloads": [b"x"] * 2}, 1),
+        ({"channel": "/a", "payloads": [b"x", 1]}, 1),
+        ({"channel": "/a", "payloads": [b"x"] * 3, "headers": [None, None, {":p": "v"}]}, 2),
+        ({"channel": "/a", "payloads": [b"x"] * 2, "idems": ["k", "k" * 200]}, 1),
+        ({"channel": "bad", "payloads": [b"x"] * 2}, None),  # every row's channel: no one row
+    ],
+)
+def test_the_error_frame_names_the_bad_row(fields: dict[str, Any], row: int | None) -> None:
+    frames: list[bytes] = []
+    proto = _proto(frames, [])
+    with pytest.raises(HubbubError) as info:
+        mdec({"op": "publish_batch", "id": 8, **fields})
+    assert info.value.row == row
+    proto.failed(info.value, info.value.request_id)
+    err = msgpack.unpackb(frames[-1])
+    assert err["id"] == 8 and err.get("row") == row
+    assert ("row" in err) == (row is not None)

@@ -577,8 +577,8 @@ class BulkPublisher:
                 # the middle of reading replies), in order.
                 self.batches = False
                 self._rows -= item.rows
-                for row in self._row_items(item.cols):
-                    self._send(row)
+                for one in self._row_items(item.cols):
+                    self._send(one)
                 return
             if is_temporary(err.code) and item.idem is not None and item.tries < self._retries:
                 item.tries += 1
@@ -586,6 +586,10 @@ class BulkPublisher:
                 self._later.append(item)
                 return
             self._rows -= item.rows
+            bad = frame.get("row")
+            if item.cols is not None and type(bad) is int and 0 <= bad < item.rows:
+                # The batch was refused for one of its rows: name that row's channel and key.
+                raise PublishRefused(item.cols[0][bad], item.cols[2][bad], err)
             raise PublishRefused(item.channel, item.idem, err)
 
     def _reply(self, frame: dict[str, Any]) -> None:

@@ -9,8 +9,8 @@ columns too. :func:`parse_publish_batch` validates a decoded frame into a
 Invariants:
 
 * The parser either returns a fully validated command or raises a :class:`~hubbub.errors.HubbubError`
-  (4001 bad request, 4004 bad channel, 4007 limit exceeded) for the whole frame, whose message names the
-  first bad row: a batch is accepted or refused as a whole, never in part.
+  (4001 bad request, 4004 bad channel, 4007 limit exceeded) for the whole frame, whose ``row`` is the bad
+  row's index when one row is at fault: a batch is accepted or refused as a whole, never in part.
 * Every column is bounded: at most :func:`max_rows` rows (:data:`MAX_BATCH_ROWS`, fewer where the reply
   would not fit in ``max_frame``), each row's fields by the same ``limits.*`` as a ``publish``'s.
 
@@ -79,7 +79,7 @@ def _payloads(obj: Obj, json: bool) -> tuple[list[bytes], str]:
             elif type(p) is str:
                 out.append(_utf8(p, i))
             else:
-                raise BadRequest(f"row {i}: a payload must be bin or str")
+                raise _bad(i, "a payload must be bin or str")
         return out, DEFAULT_CONTENT_TYPE
     present = [k for k in ("texts", "b64s") if k in obj]
     if len(present) != 1:
@@ -91,14 +91,14 @@ def _payloads(obj: Obj, json: bool) -> tuple[list[bytes], str]:
     out = []
     for i, p in enumerate(raw):
         if type(p) is not str:
-            raise BadRequest(f"row {i}: {kind} holds strings only")
+            raise _bad(i, f"{kind} holds strings only")
         if kind == "texts":
             out.append(_utf8(p, i))
         else:
             try:
                 out.append(base64.b64decode(p.encode("ascii"), validate=True))
             except (binascii.Error, UnicodeEncodeError, ValueError):
-                raise BadRequest(f"row {i}: not valid base64") from None
+                raise _bad(i, "not valid base64") from None
     return out, (_TEXT_TYPE if kind == "texts" else DEFAULT_CONTENT_TYPE)
 
 
@@ -106,7 +106,14 @@ def _utf8(s: str, i: int) -> bytes:
     try:
         return s.encode("utf-8")
     except UnicodeEncodeError:
-        raise BadRequest(f"row {i}: text is not valid UTF-8") from None
+        raise _bad(i, "text is not valid UTF-8") from None
+
+
+def _bad(i: int, detail: str) -> BadRequest:
+    """A 4001 about row ``i``."""
+    exc = BadRequest(f"row {i}: {detail}")
+    exc.row = i
+    return exc
 
 
 def _at_row(i: int, fn: Callable[..., T], *args: Any) -> T:
@@ -115,6 +122,7 @@ def _at_row(i: int, fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     except HubbubError as exc:
         exc.detail = f"row {i}: {exc.detail}" if exc.detail else f"row {i}"
+        exc.row = i
         raise
 
 
@@ -153,9 +161,15 @@ def parse_publish_batch(
         raise BadRequest("channels must be strings") from None
     for raw in distinct:
         if type(raw) is not str:
-            raise BadRequest("channels must be strings")
+            if raw_many is None:
+                raise BadRequest("channel must be a string")
+            raise _bad(raw_many.index(raw), "channels must be strings")
         if raw not in channel_cache:
-            ch = canonical(raw, limits.max_channel_bytes)
+            ch = (
+                canonical(raw, limits.max_channel_bytes)
+                if raw_many is None
+                else _at_row(raw_many.index(raw), canonical, raw, limits.max_channel_bytes)
+            )
             if len(channel_cache) >= cache_size:
                 channel_cache.clear()
             channel_cache[raw] = ch
@@ -180,7 +194,7 @@ def parse_publish_batch(
                 content_types.append(default_type)
                 continue
             if type(ct) is not str:
-                raise BadRequest(f"row {i}: content_type must be a string")
+                raise _bad(i, "content_type must be a string")
             if ct not in checked:
                 checked[ct] = _at_row(i, check_content_type, ct)
             content_types.append(ct)
@@ -198,7 +212,7 @@ def parse_publish_batch(
                 headers.append(_NO_HEADERS)
                 continue
             if type(h) is not dict:
-                raise BadRequest(f"row {i}: headers must be an object of strings")
+                raise _bad(i, "headers must be an object of strings")
             if len(h) == 1:
                 ((k, v),) = h.items()
                 if (
@@ -226,7 +240,7 @@ def parse_publish_batch(
             if t is None:
                 tags.append(())
             elif type(t) is not list:
-                raise BadRequest(f"row {i}: tags must be a list")
+                raise _bad(i, "tags must be a list")
             else:
                 tags.append(_at_row(i, check_tags, t, limits) if t else ())
 

@@ -189,8 +189,12 @@ class NativeProtocol:
         self.end(reason)
 
     def failed(self, exc: HubbubError, req_id: int | None) -> None:
-        """Answer a command the core refused: the error, and a close when the error is fatal."""
-        self.emit(self.codec.encode_error(exc.code, req_id, exc.detail))
+        """Answer a command the core refused: the error (with the ``row`` of a batch it is about), and a
+        close when the error is fatal."""
+        if exc.row is None:
+            self.emit(self.codec.encode_error(exc.code, req_id, exc.detail))
+        else:
+            self.emit(self.codec.encode_error(exc.code, req_id, exc.detail, row=exc.row))
         if exc.fatal:
             self.phase = Phase.CLOSED
             self.end(Disconnect.of(exc.code))
