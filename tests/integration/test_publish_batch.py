@@ -100,6 +100,50 @@ def test_duplicates_inside_a_batch_and_of_earlier_batches(server: ServerProcess)
     ]
 
 
+def test_json_lines_batch_over_tcp(server: ServerProcess) -> None:
+    """The JSON form (texts / b64s; times as strings) over the TCP listener's JSON lines."""
+    sock = socket.create_connection(("127.0.0.1", server.ports["native"]), timeout=10)
+    lines = sock.makefile("rb")
+    try:
+
+        def call(obj: dict[str, Any]) -> dict[str, Any]:
+            sock.sendall(json.dumps(obj).encode() + b"\n")
+            out: dict[str, Any] = json.loads(lines.readline())
+            return out
+
+        assert call({"op": "hello", "id": 0, "v": 1})["op"] == "reply"
+        r = call(
+            {
+                "op": "publish_batch",
+                "id": 1,
+                "channel": "/pb/j",
+                "texts": ["a", "b"],
+                "idems": ["j1", "j2"],
+                "ack": True,
+            }
+        )
+        assert (r["count"], r["seqs"]) == (2, [1, 2]) and all(type(t) is str for t in r["times"])
+        r = call(
+            {
+                "op": "publish_batch",
+                "id": 2,
+                "channel": "/pb/j",
+                "b64s": ["AP8=", "YQ=="],
+                "idems": ["j3", "j1"],
+                "ack": True,
+            }
+        )
+        assert r["seqs"] == [3, 1] and r["duplicates"] == [1]
+    finally:
+        lines.close()
+        sock.close()
+    events = log_of(server, "/pb/j")
+    assert [e["content_type"] for e in events] == ["text/plain; charset=utf-8"] * 2 + [
+        "application/octet-stream"
+    ]
+    assert events[2]["b64"] == "AP8="
+
+
 def test_mixed_channels_get_per_channel_seqs_in_row_order(server: ServerProcess) -> None:
     raw = Raw(server.ports["native"])
     chans = ["/pb/m/x", "/pb/m/y", "/pb/m/x", "/pb/m/z", "/pb/m/y", "/pb/m/x"]
