@@ -48,7 +48,6 @@ _TEXT_TYPE: Final = "text/plain; charset=utf-8"
 # The most bytes a row adds to the reply, in JSON: a seq of up to 20 digits, an epoch, a time of up to 20
 # digits as a string, and its index among the duplicates, with separators.
 _REPLY_ROW_BYTES: Final = 64
-_NO_HEADERS: Final[dict[str, str]] = {}
 
 
 def _column(obj: Obj, key: str, n: int) -> list[Any] | None:
@@ -203,13 +202,13 @@ def parse_publish_batch(
     raw_headers = _column(obj, "headers", n)
     headers: list[dict[str, str]]
     if raw_headers is None:
-        headers = [_NO_HEADERS] * n
+        headers = [{} for _ in range(n)]  # a dict of its own each: an event's headers are its own
     else:
         headers = []
         max_bytes = limits.max_header_bytes
         for i, h in enumerate(raw_headers):
             if h is None:
-                headers.append(_NO_HEADERS)
+                headers.append({})
                 continue
             if type(h) is not dict:
                 raise _bad(i, "headers must be an object of strings")
