@@ -231,6 +231,27 @@ def test_settle_acks_and_retries(store: LogStore) -> None:
     store.consumer_settle([], [])
 
 
+def test_settle_acks_runs_and_scattered_positions_exactly(store: LogStore) -> None:
+    """Acks of consecutive runs (SQLite deletes them as ranges), of scattered positions and of positions
+    already gone, in one call and unsorted: exactly the named positions go, and the counts follow."""
+    c, other = store.consumer_create(spec())[0], store.consumer_create(spec("d"))[0]
+    store.append([req("/a/x", bytes([i])) for i in range(40)])
+    acked = [*range(10, 2, -1), 12, 14, 15, *range(20, 31), 33, 99, 35, 36, 37]  # 3-10, 20-30, 35-37 ...
+    store.consumer_settle([(c.id, acked), (c.id, [1, 2, 3])])
+    gone = {1, 2, *range(3, 11), 12, 14, 15, *range(20, 31), 33, 35, 36, 37}
+    left = [p for p in range(1, 41) if p not in gone]
+    assert [i.pos for i in store.consumer_items(c.id, limit=100)] == left
+    assert [i.event.payload for i in store.consumer_items(c.id, limit=1)] == [bytes([10])]
+    assert len(store.consumer_items(other.id, limit=100)) == 40  # another consumer's journal is untouched
+    info = {i.spec.name: i for i in store.consumers()}
+    assert (info["c"].pending, info["c"].bytes) == (40 - len(gone), 40 - len(gone))
+    assert (info["d"].pending, info["d"].bytes) == (40, 40)
+    # A whole batch acknowledged in order is one run.
+    store.consumer_settle([(other.id, list(range(1, 41)))])
+    assert store.consumer_items(other.id) == []
+    assert {i.spec.name: i.pending for i in store.consumers()}["d"] == 0
+
+
 # -- retention never drops unacknowledged items ------------------------------------------------------
 
 

@@ -36,6 +36,10 @@ _ITEM_COLS: Final = (
     "publisher_app, publisher_msg_id, content_type, headers, tags, payload"
 )
 _UPDATE_CONSUMER: Final = "UPDATE consumers SET top = ?, pending = ?, bytes = ? WHERE id = ?"
+# An acknowledged run of consecutive positions (the usual batch): one range of the primary key, where an
+# ``IN`` list of the same positions costs a look-up per position (see _runs).
+_DELETE_RANGE: Final = "DELETE FROM journal WHERE consumer_id = ? AND pos BETWEEN ? AND ? RETURNING size"
+_MIN_RANGE: Final = 4
 
 
 @dataclass(slots=True)
@@ -166,7 +170,14 @@ class _ConsumerSide(_ReadSide):
             touched: set[int] = set()
             for cid, positions in acked:
                 c = crows[cid]
-                for chunk in _chunks(sorted(set(positions))):
+                ranges, scattered = _runs(sorted(set(positions)))
+                for lo, hi in ranges:
+                    gone = conn.execute(_DELETE_RANGE, (cid, lo, hi)).fetchall()
+                    if gone:
+                        c.pending -= len(gone)
+                        c.bytes -= sum([r[0] for r in gone])
+                        touched.add(cid)
+                for chunk in _chunks(scattered):
                     marks = ",".join("?" * len(chunk))
                     gone = conn.execute(
                         f"DELETE FROM journal WHERE consumer_id = ? AND pos IN ({marks}) RETURNING size",
@@ -174,7 +185,7 @@ class _ConsumerSide(_ReadSide):
                     ).fetchall()
                     if gone:
                         c.pending -= len(gone)
-                        c.bytes -= sum(r[0] for r in gone)
+                        c.bytes -= sum([r[0] for r in gone])
                         touched.add(cid)
             for r in retried:
                 conn.executemany(
@@ -206,6 +217,29 @@ class _ConsumerSide(_ReadSide):
                 (consumer_id, after_pos, limit),
             ).fetchall()
         return [_item(r) for r in rows]
+
+
+def _runs(positions: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
+    """Sorted distinct ``positions`` as the ranges of their runs of at least :data:`_MIN_RANGE` consecutive
+    positions (each deleted by one range scan of the primary key) and the positions outside such runs (an
+    ``IN`` list). A batch acknowledged in order is one range."""
+    n = len(positions)
+    if n >= _MIN_RANGE and positions[-1] - positions[0] == n - 1:
+        return [(positions[0], positions[-1])], []
+    ranges: list[tuple[int, int]] = []
+    scattered: list[int] = []
+    i = 0
+    while i < n:
+        lo = positions[i]
+        j = i + 1
+        while j < n and positions[j] == lo + (j - i):
+            j += 1
+        if j - i >= _MIN_RANGE:
+            ranges.append((lo, positions[j - 1]))
+        else:
+            scattered += positions[i:j]
+        i = j
+    return ranges, scattered
 
 
 def _chunks(values: list[int], size: int = 500) -> Iterator[list[int]]:
