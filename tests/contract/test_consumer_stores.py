@@ -142,6 +142,36 @@ def test_the_journal_keeps_every_field(store: LogStore) -> None:
     assert store.consumer_items(c.id) == [JournalItem(1, r.event)]
 
 
+def test_a_mixed_append_journals_every_field_of_every_event(store: LogStore) -> None:
+    """One append of long runs of alike events (SQLite binds their shared columns once) interleaved with
+    events that differ in each shared column, for two consumers: every item is its event, field for field,
+    at the position the append reported."""
+    every, tagged = (
+        store.consumer_create(spec("e", "/**"))[0],
+        store.consumer_create(spec("t", "/**", tags=("t",)))[0],
+    )
+    variants = [
+        req("/a/y", b"v1"),
+        req("/a/x", b"v2", user="bob"),
+        req("/a/x", b"v3", content_type="x/y"),
+        req("/a/x", b"v4", headers={"k": "v"}),
+        req("/a/x", b"v5", tags=("t",)),
+        req("/a/x", b"v6", idem="m1"),
+    ]
+    batch = [req("/a/x", bytes([i]), tags=("t",) if i % 2 else ()) for i in range(30)]
+    batch[5:5] = variants
+    batch += [req("/a/x", bytes([i]), tags=("t",), idem=f"k{i}") for i in range(20)]
+    results = store.append(batch)
+    expect: dict[int, list[JournalItem]] = {every.id: [], tagged.id: []}
+    for r in results:
+        assert len(r.journal) == (2 if "t" in r.event.tags else 1)
+        for cid, pos in r.journal:
+            expect[cid].append(JournalItem(pos, r.event))
+    assert store.consumer_items(every.id, limit=1000) == expect[every.id]
+    assert store.consumer_items(tagged.id, limit=1000) == expect[tagged.id]
+    assert [i.pos for i in expect[every.id]] == list(range(1, len(batch) + 1))
+
+
 def test_only_events_after_creation_are_journaled(store: LogStore) -> None:
     store.append([req("/a/1")])
     c, _ = store.consumer_create(spec())

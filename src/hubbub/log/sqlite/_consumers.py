@@ -22,13 +22,34 @@ from hubbub.log.records import decode_headers, decode_tags, encode_headers, enco
 from hubbub.log.sqlite._inserts import _INSERT_MAX_LOG2, _insert_chunks, _insert_log2
 from hubbub.log.sqlite._reads import _ReadSide
 
-_JOURNAL_ROW: Final = 15
-# Multi-row statements of 2**k rows (k <= _INSERT_MAX_LOG2), as append writes ``events`` (_inserts.py): one
-# sqlite3_step per statement instead of one per row.
-_INSERT_JOURNAL: Final = tuple(
+_JOURNAL_HEAD: Final = (
     "INSERT INTO journal (consumer_id, pos, attempts, not_before, channel, epoch, seq, time_ns, size, "
     "publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type, headers, tags, "
-    "payload) VALUES " + ", ".join(["(?, ?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * (1 << k))
+    "payload) VALUES "
+)
+# Multi-row statements of 2**k rows (k <= _INSERT_MAX_LOG2), as append writes ``events`` (_inserts.py): one
+# sqlite3_step per statement instead of one per row. The items of one consumer that share their channel,
+# epoch, publisher (but for msg_id), content type, headers and tags (one connection's burst: the usual
+# commit) are a *run*: a run statement binds the _JRUN_SHARED columns once (?1-?9: consumer id, channel,
+# epoch, dialect, user, app, content type, encoded headers and tags) and per item only _JRUN_ROW (pos, seq,
+# time_ns, size, msg_id, payload), where a full row binds all _JOURNAL_ROW: binding is most of the cost of
+# the insert (measured on the 2-core dev machine with a consumer of every event, batches of 100: the writer's
+# journal insert 5.1 µs per item with full rows). Groups shorter than _MIN_JRUN use full rows.
+_JOURNAL_ROW: Final = 15
+_JRUN_SHARED: Final = 9
+_JRUN_ROW: Final = 6
+_MIN_JRUN: Final = 8
+_INSERT_JOURNAL: Final = tuple(
+    _JOURNAL_HEAD + ", ".join(["(?, ?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * (1 << k))
+    for k in range(_INSERT_MAX_LOG2 + 1)
+)
+_INSERT_JOURNAL_RUN: Final = tuple(
+    _JOURNAL_HEAD
+    + ", ".join(
+        f"(?1, ?{b + 1}, 0, 0, ?2, ?3, ?{b + 2}, ?{b + 3}, ?{b + 4}, ?4, ?5, ?6, ?{b + 5}, ?7, ?8, ?9, "
+        f"?{b + 6})"
+        for b in range(_JRUN_SHARED, _JRUN_SHARED + (_JRUN_ROW << k), _JRUN_ROW)
+    )
     for k in range(_INSERT_MAX_LOG2 + 1)
 )
 _ITEM_COLS: Final = (
@@ -101,7 +122,8 @@ class _ConsumerSide(_ReadSide):
     def _journal(self, conn: sqlite3.Connection, results: list[AppendResult]) -> None:
         """Journal each new event of an append for the consumers that match it (inside its transaction)."""
         match, crows = self._jindex.match, self._crows
-        rows: list[Any] = []
+        # Per run (see _INSERT_JOURNAL_RUN): its shared values -> its items' _JRUN_ROW values.
+        runs: dict[tuple[Any, ...], list[Any]] = {}
         touched: dict[int, _Row] = {}
         for i, r in enumerate(results):
             if r.duplicate:
@@ -121,12 +143,28 @@ class _ConsumerSide(_ReadSide):
                 c.pending += 1
                 c.bytes += size
                 entries.append((cid, c.top))
-                rows += (cid, c.top, ev.channel, ev.epoch, ev.seq, ev.time_ns, size, p.dialect, p.user, p.app,
-                         p.msg_id, ev.content_type, hb, tb, ev.payload)  # fmt: skip
+                key = (cid, ev.channel, ev.epoch, p.dialect, p.user, p.app, ev.content_type, hb, tb)
+                run = runs.get(key)
+                if run is None:
+                    run = runs[key] = []
+                run += (c.top, ev.seq, ev.time_ns, size, p.msg_id, ev.payload)
             results[i] = AppendResult(ev, False, tuple(entries))
-        if rows:
+        if runs:
             limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-            _insert_chunks(conn, _INSERT_JOURNAL, _insert_log2(limit, 0, _JOURNAL_ROW), 0, _JOURNAL_ROW, rows)
+            full: list[Any] = []
+            for key, run in runs.items():
+                if len(run) >= _MIN_JRUN * _JRUN_ROW:
+                    log2 = _insert_log2(limit, _JRUN_SHARED, _JRUN_ROW)
+                    _insert_chunks(conn, _INSERT_JOURNAL_RUN, log2, _JRUN_SHARED, _JRUN_ROW, [*key, *run])
+                    continue
+                cid, channel, epoch, dialect, user, app, ctype, hb, tb = key
+                for j in range(0, len(run), _JRUN_ROW):
+                    pos, seq, t, size, msg_id, payload = run[j : j + _JRUN_ROW]
+                    full += (cid, pos, channel, epoch, seq, t, size, dialect, user, app, msg_id, ctype,
+                             hb, tb, payload)  # fmt: skip
+            if full:
+                log2 = _insert_log2(limit, 0, _JOURNAL_ROW)
+                _insert_chunks(conn, _INSERT_JOURNAL, log2, 0, _JOURNAL_ROW, full)
             conn.executemany(_UPDATE_CONSUMER, [(c.top, c.pending, c.bytes, c.id) for c in touched.values()])
 
     def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
