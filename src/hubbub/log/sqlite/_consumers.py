@@ -58,8 +58,11 @@ _ITEM_COLS: Final = (
 )
 _UPDATE_CONSUMER: Final = "UPDATE consumers SET top = ?, pending = ?, bytes = ? WHERE id = ?"
 # An acknowledged run of consecutive positions (the usual batch): one range of the primary key, where an
-# ``IN`` list of the same positions costs a look-up per position (see _runs).
-_DELETE_RANGE: Final = "DELETE FROM journal WHERE consumer_id = ? AND pos BETWEEN ? AND ? RETURNING size"
+# ``IN`` list of the same positions costs a look-up per position (see _runs). The count and bytes of what
+# goes are read first, in the same transaction: ``DELETE … RETURNING size`` cost four times as much as
+# both statements (2.5 against 0.6 µs per item, 100-item ranges, on the 2-core dev machine).
+_COUNT_RANGE: Final = "SELECT count(*), sum(size) FROM journal WHERE consumer_id = ? AND pos BETWEEN ? AND ?"
+_DELETE_RANGE: Final = "DELETE FROM journal WHERE consumer_id = ? AND pos BETWEEN ? AND ?"
 _MIN_RANGE: Final = 4
 
 
@@ -210,20 +213,21 @@ class _ConsumerSide(_ReadSide):
                 c = crows[cid]
                 ranges, scattered = _runs(sorted(set(positions)))
                 for lo, hi in ranges:
-                    gone = conn.execute(_DELETE_RANGE, (cid, lo, hi)).fetchall()
-                    if gone:
-                        c.pending -= len(gone)
-                        c.bytes -= sum([r[0] for r in gone])
+                    n, nbytes = conn.execute(_COUNT_RANGE, (cid, lo, hi)).fetchone()
+                    if n:
+                        conn.execute(_DELETE_RANGE, (cid, lo, hi))
+                        c.pending -= n
+                        c.bytes -= nbytes
                         touched.add(cid)
                 for chunk in _chunks(scattered):
-                    marks = ",".join("?" * len(chunk))
-                    gone = conn.execute(
-                        f"DELETE FROM journal WHERE consumer_id = ? AND pos IN ({marks}) RETURNING size",
-                        (cid, *chunk),
-                    ).fetchall()
-                    if gone:
-                        c.pending -= len(gone)
-                        c.bytes -= sum([r[0] for r in gone])
+                    where = f"WHERE consumer_id = ? AND pos IN ({','.join('?' * len(chunk))})"
+                    n, nbytes = conn.execute(
+                        f"SELECT count(*), sum(size) FROM journal {where}", (cid, *chunk)
+                    ).fetchone()
+                    if n:
+                        conn.execute(f"DELETE FROM journal {where}", (cid, *chunk))
+                        c.pending -= n
+                        c.bytes -= nbytes
                         touched.add(cid)
             for r in retried:
                 conn.executemany(
