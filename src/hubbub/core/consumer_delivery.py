@@ -334,25 +334,26 @@ class Delivery:
         most = o.batch_max or len(c.ready)
         out: list[JournalItem] = []
         size = 0
-        while c.ready and len(out) < most:
-            it = c.items.get(c.ready[0])
+        ready, get, pop = c.ready, c.items.get, heapq.heappop
+        while ready and len(out) < most:
+            it = get(ready[0])
             if it is None:  # acknowledged meanwhile (cannot happen while pending; kept for safety)
-                heapq.heappop(c.ready)
+                pop(ready)
                 continue
             s = it.event.size
             if out and size + s > limit:
                 break
-            heapq.heappop(c.ready)
-            c.ready_bytes -= s
+            pop(ready)
             size += s
             out.append(it)
         if not out:
             return
+        c.ready_bytes -= size
         number = c.next_batch
         c.next_batch += 1
-        c.outstanding[number] = Outstanding(o, tuple(it.pos for it in out))
+        c.outstanding[number] = Outstanding(o, tuple([it.pos for it in out]))
         o.batch = number
-        again = sum(1 for it in out if it.attempts)
+        again = len([it for it in out if it.attempts])
         self.batches += 1
         self.redelivered += again
         c.batches += 1
