@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from hubbub.errors import BadChannel, BadRequest
-from hubbub.log import LogStore, RetentionPolicy
+from hubbub.events import Publisher
+from hubbub.log import AppendRequest, LogStore, RetentionPolicy
 from hubbub.log.consumers import ConsumerSpec, JournalItem, Retry, check_name
 from hubbub.log.postgres import PostgresLogStore
 from tests.contract.test_log_stores import NS, Factory, req
@@ -161,6 +162,23 @@ def test_a_mixed_append_journals_every_field_of_every_event(store: LogStore) -> 
     batch = [req("/a/x", bytes([i]), tags=("t",) if i % 2 else ()) for i in range(30)]
     batch[5:5] = variants
     batch += [req("/a/x", bytes([i]), tags=("t",), idem=f"k{i}") for i in range(20)]
+    # Requests sharing their publisher, channel, content type and tags objects (one connection's burst),
+    # one field changed at a time, each change alone between runs of the shared shape.
+    pub, tags, ctype = Publisher("native", "carol", "app2", ""), ("t",), "a/b"
+    shared = [AppendRequest("/a/z", pub, bytes([i]), ctype, tags=tags) for i in range(12)]
+    changed = [
+        AppendRequest("/a/w", pub, b"c1", ctype, tags=tags),
+        AppendRequest("/a/z", Publisher("native", "dave", "app2", ""), b"c2", ctype, tags=tags),
+        AppendRequest("/a/z", pub, b"c3", "a/c", tags=tags),
+        AppendRequest("/a/z", pub, b"c4", ctype, tags=("t", "u")),
+        AppendRequest("/a/z", pub, b"c5", ctype, headers={"h": "1"}, tags=tags),
+        AppendRequest("/a/z", pub, b"c6", ctype, headers={"h": "2"}, tags=tags),
+        AppendRequest("/a/z", pub, b"c7", ctype),
+    ]
+    batch += shared[:3]
+    for c in changed:
+        batch += [c, *shared[:3]]
+    batch += shared
     results = store.append(batch)
     expect: dict[int, list[JournalItem]] = {every.id: [], tagged.id: []}
     for r in results:
@@ -170,6 +188,7 @@ def test_a_mixed_append_journals_every_field_of_every_event(store: LogStore) -> 
     assert store.consumer_items(every.id, limit=1000) == expect[every.id]
     assert store.consumer_items(tagged.id, limit=1000) == expect[tagged.id]
     assert [i.pos for i in expect[every.id]] == list(range(1, len(batch) + 1))
+    assert {i.event.publisher.user for i in expect[tagged.id]} == {"alice", "carol", "dave"}
 
 
 def test_only_events_after_creation_are_journaled(store: LogStore) -> None:
