@@ -19,7 +19,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendResult
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 from hubbub.log.records import decode_headers, decode_tags, encode_headers, encode_tags
-from hubbub.log.sqlite._inserts import _INSERT_MAX_LOG2, _insert_chunks, _insert_log2
+from hubbub.log.sqlite._inserts import _EMPTY_BLOB, _INSERT_MAX_LOG2, _blob, _insert_chunks, _insert_log2
 from hubbub.log.sqlite._reads import _ReadSide
 
 _JOURNAL_HEAD: Final = (
@@ -165,6 +165,7 @@ class _ConsumerSide(_ReadSide):
             hb = encode_headers(ev.headers) if ev.headers else b""
             tb = encode_tags(ev.tags) if ev.tags else b""
             size = ev.size
+            bp = _blob(ev.payload)
             entries = []
             for cid in ids:
                 c = touched[cid] = crows[cid]
@@ -176,7 +177,7 @@ class _ConsumerSide(_ReadSide):
                 run = runs.get(key)
                 if run is None:
                     run = runs[key] = []
-                run += (c.top, ev.seq, ev.time_ns, size, p.msg_id, ev.payload)
+                run += (c.top, ev.seq, ev.time_ns, size, p.msg_id, bp)
             results[i] = AppendResult(ev, False, tuple(entries))
         if runs:
             limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
@@ -186,11 +187,12 @@ class _ConsumerSide(_ReadSide):
                     log2 = _insert_log2(limit, _JRUN_SHARED, _JRUN_ROW)
                     _insert_chunks(conn, _INSERT_JOURNAL_RUN, log2, _JRUN_SHARED, _JRUN_ROW, [*key, *run])
                     continue
-                cid, channel, epoch, dialect, user, app, ctype, hb, tb = key
+                cid, channel, epoch, dialect, user, app, ctype, hb_key, tb_key = key
+                hbb, tbb = hb_key or _EMPTY_BLOB, tb_key or _EMPTY_BLOB
                 for j in range(0, len(run), _JRUN_ROW):
                     pos, seq, t, size, msg_id, payload = run[j : j + _JRUN_ROW]
                     full += (cid, pos, channel, epoch, seq, t, size, dialect, user, app, msg_id, ctype,
-                             hb, tb, payload)  # fmt: skip
+                             hbb, tbb, payload)  # fmt: skip
             if full:
                 log2 = _insert_log2(limit, 0, _JOURNAL_ROW)
                 _insert_chunks(conn, _INSERT_JOURNAL, log2, 0, _JOURNAL_ROW, full)

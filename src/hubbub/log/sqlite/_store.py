@@ -53,7 +53,14 @@ from hubbub.log.sqlite._checkpointer import _Checkpointer
 from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
 from hubbub.log.sqlite._idem import Original, find_originals, insert_keys, original_rows
-from hubbub.log.sqlite._inserts import _MIN_RUN, _insert_events, _run_rows, _same_publisher
+from hubbub.log.sqlite._inserts import (
+    _EMPTY_BLOB,
+    _MIN_RUN,
+    _blob,
+    _insert_events,
+    _run_rows,
+    _same_publisher,
+)
 from hubbub.log.sqlite._schema import (
     _WRITER_CLOSED,
     DURABILITY_SYNCHRONOUS,
@@ -282,7 +289,8 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             run: list[Any] | None = None
             r_pub: Publisher | None = None
             r_ctype: str | None = None
-            r_hb = r_tb = b""
+            r_hb: bytes | bytearray = b""
+            r_tb: bytes | bytearray = b""
             r_n = r_start = 0
             idem_rows: list[Any] = []  # flat: channel id, user, key, seq, time_ns per key (see _idem.py)
             batch_idem: dict[tuple[str, str, str], Event] = {}
@@ -323,6 +331,8 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                 payload = req.payload
                 headers = req.headers
                 tags = req.tags
+                hb: bytes | bytearray
+                tb: bytes | bytearray
                 if headers or tags:
                     size = event_size(payload, headers, tags)
                     hb = encode_headers(headers)
@@ -331,9 +341,10 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     tags = tuple(tags)
                 else:
                     size = len(payload)
-                    hb = tb = b""
+                    hb = tb = _EMPTY_BLOB
                     headers = {}
                 h.bytes += size
+                bp = _blob(payload)
                 ctype = req.content_type
                 if (
                     (pub is not r_pub and (r_pub is None or not _same_publisher(pub, r_pub)))
@@ -345,7 +356,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     r_n, r_start, run = 0, len(full), None
                 r_n += 1
                 if run is not None:
-                    run += (h.id, seq, t, pub.msg_id, payload)
+                    run += (h.id, seq, t, pub.msg_id, bp)
                 elif r_n < _MIN_RUN:
                     full += (
                         h.id,
@@ -359,13 +370,13 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                         ctype,
                         hb,
                         tb,
-                        payload,
+                        bp,
                     )
                 else:
                     run = [pub.dialect, pub.user, pub.app, ctype, hb, tb, size - len(payload)]
                     run += _run_rows(full, r_start)
                     del full[r_start:]
-                    run += (h.id, seq, t, pub.msg_id, payload)
+                    run += (h.id, seq, t, pub.msg_id, bp)
                     segments.append((full, run))
                     full = []
                 ev = Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)
