@@ -39,6 +39,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings
+from .lifetime import Lifetime
 from .pump import SessionPump, quietly, stopped
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
 from .qrpc_subs import QrpcSubscriptions
@@ -188,7 +189,7 @@ class QrpcWire:
         s = self.session
         return bool(s.ending or s.kicked or s.closed)
 
-    def start(self, group: asyncio.TaskGroup) -> None:
+    def start(self, group: Lifetime) -> None:
         self.node.attach(self.session)
         self._writer = group.create_task(self._pump.run())
 
@@ -387,7 +388,7 @@ async def serve_qrpc(
             await quietly(writer.wait_closed, node, DIALECT, "", "close of a refused connection")
             return
         try:
-            async with asyncio.TaskGroup() as group:
+            async with Lifetime() as group:
                 await _serve(reader, writer, group, ip)
         finally:
             node.limiter.release(ip)
@@ -403,7 +404,7 @@ async def serve_qrpc(
                 raise ConnectionResetError("the peer read nothing within the write timeout") from None
 
     async def _serve(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: asyncio.TaskGroup, ip: str
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: Lifetime, ip: str
     ) -> None:
         async def close(code: Disconnect) -> None:
             writer.close()

@@ -13,6 +13,7 @@ from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 
+from .lifetime import Lifetime
 from .native import NativeConnection
 from .pump import quietly
 
@@ -79,15 +80,13 @@ async def serve_native_tcp(
             await _refuse(reader, writer, codecs)
             return
         try:
-            async with asyncio.TaskGroup() as group:
+            async with Lifetime() as group:
                 await serve(reader, writer, group)
         finally:
             if limiter is not None:
                 limiter.release(ip)
 
-    async def serve(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: asyncio.TaskGroup
-    ) -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: Lifetime) -> None:
         """One connection, its writer a task of ``group`` (the connection's lifetime)."""
         decoder = nc.NativeStreamDecoder(max_frame=max_frame, codecs=codecs, **limits)
         conn: NativeConnection | None = None
