@@ -1,9 +1,10 @@
 """A connection's lifetime: the tasks a connection starts end with it.
 
 :class:`Lifetime` is :class:`asyncio.TaskGroup` with the same rules, sized for a server that holds one per
-open connection. A ``TaskGroup`` costs some 0.6 KiB while its connection sits idle (an instance dictionary, a
-set of tasks, a list of errors and a bound method per task); a ``Lifetime`` keeps its state in slots, its
-tasks in a list made with the first one, and is itself the tasks' done callback: about 0.15 KiB.
+open connection: it keeps its state in slots and its tasks in a list made with the first one, and is itself
+its tasks' done callback, where a ``TaskGroup`` has an instance dictionary, a set, a list of errors and a
+bound method per task. Holding one task, it takes some 0.4 KiB less than a ``TaskGroup`` (tracemalloc,
+CPython 3.11).
 
 The rules, as ``TaskGroup``'s:
 
