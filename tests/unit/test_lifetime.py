@@ -25,6 +25,16 @@ def run(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
 KINDS: list[Callable[[], Any]] = [asyncio.TaskGroup, Lifetime]
 
 
+async def until_cancelled(started: asyncio.Event, cancelled: asyncio.Event) -> None:
+    """A task that runs until it is cancelled, saying when it started and when it was cancelled."""
+    started.set()
+    try:
+        await asyncio.Future()
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+
+
 @pytest.fixture(params=KINDS, ids=["TaskGroup", "Lifetime"])
 def kind(request: pytest.FixtureRequest) -> Callable[[], Any]:
     return request.param  # type: ignore[no-any-return]
@@ -52,18 +62,9 @@ async def test_an_exception_in_the_block_cancels_the_tasks_and_is_raised_in_a_gr
 ) -> None:
     started = asyncio.Event()
     cancelled = asyncio.Event()
-
-    async def child() -> None:
-        started.set()
-        try:
-            await asyncio.Future()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
     with pytest.raises(BaseExceptionGroup) as info:
         async with kind() as group:
-            task = group.create_task(child())
+            task = group.create_task(until_cancelled(started, cancelled))
             await started.wait()
             raise ValueError("block failed")
     assert cancelled.is_set() and task.cancelled()
@@ -77,13 +78,6 @@ async def test_a_failing_task_ends_the_block_and_the_tasks_and_leaves_the_caller
     other_cancelled = asyncio.Event()
     reached_after_block: list[bool] = []
 
-    async def other() -> None:
-        try:
-            await asyncio.Future()
-        except asyncio.CancelledError:
-            other_cancelled.set()
-            raise
-
     async def fails() -> None:
         await asyncio.sleep(0)
         raise KeyError("task failed")
@@ -91,7 +85,7 @@ async def test_a_failing_task_ends_the_block_and_the_tasks_and_leaves_the_caller
     async def handler() -> int:
         try:
             async with kind() as group:
-                group.create_task(other())
+                group.create_task(until_cancelled(asyncio.Event(), other_cancelled))
                 group.create_task(fails())
                 await asyncio.Future()  # the read loop: cancelled by the failure
         except* KeyError:
@@ -111,16 +105,9 @@ async def test_cancelling_the_caller_cancels_the_tasks_and_propagates(kind: Call
     inside = asyncio.Event()
     child_cancelled = asyncio.Event()
 
-    async def child() -> None:
-        try:
-            await asyncio.Future()
-        except asyncio.CancelledError:
-            child_cancelled.set()
-            raise
-
     async def handler() -> None:
         async with kind() as group:
-            group.create_task(child())
+            group.create_task(until_cancelled(asyncio.Event(), child_cancelled))
             inside.set()
             await asyncio.Future()
 
@@ -139,17 +126,9 @@ async def test_cancelling_the_caller_waiting_on_exit_cancels_the_tasks(
     waiting = asyncio.Event()
     child_cancelled = asyncio.Event()
 
-    async def child() -> None:
-        waiting.set()
-        try:
-            await asyncio.Future()
-        except asyncio.CancelledError:
-            child_cancelled.set()
-            raise
-
     async def handler() -> None:
         async with kind() as group:
-            group.create_task(child())  # the block ends at once: the exit waits for the child
+            group.create_task(until_cancelled(waiting, child_cancelled))  # the block ends at once: the exit waits for the child
 
     task = asyncio.create_task(handler())
     await waiting.wait()
