@@ -128,7 +128,8 @@ async def test_cancelling_the_caller_waiting_on_exit_cancels_the_tasks(
 
     async def handler() -> None:
         async with kind() as group:
-            group.create_task(until_cancelled(waiting, child_cancelled))  # the block ends at once: the exit waits for the child
+            # The block ends at once: the exit waits for the task.
+            group.create_task(until_cancelled(waiting, child_cancelled))
 
     task = asyncio.create_task(handler())
     await waiting.wait()
