@@ -59,10 +59,14 @@ class Limits:
     publish_burst: int = 0
     max_connections: int = 0
     max_connections_per_ip: int = 0
+    #: Durable consumers in the whole log (each journals a copy of every event it matches).
+    max_consumers: int = 10_000
 
 
 #: Limits for which 0 means "unlimited" (every other limit must be positive).
-UNLIMITED_AT_ZERO = frozenset({"publish_rate", "publish_burst", "max_connections", "max_connections_per_ip"})
+UNLIMITED_AT_ZERO = frozenset(
+    {"publish_rate", "publish_burst", "max_connections", "max_connections_per_ip", "max_consumers"}
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,7 +160,9 @@ class Server:
             presence = self._presence = build_presence(cfg, broker.node_id)
             await presence.start()
             node.presence = presence  # rosters (guble subscribers, mist who) cluster-wide
-        self.consumers = ConsumerService(node, poll_s=cfg.cluster_poll_interval_s)
+        self.consumers = ConsumerService(
+            node, poll_s=cfg.cluster_poll_interval_s, max_consumers=lim.max_consumers
+        )
         await self.consumers.start()
         codec_limits = {
             "max_channel_bytes": lim.max_channel_bytes,
