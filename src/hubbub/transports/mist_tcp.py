@@ -26,7 +26,7 @@ from hubbub.disconnect import Disconnect
 from .lifetime import Lifetime
 from .mist import DIALECT, MistService, MistWire
 from .pump import quietly
-from .tcp import peer_ip
+from .tcp import keep_alive, peer_ip
 
 __all__ = ["serve_mist_tcp"]
 
@@ -66,6 +66,7 @@ async def serve_mist_tcp(
         task = asyncio.current_task()
         assert task is not None
         on_connection(task)
+        keep_alive(writer)
         ip = peer_ip(writer)
         if limiter is not None and limiter.admit(ip, DIALECT) is not None:
             writer.close()

@@ -43,6 +43,7 @@ from .lifetime import Lifetime
 from .pump import SessionPump, quietly, stopped
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
 from .qrpc_subs import QrpcSubscriptions
+from .tcp import keep_alive, peer_ip
 
 __all__ = ["QrpcEncoder", "QrpcService", "QrpcWire", "serve_qrpc"]
 
@@ -381,8 +382,8 @@ async def serve_qrpc(
         assert task is not None
         service.connections.add(task)
         task.add_done_callback(service.connections.discard)
-        peer = writer.get_extra_info("peername")
-        ip = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        keep_alive(writer)
+        ip = peer_ip(writer)
         if node.limiter.admit(ip, DIALECT) is not None:
             writer.close()
             await quietly(writer.wait_closed, node, DIALECT, "", "close of a refused connection")
