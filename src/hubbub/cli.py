@@ -114,6 +114,7 @@ HELP = {
     "upstream": "ws:// URL of a hubbub node to link up to (repeatable; ?token=… or federation.token)",
     "federation.node_id": "this node's id in the federation (default: one kept in DATA_DIR/federation)",
     "federation.token": "the token an upstream link presents when its URL has no ?token=",
+    "federation.token_file": "a file holding that token, read at each connection (for renewed tokens)",
     "federation.accept": "take federation links from hubbub nodes below this one (true/false)",
     "log_level": "debug, info, warning or error",
     "log_format": "text or json (one JSON object per line)",

@@ -342,6 +342,7 @@ class Server:
                     hub,
                     str(url),
                     token=str(cfg.federation_token),
+                    token_file=Path(cfg.federation_token_file) if cfg.federation_token_file else None,
                     state_dir=state_dir,
                     max_frame=lim.max_frame,
                     send_queue=lim.send_queue,
