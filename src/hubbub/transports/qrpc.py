@@ -72,6 +72,9 @@ class _Call:
     item_prefix: bytes
     result_prefix: bytes
     fired: bool = False
+    #: A ``once`` counted in some emit's ``delivered`` already (it fires once, so it counts once, even when
+    #: several events of one commit match it).
+    counted: bool = False
 
     def wants(self, event: Event) -> bool:
         if self.fired:
@@ -97,8 +100,13 @@ class QrpcEncoder:
         self.calls[call_id] = _Call(topic, once, head + b',"s":"ok","m":', head + b',"e":null,"s":"end","m":')
 
     def recipients(self, event: Event, subs: Sequence[str]) -> int:
-        calls = self.calls
-        return sum(1 for cid in subs if (c := calls.get(cid)) is not None and c.wants(event))
+        n = 0
+        for cid in subs:
+            c = self.calls.get(cid)
+            if c is not None and not c.counted and c.wants(event):
+                n += 1
+                c.counted = c.once
+        return n
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
         out: list[bytes] = []
