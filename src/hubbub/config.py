@@ -59,10 +59,14 @@ class Limits:
     publish_burst: int = 0
     max_connections: int = 0
     max_connections_per_ip: int = 0
+    #: Durable consumers in the whole log (each journals a copy of every event it matches).
+    max_consumers: int = 10_000
 
 
 #: Limits for which 0 means "unlimited" (every other limit must be positive).
-UNLIMITED_AT_ZERO = frozenset({"publish_rate", "publish_burst", "max_connections", "max_connections_per_ip"})
+UNLIMITED_AT_ZERO = frozenset(
+    {"publish_rate", "publish_burst", "max_connections", "max_connections_per_ip", "max_consumers"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +164,7 @@ class Config:
     upstream: tuple[str, ...] = ()
     federation_node_id: str = ""  # "" means an id kept in <data_dir>/federation/node-id
     federation_token: str = field(default_factory=lambda: _Secret(""))
+    federation_token_file: str = ""  # read at each connection of a link: a renewed token is used at once
     federation_accept: bool = True
     # -- cluster (docs/cluster.md; used when broker is set) --
     cluster_node_id: str = ""  # "" means host-pid-random, unique per process
@@ -237,6 +242,8 @@ class Config:
                 raise ConfigError("upstream: expected ws:// or wss:// URLs of hubbub nodes")
         if self.federation_node_id and not _FED_NODE.fullmatch(self.federation_node_id):
             raise ConfigError("federation.node_id: 1 to 64 of A-Z a-z 0-9 . _ -")
+        if self.federation_token_file and str(self.federation_token):
+            raise ConfigError("federation.token and federation.token_file: give one of them")
         if self.broker:
             scheme = self.broker.split("://", 1)[0].lower() if "://" in self.broker else ""
             if scheme not in ("redis", "rediss", "unix"):
@@ -355,6 +362,7 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "upstream": (("upstream",), tuple),
     "federation.node_id": (("federation_node_id",), str),
     "federation.token": (("federation_token",), str),
+    "federation.token_file": (("federation_token_file",), str),
     "federation.accept": (("federation_accept",), bool),
     # -- cluster keys --
     "cluster.node_id": (("cluster_node_id",), str),

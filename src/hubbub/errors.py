@@ -11,7 +11,8 @@
     │   └── BadChannel              invalid channel or pattern, or over the limit          (4004)
     ├── LimitExceeded               too many subscriptions, tags or headers                (4007)
     │   ├── RateLimited             publishes over the connection's rate and burst         (4008)
-    │   └── TooManyConnections      over limits.max_connections(_per_ip)                   (4009)
+    │   ├── TooManyConnections      over limits.max_connections(_per_ip)                   (4009)
+    │   └── TooManyConsumers        a new durable consumer past limits.max_consumers       (4007)
     ├── AuthError                   authentication and permission                        (4100-4103)
     ├── SubscriptionError           already / not subscribed, recovery too large          (4200-4203)
     ├── ConsumerError               durable consumers (docs/consumers.md)                 (4204-4207)
@@ -64,6 +65,7 @@ __all__ = [
     "StorageError",
     "SubscriptionError",
     "TooManyConnections",
+    "TooManyConsumers",
     "TrimEpochGone",
     "TrimError",
     "TrimOutOfRange",
@@ -182,6 +184,10 @@ class RateLimited(LimitExceeded):
 
 class TooManyConnections(LimitExceeded):
     code = 4009
+
+
+class TooManyConsumers(LimitExceeded):
+    """Creating a durable consumer past ``limits.max_consumers``."""
 
 
 class AuthError(HubbubError):

@@ -110,8 +110,10 @@ class Event:
     def size(self) -> int:
         """Bytes counted against log size limits: payload, header and tag bytes."""
         n = len(self.payload)
-        for k, v in self.headers.items():
-            n += len(k.encode()) + len(v.encode())
-        for t in self.tags:
-            n += len(t.encode())
+        if self.headers:  # (the tests are cheaper than empty loops: read per event in the consumer service)
+            for k, v in self.headers.items():
+                n += len(k.encode()) + len(v.encode())
+        if self.tags:
+            for t in self.tags:
+                n += len(t.encode())
         return n

@@ -160,7 +160,9 @@ class Server:
             presence = self._presence = build_presence(cfg, broker.node_id)
             await presence.start()
             node.presence = presence  # rosters (guble subscribers, mist who) cluster-wide
-        self.consumers = ConsumerService(node, poll_s=cfg.cluster_poll_interval_s)
+        self.consumers = ConsumerService(
+            node, poll_s=cfg.cluster_poll_interval_s, max_consumers=lim.max_consumers
+        )
         await self.consumers.start()
         codec_limits = {
             "max_channel_bytes": lim.max_channel_bytes,
@@ -340,6 +342,7 @@ class Server:
                     hub,
                     str(url),
                     token=str(cfg.federation_token),
+                    token_file=Path(cfg.federation_token_file) if cfg.federation_token_file else None,
                     state_dir=state_dir,
                     max_frame=lim.max_frame,
                     send_queue=lim.send_queue,

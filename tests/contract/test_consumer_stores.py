@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from hubbub.errors import BadChannel, BadRequest
-from hubbub.log import LogStore, RetentionPolicy
+from hubbub.events import Publisher
+from hubbub.log import AppendRequest, LogStore, RetentionPolicy
 from hubbub.log.consumers import ConsumerSpec, JournalItem, Retry, check_name
 from hubbub.log.postgres import PostgresLogStore
 from tests.contract.test_log_stores import NS, Factory, req
@@ -142,6 +143,54 @@ def test_the_journal_keeps_every_field(store: LogStore) -> None:
     assert store.consumer_items(c.id) == [JournalItem(1, r.event)]
 
 
+def test_a_mixed_append_journals_every_field_of_every_event(store: LogStore) -> None:
+    """One append of long runs of alike events (SQLite binds their shared columns once) interleaved with
+    events that differ in each shared column, for two consumers: every item is its event, field for field,
+    at the position the append reported."""
+    every, tagged = (
+        store.consumer_create(spec("e", "/**"))[0],
+        store.consumer_create(spec("t", "/**", tags=("t",)))[0],
+    )
+    variants = [
+        req("/a/y", b"v1"),
+        req("/a/x", b"v2", user="bob"),
+        req("/a/x", b"v3", content_type="x/y"),
+        req("/a/x", b"v4", headers={"k": "v"}),
+        req("/a/x", b"v5", tags=("t",)),
+        req("/a/x", b"v6", idem="m1"),
+    ]
+    batch = [req("/a/x", bytes([i]), tags=("t",) if i % 2 else ()) for i in range(30)]
+    batch[5:5] = variants
+    batch += [req("/a/x", bytes([i]), tags=("t",), idem=f"k{i}") for i in range(20)]
+    # Requests sharing their publisher, channel, content type and tags objects (one connection's burst),
+    # one field changed at a time, each change alone between runs of the shared shape.
+    pub, tags, ctype = Publisher("native", "carol", "app2", ""), ("t",), "a/b"
+    shared = [AppendRequest("/a/z", pub, bytes([i]), ctype, tags=tags) for i in range(12)]
+    changed = [
+        AppendRequest("/a/w", pub, b"c1", ctype, tags=tags),
+        AppendRequest("/a/z", Publisher("native", "dave", "app2", ""), b"c2", ctype, tags=tags),
+        AppendRequest("/a/z", pub, b"c3", "a/c", tags=tags),
+        AppendRequest("/a/z", pub, b"c4", ctype, tags=("t", "u")),
+        AppendRequest("/a/z", pub, b"c5", ctype, headers={"h": "1"}, tags=tags),
+        AppendRequest("/a/z", pub, b"c6", ctype, headers={"h": "2"}, tags=tags),
+        AppendRequest("/a/z", pub, b"c7", ctype),
+    ]
+    batch += shared[:3]
+    for c in changed:
+        batch += [c, *shared[:3]]
+    batch += shared
+    results = store.append(batch)
+    expect: dict[int, list[JournalItem]] = {every.id: [], tagged.id: []}
+    for r in results:
+        assert len(r.journal) == (2 if "t" in r.event.tags else 1)
+        for cid, pos in r.journal:
+            expect[cid].append(JournalItem(pos, r.event))
+    assert store.consumer_items(every.id, limit=1000) == expect[every.id]
+    assert store.consumer_items(tagged.id, limit=1000) == expect[tagged.id]
+    assert [i.pos for i in expect[every.id]] == list(range(1, len(batch) + 1))
+    assert {i.event.publisher.user for i in expect[tagged.id]} == {"alice", "carol", "dave"}
+
+
 def test_only_events_after_creation_are_journaled(store: LogStore) -> None:
     store.append([req("/a/1")])
     c, _ = store.consumer_create(spec())
@@ -229,6 +278,27 @@ def test_settle_acks_and_retries(store: LogStore) -> None:
     info = store.consumers()[0]
     assert (info.top, info.pending, info.bytes) == (6, 3, 3)
     store.consumer_settle([], [])
+
+
+def test_settle_acks_runs_and_scattered_positions_exactly(store: LogStore) -> None:
+    """Acks of consecutive runs (SQLite deletes them as ranges), of scattered positions and of positions
+    already gone, in one call and unsorted: exactly the named positions go, and the counts follow."""
+    c, other = store.consumer_create(spec())[0], store.consumer_create(spec("d"))[0]
+    store.append([req("/a/x", bytes([i])) for i in range(40)])
+    acked = [*range(10, 2, -1), 12, 14, 15, *range(20, 31), 33, 99, 35, 36, 37]  # 3-10, 20-30, 35-37 ...
+    store.consumer_settle([(c.id, acked), (c.id, [1, 2, 3])])
+    gone = {1, 2, *range(3, 11), 12, 14, 15, *range(20, 31), 33, 35, 36, 37}
+    left = [p for p in range(1, 41) if p not in gone]
+    assert [i.pos for i in store.consumer_items(c.id, limit=100)] == left
+    assert [i.event.payload for i in store.consumer_items(c.id, limit=1)] == [bytes([10])]
+    assert len(store.consumer_items(other.id, limit=100)) == 40  # another consumer's journal is untouched
+    info = {i.spec.name: i for i in store.consumers()}
+    assert (info["c"].pending, info["c"].bytes) == (40 - len(gone), 40 - len(gone))
+    assert (info["d"].pending, info["d"].bytes) == (40, 40)
+    # A whole batch acknowledged in order is one run.
+    store.consumer_settle([(other.id, list(range(1, 41)))])
+    assert store.consumer_items(other.id) == []
+    assert {i.spec.name: i.pending for i in store.consumers()}["d"] == 0
 
 
 # -- retention never drops unacknowledged items ------------------------------------------------------

@@ -301,3 +301,31 @@ def test_a_channel_written_on_both_sides_recovers_without_loops(tmp_path: Path) 
                 assert link.reconnects == 0 and link.stats.gaps == 0
 
     asyncio.run(main())
+
+
+def test_a_token_file_is_read_at_each_connection(tmp_path: Path) -> None:
+    """``federation.token_file`` is read for each connection's hello: a link whose file is missing, then holds
+    a refused token, keeps retrying, and comes up once the file holds a good one (a renewed token is used
+    without a restart)."""
+    tokens = {"linktok": {"user": "fed", "publish": ["/**"], "subscribe": ["/**"]}}
+    token_file = tmp_path / "link-token"
+
+    async def main() -> None:
+        a_cfg = replace(config(tmp_path, "A"), auth_mode="token", auth_tokens=SecretMap(tokens))
+        async with Server(a_cfg) as a:
+            b_cfg = replace(config(tmp_path, "B", url(a)), federation_token_file=str(token_file))
+            async with Server(b_cfg) as b:
+                link = b.upstreams[0]
+                await until(lambda: link.reconnects >= 1, "a retry while the file is missing")
+                token_file.write_text("badtok\n")
+                seen = link.reconnects
+                await until(lambda: link.reconnects >= seen + 2, "retries with the refused token")
+                assert link.state != "up"
+                token_file.write_text("linktok\n")
+                await until(lambda: link.state == "up", "the link up with the token from the file")
+                await synced(link)
+                async with client(b) as cb:
+                    await cb.publish("/y/1", "up")
+                await until_log_auth(a, "/y/1", "linktok")
+
+    asyncio.run(main())

@@ -495,3 +495,52 @@ def test_the_blocking_emitter_and_consumer(server: ServerProcess) -> None:
             assert batch is not None and [e.payload for e in batch.events] == [b"s1"]
             batch.ack()
         em.close()
+
+
+def test_max_consumers_caps_new_consumers_of_every_dialect(tmp_path: Path) -> None:
+    """Past ``limits.max_consumers``, a new consumer is refused (native 4007, qrpc ``ELIMIT``), not fatal, and
+    counted on /metrics; an existing one still opens, and deleting one makes room."""
+    from .qrpcclient import CallError, QrpcClient
+
+    cli: dict[str, Any] = {
+        "data_dir": str(tmp_path / "data"),
+        "http.listen": "127.0.0.1:0",
+        "native.tcp_listen": "127.0.0.1:0",
+        "qpubs.qrpc_listen": "127.0.0.1:0",
+        "limits.max_consumers": 2,
+    }
+
+    async def body() -> None:
+        async with Server(load_config(cli=cli, env={})) as srv:
+            w = await Wire.open(srv.ports, "tcp", "msgpack")
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            assert (await w.request({"op": "consumer_create", "consumer": "a", "pattern": "/a/**"}))[
+                "op"
+            ] == "reply"
+            assert await q.call("createSubscription", {"subId": "b", "topic": "b.*"}) == {
+                "ok": True,
+                "subId": "b",
+                "created": True,
+            }
+            r = await w.request({"op": "consumer_create", "consumer": "c", "pattern": "/c/**"})
+            assert (r["op"], r["code"]) == ("error", 4007), r
+            r = await w.request({"op": "consume", "consumer": "c", "pattern": "/c/**"})  # consume creates too
+            assert (r["op"], r["code"]) == ("error", 4007), r
+            with pytest.raises(CallError) as e:
+                await q.call("createSubscription", {"subId": "d", "topic": "d.*"})
+            assert (e.value.code, e.value.message) == ("ELIMIT", "too many durable subscriptions")
+            # The existing ones are not refused; the connections are still open.
+            r = await w.request({"op": "consumer_create", "consumer": "a", "pattern": "/a/**"})
+            assert r["op"] == "reply" and r["created"] is False
+            assert (await q.call("createSubscription", {"subId": "b", "topic": "b.*"}))["created"] is False
+            assert srv.node.limiter.refusals == {
+                ("max_consumers", "native"): 2,
+                ("max_consumers", "qpubs"): 1,
+            }
+            # Room again after a delete.
+            assert (await w.request({"op": "consumer_delete", "consumer": "a"}))["deleted"] is True
+            assert (await q.call("createSubscription", {"subId": "d", "topic": "d.*"}))["created"] is True
+            await w.close()
+            await q.close()
+
+    run(body)

@@ -414,3 +414,26 @@ def test_a_listen_after_an_emit_does_not_get_that_emit(tmp_path: Path) -> None:
             await q.close()
 
     asyncio.run(main())
+
+
+def test_a_once_counts_in_delivered_once_when_one_commit_has_several_matches(tmp_path: Path) -> None:
+    """Two emits pipelined into one commit, both matching a qrpc ``once`` and a ``listen``: the ``once``
+    gets the first event only, so it counts in the first emit's ``delivered`` only (2, then 1)."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (srv, _):
+            listener = await QrpcClient.connect(srv.ports["qrpc"])
+            emitter = await QrpcClient.connect(srv.ports["qrpc"])
+            once = listener.send("once", {"topic": "j.*"})
+            live = listener.send("listen", {"topic": "j.*"})
+            await barrier(listener)
+            first = emitter.send("emit", {"topic": "j.1", "value": 1})
+            second = emitter.send("emit", {"topic": "j.2", "value": 2})  # same write: the same commit
+            assert (await emitter.next(first))["m"] == {"ok": True, "delivered": 2}
+            assert (await emitter.next(second))["m"] == {"ok": True, "delivered": 1}
+            assert (await listener.next(once))["m"] == {"topic": "j.1", "value": 1}
+            assert [(await listener.next(live))["m"]["value"] for _ in range(2)] == [1, 2]
+            await listener.close()
+            await emitter.close()
+
+    asyncio.run(main())

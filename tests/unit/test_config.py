@@ -154,3 +154,7 @@ def test_upstream_from_flags_environment_and_file(tmp_path: Path) -> None:
         load_config({"upstream": ["http://a:1"]}, env={})
     with pytest.raises(ConfigError, match=r"federation\.node_id"):
         load_config({"federation.node_id": "a b"}, env={})
+    cfg = load_config({}, env={"HUBBUB_FEDERATION_TOKEN_FILE": "/run/secrets/link"})
+    assert cfg.federation_token_file == "/run/secrets/link"
+    with pytest.raises(ConfigError, match="give one of them"):
+        load_config({"federation.token": "t", "federation.token_file": "/run/secrets/link"}, env={})

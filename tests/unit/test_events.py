@@ -91,3 +91,10 @@ def test_spliced_event_bodies_equal_whole_object_encoding(event: Event) -> None:
         name, value = payload_field(event)
         text = orjson.dumps({**fields, "time": str(event.time_ns)})
         assert event_body_json(event) == b"," + text[1:-1] + b',"' + name.encode() + b'":' + value
+
+
+def test_size_counts_payload_header_and_tag_bytes() -> None:
+    pub = Publisher("native")
+    assert Event("/a", 1, "e", 1, pub, b"xyz", "text/plain").size == 3
+    ev = Event("/a", 1, "e", 1, pub, b"xyz", "text/plain", {"ü": "vv"}, ("t", "ä"))
+    assert ev.size == 3 + 2 + 2 + 1 + 2

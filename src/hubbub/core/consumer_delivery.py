@@ -166,11 +166,14 @@ class Delivery:
         if not by_id and not groups and not self.creating:
             return  # nothing to do per event (a create under way must see its early items: _unknown)
         shared = self.shared
+        max_items = self.max_items
+        touched: set[ConsumerState] = set()
         for r in results:
             if r.duplicate:
                 continue
             if r.journal:
                 ev = r.event
+                size = -1
                 for cid, pos in r.journal:
                     c = by_id.get(cid)
                     if c is None:
@@ -182,22 +185,25 @@ class Delivery:
                         continue
                     if pos <= c.loaded_to:
                         continue  # a backlog read saw this commit before its notification came: loaded
+                    touched.add(c)
                     if (
                         c.backlog
                         or c.reading
-                        or len(c.items) >= self.max_items
+                        or len(c.items) >= max_items
                         or (shared and pos != c.loaded_to + 1)
                     ):
                         c.backlog = c.dropped = True
-                        self.schedule(c)
                         continue
                     c.items[pos] = JournalItem(pos, ev)
                     c.loaded_to = pos
                     heapq.heappush(c.ready, pos)
-                    c.ready_bytes += ev.size
-                    self.schedule(c)
+                    if size < 0:
+                        size = ev.size
+                    c.ready_bytes += size
             if groups:
                 self._groups.deliver(r.event)
+        for c in touched:
+            self.schedule(c)
 
     def stale(self, c: ConsumerState) -> None:
         """The journal of ``c`` may hold items beyond ``loaded_to`` that no notification brought (another
@@ -227,15 +233,19 @@ class Delivery:
                 if c.deleted:
                     return
                 now_ns = time.time_ns()
+                items, ready, loaded_to, push = c.items, c.ready, c.loaded_to, heapq.heappush
+                added = 0
                 for it in got:
-                    if it.pos in c.items or it.pos <= c.loaded_to:
+                    pos = it.pos
+                    if pos <= loaded_to or pos in items:
                         continue
-                    c.items[it.pos] = it
+                    items[pos] = it
                     if it.not_before_ns > now_ns:
-                        heapq.heappush(c.delayed, (it.not_before_ns, it.pos))
+                        push(c.delayed, (it.not_before_ns, pos))
                     else:
-                        heapq.heappush(c.ready, it.pos)
-                        c.ready_bytes += it.event.size
+                        push(ready, pos)
+                        added += it.event.size
+                c.ready_bytes += added
                 if got:
                     c.loaded_to = max(c.loaded_to, got[-1].pos)
                 if len(got) < room and not c.dropped:
@@ -324,25 +334,26 @@ class Delivery:
         most = o.batch_max or len(c.ready)
         out: list[JournalItem] = []
         size = 0
-        while c.ready and len(out) < most:
-            it = c.items.get(c.ready[0])
+        ready, get, pop = c.ready, c.items.get, heapq.heappop
+        while ready and len(out) < most:
+            it = get(ready[0])
             if it is None:  # acknowledged meanwhile (cannot happen while pending; kept for safety)
-                heapq.heappop(c.ready)
+                pop(ready)
                 continue
             s = it.event.size
             if out and size + s > limit:
                 break
-            heapq.heappop(c.ready)
-            c.ready_bytes -= s
+            pop(ready)
             size += s
             out.append(it)
         if not out:
             return
+        c.ready_bytes -= size
         number = c.next_batch
         c.next_batch += 1
-        c.outstanding[number] = Outstanding(o, tuple(it.pos for it in out))
+        c.outstanding[number] = Outstanding(o, tuple([it.pos for it in out]))
         o.batch = number
-        again = sum(1 for it in out if it.attempts)
+        again = len([it for it in out if it.attempts])
         self.batches += 1
         self.redelivered += again
         c.batches += 1

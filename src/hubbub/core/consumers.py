@@ -51,7 +51,14 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from hubbub.errors import ConsumerBusy, ConsumerExists, ConsumerNotFound, ShuttingDown, UnknownBatch
+from hubbub.errors import (
+    ConsumerBusy,
+    ConsumerExists,
+    ConsumerNotFound,
+    ShuttingDown,
+    TooManyConsumers,
+    UnknownBatch,
+)
 from hubbub.events import Event
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, check_spec
 
@@ -67,12 +74,29 @@ __all__ = ["BACKOFF_MAX_NS", "BACKOFF_STEP_NS", "Batch", "ConsumerService", "Gro
 log = logging.getLogger("hubbub.consumers")
 
 
+def _admit(
+    spec: ConsumerSpec, node: Node, cap: int, known: dict[str, Any], creating: int, dialect: str
+) -> None:
+    """Check ``spec``; refuse a new consumer when ``limits.max_consumers`` (``cap``; 0: no limit) are
+    ``known`` or being created already, counting the refusal for ``dialect``. Raises ``BadRequest``,
+    ``BadChannel``, ``TooManyConsumers``."""
+    check_spec(spec)
+    if cap and spec.name not in known and len(known) + creating >= cap:
+        node.limiter.refused("max_consumers", dialect)
+        raise TooManyConsumers(
+            f"too many durable consumers (limits.max_consumers = {cap}); delete unused ones"
+        )
+
+
 class ConsumerService:
     """See the module docstring. ``async with ConsumerService(node)`` inside the node's own ``async with``
     loads the consumers and sets the batcher's ``commit_hook``, before any publish should be accepted."""
 
-    def __init__(self, node: Node, *, max_items: int = 10_000, poll_s: float = 1.0) -> None:
+    def __init__(
+        self, node: Node, *, max_items: int = 10_000, poll_s: float = 1.0, max_consumers: int = 0
+    ) -> None:
         self._node = node
+        self._max_consumers = max_consumers  # checked against the consumers this node knows of
         self._by_name: dict[str, ConsumerState] = {}
         self._by_id: dict[int, ConsumerState] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -155,11 +179,11 @@ class ConsumerService:
 
     # -- definitions ----------------------------------------------------------------------------------------
 
-    async def create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
+    async def create(self, spec: ConsumerSpec, *, dialect: str = "native") -> tuple[ConsumerInfo, bool]:
         """Create the consumer unless it exists (then its own spec is kept): ``(info, created)``. Every event
-        committed after this returns is journaled for it. Raises ``BadRequest``/``BadChannel``."""
+        committed after this returns is journaled for it. Raises as :func:`_admit` does."""
         self._check_open()
-        check_spec(spec)
+        _admit(spec, self._node, self._max_consumers, self._by_name, self._delivery.creating, dialect)
         self._delivery.creating += 1
         try:
             info, created = await self._node.batcher.control(lambda st: st.consumer_create(spec))
@@ -212,6 +236,7 @@ class ConsumerService:
         shared: bool | None = None,
         batch_max: int = 0,
         bytes_max: int = 0,
+        dialect: str = "native",
     ) -> Opener:
         """Open the consumer ``name``: ``on_batch`` gets its batches. When it does not exist it is created
         from ``spec`` if ``create`` (else :class:`ConsumerNotFound`); when it exists and ``reuse`` is false,
@@ -219,7 +244,8 @@ class ConsumerService:
         every other one, else :class:`ConsumerBusy`. ``on_close(reason)`` runs when the service closes the
         opener (``deleted``, ``shutdown``, ``error``), not after :meth:`Opener.close`. ``batch_max``: the
         most items per batch for this opener (0: no limit but ``batch_bytes``); ``bytes_max``: the most event
-        bytes (0: ``batch_bytes``), e.g. what one frame of the opener's connection may carry."""
+        bytes (0: ``batch_bytes``), e.g. what one frame of the opener's connection may carry. ``dialect``
+        labels a refusal by ``limits.max_consumers``."""
         self._check_open()
         c = self._by_name.get(name) or await self._shared.find(name)
         if c is None:
@@ -227,7 +253,7 @@ class ConsumerService:
                 raise ConsumerNotFound(f"{name}: not found")
             if spec.name != name:
                 raise ValueError("spec.name differs from name")
-            _, created = await self.create(spec)
+            _, created = await self.create(spec, dialect=dialect)
             if not created and not reuse:
                 raise ConsumerExists(f"{name}: exists, may not reuse")
             c = self._by_name.get(name)

@@ -23,6 +23,7 @@ LIMIT_NAMES: Final = (
     "max_connections_per_ip",
     "max_subscriptions",
     "max_frame",
+    "max_consumers",
 )
 
 

@@ -133,6 +133,20 @@ def handshake(node_id: str, headers: Mapping[str, str]) -> tuple[str, tuple[str,
     return upstream, above, cycle_reason(node_id, upstream, above)
 
 
+async def link_token(token: str, token_file: Path | None, link: str) -> str:
+    """The token for a connection's ``hello``: the content of ``token_file`` (``federation.token_file``), read
+    now, so that a token renewed in the file (a short-lived JWT) is presented from the next connection on
+    (after a 4103 the link reconnects); without one, ``token`` (the URL's or ``federation.token``)."""
+    if token_file is None:
+        return token
+    try:
+        text = await asyncio.to_thread(token_file.read_text, "utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("federation.token_file unreadable: %s: %s", token_file, exc, extra={"link": link})
+        raise OSError(f"federation.token_file {token_file} unreadable") from exc
+    return text.strip()
+
+
 class FederationUpstream:
     """One link up to the hubbub node at ``url``. ``state`` is ``connecting``, ``up``, ``down`` or
     ``refused``. See the module docstring."""
@@ -144,6 +158,7 @@ class FederationUpstream:
         url: str,
         *,
         token: str = "",
+        token_file: Path | None = None,
         state_dir: Path | None = None,
         backoff: Backoff | None = None,
         max_frame: int = 1 << 20,
@@ -154,6 +169,7 @@ class FederationUpstream:
         self.hub = hub
         self.url, url_token = split_token(url)
         self._token = url_token or token  # a link's own ?token= is more specific than federation.token
+        self._token_file = None if url_token else token_file
         self.name = link_name(self.url)
         self.backoff = backoff or Backoff(0.1, 10.0)
         self.max_frame = max_frame
@@ -280,8 +296,9 @@ class FederationUpstream:
             log.error("federation upstream refused: %s", why, extra={"link": self.name})
             return
         hello: dict[str, Any] = dict(HELLO)
-        if self._token:
-            hello["token"] = self._token
+        token = await link_token(self._token, self._token_file, self.name)
+        if token:
+            hello["token"] = token
         await ws.send_bytes(msgpack.packb(hello))
         msg = await ws.receive(timeout=CONNECT_TIMEOUT_S)
         if msg.type != aiohttp.WSMsgType.BINARY:

@@ -47,6 +47,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, raw_rest, request_identity, text_response
+from .lifetime import Lifetime
 from .pump import SessionPump, quietly, stopped
 
 __all__ = [
@@ -187,9 +188,9 @@ class GubleConnection:
         self.session.on_catch_up = self._on_catch_up
         self.receivers: dict[str, Receiver] = {}
         self._ids = itertools.count(1)
-        #: The connection's tasks (writer, receivers, catch-up), in the handler's TaskGroup (see start).
+        #: The connection's tasks (writer, receivers, catch-up), in the handler's Lifetime (see start).
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._group: asyncio.TaskGroup | None = None
+        self._group: Lifetime | None = None
         self._pending: dict[str, Receiver] | None = None  # receivers waiting for a catch-up
         self._from_ns: int | None = None
         self.catch_ups = 0
@@ -429,7 +430,7 @@ class GubleConnection:
 
     # -- outbound ---------------------------------------------------------------------------------------
 
-    def start(self, group: asyncio.TaskGroup) -> None:
+    def start(self, group: Lifetime) -> None:
         """Attach and start the writer; every task of the connection is one of ``group`` (its lifetime), and
         :meth:`finish` ends them before the group closes."""
         self._group = group
@@ -498,7 +499,7 @@ class GubleHub:
         sess = conn.session
         code: Disconnect | None = None
         try:
-            async with asyncio.TaskGroup() as group:
+            async with Lifetime() as group:
                 conn.start(group)
                 try:
                     await self._read(ws, conn)

@@ -31,6 +31,7 @@ from hubbub.federation.wire import BELOW_HEADER, NODE_HEADER, parse_node
 from hubbub.log.base import AppendRequest, LogStore
 
 from .cors import install_cors
+from .lifetime import Lifetime
 from .metrics import CONTENT_TYPE, ConsumerCollector, NodeCollector, render_metrics
 from .native import NativeConnection, NativeEncoder
 from .pump import SessionPump, quietly, stopped
@@ -313,7 +314,7 @@ class NativeHttp:
         if task is not None:
             self.connections.add(task)
         try:
-            async with asyncio.TaskGroup() as group:
+            async with Lifetime() as group:
                 conn.start(group)
                 try:
                     await self._read(ws, codec, conn)

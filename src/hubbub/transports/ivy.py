@@ -43,6 +43,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
+from .lifetime import Lifetime
 from .pump import SessionPump, keepalive, quietly, stopped
 
 __all__ = ["IvyConnection", "IvyEncoder", "IvySettings", "ivy_installer"]
@@ -112,15 +113,15 @@ class IvyConnection:
         self.max_inflight = settings.send_queue
         self._acked = Flag()  # an asyncio.Event is some 850 bytes per idle connection
         self.last_recv = time.monotonic()
-        #: The connection's tasks (writer, keepalive), in the handler's TaskGroup (see :meth:`start`).
+        #: The connection's tasks (writer, keepalive), in the handler's Lifetime (see :meth:`start`).
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._group: asyncio.TaskGroup | None = None
+        self._group: Lifetime | None = None
         self._writer: asyncio.Task[None] | None = None
         self._pump = SessionPump(node, self.session, send=send, close=close, max_frame=self.max_frame)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
-    def start(self, group: asyncio.TaskGroup) -> None:
+    def start(self, group: Lifetime) -> None:
         """Attach to the node, queue the session-id pseudo-event, start the writer and the keepalive as tasks
         of ``group``, the connection's lifetime (:meth:`finish` ends them before the group closes)."""
         self._group = group
@@ -310,7 +311,7 @@ class IvyHttp:
         # expiry closes it (1008).
         self.node.access.bind(conn.session, ident)
         try:
-            async with asyncio.TaskGroup() as group:
+            async with Lifetime() as group:
                 conn.start(group)
                 try:
                     await self._read(ws, conn)

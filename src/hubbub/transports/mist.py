@@ -11,7 +11,7 @@ The protocol logic is the sans-I/O :mod:`hubbub.dialects.mist`; this module carr
   subscription ``/**`` with the tag set (the router's tag index matches it, §5), the registry commands to
   the registry (admin permission through ``node.access``), ``Authenticate`` to :meth:`MistService.login`.
   A :class:`~hubbub.transports.pump.SessionPump` writes the queue; every task of the connection belongs to
-  the ``asyncio.TaskGroup`` of its handler.
+  the :class:`~hubbub.transports.lifetime.Lifetime` of its handler.
 
 ``who`` and ``listall`` read the node's presence (:mod:`hubbub.core.presence`; ``Node.presence``), so they
 answer for the whole cluster on a cluster node and for this node alone otherwise: every accepted connection
@@ -50,6 +50,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, peer_address, request_token, text_response
+from .lifetime import Lifetime
 from .pump import SessionPump, keepalive, quietly, stopped
 
 __all__ = [
@@ -184,7 +185,7 @@ class MistWire:
         self.inflight = 0
         self.max_inflight = h.send_queue
         self._acked = Flag()
-        self._group: asyncio.TaskGroup | None = None
+        self._group: Lifetime | None = None
         self._writer: asyncio.Task[None] | None = None
 
         async def send_nonempty(data: bytes) -> None:
@@ -197,7 +198,7 @@ class MistWire:
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
-    def start(self, group: asyncio.TaskGroup, identity: Identity | None) -> None:
+    def start(self, group: Lifetime, identity: Identity | None) -> None:
         """Bind ``identity`` (None: a TCP connection that must send its token first), attach to the node and
         the service, start the writer in ``group``."""
         self._group = group
@@ -576,7 +577,7 @@ class MistService:
 
         wire = MistWire(self, proto, send=send, close=close, peer=peer)
         try:
-            async with asyncio.TaskGroup() as group:
+            async with Lifetime() as group:
                 wire.start(group, identity)
                 keepalive = group.create_task(self._keepalive(ws, wire))
                 try:

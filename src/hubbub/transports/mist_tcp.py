@@ -8,7 +8,7 @@ outputs to a :class:`~hubbub.transports.mist.MistWire`. With ``ssl_context`` the
 connection is closed.
 
 Concurrency contract: everything runs on the event loop thread; one task per connection (its handler) owns a
-``TaskGroup`` holding its write loop.
+:class:`~hubbub.transports.lifetime.Lifetime` holding its write loop.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from hubbub.core.limits import Limiter
 from hubbub.dialects import mist as md
 from hubbub.disconnect import Disconnect
 
+from .lifetime import Lifetime
 from .mist import DIALECT, MistService, MistWire
 from .pump import quietly
-from .tcp import peer_ip
+from .tcp import keep_alive, peer_ip
 
 __all__ = ["serve_mist_tcp"]
 
@@ -65,20 +66,21 @@ async def serve_mist_tcp(
         task = asyncio.current_task()
         assert task is not None
         on_connection(task)
+        keep_alive(writer)
         ip = peer_ip(writer)
         if limiter is not None and limiter.admit(ip, DIALECT) is not None:
             writer.close()
             await quietly(writer.wait_closed, service.node, DIALECT, "", "close of a refused connection")
             return
         try:
-            async with asyncio.TaskGroup() as group:
+            async with Lifetime() as group:
                 await serve(reader, writer, group, ip)
         finally:
             if limiter is not None:
                 limiter.release(ip)
 
     async def serve(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: asyncio.TaskGroup, ip: str
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: Lifetime, ip: str
     ) -> None:
         async def send(data: bytes) -> None:
             writer.write(data)

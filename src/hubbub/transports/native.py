@@ -28,6 +28,7 @@ from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
 
+from .lifetime import Lifetime
 from .native_consume import CONSUMER_COMMANDS, NativeConsumers
 from .native_publish import NativePublishing
 from .pump import SessionPump, stopped
@@ -259,7 +260,7 @@ class NativeConnection(NativePublishing):
         self.node.count_bad_input("native")
         self.proto.fatal(Disconnect.TIMEOUT, None)
 
-    def start(self, group: asyncio.TaskGroup | None = None) -> None:
+    def start(self, group: Lifetime | None = None) -> None:
         """Start the writer task and the keepalive. Called once, before the first command. The writer is a
         task of ``group``, the connection's lifetime, when given (the transports' handlers); :meth:`finish`
         ends it either way."""

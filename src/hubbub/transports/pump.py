@@ -15,8 +15,8 @@ ivy) or leave it to the WebSocket layer (guble) do not set it.
 
 Failures of the socket end the loop: an expected one (the peer went away: ``ConnectionError``) quietly, any
 other with a warning naming the connection and a count in the node's ``io_errors`` (:func:`io_failed`). The
-loop never raises (only cancellation propagates), so it runs as a task of the connection's
-``asyncio.TaskGroup`` without taking the connection down with it.
+loop never raises (only cancellation propagates), so it runs as a task of the
+connection's :class:`~hubbub.transports.lifetime.Lifetime` without taking the connection down with it.
 
 Concurrency contract: everything runs on the event loop thread; one task per connection runs :meth:`run`.
 """

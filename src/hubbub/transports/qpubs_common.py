@@ -29,6 +29,7 @@ from hubbub.errors import (
     HubbubError,
     LimitExceeded,
     RateLimited,
+    TooManyConsumers,
     UnknownBatch,
 )
 from hubbub.events import Event, Publisher
@@ -136,6 +137,8 @@ def qpubs_error(exc: HubbubError, sub_id: str = "", batch: int = 0) -> qpd.Qpubs
         return qpd.QpubsError(f"{sub_id}: unknown batch {batch}", "EBATCH", 400)
     if isinstance(exc, RateLimited):
         return qpd.QpubsError("rate limited", "ERATE", 429)
+    if isinstance(exc, TooManyConsumers):
+        return qpd.QpubsError("too many durable subscriptions", "ELIMIT", 400)
     if isinstance(exc, LimitExceeded):
         return qpd.QpubsError("too many listeners", "ELIMIT", 400)
     if isinstance(exc, BadChannel):

@@ -68,6 +68,8 @@ class StreamEncoder:
         self.sse = sse
         self.once = once
         self.fired = False
+        #: A ``once`` counted in some emit's ``delivered`` already (it fires once, so it counts once).
+        self.counted = False
         self.session: Session | None = None
         self.key = f"qpubs.http.{'sse' if sse else 'ndjson'}"
 
@@ -78,7 +80,10 @@ class StreamEncoder:
         return not t.filtered or t.matches(qpd.topic_name(event.channel, t.separator))
 
     def recipients(self, event: Event, subs: Sequence[str]) -> int:
-        return 1 if self.wants(event) else 0
+        if self.counted or not self.wants(event):
+            return 0
+        self.counted = self.once
+        return 1
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
         if not self.wants(event):

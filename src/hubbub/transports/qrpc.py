@@ -39,9 +39,11 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings
+from .lifetime import Lifetime
 from .pump import SessionPump, quietly, stopped
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
 from .qrpc_subs import QrpcSubscriptions
+from .tcp import keep_alive, peer_ip
 
 __all__ = ["QrpcEncoder", "QrpcService", "QrpcWire", "serve_qrpc"]
 
@@ -70,6 +72,9 @@ class _Call:
     item_prefix: bytes
     result_prefix: bytes
     fired: bool = False
+    #: A ``once`` counted in some emit's ``delivered`` already (it fires once, so it counts once, even when
+    #: several events of one commit match it).
+    counted: bool = False
 
     def wants(self, event: Event) -> bool:
         if self.fired:
@@ -95,8 +100,13 @@ class QrpcEncoder:
         self.calls[call_id] = _Call(topic, once, head + b',"s":"ok","m":', head + b',"e":null,"s":"end","m":')
 
     def recipients(self, event: Event, subs: Sequence[str]) -> int:
-        calls = self.calls
-        return sum(1 for cid in subs if (c := calls.get(cid)) is not None and c.wants(event))
+        n = 0
+        for cid in subs:
+            c = self.calls.get(cid)
+            if c is not None and not c.counted and c.wants(event):
+                n += 1
+                c.counted = c.once
+        return n
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
         out: list[bytes] = []
@@ -188,7 +198,7 @@ class QrpcWire:
         s = self.session
         return bool(s.ending or s.kicked or s.closed)
 
-    def start(self, group: asyncio.TaskGroup) -> None:
+    def start(self, group: Lifetime) -> None:
         self.node.attach(self.session)
         self._writer = group.create_task(self._pump.run())
 
@@ -380,14 +390,14 @@ async def serve_qrpc(
         assert task is not None
         service.connections.add(task)
         task.add_done_callback(service.connections.discard)
-        peer = writer.get_extra_info("peername")
-        ip = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        keep_alive(writer)
+        ip = peer_ip(writer)
         if node.limiter.admit(ip, DIALECT) is not None:
             writer.close()
             await quietly(writer.wait_closed, node, DIALECT, "", "close of a refused connection")
             return
         try:
-            async with asyncio.TaskGroup() as group:
+            async with Lifetime() as group:
                 await _serve(reader, writer, group, ip)
         finally:
             node.limiter.release(ip)
@@ -403,7 +413,7 @@ async def serve_qrpc(
                 raise ConnectionResetError("the peer read nothing within the write timeout") from None
 
     async def _serve(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: asyncio.TaskGroup, ip: str
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: Lifetime, ip: str
     ) -> None:
         async def close(code: Disconnect) -> None:
             writer.close()

@@ -20,6 +20,8 @@ from hubbub.core import Batch, ConsumerService, Opener
 from hubbub.dialects import qpubs as qpd
 from hubbub.log.consumers import ConsumerSpec
 
+from .qpubs_common import DIALECT
+
 if TYPE_CHECKING:
     from .qrpc import QrpcWire
 
@@ -68,7 +70,7 @@ class QrpcSubscriptions:
         )
 
     async def create(self, out: qpd.CreateSubscription) -> None:
-        _, created = await self._consumers.create(self._spec(out.sub_id, out.topic))
+        _, created = await self._consumers.create(self._spec(out.sub_id, out.topic), dialect=DIALECT)
         self.wire.reply(out.call_id, {"ok": True, "subId": out.sub_id, "created": created})
 
     async def open(self, out: qpd.OpenSubscription) -> None:
@@ -109,6 +111,7 @@ class QrpcSubscriptions:
             create=out.create,
             reuse=out.reuse,
             shared=out.shared,
+            dialect=DIALECT,
         )
         if wire.done:  # the connection went while the open was under way
             opener.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 from collections.abc import Callable, Sequence
 
@@ -13,10 +14,11 @@ from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 
+from .lifetime import Lifetime
 from .native import NativeConnection
 from .pump import quietly
 
-__all__ = ["dispatch", "peer_ip", "serve_native_tcp"]
+__all__ = ["KEEPALIVE", "dispatch", "keep_alive", "peer_ip", "serve_native_tcp"]
 
 log = logging.getLogger("hubbub.tcp")
 
@@ -28,6 +30,28 @@ REFUSAL_WAIT_S = 5.0
 #: error) before its socket is aborted: a peer that stopped reading must not hold the socket, nor keep the
 #: server from shutting down.
 CLOSE_WAIT_S = 5.0
+#: TCP keepalive of the server's side of every TCP connection (native, mist, qrpc): seconds idle before the
+#: first probe, seconds between probes, probes unanswered before the kernel drops the connection. A peer that
+#: vanished without closing (powered off, unplugged, forgotten by a NAT) thus frees its connection, its
+#: subscriptions and its place in the limits within about a minute, also in dialects with no ping of their
+#: own (mist, qrpc); native's pings notice it sooner.
+KEEPALIVE: tuple[int, int, int] = (30, 10, 3)
+
+
+def keep_alive(writer: asyncio.StreamWriter) -> None:
+    """Turn on :data:`KEEPALIVE` for the connection's socket (where the platform has the options)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    idle, interval, probes = KEEPALIVE
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", probes)):
+            opt = getattr(socket, name, None)
+            if opt is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+    except OSError as exc:  # the peer may be gone already; the read that follows sees it
+        log.debug("TCP keepalive not set: %s", exc)
 
 
 def peer_ip(writer: asyncio.StreamWriter) -> str:
@@ -74,20 +98,19 @@ async def serve_native_tcp(
         task = asyncio.current_task()
         assert task is not None
         on_connection(task)
+        keep_alive(writer)
         ip = peer_ip(writer)
         if limiter is not None and limiter.admit(ip, "native") is not None:
             await _refuse(reader, writer, codecs)
             return
         try:
-            async with asyncio.TaskGroup() as group:
+            async with Lifetime() as group:
                 await serve(reader, writer, group)
         finally:
             if limiter is not None:
                 limiter.release(ip)
 
-    async def serve(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: asyncio.TaskGroup
-    ) -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: Lifetime) -> None:
         """One connection, its writer a task of ``group`` (the connection's lifetime)."""
         decoder = nc.NativeStreamDecoder(max_frame=max_frame, codecs=codecs, **limits)
         conn: NativeConnection | None = None

@@ -43,6 +43,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, peer_address, request_token, text_response
+from .lifetime import Lifetime
 from .pump import SessionPump, keepalive, quietly, stopped
 
 __all__ = [
@@ -143,7 +144,7 @@ class WearscriptWire:
         self._acked = Flag()
         self.last_recv = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._group: asyncio.TaskGroup | None = None
+        self._group: Lifetime | None = None
         self._writer: asyncio.Task[None] | None = None
 
         async def send_nonempty(data: bytes) -> None:
@@ -154,7 +155,7 @@ class WearscriptWire:
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
-    async def start(self, group: asyncio.TaskGroup) -> None:
+    async def start(self, group: Lifetime) -> None:
         """Attach to the node and the hub, queue the greeting, start the writer and keepalive in ``group``."""
         self._group = group
         self.node.attach(self.session)
@@ -504,7 +505,7 @@ async def serve(
         # expiry closes it (1008).
         node.access.bind(wire.session, ident)
     try:
-        async with asyncio.TaskGroup() as group:
+        async with Lifetime() as group:
             await wire.start(group)
             try:
                 await wire.read(ws)

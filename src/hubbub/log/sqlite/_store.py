@@ -54,7 +54,9 @@ from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
 from hubbub.log.sqlite._idem import Original, find_originals, insert_keys, insert_new_keys, original_rows
 from hubbub.log.sqlite._inserts import (
+    _EMPTY_BLOB,
     _MIN_RUN,
+    _blob,
     _insert_events,
     _run_rows,
     _runh_rows,
@@ -300,7 +302,8 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                 run: list[Any] | None = None
                 r_pub: Publisher | None = None
                 r_ctype: str | None = None
-                r_hb = r_tb = b""
+                r_hb: bytes | bytearray = b""
+                r_tb: bytes | bytearray = b""
                 r_varied = False
                 r_n = r_start = 0
                 idem_rows: list[Any] = []  # flat: channel id, user, key, seq, time_ns per key (see _idem.py)
@@ -344,6 +347,8 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     payload = req.payload
                     headers = req.headers
                     tags = req.tags
+                    hb: bytes | bytearray
+                    tb: bytes | bytearray
                     if headers or tags:
                         size = event_size(payload, headers, tags)
                         hb = encode_headers(headers)
@@ -352,9 +357,10 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                         tags = tuple(tags)
                     else:
                         size = len(payload)
-                        hb = tb = b""
+                        hb = tb = _EMPTY_BLOB
                         headers = {}
                     h.bytes += size
+                    bp = _blob(payload)
                     ctype = req.content_type
                     fresh = (
                         (pub is not r_pub and (r_pub is None or not _same_publisher(pub, r_pub)))
@@ -374,9 +380,9 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     r_n += 1
                     if run is not None:
                         if r_varied:
-                            run += (h.id, seq, t, pub.msg_id, hb, size, payload)
+                            run += (h.id, seq, t, pub.msg_id, hb, size, bp)
                         else:
-                            run += (h.id, seq, t, pub.msg_id, payload)
+                            run += (h.id, seq, t, pub.msg_id, bp)
                     elif r_n < _MIN_RUN:
                         full += (
                             h.id,
@@ -390,20 +396,20 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                             ctype,
                             hb,
                             tb,
-                            payload,
+                            bp,
                         )
                     elif r_varied:
                         run = [pub.dialect, pub.user, pub.app, ctype, tb]
                         run += _runh_rows(full, r_start)
                         del full[r_start:]
-                        run += (h.id, seq, t, pub.msg_id, hb, size, payload)
+                        run += (h.id, seq, t, pub.msg_id, hb, size, bp)
                         segments.append((full, run, True))
                         full = []
                     else:
                         run = [pub.dialect, pub.user, pub.app, ctype, hb, tb, size - len(payload)]
                         run += _run_rows(full, r_start)
                         del full[r_start:]
-                        run += (h.id, seq, t, pub.msg_id, payload)
+                        run += (h.id, seq, t, pub.msg_id, bp)
                         segments.append((full, run, False))
                         full = []
                     ev = Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)
