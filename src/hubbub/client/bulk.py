@@ -369,7 +369,7 @@ class BulkPublisher:
             self._send_batch(tuple(c[half:] for c in cols))  # type: ignore[arg-type]
             return
         idems = cols[2]
-        keyed = idems[0] if all(k is not None for k in idems) else None
+        keyed = idems[0] if all(idems) else None  # an empty key is no key: not safe to resend
         self._send(_Item(cols[0][0], body, keyed, rows=n, cols=cols))
         self._queued += 1
 
