@@ -153,6 +153,13 @@ def main() -> None:
         help="the sink scenario writes only the columns the sink reads (as backfill does), not every column",
     )
     ap.add_argument("--conf", action="append", default=[], metavar="K=V", help="a Spark setting (repeatable)")
+    ap.add_argument(
+        "--sink-option",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="an option of the sink's write, e.g. publishWindow=4096 (repeatable)",
+    )
     args = ap.parse_args()
     if args.figure:
         figure(args.results, args.figure)
@@ -168,7 +175,8 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     out: dict[str, object] = {"events": args.events, "conf": conf}
     if args.only_sink:
-        sink(spark, url, d, out, args.sink_events, args.sink_transport, args.sink_select)
+        opts = dict(kv.split("=", 1) for kv in args.sink_option)
+        sink(spark, url, d, out, args.sink_events, args.sink_transport, args.sink_select, opts)
         spark.stop()
         print(json.dumps(out))
         return
@@ -208,8 +216,10 @@ def sink(
     n: int,
     transport: str,
     select: bool = False,
+    options: dict[str, str] | None = None,
 ) -> None:
-    """Sink and backfill into fresh real servers (see the module docstring)."""
+    """Sink and backfill into fresh real servers (see the module docstring); ``options`` go to the sink's
+    write as they are."""
     from tests.integration.serverproc import ServerProcess
 
     per = max(1, n // 10)
@@ -229,6 +239,9 @@ def sink(
         target = f"http://127.0.0.1:{srv.ports['http']}"
         w = df.write.format("hubbub").option("url", target).option("channelPrefix", "/sink")
         w = w.option("transport", transport)
+        for k, v in (options or {}).items():
+            w = w.option(k, v)
+        out["sink_options"] = options or {}
         if transport == "native":
             w = w.option("nativeAddress", f"tcp://127.0.0.1:{srv.ports['native']}")
         # Warm up: Spark's Python workers start, and import the sink, outside the timed write.
