@@ -112,6 +112,8 @@ class ConsumerState:
     #: Pending positions that may go out now (a heap) and their bytes.
     ready: list[int] = field(default_factory=list)
     ready_bytes: int = 0
+    #: What the held items count against the service's ``held_bytes_max`` (``Delivery.held_bytes``).
+    held_bytes: int = 0
     #: Pending positions waiting out a backoff: a heap of (not_before_ns, pos).
     delayed: list[tuple[int, int]] = field(default_factory=list)
     outstanding: dict[int, Outstanding] = field(default_factory=dict)
