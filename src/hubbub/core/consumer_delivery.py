@@ -15,6 +15,7 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from itertools import repeat
 from typing import Any, Final
 
 from hubbub.errors import HubbubError, StorageError
@@ -118,10 +119,14 @@ class Held:
         self.limit = limit
         self.total = 0
 
-    def take(self, c: ConsumerState, positions: Sequence[int]) -> list[JournalItem]:
-        """Remove the items at ``positions`` from ``c``'s memory (acknowledged) and return them."""
-        items = [c.items.pop(p) for p in positions if p in c.items]
-        held = sum(it.event.size for it in items) + ITEM_OVERHEAD * len(items)
+    def take(self, c: ConsumerState, positions: Sequence[int], size: int) -> list[JournalItem]:
+        """Remove the items at ``positions`` from ``c``'s memory (acknowledged) and return them; ``size``:
+        their events' sizes together (known when the batch was cut)."""
+        pop = c.items.pop
+        items = [it for it in map(pop, positions, repeat(None)) if it is not None]
+        if len(items) != len(positions):  # (not while outstanding; kept for safety)
+            size = sum(it.event.size for it in items)
+        held = size + ITEM_OVERHEAD * len(items)
         c.held_bytes -= held
         self.total -= held
         return items
@@ -400,7 +405,7 @@ class Delivery:
         c.ready_bytes -= size
         number = c.next_batch
         c.next_batch += 1
-        c.outstanding[number] = Outstanding(o, tuple([it.pos for it in out]))
+        c.outstanding[number] = Outstanding(o, tuple([it.pos for it in out]), size)
         o.batch = number
         again = len([it for it in out if it.attempts])
         self.batches += 1

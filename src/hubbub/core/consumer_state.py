@@ -100,6 +100,8 @@ class Opener:
 class Outstanding:
     opener: Opener
     positions: tuple[int, ...]
+    #: The items' event sizes together.
+    size: int = 0
 
 
 @dataclass(eq=False, slots=True)

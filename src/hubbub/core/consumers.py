@@ -300,7 +300,7 @@ class ConsumerService:
 
     async def _ack(self, o: Opener, batch: int) -> None:
         c, out = self._take(o, batch)
-        items = self._delivery.held.take(c, out.positions)
+        items = self._delivery.held.take(c, out.positions, out.size)
         o.settling = True
         try:
             self._settles.acks.append((c.id, out.positions))
