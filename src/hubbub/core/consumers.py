@@ -394,6 +394,7 @@ def _statistics(by_name: dict[str, ConsumerState], d: Delivery, groups: LiveGrou
         "openers": sum(len(c.openers) for c in by_name.values()),
         "held_items": sum(len(c.items) for c in by_name.values()),
         "held_bytes": d.held.total,
+        "held_bytes_max": d.held.limit,
         "batches": d.batches,
         "acked": d.acked,
         "redelivered": d.redelivered,
