@@ -214,13 +214,15 @@ class Delivery:
         max_items = self.max_items
         held, held_max = self.held.total, self.held.limit
         touched: set[ConsumerState] = set()
+        push = heapq.heappush
+        item = JournalItem
+        overhead = ITEM_OVERHEAD
         for r in results:
-            if r.duplicate:
-                continue
-            if r.journal:
+            journal = r.journal  # empty for a duplicate
+            if journal:
                 ev = r.event
                 size = -1
-                for cid, pos in r.journal:
+                for cid, pos in journal:
                     c = by_id.get(cid)
                     if c is None:
                         # Not known yet (created, and its create() not resumed): it reads its journal.
@@ -232,24 +234,25 @@ class Delivery:
                     if pos <= c.loaded_to:
                         continue  # a backlog read saw this commit before its notification came: loaded
                     touched.add(c)
+                    items = c.items
                     if (
                         c.backlog
                         or c.reading
-                        or (len(c.items) >= max_items and held >= held_max)
+                        or (len(items) >= max_items and held >= held_max)
                         or (shared and pos != c.loaded_to + 1)
                     ):
                         # No room: the item stays in the store, read when room frees up (fill).
                         c.backlog = c.dropped = True
                         continue
-                    c.items[pos] = JournalItem(pos, ev)
+                    items[pos] = item(pos, ev)
                     c.loaded_to = pos
-                    heapq.heappush(c.ready, pos)
+                    push(c.ready, pos)
                     if size < 0:
                         size = ev.size
                     c.ready_bytes += size
-                    c.held_bytes += size + ITEM_OVERHEAD
-                    held += size + ITEM_OVERHEAD
-            if groups:
+                    c.held_bytes += size + overhead
+                    held += size + overhead
+            if groups and not r.duplicate:
                 self._groups.deliver(r.event)
         self.held.total = held
         for c in touched:
