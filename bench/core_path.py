@@ -8,7 +8,7 @@ per event is much steadier than a socket benchmark's rate on a shared machine, s
 figures of hot-path changes; ``hubbub bench`` remains the end-to-end measure.
 
     PYTHONPATH=src python bench/core_path.py --events 200000 [--store memory|sqlite] [--ack] [--subs N]
-        [--default-gc] [--auth off|jwt|jwt-narrow] [--sink]
+        [--default-gc] [--auth off|jwt|jwt-narrow] [--sink [--batch ROWS]]
 
 ``--auth jwt`` runs with ``auth.mode = token``: every connection presents an HS256 JWT in ``hello`` whose
 ``publish`` and ``subscribe`` claims are ``["/b/**"]``, so each publish is checked against the grant (the
@@ -98,6 +98,20 @@ def sink_publish(rid: int, position: str, payload: bytes, ack: bool) -> dict[str
     }
 
 
+def sink_batch(rid: int, positions: list[str], payload: bytes, ack: bool) -> dict[str, Any]:
+    """Rows as the Spark sink sends them, as one ``publish_batch`` frame."""
+    return {
+        "op": "publish_batch",
+        "id": rid,
+        "channel": "/b/c",
+        "payloads": [payload] * len(positions),
+        "ack": ack,
+        "content_type": "text/plain",
+        "headers": [{"hubbub-source": p} for p in positions],
+        "idems": positions,
+    }
+
+
 def auth_setup(mode: str) -> tuple[dict[str, Any], dict[str, Any], str]:
     """(Node keyword arguments, hello fields, subscription pattern) for ``--auth``."""
     if mode == "off":
@@ -148,7 +162,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # --sink: every publish unique, as the Spark sink sends them (its source position as idempotency key
         # and header, a content type), so the chunks are all encoded before the clock starts.
         chunks = [data]
-        if args.sink:
+        if args.sink and args.batch:
+            # The sink's rows as publish_batch frames of --batch rows (docs/native.md "Batched publishes").
+            chunks = [
+                b"".join(
+                    frame(
+                        sink_batch(
+                            3 + i,
+                            [f"/b/c#aaaaaaaa:{base + i + r + 1}" for r in range(args.batch)],
+                            payload,
+                            args.ack,
+                        )
+                    )
+                    for i in range(0, chunk, args.batch)
+                )
+                for base in range(0, args.events, chunk)
+            ]
+        elif args.sink:
             chunks = [
                 b"".join(
                     frame(sink_publish(3 + i, f"/b/c#aaaaaaaa:{base + i + 1}", payload, args.ack))
@@ -179,6 +209,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "subs": args.subs,
         "auth": args.auth,
         "sink": args.sink,
+        "batch": args.batch,
         "events": sent,
         "deliveries": delivered,
         "gc": "default" if args.default_gc else "server",
@@ -200,6 +231,12 @@ def main() -> None:
         "--sink",
         action="store_true",
         help="publishes as the Spark sink sends them: an idempotency key and header each, a content type",
+    )
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="with --sink: send the rows as publish_batch frames of this many rows (a divisor of 2000)",
     )
     ap.add_argument("--uvloop", action="store_true", help="run on uvloop, as the server does")
     ap.add_argument("--repeat", type=int, default=5, help="runs; the figures are the best run's")

@@ -73,6 +73,7 @@ def _ok(item: object) -> None:
             | nc.Subscribe
             | nc.Unsubscribe
             | nc.Publish
+            | nc.PublishBatch
             | nc.Ping
             | nc.Pong
             | nc.Auth
@@ -170,13 +171,14 @@ def check_stream_runs(chunks: list[bytes], max_frame: int) -> None:
 # -- strategies -------------------------------------------------------------------------------------------
 
 OPS = [
-    "hello", "subscribe", "unsubscribe", "publish", "ping", "pong", "auth", "frobnicate", "",
+    "hello", "subscribe", "unsubscribe", "publish", "publish_batch", "ping", "pong", "auth", "frobnicate", "",
     "consumer_create", "consumer_delete", "consume", "unconsume", "ack", "nack",
 ]  # fmt: skip
 FIELDS = [
     "op", "id", "v", "token", "client", "echo", "batch", "sub", "pattern", "tags", "since", "last",
     "from_time", "channel", "json", "text", "b64", "payload", "content_type", "headers", "idem", "ack",
     "consumer", "create", "reuse", "shared", "max", "batch_wait_ms", "batch_bytes",
+    "channels", "payloads", "texts", "b64s", "content_types", "idems",
 ]  # fmt: skip
 
 raw_bytes = st.binary(max_size=600)
@@ -244,6 +246,13 @@ _FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "max": _ints | _scalars,
     "batch_wait_ms": _ints | _scalars,
     "batch_bytes": _ints | _scalars,
+    # publish_batch's columns: mostly lists of plausible values, with the odd wrong one.
+    "channels": st.lists(paths | _scalars, max_size=4) | _scalars,
+    "payloads": st.lists(st.binary(max_size=8) | st.text(max_size=4) | _scalars, max_size=4) | _scalars,
+    "texts": st.lists(st.text(max_size=6) | _scalars, max_size=4) | _scalars,
+    "b64s": st.lists(st.sampled_from(["", "/w==", "YQ", "@@", "aGk="]) | _scalars, max_size=4) | _scalars,
+    "content_types": st.lists(st.sampled_from(["text/plain", "", "a\nb"]) | _scalars, max_size=4) | _scalars,
+    "idems": st.lists(st.text(max_size=130) | _scalars, max_size=4) | _scalars,
 }
 
 

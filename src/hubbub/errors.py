@@ -124,6 +124,9 @@ class HubbubError(Exception):
     """Base class. ``code`` is a native error code from :data:`CODES`."""
 
     code: int = 4300
+    #: The row of a native ``publish_batch`` frame this error is about, when it is about one (the error frame
+    #: then carries it as ``row``: docs/native.md "Batched publishes").
+    row: int | None = None
 
     def __init__(self, detail: str = "", *, code: int | None = None, request_id: int | None = None) -> None:
         if code is not None:

@@ -8,6 +8,7 @@ depends on the wall clock or on sleeping.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
@@ -207,8 +208,10 @@ def test_result_events_carry_what_was_appended(store: LogStore) -> None:
 def mixed_batch() -> list[AppendRequest]:
     """Requests whose publisher, content type, headers or tags change after runs of many lengths: single
     events, runs shorter than, as long as and longer than the sqlite engine's shortest shared-column run (8),
-    and runs longer than its largest insert statement (256 rows)."""
+    and runs longer than its largest insert statement (256 rows); runs whose headers differ per event (the
+    sqlite engine's per-row-headers runs) and a run of equal headers that goes on with differing ones."""
     one_pub = Publisher("native", "bob", "app2", "")
+    keys = itertools.count()
     kinds = [
         lambda i: req("/m/a", b"p%d" % i),  # a new but equal publisher per event
         lambda i: AppendRequest("/m/b", one_pub, b"", "text/plain"),  # one publisher object, empty payloads
@@ -216,9 +219,13 @@ def mixed_batch() -> list[AppendRequest]:
         lambda i: req("/m/b", b"u%d" % i, headers={"x-trace": f"t{i}"}),  # every event differs
         lambda i: req("/m/a", b"c" * i, content_type="application/x"),
         lambda i: req("/m/c" if i % 2 else "/m/a", "é".encode(), user="carol"),  # one run, two channels
-        lambda i: req("/m/a", b"k", idem=f"k{i}"),  # the publisher's msg_id differs per event
+        lambda i: req("/m/a", b"k", idem=f"k{next(keys)}"),  # the publisher's msg_id differs per event
+        # As the data pipeline's sink publishes: a header and a key per event, alternating channels.
+        lambda i: req(f"/m/{'abc'[i % 3]}", b"s", headers={"src": f"/x#e:{i}"}, idem=f"s{next(keys)}"),
+        # Equal headers for a run, then a different one per event (the run that binds them once ends).
+        lambda i: req("/m/b", b"v", headers={"x": "same" if i < 10 else f"v{i}"}, tags=("t",)),
     ]
-    lengths = [1, 3, 7, 8, 9, 1, 300, 2, 600, 40, 8, 7, 520]
+    lengths = [1, 3, 7, 8, 9, 1, 300, 2, 600, 40, 8, 7, 520, 5, 9, 11, 300, 30]
     out: list[AppendRequest] = []
     for n, length in enumerate(lengths):
         kind = kinds[n % len(kinds)]
@@ -640,6 +647,46 @@ def test_idempotency_window_in_fractions_of_a_second(factory: Factory) -> None:
     assert store.append([req("/a", idem="k")])[0].event == orig.event
     factory.clock.advance(0.2)
     assert not store.append([req("/a", idem="k")])[0].duplicate
+
+
+def test_keyed_batches_after_fresh_ones_answer_repeats_with_the_original(factory: Factory) -> None:
+    """A bulk load's batches: all keys new, then a batch mixing new keys, keys of earlier batches, a key
+    repeated inside it and a new channel; then an expired key. (The sqlite engine writes the keys of a batch
+    that follows a batch of new keys without looking them up first, and starts the batch over when one was
+    known: the results, heads and log must be as if it had looked them up.)"""
+    store = factory.open(idem_window_s=60)
+    first = store.append([req(f"/k/{'ab'[i % 2]}", b"%d" % i, idem=f"k{i}") for i in range(20)])
+    fresh = store.append([req(f"/k/{'ab'[i % 2]}", b"%d" % i, idem=f"k{i}") for i in range(20, 40)])
+    assert not any(r.duplicate for r in first + fresh)
+    mixed = [
+        req("/k/a", b"new", idem="n1"),
+        req("/k/b", b"again", idem="k3"),  # from the first batch
+        req("/k/new", b"n", idem="n2"),  # a channel this batch creates
+        req("/k/a", b"again", idem="k24"),  # from the second batch
+        req("/k/a", b"new", idem="n1"),  # repeated inside the batch
+        req("/k/b", b"plain"),
+        req("/k/new", b"n", idem="n3"),
+    ]
+    res = store.append(mixed)
+    assert [r.duplicate for r in res] == [False, True, False, True, True, False, False]
+    assert res[1].event == first[3].event and res[3].event == fresh[4].event and res[4].event == res[0].event
+    assert [(r.event.channel, r.event.seq) for r in res if not r.duplicate] == [
+        ("/k/a", 21),
+        ("/k/new", 1),
+        ("/k/b", 21),
+        ("/k/new", 2),
+    ]
+    assert store.head("/k/a").top == 21 and store.head("/k/b").top == 21 and store.head("/k/new").top == 2
+    assert [e.seq for e in store.read("/k/new")] == [1, 2]
+    assert seqs(store.read("/k/a", limit=100)) == list(range(1, 22))
+    assert store.stats().events == 44
+    # Fresh keys again, then (past the window) a key that was known: appended anew.
+    assert not any(r.duplicate for r in store.append([req("/k/a", idem=f"f{i}") for i in range(5)]))
+    factory.clock.advance(61)
+    late = store.append([req("/k/a", idem="k0"), req("/k/a", idem="g1")])
+    assert not any(r.duplicate for r in late) and [r.event.seq for r in late] == [27, 28]
+    assert store.append([req("/k/a", idem="k0")])[0].event == late[0].event
+    assert seqs(store.read("/k/a", limit=100)) == list(range(1, 29))
 
 
 def test_idempotency_survives_restart(factory: Factory) -> None:

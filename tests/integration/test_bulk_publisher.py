@@ -159,8 +159,8 @@ def test_cut_connection_resends_unacknowledged_and_nothing_twice(server: ServerP
 def test_publish_many_over_a_cut_connection_tallies_each_publish_once(
     server: ServerProcess, transport: str
 ) -> None:
-    """publish_many sends the frames publish would (resent with new ids after a cut: the id is appended to
-    a frame packed once); without kept acks the tallies count each publish once, new or duplicate."""
+    """publish_many sends publish_batch frames (resent with new ids after a cut: the id is appended to a
+    frame packed once); without kept acks the tallies count each publish once, new or duplicate."""
     relay = Relay(server.ports["native"], cut_after=50_000)
     url = relay.address if transport == "tcp" else http(server)
     chs = [f"/bulk/many/{transport}/{i % 3}" for i in range(3000)]

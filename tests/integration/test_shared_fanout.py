@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import msgpack
+import pytest
 
 from hubbub.config import load_config
 from hubbub.server import Server
@@ -147,7 +148,11 @@ async def sse(http: aiohttp.ClientSession, addr: str) -> Collect:
     return collect
 
 
-def test_every_dialect_shares_a_burst_between_two_connections(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["publish", "publish_batch"])
+def test_every_dialect_shares_a_burst_between_two_connections(tmp_path: Path, how: str) -> None:
+    """``publish_batch``: the same events as batches of rows (docs/native.md "Batched publishes"), mixed with
+    single publishes; every dialect gets them as if each had been published alone, in order."""
+
     async def main() -> None:
         async with serve(tmp_path / "d") as server, aiohttp.ClientSession() as http:
             addr = f"127.0.0.1:{server.ports['http']}"
@@ -165,10 +170,18 @@ def test_every_dialect_shares_a_burst_between_two_connections(tmp_path: Path) ->
             await pub.send_str(json.dumps({"op": "hello", "id": 1, "v": 1}))
             assert json.loads((await pub.receive(timeout=WAIT)).data)["op"] == "reply"
             # One message per publish, sent without waiting: the server reads them as a burst.
-            for i in range(N):
+            i = 0
+            while i < N:
+                if how == "publish_batch" and i % 70 == 0:
+                    rows = [f"e{j}" for j in range(i, min(N, i + 60))]
+                    frame = {"op": "publish_batch", "id": 10 + i, "channel": "/shared/x", "texts": rows}
+                    await pub.send_str(json.dumps(frame))
+                    i += len(rows)
+                    continue
                 await pub.send_str(
                     json.dumps({"op": "publish", "id": 10 + i, "channel": "/shared/x", "text": f"e{i}"})
                 )
+                i += 1
             want = [f"e{i}" for i in range(N)]
             for dialect, conns in subscribers.items():
                 results = await asyncio.gather(*(c() for c in conns))

@@ -13,6 +13,12 @@ a bulk load cannot afford a round trip per event. :class:`BulkPublisher` writes 
 ``ack:true``) back to back, many per socket write, and reads the acknowledgements as they come, with at most
 ``window`` publishes unacknowledged (the bound: when it is reached, :meth:`publish` blocks reading replies).
 
+:meth:`BulkPublisher.publish_many` (columns of rows, a bulk load's batch) sends ``publish_batch`` frames
+(docs/native.md "Batched publishes"): up to a quarter of the window's rows per frame, each appended in one
+commit and acknowledged with one reply, so the server decodes, commits and answers each frame once, not each
+row; to a server without that op (4002) it sends ``publish`` frames per row instead, from the first refused
+batch on. The window counts rows either way.
+
 Transports (native.md §1): ``tcp://host:port`` (the native TCP listener, length-prefixed msgpack frames) or
 ``ws://host:port[/path]`` / ``http://…`` (the WebSocket route ``/ws/hubbub``, subprotocol
 ``hubbub.v1.msgpack``). TLS is not supported here (use the HTTP publisher for ``https://``).
@@ -37,7 +43,7 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -46,7 +52,7 @@ from urllib.parse import urlsplit
 import msgpack
 
 from hubbub.client._wire import CannotConnect, ConnectionLost, PublishAck, error_from_frame
-from hubbub.errors import FrameTooLarge, HubbubError, PublishRefused, is_temporary
+from hubbub.errors import FrameTooLarge, HubbubError, PublishRefused, UnknownOp, is_temporary
 
 __all__ = ["BulkPublisher"]
 
@@ -66,13 +72,33 @@ _ID_KEY = b"\xa2id\xce"
 _ID = struct.Struct(">I")
 
 
+#: The columns of a batch's rows, as :meth:`BulkPublisher.publish_many` takes them.
+_Cols = tuple[
+    Sequence[str],
+    Sequence[bytes],
+    Sequence["str | None"],
+    Sequence[str],
+    Sequence["Mapping[str, str] | None"],
+    Sequence[Sequence[str]],
+]
+
+
 @dataclass(eq=False, slots=True)
 class _Item:
     channel: str
     body: bytes  # the frame packed without ``id`` (see _ID_KEY)
-    idem: str | None
+    idem: str | None  # a batch: its first row's key when every row has one (it may be resent), else None
     tries: int = 0
     not_before: float = 0.0
+    rows: int = 1
+    cols: _Cols | None = None  # a ``publish_batch``: its rows
+    counted: bool = False  # in BulkPublisher._rows
+
+
+# Rows per ``publish_batch`` frame at most (the server takes up to 10000, fewer on a small max_frame): a
+# quarter of the window, so several batches are in flight, and the server commits one while the next
+# arrives.
+_BATCH_ROWS = 2500
 
 
 class _Framing:
@@ -203,6 +229,11 @@ class BulkPublisher:
         self._window = max(1, window)
         self._flush_frames = max(1, self._window // 4)
         self._queued = 0  # publishes queued since the last write
+        self._batch_rows = max(1, min(_BATCH_ROWS, self._window // 4))
+        #: Whether :meth:`publish_many` sends ``publish_batch`` frames (False once the server said it has no
+        #: such op: then it sends a ``publish`` frame per row).
+        self.batches = True
+        self._rows = 0  # rows unacknowledged: sent, queued, or waiting to be resent
         self._on_ack = on_ack
         self._acks_wanted = on_ack is not None or keep_acks
         self.acks: list[PublishAck] = []
@@ -254,7 +285,7 @@ class BulkPublisher:
         self._queued += 1
         if self._queued >= self._flush_frames or len(self._out) >= _FLUSH_BYTES:
             self._write_out()
-        while len(self._unacked) + len(self._later) >= self._window:
+        while self._rows >= self._window:
             self._write_out()
             self._pump(block=True)
 
@@ -267,15 +298,107 @@ class BulkPublisher:
         headers: Sequence[Mapping[str, str] | None],
         tags: Sequence[Sequence[str]],
     ) -> None:
-        """:meth:`publish` of each row of these columns (the same length each), in order: the same frames,
-        with one call for the lot (a bulk load's batch of rows)."""
-        pack = self._pack
+        """:meth:`publish` of each row of these columns (the same length each), in order, with one call for
+        the lot (a bulk load's batch of rows): as ``publish_batch`` frames (docs/native.md "Batched
+        publishes"), each appended in one commit and acknowledged with one reply; as ``publish`` frames per
+        row to a server without that op."""
+        n = len(payloads)
+        if not (len(channels) == len(idems) == len(content_types) == len(headers) == len(tags) == n):
+            raise ValueError("publish_many: the columns differ in length")
+        step = self._batch_rows
+        start = 0
+        while start < n and self.batches:
+            end = min(n, start + step)
+            cols: _Cols = (
+                channels[start:end],
+                payloads[start:end],
+                idems[start:end],
+                content_types[start:end],
+                headers[start:end],
+                tags[start:end],
+            )
+            self._send_batch(cols)
+            start = end
+            if self._queued >= self._flush_frames or len(self._out) >= _FLUSH_BYTES:
+                self._write_out()
+            while self._rows >= self._window:
+                self._write_out()
+                self._pump(block=True)
+        if start < n:
+            self._publish_rows(
+                channels[start:],
+                payloads[start:],
+                idems[start:],
+                content_types[start:],
+                headers[start:],
+                tags[start:],
+            )
+
+    def _batch_body(self, cols: _Cols) -> bytes:
+        """A ``publish_batch`` frame of these rows, packed without ``id``; only the columns some row uses."""
+        channels, payloads, idems, ctypes, hdrs, tgs = cols
+        frame: dict[str, Any] = {"op": "publish_batch", "ack": True}
+        first = channels[0]
+        if all(c == first for c in channels):
+            frame["channel"] = first
+        else:
+            frame["channels"] = channels if type(channels) is list else list(channels)
+        frame["payloads"] = payloads if type(payloads) is list else list(payloads)
+        if any(ctypes):
+            frame["content_types"] = [c or None for c in ctypes]
+        if any(hdrs):
+            frame["headers"] = [(h if type(h) is dict else dict(h)) if h else None for h in hdrs]
+        if any(tgs):
+            frame["tags"] = [list(t) if t else None for t in tgs]
+        if any(k is not None for k in idems):
+            frame["idems"] = idems if type(idems) is list else list(idems)
+        out: bytes = self._pack(frame)
+        return out
+
+    def _send_batch(self, cols: _Cols) -> None:
+        """Queue these rows as one ``publish_batch`` (halved until its frame fits the server's max_frame;
+        a single row that does not fit goes as a ``publish``, refused as such)."""
+        n = len(cols[1])
+        body = self._batch_body(cols)
+        if len(body) + len(_ID_KEY) + 4 > self._max_frame:
+            if n == 1:
+                self._publish_rows(*cols)
+                return
+            half = n // 2
+            self._send_batch(tuple(c[:half] for c in cols))  # type: ignore[arg-type]
+            self._send_batch(tuple(c[half:] for c in cols))  # type: ignore[arg-type]
+            return
+        idems = cols[2]
+        keyed = idems[0] if all(idems) else None  # an empty key is no key: not safe to resend
+        self._send(_Item(cols[0][0], body, keyed, rows=n, cols=cols))
+        self._queued += 1
+
+    def _publish_rows(
+        self,
+        channels: Sequence[str],
+        payloads: Sequence[bytes],
+        idems: Sequence[str | None],
+        content_types: Sequence[str],
+        headers: Sequence[Mapping[str, str] | None],
+        tags: Sequence[Sequence[str]],
+    ) -> None:
+        """The rows as ``publish`` frames, one each, within the window."""
         flush_frames = self._flush_frames
         window = self._window
         send = self._send
-        for channel, payload, idem, ctype, hdrs, tgs in zip(
-            channels, payloads, idems, content_types, headers, tags, strict=True
-        ):
+        for item in self._row_items((channels, payloads, idems, content_types, headers, tags)):
+            send(item)
+            self._queued += 1
+            if self._queued >= flush_frames or len(self._out) >= _FLUSH_BYTES:
+                self._write_out()
+            while self._rows >= window:
+                self._write_out()
+                self._pump(block=True)
+
+    def _row_items(self, cols: _Cols) -> Iterator[_Item]:
+        """A ``publish`` frame's item for each row of ``cols``."""
+        pack = self._pack
+        for channel, payload, idem, ctype, hdrs, tgs in zip(*cols, strict=True):
             frame: dict[str, Any] = {"op": "publish", "channel": channel, "payload": payload, "ack": True}
             if ctype:
                 frame["content_type"] = ctype
@@ -285,13 +408,7 @@ class BulkPublisher:
                 frame["tags"] = tgs if type(tgs) is list else list(tgs)
             if idem is not None:
                 frame["idem"] = idem
-            send(_Item(channel, pack(frame), idem))
-            self._queued += 1
-            if self._queued >= flush_frames or len(self._out) >= _FLUSH_BYTES:
-                self._write_out()
-            while len(self._unacked) + len(self._later) >= window:
-                self._write_out()
-                self._pump(block=True)
+            yield _Item(channel, pack(frame), idem)
 
     def flush(self) -> None:
         """Send everything queued and wait until every publish is acknowledged."""
@@ -302,8 +419,8 @@ class BulkPublisher:
 
     @property
     def pending(self) -> int:
-        """Publishes sent or queued and not acknowledged yet."""
-        return len(self._unacked) + len(self._later)
+        """Publishes (rows) sent or queued and not acknowledged yet."""
+        return self._rows
 
     def close(self) -> None:
         """Close the connection (unacknowledged publishes are abandoned: call :meth:`flush` first)."""
@@ -339,6 +456,9 @@ class BulkPublisher:
         i = self._next_id
         self._next_id = i + 1 if i < _MAX_ID else 1
         self._unacked[i] = item
+        if not item.counted:  # a resend is counted once
+            self._rows += item.rows
+            item.counted = True
         out = self._out
         if self._ws:
             out += _ws_frame(0x2, b"".join((bytes((body[0] + 1,)), body[1:], _ID_KEY, _ID.pack(i))))
@@ -451,17 +571,35 @@ class BulkPublisher:
                 if err.fatal:  # a final one (bad token) will not get better by reconnecting
                     raise err
                 return
+            if item.cols is not None and err.code == UnknownOp.code:
+                # A server without publish_batch (it appended nothing of it): rows one by one from now on.
+                # Its rows were within the window, so they are queued at once (no wait for room here, in
+                # the middle of reading replies), in order.
+                self.batches = False
+                self._rows -= item.rows
+                for one in self._row_items(item.cols):
+                    self._send(one)
+                return
             if is_temporary(err.code) and item.idem is not None and item.tries < self._retries:
                 item.tries += 1
                 item.not_before = time.monotonic() + 0.1 * 2**item.tries
                 self._later.append(item)
                 return
+            self._rows -= item.rows
+            bad = frame.get("row")
+            if item.cols is not None and type(bad) is int and 0 <= bad < item.rows:
+                # The batch was refused for one of its rows: name that row's channel and key.
+                raise PublishRefused(item.cols[0][bad], item.cols[2][bad], err)
             raise PublishRefused(item.channel, item.idem, err)
 
     def _reply(self, frame: dict[str, Any]) -> None:
         """A publish's acknowledgement: tallied, and passed on or kept when asked for."""
         item = self._unacked.pop(frame.get("id", -1), None)
         if item is None:
+            return
+        self._rows -= item.rows
+        if item.cols is not None:
+            self._batch_reply(frame, item.cols)
             return
         channel = frame.get("channel", item.channel)
         seq = frame.get("seq", 0)
@@ -481,6 +619,38 @@ class BulkPublisher:
             self._on_ack(ack)
         else:
             self.acks.append(ack)
+
+    def _batch_reply(self, frame: dict[str, Any], cols: _Cols) -> None:
+        """A ``publish_batch``'s acknowledgement: a seq, epoch and time per row, and which rows were
+        duplicates (answered with the original event)."""
+        channels = cols[0]
+        seqs = frame.get("seqs")
+        if type(seqs) is not list or len(seqs) != len(channels):
+            raise ConnectionResetError("a batch reply that does not answer each row")
+        dups = frame.get("duplicates") or []
+        self.duplicates += len(dups)
+        self.published += len(seqs) - len(dups)
+        tops = self.tops
+        first = channels[0]
+        if channels.count(first) == len(channels):  # the usual batch: one channel
+            top = max(seqs)
+            if top > tops.get(first, 0):
+                tops[first] = top
+        else:
+            for ch, seq in zip(channels, seqs, strict=True):
+                if seq > tops.get(ch, 0):
+                    tops[ch] = seq
+        if not self._acks_wanted:
+            return
+        dup = set(dups)
+        epochs = frame.get("epochs") or [""] * len(seqs)
+        times = frame.get("times") or [0] * len(seqs)
+        for i, (ch, seq, epoch, t) in enumerate(zip(channels, seqs, epochs, times, strict=True)):
+            ack = PublishAck(ch, int(seq), str(epoch), int(t), i in dup)
+            if self._on_ack is not None:
+                self._on_ack(ack)
+            else:
+                self.acks.append(ack)
 
     # -- connection -----------------------------------------------------------------------------------
 

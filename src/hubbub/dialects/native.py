@@ -12,6 +12,7 @@ native as nc``. Each module states its own invariants and concurrency contract.
 
 from __future__ import annotations
 
+from .native_batch import MAX_BATCH_ROWS
 from .native_codec import (
     _REPLY_PARTS_MAX,  # noqa: F401  (re-exported for tests/unit/test_publish_reply.py)
     CHANNEL_CACHE_SIZE,
@@ -33,6 +34,7 @@ from .native_commands import (
     Ping,
     Pong,
     Publish,
+    PublishBatch,
     Subscribe,
     Unconsume,
     Unsubscribe,
@@ -55,6 +57,7 @@ from .native_stream import MAX_STREAM_FRAME, NativeStreamDecoder, PublishRun, Ru
 
 __all__ = [
     "CHANNEL_CACHE_SIZE",
+    "MAX_BATCH_ROWS",
     "MAX_STREAM_FRAME",
     "PROTOCOL_VERSION",
     "PUSH_FIELDS",
@@ -78,6 +81,7 @@ __all__ = [
     "Ping",
     "Pong",
     "Publish",
+    "PublishBatch",
     "PublishRun",
     "RunItem",
     "StreamItem",

@@ -41,6 +41,7 @@ from hubbub.errors import (
 )
 from hubbub.events import Event, Position
 
+from .native_batch import encode_batch_reply, parse_publish_batch
 from .native_commands import (
     CONSUMER_OPS,
     MAX_ID,
@@ -52,6 +53,7 @@ from .native_commands import (
     Ping,
     Pong,
     Publish,
+    PublishBatch,
     Subscribe,
     Unsubscribe,
     is_int,
@@ -191,6 +193,7 @@ class NativeCodec:
             "subscribe": self._subscribe,
             "unsubscribe": self._unsubscribe,
             "publish": self._publish,
+            "publish_batch": self._publish_batch,
             "ping": self._ping,
             "pong": self._pong,
             "auth": self._auth,
@@ -393,6 +396,22 @@ class NativeCodec:
         if type(ack) is not bool:
             ack = opt_bool(obj, "ack", False)
         return Publish(rid, channel, payload, content_type, headers, tags, idem, ack)
+
+    def _publish_batch(self, obj: Obj) -> PublishBatch:
+        return parse_publish_batch(
+            obj, self.limits, self._channels, self._json, CHANNEL_CACHE_SIZE, self.max_frame
+        )
+
+    def encode_batch_reply(
+        self,
+        id: int,
+        seqs: Sequence[int],
+        epochs: Sequence[str],
+        times: Sequence[int],
+        duplicates: Sequence[int] = (),
+    ) -> bytes:
+        """The acknowledgement of a ``publish_batch`` (docs/native.md "Batched publishes")."""
+        return encode_batch_reply(self._dump, self._json, id, seqs, epochs, times, duplicates)
 
     def _ping(self, obj: Obj) -> Ping:
         return Ping(None if obj.get("id") is None else request_id(obj))

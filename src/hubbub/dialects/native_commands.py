@@ -35,6 +35,7 @@ __all__ = [
     "Ping",
     "Pong",
     "Publish",
+    "PublishBatch",
     "Subscribe",
     "Unconsume",
     "Unsubscribe",
@@ -106,6 +107,26 @@ class Publish:
     tags: tuple[str, ...] = ()
     idem: str = ""
     ack: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PublishBatch:
+    """``publish_batch`` (a hubbub v1 addition, docs/native.md): many publishes in one frame, as columns of
+    equal length (row ``i`` is ``Publish(id, channels[i], payloads[i], content_types[i], headers[i],
+    tags[i], idems[i], ack)``), validated like ``publish``'s fields. The rows are appended in one commit,
+    in order, or the whole frame is refused; one reply answers them all."""
+
+    id: int
+    channels: list[str]
+    payloads: list[bytes]
+    content_types: list[str]
+    headers: list[dict[str, str]]
+    tags: list[tuple[str, ...]]
+    idems: list[str]
+    ack: bool = False
+
+    def __len__(self) -> int:
+        return len(self.payloads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +225,7 @@ Command: TypeAlias = (
     | Subscribe
     | Unsubscribe
     | Publish
+    | PublishBatch
     | Ping
     | Pong
     | Auth

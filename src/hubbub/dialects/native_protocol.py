@@ -189,8 +189,12 @@ class NativeProtocol:
         self.end(reason)
 
     def failed(self, exc: HubbubError, req_id: int | None) -> None:
-        """Answer a command the core refused: the error, and a close when the error is fatal."""
-        self.emit(self.codec.encode_error(exc.code, req_id, exc.detail))
+        """Answer a command the core refused: the error (with the ``row`` of a batch it is about), and a
+        close when the error is fatal."""
+        if exc.row is None:
+            self.emit(self.codec.encode_error(exc.code, req_id, exc.detail))
+        else:
+            self.emit(self.codec.encode_error(exc.code, req_id, exc.detail, row=exc.row))
         if exc.fatal:
             self.phase = Phase.CLOSED
             self.end(Disconnect.of(exc.code))
@@ -245,6 +249,47 @@ class NativeProtocol:
             if want_ack:
                 frames.append(encode(rid, r.event, r.duplicate))
         return frames
+
+    # -- batched publishes (publish_batch) --------------------------------------------------------------
+    #
+    # A batch's rows count as publishes in flight, but the batch keeps no FIFO entry: the core completes it
+    # with one call at its place in submission order (after the publishes submitted before it), so its
+    # reply goes out in order without one.
+
+    def batch_room(self, n: int) -> bool:
+        """Whether a batch of ``n`` rows may go in flight now (always when nothing is: a batch larger than
+        ``max_inflight`` still goes, alone)."""
+        return self.inflight == 0 or self.inflight + n <= self.max_inflight
+
+    def batch_submitted(self, n: int) -> None:
+        """A batch of ``n`` rows went to the core."""
+        self.inflight += n
+
+    def batch_committed(self, req_id: int, ack: bool, results: Sequence[Result]) -> bytes | None:
+        """A batch was committed: its reply (one for all rows) when it wants one. A duplicate row carries
+        its original event's position."""
+        self._batch_done(len(results))
+        if not ack:
+            return None
+        events = [r.event for r in results]
+        duplicates = [i for i, r in enumerate(results) if r.duplicate]
+        return self.codec.encode_batch_reply(
+            req_id,
+            [e.seq for e in events],
+            [e.epoch for e in events],
+            [e.time_ns for e in events],
+            duplicates,
+        )
+
+    def batch_failed(self, req_id: int, n: int, exc: HubbubError) -> None:
+        """A batch's commit failed (none of its rows is in the log): the error, once."""
+        self._batch_done(n)
+        self.emit(self.codec.encode_error(exc.code, req_id, exc.detail))
+
+    def _batch_done(self, n: int) -> None:
+        self.inflight -= n
+        if self.inflight < self.max_inflight // 2:
+            self.room()
 
     # -- subscriptions ----------------------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """The ``hubbub`` sink: publishes a DataFrame's rows to a running server (batch and streaming writes).
 
-Each Spark task publishes its rows over **one native connection**, pipelined (:class:`BulkPublisher`): up to
-``publishWindow`` publishes unacknowledged, many frames per socket write, every publish acknowledged before
-the task reports success. Where that connection goes (option ``nativeAddress``, docs/pipeline.md):
+Each Spark task publishes its rows over **one native connection**, pipelined (:class:`BulkPublisher`): the
+rows go as ``publish_batch`` frames (docs/native.md "Batched publishes": a quarter of the window's rows per
+frame, appended in one commit and acknowledged with one reply; ``publish`` frames per row to a server
+without the op), up to ``publishWindow`` rows unacknowledged, every row acknowledged before the task
+reports success. Where that connection goes (option ``nativeAddress``, docs/pipeline.md):
 
 * ``tcp://host:port``: the server's native TCP listener (``native.tcp_listen``);
 * ``ws://host:port``: the native WebSocket route (``/ws/hubbub``);

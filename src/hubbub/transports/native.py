@@ -175,6 +175,8 @@ class NativeConnection(NativePublishing):
         try:
             if isinstance(cmd, nc.Publish):
                 await self._publish(cmd)
+            elif isinstance(cmd, nc.PublishBatch):
+                await self._publish_batch(cmd)
             elif isinstance(cmd, nc.Subscribe):
                 await self._subscribe(cmd)
             elif isinstance(cmd, nc.Unsubscribe):

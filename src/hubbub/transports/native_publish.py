@@ -174,9 +174,60 @@ class NativePublishing:
         # The node completes publishes in submission order (Node.submit), so the replies' ids queue here.
         proto.submitted(cmd.id, cmd.ack)
 
+    async def _publish_batch(self, cmd: nc.PublishBatch) -> None:
+        """Submit a ``publish_batch`` as one unit: its rows in one commit, in order, one reply for all.
+        Waits for room as :meth:`_publish` does (the rows count as publishes in flight). A refusal (the
+        rate, a permission) raises before anything is queued: the caller answers the batch with it."""
+        sess = self.session
+        proto = self.proto
+        n = len(cmd)
+        while not proto.batch_room(n):
+            self._acked.clear()
+            await self._acked.wait()
+        if sess.queued >= sess.max_items:
+            await sess.wait_room()
+        if not self.node.has_room:
+            await self.node.writable()
+        pub = self._publisher
+        user, sid = sess.user, sess.id
+        reqs = [
+            AppendRequest(c, Publisher("native", user, sid, k) if k else pub, p, ct, h, t, k)
+            for c, p, ct, h, t, k in zip(
+                cmd.channels, cmd.payloads, cmd.content_types, cmd.headers, cmd.tags, cmd.idems, strict=True
+            )
+        ]
+        done = _BatchDone(self, cmd.id, cmd.ack, n)
+        self.node.submit_many(reqs, sess, done.failed, done.committed)
+        proto.batch_submitted(n)
+
     def _done_many(self, results: list[AppendResult]) -> None:
         """A run of this connection's publishes was committed (``Node.submit_many``): the replies of those
         that asked for one, queued in one step."""
         frames = self.proto.committed_many(results)
         if frames:
             self.session.push_replies(frames)
+
+
+class _BatchDone:
+    """The completion of one ``publish_batch``: the core calls :meth:`committed` once with every row's
+    result, or :meth:`failed` once per row when the commit failed (answered with one error)."""
+
+    __slots__ = ("ack", "conn", "n", "rid", "told")
+
+    def __init__(self, conn: NativePublishing, rid: int, ack: bool, n: int) -> None:
+        self.conn = conn
+        self.rid = rid
+        self.ack = ack
+        self.n = n
+        self.told = False
+
+    def committed(self, results: list[AppendResult]) -> None:
+        frame = self.conn.proto.batch_committed(self.rid, self.ack, results)
+        if frame is not None:
+            self.conn.session.push_replies([frame])
+
+    def failed(self, r: AppendResult | HubbubError) -> None:
+        if self.told or not isinstance(r, HubbubError):
+            return
+        self.told = True
+        self.conn.proto.batch_failed(self.rid, self.n, r)

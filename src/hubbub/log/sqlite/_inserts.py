@@ -1,5 +1,6 @@
 """How :meth:`SqliteLogStore.append` writes ``events`` rows: multi-row ``INSERT`` statements of full rows
-and of run rows (the events of a run bind their shared columns once)."""
+and of run rows (the events of a run bind their shared columns once; a run of events whose headers differ,
+all but the headers)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,23 @@ _INSERT_RUN: Final = tuple(
     + ", ".join(
         f"(?{b + 1}, ?{b + 2}, ?{b + 3}, length(?{b + 5}) + ?7, ?1, ?2, ?3, ?{b + 4}, ?4, ?5, ?6, ?{b + 5})"
         for b in range(_RUN_SHARED, _RUN_SHARED + (_RUN_ROW << k), _RUN_ROW)
+    )
+    for k in range(_INSERT_MAX_LOG2 + 1)
+)
+
+
+# A run whose events differ in their headers too (the data pipeline's sink sets a header per event: its source
+# position) binds the shared columns but the headers once (_RUNH_SHARED: dialect, user, app, content type,
+# encoded tags) and per row _RUNH_ROW parameters (channel_id, seq, time_ns, publisher_msg_id, encoded
+# headers, size, payload): 7 instead of the 12 of a full row, which measured 6.5 µs of SQLite and binding
+# CPU per sink row against 3.7 µs (bench/RESULTS.md, pipeline section).
+_RUNH_SHARED: Final = 5
+_RUNH_ROW: Final = 7
+_INSERT_RUNH: Final = tuple(
+    _INSERT_EVENTS_HEAD
+    + ", ".join(
+        f"(?{b + 1}, ?{b + 2}, ?{b + 3}, ?{b + 6}, ?1, ?2, ?3, ?{b + 4}, ?4, ?{b + 5}, ?5, ?{b + 7})"
+        for b in range(_RUNH_SHARED, _RUNH_SHARED + (_RUNH_ROW << k), _RUNH_ROW)
     )
     for k in range(_INSERT_MAX_LOG2 + 1)
 )
@@ -105,15 +123,28 @@ def _run_rows(full: list[Any], start: int) -> list[Any]:
     return out
 
 
+def _runh_rows(full: list[Any], start: int) -> list[Any]:
+    """The _RUNH_ROW parameters of the 12-parameter rows of ``full`` from index ``start`` on."""
+    out: list[Any] = []
+    for i in range(start, len(full), _FULL_ROW):
+        out += (full[i], full[i + 1], full[i + 2], full[i + 7], full[i + 9], full[i + 3], full[i + 11])
+    return out
+
+
 def _insert_events(
-    conn: sqlite3.Connection, segments: list[tuple[list[Any], list[Any]]], full: list[Any], limit: int
+    conn: sqlite3.Connection, segments: list[tuple[list[Any], list[Any], bool]], full: list[Any], limit: int
 ) -> None:
-    """Insert ``events`` rows, in order: per segment its 12-parameter rows (``_INSERT_FULL``), then its run
-    (``_INSERT_RUN``: the _RUN_SHARED values of the run's events, then _RUN_ROW per event); then ``full``'s
-    12-parameter rows. ``limit``: SQLite's maximum number of parameters in one statement."""
+    """Insert ``events`` rows, in order: per segment its 12-parameter rows (``_INSERT_FULL``), then its run:
+    ``_INSERT_RUN`` (the _RUN_SHARED values of the run's events, then _RUN_ROW per event), or, for a run
+    whose flag says its headers vary, ``_INSERT_RUNH`` (_RUNH_SHARED, then _RUNH_ROW per event); then
+    ``full``'s 12-parameter rows. ``limit``: SQLite's maximum number of parameters in one statement."""
     run_log2 = _insert_log2(limit, _RUN_SHARED, _RUN_ROW)
+    runh_log2 = _insert_log2(limit, _RUNH_SHARED, _RUNH_ROW)
     full_log2 = _insert_log2(limit, 0, _FULL_ROW)
-    for rows, run in segments:
+    for rows, run, row_headers in segments:
         _insert_chunks(conn, _INSERT_FULL, full_log2, 0, _FULL_ROW, rows)
-        _insert_chunks(conn, _INSERT_RUN, run_log2, _RUN_SHARED, _RUN_ROW, run)
+        if row_headers:
+            _insert_chunks(conn, _INSERT_RUNH, runh_log2, _RUNH_SHARED, _RUNH_ROW, run)
+        else:
+            _insert_chunks(conn, _INSERT_RUN, run_log2, _RUN_SHARED, _RUN_ROW, run)
     _insert_chunks(conn, _INSERT_FULL, full_log2, 0, _FULL_ROW, full)

@@ -52,13 +52,14 @@ from hubbub.log.records import encode_headers, encode_tags, event_size
 from hubbub.log.sqlite._checkpointer import _Checkpointer
 from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
-from hubbub.log.sqlite._idem import Original, find_originals, insert_keys, original_rows
+from hubbub.log.sqlite._idem import Original, find_originals, insert_keys, insert_new_keys, original_rows
 from hubbub.log.sqlite._inserts import (
     _EMPTY_BLOB,
     _MIN_RUN,
     _blob,
     _insert_events,
     _run_rows,
+    _runh_rows,
     _same_publisher,
 )
 from hubbub.log.sqlite._schema import (
@@ -166,6 +167,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
         self._suspect_below = 0
         self._last_time = 0
         self._idem_prune_at = 0
+        self._idem_optimistic = False  # see _idem.py
         self._lock_fd = -1
         self._conn: sqlite3.Connection | None = None
         self._checkpointer: _Checkpointer | None = None
@@ -275,116 +277,165 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             return []
         with self._transaction("append") as conn:
             now = self._clock()
-            t = self._last_time
             window = self._idem_window_ns
-            heads = self._heads
-            touched: dict[str, _Head] = {}
-            created: set[str] = set()
-            # The ``events`` rows (see _insert_events): ``segments`` of 12-parameter rows each followed by a
-            # long run's rows, then ``full``. The current run is of ``r_pub`` (or a publisher equal to it but
-            # for msg_id), ``r_ctype``, ``r_hb`` and ``r_tb``; it has ``r_n`` events. Its first _MIN_RUN - 1
-            # rows go to ``full`` from index ``r_start``; at _MIN_RUN they move to a new ``run``.
-            segments: list[tuple[list[Any], list[Any]]] = []
-            full: list[Any] = []
-            run: list[Any] | None = None
-            r_pub: Publisher | None = None
-            r_ctype: str | None = None
-            r_hb: bytes | bytearray = b""
-            r_tb: bytes | bytearray = b""
-            r_n = r_start = 0
-            idem_rows: list[Any] = []  # flat: channel id, user, key, seq, time_ns per key (see _idem.py)
-            batch_idem: dict[tuple[str, str, str], Event] = {}
-            # The keys' rows, looked up per batch before any is written (so as the requests see them).
-            originals = find_originals(conn, heads, batch) if window else {}
-            original_events = original_rows(conn, originals) if originals else {}
-            results: list[AppendResult] = []
-            add_result = results.append
-            # The previous request's channel and head: a batch is mostly runs of one channel's publishes.
-            name: str | None = None
-            h: _Head | None = None
-            for req in batch:
-                if req.channel != name or h is None:
-                    name = req.channel
-                    h = heads.get(name)
-                    if h is None:
-                        h = heads[name] = _Head(self._next_id, new_epoch(), 1, 0, 0, 0, 0)
-                        self._next_id += 1
-                        created.add(name)
-                    touched[name] = h
-                pub = req.publisher
-                idem = req.idem
-                if idem and window:
-                    t_next = now if now > t else t + 1
-                    key = (pub.user, name, idem)
-                    dup = batch_idem.get(key)
-                    if dup is None and originals:
-                        found = originals.get(key)
-                        if found is not None and found[1] > t_next - window:
-                            dup = self._original(name, found, req, original_events)
-                    if dup is not None and t_next - dup.time_ns < window:
-                        add_result(AppendResult(dup, duplicate=True))
-                        continue
-                t = now if now > t else t + 1
-                h.top = seq = h.top + 1
-                h.top_time = t
-                h.count += 1
-                payload = req.payload
-                headers = req.headers
-                tags = req.tags
-                hb: bytes | bytearray
-                tb: bytes | bytearray
-                if headers or tags:
-                    size = event_size(payload, headers, tags)
-                    hb = encode_headers(headers)
-                    tb = encode_tags(tags)
-                    headers = dict(headers)
-                    tags = tuple(tags)
-                else:
-                    size = len(payload)
-                    hb = tb = _EMPTY_BLOB
-                    headers = {}
-                h.bytes += size
-                bp = _blob(payload)
-                ctype = req.content_type
-                if (
-                    (pub is not r_pub and (r_pub is None or not _same_publisher(pub, r_pub)))
-                    or ctype != r_ctype
-                    or hb != r_hb
-                    or tb != r_tb
-                ):
-                    r_pub, r_ctype, r_hb, r_tb = pub, ctype, hb, tb
-                    r_n, r_start, run = 0, len(full), None
-                r_n += 1
-                if run is not None:
-                    run += (h.id, seq, t, pub.msg_id, bp)
-                elif r_n < _MIN_RUN:
-                    full += (
-                        h.id,
-                        seq,
-                        t,
-                        size,
-                        pub.dialect,
-                        pub.user,
-                        pub.app,
-                        pub.msg_id,
-                        ctype,
-                        hb,
-                        tb,
-                        bp,
+            # Optimistic keys (see _idem.py): the batch's keys are written as new ones without looking them up
+            # first; if any was there already, the batch starts over, looking them up.
+            optimistic = bool(window) and self._idem_optimistic
+            if optimistic:
+                conn.execute("SAVEPOINT idem_new")
+            while True:
+                t = self._last_time
+                window = self._idem_window_ns
+                heads = self._heads
+                touched: dict[str, _Head] = {}
+                created: set[str] = set()
+                saved: list[tuple[_Head, int, int, int, int]] = []  # what the batch changes, to undo it
+                next_id = self._next_id
+                # The ``events`` rows (see _insert_events): ``segments`` of 12-parameter rows each followed
+                # by a long run's rows, then ``full``. The current run is of ``r_pub`` (or a publisher equal
+                # to it but for msg_id), ``r_ctype``, ``r_hb`` and ``r_tb``; it has ``r_n`` events. Its first
+                # _MIN_RUN - 1 rows go to ``full`` from index ``r_start``; at _MIN_RUN they move to a new
+                # ``run``. With ``r_varied`` the run's events differ in their headers (``r_hb`` is its first
+                # event's): such a run binds its headers per row (``_INSERT_RUNH``), its segment's flag says.
+                segments: list[tuple[list[Any], list[Any], bool]] = []
+                full: list[Any] = []
+                run: list[Any] | None = None
+                r_pub: Publisher | None = None
+                r_ctype: str | None = None
+                r_hb: bytes | bytearray = b""
+                r_tb: bytes | bytearray = b""
+                r_varied = False
+                r_n = r_start = 0
+                idem_rows: list[Any] = []  # flat: channel id, user, key, seq, time_ns per key (see _idem.py)
+                batch_idem: dict[tuple[str, str, str], Event] = {}
+                # The keys' rows, looked up per batch before any is written (so as the requests see them).
+                originals = find_originals(conn, heads, batch) if window and not optimistic else {}
+                original_events = original_rows(conn, originals) if originals else {}
+                results: list[AppendResult] = []
+                add_result = results.append
+                # The previous request's channel and head: a batch is mostly runs of one channel's publishes.
+                name: str | None = None
+                h: _Head | None = None
+                for req in batch:
+                    if req.channel != name or h is None:
+                        name = req.channel
+                        h = heads.get(name)
+                        if h is None:
+                            h = heads[name] = _Head(self._next_id, new_epoch(), 1, 0, 0, 0, 0)
+                            self._next_id += 1
+                            created.add(name)
+                        if name not in touched:
+                            touched[name] = h
+                            saved.append((h, h.top, h.top_time, h.count, h.bytes))
+                    pub = req.publisher
+                    idem = req.idem
+                    if idem and window:
+                        t_next = now if now > t else t + 1
+                        key = (pub.user, name, idem)
+                        dup = batch_idem.get(key)
+                        if dup is None and originals:
+                            found = originals.get(key)
+                            if found is not None and found[1] > t_next - window:
+                                dup = self._original(name, found, req, original_events)
+                        if dup is not None and t_next - dup.time_ns < window:
+                            add_result(AppendResult(dup, duplicate=True))
+                            continue
+                    t = now if now > t else t + 1
+                    h.top = seq = h.top + 1
+                    h.top_time = t
+                    h.count += 1
+                    payload = req.payload
+                    headers = req.headers
+                    tags = req.tags
+                    hb: bytes | bytearray
+                    tb: bytes | bytearray
+                    if headers or tags:
+                        size = event_size(payload, headers, tags)
+                        hb = encode_headers(headers)
+                        tb = encode_tags(tags)
+                        headers = dict(headers)
+                        tags = tuple(tags)
+                    else:
+                        size = len(payload)
+                        hb = tb = _EMPTY_BLOB
+                        headers = {}
+                    h.bytes += size
+                    bp = _blob(payload)
+                    ctype = req.content_type
+                    fresh = (
+                        (pub is not r_pub and (r_pub is None or not _same_publisher(pub, r_pub)))
+                        or ctype != r_ctype
+                        or tb != r_tb
                     )
-                else:
-                    run = [pub.dialect, pub.user, pub.app, ctype, hb, tb, size - len(payload)]
-                    run += _run_rows(full, r_start)
-                    del full[r_start:]
-                    run += (h.id, seq, t, pub.msg_id, bp)
-                    segments.append((full, run))
-                    full = []
-                ev = Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)
-                add_result(AppendResult(ev))
-                if idem and window:
-                    batch_idem[key] = ev
-                    idem_rows += (h.id, pub.user, idem, seq, t)
-            limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+                    if not fresh and hb != r_hb and not r_varied:
+                        # Headers differ within the run: before it became one, it becomes a run of per-row
+                        # headers; a run that binds its headers once ends here.
+                        if run is None:
+                            r_varied = True
+                        else:
+                            fresh = True
+                    if fresh:
+                        r_pub, r_ctype, r_hb, r_tb, r_varied = pub, ctype, hb, tb, False
+                        r_n, r_start, run = 0, len(full), None
+                    r_n += 1
+                    if run is not None:
+                        if r_varied:
+                            run += (h.id, seq, t, pub.msg_id, hb, size, bp)
+                        else:
+                            run += (h.id, seq, t, pub.msg_id, bp)
+                    elif r_n < _MIN_RUN:
+                        full += (
+                            h.id,
+                            seq,
+                            t,
+                            size,
+                            pub.dialect,
+                            pub.user,
+                            pub.app,
+                            pub.msg_id,
+                            ctype,
+                            hb,
+                            tb,
+                            bp,
+                        )
+                    elif r_varied:
+                        run = [pub.dialect, pub.user, pub.app, ctype, tb]
+                        run += _runh_rows(full, r_start)
+                        del full[r_start:]
+                        run += (h.id, seq, t, pub.msg_id, hb, size, bp)
+                        segments.append((full, run, True))
+                        full = []
+                    else:
+                        run = [pub.dialect, pub.user, pub.app, ctype, hb, tb, size - len(payload)]
+                        run += _run_rows(full, r_start)
+                        del full[r_start:]
+                        run += (h.id, seq, t, pub.msg_id, bp)
+                        segments.append((full, run, False))
+                        full = []
+                    ev = Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)
+                    add_result(AppendResult(ev))
+                    if idem and window:
+                        batch_idem[key] = ev
+                        idem_rows += (h.id, pub.user, idem, seq, t)
+
+                limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+                if optimistic:
+                    if idem_rows and not insert_new_keys(conn, idem_rows, limit):
+                        # A key was known: undo the batch (nothing else is written yet) and look them up.
+                        conn.execute("ROLLBACK TO idem_new")
+                        for h, top, top_time, count, nbytes in saved:
+                            h.top, h.top_time, h.count, h.bytes = top, top_time, count, nbytes
+                        for n in created:
+                            del heads[n]
+                        self._next_id = next_id
+                        self._idem_optimistic = optimistic = False
+                        continue
+                    conn.execute("RELEASE idem_new")
+                elif idem_rows:
+                    insert_keys(conn, idem_rows, limit)
+                if window and not optimistic and not originals:
+                    self._idem_optimistic = True  # no key of this batch was known: the next one may hope so
+                break
             _insert_events(conn, segments, full, limit)
             pol = self._retention
             if pol.max_events or pol.max_bytes:
@@ -397,8 +448,6 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                 )
             if len(touched) > len(created):
                 conn.executemany(_UPDATE_CHANNEL, [h.row() for n, h in touched.items() if n not in created])
-            if idem_rows:
-                insert_keys(conn, idem_rows, limit)
             if window and t >= self._idem_prune_at:
                 conn.execute("DELETE FROM idem WHERE time_ns <= ?", (t - window,))
                 self._idem_prune_at = t + min(window, _IDEM_PRUNE_EVERY_NS)
