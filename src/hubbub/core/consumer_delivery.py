@@ -218,7 +218,9 @@ class Delivery:
         item = JournalItem
         overhead = ITEM_OVERHEAD
         for r in results:
-            journal = r.journal  # empty for a duplicate
+            if r.duplicate:
+                continue
+            journal = r.journal
             if journal:
                 ev = r.event
                 size = -1
@@ -252,7 +254,7 @@ class Delivery:
                     c.ready_bytes += size
                     c.held_bytes += size + overhead
                     held += size + overhead
-            if groups and not r.duplicate:
+            if groups:
                 self._groups.deliver(r.event)
         self.held.total = held
         for c in touched:

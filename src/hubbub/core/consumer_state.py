@@ -114,7 +114,7 @@ class ConsumerState:
     #: Pending positions that may go out now (a heap) and their bytes.
     ready: list[int] = field(default_factory=list)
     ready_bytes: int = 0
-    #: What the held items count against the service's ``held_bytes_max`` (``Delivery.held_bytes``).
+    #: What the held items count against the service's ``held_bytes_max`` (``Held.total``, all consumers).
     held_bytes: int = 0
     #: Pending positions waiting out a backoff: a heap of (not_before_ns, pos).
     delayed: list[tuple[int, int]] = field(default_factory=list)
