@@ -80,6 +80,8 @@ HELP = {
     "limits.max_connections": "open connections and in-flight HTTP requests in all (0: unlimited)",
     "limits.max_connections_per_ip": "the same per client address (0: unlimited)",
     "limits.max_consumers": "durable consumers in all, each journaling what it matches (0: unlimited)",
+    "limits.consumer_memory": "bytes of journal items durable consumers hold in memory beyond 10000 each "
+    "(an item counts as its event's size plus 400), so one that falls behind need not read them back",
     "ivy.auth": "auth for the ivy routes; empty means auth.mode",
     "mist.enabled": "serve mist: the TCP listener and WebSocket /mist/ws and /mist/v1/ws (true/false)",
     "mist.tcp_listen": "HOST:PORT of the mist TCP listener (the 2015 line protocol and 1.x JSON alike)",

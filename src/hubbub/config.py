@@ -61,6 +61,9 @@ class Limits:
     max_connections_per_ip: int = 0
     #: Durable consumers in the whole log (each journals a copy of every event it matches).
     max_consumers: int = 10_000
+    #: Bytes of journal items the durable consumers may hold in memory together beyond 10 000 items each
+    #: (``ConsumerService(held_bytes_max=)``): each item counts as its event's size plus 400 bytes.
+    consumer_memory: int = 64 << 20
 
 
 #: Limits for which 0 means "unlimited" (every other limit must be positive).

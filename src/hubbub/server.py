@@ -161,7 +161,10 @@ class Server:
             await presence.start()
             node.presence = presence  # rosters (guble subscribers, mist who) cluster-wide
         self.consumers = ConsumerService(
-            node, poll_s=cfg.cluster_poll_interval_s, max_consumers=lim.max_consumers
+            node,
+            poll_s=cfg.cluster_poll_interval_s,
+            max_consumers=lim.max_consumers,
+            held_bytes_max=lim.consumer_memory,
         )
         await self.consumers.start()
         codec_limits = {

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from hubbub.core import Batch, ConsumerService, Node, NodeSettings
+from hubbub.core.consumer_delivery import ITEM_OVERHEAD
 from hubbub.errors import BadChannel, ConsumerBusy, ConsumerExists, ConsumerNotFound, UnknownBatch
 from hubbub.events import Event, Publisher
 from hubbub.log import open_store
@@ -325,6 +326,45 @@ def test_a_backlog_larger_than_memory_is_paged_in(tmp_path: Path) -> None:
         assert svc.statistics()["held_items"] == 0
 
     run(tmp_path, body, max_items=8)
+
+
+@pytest.mark.parametrize("budget_items", [0, 5, 1000])
+def test_held_bytes_past_max_items_in_order_nothing_lost_or_duplicated(
+    tmp_path: Path, budget_items: int
+) -> None:
+    """Past ``max_items`` a consumer keeps taking notifications while the service's held bytes allow (1000:
+    all of them, nothing read back); what does not fit (0, 5) is read from the store. Either way every
+    item comes once, in journal order, and the held bytes go back to 0 once acknowledged or deleted."""
+
+    async def body(node: Node, svc: ConsumerService) -> None:
+        await svc.create(spec())
+        await svc.create(spec("other"))
+        await publish(node, "/jobs/a", *[f"{i:03}" for i in range(300)])
+        held = svc.statistics()["held_items"]
+        if budget_items == 1000:
+            assert held == 600  # both consumers, all in memory
+        else:
+            assert held <= 2 * 8 + budget_items + 2
+        r = Recv()
+        o = await svc.open("c", r.on_batch, batch_max=7)
+        got: list[int] = []
+        seen: list[str] = []
+        live = False
+        while len(got) < 350:
+            b = await r.next()
+            got += positions(b)
+            seen += payloads(b)
+            await o.ack(b.number)
+            if len(got) >= 150 and not live:
+                live = True
+                await publish(node, "/jobs/b", *[f"b{i}" for i in range(50)])
+        assert got == list(range(1, 351))
+        assert seen == [f"{i:03}" for i in range(300)] + [f"b{i}" for i in range(50)]
+        await svc.delete("other")
+        assert svc.statistics()["held_items"] == 0
+        assert svc.statistics()["held_bytes"] == 0
+
+    run(tmp_path, body, max_items=8, held_bytes_max=budget_items * (3 + ITEM_OVERHEAD))
 
 
 def test_events_of_every_dialect_and_qpubs_filters(tmp_path: Path) -> None:

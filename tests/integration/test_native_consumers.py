@@ -544,3 +544,35 @@ def test_max_consumers_caps_new_consumers_of_every_dialect(tmp_path: Path) -> No
             await q.close()
 
     run(body)
+
+
+def test_consumer_memory_limit_reaches_the_service(tmp_path: Path) -> None:
+    """``limits.consumer_memory`` is the service's ``held_bytes_max``; what a consumer holds is counted and
+    released again once acknowledged."""
+    cli: dict[str, Any] = {
+        "data_dir": str(tmp_path / "data"),
+        "http.listen": "127.0.0.1:0",
+        "native.tcp_listen": "127.0.0.1:0",
+        "limits.consumer_memory": 123_456,
+    }
+
+    async def body() -> None:
+        async with Server(load_config(cli=cli, env={})) as srv:
+            assert srv.consumers is not None
+            stats = srv.consumers.statistics
+            assert stats()["held_bytes_max"] == 123_456
+            w = await Wire.open(srv.ports, "tcp", "msgpack")
+            assert (await w.request({"op": "consume", "consumer": "m", "pattern": "/m/**", "max": 5}))[
+                "op"
+            ] == "reply"
+            await publish(w, "/m/a", *[str(i) for i in range(12)])
+            got: list[str] = []
+            while len(got) < 12:
+                d = await w.push("deliver")
+                got += [text(it) for it in d["items"]]
+                assert (await w.request({"op": "ack", "consumer": "m", "batch": d["batch"]}))["op"] == "reply"
+            assert got == [str(i) for i in range(12)]
+            assert stats()["held_items"] == 0 and stats()["held_bytes"] == 0
+            await w.close()
+
+    run(body)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from hubbub.core import Batch, ConsumerService, Node, Opener
+from hubbub.core.consumer_delivery import ITEM_OVERHEAD
 from hubbub.events import Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
@@ -58,7 +59,8 @@ class ConsumerMachine(RuleBasedStateMachine):
         store = open_store("sqlite", str(Path(self.tmp.name) / "data"), "commit", RetentionPolicy(), 600)
         self.node = Node(store)
         await self.node.__aenter__()
-        self.svc = ConsumerService(self.node, max_items=4)
+        # Four items per consumer, and about three more while the held bytes allow: both limits are met.
+        self.svc = ConsumerService(self.node, max_items=4, held_bytes_max=3 * (ITEM_OVERHEAD + 2))
         await self.svc.start()
         await self.svc.create(SPEC)
 

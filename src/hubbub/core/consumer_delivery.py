@@ -15,6 +15,7 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from itertools import repeat
 from typing import Any, Final
 
 from hubbub.errors import HubbubError, StorageError
@@ -25,12 +26,17 @@ from .consumer_groups import LiveGroups
 from .consumer_state import NS, Batch, ConsumerState, Opener, Outstanding
 from .node import Node
 
-__all__ = ["Delivery", "Settles"]
+__all__ = ["ITEM_OVERHEAD", "Delivery", "Held", "Settles"]
 
 log = logging.getLogger("hubbub.consumers")
 
 #: How long to wait before reading a backlog again after a failed read.
 _RETRY_READ_S: Final = 1.0
+
+#: What one held item costs in memory beyond its event's ``size``, as counted against ``held_bytes_max``:
+#: the ``Event`` and ``JournalItem`` objects, their small fields, and the item's dict and heap entries
+#: (tracemalloc: 404 bytes beyond a 100-byte payload per event published on the node, no headers or tags).
+ITEM_OVERHEAD: Final = 400
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 
@@ -104,6 +110,43 @@ class Settles:
             fut.set_result(None)
 
 
+class Held:
+    """What every consumer's held items cost together (``total``: event sizes plus :data:`ITEM_OVERHEAD`
+    each; each consumer's share in ``ConsumerState.held_bytes``). Past ``max_items``, a consumer still takes
+    journal notifications while ``total`` is below ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+
+    def take(self, c: ConsumerState, positions: Sequence[int], size: int) -> list[JournalItem]:
+        """Remove the items at ``positions`` from ``c``'s memory (acknowledged) and return them; ``size``:
+        their events' sizes together (known when the batch was cut)."""
+        pop = c.items.pop
+        items = [it for it in map(pop, positions, repeat(None)) if it is not None]
+        if len(items) != len(positions):  # (not while outstanding; kept for safety)
+            size = sum(it.event.size for it in items)
+        held = size + ITEM_OVERHEAD * len(items)
+        c.held_bytes -= held
+        self.total -= held
+        return items
+
+    def put_back(self, c: ConsumerState, items: Sequence[JournalItem]) -> None:
+        """Items :meth:`take` took are pending again (their ack could not be stored)."""
+        for it in items:
+            c.items[it.pos] = it
+            heapq.heappush(c.ready, it.pos)
+            c.ready_bytes += it.event.size
+        held = sum(it.event.size for it in items) + ITEM_OVERHEAD * len(items)
+        c.held_bytes += held
+        self.total += held
+
+    def forget(self, c: ConsumerState) -> None:
+        """``c`` is gone (deleted): what it held no longer counts."""
+        self.total -= c.held_bytes
+        c.held_bytes = 0
+
+
 class Delivery:
     """Journal items in, batches out. ``by_id`` is the service's own map of consumers (shared, not copied);
     ``close_opener(opener, reason)`` closes an opener whose callback failed."""
@@ -117,6 +160,7 @@ class Delivery:
         spawn: Spawn,
         close_opener: Callable[[Opener, str], None],
         max_items: int,
+        held_bytes_max: int = 0,
     ) -> None:
         self._node = node
         self._by_id = by_id
@@ -125,6 +169,7 @@ class Delivery:
         self._spawn = spawn
         self._close_opener = close_opener
         self.max_items = max_items
+        self.held = Held(held_bytes_max)
         #: The log is written by other nodes too (``LogStore.shared``): see :meth:`committed`.
         self.shared = node.store.shared
         self._dirty: set[ConsumerState] = set()
@@ -167,14 +212,19 @@ class Delivery:
             return  # nothing to do per event (a create under way must see its early items: _unknown)
         shared = self.shared
         max_items = self.max_items
+        held, held_max = self.held.total, self.held.limit
         touched: set[ConsumerState] = set()
+        push = heapq.heappush
+        item = JournalItem
+        overhead = ITEM_OVERHEAD
         for r in results:
             if r.duplicate:
                 continue
-            if r.journal:
+            journal = r.journal
+            if journal:
                 ev = r.event
                 size = -1
-                for cid, pos in r.journal:
+                for cid, pos in journal:
                     c = by_id.get(cid)
                     if c is None:
                         # Not known yet (created, and its create() not resumed): it reads its journal.
@@ -186,22 +236,27 @@ class Delivery:
                     if pos <= c.loaded_to:
                         continue  # a backlog read saw this commit before its notification came: loaded
                     touched.add(c)
+                    items = c.items
                     if (
                         c.backlog
                         or c.reading
-                        or len(c.items) >= max_items
+                        or (len(items) >= max_items and held >= held_max)
                         or (shared and pos != c.loaded_to + 1)
                     ):
+                        # No room: the item stays in the store, read when room frees up (fill).
                         c.backlog = c.dropped = True
                         continue
-                    c.items[pos] = JournalItem(pos, ev)
+                    items[pos] = item(pos, ev)
                     c.loaded_to = pos
-                    heapq.heappush(c.ready, pos)
+                    push(c.ready, pos)
                     if size < 0:
                         size = ev.size
                     c.ready_bytes += size
+                    c.held_bytes += size + overhead
+                    held += size + overhead
             if groups:
                 self._groups.deliver(r.event)
+        self.held.total = held
         for c in touched:
             self.schedule(c)
 
@@ -234,18 +289,22 @@ class Delivery:
                     return
                 now_ns = time.time_ns()
                 items, ready, loaded_to, push = c.items, c.ready, c.loaded_to, heapq.heappush
-                added = 0
+                added = held = 0
                 for it in got:
                     pos = it.pos
                     if pos <= loaded_to or pos in items:
                         continue
                     items[pos] = it
+                    size = it.event.size
+                    held += size + ITEM_OVERHEAD
                     if it.not_before_ns > now_ns:
                         push(c.delayed, (it.not_before_ns, pos))
                     else:
                         push(ready, pos)
-                        added += it.event.size
+                        added += size
                 c.ready_bytes += added
+                c.held_bytes += held
+                self.held.total += held
                 if got:
                     c.loaded_to = max(c.loaded_to, got[-1].pos)
                 if len(got) < room and not c.dropped:
@@ -351,7 +410,7 @@ class Delivery:
         c.ready_bytes -= size
         number = c.next_batch
         c.next_batch += 1
-        c.outstanding[number] = Outstanding(o, tuple([it.pos for it in out]))
+        c.outstanding[number] = Outstanding(o, tuple([it.pos for it in out]), size)
         o.batch = number
         again = len([it for it in out if it.attempts])
         self.batches += 1

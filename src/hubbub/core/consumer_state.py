@@ -100,6 +100,8 @@ class Opener:
 class Outstanding:
     opener: Opener
     positions: tuple[int, ...]
+    #: The items' event sizes together.
+    size: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -112,6 +114,8 @@ class ConsumerState:
     #: Pending positions that may go out now (a heap) and their bytes.
     ready: list[int] = field(default_factory=list)
     ready_bytes: int = 0
+    #: What the held items count against the service's ``held_bytes_max`` (``Held.total``, all consumers).
+    held_bytes: int = 0
     #: Pending positions waiting out a backoff: a heap of (not_before_ns, pos).
     delayed: list[tuple[int, int]] = field(default_factory=list)
     outstanding: dict[int, Outstanding] = field(default_factory=dict)

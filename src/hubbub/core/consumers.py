@@ -17,10 +17,13 @@ out to **openers** in batches and settles what they acknowledge:
   (openers with ``shared``) gives each batch to exactly one opener, round-robin among the idle ones, and lets
   later items pass a batch that waits out its backoff.
 
-Memory: at most ``max_items`` items per consumer are held (pending or outstanding); the rest stay in the store
-and are read in pages (``backlog``) as room frees up. Journal notifications come from the ``commit_hook`` of
-the node's write batcher, which this service sets; a notification that finds no room (or a consumer still
-reading its backlog) is dropped and the item read from the store later, so none is lost between the two.
+Memory: each consumer may hold ``max_items`` items (pending or outstanding), and more while every consumer's
+held items together count less than ``held_bytes_max`` (event sizes plus about 400 bytes each: a publisher
+that runs ahead of its consumer need not have its events read back from the store); the rest stay in the
+store and are read in pages of at most ``max_items`` (``backlog``) as room frees up. Journal notifications
+come from the ``commit_hook`` of the node's write batcher, which this service sets; a notification that finds
+no room (or a consumer still reading its backlog) is dropped and the item read from the store later, so none
+is lost between the two.
 On a log other nodes write too (``LogStore.shared``, a cluster), a notification is taken only when it
 continues what was read, and other nodes' items are read from the store when the cluster relay hints at them
 (:meth:`ConsumerService.others_committed`) and every ``poll_s`` (:mod:`.consumer_shared`).
@@ -45,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -93,7 +95,13 @@ class ConsumerService:
     loads the consumers and sets the batcher's ``commit_hook``, before any publish should be accepted."""
 
     def __init__(
-        self, node: Node, *, max_items: int = 10_000, poll_s: float = 1.0, max_consumers: int = 0
+        self,
+        node: Node,
+        *,
+        max_items: int = 10_000,
+        held_bytes_max: int = 64 << 20,
+        poll_s: float = 1.0,
+        max_consumers: int = 0,
     ) -> None:
         self._node = node
         self._max_consumers = max_consumers  # checked against the consumers this node knows of
@@ -110,6 +118,7 @@ class ConsumerService:
             self._spawn,
             lambda o, reason: self._close_opener(o, reason, notify=True),
             max(max_items, 1),
+            max(held_bytes_max, 0),
         )
         self._shared = SharedJournal(
             node, self._by_name, self._by_id, self._delivery, self._spawn, self._add, self._forget, poll_s
@@ -207,6 +216,7 @@ class ConsumerService:
 
     def _forget(self, c: ConsumerState, reason: str) -> None:
         c.deleted = True
+        self._delivery.held.forget(c)
         self._shared.index.remove(c.id)
         for o in list(c.openers):
             self._close_opener(o, reason, notify=True)
@@ -290,18 +300,15 @@ class ConsumerService:
 
     async def _ack(self, o: Opener, batch: int) -> None:
         c, out = self._take(o, batch)
-        items = [c.items.pop(p) for p in out.positions if p in c.items]
+        items = self._delivery.held.take(c, out.positions, out.size)
         o.settling = True
         try:
             self._settles.acks.append((c.id, out.positions))
             await self._settles.soon()
         except BaseException:
             # Not stored: the items are still in the journal, so they go out again (at least once).
-            for it in items:
-                if not c.deleted:
-                    c.items[it.pos] = it
-                    heapq.heappush(c.ready, it.pos)
-                    c.ready_bytes += it.event.size
+            if not c.deleted:
+                self._delivery.held.put_back(c, items)
             raise
         finally:
             o.settling = False
@@ -378,13 +385,19 @@ class ConsumerService:
         return bool(self._groups.index)
 
     def statistics(self) -> dict[str, Any]:
-        return {
-            "consumers": len(self._by_name),
-            "openers": sum(len(c.openers) for c in self._by_name.values()),
-            "held_items": sum(len(c.items) for c in self._by_name.values()),
-            "batches": self._delivery.batches,
-            "acked": self._delivery.acked,
-            "redelivered": self._delivery.redelivered,
-            "groups": len(self._groups),
-            "group_rosters_unread": self._groups.unread,
-        }
+        return _statistics(self._by_name, self._delivery, self._groups)
+
+
+def _statistics(by_name: dict[str, ConsumerState], d: Delivery, groups: LiveGroups) -> dict[str, Any]:
+    return {
+        "consumers": len(by_name),
+        "openers": sum(len(c.openers) for c in by_name.values()),
+        "held_items": sum(len(c.items) for c in by_name.values()),
+        "held_bytes": d.held.total,
+        "held_bytes_max": d.held.limit,
+        "batches": d.batches,
+        "acked": d.acked,
+        "redelivered": d.redelivered,
+        "groups": len(groups),
+        "group_rosters_unread": groups.unread,
+    }
