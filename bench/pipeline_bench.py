@@ -160,6 +160,14 @@ def main() -> None:
         metavar="K=V",
         help="an option of the sink's write, e.g. publishWindow=4096 (repeatable)",
     )
+    ap.add_argument(
+        "--sink-warmup",
+        type=int,
+        default=100,
+        metavar="N",
+        help="rows the untimed warm-up write sends first (default 100: the Python workers start); "
+        "some 100000 also warm Spark's JIT, so the timed write measures the steady rate",
+    )
     args = ap.parse_args()
     if args.figure:
         figure(args.results, args.figure)
@@ -176,7 +184,17 @@ def main() -> None:
     out: dict[str, object] = {"events": args.events, "conf": conf}
     if args.only_sink:
         opts = dict(kv.split("=", 1) for kv in args.sink_option)
-        sink(spark, url, d, out, args.sink_events, args.sink_transport, args.sink_select, opts)
+        sink(
+            spark,
+            url,
+            d,
+            out,
+            args.sink_events,
+            args.sink_transport,
+            args.sink_select,
+            opts,
+            args.sink_warmup,
+        )
         spark.stop()
         print(json.dumps(out))
         return
@@ -217,6 +235,7 @@ def sink(
     transport: str,
     select: bool = False,
     options: dict[str, str] | None = None,
+    warmup: int = 100,
 ) -> None:
     """Sink and backfill into fresh real servers (see the module docstring); ``options`` go to the sink's
     write as they are."""
@@ -244,8 +263,10 @@ def sink(
         out["sink_options"] = options or {}
         if transport == "native":
             w = w.option("nativeAddress", f"tcp://127.0.0.1:{srv.ports['native']}")
-        # Warm up: Spark's Python workers start, and import the sink, outside the timed write.
-        warm = df.limit(100).write.format("hubbub").option("url", target).option("channelPrefix", "/warm")
+        # Warm up outside the timed write: Spark's Python workers start and import the sink (and with a
+        # large --sink-warmup, the JVM compiles its hot paths).
+        out["sink_warmup"] = warmup
+        warm = df.limit(warmup).write.format("hubbub").option("url", target).option("channelPrefix", "/warm")
         warm.option("transport", transport).mode("append").save()
         cpu = tree_cpu_s(split=True)
         t = timed(lambda: w.mode("append").save())
