@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import struct
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Collection, Mapping
@@ -139,6 +140,11 @@ class LinkCursors:
         self.dirty = False
         #: Set for a save that should not wait for the next interval (the first recovery point).
         self.urgent = Flag()
+        # Saves run on executor threads: one at a time, and never one older than what is on disk (the
+        # interval's save may still be writing when the link's last save, on closing, starts).
+        self._save_lock = threading.Lock()
+        self._taken = 0
+        self._written = 0
         if path is None:
             return
         try:
@@ -155,20 +161,36 @@ class LinkCursors:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.error("federation: cannot read %s (%s); starting the link afresh", path, exc)
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"down": self.down.to_json(), "up": self.up.to_json()}
+    def snapshot(self) -> tuple[int, dict[str, Any]]:
+        """The cursors as saved, numbered in the order taken (on the loop)."""
+        self._taken += 1
+        return self._taken, {"down": self.down.to_json(), "up": self.up.to_json()}
 
-    def save_now(self, data: dict[str, Any] | None = None) -> None:
+    def save_now(self, taken: tuple[int, dict[str, Any]] | None = None) -> None:
+        """Write a :meth:`snapshot` (by default a new one) to ``path``, unless a later one is there already.
+        Thread-safe."""
         if self.path is None:
             return
-        data = data if data is not None else self.snapshot()
-        tmp = self.path.with_suffix(".tmp")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w") as fh:
-            json.dump(data, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        number, data = taken if taken is not None else self.snapshot()
+        with self._save_lock:
+            if number <= self._written:
+                return
+            tmp = self.path.with_suffix(".tmp")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w") as fh:
+                json.dump(data, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+            self._written = number
+
+    def save_logged(self, taken: tuple[int, dict[str, Any]] | None = None) -> None:
+        """:meth:`save_now`, a failure logged and not raised: the cursors are saved again later, and a link
+        that resumes from an older cursor re-sends only what the idempotency keys turn away."""
+        try:
+            self.save_now(taken)
+        except OSError as exc:
+            log.error("federation: cannot save the link's cursors: %s", exc, extra={"link": self.name})
 
     async def save_loop(self) -> None:
         """Save every :data:`SAVE_INTERVAL_S` while anything moved."""
@@ -179,12 +201,7 @@ class LinkCursors:
             self.urgent.clear()
             if self.dirty and self.path is not None:
                 self.dirty = False
-                try:
-                    await loop.run_in_executor(None, self.save_now, self.snapshot())
-                except OSError as exc:
-                    log.error(
-                        "federation: cannot save the link's cursors: %s", exc, extra={"link": self.name}
-                    )
+                await loop.run_in_executor(None, self.save_logged, self.snapshot())
 
 
 class UpEncoder:

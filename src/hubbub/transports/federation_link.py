@@ -218,8 +218,8 @@ class FederationUpstream:
         if task is not None:
             task.cancel()
             await stopped(task, self.node, DIALECT, self.name)
-        data = self.cursors.snapshot()
-        await asyncio.get_running_loop().run_in_executor(None, self.cursors.save_now, data)
+        taken = self.cursors.snapshot()
+        await asyncio.get_running_loop().run_in_executor(None, self.cursors.save_logged, taken)
 
     # -- interest --------------------------------------------------------------------------------------------
 
