@@ -45,7 +45,7 @@ from hubbub.transports.pump import quietly
 from hubbub.transports.qpubs_common import QpubsSettings
 from hubbub.transports.qpubs_http import QpubsHttp
 from hubbub.transports.qrpc import QrpcService, serve_qrpc
-from hubbub.transports.tcp import peer_ip, serve_native_tcp
+from hubbub.transports.tcp import drain, peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
 from hubbub.transports.wearscript import WearscriptService, WearscriptSettings
 from hubbub.transports.wearscript_link import WearscriptLinkCollector, WearscriptUpstream
@@ -54,27 +54,10 @@ __all__ = ["GC_THRESHOLDS", "Server", "build_broker", "build_presence", "run", "
 
 log = logging.getLogger("hubbub.server")
 
+
 #: Seconds a native TCP write may wait for a peer that stopped reading before the connection is aborted.
 #: A slow consumer is closed when its queue overflows, but its error frame and close wait behind what it
 #: never read: without a bound it would keep its socket and connection slot for as long as it likes.
-WRITE_TIMEOUT_S: float = 30.0
-
-
-async def drain(writer: asyncio.StreamWriter) -> None:
-    """``writer.drain()``, aborting the connection when the peer has not read for :data:`WRITE_TIMEOUT_S`.
-    The timer is set only when the transport's buffer is over its high-water mark (a drain that would wait):
-    the common write costs nothing more."""
-    transport = writer.transport
-    if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]:
-        await writer.drain()
-        return
-    try:
-        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
-    except TimeoutError:
-        transport.abort()
-        raise ConnectionResetError("the peer read nothing within the write timeout") from None
-
-
 class Server:
     """One hubbub node with all its listeners. See the module docstring."""
 

@@ -26,7 +26,7 @@ from hubbub.disconnect import Disconnect
 from .lifetime import Lifetime
 from .mist import DIALECT, MistService, MistWire
 from .pump import quietly
-from .tcp import keep_alive, peer_ip
+from .tcp import drain, keep_alive, peer_ip
 
 __all__ = ["serve_mist_tcp"]
 
@@ -35,20 +35,6 @@ log = logging.getLogger("hubbub.mist")
 READ_CHUNK: Final = 64 * 1024
 #: Seconds a closing connection may take to send what it still has before its socket is aborted.
 CLOSE_WAIT_S: Final = 5.0
-#: Seconds a write may wait for a peer that stopped reading before the connection is aborted.
-WRITE_TIMEOUT_S: Final = 30.0
-
-
-async def _drain(writer: asyncio.StreamWriter) -> None:
-    transport = writer.transport
-    if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]:
-        await writer.drain()
-        return
-    try:
-        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
-    except TimeoutError:
-        transport.abort()
-        raise ConnectionResetError("the peer read nothing within the write timeout") from None
 
 
 async def serve_mist_tcp(
@@ -84,11 +70,11 @@ async def serve_mist_tcp(
     ) -> None:
         async def send(data: bytes) -> None:
             writer.write(data)
-            await _drain(writer)
+            await drain(writer)
 
         async def send_many(frames: list[bytes]) -> None:
             writer.write(b"".join(frames))  # a stream: a burst of events goes out in one write
-            await _drain(writer)
+            await drain(writer)
 
         async def close(code: Disconnect) -> None:
             writer.close()

@@ -148,15 +148,19 @@ class NativePublishing:
 
     async def _publish(self, cmd: nc.Publish) -> None:
         # Read-side back-pressure: bounded publishes in flight and a bounded reply queue.
-        sess = self.session
         if not self.proto.has_room():
             self._acked.clear()
             await self._acked.wait()
+        await self._queues_room()
+        self._submit(cmd)
+
+    async def _queues_room(self) -> None:
+        """Wait until the connection's reply queue and the node's writer take more."""
+        sess = self.session
         if sess.queued >= sess.max_items:
             await sess.wait_room()
         if not self.node.has_room:
             await self.node.writable()
-        self._submit(cmd)
 
     def _submit(self, cmd: nc.Publish) -> None:
         sess = self.session
@@ -184,10 +188,7 @@ class NativePublishing:
         while not proto.batch_room(n):
             self._acked.clear()
             await self._acked.wait()
-        if sess.queued >= sess.max_items:
-            await sess.wait_room()
-        if not self.node.has_room:
-            await self.node.writable()
+        await self._queues_room()
         pub = self._publisher
         user, sid = sess.user, sess.id
         reqs = [

@@ -43,15 +43,14 @@ from .lifetime import Lifetime
 from .pump import SessionPump, quietly, stopped
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
 from .qrpc_subs import QrpcSubscriptions
-from .tcp import keep_alive, peer_ip
+from .tcp import drain, keep_alive, peer_ip
 
 __all__ = ["QrpcEncoder", "QrpcService", "QrpcWire", "serve_qrpc"]
 
 log = logging.getLogger("hubbub.qrpc")
 
 READ_CHUNK = 256 * 1024
-#: Seconds a write may wait for a peer that stopped reading, and a closing connection to flush.
-WRITE_TIMEOUT_S = 30.0
+#: Seconds a closing connection may take to flush (a write's own limit: tcp.WRITE_TIMEOUT_S).
 CLOSE_WAIT_S = 5.0
 
 
@@ -404,13 +403,7 @@ async def serve_qrpc(
 
     async def send(writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.write(data)
-        transport = writer.transport
-        if transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]:
-            try:
-                await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
-            except TimeoutError:
-                transport.abort()
-                raise ConnectionResetError("the peer read nothing within the write timeout") from None
+        await drain(writer)
 
     async def _serve(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: Lifetime, ip: str
