@@ -23,10 +23,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def server_side_timers(port: int) -> list[str]:
-    """The ``ss -o`` lines of the established connections whose local port is ``port`` (the server's side)."""
+def server_side_timers(port: int, client_port: int) -> list[str]:
+    """The ``ss -o`` line of the server's side of one connection: local port ``port``, peer ``client_port``
+    (the exact pair, so no other socket of the machine can match)."""
     out = subprocess.run(
-        ["ss", "-tnoH", "state", "established", f"( sport = :{port} )"],
+        ["ss", "-tnoH", "state", "established", f"( sport = :{port} and dport = :{client_port} )"],
         capture_output=True,
         text=True,
         check=True,
@@ -57,7 +58,7 @@ def test_every_tcp_listener_keeps_its_connections_alive(tmp_path: Path) -> None:
                     writer.write(request)  # a round trip: the server's handler runs for this connection
                     line = await asyncio.wait_for(reader.readline(), 10)
                     assert answer in line, (listener, line)
-                    lines = server_side_timers(port)
+                    lines = server_side_timers(port, writer.get_extra_info("sockname")[1])
                     assert len(lines) == 1, (listener, lines)
                     timer = re.search(r"timer:\(keepalive,(\d+)sec", lines[0])
                     assert timer is not None and int(timer[1]) <= KEEPALIVE[0], (listener, lines)
