@@ -235,9 +235,9 @@ def server_sockets(port: int) -> list[str]:
 def test_stalled_tcp_peer_is_dropped(tmp_path: Path, monkeypatch: Any) -> None:
     """A native TCP subscriber that stops reading is closed as a slow consumer, and its socket goes away once
     the write timeout passes: it does not linger behind the bytes it never read, holding a socket."""
-    import hubbub.server
+    import hubbub.transports.tcp
 
-    monkeypatch.setattr(hubbub.server, "WRITE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(hubbub.transports.tcp, "WRITE_TIMEOUT_S", 1.0)
 
     async def main() -> None:
         async with server(tmp_path) as (srv, _http):
