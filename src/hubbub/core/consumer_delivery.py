@@ -135,7 +135,7 @@ class Held:
         """Items :meth:`take` took are pending again (their ack could not be stored)."""
         for it in items:
             c.items[it.pos] = it
-            heapq.heappush(c.ready, it.pos)
+            c.add_ready(it.pos)
             c.ready_bytes += it.event.size
         held = sum(it.event.size for it in items) + ITEM_OVERHEAD * len(items)
         c.held_bytes += held
@@ -248,7 +248,12 @@ class Delivery:
                         continue
                     items[pos] = item(pos, ev)
                     c.loaded_to = pos
-                    push(c.ready, pos)
+                    # Above loaded_to, so above every position held: in order (add_ready's usual case).
+                    fresh = c.fresh
+                    if not fresh or pos > fresh[-1]:
+                        fresh.append(pos)
+                    else:
+                        push(c.ready, pos)
                     if size < 0:
                         size = ev.size
                     c.ready_bytes += size
@@ -288,7 +293,7 @@ class Delivery:
                 if c.deleted:
                     return
                 now_ns = time.time_ns()
-                items, ready, loaded_to, push = c.items, c.ready, c.loaded_to, heapq.heappush
+                items, loaded_to, push, add_ready = c.items, c.loaded_to, heapq.heappush, c.add_ready
                 added = held = 0
                 for it in got:
                     pos = it.pos
@@ -300,7 +305,7 @@ class Delivery:
                     if it.not_before_ns > now_ns:
                         push(c.delayed, (it.not_before_ns, pos))
                     else:
-                        push(ready, pos)
+                        add_ready(pos)
                         added += size
                 c.ready_bytes += added
                 c.held_bytes += held
@@ -349,19 +354,19 @@ class Delivery:
             _, pos = heapq.heappop(c.delayed)
             it = c.items.get(pos)
             if it is not None:
-                heapq.heappush(c.ready, pos)
+                c.add_ready(pos)
                 c.ready_bytes += it.event.size
         idle = [o for o in c.openers if o.batch is None and not o.settling]
         # Ordered delivery (no shared openers): nothing passes a batch that waits out its backoff.
         ordered = not any(o.shared for o in c.openers)
         wake: float | None = (c.delayed[0][0] - now_ns) / NS if c.delayed and c.openers else None
-        if idle and c.ready and not (ordered and c.delayed):
+        if idle and (c.fresh or c.ready) and not (ordered and c.delayed):
             assert self.loop is not None
             now = self.loop.time()
             if c.wait_start is None:
                 c.wait_start = now
             deadline = c.wait_start + c.spec.batch_wait_ms / 1000
-            n, size = len(c.ready), c.ready_bytes
+            n, size = c.ready_count, c.ready_bytes
             full = size >= c.spec.batch_bytes or any(
                 (o.batch_max and n >= o.batch_max) or (o.bytes_max and size >= o.bytes_max) for o in idle
             )
@@ -374,7 +379,7 @@ class Delivery:
                 n = len(ring)
                 start = c.rr % n
                 for k in range(n):
-                    if not c.ready:
+                    if not (c.fresh or c.ready):
                         break
                     o = ring[(start + k) % n]
                     if not o.closed and o.batch is None and not o.settling:
@@ -390,21 +395,7 @@ class Delivery:
 
     def _dispatch(self, c: ConsumerState, o: Opener) -> None:
         limit = min(c.spec.batch_bytes, o.bytes_max) if o.bytes_max else c.spec.batch_bytes
-        most = o.batch_max or len(c.ready)
-        out: list[JournalItem] = []
-        size = 0
-        ready, get, pop = c.ready, c.items.get, heapq.heappop
-        while ready and len(out) < most:
-            it = get(ready[0])
-            if it is None:  # acknowledged meanwhile (cannot happen while pending; kept for safety)
-                pop(ready)
-                continue
-            s = it.event.size
-            if out and size + s > limit:
-                break
-            pop(ready)
-            size += s
-            out.append(it)
+        out, size = c.take_ready(o.batch_max or c.ready_count, limit)
         if not out:
             return
         c.ready_bytes -= size
@@ -435,7 +426,7 @@ class Delivery:
             if not_before_ns:
                 heapq.heappush(c.delayed, (not_before_ns, pos))
             else:
-                heapq.heappush(c.ready, pos)
+                c.add_ready(pos)
                 c.ready_bytes += it.event.size
         if kept:
             self._settles.retries.append(Retry(c.id, tuple(kept), not_before_ns))

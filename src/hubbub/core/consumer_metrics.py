@@ -133,13 +133,14 @@ def _pending(c: ConsumerState, outstanding: int) -> int:
     if c.stored_pending >= 0:
         return max(c.stored_pending - outstanding, 0)
     # Not read from the store yet: what this node holds.
-    return len(c.ready) + sum(1 for _, pos in c.delayed if pos in c.items)
+    return c.ready_count + sum(1 for _, pos in c.delayed if pos in c.items)
 
 
 def _oldest_age(c: ConsumerState, now_ns: int) -> float:
     """Items enter memory in journal order, so the lowest position held is the oldest unacknowledged one."""
     items = c.items
-    lowest = [c.ready[0]] if c.ready else []
+    first = c.next_ready()
+    lowest = [] if first is None else [first]
     lowest.extend(min(o.positions) for o in c.outstanding.values() if o.positions)
     lowest.extend(pos for _, pos in c.delayed if pos in items)
     held = [p for p in lowest if p in items]

@@ -8,6 +8,8 @@ Loop thread only.
 from __future__ import annotations
 
 import asyncio
+import heapq
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -111,7 +113,10 @@ class ConsumerState:
     info: ConsumerInfo
     #: Unacknowledged items held in memory (pending or outstanding), by position.
     items: dict[int, JournalItem] = field(default_factory=dict)
-    #: Pending positions that may go out now (a heap) and their bytes.
+    #: Pending positions that may go out now: ``fresh``, ascending (items as they enter memory, in journal
+    #: order: the usual case, O(1) at both ends), and ``ready``, a heap (items given back, or out of order);
+    #: the next to go is the lower of their heads (:meth:`next_ready`). ``ready_bytes``: their bytes.
+    fresh: deque[int] = field(default_factory=deque)
     ready: list[int] = field(default_factory=list)
     ready_bytes: int = 0
     #: What the held items count against the service's ``held_bytes_max`` (``Held.total``, all consumers).
@@ -148,6 +153,73 @@ class ConsumerState:
     @property
     def id(self) -> int:
         return self.info.id
+
+    @property
+    def ready_count(self) -> int:
+        """Pending positions that may go out now."""
+        return len(self.fresh) + len(self.ready)
+
+    def add_ready(self, pos: int) -> None:
+        """``pos`` may go out now (its bytes are the caller's to count)."""
+        fresh = self.fresh
+        if not fresh or pos > fresh[-1]:
+            fresh.append(pos)
+        else:
+            heapq.heappush(self.ready, pos)
+
+    def next_ready(self) -> int | None:
+        """The lowest position that may go out now, if any (not removed)."""
+        fresh, ready = self.fresh, self.ready
+        if fresh:
+            return ready[0] if ready and ready[0] < fresh[0] else fresh[0]
+        return ready[0] if ready else None
+
+    def pop_ready(self) -> int:
+        """Remove and return the lowest position that may go out now (there is one)."""
+        fresh, ready = self.fresh, self.ready
+        if fresh and not (ready and ready[0] < fresh[0]):
+            return fresh.popleft()
+        return heapq.heappop(ready)
+
+    def take_ready(self, most: int, limit: int) -> tuple[list[JournalItem], int]:
+        """Remove the lowest pending items that may go out now, at most ``most`` of them and ``limit`` event
+        bytes (but at least one), and return them with their bytes (``ready_bytes`` is the caller's)."""
+        out: list[JournalItem] = []
+        add = out.append
+        size = 0
+        fresh, get = self.fresh, self.items.get
+        if not self.ready:
+            # Only items in journal order (the usual case): from the front of ``fresh``.
+            popleft = fresh.popleft
+            n = 0
+            while fresh and n < most:
+                it = get(fresh[0])
+                if it is None:  # acknowledged meanwhile (cannot happen while pending; kept for safety)
+                    popleft()
+                    continue
+                s = it.event.size
+                if n and size + s > limit:
+                    break
+                popleft()
+                size += s
+                add(it)
+                n += 1
+            return out, size
+        while len(out) < most:
+            pos = self.next_ready()
+            if pos is None:
+                break
+            it = get(pos)
+            if it is None:  # as above
+                self.pop_ready()
+                continue
+            s = it.event.size
+            if out and size + s > limit:
+                break
+            self.pop_ready()
+            size += s
+            add(it)
+        return out, size
 
     @property
     def spec(self) -> ConsumerSpec:
