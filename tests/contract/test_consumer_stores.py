@@ -191,6 +191,47 @@ def test_a_mixed_append_journals_every_field_of_every_event(store: LogStore) -> 
     assert {i.event.publisher.user for i in expect[tagged.id]} == {"alice", "carol", "dave"}
 
 
+def test_bursts_with_unmatched_events_and_duplicates_between_them(store: LogStore) -> None:
+    """Runs of alike events (SQLite builds a run's key once per burst) broken by events no consumer matches,
+    by duplicates, by another dialect and by events that only one of three consumers matches: each consumer
+    gets exactly its events, in order, at the positions the append reported, field for field."""
+    a = store.consumer_create(spec("a", "/a/**"))[0]
+    x = store.consumer_create(spec("x", "/a/x"))[0]
+    q = store.consumer_create(spec("q", "/a/**", tags=("q",)))[0]
+    store.append([req("/a/x", b"first", idem="d1")])
+    pub, other = Publisher("native", "u", "app", ""), Publisher("qpubs", "u", "app", "")
+    burst = [AppendRequest("/a/x", pub, bytes([i]), "t/p") for i in range(10)]
+    batch = [
+        *burst[:4],
+        AppendRequest("/b/x", pub, b"none", "t/p"),
+        *burst[4:6],
+        req("/a/x", b"again", idem="d1"),  # a duplicate: journaled before, not again
+        *burst[6:8],
+        AppendRequest("/a/x", other, b"other dialect", "t/p"),
+        AppendRequest("/a/y", pub, b"not x", "t/p"),
+        AppendRequest("/a/x", pub, b"tagged", "t/p", tags=("q",)),
+        *burst[8:],
+        AppendRequest("/b/x", pub, b"none again", "t/p"),
+    ]
+    results = store.append(batch)
+    expect: dict[int, list[JournalItem]] = {a.id: [], x.id: [], q.id: []}
+    for r in results:
+        if r.duplicate:
+            assert r.journal == ()
+            continue
+        ch, tags = r.event.channel, r.event.tags
+        want = [c.id for c, ok in ((a, ch.startswith("/a/")), (x, ch == "/a/x"), (q, "q" in tags)) if ok]
+        assert [cid for cid, _ in r.journal] == want
+        for cid, pos in r.journal:
+            expect[cid].append(JournalItem(pos, r.event))
+    for c in (a, x, q):
+        got = store.consumer_items(c.id, limit=1000)
+        assert got[-len(expect[c.id]) :] == expect[c.id]
+        assert [i.pos for i in got] == list(range(1, len(got) + 1))
+    assert [i.event.payload for i in expect[q.id]] == [b"tagged"]
+    assert len(expect[x.id]) == 10 + 2 and len(expect[a.id]) == 10 + 3
+
+
 def test_only_events_after_creation_are_journaled(store: LogStore) -> None:
     store.append([req("/a/1")])
     c, _ = store.consumer_create(spec())

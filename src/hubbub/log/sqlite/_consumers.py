@@ -154,30 +154,50 @@ class _ConsumerSide(_ReadSide):
         # Per run (see _INSERT_JOURNAL_RUN): its shared values -> its items' _JRUN_ROW values.
         runs: dict[tuple[Any, ...], list[Any]] = {}
         touched: dict[int, _Row] = {}
+        # The previous event's shape (channel, tags, epoch, publisher but for msg_id, content type; no
+        # headers) and, per consumer it matched, its rows and run: the events of one connection's burst share
+        # them, so their run keys are built and looked up once per burst, not per event and consumer.
+        last_shape: tuple[Any, ...] | None = None
+        last: list[tuple[_Row, list[Any]]] = []
         for i, r in enumerate(results):
             if r.duplicate:
                 continue
             ev = r.event
-            ids = match(ev.channel, ev.tags)
-            if not ids:
-                continue
             p = ev.publisher
-            hb = encode_headers(ev.headers) if ev.headers else b""
-            tb = encode_tags(ev.tags) if ev.tags else b""
+            shape = (ev.channel, ev.tags, ev.epoch, p.dialect, p.user, p.app, ev.content_type)
+            if ev.headers or shape != last_shape:
+                ids = match(ev.channel, ev.tags)
+                if not ids:
+                    last_shape = None
+                    continue
+                hb = encode_headers(ev.headers) if ev.headers else b""
+                tb = encode_tags(ev.tags) if ev.tags else b""
+                last = []
+                for cid in ids:
+                    c = touched[cid] = crows[cid]
+                    key = (cid, ev.channel, ev.epoch, p.dialect, p.user, p.app, ev.content_type, hb, tb)
+                    run = runs.get(key)
+                    if run is None:
+                        run = runs[key] = []
+                    last.append((c, run))
+                last_shape = None if ev.headers else shape
             size = ev.size
             bp = _blob(ev.payload)
-            entries = []
-            for cid in ids:
-                c = touched[cid] = crows[cid]
-                c.top += 1
+            if len(last) == 1:
+                c, run = last[0]
+                c.top = top = c.top + 1
                 c.pending += 1
                 c.bytes += size
-                entries.append((cid, c.top))
-                key = (cid, ev.channel, ev.epoch, p.dialect, p.user, p.app, ev.content_type, hb, tb)
-                run = runs.get(key)
-                if run is None:
-                    run = runs[key] = []
-                run += (c.top, ev.seq, ev.time_ns, size, p.msg_id, bp)
+                run.extend((top, ev.seq, ev.time_ns, size, p.msg_id, bp))
+                results[i] = AppendResult(ev, False, ((c.id, top),))
+                continue
+            entries = []
+            for c, rows in last:
+                c.top = top = c.top + 1
+                c.pending += 1
+                c.bytes += size
+                entries.append((c.id, top))
+                rows.extend((top, ev.seq, ev.time_ns, size, p.msg_id, bp))
             results[i] = AppendResult(ev, False, tuple(entries))
         if runs:
             limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
