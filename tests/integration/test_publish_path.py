@@ -68,12 +68,56 @@ def test_memory_engine_commits_on_the_loop_when_the_writer_is_idle(tmp_path: Pat
     run_node("memory", tmp_path, body)
 
 
-def test_sqlite_engine_never_commits_on_the_loop(tmp_path: Path) -> None:
+def test_sqlite_commits_small_batches_on_the_loop_and_larger_ones_on_the_thread(
+    tmp_path: Path,
+) -> None:
+    """SQLite without fsync (``inline_append_max``): a tick's batch of at most that many publishes commits on
+    the loop while the writer is idle; a larger one goes to the writer thread; both in order, seqs gapless."""
+
     async def body(node: Node) -> None:
-        await node.publish(req("/a", "x"))
-        assert node.statistics()["writer"]["inline_batches"] == 0
+        most = node.store.inline_append_max
+        assert most > 0
+        r = await node.publish(req("/a", "x"))
+        assert r.event.seq == 1
+        assert node.statistics()["writer"]["inline_batches"] == 1
+        s = Session("native", Enc(), max_items=4 * most, max_bytes=1 << 22)
+        node.attach(s)
+        for size, inline in ((most, 1), (most + 1, 0)):
+            before = node.statistics()["writer"]["inline_batches"]
+            results: list[AppendResult | HubbubError] = []
+            done = asyncio.Event()
+
+            def cb(
+                res: AppendResult | HubbubError,
+                out: list[AppendResult | HubbubError] = results,
+                n: int = size,
+                ev: asyncio.Event = done,
+            ) -> None:
+                out.append(res)
+                if len(out) == n:
+                    ev.set()
+
+            for i in range(size):
+                node.submit(req("/a", f"{size}-{i}"), s, cb)
+            await asyncio.wait_for(done.wait(), 10)
+            assert node.statistics()["writer"]["inline_batches"] == before + inline
+            assert all(isinstance(x, AppendResult) for x in results)
+            seqs = [x.event.seq for x in results if isinstance(x, AppendResult)]
+            assert seqs == list(range(seqs[0], seqs[0] + size))
+        assert (await node.publish(req("/a", "last"))).event.seq == 1 + most + most + 1 + 1
 
     run_node("sqlite", tmp_path, body)
+
+
+def test_sqlite_engine_with_fsync_never_commits_on_the_loop(tmp_path: Path) -> None:
+    async def main() -> None:
+        st = open_store("sqlite", str(tmp_path / "data"), "fsync", RetentionPolicy(), 600)
+        assert st.inline_append_max == 0 and not st.inline_append
+        async with Node(st, NodeSettings()) as node:
+            await node.publish(req("/a", "x"))
+            assert node.statistics()["writer"]["inline_batches"] == 0
+
+    asyncio.run(main())
 
 
 def test_inline_commit_waits_behind_writer_thread_work(tmp_path: Path) -> None:

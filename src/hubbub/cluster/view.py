@@ -48,6 +48,7 @@ class ClusterView(LogStore):
         self.readonly = store.readonly
         self.inline_append = store.inline_append
         self.inline_settle = store.inline_settle
+        self.inline_append_max = store.inline_append_max
         self.shared = store.shared
 
     def _cap(self, infos: list[ChannelInfo]) -> list[ChannelInfo]:

@@ -4,8 +4,9 @@ Publishers on the event loop call :meth:`LogWriter.submit`; the thread takes eve
 ``max_batch``) and appends it in one transaction, then hands the results back to the loop with one
 ``call_soon_threadsafe``. Acknowledgements and fan-out therefore happen only after the commit returned.
 
-An engine whose append is cheap and never waits on I/O (``LogStore.inline_append``, the memory store) may
-instead be appended to on the loop itself through :meth:`LogWriter.append_inline`, but only while the writer
+An engine whose append is cheap and never waits on I/O (``LogStore.inline_append``, the memory store), or
+an append of at most ``LogStore.inline_append_max`` requests (SQLite without fsync), may instead be
+appended to on the loop itself through :meth:`LogWriter.append_inline`, but only while the writer
 is :attr:`~LogWriter.idle`: nothing queued or running on the thread and every completion delivered. Writer
 methods then still never run concurrently, and run in the order they were asked for.
 
@@ -122,7 +123,8 @@ class LogWriter:
     def append_inline(self, requests: list[AppendRequest]) -> list[AppendResult] | HubbubError:
         """Append on the calling (loop) thread and return the results, or the error that fails them all.
 
-        Only for engines with ``inline_append`` and only while :attr:`idle`: the caller checks both. It saves
+        Only for engines with ``inline_append`` (or batches within ``inline_append_max``) and only while
+        :attr:`idle`: the caller checks both. It saves
         the two thread hand-offs of a commit, which cost more than such an engine's whole append.
         """
         result = self._append(requests)

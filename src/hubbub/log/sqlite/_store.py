@@ -79,6 +79,9 @@ __all__ = ["SqliteLogStore"]
 _NS: Final = 1_000_000_000
 # How often (in log time) append forgets expired idempotency keys.
 _IDEM_PRUNE_EVERY_NS: Final = 10 * _NS
+# The most requests an append may have to run on the event loop (``inline_append_max``, base.py): a commit of
+# up to 64 small events costs about 0.1-0.5 ms of CPU on the 2-core dev machine (bench/consumer_store.py).
+_INLINE_APPEND_MAX: Final = 64
 
 _INSERT_CHANNEL: Final = (
     "INSERT INTO channels (id, path, epoch, first, top, top_time, count, bytes) "
@@ -150,6 +153,8 @@ class SqliteLogStore(_ConsumerSide, LogStore):
         # A settle is a small transaction; without fsync its commit only writes the WAL (page cache), and the
         # checkpointer is PASSIVE, so it never waits for a lock: core may run it on the loop (base.py).
         self.inline_settle = durability != "fsync"
+        # Likewise a small append (base.py): measured in bench/consumer_wire.py (RESULTS.md, consumer4).
+        self.inline_append_max = _INLINE_APPEND_MAX if durability != "fsync" else 0
         self._retention = retention or RetentionPolicy()
         self._idem_window_ns = int(max(idem_window_s, 0) * _NS)
         self._clock = clock
