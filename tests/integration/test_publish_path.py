@@ -120,7 +120,8 @@ def test_sqlite_engine_with_fsync_never_commits_on_the_loop(tmp_path: Path) -> N
     asyncio.run(main())
 
 
-def test_inline_commit_waits_behind_writer_thread_work(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["memory", "sqlite"])
+def test_inline_commit_waits_behind_writer_thread_work(tmp_path: Path, engine: str) -> None:
     """A publish made while a control operation is still on the writer thread is not appended on the loop
     ahead of it: it lands after the reset, in the new epoch, and its ack comes after the control's result."""
 
@@ -166,7 +167,7 @@ def test_inline_commit_waits_behind_writer_thread_work(tmp_path: Path) -> None:
         await node.publish(req("/a", "later"))
         assert node.statistics()["writer"]["inline_batches"] == before + 1
 
-    run_node("memory", tmp_path, body)
+    run_node(engine, tmp_path, body)
 
 
 def test_inline_commit_of_a_closed_store_fails_the_publish(tmp_path: Path) -> None:
