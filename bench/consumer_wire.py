@@ -9,7 +9,9 @@ Each run starts a fresh server on a free loopback port (bench/procs.py): hubbub 
 everysec``.
 One publisher connection pipelines publishes in windows of 1000 (each acknowledged by the server once stored:
 hubbub ``publish`` with ``ack``, JetStream ``PubAck``, Redis ``XADD`` in a pipeline) while one consumer
-connection takes batches of at most B events and acknowledges each batch before it takes the next:
+connection takes batches of at most B events and acknowledges each batch before it takes the next. A window
+goes out as one write, as a Redis pipeline does (hubbub: its 1000 frames joined; with ``--frame-writes``, one
+write per publish frame, as this bench did before 2026-11-27 04:00 UTC; nats-py buffers its publishes itself):
 
 * hubbub: ``consume`` with ``max`` B over native TCP msgpack; ``ack`` answered once the items are durably
   gone from the journal; the next batch comes after it.
@@ -47,6 +49,8 @@ from procs import Server, available, start
 WINDOW = 1000
 #: ``--drain``: publish everything first, then time the consumer alone (the backlog drained).
 DRAIN = False
+#: One write per publish frame instead of one per window (``--frame-writes``).
+FRAME_WRITES = False
 #: The server's CPU time (user + system, all threads) per event over the timed phase of the last run, in µs:
 #: less sensitive than events/s to the other processes of a loaded machine.
 CPU_US = [0.0]
@@ -71,8 +75,12 @@ class _Msgpack:
         return c
 
     def send(self, obj: dict[str, Any]) -> None:
+        self.w.write(self.frame(obj))
+
+    @staticmethod
+    def frame(obj: dict[str, Any]) -> bytes:
         data = msgpack.packb(obj, use_bin_type=True)
-        self.w.write(len(data).to_bytes(4, "big") + data)
+        return len(data).to_bytes(4, "big") + data
 
     async def recv(self) -> dict[str, Any]:
         while True:
@@ -98,10 +106,17 @@ async def hubbub_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
         i = 0
         while i < n:
             k = min(WINDOW, n - i)
-            for j in range(k):
-                pub.send(
+            frames = [
+                pub.frame(
                     {"op": "publish", "id": i + j, "channel": "/bench/a", "payload": payload, "ack": True}
                 )
+                for j in range(k)
+            ]
+            if FRAME_WRITES:
+                for f in frames:
+                    pub.w.write(f)
+            else:
+                pub.w.write(b"".join(frames))
             for _ in range(k):
                 r = await pub.recv()
                 assert r["op"] == "reply", r
@@ -254,9 +269,13 @@ def main() -> None:
     ap.add_argument("--peers", default="hubbub,js,redis")
     ap.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
     ap.add_argument("--drain", action="store_true", help="publish first, then time draining the backlog")
+    ap.add_argument(
+        "--frame-writes", action="store_true", help="hubbub's publisher: one write per frame, not per window"
+    )
     a = ap.parse_args()
-    global DRAIN
+    global DRAIN, FRAME_WRITES
     DRAIN = a.drain
+    FRAME_WRITES = a.frame_writes
     payload = b"x" * a.payload
     rows: list[dict[str, Any]] = []
     print(f"# {platform.node()} nproc={os.cpu_count()} load={os.getloadavg()[0]:.2f} payload={a.payload}B")
