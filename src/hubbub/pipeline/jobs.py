@@ -676,6 +676,11 @@ def backfill(
     src = src.select(*[c for c in _SINK_COLUMNS if c in src.columns])
     prefix = channel_prefix.rstrip("/")
     target_pattern = (prefix + channels) if prefix else channels
+    t0 = time.perf_counter()
+    # The target's positions: only when some matching channel of the target holds events (a fresh target,
+    # the common first run, has none: its listing, one request, spares a Spark job over the target).
+    with contextlib.closing(connect_source(url, token)) as target:
+        holding = bool(target.channels(target_pattern))
     present = (
         spark.read.format("hubbub")
         .option("url", url)
@@ -686,14 +691,19 @@ def backfill(
         .where(F.col("pos").isNotNull())
         .distinct()
         .cache()
+        if holding
+        else None
     )
-    t0 = time.perf_counter()
     try:
-        todo = src
-        joined = present.count() > 0
+        joined = present is not None and present.count() > 0
+        # The events read and those left to publish are counted as the write goes (no pass of their own),
+        # unless a progress display needs the total first.
+        read, left = Observation("backfill read"), Observation("backfill left")
+        todo = src.observe(read, F.count(F.lit(1)).alias("n"))
         if joined:
-            todo = src.withColumn("pos", _position(src)).join(present, on="pos", how="left_anti")
-            todo = todo.drop("pos")
+            assert present is not None
+            todo = todo.withColumn("pos", _position(todo)).join(present, on="pos", how="left_anti")
+            todo = todo.drop("pos").observe(left, F.count(F.lit(1)).alias("n"))
         todo = todo.repartition(4, "channel").sortWithinPartitions("channel", "epoch", "seq")
         w = todo.write.format("hubbub").option("url", url).mode("append")
         if prefix:
@@ -703,12 +713,14 @@ def backfill(
         if native_address:
             w = w.option("nativeAddress", native_address)
         with progress(spark, "backfill", show) as shown:
-            total = src.count()
-            pending = todo.count() if joined else total
-            shown.total = pending
+            if show:
+                shown.total = todo.count()
             w.save()
+        total = int(read.get["n"])
+        pending = int(left.get["n"]) if joined else total
     finally:
-        present.unpersist()
+        if present is not None:
+            present.unpersist()
     return {
         "job": "backfill",
         "source_events": total,
