@@ -160,6 +160,33 @@ def test_backfill_of_a_partly_restored_archive_publishes_the_rest_with_every_fie
         assert e["content_type"] == o["content_type"]
 
 
+def test_backfill_publishes_each_channel_in_order_from_files_out_of_order(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    """Each channel's events spread over several files, every file holding them backwards and interleaved
+    with another channel's and epoch's: the target still gets each channel's events once, an epoch's in seq
+    order and each epoch's together (epochs in name order), whatever order the input is read in."""
+    url = http_url(server)
+    inp = tmp_path / "export"
+    events = [("/o/a", "e1", s) for s in range(1, 41)]
+    events += [("/o/a", "e2", s) for s in range(1, 11)] + [("/o/b", "e3", s) for s in range(1, 31)]
+    schema = (
+        "channel string, seq long, epoch string, headers map<string,string>, tags array<string>, "
+        "payload binary, content_type string"
+    )
+    for part in range(3):  # one file each, written one after another
+        chunk = [e for e in events if e[2] % 3 == part][::-1]
+        rows = [(c, s, e, {"k": "v"}, ["t"], f"{c}:{e}:{s}".encode(), "text/plain") for c, e, s in chunk]
+        spark.createDataFrame(rows, schema).coalesce(1).write.mode("append").parquet(str(inp))
+    assert len(list(inp.glob("part-*.parquet"))) == 3
+    res = jobs.backfill(spark, str(inp), url, channels="/o/**", channel_prefix="/r")
+    assert (res["published"], res["already_present"], res["source_events"]) == (80, 0, 80)
+    for ch in ("/o/a", "/o/b"):
+        got = [e["headers"][SOURCE_HEADER] for e in log_head(url, "/r" + ch)["events"]]
+        want = [f"{c}#{e}:{s}" for c, e, s in events if c == ch]  # (epoch, seq) order
+        assert got == want
+
+
 def log_head(url: str, channel: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"{url}/api/v1/log{channel}?limit=1000") as r:
         body: dict[str, Any] = json.loads(r.read())
