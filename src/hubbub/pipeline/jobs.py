@@ -670,8 +670,13 @@ def backfill(
     before publishing, the events whose position the target already holds are skipped.
 
     Only the columns the sink reads are read (Parquet reads no others, and Spark hands no others to the
-    sink's Python workers). The target's positions are read once (cached): when it holds none (a first run)
-    there is nothing to join, and the publishes are counted without reading the input twice."""
+    sink's Python workers). The target's positions are read once (cached), and only when a target channel
+    matching the pattern holds events: a first run into a fresh target reads nothing of it (one listing
+    request) and joins nothing. The events read and left to publish are counted as the write goes
+    (observed metrics), not by passes of their own, except that a progress display counts what is left first.
+
+    Order: each channel's events go to one partition (a shuffle by channel) and are published in (epoch, seq)
+    order, whatever order the input's files are read in."""
     src = load(spark, input_dir=input_dir, channels=channels)
     src = src.select(*[c for c in _SINK_COLUMNS if c in src.columns])
     prefix = channel_prefix.rstrip("/")
