@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -21,7 +24,7 @@ from hubbub.pipeline.datasource import SOURCE_HEADER
 from hubbub.pipeline.sources import PipelineError
 from tests.integration.serverproc import ServerProcess
 
-from .conftest import http_url, store_url
+from .conftest import http_url, spark_env, store_url
 
 pytestmark = pytest.mark.spark
 
@@ -185,6 +188,28 @@ def test_backfill_publishes_each_channel_in_order_from_files_out_of_order(
         got = [e["headers"][SOURCE_HEADER] for e in log_head(url, "/r" + ch)["events"]]
         want = [f"{c}#{e}:{s}" for c, e, s in events if c == ch]  # (epoch, seq) order
         assert got == want
+
+
+def test_backfill_command_on_a_local_master_with_its_own_jvm_options(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    """``hubbub pipeline backfill`` on ``local[2]`` without ``--conf spark.driver.extraJavaOptions``: the
+    command picks the JVM's options itself (C1 only, ``cli.job_conf``), and publishes everything in order."""
+    url = http_url(server)
+    publish(url, {"/cli/a": 12, "/cli/b": 5})
+    out = tmp_path / "archive"
+    jobs.archive(spark, url, str(out), channels="/cli/**")
+    r = subprocess.run(
+        [sys.executable, "-m", "hubbub", "pipeline", "backfill", "--master", "local[2]", "--input", str(out),
+         "--target", url, "--channels", "/cli/**", "--channel-prefix", "/bf", "--no-progress",
+         "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **spark_env()}, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (res["published"], res["already_present"]) == (17, 0)
+    got = [e["headers"][SOURCE_HEADER] for e in log_head(url, "/bf/cli/a")["events"]]
+    assert [int(g.rsplit(":", 1)[1]) for g in got] == list(range(1, 13))
 
 
 def log_head(url: str, channel: str) -> dict[str, Any]:
