@@ -167,26 +167,31 @@ def test_backfill_publishes_each_channel_in_order_from_files_out_of_order(
     spark: SparkSession, server: ServerProcess, tmp_path: Path
 ) -> None:
     """Each channel's events spread over several files, every file holding them backwards and interleaved
-    with another channel's and epoch's: the target still gets each channel's events once, an epoch's in seq
-    order and each epoch's together (epochs in name order), whatever order the input is read in."""
+    with another channel's and epoch's: the target still gets each channel's events once, in log order:
+    its epochs oldest first (by time, though the older epoch's name sorts last), each in seq order."""
     url = http_url(server)
     inp = tmp_path / "export"
-    events = [("/o/a", "e1", s) for s in range(1, 41)]
-    events += [("/o/a", "e2", s) for s in range(1, 11)] + [("/o/b", "e3", s) for s in range(1, 31)]
+    # /o/a's older epoch is "zz" (times 1..40), its newer one "aa" (times 1000..1009).
+    events = [("/o/a", "zz", s, s) for s in range(1, 41)]
+    events += [("/o/a", "aa", s, 999 + s) for s in range(1, 11)] + [
+        ("/o/b", "e3", s, s) for s in range(1, 31)
+    ]
     schema = (
-        "channel string, seq long, epoch string, headers map<string,string>, tags array<string>, "
+        "channel string, seq long, epoch string, time long, headers map<string,string>, tags array<string>, "
         "payload binary, content_type string"
     )
     for part in range(3):  # one file each, written one after another
         chunk = [e for e in events if e[2] % 3 == part][::-1]
-        rows = [(c, s, e, {"k": "v"}, ["t"], f"{c}:{e}:{s}".encode(), "text/plain") for c, e, s in chunk]
+        rows = [
+            (c, s, e, t, {"k": "v"}, ["t"], f"{c}:{e}:{s}".encode(), "text/plain") for c, e, s, t in chunk
+        ]
         spark.createDataFrame(rows, schema).coalesce(1).write.mode("append").parquet(str(inp))
     assert len(list(inp.glob("part-*.parquet"))) == 3
     res = jobs.backfill(spark, str(inp), url, channels="/o/**", channel_prefix="/r")
     assert (res["published"], res["already_present"], res["source_events"]) == (80, 0, 80)
     for ch in ("/o/a", "/o/b"):
         got = [e["headers"][SOURCE_HEADER] for e in log_head(url, "/r" + ch)["events"]]
-        want = [f"{c}#{e}:{s}" for c, e, s in events if c == ch]  # (epoch, seq) order
+        want = [f"{c}#{e}:{s}" for c, e, s, _ in events if c == ch]  # log order
         assert got == want
 
 

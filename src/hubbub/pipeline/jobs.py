@@ -675,10 +675,15 @@ def backfill(
     request) and joins nothing. The events read and left to publish are counted as the write goes
     (observed metrics), not by passes of their own, except that a progress display counts what is left first.
 
-    Order: each channel's events go to one partition (a shuffle by channel) and are published in (epoch, seq)
-    order, whatever order the input's files are read in."""
+    Order: each channel's events go to one partition (a shuffle by channel) and are published in log order,
+    whatever order the input's files are read in: its epochs oldest first (by the events' times; an input
+    without a ``time`` column, by epoch name), each epoch's events in seq order."""
     src = load(spark, input_dir=input_dir, channels=channels)
-    src = src.select(*[c for c in _SINK_COLUMNS if c in src.columns])
+    # A channel's epochs go oldest first: by the events' log time where the input has it (an archive does;
+    # the log's times only grow, so within a channel time order is epoch after epoch, each in seq order),
+    # else by epoch name (an input without times). Epoch names are random, not ordered by age.
+    by_time = "time" in src.columns
+    src = src.select(*[c for c in _SINK_COLUMNS if c in src.columns], *(["time"] if by_time else []))
     prefix = channel_prefix.rstrip("/")
     target_pattern = (prefix + channels) if prefix else channels
     t0 = time.perf_counter()
@@ -709,7 +714,10 @@ def backfill(
             assert present is not None
             todo = todo.withColumn("pos", _position(todo)).join(present, on="pos", how="left_anti")
             todo = todo.drop("pos").observe(left, F.count(F.lit(1)).alias("n"))
-        todo = todo.repartition(4, "channel").sortWithinPartitions("channel", "epoch", "seq")
+        order = ("channel", "time", "epoch", "seq") if by_time else ("channel", "epoch", "seq")
+        todo = todo.repartition(4, "channel").sortWithinPartitions(*order)
+        if by_time:
+            todo = todo.drop("time")  # a projection: the sort's order stays
         w = todo.write.format("hubbub").option("url", url).mode("append")
         if prefix:
             w = w.option("channelPrefix", prefix)
