@@ -641,6 +641,26 @@ def test_idempotent_append(factory: Factory) -> None:
     assert store.append([req("/a", b"one", idem="k1")])[0].event == again.event
 
 
+def test_idempotent_batch_interleaving_channels_and_users(factory: Factory) -> None:
+    """A batch whose keyed rows switch channel and user back and forth (each switch a new run of keys in
+    the SQLite engine), retried: every row is answered with its original event, nothing is appended."""
+    store = factory.open(idem_window_s=60)
+    shape = [("/a", "alice"), ("/b", "alice"), ("/a", "alice"), ("/a", "bob"), ("/b", "bob"), ("/a", "alice")]
+    batch = [
+        req(ch, f"{i}".encode(), user=user, idem=f"k{i}", headers={"src": f"s{i}"})
+        for i, (ch, user) in enumerate(shape * 40)
+    ]
+    first = store.append(batch)
+    assert not any(r.duplicate for r in first)
+    assert seqs(store.read("/a")) == list(range(1, 161)) and seqs(store.read("/b")) == list(range(1, 81))
+    factory.clock.advance(1)
+    again = store.append([*batch[::-1], req("/a", b"new", idem="k-new")])
+    assert [r.duplicate for r in again] == [True] * len(batch) + [False]
+    assert [r.event for r in again[:-1]] == [r.event for r in first][::-1]
+    assert again[-1].event.seq == 161
+    assert store.stats().events == len(batch) + 1
+
+
 def test_idempotency_window_in_fractions_of_a_second(factory: Factory) -> None:
     store = factory.open(idem_window_s=0.5)
     orig = store.append([req("/a", idem="k")])[0]

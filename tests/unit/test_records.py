@@ -18,6 +18,7 @@ from hubbub.log.records import (
     decode_tags,
     encode_headers,
     encode_tags,
+    event_columns,
     event_size,
     event_to_record,
     record_to_event,
@@ -179,3 +180,28 @@ def test_codec_from_many_threads() -> None:
     for t in threads:
         t.join()
     assert errors == []
+
+
+@pytest.mark.parametrize(
+    ("headers", "tags"),
+    [
+        ({}, ()),
+        ({"hubbub-source": "/b/c#e:1"}, ()),
+        ({"k": "vé"}, ()),
+        ({"ké": "v"}, ()),
+        ({"a": "1", "b": "2"}, ()),
+        ({"a": "1"}, ("t",)),
+        ({}, ("t", "ü")),
+        (MappingProxyType({"a": "1"}), ()),
+    ],
+)
+def test_event_columns_is_the_three_encoders(headers: dict[str, str], tags: tuple[str, ...]) -> None:
+    payload = b"payload"
+    want = (event_size(payload, headers, tags), encode_headers(headers), encode_tags(tags))
+    assert event_columns(payload, headers, tags) == want
+    assert event_columns(payload, headers, tags, msgpack.Packer(use_bin_type=True)) == want
+
+
+def test_event_columns_rejects_non_strings() -> None:
+    with pytest.raises(RecordError):
+        event_columns(b"", {"a": 1}, ())  # type: ignore[dict-item]

@@ -54,6 +54,7 @@ __all__ = [
     "decode_tags",
     "encode_headers",
     "encode_tags",
+    "event_columns",
     "event_size",
     "event_to_record",
     "record_to_event",
@@ -108,13 +109,17 @@ _EMPTY: Final = b""
 _local = threading.local()
 
 
-def _pack(obj: dict[str, str] | list[str]) -> bytes:
+def _packer() -> msgpack.Packer:
     # A Packer per thread: ``msgpack.packb`` builds a new one per call, which costs more than the packing.
     try:
-        packer = _local.packer
+        packer: msgpack.Packer = _local.packer
     except AttributeError:
         packer = _local.packer = msgpack.Packer(use_bin_type=True)
-    data: bytes = packer.pack(obj)
+    return packer
+
+
+def _pack(obj: dict[str, str] | list[str]) -> bytes:
+    data: bytes = _packer().pack(obj)
     return data
 
 
@@ -184,6 +189,23 @@ def event_size(payload: bytes, headers: Mapping[str, str], tags: Sequence[str]) 
         text = "".join(tags)
         n += len(text) if text.isascii() else len(text.encode())
     return n
+
+
+def event_columns(
+    payload: bytes, headers: Mapping[str, str], tags: Sequence[str], packer: msgpack.Packer | None = None
+) -> tuple[int, bytes, bytes]:
+    """``(event_size(…), encode_headers(headers), encode_tags(tags))`` in one step, for a store's append.
+    ``packer``: the caller's own (one thread's) Packer, which spares the per-thread look-up.
+
+    A bulk load's event has one short ASCII header (the pipeline's ``hubbub-source``) and no tags: that case
+    costs one check and one pack here, 0.5 µs less than the three calls (2-core dev machine)."""
+    if type(headers) is dict and len(headers) == 1 and not tags:
+        ((k, v),) = headers.items()
+        if type(k) is str and type(v) is str and k.isascii() and v.isascii():
+            hb: bytes = (packer or _packer()).pack(headers)
+            return len(payload) + len(k) + len(v), hb, _EMPTY
+    hb, tb = encode_headers(headers), encode_tags(tags)  # first: they check the types
+    return event_size(payload, headers, tags), hb, tb
 
 
 def event_to_record(event: Event) -> dict[str, Any]:

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import msgpack
+
 from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.events import Event, Publisher
 from hubbub.log.base import (
@@ -48,7 +50,7 @@ from hubbub.log.base import (
     new_epoch,
 )
 from hubbub.log.consumers import JournalIndex
-from hubbub.log.records import encode_headers, encode_tags, event_size
+from hubbub.log.records import event_columns
 from hubbub.log.sqlite._checkpointer import _Checkpointer
 from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
@@ -180,6 +182,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
         self._last_time = 0
         self._idem_prune_at = 0
         self._idem_optimistic = False  # see _idem.py
+        self._packer = msgpack.Packer(use_bin_type=True)  # append's (the writer's) header and tag columns
         self._lock_fd = -1
         self._conn: sqlite3.Connection | None = None
         self._checkpointer: _Checkpointer | None = None
@@ -289,6 +292,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             return []
         with self._transaction("append") as conn:
             now = self._clock()
+            packer = self._packer
             window = self._idem_window_ns
             # Optimistic keys (see _idem.py): the batch's keys are written as new ones without looking them up
             # first; if any was there already, the batch starts over, looking them up.
@@ -318,7 +322,11 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                 r_tb: bytes | bytearray = b""
                 r_varied = False
                 r_n = r_start = 0
-                idem_rows: list[Any] = []  # flat: channel id, user, key, seq, time_ns per key (see _idem.py)
+                # The keys to write, in runs of one (channel id, user): see _idem.py's insert_keys.
+                idem_rows: list[list[Any]] = []
+                i_run: list[Any] = []
+                i_cid = 0  # channel ids start at 1
+                i_user: str | None = None
                 batch_idem: dict[tuple[str, str, str], Event] = {}
                 # The keys' rows, looked up per batch before any is written (so as the requests see them).
                 originals = find_originals(conn, heads, batch) if window and not optimistic else {}
@@ -362,9 +370,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     hb: bytes | bytearray
                     tb: bytes | bytearray
                     if headers or tags:
-                        size = event_size(payload, headers, tags)
-                        hb = encode_headers(headers)
-                        tb = encode_tags(tags)
+                        size, hb, tb = event_columns(payload, headers, tags, packer)
                         headers = dict(headers)
                         tags = tuple(tags)
                     else:
@@ -428,7 +434,11 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     add_result(AppendResult(ev))
                     if idem and window:
                         batch_idem[key] = ev
-                        idem_rows += (h.id, pub.user, idem, seq, t)
+                        if h.id != i_cid or pub.user != i_user:
+                            i_cid, i_user = h.id, pub.user
+                            i_run = [i_cid, i_user]
+                            idem_rows.append(i_run)
+                        i_run += (idem, seq, t)
 
                 limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
                 if optimistic:
