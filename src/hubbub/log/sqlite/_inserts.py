@@ -7,8 +7,6 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, Final
 
-from hubbub.events import Publisher
-
 _INSERT_EVENTS_HEAD: Final = (
     "INSERT INTO events (channel_id, seq, time_ns, size, publisher_dialect, publisher_user, publisher_app, "
     "publisher_msg_id, content_type, headers, tags, payload) VALUES "
@@ -76,11 +74,6 @@ def _blob(data: bytes) -> bytes | bytearray:
     if not data:
         return _EMPTY_BLOB
     return bytearray(data) if len(data) <= _COPY_MAX else data
-
-
-def _same_publisher(a: Publisher, b: Publisher) -> bool:
-    """Whether events of ``a`` and ``b`` may share a run (see _INSERT_RUN): ``msg_id`` is a per-row column."""
-    return a.dialect == b.dialect and a.user == b.user and a.app == b.app
 
 
 def _insert_log2(limit: int, shared: int, per_row: int) -> int:

@@ -62,7 +62,6 @@ from hubbub.log.sqlite._inserts import (
     _insert_events,
     _run_rows,
     _runh_rows,
-    _same_publisher,
 )
 from hubbub.log.sqlite._schema import (
     _WRITER_CLOSED,
@@ -380,8 +379,18 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     h.bytes += size
                     bp = _blob(payload)
                     ctype = req.content_type
+                    # A new run: another publisher but for msg_id (a sink's rows each have a Publisher),
+                    # content type or tags.
                     fresh = (
-                        (pub is not r_pub and (r_pub is None or not _same_publisher(pub, r_pub)))
+                        (
+                            pub is not r_pub
+                            and (
+                                r_pub is None
+                                or pub.user != r_pub.user
+                                or pub.app != r_pub.app
+                                or pub.dialect != r_pub.dialect
+                            )
+                        )
                         or ctype != r_ctype
                         or tb != r_tb
                     )
