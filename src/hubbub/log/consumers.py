@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from hubbub.channels import parse_pattern, to_separated
 from hubbub.errors import BadChannel, BadRequest
-from hubbub.events import Event, fast_init
+from hubbub.events import Event
 
 __all__ = [
     "DEFAULT_BATCH_BYTES",
@@ -128,11 +128,14 @@ class ConsumerInfo:
     bytes: int = 0
 
 
-@fast_init  # built once per item journaled, read or given back, on the loop
-@dataclass(frozen=True, slots=True)
+# Built once per item journaled, read or given back, mostly on the loop: a plain slotted dataclass, whose
+# generated __init__ stores each field directly (0.2 µs, against 0.45 for a frozen one even with fast_init).
+# Treated as immutable all the same: nothing assigns to an item's fields; a changed item is a new one
+# (``ConsumerService`` gives items back as ``JournalItem(pos, event, attempts + 1, not_before)``).
+@dataclass(slots=True)
 class JournalItem:
     """One unacknowledged journal item: the event copy, its position, the deliveries given back so far and
-    the earliest time it may be delivered again (0: at once)."""
+    the earliest time it may be delivered again (0: at once). Not to be modified (see above)."""
 
     pos: int
     event: Event
