@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, TypeVar, dataclass_transform
 
-__all__ = ["EMPTY_POSITION", "Event", "Position", "Publisher", "fast_init"]
+__all__ = ["EMPTY_POSITION", "Event", "Position", "Publisher", "fast_init", "hot_value"]
 
 _C = TypeVar("_C", bound=type)
 
@@ -52,6 +52,21 @@ def fast_init(cls: _C) -> _C:
     return cls
 
 
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def hot_value(cls: _C) -> _C:
+    """A slotted dataclass that type-checks as a frozen one: for values built once or more per event on
+    the hot path that are never hashed (a field holds a dict or such a value, so a frozen one's hash
+    would raise anyway).
+
+    A frozen dataclass's ``__init__`` stores each field through a descriptor call, even with
+    :func:`fast_init` (an ``Event`` 0.9 µs, an ``AppendRequest`` 0.75); a plain slotted one's stores them
+    directly (about 0.3). Immutability stays a rule checked statically (mypy reports an assignment to a
+    field, as for a frozen dataclass) rather than at run time; nothing assigns to these values' fields.
+    """
+    made: Any = dataclass(slots=True)(cls)
+    return made  # type: ignore[no-any-return]
+
+
 @fast_init
 @dataclass(frozen=True, slots=True)
 class Position:
@@ -78,8 +93,7 @@ class Publisher:
     msg_id: str = ""
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
+@hot_value
 class Event:
     """One committed event, exactly as stored in the log.
 

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from hubbub.channels import parse_pattern, to_separated
 from hubbub.errors import BadChannel, BadRequest
-from hubbub.events import Event
+from hubbub.events import Event, hot_value
 
 __all__ = [
     "DEFAULT_BATCH_BYTES",
@@ -128,14 +128,10 @@ class ConsumerInfo:
     bytes: int = 0
 
 
-# Built once per item journaled, read or given back, mostly on the loop: a plain slotted dataclass, whose
-# generated __init__ stores each field directly (0.2 µs, against 0.45 for a frozen one even with fast_init).
-# Treated as immutable all the same: nothing assigns to an item's fields; a changed item is a new one
-# (``ConsumerService`` gives items back as ``JournalItem(pos, event, attempts + 1, not_before)``).
-@dataclass(slots=True)
+@hot_value  # built once per item journaled, read or given back, mostly on the loop
 class JournalItem:
     """One unacknowledged journal item: the event copy, its position, the deliveries given back so far and
-    the earliest time it may be delivered again (0: at once). Not to be modified (see above)."""
+    the earliest time it may be delivered again (0: at once)."""
 
     pos: int
     event: Event
