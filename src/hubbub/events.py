@@ -59,9 +59,11 @@ def hot_value(cls: _C) -> _C:
     would raise anyway).
 
     A frozen dataclass's ``__init__`` stores each field through a descriptor call, even with
-    :func:`fast_init` (an ``Event`` 0.9 µs, an ``AppendRequest`` 0.75); a plain slotted one's stores them
-    directly (about 0.3). Immutability stays a rule checked statically (mypy reports an assignment to a
-    field, as for a frozen dataclass) rather than at run time; nothing assigns to these values' fields.
+    :func:`fast_init`; a plain slotted one's stores them directly (measured: an ``Event`` 0.80 → 0.27 µs, an
+    ``AppendRequest`` 0.74 → 0.33, an ``AppendResult`` 0.34 → 0.17, a ``JournalItem`` 0.44 → 0.18; each
+    event is several of these). Immutability stays a rule checked statically (mypy reports an assignment to
+    a field, as for a frozen dataclass; ``tests/unit/test_events.py``) rather than at run time; nothing
+    assigns to these values' fields.
     """
     made: Any = dataclass(slots=True)(cls)
     return made  # type: ignore[no-any-return]
