@@ -8,6 +8,7 @@ depends on the wall clock or on sleeping.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -647,6 +648,46 @@ def test_idempotency_window_in_fractions_of_a_second(factory: Factory) -> None:
     assert store.append([req("/a", idem="k")])[0].event == orig.event
     factory.clock.advance(0.2)
     assert not store.append([req("/a", idem="k")])[0].duplicate
+
+
+def test_sqlite_prunes_expired_keys_in_bounded_steps(tmp_path: Path) -> None:
+    """A long backlog of expired idempotency keys goes over several appends (some commits run on the event
+    loop), never all in one; a key past its window is appended anew meanwhile, and one inside it is not."""
+    from hubbub.log.sqlite import _store as sqlite_store
+
+    clock = Clock()
+    store = SqliteLogStore(tmp_path / "log.db", durability="commit", idem_window_s=60, clock=clock)
+    try:
+        step = sqlite_store._IDEM_PRUNE_MAX
+        for b in range(5):  # 5 commits of step keys, one commit time each
+            store.append([req("/k", idem=f"old{b}-{i}") for i in range(step)])
+            clock.advance(1)
+        clock.advance(60)  # all expired
+
+        def keys() -> int:
+            with contextlib.closing(sqlite3.connect(tmp_path / "log.db")) as conn:
+                n: int = conn.execute("SELECT count(*) FROM idem").fetchone()[0]
+                return n
+
+        left = [keys()]
+        assert left == [5 * step]
+        live = store.append([req("/k", idem="live")])[0].event
+        left.append(keys())
+        for _ in range(5):
+            again = store.append([req("/k", idem="old4-0"), req("/k", idem="live")])
+            assert again[1].duplicate and again[1].event == live  # in the window: never appended again
+            left.append(keys())
+        # Past its window "old4-0" was appended anew (once: later appends answer with that new event).
+        fresh = store.read("/k", after_seq=5 * step, limit=10)
+        assert [e.publisher.msg_id for e in fresh] == ["live", "old4-0"]
+        # Each append deleted at most one bound's worth (plus the other keys of that commit time), and the
+        # backlog took several appends.
+        drops = [a - b for a, b in itertools.pairwise(left)]
+        assert all(d <= 2 * step for d in drops), drops
+        assert len([d for d in drops if d > 0]) >= 3, drops
+        assert keys() == 2, drops  # "live" and the re-keyed "old4-0"
+    finally:
+        store.close()
 
 
 def test_keyed_batches_after_fresh_ones_answer_repeats_with_the_original(factory: Factory) -> None:

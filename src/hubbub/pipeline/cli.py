@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["add_pipeline_commands"]
+__all__ = ["BACKFILL_JVM_OPTIONS", "add_pipeline_commands", "job_conf"]
 
 JOBS = {
     "archive": "archive the log to Parquet, partitioned by channel root and date (incremental, idempotent)",
@@ -97,6 +97,25 @@ def add_pipeline_commands(subparsers: argparse._SubParsersAction[argparse.Argume
     pipe.set_defaults(func=usage)
 
 
+#: JVM options of a ``backfill`` in local mode unless ``--conf spark.driver.extraJavaOptions`` says otherwise:
+#: the C1 compiler only. A backfill's JVM mostly converts rows once (Parquet, shuffle, sort, Arrow for the
+#: sink's Python workers), so the C2 compiler's work never pays back within a job; on 2 cores it took 2 of
+#: the JVM's 5 CPU seconds per 200k events, and C1 only halved the JVM's CPU per event at 200k events and cut
+#: it by a fifth at 600k (docs/pipeline.md "Sink and backfill"). Not for the other jobs: a long read of the
+#: ``hubbub`` source runs about a fifth slower on C1 code.
+BACKFILL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+def job_conf(job: str, master: str, conf: dict[str, str]) -> dict[str, str]:
+    """The Spark settings a job's session starts with: ``conf`` (``--conf``), and for a ``backfill`` on a
+    local master :data:`BACKFILL_JVM_OPTIONS` unless ``conf`` sets the driver's JVM options itself (in
+    local mode the driver's JVM runs the tasks too)."""
+    out = dict(conf)
+    if job == "backfill" and master.startswith("local") and "spark.driver.extraJavaOptions" not in out:
+        out["spark.driver.extraJavaOptions"] = BACKFILL_JVM_OPTIONS
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         from hubbub.errors import PipelineError
@@ -114,7 +133,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"hubbub {args._command}: {exc}", file=sys.stderr)
             return 1
         return 0
-    conf = dict(kv.split("=", 1) for kv in args.conf if "=" in kv)
+    conf = job_conf(args.job, args.master, dict(kv.split("=", 1) for kv in args.conf if "=" in kv))
     show = not args.no_progress and sys.stderr.isatty()
     try:
         spark = jobs.make_session(args.master, f"hubbub-{args.job}", **conf)

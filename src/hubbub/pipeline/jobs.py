@@ -670,12 +670,27 @@ def backfill(
     before publishing, the events whose position the target already holds are skipped.
 
     Only the columns the sink reads are read (Parquet reads no others, and Spark hands no others to the
-    sink's Python workers). The target's positions are read once (cached): when it holds none (a first run)
-    there is nothing to join, and the publishes are counted without reading the input twice."""
+    sink's Python workers). The target's positions are read once (cached), and only when a target channel
+    matching the pattern holds events: a first run into a fresh target reads nothing of it (one listing
+    request) and joins nothing. The events read and left to publish are counted as the write goes
+    (observed metrics), not by passes of their own, except that a progress display counts what is left first.
+
+    Order: each channel's events go to one partition (a shuffle by channel) and are published in log order,
+    whatever order the input's files are read in: its epochs oldest first (by the events' times; an input
+    without a ``time`` column, by epoch name), each epoch's events in seq order."""
     src = load(spark, input_dir=input_dir, channels=channels)
-    src = src.select(*[c for c in _SINK_COLUMNS if c in src.columns])
+    # A channel's epochs go oldest first: by the events' log time where the input has it (an archive does;
+    # the log's times only grow, so within a channel time order is epoch after epoch, each in seq order),
+    # else by epoch name (an input without times). Epoch names are random, not ordered by age.
+    by_time = "time" in src.columns
+    src = src.select(*[c for c in _SINK_COLUMNS if c in src.columns], *(["time"] if by_time else []))
     prefix = channel_prefix.rstrip("/")
     target_pattern = (prefix + channels) if prefix else channels
+    t0 = time.perf_counter()
+    # The target's positions: only when some matching channel of the target holds events (a fresh target,
+    # the common first run, has none: its listing, one request, spares a Spark job over the target).
+    with contextlib.closing(connect_source(url, token)) as target:
+        holding = bool(target.channels(target_pattern))
     present = (
         spark.read.format("hubbub")
         .option("url", url)
@@ -686,15 +701,23 @@ def backfill(
         .where(F.col("pos").isNotNull())
         .distinct()
         .cache()
+        if holding
+        else None
     )
-    t0 = time.perf_counter()
     try:
-        todo = src
-        joined = present.count() > 0
+        joined = present is not None and present.count() > 0
+        # The events read and those left to publish are counted as the write goes (no pass of their own),
+        # unless a progress display needs the total first.
+        read, left = Observation("backfill read"), Observation("backfill left")
+        todo = src.observe(read, F.count(F.lit(1)).alias("n"))
         if joined:
-            todo = src.withColumn("pos", _position(src)).join(present, on="pos", how="left_anti")
-            todo = todo.drop("pos")
-        todo = todo.repartition(4, "channel").sortWithinPartitions("channel", "epoch", "seq")
+            assert present is not None
+            todo = todo.withColumn("pos", _position(todo)).join(present, on="pos", how="left_anti")
+            todo = todo.drop("pos").observe(left, F.count(F.lit(1)).alias("n"))
+        order = ("channel", "time", "epoch", "seq") if by_time else ("channel", "epoch", "seq")
+        todo = todo.repartition(4, "channel").sortWithinPartitions(*order)
+        if by_time:
+            todo = todo.drop("time")  # a projection: the sort's order stays
         w = todo.write.format("hubbub").option("url", url).mode("append")
         if prefix:
             w = w.option("channelPrefix", prefix)
@@ -703,12 +726,14 @@ def backfill(
         if native_address:
             w = w.option("nativeAddress", native_address)
         with progress(spark, "backfill", show) as shown:
-            total = src.count()
-            pending = todo.count() if joined else total
-            shown.total = pending
+            if show:
+                shown.total = todo.count()
             w.save()
+        total = int(read.get["n"])
+        pending = int(left.get["n"]) if joined else total
     finally:
-        present.unpersist()
+        if present is not None:
+            present.unpersist()
     return {
         "job": "backfill",
         "source_events": total,
