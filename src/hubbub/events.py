@@ -66,7 +66,19 @@ def hot_value(cls: _C) -> _C:
     assigns to these values' fields.
     """
     made: Any = dataclass(slots=True)(cls)
+    # As a frozen slotted dataclass has (dataclasses adds them to those only): pickling at every protocol.
+    made.__getstate__ = _hot_getstate
+    made.__setstate__ = _hot_setstate
     return made  # type: ignore[no-any-return]
+
+
+def _hot_getstate(self: Any) -> list[Any]:
+    return [getattr(self, f.name) for f in fields(self)]
+
+
+def _hot_setstate(self: Any, state: list[Any]) -> None:
+    for f, value in zip(fields(self), state, strict=True):
+        object.__setattr__(self, f.name, value)
 
 
 @fast_init

@@ -3,7 +3,9 @@ classes are plain slotted dataclasses that type-check as frozen."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -123,6 +125,20 @@ def test_hot_values_build_compare_and_stay_unhashable() -> None:
             hash(value)  # as before: the frozen versions hashed a dict field
     assert AppendResult(ev) == AppendResult(ev, False, ())
     assert JournalItem(3, ev) == JournalItem(3, ev, 0, 0)
+
+
+def test_hot_values_pickle_and_copy_at_every_protocol() -> None:
+    ev = Event("/a", 1, "e", 5, Publisher("native", "u"), b"x", "text/plain", {"h": "v"}, ("t",))
+    for value in (
+        ev,
+        AppendRequest("/a", Publisher("native"), b"x", "text/plain", {"h": "v"}, ("t",), "k"),
+        AppendResult(ev, False, ((1, 2),)),
+        JournalItem(3, ev, 1, 2),
+    ):
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+            assert pickle.loads(pickle.dumps(value, protocol)) == value
+        assert copy.deepcopy(value) == value
+        assert copy.copy(value) == value
 
 
 def test_hot_values_are_frozen_to_mypy(tmp_path: Path) -> None:
