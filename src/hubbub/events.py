@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, TypeVar, dataclass_transform
 
-__all__ = ["EMPTY_POSITION", "Event", "Position", "Publisher", "fast_init"]
+__all__ = ["EMPTY_POSITION", "Event", "Position", "Publisher", "fast_init", "hot_value"]
 
 _C = TypeVar("_C", bound=type)
 
@@ -52,6 +52,35 @@ def fast_init(cls: _C) -> _C:
     return cls
 
 
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def hot_value(cls: _C) -> _C:
+    """A slotted dataclass that type-checks as a frozen one: for values built once or more per event on
+    the hot path that are never hashed (a field holds a dict or such a value, so a frozen one's hash
+    would raise anyway).
+
+    A frozen dataclass's ``__init__`` stores each field through a descriptor call, even with
+    :func:`fast_init`; a plain slotted one's stores them directly (measured: an ``Event`` 0.80 → 0.27 µs, an
+    ``AppendRequest`` 0.74 → 0.33, an ``AppendResult`` 0.34 → 0.17, a ``JournalItem`` 0.44 → 0.18; each
+    event is several of these). Immutability stays a rule checked statically (mypy reports an assignment to
+    a field, as for a frozen dataclass; ``tests/unit/test_events.py``) rather than at run time; nothing
+    assigns to these values' fields.
+    """
+    made: Any = dataclass(slots=True)(cls)
+    # As a frozen slotted dataclass has (dataclasses adds them to those only): pickling at every protocol.
+    made.__getstate__ = _hot_getstate
+    made.__setstate__ = _hot_setstate
+    return made  # type: ignore[no-any-return]
+
+
+def _hot_getstate(self: Any) -> list[Any]:
+    return [getattr(self, f.name) for f in fields(self)]
+
+
+def _hot_setstate(self: Any, state: list[Any]) -> None:
+    for f, value in zip(fields(self), state, strict=True):
+        object.__setattr__(self, f.name, value)
+
+
 @fast_init
 @dataclass(frozen=True, slots=True)
 class Position:
@@ -78,8 +107,7 @@ class Publisher:
     msg_id: str = ""
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
+@hot_value
 class Event:
     """One committed event, exactly as stored in the log.
 

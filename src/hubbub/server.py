@@ -256,7 +256,7 @@ class Server:
                     await drain(writer)
 
                 async def send_many(frames: list[bytes]) -> None:
-                    writer.write(b"".join(map(codec.frame_for_stream, frames)))
+                    writer.write(codec.frames_for_stream(frames))
                     await drain(writer)
 
                 async def close(code: Disconnect) -> None:

@@ -1,8 +1,14 @@
-"""The event values: ``fast_init`` keeps the frozen dataclass contract while building faster."""
+"""The event values: ``fast_init`` keeps the frozen dataclass contract while building faster; ``hot_value``
+classes are plain slotted dataclasses that type-check as frozen."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import msgpack
 import orjson
@@ -10,7 +16,8 @@ import pytest
 
 from hubbub.dialects.native_common import event_body_json, event_body_msgpack, payload_field
 from hubbub.events import Event, Publisher, fast_init
-from hubbub.log.base import AppendRequest
+from hubbub.log.base import AppendRequest, AppendResult
+from hubbub.log.consumers import JournalItem
 
 
 @fast_init
@@ -98,3 +105,60 @@ def test_size_counts_payload_header_and_tag_bytes() -> None:
     assert Event("/a", 1, "e", 1, pub, b"xyz", "text/plain").size == 3
     ev = Event("/a", 1, "e", 1, pub, b"xyz", "text/plain", {"ü": "vv"}, ("t", "ä"))
     assert ev.size == 3 + 2 + 2 + 1 + 2
+
+
+def test_hot_values_build_compare_and_stay_unhashable() -> None:
+    p = Publisher("native", "u", "s", "m")
+    ev = Event("/a", 1, "e", 5, p, b"x", "text/plain")
+    assert ev.headers == {} and ev.tags == ()
+    assert Event("/a", 1, "e", 5, p, b"x", "text/plain").headers is not ev.headers  # a fresh dict each
+    assert ev == Event("/a", 1, "e", 5, p, b"x", "text/plain", {}, ())
+    assert ev != dataclasses.replace(ev, seq=2)
+    assert not hasattr(ev, "__dict__")  # slotted
+    for value in (
+        ev,
+        AppendRequest("/a", p, b"x", "text/plain"),
+        AppendResult(ev),
+        JournalItem(1, ev),
+    ):
+        with pytest.raises(TypeError):
+            hash(value)  # as before: the frozen versions hashed a dict field
+    assert AppendResult(ev) == AppendResult(ev, False, ())
+    assert JournalItem(3, ev) == JournalItem(3, ev, 0, 0)
+
+
+def test_hot_values_pickle_and_copy_at_every_protocol() -> None:
+    ev = Event("/a", 1, "e", 5, Publisher("native", "u"), b"x", "text/plain", {"h": "v"}, ("t",))
+    for value in (
+        ev,
+        AppendRequest("/a", Publisher("native"), b"x", "text/plain", {"h": "v"}, ("t",), "k"),
+        AppendResult(ev, False, ((1, 2),)),
+        JournalItem(3, ev, 1, 2),
+    ):
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+            assert pickle.loads(pickle.dumps(value, protocol)) == value
+        assert copy.deepcopy(value) == value
+        assert copy.copy(value) == value
+
+
+def test_hot_values_are_frozen_to_mypy(tmp_path: Path) -> None:
+    pytest.importorskip("mypy")
+    src = tmp_path / "assign.py"
+    src.write_text(
+        "from hubbub.events import Event, Publisher\n"
+        "from hubbub.log.consumers import JournalItem\n"
+        'ev = Event("/a", 1, "e", 1, Publisher("n"), b"x", "t")\n'
+        "ev.seq = 2\n"
+        "JournalItem(1, ev).attempts = 3\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(src)],
+        capture_output=True,
+        text=True,
+        env={"MYPYPATH": str(root / "src"), "PATH": ""},
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.count("read-only") == 2, proc.stdout

@@ -1,5 +1,6 @@
-"""The msgpack publish reply is built from cached per-channel pieces (``NativeCodec.encode_publish_reply``):
-it must be byte for byte the packed map of native.md §3.4, for every integer width and any channel."""
+"""The msgpack publish reply is built from cached per-channel pieces (``NativeCodec.encode_publish_reply``,
+and per commit ``encode_publish_replies``): it must be byte for byte the packed map of native.md §3.4, for
+every integer width and any channel."""
 
 from __future__ import annotations
 
@@ -48,6 +49,58 @@ def test_reply_pieces_are_bounded_and_stay_right_after_clearing() -> None:
         codec.encode_publish_reply(1, event(f"/c/{i}", 1, "e", 1))
     assert len(codec._reply_parts) <= _REPLY_PARTS_MAX
     got = codec.encode_publish_reply(7, event("/c/0", 9, "e", 5))
+    assert msgpack.unpackb(got) == {
+        "op": "reply",
+        "id": 7,
+        "channel": "/c/0",
+        "seq": 9,
+        "epoch": "e",
+        "time": 5,
+    }
+
+
+class _Result:
+    def __init__(self, ev: Event, duplicate: bool = False) -> None:
+        self.event = ev
+        self.duplicate = duplicate
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(ints, st.sampled_from(["s", None])),  # ids of any JSON type are echoed
+            ints,
+            ints,
+            st.sampled_from(["/a", "/b%s", "/chat/é", "/" + "y" * 300]),
+            st.sampled_from(["abcd1234", "e%d" * 5]),
+            st.booleans(),
+        ),
+        max_size=30,
+    ),
+    st.sampled_from(["msgpack", "json"]),
+)
+def test_replies_of_a_commit_are_each_reply(
+    rows: list[tuple[object, int, int, str, str, bool]], encoding: str
+) -> None:
+    codec = nc.NativeCodec(encoding)  # type: ignore[arg-type]
+    replies = [(rid, _Result(event(ch, seq, ep, t), dup)) for rid, seq, t, ch, ep, dup in rows]
+    for _ in range(2):  # the second time from the kept templates
+        got = codec.encode_publish_replies(replies)  # type: ignore[arg-type]
+        want = [
+            nc.NativeCodec(encoding).encode_publish_reply(rid, r.event, r.duplicate) for rid, r in replies
+        ]  # type: ignore[arg-type]
+        assert got == want
+        # One write's bytes: each frame as frame_for_stream frames it, in order.
+        assert codec.frames_for_stream(got) == b"".join(map(codec.frame_for_stream, got))
+
+
+def test_reply_formats_are_bounded() -> None:
+    codec = nc.NativeCodec("msgpack")
+    for i in range(_REPLY_PARTS_MAX + 10):
+        codec.encode_publish_replies([(1, _Result(event(f"/c/{i}", 1, "e", 1)))])
+    assert len(codec._reply_formats) <= _REPLY_PARTS_MAX
+    (got,) = codec.encode_publish_replies([(7, _Result(event("/c/0", 9, "e", 5)))])
     assert msgpack.unpackb(got) == {
         "op": "reply",
         "id": 7,

@@ -217,6 +217,10 @@ class Delivery:
         push = heapq.heappush
         item = JournalItem
         overhead = ITEM_OVERHEAD
+        # The consumer of the previous item (a burst's items mostly go to the same one): its look-up and
+        # its entry in ``touched`` are done once per run, not per item.
+        last_cid = -1
+        last: ConsumerState | None = None
         for r in results:
             if r.duplicate:
                 continue
@@ -225,7 +229,13 @@ class Delivery:
                 ev = r.event
                 size = -1
                 for cid, pos in journal:
-                    c = by_id.get(cid)
+                    if cid == last_cid:
+                        c = last
+                    else:
+                        c = by_id.get(cid)
+                        if c is not None:
+                            touched.add(c)
+                        last_cid, last = cid, c
                     if c is None:
                         # Not known yet (created, and its create() not resumed): it reads its journal.
                         if len(self._unknown) < 4096:
@@ -235,7 +245,6 @@ class Delivery:
                         continue
                     if pos <= c.loaded_to:
                         continue  # a backlog read saw this commit before its notification came: loaded
-                    touched.add(c)
                     items = c.items
                     if (
                         c.backlog

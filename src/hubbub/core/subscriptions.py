@@ -235,15 +235,23 @@ class SubscriptionRegistry:
         run: list[Event] = []
         run_subs: tuple[Subscription, ...] = ()
         run_origin: Session | None = None
+        # The channel and tags of the last event that matched nothing: the next with the same ones matches
+        # nothing either (no fan-out ran in between, so nothing could subscribe), without asking the router.
+        none_channel: str | None = None
+        none_tags: tuple[str, ...] = ()
         for (origin, _done, _t0), r in zip(items, result, strict=True):
             if r.duplicate:
                 continue
             ev = r.event
             d = ev.publisher.dialect
             published[d] = published.get(d, 0) + 1
+            if ev.channel is none_channel and ev.tags == none_tags:
+                continue
             subs = match(ev.channel, ev.tags)
             if not subs:
+                none_channel, none_tags = ev.channel, ev.tags
                 continue
+            none_channel = None
             if not self._holding and not (
                 ev.headers and any(k.startswith(FILTER_PREFIX) for k in ev.headers)
             ):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -98,6 +99,7 @@ PROTOCOL_VERSION: Final = 1
 SUBPROTOCOLS: Final[dict[str, Encoding]] = {"hubbub.v1.json": "json", "hubbub.v1.msgpack": "msgpack"}
 
 _unpackb = msgpack.unpackb
+_U32_PACK: Final = struct.Struct(">I").pack
 
 #: Canonical forms of raw channel texts kept per codec (cleared when full).
 CHANNEL_CACHE_SIZE: Final = 1024
@@ -153,6 +155,7 @@ class NativeCodec:
         "_json",
         "_packer",
         "_parsers",
+        "_reply_formats",
         "_reply_parts",
         "encoding",
         "limits",
@@ -188,6 +191,9 @@ class NativeCodec:
         self._channels: dict[str, str] = {}
         # (channel, epoch) -> the msgpack publish reply's fixed pieces (see encode_publish_reply).
         self._reply_parts: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+        # (channel, epoch) -> the msgpack publish reply as a ``%`` format of its id, seq and time (see
+        # encode_publish_replies).
+        self._reply_formats: dict[tuple[str, str], bytes] = {}
         self._parsers: dict[str, Callable[[Obj], Command]] = {
             "hello": self._hello,
             "subscribe": self._subscribe,
@@ -468,6 +474,45 @@ class NativeCodec:
             obj["batch"] = True
         return self._dump(obj)
 
+    def encode_publish_replies(self, replies: Sequence[tuple[int, Any]]) -> list[bytes]:
+        """:meth:`encode_publish_reply` of each ``(id, result)`` (a result has ``event`` and
+        ``duplicate``), in order: the replies of one commit. In msgpack, a run of one channel and epoch (a
+        publisher's burst) formats each reply from one ``%`` template of its id, seq and time; the bytes are
+        the same."""
+        encode = self.encode_publish_reply
+        if self._json:
+            return [encode(rid, r.event, r.duplicate) for rid, r in replies]
+        pack = self._packer.pack
+        formats = self._reply_formats
+        out: list[bytes] = []
+        add = out.append
+        channel: str | None = None
+        epoch = ""
+        fmt = b""
+        for rid, r in replies:
+            ev = r.event
+            if r.duplicate or type(rid) is not int:
+                add(encode(rid, ev, r.duplicate))
+                continue
+            if ev.channel is not channel or ev.epoch != epoch:
+                channel, epoch = ev.channel, ev.epoch
+                got = formats.get((channel, epoch))
+                if got is None:
+                    if len(formats) >= _REPLY_PARTS_MAX:
+                        formats.clear()
+                    got = formats[(channel, epoch)] = b"%s".join(
+                        p.replace(b"%", b"%%")
+                        for p in (
+                            _MP_REPLY_HEAD,
+                            b"".join((pack("channel"), pack(channel), pack("seq"))),
+                            b"".join((pack("epoch"), pack(epoch), pack("time"))),
+                            b"",
+                        )
+                    )
+                fmt = got
+            add(fmt % (pack(rid), pack(ev.seq), pack(ev.time_ns)))
+        return out
+
     def encode_publish_reply(self, id: int, event: Event, duplicate: bool = False) -> bytes:
         """The acknowledgement of a publish (native.md §3.4); ``time`` is a string in JSON.
 
@@ -628,6 +673,13 @@ class NativeCodec:
         if self.encoding == "json":
             return data + b"\n"
         return len(data).to_bytes(4, "big") + data
+
+    def frames_for_stream(self, frames: Sequence[bytes]) -> bytes:
+        """:meth:`frame_for_stream` of each of ``frames``, joined: one write of a session's queued frames."""
+        if self._json:
+            return b"\n".join(frames) + b"\n" if frames else b""
+        u32 = _U32_PACK
+        return b"".join([u32(len(f)) + f for f in frames])
 
     def stream_parts(self, data: bytes) -> tuple[bytes, bytes]:
         """:meth:`frame_for_stream` as two pieces to write one after the other, without copying ``data``."""

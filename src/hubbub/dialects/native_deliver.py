@@ -213,7 +213,18 @@ def _deliver_msgpack(consumer: str, batch: int, items: Sequence[Any]) -> bytes:
     add = out.append
     for it in items:
         ev = it.event
-        if proto is None or not _same_shape(ev, proto):
+        if proto is None or (
+            # One burst's events share these objects (checked by identity first: cheaper than the call).
+            not (
+                ev.channel is proto.channel
+                and ev.epoch is proto.epoch
+                and ev.content_type is proto.content_type
+                and ev.tags is proto.tags
+                and not ev.headers
+                and not proto.headers
+            )
+            and not _same_shape(ev, proto)
+        ):
             hit = shapes.get(ev.channel)
             if hit is not None and hit[0] is not proto and _same_shape(ev, hit[0]):
                 proto, fmt, _ = hit
@@ -241,7 +252,18 @@ def _deliver_msgpack(consumer: str, batch: int, items: Sequence[Any]) -> bytes:
         payload = ev.payload
         n = len(payload)
         head = b"\xc4" + n.to_bytes(1, "big") if n < 0x100 else _bin_head(n)
-        add(fmt % (pack(it.pos), pack(it.attempts), pack(ev.seq), pack(ev.time_ns), pub_bytes, head))
+        attempts = it.attempts
+        add(
+            fmt
+            % (
+                pack(it.pos),
+                pack(attempts) if attempts else b"\x00",
+                pack(ev.seq),
+                pack(ev.time_ns),
+                pub_bytes,
+                head,
+            )
+        )
         add(payload)
     st.mp_pub = (last_pub, pub_bytes)
     return b"".join(out)

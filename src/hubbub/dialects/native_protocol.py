@@ -242,13 +242,12 @@ class NativeProtocol:
         if self.inflight < self.max_inflight // 2:
             self.room()
         popleft = pending.popleft
-        encode = self.codec.encode_publish_reply
-        frames = []
+        replies = []
         for r in results:
             rid, want_ack = popleft()
             if want_ack:
-                frames.append(encode(rid, r.event, r.duplicate))
-        return frames
+                replies.append((rid, r))
+        return self.codec.encode_publish_replies(replies) if replies else []
 
     # -- batched publishes (publish_batch) --------------------------------------------------------------
     #

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hubbub.events import Event, Publisher, fast_init
+from hubbub.events import Event, Publisher, fast_init, hot_value
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem, Retry
 from hubbub.log.records import encode_headers, encode_tags
 
@@ -77,8 +77,7 @@ def new_epoch() -> str:
     return "".join(secrets.choice(_EPOCH_ALPHABET) for _ in range(8))
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
+@hot_value
 class AppendRequest:
     """One event to append; the store assigns ``seq``, ``epoch`` and ``time_ns``."""
 
@@ -91,8 +90,7 @@ class AppendRequest:
     idem: str = ""
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
+@hot_value
 class AppendResult:
     """``journal``: the ``(consumer id, journal pos)`` of every durable consumer this event was journaled for
     in the same transaction (``hubbub.log.consumers``); empty for a duplicate."""

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from hubbub.channels import parse_pattern, to_separated
 from hubbub.errors import BadChannel, BadRequest
-from hubbub.events import Event, fast_init
+from hubbub.events import Event, hot_value
 
 __all__ = [
     "DEFAULT_BATCH_BYTES",
@@ -128,8 +128,7 @@ class ConsumerInfo:
     bytes: int = 0
 
 
-@fast_init  # built once per item journaled, read or given back, on the loop
-@dataclass(frozen=True, slots=True)
+@hot_value  # built once per item journaled, read or given back, mostly on the loop
 class JournalItem:
     """One unacknowledged journal item: the event copy, its position, the deliveries given back so far and
     the earliest time it may be delivered again (0: at once)."""

@@ -161,7 +161,8 @@ class SqliteLogStore(_ConsumerSide, LogStore):
         # A settle is a small transaction; without fsync its commit only writes the WAL (page cache), and the
         # checkpointer is PASSIVE, so it never waits for a lock: core may run it on the loop (base.py).
         self.inline_settle = durability != "fsync"
-        # Likewise a small append (base.py): measured in bench/consumer_wire.py (RESULTS.md, consumer4).
+        # Likewise a small append (base.py): measured in bench/consumer_wire.py (bench/RESULTS.md, "Small
+        # commits on the loop").
         self.inline_append_max = _INLINE_APPEND_MAX if durability != "fsync" else 0
         self._retention = retention or RetentionPolicy()
         self._idem_window_ns = int(max(idem_window_s, 0) * _NS)

@@ -1,0 +1,63 @@
+"""``SubscriptionRegistry.fan_out_committed`` asks the router once for a burst of events that match nothing
+(same channel and tags, one after the other), and again as soon as a fan-out ran (whose callbacks may have
+subscribed someone)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hubbub.core.subscriptions import SubscriptionRegistry
+from hubbub.events import Event, Publisher
+from hubbub.log.base import AppendResult
+
+
+class _Router:
+    def __init__(self) -> None:
+        self.subs: dict[str, tuple[str, ...]] = {"/b": ("S",)}
+        self.asked: list[str] = []
+
+    def match(self, channel: str, tags: Any = ()) -> tuple[str, ...]:
+        self.asked.append(channel)
+        return self.subs.get(channel, ())
+
+
+class _FanOut:
+    def __init__(self, router: _Router) -> None:
+        self.router = router
+        self.got: list[tuple[tuple[str, ...], list[str]]] = []
+
+    def fan_out(self, ev: Event, origin: Any) -> None:
+        self.fan_out_run(self.router.match(ev.channel, ev.tags), [ev], origin)
+
+    def fan_out_run(self, subs: tuple[str, ...], run: list[Event], origin: Any) -> None:
+        self.got.append((subs, [e.channel for e in run]))
+        # A callback subscribes someone to /none (as a guble catch-up may change subscriptions).
+        self.router.subs["/none"] = ("T",)
+
+
+def _ev(channel: str, seq: int, tags: tuple[str, ...] = ()) -> AppendResult:
+    return AppendResult(Event(channel, seq, "e", 1, Publisher("native"), b"p", "x/y", {}, tags))
+
+
+def test_an_unmatched_burst_asks_once_and_a_fan_out_asks_again() -> None:
+    reg = SubscriptionRegistry(None, 10, lambda s: None)  # type: ignore[arg-type]
+    router = _Router()
+    fan = _FanOut(router)
+    reg.router = router  # type: ignore[assignment]
+    reg.fanout = fan  # type: ignore[assignment]
+    router.subs["/c"] = ("S2",)
+    results = [
+        _ev("/none", 1),
+        _ev("/none", 2),
+        _ev("/none", 3, ("t",)),  # other tags: asked again
+        _ev("/b", 1),
+        _ev("/c", 1),  # other subscribers: the /b run goes out here, and its callback subscribes to /none
+        _ev("/none", 4),  # asked again: matched now
+        _ev("/none", 5),
+    ]
+    reg.fan_out_committed([(None, None, 0.0)] * len(results), results)  # type: ignore[list-item]
+    assert router.asked[:4] == ["/none", "/none", "/b", "/c"]
+    assert router.asked.count("/none") >= 3  # the burst once, the tagged one, and after the fan-out
+    assert reg.published == {"native": 7}
+    assert fan.got[0] == (("S",), ["/b"])
+    assert (("T",), ["/none", "/none"]) in fan.got or (("T",), ["/none"]) in fan.got
