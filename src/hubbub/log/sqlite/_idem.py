@@ -41,26 +41,17 @@ _ORIGINALS: Final = (
     f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ?1 AND seq IN (SELECT value FROM json_each(?2))"
 )
 _INSERT_MAX_LOG2: Final = 8
-# A run of keys of one (channel, user) binds those two once (?1, ?2) and per key _IDEM_ROW parameters (key,
-# seq, time_ns): the binding of 2 of 5 values per key saved (0.15-0.2 µs per key, measured on the 2-core
-# dev machine, of 1.9-2.1 µs of SQLite and binding CPU).
-_IDEM_SHARED: Final = 2
-_IDEM_ROW: Final = 3
-
-
-def _idem_stmts(verb: str) -> tuple[str, ...]:
-    return tuple(
-        f"INSERT OR {verb} INTO idem (channel_id, user, key, seq, time_ns) VALUES "
-        + ", ".join(
-            f"(?1, ?2, ?{b + 1}, ?{b + 2}, ?{b + 3})"
-            for b in range(_IDEM_SHARED, _IDEM_SHARED + (_IDEM_ROW << k), _IDEM_ROW)
-        )
-        for k in range(_INSERT_MAX_LOG2 + 1)
-    )
-
-
-_INSERT_IDEM: Final = _idem_stmts("REPLACE")
-_INSERT_NEW_IDEM: Final = _idem_stmts("IGNORE")
+_IDEM_ROW: Final = 5
+_INSERT_IDEM: Final = tuple(
+    "INSERT OR REPLACE INTO idem (channel_id, user, key, seq, time_ns) VALUES "
+    + ", ".join(["(?, ?, ?, ?, ?)"] * (1 << k))
+    for k in range(_INSERT_MAX_LOG2 + 1)
+)
+_INSERT_NEW_IDEM: Final = tuple(
+    "INSERT OR IGNORE INTO idem (channel_id, user, key, seq, time_ns) VALUES "
+    + ", ".join(["(?, ?, ?, ?, ?)"] * (1 << k))
+    for k in range(_INSERT_MAX_LOG2 + 1)
+)
 
 
 class _HeadLike(Protocol):
@@ -107,23 +98,16 @@ def original_rows(
     return rows
 
 
-def insert_keys(conn: sqlite3.Connection, runs: list[list[Any]], limit: int) -> None:
-    """Write ``runs`` into ``idem``, replacing older rows of the same keys: each run a flat list of a channel
-    id and a user, then key, seq and time_ns per key. ``limit``: SQLite's maximum number of parameters in
-    one statement."""
-    log2 = _insert_log2(limit, _IDEM_SHARED, _IDEM_ROW)
-    for run in runs:
-        _insert_chunks(conn, _INSERT_IDEM, log2, _IDEM_SHARED, _IDEM_ROW, run)
+def insert_keys(conn: sqlite3.Connection, rows: list[Any], limit: int) -> None:
+    """Write ``rows`` (flat: channel id, user, key, seq, time_ns per key) into ``idem``, replacing older rows
+    of the same keys. ``limit``: SQLite's maximum number of parameters in one statement."""
+    _insert_chunks(conn, _INSERT_IDEM, _insert_log2(limit, 0, _IDEM_ROW), 0, _IDEM_ROW, rows)
 
 
-def insert_new_keys(conn: sqlite3.Connection, runs: list[list[Any]], limit: int) -> bool:
-    """Write ``runs`` as :func:`insert_keys` does, but only keys that have no row yet: True when every key
+def insert_new_keys(conn: sqlite3.Connection, rows: list[Any], limit: int) -> bool:
+    """Write ``rows`` as :func:`insert_keys` does, but only keys that have no row yet: True when every key
     was new. False means some key had a row (it may have expired, which the caller then decides), and the
     caller undoes what this wrote (a savepoint) and looks the keys up."""
     before = conn.total_changes
-    log2 = _insert_log2(limit, _IDEM_SHARED, _IDEM_ROW)
-    n = 0
-    for run in runs:
-        _insert_chunks(conn, _INSERT_NEW_IDEM, log2, _IDEM_SHARED, _IDEM_ROW, run)
-        n += (len(run) - _IDEM_SHARED) // _IDEM_ROW
-    return conn.total_changes - before == n
+    _insert_chunks(conn, _INSERT_NEW_IDEM, _insert_log2(limit, 0, _IDEM_ROW), 0, _IDEM_ROW, rows)
+    return conn.total_changes - before == len(rows) // _IDEM_ROW

@@ -322,11 +322,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                 r_tb: bytes | bytearray = b""
                 r_varied = False
                 r_n = r_start = 0
-                # The keys to write, in runs of one (channel id, user): see _idem.py's insert_keys.
-                idem_rows: list[list[Any]] = []
-                i_run: list[Any] = []
-                i_cid = 0  # channel ids start at 1
-                i_user: str | None = None
+                idem_rows: list[Any] = []  # flat: channel id, user, key, seq, time_ns per key (see _idem.py)
                 batch_idem: dict[tuple[str, str, str], Event] = {}
                 # The keys' rows, looked up per batch before any is written (so as the requests see them).
                 originals = find_originals(conn, heads, batch) if window and not optimistic else {}
@@ -444,11 +440,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     add_result(AppendResult(ev))
                     if idem and window:
                         batch_idem[key] = ev
-                        if h.id != i_cid or pub.user != i_user:
-                            i_cid, i_user = h.id, pub.user
-                            i_run = [i_cid, i_user]
-                            idem_rows.append(i_run)
-                        i_run += (idem, seq, t)
+                        idem_rows += (h.id, pub.user, idem, seq, t)
 
                 limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
                 if optimistic:
