@@ -128,9 +128,10 @@ class Relay:
                 dst.sendall(data)
         except OSError:
             pass
-        for s in (src, dst):
+        for s in (src, dst):  # wakes the other direction's pump
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
+        src.close()  # each socket is closed by the pump that reads it, once its recv has returned
 
     def close(self) -> None:
         self._stop.set()
