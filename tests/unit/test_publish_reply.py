@@ -43,20 +43,20 @@ def test_reply_is_the_packed_map(
         assert list(msgpack.unpackb(got).items()) == list(want.items())
 
 
+def assert_reply_7(got: bytes) -> None:
+    """The reply to request 7 for ``/c/0`` seq 9 of epoch ``e`` at time 5, after the caches were filled past
+    their bound and cleared."""
+    want = {"op": "reply", "id": 7, "channel": "/c/0", "seq": 9, "epoch": "e", "time": 5}
+    assert msgpack.unpackb(got) == want
+
+
 def test_reply_pieces_are_bounded_and_stay_right_after_clearing() -> None:
     codec = nc.NativeCodec("msgpack")
     for i in range(_REPLY_PARTS_MAX + 10):
         codec.encode_publish_reply(1, event(f"/c/{i}", 1, "e", 1))
     assert len(codec._reply_parts) <= _REPLY_PARTS_MAX
     got = codec.encode_publish_reply(7, event("/c/0", 9, "e", 5))
-    assert msgpack.unpackb(got) == {
-        "op": "reply",
-        "id": 7,
-        "channel": "/c/0",
-        "seq": 9,
-        "epoch": "e",
-        "time": 5,
-    }
+    assert_reply_7(got)
 
 
 class _Result:
@@ -101,11 +101,4 @@ def test_reply_formats_are_bounded() -> None:
         codec.encode_publish_replies([(1, _Result(event(f"/c/{i}", 1, "e", 1)))])
     assert len(codec._reply_formats) <= _REPLY_PARTS_MAX
     (got,) = codec.encode_publish_replies([(7, _Result(event("/c/0", 9, "e", 5)))])
-    assert msgpack.unpackb(got) == {
-        "op": "reply",
-        "id": 7,
-        "channel": "/c/0",
-        "seq": 9,
-        "epoch": "e",
-        "time": 5,
-    }
+    assert_reply_7(got)
