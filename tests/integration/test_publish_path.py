@@ -109,6 +109,42 @@ def test_sqlite_commits_small_batches_on_the_loop_and_larger_ones_on_the_thread(
     run_node("sqlite", tmp_path, body)
 
 
+def test_sqlite_commits_a_few_large_publishes_on_the_thread(tmp_path: Path) -> None:
+    """A tick's batch within ``inline_append_max`` requests but over ``inline_append_max_bytes`` of payload
+    (a few large events: 64 of 1 MiB would hold the loop for their whole commit) goes to the writer thread;
+    the same count of small ones still commits on the loop."""
+
+    async def body(node: Node) -> None:
+        count = 4
+        assert count <= node.store.inline_append_max
+        big = "x" * (1 << 20)
+        s = Session("native", Enc(), max_items=64, max_bytes=1 << 24)
+        node.attach(s)
+        for payload, inline in ((big, 0), ("small", 1)):
+            before = node.statistics()["writer"]["inline_batches"]
+            results: list[AppendResult | HubbubError] = []
+            done = asyncio.Event()
+
+            def cb(
+                res: AppendResult | HubbubError,
+                out: list[AppendResult | HubbubError] = results,
+                ev: asyncio.Event = done,
+            ) -> None:
+                out.append(res)
+                if len(out) == count:
+                    ev.set()
+
+            for _ in range(count):
+                node.submit(req("/big", payload), s, cb)
+            await asyncio.wait_for(done.wait(), 10)
+            assert node.statistics()["writer"]["inline_batches"] == before + inline
+            seqs = [x.event.seq for x in results if isinstance(x, AppendResult)]
+            assert seqs == list(range(seqs[0], seqs[0] + count))
+        assert 0 < node.store.inline_append_max_bytes < count * len(big)
+
+    run_node("sqlite", tmp_path, body)
+
+
 def test_sqlite_engine_with_fsync_never_commits_on_the_loop(tmp_path: Path) -> None:
     async def main() -> None:
         st = open_store("sqlite", str(tmp_path / "data"), "fsync", RetentionPolicy(), 600)

@@ -49,6 +49,7 @@ class ClusterView(LogStore):
         self.inline_append = store.inline_append
         self.inline_settle = store.inline_settle
         self.inline_append_max = store.inline_append_max
+        self.inline_append_max_bytes = store.inline_append_max_bytes
         self.shared = store.shared
 
     def _cap(self, infos: list[ChannelInfo]) -> list[ChannelInfo]:

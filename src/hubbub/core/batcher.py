@@ -93,6 +93,7 @@ class WriteBatcher:
         self._batch_t0 = 0.0
         self._inline = store.inline_append
         self._inline_max = store.inline_append_max
+        self._inline_max_bytes = store.inline_append_max_bytes
         self.ack_latency = Histogram(ACK_BUCKETS)
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -215,17 +216,28 @@ class WriteBatcher:
         fsync): a publisher whose frames arrive a few at a time otherwise got a commit, two hand-offs and a
         reply write per read, about a quarter of a millisecond of server CPU each (bench/consumer_wire.py:
         1,500-3,300 commits per 60,000 events, 24-33 µs of CPU per event; inline, 260-350 commits, since
-        what arrives while a commit runs on the loop goes into the next one). Anything else goes to the
-        writer thread.
+        what arrives while a commit runs on the loop goes into the next one), unless their payloads add up to
+        more than ``inline_append_max_bytes`` (a few large events would hold the loop for their commit).
+        Anything else goes to the writer thread.
         """
         items, reqs = self._batch_items, self._batch_reqs
         writer = self.writer
         if reqs and writer is not None:
             self._batch_items, self._batch_reqs = [], []
-            if writer.idle and (self._inline or len(reqs) <= self._inline_max):
+            if writer.idle and (self._inline or (len(reqs) <= self._inline_max and self._small(reqs))):
                 self._on_committed(items, writer.append_inline(reqs))
             else:
                 writer.submit(items, reqs)
+
+    def _small(self, reqs: list[AppendRequest]) -> bool:
+        """Whether the payloads of ``reqs`` (at most ``inline_append_max`` of them) are within
+        ``inline_append_max_bytes``."""
+        left = self._inline_max_bytes
+        for r in reqs:
+            left -= len(r.payload)
+            if left < 0:
+                return False
+        return True
 
     async def publish(
         self, request: AppendRequest, origin: Session | None = None, identity: Identity | None = None

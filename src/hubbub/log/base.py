@@ -10,8 +10,9 @@ Concurrency contract (every engine):
   ``consumer_items``) may be called from any thread,
   concurrently with the writer and with each other. Reads see only committed data.
 * No method is ever called on the event loop thread, except ``append`` of an engine that sets
-  ``inline_append`` (or of at most ``inline_append_max`` requests) and ``consumer_settle`` of one that sets
-  ``inline_settle``: core may call them on the loop, never concurrently with the other writer methods.
+  ``inline_append`` (or of at most ``inline_append_max`` requests and ``inline_append_max_bytes`` of
+  payload) and ``consumer_settle`` of one that sets ``inline_settle``: core may call them on the loop, never
+  concurrently with the other writer methods.
 
 Invariants (checked by ``tests/contract/test_log_stores.py`` against every engine):
 
@@ -265,6 +266,9 @@ class LogStore(abc.ABC):
     #: the writer is idle (0: never). A small commit then costs no thread hand-offs, and what arrives while it
     #: runs goes into the next one (``hubbub.core.batcher``).
     inline_append_max: int = 0
+    #: With ``inline_append_max``: the most payload bytes such an append may hold (a few large events, say
+    #: 64 of 1 MiB, would hold the loop, and every connection on it, for their whole commit).
+    inline_append_max_bytes: int = 0
     #: Whether ``consumer_settle`` is cheap and never waits on I/O beyond the page cache (no fsync, no
     #: network), so that core may run it on the event loop thread while the writer is idle: an ack is then
     #: stored without the two thread hand-offs of a writer round trip (``hubbub.core.consumer_delivery``).

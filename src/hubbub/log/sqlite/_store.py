@@ -90,6 +90,9 @@ _IDEM_PRUNE: Final = "DELETE FROM idem WHERE time_ns <= ?"
 # The most requests an append may have to run on the event loop (``inline_append_max``, base.py): a commit of
 # up to 64 small events costs about 0.1-0.5 ms of CPU on the 2-core dev machine (bench/consumer_store.py).
 _INLINE_APPEND_MAX: Final = 64
+# And the most payload bytes it may hold (``inline_append_max_bytes``): 64 events of up to 4 KiB; a few large
+# events (64 of 1 MiB, say) would otherwise hold the loop for a 64 MiB commit.
+_INLINE_APPEND_MAX_BYTES: Final = 256 * 1024
 
 _INSERT_CHANNEL: Final = (
     "INSERT INTO channels (id, path, epoch, first, top, top_time, count, bytes) "
@@ -164,6 +167,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
         # Likewise a small append (base.py): measured in bench/consumer_wire.py (bench/RESULTS.md, "Small
         # commits on the loop").
         self.inline_append_max = _INLINE_APPEND_MAX if durability != "fsync" else 0
+        self.inline_append_max_bytes = _INLINE_APPEND_MAX_BYTES if durability != "fsync" else 0
         self._retention = retention or RetentionPolicy()
         self._idem_window_ns = int(max(idem_window_s, 0) * _NS)
         self._clock = clock
