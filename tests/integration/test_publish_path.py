@@ -145,6 +145,30 @@ def test_sqlite_commits_a_few_large_publishes_on_the_thread(tmp_path: Path) -> N
     run_node("sqlite", tmp_path, body)
 
 
+def test_sqlite_close_commits_a_tick_queued_for_the_loop(tmp_path: Path) -> None:
+    """Publishes queued in the tick the node closes in (a batch the loop would commit inline) are committed
+    and acknowledged by the close, and are in the store when it is opened again; later ones are refused."""
+
+    async def main() -> None:
+        st = open_store("sqlite", str(tmp_path / "data"), "commit", RetentionPolicy(), 600)
+        results: list[AppendResult | HubbubError] = []
+        node = await Node(st, NodeSettings()).__aenter__()
+        await node.publish(req("/a", "first"))  # the writer is idle: the next tick would commit inline
+        for i in range(3):
+            node.submit(req("/a", str(i)), None, results.append)
+        await node.close()
+        assert [r.event.seq for r in results if isinstance(r, AppendResult)] == [2, 3, 4]
+        with pytest.raises(HubbubError):
+            node.submit(req("/a", "late"), None, results.append)
+        again = open_store("sqlite", str(tmp_path / "data"), "commit", RetentionPolicy(), 600)
+        try:
+            assert [e.payload for e in again.read("/a")] == [b"first", b"0", b"1", b"2"]
+        finally:
+            again.close()
+
+    asyncio.run(main())
+
+
 def test_sqlite_engine_with_fsync_never_commits_on_the_loop(tmp_path: Path) -> None:
     async def main() -> None:
         st = open_store("sqlite", str(tmp_path / "data"), "fsync", RetentionPolicy(), 600)
