@@ -478,3 +478,29 @@ def test_a_fatal_frame_stops_the_read(how: str, tmp_path: Path) -> None:
         await conn.finish()
 
     run_node("memory", tmp_path, body)
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_subscription_made_between_unmatched_bursts_gets_the_next_burst(store: str, tmp_path: Path) -> None:
+    """The fan-out's skip of an unmatched burst lasts one commit: wildcard and tag subscriptions made after a
+    burst that matched nothing get the next burst to the same channel and tags."""
+
+    def tagged(payload: str) -> AppendRequest:
+        return AppendRequest("/w/a", Publisher("native"), payload.encode(), "text/plain", {}, ("t",))
+
+    async def burst(node: Node, payloads: list[str]) -> None:
+        await asyncio.gather(*(node.publish(tagged(p)) for p in payloads))
+
+    async def body(node: Node) -> None:
+        await burst(node, ["u1", "u2", "u3"])  # nobody subscribed: matched nothing
+        wild = Session("native", Enc(), max_items=64, max_bytes=1 << 20)
+        tag = Session("native", Enc(), max_items=64, max_bytes=1 << 20)
+        node.attach(wild)
+        node.attach(tag)
+        await node.subscribe(wild, "w", parse_pattern("/w/*"), on_snapshot=lambda _p: None)
+        await node.subscribe(tag, "t", parse_pattern("/w/a"), frozenset({"t"}), on_snapshot=lambda _p: None)
+        await burst(node, ["m1", "m2", "m3"])
+        assert [x[3] for x in await drain(wild)] == ["m1", "m2", "m3"]
+        assert [x[3] for x in await drain(tag)] == ["m1", "m2", "m3"]
+
+    run_node(store, tmp_path, body)
