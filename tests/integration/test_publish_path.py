@@ -4,6 +4,7 @@ the one-subscriber run fan-out, and what the TCP transport does with a read's it
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import struct
 import threading
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, AppendResult, LogStore, RetentionPolicy
+from hubbub.log.sqlite import _store
 from hubbub.transports.native import NativeConnection
 from hubbub.transports.tcp import dispatch
 
@@ -504,3 +506,39 @@ def test_a_subscription_made_between_unmatched_bursts_gets_the_next_burst(store:
         assert [x[3] for x in await drain(tag)] == ["m1", "m2", "m3"]
 
     run_node(store, tmp_path, body)
+
+
+def test_a_failed_inline_sqlite_commit_fails_its_publishes_and_reuses_no_seq(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit on the loop that fails (the disk, say) fails every publish of its batch with a storage error
+    and leaves nothing behind: the writer is still idle, the next commit is on the loop again, and its seqs
+    follow the last committed one."""
+
+    async def body(node: Node) -> None:
+        assert (await node.publish(req("/a", "ok"))).event.seq == 1
+        real = _store._insert_events
+
+        def failing(*args: Any) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(_store, "_insert_events", failing)
+        results: list[AppendResult | HubbubError] = []
+        for i in range(3):
+            node.submit(req("/a", f"lost{i}"), None, results.append)
+        node.submit(req("/b", "lost"), None, results.append)
+        writer = node.batcher.writer
+        assert writer is not None
+        inline = node.statistics()["writer"]["inline_batches"]
+        done = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(done.set_result, None)  # after the tick's flush
+        await done
+        assert len(results) == 4 and all(isinstance(r, HubbubError) and r.code == 4301 for r in results)
+        assert writer.idle and node.batcher.pending == 0
+        monkeypatch.setattr(_store, "_insert_events", real)
+        r = await node.publish(req("/a", "next"))
+        assert node.statistics()["writer"]["inline_batches"] == inline + 1
+        assert (r.event.seq, (await node.publish(req("/b", "first"))).event.seq) == (2, 1)
+        assert [e.payload for e in node.store.read("/a")] == [b"ok", b"next"]
+
+    run_node("sqlite", tmp_path, body)
