@@ -70,6 +70,22 @@ def test_memory_engine_commits_on_the_loop_when_the_writer_is_idle(tmp_path: Pat
     run_node("memory", tmp_path, body)
 
 
+async def submit_tick(node: Node, s: Session, reqs: list[AppendRequest]) -> list[AppendResult | HubbubError]:
+    """Submit ``reqs`` in one tick (one batch for the writer) and wait for every one's completion."""
+    results: list[AppendResult | HubbubError] = []
+    done = asyncio.Event()
+
+    def cb(res: AppendResult | HubbubError) -> None:
+        results.append(res)
+        if len(results) == len(reqs):
+            done.set()
+
+    for r in reqs:
+        node.submit(r, s, cb)
+    await asyncio.wait_for(done.wait(), 10)
+    return results
+
+
 def test_sqlite_commits_small_batches_on_the_loop_and_larger_ones_on_the_thread(
     tmp_path: Path,
 ) -> None:
@@ -86,22 +102,7 @@ def test_sqlite_commits_small_batches_on_the_loop_and_larger_ones_on_the_thread(
         node.attach(s)
         for size, inline in ((most, 1), (most + 1, 0)):
             before = node.statistics()["writer"]["inline_batches"]
-            results: list[AppendResult | HubbubError] = []
-            done = asyncio.Event()
-
-            def cb(
-                res: AppendResult | HubbubError,
-                out: list[AppendResult | HubbubError] = results,
-                n: int = size,
-                ev: asyncio.Event = done,
-            ) -> None:
-                out.append(res)
-                if len(out) == n:
-                    ev.set()
-
-            for i in range(size):
-                node.submit(req("/a", f"{size}-{i}"), s, cb)
-            await asyncio.wait_for(done.wait(), 10)
+            results = await submit_tick(node, s, [req("/a", f"{size}-{i}") for i in range(size)])
             assert node.statistics()["writer"]["inline_batches"] == before + inline
             assert all(isinstance(x, AppendResult) for x in results)
             seqs = [x.event.seq for x in results if isinstance(x, AppendResult)]
@@ -124,21 +125,7 @@ def test_sqlite_commits_a_few_large_publishes_on_the_thread(tmp_path: Path) -> N
         node.attach(s)
         for payload, inline in ((big, 0), ("small", 1)):
             before = node.statistics()["writer"]["inline_batches"]
-            results: list[AppendResult | HubbubError] = []
-            done = asyncio.Event()
-
-            def cb(
-                res: AppendResult | HubbubError,
-                out: list[AppendResult | HubbubError] = results,
-                ev: asyncio.Event = done,
-            ) -> None:
-                out.append(res)
-                if len(out) == count:
-                    ev.set()
-
-            for _ in range(count):
-                node.submit(req("/big", payload), s, cb)
-            await asyncio.wait_for(done.wait(), 10)
+            results = await submit_tick(node, s, [req("/big", payload) for _ in range(count)])
             assert node.statistics()["writer"]["inline_batches"] == before + inline
             seqs = [x.event.seq for x in results if isinstance(x, AppendResult)]
             assert seqs == list(range(seqs[0], seqs[0] + count))
