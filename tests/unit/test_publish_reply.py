@@ -54,7 +54,7 @@ def test_reply_pieces_are_bounded_and_stay_right_after_clearing() -> None:
     codec = nc.NativeCodec("msgpack")
     for i in range(_REPLY_PARTS_MAX + 10):
         codec.encode_publish_reply(1, event(f"/c/{i}", 1, "e", 1))
-    assert len(codec._reply_parts) <= _REPLY_PARTS_MAX
+    assert len(codec._reply_formats) <= _REPLY_PARTS_MAX
     got = codec.encode_publish_reply(7, event("/c/0", 9, "e", 5))
     assert_reply_7(got)
 

@@ -156,7 +156,6 @@ class NativeCodec:
         "_packer",
         "_parsers",
         "_reply_formats",
-        "_reply_parts",
         "encoding",
         "limits",
         "max_frame",
@@ -189,10 +188,8 @@ class NativeCodec:
         self._body_key = f"native.{encoding}.body"
         # Raw channel text -> canonical channel: publishers repeat their channels.
         self._channels: dict[str, str] = {}
-        # (channel, epoch) -> the msgpack publish reply's fixed pieces (see encode_publish_reply).
-        self._reply_parts: dict[tuple[str, str], tuple[bytes, bytes]] = {}
-        # (channel, epoch) -> the msgpack publish reply as a ``%`` format of its id, seq and time (see
-        # encode_publish_replies).
+        # (channel, epoch) -> the msgpack publish reply as a ``%`` format of its id, seq and time
+        # (_reply_format).
         self._reply_formats: dict[tuple[str, str], bytes] = {}
         self._parsers: dict[str, Callable[[Obj], Command]] = {
             "hello": self._hello,
@@ -483,7 +480,7 @@ class NativeCodec:
         if self._json:
             return [encode(rid, r.event, r.duplicate) for rid, r in replies]
         pack = self._packer.pack
-        formats = self._reply_formats
+        reply_format = self._reply_format
         out: list[bytes] = []
         add = out.append
         channel: str | None = None
@@ -496,42 +493,41 @@ class NativeCodec:
                 continue
             if ev.channel is not channel or ev.epoch != epoch:
                 channel, epoch = ev.channel, ev.epoch
-                got = formats.get((channel, epoch))
-                if got is None:
-                    if len(formats) >= _REPLY_PARTS_MAX:
-                        formats.clear()
-                    got = formats[(channel, epoch)] = b"%s".join(
-                        p.replace(b"%", b"%%")
-                        for p in (
-                            _MP_REPLY_HEAD,
-                            b"".join((pack("channel"), pack(channel), pack("seq"))),
-                            b"".join((pack("epoch"), pack(epoch), pack("time"))),
-                            b"",
-                        )
-                    )
-                fmt = got
+                fmt = reply_format(channel, epoch)
             add(fmt % (pack(rid), pack(ev.seq), pack(ev.time_ns)))
         return out
+
+    def _reply_format(self, channel: str, epoch: str) -> bytes:
+        """The msgpack publish reply of ``channel`` and ``epoch`` as a ``%`` template of its packed id, seq
+        and time, cached per (channel, epoch) (cleared when full)."""
+        formats = self._reply_formats
+        got = formats.get((channel, epoch))
+        if got is None:
+            if len(formats) >= _REPLY_PARTS_MAX:
+                formats.clear()
+            pack = self._packer.pack
+            got = formats[(channel, epoch)] = b"%s".join(
+                p.replace(b"%", b"%%")
+                for p in (
+                    _MP_REPLY_HEAD,
+                    b"".join((pack("channel"), pack(channel), pack("seq"))),
+                    b"".join((pack("epoch"), pack(epoch), pack("time"))),
+                    b"",
+                )
+            )
+        return got
 
     def encode_publish_reply(self, id: int, event: Event, duplicate: bool = False) -> bytes:
         """The acknowledgement of a publish (native.md §3.4); ``time`` is a string in JSON.
 
-        In msgpack, from pieces cached per (channel, epoch): only the id, seq and time are packed per reply
-        (the same bytes as packing the whole map; the tests compare them).
+        In msgpack, from a template cached per (channel, epoch) (:meth:`_reply_format`): only the id, seq
+        and time are packed per reply (the same bytes as packing the whole map; the tests compare them).
         """
         if not self._json and not duplicate and type(id) is int:
-            parts = self._reply_parts.get((event.channel, event.epoch))
             pack = self._packer.pack
-            if parts is None:
-                if len(self._reply_parts) >= _REPLY_PARTS_MAX:
-                    self._reply_parts.clear()
-                parts = self._reply_parts[(event.channel, event.epoch)] = (
-                    b"".join((pack("channel"), pack(event.channel), pack("seq"))),
-                    b"".join((pack("epoch"), pack(event.epoch), pack("time"))),
-                )
-            return b"".join(
-                (_MP_REPLY_HEAD, pack(id), parts[0], pack(event.seq), parts[1], pack(event.time_ns))
-            )
+            key = (event.channel, event.epoch)
+            fmt = self._reply_formats.get(key) or self._reply_format(*key)
+            return fmt % (pack(id), pack(event.seq), pack(event.time_ns))
         obj: dict[str, Any] = {
             "op": "reply",
             "id": id,
