@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,7 @@ from hubbub.events import Publisher
 from hubbub.log import AppendRequest, LogStore, RetentionPolicy
 from hubbub.log.consumers import ConsumerSpec, JournalItem, Retry, check_name
 from hubbub.log.postgres import PostgresLogStore
+from hubbub.log.sqlite import SqliteLogStore
 from tests.contract.test_log_stores import NS, Factory, req
 
 ENGINES = ["memory", "sqlite-commit", "sqlite-fsync", "postgres-commit"]
@@ -340,6 +342,102 @@ def test_settle_acks_runs_and_scattered_positions_exactly(store: LogStore) -> No
     store.consumer_settle([(other.id, list(range(1, 41)))])
     assert store.consumer_items(other.id) == []
     assert {i.spec.name: i.pending for i in store.consumers()}["d"] == 0
+
+
+def test_acks_in_order_and_around_gaps_stay_acked_across_reopens(factory: Factory) -> None:
+    """Batches acknowledged in order (SQLite moves the consumer's ``acked_to`` and deletes their rows later,
+    in large ranges), a batch acknowledged ahead of an earlier one, the earlier one after it, and a reopen
+    between: exactly the unacknowledged items are left, and the counts follow."""
+    store = factory.open()
+    c, _ = store.consumer_create(spec())
+    n = 5000
+    for i in range(0, n, 500):
+        store.append([req("/a/x", b"%d" % j) for j in range(i, i + 500)])
+    store.consumer_settle([(c.id, list(range(1, 101)))])
+    store.consumer_settle([(c.id, [*range(150, 161), 170])])  # ahead of 101-149
+    assert [i.pos for i in store.consumer_items(c.id, limit=2)] == [101, 102]
+    store.consumer_settle([(c.id, list(range(101, 150)))])  # the gap: every item up to 169 is acked now
+    assert [i.pos for i in store.consumer_items(c.id, limit=2)] == [161, 162]
+    store.consumer_settle([(c.id, list(range(161, 170)))])
+    for lo in range(171, 4001, 100):
+        store.consumer_settle([(c.id, list(range(lo, min(lo + 100, 4001))))])
+    if factory.persistent:
+        store = factory.reopen(store)
+    store.consumer_settle([(c.id, list(range(1, 4001)))])  # all acknowledged already: nothing changes
+    left = store.consumer_items(c.id, limit=n)
+    assert [(i.pos, i.event.payload) for i in left] == [(p, b"%d" % (p - 1)) for p in range(4001, n + 1)]
+    assert [i.pos for i in store.consumer_items(c.id, after_pos=10, limit=1)] == [4001]
+    info = store.consumers()[0]
+    assert (info.top, info.pending, info.bytes) == (n, 1000, sum(len(b"%d" % j) for j in range(4000, n)))
+    store.consumer_settle([], [Retry(c.id, (3999, 4001), 9)])  # a retry of an acked item is passed over
+    assert [(i.pos, i.attempts) for i in store.consumer_items(c.id, limit=2)] == [(4001, 1), (4002, 0)]
+    if factory.engine.startswith("sqlite"):
+        store.close()
+        conn = sqlite3.connect(factory.path)
+        try:
+            # The acknowledged rows went in ranges: at most one sweep's worth is left below acked_to.
+            (acked_to,) = conn.execute("SELECT acked_to FROM consumers").fetchone()
+            (kept,) = conn.execute("SELECT count(*) FROM journal WHERE pos <= ?", (acked_to,)).fetchone()
+            assert acked_to == 4000 and kept < 2048
+        finally:
+            conn.close()
+
+
+_V3_JOURNAL = """CREATE TABLE journal (
+    consumer_id INTEGER NOT NULL, pos INTEGER NOT NULL, attempts INTEGER NOT NULL, not_before INTEGER NOT NULL,
+    channel TEXT NOT NULL, epoch TEXT NOT NULL, seq INTEGER NOT NULL, time_ns INTEGER NOT NULL,
+    size INTEGER NOT NULL, publisher_dialect TEXT NOT NULL, publisher_user TEXT NOT NULL,
+    publisher_app TEXT NOT NULL, publisher_msg_id TEXT NOT NULL, content_type TEXT NOT NULL,
+    headers BLOB NOT NULL, tags BLOB NOT NULL, payload BLOB NOT NULL, PRIMARY KEY (consumer_id, pos)
+) WITHOUT ROWID"""
+
+
+def test_sqlite_opens_a_version_3_database_with_its_consumers(tmp_path: Path) -> None:
+    """Schema version 3 (journal rows that copy their event, no ``acked_to``) migrates: the items read as
+    they were written, acks and new appends go on from there."""
+    path = tmp_path / "v3.db"
+    SqliteLogStore(path).close()
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DROP TABLE journal")
+        conn.execute(_V3_JOURNAL)
+        conn.execute("ALTER TABLE consumers DROP COLUMN acked_to")
+        conn.execute(
+            "INSERT INTO consumers (id, name, spec, created_ns, top, pending, bytes) VALUES (?, ?, ?, 0, 3, 2, 5)",
+            (7, "c", spec().to_json()),
+        )
+        ch, pub = ("/a/x", "e0000001"), ("native", "u", "app", "", "text/plain", b"", b"")
+        conn.executemany(
+            f"INSERT INTO journal VALUES (7, {', '.join('?' * 16)})",
+            [
+                (2, 0, 0, *ch, 2, 10, 2, *pub, b"ab"),
+                (3, 1, 99, *ch, 3, 11, 3, *pub, b"cde"),
+            ],
+        )
+        conn.execute("UPDATE meta SET value = 3 WHERE key = 'schema_version'")
+    conn.close()
+    store = SqliteLogStore(path)
+    try:
+        got = store.consumer_items(7)
+        assert [
+            (i.pos, i.attempts, i.not_before_ns, i.event.channel, i.event.epoch, i.event.seq) for i in got
+        ] == [
+            (2, 0, 0, "/a/x", "e0000001", 2),
+            (3, 1, 99, "/a/x", "e0000001", 3),
+        ]
+        assert [(i.event.time_ns, i.event.payload, i.event.publisher.app) for i in got] == [
+            (10, b"ab", "app"),
+            (11, b"cde", "app"),
+        ]
+        store.consumer_settle([(7, [2])])
+        assert store.append([req("/a/y", b"n")])[0].journal == ((7, 4),)
+        assert [i.pos for i in store.consumer_items(7)] == [3, 4]
+        assert (store.consumers()[0].pending, store.consumers()[0].bytes) == (2, 4)
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (4,)
+    conn.close()
 
 
 # -- retention never drops unacknowledged items ------------------------------------------------------

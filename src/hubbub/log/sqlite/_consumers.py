@@ -56,7 +56,7 @@ _ITEM_COLS: Final = (
     "pos, attempts, not_before, channel, epoch, seq, time_ns, publisher_dialect, publisher_user, "
     "publisher_app, publisher_msg_id, content_type, headers, tags, payload"
 )
-_UPDATE_CONSUMER: Final = "UPDATE consumers SET top = ?, pending = ?, bytes = ? WHERE id = ?"
+_UPDATE_CONSUMER: Final = "UPDATE consumers SET top = ?, pending = ?, bytes = ?, acked_to = ? WHERE id = ?"
 # An acknowledged run of consecutive positions (the usual batch): one range of the primary key, where an
 # ``IN`` list of the same positions costs a look-up per position (see _runs). The count and bytes of what
 # goes are read first, in the same transaction: ``DELETE … RETURNING size`` cost four times as much as
@@ -64,6 +64,15 @@ _UPDATE_CONSUMER: Final = "UPDATE consumers SET top = ?, pending = ?, bytes = ? 
 _COUNT_RANGE: Final = "SELECT count(*), sum(size) FROM journal WHERE consumer_id = ? AND pos BETWEEN ? AND ?"
 _DELETE_RANGE: Final = "DELETE FROM journal WHERE consumer_id = ? AND pos BETWEEN ? AND ?"
 _MIN_RANGE: Final = 4
+# A consumer's ``acked_to`` (_schema.py): an acknowledged run of positions that starts above it with no
+# unacknowledged item in between moves it up, and the run's rows stay where they are: the settle's commit
+# then writes the ``consumers`` row's page, where deleting the rows rewrote every leaf page they were on
+# (the settle of a 100-item batch, thread CPU per item, on the 2-core dev machine: see bench/RESULTS.md).
+# The rows at or below ``acked_to`` go in one range delete once _SWEEP positions have collected, in the
+# settle that passes the mark; reads skip them meanwhile (and after a restart, until the next sweep).
+_LIVE_BETWEEN: Final = "SELECT 1 FROM journal WHERE consumer_id = ? AND pos > ? AND pos < ? LIMIT 1"
+_SWEEP_STMT: Final = "DELETE FROM journal WHERE consumer_id = ? AND pos <= ?"
+_SWEEP: Final = 2048
 
 
 @dataclass(slots=True)
@@ -76,6 +85,9 @@ class _Row:
     top: int
     pending: int
     bytes: int
+    acked_to: int
+    #: Rows at or below this position are deleted (not kept: 0 after a load, so the first settle sweeps).
+    swept: int = 0
 
     def info(self) -> ConsumerInfo:
         return ConsumerInfo(self.id, self.spec, self.created_ns, self.top, self.pending, self.bytes)
@@ -139,12 +151,14 @@ class _ConsumerSide(_ReadSide):
     def _load_consumers(self, conn: sqlite3.Connection) -> None:
         """(Re)load the consumer rows and their filters (writer thread; raises sqlite3.Error)."""
         rows = conn.execute(
-            "SELECT id, name, spec, created_ns, top, pending, bytes FROM consumers"
+            "SELECT id, name, spec, created_ns, top, pending, bytes, acked_to FROM consumers"
         ).fetchall()
         crows: dict[int, _Row] = {}
         index = JournalIndex()
-        for cid, name, spec, created, top, pending, nbytes in rows:
-            r = crows[cid] = _Row(cid, ConsumerSpec.from_json(name, spec), created, top, pending, nbytes)
+        for cid, name, spec, created, top, pending, nbytes, acked_to in rows:
+            r = crows[cid] = _Row(
+                cid, ConsumerSpec.from_json(name, spec), created, top, pending, nbytes, acked_to
+            )
             index.add(cid, r.spec)
         self._crows, self._jindex = crows, index
 
@@ -216,7 +230,9 @@ class _ConsumerSide(_ReadSide):
             if full:
                 log2 = _insert_log2(limit, 0, _JOURNAL_ROW)
                 _insert_chunks(conn, _INSERT_JOURNAL, log2, 0, _JOURNAL_ROW, full)
-            conn.executemany(_UPDATE_CONSUMER, [(c.top, c.pending, c.bytes, c.id) for c in touched.values()])
+            conn.executemany(
+                _UPDATE_CONSUMER, [(c.top, c.pending, c.bytes, c.acked_to, c.id) for c in touched.values()]
+            )
 
     def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
         for r in self._crows.values():
@@ -231,7 +247,7 @@ class _ConsumerSide(_ReadSide):
                 (spec.name, spec.to_json(), created),
             )
             cid = int(cur.lastrowid or 0)
-        row = self._crows[cid] = _Row(cid, spec, created, 0, 0, 0)
+        row = self._crows[cid] = _Row(cid, spec, created, 0, 0, 0, 0)
         self._jindex.add(cid, spec)
         return row.info(), True
 
@@ -259,34 +275,64 @@ class _ConsumerSide(_ReadSide):
             touched: set[int] = set()
             for cid, positions in acked:
                 c = crows[cid]
-                ranges, scattered = _runs(sorted(set(positions)))
-                for lo, hi in ranges:
-                    n, nbytes = conn.execute(_COUNT_RANGE, (cid, lo, hi)).fetchone()
-                    if n:
-                        conn.execute(_DELETE_RANGE, (cid, lo, hi))
-                        c.pending -= n
-                        c.bytes -= nbytes
-                        touched.add(cid)
-                for chunk in _chunks(scattered):
-                    where = f"WHERE consumer_id = ? AND pos IN ({','.join('?' * len(chunk))})"
-                    n, nbytes = conn.execute(
-                        f"SELECT count(*), sum(size) FROM journal {where}", (cid, *chunk)
-                    ).fetchone()
-                    if n:
-                        conn.execute(f"DELETE FROM journal {where}", (cid, *chunk))
-                        c.pending -= n
-                        c.bytes -= nbytes
-                        touched.add(cid)
+                if self._settle_acked(conn, c, sorted({p for p in positions if p > c.acked_to})):
+                    touched.add(cid)
             for r in retried:
+                floor = crows[r.consumer_id].acked_to
                 conn.executemany(
                     "UPDATE journal SET attempts = attempts + 1, not_before = ? "
                     "WHERE consumer_id = ? AND pos = ?",
-                    [(r.not_before_ns, r.consumer_id, p) for p in r.positions],
+                    [(r.not_before_ns, r.consumer_id, p) for p in r.positions if p > floor],
                 )
             if touched:
                 conn.executemany(
-                    _UPDATE_CONSUMER, [(crows[c].top, crows[c].pending, crows[c].bytes, c) for c in touched]
+                    _UPDATE_CONSUMER,
+                    [(crows[c].top, crows[c].pending, crows[c].bytes, crows[c].acked_to, c) for c in touched],
                 )
+
+    @staticmethod
+    def _settle_acked(conn: sqlite3.Connection, c: _Row, positions: list[int]) -> bool:
+        """Acknowledge ``positions`` (sorted, distinct, above ``acked_to``) of ``c`` in the transaction of
+        ``conn``: the leading run moves ``acked_to`` when no unacknowledged item lies below it, the rest are
+        deleted (ranges and ``IN`` lists, see _runs); sweeps when due. Whether ``c``'s row changed."""
+        if not positions:
+            return False
+        cid = c.id
+        changed = False
+        lo = positions[0]
+        if lo == c.acked_to + 1 or conn.execute(_LIVE_BETWEEN, (cid, c.acked_to, lo)).fetchone() is None:
+            j = 1
+            while j < len(positions) and positions[j] == lo + j:
+                j += 1
+            hi = positions[j - 1]
+            n, nbytes = conn.execute(_COUNT_RANGE, (cid, lo, hi)).fetchone()
+            c.pending -= n
+            c.bytes -= nbytes or 0
+            c.acked_to = hi
+            changed = True
+            del positions[:j]
+            if c.acked_to - c.swept >= _SWEEP:
+                conn.execute(_SWEEP_STMT, (cid, c.acked_to))
+                c.swept = c.acked_to
+        ranges, scattered = _runs(positions)
+        for lo, hi in ranges:
+            n, nbytes = conn.execute(_COUNT_RANGE, (cid, lo, hi)).fetchone()
+            if n:
+                conn.execute(_DELETE_RANGE, (cid, lo, hi))
+                c.pending -= n
+                c.bytes -= nbytes
+                changed = True
+        for chunk in _chunks(scattered):
+            where = f"WHERE consumer_id = ? AND pos IN ({','.join('?' * len(chunk))})"
+            n, nbytes = conn.execute(
+                f"SELECT count(*), sum(size) FROM journal {where}", (cid, *chunk)
+            ).fetchone()
+            if n:
+                conn.execute(f"DELETE FROM journal {where}", (cid, *chunk))
+                c.pending -= n
+                c.bytes -= nbytes
+                changed = True
+        return changed
 
     def consumers(self) -> list[ConsumerInfo]:
         with self._snapshot() as conn:
@@ -303,7 +349,8 @@ class _ConsumerSide(_ReadSide):
             return []
         with self._snapshot() as conn:
             rows = conn.execute(
-                f"SELECT {_ITEM_COLS} FROM journal WHERE consumer_id = ? AND pos > ? ORDER BY pos LIMIT ?",
+                f"SELECT {_ITEM_COLS} FROM journal WHERE consumer_id = ?1 "
+                "AND pos > max(?2, (SELECT acked_to FROM consumers WHERE id = ?1)) ORDER BY pos LIMIT ?3",
                 (consumer_id, after_pos, limit),
             ).fetchall()
         return _items(rows)

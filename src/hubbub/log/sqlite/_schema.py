@@ -13,7 +13,7 @@ Schema (version :data:`SCHEMA_VERSION`, kept in ``meta``)::
     idem      (channel_id, user, key, seq, time_ns, origin_id, origin_epoch,
                PRIMARY KEY (channel_id, user, key)) WITHOUT ROWID
     consumers (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT UNIQUE, spec TEXT, created_ns, top, pending,
-               bytes)
+               bytes, acked_to)
     journal   (consumer_id, pos, attempts, not_before, channel TEXT, epoch TEXT, seq, time_ns, size,
                publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type,
                headers BLOB, tags BLOB, payload BLOB, PRIMARY KEY (consumer_id, pos)) WITHOUT ROWID
@@ -33,11 +33,13 @@ collation, which is the UTF-8 byte order :meth:`LogStore.channels` promises.
 consumer's :class:`~hubbub.log.consumers.ConsumerSpec` as JSON, ``top`` its last journal position, ``pending``
 and ``bytes`` its unacknowledged items; a ``journal`` row is a copy of one event (channel path and epoch
 included, so it outlives the event's trimming and its channel's reset) with the item's ``attempts`` and
-``not_before`` (ns).
+``not_before`` (ns). Every position up to a consumer's ``acked_to`` is acknowledged: a batch acknowledged in
+order moves it (one small row update) and leaves its rows behind, and they are deleted in large ranges later
+(``_consumers.py``); reads never return them.
 
-Schema version 1 (no ``retired_epochs``, no ``origin_*``, no ``writer`` marker) and version 2 (no
-``consumers``, no ``journal``) are migrated when a writer opens them; a reader (``readonly=True``) needs the
-current version.
+Schema version 1 (no ``retired_epochs``, no ``origin_*``, no ``writer`` marker), version 2 (no
+``consumers``, no ``journal``) and version 3 (no ``acked_to``) are migrated when a writer opens them; a
+reader (``readonly=True``) needs the current version.
 
 Lost commits (native.md §6 ``ahead``): ``meta.writer`` is 0 once the last writer closed cleanly, else 1
 (open with ``fsync``) or 2 (open with ``commit`` or ``none``); it is written with a synced commit at open
@@ -82,7 +84,7 @@ from hubbub.log.sqlite._errors import _error
 __all__ = ["DURABILITY_SYNCHRONOUS", "SCHEMA_VERSION"]
 
 #: Version of the database schema in this module's docstring.
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 #: ``durability`` → ``PRAGMA synchronous`` (see the module docstring).
 DURABILITY_SYNCHRONOUS: Final[dict[str, str]] = {"fsync": "FULL", "commit": "NORMAL", "none": "OFF"}
@@ -144,7 +146,8 @@ _SCHEMA: Final = (
         created_ns INTEGER NOT NULL,
         top INTEGER NOT NULL,
         pending INTEGER NOT NULL,
-        bytes INTEGER NOT NULL
+        bytes INTEGER NOT NULL,
+        acked_to INTEGER NOT NULL DEFAULT 0
     )""",
     """CREATE TABLE IF NOT EXISTS journal (
         consumer_id INTEGER NOT NULL,
@@ -192,8 +195,11 @@ _MIGRATE_V1: Final = (
     "INSERT OR REPLACE INTO meta (key, value) VALUES ('suspect_below', 0)",
     "UPDATE meta SET value = 2 WHERE key = 'schema_version'",
 )
-# Version 2 -> 3: durable consumers (their tables are created by _SCHEMA).
+# Version 2 -> 3: durable consumers (their tables are created by _SCHEMA, ``acked_to`` included).
 _MIGRATE_V2: Final = ("UPDATE meta SET value = 3 WHERE key = 'schema_version'",)
+# Version 3 -> 4: a consumer's ``acked_to``.
+_MIGRATE_V3: Final = ("ALTER TABLE consumers ADD COLUMN acked_to INTEGER NOT NULL DEFAULT 0",)
+_MIGRATE_V4: Final = ("UPDATE meta SET value = 4 WHERE key = 'schema_version'",)
 # The writer's own auto-checkpoint (the backstop), in WAL pages (64 MiB at 4 KiB pages).
 _WRITER_AUTOCHECKPOINT: Final = 16384
 
@@ -233,8 +239,9 @@ def _connect_writer(path: Path, durability: str, busy_timeout_ms: int) -> sqlite
                     ("suspect_below", 0),
                 ],
             )
-        elif row[0] in (1, 2):
-            for stmt in (_MIGRATE_V1 if row[0] == 1 else ()) + _MIGRATE_V2:
+        elif row[0] in (1, 2, 3):
+            older = (_MIGRATE_V1 if row[0] == 1 else ()) + (_MIGRATE_V2 if row[0] < 3 else _MIGRATE_V3)
+            for stmt in older + _MIGRATE_V4:
                 conn.execute(stmt)
         elif row[0] != SCHEMA_VERSION:
             raise StorageError(
