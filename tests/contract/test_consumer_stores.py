@@ -384,7 +384,8 @@ def test_acks_in_order_and_around_gaps_stay_acked_across_reopens(factory: Factor
 
 
 _V3_JOURNAL = """CREATE TABLE journal (
-    consumer_id INTEGER NOT NULL, pos INTEGER NOT NULL, attempts INTEGER NOT NULL, not_before INTEGER NOT NULL,
+    consumer_id INTEGER NOT NULL, pos INTEGER NOT NULL, attempts INTEGER NOT NULL,
+    not_before INTEGER NOT NULL,
     channel TEXT NOT NULL, epoch TEXT NOT NULL, seq INTEGER NOT NULL, time_ns INTEGER NOT NULL,
     size INTEGER NOT NULL, publisher_dialect TEXT NOT NULL, publisher_user TEXT NOT NULL,
     publisher_app TEXT NOT NULL, publisher_msg_id TEXT NOT NULL, content_type TEXT NOT NULL,
@@ -403,7 +404,8 @@ def test_sqlite_opens_a_version_3_database_with_its_consumers(tmp_path: Path) ->
         conn.execute(_V3_JOURNAL)
         conn.execute("ALTER TABLE consumers DROP COLUMN acked_to")
         conn.execute(
-            "INSERT INTO consumers (id, name, spec, created_ns, top, pending, bytes) VALUES (?, ?, ?, 0, 3, 2, 5)",
+            "INSERT INTO consumers (id, name, spec, created_ns, top, pending, bytes) "
+            "VALUES (?, ?, ?, 0, 3, 2, 5)",
             (7, "c", spec().to_json()),
         )
         ch, pub = ("/a/x", "e0000001"), ("native", "u", "app", "", "text/plain", b"", b"")
