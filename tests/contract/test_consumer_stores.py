@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hubbub.errors import BadChannel, BadRequest
-from hubbub.events import Publisher
+from hubbub.events import Event, Publisher
 from hubbub.log import AppendRequest, LogStore, RetentionPolicy
 from hubbub.log.consumers import ConsumerSpec, JournalItem, Retry, check_name
 from hubbub.log.postgres import PostgresLogStore
@@ -458,6 +458,50 @@ def test_retention_trim_and_reset_keep_the_journal(factory: Factory) -> None:
     assert [(i.pos, i.event.seq, i.event.payload) for i in store.consumer_items(c.id)] == [
         (p, p, bytes([p - 1])) for p in range(1, 6)
     ]
+
+
+def test_items_keep_their_events_through_every_path_that_deletes_events(factory: Factory) -> None:
+    """Items whose events go (a per-channel limit, in the events' own append and in a later one, ``trim`` of
+    the current epoch and of a retired one, age retention), some acknowledged and some not, for two
+    consumers at different points: each unacknowledged item still reads as exactly the event appended, by
+    every engine (SQLite's journal refers to events and copies them before they go), across a reopen."""
+    store = factory.open(retention=RetentionPolicy(max_events=4))
+    c, d = store.consumer_create(spec())[0], store.consumer_create(spec("d", "/a/y"))[0]
+
+    made = iter(range(100))
+
+    def put(channel: str, n: int) -> list[Event]:
+        reqs = [req(channel, b"p%d" % next(made), headers={"k": str(i)}, tags=(f"t{i}",)) for i in range(n)]
+        return [r.event for r in store.append(reqs)]
+
+    evs = put("/a/x", 3) + put("/a/y", 6)  # /a/y: 6 events in one append, 2 of them over the limit at once
+    store.consumer_settle([(c.id, [1])])
+    evs += put("/a/x", 3)  # the limit drops /a/x 1-2 (item 2 unacknowledged)
+    store.trim("/a/y", 4)
+    old_epoch = evs[0].epoch
+    store.reset_channel("/a/x")
+    evs += put("/a/x", 2)
+    store.trim("/a/x", 4, epoch=old_epoch)  # the retired epoch keeps 5-6
+    store.consumer_settle([(c.id, [7, 8])])
+    expected_c = [(p, evs[p - 1]) for p in range(2, 15) if p not in (7, 8)]
+    expected_d = [(p, evs[2 + p]) for p in range(1, 7)]
+
+    def check() -> None:
+        assert [(i.pos, i.event) for i in store.consumer_items(c.id, limit=100)] == expected_c
+        assert [(i.pos, i.event) for i in store.consumer_items(d.id, limit=100)] == expected_d
+
+    check()
+    factory.clock.advance(3600)
+    store.append([req("/b", b"later")])
+    store.apply_retention(RetentionPolicy(max_age_s=60), factory.clock())
+    assert store.stats().events == 1
+    check()
+    if factory.persistent:
+        store = factory.reopen(store)
+        check()
+    info = {i.spec.name: i for i in store.consumers()}
+    assert (info["c"].pending, info["d"].pending) == (len(expected_c), len(expected_d))
+    assert info["c"].bytes == sum(e.size for _, e in expected_c)
 
 
 # -- persistence ---------------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ Schema (version :data:`SCHEMA_VERSION`, kept in ``meta``)::
                PRIMARY KEY (channel_id, user, key)) WITHOUT ROWID
     consumers (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT UNIQUE, spec TEXT, created_ns, top, pending,
                bytes, acked_to)
-    journal   (consumer_id, pos, attempts, not_before, channel TEXT, epoch TEXT, seq, time_ns, size,
-               publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type,
-               headers BLOB, tags BLOB, payload BLOB, PRIMARY KEY (consumer_id, pos)) WITHOUT ROWID
+    journal   (consumer_id, pos, attempts, not_before, size, ref, and the copy: channel TEXT, epoch TEXT, seq,
+               time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type,
+               headers BLOB, tags BLOB, payload BLOB; PRIMARY KEY (consumer_id, pos)) WITHOUT ROWID
 
 ``headers`` and ``tags`` use the column codec of :mod:`hubbub.log.records`. A ``channels`` row is one epoch
 of a channel, the current one: an event's channel and epoch are those of its ``channel_id``. A new epoch
@@ -31,11 +31,13 @@ collation, which is the UTF-8 byte order :meth:`LogStore.channels` promises.
 
 ``consumers`` and ``journal`` hold the durable consumers (:mod:`hubbub.log.consumers`): ``spec`` is the
 consumer's :class:`~hubbub.log.consumers.ConsumerSpec` as JSON, ``top`` its last journal position, ``pending``
-and ``bytes`` its unacknowledged items; a ``journal`` row is a copy of one event (channel path and epoch
-included, so it outlives the event's trimming and its channel's reset) with the item's ``attempts`` and
-``not_before`` (ns). Every position up to a consumer's ``acked_to`` is acknowledged: a batch acknowledged in
-order moves it (one small row update) and leaves its rows behind, and they are deleted in large ranges later
-(``_consumers.py``); reads never return them.
+and ``bytes`` its unacknowledged items. A ``journal`` row is one item: its ``attempts``, ``not_before`` (ns)
+and the event's ``size``, and the event itself, by reference while the event is in the log (``ref``, its
+``events.pos``; a channel's reset keeps its events) and as a copy once it is not (``ref`` NULL; the channel
+path and epoch included): each path that deletes events copies the unacknowledged items that refer to them
+first, so an item outlives its event's trimming. Every position up to a consumer's ``acked_to`` is
+acknowledged: a batch acknowledged in order moves it (one small row update) and leaves its rows behind, and
+they are deleted in large ranges later (``_consumers.py``); reads never return them.
 
 Schema version 1 (no ``retired_epochs``, no ``origin_*``, no ``writer`` marker), version 2 (no
 ``consumers``, no ``journal``) and version 3 (no ``acked_to``) are migrated when a writer opens them; a
@@ -88,6 +90,34 @@ SCHEMA_VERSION: Final = 4
 
 #: ``durability`` → ``PRAGMA synchronous`` (see the module docstring).
 DURABILITY_SYNCHRONOUS: Final[dict[str, str]] = {"fsync": "FULL", "commit": "NORMAL", "none": "OFF"}
+
+# A journal row refers to its event (``ref``: the event's ``events.pos``) while the event is in the log, and
+# holds a copy of it (``ref`` NULL, the event's columns set) once it is not: see _consumers.py.
+_JOURNAL_COLUMNS: Final = """
+        consumer_id INTEGER NOT NULL,
+        pos INTEGER NOT NULL,
+        attempts INTEGER NOT NULL,
+        not_before INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        ref INTEGER,
+        channel TEXT,
+        epoch TEXT,
+        seq INTEGER,
+        time_ns INTEGER,
+        publisher_dialect TEXT,
+        publisher_user TEXT,
+        publisher_app TEXT,
+        publisher_msg_id TEXT,
+        content_type TEXT,
+        headers BLOB,
+        tags BLOB,
+        payload BLOB,
+        PRIMARY KEY (consumer_id, pos)
+    """
+_JOURNAL_COPY: Final = (
+    "channel, epoch, seq, time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id, "
+    "content_type, headers, tags, payload"
+)
 
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID",
@@ -149,26 +179,7 @@ _SCHEMA: Final = (
         bytes INTEGER NOT NULL,
         acked_to INTEGER NOT NULL DEFAULT 0
     )""",
-    """CREATE TABLE IF NOT EXISTS journal (
-        consumer_id INTEGER NOT NULL,
-        pos INTEGER NOT NULL,
-        attempts INTEGER NOT NULL,
-        not_before INTEGER NOT NULL,
-        channel TEXT NOT NULL,
-        epoch TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        time_ns INTEGER NOT NULL,
-        size INTEGER NOT NULL,
-        publisher_dialect TEXT NOT NULL,
-        publisher_user TEXT NOT NULL,
-        publisher_app TEXT NOT NULL,
-        publisher_msg_id TEXT NOT NULL,
-        content_type TEXT NOT NULL,
-        headers BLOB NOT NULL,
-        tags BLOB NOT NULL,
-        payload BLOB NOT NULL,
-        PRIMARY KEY (consumer_id, pos)
-    ) WITHOUT ROWID""",
+    f"""CREATE TABLE IF NOT EXISTS journal ({_JOURNAL_COLUMNS}) WITHOUT ROWID""",
 )
 
 _EVENT_COLS: Final = (
@@ -197,8 +208,15 @@ _MIGRATE_V1: Final = (
 )
 # Version 2 -> 3: durable consumers (their tables are created by _SCHEMA, ``acked_to`` included).
 _MIGRATE_V2: Final = ("UPDATE meta SET value = 3 WHERE key = 'schema_version'",)
-# Version 3 -> 4: a consumer's ``acked_to``.
-_MIGRATE_V3: Final = ("ALTER TABLE consumers ADD COLUMN acked_to INTEGER NOT NULL DEFAULT 0",)
+# Version 3 -> 4: a consumer's ``acked_to``; journal rows that may refer to their event (their copies kept).
+_MIGRATE_V3: Final = (
+    "ALTER TABLE consumers ADD COLUMN acked_to INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE journal RENAME TO journal_v3",
+    f"CREATE TABLE journal ({_JOURNAL_COLUMNS}) WITHOUT ROWID",
+    f"INSERT INTO journal (consumer_id, pos, attempts, not_before, size, ref, {_JOURNAL_COPY}) "
+    f"SELECT consumer_id, pos, attempts, not_before, size, NULL, {_JOURNAL_COPY} FROM journal_v3",
+    "DROP TABLE journal_v3",
+)
 _MIGRATE_V4: Final = ("UPDATE meta SET value = 4 WHERE key = 'schema_version'",)
 # The writer's own auto-checkpoint (the backstop), in WAL pages (64 MiB at 4 KiB pages).
 _WRITER_AUTOCHECKPOINT: Final = 16384
