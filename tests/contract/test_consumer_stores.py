@@ -483,7 +483,9 @@ def test_items_keep_their_events_through_every_path_that_deletes_events(factory:
     evs += put("/a/x", 2)
     store.trim("/a/x", 4, epoch=old_epoch)  # the retired epoch keeps 5-6
     store.consumer_settle([(c.id, [7, 8])])
-    expected_c = [(p, evs[p - 1]) for p in range(2, 15) if p not in (7, 8)]
+    for _ in range(20):  # one event per append, each over the limit by one: every append deletes one
+        evs += put("/a/z", 1)
+    expected_c = [(p, evs[p - 1]) for p in range(2, 35) if p not in (7, 8)]
     expected_d = [(p, evs[2 + p]) for p in range(1, 7)]
 
     def check() -> None:

@@ -77,6 +77,7 @@ _REF_PAGE: Final = (
     "SELECT j.pos, j.ref, e.channel_id, e.seq FROM journal AS j JOIN events AS e ON e.pos = j.ref "
     "WHERE j.consumer_id = ? AND j.pos > ? AND j.ref IS NOT NULL ORDER BY j.pos LIMIT ?"
 )
+_REF_FIRST_PAGE: Final = 8
 _REF_PAGE_SIZE: Final = 512
 _COPY_ITEM: Final = (
     f"UPDATE journal SET (ref, {_JOURNAL_COPY}) = (SELECT NULL, coalesce(c.path, r.path), "
@@ -294,13 +295,14 @@ class _ConsumerSide(_ReadSide):
             if not c.pending or upto < c.low_ref:
                 continue
             after = c.acked_to
-            first = True
+            size = _REF_FIRST_PAGE  # a consumer past the events (the usual case) needs its first item only
             while True:
-                page = conn.execute(_REF_PAGE, (c.id, after, _REF_PAGE_SIZE)).fetchall()
-                if first:
-                    c.low_ref, first = (page[0][1] if page else 0), False
+                page = conn.execute(_REF_PAGE, (c.id, after, size)).fetchall()
+                if size == _REF_FIRST_PAGE:
+                    c.low_ref = page[0][1] if page else 0
                 hits = []
-                done = len(page) < _REF_PAGE_SIZE
+                done = len(page) < size
+                size = _REF_PAGE_SIZE
                 for pos, ref, cid, seq in page:
                     if ref > upto:
                         done = True
