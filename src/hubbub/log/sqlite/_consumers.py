@@ -26,9 +26,10 @@ from hubbub.log.sqlite._schema import _JOURNAL_COPY
 
 # A journal row refers to its event while the event is in the log (``ref``: its ``events.pos``) and holds a
 # copy of it once it is not (_schema.py). Rows by reference are 6 narrow columns where a copy binds 15 and
-# stores the payload twice: measured on the 2-core dev machine (batches of 100, 100-byte payloads, one
-# consumer), journaling cost 2.8 µs per event with copies, and deleting an acknowledged row 1.1 µs against
-# 0.25-0.5 (bench/RESULTS.md). An append writes them with multi-row statements of 2**k rows (k <=
+# stores the payload twice: measured on the 2-core dev machine (``bench/consumer_store.py``: batches of 100,
+# 100-byte payloads, one consumer), journaling cost 2.9 µs per event with copies and 1.7 by reference, the
+# settle 1.15 and 0.8; a row of 300 bytes costs SQLite about four times as much to delete as one of 40
+# (bench/RESULTS.md). An append writes them with multi-row statements of 2**k rows (k <=
 # _INSERT_MAX_LOG2), as it writes ``events`` (_inserts.py), binding the consumer id once per statement and
 # per row only _JREF_ROW (pos, size, ref). An event trimmed in its own append (a per-channel limit) is
 # journaled as a copy (_INSERT_COPY, _JCOPY_ROW per row).
@@ -96,8 +97,7 @@ _DELETE_RANGE: Final = "DELETE FROM journal WHERE consumer_id = ? AND pos BETWEE
 _MIN_RANGE: Final = 4
 # A consumer's ``acked_to`` (_schema.py): an acknowledged run of positions that starts above it with no
 # unacknowledged item in between moves it up, and the run's rows stay where they are: the settle's commit
-# then writes the ``consumers`` row's page, where deleting the rows rewrote every leaf page they were on
-# (the settle of a 100-item batch, thread CPU per item, on the 2-core dev machine: see bench/RESULTS.md).
+# then writes the ``consumers`` row's page, where deleting the rows rewrote every leaf page they were on.
 # The rows at or below ``acked_to`` go in one range delete once _SWEEP positions have collected, in the
 # settle that passes the mark; reads skip them meanwhile (and after a restart, until the next sweep).
 _LIVE_BETWEEN: Final = "SELECT 1 FROM journal WHERE consumer_id = ? AND pos > ? AND pos < ? LIMIT 1"
