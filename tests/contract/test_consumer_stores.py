@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -19,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from hubbub.errors import BadChannel, BadRequest
-from hubbub.events import Publisher
+from hubbub.events import Event, Publisher
 from hubbub.log import AppendRequest, LogStore, RetentionPolicy
 from hubbub.log.consumers import ConsumerSpec, JournalItem, Retry, check_name
 from hubbub.log.postgres import PostgresLogStore
+from hubbub.log.sqlite import SqliteLogStore
 from tests.contract.test_log_stores import NS, Factory, req
 
 ENGINES = ["memory", "sqlite-commit", "sqlite-fsync", "postgres-commit"]
@@ -342,6 +344,104 @@ def test_settle_acks_runs_and_scattered_positions_exactly(store: LogStore) -> No
     assert {i.spec.name: i.pending for i in store.consumers()}["d"] == 0
 
 
+def test_acks_in_order_and_around_gaps_stay_acked_across_reopens(factory: Factory) -> None:
+    """Batches acknowledged in order (SQLite moves the consumer's ``acked_to`` and deletes their rows later,
+    in large ranges), a batch acknowledged ahead of an earlier one, the earlier one after it, and a reopen
+    between: exactly the unacknowledged items are left, and the counts follow."""
+    store = factory.open()
+    c, _ = store.consumer_create(spec())
+    n = 5000
+    for i in range(0, n, 500):
+        store.append([req("/a/x", b"%d" % j) for j in range(i, i + 500)])
+    store.consumer_settle([(c.id, list(range(1, 101)))])
+    store.consumer_settle([(c.id, [*range(150, 161), 170])])  # ahead of 101-149
+    assert [i.pos for i in store.consumer_items(c.id, limit=2)] == [101, 102]
+    store.consumer_settle([(c.id, list(range(101, 150)))])  # the gap: every item up to 169 is acked now
+    assert [i.pos for i in store.consumer_items(c.id, limit=2)] == [161, 162]
+    store.consumer_settle([(c.id, list(range(161, 170)))])
+    for lo in range(171, 4001, 100):
+        store.consumer_settle([(c.id, list(range(lo, min(lo + 100, 4001))))])
+    if factory.persistent:
+        store = factory.reopen(store)
+    store.consumer_settle([(c.id, list(range(1, 4001)))])  # all acknowledged already: nothing changes
+    left = store.consumer_items(c.id, limit=n)
+    assert [(i.pos, i.event.payload) for i in left] == [(p, b"%d" % (p - 1)) for p in range(4001, n + 1)]
+    assert [i.pos for i in store.consumer_items(c.id, after_pos=10, limit=1)] == [4001]
+    info = store.consumers()[0]
+    assert (info.top, info.pending, info.bytes) == (n, 1000, sum(len(b"%d" % j) for j in range(4000, n)))
+    store.consumer_settle([], [Retry(c.id, (3999, 4001), 9)])  # a retry of an acked item is passed over
+    assert [(i.pos, i.attempts) for i in store.consumer_items(c.id, limit=2)] == [(4001, 1), (4002, 0)]
+    if factory.engine.startswith("sqlite"):
+        store.close()
+        conn = sqlite3.connect(factory.path)
+        try:
+            # The acknowledged rows went in ranges: at most one sweep's worth is left below acked_to.
+            (acked_to,) = conn.execute("SELECT acked_to FROM consumers").fetchone()
+            (kept,) = conn.execute("SELECT count(*) FROM journal WHERE pos <= ?", (acked_to,)).fetchone()
+            assert acked_to == 4000 and kept < 2048
+        finally:
+            conn.close()
+
+
+_V3_JOURNAL = """CREATE TABLE journal (
+    consumer_id INTEGER NOT NULL, pos INTEGER NOT NULL, attempts INTEGER NOT NULL,
+    not_before INTEGER NOT NULL,
+    channel TEXT NOT NULL, epoch TEXT NOT NULL, seq INTEGER NOT NULL, time_ns INTEGER NOT NULL,
+    size INTEGER NOT NULL, publisher_dialect TEXT NOT NULL, publisher_user TEXT NOT NULL,
+    publisher_app TEXT NOT NULL, publisher_msg_id TEXT NOT NULL, content_type TEXT NOT NULL,
+    headers BLOB NOT NULL, tags BLOB NOT NULL, payload BLOB NOT NULL, PRIMARY KEY (consumer_id, pos)
+) WITHOUT ROWID"""
+
+
+def test_sqlite_opens_a_version_3_database_with_its_consumers(tmp_path: Path) -> None:
+    """Schema version 3 (journal rows that copy their event, no ``acked_to``) migrates: the items read as
+    they were written, acks and new appends go on from there."""
+    path = tmp_path / "v3.db"
+    SqliteLogStore(path).close()
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DROP TABLE journal")
+        conn.execute(_V3_JOURNAL)
+        conn.execute("ALTER TABLE consumers DROP COLUMN acked_to")
+        conn.execute(
+            "INSERT INTO consumers (id, name, spec, created_ns, top, pending, bytes) "
+            "VALUES (?, ?, ?, 0, 3, 2, 5)",
+            (7, "c", spec().to_json()),
+        )
+        ch, pub = ("/a/x", "e0000001"), ("native", "u", "app", "", "text/plain", b"", b"")
+        conn.executemany(
+            f"INSERT INTO journal VALUES (7, {', '.join('?' * 16)})",
+            [
+                (2, 0, 0, *ch, 2, 10, 2, *pub, b"ab"),
+                (3, 1, 99, *ch, 3, 11, 3, *pub, b"cde"),
+            ],
+        )
+        conn.execute("UPDATE meta SET value = 3 WHERE key = 'schema_version'")
+    conn.close()
+    store = SqliteLogStore(path)
+    try:
+        got = store.consumer_items(7)
+        assert [
+            (i.pos, i.attempts, i.not_before_ns, i.event.channel, i.event.epoch, i.event.seq) for i in got
+        ] == [
+            (2, 0, 0, "/a/x", "e0000001", 2),
+            (3, 1, 99, "/a/x", "e0000001", 3),
+        ]
+        assert [(i.event.time_ns, i.event.payload, i.event.publisher.app) for i in got] == [
+            (10, b"ab", "app"),
+            (11, b"cde", "app"),
+        ]
+        store.consumer_settle([(7, [2])])
+        assert store.append([req("/a/y", b"n")])[0].journal == ((7, 4),)
+        assert [i.pos for i in store.consumer_items(7)] == [3, 4]
+        assert (store.consumers()[0].pending, store.consumers()[0].bytes) == (2, 4)
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (4,)
+    conn.close()
+
+
 # -- retention never drops unacknowledged items ------------------------------------------------------
 
 
@@ -358,6 +458,52 @@ def test_retention_trim_and_reset_keep_the_journal(factory: Factory) -> None:
     assert [(i.pos, i.event.seq, i.event.payload) for i in store.consumer_items(c.id)] == [
         (p, p, bytes([p - 1])) for p in range(1, 6)
     ]
+
+
+def test_items_keep_their_events_through_every_path_that_deletes_events(factory: Factory) -> None:
+    """Items whose events go (a per-channel limit, in the events' own append and in a later one, ``trim`` of
+    the current epoch and of a retired one, age retention), some acknowledged and some not, for two
+    consumers at different points: each unacknowledged item still reads as exactly the event appended, by
+    every engine (SQLite's journal refers to events and copies them before they go), across a reopen."""
+    store = factory.open(retention=RetentionPolicy(max_events=4))
+    c, d = store.consumer_create(spec())[0], store.consumer_create(spec("d", "/a/y"))[0]
+
+    made = iter(range(100))
+
+    def put(channel: str, n: int) -> list[Event]:
+        reqs = [req(channel, b"p%d" % next(made), headers={"k": str(i)}, tags=(f"t{i}",)) for i in range(n)]
+        return [r.event for r in store.append(reqs)]
+
+    evs = put("/a/x", 3) + put("/a/y", 6)  # /a/y: 6 events in one append, 2 of them over the limit at once
+    store.consumer_settle([(c.id, [1])])
+    evs += put("/a/x", 3)  # the limit drops /a/x 1-2 (item 2 unacknowledged)
+    store.trim("/a/y", 4)
+    old_epoch = evs[0].epoch
+    store.reset_channel("/a/x")
+    evs += put("/a/x", 2)
+    store.trim("/a/x", 4, epoch=old_epoch)  # the retired epoch keeps 5-6
+    store.consumer_settle([(c.id, [7, 8])])
+    for _ in range(20):  # one event per append, each over the limit by one: every append deletes one
+        evs += put("/a/z", 1)
+    expected_c = [(p, evs[p - 1]) for p in range(2, 35) if p not in (7, 8)]
+    expected_d = [(p, evs[2 + p]) for p in range(1, 7)]
+
+    def check() -> None:
+        assert [(i.pos, i.event) for i in store.consumer_items(c.id, limit=100)] == expected_c
+        assert [(i.pos, i.event) for i in store.consumer_items(d.id, limit=100)] == expected_d
+
+    check()
+    factory.clock.advance(3600)
+    store.append([req("/b", b"later")])
+    store.apply_retention(RetentionPolicy(max_age_s=60), factory.clock())
+    assert store.stats().events == 1
+    check()
+    if factory.persistent:
+        store = factory.reopen(store)
+        check()
+    info = {i.spec.name: i for i in store.consumers()}
+    assert (info["c"].pending, info["d"].pending) == (len(expected_c), len(expected_d))
+    assert info["c"].bytes == sum(e.size for _, e in expected_c)
 
 
 # -- persistence ---------------------------------------------------------------------------------------

@@ -1405,7 +1405,7 @@ def test_sqlite_migrates_a_version_1_database(sqlite_path: Path) -> None:
     finally:
         store.close()
     conn = sqlite3.connect(sqlite_path)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (3,)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (4,)
     conn.close()
 
 

@@ -2,13 +2,14 @@
 
 A **durable consumer** (qpubs.md §6, docs/consumers.md) is a named subscription whose matching events the
 store **journals**: at every append, inside the append's own transaction, each committed event that matches a
-consumer's filter is copied into that consumer's journal under the next journal position ``pos`` (1, 2, …
+consumer's filter is put into that consumer's journal under the next journal position ``pos`` (1, 2, …
 per consumer, never reused). An item stays in the journal until it is acknowledged
 (:meth:`~hubbub.log.base.LogStore.consumer_settle`), whatever log retention, ``trim`` or a channel reset do
-to the event in the log: the journal holds a **copy** (channel, seq, epoch, time, publisher, content type,
-headers, tags, payload), not a reference. That is the retention rule of every engine: the log's limits apply
-to the log, a consumer's unacknowledged items are never dropped, and the cost is the copy (its bytes count
-in :attr:`ConsumerInfo.bytes`, not in the log's ``StoreStats``).
+to the event in the log: the item keeps the **whole event** (channel, seq, epoch, time, publisher, content
+type, headers, tags, payload). That is the retention rule of every engine: the log's limits apply to the
+log, a consumer's unacknowledged items are never dropped (an engine may refer to the event while the log
+holds it and copy it before the log drops it, as SQLite does, or copy it from the start), and an item's bytes
+count in :attr:`ConsumerInfo.bytes`, not in the log's ``StoreStats``.
 
 Because journaling happens inside the append transaction, an event is either committed *and* journaled for
 every consumer that existed when its batch was committed, or neither: a crash cannot lose an item between
@@ -130,7 +131,7 @@ class ConsumerInfo:
 
 @hot_value  # built once per item journaled, read or given back, mostly on the loop
 class JournalItem:
-    """One unacknowledged journal item: the event copy, its position, the deliveries given back so far and
+    """One unacknowledged journal item: its event, its position, the deliveries given back so far and
     the earliest time it may be delivered again (0: at once)."""
 
     pos: int

@@ -11,52 +11,83 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from hubbub.errors import StorageError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendResult
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 from hubbub.log.records import decode_headers, decode_tags, encode_headers, encode_tags
 from hubbub.log.sqlite._inserts import _EMPTY_BLOB, _INSERT_MAX_LOG2, _blob, _insert_chunks, _insert_log2
 from hubbub.log.sqlite._reads import _ReadSide
+from hubbub.log.sqlite._schema import _JOURNAL_COPY
 
-_JOURNAL_HEAD: Final = (
-    "INSERT INTO journal (consumer_id, pos, attempts, not_before, channel, epoch, seq, time_ns, size, "
-    "publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type, headers, tags, "
-    "payload) VALUES "
-)
-# Multi-row statements of 2**k rows (k <= _INSERT_MAX_LOG2), as append writes ``events`` (_inserts.py): one
-# sqlite3_step per statement instead of one per row. The items of one consumer that share their channel,
-# epoch, publisher (but for msg_id), content type, headers and tags (one connection's burst: the usual
-# commit) are a *run*: a run statement binds the _JRUN_SHARED columns once (?1-?9: consumer id, channel,
-# epoch, dialect, user, app, content type, encoded headers and tags) and per item only _JRUN_ROW (pos, seq,
-# time_ns, size, msg_id, payload), where a full row binds all _JOURNAL_ROW: binding is most of the cost of
-# the insert (measured on the 2-core dev machine with a consumer of every event, batches of 100: the writer's
-# journal insert 5.1 µs per item with full rows). Groups shorter than _MIN_JRUN use full rows.
-_JOURNAL_ROW: Final = 15
-_JRUN_SHARED: Final = 9
-_JRUN_ROW: Final = 6
-_MIN_JRUN: Final = 8
-_INSERT_JOURNAL: Final = tuple(
-    _JOURNAL_HEAD + ", ".join(["(?, ?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * (1 << k))
-    for k in range(_INSERT_MAX_LOG2 + 1)
-)
-_INSERT_JOURNAL_RUN: Final = tuple(
-    _JOURNAL_HEAD
+# A journal row refers to its event while the event is in the log (``ref``: its ``events.pos``) and holds a
+# copy of it once it is not (_schema.py). Rows by reference are 6 narrow columns where a copy binds 15 and
+# stores the payload twice: measured on the 2-core dev machine (``bench/consumer_store.py``: batches of 100,
+# 100-byte payloads, one consumer), journaling cost 2.9 µs per event with copies and 1.7 by reference, the
+# settle 1.15 and 0.8; a row of 300 bytes costs SQLite about four times as much to delete as one of 40
+# (bench/RESULTS.md). An append writes them with multi-row statements of 2**k rows (k <=
+# _INSERT_MAX_LOG2), as it writes ``events`` (_inserts.py), binding the consumer id once per statement and
+# per row only _JREF_ROW (pos, size, ref). An event trimmed in its own append (a per-channel limit) is
+# journaled as a copy (_INSERT_COPY, _JCOPY_ROW per row).
+_JREF_ROW: Final = 3
+_INSERT_JREF: Final = tuple(
+    "INSERT INTO journal (consumer_id, pos, attempts, not_before, size, ref) VALUES "
     + ", ".join(
-        f"(?1, ?{b + 1}, 0, 0, ?2, ?3, ?{b + 2}, ?{b + 3}, ?{b + 4}, ?4, ?5, ?6, ?{b + 5}, ?7, ?8, ?9, "
-        f"?{b + 6})"
-        for b in range(_JRUN_SHARED, _JRUN_SHARED + (_JRUN_ROW << k), _JRUN_ROW)
+        f"(?1, ?{b + 1}, 0, 0, ?{b + 2}, ?{b + 3})" for b in range(1, 1 + (_JREF_ROW << k), _JREF_ROW)
     )
     for k in range(_INSERT_MAX_LOG2 + 1)
 )
-_ITEM_COLS: Final = (
-    "pos, attempts, not_before, channel, epoch, seq, time_ns, publisher_dialect, publisher_user, "
-    "publisher_app, publisher_msg_id, content_type, headers, tags, payload"
+_JCOPY_ROW: Final = 15
+_INSERT_COPY: Final = tuple(
+    f"INSERT INTO journal (consumer_id, pos, attempts, not_before, size, ref, {_JOURNAL_COPY}) VALUES "
+    + ", ".join(["(?, ?, 0, 0, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * (1 << k))
+    for k in range(_INSERT_MAX_LOG2 + 1)
 )
-_UPDATE_CONSUMER: Final = "UPDATE consumers SET top = ?, pending = ?, bytes = ? WHERE id = ?"
+# An item's event: its copy, else the event it refers to (in ``events``; its channel's path and epoch in
+# ``channels``, or in ``retired_epochs`` after a reset).
+_ITEM_COLS: Final = (
+    "j.pos, j.attempts, j.not_before, coalesce(j.channel, c.path, r.path), "
+    "coalesce(j.epoch, c.epoch, r.epoch), "
+    + ", ".join(
+        f"coalesce(j.{col}, e.{col})"
+        for col in (
+            "seq",
+            "time_ns",
+            "publisher_dialect",
+            "publisher_user",
+            "publisher_app",
+            "publisher_msg_id",
+            "content_type",
+            "headers",
+            "tags",
+            "payload",
+        )
+    )
+)
+_ITEM_FROM: Final = (
+    "journal AS j LEFT JOIN events AS e ON e.pos = j.ref LEFT JOIN channels AS c ON c.id = e.channel_id "
+    "LEFT JOIN retired_epochs AS r ON r.id = e.channel_id"
+)
+# Before events are deleted (retention, trim, per-channel limits): a page of a consumer's unacknowledged
+# items by reference, with their event's channel id and seq, and the copy of one item.
+_REF_PAGE: Final = (
+    "SELECT j.pos, j.ref, e.channel_id, e.seq FROM journal AS j JOIN events AS e ON e.pos = j.ref "
+    "WHERE j.consumer_id = ? AND j.pos > ? AND j.ref IS NOT NULL ORDER BY j.pos LIMIT ?"
+)
+_REF_FIRST_PAGE: Final = 8
+_REF_PAGE_SIZE: Final = 512
+_COPY_ITEM: Final = (
+    f"UPDATE journal SET (ref, {_JOURNAL_COPY}) = (SELECT NULL, coalesce(c.path, r.path), "
+    "coalesce(c.epoch, r.epoch), e.seq, e.time_ns, e.publisher_dialect, e.publisher_user, e.publisher_app, "
+    "e.publisher_msg_id, e.content_type, e.headers, e.tags, e.payload FROM events AS e "
+    "LEFT JOIN channels AS c ON c.id = e.channel_id LEFT JOIN retired_epochs AS r ON r.id = e.channel_id "
+    "WHERE e.pos = journal.ref) WHERE consumer_id = ? AND pos = ?"
+)
+_UPDATE_CONSUMER: Final = "UPDATE consumers SET top = ?, pending = ?, bytes = ?, acked_to = ? WHERE id = ?"
 # An acknowledged run of consecutive positions (the usual batch): one range of the primary key, where an
 # ``IN`` list of the same positions costs a look-up per position (see _runs). The count and bytes of what
 # goes are read first, in the same transaction: ``DELETE … RETURNING size`` cost four times as much as
@@ -64,6 +95,20 @@ _UPDATE_CONSUMER: Final = "UPDATE consumers SET top = ?, pending = ?, bytes = ? 
 _COUNT_RANGE: Final = "SELECT count(*), sum(size) FROM journal WHERE consumer_id = ? AND pos BETWEEN ? AND ?"
 _DELETE_RANGE: Final = "DELETE FROM journal WHERE consumer_id = ? AND pos BETWEEN ? AND ?"
 _MIN_RANGE: Final = 4
+# A consumer's ``acked_to`` (_schema.py): an acknowledged run of positions that starts above it with no
+# unacknowledged item in between moves it up, and the run's rows stay where they are: the settle's commit
+# then writes the ``consumers`` row's page, where deleting the rows rewrote every leaf page they were on.
+# The rows at or below ``acked_to`` go in one range delete once _SWEEP positions have collected, in the
+# settle that passes the mark; reads skip them meanwhile (and after a restart, until the next sweep).
+_LIVE_BETWEEN: Final = "SELECT 1 FROM journal WHERE consumer_id = ? AND pos > ? AND pos < ? LIMIT 1"
+_SWEEP_STMT: Final = "DELETE FROM journal WHERE consumer_id = ? AND pos <= ?"
+_SWEEP: Final = 2048
+
+
+class _FirstSeq(Protocol):
+    """A channel's head as far as journaling reads it: its first seq still in the log."""
+
+    first: int
 
 
 @dataclass(slots=True)
@@ -76,6 +121,13 @@ class _Row:
     top: int
     pending: int
     bytes: int
+    acked_to: int
+    #: Rows at or below this position are deleted (not kept: 0 after a load, so the first settle sweeps).
+    swept: int = 0
+    #: At most the lowest ``ref`` of the unacknowledged items by reference (0: not known). New items refer to
+    #: new events, whose ``events.pos`` is above every event's in the log (SQLite's rowid: one more than the
+    #: largest), so it stays a lower bound until the next load.
+    low_ref: int = 0
 
     def info(self) -> ConsumerInfo:
         return ConsumerInfo(self.id, self.spec, self.created_ns, self.top, self.pending, self.bytes)
@@ -104,6 +156,8 @@ def _items(rows: Iterable[Sequence[Any]]) -> list[JournalItem]:
         tb,
         payload,
     ) in rows:
+        if ch is None:
+            raise StorageError(f"journal item {pos} refers to an event that is not in the log")
         pk = (dialect, user, app, msg_id)
         pub = pubs.get(pk)
         if pub is None:
@@ -129,6 +183,7 @@ class _ConsumerSide(_ReadSide):
 
     _crows: dict[int, _Row]
     _jindex: JournalIndex
+    _heads: Mapping[str, _FirstSeq]
     _last_time: int
     _clock: Callable[[], int]
 
@@ -139,84 +194,126 @@ class _ConsumerSide(_ReadSide):
     def _load_consumers(self, conn: sqlite3.Connection) -> None:
         """(Re)load the consumer rows and their filters (writer thread; raises sqlite3.Error)."""
         rows = conn.execute(
-            "SELECT id, name, spec, created_ns, top, pending, bytes FROM consumers"
+            "SELECT id, name, spec, created_ns, top, pending, bytes, acked_to FROM consumers"
         ).fetchall()
         crows: dict[int, _Row] = {}
         index = JournalIndex()
-        for cid, name, spec, created, top, pending, nbytes in rows:
-            r = crows[cid] = _Row(cid, ConsumerSpec.from_json(name, spec), created, top, pending, nbytes)
+        for cid, name, spec, created, top, pending, nbytes, acked_to in rows:
+            r = crows[cid] = _Row(
+                cid, ConsumerSpec.from_json(name, spec), created, top, pending, nbytes, acked_to
+            )
             index.add(cid, r.spec)
         self._crows, self._jindex = crows, index
 
-    def _journal(self, conn: sqlite3.Connection, results: list[AppendResult]) -> None:
-        """Journal each new event of an append for the consumers that match it (inside its transaction)."""
+    def _journal(
+        self, conn: sqlite3.Connection, results: list[AppendResult], last_ref: int, limited: bool
+    ) -> None:
+        """Journal each new event of an append for the consumers that match it (inside its transaction, after
+        its events are inserted: ``last_ref`` is the last one's ``events.pos``, and the new events have the
+        consecutive positions up to it, in order). ``limited``: per-channel limits may have trimmed some of
+        them in this append already; those are journaled as copies."""
         match, crows = self._jindex.match, self._crows
-        # Per run (see _INSERT_JOURNAL_RUN): its shared values -> its items' _JRUN_ROW values.
-        runs: dict[tuple[Any, ...], list[Any]] = {}
+        heads = self._heads if limited else None
+        refs: dict[int, list[Any]] = {}  # consumer id -> _JREF_ROW values per item
+        copies: list[Any] = []
         touched: dict[int, _Row] = {}
-        # The previous event's shape (channel, tags, epoch, publisher but for msg_id, content type; no
-        # headers) and, per consumer it matched, its rows and run: the events of one connection's burst share
-        # them, so their run keys are built and looked up once per burst, not per event and consumer.
-        last_shape: tuple[Any, ...] | None = None
+        # The previous event's channel and tags and, per consumer they matched, its row and refs: the events
+        # of one burst share them, so they are matched once per burst, not per event.
+        last_channel: str | None = None
+        last_tags: tuple[str, ...] = ()
         last: list[tuple[_Row, list[Any]]] = []
+        ref = last_ref - sum(1 for r in results if not r.duplicate)
         for i, r in enumerate(results):
             if r.duplicate:
                 continue
+            ref += 1
             ev = r.event
-            p = ev.publisher
-            shape = (ev.channel, ev.tags, ev.epoch, p.dialect, p.user, p.app, ev.content_type)
-            if ev.headers or shape != last_shape:
-                ids = match(ev.channel, ev.tags)
-                if not ids:
-                    last_shape = None
-                    continue
-                hb = encode_headers(ev.headers) if ev.headers else b""
-                tb = encode_tags(ev.tags) if ev.tags else b""
+            if ev.channel != last_channel or ev.tags != last_tags:
+                last_channel, last_tags = ev.channel, ev.tags
                 last = []
-                for cid in ids:
+                for cid in match(ev.channel, ev.tags):
                     c = touched[cid] = crows[cid]
-                    key = (cid, ev.channel, ev.epoch, p.dialect, p.user, p.app, ev.content_type, hb, tb)
-                    run = runs.get(key)
-                    if run is None:
-                        run = runs[key] = []
-                    last.append((c, run))
-                last_shape = None if ev.headers else shape
+                    rows = refs.get(cid)
+                    if rows is None:
+                        rows = refs[cid] = []
+                    last.append((c, rows))
+            if not last:
+                continue
             size = ev.size
-            bp = _blob(ev.payload)
+            if heads is not None and ev.seq < heads[ev.channel].first:
+                entries = []
+                p = ev.publisher
+                hb = encode_headers(ev.headers) if ev.headers else _EMPTY_BLOB
+                tb = encode_tags(ev.tags) if ev.tags else _EMPTY_BLOB
+                for c, _ in last:
+                    c.top = top = c.top + 1
+                    c.pending += 1
+                    c.bytes += size
+                    entries.append((c.id, top))
+                    copies += (c.id, top, size, ev.channel, ev.epoch, ev.seq, ev.time_ns, p.dialect, p.user,
+                               p.app, p.msg_id, ev.content_type, hb, tb, _blob(ev.payload))  # fmt: skip
+                results[i] = AppendResult(ev, False, tuple(entries))
+                continue
             if len(last) == 1:
-                c, run = last[0]
+                c, rows = last[0]
                 c.top = top = c.top + 1
                 c.pending += 1
                 c.bytes += size
-                run.extend((top, ev.seq, ev.time_ns, size, p.msg_id, bp))
+                rows += (top, size, ref)
                 results[i] = AppendResult(ev, False, ((c.id, top),))
                 continue
             entries = []
-            for c, rows in last:
+            for c, their in last:
                 c.top = top = c.top + 1
                 c.pending += 1
                 c.bytes += size
                 entries.append((c.id, top))
-                rows.extend((top, ev.seq, ev.time_ns, size, p.msg_id, bp))
+                their.extend((top, size, ref))
             results[i] = AppendResult(ev, False, tuple(entries))
-        if runs:
-            limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-            full: list[Any] = []
-            for key, run in runs.items():
-                if len(run) >= _MIN_JRUN * _JRUN_ROW:
-                    log2 = _insert_log2(limit, _JRUN_SHARED, _JRUN_ROW)
-                    _insert_chunks(conn, _INSERT_JOURNAL_RUN, log2, _JRUN_SHARED, _JRUN_ROW, [*key, *run])
-                    continue
-                cid, channel, epoch, dialect, user, app, ctype, hb_key, tb_key = key
-                hbb, tbb = hb_key or _EMPTY_BLOB, tb_key or _EMPTY_BLOB
-                for j in range(0, len(run), _JRUN_ROW):
-                    pos, seq, t, size, msg_id, payload = run[j : j + _JRUN_ROW]
-                    full += (cid, pos, channel, epoch, seq, t, size, dialect, user, app, msg_id, ctype,
-                             hbb, tbb, payload)  # fmt: skip
-            if full:
-                log2 = _insert_log2(limit, 0, _JOURNAL_ROW)
-                _insert_chunks(conn, _INSERT_JOURNAL, log2, 0, _JOURNAL_ROW, full)
-            conn.executemany(_UPDATE_CONSUMER, [(c.top, c.pending, c.bytes, c.id) for c in touched.values()])
+        if not touched:
+            return
+        limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        for cid, rows in refs.items():
+            if rows:
+                _insert_chunks(
+                    conn, _INSERT_JREF, _insert_log2(limit, 1, _JREF_ROW), 1, _JREF_ROW, [cid, *rows]
+                )
+        if copies:
+            _insert_chunks(conn, _INSERT_COPY, _insert_log2(limit, 0, _JCOPY_ROW), 0, _JCOPY_ROW, copies)
+        conn.executemany(
+            _UPDATE_CONSUMER, [(c.top, c.pending, c.bytes, c.acked_to, c.id) for c in touched.values()]
+        )
+
+    def _copy_refs(self, conn: sqlite3.Connection, upto: int, channel: tuple[int, int] | None = None) -> None:
+        """Before events are deleted (in the same transaction): give each unacknowledged item that refers to
+        one of them its copy. The events: those at ``events.pos <= upto`` (retention's prefix of the log) or,
+        with ``channel`` (channel id, cut), that channel id's events with ``seq < cut``, all at or below
+        ``upto``. A consumer's items by reference refer to events in log order (their positions grow with
+        their ``ref``), so its scan stops at the first beyond ``upto``; most consumers have none that low
+        (``low_ref``) and cost nothing."""
+        for c in self._crows.values():
+            if not c.pending or upto < c.low_ref:
+                continue
+            after = c.acked_to
+            size = _REF_FIRST_PAGE  # a consumer past the events (the usual case) needs its first item only
+            while True:
+                page = conn.execute(_REF_PAGE, (c.id, after, size)).fetchall()
+                if size == _REF_FIRST_PAGE:
+                    c.low_ref = page[0][1] if page else 0
+                hits = []
+                done = len(page) < size
+                size = _REF_PAGE_SIZE
+                for pos, ref, cid, seq in page:
+                    if ref > upto:
+                        done = True
+                        break
+                    if channel is None or (cid == channel[0] and seq < channel[1]):
+                        hits.append((c.id, pos))
+                if hits:
+                    conn.executemany(_COPY_ITEM, hits)
+                if done:
+                    break
+                after = page[-1][0]
 
     def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
         for r in self._crows.values():
@@ -231,7 +328,7 @@ class _ConsumerSide(_ReadSide):
                 (spec.name, spec.to_json(), created),
             )
             cid = int(cur.lastrowid or 0)
-        row = self._crows[cid] = _Row(cid, spec, created, 0, 0, 0)
+        row = self._crows[cid] = _Row(cid, spec, created, 0, 0, 0, 0)
         self._jindex.add(cid, spec)
         return row.info(), True
 
@@ -259,34 +356,64 @@ class _ConsumerSide(_ReadSide):
             touched: set[int] = set()
             for cid, positions in acked:
                 c = crows[cid]
-                ranges, scattered = _runs(sorted(set(positions)))
-                for lo, hi in ranges:
-                    n, nbytes = conn.execute(_COUNT_RANGE, (cid, lo, hi)).fetchone()
-                    if n:
-                        conn.execute(_DELETE_RANGE, (cid, lo, hi))
-                        c.pending -= n
-                        c.bytes -= nbytes
-                        touched.add(cid)
-                for chunk in _chunks(scattered):
-                    where = f"WHERE consumer_id = ? AND pos IN ({','.join('?' * len(chunk))})"
-                    n, nbytes = conn.execute(
-                        f"SELECT count(*), sum(size) FROM journal {where}", (cid, *chunk)
-                    ).fetchone()
-                    if n:
-                        conn.execute(f"DELETE FROM journal {where}", (cid, *chunk))
-                        c.pending -= n
-                        c.bytes -= nbytes
-                        touched.add(cid)
+                if self._settle_acked(conn, c, sorted({p for p in positions if p > c.acked_to})):
+                    touched.add(cid)
             for r in retried:
+                floor = crows[r.consumer_id].acked_to
                 conn.executemany(
                     "UPDATE journal SET attempts = attempts + 1, not_before = ? "
                     "WHERE consumer_id = ? AND pos = ?",
-                    [(r.not_before_ns, r.consumer_id, p) for p in r.positions],
+                    [(r.not_before_ns, r.consumer_id, p) for p in r.positions if p > floor],
                 )
             if touched:
                 conn.executemany(
-                    _UPDATE_CONSUMER, [(crows[c].top, crows[c].pending, crows[c].bytes, c) for c in touched]
+                    _UPDATE_CONSUMER,
+                    [(crows[c].top, crows[c].pending, crows[c].bytes, crows[c].acked_to, c) for c in touched],
                 )
+
+    @staticmethod
+    def _settle_acked(conn: sqlite3.Connection, c: _Row, positions: list[int]) -> bool:
+        """Acknowledge ``positions`` (sorted, distinct, above ``acked_to``) of ``c`` in the transaction of
+        ``conn``: the leading run moves ``acked_to`` when no unacknowledged item lies below it, the rest are
+        deleted (ranges and ``IN`` lists, see _runs); sweeps when due. Whether ``c``'s row changed."""
+        if not positions:
+            return False
+        cid = c.id
+        changed = False
+        lo = positions[0]
+        if lo == c.acked_to + 1 or conn.execute(_LIVE_BETWEEN, (cid, c.acked_to, lo)).fetchone() is None:
+            j = 1
+            while j < len(positions) and positions[j] == lo + j:
+                j += 1
+            hi = positions[j - 1]
+            n, nbytes = conn.execute(_COUNT_RANGE, (cid, lo, hi)).fetchone()
+            c.pending -= n
+            c.bytes -= nbytes or 0
+            c.acked_to = hi
+            changed = True
+            del positions[:j]
+            if c.acked_to - c.swept >= _SWEEP:
+                conn.execute(_SWEEP_STMT, (cid, c.acked_to))
+                c.swept = c.acked_to
+        ranges, scattered = _runs(positions)
+        for lo, hi in ranges:
+            n, nbytes = conn.execute(_COUNT_RANGE, (cid, lo, hi)).fetchone()
+            if n:
+                conn.execute(_DELETE_RANGE, (cid, lo, hi))
+                c.pending -= n
+                c.bytes -= nbytes
+                changed = True
+        for chunk in _chunks(scattered):
+            where = f"WHERE consumer_id = ? AND pos IN ({','.join('?' * len(chunk))})"
+            n, nbytes = conn.execute(
+                f"SELECT count(*), sum(size) FROM journal {where}", (cid, *chunk)
+            ).fetchone()
+            if n:
+                conn.execute(f"DELETE FROM journal {where}", (cid, *chunk))
+                c.pending -= n
+                c.bytes -= nbytes
+                changed = True
+        return changed
 
     def consumers(self) -> list[ConsumerInfo]:
         with self._snapshot() as conn:
@@ -303,7 +430,8 @@ class _ConsumerSide(_ReadSide):
             return []
         with self._snapshot() as conn:
             rows = conn.execute(
-                f"SELECT {_ITEM_COLS} FROM journal WHERE consumer_id = ? AND pos > ? ORDER BY pos LIMIT ?",
+                f"SELECT {_ITEM_COLS} FROM {_ITEM_FROM} WHERE j.consumer_id = ?1 "
+                "AND j.pos > max(?2, (SELECT acked_to FROM consumers WHERE id = ?1)) ORDER BY j.pos LIMIT ?3",
                 (consumer_id, after_pos, limit),
             ).fetchall()
         return _items(rows)

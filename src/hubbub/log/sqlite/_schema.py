@@ -13,10 +13,10 @@ Schema (version :data:`SCHEMA_VERSION`, kept in ``meta``)::
     idem      (channel_id, user, key, seq, time_ns, origin_id, origin_epoch,
                PRIMARY KEY (channel_id, user, key)) WITHOUT ROWID
     consumers (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT UNIQUE, spec TEXT, created_ns, top, pending,
-               bytes)
-    journal   (consumer_id, pos, attempts, not_before, channel TEXT, epoch TEXT, seq, time_ns, size,
-               publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type,
-               headers BLOB, tags BLOB, payload BLOB, PRIMARY KEY (consumer_id, pos)) WITHOUT ROWID
+               bytes, acked_to)
+    journal   (consumer_id, pos, attempts, not_before, size, ref, and the copy: channel TEXT, epoch TEXT, seq,
+               time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type,
+               headers BLOB, tags BLOB, payload BLOB; PRIMARY KEY (consumer_id, pos)) WITHOUT ROWID
 
 ``headers`` and ``tags`` use the column codec of :mod:`hubbub.log.records`. A ``channels`` row is one epoch
 of a channel, the current one: an event's channel and epoch are those of its ``channel_id``. A new epoch
@@ -31,13 +31,17 @@ collation, which is the UTF-8 byte order :meth:`LogStore.channels` promises.
 
 ``consumers`` and ``journal`` hold the durable consumers (:mod:`hubbub.log.consumers`): ``spec`` is the
 consumer's :class:`~hubbub.log.consumers.ConsumerSpec` as JSON, ``top`` its last journal position, ``pending``
-and ``bytes`` its unacknowledged items; a ``journal`` row is a copy of one event (channel path and epoch
-included, so it outlives the event's trimming and its channel's reset) with the item's ``attempts`` and
-``not_before`` (ns).
+and ``bytes`` its unacknowledged items. A ``journal`` row is one item: its ``attempts``, ``not_before`` (ns)
+and the event's ``size``, and the event itself, by reference while the event is in the log (``ref``, its
+``events.pos``; a channel's reset keeps its events) and as a copy once it is not (``ref`` NULL; the channel
+path and epoch included): each path that deletes events copies the unacknowledged items that refer to them
+first, so an item outlives its event's trimming. Every position up to a consumer's ``acked_to`` is
+acknowledged: a batch acknowledged in order moves it (one small row update) and leaves its rows behind, and
+they are deleted in large ranges later (``_consumers.py``); reads never return them.
 
-Schema version 1 (no ``retired_epochs``, no ``origin_*``, no ``writer`` marker) and version 2 (no
-``consumers``, no ``journal``) are migrated when a writer opens them; a reader (``readonly=True``) needs the
-current version.
+Schema version 1 (no ``retired_epochs``, no ``origin_*``, no ``writer`` marker), version 2 (no
+``consumers``, no ``journal``) and version 3 (no ``acked_to``) are migrated when a writer opens them; a
+reader (``readonly=True``) needs the current version.
 
 Lost commits (native.md §6 ``ahead``): ``meta.writer`` is 0 once the last writer closed cleanly, else 1
 (open with ``fsync``) or 2 (open with ``commit`` or ``none``); it is written with a synced commit at open
@@ -82,10 +86,38 @@ from hubbub.log.sqlite._errors import _error
 __all__ = ["DURABILITY_SYNCHRONOUS", "SCHEMA_VERSION"]
 
 #: Version of the database schema in this module's docstring.
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 #: ``durability`` → ``PRAGMA synchronous`` (see the module docstring).
 DURABILITY_SYNCHRONOUS: Final[dict[str, str]] = {"fsync": "FULL", "commit": "NORMAL", "none": "OFF"}
+
+# A journal row refers to its event (``ref``: the event's ``events.pos``) while the event is in the log, and
+# holds a copy of it (``ref`` NULL, the event's columns set) once it is not: see _consumers.py.
+_JOURNAL_COLUMNS: Final = """
+        consumer_id INTEGER NOT NULL,
+        pos INTEGER NOT NULL,
+        attempts INTEGER NOT NULL,
+        not_before INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        ref INTEGER,
+        channel TEXT,
+        epoch TEXT,
+        seq INTEGER,
+        time_ns INTEGER,
+        publisher_dialect TEXT,
+        publisher_user TEXT,
+        publisher_app TEXT,
+        publisher_msg_id TEXT,
+        content_type TEXT,
+        headers BLOB,
+        tags BLOB,
+        payload BLOB,
+        PRIMARY KEY (consumer_id, pos)
+    """
+_JOURNAL_COPY: Final = (
+    "channel, epoch, seq, time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id, "
+    "content_type, headers, tags, payload"
+)
 
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID",
@@ -144,28 +176,10 @@ _SCHEMA: Final = (
         created_ns INTEGER NOT NULL,
         top INTEGER NOT NULL,
         pending INTEGER NOT NULL,
-        bytes INTEGER NOT NULL
+        bytes INTEGER NOT NULL,
+        acked_to INTEGER NOT NULL DEFAULT 0
     )""",
-    """CREATE TABLE IF NOT EXISTS journal (
-        consumer_id INTEGER NOT NULL,
-        pos INTEGER NOT NULL,
-        attempts INTEGER NOT NULL,
-        not_before INTEGER NOT NULL,
-        channel TEXT NOT NULL,
-        epoch TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        time_ns INTEGER NOT NULL,
-        size INTEGER NOT NULL,
-        publisher_dialect TEXT NOT NULL,
-        publisher_user TEXT NOT NULL,
-        publisher_app TEXT NOT NULL,
-        publisher_msg_id TEXT NOT NULL,
-        content_type TEXT NOT NULL,
-        headers BLOB NOT NULL,
-        tags BLOB NOT NULL,
-        payload BLOB NOT NULL,
-        PRIMARY KEY (consumer_id, pos)
-    ) WITHOUT ROWID""",
+    f"""CREATE TABLE IF NOT EXISTS journal ({_JOURNAL_COLUMNS}) WITHOUT ROWID""",
 )
 
 _EVENT_COLS: Final = (
@@ -192,8 +206,18 @@ _MIGRATE_V1: Final = (
     "INSERT OR REPLACE INTO meta (key, value) VALUES ('suspect_below', 0)",
     "UPDATE meta SET value = 2 WHERE key = 'schema_version'",
 )
-# Version 2 -> 3: durable consumers (their tables are created by _SCHEMA).
+# Version 2 -> 3: durable consumers (their tables are created by _SCHEMA, ``acked_to`` included).
 _MIGRATE_V2: Final = ("UPDATE meta SET value = 3 WHERE key = 'schema_version'",)
+# Version 3 -> 4: a consumer's ``acked_to``; journal rows that may refer to their event (their copies kept).
+_MIGRATE_V3: Final = (
+    "ALTER TABLE consumers ADD COLUMN acked_to INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE journal RENAME TO journal_v3",
+    f"CREATE TABLE journal ({_JOURNAL_COLUMNS}) WITHOUT ROWID",
+    f"INSERT INTO journal (consumer_id, pos, attempts, not_before, size, ref, {_JOURNAL_COPY}) "
+    f"SELECT consumer_id, pos, attempts, not_before, size, NULL, {_JOURNAL_COPY} FROM journal_v3",
+    "DROP TABLE journal_v3",
+)
+_MIGRATE_V4: Final = ("UPDATE meta SET value = 4 WHERE key = 'schema_version'",)
 # The writer's own auto-checkpoint (the backstop), in WAL pages (64 MiB at 4 KiB pages).
 _WRITER_AUTOCHECKPOINT: Final = 16384
 
@@ -233,8 +257,9 @@ def _connect_writer(path: Path, durability: str, busy_timeout_ms: int) -> sqlite
                     ("suspect_below", 0),
                 ],
             )
-        elif row[0] in (1, 2):
-            for stmt in (_MIGRATE_V1 if row[0] == 1 else ()) + _MIGRATE_V2:
+        elif row[0] in (1, 2, 3):
+            older = (_MIGRATE_V1 if row[0] == 1 else ()) + (_MIGRATE_V2 if row[0] < 3 else _MIGRATE_V3)
+            for stmt in older + _MIGRATE_V4:
                 conn.execute(stmt)
         elif row[0] != SCHEMA_VERSION:
             raise StorageError(

@@ -465,8 +465,12 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     self._idem_optimistic = True  # no key of this batch was known: the next one may hope so
                 break
             _insert_events(conn, segments, full, limit)
+            # The new events' ``events.pos`` (the journal refers to them): consecutive, in order, up to the
+            # last one's, SQLite's rowids of the rows inserted last.
+            last_ref = conn.execute("SELECT last_insert_rowid()").fetchone()[0] if self._jindex else 0
             pol = self._retention
-            if pol.max_events or pol.max_bytes:
+            limited = bool(pol.max_events or pol.max_bytes)
+            if limited:
                 for h in touched.values():
                     self._trim_per_channel(conn, h)
             if created:
@@ -481,7 +485,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             if t != self._last_time:
                 conn.execute(_SET_LAST_TIME, (t,))
             if self._jindex:
-                self._journal(conn, results)
+                self._journal(conn, results, last_ref, limited)
         self._last_time = t
         if self._checkpointer is not None:
             self._checkpointer.kick()
@@ -543,13 +547,22 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                 cur.close()
             self._delete_below(conn, h, cut, removed)
 
-    @staticmethod
-    def _delete_below(conn: sqlite3.Connection, h: _Head, cut: int, removed_bytes: int | None = None) -> int:
-        """Delete the channel's events with ``seq < cut``; update the head. Returns how many."""
+    def _delete_below(
+        self, conn: sqlite3.Connection, h: _Head, cut: int, removed_bytes: int | None = None
+    ) -> int:
+        """Delete the channel's events with ``seq < cut`` (the journal items that refer to them get their
+        copies first); update the head. Returns how many."""
         cut = min(cut, h.top + 1)
         n = cut - h.first
         if n <= 0:
             return 0
+        if any(c.pending for c in self._crows.values()):
+            # The channel's last event to go is its highest ``events.pos`` among them (log order).
+            last = conn.execute(
+                "SELECT pos FROM events WHERE channel_id = ? AND seq = ?", (h.id, cut - 1)
+            ).fetchone()
+            if last is not None:
+                self._copy_refs(conn, last[0], (h.id, cut))
         if removed_bytes is None:
             removed_bytes = conn.execute(
                 "SELECT coalesce(sum(size), 0) FROM events WHERE channel_id = ? AND seq < ?", (h.id, cut)
@@ -677,6 +690,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                 after = page[-1][0]
             if not cuts:
                 return 0
+            self._copy_refs(conn, last_pos)
             conn.execute("DELETE FROM events WHERE pos <= ?", (last_pos,))
             by_id = {h.id: h for h in self._heads.values()}
             by_id.update((rid, h) for rid, (_, h) in self._retired.items())
