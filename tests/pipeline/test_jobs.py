@@ -163,12 +163,24 @@ def test_backfill_of_a_partly_restored_archive_publishes_the_rest_with_every_fie
         assert e["content_type"] == o["content_type"]
 
 
+@pytest.mark.parametrize("one_task", [True, False], ids=["one-task", "shuffled"])
 def test_backfill_publishes_each_channel_in_order_from_files_out_of_order(
-    spark: SparkSession, server: ServerProcess, tmp_path: Path
+    spark: SparkSession,
+    server: ServerProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    one_task: bool,
 ) -> None:
     """Each channel's events spread over several files, every file holding them backwards and interleaved
     with another channel's and epoch's: the target still gets each channel's events once, in log order:
-    its epochs oldest first (by time, though the older epoch's name sorts last), each in seq order."""
+    its epochs oldest first (by time, though the older epoch's name sorts last), each in seq order. Both
+    when the input is small enough for one task to read and sort, and when it is shuffled by channel (an
+    input over ``ONE_TASK_BYTES``)."""
+    if not one_task:
+        monkeypatch.setattr(jobs, "ONE_TASK_BYTES", 0)
+    decided: list[bool] = []
+    real = jobs._one_task
+    monkeypatch.setattr(jobs, "_one_task", lambda df: decided.append(real(df)) or decided[-1])
     url = http_url(server)
     inp = tmp_path / "export"
     # /o/a's older epoch is "zz" (times 1..40), its newer one "aa" (times 1000..1009).
@@ -189,6 +201,7 @@ def test_backfill_publishes_each_channel_in_order_from_files_out_of_order(
     assert len(list(inp.glob("part-*.parquet"))) == 3
     res = jobs.backfill(spark, str(inp), url, channels="/o/**", channel_prefix="/r")
     assert (res["published"], res["already_present"], res["source_events"]) == (80, 0, 80)
+    assert decided == [one_task]
     for ch in ("/o/a", "/o/b"):
         got = [e["headers"][SOURCE_HEADER] for e in log_head(url, "/r" + ch)["events"]]
         want = [f"{c}#{e}:{s}" for c, e, s, _ in events if c == ch]  # log order
