@@ -2,7 +2,7 @@
 end to end, hubbub side by side with a JetStream durable pull consumer and Redis streams consumer groups.
 
 PYTHONPATH=src python bench/consumer_wire.py [--events 20000] [--events-single 4000] [--batches 1,100]
-    [--payload 100] [--peers hubbub,js,redis] [--drain] [--json OUT]
+    [--payload 100] [--peers hubbub,js,redis] [--drain] [--frame-writes] [--frame-reads] [--json OUT]
 
 Each run starts a fresh server on a free loopback port (bench/procs.py): hubbub with the SQLite store and
 ``--durability commit``, ``nats-server -js`` with file storage, ``redis-server`` with ``appendfsync
@@ -11,7 +11,10 @@ One publisher connection pipelines publishes in windows of 1000 (each acknowledg
 hubbub ``publish`` with ``ack``, JetStream ``PubAck``, Redis ``XADD`` in a pipeline) while one consumer
 connection takes batches of at most B events and acknowledges each batch before it takes the next. A window
 goes out as one write, as a Redis pipeline does (hubbub: its 1000 frames joined; with ``--frame-writes``, one
-write per publish frame, as this bench did before 2026-11-27 04:00 UTC; nats-py buffers its publishes itself):
+write per publish frame, as this bench did before 2026-11-27 04:00 UTC; nats-py buffers its publishes itself).
+hubbub's connections decode every whole frame of each read, as hubbub's client library does and as redis-py
+does with hiredis (with ``--frame-reads``, two reads per frame, its length then its body, as this bench did
+before 2026-11-27 07:15 UTC):
 
 * hubbub: ``consume`` with ``max`` B over native TCP msgpack; ``ack`` answered once the items are durably
   gone from the journal; the next batch comes after it.
@@ -36,6 +39,7 @@ import os
 import platform
 import sys
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +55,9 @@ WINDOW = 1000
 DRAIN = False
 #: One write per publish frame instead of one per window (``--frame-writes``).
 FRAME_WRITES = False
+#: Two reads per frame received (its length, then its body) instead of decoding every whole frame of each
+#: read (``--frame-reads``).
+FRAME_READS = False
 #: The server's CPU time (user + system, all threads) per event over the timed phase of the last run, in µs:
 #: less sensitive than events/s to the other processes of a loaded machine.
 CPU_US = [0.0]
@@ -65,6 +72,8 @@ class _Msgpack:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.r, self.w = reader, writer
         self.ids = 0
+        self.buf = bytearray()
+        self.frames: deque[dict[str, Any]] = deque()
 
     @classmethod
     async def open(cls, port: int) -> _Msgpack:
@@ -84,11 +93,32 @@ class _Msgpack:
 
     async def recv(self) -> dict[str, Any]:
         while True:
-            n = int.from_bytes(await self.r.readexactly(4), "big")
-            obj: dict[str, Any] = msgpack.unpackb(await self.r.readexactly(n), raw=False)
+            if FRAME_READS:
+                n = int.from_bytes(await self.r.readexactly(4), "big")
+                obj: dict[str, Any] = msgpack.unpackb(await self.r.readexactly(n), raw=False)
+            else:
+                while not self.frames:
+                    await self._read()
+                obj = self.frames.popleft()
             if obj.get("op") != "ping":
                 return obj
             self.send({"op": "pong"})
+
+    async def _read(self) -> None:
+        """Read what has arrived and decode every whole frame in it, as hubbub's client library does."""
+        data = await self.r.read(1 << 16)
+        if not data:
+            raise ConnectionError("closed by the server")
+        buf = self.buf
+        buf += data
+        pos, end = 0, len(buf)
+        while end - pos >= 4:
+            n = int.from_bytes(buf[pos : pos + 4], "big")
+            if end - pos - 4 < n:
+                break
+            self.frames.append(msgpack.unpackb(buf[pos + 4 : pos + 4 + n], raw=False))
+            pos += 4 + n
+        del buf[:pos]
 
     def close(self) -> None:
         self.w.close()
@@ -272,10 +302,14 @@ def main() -> None:
     ap.add_argument(
         "--frame-writes", action="store_true", help="hubbub's publisher: one write per frame, not per window"
     )
+    ap.add_argument(
+        "--frame-reads", action="store_true", help="hubbub's connections: two reads per frame received"
+    )
     a = ap.parse_args()
-    global DRAIN, FRAME_WRITES
+    global DRAIN, FRAME_WRITES, FRAME_READS
     DRAIN = a.drain
     FRAME_WRITES = a.frame_writes
+    FRAME_READS = a.frame_reads
     payload = b"x" * a.payload
     rows: list[dict[str, Any]] = []
     print(f"# {platform.node()} nproc={os.cpu_count()} load={os.getloadavg()[0]:.2f} payload={a.payload}B")
