@@ -344,6 +344,35 @@ def test_settle_acks_runs_and_scattered_positions_exactly(store: LogStore) -> No
     assert {i.spec.name: i.pending for i in store.consumers()}["d"] == 0
 
 
+def test_items_keep_their_events_when_the_log_empties_and_fills_again(factory: Factory) -> None:
+    """Retention empties the log, new events come (SQLite gives them the positions of the ones gone), and
+    retention empties it again: every unacknowledged item still reads as its event."""
+    store = factory.open()
+    c, _ = store.consumer_create(spec())
+    store.append([req("/b", b"unmatched") for _ in range(3)])  # the log's first positions, no item's
+    evs = [r.event for r in store.append([req("/a/x", b"%d" % i) for i in range(5)])]
+    for _ in range(3):
+        factory.clock.advance(60)
+        store.apply_retention(RetentionPolicy(max_age_s=30), factory.clock())
+        assert store.stats().events == 0
+        evs += [r.event for r in store.append([req("/a/y", b"later")])]
+    factory.clock.advance(60)
+    store.apply_retention(RetentionPolicy(max_age_s=30), factory.clock())
+    assert [(i.pos, i.event) for i in store.consumer_items(c.id)] == list(enumerate(evs, 1))
+
+
+def test_an_ack_of_a_position_not_allocated_yet_is_passed_over(store: LogStore) -> None:
+    """Acknowledging positions beyond the journal's top changes nothing: the items later journaled there are
+    delivered (SQLite must not move ``acked_to`` past its top)."""
+    c, _ = store.consumer_create(spec())
+    store.consumer_settle([(c.id, [1, 2, 3])])
+    store.append([req("/a/x", b"one")])
+    store.consumer_settle([(c.id, [1, 2, 3])])
+    store.append([req("/a/x", b"two"), req("/a/x", b"three")])
+    assert [(i.pos, i.event.payload) for i in store.consumer_items(c.id)] == [(2, b"two"), (3, b"three")]
+    assert store.consumers()[0].pending == 2
+
+
 def test_acks_in_order_and_around_gaps_stay_acked_across_reopens(factory: Factory) -> None:
     """Batches acknowledged in order (SQLite moves the consumer's ``acked_to`` and deletes their rows later,
     in large ranges), a batch acknowledged ahead of an earlier one, the earlier one after it, and a reopen

@@ -124,9 +124,11 @@ class _Row:
     acked_to: int
     #: Rows at or below this position are deleted (not kept: 0 after a load, so the first settle sweeps).
     swept: int = 0
-    #: At most the lowest ``ref`` of the unacknowledged items by reference (0: not known). New items refer to
-    #: new events, whose ``events.pos`` is above every event's in the log (SQLite's rowid: one more than the
-    #: largest), so it stays a lower bound until the next load.
+    #: At most the lowest ``ref`` of the unacknowledged items by reference (0: not known). A new item refers
+    #: to a new event, whose ``events.pos`` (SQLite's rowid: one more than the largest in the table) is above
+    #: every ``ref`` of the log's events; but once the events with the highest positions are gone (copied
+    #: where an item referred to them), a position may come round again, below this bound: ``_journal``
+    #: then forgets every consumer's (see ``_ConsumerSide._max_ref``).
     low_ref: int = 0
 
     def info(self) -> ConsumerInfo:
@@ -183,6 +185,9 @@ class _ConsumerSide(_ReadSide):
 
     _crows: dict[int, _Row]
     _jindex: JournalIndex
+    #: The highest ``events.pos`` any item has referred to (at the load: in the file), so at least every
+    #: ``low_ref``: an append whose first new event is not above it reuses positions.
+    _max_ref: int
     _heads: Mapping[str, _FirstSeq]
     _last_time: int
     _clock: Callable[[], int]
@@ -204,6 +209,10 @@ class _ConsumerSide(_ReadSide):
             )
             index.add(cid, r.spec)
         self._crows, self._jindex = crows, index
+        self._max_ref = conn.execute(
+            "SELECT max(coalesce((SELECT max(pos) FROM events), 0), "
+            "coalesce((SELECT max(ref) FROM journal), 0))"
+        ).fetchone()[0]
 
     def _journal(
         self, conn: sqlite3.Connection, results: list[AppendResult], last_ref: int, limited: bool
@@ -223,6 +232,10 @@ class _ConsumerSide(_ReadSide):
         last_tags: tuple[str, ...] = ()
         last: list[tuple[_Row, list[Any]]] = []
         ref = last_ref - sum(1 for r in results if not r.duplicate)
+        if ref < self._max_ref:
+            for c in crows.values():
+                c.low_ref = 0  # positions come round again (see _Row.low_ref)
+        self._max_ref = max(self._max_ref, last_ref)
         for i, r in enumerate(results):
             if r.duplicate:
                 continue
@@ -356,7 +369,10 @@ class _ConsumerSide(_ReadSide):
             touched: set[int] = set()
             for cid, positions in acked:
                 c = crows[cid]
-                if self._settle_acked(conn, c, sorted({p for p in positions if p > c.acked_to})):
+                # Positions not allocated yet (above ``top``) are unknown: passed over, never acknowledged
+                # ahead of their items.
+                ps = sorted({p for p in positions if c.acked_to < p <= c.top})
+                if self._settle_acked(conn, c, ps):
                     touched.add(cid)
             for r in retried:
                 floor = crows[r.consumer_id].acked_to
