@@ -2,9 +2,11 @@
 an acknowledged run moves ``acked_to`` and its rows are swept later) against the memory engine's (copies from
 the start), as a hypothesis state machine.
 
-Both stores get the same appends on channels that two consumers match (one of them a subset of the other's),
+Both stores get the same appends (some with idempotency keys that repeat) on channels that two consumers match
+(one of them a subset of the other's),
 acks of any positions (runs, gaps, already acknowledged ones), retries, every path that deletes events (a
-per-channel limit at each append, ``trim`` of the current and of a retired epoch, age retention, a channel's
+per-channel limit of events and of bytes at each append, ``trim`` of the current and of a retired epoch, age
+and total-size retention, a channel's
 reset between) and, for SQLite, reopens. After every step each consumer's items read the same on both:
 positions, attempts, and the whole event but for the epoch's name (random per store), which must map one to
 one between them; and the consumers' counts agree.
@@ -26,7 +28,7 @@ from hubbub.log.consumers import ConsumerSpec, Retry
 from tests.contract.test_log_stores import Clock
 
 CHANNELS = ("/a/x", "/a/y", "/a/z/q", "/b")
-RETENTION = RetentionPolicy(max_events=6)
+RETENTION = RetentionPolicy(max_events=6, max_bytes=40)
 SPECS = (ConsumerSpec("all", "/a/**"), ConsumerSpec("x", "/a/x"))
 
 
@@ -57,19 +59,26 @@ class JournalEngines(RuleBasedStateMachine):
 
     # -- rules ----------------------------------------------------------------------------------------
 
-    @rule(channel=st.sampled_from(CHANNELS), n=st.integers(1, 9), headers=st.booleans())
-    def append(self, channel: str, n: int, headers: bool) -> None:
+    @rule(
+        channel=st.sampled_from(CHANNELS),
+        n=st.integers(1, 9),
+        headers=st.booleans(),
+        keys=st.lists(st.sampled_from(("", "", "k1", "k2", "k3")), min_size=9, max_size=9),
+    )
+    def append(self, channel: str, n: int, headers: bool, keys: list[str]) -> None:
+        """``n`` events, some with an idempotency key from a small pool (repeats are duplicates)."""
         reqs = []
-        for _ in range(n):
+        for key in keys[:n]:
             self.made += 1
             reqs.append(
                 AppendRequest(
                     channel,
-                    Publisher("native", "u", "app", ""),
+                    Publisher("native", "u", "app", key),
                     b"p%d" % self.made,
                     "text/plain",
                     {"n": str(self.made)} if headers else {},
                     (f"t{self.made % 3}",),
+                    idem=key,
                 )
             )
         self.clock.advance(1)
@@ -123,6 +132,11 @@ class JournalEngines(RuleBasedStateMachine):
         self.clock.advance(5)
         now = self.clock()
         self.both(lambda s, _: s.apply_retention(RetentionPolicy(max_age_s=age), now))
+
+    @rule(cap=st.integers(1, 200))
+    def total_size_retention(self, cap: int) -> None:
+        now = self.clock()
+        self.both(lambda s, _: s.apply_retention(RetentionPolicy(max_total_bytes=cap), now))
 
     @rule()
     def reopen(self) -> None:
