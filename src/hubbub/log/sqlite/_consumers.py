@@ -68,10 +68,11 @@ _ITEM_COLS: Final = (
         )
     )
 )
-_ITEM_FROM: Final = (
-    "journal AS j LEFT JOIN events AS e ON e.pos = j.ref LEFT JOIN channels AS c ON c.id = e.channel_id "
-    "LEFT JOIN retired_epochs AS r ON r.id = e.channel_id"
+# An event's channel path and epoch: ``c`` or ``r``.
+_EVENT_CHANNEL: Final = (
+    "LEFT JOIN channels AS c ON c.id = e.channel_id LEFT JOIN retired_epochs AS r ON r.id = e.channel_id"
 )
+_ITEM_FROM: Final = f"journal AS j LEFT JOIN events AS e ON e.pos = j.ref {_EVENT_CHANNEL}"
 # Before events are deleted (retention, trim, per-channel limits): a page of a consumer's unacknowledged
 # items by reference, with their event's channel id and seq, and the copy of one item.
 _REF_PAGE: Final = (
@@ -83,8 +84,7 @@ _REF_PAGE_SIZE: Final = 512
 _COPY_ITEM: Final = (
     f"UPDATE journal SET (ref, {_JOURNAL_COPY}) = (SELECT NULL, coalesce(c.path, r.path), "
     "coalesce(c.epoch, r.epoch), e.seq, e.time_ns, e.publisher_dialect, e.publisher_user, e.publisher_app, "
-    "e.publisher_msg_id, e.content_type, e.headers, e.tags, e.payload FROM events AS e "
-    "LEFT JOIN channels AS c ON c.id = e.channel_id LEFT JOIN retired_epochs AS r ON r.id = e.channel_id "
+    f"e.publisher_msg_id, e.content_type, e.headers, e.tags, e.payload FROM events AS e {_EVENT_CHANNEL} "
     "WHERE e.pos = journal.ref) WHERE consumer_id = ? AND pos = ?"
 )
 _UPDATE_CONSUMER: Final = "UPDATE consumers SET top = ?, pending = ?, bytes = ?, acked_to = ? WHERE id = ?"
