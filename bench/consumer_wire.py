@@ -50,6 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from procs import Server, available, start
 
+from hubbub.client.bulk import _Framing
+
 WINDOW = 1000
 #: ``--drain``: publish everything first, then time the consumer alone (the backlog drained).
 DRAIN = False
@@ -72,7 +74,7 @@ class _Msgpack:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.r, self.w = reader, writer
         self.ids = 0
-        self.buf = bytearray()
+        self.framing = _Framing(ws=False, max_frame=1 << 26)
         self.frames: deque[dict[str, Any]] = deque()
 
     @classmethod
@@ -105,20 +107,11 @@ class _Msgpack:
             self.send({"op": "pong"})
 
     async def _read(self) -> None:
-        """Read what has arrived and decode every whole frame in it, as hubbub's client library does."""
+        """Read what has arrived and decode every whole frame in it (hubbub's client library's framing)."""
         data = await self.r.read(1 << 16)
         if not data:
             raise ConnectionError("closed by the server")
-        buf = self.buf
-        buf += data
-        pos, end = 0, len(buf)
-        while end - pos >= 4:
-            n = int.from_bytes(buf[pos : pos + 4], "big")
-            if end - pos - 4 < n:
-                break
-            self.frames.append(msgpack.unpackb(buf[pos + 4 : pos + 4 + n], raw=False))
-            pos += 4 + n
-        del buf[:pos]
+        self.frames.extend(msgpack.unpackb(body, raw=False) for body in self.framing.feed(data))
 
     def close(self) -> None:
         self.w.close()
