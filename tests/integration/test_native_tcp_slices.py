@@ -1,0 +1,111 @@
+"""Native TCP reads a connection's bytes in slices (``transports.tcp.READ_CHUNK``) and lets the other
+connections' work run between them: a burst and frames larger than a slice are still answered whole and in
+order, and another connection is served while a large burst is being taken."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from hubbub.transports.tcp import READ_CHUNK
+
+from .serverproc import ServerProcess
+
+WAIT = 30.0
+
+
+async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
+    writer.write(b'{"op":"hello","id":1,"v":1}\n')
+    assert (await _read(reader))["op"] == "reply"
+    return reader, writer
+
+
+async def _read(reader: asyncio.StreamReader) -> dict[str, Any]:
+    obj: dict[str, Any] = orjson.loads(await asyncio.wait_for(reader.readline(), WAIT))
+    return obj
+
+
+def _publish(rid: int, channel: str, text: str) -> bytes:
+    return orjson.dumps({"op": "publish", "id": rid, "channel": channel, "text": text, "ack": True}) + b"\n"
+
+
+def test_a_burst_and_frames_larger_than_a_slice_are_answered_whole_and_in_order(tmp_path: Path) -> None:
+    big = "b" * (3 * READ_CHUNK + 17)  # a frame over three slices, cut at no slice boundary
+
+    async def main(port: int) -> None:
+        sub_r, sub_w = await _connect(port)
+        sub_w.write(b'{"op":"subscribe","id":2,"sub":"s","pattern":"/slices/**"}\n')
+        assert (await _read(sub_r))["op"] == "reply"
+        r, w = await _connect(port)
+        frames = [_publish(10 + i, "/slices/a", big if i in (5, 2000) else f"e{i}") for i in range(3000)]
+        w.write(b"".join(frames))  # one write of many slices
+        seqs = []
+        for i in range(3000):
+            reply = await _read(r)
+            assert reply["op"] == "reply" and reply["id"] == 10 + i, reply
+            seqs.append(reply["seq"])
+        assert seqs == list(range(1, 3001))
+        got = []
+        while len(got) < 3000:
+            msg = await _read(sub_r)
+            if msg["op"] == "batch":
+                got += [f for f in msg["frames"] if f["op"] == "event"]
+            elif msg["op"] == "event":
+                got.append(msg)
+        assert [e["seq"] for e in got] == seqs
+        assert [e["text"] for e in got] == [big if i in (5, 2000) else f"e{i}" for i in range(3000)]
+        for writer in (w, sub_w):
+            writer.close()
+
+    server = ServerProcess(tmp_path / "d", ["--store", "memory", "--durability", "none"]).start()
+    try:
+        asyncio.run(main(server.ports["native"]))
+    finally:
+        server.terminate()
+
+
+def test_another_connection_is_served_while_a_large_burst_is_taken(tmp_path: Path) -> None:
+    """Connection A sends a burst of many slices in one write; connection B's publish, sent as soon as A's
+    burst is written, is answered before most of A's: the server took A's burst a slice at a time."""
+    n = 20_000
+
+    async def main(port: int) -> None:
+        a_r, a_w = await _connect(port)
+        b_r, b_w = await _connect(port)
+        burst = b"".join(_publish(10 + i, "/fair/a", f"event {i:08d} " + "x" * 60) for i in range(n))
+        assert len(burst) > 40 * READ_CHUNK
+        answered = 0
+        b_done = asyncio.get_running_loop().create_future()
+
+        async def read_a() -> None:
+            nonlocal answered
+            while answered < n:
+                reply = await _read(a_r)
+                assert reply["op"] == "reply", reply
+                answered += 1
+
+        reader = asyncio.create_task(read_a())
+        a_w.write(burst)
+        b_w.write(_publish(7, "/fair/b", "b"))
+
+        async def read_b() -> None:
+            reply = await _read(b_r)
+            assert reply["op"] == "reply" and reply["id"] == 7, reply
+            b_done.set_result(answered)
+
+        await read_b()
+        await reader
+        at_b = b_done.result()
+        assert at_b < n // 2, f"B was answered only after {at_b} of A's {n} publishes"
+        for w in (a_w, b_w):
+            w.close()
+
+    server = ServerProcess(tmp_path / "d", ["--store", "memory", "--durability", "none"]).start()
+    try:
+        asyncio.run(main(server.ports["native"]))
+    finally:
+        server.terminate()
