@@ -580,3 +580,38 @@ def test_acks_are_stored_on_the_loop_or_by_the_writer(tmp_path: Path, durability
             assert inline == (2 if durability == "commit" else 0)
 
     asyncio.run(main())
+
+
+def test_the_first_ack_of_a_tick_is_stored_at_once_and_later_ones_share_one_write(tmp_path: Path) -> None:
+    """SQLite without fsync, idle writer: the first ack of a loop tick is stored on the loop before ``ack``
+    first yields (answered in the tick it came in), and the acks that come after it in the same tick are
+    stored together by one write at the tick's end."""
+
+    async def main() -> None:
+        store = open_store("sqlite", str(tmp_path / "data"), "commit", RetentionPolicy(), 600)
+        async with Node(store, NodeSettings()) as node, ConsumerService(node) as svc:
+            names = ["c1", "c2", "c3", "c4"]
+            for name in names:
+                await svc.create(spec(name))
+            await publish(node, "/jobs/a", "1", "2")
+            rs = [Recv() for _ in names]
+            openers = [await svc.open(n, r.on_batch, batch_max=1) for n, r in zip(names, rs, strict=True)]
+            first = [await r.next() for r in rs]
+            writer = node.batcher.writer
+            assert writer is not None
+            before = writer.statistics()["inline_controls"]
+
+            ack = openers[0].ack(first[0].number)
+            with pytest.raises(StopIteration):  # done without ever suspending
+                ack.send(None)
+            assert writer.statistics()["inline_controls"] == before + 1
+            assert len(await pending(node, "c1")) == 1
+
+            # Three acks in one later tick: the first written at once, the other two by one write.
+            await asyncio.gather(*(o.ack(b.number) for o, b in zip(openers[1:], first[1:], strict=True)))
+            assert writer.statistics()["inline_controls"] == before + 3
+            for name in names:
+                assert len(await pending(node, name)) == 1, name
+            assert [payloads(await r.next()) for r in rs] == [["2"]] * 4
+
+    asyncio.run(main())

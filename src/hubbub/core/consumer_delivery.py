@@ -50,6 +50,8 @@ class Settles:
         self.acks: list[tuple[int, tuple[int, ...]]] = []
         self.retries: list[Retry] = []
         self._fut: asyncio.Future[None] | None = None
+        #: A write was made at once in this loop tick (:meth:`soon`).
+        self._hot = False
         self.loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -57,13 +59,36 @@ class Settles:
         return bool(self.acks or self.retries)
 
     def soon(self) -> asyncio.Future[None]:
-        """The future of the settle write that takes what is queued now (one per loop tick)."""
+        """The future of the settle write that takes what is queued now.
+
+        The first write of a loop tick is made at once when it can be made on the loop (:meth:`_inline`):
+        the future is then done on return, and an ack is answered in the tick it arrived in instead of two
+        ticks later (the write at the tick's end, then the waiter's wake-up), each of which waits for
+        whatever else the loop has to do under load. What is queued later in the same tick is written
+        once, at its end, as every write was before: many consumers acking together still share a
+        transaction or two per tick.
+        """
         fut = self._fut
         if fut is None:
-            assert self.loop is not None
-            fut = self._fut = self.loop.create_future()
-            self.loop.call_soon(self.write)
+            loop = self.loop
+            assert loop is not None
+            fut = self._fut = loop.create_future()
+            if self._hot or not self._inline():
+                loop.call_soon(self.write)
+            else:
+                self._hot = True
+                loop.call_soon(self._cool)
+                self.write()
         return fut
+
+    def _cool(self) -> None:
+        self._hot = False
+
+    def _inline(self) -> bool:
+        """Whether a write may be made right here on the loop: the store allows it and nothing else is
+        being written (the writer thread is idle)."""
+        writer = self._node.batcher.writer
+        return writer is not None and writer.idle and self._node.store.inline_settle
 
     def write(self) -> None:
         fut, self._fut = self._fut, None
@@ -85,7 +110,7 @@ class Settles:
                 fut.set_result(None)
 
         writer = self._node.batcher.writer
-        if (acks or retries) and writer is not None and writer.idle and self._node.store.inline_settle:
+        if (acks or retries) and writer is not None and self._inline():
             # Right here on the loop (the store allows it, and nothing else is being written): no thread
             # hand-offs between the ack and its answer.
             try:
