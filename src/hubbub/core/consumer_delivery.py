@@ -2,8 +2,9 @@
 the settle writes. Parts of :class:`~hubbub.core.ConsumerService` (:mod:`hubbub.core.consumers` states the
 rules); loop thread only.
 
-* :class:`Settles` collects one loop tick's acks and retries (nack backoffs, items given back) and writes
-  them together on the writer thread.
+* :class:`Settles` stores acks and retries (nack backoffs, items given back): the first of a loop tick at
+  once on the loop when it can, the rest of the tick together at its end (on the loop, or on the writer
+  thread when the store or a busy writer requires it).
 * :class:`Delivery` takes each commit's journal items (the batcher's ``commit_hook``), reads backlogs in
   pages, and hands pending items to idle openers in batches (``batch_wait_ms``, ``batch_bytes``, round-robin).
 """
@@ -42,7 +43,7 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 
 
 class Settles:
-    """Acks and retries of this loop tick, written in one store transaction on the writer thread."""
+    """Acks and retries, each loop tick's written in at most two store transactions (see :meth:`soon`)."""
 
     def __init__(self, node: Node, spawn: Spawn) -> None:
         self._node = node
