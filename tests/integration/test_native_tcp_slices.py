@@ -1,15 +1,20 @@
-"""Native TCP reads a connection's bytes in slices (``transports.tcp.READ_CHUNK``) and lets the other
-connections' work run between them: a burst and frames larger than a slice are still answered whole and in
-order, and another connection is served while a large burst is being taken."""
+"""Native TCP cuts a connection's burst of publishes into runs of at most ``RUN_MAX`` and lets the other
+connections' work run between them: a burst of many runs and reads, and frames larger than a read
+(``transports.tcp.READ_CHUNK``), are still answered whole and in order, and another connection is served
+while a large burst is being taken."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from hubbub.config import load_config
+from hubbub.dialects.native import RUN_MAX
+from hubbub.server import Server
 from hubbub.transports.tcp import READ_CHUNK
 
 from .serverproc import ServerProcess
@@ -33,8 +38,8 @@ def _publish(rid: int, channel: str, text: str) -> bytes:
     return orjson.dumps({"op": "publish", "id": rid, "channel": channel, "text": text, "ack": True}) + b"\n"
 
 
-def test_a_burst_and_frames_larger_than_a_slice_are_answered_whole_and_in_order(tmp_path: Path) -> None:
-    big = "b" * (3 * READ_CHUNK + 17)  # a frame over three slices, cut at no slice boundary
+def test_a_burst_and_frames_larger_than_a_read_are_answered_whole_and_in_order(tmp_path: Path) -> None:
+    big = "b" * (READ_CHUNK + READ_CHUNK // 2 + 17)  # a frame over two reads, cut at no read boundary
 
     async def main(port: int) -> None:
         sub_r, sub_w = await _connect(port)
@@ -42,7 +47,8 @@ def test_a_burst_and_frames_larger_than_a_slice_are_answered_whole_and_in_order(
         assert (await _read(sub_r))["op"] == "reply"
         r, w = await _connect(port)
         frames = [_publish(10 + i, "/slices/a", big if i in (5, 2000) else f"e{i}") for i in range(3000)]
-        w.write(b"".join(frames))  # one write of many slices
+        assert len(frames) > 10 * RUN_MAX
+        w.write(b"".join(frames))  # one write: many runs, several reads
         seqs = []
         for i in range(3000):
             reply = await _read(r)
@@ -70,14 +76,14 @@ def test_a_burst_and_frames_larger_than_a_slice_are_answered_whole_and_in_order(
 
 def test_another_connection_is_served_while_a_large_burst_is_taken(tmp_path: Path) -> None:
     """Connection A sends a burst of many slices in one write; connection B's publish, sent as soon as A's
-    burst is written, is answered before most of A's: the server took A's burst a slice at a time."""
+    burst is written, is answered before most of A's: the server took A's burst a run at a time."""
     n = 20_000
 
     async def main(port: int) -> None:
         a_r, a_w = await _connect(port)
         b_r, b_w = await _connect(port)
         burst = b"".join(_publish(10 + i, "/fair/a", f"event {i:08d} " + "x" * 60) for i in range(n))
-        assert len(burst) > 40 * READ_CHUNK
+        assert n > 50 * RUN_MAX and len(burst) > 4 * READ_CHUNK
         answered = 0
         b_done = asyncio.get_running_loop().create_future()
 
@@ -109,3 +115,35 @@ def test_another_connection_is_served_while_a_large_burst_is_taken(tmp_path: Pat
         asyncio.run(main(server.ports["native"]))
     finally:
         server.terminate()
+
+
+def test_a_burst_is_committed_a_run_at_a_time(tmp_path: Path) -> None:
+    """A burst that arrives in few reads is taken a run of ``RUN_MAX`` publishes at a time, each committed
+    (and answered) before the next is taken: between them the loop runs its other work."""
+    n = 20 * RUN_MAX
+    burst = b"".join(_publish(10 + i, "/runs/a", f"e{i}") for i in range(n))
+
+    def client(port: int) -> list[int]:
+        with socket.create_connection(("127.0.0.1", port)) as s, s.makefile("rb") as f:
+            s.sendall(b'{"op":"hello","id":1,"v":1}\n')
+            assert orjson.loads(f.readline())["op"] == "reply"
+            s.sendall(burst)
+            return [orjson.loads(f.readline())["seq"] for _ in range(n)]
+
+    async def main() -> None:
+        cli = {
+            "data_dir": str(tmp_path / "d"),
+            "store": "memory",
+            "durability": "none",
+            "http.listen": "127.0.0.1:0",
+            "native.tcp_listen": "127.0.0.1:0",
+        }
+        async with Server(load_config(cli=cli, env={})) as server:
+            assert server.node is not None
+            before = server.node.statistics()["writer"]["batches"]
+            seqs = await asyncio.get_running_loop().run_in_executor(None, client, server.ports["native"])
+            assert seqs == list(range(1, n + 1))
+            commits = server.node.statistics()["writer"]["batches"] - before
+            assert commits >= n // RUN_MAX, f"{n} publishes in {commits} commits"
+
+    asyncio.run(main())

@@ -55,6 +55,25 @@ def test_a_read_of_common_publishes_is_one_run() -> None:
     assert run.replies == [(2, True), (3, False), (4, True), (5, False), (6, True)]
 
 
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+def test_a_burst_is_cut_into_runs_of_at_most_run_max(encoding: str) -> None:
+    enc = mp if encoding == "msgpack" else js
+
+    def frame(i: int) -> bytes:
+        return enc(
+            pub(i) if encoding == "msgpack" else {"op": "publish", "id": i, "channel": "/a", "text": "t"}
+        )
+
+    dec = nc.NativeStreamDecoder()
+    dec.feed(frame(0))  # the channel is canonical from now on
+    n = 2 * nc.RUN_MAX + 5
+    items = dec.feed_runs(b"".join(frame(i) for i in range(1, n + 1)))
+    assert [len(x) for x in items if isinstance(x, nc.PublishRun)] == [nc.RUN_MAX, nc.RUN_MAX, 5]
+    assert [rid for x in items if isinstance(x, nc.PublishRun) for rid, _ in x.replies] == list(
+        range(1, n + 1)
+    )
+
+
 def test_runs_hold_the_same_publishes_as_the_general_path() -> None:
     codec = nc.NativeCodec("msgpack")
     frames = [pub(1), pub(2, "/a/", ack=True), pub(3, "/%61"), pub(4)]

@@ -53,7 +53,7 @@ from .native_http import (
     render_sse_recovered,
 )
 from .native_protocol import Admit, NativeProtocol, Phase
-from .native_stream import MAX_STREAM_FRAME, NativeStreamDecoder, PublishRun, RunItem, StreamItem
+from .native_stream import MAX_STREAM_FRAME, RUN_MAX, NativeStreamDecoder, PublishRun, RunItem, StreamItem
 
 __all__ = [
     "CHANNEL_CACHE_SIZE",
@@ -61,6 +61,7 @@ __all__ = [
     "MAX_STREAM_FRAME",
     "PROTOCOL_VERSION",
     "PUSH_FIELDS",
+    "RUN_MAX",
     "SUBPROTOCOLS",
     "Ack",
     "Admit",

@@ -23,15 +23,7 @@ __all__ = ["KEEPALIVE", "WRITE_TIMEOUT_S", "dispatch", "drain", "keep_alive", "p
 
 log = logging.getLogger("hubbub.tcp")
 
-#: The most a connection's loop takes from its socket buffer before it lets the other connections' work run
-#: (one ``asyncio.sleep(0)`` after a read that filled it). A pipelining publisher's burst otherwise went
-#: through decode, commit and replies in one step (1,000 publishes: about 7 ms of the loop on the 2-core dev
-#: machine) while a durable consumer's ack waited behind it; in slices of 32 KiB (about 250 publish frames
-#: of 100 bytes), its commits overlap with the client's sending too. Measured alternately against 256 KiB
-#: without the yield: bench/quick_native.py --count 100000 --size 100 --durability commit, publish with
-#: acks 94.1k-94.4k → 110.3k-110.5k msgs/s; bench/consumer_wire.py --batches 100 --events 60000, 50.8k-56.9k
-#: → 58.9k-59.1k events/s; 16 KiB was no better than 256 KiB.
-READ_CHUNK: Final = 32 * 1024
+READ_CHUNK: Final = 256 * 1024
 #: How long a refused connection (over a connection limit) is given to send its first byte, which picks the
 #: framing of the error frame it is then sent.
 REFUSAL_WAIT_S = 5.0
@@ -151,8 +143,6 @@ async def serve_native_tcp(
                     conn.start(group)
                 if await dispatch(conn, items) or decoder.failed:
                     break
-                if len(data) == READ_CHUNK:
-                    await asyncio.sleep(0)  # more is waiting, most likely: the others' turn first
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
@@ -221,6 +211,10 @@ async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -
         if isinstance(item, nc.PublishRun):
             await conn.publish_run(item)
             i += 1
+            if len(item) >= nc.RUN_MAX and i < n:
+                # A burst (runs are cut at RUN_MAX publishes): the other connections' turn before the next
+                # run, and this one's commit (see RUN_MAX).
+                await asyncio.sleep(0)
         elif type(item) is nc.Publish:
             j = i + 1
             while j < n and type(items[j]) is nc.Publish:
