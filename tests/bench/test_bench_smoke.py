@@ -79,3 +79,17 @@ def test_cpu_model_names_a_generic_virtual_cpu_by_its_numbers(monkeypatch: pytes
     )
     assert suite.cpu_model(info) == "Intel(R) Xeon(R) Processor (family 6, model 167, stepping 1, 2600 MHz)"
     assert suite.cpu_model("model name\t: AMD EPYC 7B13\n") == "AMD EPYC 7B13"
+
+
+@pytest.mark.timeout(120)
+def test_latency_under_load_gives_percentiles_and_the_loaders_rate() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    cmd = [sys.executable, "bench/latency_under_load.py", "--samples", "30", "--window", "100"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=110, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["samples"] == 30
+    p = out["probe_ms"]
+    assert 0 < p["p50"] <= p["p90"] <= p["p99"] <= p["max"], p
+    assert out["load_events_per_s"] > 0
+    assert out["cpu"], out
