@@ -22,7 +22,10 @@ from hubbub.events import Event, Position
 if TYPE_CHECKING:
     from hubbub.client.aio import AsyncClient
 
-__all__ = ["Subscription"]
+__all__ = ["UNSUBSCRIBE_WAIT_S", "Subscription"]
+
+#: How long leaving a subscription waits for the server's answer to ``unsubscribe``, in seconds.
+UNSUBSCRIBE_WAIT_S = 2.0
 
 
 class Subscription:
@@ -152,14 +155,20 @@ class Subscription:
             return None
 
     async def unsubscribe(self) -> None:
-        """Stop the subscription: queued items are discarded and iteration ends. Idempotent."""
+        """Stop the subscription: queued items are discarded and iteration ends. Idempotent. Waits for the
+        server's answer at most :data:`UNSUBSCRIBE_WAIT_S`."""
         if self._closed:
             return
         was_active = self._active
         self._queue.clear()
         self._end(None)
         if was_active:
-            await self._client._unsubscribe(self)
+            # It has ended here already (what the server still sends for it is dropped): a server that does
+            # not answer must not hold up leaving it, Ctrl-C in ``hubbub sub`` included, until the
+            # connection is found dead.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(UNSUBSCRIBE_WAIT_S):
+                    await self._client._unsubscribe(self)
 
     aclose = unsubscribe
 
