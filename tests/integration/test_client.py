@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -621,16 +621,32 @@ def test_cli_errors(tmp_path: Path) -> None:
     asyncio.run(body())
 
 
+@contextlib.contextmanager
+def _sigint_not_ignored() -> Iterator[None]:
+    """Children started inside get SIGINT at its default, as a command started from a terminal does: a test
+    run started in the background of a shell without job control (``pytest &`` in a script) ignores SIGINT,
+    children inherit an ignored signal, and a ``hubbub`` command that inherits it rightly ignores Ctrl-C."""
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT delivery to a child process")
 def test_cli_sub_ctrl_c_exits_130(tmp_path: Path) -> None:
     async def body(server: Server) -> None:
         url = ws_url(server)
         async with AsyncClient.connect(url) as client:
             await client.publish("/int", "x")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "hubbub", "sub", "/int", "--url", url, "--last", "1",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env(),
-        )  # fmt: skip
+        with _sigint_not_ignored():
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "hubbub", "sub", "/int", "--url", url, "--last", "1",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env(),
+            )  # fmt: skip
         assert proc.stdout is not None
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), WAIT)
