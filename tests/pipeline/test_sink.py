@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from hubbub.pipeline.datasource import SOURCE_HEADER
 from hubbub.pipeline.sources import HttpPublisher
@@ -161,6 +166,97 @@ def test_native_sink_options_fail_clearly(spark: SparkSession, server: ServerPro
     with pytest.raises(Exception, match="publishWindow must be a positive integer"):
         df.write.format("hubbub").option("url", url).option("publishWindow", "0").mode("append").save()
     assert _positions(spark, url, "/src/**") == []
+
+
+def test_order_by_publishes_each_task_s_rows_in_that_order(
+    spark: SparkSession, server: ServerProcess
+) -> None:
+    """``orderBy``: a task's rows, handed over shuffled (two channels' events interleaved, seqs at random),
+    are published in the columns' order; a column that is missing, or that cannot be ordered, fails the
+    write before anything is published."""
+    url = http_url(server)
+    rows = [(ch, "e", s, f"{ch}:{s}".encode()) for ch in ("/src/b", "/src/a") for s in range(1, 151)]
+    random.Random(7).shuffle(rows)
+    df = spark.createDataFrame(rows, "channel STRING, epoch STRING, seq BIGINT, payload BINARY").coalesce(1)
+    w = df.write.format("hubbub").option("url", url).option("channelPrefix", "/ord")
+    for bad, why in (
+        ("seq,sequence", "orderBy column 'sequence' is not a column"),
+        ("tags", r"'tags' cannot be ordered \(array<string>\)"),
+    ):
+        with pytest.raises(Exception, match=why):
+            df.withColumn("tags", F.array(F.lit("t"))).write.format("hubbub").option("url", url).option(
+                "orderBy", bad
+            ).mode("append").save()
+    w.option("orderBy", "channel, seq").mode("append").save()
+    got = _positions(spark, url, "/ord/**")
+    want = [(f"/ord{ch}", s, f"{ch}#e:{s}") for ch in ("/src/a", "/src/b") for s in range(1, 151)]
+    assert got == want
+
+
+# -- ordering a task's rows (no Spark) --------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.sampled_from(["/a", "/b", "/ü", ""])),
+            st.one_of(st.none(), st.integers(-3, 3)),
+        ),
+        max_size=120,
+    ),
+    batch=st.integers(1, 50),
+    out_rows=st.integers(1, 40),
+    memory=st.sampled_from([0, 1 << 12, None]),
+)
+def test_ordered_rows_are_spark_s_order_in_memory_or_through_a_file(
+    rows: list[tuple[str | None, int | None]], batch: int, out_rows: int, memory: int | None
+) -> None:
+    """:func:`ordered` gives every row once, in Spark's ascending order (nulls first), in batches of at
+    most ``rows``, whether the rows stay in memory or go through a file (a budget of 0 bytes)."""
+    from hubbub.pipeline.sink import ordered
+
+    table = pa.table(
+        {
+            "c": pa.array([r[0] for r in rows], pa.string()),
+            "s": pa.array([r[1] for r in rows], pa.int64()),
+            "i": pa.array(range(len(rows)), pa.int64()),
+        }
+    )
+    out = list(ordered(table.to_batches(max_chunksize=batch), ("c", "s"), rows=out_rows, memory=memory))
+    assert all(0 < b.num_rows <= out_rows for b in out)
+    got = [(r["c"], r["s"], r["i"]) for b in out for r in b.to_pylist()]
+    assert sorted(r[2] for r in got) == list(range(len(rows)))
+
+    def spark_key(r: tuple[str | None, int | None, int]) -> tuple[Any, ...]:
+        c, s, _ = r
+        return (c is not None, (c or "").encode(), s is not None, s or 0)
+
+    assert [spark_key(r) for r in got] == sorted(spark_key(r) for r in got)
+
+
+def test_ordered_rows_over_the_memory_budget_go_through_a_file_in_spark_s_local_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the budget the rows are written to a file in the worker's Spark local directory (the first of
+    ``SPARK_LOCAL_DIRS``), which is there while the ordered rows are read and gone after; under it, no
+    file."""
+    from hubbub.pipeline.sink import ordered
+
+    local = tmp_path / "spark-local"
+    local.mkdir()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{local},{tmp_path / 'other'}")
+    table = pa.table({"seq": pa.array(range(1000, 0, -1), pa.int64()), "payload": [b"x" * 100] * 1000})
+    batches = table.to_batches(max_chunksize=100)
+    small = ordered(batches, ("seq",), rows=300, memory=1 << 30)
+    assert next(small).column(0).to_pylist() == list(range(1, 301))
+    assert list(local.iterdir()) == []
+    big = ordered(batches, ("seq",), rows=300, memory=table.nbytes // 2)
+    assert next(big).column(0).to_pylist() == list(range(1, 301))
+    (spilled,) = local.iterdir()
+    assert spilled.name.startswith("hubbub-sink-") and spilled.stat().st_size > table.nbytes
+    assert [b.column(0)[0].as_py() for b in big] == [301, 601, 901]
+    assert list(local.iterdir()) == []
 
 
 # -- rows of Arrow batches (no Spark): the columnar path gives exactly the rows of the per-row rules ---------

@@ -656,12 +656,13 @@ ONE_TASK_BYTES = 128 << 20
 
 def _one_task(df: DataFrame) -> bool:
     """Whether ``df``'s input is local files of at most :data:`ONE_TASK_BYTES` in all, small enough for one
-    task to read and sort: then no shuffle is needed to keep each channel in one partition. A shuffle by
+    task to read and order: then no shuffle is needed to keep each channel in one partition. A shuffle by
     channel lets several tasks publish at once, but they publish to one server, which appends at its own
     pace; its map stage has to finish (reading and writing out every event) before the first publish, and
     in a short job its code is not compiled yet: on a 2-core machine a 200k-event backfill spent a quarter
     less of the JVM's CPU without it. Above the limit, or for files elsewhere (not ``file:``), the read is
-    spread over tasks as Spark splits it."""
+    spread over tasks as Spark splits it, and Spark sorts each (its sort streams from disk, where the sink's
+    order takes rows at random from its file)."""
     total = 0
     for f in df.inputFiles():
         u = urllib.parse.urlparse(f)
@@ -704,8 +705,10 @@ def backfill(
     Order: each channel's events go to one partition and are published in log order, whatever order the
     input's files are read in: its epochs oldest first (by the events' times; an input without a ``time``
     column, by epoch name), each epoch's events in seq order. An input of local files of at most
-    :data:`ONE_TASK_BYTES` is read and sorted by one task, without a shuffle (see :func:`_one_task`); a
-    larger one, or one elsewhere, is shuffled by channel into several partitions, each sorted."""
+    :data:`ONE_TASK_BYTES` is read by one task, without a shuffle (see :func:`_one_task`), and ordered by the
+    sink (its ``orderBy``: Arrow in the task's Python worker, cheaper in a short job than Spark's sort, whose
+    code the JVM has yet to compile); a larger one, or one elsewhere, is shuffled by channel into several
+    partitions, each sorted by Spark."""
     src = load(spark, input_dir=input_dir, channels=channels)
     # A channel's epochs go oldest first: by the events' log time where the input has it (an archive does;
     # the log's times only grow, so within a channel time order is epoch after epoch, each in seq order),
@@ -743,13 +746,16 @@ def backfill(
             todo = todo.withColumn("pos", _position(todo)).join(present, on="pos", how="left_anti")
             todo = todo.drop("pos").observe(left, F.count(F.lit(1)).alias("n"))
         order = ("channel", "time", "epoch", "seq") if by_time else ("channel", "epoch", "seq")
-        if _one_task(src):
-            todo = todo.coalesce(1).sortWithinPartitions(*order)
+        one = _one_task(src)
+        if one:
+            todo = todo.coalesce(1)
         else:
             todo = todo.repartition(4, "channel").sortWithinPartitions(*order)
-        if by_time:
-            todo = todo.drop("time")  # a projection: the sort's order stays
+            if by_time:
+                todo = todo.drop("time")  # a projection: the sort's order stays
         w = todo.write.format("hubbub").option("url", url).mode("append")
+        if one:
+            w = w.option("orderBy", ",".join(order))
         if prefix:
             w = w.option("channelPrefix", prefix)
         if token:

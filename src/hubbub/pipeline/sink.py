@@ -21,6 +21,9 @@ server refuses fails the task with that row's channel and the server's error, as
 
 Spark hands the rows over as Arrow record batches (``DataSourceArrowWriter``), which costs far less per row
 than ``Row`` objects; a PySpark without the streaming Arrow writer (before 4.1) gets rows.
+
+``orderBy`` (columns, comma-separated) publishes each task's rows in that order (:func:`ordered`): Arrow sorts
+them in the task's Python worker, the rows held in a memory-mapped file in Spark's local directory.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +79,14 @@ WRITE_OPTIONS: tuple[str, ...] = (
     "nativeAddress",
     "transport",
     "publishWindow",
+    "orderBy",
     "checkpointLocation",
 )
+
+#: Most rows of a batch that :func:`ordered` publishes from.
+ORDERED_BATCH_ROWS = 8192
+#: Most bytes of rows (Arrow's) that :func:`ordered` holds in memory; a task with more goes through a file.
+ORDERED_MEMORY_BYTES = 128 << 20
 
 
 def position_key(channel: str, epoch: str, seq: int) -> str:
@@ -123,6 +134,65 @@ def _headers(items: Any, source: str, position: str) -> dict[str, str]:
     if source:
         out[source] = position
     return out
+
+
+def _spill_dir() -> str | None:
+    """Spark's first local directory of this worker (where Spark spills its own sorts), else the system's
+    temporary directory."""
+    first = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
+    return first if first and os.path.isdir(first) else None
+
+
+def ordered(
+    batches: Iterable[pa.RecordBatch],
+    order: Sequence[str],
+    rows: int = ORDERED_BATCH_ROWS,
+    memory: int | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``batches`` ordered by the columns ``order`` (each ascending, nulls first, as Spark
+    orders), in batches of at most ``rows``. Nothing comes out before every row is in. Up to ``memory``
+    bytes of rows (default :data:`ORDERED_MEMORY_BYTES`) are held in memory; beyond that every row goes to
+    an Arrow file in Spark's local directory, read back memory-mapped, so the worker holds the sort's
+    columns and indices (8 bytes a row) and one batch at a time, and the operating system pages the rest.
+    In a short job this costs far less than Spark's own sort of the same rows, whose code the JVM has yet
+    to compile (bench/RESULTS.md, "Pipeline: the backfill's order")."""
+    budget = ORDERED_MEMORY_BYTES if memory is None else memory
+    held: list[pa.RecordBatch] = []
+    size = 0
+    it = iter(batches)
+    for batch in it:
+        held.append(batch)
+        size += batch.nbytes
+        if size > budget:
+            yield from _ordered_on_disk(held, it, order, rows)
+            return
+    if held:
+        # One chunk per column: taking from it costs half as much as from many.
+        table = pa.Table.from_batches(held).combine_chunks()
+        held.clear()
+        yield from _in_order(table, order, rows)
+
+
+def _ordered_on_disk(
+    held: list[pa.RecordBatch], rest: Iterator[pa.RecordBatch], order: Sequence[str], rows: int
+) -> Iterator[pa.RecordBatch]:
+    """:func:`ordered` through a file: ``held`` (emptied once written), then ``rest``."""
+    with tempfile.NamedTemporaryFile(dir=_spill_dir(), prefix="hubbub-sink-", suffix=".arrow") as spill:
+        with pa.ipc.new_file(spill.name, held[0].schema) as out:
+            for batch in held:
+                out.write_batch(batch)
+            held.clear()
+            for batch in rest:
+                out.write_batch(batch)
+        with pa.memory_map(spill.name) as src:
+            # take copies: the batches outlive neither the map nor the file.
+            yield from _in_order(pa.ipc.open_file(src).read_all(), order, rows)
+
+
+def _in_order(table: pa.Table, order: Sequence[str], rows: int) -> Iterator[pa.RecordBatch]:
+    idx = pc.sort_indices(table.select(list(order)), sort_keys=[(c, "ascending", "at_start") for c in order])
+    for at in range(0, len(idx), rows):
+        yield from table.take(idx.slice(at, rows)).to_batches()
 
 
 def _nonempty_lists(arr: pa.Array) -> Iterator[tuple[int, slice]]:
@@ -184,6 +254,7 @@ class _Publishing:
             raise PipelineError("hubbub sink: publishWindow must be a positive integer") from None
         if self.window < 1:
             raise PipelineError("hubbub sink: publishWindow must be a positive integer")
+        self.order = tuple(c.strip() for c in opts.get("orderby", "").split(",") if c.strip())
         if self.native_address and self.transport == "http":
             raise PipelineError("hubbub sink: nativeAddress has no use with transport http")
         if self.transport == "native" and not self.native_address and self.url.startswith("https://"):
@@ -203,6 +274,14 @@ class _Publishing:
                 "(every published event needs an idempotency key, so a retried task never publishes twice)"
             )
         self.has_channel = "channel" in names
+        for c in self.order:
+            if c not in names:
+                raise PipelineError(f"hubbub sink: orderBy column {c!r} is not a column")
+            kind = schema[c].dataType
+            if kind.typeName() in ("map", "array", "struct"):
+                raise PipelineError(
+                    f"hubbub sink: orderBy column {c!r} cannot be ordered ({kind.simpleString()})"
+                )
 
     # -- rows -----------------------------------------------------------------------------------------
 
@@ -239,7 +318,10 @@ class _Publishing:
 
     def rows_of_batches(self, batches: Iterable[pa.RecordBatch]) -> Iterator[_Rows]:
         """The rows of Arrow batches, a batch at a time: only the columns the sink reads, each converted at
-        once (far cheaper than Spark Rows, or than every column of the record schema)."""
+        once (far cheaper than Spark Rows, or than every column of the record schema); with ``orderBy``,
+        once all are in, in that order."""
+        if self.order:
+            batches = ordered(batches, self.order)
         for batch in batches:
             yield self._rows_of_batch(batch)
 
@@ -423,6 +505,8 @@ _STREAM_ARROW = _StreamBase is not DataSourceStreamWriter
 class HubbubStreamWriter(_StreamBase):  # type: ignore[misc]
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.p = _Publishing(options, schema)
+        if self.p.order and not _STREAM_ARROW:
+            raise PipelineError("hubbub sink: orderBy in a streaming write needs PySpark 4.1 or later")
 
     def write(self, iterator: Iterator[Any]) -> PublishCommit:
         rows = self.p.rows_of_batches(iterator) if _STREAM_ARROW else self.p.rows_of_rows(iterator)
