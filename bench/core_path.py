@@ -169,7 +169,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     frame(
                         sink_batch(
                             3 + i,
-                            [f"/b/c#aaaaaaaa:{base + i + r + 1}" for r in range(args.batch)],
+                            # The chunk's last frame ends with the chunk: no key of the next chunk.
+                            [f"/b/c#aaaaaaaa:{base + i + r + 1}" for r in range(min(args.batch, chunk - i))],
                             payload,
                             args.ack,
                         )
