@@ -13,7 +13,10 @@ events of the log (10 channels, ``minPartitions`` 2) to a real server with ``for
 ``--sink-transport`` (``native``: one pipelined native connection per task, to the native TCP listener;
 ``http``: one POST per row, the old path), ``backfill_events_per_s`` runs ``jobs.backfill`` of an archive of
 those events into another fresh server (its target read included; ``backfill_cpu_us_per_event`` as for the
-sink);
+sink); ``--backfill-command`` then runs the same backfill as ``hubbub pipeline backfill`` does, a command of
+its own with its own Spark session (a fresh JVM, C1 only), into a third fresh server:
+``backfill_command_events_per_s`` from the job's own ``seconds``, ``backfill_command_wall_s`` the whole
+command, JVM start included;
 ``--sink-select`` has the sink scenario write only the columns the sink reads (``jobs._SINK_COLUMNS``,
 what ``backfill`` writes) instead of the whole record; ``--conf K=V`` passes Spark settings (to compare
 them). ``--figure PNG`` draws measured against target from one or more such JSON outputs
@@ -27,6 +30,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -152,6 +156,11 @@ def main() -> None:
         action="store_true",
         help="the sink scenario writes only the columns the sink reads (as backfill does), not every column",
     )
+    ap.add_argument(
+        "--backfill-command",
+        action="store_true",
+        help="with --only-sink: also time the backfill as the hubbub pipeline backfill command, a fresh JVM",
+    )
     ap.add_argument("--conf", action="append", default=[], metavar="K=V", help="a Spark setting (repeatable)")
     ap.add_argument(
         "--sink-option",
@@ -196,6 +205,8 @@ def main() -> None:
             args.sink_warmup,
         )
         spark.stop()
+        if args.backfill_command and args.sink_transport == "native":
+            backfill_command(d, out)
         print(json.dumps(out))
         return
     if args.only_archive:
@@ -296,6 +307,36 @@ def sink(
         out["backfill_events"] = res["published"]
         out["backfill_seconds"] = res["seconds"]
         out["backfill_events_per_s"] = round(int(res["published"]) / float(res["seconds"]))
+    finally:
+        srv.terminate()
+
+
+def backfill_command(d: Path, out: dict[str, object]) -> None:
+    """``hubbub pipeline backfill`` of the sink scenario's archive into a fresh server, as a user runs it."""
+    from tests.integration.serverproc import ServerProcess
+
+    shutil.rmtree(d / "command-server", ignore_errors=True)
+    srv = ServerProcess(d / "command-server").start()
+    try:
+        cmd = [
+            sys.executable, "-m", "hubbub", "pipeline", "backfill", "--master", "local[2]",
+            "--input", str(d / "sink-archive" / "data"),
+            "--target", f"http://127.0.0.1:{srv.ports['http']}",
+            "--native-address", f"tcp://127.0.0.1:{srv.ports['native']}",
+            "--no-progress", "--conf", "spark.ui.enabled=false",
+        ]  # fmt: skip
+        src = str(Path(__file__).resolve().parents[1] / "src")
+        env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        t = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        wall = time.perf_counter() - t
+        if r.returncode != 0:
+            raise SystemExit(f"hubbub pipeline backfill failed ({r.returncode}):\n{r.stderr[-2000:]}")
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        out["backfill_command_events"] = res["published"]
+        out["backfill_command_seconds"] = res["seconds"]
+        out["backfill_command_events_per_s"] = round(int(res["published"]) / float(res["seconds"]))
+        out["backfill_command_wall_s"] = round(wall, 2)
     finally:
         srv.terminate()
 
