@@ -23,7 +23,8 @@ Spark hands the rows over as Arrow record batches (``DataSourceArrowWriter``), w
 than ``Row`` objects; a PySpark without the streaming Arrow writer (before 4.1) gets rows.
 
 ``orderBy`` (columns, comma-separated) publishes each task's rows in that order (:func:`ordered`): Arrow sorts
-them in the task's Python worker, the rows held in a memory-mapped file in Spark's local directory.
+them in the task's Python worker once all are in, held in memory, or beyond :data:`ORDERED_MEMORY_BYTES` in a
+memory-mapped file in Spark's local directory.
 """
 
 from __future__ import annotations
