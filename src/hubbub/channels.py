@@ -32,6 +32,7 @@ __all__ = [
     "parse_pattern",
     "route_channel",
     "segments",
+    "separated_pattern",
     "to_separated",
 ]
 
@@ -125,6 +126,34 @@ def to_separated(channel: str, sep: str) -> str:
     if channel == "/":
         return ""
     return sep.join(dec(s) for s in segments(channel))
+
+
+def separated_pattern(topic: str, sep: str, max_bytes: int = MAX_CHANNEL_BYTES) -> Pattern | None:
+    """The native pattern of the channels a separator dialect's listen topic names (qpubs.md §1, §2.4
+    here): an exact name is its channel; a head ``H*`` (H ends with ``sep``) the channels below H's
+    segments, a superset when ``sep`` overlaps itself (``::``); a tail ``*T`` (T starts with ``sep``)
+    every channel, a superset. ``None``: a topic that never matches (``a*``, ``*a``). Raises
+    :class:`BadChannel` for a head and tail wildcard together, or a pattern over ``max_bytes``."""
+    if topic.startswith("*") and topic.endswith("*"):
+        raise BadChannel("cannot wildcard both head and tail")
+    if topic.endswith("*"):
+        if not topic[:-1].endswith(sep):
+            return None
+        # Names starting with H are the channels with H's segments (less the one after its last separator,
+        # empty unless the separator overlaps itself) and one more at least.
+        segs = topic[:-1].split(sep)[:-1]
+        return parse_pattern("/" + "".join(_literal_segment(enc(s)) + "/" for s in segs) + "*/**", max_bytes)
+    if topic.startswith("*"):
+        return parse_pattern("/**", max_bytes) if topic[1:].startswith(sep) else None
+    channel = from_separated(topic, sep, max_bytes)
+    if channel == "/":
+        return parse_pattern("/", max_bytes)
+    return parse_pattern("/" + "/".join(map(_literal_segment, segments(channel))), max_bytes)
+
+
+def _literal_segment(segment: str) -> str:
+    """An encoded segment as a literal pattern segment: ``*`` and ``**`` escaped, not wildcards."""
+    return "%2A" * len(segment) if segment in ("*", "**") else segment
 
 
 @dataclass(frozen=True, slots=True)

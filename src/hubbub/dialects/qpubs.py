@@ -29,7 +29,7 @@ from urllib.parse import unquote_to_bytes
 import msgpack
 import orjson
 
-from hubbub.channels import MAX_CHANNEL_BYTES, Pattern, enc, from_separated, parse_pattern, to_separated
+from hubbub.channels import MAX_CHANNEL_BYTES, Pattern, from_separated, separated_pattern, to_separated
 from hubbub.events import Event
 
 __all__ = [
@@ -117,31 +117,9 @@ class Topic:
     def pattern(self, max_bytes: int = MAX_CHANNEL_BYTES) -> Pattern | None:
         """The native pattern to subscribe in the core: exactly the matching channels unless
         :attr:`filtered`, where it is a superset (every channel for a tail topic); ``None`` for a topic that
-        never matches."""
-        sep = self.separator
-        if self.kind == "exact":
-            return parse_pattern(_literal(from_separated(self.text, sep, max_bytes)), max_bytes)
-        if self.kind == "head":
-            # H ends with the separator: names starting with H are the channels with H's segments (less the
-            # one after its last separator, empty unless the separator overlaps itself) and one more at least.
-            segs = self.text[:-1].split(sep)[:-1]
-            return parse_pattern("/" + "".join(_lit(s) + "/" for s in segs) + "*/**", max_bytes)
-        if self.kind == "tail":
-            return parse_pattern("/**", max_bytes)
-        return None
-
-
-def _lit(segment: str) -> str:
-    """A topic segment as a literal pattern segment (``*`` and ``**`` are escaped, not wildcards)."""
-    e = enc(segment)
-    return "%2A" * len(e) if e in ("*", "**") else e
-
-
-def _literal(channel: str) -> str:
-    """A canonical channel as an exact pattern (its ``*`` and ``**`` segments escaped)."""
-    if channel == "/":
-        return "/"
-    return "/" + "/".join("%2A" * len(s) if s in ("*", "**") else s for s in channel[1:].split("/"))
+        never matches (:func:`~hubbub.channels.separated_pattern`, which durable subscriptions' permission
+        checks use too)."""
+        return separated_pattern(self.text, self.separator, max_bytes)
 
 
 def parse_topic(text: object, separator: str = DEFAULT_SEPARATOR) -> Topic:

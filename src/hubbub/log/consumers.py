@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Final
 
-from hubbub.channels import parse_pattern, to_separated
+from hubbub.channels import Pattern, parse_pattern, separated_pattern, to_separated
 from hubbub.errors import BadChannel, BadRequest
 from hubbub.events import Event, hot_value
 
@@ -47,6 +47,7 @@ __all__ = [
     "check_name",
     "check_spec",
     "compile_filter",
+    "reach",
 ]
 
 DEFAULT_BATCH_BYTES: Final = 2_097_152
@@ -81,8 +82,9 @@ class ConsumerSpec:
     shared: bool = False
     batch_wait_ms: int = DEFAULT_BATCH_WAIT_MS
     batch_bytes: int = DEFAULT_BATCH_BYTES
-    #: Who created it (the native protocol's user; empty when unknown): deleting another's consumer takes
-    #: the admin permission (docs/native.md "Durable consumers").
+    #: Who created it (the creating identity's user, set by the consumer service; empty when unknown or
+    #: created by an identity without a user): deleting another's consumer takes the admin permission
+    #: (docs/consumers.md "Permissions").
     owner: str = ""
 
     def to_json(self) -> str:
@@ -185,6 +187,21 @@ def compile_filter(spec: ConsumerSpec) -> Filter:
     if not need:
         return lambda ch, tags: chan(ch)
     return lambda ch, tags: chan(ch) and need.issubset(tags)
+
+
+def reach(spec: ConsumerSpec) -> Pattern | None:
+    """The native pattern covering every channel ``spec``'s filter can journal (``None``: none, a qpubs
+    topic that never matches): what reading all of a consumer's items takes, whatever its syntax. A native
+    pattern is its own reach; a qpubs topic's is the pattern a live ``listen`` of it subscribes
+    (:func:`~hubbub.channels.separated_pattern`: exact for exact and head topics, ``/**`` for a tail).
+    Raises ``BadChannel``/``BadRequest`` as :func:`compile_filter` does."""
+    if spec.syntax == "native":
+        return parse_pattern(spec.pattern, 1 << 30)
+    if spec.syntax == "qpubs":
+        if not spec.separator or "*" in spec.separator:
+            raise BadRequest("bad separator")
+        return separated_pattern(spec.pattern, spec.separator, 1 << 30)
+    raise BadRequest("unknown pattern syntax")
 
 
 def check_spec(spec: ConsumerSpec) -> ConsumerSpec:
