@@ -25,10 +25,11 @@ from collections.abc import Callable
 from typing import Final
 
 from hubbub.auth import ANONYMOUS, AllowAll, Authenticator, Authorizer, Identity
-from hubbub.channels import Pattern, parse_pattern
+from hubbub.channels import Pattern
 from hubbub.disconnect import Disconnect
 from hubbub.errors import CODES, AuthError
 from hubbub.events import Position
+from hubbub.log.consumers import ConsumerSpec, reach
 
 from .limits import Limiter
 from .replay import ReplayPlan
@@ -139,17 +140,27 @@ class Access:
             self.refused(exc, dialect, "", identity.user if identity else "")
             raise
 
-    def check_consume(self, identity: Identity | None, pattern: Pattern | None, dialect: str) -> None:
-        """A durable consumer hands out every event its pattern matches, unfiltered: using one takes the
-        subscribe permission over the whole ``pattern`` (``None``: a pattern that is not native, which
-        only a token that may read everything covers), or admin. Else ``AuthError`` 4102."""
+    def check_consumer(
+        self, identity: Identity | None, spec: ConsumerSpec, dialect: str, *, manage: bool = False
+    ) -> None:
+        """The durable consumers' rule (docs/consumers.md "Permissions"), for every dialect alike. A consumer
+        hands out every event it journals, unfiltered, and an ack removes them for every opener: using one
+        (creating it, opening it, and so acking and nacking its batches) takes the subscribe permission over
+        its whole :func:`~hubbub.log.consumers.reach` (nothing for a qpubs topic that never matches).
+        ``manage`` (deleting it) takes that and being its owner, unless it has none. Admin may do all of it.
+        Else ``AuthError`` 4102, audited."""
         az = self.authorizer
         if not az.enabled or az.may_admin(identity):
             return
-        if az.reads_everything(identity, pattern if pattern is not None else parse_pattern("/**")):
+        scope = reach(spec)
+        user = identity.user if identity is not None else ""
+        if identity is None or (scope is not None and not az.reads_everything(identity, scope)):
+            exc = AuthError("consume not allowed", code=4102)
+        elif manage and spec.owner and spec.owner != user:
+            exc = AuthError("consumer of another user", code=4102)
+        else:
             return
-        exc = AuthError("consume not allowed", code=4102)
-        self.refused(exc, dialect, "", identity.user if identity else "", pattern.text if pattern else "")
+        self.refused(exc, dialect, "", user, scope.text if scope is not None else "")
         raise exc
 
     # -- audit ------------------------------------------------------------------------------------------

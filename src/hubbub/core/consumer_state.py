@@ -18,6 +18,7 @@ from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem
 
 if TYPE_CHECKING:
     from .consumers import ConsumerService
+    from .session import Session
 
 __all__ = ["BACKOFF_MAX_NS", "BACKOFF_STEP_NS", "Batch", "ConsumerState", "Opener", "Outstanding"]
 
@@ -65,6 +66,9 @@ class Opener:
         #: An ack of this opener is being stored: no new batch until it is.
         self.settling = False
         self.closed = False
+        #: The session it was opened for (``ConsumerService.open``), whose identity must keep the right to
+        #: use the consumer (``ConsumerService.rebind``).
+        self.session: Session | None = None
 
     @property
     def name(self) -> str:

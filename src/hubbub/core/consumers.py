@@ -53,41 +53,27 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from hubbub.auth import Identity
 from hubbub.errors import (
+    AuthError,
     ConsumerBusy,
-    ConsumerExists,
-    ConsumerNotFound,
     ShuttingDown,
-    TooManyConsumers,
     UnknownBatch,
 )
 from hubbub.events import Event
-from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, check_spec
+from hubbub.log.consumers import ConsumerInfo, ConsumerSpec
 
+from .consumer_catalog import Catalog
 from .consumer_delivery import Delivery, Settles
 from .consumer_groups import GroupMember, GroupShares, LiveGroups
 from .consumer_metrics import ConsumerMetrics
-from .consumer_shared import SharedJournal
 from .consumer_state import BACKOFF_MAX_NS, BACKOFF_STEP_NS, Batch, ConsumerState, Opener, Outstanding
 from .node import Node
+from .session import Session
 
 __all__ = ["BACKOFF_MAX_NS", "BACKOFF_STEP_NS", "Batch", "ConsumerService", "GroupMember", "Opener"]
 
 log = logging.getLogger("hubbub.consumers")
-
-
-def _admit(
-    spec: ConsumerSpec, node: Node, cap: int, known: dict[str, Any], creating: int, dialect: str
-) -> None:
-    """Check ``spec``; refuse a new consumer when ``limits.max_consumers`` (``cap``; 0: no limit) are
-    ``known`` or being created already, counting the refusal for ``dialect``. Raises ``BadRequest``,
-    ``BadChannel``, ``TooManyConsumers``."""
-    check_spec(spec)
-    if cap and spec.name not in known and len(known) + creating >= cap:
-        node.limiter.refused("max_consumers", dialect)
-        raise TooManyConsumers(
-            f"too many durable consumers (limits.max_consumers = {cap}); delete unused ones"
-        )
 
 
 class ConsumerService:
@@ -104,7 +90,6 @@ class ConsumerService:
         max_consumers: int = 0,
     ) -> None:
         self._node = node
-        self._max_consumers = max_consumers  # checked against the consumers this node knows of
         self._by_name: dict[str, ConsumerState] = {}
         self._by_id: dict[int, ConsumerState] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -120,9 +105,19 @@ class ConsumerService:
             max(max_items, 1),
             max(held_bytes_max, 0),
         )
-        self._shared = SharedJournal(
-            node, self._by_name, self._by_id, self._delivery, self._spawn, self._add, self._forget, poll_s
+        self._catalog = Catalog(
+            node,
+            self._by_name,
+            self._by_id,
+            self._delivery,
+            self._spawn,
+            lambda o, reason: self._close_opener(o, reason, notify=True),
+            max_consumers,
+            poll_s,
         )
+        self._shared = self._catalog.shared
+        #: The openers each session holds (given to :meth:`open`), for :meth:`rebind`.
+        self._held: dict[Session, set[Opener]] = {}
         self._closing = False
         #: The figures for ``/metrics`` (:mod:`.consumer_metrics`).
         self.metrics = ConsumerMetrics(node, self._by_name, self._delivery, self._groups)
@@ -141,6 +136,7 @@ class ConsumerService:
         self._delivery.loop = self._settles.loop = asyncio.get_running_loop()
         self._node.batcher.commit_hook = self._delivery.committed
         self._node.consumers = self
+        self._node.registry.rebound.append(self.rebind)
         await self._shared.reload()  # every consumer, at first
         if self._delivery.shared:
             self._spawn(self._shared.run(), "consumer-poll")
@@ -156,6 +152,8 @@ class ConsumerService:
             self._node.batcher.commit_hook = None
         if self._node.consumers is self:
             self._node.consumers = None
+        if self.rebind in self._node.registry.rebound:
+            self._node.registry.rebound.remove(self.rebind)
         for c in list(self._by_name.values()):
             for o in list(c.openers):
                 self._close_opener(o, "shutdown", notify=True)
@@ -179,52 +177,25 @@ class ConsumerService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _add(self, info: ConsumerInfo, *, new: bool = False) -> ConsumerState:
-        c = ConsumerState(info)
-        self._by_name[info.spec.name] = self._by_id[info.id] = c
-        self._shared.index.add(c.id, c.spec)
-        self._delivery.adopt(c, new=new)
-        return c
-
     # -- definitions ----------------------------------------------------------------------------------------
 
-    async def create(self, spec: ConsumerSpec, *, dialect: str = "native") -> tuple[ConsumerInfo, bool]:
+    async def create(
+        self, spec: ConsumerSpec, *, identity: Identity | None = None, dialect: str = "native"
+    ) -> tuple[ConsumerInfo, bool]:
         """Create the consumer unless it exists (then its own spec is kept): ``(info, created)``. Every event
-        committed after this returns is journaled for it. Raises as :func:`_admit` does."""
+        committed after this returns is journaled for it. ``identity`` is the caller's (``None``: not
+        authenticated, refused everything when auth is on): it needs the permission to use ``spec`` and, for
+        one that exists, that one (:meth:`Access.check_consumer`); its user becomes the owner. Raises
+        ``BadRequest``, ``BadChannel``, ``TooManyConsumers`` (``dialect`` counts it), ``AuthError`` 4102."""
         self._check_open()
-        _admit(spec, self._node, self._max_consumers, self._by_name, self._delivery.creating, dialect)
-        self._delivery.creating += 1
-        try:
-            info, created = await self._node.batcher.control(lambda st: st.consumer_create(spec))
-        finally:
-            self._delivery.creating -= 1
-        c = self._by_name.get(info.spec.name)
-        if c is None or c.id != info.id:
-            if c is not None:  # deleted and created again meanwhile
-                self._forget(c, "deleted")
-            c = self._add(info, new=created)
-        return c.info, created
+        return await self._catalog.create(spec, identity, dialect)
 
-    async def delete(self, name: str) -> bool:
-        """Delete the consumer and its journal, closing its openers (``on_close("deleted")``)."""
+    async def delete(self, name: str, *, identity: Identity | None = None, dialect: str = "native") -> bool:
+        """Delete the consumer and its journal, closing its openers (``on_close("deleted")``): whether it
+        existed. ``identity`` (as for :meth:`create`) must be allowed to manage it: use it, and own it or be
+        admin. Raises ``AuthError`` 4102 (nothing deleted)."""
         self._check_open()
-        found: bool = await self._node.batcher.control(lambda st: st.consumer_delete(name))
-        c = self._by_name.get(name)
-        if c is not None:
-            self._forget(c, "deleted")
-        return found
-
-    def _forget(self, c: ConsumerState, reason: str) -> None:
-        c.deleted = True
-        self._delivery.held.forget(c)
-        self._shared.index.remove(c.id)
-        for o in list(c.openers):
-            self._close_opener(o, reason, notify=True)
-        if c.timer is not None:
-            c.timer.cancel()
-        if self._by_name.get(c.spec.name) is c:
-            del self._by_name[c.spec.name]
-        self._by_id.pop(c.id, None)
+        return await self._catalog.delete(name, identity, dialect)
 
     def info(self, name: str) -> ConsumerInfo | None:
         return None if (c := self._by_name.get(name)) is None else c.info
@@ -246,6 +217,8 @@ class ConsumerService:
         shared: bool | None = None,
         batch_max: int = 0,
         bytes_max: int = 0,
+        identity: Identity | None = None,
+        session: Session | None = None,
         dialect: str = "native",
     ) -> Opener:
         """Open the consumer ``name``: ``on_batch`` gets its batches. When it does not exist it is created
@@ -254,29 +227,28 @@ class ConsumerService:
         every other one, else :class:`ConsumerBusy`. ``on_close(reason)`` runs when the service closes the
         opener (``deleted``, ``shutdown``, ``error``), not after :meth:`Opener.close`. ``batch_max``: the
         most items per batch for this opener (0: no limit but ``batch_bytes``); ``bytes_max``: the most event
-        bytes (0: ``batch_bytes``), e.g. what one frame of the opener's connection may carry. ``dialect``
-        labels a refusal by ``limits.max_consumers``."""
+        bytes (0: ``batch_bytes``), e.g. what one frame of the opener's connection may carry. ``identity``
+        (as for :meth:`create`) must be allowed to use the consumer, whether it exists or is created here
+        (else ``AuthError`` 4102); acks and nacks go through the opener, so they need nothing more. The
+        ``session`` whose identity it is (if any) keeps the opener only while its identity may use the
+        consumer (:meth:`rebind`). ``dialect`` labels a refusal."""
         self._check_open()
-        c = self._by_name.get(name) or await self._shared.find(name)
-        if c is None:
-            if not create or spec is None:
-                raise ConsumerNotFound(f"{name}: not found")
-            if spec.name != name:
-                raise ValueError("spec.name differs from name")
-            _, created = await self.create(spec, dialect=dialect)
-            if not created and not reuse:
-                raise ConsumerExists(f"{name}: exists, may not reuse")
-            c = self._by_name.get(name)
-            if c is None:
-                raise ConsumerNotFound(f"{name}: not found")
-        elif not reuse:
-            raise ConsumerExists(f"{name}: exists, may not reuse")
+        c = await self._catalog.to_open(name, spec if create else None, reuse, identity, dialect)
         await self._shared.hold(c)  # on a shared log: no other node serves it
         share = c.spec.shared if shared is None else shared
         if c.openers and not (share and all(o.shared for o in c.openers)):
             raise ConsumerBusy(f"{name}: already listening")
+        if session is not None and session.identity is not identity:  # logged in again meanwhile
+            try:
+                self._node.access.check_consumer(session.identity, c.spec, dialect)
+            except AuthError:
+                self._shared.let_go(c)
+                raise
         o = Opener(self, c, share, on_batch, on_close, batch_max, bytes_max)
         c.openers.append(o)
+        if session is not None:
+            o.session = session
+            self._held.setdefault(session, set()).add(o)
         if self._delivery.shared:
             self._delivery.stale(c)  # other nodes may have journaled items since it was last read
         else:
@@ -328,10 +300,24 @@ class ConsumerService:
 
     # -- openers ------------------------------------------------------------------------------------------
 
+    def rebind(self, session: Session) -> None:
+        """``session`` has a new identity (``Node.login``, through ``SubscriptionRegistry.rebound``). Its
+        openers of consumers that identity may not use are closed (``on_close("forbidden")``), their batches
+        pending again, as a live subscription stops getting the events its session may no longer read."""
+        for o in list(self._held.get(session, ())):
+            try:
+                self._node.access.check_consumer(session.identity, o.consumer.spec, session.dialect)
+            except AuthError:
+                self._close_opener(o, "forbidden", notify=True)
+
     def _close_opener(self, o: Opener, reason: str, *, notify: bool) -> None:
         if o.closed:
             return
         o.closed = True
+        if o.session is not None and (held := self._held.get(o.session)) is not None:
+            held.discard(o)
+            if not held:
+                del self._held[o.session]
         c = o.consumer
         if o in c.openers:
             i = c.openers.index(o)

@@ -243,8 +243,8 @@ class Node:
 
     def login(self, session: Session, token: str | None, peer: str = "") -> Identity:
         """Authenticate a connection (or refresh its token): the identity becomes the session's, its
-        expiry timer is armed (4103 when it fires), and existing subscriptions follow the new permissions.
-        Raises ``AuthError`` (4100, 4101, 4103) and leaves the session as it was."""
+        expiry timer is armed (4103 when it fires), and existing subscriptions and consumer openers follow
+        the new permissions. Raises ``AuthError`` (4100, 4101, 4103) and leaves the session as it was."""
         self.access.bind(session, ident := self.access.authenticate(token, session.dialect, peer))
         self.registry.rebind(session, ident)
         return ident

@@ -74,6 +74,9 @@ class SubscriptionRegistry:
         #: Called with (subscription, True) when a subscription is added and (subscription, False) when it
         #: goes (``Node.watch_subscriptions``); a watcher must not add or drop subscriptions itself.
         self.watchers: list[Callable[[Subscription, bool], None]] = []
+        #: Called with a session whose identity changed (:meth:`rebind`): what else it holds under its
+        #: permissions (the durable consumers' openers, ``ConsumerService.rebind``) follows them too.
+        self.rebound: list[Callable[[Session], None]] = []
 
     # -- sessions ---------------------------------------------------------------------------------------
 
@@ -103,7 +106,10 @@ class SubscriptionRegistry:
         session.close()
 
     def rebind(self, session: Session, ident: Identity) -> None:
-        """The session's identity changed (``Node.login``): its subscriptions follow the new permissions."""
+        """The session's identity changed (``Node.login``): its subscriptions follow the new permissions, and
+        so does what it holds elsewhere (the :attr:`rebound` hooks)."""
+        for hook in self.rebound:
+            hook(session)
         subs = self._subs.get(session)
         if subs:
             for s in subs.values():

@@ -3,8 +3,9 @@
 on the connection's session.
 
 The protocol decisions (which ops a connection may give for which consumer, the frames) are the dialect's
-(:class:`hubbub.dialects.native.ConsumerTable`, ``NativeCodec.encode_deliver``); this is the wiring, plus
-the permission checks, which are the core's (``Access.check_consume``).
+(:class:`hubbub.dialects.native.ConsumerTable`, ``NativeCodec.encode_deliver``); this is the wiring. The
+permission and ownership checks are the core's, made by the consumer service with the connection's
+identity (``Access.check_consumer``), as for every dialect.
 
 Concurrency contract: one object per connection, created with the connection's first consumer op, called
 from the event loop thread only.
@@ -12,7 +13,7 @@ from the event loop thread only.
 
 from __future__ import annotations
 
-from hubbub.channels import Pattern, parse_pattern
+from hubbub.channels import Pattern
 from hubbub.core import Batch, Node, Opener, Session
 from hubbub.dialects import native as nc
 from hubbub.errors import ShuttingDown, UnknownBatch
@@ -62,23 +63,11 @@ class NativeConsumers:
                 held.close()
             push(codec.encode_reply(cmd.id, {}))
         elif isinstance(cmd, nc.ConsumerCreate):
-            self._check(cmd.pattern)
-            existing = svc.info(cmd.consumer)
-            if existing is not None:  # its reply describes the one that exists: it must be readable too
-                self._check(_native(existing))
             spec = self._spec(cmd, cmd.pattern)
-            made, created = await svc.create(spec)
+            made, created = await svc.create(spec, identity=self.session.identity, dialect=_DIALECT)
             push(codec.encode_reply(cmd.id, self._described(made, created)))
         elif isinstance(cmd, nc.ConsumerDelete):
-            info = svc.info(cmd.consumer) or next(
-                (i for i in await svc.consumers() if i.spec.name == cmd.consumer), None
-            )
-            if info is not None:
-                self._check(_native(info))
-                owner = info.spec.owner
-                if owner and owner != self.session.user:
-                    self.node.access.check_admin(self.session.identity, _DIALECT)
-            found = await svc.delete(cmd.consumer)
+            found = await svc.delete(cmd.consumer, identity=self.session.identity, dialect=_DIALECT)
             push(codec.encode_reply(cmd.id, {"consumer": cmd.consumer, "deleted": found}))
 
     async def _consume(self, cmd: nc.Consume) -> None:
@@ -87,7 +76,6 @@ class NativeConsumers:
         name = cmd.consumer
         self.table.check_open(name)
         existing = svc.info(name)
-        self._check(_native(existing) if existing is not None else cmd.pattern)
         spec = None
         if cmd.create and cmd.pattern is not None:
             spec = self._spec(cmd, cmd.pattern)
@@ -117,6 +105,9 @@ class NativeConsumers:
             # A deliver frame must fit the connection's send queue, whatever batch_bytes the consumer has
             # (a frame far over it would close the connection as a slow consumer, again at every retry).
             bytes_max=max(session.max_bytes // 3, 1),
+            identity=session.identity,
+            session=session,
+            dialect=_DIALECT,
         )
         if self._ended or session.closed:
             opener.close()  # the connection ended while the consumer was being created
@@ -136,9 +127,6 @@ class NativeConsumers:
 
     # -- helpers ----------------------------------------------------------------------------------------
 
-    def _check(self, pattern: Pattern | None) -> None:
-        self.node.access.check_consume(self.session.identity, pattern, _DIALECT)
-
     def _spec(self, cmd: nc.ConsumerCreate | nc.Consume, pattern: Pattern) -> ConsumerSpec:
         wait, size = cmd.batch_wait_ms, cmd.batch_bytes
         return ConsumerSpec(
@@ -148,7 +136,6 @@ class NativeConsumers:
             shared=bool(cmd.shared),
             batch_wait_ms=DEFAULT_BATCH_WAIT_MS if wait is None else wait,
             batch_bytes=DEFAULT_BATCH_BYTES if size is None else size,
-            owner=self.session.user,
         )
 
     @staticmethod
@@ -165,8 +152,3 @@ class NativeConsumers:
             "batch_bytes": s.batch_bytes,
             "pending": info.pending,
         }
-
-
-def _native(info: ConsumerInfo) -> Pattern | None:
-    """The consumer's pattern as a native one (``None`` for a qpubs topic)."""
-    return parse_pattern(info.spec.pattern) if info.spec.syntax == "native" else None

@@ -2,7 +2,10 @@
 ``createSubscription``, ``openSubscription``, ``closeSubscription``, ``deleteSubscription`` and ``ack`` on
 the core's :class:`~hubbub.core.ConsumerService`.
 
-Each open ``openSubscription`` call is one :class:`~hubbub.core.Opener`: its batches go out as stream items
+Every call gives the connection's identity to the service, which checks the permission and the ownership
+(``Access.check_consumer``, the rule every dialect's consumers follow) and answers a refusal with
+``AuthError`` 4102, ``EPERM`` here. Each open ``openSubscription`` call is one
+:class:`~hubbub.core.Opener`: its batches go out as stream items
 ``{"subId","batch","items":[{"pos","topic","value"},…]}`` of that call, and the call ends without data when
 it is closed, deleted (from any connection) or the server shuts down. Batches and results are queued as
 replies, never as events: a slow reader is not let to lose a batch (it is closed instead, and the batch goes
@@ -13,9 +16,9 @@ Concurrency contract: everything runs on the event loop thread, one call at a ti
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from hubbub.auth import Identity
 from hubbub.core import Batch, ConsumerService, Opener
 from hubbub.dialects import qpubs as qpd
 from hubbub.log.consumers import ConsumerSpec
@@ -28,16 +31,10 @@ if TYPE_CHECKING:
 __all__ = ["QrpcSubscriptions", "render_batch"]
 
 
-def render_batch(
-    call_id: str, batch: Batch, separator: str, may_read: Callable[[str], bool] | None = None
-) -> bytes:
-    """One batch as a stream item of the ``openSubscription`` call ``call_id``. With ``may_read``, items of
-    channels the connection may not read are left out (they are settled with the batch all the same)."""
-    items = [
-        {"pos": it.pos, **qpd.render_item(it.event, separator)}
-        for it in batch.items
-        if may_read is None or may_read(it.event.channel)
-    ]
+def render_batch(call_id: str, batch: Batch, separator: str) -> bytes:
+    """One batch as a stream item of the ``openSubscription`` call ``call_id``: every item (opening the
+    subscription took the read permission over all it journals)."""
+    items = [{"pos": it.pos, **qpd.render_item(it.event, separator)} for it in batch.items]
     return qpd.render_stream_item(call_id, {"subId": batch.consumer, "batch": batch.number, "items": items})
 
 
@@ -69,15 +66,20 @@ class QrpcSubscriptions:
             batch_bytes=s.batch_bytes,
         )
 
+    @property
+    def _identity(self) -> Identity | None:
+        return self.wire.session.identity
+
     async def create(self, out: qpd.CreateSubscription) -> None:
-        _, created = await self._consumers.create(self._spec(out.sub_id, out.topic), dialect=DIALECT)
+        spec = self._spec(out.sub_id, out.topic)
+        _, created = await self._consumers.create(spec, identity=self._identity, dialect=DIALECT)
         self.wire.reply(out.call_id, {"ok": True, "subId": out.sub_id, "created": created})
 
     async def open(self, out: qpd.OpenSubscription) -> None:
         consumers = self._consumers
         sub_id, cid = out.sub_id, out.call_id
         if out.delete:
-            found = await consumers.delete(sub_id)
+            found = await consumers.delete(sub_id, identity=self._identity, dialect=DIALECT)
             self.wire.reply(cid, {"ok": True, "subId": sub_id, "deleted": found})
             return
         exists = consumers.info(sub_id) is not None
@@ -89,15 +91,8 @@ class QrpcSubscriptions:
         wire = self.wire
         sep = wire.service.settings.separator
 
-        access, sess = wire.node.access, wire.session
-
-        def may_read(channel: str) -> bool:
-            return access.may_read(sess.identity, channel)
-
-        check = may_read if access.authorizer.enabled else None
-
         def on_batch(batch: Batch) -> None:
-            wire.session.push(render_batch(cid, batch, sep, check))
+            wire.session.push(render_batch(cid, batch, sep))
 
         def on_close(reason: str) -> None:
             if self.openers.pop(cid, None) is not None:
@@ -111,6 +106,8 @@ class QrpcSubscriptions:
             create=out.create,
             reuse=out.reuse,
             shared=out.shared,
+            identity=self._identity,
+            session=wire.session,
             dialect=DIALECT,
         )
         if wire.done:  # the connection went while the open was under way
@@ -128,11 +125,11 @@ class QrpcSubscriptions:
                 opener.close()
             self.wire.end_call(cid)
         if out.delete:
-            await consumers.delete(out.sub_id)
+            await consumers.delete(out.sub_id, identity=self._identity, dialect=DIALECT)
         self.wire.reply(out.call_id, {"ok": True, "subId": out.sub_id})
 
     async def delete(self, out: qpd.DeleteSubscription) -> None:
-        found = await self._consumers.delete(out.sub_id)
+        found = await self._consumers.delete(out.sub_id, identity=self._identity, dialect=DIALECT)
         self.wire.reply(out.call_id, {"ok": True, "subId": out.sub_id, "deleted": found})
 
     async def ack(self, out: qpd.Ack) -> None:

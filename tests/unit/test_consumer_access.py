@@ -1,0 +1,88 @@
+"""``Access.check_consumer``: the one rule for durable consumers every dialect goes through
+(docs/consumers.md "Permissions"), over native patterns and qpubs topics alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from hubbub.auth import AllowAll, Grant, Identity, TokenAuthorizer
+from hubbub.core.access import Access
+from hubbub.errors import AuthError
+from hubbub.log.consumers import ConsumerSpec, reach
+
+
+def who(user: str, *reads: str, admin: bool = False) -> Identity:
+    return Identity(user, Grant.parse([]), Grant.parse(reads), admin=admin, via="static")
+
+
+OWNER, READER, ALL = who("owner", "/m/**"), who("reader", "/m/**"), who("all", "/**")
+OUTSIDER, ADMIN = who("outsider", "/other/**"), who("admin", admin=True)
+
+
+def spec(pattern: str, syntax: str = "native", owner: str = "owner", separator: str = ".") -> ConsumerSpec:
+    return ConsumerSpec("c", pattern, syntax=syntax, separator=separator, owner=owner)
+
+
+def allowed(identity: Identity | None, s: ConsumerSpec, *, manage: bool = False) -> bool:
+    access = Access(TokenAuthorizer())
+    try:
+        access.check_consumer(identity, s, "native", manage=manage)
+    except AuthError as exc:
+        assert exc.code == 4102
+        assert access.refusals == {"forbidden": 1}
+        return False
+    assert access.refusals == {}
+    return True
+
+
+@pytest.mark.parametrize(
+    ("s", "readers"),
+    [
+        (spec("/m/**"), {OWNER, READER, ALL, ADMIN}),
+        (spec("/m/a"), {OWNER, READER, ALL, ADMIN}),
+        (spec("/**"), {ALL, ADMIN}),
+        # qpubs topics: their reach is what a live listen of them subscribes.
+        (spec("m.*", "qpubs"), {OWNER, READER, ALL, ADMIN}),
+        (spec("m.a.b", "qpubs"), {OWNER, READER, ALL, ADMIN}),
+        (spec("m::*", "qpubs", separator="::"), {OWNER, READER, ALL, ADMIN}),
+        (spec("*.x", "qpubs"), {ALL, ADMIN}),  # a tail topic may journal any channel
+        (spec("other.*", "qpubs"), {OUTSIDER, ALL, ADMIN}),
+        (spec("m*", "qpubs"), {OWNER, READER, ALL, OUTSIDER, ADMIN}),  # journals nothing
+    ],
+    ids=lambda v: v.pattern if isinstance(v, ConsumerSpec) else "",
+)
+def test_using_a_consumer_takes_read_over_all_it_journals(s: ConsumerSpec, readers: set[Identity]) -> None:
+    for identity in (OWNER, READER, ALL, OUTSIDER, ADMIN):
+        assert allowed(identity, s) is (identity in readers), identity.user
+    assert not allowed(None, s)  # not authenticated
+
+
+def test_managing_a_consumer_takes_ownership_too() -> None:
+    assert allowed(OWNER, spec("/m/**"), manage=True)
+    assert not allowed(READER, spec("/m/**"), manage=True)  # may use it, not delete it
+    assert not allowed(OUTSIDER, spec("/m/**", owner="outsider"), manage=True)  # owns it, may not read it
+    assert allowed(ADMIN, spec("/m/**"), manage=True)
+    assert allowed(READER, spec("/m/**", owner=""), manage=True)  # no owner recorded: any user of it
+    assert allowed(READER, spec("m.*", "qpubs", owner="reader"), manage=True)
+
+
+def test_with_auth_off_everyone_may_do_everything() -> None:
+    access = Access(AllowAll())
+    access.check_consumer(None, spec("/**"), "native", manage=True)
+    access.check_consumer(OUTSIDER, spec("*.x", "qpubs"), "qpubs", manage=True)
+
+
+def test_reach() -> None:
+    native = reach(spec("/m/*/x"))
+    assert native is not None and native.text == "/m/*/x"
+    texts = {
+        "m.*": "/m/*/**",
+        "a.%2F.b": "/a/%252F/b",
+        "*.x": "/**",
+        "m.*.x": "/m/%2A/x",  # a * inside a name is literal
+        "": "/",
+    }
+    for topic, text in texts.items():
+        got = reach(spec(topic, "qpubs"))
+        assert got is not None and got.text == text, (topic, got)
+    assert reach(spec("m*", "qpubs")) is None and reach(spec("*m", "qpubs")) is None
