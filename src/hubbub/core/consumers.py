@@ -34,9 +34,17 @@ without members. They are live only: nothing is stored. On a cluster node they t
 the relay (:meth:`ConsumerService.released`), and the nodes share each group's events
 (:mod:`.consumer_groups`).
 
-The service is split in parts: :mod:`.consumer_state` (batches, openers, per-consumer state),
-:mod:`.consumer_delivery` (notifications, backlog reads, batching, settle writes) and :mod:`.consumer_groups`
-(live groups); this module holds definitions, openers and acks.
+**Permissions** (docs/consumers.md "Permissions"): every dialect gives the caller's identity to
+:meth:`~ConsumerService.create`, :meth:`~ConsumerService.open` and :meth:`~ConsumerService.delete`, which
+check it here, once for all of them (``Access.check_consumer``): using a consumer takes read over all it can
+journal, deleting it being its owner too (the creator's user, recorded at creation), or admin. Acks and nacks
+go through an opener, which only an allowed caller gets; an opener opened for a session is closed when that
+session logs in as an identity that may not use it (:meth:`~ConsumerService.rebind`).
+
+The service is split in parts: :mod:`.consumer_catalog` (the consumers a node knows, created and deleted),
+:mod:`.consumer_state` (batches, openers, per-consumer state), :mod:`.consumer_delivery` (notifications,
+backlog reads, batching, settle writes) and :mod:`.consumer_groups` (live groups); this module holds the
+service's API, openers and acks.
 
 Concurrency contract: every method is called on the event loop thread; store writes go through
 :meth:`Node.write` (the writer thread), store reads through :meth:`Node.read`. Callbacks given to
