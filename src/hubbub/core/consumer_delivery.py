@@ -451,20 +451,9 @@ class Delivery:
 
     def give_back(self, c: ConsumerState, positions: Sequence[int], not_before_ns: int) -> None:
         """Outstanding items back to pending (attempts + 1), now or after ``not_before_ns``; stored."""
-        kept: list[int] = []
-        for pos in positions:
-            it = c.items.get(pos)
-            if it is None:
-                continue
-            c.items[pos] = JournalItem(pos, it.event, it.attempts + 1, not_before_ns)
-            kept.append(pos)
-            if not_before_ns:
-                heapq.heappush(c.delayed, (not_before_ns, pos))
-            else:
-                c.add_ready(pos)
-                c.ready_bytes += it.event.size
+        kept = c.give_back(positions, not_before_ns)
         if kept:
-            self._settles.retries.append(Retry(c.id, tuple(kept), not_before_ns))
+            self._settles.retries.append(Retry(c.id, kept, not_before_ns))
             self._settles.soon()
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from hubbub.errors import UnknownBatch
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem
 
 if TYPE_CHECKING:
@@ -224,6 +225,34 @@ class ConsumerState:
             size += s
             add(it)
         return out, size
+
+    def give_back(self, positions: Sequence[int], not_before_ns: int) -> tuple[int, ...]:
+        """Outstanding items back to pending with attempts + 1, now or, with ``not_before_ns``, after it;
+        the positions still held (the caller stores their retry)."""
+        kept: list[int] = []
+        items = self.items
+        for pos in positions:
+            it = items.get(pos)
+            if it is None:
+                continue
+            items[pos] = JournalItem(pos, it.event, it.attempts + 1, not_before_ns)
+            kept.append(pos)
+            if not_before_ns:
+                heapq.heappush(self.delayed, (not_before_ns, pos))
+            else:
+                self.add_ready(pos)
+                self.ready_bytes += it.event.size
+        return tuple(kept)
+
+    def take_outstanding(self, opener: Opener, batch: int) -> Outstanding:
+        """Remove the batch ``batch`` that ``opener`` holds from the outstanding ones and return it; raises
+        :class:`UnknownBatch` when ``opener`` does not hold it."""
+        out = self.outstanding.get(batch)
+        if opener.closed or out is None or out.opener is not opener:
+            raise UnknownBatch(f"{self.spec.name}: unknown batch {batch}")
+        del self.outstanding[batch]
+        opener.batch = None
+        return out
 
     @property
     def spec(self) -> ConsumerSpec:

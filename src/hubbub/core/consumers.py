@@ -66,7 +66,6 @@ from hubbub.errors import (
     AuthError,
     ConsumerBusy,
     ShuttingDown,
-    UnknownBatch,
 )
 from hubbub.events import Event
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec
@@ -75,7 +74,7 @@ from .consumer_catalog import Catalog
 from .consumer_delivery import Delivery, Settles
 from .consumer_groups import GroupMember, GroupShares, LiveGroups
 from .consumer_metrics import ConsumerMetrics
-from .consumer_state import BACKOFF_MAX_NS, BACKOFF_STEP_NS, Batch, ConsumerState, Opener, Outstanding
+from .consumer_state import BACKOFF_MAX_NS, BACKOFF_STEP_NS, Batch, ConsumerState, Opener
 from .node import Node
 from .session import Session
 
@@ -269,17 +268,9 @@ class ConsumerService:
 
     # -- acks -----------------------------------------------------------------------------------------------
 
-    def _take(self, o: Opener, batch: int) -> tuple[ConsumerState, Outstanding]:
-        c = o.consumer
-        out = c.outstanding.get(batch)
-        if o.closed or out is None or out.opener is not o:
-            raise UnknownBatch(f"{c.spec.name}: unknown batch {batch}")
-        del c.outstanding[batch]
-        o.batch = None
-        return c, out
-
     async def _ack(self, o: Opener, batch: int) -> None:
-        c, out = self._take(o, batch)
+        c = o.consumer
+        out = c.take_outstanding(o, batch)
         items = self._delivery.held.take(c, out.positions, out.size)
         o.settling = True
         try:
@@ -297,7 +288,8 @@ class ConsumerService:
         c.acked += len(items)
 
     async def _nack(self, o: Opener, batch: int) -> None:
-        c, out = self._take(o, batch)
+        c = o.consumer
+        out = c.take_outstanding(o, batch)
         self._delivery.nacked += len(out.positions)
         c.nacked += len(out.positions)
         attempts = max((c.items[p].attempts for p in out.positions if p in c.items), default=0) + 1
