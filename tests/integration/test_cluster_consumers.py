@@ -239,9 +239,9 @@ def test_a_live_group_gets_every_nodes_events_in_order(
     asyncio.run(main())
 
 
-def _server(tmp: Path, name: str, pg_url: str, redis: RedisServer) -> ServerProcess:
+def _server(tmp: Path, name: str, pg_url: str, redis: RedisServer, *extra: str) -> ServerProcess:
     return ServerProcess(
-        tmp / name, ["--store", pg_url, "--broker", redis.url, "--cluster-node-id", name]
+        tmp / name, ["--store", pg_url, "--broker", redis.url, "--cluster-node-id", name, *extra]
     ).start()
 
 
@@ -469,6 +469,52 @@ def test_the_node_serving_a_consumer_killed_its_client_resumes_on_another_with_n
 
     try:
         asyncio.run(asyncio.wait_for(main(), 120))
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_a_consumer_created_on_one_node_opens_at_once_on_another_in_every_dialect(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """Node B never reads the consumers on its own here (its poll an hour away): opening with
+    ``create: false`` there what node A just created finds it in the store, over qrpc (it was refused
+    ``ENOENT``) and native (its reply said ``created: true``), and the opener gets what B commits."""
+    a = _server(tmp_path, "a", pg_url, redis_server, "--cluster-poll-interval-s", "3600")
+    b = _server(tmp_path, "b", pg_url, redis_server, "--cluster-poll-interval-s", "3600")
+
+    async def main() -> None:
+        qa = await QrpcClient.connect(a.ports["qrpc"])
+        assert (await qa.call("createSubscription", {"subId": "s", "topic": "s.*"}))["created"] is True
+        qb = await QrpcClient.connect(b.ports["qrpc"])
+        call = qb.send("openSubscription", {"subId": "s", "create": False})
+        assert await qb.call("ignore", {"topic": "__barrier__"}) == {"ok": True, "removed": 0}
+        assert qb.lines[call].empty()  # open: no refusal
+
+        # Created after B's read of the consumers above, so B does not know it either.
+        wa = await Wire.open(a.ports, "tcp", "json")
+        r = await wa.request({"op": "consumer_create", "consumer": "n", "pattern": "/n/*"})
+        assert r["op"] == "reply" and r["created"] is True, r
+        wb = await Wire.open(b.ports, "tcp", "json")
+        r = await wb.request({"op": "consume", "consumer": "n", "create": False})
+        assert r["op"] == "reply", r
+        assert (r["created"], r["pattern"]) == (False, "/n/*")
+
+        assert (await qb.call("emit", {"topic": "s.x", "value": 1}))["ok"] is True
+        m = (await qb.next(call))["m"]
+        assert [(it["pos"], it["value"]) for it in m["items"]] == [(1, 1)]
+        assert await qb.call("ack", {"subId": "s", "batch": m["batch"]}) == {"ok": True}
+        r = await wb.request({"op": "publish", "channel": "/n/x", "ack": True, "text": "one"})
+        assert r["op"] == "reply", r
+        d = await wb.push()
+        assert [(it["pos"], text(it)) for it in d["items"]] == [(1, "one")]
+        for c in (qa, qb):
+            await c.close()
+        for w in (wa, wb):
+            await w.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
     finally:
         a.kill()
         b.kill()

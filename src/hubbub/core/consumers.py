@@ -205,7 +205,14 @@ class ConsumerService:
         return await self._catalog.delete(name, identity, dialect)
 
     def info(self, name: str) -> ConsumerInfo | None:
+        """The consumer ``name`` as this node knows it (None: not known here)."""
         return None if (c := self._by_name.get(name)) is None else c.info
+
+    async def find(self, name: str) -> ConsumerInfo | None:
+        """As :meth:`info`, and on a shared log also a consumer another node created since this node last
+        read the consumers (read from the store then), as :meth:`open` finds it."""
+        c = self._by_name.get(name) or await self._shared.find(name)
+        return None if c is None else c.info
 
     async def consumers(self) -> list[ConsumerInfo]:
         """Every consumer as the store has it now (counts included)."""

@@ -75,7 +75,7 @@ class NativeConsumers:
         assert svc is not None
         name = cmd.consumer
         self.table.check_open(name)
-        existing = svc.info(name)
+        existing = await svc.find(name)  # on a cluster, maybe another node's, created since it last looked
         spec = None
         if cmd.create and cmd.pattern is not None:
             spec = self._spec(cmd, cmd.pattern)

@@ -82,7 +82,8 @@ class QrpcSubscriptions:
             found = await consumers.delete(sub_id, identity=self._identity, dialect=DIALECT)
             self.wire.reply(cid, {"ok": True, "subId": sub_id, "deleted": found})
             return
-        exists = consumers.info(sub_id) is not None
+        # (On a cluster it may be another node's, created since this node last read the consumers.)
+        exists = await consumers.find(sub_id) is not None
         if not exists and not out.create:
             raise qpd.QpubsError(f"{sub_id}: not found, may not create", "ENOENT", 404)
         if not exists and out.topic is None:
