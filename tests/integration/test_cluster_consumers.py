@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +20,18 @@ import aiohttp
 import pytest
 
 from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, RedisPresence
-from hubbub.core import ConsumerService, Node, NodeSettings
+from hubbub.core import ConsumerService, Node, NodeSettings, Opener
 from hubbub.errors import ConsumerBusy
 from hubbub.events import Event
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
+from hubbub.log.consumers import Retry
 from tests.redisserver import RedisServer
 
 from .consumer_wire import Wire, text
 from .qrpcclient import QrpcClient
 from .serverproc import ServerProcess
-from .test_consumers import Recv, payloads, pending, publish, spec
+from .test_consumers import WAIT, Recv, payloads, pending, positions, publish, spec
 
 pytestmark = pytest.mark.slow
 
@@ -141,6 +143,112 @@ def test_one_node_at_a_time_serves_a_consumer(tmp_path: Path, pg_url: str) -> No
             ob.close()
 
     asyncio.run(main())
+
+
+async def _open_when_free(svc: ConsumerService, name: str, r: Recv, **kw: Any) -> Opener:
+    """Open the existing consumer ``name``, retrying while the node that served it lets go (in the
+    background, after its last opener closed)."""
+    for _ in range(500):
+        try:
+            return await svc.open(name, r.on_batch, r.on_close, create=False, **kw)
+        except ConsumerBusy:
+            await asyncio.sleep(0.01)  # polling what the other node decides
+    raise AssertionError(f"{name}: still served by another node after 5 s")
+
+
+async def _hold_give_backs() -> None:
+    """Until every hold a consumer service is giving back is given back (its ``consumer-let-go`` tasks)."""
+    for t in asyncio.all_tasks():
+        if t.get_name().startswith("consumer-let-go-"):
+            await t
+
+
+def test_a_node_taking_a_consumer_back_hands_out_nothing_the_other_node_acknowledged(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Node B serves the consumer first (its items in B's memory, one batch out), then node A does and
+    acknowledges positions 1-6 in the store, then B again: B reads the journal afresh when it takes the
+    consumer's hold, so it hands out 7-10 only, each once, in order, and nothing it held before (1-6
+    among them)."""
+
+    async def main() -> None:
+        a, b = await _two_nodes(pg_url, tmp_path)
+        async with a, b, ConsumerService(a) as svc_a, ConsumerService(b) as svc_b:
+            await svc_b.create(spec())
+            rb = Recv()
+            ob = await svc_b.open("c", rb.on_batch, rb.on_close)
+            await publish(b, "/jobs/x", *(str(i) for i in range(1, 11)))
+            first = await rb.next()
+            assert positions(first)[0] == 1
+            ob.close()  # its batch pending again; B lets go
+            ra = Recv()
+            oa = await _open_when_free(svc_a, "c", ra, batch_max=3)
+            acked: list[int] = []
+            while len(acked) < 6:
+                bt = await ra.next()
+                assert positions(bt) == [len(acked) + 1, len(acked) + 2, len(acked) + 3]
+                await oa.ack(bt.number)
+                acked += positions(bt)
+            oa.close()
+            ob = await _open_when_free(svc_b, "c", rb)
+            got: list[int] = []
+            while len(got) < 4:
+                bt = await rb.next()
+                got += positions(bt)
+                await ob.ack(bt.number)
+            assert got == [7, 8, 9, 10]
+            assert await pending(b, "c") == []
+
+    asyncio.run(main())
+
+
+def test_a_node_keeps_serving_a_consumer_until_its_acks_are_stored(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An opener of node A acknowledges a batch and goes while the ack is being stored: A keeps the
+    consumer's hold until the ack is stored (node B is refused meanwhile), so B, which reads the journal
+    when it takes the hold, never hands out an item whose ack A answers."""
+    gate, storing = threading.Event(), threading.Event()
+
+    async def main() -> None:
+        a, b = await _two_nodes(pg_url, tmp_path)
+        settle = a.store.consumer_settle
+
+        def held_settle(acked: Sequence[tuple[int, Sequence[int]]], retried: Sequence[Retry] = ()) -> None:
+            if acked:  # on node A's writer thread: the ack's write waits for the test
+                storing.set()
+                gate.wait(WAIT)
+            settle(acked, retried)
+
+        monkeypatch.setattr(a.store, "consumer_settle", held_settle)
+        async with a, b, ConsumerService(a) as svc_a, ConsumerService(b) as svc_b:
+            await svc_a.create(spec())
+            await publish(a, "/jobs/x", "1", "2", "3")
+            ra, rb = Recv(), Recv()
+            oa = await svc_a.open("c", ra.on_batch, ra.on_close)
+            bt = await ra.next()
+            assert positions(bt) == [1, 2, 3]
+            ack = asyncio.ensure_future(oa.ack(bt.number))
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, storing.wait, WAIT)
+                oa.close()  # the opener goes while its ack is being stored
+                await _hold_give_backs()
+                with pytest.raises(ConsumerBusy):
+                    await svc_b.open("c", rb.on_batch, rb.on_close, create=False)
+            finally:
+                gate.set()
+            await ack  # answered: stored
+            ob = await _open_when_free(svc_b, "c", rb)
+            await publish(b, "/jobs/x", "4")
+            bt = await rb.next()
+            assert positions(bt) == [4]
+            await ob.ack(bt.number)
+            assert await pending(b, "c") == []
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
 
 
 async def _cluster(url: str, tmp: Path, redis: RedisServer) -> tuple[list[Node], list[Any]]:
@@ -418,54 +526,133 @@ def test_qpubs_listen_exclusive_across_two_real_nodes(
         b.kill()
 
 
+class _Client:
+    """One client of the consumer ``f`` (``/f/*``): native over TCP (batches of at most 5) or qrpc
+    (``openSubscription``; batches of one item, the servers' ``qpubs.batch_bytes`` being 1)."""
+
+    def __init__(self, dialect: str) -> None:
+        self.dialect = dialect
+        self._wire: Wire | None = None
+        self._q: QrpcClient | None = None
+        self._call = ""
+        self._lines: list[dict[str, Any]] = []
+
+    async def open(self, node: ServerProcess, *, create: bool = True) -> bool:
+        """Open the consumer on ``node``: False when it refuses as busy (another node serves it)."""
+        if self.dialect == "native":
+            self._wire = w = await Wire.open(node.ports, "tcp", "json")
+            r = await w.request(
+                {"op": "consume", "consumer": "f", "pattern": "/f/*", "max": 5, "create": create}
+            )
+            if r["op"] == "error" and r["code"] == 4206:
+                return False
+            assert r["op"] == "reply", r
+            return True
+        self._q = q = await QrpcClient.connect(node.ports["qrpc"])
+        self._call = q.send("openSubscription", {"subId": "f", "topic": "f.*", "create": create})
+        # Calls are handled in order: once the barrier is answered, a refused open has its answer too.
+        assert await q.call("ignore", {"topic": "__barrier__"}) == {"ok": True, "removed": 0}
+        lines = q.lines[self._call]
+        while not lines.empty():
+            self._lines.append(lines.get_nowait())
+        if self._lines and self._lines[0].get("e"):
+            assert self._lines[0]["e"]["code"] == "EBUSY", self._lines[0]
+            return False
+        return True
+
+    async def batch(self) -> tuple[int, list[tuple[int, str]]]:
+        """The next batch: its number, and its items' positions and payloads."""
+        if self._wire is not None:
+            d = await self._wire.push()
+            return d["batch"], [(it["pos"], text(it)) for it in d["items"]]
+        assert self._q is not None
+        msg = self._lines.pop(0) if self._lines else await self._q.next(self._call)
+        assert not msg.get("e"), msg
+        m = msg["m"]
+        return m["batch"], [(it["pos"], str(it["value"])) for it in m["items"]]
+
+    async def ack(self, batch: int) -> None:
+        """Acknowledge ``batch``; returns once the server confirmed it."""
+        if self._wire is not None:
+            r = await self._wire.request({"op": "ack", "consumer": "f", "batch": batch})
+            assert r["op"] == "reply", r
+        else:
+            assert self._q is not None
+            assert await self._q.call("ack", {"subId": "f", "batch": batch}) == {"ok": True}
+
+    async def close(self) -> None:
+        if self._wire is not None:
+            await self._wire.close()
+        if self._q is not None:
+            await self._q.close()
+
+
+@pytest.mark.parametrize("dialect", ["native", "qrpc"])
 def test_the_node_serving_a_consumer_killed_its_client_resumes_on_another_with_nothing_lost(
-    tmp_path: Path, pg_url: str, redis_server: RedisServer
+    tmp_path: Path, pg_url: str, redis_server: RedisServer, dialect: str
 ) -> None:
     """Node A serves a consumer and is killed -9 while its client holds a batch: the client opens the
     consumer on node B and gets every unacknowledged item (the held batch included) and no acknowledged one,
-    while events go on being published on B."""
-    a = _server(tmp_path, "a", pg_url, redis_server)
-    b = _server(tmp_path, "b", pg_url, redis_server)
+    while events go on being published on B (native publishes over WebSocket, or qpubs HTTP emits).
+
+    Node B knows the consumer all along (an open there was refused while A served it) and journals B's
+    commits for it: what it was told of then, A acknowledged since, and B must read the journal afresh
+    when it takes the consumer over."""
+    a = _server(tmp_path, "a", pg_url, redis_server, "--qpubs-batch-bytes", "1")
+    b = _server(tmp_path, "b", pg_url, redis_server, "--qpubs-batch-bytes", "1")
     n = 60
     acked: set[int] = set()
     held: set[int] = set()
 
     async def main() -> None:
-        w = await Wire.open(a.ports, "tcp", "json")
-        r = await w.request({"op": "consume", "consumer": "f", "pattern": "/f/*", "max": 5})
-        assert r["op"] == "reply", r
-        pub = await Wire.open(b.ports, "ws", "json")
-        for i in range(n):  # published on B, served by A
-            assert (await pub.request({"op": "publish", "channel": "/f/x", "ack": True, "text": f"{i}"}))[
-                "op"
-            ] == "reply"
-        while len(acked) < n // 2:
-            d = await w.push()
-            assert (await w.request({"op": "ack", "consumer": "f", "batch": d["batch"]}))["op"] == "reply"
-            acked.update(it["pos"] for it in d["items"])
-        d = await w.push()
-        held.update(it["pos"] for it in d["items"])
-        a.kill()
-        await w.close()
-        for i in range(n, n + 10):  # more while the client moves
-            assert (await pub.request({"op": "publish", "channel": "/f/x", "ack": True, "text": f"{i}"}))[
-                "op"
-            ] == "reply"
-        w2 = await Wire.open(b.ports, "tcp", "json")
-        r = await w2.request({"op": "consume", "consumer": "f", "create": False, "max": 7})
-        assert r["op"] == "reply", r
-        seen: dict[int, str] = {}
-        while len(seen) < n + 10 - len(acked):
-            d = await w2.push()
-            for it in d["items"]:
-                assert it["pos"] not in seen and it["pos"] not in acked
-                seen[it["pos"]] = text(it)
-            await w2.request({"op": "ack", "consumer": "f", "batch": d["batch"]})
-        assert set(seen) == set(range(1, n + 11)) - acked
-        assert held <= set(seen)
-        assert list(seen.values()) == sorted(seen.values(), key=int)  # journal order
-        await w2.close()
-        await pub.close()
+        async with aiohttp.ClientSession() as http:
+            pub = await Wire.open(b.ports, "ws", "json")
+
+            async def publish_on_b(i: int) -> None:
+                if dialect == "native":
+                    r = await pub.request({"op": "publish", "channel": "/f/x", "ack": True, "text": f"{i}"})
+                    assert r["op"] == "reply", r
+                    return
+                url = f"http://127.0.0.1:{b.ports['http']}/qpubs/emit"
+                async with http.post(url, params={"topic": "f.x"}, json=i) as resp:
+                    assert resp.status == 200, await resp.text()
+
+            c = _Client(dialect)
+            assert await c.open(a)
+            elsewhere = _Client(dialect)
+            assert not await elsewhere.open(b, create=False)  # A serves it; B knows it from now on
+            await elsewhere.close()
+            for i in range(n):  # published on B, served by A
+                await publish_on_b(i)
+            while len(acked) < n // 2:
+                number, items = await c.batch()
+                await c.ack(number)
+                acked.update(pos for pos, _ in items)
+            _, items = await c.batch()
+            held.update(pos for pos, _ in items)
+            a.kill()
+            await c.close()
+            for i in range(n, n + 10):  # more while the client moves
+                await publish_on_b(i)
+            c = _Client(dialect)
+            async with asyncio.timeout(20):  # A's hold ends with its PostgreSQL session, within moments
+                while not await c.open(b, create=False):
+                    await c.close()
+                    c = _Client(dialect)
+                    await asyncio.sleep(0.05)  # polling what PostgreSQL decides
+            seen: dict[int, str] = {}
+            while len(seen) < n + 10 - len(acked):
+                number, items = await c.batch()
+                for pos, value in items:
+                    assert pos not in seen and pos not in acked, (pos, sorted(acked))
+                    seen[pos] = value
+                await c.ack(number)
+            assert set(seen) == set(range(1, n + 11)) - acked
+            assert held <= set(seen)
+            assert list(seen) == sorted(seen)  # journal order
+            assert list(seen.values()) == [str(i - 1) for i in seen]  # position p holds the event p - 1
+            await c.close()
+            await pub.close()
 
     try:
         asyncio.run(asyncio.wait_for(main(), 120))

@@ -172,6 +172,16 @@ class Held:
         self.total -= c.held_bytes
         c.held_bytes = 0
 
+    def discard(self, c: ConsumerState) -> None:
+        """Forget the items of ``c`` held in memory, to be read from the journal again: on a shared log,
+        when this node takes the consumer's hold or gives it back. While another node serves it, that node's
+        acknowledgements remove items from the store and from nothing here, so what this node read or was
+        notified of before it took the hold may have been acknowledged since. Called with no opener of
+        ``c`` on this node (so nothing out); a journal read under way is dropped when it returns
+        (``ConsumerState.generation``)."""
+        self.forget(c)
+        c.discard()
+
 
 class Delivery:
     """Journal items in, batches out. ``by_id`` is the service's own map of consumers (shared, not copied);
@@ -215,12 +225,16 @@ class Delivery:
 
     def adopt(self, c: ConsumerState, *, new: bool) -> None:
         """Start serving ``c``. One just created (``new``) has an empty journal: unless a notification
-        already named it, everything it gets comes through notifications, and nothing is read."""
-        if new and not self._unknown_overflow and c.id not in self._unknown:
+        already named it, everything it gets comes through notifications, and nothing is read. On a shared
+        log nothing is read before this node takes the consumer's hold (:meth:`Held.discard`)."""
+        empty = new and not self._unknown_overflow and c.id not in self._unknown
+        self._unknown.discard(c.id)
+        if self.shared:
+            return  # c.backlog stays: read once held
+        if empty:
             c.backlog = False
         else:
             self._spawn(self.fill(c), f"consumer-fill-{c.id}")
-        self._unknown.discard(c.id)
 
     # -- journal notifications -----------------------------------------------------------------------------
 
@@ -231,7 +245,8 @@ class Delivery:
         On a shared log (``LogStore.shared``) other nodes journal too, and nothing here hears of it: an item
         is taken only when it is the next position after ``loaded_to``; otherwise the consumer reads its
         journal from ``loaded_to`` on (positions are allocated under the log lock, in commit order, so a read
-        that sees an item sees every earlier one)."""
+        that sees an item sees every earlier one). And another node may serve the consumer, acknowledging
+        items in the store alone: only the consumers this node holds take items (:meth:`Held.discard`)."""
         by_id = self._by_id
         groups = self._groups.index if self._node.relay is None else None
         if not by_id and not groups and not self.creating:
@@ -259,15 +274,18 @@ class Delivery:
                         c = last
                     else:
                         c = by_id.get(cid)
-                        if c is not None:
+                        if c is None:
+                            # Not known yet (created, and its create() not resumed): it reads its journal.
+                            if len(self._unknown) < 4096:
+                                self._unknown.add(cid)
+                            else:
+                                self._unknown_overflow = True
+                        elif shared and not c.held:
+                            c = None  # served by another node, or by none: read once held
+                        else:
                             touched.add(c)
                         last_cid, last = cid, c
                     if c is None:
-                        # Not known yet (created, and its create() not resumed): it reads its journal.
-                        if len(self._unknown) < 4096:
-                            self._unknown.add(cid)
-                        else:
-                            self._unknown_overflow = True
                         continue
                     if pos <= c.loaded_to:
                         continue  # a backlog read saw this commit before its notification came: loaded
@@ -314,11 +332,12 @@ class Delivery:
             return
         c.reading = True
         try:
-            while c.backlog and not c.deleted and not self.closing:
+            while c.backlog and not c.deleted and not self.closing and (c.held or not self.shared):
                 room = self.max_items - len(c.items)
                 if room < max(self.max_items // 4, 1):
                     return  # called again as items are acknowledged
                 c.dropped = False
+                generation = c.generation
                 try:
                     got: list[JournalItem] = await self._node.reads.call(_items, c.id, c.loaded_to, room)
                 except HubbubError as exc:
@@ -327,6 +346,8 @@ class Delivery:
                     continue
                 if c.deleted:
                     return
+                if c.generation != generation:
+                    continue  # memory was discarded meanwhile: what was read may be acknowledged since
                 now_ns = time.time_ns()
                 items, loaded_to, push, add_ready = c.items, c.loaded_to, heapq.heappush, c.add_ready
                 added = held = 0
@@ -382,7 +403,12 @@ class Delivery:
         """Hand out what can go out now; arm the timer for what must wait (batch wait, backoff)."""
         if c.deleted or self.closing:
             return
-        if c.backlog and not c.reading and len(c.items) < self.max_items * 3 // 4:
+        if (
+            c.backlog
+            and not c.reading
+            and len(c.items) < self.max_items * 3 // 4
+            and (c.held or not self.shared)
+        ):
             self._spawn(self.fill(c), f"consumer-fill-{c.id}")
         now_ns = time.time_ns()
         while c.delayed and c.delayed[0][0] <= now_ns:

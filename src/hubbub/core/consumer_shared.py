@@ -11,8 +11,12 @@ only.
 * One node at a time serves a consumer: its first opener on a node takes the log's hold of it
   (``LogStore.consumer_hold``, a PostgreSQL advisory lock that ends with the node's session), or is refused
   with :class:`~hubbub.errors.ConsumerBusy` while another node holds it; the node gives the hold back when its
-  last opener closes. A node killed lets go at once (its sessions end); a node that loses its connection to
-  PostgreSQL loses its holds with it, and another node may then serve the consumer too until it reopens.
+  last opener closes and its acks are stored. A node killed lets go at once (its sessions end); a node that
+  loses its connection to PostgreSQL loses its holds with it, and another node may then serve the consumer
+  too until it reopens.
+* Only a node that holds a consumer keeps its items in memory: the node serving it acknowledges them in the
+  store, which a copy elsewhere would not see. A node that takes the hold reads the journal afresh (every
+  ack answered before the hold ended is stored by then); one that gives it back forgets what it held.
 """
 
 from __future__ import annotations
@@ -109,18 +113,25 @@ class SharedJournal:
             if not ok:
                 raise ConsumerBusy(f"{c.spec.name}: served by another node")
             c.held = True
+            # What memory holds of it may have been acknowledged by the node that served it last (whose
+            # acks were stored before its hold ended): read the journal afresh.
+            self._delivery.held.discard(c)
 
     def let_go(self, c: ConsumerState) -> None:
-        """``c`` may have no opener left here: give its hold back (unless one opens meanwhile)."""
-        if not c.held or c.openers or c.hold_lock is None:
+        """``c`` may have no opener left here: give its hold back (unless one opens meanwhile), once the acks
+        of ``c`` being stored are (the service calls this again when the last one is): a node that takes
+        the hold reads the journal, which must not hold items of an ack that is answered afterwards."""
+        if not c.held or c.openers or c.acking or c.hold_lock is None:
             return
         lock = c.hold_lock
 
         async def give_back() -> None:
             async with lock:
-                if not c.held or (c.openers and not c.deleted):
+                if not c.held or c.acking or (c.openers and not c.deleted):
                     return
                 c.held = False
+                if not c.deleted:
+                    self._delivery.held.discard(c)  # another node may serve it now
                 try:
                     await self._node.reads.call(lambda st: st.consumer_hold(c.id, False))
                 except HubbubError as exc:  # the session is gone, and the hold with it

@@ -142,9 +142,16 @@ class ConsumerState:
     timer: asyncio.TimerHandle | None = None
     deleted: bool = False
     #: On a shared log: this node holds the consumer (``LogStore.consumer_hold``); taken and given back
-    #: under ``hold_lock``.
+    #: under ``hold_lock``. Only while it does are the items in memory this node's to hand out: another
+    #: node serving it acknowledges them in the store alone (``Held.discard``).
     held: bool = False
     hold_lock: asyncio.Lock | None = None
+    #: Acks of this consumer being stored: the hold is not given back before they are (another node would
+    #: read the journal without them and hand their items out again).
+    acking: int = 0
+    #: Counts the discards of what memory held (``Held.discard``): a journal read that started before
+    #: one is out of date when it returns.
+    generation: int = 0
     #: Counters for ``/metrics`` (since this node took the consumer up): batches handed out, items
     #: acknowledged, items given back by nack, items delivered again (``attempts`` above 0).
     batches: int = 0
@@ -253,6 +260,24 @@ class ConsumerState:
         del self.outstanding[batch]
         opener.batch = None
         return out
+
+    def discard(self) -> None:
+        """Forget every item held in memory (none out), to be read from the journal again from the start;
+        a read under way when this is called is out of date when it returns (``generation``). What the
+        items counted in ``held_bytes`` is the caller's to uncount first (``Held.discard``)."""
+        assert not self.outstanding, "discarding a consumer's memory with batches out"
+        self.generation += 1
+        self.items.clear()
+        self.fresh.clear()
+        self.ready.clear()
+        self.delayed.clear()
+        self.ready_bytes = 0
+        self.loaded_to = 0
+        self.backlog = self.dropped = True
+        self.wait_start = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     @property
     def spec(self) -> ConsumerSpec:

@@ -26,7 +26,8 @@ no room (or a consumer still reading its backlog) is dropped and the item read f
 is lost between the two.
 On a log other nodes write too (``LogStore.shared``, a cluster), a notification is taken only when it
 continues what was read, and other nodes' items are read from the store when the cluster relay hints at them
-(:meth:`ConsumerService.others_committed`) and every ``poll_s`` (:mod:`.consumer_shared`).
+(:meth:`ConsumerService.others_committed`) and every ``poll_s`` (:mod:`.consumer_shared`); only a consumer
+this node holds (serves) keeps items in memory, read afresh when the node takes its hold.
 
 **Live exclusive groups** (``listenExclusive``): members with the same group name and filter share a group;
 each matching event goes to exactly one member, round-robin in join order, at most once, and never to a group
@@ -280,17 +281,21 @@ class ConsumerService:
         out = c.take_outstanding(o, batch)
         items = self._delivery.held.take(c, out.positions, out.size)
         o.settling = True
+        generation = c.generation
+        c.acking += 1  # the hold stays while it is stored (SharedJournal.let_go)
         try:
             self._settles.acks.append((c.id, out.positions))
             await self._settles.soon()
         except BaseException:
             # Not stored: the items are still in the journal, so they go out again (at least once).
-            if not c.deleted:
+            if not c.deleted and c.generation == generation:  # (else they are read again)
                 self._delivery.held.put_back(c, items)
             raise
         finally:
             o.settling = False
+            c.acking -= 1
             self._delivery.schedule(c)
+            self._shared.let_go(c)  # its openers may have closed meanwhile
         self._delivery.acked += len(items)
         c.acked += len(items)
 
