@@ -47,6 +47,8 @@ HELP = {
     "cluster.presence_ttl_s": "how long a node's roster entries (guble's subscribers) outlive its last "
     "heartbeat in Redis; a dead node leaves the rosters after this",
     "http.listen": "HTTP and WebSocket listener, HOST:PORT (port 0 picks a free port)",
+    "http.head_timeout_s": "seconds an HTTP connection may take to send a request's head (or its TLS "
+    "handshake) before it is closed",
     "native.tcp_listen": "native raw TCP listener, HOST:PORT",
     "native.enabled": "serve the native protocol (true/false)",
     "native.ping_interval_s": "seconds of silence before the server pings a native connection",
@@ -77,7 +79,7 @@ HELP = {
     "tls.key": "PEM private key of tls.cert",
     "limits.publish_rate": "publishes per second per connection (token bucket; 0: unlimited)",
     "limits.publish_burst": "publishes a connection may send at once above the rate (0: one second's worth)",
-    "limits.max_connections": "open connections and in-flight HTTP requests in all (0: unlimited)",
+    "limits.max_connections": "open connections in all, every accepted HTTP socket included (0: unlimited)",
     "limits.max_connections_per_ip": "the same per client address (0: unlimited)",
     "limits.max_consumers": "durable consumers in all, each journaling what it matches (0: unlimited)",
     "limits.consumer_memory": "bytes of journal items durable consumers hold in memory beyond 10000 each "

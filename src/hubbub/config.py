@@ -103,6 +103,8 @@ class Config:
     store: str = "sqlite"
     broker: str = ""
     http_listen: str = "127.0.0.1:8080"
+    #: Seconds an HTTP connection may take to send a request's head (and a TLS handshake) before it is closed.
+    http_head_timeout_s: float = 10.0
     native_tcp_listen: str = "127.0.0.1:7400"
     native_enabled: bool = True
     native_ping_interval_s: float = 25.0
@@ -195,6 +197,8 @@ class Config:
             raise ConfigError("tls.cert and tls.key: give both or neither")
         for key in ("http_listen", "native_tcp_listen"):
             parse_listen(getattr(self, key), key)
+        if self.http_head_timeout_s <= 0:
+            raise ConfigError("http.head_timeout_s: must be positive")
         for f in fields(Limits):
             v = getattr(self.limits, f.name)
             if v < 0 or (v == 0 and f.name not in UNLIMITED_AT_ZERO):
@@ -307,6 +311,7 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "store": (("store",), str),
     "broker": (("broker",), str),
     "http.listen": (("http_listen",), str),
+    "http.head_timeout_s": (("http_head_timeout_s",), float),
     "native.tcp_listen": (("native_tcp_listen",), str),
     "native.enabled": (("native_enabled",), bool),
     "native.ping_interval_s": (("native_ping_interval_s",), float),

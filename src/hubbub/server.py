@@ -37,6 +37,7 @@ from hubbub.transports.federation_peer import FederationHub, FederationHubCollec
 from hubbub.transports.guble import GubleSettings
 from hubbub.transports.guble import install as install_guble
 from hubbub.transports.http import HttpSettings, NativeHttp, RouteInstaller, build_app
+from hubbub.transports.http_listener import HttpListener
 from hubbub.transports.ivy import IvySettings, ivy_installer
 from hubbub.transports.mist import MistService, MistSettings
 from hubbub.transports.mist_tcp import serve_mist_tcp
@@ -219,9 +220,11 @@ class Server:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
         await self._runner.setup()
         host, port = parse_listen(cfg.http_listen, "http.listen")
-        site = web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=self._ssl)
+        site = HttpListener(
+            self._runner, host, port, node, head_timeout_s=cfg.http_head_timeout_s, ssl_context=self._ssl
+        )
         await site.start()
-        self.ports["http"] = _bound_port(site)
+        self.ports["http"] = site.port
         log.info("listening", extra={"listener": "http", "address": f"{host}:{self.ports['http']}"})
 
         if self.wearscript is not None and cfg.wearscript_upstream:
@@ -515,11 +518,6 @@ def _locked_routes(cfg: Config) -> tuple[str, ...]:
             )
             out += routes
     return tuple(out)
-
-
-def _bound_port(site: web.TCPSite) -> int:
-    server: Any = site._server  # aiohttp keeps the asyncio server here
-    return int(server.sockets[0].getsockname()[1])
 
 
 #: The cyclic garbage collector's thresholds (generations 0, 1, 2) while a server process runs.

@@ -192,8 +192,9 @@ def locked_route(path: str, locked: tuple[str, ...]) -> bool:
 
 
 def _admission(node: Node, settings: HttpSettings) -> Any:
-    """Middleware: connection limits (every request and WebSocket counts while it runs), then the lock on
-    routes of dialects that cannot take a token yet."""
+    """Middleware: the lock on routes of dialects that cannot take a token yet, and the count of bodies over
+    ``limits.max_frame`` by dialect. (Connection limits are checked once per socket, when it is accepted:
+    ``transports/http_listener.py``.)"""
     locked = settings.locked_routes
 
     @web.middleware
@@ -206,20 +207,11 @@ def _admission(node: Node, settings: HttpSettings) -> Any:
                 AuthError("dialect takes no token yet", code=4100), "http", peer_address(request)
             )
             return text_response(401, "unauthorized\n")
-        ip = peer_address(request)
-        dialect = route_dialect(path)
-        over = node.limiter.admit(ip, dialect)
-        if over is not None:
-            if dialect == "native":
-                return _error(HubbubError(over, code=Disconnect.TOO_MANY_CONNECTIONS))
-            return text_response(503, "too many connections\n")
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:
-            node.limiter.refused("max_frame", dialect)  # answered 413 by the error middleware
+            node.limiter.refused("max_frame", route_dialect(path))  # answered 413 by the error middleware
             raise
-        finally:
-            node.limiter.release(ip)
 
     return admission
 

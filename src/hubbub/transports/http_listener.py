@@ -1,0 +1,381 @@
+"""The HTTP and WebSocket listener: what happens to a socket before, around and below aiohttp's routing.
+
+aiohttp serves each accepted socket with a ``RequestHandler`` (its HTTP/1.1 protocol); hubbub's listener
+(:class:`HttpListener`, an aiohttp site) makes each one an :class:`HttpConnection`, which adds four things
+aiohttp does not do for a server exposed to anyone:
+
+* **Admission at accept.** Every accepted socket counts against ``limits.max_connections`` and
+  ``limits.max_connections_per_ip`` from ``connection_made`` (after the TLS handshake on a TLS listener)
+  until it closes, whatever it sends, a keep-alive socket between requests included. A socket over a limit
+  is answered at once, before anything it sent is read: ``503`` with native error 4009 and ``Connection:
+  close``, its write side shut so the answer is not lost to a reset, and closed when the peer closes or
+  after :data:`REFUSAL_LINGER_S` (at once beyond :data:`REFUSALS_LINGERING_MAX` such sockets). The route is
+  not known then, so the refusal is counted with dialect ``http``.
+* **A head timeout** (``http.head_timeout_s``): a connection that has not sent a whole request head within
+  that time of its accept, or of the first byte of a later request on a kept-alive connection, is closed;
+  the same bound applies to a TLS handshake. A kept-alive connection idle between requests is closed after
+  :data:`KEEPALIVE_S`.
+* **Its own error answers.** A request aiohttp cannot parse (a request line or header over 8 KiB, a bad
+  method, bad header characters, a bad chunk size) gets ``400`` ``bad request`` with ``Server: hubbub``;
+  aiohttp's answer would name its and Python's versions and echo the input back, and its ERROR record with
+  a traceback for each would let anyone fill the log. Such requests are counted and logged as a warning at
+  most once per :data:`WARN_EVERY_S` per kind.
+* **Masked client frames** (RFC 6455 §5.1): once a route upgrades the connection to a WebSocket, every frame
+  header is checked (``transports/ws_mask.py``) before aiohttp's reader sees the bytes, which has no such
+  check; an unmasked frame fails the connection: close 1002, then the socket is closed (the handler sees the
+  peer gone). The check sits here, in the protocol that feeds the reader, because every dialect's WebSocket
+  route is served by this protocol, and because aiohttp's reader (compiled) exposes no hook per frame.
+
+The listener's own bad input (malformed heads, heads not sent in time, unmasked frames) is counted in
+``hubbub_bad_input_total{dialect="http"}``.
+
+Concurrency contract: everything here runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from http import HTTPStatus
+from typing import Any, Final, cast, final
+
+from aiohttp import web
+from aiohttp.http import HttpProcessingError, RawRequestMessage, WebSocketReader
+from aiohttp.streams import StreamReader
+
+from hubbub.core import Node
+from hubbub.dialects import native as nc
+from hubbub.disconnect import Disconnect
+
+from .ws_mask import CLOSE_PROTOCOL_ERROR, MaskCheck
+
+__all__ = [
+    "KEEPALIVE_S",
+    "REFUSALS_LINGERING_MAX",
+    "REFUSAL_LINGER_S",
+    "WARN_EVERY_S",
+    "HttpConnection",
+    "HttpListener",
+    "Throttle",
+]
+
+log = logging.getLogger("hubbub.http")
+
+#: Seconds a kept-alive HTTP connection may idle between requests (aiohttp's default is an hour; the socket
+#: holds a place in the connection limits all that time).
+KEEPALIVE_S: Final = 75.0
+#: Seconds a refused socket is kept, its answer sent and its write side shut, for the peer to read the
+#: answer and close; then it is aborted.
+REFUSAL_LINGER_S: Final = 2.0
+#: Refused sockets kept that way at most; beyond, a refused socket is closed right after its answer.
+REFUSALS_LINGERING_MAX: Final = 64
+#: Seconds between two warnings of one kind about bad input on the listener (the rest are counted).
+WARN_EVERY_S: Final = 10.0
+
+
+def _refusal() -> bytes:
+    status, body = nc.render_http_error(Disconnect.TOO_MANY_CONNECTIONS.code)
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nServer: hubbub\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+#: The whole answer to a socket over a connection limit.
+REFUSAL: Final = _refusal()
+
+
+@final
+class Throttle:
+    """At most one log record per ``interval`` seconds; those held back are counted into the next one."""
+
+    __slots__ = ("held", "interval", "next_at")
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.next_at = 0.0
+        self.held = 0
+
+    def ready(self) -> int | None:
+        """``None``: hold this record back. Else log it, with the number held back since the last one."""
+        now = time.monotonic()
+        if now < self.next_at:
+            self.held += 1
+            return None
+        self.next_at = now + self.interval
+        held, self.held = self.held, 0
+        return held
+
+
+class HttpListener(web.BaseSite):
+    """The listening socket of the aiohttp application (an aiohttp site in place of ``web.TCPSite``): every
+    socket it accepts is served by an :class:`HttpConnection`. Holds what the connections share: the
+    node (its limiter and counters), the head timeout, the refused sockets still lingering, the warnings'
+    throttles."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        node: Node,
+        *,
+        head_timeout_s: float,
+        ssl_context: Any = None,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context)
+        self._host = host
+        self._port = port
+        self.node = node
+        self.head_timeout_s = head_timeout_s
+        #: Refused sockets waiting for their peer to close (see :data:`REFUSAL_LINGER_S`).
+        self.lingering: set[asyncio.Transport] = set()
+        self._throttles: dict[str, Throttle] = {}
+
+    @property
+    def name(self) -> str:
+        scheme = "https" if self._ssl_context else "http"
+        return f"{scheme}://{self._host}:{self.port}"
+
+    @property
+    def port(self) -> int:
+        """The bound port (once started; the configured one before)."""
+        sockets = getattr(self._server, "sockets", None)  # asyncio's and uvloop's servers alike
+        return int(sockets[0].getsockname()[1]) if sockets else self._port
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        manager = self._runner.server
+        assert manager is not None
+
+        def connection() -> HttpConnection:
+            return HttpConnection(manager, self, loop)
+
+        # The handshake of a TLS connection comes before connection_made: bounded by the same timeout.
+        tls: dict[str, Any] = {"ssl_handshake_timeout": self.head_timeout_s} if self._ssl_context else {}
+        self._server = await loop.create_server(
+            connection,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=True,
+            **tls,
+        )
+
+    async def stop(self) -> None:
+        await super().stop()
+        for transport in list(self.lingering):
+            transport.abort()
+
+    def warn(self, kind: str, msg: str, *args: object) -> None:
+        """Count one piece of bad input on the listener, and log it as a warning unless one of the same
+        ``kind`` was logged less than :data:`WARN_EVERY_S` ago."""
+        self.node.count_bad_input("http")
+        throttle = self._throttles.get(kind)
+        if throttle is None:
+            throttle = self._throttles[kind] = Throttle(WARN_EVERY_S)
+        held = throttle.ready()
+        if held is None:
+            return
+        if held:
+            msg += f" ({held} more since the last such warning)"
+        log.warning(msg, *args)
+
+
+class HttpConnection(web.RequestHandler):
+    """One accepted socket of :class:`HttpListener`: aiohttp's HTTP/1.1 protocol with admission, the head
+    timeout, hubbub's error answers and the mask check of WebSocket frames (module docstring)."""
+
+    __slots__ = ("_admitted", "_body", "_frames", "_heads", "_ip", "_listener", "_timer")
+
+    def __init__(self, manager: web.Server, listener: HttpListener, loop: asyncio.AbstractEventLoop) -> None:
+        # No access log (aiohttp takes None for that, as AppRunner(access_log=None) passes it).
+        no_log: Any = None
+        super().__init__(manager, loop=loop, access_log=no_log, keepalive_timeout=KEEPALIVE_S)
+        self._listener = listener
+        self._ip = ""
+        self._admitted = False
+        #: The head timer, or for a refused socket its linger timer.
+        self._timer: asyncio.TimerHandle | None = None
+        #: Requests parsed when the head timer was set: one more means the head arrived.
+        self._heads = 0
+        #: The mask check, once the connection is a WebSocket.
+        self._frames: MaskCheck | None = None
+        #: The body of the last request parsed, while it may still be arriving.
+        self._body: StreamReader | None = None
+
+    # -- admission ------------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        ip = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if self._listener.node.limiter.admit(ip, "http") is not None:
+            self._refuse(transport)
+            return
+        self._ip = ip
+        self._admitted = True
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def _refuse(self, base: asyncio.BaseTransport) -> None:
+        transport = self.transport = cast(asyncio.Transport, base)  # a stream's: kept for connection_lost
+        transport.write(REFUSAL)
+        lingering = self._listener.lingering
+        if len(lingering) < REFUSALS_LINGERING_MAX and transport.can_write_eof():
+            # The peer reads the answer and its end, then closes; anything it sent meanwhile is dropped
+            # (closing a socket with unread bytes would reset it, and the answer could be lost).
+            transport.write_eof()
+            lingering.add(transport)
+            self._timer = self._loop.call_later(REFUSAL_LINGER_S, transport.abort)
+        else:
+            transport.close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+            self._timer = None
+        if not self._admitted:
+            if self.transport is not None:
+                self._listener.lingering.discard(self.transport)
+                self.transport = None
+            return
+        self._admitted = False
+        self._listener.node.limiter.release(self._ip)
+        super().connection_lost(exc)
+
+    # -- reading --------------------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        frames = self._frames
+        if frames is not None:  # a WebSocket
+            at = frames.feed(data)
+            if at < 0:
+                super().data_received(data)
+                return
+            if at:
+                super().data_received(data[:at])
+            self._unmasked()
+            return
+        if not self._admitted:
+            return  # a refused socket: what it sends is not read
+        heads = self._request_count
+        super().data_received(data)
+        if self._request_count != heads:  # a head arrived (or a parse error, answered 400)
+            timer = self._timer
+            if timer is not None:
+                timer.cancel()
+                self._timer = None
+            self._parsed()
+        elif self._timer is None and not (self._request_in_progress or self._messages or self._upgraded):
+            self._arm_head_timer()  # the first bytes of a later request on a kept-alive connection
+
+    def _parsed(self) -> None:
+        """After the parser gave a request or an error. aiohttp's parser, failing in a body (a bad chunk size
+        in a later read), drops that body without ending it: the handler reading it would wait for ever, and
+        the error answer queued behind it would never go out. The body gets the error instead: its handler
+        fails, and :meth:`handle_error` answers 400."""
+        msg, payload = self._messages[-1]
+        body = self._body
+        if isinstance(msg, RawRequestMessage):
+            self._body = None if payload.is_eof() else payload
+        elif body is not None:
+            self._body = None
+            if not body.is_eof() and body.exception() is None:
+                body.set_exception(msg.exc)
+                body.feed_eof()  # read to its end: aiohttp does not linger on it after the answer
+
+    def _arm_head_timer(self) -> None:
+        self._heads = self._request_count
+        self._timer = self._loop.call_later(self._listener.head_timeout_s, self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        self._timer = None
+        if (
+            self._request_count != self._heads
+            or self._request_in_progress
+            or self._messages
+            or self.transport is None
+        ):
+            return
+        self._listener.warn(
+            "head_timeout",
+            "no HTTP request head from %s within %g s: connection closed",
+            self._ip,
+            self._listener.head_timeout_s,
+        )
+        self.force_close()
+
+    def set_parser(self, parser: WebSocketReader, data_received_cb: Any = None) -> None:
+        """The route upgraded the connection to a WebSocket: from here on every frame header is checked.
+        Bytes that came with the upgrade request (aiohttp keeps them for the reader) are checked first."""
+        frames = self._frames = MaskCheck()
+        tail = self._message_tail
+        at = frames.feed(tail) if tail else -1
+        if at >= 0:
+            self._message_tail = tail[:at]
+        super().set_parser(parser, data_received_cb)
+        if at >= 0:
+            self._unmasked()
+
+    def _unmasked(self) -> None:
+        """Fail the WebSocket (RFC 6455 §7.1.7): close 1002, then close the socket. The reader is fed
+        nothing of the unmasked frame; the route's handler sees the peer gone."""
+        self._frames = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self._listener.warn(
+            "unmasked", "unmasked WebSocket frame from %s: connection failed (1002)", self._ip
+        )
+        transport.write(CLOSE_PROTOCOL_ERROR)
+        transport.close()
+
+    # -- error answers --------------------------------------------------------------------------------------
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp's ERROR with a traceback, but for a client's malformed request (seen in a body a handler
+        did not read): a counted, throttled warning."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            self._bad_request(exc, 400)
+            return
+        super().log_exception(*args, **kw)
+
+    def _bad_request(self, exc: HttpProcessingError, status: int) -> None:
+        self._listener.warn(
+            "bad_request", "malformed HTTP request from %s (%s): answered %d", self._ip,
+            type(exc).__name__, status,
+        )  # fmt: skip
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a request it could not parse (400) or whose handler failed (500, 504), made
+        hubbub's: ``Server: hubbub``, a fixed body (never the input), and for a client's bad request a
+        counted, throttled warning rather than an ERROR with a traceback. A handler's failure is a defect
+        of hubbub: that one is logged with its traceback."""
+        if isinstance(exc, HttpProcessingError):
+            status = 400  # also when a handler's read of the body failed so (see _parsed)
+            self._bad_request(exc, status)
+        else:
+            log.error("HTTP request from %s failed: answered %d", self._ip, status, exc_info=exc)
+        if request.writer.output_size > 0:
+            # Some of the response went out already: no other can be sent.
+            raise ConnectionError("the response was partly sent: no error response can follow")
+        phrase = HTTPStatus(status).phrase.lower() if status in HTTPStatus._value2member_map_ else "error"
+        resp = web.Response(
+            status=status,
+            body=f"{phrase}\n".encode(),
+            headers={"Content-Type": "text/plain; charset=utf-8", "Server": "hubbub"},
+        )
+        resp.force_close()
+        return resp
