@@ -43,6 +43,11 @@ cluster_wire       ``hubbub.cluster.wire.decode`` (messages between the nodes of
 federation_link    what a federation link parses beyond the native codecs: frames from the node above
                    (``federation.wire.decode_frame``), the handshake headers (node id, ids above), the
                    hop headers (origin, hops, publisher) and a saved cursor
+http_heads         raw bytes a client sends the HTTP listener, cut into reads at NUL bytes, through its
+                   per-socket protocol (``HttpConnection``) and a small application: every answer says
+                   ``Server: hubbub`` without versions, a refused request gets exactly ``400 bad request``
+ws_client_frames   a client's WebSocket byte stream through ``MaskCheck``, whole, in 7-byte pieces and byte
+                   by byte: the first unmasked frame found where a whole-frame parser finds it
 =================  ==============================================================================
 
 Run one target (corpus in ``fuzz/corpus/<target>/``, crashes written to ``fuzz/crashes/``)::
@@ -81,7 +86,7 @@ except ImportError:  # the hypothesis fallback below
 
 #: Modules whose coverage guides the fuzzer: hubbub, its checks beside this file, and PyJWT (token parsing).
 #: Not hypothesis, which the checks import and which would only slow the start-up of every run.
-INSTRUMENTED = ["hubbub", "jwt", "fuzz_guble", "fuzz_ivy", "fuzz_native", "fuzz_qrpc"]
+INSTRUMENTED = ["hubbub", "jwt", "fuzz_guble", "fuzz_http", "fuzz_ivy", "fuzz_native", "fuzz_qrpc"]
 
 with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None else contextlib.nullcontext():
     try:
@@ -90,6 +95,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
         sys.path.insert(0, str(HERE.parent / "src"))
     sys.path.insert(0, str(HERE))
     import fuzz_guble
+    import fuzz_http
     import fuzz_ivy
     import fuzz_native
     import fuzz_qrpc
@@ -565,6 +571,14 @@ def federation_link_target(data: bytes) -> None:
             assert fed.Cursor.from_json(cursor.to_json()) == cursor
 
 
+def http_heads(data: bytes) -> None:
+    fuzz_http.check_heads(data.split(b"\x00"))
+
+
+def ws_client_frames(data: bytes) -> None:
+    fuzz_http.check_frames(data)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "native_json": native_json,
     "native_msgpack": native_msgpack,
@@ -586,6 +600,8 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "qpubs": qpubs_target,
     "qrpc_framing": qrpc_framing,
     "federation_link": federation_link_target,
+    "http_heads": http_heads,
+    "ws_client_frames": ws_client_frames,
 }
 
 

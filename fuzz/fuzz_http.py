@@ -1,0 +1,190 @@
+"""Checks for the HTTP listener's fuzz targets (``atheris_targets.py``: ``http_heads``, ``ws_client_frames``).
+
+``check_heads`` feeds raw bytes, cut into reads, to the listener's per-socket protocol
+(``hubbub.transports.http_listener.HttpConnection``) over a fake transport, on an event loop of its own, with
+a small application behind it; every answer it writes must be hubbub's: ``Server: hubbub`` and no version,
+and a request the parser refuses gets exactly ``400`` ``bad request``, never the input back. Nothing may
+raise out of the protocol, and no task may be left behind.
+
+``check_frames`` feeds a client's WebSocket byte stream to ``MaskCheck`` whole, in 7-byte pieces and a byte
+at a time: the same answer each way, and the one a whole-frame parser gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import struct
+from types import SimpleNamespace
+from typing import Any
+
+from aiohttp import web
+
+from hubbub.core.limits import Limiter
+from hubbub.transports.http_listener import HttpConnection
+from hubbub.transports.ws_mask import MaskCheck
+
+__all__ = ["check_frames", "check_heads"]
+
+_STATUS = re.compile(rb"HTTP/1\.[01] (\d{3}) ")
+
+
+class _Transport(asyncio.Transport):
+    """What the protocol writes, kept; no socket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = bytearray()
+        self.closed = False
+
+    def write(self, data: Any) -> None:
+        self.out += data
+
+    def writelines(self, data: Any) -> None:
+        for d in data:
+            self.out += d
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (0, 0)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def is_reading(self) -> bool:
+        return True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+
+class _Harness:
+    """One event loop and one application for every input."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.manager = self.loop.run_until_complete(self._manager())
+        node = SimpleNamespace(limiter=Limiter(), count_bad_input=lambda dialect: None)
+        self.listener: Any = SimpleNamespace(
+            node=node, head_timeout_s=60.0, lingering=set(), warn=lambda *args: None
+        )
+
+    async def _manager(self) -> web.Server:
+        async def ok(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def echo_length(request: web.Request) -> web.Response:
+            body = await request.read()
+            return web.Response(text=str(len(body)))
+
+        async def server_header(request: web.Request, response: web.StreamResponse) -> None:
+            response.headers["Server"] = "hubbub"  # as the server's application does (transports/http.py)
+
+        app = web.Application(client_max_size=4096)
+        app.on_response_prepare.append(server_header)
+        app.router.add_get("/", ok)
+        app.router.add_post("/p", echo_length)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        assert runner.server is not None
+        return runner.server
+
+    def run(self, reads: list[bytes]) -> bytes:
+        transport = _Transport()
+        conn = HttpConnection(self.manager, self.listener, self.loop)
+        conn.connection_made(transport)
+        for data in reads:
+            if transport.closed:
+                break
+            conn.data_received(data)
+            self._settle()
+        conn.connection_lost(None)
+        self._settle()
+        return bytes(transport.out)
+
+    def _settle(self) -> None:
+        """Let the protocol's tasks run until none is ready (a bounded number of loop turns)."""
+        for _ in range(20):
+            self.loop.run_until_complete(asyncio.sleep(0))
+
+
+_HARNESS: _Harness | None = None
+
+
+def check_heads(reads: list[bytes]) -> None:
+    global _HARNESS
+    if _HARNESS is None:
+        _HARNESS = _Harness()
+    out = _HARNESS.run(reads)
+    for m in _STATUS.finditer(out):
+        head = out[m.start() : out.find(b"\r\n\r\n", m.start()) + 4 or len(out)]
+        assert b"\r\nServer: hubbub\r\n" in head, out
+        assert b"aiohttp" not in head.lower() and b"python" not in head.lower(), out
+        if m.group(1) == b"400":
+            assert out[m.start() :].split(b"\r\n\r\n", 1)[1].startswith(b"bad request\n"), out
+    assert not out or _STATUS.match(out), out
+    loop = _HARNESS.loop
+    left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in left:
+        t.cancel()
+    if left:
+        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+
+
+def _naive(stream: bytes) -> int:
+    i = 0
+    while i + 2 <= len(stream):
+        second = stream[i + 1]
+        if not second & 0x80:
+            return i
+        n = second & 0x7F
+        head = 2
+        if n == 126:
+            if i + 4 > len(stream):
+                return -1
+            n, head = struct.unpack("!H", stream[i + 2 : i + 4])[0], 4
+        elif n == 127:
+            if i + 10 > len(stream):
+                return -1
+            n, head = struct.unpack("!Q", stream[i + 2 : i + 10])[0], 10
+        i += head + 4 + n
+    return -1
+
+
+def _fed(stream: bytes, size: int) -> int:
+    check = MaskCheck()
+    for start in range(0, len(stream), size):
+        at = check.feed(stream[start : start + size])
+        if at >= 0:
+            assert at < min(size, len(stream) - start)
+            return start + at
+    return -1
+
+
+def check_frames(stream: bytes) -> None:
+    expected = _naive(stream)
+    assert _fed(stream, max(len(stream), 1)) == expected
+    for size in (7, 1):
+        got = _fed(stream, size)
+        # A header cut after its first byte is found at the start of the next read.
+        assert got == expected or (expected >= 0 and got == expected + 1), (size, got, expected)
