@@ -6,6 +6,7 @@ variables, then a TOML config file, then the defaults below. Secrets are masked 
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from hubbub.errors import BadChannel
 
 __all__ = [
     "DURABILITY_MODES",
+    "OTHER_ENV",
     "Config",
     "ConfigError",
     "Limits",
@@ -415,6 +417,39 @@ def _guble_aliases(values: dict[str, Any], cli: Mapping[str, Any], env: Mapping[
             logging.getLogger("hubbub.config").warning("ignoring %s: guble option not used by hubbub", name)
 
 
+#: ``HUBBUB_*`` variables that are not server keys, and so never a typo of one. ``hubbub serve`` refuses
+#: any other ``HUBBUB_*`` variable that names no key (as it refuses an unknown key in its file): a misspelt
+#: ``HUBBUB_DURABILTY=fsync`` would otherwise start a server with the default durability. docs/operations.md
+#: ("Environment variables that are not keys") lists the same.
+OTHER_ENV: dict[str, str] = {
+    "HUBBUB_URL": "the server URL of the client commands (hubbub pub, sub, consume, log)",
+    "HUBBUB_TOKEN": "the access token of the client commands and of the data pipeline's commands",
+    "HUBBUB_SPARK_MASTER": "the Spark master of the data pipeline's commands (hubbub pipeline)",
+    "HUBBUB_VECTORS_DIR": "the conformance vectors directory of the test suite",
+    "HUBBUB_TEST_PG_USER": "the user the test suite runs its own PostgreSQL server as, when run as root",
+}
+
+
+def _check_env_names(env: Mapping[str, str]) -> None:
+    """Refuse a ``HUBBUB_*`` variable that is neither a key's nor one of :data:`OTHER_ENV`, naming the
+    closest known variable."""
+    known = {env_name(key) for key in KEYS} | OTHER_ENV.keys()
+    for name in sorted(env):
+        if not name.startswith("HUBBUB_") or name in known:
+            continue
+        # Compared without the common prefix, which would make every name look close to every other.
+        close = difflib.get_close_matches(name[7:], [k[7:] for k in known], n=1)
+        hint = f" (did you mean HUBBUB_{close[0]}?)" if close else ""
+        raise ConfigError(f"unknown environment variable {name}{hint}")
+
+
+def _check_file_key(key: str, config_file: str) -> None:
+    if key not in KEYS:
+        close = difflib.get_close_matches(key, KEYS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"config file {config_file}: unknown key {key!r}{hint}")
+
+
 def flag_name(key: str) -> str:
     return "--" + key.replace(".", "-").replace("_", "-")
 
@@ -493,9 +528,9 @@ def load_config(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {config_file}: {exc}") from None
         for key, v in _flatten(doc).items():
-            if key not in KEYS:
-                raise ConfigError(f"config file {config_file}: unknown key {key!r}")
+            _check_file_key(key, config_file)
             values[key] = v
+    _check_env_names(env)
     _guble_aliases(values, cli or {}, env)
     for key in KEYS:
         if env_name(key) in env:

@@ -103,3 +103,24 @@ def test_metrics_named_in_the_docs_exist(page: Path) -> None:
         if not ok:
             unknown.append(name)
     assert unknown == []
+
+
+def test_every_hubbub_variable_in_the_tree_is_a_key_or_documented() -> None:
+    """``hubbub serve`` refuses ``HUBBUB_*`` variables it does not know (config.py ``OTHER_ENV``): one that
+    the clients, the pipeline or the tests read must be listed there and in docs/operations.md, or setting
+    it would stop the server."""
+    from hubbub.config import OTHER_ENV
+
+    keys = {env_name(key) for key in KEYS}
+    seen: set[str] = set()
+    for sub in ("src", "tests", "bench", "fuzz", "tools", "docs"):
+        for path in (ROOT / sub).rglob("*"):
+            if path.is_file() and path.suffix in (".py", ".md", ".mjs", ".js", ".sh", ".toml", ".yml"):
+                seen |= set(re.findall(r"\bHUBBUB_[A-Z0-9_]*[A-Z0-9]\b", path.read_text("utf-8", "replace")))
+    example = {"HUBBUB_" + "DURABILTY"}  # docs/operations.md's example of a misspelt variable
+    unknown = sorted(seen - keys - OTHER_ENV.keys() - example)
+    assert not unknown, f"HUBBUB_* variables neither a key nor in config.OTHER_ENV: {unknown}"
+    section = OPERATIONS.read_text(encoding="utf-8").split("### Environment variables that are not keys")[1]
+    section = section.split("\n#")[0]
+    for name in OTHER_ENV:
+        assert f"`{name}`" in section, f"{name}: not in docs/operations.md 'Environment variables that …'"
