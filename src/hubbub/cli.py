@@ -24,6 +24,7 @@ from hubbub.config import (
     flag_name,
     load_config,
 )
+from hubbub.errors import StorageError
 
 __all__ = ["HELP", "build_parser", "default_text", "main"]
 
@@ -214,7 +215,9 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(cfg.log_level, cfg.log_format)
     try:
         run(cfg, lambda: load_config(cli, config_file=args.config))
-    except OSError as exc:
+    except (OSError, StorageError) as exc:
+        # One line, as for a port in use: a log held by another server (a second ``hubbub serve`` on the
+        # same data_dir) or a database that cannot be reached is the operator's to fix, not a bug.
         print(f"hubbub serve: {exc}", file=sys.stderr)
         return 1
     return 0

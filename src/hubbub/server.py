@@ -18,6 +18,7 @@ import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -30,6 +31,7 @@ from hubbub.core import ConsumerService, Node, NodeSettings
 from hubbub.core.limits import LimitSettings
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
+from hubbub.errors import StorageError
 from hubbub.log import LogStore, open_store
 from hubbub.log.base import RetentionPolicy
 from hubbub.transports.federation_link import FederationLinkCollector, FederationUpstream
@@ -51,7 +53,7 @@ from hubbub.transports.tls import reload_context, server_context
 from hubbub.transports.wearscript import WearscriptService, WearscriptSettings
 from hubbub.transports.wearscript_link import WearscriptLinkCollector, WearscriptUpstream
 
-__all__ = ["GC_THRESHOLDS", "Server", "build_broker", "build_presence", "run", "tune_gc"]
+__all__ = ["GC_THRESHOLDS", "Server", "build_broker", "build_presence", "run", "store_place", "tune_gc"]
 
 log = logging.getLogger("hubbub.server")
 
@@ -107,15 +109,19 @@ class Server:
         r = cfg.retention
         retention = RetentionPolicy(r.max_age_s, r.max_events, r.max_bytes, r.max_total_bytes)
         loop = asyncio.get_running_loop()
-        store = await loop.run_in_executor(
-            None,
-            open_store,
-            cfg.store,
-            cfg.data_dir,
-            cfg.durability,
-            retention,
-            cfg.native_idempotency_window_s,
-        )
+        try:
+            store = await loop.run_in_executor(
+                None,
+                open_store,
+                cfg.store,
+                cfg.data_dir,
+                cfg.durability,
+                retention,
+                cfg.native_idempotency_window_s,
+            )
+        except StorageError as exc:
+            # Said where: the operator's next step depends on which directory or database it is.
+            raise StorageError(f"cannot open the log ({store_place(cfg)}): {exc}") from None
         broker = self._broker = build_broker(cfg, store) if cfg.broker else None
         lim = cfg.limits
         settings = NodeSettings(
@@ -428,6 +434,21 @@ class Server:
             self._presence = None
         if node is not None:
             log.info("hubbub stopped")
+
+
+def store_place(cfg: Config) -> str:
+    """Where ``cfg``'s log lives, for an operator's error message: the data directory or file of a SQLite log,
+    the host and database of a PostgreSQL one (never its user or password)."""
+    url = cfg.store
+    if url == "sqlite":
+        return f"data_dir {cfg.data_dir}"
+    if url.startswith("sqlite:"):
+        return f"file {url[len('sqlite://') :]}"
+    if url.lower().startswith(("postgresql://", "postgres://")):
+        parts = urlsplit(url)
+        host = parts.hostname or "localhost"
+        return f"postgresql://{host}{f':{parts.port}' if parts.port else ''}{parts.path}"
+    return url
 
 
 def federation_node_id(cfg: Config) -> str:

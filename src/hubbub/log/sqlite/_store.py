@@ -241,7 +241,8 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(fd)
-            raise StorageError("log database is in use by another store") from exc
+            msg = "log database is in use by another store (another hubbub serve on it?)"
+            raise StorageError(msg) from exc
         self._lock_fd = fd
 
     def _load(self) -> None:
