@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import collections
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TextIO
 from urllib.parse import quote, urlsplit
 
 import aiohttp
+import msgpack
 import orjson
 import yarl
 
@@ -33,13 +36,18 @@ from hubbub.client import (
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Position
 
-__all__ = ["add_client_commands"]
+__all__ = ["add_client_commands", "payload_text"]
 
 DEFAULT_URL = "ws://127.0.0.1:8080"
 LOG_PAGE = 1000  # the server counts larger limits as 1000
 PUB_WINDOW = 256  # publishes in flight at once with --lines
 MAX_LOG_LINE = 64 << 20
-_OUTPUT_HELP = "output format: text ('CHANNEL SEQ PAYLOAD') or json (one event object per line)"
+_OUTPUT_HELP = (
+    "output format: text ('CHANNEL SEQ PAYLOAD', one event per line: a text payload with \\\\, \\n, \\r, "
+    "\\t and \\xNN escapes for backslashes, control characters and bytes that are not UTF-8; a JSON payload "
+    "as compact JSON; an application/msgpack payload as 'msgpack:' and its value in JSON, bin as "
+    '{"b64": …}) or json (one event object per line, as the native protocol sends it)'
+)
 
 
 class _UsageError(ValueError):
@@ -295,7 +303,75 @@ def _parse_since(text: str) -> Position:
 
 
 def _event_text(event: Event) -> str:
-    return f"{event.channel} {event.seq} {event.payload.decode('utf-8', 'replace')}"
+    return f"{event.channel} {event.seq} {payload_text(event.payload, event.content_type)}"
+
+
+# What would break "one event per line" or hide what a payload holds: the backslash itself, C0 and C1
+# controls and DEL, the Unicode line and paragraph separators, and the bytes that are not UTF-8 (decoded with
+# surrogateescape as U+DC80-U+DCFF).
+_SPECIAL = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028\u2029\udc80-\udcff]")
+#: The same in JSON text, where orjson already escaped the backslash and C0 (and strings hold no lone bytes).
+_SPECIAL_JSON = re.compile(r"[\x7f-\x9f\u2028\u2029]")
+_SHORT = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(m: re.Match[str]) -> str:
+    ch = m.group()
+    o = ord(ch)
+    if ch in _SHORT:
+        return _SHORT[ch]
+    if o < 0x80:  # C0 and DEL: the character and its byte are the same
+        return f"\\x{o:02x}"
+    if 0xDC80 <= o <= 0xDCFF:  # a byte that is not UTF-8
+        return f"\\x{o - 0xDC00:02x}"
+    return f"\\u{o:04x}"  # C1, U+2028, U+2029: characters, written as such
+
+
+def _text(payload: bytes) -> str:
+    """The payload as one line of text: ``\\xNN`` is always the byte NN, ``\\uXXXX`` a character."""
+    text = payload.decode("utf-8", "surrogateescape")
+    return _SPECIAL.sub(_escape, text) if _SPECIAL.search(text) else text
+
+
+def _json_line(value: Any) -> str:
+    # orjson escapes C0 in strings and writes C1, DEL and U+2028/9 as they are (valid JSON either way).
+    out = orjson.dumps(value).decode()
+    return _SPECIAL_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", out) if _SPECIAL_JSON.search(out) else out
+
+
+def _jsonable(obj: Any) -> Any:
+    """A decoded msgpack value as JSON can hold it: bin as ``{"b64": …}``, an extension type as ``{"ext": N,
+    "b64": …}``, a map key that is not a string as its JSON text."""
+    if isinstance(obj, dict):
+        return {
+            k if isinstance(k, str) else orjson.dumps(_jsonable(k)).decode(): _jsonable(v)
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, bytes):
+        return {"b64": base64.b64encode(obj).decode()}
+    if isinstance(obj, msgpack.ExtType):
+        return {"ext": obj.code, "b64": base64.b64encode(obj.data).decode()}
+    if isinstance(obj, msgpack.Timestamp):
+        return {"ext": -1, "b64": base64.b64encode(obj.to_bytes()).decode()}
+    return obj
+
+
+def payload_text(payload: bytes, content_type: str) -> str:
+    """How the text output of ``sub``, ``consume`` and ``log`` shows a payload, always on one line: JSON (a
+    JSON content type whose payload parses) as compact JSON; msgpack (``application/msgpack`` whose payload
+    decodes) as ``msgpack:`` and its value in JSON; anything else as text, with backslash escapes for the
+    backslash, control characters and the bytes that are not UTF-8."""
+    base = content_type.split(";", 1)[0].strip().lower()
+    try:
+        if base == "application/json" or base.endswith("+json"):
+            return _json_line(orjson.loads(payload))
+        if base == "application/msgpack":
+            return "msgpack:" + _json_line(_jsonable(msgpack.unpackb(payload, strict_map_key=False)))
+    except (ValueError, TypeError, RecursionError, msgpack.UnpackException):
+        pass  # not what its type says: shown as bytes
+    return _text(payload)
 
 
 def _gap_text(gap: Gap) -> str:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from .serverproc import ServerProcess
@@ -101,3 +104,50 @@ def test_sub_since_replays_exactly_the_missed_events(server: ServerProcess) -> N
     log = hubbub("log", "/tour/room", "--url", url)
     assert log.returncode == 0
     assert [line.split(" ", 2)[2] for line in log.stdout.splitlines()] == ["m1", "m2", "m3", "m4", "m5"]
+
+
+#: (content type, payload, how the text output shows it): one event per line whatever the payload holds.
+SHOWN = [
+    (
+        "text/plain; charset=utf-8",
+        b"two\nlines\r\tand a NUL \x00 and \\ itself",
+        r"two\nlines\r\tand a NUL \x00 and \\ itself",
+    ),
+    (
+        "text/plain; charset=utf-8",
+        "next line \u0085, line separator \u2028".encode(),
+        r"next line \u0085, line separator \u2028",
+    ),
+    ("application/octet-stream", b"\x89PNG\r\n\x1a\n\x00\xff", r"\x89PNG\r\n\x1a\n\x00\xff"),
+    ("application/json", b'{"a": [1, "x\\ny"],\n "b": null}', r'{"a":[1,"x\ny"],"b":null}'),
+    (
+        "application/msgpack",
+        msgpack.packb([1, "a\nb", b"\x00\x01", {"k": 2}]),
+        r'msgpack:[1,"a\nb",{"b64":"AAE="},{"k":2}]',
+    ),
+    ("application/msgpack", b"\xc1", r"\xc1"),  # not msgpack after all: its bytes
+]
+
+
+def test_sub_and_log_print_every_payload_on_one_line(server: ServerProcess) -> None:
+    base = f"http://127.0.0.1:{server.ports['http']}"
+    for ctype, payload, _ in SHOWN:
+        req = urllib.request.Request(
+            f"{base}/api/v1/publish/show", data=payload, headers={"Content-Type": ctype}, method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 200
+    want = [f"/show {seq} {shown}" for seq, (_, _, shown) in enumerate(SHOWN, 1)]
+    n = str(len(SHOWN))
+    log = hubbub("log", "/show", "--url", base)
+    assert log.returncode == 0, log.stderr
+    assert log.stdout.split("\n") == [*want, ""]
+    sub = hubbub("sub", "/show", "--url", base.replace("http", "ws"), "--last", n, "--count", n)
+    assert sub.returncode == 0, sub.stderr
+    assert sub.stdout.split("\n") == [*want, ""]
+    # --output json is the native event object, as before: the payload exactly, with its content type.
+    raw = hubbub("log", "/show", "--url", base, "--output", "json")
+    events = [json.loads(line) for line in raw.stdout.split("\n") if line]  # JSON lines: split at \n only
+    assert [e["content_type"] for e in events] == [ctype for ctype, _, _ in SHOWN]
+    assert events[0]["text"] == SHOWN[0][1].decode()
+    assert base64.b64decode(events[2]["b64"]) == SHOWN[2][1]
