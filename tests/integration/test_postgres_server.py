@@ -4,6 +4,8 @@ the tests), publishing, live delivery and replay over the native protocol, survi
 from __future__ import annotations
 
 import json
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -99,5 +101,53 @@ def test_postgresql_restart_fails_publishes_with_4301_then_recovers(tmp_path: Pa
                 n = reply["position"]["seq"]
                 seqs = [r.next_push()["seq"] for _ in range(n)]
             assert seqs == list(range(1, n + 1)) and set(acked) <= set(seqs)
+        finally:
+            srv.kill()
+
+
+def _timed_healthz(port: int) -> tuple[float, int, bytes]:
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
+            status, body = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            status, body = exc.code, exc.read()
+    return time.monotonic() - t0, status, body
+
+
+def test_healthz_answers_at_once_from_state_while_postgresql_is_down(tmp_path: Path) -> None:
+    from tests.pgserver import PgServer, missing_reason
+
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with PgServer() as pg:
+        url = pg.create_database("health")
+        srv = ServerProcess(tmp_path / "data", ["--store", url]).start()
+        try:
+            port = srv.ports["http"]
+            assert _timed_healthz(port)[1:] == (200, b'{"status":"ok"}\n')
+            pg.stop("fast")  # no publish meets it: the node's own probe must notice
+            stopped = time.monotonic()
+            while True:
+                took, status, body = _timed_healthz(port)
+                assert took < 1.0, f"/healthz took {took:.2f} s"  # it was 5.0 s, waiting on the store
+                if status == 503:
+                    break
+                assert status == 200
+                # At most a probe interval plus a probe's stall (core/health.py: 0.5 + 2 s); 0.95 s measured.
+                assert time.monotonic() - stopped < 5.0, "the node did not notice PostgreSQL stopped"
+                time.sleep(0.05)  # polling the server's view
+            # The documented error name (it said "TimeoutError" when its own probe timed out).
+            assert json.loads(body) == {"status": "fail", "checks": {"store": "StorageError"}}
+            for _ in range(5):  # and it keeps answering at once while PostgreSQL stays away
+                took, status, _ = _timed_healthz(port)
+                assert status == 503 and took < 1.0, took
+            pg.start()
+            deadline = time.monotonic() + 20
+            while _timed_healthz(port)[1] != 200:
+                assert time.monotonic() < deadline, "healthy again once PostgreSQL is back"
+                time.sleep(0.05)
         finally:
             srv.kill()

@@ -47,6 +47,7 @@ from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, LogStore, 
 
 from .access import Access
 from .batcher import Done, DoneMany, Pending, WriteBatcher
+from .health import StoreHealth
 from .limits import Limiter, LimitSettings
 from .presence import LocalPresence, Presence
 from .reads import ChannelPage, LogReads, Planner
@@ -161,6 +162,8 @@ class Node:
         #: The reader threads and the typed reads of the log (the one way to read the store from the loop).
         self.reads = LogReads(store, s.reader_threads)
         self.replays = ReplayService(store, self.reads, self.registry, self.batcher.control, s.max_recovery)
+        #: The store's health from a background probe and the writer's outcomes (``health_checks``).
+        self.store_health = StoreHealth(store, lambda: self.batcher.writer)
         # statistics, per dialect
         self.published = self.registry.published
         self.deliveries = self.registry.deliveries
@@ -188,6 +191,7 @@ class Node:
 
     async def __aenter__(self) -> Node:
         self.batcher.start()
+        await self.store_health.start()
         if self._new_epochs:
             await self.batcher.control(lambda st: st.new_epochs_on_open())
         pol = self.settings.retention
@@ -210,6 +214,7 @@ class Node:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self.batcher.stop()
+        await self.store_health.close()
         # Both block (reader threads finishing, the store's final checkpoint): keep them off the loop.
         await self.reads.close()
         await asyncio.get_running_loop().run_in_executor(None, self.store.close)
@@ -372,8 +377,16 @@ class Node:
             pattern, after=after, limit=limit, include_empty=include_empty, keep=keep
         )
 
+    def health_checks(self) -> dict[str, str]:
+        """The failing checks of ``/healthz`` and guble's health check, from state the node keeps (never
+        waits): ``{"node": "shutting down"}``, ``{"store": "StorageError"}``, or ``{}`` when healthy."""
+        if self._closing:
+            return {"node": "shutting down"}
+        failure = self.store_health.failure()
+        return {"store": failure} if failure is not None else {}
+
     async def top_time(self) -> int:
-        """The log's newest commit time (:meth:`LogReads.top_time`); the store's health probe."""
+        """The log's newest commit time (:meth:`LogReads.top_time`)."""
         return await self.reads.top_time()
 
     async def fetch(self, planner: Planner) -> ReplayPlan:

@@ -33,6 +33,7 @@ import logging
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -98,6 +99,10 @@ class LogWriter:
         self.events = 0
         self.inline_batches = 0
         self.inline_controls = 0
+        #: ``time.monotonic()`` of the last append that committed and of the last that failed for the store's
+        #: sake (``StorageError``), 0.0 before the first: the node's health check reads them (core/health.py).
+        self.last_commit = 0.0
+        self.last_failure = 0.0
         self._switching = False
 
     def start(self) -> None:
@@ -206,10 +211,14 @@ class LogWriter:
             result = self._store.append(requests)
         except HubbubError as exc:
             log.error("log append failed: %s", exc)
+            if isinstance(exc, StorageError):
+                self.last_failure = time.monotonic()
             return exc
         except Exception:
             log.exception("log append failed")
+            self.last_failure = time.monotonic()
             return StorageError("storage failure")
+        self.last_commit = time.monotonic()
         self.batches += 1
         self.events += len(requests)
         return result
