@@ -148,6 +148,8 @@ class Server:
         if broker is not None:
             await broker.start(node)  # before any listener: the node delivers from the log's heads on
             presence = self._presence = build_presence(cfg, broker.node_id)
+            presence.follow(broker.up)  # one view of Redis in /healthz: the broker's, which sees it first
+            broker.watch_state(presence.follow)
             await presence.start()
             node.presence = presence  # rosters (guble subscribers, mist who) cluster-wide
         self.consumers = ConsumerService(

@@ -250,3 +250,32 @@ def test_two_nodes_given_one_id_still_hear_each_other_and_say_so(
     finally:
         a.kill()
         b.kill()
+
+
+def test_broker_and_presence_report_redis_down_together(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    a = _node(tmp_path, "a", pg_url, redis_server)
+    try:
+        _wait_for(lambda: _healthz(a)["status"] == "ok", "node A with Redis")
+        redis_server.kill()
+        seen: list[tuple[str, str]] = []
+
+        def broker_down() -> bool:
+            h = _healthz(a)
+            seen.append((h["broker"]["state"], h["presence"]["state"]))
+            return h["broker"]["state"] == "down"
+
+        _wait_for(broker_down, "node A to notice Redis is gone")
+        # Presence follows the broker's view: never "up" in an answer whose broker is "down" (it said "up" for
+        # about 2 s, until its next write to Redis failed).
+        assert seen[-1] == ("down", "down"), seen
+        assert _healthz(a)["presence"] == {"state": "down"}
+        assert _metric(a, "hubbub_presence_up") == 0
+        redis_server.start()
+        _wait_for(
+            lambda: _healthz(a)["broker"]["state"] == "up" and _healthz(a)["presence"]["state"] == "up",
+            "both back with Redis",
+        )
+    finally:
+        a.kill()

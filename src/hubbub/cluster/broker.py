@@ -36,7 +36,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -120,6 +120,8 @@ class RedisBroker:
         self._closed = False
         self.up = False
         self._changed = time.monotonic()
+        #: Called with ``up`` at each change of :attr:`up` (``watch_state``).
+        self._watchers: list[Callable[[bool], None]] = []
         # statistics
         self.published = 0
         self.publish_errors = 0
@@ -187,13 +189,23 @@ class RedisBroker:
         task.add_done_callback(self._tasks.discard)
 
     def _set_up(self, up: bool) -> None:
-        if up != self.up:
+        changed = up != self.up
+        if changed:
             self._changed = time.monotonic()
             if up:
                 log.info("cluster: Redis connected")
             else:
                 log.warning("cluster: Redis lost; serving from the log until it is back")
         self.up = up
+        if changed:
+            for fn in list(self._watchers):
+                fn(up)
+
+    def watch_state(self, fn: Callable[[bool], None]) -> None:
+        """Call ``fn(up)`` on the loop whenever the broker's view of Redis changes: its subscription, held
+        open all the time, is the first to see Redis go (the node's presence follows it, so that the two
+        never disagree in ``/healthz``)."""
+        self._watchers.append(fn)
 
     # -- the node's seam ----------------------------------------------------------------------------------
 

@@ -19,6 +19,11 @@ so a join and a leave between two writes cost nothing).
 A read takes this node's members from memory and the other live nodes' from Redis (two round trips); while
 Redis is away, it answers with this node's own members alone and counts a ``read_errors``.
 
+Redis's state: presence writes only at changes and heartbeats, so on its own it would notice Redis gone only
+at its next write (seconds later). A cluster node therefore makes it :meth:`follow` the broker, whose
+subscription sees Redis go at once: presence is ``down`` whenever the broker is, and writes everything again
+as soon as the broker has Redis back.
+
 Concurrency contract: everything runs on the event loop; :meth:`start` and :meth:`close` once each.
 Clocks: liveness compares the writer's clock with the reader's, so keep the nodes' clocks in step (NTP), well
 within the TTL.
@@ -71,6 +76,10 @@ class RedisPresence:
         self._written: set[str] = set()
         self._resync = True
         self._wake = asyncio.Event()
+        #: Redis as the broker sees it (:meth:`follow`; always up without a broker to follow).
+        self._link_up = True
+        self._retry = asyncio.Event()
+        self._rewait = False
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.up = False
@@ -148,16 +157,23 @@ class RedisPresence:
         next_beat = time.monotonic() + beat_s
         while not self._closed:
             left = max(0.0, next_beat - time.monotonic())
-            if self.up:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), left)
-            else:
-                await asyncio.sleep(left)  # Redis away: try again at the next beat, not at every change
+            # Redis away: try again at the next beat or when the broker has it back, not at every change.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for((self._wake if self.up else self._retry).wait(), left)
             self._wake.clear()
+            back = self._retry.is_set()
+            self._retry.clear()
+            if self._rewait:  # follow() took Redis away: wait for the broker's signal instead
+                self._rewait = False
+                continue
             beat = time.monotonic() >= next_beat
             if beat:
                 next_beat = time.monotonic() + beat_s
             await self._step(beat)
+            if back and not self.up:
+                # The broker has Redis back, but the first command on a connection Redis dropped fails (it
+                # is discarded then): once more on a new one, rather than a beat later.
+                await self._step()
 
     async def _step(self, beat: bool = False) -> None:
         try:
@@ -179,6 +195,25 @@ class RedisPresence:
         if up and not self.up and self.write_errors:
             log.info("cluster: presence: Redis back; this node's members written again")
         self.up = up
+
+    def follow(self, up: bool) -> None:
+        """The broker's view of Redis changed (``RedisBroker.watch_state``; on the loop). Down: presence is
+        down at once, and writes everything again once back. Up: it tries now, not at its next beat."""
+        self._link_up = up
+        if up:
+            self._retry.set()
+            return
+        if self.up:
+            log.warning("cluster: presence: Redis lost (the broker saw it go); rosters show this node only")
+        self._set_up(False)
+        self._resync = True
+        self._rewait = True
+        self._wake.set()  # the writer may be waiting for changes: it waits for the broker's signal now
+
+    @property
+    def _remote(self) -> bool:
+        """Whether reads ask Redis for the other nodes' members."""
+        return self.up and self._link_up
 
     def _alive_until(self) -> int:
         return time.time_ns() // 1_000_000 + self.ttl_ms
@@ -286,7 +321,7 @@ class RedisPresence:
 
     async def members(self, roster: str) -> list[Member]:
         out = self.local.local_members(roster)
-        if self.up:
+        if self._remote:
             try:
                 out += await asyncio.wait_for(self._remote_members(roster), READ_TIMEOUT_S)
             except _FAILURES:
@@ -296,7 +331,7 @@ class RedisPresence:
 
     async def count(self, roster: str) -> int:
         n = len(self.local.rosters.get(roster, ()))
-        if not self.up:
+        if not self._remote:
             return n
 
         async def remote() -> int:
@@ -316,7 +351,7 @@ class RedisPresence:
 
     async def total(self, counter: str) -> int:
         n = self.local.counters.get(counter, 0)
-        if not self.up:
+        if not self._remote:
             return n
 
         async def remote() -> int:
@@ -335,7 +370,7 @@ class RedisPresence:
     async def nodes(self) -> list[str]:
         """The live nodes as their heartbeats show them (this one alone while Redis is away)."""
         out = [self.node_id]
-        if self.up:
+        if self._remote:
             try:
                 out += await asyncio.wait_for(self._others(), READ_TIMEOUT_S)
             except _FAILURES:
@@ -345,11 +380,11 @@ class RedisPresence:
     # -- reporting --------------------------------------------------------------------------------------
 
     def health(self) -> dict[str, str]:
-        return {"state": "up" if self.up else "down"}
+        return {"state": "up" if self._remote else "down"}
 
     def statistics(self) -> dict[str, int | float]:
         return {
-            "up": int(self.up),
+            "up": int(self._remote),
             **self.local.statistics(),
             "writes": self.writes,
             "write_errors": self.write_errors,
