@@ -12,6 +12,7 @@ import contextlib
 import functools
 import gc
 import logging
+import os
 import secrets
 import signal
 import ssl
@@ -19,6 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no lock
+    fcntl = None  # type: ignore[assignment]
 
 from aiohttp import web
 
@@ -53,7 +59,16 @@ from hubbub.transports.tls import reload_context, server_context
 from hubbub.transports.wearscript import WearscriptService, WearscriptSettings
 from hubbub.transports.wearscript_link import WearscriptLinkCollector, WearscriptUpstream
 
-__all__ = ["GC_THRESHOLDS", "Server", "build_broker", "build_presence", "run", "store_place", "tune_gc"]
+__all__ = [
+    "GC_THRESHOLDS",
+    "Server",
+    "build_broker",
+    "build_presence",
+    "lock_data_dir",
+    "run",
+    "store_place",
+    "tune_gc",
+]
 
 log = logging.getLogger("hubbub.server")
 
@@ -92,6 +107,7 @@ class Server:
         #: This node in the federation (docs/federation.md), and its links up to other hubbub nodes.
         self.federation: FederationHub | None = None
         self.upstreams: list[FederationUpstream] = []
+        self._dir_lock = -1
 
     async def __aenter__(self) -> Server:
         try:
@@ -109,6 +125,8 @@ class Server:
         r = cfg.retention
         retention = RetentionPolicy(r.max_age_s, r.max_events, r.max_bytes, r.max_total_bytes)
         loop = asyncio.get_running_loop()
+        if cfg.store != "memory":
+            self._dir_lock = lock_data_dir(cfg.data_dir)
         try:
             store = await loop.run_in_executor(
                 None,
@@ -434,8 +452,37 @@ class Server:
         if self._presence is not None:
             await self._presence.close()  # after the listeners: this node's members leave the rosters
             self._presence = None
+        if self._dir_lock >= 0:
+            os.close(self._dir_lock)  # last: everything that wrote in the data directory has stopped
+            self._dir_lock = -1
         if node is not None:
             log.info("hubbub stopped")
+
+
+#: The lock file in a data directory: held by the server using the directory.
+DATA_DIR_LOCK: Final = "hubbub.lock"
+
+
+def lock_data_dir(data_dir: str) -> int:
+    """Create ``data_dir`` if needed and lock it for this process (an open descriptor, released by closing
+    it or by the process's end, kill -9 included). Raises :class:`StorageError` when another server holds it:
+    what it keeps there (the federation node id, mist's token registry, qpubs' durable subscriptions, a SQLite
+    log) is one node's, so two nodes started in one directory (both on ``./hubbub-data``) would share their
+    federation id and write each other's files. Blocking (a directory and a file): call it at start."""
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        fd = os.open(os.path.join(data_dir, DATA_DIR_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise StorageError(f"cannot use data_dir {data_dir}: {exc.strerror}") from None
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StorageError(
+                f"data_dir {data_dir} is in use by another hubbub serve (every node needs its own data_dir)"
+            ) from None
+    return fd
 
 
 def store_place(cfg: Config) -> str:

@@ -64,10 +64,26 @@ def test_a_second_server_on_the_same_data_dir_says_so_in_one_line(server: Server
     )  # fmt: skip
     assert out.returncode == 1
     assert out.stderr.splitlines() == [
-        f"hubbub serve: cannot open the log (data_dir {server.data_dir}): log database is in use by another "
-        "store (another hubbub serve on it?)"
+        f"hubbub serve: data_dir {server.data_dir} is in use by another hubbub serve "
+        "(every node needs its own data_dir)"
     ]
     assert server.alive  # and the first one serves on
+    # Two data directories on one SQLite file: the log's own lock says so, in one line too.
+    db = f"sqlite:///{server.data_dir.parent / 'shared.db'}"
+    first = ServerProcess(server.data_dir.parent / "one", ["--store", db]).start()
+    try:
+        out = hubbub(
+            "serve", "--data-dir", str(server.data_dir.parent / "two"), "--store", db,
+            "--http-listen", "127.0.0.1:0", "--native-tcp-listen", "127.0.0.1:0",
+            "--mist-tcp-listen", "127.0.0.1:0", "--qpubs-qrpc-listen", "127.0.0.1:0",
+        )  # fmt: skip
+    finally:
+        first.kill()
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        f"hubbub serve: cannot open the log (file {db[len('sqlite://') :]}): log database is in use by "
+        "another store (another hubbub serve on it?)"
+    ]
 
 
 def test_a_misspelt_environment_variable_stops_the_server(tmp_path: Path) -> None:

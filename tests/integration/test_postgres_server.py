@@ -151,3 +151,18 @@ def test_healthz_answers_at_once_from_state_while_postgresql_is_down(tmp_path: P
                 time.sleep(0.05)
         finally:
             srv.kill()
+
+
+def test_two_nodes_on_one_data_dir_are_refused(tmp_path: Path, pg_url: str) -> None:
+    """Nodes of a cluster share the log, not a data directory: started in one directory (both on the default
+    ./hubbub-data) they had one federation node id and wrote each other's state files."""
+    first = ServerProcess(tmp_path / "data", ["--store", pg_url]).start()
+    try:
+        second = ServerProcess(tmp_path / "data", ["--store", pg_url])
+        with pytest.raises(RuntimeError, match="exited with 1") as refused:
+            second.start()
+        assert f"data_dir {tmp_path / 'data'} is in use by another hubbub serve" in str(refused.value)
+        assert first.alive
+        assert _healthz(first.ports["http"]) == {"status": "ok"}
+    finally:
+        first.kill()
