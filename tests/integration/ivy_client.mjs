@@ -2,7 +2,12 @@
 // numbering, same message parsing with decodeURIComponent, load() over HTTP from /log<path>?n=<count>),
 // written for Node 20 (built-in WebSocket and fetch) instead of a browser window.
 //
-//   node --experimental-websocket tests/integration/ivy_client.mjs 127.0.0.1:8080
+//   node --experimental-websocket tests/integration/ivy_client.mjs 127.0.0.1:8080 [--cookie NAME=VALUE]
+//
+// With --cookie, it does what a browser does for a page on the server's origin that holds that cookie (such
+// as hubbub_token, docs/dialects/ivy.md "Auth"): the cookie goes with the WebSocket upgrade and with every
+// HTTP request, an Origin header (the page's origin) with the upgrade and with POSTs. ivy-client.js itself
+// is unchanged: it knows nothing of tokens.
 //
 // Runs one scenario against a hubbub server and prints one JSON object with what it observed. It exits
 // non-zero (with the reason on stderr) when the server does not behave as Ivy clients expect.
@@ -10,6 +15,15 @@
 import { EventEmitter } from "node:events";
 
 const TIMEOUT_MS = 5000;
+const COOKIE = (process.argv.find((a) => a.startsWith("--cookie=")) || "").slice("--cookie=".length);
+
+// The headers a browser adds to a request from a page on the server's own origin ("http:" + url).
+function browserHeaders(url, withOrigin) {
+  if (!COOKIE) {
+    return {};
+  }
+  return withOrigin ? { Cookie: COOKIE, Origin: "http:" + url } : { Cookie: COOKIE };
+}
 
 class Ivy extends EventEmitter {
   constructor(url) {
@@ -17,7 +31,7 @@ class Ivy extends EventEmitter {
     this.url = url;
     this._nextAckKey = 0;
     this._pendingAcks = {};
-    this.s = new WebSocket("ws:" + url + "/ws", "ivy1");
+    this.s = new WebSocket("ws:" + url + "/ws", { protocols: ["ivy1"], headers: browserHeaders(url, true) });
     this.s.onopen = (ev) => this.emit("ready", ev);
     this.s.onclose = (ev) => this.emit("close", ev);
     this.s.onmessage = (ev) => this._handleMessage(ev.data);
@@ -100,7 +114,7 @@ class Ivy extends EventEmitter {
   // ivy-client.js: GET http://<url>/log<path>?n=<count>, then every non-empty line is handled as a message.
   async load(path, count) {
     const params = count ? "?n=" + count : "";
-    const res = await fetch("http:" + this.url + "/log" + path + params);
+    const res = await fetch("http:" + this.url + "/log" + path + params, { headers: browserHeaders(this.url, false) });
     if (res.status !== 200) {
       throw new Error("load " + path + ": HTTP " + res.status);
     }
@@ -208,7 +222,11 @@ async function main() {
   const fd = new FormData();
   fd.append("data", "via form");
   fd.append("sid", a.sid);
-  const res = await fetch("http:" + url + "/events/chat/form", { method: "POST", body: fd });
+  const res = await fetch("http:" + url + "/events/chat/form", {
+    method: "POST",
+    body: fd,
+    headers: browserHeaders(url, true),
+  });
   check(res.status === 200 && (await res.text()) === "", "POST /events/chat/form: HTTP " + res.status);
   const viaForm = await formEvent;
   await timestamp(a.ivy); // A has handled everything sent to it before this reply

@@ -230,3 +230,30 @@ def test_audit_log_and_refusal_counters(tmp_path: Path, caplog: pytest.LogCaptur
     everything = "\n".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
     for secret in ("tok-secret-value", "tok-alice", bad_jwt, bad_jwt.split(".")[2], SECRET):
         assert secret not in everything
+
+
+def test_every_dialect_takes_a_basic_or_cookie_token(tmp_path: Path) -> None:
+    """The token forms of transports/http.py ``request_token`` (Basic, the hubbub_token cookie) are found
+    once for every HTTP surface and upgrade; ``Access`` checks them as any other token."""
+    basic = {"Authorization": "Basic " + base64.b64encode(b":tok-root").decode()}
+    cookie = {"Cookie": "hubbub_token=tok-root"}
+
+    async def main() -> None:
+        async with server(tmp_path) as srv, aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{srv.ports['http']}"
+            for method, path in [
+                ("GET", "/api/v1/log/x"),  # native
+                ("GET", "/events/x"),  # ivy
+                ("POST", "/api/message/x"),  # guble
+                ("POST", "/qpubs/emit?topic=x"),  # qpubs
+                ("GET", "/metrics"),
+            ]:
+                for headers, ok in [({}, False), (basic, True), (cookie, True)]:
+                    async with http.request(method, base + path, data=b"1", headers=headers) as r:
+                        assert (r.status != 401) == ok, (path, headers, r.status)
+            for path in ("/ws", "/stream/", "/wearscript/ws", "/mist/ws"):  # 401 without a token
+                for headers in (basic, cookie):
+                    async with http.ws_connect(base.replace("http", "ws") + path, headers=headers) as ws:
+                        await ws.close()
+
+    asyncio.run(main())

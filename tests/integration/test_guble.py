@@ -4,6 +4,7 @@ is stalled on purpose). Each test runs inside ``asyncio.run``; waits are on fram
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import re
 from collections.abc import AsyncIterator
@@ -332,3 +333,75 @@ def test_fetch_selection_ignores_commits_after_the_snapshot(tmp_path: Path) -> N
     assert [e.seq for e in plan.events] == [25, 26]
     assert plan_fetch(store, "/c", 31, None, lambda e: True, 100).events == []
     store.close()
+
+
+def guble_cli_url(url: str, user: str) -> str:
+    """The URL guble-cli dials: its --url without a trailing slash, then ``/user/`` and its --user (its
+    main.go: ``fmt.Sprintf("%v/user/%v", removeTrailingSlash(args.URL), args.User)``)."""
+    return f"{url.removesuffix('/')}/user/{user}"
+
+
+def test_guble_cli_with_auth_presents_its_token_as_the_user(tmp_path: Path) -> None:
+    """guble-cli cannot add a header, and a ``?token=`` in its --url ends up before ``/user/<name>`` (in the
+    query, where it breaks both the token and the path); its Go WebSocket dialer (gorilla) refuses a URL with
+    credentials. With guble.auth = token its --user carries the token, and the token's user is the userId."""
+    tokens = {"tok-alice": {"user": "alice"}, "tok/slash": {"user": "bob"}}
+
+    async def main() -> None:
+        async with (
+            serve(tmp_path / "d", **{"auth.mode": "token", "auth.tokens": tokens}) as addr,
+            aiohttp.ClientSession() as http,
+        ):
+            url = f"ws://{addr}/stream/"  # as given to guble-cli --url
+            async with http.ws_connect(guble_cli_url(url, "tok-alice")) as ws:
+                m = CONNECTED.fullmatch((await recv(ws)).decode())
+                assert m is not None and m.group(2) == "alice"  # the token's user, not the token
+                await ws.send_str("+ /foo\n")
+                assert await recv(ws) == b"#subscribed-to /foo"
+                await ws.send_str("> /foo\n\nhi")
+                assert await recv(ws) == b"#send"
+                assert meta(await recv(ws))[:3] == ["/foo", "1", "alice"]
+            async with http.ws_connect(guble_cli_url(url, "tok%2Fslash")) as ws:  # percent-encoded in a path
+                m = CONNECTED.fullmatch((await recv(ws)).decode())
+                assert m is not None and m.group(2) == "bob"
+            for user in ("not-a-token", ""):
+                try:
+                    async with http.ws_connect(guble_cli_url(url, user)):
+                        raise AssertionError("connected without a valid token")
+                except aiohttp.WSServerHandshakeError as exc:
+                    assert exc.status == 401
+            # A header or query token still wins over the path (the path is then only guble's userId slot).
+            async with http.ws_connect(
+                guble_cli_url(url, "whatever"), headers={"Authorization": "Bearer tok-alice"}
+            ) as ws:
+                m = CONNECTED.fullmatch((await recv(ws)).decode())
+                assert m is not None and m.group(2) == "alice"
+
+    asyncio.run(main())
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_basic_auth_carries_the_token(tmp_path: Path) -> None:
+    """Credentials in a URL's user part become ``Authorization: Basic`` in most HTTP and WebSocket clients
+    (curl -u, browsers' XMLHttpRequest, Python's and Node's ws libraries): the password is the token, or the
+    user name when the password is empty."""
+    auth = {"auth.mode": "token", "auth.tokens": {"tok-alice": {"user": "alice"}}}
+
+    async def main() -> None:
+        async with serve(tmp_path / "d", **auth) as addr, aiohttp.ClientSession() as http:
+            for headers, status in [
+                (basic("tok-alice", ""), 200),
+                (basic("anyone", "tok-alice"), 200),
+                (basic("anyone", "wrong"), 401),
+                ({"Authorization": "Basic not-base64!"}, 401),
+            ]:
+                async with http.post(f"http://{addr}/api/message/foo", data=b"x", headers=headers) as r:
+                    assert r.status == status, (headers, r.status)
+            async with http.ws_connect(f"ws://{addr}/stream/", headers=basic("x", "tok-alice")) as ws:
+                m = CONNECTED.fullmatch((await recv(ws)).decode())
+                assert m is not None and m.group(2) == "alice"
+
+    asyncio.run(main())

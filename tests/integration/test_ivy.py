@@ -74,22 +74,25 @@ def _node_command() -> list[str] | None:
     return [node, "--experimental-websocket"] if probe.returncode == 0 else [node]
 
 
-def test_node_ivy_client(tmp_path: Path) -> None:
+def _run_node_client(tmp_path: Path, *args: str, **config: Any) -> dict[str, Any]:
     cmd = _node_command()
     if cmd is None:
         pytest.skip("node is not installed")
 
     async def main() -> dict[str, Any]:
-        async with serve(tmp_path / "d") as (_, addr):
+        async with serve(tmp_path / "d", **config) as (_, addr):
             proc = await asyncio.create_subprocess_exec(
-                *cmd, str(SCRIPT), addr, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+                *cmd, str(SCRIPT), addr, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
             )
             out, err = await asyncio.wait_for(proc.communicate(), 60)
             assert proc.returncode == 0, err.decode()
             result: dict[str, Any] = json.loads(out)
             return result
 
-    r = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def _check_node_client_report(r: dict[str, Any]) -> None:
     assert r["first"] == "hello: world % 50%\nnext"  # escaped by the server, decoded by the client
     assert r["second"] == "second"
     assert r["b_first"] == "from a"  # B never got its own publishes
@@ -99,6 +102,51 @@ def test_node_ivy_client(tmp_path: Path) -> None:
     assert r["loaded_two"] == ["second", "from a"]
     assert r["loaded_all"] == ["hello: world % 50%\nnext", "second", "from a"]
     assert r["load_ts_matches_live"]
+
+
+def test_node_ivy_client(tmp_path: Path) -> None:
+    _check_node_client_report(_run_node_client(tmp_path))
+
+
+def test_node_ivy_client_with_auth_presents_its_token_as_a_cookie(tmp_path: Path) -> None:
+    """ivy-client.js builds its WebSocket and HTTP URLs itself, so no ``?token=`` fits both, and a 401 on
+    its log read makes it throw. A page on the server's origin holding the ``hubbub_token`` cookie: the
+    browser sends it with both, and the whole session works with auth on."""
+    auth = {"auth.mode": "token", "auth.tokens": {"tok-page": {"user": "page"}}}
+    _check_node_client_report(_run_node_client(tmp_path, "--cookie=hubbub_token=tok-page", **auth))
+
+
+def test_token_cookie_only_from_the_servers_own_origin(tmp_path: Path) -> None:
+    """A page of another site must not use a visitor's cookie: with an Origin that is neither the server's
+    nor one of cors_origin's, the cookie is not a token (401), on the upgrade and on a request alike."""
+
+    async def main() -> None:
+        auth = {
+            "auth.mode": "token",
+            "auth.tokens": {"tok-page": {"user": "page"}},
+            "cors_origin": "https://app.example",
+        }
+        async with serve(tmp_path / "d", **auth) as (_, addr), aiohttp.ClientSession() as http:
+            cookie = {"Cookie": "hubbub_token=tok-page"}
+            for origin, status in [
+                (None, 200),
+                (f"http://{addr}", 200),
+                ("https://app.example", 200),
+                ("https://evil.example", 401),
+            ]:
+                headers = {**cookie, **({"Origin": origin} if origin else {})}
+                async with http.get(f"http://{addr}/events/chat", headers=headers) as r:
+                    assert r.status == status, (origin, r.status)
+                ws_status = 101 if status == 200 else 401
+                try:
+                    async with http.ws_connect(f"ws://{addr}/ws", headers=headers) as ws:
+                        await ws.close()
+                        got = 101
+                except aiohttp.WSServerHandshakeError as exc:
+                    got = exc.status
+                assert got == ws_status, (origin, got)
+
+    asyncio.run(main())
 
 
 # -- cross-dialect ----------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 from aiohttp import WSMsgType, web
@@ -482,8 +483,11 @@ class GubleHub:
         ws = web.WebSocketResponse(max_msg_size=self.http.max_frame, heartbeat=HEARTBEAT_S, compress=False)
         if not ws.can_prepare(request).ok:
             return text_response(400, "websocket upgrade required\n")
+        # guble-cli and guble's Go client build the URL as <url>/user/<name>, with no query or header of ours:
+        # with auth on, a token not given otherwise is the /user/ segment (docs/dialects/guble.md "Auth").
+        in_path = unquote(gc.user_id_from_path(request.raw_path)) or None
         try:
-            ident = request_identity(self.node, request, "guble", self.settings.auth)
+            ident = request_identity(self.node, request, "guble", self.settings.auth, fallback=in_path)
         except AuthError:
             return text_response(401, "unauthorized\n")
         await ws.prepare(request)

@@ -7,12 +7,14 @@ stays part of the segment (mapping.md §2.3).
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import secrets
 import struct
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import WSMsgType, web
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from .federation_peer import FederationHub
 
 __all__ = [
+    "TOKEN_COOKIE",
     "HttpSettings",
     "RouteInstaller",
     "build_app",
@@ -132,13 +135,46 @@ async def _errors(
         return _error(exc)
 
 
+#: The cookie a browser page may set for clients that build their URLs themselves (ivy-client.js).
+TOKEN_COOKIE: Final = "hubbub_token"
+#: The origins allowed to use :data:`TOKEN_COOKIE` besides the server's own: ``cors_origin``'s (build_app).
+COOKIE_ORIGINS: Final = web.AppKey("cookie_origins", tuple)
+
+
 def request_token(request: web.Request) -> str | None:
-    """The token of a request, README §6: ``Authorization: Bearer <token>``, else the ``token`` query."""
+    """The token of a request or WebSocket upgrade (README §6, docs/security.md "Token presentation"), in
+    this order: ``Authorization: Bearer <token>``; the ``token`` query; ``Authorization: Basic`` (the
+    password, or the user name when the password is empty: what clients send for a URL such as
+    ``ws://TOKEN@host/…``); the ``hubbub_token`` cookie (browser clients that build their URLs themselves),
+    taken only from a request without ``Origin`` or from the server's own origin or one of ``cors_origin``'s,
+    so that another site's page cannot use a visitor's cookie. Only finds the token: ``Access`` checks it."""
     auth = request.headers.get("Authorization", "")
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return request.query.get("token") or None
+    query = request.query.get("token")
+    if query:
+        return query
+    if scheme.lower() == "basic":
+        try:
+            user, _, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return password or user or None
+    cookie = request.cookies.get(TOKEN_COOKIE)
+    if cookie and _cookie_origin_ok(request):
+        return cookie
+    return None
+
+
+def _cookie_origin_ok(request: web.Request) -> bool:
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True  # not a browser's cross-origin request (browsers send Origin with those and upgrades)
+    if origin in request.app.get(COOKIE_ORIGINS, ()):
+        return True
+    # The server's own origin: its host and port as the request names them (a proxy may change the scheme).
+    return urlsplit(origin).netloc.lower() == request.host.lower()
 
 
 def peer_address(request: web.Request) -> str:
@@ -146,13 +182,16 @@ def peer_address(request: web.Request) -> str:
     return request.remote or ""
 
 
-def request_identity(node: Node, request: web.Request, dialect: str, auth: bool = True) -> Identity:
+def request_identity(
+    node: Node, request: web.Request, dialect: str, auth: bool = True, fallback: str | None = None
+) -> Identity:
     """The identity of one request or WebSocket upgrade of ``dialect`` (README §6): from its token when the
-    dialect's auth is on, :data:`~hubbub.auth.ANONYMOUS` when it is off (``<dialect>.auth = off``). Raises
-    ``AuthError`` 4100/4101/4103, audited, which every dialect answers with ``401``."""
+    dialect's auth is on (``fallback``: the dialect's own place for it, used when the request presents none
+    of :func:`request_token`'s), :data:`~hubbub.auth.ANONYMOUS` when it is off (``<dialect>.auth = off``).
+    Raises ``AuthError`` 4100/4101/4103, audited, which every dialect answers with ``401``."""
     if not auth:
         return ANONYMOUS
-    return node.authenticate(request_token(request), dialect, peer_address(request))
+    return node.authenticate(request_token(request) or fallback, dialect, peer_address(request))
 
 
 NATIVE_PATHS = ("/ws/hubbub", "/healthz", "/metrics")
@@ -703,6 +742,7 @@ def build_app(
     )
     app.on_response_prepare.append(_server_header)
     install_cors(app, settings.cors_origins)  # global: every route, native and dialects alike
+    app[COOKIE_ORIGINS] = tuple(o for o in settings.cors_origins if o != "*")
     app.router.add_get("/ws/hubbub", native.websocket)
     app.router.add_post("/api/v1/publish/{rest:.*}", native.publish)
     app.router.add_get("/api/v1/log/{rest:.*}", native.log_read)
