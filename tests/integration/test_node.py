@@ -547,3 +547,24 @@ def test_a_catch_up_in_one_run_keeps_the_next_runs_of_the_batch_away(run: Run) -
         assert [p for *_, p in await drain(other)] == [str(i) for i in range(10)]
 
     run(body)
+
+
+def test_total_size_retention_runs_on_its_interval(tmp_path: Path) -> None:
+    """``log.retention.max_total_bytes`` is applied by the node's retention task (core/retention.py) every
+    ``retention_interval_s``, oldest events first, and the task ends with the node."""
+
+    async def main() -> None:
+        policy = RetentionPolicy(max_total_bytes=250)
+        store = open_store("sqlite", str(tmp_path / "data"), "commit", policy, 600)
+        async with Node(store, NodeSettings(retention=policy, retention_interval_s=0.02)) as node:
+            for i in range(5):
+                await node.publish(req("/r", f"{i:0>100}"))
+            deadline = asyncio.get_running_loop().time() + 10
+            while (info := await node.reads.head("/r")).first == 1:
+                assert asyncio.get_running_loop().time() < deadline, "retention never ran"
+                await asyncio.sleep(0.02)  # the task's interval
+            page = await node.read_channel("/r")
+            assert [e.seq for e in page.events] == list(range(info.first, 6)) and info.first > 1
+        assert node.retention._task is None
+
+    asyncio.run(main())

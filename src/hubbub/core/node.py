@@ -32,16 +32,14 @@ Ordering guarantees:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from hubbub.auth import Authenticator, Authorizer, Identity
 from hubbub.channels import Pattern
-from hubbub.errors import EpochMismatch, HubbubError, ShuttingDown
+from hubbub.errors import EpochMismatch, ShuttingDown
 from hubbub.events import Event
 from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, LogStore, RetentionPolicy
 
@@ -54,6 +52,7 @@ from .reads import ChannelPage, LogReads, Planner
 from .relay import Relay, committed_events
 from .replay import ReplayPlan, ReplaySpec
 from .replay_service import REPLAY_PAGE, ReplayService
+from .retention import RetentionTask
 from .session import Session
 from .stats import Histogram
 from .subscriptions import Subscription, SubscriptionRegistry
@@ -146,7 +145,6 @@ class Node:
         self.limiter = self.access.limiter
         self._new_epochs = new_epochs
         self._closing = False
-        self._tasks: set[asyncio.Task[Any]] = set()
         s = self.settings
         #: Sessions, subscriptions, the router and live fan-out.
         self.registry = SubscriptionRegistry(self.access, s.max_subscriptions, self._on_slow)
@@ -164,6 +162,8 @@ class Node:
         self.replays = ReplayService(store, self.reads, self.registry, self.batcher.control, s.max_recovery)
         #: The store's health from a background probe and the writer's outcomes (``health_checks``).
         self.store_health = StoreHealth(store, lambda: self.batcher.writer)
+        #: The log's time- and size-based retention (``max_age_s``, ``max_total_bytes``), on the writer.
+        self.retention = RetentionTask(self.batcher.control, s.retention, s.retention_interval_s)
         # statistics, per dialect
         self.published = self.registry.published
         self.deliveries = self.registry.deliveries
@@ -194,9 +194,7 @@ class Node:
         await self.store_health.start()
         if self._new_epochs:
             await self.batcher.control(lambda st: st.new_epochs_on_open())
-        pol = self.settings.retention
-        if pol.max_age_s or pol.max_total_bytes:
-            self._spawn(self._retention_loop())
+        self.retention.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -208,11 +206,7 @@ class Node:
             return
         self._closing = True
         self.batcher.closing = True
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self.retention.close()
         await self.batcher.stop()
         await self.store_health.close()
         # Both block (reader threads finishing, the store's final checkpoint): keep them off the loop.
@@ -222,22 +216,6 @@ class Node:
     @property
     def closing(self) -> bool:
         return self._closing
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _retention_loop(self) -> None:
-        pol = self.settings.retention
-        while True:
-            await asyncio.sleep(self.settings.retention_interval_s)
-            try:
-                n = await self.batcher.control(lambda st: st.apply_retention(pol, time.time_ns()))
-                if n:
-                    log.info("retention trimmed %d events", n)
-            except HubbubError as exc:
-                log.warning("retention failed: %s", exc)
 
     # -- sessions and authentication ----------------------------------------------------------------------
 
