@@ -413,6 +413,19 @@ def test_publish_tags_and_headers_at_the_limits() -> None:
         (b'{"op":"unsubscribe","id":-1,"sub":"s"}', BadRequest, -1),
         (b'{"op":"unsubscribe","id":2147483648,"sub":"s"}', BadRequest, 2147483648),
         (b'{"op":"publish","id":2,"channel":"nope","text":"x"}', BadChannel, 2),
+        # As far as both encodings carry an integer (-2^63 .. 2^64-1); past that, no id to echo.
+        (b'{"op":"unsubscribe","id":18446744073709551615,"sub":"s"}', BadRequest, 2**64 - 1),
+        (b'{"op":"unsubscribe","id":-9223372036854775808,"sub":"s"}', BadRequest, -(2**63)),
+        (b'{"op":"unsubscribe","id":18446744073709551616,"sub":"s"}', BadRequest, None),
+        (b'{"op":"unsubscribe","id":-9223372036854775809,"sub":"s"}', BadRequest, None),
+        (b'{"op":"ping","id":1180591620717411303424}', BadRequest, None),
+        (b'{"op":"publish","id":1180591620717411303424,"channel":"/a","text":"x"}', BadRequest, None),
+        (
+            b'{"op":"publish_batch","id":1180591620717411303424,"channels":["/a"],"texts":["x"]}',
+            BadRequest,
+            None,
+        ),
+        (b'{"op":"frobnicate","id":1180591620717411303424}', UnknownOp, None),
     ],
 )
 def test_json_frame_errors(frame: bytes, exc: type[HubbubError], rid: int | None) -> None:
@@ -512,6 +525,14 @@ def test_subscribe_reply() -> None:
     )
     assert JSON.encode_subscribe_reply(2, "s1", None, None).endswith(b'"top_time":"0"}')
     assert msgpack.unpackb(MP.encode_subscribe_reply(2, "s1", None, T))["top_time"] == T
+
+
+@pytest.mark.parametrize("rid", [2**64, 2**70, -(2**63) - 1, 10**40])
+@pytest.mark.parametrize("codec", [JSON, MP], ids=["json", "msgpack"])
+def test_error_frame_leaves_out_an_id_no_encoding_carries(codec: nc.NativeCodec, rid: int) -> None:
+    frame = codec.encode_error(4001, rid)
+    obj = orjson.loads(frame) if codec is JSON else msgpack.unpackb(frame)
+    assert obj == {"op": "error", "code": 4001, "message": "bad request", "temporary": False}
 
 
 def test_error_frames_match_vectors() -> None:

@@ -8,7 +8,8 @@ Invariants:
 
 * ``decode`` either returns a fully validated command or raises a :class:`~hubbub.errors.HubbubError`
   whose code is in :data:`hubbub.errors.CODES`; when the frame's integer ``id`` could be read, the error
-  carries it in ``request_id`` so the error frame can echo it. Nothing else escapes.
+  carries it in ``request_id`` so the error frame can echo it, unless no encoding can (past 64 bits).
+  Nothing else escapes.
 * Every read is bounded by ``max_frame`` and the ``limits.*`` values given to the constructor.
 * Encoders return complete frames (``bytes``); JSON output is compact with keys in the spec's order.
 * An event body is encoded once per fan-out and encoding (``cache``); each connection only adds its ``subs``.
@@ -57,6 +58,7 @@ from .native_commands import (
     PublishBatch,
     Subscribe,
     Unsubscribe,
+    echo_id,
     is_int,
     json_payload,
     opt_bool,
@@ -232,9 +234,8 @@ class NativeCodec:
                 try:
                     return self._publish(obj)
                 except HubbubError as exc:
-                    rid = obj.get("id")
-                    if exc.request_id is None and is_int(rid):
-                        exc.request_id = rid
+                    if exc.request_id is None:
+                        exc.request_id = echo_id(obj.get("id"))
                     raise
         else:
             if isinstance(message, str):
@@ -283,8 +284,8 @@ class NativeCodec:
 
     def decode_object(self, obj: dict[Any, Any]) -> Command:
         """Validate one decoded frame object. Raises 4001/4002/4004/4007 errors with ``request_id`` set
-        whenever the frame has an integer ``id`` (even one out of range, so the client can correlate)."""
-        rid = obj.get("id")
+        whenever the frame has an integer ``id`` that an error frame can echo (even one out of range, so the
+        client can correlate; :func:`~.native_commands.echo_id`)."""
         try:
             op = obj.get("op")
             if type(op) is not str:
@@ -294,8 +295,8 @@ class NativeCodec:
                 raise UnknownOp("unknown op")
             return parser(obj)
         except HubbubError as exc:
-            if exc.request_id is None and is_int(rid):
-                exc.request_id = rid
+            if exc.request_id is None:
+                exc.request_id = echo_id(obj.get("id"))
             raise
 
     def _hello(self, obj: Obj) -> Hello:
@@ -557,9 +558,12 @@ class NativeCodec:
 
         ``detail`` goes on the wire only when the codec was built with ``send_detail=True``: the
         conformance vectors compare error frames exactly, so by default it is for logs only.
+
+        An ``id`` that neither encoding can carry (past 64 bits; :func:`~.native_commands.echo_id`) is left
+        out rather than failing the frame: the error must reach the client even when its id cannot.
         """
         obj: dict[str, Any] = {"op": "error"}
-        if id is not None:
+        if id is not None and (id := echo_id(id)) is not None:
             obj["id"] = id
         obj["code"] = code
         obj["message"] = error_message(code)

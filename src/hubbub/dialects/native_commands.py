@@ -39,6 +39,7 @@ __all__ = [
     "Subscribe",
     "Unconsume",
     "Unsubscribe",
+    "echo_id",
     "is_int",
     "json_payload",
     "opt_bool",
@@ -54,6 +55,8 @@ __all__ = [
 MAX_ID: Final = 1 << 31
 MAX_SUB_CHARS: Final = 64
 MAX_U64: Final = (1 << 64) - 1
+#: The least integer an error frame can echo as its ``id``: both encodings carry -2^63 .. 2^64-1 and no more.
+MIN_I64: Final = -(1 << 63)
 
 
 # -- commands ---------------------------------------------------------------------------------------------
@@ -245,6 +248,16 @@ Obj = dict[Any, Any]
 
 def is_int(v: object) -> bool:
     return type(v) is int  # bool is an int subclass and is refused everywhere
+
+
+def echo_id(v: object) -> int | None:
+    """The ``id`` an error frame echoes for a frame whose ``id`` field is ``v``: any integer that JSON and
+    msgpack frames can both carry (-2^63 .. 2^64-1), valid (0 .. 2^31-1) or not, so that a client can
+    correlate the error; ``None`` for anything else (a float, a string, or a JSON integer past 64 bits, which
+    neither encoder can write back). A frame whose id is refused this way gets its 4001 without an id."""
+    if type(v) is int and MIN_I64 <= v <= MAX_U64:
+        return v
+    return None
 
 
 def request_id(obj: Obj) -> int:
