@@ -155,6 +155,36 @@ def test_http_ignore_once_timeout_heartbeat_and_refusals(tmp_path: Path) -> None
     asyncio.run(main())
 
 
+def test_once_timeout_ms_is_checked_and_tag_parameters_are_not_qpubs(tmp_path: Path) -> None:
+    """``timeout_ms`` is an integer from 0 to 2^31-1 (a negative one made a once that never timed out, a
+    huge one one that never would); qpubs has no tags (mapping.md §5.2), so ``tag`` parameters, however many,
+    are ignored like any other unknown parameter and never meet the native tag limit."""
+    bad = {"ok": False, "error": "bad timeout_ms, expected an integer from 0 to 2147483647"}
+    limit = aiohttp.ClientTimeout(total=WAIT)
+
+    async def main() -> None:
+        async with serve(tmp_path) as (_srv, base), aiohttp.ClientSession() as http:
+            for t in ("-5", "1e20", "100000000000000000000", "2147483648", "1.5", "+5", " 5"):
+                # Bounded: such a once used to be registered (200, headers) and then wait for ever.
+                params = {"topic": "t", "timeout_ms": t}
+                async with http.get(f"{base}/qpubs/once", params=params, timeout=limit) as r:
+                    assert (r.status, await r.json()) == (400, bad), t
+            # The largest is taken: the once is registered (headers sent) and waits.
+            get = http.get(f"{base}/qpubs/once", params={"topic": "t", "timeout_ms": "2147483647"})
+            async with await asyncio.wait_for(get, WAIT) as r:
+                assert r.status == 200
+            tags = [("topic", "tagged")] + [("tag", f"t{i}") for i in range(100)]
+            listen = await http.get(f"{base}/qpubs/listen", params=tags)
+            assert listen.status == 200
+            async with http.post(f"{base}/qpubs/emit", params=tags, json={"n": 1}) as r:
+                assert (r.status, await r.json()) == (200, {"ok": True, "delivered": 1})
+            line = await asyncio.wait_for(listen.content.readline(), WAIT)
+            assert line == b'{"topic":"tagged","value":{"n":1}}\n'
+            listen.close()
+
+    asyncio.run(main())
+
+
 def test_durable_nack_close_delete_and_refusals(tmp_path: Path) -> None:
     async def main() -> None:
         async with serve(tmp_path) as (srv, base), aiohttp.ClientSession() as http:

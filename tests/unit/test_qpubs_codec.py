@@ -326,3 +326,22 @@ def test_alias_queries() -> None:
     assert qp.alias_emit("t,not json,really") == ("t", "not json,really")
     with pytest.raises(qp.QpubsError, match="missing value"):
         qp.alias_emit("t")
+
+
+@pytest.mark.parametrize(
+    ("text", "want"), [(None, 0), ("", 0), ("0", 0), ("100", 100), ("007", 7), ("2147483647", 2**31 - 1)]
+)
+def test_once_timeout_ms_accepted(text: str | None, want: int) -> None:
+    assert qp.parse_timeout_ms(text) == want
+
+
+@pytest.mark.parametrize(
+    "text",
+    # "\u0665" is an Arabic-Indic five, which int() would take.
+    ["-5", "+5", "1e20", "100000000000000000000", "2147483648", "1.5", " 5", "5 ", "5_000", "0x10", "\u0665"],
+)
+def test_once_timeout_ms_refused(text: str) -> None:
+    with pytest.raises(qp.QpubsError) as info:
+        qp.parse_timeout_ms(text)
+    assert (info.value.status, info.value.code) == (400, "EBADREQ")
+    assert info.value.message == "bad timeout_ms, expected an integer from 0 to 2147483647"

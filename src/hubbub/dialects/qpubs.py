@@ -35,6 +35,7 @@ from hubbub.events import Event
 __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_SEPARATOR",
+    "MAX_TIMEOUT_MS",
     "Ack",
     "Auth",
     "Call",
@@ -54,6 +55,7 @@ __all__ = [
     "alias_topic",
     "encode_value",
     "jsonval",
+    "parse_timeout_ms",
     "parse_topic",
     "render_end",
     "render_error",
@@ -65,6 +67,10 @@ __all__ = [
 
 DEFAULT_SEPARATOR: Final = "."
 CONTENT_TYPE: Final = "application/json"
+#: The longest ``timeout_ms`` of ``/qpubs/once``: the largest delay Node's ``setTimeout`` takes (2^31-1 ms,
+#: about 24.8 days; past it Node fires at once), so no qpubs client can mean a longer one.
+MAX_TIMEOUT_MS: Final = 2**31 - 1
+_TIMEOUT_MS: Final = re.compile(r"[0-9]{1,10}")
 
 
 class QpubsError(Exception):
@@ -637,6 +643,17 @@ def alias_topic(raw_query: str) -> str:
     that are not UTF-8 after decoding are replaced (U+FFFD), so the topic is always text; so are raw bytes
     of the request target that reached the query as surrogate escapes."""
     return unquote_to_bytes(raw_query.encode("utf-8", "surrogateescape")).decode("utf-8", "replace")
+
+
+def parse_timeout_ms(text: str | None) -> int:
+    """``/qpubs/once``'s ``timeout_ms``: absent or empty is 0 (no timeout); otherwise ASCII digits whose value
+    is at most :data:`MAX_TIMEOUT_MS`. Raises :class:`QpubsError` (400, ``EBADREQ``) for anything else: a
+    sign, a fraction, an exponent, spaces, or a larger number (which would otherwise never time out)."""
+    if not text:
+        return 0
+    if _TIMEOUT_MS.fullmatch(text) is None or int(text) > MAX_TIMEOUT_MS:
+        raise QpubsError(f"bad timeout_ms, expected an integer from 0 to {MAX_TIMEOUT_MS}", "EBADREQ")
+    return int(text)
 
 
 def alias_emit(raw_query: str) -> tuple[str, Any]:

@@ -147,12 +147,7 @@ class QpubsHttp:
                 return await self._emit(request, ident, q.get("topic"), None, from_body=True)
             if op == "ignore":
                 return self._ignore(q.get("topic"), q.get("listener"))
-            timeout_ms = 0
-            if op == "once" and q.get("timeout_ms"):
-                try:
-                    timeout_ms = int(q["timeout_ms"])
-                except ValueError:
-                    return fail(400, "bad request")
+            timeout_ms = qpd.parse_timeout_ms(q.get("timeout_ms")) if op == "once" else 0
             return await self._listen(request, ident, q.get("topic"), op == "once", timeout_ms)
         except qpd.QpubsError as exc:
             return fail(exc.status, exc.message)
