@@ -1,18 +1,23 @@
 """A hubbub node linked up to a WearScript hub (``--wearscript-upstream``), against a second ``hubbub serve``
 process acting as that hub: lists go up, matching publishes go both ways, nothing loops back, and the link
-comes back after the hub above is killed (kill -9) and restarted."""
+comes back after the hub above is killed (kill -9) and restarted. Against an endpoint that checks ``Origin``
+as the stock Go hub does: the link sends one, and a 403 is logged as what it is."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgpack
+import pytest
+from aiohttp import web
 
 from hubbub.config import load_config
 from hubbub.server import Server
@@ -242,3 +247,116 @@ def test_the_hub_above_learns_when_the_node_below_dies(tmp_path: Path) -> None:
         above.kill()
         if below is not None:
             below.kill()
+
+
+class GoHub:
+    """A WebSocket endpoint that refuses upgrades as a stock WearScript Go hub does: x/net/websocket's
+    ``Handler`` answers 403 when ``Origin`` is missing or does not parse as an absolute URI (or path),
+    and, with ``allow``, when it is not one of those. It keeps the Origin of each upgrade it took and the
+    frames received."""
+
+    def __init__(self, allow: set[str] | None = None) -> None:
+        self.allow = allow
+        self.origins: list[str] = []
+        self.refused: list[str | None] = []
+        self.frames: asyncio.Queue[Any] = asyncio.Queue()
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        parts = urlsplit(origin or "")
+        parsed = bool(parts.scheme and parts.netloc) or (origin or "").startswith("/")
+        if not parsed or (self.allow is not None and origin not in self.allow):
+            self.refused.append(origin)
+            return web.Response(status=403, text="Forbidden\n")
+        assert origin is not None
+        self.origins.append(origin)
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                await self.frames.put(lenient(msg.data))
+        return ws
+
+    async def __aenter__(self) -> GoHub:
+        app = web.Application()
+        app.router.add_get("/ws", self.handler)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"ws://127.0.0.1:{port}/ws"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+def _linked_config(tmp_path: Path, url: str) -> Any:
+    return load_config(
+        cli={
+            "data_dir": str(tmp_path / "d"),
+            "http.listen": "127.0.0.1:0",
+            "native.tcp_listen": "127.0.0.1:0",
+            "wearscript.upstream": url,
+        },
+        env={},
+    )
+
+
+def test_the_link_sends_the_hubs_own_origin_so_a_go_hub_takes_it(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with GoHub() as hub, Server(_linked_config(tmp_path, hub.url)) as server:
+            link = server.wearscript_upstream
+            assert link is not None
+            await _until(lambda: link.state == "up", "the link up")
+            # The greeting: this hub's own list, as a WearScript hub sends it up.
+            assert await asyncio.wait_for(hub.frames.get(), WAIT) == [
+                "subscriptions",
+                "server:0",
+                ["test:server:0"],
+            ]
+            assert hub.origins == [hub.url.replace("ws://", "http://").removesuffix("/ws")]
+            assert hub.refused == []
+
+    asyncio.run(go())
+
+
+def test_a_403_is_logged_as_a_refused_origin_not_as_a_token(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "hubbub.wearscript.link")
+
+    async def go() -> None:
+        async with GoHub(allow={"https://devices.example"}) as hub:
+            async with Server(_linked_config(tmp_path, hub.url)) as server:
+                link = server.wearscript_upstream
+                assert link is not None
+                await _until(lambda: bool(hub.refused) and link.state == "down", "a refusal")
+            origin = hub.url.replace("ws://", "http://").removesuffix("/ws")
+            assert hub.refused[0] == origin
+            [msg] = {r.getMessage() for r in caplog.records if "refused the upgrade" in r.getMessage()}
+            assert msg == (
+                "wearscript upstream refused the upgrade: 403 (forbidden: the hub refused this link's "
+                f"Origin ({origin}) or what its token may do (a stock WearScript hub refuses an Origin it "
+                "cannot parse or does not allow))"
+            )
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("url", "origin"),
+    [
+        ("ws://hub.example:8080/ws", "http://hub.example:8080"),
+        ("wss://hub.example/wearscript/ws/s3cret?token=t", "https://hub.example"),
+        ("ws://user:pw@[::1]:81/ws", "http://[::1]:81"),
+    ],
+)
+def test_link_origin(url: str, origin: str) -> None:
+    from hubbub.transports.wearscript_link import link_origin
+
+    assert link_origin(url) == origin

@@ -57,7 +57,14 @@ from hubbub.federation import (
 from .pump import stopped
 from .wearscript import ABOVE_HEADER, DIALECT, HUB_HEADER, WearscriptService, serve
 
-__all__ = ["LinkEncoder", "WearscriptLinkCollector", "WearscriptUpstream", "link_id"]
+__all__ = [
+    "LinkEncoder",
+    "WearscriptLinkCollector",
+    "WearscriptUpstream",
+    "link_id",
+    "link_origin",
+    "refusal_hint",
+]
 
 log = logging.getLogger("hubbub.wearscript.link")
 
@@ -66,6 +73,30 @@ CONNECT_TIMEOUT_S = 10.0
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _EPOCH = string.digits + string.ascii_lowercase
+
+
+def link_origin(url: str) -> str:
+    """The ``Origin`` the link sends: the upstream's own http(s) origin (``ws://h:p/…`` → ``http://h:p``,
+    ``wss`` → ``https``), without the URL's path, query or credentials. A stock WearScript hub serves
+    ``golang.org/x/net/websocket``'s ``Handler``, whose handshake refuses (403) an upgrade whose ``Origin``
+    is missing or not an absolute URL; the hub's own origin is one it cannot take for a foreign page."""
+    parts = urlsplit(url)
+    scheme = "https" if parts.scheme in ("wss", "https") else "http"
+    return f"{scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def refusal_hint(status: int, origin: str) -> str:
+    """What a refused upgrade's status most likely means, for the log (a token is never shown)."""
+    if status == 401:
+        return "no token or a bad one: put the hub's token in the URL (/wearscript/ws/<secret> or ?token=)"
+    if status == 403:
+        return (
+            f"forbidden: the hub refused this link's Origin ({origin}) or what its token may do "
+            "(a stock WearScript hub refuses an Origin it cannot parse or does not allow)"
+        )
+    if status == 404:
+        return "no WearScript endpoint at that path (a hubbub hub serves /wearscript/ws)"
+    return "the hub does not accept WearScript links there"
 
 
 def link_id(url: str) -> str:
@@ -134,7 +165,10 @@ class WearscriptUpstream:
         """Connect, serve the connection until it ends, wait, connect again: until :meth:`close`."""
         service = self.service
         timeout = aiohttp.ClientWSTimeout(ws_close=5.0)
-        headers = {HUB_HEADER: service.hub_id}  # a hubbub hub above refuses a link from its own ancestors
+        origin = link_origin(self.url)
+        # A hubbub hub above refuses a link from its own ancestors (HUB_HEADER); a stock Go hub refuses an
+        # upgrade without an Origin (link_origin).
+        headers = {HUB_HEADER: service.hub_id, "Origin": origin}
         # A bound on opening the connection (an unreachable host), none on the connection's life.
         limits = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=limits) as http:
@@ -165,8 +199,9 @@ class WearscriptUpstream:
                         log.error("wearscript upstream refused: a cycle", extra={"link": self.peer})
                     else:
                         log.warning(
-                            "wearscript upstream refused the upgrade: %s (a token in the URL?)",
+                            "wearscript upstream refused the upgrade: %s (%s)",
                             exc.status,
+                            refusal_hint(exc.status, origin),
                             extra={"link": self.peer},
                         )
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
