@@ -414,6 +414,60 @@ def test_connections_of_both_generations_share_a_fan_out_burst(tmp_path: Path) -
     asyncio.run(main())
 
 
+def test_tags_with_a_comma_or_a_space_never_reach_a_2015_line_and_reach_the_others(tmp_path: Path) -> None:
+    """A 1.x or native publish tagged ``x`` and ``y z`` (or ``a,b``) cannot be written as a 2015 line: its
+    client would read the tags ``x,y`` and the data ``z space tag``. The 2015 TCP subscriber of ``x`` gets
+    only the events it can parse, byte for byte; 2015 WebSocket and 1.x subscribers get every one."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as ports, aiohttp.ClientSession() as http:
+            line15 = await Lines.open(ports.mist)
+            await line15.send("subscribe x\nping\n")
+            assert await line15.line() == "pong"
+            ws15 = await http.ws_connect(f"{ports.base}/mist/ws")
+            await ws15.send_str('{"command":"subscribe","tags":["x"]}')
+            assert await ws15.receive_str(timeout=WAIT) == '{"success":true,"command":"subscribe"}'
+            sub1 = await Client1x.connect(HOST, ports.mist)
+            await sub1.send(command="subscribe", tags=["x"])
+            await sub1.ping()
+            pub1 = await Client1x.connect(HOST, ports.mist)
+
+            sent: list[tuple[list[str], str]] = []
+
+            async def publish_1x(tags: list[str], data: str) -> None:
+                await pub1.send(command="publish", tags=tags, data=data)
+                sent.append((sorted(set(tags)), data))
+
+            async def publish_native(tags: list[str], data: str) -> None:
+                params = [("tag", t) for t in tags]
+                async with http.post(f"{ports.base}/api/v1/publish/elsewhere", params=params, data=data) as r:
+                    assert r.status == 200, await r.text()
+                sent.append((sorted(set(tags)), data))
+
+            await publish_1x(["x", "y z"], "space tag")
+            await publish_1x(["x", "a,b"], "comma tag")
+            await publish_1x(["x", "ok"], "from 1.x")
+            await publish_native(["x", "y z"], "native space")
+            await publish_native(["a,b", "x"], "native comma")
+            await publish_native(["x", "tab\there"], "native ok")
+            # The 2015 line subscriber: the parseable events only, exactly, in order, then nothing more.
+            raw = [await asyncio.wait_for(line15.reader.readline(), WAIT) for _ in range(2)]
+            assert raw == [b"publish ok,x from 1.x\n", b"publish tab\there,x native ok\n"]
+            await line15.send("ping\n")
+            assert await line15.line() == "pong"
+            # The others: every event as it was published, in order.
+            got_ws = [json.loads(await ws15.receive_str(timeout=WAIT)) for _ in sent]
+            assert got_ws == [{"tags": t, "data": d} for t, d in sent]
+            got_1x = [await sub1.recv() for _ in sent]
+            assert got_1x == [{"command": "publish", "tags": t, "data": d} for t, d in sent]
+            await line15.close()
+            await ws15.close()
+            await sub1.close()
+            await pub1.close()
+
+    asyncio.run(main())
+
+
 # -- replication peers, keepalive, TLS ----------------------------------------------------------------------
 
 

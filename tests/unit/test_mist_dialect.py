@@ -167,3 +167,16 @@ def test_event_renderings() -> None:
     assert md.render_event(ev).endswith(b"\n")
     empty = Event("/x", 1, "e", 1, Publisher("native"), b"", "text/plain", {}, ("a",))
     assert md.render_event(empty) == b'{"command":"publish","tags":["a"]}\n'  # data left out when empty
+
+
+@pytest.mark.parametrize("tag", ["y z", "a,b", ",", " ", "trailing ", ",lead"])
+def test_a_tag_no_2015_line_can_carry_renders_nothing_for_2015_tcp(tag: str) -> None:
+    ev = Event("/x", 1, "e", 1, Publisher("mist1"), b"space tag", "text/plain", {}, tuple(sorted({"x", tag})))
+    assert md.render_event_tcp(ev) == b""
+    assert json.loads(md.render_event_ws(ev)) == {"tags": sorted({"x", tag}), "data": "space tag"}
+    assert json.loads(md.render_event(ev))["tags"] == sorted({"x", tag})
+
+
+def test_tags_a_2015_line_carries_render_as_before() -> None:
+    ev = Event("/x", 1, "e", 1, Publisher("mist1"), b"d a t a", "text/plain", {}, ("", "\r", "a\tb", "x"))
+    assert md.render_event_tcp(ev) == b"publish ,\r,a\tb,x d a t a\n"

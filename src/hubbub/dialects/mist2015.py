@@ -113,17 +113,31 @@ def _token(raw: bytes) -> str:
 
 
 def _join_tags(tags: tuple[str, ...] | list[str]) -> bytes:
+    return _escape_lf(",".join(tags))
+
+
+def _escape_lf(joined: str) -> bytes:
     # An LF inside a tag (possible from other dialects) would end the line early: written as "\n".
-    out = ",".join(tags).encode()
+    out = joined.encode()
     return out.replace(b"\n", b"\\n") if b"\n" in out else out
 
 
 def render_event_tcp(event: Event) -> bytes:
-    """``publish <tags ascending, joined by ,> <payload with LF as \\n>\\n`` (mapping.md §5.2)."""
+    """``publish <tags ascending, joined by ,> <payload with LF as \\n>\\n`` (mapping.md §5.2), or ``b""``
+    (not sent) for an event with a tag that holds a ``,`` or a space.
+
+    A 2015 client splits the line on its first two spaces and the tags on commas, so no line carries such a
+    tag (``x`` and ``y z`` would reach it as the tags ``x,y`` and data starting with ``z``). 1.x and native
+    publishers may use any tag, and 2015 WebSocket and 1.x subscribers get those events as they are; a 2015
+    TCP subscriber, which can never name such a tag itself, does not get them (docs/dialects/mist.md).
+    """
+    joined = ",".join(event.tags)
+    if " " in joined or joined.count(",") != len(event.tags) - 1:  # a space, or a comma inside a tag
+        return b""
     payload = event.payload
     if b"\n" in payload:
         payload = payload.replace(b"\n", b"\\n")
-    return b"publish " + _join_tags(event.tags) + b" " + payload + b"\n"
+    return b"publish " + _escape_lf(joined) + b" " + payload + b"\n"
 
 
 def render_event_ws(event: Event) -> bytes:
