@@ -318,6 +318,33 @@ def test_other_dialects_feed_qpubs_and_the_separator_is_configurable(tmp_path: P
     asyncio.run(main())
 
 
+def test_a_msgpack_map_keyed_by_an_array_reaches_qpubs_listens_as_json(tmp_path: Path) -> None:
+    """msgpack may key a map with an array or a map; such a payload (here from a native publish) reaches a
+    qrpc and an HTTP listen with the key JSON-encoded (mapping.md §5.1 ``jsonval``), and the next event
+    after it too."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (srv, base), aiohttp.ClientSession() as http:
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            listen = q.send("listen", {"topic": "m.*"})
+            await barrier(q)
+            stream = await http.get(f"{base}/qpubs/listen", params={"topic": "m.*"})
+            assert stream.status == 200
+            payloads = [b"\x81\x91\x01\x02", b"\x82\x80\x01\xa1k\x92\x81\x91\xc0\xc3\x02", b"\x81\xa1k\x01"]
+            for p in payloads:
+                headers = {"Content-Type": "application/msgpack"}
+                async with http.post(f"{base}/api/v1/publish/m/x", data=p, headers=headers) as r:
+                    assert r.status == 200, await r.text()
+            want = [{"[1]": 2}, {"{}": 1, "k": [{"[null]": True}, 2]}, {"k": 1}]
+            assert [(await q.next(listen))["m"] for _ in want] == [{"topic": "m.x", "value": v} for v in want]
+            lines = [await asyncio.wait_for(stream.content.readline(), WAIT) for _ in want]
+            assert [json.loads(line) for line in lines] == [{"topic": "m.x", "value": v} for v in want]
+            stream.close()
+            await q.close()
+
+    asyncio.run(main())
+
+
 def test_bad_qrpc_input(tmp_path: Path) -> None:
     async def main() -> None:
         async with serve(tmp_path, **{"limits.max_frame": 1024}) as (srv, _base):

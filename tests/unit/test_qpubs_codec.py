@@ -138,6 +138,9 @@ def event(payload: bytes, content_type: str, channel: str = "/chat/x") -> Event:
             [None, "\ufffd"],
         ),
         (b"\xc1", "application/msgpack", "\ufffd"),
+        # Map keys msgpack allows and a dict cannot hold (an array, a map), JSON-encoded like other keys.
+        (b"\x81\x91\x01\x02", "application/msgpack", {"[1]": 2}),
+        (b"\x92\x81\x80\xc0\x81\xc4\x01a\x01", "application/msgpack", [{"{}": None}, {'"YQ=="': 1}]),
     ],
 )
 def test_jsonval(payload: bytes, ctype: str, value: Any) -> None:

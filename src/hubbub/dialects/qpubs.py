@@ -172,20 +172,25 @@ class _Ext:
 _EXT = _Ext()
 
 
+class _Map(list[tuple[Any, Any]]):
+    """A decoded msgpack map as its pairs: msgpack may key a map with an array or a map, which no dict can
+    hold (a dict would raise ``TypeError``); :func:`_json_safe` turns the pairs into a JSON object."""
+
+
 def _json_safe(v: Any) -> Any:
     """A decoded msgpack value as JSON (mapping.md §5.1 ``jsonval``)."""
     if isinstance(v, bytes):
         return base64.b64encode(v).decode("ascii")
     if isinstance(v, float):
         return v if math.isfinite(v) else None
-    if isinstance(v, list | tuple):
-        return [_json_safe(x) for x in v]
-    if isinstance(v, dict):
+    if isinstance(v, _Map):
         out: dict[str, Any] = {}
-        for k, x in v.items():
+        for k, x in v:
             key = k if isinstance(k, str) else orjson.dumps(_json_safe(k)).decode()
             out[key] = _json_safe(x)
         return out
+    if isinstance(v, list | tuple):
+        return [_json_safe(x) for x in v]
     if v is _EXT:
         return None
     if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**64:
@@ -216,6 +221,7 @@ def jsonval(event: Event) -> Any:
                 strict_map_key=False,
                 ext_hook=lambda _, __: _EXT,
                 use_list=True,
+                object_pairs_hook=_Map,
             )
         except (ValueError, msgpack.UnpackException):
             pass
