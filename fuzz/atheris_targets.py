@@ -48,7 +48,22 @@ http_heads         raw bytes a client sends the HTTP listener, cut into reads at
                    ``Server: hubbub`` without versions, a refused request gets exactly ``400 bad request``
 ws_client_frames   a client's WebSocket byte stream through ``MaskCheck``, whole, in 7-byte pieces and byte
                    by byte: the first unmasked frame found where a whole-frame parser finds it
+event_renderings   an event the log can hold (any dialect's publisher, payloads of every content type,
+                   odd msgpack, pseudo-headers, tags with separators) through every dialect's event
+                   encoder: native JSON/msgpack frames, publish replies, deliver items, SSE, log pages;
+                   guble, ivy, WearScript, mist 2015 (TCP, WS) and 1.x, qpubs (``fuzz_replies.py``)
+replies_native     native frames decoded and answered (errors with the ids they carry, past 64 bits
+                   included; each command's replies), and every native reply encoder given drawn values
+replies_dialects   each input one of: guble frames decoded and answered, notices, ``#connected``, errors of
+                   every code; ivy frames decoded and answered (``#<ack>#@…``, the intro, events of
+                   publishes); the mist registry answers, ``listall``/``who``, refusals of both
+                   generations; the WearScript hub's test-handler replies on any channel; qrpc items,
+                   results, errors and ends, and stored qpubs values, for any call id and value
 =================  ==============================================================================
+
+The ``event_renderings``, ``replies_native`` and ``replies_dialects`` targets check what the server writes:
+the only assertion is "encodes, or raises the documented error" (the documented errors are listed in
+``fuzz_replies.py``).
 
 Run one target (corpus in ``fuzz/corpus/<target>/``, crashes written to ``fuzz/crashes/``)::
 
@@ -86,7 +101,16 @@ except ImportError:  # the hypothesis fallback below
 
 #: Modules whose coverage guides the fuzzer: hubbub, its checks beside this file, and PyJWT (token parsing).
 #: Not hypothesis, which the checks import and which would only slow the start-up of every run.
-INSTRUMENTED = ["hubbub", "jwt", "fuzz_guble", "fuzz_http", "fuzz_ivy", "fuzz_native", "fuzz_qrpc"]
+INSTRUMENTED = [
+    "hubbub",
+    "jwt",
+    "fuzz_guble",
+    "fuzz_http",
+    "fuzz_ivy",
+    "fuzz_native",
+    "fuzz_qrpc",
+    "fuzz_replies",
+]
 
 with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None else contextlib.nullcontext():
     try:
@@ -99,6 +123,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     import fuzz_ivy
     import fuzz_native
     import fuzz_qrpc
+    import fuzz_replies
 
     from hubbub import channels as chn
     from hubbub import federation as fed
@@ -586,6 +611,27 @@ def ws_client_frames(data: bytes) -> None:
     fuzz_http.check_frames(data)
 
 
+_REPLY_CHECKS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
+    "event_renderings": (fuzz_replies.events, fuzz_replies.check_event),
+    "replies_native": (fuzz_replies.native_cases, fuzz_replies.check_native),
+    "replies_dialects": (fuzz_replies.dialect_cases, fuzz_replies.check_dialect),
+}
+_REPLY_BUILT: dict[str, Callable[[bytes], None]] = {}
+
+
+def _reply_target(name: str) -> Callable[[bytes], None]:
+    """A structured target over ``fuzz_replies``'s strategy and check of ``name``, built on first use."""
+
+    def run(data: bytes) -> None:
+        fn = _REPLY_BUILT.get(name)
+        if fn is None:
+            strategy, check = _REPLY_CHECKS[name]
+            fn = _REPLY_BUILT[name] = _structured(strategy(), check)
+        fn(data)
+
+    return run
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "native_json": native_json,
     "native_msgpack": native_msgpack,
@@ -609,6 +655,9 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "federation_link": federation_link_target,
     "http_heads": http_heads,
     "ws_client_frames": ws_client_frames,
+    "event_renderings": _reply_target("event_renderings"),
+    "replies_native": _reply_target("replies_native"),
+    "replies_dialects": _reply_target("replies_dialects"),
 }
 
 
