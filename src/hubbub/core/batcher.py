@@ -6,6 +6,10 @@ enforcement point), queued with the others of the same loop tick, and handed to 
 publishers' ``done`` callbacks run, in submission order, and only then is the committed batch handed on for
 fan-out (``on_committed``): a publisher that also subscribes sees its reply before its own copy.
 
+Each publish is owed to its connection (``Session.owed``) from submission to completion: transports stop
+reading a connection whose queued frames and owed replies reach its queue's bound (``Session.has_room``,
+``Session.wait_room``), which is how every dialect slows a pipelining publisher instead of closing it.
+
 Concurrency contract: every method is called from the event loop thread; the writer completes commits on the
 loop (``call_soon_threadsafe``), or right inside :meth:`WriteBatcher.flush` for an engine that appends inline.
 """
@@ -149,6 +153,8 @@ class WriteBatcher:
                 self._rate_limited(origin)
         if self.access.authorizer.enabled:
             self.access.check_publish(identity, request.channel, request.publisher.dialect)
+        if origin is not None:
+            origin.owed += 1  # its reply is owed until the completion (Session.owed, back-pressure)
         self._pending += 1
         if self._pending >= self.max_pending:
             self._room.clear()
@@ -190,6 +196,7 @@ class WriteBatcher:
         if bucket is not None and not bucket.take(len(requests)):
             # All or nothing: the caller submits them one by one, and each beyond the bucket is refused.
             self._rate_limited(origin)
+        origin.owed += len(requests)
         self._pending += len(requests)
         if self._pending >= self.max_pending:
             self._room.clear()
@@ -277,9 +284,11 @@ class WriteBatcher:
         if self._pending < self.max_pending // 2:
             self._room.set()
         if isinstance(result, HubbubError):
-            for _origin, done, _t0 in items:
+            for origin, done, _t0 in items:
                 if done is not None:
                     done(result)
+                if origin is not None:
+                    origin.settled(1)
             return
         now = time.perf_counter()
         obs = self.ack_latency.observe
@@ -289,19 +298,23 @@ class WriteBatcher:
         t_run, n_run = items[0][2], 0
         i, end = 0, len(items)
         while i < end:
-            _origin, done, t0 = items[i]
+            origin, done, t0 = items[i]
             if t0 != t_run:
                 obs(now - t_run, n_run)
                 t_run, n_run = t0, 0
             if type(done) is _Completion:
                 k = done.count
                 done.many(result[i : i + k])
+                if origin is not None:  # always, for submit_many
+                    origin.settled(k)
                 n_run += k
                 i += k
                 continue
             n_run += 1
             if done is not None:
                 done(result[i])
+            if origin is not None:
+                origin.settled(1)
             i += 1
         obs(now - t_run, n_run)
         hook = self.commit_hook

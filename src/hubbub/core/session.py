@@ -203,6 +203,12 @@ class OutboundQueue:
     #: When nonzero, the transport's writer packs event frames into batch frames of at most this many bytes
     #: and takes the queue with :meth:`next_entries`; a replay then queues its chunks already packed.
     batch_limit: int = 0
+    #: Publishes of this connection submitted to the node and not completed yet, kept by the write batcher
+    #: (``WriteBatcher.submit``/``submit_many`` add, their completion takes away through :meth:`settled`).
+    #: Each may still queue a reply, so read-side back-pressure counts them with the queued frames
+    #: (:meth:`has_room`, :meth:`wait_room`): a pipelining publisher's own acknowledgements can never outgrow
+    #: its queue, whatever the dialect.
+    owed: int = 0
     # A list, not a deque: an idle connection's empty list is 56 bytes, an empty deque 760 (it keeps a block
     # of 64 slots); the writer takes the queue whole or a prefix at a time, never one entry by one.
     _frames: list[Entry] = field(default_factory=list)
@@ -267,6 +273,20 @@ class OutboundQueue:
         if was_empty:
             self._wake.set()
         return True
+
+    def settled(self, k: int) -> None:
+        """``k`` of this connection's publishes completed (their replies, if any, are queued by now): they are
+        no longer owed, and a reader waiting in :meth:`wait_room` may go on once there is room."""
+        self.owed -= k
+        if self._count + self.owed < self.max_items // 2:
+            self._room.set()
+
+    @property
+    def has_room(self) -> bool:
+        """Whether the connection may be read without waiting: the frames queued and the replies owed
+        (:attr:`owed`) are below the queue's bound. Past it, the transport stops reading the connection
+        (:meth:`wait_room`) instead of queueing more replies: back-pressure, never a close."""
+        return self._count + self.owed < self.max_items
 
     def deliver(self, event: Event, subs: Sequence[str], cache: dict[Any, Any], replay: bool = False) -> bool:
         """Encode (through the shared cache) and queue one event."""
@@ -650,8 +670,12 @@ class Session(OutboundQueue):
         return out
 
     async def wait_room(self) -> None:
-        """Wait until the queue is at most half full (or the session ends): read-side back-pressure."""
-        while self._count >= self.max_items // 2 and not (self.closed or self.kicked or self.ending):
+        """Wait until the frames queued and the replies owed (:attr:`owed`) are below half the queue's bound,
+        or the session ends: read-side back-pressure. Every transport stops reading its connection here,
+        and a connection whose socket failed is closed by its pump (``SessionPump.run``), which wakes it."""
+        while self._count + self.owed >= self.max_items // 2 and not (
+            self.closed or self.kicked or self.ending
+        ):
             self._room.clear()
             await self._room.wait()
 
@@ -679,4 +703,5 @@ class Session(OutboundQueue):
             "queued_bytes": self._nbytes,
             "delivered": self.stats.delivered,
             "dropped": self.stats.dropped,
+            "owed": self.owed,
         }

@@ -265,8 +265,9 @@ class GubleConnection:
             else:
                 sess.push(self.codec.encode_notice("send"))
 
-        # Read-side back-pressure: a client that does not read its replies stops being read.
-        if sess.queued >= sess.max_items // 2:
+        # Read-side back-pressure: a client that does not read its replies (queued, or owed for publishes in
+        # flight) stops being read.
+        if not sess.has_room:
             await sess.wait_room()
         await self.node.writable()
         self.node.submit(req, sess, done)

@@ -23,7 +23,6 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from hubbub.core import Node, ReplayPlan, Session
-from hubbub.core.flag import Flag
 from hubbub.core.reads import LIST_LIMIT
 from hubbub.core.session import Overflow
 from hubbub.dialects import ivy
@@ -109,9 +108,6 @@ class IvyConnection:
             slow_close_code=Disconnect.TRY_AGAIN_LATER,
             echo=False,  # the publishing connection never receives its own event (ivy.md §4)
         )
-        self.inflight = 0
-        self.max_inflight = settings.send_queue
-        self._acked = Flag()  # an asyncio.Event is some 850 bytes per idle connection
         self.last_recv = time.monotonic()
         #: The connection's tasks (writer, keepalive), in the handler's Lifetime (see :meth:`start`).
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -221,18 +217,14 @@ class IvyConnection:
         )
 
         def done(r: AppendResult | HubbubError) -> None:
-            self.inflight -= 1
-            if self.inflight < self.max_inflight // 2:
-                self._acked.set()
             if isinstance(r, HubbubError):
                 # Ivy has no error reply: close (README §5: storage failure → 1011).
                 log.warning("ivy publish failed: %s", r, extra={"session": sess.id})
                 sess.end(ivy.close_reason(r))
 
-        # Read-side back-pressure: a bounded number of publishes in flight.
-        if self.inflight >= self.max_inflight:
-            self._acked.clear()
-            await self._acked.wait()
+        # Read-side back-pressure: publishes in flight count against the queue's bound (Session.owed).
+        if not sess.has_room:
+            await sess.wait_room()
         await self.node.writable()
         try:
             self.node.submit(req, sess, done)
@@ -245,7 +237,6 @@ class IvyConnection:
         except ShuttingDown as exc:
             sess.end(ivy.close_reason(exc))
             return
-        self.inflight += 1
 
     # -- outbound -----------------------------------------------------------------------------------------
 

@@ -41,7 +41,6 @@ from hubbub.auth import ANONYMOUS, EVERYTHING, NOTHING, Authenticator, Identity
 from hubbub.auth.mist_registry import MistAuthenticator, MistTokenRegistry
 from hubbub.channels import parse_pattern
 from hubbub.core import Node, ReplayPlan, Session
-from hubbub.core.flag import Flag
 from hubbub.core.session import Overflow
 from hubbub.dialects import mist as md
 from hubbub.disconnect import Disconnect
@@ -182,9 +181,6 @@ class MistWire:
         self._roster: frozenset[str] | None = None
         #: Monotonic time of the last frame received (WebSocket keepalive).
         self.last_recv = time.monotonic()
-        self.inflight = 0
-        self.max_inflight = h.send_queue
-        self._acked = Flag()
         self._group: Lifetime | None = None
         self._writer: asyncio.Task[None] | None = None
 
@@ -341,16 +337,12 @@ class MistWire:
         )
 
         def done(r: AppendResult | HubbubError) -> None:
-            self.inflight -= 1
-            if self.inflight < self.max_inflight // 2:
-                self._acked.set()
             if isinstance(r, HubbubError):
                 log.warning("mist publish failed: %s", r, extra={"session": sess.id})
                 self._refused(cmd, r)
 
-        if self.inflight >= self.max_inflight:  # read-side back-pressure: bounded publishes in flight
-            self._acked.clear()
-            await self._acked.wait()
+        if not sess.has_room:  # read-side back-pressure: publishes in flight count (Session.owed)
+            await sess.wait_room()
         await self.node.writable()
         try:
             self.node.submit(req, sess, done)
@@ -362,7 +354,6 @@ class MistWire:
         except ShuttingDown:
             sess.end(Disconnect.GOING_AWAY)
             return
-        self.inflight += 1
 
     async def _registry(self, cmd: md.RegistryCommand) -> None:
         """A registry command (mist.md §7): an administrator's only when auth is on."""

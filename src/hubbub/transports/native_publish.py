@@ -1,7 +1,8 @@
 """The publish path of a native connection: the hot path, kept apart from the rest of the glue.
 
 :class:`NativePublishing` turns the native ``publish`` commands of one connection into core submissions with
-read-side back-pressure (a bounded number of publishes in flight, a bounded reply queue, the writer's room),
+read-side back-pressure (a bounded number of publishes in flight, the session's room for the replies queued
+and owed, ``Session.has_room``, shared with every dialect, and the writer's room),
 and their commit results into replies through the connection's
 :class:`~hubbub.dialects.native_protocol.NativeProtocol` (which keeps the FIFO of request ids).
 :class:`~hubbub.transports.native.NativeConnection` is the one subclass.
@@ -51,7 +52,7 @@ class NativePublishing:
         if (
             proto.phase is not _OPEN
             or proto.inflight >= proto.max_inflight
-            or self.session.queued >= self.session.max_items
+            or not self.session.has_room
             or not self.node.has_room
         ):
             return False
@@ -72,7 +73,7 @@ class NativePublishing:
         done = 0
         proto = self.proto
         if proto.phase is _OPEN and self.node.has_room:
-            room = min(proto.max_inflight - proto.inflight, sess.max_items - sess.queued)
+            room = min(proto.max_inflight - proto.inflight, sess.max_items - sess.queued - sess.owed)
             if room >= len(cmds):
                 done = len(cmds) if self._submit_many(cmds) else 0
             elif room > 1:
@@ -92,7 +93,7 @@ class NativePublishing:
         done = 0
         proto = self.proto
         if proto.phase is _OPEN and self.node.has_room:
-            room = min(proto.max_inflight - proto.inflight, sess.max_items - sess.queued)
+            room = min(proto.max_inflight - proto.inflight, sess.max_items - sess.queued - sess.owed)
             if room >= n:
                 done = n if self._submit_run(run, n) else 0
             elif room > 1:
@@ -155,9 +156,10 @@ class NativePublishing:
         self._submit(cmd)
 
     async def _queues_room(self) -> None:
-        """Wait until the connection's reply queue and the node's writer take more."""
+        """Wait until the connection's reply queue (replies queued and owed, ``Session.has_room``) and the
+        node's writer take more."""
         sess = self.session
-        if sess.queued >= sess.max_items:
+        if not sess.has_room:
             await sess.wait_room()
         if not self.node.has_room:
             await self.node.writable()

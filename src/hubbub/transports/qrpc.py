@@ -173,9 +173,9 @@ class QrpcWire:
         self.peer = peer
         self.subs = QrpcSubscriptions(self)
         self.groups: dict[str, GroupMember] = {}
+        #: Emits of this connection in flight (the back-pressure counts them as ``Session.owed``; this is for
+        #: the order of a listen after them, see :meth:`_listen`).
         self.inflight = 0
-        self._room = asyncio.Event()
-        self._room.set()
         #: Set while no emit of this connection is in flight (see :meth:`_listen`).
         self._idle = asyncio.Event()
         self._idle.set()
@@ -307,8 +307,6 @@ class QrpcWire:
 
         def done(r: AppendResult | HubbubError) -> None:
             self.inflight -= 1
-            if self.inflight < self.session.max_items // 2:
-                self._room.set()
             if not self.inflight:
                 self._idle.set()
             if isinstance(r, HubbubError):
@@ -316,9 +314,8 @@ class QrpcWire:
             else:
                 self.reply(cid, {"ok": True, "delivered": recipients(node, consumers, r, sess)})
 
-        if self.inflight >= self.session.max_items:  # read-side back-pressure: bounded emits in flight
-            self._room.clear()
-            await self._room.wait()
+        if not sess.has_room:  # read-side back-pressure: emits in flight count (Session.owed)
+            await sess.wait_room()
         await node.writable()
         node.submit(req, sess, done)
         self.inflight += 1

@@ -35,7 +35,6 @@ from aiohttp.client_ws import ClientWebSocketResponse
 from hubbub.auth import Identity
 from hubbub.channels import parse_pattern
 from hubbub.core import Encoder, Node, Overflow, ReplayPlan, Session, Subscription
-from hubbub.core.flag import Flag
 from hubbub.dialects import wearscript as wsd
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
@@ -139,9 +138,6 @@ class WearscriptWire:
         self._ping = ping
         self._publish_headers = publish_headers
         self.listening: set[str] = set()
-        self.inflight = 0
-        self.max_inflight = s.send_queue
-        self._acked = Flag()
         self.last_recv = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._group: Lifetime | None = None
@@ -307,17 +303,13 @@ class WearscriptWire:
         )
 
         def done(r: AppendResult | HubbubError) -> None:
-            self.inflight -= 1
-            if self.inflight < self.max_inflight // 2:
-                self._acked.set()
             if isinstance(r, HubbubError):
                 # No error reply in WearScript: close (protocols README §5: storage failure → 1011).
                 log.warning("wearscript publish failed: %s", r, extra={"session": sess.id})
                 sess.end(Disconnect.GOING_AWAY if isinstance(r, ShuttingDown) else Disconnect.INTERNAL_ERROR)
 
-        if self.inflight >= self.max_inflight:  # read-side back-pressure: bounded publishes in flight
-            self._acked.clear()
-            await self._acked.wait()
+        if not sess.has_room:  # read-side back-pressure: publishes in flight count (Session.owed)
+            await sess.wait_room()
         await self.node.writable()
         try:
             self.node.submit(req, sess, done)
@@ -327,7 +319,6 @@ class WearscriptWire:
         except ShuttingDown:
             sess.end(Disconnect.GOING_AWAY)
             return
-        self.inflight += 1
 
     # -- keepalive ----------------------------------------------------------------------------------------
 
