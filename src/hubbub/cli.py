@@ -64,6 +64,7 @@ HELP = {
     "limits.max_subscriptions": "subscriptions per connection",
     "limits.send_queue": "outbound frames queued per connection before the slow-consumer policy applies",
     "limits.send_queue_bytes": "the same, in bytes",
+    "limits.write_timeout_s": "seconds a TCP write waits for a peer that reads nothing before aborting it",
     "log.retention.max_age_s": "trim events older than this many seconds (0: keep)",
     "log.retention.max_events": "keep at most this many events per channel (0: unlimited)",
     "log.retention.max_bytes": "keep at most this many bytes per channel (0: unlimited)",

@@ -56,6 +56,9 @@ class Limits:
     max_subscriptions: int = 1024
     send_queue: int = 1024
     send_queue_bytes: int = 16 << 20
+    #: Seconds a TCP write (native, mist, qrpc) may wait for a peer that reads nothing before the connection
+    #: is aborted (``hubbub_write_timeouts_total``).
+    write_timeout_s: int = 30
     # The limits below are off at 0 (unlimited): docs/security.md gives values for an exposed server.
     publish_rate: int = 0
     publish_burst: int = 0

@@ -263,7 +263,9 @@ class Server:
         if cfg.qpubs_enabled:
             host, port = parse_listen(cfg.qpubs_qrpc_listen, "qpubs.qrpc_listen")
             self.qrpc = QrpcService(node, self.consumers, qpubs_settings(cfg), http_settings)
-            self._qrpc_server = await serve_qrpc(host, port, self.qrpc, ssl_context=self._ssl)
+            self._qrpc_server = await serve_qrpc(
+                host, port, self.qrpc, ssl_context=self._ssl, write_timeout=lim.write_timeout_s
+            )
             self.ports["qrpc"] = self._qrpc_server.sockets[0].getsockname()[1]
             log.info("listening", extra={"listener": "qrpc", "address": f"{host}:{self.ports['qrpc']}"})
         for link in self.upstreams:
@@ -282,11 +284,11 @@ class Server:
                 async def send(data: bytes) -> None:
                     # The prefix and the frame as two buffers: a batch frame can be a megabyte, not copied.
                     writer.writelines(codec.stream_parts(data))
-                    await drain(writer)
+                    await drain(writer, lim.write_timeout_s)
 
                 async def send_many(frames: list[bytes]) -> None:
                     writer.write(codec.frames_for_stream(frames))
-                    await drain(writer)
+                    await drain(writer, lim.write_timeout_s)
 
                 async def close(code: Disconnect) -> None:
                     writer.close()
@@ -331,7 +333,13 @@ class Server:
                 task.add_done_callback(self._tcp_conns.discard)
 
             self._mist_tcp = await serve_mist_tcp(
-                host, port, self.mist, track_mist, ssl_context=self._ssl, limiter=node.limiter
+                host,
+                port,
+                self.mist,
+                track_mist,
+                ssl_context=self._ssl,
+                limiter=node.limiter,
+                write_timeout=lim.write_timeout_s,
             )
             self.ports["mist"] = self._mist_tcp.sockets[0].getsockname()[1]
             log.info("listening", extra={"listener": "mist", "address": f"{host}:{self.ports['mist']}"})

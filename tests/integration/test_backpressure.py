@@ -1,7 +1,8 @@
 """Read-side back-pressure in every dialect (ARCHITECTURE §6): a publisher that pipelines far more publishes
 than its connection's queue holds, without reading a reply, is slowed (the server stops reading it), never
 closed; each of its publishes is acknowledged in the dialect's way, and every event is committed and reaches a
-live subscriber, every id in order.
+live subscriber, every id in order. A client that sends requests and closes without reading the replies gives
+back its session and its connection slot.
 
 A real server on loopback ports, with a small send queue (``SEND_QUEUE``), so that ``N`` publishes are many
 times what one connection may queue.
@@ -10,8 +11,10 @@ times what one connection may queue.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
+import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -315,5 +318,126 @@ def test_a_pipelining_publisher_is_slowed_never_closed(tmp_path: Path, name: str
                 await until(lambda: node.batcher.pending == 0, "every publish completed")
             await close()
             await sub.ws.close()
+
+    asyncio.run(main())
+
+
+# -- a client that sends requests and closes without reading the replies -----------------------------------
+
+
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def raw_ws(port: int, path: str, protocol: str = "") -> Stream:
+    """A WebSocket opened by hand, so that the test decides what is read: nothing, after the upgrade."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    proto = f"Sec-WebSocket-Protocol: {protocol}\r\n" if protocol else ""
+    writer.write(
+        f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\nSec-WebSocket-Version: 13\r\n"
+        f"{proto}\r\n".encode()
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+    assert head.startswith(b"HTTP/1.1 101 "), head
+    return reader, writer
+
+
+def ws_frame(data: bytes | str) -> bytes:
+    """One client frame (text for str, binary for bytes), masked with a zero key (the payload unchanged)."""
+    raw, op = (data.encode(), 0x1) if isinstance(data, str) else (data, 0x2)
+    n = len(raw)
+    if n < 126:
+        head = bytes([0x80 | op, 0x80 | n])
+    elif n < 1 << 16:
+        head = bytes([0x80 | op, 0x80 | 126]) + n.to_bytes(2, "big")
+    else:
+        head = bytes([0x80 | op, 0x80 | 127]) + n.to_bytes(8, "big")
+    return head + b"\0\0\0\0" + raw
+
+
+#: Requests that each get a reply (or, for mist 2015, an event to its own subscription; for ivy's publishes
+#: none), sent K times: (transport, path or port name, WebSocket subprotocol, the first frames, the request).
+K = 4000
+MSGPACK_PUBLISH = {"op": "publish", "channel": "/bp", "payload": b"x", "ack": True}
+BIG = "y" * 100_000
+FLOODS: dict[str, tuple[str, str, str, list[bytes | str], Callable[[int], bytes | str]]] = {
+    "native-ws-json": (
+        "ws",
+        "/ws/hubbub",
+        "hubbub.v1.json",
+        ['{"op":"hello","id":0,"v":1}'],
+        lambda i: NATIVE_PUBLISH.format(id=i + 1, text=body(i)).rstrip("\n"),
+    ),
+    "native-ws-msgpack": (
+        "ws",
+        "/ws/hubbub",
+        "hubbub.v1.msgpack",
+        [msgpack.packb({"op": "hello", "id": 0, "v": 1})],
+        lambda i: msgpack.packb(dict(MSGPACK_PUBLISH, id=i + 1)),
+    ),
+    "native-tcp": (
+        "tcp",
+        "native",
+        "",
+        [b'{"op":"hello","id":0,"v":1}\n'],
+        lambda i: NATIVE_PUBLISH.format(id=i + 1, text=body(i)).encode(),
+    ),
+    "ivy": ("ws", "/ws", "ivy1", [], lambda i: "@"),
+    "guble": ("ws", "/stream/user/u", "", [], lambda i: b"> /bp\n\n" + body(i).encode()),
+    "mist2015-tcp": ("tcp", "mist", "", [b"subscribe bp\n"], lambda i: f"publish bp {BIG}\n".encode()),
+    "mist2015-ws": ("ws", "/mist/ws", "", [], lambda i: '{"command":"ping"}'),
+    "mist1-tcp": ("tcp", "mist", "", [], lambda i: b'{"command":"ping"}\n'),
+    "mist1-ws": ("ws", "/mist/v1/ws", "", [], lambda i: '{"command":"ping"}'),
+    "wearscript": ("ws", "/wearscript/ws", "", [], lambda i: msgpack.packb(["bp", body(i)])),
+    "qrpc": (
+        "tcp",
+        "qrpc",
+        "",
+        [],
+        lambda i: f'{{"v":1,"id":"c{i}","n":"emit","m":{{"topic":"bp","value":"{body(i)}"}}}}\n'.encode(),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(FLOODS))
+def test_a_client_that_closes_without_reading_gives_its_session_back(tmp_path: Path, name: str) -> None:
+    """Three connections from one address, each sending requests and closing without reading a reply: each
+    one's session goes, and so does its connection slot (three of them would lock the address out of every
+    listener, at ``limits.max_connections_per_ip`` 3)."""
+    transport, where, protocol, first, request = FLOODS[name]
+    # mist 2015's events to its own subscription fill the socket: the server stops reading, the client's
+    # writes wait, and the write timeout aborts the connection (a second here).
+    count = 200 if name == "mist2015-tcp" else K
+
+    async def main() -> None:
+        limits = {"limits.max_connections_per_ip": "3", "limits.write_timeout_s": "1"}
+        async with serve(tmp_path, **limits) as server:
+            node = server.node
+            assert node is not None
+            for _ in range(3):
+                if transport == "ws":
+                    _, writer = await raw_ws(server.ports["http"], where, protocol)
+                    frames = [ws_frame(f) for f in first] + [ws_frame(request(i)) for i in range(count)]
+                else:
+                    _, writer = await asyncio.open_connection(HOST, server.ports[where])
+                    frames = [f if isinstance(f, bytes) else f.encode() for f in first]
+                    frames += [r if isinstance(r, bytes) else r.encode() for r in map(request, range(count))]
+                with contextlib.suppress(ConnectionError):  # the server may close a flood (slow consumer)
+                    for f in frames:
+                        writer.write(f)
+                        await writer.drain()
+                writer.close()  # without reading: the replies the server writes meet a closed socket
+                with contextlib.suppress(ConnectionError):
+                    await writer.wait_closed()
+            await until(
+                lambda: not node.sessions and node.limiter.connections == 0,
+                f"every session and slot back ({len(node.sessions)} sessions, "
+                f"{node.limiter.connections} slots)",
+            )
+            # The address may connect again.
+            reader, writer = await asyncio.open_connection(HOST, server.ports["http"])
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert (await asyncio.wait_for(reader.read(), WAIT)).startswith(b"HTTP/1.1 200 ")
+            writer.close()
 
     asyncio.run(main())

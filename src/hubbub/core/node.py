@@ -54,7 +54,7 @@ from .replay import ReplayPlan, ReplaySpec
 from .replay_service import REPLAY_PAGE, ReplayService
 from .retention import RetentionTask
 from .session import Session
-from .stats import Histogram
+from .stats import DialectCounters, Histogram
 from .subscriptions import Subscription, SubscriptionRegistry
 
 if TYPE_CHECKING:
@@ -167,10 +167,11 @@ class Node:
         # statistics, per dialect
         self.published = self.registry.published
         self.deliveries = self.registry.deliveries
-        self.bad_input: dict[str, int] = {}
-        self.slow_closes: dict[str, int] = {}
-        #: Unexpected socket failures the transports met (each logged at warning), per dialect.
-        self.io_errors: dict[str, int] = {}
+        #: What happened to connections: bad input, slow-consumer closes, socket failures, write timeouts.
+        self.counters = c = DialectCounters()
+        self.bad_input, self.slow_closes = c.bad_input, c.slow_closes
+        self.io_errors, self.write_timeouts = c.io_errors, c.write_timeouts
+        self.count_bad_input, self.count_slow_close = c.count_bad_input, c.count_slow_close
         self.ack_latency = self.batcher.ack_latency
         b, r = self.batcher, self.registry
         self.submit = b.submit
@@ -179,6 +180,7 @@ class Node:
         self.writable = b.writable
         self.attach = r.attach
         self.detach = r.detach
+        self.dropped = r.dropped
         self.session_by_id = r.session_by_id
         self.unsubscribe = r.unsubscribe
         self.subscriptions = r.subscriptions
@@ -235,12 +237,6 @@ class Node:
     @property
     def sessions(self) -> frozenset[Session]:
         return self.registry.sessions
-
-    def count_bad_input(self, dialect: str) -> None:
-        self.bad_input[dialect] = self.bad_input.get(dialect, 0) + 1
-
-    def count_slow_close(self, dialect: str) -> None:
-        self.slow_closes[dialect] = self.slow_closes.get(dialect, 0) + 1
 
     def _on_slow(self, sess: Session) -> None:
         log.info("closing slow consumer", extra={"dialect": sess.dialect, "session": sess.id})

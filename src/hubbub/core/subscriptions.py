@@ -69,6 +69,8 @@ class SubscriptionRegistry:
         self._by_id: dict[str, Session] = {}
         self.published: dict[str, int] = {}
         self.deliveries: dict[str, int] = {}
+        #: Events dropped by the overflow policy of sessions since detached, per dialect (:meth:`dropped`).
+        self._dropped_detached: dict[str, int] = {}
         # Live delivery: reads the router and the holding set, counts into ``deliveries``.
         self.fanout = FanOut(self.router, self._holding, self.deliveries)
         #: Called with (subscription, True) when a subscription is added and (subscription, False) when it
@@ -99,11 +101,25 @@ class SubscriptionRegistry:
             for w in self.watchers:
                 for s in subs.values():
                     w(s, False)
-        self._sessions.discard(session)
+        if session in self._sessions:
+            self._sessions.discard(session)
+            n = session.stats.dropped
+            if n:
+                d = session.dialect
+                self._dropped_detached[d] = self._dropped_detached.get(d, 0) + n
         self.access.unbind(session)
         if self._by_id.get(session.id) is session:
             del self._by_id[session.id]
         session.close()
+
+    def dropped(self) -> dict[str, int]:
+        """Events dropped by the overflow policy, per dialect, since the node started: the sessions detached
+        (counted when they were) and the attached ones. A counter: it never goes down as connections close."""
+        out = dict(self._dropped_detached)
+        for s in self._sessions:
+            if s.stats.dropped:
+                out[s.dialect] = out.get(s.dialect, 0) + s.stats.dropped
+        return out
 
     def rebind(self, session: Session, ident: Identity) -> None:
         """The session's identity changed (``Node.login``): its subscriptions follow the new permissions, and

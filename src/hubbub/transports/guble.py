@@ -652,10 +652,9 @@ class GubleHub:
             "router.current_routes": int(node.router.statistics()["subscriptions"]),
         }
         conns: dict[str, int] = {}
-        dropped: dict[str, int] = {}
         for s in node.sessions:
             conns[s.dialect] = conns.get(s.dialect, 0) + 1
-            dropped[s.dialect] = dropped.get(s.dialect, 0) + s.stats.dropped
+        dropped = node.dropped()
         for name, src in (
             ("hubbub_connections", conns),
             ("hubbub_events_published_total", node.published),
@@ -663,6 +662,7 @@ class GubleHub:
             ("hubbub_dropped_total", dropped),
             ("hubbub_bad_input_total", node.bad_input),
             ("hubbub_slow_consumer_closes_total", node.slow_closes),
+            ("hubbub_write_timeouts_total", node.write_timeouts),
         ):
             for d, v in sorted(src.items()):
                 out[f"{name}.{d}"] = v

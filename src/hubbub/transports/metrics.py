@@ -49,10 +49,15 @@ class NodeCollector:
         for name, doc, src in (
             ("hubbub_events_published", "Events published", node.published),
             ("hubbub_deliveries", "Events delivered to connections", node.deliveries),
-            ("hubbub_dropped", "Events dropped by the slow-consumer policy", self._dropped()),
+            ("hubbub_dropped", "Events dropped by the slow-consumer policy", node.dropped()),
             ("hubbub_bad_input", "Bad input seen", node.bad_input),
             ("hubbub_slow_consumer_closes", "Connections closed as slow consumers", node.slow_closes),
             ("hubbub_io_errors", "Unexpected socket failures (logged at warning)", node.io_errors),
+            (
+                "hubbub_write_timeouts",
+                "TCP connections aborted because the peer read nothing for limits.write_timeout_s",
+                node.write_timeouts,
+            ),
         ):
             c = CounterMetricFamily(name, doc, labels=["dialect"])
             for d in DIALECTS:
@@ -132,12 +137,6 @@ class NodeCollector:
                 yield GaugeMetricFamily(f"hubbub_presence_{name}", doc, value=v)
             else:
                 yield CounterMetricFamily(f"hubbub_presence_{name}", doc, value=v)
-
-    def _dropped(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for s in self.node.sessions:
-            out[s.dialect] = out.get(s.dialect, 0) + s.stats.dropped
-        return out
 
 
 #: Per consumer (label ``consumer``): (name, help, gauge?, the figure's field).

@@ -26,7 +26,7 @@ from hubbub.disconnect import Disconnect
 from .lifetime import Lifetime
 from .mist import DIALECT, MistService, MistWire
 from .pump import quietly
-from .tcp import drain, keep_alive, peer_ip
+from .tcp import WRITE_TIMEOUT_S, drain, keep_alive, peer_ip
 
 __all__ = ["serve_mist_tcp"]
 
@@ -45,8 +45,11 @@ async def serve_mist_tcp(
     *,
     ssl_context: ssl.SSLContext | None = None,
     limiter: Limiter | None = None,
+    write_timeout: float = WRITE_TIMEOUT_S,
 ) -> asyncio.Server:
-    """Start the listener; ``on_connection`` is given each connection's task (the server waits for them)."""
+    """Start the listener; ``on_connection`` is given each connection's task (the server waits for them). A
+    write waits ``write_timeout`` seconds at most for a peer that reads nothing (then the connection is
+    aborted and counted in ``hubbub_write_timeouts_total``)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -70,11 +73,11 @@ async def serve_mist_tcp(
     ) -> None:
         async def send(data: bytes) -> None:
             writer.write(data)
-            await drain(writer)
+            await drain(writer, write_timeout)
 
         async def send_many(frames: list[bytes]) -> None:
             writer.write(b"".join(frames))  # a stream: a burst of events goes out in one write
-            await drain(writer)
+            await drain(writer, write_timeout)
 
         async def close(code: Disconnect) -> None:
             writer.close()

@@ -13,10 +13,14 @@ dialect shapes what goes out through three optional hooks, never through a loop 
 line); dialects that ping from their own timers (native's :class:`~hubbub.transports.native.Keepalive`,
 ivy) or leave it to the WebSocket layer (guble) do not set it.
 
-Failures of the socket end the loop: an expected one (the peer went away: ``ConnectionError``) quietly, any
-other with a warning naming the connection and a count in the node's ``io_errors`` (:func:`io_failed`). The
-loop never raises (only cancellation propagates), so it runs as a task of the
-connection's :class:`~hubbub.transports.lifetime.Lifetime` without taking the connection down with it.
+Failures of the socket end the loop: an expected one (the peer went away: ``ConnectionError``) quietly, a
+peer that read nothing for the write timeout (:class:`WriteTimeout`) with a count in the node's
+``write_timeouts``, any other with a warning naming the connection and a count in the node's ``io_errors``
+(:func:`io_failed`). Either way the session is closed then: nothing more can be written, and a reader waiting
+for room in its queue (``Session.wait_room``, read-side back-pressure) must wake, see the connection gone and
+end it, or the connection would hold its session, subscriptions and connection slot for good. The loop never
+raises (only cancellation propagates), so it runs as a task of the connection's
+:class:`~hubbub.transports.lifetime.Lifetime` without taking the connection down with it.
 
 Concurrency contract: everything runs on the event loop thread; one task per connection runs :meth:`run`.
 """
@@ -38,6 +42,7 @@ __all__ = [
     "Alive",
     "Pack",
     "SessionPump",
+    "WriteTimeout",
     "io_failed",
     "keepalive",
     "quietly",
@@ -54,6 +59,19 @@ SEND_MANY_MAX = 64 << 10
 
 #: Packs frames into batch frames of at most ``limit`` bytes (``BatchEncoder.encode_batches``).
 Pack = Callable[[Sequence[bytes], int], list[bytes]]
+
+
+class WriteTimeout(ConnectionResetError):
+    """A write waited longer than the write timeout for a peer that reads nothing; the connection was aborted.
+    A ``ConnectionError``, so every path that expects a peer to go away handles it; the pump and
+    :func:`quietly` count it in the node's ``write_timeouts`` (``hubbub_write_timeouts_total``)."""
+
+
+def write_timed_out(node: Node | None, dialect: str, session_id: str) -> None:
+    """Count a connection aborted by the write timeout (:class:`WriteTimeout`), per dialect."""
+    if node is not None:
+        node.write_timeouts[dialect] = node.write_timeouts.get(dialect, 0) + 1
+    log.info("write timeout: connection aborted", extra={"dialect": dialect, "session": session_id})
 
 
 def io_failed(node: Node | None, dialect: str, session_id: str, what: str, exc: BaseException) -> None:
@@ -75,10 +93,12 @@ async def quietly(
     io: Callable[[], Awaitable[object]], node: Node | None, dialect: str, session_id: str, what: str
 ) -> None:
     """Run the socket operation ``io()`` (a close, a last frame) on a connection that may be gone already:
-    a peer that left (``ConnectionError``, a timeout) is expected and passes silently, anything else is
-    reported with :func:`io_failed`. Cancellation propagates."""
+    a peer that left (``ConnectionError``, a timeout) is expected and passes silently (an abort by the write
+    timeout is counted), anything else is reported with :func:`io_failed`. Cancellation propagates."""
     try:
         await io()
+    except WriteTimeout:
+        write_timed_out(node, dialect, session_id)
     except (ConnectionError, TimeoutError):
         pass
     except Exception as exc:
@@ -185,10 +205,14 @@ class SessionPump:
                     if last is not None:
                         await quietly(lambda: send(last), self.node, sess.dialect, sess.id, "farewell frame")
                 await self._close(reason)
+        except WriteTimeout:
+            write_timed_out(self.node, sess.dialect, sess.id)
+            sess.close()  # see the module docstring: a reader waiting for room wakes
         except ConnectionError:
-            pass  # the peer is gone: the reader sees it too and ends the connection
+            sess.close()  # the peer is gone; the reader sees the session closed and ends the connection
         except Exception as exc:
             io_failed(self.node, sess.dialect, sess.id, "write loop", exc)
+            sess.close()
 
     async def _send_batches(self, entries: list[bytes | FrameRun]) -> None:
         """Send queued entries packed into batch frames within ``max_frame`` (native.md §3.5), in order.

@@ -43,7 +43,7 @@ from .lifetime import Lifetime
 from .pump import SessionPump, quietly, stopped
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
 from .qrpc_subs import QrpcSubscriptions
-from .tcp import drain, keep_alive, peer_ip
+from .tcp import WRITE_TIMEOUT_S, drain, keep_alive, peer_ip
 
 __all__ = ["QrpcEncoder", "QrpcService", "QrpcWire", "serve_qrpc"]
 
@@ -377,8 +377,10 @@ async def serve_qrpc(
     service: QrpcService,
     *,
     ssl_context: ssl.SSLContext | None = None,
+    write_timeout: float = WRITE_TIMEOUT_S,
 ) -> asyncio.Server:
-    """Start the qrpc listener (TLS with ``ssl_context``; connections admitted by the node's limiter)."""
+    """Start the qrpc listener (TLS with ``ssl_context``; connections admitted by the node's limiter; a write
+    waits ``write_timeout`` seconds at most for a peer that reads nothing)."""
     node = service.node
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -400,7 +402,7 @@ async def serve_qrpc(
 
     async def send(writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.write(data)
-        await drain(writer)
+        await drain(writer, write_timeout)
 
     async def _serve(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: Lifetime, ip: str

@@ -17,7 +17,7 @@ from hubbub.errors import HubbubError
 
 from .lifetime import Lifetime
 from .native import NativeConnection
-from .pump import quietly
+from .pump import WriteTimeout, quietly
 
 __all__ = ["KEEPALIVE", "WRITE_TIMEOUT_S", "dispatch", "drain", "keep_alive", "peer_ip", "serve_native_tcp"]
 
@@ -37,23 +37,25 @@ CLOSE_WAIT_S = 5.0
 #: subscriptions and its place in the limits within about a minute, also in dialects with no ping of their
 #: own (mist, qrpc); native's pings notice it sooner.
 KEEPALIVE: tuple[int, int, int] = (30, 10, 3)
-#: Seconds a write may wait for a peer that stopped reading before the connection is aborted.
+#: Seconds a write may wait for a peer that stopped reading before the connection is aborted: the default of
+#: ``limits.write_timeout_s``, which the server gives every TCP listener.
 WRITE_TIMEOUT_S: float = 30.0
 
 
-async def drain(writer: asyncio.StreamWriter) -> None:
-    """``writer.drain()``, aborting the connection when the peer has not read for :data:`WRITE_TIMEOUT_S`.
-    The timer is set only when the transport's buffer is over its high-water mark (a drain that would wait):
-    the common write costs nothing more. Every TCP listener's writes (native, mist, qrpc) go through it."""
+async def drain(writer: asyncio.StreamWriter, limit_s: float = WRITE_TIMEOUT_S) -> None:
+    """``writer.drain()``, aborting the connection when the peer has not read for ``limit_s`` seconds
+    (:class:`~hubbub.transports.pump.WriteTimeout`, which the write loop counts). The timer is set only when
+    the transport's buffer is over its high-water mark (a drain that would wait): the common write costs
+    nothing more. Every TCP listener's writes (native, mist, qrpc) go through it."""
     transport = writer.transport
     if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]:
         await writer.drain()
         return
     try:
-        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+        await asyncio.wait_for(writer.drain(), limit_s)
     except TimeoutError:
         transport.abort()
-        raise ConnectionResetError("the peer read nothing within the write timeout") from None
+        raise WriteTimeout("the peer read nothing within the write timeout") from None
 
 
 def keep_alive(writer: asyncio.StreamWriter) -> None:
