@@ -202,10 +202,7 @@ class FanOut:
 
     def _hold(self, sub: Subscription, event: Event) -> None:
         assert sub.holding is not None
-        sub.holding.append(event)
-        if len(sub.holding) > sub.session.max_items * 4:
-            # The replay cannot keep up with the live stream: apply the slow-consumer policy.
-            sub.session.kick(sub.session.slow_close_code)
+        sub.holding.add(event)
 
 
 def _run_frames(

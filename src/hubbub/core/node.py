@@ -26,7 +26,8 @@ Ordering guarantees:
 * Fan-out follows commit order. Each session gets a live event at most once, with the ids of every
   subscription of that session that matches it.
 * A subscription with a replay is registered *holding*: live events that match it are held while the snapshot
-  and replay are read, then the ones newer than the snapshot are released right after the replay.
+  and replay are read and queued, then the ones newer than the snapshot are queued right after the replay,
+  before any later live event (``core/junction.py``).
 """
 
 from __future__ import annotations
@@ -287,11 +288,11 @@ class Node:
 
         ``on_snapshot(plan)`` runs on the loop once the snapshot is read: the transport queues its reply and
         any gap notices. The replayed events are then queued (pacing on the session's queue), and
-        ``on_replayed(plan)`` queues the end-of-replay notice; right after it, held live events newer than the
-        snapshot are released, all in one loop step. The replay, like live delivery, skips events whose
-        delivery filters do not match the session (README §3); ``plan.sent`` counts what was queued. Raises
-        :class:`SubscriptionError` (4200, 4203), :class:`LimitExceeded` (4007) or ``BadRequest``; then no
-        subscription exists.
+        ``on_replayed(plan)`` queues the end-of-replay notice; then held live events newer than the snapshot
+        are queued, paced alike, before any later one (``core/junction.py``). Replay and junction skip events
+        whose delivery filters do not match the session (README §3); ``plan.sent`` counts what was queued.
+        Raises :class:`SubscriptionError` (4200, 4203), :class:`LimitExceeded` (4007) or ``BadRequest``; then
+        no subscription exists.
 
         ``planner``, when given, replaces the native replay planning (``replay`` is then ignored): it runs on
         a reader thread and returns the events to replay and the snapshot's ``tops``; held live events at or

@@ -1,10 +1,13 @@
 """The replay service: a subscription with a start position gets its snapshot, its replay, then goes live.
 
 A subscription is registered *holding* (:meth:`SubscriptionRegistry.add`): live events that match it are
-held while the snapshot and replay are read (on the reader threads, :class:`~hubbub.core.reads.LogReads`),
-then the held ones newer than the snapshot are released right after the replay, in the same loop step
-(ARCHITECTURE §4). A replay never hides a gap: trimmed or reset positions are reported as gaps by the plan,
-and a replay that loses its snapshot while it is sent closes the session as a slow consumer.
+held (:class:`~hubbub.core.hold.Hold`) while the snapshot and replay are read (on the reader threads,
+:class:`~hubbub.core.reads.LogReads`) and queued, paced by the session's queue; then the
+:class:`~hubbub.core.junction.Junction` queues the held ones newer than the snapshot, paced the same way, and
+ends the hold (ARCHITECTURE §5). Neither the replay nor the held events ever overflow the queue: replay
+traffic never makes a subscriber slow. A replay never hides a gap: trimmed or reset positions are reported as
+gaps by the plan, and a replay (or a read-back of held events) that loses its snapshot while it is sent closes
+the session as a slow consumer.
 
 Concurrency contract: called from the event loop thread only; store reads run on the reader threads, epoch
 changes on the writer thread (``control``).
@@ -24,6 +27,7 @@ from hubbub.log.base import ChannelInfo, EventRun, LogStore
 
 from .access import only_visible
 from .filters import withheld
+from .junction import Junction
 from .reads import LogReads, Planner
 from .replay import Gap, ReplayPlan, ReplaySpan, ReplaySpec, plan_replay
 from .session import FrameRun, Session
@@ -57,6 +61,8 @@ class ReplayService:
         self.registry = registry
         self._control = control
         self.max_recovery = max_recovery
+        #: Holds that spilled (more live events arrived during a replay than a hold keeps; Junction).
+        self.spills = 0
 
     async def subscribe(
         self,
@@ -105,8 +111,8 @@ class ReplayService:
                 break
             if ev.headers and withheld(session, ev):
                 continue  # not this connection's, as in live fan-out (README §3)
-            if session.queued >= session.max_items - 1:
-                await session.wait_room()
+            if session.needs_room():
+                await session.wait_replay_room()
             sent += session.deliver(ev, [sub_id], cache, replay=True)
         span_last = 0
         if plan.span is not None and not (session.closed or session.kicked):
@@ -115,7 +121,9 @@ class ReplayService:
         plan.sent = sent
         if on_replayed is not None and plan.replayed:
             on_replayed(plan)
-        registry.release(sub, plan, span_last)
+        junction = Junction(self.reads, registry, sub, plan, span_last)
+        await junction.run()
+        self.spills += junction.spills
         return sub
 
     async def _replay_span(self, session: Session, sub_id: str, span: ReplaySpan) -> tuple[int, int]:

@@ -679,6 +679,18 @@ class Session(OutboundQueue):
             self._room.clear()
             await self._room.wait()
 
+    def needs_room(self) -> bool:
+        """Whether a replay must wait (:meth:`wait_replay_room`) before it queues one more event frame."""
+        return self._count >= self.max_items - 1 or self._nbytes > self.max_bytes // 2
+
+    async def wait_replay_room(self) -> None:
+        """Wait until one more event frame (up to half the byte bound) fits without overflowing the queue, or
+        the session ends: the pacing of a replay and of the held events after it, which must never trigger
+        the overflow policy."""
+        while self.needs_room() and not (self.closed or self.kicked or self.ending):
+            self._room.clear()
+            await self._room.wait()
+
     def end(self, code: Disconnect) -> None:
         """Close gracefully with ``code`` once the frames already queued are written."""
         if not self.ending:

@@ -1,8 +1,9 @@
 """The subscription registry: attached sessions, their subscriptions in the router, and live fan-out.
 
 The registry owns the router, the sessions and their subscriptions, and the set of subscriptions still
-*holding* (a replay being read: live events for them are kept on the subscription, see
-:class:`~hubbub.core.replay_service.ReplayService`). Committed batches come in through
+*holding* (a replay being read and sent: live events for them are kept on the subscription's
+:class:`~hubbub.core.hold.Hold`, see :class:`~hubbub.core.replay_service.ReplayService` and
+:class:`~hubbub.core.junction.Junction`). Committed batches come in through
 :meth:`SubscriptionRegistry.fan_out_committed`, in commit order; :class:`~hubbub.core.fanout.FanOut` does the
 per-session delivery.
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, final
+from typing import final
 
 from hubbub.auth import Identity
 from hubbub.channels import Pattern
@@ -25,8 +26,8 @@ from hubbub.router import Router
 from .access import Access
 from .batcher import Pending
 from .fanout import FanOut
-from .filters import FILTER_PREFIX, delivery_filters, passes
-from .replay import ReplayPlan
+from .filters import FILTER_PREFIX
+from .hold import Hold
 from .session import Session
 
 __all__ = ["Subscription", "SubscriptionRegistry"]
@@ -40,7 +41,8 @@ class Subscription:
     sub_id: str
     pattern: Pattern
     tags: frozenset[str]
-    holding: list[Event] | None = None
+    #: The live events held while the subscription's replay runs (``None``: live).
+    holding: Hold | None = None
     #: The channels of the pattern the session's identity may read, when not all (``Access.visibility``).
     visible: Callable[[str], bool] | None = None
 
@@ -162,9 +164,10 @@ class SubscriptionRegistry:
     # -- subscriptions ----------------------------------------------------------------------------------
 
     def add(self, session: Session, sub_id: str, pattern: Pattern, tags: frozenset[str]) -> Subscription:
-        """Register a subscription *holding*: live events that match it are kept on it until
-        :meth:`release`. Raises :class:`SubscriptionError` (4200), :class:`LimitExceeded` (4007) or
-        :class:`ShuttingDown` (the session is detached)."""
+        """Register a subscription *holding*: live events that match it are kept on its :class:`Hold`
+        (at most four times the session's queue bound, then spilled) until :meth:`end_hold`. Raises
+        :class:`SubscriptionError` (4200), :class:`LimitExceeded` (4007) or :class:`ShuttingDown` (the session
+        is detached)."""
         subs = self._subs.get(session)
         if subs is None:
             raise ShuttingDown("session is closed")
@@ -174,7 +177,9 @@ class SubscriptionRegistry:
             self.access.limiter.refused("max_subscriptions", session.dialect)
             raise LimitExceeded("too many subscriptions")
         visible = self.access.visibility(session.identity, pattern)
-        sub = Subscription(session, sub_id, pattern, tags, holding=[], visible=visible)
+        sub = Subscription(
+            session, sub_id, pattern, tags, holding=Hold(session.max_items * 4), visible=visible
+        )
         self._holding.add(sub)
         subs[sub_id] = sub
         self.router.add(pattern, sub, tags, visible)
@@ -211,39 +216,23 @@ class SubscriptionRegistry:
     def subscriptions(self, session: Session) -> list[Subscription]:
         return list(self._subs.get(session, {}).values())
 
-    def release(self, sub: Subscription, plan: ReplayPlan, span_last: int = 0) -> None:
-        """End ``sub``'s holding right after its replay: deliver the held events the replay did not send
-        (``plan``'s events, and the span's events up to ``span_last``), in the same loop step."""
-        held = sub.holding or []
+    def held_ids(self, sub: Subscription, event: Event, in_snapshot: bool) -> list[str]:
+        """The ids of the subscriptions of ``sub``'s session that get ``event``, held on ``sub`` (or read back
+        from the log for its hold): ``sub`` itself unless the event is inside its snapshot, and every live
+        subscription of the session that matches it (fan-out held it for all of them)."""
+        subs = self._subs.get(sub.session)
+        if not subs:
+            return []
+        return [
+            s.sub_id
+            for s in subs.values()
+            if (not in_snapshot if s is sub else s.holding is None) and s.matches(event)
+        ]
+
+    def end_hold(self, sub: Subscription) -> None:
+        """``sub`` is live: live fan-out reaches it directly from now on (its held events were sent)."""
         sub.holding = None
         self._holding.discard(sub)
-        if not held:
-            return
-        tops = plan.tops
-        sess = sub.session
-        subs = self._subs.get(sess, {})
-        caches: dict[str, dict[Any, Any]] = {}
-        replayed = {(e.channel, e.seq) for e in plan.events} if plan.events else set()
-        span = plan.span
-        for ev in held:
-            if ev.headers and not passes(sess, delivery_filters(ev)):
-                continue
-            top = tops.get(ev.channel)
-            in_snapshot = top is not None and ev.seq <= top
-            if in_snapshot and (
-                (ev.channel, ev.seq) in replayed
-                or (span is not None and ev.channel == span.channel and span.after < ev.seq <= span_last)
-            ):
-                continue  # the replay sent it already: once per connection
-            # An event inside the snapshot is not the new subscription's (its stream starts after the
-            # snapshot), but the connection's other live subscriptions still get it.
-            ids = [
-                s.sub_id
-                for s in subs.values()
-                if s.holding is None and not (in_snapshot and s is sub) and s.matches(ev)
-            ]
-            if ids:
-                self.fanout.deliver(sess, ev, ids, caches)
 
     # -- live fan-out -----------------------------------------------------------------------------------
 
