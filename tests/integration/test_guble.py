@@ -153,6 +153,54 @@ def test_rest_and_admin(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_head_under_the_rest_prefix_answers_200(tmp_path: Path) -> None:
+    """Upstream's REST handler answers ``HEAD`` with 200 and no body anywhere under ``/api/`` (guble.md
+    §4), and its ``restclient.Check()`` is a ``HEAD`` of the endpoint (``/api`` or ``/api/message``); other
+    methods on a path without a topic are 404 (``GET``, ``POST``) or 405. Native's ``/api/v1/`` keeps its
+    own routes."""
+
+    async def main() -> None:
+        async with serve(tmp_path / "d") as addr, aiohttp.ClientSession() as http:
+            base = f"http://{addr}"
+            for path in (
+                "/api",
+                "/api/",
+                "/api/message",
+                "/api/message/",
+                "/api/message/t",
+                "/api/subscribers",
+                "/api/subscribers/",
+                "/api/subscribers/t",
+                "/api/other/x",
+            ):
+                async with http.head(base + path, allow_redirects=False) as r:
+                    assert (path, r.status, await r.read()) == (path, 200, b"")
+            for path in ("/api", "/api/", "/api/message", "/api/other/x"):
+                async with http.get(base + path) as r:
+                    assert (path, r.status, await r.text()) == (path, 404, "404 page not found\n")
+                async with http.post(base + path, data=b"x") as r:
+                    assert (path, r.status, await r.text()) == (path, 404, "404 page not found\n")
+                async with http.put(base + path, data=b"x") as r:
+                    assert (path, r.status, await r.text()) == (path, 405, "Method not allowed\n")
+            async with http.put(f"{base}/api/message/t", data=b"x") as r:
+                assert (r.status, await r.text()) == (405, "Method not allowed\n")
+            # Native's routes keep their own answers.
+            async with http.head(f"{base}/api/v1/log/none") as r:
+                assert r.status == 200
+            async with http.put(f"{base}/api/v1/log/none") as r:
+                assert r.status == 405 and "GET" in r.headers["Allow"]
+            async with http.get(f"{base}/api/v1/nothing") as r:
+                assert r.status == 404
+        async with (
+            serve(tmp_path / "off", **{"guble.enabled": "false"}) as addr,
+            aiohttp.ClientSession() as http,
+            http.head(f"http://{addr}/api/") as r,
+        ):
+            assert r.status == 404
+
+    asyncio.run(main())
+
+
 def test_admin_endpoints_configurable_and_dialect_switch(tmp_path: Path) -> None:
     async def main() -> None:
         cfg = {"guble.health_endpoint": "/h", "guble.metrics_endpoint": ""}

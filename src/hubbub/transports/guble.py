@@ -556,7 +556,28 @@ class GubleHub:
         """The request's identity (guble.md §9); ``AuthError`` when it has no valid token."""
         return request_identity(self.node, request, "guble", self.settings.auth)
 
+    def _head(self, request: web.Request) -> web.Response:
+        """``HEAD`` anywhere under ``/api/``: 200 with no body (guble.md §4), as upstream's REST handler
+        answers before it looks at the path; guble's ``restclient.Check()`` is a ``HEAD`` of its endpoint.
+        With ``guble.auth``, a valid token is still needed (401)."""
+        try:
+            self._identity(request)
+        except AuthError:
+            return text_response(401, "unauthorized\n")
+        return web.Response(status=200)
+
+    async def api(self, request: web.Request) -> web.Response:
+        """Any other path under guble's REST prefix (``/api``, ``/api/``, ``/api/message`` without a slash,
+        ...; never native's ``/api/v1/``): ``HEAD`` 200, ``GET`` and ``POST`` 404 (no topic), others 405."""
+        if request.method == "HEAD":
+            return self._head(request)
+        if request.method in ("GET", "POST"):
+            return text_response(404, "404 page not found\n")
+        return text_response(405, "Method not allowed\n")
+
     async def message(self, request: web.Request) -> web.Response:
+        if request.method == "HEAD":
+            return self._head(request)
         rest = raw_rest(request, "/api/message/")
         if not rest:
             return text_response(404, "404 page not found\n")
@@ -564,8 +585,6 @@ class GubleHub:
             ident = self._identity(request)
         except AuthError:
             return text_response(401, "unauthorized\n")
-        if request.method == "HEAD":
-            return web.Response(status=200)
         if request.method != "POST":
             return text_response(405, "Method not allowed\n")
         try:
@@ -598,6 +617,8 @@ class GubleHub:
         return text_response(200, "OK")
 
     async def subscribers(self, request: web.Request) -> web.Response:
+        if request.method == "HEAD":
+            return self._head(request)
         rest = raw_rest(request, "/api/subscribers/")
         if not rest:
             return text_response(404, "404 page not found\n")
@@ -605,7 +626,7 @@ class GubleHub:
             ident = self._identity(request)
         except AuthError:
             return text_response(401, "unauthorized\n")
-        if request.method not in ("GET", "HEAD"):
+        if request.method != "GET":
             return text_response(405, "Method not allowed\n")
         try:
             channel = route_channel(rest, self.http.max_channel_bytes)
@@ -703,6 +724,9 @@ def install(app: web.Application, node: Node, http: HttpSettings, *, settings: G
     app.router.add_get("/stream/{rest:.*}", hub.websocket)
     app.router.add_route("*", "/api/message/{rest:.*}", hub.message)
     app.router.add_route("*", "/api/subscribers/{rest:.*}", hub.subscribers)
+    # The rest of the REST prefix, after the routes above; native's /api/v1/ is not guble's.
+    app.router.add_route("*", "/api", hub.api)
+    app.router.add_route("*", r"/api/{rest:(?!v1(?:/|$)).*}", hub.api)
     if settings.health_endpoint:
         app.router.add_route("*", settings.health_endpoint, hub.healthcheck)
     if settings.metrics_endpoint:

@@ -202,8 +202,7 @@ _DIALECT_PREFIXES: tuple[tuple[str, str], ...] = (
     ("/events/", "ivy"),
     ("/log/", "ivy"),
     ("/stream/", "guble"),
-    ("/api/message/", "guble"),
-    ("/api/subscribers/", "guble"),
+    ("/api/", "guble"),  # after native's /api/v1/ (route_dialect)
     ("/admin/", "guble"),
     ("/wearscript/", "wearscript"),
     ("/mist/", "mist"),
@@ -217,6 +216,8 @@ def route_dialect(path: str) -> str:
         return "native"
     if path == "/ws":
         return "ivy"
+    if path == "/api":
+        return "guble"
     for prefix, dialect in _DIALECT_PREFIXES:
         if path.startswith(prefix):
             return dialect
