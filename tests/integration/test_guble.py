@@ -342,6 +342,54 @@ def test_slow_consumer_catches_up_from_the_log(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_catch_up_after_a_fetch_sends_its_unwritten_events_again(tmp_path: Path) -> None:
+    """A ``+ /q 0`` goes live while its fetch's events are still queued (the socket is stalled); live events
+    then overflow the queue, which drops them all: the catch-up starts from the last event written, which is
+    none, so it sends the fetch's events again, and every id arrives once, in order."""
+
+    async def main() -> None:
+        store = open_store("memory", str(tmp_path), "commit", RetentionPolicy(), 600)
+        async with Node(store, NodeSettings()) as node:
+            limits = {"max_channel_bytes": 1024, "max_headers": 64, "max_header_bytes": 8192}
+            http = HttpSettings(1 << 20, 1024, 1024, 16, 1 << 20, 25.0, limits)
+            hub = GubleHub(node, http, GubleSettings())
+            for i in range(5):
+                await node.publish(AppendRequest("/q", Publisher("native"), str(i).encode(), "x"))
+            gate = asyncio.Event()
+            last = asyncio.Event()
+            sent: list[bytes] = []
+
+            async def send(data: bytes) -> None:
+                await gate.wait()
+                sent.append(data)
+                if data.endswith(b"\nlast"):
+                    last.set()
+
+            async def close(code: int) -> None:
+                sent.append(b"closed %d" % code)
+                last.set()
+
+            conn = GubleConnection(hub, "slow", send, close)
+            async with asyncio.TaskGroup() as group:
+                conn.start(group)
+                await conn.handle(hub.codec.decode("+ /q 0"))
+                rec = conn.receivers["/q"]
+                assert rec.task is not None
+                await asyncio.wait_for(rec.task, WAIT)
+                assert rec.live and conn.session.queued > 5  # live, the fetch still queued
+                for i in range(5, 30):
+                    await node.publish(AppendRequest("/q", Publisher("native"), str(i).encode(), "x"))
+                assert conn.catch_ups >= 1
+                gate.set()
+                await node.publish(AppendRequest("/q", Publisher("native"), b"last", "x"))
+                await asyncio.wait_for(last.wait(), WAIT)
+                await conn.finish()
+            events = [f.rsplit(b"\n", 1)[1] for f in sent if f.startswith(b"/")]
+            assert events == [str(i).encode() for i in range(30)] + [b"last"]
+
+    asyncio.run(main())
+
+
 def test_guble_env_aliases() -> None:
     cfg = load_config(
         env={

@@ -311,6 +311,9 @@ class GubleConnection:
             cap=self.node.settings.max_recovery,
         )
         if cmd.subscribes:
+            # The fetch's events count as live ones for a catch-up (LiveMark): the receiver goes live while
+            # some may still be queued, and a catch-up must then send those again, from the last one written.
+            self._catch_up_subs.add(rec.sub_id)
             rec.task = self._spawn(self._run(rec, self._subscribe(rec, planner, fetch=True)))
         else:
             rec.task = self._spawn(self._run(rec, self._fetch_only(rec, planner)))
@@ -330,6 +333,9 @@ class GubleConnection:
     async def _subscribe(self, rec: Receiver, planner: Callable[[LogStore], ReplayPlan], fetch: bool) -> None:
         def on_snapshot(plan: ReplayPlan) -> None:
             if fetch:
+                if plan.events:
+                    # The receiver's stream starts with its fetch: a catch-up may reach back that far.
+                    rec.registered_ns = min(rec.registered_ns, plan.events[0].time_ns)
                 self._notice("fetch-start", f"{rec.path} {len(plan.events)}")
             else:
                 self._notice("subscribed-to", rec.path)
@@ -338,14 +344,17 @@ class GubleConnection:
             self._notice("fetch-end", rec.path)
             self._notice("subscribed-to", rec.path)
 
-        await self.node.subscribe(
-            self.session,
-            rec.sub_id,
-            rec.pattern,
-            planner=planner,
-            on_snapshot=on_snapshot,
-            on_replayed=on_replayed,
-        )
+        try:
+            await self.node.subscribe(
+                self.session,
+                rec.sub_id,
+                rec.pattern,
+                planner=planner,
+                on_snapshot=on_snapshot,
+                on_replayed=on_replayed,
+            )
+        finally:
+            self._catch_up_subs.discard(rec.sub_id)  # every fetch frame is queued (or never will be)
         rec.catching = False
         rec.live = not rec.dropped and self.receivers.get(rec.channel) is rec
         if rec.live:
