@@ -2,8 +2,9 @@
 order, and is not closed for the replay's own traffic, in guble (``+ /path 0``) and native (``since``, exact
 channel and pattern).
 
-The overlap is made certain rather than lucky: the subscriber asks for a replay of more bytes than the socket
-buffers between it and the server hold, then reads nothing until a window-paced publisher has had its next
+The overlap is made certain rather than lucky: the subscriber (a raw WebSocket over a socket with a small
+receive buffer, which buffers nothing more) asks for a replay of more bytes than the socket buffers between it
+and the server hold, then reads nothing until a window-paced publisher has had its next
 events acknowledged, so the replay is still being sent (checked on the server) while those events are held
 for it. Then it reads everything while the publisher goes on. The unpaced variant publishes back to back, so
 more events arrive during the replay than a subscription may hold: the hold spills to the log (checked), and
@@ -13,9 +14,14 @@ the subscriber still gets every id and stays open.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
+import os
+import socket
+import struct
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +51,76 @@ TOTAL = BEFORE + HELD + AFTER
 WS = aiohttp.ClientWebSocketResponse
 
 
+@dataclass(frozen=True)
+class Msg:
+    type: aiohttp.WSMsgType
+    data: Any
+
+
+class RawWS:
+    """A WebSocket client on a plain socket whose receive buffer is small: what it does not read stays in the
+    server's buffers (aiohttp's client reads ahead into memory). Server frames come whole, unmasked."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, addr: str, path: str, protocol: str = "") -> RawWS:
+        host, port = addr.rsplit(":", 1)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 14)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        key = base64.b64encode(os.urandom(16)).decode()
+        extra = f"Sec-WebSocket-Protocol: {protocol}\r\n" if protocol else ""
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n".encode()
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        return cls(reader, writer)
+
+    async def _send(self, opcode: int, data: bytes) -> None:
+        n = len(data)
+        if n < 126:
+            head = struct.pack("!BB", 0x80 | opcode, 0x80 | n)
+        elif n < 1 << 16:
+            head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n)
+        else:
+            head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
+        self.writer.write(head + b"\0\0\0\0" + data)  # a zero mask leaves the payload as it is
+        await self.writer.drain()
+
+    async def send_str(self, text: str) -> None:
+        await self._send(0x1, text.encode())
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self._send(0x2, data)
+
+    async def receive(self) -> Msg:
+        while True:
+            b0, b1 = await self.reader.readexactly(2)
+            n = b1 & 0x7F
+            if n == 126:
+                (n,) = struct.unpack("!H", await self.reader.readexactly(2))
+            elif n == 127:
+                (n,) = struct.unpack("!Q", await self.reader.readexactly(8))
+            data = await self.reader.readexactly(n)
+            opcode = b0 & 0x0F
+            if opcode == 0x8:
+                return Msg(aiohttp.WSMsgType.CLOSE, struct.unpack("!H", data[:2])[0] if data else 0)
+            if opcode in (0x1, 0x2):
+                return Msg(aiohttp.WSMsgType(opcode), data)
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self.writer.wait_closed()
+
+
 @contextlib.asynccontextmanager
 async def serve(data_dir: Path, send_queue: int) -> AsyncIterator[tuple[Server, str]]:
     cli = {
@@ -57,7 +133,7 @@ async def serve(data_dir: Path, send_queue: int) -> AsyncIterator[tuple[Server, 
         yield server, f"127.0.0.1:{server.ports['http']}"
 
 
-async def receive(ws: WS) -> aiohttp.WSMessage:
+async def receive(ws: WS | RawWS) -> Any:
     return await asyncio.wait_for(ws.receive(), WAIT)
 
 
@@ -91,6 +167,14 @@ def check_ids(ids: list[int], n: int, last: str) -> None:
     )
 
 
+def check_notices(notices: list[bytes]) -> None:
+    """The fetch block ends and the receiver goes live; a live overflow afterwards (a reader slower than the
+    burst) adds a catch-up's block, framed the same way."""
+    assert notices[:2] == [b"#fetch-end /bN", b"#subscribed-to /bN"], notices
+    fetches = [n for n in notices[2:] if n.startswith(b"#fetch-start /bN ")]
+    assert notices[2:] == [x for n in fetches for x in (n, b"#fetch-end /bN", b"#subscribed-to /bN")]
+
+
 def holding(server: Server) -> int | None:
     """How many events the one subscription whose replay is running holds (``None``: no replay is running)."""
     assert server.node is not None
@@ -112,7 +196,7 @@ async def held(server: Server, n: int) -> None:
             await asyncio.sleep(0.01)  # polling a server-side condition, with the timeout above
 
 
-async def guble_ids(ws: WS, n: int) -> tuple[list[int], list[bytes], str]:
+async def guble_ids(ws: RawWS, n: int) -> tuple[list[int], list[bytes], str]:
     """The ids of ``/bN`` read up to ``n`` (or the close), the notices, and the last frame."""
     ids: list[int] = []
     notices: list[bytes] = []
@@ -131,11 +215,11 @@ async def guble_ids(ws: WS, n: int) -> tuple[list[int], list[bytes], str]:
     return ids, notices, last
 
 
-async def guble_setup(http: aiohttp.ClientSession, addr: str) -> tuple[WS, GublePublisher]:
+async def guble_setup(http: aiohttp.ClientSession, addr: str) -> tuple[RawWS, GublePublisher]:
     pub_ws = await http.ws_connect(f"ws://{addr}/stream/user/pub")
     assert (await receive(pub_ws)).data.startswith(b"#connected")
     await GublePublisher(pub_ws, 500).publish(BEFORE, BIG)
-    sub = await http.ws_connect(f"ws://{addr}/stream/user/sub", max_msg_size=0)
+    sub = await RawWS.open(addr, "/stream/user/sub")
     assert (await receive(sub)).data.startswith(b"#connected")
     return sub, GublePublisher(pub_ws, WINDOW)
 
@@ -153,7 +237,7 @@ def test_guble_catch_up_overlapping_a_paced_burst_gets_every_id(tmp_path: Path) 
             await held(server, HELD)
             (ids, notices, last), _ = await asyncio.gather(guble_ids(sub, TOTAL), pub.publish(AFTER))
             check_ids(ids, TOTAL, last)
-            assert notices == [b"#fetch-end /bN", b"#subscribed-to /bN"]
+            check_notices(notices)
             await sub.close()
             await pub.ws.close()
 
@@ -175,7 +259,7 @@ def test_guble_catch_up_overlapping_an_unpaced_burst_is_not_closed(tmp_path: Pat
             reading = guble_ids(sub, BEFORE + 5000)
             (ids, notices, last), _ = await asyncio.gather(reading, unpaced.publish(5000))
             check_ids(ids, BEFORE + 5000, last)
-            assert notices == [b"#fetch-end /bN", b"#subscribed-to /bN"]
+            check_notices(notices)
             assert server.node.replays.spills > 0, "the hold never spilled: the test proves nothing"
             await sub.close()
             await pub.ws.close()
@@ -189,12 +273,16 @@ def test_guble_catch_up_overlapping_an_unpaced_burst_is_not_closed(tmp_path: Pat
 class Native:
     """A native JSON WebSocket connection."""
 
-    def __init__(self, ws: WS) -> None:
+    def __init__(self, ws: WS | RawWS) -> None:
         self.ws = ws
 
     @classmethod
-    async def open(cls, http: aiohttp.ClientSession, addr: str) -> Native:
-        ws = await http.ws_connect(f"ws://{addr}/ws/hubbub", protocols=["hubbub.v1.json"], max_msg_size=0)
+    async def open(cls, http: aiohttp.ClientSession, addr: str, raw: bool = False) -> Native:
+        ws: WS | RawWS
+        if raw:  # the subscriber, whose reads must stall the replay
+            ws = await RawWS.open(addr, "/ws/hubbub", "hubbub.v1.json")
+        else:
+            ws = await http.ws_connect(f"ws://{addr}/ws/hubbub", protocols=["hubbub.v1.json"])
         conn = cls(ws)
         await conn.send({"op": "hello", "id": 0, "v": 1})
         assert (await conn.recv())["op"] == "reply"
@@ -235,7 +323,7 @@ def test_native_since_replay_overlapping_a_burst_gets_every_id(tmp_path: Path, p
         async with serve(tmp_path / "d", SEND_QUEUE) as (server, addr), aiohttp.ClientSession() as http:
             pub = await Native.open(http, addr)
             await pub.publish(BEFORE, 500, BIG)
-            sub = await Native.open(http, addr)
+            sub = await Native.open(http, addr, raw=True)
             since: Any = {"seq": 0, "epoch": ""}
             if pattern != "/bN":
                 since = {"/bN": since}
