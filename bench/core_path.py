@@ -136,7 +136,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     store = open_store(args.store, tmp.name, args.durability, RetentionPolicy(), 120)
     payload = b"x" * args.size
     node_kw, hello_kw, pattern = auth_setup(args.auth)
-    async with Node(store, NodeSettings(max_recovery=0), **node_kw) as node:
+    async with Node(store, NodeSettings(), **node_kw) as node:
         subs: list[tuple[NativeConnection, Sink]] = []
         for _ in range(args.subs):
             dec = nc.NativeStreamDecoder(max_frame=1 << 20)

@@ -62,7 +62,7 @@ async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     marker = b'"op":"event"' if args.encoding == "json" else b"\xa2op\xa5event"
     sink = Sink(marker)
     sink.want = args.events
-    async with Node(store, NodeSettings(max_recovery=args.events)) as node:
+    async with Node(store, NodeSettings()) as node:
         conn = NativeConnection(
             node,
             codec,

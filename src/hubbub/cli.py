@@ -54,7 +54,7 @@ HELP = {
     "native.enabled": "serve the native protocol (true/false)",
     "native.ping_interval_s": "seconds of silence before the server pings a native connection",
     "native.idempotency_window_s": "seconds during which a repeated idempotency key is not appended again",
-    "native.max_recovery": "most events one replay may send",
+    "native.max_recovery": "deprecated, ignored: recovery has no limit",
     "limits.max_frame": "largest WebSocket message, TCP frame or line, and HTTP body, in bytes",
     "limits.max_channel_bytes": "longest canonical channel path, in UTF-8 bytes",
     "limits.max_tags": "tags per event",

@@ -114,7 +114,8 @@ class Config:
     native_enabled: bool = True
     native_ping_interval_s: float = 25.0
     native_idempotency_window_s: float = 600.0
-    native_max_recovery: int = 10000
+    #: Deprecated and ignored (recovery has no limit): accepted so that configurations that set it still load.
+    native_max_recovery: int = 0
     limits: Limits = field(default_factory=Limits)
     retention: Retention = field(default_factory=Retention)
     auth_mode: str = "off"

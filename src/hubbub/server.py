@@ -142,9 +142,10 @@ class Server:
             raise StorageError(f"cannot open the log ({store_place(cfg)}): {exc}") from None
         broker = self._broker = build_broker(cfg, store) if cfg.broker else None
         lim = cfg.limits
+        if cfg.native_max_recovery:
+            log.warning("native.max_recovery is deprecated and ignored: recovery from the log has no limit")
         settings = NodeSettings(
             max_subscriptions=lim.max_subscriptions,
-            max_recovery=cfg.native_max_recovery,
             commit_batch=cfg.commit_batch,
             retention=retention,
         )

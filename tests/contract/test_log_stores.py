@@ -28,6 +28,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log import (
     AppendRequest,
     ChannelInfo,
+    LogMark,
     LogStore,
     MemoryLogStore,
     RetentionPolicy,
@@ -303,6 +304,46 @@ def test_read_by_seq_range_and_limit(store: LogStore) -> None:
     assert store.read("/a", limit=0) == []
     assert store.read("/nope") == []
     assert all(e.channel == "/a" for e in store.read("/a"))
+
+
+def test_read_log_pages_a_pattern_in_commit_order_up_to_a_mark(store: LogStore) -> None:
+    """``read_log``: the events of current epochs under a prefix, in commit order, a page at a time, up to a
+    mark taken before later commits; backwards too. ``log_seek`` finds where a time starts."""
+    assert store.log_mark() == LogMark(0, 0)
+    assert store.read_log(0, LogMark(0, 0)).events == []
+    written = [r.event for r in store.append([req(f"/p/{i % 3}") for i in range(10)] + [req("/q")])]
+    written += [r.event for r in store.append([req("/p/0"), req("/px")])]
+    mark = store.log_mark()
+    assert mark.time_ns == written[-1].time_ns
+    store.append([req("/p/1") for _ in range(3)])  # after the mark: never read through it
+    under = [e for e in written if e.channel.startswith("/p")]
+    got: list[Event] = []
+    after = 0
+    while True:
+        page = store.read_log(after, mark, 4, "/p")
+        got += page.events
+        if len(page.events) < 4:
+            break
+        after = page.pos
+    assert [(e.channel, e.seq, e.epoch, e.time_ns) for e in got] == [
+        (e.channel, e.seq, e.epoch, e.time_ns) for e in under
+    ]
+    assert got[0].payload == b"x" and got[0].publisher == written[0].publisher
+    everything = store.read_log(0, mark, 100)
+    assert [e.time_ns for e in everything.events] == [e.time_ns for e in written]
+    back = store.read_log(0, mark, 3, "/p", reverse=True)
+    assert [e.time_ns for e in back.events] == [e.time_ns for e in reversed(under)][:3]
+    more = store.read_log(0, LogMark(back.pos - 1, mark.time_ns), 100, "/p", reverse=True)
+    assert [e.time_ns for e in more.events] == [e.time_ns for e in reversed(under)][3:]
+    # Where a time starts: every event at or after it is past the position found.
+    t = written[5].time_ns
+    start = store.log_seek(t)
+    from_t = store.read_log(start, mark, 100).events
+    assert [e.time_ns for e in from_t if e.time_ns >= t] == [e.time_ns for e in written[5:]]
+    assert store.log_seek(0) == 0
+    # A reset channel's retired events are not read.
+    store.reset_channel("/p/2")
+    assert all(e.channel != "/p/2" for e in store.read_log(0, store.log_mark(), 100, "/p").events)
 
 
 def test_read_by_time_range(factory: Factory, store: LogStore) -> None:

@@ -92,7 +92,7 @@ def test_a_fan_out_run_is_packed_once_for_every_batching_connection(encoding: nc
 
     async def main() -> None:
         store = open_store("memory", "", "none", RetentionPolicy(), 600)
-        async with Node(store, NodeSettings(max_recovery=0)) as node:
+        async with Node(store, NodeSettings()) as node:
             codec = nc.NativeCodec(encoding)
             sinks = [Sink() for _ in range(3)]
             conns = [connect(node, codec, s, max_frame, 4096) for s in sinks]
@@ -145,7 +145,7 @@ def test_a_replay_reaches_a_batching_connection_as_exact_batches(
             store.append(
                 [AppendRequest("/r", pub, f"p{i + j}".encode() * 5, "text/plain") for j in range(1000)]
             )
-        async with Node(store, NodeSettings(max_recovery=n)) as node:
+        async with Node(store, NodeSettings()) as node:
             codec = nc.NativeCodec(encoding)
             sink = Sink()
             conn = connect(node, codec, sink, max_frame, 64)  # a small queue: the replay comes in chunks
@@ -181,7 +181,7 @@ def test_submit_many_with_done_many_completes_a_run_in_one_call(fail: bool) -> N
 
     async def main() -> None:
         store = FailingStore() if fail else open_store("memory", "", "none", RetentionPolicy(), 600)
-        async with Node(store, NodeSettings(max_recovery=0)) as node:
+        async with Node(store, NodeSettings()) as node:
             codec = nc.NativeCodec("msgpack")
             pub = connect(node, codec, Sink(), 4096, 4096)
             await pub.handle(nc.Hello(1, 1, None, "", True, True))

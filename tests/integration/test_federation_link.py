@@ -239,13 +239,13 @@ async def until_log_auth(server: Server, channel: str, token: str) -> None:
 
 
 def test_a_node_below_catches_up_on_more_than_one_replay_in_rounds(tmp_path: Path, monkeypatch: Any) -> None:
-    """The node below is down while more is published above than one replay holds (the node above's
-    ``native.max_recovery``, and the link's round, both made small here), on channels it knew and on a new
-    one: once back, it stores every event once, in order, and counts no gap."""
+    """The node below is down while more is published above than one round of the link holds (made small
+    here), on channels it knew and on a new one: once back, it stores every event once, in order, and counts
+    no gap."""
     monkeypatch.setattr(federation_peer, "DOWN_CHUNK", 40)
 
     async def main() -> None:
-        a_cfg = replace(config(tmp_path, "A"), native_max_recovery=20)
+        a_cfg = config(tmp_path, "A")
         async with Server(a_cfg) as a, client(a) as ca:
             b_cfg = config(tmp_path, "B", url(a))
             async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/d/**") as below:

@@ -157,7 +157,7 @@ def test_exact_channel_replay_skips_events_filtered_away_from_the_connection(
         await node.publish(ev("/f", "live-all"))
         assert await take_all(dave) == [("/f", len(events) + 2, False, "live-all")]
 
-    run(body, events, max_recovery=10_000)
+    run(body, events)
 
 
 @pytest.mark.parametrize("start", ["since", "last", "from_time"])
@@ -201,7 +201,7 @@ def test_pattern_replay_skips_events_filtered_away_from_the_connection(
             node.detach(sess)
             events.extend([ev("/p/b", "live-carol", "carol"), ev("/p/a", "live-all")])
 
-    run(body, events, max_recovery=10_000)
+    run(body, events)
 
 
 def test_application_id_filter_in_a_replay(run: Callable[..., None]) -> None:
@@ -254,7 +254,7 @@ def test_live_events_held_during_a_filtered_replay_are_released_once(
         assert got == [*want, ("/j", n + 3, False, "live-2")]
         assert not sess.kicked and plan.gaps == [] and replayed[0].sent == len(want) - 1
 
-    run(body, events, max_recovery=10_000)
+    run(body, events)
 
 
 def test_replayed_mixed_runs_are_the_single_event_frames_of_the_visible_events(
@@ -276,7 +276,7 @@ def test_replayed_mixed_runs_are_the_single_event_frames_of_the_visible_events(
         await asyncio.wait_for(task, 5)
         assert frames == [codec.encode_event(e, ["s"], True) for e in stored] and not sess.queued
 
-    run(body, events, max_recovery=10_000)
+    run(body, events)
 
 
 # -- SSE and guble -------------------------------------------------------------------------------------------

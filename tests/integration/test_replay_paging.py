@@ -103,7 +103,7 @@ def test_long_replay_through_a_small_queue_is_exact_then_live(run: Callable[...,
         ]
         assert done[0].sent == n - 10
 
-    run(body, [req(str(i + 1)) for i in range(n)], max_recovery=n)
+    run(body, [req(str(i + 1)) for i in range(n)])
 
 
 def test_replay_reads_only_as_far_as_the_connection_drains(
@@ -139,7 +139,7 @@ def test_replay_reads_only_as_far_as_the_connection_drains(
         assert len(ahead) == n // 100
         assert max(ahead) <= 2 * 100 + 10
 
-    run(body, [req(str(i + 1)) for i in range(n)], max_recovery=n)
+    run(body, [req(str(i + 1)) for i in range(n)])
 
 
 def test_native_frames_of_a_mixed_replay_equal_single_event_frames(run: Callable[..., None]) -> None:
@@ -171,7 +171,7 @@ def test_native_frames_of_a_mixed_replay_equal_single_event_frames(run: Callable
         )
         assert first["headers"] == {"k": "v"}  # pseudo-headers stay hidden
 
-    run(body, events, max_recovery=len(events))
+    run(body, events)
 
 
 def test_a_trim_under_a_slow_replay_closes_as_slow_consumer_without_a_gap(
@@ -197,7 +197,7 @@ def test_a_trim_under_a_slow_replay_closes_as_slow_consumer_without_a_gap(
         assert seqs == list(range(1, len(seqs) + 1))  # a prefix: no gap went out
         assert len(seqs) < 1500
 
-    run(body, [req(str(i + 1)) for i in range(n)], max_recovery=n)
+    run(body, [req(str(i + 1)) for i in range(n)])
 
 
 def test_a_failed_page_read_closes_with_the_storage_error_code(
@@ -227,4 +227,4 @@ def test_a_failed_page_read_closes_with_the_storage_error_code(
         # The subscription stands (its reply went out); the transport closes the connection.
         assert [s.sub_id for s in node.subscriptions(sess)] == ["s"]
 
-    run(body, [req(str(i + 1)) for i in range(n)], max_recovery=n)
+    run(body, [req(str(i + 1)) for i in range(n)])

@@ -6,8 +6,9 @@ because the node fans out in commit order. In a cluster, the log may hold events
 node has not delivered yet (in flight through Redis, or waiting for a gap to fill): were the snapshot the
 log's head, such an event would come twice, in the replay and then live. So the node reads its snapshots
 through this view, whose heads are the log's heads **capped at what the node has released**, after a short
-wait for the node to catch up with the log (:meth:`RedisBroker.position`). Everything else goes to the store
-as it is.
+wait for the node to catch up with the log (:meth:`RedisBroker.position`); a pattern's replay, which reads
+the log in commit order up to its mark, asks :meth:`ClusterView.delivered` the same of each page's channels
+and leaves what the node has not released to the live stream. Everything else goes to the store as it is.
 
 Concurrency contract: that of :class:`~hubbub.log.base.LogStore`; the capping methods wait (briefly) only on
 the node's reader threads.
@@ -24,6 +25,8 @@ from hubbub.log.base import (
     AppendResult,
     ChannelInfo,
     EventRun,
+    LogMark,
+    LogPage,
     LogStore,
     RetentionPolicy,
     Row,
@@ -79,7 +82,27 @@ class ClusterView(LogStore):
     ) -> list[ChannelInfo]:
         return self._cap(self.store.channels(after, limit, prefix, include_empty=include_empty))
 
+    def delivered(self, wanted: Sequence[tuple[str, str, int]]) -> list[int]:
+        return self.broker.positions(wanted)
+
     # -- as they are --------------------------------------------------------------------------------------
+
+    def log_mark(self) -> LogMark:
+        return self.store.log_mark()
+
+    def log_seek(self, time_ns: int) -> int:
+        return self.store.log_seek(time_ns)
+
+    def read_log(
+        self,
+        after_pos: int,
+        mark: LogMark,
+        limit: int = 1000,
+        prefix: str = "",
+        *,
+        reverse: bool = False,
+    ) -> LogPage:
+        return self.store.read_log(after_pos, mark, limit, prefix, reverse=reverse)
 
     def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
         return self.store.append(batch)

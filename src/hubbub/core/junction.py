@@ -53,8 +53,9 @@ def _read_pages(store: LogStore, wanted: list[tuple[str, int]]) -> list[list[Eve
 @final
 class Junction:
     """One subscription's passage from replay to live (see the module docstring). ``span_last``: the last seq
-    of an exact channel's span that the replay queued or passed over; ``spills`` counts the holds that
-    spilled."""
+    of an exact channel's span that the replay queued or passed over; ``scanned``: of a pattern's replay
+    (``ReplayScan``), per channel the last position it queued or passed over (none: the plan's ``tops`` and
+    ``events`` are the snapshot); ``spills`` counts the holds that spilled."""
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class Junction:
         sub: Subscription,
         plan: ReplayPlan,
         span_last: int,
+        scanned: dict[str, Position] | None = None,
     ) -> None:
         self.reads = reads
         self.registry = registry
@@ -71,6 +73,7 @@ class Junction:
         self.replayed = {(e.channel, e.seq) for e in plan.events} if plan.events else set()
         self.span = plan.span
         self.span_last = span_last
+        self.scanned = scanned
         self.spills = 0
         #: Per channel, the last position read back from the log: held events up to it were sent already.
         self.covered: dict[str, Position] = {}
@@ -116,8 +119,17 @@ class Junction:
         sess = sub.session
         if ev.headers and not passes(sess, delivery_filters(ev)):
             return True
-        top = self.tops.get(ev.channel)
-        in_snapshot = top is not None and ev.seq <= top
+        scanned = self.scanned
+        if scanned is not None:
+            # A pattern's replay read the log up to its mark: what it replayed or passed over, per channel,
+            # is its snapshot; anything later of any channel is the subscription's live stream.
+            done = scanned.get(ev.channel)
+            if done is not None and ev.epoch == done.epoch and ev.seq <= done.seq:
+                return True
+            in_snapshot = False
+        else:
+            top = self.tops.get(ev.channel)
+            in_snapshot = top is not None and ev.seq <= top
         span = self.span
         if in_snapshot and (
             (ev.channel, ev.seq) in self.replayed

@@ -71,7 +71,6 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class NodeSettings:
     max_subscriptions: int = 1024
-    max_recovery: int = 10000
     max_pending: int = 65536
     commit_batch: int = 4096
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
@@ -160,7 +159,7 @@ class Node:
         )
         #: The reader threads and the typed reads of the log (the one way to read the store from the loop).
         self.reads = LogReads(store, s.reader_threads)
-        self.replays = ReplayService(store, self.reads, self.registry, self.batcher.control, s.max_recovery)
+        self.replays = ReplayService(store, self.reads, self.registry, self.batcher.control)
         #: The store's health from a background probe and the writer's outcomes (``health_checks``).
         self.store_health = StoreHealth(store, lambda: self.batcher.writer)
         #: The log's time- and size-based retention (``max_age_s``, ``max_total_bytes``), on the writer.

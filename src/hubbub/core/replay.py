@@ -5,27 +5,32 @@ Pure functions over a :class:`LogStore`, run on a reader thread by the node. The
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hubbub.channels import Pattern
-from hubbub.errors import BadRequest, SubscriptionError
+from hubbub.errors import BadRequest
 from hubbub.events import Event, Position
-from hubbub.log.base import ChannelInfo, LogStore
+from hubbub.log.base import ChannelInfo, LogMark, LogStore
 
 __all__ = [
     "Gap",
     "ReplayPlan",
+    "ReplayScan",
     "ReplaySpan",
     "ReplaySpec",
+    "ScanCursor",
     "list_channels",
     "merged_key",
+    "pattern_prefix",
     "plan_replay",
+    "scan_page",
     "trimmed_after",
 ]
 
 PAGE = 1000
+#: Log rows per page of a pattern's replay (scan_page): as REPLAY_PAGE for an exact channel's.
+SCAN_PAGE = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +70,27 @@ class ReplaySpan:
         return self.top - self.after
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayScan:
+    """A pattern's replay, not read yet: the log read in commit order (:meth:`LogStore.read_log`) from
+    ``after`` up to ``mark`` under ``prefix``, page by page while it is sent (:func:`scan_page`). Of each
+    channel the pattern matches: a channel of ``since`` its events after that position (of that epoch;
+    ``Position(0, "")``: a channel with no event yet, all of them), none of a channel in ``skip`` (its
+    ``since`` is a gap), and of any other channel its events at or after ``from_time`` (none without it)."""
+
+    prefix: str
+    after: int
+    mark: LogMark
+    since: Mapping[str, Position]
+    skip: frozenset[str]
+    from_time: int | None
+
+
 @dataclass(slots=True)
 class ReplayPlan:
-    """The snapshot: per-channel heads (``tops``), gaps to report, and what to replay, in order: ``events``,
-    then the events of ``span`` (an exact channel's replay, read while it is sent)."""
+    """The snapshot: heads of the channels the request named (``tops``), gaps to report, and what to replay,
+    in order: ``events``, then the events of ``span`` (an exact channel's replay) or ``scan`` (a pattern's),
+    both read while they are sent."""
 
     position: Position | None = None  # exact channel: the reply position
     top_time: int = 0  # pattern: the reply top_time
@@ -78,6 +100,7 @@ class ReplayPlan:
     replayed: bool = False  # a replay was requested (so ``recovered`` is sent)
     ahead: list[str] = field(default_factory=list)  # channels that need a new epoch (reason "ahead")
     span: ReplaySpan | None = None
+    scan: ReplayScan | None = None
     #: How many events the replay queued; set by the node before ``on_replayed``.
     sent: int = 0
 
@@ -90,12 +113,7 @@ def merged_key(e: Event) -> tuple[int, bytes, int]:
 def list_channels(store: LogStore, pattern: Pattern, *, include_empty: bool = False) -> list[ChannelInfo]:
     """Every channel with retained events that matches ``pattern`` (``include_empty``: every channel with a
     current epoch, as :meth:`LogStore.channels` lists them)."""
-    prefix = ""
-    for p in pattern.parts:
-        if p is None:
-            break
-        prefix += "/" + p
-    # "/a" is a prefix of "/ab" too: the pattern check below filters those out.
+    prefix = pattern_prefix(pattern)
     out: list[ChannelInfo] = []
     after = ""
     while True:
@@ -104,18 +122,6 @@ def list_channels(store: LogStore, pattern: Pattern, *, include_empty: bool = Fa
         if len(page) < PAGE:
             return out
         after = page[-1].channel
-
-
-def _read_range(store: LogStore, channel: str, after: int, top: int, from_time: int | None) -> list[Event]:
-    out: list[Event] = []
-    while after < top:
-        page = store.read(channel, after_seq=after, limit=PAGE, from_time=from_time)
-        page = [e for e in page if e.seq <= top]
-        if not page:
-            break
-        out.extend(page)
-        after = page[-1].seq
-    return out
 
 
 def trimmed_after(store: LogStore, pattern: Pattern, time_ns: int, skip: Iterable[str] = ()) -> list[Gap]:
@@ -133,14 +139,6 @@ def trimmed_after(store: LogStore, pattern: Pattern, time_ns: int, skip: Iterabl
     return gaps
 
 
-def _read_last(store: LogStore, info: ChannelInfo, n: int) -> list[Event]:
-    """The last ``n`` events at or below the snapshot's top. Reading by seq (not ``read_last``) keeps the
-    count exact when commits land between the snapshot and this read."""
-    if n <= 0 or info.top == 0:
-        return []
-    return _read_range(store, info.channel, max(info.top - n, info.first - 1, 0), info.top, None)
-
-
 def _check_since(info: ChannelInfo, since: Position) -> tuple[Gap | None, bool]:
     """Returns (gap, ahead) for a ``since`` against the channel's snapshot."""
     seq, epoch = since.seq, since.epoch
@@ -156,57 +154,24 @@ def _check_since(info: ChannelInfo, since: Position) -> tuple[Gap | None, bool]:
     return None, False
 
 
-def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec, max_recovery: int) -> ReplayPlan:
-    """Read the snapshot and the replay for one new subscription. Runs on a reader thread."""
+def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec) -> ReplayPlan:
+    """Read the snapshot of one new subscription and plan its replay. Runs on a reader thread.
+
+    Nothing is read but heads of the channels the request names and, for a pattern, the log's
+    :class:`LogMark` and where to start reading (:class:`ReplayScan`): the events themselves are read page by
+    page while they are sent, so planning costs the same for a log of ten channels or a million, and a
+    replay of any length holds a page or two in memory."""
     plan = ReplayPlan()
     if pattern.is_exact:
-        channel = pattern.text
-        info = store.head(channel)
-        plan.position = Position(info.top, info.epoch)
-        plan.tops[channel] = info.top
-        if not spec.wanted:
-            return plan
-        plan.replayed = True
-        since = spec.since
-        if isinstance(since, Mapping):
-            raise BadRequest("since for an exact channel is {seq, epoch}")
-        if since is not None:
-            gap, ahead = _check_since(info, since)
-            if gap is not None:
-                plan.gaps.append(gap)
-                plan.replayed = False
-                if ahead:
-                    plan.ahead.append(channel)
-                return plan
-            if info.top - since.seq > max_recovery:
-                raise SubscriptionError("recovery too large", code=4203)
-            after = max(since.seq, info.first - 1)
-        elif spec.last is not None:
-            after = max(info.top - min(spec.last, max_recovery), info.first - 1, 0)
-        else:
-            # The first event at or after from_time; every later one up to the top is replayed.
-            first = store.read(channel, 0, 1, from_time=spec.from_time)
-            after = min(first[0].seq - 1, info.top) if first and first[0].epoch == info.epoch else info.top
-            if info.top - after > max_recovery:
-                raise SubscriptionError("recovery too large", code=4203)
-        if after < info.top:
-            plan.span = ReplaySpan(channel, info.epoch, after, info.top)
+        _plan_exact(store, pattern.text, spec, plan)
         return plan
 
-    # A pattern: per-channel snapshot, replay in merged order.
-    plan.top_time = store.top_time()
+    # A pattern: the snapshot is the log's mark, the replay a scan of the log in commit order up to it.
     if not spec.wanted:
         # No replay: every live event held while this ran was fanned out after the subscription was
-        # registered, so all of them are released; no per-channel snapshot is needed (and listing every
-        # channel under ``/**`` would cost as much as the log has channels).
+        # registered, so all of them are released.
+        plan.top_time = store.top_time()
         return plan
-    infos = list_channels(store, pattern)
-    for ci in infos:
-        plan.tops[ci.channel] = ci.top
-    plan.replayed = True
-    by_name = {ci.channel: ci for ci in infos}
-    streams: list[list[Event]] = []
-    total = 0
     since_map: Mapping[str, Position] = {}
     if spec.since is not None:
         if not isinstance(spec.since, Mapping):
@@ -215,33 +180,175 @@ def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec, max_recover
         for ch in since_map:
             if not pattern.matches(ch):
                 raise BadRequest(f"since lists {ch}, which the pattern does not match")
+    plan.replayed = True
+    # Heads first, then the mark: every event up to a head is at or below the mark.
+    infos = store.heads(since_map) if since_map else {}
+    mark = store.log_mark()
+    plan.top_time = mark.time_ns
+    prefix = pattern_prefix(pattern)
+    listed: dict[str, Position] = {}
+    skip: set[str] = set()
     for ch, pos in since_map.items():
-        info = by_name.get(ch) or store.head(ch)
-        plan.tops.setdefault(ch, info.top)
+        info = infos[ch]
+        plan.tops[ch] = info.top
         gap, ahead = _check_since(info, pos)
         if gap is not None:
             plan.gaps.append(gap)
+            skip.add(ch)
             if ahead:
                 plan.ahead.append(ch)
             continue
-        total += info.top - pos.seq
-        if total > max_recovery:
-            raise SubscriptionError("recovery too large", code=4203)
-        streams.append(_read_range(store, ch, max(pos.seq, info.first - 1), info.top, None))
-    rest: Iterable[ChannelInfo] = (ci for ci in infos if ci.channel not in since_map)
+        if info.empty:
+            listed[ch] = Position(0, "")  # no event yet: its first one, whatever its epoch, is new
+        else:
+            listed[ch] = Position(max(pos.seq, info.first - 1), info.epoch)
+    from_time = spec.from_time
     if spec.last is not None:
-        n = min(spec.last, max_recovery)
-        lasts = [_read_last(store, ci, n) for ci in rest]
-        merged = list(heapq.merge(*lasts, key=merged_key))
-        plan.events = merged[-n:] if n else []
-        return plan
-    if spec.from_time is not None:
-        for ci in rest:
-            evs = [e for e in store.read(ci.channel, 0, max_recovery + 1, from_time=spec.from_time)]
-            evs = [e for e in evs if e.seq <= ci.top]
-            total += len(evs)
-            if total > max_recovery:
-                raise SubscriptionError("recovery too large", code=4203)
-            streams.append(evs)
-    plan.events = list(heapq.merge(*streams, key=merged_key))
+        from_time = _last_start(store, pattern, prefix, mark, spec.last)
+        if from_time is None:
+            return plan
+    # Where reading starts: before the first event after any listed position, and before from_time.
+    starts: list[int] = []
+    for ch, pos in listed.items():
+        nxt = store.read(ch, pos.seq, 1)
+        if nxt and nxt[0].time_ns <= mark.time_ns:
+            starts.append(nxt[0].time_ns)
+    if from_time is not None and from_time <= mark.time_ns:
+        starts.append(from_time)
+    if starts:
+        plan.scan = ReplayScan(prefix, store.log_seek(min(starts)), mark, listed, frozenset(skip), from_time)
     return plan
+
+
+def _plan_exact(store: LogStore, channel: str, spec: ReplaySpec, plan: ReplayPlan) -> None:
+    info = store.head(channel)
+    plan.position = Position(info.top, info.epoch)
+    plan.tops[channel] = info.top
+    if not spec.wanted:
+        return
+    plan.replayed = True
+    since = spec.since
+    if isinstance(since, Mapping):
+        raise BadRequest("since for an exact channel is {seq, epoch}")
+    if since is not None:
+        gap, ahead = _check_since(info, since)
+        if gap is not None:
+            plan.gaps.append(gap)
+            plan.replayed = False
+            if ahead:
+                plan.ahead.append(channel)
+            return
+        after = max(since.seq, info.first - 1)
+    elif spec.last is not None:
+        after = max(info.top - spec.last, info.first - 1, 0)
+    else:
+        # The first event at or after from_time; every later one up to the top is replayed.
+        first = store.read(channel, 0, 1, from_time=spec.from_time)
+        after = min(first[0].seq - 1, info.top) if first and first[0].epoch == info.epoch else info.top
+    if after < info.top:
+        plan.span = ReplaySpan(channel, info.epoch, after, info.top)
+
+
+def _last_start(store: LogStore, pattern: Pattern, prefix: str, mark: LogMark, n: int) -> int | None:
+    """The time of the ``n``-th newest event the pattern matches at ``mark`` (the oldest of the last ``n``),
+    found reading the log backwards a page at a time; None when ``n`` is 0 or no event matches."""
+    if n <= 0:
+        return None
+    found = 0
+    oldest: int | None = None
+    top = mark
+    while True:
+        page = store.read_log(0, top, SCAN_PAGE, prefix, reverse=True)
+        for e in page.events:
+            if pattern.matches(e.channel):
+                oldest = e.time_ns
+                found += 1
+                if found == n:
+                    return oldest
+        if len(page.events) < SCAN_PAGE:
+            return oldest
+        top = LogMark(page.pos - 1, mark.time_ns)
+
+
+def pattern_prefix(pattern: Pattern) -> str:
+    """The longest channel path prefix every channel ``pattern`` matches starts with (``/a`` is a prefix of
+    ``/ab`` too: callers still check the pattern)."""
+    prefix = ""
+    for p in pattern.parts:
+        if p is None:
+            break
+        prefix += "/" + p
+    return prefix
+
+
+@dataclass(slots=True)
+class ScanCursor:
+    """Where a pattern's replay is (:func:`scan_page`): the log position read up to, per channel the last
+    position replayed or passed over (``expect``: each channel's next event must continue it exactly),
+    the channels whose replay ended early on a cluster node (``cut``: the live stream brings the rest),
+    and whether the scan is over (``done``) or lost its snapshot (``broken``)."""
+
+    after: int
+    expect: dict[str, Position]
+    cut: set[str] = field(default_factory=set)
+    done: bool = False
+    broken: bool = False
+
+
+def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCursor) -> list[Event]:
+    """The next page of a pattern's replay (on a reader thread; one cursor's pages one after another): the
+    events of the log after ``cur.after`` up to the scan's mark that the subscriber gets, in commit order,
+    ``cur`` moved past them. A channel whose events do not continue its ``expect`` exactly (trimmed or
+    reset under the scan) sets ``cur.broken``: the replay must not go on. On a cluster node, events this
+    node has not delivered live yet (:meth:`LogStore.delivered`) are left to the live stream, and with them
+    the rest of their channel's replay."""
+    page = store.read_log(cur.after, scan.mark, SCAN_PAGE, scan.prefix)
+    cur.after = page.pos
+    cur.done = len(page.events) < SCAN_PAGE
+    matches = pattern.matches
+    since, skip, from_time = scan.since, scan.skip, scan.from_time
+    expect, cut = cur.expect, cur.cut
+    out: list[Event] = []
+    for e in page.events:
+        ch = e.channel
+        if ch in skip or ch in cut or not matches(ch):
+            continue
+        last = expect.get(ch)
+        if last is None:
+            if ch in since or from_time is None or e.time_ns < from_time:
+                continue
+        elif last.epoch:
+            if e.epoch == last.epoch and e.seq <= last.seq:
+                continue  # at or before a listed position: the subscriber has it
+            if e.epoch != last.epoch or e.seq != last.seq + 1:
+                cur.broken = cur.done = True
+                return out
+        elif e.seq != 1:  # a listed channel that had no event: its first one is 1
+            cur.broken = cur.done = True
+            return out
+        expect[ch] = Position(e.seq, e.epoch)
+        out.append(e)
+    if out and type(store).delivered is not LogStore.delivered:
+        out = _delivered_only(store, out, cur)
+    return out
+
+
+def _delivered_only(store: LogStore, events: list[Event], cur: ScanCursor) -> list[Event]:
+    """``events`` without those this node has not delivered live yet, nor any later one of their channels
+    (which the live stream brings, in order): those channels join ``cur.cut`` and their ``expect`` goes back
+    to the last event kept (or before the first one cut)."""
+    firsts: dict[str, Event] = {}
+    lasts: dict[str, Event] = {}
+    for e in events:
+        firsts.setdefault(e.channel, e)
+        lasts[e.channel] = e
+    names = list(lasts)
+    caps = store.delivered([(ch, lasts[ch].epoch, lasts[ch].seq) for ch in names])
+    short = {ch: cap for ch, cap in zip(names, caps, strict=True) if cap < lasts[ch].seq}
+    if not short:
+        return events
+    out = [e for e in events if e.channel not in short or e.seq <= short[e.channel]]
+    for ch, cap in short.items():
+        cur.cut.add(ch)
+        cur.expect[ch] = Position(max(cap, firsts[ch].seq - 1), lasts[ch].epoch)
+    return out

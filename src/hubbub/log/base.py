@@ -60,6 +60,8 @@ __all__ = [
     "ConsumerSpec",
     "EventRun",
     "JournalItem",
+    "LogMark",
+    "LogPage",
     "LogStore",
     "RetentionPolicy",
     "Retry",
@@ -99,6 +101,25 @@ class AppendResult:
     event: Event
     duplicate: bool = False
     journal: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LogMark:
+    """A point in the whole log's commit order (:meth:`LogStore.log_mark`): every event committed up to it has
+    ``pos <= pos`` and ``time_ns <= time_ns``, every later one a greater ``time_ns`` (``time_ns`` strictly
+    increases over the whole log, so a mark is also a snapshot of every channel's head at once)."""
+
+    pos: int
+    time_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogPage:
+    """One page of :meth:`LogStore.read_log`: ``events`` in commit order (reversed when read backwards) and
+    ``pos``, the log position of the last one (where the next page starts, exclusive)."""
+
+    events: list[Event]
+    pos: int
 
 
 @fast_init
@@ -386,6 +407,42 @@ class LogStore(abc.ABC):
         columns (:class:`ScanColumns`), read in one snapshot. ``bounds``: only these ``(epoch id, lowest seq,
         highest seq)``. Usually one piece; an engine may split a range it cannot return at once (pieces in
         ``pos`` order); an empty range gives no piece."""
+
+    @abc.abstractmethod
+    def log_mark(self) -> LogMark:
+        """The log's newest commit, as a :class:`LogMark` (``LogMark(0, 0)`` for a log that never had an
+        event), read in one snapshot: the reads of a pattern's replay run up to it."""
+
+    @abc.abstractmethod
+    def log_seek(self, time_ns: int) -> int:
+        """A log position ``p`` such that every retained event with ``time_ns >= time_ns`` has ``pos > p``,
+        and as high as the engine finds cheaply (at most the position of the last event older than
+        ``time_ns``; 0 when none is retained): where a pattern's replay from a time starts reading."""
+
+    @abc.abstractmethod
+    def read_log(
+        self,
+        after_pos: int,
+        mark: LogMark,
+        limit: int = 1000,
+        prefix: str = "",
+        *,
+        reverse: bool = False,
+    ) -> LogPage:
+        """The events of every channel's **current** epoch whose path starts with ``prefix``, with
+        ``after_pos < pos <= mark.pos`` and ``time_ns <= mark.time_ns``, in commit (``pos``) order, at most
+        ``limit``, from one snapshot: a pattern's replay, read a page at a time whatever the number of
+        channels. ``reverse``: the last ``limit`` of them, newest first (``after_pos`` still the exclusive
+        lower bound; page backwards with ``mark`` moved below the page's ``pos``). A page shorter than
+        ``limit`` ends the range. Events of retired epochs are left out (a channel reset between two pages
+        loses its earlier events from the later pages: the caller checks each channel's continuity)."""
+
+    def delivered(self, wanted: Sequence[tuple[str, str, int]]) -> list[int]:
+        """Of each ``(channel, epoch, seq)``, up to which seq (at most ``seq``) the node reading through this
+        store has delivered that epoch live. A store one node writes commits and delivers in one order, so
+        this default gives each ``seq`` back; a cluster node's view (``hubbub.cluster.view``) caps it at what
+        the node has released, so a replay leaves the rest to the live stream."""
+        return [seq for _, _, seq in wanted]
 
     @abc.abstractmethod
     def read_last(self, channel: str, n: int) -> list[Event]:

@@ -40,6 +40,8 @@ from hubbub.log.base import (
     AppendRequest,
     AppendResult,
     ChannelInfo,
+    LogMark,
+    LogPage,
     LogStore,
     RetentionPolicy,
     Row,
@@ -517,6 +519,51 @@ class MemoryLogStore(LogStore):
             return []
         picked.sort(key=lambda r: r[0])
         return [_columns([(cid, e) for _, cid, e in picked])]
+
+    def log_mark(self) -> LogMark:
+        with self._lock:
+            self._check_open()
+            return LogMark(self._next_pos - 1, self._last_time)
+
+    def log_seek(self, time_ns: int) -> int:
+        with self._lock:
+            self._check_open()
+            best = 0
+            for ch in self._all_epochs():
+                i = bisect.bisect_left(ch.events, time_ns, key=lambda e: e.time_ns)
+                if i:
+                    best = max(best, ch.pos[i - 1])
+            return best
+
+    def read_log(
+        self,
+        after_pos: int,
+        mark: LogMark,
+        limit: int = 1000,
+        prefix: str = "",
+        *,
+        reverse: bool = False,
+    ) -> LogPage:
+        with self._lock:
+            self._check_open()
+            if limit <= 0:
+                return LogPage([], after_pos)
+            found: list[tuple[int, Event]] = []
+            for name, ch in self._channels.items():
+                if prefix and not name.startswith(prefix):
+                    continue
+                lo = bisect.bisect_right(ch.pos, after_pos)
+                hi = bisect.bisect_right(ch.pos, mark.pos)
+                while hi > lo and ch.events[hi - 1].time_ns > mark.time_ns:
+                    hi -= 1
+                if reverse:
+                    lo = max(lo, hi - limit)
+                else:
+                    hi = min(hi, lo + limit)
+                found.extend(zip(ch.pos[lo:hi], ch.events[lo:hi], strict=True))
+            found.sort(key=lambda pe: pe[0], reverse=reverse)
+            del found[limit:]
+            return LogPage([e for _, e in found], found[-1][0] if found else after_pos)
 
     def read_last(self, channel: str, n: int) -> list[Event]:
         with self._lock:

@@ -84,6 +84,10 @@ class GubleSettings:
 subtree_pattern = gc.subtree_pattern
 
 
+#: Most events one fetch or catch-up sends (its count is announced before them, so it is read whole).
+FETCH_CAP = 10_000
+
+
 def plan_fetch(
     store: LogStore,
     channel: str,
@@ -308,7 +312,7 @@ class GubleConnection:
             start_id=cmd.start_id,
             max_count=cmd.max_count,
             keep=self._keep,
-            cap=self.node.settings.max_recovery,
+            cap=FETCH_CAP,
         )
         if cmd.subscribes:
             # The fetch's events count as live ones for a catch-up (LiveMark): the receiver goes live while
@@ -429,7 +433,7 @@ class GubleConnection:
                         start_id=None,
                         max_count=None,
                         keep=self._keep if not covered else _none,
-                        cap=self.node.settings.max_recovery if not covered else 0,
+                        cap=FETCH_CAP if not covered else 0,
                         from_time=step.from_time,
                     )
                     self._catch_up_subs.add(rec.sub_id)

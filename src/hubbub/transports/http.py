@@ -606,11 +606,10 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
         # Event times are unique across the whole log, so "merged key greater than the id's" is
         # exactly: the id's channel after its seq, every other channel from time t + 1.
         spec = ReplaySpec(since={ch: Position(seq, epoch)}, from_time=t + 1)
-        max_recovery = self.node.settings.max_recovery
         resume_spec = spec
 
         def resume_planner(store: LogStore) -> ReplayPlan:
-            plan = plan_replay(store, pattern, resume_spec, max_recovery)
+            plan = plan_replay(store, pattern, resume_spec)
             plan.gaps.extend(trimmed_after(store, pattern, t, skip=(ch,)))
             return plan
 

@@ -20,7 +20,17 @@ import psycopg_pool
 
 from hubbub.errors import StorageError
 from hubbub.events import Event, Publisher
-from hubbub.log.base import ChannelInfo, EventRun, Row, ScanColumns, ScanPlan, StoreStats, prefix_upper
+from hubbub.log.base import (
+    ChannelInfo,
+    EventRun,
+    LogMark,
+    LogPage,
+    Row,
+    ScanColumns,
+    ScanPlan,
+    StoreStats,
+    prefix_upper,
+)
 from hubbub.log.postgres._errors import _STORAGE_ERRORS, _error
 from hubbub.log.postgres._schema import _EVENT_COLS, _TEXT_COLS
 from hubbub.log.records import decode_headers, decode_tags
@@ -32,6 +42,13 @@ _MAX_INT64: Final = (1 << 63) - 1
 _MIN_INT64: Final = -(1 << 63)
 
 _HEAD_COLS: Final = "path, epoch, first, top, top_time"
+# read_log: the events of current epochs in a pos range, with their channel's path and epoch.
+_LOG_SELECT: Final = (
+    "SELECT e.pos, c.path, c.epoch, "
+    + ", ".join(f"e.{c.strip()}" for c in _EVENT_COLS.split(","))
+    + " FROM events AS e JOIN channels AS c ON c.id = e.channel_id"
+    " WHERE e.pos > %s AND e.pos <= %s AND e.time_ns <= %s"
+)
 _COMPACT_SELECT: Final = (
     "SELECT seq, time_ns, "
     + ", ".join(f"nullif({c}, %s)" for c in _TEXT_COLS)
@@ -373,6 +390,49 @@ class _ReadSide:
             snapshot=False,
         )
         return [ChannelInfo(*r) for r in rows]
+
+    def log_mark(self) -> LogMark:
+        row = self._read(
+            lambda conn: conn.execute("SELECT last_pos, last_time FROM log_state").fetchone(), snapshot=False
+        )
+        return LogMark(int(row[0]), int(row[1])) if row else LogMark(0, 0)
+
+    def log_seek(self, time_ns: int) -> int:
+        def q(conn: Conn) -> int:
+            row = conn.execute("SELECT coalesce(min(pos), 1), coalesce(max(pos), 0) FROM events").fetchone()
+            lo, hi = (int(row[0]), int(row[1])) if row else (1, 0)
+            return max(_pos_at_time(conn, lo, hi, time_ns) - 1, 0)
+
+        return self._read(q)
+
+    def read_log(
+        self,
+        after_pos: int,
+        mark: LogMark,
+        limit: int = 1000,
+        prefix: str = "",
+        *,
+        reverse: bool = False,
+    ) -> LogPage:
+        if limit <= 0 or after_pos >= mark.pos:
+            return LogPage([], after_pos)
+        sql = _LOG_SELECT
+        params: list[Any] = [_clamp(after_pos), _clamp(mark.pos), _clamp(mark.time_ns)]
+        if prefix:
+            sql += " AND c.path >= %s"
+            params.append(prefix)
+            upper = prefix_upper(prefix)
+            if upper is not None:
+                sql += " AND c.path < %s"
+                params.append(upper)
+        sql += " ORDER BY e.pos DESC LIMIT %s" if reverse else " ORDER BY e.pos LIMIT %s"
+        params.append(_clamp(limit))
+        rows = self._read(lambda conn: conn.execute(sql, params).fetchall(), snapshot=False)
+        dec = _Decoder()
+        out: list[Event] = []
+        for r in rows:
+            out.extend(dec.events(r[1], r[2], [r[3:]]))
+        return LogPage(out, int(rows[-1][0]) if rows else after_pos)
 
     def top_time(self) -> int:
         row = self._read(

@@ -15,7 +15,16 @@ from typing import Any, Final
 
 from hubbub.errors import StorageError
 from hubbub.events import Event, Publisher
-from hubbub.log.base import ChannelInfo, EventRun, ScanColumns, ScanPlan, StoreStats, prefix_upper
+from hubbub.log.base import (
+    ChannelInfo,
+    EventRun,
+    LogMark,
+    LogPage,
+    ScanColumns,
+    ScanPlan,
+    StoreStats,
+    prefix_upper,
+)
 from hubbub.log.records import decode_headers, decode_tags
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error
 from hubbub.log.sqlite._schema import _EVENT_COLS, _TEXT_COLS
@@ -25,6 +34,14 @@ __all__ = ["ScanColumns", "ScanPlan"]
 _MAX_INT64: Final = (1 << 63) - 1
 
 _HEAD_COLS: Final = "path, epoch, first, top, top_time"
+# read_log: the events of current epochs in a pos range, with their channel's path and epoch. CROSS JOIN keeps
+# ``events`` the outer loop (its pos range, in pos order), whatever the planner makes of a path prefix.
+_LOG_SELECT: Final = (
+    "SELECT e.pos, c.path, c.epoch, "
+    + ", ".join(f"e.{c.strip()}" for c in _EVENT_COLS.split(","))
+    + " FROM events AS e CROSS JOIN channels AS c ON c.id = e.channel_id"
+    " WHERE e.pos > ? AND e.pos <= ? AND e.time_ns <= ?"
+)
 _HEADS_CHUNK: Final = 500
 # read_rows(compact_text=True): a text column is NULL where it equals the given (first row's) value.
 _COMPACT_SELECT: Final = (
@@ -362,6 +379,65 @@ class _ReadSide:
         with self._snapshot() as conn:
             rows = conn.execute(sql, params).fetchall()
         return [ChannelInfo(*r) for r in rows if r[0].startswith(prefix)]
+
+    def log_mark(self) -> LogMark:
+        with self._snapshot() as conn:
+            (pos,) = conn.execute("SELECT coalesce(max(pos), 0) FROM events").fetchone()
+            row = conn.execute("SELECT value FROM meta WHERE key = 'last_time'").fetchone()
+        return LogMark(int(pos), int(row[0]) if row else 0)
+
+    def log_seek(self, time_ns: int) -> int:
+        with self._snapshot() as conn:
+            lo, hi = conn.execute(
+                "SELECT coalesce(min(pos), 1), coalesce(max(pos), 0) FROM events"
+            ).fetchone()
+            return max(_pos_at_time(conn, lo, hi, time_ns) - 1, 0)
+
+    def read_log(
+        self,
+        after_pos: int,
+        mark: LogMark,
+        limit: int = 1000,
+        prefix: str = "",
+        *,
+        reverse: bool = False,
+    ) -> LogPage:
+        if limit <= 0 or after_pos >= mark.pos:
+            return LogPage([], after_pos)
+        sql = _LOG_SELECT
+        params: list[Any] = [after_pos, mark.pos, mark.time_ns]
+        if prefix:
+            sql += " AND c.path >= ?"
+            params.append(prefix)
+            upper = prefix_upper(prefix)
+            if upper is not None:
+                sql += " AND c.path < ?"
+                params.append(upper)
+        sql += " ORDER BY e.pos DESC LIMIT ?" if reverse else " ORDER BY e.pos LIMIT ?"
+        params.append(min(limit, _MAX_INT64))
+        with self._snapshot() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        pubs: dict[tuple[str, str, str, str], Publisher] = {}
+        out: list[Event] = []
+        for _pos, path, epoch, seq, t, dialect, user, app, msg_id, ctype, hb, tb, payload in rows:
+            pk = (dialect, user, app, msg_id)
+            pub = pubs.get(pk)
+            if pub is None:
+                pub = pubs[pk] = Publisher(dialect, user, app, msg_id)
+            out.append(
+                Event(
+                    path,
+                    seq,
+                    epoch,
+                    t,
+                    pub,
+                    payload,
+                    ctype,
+                    decode_headers(hb) if hb else {},
+                    decode_tags(tb) if tb else (),
+                )
+            )
+        return LogPage(out, rows[-1][0] if rows else after_pos)
 
     def top_time(self) -> int:
         row = self._one("SELECT value FROM meta WHERE key = 'last_time'")
