@@ -15,13 +15,14 @@ import aiohttp
 
 from hubbub.config import load_config
 from hubbub.core import Node, NodeSettings
-from hubbub.dialects.guble_fetch import _last
-from hubbub.events import Publisher
+from hubbub.events import Event, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
 from hubbub.server import Server
 from hubbub.transports.guble import GubleConnection, GubleHub, GubleSettings, plan_fetch
 from hubbub.transports.http import HttpSettings
+
+from ..unit.test_guble_fetch import every, fetched
 
 WAIT = 5.0
 CONNECTED = re.compile(
@@ -417,18 +418,19 @@ def test_guble_env_aliases() -> None:
 
 
 def test_fetch_selection_ignores_commits_after_the_snapshot(tmp_path: Path) -> None:
-    """Commits that race a backward fetch (seqs above the snapshot's top) must not shrink the selection."""
+    """Commits that race a fetch (after its mark) are not part of it, and do not shrink a backward one."""
     store = open_store("memory", str(tmp_path), "commit", RetentionPolicy(), 600)
     store.append([AppendRequest("/c", Publisher("native"), str(i).encode(), "x") for i in range(30)])
-    got = _last(store, "/c", 10, 5, lambda e: True)
-    assert [e.seq for e in got] == [6, 7, 8, 9, 10]
-    odd = _last(store, "/c", 10, 3, lambda e: e.seq % 2 == 1)
-    assert [e.seq for e in odd] == [5, 7, 9]
-    plan = plan_fetch(store, "/", -3, None, lambda e: True, 100)
-    assert plan.tops == {"/c": 30} and [e.seq for e in plan.events] == [28, 29, 30]
-    plan = plan_fetch(store, "/c", 25, 2, lambda e: True, 100)
-    assert [e.seq for e in plan.events] == [25, 26]
-    assert plan_fetch(store, "/c", 31, None, lambda e: True, 100).events == []
+
+    def odd(e: Event) -> bool:
+        return e.seq % 2 == 1
+
+    fetches = [("/", -3, None, every), ("/c", -3, None, odd), ("/c", 25, 2, every), ("/c", 0, None, every)]
+    plans = [(ch, plan_fetch(store, ch, start, most, keep), keep) for ch, start, most, keep in fetches]
+    assert plan_fetch(store, "/c", 31, None, every).scan is None
+    store.append([AppendRequest("/c", Publisher("native"), b"late", "x") for i in range(5)])
+    got = [[e.seq for e in fetched(store, ch, p, keep)] for ch, p, keep in plans]
+    assert got == [[28, 29, 30], [25, 27, 29], [25, 26], list(range(1, 31))]
     store.close()
 
 

@@ -52,6 +52,7 @@ from .presence import LocalPresence, Presence
 from .reads import ChannelPage, LogReads, Planner
 from .relay import Relay, committed_events
 from .replay import ReplayPlan, ReplaySpec
+from .replay_scan import send_scan
 from .replay_service import REPLAY_PAGE, ReplayService
 from .retention import RetentionTask
 from .session import Session
@@ -366,6 +367,19 @@ class Node:
     async def fetch(self, planner: Planner) -> ReplayPlan:
         """A dialect's replay selection read without subscribing (guble's fetch; :meth:`LogReads.plan`)."""
         return await self.reads.plan(planner)
+
+    async def send_fetched(self, session: Session, pattern: Pattern, plan: ReplayPlan) -> int:
+        """Queue the events of a fetched plan's scan (:meth:`fetch`; a counted
+        :class:`~hubbub.core.replay.ReplayScan`) to ``session`` without subscribing, paced by its queue, at
+        most the counted number; returns how many were queued. A scan that no longer finds what it counted
+        closes the session as a slow consumer (the count went out already)."""
+        if plan.scan is None:
+            return 0
+        visible = self.access.visibility(session.identity, pattern)
+        done = await send_scan(
+            self.reads, self.store, session, [], pattern, visible, plan.scan, {}, exact=False
+        )
+        return done.sent
 
     async def reset_channel(self, channel: str) -> Any:
         """Start a new epoch for a channel (on the writer thread, in order with appends)."""

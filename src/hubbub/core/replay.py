@@ -5,8 +5,8 @@ Pure functions over a :class:`LogStore`, run on a reader thread by the node. The
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from hubbub.channels import Pattern
 from hubbub.errors import BadRequest
@@ -20,6 +20,8 @@ __all__ = [
     "ReplaySpan",
     "ReplaySpec",
     "ScanCursor",
+    "count_scan",
+    "last_start",
     "list_channels",
     "merged_key",
     "pattern_prefix",
@@ -76,7 +78,12 @@ class ReplayScan:
     ``after`` up to ``mark`` under ``prefix``, page by page while it is sent (:func:`scan_page`). Of each
     channel the pattern matches: a channel of ``since`` its events after that position (of that epoch;
     ``Position(0, "")``: a channel with no event yet, all of them), none of a channel in ``skip`` (its
-    ``since`` is a gap), and of any other channel its events at or after ``from_time`` (none without it)."""
+    ``since`` is a gap), and of any other channel its events at or after ``from_time`` (none without it).
+
+    A scan whose count was announced before its events (guble's ``#fetch-start``; :func:`count_scan`) has
+    ``limit``, the events it sends at most, and ``caps``: of each channel whose tail this cluster node had
+    not delivered live when it was counted, the last position the count took (the live stream brings the
+    rest), so sending it again finds the same events whatever was delivered meanwhile."""
 
     prefix: str
     after: int
@@ -84,6 +91,8 @@ class ReplayScan:
     since: Mapping[str, Position]
     skip: frozenset[str]
     from_time: int | None
+    limit: int | None = None
+    caps: Mapping[str, Position] | None = None
 
 
 @dataclass(slots=True)
@@ -204,7 +213,7 @@ def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec) -> ReplayPl
             listed[ch] = Position(max(pos.seq, info.first - 1), info.epoch)
     from_time = spec.from_time
     if spec.last is not None:
-        from_time = _last_start(store, pattern, prefix, mark, spec.last)
+        from_time = last_start(store, pattern, mark, spec.last)
         if from_time is None:
             return plan
     # Where reading starts: before the first event after any listed position, and before from_time.
@@ -249,18 +258,22 @@ def _plan_exact(store: LogStore, channel: str, spec: ReplaySpec, plan: ReplayPla
         plan.span = ReplaySpan(channel, info.epoch, after, info.top)
 
 
-def _last_start(store: LogStore, pattern: Pattern, prefix: str, mark: LogMark, n: int) -> int | None:
+def last_start(
+    store: LogStore, pattern: Pattern, mark: LogMark, n: int, keep: Callable[[Event], bool] | None = None
+) -> int | None:
     """The time of the ``n``-th newest event the pattern matches at ``mark`` (the oldest of the last ``n``),
-    found reading the log backwards a page at a time; None when ``n`` is 0 or no event matches."""
+    counting only those ``keep`` accepts when given (a dialect's filters), found reading the log backwards
+    a page at a time; None when ``n`` is 0 or no event matches."""
     if n <= 0:
         return None
+    prefix = pattern_prefix(pattern)
     found = 0
     oldest: int | None = None
     top = mark
     while True:
         page = store.read_log(0, top, SCAN_PAGE, prefix, reverse=True)
         for e in page.events:
-            if pattern.matches(e.channel):
+            if pattern.matches(e.channel) and (keep is None or keep(e)):
                 oldest = e.time_ns
                 found += 1
                 if found == n:
@@ -268,6 +281,24 @@ def _last_start(store: LogStore, pattern: Pattern, prefix: str, mark: LogMark, n
         if len(page.events) < SCAN_PAGE:
             return oldest
         top = LogMark(page.pos - 1, mark.time_ns)
+
+
+def count_scan(
+    store: LogStore, pattern: Pattern, scan: ReplayScan, keep: Callable[[Event], bool], limit: int | None
+) -> ReplayScan:
+    """Count a scan's events before sending them (on a reader thread): ``scan`` with ``limit`` the number of
+    events ``keep`` accepts (at most ``limit``) and the ``caps`` this count took, so the send finds exactly
+    those. Reads the scan once, a page at a time: memory stays one page whatever its length."""
+    cur = ScanCursor(scan.after, dict(scan.since))
+    count = 0
+    while not cur.done and (limit is None or count < limit):
+        for e in scan_page(store, pattern, scan, cur):
+            if keep(e):
+                count += 1
+                if count == limit:
+                    break
+    caps = {ch: cur.expect[ch] for ch in cur.cut}
+    return replace(scan, limit=count, caps=caps)
 
 
 def pattern_prefix(pattern: Pattern) -> str:
@@ -328,8 +359,25 @@ def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCurs
             return out
         expect[ch] = Position(e.seq, e.epoch)
         out.append(e)
-    if out and type(store).delivered is not LogStore.delivered:
+    if out and scan.caps is not None:
+        if scan.caps:
+            out = _capped(out, scan.caps, cur)
+    elif out and type(store).delivered is not LogStore.delivered:
         out = _delivered_only(store, out, cur)
+    return out
+
+
+def _capped(events: list[Event], caps: Mapping[str, Position], cur: ScanCursor) -> list[Event]:
+    """``events`` without those past their channel's cap (:attr:`ReplayScan.caps`), whose channels join
+    ``cur.cut`` at the cap."""
+    out: list[Event] = []
+    for e in events:
+        cap = caps.get(e.channel)
+        if cap is not None and e.seq > cap.seq:
+            cur.cut.add(e.channel)
+            cur.expect[e.channel] = cap
+            continue
+        out.append(e)
     return out
 
 

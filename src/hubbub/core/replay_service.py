@@ -29,7 +29,8 @@ from .access import only_visible
 from .filters import withheld
 from .junction import Junction
 from .reads import LogReads, Planner
-from .replay import Gap, ReplayPlan, ReplayScan, ReplaySpan, ReplaySpec, ScanCursor, plan_replay, scan_page
+from .replay import Gap, ReplayPlan, ReplaySpan, ReplaySpec, plan_replay
+from .replay_scan import send_scan
 from .session import FrameRun, Session
 from .subscriptions import Subscription, SubscriptionRegistry
 
@@ -118,8 +119,11 @@ class ReplayService:
             n, span_last = await self._replay_span(session, sub_id, plan.span)
             sent += n
         elif plan.scan is not None and not (session.closed or session.kicked):
-            n, covered = await self._replay_scan(session, sub, plan.scan, plan.tops)
-            sent += n
+            done = await send_scan(
+                self.reads, self.store, session, [sub_id], pattern, visible, plan.scan, plan.tops
+            )
+            sent += done.sent
+            covered = done.expect
         plan.sent = sent
         if on_replayed is not None and plan.replayed:
             on_replayed(plan)
@@ -215,60 +219,6 @@ class ReplayService:
             if not pending.cancel() and not pending.cancelled():
                 pending.exception()
         return sent, after
-
-    async def _replay_scan(
-        self, session: Session, sub: Subscription, scan: ReplayScan, tops: dict[str, int]
-    ) -> tuple[int, dict[str, Position]]:
-        """Queue a pattern's replay: the log read in commit order a page at a time (:func:`scan_page`), each
-        page read on a reader thread while the loop queues the previous one, paced by the session's queue;
-        the replay holds at most two pages whatever its length or the number of channels. Returns (events
-        queued, per channel the last position replayed or passed over: the junction's snapshot).
-
-        As for an exact channel's span, a channel whose events no longer continue the snapshot (trimmed or
-        reset while the replay ran), or a listed channel whose replay ends short of the head the snapshot
-        promised, closes the session as a slow consumer rather than leave a silent gap."""
-        cur = ScanCursor(scan.after, dict(scan.since))
-        # A list, not a tuple: encoders cache a tuple's frame per fan-out, and this cache spans the replay.
-        pattern, sub_id, visible = sub.pattern, [sub.sub_id], sub.visible
-        cache: dict[Any, Any] = {}
-        sent = 0
-        pending = self.reads.submit(scan_page, self.store, pattern, scan, cur)
-        try:
-            while True:
-                try:
-                    events = await pending
-                except HubbubError as exc:
-                    log.warning("replay read failed: %s", exc, extra={"session": session.id})
-                    session.kick(Disconnect.of(exc.code))
-                    break
-                done, broken = cur.done, cur.broken
-                if not done:
-                    pending = self.reads.submit(scan_page, self.store, pattern, scan, cur)
-                for ev in events:
-                    if session.closed or session.kicked or session.ending:
-                        return sent, cur.expect
-                    if visible is not None and not visible(ev.channel):
-                        continue
-                    if ev.headers and withheld(session, ev):
-                        continue  # not this connection's, as in live fan-out (README §3)
-                    if session.needs_room():
-                        await session.wait_replay_room()
-                    sent += session.deliver(ev, sub_id, cache, replay=True)
-                if done:
-                    short = broken or any(
-                        cur.expect[ch].seq < tops.get(ch, 0) for ch in scan.since if ch not in cur.cut
-                    )
-                    if short and not (session.closed or session.kicked or session.ending):
-                        log.info(
-                            "replay lost its snapshot (trimmed or reset meanwhile)",
-                            extra={"dialect": session.dialect, "session": session.id},
-                        )
-                        session.kick(session.slow_close_code)
-                    break
-        finally:
-            if not pending.cancel() and not pending.cancelled():
-                pending.exception()
-        return sent, cur.expect
 
     async def _new_epoch_if_lost(self, channel: str, epoch: str) -> ChannelInfo | None:
         """A client saw commits beyond the top of the channel's epoch ``epoch`` (a ``since`` ahead). Where the

@@ -39,10 +39,8 @@ from hubbub.events import Event
 
 from .guble_fetch import (
     CatchUpStep,
-    ChannelReader,
     LiveMark,
     catch_up_steps,
-    fetch_selection,
     subtree_pattern,
 )
 
@@ -52,7 +50,6 @@ __all__ = [
     "GUBLE_HEADER",
     "Cancel",
     "CatchUpStep",
-    "ChannelReader",
     "Command",
     "GubleCodec",
     "LiveMark",
@@ -61,7 +58,6 @@ __all__ = [
     "canonical_mime_key",
     "catch_up_steps",
     "error_text",
-    "fetch_selection",
     "filter_name",
     "go_quote",
     "header_line_headers",

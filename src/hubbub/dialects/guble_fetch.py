@@ -1,64 +1,27 @@
-"""Guble's fetch selection (protocols/guble.md §5) and slow-consumer catch-up (§6), sans-I/O: which events a
-``+ <path> <start> <max>`` receives, where a slow consumer's catch-up starts (:class:`LiveMark`) and in which
-order its receivers re-subscribe (:func:`catch_up_steps`).
+"""Guble's fetch and slow-consumer catch-up (protocols/guble.md §5, §6), sans-I/O: the merged order of a
+fetch, the subtree a receiver gets, where a slow consumer's catch-up starts (:class:`LiveMark`) and in which
+order its receivers re-subscribe (:func:`catch_up_steps`). The selection itself is a scan of the log
+(``hubbub.transports.guble.plan_fetch``).
 
-The selection reads through a :class:`ChannelReader` (a ``LogStore`` is one) and is given the snapshot's
-``tops`` (the head of every channel of the subtree, read first): every event it returns is at or below its
-channel's top, so the core's hold-and-release junction sees no gap and no duplicate. It is plain Python over
-the reader: the server runs it on a reader thread, tests run it over the memory store.
-
-Invariants:
-
-* Events come in the merged order of mapping.md §3 (commit time, then channel bytes, then seq), at most
-  ``cap`` (and at most ``max_count`` when given).
-* ``keep`` (the connection's delivery filters) is applied before counting, so a filtered-out event never
-  takes a place in the window.
-* Reads are paged (:data:`PAGE` events at a time) and stop at the snapshot's top: memory is bounded by the
-  selection, not by the channel.
-
-Concurrency contract: pure functions; safe on any thread, as the reader is.
+Concurrency contract: pure functions and per-connection objects; no I/O.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
 
 from hubbub.channels import Pattern, segments
 from hubbub.events import Event
 
 __all__ = [
-    "PAGE",
     "CatchUpStep",
-    "ChannelReader",
     "LiveMark",
     "catch_up_steps",
-    "fetch_selection",
     "merged_key",
     "subtree_pattern",
 ]
-
-#: Events per read of a channel.
-PAGE = 1000
-
-
-class ChannelReader(Protocol):
-    """The reads the selection needs (``hubbub.log.LogStore`` provides them)."""
-
-    def read(
-        self,
-        channel: str,
-        after_seq: int = 0,
-        limit: int = 1000,
-        from_time: int | None = None,
-        to_time: int | None = None,
-    ) -> list[Event]: ...
-
-    def read_last(self, channel: str, n: int) -> list[Event]: ...
 
 
 def merged_key(e: Event) -> tuple[int, bytes, int]:
@@ -71,73 +34,6 @@ def subtree_pattern(channel: str) -> Pattern:
     parts: tuple[str, ...] = () if channel == "/" else tuple(segments(channel))
     text = "/" + "/".join("%2A" * len(p) if p in ("*", "**") else p for p in parts)
     return Pattern(parts, True, (text + "/**") if parts else "/**")
-
-
-def _events(
-    reader: ChannelReader, channel: str, top: int, after_seq: int = 0, from_time: int | None = None
-) -> Iterator[Event]:
-    """The channel's events after ``after_seq`` (and from ``from_time``) up to the snapshot's ``top``."""
-    after = after_seq
-    while after < top:
-        page = reader.read(channel, after_seq=after, limit=PAGE, from_time=from_time)
-        for e in page:
-            if e.seq > top:
-                return
-            yield e
-        if len(page) < PAGE:
-            return
-        after = page[-1].seq
-
-
-def _last(
-    reader: ChannelReader, channel: str, top: int, k: int, keep: Callable[[Event], bool]
-) -> list[Event]:
-    """The last ``k`` events of the channel (up to ``top``) that ``keep`` accepts, oldest first."""
-    n = k
-    while True:
-        # Commits after the snapshot take room in the window too: grow it until k events at or below
-        # ``top`` pass, or the channel has no more.
-        raw = reader.read_last(channel, n)
-        kept = [e for e in raw if e.seq <= top and keep(e)]
-        if len(kept) >= k or len(raw) < n or not k:
-            return kept[-k:] if k else []
-        n *= 2
-
-
-def fetch_selection(
-    reader: ChannelReader,
-    channel: str,
-    tops: Mapping[str, int],
-    start_id: int | None,
-    max_count: int | None,
-    keep: Callable[[Event], bool],
-    cap: int,
-    from_time: int | None = None,
-) -> list[Event]:
-    """The events of Subtree(channel) a fetch receives (guble.md §5): from ``start_id`` of ``channel`` (and
-    the other channels from that event's time) when positive, the last ``-start_id`` (or ``max_count``) when
-    negative, everything when absent; with ``from_time``, a catch-up: every event from that time."""
-    limit = cap if not max_count else min(max_count, cap)
-    if from_time is not None or not start_id:
-        streams = [_events(reader, ch, top, 0, from_time) for ch, top in tops.items()]
-        merged = (e for e in heapq.merge(*streams, key=merged_key) if keep(e))
-        return list(itertools.islice(merged, limit))
-    if start_id > 0:
-        top = tops.get(channel, 0)
-        first = next((e for e in _events(reader, channel, top, start_id - 1) if keep(e)), None)
-        if first is None:
-            return []
-        streams = [
-            _events(reader, ch, t, first.seq - 1)
-            if ch == channel
-            else _events(reader, ch, t, 0, first.time_ns)
-            for ch, t in tops.items()
-        ]
-        merged = (e for e in heapq.merge(*streams, key=merged_key) if keep(e))
-        return list(itertools.islice(merged, limit))
-    k = min(max_count if max_count else -start_id, cap)
-    lasts = [_last(reader, ch, top, k, keep) for ch, top in tops.items()]
-    return list(heapq.merge(*lasts, key=merged_key))[-k:]
 
 
 # -- slow consumers: catching up from the log (guble.md §6) --------------------------------------------------

@@ -39,7 +39,7 @@ from hubbub.auth import Identity
 from hubbub.channels import route_channel
 from hubbub.core import Node, ReplayPlan, Session
 from hubbub.core.filters import delivery_filters, passes
-from hubbub.core.replay import list_channels
+from hubbub.core.replay import ReplayScan, count_scan, last_start, pattern_prefix
 from hubbub.core.session import Overflow
 from hubbub.dialects import guble as gc
 from hubbub.disconnect import Disconnect
@@ -84,8 +84,8 @@ class GubleSettings:
 subtree_pattern = gc.subtree_pattern
 
 
-#: Most events one fetch or catch-up sends (its count is announced before them, so it is read whole).
-FETCH_CAP = 10_000
+#: Events per read of the fetched channel while its start is looked for (``+ <path> <startId>``).
+FETCH_PAGE = 1000
 
 
 def plan_fetch(
@@ -94,22 +94,59 @@ def plan_fetch(
     start_id: int | None,
     max_count: int | None,
     keep: Callable[[Event], bool],
-    cap: int,
     from_time: int | None = None,
+    empty: bool = False,
 ) -> ReplayPlan:
-    """The guble fetch selection over Subtree(channel) (guble.md §5; ``gc.fetch_selection``), or with
-    ``from_time`` a catch-up (every event from that time), as a replay plan: ``tops`` covers every channel of
-    the subtree, read first; the events are at or below them, in merged order, at most ``cap``."""
+    """The guble fetch selection over Subtree(channel) (guble.md §5), or with ``from_time`` a catch-up (every
+    event from that time), as a replay plan (on a reader thread): a scan of the log in commit order (which is
+    guble's merged order, commit times being unique) up to one mark, from the selection's first event,
+    counted first (:func:`count_scan`: ``#fetch-start`` announces the exact count) and read again page by
+    page as it is sent, so a fetch of any length holds a page or two in memory. ``empty``: a selection of no
+    event (a catch-up receiver inside another one's subtree)."""
     plan = ReplayPlan(replayed=True)
-    tops = plan.tops
-    for ci in list_channels(store, gc.subtree_pattern(channel)):
-        tops[ci.channel] = ci.top
-    plan.events = gc.fetch_selection(store, channel, tops, start_id, max_count, keep, cap, from_time)
+    pattern = gc.subtree_pattern(channel)
+    mark = store.log_mark()
+    plan.top_time = mark.time_ns
+    limit = max_count if max_count and (start_id is None or start_id >= 0) else None
+    start: int | None
+    if empty:
+        return plan
+    if from_time is not None or not start_id:
+        start = from_time or 0
+    elif start_id > 0:
+        start = _first_from(store, channel, start_id, mark.time_ns, keep)
+    else:
+        start = last_start(store, pattern, mark, max_count or -start_id, keep)
+    if start is None or start > mark.time_ns:
+        return plan
+    scan = ReplayScan(pattern_prefix(pattern), store.log_seek(start), mark, {}, frozenset(), start)
+    scan = count_scan(store, pattern, scan, keep, limit)
+    if scan.limit:
+        plan.scan = scan
     return plan
 
 
-def _none(e: Event) -> bool:
-    return False
+def _first_from(
+    store: LogStore, channel: str, start_id: int, mark_ns: int, keep: Callable[[Event], bool]
+) -> int | None:
+    """The commit time of the first event of ``channel`` itself with ``seq >= start_id`` that ``keep``
+    accepts, at or before the mark (guble.md §5: the selection starts there on every channel)."""
+    after = start_id - 1
+    while True:
+        page = store.read(channel, after_seq=after, limit=FETCH_PAGE)
+        for e in page:
+            if e.time_ns > mark_ns:
+                return None
+            if keep(e):
+                return e.time_ns
+        if len(page) < FETCH_PAGE:
+            return None
+        after = page[-1].seq
+
+
+def fetch_count(plan: ReplayPlan) -> int:
+    """The number of events a fetch's plan sends (its ``#fetch-start`` count)."""
+    return plan.scan.limit or 0 if plan.scan is not None else 0
 
 
 def _live_plan(store: LogStore) -> ReplayPlan:
@@ -312,7 +349,6 @@ class GubleConnection:
             start_id=cmd.start_id,
             max_count=cmd.max_count,
             keep=self._keep,
-            cap=FETCH_CAP,
         )
         if cmd.subscribes:
             # The fetch's events count as live ones for a catch-up (LiveMark): the receiver goes live while
@@ -337,10 +373,10 @@ class GubleConnection:
     async def _subscribe(self, rec: Receiver, planner: Callable[[LogStore], ReplayPlan], fetch: bool) -> None:
         def on_snapshot(plan: ReplayPlan) -> None:
             if fetch:
-                if plan.events:
+                if plan.scan is not None and plan.scan.from_time is not None:
                     # The receiver's stream starts with its fetch: a catch-up may reach back that far.
-                    rec.registered_ns = min(rec.registered_ns, plan.events[0].time_ns)
-                self._notice("fetch-start", f"{rec.path} {len(plan.events)}")
+                    rec.registered_ns = min(rec.registered_ns, plan.scan.from_time)
+                self._notice("fetch-start", f"{rec.path} {fetch_count(plan)}")
             else:
                 self._notice("subscribed-to", rec.path)
 
@@ -370,15 +406,10 @@ class GubleConnection:
         sess = self.session
         try:
             plan = await self.node.fetch(planner)
-            self._notice("fetch-start", f"{rec.path} {len(plan.events)}")
-            cache: dict[Any, Any] = {}
-            for ev in plan.events:
-                if sess.closed or sess.kicked:
-                    return
-                if sess.queued >= sess.max_items - 1:
-                    await sess.wait_room()
-                sess.deliver(ev, [], cache, replay=True)
-            self._notice("fetch-end", rec.path)
+            self._notice("fetch-start", f"{rec.path} {fetch_count(plan)}")
+            await self.node.send_fetched(sess, rec.pattern, plan)
+            if not (sess.closed or sess.kicked):
+                self._notice("fetch-end", rec.path)
         finally:
             if self.receivers.get(rec.channel) is rec:
                 del self.receivers[rec.channel]
@@ -432,9 +463,9 @@ class GubleConnection:
                         channel=rec.channel,
                         start_id=None,
                         max_count=None,
-                        keep=self._keep if not covered else _none,
-                        cap=FETCH_CAP if not covered else 0,
+                        keep=self._keep,
                         from_time=step.from_time,
+                        empty=covered,
                     )
                     self._catch_up_subs.add(rec.sub_id)
                     rec.task = self._spawn(self._run(rec, self._subscribe(rec, planner, fetch=True)))

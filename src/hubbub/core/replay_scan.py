@@ -1,0 +1,115 @@
+"""Sending a pattern's replay (:class:`~hubbub.core.replay.ReplayScan`): the log read in commit order a page
+at a time, each page read on a reader thread while the event loop queues the previous one, paced by the
+session's queue (replay traffic never makes a subscriber slow). The replay holds at most two pages whatever
+its length or the number of channels.
+
+A replay never hides a gap: a channel whose events no longer continue the snapshot (trimmed or reset while
+the replay ran), a listed channel whose replay ends short of the head the snapshot promised, or a counted
+scan (:func:`~hubbub.core.replay.count_scan`) that no longer finds what was counted, closes the session as
+a slow consumer: the client resumes and is told the gap.
+
+Concurrency contract: called from the event loop thread only; the pages are read on the reader threads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hubbub.channels import Pattern
+from hubbub.disconnect import Disconnect
+from hubbub.errors import HubbubError
+from hubbub.events import Position
+from hubbub.log.base import LogStore
+
+from .filters import withheld
+from .reads import LogReads
+from .replay import ReplayScan, ScanCursor, scan_page
+from .session import Session
+
+__all__ = ["ScanSent", "send_scan"]
+
+log = logging.getLogger("hubbub.node")
+
+
+@dataclass(slots=True)
+class ScanSent:
+    """What :func:`send_scan` did: ``sent`` events queued, and per channel the last position queued or passed
+    over (the live junction's snapshot)."""
+
+    sent: int
+    expect: dict[str, Position]
+
+
+def _lost(session: Session) -> None:
+    if not (session.closed or session.kicked or session.ending):
+        log.info(
+            "replay lost its snapshot (trimmed or reset meanwhile)",
+            extra={"dialect": session.dialect, "session": session.id},
+        )
+        session.kick(session.slow_close_code)
+
+
+async def send_scan(
+    reads: LogReads,
+    store: LogStore,
+    session: Session,
+    sub_ids: list[str],
+    pattern: Pattern,
+    visible: Callable[[str], bool] | None,
+    scan: ReplayScan,
+    tops: dict[str, int],
+    *,
+    exact: bool = True,
+) -> ScanSent:
+    """Queue ``scan``'s events to ``session`` for ``sub_ids`` (a list, not a tuple: encoders cache a tuple's
+    frame per fan-out, and this cache spans the replay). A scan with a ``limit`` (its count, announced) must
+    send exactly that many, else the session is closed as a slow consumer; with ``exact`` (a subscription's
+    junction follows, which takes every event of the scan as sent or passed over) it also reads the scan
+    to its end to check there is no more, and without it (a fetch) it stops at the limit."""
+    cur = ScanCursor(scan.after, dict(scan.since))
+    limit = scan.limit
+    cache: dict[Any, Any] = {}
+    sent = 0
+    pending = reads.submit(scan_page, store, pattern, scan, cur)
+    try:
+        while True:
+            try:
+                events = await pending
+            except HubbubError as exc:
+                log.warning("replay read failed: %s", exc, extra={"session": session.id})
+                session.kick(Disconnect.of(exc.code))
+                break
+            done, broken = cur.done, cur.broken
+            if not done and (exact or limit is None or sent < limit):
+                pending = reads.submit(scan_page, store, pattern, scan, cur)
+            for ev in events:
+                if session.closed or session.kicked or session.ending:
+                    return ScanSent(sent, cur.expect)
+                if visible is not None and not visible(ev.channel):
+                    continue
+                if ev.headers and withheld(session, ev):
+                    continue  # not this connection's, as in live fan-out (README §3)
+                if sent == limit:
+                    # More than was counted: the junction's snapshot (cur.expect) is past what was sent.
+                    if exact:
+                        _lost(session)
+                    return ScanSent(sent, cur.expect)
+                if session.needs_room():
+                    await session.wait_replay_room()
+                sent += session.deliver(ev, sub_ids, cache, replay=True)
+            if done or (limit is not None and sent == limit and not exact):
+                short = broken or any(
+                    cur.expect[ch].seq < tops.get(ch, 0) for ch in scan.since if ch not in cur.cut
+                )
+                if limit is not None and sent != limit:
+                    short = True  # fewer than counted (and announced): trimmed or reset meanwhile
+                if short:
+                    _lost(session)
+                break
+    finally:
+        if not pending.cancel() and not pending.cancelled():
+            pending.exception()
+    return ScanSent(sent, cur.expect)
