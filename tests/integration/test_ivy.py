@@ -22,8 +22,10 @@ import pytest
 from hubbub.config import load_config
 from hubbub.dialects.ivy import ts
 from hubbub.events import Publisher
+from hubbub.log import DB_FILENAME, SqliteLogStore
 from hubbub.log.base import AppendRequest
 from hubbub.server import Server
+from hubbub.transports import ivy as ivy_transport
 
 WAIT = 10.0
 SCRIPT = Path(__file__).with_name("ivy_client.mjs")
@@ -424,5 +426,36 @@ def test_slow_consumer_is_closed_1013(tmp_path: Path) -> None:
                         break
                 assert codes == [1013]
                 assert node.slow_closes["ivy"] == 1
+
+    asyncio.run(main())
+
+
+def test_log_read_of_a_glob_over_more_channels_than_one_listing_reads_them_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A glob read lists its channels a page at a time: past the channels one listing returns (10,000; 100
+    here, to keep the test fast), none is left out: every channel's line, in byte order of the path."""
+    monkeypatch.setattr(ivy_transport, "LIST_LIMIT", 100)
+    data = tmp_path / "d"
+    data.mkdir()
+    store = SqliteLogStore(data / DB_FILENAME)
+    n = 250
+    try:
+        store.append(
+            [
+                AppendRequest(f"/wide/c{i:05d}", Publisher("ivy"), f"p{i}".encode(), "text/plain")
+                for i in range(n)
+            ]
+        )
+    finally:
+        store.close()
+
+    async def main() -> None:
+        async with serve(data) as (_, addr), aiohttp.ClientSession() as http:
+            async with http.get(f"http://{addr}/events/wide/*") as r:
+                assert r.status == 200
+                body = (await r.read()).decode()
+            got = [line.split(":", 2)[1:] for line in body.split("\n")]
+            assert got == [[f"/wide/c{i:05d}", f"p{i}"] for i in range(n)]
 
     asyncio.run(main())

@@ -502,6 +502,23 @@ async def _events(
         after = page[-1].seq
 
 
+async def _channels(node: Node, lp: ivy.LogPath) -> AsyncIterator[str]:
+    """The read's channel, or every channel its glob matches in byte order, listed a page at a time (a glob
+    over more channels than one listing returns reads them all)."""
+    pattern = lp.pattern
+    if pattern is None:
+        yield lp.channel
+        return
+    after = ""
+    while True:
+        page = await node.list_channels(pattern, after=after, limit=LIST_LIMIT)
+        for ci in page:
+            yield ci.channel
+        if len(page) < LIST_LIMIT:
+            return
+        after = page[-1].channel
+
+
 async def _read_log(
     node: Node,
     lp: ivy.LogPath,
@@ -517,18 +534,12 @@ async def _read_log(
     top_time = await node.top_time()
     if nothing:
         return top_time, [], 0
-    pattern = lp.pattern
-    channels = (
-        [lp.channel]
-        if pattern is None
-        else [ci.channel for ci in await node.list_channels(pattern, limit=LIST_LIMIT)]
-    )
-    if visible is not None:
-        channels = [ch for ch in channels if visible(ch)]
     lines: list[bytes] = []
     total = 0
     newest = 0
-    for ch in channels:
+    async for ch in _channels(node, lp):
+        if visible is not None and not visible(ch):
+            continue
         kept: deque[tuple[int, bytes]] = deque()
         size = 0
         async for ev in _events(node, ch, n, rng):
