@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from hubbub.channels import parse_pattern
 from hubbub.core.fanout import _RUN_ENCODE_MIN, FanOut, _run_frames
+from hubbub.core.faults import Faults
 from hubbub.core.node import Subscription
 from hubbub.core.session import Session
 from hubbub.dialects import native as nc
@@ -99,7 +100,7 @@ def test_a_run_is_shared_between_connections_unless_their_encoder_is_per_connect
     """Connections with the same encoding and subscription ids share one encoded run; a per-connection
     encoder is called for its own connection all the same, and each connection gets every frame once."""
     router: Router[Subscription] = Router()
-    fan = FanOut(router, set(), {})
+    fan = FanOut(router, set(), {}, Faults())
     own = [_OwnEncoder() for _ in range(3)]
     plain = _PlainEncoder()
     sessions = [Session("own", e, max_items=1000, max_bytes=1 << 20) for e in own]

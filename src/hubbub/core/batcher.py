@@ -6,6 +6,12 @@ enforcement point), queued with the others of the same loop tick, and handed to 
 publishers' ``done`` callbacks run, in submission order, and only then is the committed batch handed on for
 fan-out (``on_committed``): a publisher that also subscribes sees its reply before its own copy.
 
+Each link of that chain is isolated from the others: a ``done`` callback that raises closes its publisher's
+connection (:class:`~hubbub.core.faults.Faults`) and the other publishers still get their answers; a
+``commit_hook`` or fan-out that raises is logged with the batch's context and the rest of the chain runs
+(the fan-out isolates each connection itself, ``core/fanout.py``). Nothing that one connection's code does
+can cost another its acknowledgement, the durable consumers their journal, or the relay its events.
+
 Each publish is owed to its connection (``Session.owed``) from submission to completion: transports stop
 reading a connection whose queued frames and owed replies reach its queue's bound (``Session.has_room``,
 ``Session.wait_room``), which is how every dialect slows a pipelining publisher instead of closing it.
@@ -17,6 +23,7 @@ loop (``call_soon_threadsafe``), or right inside :meth:`WriteBatcher.flush` for 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, final
@@ -26,11 +33,14 @@ from hubbub.errors import HubbubError, RateLimited, ShuttingDown
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .access import Access
+from .faults import Faults
 from .session import Session
 from .stats import Histogram
 from .writer import LogWriter
 
 __all__ = ["ACK_BUCKETS", "Done", "DoneMany", "Pending", "WriteBatcher"]
+
+log = logging.getLogger("hubbub.node")
 
 T = TypeVar("T")
 
@@ -74,8 +84,11 @@ class WriteBatcher:
         *,
         max_pending: int,
         commit_batch: int,
+        faults: Faults,
     ) -> None:
         self.store = store
+        #: Where a publisher whose ``done`` callback raised is closed and counted.
+        self.faults = faults
         self.access = access
         self.max_pending = max_pending
         self.commit_batch = commit_batch
@@ -284,12 +297,18 @@ class WriteBatcher:
         if self._pending < self.max_pending // 2:
             self._room.set()
         if isinstance(result, HubbubError):
-            for origin, done, _t0 in items:
-                if done is not None:
-                    done(result)
-                if origin is not None:
-                    origin.settled(1)
-            return
+            todo = iter(items)
+            while True:
+                try:
+                    for item in todo:
+                        done = item[1]
+                        if done is not None:
+                            done(result)
+                        if item[0] is not None:
+                            item[0].settled(1)
+                    return
+                except Exception as exc:  # one publisher's failure: see the module docstring
+                    self._done_failed(item[0], None, exc, 1)
         now = time.perf_counter()
         obs = self.ack_latency.observe
         # Items of one submit tick share their t0: one histogram update per tick, not per event.
@@ -297,30 +316,67 @@ class WriteBatcher:
             raise RuntimeError("the log store returned a result count that differs from the batch's")
         t_run, n_run = items[0][2], 0
         i, end = 0, len(items)
-        while i < end:
-            origin, done, t0 = items[i]
-            if t0 != t_run:
-                obs(now - t_run, n_run)
-                t_run, n_run = t0, 0
-            if type(done) is _Completion:
-                k = done.count
-                done.many(result[i : i + k])
-                if origin is not None:  # always, for submit_many
-                    origin.settled(k)
-                n_run += k
-                i += k
-                continue
-            n_run += 1
-            if done is not None:
-                done(result[i])
-            if origin is not None:
-                origin.settled(1)
-            i += 1
+        while True:
+            try:
+                while i < end:
+                    origin, done, t0 = items[i]
+                    if t0 != t_run:
+                        obs(now - t_run, n_run)
+                        t_run, n_run = t0, 0
+                    # ``i`` moves past the publishes before their callback runs: one that raises is passed
+                    # over when the loop resumes.
+                    if type(done) is _Completion:
+                        k = done.count
+                        n_run += k
+                        i += k
+                        done.many(result[i - k : i])
+                        if origin is not None:  # always, for submit_many
+                            origin.settled(k)
+                        continue
+                    n_run += 1
+                    i += 1
+                    if done is not None:
+                        done(result[i - 1])
+                    if origin is not None:
+                        origin.settled(1)
+                break
+            except Exception as exc:  # one publisher's failure: see the module docstring
+                self._done_failed(origin, result[i - 1], exc, done.count if type(done) is _Completion else 1)
         obs(now - t_run, n_run)
         hook = self.commit_hook
         if hook is not None:
-            hook(result)
-        self.on_committed(items, result)
+            try:
+                hook(result)
+            except Exception:
+                log.exception("the durable consumers' commit hook failed", extra=_batch_context(result))
+        try:
+            self.on_committed(items, result)
+        except Exception:
+            log.exception("fan-out of a committed batch failed", extra=_batch_context(result))
+
+    def _done_failed(self, origin: Session | None, r: AppendResult | None, exc: Exception, k: int) -> None:
+        """A publisher's ``done`` callback raised for ``k`` of its publishes: its connection is closed (its
+        replies would be out of step) and they are settled, or, for a publish of no connection, the failure
+        is logged."""
+        channel, seq = (r.event.channel, r.event.seq) if r is not None else ("", 0)
+        if origin is not None:
+            self.faults.close(origin, channel, seq, exc, stage="publish completion")
+            origin.settled(k)
+        else:
+            log.error(
+                "publish completion failed",
+                extra={"channel": channel, "seq": seq, "error": type(exc).__name__},
+            )
 
     def statistics(self) -> dict[str, Any]:
         return {"pending": self._pending, "writer": self.writer.statistics() if self.writer else {}}
+
+
+def _batch_context(result: list[AppendResult]) -> dict[str, Any]:
+    """A committed batch's context for a log line: its size and first event's place (never a payload)."""
+    first = result[0].event if result else None
+    return {
+        "events": len(result),
+        "channel": first.channel if first is not None else "",
+        "seq": first.seq if first is not None else 0,
+    }

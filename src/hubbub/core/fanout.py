@@ -5,6 +5,11 @@ Concurrency contract: called from the event loop only, by the :class:`~hubbub.co
 guarantees (see :mod:`hubbub.core.node`) hold because the node hands events over in commit order: each session
 gets a live event at most once, with the ids of every subscription of that session that matches it, and an
 event for a subscription whose replay is still being read is held on that subscription instead.
+
+Isolation: an encoder, a delivery filter or a session's queue that raises for one session costs that session
+only (:class:`~hubbub.core.faults.Faults` closes it, logs, counts); the delivery loop resumes with the next
+session, and the fan-out with the next event. Each loop has one ``try`` around it, resumed after the failed
+session (its iterator continues where it stopped), never one per session.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from hubbub.events import Event
 from hubbub.log.base import EventRun, runs_of
 from hubbub.router import Router
 
+from .faults import Faults
 from .filters import FILTER_PREFIX, delivery_filters, passes
 from .session import Encoder, FrameRun, Session
 
@@ -38,18 +44,23 @@ _Group = tuple[Session, tuple[str, ...], list["Subscription"]]
 @final
 class FanOut:
     """The node's live delivery. ``router`` and ``holding`` (the subscriptions whose replay is still being
-    read) are the node's, only read here; each delivery is counted, per dialect, in ``deliveries``. Keeps the
-    grouping of each matched subscription tuple by session (:meth:`_plan`), which the node clears whenever a
-    subscription comes or goes (:meth:`clear_plans`)."""
+    read) are the node's, only read here; each delivery is counted, per dialect, in ``deliveries``; a session
+    whose delivery raised goes to ``faults``. Keeps the grouping of each matched subscription tuple by session
+    (:meth:`_plan`), which the node clears whenever a subscription comes or goes (:meth:`clear_plans`)."""
 
-    __slots__ = ("_holding", "_plans", "deliveries", "router")
+    __slots__ = ("_holding", "_plans", "deliveries", "faults", "router")
 
     def __init__(
-        self, router: Router[Subscription], holding: set[Subscription], deliveries: dict[str, int]
+        self,
+        router: Router[Subscription],
+        holding: set[Subscription],
+        deliveries: dict[str, int],
+        faults: Faults,
     ) -> None:
         self.router = router
         self._holding = holding
         self.deliveries = deliveries
+        self.faults = faults
         self._plans: dict[int, tuple[tuple[Subscription, ...], list[_Group]]] = {}
 
     def clear_plans(self) -> None:
@@ -66,7 +77,7 @@ class FanOut:
 
         A session's overflow may change the subscriptions meanwhile (a catch-up unsubscribes): ``subs`` holds
         for this run only, and the caller matches the next run's events after this call."""
-        plan = self._plan(subs, cacheable=True)
+        plan = self._plan(subs)
         deliveries = self.deliveries
         if len(events) == 1:
             # One event (a lone publish, or a burst whose events each reach other connections, as sparse tag
@@ -75,18 +86,28 @@ class FanOut:
             ev = events[0]
             renders: dict[str, dict[Any, Any]] = {}
             deliver = self.deliver
-            for sess, ids, _group in plan:
-                if sess is origin and not sess.echo:
-                    continue
-                deliver(sess, ev, ids, renders)
-            return
+            todo = iter(plan)
+            logged: set[str] | None = None
+            while True:
+                try:
+                    for sess, ids, _group in todo:
+                        if sess is origin and not sess.echo:
+                            continue
+                        deliver(sess, ev, ids, renders)
+                    return
+                except Exception as exc:  # one session's failure: see the module docstring
+                    logged = self.faults.close(sess, ev.channel, ev.seq, exc, logged)
         if len(plan) == 1:
             # One connection (the 1→1 case): no frame sharing to arrange, encode and queue the run directly.
             sess, ids, _group = plan[0]
             if sess is origin and not sess.echo:
                 return
-            frames = _run_frames(sess.encoder, events, ids, None)
-            n = sess.deliver_frames(frames, sum(map(len, frames)))
+            try:
+                frames = _run_frames(sess.encoder, events, ids, None)
+                n = sess.deliver_frames(frames, sum(map(len, frames)))
+            except Exception as exc:  # this session's failure: see the module docstring
+                self.faults.close(sess, events[0].channel, events[0].seq, exc, events=len(events))
+                return
             if n:
                 d = sess.dialect
                 deliveries[d] = deliveries.get(d, 0) + n
@@ -94,39 +115,50 @@ class FanOut:
         run_caches: dict[str, list[dict[Any, Any]]] = {}
         run_frames: dict[tuple[str, tuple[str, ...]], FrameRun] = {}
         runs: list[EventRun] | None = None
-        for sess, ids, _group in plan:
-            if sess is origin and not sess.echo:
-                continue
-            enc = sess.encoder
-            fk = (enc.key, ids)
-            hit = run_frames.get(fk)
-            if hit is not None and getattr(enc, "per_connection", False):
-                # Frames encoded for another connection: this encoder must see its own connection's events
-                # (Encoder.per_connection), so it encodes them, through the same rendering cache.
-                shared = run_caches.get(enc.key) or [{} for _ in events]
-                encode = enc.encode_event
-                frames = [encode(ev, ids, False, c) for ev, c in zip(events, shared, strict=True)]
-                hit = FrameRun(frames, sum(map(len, frames)))
-            elif hit is None:
-                if (
-                    len(events) >= _RUN_ENCODE_MIN
-                    and hasattr(enc, "encode_run")
-                    and not getattr(enc, "per_connection", False)
-                ):
-                    if runs is None:
-                        runs = runs_of(events)
-                    frames = _run_frames(enc, events, ids, runs)
-                else:
-                    caches = run_caches.get(enc.key)
-                    if caches is None:
-                        caches = run_caches[enc.key] = [{} for _ in events]
-                    encode = enc.encode_event
-                    frames = [encode(ev, ids, False, c) for ev, c in zip(events, caches, strict=True)]
-                hit = run_frames[fk] = FrameRun(frames, sum(map(len, frames)))
-            n = sess.deliver_run(hit)
-            if n:
-                d = sess.dialect
-                deliveries[d] = deliveries.get(d, 0) + n
+        todo = iter(plan)
+        logged = None
+        while True:
+            try:
+                for sess, ids, _group in todo:
+                    if sess is origin and not sess.echo:
+                        continue
+                    enc = sess.encoder
+                    fk = (enc.key, ids)
+                    hit = run_frames.get(fk)
+                    if hit is not None and getattr(enc, "per_connection", False):
+                        # Frames encoded for another connection: this encoder must see its own
+                        # connection's events (Encoder.per_connection), so it encodes them, through the same
+                        # rendering cache.
+                        shared = run_caches.get(enc.key) or [{} for _ in events]
+                        encode = enc.encode_event
+                        frames = [encode(ev, ids, False, c) for ev, c in zip(events, shared, strict=True)]
+                        hit = FrameRun(frames, sum(map(len, frames)))
+                    elif hit is None:
+                        if (
+                            len(events) >= _RUN_ENCODE_MIN
+                            and hasattr(enc, "encode_run")
+                            and not getattr(enc, "per_connection", False)
+                        ):
+                            if runs is None:
+                                runs = runs_of(events)
+                            frames = _run_frames(enc, events, ids, runs)
+                        else:
+                            caches = run_caches.get(enc.key)
+                            if caches is None:
+                                caches = run_caches[enc.key] = [{} for _ in events]
+                            encode = enc.encode_event
+                            frames = [encode(ev, ids, False, c) for ev, c in zip(events, caches, strict=True)]
+                        # Kept only once encoded whole: after a failure, the next session of the encoding
+                        # tries again (its own failure closes it too).
+                        hit = run_frames[fk] = FrameRun(frames, sum(map(len, frames)))
+                    n = sess.deliver_run(hit)
+                    if n:
+                        d = sess.dialect
+                        deliveries[d] = deliveries.get(d, 0) + n
+                return
+            except Exception as exc:  # one session's failure: see the module docstring
+                first = events[0]
+                logged = self.faults.close(sess, first.channel, first.seq, exc, logged, events=len(events))
 
     def fan_out(self, event: Event, origin: Session | None) -> None:
         """Fan out one event: to the sessions of its matching subscriptions that pass its delivery filters,
@@ -134,42 +166,54 @@ class FanOut:
         subs = self.router.match(event.channel, event.tags)
         if not subs:
             return
-        filtered = False
+        # The filters depend on the session only: checked per session in the loop, where a failure costs
+        # that session alone (and the grouping of the unfiltered match stays cacheable).
+        filters: list[tuple[str, str]] | None = None
         if event.headers and any(k.startswith(FILTER_PREFIX) for k in event.headers):
             filters = delivery_filters(event)
-            subs = tuple(s for s in subs if passes(s.session, filters))
-            filtered = True
-            if not subs:
-                return
         caches: dict[str, dict[Any, Any]] = {}
         if len(subs) == 1:
             s = subs[0]
             sess = s.session
             if sess is origin and not sess.echo:
                 return
-            if s.holding is not None:
-                self._hold(s, event)
-                return
-            self.deliver(sess, event, (s.sub_id,), caches)
+            try:
+                if filters is not None and not passes(sess, filters):
+                    return
+                if s.holding is not None:
+                    self._hold(s, event)
+                    return
+                self.deliver(sess, event, (s.sub_id,), caches)
+            except Exception as exc:  # this session's failure: see the module docstring
+                self.faults.close(sess, event.channel, event.seq, exc)
             return
-        plan = self._plan(subs, cacheable=not filtered)
+        plan = self._plan(subs)
         holding = self._holding
         deliver = self.deliver
-        for sess, ids, group in plan:
-            if sess is origin and not sess.echo:
-                continue
-            if holding:
-                holder = next((s for s in group if s.holding is not None), None)
-                if holder is not None:
-                    self._hold(holder, event)
-                    continue
-            deliver(sess, event, ids, caches)
+        todo = iter(plan)
+        logged: set[str] | None = None
+        while True:
+            try:
+                for sess, ids, group in todo:
+                    if sess is origin and not sess.echo:
+                        continue
+                    if filters is not None and not passes(sess, filters):
+                        continue
+                    if holding:
+                        holder = next((s for s in group if s.holding is not None), None)
+                        if holder is not None:
+                            self._hold(holder, event)
+                            continue
+                    deliver(sess, event, ids, caches)
+                return
+            except Exception as exc:  # one session's failure: see the module docstring
+                logged = self.faults.close(sess, event.channel, event.seq, exc, logged)
 
-    def _plan(self, subs: tuple[Subscription, ...], cacheable: bool) -> list[_Group]:
+    def _plan(self, subs: tuple[Subscription, ...]) -> list[_Group]:
         """The matched subscriptions grouped by session, in match order: each session gets an event once,
         listing all its matching subscription ids. The router returns the same tuple for a channel until
         its subscriptions change, so the grouping is cached by that tuple's identity."""
-        hit = self._plans.get(id(subs)) if cacheable else None
+        hit = self._plans.get(id(subs))
         if hit is not None and hit[0] is subs:
             return hit[1]
         groups: dict[Session, list[Subscription]] = {}
@@ -180,11 +224,10 @@ class FanOut:
             else:
                 g.append(s)
         plan = [(sess, tuple(s.sub_id for s in group), group) for sess, group in groups.items()]
-        if cacheable:
-            if len(self._plans) >= PLAN_CACHE_SIZE:
-                self._plans.clear()
-            # The entry keeps ``subs`` alive, so its id cannot be reused while the entry exists.
-            self._plans[id(subs)] = (subs, plan)
+        if len(self._plans) >= PLAN_CACHE_SIZE:
+            self._plans.clear()
+        # The entry keeps ``subs`` alive, so its id cannot be reused while the entry exists.
+        self._plans[id(subs)] = (subs, plan)
         return plan
 
     def deliver(

@@ -18,6 +18,9 @@ hold is sent without spilling. Memory stays bounded by the hold's limit and one 
 position the log no longer has (trimmed or reset meanwhile) closes the session as a slow consumer: the client
 resumes and is told the gap, never a silent one.
 
+An event whose encoding raises (its connection's encoder) closes the session with an internal error
+(:class:`~hubbub.core.faults.Faults`): the rest would come after a gap.
+
 Concurrency contract: called from the event loop thread only; the reads run on the node's reader threads.
 """
 
@@ -144,7 +147,11 @@ class Junction:
         # but the connection's other live subscriptions still get it.
         ids = self.registry.held_ids(sub, ev, in_snapshot)
         if ids:
-            self.registry.fanout.deliver(sess, ev, ids, self._caches)
+            try:
+                self.registry.fanout.deliver(sess, ev, ids, self._caches)
+            except Exception as exc:  # this session's failure: see core/faults.py
+                self.registry.faults.close(sess, ev.channel, ev.seq, exc, stage="release of held events")
+                return False
         return True
 
     async def _read_back(self, lost: dict[str, Position]) -> bool:

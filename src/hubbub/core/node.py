@@ -52,7 +52,6 @@ from .presence import LocalPresence, Presence
 from .reads import ChannelPage, LogReads, Planner
 from .relay import Relay, committed_events
 from .replay import ReplayPlan, ReplaySpec
-from .replay_scan import send_scan
 from .replay_service import REPLAY_PAGE, ReplayService
 from .retention import RetentionTask
 from .session import Session
@@ -125,6 +124,7 @@ class Node:
     unsubscribe: Callable[[Session, str], None]
     subscriptions: Callable[[Session], list[Subscription]]
     watch_subscriptions: Callable[[Callable[[Subscription, bool], None]], Callable[[], None]]
+    send_fetched: Callable[[Session, Pattern, ReplayPlan], Awaitable[int]]
 
     def __init__(
         self,
@@ -157,10 +157,12 @@ class Node:
             self.registry.fan_out_committed,
             max_pending=s.max_pending,
             commit_batch=s.commit_batch,
+            faults=self.registry.faults,
         )
         #: The reader threads and the typed reads of the log (the one way to read the store from the loop).
         self.reads = LogReads(store, s.reader_threads)
         self.replays = ReplayService(store, self.reads, self.registry, self.batcher.control)
+        self.send_fetched = self.replays.send_fetched
         #: The store's health from a background probe and the writer's outcomes (``health_checks``).
         self.store_health = StoreHealth(store, lambda: self.batcher.writer)
         #: The log's time- and size-based retention (``max_age_s``, ``max_total_bytes``), on the writer.
@@ -173,6 +175,8 @@ class Node:
         self.bad_input, self.slow_closes = c.bad_input, c.slow_closes
         self.io_errors, self.write_timeouts = c.io_errors, c.write_timeouts
         self.count_bad_input, self.count_slow_close = c.count_bad_input, c.count_slow_close
+        #: Connections closed because serving them raised (core/faults.py), per dialect.
+        self.internal_closes = self.registry.faults.closes
         self.ack_latency = self.batcher.ack_latency
         b, r = self.batcher, self.registry
         self.submit = b.submit
@@ -367,19 +371,6 @@ class Node:
     async def fetch(self, planner: Planner) -> ReplayPlan:
         """A dialect's replay selection read without subscribing (guble's fetch; :meth:`LogReads.plan`)."""
         return await self.reads.plan(planner)
-
-    async def send_fetched(self, session: Session, pattern: Pattern, plan: ReplayPlan) -> int:
-        """Queue the events of a fetched plan's scan (:meth:`fetch`; a counted
-        :class:`~hubbub.core.replay.ReplayScan`) to ``session`` without subscribing, paced by its queue, at
-        most the counted number; returns how many were queued. A scan that no longer finds what it counted
-        closes the session as a slow consumer (the count went out already)."""
-        if plan.scan is None:
-            return 0
-        visible = self.access.visibility(session.identity, pattern)
-        done = await send_scan(
-            self.reads, self.store, session, [], pattern, visible, plan.scan, {}, exact=False
-        )
-        return done.sent
 
     async def reset_channel(self, channel: str) -> Any:
         """Start a new epoch for a channel (on the writer thread, in order with appends)."""

@@ -6,7 +6,8 @@ its length or the number of channels.
 A replay never hides a gap: a channel whose events no longer continue the snapshot (trimmed or reset while
 the replay ran), a listed channel whose replay ends short of the head the snapshot promised, or a counted
 scan (:func:`~hubbub.core.replay.count_scan`) that no longer finds what was counted, closes the session as
-a slow consumer: the client resumes and is told the gap.
+a slow consumer: the client resumes and is told the gap. An event whose encoding raises closes it with an
+internal error (:class:`~hubbub.core.faults.Faults`).
 
 Concurrency contract: called from the event loop thread only; the pages are read on the reader threads.
 """
@@ -21,9 +22,10 @@ from typing import Any
 from hubbub.channels import Pattern
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
-from hubbub.events import Position
+from hubbub.events import Event, Position
 from hubbub.log.base import LogStore
 
+from .faults import Faults
 from .filters import withheld
 from .reads import LogReads
 from .replay import ReplayScan, ScanCursor, scan_page
@@ -61,6 +63,7 @@ async def send_scan(
     visible: Callable[[str], bool] | None,
     scan: ReplayScan,
     tops: dict[str, int],
+    faults: Faults,
     *,
     exact: bool = True,
 ) -> ScanSent:
@@ -68,11 +71,13 @@ async def send_scan(
     frame per fan-out, and this cache spans the replay). A scan with a ``limit`` (its count, announced) must
     send exactly that many, else the session is closed as a slow consumer; with ``exact`` (a subscription's
     junction follows, which takes every event of the scan as sent or passed over) it also reads the scan
-    to its end to check there is no more, and without it (a fetch) it stops at the limit."""
+    to its end to check there is no more, and without it (a fetch) it stops at the limit. An encoding that
+    raises closes the session through ``faults``."""
     cur = ScanCursor(scan.after, dict(scan.since))
     limit = scan.limit
     cache: dict[Any, Any] = {}
     sent = 0
+    ev: Event | None = None
     pending = reads.submit(scan_page, store, pattern, scan, cur)
     try:
         while True:
@@ -109,6 +114,9 @@ async def send_scan(
                 if short:
                     _lost(session)
                 break
+    except Exception as exc:  # this session's failure: see core/faults.py
+        channel, seq = (ev.channel, ev.seq) if ev is not None else ("", 0)
+        faults.close(session, channel, seq, exc, stage="replay")
     finally:
         if not pending.cancel() and not pending.cancelled():
             pending.exception()

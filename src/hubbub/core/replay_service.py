@@ -7,7 +7,9 @@ held (:class:`~hubbub.core.hold.Hold`) while the snapshot and replay are read (o
 ends the hold (ARCHITECTURE §5). Neither the replay nor the held events ever overflow the queue: replay
 traffic never makes a subscriber slow. A replay never hides a gap: trimmed or reset positions are reported as
 gaps by the plan, and a replay (or a read-back of held events) that loses its snapshot while it is sent closes
-the session as a slow consumer.
+the session as a slow consumer. A replayed (or held) event whose encoding raises closes the
+session with an internal error (:class:`~hubbub.core.faults.Faults`), as live delivery does: never a replay
+that stops silently, nor a subscription left holding.
 
 Concurrency contract: called from the event loop thread only; store reads run on the reader threads, epoch
 changes on the writer thread (``control``).
@@ -105,14 +107,17 @@ class ReplayService:
         on_snapshot(plan)
         cache: dict[Any, Any] = {}
         sent = 0
-        for ev in plan.events:
-            if session.closed or session.kicked:
-                break
-            if ev.headers and withheld(session, ev):
-                continue  # not this connection's, as in live fan-out (README §3)
-            if session.needs_room():
-                await session.wait_replay_room()
-            sent += session.deliver(ev, [sub_id], cache, replay=True)
+        try:
+            for ev in plan.events:
+                if session.closed or session.kicked:
+                    break
+                if ev.headers and withheld(session, ev):
+                    continue  # not this connection's, as in live fan-out (README §3)
+                if session.needs_room():
+                    await session.wait_replay_room()
+                sent += session.deliver(ev, [sub_id], cache, replay=True)
+        except Exception as exc:  # this session's failure: see core/faults.py
+            registry.faults.close(session, ev.channel, ev.seq, exc, stage="replay")
         span_last = 0
         covered: dict[str, Position] | None = None
         if plan.span is not None and not (session.closed or session.kicked):
@@ -120,7 +125,15 @@ class ReplayService:
             sent += n
         elif plan.scan is not None and not (session.closed or session.kicked):
             done = await send_scan(
-                self.reads, self.store, session, [sub_id], pattern, visible, plan.scan, plan.tops
+                self.reads,
+                self.store,
+                session,
+                [sub_id],
+                pattern,
+                visible,
+                plan.scan,
+                plan.tops,
+                registry.faults,
             )
             sent += done.sent
             covered = done.expect
@@ -131,6 +144,20 @@ class ReplayService:
         await junction.run()
         self.spills += junction.spills
         return sub
+
+    async def send_fetched(self, session: Session, pattern: Pattern, plan: ReplayPlan) -> int:
+        """``Node.send_fetched``: queue the events of a fetched plan's scan (``Node.fetch``; a counted
+        :class:`~hubbub.core.replay.ReplayScan`) to ``session`` without subscribing, paced by its queue, at
+        most the counted number; returns how many were queued. A scan that no longer finds what it counted
+        closes the session as a slow consumer (the count went out already)."""
+        if plan.scan is None:
+            return 0
+        registry = self.registry
+        visible = registry.access.visibility(session.identity, pattern)
+        done = await send_scan(
+            self.reads, self.store, session, [], pattern, visible, plan.scan, {}, registry.faults, exact=False
+        )
+        return done.sent
 
     async def _replay_span(self, session: Session, sub_id: str, span: ReplaySpan) -> tuple[int, int]:
         """Queue an exact channel's replay page by page: each page is read (:meth:`LogStore.read_runs`) and,
@@ -147,7 +174,8 @@ class ReplayService:
         The snapshot promised every event of the span. If a page does not continue it exactly (the events were
         trimmed or the channel reset meanwhile, which a slow replay invites), the session is closed as a slow
         consumer rather than leave a silent gap: the client resumes with ``since`` and gets an explicit gap.
-        A failed read closes the session with the error's code (the subscription's reply went out already).
+        A failed read closes the session with the error's code (the subscription's reply went out already);
+        an encoding that raises (on the reader thread or here), with an internal error (core/faults.py).
         """
         read_runs = self.store.read_runs
         channel, top = span.channel, span.top
@@ -214,6 +242,8 @@ class ReplayService:
                         )
                         session.kick(session.slow_close_code)
                     break
+        except Exception as exc:  # an encoding (here or on the reader thread): see core/faults.py
+            self.registry.faults.close(session, channel, after + 1, exc, stage="replay")
         finally:
             # A read still running is not needed any more; one that failed unawaited is not worth a log line.
             if not pending.cancel() and not pending.cancelled():

@@ -189,6 +189,9 @@ class OutboundQueue:
     max_bytes: int
     overflow: Overflow = Overflow.DISCONNECT
     slow_close_code: Disconnect = Disconnect.SLOW_CONSUMER
+    #: The close when serving the connection met an internal fault (an encoder or a hook that raised;
+    #: core/faults.py): native's 4300, temporary; dialects that close with WebSocket codes set 1011.
+    fault_close_code: Disconnect = Disconnect.INTERNAL
     id: str = field(default_factory=new_session_id)
     user: str = ""
     echo: bool = True

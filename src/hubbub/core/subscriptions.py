@@ -26,6 +26,7 @@ from hubbub.router import Router
 from .access import Access
 from .batcher import Pending
 from .fanout import FanOut
+from .faults import Faults
 from .filters import FILTER_PREFIX
 from .hold import Hold
 from .session import Session
@@ -73,8 +74,10 @@ class SubscriptionRegistry:
         self.deliveries: dict[str, int] = {}
         #: Events dropped by the overflow policy of sessions since detached, per dialect (:meth:`dropped`).
         self._dropped_detached: dict[str, int] = {}
+        #: The sessions closed because serving them raised (an encoder, a filter, a queue's hook).
+        self.faults = Faults()
         # Live delivery: reads the router and the holding set, counts into ``deliveries``.
-        self.fanout = FanOut(self.router, self._holding, self.deliveries)
+        self.fanout = FanOut(self.router, self._holding, self.deliveries, self.faults)
         #: Called with (subscription, True) when a subscription is added and (subscription, False) when it
         #: goes (``Node.watch_subscriptions``); a watcher must not add or drop subscriptions itself.
         self.watchers: list[Callable[[Subscription, bool], None]] = []

@@ -200,6 +200,12 @@ class _Encoder:
         return self.codec.encode_event(event, cache)
 
 
+def _farewell(reason: Disconnect) -> bytes | None:
+    """The notice before an internal-error close (core/faults.py): guble's own ``!error-server-internal``
+    (guble.md §3); a slow consumer's 1013 and every other close come without one, as in guble."""
+    return gc.error_text(HubbubError()) if reason == Disconnect.INTERNAL_ERROR else None
+
+
 class GubleConnection:
     """Glue between one guble WebSocket, the codec and the node."""
 
@@ -224,6 +230,7 @@ class GubleConnection:
             max_bytes=s.send_queue_bytes,
             overflow=Overflow.CATCH_UP,
             slow_close_code=Disconnect.TRY_AGAIN_LATER,
+            fault_close_code=Disconnect.INTERNAL_ERROR,
             id=gc.new_xid(),
             user=user,
         )
@@ -243,6 +250,7 @@ class GubleConnection:
             close=close,
             max_frame=s.max_frame,
             on_frames=self._mark.written,
+            farewell=_farewell,
         )
 
     # -- helpers ----------------------------------------------------------------------------------------

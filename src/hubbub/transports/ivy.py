@@ -106,6 +106,7 @@ class IvyConnection:
             max_bytes=settings.send_queue_bytes,
             overflow=Overflow.DISCONNECT,
             slow_close_code=Disconnect.TRY_AGAIN_LATER,
+            fault_close_code=Disconnect.INTERNAL_ERROR,
             echo=False,  # the publishing connection never receives its own event (ivy.md §4)
         )
         self.last_recv = time.monotonic()

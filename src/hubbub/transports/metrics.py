@@ -58,6 +58,11 @@ class NodeCollector:
                 "TCP connections aborted because the peer read nothing for limits.write_timeout_s",
                 node.write_timeouts,
             ),
+            (
+                "hubbub_internal_closes",
+                "Connections closed because serving them raised (logged at error)",
+                node.internal_closes,
+            ),
         ):
             c = CounterMetricFamily(name, doc, labels=["dialect"])
             for d in DIALECTS:

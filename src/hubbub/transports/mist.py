@@ -174,6 +174,7 @@ class MistWire:
             max_bytes=h.send_queue_bytes,
             overflow=Overflow.DROP_OLDEST,  # best effort, no way to report a gap (protocols README §4)
             slow_close_code=Disconnect.TRY_AGAIN_LATER,
+            fault_close_code=Disconnect.INTERNAL_ERROR,
             echo=proto.echo,  # 2015 delivers to the publisher, 1.x never (mist.md §5)
         )
         self._replica = False

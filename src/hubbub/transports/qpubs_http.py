@@ -229,6 +229,7 @@ class QpubsHttp:
             max_bytes=self.http.send_queue_bytes,
             overflow=Overflow.DROP_OLDEST,  # live streams drop their oldest events (§5)
             slow_close_code=Disconnect.TRY_AGAIN_LATER,
+            fault_close_code=Disconnect.INTERNAL_ERROR,
         )
         node.access.bind(sess, ident)
         ctype = "application/json" if once else (SSE if sse else NDJSON)

@@ -162,6 +162,7 @@ class QrpcWire:
             max_bytes=h.send_queue_bytes,
             overflow=Overflow.DROP_OLDEST,
             slow_close_code=Disconnect.TRY_AGAIN_LATER,
+            fault_close_code=Disconnect.INTERNAL_ERROR,
         )
         self.proto = qpd.QrpcConnection(
             s.separator,

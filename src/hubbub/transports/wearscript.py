@@ -132,6 +132,7 @@ class WearscriptWire:
             max_bytes=s.send_queue_bytes,
             overflow=Overflow.DROP_OLDEST,  # best effort, no way to report a gap (protocols README §4)
             slow_close_code=Disconnect.TRY_AGAIN_LATER,
+            fault_close_code=Disconnect.INTERNAL_ERROR,
             echo=False,  # the sender never gets its own message back (§4 "Self")
         )
         self.proto: wsd.WearscriptConnection | None = None
