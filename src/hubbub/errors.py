@@ -33,8 +33,10 @@
         └── DataLossError           a stream found a channel reset or trimmed past its offset
 
 Codes 4000-4399 are the native protocol's (native.md §7) and double as WebSocket close codes. Dialects map
-them to their own error replies. ``message`` is always the fixed public text for the code: it never carries
-internals (tracebacks, paths, SQL). Optional ``detail`` is a short, safe explanation for humans.
+them to their own error replies. ``message`` is the fixed public text for the code (its name, native.md §7),
+or where one code stands for several refusals, the fixed public text of the one refused (4007's ``too many
+tags (at most 64)``, which names the limit; ``public``): it never carries internals (tracebacks, paths, SQL),
+nor anything the request sent. Optional ``detail`` is a short, safe explanation for humans.
 """
 
 from __future__ import annotations
@@ -124,13 +126,19 @@ class HubbubError(Exception):
     """Base class. ``code`` is a native error code from :data:`CODES`."""
 
     code: int = 4300
+    #: The public text that replaces the code's name in :attr:`message`, when set (see the module docstring).
+    public: str = ""
     #: The row of a native ``publish_batch`` frame this error is about, when it is about one (the error frame
     #: then carries it as ``row``: docs/native.md "Batched publishes").
     row: int | None = None
 
-    def __init__(self, detail: str = "", *, code: int | None = None, request_id: int | None = None) -> None:
+    def __init__(
+        self, detail: str = "", *, code: int | None = None, request_id: int | None = None, public: str = ""
+    ) -> None:
         if code is not None:
             self.code = code
+        if public:
+            self.public = public
         self.detail = detail
         #: The id of the request this error answers, when known (native ``id``).
         self.request_id = request_id
@@ -138,8 +146,8 @@ class HubbubError(Exception):
 
     @property
     def message(self) -> str:
-        """The fixed public text for the code (the name with ``_`` as spaces)."""
-        return CODES.get(self.code, ("internal",))[0].replace("_", " ")
+        """The fixed public text: ``public``, or the code's name with ``_`` as spaces."""
+        return self.public or CODES.get(self.code, ("internal",))[0].replace("_", " ")
 
     @property
     def temporary(self) -> bool:

@@ -105,6 +105,54 @@ def test_max_subscriptions(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_max_tags_on_every_native_surface(tmp_path: Path) -> None:
+    """``limits.max_tags`` and ``limits.max_tag_bytes`` bound the tags of a native publish and subscription
+    alike: WebSocket (and TCP, the same protocol), HTTP publish and the SSE stream, each answered 4007 with
+    a message that says which limit and names it (the code's name, "too many subscriptions", was not true
+    of tags); an SSE stream with too many tags is refused before it is registered."""
+
+    async def main() -> None:
+        async with server(tmp_path, max_tags=2, max_tag_bytes=8) as (srv, http):
+            base = f"http://127.0.0.1:{srv.ports['http']}"
+            three = [("tag", t) for t in ("a", "b", "c")]
+            too_many = {"code": 4007, "message": "too many tags (at most 2)", "temporary": False}
+            too_long = {"code": 4007, "message": "tag too long (at most 8 bytes)", "temporary": False}
+
+            async with http.get(f"{base}/api/v1/stream/t/x", params=three) as r:
+                assert (r.status, await r.json()) == (400, {"error": too_many})
+            async with http.get(f"{base}/api/v1/stream/t/x", params={"tag": "x" * 9}) as r:
+                assert (r.status, await r.json()) == (400, {"error": too_long})
+            async with http.post(f"{base}/api/v1/publish/t/x", params=three, data=b"p") as r:
+                assert (r.status, await r.json()) == (400, {"error": too_many})
+            async with http.post(f"{base}/api/v1/publish/t/x", params={"tag": "x" * 9}, data=b"p") as r:
+                assert (r.status, await r.json()) == (400, {"error": too_long})
+
+            nat = await native_ws(srv, http)
+            await nat.send_json(
+                {"op": "subscribe", "id": 1, "sub": "s", "pattern": "/t/x", "tags": ["a", "b", "c"]}
+            )
+            assert await nat.receive_json() == {"op": "error", "id": 1, **too_many}
+            await nat.send_json({"op": "publish", "id": 2, "channel": "/t/x", "text": "p", "tags": ["x" * 9]})
+            assert await nat.receive_json() == {"op": "error", "id": 2, **too_long}
+
+            # Within the limits, the stream is served and gets an event carrying its two tags.
+            sse = await http.get(f"{base}/api/v1/stream/t/x", params=[("tag", "a"), ("tag", "b")])
+            assert sse.status == 200
+            assert await asyncio.wait_for(sse.content.readline(), 10) == b"retry: 2000\n"
+            async with http.post(
+                f"{base}/api/v1/publish/t/x", params=[("tag", "b"), ("tag", "a")], data=b"p"
+            ) as r:
+                assert r.status == 200
+            line = await asyncio.wait_for(sse.content.readline(), 10)
+            while not line.startswith(b"data: "):
+                line = await asyncio.wait_for(sse.content.readline(), 10)
+            assert json.loads(line[6:])["tags"] == ["a", "b"]
+            sse.close()
+            await nat.close()
+
+    asyncio.run(main())
+
+
 def test_publish_rate(tmp_path: Path) -> None:
     """A burst of 2 at 1 per second: the third publish in a row is refused (and the connection of a
     dialect with an error reply goes on)."""

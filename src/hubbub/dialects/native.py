@@ -44,6 +44,7 @@ from .native_consumers import ConsumerTable, deliver_frame
 from .native_http import (
     event_object,
     http_publish_fields,
+    http_stream_tags,
     parse_sse_last_event_id,
     render_http_error,
     render_http_publish,
@@ -95,6 +96,7 @@ __all__ = [
     "event_frames",
     "event_object",
     "http_publish_fields",
+    "http_stream_tags",
     "pack_batches",
     "parse_sse_last_event_id",
     "render_http_error",

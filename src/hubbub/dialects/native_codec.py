@@ -552,9 +552,12 @@ class NativeCodec:
             obj["top_time"] = self._wire_time(top_time or 0)
         return self._dump(obj)
 
-    def encode_error(self, code: int, id: int | None = None, detail: str = "", **extra: Any) -> bytes:
+    def encode_error(
+        self, code: int, id: int | None = None, detail: str = "", *, message: str = "", **extra: Any
+    ) -> bytes:
         """``{"op":"error","id":n,"code":c,"message":"…","temporary":b}`` (native.md §3.1), ``id`` only when
-        answering a request, then ``extra`` (e.g. ``supported=[1]``).
+        answering a request, then ``extra`` (e.g. ``supported=[1]``). ``message`` is the code's name unless
+        given (an error's own public text, ``HubbubError.message``: 4007's ``too many tags (at most 64)``).
 
         ``detail`` goes on the wire only when the codec was built with ``send_detail=True``: the
         conformance vectors compare error frames exactly, so by default it is for logs only.
@@ -566,7 +569,7 @@ class NativeCodec:
         if id is not None and (id := echo_id(id)) is not None:
             obj["id"] = id
         obj["code"] = code
-        obj["message"] = error_message(code)
+        obj["message"] = message or error_message(code)
         obj["temporary"] = is_temporary(code)
         if detail and self.send_detail:
             obj["detail"] = detail

@@ -110,7 +110,8 @@ def _utf8_len(s: str) -> int:
 
 
 def check_tags(items: Iterable[object], limits: Limits) -> tuple[str, ...]:
-    """Tags as sent → sorted, de-duplicated tuple. Non-strings are 4001; too many or too long are 4007.
+    """Tags as sent → sorted, de-duplicated tuple. Non-strings are 4001; too many or too long are 4007, whose
+    ``message`` says which and names the limit (``too many tags (at most 64)``).
 
     Sorting ``str`` by code point equals sorting by UTF-8 bytes (mapping.md §1).
     """
@@ -120,11 +121,13 @@ def check_tags(items: Iterable[object], limits: Limits) -> tuple[str, ...]:
             raise BadRequest("tags must be strings")
         seen.add(t)
     if len(seen) > limits.max_tags:
-        raise LimitExceeded(f"at most {limits.max_tags} tags")
+        raise LimitExceeded(
+            f"at most {limits.max_tags} tags", public=f"too many tags (at most {limits.max_tags})"
+        )
     cap = limits.max_tag_bytes
     for t in seen:
         if _utf8_len(t) > cap:
-            raise LimitExceeded(f"a tag is at most {cap} bytes")
+            raise LimitExceeded(f"a tag is at most {cap} bytes", public=f"tag too long (at most {cap} bytes)")
     return tuple(sorted(seen))
 
 
@@ -143,9 +146,11 @@ def check_headers(items: Iterable[tuple[object, object]], limits: Limits) -> dic
         out[k] = v
         total += _utf8_len(k) + _utf8_len(v)
     if len(out) > limits.max_headers:
-        raise LimitExceeded(f"at most {limits.max_headers} headers")
+        n = limits.max_headers
+        raise LimitExceeded(f"at most {n} headers", public=f"too many headers (at most {n})")
     if total > limits.max_header_bytes:
-        raise LimitExceeded(f"headers are at most {limits.max_header_bytes} bytes")
+        n = limits.max_header_bytes
+        raise LimitExceeded(f"headers are at most {n} bytes", public=f"headers too large (at most {n} bytes)")
     return out
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "LOG_CONTENT_TYPES",
     "event_object",
     "http_publish_fields",
+    "http_stream_tags",
     "parse_sse_last_event_id",
     "render_http_error",
     "render_http_publish",
@@ -129,16 +130,17 @@ def _array_header(n: int) -> bytes:
 
 
 def render_http_error(
-    code: int, detail: str = "", *, send_detail: bool = False, **extra: Any
+    code: int, detail: str = "", *, send_detail: bool = False, message: str = "", **extra: Any
 ) -> tuple[int, bytes]:
-    """(HTTP status, body) for an error: ``{"error":{"code":c,"message":"…","temporary":b}}\\n``.
+    """(HTTP status, body) for an error: ``{"error":{"code":c,"message":"…","temporary":b}}\\n``. The message
+    is the code's name unless ``message`` gives the error's own public text (``HubbubError.message``).
 
     ``extra`` (e.g. ``position`` for 409) is added inside the error object, after ``temporary``; so is
     ``detail``, but only with ``send_detail=True`` (the vectors compare error bodies exactly).
     """
     err: dict[str, Any] = {
         "code": code,
-        "message": CODES.get(code, ("internal",))[0].replace("_", " "),
+        "message": message or CODES.get(code, ("internal",))[0].replace("_", " "),
         "temporary": is_temporary(code),
     }
     if detail and send_detail:
@@ -249,3 +251,20 @@ def http_publish_fields(
         check_tags(query_tags, limits),
         check_idem(idempotency_key),
     )
+
+
+def http_stream_tags(
+    query_tags: Iterable[str],
+    *,
+    max_channel_bytes: int = 1024,
+    max_tags: int = 64,
+    max_tag_bytes: int = 256,
+    max_headers: int = 64,
+    max_header_bytes: int = 8192,
+) -> frozenset[str]:
+    """The ``?tag=`` parameters (repeatable) of ``GET /api/v1/stream/<pattern>`` → the subscription's tags,
+    under a ``subscribe``'s limits and errors: more than ``max_tags`` distinct tags, or one over
+    ``max_tag_bytes``, is 4007 (``too many tags (at most 64)``). The other limits are accepted so callers can
+    pass one limits mapping."""
+    limits = Limits(max_channel_bytes, max_tags, max_tag_bytes, max_headers, max_header_bytes)
+    return frozenset(check_tags(query_tags, limits))

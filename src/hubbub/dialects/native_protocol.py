@@ -192,9 +192,9 @@ class NativeProtocol:
         """Answer a command the core refused: the error (with the ``row`` of a batch it is about), and a
         close when the error is fatal."""
         if exc.row is None:
-            self.emit(self.codec.encode_error(exc.code, req_id, exc.detail))
+            self.emit(self.codec.encode_error(exc.code, req_id, exc.detail, message=exc.message))
         else:
-            self.emit(self.codec.encode_error(exc.code, req_id, exc.detail, row=exc.row))
+            self.emit(self.codec.encode_error(exc.code, req_id, exc.detail, message=exc.message, row=exc.row))
         if exc.fatal:
             self.phase = Phase.CLOSED
             self.end(Disconnect.of(exc.code))
@@ -229,7 +229,7 @@ class NativeProtocol:
         if self.inflight < self.max_inflight // 2:
             self.room()
         if isinstance(r, HubbubError):
-            self.emit(self.codec.encode_error(r.code, rid, r.detail))
+            self.emit(self.codec.encode_error(r.code, rid, r.detail, message=r.message))
         elif want_ack:
             self.emit(self.codec.encode_publish_reply(rid, r.event, r.duplicate))
 
@@ -283,7 +283,7 @@ class NativeProtocol:
     def batch_failed(self, req_id: int, n: int, exc: HubbubError) -> None:
         """A batch's commit failed (none of its rows is in the log): the error, once."""
         self._batch_done(n)
-        self.emit(self.codec.encode_error(exc.code, req_id, exc.detail))
+        self.emit(self.codec.encode_error(exc.code, req_id, exc.detail, message=exc.message))
 
     def _batch_done(self, n: int) -> None:
         self.inflight -= n

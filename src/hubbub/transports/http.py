@@ -109,7 +109,7 @@ def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> we
 
 
 def _error(exc: HubbubError, **extra: Any) -> web.Response:
-    status, body = nc.render_http_error(exc.code, exc.detail, **extra)
+    status, body = nc.render_http_error(exc.code, exc.detail, message=exc.message, **extra)
     return _json(status, body)
 
 
@@ -591,7 +591,7 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
     """The SSE stream of one request: a session subscribed to the pattern, drained by a pump."""
     pattern = parse_pattern("/" + raw_rest(request, "/api/v1/stream/"), self.s.max_channel_bytes)
     q = request.query
-    tags = frozenset(q.getall("tag", []))
+    tags = nc.http_stream_tags(q.getall("tag", []), **self.s.codec_limits)
     last = _int_param(q, "last", None)
     from_time = _int_param(q, "from_time", None)
     last_id = request.headers.get("Last-Event-ID") or q.get("last_event_id")
