@@ -23,16 +23,25 @@ from tests.redisserver import missing_reason as redis_missing
 _db_names = itertools.count(1)
 
 # Servers started by tests (in process, or as ``hubbub serve`` children, which inherit the environment) put
-# their qpubs qrpc and mist TCP listeners on free ports, not on the fixed defaults 127.0.0.1:1337 and
-# 127.0.0.1:1445 that several servers on one machine would fight over. The defaults themselves are kept in
-# ``DEFAULT_QRPC_LISTEN`` and ``DEFAULT_MIST_TCP_LISTEN``.
-DEFAULT_QRPC_LISTEN = hubbub.config.DEFAULT_QRPC_LISTEN
-DEFAULT_MIST_TCP_LISTEN = hubbub.config.DEFAULT_MIST_TCP_LISTEN
-hubbub.config.DEFAULT_QRPC_LISTEN = "127.0.0.1:0"
-hubbub.config.DEFAULT_MIST_TCP_LISTEN = "127.0.0.1:0"
-os.environ.setdefault("HUBBUB_QPUBS_QRPC_LISTEN", "127.0.0.1:0")
-os.environ.setdefault("HUBBUB_MIST_TCP_LISTEN", "127.0.0.1:0")
-
+# every listener on a free port, never on a fixed default that several servers on one machine would fight
+# over (a server left running from the README's tour, another test run, another xdist worker). The shipped
+# defaults are kept in ``REAL_LISTEN_DEFAULTS``; tests/unit/test_test_ports.py checks that every listener key
+# is moved.
+REAL_LISTEN_DEFAULTS = {
+    "http.listen": hubbub.config.DEFAULT_HTTP_LISTEN,
+    "native.tcp_listen": hubbub.config.DEFAULT_NATIVE_TCP_LISTEN,
+    "qpubs.qrpc_listen": hubbub.config.DEFAULT_QRPC_LISTEN,
+    "mist.tcp_listen": hubbub.config.DEFAULT_MIST_TCP_LISTEN,
+}
+DEFAULT_QRPC_LISTEN = REAL_LISTEN_DEFAULTS["qpubs.qrpc_listen"]
+DEFAULT_MIST_TCP_LISTEN = REAL_LISTEN_DEFAULTS["mist.tcp_listen"]
+TEST_LISTEN = "127.0.0.1:0"
+hubbub.config.DEFAULT_HTTP_LISTEN = TEST_LISTEN
+hubbub.config.DEFAULT_NATIVE_TCP_LISTEN = TEST_LISTEN
+hubbub.config.DEFAULT_QRPC_LISTEN = TEST_LISTEN
+hubbub.config.DEFAULT_MIST_TCP_LISTEN = TEST_LISTEN
+for _key in REAL_LISTEN_DEFAULTS:
+    os.environ.setdefault(hubbub.config.env_name(_key), TEST_LISTEN)
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:

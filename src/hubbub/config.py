@@ -35,8 +35,11 @@ __all__ = [
 ]
 
 DURABILITY_MODES = ("fsync", "commit", "none")
-#: ``qpubs.qrpc_listen``'s default (qpubs.md §1). A module value, read when a :class:`Config` is made, so
-#: that a test run can move every server it starts off the fixed port (tests/conftest.py).
+#: The listeners' default addresses (``qpubs.qrpc_listen``'s is qpubs.md §1's). Module values, read when a
+#: :class:`Config` is made, so that a test run can move every server it starts off the fixed ports
+#: (tests/conftest.py): a server left running on the defaults must not fail the tests.
+DEFAULT_HTTP_LISTEN = "127.0.0.1:8080"
+DEFAULT_NATIVE_TCP_LISTEN = "127.0.0.1:7400"
 DEFAULT_QRPC_LISTEN = "127.0.0.1:1337"
 DEFAULT_MIST_TCP_LISTEN = "127.0.0.1:1445"
 
@@ -107,10 +110,10 @@ class Config:
     durability: str = "commit"
     store: str = "sqlite"
     broker: str = ""
-    http_listen: str = "127.0.0.1:8080"
+    http_listen: str = field(default_factory=lambda: DEFAULT_HTTP_LISTEN)
     #: Seconds an HTTP connection may take to send a request's head (and a TLS handshake) before it is closed.
     http_head_timeout_s: float = 10.0
-    native_tcp_listen: str = "127.0.0.1:7400"
+    native_tcp_listen: str = field(default_factory=lambda: DEFAULT_NATIVE_TCP_LISTEN)
     native_enabled: bool = True
     native_ping_interval_s: float = 25.0
     native_idempotency_window_s: float = 600.0

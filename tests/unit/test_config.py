@@ -6,12 +6,14 @@ import pytest
 
 import hubbub.config
 from hubbub.config import ConfigError, env_name, flag_name, load_config
-from tests.conftest import DEFAULT_MIST_TCP_LISTEN
+from tests.conftest import DEFAULT_MIST_TCP_LISTEN, REAL_LISTEN_DEFAULTS
 
 
 def test_defaults() -> None:
     cfg = load_config({}, env={})
-    assert cfg.http_listen == "127.0.0.1:8080"
+    assert REAL_LISTEN_DEFAULTS["http.listen"] == "127.0.0.1:8080"  # the shipped default
+    assert REAL_LISTEN_DEFAULTS["native.tcp_listen"] == "127.0.0.1:7400"
+    assert cfg.http_listen == hubbub.config.DEFAULT_HTTP_LISTEN  # a free port in tests (tests/conftest.py)
     assert cfg.data_dir == "./hubbub-data"
     assert cfg.durability == "commit"
     assert cfg.limits.max_frame == 1 << 20

@@ -16,13 +16,13 @@ import pytest
 
 from hubbub.cli import HELP, build_parser, default_text
 from hubbub.config import KEYS, env_name, flag_name
-from tests.conftest import DEFAULT_MIST_TCP_LISTEN, DEFAULT_QRPC_LISTEN
+from tests.conftest import REAL_LISTEN_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = ROOT / "docs" / "operations.md"
-# tests/conftest.py moves these two defaults off their fixed ports for the test run; the docs show the real
-# ones.
-REAL_DEFAULTS = {"qpubs.qrpc_listen": DEFAULT_QRPC_LISTEN, "mist.tcp_listen": DEFAULT_MIST_TCP_LISTEN}
+# tests/conftest.py moves the listeners' defaults off their fixed ports for the test run; the docs show the
+# real ones.
+REAL_DEFAULTS = REAL_LISTEN_DEFAULTS
 
 
 def _reference_rows() -> dict[str, str]:
