@@ -54,7 +54,7 @@ from hubbub.transports.pump import quietly
 from hubbub.transports.qpubs_common import QpubsSettings
 from hubbub.transports.qpubs_http import QpubsHttp
 from hubbub.transports.qrpc import QrpcService, serve_qrpc
-from hubbub.transports.tcp import drain, peer_ip, serve_native_tcp
+from hubbub.transports.tcp import CLOSE_WAIT_S, drain, peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
 from hubbub.transports.wearscript import WearscriptService, WearscriptSettings
 from hubbub.transports.wearscript_link import WearscriptLinkCollector, WearscriptUpstream
@@ -422,6 +422,11 @@ class Server:
             _, pending = await asyncio.wait(tasks, timeout=2.0)
             for t in pending:
                 t.cancel()
+            if pending:
+                # Then wait for them to end: a cancelled handler still detaches its session and closes its
+                # socket (transports/tcp.py close_stream), which must happen before the node closes and
+                # before the caller's event loop ends, or the socket is left to the garbage collector.
+                await asyncio.wait(pending, timeout=CLOSE_WAIT_S + 1.0)
         tcp = self._tcp
         if tcp is not None:
             await quietly(

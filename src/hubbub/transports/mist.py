@@ -50,7 +50,7 @@ from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings, peer_address, request_token, text_response
 from .lifetime import Lifetime
-from .pump import SessionPump, keepalive, quietly, stopped
+from .pump import SessionPump, grace_left, keepalive, quietly, stopped
 
 __all__ = [
     "MistEncoder",
@@ -218,7 +218,7 @@ class MistWire:
         if self._roster is not None:
             self._roster = None
             self.node.presence.leave(SUBSCRIBERS, sess.id)
-        if (sess.ending or sess.kicked) and self._writer is not None:
+        if (sess.ending or sess.kicked) and self._writer is not None and grace_left():
             await stopped(
                 asyncio.wait_for(asyncio.shield(self._writer), 10), self.node, sess.dialect, sess.id
             )

@@ -25,16 +25,13 @@ from hubbub.disconnect import Disconnect
 
 from .lifetime import Lifetime
 from .mist import DIALECT, MistService, MistWire
-from .pump import quietly
-from .tcp import WRITE_TIMEOUT_S, drain, keep_alive, peer_ip
+from .tcp import WRITE_TIMEOUT_S, close_stream, drain, keep_alive, peer_ip
 
 __all__ = ["serve_mist_tcp"]
 
 log = logging.getLogger("hubbub.mist")
 
 READ_CHUNK: Final = 64 * 1024
-#: Seconds a closing connection may take to send what it still has before its socket is aborted.
-CLOSE_WAIT_S: Final = 5.0
 
 
 async def serve_mist_tcp(
@@ -58,8 +55,7 @@ async def serve_mist_tcp(
         keep_alive(writer)
         ip = peer_ip(writer)
         if limiter is not None and limiter.admit(ip, DIALECT) is not None:
-            writer.close()
-            await quietly(writer.wait_closed, service.node, DIALECT, "", "close of a refused connection")
+            await close_stream(writer, service.node, DIALECT, "", "close of a refused connection")
             return
         try:
             async with Lifetime() as group:
@@ -104,14 +100,11 @@ async def serve_mist_tcp(
         except Exception:
             log.exception("mist TCP connection failed")
         finally:
-            if wire is not None:
-                await wire.finish()
-            writer.close()
-            node = service.node
-            sid = wire.session.id if wire is not None else ""
-            await quietly(
-                lambda: asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S), node, DIALECT, sid, "close"
-            )
-            writer.transport.abort()  # a peer that read nothing keeps no socket; after a clean close, a no-op
+            try:
+                if wire is not None:
+                    await wire.finish()
+            finally:  # also when cancelled (a stopping server): no socket outlives the connection
+                sid = wire.session.id if wire is not None else ""
+                await close_stream(writer, service.node, DIALECT, sid)
 
     return await asyncio.start_server(handle, host, port, ssl=ssl_context)

@@ -43,6 +43,7 @@ __all__ = [
     "Pack",
     "SessionPump",
     "WriteTimeout",
+    "grace_left",
     "io_failed",
     "keepalive",
     "quietly",
@@ -72,6 +73,15 @@ def write_timed_out(node: Node | None, dialect: str, session_id: str) -> None:
     if node is not None:
         node.write_timeouts[dialect] = node.write_timeouts.get(dialect, 0) + 1
     log.info("write timeout: connection aborted", extra={"dialect": dialect, "session": session_id})
+
+
+def grace_left() -> bool:
+    """False once the running task (a connection's handler) was cancelled: a stopping server cancels the
+    connections that outlast its grace period, and their close then skips every wait for the peer (the last
+    frames, the close itself) and aborts the socket. A handler that swallowed the cancellation to run its
+    ``finally`` still sees it here (``Task.cancelling``)."""
+    task = asyncio.current_task()
+    return task is None or not task.cancelling()
 
 
 def io_failed(node: Node | None, dialect: str, session_id: str, what: str, exc: BaseException) -> None:

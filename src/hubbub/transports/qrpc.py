@@ -40,10 +40,10 @@ from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .http import HttpSettings
 from .lifetime import Lifetime
-from .pump import SessionPump, quietly, stopped
+from .pump import SessionPump, grace_left, stopped
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
 from .qrpc_subs import QrpcSubscriptions
-from .tcp import WRITE_TIMEOUT_S, drain, keep_alive, peer_ip
+from .tcp import WRITE_TIMEOUT_S, close_stream, drain, keep_alive, peer_ip
 
 __all__ = ["QrpcEncoder", "QrpcService", "QrpcWire", "serve_qrpc"]
 
@@ -209,7 +209,7 @@ class QrpcWire:
             m.leave()
         self.groups.clear()
         sess = self.session
-        if (sess.ending or sess.kicked) and self._writer is not None:
+        if (sess.ending or sess.kicked) and self._writer is not None and grace_left():
             await stopped(
                 asyncio.wait_for(asyncio.shield(self._writer), CLOSE_WAIT_S), self.node, DIALECT, sess.id
             )
@@ -392,8 +392,7 @@ async def serve_qrpc(
         keep_alive(writer)
         ip = peer_ip(writer)
         if node.limiter.admit(ip, DIALECT) is not None:
-            writer.close()
-            await quietly(writer.wait_closed, node, DIALECT, "", "close of a refused connection")
+            await close_stream(writer, node, DIALECT, "", "close of a refused connection")
             return
         try:
             async with Lifetime() as group:
@@ -424,11 +423,9 @@ async def serve_qrpc(
         except Exception:
             log.exception("qrpc connection failed")
         finally:
-            await wire.finish()
-            writer.close()
-            await quietly(
-                lambda: asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S), node, DIALECT, "", "close"
-            )
-            writer.transport.abort()
+            try:
+                await wire.finish()
+            finally:  # also when cancelled (a stopping server): no socket outlives the connection
+                await close_stream(writer, node, DIALECT, "")
 
     return await asyncio.start_server(handle, host, port, ssl=ssl_context)

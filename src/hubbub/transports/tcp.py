@@ -10,6 +10,7 @@ import ssl
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from hubbub.core import Node
 from hubbub.core.limits import Limiter
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
@@ -17,9 +18,19 @@ from hubbub.errors import HubbubError
 
 from .lifetime import Lifetime
 from .native import NativeConnection
-from .pump import WriteTimeout, quietly
+from .pump import WriteTimeout, grace_left, io_failed
 
-__all__ = ["KEEPALIVE", "WRITE_TIMEOUT_S", "dispatch", "drain", "keep_alive", "peer_ip", "serve_native_tcp"]
+__all__ = [
+    "CLOSE_WAIT_S",
+    "KEEPALIVE",
+    "WRITE_TIMEOUT_S",
+    "close_stream",
+    "dispatch",
+    "drain",
+    "keep_alive",
+    "peer_ip",
+    "serve_native_tcp",
+]
 
 log = logging.getLogger("hubbub.tcp")
 
@@ -56,6 +67,33 @@ async def drain(writer: asyncio.StreamWriter, limit_s: float = WRITE_TIMEOUT_S) 
     except TimeoutError:
         transport.abort()
         raise WriteTimeout("the peer read nothing within the write timeout") from None
+
+
+async def close_stream(
+    writer: asyncio.StreamWriter, node: Node | None, dialect: str, session_id: str, what: str = "close"
+) -> None:
+    """Close a TCP connection's socket, on every path: ``close()`` (what is buffered still goes out), up to
+    :data:`CLOSE_WAIT_S` for the peer to take it, else ``abort()``. A connection whose task is being cancelled
+    (a stopping server cancels those that outlast its grace period) is aborted at once, and so is one whose
+    wait is cancelled. Every TCP listener's connection (native, mist, qrpc) ends through it, last in its
+    handler's ``finally``, so no socket outlives its handler's task: an unclosed one would only be found by
+    the garbage collector, as a ``ResourceWarning``, or never while its event loop runs."""
+    writer.close()
+    if not grace_left():
+        writer.transport.abort()
+        return
+    try:
+        await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S)
+    except BaseException as exc:
+        # Not closed yet (timed out, cancelled) or ended by an error (then a no-op). Only then: after a close
+        # that went through, CPython 3.11's abort() fails on the spent transport.
+        writer.transport.abort()
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return
+        if isinstance(exc, Exception):
+            io_failed(node, dialect, session_id, what, exc)
+            return
+        raise
 
 
 def keep_alive(writer: asyncio.StreamWriter) -> None:
@@ -152,21 +190,20 @@ async def serve_native_tcp(
         except Exception:
             log.exception("native TCP connection failed")
         finally:
-            if conn is not None:
-                if conn.session.ending or conn.session.kicked:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(conn.wait_written(), CLOSE_WAIT_S)
-                await conn.finish()
-            writer.close()
-            await quietly(
-                lambda: asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S),
-                conn.node if conn else None,
-                "native",
-                conn.session.id if conn else "",
-                "close",
-            )
-            # A peer that reads nothing (the wait timed out) keeps no socket; after a clean close, a no-op.
-            writer.transport.abort()
+            # Each step in a finally of its own: a cancellation (a stopping server) must not skip the
+            # session's detach nor the socket's close.
+            try:
+                if conn is not None:
+                    try:
+                        if (conn.session.ending or conn.session.kicked) and grace_left():
+                            with contextlib.suppress(TimeoutError):
+                                await asyncio.wait_for(conn.wait_written(), CLOSE_WAIT_S)
+                    finally:
+                        await conn.finish()
+            finally:
+                await close_stream(
+                    writer, conn.node if conn else None, "native", conn.session.id if conn else ""
+                )
 
     return await asyncio.start_server(handle, host, port, limit=max_frame + 1024, ssl=ssl_context)
 
@@ -184,8 +221,7 @@ async def _refuse(
     except (ConnectionError, TimeoutError, OSError):
         pass
     finally:
-        writer.close()
-        await quietly(writer.wait_closed, None, "native", "", "close of a refused connection")
+        await close_stream(writer, None, "native", "", "close of a refused connection")
 
 
 async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -> bool:
