@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -160,8 +161,14 @@ async def _publisher(port: int, conn: int, channels: list[str], cycle: int, acks
     except (ConnectionError, OSError):
         pass
     finally:
-        await asyncio.gather(replies, return_exceptions=True)
-        writer.close()
+        try:
+            await asyncio.gather(replies, return_exceptions=True)
+        finally:
+            # The server is gone: nothing still buffered can reach it. Abort closes the socket now, on every
+            # path (a close would wait for the buffer to drain, past the end of the event loop).
+            writer.transport.abort()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
 
 
 def _get(url: str) -> tuple[int, Any]:
