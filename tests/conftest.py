@@ -43,6 +43,7 @@ hubbub.config.DEFAULT_MIST_TCP_LISTEN = TEST_LISTEN
 for _key in REAL_LISTEN_DEFAULTS:
     os.environ.setdefault(hubbub.config.env_name(_key), TEST_LISTEN)
 
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
     reason = missing_reason()
