@@ -47,6 +47,7 @@ from hubbub.errors import AuthError, BadChannel, FrameTooLarge, HubbubError, Sub
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
+from .backpressure import Messages
 from .http import HttpSettings, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
 from .pump import SessionPump, quietly, stopped
@@ -314,10 +315,6 @@ class GubleConnection:
             else:
                 sess.push(self.codec.encode_notice("send"))
 
-        # Read-side back-pressure: a client that does not read its replies (queued, or owed for publishes in
-        # flight) stops being read.
-        if not sess.has_room:
-            await sess.wait_room()
         await self.node.writable()
         self.node.submit(req, sess, done)
 
@@ -574,10 +571,11 @@ class GubleHub:
         return ws
 
     async def _read(self, ws: web.WebSocketResponse, conn: GubleConnection) -> None:
-        """The connection's frames to its dialect, until it ends or the peer goes."""
+        """The connection's frames to its dialect, until it ends or the peer goes; read only while its replies
+        have room (:class:`Messages`, read-side back-pressure)."""
         sess = conn.session
         try:
-            async for msg in ws:
+            async for msg in Messages(ws, sess):
                 if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                     if msg.type == WSMsgType.ERROR:
                         if getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG:
@@ -595,8 +593,8 @@ class GubleHub:
                     break
                 except HubbubError as exc:
                     conn.bad_input(exc)
-                    continue
-                await conn.handle(cmd)
+                else:
+                    await conn.handle(cmd)
                 if sess.kicked or sess.ending:
                     break
         except ConnectionError:

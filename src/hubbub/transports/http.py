@@ -32,6 +32,7 @@ from hubbub.events import Event, Position, Publisher
 from hubbub.federation.wire import BELOW_HEADER, NODE_HEADER, parse_node
 from hubbub.log.base import AppendRequest, LogStore
 
+from .backpressure import Messages
 from .cors import install_cors
 from .lifetime import Lifetime
 from .metrics import CONTENT_TYPE, ConsumerCollector, NodeCollector, render_metrics
@@ -365,9 +366,10 @@ class NativeHttp:
     @staticmethod
     async def _read(ws: web.WebSocketResponse, codec: nc.NativeCodec, conn: NativeConnection) -> None:
         """The connection's messages to the connection, until it ends (then its close is written first, for
-        at most 10 s) or the peer goes."""
+        at most 10 s) or the peer goes. Read only while the connection's replies have room (:class:`Messages`,
+        read-side back-pressure)."""
         try:
-            async for msg in ws:
+            async for msg in Messages(ws, conn.session):
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     try:
                         cmd = codec.decode(msg.data)

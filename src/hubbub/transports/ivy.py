@@ -41,6 +41,7 @@ from hubbub.errors import (
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
+from .backpressure import Messages
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
 from .pump import SessionPump, keepalive, quietly, stopped
@@ -176,8 +177,6 @@ class IvyConnection:
     async def handle(self, cmd: ivy.Command) -> None:
         sess = self.session
         if isinstance(cmd, ivy.TimeRequest):
-            if sess.queued >= sess.max_items:
-                await sess.wait_room()
             sess.push(self.codec.encode_time(cmd.ack, time.time_ns()))
         elif isinstance(cmd, ivy.Publish):
             await self._publish(cmd)
@@ -223,9 +222,6 @@ class IvyConnection:
                 log.warning("ivy publish failed: %s", r, extra={"session": sess.id})
                 sess.end(ivy.close_reason(r))
 
-        # Read-side back-pressure: publishes in flight count against the queue's bound (Session.owed).
-        if not sess.has_room:
-            await sess.wait_room()
         await self.node.writable()
         try:
             self.node.submit(req, sess, done)
@@ -318,10 +314,10 @@ class IvyHttp:
         return ws
 
     async def _read(self, ws: web.WebSocketResponse, conn: IvyConnection) -> None:
-        """The connection's frames to its dialect, until it ends or the peer goes."""
+        """The connection's frames to its dialect, until it ends or the peer goes; read only while its replies
+        have room (:class:`Messages`, read-side back-pressure)."""
         try:
-            while not conn.done:
-                msg = await ws.receive()
+            async for msg in Messages(ws, conn.session):
                 conn.received()
                 if msg.type == WSMsgType.TEXT:
                     await conn.handle_text(msg.data)
@@ -340,6 +336,8 @@ class IvyHttp:
                         self.node.count_bad_input(DIALECT)
                         self.node.limiter.refused("max_frame", DIALECT)
                         log.debug("closing ivy connection: frame too large")
+                    break
+                if conn.done:
                     break
         except ConnectionError:
             pass

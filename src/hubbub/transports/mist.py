@@ -48,6 +48,7 @@ from hubbub.errors import AuthError, HubbubError, LimitExceeded, RateLimited, Sh
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
+from .backpressure import Messages
 from .http import HttpSettings, peer_address, request_token, text_response
 from .lifetime import Lifetime
 from .pump import SessionPump, grace_left, keepalive, quietly, stopped
@@ -230,7 +231,12 @@ class MistWire:
     # -- the dialect's outputs ----------------------------------------------------------------------------
 
     async def handle(self, outputs: list[md.Output]) -> None:
-        """Carry out the dialect's outputs, in order."""
+        """Carry out the dialect's outputs, in order.
+
+        Read-side back-pressure (:mod:`~hubbub.transports.backpressure`): a TCP read's outputs are those of
+        every line or value it completes (thousands of ``ping`` lines in one 64 KiB read); after each, the
+        rest waits while the connection's replies fill its queue, and so does the next read."""
+        sess = self.session
         roster = False
         for out in outputs:
             if self.done:
@@ -262,6 +268,8 @@ class MistWire:
                 await self._authenticate(out)
             else:
                 await self._registry(out)
+            if not sess.has_room:
+                await sess.wait_room()
         if self.done:
             return
         if roster:
@@ -342,8 +350,6 @@ class MistWire:
                 log.warning("mist publish failed: %s", r, extra={"session": sess.id})
                 self._refused(cmd, r)
 
-        if not sess.has_room:  # read-side back-pressure: publishes in flight count (Session.owed)
-            await sess.wait_room()
         await self.node.writable()
         try:
             self.node.submit(req, sess, done)
@@ -587,17 +593,18 @@ class MistService:
         return ws
 
     async def _read(self, ws: web.WebSocketResponse, wire: MistWire) -> None:
-        """The connection's frames to the dialect, one at a time, until it ends or the peer goes."""
+        """The connection's frames to the dialect, one at a time, until it ends or the peer goes; read only
+        while its replies have room (:class:`Messages`, read-side back-pressure)."""
         proto = wire.proto
         assert isinstance(proto, md.Mist2015WsConnection | md.Mist1WsConnection)
         sess = wire.session
         try:
-            while not wire.done:
-                msg = await ws.receive()
+            async for msg in Messages(ws, sess):
                 wire.last_recv = time.monotonic()
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     await wire.handle(proto.receive_frame(msg.data, binary=msg.type == WSMsgType.BINARY))
-                    await sess.wait_room()  # read-side back-pressure: replies wait for the writer
+                    if wire.done:
+                        break
                     continue
                 if msg.type == WSMsgType.PING:
                     await ws.pong(msg.data)

@@ -91,10 +91,9 @@ async def serve_mist_tcp(
                     wire.start(group, service.first_identity())
                 proto = wire.proto
                 assert isinstance(proto, md.Mist2015Connection | md.Mist1Connection)
-                await wire.handle(proto.receive_data(data))
+                await wire.handle(proto.receive_data(data))  # waits for room between requests
                 if wire.done:
                     break
-                await wire.session.wait_room()  # read-side back-pressure: replies wait for the writer
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         except Exception:

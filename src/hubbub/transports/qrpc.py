@@ -234,12 +234,18 @@ class QrpcWire:
     # -- inbound --
 
     async def feed(self, data: bytes) -> None:
+        """Handle the calls of one read, in order. Read-side back-pressure
+        (:mod:`~hubbub.transports.backpressure`): a read may hold thousands of calls, each answered; after
+        each, the rest waits while the connection's replies fill its queue, and so does the next read."""
+        sess = self.session
         outs = self.proto.feed(data)
         while outs:
             for out in outs:
                 if self.done:
                     return
                 await self.handle(out)
+                if not sess.has_room:
+                    await sess.wait_room()
             # An auth call paused the connection (its answer is out): the calls behind it now run.
             outs = self.proto.resume()
 
@@ -315,8 +321,6 @@ class QrpcWire:
             else:
                 self.reply(cid, {"ok": True, "delivered": recipients(node, consumers, r, sess)})
 
-        if not sess.has_room:  # read-side back-pressure: emits in flight count (Session.owed)
-            await sess.wait_room()
         await node.writable()
         node.submit(req, sess, done)
         self.inflight += 1

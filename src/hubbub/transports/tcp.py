@@ -230,23 +230,26 @@ async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -
     A run of common publishes (the usual read: a client's pipelined burst) goes to the connection at once,
     and so do consecutive other publishes, so the node takes them in one call each
     (:meth:`NativeConnection.publish_run`, :meth:`NativeConnection.publish_many`).
+
+    Read-side back-pressure (:mod:`~hubbub.transports.backpressure`): one read may hold thousands of requests
+    (pings, bad frames, ...), each answered; after each item, the rest of the read waits while the
+    connection's replies fill its queue.
     """
     n = len(items)
     i = 0
     while i < n:
         item = items[i]
-        if isinstance(item, HubbubError):
-            if conn is None:
+        if conn is None:
+            if isinstance(item, HubbubError):
                 return True
+            i += 1
+            continue
+        if isinstance(item, HubbubError):
             conn.bad_input(item)
             if item.fatal:
                 return True
             i += 1
-            continue
-        if conn is None:
-            i += 1
-            continue
-        if isinstance(item, nc.PublishRun):
+        elif isinstance(item, nc.PublishRun):
             await conn.publish_run(item)
             i += 1
             if len(item) >= nc.RUN_MAX and i < n:
@@ -263,6 +266,11 @@ async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -
         else:
             await conn.handle(item)
             i += 1
-        if conn.session.ending or conn.session.kicked:
+        sess = conn.session
+        if sess.ending or sess.kicked:
             return True
+        if not sess.has_room:
+            await sess.wait_room()
+            if sess.ending or sess.kicked or sess.closed:
+                return True
     return False

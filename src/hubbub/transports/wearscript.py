@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import WSMsgType, web
-from aiohttp.client_ws import ClientWebSocketResponse
 
 from hubbub.auth import Identity
 from hubbub.channels import parse_pattern
@@ -41,6 +40,7 @@ from hubbub.errors import AuthError, HubbubError, LimitExceeded, ShuttingDown, S
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
+from .backpressure import Messages, Socket
 from .http import HttpSettings, peer_address, request_token, text_response
 from .lifetime import Lifetime
 from .pump import SessionPump, keepalive, quietly, stopped
@@ -65,8 +65,6 @@ BROADCAST_INTERVAL_S = 0.1
 #: the ids of the hubs above it, through its upstream link (hubbub.transports.wearscript_link).
 HUB_HEADER = "X-Hubbub-Wearscript-Hub"
 ABOVE_HEADER = "X-Hubbub-Wearscript-Above"
-
-Socket = web.WebSocketResponse | ClientWebSocketResponse
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,12 +189,12 @@ class WearscriptWire:
     # -- inbound ------------------------------------------------------------------------------------------
 
     async def read(self, ws: Socket) -> None:
-        """The connection's frames to the dialect, one at a time, until it ends or the peer goes."""
+        """The connection's frames to the dialect, one at a time, until it ends or the peer goes; read only
+        while its replies have room (:class:`Messages`, read-side back-pressure)."""
         proto = self.proto
         assert proto is not None
         try:
-            while not self.done:
-                msg = await ws.receive()
+            async for msg in Messages(ws, self.session):
                 self.last_recv = time.monotonic()
                 if msg.type == WSMsgType.BINARY:
                     await self.handle(proto.on_binary(msg.data))
@@ -214,6 +212,8 @@ class WearscriptWire:
                         # aiohttp refused a frame over limits.max_frame and sent close 1009 itself (§8).
                         self.node.count_bad_input(DIALECT)
                         self.node.limiter.refused("max_frame", DIALECT)
+                    break
+                if self.done:
                     break
         except ConnectionError:
             pass
@@ -309,8 +309,6 @@ class WearscriptWire:
                 log.warning("wearscript publish failed: %s", r, extra={"session": sess.id})
                 sess.end(Disconnect.GOING_AWAY if isinstance(r, ShuttingDown) else Disconnect.INTERNAL_ERROR)
 
-        if not sess.has_room:  # read-side back-pressure: publishes in flight count (Session.owed)
-            await sess.wait_room()
         await self.node.writable()
         try:
             self.node.submit(req, sess, done)
