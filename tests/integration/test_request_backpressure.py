@@ -1,5 +1,5 @@
 """Read-side back-pressure for requests other than publishes, in every dialect (ARCHITECTURE §6): a client
-that pipelines thousands of requests which each get a reply (pings, subscribe and cancel, a dialect's
+that pipelines thousands of requests which each get a reply (pings, subscribe and cancel, reads, a dialect's
 cheapest call) or thousands of bad frames which each get an error reply, many times what its connection's
 queue holds, without reading, is slowed (the server stops reading it while its own replies fill the queue),
 never closed: once it reads, every reply arrives, in order, and the connection still answers.
@@ -250,6 +250,31 @@ ERRORS: dict[str, Case] = {
 }
 
 
+def mist1_read(data: bytes) -> Any:
+    """A mist 1.x reply as its command, echoed tags and data."""
+    obj = json.loads(data)
+    return obj.get("command"), obj.get("tags"), obj.get("data")
+
+
+#: Reads answered from the node's state after an await (mist's presence), each request tagged for order.
+READS: dict[str, Case] = {
+    "mist1-tcp-who": Case(
+        "tcp",
+        "mist",
+        lambda i: f'{{"command":"who","tags":["w{i}"]}}\n',
+        mist1_read,
+        lambda i: ("who", [f"w{i}"], "Lifetime  connections: 1\nSubscribers connected: 0"),
+    ),
+    "mist1-ws-listall": Case(
+        "ws",
+        "/mist/v1/ws",
+        lambda i: f'{{"command":"listall","tags":["w{i}"]}}',
+        mist1_read,
+        lambda i: ("listall", [f"w{i}"], None),  # no subscription anywhere: no data
+    ),
+}
+
+
 class Conn:
     """A raw connection: frames written as given, server frames read one by one (a WebSocket message, or
     a line)."""
@@ -363,6 +388,11 @@ def test_pipelined_requests_are_slowed_never_closed(tmp_path: Path, name: str) -
 @pytest.mark.parametrize("name", list(ERRORS))
 def test_pipelined_bad_frames_get_every_error_and_are_slowed_never_closed(tmp_path: Path, name: str) -> None:
     run_flood(tmp_path, ERRORS[name])
+
+
+@pytest.mark.parametrize("name", list(READS))
+def test_pipelined_reads_are_slowed_never_closed(tmp_path: Path, name: str) -> None:
+    run_flood(tmp_path, READS[name])
 
 
 def test_the_cases_cover_every_dialect_and_transport() -> None:
