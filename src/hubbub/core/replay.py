@@ -26,6 +26,7 @@ __all__ = [
     "merged_key",
     "pattern_prefix",
     "plan_replay",
+    "plan_scan",
     "scan_page",
     "trimmed_after",
 ]
@@ -216,7 +217,22 @@ def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec) -> ReplayPl
         from_time = last_start(store, pattern, mark, spec.last)
         if from_time is None:
             return plan
-    # Where reading starts: before the first event after any listed position, and before from_time.
+    plan.scan = plan_scan(store, prefix, mark, listed, frozenset(skip), from_time)
+    return plan
+
+
+def plan_scan(
+    store: LogStore,
+    prefix: str,
+    mark: LogMark,
+    listed: Mapping[str, Position],
+    skip: frozenset[str],
+    from_time: int | None,
+) -> ReplayScan | None:
+    """The :class:`ReplayScan` of ``listed`` channels' events after their positions and other channels'
+    from ``from_time``, up to ``mark``; None when there is nothing to read. Reading starts before the first
+    event after any listed position and before ``from_time``: one read per listed channel and one seek, so
+    it costs what the ``since`` map costs, whatever the number of channels in the log."""
     starts: list[int] = []
     for ch, pos in listed.items():
         nxt = store.read(ch, pos.seq, 1)
@@ -224,9 +240,9 @@ def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec) -> ReplayPl
             starts.append(nxt[0].time_ns)
     if from_time is not None and from_time <= mark.time_ns:
         starts.append(from_time)
-    if starts:
-        plan.scan = ReplayScan(prefix, store.log_seek(min(starts)), mark, listed, frozenset(skip), from_time)
-    return plan
+    if not starts:
+        return None
+    return ReplayScan(prefix, store.log_seek(min(starts)), mark, listed, skip, from_time)
 
 
 def _plan_exact(store: LogStore, channel: str, spec: ReplaySpec, plan: ReplayPlan) -> None:

@@ -1,10 +1,9 @@
 """The two directions of a native federation link (:mod:`hubbub.transports.federation_link`), and its
 cursors on disk.
 
-* :class:`UpFlow`: a local session subscribed to ``/**`` (replaying from the up cursor, at most
-  :data:`UP_CHUNK` events a round: :func:`plan_up`) whose events go up as acknowledged publishes, each
-  channel in order (an event past a cut replay asks for a resync: the next round); the up cursor advances,
-  in order, as the upstream acknowledges them.
+* :class:`UpFlow`: a local session subscribed to ``/**`` (replaying from the up cursor, paged from the log
+  in commit order: :func:`plan_up`) whose events go up as acknowledged publishes, each channel in order;
+  the up cursor advances, in order, as the upstream acknowledges them.
 * :class:`DownFlow`: events that come down are committed here; the down cursor advances, strictly in order,
   as they commit (or are dropped as loops, or reported as gaps).
 * :class:`LinkCursors`: both cursors, saved to ``<data_dir>/federation/<link>.json`` (write, fsync, rename).
@@ -41,7 +40,7 @@ from hubbub.auth import EVERYTHING, Identity
 from hubbub.channels import Pattern, parse_pattern
 from hubbub.core import Gap, Node, ReplayPlan, Session, Subscription
 from hubbub.core.flag import Flag
-from hubbub.core.replay import list_channels, merged_key
+from hubbub.core.replay import ReplaySpan, pattern_prefix, plan_scan
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.federation import (
@@ -53,7 +52,7 @@ from hubbub.federation import (
     stamp,
 )
 from hubbub.federation.wire import LinkEvent, LinkGap, link_headers, parse_link_headers, render_publisher
-from hubbub.log.base import AppendRequest, AppendResult, LogStore
+from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, LogStore
 
 __all__ = [
     "DIALECT",
@@ -77,8 +76,6 @@ LINK_IDENTITY: Final = Identity("federation", EVERYTHING, EVERYTHING, via="feder
 MAX_INFLIGHT: Final = 512
 #: Events from above not yet committed here, at most (then the link stops reading).
 MAX_DOWN_PENDING: Final = 4096
-#: Events one local replay sends up at most; a longer backlog goes in several rounds (a resync each).
-UP_CHUNK: Final = 10000
 SAVE_INTERVAL_S: Final = 0.2
 _ALL: Final = parse_pattern("/**")
 #: The head of an up frame (:class:`UpEncoder`): seq, time, channel length, epoch length.
@@ -249,61 +246,64 @@ def plan_up(
     *,
     since: Mapping[str, Position],
     from_time: int | None,
-    cap: int,
-    cut: dict[str, int],
-    starts: dict[str, tuple[str, int]],
     pattern: Pattern = _ALL,
 ) -> ReplayPlan:
-    """A link's replay (a planner: runs on a reader thread), with no limit but rounds: every channel of
-    ``pattern``'s events after its position in ``since`` (channels not in it: from ``from_time``; none when
-    it is ``None``), at most ``cap`` in all, in merged order; channels with more left go into ``cut``, with
-    the last seq replayed (and, when not in ``since`` and not read at all, the position before their first
-    event to send into ``starts``). A position the log no longer holds (trimmed, another epoch, ahead of the
-    log) is a gap. Used for the up session, and by the node above for a link's recovering subscriptions."""
+    """A link's replay (a planner: runs on a reader thread), with no limit: every channel of ``pattern``'s
+    events after its position in ``since`` (channels not in it: from ``from_time``; none when it is
+    ``None``). A position the log no longer holds (trimmed, another epoch, ahead of the log) is a gap, and the
+    channel goes on from where its log is. Used for the up session, and by the node above for a link's
+    recovering subscriptions.
+
+    Nothing is read here but the heads of the channels in ``since`` (and, for a pattern, the log's mark and
+    where to start): the events are read page by page in commit order while they are sent
+    (:class:`~hubbub.core.replay.ReplayScan`, :class:`~hubbub.core.replay.ReplaySpan` for an exact channel),
+    so a backlog of any length goes in one replay, in memory of a page or two, at a cost that grows with the
+    events replayed and the channels in ``since``, not with the channels in the log."""
     plan = ReplayPlan(replayed=True)
+    since = {ch: pos for ch, pos in since.items() if pattern.matches(ch)}
     if pattern.is_exact:
-        plan.position = Position(0, "")  # a channel never used, unless listed below
-    events: list[Event] = []
-    budget = cap
-    for info in list_channels(store, pattern):
-        ch = info.channel
-        plan.tops[ch] = info.top
-        if pattern.is_exact:
-            plan.position = Position(info.top, info.epoch)
-        plan.top_time = max(plan.top_time, info.top_time)
-        pos = since.get(ch)
-        after, ft = 0, None
-        if pos is None:
-            if from_time is None:
-                continue
-            ft = from_time
-        elif pos.epoch != info.epoch:
-            plan.gaps.append(Gap(ch, pos, Position(0, info.epoch), "epoch"))
-        elif pos.seq > info.top:
-            after = info.top
-            plan.gaps.append(Gap(ch, pos, Position(after, info.epoch), "ahead"))
-        elif pos.seq < info.first - 1:
-            after = info.first - 1
-            plan.gaps.append(Gap(ch, pos, Position(after, info.epoch), "trimmed"))
+        info = store.head(pattern.text)
+        plan.position = Position(info.top, info.epoch)
+        plan.tops[info.channel] = info.top
+        pos = since.get(info.channel)
+        if pos is not None:
+            after = _after_gap(plan, info, pos)
+        elif from_time is None:
+            return plan
         else:
-            after = pos.seq
-        if after >= info.top:
-            continue
-        if budget <= 0:
-            cut[ch] = after
-            if pos is None:  # where it starts, kept in the cursor: later rounds must not skip it
-                first = store.read(ch, 0, 1, from_time=ft)
-                if first:
-                    starts[ch] = (first[0].epoch, first[0].seq - 1)
-            continue
-        evs = store.read(ch, after, budget, from_time=ft)
-        budget -= len(evs)
-        if budget == 0 and evs and evs[-1].seq < info.top:
-            cut[ch] = evs[-1].seq  # the budget ran out inside this channel
-        events += evs
-    events.sort(key=merged_key)
-    plan.events = events
+            first = store.read(info.channel, 0, 1, from_time=from_time)
+            after = first[0].seq - 1 if first and first[0].epoch == info.epoch else info.top
+        if after < info.top:
+            plan.span = ReplaySpan(info.channel, info.epoch, after, info.top)
+        return plan
+    infos = store.heads(since) if since else {}
+    mark = store.log_mark()
+    plan.top_time = mark.time_ns
+    listed: dict[str, Position] = {}
+    for ch, pos in since.items():
+        info = infos[ch]
+        plan.tops[ch] = info.top
+        after = _after_gap(plan, info, pos)
+        listed[ch] = Position(after, info.epoch) if after or not info.empty else Position(0, "")
+    plan.scan = plan_scan(store, pattern_prefix(pattern), mark, listed, frozenset(), from_time)
     return plan
+
+
+def _after_gap(plan: ReplayPlan, info: ChannelInfo, pos: Position) -> int:
+    """Where a channel's replay starts for a link at ``pos``: after it, or, when the log no longer holds it
+    (a gap, added to ``plan``), from where the log is."""
+    if pos.seq == 0 and pos.epoch == "":
+        return max(info.first - 1, 0)  # a channel the link had seen no event of: all of it
+    if pos.epoch != info.epoch:
+        plan.gaps.append(Gap(info.channel, pos, Position(0, info.epoch), "epoch"))
+        return max(info.first - 1, 0)
+    if pos.seq > info.top:
+        plan.gaps.append(Gap(info.channel, pos, Position(info.top, info.epoch), "ahead"))
+        return info.top
+    if pos.seq < info.first - 1:
+        plan.gaps.append(Gap(info.channel, pos, Position(info.first - 1, info.epoch), "trimmed"))
+        return info.first - 1
+    return pos.seq
 
 
 class UpFlow:
@@ -319,21 +319,14 @@ class UpFlow:
         self._acked = Flag()
         #: Per channel, the last position queued up (the cursor moves on acknowledgements).
         self.sent: dict[str, tuple[str, int]] = {}
-        #: Channels whose replay was cut at :data:`UP_CHUNK`, with the last seq it holds: what comes after
-        #: waits for the next round.
-        self.cut: dict[str, int] = {}
-        self.resync = False
 
     async def subscribe_local(self, sess: Session) -> None:
-        """The local ``/**`` subscription, replaying (at most :data:`UP_CHUNK` events: :func:`plan_up`) what
-        the upstream has not acknowledged."""
+        """The local ``/**`` subscription, replaying (:func:`plan_up`, paged from the log while it goes up)
+        everything the upstream has not acknowledged."""
         up = self.cursors.up
         since = {ch: Position(seq, ep) for ch, (ep, seq) in up.positions.items()}
         self.sent = dict(up.positions)
-        starts: dict[str, tuple[str, int]] = {}
-        planner = functools.partial(
-            plan_up, since=since, from_time=up.last_time + 1, cap=UP_CHUNK, cut=self.cut, starts=starts
-        )
+        planner = functools.partial(plan_up, since=since, from_time=up.last_time + 1)
 
         def on_snapshot(plan: ReplayPlan) -> None:
             for gap in plan.gaps:
@@ -345,24 +338,14 @@ class UpFlow:
                     extra={"link": self.name},
                 )
                 up.positions[gap.channel] = self.sent[gap.channel] = (gap.position.epoch, gap.position.seq)
-            up.positions.update(starts)
-            if self.cut:
-                log.info("federation: a long backlog goes up in rounds", extra={"link": self.name})
 
         await self.node.subscribe(
             sess, "up", _ALL, frozenset(), None, on_snapshot=on_snapshot, planner=planner
         )
-        if self.cut:
-            sess.push(b"")  # after the replay's last frame: the writer resyncs for the next round there
 
     def _in_order(self, ch: str, ep: str, seq: int) -> bool:
-        """Whether an event goes on: not one sent already, nor one after the cut of a channel whose replay
-        was cut (that asks for a resync: the next round). Other holes are events kept from this session (its
+        """Whether an event goes on: not one sent already. Holes are events kept from this session (its
         delivery filters, ``:filter.*``: another connection's private events, not federated)."""
-        cut = self.cut.get(ch)
-        if cut is not None and seq > cut:
-            self.resync = True
-            return False
         last = self.sent.get(ch)
         if last is not None and last[0] == ep and seq <= last[1]:
             return False
@@ -372,19 +355,15 @@ class UpFlow:
     async def write(
         self, ws: aiohttp.ClientWebSocketResponse, sess: Session, rid: Any, max_frame: int
     ) -> None:
-        """Send the up session's events as publishes (``rid()`` gives request ids) until it ends, or until
-        a resync is due (then once everything sent is acknowledged: the link reconnects and replays from the
-        up cursor)."""
+        """Send the up session's events as publishes (``rid()`` gives request ids) until it ends (kicked:
+        the upstream is slower than this node; the link reconnects and resends from the up cursor)."""
         fifo, ids = self.fifo, self.ids
         size = _HEAD.size
-        while not self.resync:
+        while True:
             frames = await sess.next_frames(max_frame)
             if not frames:
-                return  # kicked (the upstream is slower than this node): reconnect, resend from the cursor
+                return
             for f in frames:
-                if not f:  # the end of a replay that was cut: the next round
-                    self.resync = True
-                    break
                 seq, t, chl, epl = _HEAD.unpack_from(f)
                 body = size + chl + epl
                 ch, ep = f[size : size + chl].decode(), f[size + chl : body].decode()
@@ -403,10 +382,6 @@ class UpFlow:
                 self.stats.sent_up += 1
             del frames
             self.settle()
-        while ids:
-            self._acked.clear()
-            await self._acked.wait()
-        self.settle()
 
     def completed(self, rid: int, refused: bool) -> bool:
         """A reply (or an error) to request ``rid``: ``True`` when it answered a publish of this flow."""

@@ -19,8 +19,8 @@ federation handshake headers (:mod:`hubbub.federation.wire`), and runs both dire
   event the upstream acknowledged. Both advance strictly in order (a completion FIFO), are saved to
   ``<data_dir>/federation/<link>.json`` five times a second and at shutdown, and after a reconnect or a
   restart (``kill -9`` included) the link resubscribes with ``since`` from them: upstream with
-  ``since``/``from_time`` (native.md §6), locally with a replay of its own (in rounds of at most 10000
-  events: :mod:`~hubbub.transports.federation_flow`). A cursor that lags the truth (a
+  ``since``/``from_time`` (native.md §6), locally with a replay of its own (of any length, paged from
+  the log while it goes up: :mod:`~hubbub.transports.federation_flow`). A cursor that lags the truth (a
   crash between a commit and a save) resends a few events, which the idempotency keys turn away
   (``native.idempotency_window_s``): no gap, no duplicate. A position the log no longer holds is a ``gap``,
   counted.

@@ -31,7 +31,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from hubbub.core import Gap, Node, ReplayPlan
+from hubbub.core import Node, ReplayPlan
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadRequest
@@ -50,16 +50,13 @@ from hubbub.federation.wire import (
 )
 from hubbub.log.base import AppendRequest
 
-from .federation_flow import UP_CHUNK, plan_up
+from .federation_flow import plan_up
 from .native import NativeConnection
 from .pump import SessionPump
 
 __all__ = ["FederationHub", "FederationHubCollector", "FederationPeer", "PeerEncoder", "PeerStats"]
 
 log = logging.getLogger("hubbub.federation")
-
-#: Events one replay to a node below sends at most; a longer one goes in rounds (the node below resubscribes).
-DOWN_CHUNK = UP_CHUNK
 
 
 @dataclass(slots=True)
@@ -170,15 +167,9 @@ class PeerEncoder:
         self.node_id = node_id
         self.peer = peer
         self.stats = stats
-        # One per connection: ``cut`` is this connection's own.
         self.key = f"native-fed.{codec.encoding}:{peer}:{id(self)}"
-        #: Channels whose replay was cut, with the last seq replayed: what comes after waits for the next
-        #: round (the peer resubscribes from its cursor), so the peer never sees a hole.
-        self.cut: dict[str, int] = {}
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
-        if self.cut and event.seq > self.cut.get(event.channel, event.seq):
-            return b""
         headers = event.headers
         if not headers:  # published here, no headers: the common case, nothing to parse
             fed = {LINK_ORIGIN: f"{self.node_id} {event.epoch} {event.seq}", LINK_HOPS: self.node_id}
@@ -271,44 +262,24 @@ class FederationPeer(NativeConnection):
         await super().finish()
 
     async def _subscribe(self, cmd: nc.Subscribe) -> None:
-        """A recovering subscription of the node below: replayed in rounds of at most :data:`DOWN_CHUNK`
-        events (:func:`~hubbub.transports.federation_flow.plan_up`), never refused as too large (4203). A cut
-        round ends with ``"more":true`` on ``recovered`` and, for a channel not read at all, a ``cut`` gap
-        saying where it starts; the node below resubscribes from its cursor."""
+        """A recovering subscription of the node below: replayed whole, paged from the log while it is sent
+        (:func:`~hubbub.transports.federation_flow.plan_up`), never refused as too large (4203), gaps
+        reported and passed."""
         if (cmd.since is None and cmd.from_time is None) or cmd.tags:  # links never send tags
             await super()._subscribe(cmd)
             return
         proto, pattern = self.proto, cmd.pattern
-        encoder = self.session.encoder
-        assert isinstance(encoder, PeerEncoder)
         since = {pattern.text: cmd.since} if isinstance(cmd.since, Position) else dict(cmd.since or {})
-        cut: dict[str, int] = {}
-        starts: dict[str, tuple[str, int]] = {}
-        planner = functools.partial(
-            plan_up,
-            since=since,
-            from_time=cmd.from_time,
-            cap=DOWN_CHUNK,
-            cut=cut,
-            starts=starts,
-            pattern=pattern,
-        )
+        planner = functools.partial(plan_up, since=since, from_time=cmd.from_time, pattern=pattern)
 
         def on_snapshot(plan: ReplayPlan) -> None:
-            encoder.cut.update(cut)  # before the replay and the held events: nothing past a cut goes out
-            gaps = plan.gaps + [
-                Gap(ch, Position(0, ""), Position(s, e), "cut") for ch, (e, s) in starts.items()
-            ]
             if pattern.is_exact:
-                proto.subscribed(cmd.id, cmd.sub, plan.position, None, gaps)
+                proto.subscribed(cmd.id, cmd.sub, plan.position, None, plan.gaps)
             else:
-                proto.subscribed(cmd.id, cmd.sub, None, plan.top_time, gaps)
+                proto.subscribed(cmd.id, cmd.sub, None, plan.top_time, plan.gaps)
 
         def on_replayed(plan: ReplayPlan) -> None:
-            fields: dict[str, Any] = {"sub": cmd.sub, "replayed": plan.sent}
-            if cut:
-                fields["more"] = True
-            self.session.push(self.codec.encode_push("recovered", **fields))
+            self.session.push(self.codec.encode_push("recovered", sub=cmd.sub, replayed=plan.sent))
 
         await self.node.subscribe(
             self.session, cmd.sub, pattern, cmd.tags, None,
