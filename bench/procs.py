@@ -219,9 +219,7 @@ def start(target: str, durability: str = "commit", data_dir: str | None = None) 
     if target == "hubbub":
         return _hubbub(["--store", "memory", "--durability", "none"])
     if target.startswith("hubbub-"):
-        return _hubbub(
-            ["--durability", target.split("-", 1)[1], "--native-max-recovery", "1000000"], data_dir
-        )
+        return _hubbub(["--durability", target.split("-", 1)[1]], data_dir)
     tmp = tempfile.mkdtemp(prefix=f"bench-{target}-")
     port = free_port()
     log = Path(tmp) / "server.log"
