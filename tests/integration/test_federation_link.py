@@ -343,3 +343,49 @@ def test_a_token_file_is_read_at_each_connection(tmp_path: Path) -> None:
                 await until_log_auth(a, "/y/1", "linktok")
 
     asyncio.run(main())
+
+
+def test_a_fast_burst_from_above_does_not_overflow_the_links_up_session(tmp_path: Path) -> None:
+    """12,000 events come down as fast as the node above sends them while the node below publishes its own:
+    what came from above is never queued to go back up, so the link's up session (a send queue of 64 here)
+    is not closed as a slow consumer for it and the link never reconnects; both logs hold every event once,
+    each channel in order."""
+
+    async def main() -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        a_cfg = replace(config(tmp_path, "A"), http_listen=f"127.0.0.1:{port}")
+        async with Server(config(tmp_path, "B", f"ws://127.0.0.1:{port}")) as b:
+            link = b.upstreams[0]
+            link.send_queue = 64  # the link's own queue only: the subscriber below keeps the default bound
+            # The interest below, with a tag no event has: the link subscribes to /d/** above, nothing is
+            # delivered below (the burst's check reads the log).
+            async with (
+                Server(a_cfg) as a,
+                client(a) as ca,
+                client(b) as cb,
+                cb.subscribe("/d/**", tags=["none"]),
+            ):
+                await synced(link)
+                reconnects = link.reconnects
+
+                async def publish_up() -> None:
+                    # 30 at a time: bursts of local events the up session's bound takes.
+                    for r in range(LONG_ROUNDS):
+                        await asyncio.gather(*(cb.publish(f"/u/c{i}", str(r)) for i in range(30)))
+
+                await asyncio.gather(publish_long(ca, "/d/c"), publish_up())
+                total = LONG_CHANNELS * LONG_ROUNDS
+                await until(
+                    lambda: link.stats.received_down >= total and link.stats.sent_up >= 30 * LONG_ROUNDS,
+                    "both bursts to cross",
+                )
+                await check_long(b, "/d/c")
+                for i in range(30):
+                    got = [e["text"] for e in await log(a, f"/u/c{i}")]
+                    assert got == [str(r) for r in range(LONG_ROUNDS)]
+                assert link.reconnects == reconnects
+                assert link.stats.gaps == 0
+
+    asyncio.run(main())

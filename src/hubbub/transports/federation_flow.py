@@ -319,6 +319,15 @@ class UpFlow:
         self._acked = Flag()
         #: Per channel, the last position queued up (the cursor moves on acknowledgements).
         self.sent: dict[str, tuple[str, int]] = {}
+        #: Per channel, the newest event that came down over this connection and committed here: never
+        #: queued to the up session (it would not go up: the node above is on its hops), it moves the up
+        #: cursor only once nothing committed before it is still on its way up (:meth:`settle`).
+        self.passed: dict[str, tuple[str, int, int]] = {}
+        #: The up session's replay and held events are all queued (its subscription is live).
+        self.live = False
+        #: The writer holds frames taken from the session that are not in :attr:`fifo` yet.
+        self._busy = False
+        self._sess: Session | None = None
 
     async def subscribe_local(self, sess: Session) -> None:
         """The local ``/**`` subscription, replaying (:func:`plan_up`, paged from the log while it goes up)
@@ -339,9 +348,19 @@ class UpFlow:
                 )
                 up.positions[gap.channel] = self.sent[gap.channel] = (gap.position.epoch, gap.position.seq)
 
+        self._sess = sess
         await self.node.subscribe(
             sess, "up", _ALL, frozenset(), None, on_snapshot=on_snapshot, planner=planner
         )
+        self.live = True
+        self.settle()
+
+    def came_down(self, ch: str, ep: str, seq: int, time_ns: int) -> None:
+        """An event from above committed here as ``(ch, ep, seq)``, kept from the up session (it is the
+        origin of the publish, and does not echo): the up cursor may pass it once the events before it are
+        acknowledged."""
+        self.passed[ch] = (ep, seq, time_ns)
+        self.settle()
 
     def _in_order(self, ch: str, ep: str, seq: int) -> bool:
         """Whether an event goes on: not one sent already. Holes are events kept from this session (its
@@ -360,9 +379,12 @@ class UpFlow:
         fifo, ids = self.fifo, self.ids
         size = _HEAD.size
         while True:
+            self._busy = False
+            self.settle()
             frames = await sess.next_frames(max_frame)
             if not frames:
                 return
+            self._busy = True
             for f in frames:
                 seq, t, chl, epl = _HEAD.unpack_from(f)
                 body = size + chl + epl
@@ -403,6 +425,15 @@ class UpFlow:
             _, ch, ep, seq, t = fifo.popleft()
             up.advance(ch, ep, seq, t)
             moved = True
+        passed, sess = self.passed, self._sess
+        if passed and not fifo and self.live and not self._busy and sess is not None and not sess.queued:
+            # Every event committed before these (each channel's lower positions among them) was queued to
+            # the session before they committed, and is acknowledged by now: nothing is left behind them.
+            # (Under steady traffic up this waits for a lull; meanwhile the cursor only lags.)
+            for ch, (ep, seq, t) in passed.items():
+                up.advance(ch, ep, seq, t)
+            passed.clear()
+            moved = True
         if moved:
             self.cursors.dirty = True
 
@@ -415,8 +446,22 @@ class UpFlow:
 class DownFlow:
     """One connection's down direction. See the module docstring."""
 
-    def __init__(self, name: str, node: Node, node_id: str, cursors: LinkCursors, stats: LinkStats) -> None:
+    def __init__(
+        self,
+        name: str,
+        node: Node,
+        node_id: str,
+        cursors: LinkCursors,
+        stats: LinkStats,
+        up: UpFlow | None = None,
+        up_session: Session | None = None,
+    ) -> None:
         self.name = name
+        #: The link's up direction: what comes down is published as its session's own (``up_session``,
+        #: which does not echo), so the live fan-out never queues it to go back up; ``up`` hears of each
+        #: commit to move its cursor past it.
+        self.up = up
+        self.up_session = up_session
         self.node = node
         self.node_id = node_id
         self.cursors = cursors
@@ -463,9 +508,13 @@ class DownFlow:
                 return
             entry[0] = True
             self.settle()
+            if up is not None and not r.duplicate:
+                e = r.event
+                up.came_down(e.channel, e.epoch, e.seq, e.time_ns)
 
+        up = self.up
         try:
-            self.node.submit(req, None, done, LINK_IDENTITY)
+            self.node.submit(req, self.up_session, done, LINK_IDENTITY)
         except HubbubError as exc:
             log.warning("federation: an event from above was refused: %s", exc, extra={"link": self.name})
             self.broken = True

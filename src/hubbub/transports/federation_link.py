@@ -314,7 +314,6 @@ class FederationUpstream:
         self._subs, self._sub_requests, self._replaying, self._top_time = {}, {}, set(), 0
         self._refused, self._live_only = set(), set()
         up = self.up = UpFlow(self.name, self.node, self.cursors, self.stats)
-        down = self.down = DownFlow(self.name, self.node, self.hub.node_id, self.cursors, self.stats)
         sess = Session(
             DIALECT,
             UpEncoder(self.hub.node_id, upstream, self.hub.below),
@@ -322,9 +321,16 @@ class FederationUpstream:
             max_bytes=self.send_queue_bytes,
             overflow=Overflow.DISCONNECT,
             slow_close_code=Disconnect.SLOW_CONSUMER,
+            # What comes down is published with this session as its origin: the live fan-out keeps it
+            # from the session, so a fast stream from above fills no queue meant for what goes up.
+            echo=False,
         )
         self.node.access.bind(sess, LINK_IDENTITY)
         self.node.attach(sess)
+        sess.bucket = None  # what comes down is paced by DownFlow.pace, never rate-limited as a client
+        down = self.down = DownFlow(
+            self.name, self.node, self.hub.node_id, self.cursors, self.stats, up, sess
+        )
         self.state = "up"
         self.backoff.reset()
         log.info("federation upstream up", extra={"link": self.name, "upstream": upstream})
