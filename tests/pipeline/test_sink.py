@@ -168,6 +168,37 @@ def test_native_sink_options_fail_clearly(spark: SparkSession, server: ServerPro
     assert _positions(spark, url, "/src/**") == []
 
 
+def test_modes_that_would_replace_the_target_are_refused(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    """The sink appends to a log: ``mode("overwrite")`` and a streaming ``outputMode("complete")`` ask for the
+    target's contents to be replaced, and are refused before anything is published (overwrite used to
+    append)."""
+    url = http_url(server)
+    df = spark.createDataFrame(
+        [("/src/m", "e", 1, b"p")], "channel STRING, epoch STRING, seq BIGINT, payload BINARY"
+    )
+    with pytest.raises(Exception, match=r'mode\("overwrite"\) would replace what the server holds'):
+        df.write.format("hubbub").option("url", url).mode("overwrite").save()
+    assert _positions(spark, url, "/src/**") == []
+    counts = (
+        spark.readStream.format("rate").option("rowsPerSecond", "10").load()
+        .selectExpr("'/src/c' AS channel", "count(*) AS seq", "cast(count(*) AS STRING) AS payload")
+    )  # fmt: skip
+    with pytest.raises(Exception, match=r'outputMode\("complete"\) would replace'):
+        q = (
+            counts.writeStream.format("hubbub").option("url", url).option("idemColumn", "payload")
+            .option("checkpointLocation", str(tmp_path / "ckpt")).outputMode("complete").start()
+        )  # fmt: skip
+        try:
+            q.awaitTermination(60)
+        finally:
+            q.stop()
+    assert _positions(spark, url, "/src/**") == []
+    df.write.format("hubbub").option("url", url).mode("append").save()
+    assert [(c, s) for c, s, _ in _positions(spark, url, "/src/**")] == [("/src/m", 1)]
+
+
 def test_order_by_publishes_each_task_s_rows_in_that_order(
     spark: SparkSession, server: ServerProcess
 ) -> None:

@@ -25,12 +25,13 @@ Transports (native.md §1): ``tcp://host:port`` (the native TCP listener, length
 
 Delivery: a publish carrying ``idem`` is safe to send twice, the server appends it once within its
 idempotency window and acknowledges the repeat with ``duplicate``. So when the connection drops, the
-publisher reconnects (``retries`` attempts, doubling delays) and sends every unacknowledged publish again,
-oldest first; a temporary error (4300, 4301) resends that publish after a delay too. Publishes without
-``idem`` are never resent: their loss raises :class:`ConnectionLost`. Any other error of a publish raises
-:class:`PublishRefused` (the publish, and the server's error) from the call that read it; publishes sent
-after it may have been committed. Order: acknowledged publishes were appended in the order given, except
-that a resent one lands after those that were acknowledged before it.
+publisher reconnects (``retries`` attempts, the delay doubling from 0.1 s up to ``retry_interval``) and
+sends every unacknowledged publish again, oldest first; a temporary error (4300, 4301) resends that
+publish after a delay too. Publishes without ``idem`` are never resent: their loss raises
+:class:`ConnectionLost`. Any other error of a publish raises :class:`PublishRefused` (the publish, and the
+server's error) from the call that read it; publishes sent after it may have been committed. Order:
+acknowledged publishes were appended in the order given, except that a resent one lands after those that
+were acknowledged before it.
 
 Concurrency contract: one thread at a time (no locking); blocking socket I/O with ``timeout`` per wait.
 """
@@ -201,7 +202,10 @@ class BulkPublisher:
     is read (in the order the server sends them); without it they collect in :attr:`acks`, unless
     ``keep_acks`` is false (a bulk load that only needs the tallies: :attr:`published`,
     :attr:`duplicates` and :attr:`tops`, kept in every case). ``timeout``:
-    seconds any one wait for the server may take before the connection counts as lost.
+    seconds any one wait for the server may take before the connection counts as lost. ``retries`` and
+    ``retry_interval`` (seconds): reconnects after a lost connection before giving up, waiting 0.1 s, then
+    twice as long each time up to ``retry_interval`` (the defaults give up after about 1.5 s; the Spark
+    sink's defaults ride out a server restart of about 30 s).
     """
 
     def __init__(
@@ -214,6 +218,7 @@ class BulkPublisher:
         keep_acks: bool = True,
         timeout: float = 30.0,
         retries: int = 4,
+        retry_interval: float = 1.6,
         client_name: str = "hubbub-bulk",
     ) -> None:
         parts = urlsplit(url)
@@ -244,6 +249,7 @@ class BulkPublisher:
         self.tops: dict[str, int] = {}
         self._timeout = timeout
         self._retries = retries
+        self._retry_interval = retry_interval
         self._client_name = client_name
         self._sock: socket.socket | None = None
         self._framing = _Framing(self._ws, 64 << 20)
@@ -582,7 +588,7 @@ class BulkPublisher:
                 return
             if is_temporary(err.code) and item.idem is not None and item.tries < self._retries:
                 item.tries += 1
-                item.not_before = time.monotonic() + 0.1 * 2**item.tries
+                item.not_before = time.monotonic() + min(0.1 * 2**item.tries, self._retry_interval)
                 self._later.append(item)
                 return
             self._rows -= item.rows
@@ -740,7 +746,7 @@ class BulkPublisher:
                 raise ConnectionLost(
                     f"{self.url}: connection lost with a publish to {item.channel} unacknowledged"
                 )
-        delay = 0.1
+        delay = min(0.1, self._retry_interval)
         for attempt in range(self._retries + 1):
             try:
                 self._connect()
@@ -749,7 +755,7 @@ class BulkPublisher:
                 if attempt == self._retries:
                     raise
                 time.sleep(delay)
-                delay *= 2
+                delay = min(delay * 2, self._retry_interval)
         self.reconnects += 1
         for item in lost:
             self._send(item)

@@ -1,6 +1,7 @@
 """The data pipeline on Apache Spark (installed with the ``spark`` extra: ``pip install hubbub[spark]``).
 
 * :mod:`hubbub.pipeline.datasource`: the Spark data source ``hubbub`` (batch and streaming read and write).
+* :mod:`hubbub.pipeline.options`: the source's and the sink's options, each with the parser of its value.
 * :mod:`hubbub.pipeline.sources`: the log readers (a store, read-only; a running server over HTTP) and the
   idempotent HTTP publisher the sink uses. No Spark.
 * :mod:`hubbub.pipeline.jobs`: archive, stats, audit, retention, compact, export and backfill.

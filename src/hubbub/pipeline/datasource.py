@@ -18,14 +18,11 @@ no ``pushFilters``: ranges are options (``startSeq``, ``endSeq``, ``startTime``,
 
 from __future__ import annotations
 
-import difflib
 import itertools
-import json
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -50,6 +47,16 @@ from hubbub.errors import DataLossError, PipelineError  # DataLossError: also im
 from hubbub.log import ChannelInfo, LogStore
 from hubbub.log.records import RECORD_SCHEMA, SPARK_DDL
 from hubbub.pipeline.arrow import batch_from_columns
+from hubbub.pipeline.options import (
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_INTERVAL_MS,
+    SOURCE_OPTIONS,
+    Offsets,
+    Scope,
+    check_known,
+    names_of,
+    parse_options,
+)
 from hubbub.pipeline.sink import (
     SOURCE_HEADER,
     WRITE_OPTIONS,
@@ -72,79 +79,8 @@ __all__ = [
 ]
 
 
-def _time_option(value: str | None) -> int | None:
-    """Nanoseconds since the Unix epoch, from an integer or an ISO-8601 time (UTC when no zone)."""
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise PipelineError(f"not a time (ns or ISO-8601): {value!r}") from None
-    if dt.tzinfo is None:
-        from datetime import UTC
-
-        dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1_000_000) * 1000
-
-
 #: The read options (docs/pipeline.md), as written there; Spark hands them over lower-cased.
-READ_OPTIONS: tuple[str, ...] = (
-    "url",
-    "store",
-    "path",
-    "token",
-    "channels",
-    "startSeq",
-    "endSeq",
-    "startTime",
-    "endTime",
-    "startingOffsets",
-    "endingOffsets",
-    "partitionSize",
-    "minPartitions",
-    "maxEventsPerTrigger",
-    "maxOffsetsPerTrigger",
-    "failOnDataLoss",
-)
-# Kafka source options with no hubbub option of the same meaning: what to use instead.
-_KAFKA_INSTEAD = {
-    "subscribe": "channels (a native pattern, such as /chat/**)",
-    "subscribepattern": "channels (a native pattern, such as /chat/**)",
-    "assign": "channels (a native pattern, such as /chat/**)",
-    "kafka.bootstrap.servers": "url (http://host:port, sqlite:///ABS/PATH.db or postgresql://…)",
-    "startingtimestamp": "startTime",
-    "startingoffsetsbytimestamp": "startTime, or startingOffsets with positions",
-    "endingtimestamp": "endTime",
-    "endingoffsetsbytimestamp": "endTime, or endingOffsets with positions",
-    "includeheaders": "nothing: the headers column is always there",
-    "minoffsetspertrigger": "maxEventsPerTrigger (there is no minimum)",
-    "maxtriggerdelay": "maxEventsPerTrigger (there is no minimum)",
-    "groupidprefix": "nothing: hubbub has no consumer groups, the checkpoint holds the positions",
-    "kafka.group.id": "nothing: hubbub has no consumer groups, the checkpoint holds the positions",
-}
-
-
-def check_options(options: Mapping[str, str], valid: Sequence[str], what: str) -> None:
-    """Refuse an option that is not in ``valid`` (a typo would otherwise be ignored): the message says what
-    to use instead (a Kafka option) or the closest valid names, and lists them all."""
-    names = {v.lower(): v for v in valid}
-    for key in options:
-        k = key.lower()
-        if k in names:
-            continue
-        instead = _KAFKA_INSTEAD.get(k)
-        if instead is not None:
-            hint = f"; that is a Kafka option: for hubbub use {instead}"
-        else:
-            close = difflib.get_close_matches(k, names, n=2, cutoff=0.75)
-            hint = f"; did you mean {' or '.join(names[c] for c in close)}?" if close else ""
-        raise PipelineError(
-            f"hubbub {what}: unknown option {key!r}{hint} (valid options: {', '.join(valid)})"
-        )
+READ_OPTIONS: tuple[str, ...] = tuple(names_of(SOURCE_OPTIONS))
 
 
 #: The record schema as Spark writes a type without nullability (``DataType.simpleString()``).
@@ -162,12 +98,6 @@ def check_schema(schema: StructType) -> None:
             f".schema(...) or give exactly {SPARK_DDL} (got {schema.simpleString()}); select or cast columns "
             "after load() instead"
         )
-
-
-def _bool_option(value: str | None, default: bool) -> bool:
-    if value is None:
-        return default
-    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +118,8 @@ class HubbubPartition(InputPartition):  # type: ignore[misc]
 
 @dataclass
 class _Options:
+    """A read's options, parsed (:data:`hubbub.pipeline.options.SOURCE_OPTIONS`) and checked together."""
+
     url: str
     token: str
     channels: str
@@ -195,41 +127,58 @@ class _Options:
     end_seq: int | None
     start_time: int | None
     end_time: int | None
-    starting: str
-    ending: str
+    starting: str | Offsets  # "earliest", "latest", or {channel: {epoch: seq}}
+    ending: Offsets | None  # None: up to each channel's top
     partition_size: int
     max_per_trigger: int | None
     fail_on_data_loss: bool
     min_partitions: int = 0
+    retries: int = DEFAULT_RETRIES
+    retry_interval_ms: int = DEFAULT_RETRY_INTERVAL_MS
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> _Options:
-        check_options(options, READ_OPTIONS, "source")
-        opts = {k.lower(): v for k, v in options.items()}
-        url = opts.get("url") or opts.get("store") or opts.get("path") or ""
-        if not url:
+    def parse(cls, options: Mapping[str, str], scope: Scope = "any") -> _Options:
+        """``scope``: ``batch`` or ``stream`` refuses the options of the other kind of read."""
+        v = parse_options(options, SOURCE_OPTIONS, "source", scope)
+        if v["url"] is None:
             raise PipelineError("hubbub: set option url (http://host:port, sqlite:///path or postgresql://…)")
-        end_seq = opts.get("endseq")
-        if "maxeventspertrigger" in opts and "maxoffsetspertrigger" in opts:
+        starting, ending = v["startingOffsets"], v.get("endingOffsets", "latest")
+        if scope == "batch" and starting == "latest":
             raise PipelineError(
-                "hubbub: set maxEventsPerTrigger or maxOffsetsPerTrigger (the same), not both"
+                "hubbub source: startingOffsets latest reads nothing in a batch read (what arrives from now "
+                "on is for a stream); use earliest or a JSON map of positions"
             )
-        # maxOffsetsPerTrigger: Kafka's name for the same limit (one offset is one event here).
-        mpt = opts.get("maxeventspertrigger") or opts.get("maxoffsetspertrigger")
+        if scope == "stream" and isinstance(starting, dict):
+            several = sorted(ch for ch, eps in starting.items() if len(eps) > 1)
+            if several:
+                raise PipelineError(
+                    f"hubbub source: a stream's startingOffsets give one position per channel ({several[0]} "
+                    "has several epochs); a list of positions per channel is for batch reads"
+                )
+        if scope == "stream" and starting != "earliest" and v["startTime"] is not None:
+            raise PipelineError("hubbub source: a stream starts at startingOffsets or at startTime, not both")
+        start_seq, end_seq = v.get("startSeq", 1), v.get("endSeq")
+        if end_seq is not None and end_seq < start_seq:
+            raise PipelineError(f"hubbub source: endSeq {end_seq} is before startSeq {start_seq}")
+        start_time, end_time = v["startTime"], v.get("endTime")
+        if start_time is not None and end_time is not None and end_time <= start_time:
+            raise PipelineError("hubbub source: endTime must be after startTime (endTime is exclusive)")
         return cls(
-            url=url,
-            token=opts.get("token", ""),
-            channels=opts.get("channels", "/**"),
-            start_seq=int(opts.get("startseq", "1")),
-            end_seq=int(end_seq) if end_seq else None,
-            start_time=_time_option(opts.get("starttime")),
-            end_time=_time_option(opts.get("endtime")),
-            starting=opts.get("startingoffsets", ""),
-            ending=opts.get("endingoffsets", ""),
-            partition_size=max(1, int(opts.get("partitionsize", "100000"))),
-            max_per_trigger=int(mpt) if mpt else None,
-            fail_on_data_loss=_bool_option(opts.get("failondataloss"), True),
-            min_partitions=max(0, int(opts.get("minpartitions", "0"))),
+            url=v["url"],
+            token=v["token"],
+            channels=v["channels"],
+            start_seq=start_seq,
+            end_seq=end_seq,
+            start_time=start_time,
+            end_time=end_time,
+            starting=starting,
+            ending=ending if isinstance(ending, dict) else None,
+            partition_size=v["partitionSize"],
+            max_per_trigger=v.get("maxEventsPerTrigger"),
+            fail_on_data_loss=v.get("failOnDataLoss", True),
+            min_partitions=v["minPartitions"] or 0,
+            retries=v["retries"],
+            retry_interval_ms=v["retryIntervalMs"],
         )
 
     def piece_size(self, events: int) -> int:
@@ -240,40 +189,7 @@ class _Options:
         return self.partition_size
 
     def source(self) -> LogSource:
-        return open_source(self.url, self.token)
-
-
-def _offset_map(text: str, name: str = "startingOffsets") -> dict[str, dict[str, Any]]:
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        raise PipelineError(f"{name} is not earliest, latest or a JSON map: {text!r}") from None
-    if not isinstance(obj, dict) or not all(
-        isinstance(v, dict) and isinstance(v.get("seq"), int) and isinstance(v.get("epoch"), str)
-        for v in obj.values()
-    ):
-        raise PipelineError(f'{name} must map channels to {{"epoch": "…", "seq": N}}')
-    return obj
-
-
-def _epoch_offsets(text: str, name: str) -> dict[str, dict[str, int]]:
-    """A batch read's offsets, ``channel -> epoch -> seq``: each channel maps to one ``{"epoch": E, "seq":
-    S}`` (the streaming form) or to a list of them, one per epoch (a channel's current and retired epochs)."""
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        raise PipelineError(f"{name} is not a JSON map: {text!r}") from None
-    out: dict[str, dict[str, int]] = {}
-    shape = f'{name} must map channels to {{"epoch": "…", "seq": N}} or to a list of them'
-    if not isinstance(obj, dict):
-        raise PipelineError(shape)
-    for channel, value in obj.items():
-        items = value if isinstance(value, list) else [value]
-        for v in items:
-            if not (isinstance(v, dict) and type(v.get("seq")) is int and isinstance(v.get("epoch"), str)):
-                raise PipelineError(shape)
-            out.setdefault(channel, {})[v["epoch"]] = v["seq"]
-    return out
+        return open_source(self.url, self.token, self.retries, self.retry_interval_ms / 1000)
 
 
 class _BatchRange:
@@ -281,9 +197,8 @@ class _BatchRange:
 
     def __init__(self, o: _Options) -> None:
         self.o = o
-        starting = o.starting.strip()
-        self.starting = _epoch_offsets(starting, "startingOffsets") if starting.startswith("{") else {}
-        self.ending = _epoch_offsets(o.ending, "endingOffsets") if o.ending.strip() else None
+        self.starting = o.starting if isinstance(o.starting, dict) else {}
+        self.ending = o.ending
 
     def of(self, ci: ChannelInfo) -> tuple[int, int]:
         """``(after, hi)``: read ``after < seq <= hi`` of the epoch ``ci`` names (nothing when ``hi <=
@@ -452,6 +367,12 @@ def _warn_skipped(channel: str, lo: int, hi: int, why: str) -> None:
 class HubbubDataSource(DataSource):  # type: ignore[misc]
     """``format("hubbub")``: see the module docstring."""
 
+    def __init__(self, options: dict[str, str]) -> None:
+        # Spark creates the source at load() (without .schema(...)) and at save(): refuse an unknown option,
+        # or a value no option of that name takes, there, not once the query runs.
+        check_known(options)
+        super().__init__(options)
+
     @classmethod
     def name(cls) -> str:
         return "hubbub"
@@ -461,17 +382,29 @@ class HubbubDataSource(DataSource):  # type: ignore[misc]
 
     def reader(self, schema: StructType) -> DataSourceReader:
         check_schema(schema)
-        return HubbubBatchReader(_Options.parse(self.options))
+        return HubbubBatchReader(_Options.parse(self.options, "batch"))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         check_schema(schema)
-        return HubbubStreamReader(_Options.parse(self.options))
+        return HubbubStreamReader(_Options.parse(self.options, "stream"))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        _appends_only(overwrite, 'mode("overwrite")', 'mode("append")')
         return HubbubWriter(dict(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        _appends_only(overwrite, 'outputMode("complete")', 'outputMode("append")')
         return HubbubStreamWriter(dict(self.options), schema)
+
+
+def _appends_only(overwrite: bool, asked: str, use: str) -> None:
+    """The sink appends to the log: a write that would replace what the target holds is refused (Spark
+    refuses the other save modes, ignore and error, itself)."""
+    if overwrite:
+        raise PipelineError(
+            f"hubbub sink: {asked} would replace what the server holds, and a log is only appended to; "
+            f"use {use} (rows already published are acknowledged as duplicates, not appended again)"
+        )
 
 
 class HubbubBatchReader(DataSourceReader):  # type: ignore[misc]
@@ -518,16 +451,14 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         # rest. "earliest" is each channel's first retained event: what was trimmed before the stream
         # started is not a loss for it.
         infos = src.channels(o.channels, include_empty=True)
-        start = o.starting.strip() or "earliest"
-        if start.startswith("{"):
-            given = _offset_map(start)
-            out = {ci.channel: {"epoch": ci.epoch, "seq": ci.first - 1} for ci in infos}
-            out.update(given)
+        if isinstance(o.starting, dict):
+            out: dict[str, Any] = {ci.channel: {"epoch": ci.epoch, "seq": ci.first - 1} for ci in infos}
+            for ch, eps in o.starting.items():  # one epoch each (checked for a stream)
+                for epoch, seq in eps.items():
+                    out[ch] = {"epoch": epoch, "seq": seq}
             return out
-        if start == "latest":
+        if o.starting == "latest":
             return {ci.channel: {"epoch": ci.epoch, "seq": ci.top} for ci in infos}
-        if start != "earliest":
-            raise PipelineError(f"startingOffsets must be earliest, latest or a JSON map, not {start!r}")
         out = {}
         for ci in infos:
             seq = ci.first - 1

@@ -29,6 +29,7 @@ from hubbub.channels import parse_pattern
 from hubbub.errors import PipelineError, StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.log import LogStore, RetentionPolicy, open_store
 from hubbub.pipeline.datasource import SOURCE_HEADER, HubbubDataSource, position_key
+from hubbub.pipeline.options import parse_time
 from hubbub.pipeline.progress import Progress, progress
 from hubbub.pipeline.sources import connect_source, log_epochs
 
@@ -115,14 +116,22 @@ def load(
     if (path / DATA_DIR).is_dir():
         path = path / DATA_DIR
     df = spark.read.parquet(str(path)).where(pattern_filter(channels))
-    from hubbub.pipeline.datasource import _time_option
-
-    lo, hi = _time_option(start_time), _time_option(end_time)
+    lo, hi = _time_bound(start_time), _time_bound(end_time)
     if lo is not None:
         df = df.where(F.col("time") >= lo)
     if hi is not None:
         df = df.where(F.col("time") < hi)
     return df
+
+
+def _time_bound(value: str) -> int | None:
+    """``--from``/``--to`` in ns (an integer or ISO-8601, UTC when no zone), ``None`` when not given."""
+    if not value:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError:
+        raise PipelineError(f"not a time (ns since the Unix epoch, or ISO-8601): {value!r}") from None
 
 
 def _ts_micros(col: str = "time") -> Column:

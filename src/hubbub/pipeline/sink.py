@@ -51,6 +51,7 @@ from pyspark.sql.types import Row, StructType
 from hubbub.client._wire import CannotConnect
 from hubbub.client.bulk import BulkPublisher
 from hubbub.errors import HubbubError, PipelineError
+from hubbub.pipeline.options import SINK_OPTIONS, SOURCE_HEADER, names_of, parse_options
 
 __all__ = [
     "SOURCE_HEADER",
@@ -63,26 +64,10 @@ __all__ = [
 
 log = logging.getLogger("hubbub.pipeline")
 
-#: Header the sink sets on each published event to the source position (``channel#epoch:seq``).
-SOURCE_HEADER = "hubbub-source"
 _MAX_IDEM = 128
-_TRANSPORTS = ("auto", "native", "http")
 
-#: The sink's options. ``checkpointLocation`` is Spark's (a streaming write passes it on to the sink).
-WRITE_OPTIONS: tuple[str, ...] = (
-    "url",
-    "path",
-    "token",
-    "channel",
-    "channelPrefix",
-    "idemColumn",
-    "sourceHeader",
-    "nativeAddress",
-    "transport",
-    "publishWindow",
-    "orderBy",
-    "checkpointLocation",
-)
+#: The sink's option names (:data:`hubbub.pipeline.options.SINK_OPTIONS`, with their parsers).
+WRITE_OPTIONS: tuple[str, ...] = tuple(names_of(SINK_OPTIONS))
 
 #: Most rows of a batch that :func:`ordered` publishes from.
 ORDERED_BATCH_ROWS = 8192
@@ -233,29 +218,21 @@ class _Publishing:
     """The sink's options, checked against the input schema once; :meth:`publish` runs in each task."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        from hubbub.pipeline.datasource import check_options
-
-        check_options(options, WRITE_OPTIONS, "sink")
-        opts = {k.lower(): v for k, v in options.items()}
-        self.url = opts.get("url") or opts.get("path") or ""
-        if not self.url.startswith(("http://", "https://")):
+        v = parse_options(options, SINK_OPTIONS, "sink")
+        if v["url"] is None:
             raise PipelineError("hubbub sink: set option url to a running server (http://host:port)")
-        self.token = opts.get("token", "")
-        self.channel = opts.get("channel", "")
-        self.prefix = opts.get("channelprefix", "").rstrip("/")
-        self.idem_column = opts.get("idemcolumn", "")
-        self.source_header = opts.get("sourceheader", SOURCE_HEADER)
-        self.native_address = opts.get("nativeaddress", "").strip()
-        self.transport = opts.get("transport", "auto").strip().lower()
-        if self.transport not in _TRANSPORTS:
-            raise PipelineError(f"hubbub sink: transport must be one of {', '.join(_TRANSPORTS)}")
-        try:
-            self.window = int(opts.get("publishwindow", "1024"))
-        except ValueError:
-            raise PipelineError("hubbub sink: publishWindow must be a positive integer") from None
-        if self.window < 1:
-            raise PipelineError("hubbub sink: publishWindow must be a positive integer")
-        self.order = tuple(c.strip() for c in opts.get("orderby", "").split(",") if c.strip())
+        self.url: str = v["url"]
+        self.token: str = v["token"]
+        self.channel: str = v["channel"]
+        self.prefix: str = v["channelPrefix"]
+        self.idem_column: str = v["idemColumn"]
+        self.source_header: str = v["sourceHeader"]
+        self.native_address: str = v["nativeAddress"]
+        self.transport: str = v["transport"]
+        self.window: int = v["publishWindow"]
+        self.order: tuple[str, ...] = v["orderBy"]
+        self.retries: int = v["retries"]
+        self.retry_interval = v["retryIntervalMs"] / 1000
         if self.native_address and self.transport == "http":
             raise PipelineError("hubbub sink: nativeAddress has no use with transport http")
         if self.transport == "native" and not self.native_address and self.url.startswith("https://"):
@@ -445,6 +422,8 @@ class _Publishing:
                     window=self.window,
                     keep_acks=False,  # the tallies are all the commit message needs
                     client_name="hubbub-pipeline-sink",
+                    retries=self.retries,
+                    retry_interval=self.retry_interval,
                 )
             except CannotConnect as exc:
                 if self.transport == "native" or self.native_address:
@@ -477,7 +456,7 @@ class _Publishing:
     def _publish_http(self, rows: Iterator[_Rows]) -> PublishCommit:
         from hubbub.pipeline.sources import HttpPublisher
 
-        pub = HttpPublisher(self.url, self.token)
+        pub = HttpPublisher(self.url, self.token, self.retries, self.retry_interval)
         commit = PublishCommit(transport="http")
         try:
             for channel, payload, idem, ctype, headers, tags in itertools.chain.from_iterable(

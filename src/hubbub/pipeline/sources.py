@@ -36,6 +36,7 @@ from hubbub.channels import Pattern, parse_pattern
 from hubbub.errors import EpochChanged, HubbubError, PipelineError
 from hubbub.log import ChannelInfo, LogStore, RetentionPolicy, open_store
 from hubbub.pipeline.arrow import batch_from_events, batch_from_rows
+from hubbub.pipeline.options import DEFAULT_RETRIES, DEFAULT_RETRY_INTERVAL_MS
 
 if TYPE_CHECKING:
     from hubbub.client import Client
@@ -168,9 +169,20 @@ def log_epochs(src: LogSource, pattern: str) -> list[ChannelInfo] | None:
 
 
 class _Http:
-    """One kept-alive HTTP/1.1 connection, reopened on failure; a request is retried a few times."""
+    """One kept-alive HTTP/1.1 connection, reopened on failure. A request that fails (no connection, the
+    connection lost, a 5xx answer) is retried up to ``retries`` times, waiting 0.1 s, then twice as long each
+    time up to ``retry_interval`` seconds: with the defaults (:data:`DEFAULT_RETRIES`, 0.5 s) a server that
+    restarts within about 30 s is ridden out. Only for requests that may be repeated (reads; publishes
+    with an idempotency key; trims to a position)."""
 
-    def __init__(self, url: str, token: str = "", timeout: float = 30.0, retries: int = 4) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str = "",
+        timeout: float = 30.0,
+        retries: int = DEFAULT_RETRIES,
+        retry_interval: float = DEFAULT_RETRY_INTERVAL_MS / 1000,
+    ) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PipelineError(f"url must be http://host:port, not {url!r}")
@@ -181,6 +193,7 @@ class _Http:
         self.token = token
         self.timeout = timeout
         self.retries = retries
+        self.retry_interval = retry_interval
         self._conn: http.client.HTTPConnection | None = None
 
     def _connection(self) -> http.client.HTTPConnection:
@@ -199,7 +212,7 @@ class _Http:
         hdrs: dict[str, str | bytes] = dict(headers or {})
         if self.token:
             hdrs["Authorization"] = f"Bearer {self.token}"
-        delay = 0.1
+        delay = min(0.1, self.retry_interval)
         for attempt in range(self.retries + 1):
             conn = self._connection()
             try:
@@ -209,13 +222,16 @@ class _Http:
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
                 if attempt == self.retries:
-                    raise PipelineError(f"{method} {path.split('?', maxsplit=1)[0]}: {exc}") from exc
+                    raise PipelineError(
+                        f"{method} {path.split('?', maxsplit=1)[0]}: {exc} ({attempt + 1} attempts; options "
+                        "retries and retryIntervalMs give a server longer)"
+                    ) from exc
                 time.sleep(delay)
-                delay *= 2
+                delay = min(delay * 2, self.retry_interval)
                 continue
             if resp.status >= 500 and attempt < self.retries:
                 time.sleep(delay)
-                delay *= 2
+                delay = min(delay * 2, self.retry_interval)
                 continue
             return resp.status, data
         raise AssertionError("unreachable")  # pragma: no cover
@@ -244,9 +260,15 @@ class HttpSource:
 
     page_limit = 1000
 
-    def __init__(self, url: str, token: str = "") -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str = "",
+        retries: int = DEFAULT_RETRIES,
+        retry_interval: float = DEFAULT_RETRY_INTERVAL_MS / 1000,
+    ) -> None:
         self.url = url
-        self._http = _Http(url, token)
+        self._http = _Http(url, token, retries=retries, retry_interval=retry_interval)
         self._lock = threading.Lock()
 
     def channels(self, pattern: str, include_empty: bool = False) -> list[ChannelInfo]:
@@ -300,29 +322,40 @@ class HttpSource:
             self._http.close()
 
 
-_sources: dict[tuple[str, str], LogSource] = {}
+_sources: dict[tuple[str, str, int, float], LogSource] = {}
 _sources_lock = threading.Lock()
 
 
-def connect_source(url: str, token: str = "") -> LogSource:
-    """A new source for ``url``: ``http(s)://…`` or a store URL. Not cached: the caller closes it."""
+def connect_source(
+    url: str,
+    token: str = "",
+    retries: int = DEFAULT_RETRIES,
+    retry_interval: float = DEFAULT_RETRY_INTERVAL_MS / 1000,
+) -> LogSource:
+    """A new source for ``url``: ``http(s)://…`` (its requests retried as :class:`_Http` says) or a store
+    URL. Not cached: the caller closes it."""
     if url.startswith(("http://", "https://")):
-        return HttpSource(url, token)
+        return HttpSource(url, token, retries, retry_interval)
     if url.startswith(STORE_SCHEMES):
         return StoreSource(url)
     raise PipelineError(f"url must be http://host:port, sqlite:///path or postgresql://…, not {_shown(url)}")
 
 
-def open_source(url: str, token: str = "") -> LogSource:
+def open_source(
+    url: str,
+    token: str = "",
+    retries: int = DEFAULT_RETRIES,
+    retry_interval: float = DEFAULT_RETRY_INTERVAL_MS / 1000,
+) -> LogSource:
     """The (per-process cached) source for ``url``: ``http(s)://…`` or a store URL. It stays open (a
     kept-alive connection, an open store) for the life of the process, for the many partitions a Spark
     worker reads; code that needs a source once (a job on the driver) takes :func:`connect_source` and
     closes it."""
-    key = (url, token)
+    key = (url, token, retries, retry_interval)
     with _sources_lock:
         src = _sources.get(key)
         if src is None:
-            src = connect_source(url, token)
+            src = connect_source(url, token, retries, retry_interval)
             _sources[key] = src
         return src
 
@@ -350,10 +383,16 @@ def http_header_ok(name: str, value: str) -> bool:
 class HttpPublisher:
     """Publishes over the HTTP API; idempotent by key (see the module docstring)."""
 
-    def __init__(self, url: str, token: str = "") -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str = "",
+        retries: int = DEFAULT_RETRIES,
+        retry_interval: float = DEFAULT_RETRY_INTERVAL_MS / 1000,
+    ) -> None:
         self.url = url
         self.token = token
-        self._http = _Http(url, token)
+        self._http = _Http(url, token, retries=retries, retry_interval=retry_interval)
         self._native: Client | None = None
 
     def publish(
