@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hubbub.log import SqliteLogStore
+from hubbub.pipeline.progress import Stage, job_progress
 
 from .conftest import JVM_FLAGS, fill, spark_env
 
@@ -66,6 +68,37 @@ def test_export_shows_events_and_rate_on_a_terminal_only(tmp_path: Path) -> None
     summary, shown = export(tmp_path / "log.db", tmp_path / "tty", stderr_tty=True)
     assert summary["events"] == EVENTS
     assert "export: stage" in shown and f"/{EVENTS:,}" in shown and "events/s" in shown
+    # The whole job's progress: its stages one after the other, and a share that does not start again at 0
+    # with each stage (the export samples its input, sorts, writes and counts: several Spark jobs).
+    seen = [(int(k), int(n), int(pc)) for k, n, pc in re.findall(r"stage (\d+) of (\d+) · (\d+)%", shown)]
+    assert seen and max(k for k, _, _ in seen) >= 2, seen
+    assert [k for k, _, _ in seen] == sorted(k for k, _, _ in seen), seen
+    assert all(pc > 0 for k, _, pc in seen if k > 1), seen
     summary, quiet = export(tmp_path / "log.db", tmp_path / "pipe", stderr_tty=False)
     assert summary["events"] == EVENTS
     assert "export" not in quiet and "events/s" not in quiet
+
+
+def test_the_job_s_progress_goes_on_from_stage_to_stage() -> None:
+    """A stage's end and the next one's start do not take the job back to 0: each stage is a share of it."""
+    total = 100
+
+    def share(*stages: Stage) -> float:
+        return job_progress(stages, total).fraction
+
+    one = [
+        share(Stage(1, "ACTIVE", 50, 0, 1), Stage(2, "PENDING", 0, 0, 2)),
+        share(Stage(1, "COMPLETE", 100, 1, 1), Stage(2, "PENDING", 0, 0, 2)),
+        share(Stage(1, "COMPLETE", 100, 1, 1), Stage(2, "ACTIVE", 0, 0, 2)),
+        share(Stage(1, "COMPLETE", 100, 1, 1), Stage(2, "ACTIVE", 60, 1, 2)),
+        share(Stage(1, "COMPLETE", 100, 1, 1), Stage(2, "COMPLETE", 100, 2, 2)),
+    ]
+    assert one == [0.25, 0.5, 0.5, 0.8, 1.0]
+    # A skipped stage (its output was there already) is no share; without a total, tasks count.
+    p = job_progress([Stage(1, "SKIPPED", 0, 0, 4), Stage(2, "ACTIVE", 0, 1, 4)], None)
+    assert (p.fraction, p.stage, p.stages) == (0.25, 1, 1)
+    # One still pending below a running one is skipped too (Spark says so only when the job ends).
+    p = job_progress(
+        [Stage(1, "COMPLETE", 9, 1, 1), Stage(2, "PENDING", 0, 0, 1), Stage(3, "ACTIVE", 0, 0, 1)], 9
+    )
+    assert (p.fraction, p.stage, p.stages) == (0.5, 2, 2)

@@ -247,3 +247,24 @@ def test_skipped_events_are_counted_and_logged_once(tmp_path: Path, caplog: pyte
     report = reader.reportLatestOffset()
     assert report is not None and report["channelsSkipped"] == 2 and report["eventsBehind"] == 0
     st.close()
+
+
+def test_a_skip_found_when_planning_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With failOnDataLoss=false, events trimmed past a stream's offset are skipped when the batch is planned
+    (and said there); the batch's tasks read from after the skip, so they do not find the same events gone
+    and say it again (they used to read from the offset, and the skip was logged twice)."""
+    st = SqliteLogStore(tmp_path / "log.db")
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    fill(st, {"/w/a": 20, "/w/b": 3})
+    epoch = st.head("/w/a").epoch
+    start = {"/w/a": {"epoch": epoch, "seq": 5}, "/w/b": {"epoch": st.head("/w/b").epoch, "seq": 3}}
+    st.apply_retention(RetentionPolicy(max_age_s=1), time.time_ns() + 10**12)  # trims everything
+    fill(st, {"/w/a": 2})  # seqs 21, 22: 6..20 are gone
+    caplog.set_level(logging.WARNING, logger="hubbub.pipeline")
+    reader = HubbubStreamReader(_Options.parse({"url": url, "failOnDataLoss": "false"}, "stream"))
+    end = reader.latestOffset(start, ReadAllAvailable())
+    parts = reader.partitions(start, end)
+    seqs = [s for p in parts for b in reader.read(p) for s in b.column(1).to_pylist()]
+    assert seqs == [21, 22]
+    assert caplog.text.count("skipping 15 events of /w/a") == 1, caplog.text
+    st.close()

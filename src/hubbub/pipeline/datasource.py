@@ -440,6 +440,7 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self._last: dict[str, Any] | None = None
         self._report: dict[str, Any] | None = None
         self._skips_seen: set[tuple[str, str, int, str, int]] = set()
+        self._skipped_to: dict[tuple[str, str, int], int] = {}  # (channel, epoch, offset): skipped up to
         self._skipped_events = 0
         self._skipped_channels = 0
 
@@ -510,6 +511,9 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
                         )
                     self._skip(ci, prev, ci.first - 1 - prev["seq"], "trimmed before they were read")
                     base = ci.first - 1
+                    # The batch's partitions start after the skip: a task reading from the offset would
+                    # find the same events gone and say so a second time.
+                    self._skipped_to[(ci.channel, ci.epoch, int(prev["seq"]))] = base
                 else:
                     base = prev["seq"]
             top = ci.top
@@ -586,6 +590,7 @@ class HubbubStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             e = end[ch]
             s = start.get(ch)
             after = s["seq"] if s is not None and s["epoch"] == e["epoch"] else 0
+            after = self._skipped_to.get((ch, e["epoch"], after), after)
             if e["seq"] > after:
                 ranges.append(_Range(ch, e["epoch"], after, e["seq"]))
         size = self.opts.piece_size(sum(r.hi - r.after for r in ranges))
