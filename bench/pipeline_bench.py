@@ -3,10 +3,11 @@
     PYTHONPATH=src PYSPARK_PYTHON=$(which python) SPARK_LOCAL_IP=127.0.0.1 \
         python bench/pipeline_bench.py --events 1000000 --dir /tmp/hubbub-bench
 
-Builds a SQLite log of N events (10 channels, 100-byte payloads, a third with a header), then times each
-step in ``local[2]``; streaming latency runs a real server and a streaming query with the default trigger.
-Prints one JSON object. ``archive_cpu_s`` is the CPU time of the whole process tree (this driver, Spark's
-JVM, the Python workers) during the archive, which a busy machine distorts less than the rate.
+Builds a SQLite log of N events (10 channels, 100-byte payloads, a third with a header; ``--payloads mixed``:
+64 B to 32 KiB, 887 B on average, see ``MIXED``), then times each step in ``local[2]``, each rate also in
+MB/s of payload (``*_mb_per_s``); streaming latency runs a real server and a streaming query with the
+default trigger. Prints one JSON object. ``archive_cpu_s`` is the CPU time of the whole process tree (this
+driver, Spark's JVM, the Python workers) during the archive, which a busy machine distorts less than the rate.
 ``--only-archive`` runs the archive alone, first in a fresh session as ``hubbub pipeline archive`` does;
 ``--only-sink`` runs the sink and backfill scenarios alone: ``sink_events_per_s`` writes ``--sink-events``
 events of the log (10 channels, ``minPartitions`` 2) to a real server with ``format("hubbub")`` over
@@ -17,6 +18,7 @@ sink); ``--backfill-command`` then runs the same backfill as ``hubbub pipeline b
 its own with its own Spark session (a fresh JVM, C1 only), into a third fresh server:
 ``backfill_command_events_per_s`` from the job's own ``seconds``, ``backfill_command_wall_s`` the whole
 command, JVM start included;
+``--server-durability`` sets those servers' ``durability`` (``fsync``: each commit waits for the disk);
 ``--sink-select`` has the sink scenario write only the columns the sink reads (``jobs._SINK_COLUMNS``,
 what ``backfill`` writes) instead of the whole record; ``--conf K=V`` passes Spark settings (to compare
 them). ``--figure PNG`` draws measured against target from one or more such JSON outputs
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -46,15 +49,39 @@ from hubbub.events import Publisher
 from hubbub.log import AppendRequest, SqliteLogStore
 from hubbub.pipeline import jobs
 
+#: ``--payloads mixed``: payload sizes as (share, smallest, largest bytes), each drawn uniformly in its range;
+#: 887 bytes on average, as a log of chat messages with the odd attachment.
+MIXED = ((0.62, 64, 256), (0.25, 256, 1024), (0.10, 1024, 4096), (0.026, 4096, 16384), (0.004, 16384, 32768))
 
-def build(path: Path, n: int) -> None:
+
+def payload_sizes(n: int, kind: str) -> list[int]:
+    """``n`` payload sizes: ``fixed``, 100 bytes each; ``mixed``, drawn from :data:`MIXED` (seeded: every
+    run builds the same log)."""
+    if kind == "fixed":
+        return [100] * n
+    rnd = random.Random(1)
+    shares = [m[0] for m in MIXED]
+    return [rnd.randint(lo, hi) for _, lo, hi in rnd.choices(MIXED, weights=shares, k=n)]
+
+
+def build(path: Path, n: int, kind: str = "fixed") -> None:
     st = SqliteLogStore(path)
     pub = Publisher("native", "u", "app", "")
-    for _ in range(n // 1000):
+    sizes = payload_sizes(n, kind)
+    # Mixed: each payload a slice of 1 MiB of random bytes at a random place, so payloads differ and do not
+    # compress (as many real ones, already compressed or encrypted, do not); fixed: as before, all alike.
+    rnd = random.Random(2)
+    blob = rnd.randbytes((1 << 20) + 32768) if kind == "mixed" else b"x" * 100
+    offsets = [rnd.randrange(1 << 20) if kind == "mixed" else 0 for _ in range(n)]
+    for b in range(n // 1000):
         st.append(
             [
                 AppendRequest(
-                    f"/bench/c{i % 10}", pub, b"x" * 100, "text/plain", {"k": "v"} if i % 3 == 0 else {}
+                    f"/bench/c{i % 10}",
+                    pub,
+                    blob[offsets[b * 1000 + i] : offsets[b * 1000 + i] + sizes[b * 1000 + i]],
+                    "text/plain",
+                    {"k": "v"} if i % 3 == 0 else {},
                 )
                 for i in range(1000)
             ]
@@ -145,12 +172,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--dir", default="/tmp/hubbub-bench")
+    ap.add_argument(
+        "--payloads",
+        choices=("fixed", "mixed"),
+        default="fixed",
+        help="payload sizes of the log built in --dir: fixed, 100 bytes; mixed, 64 B to 32 KiB, 887 B on "
+        "average (MIXED). A --dir keeps the log it has: use one per kind",
+    )
     ap.add_argument("--figure", type=Path, help="draw this PNG from --results instead of measuring")
     ap.add_argument("--results", type=Path, nargs="*", default=[])
     ap.add_argument("--only-archive", action="store_true", help="run the archive alone, first in the session")
     ap.add_argument("--only-sink", action="store_true", help="run the sink and backfill scenarios alone")
     ap.add_argument("--sink-events", type=int, default=200_000, help="events the sink scenario writes")
     ap.add_argument("--sink-transport", choices=("native", "http"), default="native")
+    ap.add_argument(
+        "--server-durability",
+        choices=("commit", "fsync", "none"),
+        default="commit",
+        help="the durability of the sink's and backfill's servers (default commit, the server's default)",
+    )
     ap.add_argument(
         "--sink-select",
         action="store_true",
@@ -185,12 +225,30 @@ def main() -> None:
     db = d / "log.db"
     if not db.exists():
         d.mkdir(parents=True, exist_ok=True)
-        build(db, args.events)
+        build(db, args.events, args.payloads)
     url = f"sqlite:///{db}"
     conf = dict(kv.split("=", 1) for kv in args.conf)
     spark = jobs.make_session("local[2]", **{"spark.ui.enabled": "false", **conf})
     spark.sparkContext.setLogLevel("ERROR")
-    out: dict[str, object] = {"events": args.events, "conf": conf}
+    # Bytes per event as the figures count them: the payload (headers are a few bytes here).
+    mean = sum(payload_sizes(args.events, args.payloads)) / max(1, args.events)
+    out: dict[str, object] = {
+        "events": args.events,
+        "payloads": args.payloads,
+        "payload_mean_bytes": round(mean),
+    }
+    out["conf"] = conf
+    try:
+        run(args, spark, url, d, out)
+    finally:
+        spark.stop()
+    # MB/s (10^6 payload bytes a second) beside every rate.
+    for key in [k for k in out if k.endswith("_events_per_s")]:
+        out[key.replace("_events_per_s", "_mb_per_s")] = round(float(out[key]) * mean / 1e6, 2)  # type: ignore[arg-type]
+    print(json.dumps(out))
+
+
+def run(args: argparse.Namespace, spark: SparkSession, url: str, d: Path, out: dict[str, object]) -> None:
     if args.only_sink:
         opts = dict(kv.split("=", 1) for kv in args.sink_option)
         sink(
@@ -203,16 +261,14 @@ def main() -> None:
             args.sink_select,
             opts,
             args.sink_warmup,
+            args.server_durability,
         )
-        spark.stop()
         if args.backfill_command and args.sink_transport == "native":
+            spark.stop()  # the command starts a JVM of its own
             backfill_command(d, out)
-        print(json.dumps(out))
         return
     if args.only_archive:
         archive(spark, url, d, out)
-        spark.stop()
-        print(json.dumps(out))
         return
     df = spark.read.format("hubbub").option("url", url).load()
     df.selectExpr("count(*)").collect()  # warm up the Python workers
@@ -225,15 +281,15 @@ def main() -> None:
     out["parquet_read_events_per_s"] = round(args.events / pq_s)
     out["streaming_latency_ms"] = latency(spark, d)
     sink(spark, url, d, out, args.sink_events, "native")
-    spark.stop()
-    print(json.dumps(out))
 
 
 def archive(spark: SparkSession, url: str, d: Path, out: dict[str, object]) -> None:
     shutil.rmtree(d / "archive", ignore_errors=True)
-    cpu = tree_cpu_s()
+    cpu = tree_cpu_s(split=True)
     res = jobs.archive(spark, url, str(d / "archive"))
-    out["archive_cpu_s"] = round(tree_cpu_s() - cpu, 2)
+    after = tree_cpu_s(split=True)
+    out["archive_cpu_s"] = round(sum(after.values()) - sum(cpu.values()), 2)
+    out["archive_cpu_s_by_process"] = {k: round(after[k] - cpu[k], 2) for k in after}  # jvm, python
     out["archive_events_per_s"] = res["events_per_s"]
 
 
@@ -247,6 +303,7 @@ def sink(
     select: bool = False,
     options: dict[str, str] | None = None,
     warmup: int = 100,
+    durability: str = "commit",
 ) -> None:
     """Sink and backfill into fresh real servers (see the module docstring); ``options`` go to the sink's
     write as they are."""
@@ -264,7 +321,8 @@ def sink(
     out["sink_events"] = n
     out["sink_transport"] = transport
     shutil.rmtree(d / "sink-server", ignore_errors=True)  # a fresh log: no event is a duplicate
-    srv = ServerProcess(d / "sink-server").start()
+    out["server_durability"] = durability
+    srv = ServerProcess(d / "sink-server", extra=["--durability", durability]).start()
     try:
         target = f"http://127.0.0.1:{srv.ports['http']}"
         w = df.write.format("hubbub").option("url", target).option("channelPrefix", "/sink")
@@ -294,7 +352,7 @@ def sink(
     shutil.rmtree(arch, ignore_errors=True)
     df.write.parquet(str(arch / "data"))
     shutil.rmtree(d / "backfill-server", ignore_errors=True)
-    srv = ServerProcess(d / "backfill-server").start()
+    srv = ServerProcess(d / "backfill-server", extra=["--durability", durability]).start()
     try:
         target = f"http://127.0.0.1:{srv.ports['http']}"
         cpu = tree_cpu_s(split=True)
