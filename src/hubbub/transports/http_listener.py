@@ -36,9 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from http import HTTPStatus
-from typing import Any, Final, cast, final
+from typing import Any, Final, cast
 
 from aiohttp import web
 from aiohttp.http import HttpProcessingError, RawRequestMessage, WebSocketReader
@@ -48,6 +47,7 @@ from hubbub.core import Node
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 
+from .accept import REFUSAL_LINGER_S, REFUSALS_LINGERING_MAX, WARN_EVERY_S, BadInputLog, Throttle
 from .ws_mask import CLOSE_PROTOCOL_ERROR, MaskCheck
 
 __all__ = [
@@ -65,13 +65,6 @@ log = logging.getLogger("hubbub.http")
 #: Seconds a kept-alive HTTP connection may idle between requests (aiohttp's default is an hour; the socket
 #: holds a place in the connection limits all that time).
 KEEPALIVE_S: Final = 75.0
-#: Seconds a refused socket is kept, its answer sent and its write side shut, for the peer to read the
-#: answer and close; then it is aborted.
-REFUSAL_LINGER_S: Final = 2.0
-#: Refused sockets kept that way at most; beyond, a refused socket is closed right after its answer.
-REFUSALS_LINGERING_MAX: Final = 64
-#: Seconds between two warnings of one kind about bad input on the listener (the rest are counted).
-WARN_EVERY_S: Final = 10.0
 
 
 def _refusal() -> bytes:
@@ -85,28 +78,6 @@ def _refusal() -> bytes:
 
 #: The whole answer to a socket over a connection limit.
 REFUSAL: Final = _refusal()
-
-
-@final
-class Throttle:
-    """At most one log record per ``interval`` seconds; those held back are counted into the next one."""
-
-    __slots__ = ("held", "interval", "next_at")
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.next_at = 0.0
-        self.held = 0
-
-    def ready(self) -> int | None:
-        """``None``: hold this record back. Else log it, with the number held back since the last one."""
-        now = time.monotonic()
-        if now < self.next_at:
-            self.held += 1
-            return None
-        self.next_at = now + self.interval
-        held, self.held = self.held, 0
-        return held
 
 
 class HttpListener(web.BaseSite):
@@ -132,7 +103,7 @@ class HttpListener(web.BaseSite):
         self.head_timeout_s = head_timeout_s
         #: Refused sockets waiting for their peer to close (see :data:`REFUSAL_LINGER_S`).
         self.lingering: set[asyncio.Transport] = set()
-        self._throttles: dict[str, Throttle] = {}
+        self._bad_input = BadInputLog(node, "http", log)
 
     @property
     def name(self) -> str:
@@ -174,16 +145,7 @@ class HttpListener(web.BaseSite):
     def warn(self, kind: str, msg: str, *args: object) -> None:
         """Count one piece of bad input on the listener, and log it as a warning unless one of the same
         ``kind`` was logged less than :data:`WARN_EVERY_S` ago."""
-        self.node.count_bad_input("http")
-        throttle = self._throttles.get(kind)
-        if throttle is None:
-            throttle = self._throttles[kind] = Throttle(WARN_EVERY_S)
-        held = throttle.ready()
-        if held is None:
-            return
-        if held:
-            msg += f" ({held} more since the last such warning)"
-        log.warning(msg, *args)
+        self._bad_input.warn(kind, msg, *args)
 
 
 class HttpConnection(web.RequestHandler):
