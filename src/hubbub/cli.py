@@ -50,6 +50,8 @@ HELP = {
     "http.listen": "HTTP and WebSocket listener, HOST:PORT (port 0 picks a free port)",
     "http.head_timeout_s": "seconds an HTTP connection may take to send a request's head (or its TLS "
     "handshake) before it is closed",
+    "tcp.first_message_timeout_s": "seconds a connection to a TCP listener (native, mist, qrpc) may take to "
+    "finish its TLS handshake and send its first complete message before it is closed",
     "native.tcp_listen": "native raw TCP listener, HOST:PORT",
     "native.enabled": "serve the native protocol (true/false)",
     "native.ping_interval_s": "seconds of silence before the server pings a native connection",

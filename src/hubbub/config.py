@@ -113,6 +113,9 @@ class Config:
     http_listen: str = field(default_factory=lambda: DEFAULT_HTTP_LISTEN)
     #: Seconds an HTTP connection may take to send a request's head (and a TLS handshake) before it is closed.
     http_head_timeout_s: float = 10.0
+    #: Seconds a connection to a TCP listener (native, mist, qrpc) may take to finish its TLS handshake and
+    #: send its first complete message before it is closed.
+    tcp_first_message_timeout_s: float = 10.0
     native_tcp_listen: str = field(default_factory=lambda: DEFAULT_NATIVE_TCP_LISTEN)
     native_enabled: bool = True
     native_ping_interval_s: float = 25.0
@@ -208,6 +211,8 @@ class Config:
             parse_listen(getattr(self, key), key)
         if self.http_head_timeout_s <= 0:
             raise ConfigError("http.head_timeout_s: must be positive")
+        if self.tcp_first_message_timeout_s <= 0:
+            raise ConfigError("tcp.first_message_timeout_s: must be positive")
         for f in fields(Limits):
             v = getattr(self.limits, f.name)
             if v < 0 or (v == 0 and f.name not in UNLIMITED_AT_ZERO):
@@ -321,6 +326,7 @@ KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "broker": (("broker",), str),
     "http.listen": (("http_listen",), str),
     "http.head_timeout_s": (("http_head_timeout_s",), float),
+    "tcp.first_message_timeout_s": (("tcp_first_message_timeout_s",), float),
     "native.tcp_listen": (("native_tcp_listen",), str),
     "native.enabled": (("native_enabled",), bool),
     "native.ping_interval_s": (("native_ping_interval_s",), float),

@@ -54,6 +54,7 @@ from hubbub.transports.pump import quietly
 from hubbub.transports.qpubs_common import QpubsSettings
 from hubbub.transports.qpubs_http import QpubsHttp
 from hubbub.transports.qrpc import QrpcService, serve_qrpc
+from hubbub.transports.stream_listener import StreamListener
 from hubbub.transports.tcp import CLOSE_WAIT_S, drain, peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
 from hubbub.transports.wearscript import WearscriptService, WearscriptSettings
@@ -90,7 +91,7 @@ class Server:
         self.consumers: ConsumerService | None = None
         self._runner: web.AppRunner | None = None
         self._native_http: NativeHttp | None = None
-        self._tcp: asyncio.Server | None = None
+        self._tcp: StreamListener | None = None
         self._tcp_conns: set[asyncio.Task[None]] = set()
         self._tcp_native: set[NativeConnection] = set()
         self._broker: RedisBroker | None = None
@@ -98,10 +99,10 @@ class Server:
         self.wearscript: WearscriptService | None = None
         #: Mist, both generations (protocols/mist.md): its service and TCP listener.
         self.mist: MistService | None = None
-        self._mist_tcp: asyncio.Server | None = None
+        self._mist_tcp: StreamListener | None = None
         self.qpubs_http: QpubsHttp | None = None
         self.qrpc: QrpcService | None = None
-        self._qrpc_server: asyncio.Server | None = None
+        self._qrpc_server: StreamListener | None = None
         #: The link up to a WearScript hub (``wearscript.upstream``).
         self.wearscript_upstream: WearscriptUpstream | None = None
         #: This node in the federation (docs/federation.md), and its links up to other hubbub nodes.
@@ -265,9 +266,14 @@ class Server:
             host, port = parse_listen(cfg.qpubs_qrpc_listen, "qpubs.qrpc_listen")
             self.qrpc = QrpcService(node, self.consumers, qpubs_settings(cfg), http_settings)
             self._qrpc_server = await serve_qrpc(
-                host, port, self.qrpc, ssl_context=self._ssl, write_timeout=lim.write_timeout_s
+                host,
+                port,
+                self.qrpc,
+                first_message_timeout_s=cfg.tcp_first_message_timeout_s,
+                ssl_context=self._ssl,
+                write_timeout=lim.write_timeout_s,
             )
-            self.ports["qrpc"] = self._qrpc_server.sockets[0].getsockname()[1]
+            self.ports["qrpc"] = self._qrpc_server.port
             log.info("listening", extra={"listener": "qrpc", "address": f"{host}:{self.ports['qrpc']}"})
         for link in self.upstreams:
             link.start()
@@ -321,10 +327,11 @@ class Server:
                 lim.max_frame,
                 track,
                 codec_limits,
+                node=node,
+                first_message_timeout_s=cfg.tcp_first_message_timeout_s,
                 ssl_context=self._ssl,
-                limiter=node.limiter,
             )
-            self.ports["native"] = self._tcp.sockets[0].getsockname()[1]
+            self.ports["native"] = self._tcp.port
             log.info("listening", extra={"listener": "native", "address": f"{host}:{self.ports['native']}"})
         if self.mist is not None:
             host, port = parse_listen(cfg.mist_tcp_listen, "mist.tcp_listen")
@@ -338,11 +345,11 @@ class Server:
                 port,
                 self.mist,
                 track_mist,
+                first_message_timeout_s=cfg.tcp_first_message_timeout_s,
                 ssl_context=self._ssl,
-                limiter=node.limiter,
                 write_timeout=lim.write_timeout_s,
             )
-            self.ports["mist"] = self._mist_tcp.sockets[0].getsockname()[1]
+            self.ports["mist"] = self._mist_tcp.port
             log.info("listening", extra={"listener": "mist", "address": f"{host}:{self.ports['mist']}"})
         log.info(
             "hubbub %s started",

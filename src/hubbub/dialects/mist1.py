@@ -544,6 +544,9 @@ class Mist1Connection(_Base):
         self._split = JsonValueSplitter(max_frame)
         #: True between an :class:`Authenticate` output and :meth:`auth_result`.
         self.awaiting_auth = False
+        #: Complete JSON values taken from the input so far, whatever became of them (the listener's
+        #: first-message timeout stops at the first).
+        self.messages = 0
         self._pending: _Message | None = None
 
     @property
@@ -601,6 +604,7 @@ class Mist1Connection(_Base):
                 raw = split.next()
                 if raw is None:
                     break
+                self.messages += 1
                 obj = orjson.loads(raw)
             except FrameTooLarge as exc:
                 self._fatal(exc, _TOO_LARGE, out)

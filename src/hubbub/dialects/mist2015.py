@@ -227,6 +227,9 @@ class Mist2015Connection(_Base):
         self.grant: MistGrant | None = None if auth_required else MistGrant()
         #: True between an :class:`Authenticate` output and :meth:`auth_result`.
         self.awaiting_auth = False
+        #: Complete lines taken from the input so far, whatever became of them (the listener's first-message
+        #: timeout stops at the first).
+        self.messages = 0
         self._buf = bytearray()
         self._scanned = 0  # bytes of _buf known to hold no newline
         self._handlers: dict[bytes, Callable[[list[bytes], list[Output]], None]] = {
@@ -298,6 +301,7 @@ class Mist2015Connection(_Base):
             line = bytes(buf[:nl])
             del buf[: nl + 1]
             self._scanned = 0
+            self.messages += 1
             self._line(line, out)
 
     def _fatal(self, exc: HubbubError, reply: Send, out: list[Output]) -> None:

@@ -420,6 +420,9 @@ class QrpcConnection:
     _paused: bool = False
     _pause_limit: int = 0
     closed: bool = False
+    #: Complete lines taken from the input so far, calls or skipped (the listener's first-message timeout
+    #: stops at the first).
+    messages: int = 0
 
     # -- input --
 
@@ -458,6 +461,7 @@ class QrpcConnection:
                 break
             line = bytes(buf[start:nl])
             start = nl + 1
+            self.messages += 1
             if len(line) > self.max_line:
                 return self._close(out, "line over limits.max_frame")
             outs = self._line(line)

@@ -3,12 +3,15 @@
 The first byte of a connection picks its generation (``{`` → 1.x JSON stream, anything else → the 2015 line
 protocol); every byte, that first one included, then goes to the generation's sans-I/O state machine, and its
 outputs to a :class:`~hubbub.transports.mist.MistWire`. With ``ssl_context`` the listener speaks TLS
-(``tls.cert``/``tls.key``, as the native listener). With ``limiter`` each connection is admitted first
-(``limits.max_connections``, ``limits.max_connections_per_ip``); mist has no error for a refusal, so a refused
-connection is closed.
+(``tls.cert``/``tls.key``, as the native listener). Admission, refusal and the first-message timeout are the
+stream listener's (:class:`~hubbub.transports.stream_listener.StreamListener`): each socket is admitted at
+accept (``limits.max_connections``, ``limits.max_connections_per_ip``); mist has no error for a refusal, so a
+refused socket is closed; a socket whose first line (2015) or JSON value (1.x) has not come within the
+first-message timeout is closed. After its first message a mist client may idle (a subscriber waits for
+events): TCP keepalive then finds a vanished peer.
 
-Concurrency contract: everything runs on the event loop thread; one task per connection (its handler) owns a
-:class:`~hubbub.transports.lifetime.Lifetime` holding its write loop.
+Concurrency contract: everything runs on the event loop thread; one task per connection (the stream
+listener's) owns a :class:`~hubbub.transports.lifetime.Lifetime` holding its write loop.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ import ssl
 from collections.abc import Callable
 from typing import Final
 
-from hubbub.core.limits import Limiter
 from hubbub.dialects import mist as md
 from hubbub.disconnect import Disconnect
 
 from .lifetime import Lifetime
 from .mist import DIALECT, MistService, MistWire
-from .tcp import WRITE_TIMEOUT_S, close_stream, drain, keep_alive, peer_ip
+from .stream_listener import Accepted, StreamListener
+from .tcp import WRITE_TIMEOUT_S, close_stream, drain
 
 __all__ = ["serve_mist_tcp"]
 
@@ -40,33 +43,21 @@ async def serve_mist_tcp(
     service: MistService,
     on_connection: Callable[[asyncio.Task[None]], None],
     *,
+    first_message_timeout_s: float,
     ssl_context: ssl.SSLContext | None = None,
-    limiter: Limiter | None = None,
     write_timeout: float = WRITE_TIMEOUT_S,
-) -> asyncio.Server:
+) -> StreamListener:
     """Start the listener; ``on_connection`` is given each connection's task (the server waits for them). A
     write waits ``write_timeout`` seconds at most for a peer that reads nothing (then the connection is
     aborted and counted in ``hubbub_write_timeouts_total``)."""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        on_connection(task)
-        keep_alive(writer)
-        ip = peer_ip(writer)
-        if limiter is not None and limiter.admit(ip, DIALECT) is not None:
-            await close_stream(writer, service.node, DIALECT, "", "close of a refused connection")
-            return
-        try:
-            async with Lifetime() as group:
-                await serve(reader, writer, group, ip)
-        finally:
-            if limiter is not None:
-                limiter.release(ip)
+    async def serve(acc: Accepted) -> None:
+        async with Lifetime() as group:
+            await _serve(acc, group)
 
-    async def serve(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: Lifetime, ip: str
-    ) -> None:
+    async def _serve(acc: Accepted, group: Lifetime) -> None:
+        reader, writer, ip = acc.reader, acc.writer, acc.ip
+
         async def send(data: bytes) -> None:
             writer.write(data)
             await drain(writer, write_timeout)
@@ -92,6 +83,8 @@ async def serve_mist_tcp(
                 proto = wire.proto
                 assert isinstance(proto, md.Mist2015Connection | md.Mist1Connection)
                 await wire.handle(proto.receive_data(data))  # waits for room between requests
+                if proto.messages:
+                    acc.heard()
                 if wire.done:
                     break
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
@@ -106,4 +99,13 @@ async def serve_mist_tcp(
                 sid = wire.session.id if wire is not None else ""
                 await close_stream(writer, service.node, DIALECT, sid)
 
-    return await asyncio.start_server(handle, host, port, ssl=ssl_context)
+    listener = StreamListener(
+        service.node,
+        DIALECT,
+        serve,
+        on_connection,
+        first_message_timeout_s=first_message_timeout_s,
+        ssl_context=ssl_context,
+    )
+    await listener.start(host, port)
+    return listener

@@ -43,7 +43,8 @@ from .lifetime import Lifetime
 from .pump import SessionPump, grace_left, stopped
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
 from .qrpc_subs import QrpcSubscriptions
-from .tcp import WRITE_TIMEOUT_S, close_stream, drain, keep_alive, peer_ip
+from .stream_listener import Accepted, StreamListener
+from .tcp import WRITE_TIMEOUT_S, close_stream, drain
 
 __all__ = ["QrpcEncoder", "QrpcService", "QrpcWire", "serve_qrpc"]
 
@@ -381,40 +382,35 @@ async def serve_qrpc(
     port: int,
     service: QrpcService,
     *,
+    first_message_timeout_s: float,
     ssl_context: ssl.SSLContext | None = None,
     write_timeout: float = WRITE_TIMEOUT_S,
-) -> asyncio.Server:
-    """Start the qrpc listener (TLS with ``ssl_context``; connections admitted by the node's limiter; a write
-    waits ``write_timeout`` seconds at most for a peer that reads nothing)."""
+) -> StreamListener:
+    """Start the qrpc listener (TLS with ``ssl_context``; a write waits ``write_timeout`` seconds at most for
+    a peer that reads nothing). Admission, refusal (qrpc has no refusal of its own: a close) and the
+    first-message timeout (the first line) are the stream listener's; after its first line a client may idle
+    with calls open, as long as its peer is alive (TCP keepalive)."""
     node = service.node
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+    def track(task: asyncio.Task[None]) -> None:
         service.connections.add(task)
         task.add_done_callback(service.connections.discard)
-        keep_alive(writer)
-        ip = peer_ip(writer)
-        if node.limiter.admit(ip, DIALECT) is not None:
-            await close_stream(writer, node, DIALECT, "", "close of a refused connection")
-            return
-        try:
-            async with Lifetime() as group:
-                await _serve(reader, writer, group, ip)
-        finally:
-            node.limiter.release(ip)
 
     async def send(writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.write(data)
         await drain(writer, write_timeout)
 
-    async def _serve(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: Lifetime, ip: str
-    ) -> None:
+    async def serve(acc: Accepted) -> None:
+        async with Lifetime() as group:
+            await _serve(acc, group)
+
+    async def _serve(acc: Accepted, group: Lifetime) -> None:
+        reader, writer = acc.reader, acc.writer
+
         async def close(code: Disconnect) -> None:
             writer.close()
 
-        wire = QrpcWire(service, send=lambda d: send(writer, d), close=close, peer=ip)
+        wire = QrpcWire(service, send=lambda d: send(writer, d), close=close, peer=acc.ip)
         wire.start(group)
         try:
             while not wire.done:
@@ -422,6 +418,8 @@ async def serve_qrpc(
                 if not data:
                     break
                 await wire.feed(data)
+                if wire.proto.messages:
+                    acc.heard()
         except (ConnectionError, asyncio.CancelledError):
             pass
         except Exception:
@@ -432,4 +430,8 @@ async def serve_qrpc(
             finally:  # also when cancelled (a stopping server): no socket outlives the connection
                 await close_stream(writer, node, DIALECT, "")
 
-    return await asyncio.start_server(handle, host, port, ssl=ssl_context)
+    listener = StreamListener(
+        node, DIALECT, serve, track, first_message_timeout_s=first_message_timeout_s, ssl_context=ssl_context
+    )
+    await listener.start(host, port)
+    return listener

@@ -1,17 +1,21 @@
-"""Raw TCP listener for the native protocol (JSON lines or length-prefixed msgpack, by first byte)."""
+"""Raw TCP listener for the native protocol (JSON lines or length-prefixed msgpack, by first byte), and what
+every TCP listener's connections share once accepted (:func:`drain`, :func:`close_stream`).
+
+Admission, refusal and the first-message timeout are the stream listener's
+(:class:`~hubbub.transports.stream_listener.StreamListener`), as for every TCP dialect; here is what is
+native's: the framing picked by the first byte, the connection glue, the error 4009 of a refused socket.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import socket
 import ssl
 from collections.abc import Callable, Sequence
 from typing import Final
 
 from hubbub.core import Node
-from hubbub.core.limits import Limiter
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
@@ -19,6 +23,7 @@ from hubbub.errors import HubbubError
 from .lifetime import Lifetime
 from .native import NativeConnection
 from .pump import WriteTimeout, grace_left, io_failed
+from .stream_listener import KEEPALIVE, Accepted, StreamListener, keep_alive, peer_ip
 
 __all__ = [
     "CLOSE_WAIT_S",
@@ -35,19 +40,10 @@ __all__ = [
 log = logging.getLogger("hubbub.tcp")
 
 READ_CHUNK: Final = 256 * 1024
-#: How long a refused connection (over a connection limit) is given to send its first byte, which picks the
-#: framing of the error frame it is then sent.
-REFUSAL_WAIT_S = 5.0
 #: Seconds a closing connection may take to send what it still has (the last frames, a slow consumer's
 #: error) before its socket is aborted: a peer that stopped reading must not hold the socket, nor keep the
 #: server from shutting down.
 CLOSE_WAIT_S = 5.0
-#: TCP keepalive of the server's side of every TCP connection (native, mist, qrpc): seconds idle before the
-#: first probe, seconds between probes, probes unanswered before the kernel drops the connection. A peer that
-#: vanished without closing (powered off, unplugged, forgotten by a NAT) thus frees its connection, its
-#: subscriptions and its place in the limits within about a minute, also in dialects with no ping of their
-#: own (mist, qrpc); native's pings notice it sooner.
-KEEPALIVE: tuple[int, int, int] = (30, 10, 3)
 #: Seconds a write may wait for a peer that stopped reading before the connection is aborted: the default of
 #: ``limits.write_timeout_s``, which the server gives every TCP listener.
 WRITE_TIMEOUT_S: float = 30.0
@@ -96,28 +92,6 @@ async def close_stream(
         raise
 
 
-def keep_alive(writer: asyncio.StreamWriter) -> None:
-    """Turn on :data:`KEEPALIVE` for the connection's socket (where the platform has the options)."""
-    sock = writer.get_extra_info("socket")
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return
-    idle, interval, probes = KEEPALIVE
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", probes)):
-            opt = getattr(socket, name, None)
-            if opt is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, opt, value)
-    except OSError as exc:  # the peer may be gone already; the read that follows sees it
-        log.debug("TCP keepalive not set: %s", exc)
-
-
-def peer_ip(writer: asyncio.StreamWriter) -> str:
-    """The peer's IP address (empty when the transport does not know it)."""
-    peer = writer.get_extra_info("peername")
-    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
-
-
 async def serve_native_tcp(
     host: str,
     port: int,
@@ -126,14 +100,16 @@ async def serve_native_tcp(
     on_connection: Callable[[asyncio.Task[None]], None],
     limits: dict[str, int],
     *,
+    node: Node,
+    first_message_timeout_s: float,
     ssl_context: ssl.SSLContext | None = None,
-    limiter: Limiter | None = None,
-) -> asyncio.Server:
+) -> StreamListener:
     """Start the listener. ``make_connection`` builds the connection glue once the framing is known.
 
-    With ``ssl_context`` the listener speaks TLS. With ``limiter`` every connection is admitted first
+    With ``ssl_context`` the listener speaks TLS. Every socket is admitted by the node's limiter at accept
     (``limits.max_connections``, ``limits.max_connections_per_ip``): a refused one gets error 4009 in the
-    framing its first byte picks, then a close.
+    framing its first byte picks (on a TLS listener, a close), and one that has not sent its first frame
+    within ``first_message_timeout_s`` is closed (the stream listener's rules).
 
     Every connection of the listener shares one codec per encoding: a codec keeps no state of a connection
     (its channel cache only maps raw channel text to canonical form), and its msgpack packer alone holds a
@@ -152,24 +128,21 @@ async def serve_native_tcp(
         for enc in ("json", "msgpack")
     }
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        on_connection(task)
-        keep_alive(writer)
-        ip = peer_ip(writer)
-        if limiter is not None and limiter.admit(ip, "native") is not None:
-            await _refuse(reader, writer, codecs)
-            return
-        try:
-            async with Lifetime() as group:
-                await serve(reader, writer, group)
-        finally:
-            if limiter is not None:
-                limiter.release(ip)
+    def refusal(first: bytes) -> bytes:
+        """Error 4009 in the framing the socket's first byte picks (none for another byte)."""
+        head = first[:1]
+        if head not in (b"{", b"\x00"):
+            return b""
+        codec = codecs["json" if head == b"{" else "msgpack"]
+        return codec.frame_for_stream(codec.encode_error(Disconnect.TOO_MANY_CONNECTIONS, None))
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, group: Lifetime) -> None:
+    async def serve(acc: Accepted) -> None:
+        async with Lifetime() as group:
+            await _serve(acc, group)
+
+    async def _serve(acc: Accepted, group: Lifetime) -> None:
         """One connection, its writer a task of ``group`` (the connection's lifetime)."""
+        reader, writer = acc.reader, acc.writer
         decoder = nc.NativeStreamDecoder(max_frame=max_frame, codecs=codecs, **limits)
         conn: NativeConnection | None = None
         try:
@@ -178,6 +151,8 @@ async def serve_native_tcp(
                 if not data:
                     break
                 items = decoder.feed_runs(data)
+                if items:
+                    acc.heard()
                 if conn is None and decoder.encoding is not None:
                     conn = make_connection(decoder.codec, writer)
                     conn.start(group)
@@ -205,23 +180,18 @@ async def serve_native_tcp(
                     writer, conn.node if conn else None, "native", conn.session.id if conn else ""
                 )
 
-    return await asyncio.start_server(handle, host, port, limit=max_frame + 1024, ssl=ssl_context)
-
-
-async def _refuse(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, codecs: dict[nc.Encoding, nc.NativeCodec]
-) -> None:
-    """Answer a connection over a connection limit: error 4009 in its framing, then close."""
-    try:
-        first = await asyncio.wait_for(reader.read(1), REFUSAL_WAIT_S)
-        if first in (b"{", b"\x00"):
-            codec = codecs["json" if first == b"{" else "msgpack"]
-            writer.write(codec.frame_for_stream(codec.encode_error(Disconnect.TOO_MANY_CONNECTIONS, None)))
-            await writer.drain()
-    except (ConnectionError, TimeoutError, OSError):
-        pass
-    finally:
-        await close_stream(writer, None, "native", "", "close of a refused connection")
+    listener = StreamListener(
+        node,
+        "native",
+        serve,
+        on_connection,
+        first_message_timeout_s=first_message_timeout_s,
+        ssl_context=ssl_context,
+        refusal=refusal,
+        reader_limit=max_frame + 1024,
+    )
+    await listener.start(host, port)
+    return listener
 
 
 async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -> bool:
