@@ -147,6 +147,24 @@ async def link_token(token: str, token_file: Path | None, link: str) -> str:
     return text.strip()
 
 
+async def hello(ws: aiohttp.ClientWebSocketResponse, token: str, link: str) -> bool:
+    """Send the link's ``hello`` (with ``token`` if any) and read the answer: whether the node above took
+    it (a refusal is logged with its code). Raises ``BadFrame`` when the upstream closes instead."""
+    frame: dict[str, Any] = dict(HELLO)
+    if token:
+        frame["token"] = token
+    await ws.send_bytes(msgpack.packb(frame))
+    msg = await ws.receive(timeout=CONNECT_TIMEOUT_S)
+    if msg.type != aiohttp.WSMsgType.BINARY:
+        raise BadFrame("the upstream closed the link during hello")
+    items = decode_frame(msg.data)
+    if not items or not isinstance(items[0], LinkReply):
+        code = items[0].code if items and isinstance(items[0], LinkError) else 0
+        log.error("federation upstream refused hello: %s (a token?)", code, extra={"link": link})
+        return False
+    return True
+
+
 class FederationUpstream:
     """One link up to the hubbub node at ``url``. ``state`` is ``connecting``, ``up``, ``down`` or
     ``refused``. See the module docstring."""
@@ -295,18 +313,7 @@ class FederationUpstream:
             self.state = "refused"
             log.error("federation upstream refused: %s", why, extra={"link": self.name})
             return
-        hello: dict[str, Any] = dict(HELLO)
-        token = await link_token(self._token, self._token_file, self.name)
-        if token:
-            hello["token"] = token
-        await ws.send_bytes(msgpack.packb(hello))
-        msg = await ws.receive(timeout=CONNECT_TIMEOUT_S)
-        if msg.type != aiohttp.WSMsgType.BINARY:
-            raise BadFrame("the upstream closed the link during hello")
-        items = decode_frame(msg.data)
-        if not items or not isinstance(items[0], LinkReply):
-            code = items[0].code if items and isinstance(items[0], LinkError) else 0
-            log.error("federation upstream refused hello: %s (a token?)", code, extra={"link": self.name})
+        if not await hello(ws, await link_token(self._token, self._token_file, self.name), self.name):
             return
         self.upstream = upstream
         self.hub.above[self.name] = (upstream, *above)
