@@ -29,13 +29,14 @@ if str(HERE) not in sys.path:
 if str(HERE.parent / "src") not in sys.path:
     sys.path.insert(0, str(HERE.parent / "src"))
 
+from catchup import catchup_hubbub, catchup_js, prefill_hubbub, prefill_js  # noqa: E402
 from procs import PACKAGES, Server, available, install_peers, raise_nofile, start  # noqa: E402
 from proto import WS_KINDS  # noqa: E402
 from scenarios import Result, idle_memory, latency, replay, throughput  # noqa: E402
 
 __all__ = ["main"]
 
-SCENARIOS = ("1to1", "fanout", "100to1", "latency", "persist", "replay", "memory")
+SCENARIOS = ("1to1", "fanout", "100to1", "latency", "persist", "replay", "catchup", "memory")
 SIZES = (16, 1024)
 MODES = ("fsync", "commit", "none")
 
@@ -291,6 +292,26 @@ class Suite:
                         f"replay/{tag}", "xredis", partial(replay, srv, srv.specs["xredis"], "r", total)
                     )
 
+    def catchup(self) -> None:
+        """A wildcard subscriber 100,000 events behind over 1,000 channels (the same with --quick: the row is
+        about a long catch-up), hubbub against a JetStream ordered consumer with DeliverAll
+        (bench/catchup.py)."""
+        channels, behind, size = 1_000, 100_000, 16
+        scen = f"catchup-{channels}ch/{size}B"
+        with tempfile.TemporaryDirectory(prefix="hubbub-catchup-") as tmp:
+            data = os.path.join(tmp, "data")
+            self.log(f"prefilling {behind} events over {channels} channels")
+            since = prefill_hubbub(data, channels, behind, size)
+            with self.server("hubbub-commit", data_dir=data) as srv:
+                assert srv is not None
+                self.record(scen, "hubbub", partial(catchup_hubbub, srv, srv.specs["hubbub"], since, behind))
+        if not self.plan.peers:
+            return
+        with self.server("js") as srv:
+            if srv is not None:
+                prefill_js(srv.specs["js"], channels, behind, size)
+                self.record(scen, "js", partial(catchup_js, srv, srv.specs["js"], behind))
+
     def memory(self) -> None:
         p = self.plan
         counts = (100, 200) if p.quick else (1000, 10_000)
@@ -315,6 +336,8 @@ class Suite:
             self.persist()
         if "replay" in sc:
             self.replay()
+        if "catchup" in sc:
+            self.catchup()
         if "memory" in sc:
             self.memory()
 
@@ -424,13 +447,14 @@ PEERS_FOR = {
     "persist-ack": ("js", "mqtt1", "xredis"),
     "persist-e2e": ("js", "mqtt1"),
     "replay": ("js", "xredis"),
+    "catchup": ("js",),
     "idle-mem": ("nats", "mqtt0", "redis"),
 }
 
 
 def _family(scenario: str) -> str:
     head = scenario.split("/", maxsplit=1)[0]
-    for k in ("persist-ack", "persist-e2e", "idle-mem", "fanout", "latency", "replay", "1to1"):
+    for k in ("persist-ack", "persist-e2e", "idle-mem", "fanout", "latency", "replay", "catchup", "1to1"):
         if head.startswith(k):
             return k
     return "to1"

@@ -28,7 +28,9 @@ def add_bench_command(sub: Any) -> None:
     p.add_argument("--peers", action="store_true", help="run NATS, Mosquitto and Redis side by side")
     p.add_argument("--quick", action="store_true", help="tiny counts: the CI smoke form")
     p.add_argument(
-        "--scenarios", default=None, help="comma list: 1to1,fanout,100to1,latency,persist,replay,memory"
+        "--scenarios",
+        default=None,
+        help="comma list: 1to1,fanout,100to1,latency,persist,replay,catchup,memory",
     )
     p.add_argument("--out", default=None, help="Markdown results file (default bench/RESULTS.md)")
     p.add_argument("--chart", default=None, help="PNG chart (default results.png beside --out)")

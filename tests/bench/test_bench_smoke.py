@@ -26,9 +26,14 @@ def test_quick_bench_produces_numbers(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = json.loads(raw.read_text())
     families = {r["scenario"].split("/")[0] for r in rows}
-    # 1to1, fanoutN, Nto1, latency, persist-ack-*, persist-e2e-*, replay, idle-mem-N
-    for fam in ("1to1", "fanout", "latency", "persist-ack-fsync", "persist-e2e-none", "replay", "idle-mem"):
+    # 1to1, fanoutN, Nto1, latency, persist-ack-*, persist-e2e-*, replay, catchup-*, idle-mem-N
+    for fam in (
+        "1to1", "fanout", "latency", "persist-ack-fsync", "persist-e2e-none", "replay", "catchup", "idle-mem"
+    ):  # fmt: skip
         assert any(f.startswith(fam) for f in families), (fam, families)
+    # The wide catch-up reads up to its "recovered" frame: exactly the events behind, none more.
+    catchup = [r for r in rows if r["scenario"].startswith("catchup")]
+    assert [r["extra"]["count"] for r in catchup] == [100_000], catchup
     assert any(f.endswith("to1") and f != "1to1" for f in families), families
     for r in rows:
         assert r["value"] is not None and r["value"] > 0, r
