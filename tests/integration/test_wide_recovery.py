@@ -1,11 +1,11 @@
 """A wildcard subscriber far behind recovers exactly from the log, over every native transport.
 
 The backlog is appended straight to the store before the server starts (one shared server for the module):
-1,000 channels with one event each (the subscriber's positions), then ``BEHIND`` more events round-robin over
-them, more than the 10,000 a replay was once limited to. Each transport's subscriber resumes ``/**`` from
-those positions and must get every later event once, each channel in seq order, the whole in commit order,
-then live events after them. (The 200,000-event figure is ``bench/wide_recovery.py``: 30,000 keeps this
-module at a few seconds.)
+1,000 channels with one event each (the subscriber's positions), then 30,000 more events round-robin over
+them, more than the 10,000 a replay was once limited to, and (marked slow) 200,000. Each transport's
+subscriber resumes ``/**`` from those positions and must get every later event once, each channel in seq
+order, the whole in commit order, then live events after them. 30,000 take about a second per transport,
+200,000 about eight.
 """
 
 from __future__ import annotations
@@ -26,17 +26,25 @@ from hubbub.log import DB_FILENAME, AppendRequest, SqliteLogStore
 from hubbub.server import Server
 
 CHANNELS = 1000
-BEHIND = 30_000
 WAIT = 60.0
+
+#: One worker builds each backlog once (200,000 events take about 3 s to append and 40 MB to hold).
+pytestmark = pytest.mark.xdist_group("wide_recovery")
+
+#: (channel, seq, payload text) of the events behind, in commit order.
+Want = list[tuple[str, int, str]]
 
 
 def channel(i: int) -> str:
     return f"/w/c{i:04d}"
 
 
-@pytest.fixture(scope="module")
-def backlog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[Event], list[Event]]]:
-    """The data directory, the first event of every channel, and the ``BEHIND`` events after them."""
+@pytest.fixture(scope="module", params=[30_000, pytest.param(200_000, marks=pytest.mark.slow)])
+def backlog(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[Path, list[Event], Want]]:
+    """The data directory, the first event of every channel, and the ``request.param`` events after them."""
+    behind: int = request.param
     data = tmp_path_factory.mktemp("wide")
     store = SqliteLogStore(data / DB_FILENAME)
     pub = Publisher("native", "", "bulk", "")
@@ -47,13 +55,13 @@ def backlog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, li
                 [AppendRequest(channel(i), pub, b"0", "text/plain") for i in range(CHANNELS)]
             )
         ]
-        later: list[Event] = []
-        for start in range(0, BEHIND, 5000):
+        later: Want = []
+        for start in range(0, behind, 5000):
             batch = [
                 AppendRequest(channel(i % CHANNELS), pub, str(i).encode(), "text/plain")
                 for i in range(start, start + 5000)
             ]
-            later += [r.event for r in store.append(batch)]
+            later += [(r.event.channel, r.event.seq, r.event.payload.decode()) for r in store.append(batch)]
     finally:
         store.close()
     yield data, firsts, later
@@ -68,16 +76,15 @@ async def serve(data: Path) -> AsyncIterator[Server]:
         yield server
 
 
-def check(got: list[tuple[str, int, str]], later: list[Event]) -> None:
+def check(got: Want, later: Want) -> None:
     """Every event of ``later`` once, in commit order (so each channel in seq order), nothing else."""
-    want = [(e.channel, e.seq, e.payload.decode()) for e in later]
-    assert len(got) == len(want)
-    assert got == want
+    assert len(got) == len(later)
+    assert got == later
 
 
 @pytest.mark.parametrize("transport", ["ws", "tcp"])
 def test_wildcard_subscriber_far_behind_recovers_exactly(
-    backlog: tuple[Path, list[Event], list[Event]], transport: str
+    backlog: tuple[Path, list[Event], Want], transport: str
 ) -> None:
     data, firsts, later = backlog
 
@@ -90,8 +97,8 @@ def test_wildcard_subscriber_far_behind_recovers_exactly(
             )
             since = {e.channel: Position(e.seq, e.epoch) for e in firsts}
             async with AsyncClient.connect(url) as client, client.subscribe("/**", since=since) as sub:
-                got: list[tuple[str, int, str]] = []
-                while len(got) < BEHIND:
+                got: Want = []
+                while len(got) < len(later):
                     ev = await sub.get(WAIT)
                     assert isinstance(ev, Event), ev
                     got.append((ev.channel, ev.seq, ev.payload.decode()))
@@ -105,7 +112,7 @@ def test_wildcard_subscriber_far_behind_recovers_exactly(
 
 
 def test_sse_last_event_id_far_behind_recovers_exactly(
-    backlog: tuple[Path, list[Event], list[Event]],
+    backlog: tuple[Path, list[Event], Want],
 ) -> None:
     """An SSE stream of ``/**`` resumed from the id of the last event before the backlog."""
     data, firsts, later = backlog
@@ -115,7 +122,7 @@ def test_sse_last_event_id_far_behind_recovers_exactly(
         async with serve(data) as server, aiohttp.ClientSession() as http:
             url = f"http://127.0.0.1:{server.ports['http']}/api/v1/stream/**"
             headers = {"Last-Event-ID": f"{last.time_ns}:{last.epoch}:{last.seq}:{last.channel}"}
-            got: list[tuple[str, int, str]] = []
+            got: Want = []
             async with http.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=WAIT)) as resp:
                 assert resp.status == 200
                 async for line in resp.content:
@@ -124,7 +131,7 @@ def test_sse_last_event_id_far_behind_recovers_exactly(
                     if line.startswith(b"data: ") and b'"seq"' in line:
                         obj = orjson.loads(line[6:])
                         got.append((obj["channel"], obj["seq"], obj["text"]))
-                        if len(got) == BEHIND:
+                        if len(got) == len(later):
                             break
             check(got, later)
 
