@@ -315,6 +315,7 @@ def test_slow_consumer_catches_up_from_the_log(tmp_path: Path) -> None:
                     last.set()
 
                 conn = GubleConnection(hub, "slow", send, close)
+                held: list[int] = []  # events published before the catch-up's subscription held
                 async with asyncio.TaskGroup() as group:
                     conn.start(group)
                     await conn.handle(hub.codec.decode("+ /q"))
@@ -323,7 +324,14 @@ def test_slow_consumer_catches_up_from_the_log(tmp_path: Path) -> None:
                             "/q" if i % 2 else "/q/s", Publisher("native"), str(i).encode(), "x"
                         )
                         await node.publish(req)
-                    assert conn.catch_ups >= 1
+                        if conn.catch_ups == 1 and not held:
+                            # The rest reach the catch-up's hold, whatever the threads' pace: once its
+                            # subscription holds, it holds until the socket drains (its replay and held
+                            # events wait on the stalled queue), so the hold spills iff more than
+                            # 4 x send_queue of them come (12 stalled: 8 at most; 60: 56).
+                            await holding(conn)
+                            held.append(i + 1)
+                    assert conn.catch_ups == 1 and held
                     gate.set()
                     for i in range(n_stalled, n_stalled + 5):
                         await node.publish(AppendRequest("/q/s", Publisher("native"), str(i).encode(), "x"))
@@ -331,6 +339,14 @@ def test_slow_consumer_catches_up_from_the_log(tmp_path: Path) -> None:
                     await asyncio.wait_for(last.wait(), WAIT)
                     await conn.finish()
                 return conn, sent if not closed else [b"closed %d" % closed[0]]
+
+            async def holding(conn: GubleConnection) -> None:
+                """Until the connection's (catch-up) subscription is registered, holding live events."""
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + WAIT
+                while not any(s.holding is not None for s in node.subscriptions(conn.session)):
+                    assert loop.time() < deadline, "timed out waiting for the catch-up to hold"
+                    await asyncio.sleep(0.001)
 
             for stalled in (12, 60):
                 conn, sent = await run(stalled)
