@@ -327,3 +327,52 @@ def test_a_device_that_stops_reading_loses_the_oldest_events_not_its_connection(
             await sync(slow)  # still open
 
     asyncio.run(go())
+
+
+def test_a_listener_that_stops_reading_loses_the_oldest_forwarded_replies_not_its_connection(
+    tmp_path: Path,
+) -> None:
+    """Test-handler replies forwarded to another connection (one listening on the reply channel) are that
+    connection's traffic, not answers to its own requests: one that stops reading while another floods
+    requests loses the oldest of them, counted, as it would events, and is not closed 1013; what it reads
+    afterwards is every kept reply once, in order, the newest included."""
+    n, size = 300, 64 << 10
+
+    async def go() -> None:
+        overrides = {"limits.send_queue": 8, "store": "memory", "durability": "none"}
+        async with (
+            serve(tmp_path / "d", **overrides) as addr,
+            aiohttp.ClientSession() as http,
+            peer(http, addr, new_spec=True) as flooder,
+        ):
+            assert await flooder.recv() == HUB
+            await flooder.send("subscriptions", "phone:flooder", ["fsync"])
+            await sync(flooder, "fsync")
+            async with peer(http, addr, new_spec=True) as slow:
+                assert await slow.recv() == HUB
+                assert await slow.recv() == ["subscriptions", "phone:flooder", ["fsync"]]
+                await slow.send("subscriptions", "phone:slow", ["reply", "sync"])
+                await sync(slow)
+                assert await flooder.recv() == ["subscriptions", "phone:slow", ["reply", "sync"]]
+                pad = "x" * size
+                for i in range(n):  # answered to the listener only: the flooder's reads are not slowed
+                    await flooder.send("test:server:0", "channel", "reply", str(i), pad)
+                await sync(flooder, "fsync")  # every request handled, every reply queued (or dropped)
+                async with http.get(f"http://{addr}/metrics") as r:
+                    text = await r.text()
+                dropped = next(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith('hubbub_dropped_total{dialect="wearscript"}')
+                )
+                assert 0 < dropped < n
+                seen = []
+                while len(seen) < n - dropped:
+                    resp, value = await slow.recv()
+                    i, got = value.split(":", 1)
+                    assert (resp, got) == ("reply", pad)
+                    seen.append(int(i))
+                assert seen == sorted(set(seen)) and seen[-1] == n - 1  # once each, in order, the newest kept
+                await sync(slow)  # still open
+
+    asyncio.run(go())

@@ -229,7 +229,7 @@ class WearscriptWire:
             elif isinstance(out, wsd.Forward):
                 if out.relayed and out.reply is not None and not self._may_publish(out.reply):
                     return
-                service.forward(out)
+                service.forward(out, self.proto.id if self.proto is not None else None)
             elif isinstance(out, wsd.Publish):
                 await self._publish(out)
             elif isinstance(out, wsd.ListenChanged):
@@ -376,9 +376,13 @@ class WearscriptService:
         self.wires.pop(proto.id, None)
         return proto.on_close()
 
-    def forward(self, out: wsd.Forward) -> None:
+    def forward(self, out: wsd.Forward, asker: int | None = None) -> None:
         """A frame for other connections: ``subscriptions`` frames as they came, test-handler replies to
-        the connections that may read their channel."""
+        the connections that may read their channel. Only the ``asker``'s own reply is an answer to its
+        request (a reply: its reads wait for room); for every other connection the frame is traffic it did
+        not ask for, queued as an event, so a connection that stops reading loses the oldest of them (its
+        overflow policy, counted) instead of being closed 1013 at four times its bound by another's
+        requests."""
         may_read = self.node.access.may_read
         for cid in out.targets:
             wire = self.wires.get(cid)
@@ -386,7 +390,7 @@ class WearscriptService:
                 continue
             if out.reply is not None and not may_read(wire.session.identity, out.reply):
                 continue
-            wire.session.push(out.data)
+            wire.session.push(out.data, is_event=cid != asker)
 
     def exists(self, channel: str) -> bool:
         """``exists`` (§5): does any subscription of any dialect match the channel?"""
