@@ -6,11 +6,14 @@ on a machine without Java; CI installs the extra and runs them (``.ci/run``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,16 +42,28 @@ def spark_env() -> dict[str, str]:
     }
 
 
+#: pytest-timeout of a Spark test, instead of the suite's 120 s (pyproject.toml), unless it sets its own: a
+#: Spark job pays a JVM's pace, and a test that runs the pipeline CLI as a child process starts a JVM of its
+#: own, 15-18 s of start-up and job set-up before any event on an idle 2-core machine (the export of 1,000
+#: events takes as long as that of 100,000), several times that on a loaded one.
+SPARK_TIMEOUT_S = 300
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test on the session's SparkSession runs on one worker (``--dist loadgroup``): each worker with a
-    test of its own would start a JVM of its own, for seconds of CPU and some hundreds of MiB."""
+    test of its own would start a JVM of its own, for seconds of CPU and some hundreds of MiB. Every Spark
+    test (the ``spark`` marker or fixture) gets :data:`SPARK_TIMEOUT_S` unless it has a timeout marker."""
     for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
+        uses_session = "spark" in getattr(item, "fixturenames", ())
+        if uses_session:
             item.add_marker(pytest.mark.xdist_group("spark"))
+        if (uses_session or item.get_closest_marker("spark") is not None) and item.get_closest_marker(
+            "timeout"
+        ) is None:
+            item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT_S))
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def _new_session() -> SparkSession:
     os.environ.update(spark_env())
     session = (
         SparkSession.builder.master("local[2]")
@@ -64,8 +79,98 @@ def spark() -> Iterator[SparkSession]:
     )
     session.sparkContext.setLogLevel("ERROR")
     # No spark.dataSource.register here: format("hubbub") must resolve through pyspark_hubbub.
-    yield session
-    session.stop()
+    return session
+
+
+#: How long a trivial query may take before the session is taken for stuck (its JVM is then killed).
+HEALTH_WAIT_S = 60.0
+
+
+class SparkSessions:
+    """The worker's one SparkSession, handed to each test only once it answers a trivial query: a test
+    interrupted inside a Spark call (its timeout) leaves this thread's Py4J connection to the JVM waiting
+    for that call's answer (the next call waits behind its job, or reads its answer), or the session
+    stopped, and every later test on the worker would fail with it. Such a session is dropped with its JVM
+    (a query stuck for :data:`HEALTH_WAIT_S` kills the JVM, which ends the wait) and a new one started."""
+
+    def __init__(self) -> None:
+        self.session: SparkSession | None = None
+        self.recreated = 0
+
+    def healthy(self) -> SparkSession:
+        session = self.session
+        if session is not None:
+            if _answers(session):
+                return session
+            self.recreated += 1
+            _discard(session)
+        self.session = _new_session()
+        return self.session
+
+    def stop(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+            self.session = None
+
+
+def _jvm() -> Any:
+    from pyspark import SparkContext
+
+    return SparkContext._gateway
+
+
+def _answers(session: SparkSession) -> bool:
+    """Whether ``session`` answers a trivial query on this thread's connection within HEALTH_WAIT_S."""
+    done = threading.Event()
+    gateway = _jvm()
+
+    def watchdog() -> None:
+        if not done.wait(HEALTH_WAIT_S) and gateway is not None:
+            with contextlib.suppress(Exception):
+                gateway.proc.kill()  # the wait for the stuck answer ends with the connection
+
+    threading.Thread(target=watchdog, name="spark-health", daemon=True).start()
+    try:
+        return bool(session.range(3).count() == 3)
+    except Exception:
+        return False
+    finally:
+        done.set()
+
+
+def _discard(session: SparkSession) -> None:
+    """Stop ``session`` and its JVM: the connections to it cannot be trusted; the next session starts one."""
+    from pyspark import SparkContext
+
+    gateway = _jvm()
+    with contextlib.suppress(Exception):
+        session.stop()
+    if gateway is not None:
+        with contextlib.suppress(Exception):
+            gateway.shutdown()
+        with contextlib.suppress(Exception):
+            gateway.proc.kill()
+            gateway.proc.wait(30)
+        if gateway.proc.stdin is not None:  # the JVM watches it to exit with its parent
+            gateway.proc.stdin.close()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
+
+
+@pytest.fixture(scope="session")
+def spark_sessions() -> Iterator[SparkSessions]:
+    sessions = SparkSessions()
+    yield sessions
+    sessions.stop()
+
+
+@pytest.fixture
+def spark(spark_sessions: SparkSessions) -> SparkSession:
+    """The worker's SparkSession (one per worker, see :class:`SparkSessions`), checked before each test."""
+    return spark_sessions.healthy()
 
 
 @pytest.fixture
