@@ -68,13 +68,15 @@ the only assertion is "encodes, or raises the documented error" (the documented 
 Run one target (corpus in ``fuzz/corpus/<target>/``, crashes written to ``fuzz/crashes/``)::
 
     python fuzz/atheris_targets.py native_json --seconds 600
-    python fuzz/atheris_targets.py all --seconds 5 --work /tmp/fuzz-work   # each target in turn (CI)
+    python fuzz/atheris_targets.py all --runs 500 --work /tmp/fuzz-work    # each target in turn (CI)
     python fuzz/atheris_targets.py all --seconds 600 --work /tmp/fuzz-work # the long run, 10 min each
 
 Without atheris (``pip install atheris``; it needs a libFuzzer-capable build) the same targets run under
 hypothesis on random bytes, after the corpus. ``tests/property/test_fuzz_targets.py`` replays every corpus
-file (the ``regression-*`` files are the crashes found so far) and runs each target for a few seconds, with
-new inputs going to a scratch directory, so the kept corpus changes only when someone copies inputs in.
+file (the ``regression-*`` files are the crashes found so far) and then runs each target on a fixed number
+of inputs (``--runs``: under hypothesis the same inputs on every run, a smoke check that costs the same
+CPU on any machine, where a budget in seconds takes what the cores have), with new inputs going to a
+scratch directory, so the kept corpus changes only when someone copies inputs in.
 """
 
 from __future__ import annotations
@@ -680,33 +682,47 @@ def replay_corpus(name: str) -> int:
     return n
 
 
-def _hypothesis(name: str, seconds: float) -> int:
+def _hypothesis(name: str, seconds: float, runs: int | None) -> int:
+    """Random inputs for ``name`` under hypothesis: rounds of 500 until ``seconds`` have passed, or, with
+    ``runs``, exactly that many inputs from a fixed seed (the same inputs on every run and machine)."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
     fn = TARGETS[name]
+    per_round = 500 if runs is None else runs
 
-    @settings(max_examples=500, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=per_round,
+        deadline=None,
+        database=None,
+        derandomize=runs is not None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.binary(max_size=2048))
     def prop(data: bytes) -> None:
         fn(data)
 
+    if runs is not None:
+        prop()
+        return runs
     deadline = time.monotonic() + seconds
     rounds = 0
     while True:
         prop()
         rounds += 1
         if time.monotonic() >= deadline:
-            return rounds * 500
+            return rounds * per_round
 
 
-def run_target(name: str, seconds: float, work: Path | None = None) -> int:
-    """Fuzz one target for ``seconds``. With atheris this process becomes libFuzzer's and exits with its
-    status (non-zero on a crash, the input saved under ``fuzz/crashes/``). New inputs go to ``work`` when
-    given (a long run's scratch corpus, read after the kept one), else into the kept corpus."""
+def run_target(name: str, seconds: float, work: Path | None = None, runs: int | None = None) -> int:
+    """Fuzz one target for ``seconds``, or, with ``runs``, for that many inputs after the whole corpus (a
+    budget that costs the same CPU on any machine: the test suite's smoke run). With atheris this process
+    becomes libFuzzer's and exits with its status (non-zero on a crash, the input saved under
+    ``fuzz/crashes/``). New inputs go to ``work`` when given (a long run's scratch corpus, read after the
+    kept one), else into the kept corpus."""
     n = replay_corpus(name)
     if atheris is None:
-        examples = _hypothesis(name, seconds)
+        examples = _hypothesis(name, seconds, runs)
         print(f"{name}: corpus {n} files, then hypothesis (no atheris): {examples} inputs, no failure")
         return 0
     corpus = CORPUS / name
@@ -715,6 +731,7 @@ def run_target(name: str, seconds: float, work: Path | None = None) -> int:
     args = [
         sys.argv[0],
         f"-max_total_time={max(1, int(seconds))}",
+        *([f"-runs={runs}"] if runs is not None else []),
         "-max_len=4096",
         "-rss_limit_mb=2048",
         "-print_final_stats=1",
@@ -734,15 +751,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("target", choices=[*TARGETS, "all"])
     ap.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz (each, with all)")
     ap.add_argument("--work", type=Path, default=None, help="scratch corpus for new inputs (long runs)")
+    ap.add_argument(
+        "--runs", type=int, default=None, help="stop after this many inputs (a fixed seed without atheris)"
+    )
     args = ap.parse_args(argv)
     if args.target != "all":
-        return run_target(args.target, args.seconds, args.work)
+        return run_target(args.target, args.seconds, args.work, args.runs)
     # libFuzzer owns its process: one child per target.
     failed = []
     for name in TARGETS:
         work = ["--work", str(args.work / name)] if args.work is not None else []
+        runs = ["--runs", str(args.runs)] if args.runs is not None else []
         r = subprocess.run(
-            [sys.executable, __file__, name, "--seconds", str(args.seconds), *work],
+            [sys.executable, __file__, name, "--seconds", str(args.seconds), *work, *runs],
             env=os.environ,
             check=False,
         )
