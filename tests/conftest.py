@@ -1,5 +1,6 @@
 """Fixtures shared by several test directories: a real PostgreSQL server (``tests/pgserver.py``) and real
-Redis servers (``tests/redisserver.py``).
+Redis servers (``tests/redisserver.py``); the hypothesis profile (``tests/hypothesis_budget.py``); the order
+the tests are handed to the xdist workers in (longest first, :func:`pytest_collection_modifyitems`).
 
 ``pg_server`` starts one server for the whole run, on first use only; ``pg_url`` gives each test a fresh
 database on it. ``redis_server`` starts a Redis server for one test (a test may kill and restart it). Where
@@ -16,11 +17,54 @@ from collections.abc import Iterator
 import pytest
 
 import hubbub.config
+from tests import hypothesis_budget
 from tests.pgserver import PgServer, missing_reason
 from tests.redisserver import RedisServer
 from tests.redisserver import missing_reason as redis_missing
 
 _db_names = itertools.count(1)
+
+hypothesis_budget.load()
+
+#: The longest tests outside the Spark group, longest first (``--durations`` of a full run on 2 cores): the
+#: first handed out, so that none starts when the short ones are done and the run waits on it alone. A prefix
+#: of node ids; a test that grows past a few tens of seconds belongs here.
+LONGEST = (
+    "tests/pipeline/test_cluster.py::",
+    "tests/pipeline/test_progress.py::test_export_shows_events_and_rate_on_a_terminal_only",
+    "tests/pipeline/test_jobs.py::test_backfill_command_on_a_local_master_with_its_own_jvm_options",
+    "tests/bench/test_bench_smoke.py::test_quick_bench_produces_numbers",
+    "tests/pipeline/test_cli_exits.py::",
+    "tests/property/test_log_state_machine.py::",
+    "tests/integration/test_limits.py::test_stalled_tcp_peer_is_dropped",
+    "tests/test_static.py::test_mypy_strict",
+    "tests/integration/test_slow_consumer_soak.py::",
+)
+
+
+def _start_rank(item: pytest.Item) -> tuple[int, int]:
+    """Where a test goes in the order of hand-out: the listed longest ones, then the rest of tests/pipeline
+    (each starts JVMs of its own), then the ``slow`` ones and the property tests (dense CPU), then the
+    rest."""
+    for i, prefix in enumerate(LONGEST):
+        if item.nodeid.startswith(prefix):
+            return (0, i)
+    if item.nodeid.startswith("tests/pipeline/"):
+        return (1, 0)
+    if item.get_closest_marker("slow") is not None or item.nodeid.startswith("tests/property/"):
+        return (2, 0)
+    return (3, 0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first. xdist's ``loadgroup`` scheduler hands out its work units (a test, or all the
+    tests of one ``xdist_group``: the Spark group, the largest, goes first whatever the order) in collection
+    order, and gives a worker more only when it is nearly done: a long test collected last would start when
+    the others are finished and the run would wait on it alone. The sort is stable: within a rank the tests
+    keep the order of their files."""
+    items.sort(key=_start_rank)
+
 
 # Servers started by tests (in process, or as ``hubbub serve`` children, which inherit the environment) put
 # every listener on a free port, never on a fixed default that several servers on one machine would fight

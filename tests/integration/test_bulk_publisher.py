@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from hubbub.client import ConnectionLost
 from hubbub.client.bulk import BulkPublisher, _Framing, _ws_frame
 from hubbub.errors import FrameTooLarge, PublishRefused
+from tests.hypothesis_budget import examples
 from tests.integration.serverproc import ServerProcess
 
 
@@ -245,7 +246,7 @@ def _messages(ws: bool, bodies: list[bytes]) -> bytes:
     return b"".join(struct.pack(">I", len(b)) + b for b in bodies)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     ws=st.booleans(),
     bodies=st.lists(st.binary(max_size=300), max_size=8),
@@ -262,7 +263,7 @@ def test_framing_does_not_depend_on_chunking(ws: bool, bodies: list[bytes], cuts
     assert got == bodies
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(ws=st.booleans(), data=st.binary(max_size=600))
 def test_framing_accepts_or_rejects_any_bytes(ws: bool, data: bytes) -> None:
     f = _Framing(ws, 256)

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from hubbub.pipeline.datasource import SOURCE_HEADER
 from hubbub.pipeline.sources import HttpPublisher
+from tests.hypothesis_budget import examples
 from tests.integration.serverproc import ServerProcess
 
 from .conftest import http_url
@@ -227,7 +228,7 @@ def test_order_by_publishes_each_task_s_rows_in_that_order(
 # -- ordering a task's rows (no Spark) --------------------------------------------------------------------
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     rows=st.lists(
         st.tuples(

@@ -26,6 +26,7 @@ from hubbub.events import Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
 from hubbub.log.consumers import ConsumerSpec
+from tests.hypothesis_budget import examples
 
 WAIT = 10.0
 SPEC = ConsumerSpec("m", "/jobs/*", batch_wait_ms=0)
@@ -193,7 +194,7 @@ class ConsumerMachine(RuleBasedStateMachine):
 
 TestConsumerStateMachine = ConsumerMachine.TestCase
 TestConsumerStateMachine.settings = settings(
-    max_examples=15,
+    max_examples=examples(15),
     stateful_step_count=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

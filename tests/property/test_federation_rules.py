@@ -34,6 +34,7 @@ from hubbub.federation import (
     origin_of,
     stamp,
 )
+from tests.hypothesis_budget import examples
 
 PATTERNS = ["/a", "/a/*", "/a/**", "/**", "/*/b", "/b/**", "/a/b", "/c/*/d"]
 CHANNELS = ["/a", "/a/b", "/a/c", "/b", "/b/c", "/c/x/d", "/d"]
@@ -105,7 +106,7 @@ def expected(nodes: dict[str, Node], publisher: str, channel: str) -> set[str]:
     return have
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(meshes())
 def test_events_reach_exactly_where_they_should_once_and_never_loop(
     mesh: tuple[dict[str, Node], list[tuple[str, str]], int],

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from hubbub.dialects import guble as gc
 from hubbub.errors import HubbubError
+from tests.hypothesis_budget import examples
 
 
 def _load_fuzz() -> ModuleType:
@@ -26,7 +27,7 @@ def _load_fuzz() -> ModuleType:
 
 fz = _load_fuzz()
 
-CFG = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CFG = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @CFG

@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.hypothesis_budget import examples
+
 
 def _load_fuzz() -> ModuleType:
     path = Path(__file__).resolve().parents[2] / "fuzz" / "fuzz_ivy.py"
@@ -24,7 +26,7 @@ def _load_fuzz() -> ModuleType:
 
 fz = _load_fuzz()
 
-CFG = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CFG = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @CFG

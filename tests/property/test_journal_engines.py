@@ -26,6 +26,7 @@ from hubbub.events import Publisher
 from hubbub.log import AppendRequest, LogStore, MemoryLogStore, RetentionPolicy, SqliteLogStore
 from hubbub.log.consumers import ConsumerSpec, Retry
 from tests.contract.test_log_stores import Clock
+from tests.hypothesis_budget import examples
 
 CHANNELS = ("/a/x", "/a/y", "/a/z/q", "/b")
 RETENTION = RetentionPolicy(max_events=6, max_bytes=40)
@@ -167,7 +168,7 @@ def _fields(ev: Any) -> dict[str, Any]:
 
 
 JournalEngines.TestCase.settings = settings(
-    max_examples=40,
+    max_examples=examples(40),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -30,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from hubbub.events import Event, Publisher
 from hubbub.log import AppendRequest, ChannelInfo, MemoryLogStore, RetentionPolicy, SqliteLogStore
+from tests.hypothesis_budget import examples
 
 NS = 1_000_000_000
 CHANNELS = ["/a", "/b", "/a/b", "/é"]
@@ -343,7 +344,7 @@ class LogMachine(RuleBasedStateMachine):
 
 TestLogStateMachine = LogMachine.TestCase
 TestLogStateMachine.settings = settings(
-    max_examples=50,
+    max_examples=examples(50),
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.dialects import mist as md
+from tests.hypothesis_budget import examples
 
 TAG = st.text(alphabet="abcxyz,é \n", min_size=0, max_size=4)
 TAGS = st.lists(st.text(alphabet="abcd", min_size=1, max_size=2), min_size=1, max_size=4)
@@ -73,7 +74,7 @@ def conn_1x(auth: bool) -> md.Mist1Connection:
     return md.Mist1Connection(max_frame=96, max_subscriptions=3, max_tags=4, auth_required=auth)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.one_of(lines_2015(), st.binary(max_size=200)), st.lists(st.integers(0, 300), max_size=6), st.booleans()
 )
@@ -88,7 +89,7 @@ def test_2015_lines_do_not_depend_on_chunking(data: bytes, points: list[int], au
         assert sum(isinstance(o, md.Close) for o in whole) == 1
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.one_of(stream_1x(), st.binary(max_size=200)), st.lists(st.integers(0, 300), max_size=6), st.booleans()
 )
@@ -101,7 +102,7 @@ def test_1x_stream_does_not_depend_on_chunking(data: bytes, points: list[int], a
             assert out.data.endswith(b"\n") and isinstance(json.loads(out.data)["command"], str)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(stream_1x(), st.binary(max_size=30))
 def test_1x_trailing_data_only_adds_outputs(data: bytes, trailing: bytes) -> None:
     """What a prefix of the stream produces is a prefix of what the whole stream produces."""
@@ -109,7 +110,7 @@ def test_1x_trailing_data_only_adds_outputs(data: bytes, trailing: bytes) -> Non
     assert run(conn_1x(False), [data + trailing])[: len(first)] == first
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(st.booleans(), TAGS), max_size=30))
 def test_2015_reference_counts_follow_a_model(ops: list[tuple[bool, list[str]]]) -> None:
     conn = md.Mist2015Connection(max_subscriptions=1000)
@@ -141,7 +142,7 @@ def test_2015_reference_counts_follow_a_model(ops: list[tuple[bool, list[str]]])
     assert listed == [md.Send(expect)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(st.booleans(), TAGS), max_size=30))
 def test_1x_subscriptions_are_a_set(ops: list[tuple[bool, list[str]]]) -> None:
     conn = md.Mist1Connection(max_subscriptions=1000)
@@ -163,7 +164,7 @@ def test_1x_subscriptions_are_a_set(ops: list[tuple[bool, list[str]]]) -> None:
     assert conn.receive_data(b'{"command":"list"}') == [md.Send(md.render_reply("list", data=data))]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(st.binary(max_size=120), st.text(max_size=60).map(str.encode)), st.booleans())
 def test_websocket_frames_get_a_documented_reply(frame: bytes, binary: bool) -> None:
     for conn in (

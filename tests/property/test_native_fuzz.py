@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from hubbub.dialects import native as nc
 from hubbub.errors import HubbubError
+from tests.hypothesis_budget import examples
 
 
 def _load_fuzz() -> ModuleType:
@@ -27,7 +28,7 @@ def _load_fuzz() -> ModuleType:
 
 fz = _load_fuzz()
 
-CFG = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CFG = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 JSON = fz.CODECS["json"]
 JSON_SMALL = fz.CODECS["json-small"]
 MP = fz.CODECS["msgpack"]

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.dialects import qpubs as qpd
+from tests.hypothesis_budget import examples
 
 
 def _load() -> Any:
@@ -34,13 +35,13 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=400))
 def test_any_bytes_keep_the_framing_properties(data: bytes) -> None:
     fq.check_stream(data)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=20), json_values, st.text(max_size=40))
 def test_rendered_lines_decode_as_the_stock_client_reads_them(call_id: str, value: Any, message: str) -> None:
     fq.check_renderers(call_id, value, message)
@@ -59,7 +60,7 @@ calls = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(calls, max_size=12), st.lists(st.integers(1, 40), max_size=20))
 def test_well_formed_calls_give_one_output_each_however_cut(
     msgs: list[dict[str, Any]], cuts: list[int]

@@ -13,6 +13,7 @@ from types import ModuleType
 from hypothesis import HealthCheck, given, settings
 
 from hubbub.events import Event, Publisher
+from tests.hypothesis_budget import examples
 
 FUZZ = Path(__file__).resolve().parents[2] / "fuzz"
 
@@ -25,7 +26,7 @@ def _load_fuzz() -> ModuleType:
 
 fr = _load_fuzz()
 
-CFG = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CFG = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @CFG

@@ -11,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from hubbub.channels import Pattern, parse_pattern
 from hubbub.router import Router
+from tests.hypothesis_budget import examples
 
 # Small alphabets so that patterns and channels collide often. "*" as a channel segment is the literal star
 # (canonical for "%2A"); in a pattern it is written "%2A", and "*" there is the one-segment slot.
@@ -118,11 +119,11 @@ class RouterMachine(RuleBasedStateMachine):
 
 
 TestRouterMachine = RouterMachine.TestCase
-TestRouterMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestRouterMachine.settings = settings(max_examples=examples(200), stateful_step_count=40, deadline=None)
 
 
 @pytest.mark.parametrize("cache_size", [0, 64])
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     subs=st.lists(st.tuples(patterns(), sub_tags), max_size=25),
     probes=st.lists(st.tuples(channels, event_tags), min_size=1, max_size=25),

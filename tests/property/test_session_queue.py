@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.core.session import FrameRun, Overflow, Session
+from tests.hypothesis_budget import examples
 
 
 class Enc:
@@ -42,7 +43,7 @@ def flatten(entries: list[bytes | FrameRun]) -> list[bytes]:
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(OPS)
 def test_frames_come_out_in_order_within_each_take_limit(ops: list[tuple[str, Any]]) -> None:
     s = Session("native", Enc(), max_items=1 << 20, max_bytes=1 << 30, overflow=Overflow.DISCONNECT)
@@ -78,7 +79,7 @@ def test_frames_come_out_in_order_within_each_take_limit(ops: list[tuple[str, An
     assert s.queued == 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(1, 8), OPS)
 def test_drop_oldest_drops_oldest_events_keeps_replies(cap: int, ops: list[tuple[str, Any]]) -> None:
     s = Session("mist1", Enc(), max_items=cap, max_bytes=1 << 30, overflow=Overflow.DROP_OLDEST)

@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from hubbub.channels import Pattern, parse_pattern
 from hubbub.router import Router
 from hubbub.router.tags import TagIndex
+from tests.hypothesis_budget import examples
 
 # A small alphabet makes subsets frequent; "é" and "" check byte order and the empty tag.
 TAGS = ["a", "b", "c", "d", "e", "é", ""]
@@ -102,10 +103,10 @@ class TagIndexMachine(RuleBasedStateMachine):
 
 
 TestTagIndexMachine = TagIndexMachine.TestCase
-TestTagIndexMachine.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+TestTagIndexMachine.settings = settings(max_examples=examples(200), stateful_step_count=50, deadline=None)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     subs=st.lists(sub_tags, max_size=40),
     probes=st.lists(event_tags, min_size=1, max_size=20),

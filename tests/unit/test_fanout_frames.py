@@ -19,6 +19,7 @@ from hubbub.dialects import native as nc
 from hubbub.events import Event, Publisher
 from hubbub.router import Router
 from hubbub.transports.native import NativeEncoder
+from tests.hypothesis_budget import examples
 
 PUBLISHERS = [
     Publisher("native", "u", "a", ""),
@@ -55,7 +56,7 @@ def fan_out_runs(draw: st.DrawFn) -> list[Event]:
 
 
 @pytest.mark.parametrize("encoding", ["msgpack", "json"])
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(events=fan_out_runs(), ids=st.sampled_from([("s",), ("s", "t2")]))
 def test_run_frames_are_the_single_event_frames(
     encoding: nc.Encoding, events: list[Event], ids: tuple[str, ...]

@@ -14,6 +14,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log import RetentionPolicy, open_store
 from hubbub.log.base import AppendRequest, LogStore
 from hubbub.transports.guble import plan_fetch
+from tests.hypothesis_budget import examples
 
 CHANNELS = ["/a", "/a/x", "/a/y/z", "/b"]
 
@@ -64,7 +65,7 @@ def naive(
     return kept[-k:]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.lists(st.sampled_from(CHANNELS), min_size=0, max_size=60),
     st.sampled_from(["/", "/a", "/a/x", "/b"]),

@@ -20,6 +20,7 @@ from hubbub.dialects.native_common import MSGPACK_BODY_PAIRS, event_body_json, e
 from hubbub.dialects.native_deliver import deliver_frame
 from hubbub.events import Event, Publisher
 from hubbub.log.consumers import JournalItem
+from tests.hypothesis_budget import examples
 
 _MP_ITEM_HEAD = bytes([0x80 | (MSGPACK_BODY_PAIRS + 2)]) + msgpack.packb("pos")
 _MP_ATTEMPTS = msgpack.packb("attempts")
@@ -100,7 +101,7 @@ batches = st.tuples(
 
 
 @pytest.mark.parametrize("encoding", ["json", "msgpack"])
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(calls=st.lists(batches, min_size=1, max_size=4))
 def test_deliver_frames_equal_the_per_item_rule(
     encoding: nc.Encoding, calls: list[tuple[str, int, list[JournalItem]]]

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hubbub.dialects import native as nc
 from hubbub.dialects.native import _REPLY_PARTS_MAX
 from hubbub.events import Event, Publisher
+from tests.hypothesis_budget import examples
 
 widths = st.sampled_from([0, 1, 127, 128, 255, 256, 65535, 65536, (1 << 32) - 1, 1 << 32, (1 << 63) - 1])
 ints = st.one_of(widths, st.integers(0, (1 << 63) - 1))
@@ -20,7 +21,7 @@ def event(channel: str, seq: int, epoch: str, time_ns: int) -> Event:
     return Event(channel, seq, epoch, time_ns, Publisher("native", "u", "s", ""), b"p", "x/y", {}, ())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     rid=ints,
     seq=ints,
@@ -65,7 +66,7 @@ class _Result:
         self.duplicate = duplicate
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(
         st.tuples(

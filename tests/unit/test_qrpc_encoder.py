@@ -14,6 +14,7 @@ from hubbub.dialects import qpubs as qpd
 from hubbub.events import Event, Publisher
 from hubbub.transports.qpubs_http import StreamEncoder
 from hubbub.transports.qrpc import QrpcEncoder
+from tests.hypothesis_budget import examples
 
 segments = st.sampled_from(["a", "b", "x", "", "*"])
 channels = st.lists(segments, min_size=1, max_size=4).map(lambda s: "/" + "/".join(s))
@@ -38,7 +39,7 @@ def _subscribed(topic: qpd.Topic, channel: str) -> bool:
     return pattern is not None and pattern.matches(channel)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 # Integers beyond 64 bits are read back as doubles (orjson, as JavaScript's JSON.parse does with any integer
 # past 2**53), so the exact round trip holds for the 64-bit range.
 @given(st.lists(topics, min_size=1, max_size=5), channels, st.integers(-(2**63), 2**64 - 1))
@@ -74,7 +75,7 @@ def test_qrpc_lines_agree_with_the_count(texts: list[str], channel: str, value: 
     asyncio.run(main())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(topics, channels, st.booleans())
 def test_http_stream_frames_agree_with_the_count(text: str, channel: str, sse: bool) -> None:
     topic = _topic(text)

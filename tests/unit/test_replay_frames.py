@@ -14,6 +14,7 @@ from hubbub.dialects import native as nc
 from hubbub.dialects.native_common import _msgpack_heads, event_batches, event_frames, pack_batches
 from hubbub.events import Event, Publisher
 from hubbub.log.base import EventRun
+from tests.hypothesis_budget import examples
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 payloads = st.one_of(
@@ -62,7 +63,7 @@ def runs(draw: st.DrawFn) -> tuple[Event, list[tuple[int, bytes]]]:
 
 
 @pytest.mark.parametrize("encoding", ["msgpack", "json"])
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     run=runs(),
     subs=st.lists(st.sampled_from(["s", "%d", "é", "sub-2"]), min_size=1, max_size=3, unique=True),
@@ -124,7 +125,7 @@ limits = st.one_of(st.integers(1, 4000), st.just(1 << 20))
 
 
 @pytest.mark.parametrize("encoding", ["msgpack", "json"])
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(frames=st.lists(st.binary(min_size=1, max_size=300), max_size=40), limit=limits)
 def test_pack_batches_is_greedy_within_the_limit(
     encoding: nc.Encoding, frames: list[bytes], limit: int
@@ -155,7 +156,7 @@ def uniform_runs(draw: st.DrawFn) -> tuple[Event, list[tuple[int, bytes]]]:
 
 
 @pytest.mark.parametrize("encoding", ["msgpack", "json"])
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(run=st.one_of(runs(), uniform_runs()), replay=st.booleans(), limit=limits)
 def test_run_batches_equal_packed_single_event_frames(
     encoding: nc.Encoding, run: tuple[Event, list[tuple[int, bytes]]], replay: bool, limit: int
@@ -165,7 +166,7 @@ def test_run_batches_equal_packed_single_event_frames(
     assert event_batches(encoding, proto, rows, ("s", "%d"), replay, limit) == want
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(run=uniform_runs(), replay=st.booleans())
 def test_uniform_msgpack_runs_take_the_struct_path(
     run: tuple[Event, list[tuple[int, bytes]]], replay: bool

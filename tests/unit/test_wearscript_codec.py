@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hubbub.channels import parse_pattern
 from hubbub.dialects import wearscript as ws
 from hubbub.events import Event, Publisher
+from tests.hypothesis_budget import examples
 
 
 def frame(*items: Any) -> bytes:
@@ -152,7 +153,7 @@ def test_an_oversized_frame_closes_1009() -> None:
 
 
 @given(st.binary(max_size=200))
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 def test_any_bytes_decode_or_close(data: bytes) -> None:
     try:
         f = ws.decode_frame(data)
@@ -481,7 +482,7 @@ def _wide(items: list[Any]) -> bytes:
     st.lists(msgpack_values, max_size=20),
     st.sampled_from(["old", "new", "wide"]),
 )
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_every_published_frame_goes_out_byte_identical(name: str, args: list[Any], style: str) -> None:
     """Whatever packer a peer uses, a data message is rendered back to the very frame that came in: the
     Publish output, stored as an event, renders to it (mapping.md §5.2)."""
