@@ -279,8 +279,9 @@ def _reply_to(codec: nc.NativeCodec, cmd: Any) -> list[bytes]:
     elif isinstance(cmd, nc.Subscribe):
         out.append(codec.encode_subscribe_reply(cmd.id, cmd.sub, Position(3, "e"), None))
         out.append(codec.encode_subscribe_reply(cmd.id, cmd.sub, None, 2**64 - 1))
-        out.append(codec.encode_gap(cmd.sub, "/a", Position(1, "e"), Position(9, "f"), "trimmed"))
-        out.append(codec.encode_recovered(cmd.sub, 5, Position(9, "f")))
+        gap = {"channel": "/a", "since": Position(1, "e"), "position": Position(9, "f"), "reason": "trimmed"}
+        out.append(codec.encode_push("gap", sub=cmd.sub, **gap))
+        out.append(codec.encode_push("recovered", sub=cmd.sub, replayed=5, position=Position(9, "f")))
     elif isinstance(cmd, nc.Publish):
         ev = Event(
             cmd.channel, 1, "e", 1, Publisher("native"), cmd.payload, cmd.content_type, cmd.headers, cmd.tags
@@ -322,7 +323,9 @@ def check_native(case: tuple[str, bytes, list[Any]]) -> None:
     out.append(codec.encode_event(ev, tuple(subs), replay=bool(subs), cache={}))
     out.append(codec.encode_batch(out[-3:]))
     if pos is not None:
-        out.append(codec.encode_gap(detail, ev.channel, pos, pos, detail))
+        out.append(
+            codec.encode_push("gap", sub=detail, channel=ev.channel, since=pos, position=pos, reason=detail)
+        )
         out.append(nc.render_sse_gap(ev.channel, detail, pos, pos))
     out.append(nc.render_sse_recovered(len(seqs)))
     out.append(nc.render_http_error(code, detail, send_detail=True, position=pos)[1])

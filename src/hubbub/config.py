@@ -572,11 +572,3 @@ def load_config(
         cfg, limits=replace(cfg.limits, **limits), retention=replace(cfg.retention, **retention), **top
     )
     return cfg.validate()
-
-
-def overrides_from_json(doc: str) -> dict[str, Any]:
-    """Parse a JSON object of dotted keys (as conformance vectors give them)."""
-    obj = json.loads(doc)
-    if not isinstance(obj, dict):
-        raise ConfigError("expected a JSON object of dotted keys")
-    return {str(k): v for k, v in obj.items()}

@@ -195,7 +195,6 @@ class Server:
             ping_interval=cfg.native_ping_interval_s,
             codec_limits=codec_limits,
             cors_origins=parse_cors_origin(cfg.cors_origin),
-            locked_routes=_locked_routes(cfg),
         )
         installers: list[RouteInstaller] = []
         if cfg.ivy_enabled:
@@ -591,24 +590,6 @@ def build_authenticator(cfg: Config) -> Authenticator:
         audience=cfg.auth_jwt_audience,
         issuer=cfg.auth_jwt_issuer,
     )
-
-
-#: HTTP routes of each dialect whose token presentation is not served yet (README §6): with its auth on
-#: they answer 401 rather than serve without checking tokens. Native, ivy, guble, wearscript and qpubs
-#: take tokens; the others stay here until their routes take them too (a dialect without ``<dialect>.enabled``
-#: has no routes yet).
-_UNWIRED_ROUTES: dict[str, tuple[str, ...]] = {}
-
-
-def _locked_routes(cfg: Config) -> tuple[str, ...]:
-    out: list[str] = []
-    for dialect, routes in _UNWIRED_ROUTES.items():
-        if getattr(cfg, f"{dialect}_enabled", False) and cfg.dialect_auth(dialect) == "token":
-            log.warning(
-                "%s does not take tokens yet: with %s.auth = token its routes answer 401", dialect, dialect
-            )
-            out += routes
-    return tuple(out)
 
 
 #: The cyclic garbage collector's thresholds (generations 0, 1, 2) while a server process runs.

@@ -593,12 +593,17 @@ def test_pushes() -> None:
     assert JSON.encode_push("recovered", position=Position(3, EPOCH), replayed=2, sub="s1") == (
         b'{"op":"recovered","sub":"s1","replayed":2,"position":{"seq":3,"epoch":"k3j2a9x1"}}'
     )
-    assert JSON.encode_recovered("s1", 0) == b'{"op":"recovered","sub":"s1","replayed":0}'
+    assert (
+        JSON.encode_push("recovered", sub="s1", replayed=0) == b'{"op":"recovered","sub":"s1","replayed":0}'
+    )
     gap = (
         b'{"op":"gap","sub":"s1","channel":"/a","since":{"seq":10,"epoch":"old"},'
         b'"position":{"seq":42,"epoch":"new"},"reason":"epoch"}'
     )
-    assert JSON.encode_gap("s1", "/a", Position(10, "old"), Position(42, "new"), "epoch") == gap
+    pushed = JSON.encode_push(
+        "gap", sub="s1", channel="/a", since=Position(10, "old"), position=Position(42, "new"), reason="epoch"
+    )
+    assert pushed == gap
     given_as_maps = JSON.encode_push(
         "gap",
         reason="epoch",

@@ -34,7 +34,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Final
 
 from hubbub.errors import HubbubError, StorageError
@@ -43,8 +43,6 @@ from hubbub.log.base import AppendRequest, AppendResult, LogStore
 __all__ = ["SWITCH_INTERVAL_S", "LogWriter"]
 
 log = logging.getLogger("hubbub.writer")
-
-Completion = Callable[[Sequence[Any], "list[AppendResult] | HubbubError"], None]
 
 _STOP = object()
 

@@ -589,16 +589,6 @@ class NativeCodec:
                 obj[k] = plain(v)
         return self._dump(obj)
 
-    def encode_gap(self, sub: str, channel: str, since: Position, position: Position, reason: str) -> bytes:
-        return self.encode_push(
-            "gap", sub=sub, channel=channel, since=since, position=position, reason=reason
-        )
-
-    def encode_recovered(self, sub: str, replayed: int, position: Position | None = None) -> bytes:
-        if position is None:
-            return self.encode_push("recovered", sub=sub, replayed=replayed)
-        return self.encode_push("recovered", sub=sub, replayed=replayed, position=position)
-
     # -- encoding: events (the hot path) ----------------------------------------------------------------
 
     def event_body(self, event: Event, cache: dict[Any, Any] | None = None) -> bytes:

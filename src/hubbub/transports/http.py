@@ -27,7 +27,7 @@ from hubbub.core.replay import plan_replay, trimmed_after
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
-from hubbub.errors import AuthError, BadRequest, EpochMismatch, HubbubError
+from hubbub.errors import BadRequest, EpochMismatch, HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.federation.wire import BELOW_HEADER, NODE_HEADER, parse_node
 from hubbub.log.base import AppendRequest, LogStore
@@ -91,9 +91,6 @@ class HttpSettings:
     codec_limits: dict[str, int]
     #: ``cors_origin`` parsed: ``()`` is off, ``("*",)`` any origin, else the allowed origins (README §1).
     cors_origins: tuple[str, ...] = ()
-    #: Routes of dialects that must authenticate but cannot yet take a token: with auth on they answer
-    #: 401 (see :func:`locked_route`). Entries ending in ``/`` are prefixes, the others exact paths.
-    locked_routes: tuple[str, ...] = ()
 
 
 def text_response(status: int, body: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -225,29 +222,15 @@ def route_dialect(path: str) -> str:
     return "http"
 
 
-def locked_route(path: str, locked: tuple[str, ...]) -> bool:
-    """Whether ``path`` belongs to a dialect listed in ``locked`` (native routes never are)."""
-    if path in NATIVE_PATHS or path.startswith("/api/v1/"):
-        return False
-    return any(path.startswith(r) if r.endswith("/") else path == r for r in locked)
-
-
 def _admission(node: Node, settings: HttpSettings) -> Any:
-    """Middleware: the lock on routes of dialects that cannot take a token yet, and the count of bodies over
-    ``limits.max_frame`` by dialect. (Connection limits are checked once per socket, when it is accepted:
-    ``transports/http_listener.py``.)"""
-    locked = settings.locked_routes
+    """Middleware: the count of bodies over ``limits.max_frame`` by dialect. (Connection limits are checked
+    once per socket, when it is accepted: ``transports/http_listener.py``.)"""
 
     @web.middleware
     async def admission(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> Any:
         path = request.path
-        if locked and locked_route(path, locked):
-            node.access.refused(
-                AuthError("dialect takes no token yet", code=4100), "http", peer_address(request)
-            )
-            return text_response(401, "unauthorized\n")
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:

@@ -32,8 +32,3 @@ def _error(what: str, exc: BaseException) -> StorageError:
         name = f"{name} {state}"
     log.error("postgres: %s failed: %s: %s", what, name, exc)
     return StorageError(f"log {what} failed ({name})")
-
-
-def _connection_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` says the connection (or the server) went away rather than that a statement failed."""
-    return isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout)
