@@ -35,6 +35,7 @@ from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, RedisPresen
 from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import ConsumerService, Node, NodeSettings
 from hubbub.core.limits import LimitSettings
+from hubbub.core.supervisor import Supervision
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import StorageError
@@ -109,6 +110,9 @@ class Server:
         self.federation: FederationHub | None = None
         self.upstreams: list[FederationUpstream] = []
         self._dir_lock = -1
+        #: The components :meth:`start` entered (node, broker, presence, consumers, listeners, links up), left
+        #: in reverse order by :meth:`stop`.
+        self._components = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Server:
         try:
@@ -164,21 +168,30 @@ class Server:
         )
         if cfg.tls_cert:
             self._ssl = server_context(cfg.tls_cert, cfg.tls_key)
-        await node.__aenter__()
+        # Every long-lived component is entered here, and left in the reverse order by stop().
+        stack = self._components
+        if broker is not None:
+            # Left after the node: its last commits go to the other nodes too.
+            stack.push_async_callback(broker.close)
+        await stack.enter_async_context(node)
         if broker is not None:
             await broker.start(node)  # before any listener: the node delivers from the log's heads on
-            presence = self._presence = build_presence(cfg, broker.node_id)
+            stack.push_async_callback(broker.sequencer.close)  # no more fills: the store closes with the node
+            presence = self._presence = build_presence(cfg, broker.node_id, node.supervision)
             presence.follow(broker.up)  # one view of Redis in /healthz: the broker's, which sees it first
             broker.watch_state(presence.follow)
-            await presence.start()
+            await stack.enter_async_context(presence)  # left after the listeners: members leave the rosters
             node.presence = presence  # rosters (guble subscribers, mist who) cluster-wide
-        self.consumers = ConsumerService(
-            node,
-            poll_s=cfg.cluster_poll_interval_s,
-            max_consumers=lim.max_consumers,
-            held_bytes_max=lim.consumer_memory,
+        self.consumers = await stack.enter_async_context(
+            ConsumerService(
+                node,
+                poll_s=cfg.cluster_poll_interval_s,
+                max_consumers=lim.max_consumers,
+                held_bytes_max=lim.consumer_memory,
+            )
         )
-        await self.consumers.start()
+        # The listeners and their connections end before the components above.
+        stack.push_async_callback(self._close_listeners)
         codec_limits = {
             "max_channel_bytes": lim.max_channel_bytes,
             "max_tags": lim.max_tags,
@@ -259,7 +272,6 @@ class Server:
                 log.warning("linked WearScript hubs should each have their own wearscript.group_device")
             self.wearscript_upstream = WearscriptUpstream(self.wearscript, str(cfg.wearscript_upstream))
             self._native_http.registry.register(WearscriptLinkCollector(self.wearscript_upstream))
-            self.wearscript_upstream.start()
 
         if cfg.qpubs_enabled:
             host, port = parse_listen(cfg.qpubs_qrpc_listen, "qpubs.qrpc_listen")
@@ -274,8 +286,6 @@ class Server:
             )
             self.ports["qrpc"] = self._qrpc_server.port
             log.info("listening", extra={"listener": "qrpc", "address": f"{host}:{self.ports['qrpc']}"})
-        for link in self.upstreams:
-            link.start()
 
         if cfg.native_enabled:
             host, port = parse_listen(cfg.native_tcp_listen, "native.tcp_listen")
@@ -350,6 +360,12 @@ class Server:
             )
             self.ports["mist"] = self._mist_tcp.port
             log.info("listening", extra={"listener": "mist", "address": f"{host}:{self.ports['mist']}"})
+        # The links up start last and stop first: they must not reconnect while the node stops, and they save
+        # their cursors once no more events move.
+        if self.wearscript_upstream is not None:
+            await stack.enter_async_context(self.wearscript_upstream)
+        for link in self.upstreams:
+            await stack.enter_async_context(link)
         log.info(
             "hubbub %s started",
             __version__,
@@ -403,13 +419,40 @@ class Server:
         log.info("reloaded keys and certificates")
 
     async def stop(self) -> None:
-        """Graceful shutdown. Idempotent."""
-        if self.wearscript_upstream is not None:
-            await self.wearscript_upstream.close()  # first: it must not reconnect while the node stops
-            self.wearscript_upstream = None
-        for link in self.upstreams:
-            await link.close()  # first too: it saves its cursors once no more events move
-        self.upstreams = []
+        """Graceful shutdown: the components entered by :meth:`start`, left in reverse order (the links up,
+        then the listeners and connections, consumers, presence, the sequencer, the node, the broker), then
+        the data directory's lock. Idempotent."""
+        node = self.node
+        try:
+            await self._components.aclose()
+        finally:
+            self.node = None
+            self.consumers = self._broker = self._presence = self.wearscript_upstream = None
+            self.upstreams = []
+            if self._dir_lock >= 0:
+                os.close(self._dir_lock)  # last: everything that wrote in the data directory has stopped
+                self._dir_lock = -1
+        if node is not None:
+            log.info("hubbub stopped")
+
+    async def wait(self, stop: asyncio.Event) -> str | None:
+        """Wait until ``stop`` is set (a signal) or a component's failure asks the node to stop
+        (``core/supervisor.py``, ``Policy.STOP``); return that failure (``"<component>: <task>"``), or
+        ``None``."""
+        assert self.node is not None
+        sup = self.node.supervision
+        waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(sup.stop_requested.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.wait(waits)
+        return sup.stop_reason
+
+    async def _close_listeners(self) -> None:
+        """Stop the listeners and close the connections with 1001 (the first step of :meth:`stop` past the
+        links up)."""
         if self._tcp is not None:
             self._tcp.close()
         if self._mist_tcp is not None:
@@ -458,25 +501,6 @@ class Server:
             self.wearscript.close()
             self.wearscript = None
         self.mist = None
-        if self.consumers is not None:
-            await self.consumers.close()
-            self.consumers = None
-        if node is not None:
-            if self._broker is not None:
-                await self._broker.sequencer.close()  # no more fills: the store closes with the node
-            await node.close()
-            self.node = None
-        if self._broker is not None:
-            await self._broker.close()  # after the node: its last commits go to the other nodes too
-            self._broker = None
-        if self._presence is not None:
-            await self._presence.close()  # after the listeners: this node's members leave the rosters
-            self._presence = None
-        if self._dir_lock >= 0:
-            os.close(self._dir_lock)  # last: everything that wrote in the data directory has stopped
-            self._dir_lock = -1
-        if node is not None:
-            log.info("hubbub stopped")
 
 
 #: The lock file in a data directory: held by the server using the directory.
@@ -575,9 +599,11 @@ def build_broker(cfg: Config, store: LogStore) -> RedisBroker:
     return RedisBroker(settings, store)
 
 
-def build_presence(cfg: Config, node_id: str) -> RedisPresence:
+def build_presence(cfg: Config, node_id: str, supervision: Supervision | None = None) -> RedisPresence:
     """The cluster-wide rosters of a cluster node (docs/cluster.md "Presence"), in the broker's Redis."""
-    return RedisPresence(cfg.broker, node_id, cfg.cluster_redis_channel, cfg.cluster_presence_ttl_s)
+    return RedisPresence(
+        cfg.broker, node_id, cfg.cluster_redis_channel, cfg.cluster_presence_ttl_s, supervision=supervision
+    )
 
 
 def build_authenticator(cfg: Config) -> Authenticator:
@@ -629,8 +655,10 @@ async def _serve(config: Config, reload_config: Callable[[], Config] | None = No
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, server.reload)
         tune_gc()
-        await stop.wait()
-        log.info("shutting down")
+        failed = await server.wait(stop)
+        log.info("shutting down" if failed is None else f"shutting down: {failed} failed")
+    if failed is not None:
+        raise SystemExit(1)
 
 
 def run(config: Config, reload_config: Callable[[], Config] | None = None) -> None:

@@ -566,6 +566,6 @@ def test_total_size_retention_runs_on_its_interval(tmp_path: Path) -> None:
                 await asyncio.sleep(0.02)  # the task's interval
             page = await node.read_channel("/r")
             assert [e.seq for e in page.events] == list(range(info.first, 6)) and info.first > 1
-        assert node.retention._task is None
+        assert not [t for t in asyncio.all_tasks() if t.get_name() == "retention"]
 
     asyncio.run(main())

@@ -29,7 +29,6 @@ broker run on its own small thread pool, never on the node's readers, so a reade
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
@@ -46,6 +45,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from hubbub.core.supervisor import Supervisor
 from hubbub.events import Event
 from hubbub.log.base import ChannelInfo, LogStore
 
@@ -116,7 +116,9 @@ class RedisBroker:
         self._outbox: list[Event] = []
         self._wake = asyncio.Event()
         self._dirty: dict[str, tuple[str, int]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: The receive, publish and watch loops (restarted should one fail): the node's supervision once
+        #: :meth:`start` has it.
+        self._tasks = Supervisor("broker")
         self._closed = False
         self.up = False
         self._changed = time.monotonic()
@@ -139,6 +141,8 @@ class RedisBroker:
         tasks. Call before the node's listeners start: nothing is delivered before the heads are read."""
         self._node = node
         self._loop = asyncio.get_running_loop()
+        self._tasks = Supervisor("broker", node.supervision)
+        self.sequencer.supervise(node.supervision)
         try:
             await self._subscribe()
         except (RedisError, OSError) as exc:
@@ -150,9 +154,10 @@ class RedisBroker:
         self.sequencer.seed(await self._all_heads())
         self.sequencer.note_time(t0)
         node.relay = self
-        self._spawn(self._receive_loop())
-        self._spawn(self._publish_loop())
-        self._spawn(self._watch_loop())
+        self._tasks.open()
+        self._tasks.run("cluster-receive", self._receive_loop)
+        self._tasks.run("cluster-publish", self._publish_loop)
+        self._tasks.run("cluster-watch", self._watch_loop)
         log.info(
             "cluster: node %s on %s",
             self.node_id,
@@ -165,28 +170,25 @@ class RedisBroker:
         if self._closed:
             return
         if self._outbox and self.up:
-            with contextlib.suppress(RedisError, OSError, TimeoutError):
+            try:
                 await asyncio.wait_for(self._publish(self._take()), 2.0)
+            except (RedisError, OSError, TimeoutError) as exc:
+                self._tasks.supervision.note(
+                    "broker", "last publish", exc, "the other nodes fill from the log"
+                )
         self._closed = True
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self._tasks.aclose()
         await self.sequencer.close()
         await self._drop_pubsub()
         for client in (self._pub, self._sub):
-            with contextlib.suppress(Exception):
+            try:
                 await client.aclose()
+            except Exception as exc:  # closing: nothing to do but say so
+                self._tasks.supervision.note("broker", "closing a Redis client", exc, "ignored")
         if self._node is not None and self._node.relay is self:
             self._node.relay = None
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._reads.shutdown, True)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def _set_up(self, up: bool) -> None:
         changed = up != self.up
@@ -290,6 +292,13 @@ class RedisBroker:
         if n:
             log.info("cluster: catching up %d channels from the log", n)
 
+    async def _sync_logged(self) -> None:
+        """:meth:`_sync`, its failure (the log away) logged and counted: the caller tries again later."""
+        try:
+            await self._sync()
+        except Exception as exc:
+            self._tasks.supervision.note("broker", "catching up from the log", exc, "tried again later")
+
     async def _watch_loop(self) -> None:
         """While Redis is up, the events of a node killed between its commit and its publish, or of a message
         Redis dropped, would reach this node only with a later event of their channel. So every poll interval
@@ -310,8 +319,8 @@ class RedisBroker:
                 t = await self._top_time()
                 if t > self.sequencer.max_time:
                     behind = t
-            except Exception as exc:  # the log away: the fills report it; try again next interval
-                log.debug("cluster: watching the log failed: %s", exc)
+            except Exception as exc:  # the log away: try again next interval
+                self._tasks.supervision.note("broker", "watching the log", exc, "tried again next interval")
 
     def position(self, channel: str, epoch: str, top: int) -> int:
         """How far (``<= top``) this node delivered the channel's epoch ``epoch``, waiting a moment for it
@@ -357,8 +366,7 @@ class RedisBroker:
         try:
             await asyncio.wait_for(ps.subscribe(self.settings.redis_channel), 5.0)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await ps.aclose()  # type: ignore[no-untyped-call]
+            await self._close_pubsub(ps)
             raise
         self._pubsub = ps
         self._set_up(True)
@@ -366,8 +374,13 @@ class RedisBroker:
     async def _drop_pubsub(self) -> None:
         ps, self._pubsub = self._pubsub, None
         if ps is not None:
-            with contextlib.suppress(Exception):
-                await ps.aclose()
+            await self._close_pubsub(ps)
+
+    async def _close_pubsub(self, ps: Any) -> None:
+        try:
+            await ps.aclose()
+        except Exception as exc:  # a subscription Redis already dropped: nothing to do but say so
+            self._tasks.supervision.note("broker", "closing the Redis subscription", exc, "ignored")
 
     async def _receive_loop(self) -> None:
         delay = 0.1
@@ -380,15 +393,13 @@ class RedisBroker:
                     delay = 0.1
                 except (RedisError, OSError, TimeoutError) as exc:
                     log.debug("cluster: Redis still unavailable: %s", exc)
-                    with contextlib.suppress(Exception):
-                        await self._sync()  # the log away too: the next interval tries again
+                    await self._sync_logged()  # the log away too: the next interval tries again
                     await asyncio.sleep(min(delay, self.settings.poll_interval_s))
                     delay = min(delay * 2, self.settings.poll_interval_s)
                     continue
                 # Subscribed again: what was committed while away is in the log.
                 self._wake.set()  # announce this node's own tops
-                with contextlib.suppress(Exception):
-                    await self._sync()
+                await self._sync_logged()
             try:
                 msg = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             except (RedisError, OSError) as exc:

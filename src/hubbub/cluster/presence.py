@@ -44,6 +44,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from hubbub.core.presence import LocalPresence, Member
+from hubbub.core.supervisor import Supervision, Supervisor
 
 __all__ = ["RedisPresence"]
 
@@ -57,7 +58,15 @@ READ_TIMEOUT_S = 2.0
 class RedisPresence:
     """See the module docstring. ``prefix``: the cluster's Redis channel (clusters sharing a Redis differ)."""
 
-    def __init__(self, url: str, node_id: str, prefix: str, ttl_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        node_id: str,
+        prefix: str,
+        ttl_s: float = 15.0,
+        *,
+        supervision: Supervision | None = None,
+    ) -> None:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
         self.node_id = node_id
@@ -80,6 +89,8 @@ class RedisPresence:
         self._link_up = True
         self._retry = asyncio.Event()
         self._rewait = False
+        #: The background writer (restarted should it fail), and its task.
+        self._tasks = Supervisor("presence", supervision)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.up = False
@@ -109,19 +120,24 @@ class RedisPresence:
     async def start(self) -> None:
         """Write this node's (empty) presence, or note that Redis is away, and start the heartbeat."""
         await self._step()
-        self._task = asyncio.ensure_future(self._run())
+        self._tasks.open()
+        self._task = self._tasks.run("presence-writer", self._run)
+
+    async def __aenter__(self) -> RedisPresence:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     async def close(self) -> None:
         """Stop the heartbeat and remove this node's entries (so its members leave every roster now)."""
         if self._closed:
             return
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await self._tasks.aclose()
         if self.up:
-            with contextlib.suppress(*_FAILURES):
+            try:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for roster in self._written:
                         pipe.delete(self._roster_key(self.node_id, roster))
@@ -130,8 +146,13 @@ class RedisPresence:
                     pipe.delete(self._marker())
                     pipe.zrem(self._nodes, self.node_id)
                     await asyncio.wait_for(pipe.execute(), READ_TIMEOUT_S)
-        with contextlib.suppress(Exception):
+            except _FAILURES as exc:
+                action = "its entries expire with the TTL"
+                self._tasks.supervision.note("presence", "removing this node's entries", exc, action)
+        try:
             await self._redis.aclose()
+        except Exception as exc:  # closing: nothing to do but say so
+            self._tasks.supervision.note("presence", "closing the Redis client", exc, "ignored")
 
     # -- writes (never block) ---------------------------------------------------------------------------
 

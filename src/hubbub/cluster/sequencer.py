@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from hubbub.core.supervisor import Supervision, Supervisor
 from hubbub.errors import HubbubError
 from hubbub.events import Event
 from hubbub.log.base import ChannelInfo
@@ -107,7 +108,9 @@ class Sequencer(Generic[Origin]):
         self.max_pending = max_pending
         self._chans: dict[str, _Chan[Origin]] = {}
         self._fills = asyncio.Semaphore(max_fills)
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: The fills (one-shot: a fill that fails is reported and tried again by its channel's timer).
+        self._tasks = Supervisor("sequencer")
+        self._tasks.open()
         self._pending = 0
         self._closed = False
         # statistics
@@ -293,9 +296,7 @@ class Sequencer(Generic[Origin]):
             return
         st.filling = True
         st.done = asyncio.Event()
-        task = asyncio.ensure_future(self._fill(channel, st))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._fill(channel, st), f"cluster-fill {channel}")
 
     async def _fill(self, channel: str, st: _Chan[Origin]) -> None:
         retry = False
@@ -310,13 +311,13 @@ class Sequencer(Generic[Origin]):
                     self._retire_others(st)
                 if head.epoch:
                     await self._fill_range(channel, st, head.top)
-        except HubbubError as exc:
+        except HubbubError as exc:  # the log away: logged and counted, tried again
             self.fill_errors += 1
-            log.warning("cluster: filling %s from the log failed: %s", channel, exc)
+            self._tasks.supervision.note("sequencer", f"filling {channel} from the log", exc, "tried again")
             retry = True
-        except Exception:
+        except Exception as exc:
             self.fill_errors += 1
-            log.exception("cluster: filling %s from the log failed", channel)
+            self._tasks.supervision.failed("sequencer", f"filling {channel} from the log", exc, "tried again")
             retry = True
         finally:
             st.filling = False
@@ -415,17 +416,17 @@ class Sequencer(Generic[Origin]):
         self._drain(st)
         self._on_lost(channel)
 
+    def supervise(self, supervision: Supervision) -> None:
+        """Report the fills' failures to ``supervision`` (the node's), from now on."""
+        self._tasks.supervision = supervision
+
     async def close(self) -> None:
         self._closed = True
         for st in self._chans.values():
             if st.timer is not None:
                 st.timer.cancel()
                 st.timer = None
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self._tasks.aclose()
 
     def statistics(self) -> dict[str, Any]:
         return {

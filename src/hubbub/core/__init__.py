@@ -9,6 +9,7 @@ from .node import Node, NodeSettings, Subscription
 from .presence import LocalPresence, Member, Presence
 from .replay import Gap, ReplayPlan, ReplaySpec
 from .session import Encoder, Overflow, Session, new_session_id
+from .supervisor import Policy, Supervision, Supervisor
 
 __all__ = [
     "Batch",
@@ -23,10 +24,13 @@ __all__ = [
     "NodeSettings",
     "Opener",
     "Overflow",
+    "Policy",
     "Presence",
     "ReplayPlan",
     "ReplaySpec",
     "Session",
     "Subscription",
+    "Supervision",
+    "Supervisor",
     "new_session_id",
 ]

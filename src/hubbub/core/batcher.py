@@ -115,10 +115,10 @@ class WriteBatcher:
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the writer thread (on the running loop)."""
+    def start(self, on_crash: Callable[[BaseException], None] | None = None) -> None:
+        """Start the writer thread (on the running loop); ``on_crash(exc)`` runs on the loop if it dies."""
         self._loop = asyncio.get_running_loop()
-        self.writer = LogWriter(self.store, self._loop, self._on_committed, self.commit_batch)
+        self.writer = LogWriter(self.store, self._loop, self._on_committed, self.commit_batch, on_crash)
         self.writer.start()
 
     async def stop(self) -> None:

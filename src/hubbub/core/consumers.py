@@ -56,7 +56,6 @@ that raises is logged and its opener or member is closed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -78,6 +77,7 @@ from .consumer_metrics import ConsumerMetrics
 from .consumer_state import BACKOFF_MAX_NS, BACKOFF_STEP_NS, Batch, ConsumerState, Opener
 from .node import Node
 from .session import Session
+from .supervisor import Supervisor
 
 __all__ = ["BACKOFF_MAX_NS", "BACKOFF_STEP_NS", "Batch", "ConsumerService", "GroupMember", "Opener"]
 
@@ -100,7 +100,9 @@ class ConsumerService:
         self._node = node
         self._by_name: dict[str, ConsumerState] = {}
         self._by_id: dict[int, ConsumerState] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        #: The service's tasks: fills, settle writes (finished before close returns), the shared log's poll.
+        self._tasks = Supervisor("consumers", node.supervision)
+        self._tasks.open()
         self._groups = LiveGroups()
         self._settles = Settles(node, self._spawn)
         self._delivery = Delivery(
@@ -147,7 +149,7 @@ class ConsumerService:
         self._node.registry.rebound.append(self.rebind)
         await self._shared.reload()  # every consumer, at first
         if self._delivery.shared:
-            self._spawn(self._shared.run(), "consumer-poll")
+            self._tasks.run("consumer-poll", self._shared.run)
             if self._node.relay is not None:  # a cluster: groups span the nodes
                 self._groups.span(GroupShares(self._node.presence, self._shared.poll_s), self._spawn)
 
@@ -170,20 +172,12 @@ class ConsumerService:
         self._groups.leave_all()
         if self._settles.queued:
             self._settles.write()
-        for t in list(self._tasks):
-            if t.get_name().startswith("consumer-settle"):
-                with contextlib.suppress(Exception):
-                    await t
-            else:
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+        await self._tasks.aclose()  # the settle writes finish, the rest is cancelled
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.ensure_future(coro)
-        task.set_name(name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """A one-shot task of the service (its parts' fills and settle writes); a failure is logged and
+        counted (``core/supervisor.py``). Settle writes are waited for at close, the others cancelled."""
+        self._tasks.spawn(coro, name, finish=name.startswith("consumer-settle"))
 
     # -- definitions ----------------------------------------------------------------------------------------
 

@@ -14,6 +14,9 @@ The store is failing when the latest outcome of either is a failure, or when a p
 more than :data:`STALL_S` with nothing succeeding meanwhile (a store that hangs rather than refuses). Every
 failure is reported as ``StorageError`` (docs/cluster.md "Load balancer"); the cause is logged.
 
+The probing loop belongs to a :class:`~hubbub.core.supervisor.Supervisor` (component ``health``): should it
+fail other than by the store's failure (which it records), it is logged, counted and started again.
+
 Concurrency contract: :meth:`start`, :meth:`close` and :meth:`failure` are called from the event loop
 thread; the probe runs on its own thread. :meth:`close` returns once the probe's last read has ended (the
 store may be closed after it).
@@ -22,7 +25,6 @@ store may be closed after it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -32,6 +34,7 @@ from typing import Final, final
 from hubbub.errors import StorageError
 from hubbub.log.base import LogStore
 
+from .supervisor import Supervision, Supervisor
 from .writer import LogWriter
 
 __all__ = ["FAILURE", "PROBE_INTERVAL_S", "STALL_S", "StoreHealth"]
@@ -57,13 +60,14 @@ class StoreHealth:
         *,
         interval_s: float = PROBE_INTERVAL_S,
         stall_s: float = STALL_S,
+        supervision: Supervision | None = None,
     ) -> None:
         self._store = store
         self._writer = writer
         self.interval_s = interval_s
         self.stall_s = stall_s
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hubbub-store-probe")
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Supervisor("health", supervision)
         self._probe_ok = 0.0  # monotonic time of the last probe that answered
         self._probe_failed = 0.0  # and of the last that failed
         self._probing_since: float | None = None  # the probe in flight, if any
@@ -73,15 +77,12 @@ class StoreHealth:
     async def start(self) -> None:
         """Probe once (so that the first check knows), then every ``interval_s`` in the background."""
         await self._probe()
-        self._task = asyncio.ensure_future(self._run())
+        self._tasks.open()
+        self._tasks.run("store-probe", self._run)
 
     async def close(self) -> None:
         """Stop probing; wait for a probe in flight to end (off the loop)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._tasks.aclose()
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown, True)
 
     async def _run(self) -> None:

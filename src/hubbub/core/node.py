@@ -57,6 +57,7 @@ from .retention import RetentionTask
 from .session import Session
 from .stats import DialectCounters, Histogram
 from .subscriptions import Subscription, SubscriptionRegistry
+from .supervisor import Supervision
 
 if TYPE_CHECKING:
     from .consumers import ConsumerService
@@ -146,6 +147,9 @@ class Node:
         self.limiter = self.access.limiter
         self._new_epochs = new_epochs
         self._closing = False
+        #: Failures of the node's and its components' background tasks, and the request to stop the node
+        #: (``core/supervisor.py``): every component of this node reports here.
+        self.supervision = Supervision()
         s = self.settings
         #: Sessions, subscriptions, the router and live fan-out.
         self.registry = SubscriptionRegistry(self.access, s.max_subscriptions, self._on_slow)
@@ -164,9 +168,11 @@ class Node:
         self.replays = ReplayService(store, self.reads, self.registry, self.batcher.control)
         self.send_fetched = self.replays.send_fetched
         #: The store's health from a background probe and the writer's outcomes (``health_checks``).
-        self.store_health = StoreHealth(store, lambda: self.batcher.writer)
+        self.store_health = StoreHealth(store, lambda: self.batcher.writer, supervision=self.supervision)
         #: The log's time- and size-based retention (``max_age_s``, ``max_total_bytes``), on the writer.
-        self.retention = RetentionTask(self.batcher.control, s.retention, s.retention_interval_s)
+        self.retention = RetentionTask(
+            self.batcher.control, s.retention, s.retention_interval_s, self.supervision
+        )
         # statistics, per dialect
         self.published = self.registry.published
         self.deliveries = self.registry.deliveries
@@ -197,7 +203,8 @@ class Node:
     # -- lifecycle --------------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Node:
-        self.batcher.start()
+        # A writer thread that dies leaves nothing to commit with: the node is stopped (the server too).
+        self.batcher.start(on_crash=self.supervision.stopper("writer", "log-writer"))
         await self.store_health.start()
         if self._new_epochs:
             await self.batcher.control(lambda st: st.new_epochs_on_open())

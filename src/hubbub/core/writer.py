@@ -83,10 +83,14 @@ class LogWriter:
         loop: asyncio.AbstractEventLoop,
         on_committed: Callable[[list[Any], list[AppendResult] | HubbubError], None],
         max_batch: int = 4096,
+        on_crash: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._store = store
         self._loop = loop
         self._on_committed = on_committed
+        #: Called on the loop if the thread dies of a failure outside any one append or control (a bug):
+        #: nothing more can be committed, so the node is stopped (``core/supervisor.py``, ``Policy.STOP``).
+        self._on_crash = on_crash
         self._max_batch = max_batch
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="hubbub-log-writer", daemon=True)
@@ -159,6 +163,31 @@ class LogWriter:
             _restore_switch_interval()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:
+            # What was waiting fails at once; what was in hand when it died stays unanswered until the
+            # node's shutdown closes its connections.
+            err = StorageError("storage failure")
+            while True:
+                try:
+                    left = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if left is _STOP:
+                    continue
+                first, second = left
+                if isinstance(second, list):
+                    with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
+                        self._loop.call_soon_threadsafe(self._committed, 1, first, err)
+                else:
+                    self._resolve(first, None, err)
+            if self._on_crash is None:
+                raise
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._on_crash, exc)
+
+    def _serve(self) -> None:
         inbox = self._inbox
         stop = False
         while not stop:

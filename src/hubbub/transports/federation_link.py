@@ -48,7 +48,7 @@ import msgpack
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hubbub.channels import Pattern
-from hubbub.core import Node, Overflow, Session
+from hubbub.core import Node, Overflow, Session, Supervisor
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadFrame, HubbubError
 from hubbub.federation import Backoff, cycle_reason
@@ -203,7 +203,8 @@ class FederationUpstream:
         self.interest = Interest()
         self._interest_changed = self.interest.changed
         self._stopping = False
-        self._task: asyncio.Task[None] | None = None
+        #: The link's connection loop (which reconnects by itself): restarted should it fail.
+        self._tasks = Supervisor("federation", node.supervision)
         # From now, before any listener opens: no subscription may come before the link watches.
         self._unwatch: Any = node.watch_subscriptions(self.interest.watch)
         self._next_id = 1
@@ -223,8 +224,16 @@ class FederationUpstream:
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
+    async def __aenter__(self) -> FederationUpstream:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self.run())
+        self._tasks.open()
+        self._tasks.run(f"federation-link {self.name}", self.run)
 
     async def close(self) -> None:
         """Stop the link (it does not reconnect) and save its cursors."""
@@ -232,10 +241,7 @@ class FederationUpstream:
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await stopped(task, self.node, DIALECT, self.name)
+        await self._tasks.aclose()
         taken = self.cursors.snapshot()
         await asyncio.get_running_loop().run_in_executor(None, self.cursors.save_logged, taken)
 

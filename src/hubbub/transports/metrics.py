@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from hubbub import __version__
 from hubbub.core import Node
 from hubbub.core.consumer_metrics import LABELLED_MAX
+from hubbub.core.supervisor import COMPONENTS
 
 __all__ = [
     "CLUSTER_GAUGES",
@@ -72,6 +73,14 @@ class NodeCollector:
                     c.add_metric([d], v)
             yield c
         yield from self._access()
+        failures = CounterMetricFamily(
+            "hubbub_component_failures",
+            "Failures of a component's background tasks (logged at error or warning; core/supervisor.py)",
+            labels=["component"],
+        )
+        for name, n in sorted({**dict.fromkeys(COMPONENTS, 0), **node.supervision.failures}.items()):
+            failures.add_metric([name], n)
+        yield failures
         st = self.store_stats()
         yield GaugeMetricFamily("hubbub_log_events", "Retained events in the log", value=st.events)
         yield GaugeMetricFamily("hubbub_log_bytes", "Retained payload, header and tag bytes", value=st.bytes)

@@ -42,6 +42,7 @@ import aiohttp
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hubbub.auth import ANONYMOUS
+from hubbub.core import Supervisor
 from hubbub.dialects import wearscript as wsd
 from hubbub.events import Event
 from hubbub.federation import (
@@ -54,7 +55,6 @@ from hubbub.federation import (
     forwards_to,
 )
 
-from .pump import stopped
 from .wearscript import ABOVE_HEADER, DIALECT, HUB_HEADER, WearscriptService, serve
 
 __all__ = [
@@ -140,18 +140,24 @@ class WearscriptUpstream:
         self.received_total = 0
         self._epoch = ""
         self._stopping = False
-        self._task: asyncio.Task[None] | None = None
+        #: The link's connection loop (which reconnects by itself): restarted should it fail.
+        self._tasks = Supervisor("wearscript_link", service.node.supervision)
+
+    async def __aenter__(self) -> WearscriptUpstream:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self.run())
+        self._tasks.open()
+        self._tasks.run(f"wearscript-link {self.peer}", self.run)
 
     async def close(self) -> None:
         """Stop the link: its connection closes (1001) and it does not reconnect."""
         self._stopping = True
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await stopped(task, self.service.node, DIALECT, "")
+        await self._tasks.aclose()
 
     def _stamp(self) -> dict[str, str]:
         """The federation headers of one event that came down (see the module docstring)."""

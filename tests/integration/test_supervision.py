@@ -1,0 +1,64 @@
+"""A component whose failure must stop the node (the log writer: nothing more could be committed) stops the
+server cleanly, the failure logged with its component and counted on ``/metrics``
+(``hubbub_component_failures_total``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from hubbub.config import load_config
+from hubbub.core.writer import LogWriter
+from hubbub.server import Server
+
+HOST = "127.0.0.1"
+WAIT = 10.0
+
+
+async def failures(http: aiohttp.ClientSession, server: Server) -> dict[str, float]:
+    async with http.get(f"http://{HOST}:{server.ports['http']}/metrics") as r:
+        text = await r.text()
+    return {
+        m[1]: float(m[2])
+        for m in re.finditer(r'^hubbub_component_failures_total\{component="(\w+)"\} (\S+)$', text, re.M)
+    }
+
+
+def test_a_writer_that_dies_stops_the_node_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = LogWriter._process
+    armed: list[bool] = []
+
+    def process(self: LogWriter, pending: list[Any]) -> None:
+        if armed:
+            raise RuntimeError("writer bug")  # outside any one append: the thread dies
+        real(self, pending)
+
+    monkeypatch.setattr(LogWriter, "_process", process)
+    cli = {"data_dir": str(tmp_path / "d"), "http.listen": f"{HOST}:0", "native.tcp_listen": f"{HOST}:0"}
+
+    async def main() -> None:
+        async with Server(load_config(cli=cli, env={})) as server, aiohttp.ClientSession() as http:
+            node = server.node
+            assert node is not None
+            assert (await failures(http, server))["writer"] == 0
+            armed.append(True)
+            lost = asyncio.ensure_future(node.reset_channel("/a"))  # in hand when the thread dies
+            reason = await asyncio.wait_for(server.wait(asyncio.Event()), WAIT)
+            assert reason == "writer: log-writer"
+            assert (await failures(http, server))["writer"] == 1
+            lost.cancel()
+        assert server.node is None  # stopped: every component left, the store closed
+        assert node.closing
+
+    asyncio.run(main())
+    (record,) = [r for r in caplog.records if getattr(r, "component", None) == "writer"]
+    assert record.levelno == logging.ERROR and "writer bug" in record.getMessage()
+    assert "stopping the node" in record.getMessage()
