@@ -62,3 +62,37 @@ def test_a_writer_that_dies_stops_the_node_cleanly(
     (record,) = [r for r in caplog.records if getattr(r, "component", None) == "writer"]
     assert record.levelno == logging.ERROR and "writer bug" in record.getMessage()
     assert "stopping the node" in record.getMessage()
+
+
+def test_stream_writers_end_with_their_requests_at_shutdown(tmp_path: Path) -> None:
+    """The writers of a native SSE stream and a qpubs HTTP stream belong to their request's lifetime: once the
+    server has stopped, neither is left running, and both clients see their stream end."""
+    cli = {
+        "data_dir": str(tmp_path / "d"),
+        "http.listen": f"{HOST}:0",
+        "native.tcp_listen": f"{HOST}:0",
+        "qpubs.qrpc_listen": f"{HOST}:0",
+        "qpubs.heartbeat_s": "0.2",
+    }
+
+    def writers() -> list[str]:
+        names = (t.get_coro().__qualname__ for t in asyncio.all_tasks() if not t.done())  # type: ignore[union-attr]
+        return [n for n in names if n in ("_sse_writer", "QpubsHttp._write")]
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            server = Server(load_config(cli=cli, env={}))
+            async with server:
+                base = f"http://{HOST}:{server.ports['http']}"
+                sse = await http.get(f"{base}/api/v1/stream/s/**")
+                assert await asyncio.wait_for(sse.content.readline(), WAIT) == b"retry: 2000\n"
+                listen = await http.get(f"{base}/qpubs/listen?topic=h.*")
+                assert await asyncio.wait_for(listen.content.readline(), WAIT) == b"\n"  # a heartbeat
+                assert sorted(writers()) == ["QpubsHttp._write", "_sse_writer"]
+            assert writers() == []
+            for stream in (sse, listen):
+                rest = await asyncio.wait_for(stream.content.read(), WAIT)  # the end of the stream
+                assert b"data:" not in rest
+                stream.close()
+
+    asyncio.run(main())

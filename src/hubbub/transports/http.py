@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import secrets
 import struct
@@ -620,37 +621,38 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
     task = asyncio.current_task()
     if task is not None:
         self.connections.add(task)
-    writer: asyncio.Future[None] | None = None
+    writer: asyncio.Task[None] | None = None
     try:
+        # The stream's writer belongs to the request's lifetime: it ends with the handler, whatever ends it.
+        async with Lifetime() as life:
 
-        def on_snapshot(plan: ReplayPlan) -> None:
-            # The subscription is registered now: only from here on may the headers go out (a client
-            # that saw them may publish and must then receive its event).
-            nonlocal writer
-            writer = asyncio.ensure_future(_sse_writer(self.node, request, sess, resp))
-            for g in plan.gaps:
-                sess.push(nc.render_sse_gap(g.channel, g.reason, g.since, g.position))
+            def on_snapshot(plan: ReplayPlan) -> None:
+                # The subscription is registered now: only from here on may the headers go out (a client
+                # that saw them may publish and must then receive its event).
+                nonlocal writer
+                writer = life.create_task(_sse_writer(self.node, request, sess, resp))
+                for g in plan.gaps:
+                    sess.push(nc.render_sse_gap(g.channel, g.reason, g.since, g.position))
 
-        def on_replayed(plan: ReplayPlan) -> None:
-            sess.push(nc.render_sse_recovered(plan.sent))
+            def on_replayed(plan: ReplayPlan) -> None:
+                sess.push(nc.render_sse_recovered(plan.sent))
 
-        try:
-            await self.node.subscribe(
-                sess,
-                "sse",
-                pattern,
-                tags,
-                spec,
-                on_snapshot=on_snapshot,
-                on_replayed=on_replayed,
-                planner=planner,
-            )
-            assert writer is not None
-            await writer
-        finally:
-            if writer is not None:
-                writer.cancel()
+            try:
+                await self.node.subscribe(
+                    sess,
+                    "sse",
+                    pattern,
+                    tags,
+                    spec,
+                    on_snapshot=on_snapshot,
+                    on_replayed=on_replayed,
+                    planner=planner,
+                )
+                assert writer is not None
                 await stopped(writer, self.node, "native", sess.id)
+            finally:
+                if writer is not None:
+                    writer.cancel()
     except (ConnectionError, asyncio.CancelledError):
         pass
     finally:
@@ -661,8 +663,11 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
 
 
 async def _sse_writer(node: Node, request: web.Request, sess: Session, resp: web.StreamResponse) -> None:
-    await resp.prepare(request)
-    await resp.write(b"retry: 2000\n\n")
+    try:
+        await resp.prepare(request)
+        await resp.write(b"retry: 2000\n\n")
+    except ConnectionError:
+        return  # the client went away before the stream began (the pump reports its own I/O failures)
 
     async def send_many(frames: list[bytes]) -> None:
         await resp.write(b"".join(frames))
@@ -679,7 +684,8 @@ async def _sse_writer(node: Node, request: web.Request, sess: Session, resp: web
         max_frame=1 << 20,
         keepalive=(SSE_PING_S, b": ping\n\n"),
     )
-    await pump.run()
+    with contextlib.suppress(ConnectionError):  # the client went away: the stream is over
+        await pump.run()
 
 
 def _int_param(q: Any, name: str, default: Any) -> Any:

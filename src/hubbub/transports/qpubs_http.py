@@ -31,6 +31,7 @@ from hubbub.events import Event
 from hubbub.log.base import LogStore
 
 from .http import HttpSettings, peer_address, request_token
+from .lifetime import Lifetime
 from .pump import SessionPump, stopped
 from .qpubs_common import DIALECT, QpubsSettings, emit, qpubs_error
 
@@ -242,30 +243,33 @@ class QpubsHttp:
         task = asyncio.current_task()
         if task is not None:
             self.connections.add(task)
-        writer: asyncio.Future[None] | None = None
+        writer: asyncio.Task[None] | None = None
         timer = None
         if once and timeout_ms > 0:
             timer = asyncio.get_running_loop().call_later(timeout_ms / 1000, sess.end, Disconnect.NORMAL)
-
-        def on_snapshot(plan: ReplayPlan) -> None:
-            nonlocal writer
-            writer = asyncio.ensure_future(self._write(request, sess, resp, None if once else sse))
-
         try:
-            if pattern is None:
-                on_snapshot(ReplayPlan())  # a topic that never matches: a stream that stays silent
-            else:
-                await node.subscribe(sess, "q", pattern, on_snapshot=on_snapshot, planner=_live_only)
-            assert writer is not None
-            await writer
+            # The stream's writer belongs to the request's lifetime: it ends with the handler.
+            async with Lifetime() as life:
+
+                def on_snapshot(plan: ReplayPlan) -> None:
+                    nonlocal writer
+                    writer = life.create_task(self._write(request, sess, resp, None if once else sse))
+
+                try:
+                    if pattern is None:
+                        on_snapshot(ReplayPlan())  # a topic that never matches: a stream that stays silent
+                    else:
+                        await node.subscribe(sess, "q", pattern, on_snapshot=on_snapshot, planner=_live_only)
+                    assert writer is not None
+                    await stopped(writer, node, DIALECT, sess.id)
+                finally:
+                    if writer is not None:
+                        writer.cancel()
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
             if timer is not None:
                 timer.cancel()
-            if writer is not None:
-                writer.cancel()
-                await stopped(writer, node, DIALECT, sess.id)
             node.detach(sess)
             if self.listeners.get(sess.id, (None, None))[1] is sess:
                 del self.listeners[sess.id]
@@ -278,7 +282,10 @@ class QpubsHttp:
     ) -> None:
         """Headers now, then the session's frames until it ends (``sse``: ``None`` for once, whose body must
         stay one JSON line: its keepalive writes nothing and only checks that the client is still there)."""
-        await resp.prepare(request)
+        try:
+            await resp.prepare(request)
+        except ConnectionError:
+            return  # the client went away before the stream began
 
         async def send(data: bytes) -> None:
             if data:
