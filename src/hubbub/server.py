@@ -645,7 +645,8 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def _serve(config: Config, reload_config: Callable[[], Config] | None = None) -> None:
+async def _serve(config: Config, reload_config: Callable[[], Config] | None = None) -> str | None:
+    """Serve until a signal (``None``) or until a component's failure stops the node (that failure)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -657,17 +658,18 @@ async def _serve(config: Config, reload_config: Callable[[], Config] | None = No
         tune_gc()
         failed = await server.wait(stop)
         log.info("shutting down" if failed is None else f"shutting down: {failed} failed")
-    if failed is not None:
-        raise SystemExit(1)
+    return failed
 
 
 def run(config: Config, reload_config: Callable[[], Config] | None = None) -> None:
     """Run a server until SIGTERM or SIGINT (the ``hubbub serve`` command); SIGHUP reloads keys and
-    certificates, through ``reload_config`` when given."""
+    certificates, through ``reload_config`` when given. A component's failure that stops the node
+    (``core/supervisor.py``) shuts it down the same way, then exits with status 1."""
     try:
         import uvloop
 
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a default dependency on POSIX
         runner = asyncio.run
-    runner(_serve(config, reload_config))
+    if runner(_serve(config, reload_config)) is not None:
+        raise SystemExit(1)

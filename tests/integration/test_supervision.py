@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from hubbub import server as server_module
 from hubbub.config import load_config
 from hubbub.core.writer import LogWriter
 from hubbub.server import Server
@@ -96,3 +97,30 @@ def test_stream_writers_end_with_their_requests_at_shutdown(tmp_path: Path) -> N
                 stream.close()
 
     asyncio.run(main())
+
+
+def test_hubbub_serve_exits_with_status_1_when_a_component_stops_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``hubbub serve`` (``server.run``) shuts down as on SIGTERM when the writer dies, then exits 1."""
+    real_process, real_start = LogWriter._process, Server.start
+
+    def process(self: LogWriter, pending: list[Any]) -> None:
+        if armed:
+            raise RuntimeError("writer bug")
+        real_process(self, pending)
+
+    async def start(self: Server) -> None:
+        await real_start(self)
+        assert self.node is not None and self.node.batcher.writer is not None
+        armed.append(True)
+        self.node.batcher.writer.submit_control(lambda store: None)  # the thread dies on it
+
+    armed: list[bool] = []
+    monkeypatch.setattr(LogWriter, "_process", process)
+    monkeypatch.setattr(Server, "start", start)
+    monkeypatch.setattr(server_module, "tune_gc", lambda: None)  # not this test process's collector
+    cli = {"data_dir": str(tmp_path / "d"), "http.listen": f"{HOST}:0", "native.tcp_listen": f"{HOST}:0"}
+    with pytest.raises(SystemExit) as exit_:
+        server_module.run(load_config(cli=cli, env={}))
+    assert exit_.value.code == 1
