@@ -289,10 +289,6 @@ class Subscriptions:
         del self._sets[tags]
         return True
 
-    def sets(self) -> list[frozenset[str]]:
-        """The distinct tag sets, first subscribed first."""
-        return list(self._sets)
-
 
 # -- events -------------------------------------------------------------------------------------------------
 

@@ -54,7 +54,6 @@ from hubbub.pipeline.options import (
     Offsets,
     Scope,
     check_known,
-    names_of,
     parse_options,
 )
 from hubbub.pipeline.sink import (
@@ -77,10 +76,6 @@ __all__ = [
     "PublishCommit",
     "position_key",
 ]
-
-
-#: The read options (docs/pipeline.md), as written there; Spark hands them over lower-cased.
-READ_OPTIONS: tuple[str, ...] = tuple(names_of(SOURCE_OPTIONS))
 
 
 #: The record schema as Spark writes a type without nullability (``DataType.simpleString()``).
