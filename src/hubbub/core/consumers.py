@@ -177,6 +177,10 @@ class ConsumerService:
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """A one-shot task of the service (its parts' fills and settle writes); a failure is logged and
         counted (``core/supervisor.py``). Settle writes are waited for at close, the others cancelled."""
+        if self._tasks.closed:
+            # Closed: nothing more runs (an item whose settle never started is delivered again later).
+            coro.close()
+            return
         self._tasks.spawn(coro, name, finish=name.startswith("consumer-settle"))
 
     # -- definitions ----------------------------------------------------------------------------------------

@@ -159,6 +159,11 @@ class Supervisor:
         self._open = True
 
     @property
+    def closed(self) -> bool:
+        """Whether tasks are refused (before :meth:`open`, and from :meth:`aclose` on)."""
+        return not self._open
+
+    @property
     def tasks(self) -> int:
         """Tasks running now."""
         return len(self._tasks)
@@ -220,11 +225,11 @@ class Supervisor:
             delay = min(delay * 2, b.max_s)
 
     async def aclose(self) -> None:
-        """Stop taking tasks; wait for the ``finish`` ones, cancel the others, and wait until all have ended
-        (their failures reported)."""
-        self._open = False
-        if self._finish:
+        """Wait for the ``finish`` tasks, then stop taking tasks, cancel the others, and wait until all have
+        ended (their failures reported)."""
+        while self._finish:  # still open meanwhile: what they start (a settle's next fill) is theirs
             await asyncio.wait(set(self._finish))
+        self._open = False
         for t in list(self._tasks):
             t.cancel()
         while self._tasks:
