@@ -14,9 +14,18 @@ import aiohttp
 import pytest
 
 from hubbub import server as server_module
+from hubbub.channels import parse_pattern
+from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker
 from hubbub.config import load_config
+from hubbub.core import Node, Session
 from hubbub.core.writer import LogWriter
+from hubbub.events import Publisher
+from hubbub.log import MemoryLogStore
+from hubbub.log.base import AppendRequest
 from hubbub.server import Server
+from tests.redisserver import RedisServer
+
+from .test_node import Enc
 
 HOST = "127.0.0.1"
 WAIT = 10.0
@@ -124,3 +133,56 @@ def test_hubbub_serve_exits_with_status_1_when_a_component_stops_the_node(
     with pytest.raises(SystemExit) as exit_:
         server_module.run(load_config(cli=cli, env={}))
     assert exit_.value.code == 1
+
+
+def test_a_crashed_redis_receive_loop_is_logged_counted_and_restarted(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cluster node whose Redis receive loop raises (here on the first message) goes on receiving: the
+    loop is started again, and the event it dropped is filled from the log with the next one, in order."""
+
+    async def main() -> None:
+        store = MemoryLogStore()
+        nodes: list[Node] = []
+        brokers: list[RedisBroker] = []
+        for name in ("x", "y"):
+            # No watch of the log within the test: only Redis brings node X's events to node Y.
+            settings = BrokerSettings(redis_server.url, name, gap_wait_s=0.05, poll_interval_s=60.0)
+            b = RedisBroker(settings, store)
+            node = Node(ClusterView(store, b))
+            await node.__aenter__()
+            await b.start(node)
+            nodes.append(node)
+            brokers.append(b)
+        x, y = nodes
+        real = brokers[1]._on_message
+        crashed = asyncio.Event()
+
+        def on_message(data: Any) -> None:
+            if not crashed.is_set():
+                crashed.set()
+                raise RuntimeError("receive bug")
+            real(data)
+
+        brokers[1]._on_message = on_message  # type: ignore[method-assign]
+        try:
+            live = Session("native", Enc(), max_items=1024, max_bytes=1 << 24)
+            y.attach(live)
+            await y.subscribe(live, "l", parse_pattern("/r"), on_snapshot=lambda p: None)
+            await x.publish(AppendRequest("/r", Publisher("native"), b"r1", "text/plain"))
+            await asyncio.wait_for(crashed.wait(), WAIT)
+            await x.publish(AppendRequest("/r", Publisher("native"), b"r2", "text/plain"))
+            got: list[bytes] = []
+            async with asyncio.timeout(WAIT):
+                while len(got) < 2:
+                    got += await live.next_frames()
+            assert [eval(f.decode())[1] for f in got] == [1, 2]
+            assert y.supervision.failures == {"broker": 1}
+        finally:
+            for b, node in zip(brokers, nodes, strict=True):
+                await node.close()
+                await b.close()
+
+    asyncio.run(main())
+    (record,) = [r for r in caplog.records if getattr(r, "component", None) == "broker"]
+    assert record.task == "cluster-receive" and "receive bug" in record.getMessage()  # type: ignore[attr-defined]
