@@ -9,6 +9,8 @@ Concurrency contract: as the modules it re-exports (a connection object per conn
 
 from __future__ import annotations
 
+from typing import Final
+
 from .mist1 import Mist1Connection, Mist1WsConnection, render_event, render_reply
 from .mist2015 import Mist2015Connection, Mist2015WsConnection, render_event_tcp, render_event_ws
 from .mist_common import (
@@ -38,6 +40,7 @@ from .mist_common import (
     Who,
     detect_generation,
 )
+from .spec import DialectSpec
 
 __all__ = [
     "CONTENT_TYPE",
@@ -47,6 +50,7 @@ __all__ = [
     "DEFAULT_MAX_TAGS",
     "DEFAULT_MAX_TAG_BYTES",
     "REPLICA_HEADER",
+    "SPEC",
     "Authenticate",
     "Close",
     "Command",
@@ -102,3 +106,15 @@ def tcp_connection(
         channel=channel,
         auth_required=auth_required,
     )
+
+
+#: Mist as the server wires it (mist.md §1): the 2015 and 1.x WebSocket routes, one TCP listener for both
+#: generations (told apart by the first byte), text frames, the oldest event dropped when a client falls
+#: behind (best effort, no way to report a gap: protocols README §4).
+SPEC: Final = DialectSpec(
+    name="mist",
+    section="mist",
+    ws_routes=("/mist/ws", "/mist/v1/ws"),
+    stream_listeners=("mist.tcp_listen",),
+    overflow="drop_oldest",
+)

@@ -46,6 +46,7 @@ from typing import Any, Final
 
 import orjson
 
+from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadFrame, BadRequest, FrameTooLarge, HubbubError, LimitExceeded
 from hubbub.events import Event
 
@@ -504,7 +505,7 @@ class _Base:
         if isinstance(exc, LimitExceeded):
             return [Send(render_reply("subscribe", error="Too many subscriptions"))]
         self._fail(exc)
-        return [Close(1011)]
+        return [Close(Disconnect.INTERNAL_ERROR)]
 
     def encode_event(self, event: Event, cache: dict[Any, Any] | None = None) -> bytes:
         """The event frame (:func:`render_event`), rendered once per fan-out through ``cache``."""
@@ -593,7 +594,7 @@ class Mist1Connection(_Base):
 
     def _fatal(self, exc: HubbubError, reply: bytes, out: list[Output]) -> None:
         out.append(Send(reply))
-        out.append(Close(1009 if isinstance(exc, FrameTooLarge) else 1000))
+        out.append(Close(Disconnect.MESSAGE_TOO_BIG if isinstance(exc, FrameTooLarge) else Disconnect.NORMAL))
         self._fail(exc)
         self._split.buf.clear()
 
@@ -663,7 +664,7 @@ class Mist1WsConnection(_Base):
         size = len(frame) if isinstance(frame, bytes) else len(frame.encode("utf-8", "surrogatepass"))
         if size > self.max_frame:
             self._fail(FrameTooLarge(f"message over {self.max_frame} bytes"))
-            return [Close(1009)]
+            return [Close(Disconnect.MESSAGE_TOO_BIG)]
         try:
             obj = orjson.loads(frame)
         except orjson.JSONDecodeError:

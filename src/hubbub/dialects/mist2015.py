@@ -43,6 +43,7 @@ from typing import Any, Final
 
 import orjson
 
+from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadRequest, FrameTooLarge, HubbubError, LimitExceeded, UnknownOp
 from hubbub.events import Event
 
@@ -421,7 +422,7 @@ class Mist2015Connection(_Base):
         if isinstance(exc, LimitExceeded):
             return [_TOO_MANY]
         self._fail(exc)
-        return [Close(1011)]
+        return [Close(Disconnect.INTERNAL_ERROR)]
 
     # -- events -------------------------------------------------------------------------------------------
 
@@ -476,7 +477,7 @@ class Mist2015WsConnection(_Base):
         size = len(frame) if isinstance(frame, bytes) else len(frame.encode("utf-8", "surrogatepass"))
         if size > self.max_frame:
             self._fail(FrameTooLarge(f"message over {self.max_frame} bytes"))
-            return [Close(1009)]
+            return [Close(Disconnect.MESSAGE_TOO_BIG)]
         if binary:
             return [_WS_BINARY]
         try:
@@ -532,7 +533,7 @@ class Mist2015WsConnection(_Base):
         if isinstance(exc, LimitExceeded):
             return [_WS_TOO_MANY]
         self._fail(exc)
-        return [Close(1011)]
+        return [Close(Disconnect.INTERNAL_ERROR)]
 
     def encode_event(self, event: Event, cache: dict[Any, Any] | None = None) -> bytes:
         """The event frame (:func:`render_event_ws`), rendered once per fan-out through ``cache``."""

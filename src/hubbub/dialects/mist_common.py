@@ -7,8 +7,10 @@ The two state machines live in :mod:`.mist2015` (line protocol over TCP, JSON co
 
 * :class:`Send`: bytes for the peer (a reply the connection could answer alone: ``pong``, ``list``, error
   lines). Over WebSocket each ``Send`` is one text frame (the bytes are always valid UTF-8).
-* :class:`Close`: close the connection after the sends before it (``code`` is the WebSocket close code;
-  over TCP the socket is just closed).
+* :class:`Close`: close the connection after the sends before it (its ``Disconnect`` is the WebSocket close
+  code; over TCP the socket is just closed).
+
+``Send``, ``Close`` and ``Authenticate`` are the shared actions of :mod:`hubbub.dialects.actions`.
 * a :data:`Command` for the core: :class:`Publish`, :class:`Subscribe`, :class:`Unsubscribe`,
   :class:`ListAll`, :class:`Who`, :class:`Authenticate` and the registry commands (:class:`Register`,
   :class:`Unregister`, :class:`SetTags`, :class:`UnsetTags`, :class:`TokenTags`). The connection renders the
@@ -26,6 +28,8 @@ from typing import Final, Literal, TypeAlias
 
 from hubbub.errors import BadRequest, LimitExceeded
 from hubbub.events import Event
+
+from .actions import Authenticate, Close, Send
 
 __all__ = [
     "CONTENT_TYPE",
@@ -83,21 +87,6 @@ def detect_generation(data: bytes) -> Generation | None:
 
 
 # -- outputs ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Bytes for the peer: one TCP write, or one WebSocket text frame."""
-
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """Close the connection after the outputs before it. ``code`` is for WebSocket (1009 too large, 1000
-    otherwise); a TCP connection is simply closed."""
-
-    code: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,14 +148,6 @@ class Who:
     connections of both generations holding at least one subscription)."""
 
     echo: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Authenticate:
-    """Check ``token`` (mist.md §8). The connection reads nothing more until the wiring calls
-    ``auth_result`` with a :class:`MistGrant` (accepted) or ``None`` (refused)."""
-
-    token: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,8 +37,11 @@ import msgpack
 
 from hubbub.channels import MAX_CHANNEL_BYTES, Pattern, from_separated, to_separated
 from hubbub.disconnect import Disconnect
-from hubbub.errors import BadChannel
+from hubbub.errors import AuthError, BadChannel, HubbubError, LimitExceeded, ShuttingDown
 from hubbub.events import Event
+
+from .actions import Close, Send
+from .spec import DialectSpec
 
 __all__ = [
     "CONTENT_TYPE",
@@ -46,6 +49,7 @@ __all__ = [
     "HEAD_HEADER",
     "MAX_DEPTH",
     "SEPARATOR",
+    "SPEC",
     "SUBSCRIPTIONS",
     "BadFrame",
     "Close",
@@ -66,6 +70,7 @@ __all__ = [
     "matches",
     "name_of",
     "pack",
+    "refused",
     "render_event",
     "wire_close",
 ]
@@ -251,6 +256,17 @@ def wire_close(reason: Disconnect) -> Disconnect:
     return Disconnect.POLICY_VIOLATION if reason == Disconnect.TOKEN_EXPIRED else reason
 
 
+def refused(cmd: object, exc: HubbubError) -> list[Output]:
+    """The answer to the core refusing a publish: WearScript has no error reply, so the connection closes
+    (§7: a publish not allowed, or over a limit, closes 1008; protocols README §5: a storage failure 1011,
+    a stopping server 1001)."""
+    if isinstance(exc, AuthError | LimitExceeded):
+        return [Close(Disconnect.POLICY_VIOLATION, "publish not allowed")]
+    if isinstance(exc, ShuttingDown):
+        return [Close(Disconnect.GOING_AWAY)]
+    return [Close(Disconnect.INTERNAL_ERROR)]
+
+
 def render_event(name: str, event: Event) -> bytes:
     """The frame for an event (mapping.md §5): ``[name, *args]``. A msgpack payload that is one array gives
     the arguments, their bytes unchanged (so an event a WearScript client published goes out as it came);
@@ -305,13 +321,6 @@ def _head_fits(odd: str, name: str, n_args: int) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Send:
-    """A binary frame for this connection."""
-
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
 class Forward:
     """One binary frame for each of ``targets`` (hub connection ids; this connection may be among them).
     ``reply`` is the canonical channel of a test-handler reply (published on it, §5: each target must be
@@ -323,14 +332,6 @@ class Forward:
     targets: tuple[int, ...]
     reply: str | None = None
     relayed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """Close the connection with this reason after the outputs before it."""
-
-    code: Disconnect
-    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,6 +559,11 @@ class WearscriptConnection:
     def on_text(self) -> list[Output]:
         return [Close(CLOSE_UNSUPPORTED, "text frames are not WearScript")]
 
+    def receive_frame(self, frame: bytes | str, binary: bool = False) -> list[Output]:
+        """A WebSocket frame (the :class:`~hubbub.dialects.spec.FrameConnection` interface): every message
+        is binary (§1), a text frame closes the connection."""
+        return self.on_binary(frame) if isinstance(frame, bytes) and binary else self.on_text()
+
     def on_binary(self, data: bytes) -> list[Output]:
         if self.closed:
             return []
@@ -660,3 +666,16 @@ class WearscriptConnection:
     def reply_exists(self, resp: str, exists: bool) -> list[Output]:
         """Render the core's answer to :class:`Exists`."""
         return self._reply(resp, [exists])
+
+
+#: The WearScript dialect as the server wires it: ``/wearscript/ws`` and ``/wearscript/ws/<secret>``, binary
+#: frames, the oldest event dropped when a device falls behind (no way to report a gap, protocols README §4),
+#: an expired token closed 1008 (§7).
+SPEC: Final = DialectSpec(
+    name="wearscript",
+    section="wearscript",
+    ws_routes=("/wearscript/ws", "/wearscript/ws/{secret}"),
+    overflow="drop_oldest",
+    close_code=wire_close,
+    text=False,
+)

@@ -27,10 +27,8 @@ fsync each) run on the default executor.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -39,19 +37,17 @@ from aiohttp import WSMsgType, web
 
 from hubbub.auth import ANONYMOUS, EVERYTHING, NOTHING, Authenticator, Identity
 from hubbub.auth.mist_registry import MistAuthenticator, MistTokenRegistry
-from hubbub.channels import parse_pattern
-from hubbub.core import Node, ReplayPlan, Session
-from hubbub.core.session import Overflow
+from hubbub.core import Node
+from hubbub.dialects import actions as a
 from hubbub.dialects import mist as md
 from hubbub.disconnect import Disconnect
-from hubbub.errors import AuthError, HubbubError, LimitExceeded, RateLimited, ShuttingDown, SubscriptionError
-from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendRequest, AppendResult, LogStore
+from hubbub.errors import AuthError, HubbubError, LimitExceeded, RateLimited
+from hubbub.events import Event
 
-from .backpressure import Messages
 from .http import HttpSettings, peer_address, request_token, text_response
 from .lifetime import Lifetime
-from .pump import SessionPump, grace_left, keepalive, quietly, stopped
+from .wire import DialectWire
+from .ws_driver import run_websocket, upgradable
 
 __all__ = [
     "MistEncoder",
@@ -69,7 +65,7 @@ WS_2015: Final = "/mist/ws"
 WS_1: Final = "/mist/v1/ws"
 PING: Final = "/mist/ping"
 #: Every mist subscription is ``/**`` with a tag set (mist.md §5: events of every channel).
-_EVERY_CHANNEL: Final = parse_pattern("/**")
+_EVERY_CHANNEL: Final = "/**"
 #: The identity of ``mist.token`` (the upstream master token): everything, the registry included.
 MASTER: Final = Identity("", EVERYTHING, EVERYTHING, admin=True, via="mist-token")
 #: The identity of a 2015 WebSocket client with a registry token: it reads (through its tag check) only.
@@ -120,15 +116,6 @@ class MistEncoder:
         return hit
 
 
-def _live_only(store: LogStore) -> ReplayPlan:
-    """Mist has no replay (§6): an empty snapshot, so subscribing never reads the log."""
-    return ReplayPlan()
-
-
-def _nothing(plan: ReplayPlan) -> None:
-    """No subscribe reply from the core: the dialect answered already, where it answers at all."""
-
-
 def _sub_id(tags: frozenset[str]) -> str:
     # The tag set identifies the subscription (one per distinct set per connection); \x1f cannot be confused
     # with a tag boundary the way "," could (1.x tags may hold commas).
@@ -147,7 +134,9 @@ def _is_error_reply(proto: Proto, data: bytes) -> bool:
 
 
 class MistWire:
-    """One mist connection: its dialect state machine, session and write loop. See the module docstring.
+    """One mist connection's binding: the dialect's state machine on a
+    :class:`~hubbub.transports.wire.DialectWire`, with the handlers of mist's own actions (tag
+    subscriptions, the roster, ``listall``/``who``, the token registry, authentication).
 
     ``send`` writes one frame (a TCP write or a WebSocket frame), ``close`` closes the connection, and
     ``send_many`` (TCP) writes several frames at once: one write for a burst, where an empty frame (a replica
@@ -166,32 +155,46 @@ class MistWire:
         self.service = service
         self.proto = proto
         self.peer = peer
-        node = self.node = service.node
+        self.node = service.node
         h = service.http
-        self.session = Session(
-            proto.generation,
-            service.encoder_for(proto),
-            max_items=h.send_queue,
-            max_bytes=h.send_queue_bytes,
-            overflow=Overflow.DROP_OLDEST,  # best effort, no way to report a gap (protocols README §4)
-            slow_close_code=Disconnect.TRY_AGAIN_LATER,
-            fault_close_code=Disconnect.INTERNAL_ERROR,
+        self.wire = DialectWire(
+            service.node,
+            md.SPEC,
+            dialect=proto.generation,
+            encoder=service.encoder_for(proto),
+            send_queue=h.send_queue,
+            send_queue_bytes=h.send_queue_bytes,
+            max_frame=h.max_frame,
+            send=send,
+            close=close,
+            send_many=send_many,
+            refused=self._refused,
+            failed=self._failed,
             echo=proto.echo,  # 2015 delivers to the publisher, 1.x never (mist.md §5)
+            pace=True,  # a TCP read's outputs are those of every line or value it completes
+            after=self._after,
         )
+        self.session = self.wire.session
         self._replica = False
         #: The tags this connection shows in the :data:`SUBSCRIBERS` roster (None: not a member).
         self._roster: frozenset[str] | None = None
-        #: Monotonic time of the last frame received (WebSocket keepalive).
-        self.last_recv = time.monotonic()
-        self._group: Lifetime | None = None
-        self._writer: asyncio.Task[None] | None = None
-
-        async def send_nonempty(data: bytes) -> None:
-            if data:  # an empty frame is a replica event this replication peer must not get
-                await send(data)
-
-        self._pump = SessionPump(
-            node, self.session, send=send_nonempty, close=close, max_frame=h.max_frame, send_many=send_many
+        self._roster_stale = False
+        registry = self._registry
+        self.wire.handle(
+            {
+                md.Send: self._send,
+                md.Publish: self._publish,
+                md.Subscribe: self._subscribe,
+                md.Unsubscribe: self._unsubscribe,
+                md.ListAll: self._listall,
+                md.Who: self._who,
+                md.Authenticate: self._authenticate,
+                md.Register: registry,
+                md.Unregister: registry,
+                md.SetTags: registry,
+                md.UnsetTags: registry,
+                md.TokenTags: registry,
+            }
         )
 
     # -- lifecycle ----------------------------------------------------------------------------------------
@@ -199,80 +202,40 @@ class MistWire:
     def start(self, group: Lifetime, identity: Identity | None) -> None:
         """Bind ``identity`` (None: a TCP connection that must send its token first), attach to the node and
         the service, start the writer in ``group``."""
-        self._group = group
-        if identity is not None:
-            # Bound before the session is attached: its subscriptions see the token's permissions.
-            self.node.access.bind(self.session, identity)
-        self.node.attach(self.session)
+        self.wire.start(group, identity)
         self.service.join(self)
-        self._writer = group.create_task(self._pump.run())
 
     @property
     def done(self) -> bool:
-        s = self.session
-        return bool(s.ending or s.kicked or s.closed)
+        return self.wire.done
 
-    async def finish(self) -> None:
-        """The reader is done: a pending close goes out (for at most 10 s), the writer stops."""
-        sess = self.session
+    def _failed(self) -> bool:
+        return bool(self.proto.failed)
+
+    def leave(self) -> None:
+        """The reader is done: the connection leaves the service and the roster."""
         self.service.leave(self)
         if self._roster is not None:
             self._roster = None
-            self.node.presence.leave(SUBSCRIBERS, sess.id)
-        if (sess.ending or sess.kicked) and self._writer is not None and grace_left():
-            await stopped(
-                asyncio.wait_for(asyncio.shield(self._writer), 10), self.node, sess.dialect, sess.id
-            )
-        self.node.detach(sess)
-        if self._writer is not None:
-            self._writer.cancel()
-            await stopped(self._writer, self.node, sess.dialect, sess.id)
+            self.node.presence.leave(SUBSCRIBERS, self.session.id)
+
+    async def finish(self) -> None:
+        """The reader is done: it leaves, a pending close goes out (for at most 10 s), the writer stops."""
+        self.leave()
+        await self.wire.finish()
 
     # -- the dialect's outputs ----------------------------------------------------------------------------
 
-    async def handle(self, outputs: list[md.Output]) -> None:
-        """Carry out the dialect's outputs, in order.
+    async def handle(self, outputs: Sequence[object]) -> None:
+        """Carry out the dialect's outputs, in order, waiting for the session's room after each
+        (read-side back-pressure, :mod:`~hubbub.transports.backpressure`: a TCP read's outputs are those of
+        every line or value it completes, thousands of ``ping`` lines in one 64 KiB read)."""
+        await self.wire.run(outputs)
 
-        Read-side back-pressure (:mod:`~hubbub.transports.backpressure`): a TCP read's outputs are those of
-        every line or value it completes (thousands of ``ping`` lines in one 64 KiB read); after each, the
-        rest waits while the connection's replies fill its queue, and so does the next read."""
-        sess = self.session
-        roster = False
-        for out in outputs:
-            if self.done:
-                break
-            if isinstance(out, md.Send):
-                if _is_error_reply(self.proto, out.data):
-                    self.node.count_bad_input(self.session.dialect)
-                self.session.push(out.data)
-            elif isinstance(out, md.Close):
-                self._close(out.code)
-            elif isinstance(out, md.Publish):
-                await self._publish(out)
-            elif isinstance(out, md.Subscribe):
-                await self._subscribe(out)
-                roster = True
-            elif isinstance(out, md.Unsubscribe):
-                with contextlib.suppress(SubscriptionError):  # gone with a detach meanwhile
-                    self.node.unsubscribe(self.session, _sub_id(out.tags))
-                roster = True
-            elif isinstance(out, md.ListAll):
-                assert isinstance(self.proto, md.Mist1Connection | md.Mist1WsConnection)
-                self._show_roster()  # this connection's own subscriptions count at once
-                self.session.push(self.proto.reply_listall(out, await self.service.listall()))
-            elif isinstance(out, md.Who):
-                assert isinstance(self.proto, md.Mist1Connection | md.Mist1WsConnection)
-                self._show_roster()
-                self.session.push(self.proto.reply_who(out, *await self.service.who()))
-            elif isinstance(out, md.Authenticate):
-                await self._authenticate(out)
-            else:
-                await self._registry(out)
-            if not sess.has_room:
-                await sess.wait_room()
-        if self.done:
-            return
-        if roster:
+    def _after(self) -> None:
+        """After a run of outputs: the roster, and the replication encoder once asked for."""
+        if self._roster_stale:
+            self._roster_stale = False
             self._show_roster()
         if isinstance(self.proto, md.Mist2015Connection) and self.proto.replica and not self._replica:
             # enable-replication: from now on, events of replication peers are not sent here (mist.md §5).
@@ -292,20 +255,44 @@ class MistWire:
         else:
             self.node.presence.join(SUBSCRIBERS, self.session.id, {"tags": json.dumps(sorted(tags))})
 
-    def _close(self, code: int) -> None:
-        if code != Disconnect.NORMAL or self.proto.failed:
-            self.node.count_bad_input(self.session.dialect)
-        if code == Disconnect.MESSAGE_TOO_BIG:
-            self.node.limiter.refused("max_frame", self.session.dialect)
-        self.session.end(Disconnect.of(code))
+    def _refused(self, cmd: object, exc: HubbubError) -> list[md.Output]:
+        """The core refused ``cmd``: the dialect's answer (replies, or a close). A rate-limited publish has
+        no reply in mist: it is dropped (counted by the limiter)."""
+        if isinstance(exc, RateLimited):
+            return []
+        assert isinstance(cmd, md.Command)
+        return self.proto.reply_error(cmd, exc)
 
-    def _refused(self, cmd: md.Command, exc: HubbubError) -> None:
-        """The core refused ``cmd``: the dialect's answer (replies, or a close)."""
-        for out in self.proto.reply_error(cmd, exc):
-            if isinstance(out, md.Send):
-                self.session.push(out.data)
-            elif isinstance(out, md.Close):
-                self.session.end(Disconnect.of(out.code))
+    async def _send(self, out: md.Send) -> None:
+        if _is_error_reply(self.proto, out.data):
+            self.node.count_bad_input(self.session.dialect)
+        self.session.push(out.data)
+
+    async def _publish(self, cmd: md.Publish) -> None:
+        await self.wire.publish(
+            cmd, a.Publish(cmd.channel, cmd.payload, md.CONTENT_TYPE, cmd.headers, cmd.tags)
+        )
+
+    async def _subscribe(self, cmd: md.Subscribe) -> None:
+        self._roster_stale = True
+        (exc,) = await self.wire.subscribe([a.Subscribe(_sub_id(cmd.tags), _EVERY_CHANNEL, cmd.tags)])
+        if isinstance(exc, LimitExceeded | AuthError):
+            self.wire.refuse(cmd, exc)
+        # else: subscribed, or closed meanwhile
+
+    async def _unsubscribe(self, cmd: md.Unsubscribe) -> None:
+        self._roster_stale = True
+        await self.wire.run([a.Unsubscribe(_sub_id(cmd.tags))])
+
+    async def _listall(self, cmd: md.ListAll) -> None:
+        assert isinstance(self.proto, md.Mist1Connection | md.Mist1WsConnection)
+        self._show_roster()  # this connection's own subscriptions count at once
+        self.session.push(self.proto.reply_listall(cmd, await self.service.listall()))
+
+    async def _who(self, cmd: md.Who) -> None:
+        assert isinstance(self.proto, md.Mist1Connection | md.Mist1WsConnection)
+        self._show_roster()
+        self.session.push(self.proto.reply_who(cmd, *await self.service.who()))
 
     async def _authenticate(self, cmd: md.Authenticate) -> None:
         proto = self.proto
@@ -319,56 +306,13 @@ class MistWire:
         self.node.access.bind(self.session, identity)  # before any subscription: the first line is auth
         await self.handle(proto.auth_result(grant))
 
-    async def _subscribe(self, cmd: md.Subscribe) -> None:
-        try:
-            await self.node.subscribe(
-                self.session,
-                _sub_id(cmd.tags),
-                _EVERY_CHANNEL,
-                cmd.tags,
-                on_snapshot=_nothing,
-                planner=_live_only,
-            )
-        except (LimitExceeded, AuthError) as exc:
-            self._refused(cmd, exc)
-        except (SubscriptionError, ShuttingDown):
-            pass  # closed meanwhile
-
-    async def _publish(self, cmd: md.Publish) -> None:
-        sess = self.session
-        req = AppendRequest(
-            channel=cmd.channel,
-            publisher=Publisher(sess.dialect, sess.user, sess.id, ""),
-            payload=cmd.payload,
-            content_type=md.CONTENT_TYPE,
-            headers=cmd.headers,
-            tags=cmd.tags,
-        )
-
-        def done(r: AppendResult | HubbubError) -> None:
-            if isinstance(r, HubbubError):
-                log.warning("mist publish failed: %s", r, extra={"session": sess.id})
-                self._refused(cmd, r)
-
-        await self.node.writable()
-        try:
-            self.node.submit(req, sess, done)
-        except RateLimited:
-            return  # mist has no reply for it: the publish is dropped (counted by the limiter)
-        except (AuthError, LimitExceeded) as exc:
-            self._refused(cmd, exc)
-            return
-        except ShuttingDown:
-            sess.end(Disconnect.GOING_AWAY)
-            return
-
     async def _registry(self, cmd: md.RegistryCommand) -> None:
         """A registry command (mist.md §7): an administrator's only when auth is on."""
         node, sess = self.node, self.session
         try:
             node.access.check_admin(sess.identity, sess.dialect)
         except AuthError as exc:
-            self._refused(cmd, exc)
+            self.wire.refuse(cmd, exc)
             return
         registry = self.service.registry
         call: Callable[[], bool | frozenset[str] | None]
@@ -386,7 +330,7 @@ class MistWire:
             result = await asyncio.get_running_loop().run_in_executor(None, call)
         except HubbubError as exc:  # StorageError: the registry cannot be written
             log.error("mist token registry: %s", exc)
-            self._refused(cmd, exc)
+            self.wire.refuse(cmd, exc)
             return
         proto = self.proto
         assert not isinstance(proto, md.Mist2015WsConnection)  # it has no registry commands
@@ -533,8 +477,8 @@ class MistService:
         return await self._websocket(request, generation="mist1")
 
     async def _websocket(self, request: web.Request, generation: str) -> web.StreamResponse:
-        ws = web.WebSocketResponse(max_msg_size=self.http.max_frame, autoping=False, compress=False)
-        if not ws.can_prepare(request).ok:
+        ws = upgradable(request, self.http.max_frame)
+        if ws is None:
             return text_response(400, "websocket upgrade required\n")
         peer = peer_address(request)
         identity: Identity = ANONYMOUS
@@ -546,7 +490,7 @@ class MistService:
             identity, grant = found
         await ws.prepare(request)  # any Origin, or none (mist.md §10)
         h, s = self.http, self.settings
-        proto: Proto
+        proto: md.Mist2015WsConnection | md.Mist1WsConnection
         if generation == "mist2015":
             proto = md.Mist2015WsConnection(
                 max_frame=h.max_frame,
@@ -573,64 +517,18 @@ class MistService:
         async def close(code: Disconnect) -> None:
             await ws.close(code=code)
 
-        wire = MistWire(self, proto, send=send, close=close, peer=peer)
-        try:
-            async with Lifetime() as group:
-                wire.start(group, identity)
-                keepalive = group.create_task(self._keepalive(ws, wire))
-                try:
-                    await self._read(ws, wire)
-                finally:
-                    keepalive.cancel()
-                    await wire.finish()
-        except (asyncio.CancelledError, ConnectionError):
-            pass
-        finally:
-            if not ws.closed:
-                sess = wire.session
-                code = sess.kicked or sess.ending or Disconnect.GOING_AWAY
-                await quietly(lambda: ws.close(code=code), self.node, sess.dialect, sess.id, "close")
-        return ws
+        mist = MistWire(self, proto, send=send, close=close, peer=peer)
 
-    async def _read(self, ws: web.WebSocketResponse, wire: MistWire) -> None:
-        """The connection's frames to the dialect, one at a time, until it ends or the peer goes; read only
-        while its replies have room (:class:`Messages`, read-side back-pressure)."""
-        proto = wire.proto
-        assert isinstance(proto, md.Mist2015WsConnection | md.Mist1WsConnection)
-        sess = wire.session
-        try:
-            async for msg in Messages(ws, sess):
-                wire.last_recv = time.monotonic()
-                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                    await wire.handle(proto.receive_frame(msg.data, binary=msg.type == WSMsgType.BINARY))
-                    if wire.done:
-                        break
-                    continue
-                if msg.type == WSMsgType.PING:
-                    await ws.pong(msg.data)
-                    continue
-                if msg.type == WSMsgType.PONG:
-                    continue
-                if (
-                    msg.type == WSMsgType.ERROR
-                    and getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG
-                ):
-                    # aiohttp refused a frame over limits.max_frame and sent close 1009 itself (§9).
-                    self.node.count_bad_input(sess.dialect)
-                    self.node.limiter.refused("max_frame", sess.dialect)
-                break
-        except ConnectionError:
-            pass
+        async def joined() -> None:
+            self.join(mist)
 
-    async def _keepalive(self, ws: web.WebSocketResponse, wire: MistWire) -> None:
-        """Ping every ``ping_interval_s``; close with 1001 after ``read_timeout_s`` of silence (README §8)."""
-        st = self.settings
-        await keepalive(
-            wire,
-            wire.session,
-            self.node,
-            wire.session.dialect,
-            ws.ping,
-            st.ping_interval_s,
-            st.read_timeout_s,
+        await run_websocket(
+            ws,
+            mist.wire,
+            proto,
+            identity,
+            keepalive_s=(s.ping_interval_s, s.read_timeout_s),
+            started=joined,
+            finishing=mist.leave,
         )
+        return ws

@@ -20,30 +20,27 @@ at a time, in order (a ``subscriptions`` frame's core subscriptions exist before
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from hubbub.auth import Identity
-from hubbub.channels import parse_pattern
-from hubbub.core import Encoder, Node, Overflow, ReplayPlan, Session, Subscription
+from hubbub.core import Encoder, Node, Subscription
+from hubbub.dialects import actions as a
 from hubbub.dialects import wearscript as wsd
 from hubbub.disconnect import Disconnect
-from hubbub.errors import AuthError, HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
-from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendRequest, AppendResult, LogStore
+from hubbub.errors import AuthError, LimitExceeded
+from hubbub.events import Event
 
-from .backpressure import Messages, Socket
+from .backpressure import Socket
 from .http import HttpSettings, peer_address, request_token, text_response
-from .lifetime import Lifetime
-from .pump import SessionPump, keepalive, quietly, stopped
+from .wire import DialectWire
+from .ws_driver import run_websocket, upgradable
 
 __all__ = [
     "ABOVE_HEADER",
@@ -94,17 +91,9 @@ class WearscriptEncoder:
         return hit
 
 
-def _live_only(store: LogStore) -> ReplayPlan:
-    """The dialect has no replay (§6): an empty snapshot, so subscribing never reads the log."""
-    return ReplayPlan()
-
-
-def _nothing(plan: ReplayPlan) -> None:
-    """No subscribe reply: a device learns nothing back from announcing its list."""
-
-
 class WearscriptWire:
-    """One WearScript connection: the dialect's state machine, its session and its write loop.
+    """One WearScript connection's binding: the dialect's state machine on a
+    :class:`~hubbub.transports.wire.DialectWire`, with the handlers of WearScript's own actions.
 
     ``publish_headers()`` gives headers added to each event it publishes (the upstream link stamps the
     federation origin); ``encoder`` renders the events it is sent (the link's renders an event that came
@@ -116,217 +105,86 @@ class WearscriptWire:
         *,
         send: Callable[[bytes], Awaitable[object]],
         close: Callable[[Disconnect], Awaitable[object]],
-        ping: Callable[[], Awaitable[object]],
         encoder: Encoder | None = None,
         publish_headers: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         self.service = service
-        node = self.node = service.node
         s = service.http
-        self.session = Session(
-            DIALECT,
-            encoder if encoder is not None else service.encoder,
-            max_items=s.send_queue,
-            max_bytes=s.send_queue_bytes,
-            overflow=Overflow.DROP_OLDEST,  # best effort, no way to report a gap (protocols README §4)
-            slow_close_code=Disconnect.TRY_AGAIN_LATER,
-            fault_close_code=Disconnect.INTERNAL_ERROR,
+        self.wire = DialectWire(
+            service.node,
+            wsd.SPEC,
+            dialect=DIALECT,
+            encoder=encoder if encoder is not None else service.encoder,
+            send_queue=s.send_queue,
+            send_queue_bytes=s.send_queue_bytes,
+            max_frame=s.max_frame,
+            send=send,
+            close=close,
+            refused=wsd.refused,
             echo=False,  # the sender never gets its own message back (§4 "Self")
         )
-        self.proto: wsd.WearscriptConnection | None = None
-        self._ping = ping
+        self.session = self.wire.session
+        self.proto = service.join(self)
         self._publish_headers = publish_headers
         self.listening: set[str] = set()
-        self.last_recv = time.monotonic()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._group: Lifetime | None = None
-        self._writer: asyncio.Task[None] | None = None
+        self.wire.handle(
+            {
+                wsd.Forward: self._forward,
+                wsd.Publish: self._publish,
+                wsd.ListenChanged: self._listen,
+                wsd.Exists: self._exists,
+                wsd.HubListChanged: self._hub_list_changed,
+            }
+        )
 
-        async def send_nonempty(data: bytes) -> None:
-            if data:  # an empty frame is an event this connection must not be sent (the link's encoder)
-                await send(data)
+    async def greet(self) -> None:
+        await self.wire.run(self.proto.greeting())
 
-        self._pump = SessionPump(node, self.session, send=send_nonempty, close=close, max_frame=s.max_frame)
+    def depart(self) -> None:
+        """The reader is done: departure notices for the others, however this one ended."""
+        for out in self.service.leave(self):
+            if isinstance(out, wsd.Forward):
+                self.service.forward(out)
 
-    # -- lifecycle ----------------------------------------------------------------------------------------
+    async def _forward(self, out: wsd.Forward) -> None:
+        if out.relayed and out.reply is not None and not self._may_publish(out.reply):
+            return
+        self.service.forward(out, self.proto.id)
 
-    async def start(self, group: Lifetime) -> None:
-        """Attach to the node and the hub, queue the greeting, start the writer and keepalive in ``group``."""
-        self._group = group
-        self.node.attach(self.session)
-        self.proto = self.service.join(self)
-        self._writer = self._spawn(self._pump.run())
-        self._spawn(self._keepalive())
-        await self.handle(self.proto.greeting())
+    async def _exists(self, out: wsd.Exists) -> None:
+        await self.wire.run(self.proto.reply_exists(out.resp, self.service.exists(out.channel)))
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        assert self._group is not None
-        t: asyncio.Task[Any] = self._group.create_task(coro)
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
-        return t
-
-    @property
-    def done(self) -> bool:
-        s = self.session
-        return bool(s.ending or s.kicked or s.closed)
-
-    async def finish(self) -> None:
-        """The reader is done: departure notices for the others, a pending close goes out, tasks stop."""
-        sess = self.session
-        if self.proto is not None:
-            for out in self.service.leave(self):  # departure notices go out however this one ended
-                if isinstance(out, wsd.Forward):
-                    self.service.forward(out)
-        if (sess.ending or sess.kicked) and self._writer is not None:
-            await stopped(asyncio.wait_for(asyncio.shield(self._writer), 10), self.node, DIALECT, sess.id)
-        self.node.detach(sess)
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            await stopped(t, self.node, DIALECT, sess.id)
-
-    # -- inbound ------------------------------------------------------------------------------------------
-
-    async def read(self, ws: Socket) -> None:
-        """The connection's frames to the dialect, one at a time, until it ends or the peer goes; read only
-        while its replies have room (:class:`Messages`, read-side back-pressure)."""
-        proto = self.proto
-        assert proto is not None
-        try:
-            async for msg in Messages(ws, self.session):
-                self.last_recv = time.monotonic()
-                if msg.type == WSMsgType.BINARY:
-                    await self.handle(proto.on_binary(msg.data))
-                elif msg.type == WSMsgType.TEXT:
-                    await self.handle(proto.on_text())
-                elif msg.type == WSMsgType.PING:
-                    await ws.pong(msg.data)
-                elif msg.type == WSMsgType.PONG:
-                    pass
-                else:
-                    if (
-                        msg.type == WSMsgType.ERROR
-                        and getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG
-                    ):
-                        # aiohttp refused a frame over limits.max_frame and sent close 1009 itself (§8).
-                        self.node.count_bad_input(DIALECT)
-                        self.node.limiter.refused("max_frame", DIALECT)
-                    break
-                if self.done:
-                    break
-        except ConnectionError:
-            pass
-
-    async def handle(self, outputs: list[wsd.Output]) -> None:
-        """Carry out the dialect's outputs, in order."""
-        service = self.service
-        for out in outputs:
-            if self.done:
-                return
-            if isinstance(out, wsd.Send):
-                self.session.push(out.data)
-            elif isinstance(out, wsd.Forward):
-                if out.relayed and out.reply is not None and not self._may_publish(out.reply):
-                    return
-                service.forward(out, self.proto.id if self.proto is not None else None)
-            elif isinstance(out, wsd.Publish):
-                await self._publish(out)
-            elif isinstance(out, wsd.ListenChanged):
-                await self._listen(out.channels)
-            elif isinstance(out, wsd.Exists):
-                assert self.proto is not None
-                await self.handle(self.proto.reply_exists(out.resp, service.exists(out.channel)))
-            elif isinstance(out, wsd.HubListChanged):
-                service.hub_list_changed()
-            elif isinstance(out, wsd.Close):
-                self.close(out.code, out.reason)
-
-    def close(self, code: Disconnect, why: str) -> None:
-        """Bad input or a refusal: the connection closes (§8), counted and logged at debug level."""
-        if code != Disconnect.POLICY_VIOLATION:
-            self.node.count_bad_input(DIALECT)
-        if code == Disconnect.MESSAGE_TOO_BIG:
-            self.node.limiter.refused("max_frame", DIALECT)
-        log.debug("closing wearscript connection: %s", why, extra={"session": self.session.id, "code": code})
-        self.session.end(code)
+    async def _hub_list_changed(self, out: wsd.HubListChanged) -> None:
+        self.service.hub_list_changed()
 
     def _may_publish(self, channel: str) -> bool:
         try:
-            self.node.access.check_publish(self.session.identity, channel, DIALECT)
+            self.wire.node.access.check_publish(self.session.identity, channel, DIALECT)
         except AuthError:
-            self.close(Disconnect.POLICY_VIOLATION, "test-handler reply on a channel not allowed")
+            self.wire.close(Disconnect.POLICY_VIOLATION, "test-handler reply on a channel not allowed")
             return False
         return True
 
-    async def _listen(self, channels: tuple[str, ...]) -> None:
+    async def _listen(self, out: wsd.ListenChanged) -> None:
         """Make the core subscriptions follow the connection's external set (one per channel: its id)."""
-        sess, node = self.session, self.node
-        want = set(channels)
+        want = set(out.channels)
         for ch in sorted(self.listening - want):
             self.listening.discard(ch)
-            with contextlib.suppress(SubscriptionError):  # gone with a detach meanwhile
-                node.unsubscribe(sess, ch)
+            await self.wire.run([a.Unsubscribe(ch)])
         added = sorted(want - self.listening)
-        # All at once: each is registered (and holds live events) as soon as its task starts, so none
-        # misses an event published while another's (empty) snapshot is read.
-        results = await asyncio.gather(
-            *(
-                node.subscribe(
-                    sess, ch, parse_pattern(wsd.listen_patterns(ch)[0]), on_snapshot=_nothing,
-                    planner=_live_only,
-                )
-                for ch in added
-            ),
-            return_exceptions=True,
-        )  # fmt: skip
-        for ch, r in zip(added, results, strict=True):
+        subs = [a.Subscribe(ch, wsd.listen_patterns(ch)[0]) for ch in added]
+        for ch, r in zip(added, await self.wire.subscribe(subs), strict=True):
             if isinstance(r, LimitExceeded):
-                self.close(Disconnect.POLICY_VIOLATION, "too many channels")
-            elif isinstance(r, SubscriptionError | ShuttingDown):
-                pass  # closed meanwhile
-            elif isinstance(r, BaseException):
-                raise r
-            else:
+                self.wire.close(Disconnect.POLICY_VIOLATION, "too many channels")
+            elif r is None:
                 self.listening.add(ch)
+            # else: SubscriptionError, ShuttingDown: closed meanwhile
 
     async def _publish(self, out: wsd.Publish) -> None:
-        sess = self.session
         headers: dict[str, str] = self._publish_headers() if self._publish_headers is not None else {}
         if out.head:
             headers[wsd.HEAD_HEADER] = out.head
-        req = AppendRequest(
-            channel=out.channel,
-            publisher=Publisher(DIALECT, sess.user, sess.id, ""),
-            payload=out.payload,
-            content_type=wsd.CONTENT_TYPE,
-            headers=headers,
-        )
-
-        def done(r: AppendResult | HubbubError) -> None:
-            if isinstance(r, HubbubError):
-                # No error reply in WearScript: close (protocols README §5: storage failure → 1011).
-                log.warning("wearscript publish failed: %s", r, extra={"session": sess.id})
-                sess.end(Disconnect.GOING_AWAY if isinstance(r, ShuttingDown) else Disconnect.INTERNAL_ERROR)
-
-        await self.node.writable()
-        try:
-            self.node.submit(req, sess, done)
-        except (AuthError, LimitExceeded):
-            self.close(Disconnect.POLICY_VIOLATION, "publish not allowed")  # §7: dropped, closed 1008
-            return
-        except ShuttingDown:
-            sess.end(Disconnect.GOING_AWAY)
-            return
-
-    # -- keepalive ----------------------------------------------------------------------------------------
-
-    async def _keepalive(self) -> None:
-        """Ping every ``ping_interval_s``; close with 1001 when nothing arrived for ``read_timeout_s``."""
-        st = self.service.settings
-        await keepalive(
-            self, self.session, self.node, DIALECT, self._ping, st.ping_interval_s, st.read_timeout_s
-        )
+        await self.wire.publish(out, a.Publish(out.channel, out.payload, wsd.CONTENT_TYPE, headers))
 
 
 class WearscriptService:
@@ -371,10 +229,8 @@ class WearscriptService:
         return proto
 
     def leave(self, wire: WearscriptWire) -> list[wsd.Output]:
-        proto = wire.proto
-        assert proto is not None
-        self.wires.pop(proto.id, None)
-        return proto.on_close()
+        self.wires.pop(wire.proto.id, None)
+        return wire.proto.on_close()
 
     def forward(self, out: wsd.Forward, asker: int | None = None) -> None:
         """A frame for other connections: ``subscriptions`` frames as they came, test-handler replies to
@@ -432,8 +288,8 @@ class WearscriptService:
 
     def install(self, app: web.Application, node: Node, settings: HttpSettings) -> None:
         """The :data:`~hubbub.transports.http.RouteInstaller` of the WearScript routes."""
-        app.router.add_get(ROUTE, self.websocket, allow_head=False)
-        app.router.add_get(ROUTE + "/{secret}", self.websocket, allow_head=False)
+        for path in wsd.SPEC.ws_routes:
+            app.router.add_get(path, self.websocket, allow_head=False)
 
     def identity(self, request: web.Request) -> Identity | None:
         """The upgrade's identity (§7): the ``<secret>`` path segment, else the header or query token
@@ -444,10 +300,9 @@ class WearscriptService:
         return self.node.authenticate(token, DIALECT, peer_address(request))
 
     async def websocket(self, request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(max_msg_size=self.http.max_frame, autoping=False, compress=False)
-        ws.headers[HUB_HEADER] = self.hub_id
-        ws.headers[ABOVE_HEADER] = ",".join(self.above)
-        if not ws.can_prepare(request).ok:
+        headers = {HUB_HEADER: self.hub_id, ABOVE_HEADER: ",".join(self.above)}
+        ws = upgradable(request, self.http.max_frame, headers)
+        if ws is None:
             return text_response(400, "websocket upgrade required\n")
         try:
             ident = self.identity(request)
@@ -480,7 +335,6 @@ async def serve(
 ) -> WearscriptWire:
     """Run one WearScript connection over an open WebSocket (accepted, or opened by the upstream link)
     until it ends; the socket is closed on return."""
-    node = service.node
 
     async def send(data: bytes) -> None:
         await ws.send_bytes(data)
@@ -488,28 +342,17 @@ async def serve(
     async def close(code: Disconnect) -> None:
         await ws.close(code=wsd.wire_close(code))
 
-    async def ping() -> None:
-        await ws.ping()
-
-    wire = WearscriptWire(
-        service, send=send, close=close, ping=ping, encoder=encoder, publish_headers=publish_headers
+    wearscript = WearscriptWire(
+        service, send=send, close=close, encoder=encoder, publish_headers=publish_headers
     )
-    if ident is not None:
-        # Bound before the session is attached: its subscriptions see the token's permissions, and its
-        # expiry closes it (1008).
-        node.access.bind(wire.session, ident)
-    try:
-        async with Lifetime() as group:
-            await wire.start(group)
-            try:
-                await wire.read(ws)
-            finally:
-                await wire.finish()
-    except (asyncio.CancelledError, ConnectionError):
-        pass
-    finally:
-        if not ws.closed:
-            sess = wire.session
-            code = wsd.wire_close(sess.kicked or sess.ending or Disconnect.GOING_AWAY)
-            await quietly(lambda: ws.close(code=code), node, DIALECT, sess.id, "close")
-    return wire
+    st = service.settings
+    await run_websocket(
+        ws,
+        wearscript.wire,
+        wearscript.proto,
+        ident,  # bound before the session is attached: its expiry closes it (1008)
+        keepalive_s=(st.ping_interval_s, st.read_timeout_s),
+        started=wearscript.greet,
+        finishing=wearscript.depart,
+    )
+    return wearscript
