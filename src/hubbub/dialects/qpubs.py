@@ -30,12 +30,17 @@ import msgpack
 import orjson
 
 from hubbub.channels import MAX_CHANNEL_BYTES, Pattern, from_separated, separated_pattern, to_separated
+from hubbub.disconnect import Disconnect
 from hubbub.events import Event
+
+from .actions import Close, Send
+from .spec import DialectSpec
 
 __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_SEPARATOR",
     "MAX_TIMEOUT_MS",
+    "SPEC",
     "Ack",
     "Auth",
     "Call",
@@ -270,20 +275,6 @@ def render_end(call_id: str) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class Send:
-    """Bytes for the peer (one or more lines)."""
-
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """Close the connection after the outputs before it."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
 class Auth:
     """Authenticate with ``token``; answer with ``result {"ok":true,"user":…}`` and
     :meth:`QrpcConnection.authenticated`, or ``error unauthorized/EAUTH``."""
@@ -479,7 +470,7 @@ class QrpcConnection:
     def _close(self, out: list[Output], reason: str) -> list[Output]:
         self.closed = True
         self._buf.clear()
-        out.append(Close(reason))
+        out.append(Close(Disconnect.FRAME_TOO_LARGE, reason))
         return out
 
     def _line(self, line: bytes) -> list[Output]:
@@ -677,3 +668,13 @@ def alias_emit(raw_query: str) -> tuple[str, Any]:
         return topic, orjson.loads(value)
     except orjson.JSONDecodeError:
         return topic, value
+
+
+#: qpubs as the server wires it: the qrpc TCP listener (§4; its HTTP routes are a route module of their
+#: own), the oldest live item dropped when a reader falls behind (§5).
+SPEC: Final = DialectSpec(
+    name="qpubs",
+    section="qpubs",
+    stream_listeners=("qpubs.qrpc_listen",),
+    overflow="drop_oldest",
+)

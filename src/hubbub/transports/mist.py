@@ -199,11 +199,24 @@ class MistWire:
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
-    def start(self, group: Lifetime, identity: Identity | None) -> None:
-        """Bind ``identity`` (None: a TCP connection that must send its token first), attach to the node and
+    def start(self, group: Lifetime) -> None:
+        """A TCP connection (the byte-stream driver's :class:`~hubbub.transports.stream_driver.StreamWire`):
+        bind its first identity (none with auth on: it must send its token first), attach to the node and
         the service, start the writer in ``group``."""
-        self.wire.start(group, identity)
+        self.wire.start(group, self.service.first_identity())
         self.service.join(self)
+
+    @property
+    def messages(self) -> int:
+        """Complete lines or values received (a TCP connection's)."""
+        proto = self.proto
+        return proto.messages if isinstance(proto, md.Mist2015Connection | md.Mist1Connection) else 0
+
+    async def feed(self, data: bytes) -> None:
+        """One TCP read: the outputs of every line or value it completes."""
+        proto = self.proto
+        assert isinstance(proto, md.Mist2015Connection | md.Mist1Connection)
+        await self.handle(proto.receive_data(data))
 
     @property
     def done(self) -> bool:

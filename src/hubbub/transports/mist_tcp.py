@@ -17,24 +17,60 @@ listener's) owns a :class:`~hubbub.transports.lifetime.Lifetime` holding its wri
 from __future__ import annotations
 
 import asyncio
-import logging
 import ssl
 from collections.abc import Callable
 from typing import Final
 
-from hubbub.dialects import mist as md
+from hubbub.core import Node
 from hubbub.disconnect import Disconnect
 
-from .lifetime import Lifetime
 from .mist import DIALECT, MistService, MistWire
+from .stream_driver import serve_stream
 from .stream_listener import Accepted, StreamListener
-from .tcp import WRITE_TIMEOUT_S, close_stream, drain
+from .tcp import WRITE_TIMEOUT_S, drain
 
 __all__ = ["serve_mist_tcp"]
 
-log = logging.getLogger("hubbub.mist")
-
 READ_CHUNK: Final = 64 * 1024
+
+
+class _MistStreams:
+    """Mist's side of the byte-stream driver (:class:`~hubbub.transports.stream_driver.Opener`): a
+    connection's generation from its first bytes (mist.md §1)."""
+
+    __slots__ = ("service", "write_timeout")
+
+    dialect: Final = DIALECT
+    read_chunk: Final = READ_CHUNK
+
+    def __init__(self, service: MistService, write_timeout: float) -> None:
+        self.service = service
+        self.write_timeout = write_timeout
+
+    @property
+    def node(self) -> Node:
+        return self.service.node
+
+    def open(self, first: bytes, acc: Accepted) -> MistWire | None:
+        if not first:
+            return None
+        writer, write_timeout = acc.writer, self.write_timeout
+
+        async def send(data: bytes) -> None:
+            writer.write(data)
+            await drain(writer, write_timeout)
+
+        async def send_many(frames: list[bytes]) -> None:
+            writer.write(b"".join(frames))  # a stream: a burst of events goes out in one write
+            await drain(writer, write_timeout)
+
+        async def close(code: Disconnect) -> None:
+            writer.close()
+
+        service = self.service
+        return MistWire(
+            service, service.tcp_proto(first), send=send, close=close, send_many=send_many, peer=acc.ip
+        )
 
 
 async def serve_mist_tcp(
@@ -50,54 +86,10 @@ async def serve_mist_tcp(
     """Start the listener; ``on_connection`` is given each connection's task (the server waits for them). A
     write waits ``write_timeout`` seconds at most for a peer that reads nothing (then the connection is
     aborted and counted in ``hubbub_write_timeouts_total``)."""
+    streams = _MistStreams(service, write_timeout)
 
     async def serve(acc: Accepted) -> None:
-        async with Lifetime() as group:
-            await _serve(acc, group)
-
-    async def _serve(acc: Accepted, group: Lifetime) -> None:
-        reader, writer, ip = acc.reader, acc.writer, acc.ip
-
-        async def send(data: bytes) -> None:
-            writer.write(data)
-            await drain(writer, write_timeout)
-
-        async def send_many(frames: list[bytes]) -> None:
-            writer.write(b"".join(frames))  # a stream: a burst of events goes out in one write
-            await drain(writer, write_timeout)
-
-        async def close(code: Disconnect) -> None:
-            writer.close()
-
-        wire: MistWire | None = None
-        try:
-            while True:
-                data = await reader.read(READ_CHUNK)
-                if not data:
-                    break
-                if wire is None:
-                    wire = MistWire(
-                        service, service.tcp_proto(data), send=send, close=close, send_many=send_many, peer=ip
-                    )
-                    wire.start(group, service.first_identity())
-                proto = wire.proto
-                assert isinstance(proto, md.Mist2015Connection | md.Mist1Connection)
-                await wire.handle(proto.receive_data(data))  # waits for room between requests
-                if proto.messages:
-                    acc.heard()
-                if wire.done:
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            pass
-        except Exception:
-            log.exception("mist TCP connection failed")
-        finally:
-            try:
-                if wire is not None:
-                    await wire.finish()
-            finally:  # also when cancelled (a stopping server): no socket outlives the connection
-                sid = wire.session.id if wire is not None else ""
-                await close_stream(writer, service.node, DIALECT, sid)
+        await serve_stream(acc, streams)
 
     listener = StreamListener(
         service.node,

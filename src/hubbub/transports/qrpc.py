@@ -27,24 +27,25 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
-from hubbub.core import ConsumerService, GroupMember, Node, Overflow, ReplayPlan, Session
+from hubbub.core import ConsumerService, GroupMember, Node
 from hubbub.dialects import qpubs as qpd
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, HubbubError, SubscriptionError
 from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendRequest, AppendResult, LogStore
+from hubbub.log.base import AppendRequest, AppendResult
 
 from .http import HttpSettings
 from .lifetime import Lifetime
-from .pump import SessionPump, grace_left, stopped
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
 from .qrpc_subs import QrpcSubscriptions
+from .stream_driver import serve_stream
 from .stream_listener import Accepted, StreamListener
-from .tcp import WRITE_TIMEOUT_S, close_stream, drain
+from .tcp import WRITE_TIMEOUT_S, drain
+from .wire import DialectWire, live_only, no_reply
 
 __all__ = ["QrpcEncoder", "QrpcService", "QrpcWire", "serve_qrpc"]
 
@@ -53,14 +54,6 @@ log = logging.getLogger("hubbub.qrpc")
 READ_CHUNK = 256 * 1024
 #: Seconds a closing connection may take to flush (a write's own limit: tcp.WRITE_TIMEOUT_S).
 CLOSE_WAIT_S = 5.0
-
-
-def _live_only(store: LogStore) -> ReplayPlan:
-    return ReplayPlan()
-
-
-def _nothing(plan: ReplayPlan) -> None:
-    """No reply to a listen until its first event."""
 
 
 @dataclass(slots=True)
@@ -142,7 +135,10 @@ class QrpcService:
 
 
 class QrpcWire:
-    """One qrpc connection: the dialect's state machine, its session, its calls and its write loop."""
+    """One qrpc connection's binding: the dialect's state machine on a
+    :class:`~hubbub.transports.wire.DialectWire`, with a handler per call (each refusal answered on its
+    call id), its calls and its groups; the byte-stream driver's
+    :class:`~hubbub.transports.stream_driver.StreamWire`."""
 
     def __init__(
         self,
@@ -156,15 +152,26 @@ class QrpcWire:
         node = self.node = service.node
         s, h = service.settings, service.http
         self.encoder = QrpcEncoder(s.separator, self._once_fired)
-        self.session = Session(
-            DIALECT,
-            self.encoder,
-            max_items=h.send_queue,
-            max_bytes=h.send_queue_bytes,
-            overflow=Overflow.DROP_OLDEST,
-            slow_close_code=Disconnect.TRY_AGAIN_LATER,
-            fault_close_code=Disconnect.INTERNAL_ERROR,
+
+        async def send_many(frames: list[bytes]) -> None:
+            await send(b"".join(frames))
+
+        self.wire = DialectWire(
+            node,
+            qpd.SPEC,
+            dialect=DIALECT,
+            encoder=self.encoder,
+            send_queue=h.send_queue,
+            send_queue_bytes=h.send_queue_bytes,
+            max_frame=h.max_frame,
+            send=send,  # an event none of this connection's calls wants renders empty: not sent
+            send_many=send_many,
+            close=close,
+            echo=True,
+            pace=True,  # a read may hold thousands of calls, each answered
+            close_wait_s=CLOSE_WAIT_S,
         )
+        self.session = self.wire.session
         self.proto = qpd.QrpcConnection(
             s.separator,
             auth_required=s.auth,
@@ -181,27 +188,30 @@ class QrpcWire:
         #: Set while no emit of this connection is in flight (see :meth:`_listen`).
         self._idle = asyncio.Event()
         self._idle.set()
-
-        async def send_nonempty(data: bytes) -> None:
-            if data:  # an event none of this connection's calls wants renders empty
-                await send(data)
-
-        async def send_many(frames: list[bytes]) -> None:
-            await send(b"".join(frames))
-
-        self._pump = SessionPump(
-            node, self.session, send=send_nonempty, send_many=send_many, close=close, max_frame=h.max_frame
-        )
-        self._writer: asyncio.Task[None] | None = None
+        subs = self.subs
+        calls: dict[type, Callable[[Any], Awaitable[None]]] = {
+            qpd.Emit: self._emit,
+            qpd.Listen: self._listen,
+            qpd.Ignore: self._ignore,
+            qpd.Auth: self._auth,
+            qpd.CreateSubscription: subs.create,
+            qpd.OpenSubscription: subs.open,
+            qpd.CloseSubscription: subs.close,
+            qpd.DeleteSubscription: subs.delete,
+            qpd.Ack: subs.ack,
+        }
+        self.wire.handle({kind: self._answered(call) for kind, call in calls.items()})
 
     @property
     def done(self) -> bool:
-        s = self.session
-        return bool(s.ending or s.kicked or s.closed)
+        return self.wire.done
+
+    @property
+    def messages(self) -> int:
+        return self.proto.messages
 
     def start(self, group: Lifetime) -> None:
-        self.node.attach(self.session)
-        self._writer = group.create_task(self._pump.run())
+        self.wire.start(group, None)
 
     async def finish(self) -> None:
         """The reader is done: give back batches, leave groups, flush a pending close, detach."""
@@ -209,15 +219,7 @@ class QrpcWire:
         for m in self.groups.values():
             m.leave()
         self.groups.clear()
-        sess = self.session
-        if (sess.ending or sess.kicked) and self._writer is not None and grace_left():
-            await stopped(
-                asyncio.wait_for(asyncio.shield(self._writer), CLOSE_WAIT_S), self.node, DIALECT, sess.id
-            )
-        self.node.detach(sess)
-        if self._writer is not None:
-            self._writer.cancel()
-            await stopped(self._writer, self.node, DIALECT, sess.id)
+        await self.wire.finish()
 
     # -- replies --
 
@@ -238,69 +240,46 @@ class QrpcWire:
         """Handle the calls of one read, in order. Read-side back-pressure
         (:mod:`~hubbub.transports.backpressure`): a read may hold thousands of calls, each answered; after
         each, the rest waits while the connection's replies fill its queue, and so does the next read."""
-        sess = self.session
         outs = self.proto.feed(data)
         while outs:
-            for out in outs:
-                if self.done:
-                    return
-                await self.handle(out)
-                if not sess.has_room:
-                    await sess.wait_room()
+            await self.wire.run(outs)
+            if self.done:
+                return
             # An auth call paused the connection (its answer is out): the calls behind it now run.
             outs = self.proto.resume()
 
-    async def handle(self, out: qpd.Output) -> None:
-        if isinstance(out, qpd.Send):
-            self.session.push(out.data)
-            return
-        if isinstance(out, qpd.Close):
-            self.node.count_bad_input(DIALECT)
-            self.node.limiter.refused("max_frame", DIALECT)
-            self.session.end(Disconnect.FRAME_TOO_LARGE)
-            return
-        cid = out.call_id
-        streaming = isinstance(out, qpd.Listen | qpd.OpenSubscription)
-        try:
-            await self._call(out)
-        except qpd.QpubsError as exc:
-            if streaming:
-                self.proto.ended(cid)
-            self.error(cid, exc)
-        except HubbubError as exc:
-            if streaming:
-                self.proto.ended(cid)
-            sub_id = getattr(out, "sub_id", "")
-            self.error(cid, qpubs_error(exc, sub_id, getattr(out, "batch", 0)))
+    def _answered(self, call: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        """``call`` with its refusal answered on the call's id (a streaming call then ends)."""
 
-    async def _call(self, out: qpd.Call) -> None:
-        subs = self.subs
-        if isinstance(out, qpd.Emit):
-            await self._emit(out)
-        elif isinstance(out, qpd.Listen):
-            await self._listen(out)
-        elif isinstance(out, qpd.Ignore):
-            if out.closes is not None:
-                self._drop(out.closes)
-                self.end_call(out.closes)
-            self.reply(out.call_id, {"ok": True, "removed": 0 if out.closes is None else 1})
-        elif isinstance(out, qpd.Auth):
+        async def answered(out: qpd.Call) -> None:
             try:
-                ident = self.node.login(self.session, out.token, self.peer)
-            except AuthError:
-                raise qpd.QpubsError("unauthorized", "EAUTH", 401) from None
-            self.proto.authenticated()
-            self.reply(out.call_id, {"ok": True, "user": ident.user})
-        elif isinstance(out, qpd.CreateSubscription):
-            await subs.create(out)
-        elif isinstance(out, qpd.OpenSubscription):
-            await subs.open(out)
-        elif isinstance(out, qpd.CloseSubscription):
-            await subs.close(out)
-        elif isinstance(out, qpd.DeleteSubscription):
-            await subs.delete(out)
-        elif isinstance(out, qpd.Ack):
-            await subs.ack(out)
+                await call(out)
+            except qpd.QpubsError as exc:
+                self._refused(out, exc)
+            except HubbubError as exc:
+                sub_id = getattr(out, "sub_id", "")
+                self._refused(out, qpubs_error(exc, sub_id, getattr(out, "batch", 0)))
+
+        return answered
+
+    def _refused(self, out: qpd.Call, exc: qpd.QpubsError) -> None:
+        if isinstance(out, qpd.Listen | qpd.OpenSubscription):
+            self.proto.ended(out.call_id)
+        self.error(out.call_id, exc)
+
+    async def _ignore(self, out: qpd.Ignore) -> None:
+        if out.closes is not None:
+            self._drop(out.closes)
+            self.end_call(out.closes)
+        self.reply(out.call_id, {"ok": True, "removed": 0 if out.closes is None else 1})
+
+    async def _auth(self, out: qpd.Auth) -> None:
+        try:
+            ident = self.node.login(self.session, out.token, self.peer)
+        except AuthError:
+            raise qpd.QpubsError("unauthorized", "EAUTH", 401) from None
+        self.proto.authenticated()
+        self.reply(out.call_id, {"ok": True, "user": ident.user})
 
     async def _emit(self, out: qpd.Emit) -> None:
         sess, node = self.session, self.node
@@ -354,7 +333,7 @@ class QrpcWire:
         if pattern is None:
             return  # accepted, matches nothing (§1)
         try:
-            await self.node.subscribe(self.session, cid, pattern, on_snapshot=_nothing, planner=_live_only)
+            await self.node.subscribe(self.session, cid, pattern, on_snapshot=no_reply, planner=live_only)
         except BaseException:
             self.encoder.calls.pop(cid, None)
             raise
@@ -377,6 +356,36 @@ class QrpcWire:
             self.proto.ended(cid)
 
 
+class _QrpcStreams:
+    """qrpc's side of the byte-stream driver (:class:`~hubbub.transports.stream_driver.Opener`): a
+    connection opens at accept (its session is the server's to close from then on)."""
+
+    __slots__ = ("service", "write_timeout")
+
+    dialect: Final = DIALECT
+    read_chunk: Final = READ_CHUNK
+
+    def __init__(self, service: QrpcService, write_timeout: float) -> None:
+        self.service = service
+        self.write_timeout = write_timeout
+
+    @property
+    def node(self) -> Node:
+        return self.service.node
+
+    def open(self, first: bytes, acc: Accepted) -> QrpcWire:
+        writer, write_timeout = acc.writer, self.write_timeout
+
+        async def send(data: bytes) -> None:
+            writer.write(data)
+            await drain(writer, write_timeout)
+
+        async def close(code: Disconnect) -> None:
+            writer.close()
+
+        return QrpcWire(self.service, send=send, close=close, peer=acc.ip)
+
+
 async def serve_qrpc(
     host: str,
     port: int,
@@ -390,48 +399,22 @@ async def serve_qrpc(
     a peer that reads nothing). Admission, refusal (qrpc has no refusal of its own: a close) and the
     first-message timeout (the first line) are the stream listener's; after its first line a client may idle
     with calls open, as long as its peer is alive (TCP keepalive)."""
-    node = service.node
+    streams = _QrpcStreams(service, write_timeout)
 
     def track(task: asyncio.Task[None]) -> None:
         service.connections.add(task)
         task.add_done_callback(service.connections.discard)
 
-    async def send(writer: asyncio.StreamWriter, data: bytes) -> None:
-        writer.write(data)
-        await drain(writer, write_timeout)
-
     async def serve(acc: Accepted) -> None:
-        async with Lifetime() as group:
-            await _serve(acc, group)
-
-    async def _serve(acc: Accepted, group: Lifetime) -> None:
-        reader, writer = acc.reader, acc.writer
-
-        async def close(code: Disconnect) -> None:
-            writer.close()
-
-        wire = QrpcWire(service, send=lambda d: send(writer, d), close=close, peer=acc.ip)
-        wire.start(group)
-        try:
-            while not wire.done:
-                data = await reader.read(READ_CHUNK)
-                if not data:
-                    break
-                await wire.feed(data)
-                if wire.proto.messages:
-                    acc.heard()
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        except Exception:
-            log.exception("qrpc connection failed")
-        finally:
-            try:
-                await wire.finish()
-            finally:  # also when cancelled (a stopping server): no socket outlives the connection
-                await close_stream(writer, node, DIALECT, "")
+        await serve_stream(acc, streams)
 
     listener = StreamListener(
-        node, DIALECT, serve, track, first_message_timeout_s=first_message_timeout_s, ssl_context=ssl_context
+        service.node,
+        DIALECT,
+        serve,
+        track,
+        first_message_timeout_s=first_message_timeout_s,
+        ssl_context=ssl_context,
     )
     await listener.start(host, port)
     return listener

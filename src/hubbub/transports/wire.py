@@ -54,6 +54,8 @@ Refused: TypeAlias = Callable[[Any, HubbubError], Sequence[object]]
 
 #: Closes that are no bad input: a normal close, a refusal by policy (auth, limits).
 _NOT_BAD: frozenset[Disconnect] = frozenset({Disconnect.NORMAL, Disconnect.POLICY_VIOLATION})
+#: Closes for a message over ``limits.max_frame`` (WebSocket 1009, the stream dialects' 4003).
+_TOO_BIG: frozenset[Disconnect] = frozenset({Disconnect.MESSAGE_TOO_BIG, Disconnect.FRAME_TOO_LARGE})
 
 
 def live_only(store: LogStore) -> ReplayPlan:
@@ -70,6 +72,11 @@ def _never_failed() -> bool:
     return False
 
 
+def _no_answer(cmd: object, exc: HubbubError) -> Sequence[object]:
+    """The refusal answer of a binding that answers refusals itself."""
+    return ()
+
+
 class DialectWire:
     """One connection: its session, write loop and actions. See the module docstring.
 
@@ -79,7 +86,8 @@ class DialectWire:
     connection's own state machine failed (its closes then count as bad input whatever their code);
     ``pace`` makes the wire wait for the session's room between actions (byte streams hand it a whole
     read's actions at once); ``echo`` whether the connection gets its own publishes; ``after`` runs after
-    each run of actions that left the connection open."""
+    each run of actions that left the connection open; ``close_wait_s`` bounds the wait for a pending
+    close."""
 
     def __init__(
         self,
@@ -94,11 +102,12 @@ class DialectWire:
         send: Callable[[bytes], Awaitable[object]],
         close: Callable[[Disconnect], Awaitable[object]],
         send_many: Callable[[list[bytes]], Awaitable[object]] | None = None,
-        refused: Refused,
+        refused: Refused = _no_answer,
         failed: Callable[[], bool] = _never_failed,
         echo: bool = False,
         pace: bool = False,
         after: Callable[[], None] | None = None,
+        close_wait_s: float = 10.0,
     ) -> None:
         self.node = node
         self.spec = spec
@@ -117,6 +126,7 @@ class DialectWire:
         self._failed = failed
         self._pace = pace
         self._after = after
+        self._close_wait_s = close_wait_s
         #: Monotonic time of the last frame or read received (keepalive).
         self.last_recv = time.monotonic()
         self.handlers: dict[type, Handler] = {
@@ -163,12 +173,15 @@ class DialectWire:
         return bool(s.ending or s.kicked or s.closed)
 
     async def finish(self) -> None:
-        """The reader is done: a pending close goes out (for at most 10 s, none once the handler was
-        cancelled), the session leaves the node, the connection's tasks stop."""
+        """The reader is done: a pending close goes out (for at most ``close_wait_s``, none once the handler
+        was cancelled), the session leaves the node, the connection's tasks stop."""
         sess = self.session
         if (sess.ending or sess.kicked) and self._writer is not None and grace_left():
             await stopped(
-                asyncio.wait_for(asyncio.shield(self._writer), 10), self.node, sess.dialect, sess.id
+                asyncio.wait_for(asyncio.shield(self._writer), self._close_wait_s),
+                self.node,
+                sess.dialect,
+                sess.id,
             )
         self.node.detach(sess)
         for t in list(self._tasks):
@@ -212,7 +225,7 @@ class DialectWire:
         dialect = self.session.dialect
         if code not in _NOT_BAD or self._failed():
             self.node.count_bad_input(dialect)
-        if code == Disconnect.MESSAGE_TOO_BIG:
+        if code in _TOO_BIG:
             self.node.limiter.refused("max_frame", dialect)
         if why:
             self.log.debug("closing %s connection: %s", dialect, why, extra={"session": self.session.id})

@@ -1,0 +1,112 @@
+"""The byte-stream driver: one connection of any dialect over TCP or TLS, from the accepted socket to the
+close (ARCHITECTURE §2).
+
+A dialect's stream listener (:class:`~hubbub.transports.stream_listener.StreamListener`, which admits the
+socket, makes the TLS handshake and holds the first-message deadline) hands each socket to
+:func:`serve_stream` with the dialect's :class:`Opener`, which:
+
+* opens the connection's :class:`StreamWire` before the first read (``open(b"")``) or, for a dialect that
+  tells its variant from the first bytes (mist's generations), on the first read;
+* reads the socket in chunks of ``read_chunk`` bytes and feeds each read to the wire, whose actions (every
+  message the read completes) are carried out before the next read, each waiting for its room
+  (read-side back-pressure, :mod:`~hubbub.transports.backpressure`);
+* tells the listener the first complete message came (``Accepted.heard``);
+* runs every task of the connection in one :class:`~hubbub.transports.lifetime.Lifetime`, ends the wire
+  (its pending close goes out) and closes the socket on every path, cancellation included
+  (:func:`~hubbub.transports.tcp.close_stream`): no socket outlives its connection.
+
+Concurrency contract: called from the event loop thread; one reader per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from hubbub.core import Node, Session
+
+from .lifetime import Lifetime
+from .stream_listener import Accepted
+from .tcp import close_stream
+
+__all__ = ["Opener", "StreamWire", "serve_stream"]
+
+
+class StreamWire(Protocol):
+    """One byte-stream connection as the driver runs it (a dialect's binding over a
+    :class:`~hubbub.transports.wire.DialectWire`)."""
+
+    @property
+    def session(self) -> Session: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def messages(self) -> int:
+        """Complete messages received so far."""
+        ...
+
+    def start(self, group: Lifetime) -> None: ...
+
+    async def feed(self, data: bytes) -> None:
+        """Carry out the actions of one read, in order, each waiting for the session's room."""
+        ...
+
+    async def finish(self) -> None: ...
+
+
+class Opener(Protocol):
+    """A dialect's stream side: its name, its read size, and its connections."""
+
+    @property
+    def dialect(self) -> str: ...
+
+    @property
+    def node(self) -> Node: ...
+
+    @property
+    def read_chunk(self) -> int: ...
+
+    def open(self, first: bytes, acc: Accepted) -> StreamWire | None:
+        """The connection of ``acc`` whose first bytes are ``first`` (``b""`` before the first read), or None
+        while the dialect needs bytes to choose it."""
+        ...
+
+
+async def serve_stream(acc: Accepted, opener: Opener) -> None:
+    """Run the connection of ``acc`` until it ends or the peer goes; the socket is closed on return."""
+    async with Lifetime() as group:
+        await _serve(acc, opener, group)
+
+
+async def _serve(acc: Accepted, opener: Opener, group: Lifetime) -> None:
+    reader, dialect = acc.reader, opener.dialect
+    wire = opener.open(b"", acc)
+    try:
+        if wire is not None:
+            wire.start(group)
+        while wire is None or not wire.done:
+            data = await reader.read(opener.read_chunk)
+            if not data:
+                break
+            if wire is None:
+                wire = opener.open(data, acc)
+                if wire is None:
+                    continue
+                wire.start(group)
+            await wire.feed(data)
+            if wire.messages:
+                acc.heard()
+    except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+        pass
+    except Exception:
+        logging.getLogger(f"hubbub.{dialect}").exception("%s TCP connection failed", dialect)
+    finally:
+        try:
+            if wire is not None:
+                await wire.finish()
+        finally:  # also when cancelled (a stopping server): no socket outlives the connection
+            sid = wire.session.id if wire is not None else ""
+            await close_stream(acc.writer, opener.node, dialect, sid)
