@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import logging
 import os
@@ -30,7 +29,6 @@ from aiohttp import web
 
 from hubbub import __version__
 from hubbub.auth import Authenticator, TokenAuthorizer, load_keys, parse_static_tokens
-from hubbub.auth.mist_registry import MistTokenRegistry
 from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, RedisPresence, default_node_id
 from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import ConsumerService, Node, NodeSettings
@@ -41,25 +39,21 @@ from hubbub.disconnect import Disconnect
 from hubbub.errors import StorageError
 from hubbub.log import LogStore, open_store
 from hubbub.log.base import RetentionPolicy
+from hubbub.transports.dialects import BINDINGS, MistMounted, Mounted, QpubsMounted, WearscriptMounted, Wiring
 from hubbub.transports.federation_link import FederationLinkCollector, FederationUpstream
 from hubbub.transports.federation_peer import FederationHub, FederationHubCollector
-from hubbub.transports.guble import GubleSettings
-from hubbub.transports.guble import install as install_guble
-from hubbub.transports.http import HttpSettings, NativeHttp, RouteInstaller, build_app
+from hubbub.transports.http import HttpSettings, NativeHttp, build_app
 from hubbub.transports.http_listener import HttpListener
-from hubbub.transports.ivy import IvySettings, ivy_installer
-from hubbub.transports.mist import MistService, MistSettings
-from hubbub.transports.mist_tcp import serve_mist_tcp
+from hubbub.transports.mist import MistService
 from hubbub.transports.native import NativeConnection, NativeEncoder
 from hubbub.transports.pump import quietly
-from hubbub.transports.qpubs_common import QpubsSettings
 from hubbub.transports.qpubs_http import QpubsHttp
-from hubbub.transports.qrpc import QrpcService, serve_qrpc
+from hubbub.transports.qrpc import QrpcService
 from hubbub.transports.stream_listener import StreamListener
 from hubbub.transports.tcp import CLOSE_WAIT_S, drain, peer_ip, serve_native_tcp
 from hubbub.transports.tls import reload_context, server_context
-from hubbub.transports.wearscript import WearscriptService, WearscriptSettings
-from hubbub.transports.wearscript_link import WearscriptLinkCollector, WearscriptUpstream
+from hubbub.transports.wearscript import WearscriptService
+from hubbub.transports.wearscript_link import WearscriptUpstream
 
 __all__ = [
     "GC_THRESHOLDS",
@@ -97,15 +91,8 @@ class Server:
         self._tcp_native: set[NativeConnection] = set()
         self._broker: RedisBroker | None = None
         self._presence: RedisPresence | None = None
-        self.wearscript: WearscriptService | None = None
-        #: Mist, both generations (protocols/mist.md): its service and TCP listener.
-        self.mist: MistService | None = None
-        self._mist_tcp: StreamListener | None = None
-        self.qpubs_http: QpubsHttp | None = None
-        self.qrpc: QrpcService | None = None
-        self._qrpc_server: StreamListener | None = None
-        #: The link up to a WearScript hub (``wearscript.upstream``).
-        self.wearscript_upstream: WearscriptUpstream | None = None
+        #: Every dialect but native, as wired (``transports/dialects.py``), by name.
+        self.dialects: dict[str, Mounted] = {}
         #: This node in the federation (docs/federation.md), and its links up to other hubbub nodes.
         self.federation: FederationHub | None = None
         self.upstreams: list[FederationUpstream] = []
@@ -113,6 +100,33 @@ class Server:
         #: The components :meth:`start` entered (node, broker, presence, consumers, listeners, links up), left
         #: in reverse order by :meth:`stop`.
         self._components = contextlib.AsyncExitStack()
+
+    @property
+    def wearscript(self) -> WearscriptService | None:
+        m = self.dialects.get("wearscript")
+        return m.service if isinstance(m, WearscriptMounted) else None
+
+    @property
+    def wearscript_upstream(self) -> WearscriptUpstream | None:
+        """The link up to a WearScript hub (``wearscript.upstream``)."""
+        m = self.dialects.get("wearscript")
+        return m.upstream if isinstance(m, WearscriptMounted) else None
+
+    @property
+    def mist(self) -> MistService | None:
+        """Mist, both generations (protocols/mist.md): its service."""
+        m = self.dialects.get("mist")
+        return m.service if isinstance(m, MistMounted) else None
+
+    @property
+    def qpubs_http(self) -> QpubsHttp | None:
+        m = self.dialects.get("qpubs")
+        return m.http if isinstance(m, QpubsMounted) else None
+
+    @property
+    def qrpc(self) -> QrpcService | None:
+        m = self.dialects.get("qpubs")
+        return m.qrpc if isinstance(m, QpubsMounted) else None
 
     async def __aenter__(self) -> Server:
         try:
@@ -209,51 +223,16 @@ class Server:
             codec_limits=codec_limits,
             cors_origins=parse_cors_origin(cfg.cors_origin),
         )
-        installers: list[RouteInstaller] = []
-        if cfg.ivy_enabled:
-            installers.append(
-                ivy_installer(
-                    IvySettings(
-                        large_event_bytes=cfg.ivy_large_event_bytes,
-                        ping_interval_s=cfg.ivy_ping_interval_s,
-                        read_timeout_s=cfg.ivy_read_timeout_s,
-                        max_log_bytes=cfg.ivy_max_log_bytes,
-                        auth=token and cfg.dialect_auth("ivy") == "token",
-                    )
-                )
-            )
-        if cfg.guble_enabled:
-            gs = GubleSettings(
-                cfg.guble_node_id,
-                cfg.guble_health_endpoint,
-                cfg.guble_metrics_endpoint,
-                auth=token and cfg.dialect_auth("guble") == "token",
-            )
-            installers.append(functools.partial(install_guble, settings=gs))
-        if cfg.wearscript_enabled:
-            self.wearscript = WearscriptService(node, wearscript_settings(cfg), http_settings)
-            installers.append(self.wearscript.install)
-        if cfg.mist_enabled:
-            registry = await loop.run_in_executor(None, MistTokenRegistry.in_data_dir, cfg.data_dir)
-            self.mist = MistService(
-                node,
-                MistSettings(
-                    channel=cfg.mist_channel,
-                    auth=token and cfg.dialect_auth("mist") == "token",
-                    token=str(cfg.mist_token),
-                    max_tags=lim.max_tags,
-                    max_tag_bytes=lim.max_tag_bytes,
-                ),
-                http_settings,
-                registry,
-                lambda: node.access.authenticator,
-            )
-            installers.append(self.mist.install)
-        if cfg.qpubs_enabled:
-            self.qpubs_http = QpubsHttp(node, self.consumers, qpubs_settings(cfg), http_settings)
-            installers.append(self.qpubs_http.install)
-        # Each dialect adds its route installer here, built from its own settings (the dialect's docs list
-        # its configuration keys).
+
+        def track(task: asyncio.Task[None]) -> None:
+            self._tcp_conns.add(task)
+            task.add_done_callback(self._tcp_conns.discard)
+
+        wiring = Wiring(node, self.consumers, cfg, http_settings, self._ssl, track)
+        for binding in BINDINGS:
+            if binding.enabled(cfg):
+                self.dialects[binding.spec.name] = await binding.mount(wiring)
+        installers = [m.installer for m in self.dialects.values() if m.installer is not None]
         app, self._native_http = build_app(node, http_settings, installers)
         if cfg.federation_accept or cfg.upstream:
             self._federate(node, cfg, store.engine, self._native_http)
@@ -267,103 +246,16 @@ class Server:
         self.ports["http"] = site.port
         log.info("listening", extra={"listener": "http", "address": f"{host}:{self.ports['http']}"})
 
-        if self.wearscript is not None and cfg.wearscript_upstream:
-            if cfg.wearscript_group_device == Config().wearscript_group_device:
-                log.warning("linked WearScript hubs should each have their own wearscript.group_device")
-            self.wearscript_upstream = WearscriptUpstream(self.wearscript, str(cfg.wearscript_upstream))
-            self._native_http.registry.register(WearscriptLinkCollector(self.wearscript_upstream))
-
-        if cfg.qpubs_enabled:
-            host, port = parse_listen(cfg.qpubs_qrpc_listen, "qpubs.qrpc_listen")
-            self.qrpc = QrpcService(node, self.consumers, qpubs_settings(cfg), http_settings)
-            self._qrpc_server = await serve_qrpc(
-                host,
-                port,
-                self.qrpc,
-                first_message_timeout_s=cfg.tcp_first_message_timeout_s,
-                ssl_context=self._ssl,
-                write_timeout=lim.write_timeout_s,
-            )
-            self.ports["qrpc"] = self._qrpc_server.port
-            log.info("listening", extra={"listener": "qrpc", "address": f"{host}:{self.ports['qrpc']}"})
-
+        for mounted in self.dialects.values():
+            await mounted.started(wiring, self._native_http.registry)
+            self.ports.update({name: listener.port for name, listener in mounted.listeners.items()})
         if cfg.native_enabled:
-            host, port = parse_listen(cfg.native_tcp_listen, "native.tcp_listen")
-            # The listener shares its codecs (one per encoding), so connections share the session encoders.
-            encoders: dict[str, NativeEncoder] = {}
-
-            def make(codec: nc.NativeCodec, writer: asyncio.StreamWriter) -> NativeConnection:
-                encoder = encoders.get(codec.encoding)
-                if encoder is None or encoder.codec is not codec:
-                    encoder = encoders[codec.encoding] = NativeEncoder(codec)
-
-                async def send(data: bytes) -> None:
-                    # The prefix and the frame as two buffers: a batch frame can be a megabyte, not copied.
-                    writer.writelines(codec.stream_parts(data))
-                    await drain(writer, lim.write_timeout_s)
-
-                async def send_many(frames: list[bytes]) -> None:
-                    writer.write(codec.frames_for_stream(frames))
-                    await drain(writer, lim.write_timeout_s)
-
-                async def close(code: Disconnect) -> None:
-                    writer.close()
-
-                conn = NativeConnection(
-                    node,
-                    codec,
-                    send=send,
-                    close=close,
-                    send_many=send_many,
-                    max_frame=lim.max_frame,
-                    max_subscriptions=lim.max_subscriptions,
-                    send_queue=lim.send_queue,
-                    send_queue_bytes=lim.send_queue_bytes,
-                    ping_interval=cfg.native_ping_interval_s,
-                    encoder=encoder,
-                )
-                conn.peer = peer_ip(writer)
-                return conn
-
-            def track(task: asyncio.Task[None]) -> None:
-                self._tcp_conns.add(task)
-                task.add_done_callback(self._tcp_conns.discard)
-
-            self._tcp = await serve_native_tcp(
-                host,
-                port,
-                make,
-                lim.max_frame,
-                track,
-                codec_limits,
-                node=node,
-                first_message_timeout_s=cfg.tcp_first_message_timeout_s,
-                ssl_context=self._ssl,
-            )
-            self.ports["native"] = self._tcp.port
-            log.info("listening", extra={"listener": "native", "address": f"{host}:{self.ports['native']}"})
-        if self.mist is not None:
-            host, port = parse_listen(cfg.mist_tcp_listen, "mist.tcp_listen")
-
-            def track_mist(task: asyncio.Task[None]) -> None:
-                self._tcp_conns.add(task)
-                task.add_done_callback(self._tcp_conns.discard)
-
-            self._mist_tcp = await serve_mist_tcp(
-                host,
-                port,
-                self.mist,
-                track_mist,
-                first_message_timeout_s=cfg.tcp_first_message_timeout_s,
-                ssl_context=self._ssl,
-                write_timeout=lim.write_timeout_s,
-            )
-            self.ports["mist"] = self._mist_tcp.port
-            log.info("listening", extra={"listener": "mist", "address": f"{host}:{self.ports['mist']}"})
+            await self._listen_native(node, codec_limits, track)
         # The links up start last and stop first: they must not reconnect while the node stops, and they save
         # their cursors once no more events move.
-        if self.wearscript_upstream is not None:
-            await stack.enter_async_context(self.wearscript_upstream)
+        for mounted in self.dialects.values():
+            for dialect_link in mounted.links():
+                await stack.enter_async_context(dialect_link)
         for link in self.upstreams:
             await stack.enter_async_context(link)
         log.info(
@@ -371,6 +263,63 @@ class Server:
             __version__,
             extra={"store": store.engine, "durability": cfg.durability, "data_dir": cfg.data_dir},
         )
+
+    async def _listen_native(
+        self, node: Node, codec_limits: dict[str, int], track: Callable[[asyncio.Task[None]], None]
+    ) -> None:
+        """The native TCP listener (``native.tcp_listen``)."""
+        cfg = self.config
+        lim = cfg.limits
+        host, port = parse_listen(cfg.native_tcp_listen, "native.tcp_listen")
+        # The listener shares its codecs (one per encoding), so connections share the session encoders.
+        encoders: dict[str, NativeEncoder] = {}
+
+        def make(codec: nc.NativeCodec, writer: asyncio.StreamWriter) -> NativeConnection:
+            encoder = encoders.get(codec.encoding)
+            if encoder is None or encoder.codec is not codec:
+                encoder = encoders[codec.encoding] = NativeEncoder(codec)
+
+            async def send(data: bytes) -> None:
+                # The prefix and the frame as two buffers: a batch frame can be a megabyte, not copied.
+                writer.writelines(codec.stream_parts(data))
+                await drain(writer, lim.write_timeout_s)
+
+            async def send_many(frames: list[bytes]) -> None:
+                writer.write(codec.frames_for_stream(frames))
+                await drain(writer, lim.write_timeout_s)
+
+            async def close(code: Disconnect) -> None:
+                writer.close()
+
+            conn = NativeConnection(
+                node,
+                codec,
+                send=send,
+                close=close,
+                send_many=send_many,
+                max_frame=lim.max_frame,
+                max_subscriptions=lim.max_subscriptions,
+                send_queue=lim.send_queue,
+                send_queue_bytes=lim.send_queue_bytes,
+                ping_interval=cfg.native_ping_interval_s,
+                encoder=encoder,
+            )
+            conn.peer = peer_ip(writer)
+            return conn
+
+        self._tcp = await serve_native_tcp(
+            host,
+            port,
+            make,
+            lim.max_frame,
+            track,
+            codec_limits,
+            node=node,
+            first_message_timeout_s=cfg.tcp_first_message_timeout_s,
+            ssl_context=self._ssl,
+        )
+        self.ports["native"] = self._tcp.port
+        log.info("listening", extra={"listener": "native", "address": f"{host}:{self.ports['native']}"})
 
     def _federate(self, node: Node, cfg: Config, engine: str, http: NativeHttp) -> None:
         """This node's federation id, the links of nodes below (``federation.accept``), and the links up
@@ -427,7 +376,7 @@ class Server:
             await self._components.aclose()
         finally:
             self.node = None
-            self.consumers = self._broker = self._presence = self.wearscript_upstream = None
+            self.consumers = self._broker = self._presence = None
             self.upstreams = []
             if self._dir_lock >= 0:
                 os.close(self._dir_lock)  # last: everything that wrote in the data directory has stopped
@@ -455,18 +404,16 @@ class Server:
         links up)."""
         if self._tcp is not None:
             self._tcp.close()
-        if self._mist_tcp is not None:
-            self._mist_tcp.close()
-        if self._qrpc_server is not None:
-            self._qrpc_server.close()
+        for mounted in self.dialects.values():
+            mounted.close_listeners()
         node = self.node
         if node is not None:
             for sess in node.sessions:
                 sess.kick(Disconnect.GOING_AWAY)
         # Give write loops a moment to send their close frames.
         tasks = list(self._tcp_conns) + (list(self._native_http.connections) if self._native_http else [])
-        tasks += list(self.qrpc.connections) if self.qrpc is not None else []
-        tasks += list(self.qpubs_http.connections) if self.qpubs_http is not None else []
+        for mounted in self.dialects.values():
+            tasks += mounted.connections()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=2.0)
             for t in pending:
@@ -482,25 +429,14 @@ class Server:
                 lambda: asyncio.wait_for(tcp.wait_closed(), 2.0), node, "native", "", "listener close"
             )
             self._tcp = None
-        mist_tcp = self._mist_tcp
-        if mist_tcp is not None:
-            await quietly(
-                lambda: asyncio.wait_for(mist_tcp.wait_closed(), 2.0), node, "mist", "", "listener close"
-            )
-            self._mist_tcp = None
-        qrpc = self._qrpc_server
-        if qrpc is not None:
-            await quietly(
-                lambda: asyncio.wait_for(qrpc.wait_closed(), 2.0), node, "qpubs", "", "listener close"
-            )
-            self._qrpc_server = None
+        for mounted in self.dialects.values():
+            await mounted.wait_listeners(node)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self.wearscript is not None:
-            self.wearscript.close()
-            self.wearscript = None
-        self.mist = None
+        for mounted in self.dialects.values():
+            mounted.close()
+        self.dialects = {}
 
 
 #: The lock file in a data directory: held by the server using the directory.
@@ -563,28 +499,6 @@ def federation_node_id(cfg: Config) -> str:
     except OSError as exc:
         log.warning("cannot keep the federation node id in %s (%s): it changes on restart", path, exc)
     return node_id
-
-
-def wearscript_settings(cfg: Config) -> WearscriptSettings:
-    """The WearScript hub's settings from the ``wearscript.*`` keys."""
-    return WearscriptSettings(
-        group_device=cfg.wearscript_group_device,
-        test_handler=cfg.wearscript_test_handler,
-        hub_channels=tuple(str(c) for c in cfg.wearscript_hub_channels),
-        advertise_foreign=cfg.wearscript_advertise_foreign,
-        auth=cfg.auth_mode == "token" and cfg.dialect_auth("wearscript") == "token",
-    )
-
-
-def qpubs_settings(cfg: Config) -> QpubsSettings:
-    """The qpubs settings from the ``qpubs.*`` keys."""
-    return QpubsSettings(
-        separator=cfg.qpubs_separator,
-        heartbeat_s=cfg.qpubs_heartbeat_s,
-        batch_bytes=cfg.qpubs_batch_bytes,
-        batch_wait_ms=cfg.qpubs_batch_wait_ms,
-        auth=cfg.auth_mode == "token" and cfg.dialect_auth("qpubs") == "token",
-    )
 
 
 def build_broker(cfg: Config, store: LogStore) -> RedisBroker:

@@ -31,7 +31,7 @@ def test_dialects_speak_the_shared_vocabulary() -> None:
 
 
 def test_registry_names_each_dialect_once_with_distinct_routes() -> None:
-    assert list(SPECS) == ["wearscript", "mist"]
+    assert list(SPECS) == ["ivy", "guble", "wearscript", "mist", "qpubs"]
     routes = [r for s in SPECS.values() for r in s.ws_routes]
     assert len(routes) == len(set(routes)) and all(r.startswith("/") for r in routes)
     assert SPECS["mist"].stream_listeners == ("mist.tcp_listen",)

@@ -4,8 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from hubbub.dialects import ivy
-from hubbub.errors import CODES, BadChannel, BadFrame, BadRequest, FrameTooLarge, HubbubError, UnknownOp
+from hubbub.dialects import actions, ivy
+from hubbub.disconnect import Disconnect
+from hubbub.errors import (
+    CODES,
+    AuthError,
+    BadChannel,
+    BadFrame,
+    BadRequest,
+    FrameTooLarge,
+    HubbubError,
+    LimitExceeded,
+    ShuttingDown,
+    UnknownOp,
+)
 from hubbub.events import Event, Publisher
 
 T = 1795313746_904471829
@@ -256,3 +268,49 @@ def test_close_reasons_by_error_kind() -> None:
     assert ivy.close_reason(LimitExceeded()) is Disconnect.POLICY_VIOLATION
     assert ivy.close_reason(ShuttingDown()) is Disconnect.GOING_AWAY
     assert ivy.close_reason(StorageError()) is Disconnect.INTERNAL_ERROR
+
+
+# -- the connection (sans-I/O) ------------------------------------------------------------------------------
+
+
+def test_connection_turns_frames_into_shared_actions() -> None:
+    conn = ivy.IvyConnection(ivy.IvyCodec(), clock=lambda: T)
+    assert conn.greeting("s1") == [actions.Send(b"@1795313746.904471829:~/sid:s1")]
+    assert conn.receive_frame("#k#@") == [actions.Send(b"#k#@1795313746.904471829")]
+    assert conn.receive_frame(":/chat:hi") == [actions.Publish("/chat", b"hi", ivy.CONTENT_TYPE)]
+    assert conn.receive_frame("+/chat") == [actions.Subscribe("/chat", ivy.subscription_pattern("/chat"))]
+    assert conn.receive_frame("-/chat") == [actions.Unsubscribe("/chat")]
+    assert conn.receive_frame(b"\x00", binary=True) == [
+        actions.Close(Disconnect.UNSUPPORTED_DATA, "binary frame")
+    ]
+    (close,) = conn.receive_frame("?")
+    assert isinstance(close, actions.Close) and close.code == Disconnect.PROTOCOL_ERROR
+    (close,) = ivy.IvyConnection(ivy.IvyCodec(max_frame=4)).receive_frame(":/chat:toolong")
+    assert isinstance(close, actions.Close) and close.code == Disconnect.MESSAGE_TOO_BIG
+    assert conn.failed  # every close ivy asks for is bad input
+
+
+@pytest.mark.parametrize(
+    ("cmd", "exc", "close"),
+    [
+        (
+            actions.Subscribe("/a", "/a"),
+            LimitExceeded("x"),
+            actions.Close(Disconnect.POLICY_VIOLATION, "too many subscriptions"),
+        ),
+        (
+            actions.Publish("/a", b"", ""),
+            LimitExceeded("x"),
+            actions.Close(Disconnect.POLICY_VIOLATION, "publish rate exceeded"),
+        ),
+        (
+            actions.Publish("/a", b"", ""),
+            AuthError("no"),
+            actions.Close(Disconnect.POLICY_VIOLATION, "publish not allowed"),
+        ),
+    ],
+)
+def test_connection_refusals_close(cmd: object, exc: HubbubError, close: actions.Close) -> None:
+    assert ivy.IvyConnection.refused(cmd, exc) == [close]
+    (end,) = ivy.IvyConnection.refused(cmd, ShuttingDown())
+    assert isinstance(end, actions.Close) and end.code == Disconnect.GOING_AWAY

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, TypeAlias
 
+from hubbub.channels import Pattern
 from hubbub.disconnect import Disconnect
 
 __all__ = [
@@ -86,11 +87,11 @@ class Publish:
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
-    """Subscribe this connection as ``sub`` to ``pattern`` (a pattern string the core parses) with the tag set
-    ``tags`` (an event must carry them all), replaying what ``selection`` says."""
+    """Subscribe this connection as ``sub`` to ``pattern`` (parsed, or a pattern string the driver parses)
+    with the tag set ``tags`` (an event must carry them all), replaying what ``selection`` says."""
 
     sub: str
-    pattern: str
+    pattern: Pattern | str
     tags: frozenset[str] = frozenset()
     selection: Selection = LIVE
 

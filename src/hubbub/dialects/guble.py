@@ -43,11 +43,13 @@ from .guble_fetch import (
     catch_up_steps,
     subtree_pattern,
 )
+from .spec import DialectSpec
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
     "FILTER_PREFIX",
     "GUBLE_HEADER",
+    "SPEC",
     "Cancel",
     "CatchUpStep",
     "Command",
@@ -503,3 +505,10 @@ def wire_close(reason: Disconnect) -> Disconnect:
     """The close a guble client sees for a session's end or kick: an expired token closes with 1008 (guble
     has no error notice for it; protocols README §7, permission denied), every other reason as it is."""
     return Disconnect.POLICY_VIOLATION if reason == Disconnect.TOKEN_EXPIRED else reason
+
+
+#: guble as the server wires it: its WebSocket at ``/stream/…`` (its REST and admin routes are a route
+#: module), a slow reader caught up from the log.
+SPEC: Final = DialectSpec(
+    name="guble", section="guble", ws_routes=("/stream/{rest:.*}",), overflow="catch_up"
+)

@@ -25,6 +25,8 @@ module-level functions are pure and thread-safe.
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 from urllib.parse import unquote
@@ -45,13 +47,19 @@ from hubbub.errors import (
 )
 from hubbub.events import Event
 
+from . import actions
+from .actions import Close, Send
+from .spec import DialectSpec
+
 __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_LARGE_EVENT_BYTES",
     "DEFAULT_MAX_FRAME",
+    "SPEC",
     "SUBPROTOCOL",
     "Command",
     "IvyCodec",
+    "IvyConnection",
     "LogPath",
     "Publish",
     "Subscribe",
@@ -420,3 +428,52 @@ def wire_close(reason: Disconnect) -> Disconnect:
     """The close an ivy client sees for a session's end or kick: an expired token closes with 1008 (ivy has
     no error reply; protocols README §7, permission denied), every other reason as it is."""
     return Disconnect.POLICY_VIOLATION if reason == Disconnect.TOKEN_EXPIRED else reason
+
+
+class IvyConnection:
+    """One ivy WebSocket's state machine (ivy.md §3-§4, §9), a
+    :class:`~hubbub.dialects.spec.FrameConnection`: text frames in, shared actions out.
+
+    Ivy has no error reply: a frame it cannot decode (or any binary frame) closes the connection, with the
+    code of :func:`close_reason`; a command becomes a :class:`~hubbub.dialects.actions.Publish`, a
+    :class:`~hubbub.dialects.actions.Subscribe` (the subscription's id is its path: one per path) or an
+    :class:`~hubbub.dialects.actions.Unsubscribe`; ``@`` is answered at once with ``clock()`` (ns).
+    Every close it asks for is bad input (``failed``)."""
+
+    failed: Final = True
+
+    def __init__(self, codec: IvyCodec, clock: Callable[[], int] = time.time_ns) -> None:
+        self.codec = codec
+        self._clock = clock
+
+    def greeting(self, session_id: str) -> list[object]:
+        """The session-id pseudo-event, first thing on the connection (ivy.md §3)."""
+        return [Send(self.codec.encode_intro(session_id, self._clock()))]
+
+    def receive_frame(self, frame: bytes | str, binary: bool = False) -> list[object]:
+        if binary:
+            return [Close(Disconnect.UNSUPPORTED_DATA, "binary frame")]
+        try:
+            cmd = self.codec.decode(frame)
+        except ProtocolError as exc:  # FrameTooLarge included: 1009
+            return [Close(close_reason(exc), exc.detail or exc.message)]
+        if isinstance(cmd, TimeRequest):
+            return [Send(self.codec.encode_time(cmd.ack, self._clock()))]
+        if isinstance(cmd, Publish):
+            return [actions.Publish(cmd.channel, cmd.payload, CONTENT_TYPE)]
+        if isinstance(cmd, Subscribe):
+            return [actions.Subscribe(cmd.channel, subscription_pattern(cmd.channel))]
+        return [actions.Unsubscribe(cmd.channel)]
+
+    @staticmethod
+    def refused(cmd: object, exc: HubbubError) -> list[object]:
+        """The core refused ``cmd``: ivy closes (ivy.md §9)."""
+        why = "publish not allowed" if isinstance(exc, AuthError) else str(exc)
+        if isinstance(exc, LimitExceeded):
+            why = "too many subscriptions" if isinstance(cmd, actions.Subscribe) else "publish rate exceeded"
+        return [Close(close_reason(exc), why)]
+
+
+#: ivy as the server wires it: its WebSocket at ``/ws`` (its ``/events/`` and ``/log/`` surfaces are plain
+#: HTTP, a route module), a slow reader closed (README §4: ivy has no way to report a gap).
+SPEC: Final = DialectSpec(name="ivy", section="ivy", ws_routes=("/ws",), overflow="disconnect")

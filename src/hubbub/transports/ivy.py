@@ -10,10 +10,7 @@ node's reader threads (:meth:`Node.read`) as pure functions of the store.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -22,31 +19,25 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from hubbub.core import Node, ReplayPlan, Session
+from hubbub.core import Node
 from hubbub.core.reads import LIST_LIMIT
-from hubbub.core.session import Overflow
 from hubbub.dialects import ivy
 from hubbub.disconnect import Disconnect
 from hubbub.errors import (
     AuthError,
     BadChannel,
     BadRequest,
-    FrameTooLarge,
     HubbubError,
     LimitExceeded,
-    ProtocolError,
-    ShuttingDown,
-    SubscriptionError,
 )
 from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendRequest, AppendResult, LogStore
+from hubbub.log.base import AppendRequest
 
-from .backpressure import Messages
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
-from .lifetime import Lifetime
-from .pump import SessionPump, keepalive, quietly, stopped
+from .wire import DialectWire
+from .ws_driver import run_websocket, upgradable
 
-__all__ = ["IvyConnection", "IvyEncoder", "IvySettings", "ivy_installer"]
+__all__ = ["IvyEncoder", "IvySettings", "ivy_installer"]
 
 log = logging.getLogger("hubbub.ivy")
 
@@ -81,181 +72,6 @@ class IvyEncoder:
         return self.codec.encode_event(event, cache)
 
 
-class IvyConnection:
-    """One ivy WebSocket: commands from the codec become node calls, the session's queue goes out."""
-
-    def __init__(
-        self,
-        node: Node,
-        codec: ivy.IvyCodec,
-        *,
-        send: Callable[[bytes], Awaitable[None]],
-        close: Callable[[Disconnect], Awaitable[None]],
-        ping: Callable[[], Awaitable[None]],
-        settings: HttpSettings,
-        ivy_settings: IvySettings,
-    ) -> None:
-        self.node = node
-        self.codec = codec
-        self._ping = ping
-        self.ivy = ivy_settings
-        self.max_frame = settings.max_frame
-        self.session = Session(
-            DIALECT,
-            IvyEncoder(codec),
-            max_items=settings.send_queue,
-            max_bytes=settings.send_queue_bytes,
-            overflow=Overflow.DISCONNECT,
-            slow_close_code=Disconnect.TRY_AGAIN_LATER,
-            fault_close_code=Disconnect.INTERNAL_ERROR,
-            echo=False,  # the publishing connection never receives its own event (ivy.md §4)
-        )
-        self.last_recv = time.monotonic()
-        #: The connection's tasks (writer, keepalive), in the handler's Lifetime (see :meth:`start`).
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._group: Lifetime | None = None
-        self._writer: asyncio.Task[None] | None = None
-        self._pump = SessionPump(node, self.session, send=send, close=close, max_frame=self.max_frame)
-
-    # -- lifecycle ----------------------------------------------------------------------------------------
-
-    def start(self, group: Lifetime) -> None:
-        """Attach to the node, queue the session-id pseudo-event, start the writer and the keepalive as tasks
-        of ``group``, the connection's lifetime (:meth:`finish` ends them before the group closes)."""
-        self._group = group
-        sess = self.session
-        self.node.attach(sess)
-        sess.push(self.codec.encode_intro(sess.id, time.time_ns()))
-        self._writer = self._spawn(self._pump.run())
-        self._spawn(self.keepalive())
-
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        assert self._group is not None  # start() came first
-        t: asyncio.Task[Any] = self._group.create_task(coro)
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
-        return t
-
-    @property
-    def done(self) -> bool:
-        return bool(self.session.ending or self.session.kicked or self.session.closed)
-
-    async def finish(self) -> None:
-        """The reader is done: let a pending close go out, then detach and stop the tasks."""
-        sess = self.session
-        if (sess.ending or sess.kicked) and self._writer is not None:
-            await stopped(asyncio.wait_for(asyncio.shield(self._writer), 10), self.node, DIALECT, sess.id)
-        self.node.detach(sess)
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            await stopped(t, self.node, DIALECT, sess.id)
-
-    # -- inbound ------------------------------------------------------------------------------------------
-
-    def received(self) -> None:
-        self.last_recv = time.monotonic()
-
-    def bad_input(self, code: Disconnect, why: str) -> None:
-        """Ivy's rule: an invalid command closes the connection. Logged at debug level and counted."""
-        self.node.count_bad_input(DIALECT)
-        log.debug("closing ivy connection: %s", why, extra={"session": self.session.id, "code": code})
-        self.session.end(code)
-
-    async def handle_text(self, frame: str) -> None:
-        try:
-            cmd = self.codec.decode(frame)
-        except FrameTooLarge as exc:
-            self.node.limiter.refused("max_frame", DIALECT)
-            self.bad_input(ivy.close_reason(exc), exc.detail or exc.message)
-            return
-        except ProtocolError as exc:
-            self.bad_input(ivy.close_reason(exc), exc.detail or exc.message)
-            return
-        await self.handle(cmd)
-
-    async def handle(self, cmd: ivy.Command) -> None:
-        sess = self.session
-        if isinstance(cmd, ivy.TimeRequest):
-            sess.push(self.codec.encode_time(cmd.ack, time.time_ns()))
-        elif isinstance(cmd, ivy.Publish):
-            await self._publish(cmd)
-        elif isinstance(cmd, ivy.Subscribe):
-            await self._subscribe(cmd.channel)
-        elif isinstance(cmd, ivy.Unsubscribe):
-            with contextlib.suppress(SubscriptionError):  # unknown paths are ignored
-                self.node.unsubscribe(sess, cmd.channel)
-
-    async def _subscribe(self, channel: str) -> None:
-        sess = self.session
-
-        def on_snapshot(plan: ReplayPlan) -> None:
-            pass  # ivy has no subscribe reply and no replay
-
-        try:
-            await self.node.subscribe(
-                sess,
-                channel,
-                ivy.subscription_pattern(channel),
-                on_snapshot=on_snapshot,
-                planner=_live_only,
-            )
-        except SubscriptionError:
-            pass  # already subscribed to this path: a no-op, as upstream's set of paths
-        except LimitExceeded as exc:
-            self.bad_input(ivy.close_reason(exc), "too many subscriptions")
-        except ShuttingDown as exc:
-            sess.end(ivy.close_reason(exc))
-
-    async def _publish(self, cmd: ivy.Publish) -> None:
-        sess = self.session
-        req = AppendRequest(
-            channel=cmd.channel,
-            publisher=Publisher(DIALECT, sess.user, sess.id, ""),
-            payload=cmd.payload,
-            content_type=ivy.CONTENT_TYPE,
-        )
-
-        def done(r: AppendResult | HubbubError) -> None:
-            if isinstance(r, HubbubError):
-                # Ivy has no error reply: close (README §5: storage failure → 1011).
-                log.warning("ivy publish failed: %s", r, extra={"session": sess.id})
-                sess.end(ivy.close_reason(r))
-
-        await self.node.writable()
-        try:
-            self.node.submit(req, sess, done)
-        except AuthError as exc:
-            self.bad_input(ivy.close_reason(exc), "publish not allowed")
-            return
-        except LimitExceeded as exc:  # the publish rate (limits.publish_rate): ivy has no error reply
-            self.bad_input(ivy.close_reason(exc), "publish rate exceeded")
-            return
-        except ShuttingDown as exc:
-            sess.end(ivy.close_reason(exc))
-            return
-
-    # -- outbound -----------------------------------------------------------------------------------------
-
-    async def keepalive(self) -> None:
-        """Ping every ``ping_interval_s``; close with 1001 when nothing arrived for ``read_timeout_s``."""
-        await keepalive(
-            self,
-            self.session,
-            self.node,
-            DIALECT,
-            self._ping,
-            self.ivy.ping_interval_s,
-            self.ivy.read_timeout_s,
-        )
-
-
-def _live_only(store: LogStore) -> ReplayPlan:
-    """An ivy subscription is live only: an empty snapshot, so subscribing never scans the channel list
-    (``+/`` would otherwise list every channel just to replay nothing)."""
-    return ReplayPlan()
-
-
 class IvyHttp:
     """The handlers of the ivy routes."""
 
@@ -267,10 +83,8 @@ class IvyHttp:
     # -- WebSocket ----------------------------------------------------------------------------------------
 
     async def websocket(self, request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(
-            protocols=(ivy.SUBPROTOCOL,), max_msg_size=self.s.max_frame, autoping=False, compress=False
-        )
-        if not ws.can_prepare(request).ok:
+        ws = upgradable(request, self.s.max_frame, protocols=(ivy.SUBPROTOCOL,))
+        if ws is None:
             return text_response(400, "websocket upgrade required\n")
         try:
             ident = request_identity(self.node, request, DIALECT, self.ivy.auth)
@@ -282,6 +96,8 @@ class IvyHttp:
             max_channel_bytes=self.s.max_channel_bytes,
             large_event_bytes=self.ivy.large_event_bytes,
         )
+        conn = ivy.IvyConnection(codec)
+        node = self.node
 
         async def send(data: bytes) -> None:
             await ws.send_frame(data, WSMsgType.TEXT)
@@ -289,58 +105,34 @@ class IvyHttp:
         async def close(code: Disconnect) -> None:
             await ws.close(code=ivy.wire_close(code))
 
-        async def ping() -> None:
-            await ws.ping()
+        def refused(cmd: object, exc: HubbubError) -> Sequence[object]:
+            if isinstance(exc, AuthError | LimitExceeded):  # ivy counts a refused command as bad input
+                node.count_bad_input(DIALECT)
+            return conn.refused(cmd, exc)
 
-        conn = IvyConnection(
-            self.node, codec, send=send, close=close, ping=ping, settings=self.s, ivy_settings=self.ivy
+        wire = DialectWire(
+            node,
+            ivy.SPEC,
+            dialect=DIALECT,
+            encoder=IvyEncoder(codec),
+            send_queue=self.s.send_queue,
+            send_queue_bytes=self.s.send_queue_bytes,
+            max_frame=self.s.max_frame,
+            send=send,
+            close=close,
+            refused=refused,
+            failed=lambda: conn.failed,
+            echo=False,  # the publishing connection never receives its own event (ivy.md §4)
         )
-        # Bound before the session is attached: its subscriptions see the token's permissions, and its
-        # expiry closes it (1008).
-        self.node.access.bind(conn.session, ident)
-        try:
-            async with Lifetime() as group:
-                conn.start(group)
-                try:
-                    await self._read(ws, conn)
-                finally:
-                    await conn.finish()
-        except (asyncio.CancelledError, ConnectionError):
-            pass
-        finally:
-            if not ws.closed:
-                code = ivy.wire_close(conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY)
-                await quietly(lambda: ws.close(code=code), self.node, DIALECT, conn.session.id, "close")
-        return ws
 
-    async def _read(self, ws: web.WebSocketResponse, conn: IvyConnection) -> None:
-        """The connection's frames to its dialect, until it ends or the peer goes; read only while its replies
-        have room (:class:`Messages`, read-side back-pressure)."""
-        try:
-            async for msg in Messages(ws, conn.session):
-                conn.received()
-                if msg.type == WSMsgType.TEXT:
-                    await conn.handle_text(msg.data)
-                elif msg.type == WSMsgType.BINARY:
-                    conn.bad_input(Disconnect.UNSUPPORTED_DATA, "binary frame")
-                elif msg.type == WSMsgType.PING:
-                    await ws.pong(msg.data)
-                elif msg.type == WSMsgType.PONG:
-                    pass
-                else:
-                    if (
-                        msg.type == WSMsgType.ERROR
-                        and getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG
-                    ):
-                        # aiohttp refused the frame and already sent close 1009.
-                        self.node.count_bad_input(DIALECT)
-                        self.node.limiter.refused("max_frame", DIALECT)
-                        log.debug("closing ivy connection: frame too large")
-                    break
-                if conn.done:
-                    break
-        except ConnectionError:
-            pass
+        async def greet() -> None:
+            await wire.run(conn.greeting(wire.session.id))
+
+        # The identity is bound before the session is attached: its subscriptions see the token's
+        # permissions, and its expiry closes it (1008).
+        keepalive_s = (self.ivy.ping_interval_s, self.ivy.read_timeout_s)
+        await run_websocket(ws, wire, conn, ident, keepalive_s=keepalive_s, started=greet)
+        return ws
 
     # -- /events/ and /log/ -------------------------------------------------------------------------------
 

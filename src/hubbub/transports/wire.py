@@ -132,6 +132,8 @@ class DialectWire:
         self.handlers: dict[type, Handler] = {
             a.Send: self._send,
             a.Close: self._close,
+            a.Publish: self._publish,
+            a.Subscribe: self._subscribe,
             a.Unsubscribe: self._unsubscribe,
         }
         self._group: Lifetime | None = None
@@ -256,7 +258,7 @@ class DialectWire:
         except ShuttingDown:
             sess.end(Disconnect.GOING_AWAY)
 
-    async def subscribe(self, subs: Sequence[a.Subscribe]) -> list[BaseException | None]:
+    async def subscribe(self, subs: Sequence[a.Subscribe]) -> list[HubbubError | None]:
         """Subscribe the connection to every one of ``subs`` (live only), all at once: each is registered (and
         holds live events) as soon as its task starts, so none misses an event published while another's
         empty snapshot is read. Returns, for each, None or the core's refusal (``LimitExceeded``,
@@ -265,13 +267,18 @@ class DialectWire:
         results = await asyncio.gather(
             *(
                 node.subscribe(
-                    sess, s.sub, parse_pattern(s.pattern), s.tags, on_snapshot=no_reply, planner=live_only
+                    sess,
+                    s.sub,
+                    parse_pattern(s.pattern) if isinstance(s.pattern, str) else s.pattern,
+                    s.tags,
+                    on_snapshot=no_reply,
+                    planner=live_only,
                 )
                 for s in subs
             ),
             return_exceptions=True,
         )
-        out: list[BaseException | None] = []
+        out: list[HubbubError | None] = []
         for r in results:
             if isinstance(r, LimitExceeded | AuthError | SubscriptionError | ShuttingDown):
                 out.append(r)
@@ -280,6 +287,14 @@ class DialectWire:
             else:
                 out.append(None)
         return out
+
+    async def _publish(self, out: a.Publish) -> None:
+        await self.publish(out, out)
+
+    async def _subscribe(self, out: a.Subscribe) -> None:
+        (exc,) = await self.subscribe([out])
+        if exc is not None and not isinstance(exc, SubscriptionError):  # already subscribed: a no-op
+            self.refuse(out, exc)
 
     async def _unsubscribe(self, out: a.Unsubscribe) -> None:
         with contextlib.suppress(SubscriptionError):  # gone with a detach meanwhile

@@ -44,11 +44,15 @@ Keepalive = tuple[float, float]
 
 
 def upgradable(
-    request: web.Request, max_frame: int, headers: dict[str, str] | None = None
+    request: web.Request,
+    max_frame: int,
+    headers: dict[str, str] | None = None,
+    protocols: tuple[str, ...] = (),
 ) -> web.WebSocketResponse | None:
-    """A WebSocket response for ``request`` (frames up to ``max_frame``, pings answered by the reader, no
-    compression), or None when the request is no WebSocket upgrade (the route answers 400)."""
-    ws = web.WebSocketResponse(max_msg_size=max_frame, autoping=False, compress=False)
+    """A WebSocket response for ``request`` (frames up to ``max_frame``, the dialect's subprotocols, pings
+    answered by the reader, no compression), or None when the request is no WebSocket upgrade (the route
+    answers 400)."""
+    ws = web.WebSocketResponse(protocols=protocols, max_msg_size=max_frame, autoping=False, compress=False)
     if headers:
         ws.headers.update(headers)
     return ws if ws.can_prepare(request).ok else None
