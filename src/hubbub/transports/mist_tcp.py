@@ -22,12 +22,11 @@ from collections.abc import Callable
 from typing import Final
 
 from hubbub.core import Node
-from hubbub.disconnect import Disconnect
 
 from .mist import DIALECT, MistService, MistWire
-from .stream_driver import serve_stream
+from .stream_driver import StreamIO, serve_stream
 from .stream_listener import Accepted, StreamListener
-from .tcp import WRITE_TIMEOUT_S, drain
+from .tcp import WRITE_TIMEOUT_S
 
 __all__ = ["serve_mist_tcp"]
 
@@ -54,22 +53,15 @@ class _MistStreams:
     def open(self, first: bytes, acc: Accepted) -> MistWire | None:
         if not first:
             return None
-        writer, write_timeout = acc.writer, self.write_timeout
-
-        async def send(data: bytes) -> None:
-            writer.write(data)
-            await drain(writer, write_timeout)
-
-        async def send_many(frames: list[bytes]) -> None:
-            writer.write(b"".join(frames))  # a stream: a burst of events goes out in one write
-            await drain(writer, write_timeout)
-
-        async def close(code: Disconnect) -> None:
-            writer.close()
-
+        io = StreamIO(acc.writer, self.write_timeout)
         service = self.service
         return MistWire(
-            service, service.tcp_proto(first), send=send, close=close, send_many=send_many, peer=acc.ip
+            service,
+            service.tcp_proto(first),
+            send=io.send,
+            close=io.close,
+            send_many=io.send_many,
+            peer=acc.ip,
         )
 
 

@@ -42,9 +42,9 @@ from .http import HttpSettings
 from .lifetime import Lifetime
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
 from .qrpc_subs import QrpcSubscriptions
-from .stream_driver import serve_stream
+from .stream_driver import StreamIO, serve_stream
 from .stream_listener import Accepted, StreamListener
-from .tcp import WRITE_TIMEOUT_S, drain
+from .tcp import WRITE_TIMEOUT_S
 from .wire import DialectWire, live_only, no_reply
 
 __all__ = ["QrpcEncoder", "QrpcService", "QrpcWire", "serve_qrpc"]
@@ -374,16 +374,8 @@ class _QrpcStreams:
         return self.service.node
 
     def open(self, first: bytes, acc: Accepted) -> QrpcWire:
-        writer, write_timeout = acc.writer, self.write_timeout
-
-        async def send(data: bytes) -> None:
-            writer.write(data)
-            await drain(writer, write_timeout)
-
-        async def close(code: Disconnect) -> None:
-            writer.close()
-
-        return QrpcWire(self.service, send=send, close=close, peer=acc.ip)
+        io = StreamIO(acc.writer, self.write_timeout)
+        return QrpcWire(self.service, send=io.send, close=io.close, peer=acc.ip)
 
 
 async def serve_qrpc(

@@ -28,9 +28,32 @@ from hubbub.core import Node, Session
 
 from .lifetime import Lifetime
 from .stream_listener import Accepted
-from .tcp import close_stream
+from .tcp import close_stream, drain
 
-__all__ = ["Opener", "StreamWire", "serve_stream"]
+__all__ = ["Opener", "StreamIO", "StreamWire", "serve_stream"]
+
+
+class StreamIO:
+    """A stream connection's writes, for its :class:`~hubbub.transports.wire.DialectWire`: ``send`` one
+    frame, ``send_many`` a burst in one write, ``close`` the socket; a write waits ``write_timeout`` seconds
+    at most for a peer that reads nothing (then the connection is aborted, ``WriteTimeout``)."""
+
+    __slots__ = ("timeout", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter, write_timeout: float) -> None:
+        self.writer = writer
+        self.timeout = write_timeout
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await drain(self.writer, self.timeout)
+
+    async def send_many(self, frames: list[bytes]) -> None:
+        self.writer.write(b"".join(frames))  # a stream: a burst of frames goes out in one write
+        await drain(self.writer, self.timeout)
+
+    async def close(self, code: object) -> None:
+        self.writer.close()
 
 
 class StreamWire(Protocol):
