@@ -41,8 +41,10 @@ from .guble_fetch import (
     CatchUpStep,
     LiveMark,
     catch_up_steps,
+    render_path,
     subtree_pattern,
 )
+from .guble_receivers import GubleReceivers, Receiver
 from .spec import DialectSpec
 
 __all__ = [
@@ -54,8 +56,10 @@ __all__ = [
     "CatchUpStep",
     "Command",
     "GubleCodec",
+    "GubleReceivers",
     "LiveMark",
     "Receive",
+    "Receiver",
     "Send",
     "canonical_mime_key",
     "catch_up_steps",
@@ -203,11 +207,6 @@ def parse_go_int(token: str, fn: str) -> int:
 
 
 # -- paths, ids ---------------------------------------------------------------------------------------------
-
-
-def render_path(channel: str) -> str:
-    """The guble rendering of a canonical channel (mapping.md §2.5): ``,`` becomes ``%2C``."""
-    return channel.replace(",", "%2C") if "," in channel else channel
 
 
 def _gmeta(s: str) -> str:

@@ -20,6 +20,7 @@ __all__ = [
     "LiveMark",
     "catch_up_steps",
     "merged_key",
+    "render_path",
     "subtree_pattern",
 ]
 
@@ -27,6 +28,11 @@ __all__ = [
 def merged_key(e: Event) -> tuple[int, bytes, int]:
     """The merged order across channels (mapping.md §3)."""
     return (e.time_ns, e.channel.encode(), e.seq)
+
+
+def render_path(channel: str) -> str:
+    """The guble rendering of a canonical channel (mapping.md §2.5): ``,`` becomes ``%2C``."""
+    return channel.replace(",", "%2C") if "," in channel else channel
 
 
 def subtree_pattern(channel: str) -> Pattern:

@@ -24,9 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +49,7 @@ from .backpressure import Messages
 from .http import HttpSettings, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
 from .pump import SessionPump, quietly, stopped
+from .wire import live_only
 
 __all__ = [
     "GUBLE_HUB",
@@ -150,35 +149,12 @@ def fetch_count(plan: ReplayPlan) -> int:
     return plan.scan.limit or 0 if plan.scan is not None else 0
 
 
-def _live_plan(store: LogStore) -> ReplayPlan:
-    # A receiver without a fetch: no snapshot to skip, so every event held while subscribing is released.
-    return ReplayPlan()
-
-
 # -- connections --------------------------------------------------------------------------------------------
 
 
 def roster_name(channel: str) -> str:
     """The presence roster of guble's receivers on exactly ``channel`` (canonical)."""
     return f"guble:{channel}"
-
-
-class Receiver:
-    """One ``+ <path>`` of one connection."""
-
-    _order = itertools.count()
-
-    def __init__(self, channel: str, sub_id: str) -> None:
-        self.channel = channel
-        self.path = gc.render_path(channel)
-        self.pattern = subtree_pattern(channel)
-        self.sub_id = sub_id
-        self.task: asyncio.Task[None] | None = None
-        self.live = False
-        self.catching = False  # re-subscribing in a catch-up
-        self.dropped = False  # unsubscribed by a catch-up, which will re-subscribe its channel
-        self.registered_ns = time.time_ns()
-        self.order = next(Receiver._order)
 
 
 class _Encoder:
@@ -220,13 +196,12 @@ class GubleConnection:
         self.hub = hub
         self.node = hub.node
         self.codec = hub.codec
-        #: Where a catch-up starts: the newest live event written (guble.md §6).
-        self._mark = gc.LiveMark()
-        self._catch_up_subs: set[str] = set()
+        #: The receivers' state machine (dialects/guble_receivers.py): table, replacement, notices, catch-up.
+        self.state = gc.GubleReceivers(self.codec)
         s = hub.http
         self.session = Session(
             "guble",
-            _Encoder(self.codec, self._mark, self._catch_up_subs),
+            _Encoder(self.codec, self.state.mark, self.state.catch_up_subs),
             max_items=s.send_queue,
             max_bytes=s.send_queue_bytes,
             overflow=Overflow.CATCH_UP,
@@ -236,23 +211,27 @@ class GubleConnection:
             user=user,
         )
         self.session.on_catch_up = self._on_catch_up
-        self.receivers: dict[str, Receiver] = {}
-        self._ids = itertools.count(1)
         #: The connection's tasks (writer, receivers, catch-up), in the handler's Lifetime (see start).
         self._tasks: set[asyncio.Task[Any]] = set()
         self._group: Lifetime | None = None
-        self._pending: dict[str, Receiver] | None = None  # receivers waiting for a catch-up
-        self._from_ns: int | None = None
-        self.catch_ups = 0
         self._pump = SessionPump(
             self.node,
             self.session,
             send=send,
             close=close,
             max_frame=s.max_frame,
-            on_frames=self._mark.written,
+            on_frames=self.state.mark.written,
             farewell=_farewell,
         )
+
+    @property
+    def receivers(self) -> dict[str, gc.Receiver]:
+        return self.state.receivers
+
+    @property
+    def catch_ups(self) -> int:
+        """Catch-ups from the log so far (the session dropped its queued live events)."""
+        return self.state.catch_ups
 
     # -- helpers ----------------------------------------------------------------------------------------
 
@@ -260,7 +239,7 @@ class GubleConnection:
         self.session.push(data)
 
     def _notice(self, name: str, arg: str | None = None) -> None:
-        self.session.push(self.codec.encode_notice(name, arg))
+        self.session.push(self.state.notice(name, arg))
 
     def _keep(self, e: Event) -> bool:
         """Whether a fetch selects ``e`` (guble.md §5: events that fail the connection's filters or
@@ -291,7 +270,7 @@ class GubleConnection:
             elif isinstance(cmd, gc.Receive):
                 await self._receive(cmd)
             else:
-                rec = self.receivers.pop(cmd.channel, None)
+                rec = self.state.cancel(cmd.channel)
                 if rec is not None:
                     self._stop(rec)
                     self._notice("canceled", rec.path)
@@ -318,16 +297,16 @@ class GubleConnection:
         await self.node.writable()
         self.node.submit(req, sess, done)
 
-    def _present(self, rec: Receiver) -> None:
+    def _present(self, rec: gc.Receiver) -> None:
         """List the connection as a subscriber of ``rec``'s channel (``/api/subscribers``, cluster-wide)."""
         sess = self.session
         fields = {"application_id": sess.id, "user_id": sess.user}
         self.node.presence.join(roster_name(rec.channel), sess.id, fields)
 
-    def _absent(self, rec: Receiver) -> None:
+    def _absent(self, rec: gc.Receiver) -> None:
         self.node.presence.leave(roster_name(rec.channel), self.session.id)
 
-    def _stop(self, rec: Receiver) -> None:
+    def _stop(self, rec: gc.Receiver) -> None:
         if rec.task is not None and not rec.task.done():
             rec.task.cancel()
         rec.live = False
@@ -335,18 +314,13 @@ class GubleConnection:
         with contextlib.suppress(SubscriptionError):
             self.node.unsubscribe(self.session, rec.sub_id)
 
-    def _new_receiver(self, channel: str) -> Receiver:
-        old = self.receivers.pop(channel, None)
+    async def _receive(self, cmd: gc.Receive) -> None:
+        rec, old = self.state.add(cmd.channel)
         if old is not None:
             self._stop(old)  # a second "+" for the same path replaces the receiver silently
-        rec = Receiver(channel, f"g{next(self._ids)}")
-        self.receivers[channel] = rec
-        return rec
-
-    async def _receive(self, cmd: gc.Receive) -> None:
-        rec = self._new_receiver(cmd.channel)
         if not cmd.fetches:
-            await self._subscribe(rec, _live_plan, fetch=False)
+            # No snapshot to skip: every event held while subscribing is released.
+            await self._subscribe(rec, live_only, fetch=False)
             return
         planner = functools.partial(
             plan_fetch,
@@ -358,36 +332,35 @@ class GubleConnection:
         if cmd.subscribes:
             # The fetch's events count as live ones for a catch-up (LiveMark): the receiver goes live while
             # some may still be queued, and a catch-up must then send those again, from the last one written.
-            self._catch_up_subs.add(rec.sub_id)
+            self.state.catch_up_subs.add(rec.sub_id)
             rec.task = self._spawn(self._run(rec, self._subscribe(rec, planner, fetch=True)))
         else:
             rec.task = self._spawn(self._run(rec, self._fetch_only(rec, planner)))
 
-    async def _run(self, rec: Receiver, coro: Any) -> None:
+    async def _run(self, rec: gc.Receiver, coro: Any) -> None:
         try:
             await coro
         except HubbubError as exc:
             if rec.dropped:
                 return  # a catch-up unsubscribed it meanwhile and re-subscribes the channel
-            if self.receivers.get(rec.channel) is rec:
-                del self.receivers[rec.channel]
+            if self.state.discard(rec):
                 self._absent(rec)
             if not isinstance(exc, SubscriptionError):  # 4201: cancelled while reading
                 self._push(gc.error_text(exc))
 
-    async def _subscribe(self, rec: Receiver, planner: Callable[[LogStore], ReplayPlan], fetch: bool) -> None:
+    async def _subscribe(
+        self, rec: gc.Receiver, planner: Callable[[LogStore], ReplayPlan], fetch: bool
+    ) -> None:
+        state = self.state
+
         def on_snapshot(plan: ReplayPlan) -> None:
-            if fetch:
-                if plan.scan is not None and plan.scan.from_time is not None:
-                    # The receiver's stream starts with its fetch: a catch-up may reach back that far.
-                    rec.registered_ns = min(rec.registered_ns, plan.scan.from_time)
-                self._notice("fetch-start", f"{rec.path} {fetch_count(plan)}")
-            else:
-                self._notice("subscribed-to", rec.path)
+            # The receiver's stream starts with its fetch: a catch-up may reach back that far.
+            start = plan.scan.from_time if plan.scan is not None else None
+            self._push(state.snapshot_notice(rec, fetch, fetch_count(plan), start))
 
         def on_replayed(plan: ReplayPlan) -> None:
-            self._notice("fetch-end", rec.path)
-            self._notice("subscribed-to", rec.path)
+            for notice in state.replayed_notices(rec):
+                self._push(notice)
 
         try:
             await self.node.subscribe(
@@ -399,15 +372,13 @@ class GubleConnection:
                 on_replayed=on_replayed,
             )
         finally:
-            self._catch_up_subs.discard(rec.sub_id)  # every fetch frame is queued (or never will be)
-        rec.catching = False
-        rec.live = not rec.dropped and self.receivers.get(rec.channel) is rec
-        if rec.live:
+            state.catch_up_subs.discard(rec.sub_id)  # every fetch frame is queued (or never will be)
+        if state.subscribed(rec):
             self.hub.total_subscriptions += 1
             # Joining again after a catch-up keeps the connection's place in the roster.
             self._present(rec)
 
-    async def _fetch_only(self, rec: Receiver, planner: Callable[[LogStore], ReplayPlan]) -> None:
+    async def _fetch_only(self, rec: gc.Receiver, planner: Callable[[LogStore], ReplayPlan]) -> None:
         sess = self.session
         try:
             plan = await self.node.fetch(planner)
@@ -416,8 +387,7 @@ class GubleConnection:
             if not (sess.closed or sess.kicked):
                 self._notice("fetch-end", rec.path)
         finally:
-            if self.receivers.get(rec.channel) is rec:
-                del self.receivers[rec.channel]
+            self.state.discard(rec)
 
     # -- slow consumer: catch up from the log -----------------------------------------------------------
 
@@ -427,42 +397,26 @@ class GubleConnection:
         Every event frame queued was dropped (and the new one was not queued); each has a commit time after
         the newest live event written (``gc.LiveMark``). The live receivers, and those re-subscribing in a
         catch-up already under way, are unsubscribed at once and queued for a catch-up from that time."""
-        t = self._mark.dropped()
-        self.catch_ups += 1
-        self._from_ns = t if self._from_ns is None else min(self._from_ns, t)
-        start = self._pending is None
-        pending = self._pending if self._pending is not None else {}
-        for r in list(self.receivers.values()):
-            if r.live or r.catching:
-                if r.catching and r.task is not None:
-                    r.task.cancel()
-                r.live = r.catching = False
-                r.dropped = True
-                with contextlib.suppress(SubscriptionError):
-                    self.node.unsubscribe(self.session, r.sub_id)
-                pending[r.channel] = r
-        self._pending = pending
+        stopped_live, stop, start = self.state.drop_live()
+        for r in stop:
+            if r.task is not None:
+                r.task.cancel()
+        for r in stopped_live:
+            with contextlib.suppress(SubscriptionError):
+                self.node.unsubscribe(self.session, r.sub_id)
         if start:
             self._spawn(self._catch_up())
 
     async def _catch_up(self) -> None:
+        state = self.state
         try:
-            while self._pending:
-                dropped = self._pending
-                self._pending = {}
-                from_ns = self._from_ns or 0
-                self._from_ns = None
+            while steps := state.take_pending():
                 # Ancestors first: a receiver inside another one's subtree gets its events through that one's
                 # replay, and only re-subscribes (an empty fetch) once the ancestor is live again.
-                steps = gc.catch_up_steps([(r.channel, r.registered_ns) for r in dropped.values()], from_ns)
-                for step in steps:
-                    old, covered = dropped[step.channel], step.covered
-                    if self.receivers.get(old.channel) is not old:
+                for old, step in steps:
+                    rec = state.resubscriber(old)
+                    if rec is None:
                         continue  # cancelled or replaced meanwhile
-                    rec = Receiver(old.channel, f"g{next(self._ids)}")
-                    rec.registered_ns = old.registered_ns
-                    rec.catching = True
-                    self.receivers[old.channel] = rec
                     planner = functools.partial(
                         plan_fetch,
                         channel=rec.channel,
@@ -470,14 +424,13 @@ class GubleConnection:
                         max_count=None,
                         keep=self._keep,
                         from_time=step.from_time,
-                        empty=covered,
+                        empty=step.covered,
                     )
-                    self._catch_up_subs.add(rec.sub_id)
                     rec.task = self._spawn(self._run(rec, self._subscribe(rec, planner, fetch=True)))
                     await asyncio.wait([rec.task])
-                    self._catch_up_subs.discard(rec.sub_id)
+                    state.catch_up_subs.discard(rec.sub_id)
         finally:
-            self._pending = None
+            state.end_catch_up()
 
     # -- outbound ---------------------------------------------------------------------------------------
 
@@ -522,7 +475,7 @@ class GubleHub:
         self.connections: set[GubleConnection] = set()
         self.total_subscriptions = 0
 
-    def live_receivers(self) -> list[tuple[GubleConnection, Receiver]]:
+    def live_receivers(self) -> list[tuple[GubleConnection, gc.Receiver]]:
         out = [(c, r) for c in self.connections for r in c.receivers.values() if r.live]
         out.sort(key=lambda cr: cr[1].order)
         return out
