@@ -3,7 +3,9 @@ notices, and a slow consumer's catch-up, without a socket, a loop or a log."""
 
 from __future__ import annotations
 
+from hubbub.dialects import actions
 from hubbub.dialects import guble as gc
+from hubbub.disconnect import Disconnect
 
 
 def _state() -> gc.GubleReceivers:
@@ -65,3 +67,14 @@ def test_catch_up_drops_live_receivers_and_resubscribes_ancestors_first() -> Non
     st.end_catch_up()
     _, _, start_next = st.drop_live()
     assert start_next  # the next overflow starts a new catch-up
+
+
+def test_frames_are_commands_bad_ones_rejected_and_too_large_closes() -> None:
+    codec = gc.GubleCodec(max_frame=64)
+    frames = gc.GubleFrames(codec, gc.error_text)
+    assert frames.receive_frame("+ /a") == [codec.decode("+ /a")]
+    assert frames.receive_frame(b"- /a", binary=True) == [codec.decode("- /a")]
+    (reject,) = frames.receive_frame("? nope")
+    assert isinstance(reject, actions.Reject) and reject.data.startswith(b"!error")
+    (close,) = frames.receive_frame("+ /" + "a" * 100)
+    assert isinstance(close, actions.Close) and close.code == Disconnect.MESSAGE_TOO_BIG

@@ -4,7 +4,8 @@ vocabulary of every sans-I/O connection in :mod:`hubbub.dialects` (ARCHITECTURE 
 A connection is fed bytes (a byte stream) or frames (a WebSocket route) and returns a list of actions,
 carried out in order by a driver in :mod:`hubbub.transports`:
 
-* :class:`Send`: bytes for the peer (one stream write, or one WebSocket frame).
+* :class:`Send`: bytes for the peer (one stream write, or one WebSocket frame); :class:`Reject`, the same
+  as the answer to bad input (counted).
 * :class:`Close`: close the connection, after the actions before it, for a
   :class:`~hubbub.disconnect.Disconnect` reason; the dialect's spec maps the reason to what its peers
   see (``DialectSpec.close_code``).
@@ -38,6 +39,7 @@ __all__ = [
     "Close",
     "Live",
     "Publish",
+    "Reject",
     "Selection",
     "Send",
     "Subscribe",
@@ -61,6 +63,14 @@ Selection: TypeAlias = Live
 @dataclass(frozen=True, slots=True)
 class Send:
     """Bytes for the peer: one stream write, or one WebSocket frame (text or binary by the dialect's spec)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """The reply to bad input the connection stays open after (a dialect's error line): sent as a
+    :class:`Send`, and counted as bad input."""
 
     data: bytes
 

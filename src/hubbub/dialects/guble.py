@@ -44,7 +44,7 @@ from .guble_fetch import (
     render_path,
     subtree_pattern,
 )
-from .guble_receivers import GubleReceivers, Receiver
+from .guble_receivers import GubleFrames, GubleReceivers, Receiver
 from .spec import DialectSpec
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "CatchUpStep",
     "Command",
     "GubleCodec",
+    "GubleFrames",
     "GubleReceivers",
     "LiveMark",
     "Receive",
@@ -507,7 +508,12 @@ def wire_close(reason: Disconnect) -> Disconnect:
 
 
 #: guble as the server wires it: its WebSocket at ``/stream/…`` (its REST and admin routes are a route
-#: module), a slow reader caught up from the log.
+#: module), a slow reader caught up from the log, an expired token closed 1008.
 SPEC: Final = DialectSpec(
-    name="guble", section="guble", ws_routes=("/stream/{rest:.*}",), overflow="catch_up"
+    name="guble",
+    section="guble",
+    ws_routes=("/stream/{rest:.*}",),
+    overflow="catch_up",
+    close_code=wire_close,
+    keepalive=False,  # aiohttp's heartbeat, every 30 s
 )

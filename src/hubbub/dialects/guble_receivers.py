@@ -29,9 +29,13 @@ import itertools
 import time
 from typing import Any, Final, Protocol
 
+from hubbub.disconnect import Disconnect
+from hubbub.errors import FrameTooLarge, HubbubError
+
+from .actions import Close, Reject
 from .guble_fetch import CatchUpStep, LiveMark, catch_up_steps, render_path, subtree_pattern
 
-__all__ = ["GubleReceivers", "Receiver"]
+__all__ = ["GubleFrames", "GubleReceivers", "Receiver"]
 
 _ORDER: Final = itertools.count()
 
@@ -40,6 +44,33 @@ class Notices(Protocol):
     """What renders the notices (``GubleCodec``)."""
 
     def encode_notice(self, name: str, arg: str | None = None) -> bytes: ...
+
+
+class Codec(Notices, Protocol):
+    """What decodes frames and renders error lines (``GubleCodec``, ``error_text``)."""
+
+    def decode(self, frame: str | bytes) -> Any: ...
+
+
+class GubleFrames:
+    """A guble WebSocket as the driver feeds it (a :class:`~hubbub.dialects.spec.FrameConnection`): each
+    frame, text or binary, is one command (guble.md §3), handed over as decoded (``Send``, ``Receive``,
+    ``Cancel``); a frame over the limit closes 1009; any other bad frame is answered with its ``!error``
+    line (:class:`~hubbub.dialects.actions.Reject`) and the connection stays open."""
+
+    __slots__ = ("_codec", "_error_text")
+
+    def __init__(self, codec: Codec, error_text: Any) -> None:
+        self._codec = codec
+        self._error_text = error_text
+
+    def receive_frame(self, frame: bytes | str, binary: bool = False) -> list[object]:
+        try:
+            return [self._codec.decode(frame)]
+        except FrameTooLarge as exc:
+            return [Close(Disconnect.MESSAGE_TOO_BIG, exc.detail or exc.message)]
+        except HubbubError as exc:
+            return [Reject(self._error_text(exc))]
 
 
 class Receiver:

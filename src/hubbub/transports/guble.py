@@ -25,31 +25,29 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 import orjson
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from hubbub.auth import Identity
 from hubbub.channels import route_channel
-from hubbub.core import Node, ReplayPlan, Session
+from hubbub.core import Node, ReplayPlan
 from hubbub.core.filters import delivery_filters, passes
 from hubbub.core.replay import ReplayScan, count_scan, last_start, pattern_prefix
-from hubbub.core.session import Overflow
 from hubbub.dialects import guble as gc
 from hubbub.disconnect import Disconnect
-from hubbub.errors import AuthError, BadChannel, FrameTooLarge, HubbubError, SubscriptionError
+from hubbub.errors import AuthError, BadChannel, HubbubError, SubscriptionError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
-from .backpressure import Messages
 from .http import HttpSettings, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
-from .pump import SessionPump, quietly, stopped
-from .wire import live_only
+from .wire import DialectWire, live_only
+from .ws_driver import run_websocket, upgradable
 
 __all__ = [
     "GUBLE_HUB",
@@ -199,29 +197,30 @@ class GubleConnection:
         #: The receivers' state machine (dialects/guble_receivers.py): table, replacement, notices, catch-up.
         self.state = gc.GubleReceivers(self.codec)
         s = hub.http
-        self.session = Session(
-            "guble",
-            _Encoder(self.codec, self.state.mark, self.state.catch_up_subs),
-            max_items=s.send_queue,
-            max_bytes=s.send_queue_bytes,
-            overflow=Overflow.CATCH_UP,
-            slow_close_code=Disconnect.TRY_AGAIN_LATER,
-            fault_close_code=Disconnect.INTERNAL_ERROR,
-            id=gc.new_xid(),
-            user=user,
-        )
-        self.session.on_catch_up = self._on_catch_up
-        #: The connection's tasks (writer, receivers, catch-up), in the handler's Lifetime (see start).
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._group: Lifetime | None = None
-        self._pump = SessionPump(
+        self.wire = DialectWire(
             self.node,
-            self.session,
+            gc.SPEC,
+            dialect="guble",
+            encoder=_Encoder(self.codec, self.state.mark, self.state.catch_up_subs),
+            send_queue=s.send_queue,
+            send_queue_bytes=s.send_queue_bytes,
+            max_frame=s.max_frame,
             send=send,
             close=close,
-            max_frame=s.max_frame,
+            echo=True,
+            session_id=gc.new_xid(),
+            user=user,
             on_frames=self.state.mark.written,
             farewell=_farewell,
+        )
+        self.session = self.wire.session
+        self.session.on_catch_up = self._on_catch_up
+        self.wire.handle(
+            {
+                gc.Send: self._answered(self._publish),
+                gc.Receive: self._answered(self._receive),
+                gc.Cancel: self._answered(self._cancel),
+            }
         )
 
     @property
@@ -251,31 +250,30 @@ class GubleConnection:
         return not e.headers or passes(self.session, delivery_filters(e))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        assert self._group is not None  # start() came first
-        t = self._group.create_task(coro)
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
-        return t
-
-    def bad_input(self, exc: HubbubError) -> None:
-        self.node.count_bad_input("guble")
-        self._push(gc.error_text(exc))
+        return self.wire.spawn(coro)
 
     # -- commands ---------------------------------------------------------------------------------------
 
     async def handle(self, cmd: gc.Command) -> None:
-        try:
-            if isinstance(cmd, gc.Send):
-                await self._publish(cmd)
-            elif isinstance(cmd, gc.Receive):
-                await self._receive(cmd)
-            else:
-                rec = self.state.cancel(cmd.channel)
-                if rec is not None:
-                    self._stop(rec)
-                    self._notice("canceled", rec.path)
-        except HubbubError as exc:
-            self._push(gc.error_text(exc))
+        """Carry out one decoded command."""
+        await self.wire.run([cmd])
+
+    def _answered(self, command: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        """``command`` with a refusal of the core answered by its ``!error`` line (guble.md §3)."""
+
+        async def answered(cmd: gc.Command) -> None:
+            try:
+                await command(cmd)
+            except HubbubError as exc:
+                self._push(gc.error_text(exc))
+
+        return answered
+
+    async def _cancel(self, cmd: gc.Cancel) -> None:
+        rec = self.state.cancel(cmd.channel)
+        if rec is not None:
+            self._stop(rec)
+            self._notice("canceled", rec.path)
 
     async def _publish(self, cmd: gc.Send) -> None:
         sess = self.session
@@ -437,20 +435,23 @@ class GubleConnection:
     def start(self, group: Lifetime) -> None:
         """Attach and start the writer; every task of the connection is one of ``group`` (its lifetime), and
         :meth:`finish` ends them before the group closes."""
-        self._group = group
-        self.node.attach(self.session)
-        self.session.push(self.codec.encode_connected(self.session.id, self.session.user))
-        self._spawn(self._pump.run())
+        self.wire.start(group, None)
+        self.greet()
 
-    async def finish(self) -> None:
+    def greet(self) -> None:
+        """The ``#connected`` frame, first on the connection (guble.md §2)."""
+        self._push(self.codec.encode_connected(self.session.id, self.session.user))
+
+    def leave(self) -> None:
+        """The reader is done: every receiver stops."""
+        self.hub.connections.discard(self)
         for rec in list(self.receivers.values()):
             self._stop(rec)
         self.receivers.clear()
-        self.node.detach(self.session)
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            await stopped(t, self.node, "guble", self.session.id)
+
+    async def finish(self) -> None:
+        self.leave()
+        await self.wire.finish()
 
 
 # -- the hub: WebSocket and HTTP handlers -------------------------------------------------------------------
@@ -483,8 +484,8 @@ class GubleHub:
     # -- WebSocket --------------------------------------------------------------------------------------
 
     async def websocket(self, request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(max_msg_size=self.http.max_frame, heartbeat=HEARTBEAT_S, compress=False)
-        if not ws.can_prepare(request).ok:
+        ws = upgradable(request, self.http.max_frame, heartbeat=HEARTBEAT_S)
+        if ws is None:
             return text_response(400, "websocket upgrade required\n")
         # guble-cli and guble's Go client build the URL as <url>/user/<name>, with no query or header of ours:
         # with auth on, a token not given otherwise is the /user/ segment (docs/dialects/guble.md "Auth").
@@ -502,56 +503,17 @@ class GubleHub:
         user = ident.user if self.settings.auth else gc.user_id_from_path(request.raw_path)
         conn = GubleConnection(self, user, ws.send_bytes, close)
         self.connections.add(conn)
-        self.node.access.bind(conn.session, ident)
-        sess = conn.session
-        code: Disconnect | None = None
-        try:
-            async with Lifetime() as group:
-                conn.start(group)
-                try:
-                    await self._read(ws, conn)
-                finally:
-                    self.connections.discard(conn)
-                    code = sess.kicked or sess.ending
-                    await conn.finish()
-        except (asyncio.CancelledError, ConnectionError):
-            pass
-        finally:
-            self.connections.discard(conn)
-            if not ws.closed:
-                reason = gc.wire_close(code or Disconnect.GOING_AWAY)
-                await quietly(lambda: ws.close(code=reason), self.node, "guble", sess.id, "close")
-        return ws
 
-    async def _read(self, ws: web.WebSocketResponse, conn: GubleConnection) -> None:
-        """The connection's frames to its dialect, until it ends or the peer goes; read only while its replies
-        have room (:class:`Messages`, read-side back-pressure)."""
-        sess = conn.session
+        async def greet() -> None:
+            conn.greet()
+
+        # The identity is bound before the session is attached: its expiry closes it (1008).
+        frames = gc.GubleFrames(self.codec, gc.error_text)
         try:
-            async for msg in Messages(ws, sess):
-                if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
-                    if msg.type == WSMsgType.ERROR:
-                        if getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG:
-                            # aiohttp refused the frame (over max_frame) and already sent close 1009.
-                            self.node.count_bad_input("guble")
-                            self.node.limiter.refused("max_frame", "guble")
-                        break
-                    continue
-                try:
-                    cmd = self.codec.decode(msg.data)
-                except FrameTooLarge:
-                    self.node.count_bad_input("guble")
-                    self.node.limiter.refused("max_frame", "guble")
-                    await ws.close(code=Disconnect.MESSAGE_TOO_BIG)
-                    break
-                except HubbubError as exc:
-                    conn.bad_input(exc)
-                else:
-                    await conn.handle(cmd)
-                if sess.kicked or sess.ending:
-                    break
-        except ConnectionError:
-            pass
+            await run_websocket(ws, conn.wire, frames, ident, started=greet, finishing=conn.leave)
+        finally:
+            self.connections.discard(conn)  # also when the connection failed before its reader ran
+        return ws
 
     # -- REST -------------------------------------------------------------------------------------------
 

@@ -87,7 +87,8 @@ class DialectWire:
     ``pace`` makes the wire wait for the session's room between actions (byte streams hand it a whole
     read's actions at once); ``echo`` whether the connection gets its own publishes; ``after`` runs after
     each run of actions that left the connection open; ``close_wait_s`` bounds the wait for a pending
-    close."""
+    close; ``session_id``, ``user``, ``on_frames`` and ``farewell`` are the session's and the pump's
+    (:class:`~hubbub.core.Session`, :class:`~hubbub.transports.pump.SessionPump`)."""
 
     def __init__(
         self,
@@ -108,6 +109,10 @@ class DialectWire:
         pace: bool = False,
         after: Callable[[], None] | None = None,
         close_wait_s: float = 10.0,
+        session_id: str | None = None,
+        user: str = "",
+        on_frames: Callable[[list[bytes]], None] | None = None,
+        farewell: Callable[[Disconnect], bytes | None] | None = None,
     ) -> None:
         self.node = node
         self.spec = spec
@@ -120,7 +125,10 @@ class DialectWire:
             slow_close_code=Disconnect.TRY_AGAIN_LATER,
             fault_close_code=Disconnect.INTERNAL_ERROR,
             echo=echo,
+            user=user,
         )
+        if session_id is not None:
+            self.session.id = session_id
         self.log = logging.getLogger(f"hubbub.{spec.name}")
         self.refused = refused
         self._failed = failed
@@ -131,6 +139,7 @@ class DialectWire:
         self.last_recv = time.monotonic()
         self.handlers: dict[type, Handler] = {
             a.Send: self._send,
+            a.Reject: self._reject,
             a.Close: self._close,
             a.Publish: self._publish,
             a.Subscribe: self._subscribe,
@@ -145,7 +154,14 @@ class DialectWire:
                 await send(data)
 
         self._pump = SessionPump(
-            node, self.session, send=send_nonempty, close=close, max_frame=max_frame, send_many=send_many
+            node,
+            self.session,
+            send=send_nonempty,
+            close=close,
+            max_frame=max_frame,
+            send_many=send_many,
+            on_frames=on_frames,
+            farewell=farewell,
         )
 
     # -- lifecycle ----------------------------------------------------------------------------------------
@@ -217,6 +233,10 @@ class DialectWire:
                 self.session.end(out.code)
 
     async def _send(self, out: a.Send) -> None:
+        self.session.push(out.data)
+
+    async def _reject(self, out: a.Reject) -> None:
+        self.node.count_bad_input(self.session.dialect)
         self.session.push(out.data)
 
     async def _close(self, out: a.Close) -> None:

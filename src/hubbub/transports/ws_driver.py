@@ -48,11 +48,19 @@ def upgradable(
     max_frame: int,
     headers: dict[str, str] | None = None,
     protocols: tuple[str, ...] = (),
+    heartbeat: float | None = None,
 ) -> web.WebSocketResponse | None:
     """A WebSocket response for ``request`` (frames up to ``max_frame``, the dialect's subprotocols, pings
     answered by the reader, no compression), or None when the request is no WebSocket upgrade (the route
-    answers 400)."""
-    ws = web.WebSocketResponse(protocols=protocols, max_msg_size=max_frame, autoping=False, compress=False)
+    answers 400). With ``heartbeat`` aiohttp pings every ``heartbeat`` seconds and answers pings itself
+    (a dialect whose spec has no keepalive of the driver's)."""
+    ws = web.WebSocketResponse(
+        protocols=protocols,
+        max_msg_size=max_frame,
+        autoping=heartbeat is not None,
+        heartbeat=heartbeat,
+        compress=False,
+    )
     if headers:
         ws.headers.update(headers)
     return ws if ws.can_prepare(request).ok else None
