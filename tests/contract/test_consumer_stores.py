@@ -111,6 +111,22 @@ def test_delete_removes_the_journal_and_a_new_one_starts_over(store: LogStore) -
     assert items(store, new.id) == [(1, "/a/4", 1, b"x")]
 
 
+def test_delete_by_id_keeps_a_newer_consumer_of_the_same_name(store: LogStore) -> None:
+    """A delete checked against one consumer names its id: the consumer created again under that name
+    meanwhile (another owner, another journal) is not the one deleted."""
+    old, _ = store.consumer_create(spec("c", owner="alice"))
+    assert store.consumer_delete("c", old.id) is True
+    new, created = store.consumer_create(spec("c", owner="bob"))
+    assert created and new.id != old.id
+    store.append([req("/a/1")])
+    assert store.consumer_delete("c", old.id) is False
+    assert [(c.id, c.spec.owner, c.pending) for c in store.consumers()] == [(new.id, "bob", 1)]
+    assert items(store, new.id) == [(1, "/a/1", 1, b"x")]
+    assert store.consumer_delete("other", new.id) is False
+    assert store.consumer_delete("c", new.id) is True
+    assert store.consumers() == []
+
+
 # -- journaling ---------------------------------------------------------------------------------------------
 
 

@@ -182,8 +182,8 @@ class ClusterView(LogStore):
     def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
         return self.store.consumer_create(spec)
 
-    def consumer_delete(self, name: str) -> bool:
-        return self.store.consumer_delete(name)
+    def consumer_delete(self, name: str, consumer_id: int | None = None) -> bool:
+        return self.store.consumer_delete(name, consumer_id)
 
     def consumer_settle(
         self, acked: Sequence[tuple[int, Sequence[int]]], retried: Sequence[Retry] = ()

@@ -118,13 +118,20 @@ class Catalog:
 
     async def delete(self, name: str, identity: Identity | None, dialect: str) -> bool:
         """:meth:`ConsumerService.delete`: ``identity`` must be allowed to manage the consumer (use it, and
-        own it unless it has no owner, or be admin); nothing is deleted for a refused one."""
+        own it, or be admin); nothing is deleted for a refused one.
+
+        The check is made here, on the loop, against the consumer as this node knows it, and the delete is
+        applied later on the writer thread: it deletes that consumer only, by its id (never reused), so a
+        consumer deleted and created again under the name meanwhile (another owner's, perhaps) is kept and
+        the answer is False, as for a name nobody has; a name this node does not know deletes nothing."""
         c = self.by_name.get(name) or await self._shared.find(name)
-        if c is not None:
-            self._node.access.check_consumer(identity, c.spec, dialect, manage=True)
-        found: bool = await self._node.batcher.control(lambda st: st.consumer_delete(name))
-        c = self.by_name.get(name)
-        if c is not None:
+        if c is None:
+            return False
+        self._node.access.check_consumer(identity, c.spec, dialect, manage=True)
+        cid = c.id
+        found: bool = await self._node.batcher.control(lambda st: st.consumer_delete(name, cid))
+        # Deleted now, or before by another caller: either way the store no longer has it.
+        if self.by_id.get(cid) is c:
             self.forget(c, "deleted")
         return found
 

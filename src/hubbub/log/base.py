@@ -517,8 +517,11 @@ class LogStore(abc.ABC):
         method. Raises ``BadChannel``/``BadRequest`` for a filter that cannot be read (nothing created)."""
 
     @abc.abstractmethod
-    def consumer_delete(self, name: str) -> bool:
-        """Delete the consumer and its journal; whether it existed. A **writer-thread** method."""
+    def consumer_delete(self, name: str, consumer_id: int | None = None) -> bool:
+        """Delete the consumer ``name`` and its journal; whether it existed. With ``consumer_id``, only
+        that consumer: a consumer of the same name with another id (created after it was deleted) is kept,
+        and the answer is False, all in one transaction, so that a caller checked against one consumer
+        never deletes another. A **writer-thread** method."""
 
     @abc.abstractmethod
     def consumer_settle(

@@ -240,12 +240,13 @@ class MemoryLogStore(LogStore):
             self._consumers[spec.name] = self._consumer_ids[c.id] = c
             return c.info(), True
 
-    def consumer_delete(self, name: str) -> bool:
+    def consumer_delete(self, name: str, consumer_id: int | None = None) -> bool:
         with self._lock:
             self._check_open()
-            c = self._consumers.pop(name, None)
-            if c is None:
+            c = self._consumers.get(name)
+            if c is None or (consumer_id is not None and c.id != consumer_id):
                 return False
+            del self._consumers[name]
             del self._consumer_ids[c.id]
             self._jindex.remove(c.id)
             return True

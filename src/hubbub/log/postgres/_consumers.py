@@ -149,10 +149,15 @@ class _ConsumerSide:
 
         return self._write("consumer", body)
 
-    def consumer_delete(self, name: str) -> bool:
+    def consumer_delete(self, name: str, consumer_id: int | None = None) -> bool:
         def body(conn: Conn, lock: Any) -> bool:
             lock.state  # noqa: B018 -- takes the log lock first, as every write does
-            row = conn.execute("DELETE FROM consumers WHERE name = %s RETURNING id", (name,)).fetchone()
+            if consumer_id is None:
+                row = conn.execute("DELETE FROM consumers WHERE name = %s RETURNING id", (name,)).fetchone()
+            else:
+                row = conn.execute(
+                    "DELETE FROM consumers WHERE name = %s AND id = %s RETURNING id", (name, consumer_id)
+                ).fetchone()
             if row is None:
                 return False
             conn.execute("DELETE FROM journal WHERE consumer_id = %s", (row[0],))

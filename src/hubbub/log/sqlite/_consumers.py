@@ -345,9 +345,9 @@ class _ConsumerSide(_ReadSide):
         self._jindex.add(cid, spec)
         return row.info(), True
 
-    def consumer_delete(self, name: str) -> bool:
+    def consumer_delete(self, name: str, consumer_id: int | None = None) -> bool:
         found = [r for r in self._crows.values() if r.spec.name == name]
-        if not found:
+        if not found or (consumer_id is not None and found[0].id != consumer_id):
             return False
         cid = found[0].id
         with self._transaction("consumer") as conn:
