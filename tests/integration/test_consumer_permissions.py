@@ -43,6 +43,10 @@ TOKENS = {
     "tok-reader": {"user": "reader", "publish": [], "subscribe": ["/m/**"]},
     "tok-outsider": {"user": "outsider", "publish": ["/m/**"], "subscribe": ["/other/**"]},
     "tok-admin": {"user": "admin", "admin": True},
+    # Tokens without a user: two callers, and an admin (whose consumers have no owner).
+    "tok-nobody1": {"publish": ["/m/**"], "subscribe": ["/m/**"]},
+    "tok-nobody2": {"publish": [], "subscribe": ["/m/**"]},
+    "tok-rootless": {"admin": True},
 }
 CALLERS = ("owner", "reader", "outsider", "admin")
 DIALECTS = ("native", "qrpc")
@@ -321,6 +325,41 @@ def test_an_opener_goes_when_its_connection_logs_in_as_someone_who_may_not_use_i
         assert await owner.settle(sub, r[0], nack=False) == Refused(owner.not_held)
         await owner.close()
         assert await holds(admin, sub, channel) == [(1, "1"), (2, "2"), (3, "3")]
+        await admin.close()
+
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_tokens_without_a_user_never_own_consumers(server: ServerProcess, dialect: str) -> None:
+    """Every token without a user has the same (empty) user, so an owner recorded from it would make any
+    such token the owner of every such consumer: one could delete another's. With auth on, such a token
+    may not create a consumer; a consumer without an owner (an admin without a user made it) is deleted by
+    admins only, while any caller who reads all it journals may still open it."""
+
+    async def body() -> None:
+        sub = f"k{next(_cells)}"
+        name, channel = sub, f"/m/{sub}/x"
+        admin = await Wire.open(server.ports, "tcp", "json", "tok-admin")
+        nobody1 = await CONNECT[dialect](server, "tok-nobody1")
+        assert await nobody1.create(name + "-mine", sub) == Refused(nobody1.forbidden)
+        assert await holds(admin, name + "-mine", channel) is None  # nothing was created
+        rootless = await CONNECT[dialect](server, "tok-rootless")
+        assert await rootless.create(name, sub) is None
+        await rootless.close()
+        await publish(admin, channel, "1", "2")
+        nobody2 = await CONNECT[dialect](server, "tok-nobody2")
+        reader = await CONNECT[dialect](server, "tok-reader")
+        for caller in (nobody1, nobody2, reader):
+            assert await caller.delete(name, "delete") == Refused(caller.forbidden)
+        r = await nobody2.open(name)  # using it is reading, which it may
+        assert not isinstance(r, Refused) and r[1] == [(1, "1"), (2, "2")], r
+        await nobody2.release(name)
+        assert await holds(admin, name, channel) == [(1, "1"), (2, "2")]
+        admin_caller = await CONNECT[dialect](server, "tok-admin")
+        assert await admin_caller.delete(name, "delete") is True
+        for c in (nobody1, nobody2, reader, admin_caller):
+            await c.close()
         await admin.close()
 
     asyncio.run(asyncio.wait_for(body(), 60))

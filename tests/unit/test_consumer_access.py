@@ -17,16 +17,20 @@ def who(user: str, *reads: str, admin: bool = False) -> Identity:
 
 OWNER, READER, ALL = who("owner", "/m/**"), who("reader", "/m/**"), who("all", "/**")
 OUTSIDER, ADMIN = who("outsider", "/other/**"), who("admin", admin=True)
+#: Two different tokens without a user (equal as identities: what tells them apart is the token alone).
+NOBODY, NOBODY2 = who("", "/m/**"), who("", "/m/**", "/n/**")
 
 
 def spec(pattern: str, syntax: str = "native", owner: str = "owner", separator: str = ".") -> ConsumerSpec:
     return ConsumerSpec("c", pattern, syntax=syntax, separator=separator, owner=owner)
 
 
-def allowed(identity: Identity | None, s: ConsumerSpec, *, manage: bool = False) -> bool:
+def allowed(
+    identity: Identity | None, s: ConsumerSpec, *, manage: bool = False, create: bool = False
+) -> bool:
     access = Access(TokenAuthorizer())
     try:
-        access.check_consumer(identity, s, "native", manage=manage)
+        access.check_consumer(identity, s, "native", manage=manage, create=create)
     except AuthError as exc:
         assert exc.code == 4102
         assert access.refusals == {"forbidden": 1}
@@ -62,8 +66,22 @@ def test_managing_a_consumer_takes_ownership_too() -> None:
     assert not allowed(READER, spec("/m/**"), manage=True)  # may use it, not delete it
     assert not allowed(OUTSIDER, spec("/m/**", owner="outsider"), manage=True)  # owns it, may not read it
     assert allowed(ADMIN, spec("/m/**"), manage=True)
-    assert allowed(READER, spec("/m/**", owner=""), manage=True)  # no owner recorded: any user of it
     assert allowed(READER, spec("m.*", "qpubs", owner="reader"), manage=True)
+    # No owner recorded (made with auth off, or by an admin without a user): admins only.
+    assert not allowed(READER, spec("/m/**", owner=""), manage=True)
+    assert not allowed(NOBODY, spec("/m/**", owner=""), manage=True)
+    assert allowed(ADMIN, spec("/m/**", owner=""), manage=True)
+
+
+def test_creating_a_consumer_takes_a_user_to_own_it() -> None:
+    """Tokens without a user would all record the same (empty) owner, and so own each other's consumers:
+    with auth on, such a token may use a consumer but not create one; an admin may."""
+    assert allowed(READER, spec("/m/**", owner="reader"), create=True)
+    assert not allowed(NOBODY, spec("/m/**", owner=""), create=True)
+    assert not allowed(NOBODY2, spec("/m/**", owner=""), create=True)
+    assert allowed(NOBODY, spec("/m/**"))  # using one it may read stays allowed
+    assert allowed(who("", admin=True), spec("/m/**", owner=""), create=True)
+    assert not allowed(READER, spec("/**", owner="reader"), create=True)  # and the reach still counts
 
 
 def test_with_auth_off_everyone_may_do_everything() -> None:

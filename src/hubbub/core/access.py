@@ -141,14 +141,22 @@ class Access:
             raise
 
     def check_consumer(
-        self, identity: Identity | None, spec: ConsumerSpec, dialect: str, *, manage: bool = False
+        self,
+        identity: Identity | None,
+        spec: ConsumerSpec,
+        dialect: str,
+        *,
+        manage: bool = False,
+        create: bool = False,
     ) -> None:
         """The durable consumers' rule (docs/consumers.md "Permissions"), for every dialect alike. A consumer
         hands out every event it journals, unfiltered, and an ack removes them for every opener: using one
         (creating it, opening it, and so acking and nacking its batches) takes the subscribe permission over
         its whole :func:`~hubbub.log.consumers.reach` (nothing for a qpubs topic that never matches).
-        ``manage`` (deleting it) takes that and being its owner, unless it has none. Admin may do all of it.
-        Else ``AuthError`` 4102, audited."""
+        ``create`` (a new consumer, whose owner the identity's user becomes) takes an identity with a user:
+        tokens without one would all own alike. ``manage`` (deleting it) takes being its owner too; a
+        consumer without one (made with auth off, or by an admin without a user) is managed by admins only.
+        Admin may do all of it. Else ``AuthError`` 4102, audited."""
         az = self.authorizer
         if not az.enabled or az.may_admin(identity):
             return
@@ -156,7 +164,9 @@ class Access:
         user = identity.user if identity is not None else ""
         if identity is None or (scope is not None and not az.reads_everything(identity, scope)):
             exc = AuthError("consume not allowed", code=4102)
-        elif manage and spec.owner and spec.owner != user:
+        elif create and not user:
+            exc = AuthError("a consumer is created by a token with a user", code=4102)
+        elif manage and (not spec.owner or spec.owner != user):
             exc = AuthError("consumer of another user", code=4102)
         else:
             return

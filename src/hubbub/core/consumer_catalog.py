@@ -5,7 +5,8 @@
 the store and deletes them, and takes up or drops those another node created or deleted (for
 :mod:`.consumer_shared`). Creating and deleting go through the access rule every dialect shares
 (``Access.check_consumer``) with the caller's identity: a dialect hands the identity over and never checks
-for itself. The creator's user is recorded as the consumer's owner.
+for itself. The creator's user is recorded as the consumer's owner; with auth on, only an identity with a
+user (or an admin) creates one, so two tokens without a user never share a consumer as its owners.
 
 Concurrency contract: loop thread only; store writes go through the node's write batcher (``control``).
 """
@@ -94,14 +95,14 @@ class Catalog:
     async def create(
         self, spec: ConsumerSpec, identity: Identity | None, dialect: str
     ) -> tuple[ConsumerInfo, bool]:
-        """:meth:`ConsumerService.create`: ``identity`` must be allowed to use ``spec`` and, when the
-        consumer exists, the one that exists (whose definition the caller then learns and may open). Nothing
-        is created for a refused one."""
+        """:meth:`ConsumerService.create`: ``identity`` must be allowed to create ``spec`` (use it, with a
+        user to own it) and, when the consumer exists, to use the one that exists (whose definition the
+        caller then learns and may open). Nothing is created for a refused one."""
         access = self._node.access
         if identity is not None:
             spec = replace(spec, owner=identity.user)
         _admit(spec, self._node, self._max_consumers, self.by_name, self._delivery.creating, dialect)
-        access.check_consumer(identity, spec, dialect)
+        access.check_consumer(identity, spec, dialect, create=True)
         self._delivery.creating += 1
         try:
             info, created = await self._node.batcher.control(lambda st: st.consumer_create(spec))

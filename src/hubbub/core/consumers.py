@@ -38,7 +38,8 @@ the relay (:meth:`ConsumerService.released`), and the nodes share each group's e
 **Permissions** (docs/consumers.md "Permissions"): every dialect gives the caller's identity to
 :meth:`~ConsumerService.create`, :meth:`~ConsumerService.open` and :meth:`~ConsumerService.delete`, which
 check it here, once for all of them (``Access.check_consumer``): using a consumer takes read over all it can
-journal, deleting it being its owner too (the creator's user, recorded at creation), or admin. Acks and nacks
+journal, creating one an identity with a user too, deleting it being its owner (the creator's user,
+recorded at creation), or admin. Acks and nacks
 go through an opener, which only an allowed caller gets; an opener opened for a session is closed when that
 session logs in as an identity that may not use it (:meth:`~ConsumerService.rebind`).
 
@@ -191,7 +192,8 @@ class ConsumerService:
         """Create the consumer unless it exists (then its own spec is kept): ``(info, created)``. Every event
         committed after this returns is journaled for it. ``identity`` is the caller's (``None``: not
         authenticated, refused everything when auth is on): it needs the permission to use ``spec`` and, for
-        one that exists, that one (:meth:`Access.check_consumer`); its user becomes the owner. Raises
+        one that exists, that one (:meth:`Access.check_consumer`); its user becomes the owner (with auth on, a
+        new consumer takes an identity with a user, or admin). Raises
         ``BadRequest``, ``BadChannel``, ``TooManyConsumers`` (``dialect`` counts it), ``AuthError`` 4102."""
         self._check_open()
         return await self._catalog.create(spec, identity, dialect)
