@@ -277,6 +277,53 @@ def test_listen_exclusive_groups_and_work_queues(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_group_event_goes_to_a_member_that_may_read_it(tmp_path: Path) -> None:
+    """Members of one ``listenExclusive`` group whose tokens read different channels: each event goes to a
+    member that may read it, in round-robin among those (a member that may not is passed over, the event
+    never dropped for its sake), and an event no member may read goes to none and is not counted in
+    ``delivered``. Every value is checked: none lost, none twice, each member's in publish order."""
+    tokens = {
+        **TOKENS,
+        "tok-gx": {"user": "gx", "publish": [], "subscribe": ["/g/x/**", "/g/s/**"]},
+        "tok-gy": {"user": "gy", "publish": [], "subscribe": ["/g/y/**", "/g/s/**"]},
+    }
+
+    async def main() -> None:
+        cfg = {"auth.mode": "token", "auth.tokens": tokens}
+        async with serve(tmp_path, **cfg) as (srv, base), aiohttp.ClientSession() as http:
+            hdr = {"Authorization": "Bearer tok-root"}
+            members: dict[str, tuple[QrpcClient, str]] = {}
+            for who in ("gx", "gy"):  # join order: gx first
+                q = await QrpcClient.connect(srv.ports["qrpc"])
+                assert (await q.call("auth", {"token": f"tok-{who}"}))["user"] == who
+                members[who] = (q, q.send("listenExclusive", {"topic": "g.*", "group": "G"}))
+                await barrier(q)
+            topics = ["g.x.a", "g.x.b", "g.y.a", "g.y.b", "g.z.a", "g.x.c", "g.y.c", "g.x.d", "g.z.b"]
+            for i, topic in enumerate(topics):
+                nobody = topic.startswith("g.z.")
+                assert await emit(http, base, topic, i, headers=hdr) == {
+                    "ok": True,
+                    "delivered": 0 if nobody else 1,
+                }
+            # Both may read /g/s: two more events, one to each, end what each member gets.
+            for i in (100, 101):
+                assert await emit(http, base, "g.s.end", i, headers=hdr) == {"ok": True, "delivered": 1}
+            got: dict[str, list[tuple[str, int]]] = {}
+            for who, (q, cid) in members.items():
+                got[who] = []
+                while True:
+                    m = (await q.next(cid))["m"]
+                    if m["topic"] == "g.s.end":
+                        break
+                    got[who].append((m["topic"], m["value"]))
+            assert got["gx"] == [(t, i) for i, t in enumerate(topics) if t.startswith("g.x.")]
+            assert got["gy"] == [(t, i) for i, t in enumerate(topics) if t.startswith("g.y.")]
+            for q, _ in members.values():
+                await q.close()
+
+    asyncio.run(main())
+
+
 def test_other_dialects_feed_qpubs_and_the_separator_is_configurable(tmp_path: Path) -> None:
     async def main() -> None:
         cfg = {"qpubs.separator": "::"}

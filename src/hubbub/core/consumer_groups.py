@@ -1,7 +1,10 @@
 """Live exclusive groups (qpubs ``listenExclusive``): members with the same group name and filter share a
 group; each matching event goes to exactly one member, round-robin in join order, at most once, and never to a
-group without members. Live only: nothing is stored. Part of :class:`~hubbub.core.ConsumerService`; loop
-thread only.
+group without members. Only a member whose session may read the event's channel (``Access``, the node's one
+rule; checked at each event, so a login that changes the identity counts at once) is given it: the others
+are passed over in the round, and an event no member may read goes to none of them (as a live listen skips
+what its token may not read). Live only: nothing is stored. Part of :class:`~hubbub.core.ConsumerService`;
+loop thread only.
 
 **Across the nodes of a cluster** (:class:`GroupShares`, set on a shared log): a node releases every node's
 events to its groups, so a group with members on several nodes would get each event once per node. Instead,
@@ -34,7 +37,9 @@ from typing import Any
 from hubbub.events import Event
 from hubbub.log.consumers import ConsumerSpec, JournalIndex
 
+from .access import Access
 from .presence import Presence
+from .session import Session
 
 __all__ = ["GroupMember", "GroupShares", "LiveGroups"]
 
@@ -42,12 +47,17 @@ log = logging.getLogger("hubbub.consumers")
 
 
 class GroupMember:
-    """One member of a live exclusive group (:meth:`ConsumerService.join`)."""
+    """One member of a live exclusive group (:meth:`ConsumerService.join`). ``session``: whose identity
+    (as it is at each event: a login may change it) must be allowed to read an event's channel for the
+    event to go to this member; None: an identity of None (nothing, with auth on)."""
 
-    def __init__(self, groups: LiveGroups, group: _Group, deliver: Callable[[Event], None]) -> None:
+    def __init__(
+        self, groups: LiveGroups, group: _Group, deliver: Callable[[Event], None], session: Session | None
+    ) -> None:
         self._groups = groups
         self._group = group
         self.deliver = deliver
+        self.session = session
         self.left = False
 
     def leave(self) -> None:
@@ -146,9 +156,11 @@ class GroupShares:
 
 
 class LiveGroups:
-    """Every live group, indexed by filter."""
+    """Every live group, indexed by filter. ``access`` decides which members may read an event (none
+    given: every member may; the node's own with auth off)."""
 
-    def __init__(self) -> None:
+    def __init__(self, access: Access | None = None) -> None:
+        self._access = access
         #: Set on a shared log: the node's share of each group's events (module docstring).
         self.shares: GroupShares | None = None
         self._groups: dict[tuple[str, str, str, str], _Group] = {}
@@ -172,7 +184,14 @@ class LiveGroups:
         return 0 if self.shares is None else self.shares.pending
 
     def join(
-        self, group: str, pattern: str, deliver: Callable[[Event], None], *, syntax: str, separator: str
+        self,
+        group: str,
+        pattern: str,
+        deliver: Callable[[Event], None],
+        *,
+        syntax: str,
+        separator: str,
+        session: Session | None = None,
     ) -> GroupMember:
         key = (group, syntax, separator, pattern)
         g = self._groups.get(key)
@@ -184,7 +203,7 @@ class LiveGroups:
             self._next += 1
             if self.shares is not None:
                 self.shares.joined(roster)
-        m = GroupMember(self, g, deliver)
+        m = GroupMember(self, g, deliver, session)
         g.members.append(m)
         return m
 
@@ -209,8 +228,27 @@ class LiveGroups:
             for m in list(g.members):
                 self.leave(m)
 
+    def _reader(self, g: _Group, channel: str) -> int:
+        """The index of the member of ``g`` that gets an event on ``channel``: the next in round-robin order
+        that may read it (-1: none may; the event is then not the group's to deliver, as for a group
+        without members). A member that may not read is passed over, never picked and skipped: the event
+        goes to a member that may, and that member's turn is taken."""
+        members = g.members
+        n = len(members)
+        start = g.rr % n
+        access = self._access
+        if access is None or not access.authorizer.enabled:
+            return start
+        for k in range(n):
+            i = (start + k) % n
+            s = members[i].session
+            if access.may_read(None if s is None else s.identity, channel):
+                return i
+        return -1
+
     def deliver(self, ev: Event) -> None:
-        """Give ``ev`` to one member of each group it matches (of this node's share, on a cluster)."""
+        """Give ``ev`` to one member of each group it matches that may read it (of this node's share, on a
+        cluster)."""
         if not self.index:
             return
         shares = self.shares
@@ -218,7 +256,9 @@ class LiveGroups:
             g = self._by_id.get(gid)
             if g is None or not g.members or (shares is not None and not shares.mine(g.roster, ev)):
                 continue
-            i = g.rr % len(g.members)
+            i = self._reader(g, ev.channel)
+            if i < 0:
+                continue
             g.rr = i + 1
             m = g.members[i]
             self.delivered += 1
@@ -233,4 +273,13 @@ class LiveGroups:
         return sum(len(g.members) for g in self._groups.values())
 
     def matching(self, channel: str, tags: tuple[str, ...] = ()) -> int:
-        return len(self.index.match(channel, tags)) if self.index else 0
+        """How many groups an event on ``channel`` goes to: those it matches with a member that may read
+        it."""
+        if not self.index:
+            return 0
+        n = 0
+        for gid in self.index.match(channel, tags):
+            g = self._by_id.get(gid)
+            if g is not None and g.members and self._reader(g, channel) >= 0:
+                n += 1
+        return n

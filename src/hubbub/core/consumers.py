@@ -30,10 +30,10 @@ continues what was read, and other nodes' items are read from the store when the
 this node holds (serves) keeps items in memory, read afresh when the node takes its hold.
 
 **Live exclusive groups** (``listenExclusive``): members with the same group name and filter share a group;
-each matching event goes to exactly one member, round-robin in join order, at most once, and never to a group
-without members. They are live only: nothing is stored. On a cluster node they take every node's events from
-the relay (:meth:`ConsumerService.released`), and the nodes share each group's events
-(:mod:`.consumer_groups`).
+each matching event goes to exactly one member, round-robin in join order among those whose identity may read
+it, at most once, and never to a group without such a member. They are live only: nothing is stored. On a
+cluster node they take every node's events from the relay (:meth:`ConsumerService.released`), and the nodes
+share each group's events (:mod:`.consumer_groups`).
 
 **Permissions** (docs/consumers.md "Permissions"): every dialect gives the caller's identity to
 :meth:`~ConsumerService.create`, :meth:`~ConsumerService.open` and :meth:`~ConsumerService.delete`, which
@@ -104,7 +104,7 @@ class ConsumerService:
         #: The service's tasks: fills, settle writes (finished before close returns), the shared log's poll.
         self._tasks = Supervisor("consumers", node.supervision)
         self._tasks.open()
-        self._groups = LiveGroups()
+        self._groups = LiveGroups(node.access)
         self._settles = Settles(node, self._spawn)
         self._delivery = Delivery(
             node,
@@ -192,8 +192,7 @@ class ConsumerService:
         """Create the consumer unless it exists (then its own spec is kept): ``(info, created)``. Every event
         committed after this returns is journaled for it. ``identity`` is the caller's (``None``: not
         authenticated, refused everything when auth is on): it needs the permission to use ``spec`` and, for
-        one that exists, that one (:meth:`Access.check_consumer`); its user becomes the owner (with auth on, a
-        new consumer takes an identity with a user, or admin). Raises
+        one that exists, that one (:meth:`Access.check_consumer`); its user becomes the owner. Raises
         ``BadRequest``, ``BadChannel``, ``TooManyConsumers`` (``dialect`` counts it), ``AuthError`` 4102."""
         self._check_open()
         return await self._catalog.create(spec, identity, dialect)
@@ -368,11 +367,13 @@ class ConsumerService:
         *,
         syntax: str = "native",
         separator: str = ".",
+        session: Session | None = None,
     ) -> GroupMember:
         """Join the live group ``(group, pattern)``: each matching event committed from now on goes to exactly
-        one member, round-robin in join order. Raises ``BadChannel``/``BadRequest`` for a bad pattern."""
+        one member, round-robin in join order among those whose ``session`` may read it (``LiveGroups``).
+        Raises ``BadChannel``/``BadRequest`` for a bad pattern."""
         self._check_open()
-        return self._groups.join(group, pattern, deliver, syntax=syntax, separator=separator)
+        return self._groups.join(group, pattern, deliver, syntax=syntax, separator=separator, session=session)
 
     def groups_matching(self, channel: str, tags: tuple[str, ...] = ()) -> int:
         """How many live groups an event on ``channel`` reaches (each counts once: qpubs ``delivered``)."""

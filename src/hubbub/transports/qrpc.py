@@ -315,16 +315,15 @@ class QrpcWire:
         if out.group is not None:
             consumers = self.service.consumers
             assert consumers is not None
-            sess, may_read = self.session, self.node.access.may_read
+            sess = self.session
             line = b'{"v":1,"id":' + orjson.dumps(cid) + b',"s":"ok","m":'
             sep = topic.separator
 
-            def deliver(ev: Event) -> None:
-                if may_read(sess.identity, ev.channel):
-                    sess.push(line + orjson.dumps(qpd.render_item(ev, sep)) + b"}\n", is_event=True)
+            def deliver(ev: Event) -> None:  # only events the session may read (the core checks)
+                sess.push(line + orjson.dumps(qpd.render_item(ev, sep)) + b"}\n", is_event=True)
 
             member = self.groups[cid] = consumers.join(
-                out.group, topic.text, deliver, syntax="qpubs", separator=sep
+                out.group, topic.text, deliver, syntax="qpubs", separator=sep, session=sess
             )
             await member.ready()  # on a cluster: the node's share decided before the next call (§4)
             return
