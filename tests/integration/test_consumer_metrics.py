@@ -13,17 +13,20 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from hubbub.config import load_config
 from hubbub.core import Batch, ConsumerService, Node, NodeSettings
 from hubbub.events import Event, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
 from hubbub.log.consumers import ConsumerSpec
-from hubbub.transports.metrics import ConsumerCollector
+from hubbub.server import Server
+from hubbub.transports.metrics import ConsumerCollector, ConsumerSeries, render_metrics
 
 from .consumer_wire import WAIT, Wire
+from .qrpcclient import QrpcClient
 from .serverproc import ServerProcess
 
 Samples = dict[tuple[str, str], float]
@@ -47,8 +50,12 @@ def parse(text: str) -> Samples:
     return out
 
 
-async def scrape(port: int) -> Samples:
-    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
+async def scrape(port: int, token: str | None = None) -> Samples:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{port}/metrics", headers=headers) as r,
+    ):
         assert r.status == 200
         return parse(await r.text())
 
@@ -129,7 +136,11 @@ def test_groups_and_the_bound_on_labelled_consumers(tmp_path: Path) -> None:
             await svc.metrics.refresh()
             registry = CollectorRegistry()
             registry.register(ConsumerCollector(node, limit=2))
-            m = parse(generate_latest(registry).decode())
+
+            def render() -> str:  # auth off: every scraper is shown each consumer
+                return render_metrics(registry, ConsumerSeries(node, None, limit=2)).decode()
+
+            m = parse(render())
             assert {k[1] for k in m if k[1]} == {"a", "b"}  # the first two by name
             assert m[("hubbub_consumers", "")] == 3 and m[("hubbub_consumers_unlabelled", "")] == 1
             assert per(m, "pending", "a") == 3 and m[("hubbub_consumers_pending", "")] == 9
@@ -137,17 +148,61 @@ def test_groups_and_the_bound_on_labelled_consumers(tmp_path: Path) -> None:
             assert m[("hubbub_consumer_groups", "")] == 1 and m[("hubbub_consumer_group_members", "")] == 2
             assert m[("hubbub_consumer_group_events_total", "")] == len(got) == 3
             members[0].leave()
-            m = parse(generate_latest(registry).decode())
+            m = parse(render())
             assert m[("hubbub_consumer_group_members", "")] == 1
             # A nacked batch waiting out its backoff: pending again (or already out again), still the oldest.
             batches: asyncio.Queue[Batch] = asyncio.Queue()
             opener = await svc.open("a", batches.put_nowait, create=False)
             b = await asyncio.wait_for(batches.get(), WAIT)
             await opener.nack(b.number)
-            m = parse(generate_latest(registry).decode())
+            m = parse(render())
             assert per(m, "nacked_total", "a") == len(b.items) and per(m, "batches_total", "a") >= 1
             assert per(m, "pending", "a") + per(m, "outstanding", "a") == 3
             assert per(m, "oldest_unacked_seconds", "a") > 0 and per(m, "openers", "a") == 1
             opener.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_each_consumers_series_only_for_admin(tmp_path: Path) -> None:
+    """A consumer's name tells of its channels and users, so with auth on only an admin's scrape has the
+    per-consumer series (``consumer`` label); any other token gets the totals, which count every consumer.
+    Consumers of every dialect that makes them (native, qpubs over qrpc) alike."""
+    tokens = {
+        "tok-root": {"user": "root", "admin": True},
+        "tok-alice": {"user": "alice", "publish": ["/alice/**"], "subscribe": ["/alice/**"]},
+        "tok-bob": {"user": "bob", "publish": [], "subscribe": []},
+    }
+    cli = {
+        "data_dir": str(tmp_path / "data"),
+        "http.listen": "127.0.0.1:0",
+        "native.tcp_listen": "127.0.0.1:0",
+        "qpubs.qrpc_listen": "127.0.0.1:0",
+        "auth.mode": "token",
+        "auth.tokens": tokens,
+    }
+
+    async def body() -> None:
+        async with Server(load_config(cli=cli, env={})) as srv:
+            w = await Wire.open(srv.ports, "tcp", "json", "tok-alice")
+            r = await w.request(
+                {"op": "consumer_create", "consumer": "alice-payroll", "pattern": "/alice/**"}
+            )
+            assert r["op"] == "reply", r
+            q = await QrpcClient.connect(srv.ports["qrpc"])
+            assert (await q.call("auth", {"token": "tok-alice"}))["ok"] is True
+            assert (await q.call("createSubscription", {"subId": "alice-hr", "topic": "alice.*"}))["created"]
+            port = srv.ports["http"]
+            admin = await scrape(port, "tok-root")
+            assert {k[1] for k in admin if k[1]} == {"alice-payroll", "alice-hr"}
+            assert per(admin, "pending", "alice-hr") == 0 and admin[("hubbub_consumers", "")] == 2
+            for token in ("tok-alice", "tok-bob"):  # its owner is no admin either
+                m = await scrape(port, token)
+                assert not any(k[1] for k in m), token
+                assert not any(k[0].startswith("hubbub_consumer_pending") for k in m)
+                assert m[("hubbub_consumers", "")] == 2 and m[("hubbub_consumers_unlabelled", "")] == 0
+                assert m[("hubbub_consumers_pending", "")] == 0
+            await w.close()
+            await q.close()
+
+    asyncio.run(asyncio.wait_for(body(), 60))

@@ -133,6 +133,11 @@ class Access:
     def may_read(self, identity: Identity | None, channel: str) -> bool:
         return self.authorizer.may_subscribe(identity, channel)
 
+    def may_admin(self, identity: Identity | None) -> bool:
+        """Whether ``identity`` is an administrator (everyone is with auth off). Not a refusal: for what an
+        answer leaves out for others, never audited."""
+        return not self.authorizer.enabled or self.authorizer.may_admin(identity)
+
     def check_admin(self, identity: Identity | None, dialect: str) -> None:
         try:
             self.authorizer.check_admin(identity)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from hubbub.auth import Identity
 from hubbub.log.consumers import ConsumerInfo
 
 from .consumer_delivery import Delivery
@@ -80,6 +81,12 @@ class ConsumerMetrics:
             c = by_name.get(info.spec.name)
             if c is not None and c.id == info.id:
                 c.stored_pending = info.pending
+
+    def shown_to(self, identity: Identity | None) -> bool:
+        """Whether ``identity`` may see each consumer's own figures, which name every consumer (and so what
+        its name tells of its channels and users): an admin, or anyone with auth off. Others see the
+        totals only."""
+        return self._node.access.may_admin(identity)
 
     def consumers(self, limit: int = LABELLED_MAX) -> Iterator[ConsumerFigures]:
         """The figures of the first ``limit`` consumers by name."""

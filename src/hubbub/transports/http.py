@@ -36,7 +36,7 @@ from hubbub.log.base import AppendRequest, LogStore
 from .backpressure import Messages
 from .cors import install_cors
 from .lifetime import Lifetime
-from .metrics import CONTENT_TYPE, ConsumerCollector, NodeCollector, render_metrics
+from .metrics import CONTENT_TYPE, ConsumerCollector, ConsumerSeries, NodeCollector, render_metrics
 from .native import NativeConnection, NativeEncoder
 from .pump import SessionPump, quietly, stopped
 
@@ -563,13 +563,15 @@ class NativeHttp:
         return _json(200, orjson.dumps(body) + b"\n")
 
     async def metrics(self, request: web.Request) -> web.Response:
-        self._identity(request)  # any valid token may scrape; /healthz stays open for load balancers
+        # Any valid token may scrape; /healthz stays open for load balancers. Each consumer's own series
+        # only for an identity the core shows them to (admin): the rest is the same for every scraper.
+        ident = self._identity(request)
         if (svc := self.node.consumers) is not None:
             try:
                 await svc.metrics.refresh()  # the journals' backlogs, as the store counts them
             except HubbubError as exc:
                 log.debug("reading the consumers' backlogs failed: %s", exc)
-        body = render_metrics(self.registry)
+        body = render_metrics(self.registry, ConsumerSeries(self.node, ident))
         return web.Response(status=200, body=body, headers={"Content-Type": CONTENT_TYPE})
 
 

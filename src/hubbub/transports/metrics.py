@@ -7,8 +7,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 from hubbub import __version__
+from hubbub.auth import Identity
 from hubbub.core import Node
 from hubbub.core.consumer_metrics import LABELLED_MAX
 from hubbub.core.supervisor import COMPONENTS
@@ -19,6 +21,7 @@ __all__ = [
     "DIALECTS",
     "PRESENCE_GAUGES",
     "ConsumerCollector",
+    "ConsumerSeries",
     "NodeCollector",
     "render_metrics",
 ]
@@ -201,24 +204,19 @@ _TOTALS = (
 
 
 class ConsumerCollector:
-    """The durable consumers' figures (docs/consumers.md "Monitoring"), while the node has a consumer service;
-    per consumer for the first ``limit`` by name (bounded label set), service-wide for all of them. The
-    store's backlog counts are read by :meth:`NativeHttp.metrics` before each scrape."""
+    """The durable consumers' service-wide figures (docs/consumers.md "Monitoring"), while the node has a
+    consumer service: what every scraper sees. Each consumer's own series are :class:`ConsumerSeries`, added
+    per scrape for the scrapers allowed to see them. The store's backlog counts are read by
+    :meth:`NativeHttp.metrics` before each scrape."""
 
     def __init__(self, node: Node, limit: int | None = None) -> None:
         self.node = node
-        self.limit = limit
+        self.limit = LABELLED_MAX if limit is None else limit
 
     def collect(self) -> Iterator[Any]:
         svc = self.node.consumers
         if svc is None:
             return
-        figures = list(svc.metrics.consumers(LABELLED_MAX if self.limit is None else self.limit))
-        for name, doc, gauge, field in _PER_CONSUMER:
-            fam = (GaugeMetricFamily if gauge else CounterMetricFamily)(name, doc, labels=["consumer"])
-            for f in figures:
-                fam.add_metric([f.name], getattr(f, field))
-            yield fam
         totals = svc.metrics.totals()
         for name, doc, gauge, field in _TOTALS:
             yield (GaugeMetricFamily if gauge else CounterMetricFamily)(
@@ -227,9 +225,32 @@ class ConsumerCollector:
         yield GaugeMetricFamily(
             "hubbub_consumers_unlabelled",
             "Consumers beyond the per-consumer series' limit (in the totals only)",
-            value=max(totals.consumers - len(figures), 0),
+            value=max(totals.consumers - self.limit, 0),
         )
 
 
-def render_metrics(registry: CollectorRegistry) -> bytes:
-    return generate_latest(registry)
+class ConsumerSeries(Collector):
+    """Each consumer's own series (label ``consumer``, the first ``limit`` by name: a bounded label set) for
+    one scrape by ``identity``: nothing unless the core shows it each consumer
+    (``ConsumerMetrics.shown_to``: a consumer's name tells of its channels and users)."""
+
+    def __init__(self, node: Node, identity: Identity | None, limit: int | None = None) -> None:
+        self.node = node
+        self.identity = identity
+        self.limit = LABELLED_MAX if limit is None else limit
+
+    def collect(self) -> Iterator[Any]:
+        svc = self.node.consumers
+        if svc is None or not svc.metrics.shown_to(self.identity):
+            return
+        figures = list(svc.metrics.consumers(self.limit))
+        for name, doc, gauge, field in _PER_CONSUMER:
+            fam = (GaugeMetricFamily if gauge else CounterMetricFamily)(name, doc, labels=["consumer"])
+            for f in figures:
+                fam.add_metric([f.name], getattr(f, field))
+            yield fam
+
+
+def render_metrics(registry: CollectorRegistry, *more: Collector) -> bytes:
+    """The exposition of ``registry`` and then of each of ``more`` (collectors made for one scrape)."""
+    return generate_latest(registry) + b"".join(generate_latest(c) for c in more)
