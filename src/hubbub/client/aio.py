@@ -23,33 +23,32 @@ fills up instead of ours, and a consumer that stays too slow is eventually disco
 everything, a full subscription also holds back publish acknowledgements on the same client: consume your
 subscriptions, or publish and subscribe on separate clients when a subscriber may lag.
 
-Values, errors and the event codec live in :mod:`hubbub.client._wire`, the transports in
-:mod:`hubbub.client._transport` and :class:`Subscription` in :mod:`hubbub.client.subscription`; everything
-public is re-exported here.
+This module is the I/O shell: the wire (hello, request ids and replies, subscriptions' positions, framing)
+is :class:`~hubbub.client.protocol.ClientProtocol`'s, one per connection; opening a connection is
+:class:`~hubbub.client._transport.Connector`'s, requests in flight and their retries are
+:class:`~hubbub.client.requests.Requests`'s. Values, errors and the event codec live in
+:mod:`hubbub.client._wire`, :class:`Subscription` in :mod:`hubbub.client.subscription`; everything public
+is re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import random
 from collections.abc import Callable, Generator, Iterable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 
-from hubbub import __version__
 from hubbub.client._transport import (
+    DEFAULT_CLIENT_NAME,
+    SUBPROTOCOL,  # noqa: F401 - still importable from here
     WS_PATH,  # noqa: F401 - still importable from here
+    Connector,
     _Conn,
-    _parse_url,
-    _TcpTransport,
-    _Transport,
-    _WsTransport,
 )
 from hubbub.client._wire import (
     _FINAL_CODES,
@@ -61,14 +60,23 @@ from hubbub.client._wire import (
     Gap,
     PublishAck,
     SubscriptionStatistics,
-    _dumps,
-    _loads,
-    _position,
     error_from_frame,
     event_as_dict,
     event_from_dict,
 )
 from hubbub.client.consumer import Consumer
+from hubbub.client.protocol import (
+    BadInput,
+    ClientEvent,
+    ConsumerFrame,
+    Delivered,
+    GapNotice,
+    Refused,
+    Replied,
+    ServerError,
+    publish_frame,
+)
+from hubbub.client.requests import Requests, _Pending
 from hubbub.client.subscription import Subscription
 from hubbub.errors import BadFrame, FrameTooLarge, HubbubError
 from hubbub.events import Position
@@ -90,19 +98,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("hubbub.client")
-
-SUBPROTOCOL = "hubbub.v1.json"
-DEFAULT_CLIENT_NAME = f"hubbub-py/{__version__}"
-_MAX_ID = (1 << 31) - 1
-
-
-@dataclass(eq=False)
-class _Pending:
-    id: int
-    frame: dict[str, Any]
-    future: asyncio.Future[dict[str, Any]]
-    on_reply: Callable[[dict[str, Any]], None] | None = None
-    retry: bool = False  # publish with an idempotency key: resend after a reconnect
 
 
 # -- the client -----------------------------------------------------------------------------------------
@@ -150,19 +145,20 @@ class AsyncClient:
         reconnect_timeout: float | None = None,
     ) -> None:
         self.url = url
-        self._kind, self._ws_url, self._host, self._port = _parse_url(url)
-        self._token = token
-        self._client_name = client_name
+        self._connector = Connector(
+            url,
+            token=token,
+            client_name=client_name,
+            echo=echo,
+            batch=batch,
+            max_frame=max_frame,
+            timeout=connect_timeout,
+        )
         self._reconnect = reconnect
-        self._batch = batch
-        self._echo = echo
         self._max_queue = max_queue
-        self._max_frame = max_frame
-        self._connect_timeout = connect_timeout
         self._min_delay = reconnect_min_delay
         self._max_delay = reconnect_max_delay
         self._reconnect_timeout = reconnect_timeout
-        self._http: aiohttp.ClientSession | None = None
         self._conn: _Conn | None = None
         self._connected = asyncio.Event()  # set while a connection is usable, and once terminal
         self._disconnected = asyncio.Event()  # set while no connection is usable
@@ -170,13 +166,11 @@ class AsyncClient:
         self._final: HubbubError | None = None  # set once the client will never connect again
         self._closing = False
         self._supervisor: asyncio.Task[None] | None = None
-        self._pending: dict[int, _Pending] = {}
-        self._retry: list[_Pending] = []
         self._subs: dict[str, Subscription] = {}
         self._consumers: dict[str, Consumer] = {}
-        self._next_id = 0
         self._next_sub = 0
         self._stats = {"connects": 0, "disconnects": 0, "sent": 0, "received": 0, "events": 0, "unmatched": 0}
+        self._requests = Requests(url, self._stats)
         self._last_error = ""
 
     @classmethod
@@ -249,28 +243,13 @@ class AsyncClient:
         publishes wait for the reconnect. Publishes are written in the order they are called (also when
         started as concurrent tasks), so one channel's events get seqs in that order.
         """
-        frame: dict[str, Any] = {"op": "publish", "channel": channel}
-        if isinstance(data, bytes | bytearray | memoryview):
-            frame["b64"] = base64.b64encode(bytes(data)).decode()
-        elif isinstance(data, str):
-            frame["text"] = data
-        else:
-            frame["json"] = data
-        if content_type is not None:
-            frame["content_type"] = content_type
-        if headers:
-            frame["headers"] = dict(headers)
-        if tags is not None:
-            tag_list = list(tags)
-            if tag_list:
-                frame["tags"] = tag_list
-        if idem is not None:
-            frame["idem"] = idem
-        frame["ack"] = ack
+        frame = publish_frame(
+            channel, data, content_type=content_type, headers=headers, tags=tags, idem=idem, ack=ack
+        )
         if not ack:
             conn = await self._wait_connected()
-            frame["id"] = self._new_id()
-            await self._send(conn, frame)
+            frame["id"] = conn.proto.next_id()
+            await self._requests.send(conn, conn.proto.encode(frame))
             return None
         reply = await self._request(frame, retry=idem is not None)
         return PublishAck(
@@ -334,8 +313,8 @@ class AsyncClient:
             frames_sent=s["sent"],
             frames_received=s["received"],
             events_received=s["events"],
-            pending_requests=len(self._pending),
-            retry_queue=len(self._retry),
+            pending_requests=len(self._conn.proto.pending) if self._conn is not None else 0,
+            retry_queue=len(self._requests.retry),
             subscriptions=len(self._subs),
             queued=sum(len(sub._queue) for sub in self._subs.values()),
             unmatched_errors=s["unmatched"],
@@ -357,13 +336,11 @@ class AsyncClient:
             sup.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sup
-        conn, self._conn = self._conn, None
+        conn = self._conn
         if conn is not None:
             await conn.transport.close()
         self._terminate(None)
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        await self._connector.close()
 
     # -- connection -------------------------------------------------------------------------------------
 
@@ -371,103 +348,18 @@ class AsyncClient:
         if self._final is not None:
             raise self._final
 
-    def _new_id(self) -> int:
-        while True:
-            self._next_id = self._next_id + 1 if self._next_id < _MAX_ID else 1
-            if self._next_id not in self._pending:
-                return self._next_id
-
     async def _open(self) -> None:
         """The first connection (no retries), then start the supervisor."""
         self._check_open()
         if self._supervisor is not None:
             return
         try:
-            conn = await self._connect_once()
+            conn = await self._connector.connect()
         except BaseException:
             await self.close()
             raise
         self._set_connected(conn)
         self._supervisor = asyncio.create_task(self._supervise(conn), name=f"hubbub-client {self.url}")
-
-    async def _connect_once(self) -> _Conn:
-        """Open a transport and complete the hello. Raises CannotConnect, or the server's hello error."""
-        transport: _Transport
-        try:
-            async with asyncio.timeout(self._connect_timeout):
-                if self._kind == "tcp":
-                    reader, writer = await asyncio.open_connection(
-                        self._host, self._port, limit=self._max_frame
-                    )
-                    transport = _TcpTransport(reader, writer)
-                else:
-                    if self._http is None:
-                        self._http = aiohttp.ClientSession()
-                    headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
-                    ws = await self._http.ws_connect(
-                        self._ws_url,
-                        protocols=(SUBPROTOCOL,),
-                        headers=headers,
-                        max_msg_size=self._max_frame,
-                        autoping=True,
-                        compress=0,
-                        # A dead peer must not hold up the reconnect for aiohttp's default 10 s.
-                        timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0),
-                    )
-                    if ws.protocol != SUBPROTOCOL:
-                        await ws.close()
-                        raise CannotConnect(f"{self.url}: server did not accept subprotocol {SUBPROTOCOL}")
-                    transport = _WsTransport(ws)
-        except aiohttp.WSServerHandshakeError as exc:
-            msg = f"{self.url}: WebSocket upgrade refused ({exc.status} {exc.message})"
-            raise CannotConnect(msg) from exc
-        except (OSError, aiohttp.ClientError) as exc:
-            raise CannotConnect(f"{self.url}: {exc}") from exc
-        except TimeoutError as exc:
-            raise CannotConnect(f"{self.url}: timed out") from exc
-        try:
-            async with asyncio.timeout(self._connect_timeout):
-                return await self._hello(transport)
-        except BaseException as exc:
-            await transport.close()
-            if isinstance(exc, TimeoutError):
-                raise CannotConnect(f"{self.url}: no hello reply") from exc
-            raise
-
-    async def _hello(self, transport: _Transport) -> _Conn:
-        hid = self._new_id()
-        hello: dict[str, Any] = {"op": "hello", "id": hid, "v": 1, "client": self._client_name}
-        if self._token:
-            hello["token"] = self._token
-        hello["echo"] = self._echo
-        hello["batch"] = self._batch
-        try:
-            await transport.send(_dumps(hello))
-            self._stats["sent"] += 1
-            while True:
-                raw = await transport.recv()
-                if raw is None:
-                    raise CannotConnect(f"{self.url}: connection closed during hello")
-                frame = _loads(raw)
-                is_batch = isinstance(frame, dict) and frame.get("op") == "batch"
-                frames = frame.get("frames", []) if is_batch else [frame]
-                for f in frames:
-                    if not isinstance(f, dict):
-                        continue
-                    if f.get("op") == "error":
-                        raise error_from_frame(f)
-                    if f.get("op") == "reply" and f.get("id") == hid:
-                        limits = f.get("limits") or {}
-                        return _Conn(
-                            transport,
-                            session=str(f.get("session", "")),
-                            ping_interval=float(f.get("ping_interval", 25)),
-                            max_frame=int(limits.get("max_frame", 1 << 20)),
-                        )
-        except (OSError, aiohttp.ClientError) as exc:
-            raise CannotConnect(f"{self.url}: {exc}") from exc
-        except ValueError as exc:
-            raise CannotConnect(f"{self.url}: bad hello reply") from exc
 
     def _set_connected(self, conn: _Conn) -> None:
         self._conn = conn
@@ -526,7 +418,7 @@ class AsyncClient:
             await asyncio.sleep(random.uniform(delay / 2, delay))  # jitter spreads a herd of clients
             attempt += 1
             try:
-                return await self._connect_once()
+                return await self._connector.connect()
             except HubbubError as exc:
                 self._last_error = str(exc)
                 if exc.code in _FINAL_CODES:
@@ -540,22 +432,8 @@ class AsyncClient:
 
     async def _resume(self, conn: _Conn) -> None:
         """After a reconnect: resend idempotent publishes (before anything new), then resubscribe."""
-        retry = [e for e in self._retry if not e.future.done()]
-        self._retry = []
-        # Register all first: if the connection drops midway, _on_disconnect parks them all again.
-        for entry in retry:
-            entry.id = self._new_id()
-            entry.frame["id"] = entry.id
-            self._pending[entry.id] = entry
-        for entry in retry:
-            try:
-                await self._send(conn, entry.frame)
-            except ClientConnectionError:
-                return
-            except HubbubError as exc:  # e.g. the new server's max_frame is smaller
-                self._pending.pop(entry.id, None)
-                if not entry.future.done():
-                    entry.future.set_exception(exc)
+        if not await self._requests.resend(conn):
+            return
         self._set_connected(conn)
         await asyncio.gather(
             *(self._subscribe_on(sub, conn) for sub in list(self._subs.values())),
@@ -578,15 +456,7 @@ class AsyncClient:
             final = err
         elif not self._reconnect:
             final = ConnectionLost(f"{self.url}: connection closed")
-        pending, self._pending = self._pending, {}
-        for entry in pending.values():
-            if entry.future.done():
-                continue
-            if entry.retry and final is None:
-                self._retry.append(entry)
-            else:
-                entry.future.set_exception(final or ConnectionLost(f"{self.url}: connection lost"))
-        self._retry.sort(key=lambda e: e.id)
+        self._requests.lost(conn, final)
         return final
 
     def _terminate(self, error: HubbubError | None) -> None:
@@ -594,29 +464,13 @@ class AsyncClient:
         if self._final is None:
             self._final = error or ClientClosed("client closed")
         final = self._final
-        self._conn = None
-        for entry in [*self._pending.values(), *self._retry]:
-            if not entry.future.done():
-                entry.future.set_exception(final)
-        self._pending.clear()
-        self._retry.clear()
+        conn, self._conn = self._conn, None
+        self._requests.fail_all(conn, final)
         for sub in [*self._subs.values(), *self._consumers.values()]:
             sub._end(error)  # type: ignore[attr-defined]  # both have _end
         self._connected.set()  # wake waiters; they see _final
 
     # -- requests ---------------------------------------------------------------------------------------
-
-    async def _send(self, conn: _Conn, frame: dict[str, Any]) -> None:
-        data = _dumps(frame)
-        if len(data) > conn.max_frame:
-            raise FrameTooLarge(f"frame of {len(data)} bytes over the server's max_frame {conn.max_frame}")
-        try:
-            await conn.transport.send(data)
-        except (OSError, aiohttp.ClientError, RuntimeError) as exc:
-            # The reader will see the connection end; make sure it does.
-            await conn.transport.close()
-            raise ConnectionLost(f"{self.url}: {exc}") from exc
-        self._stats["sent"] += 1
 
     async def _request(
         self,
@@ -631,29 +485,7 @@ class AsyncClient:
             conn = await self._wait_connected()
         elif conn is not self._conn:
             raise ConnectionLost("connection replaced")
-        entry = _Pending(self._new_id(), frame, asyncio.get_running_loop().create_future(), on_reply, retry)
-        frame["id"] = entry.id
-        data = _dumps(frame)
-        if len(data) > conn.max_frame:
-            raise FrameTooLarge(f"frame of {len(data)} bytes over the server's max_frame {conn.max_frame}")
-        self._pending[entry.id] = entry
-        try:
-            try:
-                await conn.transport.send(data)
-                self._stats["sent"] += 1
-            except (OSError, aiohttp.ClientError, RuntimeError):
-                # The reader sees the connection end and then fails or parks this entry.
-                await conn.transport.close()
-            reply = await entry.future
-        finally:
-            # entry.id changes when a retried publish is resent after a reconnect.
-            if self._pending.get(entry.id) is entry:
-                del self._pending[entry.id]
-            if entry in self._retry:
-                self._retry.remove(entry)
-        if reply.get("op", "reply") != reply_op:
-            raise BadFrame(f"expected {reply_op}, got {reply.get('op')}")
-        return reply
+        return await self._requests.call(conn, frame, retry=retry, on_reply=on_reply, reply_op=reply_op)
 
     async def _start_subscription(self, sub: Subscription) -> None:
         try:
@@ -674,19 +506,19 @@ class AsyncClient:
             return
         sub._conn = conn
         sub._active = False
-        fields = sub._request_fields()
-        frame: dict[str, Any] = {"op": "subscribe", "sub": sub.id, "pattern": sub.pattern}
-        if sub.tags:
-            frame["tags"] = list(sub.tags)
-        frame.update(fields)
+
+        def build(proto: Any, entry: _Pending) -> bytes:
+            data: bytes = proto.subscribe(sub.id, sub.pattern, sub.tags, sub._positions, entry)
+            return data
 
         def on_reply(reply: dict[str, Any]) -> None:
             # Runs in the reader, before any later frame (gaps, replay) is dispatched.
-            sub._on_reply(reply)
+            sub._active = True
 
-        sub._on_sent(fields)
         try:
-            await self._request(frame, on_reply=on_reply, conn=conn)
+            if conn is not self._conn:
+                raise ConnectionLost("connection replaced")
+            await self._requests.call(conn, None, build=build, on_reply=on_reply)
         except ClientConnectionError:
             if self._final is not None:
                 sub._end(self._final)
@@ -700,6 +532,12 @@ class AsyncClient:
                 await self._request({"op": "unsubscribe", "sub": sub.id}, conn=conn)
             return
         sub._set_ready()
+
+    def _forget(self, sub: Subscription) -> None:
+        """``sub`` ended: drop it, and what its connection still sends for it."""
+        self._subs.pop(sub.id, None)
+        if sub._conn is not None:
+            sub._conn.proto.forget(sub.id)
 
     async def _unsubscribe(self, sub: Subscription) -> None:
         conn = self._conn
@@ -715,7 +553,10 @@ class AsyncClient:
         # The server pings after ping_interval of silence; hearing nothing for much longer means the
         # connection is dead even if TCP has not noticed.
         idle = 2 * conn.ping_interval + 5
+        proto = conn.proto
         try:
+            await self._dispatch(conn, conn.early)
+            conn.early = []
             while True:
                 try:
                     async with asyncio.timeout(idle):
@@ -725,76 +566,47 @@ class AsyncClient:
                     break
                 if raw is None:
                     break
-                self._stats["received"] += 1
+                received, events = proto.received, proto.events
                 try:
-                    frame = _loads(raw)
-                except ValueError:
+                    items = proto.receive_data(raw)
+                except FrameTooLarge:
+                    # Over the bound: the stream cannot be resynchronised, so the connection ends.
+                    log.warning("native frame over the client's max_frame; dropping the connection")
+                    break
+                except BadFrame:
                     log.warning("ignoring a frame that is not JSON from %s", self.url)
-                    continue
-                if isinstance(frame, dict):
-                    await self._dispatch(conn, frame)
+                    items = []
+                self._stats["received"] += proto.received - received
+                self._stats["events"] += proto.events - events
+                await self._dispatch(conn, items)
         except (OSError, aiohttp.ClientError) as exc:
             log.debug("hubbub connection to %s failed: %s", self.url, exc)
         finally:
             await conn.transport.close()
 
-    async def _dispatch(self, conn: _Conn, frame: dict[str, Any]) -> None:
-        op = frame.get("op")
-        if op == "event":
-            subs = frame.get("subs")
-            if not isinstance(subs, list):
-                return
-            event = event_from_dict(frame)
-            self._stats["events"] += 1
-            for sid in subs:
-                sub = self._subs.get(sid) if isinstance(sid, str) else None
+    async def _dispatch(self, conn: _Conn, items: list[ClientEvent]) -> None:
+        for item in items:
+            if isinstance(item, Delivered | GapNotice):
+                sub = self._subs.get(item.sub)
                 if sub is not None and sub._conn is conn:
-                    await sub._deliver(event)
-        elif op in ("reply", "pong") and "id" in frame:
-            entry = self._pending.pop(frame["id"], None) if isinstance(frame["id"], int) else None
-            if entry is not None and not entry.future.done():
-                if entry.on_reply is not None:
-                    entry.on_reply(frame)
-                entry.future.set_result(frame)
-        elif op == "batch":
-            frames = frame.get("frames")
-            if isinstance(frames, list):
-                for f in frames:
-                    if isinstance(f, dict):
-                        await self._dispatch(conn, f)
-        elif op == "gap":
-            sub = self._subs.get(str(frame.get("sub")))
-            if sub is not None and sub._conn is conn:
-                await sub._deliver_gap(
-                    Gap(
-                        channel=str(frame.get("channel", "")),
-                        since=_position(frame.get("since")),
-                        position=_position(frame.get("position")),
-                        reason=str(frame.get("reason", "")),
-                    )
-                )
-        elif op == "recovered":
-            sub = self._subs.get(str(frame.get("sub")))
-            if sub is not None and sub._conn is conn:
-                sub._on_recovered(frame)
-        elif op in ("deliver", "consumer_closed") and (c := self._consumers.get(frame.get("consumer"))):  # type: ignore[arg-type]
-            c._on_frame(conn, frame)
-        elif op == "ping":
-            pong: dict[str, Any] = {"op": "pong"}
-            if "id" in frame:
-                pong["id"] = frame["id"]
+                    await sub._put(item.event if isinstance(item, Delivered) else item.gap)
+            elif isinstance(item, Replied):
+                self._requests.answered(item.token, item.frame)
+            elif isinstance(item, ConsumerFrame):
+                if c := self._consumers.get(item.consumer):
+                    c._on_frame(conn, item.frame)
+            elif isinstance(item, Refused | ServerError):
+                err = item.error
+                if isinstance(item, Refused):
+                    self._requests.refused(item.token, err)
+                elif item.request_id is not None:
+                    self._stats["unmatched"] += 1
+                    self._last_error = f"{err.code} {err.message}"
+                    log.warning("hubbub server error for request %s: %s %s", item.request_id, err.code, err)
+                if err.fatal:
+                    conn.error = err
+            elif isinstance(item, BadInput):
+                log.warning("ignoring a malformed frame from %s: %s", self.url, item.error)
+        for data in conn.proto.take_outgoing():  # pongs
             with contextlib.suppress(HubbubError):
-                await self._send(conn, pong)
-        elif op == "error":
-            err = error_from_frame(frame)
-            rid = frame.get("id")
-            entry = self._pending.pop(rid, None) if isinstance(rid, int) else None
-            if entry is not None and not entry.future.done():
-                entry.future.set_exception(err)
-            elif rid is not None:
-                self._stats["unmatched"] += 1
-                self._last_error = f"{err.code} {err.message}"
-                log.warning("hubbub server error for request %s: %s %s", rid, err.code, err)
-            if err.fatal:
-                conn.error = err
-        # Unknown ops are ignored (native.md §10).
+                await self._requests.send(conn, data)

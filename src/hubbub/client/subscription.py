@@ -1,9 +1,10 @@
 """One subscription of the native asyncio client: an async iterator of events and gaps.
 
 :class:`Subscription` keeps the bounded queue (see the backpressure policy in :mod:`hubbub.client.aio`) and
-the resume state: the last position delivered per channel, from which the client resubscribes after a
-reconnect. It belongs to its :class:`~hubbub.client.aio.AsyncClient`'s event loop and is used from that
-loop only; the ``_on_*`` and ``_deliver*`` hooks are called by the client's reader.
+the resume state, a :class:`~hubbub.client.positions.SubscriptionPositions` (the last position delivered per
+channel, from which the client resubscribes after a reconnect) that the connection's protocol keeps up to
+date. It belongs to its :class:`~hubbub.client.aio.AsyncClient`'s event loop and is used from that loop
+only; :meth:`Subscription._put` is called by the client's reader.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from hubbub.client._transport import _Conn
-from hubbub.client._wire import ClientClosed, Gap, SubscriptionStatistics, _position
+from hubbub.client._wire import ClientClosed, Gap, SubscriptionStatistics
+from hubbub.client.positions import SubscriptionPositions
 from hubbub.events import Event, Position
 
 if TYPE_CHECKING:
@@ -57,9 +59,6 @@ class Subscription:
         self.id = sub_id
         self.pattern = pattern
         self.tags = tags
-        self._orig_since = since
-        self._orig_last = last
-        self._orig_from_time = from_time
         self.max_queue = max_queue
         self._queue: deque[Event | Gap] = deque()
         self._not_empty = asyncio.Event()
@@ -71,34 +70,19 @@ class Subscription:
         self._error: BaseException | None = None
         self._conn: _Conn | None = None  # the connection this subscription was (or is being) sent on
         self._active = False
-        # Resume state (see _request_fields).
-        self._sent: dict[str, Any] | None = None
-        self._replay_requested = False
-        self._complete = False
-        self._seen_since_sent = False
-        self._exact: bool | None = isinstance(since, Position) or None
-        self._exact_pos: Position | None = since if isinstance(since, Position) else None
-        self._positions: dict[str, Position] = dict(since) if isinstance(since, Mapping) else {}
-        self._last_time = 0
-        self._top_time = 0
-        # Statistics.
-        self._received = 0
-        self._dups = 0
-        self._gaps = 0
-        self._replayed = 0
-        self._subscribes = 0
+        self._positions = SubscriptionPositions(since, last, from_time)
 
     # -- public -----------------------------------------------------------------------------------------
 
     @property
     def positions(self) -> dict[str, Position]:
         """The last delivered position per channel (a copy)."""
-        return dict(self._positions)
+        return dict(self._positions.positions)
 
     @property
     def position(self) -> Position | None:
         """For an exact channel: the position the stream has reached (None before the first reply)."""
-        return self._exact_pos if self._exact else None
+        return self._positions.position
 
     @property
     def active(self) -> bool:
@@ -173,106 +157,24 @@ class Subscription:
     aclose = unsubscribe
 
     def statistics(self) -> SubscriptionStatistics:
+        p = self._positions
         return SubscriptionStatistics(
             id=self.id,
             pattern=self.pattern,
             active=self.active,
             queued=len(self._queue),
             max_queue=self.max_queue,
-            received=self._received,
-            duplicates_dropped=self._dups,
-            gaps=self._gaps,
-            replayed=self._replayed,
-            subscribes=self._subscribes,
+            received=p.received,
+            duplicates_dropped=p.dups,
+            gaps=p.gaps,
+            replayed=p.replayed,
+            subscribes=p.subscribes,
         )
 
     def __repr__(self) -> str:
         return f"<Subscription {self.id} {self.pattern!r} active={self.active}>"
 
     # -- client side (called from the client's reader, on the event loop) ------------------------------
-
-    def _request_fields(self) -> dict[str, Any]:
-        """The replay fields of the next subscribe request.
-
-        First time: the caller's options. Afterwards (a resume): if the previous request's replay had not
-        started delivering anything, the same fields again; otherwise the exact channel's last position, or
-        for a pattern the map of every channel seen plus ``from_time`` just after the newest event seen (or,
-        once live, after the snapshot's newest event), so channels never seen are recovered as well. Event
-        times are unique and increase in commit order, so nothing is skipped or repeated.
-        """
-        if self._sent is None:
-            fields: dict[str, Any] = {}
-            since = self._orig_since
-            if isinstance(since, Position):
-                fields["since"] = {"seq": since.seq, "epoch": since.epoch}
-            elif since is not None:
-                fields["since"] = {ch: {"seq": p.seq, "epoch": p.epoch} for ch, p in since.items()}
-            if self._orig_last is not None:
-                fields["last"] = self._orig_last
-            if self._orig_from_time is not None:
-                fields["from_time"] = self._orig_from_time
-            return fields
-        if not self._complete and not self._seen_since_sent:
-            return dict(self._sent)
-        if self._exact:
-            if self._exact_pos is None:
-                return dict(self._sent)
-            return {"since": {"seq": self._exact_pos.seq, "epoch": self._exact_pos.epoch}}
-        base = max(self._last_time, self._top_time) if self._complete else self._last_time
-        fields = {"from_time": base + 1}
-        if self._positions:
-            fields["since"] = {ch: {"seq": p.seq, "epoch": p.epoch} for ch, p in self._positions.items()}
-        return fields
-
-    def _on_sent(self, fields: dict[str, Any]) -> None:
-        self._sent = fields
-        self._replay_requested = bool(fields.keys() & {"since", "last", "from_time"})
-        self._complete = False
-        self._seen_since_sent = False
-        self._subscribes += 1
-
-    def _on_reply(self, frame: dict[str, Any]) -> None:
-        if "position" in frame:
-            self._exact = True
-            if not self._replay_requested:
-                self._exact_pos = _position(frame["position"])
-                self._complete = True
-        else:
-            self._exact = False
-            with contextlib.suppress(TypeError, ValueError):
-                self._top_time = int(frame.get("top_time", 0))
-            if not self._replay_requested:
-                self._complete = True
-        self._active = True
-
-    def _on_recovered(self, frame: dict[str, Any]) -> None:
-        self._complete = True
-        with contextlib.suppress(TypeError, ValueError):
-            self._replayed += int(frame.get("replayed", 0))
-        if self._exact and "position" in frame:
-            self._exact_pos = _position(frame["position"])
-
-    async def _deliver_gap(self, gap: Gap) -> None:
-        self._gaps += 1
-        self._positions[gap.channel] = gap.position
-        if self._exact:
-            self._exact_pos = gap.position
-            self._complete = True  # an exact channel gets a gap and no replay
-        await self._put(gap)
-
-    async def _deliver(self, event: Event) -> None:
-        last = self._exact_pos if self._exact else self._positions.get(event.channel)
-        if last is not None and last.epoch == event.epoch and event.seq <= last.seq:
-            self._dups += 1
-            return
-        pos = Position(event.seq, event.epoch)
-        self._positions[event.channel] = pos
-        if self._exact:
-            self._exact_pos = pos
-        self._last_time = max(self._last_time, event.time_ns)
-        self._seen_since_sent = True
-        self._received += 1
-        await self._put(event)
 
     async def _put(self, item: Event | Gap) -> None:
         # Backpressure: wait for the consumer (the reader stops reading the socket meanwhile).
@@ -305,4 +207,4 @@ class Subscription:
                 self._ready.exception()
         self._not_empty.set()
         self._not_full.set()
-        self._client._subs.pop(self.id, None)
+        self._client._forget(self)

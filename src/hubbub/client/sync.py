@@ -25,8 +25,8 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
+from hubbub.client._transport import DEFAULT_CLIENT_NAME
 from hubbub.client.aio import (
-    DEFAULT_CLIENT_NAME,
     AsyncClient,
     ClientClosed,
     ClientStatistics,
