@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from procs import Server, available, start
 
-from hubbub.client.bulk import _Framing
+from hubbub.client.framing import Framing
 
 WINDOW = 1000
 #: ``--drain``: publish everything first, then time the consumer alone (the backlog drained).
@@ -74,7 +74,7 @@ class _Msgpack:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.r, self.w = reader, writer
         self.ids = 0
-        self.framing = _Framing(ws=False, max_frame=1 << 26)
+        self.framing = Framing("length", 1 << 26)
         self.frames: deque[dict[str, Any]] = deque()
 
     @classmethod

@@ -92,6 +92,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
+import orjson
+
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus"
 CRASHES = HERE / "crashes"
@@ -130,7 +133,9 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     from hubbub import channels as chn
     from hubbub import federation as fed
     from hubbub.auth import Authenticator, Identity, load_keys, parse_static_tokens
-    from hubbub.client import bulk as client_bulk
+    from hubbub.client import framing as client_framing_mod
+    from hubbub.client import positions as client_positions
+    from hubbub.client import protocol as client_protocol
     from hubbub.cluster import wire as cw
     from hubbub.dialects import guble as gc
     from hubbub.dialects import mist as md
@@ -331,25 +336,83 @@ def channels_target(data: bytes) -> None:
             _documented(exc)
 
 
+def _framing_kind(first: int) -> client_framing_mod.FramingKind:
+    """Bit 0: WebSocket, else length-prefixed; bit 2: JSON lines instead (the seeds predate lines)."""
+    return "lines" if first & 4 else "ws" if first & 1 else "length"
+
+
+def _chunks(body: bytes) -> list[bytes]:
+    """``body`` cut where its first bytes say (the same input in pieces)."""
+    cuts = sorted({b * len(body) // 256 for b in body[:8]})
+    return [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+
+
 def client_framing(data: bytes) -> None:
     if not data:
         return
-    ws, max_frame = bool(data[0] & 1), (64, 1 << 20)[(data[0] >> 1) & 1]
+    kind, max_frame = _framing_kind(data[0]), (64, 1 << 20)[(data[0] >> 1) & 1]
     body = data[1:]
-    cuts = sorted({b * len(body) // 256 for b in body[:8]})
-    chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
-    whole = client_bulk._Framing(ws, max_frame)
-    pieces = client_bulk._Framing(ws, max_frame)
+    whole = client_framing_mod.Framing(kind, max_frame)
+    pieces = client_framing_mod.Framing(kind, max_frame)
     try:
         got = whole.feed(body)
     except HubbubError as exc:
         _documented(exc)
         return
     out: list[bytes] = []
-    for c in chunks:
+    for c in _chunks(body):
         out += pieces.feed(c)  # the same input in pieces: the same messages (no error: whole had none)
-    assert all(len(m) <= max_frame for m in got), "a message over the limit"
+    assert all(len(m) <= max_frame + (kind == "lines") for m in got), "a message over the limit"
     assert out == got, "framing depends on chunking"
+
+
+def _client_protocol(kind: client_framing_mod.FramingKind) -> Any:
+    """A native client protocol past its hello, with a subscription ``s1`` and requests 2..4 in flight."""
+    codec = "json" if kind == "lines" else "msgpack"
+    proto: Any = client_protocol.ClientProtocol(codec, client_framing_mod.Framing(kind, 1 << 16))
+    proto.hello()
+    welcome = {"op": "reply", "id": 1, "session": "x", "limits": {"max_frame": 1 << 16}}
+    body = orjson.dumps(welcome) if codec == "json" else msgpack.packb(welcome)
+    proto.framing = None
+    assert isinstance(proto.receive_data(body)[0], client_protocol.Welcome)
+    proto.framing = client_framing_mod.Framing(kind, 1 << 16)
+    proto.subscribe("s1", "/**", (), client_positions.SubscriptionPositions(), "sub")
+    for token in ("a", "b", "c"):
+        proto.request({"op": "ping"}, token)
+    return proto
+
+
+def _comparable(event: Any) -> Any:
+    """An event with its error (exceptions compare by identity) as its type, code and text."""
+    err = getattr(event, "error", None)
+    if err is None:
+        return event
+    return (type(event).__name__, type(err).__name__, err.code, str(err), getattr(event, "frame", None))
+
+
+def client_protocol_target(data: bytes) -> None:
+    """The native client protocol fed the server's side of a connection: events, or FrameTooLarge/BadFrame
+    (documented); the same events whatever the chunking; only requests in flight are answered, once."""
+    if not data:
+        return
+    kind = _framing_kind(data[0])
+    body = data[1:]
+    whole, pieces = _client_protocol(kind), _client_protocol(kind)
+    try:
+        got = whole.receive_data(body)
+        whole.take_outgoing()
+    except HubbubError as exc:
+        _documented(exc)
+        return
+    out: list[Any] = []
+    for c in _chunks(body):
+        out += pieces.receive_data(c)
+    assert list(map(_comparable, out)) == list(map(_comparable, got)), "events depend on chunking"
+    answered = [e.token for e in got if isinstance(e, client_protocol.Replied | client_protocol.Refused)]
+    assert len(answered) == len(set(answered)) and set(answered) <= {"sub", "a", "b", "c"}, answered
+    for e in got:
+        if isinstance(e, client_protocol.Delivered):
+            assert e.sub == "s1" and isinstance(e.event, Event)
 
 
 def _rsa_public_pem() -> str:
@@ -645,6 +708,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "guble": guble_target,
     "channels": channels_target,
     "client_framing": client_framing,
+    "client_protocol": client_protocol_target,
     "auth": auth_target,
     "wearscript": wearscript_target,
     "mist2015_lines": mist2015_lines,

@@ -23,7 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.client import ConnectionLost
-from hubbub.client.bulk import BulkPublisher, _Framing, _ws_frame
+from hubbub.client.bulk import BulkPublisher
+from hubbub.client.framing import Framing, ws_frame
 from hubbub.errors import FrameTooLarge, PublishRefused
 from tests.hypothesis_budget import examples
 from tests.integration.serverproc import ServerProcess
@@ -254,7 +255,7 @@ def _messages(ws: bool, bodies: list[bytes]) -> bytes:
 )
 def test_framing_does_not_depend_on_chunking(ws: bool, bodies: list[bytes], cuts: list[int]) -> None:
     data = _messages(ws, bodies)
-    f = _Framing(ws, 1 << 20)
+    f = Framing("ws" if ws else "length", 1 << 20)
     got: list[bytes] = []
     at = 0
     for c in [*sorted({c for c in cuts if c < len(data)}), len(data)]:
@@ -266,7 +267,7 @@ def test_framing_does_not_depend_on_chunking(ws: bool, bodies: list[bytes], cuts
 @settings(max_examples=examples(300), deadline=None)
 @given(ws=st.booleans(), data=st.binary(max_size=600))
 def test_framing_accepts_or_rejects_any_bytes(ws: bool, data: bytes) -> None:
-    f = _Framing(ws, 256)
+    f = Framing("ws" if ws else "length", 256)
     try:
         for body in f.feed(data):
             assert len(body) <= 256
@@ -276,9 +277,9 @@ def test_framing_accepts_or_rejects_any_bytes(ws: bool, data: bytes) -> None:
 
 def test_ws_frames_are_masked_and_round_trip() -> None:
     body = msgpack.packb({"op": "publish", "payload": b"\x00" * 300})
-    frame = _ws_frame(0x2, body)
+    frame = ws_frame(0x2, body)
     assert frame[1] & 0x80  # masked, as client frames must be
-    f = _Framing(True, 1 << 20)
+    f = Framing("ws", 1 << 20)
     assert f.feed(frame) == [body]  # the parser unmasks
     f.feed(bytes([0x89, 0x02]) + b"hi")  # a ping: answered with a pong frame
     assert f.control[:1] == b"\x8a"

@@ -52,8 +52,19 @@ from urllib.parse import urlsplit
 
 import msgpack
 
-from hubbub.client._wire import CannotConnect, ConnectionLost, PublishAck, error_from_frame
-from hubbub.errors import FrameTooLarge, HubbubError, PublishRefused, UnknownOp, is_temporary
+from hubbub.client._wire import CannotConnect, ConnectionLost, PublishAck
+from hubbub.client.framing import Framing, ws_frame
+from hubbub.client.protocol import (
+    PACKED_ID_SIZE,
+    ClientEvent,
+    ClientProtocol,
+    HelloRefused,
+    Refused,
+    Replied,
+    ServerError,
+    Welcome,
+)
+from hubbub.errors import BadFrame, FrameTooLarge, HubbubError, PublishRefused, UnknownOp, is_temporary
 
 __all__ = ["BulkPublisher"]
 
@@ -62,15 +73,8 @@ _MSGPACK_PROTO = "hubbub.v1.msgpack"
 # flush): enough that one write carries many publishes, little enough that the server always has the next
 # ones to commit while it acknowledges the last (a whole window per write would make it stop and go).
 _FLUSH_BYTES = 64 << 10
-_MAX_ID = (1 << 31) - 1
-_LEN = struct.Struct(">I")
-
-
-# A publish frame is packed once, without its id (a map of fewer than 15 fields: one fixmap byte), and each
-# send appends the id it is sent with as the map's last field: ``"id"`` then a msgpack uint 32 (a valid
-# encoding of any id, so every frame's id takes the same 5 bytes). A resend packs nothing again.
-_ID_KEY = b"\xa2id\xce"
-_ID = struct.Struct(">I")
+#: The longest message the publisher reads from the server.
+_READ_MAX = 64 << 20
 
 
 #: The columns of a batch's rows, as :meth:`BulkPublisher.publish_many` takes them.
@@ -87,7 +91,7 @@ _Cols = tuple[
 @dataclass(eq=False, slots=True)
 class _Item:
     channel: str
-    body: bytes  # the frame packed without ``id`` (see _ID_KEY)
+    body: bytes  # the frame packed without ``id`` (ClientProtocol.request_packed adds it)
     idem: str | None  # a batch: its first row's key when every row has one (it may be resent), else None
     tries: int = 0
     not_before: float = 0.0
@@ -100,99 +104,6 @@ class _Item:
 # quarter of the window, so several batches are in flight, and the server commits one while the next
 # arrives.
 _BATCH_ROWS = 2500
-
-
-class _Framing:
-    """Byte framing of one transport: ``wrap`` a msgpack body for sending, ``feed`` received bytes and get
-    the message bodies back (any chunking). Sans-I/O; ``control`` collects frames the transport must send
-    back (WebSocket pongs), ``closed`` is set once the peer said it closes."""
-
-    def __init__(self, ws: bool, max_frame: int) -> None:
-        self.ws = ws
-        self.max_frame = max_frame
-        self.buf = bytearray()
-        self.parts = bytearray()  # a fragmented WebSocket message so far
-        self.control = bytearray()
-        self.closed = False
-
-    def wrap(self, body: bytes) -> bytes:
-        if not self.ws:
-            return _LEN.pack(len(body)) + body
-        return _ws_frame(0x2, body)
-
-    def feed(self, data: bytes) -> list[bytes]:
-        if self.closed:  # nothing after a close frame counts
-            return []
-        self.buf += data
-        out: list[bytes] = []
-        buf = self.buf
-        while True:
-            if not self.ws:
-                if len(buf) < 4:
-                    break
-                (n,) = struct.unpack_from(">I", buf)
-                if n > self.max_frame:
-                    raise FrameTooLarge(f"server frame of {n} bytes over {self.max_frame}")
-                if len(buf) < 4 + n:
-                    break
-                out.append(bytes(buf[4 : 4 + n]))
-                del buf[: 4 + n]
-                continue
-            if len(buf) < 2:
-                break
-            fin, op, masked, n = buf[0] & 0x80, buf[0] & 0x0F, buf[1] & 0x80, buf[1] & 0x7F
-            at = 2
-            if n == 126:
-                if len(buf) < 4:
-                    break
-                (n,) = struct.unpack_from(">H", buf, 2)
-                at = 4
-            elif n == 127:
-                if len(buf) < 10:
-                    break
-                (n,) = struct.unpack_from(">Q", buf, 2)
-                at = 10
-            if n > self.max_frame:
-                raise FrameTooLarge(f"server message of {n} bytes over {self.max_frame}")
-            mask = b""
-            if masked:
-                mask = bytes(buf[at : at + 4])
-                at += 4
-            if len(buf) < at + n:
-                break
-            payload = bytes(buf[at : at + n])
-            del buf[: at + n]
-            if mask:
-                payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-            if op == 0x9:  # ping
-                self.control += _ws_frame(0xA, payload)
-            elif op == 0x8:
-                self.closed = True
-                break
-            elif op in (0x0, 0x1, 0x2):
-                self.parts += payload
-                if len(self.parts) > self.max_frame:
-                    raise FrameTooLarge(f"server message over {self.max_frame}")
-                if fin:
-                    out.append(bytes(self.parts))
-                    self.parts.clear()
-        return out
-
-
-def _ws_frame(op: int, body: bytes) -> bytes:
-    # Client frames are masked (RFC 6455 §5.3). A random key, applied with one big-integer XOR.
-    n = len(body)
-    if n < 126:
-        head = bytes([0x80 | op, 0x80 | n])
-    elif n < 1 << 16:
-        head = bytes([0x80 | op, 0x80 | 126]) + struct.pack(">H", n)
-    else:
-        head = bytes([0x80 | op, 0x80 | 127]) + struct.pack(">Q", n)
-    key = os.urandom(4)
-    if not body:
-        return head + key
-    k = int.from_bytes((key * (n // 4 + 1))[:n], "big")
-    return head + key + (int.from_bytes(body, "big") ^ k).to_bytes(n, "big")
 
 
 class BulkPublisher:
@@ -252,12 +163,10 @@ class BulkPublisher:
         self._retry_interval = retry_interval
         self._client_name = client_name
         self._sock: socket.socket | None = None
-        self._framing = _Framing(self._ws, 64 << 20)
-        self._max_frame = 1 << 20
+        #: The connection's protocol (a new one per connection): request ids, replies, framing.
+        self._proto = self._new_protocol()
         self._out = bytearray()
-        self._unacked: dict[int, _Item] = {}  # in the order sent (dicts keep insertion order)
         self._later: list[_Item] = []  # temporarily refused: resent after their delay
-        self._next_id = 1
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self.sent = 0
         self.resent = 0
@@ -366,7 +275,7 @@ class BulkPublisher:
         a single row that does not fit goes as a ``publish``, refused as such)."""
         n = len(cols[1])
         body = self._batch_body(cols)
-        if len(body) + len(_ID_KEY) + 4 > self._max_frame:
+        if len(body) + PACKED_ID_SIZE > self._proto.max_frame:
             if n == 1:
                 self._publish_rows(*cols)
                 return
@@ -418,9 +327,9 @@ class BulkPublisher:
 
     def flush(self) -> None:
         """Send everything queued and wait until every publish is acknowledged."""
-        while self._unacked or self._later or self._out:
+        while self._proto.pending or self._later or self._out:
             self._write_out()
-            if self._unacked or self._later:
+            if self._proto.pending or self._later:
                 self._pump(block=True)
 
     @property
@@ -434,7 +343,7 @@ class BulkPublisher:
         if sock is not None:
             try:
                 if self._ws:
-                    sock.sendall(_ws_frame(0x8, struct.pack(">H", 1000)))
+                    sock.sendall(ws_frame(0x8, struct.pack(">H", 1000)))
             except OSError:
                 pass
             sock.close()
@@ -451,29 +360,13 @@ class BulkPublisher:
 
     def _send(self, item: _Item) -> None:
         """Give ``item`` a fresh id and queue its frame (written by :meth:`_write_out`)."""
-        body = item.body
-        size = len(body) + len(_ID_KEY) + 4
-        if size > self._max_frame:
-            raise PublishRefused(
-                item.channel,
-                item.idem,
-                FrameTooLarge(f"frame of {size} bytes over the server's max_frame {self._max_frame}"),
-            )
-        i = self._next_id
-        self._next_id = i + 1 if i < _MAX_ID else 1
-        self._unacked[i] = item
+        try:
+            self._proto.request_packed(item.body, item, self._out)
+        except FrameTooLarge as exc:
+            raise PublishRefused(item.channel, item.idem, exc) from None
         if not item.counted:  # a resend is counted once
             self._rows += item.rows
             item.counted = True
-        out = self._out
-        if self._ws:
-            out += _ws_frame(0x2, b"".join((bytes((body[0] + 1,)), body[1:], _ID_KEY, _ID.pack(i))))
-        else:  # appends: no concatenated copy of the frame
-            out += _LEN.pack(size)
-            out.append(body[0] + 1)  # one more field in the fixmap
-            out += memoryview(body)[1:]
-            out += _ID_KEY
-            out += _ID.pack(i)
         self.sent += 1
 
     def _write_out(self) -> None:
@@ -522,7 +415,7 @@ class BulkPublisher:
         wait = self._timeout if block else 0.0
         if self._later:
             wait = min(wait, max(0.0, min(i.not_before for i in self._later) - time.monotonic()))
-            if not self._unacked:
+            if not self._proto.pending:
                 time.sleep(wait)
                 self._resend_due()
                 return
@@ -540,69 +433,50 @@ class BulkPublisher:
         data = sock.recv(1 << 18)
         if not data:
             raise ConnectionResetError("closed by the server")
-        for body in self._framing.feed(data):
-            self._on_frame(msgpack.unpackb(body, raw=False))
-        if self._framing.control:
-            sock.sendall(self._framing.control)
-            self._framing.control.clear()
-        if self._framing.closed:
+        proto = self._proto
+        for event in proto.receive_data(data):
+            self._on_event(event)
+        for out in proto.take_outgoing():  # pongs
+            sock.sendall(out)
+        if proto.peer_closed:
             raise ConnectionResetError("closed by the server")
 
-    def _on_frame(self, frame: Any) -> None:
-        if not isinstance(frame, dict):
-            return
-        op = frame.get("op")
-        if op == "batch":
-            frames = frame.get("frames")
-            if isinstance(frames, list):
-                reply = self._reply
-                for f in frames:
-                    if type(f) is dict and f.get("op") == "reply":
-                        reply(f)
-                    else:
-                        self._on_frame(f)
-        elif op == "reply":
-            self._reply(frame)
-        elif op == "ping":
-            pong: dict[str, Any] = {"op": "pong"}
-            if "id" in frame:
-                pong["id"] = frame["id"]
-            self._out += self._framing.wrap(msgpack.packb(pong, use_bin_type=True))
-        elif op == "error":
-            err = error_from_frame(frame)
-            item = self._unacked.pop(frame.get("id", -1), None)
-            if item is None:
-                if err.fatal and err.temporary:  # the server closes next (slow consumer, shutting down)
-                    raise ConnectionResetError(f"server error {err.code} {err}")
-                if err.fatal:  # a final one (bad token) will not get better by reconnecting
-                    raise err
-                return
-            if item.cols is not None and err.code == UnknownOp.code:
-                # A server without publish_batch (it appended nothing of it): rows one by one from now on.
-                # Its rows were within the window, so they are queued at once (no wait for room here, in
-                # the middle of reading replies), in order.
-                self.batches = False
-                self._rows -= item.rows
-                for one in self._row_items(item.cols):
-                    self._send(one)
-                return
-            if is_temporary(err.code) and item.idem is not None and item.tries < self._retries:
-                item.tries += 1
-                item.not_before = time.monotonic() + min(0.1 * 2**item.tries, self._retry_interval)
-                self._later.append(item)
-                return
-            self._rows -= item.rows
-            bad = frame.get("row")
-            if item.cols is not None and type(bad) is int and 0 <= bad < item.rows:
-                # The batch was refused for one of its rows: name that row's channel and key.
-                raise PublishRefused(item.cols[0][bad], item.cols[2][bad], err)
-            raise PublishRefused(item.channel, item.idem, err)
+    def _on_event(self, event: ClientEvent) -> None:
+        if isinstance(event, Replied):
+            self._reply(event.token, event.frame)
+        elif isinstance(event, Refused):
+            self._refused(event.token, event.error, event.frame)
+        elif isinstance(event, ServerError):
+            err = event.error
+            if err.fatal and err.temporary:  # the server closes next (slow consumer, shutting down)
+                raise ConnectionResetError(f"server error {err.code} {err}")
+            if err.fatal:  # a final one (bad token) will not get better by reconnecting
+                raise err
 
-    def _reply(self, frame: dict[str, Any]) -> None:
-        """A publish's acknowledgement: tallied, and passed on or kept when asked for."""
-        item = self._unacked.pop(frame.get("id", -1), None)
-        if item is None:
+    def _refused(self, item: _Item, err: HubbubError, frame: dict[str, Any]) -> None:
+        if item.cols is not None and err.code == UnknownOp.code:
+            # A server without publish_batch (it appended nothing of it): rows one by one from now on.
+            # Its rows were within the window, so they are queued at once (no wait for room here, in
+            # the middle of reading replies), in order.
+            self.batches = False
+            self._rows -= item.rows
+            for one in self._row_items(item.cols):
+                self._send(one)
             return
+        if is_temporary(err.code) and item.idem is not None and item.tries < self._retries:
+            item.tries += 1
+            item.not_before = time.monotonic() + min(0.1 * 2**item.tries, self._retry_interval)
+            self._later.append(item)
+            return
+        self._rows -= item.rows
+        bad = frame.get("row")
+        if item.cols is not None and type(bad) is int and 0 <= bad < item.rows:
+            # The batch was refused for one of its rows: name that row's channel and key.
+            raise PublishRefused(item.cols[0][bad], item.cols[2][bad], err)
+        raise PublishRefused(item.channel, item.idem, err)
+
+    def _reply(self, item: _Item, frame: dict[str, Any]) -> None:
+        """A publish's acknowledgement: tallied, and passed on or kept when asked for."""
         self._rows -= item.rows
         if item.cols is not None:
             self._batch_reply(frame, item.cols)
@@ -669,29 +543,26 @@ class BulkPublisher:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(self._timeout)
-            framing = _Framing(self._ws, 64 << 20)
             rest = self._upgrade(sock) if self._ws else b""
-            hello: dict[str, Any] = {"op": "hello", "id": 0, "v": 1, "client": self._client_name}
-            hello.update(echo=False, batch=True)
-            if self._token:
-                hello["token"] = self._token
-            sock.sendall(framing.wrap(msgpack.packb(hello, use_bin_type=True)))
-            frames = framing.feed(rest)
-            while not frames:
+            proto = self._new_protocol()
+            sock.sendall(proto.hello())
+            events = proto.receive_data(rest)
+            while not any(isinstance(e, Welcome | HelloRefused) for e in events):
                 data = sock.recv(1 << 16)
-                if not data or framing.closed:
+                if not data or proto.peer_closed:
                     raise CannotConnect(f"{self.url}: connection closed during hello")
-                frames = framing.feed(data)
-            reply = msgpack.unpackb(frames[0], raw=False)
-            if isinstance(reply, dict) and reply.get("op") == "batch":
-                reply = (reply.get("frames") or [{}])[0]
-            if not isinstance(reply, dict) or reply.get("op") not in ("reply", "error"):
-                raise CannotConnect(f"{self.url}: bad hello reply")
-            if reply["op"] == "error":
-                raise error_from_frame(reply)
-            self._max_frame = int((reply.get("limits") or {}).get("max_frame", 1 << 20))
-            for body in frames[1:]:
-                self._on_frame(msgpack.unpackb(body, raw=False))
+                events += proto.receive_data(data)
+            at = next(i for i, e in enumerate(events) if isinstance(e, Welcome | HelloRefused))
+            answer = events[at]
+            if isinstance(answer, HelloRefused):
+                if answer.malformed:
+                    raise CannotConnect(f"{self.url}: bad hello reply")
+                raise answer.error
+            for event in events[at + 1 :]:
+                self._on_event(event)
+        except BadFrame as exc:  # a reply that is not msgpack
+            sock.close()
+            raise CannotConnect(f"{self.url}: bad hello reply") from exc
         except HubbubError:
             sock.close()
             raise
@@ -701,8 +572,14 @@ class BulkPublisher:
         except BaseException:
             sock.close()
             raise
-        self._framing = framing
+        self._proto = proto
         self._sock = sock
+
+    def _new_protocol(self) -> ClientProtocol[_Item]:
+        framing = Framing("ws" if self._ws else "length", _READ_MAX)
+        return ClientProtocol(
+            "msgpack", framing, client=self._client_name, token=self._token, echo=False, batch=True
+        )
 
     def _upgrade(self, sock: socket.socket) -> bytes:
         key = base64.b64encode(os.urandom(16)).decode()
@@ -738,8 +615,7 @@ class BulkPublisher:
     def _reconnect(self) -> None:
         """Connect again and queue every unacknowledged publish again, oldest first; a publish without
         ``idem`` cannot be resent safely, so its loss raises ConnectionLost."""
-        lost = list(self._unacked.values())
-        self._unacked.clear()
+        lost = self._proto.abandon()
         self._out.clear()
         for item in lost:
             if item.idem is None:

@@ -55,6 +55,7 @@ from hubbub.errors import BadFrame, FrameTooLarge, HubbubError
 from hubbub.events import Event
 
 __all__ = [
+    "PACKED_ID_SIZE",
     "TRANSITIONS",
     "BadInput",
     "ClientEvent",
@@ -92,6 +93,8 @@ DEFAULT_MAX_FRAME: Final = 1 << 20
 # as the map's last field: ``"id"`` then a msgpack uint 32 (every frame's id takes the same 5 bytes).
 _ID_KEY: Final = b"\xa2id\xce"
 _ID: Final = struct.Struct(">I")
+#: The bytes :meth:`ClientProtocol.request_packed` adds to a packed body (its id field).
+PACKED_ID_SIZE: Final = len(_ID_KEY) + _ID.size
 _LEN: Final = struct.Struct(">I")
 # What a malformed frame that decoded may raise while it is read (a field of the wrong type).
 _MALFORMED: Final = (ValueError, TypeError, KeyError, AttributeError, binascii.Error)
@@ -316,7 +319,7 @@ class ClientProtocol(Generic[T]):
     def request_packed(self, body: bytes, token: T, out: bytearray) -> int:
         """Append a msgpack frame packed without ``id`` (a fixmap, see ``_ID_KEY``), with a fresh id, to
         ``out``, framed; registered with ``token``; returns the id. A resend packs nothing again."""
-        size = len(body) + len(_ID_KEY) + 4
+        size = len(body) + PACKED_ID_SIZE
         if size > self.max_frame:
             raise FrameTooLarge(f"frame of {size} bytes over the server's max_frame {self.max_frame}")
         i = self.last_id = self.next_id()
