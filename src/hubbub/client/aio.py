@@ -246,12 +246,15 @@ class AsyncClient:
         frame = publish_frame(
             channel, data, content_type=content_type, headers=headers, tags=tags, idem=idem, ack=ack
         )
-        if not ack:
+        # What _wait_connected answers, one await less on the hot path.
+        conn = self._conn if self._final is None else None
+        if conn is None:
             conn = await self._wait_connected()
+        if not ack:
             frame["id"] = conn.proto.next_id()
             await self._requests.send(conn, conn.proto.encode(frame))
             return None
-        reply = await self._request(frame, retry=idem is not None)
+        reply = await self._requests.call(conn, frame, retry=idem is not None)
         return PublishAck(
             channel=str(reply.get("channel", channel)),
             seq=int(reply.get("seq", 0)),
@@ -586,12 +589,13 @@ class AsyncClient:
 
     async def _dispatch(self, conn: _Conn, items: list[ClientEvent]) -> None:
         for item in items:
-            if isinstance(item, Delivered | GapNotice):
+            kind = type(item)
+            if kind is Replied:  # the most frequent first: publish acknowledgements
+                self._requests.answered(item.token, item.frame)  # type: ignore[union-attr]
+            elif isinstance(item, Delivered | GapNotice):
                 sub = self._subs.get(item.sub)
                 if sub is not None and sub._conn is conn:
                     await sub._put(item.event if isinstance(item, Delivered) else item.gap)
-            elif isinstance(item, Replied):
-                self._requests.answered(item.token, item.frame)
             elif isinstance(item, ConsumerFrame):
                 if c := self._consumers.get(item.consumer):
                     c._on_frame(conn, item.frame)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
@@ -52,7 +52,7 @@ from hubbub.client._wire import Gap, _dumps, _loads, _position, error_from_frame
 from hubbub.client.framing import Framing
 from hubbub.client.positions import SubscriptionPositions
 from hubbub.errors import BadFrame, FrameTooLarge, HubbubError
-from hubbub.events import Event
+from hubbub.events import Event, fast_init
 
 __all__ = [
     "PACKED_ID_SIZE",
@@ -121,6 +121,7 @@ class HelloRefused:
     malformed: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Replied(Generic[T]):
     """The reply (or ``pong``) to the request that carried ``token``."""
@@ -129,6 +130,7 @@ class Replied(Generic[T]):
     frame: dict[str, Any]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Refused(Generic[T]):
     """The error answering the request that carried ``token`` (``frame``: the error frame, ``row`` included
@@ -139,6 +141,7 @@ class Refused(Generic[T]):
     frame: dict[str, Any]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ServerError:
     """An error no request in flight is waiting for (``request_id``: the id it named, if any). A fatal one
@@ -148,6 +151,7 @@ class ServerError:
     request_id: object
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Delivered:
     """An event new to subscription ``sub`` (its positions have moved past it)."""
@@ -156,12 +160,14 @@ class Delivered:
     event: Event
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GapNotice:
     sub: str
     gap: Gap
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Recovered:
     """Subscription ``sub``'s replay is over."""
@@ -170,6 +176,7 @@ class Recovered:
     frame: dict[str, Any]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ConsumerFrame:
     """A ``deliver`` or ``consumer_closed`` frame for durable consumer ``consumer``."""
@@ -371,10 +378,12 @@ class ClientProtocol(Generic[T]):
         self._subscribing.clear()
         return tokens
 
-    def take_outgoing(self) -> list[bytes]:
+    def take_outgoing(self) -> Sequence[bytes]:
         """What the protocol must send on its own (pongs; WebSocket control frames), as separate messages."""
-        out, self._outgoing = self._outgoing, []
         framing = self.framing
+        if not self._outgoing and (framing is None or not framing.control):
+            return ()
+        out, self._outgoing = self._outgoing, []
         if framing is not None and framing.control:
             out.append(bytes(framing.control))
             framing.control.clear()
@@ -399,7 +408,8 @@ class ClientProtocol(Generic[T]):
 
     def receive(self, message: bytes | str) -> list[ClientEvent]:
         """One whole message: its events. Raises BadFrame when it is not the codec's."""
-        if self.state == "closed":
+        state = self.state
+        if state == "closed":
             return []
         self.received += 1
         try:
@@ -411,23 +421,22 @@ class ClientProtocol(Generic[T]):
             return out
         if obj.get("op") == "batch":
             frames = obj.get("frames")
-            if type(frames) is list:
-                for f in frames:
-                    if type(f) is dict:
-                        self._frame(f, out)
-            return out
-        self._frame(obj, out)
+            if type(frames) is not list:
+                return out
+        else:
+            frames = (obj,)
+        greeting = state == "hello"
+        dispatch = self._greeting if greeting else self._dispatch
+        for f in frames:
+            if type(f) is dict:
+                try:
+                    dispatch(f, out)
+                except _MALFORMED as exc:
+                    out.append(BadInput(BadFrame(f"malformed {f.get('op')!r} frame: {type(exc).__name__}")))
+                if greeting and self.state != "hello":  # the rest of the message is after the hello's answer
+                    greeting = False
+                    dispatch = self._dispatch if self.state == "open" else _ignore
         return out
-
-    def _frame(self, frame: dict[str, Any], out: list[ClientEvent]) -> None:
-        if self.state != "open":
-            if self.state == "hello":
-                self._greeting(frame, out)
-            return
-        try:
-            self._dispatch(frame, out)
-        except _MALFORMED as exc:
-            out.append(BadInput(BadFrame(f"malformed {frame.get('op')!r} frame: {type(exc).__name__}")))
 
     def _greeting(self, frame: dict[str, Any], out: list[ClientEvent]) -> None:
         op = frame.get("op")
@@ -457,7 +466,17 @@ class ClientProtocol(Generic[T]):
 
     def _dispatch(self, frame: dict[str, Any], out: list[ClientEvent]) -> None:
         op = frame.get("op")
-        if op == "event":
+        if op == "reply" or op == "pong":  # noqa: PLR1714 - two compares beat building a tuple here
+            rid = frame.get("id")
+            token = self.pending.pop(rid, _NONE) if type(rid) is int else _NONE
+            if token is _NONE:
+                return
+            if self._subscribing:
+                sid = self._subscribing.pop(rid, None)  # type: ignore[arg-type]  # rid is an int here
+                if sid is not None and (positions := self.subs.get(sid)) is not None:
+                    positions.on_reply(frame)  # before any later frame (gaps, replay) of the subscription
+            out.append(Replied(token, frame))
+        elif op == "event":
             subs = frame.get("subs")
             if type(subs) is not list:
                 return
@@ -468,15 +487,6 @@ class ClientProtocol(Generic[T]):
                 positions = mine.get(sid) if type(sid) is str else None
                 if positions is not None and positions.accept(event):
                     out.append(Delivered(sid, event))
-        elif op in ("reply", "pong"):
-            rid = frame.get("id")
-            token = self.pending.pop(rid, _NONE) if type(rid) is int else _NONE
-            if token is _NONE:
-                return
-            sid = self._subscribing.pop(rid, None)  # type: ignore[arg-type]  # rid is an int here
-            if sid is not None and (positions := self.subs.get(sid)) is not None:
-                positions.on_reply(frame)  # before any later frame (gaps, replay) of the subscription
-            out.append(Replied(token, frame))
         elif op == "gap":
             sid = str(frame.get("sub"))
             if (positions := self.subs.get(sid)) is not None:
@@ -519,3 +529,7 @@ class _Missing:
 
 
 _NONE: Any = _Missing()
+
+
+def _ignore(frame: dict[str, Any], out: list[ClientEvent]) -> None:
+    """Frames after a refused hello in the same message."""
