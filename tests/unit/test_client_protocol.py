@@ -24,7 +24,7 @@ from hubbub.client.protocol import (
     HelloRefused,
     Recovered,
     Refused,
-    Replied,
+    Replies,
     ServerError,
     Welcome,
 )
@@ -110,18 +110,18 @@ def _server_side(kind: FramingKind) -> bytes:
 def _check(events: list[Any], proto: ClientProtocol[str], positions: SubscriptionPositions) -> None:
     kinds = [type(e) for e in events]
     assert kinds == [
-        Replied,
+        Replies,
         Delivered,
         GapNotice,
         Recovered,
         Refused,
-        Replied,
+        Replies,
         Delivered,
         ConsumerFrame,
         ServerError,
     ]
     sub_reply, ev1, gap, _, refused, pong, ev2, consumer, err = events
-    assert sub_reply.token == "sub" and pong.token == "ping"
+    assert [t for t, _ in sub_reply.answers] == ["sub"] and [t for t, _ in pong.answers] == ["ping"]
     assert [ev1.event.seq, ev2.event.seq] == [1, 2] and ev1.sub == ev2.sub == "s1"
     assert gap.gap == Gap("/a/c", Position(1, "E"), Position(9, "E"), "trimmed")
     assert refused.token == "pub" and isinstance(refused.error, BadRequest)
@@ -165,7 +165,7 @@ def test_whole_messages_without_framing() -> None:
     assert isinstance(proto.receive('{"op":"reply","id":1,"session":"S"}')[0], Welcome)
     proto.request({"op": "ping"}, "p")
     assert proto.receive('{"op":"batch","frames":[{"op":"pong","id":2},7]}') == [
-        Replied("p", {"op": "pong", "id": 2})
+        Replies([("p", {"op": "pong", "id": 2})])
     ]
     with pytest.raises(BadFrame):
         proto.receive("not json")
@@ -219,4 +219,4 @@ def test_packed_requests_carry_their_id() -> None:
     assert struct.unpack(">I", out[:4])[0] == len(out) - 4
     assert frame == {"op": "publish", "channel": "/a", "payload": b"x", "ack": True, "id": rid}
     (replied,) = proto.receive_data(_frame("length", {"op": "reply", "id": rid, "seq": 1}))
-    assert replied == Replied("packed", {"op": "reply", "id": rid, "seq": 1})
+    assert replied == Replies([("packed", {"op": "reply", "id": rid, "seq": 1})])

@@ -60,7 +60,7 @@ from hubbub.client.protocol import (
     ClientProtocol,
     HelloRefused,
     Refused,
-    Replied,
+    Replies,
     ServerError,
     Welcome,
 )
@@ -442,8 +442,10 @@ class BulkPublisher:
             raise ConnectionResetError("closed by the server")
 
     def _on_event(self, event: ClientEvent) -> None:
-        if isinstance(event, Replied):
-            self._reply(event.token, event.frame)
+        if type(event) is Replies:
+            reply = self._reply
+            for item, frame in event.answers:
+                reply(item, frame)
         elif isinstance(event, Refused):
             self._refused(event.token, event.error, event.frame)
         elif isinstance(event, ServerError):

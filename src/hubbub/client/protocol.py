@@ -14,7 +14,7 @@ It owns, for one connection:
 * **the handshake**: :meth:`ClientProtocol.hello`, answered by :class:`Welcome` (session, ping interval,
   the server's ``max_frame``) or :class:`HelloRefused`;
 * **request ids and their replies**: each request carries a caller's *token* (a future, a publish item,
-  anything); the reply or error that answers it comes back as :class:`Replied` or :class:`Refused` with
+  anything); the reply or error that answers it comes back as :class:`Replies` or :class:`Refused` with
   that token, ``batch`` frames unpacked in order, ``publish_batch`` replies and errors alike; an error no
   request is waiting for is a :class:`ServerError`; :meth:`ClientProtocol.abandon` hands back every token
   still in flight (the connection is gone: the caller fails or resends them);
@@ -24,6 +24,12 @@ It owns, for one connection:
   :class:`Recovered`);
 * **consumer frames** (``deliver``, ``consumer_closed``) as :class:`ConsumerFrame`, and pings, answered
   with pongs queued in :meth:`ClientProtocol.take_outgoing`.
+
+A connection that keeps its own positions (the federation link: a cursor per link, not per subscription)
+gives an ``event_decoder``: then each ``event`` frame comes back once, as :class:`Received` with what the
+decoder made of it (a malformed one is :class:`BadInput`: the decoder raises BadFrame), and every
+subscription's gaps and ``recovered`` frames come back whether or not it was subscribed through
+:meth:`ClientProtocol.subscribe`.
 
 States (transitions as data in :data:`TRANSITIONS`): ``hello`` until the hello's reply, then ``open``;
 ``closed`` after a refused hello or :meth:`ClientProtocol.abandon`. In ``hello`` only the hello's answer
@@ -63,11 +69,13 @@ __all__ = [
     "Codec",
     "ConsumerFrame",
     "Delivered",
+    "Gap",
     "GapNotice",
     "HelloRefused",
+    "Received",
     "Recovered",
     "Refused",
-    "Replied",
+    "Replies",
     "ServerError",
     "Welcome",
     "publish_frame",
@@ -97,7 +105,7 @@ _ID: Final = struct.Struct(">I")
 PACKED_ID_SIZE: Final = len(_ID_KEY) + _ID.size
 _LEN: Final = struct.Struct(">I")
 # What a malformed frame that decoded may raise while it is read (a field of the wrong type).
-_MALFORMED: Final = (ValueError, TypeError, KeyError, AttributeError, binascii.Error)
+_MALFORMED: Final = (ValueError, TypeError, KeyError, AttributeError, binascii.Error, BadFrame)
 
 
 # -- events ---------------------------------------------------------------------------------------------
@@ -121,13 +129,13 @@ class HelloRefused:
     malformed: bool = False
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
-class Replied(Generic[T]):
-    """The reply (or ``pong``) to the request that carried ``token``."""
+class Replies(Generic[T]):
+    """Replies (or ``pong``) to requests, in order: ``(token, reply frame)`` for each. Consecutive replies
+    of a message come as one event (a bulk publisher reads thousands per message: one object, not one
+    each)."""
 
-    token: T
-    frame: dict[str, Any]
+    answers: list[tuple[T, dict[str, Any]]]
 
 
 @fast_init
@@ -158,6 +166,14 @@ class Delivered:
 
     sub: str
     event: Event
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Received:
+    """An ``event`` frame, decoded by the protocol's own ``event_decoder`` (see :class:`ClientProtocol`)."""
+
+    value: Any
 
 
 @fast_init
@@ -194,8 +210,9 @@ class BadInput:
 
 ClientEvent: TypeAlias = (
     Welcome
+    | Received
     | HelloRefused
-    | Replied[Any]
+    | Replies[Any]
     | Refused[Any]
     | ServerError
     | Delivered
@@ -255,8 +272,10 @@ class ClientProtocol(Generic[T]):
         token: str | None = None,
         echo: bool = True,
         batch: bool = True,
+        event_decoder: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         self.codec: Codec = codec
+        self._event_decoder = event_decoder
         self.framing = framing
         self.state: State = "hello"
         self._hello_frame: dict[str, Any] = {"op": "hello", "v": 1, "client": client}
@@ -316,7 +335,7 @@ class ClientProtocol(Generic[T]):
 
     def request(self, frame: dict[str, Any], token: T) -> bytes:
         """``frame`` with a fresh ``id`` (set in ``frame``), registered with ``token``: its reply or error
-        comes back as :class:`Replied` or :class:`Refused`. Raises :class:`FrameTooLarge` unregistered."""
+        comes back as :class:`Replies` or :class:`Refused`. Raises :class:`FrameTooLarge` unregistered."""
         rid = frame["id"] = self.next_id()
         data = self.encode(frame)
         self.pending[rid] = token
@@ -342,6 +361,13 @@ class ClientProtocol(Generic[T]):
             out += _ID_KEY
             out += _ID.pack(i)
         return i
+
+    def request_message(self, body: bytes, token: T) -> bytes:
+        """One message (no framing, no frame bound: the server's own answer says when a frame is over
+        it) of a msgpack frame packed without ``id``, with a fresh id registered with ``token``."""
+        i = self.last_id = self.next_id()
+        self.pending[i] = token
+        return b"".join((bytes((body[0] + 1,)), body[1:], _ID_KEY, _ID.pack(i)))
 
     def subscribe(
         self, sub: str, pattern: str, tags: Iterable[str], positions: SubscriptionPositions, token: T
@@ -427,15 +453,31 @@ class ClientProtocol(Generic[T]):
             frames = (obj,)
         greeting = state == "hello"
         dispatch = self._greeting if greeting else self._dispatch
+        # Replies take the hot path (a publisher's acknowledgements, thousands a message) unless a subscribe
+        # is answered (its positions first) or the hello is: nothing in this loop sets either.
+        fast = not greeting and not self._subscribing
+        pending, missing = self.pending, _NONE
+        run: Replies[T] | None = None
         for f in frames:
-            if type(f) is dict:
-                try:
-                    dispatch(f, out)
-                except _MALFORMED as exc:
-                    out.append(BadInput(BadFrame(f"malformed {f.get('op')!r} frame: {type(exc).__name__}")))
-                if greeting and self.state != "hello":  # the rest of the message is after the hello's answer
-                    greeting = False
-                    dispatch = self._dispatch if self.state == "open" else _ignore
+            if type(f) is not dict:
+                continue
+            if fast and f.get("op") == "reply":
+                rid = f.get("id")
+                token = pending.pop(rid, missing) if type(rid) is int else missing
+                if token is not missing:
+                    if run is None or out[-1] is not run:
+                        run = Replies([])
+                        out.append(run)
+                    run.answers.append((token, f))
+                continue
+            try:
+                dispatch(f, out)
+            except _MALFORMED as exc:
+                why = exc if isinstance(exc, BadFrame) else BadFrame(f"malformed {f.get('op')!r} frame")
+                out.append(BadInput(why))
+            if greeting and self.state != "hello":  # the rest of the message is after the hello's answer
+                greeting = False
+                dispatch = self._dispatch if self.state == "open" else _ignore
         return out
 
     def _greeting(self, frame: dict[str, Any], out: list[ClientEvent]) -> None:
@@ -475,8 +517,15 @@ class ClientProtocol(Generic[T]):
                 sid = self._subscribing.pop(rid, None)  # type: ignore[arg-type]  # rid is an int here
                 if sid is not None and (positions := self.subs.get(sid)) is not None:
                     positions.on_reply(frame)  # before any later frame (gaps, replay) of the subscription
-            out.append(Replied(token, frame))
+            if out and type(out[-1]) is Replies:
+                out[-1].answers.append((token, frame))
+            else:
+                out.append(Replies([(token, frame)]))
         elif op == "event":
+            if self._event_decoder is not None:
+                self.events += 1
+                out.append(Received(self._event_decoder(frame)))
+                return
             subs = frame.get("subs")
             if type(subs) is not list:
                 return
@@ -489,19 +538,25 @@ class ClientProtocol(Generic[T]):
                     out.append(Delivered(sid, event))
         elif op == "gap":
             sid = str(frame.get("sub"))
-            if (positions := self.subs.get(sid)) is not None:
+            positions = self.subs.get(sid)
+            if positions is not None or self._event_decoder is not None:
+                if positions is None and type(frame.get("position")) is not dict:
+                    raise BadFrame("gap needs a position")  # a link cannot go on without one
                 gap = Gap(
                     channel=str(frame.get("channel", "")),
                     since=_position(frame.get("since")),
                     position=_position(frame.get("position")),
                     reason=str(frame.get("reason", "")),
                 )
-                positions.on_gap(gap)
+                if positions is not None:
+                    positions.on_gap(gap)
                 out.append(GapNotice(sid, gap))
         elif op == "recovered":
             sid = str(frame.get("sub"))
-            if (positions := self.subs.get(sid)) is not None:
+            positions = self.subs.get(sid)
+            if positions is not None:
                 positions.on_recovered(frame)
+            if positions is not None or self._event_decoder is not None:
                 out.append(Recovered(sid, frame))
         elif op in ("deliver", "consumer_closed"):
             name = frame.get("consumer")

@@ -17,8 +17,16 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from hubbub.client._transport import _Conn
-from hubbub.client._wire import ClientClosed, Gap, SubscriptionStatistics
+from hubbub.client._wire import (
+    ClientClosed,
+    ClientConnectionError,
+    ConnectionLost,
+    Gap,
+    SubscriptionStatistics,
+)
 from hubbub.client.positions import SubscriptionPositions
+from hubbub.client.protocol import ClientProtocol
+from hubbub.errors import HubbubError
 from hubbub.events import Event, Position
 
 if TYPE_CHECKING:
@@ -96,7 +104,7 @@ class Subscription:
         """Send the subscribe request (once) and wait for the server to confirm it."""
         if not self._started:
             self._started = True
-            await self._client._start_subscription(self)
+            await self._start()
         await asyncio.shield(self._ready)
         return self
 
@@ -152,7 +160,7 @@ class Subscription:
             # connection is found dead.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(UNSUBSCRIBE_WAIT_S):
-                    await self._client._unsubscribe(self)
+                    await self._unsubscribe()
 
     aclose = unsubscribe
 
@@ -173,6 +181,61 @@ class Subscription:
 
     def __repr__(self) -> str:
         return f"<Subscription {self.id} {self.pattern!r} active={self.active}>"
+
+    # -- on the client's connections -------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        client = self._client
+        try:
+            client._check_open()
+            client._subs[self.id] = self
+            conn = await client._wait_connected()
+        except HubbubError as exc:
+            self._end(exc)
+            raise
+        await self._subscribe_on(conn)
+
+    async def _subscribe_on(self, conn: _Conn) -> None:
+        """Send the subscribe request on ``conn`` (with the replay fields of the positions reached) unless
+        that was done already. A lost connection is not an error here: the next one subscribes again."""
+        if self._conn is conn or self._closed:
+            return
+        self._conn = conn
+        self._active = False
+        client = self._client
+
+        def build(proto: ClientProtocol[Any], entry: Any) -> bytes:
+            return proto.subscribe(self.id, self.pattern, self.tags, self._positions, entry)
+
+        def on_reply(reply: dict[str, Any]) -> None:
+            # Runs in the reader, before any later frame (gaps, replay) is dispatched.
+            self._active = True
+
+        try:
+            if conn is not client._conn:
+                raise ConnectionLost("connection replaced")
+            await client._requests.call(conn, None, build=build, on_reply=on_reply)
+        except ClientConnectionError:
+            if client._final is not None:
+                self._end(client._final)
+            return
+        except HubbubError as exc:
+            self._end(exc)
+            return
+        if self._closed:
+            # Unsubscribed while the request was in flight.
+            with contextlib.suppress(HubbubError):
+                await client._request({"op": "unsubscribe", "sub": self.id}, conn=conn)
+            return
+        self._set_ready()
+
+    async def _unsubscribe(self) -> None:
+        conn = self._client._conn
+        if conn is None or self._conn is not conn or not self._ready.done():
+            return
+        # 4201 (already gone on the server) and a lost connection both mean it is gone.
+        with contextlib.suppress(HubbubError):
+            await self._client._request({"op": "unsubscribe", "sub": self.id}, conn=conn)
 
     # -- client side (called from the client's reader, on the event loop) ------------------------------
 
@@ -207,4 +270,7 @@ class Subscription:
                 self._ready.exception()
         self._not_empty.set()
         self._not_full.set()
-        self._client._forget(self)
+        # Dropped, with what its connection still sends for it.
+        self._client._subs.pop(self.id, None)
+        if self._conn is not None:
+            self._conn.proto.forget(self.id)

@@ -55,6 +55,7 @@ __all__ = [
     "LinkPing",
     "LinkRecovered",
     "LinkReply",
+    "decode_event",
     "decode_frame",
     "fed_headers",
     "link_headers",
@@ -272,7 +273,8 @@ def _str_map(v: object, key: str) -> dict[str, str]:
     return v
 
 
-def _event(obj: dict[Any, Any]) -> LinkEvent:
+def decode_event(obj: dict[Any, Any]) -> LinkEvent:
+    """An ``event`` frame's map as a :class:`LinkEvent`; raises BadFrame when a field is malformed."""
     pub = obj.get("publisher")
     if type(pub) is not dict:
         raise BadFrame("publisher must be a map")
@@ -303,7 +305,7 @@ def _item(obj: object) -> LinkItem | None:
         raise BadFrame("a frame must be a map")
     op = obj.get("op")
     if op == "event":
-        return _event(obj)
+        return decode_event(obj)
     if op == "reply":
         top = obj.get("top_time", 0)
         return LinkReply(_uint(obj, "id"), top if type(top) is int and top >= 0 else 0)

@@ -38,6 +38,8 @@ import msgpack
 
 from hubbub.auth import EVERYTHING, Identity
 from hubbub.channels import Pattern, parse_pattern
+from hubbub.client.protocol import ClientProtocol
+from hubbub.client.protocol import Gap as UpstreamGap
 from hubbub.core import Gap, Node, ReplayPlan, Session, Subscription
 from hubbub.core.flag import Flag
 from hubbub.core.replay import ReplaySpan, pattern_prefix, plan_scan
@@ -51,7 +53,7 @@ from hubbub.federation import (
     minimal_cover,
     stamp,
 )
-from hubbub.federation.wire import LinkEvent, LinkGap, link_headers, parse_link_headers, render_publisher
+from hubbub.federation.wire import LinkEvent, link_headers, parse_link_headers, render_publisher
 from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, LogStore
 
 __all__ = [
@@ -80,7 +82,6 @@ SAVE_INTERVAL_S: Final = 0.2
 _ALL: Final = parse_pattern("/**")
 #: The head of an up frame (:class:`UpEncoder`): seq, time, channel length, epoch length.
 _HEAD = struct.Struct(">QQHB")
-_ID_KEY: Final = msgpack.packb("id")
 
 
 @dataclass(slots=True)
@@ -236,11 +237,6 @@ class UpEncoder:
         return head + body
 
 
-def _with_id(body: bytes, rid: int) -> bytes:
-    """The publish map of :class:`UpEncoder` with ``id`` added (a fixmap of 8 pairs becomes 9)."""
-    return b"".join((bytes((body[0] + 1,)), _ID_KEY, msgpack.packb(rid), body[1:]))
-
-
 def plan_up(
     store: LogStore,
     *,
@@ -315,7 +311,8 @@ class UpFlow:
         self.cursors = cursors
         self.stats = stats
         self.fifo: deque[list[Any]] = deque()
-        self.ids: dict[int, list[Any]] = {}
+        #: Publishes sent up and not answered yet.
+        self.inflight = 0
         self._acked = Flag()
         #: Per channel, the last position queued up (the cursor moves on acknowledgements).
         self.sent: dict[str, tuple[str, int]] = {}
@@ -372,11 +369,12 @@ class UpFlow:
         return True
 
     async def write(
-        self, ws: aiohttp.ClientWebSocketResponse, sess: Session, rid: Any, max_frame: int
+        self, ws: aiohttp.ClientWebSocketResponse, sess: Session, proto: ClientProtocol[Any], max_frame: int
     ) -> None:
-        """Send the up session's events as publishes (``rid()`` gives request ids) until it ends (kicked:
-        the upstream is slower than this node; the link reconnects and resends from the up cursor)."""
-        fifo, ids = self.fifo, self.ids
+        """Send the up session's events as publishes (``proto`` numbers them and hands their answers back to
+        :meth:`completed`) until it ends (kicked: the upstream is slower than this node; the link reconnects
+        and resends from the up cursor)."""
+        fifo = self.fifo
         size = _HEAD.size
         while True:
             self._busy = False
@@ -395,27 +393,23 @@ class UpFlow:
                 fifo.append(entry)
                 if entry[0]:
                     continue
-                while len(ids) >= MAX_INFLIGHT:
+                while self.inflight >= MAX_INFLIGHT:
                     self._acked.clear()
                     await self._acked.wait()
-                n = rid()
-                ids[n] = entry
-                await ws.send_bytes(_with_id(f[body:], n))
+                self.inflight += 1
+                await ws.send_bytes(proto.request_message(f[body:], entry))
                 self.stats.sent_up += 1
             del frames
             self.settle()
 
-    def completed(self, rid: int, refused: bool) -> bool:
-        """A reply (or an error) to request ``rid``: ``True`` when it answered a publish of this flow."""
-        entry = self.ids.pop(rid, None)
-        if entry is None:
-            return False
+    def completed(self, entry: list[Any], refused: bool) -> None:
+        """A reply (or an error) to the publish of ``entry``."""
+        self.inflight -= 1
         if refused:  # refused above (a loop it saw, a permission): done with it all the same
             self.stats.refused_up += 1
         entry[0] = True
         self._acked.set()
         self.settle()
-        return True
 
     def settle(self) -> None:
         fifo = self.fifo
@@ -519,7 +513,7 @@ class DownFlow:
             log.warning("federation: an event from above was refused: %s", exc, extra={"link": self.name})
             self.broken = True
 
-    def gap(self, item: LinkGap) -> None:
+    def gap(self, item: UpstreamGap) -> None:
         if item.reason != "cut":  # "cut": where a channel left for the next round starts, not a loss
             self.stats.gaps += 1
             log.warning(
@@ -528,8 +522,9 @@ class DownFlow:
                 item.reason,
                 extra={"link": self.name},
             )
-        self.seen.positions[item.channel] = (item.epoch, item.seq)
-        self.fifo.append([True, "gap", item.channel, item.epoch, item.seq])
+        at = item.position
+        self.seen.positions[item.channel] = (at.epoch, at.seq)
+        self.fifo.append([True, "gap", item.channel, at.epoch, at.seq])
         self.settle()
 
     def recovered_to(self, top_time: int) -> None:

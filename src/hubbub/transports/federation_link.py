@@ -44,25 +44,31 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aiohttp
-import msgpack
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hubbub.channels import Pattern
+from hubbub.client.protocol import (
+    BadInput,
+    ClientProtocol,
+    GapNotice,
+    HelloRefused,
+    Received,
+    Recovered,
+    Refused,
+    Replies,
+    ServerError,
+    Welcome,
+)
 from hubbub.core import Node, Overflow, Session, Supervisor
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadFrame, HubbubError
 from hubbub.federation import Backoff, cycle_reason
+from hubbub.federation.upstream import UpstreamSubscriptions
 from hubbub.federation.wire import (
     ABOVE_HEADER,
     BELOW_HEADER,
     NODE_HEADER,
-    LinkError,
-    LinkEvent,
-    LinkGap,
-    LinkPing,
-    LinkRecovered,
-    LinkReply,
-    decode_frame,
+    decode_event,
     parse_above,
     parse_node,
     render_above,
@@ -87,15 +93,6 @@ log = logging.getLogger("hubbub.federation")
 
 CONNECT_TIMEOUT_S: Final = 10.0
 CLIENT: Final = "hubbub-federation/1"
-#: The link's ``hello``: no echo of its own publishes, batch frames down.
-HELLO: Final[dict[str, Any]] = {
-    "op": "hello",
-    "id": 0,
-    "v": 1,
-    "client": CLIENT,
-    "echo": False,
-    "batch": True,
-}
 #: A WebSocket ping this often; no pong within half of it closes the connection (and the link reconnects).
 HEARTBEAT_S: Final = 20.0
 #: Interest changes within this long are sent upstream together.
@@ -147,22 +144,30 @@ async def link_token(token: str, token_file: Path | None, link: str) -> str:
     return text.strip()
 
 
-async def hello(ws: aiohttp.ClientWebSocketResponse, token: str, link: str) -> bool:
-    """Send the link's ``hello`` (with ``token`` if any) and read the answer: whether the node above took
-    it (a refusal is logged with its code). Raises ``BadFrame`` when the upstream closes instead."""
-    frame: dict[str, Any] = dict(HELLO)
-    if token:
-        frame["token"] = token
-    await ws.send_bytes(msgpack.packb(frame))
+#: Request tokens of the link's connection protocol: a subscription's pattern text, or an up publish's
+#: completion entry (:class:`~hubbub.transports.federation_flow.UpFlow`).
+LinkToken = str | list[Any]
+
+
+async def hello(
+    ws: aiohttp.ClientWebSocketResponse, token: str, link: str
+) -> ClientProtocol[LinkToken] | None:
+    """Say ``hello`` (with ``token`` if any; no echo of the link's own publishes, batch frames down) and read
+    the answer: the connection's protocol when the node above took it, else None (a refusal is logged with
+    its code). Raises ``BadFrame`` when the upstream closes instead."""
+    proto: ClientProtocol[LinkToken] = ClientProtocol(
+        "msgpack", client=CLIENT, token=token or None, echo=False, batch=True, event_decoder=decode_event
+    )
+    await ws.send_bytes(proto.hello())
     msg = await ws.receive(timeout=CONNECT_TIMEOUT_S)
     if msg.type != aiohttp.WSMsgType.BINARY:
         raise BadFrame("the upstream closed the link during hello")
-    items = decode_frame(msg.data)
-    if not items or not isinstance(items[0], LinkReply):
-        code = items[0].code if items and isinstance(items[0], LinkError) else 0
+    items = proto.receive(msg.data)
+    if not items or not isinstance(items[0], Welcome):
+        code = items[0].error.code if items and isinstance(items[0], HelloRefused) else 0
         log.error("federation upstream refused hello: %s (a token?)", code, extra={"link": link})
-        return False
-    return True
+        return None
+    return proto
 
 
 class FederationUpstream:
@@ -207,20 +212,10 @@ class FederationUpstream:
         self._tasks = Supervisor("federation", node.supervision)
         # From now, before any listener opens: no subscription may come before the link watches.
         self._unwatch: Any = node.watch_subscriptions(self.interest.watch)
-        self._next_id = 1
-        self._subs: dict[str, str] = {}  # pattern text -> sub id (subscribed upstream)
-        self._sub_requests: dict[int, str] = {}  # request id -> pattern text
-        self._replaying: set[str] = set()  # pattern texts whose replay has not ended
-        self._refused: set[str] = set()  # refused upstream (not asked again on this connection)
-        self._live_only: set[str] = set()  # too much missed to recover: subscribed live
-        self._top_time = 0
+        #: This connection's subscriptions upstream.
+        self.upward = UpstreamSubscriptions()
         self.up: UpFlow | None = None
         self.down: DownFlow | None = None
-
-    def _rid(self) -> int:
-        rid = self._next_id
-        self._next_id = rid + 1 if rid < (1 << 31) - 1 else 1
-        return rid
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -254,12 +249,7 @@ class FederationUpstream:
     @property
     def synced(self) -> bool:
         """Up, subscribed upstream to exactly :meth:`wanted`, every subscription answered and replayed."""
-        return (
-            self.state == "up"
-            and set(self._subs) == set(self.wanted()) - self._refused
-            and not self._sub_requests
-            and not self._replaying
-        )
+        return self.state == "up" and self.upward.synced(self.wanted())
 
     # -- the connection loop ---------------------------------------------------------------------------------
 
@@ -319,13 +309,12 @@ class FederationUpstream:
             self.state = "refused"
             log.error("federation upstream refused: %s", why, extra={"link": self.name})
             return
-        if not await hello(ws, await link_token(self._token, self._token_file, self.name), self.name):
+        proto = await hello(ws, await link_token(self._token, self._token_file, self.name), self.name)
+        if proto is None:
             return
         self.upstream = upstream
         self.hub.above[self.name] = (upstream, *above)
-        self._next_id = 1
-        self._subs, self._sub_requests, self._replaying, self._top_time = {}, {}, set(), 0
-        self._refused, self._live_only = set(), set()
+        self.upward = UpstreamSubscriptions()
         up = self.up = UpFlow(self.name, self.node, self.cursors, self.stats)
         sess = Session(
             DIALECT,
@@ -351,9 +340,9 @@ class FederationUpstream:
         try:
             loop = asyncio.get_running_loop()
             tasks = [
-                loop.create_task(self._read(ws, up, down)),
-                loop.create_task(up.write(ws, sess, self._rid, self.max_frame)),
-                loop.create_task(self._sync(ws, down)),
+                loop.create_task(self._read(ws, proto, up, down)),
+                loop.create_task(up.write(ws, sess, proto, self.max_frame)),
+                loop.create_task(self._sync(ws, proto, down)),
             ]
             await up.subscribe_local(sess)
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -368,66 +357,70 @@ class FederationUpstream:
 
     # -- reading what the node above sends -------------------------------------------------------------------
 
-    async def _read(self, ws: aiohttp.ClientWebSocketResponse, up: UpFlow, down: DownFlow) -> None:
+    async def _read(
+        self,
+        ws: aiohttp.ClientWebSocketResponse,
+        proto: ClientProtocol[LinkToken],
+        up: UpFlow,
+        down: DownFlow,
+    ) -> None:
         async for msg in ws:
             if msg.type != aiohttp.WSMsgType.BINARY:
                 if msg.type == aiohttp.WSMsgType.TEXT:
                     raise BadFrame("a text frame on a msgpack link")
                 break
-            for item in decode_frame(msg.data):
-                if isinstance(item, LinkEvent):
-                    down.event(item)
-                elif isinstance(item, LinkReply):
-                    if not up.completed(item.id, False):
-                        self._subscribed(item, down)
-                elif isinstance(item, LinkError):
-                    if item.id is None:
-                        log.warning("federation upstream error %s", item.code, extra={"link": self.name})
-                    elif not up.completed(item.id, True):
-                        self._not_subscribed(item)
-                elif isinstance(item, LinkRecovered):
-                    self._replaying -= {t for t, sid in self._subs.items() if sid == item.sub}
-                    if item.more:  # the node above cut the replay: the next round, from the cursor
-                        down.broken, self._top_time = True, 0
-                    self._time_mark(down)
-                elif isinstance(item, LinkGap):
-                    down.gap(item)
-                elif isinstance(item, LinkPing):
-                    await ws.send_bytes(msgpack.packb({"op": "pong"}))
+            for item in proto.receive(msg.data):
+                kind = type(item)
+                if kind is Received:
+                    down.event(item.value)  # type: ignore[union-attr]
+                elif isinstance(item, Replies):
+                    for token, frame in item.answers:
+                        if type(token) is list:
+                            up.completed(token, False)
+                        else:
+                            self._time_mark(down, self.upward.subscribed(frame.get("top_time", 0)))
+                elif isinstance(item, Refused):
+                    if type(item.token) is list:
+                        up.completed(item.token, True)
+                    else:
+                        self._not_subscribed(item.token, item.error.code)
+                elif isinstance(item, ServerError):
+                    if item.request_id is None:
+                        log.warning(
+                            "federation upstream error %s", item.error.code, extra={"link": self.name}
+                        )
+                elif isinstance(item, Recovered):
+                    more = item.frame.get("more") is True  # the node above cut the replay: the next round
+                    down.broken |= more
+                    self._time_mark(down, self.upward.recovered(item.sub, more))
+                elif isinstance(item, GapNotice):
+                    down.gap(item.gap)
+                elif isinstance(item, BadInput):
+                    raise item.error
+            for data in proto.take_outgoing():  # pongs
+                await ws.send_bytes(data)
             del msg
             if down.broken:
                 return
             await down.pace()
 
-    def _subscribed(self, item: LinkReply, down: DownFlow) -> None:
-        if self._sub_requests.pop(item.id, None) is not None:
-            # Recovered up to the upstream's newest event then (1: its log was empty, so from its start).
-            self._top_time = max(self._top_time, item.top_time or 1)
-            self._time_mark(down)
-
-    def _not_subscribed(self, item: LinkError) -> None:
-        text = self._sub_requests.pop(item.id, None) if item.id is not None else None
-        if text is None:
-            return
-        self._subs.pop(text, None)
-        self._replaying.discard(text)
+    def _not_subscribed(self, text: str, code: int) -> None:
         # 4203: too much missed to recover (a gap: the next round subscribes live); anything else (a
         # permission, a limit) is not asked again until the link reconnects: no retry loop.
-        (self._live_only if item.code == 4203 else self._refused).add(text)
-        self.stats.gaps += item.code == 4203
-        log.error(
-            "federation upstream refused subscribing to %s: %s", text, item.code, extra={"link": self.name}
-        )
+        self.stats.gaps += self.upward.not_subscribed(text, code)
+        log.error("federation upstream refused subscribing to %s: %s", text, code, extra={"link": self.name})
         self._interest_changed.set()
 
-    def _time_mark(self, down: DownFlow) -> None:
+    @staticmethod
+    def _time_mark(down: DownFlow, top_time: int) -> None:
         """Once no subscription is pending or replaying, the newest upstream time seen when subscribing is
         where channels not in the cursor are recovered from next time."""
-        if not self._replaying and not self._sub_requests and self._top_time:
-            down.recovered_to(self._top_time)
-            self._top_time = 0
+        if top_time:
+            down.recovered_to(top_time)
 
-    async def _sync(self, ws: aiohttp.ClientWebSocketResponse, down: DownFlow) -> None:
+    async def _sync(
+        self, ws: aiohttp.ClientWebSocketResponse, proto: ClientProtocol[LinkToken], down: DownFlow
+    ) -> None:
         """Keep the upstream subscriptions on :meth:`wanted`. For :data:`RECOVER_WINDOW_S` after the link
         comes up, a subscription recovers from the cursor (the interest of this node comes back as its
         subscribers and the nodes below reconnect); after that, a new pattern starts live."""
@@ -437,32 +430,14 @@ class FederationUpstream:
         base_time = cursor.last_time  # where channels not in the cursor are recovered from, this time
         while True:
             self._interest_changed.clear()
-            want = self.wanted()
-            for text in [t for t in self._subs if t not in want]:
-                sid = self._subs.pop(text)
-                self._replaying.discard(text)
-                await ws.send_bytes(msgpack.packb({"op": "unsubscribe", "id": self._rid(), "sub": sid}))
-            recover = loop.time() < until
-            for text, pattern in want.items():
-                if text in self._subs or text in self._refused:
-                    continue
-                rid = self._rid()
-                sid = f"s{rid}"
-                frame: dict[str, Any] = {"op": "subscribe", "id": rid, "sub": sid, "pattern": text}
-                if recover and text not in self._live_only:
-                    since = cursor.since(pattern)
-                    if since and pattern.is_exact:
-                        frame["since"] = since[text]  # an exact channel's since is its position alone
-                    elif since:
-                        frame["since"] = since
-                    if base_time and not (since and pattern.is_exact):
-                        frame["from_time"] = base_time + 1
-                    if "since" in frame or "from_time" in frame:
-                        self._replaying.add(text)
-                self._subs[text] = sid
-                self._sub_requests[rid] = text
+            gone, new = self.upward.changes(self.wanted(), cursor, base_time, loop.time() < until)
+            for sid in gone:
+                # Not waited for: its answer matches no request in flight.
+                await ws.send_bytes(proto.encode({"op": "unsubscribe", "id": proto.next_id(), "sub": sid}))
+            for text, frame in new:
+                data = proto.request(frame, text)
                 log.info("federation: subscribing upstream", extra={"link": self.name, "frame": repr(frame)})
-                await ws.send_bytes(msgpack.packb(frame))
+                await ws.send_bytes(data)
             await self._interest_changed.wait()
             await asyncio.sleep(SYNC_DELAY_S)
 
@@ -523,5 +498,5 @@ class FederationLinkCollector:
             lag.add_metric([n, "down"], st.lag_down_s)
             lag.add_metric([n, "up"], flow.lag_s() if flow is not None else 0.0)
             backlog.add_metric([n], len(flow.fifo) if flow is not None else 0)
-            pats.add_metric([n], len(link._subs))
+            pats.add_metric([n], len(link.upward.subs))
         yield from (up, state, synced, rc, ev, gaps, lag, backlog, pats)
