@@ -66,7 +66,7 @@ from hubbub.client.protocol import (
 from hubbub.client.reader import Reader
 from hubbub.client.requests import Requests
 from hubbub.client.subscription import Subscription
-from hubbub.client.supervisor import Supervisor
+from hubbub.client.supervisor import ConnectionSupervisor
 from hubbub.errors import HubbubError
 from hubbub.events import Position
 
@@ -142,7 +142,7 @@ class AsyncClient:
         self._requests = Requests(url, self._stats)
         self._reader = Reader(self)
         self._last_error = ""
-        self._sup = Supervisor(
+        self._sup = ConnectionSupervisor(
             self,
             Connector(
                 url,

@@ -1,13 +1,14 @@
 """The connection of the native asyncio client, supervised: opened, read, lost, opened again.
 
-:class:`Supervisor` owns an :class:`~hubbub.client.aio.AsyncClient`'s connection, the one resource every
-request and subscription of the client shares. It opens the first connection (not retried: its failure is
-the caller's), then runs one task that reads the connection until it drops, fails or parks what was in
-flight, reconnects with capped exponential backoff and jitter (``min_delay`` doubling up to ``max_delay``,
-for at most ``timeout`` seconds) and has the client resume on the new connection (resend parked publishes,
-resubscribe from the positions reached, reopen consumers). A close code or error from the server that no
-reconnect can cure (a bad token, a refused identity: ``_FINAL_CODES``), or ``reconnect=False``, ends the
-client for good: :attr:`Supervisor.final` is then set, and every waiter sees it.
+:class:`ConnectionSupervisor` owns an :class:`~hubbub.client.aio.AsyncClient`'s connection, the one
+resource every request and subscription of the client shares. It opens the first connection (not
+retried: its failure is the caller's), then runs one task that reads the connection until it drops, fails
+or parks what was in flight, reconnects with capped exponential backoff and jitter (``min_delay`` doubling
+up to ``max_delay``, for at most ``timeout`` seconds) and has the client resume on the new connection
+(resend parked publishes, resubscribe from the positions reached, reopen consumers). A close code or error
+from the server that no reconnect can cure (a bad token, a refused identity: ``_FINAL_CODES``), or
+``reconnect=False``, ends the client for good: :attr:`ConnectionSupervisor.final` is then set, and every
+waiter sees it.
 
 Concurrency contract: the client's event loop only.
 """
@@ -27,12 +28,12 @@ from hubbub.errors import HubbubError
 if TYPE_CHECKING:
     from hubbub.client.aio import AsyncClient
 
-__all__ = ["Supervisor"]
+__all__ = ["ConnectionSupervisor"]
 
 log = logging.getLogger("hubbub.client")
 
 
-class Supervisor:
+class ConnectionSupervisor:
     """The client's connection and its lifecycle (see the module docstring)."""
 
     def __init__(
