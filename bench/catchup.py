@@ -16,17 +16,32 @@ The figure is events delivered per second from the subscribe request (or the con
 last event, with the server's and the driver's CPU over that interval. The driver counts deliveries by a
 marker (``proto.count_stream``); the exact delivery of a wide catch-up (every channel, seq and payload) is
 checked by ``bench/wide_recovery.py`` and ``tests/integration/test_wide_recovery.py``.
+
+Run alone, it measures hubbub's side only: the server CPU per event of the catch-up (steadier than the rate
+on a shared machine) over ``--runs`` runs, a fresh server each, for each ``--kind`` (native TCP msgpack or
+JSON lines with ``batch:true``, WebSocket msgpack or JSON one frame per message) and ``--payload`` (bytes, or
+``mixed``: 64 B to 32 KiB, ``payloads.MIXED``). With several ``--src`` trees (another checkout's ``src``)
+the runs alternate between them, run 1 of each tree, then run 2 of each, so a machine's load falls on both::
+
+    PYTHONPATH=src python bench/catchup.py --kind hubbub --kind hubbub-wsjson --payload 16 --runs 5 \
+        --src /tmp/main/src --src src
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from procs import Server
+from payloads import text_payloads
+from procs import Server, start
 from proto import (
+    JSON_KINDS,
     Conn,
     Spec,
     _hub_open,
@@ -50,14 +65,18 @@ def _name(i: int, channels: int) -> str:
     return f"c{i % channels:05d}"
 
 
-def prefill_hubbub(data_dir: str, channels: int, behind: int, size: int) -> dict[str, dict[str, object]]:
-    """Write the backlog to a fresh SQLite log in ``data_dir``; returns the subscriber's ``since`` map (every
-    channel's first event, the backlog after it)."""
+def prefill_hubbub(
+    data_dir: str, channels: int, behind: int, size: int | str
+) -> dict[str, dict[str, object]]:
+    """Write the backlog to a fresh SQLite log in ``data_dir`` (payloads of ``size`` bytes, all ``x``, or
+    ``"mixed"``: :func:`payloads.text_payloads`); returns the subscriber's ``since`` map (every channel's
+    first event, the backlog after it)."""
     from hubbub.events import Publisher
     from hubbub.log import AppendRequest, RetentionPolicy, open_store
 
     pub = Publisher("native", "", "bench", "")
-    payload = b"x" * size
+    payload = b"x" * size if isinstance(size, int) else b"x"
+    bodies = text_payloads(behind, size) if isinstance(size, str) else None
     since: dict[str, dict[str, object]] = {}
     st = open_store("sqlite", data_dir, "none", RetentionPolicy(), 600)
     try:
@@ -68,8 +87,18 @@ def prefill_hubbub(data_dir: str, channels: int, behind: int, size: int) -> dict
         for r in st.append(firsts):
             since[r.event.channel] = {"seq": r.event.seq, "epoch": r.event.epoch}
         for s in range(0, behind, 10_000):
-            names = [f"/b/{_WIDE}/{_name(i, channels)}" for i in range(s, min(s + 10_000, behind))]
-            st.append([AppendRequest(n, pub, payload, "application/octet-stream") for n in names])
+            part = range(s, min(s + 10_000, behind))
+            st.append(
+                [
+                    AppendRequest(
+                        f"/b/{_WIDE}/{_name(i, channels)}",
+                        pub,
+                        payload if bodies is None else bodies[i],
+                        "application/octet-stream",
+                    )
+                    for i in part
+                ]
+            )
     finally:
         st.close()
     return since
@@ -151,7 +180,8 @@ def catchup_hubbub(
         buf = _read_until(c.sock, reply, c.rest, timeout)
         c.rest = buf.split(reply, 1)[1]
         # The replay ends with one "recovered" frame: reading up to it shows a count past ``total``.
-        got = _drain(c, deliver_marker(spec, ""), total, timeout, end=b"\xa2op\xa9recovered")
+        end = b'"op":"recovered"' if spec.kind in JSON_KINDS else b"\xa2op\xa9recovered"
+        got = _drain(c, deliver_marker(spec, ""), total, timeout, end=end)
         return _result(server, got, total, t0, s0, d0)
     finally:
         c.close()
@@ -198,3 +228,54 @@ def catchup_js(server: Server, spec: Spec, total: int, timeout: float = 300.0) -
         return r
     finally:
         c.close()
+
+
+def _one(src: str | None, data: str, kind: str, since: dict[str, dict[str, object]], behind: int) -> Result:
+    """One catch-up on a fresh server running ``src`` on the backlog in ``data``."""
+    with start("hubbub-commit", data_dir=data, src=src) as srv:
+        return catchup_hubbub(srv, srv.specs[kind], since, behind)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--channels", type=int, default=1_000)
+    p.add_argument("--behind", type=int, default=100_000)
+    p.add_argument("--payload", action="append", help="bytes per payload, or mixed (repeatable; default 16)")
+    p.add_argument(
+        "--kind",
+        action="append",
+        choices=("hubbub", "hubbub-json", "hubbub-ws", "hubbub-wsjson"),
+        help="the subscriber's transport and encoding (repeatable; default hubbub: TCP msgpack batch)",
+    )
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--src", action="append", help="a source tree to run the server from (repeatable)")
+    a = p.parse_args()
+    srcs: list[str | None] = [str(Path(x).resolve()) for x in a.src] if a.src else [None]
+    for payload in a.payload or ["16"]:
+        size: int | str = int(payload) if payload.isdigit() else payload
+        with tempfile.TemporaryDirectory(prefix="hubbub-catchup-") as tmp:
+            data = os.path.join(tmp, "data")
+            since = prefill_hubbub(data, a.channels, a.behind, size)
+            for kind in a.kind or ["hubbub"]:
+                cpu: dict[str | None, list[float]] = {s: [] for s in srcs}
+                for run in range(a.runs):
+                    for src in srcs:
+                        r = _one(src, data, kind, since, a.behind)
+                        us = r.server_cpu_s / max(1, int(r.extra["count"])) * 1e6
+                        cpu[src].append(us)
+                        print(
+                            f"{payload} B {kind} run {run + 1} {src or 'src'}: {r.value:,.0f} events/s, "
+                            f"server {us:.2f} µs/event {r.note}",
+                            flush=True,
+                        )
+                for src in srcs:
+                    xs = cpu[src]
+                    print(
+                        f"== {payload} B {kind} {src or 'src'}: server µs/event median "
+                        f"{statistics.median(xs):.2f} (runs {', '.join(f'{x:.2f}' for x in xs)})",
+                        flush=True,
+                    )
+
+
+if __name__ == "__main__":
+    main()

@@ -4,8 +4,8 @@
         python bench/pipeline_bench.py --events 1000000 --dir /tmp/hubbub-bench
 
 Builds a SQLite log of N events (10 channels, 100-byte payloads, a third with a header; ``--payloads mixed``:
-64 B to 32 KiB, 887 B on average, see ``MIXED``), then times each step in ``local[2]``, each rate also in
-MB/s of payload (``*_mb_per_s``); streaming latency runs a real server and a streaming query with the
+64 B to 32 KiB, 887 B on average, see ``payloads.MIXED``), then times each step in ``local[2]``, each rate
+also in MB/s of payload (``*_mb_per_s``); streaming latency runs a real server and a streaming query with the
 default trigger. Prints one JSON object. ``archive_cpu_s`` is the CPU time of the whole process tree (this
 driver, Spark's JVM, the Python workers) during the archive, which a busy machine distorts less than the rate.
 ``--only-archive`` runs the archive alone, first in a fresh session as ``hubbub pipeline archive`` does;
@@ -43,25 +43,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from payloads import payload_sizes
 from pyspark.sql import SparkSession
 
 from hubbub.events import Publisher
 from hubbub.log import AppendRequest, SqliteLogStore
 from hubbub.pipeline import jobs
-
-#: ``--payloads mixed``: payload sizes as (share, smallest, largest bytes), each drawn uniformly in its range;
-#: 887 bytes on average, as a log of chat messages with the odd attachment.
-MIXED = ((0.62, 64, 256), (0.25, 256, 1024), (0.10, 1024, 4096), (0.026, 4096, 16384), (0.004, 16384, 32768))
-
-
-def payload_sizes(n: int, kind: str) -> list[int]:
-    """``n`` payload sizes: ``fixed``, 100 bytes each; ``mixed``, drawn from :data:`MIXED` (seeded: every
-    run builds the same log)."""
-    if kind == "fixed":
-        return [100] * n
-    rnd = random.Random(1)
-    shares = [m[0] for m in MIXED]
-    return [rnd.randint(lo, hi) for _, lo, hi in rnd.choices(MIXED, weights=shares, k=n)]
 
 
 def build(path: Path, n: int, kind: str = "fixed") -> None:

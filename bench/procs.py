@@ -163,7 +163,7 @@ def _popen(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subp
         )
 
 
-def _hubbub(extra: list[str], data_dir: str | None = None) -> Server:
+def _hubbub(extra: list[str], data_dir: str | None = None, src: str | None = None) -> Server:
     tmp = tempfile.mkdtemp(prefix="hubbub-bench-")
     data = data_dir or os.path.join(tmp, "data")
     log = Path(tmp) / "server.log"
@@ -181,7 +181,7 @@ def _hubbub(extra: list[str], data_dir: str | None = None) -> Server:
         *extra,
     ]  # fmt: skip
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = (src or str(ROOT / "src")) + os.pathsep + env.get("PYTHONPATH", "")
     proc = _popen(cmd, log, env)
     srv = Server("hubbub", proc, tmp, {})
     ports: dict[str, int] = {}
@@ -212,14 +212,17 @@ def _hubbub(extra: list[str], data_dir: str | None = None) -> Server:
     return srv
 
 
-def start(target: str, durability: str = "commit", data_dir: str | None = None) -> Server:
+def start(
+    target: str, durability: str = "commit", data_dir: str | None = None, src: str | None = None
+) -> Server:
     """Start ``target``: ``hubbub`` (memory store, durability none), ``hubbub-<durability>`` (SQLite),
     ``nats``, ``js`` (JetStream, file storage, stream ``B`` on ``js.>``), ``mosquitto``, ``redis`` or
-    ``redis-aof-<fsync|commit|none>`` (append-only file with appendfsync always/everysec/no)."""
+    ``redis-aof-<fsync|commit|none>`` (append-only file with appendfsync always/everysec/no). A hubbub
+    server runs the package in ``src`` (default this checkout's ``src``: another one compares two trees)."""
     if target == "hubbub":
-        return _hubbub(["--store", "memory", "--durability", "none"])
+        return _hubbub(["--store", "memory", "--durability", "none"], src=src)
     if target.startswith("hubbub-"):
-        return _hubbub(["--durability", target.split("-", 1)[1]], data_dir)
+        return _hubbub(["--durability", target.split("-", 1)[1]], data_dir, src)
     tmp = tempfile.mkdtemp(prefix=f"bench-{target}-")
     port = free_port()
     log = Path(tmp) / "server.log"

@@ -54,6 +54,14 @@ class Poisoned:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
+        if name == "encode_page":
+
+            def encode_page(events: Sequence[Event], *args: Any) -> Any:
+                if any(POISON in e.payload for e in events):
+                    raise TypeError("unencodable")
+                return attr(events, *args)
+
+            return encode_page
         if name not in ("encode_run", "encode_run_batches"):
             return attr
 
@@ -352,9 +360,10 @@ def test_an_encoder_that_raises_closes_its_own_connections_only(
 def test_a_replay_whose_encoding_raises_closes_the_connection(
     tmp_path: Path, poison: Callable[[str], None], caplog: pytest.LogCaptureFixture, pattern: str
 ) -> None:
-    """The replay path (``ReplayService``): an exact channel's span is encoded on a reader thread, a
-    pattern's events on the loop. The failing connection is closed with error 4300 (it would resume with
-    ``since``), not left subscribed after a replay that stopped; another encoding replays everything."""
+    """The replay path (``ReplayService``): an exact channel's span and a pattern's pages are encoded on a
+    reader thread. The failing connection is closed with error 4300 (it would resume with ``since``), not
+    left subscribed after a replay that stopped, and the fault is logged with the event's channel and seq;
+    another encoding replays everything."""
     poison("native.msgpack")
     caplog.set_level(logging.ERROR, logger="hubbub.node")
     n = 40
@@ -383,3 +392,4 @@ def test_a_replay_whose_encoding_raises_closes_the_connection(
     asyncio.run(main())
     lines = list(fault_lines(caplog))
     assert len(lines) == 1 and lines[0].__dict__["channel"] == CHANNEL, [r.getMessage() for r in lines]
+    assert lines[0].__dict__["seq"] == 26 or pattern == "exact"  # the poison (a span's fault names its run)

@@ -34,6 +34,8 @@ __all__ = [
 PAGE = 1000
 #: Log rows per page of a pattern's replay (scan_page): as REPLAY_PAGE for an exact channel's.
 SCAN_PAGE = 2048
+#: Channels whose answer a scan keeps (ScanCursor.taken; forgotten all at once past it, then asked again).
+TAKEN_MAX = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +342,9 @@ class ScanCursor:
     cut: set[str] = field(default_factory=set)
     done: bool = False
     broken: bool = False
+    #: Of each channel the scan met, whether the scan takes it (the pattern matches, not skipped): asked
+    #: once per channel, not per event (at most ``TAKEN_MAX`` kept).
+    taken: dict[str, bool] = field(default_factory=dict)
 
 
 def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCursor) -> list[Event]:
@@ -356,9 +361,15 @@ def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCurs
     since, skip, from_time = scan.since, scan.skip, scan.from_time
     expect, cut = cur.expect, cur.cut
     out: list[Event] = []
+    taken = cur.taken
     for e in page.events:
         ch = e.channel
-        if ch in skip or ch in cut or not matches(ch):
+        ok = taken.get(ch)
+        if ok is None:
+            if len(taken) >= TAKEN_MAX:
+                taken.clear()
+            ok = taken[ch] = ch not in skip and matches(ch)
+        if not ok or (cut and ch in cut):
             continue
         last = expect.get(ch)
         if last is None:

@@ -28,8 +28,8 @@ from hubbub.log.base import LogStore
 from .faults import Faults
 from .filters import withheld
 from .reads import LogReads
-from .replay import ReplayScan, ScanCursor, scan_page
-from .session import Session
+from .replay import TAKEN_MAX, ReplayScan, ScanCursor, scan_page
+from .session import FrameRun, Session
 
 __all__ = ["ScanSent", "send_scan"]
 
@@ -43,6 +43,29 @@ class ScanSent:
 
     sent: int
     expect: dict[str, Position]
+
+
+class _PageFault(Exception):
+    """A page's encoding raised on a reader thread (``error``) for ``event``, the first of the page whose
+    encoding alone raises (or the page's first): the fault is reported with its place, as on the loop."""
+
+    def __init__(self, event: Event, error: Exception) -> None:
+        super().__init__(event.channel, event.seq)
+        self.event = event
+        self.error = error
+
+
+def _fault(
+    encode: Callable[..., list[bytes]], events: list[Event], subs: list[str], error: Exception
+) -> _PageFault:
+    """The :class:`_PageFault` of a page whose encoding raised ``error``: each event is encoded alone, on this
+    failure path only, to find the one that raises."""
+    for ev in events:
+        try:
+            encode([ev], subs, True, {})
+        except Exception as exc:
+            return _PageFault(ev, exc)
+    return _PageFault(events[0], error)
 
 
 def _lost(session: Session) -> None:
@@ -72,31 +95,68 @@ async def send_scan(
     send exactly that many, else the session is closed as a slow consumer; with ``exact`` (a subscription's
     junction follows, which takes every event of the scan as sent or passed over) it also reads the scan
     to its end to check there is no more, and without it (a fetch) it stops at the limit. An encoding that
-    raises closes the session through ``faults``."""
+    raises closes the session through ``faults``.
+
+    Each page is read and sifted on a reader thread: the channels ``visible`` (thread-safe: a permission,
+    asked once per channel per scan) and the events the session's delivery filters let through. When the
+    session's encoder is a :class:`~hubbub.core.session.PageEncoder` and the scan has no count to stop at,
+    the page is also encoded there and cut into the chunks the queue takes (``Session.replay_chunks``:
+    packed into batch frames already for a batching session), so the loop only queues them; other encoders
+    get the events one by one on the loop."""
     cur = ScanCursor(scan.after, dict(scan.since))
     limit = scan.limit
+    encode_page = getattr(session.encoder, "encode_page", None) if limit is None else None
+    chunks = session.replay_chunks
+    seen: dict[str, bool] = {}  # channel -> visible, asked once per scan
+    shapes: dict[Any, Any] = {}  # the encoder's, from page to page
+
+    def read_page() -> tuple[list[Event], list[FrameRun] | None]:
+        events = scan_page(store, pattern, scan, cur)
+        kept: list[Event] = []
+        for ev in events:
+            if visible is not None:
+                ok = seen.get(ev.channel)
+                if ok is None:
+                    if len(seen) >= TAKEN_MAX:
+                        seen.clear()
+                    ok = seen[ev.channel] = visible(ev.channel)
+                if not ok:
+                    continue
+            if ev.headers and withheld(session, ev):
+                continue  # not this connection's, as in live fan-out (README §3)
+            kept.append(ev)
+        if encode_page is None or not kept:
+            return kept, None
+        try:
+            frames = encode_page(kept, sub_ids, True, shapes)
+        except Exception as exc:
+            raise _fault(encode_page, kept, sub_ids, exc) from exc
+        return kept, chunks(frames)
+
     cache: dict[Any, Any] = {}
     sent = 0
     ev: Event | None = None
-    pending = reads.submit(scan_page, store, pattern, scan, cur)
+    pending = reads.submit(read_page)
     try:
         while True:
             try:
-                events = await pending
+                events, chunked = await pending
             except HubbubError as exc:
                 log.warning("replay read failed: %s", exc, extra={"session": session.id})
                 session.kick(Disconnect.of(exc.code))
                 break
             done, broken = cur.done, cur.broken
             if not done and (exact or limit is None or sent < limit):
-                pending = reads.submit(scan_page, store, pattern, scan, cur)
+                pending = reads.submit(read_page)
+            if chunked is not None:
+                n = await session.replay_runs(chunked)
+                sent += n
+                if n < len(events):
+                    return ScanSent(sent, cur.expect)  # the session ended meanwhile
+                events = []
             for ev in events:
                 if session.closed or session.kicked or session.ending:
                     return ScanSent(sent, cur.expect)
-                if visible is not None and not visible(ev.channel):
-                    continue
-                if ev.headers and withheld(session, ev):
-                    continue  # not this connection's, as in live fan-out (README §3)
                 if sent == limit:
                     # More than was counted: the junction's snapshot (cur.expect) is past what was sent.
                     if exact:
@@ -115,6 +175,8 @@ async def send_scan(
                     _lost(session)
                 break
     except Exception as exc:  # this session's failure: see core/faults.py
+        if isinstance(exc, _PageFault):
+            ev, exc = exc.event, exc.error
         channel, seq = (ev.channel, ev.seq) if ev is not None else ("", 0)
         faults.close(session, channel, seq, exc, stage="replay")
     finally:

@@ -48,6 +48,7 @@ __all__ = [
     "FrameRun",
     "OutboundQueue",
     "Overflow",
+    "PageEncoder",
     "RunEncoder",
     "Session",
     "SessionStats",
@@ -96,6 +97,23 @@ class RunEncoder(Encoder, Protocol):
         self, proto: Event, rows: Sequence[tuple[int, bytes]], subs: Sequence[str], replay: bool
     ) -> list[bytes]:
         """The frames of the run's events, in order: the same bytes as :meth:`encode_event` per event."""
+        ...
+
+
+class PageEncoder(Encoder, Protocol):
+    """An :class:`Encoder` that also renders a page of replayed events of any channels at once (a pattern's
+    replay, :func:`~hubbub.core.replay_scan.send_scan`). Encoders without it get the events one by one.
+
+    ``encode_page`` must be thread-safe and depend on nothing but its arguments: the node calls it on a
+    reader thread, next to the read of the page, while the loop writes the previous page.
+    """
+
+    def encode_page(
+        self, events: Sequence[Event], subs: Sequence[str], replay: bool, shapes: dict[Any, Any]
+    ) -> list[bytes]:
+        """The frames of ``events``, in order: the same bytes as :meth:`encode_event` per event. ``shapes``
+        is the encoder's to keep what it rendered from one page of a replay to the next (the node gives one
+        dict per replay, whose pages it encodes one after another)."""
         ...
 
 

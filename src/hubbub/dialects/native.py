@@ -53,6 +53,7 @@ from .native_http import (
     render_sse_gap,
     render_sse_recovered,
 )
+from .native_pages import page_frames
 from .native_protocol import Admit, NativeProtocol, Phase
 from .native_stream import MAX_STREAM_FRAME, RUN_MAX, NativeStreamDecoder, PublishRun, RunItem, StreamItem
 
@@ -98,6 +99,7 @@ __all__ = [
     "http_publish_fields",
     "http_stream_tags",
     "pack_batches",
+    "page_frames",
     "parse_sse_last_event_id",
     "render_http_error",
     "render_http_publish",

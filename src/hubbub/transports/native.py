@@ -60,6 +60,12 @@ class NativeEncoder:
         """The frames of a run of replayed events, encoded together (``Session.encode_run``)."""
         return nc.event_frames(self.codec.encoding, proto, rows, subs, replay)
 
+    def encode_page(
+        self, events: Sequence[Event], subs: Sequence[str], replay: bool, shapes: dict[Any, Any]
+    ) -> list[bytes]:
+        """The frames of a page of replayed events of any channels (a pattern's replay; ``PageEncoder``)."""
+        return nc.page_frames(self.codec.encoding, events, subs, replay, shapes)
+
     def encode_batches(self, frames: Sequence[bytes], limit: int) -> list[bytes]:
         """Frames packed into ``batch`` frames of at most ``limit`` bytes (``Session.batch_limit``)."""
         return nc.pack_batches(self.codec.encoding, frames, limit)
