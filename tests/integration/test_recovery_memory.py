@@ -1,0 +1,146 @@
+"""A recovery far behind holds bounded memory on the server whatever its length (a real ``hubbub serve``).
+
+The backlog (60 MiB of payloads: 60,000 events of 1 KiB over 50 channels) is appended straight to the store
+before the server starts. A native TCP subscriber resumes ``/**`` from every channel's first event, takes
+the first events of the replay, then stops reading until the server has nothing left to do: the socket
+buffers and the session's queue (``limits.send_queue`` of 64 frames) are full, and every page the replay
+may read ahead is read. A server that held the replay whole, or read pages ahead without pacing on the
+queue, would hold the 60 MiB of payloads at that point, twice over once encoded. Then the subscriber reads
+the rest, each event checked (channel, seq, payload, in commit order), and the server's peak RSS
+(``VmHWM``) must stay within 64 MiB of its RSS before the subscription: the bound the 1,000,000-event
+recovery of ``bench/wide_recovery.py --server-process`` is held to, here in a few seconds.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import orjson
+
+from hubbub.events import Publisher
+from hubbub.log import DB_FILENAME, AppendRequest, SqliteLogStore
+
+from .serverproc import ServerProcess
+
+CHANNELS = 50
+BEHIND = 60_000
+SIZE = 1024
+#: What the server's RSS may grow by during the recovery.
+BOUND_KIB = 64 * 1024
+WAIT = 60.0
+
+
+def status_kib(pid: int, field: str) -> int:
+    """``field`` (VmRSS, VmHWM) of process ``pid`` in KiB."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field}")
+
+
+def busy(pid: int) -> tuple[int, bool]:
+    """The process's CPU ticks so far, and whether any of its threads is running or runnable."""
+    ticks, running = 0, False
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        running = running or fields[0] == "R"
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks, running
+
+
+def wait_idle(pid: int, timeout: float = WAIT) -> None:
+    """Wait until the server has nothing to do: no thread runnable and no CPU spent, over 0.3 s."""
+    deadline = time.monotonic() + timeout
+    last, quiet = -1, 0
+    while quiet < 6:
+        assert time.monotonic() < deadline, "the server never went idle"
+        ticks, running = busy(pid)
+        quiet = quiet + 1 if ticks == last and not running else 0
+        last = ticks
+        time.sleep(0.05)
+
+
+class Lines:
+    """JSON lines from a blocking socket, read only when asked (so the server holds the rest)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def next(self) -> dict[str, object]:
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(1 << 16)
+            assert chunk, "the server closed the connection"
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        msg: dict[str, object] = orjson.loads(line)
+        return msg
+
+
+def test_server_rss_stays_bounded_during_a_long_recovery(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    store = SqliteLogStore(data / DB_FILENAME)
+    pub = Publisher("native", "", "bulk", "")
+    filler = "x" * (SIZE - 8)
+    try:
+        firsts = store.append(
+            [AppendRequest(f"/m/c{i:02d}", pub, b"0", "text/plain") for i in range(CHANNELS)]
+        )
+        since = {r.event.channel: {"seq": r.event.seq, "epoch": r.event.epoch} for r in firsts}
+        want: list[tuple[str, int, str]] = []
+        for start in range(0, BEHIND, 5000):
+            batch = [
+                AppendRequest(f"/m/c{i % CHANNELS:02d}", pub, b"%08d%s" % (i, filler.encode()), "text/plain")
+                for i in range(start, start + 5000)
+            ]
+            want += [(r.event.channel, r.event.seq, r.event.payload.decode()) for r in store.append(batch)]
+    finally:
+        store.close()
+
+    srv = ServerProcess(
+        data, ["--limits-send-queue", "64", "--limits-send-queue-bytes", str(256 << 10)]
+    ).start()
+    assert srv.proc is not None
+    pid = srv.proc.pid
+    try:
+        with socket.create_connection(("127.0.0.1", srv.ports["native"]), timeout=WAIT) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            lines = Lines(sock)
+            sock.sendall(b'{"op":"hello","id":1,"v":1}\n')
+            assert lines.next()["op"] == "reply"
+            wait_idle(pid)
+            before = status_kib(pid, "VmRSS")
+            sub = {"op": "subscribe", "id": 2, "sub": "s", "pattern": "/**", "since": since}
+            sock.sendall(orjson.dumps(sub) + b"\n")
+            reply = lines.next()
+            assert reply["op"] == "reply" and reply["id"] == 2, reply
+            got: list[tuple[str, int, str]] = []
+
+            def take(n: int) -> None:
+                while len(got) < n:
+                    msg = lines.next()
+                    assert msg["op"] == "event", msg
+                    got.append((str(msg["channel"]), int(msg["seq"]), str(msg["text"])))  # type: ignore[call-overload]
+
+            take(100)
+            wait_idle(pid)  # the server has read ahead all it may while the subscriber reads nothing
+            stalled = status_kib(pid, "VmRSS")
+            take(BEHIND)
+            end = lines.next()
+            assert end["op"] == "recovered" and end["replayed"] == BEHIND, end
+        peak = status_kib(pid, "VmHWM")
+    finally:
+        srv.terminate()
+    assert got == want  # every event once, in commit order (so each channel in seq order)
+    growth = peak - before
+    assert growth < BOUND_KIB, (
+        f"server RSS {before // 1024} MiB before, {stalled // 1024} MiB with the subscriber stalled, "
+        f"peak {peak // 1024} MiB: +{growth // 1024} MiB for {BEHIND * SIZE >> 20} MiB replayed"
+    )
