@@ -11,6 +11,8 @@ import contextlib
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Final
 
 from hubbub.errors import StorageError
@@ -34,14 +36,20 @@ __all__ = ["ScanColumns", "ScanPlan"]
 _MAX_INT64: Final = (1 << 63) - 1
 
 _HEAD_COLS: Final = "path, epoch, first, top, top_time"
-# read_log: the events of current epochs in a pos range, with their channel's path and epoch. CROSS JOIN keeps
-# ``events`` the outer loop (its pos range, in pos order), whatever the planner makes of a path prefix.
+# read_log: the events of current epochs in a pos range, with their channel id and pos after the event
+# columns (the channel's path and epoch come from _ReadSide._channel_names: no two strings made per row).
+# CROSS JOIN keeps ``events`` the outer loop (its pos range, in pos order), whatever the planner makes of a
+# path prefix.
 _LOG_SELECT: Final = (
-    "SELECT e.pos, c.path, c.epoch, "
+    "SELECT "
     + ", ".join(f"e.{c.strip()}" for c in _EVENT_COLS.split(","))
-    + " FROM events AS e CROSS JOIN channels AS c ON c.id = e.channel_id"
+    + ", e.channel_id, e.pos FROM events AS e CROSS JOIN channels AS c ON c.id = e.channel_id"
     " WHERE e.pos > ? AND e.pos <= ? AND e.time_ns <= ?"
 )
+#: A read_log row's ``_EVENT_COLS`` (a C-level slice: cheaper than unpacking the row with a starred name).
+_EVENT_PART: Final = itemgetter(*range(10))
+#: Channel ids whose (path, epoch) a store keeps for read_log (forgotten all at once past it).
+_NAMES_MAX: Final = 65536
 _HEADS_CHUNK: Final = 500
 # read_rows(compact_text=True): a text column is NULL where it equals the given (first row's) value.
 _COMPACT_SELECT: Final = (
@@ -69,6 +77,7 @@ class _ReadSide:
     _readers: list[sqlite3.Connection]
     _reader_uri: str
     _busy_timeout_ms: int
+    _names: dict[int, tuple[str, str]]
 
     def _reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -118,26 +127,37 @@ class _ReadSide:
 
     @staticmethod
     def _events(channel: str, epoch: str, rows: Iterable[Sequence[Any]]) -> list[Event]:
-        pubs: dict[tuple[str, str, str, str], Publisher] = {}
-        out: list[Event] = []
-        for seq, t, dialect, user, app, msg_id, ctype, hb, tb, payload in rows:
-            pk = (dialect, user, app, msg_id)
-            pub = pubs.get(pk)
-            if pub is None:
-                pub = pubs[pk] = Publisher(dialect, user, app, msg_id)
-            out.append(
-                Event(
-                    channel,
-                    seq,
-                    epoch,
-                    t,
-                    pub,
-                    payload,
-                    ctype,
-                    decode_headers(hb) if hb else {},
-                    decode_tags(tb) if tb else (),
-                )
-            )
+        return _build_events(rows, repeat((channel, epoch)))
+
+    def _channel_names(self, conn: sqlite3.Connection, rows: list[Any], at: int) -> list[tuple[str, str]]:
+        """The (path, epoch) of each row's channel id (column ``at``; rows of current epochs, read in this
+        snapshot ``conn``). An id is one epoch of one channel for good (a new epoch gets a new id; ids are
+        never reused), so the answers are kept, shared by the reader threads (a dict's single steps are
+        atomic): a replay asks SQLite only for the channels it meets first."""
+        names = self._names
+        missing = {r[at] for r in rows}.difference(names)
+        if missing:
+            if len(names) + len(missing) > _NAMES_MAX:
+                names.clear()
+                missing = {r[at] for r in rows}
+            ids = list(missing)
+            for i in range(0, len(ids), _HEADS_CHUNK):
+                chunk = ids[i : i + _HEADS_CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                for cid, path, epoch in conn.execute(
+                    f"SELECT id, path, epoch FROM channels WHERE id IN ({marks})", chunk
+                ):
+                    names[cid] = (path, epoch)
+        # Another reader's clear (past _NAMES_MAX) may drop an id between the two steps: it is asked again.
+        out: list[tuple[str, str]] = []
+        for r in rows:
+            name = names.get(r[at])
+            if name is None:
+                path, epoch = conn.execute(
+                    "SELECT path, epoch FROM channels WHERE id = ?", (r[at],)
+                ).fetchone()
+                name = names[r[at]] = (path, epoch)
+            out.append(name)
         return out
 
     def head(self, channel: str) -> ChannelInfo:
@@ -417,27 +437,8 @@ class _ReadSide:
         params.append(min(limit, _MAX_INT64))
         with self._snapshot() as conn:
             rows = conn.execute(sql, params).fetchall()
-        pubs: dict[tuple[str, str, str, str], Publisher] = {}
-        out: list[Event] = []
-        for _pos, path, epoch, seq, t, dialect, user, app, msg_id, ctype, hb, tb, payload in rows:
-            pk = (dialect, user, app, msg_id)
-            pub = pubs.get(pk)
-            if pub is None:
-                pub = pubs[pk] = Publisher(dialect, user, app, msg_id)
-            out.append(
-                Event(
-                    path,
-                    seq,
-                    epoch,
-                    t,
-                    pub,
-                    payload,
-                    ctype,
-                    decode_headers(hb) if hb else {},
-                    decode_tags(tb) if tb else (),
-                )
-            )
-        return LogPage(out, rows[-1][0] if rows else after_pos)
+            places = self._channel_names(conn, rows, 10) if rows else []
+        return LogPage(_build_events(map(_EVENT_PART, rows), places), rows[-1][11] if rows else after_pos)
 
     def top_time(self) -> int:
         row = self._one("SELECT value FROM meta WHERE key = 'last_time'")
@@ -465,6 +466,35 @@ class _ReadSide:
                 f"SELECT {_HEAD_COLS} FROM retired_epochs WHERE path = ? ORDER BY id", (channel,)
             ).fetchall()
         return [ChannelInfo(*r) for r in rows]
+
+
+def _build_events(rows: Iterable[Sequence[Any]], places: Iterable[tuple[str, str]]) -> list[Event]:
+    """The events of ``rows`` (each ``_EVENT_COLS``), each of the (channel, epoch) ``places`` gives in turn:
+    the one row-to-event step of every read. The events of one call that share a publisher share its
+    object."""
+    pubs: dict[tuple[str, str, str, str], Publisher] = {}
+    out: list[Event] = []
+    for (channel, epoch), (seq, t, dialect, user, app, msg_id, ctype, hb, tb, payload) in zip(
+        places, rows, strict=False
+    ):
+        pk = (dialect, user, app, msg_id)
+        pub = pubs.get(pk)
+        if pub is None:
+            pub = pubs[pk] = Publisher(dialect, user, app, msg_id)
+        out.append(
+            Event(
+                channel,
+                seq,
+                epoch,
+                t,
+                pub,
+                payload,
+                ctype,
+                decode_headers(hb) if hb else {},
+                decode_tags(tb) if tb else (),
+            )
+        )
+    return out
 
 
 def _runs(channel: str, epoch: str, rows: list[Any]) -> list[EventRun]:

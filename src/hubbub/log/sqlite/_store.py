@@ -183,6 +183,7 @@ class SqliteLogStore(_ConsumerSide, LogStore):
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._reader_uri = self.path.as_uri() + "?mode=ro"
+        self._names: dict[int, tuple[str, str]] = {}  # see _ReadSide._channel_names
         # Writer state (writer thread only).
         self._heads: dict[str, _Head] = {}
         # Retired epochs holding events: id -> (channel, head).
