@@ -37,17 +37,28 @@ _MAX_INT64: Final = (1 << 63) - 1
 
 _HEAD_COLS: Final = "path, epoch, first, top, top_time"
 # read_log: the events of current epochs in a pos range, with their channel id and pos after the event
-# columns (the channel's path and epoch come from _ReadSide._channel_names: no two strings made per row).
-# CROSS JOIN keeps ``events`` the outer loop (its pos range, in pos order), whatever the planner makes of a
-# path prefix.
+# columns (the channel's path and epoch come from _ReadSide._channel_names: no two strings made per row). The
+# four publisher columns are all NULL where they equal ?1..?4 together (the reading thread's last publisher,
+# _build_events' ``same``): a page of one publisher's events makes no string for them. CROSS JOIN keeps
+# ``events`` the outer loop (its pos range, in pos order), whatever the planner makes of a path prefix.
+_SAME_PUBLISHER: Final = (
+    "e.publisher_dialect = ?1 AND e.publisher_user = ?2 AND e.publisher_app = ?3 AND e.publisher_msg_id = ?4"
+)
 _LOG_SELECT: Final = (
-    "SELECT "
-    + ", ".join(f"e.{c.strip()}" for c in _EVENT_COLS.split(","))
-    + ", e.channel_id, e.pos FROM events AS e CROSS JOIN channels AS c ON c.id = e.channel_id"
-    " WHERE e.pos > ? AND e.pos <= ? AND e.time_ns <= ?"
+    "SELECT e.seq, e.time_ns, "
+    + ", ".join(
+        f"CASE WHEN {_SAME_PUBLISHER} THEN NULL ELSE e.{c} END"
+        for c in ("publisher_dialect", "publisher_user", "publisher_app", "publisher_msg_id")
+    )
+    + ", e.content_type, e.headers, e.tags, e.payload, e.channel_id, e.pos"
+    " FROM events AS e CROSS JOIN channels AS c ON c.id = e.channel_id"
+    " WHERE e.pos > ?5 AND e.pos <= ?6 AND e.time_ns <= ?7"
 )
 #: A read_log row's ``_EVENT_COLS`` (a C-level slice: cheaper than unpacking the row with a starred name).
 _EVENT_PART: Final = itemgetter(*range(10))
+#: read_log's first reference publisher on a thread (see _LOG_SELECT): any value is right, since a row equal
+#: to it gets it, an equal object (the columns are NOT NULL: all four NULL only means equal).
+_NOBODY: Final = Publisher("")
 #: Channel ids whose (path, epoch) a store keeps for read_log (forgotten all at once past it).
 _NAMES_MAX: Final = 65536
 _HEADS_CHUNK: Final = 500
@@ -424,21 +435,35 @@ class _ReadSide:
     ) -> LogPage:
         if limit <= 0 or after_pos >= mark.pos:
             return LogPage([], after_pos)
+        local = self._local
+        same: Publisher = getattr(local, "log_publisher", _NOBODY)
         sql = _LOG_SELECT
-        params: list[Any] = [after_pos, mark.pos, mark.time_ns]
+        params: list[Any] = [
+            same.dialect,
+            same.user,
+            same.app,
+            same.msg_id,
+            after_pos,
+            mark.pos,
+            mark.time_ns,
+        ]
         if prefix:
-            sql += " AND c.path >= ?"
+            sql += " AND c.path >= ?8"
             params.append(prefix)
             upper = prefix_upper(prefix)
             if upper is not None:
-                sql += " AND c.path < ?"
+                sql += " AND c.path < ?9"
                 params.append(upper)
-        sql += " ORDER BY e.pos DESC LIMIT ?" if reverse else " ORDER BY e.pos LIMIT ?"
+        sql += f" ORDER BY e.pos {'DESC ' if reverse else ''}LIMIT ?{len(params) + 1}"
         params.append(min(limit, _MAX_INT64))
         with self._snapshot() as conn:
             rows = conn.execute(sql, params).fetchall()
             places = self._channel_names(conn, rows, 10) if rows else []
-        return LogPage(_build_events(map(_EVENT_PART, rows), places), rows[-1][11] if rows else after_pos)
+        events = _build_events(map(_EVENT_PART, rows), places, same)
+        if events:
+            # The next page's reference: one publisher's events keep one object from page to page.
+            local.log_publisher = events[-1].publisher
+        return LogPage(events, rows[-1][11] if rows else after_pos)
 
     def top_time(self) -> int:
         row = self._one("SELECT value FROM meta WHERE key = 'last_time'")
@@ -468,11 +493,15 @@ class _ReadSide:
         return [ChannelInfo(*r) for r in rows]
 
 
-def _build_events(rows: Iterable[Sequence[Any]], places: Iterable[tuple[str, str]]) -> list[Event]:
+def _build_events(
+    rows: Iterable[Sequence[Any]], places: Iterable[tuple[str, str]], same: Publisher | None = None
+) -> list[Event]:
     """The events of ``rows`` (each ``_EVENT_COLS``), each of the (channel, epoch) ``places`` gives in turn:
     the one row-to-event step of every read. The events of one call that share a publisher share its
-    object."""
-    pubs: dict[tuple[str, str, str, str], Publisher] = {}
+    object; with ``same``, a row whose four publisher columns are all NULL has ``same`` (read_log)."""
+    pubs: dict[tuple[str | None, str | None, str | None, str | None], Publisher] = {}
+    if same is not None:
+        pubs[None, None, None, None] = same
     out: list[Event] = []
     for (channel, epoch), (seq, t, dialect, user, app, msg_id, ctype, hb, tb, payload) in zip(
         places, rows, strict=False
