@@ -12,7 +12,7 @@ from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker
 from hubbub.core import Node, ReplaySpec, Session
 from hubbub.events import Publisher
 from hubbub.log import MemoryLogStore
-from hubbub.log.base import AppendRequest
+from hubbub.log.base import AppendRequest, ChannelInfo
 from tests.redisserver import RedisServer
 
 from .test_node import Enc
@@ -103,6 +103,49 @@ def test_events_committed_and_never_published_reach_live_subscribers(redis_serve
             assert sorted((f[0], f[1]) for f in got) == [("/w/a", 1), ("/w/a", 2), ("/w/b", 1)]
             assert [f[1] for f in got if f[0] == "/w/a"] == [1, 2]
             assert b.watch_syncs >= 1
+        finally:
+            await node.close()
+            await b.close()
+
+    asyncio.run(main())
+
+
+class _CountingStore(MemoryLogStore):
+    """Counts the channel heads read through :meth:`channels`."""
+
+    heads_read = 0
+
+    def channels(self, *args: Any, **kwargs: Any) -> list[ChannelInfo]:
+        out = super().channels(*args, **kwargs)
+        self.heads_read += len(out)
+        return out
+
+
+def test_a_catch_up_reads_the_channels_committed_to_since_the_last_not_every_head(
+    redis_server: RedisServer,
+) -> None:
+    async def main() -> None:
+        store = _CountingStore()
+        store.append([_req(f"/idle/{i}", "x") for i in range(3000)])
+        b = RedisBroker(BrokerSettings(redis_server.url, "y", gap_wait_s=30.0, poll_interval_s=0.05), store)
+        node = Node(ClusterView(store, b))
+        await node.__aenter__()
+        await b.start(node)
+        try:
+            seeded = store.heads_read
+            assert seeded == 3000  # the seed knows every channel's position once
+            live = Session("native", Enc(), max_items=1024, max_bytes=1 << 24)
+            node.attach(live)
+            await node.subscribe(live, "l", parse_pattern("/w/**"), on_snapshot=lambda p: None)
+            # Commits of a node that died before publishing them: the watch's catch-up finds them.
+            store.append([_req("/w/a", "a1"), _req("/w/b", "b1"), _req("/w/a", "a2"), _req("/idle/7", "y")])
+            got = await _frames(live, 3)
+            assert [(f[0], f[1]) for f in got if f[0] == "/w/a"] == [("/w/a", 1), ("/w/a", 2)]
+            assert [(f[0], f[1]) for f in got if f[0] == "/w/b"] == [("/w/b", 1)]
+            assert b.watch_syncs >= 1
+            assert b.sequencer.released("/idle/7") == (store.head("/idle/7").epoch, 2)
+            # The catch-up read the four events committed since the seed, not the 3,000 heads again.
+            assert store.heads_read == seeded
         finally:
             await node.close()
             await b.close()

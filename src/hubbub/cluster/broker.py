@@ -15,7 +15,10 @@ what it commits meanwhile is remembered as per-channel tops (not events), which 
 back so that the other nodes fill them from the log; and every ``cluster.poll_interval_s`` it compares the
 log's heads with what it delivered and fills the difference, so its subscribers see the other nodes' events
 too, later. Once the subscription is back, it catches up from the log the same way. A subscription is always
-made first and the log's heads read after it, so nothing committed in between is missed. With Redis up, a
+made first and the log's heads read after it, so nothing committed in between is missed. A catch-up costs
+what it must: it reads the log in commit order from the mark of the previous one (:meth:`LogStore.read_log`),
+so only the channels committed to since are compared, and reads every channel's head instead only when
+more events than channels the node tracks came in between (the cheaper read then). With Redis up, a
 cheap watch (the log's newest commit time against the newest delivered) finds events that were committed and
 never published (a node killed in between) and fills them. The state shows in
 ``/healthz`` (``broker``) and ``/metrics`` (``hubbub_cluster_*``).
@@ -47,7 +50,7 @@ from redis.exceptions import RedisError
 
 from hubbub.core.supervisor import Supervisor
 from hubbub.events import Event
-from hubbub.log.base import ChannelInfo, LogStore
+from hubbub.log.base import ChannelInfo, LogMark, LogStore
 
 from . import wire
 from .sequencer import Sequencer
@@ -62,6 +65,8 @@ log = logging.getLogger("hubbub.cluster")
 
 #: Channels per page when reading every head of the log (seed and catch-up).
 HEADS_PAGE = 5000
+#: Events per page of a catch-up's commit-order read (:meth:`RedisBroker._changed_heads`).
+SYNC_PAGE = 2048
 #: Events queued for Redis beyond which, while Redis is slow or away, they are kept as tops instead.
 MAX_OUTBOX = 100_000
 
@@ -122,6 +127,9 @@ class RedisBroker:
         self._closed = False
         self.up = False
         self._changed = time.monotonic()
+        #: The log's mark when its heads were last compared (seed or catch-up): every channel committed to
+        #: up to it is delivered or being filled, so the next catch-up reads the log from there.
+        self._synced: LogMark | None = None
         #: Called with ``up`` at each change of :attr:`up` (``watch_state``).
         self._watchers: list[Callable[[bool], None]] = []
         # statistics
@@ -150,9 +158,10 @@ class RedisBroker:
                 "cluster: Redis unavailable at start (%s); serving from the log until it is back", exc
             )
             self._set_up(False)
-        t0 = await self._top_time()
-        self.sequencer.seed(await self._all_heads())
-        self.sequencer.note_time(t0)
+        mark, heads = await self._changed_heads(None)
+        self.sequencer.seed(heads)
+        self.sequencer.note_time(mark.time_ns)
+        self._synced = mark
         node.relay = self
         self._tasks.open()
         self._tasks.run("cluster-receive", self._receive_loop)
@@ -262,19 +271,40 @@ class RedisBroker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._reads, self.store.head, channel)
 
-    async def _all_heads(self) -> list[ChannelInfo]:
-        def read_all() -> list[ChannelInfo]:
+    async def _changed_heads(self, since: LogMark | None) -> tuple[LogMark, list[ChannelInfo]]:
+        """The log's mark and the heads of the channels committed to after ``since`` (None: of every
+        channel), read after the mark so that they cover everything up to it. Events between the two marks
+        are read in commit order when there are fewer of them than channels this node tracks (a head per
+        channel committed to, ``first`` unknown: 0); past that, or with no ``since``, every channel's head
+        is read, the cheaper read then. Either way a catch-up costs the smaller of the events committed
+        since the last one and the channels of the log, never both."""
+        store = self.store
+        tracked = self.sequencer.channels
+
+        def read() -> tuple[LogMark, list[ChannelInfo]]:
+            mark = store.log_mark()
+            if since is not None and mark.pos - since.pos <= max(tracked, SYNC_PAGE):
+                last: dict[str, Event] = {}
+                after = since.pos
+                while after < mark.pos:
+                    page = store.read_log(after, mark, SYNC_PAGE)
+                    for e in page.events:
+                        last[e.channel] = e
+                    if len(page.events) < SYNC_PAGE:
+                        break
+                    after = page.pos
+                return mark, [ChannelInfo(ch, e.epoch, 0, e.seq, e.time_ns) for ch, e in last.items()]
             out: list[ChannelInfo] = []
-            after = ""
+            after_ch = ""
             while True:
-                page = self.store.channels(after=after, limit=HEADS_PAGE, include_empty=True)
-                out += page
-                if len(page) < HEADS_PAGE:
-                    return out
-                after = page[-1].channel
+                heads = store.channels(after=after_ch, limit=HEADS_PAGE, include_empty=True)
+                out += heads
+                if len(heads) < HEADS_PAGE:
+                    return mark, out
+                after_ch = heads[-1].channel
 
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reads, read_all)
+        return await loop.run_in_executor(self._reads, read)
 
     async def _top_time(self) -> int:
         loop = asyncio.get_running_loop()
@@ -283,9 +313,11 @@ class RedisBroker:
     async def _sync(self) -> None:
         """Fill every channel the log has further than this node delivered."""
         self.syncs += 1
-        t = await self._top_time()
-        n = self.sequencer.sync_all(await self._all_heads())
-        self.sequencer.note_time(t)
+        mark, heads = await self._changed_heads(self._synced)
+        n = self.sequencer.sync_all(heads)
+        self.sequencer.note_time(mark.time_ns)
+        if self._synced is None or mark.pos > self._synced.pos:
+            self._synced = mark
         consumers = None if self._node is None else self._node.consumers
         if n and consumers is not None:
             consumers.others_committed(None)
