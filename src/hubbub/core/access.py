@@ -138,6 +138,11 @@ class Access:
         answer leaves out for others, never audited."""
         return not self.authorizer.enabled or self.authorizer.may_admin(identity)
 
+    def reader(self, identity: Identity) -> Callable[[str], bool]:
+        """:meth:`may_read` for one identity, as a predicate over channels (thread-safe: it only reads the
+        identity's grants), for reads that leave out what the identity may not read."""
+        return functools.partial(self.authorizer.may_subscribe, identity)
+
     def check_admin(self, identity: Identity | None, dialect: str) -> None:
         try:
             self.authorizer.check_admin(identity)

@@ -51,7 +51,7 @@ from .limits import Limiter, LimitSettings
 from .presence import LocalPresence, Presence
 from .reads import ChannelPage, LogReads, Planner
 from .relay import Relay, committed_events
-from .replay import ReplayPlan, ReplaySpec
+from .replay import Gap, ReplayPlan, ReplaySpec
 from .replay_service import REPLAY_PAGE, ReplayService
 from .retention import RetentionTask
 from .session import Session
@@ -294,6 +294,7 @@ class Node:
         on_snapshot: Callable[[ReplayPlan], None],
         on_replayed: Callable[[ReplayPlan], None] | None = None,
         planner: Callable[[LogStore], ReplayPlan] | None = None,
+        on_gap: Callable[[Gap], None] | None = None,
     ) -> Subscription:
         """Create a subscription, with a replay if ``replay`` asks for one.
 
@@ -303,7 +304,8 @@ class Node:
         are queued, paced alike, before any later one (``core/junction.py``). Replay and junction skip events
         whose delivery filters do not match the session (README §3); ``plan.sent`` counts what was queued.
         Raises :class:`SubscriptionError` (4200, 4203), :class:`LimitExceeded` (4007) or ``BadRequest``; then
-        no subscription exists.
+        no subscription exists. ``on_gap(gap)`` queues the notice of a gap found while the replay runs (a
+        scan with ``trim_gaps``), just before the first event of its channel.
 
         ``planner``, when given, replaces the native replay planning (``replay`` is then ignored): it runs on
         a reader thread and returns the events to replay and the snapshot's ``tops``; held live events at or
@@ -321,6 +323,7 @@ class Node:
             on_snapshot=on_snapshot,
             on_replayed=on_replayed,
             planner=planner,
+            on_gap=on_gap,
         )
 
     # -- reads and control ------------------------------------------------------------------------------
@@ -352,13 +355,7 @@ class Node:
     ) -> list[ChannelInfo]:
         """The channels matching ``pattern`` (:meth:`LogReads.list_channels`). With ``readable_by``, the ones
         that identity may not read are left out, as if they held no events."""
-        keep = None
-        if readable_by is not None:
-            may_read, ident = self.access.may_read, readable_by
-
-            def keep(channel: str) -> bool:
-                return may_read(ident, channel)
-
+        keep = None if readable_by is None else self.access.reader(readable_by)
         return await self.reads.list_channels(
             pattern, after=after, limit=limit, include_empty=include_empty, keep=keep
         )

@@ -5,7 +5,7 @@ Pure functions over a :class:`LogStore`, run on a reader thread by the node. The
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from hubbub.channels import Pattern
@@ -28,7 +28,6 @@ __all__ = [
     "plan_replay",
     "plan_scan",
     "scan_page",
-    "trimmed_after",
 ]
 
 PAGE = 1000
@@ -86,7 +85,13 @@ class ReplayScan:
     A scan whose count was announced before its events (guble's ``#fetch-start``; :func:`count_scan`) has
     ``limit``, the events it sends at most, and ``caps``: of each channel whose tail this cluster node had
     not delivered live when it was counted, the last position the count took (the live stream brings the
-    rest), so sending it again finds the same events whatever was delivered meanwhile."""
+    rest), so sending it again finds the same events whatever was delivered meanwhile.
+
+    ``trim_gaps`` (SSE's ``Last-Event-ID`` resume, native.md "SSE"): an unlisted channel whose first event
+    the scan sends is not its first one while the one before it is trimmed gets a ``trimmed`` gap, told just
+    before that event (:attr:`ScanCursor.gaps`): the trimmed events' times are gone, so they may have come
+    after ``from_time``. Found by one read of the heads of the channels a page starts, so it costs what the
+    replay sends, never a read of every channel the pattern matches."""
 
     prefix: str
     after: int
@@ -96,6 +101,7 @@ class ReplayScan:
     from_time: int | None
     limit: int | None = None
     caps: Mapping[str, Position] | None = None
+    trim_gaps: bool = False
 
 
 @dataclass(slots=True)
@@ -134,21 +140,6 @@ def list_channels(store: LogStore, pattern: Pattern, *, include_empty: bool = Fa
         if len(page) < PAGE:
             return out
         after = page[-1].channel
-
-
-def trimmed_after(store: LogStore, pattern: Pattern, time_ns: int, skip: Iterable[str] = ()) -> list[Gap]:
-    """``trimmed`` gaps for a resume from ``time_ns`` across a pattern (native.md §8, SSE): every matching
-    channel whose retained events start after ``time_ns`` while earlier ones were trimmed. The trimmed events'
-    times are gone, so a channel whose first retained event is newer than the resume point is reported."""
-    skipped = set(skip)
-    gaps: list[Gap] = []
-    for ci in list_channels(store, pattern):
-        if ci.channel in skipped or ci.first <= 1:
-            continue
-        first = store.read(ci.channel, ci.first - 1, 1)
-        if first and first[0].time_ns > time_ns:
-            gaps.append(Gap(ci.channel, Position(0, ci.epoch), Position(ci.top, ci.epoch), "trimmed"))
-    return gaps
 
 
 def _check_since(info: ChannelInfo, since: Position) -> tuple[Gap | None, bool]:
@@ -335,7 +326,9 @@ class ScanCursor:
     """Where a pattern's replay is (:func:`scan_page`): the log position read up to, per channel the last
     position replayed or passed over (``expect``: each channel's next event must continue it exactly),
     the channels whose replay ended early on a cluster node (``cut``: the live stream brings the rest),
-    and whether the scan is over (``done``) or lost its snapshot (``broken``)."""
+    whether the scan is over (``done``) or lost its snapshot (``broken``), and the gaps found
+    (``gaps``, :attr:`ReplayScan.trim_gaps`: each told just before its channel's first event sent; added
+    and taken on the reader thread that reads the page)."""
 
     after: int
     expect: dict[str, Position]
@@ -345,6 +338,7 @@ class ScanCursor:
     #: Of each channel the scan met, whether the scan takes it (the pattern matches, not skipped): asked
     #: once per channel, not per event (at most ``TAKEN_MAX`` kept).
     taken: dict[str, bool] = field(default_factory=dict)
+    gaps: dict[str, Gap] = field(default_factory=dict)
 
 
 def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCursor) -> list[Event]:
@@ -362,6 +356,7 @@ def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCurs
     expect, cut = cur.expect, cur.cut
     out: list[Event] = []
     taken = cur.taken
+    starts: list[Event] = []  # unlisted channels' first events here, past their seq 1 (trim_gaps)
     for e in page.events:
         ch = e.channel
         ok = taken.get(ch)
@@ -375,6 +370,8 @@ def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCurs
         if last is None:
             if ch in since or from_time is None or e.time_ns < from_time:
                 continue
+            if e.seq > 1 and scan.trim_gaps:
+                starts.append(e)
         elif last.epoch:
             if e.epoch == last.epoch and e.seq <= last.seq:
                 continue  # at or before a listed position: the subscriber has it
@@ -386,12 +383,24 @@ def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCurs
             return out
         expect[ch] = Position(e.seq, e.epoch)
         out.append(e)
+    if starts:
+        _trimmed_starts(store, starts, cur.gaps)
     if out and scan.caps is not None:
         if scan.caps:
             out = _capped(out, scan.caps, cur)
     elif out and type(store).delivered is not LogStore.delivered:
         out = _delivered_only(store, out, cur)
     return out
+
+
+def _trimmed_starts(store: LogStore, starts: list[Event], gaps: dict[str, Gap]) -> None:
+    """A ``trimmed`` gap in ``gaps`` for each of ``starts`` (an unlisted channel's first event in a scan)
+    whose previous event is trimmed: its channel's first retained event now (one read of their heads)."""
+    heads = store.heads([e.channel for e in starts])
+    for e in starts:
+        h = heads[e.channel]
+        if h.epoch == e.epoch and h.first >= e.seq:
+            gaps[e.channel] = Gap(e.channel, Position(0, e.epoch), Position(e.seq - 1, e.epoch), "trimmed")
 
 
 def _capped(events: list[Event], caps: Mapping[str, Position], cur: ScanCursor) -> list[Event]:

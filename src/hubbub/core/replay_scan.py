@@ -28,7 +28,7 @@ from hubbub.log.base import LogStore
 from .faults import Faults
 from .filters import withheld
 from .reads import LogReads
-from .replay import TAKEN_MAX, ReplayScan, ScanCursor, scan_page
+from .replay import TAKEN_MAX, Gap, ReplayScan, ScanCursor, scan_page
 from .session import FrameRun, Session
 
 __all__ = ["ScanSent", "send_scan"]
@@ -89,30 +89,35 @@ async def send_scan(
     faults: Faults,
     *,
     exact: bool = True,
+    on_gap: Callable[[Gap], None] | None = None,
 ) -> ScanSent:
     """Queue ``scan``'s events to ``session`` for ``sub_ids`` (a list, not a tuple: encoders cache a tuple's
     frame per fan-out, and this cache spans the replay). A scan with a ``limit`` (its count, announced) must
     send exactly that many, else the session is closed as a slow consumer; with ``exact`` (a subscription's
     junction follows, which takes every event of the scan as sent or passed over) it also reads the scan
     to its end to check there is no more, and without it (a fetch) it stops at the limit. An encoding that
-    raises closes the session through ``faults``.
+    raises closes the session through ``faults``. ``on_gap`` queues the notice of a gap the scan found
+    (:attr:`ReplayScan.trim_gaps`), called just before its channel's first event.
 
     Each page is read and sifted on a reader thread: the channels ``visible`` (thread-safe: a permission,
     asked once per channel per scan) and the events the session's delivery filters let through. When the
     session's encoder is a :class:`~hubbub.core.session.PageEncoder` and the scan has no count to stop at,
     the page is also encoded there and cut into the chunks the queue takes (``Session.replay_chunks``:
     packed into batch frames already for a batching session), so the loop only queues them; other encoders
-    get the events one by one on the loop."""
+    get the events one by one on the loop, and so does a page with a gap to tell (rare), so that the notice
+    comes just before its channel's first event."""
     cur = ScanCursor(scan.after, dict(scan.since))
+    gaps = cur.gaps
     limit = scan.limit
     encode_page = getattr(session.encoder, "encode_page", None) if limit is None else None
     chunks = session.replay_chunks
     seen: dict[str, bool] = {}  # channel -> visible, asked once per scan
     shapes: dict[Any, Any] = {}  # the encoder's, from page to page
 
-    def read_page() -> tuple[list[Event], list[FrameRun] | None]:
+    def read_page() -> tuple[list[Event], list[FrameRun] | None, list[tuple[int, Gap]]]:
         events = scan_page(store, pattern, scan, cur)
         kept: list[Event] = []
+        notes: list[tuple[int, Gap]] = []  # (index in kept the gap is told before, gap)
         for ev in events:
             if visible is not None:
                 ok = seen.get(ev.channel)
@@ -122,16 +127,19 @@ async def send_scan(
                     ok = seen[ev.channel] = visible(ev.channel)
                 if not ok:
                     continue
+            if gaps and on_gap is not None and ev.channel in gaps:
+                # Told even when the event itself is withheld: the gap is the channel's, not the event's.
+                notes.append((len(kept), gaps.pop(ev.channel)))
             if ev.headers and withheld(session, ev):
                 continue  # not this connection's, as in live fan-out (README §3)
             kept.append(ev)
-        if encode_page is None or not kept:
-            return kept, None
+        if encode_page is None or not kept or notes:
+            return kept, None, notes
         try:
             frames = encode_page(kept, sub_ids, True, shapes)
         except Exception as exc:
             raise _fault(encode_page, kept, sub_ids, exc) from exc
-        return kept, chunks(frames)
+        return kept, chunks(frames), notes
 
     cache: dict[Any, Any] = {}
     sent = 0
@@ -140,7 +148,7 @@ async def send_scan(
     try:
         while True:
             try:
-                events, chunked = await pending
+                events, chunked, notes = await pending
             except HubbubError as exc:
                 log.warning("replay read failed: %s", exc, extra={"session": session.id})
                 session.kick(Disconnect.of(exc.code))
@@ -154,9 +162,11 @@ async def send_scan(
                 if n < len(events):
                     return ScanSent(sent, cur.expect)  # the session ended meanwhile
                 events = []
-            for ev in events:
+            for i, ev in enumerate(events):
                 if session.closed or session.kicked or session.ending:
                     return ScanSent(sent, cur.expect)
+                while notes and notes[0][0] == i and on_gap is not None:
+                    on_gap(notes.pop(0)[1])
                 if sent == limit:
                     # More than was counted: the junction's snapshot (cur.expect) is past what was sent.
                     if exact:
@@ -165,6 +175,9 @@ async def send_scan(
                 if session.needs_room():
                     await session.wait_replay_room()
                 sent += session.deliver(ev, sub_ids, cache, replay=True)
+            for _, gap in notes:  # after the page's last event sent: its channel's first ones were withheld
+                if on_gap is not None and not (session.closed or session.kicked or session.ending):
+                    on_gap(gap)
             if done or (limit is not None and sent == limit and not exact):
                 short = broken or any(
                     cur.expect[ch].seq < tops.get(ch, 0) for ch in scan.since if ch not in cur.cut

@@ -76,6 +76,7 @@ class ReplayService:
         on_snapshot: Callable[[ReplayPlan], None],
         on_replayed: Callable[[ReplayPlan], None] | None = None,
         planner: Planner | None = None,
+        on_gap: Callable[[Gap], None] | None = None,
     ) -> Subscription:
         """``Node.subscribe``: see there."""
         spec = replay or ReplaySpec()
@@ -134,6 +135,7 @@ class ReplayService:
                 plan.scan,
                 plan.tops,
                 registry.faults,
+                on_gap=on_gap,
             )
             sent += done.sent
             covered = done.expect

@@ -13,7 +13,7 @@ import logging
 import secrets
 import struct
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from hubbub.auth import ANONYMOUS, Identity
 from hubbub.channels import parse_pattern, route_channel
 from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
-from hubbub.core.replay import plan_replay, trimmed_after
+from hubbub.core.replay import Gap, plan_replay
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
@@ -597,8 +597,11 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
         resume_spec = spec
 
         def resume_planner(store: LogStore) -> ReplayPlan:
+            # The other channels' trimmed gaps are found while the replay reads them (trim_gaps), so the
+            # resume costs what it replays, not a read of every channel the pattern matches.
             plan = plan_replay(store, pattern, resume_spec)
-            plan.gaps.extend(trimmed_after(store, pattern, t, skip=(ch,)))
+            if plan.scan is not None:
+                plan.scan = replace(plan.scan, trim_gaps=True)
             return plan
 
         planner = resume_planner
@@ -639,6 +642,9 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
             def on_replayed(plan: ReplayPlan) -> None:
                 sess.push(nc.render_sse_recovered(plan.sent))
 
+            def on_gap(g: Gap) -> None:
+                sess.push(nc.render_sse_gap(g.channel, g.reason, g.since, g.position))
+
             try:
                 await self.node.subscribe(
                     sess,
@@ -649,6 +655,7 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
                     on_snapshot=on_snapshot,
                     on_replayed=on_replayed,
                     planner=planner,
+                    on_gap=on_gap,
                 )
                 assert writer is not None
                 await stopped(writer, self.node, "native", sess.id)
