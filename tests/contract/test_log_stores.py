@@ -306,6 +306,32 @@ def test_read_by_seq_range_and_limit(store: LogStore) -> None:
     assert all(e.channel == "/a" for e in store.read("/a"))
 
 
+def test_count_log_counts_what_read_log_gives(store: LogStore) -> None:
+    """``count_log``: the events ``read_log`` gives under a prefix (or of one channel) from a position up to
+    a mark, from a time on, and how many of them carry headers; a reset channel's retired events are not
+    counted, nor events after the mark."""
+    assert store.count_log(0, store.log_mark()) == (0, 0)
+    first = [req(f"/p/{i % 3}") for i in range(9)] + [req("/pp"), req("/p")]
+    written = [r.event for r in store.append(first)]
+    written += [r.event for r in store.append([req("/p/1", headers={":filter.user_id": "u"}), req("/q")])]
+    store.reset_channel("/p/2")
+    store.append([req("/p/2")])
+    mark = store.log_mark()
+    store.append([req("/p/0") for _ in range(3)])  # after the mark
+    assert store.count_log(0, mark) == (11, 1)  # /p/2's three retired events are gone from the count
+    assert store.count_log(0, mark, "/p") == (10, 1)  # with /pp
+    assert store.count_log(0, mark, "/p/") == (8, 1)
+    assert store.count_log(0, mark, channel="/p") == (1, 0)
+    assert store.count_log(0, mark, channel="/p/1") == (4, 1)
+    t = written[4].time_ns
+    after = store.log_seek(t)
+    assert store.count_log(after, mark, "/p/", from_time=t) == (
+        sum(1 for e in written[4:] if e.channel.startswith("/p/") and e.channel != "/p/2") + 1,
+        1,
+    )
+    assert store.count_log(mark.pos, mark) == (0, 0)
+
+
 def test_read_log_pages_a_pattern_in_commit_order_up_to_a_mark(store: LogStore) -> None:
     """``read_log``: the events of current epochs under a prefix, in commit order, a page at a time, up to a
     mark taken before later commits; backwards too. ``log_seek`` finds where a time starts."""

@@ -11,12 +11,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
+from hubbub.config import load_config
 from hubbub.events import Event, Publisher
 from hubbub.log import DB_FILENAME, AppendRequest, SqliteLogStore
+from hubbub.log.base import LogPage
+from hubbub.server import Server
 
 from .test_guble import connect, recv, serve
 
@@ -96,5 +100,37 @@ def test_fetch_of_a_subtree_past_10000_events_is_exact(backlog: tuple[Path, list
             assert ids(await block(last, "/p")) == everything[first : first + 12000]
             for ws in (sub, pub, last):
                 await ws.close()
+
+    asyncio.run(main())
+
+
+def test_a_fetch_reads_its_events_once(backlog: tuple[Path, list[Event]]) -> None:
+    """The count ``#fetch-start`` announces comes from the log's rows, not from reading the events a first
+    time: a fetch reads each event of its range once, as it sends it."""
+    data, inside = backlog
+
+    async def main() -> None:
+        cli = {"data_dir": str(data), "http.listen": "127.0.0.1:0", "native.tcp_listen": "127.0.0.1:0"}
+        async with Server(load_config(cli=cli, env={})) as server, aiohttp.ClientSession() as http:
+            assert server.node is not None
+            store = server.node.store
+            read = store.read_log
+            rows: list[int] = []
+
+            def counting(*args: Any, **kwargs: Any) -> LogPage:
+                page = read(*args, **kwargs)
+                rows.append(len(page.events))
+                return page
+
+            store.read_log = counting  # type: ignore[method-assign]
+            ws, _ = await connect(http, f"127.0.0.1:{server.ports['http']}", "f")
+            await ws.send_str("+ /p 0 0")  # a fetch without a subscription
+            got = ids(await block(ws, "/p"))
+            # The backlog, and the live event another test of this module may have published.
+            assert got[:EVENTS] == expected(inside) and [c for c, _, _ in got[EVENTS:]] in ([], ["/p/a"])
+            # The range holds the subtree's events and those of /pp, whose path shares the prefix /p.
+            in_range = EVENTS + EVENTS // 10
+            assert in_range <= sum(rows) < in_range + 2048
+            await ws.close()
 
     asyncio.run(main())

@@ -437,6 +437,31 @@ class LogStore(abc.ABC):
         ``limit`` ends the range. Events of retired epochs are left out (a channel reset between two pages
         loses its earlier events from the later pages: the caller checks each channel's continuity)."""
 
+    def count_log(
+        self,
+        after_pos: int,
+        mark: LogMark,
+        prefix: str = "",
+        *,
+        from_time: int = 0,
+        channel: str | None = None,
+    ) -> tuple[int, int]:
+        """How many events :meth:`read_log` gives from ``after_pos`` up to ``mark`` under ``prefix`` (or of
+        ``channel`` alone, when given) with ``time_ns >= from_time``, and how many of those carry headers,
+        from one snapshot: a count announced before the events (guble's fetch) without reading them. This
+        default reads them (:meth:`read_log`); engines override it to count rows without building events."""
+        total = marked = 0
+        after = after_pos
+        while True:
+            page = self.read_log(after, mark, 2048, channel if channel is not None else prefix)
+            for e in page.events:
+                if e.time_ns >= from_time and (channel is None or e.channel == channel):
+                    total += 1
+                    marked += bool(e.headers)
+            if len(page.events) < 2048:
+                return total, marked
+            after = page.pos
+
     def delivered(self, wanted: Sequence[tuple[str, str, int]]) -> list[int]:
         """Of each ``(channel, epoch, seq)``, up to which seq (at most ``seq``) the node reading through this
         store has delivered that epoch live. A store one node writes commits and delivers in one order, so

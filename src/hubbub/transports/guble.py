@@ -37,13 +37,13 @@ from hubbub.auth import Identity
 from hubbub.channels import route_channel
 from hubbub.core import Node, ReplayPlan
 from hubbub.core.filters import delivery_filters, passes
-from hubbub.core.replay import ReplayScan, count_scan, last_start, pattern_prefix
 from hubbub.dialects import guble as gc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadChannel, HubbubError, SubscriptionError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
+from .guble_select import fetch_count, plan_fetch, subtree_pattern
 from .http import HttpSettings, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
 from .wire import DialectWire, live_only
@@ -75,76 +75,6 @@ class GubleSettings:
     metrics_endpoint: str = "/admin/metrics"
     #: ``guble.auth`` resolved: a token on the ``/stream/`` upgrade and on every REST and admin call (§9).
     auth: bool = False
-
-
-# -- replay selection (reader threads) ----------------------------------------------------------------------
-
-subtree_pattern = gc.subtree_pattern
-
-
-#: Events per read of the fetched channel while its start is looked for (``+ <path> <startId>``).
-FETCH_PAGE = 1000
-
-
-def plan_fetch(
-    store: LogStore,
-    channel: str,
-    start_id: int | None,
-    max_count: int | None,
-    keep: Callable[[Event], bool],
-    from_time: int | None = None,
-    empty: bool = False,
-) -> ReplayPlan:
-    """The guble fetch selection over Subtree(channel) (guble.md §5), or with ``from_time`` a catch-up (every
-    event from that time), as a replay plan (on a reader thread): a scan of the log in commit order (which is
-    guble's merged order, commit times being unique) up to one mark, from the selection's first event,
-    counted first (:func:`count_scan`: ``#fetch-start`` announces the exact count) and read again page by
-    page as it is sent, so a fetch of any length holds a page or two in memory. ``empty``: a selection of no
-    event (a catch-up receiver inside another one's subtree)."""
-    plan = ReplayPlan(replayed=True)
-    pattern = gc.subtree_pattern(channel)
-    mark = store.log_mark()
-    plan.top_time = mark.time_ns
-    limit = max_count if max_count and (start_id is None or start_id >= 0) else None
-    start: int | None
-    if empty:
-        return plan
-    if from_time is not None or not start_id:
-        start = from_time or 0
-    elif start_id > 0:
-        start = _first_from(store, channel, start_id, mark.time_ns, keep)
-    else:
-        start = last_start(store, pattern, mark, max_count or -start_id, keep)
-    if start is None or start > mark.time_ns:
-        return plan
-    scan = ReplayScan(pattern_prefix(pattern), store.log_seek(start), mark, {}, frozenset(), start)
-    scan = count_scan(store, pattern, scan, keep, limit)
-    if scan.limit:
-        plan.scan = scan
-    return plan
-
-
-def _first_from(
-    store: LogStore, channel: str, start_id: int, mark_ns: int, keep: Callable[[Event], bool]
-) -> int | None:
-    """The commit time of the first event of ``channel`` itself with ``seq >= start_id`` that ``keep``
-    accepts, at or before the mark (guble.md §5: the selection starts there on every channel)."""
-    after = start_id - 1
-    while True:
-        page = store.read(channel, after_seq=after, limit=FETCH_PAGE)
-        for e in page:
-            if e.time_ns > mark_ns:
-                return None
-            if keep(e):
-                return e.time_ns
-        if len(page) < FETCH_PAGE:
-            return None
-        after = page[-1].seq
-
-
-def fetch_count(plan: ReplayPlan) -> int:
-    """The number of events a fetch's plan sends (its ``#fetch-start`` count)."""
-    return plan.scan.limit or 0 if plan.scan is not None else 0
 
 
 # -- connections --------------------------------------------------------------------------------------------
@@ -249,6 +179,11 @@ class GubleConnection:
             return False
         return not e.headers or passes(self.session, delivery_filters(e))
 
+    def _keeps_all(self, channel: str) -> bool:
+        """Whether :meth:`_keep` accepts every event of Subtree(channel) without headers: the identity reads
+        all of it."""
+        return self.node.access.visibility(self.session.identity, subtree_pattern(channel)) is None
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return self.wire.spawn(coro)
 
@@ -326,6 +261,7 @@ class GubleConnection:
             start_id=cmd.start_id,
             max_count=cmd.max_count,
             keep=self._keep,
+            keep_all=self._keeps_all(cmd.channel),
         )
         if cmd.subscribes:
             # The fetch's events count as live ones for a catch-up (LiveMark): the receiver goes live while
@@ -423,6 +359,7 @@ class GubleConnection:
                         keep=self._keep,
                         from_time=step.from_time,
                         empty=step.covered,
+                        keep_all=self._keeps_all(rec.channel),
                     )
                     rec.task = self._spawn(self._run(rec, self._subscribe(rec, planner, fetch=True)))
                     await asyncio.wait([rec.task])

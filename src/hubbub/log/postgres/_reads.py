@@ -434,6 +434,37 @@ class _ReadSide:
             out.extend(dec.events(r[1], r[2], [r[3:]]))
         return LogPage(out, int(rows[-1][0]) if rows else after_pos)
 
+    def count_log(
+        self,
+        after_pos: int,
+        mark: LogMark,
+        prefix: str = "",
+        *,
+        from_time: int = 0,
+        channel: str | None = None,
+    ) -> tuple[int, int]:
+        if after_pos >= mark.pos:
+            return 0, 0
+        # Rows counted where the events are (the pos range), each channel looked up by id: no event built.
+        sql = (
+            "SELECT count(*), coalesce(sum(CASE WHEN length(e.headers) > 0 THEN 1 ELSE 0 END), 0)"
+            " FROM events AS e JOIN channels AS c"
+            " ON c.id = e.channel_id WHERE e.pos > %s AND e.pos <= %s AND e.time_ns <= %s AND e.time_ns >= %s"
+        )
+        params: list[Any] = [_clamp(after_pos), _clamp(mark.pos), _clamp(mark.time_ns), _clamp(from_time)]
+        if channel is not None:
+            sql += " AND c.path = %s"
+            params.append(channel)
+        elif prefix:
+            sql += " AND c.path >= %s"
+            params.append(prefix)
+            upper = prefix_upper(prefix)
+            if upper is not None:
+                sql += " AND c.path < %s"
+                params.append(upper)
+        row = self._read(lambda conn: conn.execute(sql, params).fetchone(), snapshot=False)
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
     def top_time(self) -> int:
         row = self._read(
             lambda conn: conn.execute("SELECT last_time FROM log_state").fetchone(), snapshot=False

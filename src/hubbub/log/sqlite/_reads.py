@@ -465,6 +465,38 @@ class _ReadSide:
             local.log_publisher = events[-1].publisher
         return LogPage(events, rows[-1][11] if rows else after_pos)
 
+    def count_log(
+        self,
+        after_pos: int,
+        mark: LogMark,
+        prefix: str = "",
+        *,
+        from_time: int = 0,
+        channel: str | None = None,
+    ) -> tuple[int, int]:
+        if after_pos >= mark.pos:
+            return 0, 0
+        # Rows counted where the events are (the pos range), each channel looked up by id: no event built.
+        sql = (
+            "SELECT count(*), coalesce(sum(length(e.headers) > 0), 0)"
+            " FROM events AS e CROSS JOIN channels AS c"
+            " ON c.id = e.channel_id WHERE e.pos > ? AND e.pos <= ? AND e.time_ns <= ? AND e.time_ns >= ?"
+        )
+        params: list[Any] = [after_pos, mark.pos, mark.time_ns, from_time]
+        if channel is not None:
+            sql += " AND c.path = ?"
+            params.append(channel)
+        elif prefix:
+            sql += " AND c.path >= ?"
+            params.append(prefix)
+            upper = prefix_upper(prefix)
+            if upper is not None:
+                sql += " AND c.path < ?"
+                params.append(upper)
+        with self._snapshot() as conn:
+            total, marked = conn.execute(sql, params).fetchone()
+        return int(total), int(marked)
+
     def top_time(self) -> int:
         row = self._one("SELECT value FROM meta WHERE key = 'last_time'")
         return int(row[0]) if row else 0
