@@ -520,3 +520,30 @@ def test_basic_auth_carries_the_token(tmp_path: Path) -> None:
                 assert m is not None and m.group(2) == "alice"
 
     asyncio.run(main())
+
+
+def test_a_fetch_counts_only_the_events_the_connection_gets(tmp_path: Path) -> None:
+    """An event addressed to another user (a filter header) is not part of a fetch: the announced count
+    leaves it out and the block holds every other one, in order (guble.md §5)."""
+
+    async def main() -> None:
+        async with serve(tmp_path / "d") as addr, aiohttp.ClientSession() as http:
+            base = f"http://{addr}"
+            for i, to in enumerate(["", "carol", "", "dave", ""]):
+                query = f"userId=m&filterUserId={to}" if to else "userId=m"
+                async with http.post(f"{base}/api/message/f/{i % 2}?{query}", data=f"b{i}".encode()) as r:
+                    assert r.status == 200
+            ws, _ = await connect(http, addr, "dave")
+            await ws.send_str("+ /f 0 0")
+            assert await recv(ws) == b"#fetch-start /f 4"
+            frames = [await recv(ws) for _ in range(4)]
+            assert [(meta(f)[0], f.rsplit(b"\n", 1)[-1]) for f in frames] == [
+                ("/f/0", b"b0"),
+                ("/f/0", b"b2"),
+                ("/f/1", b"b3"),
+                ("/f/0", b"b4"),
+            ]
+            assert await recv(ws) == b"#fetch-end /f"
+            await ws.close()
+
+    asyncio.run(main())
