@@ -332,6 +332,33 @@ def test_count_log_counts_what_read_log_gives(store: LogStore) -> None:
     assert store.count_log(mark.pos, mark) == (0, 0)
 
 
+def test_log_census_gives_each_channels_first_and_last_seq_in_a_range(store: LogStore) -> None:
+    """``log_census``: per channel with events ``read_log`` gives (current epochs, under a prefix, up to a
+    mark, from a time), its epoch and the first and last seq of those events."""
+    assert store.log_census(0, store.log_mark()) == {}
+    written = [
+        r.event for r in store.append([req(f"/p/{i % 3}") for i in range(9)] + [req("/pp"), req("/q")])
+    ]
+    store.reset_channel("/p/2")
+    store.append([req("/p/2")])
+    mark = store.log_mark()
+    store.append([req("/p/0")])  # after the mark
+    ep = {ch: store.head(ch).epoch for ch in ("/p/0", "/p/1", "/p/2", "/pp", "/q")}
+    assert store.log_census(0, mark, "/p/") == {
+        "/p/0": (ep["/p/0"], 1, 3),
+        "/p/1": (ep["/p/1"], 1, 3),
+        "/p/2": (ep["/p/2"], 1, 1),
+    }
+    t = written[4].time_ns  # /p/1 #2
+    assert store.log_census(store.log_seek(t), mark, "/p", from_time=t) == {
+        "/p/0": (ep["/p/0"], 3, 3),
+        "/p/1": (ep["/p/1"], 2, 3),
+        "/p/2": (ep["/p/2"], 1, 1),
+        "/pp": (ep["/pp"], 1, 1),
+    }
+    assert len(store.log_census(0, mark)) == 5
+
+
 def test_read_log_pages_a_pattern_in_commit_order_up_to_a_mark(store: LogStore) -> None:
     """``read_log``: the events of current epochs under a prefix, in commit order, a page at a time, up to a
     mark taken before later commits; backwards too. ``log_seek`` finds where a time starts."""

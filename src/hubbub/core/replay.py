@@ -20,6 +20,7 @@ __all__ = [
     "ReplaySpan",
     "ReplaySpec",
     "ScanCursor",
+    "census_gaps",
     "count_scan",
     "last_start",
     "list_channels",
@@ -91,7 +92,13 @@ class ReplayScan:
     the scan sends is not its first one while the one before it is trimmed gets a ``trimmed`` gap, told just
     before that event (:attr:`ScanCursor.gaps`): the trimmed events' times are gone, so they may have come
     after ``from_time``. Found by one read of the heads of the channels a page starts, so it costs what the
-    replay sends, never a read of every channel the pattern matches."""
+    replay sends, never a read of every channel the pattern matches.
+
+    ``census`` (a scan from a time: :meth:`LogStore.log_census`, read with the snapshot): of each unlisted
+    channel the scan replays, the ``(epoch, first seq, last seq)`` of its events in the range. A channel
+    trimmed or reset while the scan runs would lose some of them silently; with the census the scan finds
+    out (:func:`scan_page` at the channel's first event, :func:`census_gaps` at the end) and the gap is told.
+    It costs one grouped read of the range's rows, and a dictionary of the channels replayed."""
 
     prefix: str
     after: int
@@ -102,6 +109,7 @@ class ReplayScan:
     limit: int | None = None
     caps: Mapping[str, Position] | None = None
     trim_gaps: bool = False
+    census: Mapping[str, tuple[str, int, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -210,7 +218,15 @@ def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec) -> ReplayPl
         from_time = last_start(store, pattern, mark, spec.last)
         if from_time is None:
             return plan
-    plan.scan = plan_scan(store, prefix, mark, listed, frozenset(skip), from_time)
+    scan = plan_scan(store, prefix, mark, listed, frozenset(skip), from_time)
+    if scan is not None and from_time is not None:
+        census = store.log_census(scan.after, mark, prefix, from_time=from_time)
+        listed_or_skipped = since_map.keys()
+        scan = replace(
+            scan,
+            census={ch: c for ch, c in census.items() if ch not in listed_or_skipped and pattern.matches(ch)},
+        )
+    plan.scan = scan
     return plan
 
 
@@ -352,7 +368,7 @@ def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCurs
     cur.after = page.pos
     cur.done = len(page.events) < SCAN_PAGE
     matches = pattern.matches
-    since, skip, from_time = scan.since, scan.skip, scan.from_time
+    since, skip, from_time, census = scan.since, scan.skip, scan.from_time, scan.census
     expect, cut = cur.expect, cur.cut
     out: list[Event] = []
     taken = cur.taken
@@ -370,6 +386,12 @@ def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCurs
         if last is None:
             if ch in since or from_time is None or e.time_ns < from_time:
                 continue
+            if census is not None:
+                c = census.get(ch)
+                if c is not None and c[0] == e.epoch and e.seq > c[1]:
+                    # Its first events in the range went while the scan ran (trimmed before this page).
+                    gap = Gap(ch, Position(c[1] - 1, e.epoch), Position(e.seq - 1, e.epoch), "trimmed")
+                    cur.gaps[ch] = gap
             if e.seq > 1 and scan.trim_gaps:
                 starts.append(e)
         elif last.epoch:
@@ -393,13 +415,39 @@ def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCurs
     return out
 
 
+def census_gaps(store: LogStore, scan: ReplayScan, cur: ScanCursor) -> list[Gap]:
+    """At the end of a scan with a ``census`` (on a reader thread): a gap for each channel whose replay
+    stopped short of the last event the census found, or never began (trimmed or reset away while the scan
+    ran): ``since`` the last event replayed (or the one before the census's first), ``position`` the last
+    one lost (reason ``trimmed``) or the start of the channel's new epoch (reason ``epoch``). Channels left to
+    the live stream (``cur.cut``) are not. One read of the heads of the channels found short."""
+    short: list[tuple[str, str, int, int, Position | None]] = []
+    for ch, (epoch, first, last) in (scan.census or {}).items():
+        got = cur.expect.get(ch)
+        if ch in cur.cut or (got is not None and got.epoch == epoch and got.seq >= last):
+            continue
+        short.append((ch, epoch, first, last, got))
+    if not short:
+        return []
+    heads = store.heads([ch for ch, *_ in short])
+    gaps: list[Gap] = []
+    for ch, epoch, first, last, got in short:
+        since = got if got is not None and got.epoch == epoch else Position(first - 1, epoch)
+        h = heads[ch]
+        if h.epoch != epoch:
+            gaps.append(Gap(ch, since, Position(0, h.epoch), "epoch"))
+        else:
+            gaps.append(Gap(ch, since, Position(last, epoch), "trimmed"))
+    return gaps
+
+
 def _trimmed_starts(store: LogStore, starts: list[Event], gaps: dict[str, Gap]) -> None:
     """A ``trimmed`` gap in ``gaps`` for each of ``starts`` (an unlisted channel's first event in a scan)
     whose previous event is trimmed: its channel's first retained event now (one read of their heads)."""
     heads = store.heads([e.channel for e in starts])
     for e in starts:
         h = heads[e.channel]
-        if h.epoch == e.epoch and h.first >= e.seq:
+        if h.epoch == e.epoch and h.first >= e.seq and e.channel not in gaps:
             gaps[e.channel] = Gap(e.channel, Position(0, e.epoch), Position(e.seq - 1, e.epoch), "trimmed")
 
 

@@ -28,7 +28,7 @@ from hubbub.log.base import LogStore
 from .faults import Faults
 from .filters import withheld
 from .reads import LogReads
-from .replay import TAKEN_MAX, Gap, ReplayScan, ScanCursor, scan_page
+from .replay import TAKEN_MAX, Gap, ReplayScan, ScanCursor, census_gaps, scan_page
 from .session import FrameRun, Session
 
 __all__ = ["ScanSent", "send_scan"]
@@ -77,6 +77,25 @@ def _lost(session: Session) -> None:
         session.kick(session.slow_close_code)
 
 
+async def _tell_census_gaps(
+    reads: LogReads,
+    session: Session,
+    scan: ReplayScan,
+    cur: ScanCursor,
+    visible: Callable[[str], bool] | None,
+    on_gap: Callable[[Gap], None] | None,
+) -> None:
+    """The gaps of channels trimmed or reset away while ``scan`` ran (:func:`census_gaps`), told through
+    ``on_gap``, or by closing the session as a slow consumer where the dialect has no gap notice."""
+    for gap in await reads.call(census_gaps, scan, cur):
+        if visible is not None and not visible(gap.channel):
+            continue
+        if on_gap is None:
+            _lost(session)
+            return
+        on_gap(gap)
+
+
 async def send_scan(
     reads: LogReads,
     store: LogStore,
@@ -97,7 +116,9 @@ async def send_scan(
     junction follows, which takes every event of the scan as sent or passed over) it also reads the scan
     to its end to check there is no more, and without it (a fetch) it stops at the limit. An encoding that
     raises closes the session through ``faults``. ``on_gap`` queues the notice of a gap the scan found
-    (:attr:`ReplayScan.trim_gaps`), called just before its channel's first event.
+    (:attr:`ReplayScan.trim_gaps`, :attr:`ReplayScan.census`), called just before its channel's first event
+    (or at the end, for a channel whose last events went); without it a gap closes the session as a slow
+    consumer, the close telling it.
 
     Each page is read and sifted on a reader thread: the channels ``visible`` (thread-safe: a permission,
     asked once per channel per scan) and the events the session's delivery filters let through. When the
@@ -127,7 +148,7 @@ async def send_scan(
                     ok = seen[ev.channel] = visible(ev.channel)
                 if not ok:
                     continue
-            if gaps and on_gap is not None and ev.channel in gaps:
+            if gaps and ev.channel in gaps:
                 # Told even when the event itself is withheld: the gap is the channel's, not the event's.
                 notes.append((len(kept), gaps.pop(ev.channel)))
             if ev.headers and withheld(session, ev):
@@ -140,6 +161,13 @@ async def send_scan(
         except Exception as exc:
             raise _fault(encode_page, kept, sub_ids, exc) from exc
         return kept, chunks(frames), notes
+
+    def tell(gap: Gap) -> bool:
+        if on_gap is None:  # no way to tell it in this dialect: the close tells it
+            _lost(session)
+            return False
+        on_gap(gap)
+        return True
 
     cache: dict[Any, Any] = {}
     sent = 0
@@ -165,8 +193,9 @@ async def send_scan(
             for i, ev in enumerate(events):
                 if session.closed or session.kicked or session.ending:
                     return ScanSent(sent, cur.expect)
-                while notes and notes[0][0] == i and on_gap is not None:
-                    on_gap(notes.pop(0)[1])
+                while notes and notes[0][0] == i:
+                    if not tell(notes.pop(0)[1]):
+                        return ScanSent(sent, cur.expect)
                 if sent == limit:
                     # More than was counted: the junction's snapshot (cur.expect) is past what was sent.
                     if exact:
@@ -176,8 +205,8 @@ async def send_scan(
                     await session.wait_replay_room()
                 sent += session.deliver(ev, sub_ids, cache, replay=True)
             for _, gap in notes:  # after the page's last event sent: its channel's first ones were withheld
-                if on_gap is not None and not (session.closed or session.kicked or session.ending):
-                    on_gap(gap)
+                if session.closed or session.kicked or session.ending or not tell(gap):
+                    return ScanSent(sent, cur.expect)
             if done or (limit is not None and sent == limit and not exact):
                 short = broken or any(
                     cur.expect[ch].seq < tops.get(ch, 0) for ch in scan.since if ch not in cur.cut
@@ -186,6 +215,8 @@ async def send_scan(
                     short = True  # fewer than counted (and announced): trimmed or reset meanwhile
                 if short:
                     _lost(session)
+                elif scan.census:
+                    await _tell_census_gaps(reads, session, scan, cur, visible, on_gap)
                 break
     except Exception as exc:  # this session's failure: see core/faults.py
         if isinstance(exc, _PageFault):

@@ -301,19 +301,23 @@ class NativeProtocol:
         gaps: Iterable[GapNotice],
     ) -> None:
         """The subscribe reply (``position`` for an exact channel, else ``top_time``) and its gap notices."""
-        codec = self.codec
-        self.emit(codec.encode_subscribe_reply(req_id, sub, position, top_time))
+        self.emit(self.codec.encode_subscribe_reply(req_id, sub, position, top_time))
         for g in gaps:
-            self.emit(
-                codec.encode_push(
-                    "gap",
-                    sub=sub,
-                    channel=g.channel,
-                    since={"seq": g.since.seq, "epoch": g.since.epoch},
-                    position={"seq": g.position.seq, "epoch": g.position.epoch},
-                    reason=g.reason,
-                )
+            self.gap(sub, g)
+
+    def gap(self, sub: str, g: GapNotice) -> None:
+        """A ``gap`` push: after the reply for one found in the snapshot, or, for one found while a pattern's
+        replay runs (a channel trimmed or reset meanwhile), just before its channel's next event."""
+        self.emit(
+            self.codec.encode_push(
+                "gap",
+                sub=sub,
+                channel=g.channel,
+                since={"seq": g.since.seq, "epoch": g.since.epoch},
+                position={"seq": g.position.seq, "epoch": g.position.epoch},
+                reason=g.reason,
             )
+        )
 
     def recovered(self, sub: str, replayed: int, position: Position | None) -> None:
         """The end of a subscription's replay (``position`` for an exact channel)."""

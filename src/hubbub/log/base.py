@@ -462,6 +462,26 @@ class LogStore(abc.ABC):
                 return total, marked
             after = page.pos
 
+    def log_census(
+        self, after_pos: int, mark: LogMark, prefix: str = "", *, from_time: int = 0
+    ) -> dict[str, tuple[str, int, int]]:
+        """Of each channel whose events :meth:`read_log` gives from ``after_pos`` up to ``mark`` under
+        ``prefix`` with ``time_ns >= from_time``: ``(epoch, first seq, last seq)`` of those events, from one
+        snapshot. What a replay of that range must find, channel by channel, so that one whose events are
+        trimmed or reset away while it runs is told (:func:`hubbub.core.replay.census_gaps`). This default
+        reads the events (:meth:`read_log`); engines override it to group the rows without building events."""
+        out: dict[str, tuple[str, int, int]] = {}
+        after = after_pos
+        while True:
+            page = self.read_log(after, mark, 2048, prefix)
+            for e in page.events:
+                if e.time_ns >= from_time:
+                    had = out.get(e.channel)
+                    out[e.channel] = (e.epoch, had[1] if had else e.seq, e.seq)
+            if len(page.events) < 2048:
+                return out
+            after = page.pos
+
     def delivered(self, wanted: Sequence[tuple[str, str, int]]) -> list[int]:
         """Of each ``(channel, epoch, seq)``, up to which seq (at most ``seq``) the node reading through this
         store has delivered that epoch live. A store one node writes commits and delivers in one order, so

@@ -244,6 +244,7 @@ class NativeConnection(NativePublishing):
             spec,
             on_snapshot=on_snapshot,
             on_replayed=on_replayed,
+            on_gap=lambda g: proto.gap(cmd.sub, g),
         )
 
     # -- outbound ---------------------------------------------------------------------------------------

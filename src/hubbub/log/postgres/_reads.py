@@ -465,6 +465,29 @@ class _ReadSide:
         row = self._read(lambda conn: conn.execute(sql, params).fetchone(), snapshot=False)
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
+    def log_census(
+        self, after_pos: int, mark: LogMark, prefix: str = "", *, from_time: int = 0
+    ) -> dict[str, tuple[str, int, int]]:
+        if after_pos >= mark.pos:
+            return {}
+        # The rows of the range grouped by channel where they are: no event built.
+        sql = (
+            "SELECT c.path, c.epoch, min(e.seq), max(e.seq) FROM events AS e JOIN channels AS c"
+            " ON c.id = e.channel_id WHERE e.pos > %s AND e.pos <= %s AND e.time_ns <= %s"
+            " AND e.time_ns >= %s"
+        )
+        params: list[Any] = [_clamp(after_pos), _clamp(mark.pos), _clamp(mark.time_ns), _clamp(from_time)]
+        if prefix:
+            sql += " AND c.path >= %s"
+            params.append(prefix)
+            upper = prefix_upper(prefix)
+            if upper is not None:
+                sql += " AND c.path < %s"
+                params.append(upper)
+        sql += " GROUP BY c.path, c.epoch"
+        rows = self._read(lambda conn: conn.execute(sql, params).fetchall(), snapshot=False)
+        return {str(r[0]): (str(r[1]), int(r[2]), int(r[3])) for r in rows}
+
     def top_time(self) -> int:
         row = self._read(
             lambda conn: conn.execute("SELECT last_time FROM log_state").fetchone(), snapshot=False

@@ -497,6 +497,30 @@ class _ReadSide:
             total, marked = conn.execute(sql, params).fetchone()
         return int(total), int(marked)
 
+    def log_census(
+        self, after_pos: int, mark: LogMark, prefix: str = "", *, from_time: int = 0
+    ) -> dict[str, tuple[str, int, int]]:
+        if after_pos >= mark.pos:
+            return {}
+        # The rows of the range grouped by channel where they are: no event built.
+        sql = (
+            "SELECT c.path, c.epoch, min(e.seq), max(e.seq) FROM events AS e CROSS JOIN channels AS c"
+            " ON c.id = e.channel_id WHERE e.pos > ? AND e.pos <= ? AND e.time_ns <= ?"
+            " AND e.time_ns >= ?"
+        )
+        params: list[Any] = [after_pos, mark.pos, mark.time_ns, from_time]
+        if prefix:
+            sql += " AND c.path >= ?"
+            params.append(prefix)
+            upper = prefix_upper(prefix)
+            if upper is not None:
+                sql += " AND c.path < ?"
+                params.append(upper)
+        sql += " GROUP BY c.path, c.epoch"
+        with self._snapshot() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return {str(r[0]): (str(r[1]), int(r[2]), int(r[3])) for r in rows}
+
     def top_time(self) -> int:
         row = self._one("SELECT value FROM meta WHERE key = 'last_time'")
         return int(row[0]) if row else 0
