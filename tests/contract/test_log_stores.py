@@ -399,6 +399,47 @@ def test_read_log_pages_a_pattern_in_commit_order_up_to_a_mark(store: LogStore) 
     assert all(e.channel != "/p/2" for e in store.read_log(0, store.log_mark(), 100, "/p").events)
 
 
+def test_read_log_pages_are_bounded_in_payload_bytes_too(store: LogStore) -> None:
+    """``read_log(max_bytes=...)``: a page ends with the event that brings its payloads to the budget (at
+    least one event, however large) and is then ``full``; paging on until a page is neither ``limit`` long
+    nor ``full`` gives every event once, in order, forwards and backwards; without a budget a page is
+    bounded by ``limit`` alone."""
+    sizes = [100, 300, 50, 1000, 10, 10, 10, 400, 5, 700]
+    written = [r.event for r in store.append([req(f"/b/{i % 2}", bytes(n)) for i, n in enumerate(sizes)])]
+    store.append([req("/c", bytes(5000))])  # outside the prefix: never counted against a page's budget
+    mark = store.log_mark()
+    first = store.read_log(0, mark, 100, "/b", max_bytes=400)
+    assert [len(e.payload) for e in first.events] == [100, 300] and first.full
+    assert first.pos > 0
+    big = store.read_log(first.pos, mark, 100, "/b", max_bytes=1)
+    assert [len(e.payload) for e in big.events] == [50] and big.full
+    whole = store.read_log(0, mark, 100, "/b", max_bytes=10_000)
+    assert len(whole.events) == len(sizes) and not whole.full
+    assert not store.read_log(0, mark, 100, "/b").full
+    assert len(store.read_log(0, mark, 3, "/b", max_bytes=10_000).events) == 3
+    for reverse in (False, True):
+        pages: list[list[int]] = []
+        got: list[Event] = []
+        top = mark
+        after = 0
+        while True:
+            page = store.read_log(after, top, 4, "/b", reverse=reverse, max_bytes=500)
+            got += page.events
+            pages.append([len(e.payload) for e in page.events])
+            assert sum(pages[-1][:-1]) < 500  # stops at the event that reaches the budget
+            if len(page.events) < 4 and not page.full:
+                break
+            if reverse:
+                top = LogMark(page.pos - 1, mark.time_ns)
+            else:
+                after = page.pos
+        order = list(reversed(written)) if reverse else written
+        assert [(e.channel, e.seq) for e in got] == [(e.channel, e.seq) for e in order]
+        assert [e.payload for e in got] == [e.payload for e in order]
+        if not reverse:
+            assert pages == [[100, 300, 50, 1000], [10, 10, 10, 400], [5, 700], []]
+
+
 def test_read_log_gives_every_event_whole_whatever_its_publisher(store: LogStore) -> None:
     """``read_log`` pages through events whose publishers differ in one field each, interleaved (an engine
     may carry a page's publisher over to the next): every event comes back as written, field by field."""

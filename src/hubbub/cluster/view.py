@@ -101,8 +101,9 @@ class ClusterView(LogStore):
         prefix: str = "",
         *,
         reverse: bool = False,
+        max_bytes: int | None = None,
     ) -> LogPage:
-        return self.store.read_log(after_pos, mark, limit, prefix, reverse=reverse)
+        return self.store.read_log(after_pos, mark, limit, prefix, reverse=reverse, max_bytes=max_bytes)
 
     def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
         return self.store.append(batch)

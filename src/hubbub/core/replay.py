@@ -34,6 +34,11 @@ __all__ = [
 PAGE = 1000
 #: Log rows per page of a pattern's replay (scan_page): as REPLAY_PAGE for an exact channel's.
 SCAN_PAGE = 2048
+#: Payload bytes per page of a pattern's replay (``read_log(max_bytes=...)``): two pages are in flight (one
+#: read while the previous one is sent), so a recovery holds about 8 MiB of payloads whatever their size
+#: (2048 events of 1 MiB would be 2 GiB), half of ``limits.send_queue_bytes``' default; pages of events up
+#: to 2 KiB stay 2048 rows.
+SCAN_PAGE_BYTES = 4 << 20
 #: Channels whose answer a scan keeps (ScanCursor.taken; forgotten all at once past it, then asked again).
 TAKEN_MAX = 65536
 
@@ -296,14 +301,14 @@ def last_start(
     oldest: int | None = None
     top = mark
     while True:
-        page = store.read_log(0, top, SCAN_PAGE, prefix, reverse=True)
+        page = store.read_log(0, top, SCAN_PAGE, prefix, reverse=True, max_bytes=SCAN_PAGE_BYTES)
         for e in page.events:
             if pattern.matches(e.channel) and (keep is None or keep(e)):
                 oldest = e.time_ns
                 found += 1
                 if found == n:
                     return oldest
-        if len(page.events) < SCAN_PAGE:
+        if len(page.events) < SCAN_PAGE and not page.full:
             return oldest
         top = LogMark(page.pos - 1, mark.time_ns)
 
@@ -364,9 +369,9 @@ def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCurs
     reset under the scan) sets ``cur.broken``: the replay must not go on. On a cluster node, events this
     node has not delivered live yet (:meth:`LogStore.delivered`) are left to the live stream, and with them
     the rest of their channel's replay."""
-    page = store.read_log(cur.after, scan.mark, SCAN_PAGE, scan.prefix)
+    page = store.read_log(cur.after, scan.mark, SCAN_PAGE, scan.prefix, max_bytes=SCAN_PAGE_BYTES)
     cur.after = page.pos
-    cur.done = len(page.events) < SCAN_PAGE
+    cur.done = len(page.events) < SCAN_PAGE and not page.full
     matches = pattern.matches
     since, skip, from_time, census = scan.since, scan.skip, scan.from_time, scan.census
     expect, cut = cur.expect, cur.cut

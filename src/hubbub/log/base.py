@@ -115,11 +115,14 @@ class LogMark:
 
 @dataclass(frozen=True, slots=True)
 class LogPage:
-    """One page of :meth:`LogStore.read_log`: ``events`` in commit order (reversed when read backwards) and
-    ``pos``, the log position of the last one (where the next page starts, exclusive)."""
+    """One page of :meth:`LogStore.read_log`: ``events`` in commit order (reversed when read backwards),
+    ``pos``, the log position of the last one (where the next page starts, exclusive), and ``full``: the
+    page reached the read's byte budget (``max_bytes``), so events may follow although it holds fewer than
+    ``limit``."""
 
     events: list[Event]
     pos: int
+    full: bool = False
 
 
 @fast_init
@@ -428,13 +431,18 @@ class LogStore(abc.ABC):
         prefix: str = "",
         *,
         reverse: bool = False,
+        max_bytes: int | None = None,
     ) -> LogPage:
         """The events of every channel's **current** epoch whose path starts with ``prefix``, with
         ``after_pos < pos <= mark.pos`` and ``time_ns <= mark.time_ns``, in commit (``pos``) order, at most
         ``limit``, from one snapshot: a pattern's replay, read a page at a time whatever the number of
         channels. ``reverse``: the last ``limit`` of them, newest first (``after_pos`` still the exclusive
         lower bound; page backwards with ``mark`` moved below the page's ``pos``). A page shorter than
-        ``limit`` ends the range. Events of retired epochs are left out (a channel reset between two pages
+        ``limit`` ends the range, unless it is ``full``: ``max_bytes``, when given, bounds a page's payload
+        bytes as ``limit`` bounds its events (the page ends with the event that brings its payloads to
+        ``max_bytes`` or more, so it holds at least one event whatever its size, and is ``full``): a page of
+        large events holds a bounded number of bytes, not ``limit`` times the largest event. Events of
+        retired epochs are left out (a channel reset between two pages
         loses its earlier events from the later pages: the caller checks each channel's continuity)."""
 
     def count_log(

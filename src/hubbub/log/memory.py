@@ -544,6 +544,7 @@ class MemoryLogStore(LogStore):
         prefix: str = "",
         *,
         reverse: bool = False,
+        max_bytes: int | None = None,
     ) -> LogPage:
         with self._lock:
             self._check_open()
@@ -564,7 +565,16 @@ class MemoryLogStore(LogStore):
                 found.extend(zip(ch.pos[lo:hi], ch.events[lo:hi], strict=True))
             found.sort(key=lambda pe: pe[0], reverse=reverse)
             del found[limit:]
-            return LogPage([e for _, e in found], found[-1][0] if found else after_pos)
+            full = False
+            if max_bytes is not None:
+                size = 0
+                for i, (_, e) in enumerate(found):
+                    size += len(e.payload)
+                    if size >= max_bytes:
+                        del found[i + 1 :]
+                        full = True
+                        break
+            return LogPage([e for _, e in found], found[-1][0] if found else after_pos, full)
 
     def read_last(self, channel: str, n: int) -> list[Event]:
         with self._lock:

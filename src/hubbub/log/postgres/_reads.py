@@ -43,6 +43,8 @@ _MIN_INT64: Final = -(1 << 63)
 
 _HEAD_COLS: Final = "path, epoch, first, top, top_time"
 # read_log: the events of current epochs in a pos range, with their channel's path and epoch.
+#: read_log's columns (payload last), as the byte budget's outer query selects them again.
+_LOG_COLS: Final = "pos, path, epoch, " + _EVENT_COLS
 _LOG_SELECT: Final = (
     "SELECT e.pos, c.path, c.epoch, "
     + ", ".join(f"e.{c.strip()}" for c in _EVENT_COLS.split(","))
@@ -413,6 +415,7 @@ class _ReadSide:
         prefix: str = "",
         *,
         reverse: bool = False,
+        max_bytes: int | None = None,
     ) -> LogPage:
         if limit <= 0 or after_pos >= mark.pos:
             return LogPage([], after_pos)
@@ -425,14 +428,27 @@ class _ReadSide:
             if upper is not None:
                 sql += " AND c.path < %s"
                 params.append(upper)
+        key = "pos DESC" if reverse else "pos"
         sql += " ORDER BY e.pos DESC LIMIT %s" if reverse else " ORDER BY e.pos LIMIT %s"
         params.append(_clamp(limit))
+        if max_bytes is not None:
+            # The budget is applied by the server, on the page's rows only (the window runs over the
+            # LIMITed subquery): the rows past the event that reaches it are never sent.
+            sql = (
+                f"SELECT {_LOG_COLS} FROM (SELECT *, sum(octet_length(payload)) OVER (ORDER BY {key} "
+                f"ROWS UNBOUNDED PRECEDING) - octet_length(payload) AS earlier FROM ({sql}) AS p) AS q "
+                f"WHERE earlier < %s ORDER BY {key}"
+            )
+            params.append(_clamp(max_bytes))
         rows = self._read(lambda conn: conn.execute(sql, params).fetchall(), snapshot=False)
         dec = _Decoder()
         out: list[Event] = []
+        size = 0
         for r in rows:
+            size += len(r[-1])
             out.extend(dec.events(r[1], r[2], [r[3:]]))
-        return LogPage(out, int(rows[-1][0]) if rows else after_pos)
+        full = max_bytes is not None and size >= max_bytes
+        return LogPage(out, int(rows[-1][0]) if rows else after_pos, full)
 
     def count_log(
         self,

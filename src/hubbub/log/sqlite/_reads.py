@@ -432,6 +432,7 @@ class _ReadSide:
         prefix: str = "",
         *,
         reverse: bool = False,
+        max_bytes: int | None = None,
     ) -> LogPage:
         if limit <= 0 or after_pos >= mark.pos:
             return LogPage([], after_pos)
@@ -456,14 +457,19 @@ class _ReadSide:
                 params.append(upper)
         sql += f" ORDER BY e.pos {'DESC ' if reverse else ''}LIMIT ?{len(params) + 1}"
         params.append(min(limit, _MAX_INT64))
+        full = False
         with self._snapshot() as conn:
-            rows = conn.execute(sql, params).fetchall()
+            cur = conn.execute(sql, params)
+            if max_bytes is None:
+                rows = cur.fetchall()
+            else:
+                rows, full = _fetch_upto(cur, max_bytes)
             places = self._channel_names(conn, rows, 10) if rows else []
         events = _build_events(map(_EVENT_PART, rows), places, same)
         if events:
             # The next page's reference: one publisher's events keep one object from page to page.
             local.log_publisher = events[-1].publisher
-        return LogPage(events, rows[-1][11] if rows else after_pos)
+        return LogPage(events, rows[-1][11] if rows else after_pos, full)
 
     def count_log(
         self,
@@ -547,6 +553,22 @@ class _ReadSide:
                 f"SELECT {_HEAD_COLS} FROM retired_epochs WHERE path = ? ORDER BY id", (channel,)
             ).fetchall()
         return [ChannelInfo(*r) for r in rows]
+
+
+def _fetch_upto(cur: sqlite3.Cursor, max_bytes: int) -> tuple[list[Any], bool]:
+    """read_log's rows of ``cur`` up to the one that brings their payloads (column 9) to ``max_bytes`` or
+    more, and whether that one was reached. Stepped a row at a time, so the cursor stops there: a batch
+    (``fetchmany``) would hold its whole batch of large rows before the sum could stop it. The step and the
+    sum cost about 0.1 µs a row, against about 2 µs to build its event."""
+    rows: list[Any] = []
+    append = rows.append
+    size = 0
+    for r in cur:
+        append(r)
+        size += len(r[9])
+        if size >= max_bytes:
+            return rows, True
+    return rows, False
 
 
 def _build_events(
