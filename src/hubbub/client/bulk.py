@@ -38,67 +38,25 @@ Concurrency contract: one thread at a time (no locking); blocking socket I/O wit
 
 from __future__ import annotations
 
-import base64
-import os
-import select
-import socket
-import struct
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgpack
 
-from hubbub.client._wire import CannotConnect, ConnectionLost, PublishAck
-from hubbub.client.framing import Framing, ws_frame
-from hubbub.client.protocol import (
-    PACKED_ID_SIZE,
-    ClientEvent,
-    ClientProtocol,
-    HelloRefused,
-    Refused,
-    Replies,
-    ServerError,
-    Welcome,
-)
-from hubbub.errors import BadFrame, FrameTooLarge, HubbubError, PublishRefused, UnknownOp, is_temporary
+from hubbub.client._bulk_link import BulkLink
+from hubbub.client._bulk_rows import AckTally, Cols, Item, batch_body, row_items
+from hubbub.client._wire import ConnectionLost, PublishAck
+from hubbub.client.protocol import PACKED_ID_SIZE, ClientEvent, Refused, Replies, ServerError
+from hubbub.errors import FrameTooLarge, HubbubError, PublishRefused, UnknownOp, is_temporary
 
 __all__ = ["BulkPublisher"]
 
-_MSGPACK_PROTO = "hubbub.v1.msgpack"
 # Frames are written when this much is queued, or a quarter of the window (or the window is full, or on
 # flush): enough that one write carries many publishes, little enough that the server always has the next
 # ones to commit while it acknowledges the last (a whole window per write would make it stop and go).
 _FLUSH_BYTES = 64 << 10
-#: The longest message the publisher reads from the server.
-_READ_MAX = 64 << 20
-
-
-#: The columns of a batch's rows, as :meth:`BulkPublisher.publish_many` takes them.
-_Cols = tuple[
-    Sequence[str],
-    Sequence[bytes],
-    Sequence["str | None"],
-    Sequence[str],
-    Sequence["Mapping[str, str] | None"],
-    Sequence[Sequence[str]],
-]
-
-
-@dataclass(eq=False, slots=True)
-class _Item:
-    channel: str
-    body: bytes  # the frame packed without ``id`` (ClientProtocol.request_packed adds it)
-    idem: str | None  # a batch: its first row's key when every row has one (it may be resent), else None
-    tries: int = 0
-    not_before: float = 0.0
-    rows: int = 1
-    cols: _Cols | None = None  # a ``publish_batch``: its rows
-    counted: bool = False  # in BulkPublisher._rows
-
 
 # Rows per ``publish_batch`` frame at most (the server takes up to 10000, fewer on a small max_frame): a
 # quarter of the window, so several batches are in flight, and the server commits one while the next
@@ -132,16 +90,10 @@ class BulkPublisher:
         retry_interval: float = 1.6,
         client_name: str = "hubbub-bulk",
     ) -> None:
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in ("tcp", "ws", "http") or not parts.hostname:
-            raise ValueError(f"bulk publisher URL must be tcp://, ws:// or http://host:port, not {url!r}")
+        #: The connection (socket, protocol, frames queued to write); the window and resends are ours.
+        self._link = BulkLink(url, token, timeout, client_name, self._on_event, self._reconnect)
         self.url = url
-        self._ws = scheme != "tcp"
-        self._host = parts.hostname
-        self._port = parts.port or (80 if self._ws else 7400)
-        self._path = parts.path if parts.path not in ("", "/") else "/ws/hubbub"
-        self._token = token
+        self._out = self._link.out
         self._window = max(1, window)
         self._flush_frames = max(1, self._window // 4)
         self._queued = 0  # publishes queued since the last write
@@ -150,28 +102,28 @@ class BulkPublisher:
         #: such op: then it sends a ``publish`` frame per row).
         self.batches = True
         self._rows = 0  # rows unacknowledged: sent, queued, or waiting to be resent
-        self._on_ack = on_ack
-        self._acks_wanted = on_ack is not None or keep_acks
-        self.acks: list[PublishAck] = []
-        #: Publishes acknowledged as appended, and as duplicates (their key was known).
-        self.published = 0
-        self.duplicates = 0
+        self._tally = AckTally(on_ack, keep_acks)
+        self.acks: list[PublishAck] = self._tally.acks
         #: The highest seq acknowledged per channel.
-        self.tops: dict[str, int] = {}
-        self._timeout = timeout
+        self.tops: dict[str, int] = self._tally.tops
         self._retries = retries
         self._retry_interval = retry_interval
-        self._client_name = client_name
-        self._sock: socket.socket | None = None
-        #: The connection's protocol (a new one per connection): request ids, replies, framing.
-        self._proto = self._new_protocol()
-        self._out = bytearray()
-        self._later: list[_Item] = []  # temporarily refused: resent after their delay
+        self._later: list[Item] = []  # temporarily refused: resent after their delay
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self.sent = 0
         self.resent = 0
         self.reconnects = 0
-        self._connect()
+        self._link.connect()
+
+    @property
+    def published(self) -> int:
+        """Publishes (rows) acknowledged as appended."""
+        return self._tally.published
+
+    @property
+    def duplicates(self) -> int:
+        """Publishes (rows) acknowledged as duplicates (their key was known)."""
+        return self._tally.duplicates
 
     # -- public API -----------------------------------------------------------------------------------
 
@@ -196,7 +148,7 @@ class BulkPublisher:
             frame["tags"] = tags if type(tags) is list else list(tags)
         if idem is not None:
             frame["idem"] = idem
-        self._send(_Item(channel, self._pack(frame), idem))
+        self._send(Item(channel, self._pack(frame), idem))
         self._queued += 1
         if self._queued >= self._flush_frames or len(self._out) >= _FLUSH_BYTES:
             self._write_out()
@@ -224,7 +176,7 @@ class BulkPublisher:
         start = 0
         while start < n and self.batches:
             end = min(n, start + step)
-            cols: _Cols = (
+            cols: Cols = (
                 channels[start:end],
                 payloads[start:end],
                 idems[start:end],
@@ -234,50 +186,19 @@ class BulkPublisher:
             )
             self._send_batch(cols)
             start = end
-            if self._queued >= self._flush_frames or len(self._out) >= _FLUSH_BYTES:
-                self._write_out()
-            while self._rows >= self._window:
-                self._write_out()
-                self._pump(block=True)
+            self._make_room()
         if start < n:
-            self._publish_rows(
-                channels[start:],
-                payloads[start:],
-                idems[start:],
-                content_types[start:],
-                headers[start:],
-                tags[start:],
-            )
+            rest = (channels, payloads, idems, content_types, headers, tags)
+            self._publish_rows(tuple(c[start:] for c in rest))  # type: ignore[arg-type]
 
-    def _batch_body(self, cols: _Cols) -> bytes:
-        """A ``publish_batch`` frame of these rows, packed without ``id``; only the columns some row uses."""
-        channels, payloads, idems, ctypes, hdrs, tgs = cols
-        frame: dict[str, Any] = {"op": "publish_batch", "ack": True}
-        first = channels[0]
-        if all(c == first for c in channels):
-            frame["channel"] = first
-        else:
-            frame["channels"] = channels if type(channels) is list else list(channels)
-        frame["payloads"] = payloads if type(payloads) is list else list(payloads)
-        if any(ctypes):
-            frame["content_types"] = [c or None for c in ctypes]
-        if any(hdrs):
-            frame["headers"] = [(h if type(h) is dict else dict(h)) if h else None for h in hdrs]
-        if any(tgs):
-            frame["tags"] = [list(t) if t else None for t in tgs]
-        if any(k is not None for k in idems):
-            frame["idems"] = idems if type(idems) is list else list(idems)
-        out: bytes = self._pack(frame)
-        return out
-
-    def _send_batch(self, cols: _Cols) -> None:
+    def _send_batch(self, cols: Cols) -> None:
         """Queue these rows as one ``publish_batch`` (halved until its frame fits the server's max_frame;
         a single row that does not fit goes as a ``publish``, refused as such)."""
         n = len(cols[1])
-        body = self._batch_body(cols)
-        if len(body) + PACKED_ID_SIZE > self._proto.max_frame:
+        body = batch_body(self._pack, cols)
+        if len(body) + PACKED_ID_SIZE > self._link.proto.max_frame:
             if n == 1:
-                self._publish_rows(*cols)
+                self._publish_rows(cols)
                 return
             half = n // 2
             self._send_batch(tuple(c[:half] for c in cols))  # type: ignore[arg-type]
@@ -285,51 +206,30 @@ class BulkPublisher:
             return
         idems = cols[2]
         keyed = idems[0] if all(idems) else None  # an empty key is no key: not safe to resend
-        self._send(_Item(cols[0][0], body, keyed, rows=n, cols=cols))
+        self._send(Item(cols[0][0], body, keyed, rows=n, cols=cols))
         self._queued += 1
 
-    def _publish_rows(
-        self,
-        channels: Sequence[str],
-        payloads: Sequence[bytes],
-        idems: Sequence[str | None],
-        content_types: Sequence[str],
-        headers: Sequence[Mapping[str, str] | None],
-        tags: Sequence[Sequence[str]],
-    ) -> None:
+    def _publish_rows(self, cols: Cols) -> None:
         """The rows as ``publish`` frames, one each, within the window."""
-        flush_frames = self._flush_frames
-        window = self._window
-        send = self._send
-        for item in self._row_items((channels, payloads, idems, content_types, headers, tags)):
-            send(item)
+        for item in row_items(self._pack, cols):
+            self._send(item)
             self._queued += 1
-            if self._queued >= flush_frames or len(self._out) >= _FLUSH_BYTES:
-                self._write_out()
-            while self._rows >= window:
-                self._write_out()
-                self._pump(block=True)
+            self._make_room()
 
-    def _row_items(self, cols: _Cols) -> Iterator[_Item]:
-        """A ``publish`` frame's item for each row of ``cols``."""
-        pack = self._pack
-        for channel, payload, idem, ctype, hdrs, tgs in zip(*cols, strict=True):
-            frame: dict[str, Any] = {"op": "publish", "channel": channel, "payload": payload, "ack": True}
-            if ctype:
-                frame["content_type"] = ctype
-            if hdrs:
-                frame["headers"] = hdrs if type(hdrs) is dict else dict(hdrs)
-            if tgs:
-                frame["tags"] = tgs if type(tgs) is list else list(tgs)
-            if idem is not None:
-                frame["idem"] = idem
-            yield _Item(channel, pack(frame), idem)
+    def _make_room(self) -> None:
+        """Write what is queued once there is enough of it; block reading replies while the window is full
+        (:meth:`publish` has this inline: it is the hot path)."""
+        if self._queued >= self._flush_frames or len(self._out) >= _FLUSH_BYTES:
+            self._write_out()
+        while self._rows >= self._window:
+            self._write_out()
+            self._pump(block=True)
 
     def flush(self) -> None:
         """Send everything queued and wait until every publish is acknowledged."""
-        while self._proto.pending or self._later or self._out:
+        while self._link.proto.pending or self._later or self._out:
             self._write_out()
-            if self._proto.pending or self._later:
+            if self._link.proto.pending or self._later:
                 self._pump(block=True)
 
     @property
@@ -339,14 +239,7 @@ class BulkPublisher:
 
     def close(self) -> None:
         """Close the connection (unacknowledged publishes are abandoned: call :meth:`flush` first)."""
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            try:
-                if self._ws:
-                    sock.sendall(ws_frame(0x8, struct.pack(">H", 1000)))
-            except OSError:
-                pass
-            sock.close()
+        self._link.close()
 
     def __enter__(self) -> BulkPublisher:
         return self
@@ -358,10 +251,10 @@ class BulkPublisher:
 
     # -- sending --------------------------------------------------------------------------------------
 
-    def _send(self, item: _Item) -> None:
+    def _send(self, item: Item) -> None:
         """Give ``item`` a fresh id and queue its frame (written by :meth:`_write_out`)."""
         try:
-            self._proto.request_packed(item.body, item, self._out)
+            self._link.proto.request_packed(item.body, item, self._out)
         except FrameTooLarge as exc:
             raise PublishRefused(item.channel, item.idem, exc) from None
         if not item.counted:  # a resend is counted once
@@ -374,24 +267,7 @@ class BulkPublisher:
         block the other with full buffers)."""
         self._resend_due()
         self._queued = 0
-        while self._out:
-            sock = self._sock
-            if sock is None:
-                self._reconnect()
-                continue
-            try:
-                r, w, _ = select.select([sock], [sock], [], self._timeout)
-                if not r and not w:
-                    raise TimeoutError("server neither reads nor answers")
-                if r:
-                    self._read_some(sock)
-                    if self._sock is not sock:
-                        continue
-                if w and self._out:
-                    n = sock.send(self._out)
-                    del self._out[:n]
-            except (OSError, TimeoutError):
-                self._lost()
+        self._link.write_out()
 
     def _resend_due(self) -> None:
         if not self._later:
@@ -408,43 +284,30 @@ class BulkPublisher:
 
     def _pump(self, block: bool) -> None:
         """Read what the server sent; with ``block``, wait (up to the timeout, or a resend's delay) for it."""
-        sock = self._sock
+        sock = self._link.sock
         if sock is None:
             self._reconnect()
             return
-        wait = self._timeout if block else 0.0
+        wait = self._link.timeout if block else 0.0
         if self._later:
             wait = min(wait, max(0.0, min(i.not_before for i in self._later) - time.monotonic()))
-            if not self._proto.pending:
+            if not self._link.proto.pending:
                 time.sleep(wait)
                 self._resend_due()
                 return
         try:
-            r, _, _ = select.select([sock], [], [], wait)
-            if r:
-                self._read_some(sock)
-            elif block and not self._later:
-                raise TimeoutError(f"no reply within {self._timeout}s")
+            if not self._link.wait_read(sock, wait) and block and not self._later:
+                raise TimeoutError(f"no reply within {self._link.timeout}s")
         except (OSError, TimeoutError):
-            self._lost()
+            self._link.drop()
+            self._reconnect()
         self._resend_due()
-
-    def _read_some(self, sock: socket.socket) -> None:
-        data = sock.recv(1 << 18)
-        if not data:
-            raise ConnectionResetError("closed by the server")
-        proto = self._proto
-        for event in proto.receive_data(data):
-            self._on_event(event)
-        for out in proto.take_outgoing():  # pongs
-            sock.sendall(out)
-        if proto.peer_closed:
-            raise ConnectionResetError("closed by the server")
 
     def _on_event(self, event: ClientEvent) -> None:
         if type(event) is Replies:
-            reply = self._reply
+            reply = self._tally.reply
             for item, frame in event.answers:
+                self._rows -= item.rows
                 reply(item, frame)
         elif isinstance(event, Refused):
             self._refused(event.token, event.error, event.frame)
@@ -455,14 +318,14 @@ class BulkPublisher:
             if err.fatal:  # a final one (bad token) will not get better by reconnecting
                 raise err
 
-    def _refused(self, item: _Item, err: HubbubError, frame: dict[str, Any]) -> None:
+    def _refused(self, item: Item, err: HubbubError, frame: dict[str, Any]) -> None:
         if item.cols is not None and err.code == UnknownOp.code:
             # A server without publish_batch (it appended nothing of it): rows one by one from now on.
             # Its rows were within the window, so they are queued at once (no wait for room here, in
             # the middle of reading replies), in order.
             self.batches = False
             self._rows -= item.rows
-            for one in self._row_items(item.cols):
+            for one in row_items(self._pack, item.cols):
                 self._send(one)
             return
         if is_temporary(err.code) and item.idem is not None and item.tries < self._retries:
@@ -477,163 +340,18 @@ class BulkPublisher:
             raise PublishRefused(item.cols[0][bad], item.cols[2][bad], err)
         raise PublishRefused(item.channel, item.idem, err)
 
-    def _reply(self, item: _Item, frame: dict[str, Any]) -> None:
-        """A publish's acknowledgement: tallied, and passed on or kept when asked for."""
-        self._rows -= item.rows
-        if item.cols is not None:
-            self._batch_reply(frame, item.cols)
-            return
-        channel = frame.get("channel", item.channel)
-        seq = frame.get("seq", 0)
-        duplicate = bool(frame.get("duplicate", False))
-        if duplicate:
-            self.duplicates += 1
-        else:
-            self.published += 1
-        if type(channel) is str and type(seq) is int and seq > self.tops.get(channel, 0):
-            self.tops[channel] = seq
-        if not self._acks_wanted:
-            return
-        ack = PublishAck(
-            str(channel), int(seq), str(frame.get("epoch", "")), int(frame.get("time", 0)), duplicate
-        )
-        if self._on_ack is not None:
-            self._on_ack(ack)
-        else:
-            self.acks.append(ack)
-
-    def _batch_reply(self, frame: dict[str, Any], cols: _Cols) -> None:
-        """A ``publish_batch``'s acknowledgement: a seq, epoch and time per row, and which rows were
-        duplicates (answered with the original event)."""
-        channels = cols[0]
-        seqs = frame.get("seqs")
-        if type(seqs) is not list or len(seqs) != len(channels):
-            raise ConnectionResetError("a batch reply that does not answer each row")
-        dups = frame.get("duplicates") or []
-        self.duplicates += len(dups)
-        self.published += len(seqs) - len(dups)
-        tops = self.tops
-        first = channels[0]
-        if channels.count(first) == len(channels):  # the usual batch: one channel
-            top = max(seqs)
-            if top > tops.get(first, 0):
-                tops[first] = top
-        else:
-            for ch, seq in zip(channels, seqs, strict=True):
-                if seq > tops.get(ch, 0):
-                    tops[ch] = seq
-        if not self._acks_wanted:
-            return
-        dup = set(dups)
-        epochs = frame.get("epochs") or [""] * len(seqs)
-        times = frame.get("times") or [0] * len(seqs)
-        for i, (ch, seq, epoch, t) in enumerate(zip(channels, seqs, epochs, times, strict=True)):
-            ack = PublishAck(ch, int(seq), str(epoch), int(t), i in dup)
-            if self._on_ack is not None:
-                self._on_ack(ack)
-            else:
-                self.acks.append(ack)
-
-    # -- connection -----------------------------------------------------------------------------------
-
-    def _connect(self) -> None:
-        """Open the connection and say hello (no retry here). Raises CannotConnect or the hello's error."""
-        try:
-            sock = socket.create_connection((self._host, self._port), timeout=self._timeout)
-        except OSError as exc:
-            raise CannotConnect(f"{self.url}: {exc}") from exc
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(self._timeout)
-            rest = self._upgrade(sock) if self._ws else b""
-            proto = self._new_protocol()
-            sock.sendall(proto.hello())
-            events = proto.receive_data(rest)
-            while not any(isinstance(e, Welcome | HelloRefused) for e in events):
-                data = sock.recv(1 << 16)
-                if not data or proto.peer_closed:
-                    raise CannotConnect(f"{self.url}: connection closed during hello")
-                events += proto.receive_data(data)
-            at = next(i for i, e in enumerate(events) if isinstance(e, Welcome | HelloRefused))
-            answer = events[at]
-            if isinstance(answer, HelloRefused):
-                if answer.malformed:
-                    raise CannotConnect(f"{self.url}: bad hello reply")
-                raise answer.error
-            for event in events[at + 1 :]:
-                self._on_event(event)
-        except BadFrame as exc:  # a reply that is not msgpack
-            sock.close()
-            raise CannotConnect(f"{self.url}: bad hello reply") from exc
-        except HubbubError:
-            sock.close()
-            raise
-        except (OSError, ValueError) as exc:  # a reset, a timeout, a reply that is not msgpack
-            sock.close()
-            raise CannotConnect(f"{self.url}: {exc}") from exc
-        except BaseException:
-            sock.close()
-            raise
-        self._proto = proto
-        self._sock = sock
-
-    def _new_protocol(self) -> ClientProtocol[_Item]:
-        framing = Framing("ws" if self._ws else "length", _READ_MAX)
-        return ClientProtocol(
-            "msgpack", framing, client=self._client_name, token=self._token, echo=False, batch=True
-        )
-
-    def _upgrade(self, sock: socket.socket) -> bytes:
-        key = base64.b64encode(os.urandom(16)).decode()
-        auth = f"Authorization: Bearer {self._token}\r\n" if self._token else ""
-        sock.sendall(
-            (
-                f"GET {self._path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\nUpgrade: websocket\r\n"
-                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-                f"Sec-WebSocket-Protocol: {_MSGPACK_PROTO}\r\n{auth}\r\n"
-            ).encode()
-        )
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            data = sock.recv(1 << 16)
-            if not data or len(buf) > 1 << 16:
-                raise CannotConnect(f"{self.url}: WebSocket upgrade refused (no answer)")
-            buf += data
-        head, rest = buf.split(b"\r\n\r\n", 1)
-        status = head.split(b"\r\n", 1)[0].decode("latin-1")
-        if " 101 " not in status + " ":
-            raise CannotConnect(f"{self.url}: WebSocket upgrade refused ({status})")
-        if _MSGPACK_PROTO.encode() not in head:
-            raise CannotConnect(f"{self.url}: server did not accept subprotocol {_MSGPACK_PROTO}")
-        return rest
-
-    def _lost(self) -> None:
-        """The connection failed: drop it; the next write or read reconnects."""
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close()
-        self._reconnect()
-
     def _reconnect(self) -> None:
-        """Connect again and queue every unacknowledged publish again, oldest first; a publish without
-        ``idem`` cannot be resent safely, so its loss raises ConnectionLost."""
-        lost = self._proto.abandon()
+        """The connection was lost (and dropped): connect again and queue every unacknowledged publish
+        again, oldest first; a publish without ``idem`` cannot be resent safely, so its loss raises
+        ConnectionLost."""
+        lost = self._link.proto.abandon()
         self._out.clear()
         for item in lost:
             if item.idem is None:
                 raise ConnectionLost(
                     f"{self.url}: connection lost with a publish to {item.channel} unacknowledged"
                 )
-        delay = min(0.1, self._retry_interval)
-        for attempt in range(self._retries + 1):
-            try:
-                self._connect()
-                break
-            except CannotConnect:
-                if attempt == self._retries:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, self._retry_interval)
+        self._link.reconnect(self._retries, self._retry_interval)
         self.reconnects += 1
         for item in lost:
             self._send(item)
