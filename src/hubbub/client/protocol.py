@@ -54,11 +54,12 @@ from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import msgpack
 
-from hubbub.client._wire import Gap, _dumps, _loads, _position, error_from_frame, event_from_dict
+from hubbub.client._wire import Gap, _dumps, _loads, error_from_frame
 from hubbub.client.framing import Framing
 from hubbub.client.positions import SubscriptionPositions
+from hubbub.client.sub_frames import Delivered, GapNotice, Received, Recovered, SubscriptionFrames
 from hubbub.errors import BadFrame, FrameTooLarge, HubbubError
-from hubbub.events import Event, fast_init
+from hubbub.events import fast_init
 
 __all__ = [
     "PACKED_ID_SIZE",
@@ -161,39 +162,6 @@ class ServerError:
 
 @fast_init
 @dataclass(frozen=True, slots=True)
-class Delivered:
-    """An event new to subscription ``sub`` (its positions have moved past it)."""
-
-    sub: str
-    event: Event
-
-
-@fast_init
-@dataclass(frozen=True, slots=True)
-class Received:
-    """An ``event`` frame, decoded by the protocol's own ``event_decoder`` (see :class:`ClientProtocol`)."""
-
-    value: Any
-
-
-@fast_init
-@dataclass(frozen=True, slots=True)
-class GapNotice:
-    sub: str
-    gap: Gap
-
-
-@fast_init
-@dataclass(frozen=True, slots=True)
-class Recovered:
-    """Subscription ``sub``'s replay is over."""
-
-    sub: str
-    frame: dict[str, Any]
-
-
-@fast_init
-@dataclass(frozen=True, slots=True)
 class ConsumerFrame:
     """A ``deliver`` or ``consumer_closed`` frame for durable consumer ``consumer``."""
 
@@ -275,7 +243,6 @@ class ClientProtocol(Generic[T]):
         event_decoder: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         self.codec: Codec = codec
-        self._event_decoder = event_decoder
         self.framing = framing
         self.state: State = "hello"
         self._hello_frame: dict[str, Any] = {"op": "hello", "v": 1, "client": client}
@@ -290,15 +257,14 @@ class ClientProtocol(Generic[T]):
         self.max_frame = DEFAULT_MAX_FRAME
         #: Requests in flight: id → the caller's token, in the order sent.
         self.pending: dict[int, T] = {}
-        self._subscribing: dict[int, str] = {}  # subscribe request id → subscription id
-        #: Subscriptions sent on this connection: id → their positions.
-        self.subs: dict[str, SubscriptionPositions] = {}
+        #: The subscriptions sent on this connection, their positions and their frames.
+        self.streams = SubscriptionFrames(event_decoder)
+        self._subscribing = self.streams.subscribing  # subscribe request id → subscription id
         self._next_id = 0
         #: The id the last request (or subscribe) was given.
         self.last_id = 0
-        #: Messages and ``event`` frames received (statistics).
+        #: Messages received (statistics).
         self.received = 0
-        self.events = 0
         self._outgoing: list[bytes] = []
         packer = msgpack.Packer(use_bin_type=True)
         self._dumps: Callable[[Any], bytes] = _dumps if codec == "json" else packer.pack
@@ -374,21 +340,14 @@ class ClientProtocol(Generic[T]):
     ) -> bytes:
         """Subscribe ``sub`` to ``pattern`` with the replay fields of its ``positions`` (a resume after a
         reconnect asks for what it has not seen); from now on its frames on this connection update them."""
-        frame: dict[str, Any] = {"op": "subscribe", "sub": sub, "pattern": pattern}
-        tag_list = list(tags)
-        if tag_list:
-            frame["tags"] = tag_list
-        fields = positions.request_fields()
-        frame.update(fields)
+        frame, fields = self.streams.subscribe_frame(sub, pattern, tags, positions)
         data = self.request(frame, token)
-        positions.on_sent(fields)
-        self.subs[sub] = positions
-        self._subscribing[frame["id"]] = sub
+        self.streams.sent(frame["id"], sub, positions, fields)
         return data
 
     def forget(self, sub: str) -> None:
         """Frames for ``sub`` no longer count (it ended here; the server may still send a few)."""
-        self.subs.pop(sub, None)
+        self.streams.forget(sub)
 
     def discard(self, rid: int, token: T) -> None:
         """Stop waiting for request ``rid`` if it still carries ``token`` (its caller gave up)."""
@@ -426,6 +385,11 @@ class ClientProtocol(Generic[T]):
         for body in self.framing.feed(data if isinstance(data, bytes) else data.encode()):
             out += self.receive(body)
         return out
+
+    @property
+    def events(self) -> int:
+        """``event`` frames received (statistics)."""
+        return self.streams.events
 
     @property
     def peer_closed(self) -> bool:
@@ -514,50 +478,17 @@ class ClientProtocol(Generic[T]):
             if token is _NONE:
                 return
             if self._subscribing:
-                sid = self._subscribing.pop(rid, None)  # type: ignore[arg-type]  # rid is an int here
-                if sid is not None and (positions := self.subs.get(sid)) is not None:
-                    positions.on_reply(frame)  # before any later frame (gaps, replay) of the subscription
+                self.streams.answered(rid, frame)  # type: ignore[arg-type]  # rid is an int here
             if out and type(out[-1]) is Replies:
                 out[-1].answers.append((token, frame))
             else:
                 out.append(Replies([(token, frame)]))
         elif op == "event":
-            if self._event_decoder is not None:
-                self.events += 1
-                out.append(Received(self._event_decoder(frame)))
-                return
-            subs = frame.get("subs")
-            if type(subs) is not list:
-                return
-            event = event_from_dict(frame)
-            self.events += 1
-            mine = self.subs
-            for sid in subs:
-                positions = mine.get(sid) if type(sid) is str else None
-                if positions is not None and positions.accept(event):
-                    out.append(Delivered(sid, event))
+            self.streams.event(frame, out)
         elif op == "gap":
-            sid = str(frame.get("sub"))
-            positions = self.subs.get(sid)
-            if positions is not None or self._event_decoder is not None:
-                if positions is None and type(frame.get("position")) is not dict:
-                    raise BadFrame("gap needs a position")  # a link cannot go on without one
-                gap = Gap(
-                    channel=str(frame.get("channel", "")),
-                    since=_position(frame.get("since")),
-                    position=_position(frame.get("position")),
-                    reason=str(frame.get("reason", "")),
-                )
-                if positions is not None:
-                    positions.on_gap(gap)
-                out.append(GapNotice(sid, gap))
+            self.streams.gap(frame, out)
         elif op == "recovered":
-            sid = str(frame.get("sub"))
-            positions = self.subs.get(sid)
-            if positions is not None:
-                positions.on_recovered(frame)
-            if positions is not None or self._event_decoder is not None:
-                out.append(Recovered(sid, frame))
+            self.streams.recovered(frame, out)
         elif op in ("deliver", "consumer_closed"):
             name = frame.get("consumer")
             if type(name) is str:
