@@ -40,8 +40,9 @@ auth               ``Authenticator.authenticate`` on arbitrary tokens (JWT-shape
                    RS256 keys configured) and ``parse_static_tokens`` on arbitrary JSON
 cluster_wire       ``hubbub.cluster.wire.decode`` (messages between the nodes of a cluster), and the
                    re-encoding of what decodes
-federation_link    what a federation link parses beyond the native codecs: frames from the node above
-                   (``federation.wire.decode_frame``), the handshake headers (node id, ids above), the
+federation_link    what a federation link parses: frames from the node above through its own
+                   ``ClientProtocol`` (msgpack, events by ``federation.wire.decode_event``), whole and as a
+                   ``batch``, after the hello; the handshake headers (node id, ids above), the
                    hop headers (origin, hops, publisher) and a saved cursor
 http_heads         raw bytes a client sends the HTTP listener, cut into reads at NUL bytes, through its
                    per-socket protocol (``HttpConnection``) and a small application: every answer says
@@ -630,16 +631,32 @@ def qrpc_framing(data: bytes) -> None:
 
 
 def federation_link_target(data: bytes) -> None:
-    """Frames decode or raise BadFrame (4000); header and cursor parsers answer ``None``/``ValueError``, and
-    what they accept is well formed and round-trips."""
+    """Frames from above (as the link's protocol reads them) decode or raise BadFrame (4000), malformed ones
+    are BadInput (4000); header and cursor parsers answer ``None``/``ValueError``, and what they accept is
+    well formed and round-trips."""
+    proto: client_protocol.ClientProtocol[int] = client_protocol.ClientProtocol(
+        "msgpack", echo=False, batch=True, event_decoder=fw.decode_event
+    )
+    proto.hello()
+    welcome = proto.receive(msgpack.packb({"op": "reply", "id": 1, "session": "s"}))
+    assert isinstance(welcome[0], client_protocol.Welcome)
+    with contextlib.suppress(ValueError, OverflowError, TypeError):
+        doc = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        if type(doc) is dict and doc.get("op") != "batch":  # the same frame in a batch: the same events
+            batch = msgpack.packb({"op": "batch", "frames": [doc]}, use_bin_type=True)
+            assert [type(e) for e in proto.receive(batch)] == [type(e) for e in proto.receive(data)]
     try:
-        items = fw.decode_frame(data)
+        events = proto.receive(data)
     except HubbubError as exc:
         assert exc.code == 4000, exc
     else:
-        for it in items:
-            if isinstance(it, fw.LinkEvent):
+        for ev in events:
+            if isinstance(ev, client_protocol.Received):
+                it = ev.value
+                assert isinstance(it, fw.LinkEvent)
                 assert isinstance(it.payload, bytes) and it.seq >= 0 and it.time_ns >= 0
+            elif isinstance(ev, client_protocol.BadInput):
+                assert ev.error.code == 4000, ev
     node, above, origin, hops, pub = (_text(p) for p in _pieces(data, 5))
     n = fw.parse_node(node)
     assert n is None or fed.valid_node_id(n)

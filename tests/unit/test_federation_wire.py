@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from hubbub.client.protocol import BadInput, ClientProtocol, Received, Welcome
 from hubbub.errors import BadFrame
 from hubbub.federation import FROM_HEADER, HOPS_HEADER, ORIGIN_HEADER, Origin, arrived, forwards_up
 from hubbub.federation import wire as fw
@@ -56,16 +57,29 @@ def test_hop_headers_split_and_join() -> None:
     assert fw.parse_publisher('["n","u"]') is None and fw.parse_publisher("nope") is None
 
 
+def _link_protocol() -> ClientProtocol[str]:
+    """A federation link's protocol, past its hello (as transports/federation_link.py makes it)."""
+    proto: ClientProtocol[str] = ClientProtocol(
+        "msgpack", echo=False, batch=True, event_decoder=fw.decode_event
+    )
+    proto.hello()
+    assert isinstance(proto.receive(msgpack.packb({"op": "reply", "id": 1, "session": "s"}))[0], Welcome)
+    return proto
+
+
 def test_frames_from_above() -> None:
-    items = fw.decode_frame(msgpack.packb(EVENT, use_bin_type=True))
-    assert items == [
-        fw.LinkEvent("/a", 3, "e1", 17, ("ivy", "u", "x", "m"), "text/plain", b"hi", EVENT["headers"], ("t",))
+    proto = _link_protocol()
+    assert proto.receive(msgpack.packb(EVENT, use_bin_type=True)) == [
+        Received(
+            fw.LinkEvent(
+                "/a", 3, "e1", 17, ("ivy", "u", "x", "m"), "text/plain", b"hi", EVENT["headers"], ("t",)
+            )
+        )
     ]
     batch = {
         "op": "batch",
         "frames": [
             EVENT,
-            {"op": "reply", "id": 4, "top_time": 5},
             {"op": "recovered", "sub": "s1", "replayed": 0},
             {"op": "gap", "sub": "s1", "channel": "/a", "since": {"seq": 1, "epoch": "x"},
              "position": {"seq": 9, "epoch": "y"}, "reason": "epoch"},
@@ -74,18 +88,22 @@ def test_frames_from_above() -> None:
             {"op": "pong"},
         ],
     }  # fmt: skip
-    kinds = [type(i).__name__ for i in fw.decode_frame(msgpack.packb(batch, use_bin_type=True))]
-    assert kinds == ["LinkEvent", "LinkReply", "LinkRecovered", "LinkGap", "LinkError", "LinkPing"]
-    bad_frames = [
-        b"\xc1",
-        msgpack.packb([1]),
-        msgpack.packb({**EVENT, "seq": -1}),
-        msgpack.packb({**EVENT, "headers": {"k": 1}}),
-        msgpack.packb({"op": "batch", "frames": 3}),
+    kinds = [type(i).__name__ for i in proto.receive(msgpack.packb(batch, use_bin_type=True))]
+    assert kinds == ["Received", "Recovered", "GapNotice", "ServerError"]
+    assert len(proto.take_outgoing()) == 1  # the pong
+    with pytest.raises(BadFrame):
+        proto.receive(b"\xc1")
+    malformed = [
+        {**EVENT, "seq": -1},
+        {**EVENT, "headers": {"k": 1}},
+        {**EVENT, "payload": 3},
+        {"op": "gap", "sub": "s1", "channel": "/a", "reason": "epoch"},  # no position: the link cannot go on
     ]
-    for bad in bad_frames:
-        with pytest.raises(BadFrame):
-            fw.decode_frame(bad)
+    for bad in malformed:
+        (got,) = proto.receive(msgpack.packb(bad, use_bin_type=True))
+        assert isinstance(got, BadInput) and got.error.code == 4000, bad
+    assert proto.receive(msgpack.packb([1])) == []
+    assert proto.receive(msgpack.packb({"op": "batch", "frames": 3})) == []
 
 
 def test_what_goes_up() -> None:

@@ -1,5 +1,7 @@
 """What a native federation link carries beyond the native protocol, sans-I/O: the handshake headers, the
-hop headers of each event, and the decoding of the frames a link reads from the node above.
+hop headers of each event, and the decoding of the events a link reads from the node above (the link's
+:class:`~hubbub.client.protocol.ClientProtocol` reads the frames and gives each ``event`` map to
+:func:`decode_event`).
 
 A link is a native WebSocket connection (``hubbub.v1.msgpack``) that names itself on the upgrade:
 
@@ -28,9 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
-import msgpack
 import orjson
 
 from hubbub.errors import BadFrame
@@ -47,16 +48,9 @@ __all__ = [
     "LINK_PUBLISHER",
     "MAX_VALUE",
     "NODE_HEADER",
-    "LinkError",
     "LinkEvent",
-    "LinkGap",
-    "LinkItem",
     "LinkPath",
-    "LinkPing",
-    "LinkRecovered",
-    "LinkReply",
     "decode_event",
-    "decode_frame",
     "fed_headers",
     "link_headers",
     "parse_above",
@@ -188,7 +182,7 @@ def parse_publisher(raw: str) -> tuple[str, str, str, str] | None:
     return (v[0], v[1], v[2], v[3])
 
 
-# -- frames from the node above ------------------------------------------------------------------------------
+# -- events from the node above ------------------------------------------------------------------------------
 
 
 @fast_init
@@ -206,48 +200,6 @@ class LinkEvent:
     payload: bytes
     headers: dict[str, str] = field(default_factory=dict)
     tags: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class LinkReply:
-    """A ``reply``: ``top_time`` for a pattern subscription (else 0)."""
-
-    id: int
-    top_time: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class LinkError:
-    id: int | None
-    code: int
-    temporary: bool
-
-
-@dataclass(frozen=True, slots=True)
-class LinkGap:
-    """A ``gap``: recovery of ``channel`` was impossible; it goes on at ``epoch``/``seq``."""
-
-    channel: str
-    epoch: str
-    seq: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class LinkRecovered:
-    """``recovered``: subscription ``sub``'s replay is over; ``more``: the node above cut it (the rest comes
-    in the next round, from the cursor)."""
-
-    sub: str
-    more: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class LinkPing:
-    pass
-
-
-LinkItem: TypeAlias = LinkEvent | LinkReply | LinkError | LinkGap | LinkRecovered | LinkPing
 
 
 def _str(obj: dict[Any, Any], key: str) -> str:
@@ -298,51 +250,3 @@ def decode_event(obj: dict[Any, Any]) -> LinkEvent:
         _str_map(obj.get("headers"), "headers"),
         tuple(tags),
     )
-
-
-def _item(obj: object) -> LinkItem | None:
-    if type(obj) is not dict:
-        raise BadFrame("a frame must be a map")
-    op = obj.get("op")
-    if op == "event":
-        return decode_event(obj)
-    if op == "reply":
-        top = obj.get("top_time", 0)
-        return LinkReply(_uint(obj, "id"), top if type(top) is int and top >= 0 else 0)
-    if op == "error":
-        rid = obj.get("id")
-        code = obj.get("code")
-        if type(code) is not int:
-            raise BadFrame("code must be an integer")
-        return LinkError(rid if type(rid) is int else None, code, obj.get("temporary") is True)
-    if op == "gap":
-        pos = obj.get("position")
-        if type(pos) is not dict:
-            raise BadFrame("gap needs a position")
-        return LinkGap(_str(obj, "channel"), _str(pos, "epoch"), _uint(pos, "seq"), _str(obj, "reason"))
-    if op == "recovered":
-        return LinkRecovered(_str(obj, "sub"), obj.get("more") is True)
-    if op == "ping":
-        return LinkPing()
-    return None  # pong, ops of later versions: nothing for the link to do
-
-
-def decode_frame(message: bytes) -> list[LinkItem]:
-    """One msgpack message from the upstream (a frame or a ``batch`` of frames) → its items, in order.
-    Raises :class:`~hubbub.errors.BadFrame` when it is not the native protocol."""
-    try:
-        obj = msgpack.unpackb(message, raw=False, strict_map_key=False)
-    except Exception:
-        raise BadFrame("not msgpack") from None
-    if type(obj) is dict and obj.get("op") == "batch":
-        frames = obj.get("frames")
-        if type(frames) is not list:
-            raise BadFrame("batch frames must be a list")
-        out: list[LinkItem] = []
-        for f in frames:
-            it = _item(f)
-            if it is not None:
-                out.append(it)
-        return out
-    it = _item(obj)
-    return [] if it is None else [it]
