@@ -104,7 +104,7 @@ def test_import_layers() -> None:
 MAX_MODULE_LINES = 800
 #: The most lines of a class in the packages that hold connection and core state (issue 13).
 MAX_CLASS_LINES = 300
-CLASS_LIMITED = ("core", "transports")
+CLASS_LIMITED = ("core", "transports", "client")
 #: Classes over the limit today, each with its line count then: a ratchet, as OVER_MODULE_LIMIT.
 OVER_CLASS_LIMIT: dict[str, int] = {}
 #: Modules over the limit today, each with its line count then: a ratchet. The entry must go once the module
@@ -131,7 +131,7 @@ def test_no_module_over_the_line_limit() -> None:
     assert not too_long, "modules over the limit (split them):\n" + "\n".join(too_long)
 
 
-def test_no_class_over_the_line_limit_in_core_and_transports() -> None:
+def test_no_class_over_the_line_limit_in_core_transports_and_client() -> None:
     import ast
 
     too_long: list[str] = []
