@@ -6,7 +6,7 @@ delivery), interleaved in one process so that drift on a shared machine hits bot
         [--subs N] [--modes off,jwt,jwt-narrow]
 
 Prints one JSON object: per mode the best CPU time per event (µs, process time) over the rounds and all of
-them, and each mode's overhead against ``off`` in percent (target: within 5 %, issue 14).
+them, and each mode's overhead against ``off`` in percent (target: within 5 %).
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def test_import_layers() -> None:
 
 #: The most lines of a module in src/hubbub (STYLE: split a module that passes about 800 lines).
 MAX_MODULE_LINES = 800
-#: The most lines of a class in the packages that hold connection and core state (issue 13).
+#: The most lines of a class in the packages that hold connection and core state.
 MAX_CLASS_LINES = 300
 CLASS_LIMITED = ("core", "transports", "client")
 #: Classes over the limit today, each with its line count then: a ratchet, as OVER_MODULE_LIMIT.

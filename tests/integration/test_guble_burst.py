@@ -1,4 +1,4 @@
-"""Guble subscribers under a publish burst (issue 12): several connections on one channel, each with the same
+"""Guble subscribers under a publish burst: several connections on one channel, each with the same
 receiver id (``g1``), get every message exactly once and in order, catch-ups from the log included, however
 fast each one reads. A real server on a loopback port, with a small send queue, so that the reader that
 pauses overflows it and its connection catches up from the log."""
