@@ -52,6 +52,7 @@ from hubbub.log.base import (
 )
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 from hubbub.log.records import encode_headers, encode_tags, event_size
+from hubbub.log.sequencing import FROM_RECORD, IdemKey, plan_append
 
 __all__ = ["MemoryLogStore"]
 
@@ -155,33 +156,41 @@ class MemoryLogStore(LogStore):
         with self._lock:
             self._check_open()
             now = self._clock()
-            t = self._last_time
             window = self._idem_window_ns
+            idem_keys = self._idem
+            originals: dict[IdemKey, int] = {}
             if window:
-                # Keys no later request can match: every later event time is after ``t`` (the wall clock may
-                # step back, so ``now`` is no lower bound). A key in the window is checked at its time below.
-                self._forget_idem(t + 1 - window)
+                # Keys no later request can match: every later event time is after the last one (the wall
+                # clock may step back, so ``now`` is no lower bound). The plan judges a key in the window.
+                self._forget_idem(self._last_time + 1 - window)
+                for req in batch:
+                    if req.idem:
+                        key = (req.publisher.user, req.channel, req.idem)
+                        orig = idem_keys.get(key)
+                        if orig is not None:
+                            originals[key] = orig.time_ns
+            channels = self._channels
+            plan = plan_append(batch, channels, self._last_time, now, window, originals)
+            for name in plan.created:
+                channels[name] = self._epoch_row()
             results: list[AppendResult] = []
             touched: dict[str, _Channel] = {}
-            channels = self._channels
-            idem_keys = self._idem
             pos = self._next_pos
+            dups = plan.dups
             # Plain loop with locals: core may run this on the event loop (``inline_append``), per event.
-            for req in batch:
+            for i, (req, seq, t) in enumerate(zip(batch, plan.seqs, plan.times, strict=True)):
                 name = req.channel
-                ch = channels.get(name)
-                if ch is None:
-                    ch = channels[name] = self._epoch_row()
-                t_next = now if now > t else t + 1
-                idem = req.idem
-                if idem and window:
-                    key = (req.publisher.user, name, idem)
-                    orig = idem_keys.get(key)
-                    if orig is not None and t_next - orig.time_ns < window:
-                        results.append(AppendResult(orig, duplicate=True))
-                        continue
-                t = t_next
-                seq = ch.top = ch.top + 1
+                if not seq:
+                    src = dups[i]
+                    orig = (
+                        idem_keys[(req.publisher.user, name, req.idem)]
+                        if src == FROM_RECORD
+                        else results[src].event
+                    )
+                    results.append(AppendResult(orig, duplicate=True))
+                    continue
+                ch = channels[name]
+                ch.top = seq
                 payload = req.payload
                 if type(payload) is not bytes:
                     payload = bytes(payload)
@@ -196,11 +205,11 @@ class MemoryLogStore(LogStore):
                 pos += 1
                 ch.bytes += size
                 touched[name] = ch
-                if idem and window:
-                    idem_keys.pop(key, None)
-                    idem_keys[key] = ev
                 results.append(AppendResult(ev))
-            self._last_time = t
+            for key, (i, _t) in plan.keys.items():
+                idem_keys.pop(key, None)
+                idem_keys[key] = results[i].event
+            self._last_time = plan.last_time
             self._next_pos = pos
             for ch in touched.values():
                 self._trim_channel(ch)

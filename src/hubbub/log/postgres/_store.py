@@ -64,6 +64,7 @@ from hubbub.log.postgres._schema import (
     ensure_schema,
 )
 from hubbub.log.records import encode_headers, encode_tags, event_size
+from hubbub.log.sequencing import FROM_RECORD, IdemKey, plan_append
 
 __all__ = ["PostgresLogStore"]
 
@@ -407,14 +408,17 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
                 )
         st = lock.state
         heads: dict[str, _Head] = {row[0]: _Head(*row[1:]) for row in heads_cur.fetchall()}
-        originals: dict[tuple[str, bytes, bytes], Any] = {}
+        originals: dict[IdemKey, Any] = {}
         if orig_cur is not None:
-            originals = {(r[0], r[1], r[2]): r for r in orig_cur.fetchall()}
-        now = self._clock()
-        t = st.last_time
+            originals = {(r[1].decode(), r[0], r[2].decode()): r for r in orig_cur.fetchall()}
+        plan = plan_append(
+            batch, heads, st.last_time, self._clock(), window, {k: r[4] for k, r in originals.items()}
+        )
+        created = plan.created
+        for new_name in created:
+            heads[new_name] = _Head(st.next_id, new_epoch(), 1, 0, 0, 0, 0)
+            st.next_id += 1
         pos = st.last_pos
-        touched: dict[str, _Head] = {}
-        created: list[str] = []
         # Columns of the events rows.
         c_pos: list[int] = []
         c_cid: list[int] = []
@@ -429,8 +433,6 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
         c_hdr: list[bytes] = []
         c_tags: list[bytes] = []
         c_payload: list[bytes] = []
-        idem_rows: dict[tuple[int, bytes, bytes], tuple[int, int]] = {}
-        batch_idem: dict[tuple[str, str, str], Event] = {}
         results: list[AppendResult] = []
         dec = _Decoder()
         # The previous request's publisher and content type, encoded: a batch is mostly runs of one
@@ -441,31 +443,21 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
         r_ctype_b = b""
         name: str | None = None
         h: _Head | None = None
-        for req in batch:
+        for i, (req, seq, t) in enumerate(zip(batch, plan.seqs, plan.times, strict=True)):
             if req.channel != name or h is None:
                 name = req.channel
-                h = heads.get(name)
-                if h is None:
-                    h = heads[name] = _Head(st.next_id, new_epoch(), 1, 0, 0, 0, 0)
-                    st.next_id += 1
-                    created.append(name)
-                touched[name] = h
+                h = heads[name]
             pub = req.publisher
-            idem = req.idem
-            if idem and window:
-                t_next = now if now > t else t + 1
-                key = (pub.user, name, idem)
-                dup = batch_idem.get(key)
-                if dup is None:
-                    found = originals.get((name, pub.user.encode(), idem.encode()))
-                    if found is not None and found[4] > t_next - window:
-                        dup = self._original(dec, name, found, req)
-                if dup is not None and t_next - dup.time_ns < window:
-                    results.append(AppendResult(dup, duplicate=True))
-                    continue
-            t = now if now > t else t + 1
+            if not seq:
+                src = plan.dups[i]
+                if src == FROM_RECORD:
+                    dup = self._original(dec, name, originals[(pub.user, name, req.idem)], req)
+                else:
+                    dup = results[src].event
+                results.append(AppendResult(dup, duplicate=True))
+                continue
             pos += 1
-            h.top = seq = h.top + 1
+            h.top = seq
             h.top_time = t
             h.count += 1
             payload = req.payload
@@ -503,11 +495,8 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
             c_hdr.append(hb)
             c_tags.append(tb)
             c_payload.append(payload)
-            ev = Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)
-            results.append(AppendResult(ev))
-            if idem and window:
-                batch_idem[key] = ev
-                idem_rows[(h.id, r_enc[1], idem.encode())] = (seq, t)
+            results.append(AppendResult(Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)))
+        touched = {n: heads[n] for n in plan.tops}
         if c_pos:
             conn.execute(
                 _INSERT_EVENTS,
@@ -535,17 +524,19 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
                 _UPDATE_HEADS.format(table="channels"),
                 _heads_row([h for n, h in touched.items() if n not in made]),
             )
-        if idem_rows:
+        if plan.keys:
+            recorded = plan.keys
             conn.execute(
                 _UPSERT_IDEM,
                 (
-                    [k[0] for k in idem_rows],
-                    [k[1] for k in idem_rows],
-                    [k[2] for k in idem_rows],
-                    [v[0] for v in idem_rows.values()],
-                    [v[1] for v in idem_rows.values()],
+                    [heads[k[1]].id for k in recorded],
+                    [k[0].encode() for k in recorded],
+                    [k[2].encode() for k in recorded],
+                    [plan.seqs[i] for i, _ in recorded.values()],
+                    [t for _, t in recorded.values()],
                 ),
             )
+        t = plan.last_time
         if window and t >= self._idem_prune_at:
             conn.execute("DELETE FROM idem WHERE time_ns <= %s", (t - window,))
             self._idem_prune_at = t + min(window, _IDEM_PRUNE_EVERY_NS)

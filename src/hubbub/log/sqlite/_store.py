@@ -51,6 +51,7 @@ from hubbub.log.base import (
 )
 from hubbub.log.consumers import JournalIndex
 from hubbub.log.records import event_columns
+from hubbub.log.sequencing import FROM_RECORD, AppendPlan, IdemKey, plan_append
 from hubbub.log.sqlite._checkpointer import _Checkpointer
 from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
@@ -136,6 +137,20 @@ class _Head:
 
     def info(self, channel: str) -> ChannelInfo:
         return ChannelInfo(channel, self.epoch, self.first, self.top, self.top_time)
+
+
+def _times(originals: Mapping[IdemKey, Original]) -> dict[IdemKey, int]:
+    """The time of each key on record, as :func:`plan_append` takes them."""
+    return {k: o[1] for k, o in originals.items()}
+
+
+def _idem_rows(plan: AppendPlan, heads: Mapping[str, _Head]) -> list[Any]:
+    """The ``idem`` rows of the keys ``plan`` records (flat: channel id, user, key, seq, time_ns per key)."""
+    rows: list[Any] = []
+    seqs = plan.seqs
+    for (user, name, idem), (i, t) in plan.keys.items():
+        rows += (heads[name].id, user, idem, seqs[i], t)
+    return rows
 
 
 class SqliteLogStore(_ConsumerSide, LogStore):
@@ -304,182 +319,47 @@ class SqliteLogStore(_ConsumerSide, LogStore):
             return []
         with self._transaction("append") as conn:
             now = self._clock()
-            packer = self._packer
             window = self._idem_window_ns
+            heads = self._heads
+            limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
             # Optimistic keys (see _idem.py): the batch's keys are written as new ones without looking them up
-            # first; if any was there already, the batch starts over, looking them up.
+            # first; if any was there already, they are written again once the plan has looked them up.
             optimistic = bool(window) and self._idem_optimistic
-            if optimistic:
-                conn.execute("SAVEPOINT idem_new")
-            while True:
-                t = self._last_time
-                window = self._idem_window_ns
-                heads = self._heads
-                touched: dict[str, _Head] = {}
-                created: set[str] = set()
-                saved: list[tuple[_Head, int, int, int, int]] = []  # what the batch changes, to undo it
-                next_id = self._next_id
-                # The ``events`` rows (see _insert_events): ``segments`` of 12-parameter rows each followed
-                # by a long run's rows, then ``full``. The current run is of ``r_pub`` (or a publisher equal
-                # to it but for msg_id), ``r_ctype``, ``r_hb`` and ``r_tb``; it has ``r_n`` events. Its first
-                # _MIN_RUN - 1 rows go to ``full`` from index ``r_start``; at _MIN_RUN they move to a new
-                # ``run``. With ``r_varied`` the run's events differ in their headers (``r_hb`` is its first
-                # event's): such a run binds its headers per row (``_INSERT_RUNH``), its segment's flag says.
-                segments: list[tuple[list[Any], list[Any], bool]] = []
-                full: list[Any] = []
-                run: list[Any] | None = None
-                r_pub: Publisher | None = None
-                r_ctype: str | None = None
-                r_hb: bytes | bytearray = b""
-                r_tb: bytes | bytearray = b""
-                r_varied = False
-                r_n = r_start = 0
-                idem_rows: list[Any] = []  # flat: channel id, user, key, seq, time_ns per key (see _idem.py)
-                batch_idem: dict[tuple[str, str, str], Event] = {}
-                # The keys' rows, looked up per batch before any is written (so as the requests see them).
-                originals = find_originals(conn, heads, batch) if window and not optimistic else {}
-                original_events = original_rows(conn, originals) if originals else {}
-                results: list[AppendResult] = []
-                add_result = results.append
-                # The previous request's channel and head: a batch is mostly runs of one channel's publishes.
-                name: str | None = None
-                h: _Head | None = None
-                for req in batch:
-                    if req.channel != name or h is None:
-                        name = req.channel
-                        h = heads.get(name)
-                        if h is None:
-                            h = heads[name] = _Head(self._next_id, new_epoch(), 1, 0, 0, 0, 0)
-                            self._next_id += 1
-                            created.add(name)
-                        if name not in touched:
-                            touched[name] = h
-                            saved.append((h, h.top, h.top_time, h.count, h.bytes))
-                    pub = req.publisher
-                    idem = req.idem
-                    if idem and window:
-                        t_next = now if now > t else t + 1
-                        key = (pub.user, name, idem)
-                        dup = batch_idem.get(key)
-                        if dup is None and originals:
-                            found = originals.get(key)
-                            if found is not None and found[1] > t_next - window:
-                                dup = self._original(name, found, req, original_events)
-                        if dup is not None and t_next - dup.time_ns < window:
-                            add_result(AppendResult(dup, duplicate=True))
-                            continue
-                    t = now if now > t else t + 1
-                    h.top = seq = h.top + 1
-                    h.top_time = t
-                    h.count += 1
-                    payload = req.payload
-                    headers = req.headers
-                    tags = req.tags
-                    hb: bytes | bytearray
-                    tb: bytes | bytearray
-                    if headers or tags:
-                        size, hb, tb = event_columns(payload, headers, tags, packer)
-                        headers = dict(headers)
-                        tags = tuple(tags)
+            # The keys' rows, looked up per batch before any is written (so as the requests see them).
+            originals = find_originals(conn, heads, batch) if window and not optimistic else {}
+            plan = plan_append(batch, heads, self._last_time, now, window, _times(originals))
+            created = plan.created
+            for name in created:
+                heads[name] = _Head(self._next_id, new_epoch(), 1, 0, 0, 0, 0)
+                self._next_id += 1
+            if plan.keys:
+                rows = _idem_rows(plan, heads)
+                if not optimistic:
+                    insert_keys(conn, rows, limit)
+                else:
+                    conn.execute("SAVEPOINT idem_new")
+                    if insert_new_keys(conn, rows, limit):
+                        conn.execute("RELEASE idem_new")
                     else:
-                        size = len(payload)
-                        hb = tb = _EMPTY_BLOB
-                        headers = {}
-                    h.bytes += size
-                    bp = _blob(payload)
-                    ctype = req.content_type
-                    # A new run: another publisher but for msg_id (a sink's rows each have a Publisher),
-                    # content type or tags.
-                    fresh = (
-                        (
-                            pub is not r_pub
-                            and (
-                                r_pub is None
-                                or pub.user != r_pub.user
-                                or pub.app != r_pub.app
-                                or pub.dialect != r_pub.dialect
-                            )
-                        )
-                        or ctype != r_ctype
-                        or tb != r_tb
-                    )
-                    if not fresh and hb != r_hb and not r_varied:
-                        # Headers differ within the run: before it became one, it becomes a run of per-row
-                        # headers; a run that binds its headers once ends here.
-                        if run is None:
-                            r_varied = True
-                        else:
-                            fresh = True
-                    if fresh:
-                        r_pub, r_ctype, r_hb, r_tb, r_varied = pub, ctype, hb, tb, False
-                        r_n, r_start, run = 0, len(full), None
-                    r_n += 1
-                    if run is not None:
-                        if r_varied:
-                            run += (h.id, seq, t, pub.msg_id, hb, size, bp)
-                        else:
-                            run += (h.id, seq, t, pub.msg_id, bp)
-                    elif r_n < _MIN_RUN:
-                        full += (
-                            h.id,
-                            seq,
-                            t,
-                            size,
-                            pub.dialect,
-                            pub.user,
-                            pub.app,
-                            pub.msg_id,
-                            ctype,
-                            hb,
-                            tb,
-                            bp,
-                        )
-                    elif r_varied:
-                        run = [pub.dialect, pub.user, pub.app, ctype, tb]
-                        run += _runh_rows(full, r_start)
-                        del full[r_start:]
-                        run += (h.id, seq, t, pub.msg_id, hb, size, bp)
-                        segments.append((full, run, True))
-                        full = []
-                    else:
-                        run = [pub.dialect, pub.user, pub.app, ctype, hb, tb, size - len(payload)]
-                        run += _run_rows(full, r_start)
-                        del full[r_start:]
-                        run += (h.id, seq, t, pub.msg_id, bp)
-                        segments.append((full, run, False))
-                        full = []
-                    ev = Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)
-                    add_result(AppendResult(ev))
-                    if idem and window:
-                        batch_idem[key] = ev
-                        idem_rows += (h.id, pub.user, idem, seq, t)
-
-                limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-                if optimistic:
-                    if idem_rows and not insert_new_keys(conn, idem_rows, limit):
-                        # A key was known: undo the batch (nothing else is written yet) and look them up.
+                        # A key was known: undo the keys (nothing else is written yet), look them up, plan
+                        # again (the channels the first plan created have heads now, at top 0).
                         conn.execute("ROLLBACK TO idem_new")
-                        for h, top, top_time, count, nbytes in saved:
-                            h.top, h.top_time, h.count, h.bytes = top, top_time, count, nbytes
-                        for n in created:
-                            del heads[n]
-                        self._next_id = next_id
+                        conn.execute("RELEASE idem_new")
                         self._idem_optimistic = optimistic = False
-                        continue
-                    conn.execute("RELEASE idem_new")
-                elif idem_rows:
-                    insert_keys(conn, idem_rows, limit)
-                if window and not optimistic and not originals:
-                    self._idem_optimistic = True  # no key of this batch was known: the next one may hope so
-                break
-            _insert_events(conn, segments, full, limit)
+                        originals = find_originals(conn, heads, batch)
+                        plan = plan_append(batch, heads, self._last_time, now, window, _times(originals))
+                        insert_keys(conn, _idem_rows(plan, heads), limit)
+            if window and not optimistic and not originals:
+                self._idem_optimistic = True  # no key of this batch was known: the next one may hope so
+            results, touched = self._rows(conn, batch, plan, originals, limit)
+            t = plan.last_time
             # The new events' ``events.pos`` (the journal refers to them): consecutive, in order, up to the
             # last one's, SQLite's rowids of the rows inserted last.
             last_ref = conn.execute("SELECT last_insert_rowid()").fetchone()[0] if self._jindex else 0
             pol = self._retention
             limited = bool(pol.max_events or pol.max_bytes)
             if limited:
-                for h in touched.values():
+                for h in touched:
                     self._trim_per_channel(conn, h)
             if created:
                 conn.executemany(
@@ -487,7 +367,8 @@ class SqliteLogStore(_ConsumerSide, LogStore):
                     [(heads[n].id, n, heads[n].epoch, *heads[n].row()[:5]) for n in created],
                 )
             if len(touched) > len(created):
-                conn.executemany(_UPDATE_CHANNEL, [h.row() for n, h in touched.items() if n not in created])
+                made = set(created)
+                conn.executemany(_UPDATE_CHANNEL, [heads[n].row() for n in plan.tops if n not in made])
             if window and t >= self._idem_prune_at:
                 self._prune_idem(conn, t - window, t + min(window, _IDEM_PRUNE_EVERY_NS))
             if t != self._last_time:
@@ -498,6 +379,122 @@ class SqliteLogStore(_ConsumerSide, LogStore):
         if self._checkpointer is not None:
             self._checkpointer.kick()
         return results
+
+    def _rows(
+        self,
+        conn: sqlite3.Connection,
+        batch: Sequence[AppendRequest],
+        plan: AppendPlan,
+        originals: Mapping[IdemKey, Original],
+        limit: int,
+    ) -> tuple[list[AppendResult], list[_Head]]:
+        """Execute ``plan``: insert its ``events`` rows, move the heads of the cache, and return the results
+        and the heads of the batch's channels. Inside the append's transaction."""
+        heads = self._heads
+        packer = self._packer
+        # The ``events`` rows (see _insert_events): ``segments`` of 12-parameter rows each followed by a long
+        # run's rows, then ``full``. The current run is of ``r_pub`` (or a publisher equal to it but for
+        # msg_id), ``r_ctype``, ``r_hb`` and ``r_tb``; it has ``r_n`` events. Its first _MIN_RUN - 1 rows go
+        # to ``full`` from index ``r_start``; at _MIN_RUN they move to a new ``run``. With ``r_varied`` the
+        # run's events differ in their headers (``r_hb`` is its first event's): such a run binds its headers
+        # per row (``_INSERT_RUNH``), its segment's flag says.
+        segments: list[tuple[list[Any], list[Any], bool]] = []
+        full: list[Any] = []
+        run: list[Any] | None = None
+        r_pub: Publisher | None = None
+        r_ctype: str | None = None
+        r_hb: bytes | bytearray = b""
+        r_tb: bytes | bytearray = b""
+        r_varied = False
+        r_n = r_start = 0
+        original_events = original_rows(conn, originals) if plan.dups and originals else {}
+        results: list[AppendResult] = []
+        add_result = results.append
+        # The previous request's channel and head: a batch is mostly runs of one channel's publishes.
+        name: str | None = None
+        h: _Head | None = None
+        for i, (req, seq, t) in enumerate(zip(batch, plan.seqs, plan.times, strict=True)):
+            if req.channel != name or h is None:
+                name = req.channel
+                h = heads[name]
+            pub = req.publisher
+            if not seq:
+                src = plan.dups[i]
+                if src == FROM_RECORD:
+                    dup = self._original(name, originals[(pub.user, name, req.idem)], req, original_events)
+                else:
+                    dup = results[src].event
+                add_result(AppendResult(dup, duplicate=True))
+                continue
+            h.top = seq
+            h.top_time = t
+            h.count += 1
+            payload = req.payload
+            headers = req.headers
+            tags = req.tags
+            hb: bytes | bytearray
+            tb: bytes | bytearray
+            if headers or tags:
+                size, hb, tb = event_columns(payload, headers, tags, packer)
+                headers = dict(headers)
+                tags = tuple(tags)
+            else:
+                size = len(payload)
+                hb = tb = _EMPTY_BLOB
+                headers = {}
+            h.bytes += size
+            bp = _blob(payload)
+            ctype = req.content_type
+            # A new run: another publisher but for msg_id (a sink's rows each have a Publisher), content type
+            # or tags.
+            fresh = (
+                (
+                    pub is not r_pub
+                    and (
+                        r_pub is None
+                        or pub.user != r_pub.user
+                        or pub.app != r_pub.app
+                        or pub.dialect != r_pub.dialect
+                    )
+                )
+                or ctype != r_ctype
+                or tb != r_tb
+            )
+            if not fresh and hb != r_hb and not r_varied:
+                # Headers differ within the run: before it became one, it becomes a run of per-row headers; a
+                # run that binds its headers once ends here.
+                if run is None:
+                    r_varied = True
+                else:
+                    fresh = True
+            if fresh:
+                r_pub, r_ctype, r_hb, r_tb, r_varied = pub, ctype, hb, tb, False
+                r_n, r_start, run = 0, len(full), None
+            r_n += 1
+            if run is not None:
+                if r_varied:
+                    run += (h.id, seq, t, pub.msg_id, hb, size, bp)
+                else:
+                    run += (h.id, seq, t, pub.msg_id, bp)
+            elif r_n < _MIN_RUN:
+                full += (h.id, seq, t, size, pub.dialect, pub.user, pub.app, pub.msg_id, ctype, hb, tb, bp)
+            elif r_varied:
+                run = [pub.dialect, pub.user, pub.app, ctype, tb]
+                run += _runh_rows(full, r_start)
+                del full[r_start:]
+                run += (h.id, seq, t, pub.msg_id, hb, size, bp)
+                segments.append((full, run, True))
+                full = []
+            else:
+                run = [pub.dialect, pub.user, pub.app, ctype, hb, tb, size - len(payload)]
+                run += _run_rows(full, r_start)
+                del full[r_start:]
+                run += (h.id, seq, t, pub.msg_id, bp)
+                segments.append((full, run, False))
+                full = []
+            add_result(AppendResult(Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)))
+        _insert_events(conn, segments, full, limit)
+        return results, [heads[n] for n in plan.tops]
 
     def _prune_idem(self, conn: sqlite3.Connection, expired: int, next_at: int) -> None:
         """Delete idempotency keys written at or before ``expired``, at most about ``_IDEM_PRUNE_MAX`` of

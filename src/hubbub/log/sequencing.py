@@ -1,0 +1,139 @@
+"""The sequencing rules of an append, decided once for every engine: :func:`plan_append`.
+
+An append gives each request of a batch a position or answers it as a duplicate. The rules (``base.py``):
+
+* Per channel and epoch, ``seq`` goes on from the channel's top (1 for a channel without a head) by exactly
+  1 per appended event, in request order.
+* One batch reads the clock once (``now``); its appended events get times ``max(now, last + 1)``, ``+ 1``,
+  … in request order, so ``time_ns`` strictly increases over the whole log.
+* A request with an idempotency key (``idem``) whose ``(user, channel, idem)`` was appended within the
+  window, judged at the time the request would get, is not appended: it answers the event that key first
+  appended. That event is the batch's own (an earlier request of the batch with the same key) or, failing
+  that, the one the engine has on record (``originals``: its time). A batch's own event wins over a record,
+  since it is newer.
+
+:func:`plan_append` is pure: it reads the heads and records the engine hands it and returns an
+:class:`AppendPlan`; each engine then writes the plan in its own statements (and gives a channel without a
+head its epoch and id). The contract suite tests it once against a naive model, and every engine against the
+memory reference.
+
+Concurrency: none (no state). Engines call it on their writer thread, or on the event loop for an inline
+append (``LogStore.inline_append``): it is part of the hot path, so it is a plain loop over locals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from hubbub.log.base import AppendRequest
+
+__all__ = ["FROM_RECORD", "AppendPlan", "IdemKey", "plan_append"]
+
+#: An idempotency key as the rules compare it: ``(user, channel, idem)``.
+IdemKey = tuple[str, str, str]
+
+#: In :attr:`AppendPlan.dups`: the request repeats a key on record (``originals``), not one of the batch.
+FROM_RECORD: Final = -1
+
+
+class _Head(Protocol):
+    """What the planner reads of an engine's channel head: its current epoch's top seq."""
+
+    @property
+    def top(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AppendPlan:
+    """What an append of a batch does, per request ``i`` of it.
+
+    ``seqs[i]`` and ``times[i]``: the request's seq and ``time_ns``, both 0 for a duplicate. ``dups``: the
+    duplicates, request index -> the index of the earlier request of the batch whose event it repeats, or
+    :data:`FROM_RECORD` for a key on record (the engine answers with that key's original event). ``tops``:
+    every channel of the batch (first appearance order) -> its top seq after the batch (unchanged for one
+    that only got duplicates). ``created``: the channels of the batch without a head (first appearance
+    order): each gets a new epoch and ``seq`` from 1. ``keys``: the idempotency keys to record, in time
+    order, each -> ``(index, time_ns)`` of the request that appended it (the batch's last with that key).
+    ``last_time``: the log's newest commit time after the batch (unchanged when nothing is appended)."""
+
+    seqs: list[int]
+    times: list[int]
+    dups: dict[int, int]
+    tops: dict[str, int]
+    created: list[str]
+    keys: dict[IdemKey, tuple[int, int]]
+    last_time: int
+
+
+def plan_append(
+    batch: Sequence[AppendRequest],
+    heads: Mapping[str, _Head],
+    last_time: int,
+    now: int,
+    window: int,
+    originals: Mapping[IdemKey, int],
+) -> AppendPlan:
+    """Plan the append of ``batch`` (see the module docstring).
+
+    ``heads``: the current head of (at least) every channel of the batch that has one. ``last_time``: the
+    log's newest commit time. ``now``: the clock, read once for the batch. ``window``: the idempotency
+    window in ns (0: idempotency off). ``originals``: the time of each key on record for the batch's keyed
+    requests (a key without a record is absent; expired ones may be present: the window is applied here)."""
+    t = last_time
+    seqs: list[int] = []
+    times: list[int] = []
+    add_seq, add_time = seqs.append, times.append
+    dups: dict[int, int] = {}
+    tops: dict[str, int] = {}
+    created: list[str] = []
+    keys: dict[IdemKey, tuple[int, int]] = {}
+    # The previous request's channel and its running top: a batch is mostly runs of one channel's publishes.
+    name: str | None = None
+    top = 0
+    for i, req in enumerate(batch):
+        channel = req.channel
+        if channel != name:
+            if name is not None:
+                tops[name] = top
+            name = channel
+            known = tops.get(name)
+            if known is not None:
+                top = known
+            else:
+                h = heads.get(name)
+                if h is None:
+                    created.append(name)
+                    top = 0
+                else:
+                    top = h.top
+        idem = req.idem
+        if idem and window:
+            t_next = now if now > t else t + 1
+            key = (req.publisher.user, channel, idem)
+            own = keys.get(key)
+            if own is not None:
+                # The batch's own event with this key is newer than any record: only it may answer.
+                if t_next - own[1] < window:
+                    dups[i] = own[0]
+                    add_seq(0)
+                    add_time(0)
+                    continue
+                # Expired within the batch: recorded again below, so that ``keys`` stays in time order.
+                del keys[key]
+            else:
+                found = originals.get(key)
+                if found is not None and t_next - found < window:
+                    dups[i] = FROM_RECORD
+                    add_seq(0)
+                    add_time(0)
+                    continue
+            keys[key] = (i, t_next)
+        t = now if now > t else t + 1
+        top += 1
+        add_seq(top)
+        add_time(t)
+    if name is not None:
+        tops[name] = top
+    return AppendPlan(seqs, times, dups, tops, created, keys, t)
