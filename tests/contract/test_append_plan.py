@@ -120,6 +120,7 @@ def test_plan_matches_the_naive_model(case: tuple[Any, ...]) -> None:
     assert plan.keys == recorded
     assert list(plan.keys) == list(recorded)  # time order
     assert plan.last_time == last_time
+    assert list(plan.dups) == sorted(plan.dups)  # request order: engines take them as they come
 
 
 @settings(max_examples=examples(200))

@@ -176,12 +176,13 @@ class MemoryLogStore(LogStore):
             results: list[AppendResult] = []
             touched: dict[str, _Channel] = {}
             pos = self._next_pos
-            dups = plan.dups
             # Plain loop with locals: core may run this on the event loop (``inline_append``), per event.
-            for i, (req, seq, t) in enumerate(zip(batch, plan.seqs, plan.times, strict=True)):
+            # The duplicates' sources, in request order (``dups`` is), taken as their requests come.
+            sources = iter(plan.dups.values())
+            for req, seq, t in zip(batch, plan.seqs, plan.times, strict=True):
                 name = req.channel
                 if not seq:
-                    src = dups[i]
+                    src = next(sources)
                     orig = (
                         idem_keys[(req.publisher.user, name, req.idem)]
                         if src == FROM_RECORD

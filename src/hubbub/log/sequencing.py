@@ -50,8 +50,9 @@ class AppendPlan:
     """What an append of a batch does, per request ``i`` of it.
 
     ``seqs[i]`` and ``times[i]``: the request's seq and ``time_ns``, both 0 for a duplicate. ``dups``: the
-    duplicates, request index -> the index of the earlier request of the batch whose event it repeats, or
-    :data:`FROM_RECORD` for a key on record (the engine answers with that key's original event). ``tops``:
+    duplicates in request order, request index -> the index of the earlier request of the batch whose event
+    it repeats, or :data:`FROM_RECORD` for a key on record (the engine answers with that key's original
+    event). ``tops``:
     every channel of the batch (first appearance order) -> its top seq after the batch (unchanged for one
     that only got duplicates). ``created``: the channels of the batch without a head (first appearance
     order): each gets a new epoch and ``seq`` from 1. ``keys``: the idempotency keys to record, in time
@@ -92,7 +93,7 @@ def plan_append(
     # The previous request's channel and its running top: a batch is mostly runs of one channel's publishes.
     name: str | None = None
     top = 0
-    for i, req in enumerate(batch):
+    for req in batch:
         channel = req.channel
         if channel != name:
             if name is not None:
@@ -112,6 +113,7 @@ def plan_append(
         if idem and window:
             t_next = now if now > t else t + 1
             key = (req.publisher.user, channel, idem)
+            i = len(seqs)  # the request's index (only keyed requests need it)
             own = keys.get(key)
             if own is not None:
                 # The batch's own event with this key is newer than any record: only it may answer.

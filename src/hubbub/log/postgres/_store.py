@@ -443,13 +443,15 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, LogStore):
         r_ctype_b = b""
         name: str | None = None
         h: _Head | None = None
-        for i, (req, seq, t) in enumerate(zip(batch, plan.seqs, plan.times, strict=True)):
+        # The duplicates' sources, in request order (``dups`` is), taken as their requests come.
+        sources = iter(plan.dups.values())
+        for req, seq, t in zip(batch, plan.seqs, plan.times, strict=True):
             if req.channel != name or h is None:
                 name = req.channel
                 h = heads[name]
             pub = req.publisher
             if not seq:
-                src = plan.dups[i]
+                src = next(sources)
                 if src == FROM_RECORD:
                     dup = self._original(dec, name, originals[(pub.user, name, req.idem)], req)
                 else:
