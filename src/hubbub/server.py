@@ -173,12 +173,13 @@ class Server:
         )
         token = cfg.auth_mode == "token"
         self.node = node = Node(
-            store if broker is None else ClusterView(store, broker),
+            store,
             settings,
             TokenAuthorizer() if token else None,
             new_epochs=cfg.durability == "none",
             authenticator=build_authenticator(cfg) if token else None,
             limits=lim_settings,
+            view=None if broker is None else ClusterView(store, broker),
         )
         if cfg.tls_cert:
             self._ssl = server_context(cfg.tls_cert, cfg.tls_key)

@@ -258,7 +258,7 @@ async def _cluster(url: str, tmp: Path, redis: RedisServer) -> tuple[list[Node],
     for name in ("a", "b"):
         store = open_store(url, str(tmp / name), "commit", RetentionPolicy(), 600)
         br = RedisBroker(BrokerSettings(redis.url, name, poll_interval_s=60.0), store)
-        node = Node(ClusterView(store, br), NodeSettings())
+        node = Node(store, NodeSettings(), view=ClusterView(store, br))
         await node.__aenter__()
         await br.start(node)
         presence = RedisPresence(redis.url, name, "hubbub.events", 15.0)

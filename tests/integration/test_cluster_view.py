@@ -12,7 +12,7 @@ from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker
 from hubbub.core import Node, ReplaySpec, Session
 from hubbub.events import Publisher
 from hubbub.log import MemoryLogStore
-from hubbub.log.base import AppendRequest, ChannelInfo
+from hubbub.log.base import AppendRequest, ChannelInfo, LogPage
 from tests.redisserver import RedisServer
 
 from .test_node import Enc
@@ -38,7 +38,7 @@ def test_a_snapshot_waits_for_what_the_log_holds_and_nothing_comes_twice(redis_s
         for name in ("x", "y"):
             # A long gap wait: only the snapshot's catch-up can fill a gap within this test.
             b = RedisBroker(BrokerSettings(redis_server.url, name, gap_wait_s=30.0), store)
-            node = Node(ClusterView(store, b))
+            node = Node(store, view=ClusterView(store, b))
             await node.__aenter__()
             await b.start(node)
             nodes.append(node)
@@ -90,7 +90,7 @@ def test_events_committed_and_never_published_reach_live_subscribers(redis_serve
     async def main() -> None:
         store = MemoryLogStore()
         b = RedisBroker(BrokerSettings(redis_server.url, "y", gap_wait_s=30.0, poll_interval_s=0.05), store)
-        node = Node(ClusterView(store, b))
+        node = Node(store, view=ClusterView(store, b))
         await node.__aenter__()
         await b.start(node)
         try:
@@ -128,7 +128,7 @@ def test_a_catch_up_reads_the_channels_committed_to_since_the_last_not_every_hea
         store = _CountingStore()
         store.append([_req(f"/idle/{i}", "x") for i in range(3000)])
         b = RedisBroker(BrokerSettings(redis_server.url, "y", gap_wait_s=30.0, poll_interval_s=0.05), store)
-        node = Node(ClusterView(store, b))
+        node = Node(store, view=ClusterView(store, b))
         await node.__aenter__()
         await b.start(node)
         try:
@@ -151,3 +151,34 @@ def test_a_catch_up_reads_the_channels_committed_to_since_the_last_not_every_hea
             await b.close()
 
     asyncio.run(main())
+
+
+class _RowReadsStore(MemoryLogStore):
+    """Counts the events read through :meth:`read_log` (what the default count and census build)."""
+
+    log_events_read = 0
+
+    def read_log(self, *args: Any, **kwargs: Any) -> LogPage:
+        page = super().read_log(*args, **kwargs)
+        self.log_events_read += len(page.events)
+        return page
+
+    def count_log(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        return (-1, -1)  # the store's own count: the view must give it, not count the events itself
+
+    def log_census(self, *args: Any, **kwargs: Any) -> dict[str, tuple[str, int, int]]:
+        return {"/own": ("e", 1, 1)}
+
+
+def test_the_views_count_and_census_are_the_stores_own_read_of_the_rows(redis_server: RedisServer) -> None:
+    """A cluster node's census (a pattern's replay from a time) and count (a guble fetch) are of the log's
+    rows as they are, like ``read_log``: the view gives the engine's grouped read, not one that builds every
+    event of the range."""
+    store = _RowReadsStore()
+    store.append([_req(f"/c/{i % 7}", f"e{i}") for i in range(50)])
+    view = ClusterView(store, RedisBroker(BrokerSettings(redis_server.url, "y"), store))
+    mark = view.log_mark()
+    assert view.count_log(0, mark, "/c/") == (-1, -1)
+    assert view.count_log(0, mark, channel="/c/1", from_time=5) == (-1, -1)
+    assert view.log_census(0, mark, "/c/", from_time=5) == {"/own": ("e", 1, 1)}
+    assert store.log_events_read == 0

@@ -85,9 +85,9 @@ def positions(b: Batch) -> list[int]:
 
 
 async def pending(node: Node, name: str) -> list[int]:
-    infos = await node.reads.call(lambda st: st.consumers())
+    infos = await node.reads.call_journal(lambda st: st.consumers())
     cid = next(i.id for i in infos if i.spec.name == name)
-    return [it.pos for it in await node.reads.call(lambda st: st.consumer_items(cid, 0, 10_000))]
+    return [it.pos for it in await node.reads.call_journal(lambda st: st.consumer_items(cid, 0, 10_000))]
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "memory", "postgres"])

@@ -149,7 +149,7 @@ def test_a_crashed_redis_receive_loop_is_logged_counted_and_restarted(
             # No watch of the log within the test: only Redis brings node X's events to node Y.
             settings = BrokerSettings(redis_server.url, name, gap_wait_s=0.05, poll_interval_s=60.0)
             b = RedisBroker(settings, store)
-            node = Node(ClusterView(store, b))
+            node = Node(store, view=ClusterView(store, b))
             await node.__aenter__()
             await b.start(node)
             nodes.append(node)

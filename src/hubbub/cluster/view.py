@@ -8,52 +8,46 @@ log's head, such an event would come twice, in the replay and then live. So the 
 through this view, whose heads are the log's heads **capped at what the node has released**, after a short
 wait for the node to catch up with the log (:meth:`RedisBroker.position`); a pattern's replay, which reads
 the log in commit order up to its mark, asks :meth:`ClusterView.delivered` the same of each page's channels
-and leaves what the node has not released to the live stream. Everything else goes to the store as it is.
+and leaves what the node has not released to the live stream. The view is an
+:class:`~hubbub.log.base.EventLog` only: the node reads its snapshots and replays through it
+(``Node(view=…)``); the writer, epochs, retention, the consumers' journals and bulk scans use the store
+itself.
 
-Concurrency contract: that of :class:`~hubbub.log.base.LogStore`; the capping methods wait (briefly) only on
+Concurrency contract: that of :class:`~hubbub.log.base.EventLog`; the capping methods wait (briefly) only on
 the node's reader threads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from hubbub.events import Event
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
     ChannelInfo,
+    EventLog,
     EventRun,
     LogMark,
     LogPage,
-    LogStore,
-    RetentionPolicy,
-    Row,
-    ScanColumns,
-    ScanPlan,
-    StoreStats,
 )
-from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem, Retry
 
 from .broker import RedisBroker
 
 __all__ = ["ClusterView"]
 
 
-class ClusterView(LogStore):
+class ClusterView(EventLog):
     """``store`` with heads capped at what ``broker``'s node delivered (see the module docstring)."""
 
-    def __init__(self, store: LogStore, broker: RedisBroker) -> None:
+    def __init__(self, store: EventLog, broker: RedisBroker) -> None:
         self.store = store
         self.broker = broker
         self.engine = store.engine
         self.readonly = store.readonly
         self.inline_append = store.inline_append
-        self.inline_settle = store.inline_settle
         self.inline_append_max = store.inline_append_max
         self.inline_append_max_bytes = store.inline_append_max_bytes
-        self.shared = store.shared
 
     def _cap(self, infos: list[ChannelInfo]) -> list[ChannelInfo]:
         """``infos`` capped at what the node delivered (waiting for all of them at once)."""
@@ -105,6 +99,26 @@ class ClusterView(LogStore):
     ) -> LogPage:
         return self.store.read_log(after_pos, mark, limit, prefix, reverse=reverse, max_bytes=max_bytes)
 
+    # The count and census are of the log's rows as read_log gives them (uncapped): what a replay leaves to
+    # the live stream it checks itself (delivered, ScanCursor.cut). The store's own, not the default that
+    # reads the events through read_log.
+
+    def count_log(
+        self,
+        after_pos: int,
+        mark: LogMark,
+        prefix: str = "",
+        *,
+        from_time: int = 0,
+        channel: str | None = None,
+    ) -> tuple[int, int]:
+        return self.store.count_log(after_pos, mark, prefix, from_time=from_time, channel=channel)
+
+    def log_census(
+        self, after_pos: int, mark: LogMark, prefix: str = "", *, from_time: int = 0
+    ) -> dict[str, tuple[str, int, int]]:
+        return self.store.log_census(after_pos, mark, prefix, from_time=from_time)
+
     def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
         return self.store.append(batch)
 
@@ -123,88 +137,8 @@ class ClusterView(LogStore):
     def read_runs(self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000) -> list[EventRun]:
         return self.store.read_runs(channel, after_seq, up_to_seq, limit)
 
-    def read_rows(
-        self,
-        channel: str,
-        after_seq: int = 0,
-        limit: int = 1000,
-        from_time: int | None = None,
-        to_time: int | None = None,
-        *,
-        compact_text: bool = False,
-        epoch: str | None = None,
-    ) -> tuple[str, list[Row]]:
-        return self.store.read_rows(
-            channel, after_seq, limit, from_time, to_time, compact_text=compact_text, epoch=epoch
-        )
-
-    def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
-        return self.store.scan_plan(size, from_time, to_time)
-
-    def scan_columns(
-        self,
-        lo_pos: int,
-        hi_pos: int,
-        *,
-        max_time: int,
-        bounds: Sequence[tuple[int, int, int]] | None = None,
-    ) -> list[ScanColumns]:
-        return self.store.scan_columns(lo_pos, hi_pos, max_time=max_time, bounds=bounds)
-
     def read_last(self, channel: str, n: int) -> list[Event]:
         return self.store.read_last(channel, n)
 
-    def retired_epochs(self, channel: str) -> list[ChannelInfo]:
-        return self.store.retired_epochs(channel)
-
     def top_time(self) -> int:
         return self.store.top_time()
-
-    def reset_channel(self, channel: str) -> ChannelInfo:
-        return self.store.reset_channel(channel)
-
-    def new_epochs_on_open(self) -> None:
-        self.store.new_epochs_on_open()
-
-    def commits_may_be_lost(self, channel: str, epoch: str) -> bool:
-        return self.store.commits_may_be_lost(channel, epoch)
-
-    def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
-        return self.store.apply_retention(policy, now_ns)
-
-    def trim(self, channel: str, up_to_seq: int, *, epoch: str | None = None) -> ChannelInfo:
-        return self.store.trim(channel, up_to_seq, epoch=epoch)
-
-    def stats(self) -> StoreStats:
-        return self.store.stats()
-
-    # Durable consumers live in the shared log as they are: the journal is the store's, on every node.
-
-    def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
-        return self.store.consumer_create(spec)
-
-    def consumer_delete(self, name: str, consumer_id: int | None = None) -> bool:
-        return self.store.consumer_delete(name, consumer_id)
-
-    def consumer_settle(
-        self, acked: Sequence[tuple[int, Sequence[int]]], retried: Sequence[Retry] = ()
-    ) -> None:
-        self.store.consumer_settle(acked, retried)
-
-    def consumers(self) -> list[ConsumerInfo]:
-        return self.store.consumers()
-
-    def consumer_items(self, consumer_id: int, after_pos: int = 0, limit: int = 1000) -> list[JournalItem]:
-        return self.store.consumer_items(consumer_id, after_pos, limit)
-
-    def consumer_hold(self, consumer_id: int, take: bool = True) -> bool:
-        return self.store.consumer_hold(consumer_id, take)
-
-    def close(self) -> None:
-        self.store.close()
-
-    def __getattr__(self, name: str) -> Any:
-        # Engine-specific extras (statistics, test hooks) of the store; only called for missing attributes.
-        if name == "store":
-            raise AttributeError(name)
-        return getattr(self.store, name)

@@ -20,7 +20,7 @@ from itertools import repeat
 from typing import Any, Final
 
 from hubbub.errors import HubbubError, StorageError
-from hubbub.log.base import AppendResult, LogStore
+from hubbub.log.base import AppendResult, ConsumerJournal
 from hubbub.log.consumers import JournalItem, Retry
 
 from .consumer_groups import LiveGroups
@@ -206,7 +206,7 @@ class Delivery:
         self._close_opener = close_opener
         self.max_items = max_items
         self.held = Held(held_bytes_max)
-        #: The log is written by other nodes too (``LogStore.shared``): see :meth:`committed`.
+        #: The log is written by other nodes too (``ConsumerJournal.shared``): see :meth:`committed`.
         self.shared = node.store.shared
         self._dirty: set[ConsumerState] = set()
         self._pump_scheduled = False
@@ -242,8 +242,8 @@ class Delivery:
         """The batcher's ``commit_hook``: take each commit's journal items, and feed live groups (on a node
         with a cluster relay, the relay's releases feed them instead: :meth:`ConsumerService.released`).
 
-        On a shared log (``LogStore.shared``) other nodes journal too, and nothing here hears of it: an item
-        is taken only when it is the next position after ``loaded_to``; otherwise the consumer reads its
+        On a shared log (``ConsumerJournal.shared``) other nodes journal too, and nothing here hears of it: an
+        item is taken only when it is the next position after ``loaded_to``; otherwise the consumer reads its
         journal from ``loaded_to`` on (positions are allocated under the log lock, in commit order, so a read
         that sees an item sees every earlier one). And another node may serve the consumer, acknowledging
         items in the store alone: only the consumers this node holds take items (:meth:`Held.discard`)."""
@@ -339,7 +339,9 @@ class Delivery:
                 c.dropped = False
                 generation = c.generation
                 try:
-                    got: list[JournalItem] = await self._node.reads.call(_items, c.id, c.loaded_to, room)
+                    got: list[JournalItem] = await self._node.reads.call_journal(
+                        _items, c.id, c.loaded_to, room
+                    )
                 except HubbubError as exc:
                     log.warning("reading consumer %s failed: %s", c.spec.name, exc)
                     await asyncio.sleep(_RETRY_READ_S)
@@ -483,9 +485,9 @@ class Delivery:
             self._settles.soon()
 
 
-def _items(store: LogStore, consumer_id: int, after: int, limit: int) -> list[JournalItem]:
+def _items(store: ConsumerJournal, consumer_id: int, after: int, limit: int) -> list[JournalItem]:
     return store.consumer_items(consumer_id, after, limit)
 
 
-def _settle(store: LogStore, acks: list[tuple[int, tuple[int, ...]]], retries: list[Retry]) -> None:
+def _settle(store: ConsumerJournal, acks: list[tuple[int, tuple[int, ...]]], retries: list[Retry]) -> None:
     store.consumer_settle(acks, retries)

@@ -216,7 +216,7 @@ class ConsumerService:
 
     async def consumers(self) -> list[ConsumerInfo]:
         """Every consumer as the store has it now (counts included)."""
-        infos: list[ConsumerInfo] = await self._node.reads.call(lambda st: st.consumers())
+        infos: list[ConsumerInfo] = await self._node.reads.call_journal(lambda st: st.consumers())
         return infos
 
     async def open(

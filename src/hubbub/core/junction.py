@@ -32,7 +32,7 @@ from collections import deque
 from typing import Any, final
 
 from hubbub.events import Event, Position
-from hubbub.log.base import LogStore
+from hubbub.log.base import EventLog
 
 from .filters import delivery_filters, passes
 from .hold import Hold
@@ -48,7 +48,7 @@ log = logging.getLogger("hubbub.node")
 READ_BACK_PAGE = 1000
 
 
-def _read_pages(store: LogStore, wanted: list[tuple[str, int]]) -> list[list[Event]]:
+def _read_pages(store: EventLog, wanted: list[tuple[str, int]]) -> list[list[Event]]:
     """One page of each channel after its seq (on a reader thread)."""
     return [store.read(ch, after_seq=after, limit=READ_BACK_PAGE) for ch, after in wanted]
 

@@ -15,6 +15,10 @@ The node is a thin facade over its parts, each in its own module:
 The hot publish methods (``submit``, ``submit_many``, ``publish``, ``writable``) and the session methods are
 the parts' own bound methods, set on the node as attributes: the facade costs no call per publish.
 
+The node works on one log store (``store``), and reads snapshots and replays through ``view`` when given:
+the log as this node delivered it, when that differs from the store (a cluster node's
+:class:`~hubbub.cluster.view.ClusterView`, an :class:`~hubbub.log.base.EventLog`).
+
 Concurrency contract: every public method is called from the event loop thread. Store writes run on the
 :class:`~hubbub.core.writer.LogWriter` thread; store reads run on a small reader thread pool. The node never
 knows a wire format: sessions carry an :class:`~hubbub.core.session.Encoder` supplied by the transport.
@@ -42,7 +46,7 @@ from hubbub.auth import Authenticator, Authorizer, Identity
 from hubbub.channels import Pattern
 from hubbub.errors import EpochMismatch, ShuttingDown
 from hubbub.events import Event
-from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, LogStore, RetentionPolicy
+from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, EventLog, LogStore, RetentionPolicy
 
 from .access import Access
 from .batcher import Done, DoneMany, Pending, WriteBatcher
@@ -136,6 +140,7 @@ class Node:
         new_epochs: bool = False,
         authenticator: Authenticator | None = None,
         limits: LimitSettings | None = None,
+        view: EventLog | None = None,
     ) -> None:
         self.store = store
         self.settings = settings or NodeSettings()
@@ -164,8 +169,8 @@ class Node:
             faults=self.registry.faults,
         )
         #: The reader threads and the typed reads of the log (the one way to read the store from the loop).
-        self.reads = LogReads(store, s.reader_threads)
-        self.replays = ReplayService(store, self.reads, self.registry, self.batcher.control)
+        self.reads = LogReads(view or store, s.reader_threads, store)
+        self.replays = ReplayService(view or store, self.reads, self.registry, self.batcher.control)
         self.send_fetched = self.replays.send_fetched
         #: The store's health from a background probe and the writer's outcomes (``health_checks``).
         self.store_health = StoreHealth(store, lambda: self.batcher.writer, supervision=self.supervision)
@@ -293,7 +298,7 @@ class Node:
         *,
         on_snapshot: Callable[[ReplayPlan], None],
         on_replayed: Callable[[ReplayPlan], None] | None = None,
-        planner: Callable[[LogStore], ReplayPlan] | None = None,
+        planner: Callable[[EventLog], ReplayPlan] | None = None,
         on_gap: Callable[[Gap], None] | None = None,
     ) -> Subscription:
         """Create a subscription, with a replay if ``replay`` asks for one.

@@ -6,7 +6,7 @@ function over the store. Bounds: :meth:`LogReads.read_channel` returns at most :
 call and :meth:`LogReads.list_channels` at most :data:`LIST_LIMIT` channels, whatever is asked.
 
 Concurrency contract: the coroutines are called from the event loop thread; the store calls they make run
-on the reader threads (``LogStore`` reads are thread-safe, ARCHITECTURE §2). :meth:`LogReads.submit` is the
+on the reader threads (``EventLog`` reads are thread-safe, ARCHITECTURE §2). :meth:`LogReads.submit` is the
 one non-coroutine entry: the node's paged replay starts the read of the next page with it while the loop
 sends the previous one.
 """
@@ -14,20 +14,22 @@ sends the previous one.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar, final
+from typing import Any, Concatenate, ParamSpec, TypeVar, final
 
 from hubbub.channels import Pattern
 from hubbub.events import Event
-from hubbub.log.base import ChannelInfo, LogStore
+from hubbub.log.base import ChannelInfo, ConsumerJournal, EventLog
 
 from .replay import ReplayPlan, list_channels
 
 __all__ = ["LIST_LIMIT", "READ_LIMIT", "ChannelPage", "LogReads", "Planner"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: The most events one :meth:`LogReads.read_channel` returns.
 READ_LIMIT = 10_000
@@ -36,7 +38,7 @@ LIST_LIMIT = 10_000
 
 #: Selects a subscription's (or a fetch's) snapshot and replay on a reader thread: a dialect's own replay
 #: selection (guble's fetch), in place of the native one (:func:`~hubbub.core.replay.plan_replay`).
-Planner = Callable[[LogStore], ReplayPlan]
+Planner = Callable[[EventLog], ReplayPlan]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +53,14 @@ class ChannelPage:
 
 @final
 class LogReads:
-    """The node's reader threads and the typed reads run on them. See the module docstring."""
+    """The node's reader threads and the typed reads run on them. See the module docstring.
 
-    def __init__(self, store: LogStore, threads: int) -> None:
+    ``store``: the log as the node reads it (a cluster node's view caps its heads at what the node delivered,
+    ``hubbub.cluster.view``); ``journal``: the consumers' journals (the store itself)."""
+
+    def __init__(self, store: EventLog, threads: int, journal: ConsumerJournal) -> None:
         self.store = store
+        self.journal = journal
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="hubbub-log-reader")
 
     async def close(self) -> None:
@@ -65,9 +71,17 @@ class LogReads:
         """Start ``fn(*args)`` on a reader thread (core only: the paged replay's read-ahead)."""
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(store, *args)`` on a reader thread (core only: replay planning)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, self.store, *args)
+    async def call(self, fn: Callable[Concatenate[EventLog, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(store, *args, **kwargs)`` on a reader thread (core only: replay planning)."""
+        call = functools.partial(fn, self.store, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    async def call_journal(
+        self, fn: Callable[Concatenate[ConsumerJournal, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``fn(journal, *args, **kwargs)`` on a reader thread (core only: the durable consumers)."""
+        call = functools.partial(fn, self.journal, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     async def read_channel(
         self,
@@ -84,7 +98,7 @@ class LogReads:
         only when it is the channel's current epoch (the position is read first, in the same thread hop)."""
         n = max(0, min(limit, READ_LIMIT))
 
-        def read(store: LogStore) -> ChannelPage:
+        def read(store: EventLog) -> ChannelPage:
             info = store.head(channel)
             if epoch is not None and epoch != info.epoch:
                 return ChannelPage(info, [], epoch_matches=False)
@@ -93,7 +107,7 @@ class LogReads:
         return await self.call(read)
 
     async def head(self, channel: str) -> ChannelInfo:
-        """The channel's position (``LogStore.head``)."""
+        """The channel's position (``EventLog.head``)."""
         return await self.call(lambda st: st.head(channel))
 
     async def list_channels(
@@ -111,7 +125,7 @@ class LogReads:
         n = max(0, min(limit, LIST_LIMIT))
         low = after.encode()
 
-        def read(store: LogStore) -> list[ChannelInfo]:
+        def read(store: EventLog) -> list[ChannelInfo]:
             return [
                 ci
                 for ci in list_channels(store, pattern, include_empty=include_empty)
@@ -121,7 +135,7 @@ class LogReads:
         return await self.call(read)
 
     async def top_time(self) -> int:
-        """``time_ns`` of the newest committed event of the whole log (``LogStore.top_time``); also the
+        """``time_ns`` of the newest committed event of the whole log (``EventLog.top_time``); also the
         store's health probe."""
         return await self.call(lambda st: st.top_time())
 

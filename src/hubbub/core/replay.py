@@ -1,6 +1,6 @@
 """Replay planning: what a subscription with a start position must receive (native.md §6, ARCHITECTURE §4).
 
-Pure functions over a :class:`LogStore`, run on a reader thread by the node. They never touch sessions.
+Pure functions over a :class:`EventLog`, run on a reader thread by the node. They never touch sessions.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from hubbub.channels import Pattern
 from hubbub.errors import BadRequest
 from hubbub.events import Event, Position
-from hubbub.log.base import ChannelInfo, LogMark, LogStore
+from hubbub.log.base import ChannelInfo, EventLog, LogMark
 
 __all__ = [
     "Gap",
@@ -67,7 +67,7 @@ class Gap:
 @dataclass(frozen=True, slots=True)
 class ReplaySpan:
     """An exact channel's replay, not read yet: its events of epoch ``epoch`` with ``after < seq <= top``. The
-    node reads it page by page while it sends it (:meth:`LogStore.read_runs`), so a replay of any length holds
+    node reads it page by page while it sends it (:meth:`EventLog.read_runs`), so a replay of any length holds
     one or two pages in memory, never the whole span."""
 
     channel: str
@@ -82,7 +82,7 @@ class ReplaySpan:
 
 @dataclass(frozen=True, slots=True)
 class ReplayScan:
-    """A pattern's replay, not read yet: the log read in commit order (:meth:`LogStore.read_log`) from
+    """A pattern's replay, not read yet: the log read in commit order (:meth:`EventLog.read_log`) from
     ``after`` up to ``mark`` under ``prefix``, page by page while it is sent (:func:`scan_page`). Of each
     channel the pattern matches: a channel of ``since`` its events after that position (of that epoch;
     ``Position(0, "")``: a channel with no event yet, all of them), none of a channel in ``skip`` (its
@@ -99,7 +99,7 @@ class ReplayScan:
     after ``from_time``. Found by one read of the heads of the channels a page starts, so it costs what the
     replay sends, never a read of every channel the pattern matches.
 
-    ``census`` (a scan from a time: :meth:`LogStore.log_census`, read with the snapshot): of each unlisted
+    ``census`` (a scan from a time: :meth:`EventLog.log_census`, read with the snapshot): of each unlisted
     channel the scan replays, the ``(epoch, first seq, last seq)`` of its events in the range. A channel
     trimmed or reset while the scan runs would lose some of them silently; with the census the scan finds
     out (:func:`scan_page` at the channel's first event, :func:`census_gaps` at the end) and the gap is told.
@@ -141,9 +141,9 @@ def merged_key(e: Event) -> tuple[int, bytes, int]:
     return (e.time_ns, e.channel.encode(), e.seq)
 
 
-def list_channels(store: LogStore, pattern: Pattern, *, include_empty: bool = False) -> list[ChannelInfo]:
+def list_channels(store: EventLog, pattern: Pattern, *, include_empty: bool = False) -> list[ChannelInfo]:
     """Every channel with retained events that matches ``pattern`` (``include_empty``: every channel with a
-    current epoch, as :meth:`LogStore.channels` lists them)."""
+    current epoch, as :meth:`EventLog.channels` lists them)."""
     prefix = pattern_prefix(pattern)
     out: list[ChannelInfo] = []
     after = ""
@@ -170,7 +170,7 @@ def _check_since(info: ChannelInfo, since: Position) -> tuple[Gap | None, bool]:
     return None, False
 
 
-def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec) -> ReplayPlan:
+def plan_replay(store: EventLog, pattern: Pattern, spec: ReplaySpec) -> ReplayPlan:
     """Read the snapshot of one new subscription and plan its replay. Runs on a reader thread.
 
     Nothing is read but heads of the channels the request names and, for a pattern, the log's
@@ -236,7 +236,7 @@ def plan_replay(store: LogStore, pattern: Pattern, spec: ReplaySpec) -> ReplayPl
 
 
 def plan_scan(
-    store: LogStore,
+    store: EventLog,
     prefix: str,
     mark: LogMark,
     listed: Mapping[str, Position],
@@ -259,7 +259,7 @@ def plan_scan(
     return ReplayScan(prefix, store.log_seek(min(starts)), mark, listed, skip, from_time)
 
 
-def _plan_exact(store: LogStore, channel: str, spec: ReplaySpec, plan: ReplayPlan) -> None:
+def _plan_exact(store: EventLog, channel: str, spec: ReplaySpec, plan: ReplayPlan) -> None:
     info = store.head(channel)
     plan.position = Position(info.top, info.epoch)
     plan.tops[channel] = info.top
@@ -289,7 +289,7 @@ def _plan_exact(store: LogStore, channel: str, spec: ReplaySpec, plan: ReplayPla
 
 
 def last_start(
-    store: LogStore, pattern: Pattern, mark: LogMark, n: int, keep: Callable[[Event], bool] | None = None
+    store: EventLog, pattern: Pattern, mark: LogMark, n: int, keep: Callable[[Event], bool] | None = None
 ) -> int | None:
     """The time of the ``n``-th newest event the pattern matches at ``mark`` (the oldest of the last ``n``),
     counting only those ``keep`` accepts when given (a dialect's filters), found reading the log backwards
@@ -314,7 +314,7 @@ def last_start(
 
 
 def count_scan(
-    store: LogStore, pattern: Pattern, scan: ReplayScan, keep: Callable[[Event], bool], limit: int | None
+    store: EventLog, pattern: Pattern, scan: ReplayScan, keep: Callable[[Event], bool], limit: int | None
 ) -> ReplayScan:
     """Count a scan's events before sending them (on a reader thread): ``scan`` with ``limit`` the number of
     events ``keep`` accepts (at most ``limit``) and the ``caps`` this count took, so the send finds exactly
@@ -362,12 +362,12 @@ class ScanCursor:
     gaps: dict[str, Gap] = field(default_factory=dict)
 
 
-def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCursor) -> list[Event]:
+def scan_page(store: EventLog, pattern: Pattern, scan: ReplayScan, cur: ScanCursor) -> list[Event]:
     """The next page of a pattern's replay (on a reader thread; one cursor's pages one after another): the
     events of the log after ``cur.after`` up to the scan's mark that the subscriber gets, in commit order,
     ``cur`` moved past them. A channel whose events do not continue its ``expect`` exactly (trimmed or
     reset under the scan) sets ``cur.broken``: the replay must not go on. On a cluster node, events this
-    node has not delivered live yet (:meth:`LogStore.delivered`) are left to the live stream, and with them
+    node has not delivered live yet (:meth:`EventLog.delivered`) are left to the live stream, and with them
     the rest of their channel's replay."""
     page = store.read_log(cur.after, scan.mark, SCAN_PAGE, scan.prefix, max_bytes=SCAN_PAGE_BYTES)
     cur.after = page.pos
@@ -415,12 +415,12 @@ def scan_page(store: LogStore, pattern: Pattern, scan: ReplayScan, cur: ScanCurs
     if out and scan.caps is not None:
         if scan.caps:
             out = _capped(out, scan.caps, cur)
-    elif out and type(store).delivered is not LogStore.delivered:
+    elif out and type(store).delivered is not EventLog.delivered:
         out = _delivered_only(store, out, cur)
     return out
 
 
-def census_gaps(store: LogStore, scan: ReplayScan, cur: ScanCursor) -> list[Gap]:
+def census_gaps(store: EventLog, scan: ReplayScan, cur: ScanCursor) -> list[Gap]:
     """At the end of a scan with a ``census`` (on a reader thread): a gap for each channel whose replay
     stopped short of the last event the census found, or never began (trimmed or reset away while the scan
     ran): ``since`` the last event replayed (or the one before the census's first), ``position`` the last
@@ -446,7 +446,7 @@ def census_gaps(store: LogStore, scan: ReplayScan, cur: ScanCursor) -> list[Gap]
     return gaps
 
 
-def _trimmed_starts(store: LogStore, starts: list[Event], gaps: dict[str, Gap]) -> None:
+def _trimmed_starts(store: EventLog, starts: list[Event], gaps: dict[str, Gap]) -> None:
     """A ``trimmed`` gap in ``gaps`` for each of ``starts`` (an unlisted channel's first event in a scan)
     whose previous event is trimmed: its channel's first retained event now (one read of their heads)."""
     heads = store.heads([e.channel for e in starts])
@@ -470,7 +470,7 @@ def _capped(events: list[Event], caps: Mapping[str, Position], cur: ScanCursor) 
     return out
 
 
-def _delivered_only(store: LogStore, events: list[Event], cur: ScanCursor) -> list[Event]:
+def _delivered_only(store: EventLog, events: list[Event], cur: ScanCursor) -> list[Event]:
     """``events`` without those this node has not delivered live yet, nor any later one of their channels
     (which the live stream brings, in order): those channels join ``cur.cut`` and their ``expect`` goes back
     to the last event kept (or before the first one cut)."""

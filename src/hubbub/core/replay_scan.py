@@ -23,7 +23,7 @@ from hubbub.channels import Pattern
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Position
-from hubbub.log.base import LogStore
+from hubbub.log.base import EventLog
 
 from .faults import Faults
 from .filters import withheld
@@ -98,7 +98,7 @@ async def _tell_census_gaps(
 
 async def send_scan(
     reads: LogReads,
-    store: LogStore,
+    store: EventLog,
     session: Session,
     sub_ids: list[str],
     pattern: Pattern,

@@ -25,7 +25,7 @@ from hubbub.channels import Pattern
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError, SubscriptionError
 from hubbub.events import Position
-from hubbub.log.base import ChannelInfo, EventRun, LogStore
+from hubbub.log.base import ChannelInfo, EventLog, EventRun, LogStore
 
 from .access import only_visible
 from .filters import withheld
@@ -49,11 +49,12 @@ REPLAY_PAGE = 2048
 
 @final
 class ReplayService:
-    """See the module docstring. ``control(fn)`` runs ``fn(store)`` on the writer thread."""
+    """See the module docstring. ``store``: the log as the node reads it (a cluster node's view,
+    ``hubbub.cluster.view``); ``control(fn)`` runs ``fn(store)`` on the writer thread, with the log store."""
 
     def __init__(
         self,
-        store: LogStore,
+        store: EventLog,
         reads: LogReads,
         registry: SubscriptionRegistry,
         control: Callable[[Callable[[LogStore], Any]], Awaitable[Any]],
@@ -162,7 +163,7 @@ class ReplayService:
         return done.sent
 
     async def _replay_span(self, session: Session, sub_id: str, span: ReplaySpan) -> tuple[int, int]:
-        """Queue an exact channel's replay page by page: each page is read (:meth:`LogStore.read_runs`) and,
+        """Queue an exact channel's replay page by page: each page is read (:meth:`EventLog.read_runs`) and,
         when the session's encoder is a :class:`~hubbub.core.session.RunEncoder`, encoded on a reader thread
         while the loop queues and writes the previous one; the queue paces the reading, so the replay holds at
         most two pages whatever its length. Runs whose delivery filters withhold them from the session are

@@ -1,4 +1,5 @@
-"""The durable per-channel event log: the :class:`LogStore` interface, its engines, and :func:`open_store`.
+"""The durable per-channel event log: the :class:`LogStore` interface (its roles: :class:`EventLog`,
+:class:`EpochAdmin`, :class:`ConsumerJournal`, :class:`BulkScan`), its engines, and :func:`open_store`.
 
 Engines: :class:`MemoryLogStore` (reference, nothing survives a restart), :class:`SqliteLogStore` (the
 embedded default) and ``PostgresLogStore`` (:mod:`hubbub.log.postgres`: one database shared by several
@@ -15,7 +16,11 @@ from urllib.parse import urlsplit
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
+    BulkScan,
     ChannelInfo,
+    ConsumerJournal,
+    EpochAdmin,
+    EventLog,
     LogMark,
     LogPage,
     LogStore,
@@ -32,7 +37,11 @@ __all__ = [
     "DB_FILENAME",
     "AppendRequest",
     "AppendResult",
+    "BulkScan",
     "ChannelInfo",
+    "ConsumerJournal",
+    "EpochAdmin",
+    "EventLog",
     "LogMark",
     "LogPage",
     "LogStore",

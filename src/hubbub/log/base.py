@@ -1,4 +1,13 @@
-"""The ``LogStore`` interface: a narrow contract every log engine implements.
+"""The log's interface, split by role, and ``LogStore``, all the roles that every log engine implements.
+
+* :class:`EventLog`: append a batch, a channel's head, reads in channel (``seq``) order and in commit
+  (``pos``) order: what the writer, replays and live reads use.
+* :class:`EpochAdmin`: epochs, trimming, retention, retired epochs and totals.
+* :class:`ConsumerJournal`: the durable consumers' journals (filled by ``append``).
+* :class:`BulkScan`: the data pipeline's reads of rows and columns, in ``pos`` ranges.
+
+A caller takes the role it uses (a view of the log, such as a cluster node's, implements only the role it
+changes). The sequencing rules of ``append`` are one pure planner, ``hubbub.log.sequencing``.
 
 Concurrency contract (every engine):
 
@@ -55,9 +64,13 @@ from hubbub.log.records import encode_headers, encode_tags
 __all__ = [
     "AppendRequest",
     "AppendResult",
+    "BulkScan",
     "ChannelInfo",
     "ConsumerInfo",
+    "ConsumerJournal",
     "ConsumerSpec",
+    "EpochAdmin",
+    "EventLog",
     "EventRun",
     "JournalItem",
     "LogMark",
@@ -270,13 +283,14 @@ class ScanColumns:
     payload: tuple[str, bytes]
 
 
-#: A row of :meth:`LogStore.read_rows`: ``(seq, time_ns, publisher_dialect, publisher_user, publisher_app,
+#: A row of :meth:`BulkScan.read_rows`: ``(seq, time_ns, publisher_dialect, publisher_user, publisher_app,
 #: publisher_msg_id, content_type, headers, tags, payload)``, headers and tags in the column codec.
 Row = tuple[Any, ...]
 
 
-class LogStore(abc.ABC):
-    """A durable, per-channel sequenced event log. See the module docstring for the contract."""
+class EventLog(abc.ABC):
+    """The event log proper: append a batch, a channel's head, reads of a channel in ``seq`` order and of the
+    whole log in commit (``pos``) order. What the writer, the replays and the live reads use."""
 
     #: Name of the engine, for logs and metrics.
     engine: str = ""
@@ -293,14 +307,6 @@ class LogStore(abc.ABC):
     #: With ``inline_append_max``: the most payload bytes such an append may hold (a few large events, say
     #: 64 of 1 MiB, would hold the loop, and every connection on it, for their whole commit).
     inline_append_max_bytes: int = 0
-    #: Whether ``consumer_settle`` is cheap and never waits on I/O beyond the page cache (no fsync, no
-    #: network), so that core may run it on the event loop thread while the writer is idle: an ack is then
-    #: stored without the two thread hand-offs of a writer round trip (``hubbub.core.consumer_delivery``).
-    inline_settle: bool = False
-    #: Whether other processes write the same log (several nodes on one database): then a consumer's journal
-    #: also grows by commits this process never sees, so its readers learn of them by reading, not only from
-    #: their own commits (``hubbub.core.consumers``). Journal positions stay allocated in commit order.
-    shared: bool = False
 
     @abc.abstractmethod
     def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
@@ -347,69 +353,28 @@ class LogStore(abc.ABC):
         events = self.read(channel, after_seq, min(limit, up_to_seq - after_seq))
         return runs_of(e for e in events if e.seq <= up_to_seq)
 
-    def read_rows(
-        self,
-        channel: str,
-        after_seq: int = 0,
-        limit: int = 1000,
-        from_time: int | None = None,
-        to_time: int | None = None,
-        *,
-        compact_text: bool = False,
-        epoch: str | None = None,
-    ) -> tuple[str, list[Row]]:
-        """:meth:`read` without building events, for bulk readers (the data pipeline): ``(epoch, rows)`` from
-        one snapshot, each row ``(seq, time_ns, publisher_dialect, publisher_user, publisher_app,
-        publisher_msg_id, content_type, headers, tags, payload)`` with ``headers`` and ``tags`` in the column
-        codec of :mod:`hubbub.log.records`. An unknown channel gives ``("", [])``.
-
-        ``compact_text``: in every row but the first, each of the five text columns (``publisher_*`` and
-        ``content_type``) is ``None`` where it equals the first row's value.
-
-        ``epoch``: read that epoch of the channel, current or retired (``("", [])`` when the channel has no
-        such epoch holding events). This default reads events (:meth:`read` and :meth:`head` or
-        :meth:`retired_epochs`, so not one snapshot); engines override it."""
-        events = self.read(channel, after_seq, limit, from_time, to_time, epoch=epoch)
-        if events:
-            cur = events[0].epoch
-        elif epoch is None:
-            cur = self.head(channel).epoch
-        else:
-            known = [self.head(channel), *self.retired_epochs(channel)]
-            cur = epoch if any(ci.epoch == epoch for ci in known if ci.epoch) else ""
-        rows: list[Row] = []
-        first: tuple[str, ...] = ()
-        for e in events:
-            p = e.publisher
-            text: tuple[str | None, ...] = (p.dialect, p.user, p.app, p.msg_id, e.content_type)
-            if compact_text:
-                if not rows:
-                    first = (p.dialect, p.user, p.app, p.msg_id, e.content_type)
-                else:
-                    text = tuple(None if v == f else v for v, f in zip(text, first, strict=True))
-            rows.append((e.seq, e.time_ns, *text, encode_headers(e.headers), encode_tags(e.tags), e.payload))
-        return cur, rows
+    @abc.abstractmethod
+    def read_last(self, channel: str, n: int) -> list[Event]:
+        """The last ``n`` retained events of the channel, oldest first."""
 
     @abc.abstractmethod
-    def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
-        """Plan a bulk read of the whole log in ``pos`` order (see :class:`ScanPlan`), from one snapshot.
-        Each piece holds ``size`` events (the last one at most ``size``) with ``from_time <= time_ns <
-        to_time``: ``time_ns`` increases with ``pos``, so the time range is a ``pos`` range. For bulk readers
-        (the data pipeline), with :meth:`scan_columns`."""
+    def channels(
+        self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
+    ) -> list[ChannelInfo]:
+        """Channels holding at least one retained event, in byte order of the canonical path (UTF-8),
+        starting strictly after ``after``, at most ``limit``. ``prefix``, when given, keeps only channels
+        whose path starts with it (a cheap pre-filter for patterns).
+
+        ``include_empty``: also the channels whose current epoch holds no event (trimmed or aged out to
+        nothing, or reset and not published to since), each with its position (``first = top + 1``, the low
+        water mark): a reader that starts now knows where such a channel goes on, so its next event is not
+        taken for the first of a new channel with the earlier ones lost."""
 
     @abc.abstractmethod
-    def scan_columns(
-        self,
-        lo_pos: int,
-        hi_pos: int,
-        *,
-        max_time: int,
-        bounds: Sequence[tuple[int, int, int]] | None = None,
-    ) -> list[ScanColumns]:
-        """The events with ``lo_pos <= pos < hi_pos`` and ``time_ns <= max_time``, in ``pos`` order, as
-        columns (:class:`ScanColumns`), read in one snapshot. ``bounds``: only these ``(epoch id, lowest seq,
-        highest seq)``. Usually one piece; an engine may split a range it cannot return at once (pieces in
-        ``pos`` order); an empty range gives no piece."""
+    def top_time(self) -> int:
+        """``time_ns`` of the newest committed event in the whole log, 0 when empty. It is kept when that
+        event is later trimmed or its channel reset, so it never goes back (it is 0 only for a log that never
+        had an event)."""
 
     @abc.abstractmethod
     def log_mark(self) -> LogMark:
@@ -497,33 +462,10 @@ class LogStore(abc.ABC):
         the node has released, so a replay leaves the rest to the live stream."""
         return [seq for _, _, seq in wanted]
 
-    @abc.abstractmethod
-    def read_last(self, channel: str, n: int) -> list[Event]:
-        """The last ``n`` retained events of the channel, oldest first."""
 
-    @abc.abstractmethod
-    def channels(
-        self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
-    ) -> list[ChannelInfo]:
-        """Channels holding at least one retained event, in byte order of the canonical path (UTF-8),
-        starting strictly after ``after``, at most ``limit``. ``prefix``, when given, keeps only channels
-        whose path starts with it (a cheap pre-filter for patterns).
-
-        ``include_empty``: also the channels whose current epoch holds no event (trimmed or aged out to
-        nothing, or reset and not published to since), each with its position (``first = top + 1``, the low
-        water mark): a reader that starts now knows where such a channel goes on, so its next event is not
-        taken for the first of a new channel with the earlier ones lost."""
-
-    @abc.abstractmethod
-    def retired_epochs(self, channel: str) -> list[ChannelInfo]:
-        """The channel's retired epochs that still hold events, oldest first, each with its own ``epoch``,
-        ``first``, ``top`` and ``top_time`` (admin tools; read them with ``read(…, epoch=…)``)."""
-
-    @abc.abstractmethod
-    def top_time(self) -> int:
-        """``time_ns`` of the newest committed event in the whole log, 0 when empty. It is kept when that
-        event is later trimmed or its channel reset, so it never goes back (it is 0 only for a log that never
-        had an event)."""
+class EpochAdmin(abc.ABC):
+    """Epochs, trimming and retention: the administration of what the log keeps. Writer-thread methods but for
+    :meth:`retired_epochs` and :meth:`stats`."""
 
     @abc.abstractmethod
     def reset_channel(self, channel: str) -> ChannelInfo:
@@ -542,8 +484,9 @@ class LogStore(abc.ABC):
         client's error. A **writer-thread** method, so the caller can decide and reset in one call."""
 
     @abc.abstractmethod
-    def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
-        """Trim by age and by total size. Returns the number of events removed."""
+    def retired_epochs(self, channel: str) -> list[ChannelInfo]:
+        """The channel's retired epochs that still hold events, oldest first, each with its own ``epoch``,
+        ``first``, ``top`` and ``top_time`` (admin tools; read them with ``read(…, epoch=…)``)."""
 
     @abc.abstractmethod
     def trim(self, channel: str, up_to_seq: int, *, epoch: str | None = None) -> ChannelInfo:
@@ -561,7 +504,27 @@ class LogStore(abc.ABC):
         :class:`hubbub.errors.TrimError`; the log is unchanged then.
         """
 
-    # -- durable consumers (hubbub.log.consumers) -------------------------------------------------------
+    @abc.abstractmethod
+    def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
+        """Trim by age and by total size. Returns the number of events removed."""
+
+    @abc.abstractmethod
+    def stats(self) -> StoreStats:
+        """Retained events, their bytes (payload + header + tag bytes, as ``Event.size``), channels."""
+
+
+class ConsumerJournal(abc.ABC):
+    """The durable consumers' journals (``hubbub.log.consumers``): filled by :meth:`EventLog.append` in the
+    same transaction, read and settled here."""
+
+    #: Whether ``consumer_settle`` is cheap and never waits on I/O beyond the page cache (no fsync, no
+    #: network), so that core may run it on the event loop thread while the writer is idle: an ack is then
+    #: stored without the two thread hand-offs of a writer round trip (``hubbub.core.consumer_delivery``).
+    inline_settle: bool = False
+    #: Whether other processes write the same log (several nodes on one database): then a consumer's journal
+    #: also grows by commits this process never sees, so its readers learn of them by reading, not only from
+    #: their own commits (``hubbub.core.consumers``). Journal positions stay allocated in commit order.
+    shared: bool = False
 
     @abc.abstractmethod
     def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
@@ -600,9 +563,93 @@ class LogStore(abc.ABC):
         it again while held stacks (give it back as often). An engine no other process writes holds always."""
         return True
 
+
+class BulkScan(abc.ABC):
+    """The data pipeline's bulk reads: a channel's rows without events, and the whole log planned into
+    ``pos`` ranges and read as columns, each in one snapshot."""
+
     @abc.abstractmethod
-    def stats(self) -> StoreStats:
-        """Retained events, their bytes (payload + header + tag bytes, as ``Event.size``), channels."""
+    def read_rows(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        *,
+        compact_text: bool = False,
+        epoch: str | None = None,
+    ) -> tuple[str, list[Row]]:
+        """:meth:`read` without building events, for bulk readers (the data pipeline): ``(epoch, rows)`` from
+        one snapshot, each row ``(seq, time_ns, publisher_dialect, publisher_user, publisher_app,
+        publisher_msg_id, content_type, headers, tags, payload)`` with ``headers`` and ``tags`` in the column
+        codec of :mod:`hubbub.log.records`. An unknown channel gives ``("", [])``.
+
+        ``compact_text``: in every row but the first, each of the five text columns (``publisher_*`` and
+        ``content_type``) is ``None`` where it equals the first row's value.
+
+        ``epoch``: read that epoch of the channel, current or retired (``("", [])`` when the channel has no
+        such epoch holding events)."""
+
+    @abc.abstractmethod
+    def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
+        """Plan a bulk read of the whole log in ``pos`` order (see :class:`ScanPlan`), from one snapshot.
+        Each piece holds ``size`` events (the last one at most ``size``) with ``from_time <= time_ns <
+        to_time``: ``time_ns`` increases with ``pos``, so the time range is a ``pos`` range. For bulk readers
+        (the data pipeline), with :meth:`scan_columns`."""
+
+    @abc.abstractmethod
+    def scan_columns(
+        self,
+        lo_pos: int,
+        hi_pos: int,
+        *,
+        max_time: int,
+        bounds: Sequence[tuple[int, int, int]] | None = None,
+    ) -> list[ScanColumns]:
+        """The events with ``lo_pos <= pos < hi_pos`` and ``time_ns <= max_time``, in ``pos`` order, as
+        columns (:class:`ScanColumns`), read in one snapshot. ``bounds``: only these ``(epoch id, lowest seq,
+        highest seq)``. Usually one piece; an engine may split a range it cannot return at once (pieces in
+        ``pos`` order); an empty range gives no piece."""
+
+
+class LogStore(EventLog, EpochAdmin, ConsumerJournal, BulkScan):
+    """A durable, per-channel sequenced event log: every role at once, as each engine implements it. See the
+    module docstring for the contract; callers that use one role take that role's type."""
+
+    def read_rows(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        *,
+        compact_text: bool = False,
+        epoch: str | None = None,
+    ) -> tuple[str, list[Row]]:
+        """:meth:`BulkScan.read_rows` from :meth:`read`, :meth:`head` and :meth:`retired_epochs` (so not one
+        snapshot); engines override it to read rows in one."""
+        events = self.read(channel, after_seq, limit, from_time, to_time, epoch=epoch)
+        if events:
+            cur = events[0].epoch
+        elif epoch is None:
+            cur = self.head(channel).epoch
+        else:
+            known = [self.head(channel), *self.retired_epochs(channel)]
+            cur = epoch if any(ci.epoch == epoch for ci in known if ci.epoch) else ""
+        rows: list[Row] = []
+        first: tuple[str, ...] = ()
+        for e in events:
+            p = e.publisher
+            text: tuple[str | None, ...] = (p.dialect, p.user, p.app, p.msg_id, e.content_type)
+            if compact_text:
+                if not rows:
+                    first = (p.dialect, p.user, p.app, p.msg_id, e.content_type)
+                else:
+                    text = tuple(None if v == f else v for v, f in zip(text, first, strict=True))
+            rows.append((e.seq, e.time_ns, *text, encode_headers(e.headers), encode_tags(e.tags), e.payload))
+        return cur, rows
 
     @abc.abstractmethod
     def close(self) -> None:

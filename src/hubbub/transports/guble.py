@@ -41,7 +41,7 @@ from hubbub.dialects import guble as gc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadChannel, HubbubError, SubscriptionError
 from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendRequest, AppendResult, LogStore
+from hubbub.log.base import AppendRequest, AppendResult, EventLog
 
 from .guble_select import fetch_count, plan_fetch, subtree_pattern
 from .http import HttpSettings, raw_rest, request_identity, text_response
@@ -283,7 +283,7 @@ class GubleConnection:
                 self._push(gc.error_text(exc))
 
     async def _subscribe(
-        self, rec: gc.Receiver, planner: Callable[[LogStore], ReplayPlan], fetch: bool
+        self, rec: gc.Receiver, planner: Callable[[EventLog], ReplayPlan], fetch: bool
     ) -> None:
         state = self.state
 
@@ -312,7 +312,7 @@ class GubleConnection:
             # Joining again after a catch-up keeps the connection's place in the roster.
             self._present(rec)
 
-    async def _fetch_only(self, rec: gc.Receiver, planner: Callable[[LogStore], ReplayPlan]) -> None:
+    async def _fetch_only(self, rec: gc.Receiver, planner: Callable[[EventLog], ReplayPlan]) -> None:
         sess = self.session
         try:
             plan = await self.node.fetch(planner)

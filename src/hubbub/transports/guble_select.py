@@ -14,7 +14,7 @@ from hubbub.core import ReplayPlan
 from hubbub.core.replay import ReplayScan, count_scan, last_start, pattern_prefix
 from hubbub.dialects import guble as gc
 from hubbub.events import Event
-from hubbub.log.base import LogStore
+from hubbub.log.base import EventLog
 
 __all__ = ["FETCH_PAGE", "fetch_count", "plan_fetch", "subtree_pattern"]
 
@@ -26,7 +26,7 @@ FETCH_PAGE = 1000
 
 
 def plan_fetch(
-    store: LogStore,
+    store: EventLog,
     channel: str,
     start_id: int | None,
     max_count: int | None,
@@ -69,13 +69,13 @@ def plan_fetch(
     return plan
 
 
-def _count_rows(store: LogStore, channel: str, scan: ReplayScan, limit: int | None) -> ReplayScan | None:
-    """``scan`` counted from the log's rows (:meth:`LogStore.count_log`: the subtree is the channel and the
+def _count_rows(store: EventLog, channel: str, scan: ReplayScan, limit: int | None) -> ReplayScan | None:
+    """``scan`` counted from the log's rows (:meth:`EventLog.count_log`: the subtree is the channel and the
     channels under ``channel/``) without reading its events, when nothing can leave one out: none carries
     headers, and the store gives every replayed event back (not a cluster node's view, whose replay leaves
     events not delivered here yet to the live stream). None otherwise. The send then finds exactly this
     many events, or closes the connection as for a counted scan (:func:`send_scan`)."""
-    if type(store).delivered is not LogStore.delivered:
+    if type(store).delivered is not EventLog.delivered:
         return None
     t = scan.from_time or 0
     if channel == "/":
@@ -90,7 +90,7 @@ def _count_rows(store: LogStore, channel: str, scan: ReplayScan, limit: int | No
 
 
 def _first_from(
-    store: LogStore, channel: str, start_id: int, mark_ns: int, keep: Callable[[Event], bool]
+    store: EventLog, channel: str, start_id: int, mark_ns: int, keep: Callable[[Event], bool]
 ) -> int | None:
     """The commit time of the first event of ``channel`` itself with ``seq >= start_id`` that ``keep``
     accepts, at or before the mark (guble.md §5: the selection starts there on every channel)."""

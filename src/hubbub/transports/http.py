@@ -31,7 +31,7 @@ from hubbub.disconnect import Disconnect
 from hubbub.errors import BadRequest, EpochMismatch, HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.federation.wire import BELOW_HEADER, NODE_HEADER, parse_node
-from hubbub.log.base import AppendRequest, LogStore
+from hubbub.log.base import AppendRequest, EventLog
 
 from .backpressure import Messages
 from .cors import install_cors
@@ -585,7 +585,7 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
     last_id = request.headers.get("Last-Event-ID") or q.get("last_event_id")
     spec = ReplaySpec(last=last, from_time=from_time)
     resume: tuple[int, str, int, str] | None = None
-    planner: Callable[[LogStore], ReplayPlan] | None = None
+    planner: Callable[[EventLog], ReplayPlan] | None = None
     if last_id:
         resume = nc.parse_sse_last_event_id(last_id)
         t, epoch, seq, ch = resume
@@ -596,7 +596,7 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
         spec = ReplaySpec(since={ch: Position(seq, epoch)}, from_time=t + 1)
         resume_spec = spec
 
-        def resume_planner(store: LogStore) -> ReplayPlan:
+        def resume_planner(store: EventLog) -> ReplayPlan:
             # The other channels' trimmed gaps are found while the replay reads them (trim_gaps), so the
             # resume costs what it replays, not a read of every channel the pattern matches.
             plan = plan_replay(store, pattern, resume_spec)

@@ -40,7 +40,7 @@ from hubbub.dialects.spec import DialectSpec
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
 from hubbub.events import Publisher
-from hubbub.log.base import AppendRequest, AppendResult, LogStore
+from hubbub.log.base import AppendRequest, AppendResult, EventLog
 
 from .lifetime import Lifetime
 from .pump import SessionPump, grace_left, stopped
@@ -58,7 +58,7 @@ _NOT_BAD: frozenset[Disconnect] = frozenset({Disconnect.NORMAL, Disconnect.POLIC
 _TOO_BIG: frozenset[Disconnect] = frozenset({Disconnect.MESSAGE_TOO_BIG, Disconnect.FRAME_TOO_LARGE})
 
 
-def live_only(store: LogStore) -> ReplayPlan:
+def live_only(store: EventLog) -> ReplayPlan:
     """The replay plan of :data:`~hubbub.dialects.actions.LIVE`: an empty snapshot, so subscribing never
     reads the log."""
     return ReplayPlan()
