@@ -82,6 +82,52 @@ def plan_append(
     log's newest commit time. ``now``: the clock, read once for the batch. ``window``: the idempotency
     window in ns (0: idempotency off). ``originals``: the time of each key on record for the batch's keyed
     requests (a key without a record is absent; expired ones may be present: the window is applied here)."""
+    # A batch without a key in the window (nearly every one) takes this loop: no clock per request, and the
+    # times, consecutive from the first, are one range. A keyed request sends the batch to the general loop.
+    t0 = now if now > last_time else last_time + 1
+    seqs: list[int] = []
+    add_seq = seqs.append
+    tops: dict[str, int] = {}
+    created: list[str] = []
+    # The previous request's channel and its running top: a batch is mostly runs of one channel's publishes.
+    name: str | None = None
+    top = 0
+    for req in batch:
+        if window and req.idem:
+            return _plan_keyed(batch, heads, last_time, now, window, originals)
+        channel = req.channel
+        if channel != name:
+            if name is not None:
+                tops[name] = top
+            name = channel
+            known = tops.get(name)
+            if known is not None:
+                top = known
+            else:
+                h = heads.get(name)
+                if h is None:
+                    created.append(name)
+                    top = 0
+                else:
+                    top = h.top
+        top += 1
+        add_seq(top)
+    if name is None:
+        return AppendPlan([], [], {}, {}, [], {}, last_time)
+    tops[name] = top
+    n = len(seqs)
+    return AppendPlan(seqs, list(range(t0, t0 + n)), {}, tops, created, {}, t0 + n - 1)
+
+
+def _plan_keyed(
+    batch: Sequence[AppendRequest],
+    heads: Mapping[str, _Head],
+    last_time: int,
+    now: int,
+    window: int,
+    originals: Mapping[IdemKey, int],
+) -> AppendPlan:
+    """:func:`plan_append` of a batch with keyed requests and a window: duplicates judged per request."""
     t = last_time
     seqs: list[int] = []
     times: list[int] = []
