@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import random
 import re
 import socket
 import sqlite3
@@ -829,6 +830,53 @@ def test_idempotent_batch_interleaving_channels_and_users(factory: Factory) -> N
     assert [r.event for r in again[:-1]] == [r.event for r in first][::-1]
     assert again[-1].event.seq == 161
     assert store.stats().events == len(batch) + 1
+
+
+def test_appends_match_the_memory_reference(factory: Factory) -> None:
+    """Every engine executes the one sequencing plan (``hubbub.log.sequencing``): batches of keyed and
+    unkeyed requests over a few channels and users, with retries inside and across batches, keys expiring,
+    the clock stepping back, new channels and a reset, give each engine the results of the memory reference
+    (epochs compared through the bijection learned as they appear)."""
+    rnd = random.Random(30)
+    store = factory.open(idem_window_s=2)
+    ref = MemoryLogStore(idem_window_s=2, clock=factory.clock)
+    epochs: dict[str, str] = {}
+
+    def same(a: Event, b: Event) -> None:
+        assert epochs.setdefault(a.epoch, b.epoch) == b.epoch
+        assert (a.channel, a.seq, a.time_ns, a.payload, a.headers, a.tags, a.publisher) == (
+            b.channel,
+            b.seq,
+            b.time_ns,
+            b.payload,
+            b.headers,
+            b.tags,
+            b.publisher,
+        )
+
+    for step in range(60):
+        batch = []
+        for _ in range(rnd.randrange(1, 40)):
+            ch = rnd.choice(["/a", "/b", "/a/b", f"/new{step}"])
+            user = rnd.choice(["alice", "bob"])
+            key = rnd.choice(["", "", "k1", "k2", "k3"])
+            # A repeated key is a repeated request: the same content.
+            body = f"{user}{ch}{key}".encode() if key else rnd.randbytes(rnd.randrange(8))
+            batch.append(req(ch, body, user=user, idem=key, tags=(user,) if key else ()))
+        got, want = store.append(batch), ref.append(batch)
+        assert [r.duplicate for r in got] == [r.duplicate for r in want]
+        for g, w in zip(got, want, strict=True):
+            same(g.event, w.event)
+        if step == 30:
+            g_head, w_head = store.reset_channel("/a"), ref.reset_channel("/a")
+            assert epochs.setdefault(g_head.epoch, w_head.epoch) == w_head.epoch
+            assert (g_head.first, g_head.top) == (w_head.first, w_head.top)
+        factory.clock.advance(rnd.choice([0, 0.3, 0.9, -0.5]))
+    for ch in ["/a", "/b", "/a/b"]:
+        got_events, want_events = store.read(ch, limit=10_000), ref.read(ch, limit=10_000)
+        assert len(got_events) == len(want_events)
+        for g_ev, w_ev in zip(got_events, want_events, strict=True):
+            same(g_ev, w_ev)
 
 
 def test_idempotency_window_in_fractions_of_a_second(factory: Factory) -> None:
