@@ -82,56 +82,11 @@ def plan_append(
     log's newest commit time. ``now``: the clock, read once for the batch. ``window``: the idempotency
     window in ns (0: idempotency off). ``originals``: the time of each key on record for the batch's keyed
     requests (a key without a record is absent; expired ones may be present: the window is applied here)."""
-    # A batch without a key in the window (nearly every one) takes this loop: no clock per request, and the
-    # times, consecutive from the first, are one range. A keyed request sends the batch to the general loop.
+    # New events get consecutive times from ``t0``, so no clock per request: the times are one range, with
+    # a 0 for each duplicate when there are any.
     t0 = now if now > last_time else last_time + 1
     seqs: list[int] = []
     add_seq = seqs.append
-    tops: dict[str, int] = {}
-    created: list[str] = []
-    # The previous request's channel and its running top: a batch is mostly runs of one channel's publishes.
-    name: str | None = None
-    top = 0
-    for req in batch:
-        if window and req.idem:
-            return _plan_keyed(batch, heads, last_time, now, window, originals)
-        channel = req.channel
-        if channel != name:
-            if name is not None:
-                tops[name] = top
-            name = channel
-            known = tops.get(name)
-            if known is not None:
-                top = known
-            else:
-                h = heads.get(name)
-                if h is None:
-                    created.append(name)
-                    top = 0
-                else:
-                    top = h.top
-        top += 1
-        add_seq(top)
-    if name is None:
-        return AppendPlan([], [], {}, {}, [], {}, last_time)
-    tops[name] = top
-    n = len(seqs)
-    return AppendPlan(seqs, list(range(t0, t0 + n)), {}, tops, created, {}, t0 + n - 1)
-
-
-def _plan_keyed(
-    batch: Sequence[AppendRequest],
-    heads: Mapping[str, _Head],
-    last_time: int,
-    now: int,
-    window: int,
-    originals: Mapping[IdemKey, int],
-) -> AppendPlan:
-    """:func:`plan_append` of a batch with keyed requests and a window: duplicates judged per request."""
-    t = last_time
-    seqs: list[int] = []
-    times: list[int] = []
-    add_seq, add_time = seqs.append, times.append
     dups: dict[int, int] = {}
     tops: dict[str, int] = {}
     created: list[str] = []
@@ -155,18 +110,16 @@ def _plan_keyed(
                     top = 0
                 else:
                     top = h.top
-        idem = req.idem
-        if idem and window:
-            t_next = now if now > t else t + 1
-            key = (req.publisher.user, channel, idem)
-            i = len(seqs)  # the request's index (only keyed requests need it)
+        if window and req.idem:
+            i = len(seqs)
+            t_next = t0 + i - len(dups)  # the time this request gets if it is appended
+            key = (req.publisher.user, channel, req.idem)
             own = keys.get(key)
             if own is not None:
                 # The batch's own event with this key is newer than any record: only it may answer.
                 if t_next - own[1] < window:
                     dups[i] = own[0]
                     add_seq(0)
-                    add_time(0)
                     continue
                 # Expired within the batch: recorded again below, so that ``keys`` stays in time order.
                 del keys[key]
@@ -175,13 +128,15 @@ def _plan_keyed(
                 if found is not None and t_next - found < window:
                     dups[i] = FROM_RECORD
                     add_seq(0)
-                    add_time(0)
                     continue
             keys[key] = (i, t_next)
-        t = now if now > t else t + 1
         top += 1
         add_seq(top)
-        add_time(t)
     if name is not None:
         tops[name] = top
-    return AppendPlan(seqs, times, dups, tops, created, keys, t)
+    n = len(seqs) - len(dups)
+    times = list(range(t0, t0 + n))
+    if dups:
+        new = iter(times)
+        times = [next(new) if seq else 0 for seq in seqs]
+    return AppendPlan(seqs, times, dups, tops, created, keys, t0 + n - 1 if n else last_time)
