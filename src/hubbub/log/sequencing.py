@@ -24,9 +24,9 @@ append (``LogStore.inline_append``): it is part of the hot path, so it is a plai
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Final, Protocol
 
+from hubbub.events import hot_value
 from hubbub.log.base import AppendRequest
 
 __all__ = ["FROM_RECORD", "AppendPlan", "IdemKey", "plan_append"]
@@ -45,7 +45,9 @@ class _Head(Protocol):
     def top(self) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
+# Built once per append (inline on the event loop for a small one): a frozen dataclass's __init__ would cost
+# a descriptor call per field (see hot_value).
+@hot_value
 class AppendPlan:
     """What an append of a batch does, per request ``i`` of it.
 
