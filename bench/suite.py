@@ -1,7 +1,7 @@
 """The side-by-side benchmark suite: hubbub and, with ``--peers``, NATS (core, JetStream), Mosquitto (QoS 0/1)
 and Redis (pub/sub, streams), in one run; a ratio table in bench/RESULTS.md and a chart in bench/results.png.
 
-    hubbub bench [--peers] [--quick] [--scenarios 1to1,fanout,...] [--out bench/RESULTS.md]
+    hubbub bench [--peers] [--quick | --smoke] [--scenarios 1to1,fanout,...] [--out bench/RESULTS.md]
     PYTHONPATH=src python bench/suite.py --peers          # the same
 """
 
@@ -67,17 +67,51 @@ class Row:
 
 @dataclass
 class Plan:
+    """What to run and how big: the full suite, ``quick`` (tiny counts, 1.5 s windows: figures to glance
+    at) or ``smoke`` (every scenario once with the least that still yields its figure: the test suite's
+    check that each one runs end to end; its numbers mean nothing)."""
+
     quick: bool
     peers: bool
     scenarios: tuple[str, ...]
+    smoke: bool = False
+
+    @property
+    def small(self) -> bool:
+        return self.quick or self.smoke
 
     @property
     def count(self) -> int:
-        return 20_000 if self.quick else 2_000_000
+        return 2_000 if self.smoke else 20_000 if self.quick else 2_000_000
 
     @property
     def duration(self) -> float:
-        return 1.5 if self.quick else 4.0
+        """The cap on a throughput window; with --smoke the count ends it first unless the machine is busy,
+        and a window long enough for some deliveries however busy keeps the figure above 0."""
+        return 3.0 if self.smoke else 1.5 if self.quick else 4.0
+
+    @property
+    def latency_samples(self) -> int:
+        return 30 if self.smoke else 300 if self.quick else 5000
+
+    @property
+    def replay_total(self) -> int:
+        return 2_000 if self.smoke else 20_000 if self.quick else 1_000_000
+
+    @property
+    def catchup(self) -> tuple[int, int]:
+        """(channels, events behind) of the catch-up: the same with --quick (the row is about a long
+        catch-up), a tenth of each with --smoke."""
+        return (100, 10_000) if self.smoke else (1_000, 100_000)
+
+    @property
+    def idle_connections(self) -> tuple[int, int]:
+        return (50, 100) if self.smoke else (100, 200) if self.quick else (1000, 10_000)
+
+    @property
+    def settle(self) -> float:
+        """How long idle connections are held before the server's RSS is read."""
+        return 0.5 if self.smoke else 1.0
 
 
 class Suite:
@@ -85,6 +119,8 @@ class Suite:
         self.plan = plan
         self.rows: list[Row] = []
         self.skipped: dict[str, str] = {}
+        #: With --smoke, the servers kept for the whole run by target (see :meth:`server`).
+        self.kept: dict[str, Server] = {}
 
     def log(self, msg: str) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -117,7 +153,10 @@ class Suite:
         )
 
     @contextmanager
-    def server(self, target: str, **kw: str) -> Iterator[Server | None]:
+    def server(self, target: str, fresh: bool = False, **kw: str) -> Iterator[Server | None]:
+        """A running ``target``, stopped after the block. With --smoke, one of a target started without
+        ``data_dir`` is kept for the run and handed to every later block that asks for that target, unless
+        ``fresh`` (a start costs seconds, and a smoke run's figures are not compared)."""
         peer = {"nats": "nats", "js": "nats", "mosquitto": "mosquitto"}.get(target)
         if target.startswith("redis"):
             peer = "redis"
@@ -127,7 +166,15 @@ class Suite:
             )
             yield None
             return
+        keep = self.plan.smoke and not fresh and not kw
+        if keep and target in self.kept:
+            yield self.kept[target]
+            return
         srv = start(target, **kw)
+        if keep:
+            self.kept[target] = srv
+            yield srv
+            return
         try:
             yield srv
         finally:
@@ -143,10 +190,11 @@ class Suite:
         ]
         if p.peers:
             groups += [("nats", ("nats",)), ("mosquitto", ("mqtt0",)), ("redis", ("redis",))]
-        fan = 10 if p.quick else 100
+        fan = 10 if p.small else 100
         for target, kinds in groups:
             for kind in kinds:
-                # A fresh server per kind: the memory store keeps every event, which would skew later runs.
+                # A fresh server per kind: the memory store keeps every event, which would skew later runs
+                # (not with --smoke, see Suite.server).
                 with self.server(target) as srv:
                     if srv is None:
                         continue
@@ -202,11 +250,10 @@ class Suite:
                                 ),
                             )
                         if "latency" in p.scenarios:
-                            n = 300 if p.quick else 5000
                             self.record(
                                 f"latency/{tag}",
                                 kind,
-                                partial(latency, srv, spec, f"l{size}", size, n, 1000.0),
+                                partial(latency, srv, spec, f"l{size}", size, p.latency_samples, 1000.0),
                                 higher=False,
                             )
 
@@ -267,7 +314,7 @@ class Suite:
 
     def replay(self) -> None:
         p = self.plan
-        total = 20_000 if p.quick else 1_000_000
+        total = p.replay_total
         for size in SIZES:
             tag = f"{size}B"
             with tempfile.TemporaryDirectory(prefix="hubbub-replay-") as tmp:
@@ -293,10 +340,9 @@ class Suite:
                     )
 
     def catchup(self) -> None:
-        """A wildcard subscriber 100,000 events behind over 1,000 channels (the same with --quick: the row is
-        about a long catch-up), hubbub against a JetStream ordered consumer with DeliverAll
-        (bench/catchup.py)."""
-        channels, behind, size = 1_000, 100_000, 16
+        """A wildcard subscriber 100,000 events behind over 1,000 channels (:attr:`Plan.catchup`), hubbub
+        against a JetStream ordered consumer with DeliverAll (bench/catchup.py)."""
+        (channels, behind), size = self.plan.catchup, 16
         scen = f"catchup-{channels}ch/{size}B"
         with tempfile.TemporaryDirectory(prefix="hubbub-catchup-") as tmp:
             data = os.path.join(tmp, "data")
@@ -314,32 +360,41 @@ class Suite:
 
     def memory(self) -> None:
         p = self.plan
-        counts = (100, 200) if p.quick else (1000, 10_000)
+        counts = p.idle_connections
         groups: list[tuple[str, str]] = [("hubbub", "hubbub-ws")]
         if p.peers:
             groups += [("nats", "nats"), ("mosquitto", "mqtt0"), ("redis", "redis")]
         for target, kind in groups:
             for n in counts:
-                with self.server(target) as srv:
+                # Always a fresh server: the figure is the growth of a new server's memory.
+                with self.server(target, fresh=True) as srv:
                     if srv is None:
                         continue
                     self.record(
-                        f"idle-mem-{n}", kind, partial(idle_memory, srv, srv.specs[kind], n), higher=False
+                        f"idle-mem-{n}",
+                        kind,
+                        partial(idle_memory, srv, srv.specs[kind], n, p.settle),
+                        higher=False,
                     )
 
     def run(self) -> None:
         raise_nofile()
         sc = self.plan.scenarios
-        if {"1to1", "fanout", "100to1", "latency"} & set(sc):
-            self.pubsub()
-        if "persist" in sc:
-            self.persist()
-        if "replay" in sc:
-            self.replay()
-        if "catchup" in sc:
-            self.catchup()
-        if "memory" in sc:
-            self.memory()
+        try:
+            if {"1to1", "fanout", "100to1", "latency"} & set(sc):
+                self.pubsub()
+            if "persist" in sc:
+                self.persist()
+            if "replay" in sc:
+                self.replay()
+            if "catchup" in sc:
+                self.catchup()
+            if "memory" in sc:
+                self.memory()
+        finally:
+            for srv in self.kept.values():
+                srv.stop()
+            self.kept.clear()
 
 
 def _prefill_hubbub(data_dir: str, channel: str, total: int, size: int) -> None:
@@ -598,7 +653,13 @@ def main(argv: list[str] | None = None) -> int:
         help="with --peers, do not install missing peers with apt-get (by default the bench installs them "
         "when it runs as root on a Debian-like machine, else skips them)",
     )
-    ap.add_argument("--quick", action="store_true", help="tiny counts (the CI smoke form)")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="tiny counts, 1.5 s windows")
+    size.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every scenario once with the least that yields its figure (the test suite's check)",
+    )
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"), help="where the Markdown results go")
     ap.add_argument("--chart", default=None, help="PNG path (default: results.png beside --out)")
@@ -609,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown scenarios: {', '.join(sorted(bad))}")
     started = time.time()
-    suite = Suite(Plan(args.quick, args.peers, scen))
+    suite = Suite(Plan(args.quick, args.peers, scen, args.smoke))
     if args.peers:
         peers = ["nats", "mosquitto", "redis"]
         why = None if args.no_install else install_peers(peers, suite.log)

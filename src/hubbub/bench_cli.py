@@ -26,7 +26,13 @@ def add_bench_command(sub: Any) -> None:
         "bench/results.png (bench/suite.py).",
     )
     p.add_argument("--peers", action="store_true", help="run NATS, Mosquitto and Redis side by side")
-    p.add_argument("--quick", action="store_true", help="tiny counts: the CI smoke form")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="tiny counts, 1.5 s windows")
+    size.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every scenario once with the least that yields its figure (the test suite's check)",
+    )
     p.add_argument(
         "--scenarios",
         default=None,
@@ -44,7 +50,7 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     sys.path.insert(0, str(_BENCH_DIR))
     suite = importlib.import_module("suite")
-    argv = [f for f in ("--peers", "--quick") if getattr(args, f[2:])]
+    argv = [f for f in ("--peers", "--quick", "--smoke") if getattr(args, f[2:])]
     for opt in ("scenarios", "out", "chart", "json"):
         if getattr(args, opt) is not None:
             argv += [f"--{opt}", getattr(args, opt)]
