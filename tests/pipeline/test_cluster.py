@@ -93,11 +93,16 @@ def cluster(tmp_path: Path) -> Iterator[str]:
 
 
 def hubbub_pipeline(*args: str) -> dict[str, object]:
+    # The executor's JVM (one per application, started by the worker) with the driver's flags: C1 only and
+    # the serial collector, as a short job of 500 events never pays back C2's compiling; 2 shuffle
+    # partitions, as in the tests' local session, not 200 tasks of nothing per shuffle.
     env = {**os.environ, **spark_env()}
     r = subprocess.run(
         [sys.executable, "-m", "hubbub", "pipeline", *args, "--no-progress",
          "--conf", f"spark.driver.extraJavaOptions={JVM_FLAGS}", "--conf", "spark.ui.enabled=false",
-         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.executor.memory=512m"],
+         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.executor.memory=512m",
+         "--conf", f"spark.executor.extraJavaOptions={JVM_FLAGS}",
+         "--conf", "spark.sql.shuffle.partitions=2"],
         env=env, capture_output=True, timeout=240, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr.decode()[-3000:]
