@@ -1,4 +1,5 @@
-"""Fixtures of the Spark tests: one local SparkSession per run, real servers, real stores.
+"""Fixtures of the Spark tests: one local SparkSession per worker (two workers share the tests that use it),
+real servers, real stores.
 
 The whole directory is skipped when pyspark (the ``spark`` extra) or Java is missing, so the core suite runs
 on a machine without Java; CI installs the extra and runs them (``.ci/run``).
@@ -49,14 +50,30 @@ def spark_env() -> dict[str, str]:
 SPARK_TIMEOUT_S = 300
 
 
+#: The modules whose tests share the second worker's SparkSession; the others share the first's. Two groups
+#: (``--dist loadgroup``), so two workers, two JVMs of about 1 GiB: one group alone is a floor for the whole
+#: run (its tests one after the other), and halving it takes that floor well below the rest of the suite.
+#: Chosen by ``--durations`` to take about the same time each; a new module of Spark tests may go in either.
+SECOND_SESSION = frozenset(
+    {"test_sink.py", "test_stream.py", "test_stream_restart.py", "test_spark_fixture.py",
+     "test_jobs_epochs.py", "test_options.py"}
+)  # fmt: skip
+
+
+def spark_group(item: pytest.Item) -> str:
+    """The xdist group of a test on the SparkSession: ``spark`` or ``spark-2`` (:data:`SECOND_SESSION`)."""
+    return "spark-2" if item.path.name in SECOND_SESSION else "spark"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test on the session's SparkSession runs on one worker (``--dist loadgroup``): each worker with a
-    test of its own would start a JVM of its own, for seconds of CPU and some hundreds of MiB. Every Spark
-    test (the ``spark`` marker or fixture) gets :data:`SPARK_TIMEOUT_S` unless it has a timeout marker."""
+    """The tests on the session's SparkSession run on two workers (``--dist loadgroup``), each module's on
+    one (:func:`spark_group`): each worker with a test of its own would start a JVM of its own, for seconds
+    of CPU and some hundreds of MiB. Every Spark test (the ``spark`` marker or fixture) gets
+    :data:`SPARK_TIMEOUT_S` unless it has a timeout marker."""
     for item in items:
         uses_session = "spark" in getattr(item, "fixturenames", ())
         if uses_session:
-            item.add_marker(pytest.mark.xdist_group("spark"))
+            item.add_marker(pytest.mark.xdist_group(spark_group(item)))
         if (uses_session or item.get_closest_marker("spark") is not None) and item.get_closest_marker(
             "timeout"
         ) is None:
