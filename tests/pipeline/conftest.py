@@ -65,11 +65,16 @@ def spark_group(item: pytest.Item) -> str:
     return "spark-2" if item.path.name in SECOND_SESSION else "spark"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests on the session's SparkSession run on two workers (``--dist loadgroup``), each module's on
     one (:func:`spark_group`): each worker with a test of its own would start a JVM of its own, for seconds
     of CPU and some hundreds of MiB. Every Spark test (the ``spark`` marker or fixture) gets
-    :data:`SPARK_TIMEOUT_S` unless it has a timeout marker."""
+    :data:`SPARK_TIMEOUT_S` unless it has a timeout marker.
+
+    First of the hook's implementations: xdist's, in each worker, reads the ``xdist_group`` marks to put
+    each test in its group; a mark added after it has no effect, and the tests were spread over every
+    worker, each starting a session."""
     for item in items:
         uses_session = "spark" in getattr(item, "fixturenames", ())
         if uses_session:
