@@ -144,8 +144,12 @@ class ReplayService:
         if on_replayed is not None and plan.replayed:
             on_replayed(plan)
         junction = Junction(self.reads, registry, sub, plan, span_last, covered)
-        await junction.run()
-        self.spills += junction.spills
+        try:
+            await junction.run()
+        finally:
+            # A junction ends early when its subscription is replaced (guble's catch-up going live again
+            # cancels it): the spills it had are counted all the same.
+            self.spills += junction.spills
         return sub
 
     async def send_fetched(self, session: Session, pattern: Pattern, plan: ReplayPlan) -> int:
