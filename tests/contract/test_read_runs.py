@@ -156,3 +156,38 @@ def test_postgres_bad_stored_columns_are_a_storage_error(pg_url: str) -> None:
             st.read("/r")
     finally:
         st.close()
+
+
+def test_read_runs_pages_are_bounded_in_payload_bytes_too(store: LogStore) -> None:
+    """``read_runs(max_bytes=...)``: a page ends with the event that brings its payloads to the budget (at
+    least one event, however large); paging on after the last seq got gives every event once, in order,
+    whole, in runs or not; without a budget a page is bounded by ``limit`` alone."""
+    sizes = [100, 300, 50, 1000, 10, 10, 10, 400, 5, 700]
+    apps = ["a"] * 6 + ["b"] * 4  # two runs: the budget cuts both the one-run read and the grouped one
+    written = [
+        r.event
+        for r in store.append(
+            [req(bytes([i]) * n, app=a) for i, (n, a) in enumerate(zip(sizes, apps, strict=True))]
+        )
+    ]
+    store.append([req(b"y" * 5000, channel="/other")])  # another channel: never counted against a page
+    assert [len(e.payload) for e in flat(store.read_runs("/r", 0, 10, 100, max_bytes=400))] == [100, 300]
+    assert [len(e.payload) for e in flat(store.read_runs("/r", 2, 10, 100, max_bytes=1))] == [50]
+    assert [len(e.payload) for e in flat(store.read_runs("/r", 0, 10, 100, max_bytes=0))] == [100]
+    assert flat(store.read_runs("/r", 0, 10, 100, max_bytes=10_000)) == written
+    assert len(flat(store.read_runs("/r", 0, 10, 100))) == 10
+    assert len(flat(store.read_runs("/r", 0, 10, 3, max_bytes=10_000))) == 3
+    assert [len(e.payload) for e in flat(store.read_runs("/r", 0, 5, 100, max_bytes=10_000))] == sizes[:5]
+    got: list[Event] = []
+    pages: list[list[int]] = []
+    after = 0
+    while after < 10:
+        runs = store.read_runs("/r", after, 10, 4, max_bytes=500)
+        check_runs(runs)
+        page = flat(runs)
+        pages.append([len(e.payload) for e in page])
+        assert page and sum(pages[-1][:-1]) < 500  # stops at the event that reaches the budget
+        got += page
+        after = page[-1].seq
+    assert pages == [[100, 300, 50, 1000], [10, 10, 10, 400], [5, 700]]
+    assert got == written

@@ -12,7 +12,8 @@ recovery of ``bench/wide_recovery.py --server-process`` is held to, here in a fe
 
 The same with large events (150 MiB of payloads: 300 events of 512 KiB over 5 channels): a page of the
 replay is bounded in bytes (``SCAN_PAGE_BYTES``) as well as in events, so the two pages in flight hold a
-few MiB, not 2048 events each (the whole backlog here).
+few MiB, not 2048 events each (the whole backlog here); and so is a page of one exact channel's replay
+(``REPLAY_PAGE_BYTES``), 150 MiB of 512 KiB events on one channel resumed by name.
 """
 
 from __future__ import annotations
@@ -95,9 +96,14 @@ def test_server_rss_stays_bounded_during_a_recovery_of_large_events(tmp_path: Pa
     recover(tmp_path, 5, 300, 512 << 10)
 
 
-def recover(tmp_path: Path, channels: int, behind: int, size: int) -> None:
+def test_server_rss_stays_bounded_during_a_recovery_of_large_events_on_one_channel(tmp_path: Path) -> None:
+    recover(tmp_path, 1, 300, 512 << 10, exact=True)
+
+
+def recover(tmp_path: Path, channels: int, behind: int, size: int, *, exact: bool = False) -> None:
     """``behind`` events of ``size`` bytes over ``channels`` channels, replayed to a subscriber that stalls
-    after 100 (module docstring): every event arrives, and the server's RSS grows by less than the bound."""
+    after 100 (module docstring): every event arrives, and the server's RSS grows by less than the bound.
+    ``exact``: the subscriber resumes the one channel itself, not ``/**`` (the exact channel's replay)."""
     data = tmp_path / "data"
     data.mkdir()
     store = SqliteLogStore(data / DB_FILENAME)
@@ -133,6 +139,9 @@ def recover(tmp_path: Path, channels: int, behind: int, size: int) -> None:
             wait_idle(pid)
             before = status_kib(pid, "VmRSS")
             sub = {"op": "subscribe", "id": 2, "sub": "s", "pattern": "/**", "since": since}
+            if exact:
+                ((channel, position),) = since.items()
+                sub.update(pattern=channel, since=position)
             sock.sendall(orjson.dumps(sub) + b"\n")
             reply = lines.next()
             assert reply["op"] == "reply" and reply["id"] == 2, reply

@@ -121,9 +121,11 @@ def test_replay_reads_only_as_far_as_the_connection_drains(
         ahead: list[int] = []
         read = 0
 
-        def read_runs(channel: str, after: int, up_to: int, limit: int = 1000) -> list[EventRun]:
+        def read_runs(
+            channel: str, after: int, up_to: int, limit: int = 1000, *, max_bytes: int | None = None
+        ) -> list[EventRun]:
             nonlocal read
-            runs = real(channel, after, up_to, limit)
+            runs = real(channel, after, up_to, limit, max_bytes=max_bytes)
             read += sum(len(r.rows) for r in runs)
             ahead.append(read - len(taken))
             return runs
@@ -210,12 +212,14 @@ def test_a_failed_page_read_closes_with_the_storage_error_code(
         real = store.read_runs
         calls = 0
 
-        def read_runs(channel: str, after: int, up_to: int, limit: int = 1000) -> list[EventRun]:
+        def read_runs(
+            channel: str, after: int, up_to: int, limit: int = 1000, *, max_bytes: int | None = None
+        ) -> list[EventRun]:
             nonlocal calls
             calls += 1
             if calls == 3:
                 raise StorageError("log read failed (SQLITE_IOERR)")
-            return real(channel, after, up_to, limit)
+            return real(channel, after, up_to, limit, max_bytes=max_bytes)
 
         monkeypatch.setattr(store, "read_runs", read_runs)
         sess = Session("native", Enc(), max_items=1000, max_bytes=1 << 20)

@@ -134,8 +134,10 @@ class ClusterView(EventLog):
     ) -> list[Event]:
         return self.store.read(channel, after_seq, limit, from_time, to_time, epoch=epoch)
 
-    def read_runs(self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000) -> list[EventRun]:
-        return self.store.read_runs(channel, after_seq, up_to_seq, limit)
+    def read_runs(
+        self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000, *, max_bytes: int | None = None
+    ) -> list[EventRun]:
+        return self.store.read_runs(channel, after_seq, up_to_seq, limit, max_bytes=max_bytes)
 
     def read_last(self, channel: str, n: int) -> list[Event]:
         return self.store.read_last(channel, n)

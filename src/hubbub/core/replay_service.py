@@ -45,6 +45,9 @@ T = TypeVar("T")
 #: Events per page of an exact channel's replay (ReplayService._replay_span): large enough that the per-page
 #: costs (statements, a reader-thread hand-off, one queue step) vanish per event, small enough to hold two.
 REPLAY_PAGE = 2048
+#: Payload bytes per page of an exact channel's replay (``read_runs(max_bytes=...)``), as ``SCAN_PAGE_BYTES``
+#: for a pattern's: two pages in flight hold about 8 MiB of payloads, not 2048 times the largest event.
+REPLAY_PAGE_BYTES = 4 << 20
 
 
 @final
@@ -192,7 +195,7 @@ class ReplayService:
         packed_chunks = session.replay_run_chunks
 
         def read_page(after: int) -> tuple[list[EventRun], list[list[FrameRun] | None] | None]:
-            runs = read_runs(channel, after, top, REPLAY_PAGE)
+            runs = read_runs(channel, after, top, REPLAY_PAGE, max_bytes=REPLAY_PAGE_BYTES)
             if encode_run is None:
                 return runs, None
             # A run's events share their headers, so one filter check covers the run; a withheld run

@@ -341,17 +341,32 @@ class EventLog(abc.ABC):
         ``from_time <= time_ns < to_time`` (when given), oldest first, at most ``limit``. ``epoch``: read that
         epoch instead, the current one or a retired one (none: no events)."""
 
-    def read_runs(self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000) -> list[EventRun]:
+    def read_runs(
+        self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000, *, max_bytes: int | None = None
+    ) -> list[EventRun]:
         """The events of :meth:`read` with ``after_seq < seq <= up_to_seq`` (at most ``limit``, oldest first),
         grouped in runs (:class:`EventRun`), all from one snapshot: the bulk read of a replay.
+
+        ``max_bytes``, when given, bounds the page's payload bytes as ``limit`` bounds its events: the page
+        ends with the event that brings its payloads to ``max_bytes`` or more (so it holds at least one event
+        whatever its size), and the caller goes on after the last seq it got.
 
         The runs hold consecutive seqs of the channel's current epoch; their ``proto`` events carry that
         epoch, so a caller that pages through a channel notices a reset between two calls. This default groups
         :meth:`read`'s events; engines override it to skip building an event per row."""
         if up_to_seq <= after_seq or limit <= 0:
             return []
-        events = self.read(channel, after_seq, min(limit, up_to_seq - after_seq))
-        return runs_of(e for e in events if e.seq <= up_to_seq)
+        events = [
+            e for e in self.read(channel, after_seq, min(limit, up_to_seq - after_seq)) if e.seq <= up_to_seq
+        ]
+        if max_bytes is not None:
+            size = 0
+            for i, e in enumerate(events):
+                size += len(e.payload)
+                if size >= max_bytes:
+                    del events[i + 1 :]
+                    break
+        return runs_of(events)
 
     @abc.abstractmethod
     def read_last(self, channel: str, n: int) -> list[Event]:

@@ -57,6 +57,17 @@ _COMPACT_SELECT: Final = (
     + ", headers, tags, payload FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
     "ORDER BY seq LIMIT %s"
 )
+# read_runs(max_bytes=...): a range's payload bytes (a range under the budget is read as it is), and else the
+# last seq of the range whose earlier rows' payloads stay under it, so the page ends with the row that
+# reaches it; the sizes are read without the payloads.
+_BUDGET_SUM: Final = (
+    "SELECT sum(octet_length(payload)) FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s"
+)
+_BUDGET_TOP: Final = (
+    "SELECT max(seq) FROM (SELECT seq, sum(octet_length(payload)) OVER (ORDER BY seq) "
+    "- octet_length(payload) AS earlier FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s) AS r "
+    "WHERE earlier < %s"
+)
 # read_runs: the (time_ns, payload) of a range's rows that equal the first row in every other column.
 _RUN_SELECT: Final = (
     "SELECT time_ns, payload FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
@@ -305,10 +316,13 @@ class _ReadSide:
 
         return self._read(q)
 
-    def read_runs(self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000) -> list[EventRun]:
+    def read_runs(
+        self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000, *, max_bytes: int | None = None
+    ) -> list[EventRun]:
         """See :meth:`LogStore.read_runs`. A range whose rows all share the first row's publisher, content
-        type, headers and tags is two statements and one ``(time_ns, payload)`` tuple per row, checked by
-        PostgreSQL; any other range is read whole and grouped."""
+        type, headers and tags is two statements (three or four with ``max_bytes``) and one
+        ``(time_ns, payload)`` tuple per row, checked by PostgreSQL; any other range is read whole and
+        grouped."""
         if up_to_seq <= after_seq or limit <= 0:
             self._read(lambda conn: None, snapshot=False)
             return []
@@ -324,6 +338,12 @@ class _ReadSide:
             hi = min(_clamp(up_to_seq), top, lo - 1 + min(limit, _MAX_INT64 - lo))
             if lo > hi:
                 return []
+            if max_bytes is not None:
+                budget = max(_clamp(max_bytes), 1)
+                total = conn.execute(_BUDGET_SUM, (cid, lo, hi)).fetchone()
+                if total and total[0] is not None and total[0] > budget:
+                    top_row = conn.execute(_BUDGET_TOP, (cid, lo, hi, budget)).fetchone()
+                    hi = top_row[0] if top_row and top_row[0] is not None else lo
             head = conn.execute(
                 f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq = %s", (cid, lo), binary=True
             ).fetchone()

@@ -69,6 +69,14 @@ _COMPACT_SELECT: Final = (
     + ", headers, tags, payload FROM events WHERE channel_id = ?6 AND seq BETWEEN ?7 AND ?8 "
     "ORDER BY seq LIMIT ?9"
 )
+# read_runs(max_bytes=...): a range's payload bytes (a range under the budget is read as it is), and else the
+# last seq of the range whose earlier rows' payloads stay under it, so the page ends with the row that
+# reaches it; the sizes are read without the payloads.
+_BUDGET_SUM: Final = "SELECT sum(length(payload)) FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ?"
+_BUDGET_TOP: Final = (
+    "SELECT max(seq) FROM (SELECT seq, sum(length(payload)) OVER (ORDER BY seq) - length(payload) "
+    "AS earlier FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ?) AS r WHERE earlier < ?"
+)
 # read_runs: the (time_ns, payload) of a range's rows that equal the first row in every other column.
 _RUN_SELECT: Final = (
     "SELECT time_ns, payload FROM events WHERE channel_id = ?1 AND seq BETWEEN ?2 AND ?3 "
@@ -264,10 +272,13 @@ class _ReadSide:
             rows[0] = first_row
             return epoch, rows
 
-    def read_runs(self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000) -> list[EventRun]:
+    def read_runs(
+        self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000, *, max_bytes: int | None = None
+    ) -> list[EventRun]:
         """See :meth:`LogStore.read_runs`. A range whose rows all share the first row's publisher, content
-        type, headers and tags (the usual page: one publisher's events) is two statements and one
-        ``(time_ns, payload)`` tuple per row, checked by SQLite; any other range is read whole and grouped."""
+        type, headers and tags (the usual page: one publisher's events) is two statements (three or four
+        with ``max_bytes``) and one ``(time_ns, payload)`` tuple per row, checked by SQLite; any other range
+        is read whole and grouped."""
         if up_to_seq <= after_seq or limit <= 0:
             self._reader()
             return []
@@ -282,6 +293,10 @@ class _ReadSide:
             hi = min(up_to_seq, top, lo - 1 + min(limit, _MAX_INT64 - lo))
             if lo > hi:
                 return []
+            if max_bytes is not None:
+                budget = max(max_bytes, 1)
+                if (conn.execute(_BUDGET_SUM, (cid, lo, hi)).fetchone()[0] or 0) > budget:
+                    hi = conn.execute(_BUDGET_TOP, (cid, lo, hi, budget)).fetchone()[0] or lo
             head = conn.execute(
                 f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (cid, lo)
             ).fetchone()
