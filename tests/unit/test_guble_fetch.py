@@ -4,15 +4,19 @@ selection over the memory log."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.core.replay import ReplayPlan, ScanCursor, scan_page
 from hubbub.dialects import guble_fetch as gf
 from hubbub.events import Event, Publisher
-from hubbub.log import RetentionPolicy, open_store
-from hubbub.log.base import AppendRequest, LogStore
+from hubbub.log import RetentionPolicy, SqliteLogStore, open_store
+from hubbub.log.base import AppendRequest, EventRun, LogStore
+from hubbub.transports import guble_select
 from hubbub.transports.guble import plan_fetch
 from tests.hypothesis_budget import examples
 
@@ -87,6 +91,45 @@ def test_selection_matches_the_naive_one(
 
         got = fetched(store, channel, plan_fetch(store, channel, start_id, max_count, keep), keep)
         assert got == naive(events, channel, start_id, max_count, odd, 10**9)
+    finally:
+        store.close()
+
+
+def test_the_start_lookup_reads_the_channel_in_pages_bounded_in_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``+ <path> <startId>`` looks for its start on the channel a page at a time, each page bounded in
+    payload bytes (``FETCH_PAGE_BYTES``) as well as in events: past many large events it holds a few of them
+    at a time, not ``FETCH_PAGE``; the fetch still starts at the first event it keeps."""
+    monkeypatch.setattr(guble_select, "FETCH_PAGE_BYTES", 4096, raising=False)
+    store = SqliteLogStore(tmp_path / "log.db")
+    try:
+        pub = Publisher("guble", "u", "", "")
+        store.append(
+            [AppendRequest("/a", pub, b"%04d" % i + bytes(1020), "text/plain") for i in range(1, 51)]
+        )
+        pages: list[int] = []
+        real_read, real_runs = store.read, store.read_runs
+
+        def read(*args: Any, **kwargs: Any) -> list[Event]:
+            events = real_read(*args, **kwargs)
+            pages.append(sum(len(e.payload) for e in events))
+            return events
+
+        def read_runs(*args: Any, **kwargs: Any) -> list[EventRun]:
+            runs = real_runs(*args, **kwargs)
+            pages.append(sum(len(payload) for r in runs for _, payload in r.rows))
+            return runs
+
+        monkeypatch.setattr(store, "read", read)
+        monkeypatch.setattr(store, "read_runs", read_runs)
+
+        def keep(e: Event) -> bool:
+            return e.seq >= 40
+
+        got = fetched(store, "/a", plan_fetch(store, "/a", 3, None, keep), keep)
+        assert [(e.seq, e.payload[:4]) for e in got] == [(i, b"%04d" % i) for i in range(40, 51)]
+        assert len(pages) >= 10 and max(pages) <= 4096, pages
     finally:
         store.close()
 

@@ -16,13 +16,18 @@ from hubbub.dialects import guble as gc
 from hubbub.events import Event
 from hubbub.log.base import EventLog
 
-__all__ = ["FETCH_PAGE", "fetch_count", "plan_fetch", "subtree_pattern"]
+__all__ = ["FETCH_PAGE", "FETCH_PAGE_BYTES", "fetch_count", "plan_fetch", "subtree_pattern"]
 
 subtree_pattern = gc.subtree_pattern
 
 
 #: Events per read of the fetched channel while its start is looked for (``+ <path> <startId>``).
 FETCH_PAGE = 1000
+#: Payload bytes per such read (``read_runs(max_bytes=...)``): 1000 events of 1 MiB would be 1 GiB held on
+#: a reader thread to find one commit time.
+FETCH_PAGE_BYTES = 4 << 20
+#: No upper seq: the lookup reads the channel's current epoch to its end (or the first event past the mark).
+_MAX_SEQ = (1 << 63) - 1
 
 
 def plan_fetch(
@@ -96,15 +101,16 @@ def _first_from(
     accepts, at or before the mark (guble.md §5: the selection starts there on every channel)."""
     after = start_id - 1
     while True:
-        page = store.read(channel, after_seq=after, limit=FETCH_PAGE)
-        for e in page:
-            if e.time_ns > mark_ns:
-                return None
-            if keep(e):
-                return e.time_ns
-        if len(page) < FETCH_PAGE:
+        runs = store.read_runs(channel, after, _MAX_SEQ, FETCH_PAGE, max_bytes=FETCH_PAGE_BYTES)
+        if not runs:
             return None
-        after = page[-1].seq
+        for run in runs:
+            for e in run.events():
+                if e.time_ns > mark_ns:
+                    return None
+                if keep(e):
+                    return e.time_ns
+        after = runs[-1].last_seq
 
 
 def fetch_count(plan: ReplayPlan) -> int:
