@@ -57,14 +57,14 @@ def test_a_snapshot_waits_for_what_the_log_holds_and_nothing_comes_twice(redis_s
             y.attach(new)
             plans: list[Any] = []
             await y.subscribe(
-                new, "n", parse_pattern("/v"), replay=ReplaySpec(last=10), on_snapshot=plans.append
+                new, "n", parse_pattern("/v"), selection=ReplaySpec(last=10), on_snapshot=plans.append
             )
             assert plans[0].position.seq == 5
             (q5,) = store.append([_req("/v", "q5")])  # once more, for a pattern's snapshot this time
             pat = Session("native", Enc(), max_items=1024, max_bytes=1 << 24)
             y.attach(pat)
             await y.subscribe(
-                pat, "p", parse_pattern("/**"), replay=ReplaySpec(last=10), on_snapshot=plans.append
+                pat, "p", parse_pattern("/**"), selection=ReplaySpec(last=10), on_snapshot=plans.append
             )
             # A pattern's snapshot is the log's mark: it holds q5, which Redis never announced either, and
             # the replay up to it waits for this node to release each page's events (ClusterView.delivered).

@@ -19,10 +19,10 @@ from hubbub.events import Event, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
 from hubbub.server import Server
-from hubbub.transports.guble import GubleConnection, GubleHub, GubleSettings, plan_fetch
+from hubbub.transports.guble import GubleConnection, GubleHub, GubleSettings
 from hubbub.transports.http import HttpSettings
 
-from ..unit.test_guble_fetch import every, fetched
+from ..unit.test_guble_fetch import every, fetched, guble_fetch
 
 WAIT = 5.0
 CONNECTED = re.compile(
@@ -442,8 +442,8 @@ def test_fetch_selection_ignores_commits_after_the_snapshot(tmp_path: Path) -> N
         return e.seq % 2 == 1
 
     fetches = [("/", -3, None, every), ("/c", -3, None, odd), ("/c", 25, 2, every), ("/c", 0, None, every)]
-    plans = [(ch, plan_fetch(store, ch, start, most, keep), keep) for ch, start, most, keep in fetches]
-    assert plan_fetch(store, "/c", 31, None, every).scan is None
+    plans = [(ch, guble_fetch(store, ch, start, most, keep), keep) for ch, start, most, keep in fetches]
+    assert guble_fetch(store, "/c", 31, None, every).scan is None
     store.append([AppendRequest("/c", Publisher("native"), b"late", "x") for i in range(5)])
     got = [[e.seq for e in fetched(store, ch, p, keep)] for ch, p, keep in plans]
     assert got == [[28, 29, 30], [25, 27, 29], [25, 26], list(range(1, 31))]

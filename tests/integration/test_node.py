@@ -74,7 +74,7 @@ async def sub(
     tags: frozenset[str] = frozenset(),
 ) -> list[ReplayPlan]:
     plans: list[ReplayPlan] = []
-    await node.subscribe(s, sid, parse_pattern(pattern), tags, spec, on_snapshot=plans.append)
+    await node.subscribe(s, sid, parse_pattern(pattern), tags, spec or ReplaySpec(), on_snapshot=plans.append)
     return plans
 
 

@@ -14,13 +14,16 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from hubbub.channels import parse_pattern
-from hubbub.core import Node, NodeSettings, ReplayPlan, Session
+import pytest
+
+from hubbub.channels import Pattern, parse_pattern
+from hubbub.core import Node, NodeSettings, ReplayPlan, Session, replay_service
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, AppendResult, LogStore, RetentionPolicy
+from hubbub.selection import LIVE, Selection
 
 POISON = b"POISON"
 WAIT = 10.0
@@ -79,24 +82,32 @@ def req(payload: bytes, channel: str = "/f/x") -> AppendRequest:
 PAYLOADS = [b"a", b"b", POISON, b"d", b"e"]
 
 
-def test_a_held_event_whose_encoding_raises_closes_the_session_at_its_release() -> None:
+def test_a_held_event_whose_encoding_raises_closes_the_session_at_its_release(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Events published while a subscription's replay is read are held on it, then released: the poison
     closes that session (4300), which is not left without its subscription's release; a live session gets
     every event."""
+    entered, go = threading.Event(), threading.Event()
+    plan_selection = replay_service.plan_selection
+
+    def held_plan(
+        store: LogStore, pattern: Pattern, selection: Selection, keep: Any = None, keep_all: bool = False
+    ) -> ReplayPlan:
+        if selection is LIVE:  # the poisoned session's: registered, holding what is published now
+            entered.set()
+            assert go.wait(WAIT)
+        return plan_selection(store, pattern, selection, keep, keep_all)
+
+    monkeypatch.setattr(replay_service, "plan_selection", held_plan)
 
     async def body(node: Node) -> None:
         good = session(node, Enc())
         await live(node, good, "/f/x")
         bad = session(node, PoisonEnc())
-        entered, go = threading.Event(), threading.Event()
-
-        def planner(store: LogStore) -> ReplayPlan:
-            entered.set()
-            assert go.wait(WAIT)
-            return ReplayPlan()  # no tops: every held event is released
-
+        # Live only: no tops, so every held event is released.
         sub = asyncio.ensure_future(
-            node.subscribe(bad, "s", parse_pattern("/f/x"), on_snapshot=lambda p: None, planner=planner)
+            node.subscribe(bad, "s", parse_pattern("/f/x"), selection=LIVE, on_snapshot=lambda p: None)
         )
         assert await asyncio.to_thread(entered.wait, WAIT)
         for p in PAYLOADS:

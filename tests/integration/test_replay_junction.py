@@ -88,7 +88,7 @@ async def subscribe_since(node: Node, sess: Session) -> tuple[asyncio.Future[Any
     since = {"/j/a": Position(0, ""), "/j/b": Position(0, "")}
     task = asyncio.ensure_future(
         node.subscribe(
-            sess, "s", parse_pattern("/j/**"), replay=ReplaySpec(since=since), on_snapshot=on_snapshot
+            sess, "s", parse_pattern("/j/**"), selection=ReplaySpec(since=since), on_snapshot=on_snapshot
         )
     )
     await asyncio.wait_for(read.wait(), WAIT)

@@ -56,7 +56,7 @@ def test_a_channel_trimmed_or_reset_while_a_from_time_replay_runs_is_told(run: R
                 s,
                 "s",
                 parse_pattern("/t/**"),
-                replay=ReplaySpec(from_time=1),
+                selection=ReplaySpec(from_time=1),
                 on_snapshot=lambda p: None,
                 on_gap=on_gap,
             )

@@ -13,7 +13,8 @@ from hubbub.core import Node, ReplayPlan, Session, Subscription
 from hubbub.errors import SubscriptionError
 from hubbub.events import Event
 from hubbub.log import open_store
-from hubbub.log.base import LogStore, RetentionPolicy
+from hubbub.log.base import RetentionPolicy
+from hubbub.selection import LIVE
 
 
 class _Encoder:
@@ -25,10 +26,6 @@ class _Encoder:
 
 def _nothing(plan: ReplayPlan) -> None:
     pass
-
-
-def _live(store: LogStore) -> ReplayPlan:
-    return ReplayPlan()
 
 
 def test_subscriptions_coming_and_going_are_reported_once(tmp_path: Path) -> None:
@@ -47,7 +44,7 @@ def test_subscriptions_coming_and_going_are_reported_once(tmp_path: Path) -> Non
             node.attach(b)
 
             async def sub(s: Session, sid: str, pattern: str) -> None:
-                await node.subscribe(s, sid, parse_pattern(pattern), on_snapshot=_nothing, planner=_live)
+                await node.subscribe(s, sid, parse_pattern(pattern), selection=LIVE, on_snapshot=_nothing)
 
             await sub(a, "1", "/x/**")
             await sub(b, "1", "/y")

@@ -14,6 +14,7 @@ from hubbub.dialects.registry import SPECS
 from hubbub.dialects.spec import FrameConnection
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, LimitExceeded, ShuttingDown, StorageError
+from hubbub.selection import LIVE
 
 
 def test_the_shared_actions_are_frozen_values() -> None:
@@ -22,7 +23,7 @@ def test_the_shared_actions_are_frozen_values() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         close.code = Disconnect.NORMAL  # type: ignore[misc]
     assert not hasattr(close, "__dict__")  # slotted
-    assert a.Subscribe("s", "/a/*").selection is a.LIVE
+    assert a.Subscribe("s", "/a/*").selection is LIVE  # the one selection vocabulary (hubbub/selection.py)
 
 
 def test_dialects_speak_the_shared_vocabulary() -> None:

@@ -1,5 +1,5 @@
-"""A federation link's replay plan (``plan_up``): what the up session and the node above's recovering
-subscriptions replay, read page by page in commit order, with gaps reported and passed."""
+"""A federation link's replay plan (``plan_cursor`` of a ``CursorResume``): what the up session and the node
+above's recovering subscriptions replay, read page by page in commit order, with gaps reported and passed."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 from hubbub.channels import parse_pattern
 from hubbub.core.replay import ScanCursor, scan_page
+from hubbub.core.replay_plans import plan_cursor
 from hubbub.events import Event, Position, Publisher
 from hubbub.log import AppendRequest, MemoryLogStore
-from hubbub.transports.federation_flow import plan_up
 
 PUB = Publisher("native", "", "t", "")
 ALL = parse_pattern("/**")
@@ -61,7 +61,7 @@ def test_a_link_plan_reads_no_event_and_lists_no_channel_whatever_the_backlog() 
     later = fill(store, 5000, 3)
     since = {e.channel: Position(e.seq, e.epoch) for e in firsts[:2]}
     store.listed = store.read_events = 0
-    plan = plan_up(store, since=since, from_time=firsts[-1].time_ns + 1)
+    plan = plan_cursor(store, ALL, since, firsts[-1].time_ns + 1)
     assert store.listed == 0
     assert store.read_events <= 2  # the next event of each listed channel: where reading starts
     assert plan.events == [] and plan.gaps == []
@@ -76,6 +76,6 @@ def test_a_link_plan_reports_a_trimmed_position_and_goes_on_from_the_log() -> No
     evs = fill(store, 2, 6)
     a = [e for e in evs if e.channel == "/f/c00000"]
     store.trim("/f/c00000", a[2].seq)  # the first three are gone
-    plan = plan_up(store, since={"/f/c00000": Position(1, a[0].epoch)}, from_time=None)
+    plan = plan_cursor(store, ALL, {"/f/c00000": Position(1, a[0].epoch)}, None)
     assert [(g.channel, g.reason, g.position.seq) for g in plan.gaps] == [("/f/c00000", "trimmed", 3)]
     assert [(e.channel, e.seq) for e in scanned(store, plan)] == [("/f/c00000", s) for s in (4, 5, 6)]

@@ -1,5 +1,5 @@
-"""Guble's fetch selection (transports/guble.py ``plan_fetch``: a counted scan of the log) against a naive
-selection over the memory log."""
+"""Guble's fetch selection (core/replay_plans.py ``plan_fetch`` of a ``SubtreeFetch``: a counted scan of the
+log) against a naive selection over the memory log."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hubbub.core import replay_plans
 from hubbub.core.replay import ReplayPlan, ScanCursor, scan_page
+from hubbub.core.replay_plans import plan_fetch
 from hubbub.dialects import guble_fetch as gf
 from hubbub.events import Event, Publisher
 from hubbub.log import RetentionPolicy, SqliteLogStore, open_store
 from hubbub.log.base import AppendRequest, EventRun, LogStore
-from hubbub.transports import guble_select
-from hubbub.transports.guble import plan_fetch
+from hubbub.selection import SubtreeFetch
 from tests.hypothesis_budget import examples
 
 CHANNELS = ["/a", "/a/x", "/a/y/z", "/b"]
@@ -25,6 +26,13 @@ CHANNELS = ["/a", "/a/x", "/a/y/z", "/b"]
 
 def every(e: Event) -> bool:
     return True
+
+
+def guble_fetch(
+    store: LogStore, channel: str, start_id: int | None, max_count: int | None, keep: Callable[[Event], bool]
+) -> ReplayPlan:
+    """The plan of guble's ``+ <channel> <start_id> <max_count>`` (a receiver's pattern is the subtree)."""
+    return plan_fetch(store, gf.subtree_pattern(channel), SubtreeFetch(channel, start_id, max_count), keep)
 
 
 def fetched(
@@ -89,7 +97,7 @@ def test_selection_matches_the_naive_one(
         def keep(e: Event) -> bool:
             return not odd or e.seq % 2 == 1
 
-        got = fetched(store, channel, plan_fetch(store, channel, start_id, max_count, keep), keep)
+        got = fetched(store, channel, guble_fetch(store, channel, start_id, max_count, keep), keep)
         assert got == naive(events, channel, start_id, max_count, odd, 10**9)
     finally:
         store.close()
@@ -101,7 +109,7 @@ def test_the_start_lookup_reads_the_channel_in_pages_bounded_in_bytes(
     """``+ <path> <startId>`` looks for its start on the channel a page at a time, each page bounded in
     payload bytes (``FETCH_PAGE_BYTES``) as well as in events: past many large events it holds a few of them
     at a time, not ``FETCH_PAGE``; the fetch still starts at the first event it keeps."""
-    monkeypatch.setattr(guble_select, "FETCH_PAGE_BYTES", 4096, raising=False)
+    monkeypatch.setattr(replay_plans, "FETCH_PAGE_BYTES", 4096, raising=False)
     store = SqliteLogStore(tmp_path / "log.db")
     try:
         pub = Publisher("guble", "u", "", "")
@@ -127,7 +135,7 @@ def test_the_start_lookup_reads_the_channel_in_pages_bounded_in_bytes(
         def keep(e: Event) -> bool:
             return e.seq >= 40
 
-        got = fetched(store, "/a", plan_fetch(store, "/a", 3, None, keep), keep)
+        got = fetched(store, "/a", guble_fetch(store, "/a", 3, None, keep), keep)
         assert [(e.seq, e.payload[:4]) for e in got] == [(i, b"%04d" % i) for i in range(40, 51)]
         assert len(pages) >= 10 and max(pages) <= 4096, pages
     finally:

@@ -47,15 +47,16 @@ from hubbub.channels import Pattern
 from hubbub.errors import EpochMismatch, ShuttingDown
 from hubbub.events import Event
 from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, EventLog, LogStore, RetentionPolicy
+from hubbub.selection import ReplaySpec, Selection, SubtreeFetch
 
 from .access import Access
 from .batcher import Done, DoneMany, Pending, WriteBatcher
 from .health import StoreHealth
 from .limits import Limiter, LimitSettings
 from .presence import LocalPresence, Presence
-from .reads import ChannelPage, LogReads, Planner
+from .reads import ChannelPage, LogReads
 from .relay import Relay, committed_events
-from .replay import Gap, ReplayPlan, ReplaySpec
+from .replay import Gap, ReplayPlan
 from .replay_service import REPLAY_PAGE, ReplayService
 from .retention import RetentionTask
 from .session import Session
@@ -71,6 +72,9 @@ __all__ = ["REPLAY_PAGE", "EpochMismatch", "Histogram", "Node", "NodeSettings", 
 log = logging.getLogger("hubbub.node")
 
 T = TypeVar("T")
+
+#: No replay, but the snapshot's heads: an exact channel's position, a pattern's ``top_time``.
+SNAPSHOT = ReplaySpec()
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,28 +298,26 @@ class Node:
         sub_id: str,
         pattern: Pattern,
         tags: frozenset[str] = frozenset(),
-        replay: ReplaySpec | None = None,
+        selection: Selection = SNAPSHOT,
         *,
         on_snapshot: Callable[[ReplayPlan], None],
         on_replayed: Callable[[ReplayPlan], None] | None = None,
-        planner: Callable[[EventLog], ReplayPlan] | None = None,
         on_gap: Callable[[Gap], None] | None = None,
     ) -> Subscription:
-        """Create a subscription, with a replay if ``replay`` asks for one.
+        """Create a subscription, with the replay ``selection`` names (``hubbub/selection.py``; by default
+        none, but the snapshot's heads for the reply).
 
         ``on_snapshot(plan)`` runs on the loop once the snapshot is read: the transport queues its reply and
         any gap notices. The replayed events are then queued (pacing on the session's queue), and
         ``on_replayed(plan)`` queues the end-of-replay notice; then held live events newer than the snapshot
         are queued, paced alike, before any later one (``core/junction.py``). Replay and junction skip events
         whose delivery filters do not match the session (README §3); ``plan.sent`` counts what was queued.
+        Held live events at or below their channel's top in ``plan.tops`` are not released (an empty
+        ``tops``, as :data:`~hubbub.selection.LIVE` gives, releases every held event).
         Raises :class:`SubscriptionError` (4200, 4203), :class:`LimitExceeded` (4007) or ``BadRequest``; then
         no subscription exists. ``on_gap(gap)`` queues the notice of a gap found while the replay runs (a
-        scan with ``trim_gaps``), just before the first event of its channel.
-
-        ``planner``, when given, replaces the native replay planning (``replay`` is then ignored): it runs on
-        a reader thread and returns the events to replay and the snapshot's ``tops``; held live events at or
-        below their channel's top are not released (an empty ``tops`` releases every held event). Used for
-        guble's fetch selection.
+        scan with ``trim_gaps``, as :class:`~hubbub.selection.EventResume` plans), just before the first event
+        of its channel.
         """
         if self._closing:
             raise ShuttingDown()
@@ -324,10 +326,9 @@ class Node:
             sub_id,
             pattern,
             tags,
-            replay,
+            selection,
             on_snapshot=on_snapshot,
             on_replayed=on_replayed,
-            planner=planner,
             on_gap=on_gap,
         )
 
@@ -377,9 +378,10 @@ class Node:
         """The log's newest commit time (:meth:`LogReads.top_time`)."""
         return await self.reads.top_time()
 
-    async def fetch(self, planner: Planner) -> ReplayPlan:
-        """A dialect's replay selection read without subscribing (guble's fetch; :meth:`LogReads.plan`)."""
-        return await self.reads.plan(planner)
+    async def fetch(self, session: Session, pattern: Pattern, fetch: SubtreeFetch) -> ReplayPlan:
+        """A fetch's plan read without subscribing (guble's fetch), filtered for ``session``; its events are
+        sent with :attr:`send_fetched`."""
+        return await self.replays.fetch(session, pattern, fetch)
 
     async def reset_channel(self, channel: str) -> Any:
         """Start a new epoch for a channel (on the writer thread, in order with appends)."""

@@ -24,9 +24,9 @@ from hubbub.channels import Pattern
 from hubbub.events import Event
 from hubbub.log.base import ChannelInfo, ConsumerJournal, EventLog
 
-from .replay import ReplayPlan, list_channels
+from .replay import list_channels
 
-__all__ = ["LIST_LIMIT", "READ_LIMIT", "ChannelPage", "LogReads", "Planner"]
+__all__ = ["LIST_LIMIT", "READ_LIMIT", "ChannelPage", "LogReads"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -35,10 +35,6 @@ P = ParamSpec("P")
 READ_LIMIT = 10_000
 #: The most channels one :meth:`LogReads.list_channels` returns.
 LIST_LIMIT = 10_000
-
-#: Selects a subscription's (or a fetch's) snapshot and replay on a reader thread: a dialect's own replay
-#: selection (guble's fetch), in place of the native one (:func:`~hubbub.core.replay.plan_replay`).
-Planner = Callable[[EventLog], ReplayPlan]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +134,3 @@ class LogReads:
         """``time_ns`` of the newest committed event of the whole log (``EventLog.top_time``); also the
         store's health probe."""
         return await self.call(lambda st: st.top_time())
-
-    async def plan(self, planner: Planner) -> ReplayPlan:
-        """Run a dialect's replay selection on a reader thread, without subscribing (guble's fetch)."""
-        return await self.call(planner)

@@ -12,6 +12,7 @@ from hubbub.channels import Pattern
 from hubbub.errors import BadRequest
 from hubbub.events import Event, Position
 from hubbub.log.base import ChannelInfo, EventLog, LogMark
+from hubbub.selection import ReplaySpec
 
 __all__ = [
     "Gap",
@@ -41,19 +42,6 @@ SCAN_PAGE = 2048
 SCAN_PAGE_BYTES = 4 << 20
 #: Channels whose answer a scan keeps (ScanCursor.taken; forgotten all at once past it, then asked again).
 TAKEN_MAX = 65536
-
-
-@dataclass(frozen=True, slots=True)
-class ReplaySpec:
-    """What the subscriber asked for. At most one of the three, except ``from_time`` with a ``since`` map."""
-
-    since: Position | Mapping[str, Position] | None = None
-    last: int | None = None
-    from_time: int | None = None
-
-    @property
-    def wanted(self) -> bool:
-        return self.since is not None or self.last is not None or self.from_time is not None
 
 
 @dataclass(frozen=True, slots=True)

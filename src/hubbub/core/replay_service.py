@@ -24,19 +24,21 @@ from typing import Any, TypeVar, final
 from hubbub.channels import Pattern
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError, SubscriptionError
-from hubbub.events import Position
+from hubbub.events import Event, Position
 from hubbub.log.base import ChannelInfo, EventLog, EventRun, LogStore
+from hubbub.selection import Selection, SubtreeFetch
 
-from .access import only_visible
-from .filters import withheld
+from .access import Access, only_visible
+from .filters import delivery_filters, passes, withheld
 from .junction import Junction
-from .reads import LogReads, Planner
-from .replay import Gap, ReplayPlan, ReplaySpan, ReplaySpec, plan_replay
+from .reads import LogReads
+from .replay import Gap, ReplayPlan, ReplaySpan
+from .replay_plans import Keep, plan_selection
 from .replay_scan import send_scan
 from .session import FrameRun, Session
 from .subscriptions import Subscription, SubscriptionRegistry
 
-__all__ = ["REPLAY_PAGE", "ReplayService"]
+__all__ = ["REPLAY_PAGE", "ReplayService", "fetch_filter", "reads_all"]
 
 log = logging.getLogger("hubbub.node")
 
@@ -48,6 +50,26 @@ REPLAY_PAGE = 2048
 #: Payload bytes per page of an exact channel's replay (``read_runs(max_bytes=...)``), as ``SCAN_PAGE_BYTES``
 #: for a pattern's: two pages in flight hold about 8 MiB of payloads, not 2048 times the largest event.
 REPLAY_PAGE_BYTES = 4 << 20
+
+
+def fetch_filter(access: Access, session: Session) -> Keep:
+    """Whether a fetch for ``session`` selects an event (guble.md §5: events that fail the connection's
+    filters or permissions are not part of the selection, so counts and "last N" see only the others). Runs
+    on a reader thread: the permission check only reads the identity's grants."""
+    authorizer, may_read = access.authorizer, access.may_read
+
+    def keep(e: Event) -> bool:
+        if authorizer.enabled and not may_read(session.identity, e.channel):
+            return False
+        return not e.headers or passes(session, delivery_filters(e))
+
+    return keep
+
+
+def reads_all(access: Access, session: Session, pattern: Pattern) -> bool:
+    """Whether :func:`fetch_filter` accepts every event of ``pattern`` without headers: the session's
+    identity reads all of it (a fetch's count may then come from the log's rows)."""
+    return access.visibility(session.identity, pattern) is None
 
 
 @final
@@ -75,23 +97,20 @@ class ReplayService:
         sub_id: str,
         pattern: Pattern,
         tags: frozenset[str],
-        replay: ReplaySpec | None,
+        selection: Selection,
         *,
         on_snapshot: Callable[[ReplayPlan], None],
         on_replayed: Callable[[ReplayPlan], None] | None = None,
-        planner: Planner | None = None,
         on_gap: Callable[[Gap], None] | None = None,
     ) -> Subscription:
         """``Node.subscribe``: see there."""
-        spec = replay or ReplaySpec()
         registry = self.registry
         sub = registry.add(session, sub_id, pattern, tags)
         visible = sub.visible
+        keep = fetch_filter(registry.access, session) if isinstance(selection, SubtreeFetch) else None
+        keep_all = keep is not None and reads_all(registry.access, session, pattern)
         try:
-            if planner is not None:
-                plan = await self.reads.plan(planner)
-            else:
-                plan = await self.reads.call(plan_replay, pattern, spec)
+            plan = await self.reads.call(plan_selection, pattern, selection, keep, keep_all)
             if visible is not None:
                 only_visible(plan, pattern, visible)
             for ch in plan.ahead:
@@ -154,6 +173,13 @@ class ReplayService:
             # cancels it): the spills it had are counted all the same.
             self.spills += junction.spills
         return sub
+
+    async def fetch(self, session: Session, pattern: Pattern, fetch: SubtreeFetch) -> ReplayPlan:
+        """``Node.fetch``: the plan of a fetch without subscribing, filtered for ``session``."""
+        access = self.registry.access
+        return await self.reads.call(
+            plan_selection, pattern, fetch, fetch_filter(access, session), reads_all(access, session, pattern)
+        )
 
     async def send_fetched(self, session: Session, pattern: Pattern, plan: ReplayPlan) -> int:
         """``Node.send_fetched``: queue the events of a fetched plan's scan (``Node.fetch``; a counted

@@ -12,7 +12,8 @@ carried out in order by a driver in :mod:`hubbub.transports`:
 * :class:`Publish`: store an event, then deliver it (the core's ``publish``); the connection renders a
   refusal with its own ``refused`` method.
 * :class:`Subscribe` / :class:`Unsubscribe`: a subscription of this connection, identified by ``sub``, to
-  a channel pattern (and tag set), with a replay :data:`Selection`.
+  a channel pattern (and tag set), with a replay selection of :mod:`hubbub.selection` (the one vocabulary
+  of selections, shared with the core; :data:`~hubbub.selection.LIVE` by default).
 * :class:`Authenticate`: a token presented in the stream; the driver answers with the identity's grant.
 
 A dialect adds actions of its own (mist's token registry commands, WearScript's forwarded frames) as frozen
@@ -28,36 +29,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, TypeAlias
 
 from hubbub.channels import Pattern
 from hubbub.disconnect import Disconnect
+from hubbub.selection import LIVE, Selection
 
 __all__ = [
-    "LIVE",
     "Authenticate",
     "Close",
-    "Live",
     "Publish",
     "Reject",
-    "Selection",
     "Send",
     "Subscribe",
     "Unsubscribe",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Live:
-    """The replay selection "live only": no snapshot is read, nothing is replayed (a dialect with no replay,
-    protocols README §6)."""
-
-
-#: The one live-only selection.
-LIVE: Final = Live()
-#: What a subscription replays before it goes live. Dialects with their own replay rules (native since/last,
-#: guble fetch, ivy log ranges) still reach the core through their transports.
-Selection: TypeAlias = Live
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +83,8 @@ class Publish:
 @dataclass(frozen=True, slots=True)
 class Subscribe:
     """Subscribe this connection as ``sub`` to ``pattern`` (parsed, or a pattern string the driver parses)
-    with the tag set ``tags`` (an event must carry them all), replaying what ``selection`` says."""
+    with the tag set ``tags`` (an event must carry them all), replaying what ``selection`` says (the core
+    plans it; live only by default: the log is not read)."""
 
     sub: str
     pattern: Pattern | str

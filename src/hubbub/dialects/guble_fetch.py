@@ -1,7 +1,7 @@
 """Guble's fetch and slow-consumer catch-up (protocols/guble.md §5, §6), sans-I/O: the merged order of a
 fetch, the subtree a receiver gets, where a slow consumer's catch-up starts (:class:`LiveMark`) and in which
-order its receivers re-subscribe (:func:`catch_up_steps`). The selection itself is a scan of the log
-(``hubbub.transports.guble.plan_fetch``).
+order its receivers re-subscribe (:func:`catch_up_steps`). The selection itself is a
+:class:`~hubbub.selection.SubtreeFetch`, a scan of the log the core plans (``core/replay_plans.py``).
 
 Concurrency contract: pure functions and per-connection objects; no I/O.
 """

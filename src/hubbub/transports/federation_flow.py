@@ -1,9 +1,10 @@
 """The two directions of a native federation link (:mod:`hubbub.transports.federation_link`), and its
 cursors on disk.
 
-* :class:`UpFlow`: a local session subscribed to ``/**`` (replaying from the up cursor, paged from the log
-  in commit order: :func:`plan_up`) whose events go up as acknowledged publishes, each channel in order;
-  the up cursor advances, in order, as the upstream acknowledges them.
+* :class:`UpFlow`: a local session subscribed to ``/**`` (replaying from the up cursor, a
+  :class:`~hubbub.selection.CursorResume` paged from the log in commit order) whose events go up as
+  acknowledged publishes, each channel in order; the up cursor advances, in order, as the upstream
+  acknowledges them.
 * :class:`DownFlow`: events that come down are committed here; the down cursor advances, strictly in order,
   as they commit (or are dropped as loops, or reported as gaps).
 * :class:`LinkCursors`: both cursors, saved to ``<data_dir>/federation/<link>.json`` (write, fsync, rename).
@@ -11,8 +12,8 @@ cursors on disk.
 Both flows keep a completion FIFO (``[done, …position]`` entries in arrival order): a cursor moves only past
 a prefix of completed entries, so a saved cursor never claims an event that is not safely on the other side.
 
-Concurrency contract: everything runs on the event loop, except :func:`plan_up` (a reader thread: a
-planner) and :meth:`LinkCursors.save_now` (an executor thread, on a snapshot taken on the loop).
+Concurrency contract: everything runs on the event loop, except :meth:`LinkCursors.save_now` (an executor
+thread, on a snapshot taken on the loop).
 :class:`UpEncoder` has no ``encode_run``, so the node calls it on the loop only.
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -28,7 +28,7 @@ import struct
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -40,9 +40,8 @@ from hubbub.auth import EVERYTHING, Identity
 from hubbub.channels import Pattern, parse_pattern
 from hubbub.client.protocol import ClientProtocol
 from hubbub.client.protocol import Gap as UpstreamGap
-from hubbub.core import Gap, Node, ReplayPlan, Session, Subscription
+from hubbub.core import Node, ReplayPlan, Session, Subscription
 from hubbub.core.flag import Flag
-from hubbub.core.replay import ReplaySpan, pattern_prefix, plan_scan
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.federation import (
@@ -54,7 +53,8 @@ from hubbub.federation import (
     stamp,
 )
 from hubbub.federation.wire import LinkEvent, link_headers, parse_link_headers, render_publisher
-from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, LogStore
+from hubbub.log.base import AppendRequest, AppendResult
+from hubbub.selection import CursorResume
 
 __all__ = [
     "DIALECT",
@@ -65,7 +65,6 @@ __all__ = [
     "LinkStats",
     "UpEncoder",
     "UpFlow",
-    "plan_up",
 ]
 
 log = logging.getLogger("hubbub.federation")
@@ -237,71 +236,6 @@ class UpEncoder:
         return head + body
 
 
-def plan_up(
-    store: LogStore,
-    *,
-    since: Mapping[str, Position],
-    from_time: int | None,
-    pattern: Pattern = _ALL,
-) -> ReplayPlan:
-    """A link's replay (a planner: runs on a reader thread), with no limit: every channel of ``pattern``'s
-    events after its position in ``since`` (channels not in it: from ``from_time``; none when it is
-    ``None``). A position the log no longer holds (trimmed, another epoch, ahead of the log) is a gap, and the
-    channel goes on from where its log is. Used for the up session, and by the node above for a link's
-    recovering subscriptions.
-
-    Nothing is read here but the heads of the channels in ``since`` (and, for a pattern, the log's mark and
-    where to start): the events are read page by page in commit order while they are sent
-    (:class:`~hubbub.core.replay.ReplayScan`, :class:`~hubbub.core.replay.ReplaySpan` for an exact channel),
-    so a backlog of any length goes in one replay, in memory of a page or two, at a cost that grows with the
-    events replayed and the channels in ``since``, not with the channels in the log."""
-    plan = ReplayPlan(replayed=True)
-    since = {ch: pos for ch, pos in since.items() if pattern.matches(ch)}
-    if pattern.is_exact:
-        info = store.head(pattern.text)
-        plan.position = Position(info.top, info.epoch)
-        plan.tops[info.channel] = info.top
-        pos = since.get(info.channel)
-        if pos is not None:
-            after = _after_gap(plan, info, pos)
-        elif from_time is None:
-            return plan
-        else:
-            first = store.read(info.channel, 0, 1, from_time=from_time)
-            after = first[0].seq - 1 if first and first[0].epoch == info.epoch else info.top
-        if after < info.top:
-            plan.span = ReplaySpan(info.channel, info.epoch, after, info.top)
-        return plan
-    infos = store.heads(since) if since else {}
-    mark = store.log_mark()
-    plan.top_time = mark.time_ns
-    listed: dict[str, Position] = {}
-    for ch, pos in since.items():
-        info = infos[ch]
-        plan.tops[ch] = info.top
-        after = _after_gap(plan, info, pos)
-        listed[ch] = Position(after, info.epoch) if after or not info.empty else Position(0, "")
-    plan.scan = plan_scan(store, pattern_prefix(pattern), mark, listed, frozenset(), from_time)
-    return plan
-
-
-def _after_gap(plan: ReplayPlan, info: ChannelInfo, pos: Position) -> int:
-    """Where a channel's replay starts for a link at ``pos``: after it, or, when the log no longer holds it
-    (a gap, added to ``plan``), from where the log is."""
-    if pos.seq == 0 and pos.epoch == "":
-        return max(info.first - 1, 0)  # a channel the link had seen no event of: all of it
-    if pos.epoch != info.epoch:
-        plan.gaps.append(Gap(info.channel, pos, Position(0, info.epoch), "epoch"))
-        return max(info.first - 1, 0)
-    if pos.seq > info.top:
-        plan.gaps.append(Gap(info.channel, pos, Position(info.top, info.epoch), "ahead"))
-        return info.top
-    if pos.seq < info.first - 1:
-        plan.gaps.append(Gap(info.channel, pos, Position(info.first - 1, info.epoch), "trimmed"))
-        return info.first - 1
-    return pos.seq
-
-
 class UpFlow:
     """One connection's up direction. See the module docstring."""
 
@@ -327,12 +261,12 @@ class UpFlow:
         self._sess: Session | None = None
 
     async def subscribe_local(self, sess: Session) -> None:
-        """The local ``/**`` subscription, replaying (:func:`plan_up`, paged from the log while it goes up)
-        everything the upstream has not acknowledged."""
+        """The local ``/**`` subscription, replaying (a :class:`~hubbub.selection.CursorResume`, paged from
+        the log while it goes up) everything the upstream has not acknowledged."""
         up = self.cursors.up
         since = {ch: Position(seq, ep) for ch, (ep, seq) in up.positions.items()}
         self.sent = dict(up.positions)
-        planner = functools.partial(plan_up, since=since, from_time=up.last_time + 1)
+        selection = CursorResume(since, from_time=up.last_time + 1)
 
         def on_snapshot(plan: ReplayPlan) -> None:
             for gap in plan.gaps:
@@ -346,9 +280,7 @@ class UpFlow:
                 up.positions[gap.channel] = self.sent[gap.channel] = (gap.position.epoch, gap.position.seq)
 
         self._sess = sess
-        await self.node.subscribe(
-            sess, "up", _ALL, frozenset(), None, on_snapshot=on_snapshot, planner=planner
-        )
+        await self.node.subscribe(sess, "up", _ALL, frozenset(), selection, on_snapshot=on_snapshot)
         self.live = True
         self.settle()
 

@@ -22,7 +22,6 @@ Concurrency contract: everything runs on the event loop thread.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -49,8 +48,8 @@ from hubbub.federation.wire import (
     render_above,
 )
 from hubbub.log.base import AppendRequest
+from hubbub.selection import CursorResume
 
-from .federation_flow import plan_up
 from .native import NativeConnection
 from .pump import SessionPump
 
@@ -263,14 +262,14 @@ class FederationPeer(NativeConnection):
 
     async def _subscribe(self, cmd: nc.Subscribe) -> None:
         """A recovering subscription of the node below: replayed whole, paged from the log while it is sent
-        (:func:`~hubbub.transports.federation_flow.plan_up`), never refused as too large (4203), gaps
+        (a :class:`~hubbub.selection.CursorResume`), never refused as too large (4203), gaps
         reported and passed."""
         if (cmd.since is None and cmd.from_time is None) or cmd.tags:  # links never send tags
             await super()._subscribe(cmd)
             return
         proto, pattern = self.proto, cmd.pattern
         since = {pattern.text: cmd.since} if isinstance(cmd.since, Position) else dict(cmd.since or {})
-        planner = functools.partial(plan_up, since=since, from_time=cmd.from_time, pattern=pattern)
+        selection = CursorResume(since, from_time=cmd.from_time)
 
         def on_snapshot(plan: ReplayPlan) -> None:
             if pattern.is_exact:
@@ -282,8 +281,8 @@ class FederationPeer(NativeConnection):
             self.session.push(self.codec.encode_push("recovered", sub=cmd.sub, replayed=plan.sent))
 
         await self.node.subscribe(
-            self.session, cmd.sub, pattern, cmd.tags, None,
-            on_snapshot=on_snapshot, on_replayed=on_replayed, planner=planner,
+            self.session, cmd.sub, pattern, cmd.tags, selection,
+            on_snapshot=on_snapshot, on_replayed=on_replayed,
         )  # fmt: skip
 
     def _submit_many(self, cmds: list[nc.Publish]) -> bool:

@@ -6,9 +6,10 @@ session's queue to the socket (always binary frames). :class:`GubleHub` owns the
 HTTP endpoints; :func:`install` adds its routes to the application.
 
 Receivers (guble.md §3, §5): one per canonical channel and connection, each a node subscription to the
-channel's subtree. A receiver with a start id replays the guble selection (:func:`plan_fetch`, run on a
-reader thread through the node's ``planner`` hook) and then goes live with the node's hold-and-release
-junction, so there is no gap and no duplicate. A fetch with ``maxCount`` reads once and never subscribes.
+channel's subtree. A receiver with a start id replays the guble selection (a
+:class:`~hubbub.selection.SubtreeFetch`, which the node plans on a reader thread) and then goes live with
+the node's hold-and-release junction, so there is no gap and no duplicate. A fetch with ``maxCount`` reads
+once and never subscribes.
 
 Slow consumers (README §4, guble.md §6): sessions use ``Overflow.CATCH_UP``. When the queue overflows, the
 session drops its queued live events and calls :meth:`GubleConnection._on_catch_up`, which unsubscribes the
@@ -16,14 +17,13 @@ live receivers at once and re-subscribes them with a replay of every event after
 connection wrote (by commit time, which is unique and increasing across the whole log), framed like a fetch
 and ending in ``#subscribed-to``.
 
-Concurrency contract: everything runs on the event loop thread, except the planners (reader threads).
+Concurrency contract: everything runs on the event loop thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -36,17 +36,16 @@ from aiohttp import web
 from hubbub.auth import Identity
 from hubbub.channels import route_channel
 from hubbub.core import Node, ReplayPlan
-from hubbub.core.filters import delivery_filters, passes
 from hubbub.dialects import guble as gc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadChannel, HubbubError, SubscriptionError
 from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendRequest, AppendResult, EventLog
+from hubbub.log.base import AppendRequest, AppendResult
+from hubbub.selection import LIVE, LiveOnly, SubtreeFetch
 
-from .guble_select import fetch_count, plan_fetch, subtree_pattern
 from .http import HttpSettings, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
-from .wire import DialectWire, live_only
+from .wire import DialectWire
 from .ws_driver import run_websocket, upgradable
 
 __all__ = [
@@ -55,7 +54,6 @@ __all__ = [
     "GubleHub",
     "GubleSettings",
     "install",
-    "plan_fetch",
     "roster_name",
     "subtree_pattern",
 ]
@@ -75,6 +73,16 @@ class GubleSettings:
     metrics_endpoint: str = "/admin/metrics"
     #: ``guble.auth`` resolved: a token on the ``/stream/`` upgrade and on every REST and admin call (§9).
     auth: bool = False
+
+
+# -- replay selection ---------------------------------------------------------------------------------------
+
+subtree_pattern = gc.subtree_pattern
+
+
+def fetch_count(plan: ReplayPlan) -> int:
+    """The number of events a fetch's plan sends (its ``#fetch-start`` count)."""
+    return plan.scan.limit or 0 if plan.scan is not None else 0
 
 
 # -- connections --------------------------------------------------------------------------------------------
@@ -170,20 +178,6 @@ class GubleConnection:
     def _notice(self, name: str, arg: str | None = None) -> None:
         self.session.push(self.state.notice(name, arg))
 
-    def _keep(self, e: Event) -> bool:
-        """Whether a fetch selects ``e`` (guble.md §5: events that fail the connection's filters or
-        permissions are not part of the selection, so counts and "last K" see only the others). The
-        permission check only reads the identity's grants."""
-        access = self.node.access
-        if access.authorizer.enabled and not access.may_read(self.session.identity, e.channel):
-            return False
-        return not e.headers or passes(self.session, delivery_filters(e))
-
-    def _keeps_all(self, channel: str) -> bool:
-        """Whether :meth:`_keep` accepts every event of Subtree(channel) without headers: the identity reads
-        all of it."""
-        return self.node.access.visibility(self.session.identity, subtree_pattern(channel)) is None
-
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return self.wire.spawn(coro)
 
@@ -253,23 +247,16 @@ class GubleConnection:
             self._stop(old)  # a second "+" for the same path replaces the receiver silently
         if not cmd.fetches:
             # No snapshot to skip: every event held while subscribing is released.
-            await self._subscribe(rec, live_only, fetch=False)
+            await self._subscribe(rec, LIVE, fetch=False)
             return
-        planner = functools.partial(
-            plan_fetch,
-            channel=cmd.channel,
-            start_id=cmd.start_id,
-            max_count=cmd.max_count,
-            keep=self._keep,
-            keep_all=self._keeps_all(cmd.channel),
-        )
+        selection = SubtreeFetch(cmd.channel, cmd.start_id, cmd.max_count)
         if cmd.subscribes:
             # The fetch's events count as live ones for a catch-up (LiveMark): the receiver goes live while
             # some may still be queued, and a catch-up must then send those again, from the last one written.
             self.state.catch_up_subs.add(rec.sub_id)
-            rec.task = self._spawn(self._run(rec, self._subscribe(rec, planner, fetch=True)))
+            rec.task = self._spawn(self._run(rec, self._subscribe(rec, selection, fetch=True)))
         else:
-            rec.task = self._spawn(self._run(rec, self._fetch_only(rec, planner)))
+            rec.task = self._spawn(self._run(rec, self._fetch_only(rec, selection)))
 
     async def _run(self, rec: gc.Receiver, coro: Any) -> None:
         try:
@@ -282,9 +269,7 @@ class GubleConnection:
             if not isinstance(exc, SubscriptionError):  # 4201: cancelled while reading
                 self._push(gc.error_text(exc))
 
-    async def _subscribe(
-        self, rec: gc.Receiver, planner: Callable[[EventLog], ReplayPlan], fetch: bool
-    ) -> None:
+    async def _subscribe(self, rec: gc.Receiver, selection: SubtreeFetch | LiveOnly, fetch: bool) -> None:
         state = self.state
 
         def on_snapshot(plan: ReplayPlan) -> None:
@@ -301,7 +286,7 @@ class GubleConnection:
                 self.session,
                 rec.sub_id,
                 rec.pattern,
-                planner=planner,
+                selection=selection,
                 on_snapshot=on_snapshot,
                 on_replayed=on_replayed,
             )
@@ -312,10 +297,10 @@ class GubleConnection:
             # Joining again after a catch-up keeps the connection's place in the roster.
             self._present(rec)
 
-    async def _fetch_only(self, rec: gc.Receiver, planner: Callable[[EventLog], ReplayPlan]) -> None:
+    async def _fetch_only(self, rec: gc.Receiver, fetch: SubtreeFetch) -> None:
         sess = self.session
         try:
-            plan = await self.node.fetch(planner)
+            plan = await self.node.fetch(sess, rec.pattern, fetch)
             self._notice("fetch-start", f"{rec.path} {fetch_count(plan)}")
             await self.node.send_fetched(sess, rec.pattern, plan)
             if not (sess.closed or sess.kicked):
@@ -351,17 +336,8 @@ class GubleConnection:
                     rec = state.resubscriber(old)
                     if rec is None:
                         continue  # cancelled or replaced meanwhile
-                    planner = functools.partial(
-                        plan_fetch,
-                        channel=rec.channel,
-                        start_id=None,
-                        max_count=None,
-                        keep=self._keep,
-                        from_time=step.from_time,
-                        empty=step.covered,
-                        keep_all=self._keeps_all(rec.channel),
-                    )
-                    rec.task = self._spawn(self._run(rec, self._subscribe(rec, planner, fetch=True)))
+                    selection = SubtreeFetch(rec.channel, from_time=step.from_time, empty=step.covered)
+                    rec.task = self._spawn(self._run(rec, self._subscribe(rec, selection, fetch=True)))
                     await asyncio.wait([rec.task])
                     state.catch_up_subs.discard(rec.sub_id)
         finally:

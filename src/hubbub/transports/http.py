@@ -13,7 +13,7 @@ import logging
 import secrets
 import struct
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
@@ -23,15 +23,15 @@ from prometheus_client import CollectorRegistry
 
 from hubbub.auth import ANONYMOUS, Identity
 from hubbub.channels import parse_pattern, route_channel
-from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
-from hubbub.core.replay import Gap, plan_replay
+from hubbub.core import Gap, Node, ReplayPlan, ReplaySpec, Session
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadRequest, EpochMismatch, HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.federation.wire import BELOW_HEADER, NODE_HEADER, parse_node
-from hubbub.log.base import AppendRequest, EventLog
+from hubbub.log.base import AppendRequest
+from hubbub.selection import EventResume
 
 from .backpressure import Messages
 from .cors import install_cors
@@ -583,28 +583,13 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
     last = _int_param(q, "last", None)
     from_time = _int_param(q, "from_time", None)
     last_id = request.headers.get("Last-Event-ID") or q.get("last_event_id")
-    spec = ReplaySpec(last=last, from_time=from_time)
-    resume: tuple[int, str, int, str] | None = None
-    planner: Callable[[EventLog], ReplayPlan] | None = None
+    selection: ReplaySpec | EventResume = ReplaySpec(last=last, from_time=from_time)
     if last_id:
-        resume = nc.parse_sse_last_event_id(last_id)
-        t, epoch, seq, ch = resume
+        t, epoch, seq, ch = nc.parse_sse_last_event_id(last_id)
         if not pattern.matches(ch):
             raise BadRequest("Last-Event-ID names a channel outside the pattern")
-        # Event times are unique across the whole log, so "merged key greater than the id's" is
-        # exactly: the id's channel after its seq, every other channel from time t + 1.
-        spec = ReplaySpec(since={ch: Position(seq, epoch)}, from_time=t + 1)
-        resume_spec = spec
-
-        def resume_planner(store: EventLog) -> ReplayPlan:
-            # The other channels' trimmed gaps are found while the replay reads them (trim_gaps), so the
-            # resume costs what it replays, not a read of every channel the pattern matches.
-            plan = plan_replay(store, pattern, resume_spec)
-            if plan.scan is not None:
-                plan.scan = replace(plan.scan, trim_gaps=True)
-            return plan
-
-        planner = resume_planner
+        # Resume after the id's event in the merged order, trimmed channels told as gaps.
+        selection = EventResume(ch, Position(seq, epoch), t)
     elif last is not None and from_time is not None:
         raise BadRequest("give at most one of last and from_time")
     if last is not None and last < 1:
@@ -651,10 +636,9 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
                     "sse",
                     pattern,
                     tags,
-                    spec,
+                    selection,
                     on_snapshot=on_snapshot,
                     on_replayed=on_replayed,
-                    planner=planner,
                     on_gap=on_gap,
                 )
                 assert writer is not None

@@ -28,12 +28,12 @@ from hubbub.dialects import qpubs as qpd
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadChannel, HubbubError
 from hubbub.events import Event
+from hubbub.selection import LIVE
 
 from .http import HttpSettings, peer_address, request_token
 from .lifetime import Lifetime
 from .pump import SessionPump, stopped
 from .qpubs_common import DIALECT, QpubsSettings, emit, qpubs_error
-from .wire import live_only
 
 __all__ = ["QpubsHttp", "StreamEncoder"]
 
@@ -254,8 +254,8 @@ class QpubsHttp:
                     if pattern is None:
                         on_snapshot(ReplayPlan())  # a topic that never matches: a stream that stays silent
                     else:
-                        # Live listens have no replay (§7): an empty snapshot, the log is never read.
-                        await node.subscribe(sess, "q", pattern, on_snapshot=on_snapshot, planner=live_only)
+                        # Live listens have no replay (§7): the log is never read.
+                        await node.subscribe(sess, "q", pattern, selection=LIVE, on_snapshot=on_snapshot)
                     assert writer is not None
                     await stopped(writer, node, DIALECT, sess.id)
                 finally:

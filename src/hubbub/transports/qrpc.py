@@ -37,6 +37,7 @@ from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, HubbubError, SubscriptionError
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult
+from hubbub.selection import LIVE
 
 from .http import HttpSettings
 from .lifetime import Lifetime
@@ -45,7 +46,7 @@ from .qrpc_subs import QrpcSubscriptions
 from .stream_driver import StreamIO, serve_stream
 from .stream_listener import Accepted, StreamListener
 from .tcp import WRITE_TIMEOUT_S
-from .wire import DialectWire, live_only, no_reply
+from .wire import DialectWire, no_reply
 
 __all__ = ["QrpcEncoder", "QrpcService", "QrpcWire", "serve_qrpc"]
 
@@ -332,7 +333,7 @@ class QrpcWire:
         if pattern is None:
             return  # accepted, matches nothing (§1)
         try:
-            await self.node.subscribe(self.session, cid, pattern, on_snapshot=no_reply, planner=live_only)
+            await self.node.subscribe(self.session, cid, pattern, selection=LIVE, on_snapshot=no_reply)
         except BaseException:
             self.encoder.calls.pop(cid, None)
             raise

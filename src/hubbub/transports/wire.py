@@ -12,7 +12,8 @@ carries out the shared actions of :mod:`hubbub.dialects.actions`:
   policy refusal, or the connection says it failed; a 1009 also as a refused ``max_frame``);
 * ``Publish`` → ``Node.submit`` (committed before delivery), a refusal rendered by the binding's
   ``refused`` (the dialect's error reply or close);
-* ``Subscribe`` / ``Unsubscribe`` → core subscriptions of the connection, live only (no log read).
+* ``Subscribe`` / ``Unsubscribe`` → core subscriptions of the connection, with the action's replay selection
+  (:mod:`hubbub.selection`; :data:`~hubbub.selection.LIVE` for every dialect on the wire: no log read).
 
 A dialect's own actions (mist's registry commands, WearScript's forwarded frames) go to the handlers its
 binding registers by type in ``handlers``: one dispatch table, no ``isinstance`` ladder. A handler may
@@ -40,12 +41,12 @@ from hubbub.dialects.spec import DialectSpec
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
 from hubbub.events import Publisher
-from hubbub.log.base import AppendRequest, AppendResult, EventLog
+from hubbub.log.base import AppendRequest, AppendResult
 
 from .lifetime import Lifetime
 from .pump import SessionPump, grace_left, stopped
 
-__all__ = ["DialectWire", "Handler", "Refused", "live_only", "no_reply"]
+__all__ = ["DialectWire", "Handler", "Refused", "no_reply"]
 
 #: A binding's handler of one action type (awaited in order with the others).
 Handler: TypeAlias = Callable[[Any], Awaitable[None]]
@@ -56,12 +57,6 @@ Refused: TypeAlias = Callable[[Any, HubbubError], Sequence[object]]
 _NOT_BAD: frozenset[Disconnect] = frozenset({Disconnect.NORMAL, Disconnect.POLICY_VIOLATION})
 #: Closes for a message over ``limits.max_frame`` (WebSocket 1009, the stream dialects' 4003).
 _TOO_BIG: frozenset[Disconnect] = frozenset({Disconnect.MESSAGE_TOO_BIG, Disconnect.FRAME_TOO_LARGE})
-
-
-def live_only(store: EventLog) -> ReplayPlan:
-    """The replay plan of :data:`~hubbub.dialects.actions.LIVE`: an empty snapshot, so subscribing never
-    reads the log."""
-    return ReplayPlan()
 
 
 def no_reply(plan: ReplayPlan) -> None:
@@ -279,10 +274,11 @@ class DialectWire:
             sess.end(Disconnect.GOING_AWAY)
 
     async def subscribe(self, subs: Sequence[a.Subscribe]) -> list[HubbubError | None]:
-        """Subscribe the connection to every one of ``subs`` (live only), all at once: each is registered (and
-        holds live events) as soon as its task starts, so none misses an event published while another's
-        empty snapshot is read. Returns, for each, None or the core's refusal (``LimitExceeded``,
-        ``AuthError``; ``SubscriptionError`` or ``ShuttingDown`` when the connection closed meanwhile)."""
+        """Subscribe the connection to every one of ``subs`` (each with its selection; live only, the default,
+        never reads the log), all at once: each is registered (and holds live events) as soon as its task
+        starts, so none misses an event published while another's snapshot is read. Returns, for each, None or
+        the core's refusal (``LimitExceeded``, ``AuthError``; ``SubscriptionError`` or ``ShuttingDown`` when
+        the connection closed meanwhile)."""
         sess, node = self.session, self.node
         results = await asyncio.gather(
             *(
@@ -291,8 +287,8 @@ class DialectWire:
                     s.sub,
                     parse_pattern(s.pattern) if isinstance(s.pattern, str) else s.pattern,
                     s.tags,
+                    s.selection,
                     on_snapshot=no_reply,
-                    planner=live_only,
                 )
                 for s in subs
             ),
