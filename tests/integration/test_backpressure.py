@@ -310,7 +310,7 @@ def test_a_pipelining_publisher_is_slowed_never_closed(tmp_path: Path, name: str
                 assert got == list(range(N)), (len(got), got[:5], got[-5:])
             if acks is not None:
                 assert acks == N
-            assert node.slow_closes == {}
+            assert node.metrics.slow_closes == {}
             if dialect:
                 # The publisher's connection is still open, and was never asked to close.
                 (pub,) = [s for s in publisher_sessions(node, dialect) if s not in before]

@@ -65,7 +65,7 @@ def test_slow_consumer_far_behind_recovers_through_the_client(tmp_path: Path) ->
             async with AsyncClient.connect(url) as client, client.subscribe("/**", max_queue=16) as sub:
                 # The application reads nothing: publish until the server closes the connection as slow.
                 sent = 0
-                while not node.slow_closes.get("native"):
+                while not node.metrics.slow_closes.get("native"):
                     await asyncio.to_thread(publish, tcp, sent, 2000)
                     sent += 2000
                     assert sent < 200_000, "never closed as a slow consumer"
@@ -90,6 +90,6 @@ def test_slow_consumer_far_behind_recovers_through_the_client(tmp_path: Path) ->
                 item = await sub.get(WAIT)
                 assert isinstance(item, Event)
                 assert (item.channel, item.seq, item.payload) == ("/slow/live", 1, b"after")
-            assert node.slow_closes.get("native", 0) >= 1
+            assert node.metrics.slow_closes.get("native", 0) >= 1
 
     asyncio.run(body())

@@ -93,7 +93,7 @@ def test_a_tcp_peer_that_reads_nothing_is_aborted_and_counted(tmp_path: Path) ->
                 assert loop.time() < deadline, "the stalled connection was never aborted"
                 await asyncio.sleep(0.05)
             assert await counter(server, http, "hubbub_write_timeouts_total", "native") == 1
-            assert node.slow_closes == {}
+            assert node.metrics.slow_closes == {}
             stalled.close()
 
     asyncio.run(main())

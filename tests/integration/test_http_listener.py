@@ -107,7 +107,7 @@ def test_half_sent_heads_count_at_accept_and_time_out(tmp_path: Path) -> None:
                 writer.close()
             assert loop.time() - start >= HEAD_TIMEOUT
             await until(lambda: node.limiter.connections == 0, "held sockets released")
-            assert node.bad_input == {"http": 3}
+            assert node.metrics.bad_input == {"http": 3}
             reader, writer = await connect(
                 port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
             )
@@ -139,7 +139,7 @@ def test_total_limit_at_accept_and_a_later_head_on_a_kept_alive_connection_times
             assert loop.time() - sent >= HEAD_TIMEOUT
             writer.close()
             await until(lambda: node.limiter.connections == 0, "released")
-            assert node.bad_input == {"http": 1}
+            assert node.metrics.bad_input == {"http": 1}
 
     asyncio.run(main())
 
@@ -179,7 +179,7 @@ def test_malformed_requests_get_hubbubs_400(tmp_path: Path, caplog: pytest.LogCa
                 assert (status, body) == (400, b"bad request\n"), (name, resp[:300])
                 assert_no_versions(resp)
                 assert MARK not in resp, name
-                assert node.bad_input == {"http": i}, name
+                assert node.metrics.bad_input == {"http": i}, name
             reader, writer = await connect(
                 port,
                 b"POST /api/v1/publish/a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -193,7 +193,7 @@ def test_malformed_requests_get_hubbubs_400(tmp_path: Path, caplog: pytest.LogCa
             resp = await to_end(reader)
             writer.close()
             assert parse(resp)[0] == 400 and MARK not in resp, resp
-            assert node.bad_input == {"http": len(BAD_HEADS) + 1}
+            assert node.metrics.bad_input == {"http": len(BAD_HEADS) + 1}
             page = await node.read_channel("/a", since=0, limit=10)
             assert page.events == []  # the broken body was not published
 
@@ -341,7 +341,7 @@ def test_an_unmasked_client_frame_fails_the_websocket(tmp_path: Path, route: str
                 got = await _session(port, route, first_unmasked, with_upgrade=with_upgrade)
                 assert got[-1] == close, got
                 assert not any(answer in payload for op, payload in got if op != 0x8), got
-            assert node.bad_input.get("http") == 2
+            assert node.metrics.bad_input.get("http") == 2
             await until(lambda: not node.sessions, "the sessions ended")
 
     asyncio.run(main())

@@ -397,7 +397,7 @@ def test_bad_input_is_counted_and_closes(tmp_path: Path) -> None:
                     await (ws.send_bytes(send) if isinstance(send, bytes) else ws.send_str(send))
                     msg = await ws.receive(timeout=WAIT)
                     assert (msg.type, msg.data) == (aiohttp.WSMsgType.CLOSE, code), send
-            assert server.node.bad_input["ivy"] == 4
+            assert server.node.metrics.bad_input["ivy"] == 4
 
     asyncio.run(main())
 
@@ -416,7 +416,7 @@ def test_slow_consumer_is_closed_1013(tmp_path: Path) -> None:
                 for _ in range(400):
                     # Committed and fanned out when this returns: the overflow, if any, has happened.
                     await node.publish(AppendRequest("/slow", Publisher("native"), payload, "text/plain"))
-                    if node.slow_closes.get("ivy"):
+                    if node.metrics.slow_closes.get("ivy"):
                         break
                 codes = []
                 while True:
@@ -425,7 +425,7 @@ def test_slow_consumer_is_closed_1013(tmp_path: Path) -> None:
                         codes.append(msg.data)
                         break
                 assert codes == [1013]
-                assert node.slow_closes["ivy"] == 1
+                assert node.metrics.slow_closes["ivy"] == 1
 
     asyncio.run(main())
 

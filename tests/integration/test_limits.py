@@ -307,10 +307,10 @@ def test_stalled_tcp_peer_is_dropped(tmp_path: Path, monkeypatch: Any) -> None:
                 # Publish until the server holds only the publisher's socket (the subscriber never reads) and
                 # has released the stalled one's connection slot (after its socket is gone).
                 while len(server_sockets(port)) > 1 or len(node.sessions) > 1 or node.limiter.connections > 1:
-                    assert loop.time() < deadline, (node.slow_closes, server_sockets(port))
+                    assert loop.time() < deadline, (node.metrics.slow_closes, server_sockets(port))
                     pub.write(burst)
                     await pub.drain()
-                assert node.slow_closes.get("native") == 1
+                assert node.metrics.slow_closes.get("native") == 1
                 assert node.limiter.connections == 1
             finally:
                 pub.close()

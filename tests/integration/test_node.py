@@ -268,7 +268,7 @@ def test_slow_consumer_is_kicked(run: Run) -> None:
         for i in range(10):
             await node.publish(req("/slow", str(i)))
         assert s.kicked == 4302
-        assert node.slow_closes.get("native") == 1
+        assert node.metrics.slow_closes.get("native") == 1
 
     run(body)
 
@@ -507,7 +507,7 @@ def test_burst_fan_out_keeps_order_ids_echo_filters_and_overflow(run: Run) -> No
         assert await drain(plain) == want(plain, lambda ch: ("x",))
         assert await drain(both) == want(both, lambda ch: ("x", "y") if ch == "/r/a" else ("x",))
         assert slow.kicked == 4302 and await drain(slow) == []
-        assert node.deliveries["native"] == 2 + 6 + 6 + 3  # the slow one took 3 before its kick
+        assert node.metrics.deliveries["native"] == 2 + 6 + 6 + 3  # the slow one took 3 before its kick
 
     run(body)
 

@@ -116,7 +116,7 @@ def test_a_held_event_whose_encoding_raises_closes_the_session_at_its_release(
         await asyncio.wait_for(sub, WAIT)
         assert bad.kicked == Disconnect.INTERNAL
         assert await drain(good) == PAYLOADS
-        assert node.internal_closes == {"native": 1}
+        assert node.metrics.internal_closes == {"native": 1}
 
     run(body)
 
@@ -164,7 +164,7 @@ def test_the_relay_path_goes_on_past_an_encoder_that_raises() -> None:
             assert await drain(s) == PAYLOADS
         assert bad.kicked == Disconnect.INTERNAL
         assert await drain(bad) == []
-        assert node.internal_closes == {"native": 1}
+        assert node.metrics.internal_closes == {"native": 1}
 
     run(body)
 
@@ -203,6 +203,6 @@ def test_a_publishers_completion_that_raises_costs_no_one_else_an_ack_a_journal_
         assert journaled == [1, 2, 3]
         assert await drain(sub) == [b"p0", b"p1", b"p2"]
         assert [p.kicked for p in pubs] == [None, Disconnect.INTERNAL, None]
-        assert node.internal_closes == {"native": 1}
+        assert node.metrics.internal_closes == {"native": 1}
 
     run(body)

@@ -255,7 +255,7 @@ def test_single_subscriber_run_keeps_order_ids_and_echo(store: str, tmp_path: Pa
             ("/a/x", 3, ("s",), "5"),
         ]
         assert await drain(pub) == []  # echo off: its own events never come back
-        assert node.deliveries["native"] == 5
+        assert node.metrics.deliveries["native"] == 5
 
     run_node(store, tmp_path, body)
 

@@ -74,7 +74,7 @@ async def pumped(
         node.detach(sess)
         server.close()
         await server.wait_closed()
-        assert node.io_errors == {}
+        assert node.metrics.io_errors == {}
         return data, closed
 
 

@@ -376,7 +376,7 @@ async def flood(node: Node, conn: Conn, case: Case, before: set[Any]) -> None:
     conn.write([case.request(K)])
     assert case.decode(await conn.recv()) == case.expect(K)
     assert not (sess.kicked or sess.ending or sess.closed), (sess.kicked, sess.ending)
-    assert node.slow_closes == {}
+    assert node.metrics.slow_closes == {}
     await conn.close()
 
 
@@ -430,7 +430,7 @@ def test_pipelined_http_requests_are_answered_in_order(tmp_path: Path) -> None:
 
                 _, seqs = await asyncio.gather(writer.drain(), responses())
                 assert seqs == list(range(1, n + 1))
-                assert node.slow_closes == {}
+                assert node.metrics.slow_closes == {}
             finally:
                 writer.transport.abort()
 

@@ -161,7 +161,7 @@ def test_silent_and_half_sent_sockets_count_at_accept_and_time_out(
                 w.close()
             assert loop.time() - start >= TIMEOUT
             await until(lambda: node.limiter.connections == 1, "the closed sockets' places given back")
-            assert node.bad_input == {dialect.label: 2}
+            assert node.metrics.bad_input == {dialect.label: 2}
             await talker.exchange()  # its own deadline passed before theirs did
             await talker.close()
             await until(lambda: node.limiter.connections == 0, "every place given back")
@@ -195,7 +195,7 @@ def test_stalled_tls_handshakes_count_at_accept_and_time_out(tmp_path: Path, nam
                 assert await to_end(r) == b""
                 w.close()
             await until(lambda: node.limiter.connections == 1, "the stalled sockets' places given back")
-            assert node.bad_input == {dialect.label: 2}
+            assert node.metrics.bad_input == {dialect.label: 2}
             await talker.exchange()
             await talker.close()
             await until(lambda: node.limiter.connections == 0, "every place given back")

@@ -60,7 +60,7 @@ from .replay import Gap, ReplayPlan
 from .replay_service import REPLAY_PAGE, ReplayService
 from .retention import RetentionTask
 from .session import Session
-from .stats import DialectCounters, Histogram
+from .stats import Histogram, NodeMetrics
 from .subscriptions import Subscription, SubscriptionRegistry
 from .supervisor import Supervision
 
@@ -182,25 +182,23 @@ class Node:
         self.retention = RetentionTask(
             self.batcher.control, s.retention, s.retention_interval_s, self.supervision
         )
-        # statistics, per dialect
-        self.published = self.registry.published
-        self.deliveries = self.registry.deliveries
-        #: What happened to connections: bad input, slow-consumer closes, socket failures, write timeouts.
-        self.counters = c = DialectCounters()
-        self.bad_input, self.slow_closes = c.bad_input, c.slow_closes
-        self.io_errors, self.write_timeouts = c.io_errors, c.write_timeouts
-        self.count_bad_input, self.count_slow_close = c.count_bad_input, c.count_slow_close
-        #: Connections closed because serving them raised (core/faults.py), per dialect.
-        self.internal_closes = self.registry.faults.closes
-        self.ack_latency = self.batcher.ack_latency
         b, r = self.batcher, self.registry
+        #: Every counter, per dialect (``/metrics``): the parts' own dicts, held by reference.
+        self.metrics = NodeMetrics(
+            r.published,
+            r.deliveries,
+            r.faults.closes,
+            b.ack_latency,
+            r.dropped,
+            sessions=lambda: r.sessions,
+            subscriptions=lambda: r.router.statistics()["subscriptions"],
+        )
         self.submit = b.submit
         self.submit_many = b.submit_many
         self.publish = b.publish
         self.writable = b.writable
         self.attach = r.attach
         self.detach = r.detach
-        self.dropped = r.dropped
         self.session_by_id = r.session_by_id
         self.unsubscribe = r.unsubscribe
         self.subscriptions = r.subscriptions
@@ -261,7 +259,7 @@ class Node:
 
     def _on_slow(self, sess: Session) -> None:
         log.info("closing slow consumer", extra={"dialect": sess.dialect, "session": sess.id})
-        self.count_slow_close(sess.dialect)
+        self.metrics.count_slow_close(sess.dialect)
 
     @property
     def has_room(self) -> bool:
@@ -284,7 +282,7 @@ class Node:
 
     def _to_relay(self, items: list[Pending], result: list[AppendResult]) -> None:
         assert self._relay is not None
-        self._relay.committed(committed_events(items, result, self.published))
+        self._relay.committed(committed_events(items, result, self.registry.published))
 
     def fan_out(self, event: Event, origin: Session | None = None) -> None:
         """Deliver a committed event to the matching local sessions: a relay's release (``relay``)."""

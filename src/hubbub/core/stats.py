@@ -1,4 +1,4 @@
-"""Small statistics helpers of the core (exported on ``/metrics`` by the transports).
+"""The node's counters (:class:`NodeMetrics`, exported on ``/metrics`` by the transports) and a histogram.
 
 Concurrency contract: called from the event loop thread only.
 """
@@ -6,17 +6,61 @@ Concurrency contract: called from the event loop thread only.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["DialectCounters", "Histogram"]
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = ["Histogram", "NodeMetrics"]
 
 
-class DialectCounters:
-    """What happened to connections, per dialect: counters (they never go down) that ``/metrics`` exports."""
+class NodeMetrics:
+    """Every counter of the node, in one object: what ``/metrics`` (and guble's admin metrics) read at scrape
+    time. Counts per dialect, that never go down. The parts that count on the hot path (publishes in the
+    subscription registry, deliveries in the fan-out, internal closes in the faults, the ack latency in the
+    batcher) count into their own dicts, which this object holds by reference: counting costs no extra call.
+    The transports count what they see (bad input, socket failures, write timeouts) through the
+    ``count_*`` methods.
 
-    __slots__ = ("bad_input", "io_errors", "slow_closes", "write_timeouts")
+    Concurrency contract: called from the event loop thread only."""
 
-    def __init__(self) -> None:
+    __slots__ = (
+        "_dropped",
+        "_sessions",
+        "_subscriptions",
+        "ack_latency",
+        "bad_input",
+        "deliveries",
+        "internal_closes",
+        "io_errors",
+        "published",
+        "slow_closes",
+        "write_timeouts",
+    )
+
+    def __init__(
+        self,
+        published: dict[str, int],
+        deliveries: dict[str, int],
+        internal_closes: dict[str, int],
+        ack_latency: Histogram,
+        dropped: Callable[[], dict[str, int]],
+        sessions: Callable[[], Iterable[Session]],
+        subscriptions: Callable[[], int],
+    ) -> None:
+        #: Events published (committed), per publisher's dialect.
+        self.published = published
+        #: Events delivered to connections (each copy counted).
+        self.deliveries = deliveries
+        #: Connections closed because serving them raised (core/faults.py).
+        self.internal_closes = internal_closes
+        #: Time from publish to acknowledgement.
+        self.ack_latency = ack_latency
+        self._dropped = dropped
+        self._sessions = sessions
+        self._subscriptions = subscriptions
+        #: Bad input seen (each answered with the dialect's error, or a close).
         self.bad_input: dict[str, int] = {}
         #: Connections closed as slow consumers.
         self.slow_closes: dict[str, int] = {}
@@ -25,11 +69,32 @@ class DialectCounters:
         #: Connections aborted because the peer read nothing for the write timeout.
         self.write_timeouts: dict[str, int] = {}
 
+    def dropped(self) -> dict[str, int]:
+        """Events dropped by the sessions' overflow policy since the node started."""
+        return self._dropped()
+
+    def connections(self) -> dict[str, int]:
+        """Open connections (attached sessions), per dialect."""
+        out: dict[str, int] = {}
+        for s in self._sessions():
+            out[s.dialect] = out.get(s.dialect, 0) + 1
+        return out
+
+    def subscriptions(self) -> int:
+        """Subscriptions in the router now, every dialect's."""
+        return self._subscriptions()
+
     def count_bad_input(self, dialect: str) -> None:
         self.bad_input[dialect] = self.bad_input.get(dialect, 0) + 1
 
     def count_slow_close(self, dialect: str) -> None:
         self.slow_closes[dialect] = self.slow_closes.get(dialect, 0) + 1
+
+    def count_io_error(self, dialect: str) -> None:
+        self.io_errors[dialect] = self.io_errors.get(dialect, 0) + 1
+
+    def count_write_timeout(self, dialect: str) -> None:
+        self.write_timeouts[dialect] = self.write_timeouts.get(dialect, 0) + 1
 
 
 class Histogram:

@@ -64,7 +64,7 @@ class BadInputLog:
     def warn(self, kind: str, msg: str, *args: object) -> None:
         """Count one piece of bad input, and log ``msg % args`` unless a warning of the same ``kind`` was
         logged less than :data:`WARN_EVERY_S` ago."""
-        self.node.count_bad_input(self.dialect)
+        self.node.metrics.count_bad_input(self.dialect)
         throttle = self._throttles.get(kind)
         if throttle is None:
             throttle = self._throttles[kind] = Throttle(WARN_EVERY_S)

@@ -543,25 +543,21 @@ class GubleHub:
 
     def counters(self) -> dict[str, int]:
         """The JSON counters of ``/admin/metrics``: guble's key names, then the counters of ``/metrics``."""
-        node = self.node
+        m = self.node.metrics
         out: dict[str, int] = {
-            "router.total_messages_incoming": sum(node.published.values()),
-            "router.total_messages_routed": sum(node.deliveries.values()),
+            "router.total_messages_incoming": sum(m.published.values()),
+            "router.total_messages_routed": sum(m.deliveries.values()),
             "router.total_subscriptions": self.total_subscriptions,
-            "router.current_routes": int(node.router.statistics()["subscriptions"]),
+            "router.current_routes": m.subscriptions(),
         }
-        conns: dict[str, int] = {}
-        for s in node.sessions:
-            conns[s.dialect] = conns.get(s.dialect, 0) + 1
-        dropped = node.dropped()
         for name, src in (
-            ("hubbub_connections", conns),
-            ("hubbub_events_published_total", node.published),
-            ("hubbub_deliveries_total", node.deliveries),
-            ("hubbub_dropped_total", dropped),
-            ("hubbub_bad_input_total", node.bad_input),
-            ("hubbub_slow_consumer_closes_total", node.slow_closes),
-            ("hubbub_write_timeouts_total", node.write_timeouts),
+            ("hubbub_connections", m.connections()),
+            ("hubbub_events_published_total", m.published),
+            ("hubbub_deliveries_total", m.deliveries),
+            ("hubbub_dropped_total", m.dropped()),
+            ("hubbub_bad_input_total", m.bad_input),
+            ("hubbub_slow_consumer_closes_total", m.slow_closes),
+            ("hubbub_write_timeouts_total", m.write_timeouts),
         ):
             for d, v in sorted(src.items()):
                 out[f"{name}.{d}"] = v

@@ -107,7 +107,7 @@ class IvyHttp:
 
         def refused(cmd: object, exc: HubbubError) -> Sequence[object]:
             if isinstance(exc, AuthError | LimitExceeded):  # ivy counts a refused command as bad input
-                node.count_bad_input(DIALECT)
+                node.metrics.count_bad_input(DIALECT)
             return conn.refused(cmd, exc)
 
         wire = DialectWire(

@@ -43,29 +43,29 @@ class NodeCollector:
 
     def collect(self) -> Iterator[Any]:
         node = self.node
+        m = node.metrics
         conns = GaugeMetricFamily("hubbub_connections", "Open connections", labels=["dialect"])
         counts: dict[str, int] = dict.fromkeys(DIALECTS, 0)
-        for s in node.sessions:
-            counts[s.dialect] = counts.get(s.dialect, 0) + 1
+        counts.update(m.connections())
         for d, n in counts.items():
             conns.add_metric([d], n)
         yield conns
         for name, doc, src in (
-            ("hubbub_events_published", "Events published", node.published),
-            ("hubbub_deliveries", "Events delivered to connections", node.deliveries),
-            ("hubbub_dropped", "Events dropped by the slow-consumer policy", node.dropped()),
-            ("hubbub_bad_input", "Bad input seen", node.bad_input),
-            ("hubbub_slow_consumer_closes", "Connections closed as slow consumers", node.slow_closes),
-            ("hubbub_io_errors", "Unexpected socket failures (logged at warning)", node.io_errors),
+            ("hubbub_events_published", "Events published", m.published),
+            ("hubbub_deliveries", "Events delivered to connections", m.deliveries),
+            ("hubbub_dropped", "Events dropped by the slow-consumer policy", m.dropped()),
+            ("hubbub_bad_input", "Bad input seen", m.bad_input),
+            ("hubbub_slow_consumer_closes", "Connections closed as slow consumers", m.slow_closes),
+            ("hubbub_io_errors", "Unexpected socket failures (logged at warning)", m.io_errors),
             (
                 "hubbub_write_timeouts",
                 "TCP connections aborted because the peer read nothing for limits.write_timeout_s",
-                node.write_timeouts,
+                m.write_timeouts,
             ),
             (
                 "hubbub_internal_closes",
                 "Connections closed because serving them raised (logged at error)",
-                node.internal_closes,
+                m.internal_closes,
             ),
         ):
             c = CounterMetricFamily(name, doc, labels=["dialect"])
@@ -88,7 +88,7 @@ class NodeCollector:
         yield GaugeMetricFamily("hubbub_log_events", "Retained events in the log", value=st.events)
         yield GaugeMetricFamily("hubbub_log_bytes", "Retained payload, header and tag bytes", value=st.bytes)
         yield GaugeMetricFamily("hubbub_channels", "Channels with retained events", value=st.channels)
-        h = node.ack_latency
+        h = m.ack_latency
         buckets = []
         acc = 0
         for b, n in zip(h.buckets, h.counts, strict=False):

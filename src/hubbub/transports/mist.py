@@ -278,7 +278,7 @@ class MistWire:
 
     async def _send(self, out: md.Send) -> None:
         if _is_error_reply(self.proto, out.data):
-            self.node.count_bad_input(self.session.dialect)
+            self.node.metrics.count_bad_input(self.session.dialect)
         self.session.push(out.data)
 
     async def _publish(self, cmd: md.Publish) -> None:
@@ -312,7 +312,7 @@ class MistWire:
         assert isinstance(proto, md.Mist2015Connection | md.Mist1Connection)
         found = self.service.login(cmd.token, allow_registry=False, peer=self.peer)
         if found is None:
-            self.node.count_bad_input(self.session.dialect)
+            self.node.metrics.count_bad_input(self.session.dialect)
             await self.handle(proto.auth_result(None))
             return
         identity, grant = found

@@ -150,7 +150,7 @@ class NativeConnection(NativePublishing):
 
     def bad_input(self, exc: HubbubError) -> None:
         """Answer a decoding error: the error frame, then a close when it is fatal."""
-        self.node.count_bad_input("native")
+        self.node.metrics.count_bad_input("native")
         if exc.code == Disconnect.FRAME_TOO_LARGE:
             self.node.limiter.refused("max_frame", "native")
         self.proto.failed(exc, exc.request_id)
@@ -176,7 +176,7 @@ class NativeConnection(NativePublishing):
             if verdict is nc.Admit.HELLO:
                 self._hello(cmd)  # type: ignore[arg-type]  # admit() said it is a Hello
             elif verdict is nc.Admit.REFUSED:
-                self.node.count_bad_input("native")
+                self.node.metrics.count_bad_input("native")
             return
         try:
             if isinstance(cmd, nc.Publish):
@@ -264,7 +264,7 @@ class NativeConnection(NativePublishing):
 
     def timed_out(self) -> None:
         """No client frame for three ping intervals (called by :class:`Keepalive`): error 4304, then close."""
-        self.node.count_bad_input("native")
+        self.node.metrics.count_bad_input("native")
         self.proto.fatal(Disconnect.TIMEOUT, None)
 
     def start(self, group: Lifetime | None = None) -> None:

@@ -65,13 +65,13 @@ Pack = Callable[[Sequence[bytes], int], list[bytes]]
 class WriteTimeout(ConnectionResetError):
     """A write waited longer than the write timeout for a peer that reads nothing; the connection was aborted.
     A ``ConnectionError``, so every path that expects a peer to go away handles it; the pump and
-    :func:`quietly` count it in the node's ``write_timeouts`` (``hubbub_write_timeouts_total``)."""
+    :func:`quietly` count it in the node's ``metrics.write_timeouts`` (``hubbub_write_timeouts_total``)."""
 
 
 def write_timed_out(node: Node | None, dialect: str, session_id: str) -> None:
     """Count a connection aborted by the write timeout (:class:`WriteTimeout`), per dialect."""
     if node is not None:
-        node.write_timeouts[dialect] = node.write_timeouts.get(dialect, 0) + 1
+        node.metrics.count_write_timeout(dialect)
     log.info("write timeout: connection aborted", extra={"dialect": dialect, "session": session_id})
 
 
@@ -86,9 +86,9 @@ def grace_left() -> bool:
 
 def io_failed(node: Node | None, dialect: str, session_id: str, what: str, exc: BaseException) -> None:
     """An unexpected socket failure: a warning with the connection's context, counted per dialect in the
-    node's ``io_errors`` (``hubbub_io_errors``)."""
+    node's ``metrics.io_errors`` (``hubbub_io_errors``)."""
     if node is not None:
-        node.io_errors[dialect] = node.io_errors.get(dialect, 0) + 1
+        node.metrics.count_io_error(dialect)
     log.warning(
         "%s failed on a %s connection: %s: %s",
         what,

@@ -231,7 +231,7 @@ class DialectWire:
         self.session.push(out.data)
 
     async def _reject(self, out: a.Reject) -> None:
-        self.node.count_bad_input(self.session.dialect)
+        self.node.metrics.count_bad_input(self.session.dialect)
         self.session.push(out.data)
 
     async def _close(self, out: a.Close) -> None:
@@ -241,7 +241,7 @@ class DialectWire:
         """The connection closes for ``code`` (bad input, or a refusal), counted and logged at debug level."""
         dialect = self.session.dialect
         if code not in _NOT_BAD or self._failed():
-            self.node.count_bad_input(dialect)
+            self.node.metrics.count_bad_input(dialect)
         if code in _TOO_BIG:
             self.node.limiter.refused("max_frame", dialect)
         if why:

@@ -116,7 +116,7 @@ async def _read(ws: Socket, wire: DialectWire, conn: FrameConnection) -> None:
             elif kind is not WSMsgType.PONG:
                 if kind is WSMsgType.ERROR and getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG:
                     # aiohttp refused a frame over limits.max_frame and sent close 1009 itself.
-                    node.count_bad_input(sess.dialect)
+                    node.metrics.count_bad_input(sess.dialect)
                     node.limiter.refused("max_frame", sess.dialect)
                 break
             if wire.done:
