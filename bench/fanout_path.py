@@ -62,13 +62,13 @@ async def run(scenario: str, args: argparse.Namespace) -> dict[str, Any]:
         for i in range(args.subs):
             sess = Session("native", encoders[i % 2], max_items=1 << 20, max_bytes=1 << 30, user="u")
             node.attach(sess)
-            sub = node.registry.add(sess, "s", parse_pattern("/f/*"), frozenset())
-            node.registry.end_hold(sub)  # live at once: no replay to wait for
+            sub = node._registry.add(sess, "s", parse_pattern("/f/*"), frozenset())
+            node._registry.end_hold(sub)  # live at once: no replay to wait for
             sessions.append(sess)
         evs = events(scenario, args.batch)
         items: list[Any] = [(None, None, 0.0)] * args.batch
         results = [AppendResult(ev) for ev in evs]
-        fan_out = node.registry.fan_out_committed
+        fan_out = node._registry.fan_out_committed
         cpu = 0.0
         batches = max(1, args.events // args.batch)
         gc.collect()

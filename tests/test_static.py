@@ -164,3 +164,36 @@ def test_transports_never_hand_the_core_a_function_over_the_store() -> None:
         if "reads.call(" in line or "planner" in line or "LogStore" in line
     ]
     assert not offenders, offenders
+
+
+#: What transports may import of the core (core/api.py says why).
+CORE_FOR_TRANSPORTS = {"hubbub.core.api", "hubbub.core.session", "hubbub.core.flag"}
+
+
+def test_transports_import_only_the_core_api_and_its_seams() -> None:
+    """Transports see the node through :class:`hubbub.core.api.Core` only: no import of the core's package
+    (which names the node) nor of a part; the import-linter contract forbids every other core module."""
+    import ast
+    import tomllib
+
+    offenders: list[str] = []
+    for path in sorted((ROOT / "src" / "hubbub" / "transports").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                core = name == "hubbub.core" or name.startswith("hubbub.core.")
+                if core and name not in CORE_FOR_TRANSPORTS:
+                    offenders.append(f"{path.name}:{node.lineno}: {name}")
+    assert offenders == []
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contract = next(
+        c
+        for c in config["tool"]["importlinter"]["contracts"]
+        if c.get("source_modules") == ["hubbub.transports"] and "hubbub.core.node" in c["forbidden_modules"]
+    )
+    modules = {f"hubbub.core.{p.stem}" for p in (ROOT / "src" / "hubbub" / "core").glob("*.py")}
+    assert set(contract["forbidden_modules"]) == modules - CORE_FOR_TRANSPORTS - {"hubbub.core.__init__"}

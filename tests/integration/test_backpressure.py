@@ -315,7 +315,7 @@ def test_a_pipelining_publisher_is_slowed_never_closed(tmp_path: Path, name: str
                 # The publisher's connection is still open, and was never asked to close.
                 (pub,) = [s for s in publisher_sessions(node, dialect) if s not in before]
                 assert not (pub.kicked or pub.ending or pub.closed), (pub.kicked, pub.ending)
-                await until(lambda: node.batcher.pending == 0, "every publish completed")
+                await until(lambda: node._batcher.pending == 0, "every publish completed")
             await close()
             await sub.ws.close()
 

@@ -212,7 +212,7 @@ def test_a_node_keeps_serving_a_consumer_until_its_acks_are_stored(
 
     async def main() -> None:
         a, b = await _two_nodes(pg_url, tmp_path)
-        settle = a.store.consumer_settle
+        settle = a._store.consumer_settle
 
         def held_settle(acked: Sequence[tuple[int, Sequence[int]]], retried: Sequence[Retry] = ()) -> None:
             if acked:  # on node A's writer thread: the ack's write waits for the test
@@ -220,7 +220,7 @@ def test_a_node_keeps_serving_a_consumer_until_its_acks_are_stored(
                 gate.wait(WAIT)
             settle(acked, retried)
 
-        monkeypatch.setattr(a.store, "consumer_settle", held_settle)
+        monkeypatch.setattr(a._store, "consumer_settle", held_settle)
         async with a, b, ConsumerService(a) as svc_a, ConsumerService(b) as svc_b:
             await svc_a.create(spec())
             await publish(a, "/jobs/x", "1", "2", "3")

@@ -103,8 +103,8 @@ def test_a_delete_never_removes_the_consumer_created_again_meanwhile(tmp_path: P
             node = srv.node
             assert node is not None
             svc = node.consumers
-            assert svc is not None and node.batcher.writer is not None
-            writer = node.batcher.writer
+            assert svc is not None and node._batcher.writer is not None
+            writer = node._batcher.writer
             root, bob = node.authenticate("tok-root", "native"), node.authenticate("tok-bob", "native")
             alice = await ALICE[dialect](srv, "c")
             mine = svc.info("c")
@@ -123,7 +123,7 @@ def test_a_delete_never_removes_the_consumer_created_again_meanwhile(tmp_path: P
                 entered.set()
                 gate.wait(WAIT)
 
-            held = node.batcher.control(hold)
+            held = node._batcher.control(hold)
             # Once the writer is inside the gate, what is submitted stays in its queue, in order.
             assert await asyncio.to_thread(entered.wait, WAIT)
             try:

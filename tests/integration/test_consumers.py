@@ -85,9 +85,9 @@ def positions(b: Batch) -> list[int]:
 
 
 async def pending(node: Node, name: str) -> list[int]:
-    infos = await node.reads.call_journal(lambda st: st.consumers())
+    infos = await node._reads.call_journal(lambda st: st.consumers())
     cid = next(i.id for i in infos if i.spec.name == name)
-    return [it.pos for it in await node.reads.call_journal(lambda st: st.consumer_items(cid, 0, 10_000))]
+    return [it.pos for it in await node._reads.call_journal(lambda st: st.consumer_items(cid, 0, 10_000))]
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "memory", "postgres"])
@@ -389,7 +389,7 @@ def test_retention_never_drops_unacknowledged_items(tmp_path: Path) -> None:
     async def body(node: Node, svc: ConsumerService) -> None:
         await svc.create(spec())
         await publish(node, "/jobs/a", *[str(i) for i in range(6)])
-        assert [e.seq for e in await node.reads.call(lambda st: st.read("/jobs/a"))] == [5, 6]
+        assert [e.seq for e in await node._reads.call(lambda st: st.read("/jobs/a"))] == [5, 6]
         r = Recv()
         o = await svc.open("c", r.on_batch)
         b = await r.next()
@@ -405,14 +405,14 @@ def test_a_notification_coming_after_a_backlog_read_saw_its_commit_adds_nothing(
 
     async def body(node: Node, svc: ConsumerService) -> None:
         seen: list[Any] = []
-        hook = node.batcher.commit_hook
+        hook = node._batcher.commit_hook
         assert hook is not None
 
         def spy(results: Any) -> None:
             seen.extend(results)
             hook(results)
 
-        node.batcher.commit_hook = spy
+        node._batcher.commit_hook = spy
         await svc.create(spec())
         await publish(node, "/jobs/x", "one", "two")
         hook(list(seen))  # the same notification again, as if it came after a read had loaded the items
@@ -569,14 +569,14 @@ def test_acks_are_stored_on_the_loop_or_by_the_writer(tmp_path: Path, durability
             await publish(node, "/jobs/a", "1", "2", "3")
             r = Recv()
             o = await svc.open("c", r.on_batch, batch_max=2)
-            assert node.batcher.writer is not None
+            assert node._batcher.writer is not None
             b = await r.next()
             await o.ack(b.number)
             assert await pending(node, "c") == [3]
             b = await r.next()
             await o.ack(b.number)
             assert await pending(node, "c") == []
-            inline = node.batcher.writer.statistics()["inline_controls"]
+            inline = node._batcher.writer.statistics()["inline_controls"]
             assert inline == (2 if durability == "commit" else 0)
 
     asyncio.run(main())
@@ -597,7 +597,7 @@ def test_the_first_ack_of_a_tick_is_stored_at_once_and_later_ones_share_one_writ
             rs = [Recv() for _ in names]
             openers = [await svc.open(n, r.on_batch, batch_max=1) for n, r in zip(names, rs, strict=True)]
             first = [await r.next() for r in rs]
-            writer = node.batcher.writer
+            writer = node._batcher.writer
             assert writer is not None
             before = writer.statistics()["inline_controls"]
 

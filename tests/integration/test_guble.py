@@ -354,7 +354,7 @@ def test_slow_consumer_catches_up_from_the_log(tmp_path: Path) -> None:
                 assert events == [str(i).encode() for i in range(stalled + 5)] + [b"last"]
                 assert sent.count(b"#fetch-end /q") == conn.catch_ups
                 assert sent.count(b"#subscribed-to /q") == conn.catch_ups + 1
-                assert (node.replays.spills > 0) == (stalled == 60)
+                assert (node._replays.spills > 0) == (stalled == 60)
 
     asyncio.run(main())
 

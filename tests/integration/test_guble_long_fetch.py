@@ -113,7 +113,7 @@ def test_a_fetch_reads_its_events_once(backlog: tuple[Path, list[Event]]) -> Non
         cli = {"data_dir": str(data), "http.listen": "127.0.0.1:0", "native.tcp_listen": "127.0.0.1:0"}
         async with Server(load_config(cli=cli, env={})) as server, aiohttp.ClientSession() as http:
             assert server.node is not None
-            store = server.node.store
+            store = server.node._store
             read = store.read_log
             rows: list[int] = []
 

@@ -150,7 +150,7 @@ def test_replay_live_junction_under_concurrent_publishing(run: Run) -> None:
         task = asyncio.ensure_future(publisher())
         await until_committed(5)  # the publisher is going
         s = session(node, max_items=100000)
-        real_read = node.reads.call
+        real_read = node._reads.call
         raced: list[tuple[int, list[int]]] = []  # (commits during the probe, held seqs then)
 
         async def probe(fn: Any, *args: Any) -> Any:
@@ -164,9 +164,9 @@ def test_replay_live_junction_under_concurrent_publishing(run: Run) -> None:
             raced.append((len(committed) - before, [e.seq for h in holds for e in h]))
             return result
 
-        node.reads.call = probe  # type: ignore[method-assign]
+        node._reads.call = probe  # type: ignore[method-assign]
         plans = await sub(node, s, "s", "/j", ReplaySpec(since=Position(1, first.event.epoch)))
-        node.reads.call = real_read  # type: ignore[method-assign]
+        node._reads.call = real_read  # type: ignore[method-assign]
         n = len(committed)
         await until_committed(n + 3)  # live events after the junction
         stop.set()
@@ -205,7 +205,7 @@ def test_gaps_epoch_trimmed_and_ahead(run: Run) -> None:
         assert plans[0].gaps[0].position == Position(1, e)
         r2 = await node.publish(req("/g", "again"))
         assert (r2.event.seq, r2.event.epoch) == (2, e)
-        assert [ev.payload for ev in node.store.read("/g")] == [b"1", b"again"]
+        assert [ev.payload for ev in node._store.read("/g")] == [b"1", b"again"]
 
     run(body)
 
@@ -325,7 +325,7 @@ def test_held_event_inside_the_snapshot_still_reaches_other_live_subs(run: Run) 
         # Hold the new exact subscription open while a publish commits, as a slow snapshot read would.
         plans: list[ReplayPlan] = []
         gate = asyncio.Event()
-        real_read = node.reads.call
+        real_read = node._reads.call
 
         published = asyncio.Event()
 
@@ -335,12 +335,12 @@ def test_held_event_inside_the_snapshot_still_reaches_other_live_subs(run: Run) 
             await gate.wait()
             return await real_read(fn, *args)
 
-        node.reads.call = slow_read  # type: ignore[method-assign]
+        node._reads.call = slow_read  # type: ignore[method-assign]
         task = asyncio.ensure_future(
             node.subscribe(s, "new", parse_pattern("/h/x"), on_snapshot=plans.append)
         )
         await asyncio.wait_for(published.wait(), 10)
-        node.reads.call = real_read  # type: ignore[method-assign]
+        node._reads.call = real_read  # type: ignore[method-assign]
         gate.set()
         await task
         await node.publish(req("/h/x", "after"))
@@ -442,7 +442,7 @@ def test_durability_none_restart_keeps_the_old_events(tmp_path: Path) -> None:
         await node.close()
         node = await start()
         try:
-            store = node.store
+            store = node._store
             head = store.head("/n")
             assert head.epoch not in ("", first[0].epoch) and head.top == 0
             assert store.read("/n", epoch=first[0].epoch) == first
@@ -561,7 +561,7 @@ def test_total_size_retention_runs_on_its_interval(tmp_path: Path) -> None:
             for i in range(5):
                 await node.publish(req("/r", f"{i:0>100}"))
             deadline = asyncio.get_running_loop().time() + 10
-            while (info := await node.reads.head("/r")).first == 1:
+            while (info := await node._reads.head("/r")).first == 1:
                 assert asyncio.get_running_loop().time() < deadline, "retention never ran"
                 await asyncio.sleep(0.02)  # the task's interval
             page = await node.read_channel("/r")

@@ -185,7 +185,7 @@ def test_a_publishers_completion_that_raises_costs_no_one_else_an_ack_a_journal_
             journaled.extend(r.event.seq for r in results)
             hooked.set()
 
-        node.batcher.commit_hook = hook
+        node._batcher.commit_hook = hook
 
         def done(i: int) -> Callable[[AppendResult | HubbubError], None]:
             def cb(r: AppendResult | HubbubError) -> None:

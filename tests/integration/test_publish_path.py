@@ -60,7 +60,7 @@ def run_node(store: str, tmp_path: Path, body: Callable[[Node], Awaitable[None]]
 
 def test_memory_engine_commits_on_the_loop_when_the_writer_is_idle(tmp_path: Path) -> None:
     async def body(node: Node) -> None:
-        writer = node.batcher.writer
+        writer = node._batcher.writer
         assert writer is not None and writer.idle
         r = await node.publish(req("/a", "x"))
         assert r.event.seq == 1
@@ -93,7 +93,7 @@ def test_sqlite_commits_small_batches_on_the_loop_and_larger_ones_on_the_thread(
     the loop while the writer is idle; a larger one goes to the writer thread; both in order, seqs gapless."""
 
     async def body(node: Node) -> None:
-        most = node.store.inline_append_max
+        most = node._store.inline_append_max
         assert most > 0
         r = await node.publish(req("/a", "x"))
         assert r.event.seq == 1
@@ -119,7 +119,7 @@ def test_sqlite_commits_a_few_large_publishes_on_the_thread(tmp_path: Path) -> N
 
     async def body(node: Node) -> None:
         count = 4
-        assert count <= node.store.inline_append_max
+        assert count <= node._store.inline_append_max
         big = "x" * (1 << 20)
         s = Session("native", Enc(), max_items=64, max_bytes=1 << 24)
         node.attach(s)
@@ -129,7 +129,7 @@ def test_sqlite_commits_a_few_large_publishes_on_the_thread(tmp_path: Path) -> N
             assert node.statistics()["writer"]["inline_batches"] == before + inline
             seqs = [x.event.seq for x in results if isinstance(x, AppendResult)]
             assert seqs == list(range(seqs[0], seqs[0] + count))
-        assert 0 < node.store.inline_append_max_bytes < count * len(big)
+        assert 0 < node._store.inline_append_max_bytes < count * len(big)
 
     run_node("sqlite", tmp_path, body)
 
@@ -176,7 +176,7 @@ def test_inline_commit_waits_behind_writer_thread_work(tmp_path: Path, engine: s
 
     async def body(node: Node) -> None:
         await node.publish(req("/a", "before"))
-        writer = node.batcher.writer
+        writer = node._batcher.writer
         assert writer is not None
         gate = threading.Event()
         order: list[str] = []
@@ -221,7 +221,7 @@ def test_inline_commit_waits_behind_writer_thread_work(tmp_path: Path, engine: s
 
 def test_inline_commit_of_a_closed_store_fails_the_publish(tmp_path: Path) -> None:
     async def body(node: Node) -> None:
-        node.store.close()
+        node._store.close()
         with pytest.raises(HubbubError) as err:
             await node.publish(req("/a", "x"))
         assert err.value.code == 4301
@@ -463,7 +463,7 @@ def test_a_fatal_frame_stops_the_read(how: str, tmp_path: Path) -> None:
         assert conn.session.ending == 4005
         # Commits complete in order: once a later one is done, so are those the connection made.
         await node.publish(req("/b", "later"))
-        assert node.store.head("/a").top == 2  # the publish after the fatal frame was not taken
+        assert node._store.head("/a").top == 2  # the publish after the fatal frame was not taken
         await conn.finish()
 
     run_node("memory", tmp_path, body)
@@ -514,18 +514,18 @@ def test_a_failed_inline_sqlite_commit_fails_its_publishes_and_reuses_no_seq(
         for i in range(3):
             node.submit(req("/a", f"lost{i}"), None, results.append)
         node.submit(req("/b", "lost"), None, results.append)
-        writer = node.batcher.writer
+        writer = node._batcher.writer
         assert writer is not None
         inline = node.statistics()["writer"]["inline_batches"]
         done = asyncio.get_running_loop().create_future()
         asyncio.get_running_loop().call_soon(done.set_result, None)  # after the tick's flush
         await done
         assert len(results) == 4 and all(isinstance(r, HubbubError) and r.code == 4301 for r in results)
-        assert writer.idle and node.batcher.pending == 0
+        assert writer.idle and node._batcher.pending == 0
         monkeypatch.setattr(_store, "_insert_events", real)
         r = await node.publish(req("/a", "next"))
         assert node.statistics()["writer"]["inline_batches"] == inline + 1
         assert (r.event.seq, (await node.publish(req("/b", "first"))).event.seq) == (2, 1)
-        assert [e.payload for e in node.store.read("/a")] == [b"ok", b"next"]
+        assert [e.payload for e in node._store.read("/a")] == [b"ok", b"next"]
 
     run_node("sqlite", tmp_path, body)

@@ -120,7 +120,7 @@ def test_held_and_spilled_events_follow_the_replay_once_in_commit_order(
         live = [(ch, s, ("o", "s") if ch == "/j/a" else ("s",), False) for ch, s in burst_events]
         await finish()
         assert got == replay + live + [("/j/b", last.event.seq, ("s",), False)]
-        assert (node.replays.spills > 0) == (burst > 4 * QUEUE)
+        assert (node._replays.spills > 0) == (burst > 4 * QUEUE)
 
     run(body)
 
@@ -136,7 +136,7 @@ def test_spilled_events_the_log_lost_close_as_slow_consumer_without_a_gap(
         finish: Callable[[], Awaitable[None]],
     ) -> None:
         task, _ = await subscribe_since(node, sess)
-        epoch = node.store.head("/j/b").epoch
+        epoch = node._store.head("/j/b").epoch
         for _ in range(40):
             await node.publish(req("/j/b"))
         # The spilled events of /j/b are trimmed before they could be read back.

@@ -260,7 +260,7 @@ def test_guble_catch_up_overlapping_an_unpaced_burst_is_not_closed(tmp_path: Pat
             (ids, notices, last), _ = await asyncio.gather(reading, unpaced.publish(5000))
             check_ids(ids, BEFORE + 5000, last)
             check_notices(notices)
-            assert server.node.replays.spills > 0, "the hold never spilled: the test proves nothing"
+            assert server.node._replays.spills > 0, "the hold never spilled: the test proves nothing"
             await sub.close()
             await pub.ws.close()
 

@@ -100,7 +100,7 @@ def test_the_python_client_is_told_the_gap_of_a_channel_trimmed_while_its_replay
             node = server.node
             assert node is not None
             await asyncio.gather(*(node.publish(req("/t/a", f"a{i}")) for i in range(1, 3001)))
-            store = node.store
+            store = node._store
             before_b = store.log_mark().pos
             b = [await node.publish(req("/t/b", f"b{i}")) for i in range(1, 5)]
             for i in (1, 2):

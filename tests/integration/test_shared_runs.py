@@ -368,7 +368,7 @@ class Probe:
     fired: bool = False
 
     def install(self) -> None:
-        real = self.node.reads.call
+        real = self.node._reads.call
 
         async def read(fn: Callable[..., Any], *args: Any) -> Any:
             result = await real(fn, *args)
@@ -386,7 +386,7 @@ class Probe:
                     self.held = sum(len(s.holding or ()) for s in holding)
             return result
 
-        self.node.reads.call = read  # type: ignore[method-assign]
+        self.node._reads.call = read  # type: ignore[method-assign]
 
 
 # -- the test ------------------------------------------------------------------------------------------------

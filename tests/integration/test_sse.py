@@ -112,7 +112,7 @@ def test_a_resume_reads_the_heads_of_the_channels_it_replays_not_of_every_channe
             for body in ("b1", "b2", "b3"):
                 await pub("/s/b", body)
             assert srv.node is not None
-            store = srv.node.store
+            store = srv.node._store
             heads: list[str] = []
             listed: list[str] = []
             real_heads, real_channels = store.heads, store.channels

@@ -121,9 +121,9 @@ def test_hubbub_serve_exits_with_status_1_when_a_component_stops_the_node(
 
     async def start(self: Server) -> None:
         await real_start(self)
-        assert self.node is not None and self.node.batcher.writer is not None
+        assert self.node is not None and self.node._batcher.writer is not None
         armed.append(True)
-        self.node.batcher.writer.submit_control(lambda store: None)  # the thread dies on it
+        self.node._batcher.writer.submit_control(lambda store: None)  # the thread dies on it
 
     armed: list[bool] = []
     monkeypatch.setattr(LogWriter, "_process", process)

@@ -116,10 +116,10 @@ def test_trim_endpoint_trims_a_retired_epoch(tmp_path: Path, store: str) -> None
                 def read(st: LogStore) -> list[int]:
                     return [e.seq for e in st.read(channel, 0, 1000, epoch=epoch)]
 
-                return await node.reads.call(read)
+                return await node._reads.call(read)
 
             async def retired(channel: str) -> list[ChannelInfo]:
-                return await node.reads.call(lambda st: st.retired_epochs(channel))
+                return await node._reads.call(lambda st: st.retired_epochs(channel))
 
             for i in range(5):
                 status, body = await call("POST", f"/api/v1/publish/t/a?x={i}")
@@ -178,7 +178,7 @@ def test_trim_endpoint_trims_a_retired_epoch(tmp_path: Path, store: str) -> None
             assert await retired("/t/a") == [] and await seqs("/t/a", old) == []
             status, body = await call("POST", f"/api/v1/trim/t/a?seq=5&epoch={old}")
             assert (status, body["error"]["position"]) == (409, {"seq": 3, "epoch": new})
-            stats = await node.reads.call(lambda st: st.stats())
+            stats = await node._reads.call(lambda st: st.stats())
             assert (stats.events, stats.retired_epochs) == (2 + 1, 0)  # /t/a's seqs 2 and 3, /t/b's 1
 
             # The current epoch goes on where it was.

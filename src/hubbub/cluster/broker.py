@@ -242,7 +242,7 @@ class RedisBroker:
         node = self._node
         if node is None:
             return False
-        if node.router.match(channel) or (node.consumers is not None and node.consumers.has_groups):
+        if node.matching(channel) or (node.consumers is not None and node.consumers.has_groups):
             return True
         # Subscriptions with tags match only events that carry them: any such one on the channel counts.
         return any(

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, final
+from typing import Any, Protocol, TypeVar, final
 
 from hubbub.auth import Identity
 from hubbub.errors import HubbubError, RateLimited, ShuttingDown
@@ -38,7 +38,7 @@ from .session import Session
 from .stats import Histogram
 from .writer import LogWriter
 
-__all__ = ["ACK_BUCKETS", "Done", "DoneMany", "Pending", "WriteBatcher"]
+__all__ = ["ACK_BUCKETS", "Done", "DoneMany", "Pending", "Publish", "Submit", "SubmitMany", "WriteBatcher"]
 
 log = logging.getLogger("hubbub.node")
 
@@ -47,6 +47,35 @@ T = TypeVar("T")
 Done = Callable[["AppendResult | HubbubError"], None]
 #: Completes a run of one connection's committed publishes, in order (:meth:`WriteBatcher.submit_many`).
 DoneMany = Callable[["list[AppendResult]"], None]
+
+
+class Submit(Protocol):
+    """:meth:`WriteBatcher.submit`'s signature (the core API's ``submit``)."""
+
+    def __call__(
+        self,
+        request: AppendRequest,
+        origin: Session | None = None,
+        done: Done | None = None,
+        identity: Identity | None = None,
+    ) -> None: ...
+
+
+class SubmitMany(Protocol):
+    """:meth:`WriteBatcher.submit_many`'s signature (the core API's ``submit_many``)."""
+
+    def __call__(
+        self, requests: list[AppendRequest], origin: Session, done: Done, done_many: DoneMany | None = None
+    ) -> None: ...
+
+
+class Publish(Protocol):
+    """:meth:`WriteBatcher.publish`'s signature (the core API's ``publish``)."""
+
+    def __call__(
+        self, request: AppendRequest, origin: Session | None = None, identity: Identity | None = None
+    ) -> Awaitable[AppendResult]: ...
+
 
 ACK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 

@@ -105,7 +105,7 @@ class Catalog:
         access.check_consumer(identity, spec, dialect, create=True)
         self._delivery.creating += 1
         try:
-            info, created = await self._node.batcher.control(lambda st: st.consumer_create(spec))
+            info, created = await self._node._batcher.control(lambda st: st.consumer_create(spec))
         finally:
             self._delivery.creating -= 1
         c = self.by_name.get(info.spec.name)
@@ -130,7 +130,7 @@ class Catalog:
             return False
         self._node.access.check_consumer(identity, c.spec, dialect, manage=True)
         cid = c.id
-        found: bool = await self._node.batcher.control(lambda st: st.consumer_delete(name, cid))
+        found: bool = await self._node._batcher.control(lambda st: st.consumer_delete(name, cid))
         # Deleted now, or before by another caller: either way the store no longer has it.
         if self.by_id.get(cid) is c:
             self.forget(c, "deleted")

@@ -88,8 +88,8 @@ class Settles:
     def _inline(self) -> bool:
         """Whether a write may be made right here on the loop: the store allows it and nothing else is
         being written (the writer thread is idle)."""
-        writer = self._node.batcher.writer
-        return writer is not None and writer.idle and self._node.store.inline_settle
+        writer = self._node._batcher.writer
+        return writer is not None and writer.idle and self._node._store.inline_settle
 
     def write(self) -> None:
         fut, self._fut = self._fut, None
@@ -98,7 +98,7 @@ class Settles:
 
         async def write() -> None:
             try:
-                await self._node.batcher.control(lambda st: _settle(st, acks, retries))
+                await self._node._batcher.control(lambda st: _settle(st, acks, retries))
             except BaseException as exc:
                 if fut is not None and not fut.done():
                     fut.set_exception(exc)
@@ -110,7 +110,7 @@ class Settles:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
-        writer = self._node.batcher.writer
+        writer = self._node._batcher.writer
         if (acks or retries) and writer is not None and self._inline():
             # Right here on the loop (the store allows it, and nothing else is being written): no thread
             # hand-offs between the ack and its answer.
@@ -207,7 +207,7 @@ class Delivery:
         self.max_items = max_items
         self.held = Held(held_bytes_max)
         #: The log is written by other nodes too (``ConsumerJournal.shared``): see :meth:`committed`.
-        self.shared = node.store.shared
+        self.shared = node._store.shared
         self._dirty: set[ConsumerState] = set()
         self._pump_scheduled = False
         # Consumer ids that journal notifications named before the service knew them (see adopt).
@@ -339,7 +339,7 @@ class Delivery:
                 c.dropped = False
                 generation = c.generation
                 try:
-                    got: list[JournalItem] = await self._node.reads.call_journal(
+                    got: list[JournalItem] = await self._node._reads.call_journal(
                         _items, c.id, c.loaded_to, room
                     )
                 except HubbubError as exc:

@@ -75,7 +75,7 @@ class ConsumerMetrics:
     async def refresh(self) -> None:
         """Read every consumer's unacknowledged count from the store (one read; ``HubbubError`` when the log
         is away, and the figures keep the last count read)."""
-        infos: list[ConsumerInfo] = await self._node.reads.call_journal(lambda st: st.consumers())
+        infos: list[ConsumerInfo] = await self._node._reads.call_journal(lambda st: st.consumers())
         by_name = self._by_name
         for info in infos:
             c = by_name.get(info.spec.name)

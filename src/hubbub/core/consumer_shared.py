@@ -90,7 +90,7 @@ class SharedJournal:
         """Take up the consumers the store has and this service does not, drop those it no longer has
         (only those known before the read: one created here meanwhile is not in the read's answer)."""
         before = set(self._by_id)
-        infos: list[ConsumerInfo] = await self._node.reads.call_journal(lambda st: st.consumers())
+        infos: list[ConsumerInfo] = await self._node._reads.call_journal(lambda st: st.consumers())
         ids = {i.id for i in infos}
         for cid in before - ids:
             c = self._by_id.get(cid)
@@ -109,7 +109,7 @@ class SharedJournal:
         async with lock:
             if c.held:
                 return
-            ok: bool = await self._node.reads.call_journal(lambda st: st.consumer_hold(c.id, True))
+            ok: bool = await self._node._reads.call_journal(lambda st: st.consumer_hold(c.id, True))
             if not ok:
                 raise ConsumerBusy(f"{c.spec.name}: served by another node")
             c.held = True
@@ -133,7 +133,7 @@ class SharedJournal:
                 if not c.deleted:
                     self._delivery.held.discard(c)  # another node may serve it now
                 try:
-                    await self._node.reads.call_journal(lambda st: st.consumer_hold(c.id, False))
+                    await self._node._reads.call_journal(lambda st: st.consumer_hold(c.id, False))
                 except HubbubError as exc:  # the session is gone, and the hold with it
                     log.debug("giving back the hold of %s failed: %s", c.spec.name, exc)
 

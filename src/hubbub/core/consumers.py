@@ -145,9 +145,9 @@ class ConsumerService:
     async def start(self) -> None:
         """Load every consumer (their unacknowledged items become pending) and hook into the node."""
         self._delivery.loop = self._settles.loop = asyncio.get_running_loop()
-        self._node.batcher.commit_hook = self._delivery.committed
+        self._node._batcher.commit_hook = self._delivery.committed
         self._node.consumers = self
-        self._node.registry.rebound.append(self.rebind)
+        self._node._registry.rebound.append(self.rebind)
         await self._shared.reload()  # every consumer, at first
         if self._delivery.shared:
             self._tasks.run("consumer-poll", self._shared.run)
@@ -159,12 +159,12 @@ class ConsumerService:
         if self._closing:
             return
         self._closing = self._delivery.closing = self._shared.closing = True
-        if self._node.batcher.commit_hook == self._delivery.committed:
-            self._node.batcher.commit_hook = None
+        if self._node._batcher.commit_hook == self._delivery.committed:
+            self._node._batcher.commit_hook = None
         if self._node.consumers is self:
             self._node.consumers = None
-        if self.rebind in self._node.registry.rebound:
-            self._node.registry.rebound.remove(self.rebind)
+        if self.rebind in self._node._registry.rebound:
+            self._node._registry.rebound.remove(self.rebind)
         for c in list(self._by_name.values()):
             for o in list(c.openers):
                 self._close_opener(o, "shutdown", notify=True)
@@ -216,7 +216,7 @@ class ConsumerService:
 
     async def consumers(self) -> list[ConsumerInfo]:
         """Every consumer as the store has it now (counts included)."""
-        infos: list[ConsumerInfo] = await self._node.reads.call_journal(lambda st: st.consumers())
+        infos: list[ConsumerInfo] = await self._node._reads.call_journal(lambda st: st.consumers())
         return infos
 
     async def open(

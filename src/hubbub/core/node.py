@@ -12,8 +12,10 @@ The node is a thin facade over its parts, each in its own module:
 * :class:`~hubbub.core.access.Access` (``access.py``): authentication, permissions, limits: the one
   enforcement point.
 
-The hot publish methods (``submit``, ``submit_many``, ``publish``, ``writable``) and the session methods are
-the parts' own bound methods, set on the node as attributes: the facade costs no call per publish.
+The node implements the core API (:class:`~hubbub.core.api.Core`), the one thing transports see; its parts
+are private. The hot publish methods (``submit``, ``submit_many``, ``publish``, ``writable``) and the
+session methods are the parts' own bound methods, set on the node as attributes: the facade costs no call
+per publish. Every counter is behind :attr:`Node.metrics` (:class:`~hubbub.core.stats.NodeMetrics`).
 
 The node works on one log store (``store``), and reads snapshots and replays through ``view`` when given:
 the log as this node delivered it, when that differs from the store (a cluster node's
@@ -38,19 +40,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hubbub.auth import Authenticator, Authorizer, Identity
 from hubbub.channels import Pattern
 from hubbub.errors import EpochMismatch, ShuttingDown
 from hubbub.events import Event
-from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo, EventLog, LogStore, RetentionPolicy
+from hubbub.log.base import AppendResult, ChannelInfo, EventLog, LogStore, RetentionPolicy
 from hubbub.selection import ReplaySpec, Selection, SubtreeFetch
 
 from .access import Access
-from .batcher import Done, DoneMany, Pending, WriteBatcher
+from .batcher import Pending, Publish, Submit, SubmitMany, WriteBatcher
 from .health import StoreHealth
 from .limits import Limiter, LimitSettings
 from .presence import LocalPresence, Presence
@@ -97,35 +99,13 @@ class Trimmed:
     current: bool
 
 
-class _Submit(Protocol):
-    def __call__(
-        self,
-        request: AppendRequest,
-        origin: Session | None = None,
-        done: Done | None = None,
-        identity: Identity | None = None,
-    ) -> None: ...
-
-
-class _SubmitMany(Protocol):
-    def __call__(
-        self, requests: list[AppendRequest], origin: Session, done: Done, done_many: DoneMany | None = None
-    ) -> None: ...
-
-
-class _Publish(Protocol):
-    def __call__(
-        self, request: AppendRequest, origin: Session | None = None, identity: Identity | None = None
-    ) -> Awaitable[AppendResult]: ...
-
-
 class Node:
     """See the module docstring. Use as ``async with Node(store, settings) as node``."""
 
     # The parts' bound methods, set in __init__ (documented on the parts).
-    submit: _Submit
-    submit_many: _SubmitMany
-    publish: _Publish
+    submit: Submit
+    submit_many: SubmitMany
+    publish: Publish
     writable: Callable[[], Awaitable[None]]
     attach: Callable[[Session], None]
     detach: Callable[[Session], None]
@@ -146,13 +126,12 @@ class Node:
         limits: LimitSettings | None = None,
         view: EventLog | None = None,
     ) -> None:
-        self.store = store
+        self._store = store
         self.settings = settings or NodeSettings()
         #: Authentication, permission checks, token expiry and the audit log: the one enforcement point.
         # Transports call it directly for log reads (check_read), admin operations (check_admin) and
         # connection admission (limiter.admit / limiter.release).
         self.access = Access(authorizer, authenticator, Limiter(limits))
-        self.authorizer: Authorizer = self.access.authorizer
         self.limiter = self.access.limiter
         self._new_epochs = new_epochs
         self._closing = False
@@ -161,37 +140,38 @@ class Node:
         self.supervision = Supervision()
         s = self.settings
         #: Sessions, subscriptions, the router and live fan-out.
-        self.registry = SubscriptionRegistry(self.access, s.max_subscriptions, self._on_slow)
-        self.router = self.registry.router
+        self._registry = SubscriptionRegistry(self.access, s.max_subscriptions, self._on_slow)
         #: Publishes: authorization, group commit on the writer thread, acks; then the registry fans out.
-        self.batcher = WriteBatcher(
+        self._batcher = WriteBatcher(
             store,
             self.access,
-            self.registry.fan_out_committed,
+            self._registry.fan_out_committed,
             max_pending=s.max_pending,
             commit_batch=s.commit_batch,
-            faults=self.registry.faults,
+            faults=self._registry.faults,
         )
         #: The reader threads and the typed reads of the log (the one way to read the store from the loop).
-        self.reads = LogReads(view or store, s.reader_threads, store)
-        self.replays = ReplayService(view or store, self.reads, self.registry, self.batcher.control)
-        self.send_fetched = self.replays.send_fetched
+        self._reads = LogReads(view or store, s.reader_threads, store)
+        self._replays = ReplayService(view or store, self._reads, self._registry, self._batcher.control)
+        self.send_fetched = self._replays.send_fetched
         #: The store's health from a background probe and the writer's outcomes (``health_checks``).
-        self.store_health = StoreHealth(store, lambda: self.batcher.writer, supervision=self.supervision)
+        self._store_health = StoreHealth(store, lambda: self._batcher.writer, supervision=self.supervision)
         #: The log's time- and size-based retention (``max_age_s``, ``max_total_bytes``), on the writer.
-        self.retention = RetentionTask(
-            self.batcher.control, s.retention, s.retention_interval_s, self.supervision
+        self._retention = RetentionTask(
+            self._batcher.control, s.retention, s.retention_interval_s, self.supervision
         )
-        b, r = self.batcher, self.registry
+        b, r = self._batcher, self._registry
         #: Every counter, per dialect (``/metrics``): the parts' own dicts, held by reference.
         self.metrics = NodeMetrics(
             r.published,
             r.deliveries,
             r.faults.closes,
             b.ack_latency,
+            self.supervision.failures,
             r.dropped,
             sessions=lambda: r.sessions,
             subscriptions=lambda: r.router.statistics()["subscriptions"],
+            log=store.stats,
         )
         self.submit = b.submit
         self.submit_many = b.submit_many
@@ -211,11 +191,11 @@ class Node:
 
     async def __aenter__(self) -> Node:
         # A writer thread that dies leaves nothing to commit with: the node is stopped (the server too).
-        self.batcher.start(on_crash=self.supervision.stopper("writer", "log-writer"))
-        await self.store_health.start()
+        self._batcher.start(on_crash=self.supervision.stopper("writer", "log-writer"))
+        await self._store_health.start()
         if self._new_epochs:
-            await self.batcher.control(lambda st: st.new_epochs_on_open())
-        self.retention.start()
+            await self._batcher.control(lambda st: st.new_epochs_on_open())
+        self._retention.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -226,13 +206,13 @@ class Node:
         if self._closing:
             return
         self._closing = True
-        self.batcher.closing = True
-        await self.retention.close()
-        await self.batcher.stop()
-        await self.store_health.close()
+        self._batcher.closing = True
+        await self._retention.close()
+        await self._batcher.stop()
+        await self._store_health.close()
         # Both block (reader threads finishing, the store's final checkpoint): keep them off the loop.
-        await self.reads.close()
-        await asyncio.get_running_loop().run_in_executor(None, self.store.close)
+        await self._reads.close()
+        await asyncio.get_running_loop().run_in_executor(None, self._store.close)
 
     @property
     def closing(self) -> bool:
@@ -250,12 +230,12 @@ class Node:
         expiry timer is armed (4103 when it fires), and existing subscriptions and consumer openers follow
         the new permissions. Raises ``AuthError`` (4100, 4101, 4103) and leaves the session as it was."""
         self.access.bind(session, ident := self.access.authenticate(token, session.dialect, peer))
-        self.registry.rebind(session, ident)
+        self._registry.rebind(session, ident)
         return ident
 
     @property
     def sessions(self) -> frozenset[Session]:
-        return self.registry.sessions
+        return self._registry.sessions
 
     def _on_slow(self, sess: Session) -> None:
         log.info("closing slow consumer", extra={"dialect": sess.dialect, "session": sess.id})
@@ -264,7 +244,7 @@ class Node:
     @property
     def has_room(self) -> bool:
         """Whether a publish may be submitted without waiting (``WriteBatcher.writable``)."""
-        return self.batcher.has_room
+        return self._batcher.has_room
 
     # -- cluster relay ----------------------------------------------------------------------------------
 
@@ -278,15 +258,21 @@ class Node:
     def relay(self, relay: Relay | None) -> None:
         self._relay = relay
         # The batcher calls one of the two per committed batch: no check on the path without a relay.
-        self.batcher.on_committed = self.registry.fan_out_committed if relay is None else self._to_relay
+        self._batcher.on_committed = self._registry.fan_out_committed if relay is None else self._to_relay
 
     def _to_relay(self, items: list[Pending], result: list[AppendResult]) -> None:
         assert self._relay is not None
-        self._relay.committed(committed_events(items, result, self.registry.published))
+        self._relay.committed(committed_events(items, result, self._registry.published))
+
+    def matching(self, channel: str, tags: Collection[str] = ()) -> tuple[Subscription, ...]:
+        """The subscriptions a committed event on ``channel`` with ``tags`` matches now, every dialect's (in
+        the router; holding ones too). qpubs counts its ``delivered`` with it, wearscript answers
+        ``exists``, a cluster node decides whether it needs a channel's events."""
+        return self._registry.router.match(channel, tags)
 
     def fan_out(self, event: Event, origin: Session | None = None) -> None:
         """Deliver a committed event to the matching local sessions: a relay's release (``relay``)."""
-        self.registry.fanout.fan_out(event, origin)
+        self._registry.fanout.fan_out(event, origin)
 
     # -- subscribe --------------------------------------------------------------------------------------
 
@@ -319,7 +305,7 @@ class Node:
         """
         if self._closing:
             raise ShuttingDown()
-        return await self.replays.subscribe(
+        return await self._replays.subscribe(
             session,
             sub_id,
             pattern,
@@ -344,7 +330,7 @@ class Node:
     ) -> ChannelPage:
         """A bounded read of one channel's log (:meth:`LogReads.read_channel`). The caller checked read
         permission (``access.check_read``)."""
-        return await self.reads.read_channel(
+        return await self._reads.read_channel(
             channel, since=since, limit=limit, from_time=from_time, to_time=to_time, epoch=epoch
         )
 
@@ -360,7 +346,7 @@ class Node:
         """The channels matching ``pattern`` (:meth:`LogReads.list_channels`). With ``readable_by``, the ones
         that identity may not read are left out, as if they held no events."""
         keep = None if readable_by is None else self.access.reader(readable_by)
-        return await self.reads.list_channels(
+        return await self._reads.list_channels(
             pattern, after=after, limit=limit, include_empty=include_empty, keep=keep
         )
 
@@ -369,21 +355,25 @@ class Node:
         waits): ``{"node": "shutting down"}``, ``{"store": "StorageError"}``, or ``{}`` when healthy."""
         if self._closing:
             return {"node": "shutting down"}
-        failure = self.store_health.failure()
+        failure = self._store_health.failure()
         return {"store": failure} if failure is not None else {}
+
+    async def head(self, channel: str) -> ChannelInfo:
+        """The channel's position now (:meth:`LogReads.head`). The caller checked read permission."""
+        return await self._reads.head(channel)
 
     async def top_time(self) -> int:
         """The log's newest commit time (:meth:`LogReads.top_time`)."""
-        return await self.reads.top_time()
+        return await self._reads.top_time()
 
     async def fetch(self, session: Session, pattern: Pattern, fetch: SubtreeFetch) -> ReplayPlan:
         """A fetch's plan read without subscribing (guble's fetch), filtered for ``session``; its events are
         sent with :attr:`send_fetched`."""
-        return await self.replays.fetch(session, pattern, fetch)
+        return await self._replays.fetch(session, pattern, fetch)
 
     async def reset_channel(self, channel: str) -> Any:
         """Start a new epoch for a channel (on the writer thread, in order with appends)."""
-        return await self.batcher.control(lambda st: st.reset_channel(channel))
+        return await self._batcher.control(lambda st: st.reset_channel(channel))
 
     async def trim(self, channel: str, epoch: str, up_to_seq: int) -> Trimmed:
         """Trim the events with ``seq <= up_to_seq`` of the channel's epoch ``epoch``: its current epoch, or a
@@ -394,20 +384,20 @@ class Node:
         (``epoch`` is neither: never used, or a retired epoch already gone with its last event) or
         :class:`~hubbub.errors.TrimOutOfRange` (``up_to_seq`` negative or beyond that epoch's top): the
         store's own typed errors (``LogStore.trim``)."""
-        if self._closing or self.batcher.writer is None:
+        if self._closing or self._batcher.writer is None:
             raise ShuttingDown()
 
         def trim(st: LogStore) -> Trimmed:
             info = st.trim(channel, up_to_seq, epoch=epoch)
             return Trimmed(info, current=st.head(channel).epoch == epoch)
 
-        done: Trimmed = await self.batcher.control(trim)
+        done: Trimmed = await self._batcher.control(trim)
         return done
 
     def statistics(self) -> dict[str, Any]:
         return {
-            "sessions": self.registry.session_count,
-            "pending": self.batcher.pending,
-            "router": self.router.statistics(),
-            "writer": self.batcher.writer.statistics() if self.batcher.writer else {},
+            "sessions": self._registry.session_count,
+            "pending": self._batcher.pending,
+            "router": self._registry.router.statistics(),
+            "writer": self._batcher.writer.statistics() if self._batcher.writer else {},
         }

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from hubbub.log.base import StoreStats
+
     from .session import Session
 
 __all__ = ["Histogram", "NodeMetrics"]
@@ -17,20 +19,22 @@ __all__ = ["Histogram", "NodeMetrics"]
 
 class NodeMetrics:
     """Every counter of the node, in one object: what ``/metrics`` (and guble's admin metrics) read at scrape
-    time. Counts per dialect, that never go down. The parts that count on the hot path (publishes in the
-    subscription registry, deliveries in the fan-out, internal closes in the faults, the ack latency in the
-    batcher) count into their own dicts, which this object holds by reference: counting costs no extra call.
-    The transports count what they see (bad input, socket failures, write timeouts) through the
-    ``count_*`` methods.
+    time. Counts per dialect (failures: per component), that never go down. The parts that count (publishes
+    in the subscription registry, deliveries in the fan-out, internal closes in the faults, the ack latency in
+    the batcher, failures in the supervision) count into their own dicts, which this object holds by
+    reference: counting costs no extra call. The transports count what they see (bad input, socket
+    failures, write timeouts) through the ``count_*`` methods.
 
     Concurrency contract: called from the event loop thread only."""
 
     __slots__ = (
         "_dropped",
+        "_log",
         "_sessions",
         "_subscriptions",
         "ack_latency",
         "bad_input",
+        "component_failures",
         "deliveries",
         "internal_closes",
         "io_errors",
@@ -45,9 +49,11 @@ class NodeMetrics:
         deliveries: dict[str, int],
         internal_closes: dict[str, int],
         ack_latency: Histogram,
+        component_failures: dict[str, int],
         dropped: Callable[[], dict[str, int]],
         sessions: Callable[[], Iterable[Session]],
         subscriptions: Callable[[], int],
+        log: Callable[[], StoreStats],
     ) -> None:
         #: Events published (committed), per publisher's dialect.
         self.published = published
@@ -57,9 +63,12 @@ class NodeMetrics:
         self.internal_closes = internal_closes
         #: Time from publish to acknowledgement.
         self.ack_latency = ack_latency
+        #: Failures of a component's background tasks (core/supervisor.py ``Supervision.failures``).
+        self.component_failures = component_failures
         self._dropped = dropped
         self._sessions = sessions
         self._subscriptions = subscriptions
+        self._log = log
         #: Bad input seen (each answered with the dialect's error, or a close).
         self.bad_input: dict[str, int] = {}
         #: Connections closed as slow consumers.
@@ -83,6 +92,10 @@ class NodeMetrics:
     def subscriptions(self) -> int:
         """Subscriptions in the router now, every dialect's."""
         return self._subscriptions()
+
+    def log(self) -> StoreStats:
+        """The log's retained events, bytes and channels (``LogStore.stats``), read at scrape time."""
+        return self._log()
 
     def count_bad_input(self, dialect: str) -> None:
         self.bad_input[dialect] = self.bad_input.get(dialect, 0) + 1

@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Final, final
 
-from hubbub.core import Node
+from hubbub.core.api import Core
 
 __all__ = ["REFUSALS_LINGERING_MAX", "REFUSAL_LINGER_S", "WARN_EVERY_S", "BadInputLog", "Throttle"]
 
@@ -55,7 +55,7 @@ class BadInputLog:
 
     __slots__ = ("_log", "_throttles", "dialect", "node")
 
-    def __init__(self, node: Node, dialect: str, logger: logging.Logger) -> None:
+    def __init__(self, node: Core, dialect: str, logger: logging.Logger) -> None:
         self.node = node
         self.dialect = dialect
         self._log = logger

@@ -40,7 +40,7 @@ from typing import Final, final
 
 from aiohttp import ClientWebSocketResponse, WSMessage, WSMsgType, web
 
-from hubbub.core import Session
+from hubbub.core.api import Session
 
 __all__ = ["Messages", "Socket"]
 

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from hubbub.auth.mist_registry import MistTokenRegistry
 from hubbub.config import Config, parse_listen
-from hubbub.core import ConsumerService, Node
+from hubbub.core.api import ConsumerService, Core
 from hubbub.dialects import guble as gd
 from hubbub.dialects import ivy as ivd
 from hubbub.dialects import mist as md
@@ -62,7 +62,7 @@ class Wiring:
     """What a binding builds its dialect from. ``track`` is given each stream connection's task (the server
     waits for them when it stops)."""
 
-    node: Node
+    node: Core
     consumers: ConsumerService
     config: Config
     http: HttpSettings
@@ -101,7 +101,7 @@ class Mounted:
         for listener in self.listeners.values():
             listener.close()
 
-    async def wait_listeners(self, node: Node | None) -> None:
+    async def wait_listeners(self, node: Core | None) -> None:
         for listener in self.listeners.values():
             await quietly(functools.partial(_closed, listener), node, self.spec.name, "", "listener close")
         self.listeners.clear()

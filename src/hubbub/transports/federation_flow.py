@@ -40,7 +40,7 @@ from hubbub.auth import EVERYTHING, Identity
 from hubbub.channels import Pattern, parse_pattern
 from hubbub.client.protocol import ClientProtocol
 from hubbub.client.protocol import Gap as UpstreamGap
-from hubbub.core import Node, ReplayPlan, Session, Subscription
+from hubbub.core.api import Core, ReplayPlan, Session, Subscription
 from hubbub.core.flag import Flag
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Position, Publisher
@@ -239,7 +239,7 @@ class UpEncoder:
 class UpFlow:
     """One connection's up direction. See the module docstring."""
 
-    def __init__(self, name: str, node: Node, cursors: LinkCursors, stats: LinkStats) -> None:
+    def __init__(self, name: str, node: Core, cursors: LinkCursors, stats: LinkStats) -> None:
         self.name = name
         self.node = node
         self.cursors = cursors
@@ -375,7 +375,7 @@ class DownFlow:
     def __init__(
         self,
         name: str,
-        node: Node,
+        node: Core,
         node_id: str,
         cursors: LinkCursors,
         stats: LinkStats,

@@ -59,7 +59,7 @@ from hubbub.client.protocol import (
     ServerError,
     Welcome,
 )
-from hubbub.core import Node, Overflow, Session, Supervisor
+from hubbub.core.api import Core, Overflow, Session, Supervisor
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadFrame, HubbubError
 from hubbub.federation import Backoff, cycle_reason
@@ -176,7 +176,7 @@ class FederationUpstream:
 
     def __init__(
         self,
-        node: Node,
+        node: Core,
         hub: FederationHub,
         url: str,
         *,

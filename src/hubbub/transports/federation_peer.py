@@ -30,7 +30,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from hubbub.core import Node, ReplayPlan
+from hubbub.core.api import Core, ReplayPlan
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadRequest
@@ -74,7 +74,7 @@ class FederationHub:
     """This node in the federation: its id, the ids above it (reported by its upstream links while they
     are up) and the downstream nodes linked to it. See the module docstring."""
 
-    def __init__(self, node: Node, node_id: str, state_dir: Path | None = None) -> None:
+    def __init__(self, node: Core, node_id: str, state_dir: Path | None = None) -> None:
         self.node = node
         self.node_id = node_id
         #: The ids of the nodes below this one (reported by links on their upgrade, and on the paths of the
@@ -196,7 +196,7 @@ class FederationPeer(NativeConnection):
         hub: FederationHub,
         peer: str,
         stats: PeerStats,
-        node: Node,
+        node: Core,
         codec: nc.NativeCodec,
         *,
         send: Callable[[bytes], Awaitable[None]],

@@ -35,7 +35,7 @@ from aiohttp import web
 
 from hubbub.auth import Identity
 from hubbub.channels import route_channel
-from hubbub.core import Node, ReplayPlan
+from hubbub.core.api import Core, ReplayPlan
 from hubbub.dialects import guble as gc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadChannel, HubbubError, SubscriptionError
@@ -379,7 +379,7 @@ def _json(status: int, obj: Any, charset: bool = False) -> web.Response:
 class GubleHub:
     """Every guble connection of one server, and the guble HTTP handlers."""
 
-    def __init__(self, node: Node, http: HttpSettings, settings: GubleSettings) -> None:
+    def __init__(self, node: Core, http: HttpSettings, settings: GubleSettings) -> None:
         self.node = node
         self.http = http
         self.settings = settings
@@ -591,7 +591,7 @@ class GubleHub:
 GUBLE_HUB = web.AppKey("guble_hub", GubleHub)
 
 
-def install(app: web.Application, node: Node, http: HttpSettings, *, settings: GubleSettings) -> None:
+def install(app: web.Application, node: Core, http: HttpSettings, *, settings: GubleSettings) -> None:
     """Add the guble routes (a :data:`~hubbub.transports.http.RouteInstaller` once ``settings`` is bound)."""
     hub = GubleHub(node, http, settings)
     app[GUBLE_HUB] = hub

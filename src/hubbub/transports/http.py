@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from hubbub.auth import ANONYMOUS, Identity
 from hubbub.channels import parse_pattern, route_channel
-from hubbub.core import Gap, Node, ReplayPlan, ReplaySpec, Session
+from hubbub.core.api import Core, Gap, ReplayPlan, Session
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
@@ -31,7 +31,7 @@ from hubbub.errors import BadRequest, EpochMismatch, HubbubError
 from hubbub.events import Event, Position, Publisher
 from hubbub.federation.wire import BELOW_HEADER, NODE_HEADER, parse_node
 from hubbub.log.base import AppendRequest
-from hubbub.selection import EventResume
+from hubbub.selection import EventResume, ReplaySpec
 
 from .backpressure import Messages
 from .cors import install_cors
@@ -182,7 +182,7 @@ def peer_address(request: web.Request) -> str:
 
 
 def request_identity(
-    node: Node, request: web.Request, dialect: str, auth: bool = True, fallback: str | None = None
+    node: Core, request: web.Request, dialect: str, auth: bool = True, fallback: str | None = None
 ) -> Identity:
     """The identity of one request or WebSocket upgrade of ``dialect`` (README §6): from its token when the
     dialect's auth is on (``fallback``: the dialect's own place for it, used when the request presents none
@@ -223,7 +223,7 @@ def route_dialect(path: str) -> str:
     return "http"
 
 
-def _admission(node: Node, settings: HttpSettings) -> Any:
+def _admission(node: Core, settings: HttpSettings) -> Any:
     """Middleware: the count of bodies over ``limits.max_frame`` by dialect. (Connection limits are checked
     once per socket, when it is accepted: ``transports/http_listener.py``.)"""
 
@@ -288,7 +288,7 @@ class SseEncoder:
 class NativeHttp:
     """Handlers of the native surface."""
 
-    def __init__(self, node: Node, settings: HttpSettings, registry: CollectorRegistry) -> None:
+    def __init__(self, node: Core, settings: HttpSettings, registry: CollectorRegistry) -> None:
         self.node = node
         self.s = settings
         self.registry = registry
@@ -655,7 +655,7 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
     return resp
 
 
-async def _sse_writer(node: Node, request: web.Request, sess: Session, resp: web.StreamResponse) -> None:
+async def _sse_writer(node: Core, request: web.Request, sess: Session, resp: web.StreamResponse) -> None:
     try:
         await resp.prepare(request)
         await resp.write(b"retry: 2000\n\n")
@@ -710,15 +710,15 @@ async def _server_header(request: web.Request, response: web.StreamResponse) -> 
 
 
 #: Adds one dialect's routes to the application (called once, before the application starts).
-RouteInstaller = Callable[[web.Application, Node, HttpSettings], None]
+RouteInstaller = Callable[[web.Application, Core, HttpSettings], None]
 
 
 def build_app(
-    node: Node, settings: HttpSettings, installers: Sequence[RouteInstaller] = ()
+    node: Core, settings: HttpSettings, installers: Sequence[RouteInstaller] = ()
 ) -> tuple[web.Application, NativeHttp]:
     """The aiohttp application with the native routes and each enabled dialect's routes."""
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(NodeCollector(node, node.store.stats))
+    registry.register(NodeCollector(node))
     registry.register(ConsumerCollector(node))
     native = NativeHttp(node, settings, registry)
     app = web.Application(

@@ -43,7 +43,7 @@ from aiohttp import web
 from aiohttp.http import HttpProcessingError, RawRequestMessage, WebSocketReader
 from aiohttp.streams import StreamReader
 
-from hubbub.core import Node
+from hubbub.core.api import Core
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 
@@ -91,7 +91,7 @@ class HttpListener(web.BaseSite):
         runner: web.BaseRunner,
         host: str,
         port: int,
-        node: Node,
+        node: Core,
         *,
         head_timeout_s: float,
         ssl_context: Any = None,

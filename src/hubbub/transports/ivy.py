@@ -19,8 +19,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from hubbub.core import Node
-from hubbub.core.reads import LIST_LIMIT
+from hubbub.core.api import LIST_LIMIT, Core
 from hubbub.dialects import ivy
 from hubbub.disconnect import Disconnect
 from hubbub.errors import (
@@ -75,7 +74,7 @@ class IvyEncoder:
 class IvyHttp:
     """The handlers of the ivy routes."""
 
-    def __init__(self, node: Node, settings: HttpSettings, ivy_settings: IvySettings) -> None:
+    def __init__(self, node: Core, settings: HttpSettings, ivy_settings: IvySettings) -> None:
         self.node = node
         self.s = settings
         self.ivy = ivy_settings
@@ -270,7 +269,7 @@ class _TooLarge(Exception):
 
 
 async def _events(
-    node: Node, channel: str, n: int | None, rng: tuple[int, int] | None
+    node: Core, channel: str, n: int | None, rng: tuple[int, int] | None
 ) -> AsyncIterator[Event]:
     """The channel's events oldest first: in the ``at`` range if given; without one, from the n-th last."""
     after = 0
@@ -279,7 +278,7 @@ async def _events(
     if rng is not None:
         lo, hi = rng
     elif n is not None:
-        info = await node.reads.head(channel)
+        info = await node.head(channel)
         if info.empty:
             return
         # Retained events are contiguous from ``first`` to ``top``: start right before the n-th last.
@@ -293,7 +292,7 @@ async def _events(
         after = page[-1].seq
 
 
-async def _channels(node: Node, lp: ivy.LogPath) -> AsyncIterator[str]:
+async def _channels(node: Core, lp: ivy.LogPath) -> AsyncIterator[str]:
     """The read's channel, or every channel its glob matches in byte order, listed a page at a time (a glob
     over more channels than one listing returns reads them all)."""
     pattern = lp.pattern
@@ -311,7 +310,7 @@ async def _channels(node: Node, lp: ivy.LogPath) -> AsyncIterator[str]:
 
 
 async def _read_log(
-    node: Node,
+    node: Core,
     lp: ivy.LogPath,
     n: int | None,
     rng: tuple[int, int] | None,
@@ -351,7 +350,7 @@ async def _read_log(
 def ivy_installer(ivy_settings: IvySettings) -> RouteInstaller:
     """The installer of the ivy routes, for ``build_app``."""
 
-    def install(app: web.Application, node: Node, settings: HttpSettings) -> None:
+    def install(app: web.Application, node: Core, settings: HttpSettings) -> None:
         h = IvyHttp(node, settings, ivy_settings)
         app.router.add_get("/ws", h.websocket, allow_head=False)
         for prefix in PREFIXES:

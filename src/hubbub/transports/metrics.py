@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -11,9 +11,7 @@ from prometheus_client.registry import Collector
 
 from hubbub import __version__
 from hubbub.auth import Identity
-from hubbub.core import Node
-from hubbub.core.consumer_metrics import LABELLED_MAX
-from hubbub.core.supervisor import COMPONENTS
+from hubbub.core.api import COMPONENTS, LABELLED_MAX, Core
 
 __all__ = [
     "CLUSTER_GAUGES",
@@ -37,9 +35,8 @@ DIALECTS = ("ivy", "guble", "wearscript", "mist2015", "mist1", "qpubs", "native"
 class NodeCollector:
     """Reads the node's counters at scrape time; nothing is counted twice."""
 
-    def __init__(self, node: Node, store_stats: Callable[[], Any]) -> None:
+    def __init__(self, node: Core) -> None:
         self.node = node
-        self.store_stats = store_stats
 
     def collect(self) -> Iterator[Any]:
         node = self.node
@@ -81,10 +78,10 @@ class NodeCollector:
             "Failures of a component's background tasks (logged at error or warning; core/supervisor.py)",
             labels=["component"],
         )
-        for name, n in sorted({**dict.fromkeys(COMPONENTS, 0), **node.supervision.failures}.items()):
+        for name, n in sorted({**dict.fromkeys(COMPONENTS, 0), **m.component_failures}.items()):
             failures.add_metric([name], n)
         yield failures
-        st = self.store_stats()
+        st = m.log()
         yield GaugeMetricFamily("hubbub_log_events", "Retained events in the log", value=st.events)
         yield GaugeMetricFamily("hubbub_log_bytes", "Retained payload, header and tag bytes", value=st.bytes)
         yield GaugeMetricFamily("hubbub_channels", "Channels with retained events", value=st.channels)
@@ -109,7 +106,7 @@ class NodeCollector:
 
     def _access(self) -> Iterator[Any]:
         """Refusals by the limits (``limits.*``) and by authentication and permission checks."""
-        from hubbub.core.limits import LIMIT_NAMES
+        from hubbub.core.api import LIMIT_NAMES
 
         access = self.node.access
         lim = CounterMetricFamily(
@@ -209,7 +206,7 @@ class ConsumerCollector:
     per scrape for the scrapers allowed to see them. The store's backlog counts are read by
     :meth:`NativeHttp.metrics` before each scrape."""
 
-    def __init__(self, node: Node, limit: int | None = None) -> None:
+    def __init__(self, node: Core, limit: int | None = None) -> None:
         self.node = node
         self.limit = LABELLED_MAX if limit is None else limit
 
@@ -234,7 +231,7 @@ class ConsumerSeries(Collector):
     one scrape by ``identity``: nothing unless the core shows it each consumer
     (``ConsumerMetrics.shown_to``: a consumer's name tells of its channels and users)."""
 
-    def __init__(self, node: Node, identity: Identity | None, limit: int | None = None) -> None:
+    def __init__(self, node: Core, identity: Identity | None, limit: int | None = None) -> None:
         self.node = node
         self.identity = identity
         self.limit = LABELLED_MAX if limit is None else limit

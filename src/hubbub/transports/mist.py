@@ -37,7 +37,7 @@ from aiohttp import WSMsgType, web
 
 from hubbub.auth import ANONYMOUS, EVERYTHING, NOTHING, Authenticator, Identity
 from hubbub.auth.mist_registry import MistAuthenticator, MistTokenRegistry
-from hubbub.core import Node
+from hubbub.core.api import Core
 from hubbub.dialects import actions as a
 from hubbub.dialects import mist as md
 from hubbub.disconnect import Disconnect
@@ -369,7 +369,7 @@ class MistService:
 
     def __init__(
         self,
-        node: Node,
+        node: Core,
         settings: MistSettings,
         http: HttpSettings,
         registry: MistTokenRegistry,
@@ -474,7 +474,7 @@ class MistService:
 
     # -- HTTP --
 
-    def install(self, app: web.Application, node: Node, settings: HttpSettings) -> None:
+    def install(self, app: web.Application, node: Core, settings: HttpSettings) -> None:
         """The :data:`~hubbub.transports.http.RouteInstaller` of the mist routes (mist.md §1)."""
         app.router.add_get(WS_2015, self.websocket_2015, allow_head=False)
         app.router.add_get(WS_1, self.websocket_1, allow_head=False)

@@ -21,7 +21,7 @@ import ssl
 from collections.abc import Callable
 from typing import Final
 
-from hubbub.core import Node
+from hubbub.core.api import Core
 
 from .mist import DIALECT, MistService, MistWire
 from .stream_driver import StreamIO, serve_stream
@@ -47,7 +47,7 @@ class _MistStreams:
         self.write_timeout = write_timeout
 
     @property
-    def node(self) -> Node:
+    def node(self) -> Core:
         return self.service.node
 
     def open(self, first: bytes, acc: Accepted) -> MistWire | None:

@@ -20,13 +20,14 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from hubbub.core import Node, ReplayPlan, ReplaySpec, Session
+from hubbub.core.api import Core, ReplayPlan, Session
 from hubbub.core.flag import Flag
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
+from hubbub.selection import ReplaySpec
 
 from .lifetime import Lifetime
 from .native_consume import CONSUMER_COMMANDS, NativeConsumers
@@ -89,7 +90,7 @@ class NativeConnection(NativePublishing):
 
     def __init__(
         self,
-        node: Node,
+        node: Core,
         codec: nc.NativeCodec,
         *,
         send: Callable[[bytes], Awaitable[None]],

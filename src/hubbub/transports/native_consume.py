@@ -14,7 +14,7 @@ from the event loop thread only.
 from __future__ import annotations
 
 from hubbub.channels import Pattern
-from hubbub.core import Batch, Node, Opener, Session
+from hubbub.core.api import Batch, Core, Opener, Session
 from hubbub.dialects import native as nc
 from hubbub.errors import ShuttingDown, UnknownBatch
 from hubbub.log.consumers import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_WAIT_MS, ConsumerInfo, ConsumerSpec
@@ -32,7 +32,7 @@ class NativeConsumers:
 
     __slots__ = ("_ended", "codec", "node", "session", "table")
 
-    def __init__(self, node: Node, session: Session, codec: nc.NativeCodec, max_consumers: int) -> None:
+    def __init__(self, node: Core, session: Session, codec: nc.NativeCodec, max_consumers: int) -> None:
         self.node = node
         self.session = session
         self.codec = codec

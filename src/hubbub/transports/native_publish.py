@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from hubbub.core import Node, Session
+from hubbub.core.api import Core, Session
 from hubbub.core.flag import Flag
 from hubbub.dialects import native as nc
 from hubbub.errors import HubbubError
@@ -31,7 +31,7 @@ class NativePublishing:
 
     __slots__ = ("_acked", "_publisher", "last_recv", "node", "proto", "session")
 
-    node: Node
+    node: Core
     session: Session
     proto: nc.NativeProtocol
     _acked: Flag

@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, final
 
-from hubbub.core import Disconnect, Node, Session
+from hubbub.core.api import Core, Disconnect, Session
 from hubbub.core.session import FrameRun
 
 __all__ = [
@@ -68,7 +68,7 @@ class WriteTimeout(ConnectionResetError):
     :func:`quietly` count it in the node's ``metrics.write_timeouts`` (``hubbub_write_timeouts_total``)."""
 
 
-def write_timed_out(node: Node | None, dialect: str, session_id: str) -> None:
+def write_timed_out(node: Core | None, dialect: str, session_id: str) -> None:
     """Count a connection aborted by the write timeout (:class:`WriteTimeout`), per dialect."""
     if node is not None:
         node.metrics.count_write_timeout(dialect)
@@ -84,7 +84,7 @@ def grace_left() -> bool:
     return task is None or not task.cancelling()
 
 
-def io_failed(node: Node | None, dialect: str, session_id: str, what: str, exc: BaseException) -> None:
+def io_failed(node: Core | None, dialect: str, session_id: str, what: str, exc: BaseException) -> None:
     """An unexpected socket failure: a warning with the connection's context, counted per dialect in the
     node's ``metrics.io_errors`` (``hubbub_io_errors``)."""
     if node is not None:
@@ -100,7 +100,7 @@ def io_failed(node: Node | None, dialect: str, session_id: str, what: str, exc: 
 
 
 async def quietly(
-    io: Callable[[], Awaitable[object]], node: Node | None, dialect: str, session_id: str, what: str
+    io: Callable[[], Awaitable[object]], node: Core | None, dialect: str, session_id: str, what: str
 ) -> None:
     """Run the socket operation ``io()`` (a close, a last frame) on a connection that may be gone already:
     a peer that left (``ConnectionError``, a timeout) is expected and passes silently (an abort by the write
@@ -115,7 +115,7 @@ async def quietly(
         io_failed(node, dialect, session_id, what, exc)
 
 
-async def stopped(task: Awaitable[object] | None, node: Node | None, dialect: str, session_id: str) -> None:
+async def stopped(task: Awaitable[object] | None, node: Core | None, dialect: str, session_id: str) -> None:
     """Wait for a connection's task that was cancelled or is ending (its write loop, its keepalive), or for
     ``wait_for``/``shield`` around one: its own failures are reported where they happen; a failure that
     escaped is reported here. Cancelled, timed out or the peer gone: nothing to report."""
@@ -149,7 +149,7 @@ class SessionPump:
 
     def __init__(
         self,
-        node: Node,
+        node: Core,
         session: Session,
         *,
         send: Callable[[bytes], Awaitable[object]],
@@ -269,7 +269,7 @@ class Alive(Protocol):
 async def keepalive(
     conn: Alive,
     session: Session,
-    node: Node | None,
+    node: Core | None,
     dialect: str,
     ping: Callable[[], Awaitable[object]],
     interval: float,

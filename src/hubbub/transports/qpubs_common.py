@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from hubbub.auth import Identity
-from hubbub.core import ConsumerService, Node, Session, new_session_id
+from hubbub.core.api import ConsumerService, Core, Session, new_session_id
 from hubbub.dialects import qpubs as qpd
 from hubbub.errors import (
     AuthError,
@@ -61,7 +61,7 @@ class Recipients(Protocol):
 
 
 def recipients(
-    node: Node, consumers: ConsumerService | None, result: AppendResult, origin: Session | None = None
+    node: Core, consumers: ConsumerService | None, result: AppendResult, origin: Session | None = None
 ) -> int:
     """``delivered`` for one committed event (see the module docstring). Called from the publish's ``done``
     callback, before the fan-out of its commit."""
@@ -69,7 +69,7 @@ def recipients(
     n = len(result.journal)
     if consumers is not None:
         n += consumers.groups_matching(ev.channel, ev.tags)
-    subs = node.router.match(ev.channel, ev.tags)
+    subs = node.matching(ev.channel, ev.tags)
     if not subs:
         return n
     by_session: dict[Session, list[str]] = {}
@@ -87,7 +87,7 @@ def recipients(
 
 
 async def emit(
-    node: Node,
+    node: Core,
     consumers: ConsumerService | None,
     channel: str,
     payload: bytes,

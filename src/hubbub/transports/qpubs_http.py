@@ -23,7 +23,7 @@ import orjson
 from aiohttp import web
 
 from hubbub.auth import ANONYMOUS, Identity
-from hubbub.core import ConsumerService, Node, Overflow, ReplayPlan, Session
+from hubbub.core.api import ConsumerService, Core, Overflow, ReplayPlan, Session
 from hubbub.dialects import qpubs as qpd
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadChannel, HubbubError
@@ -100,7 +100,7 @@ class QpubsHttp:
     them at shutdown)."""
 
     def __init__(
-        self, node: Node, consumers: ConsumerService | None, settings: QpubsSettings, http: HttpSettings
+        self, node: Core, consumers: ConsumerService | None, settings: QpubsSettings, http: HttpSettings
     ) -> None:
         self.node = node
         self.consumers = consumers
@@ -110,7 +110,7 @@ class QpubsHttp:
         self.listeners: dict[str, tuple[str, Session]] = {}
         self.connections: set[asyncio.Task[Any]] = set()
 
-    def install(self, app: web.Application, node: Node, settings: HttpSettings) -> None:
+    def install(self, app: web.Application, node: Core, settings: HttpSettings) -> None:
         """The :data:`~hubbub.transports.http.RouteInstaller` of the qpubs routes."""
         app.router.add_route("*", "/qpubs/{op}", self.route)
         for path in _ALIASES:

@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import orjson
 
-from hubbub.core import ConsumerService, GroupMember, Node
+from hubbub.core.api import ConsumerService, Core, GroupMember
 from hubbub.dialects import qpubs as qpd
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, HubbubError, SubscriptionError
@@ -126,7 +126,7 @@ class QrpcService:
     """The node's qrpc side: settings, the consumer service, and every open connection's task."""
 
     def __init__(
-        self, node: Node, consumers: ConsumerService, settings: QpubsSettings, http: HttpSettings
+        self, node: Core, consumers: ConsumerService, settings: QpubsSettings, http: HttpSettings
     ) -> None:
         self.node = node
         self.consumers: ConsumerService | None = consumers
@@ -370,7 +370,7 @@ class _QrpcStreams:
         self.write_timeout = write_timeout
 
     @property
-    def node(self) -> Node:
+    def node(self) -> Core:
         return self.service.node
 
     def open(self, first: bytes, acc: Accepted) -> QrpcWire:

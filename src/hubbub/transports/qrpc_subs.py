@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hubbub.auth import Identity
-from hubbub.core import Batch, ConsumerService, Opener
+from hubbub.core.api import Batch, ConsumerService, Opener
 from hubbub.dialects import qpubs as qpd
 from hubbub.log.consumers import ConsumerSpec
 

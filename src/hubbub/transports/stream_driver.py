@@ -24,7 +24,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from hubbub.core import Node, Session
+from hubbub.core.api import Core, Session
 
 from .lifetime import Lifetime
 from .stream_listener import Accepted
@@ -87,7 +87,7 @@ class Opener(Protocol):
     def dialect(self) -> str: ...
 
     @property
-    def node(self) -> Node: ...
+    def node(self) -> Core: ...
 
     @property
     def read_chunk(self) -> int: ...

@@ -34,7 +34,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol, cast, final
 
-from hubbub.core import Node
+from hubbub.core.api import Core
 
 from .accept import REFUSAL_LINGER_S, REFUSALS_LINGERING_MAX, BadInputLog
 
@@ -108,7 +108,7 @@ class StreamListener:
 
     def __init__(
         self,
-        node: Node,
+        node: Core,
         dialect: str,
         serve: Serve,
         on_connection: Callable[[asyncio.Task[None]], None],

@@ -15,7 +15,7 @@ import ssl
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from hubbub.core import Node
+from hubbub.core.api import Core
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
@@ -66,7 +66,7 @@ async def drain(writer: asyncio.StreamWriter, limit_s: float = WRITE_TIMEOUT_S) 
 
 
 async def close_stream(
-    writer: asyncio.StreamWriter, node: Node | None, dialect: str, session_id: str, what: str = "close"
+    writer: asyncio.StreamWriter, node: Core | None, dialect: str, session_id: str, what: str = "close"
 ) -> None:
     """Close a TCP connection's socket, on every path: ``close()`` (what is buffered still goes out), up to
     :data:`CLOSE_WAIT_S` for the peer to take it, else ``abort()``. A connection whose task is being cancelled
@@ -100,7 +100,7 @@ async def serve_native_tcp(
     on_connection: Callable[[asyncio.Task[None]], None],
     limits: dict[str, int],
     *,
-    node: Node,
+    node: Core,
     first_message_timeout_s: float,
     ssl_context: ssl.SSLContext | None = None,
 ) -> StreamListener:

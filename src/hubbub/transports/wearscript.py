@@ -30,7 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from hubbub.auth import Identity
-from hubbub.core import Encoder, Node, Subscription
+from hubbub.core.api import Core, Encoder, Subscription
 from hubbub.dialects import actions as a
 from hubbub.dialects import wearscript as wsd
 from hubbub.disconnect import Disconnect
@@ -191,7 +191,7 @@ class WearscriptService:
     """The node's WearScript hub: every connection, the hub list and its broadcast. See the module
     docstring. Create it before the node has sessions (the foreign subscriptions are counted from then)."""
 
-    def __init__(self, node: Node, settings: WearscriptSettings, http: HttpSettings) -> None:
+    def __init__(self, node: Core, settings: WearscriptSettings, http: HttpSettings) -> None:
         self.node = node
         self.settings = settings
         self.http = http
@@ -250,7 +250,7 @@ class WearscriptService:
 
     def exists(self, channel: str) -> bool:
         """``exists`` (§5): does any subscription of any dialect match the channel?"""
-        return bool(self.node.router.match(channel))
+        return bool(self.node.matching(channel))
 
     # -- the hub list --
 
@@ -286,7 +286,7 @@ class WearscriptService:
 
     # -- HTTP --
 
-    def install(self, app: web.Application, node: Node, settings: HttpSettings) -> None:
+    def install(self, app: web.Application, node: Core, settings: HttpSettings) -> None:
         """The :data:`~hubbub.transports.http.RouteInstaller` of the WearScript routes."""
         for path in wsd.SPEC.ws_routes:
             app.router.add_get(path, self.websocket, allow_head=False)

@@ -42,7 +42,7 @@ import aiohttp
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hubbub.auth import ANONYMOUS
-from hubbub.core import Supervisor
+from hubbub.core.api import Supervisor
 from hubbub.dialects import wearscript as wsd
 from hubbub.events import Event
 from hubbub.federation import (

@@ -35,7 +35,7 @@ from typing import Any, TypeAlias
 
 from hubbub.auth import Identity
 from hubbub.channels import parse_pattern
-from hubbub.core import Encoder, Node, Overflow, ReplayPlan, Session
+from hubbub.core.api import Core, Encoder, Overflow, ReplayPlan, Session
 from hubbub.dialects import actions as a
 from hubbub.dialects.spec import DialectSpec
 from hubbub.disconnect import Disconnect
@@ -87,7 +87,7 @@ class DialectWire:
 
     def __init__(
         self,
-        node: Node,
+        node: Core,
         spec: DialectSpec,
         *,
         dialect: str,
