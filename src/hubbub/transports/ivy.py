@@ -4,8 +4,8 @@
 when ``ivy.enabled`` is true. The protocol logic lives in :mod:`hubbub.dialects.ivy`; this module only
 moves frames and requests between aiohttp, the codec and the node.
 
-Concurrency contract: everything runs on the event loop thread, except the log reads, which run on the
-node's reader threads (:meth:`Node.read`) as pure functions of the store.
+Concurrency contract: everything runs on the event loop thread; the log reads (the core API's
+``read_channel``, ``head``, ``list_channels``) run on the node's reader threads.
 """
 
 from __future__ import annotations
