@@ -131,7 +131,7 @@ class Core(Protocol):
 
     def matching(self, channel: str, tags: Collection[str] = ()) -> tuple[Subscription, ...]: ...
 
-    async def fetch(self, session: Session, pattern: Pattern, fetch: SubtreeFetch) -> ReplayPlan: ...
+    fetch: Callable[[Session, Pattern, SubtreeFetch], Awaitable[ReplayPlan]]
 
     # -- reads ----------------------------------------------------------------------------------------------
     async def read_channel(

@@ -114,6 +114,7 @@ class Node:
     subscriptions: Callable[[Session], list[Subscription]]
     watch_subscriptions: Callable[[Callable[[Subscription, bool], None]], Callable[[], None]]
     send_fetched: Callable[[Session, Pattern, ReplayPlan], Awaitable[int]]
+    fetch: Callable[[Session, Pattern, SubtreeFetch], Awaitable[ReplayPlan]]
 
     def __init__(
         self,
@@ -154,6 +155,7 @@ class Node:
         self._reads = LogReads(view or store, s.reader_threads, store)
         self._replays = ReplayService(view or store, self._reads, self._registry, self._batcher.control)
         self.send_fetched = self._replays.send_fetched
+        self.fetch = self._replays.fetch  # a fetch's plan read without subscribing (guble's), for a session
         #: The store's health from a background probe and the writer's outcomes (``health_checks``).
         self._store_health = StoreHealth(store, lambda: self._batcher.writer, supervision=self.supervision)
         #: The log's time- and size-based retention (``max_age_s``, ``max_total_bytes``), on the writer.
@@ -296,12 +298,11 @@ class Node:
         ``on_replayed(plan)`` queues the end-of-replay notice; then held live events newer than the snapshot
         are queued, paced alike, before any later one (``core/junction.py``). Replay and junction skip events
         whose delivery filters do not match the session (README §3); ``plan.sent`` counts what was queued.
-        Held live events at or below their channel's top in ``plan.tops`` are not released (an empty
-        ``tops``, as :data:`~hubbub.selection.LIVE` gives, releases every held event).
-        Raises :class:`SubscriptionError` (4200, 4203), :class:`LimitExceeded` (4007) or ``BadRequest``; then
-        no subscription exists. ``on_gap(gap)`` queues the notice of a gap found while the replay runs (a
-        scan with ``trim_gaps``, as :class:`~hubbub.selection.EventResume` plans), just before the first event
-        of its channel.
+        Held live events at or below their channel's top in ``plan.tops`` are not released (an empty ``tops``,
+        as :data:`~hubbub.selection.LIVE` gives, releases every held event). Raises :class:`SubscriptionError`
+        (4200, 4203), :class:`LimitExceeded` (4007) or ``BadRequest``; then no subscription exists.
+        ``on_gap(gap)`` queues the notice of a gap found while the replay runs (a scan with ``trim_gaps``: an
+        :class:`~hubbub.selection.EventResume`), just before the first event of its channel.
         """
         if self._closing:
             raise ShuttingDown()
@@ -365,11 +366,6 @@ class Node:
     async def top_time(self) -> int:
         """The log's newest commit time (:meth:`LogReads.top_time`)."""
         return await self._reads.top_time()
-
-    async def fetch(self, session: Session, pattern: Pattern, fetch: SubtreeFetch) -> ReplayPlan:
-        """A fetch's plan read without subscribing (guble's fetch), filtered for ``session``; its events are
-        sent with :attr:`send_fetched`."""
-        return await self._replays.fetch(session, pattern, fetch)
 
     async def reset_channel(self, channel: str) -> Any:
         """Start a new epoch for a channel (on the writer thread, in order with appends)."""

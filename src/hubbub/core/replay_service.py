@@ -175,7 +175,8 @@ class ReplayService:
         return sub
 
     async def fetch(self, session: Session, pattern: Pattern, fetch: SubtreeFetch) -> ReplayPlan:
-        """``Node.fetch``: the plan of a fetch without subscribing, filtered for ``session``."""
+        """``Node.fetch``: the plan of a fetch without subscribing, filtered for ``session``; its events are
+        sent with :meth:`send_fetched`."""
         access = self.registry.access
         return await self.reads.call(
             plan_selection, pattern, fetch, fetch_filter(access, session), reads_all(access, session, pattern)
