@@ -16,7 +16,7 @@ import re
 import socket
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -58,14 +58,27 @@ class Mesh:
         extra = ["--http-listen", f"127.0.0.1:{self.ports[node]}", "--federation-node-id", node]
         for up in self.links.get(node, []):
             extra += ["--upstream", self.url(up)]
-        self.procs[node] = ServerProcess(self.tmp / node, extra).start()
+        # Started within WAIT: at a load of 16-20 a server's imports alone can take over 20 s.
+        self.procs[node] = ServerProcess(self.tmp / node, extra).start(timeout=WAIT)
 
     def stop(self) -> None:
         for p in self.procs.values():
             p.kill()
 
+    def federation_log(self) -> str:
+        """Every node's federation records and warnings (a failed delivery's first evidence: gaps,
+        events not stored, refused subscriptions, the recovery frames sent upstream)."""
+        lines = []
+        for node, proc in self.procs.items():
+            for line in proc.log().splitlines():
+                if '"hubbub.federation"' in line or '"level":"warning"' in line or '"level":"error"' in line:
+                    lines.append(f"{node}: {line[:600]}")
+        return "\n".join(lines[-80:])
+
     async def synced(self, http: aiohttp.ClientSession) -> None:
-        """Every link of every node up and subscribed to its node's interest."""
+        """Every link of every node up, subscribed to its node's interest and done recovering. The interest
+        must be there (a pattern subscribed upstream): a node restarted before its subscribers came back has
+        a link synced to no interest, which says nothing about what it has recovered."""
         deadline = time.monotonic() + WAIT
         while True:
             ok = True
@@ -73,7 +86,9 @@ class Mesh:
                 async with http.get(f"http://127.0.0.1:{self.ports[node]}/metrics") as r:
                     text = await r.text()
                 flags = re.findall(r"hubbub_federation_link_synced\{[^}]*\} (\S+)", text)
+                pats = re.findall(r"hubbub_federation_link_patterns\{[^}]*\} (\S+)", text)
                 ok = ok and len(flags) == len(ups) and all(float(f) == 1.0 for f in flags)
+                ok = ok and len(pats) == len(ups) and all(float(p) >= 1.0 for p in pats)
             if ok:
                 return
             assert time.monotonic() < deadline, "the links did not come up: " + "".join(
@@ -106,16 +121,16 @@ class Subscriber:
     def matches(self, channel: str) -> bool:
         return channel.startswith(self.pattern[:-2])
 
-    async def until(self, want: set[tuple[str, bytes]]) -> None:
+    async def until(self, want: set[tuple[str, bytes]], explain: Callable[[], str] = str) -> None:
         deadline = asyncio.get_running_loop().time() + WAIT
         while not want <= {(e.channel, e.payload) for e in self.events}:
             self.changed.clear()
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 have = {(e.channel, e.payload) for e in self.events}
-                missing = sorted(want - have)[:10]
                 raise AssertionError(
-                    f"{self.node} {self.pattern}: missing {len(want - have)}, e.g. {missing}"
+                    f"{self.node} {self.pattern}: missing {len(want - have)}: {sorted(want - have)}, "
+                    f"gaps {self.gaps}\n{explain()}"
                 )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), left)
@@ -180,7 +195,7 @@ def test_three_nodes_deliver_everything_once_in_order_and_survive_a_crash(
                     return {(ch, p) for ch, p in sent if s.matches(ch)}
 
                 for s in subs:
-                    await s.until(wanted(s))
+                    await s.until(wanted(s), mesh.federation_log)
                     s.check(wanted(s))
 
                 # kill -9 the middle node; the others keep publishing; then B comes back on its port and data.
@@ -190,14 +205,14 @@ def test_three_nodes_deliver_everything_once_in_order_and_survive_a_crash(
                 await mesh.synced(http)
                 await publish_round(pubs, sent, 35, 10)  # B's publisher reconnected by itself
                 for s in subs:
-                    await s.until(wanted(s))
+                    await s.until(wanted(s), mesh.federation_log)
                 # Markers last: anything duplicated would have arrived before them.
                 marks = [(f"/t/from-{n}/c0", f"{n}:{1000}".encode()) for n in NODES]
                 for node, (ch, p) in zip(NODES, marks, strict=True):
                     await pubs[node].publish(ch, p)
                     sent.append((ch, p))
                 for s in subs:
-                    await s.until(wanted(s))
+                    await s.until(wanted(s), mesh.federation_log)
                     s.check(wanted(s))
                 for t in tasks:
                     t.cancel()
