@@ -86,6 +86,10 @@ def peer_ip(stream: _HasExtraInfo) -> str:
     return str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
 
+#: How early a loop may fire a timer against ``loop.time()`` (uvloop: whole milliseconds, rounded down).
+TIMER_SLACK_S = 0.002
+
+
 @final
 class StreamListener:
     """One byte-stream listener of ``dialect`` (module docstring): the listening socket, the sockets refused
@@ -207,7 +211,9 @@ class StreamListener:
             sock.close()  # where the loop closed it already (or holds it still), a no-op
             if not isinstance(exc, OSError):  # OSError: ssl.SSLError, a reset, the handshake's timeout
                 raise
-            if loop.time() >= acc.deadline:
+            # uvloop keeps its timers in whole milliseconds, so the handshake's timeout can fire up to 1 ms
+            # before the deadline as loop.time() reads it: such a failure is the timeout all the same.
+            if loop.time() >= acc.deadline - TIMER_SLACK_S:
                 self.count_timeout(acc)
             else:
                 log.debug("TLS handshake with %s failed: %s", acc.ip, exc)
