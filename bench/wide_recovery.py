@@ -33,10 +33,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from hubbub.client import AsyncClient
-from hubbub.config import load_config
 from hubbub.events import Event, Position, Publisher
 from hubbub.log import DB_FILENAME, AppendRequest, SqliteLogStore
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 import hubbub.config
+from hubbub.server_config import KEYS as SERVER_KEYS
 from tests import hypothesis_budget
 from tests.pgserver import PgServer, missing_reason
 from tests.redisserver import RedisServer
@@ -69,21 +70,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # Servers started by tests (in process, or as ``hubbub serve`` children, which inherit the environment) put
 # every listener on a free port, never on a fixed default that several servers on one machine would fight
 # over (a server left running from the README's tour, another test run, another xdist worker). The shipped
-# defaults are kept in ``REAL_LISTEN_DEFAULTS``; tests/unit/test_test_ports.py checks that every listener key
-# is moved.
-REAL_LISTEN_DEFAULTS = {
-    "http.listen": hubbub.config.DEFAULT_HTTP_LISTEN,
-    "native.tcp_listen": hubbub.config.DEFAULT_NATIVE_TCP_LISTEN,
-    "qpubs.qrpc_listen": hubbub.config.DEFAULT_QRPC_LISTEN,
-    "mist.tcp_listen": hubbub.config.DEFAULT_MIST_TCP_LISTEN,
-}
+# defaults, of every key declared with ``hubbub.config.listen_field`` (a dialect's too), are kept in
+# ``REAL_LISTEN_DEFAULTS``; tests/unit/test_test_ports.py checks that every listener key is moved.
+REAL_LISTEN_DEFAULTS = {key: k.listen_default for key, k in SERVER_KEYS.items() if k.listen_default}
 DEFAULT_QRPC_LISTEN = REAL_LISTEN_DEFAULTS["qpubs.qrpc_listen"]
 DEFAULT_MIST_TCP_LISTEN = REAL_LISTEN_DEFAULTS["mist.tcp_listen"]
 TEST_LISTEN = "127.0.0.1:0"
-hubbub.config.DEFAULT_HTTP_LISTEN = TEST_LISTEN
-hubbub.config.DEFAULT_NATIVE_TCP_LISTEN = TEST_LISTEN
-hubbub.config.DEFAULT_QRPC_LISTEN = TEST_LISTEN
-hubbub.config.DEFAULT_MIST_TCP_LISTEN = TEST_LISTEN
+hubbub.config.LISTEN_OVERRIDE = TEST_LISTEN
 for _key in REAL_LISTEN_DEFAULTS:
     os.environ.setdefault(hubbub.config.env_name(_key), TEST_LISTEN)
 

@@ -12,19 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from hubbub import __version__
-from hubbub.config import (
-    GUBLE_ENV,
-    GUBLE_FLAGS,
-    KEYS,
-    Config,
-    ConfigError,
-    Limits,
-    Retention,
-    env_name,
-    flag_name,
-    load_config,
-)
+from hubbub.config import ConfigError, env_name, flag_name
 from hubbub.errors import StorageError
+from hubbub.server_config import ALIAS_FLAGS, DIALECT_SECTIONS, KEYS, load_config
 
 __all__ = ["HELP", "build_parser", "default_text", "main"]
 
@@ -129,20 +119,10 @@ HELP = {
 }
 
 
-def _default(key: str) -> object:
-    path, _ = KEYS[key]
-    cfg = Config()
-    if path[0] == "limits":
-        return getattr(Limits(), path[1])
-    if path[0] == "retention":
-        return getattr(Retention(), path[1])
-    return getattr(cfg, path[0])
-
-
 def default_text(key: str) -> str:
     """``key``'s default as an operator writes it on the command line or in the environment: ``true``,
     ``[]`` and ``{}`` (JSON), ``""`` for an empty string (docs/operations.md shows the same text)."""
-    value = _default(key)
+    value = KEYS[key].default()
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict | tuple):
@@ -179,15 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
             action="append" if key in REPEATABLE else "store",
             help=f"{HELP.get(key, key)} [env {env_name(key)}; default {default_text(key)}]",
         )
-    guble_vars = {key: var for var, key in GUBLE_ENV.items()}
-    for flag, key in GUBLE_FLAGS.items():
-        serve.add_argument(
-            flag,
-            dest=flag,
-            metavar="VALUE",
-            default=None,
-            help=f"guble's name for {flag_name(key)} [env {guble_vars[key]}; the hubbub names win]",
-        )
+    for section in DIALECT_SECTIONS:
+        variables = {key: var for var, key in section.ENV_ALIASES.items()}
+        for flag, key in section.FLAG_ALIASES.items():
+            serve.add_argument(
+                flag,
+                dest=flag,
+                metavar="VALUE",
+                default=None,
+                help=f"{section.SECTION}'s name for {flag_name(key)} "
+                f"[env {variables[key]}; the hubbub names win]",
+            )
     serve.set_defaults(func=_serve)
     try:
         from hubbub.cli_client import add_client_commands
@@ -209,13 +191,13 @@ def _serve(args: argparse.Namespace) -> int:
     from hubbub.server import run
 
     cli = {key: getattr(args, key) for key in KEYS}
-    cli.update({flag: getattr(args, flag) for flag in GUBLE_FLAGS})
+    cli.update({flag: getattr(args, flag) for flag in ALIAS_FLAGS})
     try:
         cfg = load_config(cli, config_file=args.config)
     except ConfigError as exc:
         print(f"hubbub serve: {exc}", file=sys.stderr)
         return 2
-    setup_logging(cfg.log_level, cfg.log_format)
+    setup_logging(cfg.logging.level, cfg.logging.format)
     try:
         run(cfg, lambda: load_config(cli, config_file=args.config))
     except (OSError, StorageError) as exc:

@@ -1,7 +1,21 @@
-"""Server configuration: frozen dataclasses, loaded once by the composition root (``server.py``/``cli.py``).
+"""Server configuration: one frozen dataclass per section, composed by :class:`Config`, loaded once by the
+composition root (``hubbub.server_config``, for ``server.py``/``cli.py``).
 
 Keys are the dotted names of protocols README §2. Precedence: command line, then ``HUBBUB_*`` environment
 variables, then a TOML config file, then the defaults below. Secrets are masked in ``repr``.
+
+A section (:class:`Section`) is a frozen, slotted dataclass whose fields are its keys: ``<SECTION>.<field>``
+(a field's ``metadata={"key": …}`` names a key outside the section, such as ``data_dir``, or none with
+``""``). A field's type is its key's: ``str``, ``bool``, ``int``, ``float``, :class:`Secret` (a masked
+string), ``tuple[str, ...]`` (a JSON list) or :class:`SecretMap` (a JSON object). A section parses its
+values (:meth:`Section.parse`) and checks them (:meth:`Section.validate`), naming the key in each error.
+
+The core's sections are this module's. A dialect's section is a :class:`DialectSection` that lives with the
+dialect and is named by its ``DialectSpec``; this module never imports a dialect (it is a leaf), so the
+loader is given the dialects' sections by the composition root (:func:`load_config` ``dialects=``).
+
+Concurrency contract: values only; :func:`load_config` reads the environment and a file, once, at start and
+on reload.
 """
 
 from __future__ import annotations
@@ -12,44 +26,263 @@ import logging
 import os
 import re
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
-
-from hubbub.channels import canonical
-from hubbub.errors import BadChannel
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Self, TypeVar
 
 __all__ = [
+    "DEFAULT_HTTP_LISTEN",
+    "DEFAULT_NATIVE_TCP_LISTEN",
     "DURABILITY_MODES",
+    "LISTEN_OVERRIDE",
     "OTHER_ENV",
+    "AuthConfig",
+    "ClusterConfig",
     "Config",
     "ConfigError",
+    "DialectSection",
+    "FederationConfig",
+    "HttpConfig",
+    "Key",
     "Limits",
+    "LoggingConfig",
+    "NativeConfig",
     "Retention",
+    "Secret",
     "SecretMap",
+    "Section",
+    "StorageConfig",
+    "TcpConfig",
+    "TlsConfig",
+    "alias_flags",
+    "config_keys",
     "env_name",
     "flag_name",
+    "listen_field",
     "load_config",
     "parse_cors_origin",
     "parse_listen",
+    "section_keys",
 ]
 
 DURABILITY_MODES = ("fsync", "commit", "none")
-#: The listeners' default addresses (``qpubs.qrpc_listen``'s is qpubs.md §1's). Module values, read when a
-#: :class:`Config` is made, so that a test run can move every server it starts off the fixed ports
-#: (tests/conftest.py): a server left running on the defaults must not fail the tests.
+#: The core listeners' shipped defaults (a dialect's are its section's: qpubs.qrpc_listen, mist.tcp_listen).
 DEFAULT_HTTP_LISTEN = "127.0.0.1:8080"
 DEFAULT_NATIVE_TCP_LISTEN = "127.0.0.1:7400"
-DEFAULT_QRPC_LISTEN = "127.0.0.1:1337"
-DEFAULT_MIST_TCP_LISTEN = "127.0.0.1:1445"
+#: When set, every listener's default (a :func:`listen_field`) is this address instead of its shipped one:
+#: a test run moves every server it starts off the fixed ports (tests/conftest.py), so that a server left
+#: running on the defaults does not fail the tests. Read when a section is made.
+LISTEN_OVERRIDE = ""
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid. The message names the key."""
 
 
+class Secret(str):
+    """A string whose repr never shows its value."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'***'" if self else "''"
+
+
+class SecretMap(dict[str, Any]):
+    """A mapping whose keys are secrets (``auth.tokens``): its repr shows only how many entries it has."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} secret entries>"
+
+
+def listen_field(default: str) -> Any:
+    """The field of a ``HOST:PORT`` listener key: ``default`` is its shipped address (but see
+    :data:`LISTEN_OVERRIDE`)."""
+    return field(default_factory=lambda: LISTEN_OVERRIDE or default, metadata={"listen": default})
+
+
+# -- sections ---------------------------------------------------------------------------------------------
+
+
+class Section:
+    """The base of a configuration section: subclasses are frozen, slotted dataclasses whose fields are
+    keys (see the module docstring)."""
+
+    __slots__ = ()
+
+    #: The prefix of the section's keys (``guble`` for ``guble.enabled``); "" for keys at the top level.
+    SECTION: ClassVar[str] = ""
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> Self:
+        """The section from raw values by field name (TOML values, or the text of a flag or a variable),
+        each converted to its key's type; the other fields keep their defaults."""
+        keys = {k.field: k for k in section_keys(cls)}
+        return cls(**{name: keys[name].parse(value) for name, value in raw.items()})
+
+    def validate(self, config: Config) -> None:
+        """Raise :class:`ConfigError` naming the key of an invalid value. ``config`` is the whole
+        configuration, for the checks that span sections (``mist.channel`` within ``limits``)."""
+
+    def value(self, key: str) -> Any:
+        """The value of one of this section's keys, by its dotted name."""
+        for k in section_keys(type(self)):
+            if k.name == key:
+                return getattr(self, k.field)
+        raise KeyError(key)
+
+
+class DialectSection(Section):
+    """A dialect's section: ``<section>.enabled`` turns the dialect on, ``<section>.auth`` is its auth mode
+    (empty: ``auth.mode``). Subclasses declare both fields and the dialect's own keys, and are named by the
+    dialect's ``DialectSpec.config``."""
+
+    __slots__ = ()
+
+    enabled: bool
+    auth: str
+
+    #: Another server's names for this dialect's keys, which its users may already set (guble's
+    #: ``GUBLE_NODE_ID``, ``--node-id``): variable -> key, flag -> key. They apply over the file; a hubbub
+    #: flag or ``HUBBUB_*`` variable always wins.
+    ENV_ALIASES: ClassVar[Mapping[str, str]] = {}
+    FLAG_ALIASES: ClassVar[Mapping[str, str]] = {}
+    #: The prefix of that server's variables: one that is not an alias is ignored, with a warning.
+    ENV_PREFIX: ClassVar[str] = ""
+
+    @classmethod
+    def alias_value(cls, key: str, value: Any) -> Any:
+        """An alias's value as ``key``'s (guble's ``:8080`` listens on every interface)."""
+        return value
+
+    def validate(self, config: Config) -> None:
+        key = f"{self.SECTION}.auth"
+        if self.auth not in ("", "off", "token"):
+            raise ConfigError(f"{key}: must be empty (auth.mode), off or token")
+        if self.auth == "token" and config.auth.mode != "token":
+            # The keys and tokens are those of auth.*: a dialect cannot check tokens on its own.
+            raise ConfigError(f"{key} = token needs auth.mode = token")
+
+    def auth_mode(self, config: Config) -> str:
+        """This dialect's auth mode: its ``auth`` when set, else ``auth.mode``."""
+        return self.auth or config.auth.mode
+
+
+S = TypeVar("S", bound=Section)
+
+
+def _positive(section: Section, *names: str) -> None:
+    for name in names:
+        if getattr(section, name) <= 0:
+            raise ConfigError(f"{_key_of(type(section), name)}: must be positive")
+
+
 @dataclass(frozen=True, slots=True)
-class Limits:
+class StorageConfig(Section):
+    """The log: where (``data_dir``, ``store``) and how durable."""
+
+    data_dir: str = "./hubbub-data"
+    durability: str = "commit"
+    store: str = "sqlite"
+    commit_batch: int = field(default=4096, metadata={"key": ""})  # no key: the writer's batch
+
+    def validate(self, config: Config) -> None:
+        if self.durability not in DURABILITY_MODES:
+            raise ConfigError(f"durability: must be one of {', '.join(DURABILITY_MODES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingConfig(Section):
+    level: str = field(default="info", metadata={"key": "log_level"})
+    format: str = field(default="text", metadata={"key": "log_format"})
+
+    def validate(self, config: Config) -> None:
+        if self.format not in ("text", "json"):
+            raise ConfigError("log_format: must be text or json")
+        if self.level not in ("debug", "info", "warning", "error"):
+            raise ConfigError("log_level: must be debug, info, warning or error")
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig(Section):
+    SECTION: ClassVar[str] = "auth"
+    mode: str = "off"
+    #: token -> {"user", "publish", "subscribe", "admin"} (README §6); masked in repr.
+    tokens: SecretMap = field(default_factory=SecretMap)
+    #: HS256 secrets, RS256 public keys (PEM) or ``file:<path>``; masked in repr.
+    jwt_keys: tuple[str, ...] = ()
+    jwks_file: str = ""
+    jwt_leeway_s: float = 30.0
+    jwt_audience: str = ""
+    jwt_issuer: str = ""
+
+    def validate(self, config: Config) -> None:
+        if self.mode not in ("off", "token"):
+            raise ConfigError("auth.mode: must be off or token")
+        if self.jwt_leeway_s < 0:
+            raise ConfigError("auth.jwt_leeway_s: must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig(Section):
+    SECTION: ClassVar[str] = "tls"
+    cert: str = ""
+    key: str = ""
+
+    def validate(self, config: Config) -> None:
+        if bool(self.cert) != bool(self.key):
+            raise ConfigError("tls.cert and tls.key: give both or neither")
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig(Section):
+    SECTION: ClassVar[str] = "http"
+    listen: str = listen_field(DEFAULT_HTTP_LISTEN)
+    #: Seconds an HTTP connection may take to send a request's head (and a TLS handshake) before it is closed.
+    head_timeout_s: float = 10.0
+    cors_origin: str = field(default="", metadata={"key": "cors_origin"})
+
+    def validate(self, config: Config) -> None:
+        parse_listen(self.listen, "http.listen")
+        _positive(self, "head_timeout_s")
+        parse_cors_origin(self.cors_origin)
+
+
+@dataclass(frozen=True, slots=True)
+class TcpConfig(Section):
+    SECTION: ClassVar[str] = "tcp"
+    #: Seconds a connection to a TCP listener (native, mist, qrpc) may take to finish its TLS handshake and
+    #: send its first complete message before it is closed.
+    first_message_timeout_s: float = 10.0
+
+    def validate(self, config: Config) -> None:
+        _positive(self, "first_message_timeout_s")
+
+
+@dataclass(frozen=True, slots=True)
+class NativeConfig(Section):
+    """The native dialect, the node's base (wired by the server itself)."""
+
+    SECTION: ClassVar[str] = "native"
+    tcp_listen: str = listen_field(DEFAULT_NATIVE_TCP_LISTEN)
+    enabled: bool = True
+    ping_interval_s: float = 25.0
+    idempotency_window_s: float = 600.0
+    #: Deprecated and ignored (recovery has no limit): accepted so that configurations that set it still load.
+    max_recovery: int = 0
+
+    def validate(self, config: Config) -> None:
+        parse_listen(self.tcp_listen, "native.tcp_listen")
+        _positive(self, "ping_interval_s")
+        if self.idempotency_window_s < 0:
+            raise ConfigError("native.idempotency_window_s: must be 0 (off) or positive")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits(Section):
+    SECTION: ClassVar[str] = "limits"
     max_frame: int = 1 << 20
     max_channel_bytes: int = 1024
     max_tags: int = 64
@@ -73,217 +306,126 @@ class Limits:
     #: (``ConsumerService(held_bytes_max=)``): each item counts as its event's size plus 400 bytes.
     consumer_memory: int = 64 << 20
 
+    #: Limits for which 0 means "unlimited" (every other limit must be positive).
+    UNLIMITED_AT_ZERO: ClassVar[frozenset[str]] = frozenset(
+        {"publish_rate", "publish_burst", "max_connections", "max_connections_per_ip", "max_consumers"}
+    )
 
-#: Limits for which 0 means "unlimited" (every other limit must be positive).
-UNLIMITED_AT_ZERO = frozenset(
-    {"publish_rate", "publish_burst", "max_connections", "max_connections_per_ip", "max_consumers"}
-)
+    def validate(self, config: Config) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v < 0 or (v == 0 and f.name not in self.UNLIMITED_AT_ZERO):
+                raise ConfigError(f"limits.{f.name}: must be positive")
 
 
 @dataclass(frozen=True, slots=True)
-class Retention:
+class Retention(Section):
+    SECTION: ClassVar[str] = "log.retention"
     max_age_s: int = 0
     max_events: int = 0
     max_bytes: int = 0
     max_total_bytes: int = 0
 
-
-class _Secret(str):
-    """A string whose repr never shows its value."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "'***'" if self else "''"
+    def validate(self, config: Config) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) < 0:
+                raise ConfigError(f"log.retention.{f.name}: must be 0 (unlimited) or positive")
 
 
-class SecretMap(dict[str, Any]):
-    """A mapping whose keys are secrets (``auth.tokens``): its repr shows only how many entries it has."""
-
-    def __repr__(self) -> str:
-        return f"<{len(self)} secret entries>"
+_FED_NODE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
-class Config:
-    data_dir: str = "./hubbub-data"
-    durability: str = "commit"
-    store: str = "sqlite"
-    broker: str = ""
-    http_listen: str = field(default_factory=lambda: DEFAULT_HTTP_LISTEN)
-    #: Seconds an HTTP connection may take to send a request's head (and a TLS handshake) before it is closed.
-    http_head_timeout_s: float = 10.0
-    #: Seconds a connection to a TCP listener (native, mist, qrpc) may take to finish its TLS handshake and
-    #: send its first complete message before it is closed.
-    tcp_first_message_timeout_s: float = 10.0
-    native_tcp_listen: str = field(default_factory=lambda: DEFAULT_NATIVE_TCP_LISTEN)
-    native_enabled: bool = True
-    native_ping_interval_s: float = 25.0
-    native_idempotency_window_s: float = 600.0
-    #: Deprecated and ignored (recovery has no limit): accepted so that configurations that set it still load.
-    native_max_recovery: int = 0
-    limits: Limits = field(default_factory=Limits)
-    retention: Retention = field(default_factory=Retention)
-    auth_mode: str = "off"
-    #: ``auth.tokens``: token -> {"user", "publish", "subscribe", "admin"} (README §6); masked in repr.
-    auth_tokens: SecretMap = field(default_factory=SecretMap)
-    #: ``auth.jwt_keys``: HS256 secrets, RS256 public keys (PEM) or ``file:<path>``; masked in repr.
-    auth_jwt_keys: tuple[str, ...] = ()
-    auth_jwks_file: str = ""
-    auth_jwt_leeway_s: float = 30.0
-    auth_jwt_audience: str = ""
-    auth_jwt_issuer: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    cors_origin: str = ""
-    log_level: str = "info"
-    log_format: str = "text"
-    commit_batch: int = 4096
-    # -- dialect settings: each dialect adds its fields below its own marker --
-    # -- guble --
-    guble_enabled: bool = True
-    guble_node_id: int = 0
-    guble_health_endpoint: str = "/admin/healthcheck"
-    guble_metrics_endpoint: str = "/admin/metrics"
-    guble_auth: str = ""  # "" means auth.mode
-    # -- ivy --
-    ivy_enabled: bool = True
-    ivy_large_event_bytes: int = 65536
-    ivy_ping_interval_s: float = 54.0
-    ivy_read_timeout_s: float = 60.0
-    ivy_max_log_bytes: int = 64 << 20
-    ivy_auth: str = ""  # "" means auth.mode
-    # -- mist (protocols/mist.md §1; limits are the shared limits.*) --
-    mist_enabled: bool = True
-    mist_tcp_listen: str = field(default_factory=lambda: DEFAULT_MIST_TCP_LISTEN)
-    mist_channel: str = "/mist"
-    mist_auth: str = ""  # "" means auth.mode
-    mist_token: str = field(default_factory=lambda: _Secret(""))  # an extra master token (upstream --token)
-    # -- wearscript (protocols/wearscript.md §1, §7; docs/dialects/wearscript.md) --
-    wearscript_enabled: bool = True
-    wearscript_group_device: str = "server:0"
-    wearscript_test_handler: bool = True
-    wearscript_hub_channels: tuple[str, ...] = ()
-    wearscript_advertise_foreign: bool = True
-    wearscript_auth: str = ""  # "" means auth.mode
-    #: A WearScript hub this node links up to (ws://…/wearscript/ws[/<secret>]); masked in repr.
-    wearscript_upstream: str = field(default_factory=lambda: _Secret(""))
-    # -- qpubs (protocols/qpubs.md §1, §8; docs/dialects/qpubs.md) --
-    qpubs_enabled: bool = True
-    qpubs_separator: str = "."
-    qpubs_qrpc_listen: str = field(default_factory=lambda: DEFAULT_QRPC_LISTEN)
-    qpubs_heartbeat_s: float = 15.0
-    qpubs_batch_bytes: int = 2_097_152
-    qpubs_batch_wait_ms: int = 5
-    qpubs_auth: str = ""  # "" means auth.mode
-    # -- federation (docs/federation.md) --
-    #: hubbub nodes this node links up to (ws://HOST:PORT[/ws/hubbub][?token=…]); masked in repr.
-    upstream: tuple[str, ...] = ()
-    federation_node_id: str = ""  # "" means an id kept in <data_dir>/federation/node-id
-    federation_token: str = field(default_factory=lambda: _Secret(""))
-    federation_token_file: str = ""  # read at each connection of a link: a renewed token is used at once
-    federation_accept: bool = True
-    # -- cluster (docs/cluster.md; used when broker is set) --
-    cluster_node_id: str = ""  # "" means host-pid-random, unique per process
-    cluster_redis_channel: str = "hubbub.events"
-    cluster_gap_wait_s: float = 0.1
-    cluster_poll_interval_s: float = 1.0
-    cluster_presence_ttl_s: float = 15.0
+class FederationConfig(Section):
+    """Links between hubbub nodes (docs/federation.md)."""
 
-    def dialect_auth(self, dialect: str) -> str:
-        """The auth mode of one dialect: its ``<dialect>.auth`` when set, else ``auth.mode``."""
-        return str(getattr(self, f"{dialect}_auth", "") or self.auth_mode)
+    SECTION: ClassVar[str] = "federation"
+    #: hubbub nodes this node links up to (ws://HOST:PORT[/ws/hubbub][?token=…]); masked in repr. Given
+    #: in ``HUBBUB_UPSTREAM`` as URLs separated by spaces or commas, or a JSON list.
+    upstream: tuple[str, ...] = field(default=(), metadata={"key": "upstream", "words": True})
+    node_id: str = ""  # "" means an id kept in <data_dir>/federation/node-id
+    token: Secret = field(default_factory=lambda: Secret(""))
+    token_file: str = ""  # read at each connection of a link: a renewed token is used at once
+    accept: bool = True
 
-    def validate(self) -> Config:
-        if self.durability not in DURABILITY_MODES:
-            raise ConfigError(f"durability: must be one of {', '.join(DURABILITY_MODES)}")
-        if self.log_format not in ("text", "json"):
-            raise ConfigError("log_format: must be text or json")
-        if self.log_level not in ("debug", "info", "warning", "error"):
-            raise ConfigError("log_level: must be debug, info, warning or error")
-        if self.auth_mode not in ("off", "token"):
-            raise ConfigError("auth.mode: must be off or token")
-        if self.auth_jwt_leeway_s < 0:
-            raise ConfigError("auth.jwt_leeway_s: must not be negative")
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ConfigError("tls.cert and tls.key: give both or neither")
-        for key in ("http_listen", "native_tcp_listen"):
-            parse_listen(getattr(self, key), key)
-        if self.http_head_timeout_s <= 0:
-            raise ConfigError("http.head_timeout_s: must be positive")
-        if self.tcp_first_message_timeout_s <= 0:
-            raise ConfigError("tcp.first_message_timeout_s: must be positive")
-        for f in fields(Limits):
-            v = getattr(self.limits, f.name)
-            if v < 0 or (v == 0 and f.name not in UNLIMITED_AT_ZERO):
-                raise ConfigError(f"limits.{f.name}: must be positive")
-        for f in fields(Retention):
-            if getattr(self.retention, f.name) < 0:
-                raise ConfigError(f"log.retention.{f.name}: must be 0 (unlimited) or positive")
-        if self.native_ping_interval_s <= 0:
-            raise ConfigError("native.ping_interval_s: must be positive")
-        if self.native_idempotency_window_s < 0:
-            raise ConfigError("native.idempotency_window_s: must be 0 (off) or positive")
-        parse_cors_origin(self.cors_origin)
-        for key in (
-            "ivy_large_event_bytes",
-            "ivy_ping_interval_s",
-            "ivy_read_timeout_s",
-            "ivy_max_log_bytes",
-        ):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"{key.replace('_', '.', 1)}: must be positive")
-        for key in ("guble_auth", "ivy_auth", "wearscript_auth", "mist_auth", "qpubs_auth"):
-            if getattr(self, key) not in ("", "off", "token"):
-                raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (auth.mode), off or token")
-            if getattr(self, key) == "token" and self.auth_mode != "token":
-                # The keys and tokens are those of auth.*: a dialect cannot check tokens on its own.
-                raise ConfigError(f"{key.replace('_', '.', 1)} = token needs auth.mode = token")
-        parse_listen(self.mist_tcp_listen, "mist.tcp_listen")
-        try:
-            if canonical(self.mist_channel, self.limits.max_channel_bytes) != self.mist_channel:
-                raise BadChannel("not canonical")
-        except BadChannel:
-            raise ConfigError("mist.channel: must be a canonical channel path such as /mist") from None
-        if not self.qpubs_separator or "*" in self.qpubs_separator:
-            raise ConfigError("qpubs.separator: must be non-empty and must not contain *")
-        parse_listen(self.qpubs_qrpc_listen, "qpubs.qrpc_listen")
-        if self.qpubs_heartbeat_s <= 0 or self.qpubs_batch_bytes <= 0:
-            raise ConfigError("qpubs.heartbeat_s and qpubs.batch_bytes: must be positive")
-        if self.qpubs_batch_wait_ms < 0:
-            raise ConfigError("qpubs.batch_wait_ms: must not be negative")
-        group, sep, device = self.wearscript_group_device.partition(":")
-        if not sep or not group or not device:
-            raise ConfigError("wearscript.group_device: expected GROUP:DEVICE, such as server:0")
-        up = self.wearscript_upstream
-        if up and not up.lower().startswith(("ws://", "wss://")):
-            raise ConfigError("wearscript.upstream: expected a ws:// or wss:// URL of a WearScript hub")
+    def validate(self, config: Config) -> None:
         for url in self.upstream:
             if not url.lower().startswith(("ws://", "wss://")):
                 raise ConfigError("upstream: expected ws:// or wss:// URLs of hubbub nodes")
-        if self.federation_node_id and not _FED_NODE.fullmatch(self.federation_node_id):
+        if self.node_id and not _FED_NODE.fullmatch(self.node_id):
             raise ConfigError("federation.node_id: 1 to 64 of A-Z a-z 0-9 . _ -")
-        if self.federation_token_file and str(self.federation_token):
+        if self.token_file and str(self.token):
             raise ConfigError("federation.token and federation.token_file: give one of them")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig(Section):
+    """The nodes of a cluster (docs/cluster.md; used when ``broker`` is set)."""
+
+    SECTION: ClassVar[str] = "cluster"
+    broker: str = field(default="", metadata={"key": "broker"})
+    node_id: str = ""  # "" means host-pid-random, unique per process
+    redis_channel: str = "hubbub.events"
+    gap_wait_s: float = 0.1
+    poll_interval_s: float = 1.0
+    presence_ttl_s: float = 15.0
+
+    def validate(self, config: Config) -> None:
         if self.broker:
             scheme = self.broker.split("://", 1)[0].lower() if "://" in self.broker else ""
             if scheme not in ("redis", "rediss", "unix"):
                 raise ConfigError("broker: expected redis://HOST:PORT[/DB], rediss://… or unix://PATH")
-            if not self.store.lower().startswith(("postgresql://", "postgres://")):
+            if not config.storage.store.lower().startswith(("postgresql://", "postgres://")):
                 raise ConfigError("broker: the nodes of a cluster share one log: set store to postgresql://…")
-        if (
-            self.cluster_gap_wait_s <= 0
-            or self.cluster_poll_interval_s <= 0
-            or self.cluster_presence_ttl_s <= 0
-        ):
+        if self.gap_wait_s <= 0 or self.poll_interval_s <= 0 or self.presence_ttl_s <= 0:
             raise ConfigError(
                 "cluster.gap_wait_s, cluster.poll_interval_s and cluster.presence_ttl_s: must be positive"
             )
-        if not self.cluster_redis_channel:
+        if not self.redis_channel:
             raise ConfigError("cluster.redis_channel: must not be empty")
-        for key in ("guble_health_endpoint", "guble_metrics_endpoint"):
-            if getattr(self, key) and not getattr(self, key).startswith("/"):
-                raise ConfigError(f"{key.replace('_', '.', 1)}: must be empty (off) or a path from /")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole configuration: the core's sections, and the dialects' by section name."""
+
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    tcp: TcpConfig = field(default_factory=TcpConfig)
+    native: NativeConfig = field(default_factory=NativeConfig)
+    limits: Limits = field(default_factory=Limits)
+    retention: Retention = field(default_factory=Retention)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    #: The dialects' sections by ``SECTION`` (those the loader was given).
+    dialects: Mapping[str, DialectSection] = field(default_factory=lambda: types.MappingProxyType({}))
+
+    def sections(self) -> tuple[Section, ...]:
+        """Every section, the core's first, in the order they are checked."""
+        core = tuple(getattr(self, f.name) for f in fields(self) if f.name != "dialects")
+        return core + tuple(self.dialects.values())
+
+    def section(self, cls: type[S]) -> S:
+        """The section of class ``cls``. A dialect's section that the loader was not given has its
+        defaults (a ``Config()`` made in code serves every dialect, as before sections)."""
+        for s in self.sections():
+            if type(s) is cls:
+                return s
+        if issubclass(cls, DialectSection):
+            return cls()
+        raise KeyError(cls.__name__)
+
+    def dialect_auth(self, section: str) -> str:
+        """The auth mode of one dialect: its ``<section>.auth`` when set, else ``auth.mode``."""
+        s = self.dialects.get(section)
+        return s.auth_mode(self) if s is not None else self.auth.mode
+
+    def validate(self) -> Config:
+        for section in self.sections():
+            section.validate(self)
         return self
 
 
@@ -294,7 +436,6 @@ def parse_listen(value: str, key: str = "listen") -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-_FED_NODE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#,\"]+")
 
 
@@ -318,116 +459,94 @@ def parse_cors_origin(value: str) -> tuple[str, ...]:
     return tuple(items)
 
 
-# Dotted key -> (path in Config, type). The single table from which flags, env names and TOML keys derive.
-KEYS: dict[str, tuple[tuple[str, ...], type]] = {
-    "data_dir": (("data_dir",), str),
-    "durability": (("durability",), str),
-    "store": (("store",), str),
-    "broker": (("broker",), str),
-    "http.listen": (("http_listen",), str),
-    "http.head_timeout_s": (("http_head_timeout_s",), float),
-    "tcp.first_message_timeout_s": (("tcp_first_message_timeout_s",), float),
-    "native.tcp_listen": (("native_tcp_listen",), str),
-    "native.enabled": (("native_enabled",), bool),
-    "native.ping_interval_s": (("native_ping_interval_s",), float),
-    "native.idempotency_window_s": (("native_idempotency_window_s",), float),
-    "native.max_recovery": (("native_max_recovery",), int),
-    **{f"limits.{f.name}": (("limits", f.name), int) for f in fields(Limits)},
-    **{f"log.retention.{f.name}": (("retention", f.name), int) for f in fields(Retention)},
-    "auth.mode": (("auth_mode",), str),
-    "auth.tokens": (("auth_tokens",), dict),
-    "auth.jwt_keys": (("auth_jwt_keys",), tuple),
-    "auth.jwks_file": (("auth_jwks_file",), str),
-    "auth.jwt_leeway_s": (("auth_jwt_leeway_s",), float),
-    "auth.jwt_audience": (("auth_jwt_audience",), str),
-    "auth.jwt_issuer": (("auth_jwt_issuer",), str),
-    "tls.cert": (("tls_cert",), str),
-    "tls.key": (("tls_key",), str),
-    "cors_origin": (("cors_origin",), str),
-    "log_level": (("log_level",), str),
-    "log_format": (("log_format",), str),
-    # -- guble keys --
-    "guble.enabled": (("guble_enabled",), bool),
-    "guble.node_id": (("guble_node_id",), int),
-    "guble.health_endpoint": (("guble_health_endpoint",), str),
-    "guble.metrics_endpoint": (("guble_metrics_endpoint",), str),
-    "guble.auth": (("guble_auth",), str),
-    # -- ivy keys --
-    "ivy.enabled": (("ivy_enabled",), bool),
-    "ivy.large_event_bytes": (("ivy_large_event_bytes",), int),
-    "ivy.ping_interval_s": (("ivy_ping_interval_s",), float),
-    "ivy.read_timeout_s": (("ivy_read_timeout_s",), float),
-    "ivy.max_log_bytes": (("ivy_max_log_bytes",), int),
-    "ivy.auth": (("ivy_auth",), str),
-    # -- mist keys --
-    "mist.enabled": (("mist_enabled",), bool),
-    "mist.tcp_listen": (("mist_tcp_listen",), str),
-    "mist.channel": (("mist_channel",), str),
-    "mist.auth": (("mist_auth",), str),
-    "mist.token": (("mist_token",), str),
-    # -- wearscript keys --
-    "wearscript.enabled": (("wearscript_enabled",), bool),
-    "wearscript.group_device": (("wearscript_group_device",), str),
-    "wearscript.test_handler": (("wearscript_test_handler",), bool),
-    "wearscript.hub_channels": (("wearscript_hub_channels",), tuple),
-    "wearscript.advertise_foreign": (("wearscript_advertise_foreign",), bool),
-    "wearscript.auth": (("wearscript_auth",), str),
-    "wearscript.upstream": (("wearscript_upstream",), str),
-    # -- qpubs keys --
-    "qpubs.enabled": (("qpubs_enabled",), bool),
-    "qpubs.separator": (("qpubs_separator",), str),
-    "qpubs.qrpc_listen": (("qpubs_qrpc_listen",), str),
-    "qpubs.heartbeat_s": (("qpubs_heartbeat_s",), float),
-    "qpubs.batch_bytes": (("qpubs_batch_bytes",), int),
-    "qpubs.batch_wait_ms": (("qpubs_batch_wait_ms",), int),
-    "qpubs.auth": (("qpubs_auth",), str),
-    # -- federation keys --
-    "upstream": (("upstream",), tuple),
-    "federation.node_id": (("federation_node_id",), str),
-    "federation.token": (("federation_token",), str),
-    "federation.token_file": (("federation_token_file",), str),
-    "federation.accept": (("federation_accept",), bool),
-    # -- cluster keys --
-    "cluster.node_id": (("cluster_node_id",), str),
-    "cluster.redis_channel": (("cluster_redis_channel",), str),
-    "cluster.gap_wait_s": (("cluster_gap_wait_s",), float),
-    "cluster.poll_interval_s": (("cluster_poll_interval_s",), float),
-    "cluster.presence_ttl_s": (("cluster_presence_ttl_s",), float),
-}
-
-#: Keys whose values are masked in ``repr`` and logs.
-SECRET_KEYS: frozenset[str] = frozenset({"mist.token", "wearscript.upstream", "federation.token"})
+# -- keys ---------------------------------------------------------------------------------------------------
 
 
-# guble's own option names (guble.md §1). A hubbub flag or HUBBUB_* variable always wins over these.
-GUBLE_FLAGS: dict[str, str] = {
-    "--http": "http.listen",
-    "--storage-path": "data_dir",
-    "--health-endpoint": "guble.health_endpoint",
-    "--metrics-endpoint": "guble.metrics_endpoint",
-    "--node-id": "guble.node_id",
-}
-GUBLE_ENV: dict[str, str] = {
-    "GUBLE_HTTP_LISTEN": "http.listen",
-    "GUBLE_STORAGE_PATH": "data_dir",
-    "GUBLE_HEALTH_ENDPOINT": "guble.health_endpoint",
-    "GUBLE_METRICS_ENDPOINT": "guble.metrics_endpoint",
-    "GUBLE_NODE_ID": "guble.node_id",
-}
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One configuration key: its dotted name, the section field it sets, and its type (``str``, ``bool``,
+    ``int``, ``float``, ``tuple`` or ``dict``). Its flag, ``HUBBUB_*`` name and TOML key derive from
+    ``name``."""
+
+    name: str
+    section: type[Section]
+    field: str
+    type: type
+    #: Masked in ``repr`` and logs.
+    secret: bool = False
+    #: A list that may also be given as words separated by spaces or commas (``HUBBUB_UPSTREAM``).
+    words: bool = False
+    #: A listener's shipped ``HOST:PORT`` (see :data:`LISTEN_OVERRIDE`), else "".
+    listen_default: str = ""
+
+    def parse(self, value: Any) -> Any:
+        """``value`` (a TOML value, or the text of a flag or a variable) as this key's type."""
+        v = _coerce(self.name, self.type, value, self.words)
+        return Secret(v) if self.secret else v
+
+    def default(self) -> Any:
+        return getattr(self.section(), self.field)
+
+    def read(self, config: Config) -> Any:
+        return getattr(config.section(self.section), self.field)
 
 
-def _guble_aliases(values: dict[str, Any], cli: Mapping[str, Any], env: Mapping[str, str]) -> None:
-    """Apply guble's variables, then its flags, over the file (below HUBBUB_* and hubbub flags)."""
-    for name, given in [(n, env.get(n)) for n in GUBLE_ENV] + [(f, cli.get(f)) for f in GUBLE_FLAGS]:
-        if given is None:
-            continue
-        key = GUBLE_ENV.get(name) or GUBLE_FLAGS[name]
-        # guble's ":8080" listens on every interface
-        every = key == "http.listen" and isinstance(given, str) and given.startswith(":")
-        values[key] = "0.0.0.0" + given if every else given
-    for name in sorted(env):
-        if name.startswith("GUBLE_") and name not in GUBLE_ENV:
-            logging.getLogger("hubbub.config").warning("ignoring %s: guble option not used by hubbub", name)
+def _key_of(cls: type[Section], name: str) -> str:
+    """The dotted key of field ``name`` of section ``cls`` ("" for a field with no key)."""
+    f = {f.name: f for f in fields(typing.cast(Any, cls))}[name]
+    if "key" in f.metadata:
+        return str(f.metadata["key"])
+    return f"{cls.SECTION}.{name}" if cls.SECTION else name
+
+
+def _key_type(hint: Any, where: str) -> tuple[type, bool]:
+    """A field's annotation as its key's (type, secret)."""
+    if hint is Secret:
+        return str, True
+    if hint is SecretMap:
+        return dict, False
+    if hint in (str, bool, int, float):
+        return typing.cast(type, hint), False
+    if typing.get_origin(hint) is tuple:
+        return tuple, False
+    raise TypeError(f"{where}: a key's type is str, bool, int, float, Secret, tuple[str, ...] or SecretMap")
+
+
+#: section_keys's, by class (the classes are few and live as long as the process).
+_SECTION_KEYS: dict[type[Section], tuple[Key, ...]] = {}
+
+
+def section_keys(cls: type[Section]) -> tuple[Key, ...]:
+    """The keys of a section class, in field order."""
+    if cls in _SECTION_KEYS:
+        return _SECTION_KEYS[cls]
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for f in fields(typing.cast(Any, cls)):
+        name = _key_of(cls, f.name)
+        if name:
+            typ, secret = _key_type(hints[f.name], f"{cls.__name__}.{f.name}")
+            words, listen = bool(f.metadata.get("words")), str(f.metadata.get("listen", ""))
+            keys.append(Key(name, cls, f.name, typ, secret, words, listen))
+    found = _SECTION_KEYS[cls] = tuple(keys)
+    return found
+
+
+def _core_sections() -> tuple[tuple[str, type[Section]], ...]:
+    """The core's sections as (attribute of :class:`Config`, class)."""
+    hints = typing.get_type_hints(Config)
+    return tuple((f.name, hints[f.name]) for f in fields(Config) if f.name != "dialects")
+
+
+def config_keys(dialects: Iterable[type[DialectSection]] = ()) -> dict[str, Key]:
+    """Every key by dotted name: the core's, then the given dialects' sections'."""
+    out: dict[str, Key] = {}
+    for cls in [c for _, c in _core_sections()] + list(dialects):
+        for key in section_keys(cls):
+            if key.name in out:
+                raise ValueError(f"{key.name}: a key of {out[key.name].section.__name__} and {cls.__name__}")
+            out[key.name] = key
+    return out
 
 
 #: ``HUBBUB_*`` variables that are not server keys, and so never a typo of one. ``hubbub serve`` refuses
@@ -443,10 +562,10 @@ OTHER_ENV: dict[str, str] = {
 }
 
 
-def _check_env_names(env: Mapping[str, str]) -> None:
+def _check_env_names(keys: Mapping[str, Key], env: Mapping[str, str]) -> None:
     """Refuse a ``HUBBUB_*`` variable that is neither a key's nor one of :data:`OTHER_ENV`, naming the
     closest known variable."""
-    known = {env_name(key) for key in KEYS} | OTHER_ENV.keys()
+    known = {env_name(key) for key in keys} | OTHER_ENV.keys()
     for name in sorted(env):
         if not name.startswith("HUBBUB_") or name in known:
             continue
@@ -456,9 +575,9 @@ def _check_env_names(env: Mapping[str, str]) -> None:
         raise ConfigError(f"unknown environment variable {name}{hint}")
 
 
-def _check_file_key(key: str, config_file: str) -> None:
-    if key not in KEYS:
-        close = difflib.get_close_matches(key, KEYS, n=1)
+def _check_file_key(keys: Mapping[str, Key], key: str, config_file: str) -> None:
+    if key not in keys:
+        close = difflib.get_close_matches(key, keys, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"config file {config_file}: unknown key {key!r}{hint}")
 
@@ -471,15 +590,13 @@ def env_name(key: str) -> str:
     return "HUBBUB_" + key.replace(".", "_").upper()
 
 
-def _coerce(key: str, typ: type, value: Any) -> Any:
+def _coerce(key: str, typ: type, value: Any, words: bool = False) -> Any:
     if typ is dict or typ is tuple:
-        return _coerce_json(key, typ, value)
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
-        return value
+        return _coerce_json(key, typ, value, words)
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)  # TOML's 600 for a float key
+    if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
+        return value
     if not isinstance(value, str):
         raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}")
     try:
@@ -496,10 +613,10 @@ def _coerce(key: str, typ: type, value: Any) -> Any:
     return value
 
 
-def _coerce_json(key: str, typ: type, value: Any) -> Any:
+def _coerce_json(key: str, typ: type, value: Any, words: bool) -> Any:
     """A map (``dict``) or list (``tuple``) key: a TOML table or array, or JSON text (flags, environment,
     README §2). Maps become a :class:`SecretMap`, lists a tuple of masked strings."""
-    if isinstance(value, str) and key == "upstream" and not value.lstrip().startswith("["):
+    if isinstance(value, str) and words and not value.lstrip().startswith("["):
         value = [u for u in re.split(r"[\s,]+", value) if u]  # HUBBUB_UPSTREAM="ws://a ws://b"
     if isinstance(value, str):
         try:
@@ -512,27 +629,59 @@ def _coerce_json(key: str, typ: type, value: Any) -> Any:
         return SecretMap(value)
     if not isinstance(value, list | tuple) or not all(isinstance(x, str) for x in value):
         raise ConfigError(f"{key}: expected a JSON list of strings")
-    return tuple(_Secret(x) for x in value)
+    return tuple(Secret(x) for x in value)
 
 
-def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(keys: Mapping[str, Key], doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in doc.items():
         key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and key not in KEYS:
-            out.update(_flatten(v, key + "."))
+        if isinstance(v, Mapping) and key not in keys:
+            out.update(_flatten(keys, v, key + "."))
         else:
             out[key] = v
     return out
+
+
+def alias_flags(dialects: Iterable[type[DialectSection]]) -> dict[str, str]:
+    """Every command-line alias of the dialects (``--node-id`` for ``guble.node_id``), flag -> key."""
+    return {flag: key for cls in dialects for flag, key in cls.FLAG_ALIASES.items()}
+
+
+def _aliases(
+    values: dict[str, Any],
+    dialects: Iterable[type[DialectSection]],
+    cli: Mapping[str, Any],
+    env: Mapping[str, str],
+) -> None:
+    """Apply each dialect's aliases (:attr:`DialectSection.ENV_ALIASES`, then its flags) over the file
+    (below ``HUBBUB_*`` and hubbub's flags)."""
+    for cls in dialects:
+        given = [(var, cls.ENV_ALIASES[var], env.get(var)) for var in cls.ENV_ALIASES]
+        given += [(flag, cls.FLAG_ALIASES[flag], cli.get(flag)) for flag in cls.FLAG_ALIASES]
+        for _, key, value in given:
+            if value is not None:
+                values[key] = cls.alias_value(key, value)
+        if cls.ENV_PREFIX:
+            for name in sorted(env):
+                if name.startswith(cls.ENV_PREFIX) and name not in cls.ENV_ALIASES:
+                    logging.getLogger("hubbub.config").warning(
+                        "ignoring %s: %s option not used by hubbub", name, cls.SECTION
+                    )
 
 
 def load_config(
     cli: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     config_file: str | None = None,
+    dialects: Iterable[type[DialectSection]] = (),
 ) -> Config:
-    """Build the configuration. ``cli`` maps dotted keys to command-line values (None = unset)."""
+    """Build the configuration of the core's sections and ``dialects``' (the composition root gives the
+    registry's: ``hubbub.server_config.load_config``). ``cli`` maps dotted keys (and the dialects' alias
+    flags) to command-line values (None = unset)."""
     env = os.environ if env is None else env
+    dialects = tuple(dialects)
+    keys = config_keys(dialects)
     values: dict[str, Any] = {}
     if config_file:
         try:
@@ -540,35 +689,23 @@ def load_config(
                 doc = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {config_file}: {exc}") from None
-        for key, v in _flatten(doc).items():
-            _check_file_key(key, config_file)
+        for key, v in _flatten(keys, doc).items():
+            _check_file_key(keys, key, config_file)
             values[key] = v
-    _check_env_names(env)
-    _guble_aliases(values, cli or {}, env)
-    for key in KEYS:
+    _check_env_names(keys, env)
+    _aliases(values, dialects, cli or {}, env)
+    for key in keys:
         if env_name(key) in env:
             values[key] = env[env_name(key)]
+    aliases = alias_flags(dialects)
     for key, v in (cli or {}).items():
-        if v is not None and key not in GUBLE_FLAGS:
-            if key not in KEYS:
+        if v is not None and key not in aliases:
+            if key not in keys:
                 raise ConfigError(f"unknown key {key!r}")
             values[key] = v
-    cfg = Config()
-    limits: dict[str, Any] = {}
-    retention: dict[str, Any] = {}
-    top: dict[str, Any] = {}
-    for key, raw in values.items():
-        path, typ = KEYS[key]
-        v = _coerce(key, typ, raw)
-        if key in SECRET_KEYS:
-            v = _Secret(v)
-        if path[0] == "limits":
-            limits[path[1]] = v
-        elif path[0] == "retention":
-            retention[path[1]] = v
-        else:
-            top[path[0]] = v
-    cfg = replace(
-        cfg, limits=replace(cfg.limits, **limits), retention=replace(cfg.retention, **retention), **top
-    )
-    return cfg.validate()
+    raw: dict[type[Section], dict[str, Any]] = {}
+    for key, v in values.items():
+        raw.setdefault(keys[key].section, {})[keys[key].field] = v
+    core: dict[str, Any] = {name: cls.parse(raw.get(cls, {})) for name, cls in _core_sections()}
+    sections = {cls.SECTION: cls.parse(raw.get(cls, {})) for cls in dialects}
+    return Config(**core, dialects=types.MappingProxyType(sections)).validate()

@@ -144,45 +144,45 @@ class Server:
         r = cfg.retention
         retention = RetentionPolicy(r.max_age_s, r.max_events, r.max_bytes, r.max_total_bytes)
         loop = asyncio.get_running_loop()
-        if cfg.store != "memory":
-            self._dir_lock = lock_data_dir(cfg.data_dir)
+        if cfg.storage.store != "memory":
+            self._dir_lock = lock_data_dir(cfg.storage.data_dir)
         try:
             store = await loop.run_in_executor(
                 None,
                 open_store,
-                cfg.store,
-                cfg.data_dir,
-                cfg.durability,
+                cfg.storage.store,
+                cfg.storage.data_dir,
+                cfg.storage.durability,
                 retention,
-                cfg.native_idempotency_window_s,
+                cfg.native.idempotency_window_s,
             )
         except StorageError as exc:
             # Said where: the operator's next step depends on which directory or database it is.
             raise StorageError(f"cannot open the log ({store_place(cfg)}): {exc}") from None
-        broker = self._broker = build_broker(cfg, store) if cfg.broker else None
+        broker = self._broker = build_broker(cfg, store) if cfg.cluster.broker else None
         lim = cfg.limits
-        if cfg.native_max_recovery:
+        if cfg.native.max_recovery:
             log.warning("native.max_recovery is deprecated and ignored: recovery from the log has no limit")
         settings = NodeSettings(
             max_subscriptions=lim.max_subscriptions,
-            commit_batch=cfg.commit_batch,
+            commit_batch=cfg.storage.commit_batch,
             retention=retention,
         )
         lim_settings = LimitSettings(
             lim.publish_rate, lim.publish_burst, lim.max_connections, lim.max_connections_per_ip
         )
-        token = cfg.auth_mode == "token"
+        token = cfg.auth.mode == "token"
         self.node = node = Node(
             store,
             settings,
             TokenAuthorizer() if token else None,
-            new_epochs=cfg.durability == "none",
+            new_epochs=cfg.storage.durability == "none",
             authenticator=build_authenticator(cfg) if token else None,
             limits=lim_settings,
             view=None if broker is None else ClusterView(store, broker),
         )
-        if cfg.tls_cert:
-            self._ssl = server_context(cfg.tls_cert, cfg.tls_key)
+        if cfg.tls.cert:
+            self._ssl = server_context(cfg.tls.cert, cfg.tls.key)
         # Every long-lived component is entered here, and left in the reverse order by stop().
         stack = self._components
         if broker is not None:
@@ -200,7 +200,7 @@ class Server:
         self.consumers = await stack.enter_async_context(
             ConsumerService(
                 node,
-                poll_s=cfg.cluster_poll_interval_s,
+                poll_s=cfg.cluster.poll_interval_s,
                 max_consumers=lim.max_consumers,
                 held_bytes_max=lim.consumer_memory,
             )
@@ -220,9 +220,9 @@ class Server:
             max_subscriptions=lim.max_subscriptions,
             send_queue=lim.send_queue,
             send_queue_bytes=lim.send_queue_bytes,
-            ping_interval=cfg.native_ping_interval_s,
+            ping_interval=cfg.native.ping_interval_s,
             codec_limits=codec_limits,
-            cors_origins=parse_cors_origin(cfg.cors_origin),
+            cors_origins=parse_cors_origin(cfg.http.cors_origin),
         )
 
         def track(task: asyncio.Task[None]) -> None:
@@ -235,13 +235,13 @@ class Server:
                 self.dialects[binding.spec.name] = await binding.mount(wiring)
         installers = [m.installer for m in self.dialects.values() if m.installer is not None]
         app, self._native_http = build_app(node, http_settings, installers)
-        if cfg.federation_accept or cfg.upstream:
+        if cfg.federation.accept or cfg.federation.upstream:
             self._federate(node, cfg, store.engine, self._native_http)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
         await self._runner.setup()
-        host, port = parse_listen(cfg.http_listen, "http.listen")
+        host, port = parse_listen(cfg.http.listen, "http.listen")
         site = HttpListener(
-            self._runner, host, port, node, head_timeout_s=cfg.http_head_timeout_s, ssl_context=self._ssl
+            self._runner, host, port, node, head_timeout_s=cfg.http.head_timeout_s, ssl_context=self._ssl
         )
         await site.start()
         self.ports["http"] = site.port
@@ -250,7 +250,7 @@ class Server:
         for mounted in self.dialects.values():
             await mounted.started(wiring, self._native_http.registry)
             self.ports.update({name: listener.port for name, listener in mounted.listeners.items()})
-        if cfg.native_enabled:
+        if cfg.native.enabled:
             await self._listen_native(node, codec_limits, track)
         # The links up start last and stop first: they must not reconnect while the node stops, and they save
         # their cursors once no more events move.
@@ -262,7 +262,11 @@ class Server:
         log.info(
             "hubbub %s started",
             __version__,
-            extra={"store": store.engine, "durability": cfg.durability, "data_dir": cfg.data_dir},
+            extra={
+                "store": store.engine,
+                "durability": cfg.storage.durability,
+                "data_dir": cfg.storage.data_dir,
+            },
         )
 
     async def _listen_native(
@@ -271,7 +275,7 @@ class Server:
         """The native TCP listener (``native.tcp_listen``)."""
         cfg = self.config
         lim = cfg.limits
-        host, port = parse_listen(cfg.native_tcp_listen, "native.tcp_listen")
+        host, port = parse_listen(cfg.native.tcp_listen, "native.tcp_listen")
         # The listener shares its codecs (one per encoding), so connections share the session encoders.
         encoders: dict[str, NativeEncoder] = {}
 
@@ -302,7 +306,7 @@ class Server:
                 max_subscriptions=lim.max_subscriptions,
                 send_queue=lim.send_queue,
                 send_queue_bytes=lim.send_queue_bytes,
-                ping_interval=cfg.native_ping_interval_s,
+                ping_interval=cfg.native.ping_interval_s,
                 encoder=encoder,
             )
             conn.peer = peer_ip(writer)
@@ -316,7 +320,7 @@ class Server:
             track,
             codec_limits,
             node=node,
-            first_message_timeout_s=cfg.tcp_first_message_timeout_s,
+            first_message_timeout_s=cfg.tcp.first_message_timeout_s,
             ssl_context=self._ssl,
         )
         self.ports["native"] = self._tcp.port
@@ -325,20 +329,20 @@ class Server:
     def _federate(self, node: Node, cfg: Config, engine: str, http: NativeHttp) -> None:
         """This node's federation id, the links of nodes below (``federation.accept``), and the links up
         (``upstream``), created before any listener so that no publish precedes their cursors."""
-        state_dir = None if engine == "memory" else Path(cfg.data_dir) / "federation"
+        state_dir = None if engine == "memory" else Path(cfg.storage.data_dir) / "federation"
         hub = self.federation = FederationHub(node, federation_node_id(cfg), state_dir)
-        if cfg.federation_accept:
+        if cfg.federation.accept:
             http.federation = hub
         http.registry.register(FederationHubCollector(hub))
         lim = cfg.limits
-        for url in cfg.upstream:
+        for url in cfg.federation.upstream:
             self.upstreams.append(
                 FederationUpstream(
                     node,
                     hub,
                     str(url),
-                    token=str(cfg.federation_token),
-                    token_file=Path(cfg.federation_token_file) if cfg.federation_token_file else None,
+                    token=str(cfg.federation.token),
+                    token_file=Path(cfg.federation.token_file) if cfg.federation.token_file else None,
                     state_dir=state_dir,
                     max_frame=lim.max_frame,
                     send_queue=lim.send_queue,
@@ -358,10 +362,10 @@ class Server:
             return
         try:
             cfg = self._reload_config() if self._reload_config is not None else self.config
-            if cfg.auth_mode == "token" and node.access.authenticator is not None:
+            if cfg.auth.mode == "token" and node.access.authenticator is not None:
                 node.access.authenticator = build_authenticator(cfg)
-            if self._ssl is not None and cfg.tls_cert:
-                reload_context(self._ssl, cfg.tls_cert, cfg.tls_key)
+            if self._ssl is not None and cfg.tls.cert:
+                reload_context(self._ssl, cfg.tls.cert, cfg.tls.key)
         except (ConfigError, ValueError, OSError, ssl.SSLError) as exc:
             log.error("reload failed, keeping the current keys: %s", exc)
             return
@@ -469,9 +473,9 @@ def lock_data_dir(data_dir: str) -> int:
 def store_place(cfg: Config) -> str:
     """Where ``cfg``'s log lives, for an operator's error message: the data directory or file of a SQLite log,
     the host and database of a PostgreSQL one (never its user or password)."""
-    url = cfg.store
+    url = cfg.storage.store
     if url == "sqlite":
-        return f"data_dir {cfg.data_dir}"
+        return f"data_dir {cfg.storage.data_dir}"
     if url.startswith("sqlite:"):
         return f"file {url[len('sqlite://') :]}"
     if url.lower().startswith(("postgresql://", "postgres://")):
@@ -484,9 +488,9 @@ def store_place(cfg: Config) -> str:
 def federation_node_id(cfg: Config) -> str:
     """``federation.node_id``, else the id kept in ``<data_dir>/federation/node-id`` (made on first start),
     else (no writable data directory) a random one for this process."""
-    if cfg.federation_node_id:
-        return cfg.federation_node_id
-    path = Path(cfg.data_dir) / "federation" / "node-id"
+    if cfg.federation.node_id:
+        return cfg.federation.node_id
+    path = Path(cfg.storage.data_dir) / "federation" / "node-id"
     try:
         text = path.read_text().strip()
         if text:
@@ -505,31 +509,30 @@ def federation_node_id(cfg: Config) -> str:
 def build_broker(cfg: Config, store: LogStore) -> RedisBroker:
     """The Redis broker of ``broker = redis://…`` (docs/cluster.md)."""
     settings = BrokerSettings(
-        url=cfg.broker,
-        node_id=cfg.cluster_node_id or default_node_id(),
-        redis_channel=cfg.cluster_redis_channel,
-        gap_wait_s=cfg.cluster_gap_wait_s,
-        poll_interval_s=cfg.cluster_poll_interval_s,
+        url=cfg.cluster.broker,
+        node_id=cfg.cluster.node_id or default_node_id(),
+        redis_channel=cfg.cluster.redis_channel,
+        gap_wait_s=cfg.cluster.gap_wait_s,
+        poll_interval_s=cfg.cluster.poll_interval_s,
     )
     return RedisBroker(settings, store)
 
 
 def build_presence(cfg: Config, node_id: str, supervision: Supervision | None = None) -> RedisPresence:
     """The cluster-wide rosters of a cluster node (docs/cluster.md "Presence"), in the broker's Redis."""
-    return RedisPresence(
-        cfg.broker, node_id, cfg.cluster_redis_channel, cfg.cluster_presence_ttl_s, supervision=supervision
-    )
+    c = cfg.cluster
+    return RedisPresence(c.broker, node_id, c.redis_channel, c.presence_ttl_s, supervision=supervision)
 
 
 def build_authenticator(cfg: Config) -> Authenticator:
     """The authenticator of ``auth.mode = token``: reads the key files. Raises :class:`ValueError` (naming the
     entry, never a secret) when a token or key cannot be used."""
     return Authenticator(
-        parse_static_tokens(cfg.auth_tokens),
-        load_keys(cfg.auth_jwt_keys, cfg.auth_jwks_file),
-        leeway=cfg.auth_jwt_leeway_s,
-        audience=cfg.auth_jwt_audience,
-        issuer=cfg.auth_jwt_issuer,
+        parse_static_tokens(cfg.auth.tokens),
+        load_keys(cfg.auth.jwt_keys, cfg.auth.jwks_file),
+        leeway=cfg.auth.jwt_leeway_s,
+        audience=cfg.auth.jwt_audience,
+        issuer=cfg.auth.jwt_issuer,
     )
 
 

@@ -60,8 +60,8 @@ def server_factory(
 ) -> Callable[[], AbstractAsyncContextManager[HasPorts]]:
     """A fresh ``Server`` on ``data_dir`` per call (the runner calls it again on restart), loopback port 0."""
     # Imported here, not at the top: collection (and the skips) must work while the server is half-built.
-    from hubbub.config import KEYS, load_config
     from hubbub.server import Server
+    from hubbub.server_config import KEYS, load_config
 
     cli: dict[str, Any] = {"data_dir": str(data_dir), "http.listen": "127.0.0.1:0"}
     cli.update({key: "127.0.0.1:0" for key in _TCP_LISTEN_KEYS if key in KEYS})

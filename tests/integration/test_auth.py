@@ -26,8 +26,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 SECRET = "integration-hs256-secret-0123456789abcdef"
 TOKENS = {

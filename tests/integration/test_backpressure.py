@@ -25,9 +25,9 @@ import aiohttp
 import msgpack
 import pytest
 
-from hubbub.config import load_config
 from hubbub.core import Node, Session
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 WAIT = 20.0
 SEND_QUEUE = 64

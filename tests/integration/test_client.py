@@ -29,10 +29,10 @@ from hubbub.client import (
     Subscription,
     SyncSubscription,
 )
-from hubbub.config import load_config
 from hubbub.errors import BadChannel
 from hubbub.events import Event, Position
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 WAIT = 10.0

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from hubbub.client import AsyncClient
 from hubbub.client.bulk import BulkPublisher
-from hubbub.config import load_config
 from hubbub.events import Event
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 CHANNELS = 20
 AFTER_CLOSE = 12_000

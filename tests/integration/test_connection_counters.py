@@ -13,11 +13,11 @@ from typing import Any
 
 import aiohttp
 
-from hubbub.config import load_config
 from hubbub.core import Session
 from hubbub.core.session import Overflow
 from hubbub.events import Event, Publisher
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 HOST = "127.0.0.1"
 WAIT = 10.0

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from hubbub.config import load_config
 from hubbub.log.consumers import ConsumerSpec
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 from .consumer_wire import WAIT, Wire
 from .qrpcclient import QrpcClient

@@ -16,13 +16,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from hubbub.config import load_config
 from hubbub.core import Batch, ConsumerService, Node, NodeSettings
 from hubbub.events import Event, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
 from hubbub.log.consumers import ConsumerSpec
 from hubbub.server import Server
+from hubbub.server_config import load_config
 from hubbub.transports.metrics import ConsumerCollector, ConsumerSeries, render_metrics
 
 from .consumer_wire import WAIT, Wire

@@ -24,11 +24,11 @@ import aiohttp
 import msgpack
 import pytest
 
-from hubbub.config import load_config
 from hubbub.core.session import Session
 from hubbub.core.subscriptions import SubscriptionRegistry
 from hubbub.events import Event
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 from .consumer_wire import Wire, text
 

@@ -9,29 +9,31 @@ import contextlib
 import re
 import socket
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from hubbub.client import AsyncClient
-from hubbub.config import Config, SecretMap
+from hubbub.config import Config
 from hubbub.events import Event
 from hubbub.server import Server
+from hubbub.server_config import load_config
 from hubbub.transports.federation_link import FederationUpstream
 
 WAIT = 15.0
 
 
-def config(tmp: Path, name: str, *upstream: str) -> Config:
-    return Config(
-        data_dir=str(tmp / name),
-        http_listen="127.0.0.1:0",
-        native_tcp_listen="127.0.0.1:0",
-        federation_node_id=name,
-        upstream=upstream,
-    )
+def config(tmp: Path, name: str, *upstream: str, keys: dict[str, object] | None = None) -> Config:
+    """Node ``name``'s configuration, linked up to ``upstream``, with ``keys`` (dotted) set too."""
+    cli = {
+        "data_dir": str(tmp / name),
+        "http.listen": "127.0.0.1:0",
+        "native.tcp_listen": "127.0.0.1:0",
+        "federation.node_id": name,
+        "upstream": list(upstream),
+    }
+    return load_config({**cli, **(keys or {})}, env={})
 
 
 def url(server: Server) -> str:
@@ -185,7 +187,7 @@ def test_a_backlog_of_12000_events_goes_up_in_one_replay_after_the_node_above_co
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        a_cfg = replace(config(tmp_path, "A"), http_listen=f"127.0.0.1:{port}")
+        a_cfg = config(tmp_path, "A", keys={"http.listen": f"127.0.0.1:{port}"})
         async with Server(a_cfg) as a, Server(config(tmp_path, "B", url(a))) as b:
             link = b.upstreams[0]
             await until(lambda: link.state == "up", "the link up")
@@ -220,13 +222,13 @@ def test_links_present_their_token_from_the_url_or_federation_token(tmp_path: Pa
     }
 
     async def main() -> None:
-        a_cfg = replace(config(tmp_path, "A"), auth_mode="token", auth_tokens=SecretMap(tokens))
+        a_cfg = config(tmp_path, "A", keys={"auth.mode": "token", "auth.tokens": tokens})
         async with Server(a_cfg) as a:
             in_url = config(tmp_path, "B", url(a) + "?token=linktok")
-            in_cfg = replace(config(tmp_path, "C", url(a)), federation_token="linktok")
+            in_cfg = config(tmp_path, "C", url(a), keys={"federation.token": "linktok"})
             none = config(tmp_path, "D", url(a))
             # A URL's own token names that link: it wins over federation.token.
-            both = replace(config(tmp_path, "E", url(a) + "?token=linktok"), federation_token="badtok")
+            both = config(tmp_path, "E", url(a) + "?token=linktok", keys={"federation.token": "badtok"})
             async with Server(in_url) as b, Server(in_cfg) as c, Server(none) as d, Server(both) as e:
                 await synced(b.upstreams[0], c.upstreams[0], e.upstreams[0])
                 assert b.upstreams[0].url == url(a) + "/ws/hubbub"  # the token is not kept in the URL
@@ -325,9 +327,9 @@ def test_a_token_file_is_read_at_each_connection(tmp_path: Path) -> None:
     token_file = tmp_path / "link-token"
 
     async def main() -> None:
-        a_cfg = replace(config(tmp_path, "A"), auth_mode="token", auth_tokens=SecretMap(tokens))
+        a_cfg = config(tmp_path, "A", keys={"auth.mode": "token", "auth.tokens": tokens})
         async with Server(a_cfg) as a:
-            b_cfg = replace(config(tmp_path, "B", url(a)), federation_token_file=str(token_file))
+            b_cfg = config(tmp_path, "B", url(a), keys={"federation.token_file": str(token_file)})
             async with Server(b_cfg) as b:
                 link = b.upstreams[0]
                 await until(lambda: link.reconnects >= 1, "a retry while the file is missing")
@@ -355,7 +357,7 @@ def test_a_fast_burst_from_above_does_not_overflow_the_links_up_session(tmp_path
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        a_cfg = replace(config(tmp_path, "A"), http_listen=f"127.0.0.1:{port}")
+        a_cfg = config(tmp_path, "A", keys={"http.listen": f"127.0.0.1:{port}"})
         async with Server(config(tmp_path, "B", f"ws://127.0.0.1:{port}")) as b:
             link = b.upstreams[0]
             link.send_queue = 64  # the link's own queue only: the subscriber below keeps the default bound

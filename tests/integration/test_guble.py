@@ -13,12 +13,13 @@ from typing import Any
 
 import aiohttp
 
-from hubbub.config import load_config
 from hubbub.core import Node, NodeSettings
+from hubbub.dialects.guble import GubleConfig
 from hubbub.events import Event, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
 from hubbub.server import Server
+from hubbub.server_config import load_config
 from hubbub.transports.guble import GubleConnection, GubleHub, GubleSettings
 from hubbub.transports.http import HttpSettings
 
@@ -417,7 +418,8 @@ def test_guble_env_aliases() -> None:
             "GUBLE_KVS": "memory",
         }
     )
-    assert (cfg.http_listen, cfg.data_dir, cfg.guble_node_id, cfg.guble_metrics_endpoint) == (
+    guble = cfg.section(GubleConfig)
+    assert (cfg.http.listen, cfg.storage.data_dir, guble.node_id, guble.metrics_endpoint) == (
         "0.0.0.0:8099",
         "/tmp/g",
         4,
@@ -428,9 +430,9 @@ def test_guble_env_aliases() -> None:
         cli={"--node-id": "6", "--http": "127.0.0.1:1"},
         env={"GUBLE_NODE_ID": "5", "GUBLE_HTTP_LISTEN": ":2", "HUBBUB_HTTP_LISTEN": "127.0.0.1:3"},
     )
-    assert (cfg.guble_node_id, cfg.http_listen) == (6, "127.0.0.1:3")
+    assert (cfg.section(GubleConfig).node_id, cfg.http.listen) == (6, "127.0.0.1:3")
     cfg = load_config(cli={"http.listen": "127.0.0.1:4", "--http": ":5"}, env={})
-    assert cfg.http_listen == "127.0.0.1:4"
+    assert cfg.http.listen == "127.0.0.1:4"
 
 
 def test_fetch_selection_ignores_commits_after_the_snapshot(tmp_path: Path) -> None:

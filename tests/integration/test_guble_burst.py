@@ -13,9 +13,9 @@ from pathlib import Path
 
 import aiohttp
 
-from hubbub.config import load_config
 from hubbub.core import Session
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 WAIT = 30.0
 N = 3000

@@ -16,11 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hubbub.config import load_config
 from hubbub.events import Event, Publisher
 from hubbub.log import DB_FILENAME, AppendRequest, SqliteLogStore
 from hubbub.log.base import LogPage
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 from .test_guble import connect, recv, serve
 

@@ -20,8 +20,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 WAIT = 10.0
 HEAD_TIMEOUT = 0.4

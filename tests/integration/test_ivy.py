@@ -19,12 +19,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hubbub.config import load_config
 from hubbub.dialects.ivy import ts
 from hubbub.events import Publisher
 from hubbub.log import DB_FILENAME, SqliteLogStore
 from hubbub.log.base import AppendRequest
 from hubbub.server import Server
+from hubbub.server_config import load_config
 from hubbub.transports import ivy as ivy_transport
 
 WAIT = 10.0

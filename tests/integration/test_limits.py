@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 
 @asynccontextmanager

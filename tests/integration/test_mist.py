@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 from .mist_clients import WAIT, Client1x, GoClient2015, Message
 from .serverproc import ServerProcess

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from hubbub.client import AsyncClient, Emitter
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 from .consumer_wire import WAIT, Wire, text
 from .serverproc import ServerProcess

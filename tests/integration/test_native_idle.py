@@ -17,8 +17,8 @@ import msgpack
 import orjson
 import uvloop
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 from hubbub.transports.native import Keepalive, NativeConnection
 
 WAIT = 10.0

@@ -14,8 +14,8 @@ import msgpack
 import orjson
 import pytest
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 WAIT = 10.0
 HUGE = 2**70

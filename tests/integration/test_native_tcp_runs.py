@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from hubbub.config import load_config
 from hubbub.dialects.native import RUN_MAX
 from hubbub.server import Server
+from hubbub.server_config import load_config
 from hubbub.transports.tcp import READ_CHUNK
 
 from .serverproc import ServerProcess

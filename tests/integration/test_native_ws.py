@@ -10,8 +10,8 @@ import aiohttp
 import msgpack
 import pytest
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 from hubbub.transports.http import ws_frames
 
 WAIT = 10.0

@@ -20,8 +20,10 @@ import aiohttp
 import msgpack
 import pytest
 
-from hubbub.config import ConfigError, load_config
+from hubbub.config import ConfigError
+from hubbub.dialects.qpubs import QpubsConfig
 from hubbub.server import Server
+from hubbub.server_config import load_config
 from tests.conftest import DEFAULT_QRPC_LISTEN
 
 from .qrpcclient import CallError, QrpcClient
@@ -437,8 +439,9 @@ def test_configuration_keys() -> None:
         cli={"qpubs.separator": "::", "qpubs.batch_wait_ms": 0},
         env={"HUBBUB_QPUBS_QRPC_LISTEN": "127.0.0.1:7000", "HUBBUB_QPUBS_AUTH": "off"},
     )
-    assert (cfg.qpubs_separator, cfg.qpubs_batch_wait_ms) == ("::", 0)
-    assert (cfg.qpubs_qrpc_listen, cfg.qpubs_auth) == ("127.0.0.1:7000", "off")
+    qpubs = cfg.section(QpubsConfig)
+    assert (qpubs.separator, qpubs.batch_wait_ms) == ("::", 0)
+    assert (qpubs.qrpc_listen, qpubs.auth) == ("127.0.0.1:7000", "off")
     assert DEFAULT_QRPC_LISTEN == "127.0.0.1:1337"  # qpubs.md §1 (tests move it: tests/conftest.py)
     for bad in (
         {"qpubs.separator": "*"},

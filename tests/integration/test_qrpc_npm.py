@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 SCRIPT = Path(__file__).with_name("qrpc_client.js")
 #: The qrpc release the spec's framing was read from (any 1.x speaks it).

@@ -16,7 +16,6 @@ import msgpack
 import pytest
 
 from hubbub.channels import parse_pattern
-from hubbub.config import load_config
 from hubbub.core import Node, NodeSettings, ReplayPlan, ReplaySpec, Session
 from hubbub.core import replay_service as node_mod
 from hubbub.dialects import native as nc
@@ -24,6 +23,7 @@ from hubbub.events import Event, Position, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, LogStore, RetentionPolicy
 from hubbub.server import Server
+from hubbub.server_config import load_config
 from hubbub.transports.native import NativeEncoder
 
 

@@ -29,8 +29,8 @@ import aiohttp
 import orjson
 import pytest
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 WAIT = 30.0
 #: Events in the log before the subscriber asks for them, and their payload: together (12 MB) more than the

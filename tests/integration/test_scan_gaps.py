@@ -15,11 +15,11 @@ import pytest
 from hubbub.channels import parse_pattern
 from hubbub.client import AsyncClient
 from hubbub.client import Gap as ClientGap
-from hubbub.config import load_config
 from hubbub.core import Node, ReplaySpec, Session
 from hubbub.core.replay import Gap
 from hubbub.events import Event
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 from .test_node import Enc, Run, req, run
 

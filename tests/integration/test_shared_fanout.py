@@ -19,8 +19,8 @@ import aiohttp
 import msgpack
 import pytest
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 WAIT = 10.0
 N = 200

@@ -33,11 +33,11 @@ import aiohttp
 import msgpack
 import pytest
 
-from hubbub.config import load_config
 from hubbub.core import Node, Session
 from hubbub.events import Publisher
 from hubbub.log.base import AppendRequest, AppendResult
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 WAIT = 20.0
 #: Server queue bound (events); a connection that reads is never let past half of it (Session.wait_room).

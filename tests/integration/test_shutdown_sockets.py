@@ -16,8 +16,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 HOST = "127.0.0.1"
 #: What each dialect's subscriber sends to follow channel /big (where a tag ``big`` goes with each event).

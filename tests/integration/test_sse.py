@@ -9,8 +9,8 @@ from typing import Any
 
 import aiohttp
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 
 async def read_sse(resp: aiohttp.ClientResponse, n: int) -> list[dict[str, Any]]:

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import uvloop
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 from .test_auth_reload import client_context, make_cert
 from .test_http_listener import WAIT, to_end, until

@@ -16,13 +16,13 @@ import pytest
 from hubbub import server as server_module
 from hubbub.channels import parse_pattern
 from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker
-from hubbub.config import load_config
 from hubbub.core import Node, Session
 from hubbub.core.writer import LogWriter
 from hubbub.events import Publisher
 from hubbub.log import MemoryLogStore
 from hubbub.log.base import AppendRequest
 from hubbub.server import Server
+from hubbub.server_config import load_config
 from tests.redisserver import RedisServer
 
 from .test_node import Enc

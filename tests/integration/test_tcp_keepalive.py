@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 from hubbub.transports.tcp import KEEPALIVE
 
 pytestmark = pytest.mark.skipif(

@@ -10,9 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hubbub.config import load_config
 from hubbub.log.base import ChannelInfo, LogStore
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 
 def test_trim_endpoint(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 import msgpack
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 WAIT = 10.0
 HUB = ["subscriptions", "server:0", ["test:server:0"]]

@@ -19,8 +19,8 @@ import msgpack
 import pytest
 from aiohttp import web
 
-from hubbub.config import load_config
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 from .serverproc import ServerProcess
 

@@ -20,10 +20,10 @@ import orjson
 import pytest
 
 from hubbub.client import AsyncClient
-from hubbub.config import load_config
 from hubbub.events import Event, Position, Publisher
 from hubbub.log import DB_FILENAME, AppendRequest, SqliteLogStore
 from hubbub.server import Server
+from hubbub.server_config import load_config
 
 CHANNELS = 1000
 WAIT = 60.0

@@ -5,7 +5,10 @@ from pathlib import Path
 import pytest
 
 import hubbub.config
-from hubbub.config import ConfigError, env_name, flag_name, load_config
+from hubbub.config import ConfigError, env_name, flag_name
+from hubbub.dialects.mist import MistConfig
+from hubbub.dialects.wearscript import WearscriptConfig
+from hubbub.server_config import load_config
 from tests.conftest import DEFAULT_MIST_TCP_LISTEN, REAL_LISTEN_DEFAULTS
 
 
@@ -13,9 +16,9 @@ def test_defaults() -> None:
     cfg = load_config({}, env={})
     assert REAL_LISTEN_DEFAULTS["http.listen"] == "127.0.0.1:8080"  # the shipped default
     assert REAL_LISTEN_DEFAULTS["native.tcp_listen"] == "127.0.0.1:7400"
-    assert cfg.http_listen == hubbub.config.DEFAULT_HTTP_LISTEN  # a free port in tests (tests/conftest.py)
-    assert cfg.data_dir == "./hubbub-data"
-    assert cfg.durability == "commit"
+    assert cfg.http.listen == hubbub.config.LISTEN_OVERRIDE  # a free port in tests (tests/conftest.py)
+    assert cfg.storage.data_dir == "./hubbub-data"
+    assert cfg.storage.durability == "commit"
     assert cfg.limits.max_frame == 1 << 20
 
 
@@ -24,7 +27,7 @@ def test_precedence_cli_env_file(tmp_path: Path) -> None:
     f.write_text('durability = "none"\n[limits]\nmax_frame = 100\nmax_tags = 5\n')
     env = {"HUBBUB_LIMITS_MAX_FRAME": "200", "HUBBUB_DURABILITY": "fsync"}
     cfg = load_config({"durability": "commit"}, env=env, config_file=str(f))
-    assert cfg.durability == "commit"  # CLI beats env
+    assert cfg.storage.durability == "commit"  # CLI beats env
     assert cfg.limits.max_frame == 200  # env beats file
     assert cfg.limits.max_tags == 5  # file beats default
 
@@ -42,7 +45,8 @@ def test_names() -> None:
         ({"durability": "sometimes"}, "durability"),
         ({"limits.max_frame": "lots"}, "limits.max_frame"),
         ({"limits.max_frame": "0"}, "limits.max_frame"),
-        ({"http.listen": "nowhere"}, "http_listen"),
+        ({"http.listen": "nowhere"}, r"^http\.listen: expected HOST:PORT"),
+        ({"native.tcp_listen": "nowhere"}, r"^native\.tcp_listen: expected HOST:PORT"),
         ({"native.enabled": "maybe"}, "native.enabled"),
         ({"native.idempotency_window_s": "-1"}, "native.idempotency_window_s"),
     ],
@@ -60,20 +64,20 @@ def test_unknown_file_key(tmp_path: Path) -> None:
 
 
 def test_idempotency_window_takes_fractions_of_a_second(tmp_path: Path) -> None:
-    assert load_config({}, env={}).native_idempotency_window_s == 600
+    assert load_config({}, env={}).native.idempotency_window_s == 600
     f = tmp_path / "h.toml"
     f.write_text("[native]\nidempotency_window_s = 30\n")  # a TOML integer for the float key
-    assert load_config({}, env={}, config_file=str(f)).native_idempotency_window_s == 30.0
+    assert load_config({}, env={}, config_file=str(f)).native.idempotency_window_s == 30.0
     env = {"HUBBUB_NATIVE_IDEMPOTENCY_WINDOW_S": "0.5"}
-    assert load_config({}, env=env, config_file=str(f)).native_idempotency_window_s == 0.5
+    assert load_config({}, env=env, config_file=str(f)).native.idempotency_window_s == 0.5
 
 
 def test_mist_keys() -> None:
     assert DEFAULT_MIST_TCP_LISTEN == "127.0.0.1:1445"  # the shipped default (tests' servers use free ports)
-    cfg = load_config({}, env={})
-    assert (cfg.mist_enabled, cfg.mist_tcp_listen, cfg.mist_channel, cfg.mist_auth) == (
+    mist = load_config({}, env={}).section(MistConfig)
+    assert (mist.enabled, mist.tcp_listen, mist.channel, mist.auth) == (
         True,
-        hubbub.config.DEFAULT_MIST_TCP_LISTEN,
+        hubbub.config.LISTEN_OVERRIDE,
         "/mist",
         "",
     )
@@ -81,9 +85,10 @@ def test_mist_keys() -> None:
         {"mist.tcp_listen": "127.0.0.1:0", "mist.token": "s3cret"},
         env={"HUBBUB_MIST_TCP_LISTEN": "127.0.0.1:9", "HUBBUB_MIST_ENABLED": "false"},
     )
-    assert cfg.mist_tcp_listen == "127.0.0.1:0"  # the flag beats the environment
-    assert not cfg.mist_enabled
-    assert cfg.mist_token == "s3cret" and "s3cret" not in repr(cfg)
+    mist = cfg.section(MistConfig)
+    assert mist.tcp_listen == "127.0.0.1:0"  # the flag beats the environment
+    assert not mist.enabled
+    assert mist.token == "s3cret" and "s3cret" not in repr(cfg)
     assert flag_name("mist.tcp_listen") == "--mist-tcp-listen"
     for bad, needle in (
         ({"mist.tcp_listen": "nowhere"}, "mist.tcp_listen"),
@@ -100,8 +105,9 @@ def test_cluster_keys() -> None:
     pg = "postgresql://hubbub@127.0.0.1:5432/hubbub"
     env = {"HUBBUB_STORE": pg, "HUBBUB_BROKER": "redis://127.0.0.1:6379/0", "HUBBUB_CLUSTER_NODE_ID": "n1"}
     cfg = load_config({"cluster.gap_wait_s": "0.25"}, env=env)
-    assert (cfg.broker, cfg.cluster_node_id, cfg.cluster_gap_wait_s) == (env["HUBBUB_BROKER"], "n1", 0.25)
-    assert cfg.cluster_redis_channel == "hubbub.events" and cfg.cluster_poll_interval_s == 1.0
+    c = cfg.cluster
+    assert (c.broker, c.node_id, c.gap_wait_s) == (env["HUBBUB_BROKER"], "n1", 0.25)
+    assert c.redis_channel == "hubbub.events" and c.poll_interval_s == 1.0
     with pytest.raises(ConfigError, match="share one log"):
         load_config({"broker": "redis://127.0.0.1:6379"}, env={})
     with pytest.raises(ConfigError, match="broker: expected"):
@@ -112,21 +118,23 @@ def test_cluster_keys() -> None:
 
 def test_wearscript_keys(tmp_path: Path) -> None:
     cfg = load_config(cli={}, env={})
-    assert cfg.wearscript_enabled and cfg.wearscript_test_handler and cfg.wearscript_advertise_foreign
-    assert cfg.wearscript_group_device == "server:0" and cfg.wearscript_hub_channels == ()
-    assert cfg.wearscript_upstream == "" and cfg.dialect_auth("wearscript") == "off"
+    ws = cfg.section(WearscriptConfig)
+    assert ws.enabled and ws.test_handler and ws.advertise_foreign
+    assert ws.group_device == "server:0" and ws.hub_channels == ()
+    assert ws.upstream == "" and cfg.dialect_auth("wearscript") == "off"
     url = "ws://127.0.0.1:9/wearscript/ws/s3cret"
     cfg = load_config(
         cli={"wearscript.hub_channels": '["gist"]'},
         env={"HUBBUB_WEARSCRIPT_UPSTREAM": url, "HUBBUB_WEARSCRIPT_GROUP_DEVICE": "hub:1"},
     )
-    assert cfg.wearscript_upstream == url and cfg.wearscript_group_device == "hub:1"
-    assert list(cfg.wearscript_hub_channels) == ["gist"]
+    ws = cfg.section(WearscriptConfig)
+    assert ws.upstream == url and ws.group_device == "hub:1"
+    assert list(ws.hub_channels) == ["gist"]
     assert "s3cret" not in repr(cfg)  # the upstream URL may hold a token
     toml = tmp_path / "c.toml"
     toml.write_text('[wearscript]\ntest_handler = false\nauth = "off"\n')
     cfg = load_config(config_file=str(toml), env={})
-    assert not cfg.wearscript_test_handler and cfg.dialect_auth("wearscript") == "off"
+    assert not cfg.section(WearscriptConfig).test_handler and cfg.dialect_auth("wearscript") == "off"
     assert flag_name("wearscript.upstream") == "--wearscript-upstream"
     for cli, needle in [
         ({"wearscript.group_device": "server"}, "wearscript.group_device"),
@@ -143,21 +151,23 @@ def test_upstream_from_flags_environment_and_file(tmp_path: Path) -> None:
     """``upstream``: repeatable on the command line, URLs separated by spaces or commas (or a JSON list) in
     ``HUBBUB_UPSTREAM``, a TOML array in a file; masked in ``repr`` (a URL may hold a token)."""
     cfg = load_config({"upstream": ["ws://a:1", "ws://b:2?token=s3cret"]}, env={})
-    assert cfg.upstream == ("ws://a:1", "ws://b:2?token=s3cret")
+    assert cfg.federation.upstream == ("ws://a:1", "ws://b:2?token=s3cret")
     assert "s3cret" not in repr(cfg)
-    assert load_config({}, env={"HUBBUB_UPSTREAM": "ws://a:1, ws://b:2"}).upstream == ("ws://a:1", "ws://b:2")
-    assert load_config({}, env={"HUBBUB_UPSTREAM": '["ws://a:1"]'}).upstream == ("ws://a:1",)
+    fed = load_config({}, env={"HUBBUB_UPSTREAM": "ws://a:1, ws://b:2"}).federation
+    assert fed.upstream == ("ws://a:1", "ws://b:2")
+    assert load_config({}, env={"HUBBUB_UPSTREAM": '["ws://a:1"]'}).federation.upstream == ("ws://a:1",)
     f = tmp_path / "c.toml"
     f.write_text('upstream = ["wss://a:1"]\n[federation]\nnode_id = "site-3"\ntoken = "t"\n')
     cfg = load_config({}, env={}, config_file=str(f))
-    assert (cfg.upstream, cfg.federation_node_id, cfg.federation_token) == (("wss://a:1",), "site-3", "t")
+    fed = cfg.federation
+    assert (fed.upstream, fed.node_id, fed.token) == (("wss://a:1",), "site-3", "t")
     assert "'t'" not in repr(cfg)
     with pytest.raises(ConfigError, match="upstream"):
         load_config({"upstream": ["http://a:1"]}, env={})
     with pytest.raises(ConfigError, match=r"federation\.node_id"):
         load_config({"federation.node_id": "a b"}, env={})
     cfg = load_config({}, env={"HUBBUB_FEDERATION_TOKEN_FILE": "/run/secrets/link"})
-    assert cfg.federation_token_file == "/run/secrets/link"
+    assert cfg.federation.token_file == "/run/secrets/link"
     with pytest.raises(ConfigError, match="give one of them"):
         load_config({"federation.token": "t", "federation.token_file": "/run/secrets/link"}, env={})
 
@@ -182,4 +192,4 @@ def test_variables_of_the_clients_and_the_tests_are_not_refused() -> None:
     env = {name: "x" for name in hubbub.config.OTHER_ENV}
     env["GUBLE_SOMETHING"] = "ignored with a warning, as before"
     env["OTHER_PROGRAM_VAR"] = "1"
-    assert load_config({}, env=env).durability == "commit"
+    assert load_config({}, env=env).storage.durability == "commit"

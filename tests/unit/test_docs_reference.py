@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from hubbub.cli import HELP, build_parser, default_text
-from hubbub.config import KEYS, env_name, flag_name
+from hubbub.config import env_name, flag_name
+from hubbub.server_config import KEYS
 from tests.conftest import REAL_LISTEN_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-from hubbub.config import KEYS, Config, env_name, load_config, parse_listen
+from hubbub.config import Config, env_name, parse_listen
+from hubbub.server_config import KEYS, load_config
 from tests.conftest import REAL_LISTEN_DEFAULTS
 
 #: Configuration keys that are a listener's address.
@@ -14,8 +15,8 @@ LISTENERS = sorted(key for key in KEYS if key.endswith("listen"))
 
 
 def test_every_listener_key_is_moved_by_the_conftest() -> None:
-    # A new listener's key must be added to REAL_LISTEN_DEFAULTS, with its default a module value of
-    # hubbub.config that tests/conftest.py replaces (as DEFAULT_HTTP_LISTEN).
+    # A new listener's key (a dialect's too) must be declared with hubbub.config.listen_field, whose default
+    # tests/conftest.py replaces (hubbub.config.LISTEN_OVERRIDE) and lists in REAL_LISTEN_DEFAULTS.
     assert sorted(REAL_LISTEN_DEFAULTS) == LISTENERS
     for key, real in REAL_LISTEN_DEFAULTS.items():
         assert parse_listen(real, key)[1] != 0, f"{key}: the shipped default is a fixed port"
@@ -25,9 +26,9 @@ def test_a_config_built_in_a_test_has_every_listener_on_port_0() -> None:
     """In process: a Config, or load_config with no listener given, as the tests build their servers."""
     for cfg in (Config(), load_config({"data_dir": "x"}, env={}), load_config({}, env=dict(os.environ))):
         for key in LISTENERS:
-            attr = KEYS[key][0][0]
-            host, port = parse_listen(getattr(cfg, attr), key)
-            assert (host, port) == ("127.0.0.1", 0), f"{key} = {getattr(cfg, attr)}"
+            value = KEYS[key].read(cfg)
+            host, port = parse_listen(value, key)
+            assert (host, port) == ("127.0.0.1", 0), f"{key} = {value}"
 
 
 def test_a_hubbub_serve_child_inherits_port_0_for_every_listener() -> None:

@@ -28,11 +28,12 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, ClassVar, Final, TypeAlias
 
 import orjson
 
 from hubbub.channels import MAX_CHANNEL_BYTES, canonical
+from hubbub.config import Config, ConfigError, DialectSection
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadChannel, BadRequest, FrameTooLarge, HubbubError, ProtocolError, UnknownOp
 from hubbub.events import Event
@@ -56,6 +57,7 @@ __all__ = [
     "CatchUpStep",
     "Command",
     "GubleCodec",
+    "GubleConfig",
     "GubleFrames",
     "GubleReceivers",
     "LiveMark",
@@ -509,9 +511,49 @@ def wire_close(reason: Disconnect) -> Disconnect:
 
 #: guble as the server wires it: its WebSocket at ``/stream/…`` (its REST and admin routes are a route
 #: module), a slow reader caught up from the log, an expired token closed 1008.
+@dataclass(frozen=True, slots=True)
+class GubleConfig(DialectSection):
+    """guble's configuration section (docs/dialects/guble.md), and guble's own option names (guble.md §1)."""
+
+    SECTION: ClassVar[str] = "guble"
+    ENV_ALIASES: ClassVar[Mapping[str, str]] = {
+        "GUBLE_HTTP_LISTEN": "http.listen",
+        "GUBLE_STORAGE_PATH": "data_dir",
+        "GUBLE_HEALTH_ENDPOINT": "guble.health_endpoint",
+        "GUBLE_METRICS_ENDPOINT": "guble.metrics_endpoint",
+        "GUBLE_NODE_ID": "guble.node_id",
+    }
+    FLAG_ALIASES: ClassVar[Mapping[str, str]] = {
+        "--http": "http.listen",
+        "--storage-path": "data_dir",
+        "--health-endpoint": "guble.health_endpoint",
+        "--metrics-endpoint": "guble.metrics_endpoint",
+        "--node-id": "guble.node_id",
+    }
+    ENV_PREFIX: ClassVar[str] = "GUBLE_"
+    enabled: bool = True
+    node_id: int = 0
+    health_endpoint: str = "/admin/healthcheck"
+    metrics_endpoint: str = "/admin/metrics"
+    auth: str = ""  # "" means auth.mode
+
+    @classmethod
+    def alias_value(cls, key: str, value: Any) -> Any:
+        # guble's ":8080" listens on every interface
+        every = key == "http.listen" and isinstance(value, str) and value.startswith(":")
+        return "0.0.0.0" + value if every else value
+
+    def validate(self, config: Config) -> None:
+        DialectSection.validate(self, config)
+        for name in ("health_endpoint", "metrics_endpoint"):
+            if getattr(self, name) and not getattr(self, name).startswith("/"):
+                raise ConfigError(f"guble.{name}: must be empty (off) or a path from /")
+
+
 SPEC: Final = DialectSpec(
     name="guble",
     section="guble",
+    config=GubleConfig,
     ws_routes=("/stream/{rest:.*}",),
     overflow="catch_up",
     close_code=wire_close,

@@ -28,10 +28,11 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, ClassVar, Final, TypeAlias
 from urllib.parse import unquote
 
 from hubbub.channels import MAX_CHANNEL_BYTES, Pattern, canonical, dec, enc
+from hubbub.config import Config, ConfigError, DialectSection
 from hubbub.disconnect import Disconnect
 from hubbub.errors import (
     AuthError,
@@ -59,6 +60,7 @@ __all__ = [
     "SUBPROTOCOL",
     "Command",
     "IvyCodec",
+    "IvyConfig",
     "IvyConnection",
     "LogPath",
     "Publish",
@@ -476,4 +478,25 @@ class IvyConnection:
 
 #: ivy as the server wires it: its WebSocket at ``/ws`` (its ``/events/`` and ``/log/`` surfaces are plain
 #: HTTP, a route module), a slow reader closed (README §4: ivy has no way to report a gap).
-SPEC: Final = DialectSpec(name="ivy", section="ivy", ws_routes=("/ws",), overflow="disconnect")
+@dataclass(frozen=True, slots=True)
+class IvyConfig(DialectSection):
+    """ivy's configuration section (docs/dialects/ivy.md)."""
+
+    SECTION: ClassVar[str] = "ivy"
+    enabled: bool = True
+    large_event_bytes: int = 65536
+    ping_interval_s: float = 54.0
+    read_timeout_s: float = 60.0
+    max_log_bytes: int = 64 << 20
+    auth: str = ""  # "" means auth.mode
+
+    def validate(self, config: Config) -> None:
+        for name in ("large_event_bytes", "ping_interval_s", "read_timeout_s", "max_log_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"ivy.{name}: must be positive")
+        DialectSection.validate(self, config)
+
+
+SPEC: Final = DialectSpec(
+    name="ivy", section="ivy", config=IvyConfig, ws_routes=("/ws",), overflow="disconnect"
+)

@@ -9,7 +9,12 @@ Concurrency contract: as the modules it re-exports (a connection object per conn
 
 from __future__ import annotations
 
-from typing import Final
+from dataclasses import dataclass, field
+from typing import ClassVar, Final
+
+from hubbub.channels import canonical
+from hubbub.config import Config, ConfigError, DialectSection, Secret, listen_field, parse_listen
+from hubbub.errors import BadChannel
 
 from .mist1 import Mist1Connection, Mist1WsConnection, render_event, render_reply
 from .mist2015 import Mist2015Connection, Mist2015WsConnection, render_event_tcp, render_event_ws
@@ -59,6 +64,7 @@ __all__ = [
     "Mist1WsConnection",
     "Mist2015Connection",
     "Mist2015WsConnection",
+    "MistConfig",
     "MistGrant",
     "Output",
     "Publish",
@@ -111,9 +117,32 @@ def tcp_connection(
 #: Mist as the server wires it (mist.md §1): the 2015 and 1.x WebSocket routes, one TCP listener for both
 #: generations (told apart by the first byte), text frames, the oldest event dropped when a client falls
 #: behind (best effort, no way to report a gap: protocols README §4).
+@dataclass(frozen=True, slots=True)
+class MistConfig(DialectSection):
+    """mist's configuration section (protocols/mist.md §1; its limits are the shared limits.*)."""
+
+    SECTION: ClassVar[str] = "mist"
+    enabled: bool = True
+    tcp_listen: str = listen_field("127.0.0.1:1445")
+    channel: str = DEFAULT_CHANNEL
+    auth: str = ""  # "" means auth.mode
+    #: An extra master token (upstream's --token); masked in repr.
+    token: Secret = field(default_factory=lambda: Secret(""))
+
+    def validate(self, config: Config) -> None:
+        DialectSection.validate(self, config)
+        parse_listen(self.tcp_listen, "mist.tcp_listen")
+        try:
+            if canonical(self.channel, config.limits.max_channel_bytes) != self.channel:
+                raise BadChannel("not canonical")
+        except BadChannel:
+            raise ConfigError("mist.channel: must be a canonical channel path such as /mist") from None
+
+
 SPEC: Final = DialectSpec(
     name="mist",
     section="mist",
+    config=MistConfig,
     ws_routes=("/mist/ws", "/mist/v1/ws"),
     stream_listeners=("mist.tcp_listen",),
     overflow="drop_oldest",

@@ -23,13 +23,14 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, ClassVar, Final, Literal, TypeAlias
 from urllib.parse import unquote_to_bytes
 
 import msgpack
 import orjson
 
 from hubbub.channels import MAX_CHANNEL_BYTES, Pattern, from_separated, separated_pattern, to_separated
+from hubbub.config import Config, ConfigError, DialectSection, listen_field, parse_listen
 from hubbub.disconnect import Disconnect
 from hubbub.events import Event
 
@@ -52,6 +53,7 @@ __all__ = [
     "Ignore",
     "Listen",
     "OpenSubscription",
+    "QpubsConfig",
     "QpubsError",
     "QrpcConnection",
     "Send",
@@ -672,9 +674,34 @@ def alias_emit(raw_query: str) -> tuple[str, Any]:
 
 #: qpubs as the server wires it: the qrpc TCP listener (§4; its HTTP routes are a route module of their
 #: own), the oldest live item dropped when a reader falls behind (§5).
+@dataclass(frozen=True, slots=True)
+class QpubsConfig(DialectSection):
+    """qpubs' configuration section (protocols/qpubs.md §1, §8; docs/dialects/qpubs.md)."""
+
+    SECTION: ClassVar[str] = "qpubs"
+    enabled: bool = True
+    separator: str = DEFAULT_SEPARATOR
+    qrpc_listen: str = listen_field("127.0.0.1:1337")  # qpubs.md §1
+    heartbeat_s: float = 15.0
+    batch_bytes: int = 2_097_152
+    batch_wait_ms: int = 5
+    auth: str = ""  # "" means auth.mode
+
+    def validate(self, config: Config) -> None:
+        DialectSection.validate(self, config)
+        if not self.separator or "*" in self.separator:
+            raise ConfigError("qpubs.separator: must be non-empty and must not contain *")
+        parse_listen(self.qrpc_listen, "qpubs.qrpc_listen")
+        if self.heartbeat_s <= 0 or self.batch_bytes <= 0:
+            raise ConfigError("qpubs.heartbeat_s and qpubs.batch_bytes: must be positive")
+        if self.batch_wait_ms < 0:
+            raise ConfigError("qpubs.batch_wait_ms: must not be negative")
+
+
 SPEC: Final = DialectSpec(
     name="qpubs",
     section="qpubs",
+    config=QpubsConfig,
     stream_listeners=("qpubs.qrpc_listen",),
     overflow="drop_oldest",
 )

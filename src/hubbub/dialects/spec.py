@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
+from hubbub.config import DialectSection
 from hubbub.disconnect import Disconnect
 
 __all__ = [
@@ -63,18 +64,25 @@ def as_is(reason: Disconnect) -> Disconnect:
 class DialectSpec:
     """What the server wires for one dialect.
 
-    ``section`` is its configuration section (``<section>.enabled`` turns it on); ``ws_routes`` the paths of
-    its WebSocket routes; ``stream_listeners`` the configuration keys of its byte-stream listeners (each a
-    ``host:port``); ``overflow`` its sessions' policy when the queue is full; ``close_code`` maps a
+    ``section`` is its configuration section (``<section>.enabled`` turns it on) and ``config`` that
+    section's class, which lives with the dialect: its keys, defaults and checks (the composition root gives
+    the registry's to the loader: a dialect's keys need no edit of ``hubbub.config``); ``ws_routes`` the
+    paths of its WebSocket routes; ``stream_listeners`` the configuration keys of its byte-stream listeners
+    (each a ``host:port``); ``overflow`` its sessions' policy when the queue is full; ``close_code`` maps a
     session's end or kick to the close its peers see; ``text`` whether its frames go out as WebSocket text
     (else binary); ``keepalive`` whether the WebSocket driver pings and times out silent peers (the keys
     ``ping_interval_s`` and ``read_timeout_s`` of the binding's settings)."""
 
     name: str
     section: str
+    config: type[DialectSection]
     ws_routes: tuple[str, ...] = ()
     stream_listeners: tuple[str, ...] = ()
     overflow: Overflow = "drop_oldest"
     close_code: Callable[[Disconnect], Disconnect] = as_is
     text: bool = True
     keepalive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.section != self.config.SECTION:
+            raise ValueError(f"{self.name}: section {self.section!r} but config for {self.config.SECTION!r}")

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final, TypeAlias
 
 import msgpack
 
 from hubbub.channels import MAX_CHANNEL_BYTES, Pattern, from_separated, to_separated
+from hubbub.config import Config, ConfigError, DialectSection, Secret
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadChannel, HubbubError, LimitExceeded, ShuttingDown
 from hubbub.events import Event
@@ -61,6 +62,7 @@ __all__ = [
     "Output",
     "Publish",
     "Send",
+    "WearscriptConfig",
     "WearscriptConnection",
     "WearscriptHub",
     "advertised_name",
@@ -671,9 +673,33 @@ class WearscriptConnection:
 #: The WearScript dialect as the server wires it: ``/wearscript/ws`` and ``/wearscript/ws/<secret>``, binary
 #: frames, the oldest event dropped when a device falls behind (no way to report a gap, protocols README §4),
 #: an expired token closed 1008 (§7).
+@dataclass(frozen=True, slots=True)
+class WearscriptConfig(DialectSection):
+    """WearScript's configuration section (protocols/wearscript.md §1, §7; docs/dialects/wearscript.md)."""
+
+    SECTION: ClassVar[str] = "wearscript"
+    enabled: bool = True
+    group_device: str = DEFAULT_GROUP_DEVICE
+    test_handler: bool = True
+    hub_channels: tuple[str, ...] = ()
+    advertise_foreign: bool = True
+    auth: str = ""  # "" means auth.mode
+    #: A WearScript hub this node links up to (ws://…/wearscript/ws[/<secret>]); masked in repr.
+    upstream: Secret = field(default_factory=lambda: Secret(""))
+
+    def validate(self, config: Config) -> None:
+        DialectSection.validate(self, config)
+        group, sep, device = self.group_device.partition(":")
+        if not sep or not group or not device:
+            raise ConfigError("wearscript.group_device: expected GROUP:DEVICE, such as server:0")
+        if self.upstream and not self.upstream.lower().startswith(("ws://", "wss://")):
+            raise ConfigError("wearscript.upstream: expected a ws:// or wss:// URL of a WearScript hub")
+
+
 SPEC: Final = DialectSpec(
     name="wearscript",
     section="wearscript",
+    config=WearscriptConfig,
     ws_routes=("/wearscript/ws", "/wearscript/ws/{secret}"),
     overflow="drop_oldest",
     close_code=wire_close,

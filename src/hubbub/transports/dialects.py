@@ -72,7 +72,7 @@ class Wiring:
     def auth(self, dialect: str) -> bool:
         """Whether ``<dialect>.auth`` resolves to tokens (``auth.mode = token`` and the dialect's own key)."""
         cfg = self.config
-        return cfg.auth_mode == "token" and cfg.dialect_auth(dialect) == "token"
+        return cfg.auth.mode == "token" and cfg.dialect_auth(dialect) == "token"
 
 
 class Mounted:
@@ -112,7 +112,7 @@ class Mounted:
     async def listen(
         self, name: str, key: str, wiring: Wiring, start: Callable[[str, int], Awaitable[StreamListener]]
     ) -> None:
-        host, port = parse_listen(getattr(wiring.config, key.replace(".", "_")), key)
+        host, port = parse_listen(wiring.config.section(self.spec.config).value(key), key)
         listener = self.listeners[name] = await start(host, port)
         log.info("listening", extra={"listener": name, "address": f"{host}:{listener.port}"})
 
@@ -129,29 +129,27 @@ class Binding:
     mount: Callable[[Wiring], Awaitable[Mounted]]
 
     def enabled(self, config: Config) -> bool:
-        return bool(getattr(config, f"{self.spec.section}_enabled"))
+        return config.section(self.spec.config).enabled
 
 
 # -- ivy, guble: route modules -------------------------------------------------------------------------------
 
 
 async def _mount_ivy(w: Wiring) -> Mounted:
-    cfg = w.config
+    cfg = w.config.section(ivd.IvyConfig)
     settings = IvySettings(
-        large_event_bytes=cfg.ivy_large_event_bytes,
-        ping_interval_s=cfg.ivy_ping_interval_s,
-        read_timeout_s=cfg.ivy_read_timeout_s,
-        max_log_bytes=cfg.ivy_max_log_bytes,
+        large_event_bytes=cfg.large_event_bytes,
+        ping_interval_s=cfg.ping_interval_s,
+        read_timeout_s=cfg.read_timeout_s,
+        max_log_bytes=cfg.max_log_bytes,
         auth=w.auth("ivy"),
     )
     return Mounted(ivd.SPEC, ivy_installer(settings))
 
 
 async def _mount_guble(w: Wiring) -> Mounted:
-    cfg = w.config
-    settings = GubleSettings(
-        cfg.guble_node_id, cfg.guble_health_endpoint, cfg.guble_metrics_endpoint, auth=w.auth("guble")
-    )
+    cfg = w.config.section(gd.GubleConfig)
+    settings = GubleSettings(cfg.node_id, cfg.health_endpoint, cfg.metrics_endpoint, auth=w.auth("guble"))
     return Mounted(gd.SPEC, functools.partial(install_guble, settings=settings))
 
 
@@ -166,12 +164,12 @@ class WearscriptMounted(Mounted):
         self.upstream: WearscriptUpstream | None = None
 
     async def started(self, wiring: Wiring, metrics: CollectorRegistry) -> None:
-        cfg = wiring.config
-        if not cfg.wearscript_upstream:
+        cfg = wiring.config.section(wsd.WearscriptConfig)
+        if not cfg.upstream:
             return
-        if cfg.wearscript_group_device == Config().wearscript_group_device:
+        if cfg.group_device == wsd.WearscriptConfig().group_device:
             log.warning("linked WearScript hubs should each have their own wearscript.group_device")
-        self.upstream = WearscriptUpstream(self.service, str(cfg.wearscript_upstream))
+        self.upstream = WearscriptUpstream(self.service, str(cfg.upstream))
         metrics.register(WearscriptLinkCollector(self.upstream))
 
     def links(self) -> Iterable[AbstractAsyncContextManager[object]]:
@@ -182,12 +180,12 @@ class WearscriptMounted(Mounted):
 
 
 async def _mount_wearscript(w: Wiring) -> Mounted:
-    cfg = w.config
+    cfg = w.config.section(wsd.WearscriptConfig)
     settings = WearscriptSettings(
-        group_device=cfg.wearscript_group_device,
-        test_handler=cfg.wearscript_test_handler,
-        hub_channels=tuple(str(c) for c in cfg.wearscript_hub_channels),
-        advertise_foreign=cfg.wearscript_advertise_foreign,
+        group_device=cfg.group_device,
+        test_handler=cfg.test_handler,
+        hub_channels=tuple(str(c) for c in cfg.hub_channels),
+        advertise_foreign=cfg.advertise_foreign,
         auth=w.auth("wearscript"),
     )
     return WearscriptMounted(WearscriptService(w.node, settings, w.http))
@@ -210,7 +208,7 @@ class MistMounted(Mounted):
                 port,
                 service,
                 wiring.track,
-                first_message_timeout_s=cfg.tcp_first_message_timeout_s,
+                first_message_timeout_s=cfg.tcp.first_message_timeout_s,
                 ssl_context=wiring.ssl_context,
                 write_timeout=cfg.limits.write_timeout_s,
             )
@@ -221,12 +219,13 @@ class MistMounted(Mounted):
 async def _mount_mist(w: Wiring) -> Mounted:
     cfg, lim, node = w.config, w.config.limits, w.node
     registry = await asyncio.get_running_loop().run_in_executor(
-        None, MistTokenRegistry.in_data_dir, cfg.data_dir
+        None, MistTokenRegistry.in_data_dir, cfg.storage.data_dir
     )
+    mist = cfg.section(md.MistConfig)
     settings = MistSettings(
-        channel=cfg.mist_channel,
+        channel=mist.channel,
         auth=w.auth("mist"),
-        token=str(cfg.mist_token),
+        token=str(mist.token),
         max_tags=lim.max_tags,
         max_tag_bytes=lim.max_tag_bytes,
     )
@@ -252,7 +251,7 @@ class QpubsMounted(Mounted):
                 host,
                 port,
                 qrpc,
-                first_message_timeout_s=cfg.tcp_first_message_timeout_s,
+                first_message_timeout_s=cfg.tcp.first_message_timeout_s,
                 ssl_context=wiring.ssl_context,
                 write_timeout=cfg.limits.write_timeout_s,
             )
@@ -265,12 +264,12 @@ class QpubsMounted(Mounted):
 
 
 async def _mount_qpubs(w: Wiring) -> Mounted:
-    cfg = w.config
+    cfg = w.config.section(qpd.QpubsConfig)
     settings = QpubsSettings(
-        separator=cfg.qpubs_separator,
-        heartbeat_s=cfg.qpubs_heartbeat_s,
-        batch_bytes=cfg.qpubs_batch_bytes,
-        batch_wait_ms=cfg.qpubs_batch_wait_ms,
+        separator=cfg.separator,
+        heartbeat_s=cfg.heartbeat_s,
+        batch_bytes=cfg.batch_bytes,
+        batch_wait_ms=cfg.batch_wait_ms,
         auth=w.auth("qpubs"),
     )
     return QpubsMounted(QpubsHttp(w.node, w.consumers, settings, w.http), settings)
