@@ -99,8 +99,10 @@ class SecretMap(dict[str, Any]):
 
 def listen_field(default: str) -> Any:
     """The field of a ``HOST:PORT`` listener key: ``default`` is its shipped address (but see
-    :data:`LISTEN_OVERRIDE`)."""
-    return field(default_factory=lambda: LISTEN_OVERRIDE or default, metadata={"listen": default})
+    :data:`LISTEN_OVERRIDE`), or "" for a listener that is off unless configured (and stays off in tests)."""
+    return field(
+        default_factory=lambda: (LISTEN_OVERRIDE or default) if default else "", metadata={"listen": default}
+    )
 
 
 # -- sections ---------------------------------------------------------------------------------------------

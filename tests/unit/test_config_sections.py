@@ -3,6 +3,7 @@ flags, the environment names and the checks follow from it without an edit of hu
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -36,6 +37,7 @@ class AcmeConfig(DialectSection):
     SECTION: ClassVar[str] = "acme"
     enabled: bool = True
     tcp_listen: str = listen_field("127.0.0.1:1883")
+    tls_listen: str = listen_field("")  # off unless configured
     ws_path: str = "/acme"
     keepalive_s: float = 60.0
     topics: tuple[str, ...] = ()
@@ -45,6 +47,10 @@ class AcmeConfig(DialectSection):
     def validate(self, config: Config) -> None:
         DialectSection.validate(self, config)
         parse_listen(self.tcp_listen, "acme.tcp_listen")
+        if self.tls_listen:
+            if not config.tls.cert:
+                raise ConfigError("acme.tls_listen: needs tls.cert and tls.key")
+            parse_listen(self.tls_listen, "acme.tls_listen")
         if not self.ws_path.startswith("/"):
             raise ConfigError("acme.ws_path: must be a path from /")
 
@@ -55,6 +61,7 @@ def test_a_dialect_section_gives_its_keys_flags_and_variables(tmp_path: Path) ->
     assert acme == [
         "acme.enabled",
         "acme.tcp_listen",
+        "acme.tls_listen",
         "acme.ws_path",
         "acme.keepalive_s",
         "acme.topics",
@@ -85,6 +92,7 @@ def test_a_dialect_section_gives_its_keys_flags_and_variables(tmp_path: Path) ->
     )
     assert section.token == "s3cret" and "s3cret" not in repr(cfg)
     assert section.tcp_listen == hubbub.config.LISTEN_OVERRIDE  # tests move every listener (conftest.py)
+    assert section.tls_listen == ""  # but not one that is off by default
     assert cfg.dialects == {"acme": section}
 
 
@@ -97,6 +105,7 @@ def test_a_dialect_section_gives_its_keys_flags_and_variables(tmp_path: Path) ->
         ({"acme.enabled": "maybe"}, "acme.enabled: expected bool, got 'maybe'"),
         ({"acme.auth": "maybe"}, "acme.auth: must be empty (auth.mode), off or token"),
         ({"acme.auth": "token"}, "acme.auth = token needs auth.mode = token"),
+        ({"acme.tls_listen": "127.0.0.1:0"}, "acme.tls_listen: needs tls.cert and tls.key"),
         ({"acme.topics": "a"}, "acme.topics: not valid JSON"),
     ],
 )
@@ -141,8 +150,9 @@ def test_a_binding_is_enabled_by_its_section() -> None:
 
 
 def test_the_command_line_has_every_key_of_every_dialect() -> None:
-    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
-    flags = {opt for action in serve._actions for opt in action.option_strings}
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {opt for action in commands.choices["serve"]._actions for opt in action.option_strings}
     for key in KEYS:
         assert flag_name(key) in flags, key
     for section in DIALECT_SECTIONS:
