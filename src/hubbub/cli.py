@@ -21,6 +21,7 @@ __all__ = ["HELP", "build_parser", "default_text", "main"]
 #: Keys given once per value on the command line (``--upstream A --upstream B``).
 REPEATABLE = frozenset({"upstream"})
 
+#: Each key's line of ``hubbub serve --help``: the core's here, each dialect's from its section.
 HELP = {
     "data_dir": "directory for the log store and small state files",
     "durability": "when a publish is acknowledged: fsync (after fsync; survives power loss), "
@@ -78,37 +79,7 @@ HELP = {
     "limits.max_consumers": "durable consumers in all, each journaling what it matches (0: unlimited)",
     "limits.consumer_memory": "bytes of journal items durable consumers hold in memory beyond 10000 each "
     "(an item counts as its event's size plus 400), so one that falls behind need not read them back",
-    "ivy.auth": "auth for the ivy routes; empty means auth.mode",
-    "mist.enabled": "serve mist: the TCP listener and WebSocket /mist/ws and /mist/v1/ws (true/false)",
-    "mist.tcp_listen": "HOST:PORT of the mist TCP listener (the 2015 line protocol and 1.x JSON alike)",
-    "mist.channel": "the channel every mist publish is stored on (a canonical path)",
-    "mist.auth": "auth for mist (TCP and WebSocket); empty means auth.mode",
-    "mist.token": "an extra master (admin) token mist accepts (masked in logs)",
-    "qpubs.enabled": "serve qpubs: HTTP /qpubs/* and the aliases, and the qrpc TCP listener (true/false)",
-    "qpubs.separator": "the qpubs topic separator (non-empty, no *)",
-    "qpubs.qrpc_listen": "HOST:PORT of the qpubs qrpc TCP listener",
-    "qpubs.heartbeat_s": "seconds of silence before a qpubs HTTP listen stream sends a heartbeat",
-    "qpubs.batch_bytes": "the most event bytes in one batch of a durable qpubs subscription",
-    "qpubs.batch_wait_ms": "how long a durable qpubs subscription waits to fill a batch",
-    "qpubs.auth": "auth for qpubs (HTTP and qrpc); empty means auth.mode",
     "cors_origin": "CORS for browsers on other origins: *, an origin, a JSON list of origins, or empty (off)",
-    "ivy.enabled": "serve the ivy dialect: WebSocket /ws and the log at /events/ and /log/ (true/false)",
-    "ivy.large_event_bytes": "ivy events with a payload this large or larger are announced in short form",
-    "ivy.ping_interval_s": "seconds between the server's pings on an ivy WebSocket",
-    "ivy.read_timeout_s": "close an ivy WebSocket (1001) when nothing arrives for this many seconds",
-    "ivy.max_log_bytes": "largest ivy log-read body; larger reads get 413 (narrow them with ?n= or ?at=)",
-    "guble.enabled": "serve the guble dialect: WebSocket /stream/, REST /api/, admin /admin/ (true/false)",
-    "guble.node_id": "the node id guble shows as the 7th field of every message",
-    "guble.health_endpoint": "path of guble's health check (empty: off)",
-    "guble.metrics_endpoint": "path of guble's JSON metrics (empty: off)",
-    "guble.auth": "auth for the guble routes; empty means auth.mode",
-    "wearscript.enabled": "serve the WearScript dialect: WebSocket /wearscript/ws[/<secret>] (true/false)",
-    "wearscript.group_device": "the hub's own group:device (test handler channel test:<group:device>)",
-    "wearscript.test_handler": "answer the WearScript test-handler protocol (true/false)",
-    "wearscript.hub_channels": "JSON list of extra channels the WearScript hub always advertises",
-    "wearscript.advertise_foreign": "advertise other dialects' subscriptions to WearScript devices",
-    "wearscript.auth": "auth for the WearScript routes; empty means auth.mode",
-    "wearscript.upstream": "ws:// URL of a WearScript hub to link up to (its /wearscript/ws[/<secret>])",
     "upstream": "ws:// URL of a hubbub node to link up to (repeatable; ?token=… or federation.token)",
     "federation.node_id": "this node's id in the federation (default: one kept in DATA_DIR/federation)",
     "federation.token": "the token an upstream link presents when its URL has no ?token=",
@@ -117,6 +88,7 @@ HELP = {
     "log_level": "debug, info, warning or error",
     "log_format": "text or json (one JSON object per line)",
 }
+HELP.update({key: k.help for key, k in KEYS.items() if k.help})
 
 
 def default_text(key: str) -> str:

@@ -116,6 +116,9 @@ class Section:
 
     #: The prefix of the section's keys (``guble`` for ``guble.enabled``); "" for keys at the top level.
     SECTION: ClassVar[str] = ""
+    #: One line of help per key, by field name (``hubbub serve --help``; the core's keys have theirs in
+    #: ``cli.py``).
+    HELP: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> Self:
@@ -480,6 +483,8 @@ class Key:
     words: bool = False
     #: A listener's shipped ``HOST:PORT`` (see :data:`LISTEN_OVERRIDE`), else "".
     listen_default: str = ""
+    #: Its line of ``hubbub serve --help`` when its section gives one (:attr:`Section.HELP`).
+    help: str = ""
 
     def parse(self, value: Any) -> Any:
         """``value`` (a TOML value, or the text of a flag or a variable) as this key's type."""
@@ -529,7 +534,7 @@ def section_keys(cls: type[Section]) -> tuple[Key, ...]:
         if name:
             typ, secret = _key_type(hints[f.name], f"{cls.__name__}.{f.name}")
             words, listen = bool(f.metadata.get("words")), str(f.metadata.get("listen", ""))
-            keys.append(Key(name, cls, f.name, typ, secret, words, listen))
+            keys.append(Key(name, cls, f.name, typ, secret, words, listen, cls.HELP.get(f.name, "")))
     found = _SECTION_KEYS[cls] = tuple(keys)
     return found
 

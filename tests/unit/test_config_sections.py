@@ -4,6 +4,7 @@ flags, the environment names and the checks follow from it without an edit of hu
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -11,7 +12,7 @@ from typing import ClassVar
 import pytest
 
 import hubbub.config
-from hubbub.cli import build_parser
+from hubbub.cli import HELP, build_parser
 from hubbub.config import (
     Config,
     ConfigError,
@@ -35,6 +36,7 @@ class AcmeConfig(DialectSection):
     """A dialect's section as a new dialect writes it, in its own module."""
 
     SECTION: ClassVar[str] = "acme"
+    HELP: ClassVar[Mapping[str, str]] = {"ws_path": "the path of acme's WebSocket route"}
     enabled: bool = True
     tcp_listen: str = listen_field("127.0.0.1:1883")
     tls_listen: str = listen_field("")  # off unless configured
@@ -74,6 +76,7 @@ def test_a_dialect_section_gives_its_keys_flags_and_variables(tmp_path: Path) ->
     assert env_name("acme.ws_path") == "HUBBUB_" + "ACME_WS_PATH"
     assert keys["acme.tcp_listen"].listen_default == "127.0.0.1:1883"
     assert keys["acme.token"].secret and not keys["acme.ws_path"].secret
+    assert (keys["acme.ws_path"].help, keys["acme.token"].help) == ("the path of acme's WebSocket route", "")
     # Precedence as for every key: the command line, then the environment, then the file.
     f = tmp_path / "h.toml"
     f.write_text('[acme]\nws_path = "/file"\nkeepalive_s = 5\ntopics = ["a/#"]\nenabled = false\n')
@@ -157,3 +160,5 @@ def test_the_command_line_has_every_key_of_every_dialect() -> None:
         assert flag_name(key) in flags, key
     for section in DIALECT_SECTIONS:
         assert set(section.FLAG_ALIASES) <= flags, section.SECTION
+        for name, text in section.HELP.items():  # a dialect's help lines are its section's
+            assert HELP[f"{section.SECTION}.{name}"] == text

@@ -516,6 +516,13 @@ class GubleConfig(DialectSection):
     """guble's configuration section (docs/dialects/guble.md), and guble's own option names (guble.md §1)."""
 
     SECTION: ClassVar[str] = "guble"
+    HELP: ClassVar[Mapping[str, str]] = {
+        "enabled": "serve the guble dialect: WebSocket /stream/, REST /api/, admin /admin/ (true/false)",
+        "node_id": "the node id guble shows as the 7th field of every message",
+        "health_endpoint": "path of guble's health check (empty: off)",
+        "metrics_endpoint": "path of guble's JSON metrics (empty: off)",
+        "auth": "auth for the guble routes; empty means auth.mode",
+    }
     ENV_ALIASES: ClassVar[Mapping[str, str]] = {
         "GUBLE_HTTP_LISTEN": "http.listen",
         "GUBLE_STORAGE_PATH": "data_dir",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, TypeAlias
 from urllib.parse import unquote
@@ -483,6 +483,14 @@ class IvyConfig(DialectSection):
     """ivy's configuration section (docs/dialects/ivy.md)."""
 
     SECTION: ClassVar[str] = "ivy"
+    HELP: ClassVar[Mapping[str, str]] = {
+        "auth": "auth for the ivy routes; empty means auth.mode",
+        "enabled": "serve the ivy dialect: WebSocket /ws and the log at /events/ and /log/ (true/false)",
+        "large_event_bytes": "ivy events with a payload this large or larger are announced in short form",
+        "ping_interval_s": "seconds between the server's pings on an ivy WebSocket",
+        "read_timeout_s": "close an ivy WebSocket (1001) when nothing arrives for this many seconds",
+        "max_log_bytes": "largest ivy log-read body; larger reads get 413 (narrow them with ?n= or ?at=)",
+    }
     enabled: bool = True
     large_event_bytes: int = 65536
     ping_interval_s: float = 54.0

@@ -9,6 +9,7 @@ Concurrency contract: as the modules it re-exports (a connection object per conn
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
 
@@ -122,6 +123,13 @@ class MistConfig(DialectSection):
     """mist's configuration section (protocols/mist.md §1; its limits are the shared limits.*)."""
 
     SECTION: ClassVar[str] = "mist"
+    HELP: ClassVar[Mapping[str, str]] = {
+        "enabled": "serve mist: the TCP listener and WebSocket /mist/ws and /mist/v1/ws (true/false)",
+        "tcp_listen": "HOST:PORT of the mist TCP listener (the 2015 line protocol and 1.x JSON alike)",
+        "channel": "the channel every mist publish is stored on (a canonical path)",
+        "auth": "auth for mist (TCP and WebSocket); empty means auth.mode",
+        "token": "an extra master (admin) token mist accepts (masked in logs)",
+    }
     enabled: bool = True
     tcp_listen: str = listen_field("127.0.0.1:1445")
     channel: str = DEFAULT_CHANNEL

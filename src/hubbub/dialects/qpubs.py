@@ -679,6 +679,15 @@ class QpubsConfig(DialectSection):
     """qpubs' configuration section (protocols/qpubs.md §1, §8; docs/dialects/qpubs.md)."""
 
     SECTION: ClassVar[str] = "qpubs"
+    HELP: ClassVar[Mapping[str, str]] = {
+        "enabled": "serve qpubs: HTTP /qpubs/* and the aliases, and the qrpc TCP listener (true/false)",
+        "separator": "the qpubs topic separator (non-empty, no *)",
+        "qrpc_listen": "HOST:PORT of the qpubs qrpc TCP listener",
+        "heartbeat_s": "seconds of silence before a qpubs HTTP listen stream sends a heartbeat",
+        "batch_bytes": "the most event bytes in one batch of a durable qpubs subscription",
+        "batch_wait_ms": "how long a durable qpubs subscription waits to fill a batch",
+        "auth": "auth for qpubs (HTTP and qrpc); empty means auth.mode",
+    }
     enabled: bool = True
     separator: str = DEFAULT_SEPARATOR
     qrpc_listen: str = listen_field("127.0.0.1:1337")  # qpubs.md §1

@@ -29,7 +29,7 @@ module-level functions are pure and thread-safe.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, TypeAlias
 
@@ -678,6 +678,15 @@ class WearscriptConfig(DialectSection):
     """WearScript's configuration section (protocols/wearscript.md §1, §7; docs/dialects/wearscript.md)."""
 
     SECTION: ClassVar[str] = "wearscript"
+    HELP: ClassVar[Mapping[str, str]] = {
+        "enabled": "serve the WearScript dialect: WebSocket /wearscript/ws[/<secret>] (true/false)",
+        "group_device": "the hub's own group:device (test handler channel test:<group:device>)",
+        "test_handler": "answer the WearScript test-handler protocol (true/false)",
+        "hub_channels": "JSON list of extra channels the WearScript hub always advertises",
+        "advertise_foreign": "advertise other dialects' subscriptions to WearScript devices",
+        "auth": "auth for the WearScript routes; empty means auth.mode",
+        "upstream": "ws:// URL of a WearScript hub to link up to (its /wearscript/ws[/<secret>])",
+    }
     enabled: bool = True
     group_device: str = DEFAULT_GROUP_DEVICE
     test_handler: bool = True
