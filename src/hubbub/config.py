@@ -535,6 +535,8 @@ def section_keys(cls: type[Section]) -> tuple[Key, ...]:
             typ, secret = _key_type(hints[f.name], f"{cls.__name__}.{f.name}")
             words, listen = bool(f.metadata.get("words")), str(f.metadata.get("listen", ""))
             keys.append(Key(name, cls, f.name, typ, secret, words, listen, cls.HELP.get(f.name, "")))
+    if issubclass(cls, DialectSection) and not {"enabled", "auth"} <= {k.field for k in keys}:
+        raise TypeError(f"{cls.__name__}: a dialect's section has the fields enabled and auth")
     found = _SECTION_KEYS[cls] = tuple(keys)
     return found
 

@@ -136,6 +136,16 @@ def test_a_section_cannot_take_a_key_another_section_has() -> None:
         config_keys([*DIALECT_SECTIONS, Clash])
 
 
+def test_a_dialect_section_has_enabled_and_auth() -> None:
+    @dataclass(frozen=True, slots=True)
+    class NoAuth(DialectSection):
+        SECTION: ClassVar[str] = "noauth"
+        enabled: bool = True
+
+    with pytest.raises(TypeError, match="NoAuth: a dialect's section has the fields enabled and auth"):
+        config_keys([NoAuth])
+
+
 def test_a_spec_names_the_section_of_its_config() -> None:
     with pytest.raises(ValueError, match="section 'acme2' but config for 'acme'"):
         DialectSpec(name="acme", section="acme2", config=AcmeConfig)
