@@ -16,7 +16,7 @@ import re
 import socket
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -75,6 +75,22 @@ class Mesh:
                     lines.append(f"{node}: {line[:600]}")
         return "\n".join(lines[-80:])
 
+    async def stored(self, http: aiohttp.ClientSession, channels: set[str]) -> str:
+        """What each running node holds of ``channels`` (``seq:payload`` in log order): tells a link that
+        never stored the missing events from a subscriber that skipped events its node stored."""
+        lines = []
+        for node in self.procs:
+            for ch in sorted(channels):
+                try:
+                    url = f"http://127.0.0.1:{self.ports[node]}/api/v1/log{ch}?limit=1000"
+                    async with http.get(url) as r:
+                        body = await r.json()
+                    got = " ".join(f"{e['seq']}:{e['text']}" for e in body["events"])
+                except (aiohttp.ClientError, ValueError, KeyError) as exc:
+                    got = f"unreadable: {exc!r}"
+                lines.append(f"{node} stores {ch}: {got}")
+        return "\n".join(lines)
+
     async def synced(self, http: aiohttp.ClientSession) -> None:
         """Every link of every node up, subscribed to its node's interest and done recovering. The interest
         must be there (a pattern subscribed upstream): a node restarted before its subscribers came back has
@@ -121,16 +137,21 @@ class Subscriber:
     def matches(self, channel: str) -> bool:
         return channel.startswith(self.pattern[:-2])
 
-    async def until(self, want: set[tuple[str, bytes]], explain: Callable[[], str] = str) -> None:
+    async def until(
+        self, want: set[tuple[str, bytes]], explain: Callable[[set[str]], Awaitable[str]] | None = None
+    ) -> None:
+        """Wait until every event of ``want`` came; on a timeout, fail with every missing id, the gaps
+        received and ``explain`` of the channels missing events."""
         deadline = asyncio.get_running_loop().time() + WAIT
         while not want <= {(e.channel, e.payload) for e in self.events}:
             self.changed.clear()
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
-                have = {(e.channel, e.payload) for e in self.events}
+                missing = want - {(e.channel, e.payload) for e in self.events}
+                why = await explain({ch for ch, _ in missing}) if explain is not None else ""
                 raise AssertionError(
-                    f"{self.node} {self.pattern}: missing {len(want - have)}: {sorted(want - have)}, "
-                    f"gaps {self.gaps}\n{explain()}"
+                    f"{self.node} {self.pattern}: missing {len(missing)}: {sorted(missing)}, "
+                    f"gaps {self.gaps}\n{why}"
                 )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), left)
@@ -194,8 +215,11 @@ def test_three_nodes_deliver_everything_once_in_order_and_survive_a_crash(
                 def wanted(s: Subscriber) -> set[tuple[str, bytes]]:
                     return {(ch, p) for ch, p in sent if s.matches(ch)}
 
+                async def explain(channels: set[str]) -> str:
+                    return await mesh.stored(http, channels) + "\n" + mesh.federation_log()
+
                 for s in subs:
-                    await s.until(wanted(s), mesh.federation_log)
+                    await s.until(wanted(s), explain)
                     s.check(wanted(s))
 
                 # kill -9 the middle node; the others keep publishing; then B comes back on its port and data.
@@ -205,14 +229,14 @@ def test_three_nodes_deliver_everything_once_in_order_and_survive_a_crash(
                 await mesh.synced(http)
                 await publish_round(pubs, sent, 35, 10)  # B's publisher reconnected by itself
                 for s in subs:
-                    await s.until(wanted(s), mesh.federation_log)
+                    await s.until(wanted(s), explain)
                 # Markers last: anything duplicated would have arrived before them.
                 marks = [(f"/t/from-{n}/c0", f"{n}:{1000}".encode()) for n in NODES]
                 for node, (ch, p) in zip(NODES, marks, strict=True):
                     await pubs[node].publish(ch, p)
                     sent.append((ch, p))
                 for s in subs:
-                    await s.until(wanted(s), mesh.federation_log)
+                    await s.until(wanted(s), explain)
                     s.check(wanted(s))
                 for t in tasks:
                     t.cancel()

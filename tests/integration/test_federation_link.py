@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from hubbub.client import AsyncClient
 from hubbub.config import Config
-from hubbub.events import Event
+from hubbub.events import Event, Position
 from hubbub.server import Server
 from hubbub.server_config import load_config
+from hubbub.transports import federation_link
 from hubbub.transports.federation_link import FederationUpstream
 
 WAIT = 15.0
@@ -388,6 +390,56 @@ def test_a_fast_burst_from_above_does_not_overflow_the_links_up_session(tmp_path
                     got = [e["text"] for e in await log(a, f"/u/c{i}")]
                     assert got == [str(r) for r in range(LONG_ROUNDS)]
                 assert link.reconnects == reconnects
+                assert link.stats.gaps == 0
+
+    asyncio.run(main())
+
+
+def test_interest_that_returns_long_after_a_restart_recovers_what_the_node_missed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node below is down while the node above publishes to channels it knew and to a new one under the
+    same pattern; once restarted, its link is up, with no interest, long before its subscriber comes back
+    (no link may stop recovering some time after it came up: any such window is shrunk to nothing here). The
+    subscriber resumes from its positions on the node below and gets every event it missed, once, in order,
+    then the live ones; the node's log holds every event of each channel once, in order."""
+    monkeypatch.setattr(federation_link, "RECOVER_WINDOW_S", 0.0, raising=False)
+    channels = ["/t/c0", "/t/c1", "/t/c2"]
+
+    async def main() -> None:
+        async with Server(config(tmp_path, "A")) as a, client(a) as ca:
+            b_cfg = config(tmp_path, "B", url(a))
+            since: dict[str, Position] = {}
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/t/**") as below:
+                await synced(b.upstreams[0])
+                for i in range(6):
+                    await ca.publish(channels[i % 3], f"{i}")
+                for ev in await take(below, 6):
+                    since[ev.channel] = Position(ev.seq, ev.epoch)
+            for i in range(6, 21):  # B is down
+                await ca.publish(channels[i % 3], f"{i}")
+                await ca.publish("/t/new", f"new{i}")
+            async with Server(b_cfg) as b, client(b) as cb:
+                link = b.upstreams[0]
+                await until(lambda: link.synced and not link.upward.subs, "the link up with no interest")
+                async with cb.subscribe("/t/**", since=since) as below:
+                    await synced(link)
+                    for ch in [*channels, "/t/new"]:
+                        await ca.publish(ch, "mark")
+                    got: dict[str, list[str]] = {}
+                    while sum(p[-1:] == ["mark"] for p in got.values()) < 4:
+                        item = await below.get(WAIT)
+                        assert isinstance(item, Event), item
+                        got.setdefault(item.channel, []).append(item.payload.decode())
+                want = {
+                    ch: [str(i) for i in range(6, 21) if i % 3 == n] + ["mark"]
+                    for n, ch in enumerate(channels)
+                }
+                want["/t/new"] = [f"new{i}" for i in range(6, 21)] + ["mark"]
+                assert got == want
+                for n, ch in enumerate(channels):
+                    texts = [e["text"] for e in await log(b, ch)]
+                    assert texts == [str(i) for i in range(21) if i % 3 == n] + ["mark"]
                 assert link.stats.gaps == 0
 
     asyncio.run(main())

@@ -14,8 +14,8 @@ def _want(*texts: str) -> dict[str, Pattern]:
 
 def test_subscribe_recover_refuse_and_mark() -> None:
     up = UpstreamSubscriptions()
-    cursor = Cursor({"/a/x": ("E", 4)}, 100)
-    gone, new = up.changes(_want("/a/**", "/b", "/c"), cursor, 100, recover=True)
+    cursor = Cursor({"/a/x": ("E", 4)}, 100, {"/**": parse_pattern("/**")})
+    gone, new = up.changes(_want("/a/**", "/b", "/c"), cursor, 100)
     frames = dict(new)
     assert gone == [] and up.asking == 3
     assert (
@@ -28,16 +28,52 @@ def test_subscribe_recover_refuse_and_mark() -> None:
     assert up.asking == 0 and up.replaying == {"/a/**"}
     assert not up.synced(_want("/a/**", "/b", "/c"))
     assert up.recovered(up.subs["/a/**"], more=False) == 500  # the newest upstream time when subscribing
-    gone, new = up.changes(_want("/a/**", "/b", "/c"), cursor, 100, recover=True)
+    gone, new = up.changes(_want("/a/**", "/b", "/c"), cursor, 100)
     assert gone == [] and [t for t, _ in new] == ["/b"] and "from_time" not in new[0][1]  # live only
     up.subscribed(0)
     assert up.synced(_want("/a/**", "/b", "/c"))
-    gone, new = up.changes(_want("/b"), cursor, 100, recover=False)
+    gone, new = up.changes(_want("/b"), cursor, 100)
     assert len(gone) == 1 and new == [] and set(up.subs) == {"/b"}
+    # /a/** was withdrawn and /c, refused, is wanted no more: neither is held; /b is, and /** (from before).
+    assert set(cursor.patterns) == {"/**", "/b"}
 
 
 def test_a_cut_replay_gives_no_mark() -> None:
     up = UpstreamSubscriptions()
-    up.changes(_want("/a/**"), Cursor({}, 50), 50, recover=True)
+    up.changes(_want("/a/**"), Cursor({}, 50, {"/a/**": parse_pattern("/a/**")}), 50)
     assert up.subscribed(900) == 0
     assert up.recovered(up.subs["/a/**"], more=True) == 0  # the rest comes next round, from the cursor
+
+
+def test_interest_recovers_whenever_it_comes_and_a_pattern_never_held_starts_live_on_new_channels() -> None:
+    """No time limit: a held pattern (one subscribed before a restart, say) recovers from the cursor however
+    late its interest comes back, its new channels from after the base time. A pattern never held recovers
+    the channels the cursor has (this node's log of them has no hole) and starts live on the others."""
+    up = UpstreamSubscriptions()
+    cursor = Cursor({"/t/c0": ("E", 7), "/u/x": ("E", 2)}, 100, {"/t/**": parse_pattern("/t/**")})
+    _, new = up.changes(_want("/t/from-A/**", "/u/**", "/v/**"), cursor, 100)
+    frames = dict(new)
+    assert frames["/t/from-A/**"] == {
+        "op": "subscribe",
+        "sub": "s1",
+        "pattern": "/t/from-A/**",
+        "from_time": 101,
+    }
+    assert (
+        frames["/u/**"]["since"] == {"/u/x": {"epoch": "E", "seq": 2}} and "from_time" not in frames["/u/**"]
+    )
+    assert frames["/v/**"] == {"op": "subscribe", "sub": "s3", "pattern": "/v/**"}  # live: nothing owed
+    assert up.replaying == {"/t/from-A/**", "/u/**"}
+    assert set(cursor.patterns) == {"/t/**", "/t/from-A/**", "/u/**", "/v/**"}
+    # The covering pattern comes back last: it recovers too, its known channels from their positions.
+    _, new = up.changes(_want("/t/**", "/u/**", "/v/**"), cursor, 100)
+    assert new[0][1]["since"] == {"/t/c0": {"epoch": "E", "seq": 7}} and new[0][1]["from_time"] == 101
+    assert "/t/from-A/**" not in cursor.patterns  # withdrawn: /t/** covers it now
+
+
+def test_a_cursor_keeps_its_patterns_and_an_older_one_holds_everything() -> None:
+    cursor = Cursor({"/a": ("E", 1)}, 5, {"/a/**": parse_pattern("/a/**")})
+    again = Cursor.from_json(cursor.to_json())
+    assert again == cursor and again.held(parse_pattern("/a/b")) and not again.held(parse_pattern("/b"))
+    older = Cursor.from_json({"positions": {"/a": ["E", 1]}, "last_time": 5})
+    assert older.held(parse_pattern("/b/**")) and older.held(parse_pattern("/**"))

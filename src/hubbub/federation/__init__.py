@@ -16,7 +16,8 @@ What this package decides (the link's wiring carries it out):
 * **Interest** (:func:`minimal_cover`, :func:`covers`): the patterns to subscribe upstream, with every pattern
   that another one already covers left out, so the upstream does not deliver one event twice.
 * **Recovery** (:class:`Cursor`): the last upstream position per channel, to resubscribe after a reconnect
-  with ``since`` (native.md §6) and ``from_time`` for channels that appeared meanwhile: no gap, no duplicate.
+  with ``since`` (native.md §6), and the patterns the link held upstream, whose channels that appeared
+  meanwhile are recovered with ``from_time``: no gap, no duplicate, however late the interest comes back.
 * **Backoff** (:class:`Backoff`): capped exponential delays with full jitter between reconnects.
 * **Topology** (:func:`cycle_reason`): a link to an upstream that is already below this node is refused.
 
@@ -33,7 +34,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from hubbub.channels import Pattern
+from hubbub.channels import Pattern, parse_pattern
+from hubbub.errors import BadChannel
 
 __all__ = [
     "FROM_HEADER",
@@ -208,14 +210,27 @@ def minimal_cover(patterns: Iterable[Pattern]) -> list[Pattern]:
 # -- recovery -----------------------------------------------------------------------------------------------
 
 
+#: What a cursor saved without its patterns held: every pattern (it recovers all, as it always did).
+_HELD_ALL: Final = "/**"
+
+
 @dataclass(slots=True)
 class Cursor:
-    """How far one link has read its upstream: per channel, the epoch and seq of the last event received,
-    and the commit time of the newest event received on any channel (``from_time`` for channels first
-    seen after a reconnect). Persist it with :meth:`to_json` where the link's state is kept."""
+    """How far one link has read its upstream: per channel, the epoch and seq of the last event received;
+    the commit time of the newest event received on any channel (``from_time`` for channels first seen
+    after a reconnect); and the patterns **held**: subscribed upstream and never withdrawn since (a
+    connection lost or a restart does not withdraw them; an unsubscribe because the interest went does).
+    Persist it with :meth:`to_json` where the link's state is kept.
+
+    What a new upstream subscription recovers, whenever it comes (:meth:`since`, :meth:`held`): the channels
+    it matches that have a position here, from their position (this node's log of a channel has no hole,
+    whoever listened meanwhile); and, for a pattern that a held one covers, the channels without a
+    position, from after ``last_time``. A pattern never held (or withdrawn) has nothing owed beyond the
+    channels it has: those start live."""
 
     positions: dict[str, tuple[str, int]] = field(default_factory=dict)
     last_time: int = 0
+    patterns: dict[str, Pattern] = field(default_factory=dict)
 
     def advance(self, channel: str, epoch: str, seq: int, time_ns: int) -> bool:
         """Record an event received from upstream. ``False`` when it is not after the recorded position
@@ -235,17 +250,36 @@ class Cursor:
             if pattern.matches(ch)
         }
 
+    def held(self, pattern: Pattern) -> bool:
+        """Whether a held pattern covers ``pattern``: its new channels are owed from after ``last_time``."""
+        return any(covers(h, pattern) for h in self.patterns.values())
+
+    def hold(self, pattern: Pattern) -> bool:
+        """``pattern`` is subscribed upstream. True when that changed what is held."""
+        if pattern.text in self.patterns:
+            return False
+        self.patterns[pattern.text] = pattern
+        return True
+
+    def release(self, text: str) -> bool:
+        """The pattern ``text`` was withdrawn (no local interest in it any more). True when it was held."""
+        return self.patterns.pop(text, None) is not None
+
     def to_json(self) -> dict[str, object]:
         positions = {ch: [e, s] for ch, (e, s) in self.positions.items()}
-        return {"positions": positions, "last_time": self.last_time}
+        return {"positions": positions, "last_time": self.last_time, "patterns": sorted(self.patterns)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Cursor:
-        """Read :meth:`to_json`'s output; raises ``ValueError`` when it is not that shape."""
+        """Read :meth:`to_json`'s output; raises ``ValueError`` when it is not that shape. A cursor saved
+        without ``patterns`` holds every pattern (``/**``)."""
         raw = data.get("positions", {})
         last = data.get("last_time", 0)
-        if not isinstance(raw, dict) or not isinstance(last, int):
-            raise ValueError("a federation cursor needs positions (a map) and last_time (an integer)")
+        held = data.get("patterns", [_HELD_ALL])
+        if not isinstance(raw, dict) or not isinstance(last, int) or not isinstance(held, list):
+            raise ValueError(
+                "a federation cursor needs positions (a map), last_time (an integer) and patterns (a list)"
+            )
         positions: dict[str, tuple[str, int]] = {}
         for ch, pos in raw.items():
             if (
@@ -257,7 +291,13 @@ class Cursor:
             ):
                 raise ValueError(f"bad federation cursor entry for {ch!r}")
             positions[ch] = (pos[0], pos[1])
-        return cls(positions, last)
+        patterns: dict[str, Pattern] = {}
+        for text in held:
+            try:
+                patterns[text] = parse_pattern(text)
+            except (BadChannel, TypeError, AttributeError) as exc:
+                raise ValueError(f"bad federation cursor pattern {text!r}") from exc
+        return cls(positions, last, patterns)
 
 
 # -- reconnecting -------------------------------------------------------------------------------------------

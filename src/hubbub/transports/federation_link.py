@@ -19,9 +19,10 @@ federation handshake headers (:mod:`hubbub.federation.wire`), and runs both dire
   event the upstream acknowledged. Both advance strictly in order (a completion FIFO), are saved to
   ``<data_dir>/federation/<link>.json`` five times a second and at shutdown, and after a reconnect or a
   restart (``kill -9`` included) the link resubscribes with ``since`` from them: upstream with
-  ``since``/``from_time`` (native.md §6), locally with a replay of its own (of any length, paged from
-  the log while it goes up: :mod:`~hubbub.transports.federation_flow`). A cursor that lags the truth (a
-  crash between a commit and a save) resends a few events, which the idempotency keys turn away
+  ``since``/``from_time`` (native.md §6), for every subscription whenever its interest comes back (the
+  down cursor holds the patterns it was subscribed to), locally with a replay of its own (of any length,
+  paged from the log while it goes up: :mod:`~hubbub.transports.federation_flow`). A cursor that lags the
+  truth (a crash between a commit and a save) resends a few events, which the idempotency keys turn away
   (``native.idempotency_window_s``): no gap, no duplicate. A position the log no longer holds is a ``gap``,
   counted.
 * **Reconnects** with capped exponential backoff and full jitter (:class:`~hubbub.federation.Backoff`).
@@ -97,8 +98,6 @@ CLIENT: Final = "hubbub-federation/1"
 HEARTBEAT_S: Final = 20.0
 #: Interest changes within this long are sent upstream together.
 SYNC_DELAY_S: Final = 0.02
-#: How long after the link comes up a new upstream subscription recovers from the cursor.
-RECOVER_WINDOW_S: Final = 30.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -421,16 +420,17 @@ class FederationUpstream:
     async def _sync(
         self, ws: aiohttp.ClientWebSocketResponse, proto: ClientProtocol[LinkToken], down: DownFlow
     ) -> None:
-        """Keep the upstream subscriptions on :meth:`wanted`. For :data:`RECOVER_WINDOW_S` after the link
-        comes up, a subscription recovers from the cursor (the interest of this node comes back as its
-        subscribers and the nodes below reconnect); after that, a new pattern starts live."""
-        loop = asyncio.get_running_loop()
-        until = loop.time() + RECOVER_WINDOW_S
+        """Keep the upstream subscriptions on :meth:`wanted`. A new subscription recovers from the cursor
+        whenever it comes (:meth:`~hubbub.federation.upstream.UpstreamSubscriptions.changes`): this node's
+        subscribers and the nodes below may come back long after the link did (a slow restart, a loaded
+        machine), and what they missed is fetched all the same."""
         cursor = self.cursors.down
         base_time = cursor.last_time  # where channels not in the cursor are recovered from, this time
         while True:
             self._interest_changed.clear()
-            gone, new = self.upward.changes(self.wanted(), cursor, base_time, loop.time() < until)
+            gone, new = self.upward.changes(self.wanted(), cursor, base_time)
+            if gone or new:
+                self.cursors.dirty = True  # the patterns held changed
             for sid in gone:
                 # Not waited for: its answer matches no request in flight.
                 await ws.send_bytes(proto.encode({"op": "unsubscribe", "id": proto.next_id(), "sub": sid}))
