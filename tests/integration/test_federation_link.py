@@ -21,6 +21,7 @@ from hubbub.events import Event, Position
 from hubbub.server import Server
 from hubbub.server_config import load_config
 from hubbub.transports import federation_link
+from hubbub.transports.federation_flow import LinkCursors
 from hubbub.transports.federation_link import FederationUpstream
 
 WAIT = 15.0
@@ -441,5 +442,39 @@ def test_interest_that_returns_long_after_a_restart_recovers_what_the_node_misse
                     texts = [e["text"] for e in await log(b, ch)]
                     assert texts == [str(i) for i in range(21) if i % 3 == n] + ["mark"]
                 assert link.stats.gaps == 0
+
+    asyncio.run(main())
+
+
+def test_a_failing_cursor_saver_is_supervised_and_the_link_starts_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link's cursor saver fails once: the failure reaches the link's supervisor (logged, counted), which
+    starts the link again, saver and connection together; events cross and the cursors are saved again."""
+    original = LinkCursors.save_loop
+    calls = 0
+
+    async def save_loop(self: LinkCursors) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("the saver broke")
+        await original(self)
+
+    monkeypatch.setattr(LinkCursors, "save_loop", save_loop)
+
+    async def main() -> None:
+        async with Server(config(tmp_path, "A")) as a, Server(config(tmp_path, "B", url(a))) as b:
+            link = b.upstreams[0]
+            failures = link.node.supervision.failures
+            await until(lambda: failures.get("federation") == 1 and calls == 2, "the failure supervised")
+            async with client(a) as ca, client(b) as cb, cb.subscribe("/t/**") as below:
+                await synced(link)
+                await ca.publish("/t/x", "1")
+                assert [e.payload for e in await take(below, 1)] == [b"1"]
+                path = link.cursors.path
+                assert path is not None
+                await until(lambda: "/t/x" in path.read_text(), "the cursor saved")
+            assert failures.get("federation") == 1
 
     asyncio.run(main())

@@ -30,8 +30,11 @@ federation handshake headers (:mod:`hubbub.federation.wire`), and runs both dire
   downstream); a link to a node that is this one or below it is refused at either end (``refused``); the
   hops stop what neither end can see.
 
-Concurrency contract: runs on the event loop; one task per link (:meth:`FederationUpstream.run`), with a
-reader, a writer, an interest syncer and a cursor saver as tasks of each connection.
+Concurrency contract: runs on the event loop; one task per link (:meth:`FederationUpstream.run`, under the
+link's supervisor), with a cursor saver beside its connections and a reader, a writer and an interest
+syncer per connection, each in a :class:`~hubbub.transports.lifetime.Lifetime`: a part that ends ends its
+connection, a part that fails ends the link (its supervisor logs it and starts the link again), and
+closing the link cancels them all.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -61,6 +64,7 @@ from hubbub.client.protocol import (
     Welcome,
 )
 from hubbub.core.api import Core, Overflow, Session, Supervisor
+from hubbub.core.flag import Flag
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadFrame, HubbubError
 from hubbub.federation import Backoff, cycle_reason
@@ -86,13 +90,16 @@ from .federation_flow import (
     UpFlow,
 )
 from .federation_peer import FederationHub
-from .pump import stopped
+from .lifetime import Lifetime
 
 __all__ = ["FederationLinkCollector", "FederationUpstream", "link_name", "split_token"]
 
 log = logging.getLogger("hubbub.federation")
 
 CONNECT_TIMEOUT_S: Final = 10.0
+#: What ends a connection as the network or the node above does (the link reconnects); anything else a
+#: connection raises is a failure of the link, for its supervisor.
+_LOST: Final = (aiohttp.ClientError, OSError, TimeoutError, BadFrame, HubbubError)
 CLIENT: Final = "hubbub-federation/1"
 #: A WebSocket ping this often; no pong within half of it closes the connection (and the link reconnects).
 HEARTBEAT_S: Final = 20.0
@@ -253,51 +260,53 @@ class FederationUpstream:
     # -- the connection loop ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Connect, and reconnect after a backoff, until :meth:`close`. The cursor saver runs beside the
+        connections, in one :class:`~hubbub.transports.lifetime.Lifetime` with them: a failure of either
+        ends both and reaches the link's supervisor (which starts the link again); cancelling the link
+        cancels both."""
         limits = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=limits) as http:
-            saver = asyncio.get_running_loop().create_task(self.cursors.save_loop())
+        async with aiohttp.ClientSession(timeout=limits) as http, Lifetime() as life:
+            saver = life.create_task(self.cursors.save_loop(), name=f"federation-saver {self.name}")
+            await self._connect_loop(http)
+            saver.cancel()  # stopping: close() saves the cursors last
+
+    async def _connect_loop(self, http: aiohttp.ClientSession) -> None:
+        first = True
+        while not self._stopping:
+            if not first:
+                self.reconnects += 1
+            first = False
+            self.state = "connecting"
             try:
-                first = True
-                while not self._stopping:
-                    if not first:
-                        self.reconnects += 1
-                    first = False
-                    self.state = "connecting"
-                    try:
-                        async with http.ws_connect(
-                            self.url,
-                            protocols=("hubbub.v1.msgpack",),
-                            headers={
-                                NODE_HEADER: self.hub.node_id,
-                                BELOW_HEADER: render_above(self.hub.below),
-                            },
-                            max_msg_size=self.max_frame,
-                            autoping=True,
-                            heartbeat=HEARTBEAT_S,  # a node above that vanished (no pong) ends the link
-                            timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
-                        ) as ws:
-                            await self._connected(ws)
-                    except aiohttp.WSServerHandshakeError as exc:
-                        if exc.status == 409:
-                            self.state = "refused"  # the upstream sees this node above it: a cycle
-                        log.error(
-                            "federation upstream refused the link: %s", exc.status, extra={"link": self.name}
-                        )
-                    except (aiohttp.ClientError, OSError, TimeoutError, BadFrame, HubbubError) as exc:
-                        log.info(
-                            "federation upstream unreachable: %s: %s",
-                            type(exc).__name__,
-                            exc,
-                            extra={"link": self.name},
-                        )
-                    if self._stopping:
-                        break
-                    if self.state != "refused":
-                        self.state = "down"
-                    await asyncio.sleep(self.backoff.next_delay())
-            finally:
-                saver.cancel()
-                await stopped(saver, self.node, DIALECT, self.name)
+                async with http.ws_connect(
+                    self.url,
+                    protocols=("hubbub.v1.msgpack",),
+                    headers={
+                        NODE_HEADER: self.hub.node_id,
+                        BELOW_HEADER: render_above(self.hub.below),
+                    },
+                    max_msg_size=self.max_frame,
+                    autoping=True,
+                    heartbeat=HEARTBEAT_S,  # a node above that vanished (no pong) ends the link
+                    timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
+                ) as ws:
+                    await self._connected(ws)
+            except aiohttp.WSServerHandshakeError as exc:
+                if exc.status == 409:
+                    self.state = "refused"  # the upstream sees this node above it: a cycle
+                log.error("federation upstream refused the link: %s", exc.status, extra={"link": self.name})
+            except _LOST as exc:
+                log.info(
+                    "federation upstream unreachable: %s: %s",
+                    type(exc).__name__,
+                    exc,
+                    extra={"link": self.name},
+                )
+            if self._stopping:
+                break
+            if self.state != "refused":
+                self.state = "down"
+            await asyncio.sleep(self.backoff.next_delay())
 
     async def _connected(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         response = getattr(ws, "_response", None)
@@ -335,21 +344,36 @@ class FederationUpstream:
         self.state = "up"
         self.backoff.reset()
         log.info("federation upstream up", extra={"link": self.name, "upstream": upstream})
-        tasks: list[asyncio.Task[Any]] = []
+        ended = Flag()
+
+        async def until_ended(part: Coroutine[Any, Any, None]) -> None:
+            try:
+                await part
+            finally:
+                ended.set()
+
         try:
-            loop = asyncio.get_running_loop()
-            tasks = [
-                loop.create_task(self._read(ws, proto, up, down)),
-                loop.create_task(up.write(ws, sess, proto, self.max_frame)),
-                loop.create_task(self._sync(ws, proto, down)),
-            ]
-            await up.subscribe_local(sess)
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            async with Lifetime() as life:
+                # The connection ends when any part does: the reader (the node above closed), the writer
+                # (the up session ended) or the interest syncer; a part that fails ends it too.
+                parts = [
+                    life.create_task(until_ended(self._read(ws, proto, up, down)), name="read"),
+                    life.create_task(until_ended(up.write(ws, sess, proto, self.max_frame)), name="write"),
+                    life.create_task(until_ended(self._sync(ws, proto, down)), name="sync"),
+                ]
+                await up.subscribe_local(sess)
+                await ended.wait()
+                for t in parts:
+                    t.cancel()
+        except* _LOST as lost:
+            exc = lost.exceptions[0]
+            log.info(
+                "federation upstream connection lost: %s: %s",
+                type(exc).__name__,
+                exc,
+                extra={"link": self.name},
+            )
         finally:
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                await stopped(t, self.node, DIALECT, self.name)
             self.node.detach(sess)
             self.hub.above.pop(self.name, None)
             log.info("federation upstream down", extra={"link": self.name})
