@@ -1,11 +1,14 @@
 """The replay/live junction (``core/junction.py``) on a node, with a connection whose reads the test gates:
 the held events come after the replay, paced and in commit order; a hold that spills is read back from the log
 across channels in commit order, to the new subscription and to the connection's other live subscription
-alike; and held events the log lost meanwhile close the connection as a slow consumer, never a silent gap."""
+alike; events held before the snapshot, which the replay sends for the new subscription alone, still reach the
+connection's other live subscription (on a node, and for a native client over a socket); and held events the
+log lost meanwhile close the connection as a slow consumer, never a silent gap."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,10 +16,14 @@ from typing import Any
 import pytest
 
 from hubbub.channels import parse_pattern
-from hubbub.core import Node, NodeSettings, ReplayPlan, ReplaySpec, Session
+from hubbub.client import AsyncClient
+from hubbub.core import Node, NodeSettings, ReplayPlan, ReplaySpec, Session, replay_service
+from hubbub.core.replay_plans import plan_selection
 from hubbub.events import Event, Position, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
+from hubbub.server import Server
+from hubbub.server_config import load_config
 
 WAIT = 10.0
 #: The connection's queue bound: its subscriptions hold 4 x 4 events, then spill.
@@ -149,3 +156,107 @@ def test_spilled_events_the_log_lost_close_as_slow_consumer_without_a_gap(
         assert len(seqs) < BEFORE + 30
 
     run(body)
+
+
+@pytest.mark.parametrize("resume", ["since", "from_time"])
+def test_events_held_before_the_snapshot_still_reach_the_connections_live_subscription(
+    run: Callable[[Body], None], monkeypatch: pytest.MonkeyPatch, resume: str
+) -> None:
+    """Events committed while a new subscription holds and before its snapshot is read: live fan-out held
+    them on it for the whole connection, its replay sends them for it alone, and the connection's other
+    live subscription (``o`` on ``/j/a``) must still get them, once, in order."""
+    entered, release = threading.Event(), threading.Event()
+    plan = plan_selection
+
+    def gated(store: Any, pattern: Any, *args: Any) -> ReplayPlan:
+        if pattern.text == "/j/**":  # the new subscription's snapshot waits for the events published
+            entered.set()
+            assert release.wait(WAIT)
+        return plan(store, pattern, *args)
+
+    monkeypatch.setattr(replay_service, "plan_selection", gated)
+
+    async def body(
+        node: Node,
+        sess: Session,
+        gate: asyncio.Event,
+        got: list[Frame],
+        finish: Callable[[], Awaitable[None]],
+    ) -> None:
+        if resume == "since":  # /j/a after what "o" had, /j/b from its start
+            since = {"/j/a": Position(BEFORE, node._store.head("/j/a").epoch), "/j/b": Position(0, "")}
+            spec = ReplaySpec(since=since)
+        else:
+            spec = ReplaySpec(from_time=0)
+        task = asyncio.ensure_future(
+            node.subscribe(sess, "s", parse_pattern("/j/**"), selection=spec, on_snapshot=lambda p: None)
+        )
+        assert await asyncio.to_thread(entered.wait, WAIT)
+        held = [(await node.publish(req("/j/a"))).event.seq for _ in range(3)]
+        release.set()
+        gate.set()
+        await asyncio.wait_for(task, WAIT)
+        last = await node.publish(req("/j/a"))
+        await finish()
+        assert not sess.kicked
+        # What "o" got: every event of /j/a after those before it subscribed, once, in order.
+        assert [seq for ch, seq, subs, _ in got if "o" in subs] == [*held, last.event.seq]
+        # And "s" got its replay and the live event, once each.
+        s_a = [seq for ch, seq, subs, _ in got if "s" in subs and ch == "/j/a"]
+        assert s_a == (held if resume == "since" else [*range(1, BEFORE + 1), *held]) + [last.event.seq]
+
+    run(body)
+
+
+def test_a_native_clients_live_subscription_gets_what_its_new_one_held_before_its_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same over a real socket: a native client subscribed live to ``/t/**`` subscribes again to
+    ``/t/a/**`` with a replay, as a client resuming both does after a reconnect; events published to
+    ``/t/a/x`` before that replay's snapshot is read reach ``/t/**`` too, once, in order."""
+    entered, release = threading.Event(), threading.Event()
+    plan = plan_selection
+
+    def gated(store: Any, pattern: Any, *args: Any) -> ReplayPlan:
+        if pattern.text == "/t/a/**":
+            entered.set()
+            assert release.wait(WAIT)
+        return plan(store, pattern, *args)
+
+    monkeypatch.setattr(replay_service, "plan_selection", gated)
+
+    async def main() -> None:
+        keys = {"data_dir": str(tmp_path), "http.listen": "127.0.0.1:0", "native.tcp_listen": "127.0.0.1:0"}
+        cfg = load_config(keys, env={})
+        async with Server(cfg) as server:
+            url = f"ws://127.0.0.1:{server.ports['http']}"
+            pub, sub = await AsyncClient.connect(url), await AsyncClient.connect(url)
+            try:
+                async with sub.subscribe("/t/**") as every:
+                    await pub.publish("/t/b", "first")
+                    assert [e.payload for e in await take(every, 1)] == [b"first"]
+                    resumed = asyncio.ensure_future(sub.subscribe("/t/a/**", from_time=0).__aenter__())
+                    assert await asyncio.to_thread(entered.wait, WAIT)
+                    for i in range(3):
+                        await pub.publish("/t/a/x", str(i))
+                    release.set()
+                    only_a = await asyncio.wait_for(resumed, WAIT)
+                    await pub.publish("/t/a/x", "last")
+                    want = [b"0", b"1", b"2", b"last"]
+                    assert [e.payload for e in await take(every, 4)] == want
+                    assert [e.payload for e in await take(only_a, 4)] == want
+                    await only_a.__aexit__(None, None, None)
+            finally:
+                await pub.close()
+                await sub.close()
+
+    asyncio.run(main())
+
+
+async def take(sub: Any, n: int) -> list[Event]:
+    out = []
+    for _ in range(n):
+        item = await sub.get(WAIT)
+        assert isinstance(item, Event), item
+        out.append(item)
+    return out

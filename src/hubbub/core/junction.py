@@ -5,6 +5,10 @@ hold.Hold` kept while the replay ran, those newer than the snapshot, and then en
 step as it finds the hold empty: from then on live fan-out reaches the subscription directly, after every
 held event, with no gap and no duplicate.
 
+Live fan-out holds an event on one holding subscription for its whole connection, so the junction also
+delivers each held event to the connection's other live subscriptions that match it, those inside the
+snapshot included: the replay's frames name the new subscription alone.
+
 The held events are paced on the session's queue like the replay before them (the queue is waited on, never
 overflowed): a replay that ends with a full queue and a hold of thousands of events must not make its
 connection a slow consumer, nor, under guble's catch-up policy, drop queued events that no catch-up would
@@ -55,10 +59,9 @@ def _read_pages(store: EventLog, wanted: list[tuple[str, int]]) -> list[list[Eve
 
 @final
 class Junction:
-    """One subscription's passage from replay to live (see the module docstring). ``span_last``: the last seq
-    of an exact channel's span that the replay queued or passed over; ``scanned``: of a pattern's replay
-    (``ReplayScan``), per channel the last position it queued or passed over (none: the plan's ``tops`` and
-    ``events`` are the snapshot); ``spills`` counts the holds that spilled."""
+    """One subscription's passage from replay to live (see the module docstring). ``scanned``: of a pattern's
+    replay (``ReplayScan``), per channel the last position it queued or passed over (none: the plan's
+    ``tops`` are the snapshot); ``spills`` counts the holds that spilled."""
 
     def __init__(
         self,
@@ -66,16 +69,12 @@ class Junction:
         registry: SubscriptionRegistry,
         sub: Subscription,
         plan: ReplayPlan,
-        span_last: int,
         scanned: dict[str, Position] | None = None,
     ) -> None:
         self.reads = reads
         self.registry = registry
         self.sub = sub
         self.tops = plan.tops
-        self.replayed = {(e.channel, e.seq) for e in plan.events} if plan.events else set()
-        self.span = plan.span
-        self.span_last = span_last
         self.scanned = scanned
         self.spills = 0
         #: Per channel, the last position read back from the log: held events up to it were sent already.
@@ -127,25 +126,22 @@ class Junction:
             # A pattern's replay read the log up to its mark: what it replayed or passed over, per channel,
             # is its snapshot; anything later of any channel is the subscription's live stream.
             done = scanned.get(ev.channel)
-            if done is not None and ev.epoch == done.epoch and ev.seq <= done.seq:
-                return True
-            in_snapshot = False
+            in_snapshot = done is not None and ev.epoch == done.epoch and ev.seq <= done.seq
         else:
             top = self.tops.get(ev.channel)
             in_snapshot = top is not None and ev.seq <= top
-        span = self.span
-        if in_snapshot and (
-            (ev.channel, ev.seq) in self.replayed
-            or (span is not None and ev.channel == span.channel and span.after < ev.seq <= self.span_last)
-        ):
-            return True  # the replay sent it already: once per connection
+        # An event inside the snapshot is not the new subscription's (its replay sent it or passed over it,
+        # or its stream starts after it), but the connection's other live subscriptions still get it: live
+        # fan-out held it here for the whole connection, and a replay's frame names this subscription alone.
+        ids = self.registry.held_ids(sub, ev, in_snapshot)
+        if not ids:
+            return True
         if sess.needs_room():
             await sess.wait_replay_room()
             if not self._alive():
                 return False
-        # An event inside the snapshot is not the new subscription's (its stream starts after the snapshot),
-        # but the connection's other live subscriptions still get it.
-        ids = self.registry.held_ids(sub, ev, in_snapshot)
+            # The connection's subscriptions may have changed meanwhile.
+            ids = self.registry.held_ids(sub, ev, in_snapshot)
         if ids:
             try:
                 self.registry.fanout.deliver(sess, ev, ids, self._caches)

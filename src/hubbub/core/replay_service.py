@@ -142,11 +142,9 @@ class ReplayService:
                 sent += session.deliver(ev, [sub_id], cache, replay=True)
         except Exception as exc:  # this session's failure: see core/faults.py
             registry.faults.close(session, ev.channel, ev.seq, exc, stage="replay")
-        span_last = 0
         covered: dict[str, Position] | None = None
         if plan.span is not None and not (session.closed or session.kicked):
-            n, span_last = await self._replay_span(session, sub_id, plan.span)
-            sent += n
+            sent += await self._replay_span(session, sub_id, plan.span)
         elif plan.scan is not None and not (session.closed or session.kicked):
             done = await send_scan(
                 self.reads,
@@ -165,7 +163,7 @@ class ReplayService:
         plan.sent = sent
         if on_replayed is not None and plan.replayed:
             on_replayed(plan)
-        junction = Junction(self.reads, registry, sub, plan, span_last, covered)
+        junction = Junction(self.reads, registry, sub, plan, covered)
         try:
             await junction.run()
         finally:
@@ -196,13 +194,12 @@ class ReplayService:
         )
         return done.sent
 
-    async def _replay_span(self, session: Session, sub_id: str, span: ReplaySpan) -> tuple[int, int]:
+    async def _replay_span(self, session: Session, sub_id: str, span: ReplaySpan) -> int:
         """Queue an exact channel's replay page by page: each page is read (:meth:`EventLog.read_runs`) and,
         when the session's encoder is a :class:`~hubbub.core.session.RunEncoder`, encoded on a reader thread
         while the loop queues and writes the previous one; the queue paces the reading, so the replay holds at
         most two pages whatever its length. Runs whose delivery filters withhold them from the session are
-        passed over (neither encoded nor queued). Returns (events queued, last seq replayed: queued or passed
-        over).
+        passed over (neither encoded nor queued). Returns how many events it queued.
 
         The reader thread also cuts each run into the chunks the queue takes (``Session.replay_chunks``); for
         a batching session they come as batch frames already (``Session.replay_run_chunks``), built without
@@ -263,14 +260,14 @@ class ReplayService:
                         # Withheld by its delivery filters: passed over, but the replay's position moves
                         # past it, so the continuity check and the live junction see no gap.
                         if session.closed or session.kicked or session.ending:
-                            return sent, after
+                            return sent
                         after += len(run.rows)
                         continue
                     n = await session.replay_runs(chunked)
                     sent += n
                     after += n
                     if n < len(run.rows):
-                        return sent, after
+                        return sent
                 if after != end or not runs:
                     if after < top and not (session.closed or session.kicked or session.ending):
                         log.info(
@@ -285,7 +282,7 @@ class ReplayService:
             # A read still running is not needed any more; one that failed unawaited is not worth a log line.
             if not pending.cancel() and not pending.cancelled():
                 pending.exception()
-        return sent, after
+        return sent
 
     async def _new_epoch_if_lost(self, channel: str, epoch: str) -> ChannelInfo | None:
         """A client saw commits beyond the top of the channel's epoch ``epoch`` (a ``since`` ahead). Where the
