@@ -478,3 +478,50 @@ def test_a_failing_cursor_saver_is_supervised_and_the_link_starts_again(
             assert failures.get("federation") == 1
 
     asyncio.run(main())
+
+
+def test_a_pattern_back_after_a_reconnect_recovers_channels_that_appeared_while_it_was_away(
+    tmp_path: Path,
+) -> None:
+    """The node below had /t/** and /x/**; while it is down a channel appears under /t/. Restarted, only
+    /x/** comes back at first, and its events move the link's newest time past the new channel's; the link
+    then reconnects (the node above restarts), and only then /t/** comes back: the new channel is still
+    owed from where /t/** was when the node went down, and arrives whole."""
+
+    async def main() -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        a_cfg = config(tmp_path, "A", keys={"http.listen": f"127.0.0.1:{port}"})
+        b_cfg = config(tmp_path, "B", f"ws://127.0.0.1:{port}")
+        since: dict[str, Position] = {}
+        async with Server(a_cfg) as a, client(a) as ca:
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/t/**") as t, cb.subscribe("/x/**"):
+                await synced(b.upstreams[0])
+                await ca.publish("/t/c0", "0")
+                ev = (await take(t, 1))[0]
+                since[ev.channel] = Position(ev.seq, ev.epoch)
+            await ca.publish("/t/new", "n0")  # B is down
+            await ca.publish("/t/new", "n1")
+            b = await Server(b_cfg).__aenter__()
+            try:
+                link = b.upstreams[0]
+                async with client(b) as cb, cb.subscribe("/x/**") as x:
+                    await synced(link)
+                    await ca.publish("/x/a", "1")
+                    assert [e.payload for e in await take(x, 1)] == [b"1"]
+                    await until(lambda: link.cursors.down.last_time > 0, "the link's time to move")
+                    reconnects = link.reconnects
+                    await a.stop()
+                    async with Server(a_cfg) as a2, client(a2) as ca2:
+                        await until(lambda: link.reconnects > reconnects and link.synced, "the link back")
+                        async with cb.subscribe("/t/**", since=since) as t:
+                            await synced(link)
+                            await ca2.publish("/t/new", "mark")
+                            got = [(e.channel, e.payload) for e in await take(t, 3)]
+                            assert got == [("/t/new", b"n0"), ("/t/new", b"n1"), ("/t/new", b"mark")]
+                assert link.stats.gaps == 0
+            finally:
+                await b.__aexit__(None, None, None)
+
+    asyncio.run(main())

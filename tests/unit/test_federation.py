@@ -124,9 +124,9 @@ def test_a_cursor_drops_what_it_has_and_resumes_where_it_was() -> None:
         {"positions": {"/a": ["e"]}},
         {"positions": {"/a": [1, 2]}},
         {"last_time": "1"},
-        {"patterns": "/a"},
-        {"patterns": ["a"]},
-        {"patterns": [1]},
+        {"patterns": ["/a"]},
+        {"patterns": {"a": 1}},
+        {"patterns": {"/a": "1"}},
     ],
 )
 def test_a_bad_cursor_is_refused(bad: dict[str, object]) -> None:

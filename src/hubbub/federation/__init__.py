@@ -217,20 +217,24 @@ _HELD_ALL: Final = "/**"
 @dataclass(slots=True)
 class Cursor:
     """How far one link has read its upstream: per channel, the epoch and seq of the last event received;
-    the commit time of the newest event received on any channel (``from_time`` for channels first seen
-    after a reconnect); and the patterns **held**: subscribed upstream and never withdrawn since (a
-    connection lost or a restart does not withdraw them; an unsubscribe because the interest went does).
-    Persist it with :meth:`to_json` where the link's state is kept.
+    the commit time of the newest event received on any channel; and the patterns **held**: subscribed
+    upstream and never withdrawn since (a connection lost or a restart does not withdraw them; an
+    unsubscribe because the interest went does), each with the upstream time it is recovered to (``owed``:
+    channels that appeared after it are owed). A held pattern caught up on the live connection (``live``)
+    is recovered to ``last_time``, moving with it. Persist it with :meth:`to_json` where the link's state is
+    kept.
 
-    What a new upstream subscription recovers, whenever it comes (:meth:`since`, :meth:`held`): the channels
-    it matches that have a position here, from their position (this node's log of a channel has no hole,
-    whoever listened meanwhile); and, for a pattern that a held one covers, the channels without a
-    position, from after ``last_time``. A pattern never held (or withdrawn) has nothing owed beyond the
-    channels it has: those start live."""
+    What a new upstream subscription recovers, whenever it comes (:meth:`since`, :meth:`owed_from`): the
+    channels it matches that have a position here, from their position (this node's log of a channel has
+    no hole, whoever listened meanwhile); and, for a pattern that a held one covers, the channels without a
+    position, from after the time that held pattern is recovered to. A pattern never held (or withdrawn)
+    has nothing owed beyond the channels it has: those start live."""
 
     positions: dict[str, tuple[str, int]] = field(default_factory=dict)
     last_time: int = 0
-    patterns: dict[str, Pattern] = field(default_factory=dict)
+    owed: dict[str, int] = field(default_factory=dict)
+    live: set[str] = field(default_factory=set, compare=False)
+    _patterns: dict[str, Pattern] = field(default_factory=dict, compare=False, repr=False)
 
     def advance(self, channel: str, epoch: str, seq: int, time_ns: int) -> bool:
         """Record an event received from upstream. ``False`` when it is not after the recorded position
@@ -250,36 +254,62 @@ class Cursor:
             if pattern.matches(ch)
         }
 
-    def held(self, pattern: Pattern) -> bool:
-        """Whether a held pattern covers ``pattern``: its new channels are owed from after ``last_time``."""
-        return any(covers(h, pattern) for h in self.patterns.values())
+    def recovered_to(self, text: str) -> int:
+        """The upstream time the held pattern ``text`` is recovered to."""
+        return self.last_time if text in self.live else self.owed[text]
 
-    def hold(self, pattern: Pattern) -> bool:
-        """``pattern`` is subscribed upstream. True when that changed what is held."""
-        if pattern.text in self.patterns:
-            return False
-        self.patterns[pattern.text] = pattern
-        return True
+    def owed_from(self, pattern: Pattern) -> int:
+        """The upstream time after which ``pattern``'s channels without a position are owed: the earliest
+        of the held patterns that cover it (0: none covers it, nothing is owed)."""
+        times = [self.recovered_to(t) for t in self.owed if covers(self._pattern(t), pattern)]
+        return min(times, default=0)
 
-    def release(self, text: str) -> bool:
-        """The pattern ``text`` was withdrawn (no local interest in it any more). True when it was held."""
-        return self.patterns.pop(text, None) is not None
+    def hold(self, pattern: Pattern, owed: int) -> None:
+        """``pattern`` is subscribed upstream, recovering its new channels from after ``owed`` (kept if it is
+        held already: what it is recovered to moves only when it has caught up, :meth:`caught_up`)."""
+        if pattern.text not in self.owed:
+            self.owed[pattern.text] = owed
+            self._patterns[pattern.text] = pattern
+
+    def caught_up(self, texts: Collection[str]) -> None:
+        """The held patterns ``texts`` have every event up to ``last_time`` (a time mark, settled): from now
+        they are recovered to ``last_time`` as it moves."""
+        self.live.update(t for t in texts if t in self.owed)
+
+    def interrupted(self) -> None:
+        """The connection ended: the patterns caught up on it are recovered to ``last_time`` now."""
+        for text in self.live:
+            self.owed[text] = self.last_time
+        self.live.clear()
+
+    def release(self, text: str) -> None:
+        """The pattern ``text`` was withdrawn (no local interest in it any more): nothing is owed for it."""
+        self.owed.pop(text, None)
+        self._patterns.pop(text, None)
+        self.live.discard(text)
+
+    def _pattern(self, text: str) -> Pattern:
+        p = self._patterns.get(text)
+        if p is None:
+            p = self._patterns[text] = parse_pattern(text)
+        return p
 
     def to_json(self) -> dict[str, object]:
         positions = {ch: [e, s] for ch, (e, s) in self.positions.items()}
-        return {"positions": positions, "last_time": self.last_time, "patterns": sorted(self.patterns)}
+        held = {t: self.recovered_to(t) for t in sorted(self.owed)}
+        return {"positions": positions, "last_time": self.last_time, "patterns": held}
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Cursor:
         """Read :meth:`to_json`'s output; raises ``ValueError`` when it is not that shape. A cursor saved
-        without ``patterns`` holds every pattern (``/**``)."""
+        without ``patterns`` holds every pattern (``/**``), recovered to its ``last_time``."""
         raw = data.get("positions", {})
         last = data.get("last_time", 0)
-        held = data.get("patterns", [_HELD_ALL])
-        if not isinstance(raw, dict) or not isinstance(last, int) or not isinstance(held, list):
-            raise ValueError(
-                "a federation cursor needs positions (a map), last_time (an integer) and patterns (a list)"
-            )
+        if not isinstance(raw, dict) or not isinstance(last, int):
+            raise ValueError("a federation cursor needs positions (a map) and last_time (an integer)")
+        held = data.get("patterns", {_HELD_ALL: last})
+        if not isinstance(held, dict):
+            raise ValueError("a federation cursor's patterns are a map of pattern to time")
         positions: dict[str, tuple[str, int]] = {}
         for ch, pos in raw.items():
             if (
@@ -291,13 +321,15 @@ class Cursor:
             ):
                 raise ValueError(f"bad federation cursor entry for {ch!r}")
             positions[ch] = (pos[0], pos[1])
-        patterns: dict[str, Pattern] = {}
-        for text in held:
+        cur = cls(positions, last)
+        for text, owed in held.items():
+            if not isinstance(owed, int):
+                raise ValueError(f"bad federation cursor time for {text!r}")
             try:
-                patterns[text] = parse_pattern(text)
+                cur.hold(parse_pattern(text), owed)
             except (BadChannel, TypeError, AttributeError) as exc:
                 raise ValueError(f"bad federation cursor pattern {text!r}") from exc
-        return cls(positions, last, patterns)
+        return cur
 
 
 # -- reconnecting -------------------------------------------------------------------------------------------

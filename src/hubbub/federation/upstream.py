@@ -49,24 +49,18 @@ class UpstreamSubscriptions:
         return set(self.subs) == set(want) - self.refused and not self.asking and not self.replaying
 
     def changes(
-        self, want: Mapping[str, Pattern], cursor: Cursor, base_time: int
+        self, want: Mapping[str, Pattern], cursor: Cursor
     ) -> tuple[list[str], list[tuple[str, dict[str, Any]]]]:
         """What to send to be subscribed to ``want``: the subscription ids to unsubscribe, and a subscribe
         frame (without its request id) per new pattern, each counted as asking from now on.
 
         A new subscription recovers from ``cursor`` whenever it comes (unless the pattern is live only):
-        the channels it matches that have a position, from there; and when a pattern ``cursor`` holds covers
-        it, the others from after ``base_time`` (the cursor's time when the connection came up: where the
-        interest was cut off). The patterns subscribed are held in ``cursor`` from now on; those unsubscribed,
-        or refused and no longer wanted, are released (the interest went: nothing is owed for them any
-        more)."""
-        gone = []
-        for text in [t for t in self.subs if t not in want]:
-            gone.append(self.subs.pop(text))
-            self.replaying.discard(text)
-            cursor.release(text)
-        for text in self.refused - want.keys():
-            cursor.release(text)  # refused while wanted, and wanted no more
+        the channels it matches that have a position, from there; and when a pattern ``cursor`` holds
+        covers it (:meth:`~hubbub.federation.Cursor.owed_from`), the others from after the time that one
+        is recovered to. The new frames are made before the patterns going are released, so a narrower
+        pattern that replaces a wider one recovers what the wider one would have had. The patterns
+        subscribed are held in ``cursor`` from now on; those unsubscribed, or refused and no longer wanted,
+        are released (the interest went: nothing is owed for them any more)."""
         new = []
         for text, pattern in want.items():
             if text in self.subs or text in self.refused:
@@ -74,20 +68,29 @@ class UpstreamSubscriptions:
             self._next_sub += 1
             sid = f"s{self._next_sub}"
             frame: dict[str, Any] = {"op": "subscribe", "sub": sid, "pattern": text}
+            owed = cursor.owed_from(pattern)
             if text not in self.live_only:
                 since = cursor.since(pattern)
                 if since and pattern.is_exact:
                     frame["since"] = since[text]  # an exact channel's since is its position alone
                 elif since:
                     frame["since"] = since
-                if base_time and cursor.held(pattern) and not (since and pattern.is_exact):
-                    frame["from_time"] = base_time + 1
+                if owed and not (since and pattern.is_exact):
+                    frame["from_time"] = owed + 1
                 if "since" in frame or "from_time" in frame:
                     self.replaying.add(text)
-            cursor.hold(pattern)
+            # A pattern never held is caught up from about now: the newest upstream time this link knows.
+            cursor.hold(pattern, owed or cursor.last_time)
             self.subs[text] = sid
             self.asking += 1
             new.append((text, frame))
+        gone = []
+        for text in [t for t in self.subs if t not in want]:
+            gone.append(self.subs.pop(text))
+            self.replaying.discard(text)
+            cursor.release(text)
+        for text in self.refused - want.keys():
+            cursor.release(text)  # refused while wanted, and wanted no more
         return gone, new
 
     def subscribed(self, top_time: object) -> int:

@@ -459,10 +459,11 @@ class DownFlow:
         self.fifo.append([True, "gap", item.channel, at.epoch, at.seq])
         self.settle()
 
-    def recovered_to(self, top_time: int) -> None:
-        """Every event up to the upstream's ``top_time`` that the subscriptions want has come: unlisted
-        channels are recovered from after it next time (once what is before it has committed)."""
-        self.fifo.append([True, "time", top_time])
+    def recovered_to(self, top_time: int, patterns: list[str]) -> None:
+        """Every event up to the upstream's ``top_time`` that the subscriptions to ``patterns`` want has
+        come: once what is before it has committed, those patterns are caught up (their unlisted channels are
+        recovered from after the cursor's time next time)."""
+        self.fifo.append([True, "time", top_time, patterns])
         self.settle()
 
     def settle(self) -> None:
@@ -480,6 +481,7 @@ class DownFlow:
                 if not down.last_time:
                     self.cursors.urgent.set()  # the first recovery point: saved at once
                 down.last_time = max(down.last_time, entry[2])
+                down.caught_up(entry[3])
             moved = True
         if moved:
             self.cursors.dirty = True

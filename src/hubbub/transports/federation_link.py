@@ -375,6 +375,8 @@ class FederationUpstream:
             )
         finally:
             self.node.detach(sess)
+            self.cursors.down.interrupted()
+            self.cursors.dirty = True
             self.hub.above.pop(self.name, None)
             log.info("federation upstream down", extra={"link": self.name})
 
@@ -434,12 +436,11 @@ class FederationUpstream:
         log.error("federation upstream refused subscribing to %s: %s", text, code, extra={"link": self.name})
         self._interest_changed.set()
 
-    @staticmethod
-    def _time_mark(down: DownFlow, top_time: int) -> None:
-        """Once no subscription is pending or replaying, the newest upstream time seen when subscribing is
-        where channels not in the cursor are recovered from next time."""
+    def _time_mark(self, down: DownFlow, top_time: int) -> None:
+        """Once no subscription is pending or replaying, every pattern subscribed has come up to the newest
+        upstream time seen when subscribing: where channels not in the cursor are recovered from next time."""
         if top_time:
-            down.recovered_to(top_time)
+            down.recovered_to(top_time, list(self.upward.subs))
 
     async def _sync(
         self, ws: aiohttp.ClientWebSocketResponse, proto: ClientProtocol[LinkToken], down: DownFlow
@@ -449,10 +450,9 @@ class FederationUpstream:
         subscribers and the nodes below may come back long after the link did (a slow restart, a loaded
         machine), and what they missed is fetched all the same."""
         cursor = self.cursors.down
-        base_time = cursor.last_time  # where channels not in the cursor are recovered from, this time
         while True:
             self._interest_changed.clear()
-            gone, new = self.upward.changes(self.wanted(), cursor, base_time)
+            gone, new = self.upward.changes(self.wanted(), cursor)
             if gone or new:
                 self.cursors.dirty = True  # the patterns held changed
             for sid in gone:
