@@ -51,6 +51,7 @@ from hubbub.log.base import (
     new_epoch,
 )
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
+from hubbub.log.read_plan import take_upto
 from hubbub.log.records import encode_headers, encode_tags, event_size
 from hubbub.log.sequencing import FROM_RECORD, IdemKey, plan_append
 
@@ -577,13 +578,8 @@ class MemoryLogStore(LogStore):
             del found[limit:]
             full = False
             if max_bytes is not None:
-                size = 0
-                for i, (_, e) in enumerate(found):
-                    size += len(e.payload)
-                    if size >= max_bytes:
-                        del found[i + 1 :]
-                        full = True
-                        break
+                kept, full = take_upto([(p, e, e.payload) for p, e in found], max_bytes, 2)
+                del found[len(kept) :]
             return LogPage([e for _, e in found], found[-1][0] if found else after_pos, full)
 
     def read_last(self, channel: str, n: int) -> list[Event]:

@@ -29,17 +29,31 @@ from hubbub.log.base import (
     ScanColumns,
     ScanPlan,
     StoreStats,
-    prefix_upper,
 )
 from hubbub.log.postgres._errors import _STORAGE_ERRORS, _error
 from hubbub.log.postgres._schema import _EVENT_COLS, _TEXT_COLS
+from hubbub.log.read_plan import (
+    MAX_INT64,
+    LogScope,
+    budget_end,
+    census,
+    clamp,
+    first_at_time,
+    group_runs,
+    log_scope,
+    page_full,
+    path_bounds,
+    plan_scan,
+    run_range,
+    scalar,
+    seq_range,
+    whole_run,
+)
 from hubbub.log.records import decode_headers, decode_tags
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 
-_MAX_INT64: Final = (1 << 63) - 1
-_MIN_INT64: Final = -(1 << 63)
 
 _HEAD_COLS: Final = "path, epoch, first, top, top_time"
 # read_log: the events of current epochs in a pos range, with their channel's path and epoch.
@@ -48,8 +62,7 @@ _LOG_COLS: Final = "pos, path, epoch, " + _EVENT_COLS
 _LOG_SELECT: Final = (
     "SELECT e.pos, c.path, c.epoch, "
     + ", ".join(f"e.{c.strip()}" for c in _EVENT_COLS.split(","))
-    + " FROM events AS e JOIN channels AS c ON c.id = e.channel_id"
-    " WHERE e.pos > %s AND e.pos <= %s AND e.time_ns <= %s"
+    + " FROM events AS e JOIN channels AS c ON c.id = e.channel_id WHERE "
 )
 _COMPACT_SELECT: Final = (
     "SELECT seq, time_ns, "
@@ -86,11 +99,6 @@ _SCAN_SELECT: Final = (
     + ")"
 )
 _SCAN_TEXT: Final = "SELECT " + ", ".join(_SCAN_VARLEN.format(c=f"e.{c}") for c in _TEXT_COLS)
-
-
-def _clamp(n: int) -> int:
-    """``n`` within PostgreSQL's BIGINT (callers' bounds may be any Python int)."""
-    return min(max(n, _MIN_INT64), _MAX_INT64)
 
 
 class _Decoder:
@@ -138,26 +146,6 @@ class _Decoder:
         """A stored row with its text columns as ``str`` (``None`` stays ``None``)."""
         s = self.s
         return (r[0], r[1], s(r[2]), s(r[3]), s(r[4]), s(r[5]), s(r[6]), r[7], r[8], r[9])
-
-
-def _runs(channel: str, epoch: str, rows: list[Any]) -> list[EventRun]:
-    """Group full event rows (``_EVENT_COLS``, in seq order) into runs; one event is built per run."""
-    dec = _Decoder()
-    out: list[EventRun] = []
-    prev_key: tuple[Any, ...] = ()
-    prev_seq = 0
-    run: list[tuple[int, bytes]] = []
-    for r in rows:
-        seq = r[0]
-        key = tuple(r[2:9])
-        if seq == prev_seq + 1 and key == prev_key:
-            run.append((r[1], r[9]))
-        else:
-            run = [(r[1], r[9])]
-            out.append(EventRun(dec.events(channel, epoch, [r])[0], run))
-            prev_key = key
-        prev_seq = seq
-    return out
 
 
 class _ReadSide:
@@ -286,14 +274,14 @@ class _ReadSide:
             if row is None:
                 return post("", [])
             cid, cur, first, top = row
-            lo, hi = max(_clamp(after_seq) + 1, first), top
+            lo, hi = seq_range(after_seq, first, top)
             if from_time is not None and lo <= hi:
                 lo = _seq_at_time(conn, cid, lo, hi, from_time)
             if to_time is not None and lo <= hi:
                 hi = _seq_at_time(conn, cid, lo, hi, to_time) - 1
             if lo > hi:
                 return post(cur, [])
-            n = min(limit, _MAX_INT64)
+            n = min(limit, MAX_INT64)
             if not compact_text:
                 rows = conn.execute(
                     f"SELECT {_EVENT_COLS} FROM events "
@@ -334,23 +322,24 @@ class _ReadSide:
             if row is None:
                 return []
             cid, epoch, first, top = row
-            lo = max(_clamp(after_seq) + 1, first)
-            hi = min(_clamp(up_to_seq), top, lo - 1 + min(limit, _MAX_INT64 - lo))
-            if lo > hi:
+            page = run_range(after_seq, up_to_seq, limit, first, top)
+            if page is None:
                 return []
+            lo, hi = page
             if max_bytes is not None:
-                budget = max(_clamp(max_bytes), 1)
-                total = conn.execute(_BUDGET_SUM, (cid, lo, hi)).fetchone()
-                if total and total[0] is not None and total[0] > budget:
-                    top_row = conn.execute(_BUDGET_TOP, (cid, lo, hi, budget)).fetchone()
-                    hi = top_row[0] if top_row and top_row[0] is not None else lo
+                hi = budget_end(
+                    lo,
+                    hi,
+                    max_bytes,
+                    lambda: scalar(conn.execute(_BUDGET_SUM, (cid, lo, hi)).fetchone()),
+                    lambda budget: scalar(conn.execute(_BUDGET_TOP, (cid, lo, hi, budget)).fetchone()),
+                )
             head = conn.execute(
                 f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq = %s", (cid, lo), binary=True
             ).fetchone()
             if head is not None:
                 rows = conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9]), binary=True).fetchall()
-                # Seqs are unique: as many matching rows as seqs in the range means every row matched.
-                if len(rows) == hi - lo + 1:
+                if whole_run(lo, hi, len(rows)):
                     return [EventRun(_Decoder().events(channel, epoch, [head])[0], rows)]
             rows = conn.execute(
                 f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
@@ -358,7 +347,8 @@ class _ReadSide:
                 (cid, lo, hi),
                 binary=True,
             ).fetchall()
-            return _runs(channel, epoch, rows)
+            dec = _Decoder()
+            return group_runs(rows, lambda r: dec.events(channel, epoch, [r])[0])
 
         return self._read(q)
 
@@ -374,7 +364,7 @@ class _ReadSide:
             cid, epoch = row
             rows = conn.execute(
                 f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s ORDER BY seq DESC LIMIT %s",
-                (cid, min(n, _MAX_INT64)),
+                (cid, min(n, MAX_INT64)),
                 binary=True,
             ).fetchall()
             rows.reverse()
@@ -392,15 +382,11 @@ class _ReadSide:
         if not include_empty:
             sql += " AND count > 0"
         params: list[Any] = [after]
-        if prefix:
-            sql += " AND path >= %s"
-            params.append(prefix)
-            upper = prefix_upper(prefix)
-            if upper is not None:
-                sql += " AND path < %s"
-                params.append(upper)
+        for op, value in path_bounds(prefix):
+            sql += f" AND path {op} %s"
+            params.append(value)
         sql += " ORDER BY path LIMIT %s"
-        params.append(min(limit, _MAX_INT64))
+        params.append(min(limit, MAX_INT64))
         rows = self._read(lambda conn: conn.execute(sql, params).fetchall(), snapshot=False)
         return [ChannelInfo(*r) for r in rows if r[0].startswith(prefix)]
 
@@ -437,20 +423,14 @@ class _ReadSide:
         reverse: bool = False,
         max_bytes: int | None = None,
     ) -> LogPage:
-        if limit <= 0 or after_pos >= mark.pos:
+        scope = log_scope(after_pos, mark, prefix)
+        if limit <= 0 or scope is None:
             return LogPage([], after_pos)
-        sql = _LOG_SELECT
-        params: list[Any] = [_clamp(after_pos), _clamp(mark.pos), _clamp(mark.time_ns)]
-        if prefix:
-            sql += " AND c.path >= %s"
-            params.append(prefix)
-            upper = prefix_upper(prefix)
-            if upper is not None:
-                sql += " AND c.path < %s"
-                params.append(upper)
+        params: list[Any] = []
+        sql = _LOG_SELECT + _in_scope(scope, params, from_time=False)
         key = "pos DESC" if reverse else "pos"
         sql += " ORDER BY e.pos DESC LIMIT %s" if reverse else " ORDER BY e.pos LIMIT %s"
-        params.append(_clamp(limit))
+        params.append(clamp(limit))
         if max_bytes is not None:
             # The budget is applied by the server, on the page's rows only (the window runs over the
             # LIMITed subquery): the rows past the event that reaches it are never sent.
@@ -459,15 +439,13 @@ class _ReadSide:
                 f"ROWS UNBOUNDED PRECEDING) - octet_length(payload) AS earlier FROM ({sql}) AS p) AS q "
                 f"WHERE earlier < %s ORDER BY {key}"
             )
-            params.append(_clamp(max_bytes))
+            params.append(clamp(max_bytes))
         rows = self._read(lambda conn: conn.execute(sql, params).fetchall(), snapshot=False)
         dec = _Decoder()
         out: list[Event] = []
-        size = 0
         for r in rows:
-            size += len(r[-1])
             out.extend(dec.events(r[1], r[2], [r[3:]]))
-        full = max_bytes is not None and size >= max_bytes
+        full = page_full((len(r[-1]) for r in rows), max_bytes)
         return LogPage(out, int(rows[-1][0]) if rows else after_pos, full)
 
     def count_log(
@@ -479,50 +457,31 @@ class _ReadSide:
         from_time: int = 0,
         channel: str | None = None,
     ) -> tuple[int, int]:
-        if after_pos >= mark.pos:
+        scope = log_scope(after_pos, mark, prefix, from_time=from_time, channel=channel)
+        if scope is None:
             return 0, 0
         # Rows counted where the events are (the pos range), each channel looked up by id: no event built.
+        params: list[Any] = []
         sql = (
             "SELECT count(*), coalesce(sum(CASE WHEN length(e.headers) > 0 THEN 1 ELSE 0 END), 0)"
-            " FROM events AS e JOIN channels AS c"
-            " ON c.id = e.channel_id WHERE e.pos > %s AND e.pos <= %s AND e.time_ns <= %s AND e.time_ns >= %s"
-        )
-        params: list[Any] = [_clamp(after_pos), _clamp(mark.pos), _clamp(mark.time_ns), _clamp(from_time)]
-        if channel is not None:
-            sql += " AND c.path = %s"
-            params.append(channel)
-        elif prefix:
-            sql += " AND c.path >= %s"
-            params.append(prefix)
-            upper = prefix_upper(prefix)
-            if upper is not None:
-                sql += " AND c.path < %s"
-                params.append(upper)
+            " FROM events AS e JOIN channels AS c ON c.id = e.channel_id WHERE "
+        ) + _in_scope(scope, params)
         row = self._read(lambda conn: conn.execute(sql, params).fetchone(), snapshot=False)
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
     def log_census(
         self, after_pos: int, mark: LogMark, prefix: str = "", *, from_time: int = 0
     ) -> dict[str, tuple[str, int, int]]:
-        if after_pos >= mark.pos:
+        scope = log_scope(after_pos, mark, prefix, from_time=from_time)
+        if scope is None:
             return {}
         # The rows of the range grouped by channel where they are: no event built.
+        params: list[Any] = []
         sql = (
             "SELECT c.path, c.epoch, min(e.seq), max(e.seq) FROM events AS e JOIN channels AS c"
-            " ON c.id = e.channel_id WHERE e.pos > %s AND e.pos <= %s AND e.time_ns <= %s"
-            " AND e.time_ns >= %s"
+            " ON c.id = e.channel_id WHERE " + _in_scope(scope, params) + " GROUP BY c.path, c.epoch"
         )
-        params: list[Any] = [_clamp(after_pos), _clamp(mark.pos), _clamp(mark.time_ns), _clamp(from_time)]
-        if prefix:
-            sql += " AND c.path >= %s"
-            params.append(prefix)
-            upper = prefix_upper(prefix)
-            if upper is not None:
-                sql += " AND c.path < %s"
-                params.append(upper)
-        sql += " GROUP BY c.path, c.epoch"
-        rows = self._read(lambda conn: conn.execute(sql, params).fetchall(), snapshot=False)
-        return {str(r[0]): (str(r[1]), int(r[2]), int(r[3])) for r in rows}
+        return census(self._read(lambda conn: conn.execute(sql, params).fetchall(), snapshot=False))
 
     def top_time(self) -> int:
         row = self._read(
@@ -555,41 +514,30 @@ class _ReadSide:
         size = max(size, 1)
 
         def q(conn: Conn) -> ScanPlan:
-            channels: dict[int, ChannelInfo] = {}
-            retired: set[int] = set()
-            for row in conn.execute(
+            epochs = conn.execute(
                 f"SELECT 0, id, {_HEAD_COLS} FROM channels WHERE count > 0 UNION ALL "
                 f"SELECT 1, id, {_HEAD_COLS} FROM retired_epochs ORDER BY 3, 2"
-            ):
-                channels[row[1]] = ChannelInfo(*row[2:])
-                if row[0]:
-                    retired.add(row[1])
+            ).fetchall()
             totals = conn.execute(
                 "SELECT coalesce(sum(count), 0), coalesce(sum(bytes), 0) FROM "
                 "(SELECT count, bytes FROM channels UNION ALL SELECT count, bytes FROM retired_epochs) AS t"
             ).fetchone()
             assert totals is not None
-            events, nbytes = int(totals[0]), int(totals[1])
             first = conn.execute("SELECT pos FROM events ORDER BY pos LIMIT 1").fetchone()
             last = conn.execute("SELECT pos, time_ns FROM events ORDER BY pos DESC LIMIT 1").fetchone()
-            if first is None or last is None:
-                return ScanPlan((), 0, channels, events, nbytes, frozenset(retired))
-            lo, hi, max_time = first[0], last[0], last[1]
-            if from_time is not None:
-                lo = _pos_at_time(conn, lo, hi, from_time)
-            if to_time is not None and lo <= hi:
-                hi = _pos_at_time(conn, lo, hi, to_time) - 1
-            splits: list[int] = []
-            at: int | None = lo
-            while at is not None and at <= hi:
-                splits.append(at)
-                row = conn.execute(
-                    "SELECT pos FROM events WHERE pos >= %s ORDER BY pos LIMIT 1 OFFSET %s", (at, size)
-                ).fetchone()
-                at = None if row is None else row[0]
-            if splits:
-                splits.append(hi + 1)
-            return ScanPlan(tuple(splits), max_time, channels, events, nbytes, frozenset(retired))
+            return plan_scan(
+                epochs,
+                (int(totals[0]), int(totals[1])),
+                None if first is None or last is None else (first[0], last[0], last[1]),
+                from_time,
+                to_time,
+                lambda lo, hi, t: _pos_at_time(conn, lo, hi, t),
+                lambda at: scalar(
+                    conn.execute(
+                        "SELECT pos FROM events WHERE pos >= %s ORDER BY pos LIMIT 1 OFFSET %s", (at, size)
+                    ).fetchone()
+                ),
+            )
 
         return self._read(q)
 
@@ -617,7 +565,7 @@ class _ReadSide:
 
         def q(conn: Conn) -> list[ScanColumns]:
             out: list[ScanColumns] = []
-            _scan(conn, join, extra, _clamp(lo_pos), _clamp(hi_pos), _clamp(max_time), out)
+            _scan(conn, join, extra, clamp(lo_pos), clamp(hi_pos), clamp(max_time), out)
             return out
 
         return self._read(q)
@@ -662,33 +610,29 @@ def _scan(
     out.append(ScanColumns(n, cids, seqs, times, text, (hl, bytes(hd)), (tl, bytes(td)), (pl, bytes(pd))))
 
 
+def _in_scope(scope: LogScope, params: list[Any], *, from_time: bool = True) -> str:
+    """``scope`` as conditions on ``events AS e`` and ``channels AS c``, its values appended to ``params``.
+    Without ``from_time``: no lower time bound (read_log has none)."""
+    conds: list[tuple[str, object]] = [
+        ("e.pos >", scope.after_pos),
+        ("e.pos <=", scope.pos),
+        ("e.time_ns <=", scope.time_ns),
+    ]
+    if from_time:
+        conds.append(("e.time_ns >=", scope.from_time))
+    conds.extend((f"c.path {op}", value) for op, value in scope.paths)
+    params.extend(value for _, value in conds)
+    return " AND ".join(f"{cond} %s" for cond, _ in conds)
+
+
 def _seq_at_time(conn: Conn, cid: int, lo: int, hi: int, t: int) -> int:
-    """The smallest ``seq`` in ``[lo, hi]`` of a channel whose ``time_ns >= t``, or ``hi + 1`` (binary
-    search: within one epoch ``time_ns`` strictly increases with ``seq``)."""
-    t = _clamp(t)
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        row = conn.execute(
-            "SELECT seq, time_ns FROM events WHERE channel_id = %s AND seq >= %s ORDER BY seq LIMIT 1",
-            (cid, mid),
-        ).fetchone()
-        if row is None or row[0] > hi or row[1] >= t:
-            hi = mid - 1
-        else:
-            lo = row[0] + 1
-    return lo
+    """The smallest ``seq`` in ``[lo, hi]`` of a channel whose ``time_ns >= t``, or ``hi + 1`` (within one
+    epoch ``time_ns`` strictly increases with ``seq``)."""
+    sql = "SELECT seq, time_ns FROM events WHERE channel_id = %s AND seq >= %s ORDER BY seq LIMIT 1"
+    return first_at_time(lo, hi, t, lambda mid: conn.execute(sql, (cid, mid)).fetchone())
 
 
 def _pos_at_time(conn: Conn, lo: int, hi: int, t: int) -> int:
     """The smallest ``pos`` in ``[lo, hi]`` of an event with ``time_ns >= t``, or ``hi + 1``."""
-    t = _clamp(t)
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        row = conn.execute(
-            "SELECT pos, time_ns FROM events WHERE pos >= %s ORDER BY pos LIMIT 1", (mid,)
-        ).fetchone()
-        if row is None or row[0] > hi or row[1] >= t:
-            hi = mid - 1
-        else:
-            lo = row[0] + 1
-    return lo
+    sql = "SELECT pos, time_ns FROM events WHERE pos >= %s ORDER BY pos LIMIT 1"
+    return first_at_time(lo, hi, t, lambda mid: conn.execute(sql, (mid,)).fetchone())

@@ -25,15 +25,28 @@ from hubbub.log.base import (
     ScanColumns,
     ScanPlan,
     StoreStats,
-    prefix_upper,
+)
+from hubbub.log.read_plan import (
+    MAX_INT64,
+    LogScope,
+    budget_end,
+    census,
+    first_at_time,
+    group_runs,
+    log_scope,
+    path_bounds,
+    plan_scan,
+    run_range,
+    scalar,
+    seq_range,
+    take_upto,
+    whole_run,
 )
 from hubbub.log.records import decode_headers, decode_tags
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error
 from hubbub.log.sqlite._schema import _EVENT_COLS, _TEXT_COLS
 
 __all__ = ["ScanColumns", "ScanPlan"]
-
-_MAX_INT64: Final = (1 << 63) - 1
 
 _HEAD_COLS: Final = "path, epoch, first, top, top_time"
 # read_log: the events of current epochs in a pos range, with their channel id and pos after the event
@@ -51,8 +64,7 @@ _LOG_SELECT: Final = (
         for c in ("publisher_dialect", "publisher_user", "publisher_app", "publisher_msg_id")
     )
     + ", e.content_type, e.headers, e.tags, e.payload, e.channel_id, e.pos"
-    " FROM events AS e CROSS JOIN channels AS c ON c.id = e.channel_id"
-    " WHERE e.pos > ?5 AND e.pos <= ?6 AND e.time_ns <= ?7"
+    " FROM events AS e CROSS JOIN channels AS c ON c.id = e.channel_id WHERE "
 )
 #: A read_log row's ``_EVENT_COLS`` (a C-level slice: cheaper than unpacking the row with a starred name).
 _EVENT_PART: Final = itemgetter(*range(10))
@@ -246,14 +258,14 @@ class _ReadSide:
             if row is None:
                 return "", []
             cid, epoch, first, top = row
-            lo, hi = max(after_seq + 1, first), top
+            lo, hi = seq_range(after_seq, first, top)
             if from_time is not None and lo <= hi:
                 lo = _seq_at_time(conn, cid, lo, hi, from_time)
             if to_time is not None and lo <= hi:
                 hi = _seq_at_time(conn, cid, lo, hi, to_time) - 1
             if lo > hi:
                 return epoch, []
-            n = min(limit, _MAX_INT64)
+            n = min(limit, MAX_INT64)
             if not compact_text:
                 rows = conn.execute(
                     f"SELECT {_EVENT_COLS} FROM events "
@@ -289,27 +301,30 @@ class _ReadSide:
             if row is None:
                 return []
             cid, epoch, first, top = row
-            lo = max(after_seq + 1, first)
-            hi = min(up_to_seq, top, lo - 1 + min(limit, _MAX_INT64 - lo))
-            if lo > hi:
+            page = run_range(after_seq, up_to_seq, limit, first, top)
+            if page is None:
                 return []
+            lo, hi = page
             if max_bytes is not None:
-                budget = max(max_bytes, 1)
-                if (conn.execute(_BUDGET_SUM, (cid, lo, hi)).fetchone()[0] or 0) > budget:
-                    hi = conn.execute(_BUDGET_TOP, (cid, lo, hi, budget)).fetchone()[0] or lo
+                hi = budget_end(
+                    lo,
+                    hi,
+                    max_bytes,
+                    lambda: scalar(conn.execute(_BUDGET_SUM, (cid, lo, hi)).fetchone()),
+                    lambda budget: scalar(conn.execute(_BUDGET_TOP, (cid, lo, hi, budget)).fetchone()),
+                )
             head = conn.execute(
                 f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (cid, lo)
             ).fetchone()
             if head is not None:
                 rows = conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9])).fetchall()
-                # Seqs are unique: as many matching rows as seqs in the range means every row matched.
-                if len(rows) == hi - lo + 1:
+                if whole_run(lo, hi, len(rows)):
                     return [EventRun(self._events(channel, epoch, [head])[0], rows)]
             rows = conn.execute(
                 f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
                 (cid, lo, hi),
             ).fetchall()
-            return _runs(channel, epoch, rows)
+            return group_runs(rows, lambda r: self._events(channel, epoch, [r])[0])
 
     def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
         """Plan a bulk read of the whole log in commit (``pos``) order: see :class:`ScanPlan`. Each piece
@@ -318,39 +333,29 @@ class _ReadSide:
         For bulk readers (the data pipeline), with :meth:`scan_columns`."""
         size = max(size, 1)
         with self._snapshot() as conn:
-            channels: dict[int, ChannelInfo] = {}
-            retired: set[int] = set()
-            for row in conn.execute(
+            epochs = conn.execute(
                 f"SELECT 0, id, {_HEAD_COLS} FROM channels WHERE count > 0 UNION ALL "
                 f"SELECT 1, id, {_HEAD_COLS} FROM retired_epochs ORDER BY path, id"
-            ):
-                channels[row[1]] = ChannelInfo(*row[2:])
-                if row[0]:
-                    retired.add(row[1])
-            events, nbytes = conn.execute(
+            ).fetchall()
+            totals = conn.execute(
                 "SELECT coalesce(sum(count), 0), coalesce(sum(bytes), 0) FROM "
                 "(SELECT count, bytes FROM channels UNION ALL SELECT count, bytes FROM retired_epochs)"
             ).fetchone()
             first = conn.execute("SELECT pos FROM events ORDER BY pos LIMIT 1").fetchone()
             last = conn.execute("SELECT pos, time_ns FROM events ORDER BY pos DESC LIMIT 1").fetchone()
-            if first is None or last is None:
-                return ScanPlan((), 0, channels, events, nbytes, frozenset(retired))
-            lo, hi, max_time = first[0], last[0], last[1]
-            if from_time is not None:
-                lo = _pos_at_time(conn, lo, hi, from_time)
-            if to_time is not None and lo <= hi:
-                hi = _pos_at_time(conn, lo, hi, to_time) - 1
-            splits: list[int] = []
-            at: int | None = lo
-            while at is not None and at <= hi:
-                splits.append(at)
-                row = conn.execute(
-                    "SELECT pos FROM events WHERE pos >= ? ORDER BY pos LIMIT 1 OFFSET ?", (at, size)
-                ).fetchone()
-                at = None if row is None else row[0]
-            if splits:
-                splits.append(hi + 1)
-            return ScanPlan(tuple(splits), max_time, channels, events, nbytes, frozenset(retired))
+            return plan_scan(
+                epochs,
+                totals,
+                None if first is None or last is None else (first[0], last[0], last[1]),
+                from_time,
+                to_time,
+                lambda lo, hi, t: _pos_at_time(conn, lo, hi, t),
+                lambda at: scalar(
+                    conn.execute(
+                        "SELECT pos FROM events WHERE pos >= ? ORDER BY pos LIMIT 1 OFFSET ?", (at, size)
+                    ).fetchone()
+                ),
+            )
 
     def scan_columns(
         self,
@@ -398,7 +403,7 @@ class _ReadSide:
             cid, epoch = row
             rows = conn.execute(
                 f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? ORDER BY seq DESC LIMIT ?",
-                (cid, min(n, _MAX_INT64)),
+                (cid, min(n, MAX_INT64)),
             ).fetchall()
             rows.reverse()
             return self._events(channel, epoch, rows)
@@ -413,15 +418,11 @@ class _ReadSide:
         if not include_empty:
             sql += " AND count > 0"
         params: list[Any] = [after]
-        if prefix:
-            sql += " AND path >= ?"
-            params.append(prefix)
-            upper = prefix_upper(prefix)
-            if upper is not None:
-                sql += " AND path < ?"
-                params.append(upper)
+        for op, value in path_bounds(prefix):
+            sql += f" AND path {op} ?"
+            params.append(value)
         sql += " ORDER BY path LIMIT ?"
-        params.append(min(limit, _MAX_INT64))
+        params.append(min(limit, MAX_INT64))
         with self._snapshot() as conn:
             rows = conn.execute(sql, params).fetchall()
         return [ChannelInfo(*r) for r in rows if r[0].startswith(prefix)]
@@ -449,36 +450,22 @@ class _ReadSide:
         reverse: bool = False,
         max_bytes: int | None = None,
     ) -> LogPage:
-        if limit <= 0 or after_pos >= mark.pos:
+        scope = log_scope(after_pos, mark, prefix)
+        if limit <= 0 or scope is None:
             return LogPage([], after_pos)
         local = self._local
         same: Publisher = getattr(local, "log_publisher", _NOBODY)
-        sql = _LOG_SELECT
-        params: list[Any] = [
-            same.dialect,
-            same.user,
-            same.app,
-            same.msg_id,
-            after_pos,
-            mark.pos,
-            mark.time_ns,
-        ]
-        if prefix:
-            sql += " AND c.path >= ?8"
-            params.append(prefix)
-            upper = prefix_upper(prefix)
-            if upper is not None:
-                sql += " AND c.path < ?9"
-                params.append(upper)
+        params: list[Any] = [same.dialect, same.user, same.app, same.msg_id]
+        sql = _LOG_SELECT + _in_scope(scope, params, from_time=False)
         sql += f" ORDER BY e.pos {'DESC ' if reverse else ''}LIMIT ?{len(params) + 1}"
-        params.append(min(limit, _MAX_INT64))
+        params.append(min(limit, MAX_INT64))
         full = False
         with self._snapshot() as conn:
             cur = conn.execute(sql, params)
             if max_bytes is None:
                 rows = cur.fetchall()
             else:
-                rows, full = _fetch_upto(cur, max_bytes)
+                rows, full = take_upto(cur, max_bytes, 9)
             places = self._channel_names(conn, rows, 10) if rows else []
         events = _build_events(map(_EVENT_PART, rows), places, same)
         if events:
@@ -495,25 +482,15 @@ class _ReadSide:
         from_time: int = 0,
         channel: str | None = None,
     ) -> tuple[int, int]:
-        if after_pos >= mark.pos:
+        scope = log_scope(after_pos, mark, prefix, from_time=from_time, channel=channel)
+        if scope is None:
             return 0, 0
         # Rows counted where the events are (the pos range), each channel looked up by id: no event built.
+        params: list[Any] = []
         sql = (
             "SELECT count(*), coalesce(sum(length(e.headers) > 0), 0)"
-            " FROM events AS e CROSS JOIN channels AS c"
-            " ON c.id = e.channel_id WHERE e.pos > ? AND e.pos <= ? AND e.time_ns <= ? AND e.time_ns >= ?"
-        )
-        params: list[Any] = [after_pos, mark.pos, mark.time_ns, from_time]
-        if channel is not None:
-            sql += " AND c.path = ?"
-            params.append(channel)
-        elif prefix:
-            sql += " AND c.path >= ?"
-            params.append(prefix)
-            upper = prefix_upper(prefix)
-            if upper is not None:
-                sql += " AND c.path < ?"
-                params.append(upper)
+            " FROM events AS e CROSS JOIN channels AS c ON c.id = e.channel_id WHERE "
+        ) + _in_scope(scope, params)
         with self._snapshot() as conn:
             total, marked = conn.execute(sql, params).fetchone()
         return int(total), int(marked)
@@ -521,26 +498,17 @@ class _ReadSide:
     def log_census(
         self, after_pos: int, mark: LogMark, prefix: str = "", *, from_time: int = 0
     ) -> dict[str, tuple[str, int, int]]:
-        if after_pos >= mark.pos:
+        scope = log_scope(after_pos, mark, prefix, from_time=from_time)
+        if scope is None:
             return {}
         # The rows of the range grouped by channel where they are: no event built.
+        params: list[Any] = []
         sql = (
             "SELECT c.path, c.epoch, min(e.seq), max(e.seq) FROM events AS e CROSS JOIN channels AS c"
-            " ON c.id = e.channel_id WHERE e.pos > ? AND e.pos <= ? AND e.time_ns <= ?"
-            " AND e.time_ns >= ?"
+            " ON c.id = e.channel_id WHERE " + _in_scope(scope, params) + " GROUP BY c.path, c.epoch"
         )
-        params: list[Any] = [after_pos, mark.pos, mark.time_ns, from_time]
-        if prefix:
-            sql += " AND c.path >= ?"
-            params.append(prefix)
-            upper = prefix_upper(prefix)
-            if upper is not None:
-                sql += " AND c.path < ?"
-                params.append(upper)
-        sql += " GROUP BY c.path, c.epoch"
         with self._snapshot() as conn:
-            rows = conn.execute(sql, params).fetchall()
-        return {str(r[0]): (str(r[1]), int(r[2]), int(r[3])) for r in rows}
+            return census(conn.execute(sql, params))
 
     def top_time(self) -> int:
         row = self._one("SELECT value FROM meta WHERE key = 'last_time'")
@@ -570,20 +538,23 @@ class _ReadSide:
         return [ChannelInfo(*r) for r in rows]
 
 
-def _fetch_upto(cur: sqlite3.Cursor, max_bytes: int) -> tuple[list[Any], bool]:
-    """read_log's rows of ``cur`` up to the one that brings their payloads (column 9) to ``max_bytes`` or
-    more, and whether that one was reached. Stepped a row at a time, so the cursor stops there: a batch
-    (``fetchmany``) would hold its whole batch of large rows before the sum could stop it. The step and the
-    sum cost about 0.1 µs a row, against about 2 µs to build its event."""
-    rows: list[Any] = []
-    append = rows.append
-    size = 0
-    for r in cur:
-        append(r)
-        size += len(r[9])
-        if size >= max_bytes:
-            return rows, True
-    return rows, False
+def _in_scope(scope: LogScope, params: list[Any], *, from_time: bool = True) -> str:
+    """``scope`` as conditions on ``events AS e`` and ``channels AS c``, its values appended to ``params``
+    (numbered placeholders, after those already there). Without ``from_time``: no lower time bound
+    (read_log has none)."""
+    conds: list[tuple[str, object]] = [
+        ("e.pos >", scope.after_pos),
+        ("e.pos <=", scope.pos),
+        ("e.time_ns <=", scope.time_ns),
+    ]
+    if from_time:
+        conds.append(("e.time_ns >=", scope.from_time))
+    conds.extend((f"c.path {op}", value) for op, value in scope.paths)
+    out = []
+    for cond, value in conds:
+        params.append(value)
+        out.append(f"{cond} ?{len(params)}")
+    return " AND ".join(out)
 
 
 def _build_events(
@@ -619,38 +590,11 @@ def _build_events(
     return out
 
 
-def _runs(channel: str, epoch: str, rows: list[Any]) -> list[EventRun]:
-    """Group full event rows (``_EVENT_COLS``, in seq order) into runs; one event is built per run."""
-    out: list[EventRun] = []
-    prev_key: tuple[Any, ...] = ()
-    prev_seq = 0
-    run: list[tuple[int, bytes]] = []
-    for r in rows:
-        seq = r[0]
-        key = r[2:9]
-        if seq == prev_seq + 1 and key == prev_key:
-            run.append((r[1], r[9]))
-        else:
-            run = [(r[1], r[9])]
-            out.append(EventRun(_ReadSide._events(channel, epoch, [r])[0], run))
-            prev_key = key
-        prev_seq = seq
-    return out
-
-
 def _pos_at_time(conn: sqlite3.Connection, lo: int, hi: int, t: int) -> int:
     """The smallest ``pos`` in ``[lo, hi]`` of an event with ``time_ns >= t``, or ``hi + 1``
     (``time_ns`` increases with ``pos``)."""
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        row = conn.execute(
-            "SELECT pos, time_ns FROM events WHERE pos >= ? ORDER BY pos LIMIT 1", (mid,)
-        ).fetchone()
-        if row is None or row[0] > hi or row[1] >= t:
-            hi = mid - 1
-        else:
-            lo = row[0] + 1
-    return lo
+    sql = "SELECT pos, time_ns FROM events WHERE pos >= ? ORDER BY pos LIMIT 1"
+    return first_at_time(lo, hi, t, lambda mid: conn.execute(sql, (mid,)).fetchone())
 
 
 _SCAN_VARLEN: Final = "group_concat(length({c})), CAST(group_concat({c}, '') AS BLOB)"
@@ -700,19 +644,7 @@ def _scan(
 
 
 def _seq_at_time(conn: sqlite3.Connection, cid: int, lo: int, hi: int, t: int) -> int:
-    """The smallest ``seq`` in ``[lo, hi]`` of a channel whose ``time_ns >= t``, or ``hi + 1``.
-
-    Binary search: within one epoch ``time_ns`` strictly increases with ``seq``. Each probe reads the first
-    event at or after the middle, so a hole in the seqs (which the store never leaves) costs nothing.
-    """
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        row = conn.execute(
-            "SELECT seq, time_ns FROM events WHERE channel_id = ? AND seq >= ? ORDER BY seq LIMIT 1",
-            (cid, mid),
-        ).fetchone()
-        if row is None or row[0] > hi or row[1] >= t:
-            hi = mid - 1
-        else:
-            lo = row[0] + 1
-    return lo
+    """The smallest ``seq`` in ``[lo, hi]`` of a channel whose ``time_ns >= t``, or ``hi + 1``: within one
+    epoch ``time_ns`` strictly increases with ``seq``."""
+    sql = "SELECT seq, time_ns FROM events WHERE channel_id = ? AND seq >= ? ORDER BY seq LIMIT 1"
+    return first_at_time(lo, hi, t, lambda mid: conn.execute(sql, (cid, mid)).fetchone())

@@ -1,0 +1,251 @@
+"""The decisions of the log's reads, made once for every engine: page bounds, byte budgets, runs, scopes.
+
+The read side of an engine runs statements; what they read is decided here, as the append side's
+sequencing rules are decided by :mod:`hubbub.log.sequencing`:
+
+* **Pages in channel order** (``read_rows``, ``read_runs``): the seq range a page covers
+  (:func:`seq_range`, :func:`run_range`), its end under a byte budget (:func:`budget_end`: the page ends with
+  the row that brings its payloads to ``max_bytes`` or more, so it holds at least one row whatever its size),
+  the binary search of a time in a range whose time increases with its key (:func:`first_at_time`), and the
+  grouping of rows into :class:`~hubbub.log.base.EventRun` (:func:`group_runs`, :func:`whole_run`).
+* **Pages in commit order** (``read_log``, ``count_log``, ``log_census``): whether a range is empty, the
+  range's scope (:class:`LogScope`: pos and time bounds, and the paths it keeps, an exact channel or a
+  prefix's bounds, which the engine renders in its SQL), a page's rows under a byte budget
+  (:func:`take_upto`, :func:`page_full`) and the census of a range's rows (:func:`census`).
+* **The data pipeline's plan** (``scan_plan``): the pieces of a bulk read (:func:`plan_scan`).
+
+Every function is pure: it reads the values an engine hands it, and where a decision needs one more look
+at the store (a budget's last row, a probe of a binary search, the next split) the engine hands a function
+that runs one statement in the read's own snapshot. Bounds are clamped to a signed 64-bit integer
+(:func:`clamp`), what both engines' columns hold, so a caller's bound may be any Python int.
+
+Concurrency: none (no state). Engines call these on their reader threads, inside one snapshot; the
+per-row loops (:func:`take_upto`, :func:`group_runs`) are part of a replay's hot path, so they are plain
+loops over locals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from hubbub.events import Event
+from hubbub.log.base import ChannelInfo, EventRun, LogMark, ScanPlan, prefix_upper
+
+__all__ = [
+    "MAX_INT64",
+    "LogScope",
+    "budget_end",
+    "census",
+    "clamp",
+    "first_at_time",
+    "group_runs",
+    "log_scope",
+    "page_full",
+    "path_bounds",
+    "plan_scan",
+    "run_range",
+    "scalar",
+    "seq_range",
+    "take_upto",
+    "whole_run",
+]
+
+MAX_INT64: Final = (1 << 63) - 1
+_MIN_INT64: Final = -(1 << 63)
+
+R = TypeVar("R", bound=Sequence[Any])
+
+
+def clamp(n: int) -> int:
+    """``n`` within a signed 64-bit integer (callers' bounds may be any Python int)."""
+    return min(max(n, _MIN_INT64), MAX_INT64)
+
+
+# -- pages in channel order ------------------------------------------------------------------------------
+
+
+def seq_range(after_seq: int, first: int, top: int) -> tuple[int, int]:
+    """The seqs ``(lo, hi)`` of a channel epoch (``first``, ``top``) after ``after_seq`` (empty: ``lo > hi``),
+    before a time range narrows them (:func:`first_at_time`): ``read_rows``."""
+    return max(clamp(after_seq) + 1, first), top
+
+
+def run_range(after_seq: int, up_to_seq: int, limit: int, first: int, top: int) -> tuple[int, int] | None:
+    """The seqs ``(lo, hi)`` of a ``read_runs`` page: after ``after_seq``, up to ``up_to_seq`` and the epoch's
+    ``top``, at most ``limit`` of them; ``None`` when there are none."""
+    lo = max(clamp(after_seq) + 1, first)
+    hi = min(clamp(up_to_seq), top, lo - 1 + min(limit, MAX_INT64 - lo))
+    return None if lo > hi else (lo, hi)
+
+
+def budget_end(
+    lo: int,
+    hi: int,
+    max_bytes: int,
+    total: Callable[[], int | None],
+    last_under: Callable[[int], int | None],
+) -> int:
+    """The last seq of the page ``lo..hi`` under the byte budget ``max_bytes``: ``hi`` when the range's
+    payloads (``total()``) stay within it; else the last seq whose earlier rows' payloads stay under it
+    (``last_under(budget)``), so the page ends with the row that reaches it (``lo`` when the store finds
+    none). A budget below 1 is 1: the page holds one row. The engine reads both sums without the payloads."""
+    budget = max(clamp(max_bytes), 1)
+    if (total() or 0) <= budget:
+        return hi
+    return last_under(budget) or lo
+
+
+def whole_run(lo: int, hi: int, matched: int) -> bool:
+    """Whether ``matched`` rows of ``lo..hi`` equal to the first in every column but seq, time and payload
+    make the range one run: seqs are unique, so as many matching rows as seqs means every row matched."""
+    return matched == hi - lo + 1
+
+
+def group_runs(rows: Iterable[R], proto: Callable[[R], Event]) -> list[EventRun]:
+    """Group stored event rows of one channel epoch (``seq, time_ns``, the publisher's four columns,
+    ``content_type, headers, tags, payload``; in seq order) into runs; ``proto(row)`` builds a run's first
+    event, the only one built."""
+    out: list[EventRun] = []
+    prev_key: tuple[Any, ...] = ()
+    prev_seq = 0
+    run: list[tuple[int, bytes]] = []
+    for r in rows:
+        seq = r[0]
+        key = tuple(r[2:9])
+        if seq == prev_seq + 1 and key == prev_key:
+            run.append((r[1], r[9]))
+        else:
+            run = [(r[1], r[9])]
+            out.append(EventRun(proto(r), run))
+            prev_key = key
+        prev_seq = seq
+    return out
+
+
+def first_at_time(lo: int, hi: int, t: int, probe: Callable[[int], Sequence[int] | None]) -> int:
+    """The smallest key in ``[lo, hi]`` of a row with ``time_ns >= t``, or ``hi + 1``, by binary search over
+    keys whose ``time_ns`` increases with them (``seq`` within a channel epoch, ``pos`` over the log).
+    ``probe(k)``: ``(key, time_ns)`` of the first row with a key at or after ``k``, or ``None``; a hole in
+    the keys costs nothing."""
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        row = probe(mid)
+        if row is None or row[0] > hi or row[1] >= t:
+            hi = mid - 1
+        else:
+            lo = row[0] + 1
+    return lo
+
+
+# -- pages in commit order -------------------------------------------------------------------------------
+
+
+def path_bounds(prefix: str) -> tuple[tuple[str, str], ...]:
+    """The comparisons that keep the paths starting with ``prefix`` (none for ``""``), each
+    ``(operator, value)`` for the engine's ``path <op> value``; a path that passes them may still not start
+    with ``prefix`` only where :func:`~hubbub.log.base.prefix_upper` has no bound (the caller checks)."""
+    if not prefix:
+        return ()
+    upper = prefix_upper(prefix)
+    return ((">=", prefix),) if upper is None else ((">=", prefix), ("<", upper))
+
+
+@dataclass(frozen=True, slots=True)
+class LogScope:
+    """The rows of a commit-order read: ``after_pos < pos <= pos`` and ``from_time <= time_ns <= time_ns``
+    (bounds clamped), with a channel path passing every ``paths`` comparison (``(operator, value)``)."""
+
+    after_pos: int
+    pos: int
+    time_ns: int
+    from_time: int
+    paths: tuple[tuple[str, str], ...]
+
+
+def log_scope(
+    after_pos: int, mark: LogMark, prefix: str = "", *, from_time: int = 0, channel: str | None = None
+) -> LogScope | None:
+    """The scope of ``read_log``/``count_log``/``log_census`` from ``after_pos`` up to ``mark`` under
+    ``prefix`` (or of ``channel`` alone); ``None`` when the range is empty (nothing to read)."""
+    if after_pos >= mark.pos:
+        return None
+    paths = (("=", channel),) if channel is not None else path_bounds(prefix)
+    return LogScope(clamp(after_pos), clamp(mark.pos), clamp(mark.time_ns), clamp(from_time), paths)
+
+
+def take_upto(rows: Iterable[R], max_bytes: int, payload_at: int) -> tuple[list[R], bool]:
+    """The rows of ``rows`` up to the one that brings their payloads (column ``payload_at``) to
+    ``max_bytes`` or more, and whether that one was reached (the page is ``full``). Stepped a row at a time,
+    so a cursor stops there: a batch (``fetchmany``) would hold its whole batch of large rows before the sum
+    could stop it. The step and the sum cost about 0.1 µs a row, against about 2 µs to build its event."""
+    out: list[R] = []
+    append = out.append
+    size = 0
+    for r in rows:
+        append(r)
+        size += len(r[payload_at])
+        if size >= max_bytes:
+            return out, True
+    return out, False
+
+
+def page_full(sizes: Iterable[int], max_bytes: int | None) -> bool:
+    """Whether a page whose payloads have ``sizes`` reached its budget (for an engine whose store applied
+    the budget itself)."""
+    return max_bytes is not None and sum(sizes) >= max_bytes
+
+
+def census(rows: Iterable[Sequence[Any]]) -> dict[str, tuple[str, int, int]]:
+    """``log_census``'s answer from rows ``(path, epoch, first seq, last seq)``, one per channel."""
+    return {str(r[0]): (str(r[1]), int(r[2]), int(r[3])) for r in rows}
+
+
+# -- the data pipeline's plan ----------------------------------------------------------------------------
+
+
+def plan_scan(
+    epochs: Iterable[Sequence[Any]],
+    totals: tuple[int, int],
+    ends: tuple[int, int, int] | None,
+    from_time: int | None,
+    to_time: int | None,
+    pos_at_time: Callable[[int, int, int], int],
+    next_split: Callable[[int], int | None],
+) -> ScanPlan:
+    """``scan_plan`` from what the engine read in one snapshot: ``epochs``, rows ``(retired, epoch id,
+    path, epoch, first, top, top_time)`` of every epoch holding events; ``totals``, ``(events, bytes)``;
+    ``ends``, ``(first pos, last pos, last time_ns)`` (``None`` for an empty log); ``pos_at_time(lo, hi, t)``
+    the first pos at or after ``t`` (:func:`first_at_time`); ``next_split(at)`` the pos ``size`` events
+    after ``at``, or ``None``. Pieces start at ``lo`` and at every ``next_split``, and end at ``hi + 1``."""
+    channels: dict[int, ChannelInfo] = {}
+    retired: set[int] = set()
+    for row in epochs:
+        channels[row[1]] = ChannelInfo(*row[2:])
+        if row[0]:
+            retired.add(row[1])
+    events, nbytes = totals
+    if ends is None:
+        return ScanPlan((), 0, channels, events, nbytes, frozenset(retired))
+    lo, hi, max_time = ends
+    if from_time is not None:
+        lo = pos_at_time(lo, hi, from_time)
+    if to_time is not None and lo <= hi:
+        hi = pos_at_time(lo, hi, to_time) - 1
+    splits = list(_splits(lo, hi, next_split))
+    if splits:
+        splits.append(hi + 1)
+    return ScanPlan(tuple(splits), max_time, channels, events, nbytes, frozenset(retired))
+
+
+def _splits(lo: int, hi: int, next_split: Callable[[int], int | None]) -> Iterator[int]:
+    at: int | None = lo
+    while at is not None and at <= hi:
+        yield at
+        at = next_split(at)
+
+
+def scalar(row: Sequence[Any] | None) -> Any:
+    """The first column of a statement's one row (``None`` for no row)."""
+    return None if row is None else row[0]

@@ -1,0 +1,196 @@
+"""The decisions of the log's reads (``hubbub.log.read_plan``), tested once for every engine.
+
+Hypothesis compares each decision with a naive model over a plain list of rows: a page's seq range, its end
+under a byte budget, a binary search over time, the grouping of rows into runs, a commit-order page under a
+budget, the pieces of a bulk scan. The engines, which run these decisions over their own statements, are
+checked against the memory reference in ``test_log_stores.py`` and ``test_read_runs.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hubbub.events import Event, Publisher
+from hubbub.log import LogMark
+from hubbub.log.read_plan import (
+    budget_end,
+    census,
+    first_at_time,
+    group_runs,
+    log_scope,
+    page_full,
+    path_bounds,
+    plan_scan,
+    run_range,
+    seq_range,
+    take_upto,
+    whole_run,
+)
+from tests.hypothesis_budget import examples
+
+sizes = st.lists(st.integers(0, 50), min_size=1, max_size=30)
+
+
+@given(
+    after=st.integers(-5, 40),
+    up_to=st.integers(-5, 40),
+    limit=st.integers(1, 50),
+    first=st.integers(1, 20),
+    n=st.integers(0, 20),
+)
+@settings(max_examples=examples(300))
+def test_run_range_is_the_naive_page(after: int, up_to: int, limit: int, first: int, n: int) -> None:
+    top = first + n - 1
+    want = [s for s in range(first, top + 1) if after < s <= up_to][:limit]
+    got = run_range(after, up_to, limit, first, top)
+    assert got == ((want[0], want[-1]) if want else None)
+
+
+def test_bounds_past_int64_are_clamped() -> None:
+    assert run_range(-(1 << 70), 1 << 70, 1 << 70, 1, 5) == (1, 5)
+    assert run_range(1 << 70, 1 << 71, 10, 1, 5) is None
+    assert seq_range(-(1 << 70), 3, 9) == (3, 9)
+
+
+@given(sizes=sizes, max_bytes=st.integers(-3, 200))
+@settings(max_examples=examples(300))
+def test_budget_end_ends_with_the_row_that_reaches_it(sizes: list[int], max_bytes: int) -> None:
+    lo = 10
+    hi = lo + len(sizes) - 1
+    budget = max(max_bytes, 1)
+
+    def last_under(b: int) -> int | None:
+        found = [lo + i for i in range(len(sizes)) if sum(sizes[:i]) < b]
+        return max(found) if found else None
+
+    end = budget_end(lo, hi, max_bytes, lambda: sum(sizes), last_under)
+    kept = sizes[: end - lo + 1]
+    # The naive page: rows until one brings the sum to the budget or more, or all of them.
+    naive, total = [], 0
+    for s in sizes:
+        naive.append(s)
+        total += s
+        if total >= budget:
+            break
+    assert kept == naive or (sum(sizes) <= budget and end == hi)
+
+
+def test_budget_end_reads_the_last_row_only_over_budget() -> None:
+    asked: list[int] = []
+    assert budget_end(1, 9, 100, lambda: 100, lambda b: asked.append(b) or 3) == 9
+    assert asked == []
+    assert budget_end(1, 9, 100, lambda: None, lambda b: asked.append(b) or 3) == 9
+    assert budget_end(1, 9, 0, lambda: 5, lambda b: asked.append(b) or None) == 1
+    assert asked == [1]
+
+
+@given(sizes=sizes, max_bytes=st.integers(1, 200))
+@settings(max_examples=examples(300))
+def test_take_upto_stops_at_the_row_that_reaches_the_budget(sizes: list[int], max_bytes: int) -> None:
+    rows = [(i, b"x" * s) for i, s in enumerate(sizes)]
+    consumed: list[int] = []
+
+    def cursor() -> Any:
+        for r in rows:
+            consumed.append(r[0])
+            yield r
+
+    kept, full = take_upto(cursor(), max_bytes, 1)
+    running = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+    stop = next((i for i, t in enumerate(running) if t >= max_bytes), None)
+    assert kept == (rows if stop is None else rows[: stop + 1])
+    assert full is (stop is not None)
+    assert consumed == [r[0] for r in kept]  # the cursor is not read past the page
+    assert page_full((len(r[1]) for r in kept), max_bytes) is full
+    assert page_full([10**9], None) is False
+
+
+@given(
+    times=st.lists(st.integers(0, 20), max_size=20, unique=True), t=st.integers(-1, 22), gap=st.integers(1, 3)
+)
+@settings(max_examples=examples(300))
+def test_first_at_time_is_the_naive_search(times: list[int], t: int, gap: int) -> None:
+    times.sort()
+    keys = [1 + i * gap for i in range(len(times))]  # holes in the keys
+    rows = list(zip(keys, times, strict=True))
+    lo, hi = 1, keys[-1] if keys else 0
+
+    def probe(k: int) -> tuple[int, int] | None:
+        return next((r for r in rows if r[0] >= k), None)
+
+    got = first_at_time(lo, hi, t, probe)
+    # A boundary between the rows before ``t`` and the others (any key in a hole before the first of
+    # those is one), and the first of those when there is no hole.
+    want = next((k for k, tt in rows if tt >= t), hi + 1)
+    assert lo <= got <= want
+    assert all(tt < t for k, tt in rows if k < got)
+    if gap == 1:
+        assert got == want
+
+
+def row(seq: int, pub: str = "p", payload: bytes = b"x", ctype: str = "t") -> tuple[Any, ...]:
+    return (seq, seq * 10, "native", pub, "", "", ctype, b"", b"", payload)
+
+
+def proto(r: tuple[Any, ...]) -> Event:
+    return Event("/c", r[0], "e", r[1], Publisher(r[2], r[3], r[4], r[5]), r[9], r[6])
+
+
+def test_group_runs_splits_on_a_column_or_a_hole() -> None:
+    rows = [row(1), row(2), row(3, pub="q"), row(4, pub="q"), row(6, pub="q"), row(7, ctype="u")]
+    runs = group_runs(rows, proto)
+    assert [(r.proto.seq, [t for t, _ in r.rows]) for r in runs] == [
+        (1, [10, 20]),
+        (3, [30, 40]),
+        (6, [60]),
+        (7, [70]),
+    ]
+    assert whole_run(5, 9, 5) and not whole_run(5, 9, 4)
+
+
+def test_log_scope_and_paths() -> None:
+    mark = LogMark(10, 99)
+    assert log_scope(10, mark) is None
+    assert log_scope(11, mark) is None
+    s = log_scope(3, mark, "/a/", from_time=5)
+    assert s is not None
+    assert (s.after_pos, s.pos, s.time_ns, s.from_time) == (3, 10, 99, 5)
+    assert s.paths == ((">=", "/a/"), ("<", "/a0"))
+    exact = log_scope(-(1 << 70), mark, "/a/", channel="/a/b")
+    assert exact is not None and exact.paths == (("=", "/a/b"),) and exact.after_pos == -(1 << 63)
+    assert path_bounds("") == ()
+    assert path_bounds("\U0010ffff") == ((">=", "\U0010ffff"),)
+
+
+def test_census_rows() -> None:
+    assert census([("/a", "e1", 3, 9), ("/b", "e2", 1, 1)]) == {"/a": ("e1", 3, 9), "/b": ("e2", 1, 1)}
+
+
+@pytest.mark.parametrize(
+    ("from_time", "to_time"), [(None, None), (25, None), (None, 45), (25, 45), (99, None)]
+)
+def test_plan_scan_pieces(from_time: int | None, to_time: int | None) -> None:
+    pos = [2, 3, 5, 8, 9, 12]  # time_ns = pos * 5
+    epochs = [(0, 1, "/a", "e", 1, 4, 40), (1, 2, "/a", "old", 1, 2, 10)]
+
+    def pos_at_time(lo: int, hi: int, t: int) -> int:
+        return first_at_time(lo, hi, t, lambda k: next(((p, p * 5) for p in pos if p >= k), None))
+
+    def next_split(at: int) -> int | None:
+        later = [p for p in pos if p >= at]
+        return later[2] if len(later) > 2 else None
+
+    plan = plan_scan(epochs, (6, 60), (2, 12, 60), from_time, to_time, pos_at_time, next_split)
+    inside = [
+        p for p in pos if (from_time is None or p * 5 >= from_time) and (to_time is None or p * 5 < to_time)
+    ]
+    assert plan.max_time == 60 and plan.events == 6 and plan.bytes == 60
+    assert plan.retired == frozenset({2}) and set(plan.channels) == {1, 2}
+    pieces = list(zip(plan.splits, plan.splits[1:], strict=False))
+    assert [p for lo, hi in pieces for p in pos if lo <= p < hi] == inside
+    empty = plan_scan(epochs, (0, 0), None, None, None, pos_at_time, next_split)
+    assert empty.splits == () and empty.max_time == 0
