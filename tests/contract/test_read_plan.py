@@ -160,6 +160,15 @@ def test_log_scope_and_paths() -> None:
     assert s is not None
     assert (s.after_pos, s.pos, s.time_ns, s.from_time) == (3, 10, 99, 5)
     assert s.paths == ((">=", "/a/"), ("<", "/a0"))
+    assert s.conditions() == [
+        ("pos", ">", 3),
+        ("pos", "<=", 10),
+        ("time_ns", "<=", 99),
+        ("time_ns", ">=", 5),
+        ("path", ">=", "/a/"),
+        ("path", "<", "/a0"),
+    ]
+    assert [c[:2] for c in s.conditions(from_time=False)][2:4] == [("time_ns", "<="), ("path", ">=")]
     exact = log_scope(-(1 << 70), mark, "/a/", channel="/a/b")
     assert exact is not None and exact.paths == (("=", "/a/b"),) and exact.after_pos == -(1 << 63)
     assert path_bounds("") == ()

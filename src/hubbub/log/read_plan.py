@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from hubbub.events import Event
 from hubbub.log.base import ChannelInfo, EventRun, LogMark, ScanPlan, prefix_upper
@@ -36,8 +36,11 @@ from hubbub.log.base import ChannelInfo, EventRun, LogMark, ScanPlan, prefix_upp
 __all__ = [
     "MAX_INT64",
     "LogScope",
+    "SeqStatements",
     "budget_end",
     "census",
+    "channel_rows",
+    "channel_runs",
     "clamp",
     "first_at_time",
     "group_runs",
@@ -56,6 +59,9 @@ MAX_INT64: Final = (1 << 63) - 1
 _MIN_INT64: Final = -(1 << 63)
 
 R = TypeVar("R", bound=Sequence[Any])
+#: An engine's stored event row: ``seq, time_ns``, the publisher's four columns, ``content_type, headers,
+#: tags, payload`` (text columns as the engine reads them).
+Row = Sequence[Any]
 
 
 def clamp(n: int) -> int:
@@ -139,6 +145,111 @@ def first_at_time(lo: int, hi: int, t: int, probe: Callable[[int], Sequence[int]
     return lo
 
 
+class SeqStatements(Protocol):
+    """The statements of a channel-order read, each run by the engine in the read's one snapshot: what
+    :func:`channel_rows` and :func:`channel_runs` ask of the store."""
+
+    def epoch(self, channel: str, epoch: str | None) -> Sequence[Any] | None:
+        """``(epoch id, epoch, first, top)`` of the channel's current epoch, or of ``epoch``, current or
+        retired; ``None`` when there is none."""
+
+    def at_or_after(self, cid: int, seq: int) -> Sequence[int] | None:
+        """``(seq, time_ns)`` of the epoch's first row at or after ``seq``, or ``None``."""
+
+    def rows(self, cid: int, lo: int, hi: int, limit: int) -> list[Any]:
+        """The epoch's rows ``lo..hi`` in seq order, at most ``limit``."""
+
+    def compact_rows(self, cid: int, lo: int, hi: int, limit: int, first: Row) -> list[Any]:
+        """:meth:`rows`, each text column ``None`` where it equals ``first``'s (``compact_text``)."""
+
+    def payload_total(self, cid: int, lo: int, hi: int) -> int | None:
+        """The payload bytes of the rows ``lo..hi`` (``None``: no row), read without the payloads."""
+
+    def last_under(self, cid: int, lo: int, hi: int, budget: int) -> int | None:
+        """The last seq of ``lo..hi`` whose earlier rows' payloads add up to less than ``budget``."""
+
+    def row(self, cid: int, seq: int) -> Row | None:
+        """The row ``seq`` of the epoch, or ``None``."""
+
+    def same_as(self, cid: int, lo: int, hi: int, head: Row) -> list[Any]:
+        """``(time_ns, payload)`` of the rows ``lo..hi``, in seq order, equal to ``head`` in every column
+        but seq, time and payload."""
+
+
+def channel_rows(
+    st: SeqStatements,
+    channel: str,
+    after_seq: int,
+    limit: int,
+    from_time: int | None,
+    to_time: int | None,
+    *,
+    compact_text: bool = False,
+    epoch: str | None = None,
+) -> tuple[str, list[Any]]:
+    """``LogStore.read_rows`` over an engine's statements: ``(epoch, rows)``, ``("", [])`` for a channel
+    (or ``epoch``) without events. The seq range after ``after_seq`` is narrowed to ``from_time <= time_ns
+    < to_time`` by binary search; with ``compact_text``, the first row is read whole and the others compared
+    with it by the store."""
+    found = st.epoch(channel, epoch)
+    if found is None:
+        return "", []
+    cid, cur, first, top = found
+    lo, hi = seq_range(after_seq, first, top)
+    if from_time is not None and lo <= hi:
+        lo = first_at_time(lo, hi, from_time, lambda k: st.at_or_after(cid, k))
+    if to_time is not None and lo <= hi:
+        hi = first_at_time(lo, hi, to_time, lambda k: st.at_or_after(cid, k)) - 1
+    if lo > hi:
+        return cur, []
+    n = min(limit, MAX_INT64)
+    if not compact_text:
+        return cur, st.rows(cid, lo, hi, n)
+    head = st.rows(cid, lo, hi, 1)
+    if not head:
+        return cur, []
+    rows = st.compact_rows(cid, lo, hi, n, head[0])
+    rows[0] = head[0]
+    return cur, rows
+
+
+def channel_runs(
+    st: SeqStatements,
+    channel: str,
+    after_seq: int,
+    up_to_seq: int,
+    limit: int,
+    max_bytes: int | None,
+    proto: Callable[[str, Any], Event],
+) -> list[EventRun]:
+    """``LogStore.read_runs`` over an engine's statements (``proto(epoch, row)`` builds a run's first
+    event). A range whose rows all equal the first row in every column but seq, time and payload (the usual
+    page: one publisher's events) is two statements (three or four with ``max_bytes``) and one
+    ``(time_ns, payload)`` pair per row, compared by the store; any other range is read whole and grouped."""
+    found = st.epoch(channel, None)
+    if found is None:
+        return []
+    cid, epoch, first, top = found
+    page = run_range(after_seq, up_to_seq, limit, first, top)
+    if page is None:
+        return []
+    lo, hi = page
+    if max_bytes is not None:
+        hi = budget_end(
+            lo,
+            hi,
+            max_bytes,
+            lambda: st.payload_total(cid, lo, hi),
+            lambda budget: st.last_under(cid, lo, hi, budget),
+        )
+    head = st.row(cid, lo)
+    if head is not None:
+        same = st.same_as(cid, lo, hi, head)
+        if whole_run(lo, hi, len(same)):
+            return [EventRun(proto(epoch, head), same)]
+    return group_runs(st.rows(cid, lo, hi, MAX_INT64), lambda r: proto(epoch, r))
+
+
 # -- pages in commit order -------------------------------------------------------------------------------
 
 
@@ -162,6 +273,20 @@ class LogScope:
     time_ns: int
     from_time: int
     paths: tuple[tuple[str, str], ...]
+
+    def conditions(self, *, from_time: bool = True) -> list[tuple[str, str, int | str]]:
+        """The scope as ``(field, operator, value)`` comparisons, all to hold, over the fields ``pos``,
+        ``time_ns`` (of the event) and ``path`` (of its channel), which the engine renders in its SQL.
+        Without ``from_time``: no lower time bound (``read_log`` has none)."""
+        out: list[tuple[str, str, int | str]] = [
+            ("pos", ">", self.after_pos),
+            ("pos", "<=", self.pos),
+            ("time_ns", "<=", self.time_ns),
+        ]
+        if from_time:
+            out.append(("time_ns", ">=", self.from_time))
+        out.extend(("path", op, value) for op, value in self.paths)
+        return out
 
 
 def log_scope(

@@ -35,19 +35,16 @@ from hubbub.log.postgres._schema import _EVENT_COLS, _TEXT_COLS
 from hubbub.log.read_plan import (
     MAX_INT64,
     LogScope,
-    budget_end,
     census,
+    channel_rows,
+    channel_runs,
     clamp,
     first_at_time,
-    group_runs,
     log_scope,
     page_full,
     path_bounds,
     plan_scan,
-    run_range,
     scalar,
-    seq_range,
-    whole_run,
 )
 from hubbub.log.records import decode_headers, decode_tags
 
@@ -146,6 +143,58 @@ class _Decoder:
         """A stored row with its text columns as ``str`` (``None`` stays ``None``)."""
         s = self.s
         return (r[0], r[1], s(r[2]), s(r[3]), s(r[4]), s(r[5]), s(r[6]), r[7], r[8], r[9])
+
+
+class _SeqStatements:
+    """The statements of a channel-order read (:class:`~hubbub.log.read_plan.SeqStatements`) on ``conn``,
+    inside the read's snapshot; event rows are read in binary (text columns as bytes)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    def epoch(self, channel: str, epoch: str | None) -> Any:
+        if epoch is None:
+            return self.conn.execute(
+                "SELECT id, epoch, first, top FROM channels WHERE path = %s", (channel,)
+            ).fetchone()
+        return self.conn.execute(
+            "SELECT id, epoch, first, top FROM channels WHERE path = %s AND epoch = %s UNION ALL "
+            "SELECT id, epoch, first, top FROM retired_epochs WHERE path = %s AND epoch = %s",
+            (channel, epoch, channel, epoch),
+        ).fetchone()
+
+    def at_or_after(self, cid: int, seq: int) -> Any:
+        return self.conn.execute(
+            "SELECT seq, time_ns FROM events WHERE channel_id = %s AND seq >= %s ORDER BY seq LIMIT 1",
+            (cid, seq),
+        ).fetchone()
+
+    def rows(self, cid: int, lo: int, hi: int, limit: int) -> list[Any]:
+        return self.conn.execute(
+            f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
+            "ORDER BY seq LIMIT %s",
+            (cid, lo, hi, limit),
+            binary=True,
+        ).fetchall()
+
+    def compact_rows(self, cid: int, lo: int, hi: int, limit: int, first: Sequence[Any]) -> list[Any]:
+        return self.conn.execute(_COMPACT_SELECT, (*first[2:7], cid, lo, hi, limit), binary=True).fetchall()
+
+    def payload_total(self, cid: int, lo: int, hi: int) -> Any:
+        return scalar(self.conn.execute(_BUDGET_SUM, (cid, lo, hi)).fetchone())
+
+    def last_under(self, cid: int, lo: int, hi: int, budget: int) -> Any:
+        return scalar(self.conn.execute(_BUDGET_TOP, (cid, lo, hi, budget)).fetchone())
+
+    def row(self, cid: int, seq: int) -> Any:
+        return self.conn.execute(
+            f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq = %s", (cid, seq), binary=True
+        ).fetchone()
+
+    def same_as(self, cid: int, lo: int, hi: int, head: Sequence[Any]) -> list[Any]:
+        return self.conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9]), binary=True).fetchall()
 
 
 class _ReadSide:
@@ -261,46 +310,12 @@ class _ReadSide:
             return post("", [])
 
         def q(conn: Conn) -> T:
-            if epoch is None:
-                row = conn.execute(
-                    "SELECT id, epoch, first, top FROM channels WHERE path = %s", (channel,)
-                ).fetchone()
-            else:
-                row = conn.execute(
-                    "SELECT id, epoch, first, top FROM channels WHERE path = %s AND epoch = %s UNION ALL "
-                    "SELECT id, epoch, first, top FROM retired_epochs WHERE path = %s AND epoch = %s",
-                    (channel, epoch, channel, epoch),
-                ).fetchone()
-            if row is None:
-                return post("", [])
-            cid, cur, first, top = row
-            lo, hi = seq_range(after_seq, first, top)
-            if from_time is not None and lo <= hi:
-                lo = _seq_at_time(conn, cid, lo, hi, from_time)
-            if to_time is not None and lo <= hi:
-                hi = _seq_at_time(conn, cid, lo, hi, to_time) - 1
-            if lo > hi:
-                return post(cur, [])
-            n = min(limit, MAX_INT64)
-            if not compact_text:
-                rows = conn.execute(
-                    f"SELECT {_EVENT_COLS} FROM events "
-                    "WHERE channel_id = %s AND seq BETWEEN %s AND %s ORDER BY seq LIMIT %s",
-                    (cid, lo, hi, n),
-                    binary=True,
-                ).fetchall()
-                return post(cur, rows)
-            first_row = conn.execute(
-                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
-                "ORDER BY seq LIMIT 1",
-                (cid, lo, hi),
-                binary=True,
-            ).fetchone()
-            if first_row is None:
-                return post(cur, [])
-            rows = conn.execute(_COMPACT_SELECT, (*first_row[2:7], cid, lo, hi, n), binary=True).fetchall()
-            rows[0] = first_row
-            return post(cur, rows)
+            st = _SeqStatements(conn)
+            return post(
+                *channel_rows(
+                    st, channel, after_seq, limit, from_time, to_time, compact_text=compact_text, epoch=epoch
+                )
+            )
 
         return self._read(q)
 
@@ -316,39 +331,16 @@ class _ReadSide:
             return []
 
         def q(conn: Conn) -> list[EventRun]:
-            row = conn.execute(
-                "SELECT id, epoch, first, top FROM channels WHERE path = %s", (channel,)
-            ).fetchone()
-            if row is None:
-                return []
-            cid, epoch, first, top = row
-            page = run_range(after_seq, up_to_seq, limit, first, top)
-            if page is None:
-                return []
-            lo, hi = page
-            if max_bytes is not None:
-                hi = budget_end(
-                    lo,
-                    hi,
-                    max_bytes,
-                    lambda: scalar(conn.execute(_BUDGET_SUM, (cid, lo, hi)).fetchone()),
-                    lambda budget: scalar(conn.execute(_BUDGET_TOP, (cid, lo, hi, budget)).fetchone()),
-                )
-            head = conn.execute(
-                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq = %s", (cid, lo), binary=True
-            ).fetchone()
-            if head is not None:
-                rows = conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9]), binary=True).fetchall()
-                if whole_run(lo, hi, len(rows)):
-                    return [EventRun(_Decoder().events(channel, epoch, [head])[0], rows)]
-            rows = conn.execute(
-                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
-                "ORDER BY seq",
-                (cid, lo, hi),
-                binary=True,
-            ).fetchall()
             dec = _Decoder()
-            return group_runs(rows, lambda r: dec.events(channel, epoch, [r])[0])
+            return channel_runs(
+                _SeqStatements(conn),
+                channel,
+                after_seq,
+                up_to_seq,
+                limit,
+                max_bytes,
+                lambda epoch, row: dec.events(channel, epoch, [row])[0],
+            )
 
         return self._read(q)
 
@@ -610,26 +602,15 @@ def _scan(
     out.append(ScanColumns(n, cids, seqs, times, text, (hl, bytes(hd)), (tl, bytes(td)), (pl, bytes(pd))))
 
 
+#: A :class:`~hubbub.log.read_plan.LogScope`'s fields as read_log's, count_log's and log_census's columns.
+_SCOPE_COLS: Final = {"pos": "e.pos", "time_ns": "e.time_ns", "path": "c.path"}
+
+
 def _in_scope(scope: LogScope, params: list[Any], *, from_time: bool = True) -> str:
-    """``scope`` as conditions on ``events AS e`` and ``channels AS c``, its values appended to ``params``.
-    Without ``from_time``: no lower time bound (read_log has none)."""
-    conds: list[tuple[str, object]] = [
-        ("e.pos >", scope.after_pos),
-        ("e.pos <=", scope.pos),
-        ("e.time_ns <=", scope.time_ns),
-    ]
-    if from_time:
-        conds.append(("e.time_ns >=", scope.from_time))
-    conds.extend((f"c.path {op}", value) for op, value in scope.paths)
-    params.extend(value for _, value in conds)
-    return " AND ".join(f"{cond} %s" for cond, _ in conds)
-
-
-def _seq_at_time(conn: Conn, cid: int, lo: int, hi: int, t: int) -> int:
-    """The smallest ``seq`` in ``[lo, hi]`` of a channel whose ``time_ns >= t``, or ``hi + 1`` (within one
-    epoch ``time_ns`` strictly increases with ``seq``)."""
-    sql = "SELECT seq, time_ns FROM events WHERE channel_id = %s AND seq >= %s ORDER BY seq LIMIT 1"
-    return first_at_time(lo, hi, t, lambda mid: conn.execute(sql, (cid, mid)).fetchone())
+    """``scope``'s conditions, their values appended to ``params``."""
+    conds = scope.conditions(from_time=from_time)
+    params.extend(value for _, _, value in conds)
+    return " AND ".join(f"{_SCOPE_COLS[field]} {op} %s" for field, op, _ in conds)
 
 
 def _pos_at_time(conn: Conn, lo: int, hi: int, t: int) -> int:

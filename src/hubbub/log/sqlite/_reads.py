@@ -29,18 +29,15 @@ from hubbub.log.base import (
 from hubbub.log.read_plan import (
     MAX_INT64,
     LogScope,
-    budget_end,
     census,
+    channel_rows,
+    channel_runs,
     first_at_time,
-    group_runs,
     log_scope,
     path_bounds,
     plan_scan,
-    run_range,
     scalar,
-    seq_range,
     take_upto,
-    whole_run,
 )
 from hubbub.log.records import decode_headers, decode_tags
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error
@@ -95,6 +92,57 @@ _RUN_SELECT: Final = (
     + "".join(f"AND {c} = ?{i} " for i, c in enumerate((*_TEXT_COLS, "headers", "tags"), 4))
     + "ORDER BY seq"
 )
+
+
+class _SeqStatements:
+    """The statements of a channel-order read (:class:`~hubbub.log.read_plan.SeqStatements`) on ``conn``,
+    inside the read's snapshot."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def epoch(self, channel: str, epoch: str | None) -> Any:
+        if epoch is None:
+            return self.conn.execute(
+                "SELECT id, epoch, first, top FROM channels WHERE path = ?", (channel,)
+            ).fetchone()
+        return self.conn.execute(
+            "SELECT id, epoch, first, top FROM channels WHERE path = ?1 AND epoch = ?2 UNION ALL "
+            "SELECT id, epoch, first, top FROM retired_epochs WHERE path = ?1 AND epoch = ?2",
+            (channel, epoch),
+        ).fetchone()
+
+    def at_or_after(self, cid: int, seq: int) -> Any:
+        return self.conn.execute(
+            "SELECT seq, time_ns FROM events WHERE channel_id = ? AND seq >= ? ORDER BY seq LIMIT 1",
+            (cid, seq),
+        ).fetchone()
+
+    def rows(self, cid: int, lo: int, hi: int, limit: int) -> list[Any]:
+        return self.conn.execute(
+            f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ? "
+            "ORDER BY seq LIMIT ?",
+            (cid, lo, hi, limit),
+        ).fetchall()
+
+    def compact_rows(self, cid: int, lo: int, hi: int, limit: int, first: Sequence[Any]) -> list[Any]:
+        return self.conn.execute(_COMPACT_SELECT, (*first[2:7], cid, lo, hi, limit)).fetchall()
+
+    def payload_total(self, cid: int, lo: int, hi: int) -> Any:
+        return scalar(self.conn.execute(_BUDGET_SUM, (cid, lo, hi)).fetchone())
+
+    def last_under(self, cid: int, lo: int, hi: int, budget: int) -> Any:
+        return scalar(self.conn.execute(_BUDGET_TOP, (cid, lo, hi, budget)).fetchone())
+
+    def row(self, cid: int, seq: int) -> Any:
+        return self.conn.execute(
+            f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (cid, seq)
+        ).fetchone()
+
+    def same_as(self, cid: int, lo: int, hi: int, head: Sequence[Any]) -> list[Any]:
+        return self.conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9])).fetchall()
 
 
 class _ReadSide:
@@ -245,44 +293,16 @@ class _ReadSide:
             self._reader()
             return "", []
         with self._snapshot() as conn:
-            if epoch is None:
-                row = conn.execute(
-                    "SELECT id, epoch, first, top FROM channels WHERE path = ?", (channel,)
-                ).fetchone()
-            else:
-                row = conn.execute(
-                    "SELECT id, epoch, first, top FROM channels WHERE path = ?1 AND epoch = ?2 UNION ALL "
-                    "SELECT id, epoch, first, top FROM retired_epochs WHERE path = ?1 AND epoch = ?2",
-                    (channel, epoch),
-                ).fetchone()
-            if row is None:
-                return "", []
-            cid, epoch, first, top = row
-            lo, hi = seq_range(after_seq, first, top)
-            if from_time is not None and lo <= hi:
-                lo = _seq_at_time(conn, cid, lo, hi, from_time)
-            if to_time is not None and lo <= hi:
-                hi = _seq_at_time(conn, cid, lo, hi, to_time) - 1
-            if lo > hi:
-                return epoch, []
-            n = min(limit, MAX_INT64)
-            if not compact_text:
-                rows = conn.execute(
-                    f"SELECT {_EVENT_COLS} FROM events "
-                    "WHERE channel_id = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?",
-                    (cid, lo, hi, n),
-                ).fetchall()
-                return epoch, rows
-            first_row = conn.execute(
-                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ? "
-                "ORDER BY seq LIMIT 1",
-                (cid, lo, hi),
-            ).fetchone()
-            if first_row is None:
-                return epoch, []
-            rows = conn.execute(_COMPACT_SELECT, (*first_row[2:7], cid, lo, hi, n)).fetchall()
-            rows[0] = first_row
-            return epoch, rows
+            return channel_rows(
+                _SeqStatements(conn),
+                channel,
+                after_seq,
+                limit,
+                from_time,
+                to_time,
+                compact_text=compact_text,
+                epoch=epoch,
+            )
 
     def read_runs(
         self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000, *, max_bytes: int | None = None
@@ -295,36 +315,15 @@ class _ReadSide:
             self._reader()
             return []
         with self._snapshot() as conn:
-            row = conn.execute(
-                "SELECT id, epoch, first, top FROM channels WHERE path = ?", (channel,)
-            ).fetchone()
-            if row is None:
-                return []
-            cid, epoch, first, top = row
-            page = run_range(after_seq, up_to_seq, limit, first, top)
-            if page is None:
-                return []
-            lo, hi = page
-            if max_bytes is not None:
-                hi = budget_end(
-                    lo,
-                    hi,
-                    max_bytes,
-                    lambda: scalar(conn.execute(_BUDGET_SUM, (cid, lo, hi)).fetchone()),
-                    lambda budget: scalar(conn.execute(_BUDGET_TOP, (cid, lo, hi, budget)).fetchone()),
-                )
-            head = conn.execute(
-                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (cid, lo)
-            ).fetchone()
-            if head is not None:
-                rows = conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9])).fetchall()
-                if whole_run(lo, hi, len(rows)):
-                    return [EventRun(self._events(channel, epoch, [head])[0], rows)]
-            rows = conn.execute(
-                f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
-                (cid, lo, hi),
-            ).fetchall()
-            return group_runs(rows, lambda r: self._events(channel, epoch, [r])[0])
+            return channel_runs(
+                _SeqStatements(conn),
+                channel,
+                after_seq,
+                up_to_seq,
+                limit,
+                max_bytes,
+                lambda epoch, row: self._events(channel, epoch, [row])[0],
+            )
 
     def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
         """Plan a bulk read of the whole log in commit (``pos``) order: see :class:`ScanPlan`. Each piece
@@ -538,22 +537,16 @@ class _ReadSide:
         return [ChannelInfo(*r) for r in rows]
 
 
+#: A :class:`~hubbub.log.read_plan.LogScope`'s fields as read_log's, count_log's and log_census's columns.
+_SCOPE_COLS: Final = {"pos": "e.pos", "time_ns": "e.time_ns", "path": "c.path"}
+
+
 def _in_scope(scope: LogScope, params: list[Any], *, from_time: bool = True) -> str:
-    """``scope`` as conditions on ``events AS e`` and ``channels AS c``, its values appended to ``params``
-    (numbered placeholders, after those already there). Without ``from_time``: no lower time bound
-    (read_log has none)."""
-    conds: list[tuple[str, object]] = [
-        ("e.pos >", scope.after_pos),
-        ("e.pos <=", scope.pos),
-        ("e.time_ns <=", scope.time_ns),
-    ]
-    if from_time:
-        conds.append(("e.time_ns >=", scope.from_time))
-    conds.extend((f"c.path {op}", value) for op, value in scope.paths)
+    """``scope``'s conditions, their values appended to ``params`` (numbered placeholders after theirs)."""
     out = []
-    for cond, value in conds:
+    for field, op, value in scope.conditions(from_time=from_time):
         params.append(value)
-        out.append(f"{cond} ?{len(params)}")
+        out.append(f"{_SCOPE_COLS[field]} {op} ?{len(params)}")
     return " AND ".join(out)
 
 
@@ -641,10 +634,3 @@ def _scan(
         _scan(conn, join, where, mid, hi, max_time, out)
         return
     out.append(ScanColumns(n, cids, seqs, times, text, (hl, hd), (tl, td), (pl, pd)))
-
-
-def _seq_at_time(conn: sqlite3.Connection, cid: int, lo: int, hi: int, t: int) -> int:
-    """The smallest ``seq`` in ``[lo, hi]`` of a channel whose ``time_ns >= t``, or ``hi + 1``: within one
-    epoch ``time_ns`` strictly increases with ``seq``."""
-    sql = "SELECT seq, time_ns FROM events WHERE channel_id = ? AND seq >= ? ORDER BY seq LIMIT 1"
-    return first_at_time(lo, hi, t, lambda mid: conn.execute(sql, (cid, mid)).fetchone())
