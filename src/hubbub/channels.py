@@ -17,6 +17,7 @@ or more segments. A literal ``*`` segment is written ``%2A``. In a :class:`Patte
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hubbub.errors import BadChannel
@@ -32,6 +33,7 @@ __all__ = [
     "parse_pattern",
     "route_channel",
     "segments",
+    "separated_matcher",
     "separated_pattern",
     "to_separated",
 ]
@@ -149,6 +151,32 @@ def separated_pattern(topic: str, sep: str, max_bytes: int = MAX_CHANNEL_BYTES) 
     if channel == "/":
         return parse_pattern("/", max_bytes)
     return parse_pattern("/" + "/".join(map(_literal_segment, segments(channel))), max_bytes)
+
+
+def separated_matcher(topic: str, sep: str) -> Callable[[str], bool]:
+    """Whether a channel's name in a separator dialect (:func:`to_separated` with ``sep``) matches the listen
+    topic ``topic``, read as :func:`separated_pattern` reads it: an exact name; a head ``H*`` (H ends with
+    ``sep``), the names starting with H; a tail ``*T`` (T starts with ``sep``), the names ending with T;
+    ``a*`` and ``*a``, nothing. Names compare as text, so this is exact where :func:`separated_pattern` is a
+    superset (a tail, a separator that overlaps itself). Raises :class:`BadChannel` for a head and tail
+    wildcard together."""
+    if topic.startswith("*") and topic.endswith("*"):
+        raise BadChannel("cannot wildcard both head and tail")
+    if topic.endswith("*"):
+        head = topic[:-1]
+        if not head.endswith(sep):
+            return _nothing
+        return lambda ch: to_separated(ch, sep).startswith(head)
+    if topic.startswith("*"):
+        tail = topic[1:]
+        if not tail.startswith(sep):
+            return _nothing
+        return lambda ch: to_separated(ch, sep).endswith(tail)
+    return lambda ch: to_separated(ch, sep) == topic
+
+
+def _nothing(channel: str) -> bool:
+    return False
 
 
 def _literal_segment(segment: str) -> str:

@@ -7,6 +7,7 @@ child process and kill it with SIGKILL, then reopen the file or database in the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -16,13 +17,15 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
+import psycopg
 import pytest
 
 from hubbub.errors import BadChannel, BadRequest
 from hubbub.events import Event, Publisher
 from hubbub.log import AppendRequest, LogStore, RetentionPolicy
-from hubbub.log.consumers import ConsumerSpec, JournalItem, Retry, check_name
+from hubbub.log.consumers import SEPARATED, ConsumerSpec, JournalItem, Retry, check_name
 from hubbub.log.postgres import PostgresLogStore
 from hubbub.log.sqlite import SqliteLogStore
 from tests.contract.test_log_stores import NS, Factory, req
@@ -66,23 +69,23 @@ def test_create_is_idempotent_and_keeps_the_first_spec(store: LogStore) -> None:
     assert not created2
     assert again.id == info.id and again.spec == info.spec
     assert again.spec.shared and again.spec.batch_wait_ms == 7 and again.spec.batch_bytes == 99
-    store.consumer_create(spec("b", "foo.*", syntax="qpubs", tags=("t",)))
+    store.consumer_create(spec("b", "foo.*", syntax=SEPARATED, tags=("t",)))
     assert [c.spec.name for c in store.consumers()] == ["b", "c"]
-    assert store.consumers()[0].spec == spec("b", "foo.*", syntax="qpubs", tags=("t",))
+    assert store.consumers()[0].spec == spec("b", "foo.*", syntax=SEPARATED, tags=("t",))
 
 
 def test_bad_filters_create_nothing(store: LogStore) -> None:
     with pytest.raises(BadChannel):
         store.consumer_create(spec("c", "no-slash"))
     with pytest.raises(BadChannel):
-        store.consumer_create(spec("c", "*.x.*", syntax="qpubs"))
+        store.consumer_create(spec("c", "*.x.*", syntax=SEPARATED))
     with pytest.raises(BadRequest):
         store.consumer_create(spec("c", "/a", syntax="nope"))
     for bad in (
         spec("bad name"),
         spec(batch_bytes=0),
         spec(batch_wait_ms=-1),
-        spec("c", "a.*", syntax="qpubs", separator="*"),
+        spec("c", "a.*", syntax=SEPARATED, separator="*"),
     ):
         with pytest.raises(BadRequest):
             store.consumer_create(bad)
@@ -266,13 +269,64 @@ def test_duplicates_are_not_journaled_again(store: LogStore) -> None:
     assert [i.pos for i in store.consumer_items(c.id)] == [1]
 
 
-def test_qpubs_and_tag_filters(store: LogStore) -> None:
-    head, _ = store.consumer_create(spec("head", "foo.*", syntax="qpubs"))
-    tail, _ = store.consumer_create(spec("tail", "*.bar", syntax="qpubs"))
-    exact, _ = store.consumer_create(spec("exact", "foo.", syntax="qpubs"))
-    never, _ = store.consumer_create(spec("never", "a*", syntax="qpubs"))
-    multi, _ = store.consumer_create(spec("multi", "a::*", syntax="qpubs", separator="::"))
+#: Consumers as a store held them before its syntaxes were named for what they are (``ConsumerSpec.to_json``
+#: then): a qpubs topic's consumer stored its syntax as ``qpubs``.
+STORED_AS_QPUBS: Final = {
+    "head": '{"batch_bytes":2097152,"batch_wait_ms":5,"pattern":"foo.*","separator":".","shared":false,'
+    '"syntax":"qpubs","tags":[]}',
+    "tail": '{"batch_bytes":2097152,"batch_wait_ms":5,"pattern":"*.bar","separator":".","shared":false,'
+    '"syntax":"qpubs","tags":[]}',
+    "exact": '{"batch_bytes":2097152,"batch_wait_ms":5,"pattern":"foo.","separator":".","shared":false,'
+    '"syntax":"qpubs","tags":[]}',
+    "never": '{"batch_bytes":2097152,"batch_wait_ms":5,"pattern":"a*","separator":".","shared":false,'
+    '"syntax":"qpubs","tags":[]}',
+    "multi": '{"batch_bytes":2097152,"batch_wait_ms":5,"pattern":"a::*","separator":"::","shared":false,'
+    '"syntax":"qpubs","tags":[]}',
+}
+
+
+def store_specs(factory: Factory, specs: dict[str, str]) -> None:
+    """Write each named consumer's stored spec as ``specs`` gives it, in the closed store's file or
+    database (as an earlier version left it)."""
+    rows = [(text, name) for name, text in specs.items()]
+    if factory.engine.startswith("postgres"):
+        with psycopg.connect(factory.pg_url, autocommit=True) as pg:
+            for text, name in rows:
+                assert (
+                    pg.execute("UPDATE consumers SET spec = %s WHERE name = %s", (text, name)).rowcount == 1
+                )
+        return
+    with contextlib.closing(sqlite3.connect(factory.path)) as conn, conn:
+        for text, name in rows:
+            assert conn.execute("UPDATE consumers SET spec = ? WHERE name = ?", (text, name)).rowcount == 1
+
+
+@pytest.mark.parametrize("stored_as_qpubs", [False, True])
+def test_separated_and_tag_filters(factory: Factory, stored_as_qpubs: bool) -> None:
+    """A separated-name consumer gets what a live qpubs ``listen`` of its topic gets; so does one an earlier
+    version stored with the syntax ``qpubs``, once the store is opened again."""
+    store = factory.open()
+    head, _ = store.consumer_create(spec("head", "foo.*", syntax=SEPARATED))
+    tail, _ = store.consumer_create(spec("tail", "*.bar", syntax=SEPARATED))
+    exact, _ = store.consumer_create(spec("exact", "foo.", syntax=SEPARATED))
+    never, _ = store.consumer_create(spec("never", "a*", syntax=SEPARATED))
+    multi, _ = store.consumer_create(spec("multi", "a::*", syntax=SEPARATED, separator="::"))
     tagged, _ = store.consumer_create(spec("tagged", "/**", tags=("t1", "t2")))
+    if stored_as_qpubs:
+        if not factory.persistent:
+            pytest.skip("the memory engine keeps nothing")
+        store.close()
+        store_specs(factory, STORED_AS_QPUBS)
+        store = factory.open()
+        loaded = {c.spec.name: c.spec for c in store.consumers()}
+        assert {n: (s.syntax, s.pattern, s.separator) for n, s in loaded.items()} == {
+            "head": (SEPARATED, "foo.*", "."),
+            "tail": (SEPARATED, "*.bar", "."),
+            "exact": (SEPARATED, "foo.", "."),
+            "never": (SEPARATED, "a*", "."),
+            "multi": (SEPARATED, "a::*", "::"),
+            "tagged": ("native", "/**", "."),
+        }
     # qpubs.md §1's table: foo.* gets foo.bar, foo.bar.baz and foo. (not foo); *.bar gets foo.bar,
     # baz.foo.bar and .bar (not bar).
     # A native channel whose one segment holds the separator (/foo.x) renders as foo.x and matches foo.*, as a

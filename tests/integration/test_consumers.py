@@ -213,7 +213,7 @@ def test_open_rules_and_delete(tmp_path: Path) -> None:
         with pytest.raises(ConsumerNotFound):
             await svc.open("c", r.on_batch, spec=spec(), create=False)
         with pytest.raises(BadChannel):
-            await svc.open("bad", r.on_batch, spec=spec("bad", "*.x.*", syntax="qpubs"))
+            await svc.open("bad", r.on_batch, spec=spec("bad", "*.x.*", syntax="separated"))
         o = await svc.open("c", r.on_batch, r.on_close, spec=spec())
         with pytest.raises(ConsumerExists):
             await svc.open("c", Recv().on_batch, spec=spec(), reuse=False)
@@ -369,7 +369,7 @@ def test_held_bytes_past_max_items_in_order_nothing_lost_or_duplicated(
 
 def test_events_of_every_dialect_and_qpubs_filters(tmp_path: Path) -> None:
     async def body(node: Node, svc: ConsumerService) -> None:
-        await svc.create(spec("q", "chat.*", syntax="qpubs"))
+        await svc.create(spec("q", "chat.*", syntax="separated"))
         r = Recv()
         o = await svc.open("q", r.on_batch)
         await publish(node, "/chat", "not below", dialect="native")
@@ -440,7 +440,7 @@ def test_live_exclusive_groups(tmp_path: Path) -> None:
 
         ma = svc.join("g", "/chat/*", member("a"))
         svc.join("g", "/chat/*", member("b"))
-        svc.join("g2", "room.*", member("other"), syntax="qpubs")
+        svc.join("g2", "room.*", member("other"), syntax="separated")
         assert svc.groups_matching("/chat/x") == 1
         assert svc.groups_matching("/room/x") == 1
         await publish(node, "/chat/x", "1", "2", "3", "4")

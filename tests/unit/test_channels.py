@@ -2,7 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from hubbub.channels import canonical, dec, enc, from_separated, is_canonical, parse_pattern, to_separated
+from hubbub.channels import (
+    canonical,
+    dec,
+    enc,
+    from_separated,
+    is_canonical,
+    parse_pattern,
+    separated_matcher,
+    to_separated,
+)
 from hubbub.errors import BadChannel
 
 
@@ -98,3 +107,25 @@ def test_pattern_text_and_exactness() -> None:
     assert not parse_pattern("/a/*").is_exact
     assert not parse_pattern("/a/**").is_exact
     assert parse_pattern("/**").text == "/**"
+
+
+#: Topics written with ``.`` for the separator (replaced by each separator tested).
+SEPARATED_TOPICS = ["foo.*", "*.bar", "foo.", "foo", "a*", "*a", "", ".", "m.*.x", "*", "*.*"]
+SEPARATED_CHANNELS = ["/", "/foo", "/foo/bar", "/foo/", "/foo.x", "/bar", "//bar", "/baz/foo/bar", "/a::b/c"]
+
+
+@pytest.mark.parametrize("sep", [".", "::", "/"])
+def test_separated_matcher_is_a_live_qpubs_listen(sep: str) -> None:
+    """A durable consumer's separated name matches what a live qpubs ``listen`` of the same topic gets."""
+    from hubbub.dialects.qpubs import parse_topic
+
+    for written in SEPARATED_TOPICS:
+        topic = written.replace(".", sep)
+        if topic.startswith("*") and topic.endswith("*"):
+            with pytest.raises(BadChannel):
+                separated_matcher(topic, sep)
+            continue
+        live = parse_topic(topic, sep)
+        matches = separated_matcher(topic, sep)
+        for ch in SEPARATED_CHANNELS:
+            assert matches(ch) is live.matches(to_separated(ch, sep)), (topic, sep, ch)

@@ -46,12 +46,12 @@ def allowed(
         (spec("/m/a"), {OWNER, READER, ALL, ADMIN}),
         (spec("/**"), {ALL, ADMIN}),
         # qpubs topics: their reach is what a live listen of them subscribes.
-        (spec("m.*", "qpubs"), {OWNER, READER, ALL, ADMIN}),
-        (spec("m.a.b", "qpubs"), {OWNER, READER, ALL, ADMIN}),
-        (spec("m::*", "qpubs", separator="::"), {OWNER, READER, ALL, ADMIN}),
-        (spec("*.x", "qpubs"), {ALL, ADMIN}),  # a tail topic may journal any channel
-        (spec("other.*", "qpubs"), {OUTSIDER, ALL, ADMIN}),
-        (spec("m*", "qpubs"), {OWNER, READER, ALL, OUTSIDER, ADMIN}),  # journals nothing
+        (spec("m.*", "separated"), {OWNER, READER, ALL, ADMIN}),
+        (spec("m.a.b", "separated"), {OWNER, READER, ALL, ADMIN}),
+        (spec("m::*", "separated", separator="::"), {OWNER, READER, ALL, ADMIN}),
+        (spec("*.x", "separated"), {ALL, ADMIN}),  # a tail topic may journal any channel
+        (spec("other.*", "separated"), {OUTSIDER, ALL, ADMIN}),
+        (spec("m*", "separated"), {OWNER, READER, ALL, OUTSIDER, ADMIN}),  # journals nothing
     ],
     ids=lambda v: v.pattern if isinstance(v, ConsumerSpec) else "",
 )
@@ -66,7 +66,7 @@ def test_managing_a_consumer_takes_ownership_too() -> None:
     assert not allowed(READER, spec("/m/**"), manage=True)  # may use it, not delete it
     assert not allowed(OUTSIDER, spec("/m/**", owner="outsider"), manage=True)  # owns it, may not read it
     assert allowed(ADMIN, spec("/m/**"), manage=True)
-    assert allowed(READER, spec("m.*", "qpubs", owner="reader"), manage=True)
+    assert allowed(READER, spec("m.*", "separated", owner="reader"), manage=True)
     # No owner recorded (made with auth off, or by an admin without a user): admins only.
     assert not allowed(READER, spec("/m/**", owner=""), manage=True)
     assert not allowed(NOBODY, spec("/m/**", owner=""), manage=True)
@@ -87,7 +87,7 @@ def test_creating_a_consumer_takes_a_user_to_own_it() -> None:
 def test_with_auth_off_everyone_may_do_everything() -> None:
     access = Access(AllowAll())
     access.check_consumer(None, spec("/**"), "native", manage=True)
-    access.check_consumer(OUTSIDER, spec("*.x", "qpubs"), "qpubs", manage=True)
+    access.check_consumer(OUTSIDER, spec("*.x", "separated"), "qpubs", manage=True)
 
 
 def test_reach() -> None:
@@ -101,6 +101,6 @@ def test_reach() -> None:
         "": "/",
     }
     for topic, text in texts.items():
-        got = reach(spec(topic, "qpubs"))
+        got = reach(spec(topic, "separated"))
         assert got is not None and got.text == text, (topic, got)
-    assert reach(spec("m*", "qpubs")) is None and reach(spec("*m", "qpubs")) is None
+    assert reach(spec("m*", "separated")) is None and reach(spec("*m", "separated")) is None

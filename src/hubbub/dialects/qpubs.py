@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_SEPARATOR",
     "MAX_TIMEOUT_MS",
     "SPEC",
+    "TOPIC_SYNTAX",
     "Ack",
     "Auth",
     "Call",
@@ -73,6 +74,9 @@ __all__ = [
 ]
 
 DEFAULT_SEPARATOR: Final = "."
+#: The log's pattern syntax of a durable subscription's or a listen group's topic (``hubbub.log.consumers``):
+#: a name in a separator mapping with a head or tail wildcard, which :class:`Topic` reads.
+TOPIC_SYNTAX: Final = "separated"
 CONTENT_TYPE: Final = "application/json"
 #: The longest ``timeout_ms`` of ``/qpubs/once``: the largest delay Node's ``setTimeout`` takes (2^31-1 ms,
 #: about 24.8 days; past it Node fires at once), so no qpubs client can mean a longer one.

@@ -1,6 +1,6 @@
 """Durable consumers in the log store: definitions, journals, and the filters that pick their events.
 
-A **durable consumer** (qpubs.md §6, docs/consumers.md) is a named subscription whose matching events the
+A **durable consumer** (docs/consumers.md) is a named subscription whose matching events the
 store **journals**: at every append, inside the append's own transaction, each committed event that matches a
 consumer's filter is put into that consumer's journal under the next journal position ``pos`` (1, 2, …
 per consumer, never reused). An item stays in the journal until it is acknowledged
@@ -21,6 +21,12 @@ that went away with the item unacknowledged) and the earliest time it may be del
 (``not_before_ns``, for nack backoff). Which opener holds which item is not stored: after a restart every
 unacknowledged item is pending again (at least once).
 
+A consumer's filter is written in one of the log's two pattern **syntaxes** (:data:`SYNTAXES`), both
+hubbub's own and named for what they are, never for a dialect: ``native``, a channel pattern, and
+``separated``, a channel's name in a separator mapping with a head or tail wildcard
+(:func:`~hubbub.channels.separated_matcher`). A dialect whose topics read that way creates its consumers
+in that syntax; the log evaluates them with no knowledge of the dialect.
+
 This module is pure: the engines and core share its types, and :func:`compile_filter` (used by the engines
 at append) depends only on :mod:`hubbub.channels`.
 """
@@ -32,13 +38,16 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Final
 
-from hubbub.channels import Pattern, parse_pattern, separated_pattern, to_separated
-from hubbub.errors import BadChannel, BadRequest
+from hubbub.channels import Pattern, parse_pattern, separated_matcher, separated_pattern
+from hubbub.errors import BadRequest
 from hubbub.events import Event, hot_value
 
 __all__ = [
     "DEFAULT_BATCH_BYTES",
     "DEFAULT_BATCH_WAIT_MS",
+    "NATIVE",
+    "SEPARATED",
+    "SYNTAXES",
     "ConsumerInfo",
     "ConsumerSpec",
     "JournalIndex",
@@ -56,9 +65,20 @@ _NAME_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuv
 
 Filter = Callable[[str, Collection[str]], bool]
 
+#: A channel pattern (native.md §4: ``/a/*``, ``/a/**``).
+NATIVE: Final = "native"
+#: A channel's name rendered with the consumer's ``separator`` (mapping.md §2.4), exact, with a head
+#: wildcard (``foo.*``) or with a tail wildcard (``*.bar``): :func:`~hubbub.channels.separated_matcher`.
+SEPARATED: Final = "separated"
+SYNTAXES: Final = (NATIVE, SEPARATED)
+#: Syntax names that rows stored before the syntaxes had these names carry, read as the syntax they were:
+#: the separated syntax was stored under the name of the first dialect that created such consumers. Kept
+#: for as long as a store may hold such rows; never written.
+_STORED_NAMES: Final = {"qpubs": SEPARATED}
+
 
 def check_name(name: str) -> str:
-    """A consumer name is 1-128 characters of ``[A-Za-z0-9._-]`` (qpubs.md §4 ``subId``); else BadRequest."""
+    """A consumer name is 1-128 characters of ``[A-Za-z0-9._-]`` (docs/consumers.md); else BadRequest."""
     if not 1 <= len(name) <= 128 or not _NAME_CHARS.issuperset(name):
         raise BadRequest("bad consumer name")
     return name
@@ -68,15 +88,15 @@ def check_name(name: str) -> str:
 class ConsumerSpec:
     """What defines a consumer, fixed at creation.
 
-    ``syntax`` says how ``pattern`` reads: ``native`` (a native pattern, native.md §4: ``/a/*``, ``/a/**``)
-    or ``qpubs`` (a qpubs listen topic with ``separator``, qpubs.md §1: exact, head ``foo.*``, tail
+    ``syntax`` says how ``pattern`` reads (:data:`SYNTAXES`): ``native`` (a native pattern, native.md §4:
+    ``/a/*``, ``/a/**``) or ``separated`` (a name with ``separator``: exact, head ``foo.*``, tail
     ``*.bar``). ``tags``: an event must carry all of them. ``shared``: a work queue (several openers, each
     batch to one). ``batch_wait_ms`` / ``batch_bytes``: how a batch is collected (docs/consumers.md).
     """
 
     name: str
     pattern: str
-    syntax: str = "native"
+    syntax: str = NATIVE
     separator: str = "."
     tags: tuple[str, ...] = ()
     shared: bool = False
@@ -108,7 +128,7 @@ class ConsumerSpec:
         return cls(
             name=name,
             pattern=str(d["pattern"]),
-            syntax=str(d.get("syntax", "native")),
+            syntax=_stored_syntax(str(d.get("syntax", NATIVE))),
             separator=str(d.get("separator", ".")),
             tags=tuple(str(t) for t in d.get("tags", ())),
             shared=bool(d.get("shared", False)),
@@ -152,35 +172,24 @@ class Retry:
     not_before_ns: int = 0
 
 
-def _qpubs_filter(topic: str, sep: str) -> Callable[[str], bool]:
-    """The channels a qpubs listen topic matches (qpubs.md §1): the channel rendered as a topic name with the
-    separator (mapping.md §2.4), tested as the engine does, byte for byte, so that a durable subscription
-    gets exactly what a live ``listen`` of the same topic gets (``hubbub.dialects.qpubs.Topic.matches``)."""
+def _stored_syntax(name: str) -> str:
+    return _STORED_NAMES.get(name, name)
+
+
+def _check_separator(sep: str) -> None:
     if not sep or "*" in sep:
         raise BadRequest("bad separator")
-    if topic.startswith("*") and topic.endswith("*"):
-        raise BadChannel("cannot wildcard both head and tail")
-    if topic.endswith("*"):
-        head = topic[:-1]
-        if not head.endswith(sep):
-            return lambda ch: False  # ``a*``: accepted, matches nothing
-        return lambda ch: to_separated(ch, sep).startswith(head)
-    if topic.startswith("*"):
-        tail = topic[1:]
-        if not tail.startswith(sep):
-            return lambda ch: False
-        return lambda ch: to_separated(ch, sep).endswith(tail)
-    return lambda ch: to_separated(ch, sep) == topic
 
 
 def compile_filter(spec: ConsumerSpec) -> Filter:
     """``spec``'s filter: ``f(channel, tags)`` is whether an event belongs in its journal. Raises
     ``BadChannel``/``BadRequest`` for a pattern that cannot be read."""
-    if spec.syntax == "native":
+    if spec.syntax == NATIVE:
         pat = parse_pattern(spec.pattern)
         chan: Callable[[str], bool] = pat.matches
-    elif spec.syntax == "qpubs":
-        chan = _qpubs_filter(spec.pattern, spec.separator)
+    elif spec.syntax == SEPARATED:
+        _check_separator(spec.separator)
+        chan = separated_matcher(spec.pattern, spec.separator)
     else:
         raise BadRequest("unknown pattern syntax")
     need = frozenset(spec.tags)
@@ -190,16 +199,15 @@ def compile_filter(spec: ConsumerSpec) -> Filter:
 
 
 def reach(spec: ConsumerSpec) -> Pattern | None:
-    """The native pattern covering every channel ``spec``'s filter can journal (``None``: none, a qpubs
-    topic that never matches): what reading all of a consumer's items takes, whatever its syntax. A native
-    pattern is its own reach; a qpubs topic's is the pattern a live ``listen`` of it subscribes
-    (:func:`~hubbub.channels.separated_pattern`: exact for exact and head topics, ``/**`` for a tail).
-    Raises ``BadChannel``/``BadRequest`` as :func:`compile_filter` does."""
-    if spec.syntax == "native":
+    """The native pattern covering every channel ``spec``'s filter can journal (``None``: none, a separated
+    name that never matches): what reading all of a consumer's items takes, whatever its syntax. A native
+    pattern is its own reach; a separated name's is :func:`~hubbub.channels.separated_pattern` (exact for
+    an exact name and a head, ``/**`` for a tail). Raises ``BadChannel``/``BadRequest`` as
+    :func:`compile_filter` does."""
+    if spec.syntax == NATIVE:
         return parse_pattern(spec.pattern, 1 << 30)
-    if spec.syntax == "qpubs":
-        if not spec.separator or "*" in spec.separator:
-            raise BadRequest("bad separator")
+    if spec.syntax == SEPARATED:
+        _check_separator(spec.separator)
         return separated_pattern(spec.pattern, spec.separator, 1 << 30)
     raise BadRequest("unknown pattern syntax")
 

@@ -324,7 +324,7 @@ class QrpcWire:
                 sess.push(line + orjson.dumps(qpd.render_item(ev, sep)) + b"}\n", is_event=True)
 
             member = self.groups[cid] = consumers.join(
-                out.group, topic.text, deliver, syntax="qpubs", separator=sep, session=sess
+                out.group, topic.text, deliver, syntax=qpd.TOPIC_SYNTAX, separator=sep, session=sess
             )
             await member.ready()  # on a cluster: the node's share decided before the next call (§4)
             return

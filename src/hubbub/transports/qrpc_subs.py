@@ -60,7 +60,7 @@ class QrpcSubscriptions:
         return ConsumerSpec(
             name=sub_id,
             pattern=topic.text,
-            syntax="qpubs",
+            syntax=qpd.TOPIC_SYNTAX,
             separator=s.separator,
             batch_wait_ms=s.batch_wait_ms,
             batch_bytes=s.batch_bytes,
