@@ -8,6 +8,7 @@ checked against the memory reference in ``test_log_stores.py`` and ``test_read_r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,8 +18,10 @@ from hypothesis import strategies as st
 from hubbub.events import Event, Publisher
 from hubbub.log import LogMark
 from hubbub.log.read_plan import (
+    MAX_INT64,
     budget_end,
     census,
+    clamp,
     first_at_time,
     group_runs,
     log_scope,
@@ -81,11 +84,20 @@ def test_budget_end_ends_with_the_row_that_reaches_it(sizes: list[int], max_byte
 
 def test_budget_end_reads_the_last_row_only_over_budget() -> None:
     asked: list[int] = []
-    assert budget_end(1, 9, 100, lambda: 100, lambda b: asked.append(b) or 3) == 9
+
+    def last_under(found: int | None) -> Callable[[int], int | None]:
+        def ask(budget: int) -> int | None:
+            asked.append(budget)
+            return found
+
+        return ask
+
+    assert budget_end(1, 9, 100, lambda: 100, last_under(3)) == 9
+    assert budget_end(1, 9, 100, lambda: None, last_under(3)) == 9
     assert asked == []
-    assert budget_end(1, 9, 100, lambda: None, lambda b: asked.append(b) or 3) == 9
-    assert budget_end(1, 9, 0, lambda: 5, lambda b: asked.append(b) or None) == 1
-    assert asked == [1]
+    assert budget_end(1, 9, 50, lambda: 100, last_under(3)) == 3
+    assert budget_end(1, 9, 0, lambda: 5, last_under(None)) == 1
+    assert asked == [50, 1]
 
 
 @given(sizes=sizes, max_bytes=st.integers(1, 200))
@@ -169,6 +181,9 @@ def test_log_scope_and_paths() -> None:
         ("path", "<", "/a0"),
     ]
     assert [c[:2] for c in s.conditions(from_time=False)][2:4] == [("time_ns", "<="), ("path", ">=")]
+    assert s.values() == [c[2] for c in s.conditions()] and s.shape == (">=", "<")
+    assert s.values(from_time=False) == [c[2] for c in s.conditions(from_time=False)]
+    assert exact_shape(mark) == ("=",)
     exact = log_scope(-(1 << 70), mark, "/a/", channel="/a/b")
     assert exact is not None and exact.paths == (("=", "/a/b"),) and exact.after_pos == -(1 << 63)
     assert path_bounds("") == ()
@@ -203,3 +218,20 @@ def test_plan_scan_pieces(from_time: int | None, to_time: int | None) -> None:
     assert [p for lo, hi in pieces for p in pos if lo <= p < hi] == inside
     empty = plan_scan(epochs, (0, 0), None, None, None, pos_at_time, next_split)
     assert empty.splits == () and empty.max_time == 0
+
+
+def exact_shape(mark: LogMark) -> tuple[str, ...]:
+    scope = log_scope(0, mark, channel="/a")
+    assert scope is not None
+    return scope.shape
+
+
+def test_clamp() -> None:
+    assert [clamp(n) for n in (0, -5, MAX_INT64, MAX_INT64 + 1, -(1 << 63), -(1 << 63) - 1)] == [
+        0,
+        -5,
+        MAX_INT64,
+        MAX_INT64,
+        -(1 << 63),
+        -(1 << 63),
+    ]

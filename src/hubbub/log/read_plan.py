@@ -27,10 +27,9 @@ loops over locals.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
-from hubbub.events import Event
+from hubbub.events import Event, hot_value
 from hubbub.log.base import ChannelInfo, EventRun, LogMark, ScanPlan, prefix_upper
 
 __all__ = [
@@ -66,7 +65,9 @@ Row = Sequence[Any]
 
 def clamp(n: int) -> int:
     """``n`` within a signed 64-bit integer (callers' bounds may be any Python int)."""
-    return min(max(n, _MIN_INT64), MAX_INT64)
+    if _MIN_INT64 <= n <= MAX_INT64:  # the usual case, a third of min(max()) (a few per page)
+        return n
+    return _MIN_INT64 if n < 0 else MAX_INT64
 
 
 # -- pages in channel order ------------------------------------------------------------------------------
@@ -263,7 +264,8 @@ def path_bounds(prefix: str) -> tuple[tuple[str, str], ...]:
     return ((">=", prefix),) if upper is None else ((">=", prefix), ("<", upper))
 
 
-@dataclass(frozen=True, slots=True)
+# Built once per page of a replay: a frozen dataclass's __init__ would cost a descriptor call per field.
+@hot_value
 class LogScope:
     """The rows of a commit-order read: ``after_pos < pos <= pos`` and ``from_time <= time_ns <= time_ns``
     (bounds clamped), with a channel path passing every ``paths`` comparison (``(operator, value)``)."""
@@ -277,7 +279,9 @@ class LogScope:
     def conditions(self, *, from_time: bool = True) -> list[tuple[str, str, int | str]]:
         """The scope as ``(field, operator, value)`` comparisons, all to hold, over the fields ``pos``,
         ``time_ns`` (of the event) and ``path`` (of its channel), which the engine renders in its SQL.
-        Without ``from_time``: no lower time bound (``read_log`` has none)."""
+        Without ``from_time``: no lower time bound (``read_log`` has none). The fields and operators
+        depend only on ``from_time`` and :attr:`shape`, so an engine may render them once per shape
+        (:meth:`values` then gives the values in the same order)."""
         out: list[tuple[str, str, int | str]] = [
             ("pos", ">", self.after_pos),
             ("pos", "<=", self.pos),
@@ -286,6 +290,20 @@ class LogScope:
         if from_time:
             out.append(("time_ns", ">=", self.from_time))
         out.extend(("path", op, value) for op, value in self.paths)
+        return out
+
+    @property
+    def shape(self) -> tuple[str, ...]:
+        """The operators of :attr:`paths`: with ``from_time``, what :meth:`conditions`' fields and operators
+        depend on."""
+        return tuple(op for op, _ in self.paths)
+
+    def values(self, *, from_time: bool = True) -> list[int | str]:
+        """The values of :meth:`conditions`, in its order."""
+        out: list[int | str] = [self.after_pos, self.pos, self.time_ns]
+        if from_time:
+            out.append(self.from_time)
+        out.extend(value for _, value in self.paths)
         return out
 
 

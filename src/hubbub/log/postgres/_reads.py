@@ -604,13 +604,20 @@ def _scan(
 
 #: A :class:`~hubbub.log.read_plan.LogScope`'s fields as read_log's, count_log's and log_census's columns.
 _SCOPE_COLS: Final = {"pos": "e.pos", "time_ns": "e.time_ns", "path": "c.path"}
+#: _in_scope's conditions rendered, by shape (a handful of them).
+_WHERE: dict[tuple[Any, ...], str] = {}
 
 
 def _in_scope(scope: LogScope, params: list[Any], *, from_time: bool = True) -> str:
-    """``scope``'s conditions, their values appended to ``params``."""
-    conds = scope.conditions(from_time=from_time)
-    params.extend(value for _, _, value in conds)
-    return " AND ".join(f"{_SCOPE_COLS[field]} {op} %s" for field, op, _ in conds)
+    """``scope``'s conditions, their values appended to ``params``, rendered once per shape (a few µs a
+    page otherwise)."""
+    key = (from_time, scope.shape)
+    sql = _WHERE.get(key)
+    if sql is None:
+        conds = scope.conditions(from_time=from_time)
+        sql = _WHERE[key] = " AND ".join(f"{_SCOPE_COLS[field]} {op} %s" for field, op, _ in conds)
+    params.extend(scope.values(from_time=from_time))
+    return sql
 
 
 def _pos_at_time(conn: Conn, lo: int, hi: int, t: int) -> int:

@@ -539,15 +539,22 @@ class _ReadSide:
 
 #: A :class:`~hubbub.log.read_plan.LogScope`'s fields as read_log's, count_log's and log_census's columns.
 _SCOPE_COLS: Final = {"pos": "e.pos", "time_ns": "e.time_ns", "path": "c.path"}
+#: _in_scope's conditions rendered, by shape (a handful of them).
+_WHERE: dict[tuple[Any, ...], str] = {}
 
 
 def _in_scope(scope: LogScope, params: list[Any], *, from_time: bool = True) -> str:
-    """``scope``'s conditions, their values appended to ``params`` (numbered placeholders after theirs)."""
-    out = []
-    for field, op, value in scope.conditions(from_time=from_time):
-        params.append(value)
-        out.append(f"{_SCOPE_COLS[field]} {op} ?{len(params)}")
-    return " AND ".join(out)
+    """``scope``'s conditions, their values appended to ``params`` (numbered placeholders after theirs);
+    rendered once per shape (a few µs a page otherwise)."""
+    key = (len(params), from_time, scope.shape)
+    sql = _WHERE.get(key)
+    if sql is None:
+        conds = scope.conditions(from_time=from_time)
+        sql = _WHERE[key] = " AND ".join(
+            f"{_SCOPE_COLS[field]} {op} ?{len(params) + i}" for i, (field, op, _) in enumerate(conds, 1)
+        )
+    params.extend(scope.values(from_time=from_time))
+    return sql
 
 
 def _build_events(
