@@ -197,3 +197,42 @@ def test_transports_import_only_the_core_api_and_its_seams() -> None:
     )
     modules = {f"hubbub.core.{p.stem}" for p in (ROOT / "src" / "hubbub" / "core").glob("*.py")}
     assert set(contract["forbidden_modules"]) == modules - CORE_FOR_TRANSPORTS - {"hubbub.core.__init__"}
+
+
+#: What every transport may import of ``hubbub.dialects`` besides a dialect's public module.
+DIALECT_INTERFACE = {"actions", "spec", "registry"}
+
+
+def test_transports_use_a_dialect_through_its_public_module_only() -> None:
+    """A transport imports of a dialect only the module that holds its registered ``SPEC`` (which re-exports
+    what transports need), never its internals, for every dialect in the registry, a new one included: the
+    rule names no dialect, so a dialect added to the registry is under it without an edit here."""
+    import importlib
+
+    from hubbub.dialects.registry import SPECS
+
+    specs = list(SPECS.values())
+    public = {
+        p.stem
+        for p in (ROOT / "src" / "hubbub" / "dialects").glob("*.py")
+        if any(
+            getattr(importlib.import_module(f"hubbub.dialects.{p.stem}"), "SPEC", None) is s for s in specs
+        )
+    }
+    assert len(public) == len(specs), "each registered spec lives in a dialect module of its own"
+    allowed = public | DIALECT_INTERFACE
+    offenders: list[str] = []
+    for path in sorted((ROOT / "src" / "hubbub" / "transports").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module == "hubbub.dialects":
+                    names = [a.name for a in node.names]
+                elif node.module.startswith("hubbub.dialects."):
+                    names = [node.module.split(".")[2]]
+            elif isinstance(node, ast.Import):
+                names = [a.name.split(".")[2] for a in node.names if a.name.startswith("hubbub.dialects.")]
+            offenders += [
+                f"{path.name}:{node.lineno}: hubbub.dialects.{n}" for n in names if n not in allowed
+            ]
+    assert offenders == []

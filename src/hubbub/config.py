@@ -268,7 +268,7 @@ class TcpConfig(Section):
 
 @dataclass(frozen=True, slots=True)
 class NativeConfig(Section):
-    """The native dialect, the node's base (wired by the server itself)."""
+    """The native dialect, the node's base: a core section, named by ``native.SPEC`` like a dialect's."""
 
     SECTION: ClassVar[str] = "native"
     tcp_listen: str = listen_field(DEFAULT_NATIVE_TCP_LISTEN)

@@ -34,26 +34,23 @@ from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import ConsumerService, Node, NodeSettings
 from hubbub.core.limits import LimitSettings
 from hubbub.core.supervisor import Supervision
-from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import StorageError
 from hubbub.log import LogStore, open_store
 from hubbub.log.base import RetentionPolicy
-from hubbub.transports.dialects import BINDINGS, MistMounted, Mounted, QpubsMounted, WearscriptMounted, Wiring
+from hubbub.transports.dialects import BINDINGS, Mounted, Wiring
 from hubbub.transports.federation_link import FederationLinkCollector, FederationUpstream
 from hubbub.transports.federation_peer import FederationHub, FederationHubCollector
 from hubbub.transports.http import HttpSettings, NativeHttp, build_app
 from hubbub.transports.http_listener import HttpListener
 from hubbub.transports.mist import MistService
-from hubbub.transports.native import NativeConnection, NativeEncoder
-from hubbub.transports.pump import quietly
+from hubbub.transports.mist_tcp import MistMounted
 from hubbub.transports.qpubs_http import QpubsHttp
-from hubbub.transports.qrpc import QrpcService
-from hubbub.transports.stream_listener import StreamListener
-from hubbub.transports.tcp import CLOSE_WAIT_S, drain, peer_ip, serve_native_tcp
+from hubbub.transports.qrpc import QpubsMounted, QrpcService
+from hubbub.transports.stream_driver import CLOSE_WAIT_S
 from hubbub.transports.tls import reload_context, server_context
 from hubbub.transports.wearscript import WearscriptService
-from hubbub.transports.wearscript_link import WearscriptUpstream
+from hubbub.transports.wearscript_link import WearscriptMounted, WearscriptUpstream
 
 __all__ = [
     "GC_THRESHOLDS",
@@ -86,12 +83,10 @@ class Server:
         self.consumers: ConsumerService | None = None
         self._runner: web.AppRunner | None = None
         self._native_http: NativeHttp | None = None
-        self._tcp: StreamListener | None = None
         self._tcp_conns: set[asyncio.Task[None]] = set()
-        self._tcp_native: set[NativeConnection] = set()
         self._broker: RedisBroker | None = None
         self._presence: RedisPresence | None = None
-        #: Every dialect but native, as wired (``transports/dialects.py``), by name.
+        #: Every enabled dialect, as wired (``transports/dialects.py``), by name.
         self.dialects: dict[str, Mounted] = {}
         #: This node in the federation (docs/federation.md), and its links up to other hubbub nodes.
         self.federation: FederationHub | None = None
@@ -250,8 +245,6 @@ class Server:
         for mounted in self.dialects.values():
             await mounted.started(wiring, self._native_http.registry)
             self.ports.update({name: listener.port for name, listener in mounted.listeners.items()})
-        if cfg.native.enabled:
-            await self._listen_native(node, codec_limits, track)
         # The links up start last and stop first: they must not reconnect while the node stops, and they save
         # their cursors once no more events move.
         for mounted in self.dialects.values():
@@ -268,63 +261,6 @@ class Server:
                 "data_dir": cfg.storage.data_dir,
             },
         )
-
-    async def _listen_native(
-        self, node: Node, codec_limits: dict[str, int], track: Callable[[asyncio.Task[None]], None]
-    ) -> None:
-        """The native TCP listener (``native.tcp_listen``)."""
-        cfg = self.config
-        lim = cfg.limits
-        host, port = parse_listen(cfg.native.tcp_listen, "native.tcp_listen")
-        # The listener shares its codecs (one per encoding), so connections share the session encoders.
-        encoders: dict[str, NativeEncoder] = {}
-
-        def make(codec: nc.NativeCodec, writer: asyncio.StreamWriter) -> NativeConnection:
-            encoder = encoders.get(codec.encoding)
-            if encoder is None or encoder.codec is not codec:
-                encoder = encoders[codec.encoding] = NativeEncoder(codec)
-
-            async def send(data: bytes) -> None:
-                # The prefix and the frame as two buffers: a batch frame can be a megabyte, not copied.
-                writer.writelines(codec.stream_parts(data))
-                await drain(writer, lim.write_timeout_s)
-
-            async def send_many(frames: list[bytes]) -> None:
-                writer.write(codec.frames_for_stream(frames))
-                await drain(writer, lim.write_timeout_s)
-
-            async def close(code: Disconnect) -> None:
-                writer.close()
-
-            conn = NativeConnection(
-                node,
-                codec,
-                send=send,
-                close=close,
-                send_many=send_many,
-                max_frame=lim.max_frame,
-                max_subscriptions=lim.max_subscriptions,
-                send_queue=lim.send_queue,
-                send_queue_bytes=lim.send_queue_bytes,
-                ping_interval=cfg.native.ping_interval_s,
-                encoder=encoder,
-            )
-            conn.peer = peer_ip(writer)
-            return conn
-
-        self._tcp = await serve_native_tcp(
-            host,
-            port,
-            make,
-            lim.max_frame,
-            track,
-            codec_limits,
-            node=node,
-            first_message_timeout_s=cfg.tcp.first_message_timeout_s,
-            ssl_context=self._ssl,
-        )
-        self.ports["native"] = self._tcp.port
-        log.info("listening", extra={"listener": "native", "address": f"{host}:{self.ports['native']}"})
 
     def _federate(self, node: Node, cfg: Config, engine: str, http: NativeHttp) -> None:
         """This node's federation id, the links of nodes below (``federation.accept``), and the links up
@@ -407,8 +343,6 @@ class Server:
     async def _close_listeners(self) -> None:
         """Stop the listeners and close the connections with 1001 (the first step of :meth:`stop` past the
         links up)."""
-        if self._tcp is not None:
-            self._tcp.close()
         for mounted in self.dialects.values():
             mounted.close_listeners()
         node = self.node
@@ -428,12 +362,6 @@ class Server:
                 # socket (transports/tcp.py close_stream), which must happen before the node closes and
                 # before the caller's event loop ends, or the socket is left to the garbage collector.
                 await asyncio.wait(pending, timeout=CLOSE_WAIT_S + 1.0)
-        tcp = self._tcp
-        if tcp is not None:
-            await quietly(
-                lambda: asyncio.wait_for(tcp.wait_closed(), 2.0), node, "native", "", "listener close"
-            )
-            self._tcp = None
         for mounted in self.dialects.values():
             await mounted.wait_listeners(node)
         if self._runner is not None:

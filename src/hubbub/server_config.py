@@ -20,8 +20,11 @@ from hubbub.dialects.registry import SPECS
 
 __all__ = ["ALIAS_FLAGS", "DIALECT_SECTIONS", "KEYS", "load_config"]
 
-#: Every dialect's configuration section, in the registry's order.
-DIALECT_SECTIONS: Final[tuple[type[DialectSection], ...]] = tuple(spec.config for spec in SPECS.values())
+#: Every dialect's configuration section, in the registry's order (native's is a core section: loaded
+#: with the core's).
+DIALECT_SECTIONS: Final[tuple[type[DialectSection], ...]] = tuple(
+    c for c in (spec.config for spec in SPECS.values()) if issubclass(c, DialectSection)
+)
 #: Every key of a server, by dotted name: the core's, then the dialects'.
 KEYS: Final[Mapping[str, Key]] = config.config_keys(DIALECT_SECTIONS)
 #: The dialects' command-line aliases (guble's ``--node-id``), flag -> key.

@@ -268,6 +268,36 @@ def test_max_frame_counted(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_websocket_message_over_max_frame_is_bad_input_in_every_dialect(tmp_path: Path) -> None:
+    """A WebSocket message over ``limits.max_frame`` (aiohttp's close 1009) is bad input of its dialect,
+    native's as every other's: one WebSocket driver reads them all (native TCP counted its 4003 already)."""
+
+    async def main() -> None:
+        async with server(tmp_path, max_frame=1024) as (srv, http):
+            assert srv.node is not None
+            bad = srv.node.metrics.bad_input
+            big = "x" * 2000
+            for dialect, open_ws, message in (
+                ("native", native_ws, big),
+                ("guble", guble_ws, "> /g\n\n" + big),
+                ("ivy", ivy_ws, ":/i:" + big),
+            ):
+                ws = await open_ws(srv, http)
+                await ws.send_str(message)
+                msg = await ws.receive()
+                assert (msg.type, msg.data) == (aiohttp.WSMsgType.CLOSE, 1009)
+                # Counted by the server's reader once it sees the refusal, which may come after the client
+                # has the close: wait for it.
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 10
+                while bad.get(dialect, 0) < 1:
+                    assert loop.time() < deadline, (dialect, dict(bad))
+                    await asyncio.sleep(0.01)
+                assert bad.get(dialect) == 1, (dialect, dict(bad))
+
+    asyncio.run(main())
+
+
 def server_sockets(port: int) -> list[str]:
     """The sockets of connections accepted on ``port`` that the server still holds (from /proc/net/tcp: any
     state but LISTEN, with an inode; orphans the kernel finishes alone are not counted)."""

@@ -10,8 +10,9 @@ import pytest
 from hubbub.dialects import actions as a
 from hubbub.dialects import mist as md
 from hubbub.dialects import wearscript as wsd
+from hubbub.dialects.ivy import IvyConfig
 from hubbub.dialects.registry import SPECS
-from hubbub.dialects.spec import FrameConnection
+from hubbub.dialects.spec import DialectSpec, FrameConnection
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, LimitExceeded, ShuttingDown, StorageError
 from hubbub.selection import LIVE
@@ -32,7 +33,7 @@ def test_dialects_speak_the_shared_vocabulary() -> None:
 
 
 def test_registry_names_each_dialect_once_with_distinct_routes() -> None:
-    assert list(SPECS) == ["ivy", "guble", "wearscript", "mist", "qpubs"]
+    assert list(SPECS) == ["ivy", "guble", "wearscript", "mist", "qpubs", "native"]
     routes = [r for s in SPECS.values() for r in s.ws_routes]
     assert len(routes) == len(set(routes)) and all(r.startswith("/") for r in routes)
     assert SPECS["mist"].stream_listeners == ("mist.tcp_listen",)
@@ -61,3 +62,25 @@ def test_wearscript_refusals_close(exc: Exception, code: Disconnect) -> None:
     assert isinstance(exc, AuthError | LimitExceeded | ShuttingDown | StorageError)
     (out,) = wsd.refused(wsd.Publish("/x", b""), exc)
     assert isinstance(out, a.Close) and out.code == code
+
+
+def test_every_registered_dialect_has_its_binding_from_its_spec() -> None:
+    """The transports' registry is the dialects' registry with each spec's named ``mount``: a dialect added to
+    ``SPECS`` is wired without an edit in transports/dialects.py."""
+    from hubbub.transports.dialects import BINDINGS, binding_of
+
+    assert [b.spec for b in BINDINGS] == list(SPECS.values())
+    for b in BINDINGS:
+        module, _, name = b.spec.binding.partition(":")
+        assert b.mount.__module__ == module and b.mount.__name__ == name
+    for bad in ("", "hubbub.transports.ivy", "hubbub.transports.ivy:nothing", "os.path:join"):
+        with pytest.raises(LookupError):
+            binding_of(DialectSpec(name="x", section="ivy", config=IvyConfig, binding=bad))
+
+
+def test_metrics_label_every_registered_dialect() -> None:
+    """``/metrics``' per-dialect series show every registered dialect's labels (mist's two generations)."""
+    from hubbub.transports.metrics import DIALECTS
+
+    assert DIALECTS == ("ivy", "guble", "wearscript", "mist2015", "mist1", "qpubs", "native")
+    assert tuple(label for s in SPECS.values() for label in s.metric_labels) == DIALECTS

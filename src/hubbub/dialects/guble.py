@@ -565,4 +565,5 @@ SPEC: Final = DialectSpec(
     overflow="catch_up",
     close_code=wire_close,
     keepalive=False,  # aiohttp's heartbeat, every 30 s
+    binding="hubbub.transports.guble:mount",
 )

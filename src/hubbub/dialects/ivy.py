@@ -506,5 +506,10 @@ class IvyConfig(DialectSection):
 
 
 SPEC: Final = DialectSpec(
-    name="ivy", section="ivy", config=IvyConfig, ws_routes=("/ws",), overflow="disconnect"
+    name="ivy",
+    section="ivy",
+    config=IvyConfig,
+    ws_routes=("/ws",),
+    overflow="disconnect",
+    binding="hubbub.transports.ivy:mount",
 )

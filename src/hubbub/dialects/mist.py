@@ -154,4 +154,6 @@ SPEC: Final = DialectSpec(
     ws_routes=("/mist/ws", "/mist/v1/ws"),
     stream_listeners=("mist.tcp_listen",),
     overflow="drop_oldest",
+    binding="hubbub.transports.mist_tcp:mount",
+    labels=("mist2015", "mist1"),
 )

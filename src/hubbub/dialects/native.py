@@ -12,6 +12,10 @@ native as nc``. Each module states its own invariants and concurrency contract.
 
 from __future__ import annotations
 
+from typing import Final
+
+from hubbub.config import NativeConfig
+
 from .native_batch import MAX_BATCH_ROWS
 from .native_codec import (
     _REPLY_PARTS_MAX,  # noqa: F401  (re-exported for tests/unit/test_publish_reply.py)
@@ -56,6 +60,7 @@ from .native_http import (
 from .native_pages import page_frames
 from .native_protocol import Admit, NativeProtocol, Phase
 from .native_stream import MAX_STREAM_FRAME, RUN_MAX, NativeStreamDecoder, PublishRun, RunItem, StreamItem
+from .spec import DialectSpec
 
 __all__ = [
     "CHANNEL_CACHE_SIZE",
@@ -64,6 +69,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "PUSH_FIELDS",
     "RUN_MAX",
+    "SPEC",
     "SUBPROTOCOLS",
     "Ack",
     "Admit",
@@ -108,3 +114,20 @@ __all__ = [
     "render_sse_gap",
     "render_sse_recovered",
 ]
+
+
+#: The native dialect as the server wires it (protocols/native.md): its WebSocket at ``/ws/hubbub`` (JSON or
+#: msgpack frames by subprotocol, text or binary accordingly), its TCP listener (``native.tcp_listen``: JSON
+#: lines or length-prefixed msgpack), a slow consumer closed with 4008 (README §4: recovery from the log
+#: with ``since`` is the native client's way back), every close reason as it is, and its own keepalive
+#: (``ping`` frames and 4304, not WebSocket pings). Its HTTP API and SSE stream are a route module.
+SPEC: Final = DialectSpec(
+    name="native",
+    section="native",
+    config=NativeConfig,
+    ws_routes=("/ws/hubbub",),
+    stream_listeners=("native.tcp_listen",),
+    overflow="disconnect",
+    keepalive=False,
+    binding="hubbub.transports.tcp:mount",
+)

@@ -717,4 +717,5 @@ SPEC: Final = DialectSpec(
     config=QpubsConfig,
     stream_listeners=("qpubs.qrpc_listen",),
     overflow="drop_oldest",
+    binding="hubbub.transports.qrpc:mount",
 )

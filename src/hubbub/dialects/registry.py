@@ -1,7 +1,8 @@
 """The registry of dialects: every :class:`~hubbub.dialects.spec.DialectSpec` the server knows, by name.
 
-Adding a dialect adds its spec here (and its binding to the transports' registry,
-:mod:`hubbub.transports.dialects`). Native, the node's base, is wired by the server itself.
+Adding a dialect adds its spec here, and nowhere else: its spec names its binding (``DialectSpec.binding``),
+which the transports' registry (:mod:`hubbub.transports.dialects`) finds by that name, its ``labels`` are
+the ``dialect`` labels of ``/metrics``, its ``section`` the configuration's.
 
 Concurrency contract: an immutable mapping, built at import.
 """
@@ -12,12 +13,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from . import guble, ivy, mist, qpubs, wearscript
+from . import guble, ivy, mist, native, qpubs, wearscript
 from .spec import DialectSpec
 
 __all__ = ["SPECS"]
 
-#: Every dialect's spec, by name, in the order the server wires them.
+#: Every dialect's spec, by name, in the order the server wires them (native last: its TCP listener
+#: starts after the others', as its connections' ``/metrics`` labels come after theirs).
 SPECS: Final[Mapping[str, DialectSpec]] = MappingProxyType(
-    {s.name: s for s in (ivy.SPEC, guble.SPEC, wearscript.SPEC, mist.SPEC, qpubs.SPEC)}
+    {s.name: s for s in (ivy.SPEC, guble.SPEC, wearscript.SPEC, mist.SPEC, qpubs.SPEC, native.SPEC)}
 )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
-from hubbub.config import DialectSection
+from hubbub.config import DialectSection, NativeConfig
 from hubbub.disconnect import Disconnect
 
 __all__ = [
@@ -66,23 +66,37 @@ class DialectSpec:
 
     ``section`` is its configuration section (``<section>.enabled`` turns it on) and ``config`` that
     section's class, which lives with the dialect: its keys, defaults and checks (the composition root gives
-    the registry's to the loader: a dialect's keys need no edit of ``hubbub.config``); ``ws_routes`` the
+    the registry's to the loader: a dialect's keys need no edit of ``hubbub.config``; native's, the node's
+    base, is a core section, ``NativeConfig``, which the loader has already); ``ws_routes`` the
     paths of its WebSocket routes; ``stream_listeners`` the configuration keys of its byte-stream listeners
     (each a ``host:port``); ``overflow`` its sessions' policy when the queue is full; ``close_code`` maps a
     session's end or kick to the close its peers see; ``text`` whether its frames go out as WebSocket text
     (else binary); ``keepalive`` whether the WebSocket driver pings and times out silent peers (the keys
-    ``ping_interval_s`` and ``read_timeout_s`` of the binding's settings)."""
+    ``ping_interval_s`` and ``read_timeout_s`` of the binding's settings).
+
+    ``binding`` names the dialect's binding in :mod:`hubbub.transports` as ``"module:function"`` (the
+    ``mount`` that builds its per-node state from the section; the transports' registry,
+    :mod:`hubbub.transports.dialects`, imports it by that name, so a dialect never imports a transport and
+    the transports' registry lists no dialect); ``labels`` are the ``dialect`` labels its sessions count
+    under in ``/metrics`` (its name unless it has variants: mist's two generations)."""
 
     name: str
     section: str
-    config: type[DialectSection]
+    config: type[DialectSection] | type[NativeConfig]
     ws_routes: tuple[str, ...] = ()
     stream_listeners: tuple[str, ...] = ()
     overflow: Overflow = "drop_oldest"
     close_code: Callable[[Disconnect], Disconnect] = as_is
     text: bool = True
     keepalive: bool = True
+    binding: str = ""
+    labels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.section != self.config.SECTION:
             raise ValueError(f"{self.name}: section {self.section!r} but config for {self.config.SECTION!r}")
+
+    @property
+    def metric_labels(self) -> tuple[str, ...]:
+        """The ``dialect`` labels of its sessions: ``labels``, else its name."""
+        return self.labels or (self.name,)

@@ -713,4 +713,5 @@ SPEC: Final = DialectSpec(
     overflow="drop_oldest",
     close_code=wire_close,
     text=False,
+    binding="hubbub.transports.wearscript_link:mount",
 )

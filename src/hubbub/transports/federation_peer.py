@@ -249,16 +249,16 @@ class FederationPeer(NativeConnection):
             farewell=self._farewell,
         )
 
-    def start(self, group: Any = None) -> None:
+    def start(self, group: Any = None, identity: Any = None) -> None:
         self.stats.connected += 1
         self.stats.connections += 1
         log.info("federation link from below up", extra={"link": self.peer_id})
-        super().start(group)
+        super().start(group, identity)
 
-    async def finish(self) -> None:
+    async def finish(self, close_wait_s: float = 10.0) -> None:
         self.stats.connected -= 1
         log.info("federation link from below down", extra={"link": self.peer_id})
-        await super().finish()
+        await super().finish(close_wait_s)
 
     async def _subscribe(self, cmd: nc.Subscribe) -> None:
         """A recovering subscription of the node below: replayed whole, paged from the log while it is sent

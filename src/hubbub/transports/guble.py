@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult
 from hubbub.selection import LIVE, LiveOnly, SubtreeFetch
 
+from .binding import Mounted, Wiring
 from .http import HttpSettings, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
 from .wire import DialectWire
@@ -606,3 +608,10 @@ def install(app: web.Application, node: Core, http: HttpSettings, *, settings: G
     if settings.metrics_endpoint:
         app.router.add_route("*", settings.metrics_endpoint, hub.metrics)
     app.router.add_route("*", "/admin/router", hub.router)
+
+
+async def mount(w: Wiring) -> Mounted:
+    """guble's binding (``guble.SPEC``): its settings from the ``guble`` section, its routes."""
+    cfg = w.config.section(gc.GubleConfig)
+    settings = GubleSettings(cfg.node_id, cfg.health_endpoint, cfg.metrics_endpoint, auth=w.auth("guble"))
+    return Mounted(gc.SPEC, functools.partial(install, settings=settings))

@@ -33,12 +33,12 @@ from hubbub.federation.wire import BELOW_HEADER, NODE_HEADER, parse_node
 from hubbub.log.base import AppendRequest
 from hubbub.selection import EventResume, ReplaySpec
 
-from .backpressure import Messages
 from .cors import install_cors
 from .lifetime import Lifetime
 from .metrics import CONTENT_TYPE, ConsumerCollector, ConsumerSeries, NodeCollector, render_metrics
 from .native import NativeConnection, NativeEncoder
-from .pump import SessionPump, quietly, stopped
+from .pump import SessionPump, stopped
+from .ws_driver import run_websocket, upgradable
 
 if TYPE_CHECKING:
     from .federation_peer import FederationHub
@@ -49,6 +49,7 @@ __all__ = [
     "RouteInstaller",
     "build_app",
     "native_codec",
+    "native_connection",
     "peer_address",
     "raw_rest",
     "request_identity",
@@ -305,103 +306,39 @@ class NativeHttp:
     # -- WebSocket --------------------------------------------------------------------------------------
 
     async def websocket(self, request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(
-            protocols=NATIVE_PROTOCOLS, max_msg_size=self.s.max_frame, autoping=True, compress=False
-        )
-        ready = ws.can_prepare(request)
-        if not ready.ok:
+        """``/ws/hubbub``: a native connection (or a downstream node's federation link, which names its node)
+        on the WebSocket driver, the connection its own wire (:class:`NativeConnection`)."""
+        ws = upgradable(request, self.s.max_frame, protocols=NATIVE_PROTOCOLS)
+        if ws is None:
             return text_response(400, "websocket upgrade required\n")
-        if ready.protocol is None:
+        protocol = ws.can_prepare(request).protocol
+        if protocol is None:
             return text_response(400, "unsupported subprotocol\n")
         fed = self.federation
         peer = request.headers.get(NODE_HEADER) if fed is not None else None
         if fed is not None and peer is not None and (refused := _federation_upgrade(fed, peer, ws)):
             return refused
         await ws.prepare(request)
-        encoding = "msgpack" if ready.protocol.endswith("msgpack") else "json"
+        encoding = "msgpack" if protocol.endswith("msgpack") else "json"
         codec = self._codecs[encoding]
         sink = _WsSink(ws, request.transport, encoding == "msgpack")
         if fed is not None and peer is not None:
             conn: NativeConnection = _federation_connection(fed, peer, request, codec, sink, self.s)
         else:
-            conn = self._connection(codec, sink.send, sink.close, sink.send_many, self._encoders[encoding])
+            conn = native_connection(
+                self.node, codec, self.s, sink.send, sink.close, sink.send_many, self._encoders[encoding]
+            )
         conn.upgrade_token = request_token(request)
         conn.peer = peer_address(request)
         task = asyncio.current_task()
         if task is not None:
             self.connections.add(task)
         try:
-            async with Lifetime() as group:
-                conn.start(group)
-                try:
-                    await self._read(ws, codec, conn)
-                finally:
-                    await conn.finish()
-        except (asyncio.CancelledError, ConnectionError):
-            pass
+            await run_websocket(ws, conn, None, None)
         finally:
-            if not ws.closed:
-                code = conn.session.kicked or conn.session.ending or Disconnect.GOING_AWAY
-                await quietly(lambda: ws.close(code=code), self.node, "native", conn.session.id, "close")
             if task is not None:
                 self.connections.discard(task)
         return ws
-
-    @staticmethod
-    async def _read(ws: web.WebSocketResponse, codec: nc.NativeCodec, conn: NativeConnection) -> None:
-        """The connection's messages to the connection, until it ends (then its close is written first, for
-        at most 10 s) or the peer goes. Read only while the connection's replies have room (:class:`Messages`,
-        read-side back-pressure)."""
-        try:
-            async for msg in Messages(ws, conn.session):
-                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                    try:
-                        cmd = codec.decode(msg.data)
-                    except HubbubError as exc:
-                        conn.bad_input(exc)
-                        if exc.fatal:
-                            break
-                        del msg
-                        continue
-                    if not (type(cmd) is nc.Publish and conn.publish_nowait(cmd)):
-                        await conn.handle(cmd)
-                    # Not kept while waiting for the next message: an idle connection would hold its last
-                    # one (up to max_frame bytes) in this frame.
-                    del msg, cmd
-                    if conn.session.ending or conn.session.kicked:
-                        break
-                elif msg.type == WSMsgType.ERROR:
-                    if getattr(msg.data, "code", None) == Disconnect.MESSAGE_TOO_BIG:
-                        # aiohttp refused a message over max_frame (and sent close 1009)
-                        conn.node.limiter.refused("max_frame", "native")
-                    break
-            if conn.session.ending or conn.session.kicked:
-                await asyncio.wait_for(conn.wait_written(), 10)
-        except (ConnectionError, TimeoutError):
-            pass
-
-    def _connection(
-        self,
-        codec: nc.NativeCodec,
-        send: Callable[[bytes], Awaitable[None]],
-        close: Callable[[Disconnect], Awaitable[None]],
-        send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
-        encoder: NativeEncoder | None = None,
-    ) -> NativeConnection:
-        s = self.s
-        return NativeConnection(
-            self.node,
-            codec,
-            send=send,
-            close=close,
-            send_many=send_many,
-            encoder=encoder,
-            max_frame=s.max_frame,
-            max_subscriptions=s.max_subscriptions,
-            send_queue=s.send_queue,
-            send_queue_bytes=s.send_queue_bytes,
-            ping_interval=s.ping_interval,
-        )
 
     # -- HTTP API ---------------------------------------------------------------------------------------
 
@@ -689,6 +626,31 @@ def _int_param(q: Any, name: str, default: Any) -> Any:
         return int(v)
     except ValueError:
         raise BadRequest(f"{name} must be an integer") from None
+
+
+def native_connection(
+    node: Core,
+    codec: nc.NativeCodec,
+    s: HttpSettings,
+    send: Callable[[bytes], Awaitable[None]],
+    close: Callable[[Disconnect], Awaitable[None]],
+    send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
+    encoder: NativeEncoder | None = None,
+) -> NativeConnection:
+    """A native connection (WebSocket or TCP) in ``codec``'s encoding, with the server's limits."""
+    return NativeConnection(
+        node,
+        codec,
+        send=send,
+        close=close,
+        send_many=send_many,
+        encoder=encoder,
+        max_frame=s.max_frame,
+        max_subscriptions=s.max_subscriptions,
+        send_queue=s.send_queue,
+        send_queue_bytes=s.send_queue_bytes,
+        ping_interval=s.ping_interval,
+    )
 
 
 def native_codec(encoding: str, max_frame: int, limits: dict[str, int]) -> nc.NativeCodec:

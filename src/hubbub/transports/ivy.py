@@ -32,6 +32,7 @@ from hubbub.errors import (
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest
 
+from .binding import Mounted, Wiring
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 from .wire import DialectWire
 from .ws_driver import run_websocket, upgradable
@@ -357,3 +358,16 @@ def ivy_installer(ivy_settings: IvySettings) -> RouteInstaller:
             app.router.add_route("*", prefix + "{rest:.*}", h.events_handler(prefix))
 
     return install
+
+
+async def mount(w: Wiring) -> Mounted:
+    """ivy's binding (``ivy.SPEC``): its settings from the ``ivy`` section, its routes."""
+    cfg = w.config.section(ivy.IvyConfig)
+    settings = IvySettings(
+        large_event_bytes=cfg.large_event_bytes,
+        ping_interval_s=cfg.ping_interval_s,
+        read_timeout_s=cfg.read_timeout_s,
+        max_log_bytes=cfg.max_log_bytes,
+        auth=w.auth("ivy"),
+    )
+    return Mounted(ivy.SPEC, ivy_installer(settings))

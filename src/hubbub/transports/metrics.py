@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from hubbub import __version__
 from hubbub.auth import Identity
 from hubbub.core.api import COMPONENTS, LABELLED_MAX, Core
+from hubbub.dialects.registry import SPECS
 
 __all__ = [
     "CLUSTER_GAUGES",
@@ -29,7 +30,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CLUSTER_GAUGES = frozenset({"broker_up", "buffered", "channels", "unannounced_channels"})
 #: The presence's numbers that are gauges (the others are counters).
 PRESENCE_GAUGES = frozenset({"up", "rosters", "members"})
-DIALECTS = ("ivy", "guble", "wearscript", "mist2015", "mist1", "qpubs", "native")
+#: The ``dialect`` labels every per-dialect series shows (at 0 before the first count): each registered
+#: dialect's (``DialectSpec.labels``, in the registry's order).
+DIALECTS: tuple[str, ...] = tuple(label for spec in SPECS.values() for label in spec.metric_labels)
 
 
 class NodeCollector:

@@ -21,12 +21,16 @@ import ssl
 from collections.abc import Callable
 from typing import Final
 
-from hubbub.core.api import Core
+from prometheus_client import CollectorRegistry
 
-from .mist import DIALECT, MistService, MistWire
-from .stream_driver import StreamIO, serve_stream
+from hubbub.auth.mist_registry import MistTokenRegistry
+from hubbub.core.api import Core
+from hubbub.dialects import mist as md
+
+from .binding import Mounted, Wiring
+from .mist import DIALECT, MistService, MistSettings, MistWire
+from .stream_driver import WRITE_TIMEOUT_S, StreamIO, serve_stream
 from .stream_listener import Accepted, StreamListener
-from .tcp import WRITE_TIMEOUT_S
 
 __all__ = ["serve_mist_tcp"]
 
@@ -93,3 +97,48 @@ async def serve_mist_tcp(
     )
     await listener.start(host, port)
     return listener
+
+
+# -- the binding ---------------------------------------------------------------------------------------------
+
+
+class MistMounted(Mounted):
+    """Mist on a node: the token registry, the routes of both generations, and the TCP listener
+    (``mist.tcp_listen``) once the HTTP listener is up."""
+
+    def __init__(self, service: MistService) -> None:
+        super().__init__(md.SPEC, service.install)
+        self.service = service
+
+    async def started(self, wiring: Wiring, metrics: CollectorRegistry) -> None:
+        cfg, service = wiring.config, self.service
+
+        async def start(host: str, port: int) -> StreamListener:
+            return await serve_mist_tcp(
+                host,
+                port,
+                service,
+                wiring.track,
+                first_message_timeout_s=cfg.tcp.first_message_timeout_s,
+                ssl_context=wiring.ssl_context,
+                write_timeout=cfg.limits.write_timeout_s,
+            )
+
+        await self.listen("mist", "mist.tcp_listen", wiring, start)
+
+
+async def mount(w: Wiring) -> Mounted:
+    """Mist's binding (``mist.SPEC``): the token registry in the data directory, the ``mist`` section."""
+    cfg, lim, node = w.config, w.config.limits, w.node
+    registry = await asyncio.get_running_loop().run_in_executor(
+        None, MistTokenRegistry.in_data_dir, cfg.storage.data_dir
+    )
+    mist = cfg.section(md.MistConfig)
+    settings = MistSettings(
+        channel=mist.channel,
+        auth=w.auth("mist"),
+        token=str(mist.token),
+        max_tags=lim.max_tags,
+        max_tag_bytes=lim.max_tag_bytes,
+    )
+    return MistMounted(MistService(node, settings, w.http, registry, lambda: node.access.authenticator))

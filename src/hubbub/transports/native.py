@@ -1,8 +1,12 @@
 """Native protocol connections: commands from the native codec become node calls; replies go back out.
 
-One :class:`NativeConnection` serves one WebSocket or TCP connection. The transport feeds it decoded
-commands (in order); :meth:`NativeConnection.start` runs its writer task, which drains the session's queue,
-and enters it in the event loop's :class:`Keepalive` for its ping interval.
+One :class:`NativeConnection` serves one WebSocket or TCP connection, run by the dialect drivers: it is the
+WebSocket driver's wire (:class:`~hubbub.transports.ws_driver.FrameWire`: its :meth:`~NativeConnection.frame`
+decodes each frame with the shared codec and takes a common publish without a coroutine), and the
+byte-stream driver's through :class:`~hubbub.transports.tcp.NativeStreamWire`, which feeds it a read's
+decoded items. :meth:`NativeConnection.start` runs its writer task, which drains the session's queue, and
+enters it in the event loop's :class:`Keepalive` for its ping interval (native's keepalive is its own
+``ping`` frames, not the driver's WebSocket pings: ``SPEC.keepalive`` is off).
 
 An idle connection is mostly this glue, so its size matters at ten thousand connections: the class has
 slots, its publish bookkeeping is created with the first publish, and keepalive is one timer per event loop
@@ -14,16 +18,19 @@ Concurrency contract: everything runs on the event loop thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
+from hubbub.auth import Identity
 from hubbub.core.api import Core, ReplayPlan, Session
 from hubbub.core.flag import Flag
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
+from hubbub.dialects.spec import DialectSpec
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
@@ -32,7 +39,7 @@ from hubbub.selection import ReplaySpec
 from .lifetime import Lifetime
 from .native_consume import CONSUMER_COMMANDS, NativeConsumers
 from .native_publish import NativePublishing
-from .pump import SessionPump, stopped
+from .pump import SessionPump, grace_left, stopped
 
 __all__ = ["Keepalive", "NativeConnection", "NativeEncoder"]
 
@@ -87,6 +94,9 @@ class NativeConnection(NativePublishing):
     """
 
     __slots__ = ("_consumers", "_pump", "_writer", "codec", "peer", "ping_interval", "upgrade_token")
+
+    #: What the drivers read of the dialect (the close mapping: native's peers see every reason as it is).
+    spec: ClassVar[DialectSpec] = nc.SPEC
 
     def __init__(
         self,
@@ -168,6 +178,30 @@ class NativeConnection(NativePublishing):
     @property
     def max_inflight(self) -> int:
         return self.proto.max_inflight
+
+    def frame(self, data: bytes | str, binary: bool = False) -> Awaitable[None] | None:
+        """One WebSocket frame (the WebSocket driver's step): decoded by the shared codec, a common publish
+        submitted at once when nothing asks to wait (:meth:`publish_nowait`: no coroutine), anything else
+        returned as :meth:`handle`'s coroutine for the driver to await. A frame that does not decode is
+        answered with its error (a fatal one ends the session, and the driver reads no more)."""
+        try:
+            cmd = self.codec.decode(data)
+        except HubbubError as exc:
+            self.bad_input(exc)
+            return None
+        if type(cmd) is nc.Publish and self.publish_nowait(cmd):
+            return None
+        return self.handle(cmd)
+
+    def receiver(self, conn: object = None) -> Callable[[bytes | str, bool], Awaitable[None] | None]:
+        """The WebSocket driver's step: :meth:`frame` (native reads its frames itself, no ``conn``)."""
+        return self.frame
+
+    @property
+    def done(self) -> bool:
+        """The session ends or was kicked: the drivers read no more."""
+        sess = self.session
+        return bool(sess.ending or sess.kicked)
 
     async def handle(self, cmd: nc.Command) -> None:
         self.last_recv = time.monotonic()
@@ -268,16 +302,23 @@ class NativeConnection(NativePublishing):
         self.node.metrics.count_bad_input("native")
         self.proto.fatal(Disconnect.TIMEOUT, None)
 
-    def start(self, group: Lifetime | None = None) -> None:
+    def start(self, group: Lifetime | None = None, identity: Identity | None = None) -> None:
         """Start the writer task and the keepalive. Called once, before the first command. The writer is a
-        task of ``group``, the connection's lifetime, when given (the transports' handlers); :meth:`finish`
-        ends it either way."""
+        task of ``group``, the connection's lifetime, when given (the drivers); :meth:`finish` ends it either
+        way. ``identity`` is unused: a native connection logs in with its ``hello`` (the session is attached
+        then), with the upgrade's token where ``hello`` has none."""
         run = self._pump.run()
         self._writer = group.create_task(run) if group is not None else asyncio.ensure_future(run)
         Keepalive.for_interval(self.ping_interval).add(self)
 
-    async def finish(self) -> None:
-        """The peer is gone: detach from the node and stop the writer and the keepalive."""
+    async def finish(self, close_wait_s: float = 10.0) -> None:
+        """The reader is done: a pending close (a fatal error, a kick) goes out first, for at most
+        ``close_wait_s`` (none once the handler was cancelled); then the session leaves the node, and the
+        writer and the keepalive stop."""
+        sess = self.session
+        if (sess.ending or sess.kicked) and self._writer is not None and grace_left():
+            with contextlib.suppress(TimeoutError):  # the writer is cancelled below
+                await asyncio.wait_for(self.wait_written(), close_wait_s)
         Keepalive.for_interval(self.ping_interval).discard(self)
         if self._consumers is not None:
             self._consumers.close()  # their batches are redelivered at once

@@ -45,9 +45,9 @@ class NativePublishing:
     def publish_nowait(self, cmd: nc.Publish) -> bool:
         """Submit a publish at once when nothing asks to wait; False means call :meth:`handle` instead.
 
-        The common case of the hot path: no coroutine, no closure, one request object per publish.
+        The common case of the hot path: no coroutine, no closure, one request object per publish. (The
+        WebSocket driver, its one caller, marks the connection heard for each frame: keepalive, native.md §2.)
         """
-        self.last_recv = time.monotonic()  # a publishing client is not silent (keepalive, native.md §2)
         proto = self.proto
         if (
             proto.phase is not _OPEN

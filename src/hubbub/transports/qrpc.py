@@ -25,11 +25,12 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
+from prometheus_client import CollectorRegistry
 
 from hubbub.core.api import ConsumerService, Core, GroupMember
 from hubbub.dialects import qpubs as qpd
@@ -39,13 +40,14 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult
 from hubbub.selection import LIVE
 
+from .binding import Mounted, Wiring
 from .http import HttpSettings
 from .lifetime import Lifetime
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
+from .qpubs_http import QpubsHttp
 from .qrpc_subs import QrpcSubscriptions
-from .stream_driver import StreamIO, serve_stream
+from .stream_driver import WRITE_TIMEOUT_S, StreamIO, serve_stream
 from .stream_listener import Accepted, StreamListener
-from .tcp import WRITE_TIMEOUT_S
 from .wire import DialectWire, no_reply
 
 __all__ = ["QrpcEncoder", "QrpcService", "QrpcWire", "serve_qrpc"]
@@ -410,3 +412,50 @@ async def serve_qrpc(
     )
     await listener.start(host, port)
     return listener
+
+
+# -- the binding ---------------------------------------------------------------------------------------------
+
+
+class QpubsMounted(Mounted):
+    """qpubs on a node: its HTTP routes (a route module), and the qrpc TCP listener
+    (``qpubs.qrpc_listen``) once the HTTP listener is up."""
+
+    def __init__(self, http: QpubsHttp, settings: QpubsSettings) -> None:
+        super().__init__(qpd.SPEC, http.install)
+        self.http = http
+        self.settings = settings
+        self.qrpc: QrpcService | None = None
+
+    async def started(self, wiring: Wiring, metrics: CollectorRegistry) -> None:
+        cfg = wiring.config
+        qrpc = self.qrpc = QrpcService(wiring.node, wiring.consumers, self.settings, wiring.http)
+
+        async def start(host: str, port: int) -> StreamListener:
+            return await serve_qrpc(
+                host,
+                port,
+                qrpc,
+                first_message_timeout_s=cfg.tcp.first_message_timeout_s,
+                ssl_context=wiring.ssl_context,
+                write_timeout=cfg.limits.write_timeout_s,
+            )
+
+        await self.listen("qrpc", "qpubs.qrpc_listen", wiring, start)
+
+    def connections(self) -> Iterable[asyncio.Task[None]]:
+        qrpc = list(self.qrpc.connections) if self.qrpc is not None else []
+        return qrpc + list(self.http.connections)
+
+
+async def mount(w: Wiring) -> Mounted:
+    """qpubs' binding (``qpubs.SPEC``): its settings from the ``qpubs`` section."""
+    cfg = w.config.section(qpd.QpubsConfig)
+    settings = QpubsSettings(
+        separator=cfg.separator,
+        heartbeat_s=cfg.heartbeat_s,
+        batch_bytes=cfg.batch_bytes,
+        batch_wait_ms=cfg.batch_wait_ms,
+        auth=w.auth("qpubs"),
+    )
+    return QpubsMounted(QpubsHttp(w.node, w.consumers, settings, w.http), settings)

@@ -13,7 +13,10 @@ socket, makes the TLS handshake and holds the first-message deadline) hands each
 * tells the listener the first complete message came (``Accepted.heard``);
 * runs every task of the connection in one :class:`~hubbub.transports.lifetime.Lifetime`, ends the wire
   (its pending close goes out) and closes the socket on every path, cancellation included
-  (:func:`~hubbub.transports.tcp.close_stream`): no socket outlives its connection.
+  (:func:`close_stream`): no socket outlives its connection.
+
+Every byte-stream connection writes through :func:`drain` (the write timeout) and ends through
+:func:`close_stream`.
 
 Concurrency contract: called from the event loop thread; one reader per connection.
 """
@@ -27,10 +30,70 @@ from typing import Protocol
 from hubbub.core.api import Core, Session
 
 from .lifetime import Lifetime
+from .pump import WriteTimeout, grace_left, io_failed
 from .stream_listener import Accepted
-from .tcp import close_stream, drain
 
-__all__ = ["Opener", "StreamIO", "StreamWire", "serve_stream"]
+__all__ = [
+    "CLOSE_WAIT_S",
+    "WRITE_TIMEOUT_S",
+    "Opener",
+    "StreamIO",
+    "StreamWire",
+    "close_stream",
+    "drain",
+    "serve_stream",
+]
+
+#: Seconds a closing connection may take to send what it still has (the last frames, a slow consumer's
+#: error) before its socket is aborted: a peer that stopped reading must not hold the socket, nor keep the
+#: server from shutting down.
+CLOSE_WAIT_S = 5.0
+#: Seconds a write may wait for a peer that stopped reading before the connection is aborted: the default of
+#: ``limits.write_timeout_s``, which the server gives every TCP listener.
+WRITE_TIMEOUT_S: float = 30.0
+
+
+async def drain(writer: asyncio.StreamWriter, limit_s: float = WRITE_TIMEOUT_S) -> None:
+    """``writer.drain()``, aborting the connection when the peer has not read for ``limit_s`` seconds
+    (:class:`~hubbub.transports.pump.WriteTimeout`, which the write loop counts). The timer is set only when
+    the transport's buffer is over its high-water mark (a drain that would wait): the common write costs
+    nothing more. Every TCP listener's writes (native, mist, qrpc) go through it."""
+    transport = writer.transport
+    if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]:
+        await writer.drain()
+        return
+    try:
+        await asyncio.wait_for(writer.drain(), limit_s)
+    except TimeoutError:
+        transport.abort()
+        raise WriteTimeout("the peer read nothing within the write timeout") from None
+
+
+async def close_stream(
+    writer: asyncio.StreamWriter, node: Core | None, dialect: str, session_id: str, what: str = "close"
+) -> None:
+    """Close a TCP connection's socket, on every path: ``close()`` (what is buffered still goes out), up to
+    :data:`CLOSE_WAIT_S` for the peer to take it, else ``abort()``. A connection whose task is being cancelled
+    (a stopping server cancels those that outlast its grace period) is aborted at once, and so is one whose
+    wait is cancelled. Every TCP listener's connection (native, mist, qrpc) ends through it, last in its
+    handler's ``finally``, so no socket outlives its handler's task: an unclosed one would only be found by
+    the garbage collector, as a ``ResourceWarning``, or never while its event loop runs."""
+    writer.close()
+    if not grace_left():
+        writer.transport.abort()
+        return
+    try:
+        await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S)
+    except BaseException as exc:
+        # Not closed yet (timed out, cancelled) or ended by an error (then a no-op). Only then: after a close
+        # that went through, CPython 3.11's abort() fails on the spent transport.
+        writer.transport.abort()
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return
+        if isinstance(exc, Exception):
+            io_failed(node, dialect, session_id, what, exc)
+            return
+        raise
 
 
 class StreamIO:

@@ -1,197 +1,216 @@
-"""Raw TCP listener for the native protocol (JSON lines or length-prefixed msgpack, by first byte), and what
-every TCP listener's connections share once accepted (:func:`drain`, :func:`close_stream`).
+"""The native dialect's byte streams (protocols/native.md §1): JSON lines or length-prefixed msgpack, by the
+first byte, on the byte-stream driver (:mod:`~hubbub.transports.stream_driver`).
 
 Admission, refusal and the first-message timeout are the stream listener's
-(:class:`~hubbub.transports.stream_listener.StreamListener`), as for every TCP dialect; here is what is
-native's: the framing picked by the first byte, the connection glue, the error 4009 of a refused socket.
+(:class:`~hubbub.transports.stream_listener.StreamListener`), the read loop, the close and the socket's end
+the driver's, as for every TCP dialect; here is what is native's: :class:`NativeStreams` (the listener's
+codecs and encoders, one per encoding, and each socket's :class:`NativeStreamWire`, a
+:class:`~hubbub.dialects.native.NativeStreamDecoder` feeding a
+:class:`~hubbub.transports.native.NativeConnection`), :func:`dispatch` (one read's publishes handed over as
+runs, with read-side back-pressure) and the error 4009 of a refused socket.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import ssl
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from hubbub.core.api import Core
+from prometheus_client import CollectorRegistry
+
+from hubbub.core.api import Core, Session
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 
+from .binding import Mounted, Wiring
+from .http import HttpSettings, native_codec, native_connection
 from .lifetime import Lifetime
-from .native import NativeConnection
-from .pump import WriteTimeout, grace_left, io_failed
+from .native import NativeConnection, NativeEncoder
+from .stream_driver import CLOSE_WAIT_S, WRITE_TIMEOUT_S, close_stream, drain, serve_stream
 from .stream_listener import KEEPALIVE, Accepted, StreamListener, keep_alive, peer_ip
 
 __all__ = [
     "CLOSE_WAIT_S",
     "KEEPALIVE",
     "WRITE_TIMEOUT_S",
+    "NativeStreamWire",
+    "NativeStreams",
     "close_stream",
     "dispatch",
     "drain",
     "keep_alive",
+    "mount",
     "peer_ip",
     "serve_native_tcp",
 ]
 
-log = logging.getLogger("hubbub.tcp")
-
 READ_CHUNK: Final = 256 * 1024
-#: Seconds a closing connection may take to send what it still has (the last frames, a slow consumer's
-#: error) before its socket is aborted: a peer that stopped reading must not hold the socket, nor keep the
-#: server from shutting down.
-CLOSE_WAIT_S = 5.0
-#: Seconds a write may wait for a peer that stopped reading before the connection is aborted: the default of
-#: ``limits.write_timeout_s``, which the server gives every TCP listener.
-WRITE_TIMEOUT_S: float = 30.0
 
 
-async def drain(writer: asyncio.StreamWriter, limit_s: float = WRITE_TIMEOUT_S) -> None:
-    """``writer.drain()``, aborting the connection when the peer has not read for ``limit_s`` seconds
-    (:class:`~hubbub.transports.pump.WriteTimeout`, which the write loop counts). The timer is set only when
-    the transport's buffer is over its high-water mark (a drain that would wait): the common write costs
-    nothing more. Every TCP listener's writes (native, mist, qrpc) go through it."""
-    transport = writer.transport
-    if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]:
-        await writer.drain()
-        return
-    try:
-        await asyncio.wait_for(writer.drain(), limit_s)
-    except TimeoutError:
-        transport.abort()
-        raise WriteTimeout("the peer read nothing within the write timeout") from None
+class NativeStreams:
+    """The native TCP listener's side of the byte-stream driver (its ``Opener``): the codecs of the
+    listener's connections, one per encoding, shared by all (a codec keeps no state of a connection: its
+    channel cache only maps raw channel text to canonical form, and its msgpack packer alone holds a 256 KiB
+    buffer), their session encoders (so their fan-out shares one rendering per encoding), and each socket's
+    wire once its first byte picks the framing. A write waits ``write_timeout`` seconds at most for a peer
+    that reads nothing."""
+
+    dialect: Final = "native"
+    read_chunk: Final = READ_CHUNK
+
+    def __init__(self, node: Core, settings: HttpSettings, write_timeout: float = WRITE_TIMEOUT_S) -> None:
+        self.node = node
+        self.settings = settings
+        self.write_timeout = write_timeout
+        self.codecs: dict[nc.Encoding, nc.NativeCodec] = {
+            enc: native_codec(enc, settings.max_frame, settings.codec_limits) for enc in ("json", "msgpack")
+        }
+        self.encoders = {enc: NativeEncoder(codec) for enc, codec in self.codecs.items()}
+
+    def refusal(self, first: bytes) -> bytes:
+        """Error 4009 in the framing the socket's first byte picks (none for another byte)."""
+        head = first[:1]
+        if head not in (b"{", b"\x00"):
+            return b""
+        codec = self.codecs["json" if head == b"{" else "msgpack"]
+        return codec.frame_for_stream(codec.encode_error(Disconnect.TOO_MANY_CONNECTIONS, None))
+
+    def open(self, first: bytes, acc: Accepted) -> NativeStreamWire | None:
+        """The wire of ``acc``, once its first byte is read: ``{`` JSON lines, ``0x00`` msgpack; another byte
+        gives a wire that closes at its first read without an answer (no framing to answer in)."""
+        if not first:
+            return None
+        head = first[:1]
+        enc: nc.Encoding | None = "json" if head == b"{" else "msgpack" if head == b"\x00" else None
+        s = self.settings
+        decoder = nc.NativeStreamDecoder(max_frame=s.max_frame, codecs=self.codecs, **s.codec_limits)
+        conn = self.connection(self.codecs[enc or "json"], acc.writer)
+        return NativeStreamWire(decoder, conn, live=enc is not None)
+
+    def connection(self, codec: nc.NativeCodec, writer: asyncio.StreamWriter) -> NativeConnection:
+        """One connection over ``writer`` in ``codec``'s framing."""
+        timeout = self.write_timeout
+
+        async def send(data: bytes) -> None:
+            # The prefix and the frame as two buffers: a batch frame can be a megabyte, not copied.
+            writer.writelines(codec.stream_parts(data))
+            await drain(writer, timeout)
+
+        async def send_many(frames: list[bytes]) -> None:
+            writer.write(codec.frames_for_stream(frames))
+            await drain(writer, timeout)
+
+        async def close(code: Disconnect) -> None:
+            writer.close()
+
+        encoder = self.encoders[codec.encoding]
+        conn = native_connection(self.node, codec, self.settings, send, close, send_many, encoder)
+        conn.peer = peer_ip(writer)
+        return conn
 
 
-async def close_stream(
-    writer: asyncio.StreamWriter, node: Core | None, dialect: str, session_id: str, what: str = "close"
-) -> None:
-    """Close a TCP connection's socket, on every path: ``close()`` (what is buffered still goes out), up to
-    :data:`CLOSE_WAIT_S` for the peer to take it, else ``abort()``. A connection whose task is being cancelled
-    (a stopping server cancels those that outlast its grace period) is aborted at once, and so is one whose
-    wait is cancelled. Every TCP listener's connection (native, mist, qrpc) ends through it, last in its
-    handler's ``finally``, so no socket outlives its handler's task: an unclosed one would only be found by
-    the garbage collector, as a ``ResourceWarning``, or never while its event loop runs."""
-    writer.close()
-    if not grace_left():
-        writer.transport.abort()
-        return
-    try:
-        await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S)
-    except BaseException as exc:
-        # Not closed yet (timed out, cancelled) or ended by an error (then a no-op). Only then: after a close
-        # that went through, CPython 3.11's abort() fails on the spent transport.
-        writer.transport.abort()
-        if isinstance(exc, ConnectionError | TimeoutError):
-            return
-        if isinstance(exc, Exception):
-            io_failed(node, dialect, session_id, what, exc)
-            return
-        raise
+class NativeStreamWire:
+    """One native TCP connection on the byte-stream driver (its ``StreamWire``): each read decoded whole by
+    the connection's :class:`~hubbub.dialects.native.NativeStreamDecoder` and handed over by :func:`dispatch`.
+    A wire that is not ``live`` (its first byte picked no framing) starts nothing and ends at its first
+    read. The connection ends on a fatal error (the decoder's or the connection's) or its session's end."""
+
+    __slots__ = ("_stop", "conn", "decoder", "live", "messages")
+
+    def __init__(self, decoder: nc.NativeStreamDecoder, conn: NativeConnection, *, live: bool) -> None:
+        self.decoder = decoder
+        self.conn = conn
+        self.live = live
+        #: Items decoded so far (frames and errors): the listener's first-message deadline ends at one.
+        self.messages = 0
+        self._stop = False
+
+    @property
+    def session(self) -> Session:
+        return self.conn.session
+
+    @property
+    def done(self) -> bool:
+        return self._stop or self.decoder.failed
+
+    def start(self, group: Lifetime) -> None:
+        if self.live:
+            self.conn.start(group)
+
+    async def feed(self, data: bytes) -> None:
+        items = self.decoder.feed_runs(data)
+        if items:
+            self.messages += len(items)
+        if await dispatch(self.conn if self.live else None, items):
+            self._stop = True
+
+    async def finish(self) -> None:
+        if self.live:
+            await self.conn.finish(CLOSE_WAIT_S)
 
 
 async def serve_native_tcp(
     host: str,
     port: int,
-    make_connection: Callable[[nc.NativeCodec, asyncio.StreamWriter], NativeConnection],
-    max_frame: int,
+    streams: NativeStreams,
     on_connection: Callable[[asyncio.Task[None]], None],
-    limits: dict[str, int],
     *,
-    node: Core,
     first_message_timeout_s: float,
     ssl_context: ssl.SSLContext | None = None,
 ) -> StreamListener:
-    """Start the listener. ``make_connection`` builds the connection glue once the framing is known.
+    """Start the listener; each socket runs on the byte-stream driver with ``streams``.
 
     With ``ssl_context`` the listener speaks TLS. Every socket is admitted by the node's limiter at accept
     (``limits.max_connections``, ``limits.max_connections_per_ip``): a refused one gets error 4009 in the
     framing its first byte picks (on a TLS listener, a close), and one that has not sent its first frame
     within ``first_message_timeout_s`` is closed (the stream listener's rules).
-
-    Every connection of the listener shares one codec per encoding: a codec keeps no state of a connection
-    (its channel cache only maps raw channel text to canonical form), and its msgpack packer alone holds a
-    256 KiB buffer.
     """
-    codecs: dict[nc.Encoding, nc.NativeCodec] = {
-        enc: nc.NativeCodec(
-            enc,
-            max_frame=max_frame,
-            max_channel_bytes=limits["max_channel_bytes"],
-            max_tags=limits["max_tags"],
-            max_tag_bytes=limits["max_tag_bytes"],
-            max_headers=limits["max_headers"],
-            max_header_bytes=limits["max_header_bytes"],
-        )
-        for enc in ("json", "msgpack")
-    }
-
-    def refusal(first: bytes) -> bytes:
-        """Error 4009 in the framing the socket's first byte picks (none for another byte)."""
-        head = first[:1]
-        if head not in (b"{", b"\x00"):
-            return b""
-        codec = codecs["json" if head == b"{" else "msgpack"]
-        return codec.frame_for_stream(codec.encode_error(Disconnect.TOO_MANY_CONNECTIONS, None))
 
     async def serve(acc: Accepted) -> None:
-        async with Lifetime() as group:
-            await _serve(acc, group)
-
-    async def _serve(acc: Accepted, group: Lifetime) -> None:
-        """One connection, its writer a task of ``group`` (the connection's lifetime)."""
-        reader, writer = acc.reader, acc.writer
-        decoder = nc.NativeStreamDecoder(max_frame=max_frame, codecs=codecs, **limits)
-        conn: NativeConnection | None = None
-        try:
-            while True:
-                data = await reader.read(READ_CHUNK)
-                if not data:
-                    break
-                items = decoder.feed_runs(data)
-                if items:
-                    acc.heard()
-                if conn is None and decoder.encoding is not None:
-                    conn = make_connection(decoder.codec, writer)
-                    conn.start(group)
-                if await dispatch(conn, items) or decoder.failed:
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            log.exception("native TCP connection failed")
-        finally:
-            # Each step in a finally of its own: a cancellation (a stopping server) must not skip the
-            # session's detach nor the socket's close.
-            try:
-                if conn is not None:
-                    try:
-                        if (conn.session.ending or conn.session.kicked) and grace_left():
-                            with contextlib.suppress(TimeoutError):
-                                await asyncio.wait_for(conn.wait_written(), CLOSE_WAIT_S)
-                    finally:
-                        await conn.finish()
-            finally:
-                await close_stream(
-                    writer, conn.node if conn else None, "native", conn.session.id if conn else ""
-                )
+        await serve_stream(acc, streams)
 
     listener = StreamListener(
-        node,
+        streams.node,
         "native",
         serve,
         on_connection,
         first_message_timeout_s=first_message_timeout_s,
         ssl_context=ssl_context,
-        refusal=refusal,
-        reader_limit=max_frame + 1024,
+        refusal=streams.refusal,
+        reader_limit=streams.settings.max_frame + 1024,
     )
     await listener.start(host, port)
     return listener
+
+
+class NativeMounted(Mounted):
+    """The native dialect's binding on a node: its TCP listener (``native.tcp_listen``), started once the
+    HTTP listener is up. Its WebSocket route, HTTP API and SSE stream are the node's base, installed with
+    ``/healthz`` and ``/metrics`` by :func:`~hubbub.transports.http.build_app` whatever ``native.enabled``
+    says (federation links from below speak native over the WebSocket)."""
+
+    async def started(self, wiring: Wiring, metrics: CollectorRegistry) -> None:
+        cfg = wiring.config
+        streams = NativeStreams(wiring.node, wiring.http, cfg.limits.write_timeout_s)
+
+        async def start(host: str, port: int) -> StreamListener:
+            return await serve_native_tcp(
+                host,
+                port,
+                streams,
+                wiring.track,
+                first_message_timeout_s=cfg.tcp.first_message_timeout_s,
+                ssl_context=wiring.ssl_context,
+            )
+
+        await self.listen("native", "native.tcp_listen", wiring, start)
+
+
+async def mount(w: Wiring) -> Mounted:
+    """The native dialect's binding (``native.SPEC``): its TCP listener, from the ``native`` section."""
+    return NativeMounted(nc.SPEC, None)
 
 
 async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -> bool:

@@ -34,11 +34,13 @@ import logging
 import re
 import secrets
 import string
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hubbub.auth import ANONYMOUS
@@ -55,7 +57,8 @@ from hubbub.federation import (
     forwards_to,
 )
 
-from .wearscript import ABOVE_HEADER, DIALECT, HUB_HEADER, WearscriptService, serve
+from .binding import Mounted, Wiring
+from .wearscript import ABOVE_HEADER, DIALECT, HUB_HEADER, WearscriptService, WearscriptSettings, serve
 
 __all__ = [
     "LinkEncoder",
@@ -301,3 +304,45 @@ class WearscriptLinkCollector:
         ev.add_metric([link.peer, "up"], link.encoder.forwarded)
         ev.add_metric([link.peer, "down"], link.received_total)
         yield ev
+
+
+# -- the binding ---------------------------------------------------------------------------------------------
+
+
+class WearscriptMounted(Mounted):
+    """WearScript on a node: the hub, and its link up (``wearscript.upstream``) once the HTTP listener is
+    up."""
+
+    def __init__(self, service: WearscriptService) -> None:
+        super().__init__(wsd.SPEC, service.install)
+        self.service = service
+        #: The link up to a WearScript hub (``wearscript.upstream``).
+        self.upstream: WearscriptUpstream | None = None
+
+    async def started(self, wiring: Wiring, metrics: CollectorRegistry) -> None:
+        cfg = wiring.config.section(wsd.WearscriptConfig)
+        if not cfg.upstream:
+            return
+        if cfg.group_device == wsd.WearscriptConfig().group_device:
+            log.warning("linked WearScript hubs should each have their own wearscript.group_device")
+        self.upstream = WearscriptUpstream(self.service, str(cfg.upstream))
+        metrics.register(WearscriptLinkCollector(self.upstream))
+
+    def links(self) -> Iterable[AbstractAsyncContextManager[object]]:
+        return () if self.upstream is None else (self.upstream,)
+
+    def close(self) -> None:
+        self.service.close()
+
+
+async def mount(w: Wiring) -> Mounted:
+    """WearScript's binding (``wearscript.SPEC``): the hub from the ``wearscript`` section."""
+    cfg = w.config.section(wsd.WearscriptConfig)
+    settings = WearscriptSettings(
+        group_device=cfg.group_device,
+        test_handler=cfg.test_handler,
+        hub_channels=tuple(str(c) for c in cfg.hub_channels),
+        advertise_foreign=cfg.advertise_foreign,
+        auth=w.auth("wearscript"),
+    )
+    return WearscriptMounted(WearscriptService(w.node, settings, w.http))

@@ -37,7 +37,7 @@ from hubbub.auth import Identity
 from hubbub.channels import parse_pattern
 from hubbub.core.api import Core, Encoder, Overflow, ReplayPlan, Session
 from hubbub.dialects import actions as a
-from hubbub.dialects.spec import DialectSpec
+from hubbub.dialects.spec import DialectSpec, FrameConnection
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
 from hubbub.events import Publisher
@@ -201,6 +201,16 @@ class DialectWire:
             t.cancel()
         for t in list(self._tasks):
             await stopped(t, self.node, sess.dialect, sess.id)
+
+    def receiver(self, conn: FrameConnection | None) -> Callable[[bytes | str, bool], Awaitable[None]]:
+        """The WebSocket driver's step for one frame: ``conn``'s actions, carried out by :meth:`run`."""
+        assert conn is not None, "a dialect wire reads its frames through its connection"
+        run, receive = self.run, conn.receive_frame
+
+        def step(frame: bytes | str, binary: bool) -> Awaitable[None]:
+            return run(receive(frame, binary))
+
+        return step
 
     # -- actions ------------------------------------------------------------------------------------------
 

@@ -2,14 +2,17 @@
 (ARCHITECTURE §2).
 
 A dialect's route handler checks the upgrade (:func:`upgradable`), authenticates it and prepares the
-socket, builds its :class:`~hubbub.transports.wire.DialectWire` and sans-I/O connection
+socket, builds its wire (a :class:`FrameWire`: a :class:`~hubbub.transports.wire.DialectWire`, or native's
+:class:`~hubbub.transports.native.NativeConnection`) and its sans-I/O connection
 (:class:`~hubbub.dialects.spec.FrameConnection`) and hands both to :func:`run_websocket`, which:
 
 * runs every task of the connection (its write loop, its keepalive) in one
   :class:`~hubbub.transports.lifetime.Lifetime`;
 * reads the frames one at a time, only while the connection's replies have room
-  (:class:`~hubbub.transports.backpressure.Messages`), and hands each text or binary frame to the
-  connection, whose actions the wire carries out before the next frame is read; pings are answered;
+  (:class:`~hubbub.transports.backpressure.Messages`), and hands each text or binary frame to the wire's
+  receiver (the connection's actions, carried out before the next frame is read; a frame the wire took
+  without waiting, native's common publish, costs no coroutine); pings are answered; a frame is not kept
+  while the next is awaited (an idle connection would hold its last one, up to ``max_frame`` bytes);
 * counts a frame aiohttp refused as too large (it sent close 1009 itself, protocols README §9) as bad input
   and a refused ``max_frame``;
 * pings every ``ping_interval_s`` and closes 1001 after ``read_timeout_s`` of silence (README §8), where
@@ -25,22 +28,62 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeAlias
 
 from aiohttp import WSMsgType, web
 
 from hubbub.auth import Identity
-from hubbub.dialects.spec import FrameConnection
+from hubbub.core.api import Core, Session
+from hubbub.dialects.spec import DialectSpec, FrameConnection
 from hubbub.disconnect import Disconnect
 
 from .backpressure import Messages, Socket
 from .lifetime import Lifetime
-from .pump import keepalive, quietly
-from .wire import DialectWire
+from .pump import keepalive, quietly, stopped
 
-__all__ = ["Keepalive", "run_websocket", "upgradable"]
+__all__ = ["FrameWire", "Keepalive", "Receiver", "run_websocket", "upgradable"]
 
 #: A keepalive's ``(ping_interval_s, read_timeout_s)``.
 Keepalive = tuple[float, float]
+#: A wire's step for one frame (``frame``, ``binary``): None when it was carried out already, else what to
+#: await before the next frame is read.
+Receiver: TypeAlias = Callable[[bytes | str, bool], Awaitable[None] | None]
+
+
+class FrameWire(Protocol):
+    """One WebSocket connection as the driver runs it: a dialect's
+    :class:`~hubbub.transports.wire.DialectWire`, or a binding's own (native's connection, whose hot path
+    takes a common publish without a coroutine)."""
+
+    @property
+    def session(self) -> Session: ...
+
+    @property
+    def node(self) -> Core: ...
+
+    @property
+    def spec(self) -> DialectSpec: ...
+
+    @property
+    def done(self) -> bool:
+        """The connection ends: read no more."""
+        ...
+
+    #: Monotonic time of the last frame received (keepalives).
+    last_recv: float
+
+    def start(self, group: Lifetime, identity: Identity | None) -> None:
+        """Bind ``identity`` (None: none yet) and start the connection's tasks in ``group``."""
+        ...
+
+    def receiver(self, conn: FrameConnection | None) -> Receiver:
+        """The step that carries out one frame (through ``conn``, the sans-I/O connection, where the wire
+        takes one)."""
+        ...
+
+    async def finish(self) -> None:
+        """The reader is done: a pending close goes out, the session leaves the node, the tasks stop."""
+        ...
 
 
 def upgradable(
@@ -68,8 +111,8 @@ def upgradable(
 
 async def run_websocket(
     ws: Socket,
-    wire: DialectWire,
-    conn: FrameConnection,
+    wire: FrameWire,
+    conn: FrameConnection | None,
     identity: Identity | None,
     *,
     keepalive_s: Keepalive | None = None,
@@ -78,22 +121,28 @@ async def run_websocket(
 ) -> None:
     """Run one connection over the open ``ws`` until it ends; the socket is closed on return. ``started``
     runs once the session is attached (a greeting), ``finishing`` once the reader is done, before the
-    session leaves the node (departure notices, rosters)."""
+    session leaves the node (departure notices, rosters). ``conn`` is None for a wire that reads frames
+    itself (native)."""
     sess = wire.session
     try:
         async with Lifetime() as group:
             wire.start(group, identity)
             if started is not None:
                 await started()
+            alive: asyncio.Task[None] | None = None
             if keepalive_s is not None:
                 interval, silence = keepalive_s
-                wire.spawn(keepalive(wire, sess, wire.node, sess.dialect, ws.ping, interval, silence))
+                ping = keepalive(wire, sess, wire.node, sess.dialect, ws.ping, interval, silence)
+                alive = group.create_task(ping)
             try:
-                await _read(ws, wire, conn)
+                await _read(ws, wire, wire.receiver(conn))
             finally:
                 if finishing is not None:
                     finishing()
                 await wire.finish()
+                if alive is not None:
+                    alive.cancel()
+                    await stopped(alive, wire.node, sess.dialect, sess.id)
     except (asyncio.CancelledError, ConnectionError):
         pass
     finally:
@@ -102,7 +151,7 @@ async def run_websocket(
             await quietly(lambda: ws.close(code=code), wire.node, sess.dialect, sess.id, "close")
 
 
-async def _read(ws: Socket, wire: DialectWire, conn: FrameConnection) -> None:
+async def _read(ws: Socket, wire: FrameWire, receive: Receiver) -> None:
     """The connection's frames to the dialect, one at a time, until it ends or the peer goes."""
     sess, node = wire.session, wire.node
     try:
@@ -110,7 +159,11 @@ async def _read(ws: Socket, wire: DialectWire, conn: FrameConnection) -> None:
             wire.last_recv = time.monotonic()
             kind = msg.type
             if kind is WSMsgType.TEXT or kind is WSMsgType.BINARY:
-                await wire.run(conn.receive_frame(msg.data, binary=kind is WSMsgType.BINARY))
+                pending = receive(msg.data, kind is WSMsgType.BINARY)
+                del msg  # not held while the next frame is awaited
+                if pending is not None:
+                    await pending
+                    del pending
             elif kind is WSMsgType.PING:
                 await ws.pong(msg.data)
             elif kind is not WSMsgType.PONG:
