@@ -21,7 +21,7 @@ from pathlib import Path
 
 from proto import Spec, nats_request
 
-__all__ = ["Server", "available", "free_port", "install_peers", "raise_nofile", "start"]
+__all__ = ["Server", "available", "children", "free_port", "install_peers", "raise_nofile", "start"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,6 +102,27 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) 
     raise RuntimeError(f"nothing listens on {port} after {timeout}s")
 
 
+def _cpu_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (a multi-worker hubbub's workers)."""
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
 class Server:
     """One running server process and the temp dir it owns."""
 
@@ -116,13 +137,9 @@ class Server:
         return self.proc.pid
 
     def cpu_s(self) -> float:
-        """User + system CPU seconds of the server so far."""
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / _TICK
+        """User + system CPU seconds of the server so far: its process and its worker processes (a
+        multi-worker hubbub, ``--workers``)."""
+        return sum(_cpu_s(pid) for pid in (self.pid, *children(self.pid)))
 
     def rss(self) -> int:
         try:
@@ -187,7 +204,8 @@ def _hubbub(extra: list[str], data_dir: str | None = None, src: str | None = Non
     ports: dict[str, int] = {}
     deadline = time.monotonic() + 30
     try:
-        while time.monotonic() < deadline and not {"http", "native"} <= ports.keys():
+        started = False  # the server's "hubbub <version> started": every worker listens then
+        while time.monotonic() < deadline and not started:
             if proc.poll() is not None:
                 raise RuntimeError(f"hubbub exited with {proc.returncode}: {log.read_text()[-2000:]}")
             for line in log.read_text(errors="replace").splitlines():
@@ -195,8 +213,11 @@ def _hubbub(extra: list[str], data_dir: str | None = None, src: str | None = Non
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if rec.get("message") == "listening":
+                msg = rec.get("message")
+                if msg == "listening":
                     ports[rec["listener"]] = int(rec["address"].rsplit(":", 1)[1])
+                elif isinstance(msg, str) and msg.startswith("hubbub ") and msg.endswith(" started"):
+                    started = True
             time.sleep(0.05)
         if not {"http", "native"} <= ports.keys():
             raise RuntimeError(f"hubbub did not start: {log.read_text()[-2000:]}")
@@ -213,16 +234,22 @@ def _hubbub(extra: list[str], data_dir: str | None = None, src: str | None = Non
 
 
 def start(
-    target: str, durability: str = "commit", data_dir: str | None = None, src: str | None = None
+    target: str,
+    durability: str = "commit",
+    data_dir: str | None = None,
+    src: str | None = None,
+    workers: int = 1,
 ) -> Server:
     """Start ``target``: ``hubbub`` (memory store, durability none), ``hubbub-<durability>`` (SQLite),
     ``nats``, ``js`` (JetStream, file storage, stream ``B`` on ``js.>``), ``mosquitto``, ``redis`` or
     ``redis-aof-<fsync|commit|none>`` (append-only file with appendfsync always/everysec/no). A hubbub
-    server runs the package in ``src`` (default this checkout's ``src``: another one compares two trees)."""
+    server runs the package in ``src`` (default this checkout's ``src``: another one compares two trees), on
+    ``workers`` worker processes (``--workers``)."""
+    procs = ["--workers", str(workers)] if workers != 1 else []  # an older tree (src) may not know it
     if target == "hubbub":
-        return _hubbub(["--store", "memory", "--durability", "none"], src=src)
+        return _hubbub(["--store", "memory", "--durability", "none", *procs], src=src)
     if target.startswith("hubbub-"):
-        return _hubbub(["--durability", target.split("-", 1)[1]], data_dir, src)
+        return _hubbub(["--durability", target.split("-", 1)[1], *procs], data_dir, src)
     tmp = tempfile.mkdtemp(prefix=f"bench-{target}-")
     port = free_port()
     log = Path(tmp) / "server.log"

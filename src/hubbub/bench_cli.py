@@ -41,6 +41,13 @@ def add_bench_command(sub: Any) -> None:
     p.add_argument("--out", default=None, help="Markdown results file (default bench/RESULTS.md)")
     p.add_argument("--chart", default=None, help="PNG chart (default results.png beside --out)")
     p.add_argument("--json", default=None, help="also write the raw rows as JSON here")
+    p.add_argument(
+        "--workers",
+        default=None,
+        metavar="LIST",
+        help="instead of the suite: fan-out and persistent publish on a node of each of these worker "
+        "counts (comma list, e.g. 1,2; bench/workers_bench.py)",
+    )
     p.set_defaults(func=_bench)
 
 
@@ -49,6 +56,10 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"hubbub bench: needs a source checkout ({_BENCH_DIR} not found)", file=sys.stderr)
         return 2
     sys.path.insert(0, str(_BENCH_DIR))
+    if args.workers is not None:
+        workers = importlib.import_module("workers_bench")
+        code: int = workers.main(["--workers", args.workers, *(["--quick"] if args.quick else [])])
+        return code
     suite = importlib.import_module("suite")
     argv = [f for f in ("--peers", "--quick", "--smoke") if getattr(args, f[2:])]
     for opt in ("scenarios", "out", "chart", "json"):

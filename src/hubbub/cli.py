@@ -85,6 +85,8 @@ HELP = {
     "federation.token": "the token an upstream link presents when its URL has no ?token=",
     "federation.token_file": "a file holding that token, read at each connection (for renewed tokens)",
     "federation.accept": "take federation links from hubbub nodes below this one (true/false)",
+    "server.workers": "worker processes serving connections on the same ports, one log between them "
+    "(0: one per core this process may use; 1: one process, no workers)",
     "log_level": "debug, info, warning or error",
     "log_format": "text or json (one JSON object per line)",
 }
@@ -142,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
                 help=f"{section.SECTION}'s name for {flag_name(key)} "
                 f"[env {variables[key]}; the hubbub names win]",
             )
+    serve.add_argument(
+        "--workers",
+        dest="workers",
+        metavar="N",
+        default=None,
+        help=f"the same as {flag_name('server.workers')}",
+    )
     serve.set_defaults(func=_serve)
     try:
         from hubbub.cli_client import add_client_commands
@@ -164,6 +173,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     cli = {key: getattr(args, key) for key in KEYS}
     cli.update({flag: getattr(args, flag) for flag in ALIAS_FLAGS})
+    if args.workers is not None and cli["server.workers"] is None:
+        cli["server.workers"] = args.workers
     try:
         cfg = load_config(cli, config_file=args.config)
     except ConfigError as exc:
@@ -171,8 +182,13 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     setup_logging(cfg.logging.level, cfg.logging.format)
     try:
-        run(cfg, lambda: load_config(cli, config_file=args.config))
-    except (OSError, StorageError) as exc:
+        if cfg.server.workers != 1:
+            from hubbub.server_workers import run_workers
+
+            run_workers(cfg)
+        else:
+            run(cfg, lambda: load_config(cli, config_file=args.config))
+    except (OSError, StorageError, ConfigError) as exc:
         # One line, as for a port in use: a log held by another server (a second ``hubbub serve`` on the
         # same data_dir) or a database that cannot be reached is the operator's to fix, not a bug.
         print(f"hubbub serve: {exc}", file=sys.stderr)

@@ -53,6 +53,7 @@ __all__ = [
     "Secret",
     "SecretMap",
     "Section",
+    "ServerConfig",
     "StorageConfig",
     "TcpConfig",
     "TlsConfig",
@@ -196,6 +197,19 @@ class StorageConfig(Section):
     def validate(self, config: Config) -> None:
         if self.durability not in DURABILITY_MODES:
             raise ConfigError(f"durability: must be one of {', '.join(DURABILITY_MODES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig(Section):
+    """The node's processes (docs/operations.md "Workers")."""
+
+    SECTION: ClassVar[str] = "server"
+    #: Worker processes serving connections (0: one per core this process may use; 1: one process).
+    workers: int = 1
+
+    def validate(self, config: Config) -> None:
+        if self.workers < 0:
+            raise ConfigError("server.workers: must be 0 (one per core) or more")
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +409,7 @@ class Config:
     """The whole configuration: the core's sections, and the dialects' by section name."""
 
     storage: StorageConfig = field(default_factory=StorageConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)

@@ -30,6 +30,7 @@ from aiohttp import web
 from hubbub import __version__
 from hubbub.auth import Authenticator, TokenAuthorizer, load_keys, parse_static_tokens
 from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, RedisPresence, default_node_id
+from hubbub.cluster.delivery import OrderedDelivery
 from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import ConsumerService, Node, NodeSettings
 from hubbub.core.limits import LimitSettings
@@ -51,6 +52,8 @@ from hubbub.transports.stream_driver import CLOSE_WAIT_S
 from hubbub.transports.tls import reload_context, server_context
 from hubbub.transports.wearscript import WearscriptService
 from hubbub.transports.wearscript_link import WearscriptMounted, WearscriptUpstream
+from hubbub.workers.relay import WorkerRelay
+from hubbub.workers.remote import RemoteLogStore
 
 __all__ = [
     "GC_THRESHOLDS",
@@ -72,8 +75,17 @@ log = logging.getLogger("hubbub.server")
 class Server:
     """One hubbub node with all its listeners. See the module docstring."""
 
-    def __init__(self, config: Config, reload_config: Callable[[], Config] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        reload_config: Callable[[], Config] | None = None,
+        *,
+        worker: RemoteLogStore | None = None,
+    ) -> None:
         self.config = config
+        #: This server as one worker of a multi-worker node (``server.workers``, ``server_workers.py``): its
+        #: log is the owner's, through this store, and its relay brings the other workers' events.
+        self._worker = worker
         #: Re-reads the configuration on :meth:`reload` (the CLI's flags, environment and file).
         self._reload_config = reload_config
         self._ssl: ssl.SSLContext | None = None
@@ -139,6 +151,10 @@ class Server:
         r = cfg.retention
         retention = RetentionPolicy(r.max_age_s, r.max_events, r.max_bytes, r.max_total_bytes)
         loop = asyncio.get_running_loop()
+        if self._worker is not None:  # the parent holds the data directory and the store
+            relay = WorkerRelay(self._worker, gap_wait_s=cfg.cluster.gap_wait_s)
+            await self._start(self._worker, relay)
+            return
         if cfg.storage.store != "memory":
             self._dir_lock = lock_data_dir(cfg.storage.data_dir)
         try:
@@ -154,7 +170,15 @@ class Server:
         except StorageError as exc:
             # Said where: the operator's next step depends on which directory or database it is.
             raise StorageError(f"cannot open the log ({store_place(cfg)}): {exc}") from None
+        await self._start(store, None)
+
+    async def _start(self, store: LogStore, relay: WorkerRelay | None) -> None:
+        """:meth:`start` on an open ``store``; ``relay``: a worker's (its store is the owner's)."""
+        cfg = self.config
+        r = cfg.retention
+        retention = RetentionPolicy(r.max_age_s, r.max_events, r.max_bytes, r.max_total_bytes)
         broker = self._broker = build_broker(cfg, store) if cfg.cluster.broker else None
+        delivery: OrderedDelivery | None = broker or relay
         lim = cfg.limits
         if cfg.native.max_recovery:
             log.warning("native.max_recovery is deprecated and ignored: recovery from the log has no limit")
@@ -171,10 +195,10 @@ class Server:
             store,
             settings,
             TokenAuthorizer() if token else None,
-            new_epochs=cfg.storage.durability == "none",
+            new_epochs=cfg.storage.durability == "none" and relay is None,  # a worker's owner started them
             authenticator=build_authenticator(cfg) if token else None,
             limits=lim_settings,
-            view=None if broker is None else ClusterView(store, broker),
+            view=None if delivery is None else ClusterView(store, delivery),
         )
         if cfg.tls.cert:
             self._ssl = server_context(cfg.tls.cert, cfg.tls.key)
@@ -183,7 +207,11 @@ class Server:
         if broker is not None:
             # Left after the node: its last commits go to the other nodes too.
             stack.push_async_callback(broker.close)
+        if relay is not None:
+            stack.push_async_callback(relay.close)  # left after the node, as the broker
         await stack.enter_async_context(node)
+        if relay is not None:
+            await relay.start(node)  # before any listener, as the broker
         if broker is not None:
             await broker.start(node)  # before any listener: the node delivers from the log's heads on
             stack.push_async_callback(broker.sequencer.close)  # no more fills: the store closes with the node
@@ -252,6 +280,9 @@ class Server:
                 await stack.enter_async_context(dialect_link)
         for link in self.upstreams:
             await stack.enter_async_context(link)
+        if relay is not None:  # the parent says when the node started, once every worker did
+            log.info("worker %d started", relay.worker, extra={"worker": relay.worker})
+            return
         log.info(
             "hubbub %s started",
             __version__,
@@ -491,31 +522,48 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def _serve(config: Config, reload_config: Callable[[], Config] | None = None) -> str | None:
-    """Serve until a signal (``None``) or until a component's failure stops the node (that failure)."""
+async def _serve(
+    config: Config,
+    reload_config: Callable[[], Config] | None = None,
+    *,
+    worker: RemoteLogStore | None = None,
+    started: Callable[[], None] | None = None,
+) -> str | None:
+    """Serve until a signal (``None``) or until a component's failure stops the node (that failure).
+    ``worker``: as one worker of a multi-worker node (:class:`Server`); ``started`` is called once every
+    listener accepts."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    async with Server(config, reload_config) as server:
+    async with Server(config, reload_config, worker=worker) as server:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, server.reload)
         tune_gc()
+        if started is not None:
+            started()
         failed = await server.wait(stop)
         log.info("shutting down" if failed is None else f"shutting down: {failed} failed")
     return failed
 
 
-def run(config: Config, reload_config: Callable[[], Config] | None = None) -> None:
+def run(
+    config: Config,
+    reload_config: Callable[[], Config] | None = None,
+    *,
+    worker: RemoteLogStore | None = None,
+    started: Callable[[], None] | None = None,
+) -> None:
     """Run a server until SIGTERM or SIGINT (the ``hubbub serve`` command); SIGHUP reloads keys and
     certificates, through ``reload_config`` when given. A component's failure that stops the node
-    (``core/supervisor.py``) shuts it down the same way, then exits with status 1."""
+    (``core/supervisor.py``) shuts it down the same way, then exits with status 1. ``worker`` and
+    ``started``: as :func:`_serve` (a worker process, ``hubbub/server_workers.py``)."""
     try:
         import uvloop
 
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a default dependency on POSIX
         runner = asyncio.run
-    if runner(_serve(config, reload_config)) is not None:
+    if runner(_serve(config, reload_config, worker=worker, started=started)) is not None:
         raise SystemExit(1)

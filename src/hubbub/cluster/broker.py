@@ -36,10 +36,8 @@ import logging
 import os
 import secrets
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +51,7 @@ from hubbub.events import Event
 from hubbub.log.base import ChannelInfo, LogMark, LogStore
 
 from . import wire
-from .sequencer import Sequencer
+from .delivery import OrderedDelivery
 
 if TYPE_CHECKING:
     from hubbub.core import Node
@@ -87,27 +85,17 @@ class BrokerSettings:
     catch_up_s: float = 2.0
 
 
-class RedisBroker:
+class RedisBroker(OrderedDelivery):
     """See the module docstring. ``store`` is the node's log (the real one, not a view)."""
 
     def __init__(self, settings: BrokerSettings, store: LogStore) -> None:
+        super().__init__(store, gap_wait_s=settings.gap_wait_s, catch_up_s=settings.catch_up_s)
         self.settings = settings
         self.node_id = settings.node_id
         #: This process in the messages it sends (``wire``): the node id and a random instance token.
         self.sender = f"{settings.node_id}/{secrets.token_hex(4)}"
         self._twin_warned = False
-        self.store = store
-        self._node: Node | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._reads = ThreadPoolExecutor(2, thread_name_prefix="hubbub-cluster-reader")
-        self.sequencer: Sequencer[Session] = Sequencer(
-            self._deliver,
-            self._read,
-            self._head,
-            self._lost,
-            self._interested,
-            gap_wait=settings.gap_wait_s,
-        )
+        self.store: LogStore = store
         retry = Retry(NoBackoff(), 0)  # no silent reconnects: an outage must be seen, to catch up after it
         opts: dict[str, Any] = {
             "socket_connect_timeout": 2.0,
@@ -124,7 +112,6 @@ class RedisBroker:
         #: The receive, publish and watch loops (restarted should one fail): the node's supervision once
         #: :meth:`start` has it.
         self._tasks = Supervisor("broker")
-        self._closed = False
         self.up = False
         self._changed = time.monotonic()
         #: The log's mark when its heads were last compared (seed or catch-up): every channel committed to
@@ -147,10 +134,8 @@ class RedisBroker:
     async def start(self, node: Node) -> None:
         """Subscribe (or note that Redis is away), read the log's heads, attach to ``node`` and start the
         tasks. Call before the node's listeners start: nothing is delivered before the heads are read."""
-        self._node = node
-        self._loop = asyncio.get_running_loop()
+        self.attach(node)
         self._tasks = Supervisor("broker", node.supervision)
-        self.sequencer.supervise(node.supervision)
         try:
             await self._subscribe()
         except (RedisError, OSError) as exc:
@@ -187,7 +172,7 @@ class RedisBroker:
                 )
         self._closed = True
         await self._tasks.aclose()
-        await self.sequencer.close()
+        await self.close_delivery()
         await self._drop_pubsub()
         for client in (self._pub, self._sub):
             try:
@@ -196,8 +181,6 @@ class RedisBroker:
                 self._tasks.supervision.note("broker", "closing a Redis client", exc, "ignored")
         if self._node is not None and self._node.relay is self:
             self._node.relay = None
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._reads.shutdown, True)
 
     def _set_up(self, up: bool) -> None:
         changed = up != self.up
@@ -231,45 +214,7 @@ class RedisBroker:
         else:
             self._mark_dirty(ev for _, ev in events)
 
-    def _deliver(self, ev: Event, origin: Session | None) -> None:
-        node = self._node
-        if node is not None:
-            node.fan_out(ev, origin)
-            if node.consumers is not None:  # live exclusive groups take every node's events from here
-                node.consumers.released(ev)
-
-    def _interested(self, channel: str) -> bool:
-        node = self._node
-        if node is None:
-            return False
-        if node.matching(channel) or (node.consumers is not None and node.consumers.has_groups):
-            return True
-        # Subscriptions with tags match only events that carry them: any such one on the channel counts.
-        return any(
-            s.tags and s.pattern.matches(channel) for sess in node.sessions for s in node.subscriptions(sess)
-        )
-
-    def _lost(self, channel: str) -> None:
-        """Events of ``channel`` were trimmed before they could be delivered here: close the connections
-        subscribed to it as slow consumers, so they resume from their position and get an explicit gap."""
-        node = self._node
-        if node is None:
-            return
-        for sess in node.sessions:
-            if any(s.pattern.matches(channel) for s in node.subscriptions(sess)):
-                sess.kick(sess.slow_close_code)
-
     # -- log reads (own threads) ----------------------------------------------------------------------------
-
-    async def _read(self, channel: str, epoch: str, after: int, limit: int) -> list[Event]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._reads, lambda: self.store.read(channel, after, limit, epoch=epoch)
-        )
-
-    async def _head(self, channel: str) -> ChannelInfo:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reads, self.store.head, channel)
 
     async def _changed_heads(self, since: LogMark | None) -> tuple[LogMark, list[ChannelInfo]]:
         """The log's mark and the heads of the channels committed to after ``since`` (None: of every
@@ -353,42 +298,6 @@ class RedisBroker:
                     behind = t
             except Exception as exc:  # the log away: try again next interval
                 self._tasks.supervision.note("broker", "watching the log", exc, "tried again next interval")
-
-    def position(self, channel: str, epoch: str, top: int) -> int:
-        """How far (``<= top``) this node delivered the channel's epoch ``epoch``, waiting a moment for it
-        to deliver up to ``top`` (a position the log holds) first. From a log reader thread (a replay's
-        snapshot): never from the loop. The writer thread does not wait."""
-        return self.positions([(channel, epoch, top)])[0]
-
-    def positions(self, wanted: Sequence[tuple[str, str, int]]) -> list[int]:
-        """:meth:`position` of several channels, waiting for all of them at once (one ``catch_up_s`` in
-        all, however many lag)."""
-        seq = self.sequencer
-        out = [_capped(seq.released(ch), ep, top) for ch, ep, top in wanted]
-        behind = [i for i, (_, _, top) in enumerate(wanted) if out[i] < top]
-        loop = self._loop
-        if (
-            not behind
-            or loop is None
-            or self._closed
-            or threading.current_thread().name.startswith("hubbub-log-writer")
-            or _on_loop(loop)
-        ):
-            return out
-        wait_s = self.settings.catch_up_s
-
-        async def catch_up() -> None:
-            await asyncio.gather(*(seq.catch_up(*wanted[i], wait_s) for i in behind))
-
-        fut = asyncio.run_coroutine_threadsafe(catch_up(), loop)
-        try:
-            fut.result(wait_s + 1.0)
-        except Exception:
-            fut.cancel()
-        for i in behind:
-            ch, ep, top = wanted[i]
-            out[i] = _capped(seq.released(ch), ep, top)
-        return out
 
     # -- Redis: receiving --------------------------------------------------------------------------------
 
@@ -540,16 +449,3 @@ class RedisBroker:
             "unannounced_channels": len(self._dirty),
             **self.sequencer.statistics(),
         }
-
-
-def _capped(released: tuple[str, int] | None, epoch: str, top: int) -> int:
-    if released is None or released[0] != epoch:
-        return 0
-    return min(released[1], top)
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False

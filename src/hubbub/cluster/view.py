@@ -6,7 +6,8 @@ because the node fans out in commit order. In a cluster, the log may hold events
 node has not delivered yet (in flight through Redis, or waiting for a gap to fill): were the snapshot the
 log's head, such an event would come twice, in the replay and then live. So the node reads its snapshots
 through this view, whose heads are the log's heads **capped at what the node has released**, after a short
-wait for the node to catch up with the log (:meth:`RedisBroker.position`); a pattern's replay, which reads
+wait for the node to catch up with the log (:meth:`OrderedDelivery.position`, the relay's: Redis between
+nodes, the owner's sockets between the workers of one node); a pattern's replay, which reads
 the log in commit order up to its mark, asks :meth:`ClusterView.delivered` the same of each page's channels
 and leaves what the node has not released to the live stream. The view is an
 :class:`~hubbub.log.base.EventLog` only: the node reads its snapshots and replays through it
@@ -32,7 +33,7 @@ from hubbub.log.base import (
     LogPage,
 )
 
-from .broker import RedisBroker
+from .delivery import OrderedDelivery
 
 __all__ = ["ClusterView"]
 
@@ -40,7 +41,7 @@ __all__ = ["ClusterView"]
 class ClusterView(EventLog):
     """``store`` with heads capped at what ``broker``'s node delivered (see the module docstring)."""
 
-    def __init__(self, store: EventLog, broker: RedisBroker) -> None:
+    def __init__(self, store: EventLog, broker: OrderedDelivery) -> None:
         self.store = store
         self.broker = broker
         self.engine = store.engine

@@ -1,6 +1,7 @@
 """What every listener (the HTTP listener, ``transports/http_listener.py``, and the byte-stream listeners,
 ``transports/stream_listener.py``) shares about the sockets it accepts: how long a refused socket is kept
-and how many at most, and how bad input seen before any dialect reads a socket is counted and logged.
+and how many at most, how bad input seen before any dialect reads a socket is counted and logged, and
+whether the process shares its ports with the other workers of its node (:func:`share_ports`).
 
 Concurrency contract: everything here runs on the event loop thread.
 """
@@ -13,7 +14,15 @@ from typing import Final, final
 
 from hubbub.core.api import Core
 
-__all__ = ["REFUSALS_LINGERING_MAX", "REFUSAL_LINGER_S", "WARN_EVERY_S", "BadInputLog", "Throttle"]
+__all__ = [
+    "REFUSALS_LINGERING_MAX",
+    "REFUSAL_LINGER_S",
+    "WARN_EVERY_S",
+    "BadInputLog",
+    "Throttle",
+    "reuse_port",
+    "share_ports",
+]
 
 #: Seconds a refused socket is kept, its answer sent and its write side shut, for the peer to read the
 #: answer and close; then it is aborted.
@@ -23,6 +32,23 @@ REFUSAL_LINGER_S: Final = 2.0
 REFUSALS_LINGERING_MAX: Final = 64
 #: Seconds between two warnings of one kind about bad input on a listener (the rest are counted).
 WARN_EVERY_S: Final = 10.0
+
+#: Whether this process is one worker of a multi-worker node (``server.workers``): see :func:`share_ports`.
+_shared_ports = False
+
+
+def share_ports() -> None:
+    """Make every listener of this process bind its port with ``SO_REUSEPORT``, beside the other workers of
+    its node, which bind the same ports: the kernel spreads the connections over the workers. A property of
+    the process (a worker serves nothing alone), set once by a worker before its server starts."""
+    global _shared_ports
+    _shared_ports = True
+
+
+def reuse_port() -> bool | None:
+    """``loop.create_server``'s ``reuse_port`` for this process's listeners (:func:`share_ports`; None:
+    the default, off)."""
+    return True if _shared_ports else None
 
 
 @final

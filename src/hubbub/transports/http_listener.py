@@ -47,7 +47,14 @@ from hubbub.core.api import Core
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 
-from .accept import REFUSAL_LINGER_S, REFUSALS_LINGERING_MAX, WARN_EVERY_S, BadInputLog, Throttle
+from .accept import (
+    REFUSAL_LINGER_S,
+    REFUSALS_LINGERING_MAX,
+    WARN_EVERY_S,
+    BadInputLog,
+    Throttle,
+    reuse_port,
+)
 from .ws_mask import CLOSE_PROTOCOL_ERROR, MaskCheck
 
 __all__ = [
@@ -134,6 +141,7 @@ class HttpListener(web.BaseSite):
             ssl=self._ssl_context,
             backlog=self._backlog,
             reuse_address=True,
+            reuse_port=reuse_port(),
             **tls,
         )
 

@@ -36,7 +36,7 @@ from typing import Any, Final, Protocol, cast, final
 
 from hubbub.core.api import Core
 
-from .accept import REFUSAL_LINGER_S, REFUSALS_LINGERING_MAX, BadInputLog
+from .accept import REFUSAL_LINGER_S, REFUSALS_LINGERING_MAX, BadInputLog, reuse_port
 
 __all__ = ["KEEPALIVE", "Accepted", "Refusal", "Serve", "StreamListener", "keep_alive", "peer_ip"]
 
@@ -138,7 +138,7 @@ class StreamListener:
 
     async def start(self, host: str, port: int) -> None:
         loop = self.loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Admission(self), host, port)
+        self._server = await loop.create_server(lambda: _Admission(self), host, port, reuse_port=reuse_port())
 
     @property
     def port(self) -> int:

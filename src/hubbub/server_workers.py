@@ -1,0 +1,399 @@
+"""The composition root of a multi-worker node (``server.workers``, docs/operations.md "Workers").
+
+``hubbub serve --workers N`` runs one parent process and N worker processes:
+
+* The **parent** holds the data directory's lock and opens the log store; its
+  :class:`~hubbub.workers.owner.LogOwner` commits every worker's publishes (group commit across workers) and
+  sends each commit's events to the other workers, encoded once. It reserves every listener's port (a socket
+  bound with ``SO_REUSEPORT`` and never listening: a port 0 becomes a fixed port for the workers, kept while
+  the node runs, so a restarted worker binds it again). It starts the workers, each with one end of a
+  ``socketpair`` (its connection to the owner) and a pipe on which it says it started; once every worker has
+  (each logged its ``listening`` records), it logs ``hubbub <version> started``. It restarts a worker that
+  dies (with backoff), and on SIGTERM or SIGINT stops every worker gracefully (each closes its connections
+  and commits what it queued), then closes the store. SIGHUP goes to every worker.
+* A **worker** is a whole :class:`~hubbub.server.Server` (every dialect) whose store is the owner's
+  (:class:`~hubbub.workers.remote.RemoteLogStore`: writes through the owner, reads from the log's file) and
+  whose relay (:class:`~hubbub.workers.relay.WorkerRelay`) delivers every worker's events in order. Its
+  listeners bind the parent's ports with ``SO_REUSEPORT`` (``transports/accept.py`` ``share_ports``): the
+  kernel spreads connections over the workers. It dies with its parent (``PR_SET_PDEATHSIG``, and the
+  owner's socket ending).
+
+Links up to other servers (``upstream``, ``wearscript.upstream``) run in worker 0 only: the other workers
+deliver what they bring, and worker 0 sees every worker's events to send up.
+
+Concurrency contract: the parent runs on plain threads (no event loop): its main thread handles signals
+and the workers' exits from one queue; one thread per worker waits for its start and its exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import os
+import pickle
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Final
+
+from hubbub import __version__
+from hubbub.config import Config, ConfigError, Section, parse_listen
+from hubbub.errors import StorageError
+from hubbub.log import open_store
+from hubbub.log.base import RetentionPolicy
+from hubbub.log.sqlite import SqliteLogStore
+from hubbub.workers.owner import LogOwner
+
+__all__ = ["WorkerNode", "child_main", "run_workers", "worker_count"]
+
+log = logging.getLogger("hubbub.server")
+
+#: Seconds every worker may take to start.
+START_TIMEOUT_S: Final = 60.0
+#: Seconds the workers may take to stop gracefully before they are killed.
+STOP_TIMEOUT_S: Final = 30.0
+#: A restarted worker's backoff: from the first, doubled per quick death, up to the last.
+RESTART_BACKOFF_S: Final = (0.1, 5.0)
+#: A worker that ran this long before dying is restarted without backoff.
+HEALTHY_AFTER_S: Final = 10.0
+
+
+def worker_count(cfg: Config) -> int:
+    """``server.workers``, with 0 as one worker per core this process may use."""
+    if cfg.server.workers:
+        return cfg.server.workers
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _listeners(cfg: Config) -> list[tuple[Section, str, str]]:
+    """Every listener the configuration turns on: its section, field and dotted key (the fields made by
+    :func:`~hubbub.config.listen_field`, of sections that are enabled, with an address)."""
+    out = []
+    for section in cfg.sections():
+        if getattr(section, "enabled", True) is False:
+            continue
+        for f in dataclasses.fields(typing.cast(Any, section)):
+            if "listen" in f.metadata and getattr(section, f.name):
+                key = f"{section.SECTION}.{f.name}" if section.SECTION else f.name
+                out.append((section, f.name, key))
+    return out
+
+
+def reserve_ports(cfg: Config) -> tuple[Config, list[socket.socket], dict[str, str]]:
+    """Bind every enabled listener's address with ``SO_REUSEPORT`` (port 0: the kernel picks one); returns
+    the configuration with those ports, the sockets (to keep open while the node runs) and each listener's
+    address by key."""
+    changed: dict[int, tuple[Section, dict[str, str]]] = {}
+    socks: list[socket.socket] = []
+    addresses: dict[str, str] = {}
+    try:
+        for section, name, key in _listeners(cfg):
+            host, port = parse_listen(getattr(section, name), key)
+            host = host.strip("[]")
+            infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            family, _, _, _, addr = infos[0]
+            s = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind(addr)
+            bound = s.getsockname()[1]
+            address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
+            changed.setdefault(id(section), (section, {}))[1][name] = address
+            addresses[key] = address
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    return _replaced(cfg, [(sec, values) for sec, values in changed.values()]), socks, addresses
+
+
+def _replaced(cfg: Config, changes: list[tuple[Section, dict[str, Any]]]) -> Config:
+    """``cfg`` with fields of some of its sections replaced."""
+    top: dict[str, Any] = {}
+    dialects = dict(cfg.dialects)
+    for section, values in changes:
+        new = dataclasses.replace(typing.cast(Any, section), **values)
+        if section.SECTION in dialects and dialects[section.SECTION] is section:
+            dialects[section.SECTION] = new
+            continue
+        for f in dataclasses.fields(cfg):
+            if getattr(cfg, f.name) is section:
+                top[f.name] = new
+    return dataclasses.replace(cfg, **top, dialects=types.MappingProxyType(dialects))
+
+
+def _without_links(cfg: Config) -> Config:
+    """``cfg`` for a worker other than worker 0: no link up to another server (``upstream``,
+    ``wearscript.upstream``)."""
+    changes: list[tuple[Section, dict[str, Any]]] = [(cfg.federation, {"upstream": ()})]
+    ws = cfg.dialects.get("wearscript")
+    if ws is not None and getattr(ws, "upstream", None):
+        changes.append((ws, {"upstream": ""}))
+    return _replaced(cfg, changes)
+
+
+@dataclasses.dataclass(eq=False)
+class _Worker:
+    index: int
+    proc: subprocess.Popen[bytes]
+    started_at: float
+    ready: bool = False
+
+
+class WorkerNode:
+    """The parent process of a multi-worker node (module docstring)."""
+
+    def __init__(self, config: Config, workers: int) -> None:
+        self.config = config
+        self.n = workers
+        self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._workers: dict[int, _Worker] = {}
+        self._owner: LogOwner | None = None
+        self._stopping = False
+        self._backoff: dict[int, float] = {}
+        self.restarts = 0
+
+    def run(self) -> int:
+        """Serve until SIGTERM or SIGINT; the exit status (1: the workers could not start, or the owner
+        failed)."""
+        from hubbub.server import lock_data_dir, store_place
+
+        cfg = self.config
+        st = cfg.storage
+        if cfg.cluster.broker or st.store.lower().startswith(("postgresql:", "postgres:")):
+            raise ConfigError("server.workers: a node on a PostgreSQL log runs one process (docs/cluster.md)")
+        lock = lock_data_dir(st.data_dir) if st.store != "memory" else -1
+        r = cfg.retention
+        try:
+            try:
+                store = open_store(
+                    st.store,
+                    st.data_dir,
+                    st.durability,
+                    RetentionPolicy(r.max_age_s, r.max_events, r.max_bytes, r.max_total_bytes),
+                    cfg.native.idempotency_window_s,
+                )
+            except StorageError as exc:
+                raise StorageError(f"cannot open the log ({store_place(cfg)}): {exc}") from None
+            try:
+                if st.durability == "none":
+                    store.new_epochs_on_open()
+                return self._serve(store)
+            finally:
+                store.close()
+        finally:
+            if lock >= 0:
+                os.close(lock)
+
+    def _serve(self, store: Any) -> int:
+        path = str(store.path) if isinstance(store, SqliteLogStore) else None
+        owner = self._owner = LogOwner(store, path, lambda exc: self._events.put(("failed", exc)))
+        owner.start()
+        cfg, reserved, addresses = reserve_ports(self.config)
+        self.config = cfg
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        }
+        try:
+            for i in range(self.n):
+                self._spawn(i)
+            if not self._wait_started():
+                log.error("the workers did not start; stopping")
+                self._stop_workers()
+                return 1
+            # Each worker logged its listeners ("listening"), on these ports.
+            shared = ", ".join(f"{key} {address}" for key, address in addresses.items())
+            log.info("%d workers share %s", self.n, shared, extra={"workers": self.n})
+            log.info(
+                "hubbub %s started",
+                __version__,
+                extra={
+                    "store": store.engine,
+                    "durability": cfg.storage.durability,
+                    "data_dir": cfg.storage.data_dir,
+                    "workers": self.n,
+                },
+            )
+            failed = self._supervise()
+            log.info("shutting down" if failed is None else f"shutting down: {failed} failed")
+            self._stop_workers()
+            return 0 if failed is None else 1
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            owner.close()
+            for s in reserved:
+                s.close()
+            log.info("hubbub stopped", extra={"restarts": self.restarts, **owner.statistics()})
+
+    def _on_signal(self, sig: int, frame: object) -> None:
+        self._events.put(("signal", sig))  # SimpleQueue.put is reentrant: safe in a signal handler
+
+    # -- workers ----------------------------------------------------------------------------------------
+
+    def _spawn(self, index: int) -> None:
+        owner = self._owner
+        assert owner is not None
+        mine, theirs = socket.socketpair()
+        ready_r, ready_w = os.pipe()
+        cfg = self.config
+        if index > 0:  # links up run in worker 0 only
+            cfg = _without_links(cfg)
+        owner.connect(index, mine)  # before the worker runs: it receives every commit from now on
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "hubbub.server_workers", str(theirs.fileno()), str(ready_w)],
+                stdin=subprocess.PIPE,
+                pass_fds=(theirs.fileno(), ready_w),
+            )
+        finally:
+            theirs.close()
+            os.close(ready_w)
+        assert proc.stdin is not None
+        with proc.stdin:
+            # A plain dict of the dialects' sections: a mappingproxy does not pickle.
+            proc.stdin.write(pickle.dumps((index, dataclasses.replace(cfg, dialects=dict(cfg.dialects)))))
+        w = self._workers[index] = _Worker(index, proc, time.monotonic())
+        threading.Thread(
+            target=self._watch, args=(w, ready_r), name=f"hubbub-worker-{index}", daemon=True
+        ).start()
+
+    def _watch(self, w: _Worker, ready_r: int) -> None:
+        with os.fdopen(ready_r, "rb") as ready:
+            if ready.read(1):
+                self._events.put(("ready", w))
+        w.proc.wait()
+        self._events.put(("exit", w))
+
+    def _wait_started(self) -> bool:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not all(w.ready for w in self._workers.values()):
+            try:
+                kind, what = self._events.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                return False
+            if kind == "ready":
+                what.ready = True
+            elif kind in ("exit", "failed") or (kind == "signal" and what != signal.SIGHUP):
+                return False
+        return True
+
+    def _supervise(self) -> str | None:
+        """Handle signals and the workers' exits until asked to stop (None) or until the log owner fails
+        (``"workers: log-owner"``)."""
+        while True:
+            kind, what = self._events.get()
+            if kind == "failed":
+                return "workers: log-owner"
+            if kind == "signal":
+                if what == signal.SIGHUP:
+                    for each in self._workers.values():
+                        with contextlib.suppress(ProcessLookupError):
+                            each.proc.send_signal(signal.SIGHUP)
+                    continue
+                return None
+            if kind == "exit":
+                w: _Worker = what
+                if self._workers.get(w.index) is w and not self._stopping:
+                    self._restart(w)
+            elif kind == "ready":
+                what.ready = True
+                log.info("worker %d restarted", what.index, extra={"worker": what.index})
+            elif kind == "restart":
+                self._spawn(what)
+
+    def _restart(self, w: _Worker) -> None:
+        self.restarts += 1
+        ran = time.monotonic() - w.started_at
+        lo, hi = RESTART_BACKOFF_S
+        delay = 0.0 if ran >= HEALTHY_AFTER_S else self._backoff.get(w.index, lo)
+        self._backoff[w.index] = lo if ran >= HEALTHY_AFTER_S else min(max(delay, lo) * 2, hi)
+        log.error(
+            "worker %d exited with status %s; restarting it in %.1f s",
+            w.index,
+            w.proc.returncode,
+            delay,
+            extra={"worker": w.index, "status": w.proc.returncode},
+        )
+        if delay <= 0:
+            self._spawn(w.index)
+        else:
+            threading.Timer(delay, self._events.put, args=(("restart", w.index),)).start()
+
+    def _stop_workers(self) -> None:
+        """SIGTERM to every worker, and wait for them (killed past :data:`STOP_TIMEOUT_S`)."""
+        self._stopping = True
+        for w in self._workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for w in self._workers.values():
+            try:
+                w.proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.error("worker %d did not stop within %.0f s: killed", w.index, STOP_TIMEOUT_S)
+                w.proc.kill()
+                w.proc.wait()
+
+
+def run_workers(config: Config) -> None:
+    """``hubbub serve`` with ``server.workers`` other than 1: a :class:`WorkerNode` until SIGTERM or SIGINT;
+    exits with status 1 when the workers could not start."""
+    if WorkerNode(config, worker_count(config)).run():
+        raise SystemExit(1)
+
+
+# -- the worker process ---------------------------------------------------------------------------------
+
+
+def _die_with_parent(parent: int) -> None:
+    """Be killed when the parent dies (Linux ``PR_SET_PDEATHSIG``), or exit now if it already has."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def child_main(argv: list[str], read_config: Callable[[], bytes]) -> None:
+    """A worker process: ``argv`` holds its owner socket's and ready pipe's descriptors; its index and
+    configuration come pickled from ``read_config`` (the parent's pipe)."""
+    from hubbub.logs import setup_logging
+    from hubbub.server import run
+    from hubbub.transports.accept import share_ports
+    from hubbub.workers.remote import RemoteLogStore
+
+    parent = os.getppid()
+    _die_with_parent(parent)
+    sock_fd, ready_fd = int(argv[0]), int(argv[1])
+    index, cfg = pickle.loads(read_config())
+    cfg = dataclasses.replace(cfg, dialects=types.MappingProxyType(dict(cfg.dialects)))
+    setup_logging(cfg.logging.level, cfg.logging.format)
+    share_ports()
+    store = RemoteLogStore(socket.socket(fileno=sock_fd), index)
+
+    def started() -> None:
+        os.write(ready_fd, b"R")
+        os.close(ready_fd)
+
+    try:
+        run(cfg, worker=store, started=started)
+    except (OSError, StorageError) as exc:
+        print(f"hubbub serve: worker {index}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1:], sys.stdin.buffer.read)

@@ -1,0 +1,342 @@
+"""The log owner of a multi-worker node: the one process that writes the log, for every worker.
+
+A SQLite log has one writer (``log/sqlite``: one writer connection, an exclusive lock on the file). A node
+of several worker processes therefore keeps its store in one place, the parent process, and the workers
+call it (:class:`~hubbub.workers.remote.RemoteLogStore`): :class:`LogOwner` runs their calls on one thread,
+in the order each worker sent them, with **group commit across workers**: the appends waiting from every
+worker when the thread is free go to the store as one ``append`` (one transaction), and each worker gets its
+own results back. A commit's new events are then sent to every other worker, encoded once
+(``frames``), so that each delivers every worker's events (``workers/relay.py``). Reads do not come here
+when the log is a file the workers can read themselves (SQLite in WAL mode: ``hello`` names it).
+
+Per worker, one thread reads its calls and one sends it its replies and the others' events, from an
+outbox. The outbox is bounded (:data:`OUTBOX_BYTES` of events): past that, a worker that does not read is
+sent, once it catches up, the tops of the channels it missed instead of their events, and it reads them from
+the log (the cluster's answer to a node that could not follow Redis); replies are never dropped (a worker
+has at most one call in flight per thread).
+
+Durable consumers: the store's ``consumer_hold`` is answered here, one holder among the workers at a time,
+released when its worker's connection ends (a worker that died), as a PostgreSQL session's lock is.
+
+Concurrency contract: :meth:`connect`, :meth:`start`, :meth:`close` and :meth:`statistics` are called from
+any one thread (the parent's supervisor); everything else runs on the owner's threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import queue
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from hubbub.errors import StorageError
+from hubbub.log.base import AppendRequest, AppendResult, LogStore
+
+from .frames import (
+    FrameReader,
+    Publishers,
+    encode,
+    error_state,
+    pack_events,
+    pack_results,
+    send,
+    unpack_requests,
+)
+
+__all__ = ["OUTBOX_BYTES", "LogOwner"]
+
+log = logging.getLogger("hubbub.workers")
+
+#: Bytes of other workers' events queued for one worker beyond which it gets their channels' tops instead.
+OUTBOX_BYTES: Final = 64 << 20
+#: The most append calls one commit merges (each a worker's batch of up to ``commit_batch`` publishes).
+MAX_MERGED: Final = 64
+
+#: The store methods a worker may call (the writer's, the journal's; and reads, for an engine the workers
+#: cannot read themselves). ``close`` is the owner's alone.
+CALLS: Final = frozenset(
+    {
+        "trim", "reset_channel", "new_epochs_on_open", "commits_may_be_lost", "apply_retention",
+        "consumer_create", "consumer_delete", "consumer_settle", "consumers", "consumer_items",
+        "consumer_hold", "stats", "retired_epochs", "head", "heads", "read", "read_runs", "read_last",
+        "channels", "top_time", "log_mark", "log_seek", "read_log", "count_log", "log_census", "read_rows",
+        "scan_plan", "scan_columns",
+    }
+)  # fmt: skip
+
+_GONE: Final = object()
+
+
+@dataclass(eq=False)
+class _Link:
+    """One worker's connection."""
+
+    worker: int
+    sock: socket.socket
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    #: Messages to send, each with whether it is events (counted in ``queued``) or a reply.
+    outbox: collections.deque[tuple[bytes, bool]] = field(default_factory=collections.deque)
+    queued: int = 0
+    #: Channels whose events were left out while the outbox was full: channel -> (epoch, top).
+    tops: dict[str, tuple[str, int]] = field(default_factory=dict)
+    closed: bool = False
+
+    def put(self, data: bytes, events: bool) -> None:
+        with self.cond:
+            self.outbox.append((data, events))
+            if events:
+                self.queued += len(data)
+            self.cond.notify()
+
+    def offer_events(self, data: bytes, events: Sequence[Any]) -> bool:
+        """Queue a commit's events, or note their tops when the outbox is full (or was, and has not
+        drained since); False when noted as tops."""
+        with self.cond:
+            if not self.tops and self.queued + len(data) <= OUTBOX_BYTES:
+                self.outbox.append((data, True))
+                self.queued += len(data)
+                self.cond.notify()
+                return True
+            for ev in events:
+                self.tops[ev.channel] = (ev.epoch, ev.seq)
+            self.cond.notify()
+            return False
+
+    def next(self) -> bytes | None:
+        """The next message to send (waiting for one); None once closed."""
+        with self.cond:
+            while not self.outbox and not self.tops and not self.closed:
+                self.cond.wait()
+            if self.closed:
+                return None
+            if self.outbox:
+                data, events = self.outbox.popleft()
+                if events:
+                    self.queued -= len(data)
+                return data
+            tops, self.tops = self.tops, {}
+            return encode(("tops", [(ch, ep, top) for ch, (ep, top) in tops.items()]))
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+        with contextlib.suppress(OSError):  # a socket its worker closed already
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+
+class LogOwner:
+    """See the module docstring. ``reads_path``: the file workers read the log from themselves (None:
+    they call the owner for reads too)."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        reads_path: str | None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._reads_path = reads_path
+        self._queue: queue.SimpleQueue[tuple[_Link, Any] | None] = queue.SimpleQueue()
+        self._links: dict[int, _Link] = {}
+        self._links_lock = threading.Lock()
+        #: consumer id -> (the holding worker's connection, holds taken)
+        self._holds: dict[int, tuple[_Link, int]] = {}
+        #: Called (on the owner's thread) if the thread fails: nothing can be committed any more.
+        self._on_failure = on_failure
+        self._publishers = Publishers()  # the owner's thread's
+        self._thread = threading.Thread(target=self._run, name="hubbub-log-owner", daemon=True)
+        self.failed: BaseException | None = None
+        # statistics
+        self.commits = 0
+        self.appended = 0
+        self.calls = 0
+        self.tops_sent = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def connect(self, worker: int, sock: socket.socket) -> None:
+        """Serve worker ``worker`` on ``sock`` (the owner's end of its socketpair), replacing the
+        connection of an earlier process of the same index (one that died)."""
+        link = _Link(worker, sock)
+        with self._links_lock:
+            old = self._links.get(worker)
+            self._links[worker] = link
+        if old is not None:
+            old.close()
+        link.put(encode(("hello", {"engine": self._store.engine, "path": self._reads_path})), False)
+        threading.Thread(
+            target=self._send_loop, args=(link,), name=f"hubbub-owner-send-{worker}", daemon=True
+        ).start()
+        threading.Thread(
+            target=self._read_loop, args=(link,), name=f"hubbub-owner-read-{worker}", daemon=True
+        ).start()
+
+    def close(self) -> None:
+        """Finish the calls queued, stop the thread, close every connection (the store stays open: its
+        opener closes it)."""
+        self._queue.put(None)
+        self._thread.join()
+        with self._links_lock:
+            links, self._links = list(self._links.values()), {}
+        for link in links:
+            link.close()
+
+    # -- the worker's threads ---------------------------------------------------------------------------
+
+    def _read_loop(self, link: _Link) -> None:
+        reader = FrameReader(link.sock)
+        try:
+            while (msg := reader.read()) is not None:
+                self._queue.put((link, msg))
+        except (OSError, ValueError) as exc:
+            log.warning("worker %d: its connection to the log owner failed: %s", link.worker, exc)
+        self._queue.put((link, _GONE))
+
+    def _send_loop(self, link: _Link) -> None:
+        while (data := link.next()) is not None:
+            try:
+                send(link.sock, link.lock, data)
+            except OSError:
+                link.close()  # the reader sees the end too, and lets the worker's holds go
+                return
+
+    # -- the owner's thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        q = self._queue
+        while True:
+            first = q.get()
+            if first is None:
+                return
+            todo = [first]
+            while len(todo) < MAX_MERGED:
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    q.put(None)  # stop after this round
+                    break
+                todo.append(item)
+            try:
+                self._round(todo)
+            except BaseException as exc:  # a failure no call could be told of: the node must stop
+                self.failed = exc
+                log.exception("log owner failed")
+                if self._on_failure is not None:
+                    self._on_failure(exc)
+                raise
+
+    def _round(self, todo: list[tuple[_Link, Any]]) -> None:
+        appends: list[tuple[_Link, int, Sequence[AppendRequest]]] = []
+        for link, msg in todo:
+            if msg is _GONE:
+                self._flush(appends)
+                self._gone(link)
+                continue
+            if msg[0] == "append":
+                appends.append((link, msg[1], unpack_requests(msg[2], self._publishers)))
+                continue
+            _, rid, method, args, kwargs = msg
+            self._flush(appends)
+            self._call(link, rid, method, args, kwargs)
+        self._flush(appends)
+
+    def _flush(self, appends: list[tuple[_Link, int, Sequence[AppendRequest]]]) -> None:
+        """One commit of every append waiting: results to each caller, the new events to every other
+        worker."""
+        if not appends:
+            return
+        batch = [r for _, _, reqs in appends for r in reqs]
+        try:
+            results: list[AppendResult] = self._store.append(batch)
+        except Exception as exc:  # every caller gets the error (the store rolled back)
+            state = error_state(_plain(exc))
+            for link, rid, _ in appends:
+                link.put(encode(("err", rid, state)), False)
+            appends.clear()
+            return
+        self.commits += 1
+        self.appended += len(batch)
+        groups: list[tuple[int, list[Any]]] = []
+        i = 0
+        for link, rid, reqs in appends:
+            mine = results[i : i + len(reqs)]
+            i += len(reqs)
+            link.put(encode(("ret", rid, pack_results(mine))), False)
+            new = [r.event for r in mine if not r.duplicate]
+            if new:
+                groups.append((link.worker, new))
+        appends.clear()
+        if not groups:
+            return
+        data = encode(("events", [(w, pack_events(evs)) for w, evs in groups]))  # once, for every worker
+        with self._links_lock:
+            links = list(self._links.values())
+        for link in links:
+            others = [ev for w, evs in groups if w != link.worker for ev in evs]
+            if others and not link.offer_events(data, others):
+                self.tops_sent += 1
+
+    def _call(self, link: _Link, rid: int, method: str, args: Any, kwargs: Any) -> None:
+        self.calls += 1
+        try:
+            if method not in CALLS:
+                raise StorageError(f"not a store call: {method}")
+            if method == "consumer_hold":
+                value: Any = self._hold(link, *args, **kwargs)
+            else:
+                value = getattr(self._store, method)(*args, **kwargs)
+            data = encode(("ret", rid, value))
+        except Exception as exc:
+            data = encode(("err", rid, error_state(_plain(exc))))
+        link.put(data, False)
+
+    def _hold(self, link: _Link, consumer_id: int, take: bool = True) -> bool:
+        """``consumer_hold`` among the workers: held by one worker's connection at a time (a process, not an
+        index: a restarted worker's holds are its own)."""
+        held = self._holds.get(consumer_id)
+        if take:
+            if held is None or held[0] is link:
+                self._holds[consumer_id] = (link, 1 if held is None else held[1] + 1)
+                return True
+            return False
+        if held is not None and held[0] is link:
+            if held[1] <= 1:
+                del self._holds[consumer_id]
+            else:
+                self._holds[consumer_id] = (link, held[1] - 1)
+        return True
+
+    def _gone(self, link: _Link) -> None:
+        """A worker's connection ended: its holds go, and it is sent nothing more."""
+        link.close()
+        with self._links_lock:
+            if self._links.get(link.worker) is link:
+                del self._links[link.worker]
+        self._holds = {c: h for c, h in self._holds.items() if h[0] is not link}
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "commits": self.commits,
+            "appended": self.appended,
+            "calls": self.calls,
+            "tops_sent": self.tops_sent,
+            "workers": len(self._links),
+        }
+
+
+def _plain(exc: BaseException) -> BaseException:
+    """``exc`` as it can travel: hubbub's errors and the standard ones as they are, anything else (an
+    engine's driver error) as a :class:`StorageError` naming its type."""
+    if isinstance(exc, StorageError) or type(exc).__module__ in ("builtins", "hubbub.errors"):
+        return exc
+    return StorageError(f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,138 @@
+"""The relay of one worker of a multi-worker node: every worker's committed events, in order.
+
+A worker commits through the log owner (``workers/remote.py``): its own events come back with its
+``append``, the other workers' arrive as the owner's broadcasts on the same socket. :class:`WorkerRelay`
+(the node's ``relay``, ``core/relay.py``) offers both to the cluster's
+:class:`~hubbub.cluster.delivery.OrderedDelivery`, which releases them to the worker's sessions in
+per-channel seq order, each once, filling a gap from the log when one stays open ``gap_wait_s`` (a worker's
+own commit and another worker's later one on the same channel may arrive in either order), and which the
+worker's :class:`~hubbub.cluster.view.ClusterView` asks how far a channel is delivered (a subscription's
+snapshot is capped there, so replay and live stream meet without a gap or a duplicate).
+
+Start: the owner sends a worker every commit from the moment the parent connects it, before the process
+runs; the remote store keeps them until :meth:`WorkerRelay.start` has read the log's heads (after the
+connection, so they cover everything committed before it) and seeded the sequencer with them; then the kept
+commits are offered (those at or below the heads are duplicates, dropped). No commit falls between the two.
+
+When the owner goes away (the parent died), the worker cannot commit any more: the relay asks the node to
+stop (``Node.supervision``), and the worker exits.
+
+Concurrency contract: :meth:`start`, :meth:`committed`, :meth:`close`, :meth:`health` and
+:meth:`statistics` on the event loop; broadcasts come from the remote store's reader thread and are handed
+to the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hubbub.cluster.delivery import OrderedDelivery
+from hubbub.events import Event
+from hubbub.log.base import ChannelInfo
+
+from .remote import Broadcast, RemoteLogStore
+
+if TYPE_CHECKING:
+    from hubbub.core import Node
+    from hubbub.core.session import Session
+
+__all__ = ["WorkerRelay"]
+
+log = logging.getLogger("hubbub.workers")
+
+#: Channels per page when reading every head of the log at start.
+HEADS_PAGE = 5000
+
+
+class WorkerRelay(OrderedDelivery):
+    """See the module docstring."""
+
+    def __init__(self, store: RemoteLogStore, *, gap_wait_s: float = 0.1, catch_up_s: float = 2.0) -> None:
+        super().__init__(store, gap_wait_s=gap_wait_s, catch_up_s=catch_up_s)
+        self.remote = store
+        self.worker = store.worker
+        self.received = 0
+        self.tops = 0
+
+    async def start(self, node: Node) -> None:
+        """Seed from the log's heads, attach to ``node`` and take the owner's broadcasts. Call before the
+        node's listeners start."""
+        self.attach(node)
+        loop = asyncio.get_running_loop()
+        mark, heads = await loop.run_in_executor(self._reads, self._read_heads)
+        self.sequencer.seed(heads)
+        self.sequencer.note_time(mark)
+        node.relay = self
+        stop = node.supervision.stopper("workers", "log-owner")
+
+        def on_broadcast(msg: Broadcast) -> None:
+            loop.call_soon_threadsafe(self._on_broadcast, msg)
+
+        def on_lost() -> None:
+            if not self._closed:
+                log.error("worker %d: the log owner is gone; stopping", self.worker)
+                loop.call_soon_threadsafe(stop, RuntimeError("the log owner is gone"))
+
+        self.remote.listen(on_broadcast, on_lost)
+
+    def _read_heads(self) -> tuple[int, list[ChannelInfo]]:
+        store = self.remote
+        t = store.top_time()
+        out: list[ChannelInfo] = []
+        after = ""
+        while True:
+            page = store.channels(after=after, limit=HEADS_PAGE, include_empty=True)
+            out += page
+            if len(page) < HEADS_PAGE:
+                return t, out
+            after = page[-1].channel
+
+    async def close(self) -> None:
+        """Stop delivering (the node's sessions are closed by then)."""
+        node = self._node
+        if node is not None and node.relay is self:
+            node.relay = None
+        await self.close_delivery()
+
+    # -- the node's seam ------------------------------------------------------------------------------
+
+    def committed(self, events: Sequence[tuple[Session | None, Event]]) -> None:
+        """This worker's newly committed events, in commit order (on the loop, after their acks)."""
+        offer = self.sequencer.offer
+        for origin, ev in events:
+            offer(ev, origin)
+
+    def _on_broadcast(self, msg: Broadcast) -> None:
+        if self._closed:
+            return
+        kind, items = msg
+        node = self._node
+        consumers = None if node is None else node.consumers
+        offer = self.sequencer.offer
+        if kind == "events":
+            for worker, events in items:
+                if worker == self.worker:
+                    continue  # this worker's own: offered at commit, with their origins
+                if consumers is not None:  # their journal items are committed: open consumers read them
+                    consumers.others_committed(events)
+                for ev in events:
+                    offer(ev)
+                self.received += len(events)
+        elif kind == "tops":
+            self.tops += 1
+            for channel, epoch, top in items:
+                self.sequencer.committed_up_to(channel, epoch, top)
+            if consumers is not None:
+                consumers.others_committed(None)
+
+    # -- reporting ------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """For ``/healthz``: a worker's relay is up while it runs (it stops with its owner)."""
+        return {"state": "up", "worker": self.worker}
+
+    def statistics(self) -> dict[str, int | float]:
+        return {"received": self.received, "tops": self.tops, **self.sequencer.statistics()}

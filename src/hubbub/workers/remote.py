@@ -1,0 +1,361 @@
+"""A worker's log: :class:`RemoteLogStore`, the node's one store as a worker process sees it.
+
+Writes (appends, trims, epochs, retention, the consumers' journals) are calls to the
+:class:`~hubbub.workers.owner.LogOwner` in the parent process, over the worker's socket (``frames``); each
+call blocks its thread until the owner answers, so the worker's writer thread still commits one group at a
+time, and the owner merges the groups of every worker into one commit. Reads go straight to the log's file
+where the owner names one (SQLite in WAL mode: a read-only connection per thread, each read one snapshot,
+concurrent with the owner's writer), else to the owner too.
+
+The same socket brings the other workers' committed events (and, for a worker that fell behind, their
+channels' tops): :meth:`RemoteLogStore.listen` hands them to the worker's relay (``workers/relay.py``),
+which delivers them in order; what arrives before the relay listens is kept for it.
+
+``shared`` is true: other processes write this log too, so the durable consumers read their journals for
+what other workers committed (``core/consumers.py``), and hold a consumer through the owner
+(``consumer_hold``).
+
+Concurrency contract: every store method may be called from any thread but the event loop's (they block on
+the owner); :meth:`listen`'s callbacks run on the socket's reader thread. When the owner goes away (the
+parent died), every call waiting or made later raises :class:`StorageError` and ``on_lost`` is called once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from hubbub.errors import StorageError
+from hubbub.events import Event
+from hubbub.log.base import (
+    AppendRequest,
+    AppendResult,
+    ChannelInfo,
+    EventRun,
+    LogMark,
+    LogPage,
+    LogStore,
+    RetentionPolicy,
+    Row,
+    ScanColumns,
+    ScanPlan,
+    StoreStats,
+)
+from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem, Retry
+from hubbub.log.sqlite import SqliteLogStore
+
+from .frames import (
+    FrameReader,
+    Publishers,
+    encode,
+    pack_requests,
+    rebuild_error,
+    send,
+    unpack_events,
+    unpack_results,
+)
+
+__all__ = ["Broadcast", "RemoteLogStore"]
+
+log = logging.getLogger("hubbub.workers")
+
+#: What the owner sends besides replies: ``("events", [(worker, [Event, ...]), ...])`` or
+#: ``("tops", [(channel, epoch, top), ...])``.
+Broadcast = tuple[str, list[Any]]
+
+
+class RemoteLogStore(LogStore):
+    """See the module docstring. ``sock``: the worker's end of its socketpair with the owner; ``worker``
+    its index (its own events in a broadcast are left out: its ``append`` returned them)."""
+
+    shared = True
+
+    def __init__(self, sock: socket.socket, worker: int) -> None:
+        self.worker = worker
+        self._sock = sock
+        self._send_lock = threading.Lock()
+        self._reader = FrameReader(sock)
+        hello = self._reader.read()
+        if not (isinstance(hello, tuple) and hello[0] == "hello"):
+            raise StorageError("the log owner did not greet this worker")
+        info: dict[str, Any] = hello[1]
+        self.engine = str(info["engine"])
+        path = info.get("path")
+        #: Where this worker reads the log itself (None: through the owner).
+        self._reads: LogStore | None = SqliteLogStore(path, readonly=True) if path else None
+        self._ids = itertools.count(1)
+        #: Publishers of unpacked results (the writer thread's) and broadcasts (the reader thread's).
+        self._publishers = Publishers()
+        self._broadcast_publishers = Publishers()
+        self._pending: dict[int, Future[Any]] = {}
+        self._lock = threading.Lock()
+        self._lost = False
+        self._closed = False
+        self._kept: list[Broadcast] = []
+        self._listener: Callable[[Broadcast], None] | None = None
+        self._on_lost: Callable[[], None] | None = None
+        self._thread = threading.Thread(target=self._receive, name="hubbub-worker-owner", daemon=True)
+        self._thread.start()
+
+    def listen(self, on_broadcast: Callable[[Broadcast], None], on_lost: Callable[[], None]) -> None:
+        """Hand every broadcast to ``on_broadcast`` from now on (those kept meanwhile first), and call
+        ``on_lost`` when the owner goes away. Both on the reader thread."""
+        with self._lock:
+            kept, self._kept = self._kept, []
+            self._listener, self._on_lost = on_broadcast, on_lost
+            lost = self._lost
+        for b in kept:
+            on_broadcast(b)
+        if lost:
+            on_lost()
+
+    def _receive(self) -> None:
+        try:
+            while (msg := self._reader.read()) is not None:
+                kind = msg[0]
+                if kind in ("ret", "err"):
+                    with self._lock:
+                        fut = self._pending.pop(msg[1], None)
+                    if fut is None:
+                        continue
+                    if kind == "ret":
+                        fut.set_result(msg[2])
+                    else:
+                        fut.set_exception(rebuild_error(msg[2]))
+                    continue
+                if kind == "events":
+                    pubs = self._broadcast_publishers
+                    msg = (kind, [(w, unpack_events(evs, pubs)) for w, evs in msg[1] if w != self.worker])
+                with self._lock:
+                    listener = self._listener
+                    if listener is None:
+                        self._kept.append(msg)
+                if listener is not None:
+                    listener(msg)
+        except (OSError, ValueError) as exc:
+            if not self._closed:
+                log.warning("worker %d: the connection to the log owner failed: %s", self.worker, exc)
+        with self._lock:
+            self._lost = True
+            pending, self._pending = self._pending, {}
+            on_lost = self._on_lost
+        for fut in pending.values():
+            fut.set_exception(StorageError("the log owner is gone"))
+        if on_lost is not None and not self._closed:
+            on_lost()
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._send(("call", method, args, kwargs))
+
+    def _send(self, msg: tuple[Any, ...]) -> Any:
+        """Send ``msg`` with a request id after its kind, and wait for the owner's answer."""
+        fut: Future[Any] = Future()
+        with self._lock:
+            if self._lost or self._closed:
+                raise StorageError("the log owner is gone")
+            rid = next(self._ids)
+            self._pending[rid] = fut
+        try:
+            send(self._sock, self._send_lock, encode((msg[0], rid, *msg[1:])))
+        except OSError:
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise StorageError("the log owner is gone") from None
+        return fut.result()
+
+    def _read(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        reads = self._reads
+        if reads is None:
+            return self._call(method, *args, **kwargs)
+        return getattr(reads, method)(*args, **kwargs)
+
+    # -- writes: the owner's ----------------------------------------------------------------------------
+
+    def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+        packed = self._send(("append", pack_requests(batch)))
+        return unpack_results(packed, self._publishers)
+
+    def trim(self, channel: str, up_to_seq: int, *, epoch: str | None = None) -> ChannelInfo:
+        out: ChannelInfo = self._call("trim", channel, up_to_seq, epoch=epoch)
+        return out
+
+    def reset_channel(self, channel: str) -> ChannelInfo:
+        out: ChannelInfo = self._call("reset_channel", channel)
+        return out
+
+    def new_epochs_on_open(self) -> None:
+        self._call("new_epochs_on_open")
+
+    def commits_may_be_lost(self, channel: str, epoch: str) -> bool:
+        return bool(self._call("commits_may_be_lost", channel, epoch))
+
+    def apply_retention(self, policy: RetentionPolicy, now_ns: int) -> int:
+        return int(self._call("apply_retention", policy, now_ns))
+
+    def consumer_create(self, spec: ConsumerSpec) -> tuple[ConsumerInfo, bool]:
+        out: tuple[ConsumerInfo, bool] = self._call("consumer_create", spec)
+        return out
+
+    def consumer_delete(self, name: str, consumer_id: int | None = None) -> bool:
+        return bool(self._call("consumer_delete", name, consumer_id))
+
+    def consumer_settle(
+        self, acked: Sequence[tuple[int, Sequence[int]]], retried: Sequence[Retry] = ()
+    ) -> None:
+        self._call("consumer_settle", [(c, list(p)) for c, p in acked], list(retried))
+
+    def consumer_hold(self, consumer_id: int, take: bool = True) -> bool:
+        return bool(self._call("consumer_hold", consumer_id, take))
+
+    # -- reads: the file's, else the owner's ------------------------------------------------------------
+
+    def consumers(self) -> list[ConsumerInfo]:
+        out: list[ConsumerInfo] = self._read("consumers")
+        return out
+
+    def consumer_items(self, consumer_id: int, after_pos: int = 0, limit: int = 1000) -> list[JournalItem]:
+        out: list[JournalItem] = self._read("consumer_items", consumer_id, after_pos, limit)
+        return out
+
+    def stats(self) -> StoreStats:
+        out: StoreStats = self._read("stats")
+        return out
+
+    def retired_epochs(self, channel: str) -> list[ChannelInfo]:
+        out: list[ChannelInfo] = self._read("retired_epochs", channel)
+        return out
+
+    def head(self, channel: str) -> ChannelInfo:
+        out: ChannelInfo = self._read("head", channel)
+        return out
+
+    def heads(self, channels: Iterable[str]) -> dict[str, ChannelInfo]:
+        out: dict[str, ChannelInfo] = self._read("heads", list(channels))
+        return out
+
+    def read(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        *,
+        epoch: str | None = None,
+    ) -> list[Event]:
+        out: list[Event] = self._read("read", channel, after_seq, limit, from_time, to_time, epoch=epoch)
+        return out
+
+    def read_runs(
+        self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000, *, max_bytes: int | None = None
+    ) -> list[EventRun]:
+        out: list[EventRun] = self._read(
+            "read_runs", channel, after_seq, up_to_seq, limit, max_bytes=max_bytes
+        )
+        return out
+
+    def read_last(self, channel: str, n: int) -> list[Event]:
+        out: list[Event] = self._read("read_last", channel, n)
+        return out
+
+    def channels(
+        self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
+    ) -> list[ChannelInfo]:
+        out: list[ChannelInfo] = self._read("channels", after, limit, prefix, include_empty=include_empty)
+        return out
+
+    def top_time(self) -> int:
+        return int(self._read("top_time"))
+
+    def log_mark(self) -> LogMark:
+        out: LogMark = self._read("log_mark")
+        return out
+
+    def log_seek(self, time_ns: int) -> int:
+        return int(self._read("log_seek", time_ns))
+
+    def read_log(
+        self,
+        after_pos: int,
+        mark: LogMark,
+        limit: int = 1000,
+        prefix: str = "",
+        *,
+        reverse: bool = False,
+        max_bytes: int | None = None,
+    ) -> LogPage:
+        out: LogPage = self._read(
+            "read_log", after_pos, mark, limit, prefix, reverse=reverse, max_bytes=max_bytes
+        )
+        return out
+
+    def count_log(
+        self,
+        after_pos: int,
+        mark: LogMark,
+        prefix: str = "",
+        *,
+        from_time: int = 0,
+        channel: str | None = None,
+    ) -> tuple[int, int]:
+        out: tuple[int, int] = self._read(
+            "count_log", after_pos, mark, prefix, from_time=from_time, channel=channel
+        )
+        return out
+
+    def log_census(
+        self, after_pos: int, mark: LogMark, prefix: str = "", *, from_time: int = 0
+    ) -> dict[str, tuple[str, int, int]]:
+        out: dict[str, tuple[str, int, int]] = self._read(
+            "log_census", after_pos, mark, prefix, from_time=from_time
+        )
+        return out
+
+    def read_rows(
+        self,
+        channel: str,
+        after_seq: int = 0,
+        limit: int = 1000,
+        from_time: int | None = None,
+        to_time: int | None = None,
+        *,
+        compact_text: bool = False,
+        epoch: str | None = None,
+    ) -> tuple[str, list[Row]]:
+        out: tuple[str, list[Row]] = self._read(
+            "read_rows", channel, after_seq, limit, from_time, to_time, compact_text=compact_text, epoch=epoch
+        )
+        return out
+
+    def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:
+        out: ScanPlan = self._read("scan_plan", size, from_time, to_time)
+        return out
+
+    def scan_columns(
+        self,
+        lo_pos: int,
+        hi_pos: int,
+        *,
+        max_time: int,
+        bounds: Sequence[tuple[int, int, int]] | None = None,
+    ) -> list[ScanColumns]:
+        out: list[ScanColumns] = self._read("scan_columns", lo_pos, hi_pos, max_time=max_time, bounds=bounds)
+        return out
+
+    def close(self) -> None:
+        """Close the reads and the connection (the owner keeps the store). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._reads is not None:
+            self._reads.close()
+        with contextlib.suppress(OSError):  # the owner closed it first
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(5.0)
+        self._sock.close()

@@ -1,0 +1,298 @@
+"""A real ``hubbub serve --workers 2``: connections on either worker process see one node (one sequence per
+channel, every event once and in order, replay and recovery across workers), a worker killed with -9 is
+restarted and costs only its own connections, and SIGTERM loses no acknowledged publish.
+
+Which worker serves a connection is the kernel's choice (``SO_REUSEPORT``); the tests find it from
+``/proc`` (the worker process holding the socket's other end) and reconnect until a connection lands on
+the worker they want."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .nativelines import Lines
+from .qrpcclient import QrpcClient
+from .serverproc import ServerProcess
+
+pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="finds workers through /proc")
+
+
+def _wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)  # polling a condition the server processes decide
+
+
+def _workers(node: ServerProcess) -> list[int]:
+    """The pids of the node's worker processes."""
+    assert node.proc is not None
+    pid = node.proc.pid
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(p) for p in f.read().split()]
+    return sorted(out)
+
+
+def _serving(sock: socket.socket, workers: list[int]) -> int | None:
+    """The worker process holding the server end of ``sock`` (a loopback TCP connection)."""
+    here = sock.getsockname()[1]
+    there = sock.getpeername()[1]
+    inode = None
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            cols = line.split()
+            local, remote = cols[1], cols[2]
+            if int(local.split(":")[1], 16) == there and int(remote.split(":")[1], 16) == here:
+                inode = cols[9]
+                break
+    if inode is None:
+        return None
+    link = f"socket:[{inode}]"
+    for pid in workers:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except FileNotFoundError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
+                    return pid
+            except FileNotFoundError:
+                continue
+    return None
+
+
+def _lines_on(node: ServerProcess, worker: int, port: str = "native") -> Lines:
+    """A native connection served by ``worker`` (connecting again until the kernel gives it that one)."""
+    workers = _workers(node)
+    for _ in range(200):
+        c = Lines(node.ports[port])
+        if _serving(c.sock, workers) == worker:
+            return c
+        c.close()
+    raise AssertionError(f"no connection landed on worker {worker}")
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[ServerProcess]:
+    srv = ServerProcess(tmp_path / "data", ["--workers", "2", "--cluster-gap-wait-s", "0.05"]).start(
+        timeout=60.0
+    )
+    try:
+        _wait_for(lambda: len(_workers(srv)) == 2, "two workers")
+        yield srv
+    finally:
+        srv.kill()
+
+
+def _publish_many(c: Lines, channel: str, n: int, tag: str, acked: list[int]) -> None:
+    for i in range(n):
+        acked.append(int(c.publish(channel, f"{tag}{i}")["seq"]))
+
+
+def _events(c: Lines, n: int) -> list[dict[str, Any]]:
+    return [c.next_push() for _ in range(n)]
+
+
+def test_publishes_on_either_worker_reach_subscribers_on_both_in_one_sequence_once(
+    node: ServerProcess,
+) -> None:
+    a, b = _workers(node)
+    with _lines_on(node, a) as sub_a, _lines_on(node, b) as sub_b:
+        for s in (sub_a, sub_b):
+            assert s.subscribe("s", "/room/**")["op"] == "reply"
+        pub_a, pub_b = _lines_on(node, a), _lines_on(node, b)
+        acks_a: list[int] = []
+        acks_b: list[int] = []
+        threads = [
+            threading.Thread(target=_publish_many, args=(pub_a, "/room/1", 150, "a", acks_a)),
+            threading.Thread(target=_publish_many, args=(pub_b, "/room/1", 150, "b", acks_b)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        # One sequence for the channel, whichever worker committed: 1..300, each seq acknowledged once.
+        assert sorted(acks_a + acks_b) == list(range(1, 301))
+        for s in (sub_a, sub_b):
+            got = _events(s, 300)
+            assert [e["seq"] for e in got] == list(range(1, 301))
+            texts = {e["seq"]: e["text"] for e in got}
+            assert [texts[q] for q in acks_a] == [f"a{i}" for i in range(150)]
+            assert [texts[q] for q in acks_b] == [f"b{i}" for i in range(150)]
+        # Nothing more is queued for either subscriber: the next event is the next publish.
+        assert pub_b.publish("/room/2", "last")["seq"] == 1
+        for s in (sub_a, sub_b):
+            e = s.next_push()
+            assert (e["channel"], e["seq"], e["text"]) == ("/room/2", 1, "last")
+        # A replay on worker B of what both published agrees with the live stream.
+        with _lines_on(node, b) as r:
+            reply = r.subscribe("r", "/room/1", last=5)
+            assert reply["position"]["seq"] == 300
+            assert [e["seq"] for e in _events(r, 5)] == [296, 297, 298, 299, 300]
+        pub_a.close()
+        pub_b.close()
+
+
+def test_a_subscriber_recovers_on_the_other_worker_with_no_gap(node: ServerProcess) -> None:
+    a, b = _workers(node)
+    with _lines_on(node, a) as pub:
+        sub = _lines_on(node, a)
+        assert sub.subscribe("s", "/feed")["op"] == "reply"
+        for i in range(50):
+            assert pub.publish("/feed", f"m{i}")["seq"] == i + 1
+        seen = _events(sub, 50)
+        sub.close()
+        for i in range(50, 120):  # published while it is away
+            assert pub.publish("/feed", f"m{i}")["seq"] == i + 1
+        last = seen[-1]
+        with _lines_on(node, b) as again:  # back, on the other worker, from where it was
+            since = {"seq": last["seq"], "epoch": last["epoch"]}
+            assert again.subscribe("s", "/feed", since=since)["op"] == "reply"
+            got = _events(again, 70)
+            assert [e["seq"] for e in got] == list(range(51, 121))
+            assert [e["text"] for e in got] == [f"m{i}" for i in range(50, 120)]
+            assert pub.publish("/feed", "live")["seq"] == 121
+            assert again.next_push()["seq"] == 121  # and nothing repeated before it
+
+
+def test_a_worker_killed_is_restarted_and_costs_only_its_own_connections(node: ServerProcess) -> None:
+    a, b = _workers(node)
+    with _lines_on(node, b) as pub, _lines_on(node, b) as stays:
+        gone = _lines_on(node, a)
+        for s in (stays, gone):
+            assert s.subscribe("s", "/k")["op"] == "reply"
+        for i in range(30):
+            assert pub.publish("/k", f"m{i}")["seq"] == i + 1
+        seen = _events(gone, 30)
+        os.kill(a, signal.SIGKILL)
+        with pytest.raises((ConnectionError, OSError)):
+            while True:  # the killed worker's connection ends
+                gone.recv()
+        gone.close()
+        for i in range(30, 80):  # worker B serves on, its connections untouched
+            assert pub.publish("/k", f"m{i}")["seq"] == i + 1
+        assert [e["seq"] for e in _events(stays, 80)] == list(range(1, 81))
+        _wait_for(lambda: len(_workers(node)) == 2 and a not in _workers(node), "the worker's restart")
+        new = next(w for w in _workers(node) if w != b)
+        _wait_for(
+            lambda: "worker 0 restarted" in node.log() or "worker 1 restarted" in node.log(), "its start"
+        )
+        with _lines_on(node, new) as back:  # the client reconnects (to the new worker) and recovers
+            since = {"seq": seen[-1]["seq"], "epoch": seen[-1]["epoch"]}
+            assert back.subscribe("s", "/k", since=since)["op"] == "reply"
+            assert [e["seq"] for e in _events(back, 50)] == list(range(31, 81))
+            assert pub.publish("/k", "after")["seq"] == 81
+            assert back.next_push()["text"] == "after"
+            assert stays.next_push()["text"] == "after"
+
+
+def test_sigterm_loses_no_acknowledged_publish(node: ServerProcess, tmp_path: Path) -> None:
+    a, b = _workers(node)
+    acked: dict[str, list[int]] = {"a": [], "b": []}
+    stop = threading.Event()
+
+    def publish(worker: int, tag: str) -> None:
+        c = _lines_on(node, worker)
+        i = 0
+        try:
+            while not stop.is_set():
+                reply = c.publish("/t", f"{tag}{i}")
+                if reply.get("op") != "reply":
+                    return  # refused while shutting down
+                acked[tag].append(int(reply["seq"]))
+                i += 1
+        except (ConnectionError, OSError):
+            return  # closed by the shutdown: what was acknowledged is counted
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=publish, args=(w, t)) for w, t in ((a, "a"), (b, "b"))]
+    for t in threads:
+        t.start()
+    _wait_for(lambda: len(acked["a"]) > 50 and len(acked["b"]) > 50, "publishes on both workers")
+    assert node.terminate() == 0
+    stop.set()
+    for t in threads:
+        t.join(30)
+    every = sorted(acked["a"] + acked["b"])
+    assert every == sorted(set(every))  # one sequence
+    # The log, read by a single-process server on the same data directory, holds every acknowledged one.
+    again = ServerProcess(node.data_dir).start()
+    try:
+        with Lines(again.ports["native"]) as r:
+            top = r.subscribe("r", "/t")["position"]["seq"]
+            assert top >= every[-1]
+            reply = r.subscribe("all", "/t", since={"seq": 0, "epoch": ""})
+            assert reply["op"] == "reply", reply
+            got = [e["seq"] for e in _events(r, top)]
+            assert got == list(range(1, top + 1))
+    finally:
+        again.kill()
+
+
+def test_other_dialects_share_the_workers_sequence(node: ServerProcess) -> None:
+    """qrpc listens on both workers get every emit of either worker, in order, once."""
+    a, b = _workers(node)
+
+    async def on(worker: int) -> QrpcClient:
+        for _ in range(200):
+            q = await QrpcClient.connect(node.ports["qrpc"])
+            if _serving(q.writer.get_extra_info("socket"), [a, b]) == worker:
+                return q
+            await q.close()
+        raise AssertionError(f"no qrpc connection landed on worker {worker}")
+
+    async def main() -> None:
+        qa, qb = await on(a), await on(b)
+        la, lb = qa.send("listen", {"topic": "q.*"}), qb.send("listen", {"topic": "q.*"})
+        for q in (qa, qb):  # calls are handled in order: the listen is registered after this
+            assert await q.call("ignore", {"topic": "__barrier__"}) == {"ok": True, "removed": 0}
+        for i in range(40):
+            q = qa if i % 2 else qb
+            await q.call("emit", {"topic": "q.x", "value": i})
+        for q, lid in ((qa, la), (qb, lb)):
+            assert [(await q.next(lid))["m"]["value"] for _ in range(40)] == list(range(40))
+        await qa.close()
+        await qb.close()
+
+    asyncio.run(main())
+
+
+def test_a_durable_consumer_is_held_by_one_worker_and_gets_every_workers_events(node: ServerProcess) -> None:
+    a, b = _workers(node)
+    with _lines_on(node, a) as cons, _lines_on(node, b) as other, _lines_on(node, b) as pub:
+        r = cons.request({"op": "consume", "consumer": "jobs", "pattern": "/jobs/**", "max": 10})
+        assert r["op"] == "reply" and r["created"] is True, r
+        # Held on worker A: a connection on worker B may not open it too (one holder among the workers).
+        assert other.request({"op": "consume", "consumer": "jobs", "create": False})["code"] == 4206
+        for i in range(25):  # published on worker B, journaled in its commits
+            assert pub.publish("/jobs/a", f"j{i}")["op"] == "reply"
+        got: list[str] = []
+        positions: list[int] = []
+        while len(got) < 25:
+            d = cons.next_push("deliver")
+            got += [it["text"] for it in d["items"]]
+            positions += [it["pos"] for it in d["items"]]
+            assert cons.request({"op": "ack", "consumer": "jobs", "batch": d["batch"]})["op"] == "reply"
+        assert got == [f"j{i}" for i in range(25)] and positions == list(range(1, 26))
+        # Let go on worker A, opened on worker B: nothing pending, and the next event comes there.
+        assert cons.request({"op": "unconsume", "consumer": "jobs"})["op"] == "reply"
+        r = other.request({"op": "consume", "consumer": "jobs", "create": False})
+        assert r["op"] == "reply" and r["pending"] == 0, r
+        assert cons.publish("/jobs/b", "after")["op"] == "reply"  # from worker A this time
+        d = other.next_push("deliver")
+        assert [(it["text"], it["pos"]) for it in d["items"]] == [("after", 26)]
