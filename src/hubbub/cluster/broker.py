@@ -205,9 +205,7 @@ class RedisBroker(OrderedDelivery):
 
     def committed(self, events: Sequence[tuple[Session | None, Event]]) -> None:
         """This node's newly committed events, in commit order (on the loop, after their acks)."""
-        offer = self.sequencer.offer
-        for origin, ev in events:
-            offer(ev, origin)
+        self.offer_many(events)
         if self.up and len(self._outbox) < MAX_OUTBOX:
             self._outbox.extend(ev for _, ev in events)
             self._wake.set()
@@ -373,9 +371,7 @@ class RedisBroker(OrderedDelivery):
             consumers.others_committed(m.events)
             if m.tops:
                 consumers.others_committed(None)
-        offer = self.sequencer.offer
-        for ev in m.events:
-            offer(ev)
+        self.offer_many((None, ev) for ev in m.events)
         self.received += len(m.events)
         for channel, epoch, top in m.tops:
             self.sequencer.committed_up_to(channel, epoch, top)

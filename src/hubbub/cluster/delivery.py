@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,8 @@ class OrderedDelivery:
         self._node: Node | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        #: While :meth:`offer_many` runs: what the sequencer releases, fanned out together after it.
+        self._batch: list[tuple[Session | None, Event]] | None = None
         self._reads = ThreadPoolExecutor(2, thread_name_prefix="hubbub-cluster-reader")
         self.sequencer: Sequencer[Session] = Sequencer(
             self._deliver,
@@ -73,7 +75,30 @@ class OrderedDelivery:
 
     # -- to the node ------------------------------------------------------------------------------------
 
+    def offer_many(self, events: Iterable[tuple[Session | None, Event]]) -> None:
+        """Offer committed events to the sequencer (this node's own with their origin sessions, other
+        writers' with None); what they release is fanned out together, as runs (``Node.fan_out_many``: a
+        delivery per run and connection rather than per event). Fills release one event at a time."""
+        batch: list[tuple[Session | None, Event]] = []
+        self._batch = batch
+        try:
+            offer = self.sequencer.offer
+            for origin, ev in events:
+                offer(ev, origin)
+        finally:
+            self._batch = None
+        node = self._node
+        if batch and node is not None:
+            node.fan_out_many(batch)
+            if node.consumers is not None:  # live exclusive groups take every writer's events from here
+                released = node.consumers.released
+                for _, ev in batch:
+                    released(ev)
+
     def _deliver(self, ev: Event, origin: Session | None) -> None:
+        if self._batch is not None:
+            self._batch.append((origin, ev))
+            return
         node = self._node
         if node is not None:
             node.fan_out(ev, origin)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -115,6 +115,10 @@ class Node:
     watch_subscriptions: Callable[[Callable[[Subscription, bool], None]], Callable[[], None]]
     send_fetched: Callable[[Session, Pattern, ReplayPlan], Awaitable[int]]
     fetch: Callable[[Session, Pattern, SubtreeFetch], Awaitable[ReplayPlan]]
+    #: A relay's release (``relay``) of committed events, with their origins, to the matching sessions: one,
+    #: or several at once, fanned out as runs as a commit is (``SubscriptionRegistry.fan_out_events``).
+    fan_out: Callable[[Event, Session | None], None]
+    fan_out_many: Callable[[Iterable[tuple[Session | None, Event]]], None]
 
     def __init__(
         self,
@@ -185,6 +189,8 @@ class Node:
         self.unsubscribe = r.unsubscribe
         self.subscriptions = r.subscriptions
         self.watch_subscriptions = r.watch
+        self.fan_out = r.fanout.fan_out
+        self.fan_out_many = r.fan_out_events
         self._relay: Relay | None = None
         self.consumers: ConsumerService | None = None  # set by the service while it runs (docs/consumers.md)
         self.presence: Presence = LocalPresence()  #: rosters (core/presence.py); a cluster's once installed
@@ -271,10 +277,6 @@ class Node:
         the router; holding ones too). qpubs counts its ``delivered`` with it, wearscript answers
         ``exists``, a cluster node decides whether it needs a channel's events."""
         return self._registry.router.match(channel, tags)
-
-    def fan_out(self, event: Event, origin: Session | None = None) -> None:
-        """Deliver a committed event to the matching local sessions: a relay's release (``relay``)."""
-        self._registry.fanout.fan_out(event, origin)
 
     # -- subscribe --------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ Concurrency contract: called from the event loop thread only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import final
 
@@ -240,8 +240,23 @@ class SubscriptionRegistry:
     # -- live fan-out -----------------------------------------------------------------------------------
 
     def fan_out_committed(self, items: list[Pending], result: list[AppendResult]) -> None:
-        """Fan out a committed batch (after its acks), in commit order."""
+        """Fan out a committed batch (after its acks), in commit order (:meth:`fan_out_events`), counting
+        each new event as published."""
         published = self.published
+
+        def new() -> Iterator[tuple[Session | None, Event]]:
+            for (origin, _done, _t0), r in zip(items, result, strict=True):
+                if not r.duplicate:
+                    ev = r.event
+                    d = ev.publisher.dialect
+                    published[d] = published.get(d, 0) + 1
+                    yield origin, ev
+
+        self.fan_out_events(new())
+
+    def fan_out_events(self, events: Iterable[tuple[Session | None, Event]]) -> None:
+        """Fan out committed events with their origin sessions, in the order given: a commit's
+        (:meth:`fan_out_committed`), or what a cluster relay releases at once (``Node.fan_out_many``)."""
         fan_out, fan_out_run = self.fanout.fan_out, self.fanout.fan_out_run
         match = self.router.match
         # Consecutive events with the same subscribers and origin (one publisher's burst on one channel)
@@ -253,12 +268,7 @@ class SubscriptionRegistry:
         # nothing either (no fan-out ran in between, so nothing could subscribe), without asking the router.
         none_channel: str | None = None
         none_tags: tuple[str, ...] = ()
-        for (origin, _done, _t0), r in zip(items, result, strict=True):
-            if r.duplicate:
-                continue
-            ev = r.event
-            d = ev.publisher.dialect
-            published[d] = published.get(d, 0) + 1
+        for origin, ev in events:
             if ev.channel is none_channel and ev.tags == none_tags:
                 continue
             subs = match(ev.channel, ev.tags)

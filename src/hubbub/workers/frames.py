@@ -21,7 +21,8 @@ The owner sends:
 Requests, results and events, the bulk of the traffic, travel as plain tuples (:func:`pack_requests`,
 :func:`pack_results`, :func:`pack_events` and their inverses): pickling the values themselves (slotted
 dataclasses, through ``__getstate__``) cost some 10-20 µs per event each way, the tuples about 1 µs to pack
-and 2-4 µs to unpack into values again.
+and 2-4 µs to unpack into values again. A new event's result is its position only: the worker has the rest
+in its request.
 
 Concurrency contract: :func:`send` under the caller's lock (one writer per socket at a time); a
 :class:`FrameReader` is used by one thread.
@@ -192,13 +193,40 @@ def unpack_events(items: list[tuple[Any, ...]], pubs: Publishers) -> list[Event]
 
 
 def pack_results(results: Sequence[AppendResult]) -> list[tuple[Any, ...]]:
-    return [(_event(r.event), r.duplicate, r.journal) for r in results]
+    """An append's results for the worker that sent its requests: a new event as its position and time
+    only (``(seq, epoch, time_ns, journal)``: the rest is the request's, which the worker has), a duplicate
+    whole (``(event, journal)``: the original's, not the request's)."""
+    return [
+        (_event(r.event), r.journal)
+        if r.duplicate
+        else (r.event.seq, r.event.epoch, r.event.time_ns, r.journal)
+        for r in results
+    ]
 
 
-def unpack_results(items: list[tuple[Any, ...]], pubs: Publishers) -> list[AppendResult]:
-    get = pubs.get
+def unpack_results(
+    items: list[tuple[Any, ...]], batch: Sequence[AppendRequest], pubs: Publishers
+) -> list[AppendResult]:
+    """:func:`pack_results`'s results of ``batch`` (the requests they answer, in order) as values again."""
     out = []
-    for (ch, seq, epoch, t, d, u, a, m, payload, ctype, h, tags), dup, journal in items:
-        ev = Event(ch, seq, epoch, t, get(d, u, a, m), payload, ctype, h or {}, tags)
-        out.append(AppendResult(ev, dup, journal))
+    for item, req in zip(items, batch, strict=True):
+        if len(item) == 4:
+            seq, epoch, t, journal = item
+            h = req.headers
+            ev = Event(
+                req.channel,
+                seq,
+                epoch,
+                t,
+                req.publisher,
+                req.payload,
+                req.content_type,
+                dict(h) if h else {},
+                tuple(req.tags),
+            )
+            out.append(AppendResult(ev, False, journal))
+        else:
+            (ch, seq, epoch, t, d, u, a, m, payload, ctype, h, tags), journal = item
+            ev = Event(ch, seq, epoch, t, pubs.get(d, u, a, m), payload, ctype, h or {}, tags)
+            out.append(AppendResult(ev, True, journal))
     return out

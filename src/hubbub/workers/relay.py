@@ -101,9 +101,7 @@ class WorkerRelay(OrderedDelivery):
 
     def committed(self, events: Sequence[tuple[Session | None, Event]]) -> None:
         """This worker's newly committed events, in commit order (on the loop, after their acks)."""
-        offer = self.sequencer.offer
-        for origin, ev in events:
-            offer(ev, origin)
+        self.offer_many(events)
 
     def _on_broadcast(self, msg: Broadcast) -> None:
         if self._closed:
@@ -111,15 +109,13 @@ class WorkerRelay(OrderedDelivery):
         kind, items = msg
         node = self._node
         consumers = None if node is None else node.consumers
-        offer = self.sequencer.offer
         if kind == "events":
             for worker, events in items:
                 if worker == self.worker:
                     continue  # this worker's own: offered at commit, with their origins
                 if consumers is not None:  # their journal items are committed: open consumers read them
                     consumers.others_committed(events)
-                for ev in events:
-                    offer(ev)
+                self.offer_many((None, ev) for ev in events)
                 self.received += len(events)
         elif kind == "tops":
             self.tops += 1

@@ -179,7 +179,7 @@ class RemoteLogStore(LogStore):
 
     def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
         packed = self._send(("append", pack_requests(batch)))
-        return unpack_results(packed, self._publishers)
+        return unpack_results(packed, batch, self._publishers)
 
     def trim(self, channel: str, up_to_seq: int, *, epoch: str | None = None) -> ChannelInfo:
         out: ChannelInfo = self._call("trim", channel, up_to_seq, epoch=epoch)
