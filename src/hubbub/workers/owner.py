@@ -86,12 +86,31 @@ class _Link:
     #: Channels whose events were left out while the outbox was full: channel -> (epoch, top).
     tops: dict[str, tuple[str, int]] = field(default_factory=dict)
     closed: bool = False
+    #: A message is being sent (by the sender thread, or by :meth:`put` itself): nothing else may be.
+    sending: bool = False
 
     def put(self, data: bytes, events: bool) -> None:
+        """Queue a message (on the owner's thread: the only producer). A reply with nothing before it is
+        sent at once, without blocking, from this thread: one thread wake-up less per call, on the path of
+        every acknowledgement; what the socket does not take now goes to the sender thread."""
         with self.cond:
-            self.outbox.append((data, events))
-            if events:
-                self.queued += len(data)
+            if events or self.outbox or self.tops or self.sending or self.closed:
+                self.outbox.append((data, events))
+                if events:
+                    self.queued += len(data)
+                self.cond.notify()
+                return
+            self.sending = True
+        try:
+            n = self.sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            n = len(data)  # the worker is gone: its reader thread sees the end
+        with self.cond:
+            self.sending = False
+            if n < len(data):
+                self.outbox.appendleft((data[n:], False))
             self.cond.notify()
 
     def offer_events(self, data: bytes, events: Sequence[Any]) -> bool:
@@ -111,10 +130,11 @@ class _Link:
     def next(self) -> bytes | None:
         """The next message to send (waiting for one); None once closed."""
         with self.cond:
-            while not self.outbox and not self.tops and not self.closed:
+            while ((not self.outbox and not self.tops) or self.sending) and not self.closed:
                 self.cond.wait()
             if self.closed:
                 return None
+            self.sending = True
             if self.outbox:
                 data, events = self.outbox.popleft()
                 if events:
@@ -122,6 +142,12 @@ class _Link:
                 return data
             tops, self.tops = self.tops, {}
             return encode(("tops", [(ch, ep, top) for ch, (ep, top) in tops.items()]))
+
+    def sent(self) -> None:
+        """The sender thread sent what :meth:`next` gave it."""
+        with self.cond:
+            self.sending = False
+            self.cond.notify()
 
     def close(self) -> None:
         with self.cond:
@@ -207,6 +233,7 @@ class LogOwner:
             except OSError:
                 link.close()  # the reader sees the end too, and lets the worker's holds go
                 return
+            link.sent()
 
     # -- the owner's thread -----------------------------------------------------------------------------
 
