@@ -6,17 +6,17 @@
   :class:`~hubbub.workers.owner.LogOwner` commits every worker's publishes (group commit across workers) and
   sends each commit's events to the other workers, encoded once. It reserves every listener's port (a socket
   bound with ``SO_REUSEPORT`` and never listening: a port 0 becomes a fixed port for the workers, kept while
-  the node runs, so a restarted worker binds it again). It starts the workers, each with one end of a
-  ``socketpair`` (its connection to the owner) and a pipe on which it says it started; once every worker has
-  (each logged its ``listening`` records), it logs ``hubbub <version> started``. It restarts a worker that
-  dies (with backoff), and on SIGTERM or SIGINT stops every worker gracefully (each closes its connections
-  and commits what it queued), then closes the store. SIGHUP goes to every worker.
+  the node runs, so a restarted worker binds it again). It starts the workers, each with one end of two
+  socketpairs (its connection to the owner: calls, events) and a pipe on which it says it started; once
+  every worker has (each logged its ``listening`` records), it logs ``hubbub <version> started``. It
+  restarts a worker that dies (with backoff), and on SIGTERM or SIGINT stops every worker gracefully (each
+  closes its connections and commits what it queued), then closes the store. SIGHUP goes to every worker.
 * A **worker** is a whole :class:`~hubbub.server.Server` (every dialect) whose store is the owner's
   (:class:`~hubbub.workers.remote.RemoteLogStore`: writes through the owner, reads from the log's file) and
   whose relay (:class:`~hubbub.workers.relay.WorkerRelay`) delivers every worker's events in order. Its
   listeners bind the parent's ports with ``SO_REUSEPORT`` (``transports/accept.py`` ``share_ports``): the
   kernel spreads connections over the workers. It dies with its parent (``PR_SET_PDEATHSIG``, and the
-  owner's socket ending).
+  owner's sockets ending).
 
 Links up to other servers (``upstream``, ``wearscript.upstream``) run in worker 0 only: the other workers
 deliver what they bring, and worker 0 sees every worker's events to send up.
@@ -247,20 +247,23 @@ class WorkerNode:
     def _spawn(self, index: int) -> None:
         owner = self._owner
         assert owner is not None
-        mine, theirs = socket.socketpair()
+        calls, calls_w = socket.socketpair()
+        events, events_w = socket.socketpair()
         ready_r, ready_w = os.pipe()
         cfg = self.config
         if index > 0:  # links up run in worker 0 only
             cfg = _without_links(cfg)
-        owner.connect(index, mine)  # before the worker runs: it receives every commit from now on
+        owner.connect(index, calls, events)  # before the worker runs: it receives every commit from now on
+        fds = (calls_w.fileno(), events_w.fileno(), ready_w)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "hubbub.server_workers", str(theirs.fileno()), str(ready_w)],
+                [sys.executable, "-m", "hubbub.server_workers", *map(str, fds)],
                 stdin=subprocess.PIPE,
-                pass_fds=(theirs.fileno(), ready_w),
+                pass_fds=fds,
             )
         finally:
-            theirs.close()
+            calls_w.close()
+            events_w.close()
             os.close(ready_w)
         assert proc.stdin is not None
         with proc.stdin:
@@ -368,7 +371,8 @@ def _die_with_parent(parent: int) -> None:
 
 
 def child_main(argv: list[str], read_config: Callable[[], bytes]) -> None:
-    """A worker process: ``argv`` holds its owner socket's and ready pipe's descriptors; its index and
+    """A worker process: ``argv`` holds the descriptors of its two sockets to the owner (calls, events) and
+    of its ready pipe; its index and
     configuration come pickled from ``read_config`` (the parent's pipe)."""
     from hubbub.logs import setup_logging
     from hubbub.server import run
@@ -377,12 +381,12 @@ def child_main(argv: list[str], read_config: Callable[[], bytes]) -> None:
 
     parent = os.getppid()
     _die_with_parent(parent)
-    sock_fd, ready_fd = int(argv[0]), int(argv[1])
+    calls_fd, events_fd, ready_fd = (int(a) for a in argv[:3])
     index, cfg = pickle.loads(read_config())
     cfg = dataclasses.replace(cfg, dialects=types.MappingProxyType(dict(cfg.dialects)))
     setup_logging(cfg.logging.level, cfg.logging.format)
     share_ports()
-    store = RemoteLogStore(socket.socket(fileno=sock_fd), index)
+    store = RemoteLogStore(socket.socket(fileno=calls_fd), socket.socket(fileno=events_fd), index)
 
     def started() -> None:
         os.write(ready_fd, b"R")

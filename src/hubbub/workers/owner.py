@@ -9,11 +9,14 @@ own results back. A commit's new events are then sent to every other worker, enc
 (``frames``), so that each delivers every worker's events (``workers/relay.py``). Reads do not come here
 when the log is a file the workers can read themselves (SQLite in WAL mode: ``hello`` names it).
 
-Per worker, one thread reads its calls and one sends it its replies and the others' events, from an
-outbox. The outbox is bounded (:data:`OUTBOX_BYTES` of events): past that, a worker that does not read is
-sent, once it catches up, the tops of the channels it missed instead of their events, and it reads them from
-the log (the cluster's answer to a node that could not follow Redis); replies are never dropped (a worker
-has at most one call in flight per thread).
+A worker has two sockets to the owner. On the first, its calls come in (one thread per worker reads them)
+and the owner's thread sends each reply as soon as the call is done: the worker's calling thread waits on
+that socket for it (one call at a time), so no thread of either process wakes in between. On the second, a
+sender thread per worker sends the other workers' events from an outbox, which is bounded
+(:data:`OUTBOX_BYTES` of events): past that, a worker that does not read is sent, once it catches up, the
+tops of the channels it missed instead of their events, and it reads them from the log (the cluster's answer
+to a node that could not follow Redis). A worker that does not read a reply within
+:data:`REPLY_TIMEOUT_S` is cut off.
 
 Durable consumers: the store's ``consumer_hold`` is answered here, one holder among the workers at a time,
 released when its worker's connection ends (a worker that died), as a PostgreSQL session's lock is.
@@ -29,6 +32,7 @@ import contextlib
 import logging
 import queue
 import socket
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +58,8 @@ log = logging.getLogger("hubbub.workers")
 
 #: Bytes of other workers' events queued for one worker beyond which it gets their channels' tops instead.
 OUTBOX_BYTES: Final = 64 << 20
+#: Seconds a worker may take to read a reply before it is cut off (it always waits for its replies).
+REPLY_TIMEOUT_S: Final = 10
 #: The most append calls one commit merges (each a worker's batch of up to ``commit_batch`` publishes).
 MAX_MERGED: Final = 64
 
@@ -74,9 +80,11 @@ _GONE: Final = object()
 
 @dataclass(eq=False)
 class _Link:
-    """One worker's connection."""
+    """One worker's connection: ``calls`` (its calls in, their replies out, sent by the owner's thread, with
+    a send timeout) and ``sock`` (other workers' events out, from an outbox, by a sender thread)."""
 
     worker: int
+    calls: socket.socket
     sock: socket.socket
     lock: threading.Lock = field(default_factory=threading.Lock)
     cond: threading.Condition = field(default_factory=threading.Condition)
@@ -86,32 +94,17 @@ class _Link:
     #: Channels whose events were left out while the outbox was full: channel -> (epoch, top).
     tops: dict[str, tuple[str, int]] = field(default_factory=dict)
     closed: bool = False
-    #: A message is being sent (by the sender thread, or by :meth:`put` itself): nothing else may be.
-    sending: bool = False
 
-    def put(self, data: bytes, events: bool) -> None:
-        """Queue a message (on the owner's thread: the only producer). A reply with nothing before it is
-        sent at once, without blocking, from this thread: one thread wake-up less per call, on the path of
-        every acknowledgement; what the socket does not take now goes to the sender thread."""
-        with self.cond:
-            if events or self.outbox or self.tops or self.sending or self.closed:
-                self.outbox.append((data, events))
-                if events:
-                    self.queued += len(data)
-                self.cond.notify()
-                return
-            self.sending = True
+    def reply(self, data: bytes) -> None:
+        """Send a call's reply (on the owner's thread). The worker's calling thread waits for it, reading;
+        one that does not take it within :data:`REPLY_TIMEOUT_S` is cut off (it stops when it sees its
+        connection end), rather than holding up every other worker's commits."""
         try:
-            n = self.sock.send(data, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            n = 0
-        except OSError:
-            n = len(data)  # the worker is gone: its reader thread sees the end
-        with self.cond:
-            self.sending = False
-            if n < len(data):
-                self.outbox.appendleft((data[n:], False))
-            self.cond.notify()
+            self.calls.sendall(data)
+        except OSError as exc:  # gone, or not reading
+            if not self.closed:
+                log.warning("worker %d: its reply could not be sent (%s): disconnected", self.worker, exc)
+            self.close()
 
     def offer_events(self, data: bytes, events: Sequence[Any]) -> bool:
         """Queue a commit's events, or note their tops when the outbox is full (or was, and has not
@@ -130,11 +123,10 @@ class _Link:
     def next(self) -> bytes | None:
         """The next message to send (waiting for one); None once closed."""
         with self.cond:
-            while ((not self.outbox and not self.tops) or self.sending) and not self.closed:
+            while not self.outbox and not self.tops and not self.closed:
                 self.cond.wait()
             if self.closed:
                 return None
-            self.sending = True
             if self.outbox:
                 data, events = self.outbox.popleft()
                 if events:
@@ -143,18 +135,19 @@ class _Link:
             tops, self.tops = self.tops, {}
             return encode(("tops", [(ch, ep, top) for ch, (ep, top) in tops.items()]))
 
-    def sent(self) -> None:
-        """The sender thread sent what :meth:`next` gave it."""
-        with self.cond:
-            self.sending = False
-            self.cond.notify()
-
     def close(self) -> None:
         with self.cond:
             self.closed = True
             self.cond.notify()
-        with contextlib.suppress(OSError):  # a socket its worker closed already
-            self.sock.shutdown(socket.SHUT_RDWR)
+        for sock in (self.calls, self.sock):
+            with contextlib.suppress(OSError):  # a socket its worker closed already
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def release(self) -> None:
+        """Close the sockets (once its reader thread has seen the end: :meth:`LogOwner._gone`)."""
+        self.close()
+        for sock in (self.calls, self.sock):
+            sock.close()
 
 
 class LogOwner:
@@ -188,16 +181,18 @@ class LogOwner:
     def start(self) -> None:
         self._thread.start()
 
-    def connect(self, worker: int, sock: socket.socket) -> None:
-        """Serve worker ``worker`` on ``sock`` (the owner's end of its socketpair), replacing the
-        connection of an earlier process of the same index (one that died)."""
-        link = _Link(worker, sock)
+    def connect(self, worker: int, calls: socket.socket, events: socket.socket) -> None:
+        """Serve worker ``worker`` on ``calls`` and ``events`` (the owner's ends of its two socketpairs),
+        replacing the connection of an earlier process of the same index (one that died)."""
+        # A kernel send timeout, not Python's (which would make the socket non-blocking for its reader too).
+        calls.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", REPLY_TIMEOUT_S, 0))
+        link = _Link(worker, calls, events)
         with self._links_lock:
             old = self._links.get(worker)
             self._links[worker] = link
         if old is not None:
             old.close()
-        link.put(encode(("hello", {"engine": self._store.engine, "path": self._reads_path})), False)
+        link.reply(encode(("hello", {"engine": self._store.engine, "path": self._reads_path})))
         threading.Thread(
             target=self._send_loop, args=(link,), name=f"hubbub-owner-send-{worker}", daemon=True
         ).start()
@@ -218,7 +213,7 @@ class LogOwner:
     # -- the worker's threads ---------------------------------------------------------------------------
 
     def _read_loop(self, link: _Link) -> None:
-        reader = FrameReader(link.sock)
+        reader = FrameReader(link.calls)
         try:
             while (msg := reader.read()) is not None:
                 self._queue.put((link, msg))
@@ -233,7 +228,6 @@ class LogOwner:
             except OSError:
                 link.close()  # the reader sees the end too, and lets the worker's holds go
                 return
-            link.sent()
 
     # -- the owner's thread -----------------------------------------------------------------------------
 
@@ -288,7 +282,7 @@ class LogOwner:
         except Exception as exc:  # every caller gets the error (the store rolled back)
             state = error_state(_plain(exc))
             for link, rid, _ in appends:
-                link.put(encode(("err", rid, state)), False)
+                link.reply(encode(("err", rid, state)))
             appends.clear()
             return
         self.commits += 1
@@ -298,7 +292,7 @@ class LogOwner:
         for link, rid, reqs in appends:
             mine = results[i : i + len(reqs)]
             i += len(reqs)
-            link.put(encode(("ret", rid, pack_results(mine))), False)
+            link.reply(encode(("ret", rid, pack_results(mine))))
             new = [r.event for r in mine if not r.duplicate]
             if new:
                 groups.append((link.worker, new))
@@ -325,7 +319,7 @@ class LogOwner:
             data = encode(("ret", rid, value))
         except Exception as exc:
             data = encode(("err", rid, error_state(_plain(exc))))
-        link.put(data, False)
+        link.reply(data)
 
     def _hold(self, link: _Link, consumer_id: int, take: bool = True) -> bool:
         """``consumer_hold`` among the workers: held by one worker's connection at a time (a process, not an
@@ -345,7 +339,7 @@ class LogOwner:
 
     def _gone(self, link: _Link) -> None:
         """A worker's connection ended: its holds go, and it is sent nothing more."""
-        link.close()
+        link.release()
         with self._links_lock:
             if self._links.get(link.worker) is link:
                 del self._links[link.worker]

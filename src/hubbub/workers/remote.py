@@ -1,22 +1,24 @@
 """A worker's log: :class:`RemoteLogStore`, the node's one store as a worker process sees it.
 
 Writes (appends, trims, epochs, retention, the consumers' journals) are calls to the
-:class:`~hubbub.workers.owner.LogOwner` in the parent process, over the worker's socket (``frames``); each
-call blocks its thread until the owner answers, so the worker's writer thread still commits one group at a
-time, and the owner merges the groups of every worker into one commit. Reads go straight to the log's file
+:class:`~hubbub.workers.owner.LogOwner` in the parent process, over the worker's calls socket (``frames``):
+the calling thread sends its call and reads the reply itself (one call at a time on the socket), so the
+worker's writer thread still commits one group at a time, and the owner merges the groups of every worker
+into one commit. Reads go straight to the log's file
 where the owner names one (SQLite in WAL mode: a read-only connection per thread, each read one snapshot,
 concurrent with the owner's writer), else to the owner too.
 
-The same socket brings the other workers' committed events (and, for a worker that fell behind, their
-channels' tops): :meth:`RemoteLogStore.listen` hands them to the worker's relay (``workers/relay.py``),
-which delivers them in order; what arrives before the relay listens is kept for it.
+A second socket brings the other workers' committed events (and, for a worker that fell behind, their
+channels' tops), read by a thread of their own: :meth:`RemoteLogStore.listen` hands them to the worker's
+relay (``workers/relay.py``), which delivers them in order; what arrives before the relay listens is kept
+for it.
 
 ``shared`` is true: other processes write this log too, so the durable consumers read their journals for
 what other workers committed (``core/consumers.py``), and hold a consumer through the owner
 (``consumer_hold``).
 
 Concurrency contract: every store method may be called from any thread but the event loop's (they block on
-the owner); :meth:`listen`'s callbacks run on the socket's reader thread. When the owner goes away (the
+the owner); :meth:`listen`'s callbacks run on the events socket's reader thread. When the owner goes away (the
 parent died), every call waiting or made later raises :class:`StorageError` and ``on_lost`` is called once.
 """
 
@@ -28,7 +30,6 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from hubbub.errors import StorageError
@@ -56,7 +57,6 @@ from .frames import (
     encode,
     pack_requests,
     rebuild_error,
-    send,
     unpack_events,
     unpack_results,
 )
@@ -71,17 +71,20 @@ Broadcast = tuple[str, list[Any]]
 
 
 class RemoteLogStore(LogStore):
-    """See the module docstring. ``sock``: the worker's end of its socketpair with the owner; ``worker``
-    its index (its own events in a broadcast are left out: its ``append`` returned them)."""
+    """See the module docstring. ``calls`` and ``events``: the worker's ends of its two socketpairs with the
+    owner (calls and their replies; the other workers' events); ``worker`` its index (its own events in a
+    broadcast are left out: its ``append`` returned them)."""
 
     shared = True
 
-    def __init__(self, sock: socket.socket, worker: int) -> None:
+    def __init__(self, calls: socket.socket, events: socket.socket, worker: int) -> None:
         self.worker = worker
-        self._sock = sock
-        self._send_lock = threading.Lock()
-        self._reader = FrameReader(sock)
-        hello = self._reader.read()
+        self._calls = calls
+        self._events = events
+        #: Held for a call and its reply: one call at a time, the caller reads its own reply.
+        self._call_lock = threading.Lock()
+        self._replies = FrameReader(calls)
+        hello = self._replies.read()
         if not (isinstance(hello, tuple) and hello[0] == "hello"):
             raise StorageError("the log owner did not greet this worker")
         info: dict[str, Any] = hello[1]
@@ -90,17 +93,16 @@ class RemoteLogStore(LogStore):
         #: Where this worker reads the log itself (None: through the owner).
         self._reads: LogStore | None = SqliteLogStore(path, readonly=True) if path else None
         self._ids = itertools.count(1)
-        #: Publishers of unpacked results (the writer thread's) and broadcasts (the reader thread's).
+        #: Publishers of unpacked results (the writer thread's: appends) and broadcasts (the reader thread's).
         self._publishers = Publishers()
         self._broadcast_publishers = Publishers()
-        self._pending: dict[int, Future[Any]] = {}
         self._lock = threading.Lock()
         self._lost = False
         self._closed = False
         self._kept: list[Broadcast] = []
         self._listener: Callable[[Broadcast], None] | None = None
         self._on_lost: Callable[[], None] | None = None
-        self._thread = threading.Thread(target=self._receive, name="hubbub-worker-owner", daemon=True)
+        self._thread = threading.Thread(target=self._receive, name="hubbub-worker-events", daemon=True)
         self._thread.start()
 
     def listen(self, on_broadcast: Callable[[Broadcast], None], on_lost: Callable[[], None]) -> None:
@@ -116,22 +118,13 @@ class RemoteLogStore(LogStore):
             on_lost()
 
     def _receive(self) -> None:
+        """The other workers' events, until the owner goes away."""
+        reader = FrameReader(self._events)
         try:
-            while (msg := self._reader.read()) is not None:
-                kind = msg[0]
-                if kind in ("ret", "err"):
-                    with self._lock:
-                        fut = self._pending.pop(msg[1], None)
-                    if fut is None:
-                        continue
-                    if kind == "ret":
-                        fut.set_result(msg[2])
-                    else:
-                        fut.set_exception(rebuild_error(msg[2]))
-                    continue
-                if kind == "events":
+            while (msg := reader.read()) is not None:
+                if msg[0] == "events":
                     pubs = self._broadcast_publishers
-                    msg = (kind, [(w, unpack_events(evs, pubs)) for w, evs in msg[1] if w != self.worker])
+                    msg = ("events", [(w, unpack_events(evs, pubs)) for w, evs in msg[1] if w != self.worker])
                 with self._lock:
                     listener = self._listener
                     if listener is None:
@@ -143,10 +136,7 @@ class RemoteLogStore(LogStore):
                 log.warning("worker %d: the connection to the log owner failed: %s", self.worker, exc)
         with self._lock:
             self._lost = True
-            pending, self._pending = self._pending, {}
             on_lost = self._on_lost
-        for fut in pending.values():
-            fut.set_exception(StorageError("the log owner is gone"))
         if on_lost is not None and not self._closed:
             on_lost()
 
@@ -154,20 +144,22 @@ class RemoteLogStore(LogStore):
         return self._send(("call", method, args, kwargs))
 
     def _send(self, msg: tuple[Any, ...]) -> Any:
-        """Send ``msg`` with a request id after its kind, and wait for the owner's answer."""
-        fut: Future[Any] = Future()
-        with self._lock:
+        """Send ``msg`` with a request id after its kind, and read the owner's answer (blocking)."""
+        with self._call_lock:
             if self._lost or self._closed:
                 raise StorageError("the log owner is gone")
             rid = next(self._ids)
-            self._pending[rid] = fut
-        try:
-            send(self._sock, self._send_lock, encode((msg[0], rid, *msg[1:])))
-        except OSError:
-            with self._lock:
-                self._pending.pop(rid, None)
-            raise StorageError("the log owner is gone") from None
-        return fut.result()
+            try:
+                self._calls.sendall(encode((msg[0], rid, *msg[1:])))
+                reply = self._replies.read()
+            except (OSError, ValueError):
+                reply = None
+            if reply is None or reply[1] != rid:
+                self._lost = True  # the events socket ends too: the relay hears of it there
+                raise StorageError("the log owner is gone")
+        if reply[0] == "err":
+            raise rebuild_error(reply[2])
+        return reply[2]
 
     def _read(self, method: str, *args: Any, **kwargs: Any) -> Any:
         reads = self._reads
@@ -355,7 +347,9 @@ class RemoteLogStore(LogStore):
         self._closed = True
         if self._reads is not None:
             self._reads.close()
-        with contextlib.suppress(OSError):  # the owner closed it first
-            self._sock.shutdown(socket.SHUT_RDWR)
+        for sock in (self._calls, self._events):
+            with contextlib.suppress(OSError):  # the owner closed it first
+                sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(5.0)
-        self._sock.close()
+        self._calls.close()
+        self._events.close()
