@@ -51,6 +51,7 @@ from hubbub.errors import StorageError
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
 from hubbub.log.sqlite import SqliteLogStore
+from hubbub.server import federation_node_id, lock_data_dir, run, store_place
 from hubbub.workers.owner import LogOwner
 
 __all__ = ["WorkerNode", "child_main", "run_workers", "worker_count"]
@@ -169,8 +170,6 @@ class WorkerNode:
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT; the exit status (1: the workers could not start, or the owner
         failed)."""
-        from hubbub.server import lock_data_dir, store_place
-
         cfg = self.config
         st = cfg.storage
         if cfg.cluster.broker or st.store.lower().startswith(("postgresql:", "postgres:")):
@@ -203,7 +202,8 @@ class WorkerNode:
         owner = self._owner = LogOwner(store, path, lambda exc: self._events.put(("failed", exc)))
         owner.start()
         cfg, reserved, addresses = reserve_ports(self.config)
-        self.config = cfg
+        # One federation id for the node, made here once: workers making it at once would each keep their own.
+        cfg = self.config = _replaced(cfg, [(cfg.federation, {"node_id": federation_node_id(cfg)})])
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         }
@@ -375,7 +375,6 @@ def child_main(argv: list[str], read_config: Callable[[], bytes]) -> None:
     of its ready pipe; its index and
     configuration come pickled from ``read_config`` (the parent's pipe)."""
     from hubbub.logs import setup_logging
-    from hubbub.server import run
     from hubbub.transports.accept import share_ports
     from hubbub.workers.remote import RemoteLogStore
 

@@ -9,6 +9,7 @@ the worker they want."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -111,6 +112,9 @@ def test_publishes_on_either_worker_reach_subscribers_on_both_in_one_sequence_on
     node: ServerProcess,
 ) -> None:
     a, b = _workers(node)
+    # One node: one federation id, made by the parent, not one per worker of a new data directory.
+    ids = {json.loads(line)["message"] for line in node.log().splitlines() if "federation node id" in line}
+    assert len(ids) == 1, ids
     with _lines_on(node, a) as sub_a, _lines_on(node, b) as sub_b:
         for s in (sub_a, sub_b):
             assert s.subscribe("s", "/room/**")["op"] == "reply"
