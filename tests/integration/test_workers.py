@@ -235,7 +235,7 @@ def test_sigterm_loses_no_acknowledged_publish(node: ServerProcess, tmp_path: Pa
     every = sorted(acked["a"] + acked["b"])
     assert every == sorted(set(every))  # one sequence
     # The log, read by a single-process server on the same data directory, holds every acknowledged one.
-    again = ServerProcess(node.data_dir).start()
+    again = ServerProcess(node.data_dir).start(timeout=60.0)
     try:
         with Lines(again.ports["native"]) as r:
             top = r.subscribe("r", "/t")["position"]["seq"]
