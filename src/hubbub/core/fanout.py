@@ -4,7 +4,9 @@ Concurrency contract: called from the event loop only, by the :class:`~hubbub.co
 :class:`FanOut` (its commit completion, and the release of held events after a replay). The node's ordering
 guarantees (see :mod:`hubbub.core.node`) hold because the node hands events over in commit order: each session
 gets a live event at most once, with the ids of every subscription of that session that matches it, and an
-event for a subscription whose replay is still being read is held on that subscription instead.
+event for a subscription whose replay is still being read is held on that subscription instead: on each such
+subscription of the session that matches it, the first one sending it to the session's live ones too
+(:mod:`hubbub.core.hold`).
 
 Isolation: an encoder, a delivery filter or a session's queue that raises for one session costs that session
 only (:class:`~hubbub.core.faults.Faults` closes it, logs, counts); the delivery loop resumes with the next
@@ -23,6 +25,7 @@ from hubbub.router import Router
 
 from .faults import Faults
 from .filters import FILTER_PREFIX, delivery_filters, passes
+from .hold import Share
 from .session import Encoder, FrameRun, Session
 
 if TYPE_CHECKING:
@@ -181,7 +184,7 @@ class FanOut:
                 if filters is not None and not passes(sess, filters):
                     return
                 if s.holding is not None:
-                    self._hold(s, event)
+                    s.holding.add(event, Share(s, ()), True)
                     return
                 self.deliver(sess, event, (s.sub_id,), caches)
             except Exception as exc:  # this session's failure: see the module docstring
@@ -199,11 +202,8 @@ class FanOut:
                         continue
                     if filters is not None and not passes(sess, filters):
                         continue
-                    if holding:
-                        holder = next((s for s in group if s.holding is not None), None)
-                        if holder is not None:
-                            self._hold(holder, event)
-                            continue
+                    if holding and _hold(group, event):
+                        continue
                     deliver(sess, event, ids, caches)
                 return
             except Exception as exc:  # one session's failure: see the module docstring
@@ -243,9 +243,26 @@ class FanOut:
             d = sess.dialect
             self.deliveries[d] = self.deliveries.get(d, 0) + 1
 
-    def _hold(self, sub: Subscription, event: Event) -> None:
-        assert sub.holding is not None
-        sub.holding.add(event)
+
+def _hold(group: list[Subscription], event: Event) -> bool:
+    """Hold ``event`` on every subscription of ``group`` (one session's, matching it) whose replay is still
+    being read; ``False`` when none is. Each of them sends it for itself at its junction, unless its replay
+    covered it; the first one sends it to the group's live subscriptions too (see :mod:`hubbub.core.hold`)."""
+    if len(group) == 1:
+        s = group[0]
+        if s.holding is None:
+            return False
+        s.holding.add(event, Share(s, ()), True)
+        return True
+    holders = [s for s in group if s.holding is not None]
+    if not holders:
+        return False
+    share = Share(holders[0], tuple(s for s in group if s.holding is None))
+    alone = len(holders) == 1
+    for s in holders:
+        assert s.holding is not None
+        s.holding.add(event, share, alone)
+    return True
 
 
 def _run_frames(

@@ -79,6 +79,9 @@ class Encoder(Protocol):
     # An encoder may also set ``per_connection = True``: its ``encode_event`` keeps state of its own
     # connection (guble records each queued event frame), so the fan-out calls it for every session and never
     # hands one session the frames encoded for another (it still shares the rendering cache between them).
+    # And ``names_subscriptions = True`` when its frames name the subscriptions ``subs`` (native's ``subs``,
+    # qrpc's calls): a held event then goes out once per subscription that gets it, each after its own
+    # replay; any other connection gets it once (core/hold.py).
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
         """The bytes of one event frame for a connection whose matching subscriptions are ``subs``."""

@@ -12,7 +12,7 @@ Concurrency contract: called from the event loop thread only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import final
 
@@ -219,23 +219,31 @@ class SubscriptionRegistry:
     def subscriptions(self, session: Session) -> list[Subscription]:
         return list(self._subs.get(session, {}).values())
 
-    def held_ids(self, sub: Subscription, event: Event, in_snapshot: bool) -> list[str]:
-        """The ids of the subscriptions of ``sub``'s session that get ``event``, held on ``sub`` (or read back
-        from the log for its hold): ``sub`` itself unless the event is inside its snapshot, and every live
-        subscription of the session that matches it (fan-out held it for all of them)."""
+    def held_ids(
+        self, sub: Subscription, event: Event, in_snapshot: bool, live: Collection[Subscription]
+    ) -> list[str]:
+        """The ids, in the order the subscriptions were created, of the subscriptions of ``sub``'s session
+        that get ``event``, held on ``sub`` (or read back from the log for its hold): ``sub`` itself unless
+        the event is inside its snapshot, and those of ``live`` (the session's live subscriptions that
+        ``sub`` owes it, ``core/hold.py``) still subscribed and matching it."""
         subs = self._subs.get(sub.session)
         if not subs:
             return []
         return [
             s.sub_id
             for s in subs.values()
-            if (not in_snapshot if s is sub else s.holding is None) and s.matches(event)
+            if (not in_snapshot if s is sub else s in live) and s.matches(event)
         ]
 
     def end_hold(self, sub: Subscription) -> None:
-        """``sub`` is live: live fan-out reaches it directly from now on (its held events were sent)."""
+        """``sub`` is live: live fan-out reaches it directly from now on (its held events were sent). A
+        spilled hold of another subscription of its session owes it the events it loses from now on."""
         sub.holding = None
         self._holding.discard(sub)
+        for s in self._subs.get(sub.session, {}).values():
+            hold = s.holding
+            if hold is not None and hold.spilled:
+                hold.joins(sub)
 
     # -- live fan-out -----------------------------------------------------------------------------------
 

@@ -161,6 +161,9 @@ class PeerEncoder:
 
     __slots__ = ("codec", "cut", "key", "node_id", "peer", "stats")
 
+    #: Its frames name the subscriptions (``subs``; core/session.py).
+    names_subscriptions = True
+
     def __init__(self, codec: nc.NativeCodec, node_id: str, peer: str, stats: PeerStats) -> None:
         self.codec = codec
         self.node_id = node_id

@@ -56,6 +56,9 @@ class NativeEncoder:
 
     __slots__ = ("codec", "encode_event", "key")
 
+    #: Its frames name the subscriptions (``subs``; core/session.py).
+    names_subscriptions = True
+
     def __init__(self, codec: nc.NativeCodec) -> None:
         self.codec = codec
         self.key = f"native.{codec.encoding}"

@@ -83,6 +83,8 @@ class QrpcEncoder:
     """Renders an event for one connection's matching calls (per connection: it knows their topics)."""
 
     per_connection = True
+    #: Its frames name the calls (``subs``; core/session.py).
+    names_subscriptions = True
     key = "qpubs.qrpc"
 
     def __init__(self, separator: str, fired: Callable[[str], None]) -> None:
