@@ -307,3 +307,31 @@ def test_spilled_holds_of_two_replaying_subscriptions_close_the_session_rather_t
         for ch, seqs in per_channel(received(got, s)).items():
             if seqs:  # a run of consecutive ids: no gap, no duplicate
                 assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), (s, ch)
+
+
+class Caching(Enc):
+    """Caches an event's frame under one fixed key of the event's rendering cache, as the WearScript, mist
+    and qpubs encoders do."""
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        hit: bytes | None = cache.get("frame")
+        if hit is None:
+            hit = cache["frame"] = super().encode_event(event, subs, replay, cache)
+        return hit
+
+
+def test_each_held_event_is_rendered_for_itself(tmp_path: Path) -> None:
+    """The junction renders each held event through a cache of its own: one shared by all of them made an
+    encoder that caches under a fixed key send the first held event's frame for every one."""
+
+    async def body(node: Node, sess: Session, publish: Any, log: list[tuple[str, int]]) -> list[Any]:
+        sess.encoder = Caching()
+        x = await blocked(node, sess, "x", "/j/**")
+        await publish("/j/a", 3)
+        await publish("/j/b", 3)
+        return [x]
+
+    got, log, sess = spill_run(tmp_path, body)
+    assert not sess.kicked
+    # The held events (and the last one, live): what follows the replay of the 2 x BEFORE events before.
+    assert [(ch, seq) for ch, seq, _, replayed in got if not replayed] == log[2 * BEFORE :]

@@ -2,8 +2,9 @@
 receiver's work as its own task, so ``+ /t 0`` and ``+ /t/a 0`` hold at once; the snapshots are read in
 either order, with events published before, between and after them. Guble's frames do not name receivers:
 the connection gets each receiver's fetch in full and every event of their live streams once (guble.md §5,
-§6). Native reads a connection's commands one at a time (a subscribe's replay and junction end before the
-next command), so its subscriptions never hold at once: the node-level tests cover frames that name them."""
+§6). A WearScript list subscribes its channels at once too (without a replay), and gets every event once.
+Native reads a connection's commands one at a time (a subscribe's replay and junction end before the next
+command), so its subscriptions never hold at once: the node-level tests cover frames that name them."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgpack
 import pytest
 
 from hubbub.core import ReplayPlan, replay_service
@@ -110,5 +112,62 @@ def test_a_guble_connection_with_two_receivers_at_once_gets_every_event_once(
             ]
             assert got == Counter([*fetched, *live, ("/t/a", "last")])
             assert meta(messages[-1])[0] == "/t/a" and messages[-1].endswith(b"\nlast")
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("first", [0, 1], ids=["subtree-first", "channel-first"])
+def test_a_wearscript_connection_subscribing_a_list_at_once_gets_every_event_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: int
+) -> None:
+    """A WearScript list ``["w", "w:a"]`` subscribes both at once (no replay: each one's stream starts at
+    its subscribe): events published to ``w:a`` before, between and after the two snapshots reach the
+    connection once each, in order, as one WearScript connection gets an event once (wearscript.md)."""
+    entered: list[str] = []
+    release = [threading.Event(), threading.Event()]
+    armed, both = threading.Event(), threading.Event()
+
+    def gated(store: Any, pattern: Any, *args: Any) -> ReplayPlan:
+        if armed.is_set():
+            entered.append(pattern.text)
+            if len(entered) == 2:
+                both.set()
+            assert release[sorted(["/w/**", "/w/a/**"]).index(pattern.text)].wait(WAIT)
+        return plan_selection(store, pattern, *args)
+
+    monkeypatch.setattr(replay_service, "plan_selection", gated)
+
+    async def main() -> None:
+        async with server(tmp_path) as srv, aiohttp.ClientSession() as http:
+            addr = f"127.0.0.1:{srv.ports['http']}"
+            sent: list[str] = []
+
+            async def publish(n: int) -> None:
+                for _ in range(n):
+                    body = f"e{len(sent)}"
+                    async with http.post(f"http://{addr}/api/v1/publish/w/a", data=body.encode()) as r:
+                        assert r.status == 200
+                    sent.append(body)
+
+            async with http.ws_connect(f"ws://{addr}/wearscript/ws") as ws:
+
+                async def recv() -> Any:
+                    msg = await ws.receive(timeout=WAIT)
+                    assert msg.type == aiohttp.WSMsgType.BINARY, msg
+                    return msgpack.unpackb(msg.data, raw=False)
+
+                assert (await recv())[0] == "subscriptions"  # the hub's own list
+                armed.set()
+                await ws.send_bytes(msgpack.packb(["subscriptions", "phone:r", ["w", "w:a"]]))
+                assert await asyncio.to_thread(both.wait, WAIT)
+                await publish(3)  # both holding, before both snapshots
+                release[first].set()
+                await publish(3)  # one of them may be live: the other holds
+                release[1 - first].set()
+                await publish(3)
+                got = [await recv() for _ in sent]
+                assert got == [["w:a", body] for body in sent]
+                await publish(1)
+                assert await recv() == ["w:a", sent[-1]]
 
     asyncio.run(main())

@@ -42,7 +42,7 @@ import heapq
 import logging
 from collections import deque
 from collections.abc import Collection
-from typing import Any, final
+from typing import final
 
 from hubbub.events import Event, Position
 from hubbub.log.base import EventLog
@@ -88,7 +88,6 @@ class Junction:
         self.spills = 0
         #: Whether the session's frames name its subscriptions (``Encoder.names_subscriptions``).
         self.names: bool = getattr(sub.session.encoder, "names_subscriptions", False)
-        self._caches: dict[str, dict[Any, Any]] = {}
 
     async def run(self) -> None:
         """Send the held events (and any lost ones, from the log), then end the hold; returns early when the
@@ -158,7 +157,8 @@ class Junction:
             if once is not None:
                 once.sent = True
             try:
-                self.registry.fanout.deliver(sess, ev, ids, self._caches)
+                # A rendering cache of its own: an encoder caches an event's bytes in it under a fixed key.
+                self.registry.fanout.deliver(sess, ev, ids, {})
             except Exception as exc:  # this session's failure: see core/faults.py
                 self.registry.faults.close(sess, ev.channel, ev.seq, exc, stage="release of held events")
                 return False
