@@ -2,7 +2,9 @@
 
 For each ``--payload`` (bytes, or ``mixed``: sizes drawn from ``payloads.MIXED``, one publisher's frames
 cycling through 256 of them) it measures acked publishes (no subscriber) and end to end (one subscriber),
-native TCP msgpack, ``--events`` publishes with a window of 4,000 unacknowledged, over ``--rounds`` rounds.
+native TCP msgpack (or each ``--kind`` of client: ``hubbub-json``, JSON lines over TCP; ``hubbub-ws`` and
+``hubbub-wsjson``, msgpack and JSON over WebSocket, what a browser speaks), ``--events`` publishes with a
+window of 4,000 unacknowledged, over ``--rounds`` rounds (``--modes ack`` or ``e2e`` for one of the two).
 Every ``--src`` tree's server runs for the whole bench, and each measurement alternates between them (the
 order flips each round), so a shared machine's load and a server's start fall on every tree alike; the
 figure is the server's CPU over the measurement per event delivered (steadier than the rate)::
@@ -43,22 +45,31 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--events", type=int, default=40_000)
     p.add_argument("--duration", type=float, default=3.0, help="most seconds per measurement")
+    p.add_argument(
+        "--kind",
+        action="append",
+        choices=("hubbub", "hubbub-json", "hubbub-ws", "hubbub-wsjson"),
+        help="client kind (repeatable; default hubbub: native TCP msgpack; hubbub-wsjson: WebSocket JSON)",
+    )
+    p.add_argument("--modes", default="ack,e2e", help="ack, e2e or both (comma-separated)")
     a = p.parse_args()
+    kinds: list[str] = a.kind or ["hubbub"]
+    modes = a.modes.split(",")
     payloads = a.payload or ["16", "100", "mixed"]
     srcs: list[str | None] = [str(Path(x).resolve()) for x in a.src] if a.src else [None]
     _SIZES["mixed"] = payload_sizes(256, "mixed")
     sc.pub_frames = _frames  # the publishers are forked: they build their frames with this
-    cpu: dict[tuple[str, str, str | None], list[float]] = {}
+    cpu: dict[tuple[str, str, str, str | None], list[float]] = {}
     with ExitStack() as stack:
         servers = {src: stack.enter_context(start("hubbub-commit", src=src)) for src in srcs}
         for r in range(a.rounds):
             order = srcs if r % 2 == 0 else srcs[::-1]
             for payload in payloads:
                 size = 0 if payload == "mixed" else int(payload)
-                for kind in ("ack", "e2e"):
+                for kind, client in ((m, k) for m in modes for k in kinds):
                     for src in order:
                         srv = servers[src]
-                        spec = srv.specs["hubbub"]
+                        spec = srv.specs[client]
                         res = sc.throughput(
                             srv,
                             spec,
@@ -73,16 +84,16 @@ def main() -> None:
                         )
                         n = res.extra["count"]
                         us = res.server_cpu_s / n * 1e6 if n else float("nan")
-                        cpu.setdefault((payload, kind, src), []).append(us)
+                        cpu.setdefault((payload, kind, client, src), []).append(us)
                         print(
-                            f"round {r + 1} {payload} B {kind} {src or 'src'}: {us:.2f} µs/event",
+                            f"round {r + 1} {payload} B {kind} {client} {src or 'src'}: {us:.2f} µs/event",
                             file=sys.stderr,
                         )
     for payload in payloads:
-        for kind in ("ack", "e2e"):
-            line = [f"{payload} B {kind}:"]
+        for kind, client in ((m, k) for m in modes for k in kinds):
+            line = [f"{payload} B {kind} {client}:"]
             for src in srcs:
-                xs = cpu[(payload, kind, src)]
+                xs = cpu[(payload, kind, client, src)]
                 line.append(f"{src or 'src'} median {statistics.median(xs):.2f} (min {min(xs):.2f})")
             print("  ".join(line))
 

@@ -17,14 +17,15 @@ from hubbub.transports.http import ws_frames
 WAIT = 10.0
 
 
-def test_ws_frames_use_each_length_form() -> None:
-    sizes = [0, 125, 126, 65535, 65536]
-    out = b"".join(ws_frames([b"a" * n for n in sizes], 0x2))
+@pytest.mark.parametrize("opcode", [0x1, 0x2, 0x81, 0x82])
+def test_ws_frames_use_each_length_form(opcode: int) -> None:
+    sizes = [0, 1, 124, 125, 126, 127, 65535, 65536]
+    out = b"".join(ws_frames([b"a" * n for n in sizes], opcode))
     heads = []
     pos = 0
     while pos < len(out):
         b0, b1 = out[pos], out[pos + 1]
-        assert b0 == 0x82 and not b1 & 0x80  # FIN + binary, unmasked
+        assert b0 == 0x80 | opcode and not b1 & 0x80  # FIN + text or binary (as given), unmasked
         n, pos = b1, pos + 2
         if n == 126:
             n, pos = int.from_bytes(out[pos : pos + 2], "big"), pos + 2

@@ -1,10 +1,13 @@
-"""The msgpack publish reply is built from cached per-channel pieces (``NativeCodec.encode_publish_reply``,
-and per commit ``encode_publish_replies``): it must be byte for byte the packed map of native.md §3.4, for
-every integer width and any channel."""
+"""The publish reply is built from a template cached per channel and epoch
+(``NativeCodec.encode_publish_reply``, and per commit ``encode_publish_replies``): it must be byte for byte
+the packed map (msgpack) or the compact object (JSON) of native.md §3.4, for every integer width and any
+channel."""
 
 from __future__ import annotations
 
 import msgpack
+import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,6 +47,36 @@ def test_reply_is_the_packed_map(
         assert list(msgpack.unpackb(got).items()) == list(want.items())
 
 
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    rid=ints,
+    seq=ints,
+    time_ns=ints,
+    channel=st.sampled_from(["/a", "/chat/é", '/q"uo\\te', "/p%d%s%%", "/" + "y" * 300]),
+    epoch=st.sampled_from(["abcd1234", "e%d" * 5]),
+    duplicate=st.booleans(),
+)
+def test_json_reply_is_the_compact_object(
+    rid: int, seq: int, time_ns: int, channel: str, epoch: str, duplicate: bool
+) -> None:
+    codec = nc.NativeCodec("json")
+    want: dict[str, object] = {
+        "op": "reply",
+        "id": rid,
+        "channel": channel,
+        "seq": seq,
+        "epoch": epoch,
+        "time": str(time_ns),
+    }
+    if duplicate:
+        want["duplicate"] = True
+    ev = event(channel, seq, epoch, time_ns)
+    for _ in range(2):  # the second reply comes from the cached template
+        got = codec.encode_publish_reply(rid, ev, duplicate)
+        assert got == orjson.dumps(want)
+        assert list(orjson.loads(got).items()) == list(want.items())
+
+
 def assert_reply_7(got: bytes) -> None:
     """The reply to request 7 for ``/c/0`` seq 9 of epoch ``e`` at time 5, after the caches were filled past
     their bound and cleared."""
@@ -51,13 +84,14 @@ def assert_reply_7(got: bytes) -> None:
     assert msgpack.unpackb(got) == want
 
 
-def test_reply_pieces_are_bounded_and_stay_right_after_clearing() -> None:
-    codec = nc.NativeCodec("msgpack")
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+def test_reply_pieces_are_bounded_and_stay_right_after_clearing(encoding: nc.Encoding) -> None:
+    codec = nc.NativeCodec(encoding)
     for i in range(_REPLY_PARTS_MAX + 10):
         codec.encode_publish_reply(1, event(f"/c/{i}", 1, "e", 1))
     assert len(codec._reply_formats) <= _REPLY_PARTS_MAX
     got = codec.encode_publish_reply(7, event("/c/0", 9, "e", 5))
-    assert_reply_7(got)
+    assert_reply_7(got if encoding == "msgpack" else msgpack.packb(_json_reply(got)))
 
 
 class _Result:
@@ -96,10 +130,18 @@ def test_replies_of_a_commit_are_each_reply(
         assert codec.frames_for_stream(got) == b"".join(map(codec.frame_for_stream, got))
 
 
-def test_reply_formats_are_bounded() -> None:
-    codec = nc.NativeCodec("msgpack")
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+def test_reply_formats_are_bounded(encoding: nc.Encoding) -> None:
+    codec = nc.NativeCodec(encoding)
     for i in range(_REPLY_PARTS_MAX + 10):
         codec.encode_publish_replies([(1, _Result(event(f"/c/{i}", 1, "e", 1)))])
     assert len(codec._reply_formats) <= _REPLY_PARTS_MAX
     (got,) = codec.encode_publish_replies([(7, _Result(event("/c/0", 9, "e", 5)))])
-    assert_reply_7(got)
+    assert_reply_7(got if encoding == "msgpack" else msgpack.packb(_json_reply(got)))
+
+
+def _json_reply(frame: bytes) -> dict[str, object]:
+    """A JSON reply's object with ``time`` as the integer msgpack carries."""
+    obj: dict[str, object] = orjson.loads(frame)
+    obj["time"] = int(str(obj["time"]))
+    return obj

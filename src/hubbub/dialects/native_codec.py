@@ -21,6 +21,7 @@ module-level functions are pure and thread-safe.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -48,6 +49,7 @@ from .native_commands import (
     CONSUMER_OPS,
     MAX_ID,
     MAX_U64,
+    TEXT_CONTENT_TYPE,
     Auth,
     Command,
     Hello,
@@ -94,6 +96,7 @@ __all__ = [
     "SUBPROTOCOLS",
     "NativeCodec",
     "error_message",
+    "exact_json",
 ]
 
 PROTOCOL_VERSION: Final = 1
@@ -133,6 +136,20 @@ PUSH_FIELDS: Final[dict[str, tuple[str, ...]]] = {
 
 _LONG_INT = re.compile(rb"[0-9]{19,}")
 _LONG_INT_STR = re.compile(r"[0-9]{19,}")
+
+
+#: The types of a decoded JSON value that orjson may have read inexactly (an integer beyond 64 bits becomes a
+#: float) or that may hold such a value.
+_INEXACT: Final = frozenset({float, dict, list})
+#: No value read (yet): orjson refused the frame.
+_UNREAD: Final = object()
+
+
+def exact_json(obj: Any) -> bool:
+    """Whether orjson's reading ``obj`` of a frame is certainly what the standard library reads (no integer
+    beyond 64 bits, which orjson reads as a float): an object whose values are neither floats nor containers,
+    or no object at all (such a frame is refused, whichever library read it)."""
+    return type(obj) is not dict or _INEXACT.isdisjoint(map(type, obj.values()))
 
 
 def _no_constant(name: str) -> Any:
@@ -251,19 +268,37 @@ class NativeCodec:
             obj = self._load(message)
         if type(obj) is not dict:
             raise BadFrame("a frame must be an object")
+        if obj.get("op") == "publish":
+            # The hot path of every publishing client, in either encoding: decode_object's steps inlined.
+            try:
+                return self._publish(obj)
+            except HubbubError as exc:
+                if exc.request_id is None:
+                    exc.request_id = echo_id(obj.get("id"))
+                raise
         return self.decode_object(obj)
 
     def _load(self, message: bytes | bytearray | memoryview | str) -> Any:
         if self._json:
             try:
                 # orjson reads integers beyond 64 bits as floats, which would change a ``json`` payload's
-                # digits; a frame with such a long digit run is read by the standard library instead.
+                # digits; a frame with such a long digit run is read by the standard library instead. A
+                # frame orjson reads into an object of plain values (no float, no nested container: the
+                # common publish) held no such integer, and its reading is the standard library's: it is
+                # taken without looking for long digit runs, a scan that costs more than orjson's parse.
+                read: Any = _UNREAD
+                with contextlib.suppress(ValueError):  # orjson.JSONDecodeError is a ValueError
+                    read = orjson.loads(message)
+                if read is not _UNREAD and exact_json(read):
+                    return read
                 if isinstance(message, str):
                     long_int = _LONG_INT_STR.search(message) is not None
                 else:
                     long_int = _LONG_INT.search(message) is not None
                 if not long_int:
-                    return orjson.loads(message)
+                    if read is _UNREAD:
+                        raise BadFrame("not JSON")
+                    return read
                 obj = json.loads(
                     bytes(message) if isinstance(message, memoryview) else message,
                     parse_constant=_no_constant,
@@ -374,7 +409,12 @@ class NativeCodec:
                 self._channels.clear()
             self._channels[raw_channel] = channel
         if self._json:
-            payload, default_type = json_payload(obj)
+            text = obj.get("text")
+            if type(text) is str and "json" not in obj and "b64" not in obj:
+                # json_payload's answer for the common text payload, without its checks' list.
+                payload, default_type = text.encode("utf-8"), TEXT_CONTENT_TYPE
+            else:
+                payload, default_type = json_payload(obj)
         else:
             raw = obj.get("payload")
             if type(raw) is bytes:
@@ -474,14 +514,13 @@ class NativeCodec:
 
     def encode_publish_replies(self, replies: Sequence[tuple[int, Any]]) -> list[bytes]:
         """:meth:`encode_publish_reply` of each ``(id, result)`` (a result has ``event`` and
-        ``duplicate``), in order: the replies of one commit. In msgpack, a run of one channel and epoch (a
-        publisher's burst) formats each reply from one ``%`` template of its id, seq and time; the bytes are
-        the same."""
-        encode = self.encode_publish_reply
+        ``duplicate``), in order: the replies of one commit. A run of one channel and epoch (a publisher's
+        burst) formats each reply from one ``%`` template of its id, seq and time; the bytes are the same."""
         if self._json:
-            return [encode(rid, r.event, r.duplicate) for rid, r in replies]
-        pack = self._packer.pack
+            return self._json_publish_replies(replies)
+        encode = self.encode_publish_reply
         reply_format = self._reply_format
+        pack = self._packer.pack
         out: list[bytes] = []
         add = out.append
         channel: str | None = None
@@ -498,14 +537,48 @@ class NativeCodec:
             add(fmt % (pack(rid), pack(ev.seq), pack(ev.time_ns)))
         return out
 
+    def _json_publish_replies(self, replies: Sequence[tuple[int, Any]]) -> list[bytes]:
+        """:meth:`encode_publish_replies` in JSON: a run of one channel and epoch formats each reply from
+        one ``%`` template of its id, seq and time (:meth:`_reply_format`), the same bytes as dumping the
+        reply's object."""
+        encode = self.encode_publish_reply
+        reply_format = self._reply_format
+        out: list[bytes] = []
+        add = out.append
+        channel: str | None = None
+        epoch = ""
+        fmt = b""
+        for rid, r in replies:
+            ev = r.event
+            if r.duplicate or type(rid) is not int:
+                add(encode(rid, ev, r.duplicate))
+                continue
+            if ev.channel is not channel or ev.epoch != epoch:
+                channel, epoch = ev.channel, ev.epoch
+                fmt = reply_format(channel, epoch)
+            add(fmt % (rid, ev.seq, ev.time_ns))
+        return out
+
     def _reply_format(self, channel: str, epoch: str) -> bytes:
-        """The msgpack publish reply of ``channel`` and ``epoch`` as a ``%`` template of its packed id, seq
-        and time, cached per (channel, epoch) (cleared when full)."""
+        """The publish reply of ``channel`` and ``epoch`` as a ``%`` template, cached per (channel, epoch)
+        (cleared when full): in msgpack of its packed id, seq and time (``%s`` each), in JSON of the three
+        integers (``%d``; ``time`` inside its string quotes), with the spec's key order in both."""
         formats = self._reply_formats
         got = formats.get((channel, epoch))
         if got is None:
             if len(formats) >= _REPLY_PARTS_MAX:
                 formats.clear()
+            if self._json:
+                got = formats[(channel, epoch)] = b"".join(
+                    (
+                        b'{"op":"reply","id":%d,"channel":',
+                        orjson.dumps(channel).replace(b"%", b"%%"),
+                        b',"seq":%d,"epoch":',
+                        orjson.dumps(epoch).replace(b"%", b"%%"),
+                        b',"time":"%d"}',
+                    )
+                )
+                return got
             pack = self._packer.pack
             got = formats[(channel, epoch)] = b"%s".join(
                 p.replace(b"%", b"%%")
@@ -521,13 +594,16 @@ class NativeCodec:
     def encode_publish_reply(self, id: int, event: Event, duplicate: bool = False) -> bytes:
         """The acknowledgement of a publish (native.md §3.4); ``time`` is a string in JSON.
 
-        In msgpack, from a template cached per (channel, epoch) (:meth:`_reply_format`): only the id, seq
-        and time are packed per reply (the same bytes as packing the whole map; the tests compare them).
+        From a template cached per (channel, epoch) (:meth:`_reply_format`): only the id, seq and time are
+        formatted (msgpack: packed) per reply, the same bytes as encoding the whole object (the tests compare
+        them).
         """
-        if not self._json and not duplicate and type(id) is int:
-            pack = self._packer.pack
+        if not duplicate and type(id) is int:
             key = (event.channel, event.epoch)
             fmt = self._reply_formats.get(key) or self._reply_format(*key)
+            if self._json:
+                return fmt % (id, event.seq, event.time_ns)
+            pack = self._packer.pack
             return fmt % (pack(id), pack(event.seq), pack(event.time_ns))
         obj: dict[str, Any] = {
             "op": "reply",

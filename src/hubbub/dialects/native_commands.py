@@ -23,6 +23,7 @@ __all__ = [
     "MAX_ID",
     "MAX_SUB_CHARS",
     "MAX_U64",
+    "TEXT_CONTENT_TYPE",
     "Ack",
     "Auth",
     "Command",
@@ -325,6 +326,10 @@ def time_ns(v: object) -> int:
     return uint(v, "from_time")
 
 
+#: The content type of a JSON publish's ``text`` payload (native.md §3.4).
+TEXT_CONTENT_TYPE: Final = "text/plain; charset=utf-8"
+
+
 def json_payload(obj: Obj) -> tuple[bytes, str]:
     """Exactly one of ``json``, ``text``, ``b64`` (JSON transport, native.md §3.4)."""
     present = [k for k in ("json", "text", "b64") if k in obj]
@@ -337,7 +342,7 @@ def json_payload(obj: Obj) -> tuple[bytes, str]:
     if type(value) is not str:
         raise BadRequest(f"{kind} must be a string")
     if kind == "text":
-        return value.encode("utf-8"), "text/plain; charset=utf-8"
+        return value.encode("utf-8"), TEXT_CONTENT_TYPE
     try:
         return base64.b64decode(value.encode("ascii"), validate=True), DEFAULT_CONTENT_TYPE
     except (binascii.Error, UnicodeEncodeError, ValueError):

@@ -26,7 +26,7 @@ import orjson
 
 from hubbub.errors import BadFrame, FrameTooLarge, HubbubError
 
-from .native_codec import _LONG_INT, NativeCodec
+from .native_codec import NativeCodec, exact_json
 from .native_commands import MAX_ID, Command, Publish, json_payload
 from .native_common import DEFAULT_CONTENT_TYPE, DEFAULT_MAX_FRAME, Encoding, Limits
 
@@ -297,9 +297,7 @@ class NativeStreamDecoder:
         limit = self.max_frame
         codec = self.codec
         quick = self._quick_json
-        # The usual read holds no digit run long enough to need the standard library (see NativeCodec._load):
-        # one search of the whole buffer then spares each line its own.
-        load = codec._load if _LONG_INT.search(buf) is not None else None
+        load = codec._load
         pos = 0
         search = self._scanned
         while True:
@@ -314,11 +312,19 @@ class NativeStreamDecoder:
                 self._fail(FrameTooLarge(f"line over {limit} bytes"), out)
                 return
             if end > pos:
+                # orjson's reading of the usual line (an object of plain values) is exact; any other line
+                # is read again by the codec, which reads integers beyond 64 bits exactly (NativeCodec._load).
+                line = buf[pos:end]
                 try:
-                    obj = _orjson_loads(buf[pos:end]) if load is None else load(buf[pos:end])
+                    obj = _orjson_loads(line)
+                    if not exact_json(obj):
+                        obj = load(line)
                 except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
-                    self._fail(BadFrame("not JSON"), out)
-                    return
+                    try:
+                        obj = load(line)
+                    except HubbubError as exc:  # BadFrame from _load: fatal
+                        self._fail(exc, out)
+                        return
                 except HubbubError as exc:  # BadFrame from _load: fatal
                     self._fail(exc, out)
                     return
