@@ -4,7 +4,8 @@ For each ``--payload`` (bytes, or ``mixed``: sizes drawn from ``payloads.MIXED``
 cycling through 256 of them) it measures acked publishes (no subscriber) and end to end (one subscriber),
 native TCP msgpack (or each ``--kind`` of client: ``hubbub-json``, JSON lines over TCP; ``hubbub-ws`` and
 ``hubbub-wsjson``, msgpack and JSON over WebSocket, what a browser speaks), ``--events`` publishes with a
-window of 4,000 unacknowledged, over ``--rounds`` rounds (``--modes ack`` or ``e2e`` for one of the two).
+window of 4,000 unacknowledged, over ``--rounds`` rounds (``--modes ack`` or ``e2e`` for one of the two;
+``--subs`` subscribers end to end, the figure then per delivery).
 Every ``--src`` tree's server runs for the whole bench, and each measurement alternates between them (the
 order flips each round), so a shared machine's load and a server's start fall on every tree alike; the
 figure is the server's CPU over the measurement per event delivered (steadier than the rate)::
@@ -52,6 +53,7 @@ def main() -> None:
         help="client kind (repeatable; default hubbub: native TCP msgpack; hubbub-wsjson: WebSocket JSON)",
     )
     p.add_argument("--modes", default="ack,e2e", help="ack, e2e or both (comma-separated)")
+    p.add_argument("--subs", type=int, default=1, help="subscribers end to end (per delivery)")
     a = p.parse_args()
     kinds: list[str] = a.kind or ["hubbub"]
     modes = a.modes.split(",")
@@ -77,7 +79,7 @@ def main() -> None:
                             f"{kind}{payload}r{r}",
                             size,
                             a.events,
-                            subs=1 if kind == "e2e" else 0,
+                            subs=a.subs if kind == "e2e" else 0,
                             ack=True,
                             window=4000,
                             duration=a.duration,

@@ -59,7 +59,15 @@ from .native_http import (
 )
 from .native_pages import page_frames
 from .native_protocol import Admit, NativeProtocol, Phase
-from .native_stream import MAX_STREAM_FRAME, RUN_MAX, NativeStreamDecoder, PublishRun, RunItem, StreamItem
+from .native_stream import (
+    MAX_STREAM_FRAME,
+    RUN_MAX,
+    NativeStreamDecoder,
+    PublishRun,
+    RunItem,
+    StreamItem,
+    decode_messages,
+)
 from .spec import DialectSpec
 
 __all__ = [
@@ -97,6 +105,7 @@ __all__ = [
     "Subscribe",
     "Unconsume",
     "Unsubscribe",
+    "decode_messages",
     "deliver_frame",
     "error_message",
     "event_batches",

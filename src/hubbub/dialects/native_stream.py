@@ -18,7 +18,7 @@ loop); the codecs it decodes with keep no state of a connection and may be share
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 import msgpack
@@ -37,6 +37,7 @@ __all__ = [
     "PublishRun",
     "RunItem",
     "StreamItem",
+    "decode_messages",
 ]
 
 _unpackb = msgpack.unpackb
@@ -88,6 +89,13 @@ class PublishRun:
 
     def __len__(self) -> int:
         return len(self.replies)
+
+    def add(self, rid: int, ack: bool, channel: str, payload: bytes, content_type: str) -> None:
+        """Add one publish (a canonical channel)."""
+        self.channels.append(channel)
+        self.payloads.append(payload)
+        self.content_types.append(content_type)
+        self.replies.append((rid, ack))
 
     def __repr__(self) -> str:
         return f"PublishRun({len(self)} publishes)"
@@ -256,40 +264,14 @@ class NativeStreamDecoder:
         refuse: the general path then decodes it, with its own errors. (:meth:`_frames` has the msgpack
         case inline.)
         """
-        if type(obj) is not dict or obj.get("op") != "publish":
+        fields = _common_json(obj, self.codec._channels)
+        if fields is None:
             return False
-        rid = obj.get("id")
-        ack = obj.get("ack", False)
-        raw_channel = obj.get("channel")
-        if (
-            type(rid) is not int
-            or not 0 <= rid < MAX_ID
-            or type(ack) is not bool
-            or type(raw_channel) is not str
-            or len(obj) != 4 + ("ack" in obj)
-        ):
-            return False
-        # A channel the codec has not seen yet takes the general path once, which canonicalizes it.
-        channel = self.codec._channels.get(raw_channel)
-        if channel is None:
-            return False
-        # The fourth field must be the payload: one of text, json and b64 (json_payload checks which).
-        text = obj.get("text")
-        if type(text) is str:
-            payload, content_type = text.encode("utf-8"), _TEXT_TYPE
-        else:
-            try:
-                payload, content_type = json_payload(obj)
-            except HubbubError:
-                return False
         run = self._run
         if run is None or len(run.replies) >= RUN_MAX:
             run = self._run = PublishRun()
             out.append(run)
-        run.channels.append(channel)
-        run.payloads.append(payload)
-        run.content_types.append(content_type)
-        run.replies.append((rid, ack))
+        run.add(*fields)
         return True
 
     def _lines(self, out: list[RunItem]) -> None:
@@ -389,3 +371,115 @@ class NativeStreamDecoder:
                 return
         if pos:
             del buf[:pos]
+
+
+# -- WebSocket messages -----------------------------------------------------------------------------------
+
+#: A common publish's fields, as :meth:`PublishRun.add` takes them.
+_Fields: TypeAlias = tuple[int, bool, str, bytes, str]
+
+
+def _common_json(obj: Any, channels: dict[str, str]) -> _Fields | None:
+    """The fields of a JSON publish of the common shape (see :class:`PublishRun`) read exactly (no integer
+    beyond 64 bits read as a float: :func:`~.native_codec.exact_json`, or the codec's own reading), on a
+    channel the codec knows (``channels``: raw text to canonical); None for any other frame, including every
+    frame the general path would refuse."""
+    if type(obj) is not dict or obj.get("op") != "publish":
+        return None
+    rid = obj.get("id")
+    ack = obj.get("ack", False)
+    raw_channel = obj.get("channel")
+    if (
+        type(rid) is not int
+        or not 0 <= rid < MAX_ID
+        or type(ack) is not bool
+        or type(raw_channel) is not str
+        or len(obj) != 4 + ("ack" in obj)
+    ):
+        return None
+    # A channel the codec has not seen yet takes the general path once, which canonicalizes it.
+    channel = channels.get(raw_channel)
+    if channel is None:
+        return None
+    # The fourth field must be the payload: one of text, json and b64 (json_payload checks which).
+    text = obj.get("text")
+    if type(text) is str:
+        return rid, ack, channel, text.encode("utf-8"), _TEXT_TYPE
+    try:
+        payload, content_type = json_payload(obj)
+    except HubbubError:
+        return None
+    return rid, ack, channel, payload, content_type
+
+
+def _common_msgpack(obj: Any, channels: dict[str, str]) -> _Fields | None:
+    """:func:`_common_json` for a msgpack publish (``payload`` bin): what :meth:`NativeStreamDecoder._frames`
+    takes inline."""
+    if type(obj) is not dict or obj.get("op") != "publish":
+        return None
+    rid = obj.get("id")
+    ack = obj.get("ack", False)
+    raw_channel = obj.get("channel")
+    payload = obj.get("payload")
+    if (
+        type(rid) is not int
+        or not 0 <= rid < MAX_ID
+        or type(ack) is not bool
+        or type(raw_channel) is not str
+        or type(payload) is not bytes
+        or len(obj) != 4 + ("ack" in obj)
+    ):
+        return None
+    channel = channels.get(raw_channel)
+    if channel is None:
+        return None
+    return rid, ack, channel, payload, DEFAULT_CONTENT_TYPE
+
+
+def decode_messages(codec: NativeCodec, messages: Sequence[bytes | str]) -> list[RunItem]:
+    """A burst of WebSocket messages (each one native frame, a text frame as ``str`` or ``bytes``, a binary
+    one as ``bytes``) decoded as :meth:`NativeStreamDecoder.feed_runs` decodes a read's frames: consecutive
+    publishes of the common shape in a :class:`PublishRun` (at most :data:`RUN_MAX` each), every other
+    message as ``codec.decode`` gives it, a command or its error. The items are what decoding each message
+    alone gives (the same publishes, only grouped). A fatal error ends the burst: the messages after it are
+    not decoded (the connection closes).
+
+    Pure: the codec keeps no state of a connection (see :mod:`.native_codec`).
+    """
+    out: list[RunItem] = []
+    run: PublishRun | None = None
+    channels = codec._channels
+    is_json = codec.encoding == "json"
+    # A message certainly within max_frame (a str of n characters is at most 4n bytes of UTF-8); others, and
+    # every message not of the common shape, take the codec's general path with its checks and errors.
+    limit = codec.max_frame
+    for m in messages:
+        fields: _Fields | None = None
+        if is_json:
+            if len(m) * (4 if type(m) is str else 1) <= limit:
+                try:
+                    obj = _orjson_loads(m)
+                except ValueError:  # orjson.JSONDecodeError: the general path answers it
+                    obj = None
+                if obj is not None and exact_json(obj):
+                    fields = _common_json(obj, channels)
+        elif type(m) is bytes and len(m) <= limit:
+            try:
+                obj = _unpackb(m, raw=False, strict_map_key=False)
+            except Exception:  # not msgpack: the general path answers it
+                obj = None
+            fields = _common_msgpack(obj, channels)
+        if fields is not None:
+            if run is None or len(run.replies) >= RUN_MAX:
+                run = PublishRun()
+                out.append(run)
+            run.add(*fields)
+            continue
+        run = None
+        try:
+            out.append(codec.decode(m))
+        except HubbubError as exc:
+            out.append(exc)
+            if exc.fatal:
+                break
+    return out

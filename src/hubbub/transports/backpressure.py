@@ -42,7 +42,7 @@ from aiohttp import ClientWebSocketResponse, WSMessage, WSMsgType, web
 
 from hubbub.core.api import Session
 
-__all__ = ["Messages", "Socket"]
+__all__ = ["Messages", "Socket", "take_ready"]
 
 #: What a WebSocket read loop reads: an accepted socket, or one the server opened (the WearScript link).
 Socket = web.WebSocketResponse | ClientWebSocketResponse
@@ -80,3 +80,28 @@ class Messages:
         if msg.type in _END:
             raise StopAsyncIteration
         return msg
+
+
+async def take_ready(ws: Socket, most: int) -> list[bytes | str]:
+    """The data (text or binary) of up to ``most`` messages that aiohttp's reader has parsed already, in
+    order: what ``ws.receive()`` returns next without waiting. It stops at the first message of another kind
+    (a close, a ping: ``receive`` handles it next) and once the socket is closing. A read loop takes them
+    after one message from :class:`Messages`: the rest of the burst that arrived with it, handled at once
+    (native's WebSocket decodes a burst as one, ``dialects.native.decode_messages``).
+
+    aiohttp has no public way to ask what is queued: this looks at its reader queue's deque (a public
+    attribute of its compiled reader, a plain one of the Python one) and takes each message with
+    ``receive``, which keeps the queue's size and flow control; with a version that has no such deque it
+    takes nothing, and the loop reads message by message.
+    """
+    buffer = getattr(getattr(ws, "_reader", None), "_buffer", None)
+    out: list[bytes | str] = []
+    while buffer and len(out) < most:
+        kind = buffer[0][0].type
+        if kind is not WSMsgType.TEXT and kind is not WSMsgType.BINARY:
+            break
+        msg = await ws.receive()  # at once: a message is queued
+        if msg.type is not WSMsgType.TEXT and msg.type is not WSMsgType.BINARY:
+            break  # closing or closed: a state, which the loop's next receive returns again
+        out.append(msg.data)
+    return out

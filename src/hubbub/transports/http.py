@@ -12,7 +12,7 @@ import contextlib
 import logging
 import secrets
 import struct
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
@@ -36,7 +36,7 @@ from hubbub.selection import EventResume, ReplaySpec
 from .cors import install_cors
 from .lifetime import Lifetime
 from .metrics import CONTENT_TYPE, ConsumerCollector, ConsumerSeries, NodeCollector, render_metrics
-from .native import NativeConnection, NativeEncoder
+from .native import BURST_MAX, NativeConnection, NativeEncoder
 from .pump import SessionPump, stopped
 from .ws_driver import run_websocket, upgradable
 
@@ -68,28 +68,18 @@ WS_WRITE_HIGH_WATER = 1 << 20
 WS_DRAIN_POLL_S = 0.002
 
 
-#: The two-byte headers of server-to-client text and binary frames (FIN set, no mask) of payloads up to 125
-#: bytes, by first byte and length: a burst's common frame takes its header from here.
-_SHORT_HEADS: Final = {head: [bytes((head, n)) for n in range(126)] for head in (0x81, 0x82)}
-
-
-def ws_frames(frames: list[bytes], opcode: int) -> list[bytes]:
-    """Server-to-client WebSocket frames (RFC 6455 §5.2: FIN set, no mask) for ``frames`` (``opcode`` text or
-    binary, with or without the FIN bit), as header and payload pieces to join: one write of a burst."""
+def ws_frames(frames: list[bytes], opcode: int) -> Iterator[bytes]:
+    """Server-to-client WebSocket frames (RFC 6455 §5.2: FIN set, no mask) for ``frames``."""
     head = 0x80 | opcode
-    short = _SHORT_HEADS[head]
-    out: list[bytes] = []
-    add = out.append
     for f in frames:
         n = len(f)
         if n < 126:
-            add(short[n])
+            yield bytes((head, n))
         elif n < 65536:
-            add(struct.pack("!BBH", head, 126, n))
+            yield struct.pack("!BBH", head, 126, n)
         else:
-            add(struct.pack("!BBQ", head, 127, n))
-        add(f)
-    return out
+            yield struct.pack("!BBQ", head, 127, n)
+        yield f
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,7 +334,7 @@ class NativeHttp:
         if task is not None:
             self.connections.add(task)
         try:
-            await run_websocket(ws, conn, None, None)
+            await run_websocket(ws, conn, None, None, burst=(conn.burst, BURST_MAX))
         finally:
             if task is not None:
                 self.connections.discard(task)

@@ -41,9 +41,12 @@ from .native_consume import CONSUMER_COMMANDS, NativeConsumers
 from .native_publish import NativePublishing
 from .pump import SessionPump, grace_left, stopped
 
-__all__ = ["Keepalive", "NativeConnection", "NativeEncoder"]
+__all__ = ["BURST_MAX", "Keepalive", "NativeConnection", "NativeEncoder", "dispatch"]
 
 log = logging.getLogger("hubbub.native")
+
+#: The most frames of a WebSocket burst a native connection takes at once (the rest wait for the next turn).
+BURST_MAX = 4 * nc.RUN_MAX
 
 _OPEN = nc.Phase.OPEN
 
@@ -195,6 +198,13 @@ class NativeConnection(NativePublishing):
         if type(cmd) is nc.Publish and self.publish_nowait(cmd):
             return None
         return self.handle(cmd)
+
+    async def burst(self, frames: list[bytes | str]) -> None:
+        """A burst of WebSocket frames (the messages aiohttp's reader parsed from one read; the WebSocket
+        driver's burst step): decoded at once (:func:`~hubbub.dialects.native.decode_messages`) and handed
+        over as a TCP read's frames are (:func:`dispatch`): the common publishes in runs, one node call each,
+        every other frame in its place, read-side back-pressure between them."""
+        await dispatch(self, nc.decode_messages(self.codec, frames))
 
     def receiver(self, conn: object = None) -> Callable[[bytes | str, bool], Awaitable[None] | None]:
         """The WebSocket driver's step: :meth:`frame` (native reads its frames itself, no ``conn``)."""
@@ -433,3 +443,55 @@ class Keepalive:
             self._handle = self._loop.call_later(self.period, self._tick)
         else:
             self._empty.set()
+
+
+async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -> bool:
+    """Hand one read's decoded items to the connection, in order; True when the connection must close.
+
+    A run of common publishes (the usual read: a client's pipelined burst) goes to the connection at once,
+    and so do consecutive other publishes, so the node takes them in one call each
+    (:meth:`NativeConnection.publish_run`, :meth:`NativeConnection.publish_many`).
+
+    Read-side back-pressure (:mod:`~hubbub.transports.backpressure`): one read may hold thousands of requests
+    (pings, bad frames, ...), each answered; after each item, the rest of the read waits while the
+    connection's replies fill its queue.
+    """
+    n = len(items)
+    i = 0
+    while i < n:
+        item = items[i]
+        if conn is None:
+            if isinstance(item, HubbubError):
+                return True
+            i += 1
+            continue
+        if isinstance(item, HubbubError):
+            conn.bad_input(item)
+            if item.fatal:
+                return True
+            i += 1
+        elif isinstance(item, nc.PublishRun):
+            await conn.publish_run(item)
+            i += 1
+            if len(item) >= nc.RUN_MAX and i < n:
+                # A burst (runs are cut at RUN_MAX publishes): the other connections' turn before the next
+                # run, and this one's commit (see RUN_MAX).
+                await asyncio.sleep(0)
+        elif type(item) is nc.Publish:
+            j = i + 1
+            while j < n and type(items[j]) is nc.Publish:
+                j += 1
+            run: list[nc.Publish] = items[i:j]  # type: ignore[assignment]  # all Publish, checked above
+            await conn.publish_many(run)
+            i = j
+        else:
+            await conn.handle(item)
+            i += 1
+        sess = conn.session
+        if sess.ending or sess.kicked:
+            return True
+        if not sess.has_room:
+            await sess.wait_room()
+            if sess.ending or sess.kicked or sess.closed:
+                return True
+    return False

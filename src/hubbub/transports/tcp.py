@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Final
 
 from prometheus_client import CollectorRegistry
@@ -22,12 +22,11 @@ from prometheus_client import CollectorRegistry
 from hubbub.core.api import Core, Session
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
-from hubbub.errors import HubbubError
 
 from .binding import Mounted, Wiring
 from .http import HttpSettings, native_codec, native_connection
 from .lifetime import Lifetime
-from .native import NativeConnection, NativeEncoder
+from .native import NativeConnection, NativeEncoder, dispatch
 from .stream_driver import CLOSE_WAIT_S, WRITE_TIMEOUT_S, close_stream, drain, serve_stream
 from .stream_listener import KEEPALIVE, Accepted, StreamListener, keep_alive, peer_ip
 
@@ -211,55 +210,3 @@ class NativeMounted(Mounted):
 async def mount(w: Wiring) -> Mounted:
     """The native dialect's binding (``native.SPEC``): its TCP listener, from the ``native`` section."""
     return NativeMounted(nc.SPEC, None)
-
-
-async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -> bool:
-    """Hand one read's decoded items to the connection, in order; True when the connection must close.
-
-    A run of common publishes (the usual read: a client's pipelined burst) goes to the connection at once,
-    and so do consecutive other publishes, so the node takes them in one call each
-    (:meth:`NativeConnection.publish_run`, :meth:`NativeConnection.publish_many`).
-
-    Read-side back-pressure (:mod:`~hubbub.transports.backpressure`): one read may hold thousands of requests
-    (pings, bad frames, ...), each answered; after each item, the rest of the read waits while the
-    connection's replies fill its queue.
-    """
-    n = len(items)
-    i = 0
-    while i < n:
-        item = items[i]
-        if conn is None:
-            if isinstance(item, HubbubError):
-                return True
-            i += 1
-            continue
-        if isinstance(item, HubbubError):
-            conn.bad_input(item)
-            if item.fatal:
-                return True
-            i += 1
-        elif isinstance(item, nc.PublishRun):
-            await conn.publish_run(item)
-            i += 1
-            if len(item) >= nc.RUN_MAX and i < n:
-                # A burst (runs are cut at RUN_MAX publishes): the other connections' turn before the next
-                # run, and this one's commit (see RUN_MAX).
-                await asyncio.sleep(0)
-        elif type(item) is nc.Publish:
-            j = i + 1
-            while j < n and type(items[j]) is nc.Publish:
-                j += 1
-            run: list[nc.Publish] = items[i:j]  # type: ignore[assignment]  # all Publish, checked above
-            await conn.publish_many(run)
-            i = j
-        else:
-            await conn.handle(item)
-            i += 1
-        sess = conn.session
-        if sess.ending or sess.kicked:
-            return True
-        if not sess.has_room:
-            await sess.wait_room()
-            if sess.ending or sess.kicked or sess.closed:
-                return True
-    return False
