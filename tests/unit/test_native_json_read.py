@@ -122,3 +122,22 @@ def test_the_common_publish_is_read_without_the_standard_library(monkeypatch: An
     assert codec._load(frame) == orjson.loads(frame)
     cmd = codec.decode('{"op":"publish","id":7,"channel":"/a","ack":true,"text":"12345678901234567890123"}')
     assert isinstance(cmd, nc.Publish) and cmd.payload == b"12345678901234567890123"
+
+
+@pytest.mark.parametrize("value", ["123456789012345678901234567890", "[1, -18446744073709551616]", "1.50"])
+def test_a_json_payload_keeps_its_digits_in_a_run_and_in_a_burst(value: str) -> None:
+    """A common publish whose ``json`` payload holds an integer beyond 64 bits (or any float) is taken from
+    the exact reading, in a stream's run and in a WebSocket burst alike."""
+    frame = '{"op":"publish","id":%d,"channel":"/a","json":' + value + "}"
+    want = json.dumps(json.loads(value), separators=(",", ":")).encode()
+    codec = nc.NativeCodec("json")
+    first = codec.decode(frame % 1)  # the channel is known to the codec from here on
+    assert isinstance(first, nc.Publish) and first.payload == want
+    dec = nc.NativeStreamDecoder(codecs={"json": codec, "msgpack": nc.NativeCodec("msgpack")})
+    lines = "".join(frame % i + "\n" for i in range(2, 6)).encode()
+    burst = nc.decode_messages(codec, [frame % i for i in range(2, 6)])
+    for items in (
+        dec.feed(lines),
+        [c for x in burst for c in (x.commands() if isinstance(x, nc.PublishRun) else [x])],
+    ):
+        assert [c.payload for c in items if isinstance(c, nc.Publish)] == [want] * 4

@@ -53,6 +53,8 @@ StreamItem: TypeAlias = Command | HubbubError
 _U32: Final = struct.Struct(">I").unpack_from
 #: The content type of a JSON publish's ``text`` payload (native.md §3.4).
 _TEXT_TYPE: Final = "text/plain; charset=utf-8"
+#: No value read: orjson refused the line.
+_UNREAD: Final = object()
 
 
 #: The most publishes a :class:`PublishRun` holds: a longer burst of one read is cut into runs of this many,
@@ -257,14 +259,15 @@ class NativeStreamDecoder:
             out.append(exc)
         return True
 
-    def _quick_json(self, obj: Any, out: list[RunItem]) -> bool:
-        """Add a JSON publish of the common shape (see :class:`PublishRun`) to the read's run.
+    def _quick_json(self, obj: Any, out: list[RunItem], exact: bool) -> bool:
+        """Add a JSON publish of the common shape (see :class:`PublishRun`) to the read's run (``exact``: see
+        :func:`_common_json`).
 
         False, with nothing added, for any other frame, including every frame the general path would
         refuse: the general path then decodes it, with its own errors. (:meth:`_frames` has the msgpack
         case inline.)
         """
-        fields = _common_json(obj, self.codec._channels)
+        fields = _common_json(obj, self.codec._channels, exact)
         if fields is None:
             return False
         run = self._run
@@ -294,24 +297,23 @@ class NativeStreamDecoder:
                 self._fail(FrameTooLarge(f"line over {limit} bytes"), out)
                 return
             if end > pos:
-                # orjson's reading of the usual line (an object of plain values) is exact; any other line
-                # is read again by the codec, which reads integers beyond 64 bits exactly (NativeCodec._load).
+                # orjson's reading of the usual line, a common publish, is exact (_common_json); any other
+                # line whose reading may not be (exact_json) is read again by the codec, which reads integers
+                # beyond 64 bits exactly (NativeCodec._load) and refuses what is not JSON (fatal).
                 line = buf[pos:end]
                 try:
                     obj = _orjson_loads(line)
-                    if not exact_json(obj):
-                        obj = load(line)
                 except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
-                    try:
-                        obj = load(line)
-                    except HubbubError as exc:  # BadFrame from _load: fatal
-                        self._fail(exc, out)
+                    obj = _UNREAD
+                if obj is _UNREAD or not quick(obj, out, False):
+                    if obj is _UNREAD or not exact_json(obj):
+                        try:
+                            obj = load(line)
+                        except HubbubError as exc:  # BadFrame from _load: fatal
+                            self._fail(exc, out)
+                            return
+                    if not quick(obj, out, True) and not self._object(obj, out):
                         return
-                except HubbubError as exc:  # BadFrame from _load: fatal
-                    self._fail(exc, out)
-                    return
-                if not quick(obj, out) and not self._object(obj, out):
-                    return
             pos = search = nl + 1
         if pos:
             del buf[:pos]
@@ -379,11 +381,13 @@ class NativeStreamDecoder:
 _Fields: TypeAlias = tuple[int, bool, str, bytes, str]
 
 
-def _common_json(obj: Any, channels: dict[str, str]) -> _Fields | None:
-    """The fields of a JSON publish of the common shape (see :class:`PublishRun`) read exactly (no integer
-    beyond 64 bits read as a float: :func:`~.native_codec.exact_json`, or the codec's own reading), on a
-    channel the codec knows (``channels``: raw text to canonical); None for any other frame, including every
-    frame the general path would refuse."""
+def _common_json(obj: Any, channels: dict[str, str], exact: bool) -> _Fields | None:
+    """The fields of a JSON publish of the common shape (see :class:`PublishRun`) on a channel the codec
+    knows (``channels``: raw text to canonical); None for any other frame, including every frame the general
+    path would refuse. ``obj`` is orjson's reading, or ``exact`` when it is read exactly (the codec's
+    reading, or :func:`~.native_codec.exact_json`): orjson reads an integer beyond 64 bits as a float, which
+    only a ``json`` payload could hold here (the id and ``ack`` are checked for their types), so that one is
+    taken only from an exact reading."""
     if type(obj) is not dict or obj.get("op") != "publish":
         return None
     rid = obj.get("id")
@@ -405,6 +409,8 @@ def _common_json(obj: Any, channels: dict[str, str]) -> _Fields | None:
     text = obj.get("text")
     if type(text) is str:
         return rid, ack, channel, text.encode("utf-8"), _TEXT_TYPE
+    if not exact and "json" in obj:
+        return None
     try:
         payload, content_type = json_payload(obj)
     except HubbubError:
@@ -461,8 +467,8 @@ def decode_messages(codec: NativeCodec, messages: Sequence[bytes | str]) -> list
                     obj = _orjson_loads(m)
                 except ValueError:  # orjson.JSONDecodeError: the general path answers it
                     obj = None
-                if obj is not None and exact_json(obj):
-                    fields = _common_json(obj, channels)
+                if obj is not None:
+                    fields = _common_json(obj, channels, False)
         elif type(m) is bytes and len(m) <= limit:
             try:
                 obj = _unpackb(m, raw=False, strict_map_key=False)
