@@ -12,7 +12,7 @@ import pytest
 
 from hubbub.server import Server
 from hubbub.server_config import load_config
-from hubbub.transports.http import ws_frames
+from hubbub.transports.ws_write import ws_frames
 
 WAIT = 10.0
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hubbub.core import Disconnect, Node, NodeSettings, Session
+from hubbub.core.session import RUN_ENTRY_MIN, FrameRun
 from hubbub.events import Event
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
@@ -107,3 +108,56 @@ def test_a_kicked_session_closes_with_its_reason_and_nothing_queued(tmp_path: Pa
     data, closed = asyncio.run(pumped(tmp_path, feed))
     assert data == b""
     assert closed == [Disconnect.SLOW_CONSUMER]
+
+
+def _framed(frames: list[bytes]) -> bytes:
+    """A framing for the pump's ``wire``: each frame in brackets, counted per call."""
+    _framed.calls.append(len(frames))  # type: ignore[attr-defined]
+    return b"".join(b"[" + f + b"]" for f in frames)
+
+
+_framed.calls = []  # type: ignore[attr-defined]
+
+
+def test_a_fan_out_run_is_framed_once_for_every_connection_that_holds_it(tmp_path: Path) -> None:
+    """With a ``wire`` framing (a WebSocket's), the pumps of connections that hold the same run write the
+    very same bytes, framed once; the single frames around it are framed with it, in order."""
+
+    async def main() -> None:
+        store = open_store("memory", str(tmp_path), "none", RetentionPolicy(), 600)
+        async with Node(store, NodeSettings()) as node:
+            written: dict[str, list[bytes]] = {"a": [], "b": []}
+            sessions = {k: Session("native", Enc(), max_items=64, max_bytes=1 << 16) for k in written}
+            events = [b"e%d" % i for i in range(1, RUN_ENTRY_MIN + 1)]  # queued as one entry
+            run = FrameRun(events, sum(map(len, events)))
+            for sess in sessions.values():
+                node.attach(sess)
+                sess.push(b"r0")
+                sess.deliver_run(run)
+                sess.push(b"r4")
+                sess.end(Disconnect.NORMAL)
+            _framed.calls.clear()  # type: ignore[attr-defined]
+
+            def pump(name: str) -> SessionPump:
+                async def write(data: bytes) -> None:
+                    written[name].append(data)
+
+                async def unused(data: Any) -> None:
+                    raise AssertionError("the wire path writes through write() only")
+
+                async def close(reason: Disconnect) -> None:
+                    pass
+
+                return SessionPump(
+                    node, sessions[name], send=unused, close=close, max_frame=1 << 16, wire=(_framed, write)
+                )
+
+            await asyncio.wait_for(asyncio.gather(pump("a").run(), pump("b").run()), 10)
+            want = b"[r0]" + b"".join(b"[" + e + b"]" for e in events) + b"[r4]"
+            assert written["a"] == written["b"] == [want]
+            # The run framed once; each pump framed its own single frames (one each, twice).
+            assert sorted(_framed.calls) == [1, 1, 1, 1, RUN_ENTRY_MIN]  # type: ignore[attr-defined]
+            for sess in sessions.values():
+                node.detach(sess)
+
+    asyncio.run(main())

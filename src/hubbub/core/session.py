@@ -153,6 +153,9 @@ class FrameRun:
 
     A replay chunk for a batching session may come packed only (``frames`` is ``None``; see
     :meth:`Session.replay_run_chunks`): its batch frames are then all there is of it.
+
+    ``wired`` caches the frames as one write of a transport's framing (:meth:`wire`: a WebSocket's frame
+    headers and payloads), shared alike by every writer with the same framing.
     """
 
     frames: list[bytes] | None
@@ -160,6 +163,7 @@ class FrameRun:
     packed: list[bytes] | None = None
     packed_for: int = 0
     count: int = 0
+    wired: dict[Callable[[list[bytes]], bytes], bytes] | None = None
 
     def __post_init__(self) -> None:
         if self.frames is not None:
@@ -176,6 +180,18 @@ class FrameRun:
             packed = self.packed = pack(frames, limit)
             self.packed_for = limit
         return packed
+
+    def wire(self, frame: Callable[[list[bytes]], bytes]) -> bytes:
+        """The run's frames (:meth:`single`) as one write of the framing ``frame`` (a module-level function,
+        the same object for every connection that frames alike), framed on first use. Held until the last
+        session lets go of the run: the run's bytes twice, at most, beside the queue's own count of them."""
+        wired = self.wired
+        if wired is None:
+            wired = self.wired = {}
+        data = wired.get(frame)
+        if data is None:
+            data = wired[frame] = frame(self.single())
+        return data
 
     def single(self) -> list[bytes]:
         """The frames one by one (a packed-only run's batch frames: there is nothing finer)."""

@@ -11,14 +11,13 @@ import base64
 import contextlib
 import logging
 import secrets
-import struct
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 import orjson
-from aiohttp import WSMsgType, web
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from hubbub.auth import ANONYMOUS, Identity
@@ -39,6 +38,7 @@ from .metrics import CONTENT_TYPE, ConsumerCollector, ConsumerSeries, NodeCollec
 from .native import BURST_MAX, NativeConnection, NativeEncoder
 from .pump import SessionPump, stopped
 from .ws_driver import run_websocket, upgradable
+from .ws_write import WsSink
 
 if TYPE_CHECKING:
     from .federation_peer import FederationHub
@@ -61,25 +61,6 @@ log = logging.getLogger("hubbub.http")
 
 NATIVE_PROTOCOLS = ("hubbub.v1.json", "hubbub.v1.msgpack")
 SSE_PING_S = 15.0
-
-
-#: Bytes buffered on a WebSocket's transport above which a burst write waits for the peer to read.
-WS_WRITE_HIGH_WATER = 1 << 20
-WS_DRAIN_POLL_S = 0.002
-
-
-def ws_frames(frames: list[bytes], opcode: int) -> Iterator[bytes]:
-    """Server-to-client WebSocket frames (RFC 6455 §5.2: FIN set, no mask) for ``frames``."""
-    head = 0x80 | opcode
-    for f in frames:
-        n = len(f)
-        if n < 126:
-            yield bytes((head, n))
-        elif n < 65536:
-            yield struct.pack("!BBH", head, 126, n)
-        else:
-            yield struct.pack("!BBQ", head, 127, n)
-        yield f
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,43 +223,6 @@ def _admission(node: Core, settings: HttpSettings) -> Any:
     return admission
 
 
-class _WsSink:
-    """The send, close and burst-send callables of one native WebSocket's :class:`NativeConnection`.
-
-    Bound methods of a slotted object rather than closures: a connection that idles keeps these alive, and
-    three closures with their cells cost several times as much.
-    """
-
-    __slots__ = ("opcode", "transport", "type", "ws")
-
-    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None, binary: bool) -> None:
-        self.ws = ws
-        self.transport = transport
-        self.type = WSMsgType.BINARY if binary else WSMsgType.TEXT
-        self.opcode = 0x82 if binary else 0x81
-
-    async def send(self, data: bytes) -> None:
-        # Frames are encoded already (JSON text is UTF-8): no decode and re-encode for text frames.
-        await self.ws.send_frame(data, self.type)
-
-    async def close(self, code: Disconnect) -> None:
-        await self.ws.close(code=code)
-
-    async def send_many(self, frames: list[bytes]) -> None:
-        # One write for a burst of frames: aiohttp writes (and tries a send() for) each frame separately.
-        # Data frames from a server are unmasked and uncompressed here (no per-message deflate is
-        # negotiated), so the RFC 6455 framing is the header alone.
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            for f in frames:
-                await self.send(f)
-            return
-        transport.write(b"".join(ws_frames(frames, self.opcode)))
-        # aiohttp has no public drain for its connection: poll the transport's buffer instead.
-        while transport.get_write_buffer_size() > WS_WRITE_HIGH_WATER and not transport.is_closing():  # noqa: ASYNC110
-            await asyncio.sleep(WS_DRAIN_POLL_S)
-
-
 class SseEncoder:
     key = "native.sse"
 
@@ -321,12 +265,19 @@ class NativeHttp:
         await ws.prepare(request)
         encoding = "msgpack" if protocol.endswith("msgpack") else "json"
         codec = self._codecs[encoding]
-        sink = _WsSink(ws, request.transport, encoding == "msgpack")
+        sink = WsSink(ws, request.transport, encoding == "msgpack")
         if fed is not None and peer is not None:
             conn: NativeConnection = _federation_connection(fed, peer, request, codec, sink, self.s)
         else:
             conn = native_connection(
-                self.node, codec, self.s, sink.send, sink.close, sink.send_many, self._encoders[encoding]
+                self.node,
+                codec,
+                self.s,
+                sink.send,
+                sink.close,
+                sink.send_many,
+                self._encoders[encoding],
+                wire=(sink.burst, sink.write) if sink.transport is not None else None,
             )
         conn.upgrade_token = request_token(request)
         conn.peer = peer_address(request)
@@ -636,14 +587,17 @@ def native_connection(
     close: Callable[[Disconnect], Awaitable[None]],
     send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
     encoder: NativeEncoder | None = None,
+    wire: tuple[Callable[[list[bytes]], bytes], Callable[[bytes], Awaitable[None]]] | None = None,
 ) -> NativeConnection:
-    """A native connection (WebSocket or TCP) in ``codec``'s encoding, with the server's limits."""
+    """A native connection (WebSocket or TCP) in ``codec``'s encoding, with the server's limits (``wire``: a
+    WebSocket's own framing, see :class:`~hubbub.transports.pump.SessionPump`)."""
     return NativeConnection(
         node,
         codec,
         send=send,
         close=close,
         send_many=send_many,
+        wire=wire,
         encoder=encoder,
         max_frame=s.max_frame,
         max_subscriptions=s.max_subscriptions,
@@ -715,7 +669,7 @@ def _federation_upgrade(fed: FederationHub, peer: str, ws: web.WebSocketResponse
 
 
 def _federation_connection(
-    fed: FederationHub, peer: str, request: web.Request, codec: nc.NativeCodec, sink: _WsSink, s: HttpSettings
+    fed: FederationHub, peer: str, request: web.Request, codec: nc.NativeCodec, sink: WsSink, s: HttpSettings
 ) -> NativeConnection:
     """The native connection of a downstream node's federation link."""
     return fed.connection(

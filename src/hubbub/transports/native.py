@@ -112,6 +112,7 @@ class NativeConnection(NativePublishing):
         send: Callable[[bytes], Awaitable[None]],
         close: Callable[[Disconnect], Awaitable[None]],
         send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
+        wire: tuple[Callable[[list[bytes]], bytes], Callable[[bytes], Awaitable[None]]] | None = None,
         max_frame: int,
         max_subscriptions: int,
         send_queue: int,
@@ -155,6 +156,8 @@ class NativeConnection(NativePublishing):
             send_many=send_many,
             pack=codec.encode_batches,
             farewell=self._farewell,
+            # A transport that frames its writes itself (WebSocket): fan-out runs framed once for all.
+            wire=wire,
         )
         #: A token presented on the WebSocket upgrade (header or query), used when ``hello`` has none.
         self.upgrade_token: str | None = None

@@ -8,6 +8,10 @@ dialect shapes what goes out through three optional hooks, never through a loop 
   batch frames; runs shared by several sessions are packed once for all of them.
 * ``on_frames``: sees every list of frames before it is written (guble tracks its live position there).
 * ``farewell``: the frame to send before closing a kicked session (native's error frame), or ``None``.
+* ``wire``: for a transport that frames messages itself (``(frame, write)``: a WebSocket's frame headers, and
+  the raw write of the framed bytes), the queue is taken with its runs whole and each fan-out run is framed
+  once for every connection that holds it (:meth:`~hubbub.core.session.FrameRun.wire`): a subscriber's
+  share of a fan-out is then one write of shared bytes, as a batching session's is.
 
 ``keepalive`` (seconds, frame) writes the frame whenever the queue stayed empty that long (SSE's comment
 line); dialects that ping from their own timers (native's :class:`~hubbub.transports.native.Keepalive`,
@@ -141,6 +145,7 @@ class SessionPump:
         "_pack",
         "_send",
         "_send_many",
+        "_wire",
         "last_send",
         "max_frame",
         "node",
@@ -160,6 +165,7 @@ class SessionPump:
         on_frames: Callable[[list[bytes]], None] | None = None,
         farewell: Callable[[Disconnect], bytes | None] | None = None,
         keepalive: tuple[float, bytes] | None = None,
+        wire: tuple[Callable[[list[bytes]], bytes], Callable[[bytes], Awaitable[object]]] | None = None,
     ) -> None:
         self.node = node
         self.session = session
@@ -170,6 +176,8 @@ class SessionPump:
         self._on_frames = on_frames
         self._farewell = farewell
         self._keepalive = keepalive
+        # Only for a plain writer: on_frames and keepalive work on the frames one by one.
+        self._wire = wire if on_frames is None and keepalive is None else None
         self.max_frame = max_frame
         self.last_send = time.monotonic()
 
@@ -186,6 +194,14 @@ class SessionPump:
                         break
                     self.last_send = time.monotonic()
                     await self._send_batches(entries)
+                    del entries
+                    continue
+                if self._wire is not None:
+                    entries = await sess.next_entries(self.max_frame)
+                    if not entries:
+                        break
+                    self.last_send = time.monotonic()
+                    await self._send_wired(entries)
                     del entries
                     continue
                 if keepalive is None:
@@ -254,6 +270,25 @@ class SessionPump:
         else:
             for f in out:
                 await self._send(f)
+
+    async def _send_wired(self, entries: list[bytes | FrameRun]) -> None:
+        """Send queued entries in one write of the transport's framing, in order: each run framed once for
+        every connection that holds it, the single frames between runs framed together."""
+        assert self._wire is not None
+        frame, write = self._wire
+        pieces: list[bytes] = []
+        loose: list[bytes] = []
+        for e in entries:
+            if type(e) is FrameRun:
+                if loose:
+                    pieces.append(frame(loose))
+                    loose = []
+                pieces.append(e.wire(frame))
+            else:
+                loose.append(e)
+        if loose:
+            pieces.append(frame(loose))
+        await write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
 
 
 class Alive(Protocol):
