@@ -138,10 +138,15 @@ def test_a_fan_out_run_is_framed_once_for_every_connection_that_holds_it(tmp_pat
                 sess.end(Disconnect.NORMAL)
             _framed.calls.clear()  # type: ignore[attr-defined]
 
-            def pump(name: str) -> SessionPump:
-                async def write(data: bytes) -> None:
-                    written[name].append(data)
+            class Framed:
+                def __init__(self, name: str) -> None:
+                    self.name = name
+                    self.frame = _framed
 
+                async def write(self, data: bytes) -> None:
+                    written[self.name].append(data)
+
+            def pump(name: str) -> SessionPump:
                 async def unused(data: Any) -> None:
                     raise AssertionError("the wire path writes through write() only")
 
@@ -149,7 +154,7 @@ def test_a_fan_out_run_is_framed_once_for_every_connection_that_holds_it(tmp_pat
                     pass
 
                 return SessionPump(
-                    node, sessions[name], send=unused, close=close, max_frame=1 << 16, wire=(_framed, write)
+                    node, sessions[name], send=unused, close=close, max_frame=1 << 16, wire=Framed(name)
                 )
 
             await asyncio.wait_for(asyncio.gather(pump("a").run(), pump("b").run()), 10)

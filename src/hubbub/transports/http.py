@@ -36,7 +36,7 @@ from .cors import install_cors
 from .lifetime import Lifetime
 from .metrics import CONTENT_TYPE, ConsumerCollector, ConsumerSeries, NodeCollector, render_metrics
 from .native import BURST_MAX, NativeConnection, NativeEncoder
-from .pump import SessionPump, stopped
+from .pump import SessionPump, Wire, stopped
 from .ws_driver import run_websocket, upgradable
 from .ws_write import WsSink
 
@@ -277,7 +277,7 @@ class NativeHttp:
                 sink.close,
                 sink.send_many,
                 self._encoders[encoding],
-                wire=(sink.burst, sink.write) if sink.transport is not None else None,
+                wire=sink if sink.transport is not None else None,
             )
         conn.upgrade_token = request_token(request)
         conn.peer = peer_address(request)
@@ -587,7 +587,7 @@ def native_connection(
     close: Callable[[Disconnect], Awaitable[None]],
     send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
     encoder: NativeEncoder | None = None,
-    wire: tuple[Callable[[list[bytes]], bytes], Callable[[bytes], Awaitable[None]]] | None = None,
+    wire: Wire | None = None,
 ) -> NativeConnection:
     """A native connection (WebSocket or TCP) in ``codec``'s encoding, with the server's limits (``wire``: a
     WebSocket's own framing, see :class:`~hubbub.transports.pump.SessionPump`)."""

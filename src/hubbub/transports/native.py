@@ -39,7 +39,7 @@ from hubbub.selection import ReplaySpec
 from .lifetime import Lifetime
 from .native_consume import CONSUMER_COMMANDS, NativeConsumers
 from .native_publish import NativePublishing
-from .pump import SessionPump, grace_left, stopped
+from .pump import SessionPump, Wire, grace_left, stopped
 
 __all__ = ["BURST_MAX", "Keepalive", "NativeConnection", "NativeEncoder", "dispatch"]
 
@@ -112,7 +112,7 @@ class NativeConnection(NativePublishing):
         send: Callable[[bytes], Awaitable[None]],
         close: Callable[[Disconnect], Awaitable[None]],
         send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
-        wire: tuple[Callable[[list[bytes]], bytes], Callable[[bytes], Awaitable[None]]] | None = None,
+        wire: Wire | None = None,
         max_frame: int,
         max_subscriptions: int,
         send_queue: int,

@@ -8,7 +8,7 @@ dialect shapes what goes out through three optional hooks, never through a loop 
   batch frames; runs shared by several sessions are packed once for all of them.
 * ``on_frames``: sees every list of frames before it is written (guble tracks its live position there).
 * ``farewell``: the frame to send before closing a kicked session (native's error frame), or ``None``.
-* ``wire``: for a transport that frames messages itself (``(frame, write)``: a WebSocket's frame headers, and
+* ``wire``: for a transport that frames messages itself (a :class:`Wire`: a WebSocket's frame headers, and
   the raw write of the framed bytes), the queue is taken with its runs whole and each fan-out run is framed
   once for every connection that holds it (:meth:`~hubbub.core.session.FrameRun.wire`): a subscriber's
   share of a fan-out is then one write of shared bytes, as a batching session's is.
@@ -46,6 +46,7 @@ __all__ = [
     "Alive",
     "Pack",
     "SessionPump",
+    "Wire",
     "WriteTimeout",
     "grace_left",
     "io_failed",
@@ -64,6 +65,21 @@ SEND_MANY_MAX = 64 << 10
 
 #: Packs frames into batch frames of at most ``limit`` bytes (``BatchEncoder.encode_batches``).
 Pack = Callable[[Sequence[bytes], int], list[bytes]]
+
+
+class Wire(Protocol):
+    """A socket that frames its messages itself (a WebSocket's :class:`~hubbub.transports.ws_write.WsSink`):
+    the pump's ``wire``. One object rather than two callables: an idle connection keeps it."""
+
+    @property
+    def frame(self) -> Callable[[list[bytes]], bytes]:
+        """Frames into the bytes of one write: a module-level function, the same object for every socket
+        that frames alike (a fan-out run is framed once per such function)."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Write bytes :attr:`frame` made."""
+        ...
 
 
 class WriteTimeout(ConnectionResetError):
@@ -165,7 +181,7 @@ class SessionPump:
         on_frames: Callable[[list[bytes]], None] | None = None,
         farewell: Callable[[Disconnect], bytes | None] | None = None,
         keepalive: tuple[float, bytes] | None = None,
-        wire: tuple[Callable[[list[bytes]], bytes], Callable[[bytes], Awaitable[object]]] | None = None,
+        wire: Wire | None = None,
     ) -> None:
         self.node = node
         self.session = session
@@ -274,8 +290,9 @@ class SessionPump:
     async def _send_wired(self, entries: list[bytes | FrameRun]) -> None:
         """Send queued entries in one write of the transport's framing, in order: each run framed once for
         every connection that holds it, the single frames between runs framed together."""
-        assert self._wire is not None
-        frame, write = self._wire
+        wire = self._wire
+        assert wire is not None
+        frame = wire.frame
         pieces: list[bytes] = []
         loose: list[bytes] = []
         for e in entries:
@@ -288,7 +305,7 @@ class SessionPump:
                 loose.append(e)
         if loose:
             pieces.append(frame(loose))
-        await write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        await wire.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
 
 
 class Alive(Protocol):

@@ -102,12 +102,12 @@ class WsSink:
         await self.write(b"".join(ws_frames(frames, self.opcode)))
 
     @property
-    def burst(self) -> Callable[[list[bytes]], bytes]:
+    def frame(self) -> Callable[[list[bytes]], bytes]:
         """The framing of this socket's data frames, for :meth:`write` (the pump's ``wire``)."""
         return ws_binary_burst if self.opcode == 0x82 else ws_text_burst
 
     async def write(self, data: bytes) -> None:
-        """Write frames already framed (:attr:`burst`). A socket closing or closed is gone: as aiohttp's own
+        """Write frames already framed (:attr:`frame`). A socket closing or closed is gone: as aiohttp's own
         writes do, this raises ``ConnectionResetError``."""
         transport = self.transport
         if transport is None or transport.is_closing():
