@@ -26,6 +26,7 @@ from hubbub.log.base import AppendRequest
 from hubbub.server import Server
 from hubbub.server_config import load_config
 from hubbub.transports import ivy as ivy_transport
+from hubbub.transports import ws_write
 
 WAIT = 10.0
 SCRIPT = Path(__file__).with_name("ivy_client.mjs")
@@ -457,5 +458,48 @@ def test_log_read_of_a_glob_over_more_channels_than_one_listing_reads_them_all(
                 body = (await r.read()).decode()
             got = [line.split(":", 2)[1:] for line in body.split("\n")]
             assert got == [[f"/wide/c{i:05d}", f"p{i}"] for i in range(n)]
+
+    asyncio.run(main())
+
+
+def test_a_fan_out_run_reaches_every_ivy_socket_in_order_framed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ivy's sockets write through the WebSocket driver's framing (``ws_write``): a native publisher's burst,
+    committed as one run, is framed once for the three ivy subscribers, and each gets every event, in order,
+    as its own text message."""
+    framed: list[int] = []
+    burst = ws_write.ws_text_burst
+
+    def counting(frames: list[bytes]) -> bytes:
+        framed.append(len(frames))
+        return burst(frames)
+
+    monkeypatch.setattr(ws_write, "ws_text_burst", counting)
+    n = 50
+
+    async def main() -> None:
+        async with (
+            serve(tmp_path / "d", store="memory", durability="none") as (server, addr),
+            aiohttp.ClientSession() as http,
+            ivy_ws(http, addr) as (a, _),
+            ivy_ws(http, addr) as (b, _),
+            ivy_ws(http, addr) as (c, _),
+        ):
+            for ws in (a, b, c):
+                await ws.send_str("+/fan")
+                await barrier(ws)
+            framed.clear()
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.ports["native"])
+            writer.write(b'{"op":"hello","id":1,"v":1}\n')
+            await reader.readline()
+            line = b'{"op":"publish","id":%d,"channel":"/fan/x","text":"e%d"}\n'
+            writer.write(b"".join(line % (i + 2, i) for i in range(n)))  # one read: one run, one commit
+            for ws in (a, b, c):
+                got = [(await ws.receive_str(timeout=WAIT)).rsplit(":", 1)[1] for _ in range(n)]
+                assert got == [f"e{i}" for i in range(n)]
+            writer.close()
+        # Each run (one per commit that took the burst) framed once for the three sockets together.
+        assert framed and sum(framed) == n, framed
 
     asyncio.run(main())

@@ -36,6 +36,7 @@ from .binding import Mounted, Wiring
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 from .wire import DialectWire
 from .ws_driver import run_websocket, upgradable
+from .ws_write import WsSink
 
 __all__ = ["IvyEncoder", "IvySettings", "ivy_installer"]
 
@@ -123,6 +124,9 @@ class IvyHttp:
             refused=refused,
             failed=lambda: conn.failed,
             echo=False,  # the publishing connection never receives its own event (ivy.md §4)
+            # Bursts in one write, fan-out runs framed once for every ivy socket (an event is never dropped
+            # with an empty frame here: IvyEncoder renders every one).
+            wire=WsSink(ws, request.transport, False) if request.transport is not None else None,
         )
 
         async def greet() -> None:

@@ -44,7 +44,7 @@ from hubbub.events import Publisher
 from hubbub.log.base import AppendRequest, AppendResult
 
 from .lifetime import Lifetime
-from .pump import SessionPump, grace_left, stopped
+from .pump import SessionPump, Wire, grace_left, stopped
 
 __all__ = ["DialectWire", "Handler", "Refused", "no_reply"]
 
@@ -82,8 +82,11 @@ class DialectWire:
     ``pace`` makes the wire wait for the session's room between actions (byte streams hand it a whole
     read's actions at once); ``echo`` whether the connection gets its own publishes; ``after`` runs after
     each run of actions that left the connection open; ``close_wait_s`` bounds the wait for a pending
-    close; ``session_id``, ``user``, ``on_frames`` and ``farewell`` are the session's and the pump's
-    (:class:`~hubbub.core.Session`, :class:`~hubbub.transports.pump.SessionPump`)."""
+    close; ``session_id``, ``user``, ``on_frames``, ``farewell`` and ``wire`` are the session's and the
+    pump's (:class:`~hubbub.core.Session`, :class:`~hubbub.transports.pump.SessionPump`): a WebSocket's
+    ``wire`` (:class:`~hubbub.transports.ws_write.WsSink`) writes a burst of frames in one write and a fan-out
+    run framed once for every connection that holds it, for a dialect whose encoder never drops an event
+    with an empty frame (``send`` skips those; the wire frames every frame)."""
 
     def __init__(
         self,
@@ -108,6 +111,7 @@ class DialectWire:
         user: str = "",
         on_frames: Callable[[list[bytes]], None] | None = None,
         farewell: Callable[[Disconnect], bytes | None] | None = None,
+        wire: Wire | None = None,
     ) -> None:
         self.node = node
         self.spec = spec
@@ -157,6 +161,7 @@ class DialectWire:
             send_many=send_many,
             on_frames=on_frames,
             farewell=farewell,
+            wire=wire,
         )
 
     # -- lifecycle ----------------------------------------------------------------------------------------
