@@ -285,7 +285,7 @@ class NativeHttp:
         if task is not None:
             self.connections.add(task)
         try:
-            await run_websocket(ws, conn, None, None, burst=(conn.burst, BURST_MAX))
+            await run_websocket(ws, conn, None, None, bursts=BURST_MAX)
         finally:
             if task is not None:
                 self.connections.discard(task)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeAlias
+from typing import Protocol, TypeAlias, cast
 
 from aiohttp import WSMsgType, web
 
@@ -41,16 +41,13 @@ from .backpressure import Messages, Socket, take_ready
 from .lifetime import Lifetime
 from .pump import keepalive, quietly, stopped
 
-__all__ = ["BurstReceiver", "FrameWire", "Keepalive", "Receiver", "run_websocket", "upgradable"]
+__all__ = ["BurstWire", "FrameWire", "Keepalive", "Receiver", "run_websocket", "upgradable"]
 
 #: A keepalive's ``(ping_interval_s, read_timeout_s)``.
 Keepalive = tuple[float, float]
 #: A wire's step for one frame (``frame``, ``binary``): None when it was carried out already, else what to
 #: await before the next frame is read.
 Receiver: TypeAlias = Callable[[bytes | str, bool], Awaitable[None] | None]
-#: A wire's step for a burst of frames (those aiohttp's reader parsed from one read, in order), carried out
-#: before the next frame is read; it applies read-side back-pressure between the frames itself.
-BurstReceiver: TypeAlias = Callable[[list[bytes | str]], Awaitable[None]]
 
 
 class FrameWire(Protocol):
@@ -89,6 +86,15 @@ class FrameWire(Protocol):
         ...
 
 
+class BurstWire(FrameWire, Protocol):
+    """A wire that takes a burst of frames at once (native's connection)."""
+
+    def burst(self, frames: list[bytes | str]) -> Awaitable[None]:
+        """Carry out a burst of frames (those aiohttp's reader parsed from one read, in order) before the
+        next frame is read, with read-side back-pressure between them."""
+        ...
+
+
 def upgradable(
     request: web.Request,
     max_frame: int,
@@ -121,13 +127,14 @@ async def run_websocket(
     keepalive_s: Keepalive | None = None,
     started: Callable[[], Awaitable[None]] | None = None,
     finishing: Callable[[], None] | None = None,
-    burst: tuple[BurstReceiver, int] | None = None,
+    bursts: int = 0,
 ) -> None:
     """Run one connection over the open ``ws`` until it ends; the socket is closed on return. ``started``
     runs once the session is attached (a greeting), ``finishing`` once the reader is done, before the
     session leaves the node (departure notices, rosters). ``conn`` is None for a wire that reads frames
-    itself (native). ``burst`` (a step and the most frames it takes at once) takes a burst of frames at once:
-    after a frame, the ones aiohttp parsed with it (:func:`~hubbub.transports.backpressure.take_ready`)."""
+    itself (native). With ``bursts`` (the most frames a :class:`BurstWire` takes at once; 0: none), a frame
+    and the ones aiohttp parsed with it (:func:`~hubbub.transports.backpressure.take_ready`) go to the
+    wire's ``burst`` at once."""
     sess = wire.session
     try:
         async with Lifetime() as group:
@@ -140,7 +147,7 @@ async def run_websocket(
                 ping = keepalive(wire, sess, wire.node, sess.dialect, ws.ping, interval, silence)
                 alive = group.create_task(ping)
             try:
-                await _read(ws, wire, wire.receiver(conn), burst)
+                await _read(ws, wire, wire.receiver(conn), bursts)
             finally:
                 if finishing is not None:
                     finishing()
@@ -156,23 +163,21 @@ async def run_websocket(
             await quietly(lambda: ws.close(code=code), wire.node, sess.dialect, sess.id, "close")
 
 
-async def _read(
-    ws: Socket, wire: FrameWire, receive: Receiver, burst: tuple[BurstReceiver, int] | None
-) -> None:
-    """The connection's frames to the dialect, one at a time (or a burst at once, with ``burst``), until it
-    ends or the peer goes."""
+async def _read(ws: Socket, wire: FrameWire, receive: Receiver, bursts: int) -> None:
+    """The connection's frames to the dialect, one at a time (or a burst at once, with ``bursts``), until it
+    ends or the peer goes. Nothing of a burst is held while the next frame is awaited (an idle connection
+    keeps this frame: only the wire, the receiver and a number)."""
     sess, node = wire.session, wire.node
     try:
         async for msg in Messages(ws, sess):
             wire.last_recv = time.monotonic()
             kind = msg.type
             if kind is WSMsgType.TEXT or kind is WSMsgType.BINARY:
-                more = await take_ready(ws, burst[1]) if burst is not None else None
+                more = await take_ready(ws, bursts) if bursts else None
                 if more:
-                    assert burst is not None
                     more.insert(0, msg.data)
                     del msg
-                    pending: Awaitable[None] | None = burst[0](more)
+                    pending: Awaitable[None] | None = cast(BurstWire, wire).burst(more)
                     del more
                 else:
                     pending = receive(msg.data, kind is WSMsgType.BINARY)
