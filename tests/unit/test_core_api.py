@@ -14,7 +14,7 @@ from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
 
 #: Public names of the node that are not the transports' API: the composition root's and the cluster's.
-COMPOSITION = {"close", "fan_out", "settings", "statistics"}
+COMPOSITION = {"close", "fan_out", "fan_out_many", "settings", "statistics"}
 
 
 @pytest.fixture
