@@ -33,6 +33,10 @@ qrpc_framing       a qrpc byte stream built from the bytes (calls of every handl
                    fields, garbage, blank and over-long lines: ``fuzz_qrpc.py``), fed whole, in
                    chunks and byte by byte to ``QrpcConnection`` with the same outputs; every line the
                    server renders decodes as the stock npm qrpc client decodes it
+mqtt               raw bytes through the MQTT ``PacketReader``; then an MQTT stream built from the bytes
+                   (a CONNECT, packets of every type with good and bad fields, garbage: ``fuzz_mqtt.py``)
+                   fed whole, in 7-byte pieces and byte by byte to ``MqttConnection``, answered as the
+                   binding does: the same actions; every reply whole server packets; a close is last
 wearscript         ``decode_frame`` and a hub with two connections fed the bytes as one frame, then as
                    frames cut at NUL bytes (announcements, data, test-handler commands); a data message
                    renders back to the frame it came in
@@ -113,6 +117,7 @@ INSTRUMENTED = [
     "fuzz_guble",
     "fuzz_http",
     "fuzz_ivy",
+    "fuzz_mqtt",
     "fuzz_native",
     "fuzz_qrpc",
     "fuzz_replies",
@@ -127,6 +132,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     import fuzz_guble
     import fuzz_http
     import fuzz_ivy
+    import fuzz_mqtt
     import fuzz_native
     import fuzz_qrpc
     import fuzz_replies
@@ -630,6 +636,11 @@ def qrpc_framing(data: bytes) -> None:
         fuzz_qrpc.check_renderers(text[:24], {"topic": text, "value": [text]}, text)
 
 
+def mqtt_target(data: bytes) -> None:
+    fuzz_mqtt.check_reader(data)
+    fuzz_mqtt.check_stream(fuzz_mqtt.stream_from_bytes(data))
+
+
 def federation_link_target(data: bytes) -> None:
     """Frames from above (as the link's protocol reads them) decode or raise BadFrame (4000), malformed ones
     are BadInput (4000); header and cursor parsers answer ``None``/``ValueError``, and what they accept is
@@ -736,6 +747,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "cluster_wire": cluster_wire_target,
     "qpubs": qpubs_target,
     "qrpc_framing": qrpc_framing,
+    "mqtt": mqtt_target,
     "federation_link": federation_link_target,
     "http_heads": http_heads,
     "ws_client_frames": ws_client_frames,
