@@ -33,12 +33,16 @@ def test_dialects_speak_the_shared_vocabulary() -> None:
 
 
 def test_registry_names_each_dialect_once_with_distinct_routes() -> None:
-    assert list(SPECS) == ["ivy", "guble", "wearscript", "mist", "qpubs", "native"]
+    assert list(SPECS) == ["ivy", "guble", "wearscript", "mist", "qpubs", "mqtt", "native"]
     routes = [r for s in SPECS.values() for r in s.ws_routes]
     assert len(routes) == len(set(routes)) and all(r.startswith("/") for r in routes)
     assert SPECS["mist"].stream_listeners == ("mist.tcp_listen",)
     assert SPECS["wearscript"].close_code(Disconnect.TOKEN_EXPIRED) == Disconnect.POLICY_VIOLATION
     assert SPECS["mist"].close_code(Disconnect.TOKEN_EXPIRED) == Disconnect.TOKEN_EXPIRED
+    assert SPECS["mqtt"].stream_listeners == ("mqtt.tcp_listen",) and SPECS["mqtt"].ws_routes == ("/mqtt",)
+    # MQTT has no close codes of its own: bad input is a protocol error on a WebSocket.
+    assert SPECS["mqtt"].close_code(Disconnect.BAD_FRAME) == Disconnect.PROTOCOL_ERROR
+    assert SPECS["mqtt"].close_code(Disconnect.SLOW_CONSUMER) == Disconnect.TRY_AGAIN_LATER
 
 
 def test_wearscript_is_a_frame_connection() -> None:
@@ -82,5 +86,5 @@ def test_metrics_label_every_registered_dialect() -> None:
     """``/metrics``' per-dialect series show every registered dialect's labels (mist's two generations)."""
     from hubbub.transports.metrics import DIALECTS
 
-    assert DIALECTS == ("ivy", "guble", "wearscript", "mist2015", "mist1", "qpubs", "native")
+    assert DIALECTS == ("ivy", "guble", "wearscript", "mist2015", "mist1", "qpubs", "mqtt", "native")
     assert tuple(label for s in SPECS.values() for label in s.metric_labels) == DIALECTS

@@ -502,4 +502,5 @@ SPEC: Final = DialectSpec(
     close_code=_close_code,
     text=False,
     keepalive=False,  # MQTT's own keepalive (PINGREQ) is the binding's
+    binding="hubbub.transports.mqtt:mount",
 )

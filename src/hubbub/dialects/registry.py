@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from . import guble, ivy, mist, native, qpubs, wearscript
+from . import guble, ivy, mist, mqtt, native, qpubs, wearscript
 from .spec import DialectSpec
 
 __all__ = ["SPECS"]
@@ -21,5 +21,8 @@ __all__ = ["SPECS"]
 #: Every dialect's spec, by name, in the order the server wires them (native last: its TCP listener
 #: starts after the others', as its connections' ``/metrics`` labels come after theirs).
 SPECS: Final[Mapping[str, DialectSpec]] = MappingProxyType(
-    {s.name: s for s in (ivy.SPEC, guble.SPEC, wearscript.SPEC, mist.SPEC, qpubs.SPEC, native.SPEC)}
+    {
+        s.name: s
+        for s in (ivy.SPEC, guble.SPEC, wearscript.SPEC, mist.SPEC, qpubs.SPEC, mqtt.SPEC, native.SPEC)
+    }
 )

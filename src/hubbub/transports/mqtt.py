@@ -1,0 +1,480 @@
+"""MQTT 3.1.1 (docs/dialects/mqtt.md): the TCP (or TLS) listener on ``mqtt.tcp_listen`` and the ``/mqtt``
+WebSocket (subprotocol ``mqtt``, binary frames), both on :class:`MqttWire`.
+
+The protocol logic is the sans-I/O :class:`~hubbub.dialects.mqtt.MqttConnection`; :class:`MqttWire` carries
+its actions out on a :class:`~hubbub.transports.wire.DialectWire`, in arrival order:
+
+* ``ConnectRequest``: the credentials (the password is a hubbub token or JWT; a user name alone is taken as
+  one) through ``Node.login``, the client id (an empty one gets ``hubbub-<session id>``), the takeover of a
+  connection with the same id (closed first), then the CONNACK and the packets pipelined behind it;
+* ``MqttPublish``: stored through the write batcher with its QoS (and retain flag) as pseudo-headers, and
+  acknowledged (PUBACK, PUBREC) once committed; a publish the token may not make is dropped, counted, and
+  acknowledged all the same (3.1.1 has no refusal);
+* ``MqttSubscribe``: a live core subscription per new filter (its id the filter), held by the connection
+  before the core's registration so that no event between the two is lost; a refusal is SUBACK 0x80;
+* ``Unsubscribe``: the shared handler.
+
+:class:`MqttEncoder` renders an event for one connection: once per connection whatever its matching
+filters (at the highest QoS granted among those that apply, capped by the event's), QoS 0 packets shared
+between connections, QoS 1 and 2 with a packet identifier from the connection's window; a full window ends
+the connection as a slow consumer.
+
+The keepalive: a connection silent for 1.5 times its CONNECT's keepalive is closed [MQTT-3.1.2-24]. The
+will is published when a connection that was accepted ends without DISCONNECT.
+
+Concurrency contract: everything runs on the event loop thread; one task reads each connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from hubbub.core.api import Core, Session
+from hubbub.dialects import actions as a
+from hubbub.dialects import mqtt as mq
+from hubbub.disconnect import Disconnect
+from hubbub.errors import AuthError, HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
+from hubbub.events import Event, Publisher
+from hubbub.log.base import AppendRequest, AppendResult
+
+from .binding import Mounted, Wiring
+from .http import HttpSettings
+from .lifetime import Lifetime
+from .stream_driver import WRITE_TIMEOUT_S, StreamIO, serve_stream
+from .stream_listener import Accepted, StreamListener
+from .wire import DialectWire
+from .ws_driver import run_websocket, upgradable
+
+__all__ = [
+    "MqttCollector",
+    "MqttEncoder",
+    "MqttMounted",
+    "MqttService",
+    "MqttSettings",
+    "MqttWire",
+    "mount",
+    "serve_mqtt",
+]
+
+log = logging.getLogger("hubbub.mqtt")
+
+DIALECT: Final = "mqtt"
+READ_CHUNK: Final = 256 * 1024
+#: Seconds a closing connection may take to flush.
+CLOSE_WAIT_S: Final = 5.0
+#: A connection silent this many times its keepalive is closed (§3.1.2.10).
+KEEPALIVE_GRACE: Final = 1.5
+#: Seconds a takeover waits for the connection it replaces to end.
+TAKEOVER_WAIT_S: Final = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class MqttSettings:
+    """``auth``: connections must present a token; ``max_qos``: the highest QoS granted a subscription;
+    ``max_inflight``: unacknowledged QoS 1/2 deliveries per connection."""
+
+    auth: bool = False
+    max_qos: int = 2
+    max_inflight: int = 1024
+
+
+class MqttService:
+    """The node's MQTT side: settings, the live connection of each client id, every connection's task, and
+    the counters of ``/metrics``."""
+
+    def __init__(self, node: Core, settings: MqttSettings, http: HttpSettings) -> None:
+        self.node = node
+        self.settings = settings
+        self.http = http
+        self.connections: set[asyncio.Task[None]] = set()
+        #: The accepted connection of each client id.
+        self.clients: dict[str, MqttWire] = {}
+        #: Publishes dropped because the token may not publish there.
+        self.dropped = 0
+
+    def inflight(self) -> int:
+        """Unacknowledged QoS 1/2 deliveries, over every connection."""
+        return sum(len(w.conn.outbound) for w in self.clients.values())
+
+    def install(self, app: web.Application, node: Core, settings: HttpSettings) -> None:
+        """The :data:`~hubbub.transports.http.RouteInstaller` of ``/mqtt``."""
+        app.router.add_get("/mqtt", self.websocket)
+
+    async def websocket(self, request: web.Request) -> web.StreamResponse:
+        """``GET /mqtt``: MQTT over WebSocket (binary frames carry the byte stream, §6)."""
+        ws = upgradable(request, self.http.max_frame + 5, protocols=("mqtt",))
+        if ws is None:
+            return web.Response(status=400, text="expected a WebSocket upgrade\n")
+        await ws.prepare(request)
+
+        async def send(data: bytes) -> None:
+            await ws.send_bytes(data)
+
+        async def close(code: Disconnect) -> None:
+            await ws.close(code=mq.SPEC.close_code(code))
+
+        peer = request.remote or ""
+        w = MqttWire(self, send=send, close=close, peer=peer)
+        await run_websocket(ws, w.wire, w.conn, None, finishing=w.finishing)
+        return ws
+
+
+class MqttEncoder:
+    """Renders an event for one connection (it knows the connection's filters and packet identifiers)."""
+
+    per_connection = True
+    key = "mqtt"
+
+    def __init__(self, conn: mq.MqttConnection, full: Callable[[], None]) -> None:
+        self.conn = conn
+        self._full = full
+
+    def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
+        conn = self.conn
+        q = conn.delivery_qos(event.channel, subs)
+        if q is None:
+            return b""
+        head = cache.get("mqtt.head")
+        if head is None:
+            topic = mq.channel_topic(event.channel)
+            head = cache["mqtt.head"] = b"" if topic is None else mq.publish_head(topic)
+        if not head:
+            return b""  # the root has no topic name
+        q = min(q, mq.event_qos(event.headers))
+        if q == 0:
+            packet = cache.get("mqtt.q0")
+            if packet is None:
+                packet = cache["mqtt.q0"] = mq.encode_publish(head, event.payload)
+            return bytes(packet)
+        out = conn.outbound.add(head, event.payload, q)
+        if out is None:
+            self._full()
+            return b""
+        return out
+
+
+class MqttWire:
+    """One MQTT connection's binding: the dialect's state machine on a
+    :class:`~hubbub.transports.wire.DialectWire`; the byte-stream driver's
+    :class:`~hubbub.transports.stream_driver.StreamWire`."""
+
+    def __init__(
+        self,
+        service: MqttService,
+        *,
+        send: Callable[[bytes], Awaitable[object]],
+        close: Callable[[Disconnect], Awaitable[object]],
+        send_many: Callable[[list[bytes]], Awaitable[object]] | None = None,
+        peer: str = "",
+    ) -> None:
+        self.service = service
+        node = self.node = service.node
+        s, h = service.settings, service.http
+        self.conn = mq.MqttConnection(
+            max_packet=h.max_frame,
+            max_qos=s.max_qos,
+            max_channel_bytes=h.max_channel_bytes,
+            max_inflight=s.max_inflight,
+        )
+        self.wire = DialectWire(
+            node,
+            mq.SPEC,
+            dialect=DIALECT,
+            encoder=MqttEncoder(self.conn, self._window_full),
+            send_queue=h.send_queue,
+            send_queue_bytes=h.send_queue_bytes,
+            max_frame=h.max_frame + 5,
+            send=send,  # an event this connection must not get renders empty: not sent
+            send_many=send_many,
+            close=close,
+            refused=self._refused,
+            echo=True,  # 3.1.1 delivers a client's own publishes to its matching filters
+            pace=True,  # a read may hold thousands of packets, each answered
+            close_wait_s=CLOSE_WAIT_S,
+        )
+        self.session: Session = self.wire.session
+        self.peer = peer
+        #: Set once the connection has left ``service.clients`` (a takeover waits for it).
+        self.ended = asyncio.Event()
+        self._registered = False
+        self.wire.handle(
+            {
+                mq.ConnectRequest: self._connect,
+                mq.MqttPublish: self._publish,
+                mq.MqttSubscribe: self._subscribe,
+            }
+        )
+
+    # -- the byte-stream driver's side --
+
+    @property
+    def done(self) -> bool:
+        return self.wire.done
+
+    @property
+    def messages(self) -> int:
+        return self.conn.messages
+
+    def start(self, group: Lifetime) -> None:
+        self.wire.start(group, None)
+
+    async def feed(self, data: bytes) -> None:
+        self.wire.last_recv = time.monotonic()
+        await self.wire.run(self.conn.receive_data(data))
+
+    async def finish(self) -> None:
+        self.finishing()
+        await self.wire.finish()
+
+    def finishing(self) -> None:
+        """The reader is done: publish the will of an abnormal end, leave the client table."""
+        will = self.conn.will
+        if will is not None and self._registered:
+            self.conn.will = None
+            self._publish_will(will)
+        if self._registered and self.service.clients.get(self.conn.client_id) is self:
+            del self.service.clients[self.conn.client_id]
+        self._registered = False
+        self.ended.set()
+
+    # -- actions --
+
+    def _emit(self, actions: Sequence[object]) -> None:
+        """Replies the connection gives synchronously (acknowledgements): queued, or the close."""
+        for act in actions:
+            if isinstance(act, a.Send):
+                self.session.push(act.data)
+            elif isinstance(act, a.Close):
+                self.wire.close(act.code, act.reason)
+
+    async def _connect(self, req: mq.ConnectRequest) -> None:
+        node, conn = self.node, self.conn
+        token = req.password.decode("utf-8", "replace") if req.password is not None else req.username
+        if token is not None or self.service.settings.auth:
+            try:
+                node.login(self.session, token, self.peer)
+            except AuthError:
+                code = mq.NOT_AUTHORIZED if token is None else mq.BAD_CREDENTIALS
+                await self.wire.run(conn.refuse(code))
+                return
+        client_id = req.client_id or f"hubbub-{self.session.id}"
+        old = self.service.clients.get(client_id)
+        if old is not None:  # the same client id: the older connection is closed first [MQTT-3.1.4-2]
+            old.session.end(Disconnect.NORMAL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(old.ended.wait(), TAKEOVER_WAIT_S)
+            if self.done:
+                return
+        self.service.clients[client_id] = self
+        self._registered = True
+        if conn.keepalive:
+            self.wire.spawn(self._keepalive(conn.keepalive * KEEPALIVE_GRACE))
+        await self.wire.run(conn.accept(False, client_id))
+
+    async def _keepalive(self, limit: float) -> None:
+        """Close the connection after ``limit`` seconds without a packet [MQTT-3.1.2-24]."""
+        wire = self.wire
+        while not wire.done:
+            left = wire.last_recv + limit - time.monotonic()
+            if left <= 0:
+                log.debug("mqtt keepalive expired", extra={"session": self.session.id})
+                self.session.end(Disconnect.TIMEOUT)
+                return
+            await asyncio.sleep(left)
+
+    def _request(self, channel: str, payload: bytes, qos: int, retain: bool) -> AppendRequest:
+        sess = self.session
+        headers = {mq.QOS_HEADER: str(qos)}
+        if retain:
+            headers[mq.RETAIN_HEADER] = "1"
+        return AppendRequest(
+            channel=channel,
+            publisher=Publisher(DIALECT, sess.user, sess.id, ""),
+            payload=payload,
+            content_type=mq.CONTENT_TYPE,
+            headers=headers,
+        )
+
+    async def _publish(self, cmd: mq.MqttPublish) -> None:
+        req = self._request(cmd.channel, cmd.payload, cmd.qos, cmd.retain)
+
+        def done(r: AppendResult | HubbubError) -> None:
+            if isinstance(r, HubbubError):
+                self.wire.refuse(cmd, r)
+            else:
+                self._emit(self.conn.published(cmd))
+
+        await self.node.writable()
+        try:
+            self.node.submit(req, self.session, done)
+        except (AuthError, LimitExceeded) as exc:
+            self.wire.refuse(cmd, exc)
+        except ShuttingDown:
+            self.session.end(Disconnect.GOING_AWAY)
+
+    def _refused(self, cmd: object, exc: HubbubError) -> Sequence[object]:
+        """The core refused ``cmd`` (a publish): a permission drops it, acknowledged; anything else closes the
+        connection unacknowledged (the client sends it again)."""
+        if isinstance(cmd, mq.MqttPublish):
+            if isinstance(exc, AuthError) and exc.code == Disconnect.FORBIDDEN:
+                self.service.dropped += 1
+                return self.conn.published(cmd)
+            if isinstance(exc, LimitExceeded):
+                return [a.Close(Disconnect.TRY_AGAIN_LATER, "publish refused")]
+        return [a.Close(Disconnect.of(exc.code), "publish failed")]
+
+    def _publish_will(self, will: mq.Will) -> None:
+        try:
+            channel = mq.topic_channel(will.topic, self.service.http.max_channel_bytes)
+            self.node.submit(self._request(channel, will.payload, will.qos, will.retain), self.session)
+        except (AuthError, LimitExceeded, ShuttingDown) as exc:
+            log.info("mqtt will not published: %s", exc, extra={"session": self.session.id})
+
+    async def _subscribe(self, cmd: mq.MqttSubscribe) -> None:
+        conn, access, ident = self.conn, self.node.access, self.session.identity
+        # A filter is granted when the token may read every topic it matches (as MQTT brokers' ACLs check
+        # the filter itself); hubbub's partial reads, with the rest skipped, are native's.
+        allowed = [
+            f for f in cmd.filters if f.pattern is not None and access.visibility(ident, f.pattern) is None
+        ]
+        new = [f for f in allowed if f.topic_filter not in conn.subscriptions]
+        # Held before the core registers them: an event committed in between is delivered, not dropped.
+        for f in new:
+            conn.subscriptions[f.topic_filter] = f.qos
+        subs = [a.Subscribe(f.topic_filter, f.pattern) for f in new if f.pattern is not None]
+        results = dict(zip((s.sub for s in subs), await self.wire.subscribe(subs), strict=True))
+        held: list[bool] = []
+        for f in cmd.filters:
+            exc = results.get(f.topic_filter)
+            ok = f in allowed and (exc is None or isinstance(exc, SubscriptionError))
+            if not ok:
+                conn.subscriptions.pop(f.topic_filter, None)
+            held.append(ok)
+        self._emit(conn.subscribed(cmd, held))
+
+    def _window_full(self) -> None:
+        """The client acknowledges nothing: past ``max_inflight`` deliveries it is a slow consumer."""
+        self.session.end(Disconnect.SLOW_CONSUMER)
+
+
+class MqttCollector:
+    """MQTT on ``/metrics``: ``hubbub_mqtt_sessions`` (accepted connections), ``hubbub_mqtt_inflight``
+    (unacknowledged QoS 1/2 deliveries), ``hubbub_mqtt_publishes_dropped`` (publishes the token may not
+    make, acknowledged and dropped). Connections, deliveries and bad input are in the per-dialect series
+    with the other dialects'."""
+
+    def __init__(self, service: MqttService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Any]:
+        svc = self.service
+        sessions = GaugeMetricFamily("hubbub_mqtt_sessions", "MQTT connections accepted (CONNACK 0)")
+        sessions.add_metric([], len(svc.clients))
+        yield sessions
+        inflight = GaugeMetricFamily("hubbub_mqtt_inflight", "MQTT QoS 1/2 deliveries awaiting the client")
+        inflight.add_metric([], svc.inflight())
+        yield inflight
+        dropped = CounterMetricFamily(
+            "hubbub_mqtt_publishes_dropped", "MQTT publishes refused by permission (acknowledged, not stored)"
+        )
+        dropped.add_metric([], svc.dropped)
+        yield dropped
+
+
+class _MqttStreams:
+    """MQTT's side of the byte-stream driver: a connection opens at accept."""
+
+    __slots__ = ("service", "write_timeout")
+
+    dialect: Final = DIALECT
+    read_chunk: Final = READ_CHUNK
+
+    def __init__(self, service: MqttService, write_timeout: float) -> None:
+        self.service = service
+        self.write_timeout = write_timeout
+
+    @property
+    def node(self) -> Core:
+        return self.service.node
+
+    def open(self, first: bytes, acc: Accepted) -> MqttWire:
+        io = StreamIO(acc.writer, self.write_timeout)
+        return MqttWire(self.service, send=io.send, send_many=io.send_many, close=io.close, peer=acc.ip)
+
+
+async def serve_mqtt(
+    host: str,
+    port: int,
+    service: MqttService,
+    *,
+    first_message_timeout_s: float,
+    ssl_context: ssl.SSLContext | None = None,
+    write_timeout: float = WRITE_TIMEOUT_S,
+) -> StreamListener:
+    """Start the MQTT listener (TLS with ``ssl_context``). Admission and the first-message timeout (the
+    CONNECT) are the stream listener's; after it, the keepalive is the connection's."""
+    streams = _MqttStreams(service, write_timeout)
+
+    def track(task: asyncio.Task[None]) -> None:
+        service.connections.add(task)
+        task.add_done_callback(service.connections.discard)
+
+    async def serve(acc: Accepted) -> None:
+        await serve_stream(acc, streams)
+
+    listener = StreamListener(
+        service.node,
+        DIALECT,
+        serve,
+        track,
+        first_message_timeout_s=first_message_timeout_s,
+        ssl_context=ssl_context,
+    )
+    await listener.start(host, port)
+    return listener
+
+
+class MqttMounted(Mounted):
+    """MQTT on a node: the ``/mqtt`` WebSocket route, and the TCP listener (``mqtt.tcp_listen``) once the
+    HTTP listener is up."""
+
+    def __init__(self, service: MqttService) -> None:
+        super().__init__(mq.SPEC, service.install)
+        self.service = service
+
+    async def started(self, wiring: Wiring, metrics: CollectorRegistry) -> None:
+        cfg, service = wiring.config, self.service
+        metrics.register(MqttCollector(service))
+
+        async def start(host: str, port: int) -> StreamListener:
+            return await serve_mqtt(
+                host,
+                port,
+                service,
+                first_message_timeout_s=cfg.tcp.first_message_timeout_s,
+                ssl_context=wiring.ssl_context,
+                write_timeout=cfg.limits.write_timeout_s,
+            )
+
+        await self.listen("mqtt", "mqtt.tcp_listen", wiring, start)
+
+    def connections(self) -> Iterable[asyncio.Task[None]]:
+        return list(self.service.connections)
+
+
+async def mount(w: Wiring) -> Mounted:
+    """MQTT's binding (``mqtt.SPEC``): its settings from the ``mqtt`` section."""
+    cfg = w.config.section(mq.MqttConfig)
+    settings = MqttSettings(auth=w.auth("mqtt"), max_qos=cfg.max_qos, max_inflight=cfg.max_inflight)
+    return MqttMounted(MqttService(w.node, settings, w.http))

@@ -1,0 +1,287 @@
+"""MQTT 3.1.1 over real sockets (docs/dialects/mqtt.md): QoS 0, 1 and 2 both ways, filters and their
+wildcards, native publishers and subscribers on the same channels, bad input, the keepalive, takeover,
+wills, credentials and permissions, with hubbub's byte-level test client (tests/integration/mqttclient.py);
+the stock clients are in test_mqtt_clients.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from hubbub.client import AsyncClient
+from hubbub.dialects import mqtt_codec as c
+from hubbub.server import Server
+from hubbub.server_config import load_config
+
+from .mqttclient import MqttClient
+
+WAIT = 10.0
+TOKENS = {
+    "tok-root": {"user": "root", "admin": True},
+    "tok-alice": {"user": "alice", "publish": ["/pub/**"], "subscribe": ["/pub/**"]},
+}
+
+
+@contextlib.asynccontextmanager
+async def serve(tmp_path: Path, **overrides: Any) -> AsyncIterator[Server]:
+    cli: dict[str, Any] = {"data_dir": str(tmp_path / "data"), "mqtt.tcp_listen": "127.0.0.1:0"}
+    cli.update(overrides)
+    async with Server(load_config(cli=cli, env={})) as srv:
+        yield srv
+
+
+async def metrics(srv: Server, token: str = "") -> str:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{srv.ports['http']}/metrics", headers=headers) as r,
+    ):
+        assert r.status == 200
+        return await r.text()
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_qos0_and_qos1_between_mqtt_and_native(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as srv:
+            port = srv.ports["mqtt"]
+            sub = await MqttClient.connect(port, "sub")
+            assert await sub.subscribe(("a/+", 1), ("b/#", 0)) == (1, 0)
+            pub = await MqttClient.connect(port, "pub")
+            url = f"ws://127.0.0.1:{srv.ports['http']}"
+            async with AsyncClient.connect(url) as native, native.subscribe("/a/**") as nsub:
+                # MQTT to MQTT and native: every message, in order, at min(publish, granted) QoS.
+                for i in range(20):
+                    await pub.publish("a/x", f"m{i}".encode(), qos=i % 2)
+                for i in range(20):
+                    m = await sub.message()
+                    assert (m.topic, m.payload, m.qos, m.retain) == ("a/x", f"m{i}".encode(), i % 2, False)
+                for i in range(20):
+                    ev = await nsub.get(WAIT)
+                    assert ev is not None and not hasattr(ev, "reason")
+                    assert (ev.channel, ev.seq, ev.payload, ev.publisher.dialect) == (  # type: ignore[union-attr]
+                        "/a/x",
+                        i + 1,
+                        f"m{i}".encode(),
+                        "mqtt",
+                    )
+                # native to MQTT: QoS 1 under a QoS 1 filter, 0 under a QoS 0 one; b/# matches b; + one level.
+                await native.publish("/a/y", b"n1")
+                await native.publish("/b", b"n2")
+                await native.publish("/b/c/d", b"n3")
+                await native.publish("/a/y/z", b"not for a/+")
+                await native.publish("/a", b"not for a/+ either")
+                got = [await sub.message() for _ in range(3)]
+                assert [(m.topic, m.payload, m.qos) for m in got] == [
+                    ("a/y", b"n1", 1),
+                    ("b", b"n2", 0),
+                    ("b/c/d", b"n3", 0),
+                ]
+                await sub.ping()  # nothing else was sent before the PINGRESP
+                await pub.disconnect()
+                await sub.disconnect()
+
+    asyncio.run(main())
+
+
+def test_overlapping_filters_deliver_once_and_dollar_topics(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as srv:
+            port = srv.ports["mqtt"]
+            sub = await MqttClient.connect(port, "sub")
+            assert await sub.subscribe(("#", 0), ("x/+", 2), ("$SYS/#", 0)) == (0, 2, 0)
+            pub = await MqttClient.connect(port, "pub")
+            await pub.publish("x/1", b"a", qos=2)
+            await pub.publish("$SYS/up", b"b", qos=1)
+            await pub.publish("/lead", b"c", qos=1)
+            got = [await sub.message() for _ in range(3)]
+            # One delivery at the highest QoS of the filters that match; $SYS only through $SYS/#.
+            assert [(m.topic, m.payload, m.qos) for m in got] == [
+                ("x/1", b"a", 2),
+                ("$SYS/up", b"b", 0),
+                ("/lead", b"c", 0),
+            ]
+            # A filter held again replaces its QoS; UNSUBSCRIBE ends it.
+            assert await sub.subscribe(("x/+", 0)) == (0,)
+            await pub.publish("x/2", b"d", qos=2)
+            assert (m := await sub.message()).qos == 0 and m.payload == b"d"
+            sub.send(c.encode_unsubscribe(sub.pid(), ["#", "x/+"]))
+            assert isinstance(await sub.next(), c.Ack)
+            await pub.publish("x/3", b"e", qos=1)
+            await pub.publish("$SYS/x", b"f", qos=0)
+            assert (await sub.message()).payload == b"f"
+            await sub.disconnect()
+            await pub.disconnect()
+
+    asyncio.run(main())
+
+
+def test_qos2_exchanges_and_duplicates(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as srv:
+            port = srv.ports["mqtt"]
+            sub = await MqttClient.connect(port, "sub")
+            assert await sub.subscribe(("q", 2)) == (2,)
+            pub = await MqttClient.connect(port, "pub")
+            # The same identifier again before PUBREL is one message [MQTT-4.3.3-2].
+            pub.send(c.encode_publish("q", b"once", 2, packet_id=7))
+            assert await pub.next() == c.Ack(c.PUBREC, 7)
+            pub.send(c.encode_publish("q", b"once", 2, dup=True, packet_id=7))
+            assert await pub.next() == c.Ack(c.PUBREC, 7)
+            pub.send(c.encode_ack(c.PUBREL, 7))
+            assert await pub.next() == c.Ack(c.PUBCOMP, 7)
+            await pub.publish("q", b"twice", qos=2)
+            m1 = await sub.message()
+            m2 = await sub.message()
+            assert (m1.payload, m1.qos, m2.payload) == (b"once", 2, b"twice")
+            await sub.ping()
+            url = f"ws://127.0.0.1:{srv.ports['http']}"
+            async with AsyncClient.connect(url) as native, native.subscribe("/q", last=10) as log:
+                stored = [await log.get(WAIT) for _ in range(2)]
+                assert [(e.seq, e.payload) for e in stored] == [(1, b"once"), (2, b"twice")]  # type: ignore[union-attr]
+            await sub.disconnect()
+            await pub.disconnect()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        c.encode_publish("a", b""),  # not a CONNECT first
+        c.encode_connect("x") + c.encode_connect("x"),  # CONNECT twice
+        c.encode_connect("x") + b"\x36\x05\x00\x01a\x00\x01",  # QoS 3
+        c.encode_connect("x") + c.encode_publish("a/+", b""),  # a wildcard in a topic name
+        c.encode_connect("x") + c.encode_subscribe(1, [("a/#/b", 0)]),  # a bad filter
+        c.encode_connect("x") + b"\xc0\xff\xff\xff\xff\x01",  # five length bytes
+        c.encode_connect("x") + c.encode_publish("a", b"x" * 5000),  # over limits.max_frame
+    ],
+)
+def test_bad_input_closes_the_connection(tmp_path: Path, bad: bytes) -> None:
+    async def main() -> None:
+        async with serve(tmp_path, **{"limits.max_frame": 4096}) as srv:
+            cl = await MqttClient.open(srv.ports["mqtt"])
+            cl.send(bad)
+            rest = await cl.closed()
+            if bad.startswith(c.encode_connect("x")):
+                assert rest == c.encode_connack(False, 0)
+            else:
+                assert rest == b""
+            assert metric(await metrics(srv), 'hubbub_bad_input_total{dialect="mqtt"}') == 1
+
+    asyncio.run(main())
+
+
+def test_refused_connects(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path, **{"auth.mode": "token", "auth.tokens": TOKENS}) as srv:
+            port = srv.ports["mqtt"]
+            for kw, code in [
+                ({"level": 3}, 1),
+                ({"clean_session": False}, 2),
+                ({"username": "u", "password": b"nope"}, 4),
+                ({}, 5),
+            ]:
+                cl = await MqttClient.open(port)
+                ack = await cl.handshake("" if code == 2 else "x", **kw)
+                assert ack == c.Connack(False, code)
+                assert await cl.closed() == b""
+            # The password is the token; a user name alone is one too.
+            for kw in ({"username": "any", "password": b"tok-alice"}, {"username": "tok-alice"}):
+                cl = await MqttClient.connect(port, "alice", **kw)
+                await cl.disconnect()
+
+    asyncio.run(main())
+
+
+def test_permissions_on_subscribe_and_publish(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path, **{"auth.mode": "token", "auth.tokens": TOKENS}) as srv:
+            port = srv.ports["mqtt"]
+            alice = await MqttClient.connect(port, "alice", username="alice", password=b"tok-alice")
+            # A filter is granted when she may read every topic it matches.
+            assert await alice.subscribe(("pub/#", 1), ("secret/#", 1), ("#", 0)) == (1, 0x80, 0x80)
+            # A publish she may not make is acknowledged and dropped, and counted.
+            await alice.publish("secret/x", b"no", qos=1)
+            await alice.publish("pub/x", b"yes", qos=1)
+            m = await alice.message()
+            assert (m.topic, m.payload) == ("pub/x", b"yes")
+            root = await MqttClient.connect(port, "root", password=b"tok-root", username="root")
+            await root.publish("secret/y", b"hidden", qos=1)
+            await root.publish("pub/z", b"seen", qos=1)
+            m = await alice.message()
+            assert (m.topic, m.payload) == ("pub/z", b"seen")
+            text = await metrics(srv, "tok-root")
+            assert metric(text, "hubbub_mqtt_publishes_dropped_total") == 1
+            assert metric(text, "hubbub_mqtt_sessions") == 2
+            await alice.disconnect()
+            await root.disconnect()
+
+    asyncio.run(main())
+
+
+def test_will_on_abnormal_end_only(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as srv:
+            port = srv.ports["mqtt"]
+            watcher = await MqttClient.connect(port, "watcher")
+            assert await watcher.subscribe(
+                ("wills/+", 1),
+            ) == (1,)
+            clean = await MqttClient.connect(port, "clean", will=c.Will("wills/clean", b"x", 1, False))
+            await clean.disconnect()
+            dirty = await MqttClient.connect(port, "dirty", will=c.Will("wills/dirty", b"gone", 1, False))
+            dirty.abort()
+            m = await watcher.message()
+            assert (m.topic, m.payload, m.qos) == ("wills/dirty", b"gone", 1)
+            await watcher.ping()
+            await watcher.disconnect()
+
+    asyncio.run(main())
+
+
+def test_takeover_and_keepalive(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as srv:
+            port = srv.ports["mqtt"]
+            first = await MqttClient.connect(port, "same")
+            second = await MqttClient.connect(port, "same")
+            assert await first.closed() == b""
+            await second.ping()
+            await second.disconnect()
+            silent = await MqttClient.connect(port, "silent", keepalive=1)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            assert await silent.closed(timeout=5) == b""
+            assert 1.4 <= loop.time() - t0 < 4
+
+    asyncio.run(main())
+
+
+def test_a_client_that_acknowledges_nothing_is_a_slow_consumer(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path, **{"mqtt.max_inflight": 4}) as srv:
+            port = srv.ports["mqtt"]
+            sub = await MqttClient.connect(port, "sub")
+            assert await sub.subscribe(("t", 1)) == (1,)
+            pub = await MqttClient.connect(port, "pub")
+            for i in range(4):
+                await pub.publish("t", b"%d" % i, qos=1)
+            assert [(await sub.message(ack=False)).packet_id for _ in range(4)] == [1, 2, 3, 4]
+            await pub.publish("t", b"5", qos=1)
+            await sub.closed()
+            await pub.disconnect()
+
+    asyncio.run(main())
