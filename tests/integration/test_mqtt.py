@@ -71,7 +71,7 @@ def test_qos0_and_qos1_between_mqtt_and_native(tmp_path: Path) -> None:
                 for i in range(20):
                     ev = await nsub.get(WAIT)
                     assert ev is not None and not hasattr(ev, "reason")
-                    assert (ev.channel, ev.seq, ev.payload, ev.publisher.dialect) == (  # type: ignore[union-attr]
+                    assert (ev.channel, ev.seq, ev.payload, ev.publisher.dialect) == (
                         "/a/x",
                         i + 1,
                         f"m{i}".encode(),
@@ -188,12 +188,13 @@ def test_refused_connects(tmp_path: Path) -> None:
     async def main() -> None:
         async with serve(tmp_path, **{"auth.mode": "token", "auth.tokens": TOKENS}) as srv:
             port = srv.ports["mqtt"]
-            for kw, code in [
+            cases: list[tuple[dict[str, Any], int]] = [
                 ({"level": 3}, 1),
                 ({"clean_session": False}, 2),
                 ({"username": "u", "password": b"nope"}, 4),
                 ({}, 5),
-            ]:
+            ]
+            for kw, code in cases:
                 cl = await MqttClient.open(port)
                 ack = await cl.handshake("" if code == 2 else "x", **kw)
                 assert ack == c.Connack(False, code)
