@@ -286,3 +286,42 @@ def test_a_client_that_acknowledges_nothing_is_a_slow_consumer(tmp_path: Path) -
             await pub.disconnect()
 
     asyncio.run(main())
+
+
+def test_retained_messages_from_the_log_across_a_restart(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as srv:
+            port = srv.ports["mqtt"]
+            pub = await MqttClient.connect(port, "pub")
+            await pub.publish("rt/a", b"v1", qos=1, retain=True)
+            await pub.publish("rt/a", b"v2", qos=2, retain=True)
+            await pub.publish("rt/a", b"live", qos=1)  # not retained: v2 stays the retained one
+            await pub.publish("rt/b", b"b1", qos=0, retain=True)
+            await pub.publish("rt/c", b"c1", qos=1, retain=True)
+            await pub.publish("rt/c", b"", qos=1, retain=True)  # an empty payload clears
+            await pub.ping()
+            sub = await MqttClient.connect(port, "sub")
+            assert await sub.subscribe(("rt/#", 1), ("rt/a", 0)) == (1, 0)
+            got = [await sub.message() for _ in range(2)]
+            assert [(m.topic, m.payload, m.qos, m.retain) for m in got] == [
+                ("rt/a", b"v2", 1, True),
+                ("rt/b", b"b1", 0, True),
+            ]
+            await pub.publish("rt/b", b"b2", qos=1, retain=True)
+            m = await sub.message()
+            assert (m.topic, m.payload, m.retain) == ("rt/b", b"b2", False)  # live: no retain flag
+            await sub.ping()
+            await sub.disconnect()
+            await pub.disconnect()
+        async with serve(tmp_path) as srv:
+            sub = await MqttClient.connect(srv.ports["mqtt"], "sub")
+            assert await sub.subscribe(("rt/+", 2)) == (2,)
+            got = [await sub.message() for _ in range(2)]
+            assert [(m.topic, m.payload, m.qos, m.retain) for m in got] == [
+                ("rt/a", b"v2", 2, True),
+                ("rt/b", b"b2", 1, True),
+            ]
+            await sub.ping()
+            await sub.disconnect()
+
+    asyncio.run(main())

@@ -51,6 +51,7 @@ from hubbub.log.base import AppendRequest, AppendResult
 from .binding import Mounted, Wiring
 from .http import HttpSettings
 from .lifetime import Lifetime
+from .mqtt_retained import RetainedIndex
 from .stream_driver import WRITE_TIMEOUT_S, StreamIO, serve_stream
 from .stream_listener import Accepted, StreamListener
 from .wire import DialectWire
@@ -93,10 +94,14 @@ class MqttService:
     """The node's MQTT side: settings, the live connection of each client id, every connection's task, and
     the counters of ``/metrics``."""
 
-    def __init__(self, node: Core, settings: MqttSettings, http: HttpSettings) -> None:
+    def __init__(
+        self, node: Core, settings: MqttSettings, http: HttpSettings, retained: RetainedIndex | None = None
+    ) -> None:
         self.node = node
         self.settings = settings
         self.http = http
+        #: Where each channel's retained event is in the log.
+        self.retained = retained if retained is not None else RetainedIndex()
         self.connections: set[asyncio.Task[None]] = set()
         #: The accepted connection of each client id.
         self.clients: dict[str, MqttWire] = {}
@@ -312,8 +317,10 @@ class MqttWire:
         def done(r: AppendResult | HubbubError) -> None:
             if isinstance(r, HubbubError):
                 self.wire.refuse(cmd, r)
-            else:
-                self._emit(self.conn.published(cmd))
+                return
+            if cmd.retain:
+                self._retained(r)
+            self._emit(self.conn.published(cmd))
 
         await self.node.writable()
         try:
@@ -334,10 +341,18 @@ class MqttWire:
                 return [a.Close(Disconnect.TRY_AGAIN_LATER, "publish refused")]
         return [a.Close(Disconnect.of(exc.code), "publish failed")]
 
+    def _retained(self, r: AppendResult) -> None:
+        ev = r.event
+        self.service.retained.retain(ev.channel, ev.seq, ev.epoch, empty=not ev.payload)
+
     def _publish_will(self, will: mq.Will) -> None:
+        def done(r: AppendResult | HubbubError) -> None:
+            if isinstance(r, AppendResult) and will.retain:
+                self._retained(r)
+
         try:
             channel = mq.topic_channel(will.topic, self.service.http.max_channel_bytes)
-            self.node.submit(self._request(channel, will.payload, will.qos, will.retain), self.session)
+            self.node.submit(self._request(channel, will.payload, will.qos, will.retain), self.session, done)
         except (AuthError, LimitExceeded, ShuttingDown) as exc:
             log.info("mqtt will not published: %s", exc, extra={"session": self.session.id})
 
@@ -362,6 +377,43 @@ class MqttWire:
                 conn.subscriptions.pop(f.topic_filter, None)
             held.append(ok)
         self._emit(conn.subscribed(cmd, held))
+        await self._send_retained([f for f, ok in zip(cmd.filters, held, strict=True) if ok])
+
+    async def _send_retained(self, filters: Sequence[mq.FilterRequest]) -> None:
+        """The retained messages of the filters just granted, after their SUBACK [MQTT-3.3.1-6]: each
+        channel's once, at the highest QoS of the filters that match it, with the retain flag."""
+        index = self.service.retained
+        wanted: dict[str, tuple[int, int, str]] = {}
+        for f in filters:
+            assert f.pattern is not None
+            for channel, seq, epoch in index.matching(f.pattern):
+                if mq.filter_applies(f.topic_filter, channel):
+                    q = max(f.qos, wanted[channel][0]) if channel in wanted else f.qos
+                    wanted[channel] = (q, seq, epoch)
+        for channel, (granted, seq, epoch) in wanted.items():
+            page = await self.node.read_channel(channel, since=seq - 1, limit=1, epoch=epoch)
+            if self.done:
+                return
+            if not page.events or page.events[0].seq != seq:
+                index.drop(channel, seq, epoch)  # trimmed, or the channel was reset
+                continue
+            if index.where(channel) != (seq, epoch):
+                continue  # a newer retained message came meanwhile, live
+            ev = page.events[0]
+            topic = mq.channel_topic(channel)
+            if topic is None:
+                continue
+            head = mq.publish_head(topic)
+            q = min(granted, mq.event_qos(ev.headers))
+            packet = (
+                mq.encode_publish(head, ev.payload, 0, True)
+                if q == 0
+                else self.conn.outbound.add(head, ev.payload, q, True)
+            )
+            if packet is None:
+                self._window_full()
+                return
+            self.session.push(packet, is_event=True)
 
     def _window_full(self) -> None:
         """The client acknowledges nothing: past ``max_inflight`` deliveries it is a slow consumer."""
@@ -472,9 +524,14 @@ class MqttMounted(Mounted):
     def connections(self) -> Iterable[asyncio.Task[None]]:
         return list(self.service.connections)
 
+    def close(self) -> None:
+        self.service.retained.close()
+
 
 async def mount(w: Wiring) -> Mounted:
     """MQTT's binding (``mqtt.SPEC``): its settings from the ``mqtt`` section."""
     cfg = w.config.section(mq.MqttConfig)
     settings = MqttSettings(auth=w.auth("mqtt"), max_qos=cfg.max_qos, max_inflight=cfg.max_inflight)
-    return MqttMounted(MqttService(w.node, settings, w.http))
+    data_dir = w.config.storage.data_dir
+    retained = await asyncio.get_running_loop().run_in_executor(None, RetainedIndex.in_data_dir, data_dir)
+    return MqttMounted(MqttService(w.node, settings, w.http, retained))
