@@ -20,7 +20,7 @@ def test_changes_survive_a_reload_compacted(tmp_path: Path) -> None:
     index.close()
     path = tmp_path / "mqtt" / "retained.jsonl"
     with path.open("a", encoding="utf-8") as f:
-        f.write("not json\n")
+        f.write("not json\n[1, 2]\n")
     again = RetainedIndex.in_data_dir(tmp_path)
     assert list(again.matching(filter_pattern("#"))) == [("/a/x", 3, "e1")]
     assert list(again.matching(filter_pattern("a/x"))) == [("/a/x", 3, "e1")]
