@@ -129,7 +129,9 @@ def check_stream(stream: bytes) -> None:
         elif isinstance(act, Close):
             assert i == len(whole) - 1 and conn.closed, whole
         else:
-            assert isinstance(act, mq.ConnectRequest | mq.MqttPublish | mq.MqttSubscribe | Unsubscribe), act
+            assert isinstance(
+                act, mq.ConnectRequest | mq.MqttPublish | mq.MqttSubscribe | Unsubscribe | mq.Delivered
+            ), act
     assert len(conn.subscriptions) <= len(stream)
 
 

@@ -325,3 +325,66 @@ def test_retained_messages_from_the_log_across_a_restart(tmp_path: Path) -> None
             await sub.disconnect()
 
     asyncio.run(main())
+
+
+def test_persistent_sessions_keep_filters_and_messages_across_a_restart(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as srv:
+            port = srv.ports["mqtt"]
+            away = await MqttClient.open(port)
+            assert await away.handshake("keeper", clean_session=False) == c.Connack(False, 0)
+            assert await away.subscribe(("ps/#", 2)) == (2,)
+            await away.disconnect()
+            pub = await MqttClient.connect(port, "pub")
+            for i in range(10):
+                await pub.publish("ps/x", b"%d" % i, qos=1 + i % 2)
+            # Back: the session is there, with every message published while away, in order.
+            back = await MqttClient.open(port)
+            assert await back.handshake("keeper", clean_session=False) == c.Connack(True, 0)
+            got = [await back.message(ack=i < 5) for i in range(10)]
+            assert [(m.topic, m.payload, m.qos, m.dup) for m in got] == [
+                ("ps/x", b"%d" % i, 1 + i % 2, False) for i in range(10)
+            ]
+            back.abort()  # five unacknowledged: the batch is delivered again, with DUP
+            again = await MqttClient.open(port)
+            assert await again.handshake("keeper", clean_session=False) == c.Connack(True, 0)
+            got = [await again.message() for _ in range(10)]
+            assert [(m.payload, m.dup) for m in got] == [(b"%d" % i, True) for i in range(10)]
+            await again.ping()
+            await again.disconnect()
+            await pub.publish("ps/y", b"before the restart", qos=1)
+            await pub.disconnect()
+        async with serve(tmp_path) as srv:
+            port = srv.ports["mqtt"]
+            pub = await MqttClient.connect(port, "pub")
+            await pub.publish("ps/z", b"after the restart", qos=2)
+            back = await MqttClient.open(port)
+            assert await back.handshake("keeper", clean_session=False) == c.Connack(True, 0)
+            got = [await back.message() for _ in range(2)]
+            assert [(m.topic, m.payload) for m in got] == [
+                ("ps/y", b"before the restart"),
+                ("ps/z", b"after the restart"),
+            ]
+            # Live, and UNSUBSCRIBE ends the filter for good.
+            await pub.publish("ps/live", b"now", qos=1)
+            assert (await back.message()).payload == b"now"
+            back.send(c.encode_unsubscribe(back.pid(), ["ps/#"]))
+            assert isinstance(await back.next(), c.Ack)
+            await back.disconnect()
+            await pub.publish("ps/gone", b"x", qos=1)
+            # A clean session discards a persistent one.
+            clean = await MqttClient.open(port)
+            assert await clean.handshake("keeper", clean_session=False) == c.Connack(True, 0)
+            assert await clean.subscribe(("ps/#", 1)) == (1,)
+            await clean.disconnect()
+            await pub.publish("ps/kept", b"x", qos=1)
+            wipe = await MqttClient.open(port)
+            assert await wipe.handshake("keeper", clean_session=True) == c.Connack(False, 0)
+            await wipe.disconnect()
+            fresh = await MqttClient.open(port)
+            assert await fresh.handshake("keeper", clean_session=False) == c.Connack(False, 0)
+            await fresh.ping()  # nothing from the discarded session
+            await fresh.disconnect()
+            await pub.disconnect()
+
+    asyncio.run(main())

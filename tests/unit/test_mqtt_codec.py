@@ -402,9 +402,14 @@ def test_outbound_window() -> None:
     assert sent(conn.receive_data(c.encode_ack(c.PUBREC, 2))) == [c.Ack(c.PUBREL, 2)]
     again = read_all(b"".join(conn.outbound.resend()))
     assert [p.dup for p in again if isinstance(p, c.PublishPacket)] == [True]
-    assert conn.receive_data(c.encode_ack(c.PUBACK, 1)) == []
+    assert conn.receive_data(c.encode_ack(c.PUBACK, 1)) == [mq.Delivered(1)]
+    assert conn.receive_data(c.encode_ack(c.PUBACK, 1)) == []  # not in use: ignored
     assert read_all(b"".join(conn.outbound.resend())) == [c.Ack(c.PUBREL, 2)]
-    assert conn.receive_data(c.encode_ack(c.PUBCOMP, 2)) == [] and len(conn.outbound) == 0
+    assert conn.receive_data(c.encode_ack(c.PUBCOMP, 2)) == [mq.Delivered(2)] and len(conn.outbound) == 0
+    redelivery = conn.outbound.add(head, b"again", 1, dup=True)
+    assert redelivery is not None
+    (d3,) = read_all(redelivery)
+    assert isinstance(d3, c.PublishPacket) and d3.dup and d3.packet_id == 3
 
 
 def test_text_websocket_frames_close() -> None:

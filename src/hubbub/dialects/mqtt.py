@@ -19,7 +19,7 @@ malformed one, a protocol violation or a packet over ``max_packet``)::
     CONNECTING     refuse(code)                         CLOSED         CONNACK code, Close
     CONNECTED      PUBLISH                              CONNECTED      MqttPublish (QoS 2: once per id)
     CONNECTED      PUBREL                               CONNECTED      PUBCOMP
-    CONNECTED      PUBACK / PUBREC / PUBCOMP            CONNECTED      PUBREL for a PUBREC
+    CONNECTED      PUBACK / PUBREC / PUBCOMP            CONNECTED      PUBREL to PUBREC; Delivered at the end
     CONNECTED      SUBSCRIBE                            CONNECTED      MqttSubscribe (SUBACK by subscribed())
     CONNECTED      UNSUBSCRIBE                          CONNECTED      Unsubscribe per filter held, UNSUBACK
     CONNECTED      PINGREQ                              CONNECTED      PINGRESP
@@ -107,6 +107,7 @@ __all__ = [
     "SPEC",
     "UNACCEPTABLE_PROTOCOL",
     "ConnectRequest",
+    "Delivered",
     "FilterRequest",
     "MqttConfig",
     "MqttConnection",
@@ -198,6 +199,13 @@ class MqttPublish:
     payload: bytes
     qos: int
     retain: bool
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """The client acknowledged the delivery ``packet_id`` to the end (PUBACK, or PUBCOMP at QoS 2)."""
+
     packet_id: int
 
 
@@ -330,8 +338,11 @@ class MqttConnection:
             if p.kind == PUBREL:
                 self.qos2_in.pop(p.packet_id, None)
                 return [Send(encode_ack(PUBCOMP, p.packet_id))]
-            rel = self.outbound.acked(p.kind, p.packet_id)
-            return [Send(rel)] if rel is not None else []
+            rel, done = self.outbound.acked(p.kind, p.packet_id)
+            out: list[object] = [Send(rel)] if rel is not None else []
+            if done:
+                out.append(Delivered(p.packet_id))
+            return out
         if isinstance(p, SubscribePacket):
             return self._subscribe(p)
         if isinstance(p, UnsubscribePacket):

@@ -50,32 +50,43 @@ class Outbound:
     def full(self) -> bool:
         return len(self._inflight) >= self.max_inflight
 
-    def add(self, head: bytes, payload: bytes, qos: int, retain: bool = False) -> bytes | None:
-        """The PUBLISH of a QoS 1 or 2 delivery (``head`` the topic field), with a fresh identifier; None when
-        the window is full."""
+    def add(
+        self, head: bytes, payload: bytes, qos: int, retain: bool = False, dup: bool = False
+    ) -> bytes | None:
+        """The PUBLISH of a QoS 1 or 2 delivery (``head`` the topic field; ``dup`` for a message delivered
+        before, by an earlier connection of the session), with a fresh identifier; None when the window is
+        full."""
         if self.full:
             return None
         pid = self._next
         while pid in self._inflight:
             pid = pid % 65_535 + 1
         self._next = pid % 65_535 + 1
-        packet = encode_publish(head, payload, qos, retain, False, pid)
+        packet = encode_publish(head, payload, qos, retain, dup, pid)
         self._inflight[pid] = _Delivery(qos, packet)
         return packet
 
-    def acked(self, kind: int, packet_id: int) -> bytes | None:
-        """The client's PUBACK, PUBREC or PUBCOMP of ``packet_id``: the PUBREL to send for a PUBREC, else
-        None."""
+    @property
+    def next_id(self) -> int:
+        """The identifier the next delivery gets, if free (a caller may key its own records by it)."""
+        pid = self._next
+        while pid in self._inflight:
+            pid = pid % 65_535 + 1
+        return pid
+
+    def acked(self, kind: int, packet_id: int) -> tuple[bytes | None, bool]:
+        """The client's PUBACK, PUBREC or PUBCOMP of ``packet_id``: the PUBREL to send for a PUBREC (else
+        None), and whether the delivery is complete (its identifier free again)."""
         d = self._inflight.get(packet_id)
         if d is None:
-            return encode_ack(PUBREL, packet_id) if kind == PUBREC else None
+            return (encode_ack(PUBREL, packet_id) if kind == PUBREC else None), False
         if (kind == PUBACK and d.qos == 1) or (kind == PUBCOMP and d.qos == 2 and d.packet is None):
             del self._inflight[packet_id]
-            return None
+            return None, True
         if kind == PUBREC and d.qos == 2:
             d.packet = None
-            return encode_ack(PUBREL, packet_id)
-        return None
+            return encode_ack(PUBREL, packet_id), False
+        return None, False
 
     def resend(self) -> list[bytes]:
         """Every unacknowledged delivery again, in the order first sent: a PUBLISH with DUP set, or a

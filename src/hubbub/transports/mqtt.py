@@ -32,7 +32,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -40,7 +40,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from hubbub.core.api import Core, Session
+from hubbub.core.api import ConsumerService, Core, Session
 from hubbub.dialects import actions as a
 from hubbub.dialects import mqtt as mq
 from hubbub.disconnect import Disconnect
@@ -52,6 +52,7 @@ from .binding import Mounted, Wiring
 from .http import HttpSettings
 from .lifetime import Lifetime
 from .mqtt_retained import RetainedIndex
+from .mqtt_sessions import DurableSession, SessionStore
 from .stream_driver import WRITE_TIMEOUT_S, StreamIO, serve_stream
 from .stream_listener import Accepted, StreamListener
 from .wire import DialectWire
@@ -95,18 +96,35 @@ class MqttService:
     the counters of ``/metrics``."""
 
     def __init__(
-        self, node: Core, settings: MqttSettings, http: HttpSettings, retained: RetainedIndex | None = None
+        self,
+        node: Core,
+        consumers: ConsumerService,
+        settings: MqttSettings,
+        http: HttpSettings,
+        retained: RetainedIndex | None = None,
+        sessions: SessionStore | None = None,
     ) -> None:
         self.node = node
+        self.consumers = consumers
         self.settings = settings
         self.http = http
         #: Where each channel's retained event is in the log.
         self.retained = retained if retained is not None else RetainedIndex()
+        #: The persistent sessions' filters (their messages are in durable consumers).
+        self.sessions = sessions if sessions is not None else SessionStore()
+        #: Tasks that outlive their connection (a persistent session's acknowledgements being stored).
+        self.tasks: set[asyncio.Task[None]] = set()
         self.connections: set[asyncio.Task[None]] = set()
         #: The accepted connection of each client id.
         self.clients: dict[str, MqttWire] = {}
         #: Publishes dropped because the token may not publish there.
         self.dropped = 0
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task of the service (the server waits for it when it stops)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def inflight(self) -> int:
         """Unacknowledged QoS 1/2 deliveries, over every connection."""
@@ -213,11 +231,15 @@ class MqttWire:
         #: Set once the connection has left ``service.clients`` (a takeover waits for it).
         self.ended = asyncio.Event()
         self._registered = False
+        #: The persistent session (CleanSession 0), while connected.
+        self.durable: DurableSession | None = None
         self.wire.handle(
             {
                 mq.ConnectRequest: self._connect,
                 mq.MqttPublish: self._publish,
                 mq.MqttSubscribe: self._subscribe,
+                a.Unsubscribe: self._unsubscribe,
+                mq.Delivered: self._delivered,
             }
         )
 
@@ -251,7 +273,10 @@ class MqttWire:
         if self._registered and self.service.clients.get(self.conn.client_id) is self:
             del self.service.clients[self.conn.client_id]
         self._registered = False
-        self.ended.set()
+        if self.durable is not None:  # unacknowledged batches go back to the consumers, for the next one
+            self.durable.close(self.ended.set)
+        else:
+            self.ended.set()
 
     # -- actions --
 
@@ -283,9 +308,21 @@ class MqttWire:
                 return
         self.service.clients[client_id] = self
         self._registered = True
+        svc = self.service
+        if req.clean_session:  # a clean session ends a persistent one [MQTT-3.1.2-6]
+            await DurableSession.discard(svc.consumers, svc.sessions, client_id, self.session)
+        else:
+            self.durable = DurableSession(
+                conn, self.session, svc.consumers, svc.sessions, client_id, self.wire.spawn
+            )
+        present = not req.clean_session and svc.sessions.filters(client_id) is not None
         if conn.keepalive:
             self.wire.spawn(self._keepalive(conn.keepalive * KEEPALIVE_GRACE))
-        await self.wire.run(conn.accept(False, client_id))
+        connack, *pipelined = conn.accept(present, client_id)
+        await self.wire.run([connack])
+        if self.durable is not None:
+            await self.durable.resume()  # its consumers' batches after the CONNACK, as the packets behind it
+        await self.wire.run(pipelined)
 
     async def _keepalive(self, limit: float) -> None:
         """Close the connection after ``limit`` seconds without a packet [MQTT-3.1.2-24]."""
@@ -363,6 +400,11 @@ class MqttWire:
         allowed = [
             f for f in cmd.filters if f.pattern is not None and access.visibility(ident, f.pattern) is None
         ]
+        if self.durable is not None:
+            durable = dict(zip(allowed, await self.durable.subscribe(allowed), strict=True))
+            self._emit(conn.subscribed(cmd, [durable.get(f, False) for f in cmd.filters]))
+            await self._send_retained([f for f in allowed if durable[f]])
+            return
         new = [f for f in allowed if f.topic_filter not in conn.subscriptions]
         # Held before the core registers them: an event committed in between is delivered, not dropped.
         for f in new:
@@ -414,6 +456,17 @@ class MqttWire:
                 self._window_full()
                 return
             self.session.push(packet, is_event=True)
+
+    async def _unsubscribe(self, out: a.Unsubscribe) -> None:
+        if self.durable is not None:
+            await self.durable.unsubscribe(out.sub)
+            return
+        with contextlib.suppress(SubscriptionError):  # gone with a detach meanwhile
+            self.node.unsubscribe(self.session, out.sub)
+
+    async def _delivered(self, out: mq.Delivered) -> None:
+        if self.durable is not None:
+            self.durable.delivered(out.packet_id)
 
     def _window_full(self) -> None:
         """The client acknowledges nothing: past ``max_inflight`` deliveries it is a slow consumer."""
@@ -522,16 +575,18 @@ class MqttMounted(Mounted):
         await self.listen("mqtt", "mqtt.tcp_listen", wiring, start)
 
     def connections(self) -> Iterable[asyncio.Task[None]]:
-        return list(self.service.connections)
+        return [*self.service.connections, *self.service.tasks]
 
     def close(self) -> None:
         self.service.retained.close()
+        self.service.sessions.close()
 
 
 async def mount(w: Wiring) -> Mounted:
     """MQTT's binding (``mqtt.SPEC``): its settings from the ``mqtt`` section."""
     cfg = w.config.section(mq.MqttConfig)
     settings = MqttSettings(auth=w.auth("mqtt"), max_qos=cfg.max_qos, max_inflight=cfg.max_inflight)
-    data_dir = w.config.storage.data_dir
-    retained = await asyncio.get_running_loop().run_in_executor(None, RetainedIndex.in_data_dir, data_dir)
-    return MqttMounted(MqttService(w.node, settings, w.http, retained))
+    data_dir, loop = w.config.storage.data_dir, asyncio.get_running_loop()
+    retained = await loop.run_in_executor(None, RetainedIndex.in_data_dir, data_dir)
+    sessions = await loop.run_in_executor(None, SessionStore.in_data_dir, data_dir)
+    return MqttMounted(MqttService(w.node, w.consumers, settings, w.http, retained, sessions))

@@ -1,0 +1,288 @@
+"""MQTT persistent sessions (CleanSession 0; docs/dialects/mqtt.md "Sessions") on the durable consumers
+(docs/consumers.md).
+
+A persistent session's filters and their granted QoS are kept by client id in
+``<data_dir>/mqtt/sessions.jsonl`` (:class:`SessionStore`); each filter is a durable consumer of the node
+(``mqtt-<hash of the client id>-<hash of the filter>``, native pattern syntax), which journals every event
+its pattern matches from the SUBSCRIBE on, connected or not, across restarts. While the client is connected,
+:class:`DurableSession` holds one opener per filter: a batch's events go out as PUBLISH packets at
+``min(granted, the event's QoS)`` (QoS 1 and 2 with identifiers of the connection's window; an event
+delivered before, by an earlier connection, with DUP set), and the batch is acknowledged to the consumer
+once the client has acknowledged each of its packets (PUBACK, PUBCOMP; QoS 0 at once). A connection that
+ends gives its unacknowledged batches back: the next connection of the session gets them again.
+
+A CONNECT with CleanSession 1 discards the client id's persistent session (its consumers are deleted)
+[MQTT-3.1.2-6]; 3.1.1 has no expiry, so a persistent session lasts until then.
+
+Deliveries wait in a bounded backlog while the window is full (one batch of at most ``batch_max`` items per
+filter); a client that acknowledges nothing stops getting batches, it is not closed.
+
+Concurrency contract: everything runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from hubbub.core.api import Batch, ConsumerService, Opener, Session
+from hubbub.dialects import mqtt as mq
+from hubbub.errors import AuthError, HubbubError
+from hubbub.log.consumers import ConsumerSpec
+
+from .mqtt_store import JsonlMap
+
+__all__ = ["DurableSession", "SessionStore", "consumer_name"]
+
+log = logging.getLogger("hubbub.mqtt")
+
+DIALECT: Final = "mqtt"
+#: The most items of one batch (per filter) a connection holds unacknowledged.
+BATCH_MAX: Final = 64
+#: How long a consumer collects a batch: MQTT delivers as messages come.
+BATCH_WAIT_MS: Final = 1
+
+
+def consumer_name(client_id: str, topic_filter: str) -> str:
+    """The durable consumer of one filter of a persistent session (consumer names are short and plain)."""
+    h = hashlib.sha256
+    return f"mqtt-{h(client_id.encode()).hexdigest()[:20]}-{h(topic_filter.encode()).hexdigest()[:20]}"
+
+
+class SessionStore:
+    """Client id → its persistent session's filters and granted QoS; see the module docstring."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self._map = JsonlMap(path)
+
+    @classmethod
+    def in_data_dir(cls, data_dir: str | os.PathLike[str]) -> SessionStore:
+        """The sessions kept in ``data_dir`` (blocking: run it off the loop)."""
+        store = cls(Path(data_dir) / "mqtt" / "sessions.jsonl")
+        store._map.load()
+        return store
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def filters(self, client_id: str) -> dict[str, int] | None:
+        """The session's filters, or None when the client id has no persistent session."""
+        got = self._map.get(client_id)
+        return None if got is None else {str(f): int(q) for f, q in got.items()}
+
+    def save(self, client_id: str, filters: dict[str, int] | None) -> None:
+        self._map.set(client_id, None if filters is None else dict(filters))
+
+    def close(self) -> None:
+        self._map.close()
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A batch handed to this connection: its packets not yet acknowledged to the end."""
+
+    opener: Opener
+    number: int
+    left: int
+
+
+class DurableSession:
+    """One connection's persistent session: an opener per filter, the packets of their batches, and the
+    acknowledgements that end each batch (run by ``spawn``: a task of the service, which outlives the
+    connection so that an acknowledged batch is stored as acknowledged)."""
+
+    def __init__(
+        self,
+        conn: mq.MqttConnection,
+        session: Session,
+        consumers: ConsumerService,
+        store: SessionStore,
+        client_id: str,
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
+    ) -> None:
+        self._spawn = spawn
+        self.conn = conn
+        self.session = session
+        self.consumers = consumers
+        self.store = store
+        self.client_id = client_id
+        self.openers: dict[str, Opener] = {}
+        #: Packet identifier → its batch.
+        self._by_pid: dict[int, _Pending] = {}
+        #: Packets waiting for room in the window: (head, payload, qos, dup, batch).
+        self._backlog: collections.deque[tuple[bytes, bytes, int, bool, _Pending]] = collections.deque()
+        self.closed = False
+        #: Openers whose batch's acknowledgement is being stored (closed after it, when the connection ended).
+        self._acking: set[Opener] = set()
+        self._settled: Callable[[], None] = _nothing
+
+    # -- the session ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    async def discard(
+        consumers: ConsumerService, store: SessionStore, client_id: str, session: Session
+    ) -> None:
+        """Forget the client id's persistent session (a clean CONNECT): its consumers are deleted."""
+        filters = store.filters(client_id)
+        if filters is None:
+            return
+        for f in filters:
+            await consumers.delete(consumer_name(client_id, f), identity=session.identity, dialect=DIALECT)
+        store.save(client_id, None)
+
+    async def resume(self) -> bool:
+        """Open the session's consumers (True: it existed: CONNACK's session-present)."""
+        filters = self.store.filters(self.client_id)
+        if filters is None:
+            self.store.save(self.client_id, {})
+            return False
+        for f, qos in filters.items():
+            pattern = mq.filter_pattern(f)
+            try:
+                await self._open(f, pattern.text)
+            except HubbubError as exc:  # permissions changed meanwhile: the filter is gone from the session
+                log.info("mqtt session filter dropped: %s", exc, extra={"session": self.session.id})
+                self.conn.subscriptions.pop(f, None)
+                continue
+            self.conn.subscriptions[f] = qos
+        return True
+
+    async def subscribe(self, reqs: Sequence[mq.FilterRequest]) -> list[bool]:
+        """Each filter (granted by the caller's permission check) as a consumer of the session."""
+        held: list[bool] = []
+        for req in reqs:
+            assert req.pattern is not None
+            try:
+                if req.topic_filter not in self.openers:
+                    await self._open(req.topic_filter, req.pattern.text)
+            except (AuthError, HubbubError) as exc:
+                log.info("mqtt durable subscribe refused: %s", exc, extra={"session": self.session.id})
+                held.append(False)
+                continue
+            self.conn.subscriptions[req.topic_filter] = req.qos
+            held.append(True)
+        self._save()
+        return held
+
+    async def unsubscribe(self, topic_filter: str) -> None:
+        opener = self.openers.pop(topic_filter, None)
+        if opener is not None:
+            opener.close()
+        name = consumer_name(self.client_id, topic_filter)
+        await self.consumers.delete(name, identity=self.session.identity, dialect=DIALECT)
+        self._save()
+
+    def _save(self) -> None:
+        if not self.closed:
+            self.store.save(self.client_id, dict(self.conn.subscriptions))
+
+    async def _open(self, topic_filter: str, pattern: str) -> None:
+        name = consumer_name(self.client_id, topic_filter)
+        spec = ConsumerSpec(name=name, pattern=pattern, batch_wait_ms=BATCH_WAIT_MS)
+
+        def on_batch(batch: Batch) -> None:
+            self._batch(topic_filter, batch)
+
+        def on_close(reason: str) -> None:
+            self.openers.pop(topic_filter, None)
+
+        opener = await self.consumers.open(
+            name,
+            on_batch,
+            on_close,
+            spec=spec,
+            batch_max=BATCH_MAX,
+            identity=self.session.identity,
+            session=self.session,
+            dialect=DIALECT,
+        )
+        if self.closed:
+            opener.close()
+            return
+        self.openers[topic_filter] = opener
+
+    def close(self, settled: Callable[[], None]) -> None:
+        """The connection ended: every outstanding batch goes back to its consumer, but one whose
+        acknowledgement is being stored, which completes first; ``settled`` runs once no opener is left (a
+        takeover waits for it: the consumers are free again)."""
+        self.closed = True
+        self._settled = settled
+        for opener in list(self.openers.values()):
+            if opener not in self._acking:
+                opener.close()
+        self.openers.clear()
+        self._backlog.clear()
+        self._by_pid.clear()
+        if not self._acking:
+            settled()
+
+    # -- deliveries -----------------------------------------------------------------------------------------
+
+    def _batch(self, topic_filter: str, batch: Batch) -> None:
+        opener = self.openers.get(topic_filter)
+        granted = self.conn.subscriptions.get(topic_filter)
+        if opener is None or granted is None or self.closed:
+            return
+        pending = _Pending(opener, batch.number, 1)  # one held until the loop below is done
+        for item in batch.items:
+            ev = item.event
+            topic = mq.channel_topic(ev.channel)
+            if topic is None or not mq.filter_applies(topic_filter, ev.channel):
+                continue
+            q = min(granted, mq.event_qos(ev.headers))
+            head = mq.publish_head(topic)
+            if q == 0:
+                self.session.push(mq.encode_publish(head, ev.payload), is_event=True)
+                continue
+            pending.left += 1
+            self._backlog.append((head, ev.payload, q, item.attempts > 0, pending))
+        self._drain()
+        self._done(pending)
+
+    def _drain(self) -> None:
+        window, backlog = self.conn.outbound, self._backlog
+        while backlog and not window.full:
+            head, payload, q, dup, pending = backlog.popleft()
+            pid = window.next_id
+            packet = window.add(head, payload, q, False, dup)
+            assert packet is not None
+            self._by_pid[pid] = pending
+            self.session.push(packet, is_event=True)
+
+    def delivered(self, packet_id: int) -> None:
+        """The client acknowledged ``packet_id`` to the end."""
+        pending = self._by_pid.pop(packet_id, None)
+        if pending is not None:
+            self._done(pending)
+        self._drain()
+
+    def _done(self, pending: _Pending) -> None:
+        pending.left -= 1
+        if pending.left == 0 and not self.closed:
+            self._ack(pending.opener, pending.number)
+
+    def _ack(self, opener: Opener, number: int) -> None:
+        async def ack() -> None:
+            try:
+                await opener.ack(number)
+            except HubbubError as exc:  # the store failed: delivered again
+                log.info("mqtt session batch not acknowledged: %s", exc, extra={"session": self.session.id})
+            finally:
+                self._acking.discard(opener)
+                if self.closed:
+                    opener.close()
+                    if not self._acking:
+                        self._settled()
+
+        self._acking.add(opener)
+        self._spawn(ack())
+
+
+def _nothing() -> None:
+    pass
