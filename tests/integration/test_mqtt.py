@@ -313,6 +313,7 @@ def test_retained_messages_from_the_log_across_a_restart(tmp_path: Path) -> None
             await sub.ping()
             await sub.disconnect()
             await pub.disconnect()
+            assert metric(await metrics(srv), "hubbub_mqtt_retained") == 2
         async with serve(tmp_path) as srv:
             sub = await MqttClient.connect(srv.ports["mqtt"], "sub")
             assert await sub.subscribe(("rt/+", 2)) == (2,)
@@ -381,10 +382,26 @@ def test_persistent_sessions_keep_filters_and_messages_across_a_restart(tmp_path
             wipe = await MqttClient.open(port)
             assert await wipe.handshake("keeper", clean_session=True) == c.Connack(False, 0)
             await wipe.disconnect()
+            assert metric(await metrics(srv), "hubbub_mqtt_persistent_sessions") == 0
             fresh = await MqttClient.open(port)
             assert await fresh.handshake("keeper", clean_session=False) == c.Connack(False, 0)
             await fresh.ping()  # nothing from the discarded session
             await fresh.disconnect()
             await pub.disconnect()
+
+    asyncio.run(main())
+
+
+def test_credentials_with_mqtt_auth_off(tmp_path: Path) -> None:
+    async def main() -> None:
+        cfg = {"auth.mode": "token", "auth.tokens": TOKENS, "mqtt.auth": "off"}
+        async with serve(tmp_path, **cfg) as srv:
+            port = srv.ports["mqtt"]
+            # A plain user name (mosquitto_pub -u) is no token: ignored, not refused.
+            anon = await MqttClient.connect(port, "anon", username="bob", password=b"not a token")
+            await anon.disconnect()
+            alice = await MqttClient.connect(port, "alice", password=b"tok-alice", username="alice")
+            assert await alice.subscribe(("pub/#", 1), ("#", 1)) == (1, 0x80)  # her token's permissions
+            await alice.disconnect()
 
     asyncio.run(main())

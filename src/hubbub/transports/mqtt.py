@@ -291,13 +291,16 @@ class MqttWire:
     async def _connect(self, req: mq.ConnectRequest) -> None:
         node, conn = self.node, self.conn
         token = req.password.decode("utf-8", "replace") if req.password is not None else req.username
-        if token is not None or self.service.settings.auth:
+        required = self.service.settings.auth
+        if token is not None or required:
             try:
                 node.login(self.session, token, self.peer)
             except AuthError:
-                code = mq.NOT_AUTHORIZED if token is None else mq.BAD_CREDENTIALS
-                await self.wire.run(conn.refuse(code))
-                return
+                if required:
+                    code = mq.NOT_AUTHORIZED if token is None else mq.BAD_CREDENTIALS
+                    await self.wire.run(conn.refuse(code))
+                    return
+                # Auth off for MQTT: credentials that are no token (a plain user name) are ignored.
         client_id = req.client_id or f"hubbub-{self.session.id}"
         old = self.service.clients.get(client_id)
         if old is not None:  # the same client id: the older connection is closed first [MQTT-3.1.4-2]
@@ -475,7 +478,8 @@ class MqttWire:
 
 class MqttCollector:
     """MQTT on ``/metrics``: ``hubbub_mqtt_sessions`` (accepted connections), ``hubbub_mqtt_inflight``
-    (unacknowledged QoS 1/2 deliveries), ``hubbub_mqtt_publishes_dropped`` (publishes the token may not
+    (unacknowledged QoS 1/2 deliveries), ``hubbub_mqtt_retained`` (channels with a retained message),
+    ``hubbub_mqtt_persistent_sessions``, ``hubbub_mqtt_publishes_dropped`` (publishes the token may not
     make, acknowledged and dropped). Connections, deliveries and bad input are in the per-dialect series
     with the other dialects'."""
 
@@ -490,6 +494,14 @@ class MqttCollector:
         inflight = GaugeMetricFamily("hubbub_mqtt_inflight", "MQTT QoS 1/2 deliveries awaiting the client")
         inflight.add_metric([], svc.inflight())
         yield inflight
+        retained = GaugeMetricFamily("hubbub_mqtt_retained", "Channels with a retained MQTT message")
+        retained.add_metric([], len(svc.retained))
+        yield retained
+        persistent = GaugeMetricFamily(
+            "hubbub_mqtt_persistent_sessions", "MQTT client ids with a persistent session (CleanSession 0)"
+        )
+        persistent.add_metric([], len(svc.sessions))
+        yield persistent
         dropped = CounterMetricFamily(
             "hubbub_mqtt_publishes_dropped", "MQTT publishes refused by permission (acknowledged, not stored)"
         )
