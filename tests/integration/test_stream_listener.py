@@ -1,6 +1,6 @@
 """The TCP listeners of every dialect against raw sockets (``transports/stream_listener.py``): every accepted
 socket counts in the connection limits from its accept (on a TLS listener, before its handshake) and is
-refused at once over them (native: error 4009; mist and qrpc: a close); a socket that has not sent its
+refused at once over them (native: error 4009; mist, qrpc and MQTT: a close); a socket that has not sent its
 first complete message (or finished its TLS handshake) within ``tcp.first_message_timeout_s`` is closed,
 counted as the dialect's bad input, and gives its place back; a client that has sent its first message
 may then idle past that time. Each under asyncio's loop and under uvloop (which ``hubbub serve`` runs)."""
@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import uvloop
 
+from hubbub.dialects import mqtt_codec as c
 from hubbub.server import Server
 from hubbub.server_config import load_config
 
@@ -44,6 +45,10 @@ class Dialect:
     answer: bytes
     #: What a socket over a limit reads to its end after sending ``first``.
     refusal: Callable[[bytes], bool]
+    #: A message answered on a connection that has spoken, and its answer's beginning, where ``first`` may
+    #: come only once (MQTT's CONNECT); empty: ``first`` again.
+    again: bytes = b""
+    again_answer: bytes = b""
 
 
 def native_refusal(data: bytes) -> bool:
@@ -79,6 +84,18 @@ DIALECTS = {
     ),
 }
 NATIVE_HELLO = b'{"op":"hello","id":1,"v":1}\n'
+#: An MQTT PUBLISH of a newline to the topic ``t``, which the connection subscribed to: its answer is a line.
+MQTT_ECHO = c.encode_publish("t", b"\n")
+DIALECTS["mqtt"] = Dialect(
+    "mqtt",
+    "mqtt",
+    c.encode_connect("sl")[:6],
+    c.encode_connect("sl") + c.encode_subscribe(1, [("t", 0)]) + MQTT_ECHO,
+    c.encode_connack(False, 0),
+    lambda d: d == b"",
+    again=MQTT_ECHO,
+    again_answer=MQTT_ECHO[:-1],
+)
 
 RUNNERS: dict[str, Callable[[Coroutine[Any, Any, None]], None]] = {
     "asyncio": asyncio.run,
@@ -95,6 +112,7 @@ async def server(tmp_path: Path, **cli: Any) -> AsyncIterator[Server]:
         "native.tcp_listen": "127.0.0.1:0",
         "mist.tcp_listen": "127.0.0.1:0",
         "qpubs.qrpc_listen": "127.0.0.1:0",
+        "mqtt.tcp_listen": "127.0.0.1:0",
         "limits.max_connections_per_ip": PER_IP,
         "tcp.first_message_timeout_s": TIMEOUT,
         **cli,
@@ -108,6 +126,7 @@ class Client:
 
     def __init__(self, dialect: Dialect, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.dialect, self.reader, self.writer = dialect, reader, writer
+        self.spoke = False
 
     @classmethod
     async def open(cls, dialect: Dialect, port: int, ctx: ssl.SSLContext | None = None) -> Client:
@@ -122,8 +141,14 @@ class Client:
         return await asyncio.wait_for(self.reader.readline(), WAIT)
 
     async def exchange(self) -> None:
-        self.writer.write(self.dialect.first)
-        assert (await self.line()).startswith(self.dialect.answer)
+        d = self.dialect
+        if self.spoke and d.again:
+            self.writer.write(d.again)
+            assert (await self.line()).startswith(d.again_answer)
+            return
+        self.writer.write(d.first)
+        assert (await self.line()).startswith(d.answer)
+        self.spoke = True
 
     async def close(self) -> None:
         self.writer.close()
