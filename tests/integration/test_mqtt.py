@@ -405,3 +405,37 @@ def test_credentials_with_mqtt_auth_off(tmp_path: Path) -> None:
             await alice.disconnect()
 
     asyncio.run(main())
+
+
+def test_ivy_and_guble_publishers_and_a_guble_subscriber(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as srv, aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{srv.ports['http']}"
+            sub = await MqttClient.connect(srv.ports["mqtt"], "sub")
+            assert await sub.subscribe(
+                ("x/#", 1),
+            ) == (1,)
+            guble = await http.ws_connect(f"{base}/stream/user/g")
+            await guble.send_str("+ /x")
+            while not (await guble.receive_bytes(timeout=WAIT)).startswith(b"#subscribed-to /x"):
+                pass
+            for i in range(3):
+                async with http.post(f"{base}/events/x/ivy", data={"data": f"i{i}"}) as r:
+                    assert r.status == 200, await r.text()
+                async with http.post(f"{base}/api/message/x/guble", data=f"g{i}".encode()) as r:
+                    assert r.status == 200, await r.text()
+            got = [await sub.message() for _ in range(6)]
+            assert [(m.topic, m.payload, m.qos) for m in got] == [
+                (t, f"{p}{i}".encode(), 1) for i in range(3) for t, p in (("x/ivy", "i"), ("x/guble", "g"))
+            ]
+            pub = await MqttClient.connect(srv.ports["mqtt"], "pub")
+            await pub.publish("x/mqtt", b"from mqtt", qos=1)
+            lines = [(await guble.receive_bytes(timeout=WAIT)).decode() for _ in range(7)]
+            # guble's rendering (mapping.md §5.2): path, seq, user, app, filters, time, node; then the body.
+            head, *rest = lines[-1].split("\n")
+            assert head.split(",")[:2] == ["/x/mqtt", "1"] and rest[-1] == "from mqtt", lines[-1]
+            await guble.close()
+            await pub.disconnect()
+            await sub.disconnect()
+
+    asyncio.run(main())
