@@ -56,7 +56,7 @@ ws_client_frames   a client's WebSocket byte stream through ``MaskCheck``, whole
 event_renderings   an event the log can hold (any dialect's publisher, payloads of every content type,
                    odd msgpack, pseudo-headers, tags with separators) through every dialect's event
                    encoder: native JSON/msgpack frames, publish replies, deliver items, SSE, log pages;
-                   guble, ivy, WearScript, mist 2015 (TCP, WS) and 1.x, qpubs (``fuzz_replies.py``)
+                   guble, ivy, WearScript, mist 2015 (TCP, WS) and 1.x, qpubs, MQTT (``fuzz_replies.py``)
 replies_native     native frames decoded and answered (errors with the ids they carry, past 64 bits
                    included; each command's replies), and every native reply encoder given drawn values
 replies_dialects   each input one of: guble frames decoded and answered, notices, ``#connected``, errors of

@@ -3,17 +3,19 @@ reads), shared by the atheris targets ``event_renderings``, ``replies_native`` a
 (fuzz/atheris_targets.py) and the hypothesis tests (tests/property/test_reply_encoders.py).
 
 Every reply encoder of every dialect that has one (native JSON and msgpack, native HTTP, guble, ivy, mist
-2015 and 1.x, WearScript, qpubs) is fed the values a connection hands it: the fields of decoded commands
-(commands decoded here from arbitrary frames, and values of the same types drawn directly), the errors the
-decoders raise, and events the log can hold, published by any dialect. The only assertion: it encodes
-(``bytes``; ``b""`` or ``None`` where the encoder documents "nothing to send"), or raises the documented
-error. The documented errors are few:
+2015 and 1.x, WearScript, qpubs, MQTT's PUBLISH) is fed the values a connection hands it: the fields of
+decoded commands (commands decoded here from arbitrary frames, and values of the same types drawn
+directly), the errors the decoders raise, and events the log can hold, published by any dialect. The only
+assertion: it encodes (``bytes``; ``b""`` or ``None`` where the encoder documents "nothing to send"), or
+raises the documented error. The documented errors are few:
 
 * native: none. ``encode_error`` leaves out an ``id`` that neither encoding can carry (an integer past 64
   bits from a JSON frame), so an error frame always goes out; the other encoders are given the ids of
   decoded commands (0 .. 2^31-1). ``render_log`` raises ``BadRequest`` (4001) for an unknown format.
 * every event renderer of every dialect: none. An event renders, or is ``b""`` where the dialect documents
-  it is not sent (mist 2015 TCP: a tag holding ``,`` or a space, docs/dialects/mist.md).
+  it is not sent (mist 2015 TCP: a tag holding ``,`` or a space, docs/dialects/mist.md; MQTT: the root and a
+  channel holding U+0000, which have no topic name, docs/dialects/mqtt.md); an MQTT PUBLISH reads back
+  whole, to the event's channel and payload.
 * guble, ivy, mist, WearScript, qpubs: none.
 
 Values: texts are any Unicode without lone surrogates (no decoder lets one through: every wire text is
@@ -35,6 +37,8 @@ from hubbub import channels as chn
 from hubbub.dialects import guble as gc
 from hubbub.dialects import ivy as ivd
 from hubbub.dialects import mist as md
+from hubbub.dialects import mqtt as mqd
+from hubbub.dialects import mqtt_codec
 from hubbub.dialects import native as nc
 from hubbub.dialects import qpubs as qpd
 from hubbub.dialects import wearscript as wsd
@@ -148,6 +152,8 @@ _header_keys = (
             ":mist.replica",
             ":fed.origin",
             ":fed.hops",
+            mqd.QOS_HEADER,
+            mqd.RETAIN_HEADER,
             wsd.HEAD_HEADER,
             ":x",
             "k",
@@ -157,7 +163,8 @@ _header_keys = (
 )
 publishers = st.builds(
     Publisher,
-    st.sampled_from(["native", "ivy", "guble", "wearscript", "mist2015", "mist1", "qpubs", ""]) | texts,
+    st.sampled_from(["native", "ivy", "guble", "wearscript", "mist2015", "mist1", "qpubs", "mqtt", ""])
+    | texts,
     texts,
     texts,
     texts,
@@ -207,6 +214,8 @@ EVENT_RENDERERS: dict[str, Any] = {
     "mist1": md.render_event,
     "qpubs.item": _qpubs_item,
     "qpubs.qrpc": lambda ev: qpd.render_stream_item("c1", qpd.render_item(ev, "::")),
+    "mqtt.qos0": lambda ev: mqd.render_event(ev, 0),
+    "mqtt.qos2": lambda ev: mqd.render_event(ev, 2, 65535, retain=True),
 }
 
 
@@ -227,6 +236,16 @@ def check_event(ev: Event) -> None:
         if name == "mist2015.tcp":
             # Nothing to send exactly when no 2015 line can carry the tags (a 2015 client splits on them).
             assert (not out) == (not ev.tags or any("," in t or " " in t for t in ev.tags)), (out, ev.tags)
+        if name.startswith("mqtt.") and mqd.channel_topic(ev.channel) is None:
+            assert out == b"", out  # the root, and channels holding U+0000, have no topic name
+        elif name.startswith("mqtt."):
+            # One whole PUBLISH that reads back to the event's topic and payload.
+            reader = mqtt_codec.PacketReader(mqtt_codec.MAX_REMAINING)
+            reader.feed(out)
+            packet = reader.next()
+            assert isinstance(packet, mqtt_codec.PublishPacket) and reader.buffered == 0, out
+            assert mqd.topic_channel(packet.topic, 1 << 30) == ev.channel or "%2F" in ev.channel, packet
+            assert packet.payload == ev.payload
     for codec in (JSON_CODEC, MSGPACK_CODEC):
         assert isinstance(codec.encode_deliver("jobs", 1, [_Item(1, 0, ev), _Item(2**40, 3, ev)]), bytes)
 

@@ -180,8 +180,10 @@ def test_topic_channels(topic: str, channel: str) -> None:
     assert mq.channel_topic(channel) == topic
 
 
-def test_the_root_has_no_topic() -> None:
+def test_the_root_and_u0000_have_no_topic() -> None:
     assert mq.channel_topic("/") is None
+    assert mq.channel_topic("/a%00b") is None  # MQTT strings may not hold U+0000
+    assert mq.channel_topic("/a%2500") == "a%00"  # a literal %00 is fine
 
 
 def mqtt_matches(topic_filter: str, topic: str) -> bool:

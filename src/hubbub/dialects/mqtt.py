@@ -54,6 +54,7 @@ from hubbub.channels import MAX_CHANNEL_BYTES, Pattern
 from hubbub.config import Config, ConfigError, DialectSection, listen_field, parse_listen
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadChannel, FrameTooLarge, HubbubError
+from hubbub.events import Event
 
 from .actions import Close, Send, Unsubscribe
 from .mqtt_codec import (
@@ -122,6 +123,7 @@ __all__ = [
     "filter_applies",
     "filter_pattern",
     "publish_head",
+    "render_event",
     "topic_channel",
     "valid_filter",
     "valid_topic_name",
@@ -466,6 +468,17 @@ class MqttConnection:
             if q is not None and (best is None or q > best) and filter_applies(f, channel):
                 best = q
         return best
+
+
+def render_event(event: Event, granted: int = 2, packet_id: int = 1, retain: bool = False) -> bytes:
+    """An event as one PUBLISH (at ``min(granted, its QoS)``, with ``packet_id`` at QoS 1 or 2), or ``b""``
+    for the root, which has no topic name. (Deliveries render through the connection's window; this is the
+    same packet, for tests and fuzzing.)"""
+    topic = channel_topic(event.channel)
+    if topic is None:
+        return b""
+    q = min(granted, event_qos(event.headers))
+    return encode_publish(topic, event.payload, q, retain, False, packet_id if q else 0)
 
 
 def _close_code(reason: Disconnect) -> Disconnect:

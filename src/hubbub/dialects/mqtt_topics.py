@@ -3,7 +3,8 @@
 A topic name's levels are a channel's segments, literally (no percent-decoding, as in the separator dialects
 of mapping.md §2.4 with the separator ``/``): ``a/b/c`` is ``/a/b/c``, ``/a`` is ``//a``, ``a/`` is ``/a/``,
 ``a%b`` is ``/a%25b``. A channel renders back by decoding its segments and joining them with ``/``; the root
-``/`` has no topic name (MQTT's are at least one character long), and a segment holding ``/`` (native
+``/`` has no topic name (MQTT's are at least one character long), nor has a channel holding U+0000, and a
+segment holding ``/`` (native
 ``/a%2Fb``) renders ambiguously (``a/b``), as in every separator dialect: matching is on channels, so delivery
 is unaffected.
 
@@ -63,8 +64,9 @@ def topic_channel(topic: str, max_bytes: int = MAX_CHANNEL_BYTES) -> str:
 
 
 def channel_topic(channel: str) -> str | None:
-    """The topic name of a canonical channel; None for the root, which has none."""
-    if channel == "/":
+    """The topic name of a canonical channel; None for the root and for a channel holding U+0000 (a native
+    ``/a%00``), which have none (MQTT strings may not hold U+0000 [MQTT-1.5.3-2])."""
+    if channel == "/" or "%00" in channel:
         return None
     return to_separated(channel, "/")
 
