@@ -439,3 +439,35 @@ def test_ivy_and_guble_publishers_and_a_guble_subscriber(tmp_path: Path) -> None
             await sub.disconnect()
 
     asyncio.run(main())
+
+
+def test_a_persistent_session_back_while_its_last_acknowledgement_is_stored(tmp_path: Path) -> None:
+    """A client acknowledges its last message, disconnects and comes back at once, while the batch's
+    acknowledgement is still being stored: the new connection waits for it (the consumer is still held by
+    the old one until then), and gets what was published while it was away."""
+
+    async def main() -> None:
+        async with serve(tmp_path, durability="fsync") as srv:
+            port = srv.ports["mqtt"]
+            first = await MqttClient.open(port)
+            assert await first.handshake("quick", clean_session=False) == c.Connack(False, 0)
+            assert await first.subscribe(("q/#", 1)) == (1,)
+            pub = await MqttClient.connect(port, "pub")
+            for round_ in range(5):
+                await pub.publish("q/x", b"r%d" % round_, qos=1)
+                m = await first.message(ack=False)
+                assert m.payload == b"r%d" % round_
+                # The PUBACK and the DISCONNECT in one write, and a new connection right behind them.
+                first.send(c.encode_ack(c.PUBACK, m.packet_id) + bytes((c.DISCONNECT << 4, 0)))
+                again = await MqttClient.open(port)
+                again.send(c.encode_connect("quick", clean_session=False))
+                await first.closed()
+                assert await again.next() == c.Connack(True, 0)
+                await pub.publish("q/away", b"a%d" % round_, qos=1)
+                got = await again.message()
+                assert (got.topic, got.payload, got.dup) == ("q/away", b"a%d" % round_, False)
+                first = again
+            await first.disconnect()
+            await pub.disconnect()
+
+    asyncio.run(main())

@@ -60,7 +60,12 @@ def test_mqtt_js_over_websocket(tmp_path: Path, mqtt_modules: Path) -> None:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), 60)
+            except TimeoutError:
+                proc.kill()
+                out, err = await proc.communicate()
+                raise AssertionError("MQTT.js did not finish: " + err.decode(errors="replace")) from None
             assert proc.returncode == 0, err.decode(errors="replace")
             result: dict[str, Any] = json.loads(out)
             return result

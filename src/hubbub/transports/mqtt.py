@@ -44,13 +44,14 @@ from hubbub.core.api import ConsumerService, Core, Session
 from hubbub.dialects import actions as a
 from hubbub.dialects import mqtt as mq
 from hubbub.disconnect import Disconnect
-from hubbub.errors import AuthError, HubbubError, LimitExceeded, ShuttingDown, SubscriptionError
+from hubbub.errors import AuthError, HubbubError, LimitExceeded, ShuttingDown
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult
 
 from .binding import Mounted, Wiring
 from .http import HttpSettings
 from .lifetime import Lifetime
+from .mqtt_filters import MqttFilters
 from .mqtt_retained import RetainedIndex
 from .mqtt_sessions import DurableSession, SessionStore
 from .stream_driver import WRITE_TIMEOUT_S, StreamIO, serve_stream
@@ -214,7 +215,7 @@ class MqttWire:
             node,
             mq.SPEC,
             dialect=DIALECT,
-            encoder=MqttEncoder(self.conn, self._window_full),
+            encoder=MqttEncoder(self.conn, self.window_full),
             send_queue=h.send_queue,
             send_queue_bytes=h.send_queue_bytes,
             max_frame=h.max_frame + 5,
@@ -233,12 +234,13 @@ class MqttWire:
         self._registered = False
         #: The persistent session (CleanSession 0), while connected.
         self.durable: DurableSession | None = None
+        self.filters = MqttFilters(self)
         self.wire.handle(
             {
                 mq.ConnectRequest: self._connect,
                 mq.MqttPublish: self._publish,
-                mq.MqttSubscribe: self._subscribe,
-                a.Unsubscribe: self._unsubscribe,
+                mq.MqttSubscribe: self.filters.subscribe,
+                a.Unsubscribe: self.filters.unsubscribe,
                 mq.Delivered: self._delivered,
             }
         )
@@ -265,22 +267,30 @@ class MqttWire:
         await self.wire.finish()
 
     def finishing(self) -> None:
-        """The reader is done: publish the will of an abnormal end, leave the client table."""
+        """The reader is done: publish the will of an abnormal end, leave the client table (once a persistent
+        session's acknowledgements being stored are, so that its next connection finds its consumers free)."""
         will = self.conn.will
         if will is not None and self._registered:
             self.conn.will = None
             self._publish_will(will)
-        if self._registered and self.service.clients.get(self.conn.client_id) is self:
-            del self.service.clients[self.conn.client_id]
-        self._registered = False
-        if self.durable is not None:  # unacknowledged batches go back to the consumers, for the next one
-            self.durable.close(self.ended.set)
-        else:
+        registered, self._registered = self._registered, False
+        clients, client_id = self.service.clients, self.conn.client_id
+
+        def settled() -> None:
+            # Only now may another connection of the client id take the session's consumers: until then it
+            # finds this one in the table and waits for ``ended`` (a takeover).
+            if registered and clients.get(client_id) is self:
+                del clients[client_id]
             self.ended.set()
+
+        if self.durable is not None:  # unacknowledged batches go back to the consumers, for the next one
+            self.durable.close(settled)
+        else:
+            settled()
 
     # -- actions --
 
-    def _emit(self, actions: Sequence[object]) -> None:
+    def emit(self, actions: Sequence[object]) -> None:
         """Replies the connection gives synchronously (acknowledgements): queued, or the close."""
         for act in actions:
             if isinstance(act, a.Send):
@@ -316,7 +326,7 @@ class MqttWire:
             await DurableSession.discard(svc.consumers, svc.sessions, client_id, self.session)
         else:
             self.durable = DurableSession(
-                conn, self.session, svc.consumers, svc.sessions, client_id, self.wire.spawn
+                conn, self.session, svc.consumers, svc.sessions, client_id, svc.spawn
             )
         present = not req.clean_session and svc.sessions.filters(client_id) is not None
         if conn.keepalive:
@@ -360,7 +370,7 @@ class MqttWire:
                 return
             if cmd.retain:
                 self._retained(r)
-            self._emit(self.conn.published(cmd))
+            self.emit(self.conn.published(cmd))
 
         await self.node.writable()
         try:
@@ -396,82 +406,11 @@ class MqttWire:
         except (AuthError, LimitExceeded, ShuttingDown) as exc:
             log.info("mqtt will not published: %s", exc, extra={"session": self.session.id})
 
-    async def _subscribe(self, cmd: mq.MqttSubscribe) -> None:
-        conn, access, ident = self.conn, self.node.access, self.session.identity
-        # A filter is granted when the token may read every topic it matches (as MQTT brokers' ACLs check
-        # the filter itself); hubbub's partial reads, with the rest skipped, are native's.
-        allowed = [
-            f for f in cmd.filters if f.pattern is not None and access.visibility(ident, f.pattern) is None
-        ]
-        if self.durable is not None:
-            durable = dict(zip(allowed, await self.durable.subscribe(allowed), strict=True))
-            self._emit(conn.subscribed(cmd, [durable.get(f, False) for f in cmd.filters]))
-            await self._send_retained([f for f in allowed if durable[f]])
-            return
-        new = [f for f in allowed if f.topic_filter not in conn.subscriptions]
-        # Held before the core registers them: an event committed in between is delivered, not dropped.
-        for f in new:
-            conn.subscriptions[f.topic_filter] = f.qos
-        subs = [a.Subscribe(f.topic_filter, f.pattern) for f in new if f.pattern is not None]
-        results = dict(zip((s.sub for s in subs), await self.wire.subscribe(subs), strict=True))
-        held: list[bool] = []
-        for f in cmd.filters:
-            exc = results.get(f.topic_filter)
-            ok = f in allowed and (exc is None or isinstance(exc, SubscriptionError))
-            if not ok:
-                conn.subscriptions.pop(f.topic_filter, None)
-            held.append(ok)
-        self._emit(conn.subscribed(cmd, held))
-        await self._send_retained([f for f, ok in zip(cmd.filters, held, strict=True) if ok])
-
-    async def _send_retained(self, filters: Sequence[mq.FilterRequest]) -> None:
-        """The retained messages of the filters just granted, after their SUBACK [MQTT-3.3.1-6]: each
-        channel's once, at the highest QoS of the filters that match it, with the retain flag."""
-        index = self.service.retained
-        wanted: dict[str, tuple[int, int, str]] = {}
-        for f in filters:
-            assert f.pattern is not None
-            for channel, seq, epoch in index.matching(f.pattern):
-                if mq.filter_applies(f.topic_filter, channel):
-                    q = max(f.qos, wanted[channel][0]) if channel in wanted else f.qos
-                    wanted[channel] = (q, seq, epoch)
-        for channel, (granted, seq, epoch) in wanted.items():
-            page = await self.node.read_channel(channel, since=seq - 1, limit=1, epoch=epoch)
-            if self.done:
-                return
-            if not page.events or page.events[0].seq != seq:
-                index.drop(channel, seq, epoch)  # trimmed, or the channel was reset
-                continue
-            if index.where(channel) != (seq, epoch):
-                continue  # a newer retained message came meanwhile, live
-            ev = page.events[0]
-            topic = mq.channel_topic(channel)
-            if topic is None:
-                continue
-            head = mq.publish_head(topic)
-            q = min(granted, mq.event_qos(ev.headers))
-            packet = (
-                mq.encode_publish(head, ev.payload, 0, True)
-                if q == 0
-                else self.conn.outbound.add(head, ev.payload, q, True)
-            )
-            if packet is None:
-                self._window_full()
-                return
-            self.session.push(packet, is_event=True)
-
-    async def _unsubscribe(self, out: a.Unsubscribe) -> None:
-        if self.durable is not None:
-            await self.durable.unsubscribe(out.sub)
-            return
-        with contextlib.suppress(SubscriptionError):  # gone with a detach meanwhile
-            self.node.unsubscribe(self.session, out.sub)
-
     async def _delivered(self, out: mq.Delivered) -> None:
         if self.durable is not None:
             self.durable.delivered(out.packet_id)
 
-    def _window_full(self) -> None:
+    def window_full(self) -> None:
         """The client acknowledges nothing: past ``max_inflight`` deliveries it is a slow consumer."""
         self.session.end(Disconnect.SLOW_CONSUMER)
 

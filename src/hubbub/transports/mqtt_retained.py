@@ -7,6 +7,10 @@ empty payload clears the channel's entry [MQTT-3.3.1-10]). A subscription reads 
 back from the log (``Core.read_channel``) and sends it with the retain flag; an entry whose event is gone
 (trimmed, or the channel reset) is dropped then.
 
+:func:`read_retained` reads a SUBSCRIBE's retained messages before its filters are registered, so that they
+are sent right after the SUBACK, ahead of any live message the client causes once it has the SUBACK; one
+that changed meanwhile is read again.
+
 The index survives restarts in ``<data_dir>/mqtt/retained.jsonl`` (:class:`~.mqtt_store.JsonlMap`): a
 change is appended when its commit returns (a crash between the commit and the append loses that message's
 retained mark, not the message).
@@ -17,14 +21,18 @@ Concurrency contract: as :class:`~.mqtt_store.JsonlMap`'s (loaded off the loop a
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hubbub.channels import Pattern
+from hubbub.core.api import Core
+from hubbub.dialects import mqtt as mq
+from hubbub.events import Event
 
 from .mqtt_store import JsonlMap
 
-__all__ = ["RetainedIndex"]
+__all__ = ["RetainedIndex", "RetainedMessage", "read_retained"]
 
 
 class RetainedIndex:
@@ -69,3 +77,33 @@ class RetainedIndex:
             hit = self.where(channel)
             if hit is not None:
                 yield (channel, *hit)
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedMessage:
+    """A channel's retained event as read, and the highest QoS granted among the filters that match it."""
+
+    event: Event
+    granted: int
+
+
+async def read_retained(
+    node: Core, index: RetainedIndex, filters: Sequence[mq.FilterRequest]
+) -> list[RetainedMessage]:
+    """The retained messages of ``filters`` (each channel once), read from the log in channel order; an
+    entry whose event is gone is dropped."""
+    wanted: dict[str, tuple[int, int, str]] = {}
+    for f in filters:
+        assert f.pattern is not None
+        for channel, seq, epoch in index.matching(f.pattern):
+            if mq.filter_applies(f.topic_filter, channel):
+                q = max(f.qos, wanted[channel][0]) if channel in wanted else f.qos
+                wanted[channel] = (q, seq, epoch)
+    out: list[RetainedMessage] = []
+    for channel, (granted, seq, epoch) in wanted.items():
+        page = await node.read_channel(channel, since=seq - 1, limit=1, epoch=epoch)
+        if not page.events or page.events[0].seq != seq:
+            index.drop(channel, seq, epoch)  # trimmed, or the channel was reset
+            continue
+        out.append(RetainedMessage(page.events[0], granted))
+    return out

@@ -199,7 +199,8 @@ class DurableSession:
             spec=spec,
             batch_max=BATCH_MAX,
             identity=self.session.identity,
-            session=self.session,
+            # No ``session``: the consumer service would close the opener when the session detaches, while
+            # an acknowledgement of its batch may still be being stored; close() ends it after that.
             dialect=DIALECT,
         )
         if self.closed:

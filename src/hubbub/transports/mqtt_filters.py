@@ -1,0 +1,115 @@
+"""One MQTT connection's SUBSCRIBE and UNSUBSCRIBE (docs/dialects/mqtt.md "Auth", "Retained messages",
+"Sessions"): which filters the token may have, live core subscriptions or a persistent session's consumers,
+the SUBACK, and the retained messages after it.
+
+Concurrency contract: everything runs on the event loop thread, one packet at a time per connection (its
+wire's actions are carried out in order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from hubbub.dialects import actions as a
+from hubbub.dialects import mqtt as mq
+from hubbub.errors import SubscriptionError
+
+from .mqtt_retained import RetainedMessage, read_retained
+
+if TYPE_CHECKING:
+    from .mqtt import MqttWire
+
+__all__ = ["MqttFilters"]
+
+
+class MqttFilters:
+    """The subscriptions of one connection (``wire``)."""
+
+    __slots__ = ("wire",)
+
+    def __init__(self, wire: MqttWire) -> None:
+        self.wire = wire
+
+    async def subscribe(self, cmd: mq.MqttSubscribe) -> None:
+        """A SUBSCRIBE: each filter the token may read whole, held live or by the persistent session; the
+        SUBACK (0x80 for the others), then the retained messages."""
+        conn, access, ident = self.wire.conn, self.wire.node.access, self.wire.session.identity
+        # A filter is granted when the token may read every topic it matches (as MQTT brokers' ACLs check
+        # the filter itself); hubbub's partial reads, with the rest skipped, are native's.
+        allowed = [
+            f for f in cmd.filters if f.pattern is not None and access.visibility(ident, f.pattern) is None
+        ]
+        # Read before the filters are registered: sent right after the SUBACK, ahead of live messages.
+        retained = await read_retained(self.wire.node, self.wire.service.retained, allowed)
+        if self.wire.durable is not None:
+            durable = dict(zip(allowed, await self.wire.durable.subscribe(allowed), strict=True))
+            held = [durable.get(f, False) for f in cmd.filters]
+        else:
+            held = await self._live(cmd, allowed)
+        self.wire.emit(conn.subscribed(cmd, held))
+        granted = [f for f, ok in zip(cmd.filters, held, strict=True) if ok]
+        stale = self._send_retained(retained, granted)
+        if stale:  # a newer retained message came meanwhile: read again (later ones come live)
+            fresh = await read_retained(self.wire.node, self.wire.service.retained, granted)
+            self._send_retained([m for m in fresh if m.event.channel in stale], granted)
+
+    async def _live(self, cmd: mq.MqttSubscribe, allowed: list[mq.FilterRequest]) -> list[bool]:
+        """A live core subscription per new filter, its id the filter; which of ``cmd``'s filters are held."""
+        conn = self.wire.conn
+        new = [f for f in allowed if f.topic_filter not in conn.subscriptions]
+        # Held before the core registers them: an event committed in between is delivered, not dropped.
+        for f in new:
+            conn.subscriptions[f.topic_filter] = f.qos
+        subs = [a.Subscribe(f.topic_filter, f.pattern) for f in new if f.pattern is not None]
+        results = dict(zip((s.sub for s in subs), await self.wire.wire.subscribe(subs), strict=True))
+        held: list[bool] = []
+        for f in cmd.filters:
+            exc = results.get(f.topic_filter)
+            ok = f in allowed and (exc is None or isinstance(exc, SubscriptionError))
+            if not ok:
+                conn.subscriptions.pop(f.topic_filter, None)
+            held.append(ok)
+        return held
+
+    def _send_retained(
+        self, msgs: Sequence[RetainedMessage], granted: Sequence[mq.FilterRequest]
+    ) -> set[str]:
+        """Queue the retained messages read [MQTT-3.3.1-6] that a granted filter matches, with the retain
+        flag, at the highest QoS granted; the channels whose retained message changed since they were read
+        are returned instead."""
+        index, stale = self.wire.service.retained, set[str]()
+        for m in msgs:
+            ev = m.event
+            ch = ev.channel
+            qos = [
+                f.qos
+                for f in granted
+                if f.pattern is not None and f.pattern.matches(ch) and mq.filter_applies(f.topic_filter, ch)
+            ]
+            topic = mq.channel_topic(ev.channel)
+            if not qos or topic is None or self.wire.done:
+                continue
+            if index.where(ev.channel) != (ev.seq, ev.epoch):
+                stale.add(ev.channel)
+                continue
+            head, q = mq.publish_head(topic), min(max(qos), mq.event_qos(ev.headers))
+            packet = (
+                mq.encode_publish(head, ev.payload, 0, True)
+                if q == 0
+                else self.wire.conn.outbound.add(head, ev.payload, q, True)
+            )
+            if packet is None:
+                self.wire.window_full()
+                break
+            self.wire.session.push(packet, is_event=True)
+        return stale
+
+    async def unsubscribe(self, out: a.Unsubscribe) -> None:
+        """A filter the connection held is gone (a persistent session's consumer is deleted)."""
+        if self.wire.durable is not None:
+            await self.wire.durable.unsubscribe(out.sub)
+            return
+        with contextlib.suppress(SubscriptionError):  # gone with a detach meanwhile
+            self.wire.node.unsubscribe(self.wire.session, out.sub)
