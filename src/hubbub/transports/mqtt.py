@@ -6,13 +6,16 @@ its actions out on a :class:`~hubbub.transports.wire.DialectWire`, in arrival or
 
 * ``ConnectRequest``: the credentials (the password is a hubbub token or JWT; a user name alone is taken as
   one) through ``Node.login``, the client id (an empty one gets ``hubbub-<session id>``), the takeover of a
-  connection with the same id (closed first), then the CONNACK and the packets pipelined behind it;
+  connection with the same id (closed first), the session (CleanSession 0: a persistent session on durable
+  consumers, :mod:`~hubbub.transports.mqtt_sessions`; 1: a persistent one of the id discarded), then the
+  CONNACK, the session's deliveries and the packets pipelined behind it;
 * ``MqttPublish``: stored through the write batcher with its QoS (and retain flag) as pseudo-headers, and
   acknowledged (PUBACK, PUBREC) once committed; a publish the token may not make is dropped, counted, and
   acknowledged all the same (3.1.1 has no refusal);
-* ``MqttSubscribe``: a live core subscription per new filter (its id the filter), held by the connection
-  before the core's registration so that no event between the two is lost; a refusal is SUBACK 0x80;
-* ``Unsubscribe``: the shared handler.
+* ``MqttSubscribe`` / ``Unsubscribe``: :class:`~hubbub.transports.mqtt_filters.MqttFilters` (the filters
+  the token may read whole, as live core subscriptions or the session's consumers; the SUBACK, 0x80 for a
+  refusal; the retained messages after it, :mod:`~hubbub.transports.mqtt_retained`);
+* ``Delivered``: a persistent session's delivery acknowledged to the end.
 
 :class:`MqttEncoder` renders an event for one connection: once per connection whatever its matching
 filters (at the highest QoS granted among those that apply, capped by the event's), QoS 0 packets shared
