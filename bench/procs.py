@@ -191,6 +191,7 @@ def _hubbub(extra: list[str], data_dir: str | None = None, src: str | None = Non
         "--native-tcp-listen", "127.0.0.1:0",
         "--qpubs-qrpc-listen", "127.0.0.1:0",
         "--mist-tcp-listen", "127.0.0.1:0",
+        "--mqtt-tcp-listen", "127.0.0.1:0",
         "--log-format", "json",
         "--log-level", "info",
         "--limits-send-queue", "65536",

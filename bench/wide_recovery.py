@@ -90,7 +90,7 @@ def spawn(data: Path) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "hubbub", "serve", "--data-dir", str(data), "--http-listen", "127.0.0.1:0",
         "--native-tcp-listen", "127.0.0.1:0", "--qpubs-qrpc-listen", "127.0.0.1:0",
-        "--mist-tcp-listen", "127.0.0.1:0", "--log-format", "json",
+        "--mist-tcp-listen", "127.0.0.1:0", "--mqtt-tcp-listen", "127.0.0.1:0", "--log-format", "json",
     ]  # fmt: skip
     with open(data / "server.log", "wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -74,6 +74,7 @@ class _Server:
             "--native-tcp-listen", "127.0.0.1:0",
             "--qpubs-qrpc-listen", "127.0.0.1:0",
             "--mist-tcp-listen", "127.0.0.1:0",
+            "--mqtt-tcp-listen", "127.0.0.1:0",
             "--log-format", "json",
         ]  # fmt: skip
         env = dict(os.environ)

@@ -33,6 +33,7 @@ class ServerProcess:
             "--native-tcp-listen", "127.0.0.1:0",
             "--qpubs-qrpc-listen", "127.0.0.1:0",
             "--mist-tcp-listen", "127.0.0.1:0",
+            "--mqtt-tcp-listen", "127.0.0.1:0",
             "--log-format", "json",
             *self.extra,
         ]  # fmt: skip
