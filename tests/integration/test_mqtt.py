@@ -271,17 +271,28 @@ def test_takeover_and_keepalive(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_a_client_that_acknowledges_nothing_is_a_slow_consumer(tmp_path: Path) -> None:
+def test_deliveries_wait_for_the_window_and_a_client_that_acknowledges_nothing_is_a_slow_consumer(
+    tmp_path: Path,
+) -> None:
     async def main() -> None:
-        async with serve(tmp_path, **{"mqtt.max_inflight": 4}) as srv:
+        async with serve(tmp_path, **{"mqtt.max_inflight": 4, "limits.send_queue": 16}) as srv:
             port = srv.ports["mqtt"]
             sub = await MqttClient.connect(port, "sub")
             assert await sub.subscribe(("t", 1)) == (1,)
             pub = await MqttClient.connect(port, "pub")
-            for i in range(4):
+            for i in range(10):
                 await pub.publish("t", b"%d" % i, qos=1)
-            assert [(await sub.message(ack=False)).packet_id for _ in range(4)] == [1, 2, 3, 4]
-            await pub.publish("t", b"5", qos=1)
+            # Four in flight, the rest wait for room in the window, in order.
+            got = [await sub.message(ack=False) for _ in range(4)]
+            assert [(m.packet_id, m.payload) for m in got] == [(i + 1, b"%d" % i) for i in range(4)]
+            await sub.ping()  # nothing else came
+            for i in range(4, 10):
+                sub.send(c.encode_ack(c.PUBACK, got[0].packet_id))
+                got = [*got[1:], await sub.message(ack=False)]
+                assert got[-1].payload == b"%d" % i
+            # Acknowledging nothing more, past limits.send_queue waiting: a slow consumer.
+            for _ in range(20):
+                await pub.publish("t", b"more", qos=1)
             await sub.closed()
             await pub.disconnect()
 

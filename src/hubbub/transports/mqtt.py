@@ -19,8 +19,9 @@ its actions out on a :class:`~hubbub.transports.wire.DialectWire`, in arrival or
 
 :class:`MqttEncoder` renders an event for one connection: once per connection whatever its matching
 filters (at the highest QoS granted among those that apply, capped by the event's), QoS 0 packets shared
-between connections, QoS 1 and 2 with a packet identifier from the connection's window; a full window ends
-the connection as a slow consumer.
+between connections, QoS 1 and 2 with a packet identifier from the connection's window; while the window is
+full they wait, in order, for the client's acknowledgements (past ``limits.send_queue`` waiting the client is
+a slow consumer).
 
 The keepalive: a connection silent for 1.5 times its CONNECT's keepalive is closed [MQTT-3.1.2-24]. The
 will is published when a connection that was accepted ends without DISCONNECT.
@@ -31,6 +32,7 @@ Concurrency contract: everything runs on the event loop thread; one task reads e
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import ssl
@@ -163,9 +165,9 @@ class MqttEncoder:
     per_connection = True
     key = "mqtt"
 
-    def __init__(self, conn: mq.MqttConnection, full: Callable[[], None]) -> None:
+    def __init__(self, conn: mq.MqttConnection, qos_packet: Callable[[bytes, bytes, int], bytes]) -> None:
         self.conn = conn
-        self._full = full
+        self._qos_packet = qos_packet
 
     def encode_event(self, event: Event, subs: Sequence[str], replay: bool, cache: dict[Any, Any]) -> bytes:
         conn = self.conn
@@ -184,11 +186,7 @@ class MqttEncoder:
             if packet is None:
                 packet = cache["mqtt.q0"] = mq.encode_publish(head, event.payload)
             return bytes(packet)
-        out = conn.outbound.add(head, event.payload, q)
-        if out is None:
-            self._full()
-            return b""
-        return out
+        return self._qos_packet(head, event.payload, q)
 
 
 class MqttWire:
@@ -218,7 +216,7 @@ class MqttWire:
             node,
             mq.SPEC,
             dialect=DIALECT,
-            encoder=MqttEncoder(self.conn, self.window_full),
+            encoder=MqttEncoder(self.conn, self.qos_packet),
             send_queue=h.send_queue,
             send_queue_bytes=h.send_queue_bytes,
             max_frame=h.max_frame + 5,
@@ -235,6 +233,8 @@ class MqttWire:
         #: Set once the connection has left ``service.clients`` (a takeover waits for it).
         self.ended = asyncio.Event()
         self._registered = False
+        #: Live QoS 1/2 deliveries waiting for room in the window, in order.
+        self._waiting: collections.deque[tuple[bytes, bytes, int, bool]] = collections.deque()
         #: The persistent session (CleanSession 0), while connected.
         self.durable: DurableSession | None = None
         self.filters = MqttFilters(self)
@@ -412,10 +412,25 @@ class MqttWire:
     async def _delivered(self, out: mq.Delivered) -> None:
         if self.durable is not None:
             self.durable.delivered(out.packet_id)
+        window, waiting = self.conn.outbound, self._waiting
+        while waiting and not window.full:
+            head, payload, q, retain = waiting.popleft()
+            packet = window.add(head, payload, q, retain)
+            assert packet is not None
+            self.session.push(packet, is_event=True)
 
-    def window_full(self) -> None:
-        """The client acknowledges nothing: past ``max_inflight`` deliveries it is a slow consumer."""
-        self.session.end(Disconnect.SLOW_CONSUMER)
+    def qos_packet(self, head: bytes, payload: bytes, qos: int, retain: bool = False) -> bytes:
+        """A QoS 1 or 2 delivery's PUBLISH, or ``b""`` when it waits, in order, for room in the window
+        (``mqtt.max_inflight``); past ``limits.send_queue`` waiting, the client is a slow consumer."""
+        if not self._waiting:
+            packet = self.conn.outbound.add(head, payload, qos, retain)
+            if packet is not None:
+                return packet
+        if len(self._waiting) >= self.service.http.send_queue:
+            self.session.end(Disconnect.SLOW_CONSUMER)
+            return b""
+        self._waiting.append((head, payload, qos, retain))
+        return b""
 
 
 class MqttCollector:

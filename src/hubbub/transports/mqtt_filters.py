@@ -98,12 +98,10 @@ class MqttFilters:
             packet = (
                 mq.encode_publish(head, ev.payload, 0, True)
                 if q == 0
-                else self.wire.conn.outbound.add(head, ev.payload, q, True)
+                else self.wire.qos_packet(head, ev.payload, q, True)
             )
-            if packet is None:
-                self.wire.window_full()
-                break
-            self.wire.session.push(packet, is_event=True)
+            if packet:
+                self.wire.session.push(packet, is_event=True)
         return stale
 
     async def unsubscribe(self, out: a.Unsubscribe) -> None:
