@@ -26,7 +26,8 @@ class Relay(Protocol):
         """A commit's new events (duplicates left out) with their origin sessions, in commit order."""
 
     def health(self) -> dict[str, Any]:
-        """The relay's state for ``/healthz`` (``state``: ``up``, or ``down`` while it serves degraded)."""
+        """The relay's state for ``/healthz`` (``state``: ``up``, or ``down`` while it serves degraded); empty
+        for a relay that is no part of a cluster (a worker's: the node answers as one process)."""
 
     def statistics(self) -> dict[str, int | float]:
         """Numbers for ``/metrics``."""

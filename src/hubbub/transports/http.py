@@ -424,9 +424,9 @@ class NativeHttp:
         if checks:
             return _json(503, orjson.dumps({"status": "fail", "checks": checks}) + b"\n")
         relay = self.node.relay
-        if relay is not None:
+        broker = relay.health() if relay is not None else {}
+        if broker:
             # A node without its broker still serves (from the log, later): degraded, not failed.
-            broker = relay.health()
             presence = self.node.presence.health()
             up = broker.get("state") == "up" and presence.get("state") != "down"
             body = {"status": "ok" if up else "degraded", "broker": broker, "presence": presence}
@@ -439,9 +439,9 @@ class NativeHttp:
         ``/metrics``."""
         self._identity(request)
         relay = self.node.relay
-        if relay is None:
+        broker = relay.health() if relay is not None else {}
+        if not broker:  # a single node, or the workers of one
             return _json(200, b'{"nodes":[]}\n')
-        broker = relay.health()
         body = {
             "node_id": broker.get("node_id"),
             "nodes": await self.node.presence.nodes(),

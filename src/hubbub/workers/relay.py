@@ -127,8 +127,9 @@ class WorkerRelay(OrderedDelivery):
     # -- reporting ------------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        """For ``/healthz``: a worker's relay is up while it runs (it stops with its owner)."""
-        return {"state": "up", "worker": self.worker}
+        """Nothing for ``/healthz`` and ``/api/v1/cluster``: the workers are one node to its clients, which
+        answers as a single process does (a worker's relay cannot be down: it stops with its owner)."""
+        return {}
 
     def statistics(self) -> dict[str, int | float]:
         return {"received": self.received, "tops": self.tops, **self.sequencer.statistics()}
