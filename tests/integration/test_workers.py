@@ -304,3 +304,39 @@ def test_a_durable_consumer_is_held_by_one_worker_and_gets_every_workers_events(
         assert cons.publish("/jobs/b", "after")["op"] == "reply"  # from worker A this time
         d = other.next_push("deliver")
         assert [(it["text"], it["pos"]) for it in d["items"]] == [("after", 26)]
+
+
+def _socket_on(node: ServerProcess, worker: int, port: str) -> socket.socket:
+    """A plain TCP connection to listener ``port`` served by ``worker``."""
+    workers = _workers(node)
+    for _ in range(200):
+        s = socket.create_connection(("127.0.0.1", node.ports[port]), timeout=20.0)
+        if _serving(s, workers) == worker:
+            return s
+        s.close()
+    raise AssertionError(f"no connection landed on worker {worker}")
+
+
+def _mist_lines(s: socket.socket, n: int) -> list[str]:
+    """The next ``n`` lines a mist 2015 TCP connection receives."""
+    buf = b""
+    while buf.count(b"\n") < n:
+        chunk = s.recv(65536)
+        assert chunk, f"closed after {buf!r}"
+        buf += chunk
+    return buf.decode().splitlines()[:n]
+
+
+def test_mist_token_registrations_reach_every_worker(node: ServerProcess, tmp_path: Path) -> None:
+    """The token registry is the data directory's file, shared by the workers: a token registered through one
+    worker is known to the other at once, and changes made through both are all kept."""
+    a, b = _workers(node)
+    with _socket_on(node, a, "mist") as on_a, _socket_on(node, b, "mist") as on_b:
+        on_a.sendall(b"register red,blue tok\ntags tok\n")
+        assert _mist_lines(on_a, 1) == ["tags tok blue,red"]
+        on_b.sendall(b"tags tok\nregister green other\nset x tok\ntags tok\n")
+        assert _mist_lines(on_b, 2) == ["tags tok blue,red", "tags tok blue,red,x"]
+        on_a.sendall(b"tags other\ntags tok\nregister y tok\n")
+        assert _mist_lines(on_a, 3) == ["tags other green", "tags tok blue,red,x", "error already exists"]
+    saved = json.loads((tmp_path / "data" / "mist-tokens.json").read_text())
+    assert saved["tokens"] == {"other": ["green"], "tok": ["blue", "red", "x"]}

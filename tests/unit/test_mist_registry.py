@@ -100,3 +100,17 @@ def test_authenticator_sources_in_order(tmp_path: Path) -> None:
     assert auth.check("", allow_registry=True) is None
     assert auth.check("nope", allow_registry=True) is None
     assert MistAuthenticator().check("master") is None  # no master token set: "" never matches
+
+
+def test_two_registries_on_one_file_see_and_keep_each_others_changes(tmp_path: Path) -> None:
+    """Two processes serving one data directory (the workers of a node) each hold a registry of the file: a
+    change through one is read by the other, and a change through the other keeps it."""
+    a = MistTokenRegistry.in_data_dir(tmp_path)
+    b = MistTokenRegistry.in_data_dir(tmp_path)
+    assert a.register("tok", ["red"])
+    assert b.tags("tok") == {"red"}
+    assert not b.register("tok", ["blue"])  # exists already, through a
+    assert b.register("other", ["green"])
+    assert a.set_tags("tok", ["x"])
+    assert b.tokens() == a.tokens() == {"tok": {"red", "x"}, "other": {"green"}}
+    assert MistTokenRegistry.in_data_dir(tmp_path).tokens() == {"tok": {"red", "x"}, "other": {"green"}}

@@ -11,20 +11,29 @@ extra master token), the global tokens (static tokens and JWTs, through the ``ve
 composition root passes in, so this module stays independent of how those are verified), and, where the
 route allows it (the 2015 WebSocket), a registry token with at least one tag.
 
-Concurrency contract: both classes are thread-safe (one lock per registry). The registry's mutating methods
-write and fsync a file, so the server calls them off the event loop (as it does the log). Reads
-(:meth:`MistTokenRegistry.tags`, :meth:`MistAuthenticator.check`) only read memory.
+The file is the registry of every process serving the data directory (the workers of ``hubbub serve
+--workers N``, docs/operations.md "Workers"): a change holds an exclusive ``flock`` on
+``mist-tokens.json.lock`` while it re-reads the file, changes it and writes it, so changes made by two
+processes at once are both kept, and a read notices that another process replaced the file (its inode, size
+or time changed: every write is a rename) and reads it again. A token registered through one worker is
+accepted by every other at its next login.
+
+Concurrency contract: both classes are thread-safe (one lock per registry, and the file lock between
+processes). The registry's mutating methods write and fsync a file, so the server calls them off the event
+loop (as it does the log). Reads (:meth:`MistTokenRegistry.tags`, :meth:`MistAuthenticator.check`) read
+memory after one ``stat`` of the file, and re-read the small file only when another process changed it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hmac
 import json
 import os
 import secrets
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -37,6 +46,10 @@ __all__ = ["REGISTRY_FILE", "MistAccess", "MistAuthenticator", "MistTokenRegistr
 REGISTRY_FILE: Final = "mist-tokens.json"
 _FORMAT: Final = 1
 _TMP_MARK: Final = ".tmp-"
+_LOCK_SUFFIX: Final = ".lock"
+
+#: What identifies one version of the file: its inode, size and modification time (None: no file).
+_Stamp = tuple[int, int, int] | None
 
 
 class MistTokenRegistry:
@@ -51,7 +64,14 @@ class MistTokenRegistry:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._tokens: dict[str, frozenset[str]] = self._load()
+        self._stamp: _Stamp = None
+        with self._lock, self._file_lock():
+            # Temporary files of writes cut short by a crash hold nothing the real file lacks: remove them
+            # (under the file lock: no other process is writing one now).
+            for stale in self.path.parent.glob(f"{self.path.name}{_TMP_MARK}*"):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+            self._tokens: dict[str, frozenset[str]] = self._load()
 
     @classmethod
     def in_data_dir(cls, data_dir: str | os.PathLike[str]) -> MistTokenRegistry:
@@ -63,38 +83,49 @@ class MistTokenRegistry:
 
     def tags(self, token: str) -> frozenset[str] | None:
         """The tags of ``token`` (possibly empty), or None when it is not registered."""
-        return self._tokens.get(token)
+        return self._current().get(token)
 
     def __contains__(self, token: object) -> bool:
-        return token in self._tokens
+        return token in self._current()
 
     def __len__(self) -> int:
-        return len(self._tokens)
+        return len(self._current())
 
     def tokens(self) -> dict[str, frozenset[str]]:
         """A copy of the whole registry."""
-        with self._lock:
-            return dict(self._tokens)
+        return dict(self._current())
+
+    def _current(self) -> dict[str, frozenset[str]]:
+        """The tokens, read again first when another process replaced the file since this one last did (a
+        file gone is no process's change: a write never removes it)."""
+        stamp = _stamp_of(self.path)
+        if stamp is not None and stamp != self._stamp:
+            with self._lock:
+                if _stamp_of(self.path) not in (None, self._stamp):
+                    # A file this process did not write and cannot read: keep what it had.
+                    with contextlib.suppress(StorageError):
+                        self._tokens = self._load()
+        return self._tokens
 
     # -- the registry commands (mist.md §2, §4) -------------------------------------------------------------
 
     def register(self, token: str, tags: Iterable[str]) -> bool:
         """Create ``token`` with ``tags``. False (and no change) when it exists already."""
-        with self._lock:
+        with self._changing():
             if token in self._tokens:
                 return False
             return self._change(token, frozenset(tags))
 
     def unregister(self, token: str) -> bool:
         """Forget ``token``. False when it was not registered (upstream ignores that)."""
-        with self._lock:
+        with self._changing():
             if token not in self._tokens:
                 return False
             return self._change(token, None)
 
     def set_tags(self, token: str, tags: Iterable[str]) -> bool:
         """Add ``tags`` to ``token``. False when the token is not registered."""
-        with self._lock:
+        with self._changing():
             have = self._tokens.get(token)
             if have is None:
                 return False
@@ -103,7 +134,7 @@ class MistTokenRegistry:
 
     def unset_tags(self, token: str, tags: Iterable[str]) -> bool:
         """Remove ``tags`` from ``token``. False when the token is not registered."""
-        with self._lock:
+        with self._changing():
             have = self._tokens.get(token)
             if have is None:
                 return False
@@ -111,6 +142,28 @@ class MistTokenRegistry:
             return new == have or self._change(token, new)
 
     # -- persistence ----------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Hold both locks for a change, with the tokens as the file holds them now (another process may
+        have changed it)."""
+        with self._lock, self._file_lock():
+            if _stamp_of(self.path) not in (None, self._stamp):
+                self._tokens = self._load()
+            yield
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """An exclusive ``flock`` on the lock file beside the registry, for the processes sharing it."""
+        try:
+            fd = os.open(f"{self.path}{_LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StorageError("the mist token registry cannot be locked") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _change(self, token: str, tags: frozenset[str] | None) -> bool:
         """Apply one change and persist it; undo it in memory if the write fails. Holds the lock."""
@@ -145,6 +198,7 @@ class MistTokenRegistry:
             finally:
                 os.close(fd)
             os.replace(tmp, self.path)
+            self._stamp = _stamp_of(self.path)
         except BaseException:
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -157,13 +211,13 @@ class MistTokenRegistry:
             os.close(dfd)
 
     def _load(self) -> dict[str, frozenset[str]]:
-        # Temporary files of writes cut short by a crash hold nothing the real file lacks: remove them.
-        for stale in self.path.parent.glob(f"{self.path.name}{_TMP_MARK}*"):
-            with contextlib.suppress(OSError):
-                stale.unlink()
+        """The file's tokens; notes the version read (``_stamp``) once it is read whole and valid."""
         try:
-            raw = self.path.read_bytes()
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                raw = f.read()
         except FileNotFoundError:
+            self._stamp = None
             return {}
         except OSError as exc:
             raise StorageError(f"cannot read {self.path.name}") from exc
@@ -179,7 +233,16 @@ class MistTokenRegistry:
                 out[token] = frozenset(tags)
         except (ValueError, KeyError, TypeError) as exc:
             raise StorageError(f"{self.path.name} is not a mist token registry") from exc
+        self._stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         return out
+
+
+def _stamp_of(path: Path) -> _Stamp:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 @dataclass(frozen=True, slots=True)
