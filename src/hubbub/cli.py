@@ -87,6 +87,15 @@ HELP = {
     "federation.accept": "take federation links from hubbub nodes below this one (true/false)",
     "server.workers": "worker processes serving connections on the same ports, one log between them "
     "(0: one per core this process may use; 1: one process, no workers)",
+    "webhooks.hooks": "webhooks, JSON or TOML tables: {NAME: {url, pattern, secret, tags}}; each POSTs every "
+    "event matching its pattern to its url, durably (docs/connectors.md)",
+    "webhooks.workers": "requests the webhooks may have in flight at once, over all hooks",
+    "webhooks.timeout_s": "seconds a webhook request may take before it is retried",
+    "webhooks.retry_base_s": "first backoff between tries of a webhook request, doubled at each try",
+    "webhooks.retry_max_s": "longest backoff between tries of a webhook request",
+    "webhooks.retry_after_max_s": "longest wait a receiver's Retry-After may ask for",
+    "webhooks.max_attempts": "tries of one event before it goes to the dead-letter channel (0: no limit)",
+    "webhooks.dead_letter": "channel prefix of refused events: PREFIX/webhook/HOOK",
     "log_level": "debug, info, warning or error",
     "log_format": "text or json (one JSON object per line)",
 }

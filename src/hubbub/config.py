@@ -57,6 +57,7 @@ __all__ = [
     "StorageConfig",
     "TcpConfig",
     "TlsConfig",
+    "WebhooksConfig",
     "alias_flags",
     "config_keys",
     "env_name",
@@ -404,6 +405,52 @@ class ClusterConfig(Section):
             raise ConfigError("cluster.redis_channel: must not be empty")
 
 
+_HOOK_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_HOOK_FIELDS = frozenset({"url", "pattern", "secret", "tags"})
+
+
+@dataclass(frozen=True, slots=True)
+class WebhooksConfig(Section):
+    """Webhooks: every event matching a hook's pattern POSTed to its URL, durably (docs/connectors.md)."""
+
+    SECTION: ClassVar[str] = "webhooks"
+    #: name -> {"url", "pattern", "secret", "tags"}; masked in repr (the secrets sign the requests).
+    hooks: SecretMap = field(default_factory=SecretMap)
+    workers: int = 8
+    timeout_s: float = 10.0
+    retry_base_s: float = 0.2
+    retry_max_s: float = 30.0
+    retry_after_max_s: float = 300.0
+    max_attempts: int = 0
+    dead_letter: str = "/hubbub/dead-letter"
+
+    def validate(self, config: Config) -> None:
+        _positive(self, "workers", "timeout_s", "retry_base_s", "retry_max_s", "retry_after_max_s")
+        if self.max_attempts < 0:
+            raise ConfigError("webhooks.max_attempts: must not be negative (0: retry until delivered)")
+        if not self.dead_letter.startswith("/") or self.dead_letter.rstrip("/") == "":
+            raise ConfigError("webhooks.dead_letter: a channel prefix such as /hubbub/dead-letter")
+        for name, hook in self.hooks.items():
+            where = f"webhooks.hooks.{name}"
+            if not _HOOK_NAME.fullmatch(name):
+                raise ConfigError(f"{where}: a hook's name is 1 to 64 of A-Z a-z 0-9 _ -")
+            if not isinstance(hook, Mapping):
+                raise ConfigError(f"{where}: expected a table with url and pattern")
+            if extra := set(hook) - _HOOK_FIELDS:
+                raise ConfigError(f"{where}: unknown {', '.join(sorted(extra))} (url, pattern, secret, tags)")
+            url = hook.get("url")
+            if not isinstance(url, str) or not url.lower().startswith(("http://", "https://")):
+                raise ConfigError(f"{where}.url: an http:// or https:// URL")
+            pattern = hook.get("pattern")
+            if not isinstance(pattern, str) or not pattern.startswith("/"):
+                raise ConfigError(f"{where}.pattern: a native pattern such as /orders/**")
+            if not isinstance(hook.get("secret", ""), str):
+                raise ConfigError(f"{where}.secret: a string")
+            tags = hook.get("tags", [])
+            if not isinstance(tags, list | tuple) or not all(isinstance(t, str) for t in tags):
+                raise ConfigError(f"{where}.tags: a list of strings")
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration: the core's sections, and the dialects' by section name."""
@@ -420,6 +467,7 @@ class Config:
     retention: Retention = field(default_factory=Retention)
     federation: FederationConfig = field(default_factory=FederationConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    webhooks: WebhooksConfig = field(default_factory=WebhooksConfig)
     #: The dialects' sections by ``SECTION`` (those the loader was given).
     dialects: Mapping[str, DialectSection] = field(default_factory=lambda: types.MappingProxyType({}))
 

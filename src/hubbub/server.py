@@ -39,6 +39,7 @@ from hubbub.disconnect import Disconnect
 from hubbub.errors import StorageError
 from hubbub.log import LogStore, open_store
 from hubbub.log.base import RetentionPolicy
+from hubbub.transports.connectors import ConnectorCollector, Connectors
 from hubbub.transports.dialects import BINDINGS, Mounted, Wiring
 from hubbub.transports.federation_link import FederationLinkCollector, FederationUpstream
 from hubbub.transports.federation_peer import FederationHub, FederationHubCollector
@@ -93,6 +94,7 @@ class Server:
         self.node: Node | None = None
         #: Durable consumers (docs/consumers.md): started with the node, before any listener.
         self.consumers: ConsumerService | None = None
+        self.connectors: Connectors | None = None
         self._runner: web.AppRunner | None = None
         self._native_http: NativeHttp | None = None
         self._tcp_conns: set[asyncio.Task[None]] = set()
@@ -228,6 +230,9 @@ class Server:
                 held_bytes_max=lim.consumer_memory,
             )
         )
+        # The connectors push what their consumers journal: stopped before the consumer service, which
+        # takes their outstanding batches back.
+        self.connectors = await stack.enter_async_context(Connectors(node, self.consumers, cfg))
         # The listeners and their connections end before the components above.
         stack.push_async_callback(self._close_listeners)
         codec_limits = {
@@ -257,7 +262,9 @@ class Server:
             if binding.enabled(cfg):
                 self.dialects[binding.spec.name] = await binding.mount(wiring)
         installers = [m.installer for m in self.dialects.values() if m.installer is not None]
+        installers.append(self.connectors.installer)
         app, self._native_http = build_app(node, http_settings, installers)
+        self._native_http.registry.register(ConnectorCollector(self.connectors))
         if cfg.federation.accept or cfg.federation.upstream:
             self._federate(node, cfg, store.engine, self._native_http)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)

@@ -1,0 +1,144 @@
+"""Webhooks (docs/connectors.md "Webhooks"): every event matching a hook's pattern is POSTed to its URL as
+JSON, signed with HMAC-SHA256 over the timestamp and the body, through a :class:`~.connector.Connector`
+(durable, at least once, in order per hook, retried, dead-lettered).
+
+The request::
+
+    POST <url>
+    Content-Type: application/json
+    X-Hubbub-Timestamp: 1795313749
+    X-Hubbub-Signature: sha256=<hex HMAC-SHA256(secret, "<timestamp>." + body)>
+    X-Hubbub-Delivery: <epoch>:<seq>
+    X-Hubbub-Attempt: 0
+
+    {"hook":"orders","channel":"/orders/1","seq":7,"epoch":"k3j2a9x1","time":"1795313749574424198",
+     "headers":{"k":"v"},"content_type":"text/plain; charset=utf-8","payload":"…","encoding":"utf-8"}
+
+``encoding`` is ``utf-8`` when the payload is valid UTF-8 (``payload`` is then the text), else ``base64``.
+The answer decides: 2xx delivered; 408, 429 and 5xx retried (``Retry-After`` honoured); 410 removes the hook's
+subscription until the next start; any other status is a permanent refusal (dead letter); no answer within
+``webhooks.timeout_s`` or a failed connection is retried.
+
+Concurrency contract: the provider is used on the event loop thread only, by its connector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import time
+from collections.abc import Mapping
+
+import aiohttp
+import orjson
+
+from hubbub.config import WebhooksConfig
+from hubbub.events import Event
+
+from .connector import Gone, Outcome, Refused, Retry, RetryPolicy, Route, Sent, parse_retry_after
+
+__all__ = ["WebhookProvider", "render_event", "retry_policy", "routes", "sign"]
+
+#: The consumer name of hook ``NAME`` is ``webhook.NAME``.
+CONSUMER_PREFIX = "webhook."
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """The ``X-Hubbub-Signature`` value: ``sha256=`` and the hex HMAC-SHA256 of ``<timestamp>.<body>``."""
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return "sha256=" + mac.hexdigest()
+
+
+def render_event(hook: str, event: Event) -> bytes:
+    """The JSON body of one event's request (module docstring)."""
+    try:
+        payload, encoding = event.payload.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        payload, encoding = base64.b64encode(event.payload).decode("ascii"), "base64"
+    return orjson.dumps(
+        {
+            "hook": hook,
+            "channel": event.channel,
+            "seq": event.seq,
+            "epoch": event.epoch,
+            "time": str(event.time_ns),
+            "headers": event.user_headers,
+            "tags": list(event.tags),
+            "content_type": event.content_type,
+            "payload": payload,
+            "encoding": encoding,
+        }
+    )
+
+
+def classify(status: int, retry_after: str | None) -> Outcome:
+    """A receiver's answer as an outcome (module docstring)."""
+    if 200 <= status < 300:
+        return Sent()
+    if status in (408, 429) or status >= 500:
+        return Retry(f"http_{status}", parse_retry_after(retry_after))
+    if status == 410:
+        return Gone("http_410")
+    return Refused(f"http_{status}")
+
+
+def routes(cfg: WebhooksConfig) -> list[Route]:
+    """The configured hooks as connector routes."""
+    out = []
+    for name, hook in cfg.hooks.items():
+        target = {"url": str(hook["url"]), "secret": str(hook.get("secret", ""))}
+        tags = tuple(sorted(set(hook.get("tags", ()))))
+        out.append(Route(name, CONSUMER_PREFIX + name, str(hook["pattern"]), target, tags))
+    return out
+
+
+def retry_policy(cfg: WebhooksConfig) -> RetryPolicy:
+    return RetryPolicy(cfg.retry_base_s, cfg.retry_max_s, cfg.retry_after_max_s, cfg.max_attempts)
+
+
+class WebhookProvider:
+    """POSTs events with one pooled aiohttp client session (created at the first push)."""
+
+    def __init__(self, timeout_s: float = 10.0, connections: int = 8) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # One connection per worker slot: at most ``workers`` requests are in flight.
+            conn = aiohttp.TCPConnector(limit=self._connections)
+            self._session = aiohttp.ClientSession(connector=conn, timeout=self._timeout)
+        return self._session
+
+    async def send(self, route: Route, event: Event, attempt: int) -> Outcome:
+        body = render_event(route.name, event)
+        ts = str(int(time.time()))
+        headers: Mapping[str, str] = {
+            "Content-Type": "application/json",
+            "X-Hubbub-Timestamp": ts,
+            "X-Hubbub-Delivery": f"{event.epoch}:{event.seq}",
+            "X-Hubbub-Attempt": str(attempt),
+        }
+        if secret := route.target.get("secret", ""):
+            headers = {**headers, "X-Hubbub-Signature": sign(secret, ts, body)}
+        try:
+            async with self._client().post(
+                route.target["url"], data=body, headers=headers, allow_redirects=False
+            ) as resp:
+                await resp.read()  # the connection goes back to the pool only once the body is read
+                return classify(resp.status, resp.headers.get("Retry-After"))
+        except TimeoutError:
+            return Retry("timeout")
+        except aiohttp.ClientConnectionError:
+            return Retry("connect")
+        except aiohttp.ClientError:
+            return Retry("http_error")
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        await asyncio.sleep(0)  # aiohttp closes its transports on the next loop iteration
