@@ -145,11 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     for section in DIALECT_SECTIONS:
         variables = {key: var for var, key in section.ENV_ALIASES.items()}
         for flag, key in section.FLAG_ALIASES.items():
+            # guble's switches (--fcm) are given alone: a bool alias takes an optional value.
+            switch = {"nargs": "?", "const": "true"} if KEYS[key].type is bool else {}
             serve.add_argument(
                 flag,
                 dest=flag,
                 metavar="VALUE",
                 default=None,
+                **switch,  # type: ignore[arg-type]
                 help=f"{section.SECTION}'s name for {flag_name(key)} "
                 f"[env {variables[key]}; the hubbub names win]",
             )

@@ -27,13 +27,13 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, TypeAlias
 
 import orjson
 
 from hubbub.channels import MAX_CHANNEL_BYTES, canonical
-from hubbub.config import Config, ConfigError, DialectSection
+from hubbub.config import Config, ConfigError, DialectSection, Secret
 from hubbub.disconnect import Disconnect
 from hubbub.errors import BadChannel, BadRequest, FrameTooLarge, HubbubError, ProtocolError, UnknownOp
 from hubbub.events import Event
@@ -522,6 +522,15 @@ class GubleConfig(DialectSection):
         "health_endpoint": "path of guble's health check (empty: off)",
         "metrics_endpoint": "path of guble's JSON metrics (empty: off)",
         "auth": "auth for the guble routes; empty means auth.mode",
+        "fcm": "serve guble's FCM connector: device subscriptions at guble.fcm_prefix, each topic's messages "
+        "pushed to Firebase Cloud Messaging durably (docs/connectors.md)",
+        "fcm_api_key": "the FCM legacy server key (guble's --fcm-api-key); unused with fcm_credentials_file",
+        "fcm_credentials_file": "a Google service-account JSON file: push with FCM HTTP v1 (OAuth2) "
+        "instead of the legacy API",
+        "fcm_endpoint": "the FCM legacy send URL, or with fcm_credentials_file the FCM v1 base URL (empty: "
+        "Google's)",
+        "fcm_prefix": "path prefix of the FCM connector's REST routes",
+        "fcm_workers": "FCM requests in flight at once, over all device subscriptions",
     }
     ENV_ALIASES: ClassVar[Mapping[str, str]] = {
         "GUBLE_HTTP_LISTEN": "http.listen",
@@ -529,6 +538,11 @@ class GubleConfig(DialectSection):
         "GUBLE_HEALTH_ENDPOINT": "guble.health_endpoint",
         "GUBLE_METRICS_ENDPOINT": "guble.metrics_endpoint",
         "GUBLE_NODE_ID": "guble.node_id",
+        "GUBLE_FCM": "guble.fcm",
+        "GUBLE_FCM_API_KEY": "guble.fcm_api_key",
+        "GUBLE_FCM_ENDPOINT": "guble.fcm_endpoint",
+        "GUBLE_FCM_PREFIX": "guble.fcm_prefix",
+        "GUBLE_FCM_WORKERS": "guble.fcm_workers",
     }
     FLAG_ALIASES: ClassVar[Mapping[str, str]] = {
         "--http": "http.listen",
@@ -536,6 +550,11 @@ class GubleConfig(DialectSection):
         "--health-endpoint": "guble.health_endpoint",
         "--metrics-endpoint": "guble.metrics_endpoint",
         "--node-id": "guble.node_id",
+        "--fcm": "guble.fcm",
+        "--fcm-api-key": "guble.fcm_api_key",
+        "--fcm-endpoint": "guble.fcm_endpoint",
+        "--fcm-prefix": "guble.fcm_prefix",
+        "--fcm-workers": "guble.fcm_workers",
     }
     ENV_PREFIX: ClassVar[str] = "GUBLE_"
     enabled: bool = True
@@ -543,6 +562,12 @@ class GubleConfig(DialectSection):
     health_endpoint: str = "/admin/healthcheck"
     metrics_endpoint: str = "/admin/metrics"
     auth: str = ""  # "" means auth.mode
+    fcm: bool = False
+    fcm_api_key: Secret = field(default_factory=lambda: Secret(""))
+    fcm_credentials_file: str = ""
+    fcm_endpoint: str = ""
+    fcm_prefix: str = "/fcm/"
+    fcm_workers: int = 8
 
     @classmethod
     def alias_value(cls, key: str, value: Any) -> Any:
@@ -555,6 +580,15 @@ class GubleConfig(DialectSection):
         for name in ("health_endpoint", "metrics_endpoint"):
             if getattr(self, name) and not getattr(self, name).startswith("/"):
                 raise ConfigError(f"guble.{name}: must be empty (off) or a path from /")
+        if self.fcm:
+            if not self.fcm_prefix.startswith("/") or self.fcm_prefix.rstrip("/") in ("", "/api", "/admin"):
+                raise ConfigError("guble.fcm_prefix: a path from / of its own, such as /fcm/")
+            if self.fcm_workers <= 0:
+                raise ConfigError("guble.fcm_workers: must be positive")
+            if not self.fcm_credentials_file and not self.fcm_api_key:
+                raise ConfigError(
+                    "guble.fcm needs guble.fcm_api_key (legacy) or guble.fcm_credentials_file (v1)"
+                )
 
 
 SPEC: Final = DialectSpec(

@@ -36,7 +36,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
@@ -213,6 +213,7 @@ class Connector:
         dead_letter: str = "/hubbub/dead-letter",
         batch_max: int = 64,
         hold_poll_s: float = 1.0,
+        on_removed: Callable[[Route], Awaitable[None]] | None = None,
     ) -> None:
         self.name = name
         self._node = node
@@ -224,6 +225,8 @@ class Connector:
         self.dead_letter = dead_letter.rstrip("/")
         self._batch_max = batch_max
         self._hold_poll_s = hold_poll_s
+        #: Told of a route removed because its target is gone (guble's connectors forget the device).
+        self._on_removed = on_removed
         self.stats = ConnectorStats()
         self._routes: dict[str, _RouteState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -245,6 +248,11 @@ class Connector:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         await self.provider.aclose()
+
+    async def create(self, route: Route) -> None:
+        """Create ``route``'s consumer now, unless it exists: every event committed after this returns is
+        journaled for it (a route's task would otherwise create it at its first open, a little later)."""
+        await self._consumers.create(self._spec(route), identity=CONNECTOR_IDENTITY, dialect=DIALECT)
 
     def add(self, route: Route) -> None:
         """Start delivering ``route`` (creating its consumer at its first open)."""
@@ -340,6 +348,8 @@ class Connector:
                         await self._consumers.delete(
                             route.consumer, identity=CONNECTOR_IDENTITY, dialect=DIALECT
                         )
+                        if self._on_removed is not None:
+                            await self._on_removed(route)
                         return True
                 await opener.ack(got.number)
         finally:

@@ -75,6 +75,7 @@ class Connectors:
         )
         self.by_name[hooks.name] = hooks
         for r in wanted.values():
+            await hooks.create(r)  # journaled from now on, even before its task opens it
             hooks.add(r)
 
     async def close(self) -> None:

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -45,7 +45,8 @@ from hubbub.log.base import AppendRequest, AppendResult
 from hubbub.selection import LIVE, LiveOnly, SubtreeFetch
 
 from .binding import Mounted, Wiring
-from .http import HttpSettings, raw_rest, request_identity, text_response
+from .guble_connectors import DeviceConnector, fcm_connector
+from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
 from .wire import DialectWire
 from .ws_driver import run_websocket, upgradable
@@ -610,8 +611,29 @@ def install(app: web.Application, node: Core, http: HttpSettings, *, settings: G
     app.router.add_route("*", "/admin/router", hub.router)
 
 
+class GubleMounted(Mounted):
+    """guble wired on a node, with its device connectors (``guble.fcm``): their routes are installed with
+    guble's, their deliveries start once the listeners are up and stop first."""
+
+    def __init__(self, installer: RouteInstaller, devices: list[DeviceConnector]) -> None:
+        super().__init__(gc.SPEC, installer)
+        self.devices = devices
+
+    def links(self) -> Iterable[AbstractAsyncContextManager[object]]:
+        return self.devices
+
+
 async def mount(w: Wiring) -> Mounted:
-    """guble's binding (``guble.SPEC``): its settings from the ``guble`` section, its routes."""
+    """guble's binding (``guble.SPEC``): its settings from the ``guble`` section, its routes, and its
+    device connectors."""
     cfg = w.config.section(gc.GubleConfig)
-    settings = GubleSettings(cfg.node_id, cfg.health_endpoint, cfg.metrics_endpoint, auth=w.auth("guble"))
-    return Mounted(gc.SPEC, functools.partial(install, settings=settings))
+    auth = w.auth("guble")
+    settings = GubleSettings(cfg.node_id, cfg.health_endpoint, cfg.metrics_endpoint, auth=auth)
+    devices = [await fcm_connector(w, cfg, auth)] if cfg.fcm else []
+
+    def installer(app: web.Application, node: Core, http: HttpSettings) -> None:
+        install(app, node, http, settings=settings)
+        for d in devices:
+            d.install(app)
+
+    return GubleMounted(installer, devices)

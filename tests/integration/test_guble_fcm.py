@@ -1,0 +1,160 @@
+"""guble's FCM connector (docs/connectors.md, docs/dialects/guble.md) against a local server playing FCM
+(HTTP v1 with its OAuth2 token endpoint, and the legacy API): devices subscribed over guble's REST API get
+every message of their topic's subtree in order, the subscriptions survive a restart, an unregistered device
+is removed, a new token is substituted without losing what was pending, and FCM down comes back in order."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from hubbub.auth import ANONYMOUS
+from hubbub.events import Publisher
+from hubbub.log.base import AppendRequest
+from hubbub.server import Server
+from hubbub.server_config import load_config
+
+from .fcm_server import LEGACY_KEY, UNREGISTERED, FcmServer
+
+
+def _v1_cli(tmp_path: Path, fcm: FcmServer) -> dict[str, Any]:
+    return {
+        "data_dir": str(tmp_path / "data"),
+        "guble.fcm": "true",
+        "guble.fcm_credentials_file": str(fcm.service_account(tmp_path / "sa.json")),
+        "guble.fcm_endpoint": fcm.base,
+    }
+
+
+async def _publish(srv: Server, channel: str, payloads: list[bytes]) -> None:
+    assert srv.node is not None
+    for p in payloads:
+        await srv.node.publish(
+            AppendRequest(channel, Publisher("guble"), p, "application/json"), None, ANONYMOUS
+        )
+
+
+async def _call(srv: Server, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    url = f"http://127.0.0.1:{srv.ports['http']}{path}"
+    data = None if body is None else orjson.dumps(body)
+    async with aiohttp.ClientSession() as s, s.request(method, url, data=data) as r:
+        return r.status, orjson.loads(await r.read())
+
+
+def test_subscribe_over_rest_and_receive_every_message_in_order_v1(tmp_path: Path) -> None:
+    """A device subscribed to /news gets the 20 messages of /news and /news/sport in commit order (one
+    OAuth2 token for all of them), not /other's; the REST answers are guble's; the subscription survives a
+    restart and delivers the messages published after it."""
+
+    async def body() -> None:
+        fcm = await FcmServer().start()
+        cli = _v1_cli(tmp_path, fcm)
+        async with Server(load_config(cli=cli, env={})) as srv:
+            assert await _call(srv, "POST", "/fcm/dev-1/user-1/news") == (200, {"subscribed": "/news"})
+            assert await _call(srv, "POST", "/fcm/dev-1/user-1/news") == (
+                200,
+                {"error": "subscription already exists"},
+            )
+            assert await _call(srv, "POST", "/fcm/dev-2/user-2/other") == (200, {"subscribed": "/other"})
+            msgs = [orjson.dumps({"n": i, "title": f"t{i}"}) for i in range(1, 21)]
+            await _publish(srv, "/news", msgs[:10])
+            await _publish(srv, "/news/sport", msgs[10:])
+            await fcm.wait(lambda: len(fcm.delivered) >= 20)
+            assert [d for d, _ in fcm.delivered] == ["dev-1"] * 20
+            assert [m["data"]["n"] for _, m in fcm.delivered] == [str(i) for i in range(1, 21)]
+            assert fcm.delivered[0][1]["data"]["title"] == "t1"
+            assert fcm.tokens_issued == 1
+            assert await _call(srv, "GET", "/fcm/?user_id=user-1") == (200, ["news"])
+            assert await _call(srv, "GET", "/fcm/") == (200, ["news", "other"])
+        async with Server(load_config(cli=cli, env={})) as srv:
+            await _publish(srv, "/news", [b"after restart"])
+            await fcm.wait(lambda: len(fcm.delivered) >= 21)
+            assert fcm.delivered[20] == ("dev-1", {"token": "dev-1", "data": {"message": "after restart"}})
+            assert await _call(srv, "DELETE", "/fcm/dev-1/user-1/news") == (200, {"unsubscribed": "news"})
+            assert await _call(srv, "DELETE", "/fcm/dev-1/user-1/news") == (
+                404,
+                {"error": "subscription not found"},
+            )
+            assert await _call(srv, "GET", "/fcm/") == (200, ["other"])
+        await fcm.stop()
+
+    asyncio.run(body())
+
+
+def test_unregistered_device_is_removed_and_fcm_down_keeps_order(tmp_path: Path) -> None:
+    """FCM answers 503 (Retry-After 0) to the first three sends, then delivers: the healthy device gets every
+    message in order. The device FCM calls UNREGISTERED is removed: from the list and from the file."""
+
+    async def body() -> None:
+        down = 3
+
+        def answer(token: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+            nonlocal down
+            if token == "gone":
+                return UNREGISTERED
+            if down:
+                down -= 1
+                return 503, {"error": {"code": 503, "status": "UNAVAILABLE"}}, {"Retry-After": "0"}
+            return 200, {}, {}
+
+        fcm = await FcmServer(answer=answer).start()
+        async with Server(load_config(cli=_v1_cli(tmp_path, fcm), env={})) as srv:
+            assert (await _call(srv, "POST", "/fcm/ok/u/t"))[0] == 200
+            assert (await _call(srv, "POST", "/fcm/gone/u/t"))[0] == 200
+            await _publish(srv, "/t", [f'{{"i":{i}}}'.encode() for i in range(1, 11)])
+            await fcm.wait(lambda: len(fcm.delivered) >= 10)
+            assert [m["data"]["i"] for _, m in fcm.delivered] == [str(i) for i in range(1, 11)]
+            assert {d for d, _ in fcm.delivered} == {"ok"}
+            stored = tmp_path / "data" / "connectors" / "fcm.json"
+
+            def devices() -> list[str]:
+                subs = orjson.loads(stored.read_bytes())["subscriptions"]
+                return [e["device_token"] for e in subs.values()]
+
+            # (The removal is written after FCM's answer and nothing tells it: poll the file.)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while devices() != ["ok"]:
+                assert loop.time() < deadline, devices()
+                await asyncio.sleep(0.01)
+            assert await _call(srv, "GET", "/fcm/") == (200, ["t"])
+        await fcm.stop()
+
+    asyncio.run(body())
+
+
+def test_substitute_keeps_what_was_pending_legacy(tmp_path: Path) -> None:
+    """Legacy API (guble's key): while FCM refuses, three messages wait for device old-tok; substituting its
+    token (POST /fcm/substitute/) sends them, in order, to the new token."""
+
+    async def body() -> None:
+        up = asyncio.Event()
+        fcm = FcmServer(answer=lambda t: (200, {}, {}) if up.is_set() else (500, {}, {"Retry-After": "0"}))
+        await fcm.start()
+        cli = {
+            "data_dir": str(tmp_path / "data"),
+            "guble.fcm": "true",
+            "guble.fcm_api_key": LEGACY_KEY,
+            "guble.fcm_endpoint": f"{fcm.base}/fcm/send",
+        }
+        async with Server(load_config(cli=cli, env={})) as srv:
+            assert (await _call(srv, "POST", "/fcm/old-tok/u/t"))[0] == 200
+            await _publish(srv, "/t", [b"a", b"b", b"c"])
+            await fcm.wait(lambda: fcm.sends >= 2)
+            sub = {"field": "device_token", "old_value": "old-tok", "new_value": "new-tok"}
+            assert await _call(srv, "POST", "/fcm/substitute/", sub) == (200, {"modified": 1})
+            up.set()
+            await fcm.wait(lambda: len(fcm.delivered) >= 3)
+            assert [(d, m["data"]["message"]) for d, m in fcm.delivered] == [
+                ("new-tok", "a"),
+                ("new-tok", "b"),
+                ("new-tok", "c"),
+            ]
+            assert await _call(srv, "GET", "/fcm/?device_token=new-tok") == (200, ["t"])
+        await fcm.stop()
+
+    asyncio.run(body())
