@@ -11,8 +11,10 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
 from hubbub.auth import ANONYMOUS
+from hubbub.config import ConfigError
 from hubbub.events import Publisher
 from hubbub.log.base import AppendRequest
 from hubbub.server import Server
@@ -158,3 +160,20 @@ def test_substitute_keeps_what_was_pending_legacy(tmp_path: Path) -> None:
         await fcm.stop()
 
     asyncio.run(body())
+
+
+def test_fcm_configuration_is_checked() -> None:
+    """guble's FCM options are read under guble's names, and refused without a key or with workers."""
+    cfg = load_config(cli={"--fcm": "true", "--fcm-api-key": "k", "--fcm-workers": "3"}, env={}).validate()
+    guble = cfg.dialects["guble"]
+    assert (guble.fcm, str(guble.fcm_api_key), guble.fcm_workers) == (True, "k", 3)  # type: ignore[attr-defined]
+    assert repr(guble.fcm_api_key) == "'***'"  # type: ignore[attr-defined]
+    env = {"GUBLE_FCM": "true", "GUBLE_FCM_API_KEY": "k2", "GUBLE_FCM_PREFIX": "/push/"}
+    guble = load_config(cli={}, env=env).validate().dialects["guble"]
+    assert (str(guble.fcm_api_key), guble.fcm_prefix) == ("k2", "/push/")  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"guble\.fcm needs guble\.fcm_api_key"):
+        load_config(cli={"guble.fcm": "true"}, env={}).validate()
+    with pytest.raises(ConfigError, match=r"server\.workers = 1"):
+        load_config(
+            cli={"guble.fcm": "true", "guble.fcm_api_key": "k", "server.workers": "2"}, env={}
+        ).validate()
