@@ -261,6 +261,9 @@ class Server:
         for binding in BINDINGS:
             if binding.enabled(cfg):
                 self.dialects[binding.spec.name] = await binding.mount(wiring)
+        for mounted in self.dialects.values():
+            for connector in mounted.connectors():
+                self.connectors.show(connector)
         installers = [m.installer for m in self.dialects.values() if m.installer is not None]
         installers.append(self.connectors.installer)
         app, self._native_http = build_app(node, http_settings, installers)

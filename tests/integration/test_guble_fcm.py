@@ -72,6 +72,10 @@ def test_subscribe_over_rest_and_receive_every_message_in_order_v1(tmp_path: Pat
             assert fcm.tokens_issued == 1
             assert await _call(srv, "GET", "/fcm/?user_id=user-1") == (200, ["news"])
             assert await _call(srv, "GET", "/fcm/") == (200, ["news", "other"])
+            status, st = await _call(srv, "GET", "/api/v1/connectors")
+            assert status == 200
+            (fcm_status,) = [c for c in st["connectors"] if c["name"] == "fcm"]
+            assert fcm_status["sent"] == 20 and len(fcm_status["subscriptions"]) == 2
         async with Server(load_config(cli=cli, env={})) as srv:
             await _publish(srv, "/news", [b"after restart"])
             await fcm.wait(lambda: len(fcm.delivered) >= 21)

@@ -30,6 +30,7 @@ from hubbub.config import Config, parse_listen
 from hubbub.core.api import ConsumerService, Core
 from hubbub.dialects.spec import DialectSpec
 
+from .connector import Connector
 from .http import HttpSettings, RouteInstaller
 from .pump import quietly
 from .stream_listener import StreamListener
@@ -73,6 +74,11 @@ class Mounted:
     def links(self) -> Iterable[AbstractAsyncContextManager[object]]:
         """The links this dialect opens to other servers: entered last by the server (they start once
         everything else is up) and left first (they must not reconnect while the node stops)."""
+        return ()
+
+    def connectors(self) -> Iterable[Connector]:
+        """The push connectors this dialect delivers with (guble's FCM): shown at ``/api/v1/connectors``
+        and in ``/metrics`` beside the webhooks; the dialect starts and stops them itself."""
         return ()
 
     def connections(self) -> Iterable[asyncio.Task[None]]:

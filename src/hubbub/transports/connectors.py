@@ -34,6 +34,8 @@ class Connectors:
         self._consumers = consumers
         self._config = config
         self.by_name: dict[str, Connector] = {}
+        #: The connectors built here (the webhooks), which :meth:`close` stops; the others are shown only.
+        self._owned: list[Connector] = []
 
     async def __aenter__(self) -> Connectors:
         await self.start()
@@ -74,12 +76,17 @@ class Connectors:
             hold_poll_s=self._config.cluster.poll_interval_s,
         )
         self.by_name[hooks.name] = hooks
+        self._owned.append(hooks)
         for r in wanted.values():
             await hooks.create(r)  # journaled from now on, even before its task opens it
             hooks.add(r)
 
+    def show(self, connector: Connector) -> None:
+        """Show a connector another part runs (a dialect's) in the status and the metrics."""
+        self.by_name[connector.name] = connector
+
     async def close(self) -> None:
-        for c in self.by_name.values():
+        for c in self._owned:
             await c.close()
 
     async def status(self) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from hubbub.log.base import AppendRequest, AppendResult
 from hubbub.selection import LIVE, LiveOnly, SubtreeFetch
 
 from .binding import Mounted, Wiring
+from .connector import Connector
 from .guble_connectors import DeviceConnector, fcm_connector
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
@@ -621,6 +622,9 @@ class GubleMounted(Mounted):
 
     def links(self) -> Iterable[AbstractAsyncContextManager[object]]:
         return self.devices
+
+    def connectors(self) -> Iterable[Connector]:
+        return [d.connector for d in self.devices]
 
 
 async def mount(w: Wiring) -> Mounted:
