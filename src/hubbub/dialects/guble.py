@@ -531,6 +531,19 @@ class GubleConfig(DialectSection):
         "Google's)",
         "fcm_prefix": "path prefix of the FCM connector's REST routes",
         "fcm_workers": "FCM requests in flight at once, over all device subscriptions",
+        "apns": "serve guble's APNs connector: device subscriptions at guble.apns_prefix, each topic's "
+        "messages pushed to Apple's push service over HTTP/2 durably (docs/connectors.md)",
+        "apns_production": "push to Apple's production service (false: the sandbox)",
+        "apns_cert_file": "the APNs client certificate: a .p12 file (guble's) or a PEM chain with its key",
+        "apns_cert_password": "the password of apns_cert_file",
+        "apns_app_topic": "the app's bundle id, sent as apns-topic",
+        "apns_prefix": "path prefix of the APNs connector's REST routes",
+        "apns_workers": "APNs requests in flight at once, over all device subscriptions",
+        "apns_key_file": "a .p8 signing key: authenticate with ES256 provider tokens, not a certificate",
+        "apns_key_id": "the key id of apns_key_file",
+        "apns_team_id": "the team id that signs the provider tokens",
+        "apns_endpoint": "the APNs base URL (empty: Apple's, production or sandbox)",
+        "apns_ca_file": "more CA certificates to trust for the APNs endpoint (PEM): a private relay's",
     }
     ENV_ALIASES: ClassVar[Mapping[str, str]] = {
         "GUBLE_HTTP_LISTEN": "http.listen",
@@ -543,6 +556,13 @@ class GubleConfig(DialectSection):
         "GUBLE_FCM_ENDPOINT": "guble.fcm_endpoint",
         "GUBLE_FCM_PREFIX": "guble.fcm_prefix",
         "GUBLE_FCM_WORKERS": "guble.fcm_workers",
+        "GUBLE_APNS": "guble.apns",
+        "GUBLE_APNS_PRODUCTION": "guble.apns_production",
+        "GUBLE_APNS_CERT_FILE": "guble.apns_cert_file",
+        "GUBLE_APNS_CERT_PASSWORD": "guble.apns_cert_password",
+        "GUBLE_APNS_APP_TOPIC": "guble.apns_app_topic",
+        "GUBLE_APNS_PREFIX": "guble.apns_prefix",
+        "GUBLE_APNS_WORKERS": "guble.apns_workers",
     }
     FLAG_ALIASES: ClassVar[Mapping[str, str]] = {
         "--http": "http.listen",
@@ -555,6 +575,13 @@ class GubleConfig(DialectSection):
         "--fcm-endpoint": "guble.fcm_endpoint",
         "--fcm-prefix": "guble.fcm_prefix",
         "--fcm-workers": "guble.fcm_workers",
+        "--apns": "guble.apns",
+        "--apns-production": "guble.apns_production",
+        "--apns-cert-file": "guble.apns_cert_file",
+        "--apns-cert-password": "guble.apns_cert_password",
+        "--apns-app-topic": "guble.apns_app_topic",
+        "--apns-prefix": "guble.apns_prefix",
+        "--apns-workers": "guble.apns_workers",
     }
     ENV_PREFIX: ClassVar[str] = "GUBLE_"
     enabled: bool = True
@@ -568,6 +595,18 @@ class GubleConfig(DialectSection):
     fcm_endpoint: str = ""
     fcm_prefix: str = "/fcm/"
     fcm_workers: int = 8
+    apns: bool = False
+    apns_production: bool = False
+    apns_cert_file: str = ""
+    apns_cert_password: Secret = field(default_factory=lambda: Secret(""))
+    apns_app_topic: str = ""
+    apns_prefix: str = "/apns/"
+    apns_workers: int = 8
+    apns_key_file: str = ""
+    apns_key_id: str = ""
+    apns_team_id: str = ""
+    apns_endpoint: str = ""
+    apns_ca_file: str = ""
 
     @classmethod
     def alias_value(cls, key: str, value: Any) -> Any:
@@ -592,6 +631,24 @@ class GubleConfig(DialectSection):
                 raise ConfigError(
                     "guble.fcm needs guble.fcm_api_key (legacy) or guble.fcm_credentials_file (v1)"
                 )
+        if self.apns:
+            self._check_apns(config)
+
+    def _check_apns(self, config: Config) -> None:
+        if not self.apns_prefix.startswith("/") or self.apns_prefix.rstrip("/") in ("", "/api", "/admin"):
+            raise ConfigError("guble.apns_prefix: a path from / of its own, such as /apns/")
+        if self.fcm and self.apns_prefix.strip("/") == self.fcm_prefix.strip("/"):
+            raise ConfigError("guble.apns_prefix: the same as guble.fcm_prefix")
+        if self.apns_workers <= 0:
+            raise ConfigError("guble.apns_workers: must be positive")
+        if config.server.workers != 1:
+            raise ConfigError("guble.apns needs server.workers = 1 (the device registry is one process's)")
+        if not self.apns_app_topic:
+            raise ConfigError("guble.apns needs guble.apns_app_topic (the app's bundle id)")
+        if bool(self.apns_cert_file) == bool(self.apns_key_file):
+            raise ConfigError("guble.apns needs one of guble.apns_cert_file and guble.apns_key_file")
+        if self.apns_key_file and not (self.apns_key_id and self.apns_team_id):
+            raise ConfigError("guble.apns_key_file needs guble.apns_key_id and guble.apns_team_id")
 
 
 SPEC: Final = DialectSpec(

@@ -46,7 +46,7 @@ from hubbub.selection import LIVE, LiveOnly, SubtreeFetch
 
 from .binding import Mounted, Wiring
 from .connector import Connector
-from .guble_connectors import DeviceConnector, fcm_connector
+from .guble_connectors import DeviceConnector, apns_connector, fcm_connector
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
 from .wire import DialectWire
@@ -634,6 +634,8 @@ async def mount(w: Wiring) -> Mounted:
     auth = w.auth("guble")
     settings = GubleSettings(cfg.node_id, cfg.health_endpoint, cfg.metrics_endpoint, auth=auth)
     devices = [await fcm_connector(w, cfg, auth)] if cfg.fcm else []
+    if cfg.apns:
+        devices.append(await apns_connector(w, cfg, auth))
 
     def installer(app: web.Application, node: Core, http: HttpSettings) -> None:
         install(app, node, http, settings=settings)

@@ -41,12 +41,13 @@ from hubbub.dialects import guble as gc
 from hubbub.errors import BadChannel
 from hubbub.log.consumers import ConsumerSpec
 
+from .apns import PRODUCTION, SANDBOX, ApnsProvider, client_context
 from .binding import Wiring
 from .connector import Connector, Provider, Route
 from .fcm import FcmLegacy, FcmV1, load_service_account
 from .http import request_identity
 
-__all__ = ["DeviceConnector", "DeviceRegistry", "fcm_connector"]
+__all__ = ["DeviceConnector", "DeviceRegistry", "apns_connector", "fcm_connector"]
 
 log = logging.getLogger("hubbub.connectors")
 
@@ -233,7 +234,32 @@ async def fcm_connector(w: Wiring, cfg: gc.GubleConfig, auth: bool) -> DeviceCon
         provider = FcmV1(account, cfg.fcm_endpoint, connections=cfg.fcm_workers)
     else:
         provider = FcmLegacy(str(cfg.fcm_api_key), cfg.fcm_endpoint, connections=cfg.fcm_workers)
-    registry = DeviceRegistry(Path(w.config.storage.data_dir) / "connectors" / "fcm.json")
+    return await _device_connector(w, "fcm", cfg.fcm_prefix, provider, cfg.fcm_workers, auth)
+
+
+async def apns_connector(w: Wiring, cfg: gc.GubleConfig, auth: bool) -> DeviceConnector:
+    """guble's APNs connector: HTTP/2 with the client certificate, or provider tokens from the .p8 key."""
+    context = await asyncio.to_thread(
+        client_context, cfg.apns_cert_file, str(cfg.apns_cert_password), cfg.apns_ca_file
+    )
+    key = await asyncio.to_thread(Path(cfg.apns_key_file).read_text) if cfg.apns_key_file else ""
+    endpoint = cfg.apns_endpoint or (PRODUCTION if cfg.apns_production else SANDBOX)
+    provider = ApnsProvider(
+        endpoint,
+        cfg.apns_app_topic,
+        context,
+        key_pem=key,
+        key_id=cfg.apns_key_id,
+        team_id=cfg.apns_team_id,
+        connections=cfg.apns_workers,
+    )
+    return await _device_connector(w, "apns", cfg.apns_prefix, provider, cfg.apns_workers, auth)
+
+
+async def _device_connector(
+    w: Wiring, name: str, prefix: str, provider: Provider, workers: int, auth: bool
+) -> DeviceConnector:
+    registry = DeviceRegistry(Path(w.config.storage.data_dir) / "connectors" / f"{name}.json")
     await asyncio.to_thread(registry.load)
     holder: list[DeviceConnector] = []
 
@@ -241,14 +267,14 @@ async def fcm_connector(w: Wiring, cfg: gc.GubleConfig, auth: bool) -> DeviceCon
         await holder[0].removed(route)
 
     conn = Connector(
-        "fcm",
+        name,
         w.node,
         w.consumers,
         provider,
-        workers=cfg.fcm_workers,
+        workers=workers,
         hold_poll_s=w.config.cluster.poll_interval_s,
         on_removed=removed,
     )
-    device = DeviceConnector("fcm", cfg.fcm_prefix, w.node, conn, registry, auth=auth)
+    device = DeviceConnector(name, prefix, w.node, conn, registry, auth=auth)
     holder.append(device)
     return device
