@@ -543,6 +543,13 @@ class GubleConfig(DialectSection):
         "apns_key_id": "the key id of apns_key_file",
         "apns_team_id": "the team id that signs the provider tokens",
         "apns_endpoint": "the APNs base URL (empty: Apple's, production or sandbox)",
+        "sms": "serve guble's SMS gateway: every message on guble.sms_topic ({to, from, text}) sent through "
+        "Vonage (Nexmo) durably (docs/connectors.md)",
+        "sms_api_key": "the Vonage API key",
+        "sms_api_secret": "the Vonage API secret",
+        "sms_topic": "the topic whose messages (and its subtree's) are text messages to send",
+        "sms_workers": "accepted for guble's --sms-workers; the gateway sends one message at a time",
+        "sms_endpoint": "the Vonage SMS API URL (empty: Vonage's)",
         "apns_ca_file": "more CA certificates to trust for the APNs endpoint (PEM): a private relay's",
     }
     ENV_ALIASES: ClassVar[Mapping[str, str]] = {
@@ -563,6 +570,11 @@ class GubleConfig(DialectSection):
         "GUBLE_APNS_APP_TOPIC": "guble.apns_app_topic",
         "GUBLE_APNS_PREFIX": "guble.apns_prefix",
         "GUBLE_APNS_WORKERS": "guble.apns_workers",
+        "GUBLE_SMS": "guble.sms",
+        "GUBLE_SMS_API_KEY": "guble.sms_api_key",
+        "GUBLE_SMS_API_SECRET": "guble.sms_api_secret",
+        "GUBLE_SMS_TOPIC": "guble.sms_topic",
+        "GUBLE_SMS_WORKERS": "guble.sms_workers",
     }
     FLAG_ALIASES: ClassVar[Mapping[str, str]] = {
         "--http": "http.listen",
@@ -582,6 +594,11 @@ class GubleConfig(DialectSection):
         "--apns-app-topic": "guble.apns_app_topic",
         "--apns-prefix": "guble.apns_prefix",
         "--apns-workers": "guble.apns_workers",
+        "--sms": "guble.sms",
+        "--sms-api-key": "guble.sms_api_key",
+        "--sms-api-secret": "guble.sms_api_secret",
+        "--sms-topic": "guble.sms_topic",
+        "--sms-workers": "guble.sms_workers",
     }
     ENV_PREFIX: ClassVar[str] = "GUBLE_"
     enabled: bool = True
@@ -607,6 +624,12 @@ class GubleConfig(DialectSection):
     apns_team_id: str = ""
     apns_endpoint: str = ""
     apns_ca_file: str = ""
+    sms: bool = False
+    sms_api_key: Secret = field(default_factory=lambda: Secret(""))
+    sms_api_secret: Secret = field(default_factory=lambda: Secret(""))
+    sms_topic: str = "/sms"
+    sms_workers: int = 1
+    sms_endpoint: str = ""
 
     @classmethod
     def alias_value(cls, key: str, value: Any) -> Any:
@@ -633,6 +656,11 @@ class GubleConfig(DialectSection):
                 )
         if self.apns:
             self._check_apns(config)
+        if self.sms:
+            if not self.sms_topic.startswith("/") or self.sms_topic == "/":
+                raise ConfigError("guble.sms_topic: a topic such as /sms")
+            if not (self.sms_api_key and self.sms_api_secret):
+                raise ConfigError("guble.sms needs guble.sms_api_key and guble.sms_api_secret")
 
     def _check_apns(self, config: Config) -> None:
         if not self.apns_prefix.startswith("/") or self.apns_prefix.rstrip("/") in ("", "/api", "/admin"):

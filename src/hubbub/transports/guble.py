@@ -49,6 +49,7 @@ from .connector import Connector
 from .guble_connectors import DeviceConnector, apns_connector, fcm_connector
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
+from .sms import SmsGateway
 from .wire import DialectWire
 from .ws_driver import run_websocket, upgradable
 
@@ -616,15 +617,18 @@ class GubleMounted(Mounted):
     """guble wired on a node, with its device connectors (``guble.fcm``): their routes are installed with
     guble's, their deliveries start once the listeners are up and stop first."""
 
-    def __init__(self, installer: RouteInstaller, devices: list[DeviceConnector]) -> None:
+    def __init__(
+        self, installer: RouteInstaller, devices: list[DeviceConnector], sms: SmsGateway | None
+    ) -> None:
         super().__init__(gc.SPEC, installer)
         self.devices = devices
+        self.sms = sms
 
     def links(self) -> Iterable[AbstractAsyncContextManager[object]]:
-        return self.devices
+        return [*self.devices, *([self.sms] if self.sms is not None else [])]
 
     def connectors(self) -> Iterable[Connector]:
-        return [d.connector for d in self.devices]
+        return [d.connector for d in self.devices] + ([self.sms.connector] if self.sms is not None else [])
 
 
 async def mount(w: Wiring) -> Mounted:
@@ -636,10 +640,14 @@ async def mount(w: Wiring) -> Mounted:
     devices = [await fcm_connector(w, cfg, auth)] if cfg.fcm else []
     if cfg.apns:
         devices.append(await apns_connector(w, cfg, auth))
+    sms = None
+    if cfg.sms:
+        sms = SmsGateway(w.node, w.consumers, cfg, w.config.cluster.poll_interval_s)
+        await sms.prepare(w.consumers)
 
     def installer(app: web.Application, node: Core, http: HttpSettings) -> None:
         install(app, node, http, settings=settings)
         for d in devices:
             d.install(app)
 
-    return GubleMounted(installer, devices)
+    return GubleMounted(installer, devices, sms)
