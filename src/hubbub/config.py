@@ -59,6 +59,7 @@ __all__ = [
     "TlsConfig",
     "WebhooksConfig",
     "alias_flags",
+    "check_webhook",
     "config_keys",
     "env_name",
     "flag_name",
@@ -431,24 +432,29 @@ class WebhooksConfig(Section):
         if not self.dead_letter.startswith("/") or self.dead_letter.rstrip("/") == "":
             raise ConfigError("webhooks.dead_letter: a channel prefix such as /hubbub/dead-letter")
         for name, hook in self.hooks.items():
-            where = f"webhooks.hooks.{name}"
-            if not _HOOK_NAME.fullmatch(name):
-                raise ConfigError(f"{where}: a hook's name is 1 to 64 of A-Z a-z 0-9 _ -")
-            if not isinstance(hook, Mapping):
-                raise ConfigError(f"{where}: expected a table with url and pattern")
-            if extra := set(hook) - _HOOK_FIELDS:
-                raise ConfigError(f"{where}: unknown {', '.join(sorted(extra))} (url, pattern, secret, tags)")
-            url = hook.get("url")
-            if not isinstance(url, str) or not url.lower().startswith(("http://", "https://")):
-                raise ConfigError(f"{where}.url: an http:// or https:// URL")
-            pattern = hook.get("pattern")
-            if not isinstance(pattern, str) or not pattern.startswith("/"):
-                raise ConfigError(f"{where}.pattern: a native pattern such as /orders/**")
-            if not isinstance(hook.get("secret", ""), str):
-                raise ConfigError(f"{where}.secret: a string")
-            tags = hook.get("tags", [])
-            if not isinstance(tags, list | tuple) or not all(isinstance(t, str) for t in tags):
-                raise ConfigError(f"{where}.tags: a list of strings")
+            check_webhook(f"webhooks.hooks.{name}", name, hook)
+
+
+def check_webhook(where: str, name: str, hook: Any) -> None:
+    """Raise :class:`ConfigError` (its message starting with ``where``) unless ``hook`` is a webhook's
+    definition: a table with ``url``, ``pattern`` and optional ``secret`` and ``tags``, named ``name``."""
+    if not _HOOK_NAME.fullmatch(name):
+        raise ConfigError(f"{where}: a hook's name is 1 to 64 of A-Z a-z 0-9 _ -")
+    if not isinstance(hook, Mapping):
+        raise ConfigError(f"{where}: expected a table with url and pattern")
+    if extra := set(hook) - _HOOK_FIELDS:
+        raise ConfigError(f"{where}: unknown {', '.join(sorted(extra))} (url, pattern, secret, tags)")
+    url = hook.get("url")
+    if not isinstance(url, str) or not url.lower().startswith(("http://", "https://")):
+        raise ConfigError(f"{where}.url: an http:// or https:// URL")
+    pattern = hook.get("pattern")
+    if not isinstance(pattern, str) or not pattern.startswith("/"):
+        raise ConfigError(f"{where}.pattern: a native pattern such as /orders/**")
+    if not isinstance(hook.get("secret", ""), str):
+        raise ConfigError(f"{where}.secret: a string")
+    tags = hook.get("tags", [])
+    if not isinstance(tags, list | tuple) or not all(isinstance(t, str) for t in tags):
+        raise ConfigError(f"{where}.tags: a list of strings")
 
 
 @dataclass(frozen=True, slots=True)

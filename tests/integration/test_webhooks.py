@@ -257,8 +257,8 @@ def test_bad_hooks_are_refused_naming_the_key(hooks: dict[str, Any], error: str)
 
 def test_status_is_for_admins_and_hooks_deliver_with_auth_on(tmp_path: Path) -> None:
     """With ``auth.mode = token`` the hooks still deliver (the connectors act as the server's own admin
-    identity), and ``GET /api/v1/connectors`` answers 401 without a token, 403 to a token that is not
-    admin, 200 to an admin token."""
+    identity), and ``GET /api/v1/connectors`` and ``/api/v1/webhooks`` answer 401 without a token, 403 to
+    a token that is not admin, 200 to an admin token; a PUT by a token that is not admin is 403."""
     tokens = {
         "tok-root": {"user": "root", "admin": True},
         "tok-bob": {"user": "bob", "publish": ["/**"], "subscribe": ["/**"]},
@@ -271,13 +271,67 @@ def test_status_is_for_admins_and_hooks_deliver_with_auth_on(tmp_path: Path) -> 
             await _publish(srv, "/orders/a", ["a", "b"])
             await rcv.wait(lambda: len(rcv.accepted) >= 2)
             assert _seqs(rcv.accepted) == [1, 2]
-            url = f"http://127.0.0.1:{srv.ports['http']}/api/v1/connectors"
-            statuses = []
-            for token in (None, "tok-bob", "tok-root"):
-                headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-                async with s.get(url, headers=headers) as r:
-                    statuses.append(r.status)
-            assert statuses == [401, 403, 200]
+            for path in ("/api/v1/connectors", "/api/v1/webhooks"):
+                url = f"http://127.0.0.1:{srv.ports['http']}{path}"
+                statuses = []
+                for token in (None, "tok-bob", "tok-root"):
+                    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+                    async with s.get(url, headers=headers) as r:
+                        statuses.append(r.status)
+                assert statuses == [401, 403, 200], path
+            url = f"http://127.0.0.1:{srv.ports['http']}/api/v1/webhooks/x"
+            hook = json.dumps({"url": rcv.url, "pattern": "/x"})
+            async with s.put(url, data=hook, headers={"Authorization": "Bearer tok-bob"}) as r:
+                assert r.status == 403
+        await rcv.stop()
+
+    asyncio.run(body())
+
+
+def test_webhooks_over_rest_persist_and_refuse_what_they_must(tmp_path: Path) -> None:
+    """``PUT /api/v1/webhooks/<name>`` adds a hook that delivers every event in order and survives a
+    restart; ``GET`` lists both kinds without secrets; a bad definition is 400, a hook of the file 409;
+    ``DELETE`` removes it with its consumer (404 after)."""
+
+    async def body() -> None:
+        rcv = await Receiver(SECRET).start()
+        cli = _cli(tmp_path, rcv.url)
+        hook = {"url": rcv.url, "pattern": "/api-made/**", "secret": SECRET}
+
+        async def call(srv: Server, method: str, path: str, data: Any = None) -> tuple[int, Any]:
+            url = f"http://127.0.0.1:{srv.ports['http']}{path}"
+            raw = None if data is None else json.dumps(data).encode()
+            async with aiohttp.ClientSession() as s, s.request(method, url, data=raw) as r:
+                return r.status, await r.json()
+
+        async with Server(load_config(cli=cli, env={})) as srv:
+            assert await call(srv, "PUT", "/api/v1/webhooks/made", hook) == (
+                201,
+                {"name": "made", "created": True},
+            )
+            assert (await call(srv, "PUT", "/api/v1/webhooks/made", hook))[0] == 200
+            assert (await call(srv, "PUT", "/api/v1/webhooks/orders", hook))[0] == 409
+            assert (await call(srv, "PUT", "/api/v1/webhooks/bad", {"url": "ftp://x", "pattern": "/a"}))[
+                0
+            ] == 400
+            await _publish(srv, "/api-made/x", ["a", "b", "c"])
+            await rcv.wait(lambda: len(rcv.accepted) >= 3)
+            assert [(b["hook"], b["seq"]) for b in rcv.accepted] == [("made", 1), ("made", 2), ("made", 3)]
+            status, listed = await call(srv, "GET", "/api/v1/webhooks")
+            assert status == 200
+            assert [(h["name"], h["source"], h["signed"]) for h in listed["webhooks"]] == [
+                ("orders", "config", True),
+                ("made", "api", True),
+            ]
+            assert "secret" not in listed["webhooks"][1]
+        async with Server(load_config(cli=cli, env={})) as srv:  # the API's hook is started again
+            await _publish(srv, "/api-made/x", ["d"])
+            await rcv.wait(lambda: len(rcv.accepted) >= 4)
+            assert [b["seq"] for b in rcv.accepted] == [1, 2, 3, 4]
+            assert await call(srv, "DELETE", "/api/v1/webhooks/made") == (200, {"deleted": "made"})
+            assert srv.consumers is not None and srv.consumers.info("webhook.made") is None
+            assert (await call(srv, "DELETE", "/api/v1/webhooks/made"))[0] == 404
+            assert (await call(srv, "DELETE", "/api/v1/webhooks/orders"))[0] == 409
         await rcv.stop()
 
     asyncio.run(body())

@@ -33,11 +33,14 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
+import os
 import random
+import secrets
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
 from hubbub.auth import Identity
@@ -60,6 +63,7 @@ __all__ = [
     "Route",
     "Sent",
     "parse_retry_after",
+    "write_atomically",
 ]
 
 log = logging.getLogger("hubbub.connectors")
@@ -445,3 +449,21 @@ class Connector:
             "backlog": sum(r["backlog"] for r in routes),
             "subscriptions": routes,
         }
+
+
+def write_atomically(path: Path, body: bytes) -> None:
+    """Replace ``path`` with ``body`` so that a crash leaves the old file or the new one, never a torn one:
+    a temporary file beside it, fsync'd, renamed over it, and the directory fsync'd. Blocking: call it on
+    a thread."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    with open(tmp, "wb") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -6,8 +6,10 @@ Concurrency contract: event loop thread only; :meth:`Connectors.start` once, bef
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,7 +21,8 @@ from hubbub.core.api import ConsumerService, Core
 
 from .connector import CONNECTOR_IDENTITY, DIALECT, Connector
 from .http import HttpSettings, request_identity
-from .webhook import CONSUMER_PREFIX, WebhookProvider, retry_policy, routes
+from .webhook import CONSUMER_PREFIX, WebhookProvider, retry_policy, route_of, routes
+from .webhook_admin import WebhookAdmin
 
 __all__ = ["ConnectorCollector", "Connectors"]
 
@@ -36,6 +39,8 @@ class Connectors:
         self.by_name: dict[str, Connector] = {}
         #: The connectors built here (the webhooks), which :meth:`close` stops; the others are shown only.
         self._owned: list[Connector] = []
+        #: ``/api/v1/webhooks`` (made by :meth:`start`).
+        self.admin: WebhookAdmin | None = None
 
     async def __aenter__(self) -> Connectors:
         await self.start()
@@ -45,10 +50,16 @@ class Connectors:
         await self.close()
 
     async def start(self) -> None:
-        """Build the configured connectors, delete the consumers of hooks no longer configured (their backlog
-        with them) and of hooks whose pattern or tags changed (started again empty), and start delivering."""
+        """Build the webhook connector from the configuration and the API's stored hooks, delete the
+        consumers of hooks no longer defined (their backlog with them) and of hooks whose pattern or tags
+        changed (started again empty), and start delivering."""
         cfg = self._config.webhooks
+        admin = self.admin = WebhookAdmin(
+            self._node, Path(self._config.storage.data_dir) / "connectors" / "webhooks.json", cfg.hooks
+        )
+        await asyncio.to_thread(admin.load)
         wanted = {r.consumer: r for r in routes(cfg)}
+        wanted.update({r.consumer: r for r in (route_of(n, h) for n, h in admin.hooks.items())})
         for info in await self._consumers.consumers():
             name = info.spec.name
             if not name.startswith(CONSUMER_PREFIX):
@@ -59,13 +70,11 @@ class Connectors:
             log.warning(
                 "webhook %s: %s, its %d undelivered events dropped",
                 name.removeprefix(CONSUMER_PREFIX),
-                "no longer configured" if r is None else "pattern or tags changed",
+                "no longer defined" if r is None else "pattern or tags changed",
                 info.pending,
             )
             await self._consumers.delete(name, identity=CONNECTOR_IDENTITY, dialect=DIALECT)
-        if not wanted:
-            return
-        hooks = Connector(
+        hooks = admin.connector = Connector(
             "webhook",
             self._node,
             self._consumers,
@@ -91,7 +100,7 @@ class Connectors:
 
     async def status(self) -> dict[str, Any]:
         """Every connector's figures and subscriptions, backlogs as the store counts them now."""
-        backlogs = {i.spec.name: i.pending for i in await self._consumers.consumers()} if self.by_name else {}
+        backlogs = {i.spec.name: i.pending for i in await self._consumers.consumers()}
         return {"connectors": [c.status(backlogs) for c in self.by_name.values()]}
 
     def installer(self, app: web.Application, node: Core, settings: HttpSettings) -> None:
@@ -103,6 +112,8 @@ class Connectors:
             return web.Response(status=200, body=body, content_type="application/json")
 
         app.router.add_get("/api/v1/connectors", status)
+        if self.admin is not None:
+            self.admin.install(app)
 
 
 class ConnectorCollector:

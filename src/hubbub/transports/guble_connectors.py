@@ -27,7 +27,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from hubbub.log.consumers import ConsumerSpec
 
 from .apns import PRODUCTION, SANDBOX, ApnsProvider, client_context
 from .binding import Wiring
-from .connector import Connector, Provider, Route
+from .connector import Connector, Provider, Route, write_atomically
 from .fcm import FcmLegacy, FcmV1, load_service_account
 from .http import request_identity
 
@@ -72,26 +71,11 @@ class DeviceRegistry:
     async def save(self) -> None:
         body = json.dumps({"format": 1, "subscriptions": self.entries}, sort_keys=True).encode()
         async with self._writing:
-            await asyncio.to_thread(_replace, self.path, body)
+            await asyncio.to_thread(write_atomically, self.path, body)
 
     def find(self, fields: dict[str, str]) -> str | None:
         """The consumer of the subscription with exactly these fields."""
         return next((c for c, e in self.entries.items() if e == fields), None)
-
-
-def _replace(path: Path, body: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    with open(tmp, "wb") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _json(status: int, body: Any) -> web.Response:

@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 import orjson
@@ -39,7 +40,7 @@ from hubbub.events import Event
 
 from .connector import Gone, Outcome, Refused, Retry, RetryPolicy, Route, Sent, parse_retry_after
 
-__all__ = ["WebhookProvider", "render_event", "retry_policy", "routes", "sign"]
+__all__ = ["WebhookProvider", "render_event", "retry_policy", "route_of", "routes", "sign"]
 
 #: The consumer name of hook ``NAME`` is ``webhook.NAME``.
 CONSUMER_PREFIX = "webhook."
@@ -84,14 +85,16 @@ def classify(status: int, retry_after: str | None) -> Outcome:
     return Refused(f"http_{status}")
 
 
+def route_of(name: str, hook: Mapping[str, Any]) -> Route:
+    """A hook's definition (checked: ``hubbub.config.check_webhook``) as a connector route."""
+    target = {"url": str(hook["url"]), "secret": str(hook.get("secret", ""))}
+    tags = tuple(sorted(set(hook.get("tags", ()))))
+    return Route(name, CONSUMER_PREFIX + name, str(hook["pattern"]), target, tags)
+
+
 def routes(cfg: WebhooksConfig) -> list[Route]:
     """The configured hooks as connector routes."""
-    out = []
-    for name, hook in cfg.hooks.items():
-        target = {"url": str(hook["url"]), "secret": str(hook.get("secret", ""))}
-        tags = tuple(sorted(set(hook.get("tags", ()))))
-        out.append(Route(name, CONSUMER_PREFIX + name, str(hook["pattern"]), target, tags))
-    return out
+    return [route_of(name, hook) for name, hook in cfg.hooks.items()]
 
 
 def retry_policy(cfg: WebhooksConfig) -> RetryPolicy:
