@@ -335,3 +335,31 @@ def test_webhooks_over_rest_persist_and_refuse_what_they_must(tmp_path: Path) ->
         await rcv.stop()
 
     asyncio.run(body())
+
+
+def test_two_workers_deliver_each_hook_from_one_of_them(tmp_path: Path) -> None:
+    """``--workers 2``: both worker processes run the hook, the consumer's hold lets one of them deliver it,
+    so each of 120 events arrives exactly once and in order (the other worker waits for the hold)."""
+    n = 120
+
+    async def body() -> None:
+        rcv = await Receiver(SECRET).start()
+        hooks = {"orders": {"url": rcv.url, "pattern": "/orders/**", "secret": SECRET}}
+        extra = ["--workers", "2", "--webhooks-hooks", json.dumps(hooks)]
+        start = ServerProcess(tmp_path / "data", extra).start
+        srv = await asyncio.to_thread(start, 60.0)
+        try:
+            async with aiohttp.ClientSession() as s:
+                for i in range(1, n + 1):  # (each POST lands on either worker)
+                    url = f"http://127.0.0.1:{srv.ports['http']}/api/v1/publish/orders/a"
+                    async with s.post(url, data=f"o{i}".encode()) as r:
+                        assert r.status == 200, await r.text()
+            await rcv.wait(lambda: len(rcv.accepted) >= n, wait_s=30)
+            assert _seqs(rcv.accepted) == list(range(1, n + 1))
+            assert [b["payload"] for b in rcv.accepted] == [f"o{i}" for i in range(1, n + 1)]
+            assert await asyncio.to_thread(srv.terminate) == 0
+        finally:
+            srv.kill()
+            await rcv.stop()
+
+    asyncio.run(body())
