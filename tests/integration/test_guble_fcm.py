@@ -181,3 +181,26 @@ def test_fcm_configuration_is_checked() -> None:
         load_config(
             cli={"guble.fcm": "true", "guble.fcm_api_key": "k", "server.workers": "2"}, env={}
         ).validate()
+
+
+def test_subscriptions_past_the_consumer_limit_are_refused(tmp_path: Path) -> None:
+    """Each device subscription is a durable consumer: past ``limits.max_consumers`` a subscription is
+    refused (400, nothing stored), and the same subscription asked twice at once is made once."""
+
+    async def body() -> None:
+        fcm = await FcmServer().start()
+        cli = {**_v1_cli(tmp_path, fcm), "limits.max_consumers": "1"}
+        async with Server(load_config(cli=cli, env={})) as srv:
+            first, again = await asyncio.gather(
+                _call(srv, "POST", "/fcm/d1/u/t"), _call(srv, "POST", "/fcm/d1/u/t")
+            )
+            assert sorted([first, again], key=str) == [
+                (200, {"error": "subscription already exists"}),
+                (200, {"subscribed": "/t"}),
+            ]
+            status, answer = await _call(srv, "POST", "/fcm/d2/u/t")
+            assert status == 400 and answer["error"].startswith("subscription refused")
+            assert await _call(srv, "GET", "/fcm/") == (200, ["t"])
+        await fcm.stop()
+
+    asyncio.run(body())

@@ -37,7 +37,7 @@ from aiohttp import web
 from hubbub.auth import Identity
 from hubbub.core.api import Core
 from hubbub.dialects import guble as gc
-from hubbub.errors import BadChannel
+from hubbub.errors import BadChannel, HubbubError
 from hubbub.log.consumers import ConsumerSpec
 
 from .apns import PRODUCTION, SANDBOX, ApnsProvider, client_context
@@ -193,10 +193,18 @@ class DeviceConnector:
         key = hashlib.sha256("\n".join(fields[f] for f in FIELDS).encode()).hexdigest()[:32]
         consumer = f"{self.name}.{key}-{secrets.token_hex(4)}"
         route = self.route(consumer, fields)
-        # The consumer first: every message published once the subscription is answered is journaled.
-        await self.connector.create(route)
+        # Claimed before any wait, so that the same request twice at once makes one subscription.
         self.registry.entries[consumer] = fields
-        await self.registry.save()  # before the answer: a subscription answered survives a crash
+        try:
+            # The consumer first: every message published once the subscription is answered is journaled.
+            await self.connector.create(route)
+            await self.registry.save()  # before the answer: a subscription answered survives a crash
+        except HubbubError as exc:  # too many consumers, a bad topic
+            del self.registry.entries[consumer]
+            return _json(400, {"error": f"subscription refused: {exc}"})
+        except BaseException:
+            self.registry.entries.pop(consumer, None)
+            raise
         self.connector.add(route)
         return _json(200, {"subscribed": fields["topic"]})
 
