@@ -204,3 +204,38 @@ def test_subscriptions_past_the_consumer_limit_are_refused(tmp_path: Path) -> No
         await fcm.stop()
 
     asyncio.run(body())
+
+
+def test_legacy_canonical_id_replaces_the_token(tmp_path: Path) -> None:
+    """The legacy API answers a canonical registration id: the next messages go to the new token, and the
+    subscription is listed and stored under it (as guble's connector replaced it)."""
+
+    async def body() -> None:
+        def answer(token: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+            if token == "old-tok":
+                canonical = {"message_id": "1", "registration_id": "new-tok"}
+                return 200, {"success": 1, "failure": 0, "canonical_ids": 1, "results": [canonical]}, {}
+            return 200, {}, {}
+
+        fcm = await FcmServer(answer=answer).start()
+        cli = {
+            "data_dir": str(tmp_path / "data"),
+            "guble.fcm": "true",
+            "guble.fcm_api_key": LEGACY_KEY,
+            "guble.fcm_endpoint": f"{fcm.base}/fcm/send",
+        }
+        async with Server(load_config(cli=cli, env={})) as srv:
+            assert (await _call(srv, "POST", "/fcm/old-tok/u/t"))[0] == 200
+            await _publish(srv, "/t", [b"a", b"b", b"c"])
+            await fcm.wait(lambda: len(fcm.delivered) >= 3)
+            assert [(d, m["data"]["message"]) for d, m in fcm.delivered] == [
+                ("old-tok", "a"),
+                ("new-tok", "b"),
+                ("new-tok", "c"),
+            ]
+            assert await _call(srv, "GET", "/fcm/?device_token=new-tok") == (200, ["t"])
+            stored = orjson.loads((tmp_path / "data" / "connectors" / "fcm.json").read_bytes())
+            assert [e["device_token"] for e in stored["subscriptions"].values()] == ["new-tok"]
+        await fcm.stop()
+
+    asyncio.run(body())

@@ -31,6 +31,7 @@ back to the consumer service (delivered again at the next start).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import logging
 import os
@@ -79,7 +80,10 @@ DEAD_HEADERS = ("x-dead-reason", "x-dead-channel", "x-dead-seq", "x-dead-epoch")
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """The provider took the item."""
+    """The provider took the item. ``target``: the provider named a new target for the route from now on
+    (FCM's canonical registration id): the route's target takes these values."""
+
+    target: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +222,7 @@ class Connector:
         batch_max: int = 64,
         hold_poll_s: float = 1.0,
         on_removed: Callable[[Route], Awaitable[None]] | None = None,
+        on_retargeted: Callable[[Route], Awaitable[None]] | None = None,
     ) -> None:
         self.name = name
         self._node = node
@@ -231,6 +236,8 @@ class Connector:
         self._hold_poll_s = hold_poll_s
         #: Told of a route removed because its target is gone (guble's connectors forget the device).
         self._on_removed = on_removed
+        #: Told of a route whose target the provider changed (guble's connectors store the new token).
+        self._on_retargeted = on_retargeted
         self.stats = ConnectorStats()
         self._routes: dict[str, _RouteState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -367,6 +374,8 @@ class Connector:
             outcome = await self._send(st.route, event, attempt)
             if isinstance(outcome, Sent):
                 self.stats.delivered(event)
+                if outcome.target:
+                    await self._retarget(st, outcome.target)
                 return None
             if isinstance(outcome, Gone):
                 self.stats.failed[outcome.reason] += 1
@@ -384,6 +393,14 @@ class Connector:
                 continue
             await self._dead_letter(st.route, event, outcome.reason)
             return None
+
+    async def _retarget(self, st: _RouteState, target: Mapping[str, str]) -> None:
+        """The provider named a new target: the route's next pushes go there (its consumer stays)."""
+        old = st.route
+        st.route = dataclasses.replace(old, target={**old.target, **target})
+        log.info("connector %s: %s has a new target", self.name, old.name)
+        if self._on_retargeted is not None:
+            await self._on_retargeted(st.route)
 
     async def _send(self, route: Route, event: Event, attempt: int) -> Outcome:
         async with self._slots:

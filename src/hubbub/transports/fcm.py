@@ -104,11 +104,15 @@ class FcmLegacy(_Http):
             return Retry("connect")
         try:
             answer = orjson.loads(raw)
-            result = answer["results"][0] if answer.get("failure") else {}
+            first = (answer.get("results") or [{}])[0]
+            error = first.get("error") if answer.get("failure") else None
+            # A canonical registration id: the device has a newer token, which guble's connector kept.
+            canonical = first.get("registration_id") if answer.get("canonical_ids") else None
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
             return Retry("fcm_bad_answer")
-        error = result.get("error") if isinstance(result, dict) else None
         if not error:
+            if isinstance(canonical, str) and canonical and canonical != route.target["device_token"]:
+                return Sent({"device_token": canonical})
             return Sent()
         if error in ("NotRegistered", "InvalidRegistration", "MissingRegistration"):
             return Gone(f"fcm_{error}")

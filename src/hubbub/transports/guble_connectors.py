@@ -117,6 +117,12 @@ class DeviceConnector:
     async def __aexit__(self, *exc: object) -> None:
         await self.connector.close()
 
+    async def retargeted(self, route: Route) -> None:
+        """The provider named the device's new token (FCM's canonical id): store it."""
+        if route.consumer in self.registry.entries:
+            self.registry.entries[route.consumer] = {f: route.target[f] for f in FIELDS}
+            await self.registry.save()
+
     async def removed(self, route: Route) -> None:
         """The connector removed ``route`` (the device is unregistered): forget it."""
         if self.registry.entries.pop(route.consumer, None) is not None:
@@ -258,6 +264,9 @@ async def _device_connector(
     async def removed(route: Route) -> None:
         await holder[0].removed(route)
 
+    async def retargeted(route: Route) -> None:
+        await holder[0].retargeted(route)
+
     conn = Connector(
         name,
         w.node,
@@ -266,6 +275,7 @@ async def _device_connector(
         workers=workers,
         hold_poll_s=w.config.cluster.poll_interval_s,
         on_removed=removed,
+        on_retargeted=retargeted,
     )
     device = DeviceConnector(name, prefix, w.node, conn, registry, auth=auth)
     holder.append(device)
