@@ -335,3 +335,30 @@ def test_each_held_event_is_rendered_for_itself(tmp_path: Path) -> None:
     assert not sess.kicked
     # The held events (and the last one, live): what follows the replay of the 2 x BEFORE events before.
     assert [(ch, seq) for ch, seq, _, replayed in got if not replayed] == log[2 * BEFORE :]
+
+
+def test_each_replayed_event_is_rendered_for_itself(tmp_path: Path) -> None:
+    """A replay renders each event through a cache of its own, as fan-out and the junction do: one cache for
+    the whole replay made an encoder that caches under a fixed key send the first event's frame for each."""
+
+    async def body(node: Node, sess: Session, publish: Any, log: list[tuple[str, int]]) -> list[Any]:
+        sess.encoder = Caching()
+        return [await blocked(node, sess, "x", "/j/**")]
+
+    got, log, sess = spill_run(tmp_path, body)
+    assert not sess.kicked
+    assert [(ch, seq) for ch, seq, _, replayed in got if replayed] == log[: 2 * BEFORE]
+
+
+def test_each_replayed_event_of_one_channel_is_rendered_for_itself(tmp_path: Path) -> None:
+    """The same through an exact channel's replay."""
+
+    async def body(node: Node, sess: Session, publish: Any, log: list[tuple[str, int]]) -> list[Any]:
+        sess.encoder = Caching()
+        return [await blocked(node, sess, "x", "/j/a")]
+
+    got, log, sess = spill_run(tmp_path, body)
+    assert not sess.kicked
+    assert [(ch, seq) for ch, seq, _, replayed in got if replayed] == [
+        e for e in log[: 2 * BEFORE] if e[0] == "/j/a"
+    ]

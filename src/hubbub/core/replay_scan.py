@@ -169,7 +169,6 @@ async def send_scan(
         on_gap(gap)
         return True
 
-    cache: dict[Any, Any] = {}
     sent = 0
     ev: Event | None = None
     pending = reads.submit(read_page)
@@ -203,7 +202,9 @@ async def send_scan(
                     return ScanSent(sent, cur.expect)
                 if session.needs_room():
                     await session.wait_replay_room()
-                sent += session.deliver(ev, sub_ids, cache, replay=True)
+                # A rendering cache of the event's own, as in fan-out: encoders cache its bytes in it under
+                # fixed keys, so one cache for the whole replay would send the first event's bytes for all.
+                sent += session.deliver(ev, sub_ids, {}, replay=True)
             for _, gap in notes:  # after the page's last event sent: its channel's first ones were withheld
                 if session.closed or session.kicked or session.ending or not tell(gap):
                     return ScanSent(sent, cur.expect)

@@ -129,7 +129,6 @@ class ReplayService:
         if not registry.is_current(sub):  # unsubscribed or detached meanwhile
             raise SubscriptionError("subscription was cancelled", code=4201)
         on_snapshot(plan)
-        cache: dict[Any, Any] = {}
         sent = 0
         try:
             for ev in plan.events:
@@ -139,7 +138,8 @@ class ReplayService:
                     continue  # not this connection's, as in live fan-out (README §3)
                 if session.needs_room():
                     await session.wait_replay_room()
-                sent += session.deliver(ev, [sub_id], cache, replay=True)
+                # A rendering cache of the event's own (encoders cache its bytes under fixed keys).
+                sent += session.deliver(ev, [sub_id], {}, replay=True)
         except Exception as exc:  # this session's failure: see core/faults.py
             registry.faults.close(session, ev.channel, ev.seq, exc, stage="replay")
         covered: dict[str, Position] | None = None
@@ -231,7 +231,6 @@ class ReplayService:
                 for r in runs
             ]
 
-        cache: dict[Any, Any] = {}
         after = span.after
         sent = 0
         pending = self.reads.submit(read_page, after)
@@ -255,7 +254,7 @@ class ReplayService:
                     elif run.proto.headers and withheld(session, run.proto):
                         chunked = None
                     else:
-                        chunked = session.replay_chunks(session.encode_run(run, subs, cache))
+                        chunked = session.replay_chunks(session.encode_run(run, subs))
                     if chunked is None:
                         # Withheld by its delivery filters: passed over, but the replay's position moves
                         # past it, so the continuity check and the live junction see no gap.

@@ -478,15 +478,16 @@ class Session(OutboundQueue):
 
     # -- replay (core side; the chunking runs on reader threads) -----------------------------------------
 
-    def encode_run(self, run: EventRun, subs: Sequence[str], cache: dict[Any, Any]) -> list[bytes]:
+    def encode_run(self, run: EventRun, subs: Sequence[str]) -> list[bytes]:
         """The replayed event frames of ``run`` for this connection (through the encoder's ``encode_run`` when
-        it has one, else event by event through ``cache``)."""
+        it has one, else event by event, each through a rendering cache of its own: encoders cache an event's
+        bytes under fixed keys)."""
         encode_run = getattr(self.encoder, "encode_run", None)
         if encode_run is not None:
             frames: list[bytes] = encode_run(run.proto, run.rows, subs, True)
             return frames
         encode = self.encoder.encode_event
-        return [encode(ev, subs, True, cache) for ev in run.events()]
+        return [encode(ev, subs, True, {}) for ev in run.events()]
 
     def replay_chunks(self, frames: list[bytes]) -> list[FrameRun]:
         """Replayed event frames cut into the chunks :meth:`replay_runs` queues one at a time: at most half
