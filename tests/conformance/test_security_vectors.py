@@ -35,8 +35,10 @@ CASES = load()
 
 
 @pytest.mark.parametrize(("dialect", "case"), [pytest.param(d, c, id=c["id"]) for d, c in CASES])
-def test_security_vector(dialect: str, case: dict[str, Any], tmp_path: Path) -> None:
-    run_vector(dialect, case, tmp_path)
+def test_security_vector(
+    dialect: str, case: dict[str, Any], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    run_vector(dialect, case, 1, tmp_path, request)
 
 
 def test_every_dialect_covered() -> None:
