@@ -105,6 +105,13 @@ class NativePublishing:
             if sess.ending or sess.kicked:
                 return
 
+    def _bucket_holds(self, n: int) -> bool:
+        """Whether the connection's publish-rate bucket (if any) holds ``n`` tokens as last refilled: a run it
+        may not hold goes one by one (each publish beyond the bucket refused and counted once), since the
+        node refuses a run whole and counts that refusal too. A stale reading only sends a run one by one."""
+        bucket = self.session.bucket
+        return bucket is None or bucket.tokens >= n
+
     def _submit_run(self, run: nc.PublishRun, count: int) -> bool:
         """Submit the first ``count`` publishes of ``run`` as one batch; False when the node refused them
         (nothing was queued), as :meth:`_submit_many`."""
@@ -113,6 +120,8 @@ class NativePublishing:
         if count < len(replies):
             channels, payloads, types = channels[:count], payloads[:count], types[:count]
             replies = replies[:count]
+        if not self._bucket_holds(count):
+            return False
         reqs = [AppendRequest(c, pub, p, t) for c, p, t in zip(channels, payloads, types, strict=True)]
         try:
             self.node.submit_many(reqs, self.session, self.proto.committed, self._done_many)
@@ -126,6 +135,8 @@ class NativePublishing:
         """Submit publishes as one batch; False when the node refused them (nothing was queued): the caller
         then submits them one by one, which answers each with its own error."""
         sess = self.session
+        if not self._bucket_holds(len(cmds)):
+            return False
         pub = self._publisher
         reqs = [
             AppendRequest(
