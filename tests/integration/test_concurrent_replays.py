@@ -362,3 +362,80 @@ def test_each_replayed_event_of_one_channel_is_rendered_for_itself(tmp_path: Pat
     assert [(ch, seq) for ch, seq, _, replayed in got if replayed] == [
         e for e in log[: 2 * BEFORE] if e[0] == "/j/a"
     ]
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_a_held_event_two_junctions_wait_to_send_goes_once_to_a_connection_without_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, order: str
+) -> None:
+    """``x`` and ``y`` (no replay) read their snapshots at once on a connection whose frames do not name
+    subscriptions and whose queue is full; events both match are published after both snapshots are read,
+    so each one's junction holds them outside its snapshot, and both wait for room at the first of them. The
+    one that gets room second must not send again what the other one sent meanwhile: each event once."""
+    read = {p: threading.Event() for p in ("/j/**", "/j/*")}
+    go = threading.Event()
+
+    def plan(store: Any, pattern: Any, *args: Any) -> ReplayPlan:
+        p = plan_selection(store, pattern, *args)
+        if pattern.text in read:  # the snapshot is read: hold what follows until both are
+            read[pattern.text].set()
+            assert go.wait(WAIT)
+        return p
+
+    monkeypatch.setattr(replay_service, "plan_selection", plan)
+
+    async def main() -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        store = open_store("memory", str(tmp_path / "data"), "commit", RetentionPolicy(), 600)
+        store.append([req(ch) for _ in range(BEFORE) for ch in CHANNELS])
+        log: list[tuple[str, int]] = []
+        async with Node(store, NodeSettings()) as node:
+            sess = Session("native", Unnamed(), max_items=4, max_bytes=1 << 20)
+            node.attach(sess)
+            await node.subscribe(sess, "o", parse_pattern("/**"), on_snapshot=lambda p: None)
+
+            async def publish(ch: str, n: int) -> None:
+                for _ in range(n):
+                    r = await node.publish(req(ch))
+                    log.append((r.event.channel, r.event.seq))
+
+            await publish("/k", 3)  # o's alone: the queue is full
+            snapped = {s: asyncio.Event() for s in ("x", "y")}
+            subs = [("x", "/j/**"), ("y", "/j/*")]
+
+            def subscribe(sub_id: str, pattern: str) -> asyncio.Future[Any]:
+                return asyncio.ensure_future(
+                    node.subscribe(
+                        sess,
+                        sub_id,
+                        parse_pattern(pattern),
+                        selection=ReplaySpec(),
+                        on_snapshot=lambda _: snapped[sub_id].set(),
+                    )
+                )
+
+            tasks = [subscribe(s, p) for s, p in (subs if order == "forward" else subs[::-1])]
+            for r in read.values():
+                assert await asyncio.to_thread(r.wait, WAIT)
+            for ch in CHANNELS:
+                await publish(ch, 3)  # held on both, after both snapshots
+            go.set()
+            for e in snapped.values():  # each junction waits for room at the first held event
+                await asyncio.wait_for(e.wait(), WAIT)
+            assert sess.needs_room()
+            got: list[tuple[str, int]] = []
+
+            async def consume() -> None:
+                while frames := await sess.next_frames():
+                    got.extend((ch, seq) for ch, seq, _, _ in (eval(f.decode()) for f in frames))
+
+            reader = asyncio.ensure_future(consume())
+            for t in tasks:
+                await asyncio.wait_for(t, WAIT)
+            await publish("/j/a", 1)  # every one live
+            sess.end(Disconnect.NORMAL)
+            await asyncio.wait_for(reader, WAIT)
+        assert not sess.kicked
+        return got, log
+
+    got, log = asyncio.run(main())
+    assert got == log

@@ -151,6 +151,9 @@ class Junction:
             await sess.wait_replay_room()
             if not self._alive():
                 return False
+            if once is not None and once.sent:
+                # Another junction holding it sent it meanwhile (it waited for room too, and got it first).
+                return True
             # The connection's subscriptions may have changed meanwhile.
             ids = self.registry.held_ids(sub, ev, in_snapshot, live)
         if ids:
