@@ -6,6 +6,7 @@ from pathlib import Path
 
 from hubbub.dialects.mqtt import filter_pattern
 from hubbub.transports.mqtt_retained import RetainedIndex
+from hubbub.transports.mqtt_store import JsonlMap
 
 
 def test_changes_survive_a_reload_compacted(tmp_path: Path) -> None:
@@ -34,3 +35,24 @@ def test_an_exact_filter_with_a_literal_star(tmp_path: Path) -> None:
     index.retain("/a/*", 1, "e", empty=False)
     assert list(index.matching(filter_pattern("a/*"))) == [("/a/*", 1, "e")]
     assert list(index.matching(filter_pattern("a/+"))) == [("/a/*", 1, "e")]
+
+
+def test_maps_of_several_workers_on_one_file_keep_every_change(tmp_path: Path) -> None:
+    """Two processes' maps on one file (a node's workers): the second load does not rewrite the file the
+    first has open (its appends would go to the replaced file), both keep appending, and a later load sees
+    every change of both."""
+    path = tmp_path / "mqtt" / "retained.jsonl"
+    a = JsonlMap(path)
+    a.load()
+    a.set("/a", 1)
+    b = JsonlMap(path)
+    b.load()
+    assert b.get("/a") == 1
+    a.set("/a2", 2)
+    b.set("/b", 3)
+    a.close()
+    b.close()
+    c = JsonlMap(path)
+    c.load()
+    assert {k: c.get(k) for k in c} == {"/a": 1, "/a2": 2, "/b": 3}
+    c.close()
