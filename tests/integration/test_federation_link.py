@@ -525,3 +525,50 @@ def test_a_pattern_back_after_a_reconnect_recovers_channels_that_appeared_while_
                 await b.__aexit__(None, None, None)
 
     asyncio.run(main())
+
+
+def test_a_crash_before_the_cursor_saver_ran_loses_nothing_of_a_pattern_the_link_subscribed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link's cursor saver never gets to run (a loaded machine) and the node below crashes: on disk is
+    only what was written before the crash, with none of the channels' positions. The pattern the link had
+    subscribed is held there all the same (written before its subscribe went up), so the restarted link
+    recovers it and the node below's log gets every event it missed, each once, in order."""
+
+    async def stalled(self: LinkCursors) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(LinkCursors, "save_loop", stalled)
+    channels = ["/t/c0", "/t/c1", "/t/c2"]
+
+    async def main() -> None:
+        async with Server(config(tmp_path, "A")) as a, client(a) as ca:
+            b_cfg = config(tmp_path, "B", url(a))
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/t/**") as below:
+                link = b.upstreams[0]
+                await synced(link)
+                for i in range(6):
+                    await ca.publish(channels[i % 3], f"{i}")
+                assert [e.payload.decode() for e in await take(below, 6)] == [str(i) for i in range(6)]
+                path = link.cursors.path
+                assert path is not None
+                on_disk = path.read_bytes()  # what a kill -9 now would leave
+            path.write_bytes(on_disk)  # the clean stop's last save never happened
+            for i in range(6, 21):  # B is down
+                await ca.publish(channels[i % 3], f"{i}")
+            async with Server(b_cfg) as b, client(b) as cb, cb.subscribe("/t/**") as below:
+                link = b.upstreams[0]
+                await synced(link)
+                for ch in channels:
+                    await ca.publish(ch, "mark")
+                got: dict[str, list[str]] = {}
+                while sum(p[-1:] == ["mark"] for p in got.values()) < 3:
+                    item = await below.get(WAIT)
+                    assert isinstance(item, Event), item
+                    got.setdefault(item.channel, []).append(item.payload.decode())
+                for n, ch in enumerate(channels):
+                    texts = [e["text"] for e in await log(b, ch)]
+                    assert texts == [str(i) for i in range(21) if i % 3 == n] + ["mark"]
+                assert link.stats.gaps == 0
+
+    asyncio.run(main())

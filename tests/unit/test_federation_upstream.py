@@ -96,6 +96,23 @@ def test_a_cursor_keeps_its_patterns_and_an_older_one_holds_everything() -> None
     cursor.caught_up(["/a/**", "/b/**"])  # only held ones
     assert cursor.to_json()["patterns"] == {"/a/**": 5}
     again = Cursor.from_json(cursor.to_json())
-    assert again.owed_from(parse_pattern("/a/b")) == 5 and again.owed_from(parse_pattern("/b")) == 0
+    assert again.owed_from(parse_pattern("/a/b")) == 5 and again.owed_from(parse_pattern("/b")) is None
     older = Cursor.from_json({"positions": {"/a": ["E", 1]}, "last_time": 5})
     assert older.owed_from(parse_pattern("/b/**")) == 5 and older.owed_from(parse_pattern("/**")) == 5
+
+
+def test_a_pattern_held_before_the_link_knew_any_upstream_time_is_recovered_from_the_start() -> None:
+    """A fresh link (no upstream time yet) holds its first pattern at 0; a cursor saved before that
+    pattern's first time mark, with none of its channels' positions, still recovers every channel of it
+    (from_time 1) when the pattern comes back after a restart; a pattern never held starts live."""
+    up = UpstreamSubscriptions()
+    cursor = Cursor()
+    _, new = up.changes(_want("/t/**"), cursor)
+    assert dict(new)["/t/**"] == {"op": "subscribe", "sub": "s1", "pattern": "/t/**"}  # never held: live
+    saved = Cursor.from_json(cursor.to_json())  # saved before any time mark
+    assert saved.to_json()["patterns"] == {"/t/**": 0}
+    again = UpstreamSubscriptions()
+    _, new = again.changes(_want("/t/**", "/x/**"), saved)
+    frames = dict(new)
+    assert frames["/t/**"]["from_time"] == 1 and "since" not in frames["/t/**"]
+    assert "from_time" not in frames["/x/**"] and again.replaying == {"/t/**"}

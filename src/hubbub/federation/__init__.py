@@ -258,11 +258,12 @@ class Cursor:
         """The upstream time the held pattern ``text`` is recovered to."""
         return self.last_time if text in self.live else self.owed[text]
 
-    def owed_from(self, pattern: Pattern) -> int:
+    def owed_from(self, pattern: Pattern) -> int | None:
         """The upstream time after which ``pattern``'s channels without a position are owed: the earliest
-        of the held patterns that cover it (0: none covers it, nothing is owed)."""
+        of the held patterns that cover it (``None``: none covers it, nothing is owed). 0 is a time like
+        any other: a pattern held before the link knew any upstream time is owed everything."""
         times = [self.recovered_to(t) for t in self.owed if covers(self._pattern(t), pattern)]
-        return min(times, default=0)
+        return min(times, default=None)
 
     def hold(self, pattern: Pattern, owed: int) -> None:
         """``pattern`` is subscribed upstream, recovering its new channels from after ``owed`` (kept if it is

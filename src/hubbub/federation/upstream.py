@@ -75,12 +75,14 @@ class UpstreamSubscriptions:
                     frame["since"] = since[text]  # an exact channel's since is its position alone
                 elif since:
                     frame["since"] = since
-                if owed and not (since and pattern.is_exact):
+                if owed is not None and not (since and pattern.is_exact):
+                    # Even from 0 (held before the link knew any upstream time): a held pattern's
+                    # channels never need a position of their own to be recovered.
                     frame["from_time"] = owed + 1
                 if "since" in frame or "from_time" in frame:
                     self.replaying.add(text)
             # A pattern never held is caught up from about now: the newest upstream time this link knows.
-            cursor.hold(pattern, owed or cursor.last_time)
+            cursor.hold(pattern, cursor.last_time if owed is None else owed)
             self.subs[text] = sid
             self.asking += 1
             new.append((text, frame))

@@ -455,6 +455,12 @@ class FederationUpstream:
             gone, new = self.upward.changes(self.wanted(), cursor)
             if gone or new:
                 self.cursors.dirty = True  # the patterns held changed
+            if new:
+                # Written ahead: a pattern is on disk as held (recovered from no later than now) before
+                # its subscribe goes up, so a crash before the saver's next interval does not make the
+                # restarted link take it for one never held, and subscribe live past what it missed.
+                taken = self.cursors.snapshot()
+                await asyncio.get_running_loop().run_in_executor(None, self.cursors.save_logged, taken)
             for sid in gone:
                 # Not waited for: its answer matches no request in flight.
                 await ws.send_bytes(proto.encode({"op": "unsubscribe", "id": proto.next_id(), "sub": sid}))
