@@ -29,7 +29,7 @@ from hubbub.dialects import mist as md
 
 from .binding import Mounted, Wiring
 from .mist import DIALECT, MistService, MistSettings, MistWire
-from .stream_driver import WRITE_TIMEOUT_S, StreamIO, serve_stream
+from .stream_driver import WRITE_TIMEOUT_S, StreamIO, listen_streams
 from .stream_listener import Accepted, StreamListener
 
 __all__ = ["serve_mist_tcp"]
@@ -84,19 +84,16 @@ async def serve_mist_tcp(
     aborted and counted in ``hubbub_write_timeouts_total``)."""
     streams = _MistStreams(service, write_timeout)
 
-    async def serve(acc: Accepted) -> None:
-        await serve_stream(acc, streams)
-
-    listener = StreamListener(
+    return await listen_streams(
         service.node,
         DIALECT,
-        serve,
+        streams,
+        host,
+        port,
         on_connection,
         first_message_timeout_s=first_message_timeout_s,
         ssl_context=ssl_context,
     )
-    await listener.start(host, port)
-    return listener
 
 
 # -- the binding ---------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ from .lifetime import Lifetime
 from .mqtt_filters import MqttFilters
 from .mqtt_retained import RetainedIndex
 from .mqtt_sessions import DurableSession, SessionStore
-from .stream_driver import WRITE_TIMEOUT_S, StreamIO, serve_stream
+from .stream_driver import WRITE_TIMEOUT_S, StreamIO, listen_streams
 from .stream_listener import Accepted, StreamListener
 from .wire import DialectWire
 from .ws_driver import run_websocket, upgradable
@@ -504,19 +504,16 @@ async def serve_mqtt(
         service.connections.add(task)
         task.add_done_callback(service.connections.discard)
 
-    async def serve(acc: Accepted) -> None:
-        await serve_stream(acc, streams)
-
-    listener = StreamListener(
+    return await listen_streams(
         service.node,
         DIALECT,
-        serve,
+        streams,
+        host,
+        port,
         track,
         first_message_timeout_s=first_message_timeout_s,
         ssl_context=ssl_context,
     )
-    await listener.start(host, port)
-    return listener
 
 
 class MqttMounted(Mounted):

@@ -46,7 +46,7 @@ from .lifetime import Lifetime
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
 from .qpubs_http import QpubsHttp
 from .qrpc_subs import QrpcSubscriptions
-from .stream_driver import WRITE_TIMEOUT_S, StreamIO, serve_stream
+from .stream_driver import WRITE_TIMEOUT_S, StreamIO, listen_streams
 from .stream_listener import Accepted, StreamListener
 from .wire import DialectWire, no_reply
 
@@ -401,19 +401,16 @@ async def serve_qrpc(
         service.connections.add(task)
         task.add_done_callback(service.connections.discard)
 
-    async def serve(acc: Accepted) -> None:
-        await serve_stream(acc, streams)
-
-    listener = StreamListener(
+    return await listen_streams(
         service.node,
         DIALECT,
-        serve,
+        streams,
+        host,
+        port,
         track,
         first_message_timeout_s=first_message_timeout_s,
         ssl_context=ssl_context,
     )
-    await listener.start(host, port)
-    return listener
 
 
 # -- the binding ---------------------------------------------------------------------------------------------

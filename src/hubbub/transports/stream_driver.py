@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
+from collections.abc import Callable
 from typing import Protocol
 
 from hubbub.core.api import Core, Session
 
 from .lifetime import Lifetime
 from .pump import WriteTimeout, grace_left, io_failed
-from .stream_listener import Accepted
+from .stream_listener import READER_LIMIT, Accepted, Refusal, StreamListener
 
 __all__ = [
     "CLOSE_WAIT_S",
@@ -159,6 +161,40 @@ class Opener(Protocol):
         """The connection of ``acc`` whose first bytes are ``first`` (``b""`` before the first read), or None
         while the dialect needs bytes to choose it."""
         ...
+
+
+async def listen_streams(
+    node: Core,
+    dialect: str,
+    opener: Opener,
+    host: str,
+    port: int,
+    on_connection: Callable[[asyncio.Task[None]], None],
+    *,
+    first_message_timeout_s: float,
+    ssl_context: ssl.SSLContext | None = None,
+    refusal: Refusal | None = None,
+    reader_limit: int = READER_LIMIT,
+) -> StreamListener:
+    """Start ``dialect``'s listener on ``host:port``, every socket it admits run on this driver with
+    ``opener`` (:func:`serve_stream`); admission, refusal and the first-message timeout are the listener's.
+    ``on_connection`` is given each connection's task."""
+
+    async def serve(acc: Accepted) -> None:
+        await serve_stream(acc, opener)
+
+    listener = StreamListener(
+        node,
+        dialect,
+        serve,
+        on_connection,
+        first_message_timeout_s=first_message_timeout_s,
+        ssl_context=ssl_context,
+        refusal=refusal,
+        reader_limit=reader_limit,
+    )
+    await listener.start(host, port)
+    return listener
 
 
 async def serve_stream(acc: Accepted, opener: Opener) -> None:

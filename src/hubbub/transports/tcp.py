@@ -27,7 +27,7 @@ from .binding import Mounted, Wiring
 from .http import HttpSettings, native_codec, native_connection
 from .lifetime import Lifetime
 from .native import NativeConnection, NativeEncoder, dispatch
-from .stream_driver import CLOSE_WAIT_S, WRITE_TIMEOUT_S, close_stream, drain, serve_stream
+from .stream_driver import CLOSE_WAIT_S, WRITE_TIMEOUT_S, close_stream, drain, listen_streams
 from .stream_listener import KEEPALIVE, Accepted, StreamListener, keep_alive, peer_ip
 
 __all__ = [
@@ -167,21 +167,18 @@ async def serve_native_tcp(
     within ``first_message_timeout_s`` is closed (the stream listener's rules).
     """
 
-    async def serve(acc: Accepted) -> None:
-        await serve_stream(acc, streams)
-
-    listener = StreamListener(
+    return await listen_streams(
         streams.node,
         "native",
-        serve,
+        streams,
+        host,
+        port,
         on_connection,
         first_message_timeout_s=first_message_timeout_s,
         ssl_context=ssl_context,
         refusal=streams.refusal,
         reader_limit=streams.settings.max_frame + 1024,
     )
-    await listener.start(host, port)
-    return listener
 
 
 class NativeMounted(Mounted):
