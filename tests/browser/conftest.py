@@ -1,10 +1,10 @@
 """Fixtures of the browser tests: a real ``hubbub serve`` on free loopback ports, one headless Chromium per
 test process, and a tab per test that fails the test on any error the page logs.
 
-``hubbub_server`` starts a hubbub server of the test's own in the test's process, on a thread of its own
+``server`` starts a hubbub server of the test's own in the test's process, on a thread of its own
 (``serve`` starts one with more options, ``serve_process`` a ``hubbub serve`` child);
 ``browser`` is the Selenium WebDriver of the process's Chromium, started on first use; ``page`` is a
-:class:`~tests.browser.chromium.BrowserPage` on a new tab, its ``base_url`` that of ``hubbub_server`` when
+:class:`~tests.browser.chromium.BrowserPage` on a new tab, its ``base_url`` that of ``server`` when
 the test uses it; ``static_site`` serves pages a test writes. Every test here is in the xdist group
 ``browser``: one worker runs them all, with one Chromium.
 
@@ -106,7 +106,7 @@ def serve_process(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
 
 
 @pytest.fixture
-def hubbub_server(serve: Callable[..., ServerThread]) -> ServerThread:
+def server(serve: Callable[..., ServerThread]) -> ServerThread:
     """A hubbub server of this test's own with the default options; ``url`` is its HTTP and WebSocket
     listener's (``ports["http"]``)."""
     return serve()
@@ -115,13 +115,13 @@ def hubbub_server(serve: Callable[..., ServerThread]) -> ServerThread:
 @pytest.fixture
 def page(request: pytest.FixtureRequest, browser: Any) -> Iterator[BrowserPage]:
     """A new tab in the shared browser for this test; closed after it. Its ``base_url`` is
-    ``hubbub_server``'s when the test uses that fixture. The test fails if the page logs an error
+    ``server``'s when the test uses that fixture. The test fails if the page logs an error
     (``console.error``, an uncaught exception, a failed load) that it did not allow
     (:meth:`BrowserPage.allow_errors`)."""
     base_url = ""
-    if "hubbub_server" in request.fixturenames:
-        server: ServerThread = request.getfixturevalue("hubbub_server")
-        base_url = server.url
+    if "server" in request.fixturenames:
+        hub: ServerThread = request.getfixturevalue("server")
+        base_url = hub.url
     first = browser.current_window_handle
     browser.switch_to.new_window("tab")
     browser.get_log("browser")  # what earlier tabs logged is theirs

@@ -65,12 +65,12 @@ def publish(server: ServerThread, channel: str, text: str) -> int:
 
 
 def test_page_follows_a_channel_over_a_native_websocket(
-    page: BrowserPage, hubbub_server: ServerThread, static_site: StaticSite, tmp_path: Path
+    page: BrowserPage, server: ServerThread, static_site: StaticSite, tmp_path: Path
 ) -> None:
-    page.open(static_site.add("/follow.html", FOLLOW_PAGE) + f"?port={hubbub_server.ports['http']}")
+    page.open(static_site.add("/follow.html", FOLLOW_PAGE) + f"?port={server.ports['http']}")
     page.wait(lambda: page.js("return document.body.dataset.state") == "subscribed", "the subscription")
     texts = [f"event {i} é" for i in range(1, 31)]
-    assert [publish(hubbub_server, "/browser/a", t) for t in texts] == list(range(1, 31))
+    assert [publish(server, "/browser/a", t) for t in texts] == list(range(1, 31))
 
     page.wait(lambda: len(page.texts("#events li")) >= len(texts), "30 events on the page")
     shown = page.js(
@@ -88,7 +88,7 @@ def test_page_follows_a_channel_over_a_native_websocket(
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 1000
 
 
-def test_a_hubbub_endpoint_in_the_browser(page: BrowserPage, hubbub_server: ServerThread) -> None:
+def test_a_hubbub_endpoint_in_the_browser(page: BrowserPage, server: ServerThread) -> None:
     # hubbub serves no /favicon.ico, so the browser's request for it is a 404, which the page's check counts
     # as an error: a page hubbub serves names its icon (<link rel="icon" href="data:,">).
     page.allow_errors(r"/favicon\.ico - Failed to load resource: .* 404")
