@@ -79,6 +79,10 @@ def test_page_follows_a_channel_over_a_native_websocket(
     )
     # Every id once, in order: no gap, no duplicate, nothing extra.
     assert shown == [["/browser/a", i, t] for i, t in enumerate(texts, 1)]
+    # What the page shows is what the node's log holds (read on the server's own loop).
+    assert server.server is not None and server.server.node is not None
+    stored = server.call(server.server.node.read_channel, "/browser/a")
+    assert [(e.seq, e.payload.decode()) for e in stored.events] == list(enumerate(texts, 1))
 
     tree = page.accessible()
     assert ("list", "Events") in tree
