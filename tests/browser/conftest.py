@@ -158,7 +158,8 @@ class StaticSite:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # shutdown() waits for the loop to look at its flag, once a poll interval (0.5 s by default).
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self._thread.start()
 
     def add(self, path: str, body: str, content_type: str = "text/html; charset=utf-8") -> str:
