@@ -6,6 +6,7 @@ is removed, a new token is substituted without losing what was pending, and FCM 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from hubbub.server import Server
 from hubbub.server_config import load_config
 
 from .fcm_server import LEGACY_KEY, UNREGISTERED, FcmServer
+from .serverproc import ServerProcess
 
 
 def _v1_cli(tmp_path: Path, fcm: FcmServer) -> dict[str, Any]:
@@ -38,6 +40,12 @@ async def _publish(srv: Server, channel: str, payloads: list[bytes]) -> None:
         await srv.node.publish(
             AppendRequest(channel, Publisher("guble"), p, "application/json"), None, ANONYMOUS
         )
+
+
+async def _stored(srv: Server, connector: str = "fcm") -> list[str]:
+    """The device tokens of the subscriptions the log keeps."""
+    assert srv.node is not None
+    return [orjson.loads(r.body)["device_token"] for r in await srv.node.routes.records(connector)]
 
 
 async def _call(srv: Server, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -93,7 +101,7 @@ def test_subscribe_over_rest_and_receive_every_message_in_order_v1(tmp_path: Pat
 
 def test_unregistered_device_is_removed_and_fcm_down_keeps_order(tmp_path: Path) -> None:
     """FCM answers 503 (Retry-After 0) to the first three sends, then delivers: the healthy device gets every
-    message in order. The device FCM calls UNREGISTERED is removed: from the list and from the file."""
+    message in order. The device FCM calls UNREGISTERED is removed: from the list and from the log."""
 
     async def body() -> None:
         down = 3
@@ -115,17 +123,11 @@ def test_unregistered_device_is_removed_and_fcm_down_keeps_order(tmp_path: Path)
             await fcm.wait(lambda: len(fcm.delivered) >= 10)
             assert [m["data"]["i"] for _, m in fcm.delivered] == [str(i) for i in range(1, 11)]
             assert {d for d, _ in fcm.delivered} == {"ok"}
-            stored = tmp_path / "data" / "connectors" / "fcm.json"
-
-            def devices() -> list[str]:
-                subs = orjson.loads(stored.read_bytes())["subscriptions"]
-                return [e["device_token"] for e in subs.values()]
-
-            # (The removal is written after FCM's answer and nothing tells it: poll the file.)
+            # (The removal is written after FCM's answer and nothing tells it: poll the log.)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 10
-            while devices() != ["ok"]:
-                assert loop.time() < deadline, devices()
+            while await _stored(srv) != ["ok"]:
+                assert loop.time() < deadline, await _stored(srv)
                 await asyncio.sleep(0.01)
             assert await _call(srv, "GET", "/fcm/") == (200, ["t"])
         await fcm.stop()
@@ -167,7 +169,8 @@ def test_substitute_keeps_what_was_pending_legacy(tmp_path: Path) -> None:
 
 
 def test_fcm_configuration_is_checked() -> None:
-    """guble's FCM options are read under guble's names, and refused without a key or with workers."""
+    """guble's FCM options are read under guble's names, and refused without a key; several workers share
+    the subscriptions (kept with the log)."""
     cfg = load_config(cli={"--fcm": "true", "--fcm-api-key": "k", "--fcm-workers": "3"}, env={}).validate()
     guble = cfg.dialects["guble"]
     assert (guble.fcm, str(guble.fcm_api_key), guble.fcm_workers) == (True, "k", 3)  # type: ignore[attr-defined]
@@ -177,10 +180,15 @@ def test_fcm_configuration_is_checked() -> None:
     assert (str(guble.fcm_api_key), guble.fcm_prefix) == ("k2", "/push/")  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match=r"guble\.fcm needs guble\.fcm_api_key"):
         load_config(cli={"guble.fcm": "true"}, env={}).validate()
-    with pytest.raises(ConfigError, match=r"server\.workers = 1"):
-        load_config(
-            cli={"guble.fcm": "true", "guble.fcm_api_key": "k", "server.workers": "2"}, env={}
-        ).validate()
+    for section in ("fcm", "apns"):
+        keys = {"fcm_api_key": "k"} if section == "fcm" else {"apns_app_topic": "t", "apns_key_file": "k.p8"}
+        keys |= {"apns_key_id": "i", "apns_team_id": "t"} if section == "apns" else {}
+        cli = {
+            f"guble.{section}": "true",
+            "server.workers": "2",
+            **{f"guble.{k}": v for k, v in keys.items()},
+        }
+        assert load_config(cli=cli, env={}).validate().server.workers == 2
 
 
 def test_subscriptions_past_the_consumer_limit_are_refused(tmp_path: Path) -> None:
@@ -234,8 +242,80 @@ def test_legacy_canonical_id_replaces_the_token(tmp_path: Path) -> None:
                 ("new-tok", "c"),
             ]
             assert await _call(srv, "GET", "/fcm/?device_token=new-tok") == (200, ["t"])
-            stored = orjson.loads((tmp_path / "data" / "connectors" / "fcm.json").read_bytes())
-            assert [e["device_token"] for e in stored["subscriptions"].values()] == ["new-tok"]
+            assert await _stored(srv) == ["new-tok"]
         await fcm.stop()
+
+    asyncio.run(body())
+
+
+def test_a_registry_file_of_an_older_hubbub_is_taken_into_the_log(tmp_path: Path) -> None:
+    """``data_dir/connectors/fcm.json`` (the registry before it was kept with the log) is read at start:
+    its subscription is listed and delivered, and the file is renamed ``fcm.json.migrated``."""
+
+    async def body() -> None:
+        fcm = await FcmServer().start()
+        old = tmp_path / "data" / "connectors" / "fcm.json"
+        old.parent.mkdir(parents=True)
+        fields = {"device_token": "dev-old", "user_id": "u", "topic": "/old"}
+        old.write_text(json.dumps({"format": 1, "subscriptions": {"fcm.0123abcd-00ff": fields}}))
+        async with Server(load_config(cli=_v1_cli(tmp_path, fcm), env={})) as srv:
+            assert not old.exists() and old.with_name("fcm.json.migrated").exists()
+            assert await _call(srv, "GET", "/fcm/?device_token=dev-old") == (200, ["old"])
+            await _publish(srv, "/old", [b"m1", b"m2"])
+            await fcm.wait(lambda: len(fcm.delivered) >= 2)
+            assert [(d, m["data"]["message"]) for d, m in fcm.delivered] == [
+                ("dev-old", "m1"),
+                ("dev-old", "m2"),
+            ]
+            assert await _call(srv, "DELETE", "/fcm/dev-old/u/old") == (200, {"unsubscribed": "old"})
+            assert await _stored(srv) == []
+        await fcm.stop()
+
+    asyncio.run(body())
+
+
+def test_two_workers_share_the_device_subscriptions(tmp_path: Path) -> None:
+    """``--workers 2``: devices subscribed through either worker (each request on a connection of its own,
+    spread by the kernel) are listed by both, each gets every message once and in order from one worker,
+    and one unsubscribed through either is gone for both."""
+    devices = [f"dev-{i}" for i in range(6)]
+    n = 30
+
+    async def body() -> None:
+        fcm = await FcmServer().start()
+        extra = [
+            "--workers", "2", "--fcm", "--fcm-api-key", LEGACY_KEY, "--fcm-endpoint", f"{fcm.base}/fcm/send",
+            "--cluster-poll-interval-s", "0.2",
+        ]  # fmt: skip
+        srv = await asyncio.to_thread(ServerProcess(tmp_path / "data", extra).start, 60.0)
+        port = srv.ports["http"]
+
+        async def call(method: str, path: str) -> tuple[int, Any]:
+            async with aiohttp.ClientSession() as s, s.request(method, f"http://127.0.0.1:{port}{path}") as r:
+                return r.status, orjson.loads(await r.read())
+
+        try:
+            for d in devices:
+                assert await call("POST", f"/fcm/{d}/u/t") == (200, {"subscribed": "/t"})
+            for _ in range(8):
+                assert await call("GET", "/fcm/?user_id=u") == (200, ["t"] * len(devices))
+            async with aiohttp.ClientSession() as s:
+                for i in range(1, n + 1):
+                    async with s.post(
+                        f"http://127.0.0.1:{port}/api/v1/publish/t/x", data=str(i).encode()
+                    ) as r:
+                        assert r.status == 200, await r.text()
+            await fcm.wait(lambda: len(fcm.delivered) >= n * len(devices), 30)
+            for d in devices:
+                got = [int(m["data"]["message"]) for t, m in fcm.delivered if t == d]
+                assert got == list(range(1, n + 1)), (d, got)
+            assert len(fcm.delivered) == n * len(devices)
+            assert await call("DELETE", "/fcm/dev-0/u/t") == (200, {"unsubscribed": "t"})
+            for _ in range(8):
+                assert await call("GET", "/fcm/?device_token=dev-0") == (200, [])
+            assert await asyncio.to_thread(srv.terminate) == 0
+        finally:
+            srv.kill()
+            await fcm.stop()
 
     asyncio.run(body())

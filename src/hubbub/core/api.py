@@ -18,6 +18,7 @@ What the API offers, by concern:
 * **reads**: ``read_channel``, ``head``, ``list_channels``, ``top_time`` (bounded, on the reader threads).
 * **control**: ``trim``, ``reset_channel`` (on the writer thread, in order with appends).
 * **durable consumers**: ``consumers`` (the service while it runs, ``None`` otherwise).
+* **connectors' routes**: ``routes`` (``core/routes.py``: kept with the log, shared by every process of it).
 * **presence**: ``presence`` (rosters, local or cluster-wide).
 * **authorization**: ``access`` (authentication, permissions, the audit log: the one enforcement point) and
   ``limiter`` (connection and rate limits).
@@ -49,6 +50,7 @@ from .presence import Presence
 from .reads import LIST_LIMIT, ChannelPage
 from .relay import Relay
 from .replay import Gap, ReplayPlan
+from .routes import RouteBook, RouteRecord
 from .session import Encoder, Overflow, Session, new_session_id
 from .stats import Histogram, NodeMetrics
 from .subscriptions import Subscription
@@ -76,6 +78,8 @@ __all__ = [
     "Policy",
     "Presence",
     "ReplayPlan",
+    "RouteBook",
+    "RouteRecord",
     "Session",
     "Subscription",
     "Supervision",
@@ -164,8 +168,9 @@ class Core(Protocol):
 
     async def reset_channel(self, channel: str) -> Any: ...
 
-    # -- consumers, presence, authorization, observation ----------------------------------------------------
+    # -- consumers, connectors' routes, presence, authorization, observation ---------------------------------
     consumers: ConsumerService | None
+    routes: RouteBook
     presence: Presence
     access: Access
     limiter: Limiter

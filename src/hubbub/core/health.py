@@ -110,6 +110,15 @@ class StoreHealth:
     def _failed_now(self) -> bool:
         return self.failure() is not None
 
+    def checks(self, closing: bool) -> dict[str, str]:
+        """The failing checks of ``/healthz`` and guble's health check (``Node.health_checks``), from state
+        kept here (never waits): ``{"node": "shutting down"}`` while the node ``closing``, ``{"store":
+        "StorageError"}``, or ``{}`` when healthy."""
+        if closing:
+            return {"node": "shutting down"}
+        failure = self.failure()
+        return {"store": failure} if failure is not None else {}
+
     def failure(self) -> str | None:
         """``None`` while the store is healthy, else :data:`FAILURE`. Reads state only: never waits."""
         w = self._writer()

@@ -61,6 +61,7 @@ from .relay import Relay, committed_events
 from .replay import Gap, ReplayPlan
 from .replay_service import REPLAY_PAGE, ReplayService
 from .retention import RetentionTask
+from .routes import RouteBook
 from .session import Session
 from .stats import Histogram, NodeMetrics
 from .subscriptions import Subscription, SubscriptionRegistry
@@ -193,6 +194,8 @@ class Node:
         self.fan_out_many = r.fan_out_events
         self._relay: Relay | None = None
         self.consumers: ConsumerService | None = None  # set by the service while it runs (docs/consumers.md)
+        #: The push connectors' routes, kept with the log (core/routes.py).
+        self.routes = RouteBook(self._batcher.control, self._reads, store.shared)
         self.presence: Presence = LocalPresence()  #: rosters (core/presence.py); a cluster's once installed
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -354,12 +357,8 @@ class Node:
         )
 
     def health_checks(self) -> dict[str, str]:
-        """The failing checks of ``/healthz`` and guble's health check, from state the node keeps (never
-        waits): ``{"node": "shutting down"}``, ``{"store": "StorageError"}``, or ``{}`` when healthy."""
-        if self._closing:
-            return {"node": "shutting down"}
-        failure = self._store_health.failure()
-        return {"store": failure} if failure is not None else {}
+        """The failing checks of ``/healthz`` and guble's health check (:meth:`StoreHealth.checks`)."""
+        return self._store_health.checks(self._closing)
 
     async def head(self, channel: str) -> ChannelInfo:
         """The channel's position now (:meth:`LogReads.head`). The caller checked read permission."""

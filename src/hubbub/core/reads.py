@@ -22,7 +22,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, final
 
 from hubbub.channels import Pattern
 from hubbub.events import Event
-from hubbub.log.base import ChannelInfo, ConsumerJournal, EventLog
+from hubbub.log.base import ChannelInfo, ConsumerJournal, EventLog, LogStore, RouteRegistry
 
 from .replay import list_channels
 
@@ -52,9 +52,10 @@ class LogReads:
     """The node's reader threads and the typed reads run on them. See the module docstring.
 
     ``store``: the log as the node reads it (a cluster node's view caps its heads at what the node delivered,
-    ``hubbub.cluster.view``); ``journal``: the consumers' journals (the store itself)."""
+    ``hubbub.cluster.view``); ``journal``: the consumers' journals and the connectors' routes (the store
+    itself)."""
 
-    def __init__(self, store: EventLog, threads: int, journal: ConsumerJournal) -> None:
+    def __init__(self, store: EventLog, threads: int, journal: LogStore) -> None:
         self.store = store
         self.journal = journal
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="hubbub-log-reader")
@@ -76,6 +77,13 @@ class LogReads:
         self, fn: Callable[Concatenate[ConsumerJournal, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """``fn(journal, *args, **kwargs)`` on a reader thread (core only: the durable consumers)."""
+        call = functools.partial(fn, self.journal, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    async def call_routes(
+        self, fn: Callable[Concatenate[RouteRegistry, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``fn(routes, *args, **kwargs)`` on a reader thread (core only: ``core/routes.py``)."""
         call = functools.partial(fn, self.journal, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 

@@ -42,6 +42,7 @@ log = logging.getLogger("hubbub.supervisor")
 #: The components that report failures, shown on ``/metrics`` even at zero.
 COMPONENTS: Final = (
     "broker",
+    "connectors",
     "consumers",
     "federation",
     "health",

@@ -647,9 +647,6 @@ class GubleConfig(DialectSection):
                 raise ConfigError("guble.fcm_prefix: a path from / of its own, such as /fcm/")
             if self.fcm_workers <= 0:
                 raise ConfigError("guble.fcm_workers: must be positive")
-            if config.server.workers != 1:
-                # Each worker would keep its own copy of the device registry file and overwrite the others'.
-                raise ConfigError("guble.fcm needs server.workers = 1 (the device registry is one process's)")
             if not self.fcm_credentials_file and not self.fcm_api_key:
                 raise ConfigError(
                     "guble.fcm needs guble.fcm_api_key (legacy) or guble.fcm_credentials_file (v1)"
@@ -669,8 +666,6 @@ class GubleConfig(DialectSection):
             raise ConfigError("guble.apns_prefix: the same as guble.fcm_prefix")
         if self.apns_workers <= 0:
             raise ConfigError("guble.apns_workers: must be positive")
-        if config.server.workers != 1:
-            raise ConfigError("guble.apns needs server.workers = 1 (the device registry is one process's)")
         if not self.apns_app_topic:
             raise ConfigError("guble.apns needs guble.apns_app_topic (the app's bundle id)")
         if bool(self.apns_cert_file) == bool(self.apns_key_file):

@@ -4,6 +4,7 @@
   (``pos``) order: what the writer, replays and live reads use.
 * :class:`EpochAdmin`: epochs, trimming, retention, retired epochs and totals.
 * :class:`ConsumerJournal`: the durable consumers' journals (filled by ``append``).
+* :class:`RouteRegistry`: the push connectors' routes (``hubbub.log.routes``).
 * :class:`BulkScan`: the data pipeline's reads of rows and columns, in ``pos`` ranges.
 
 A caller takes the role it uses (a view of the log, such as a cluster node's, implements only the role it
@@ -12,11 +13,12 @@ changes). The sequencing rules of ``append`` are one pure planner, ``hubbub.log.
 Concurrency contract (every engine):
 
 * ``append``, ``apply_retention``, ``trim``, ``reset_channel``, ``new_epochs_on_open``,
-  ``commits_may_be_lost``, ``consumer_create``, ``consumer_delete``, ``consumer_settle`` and ``close`` are
+  ``commits_may_be_lost``, ``consumer_create``, ``consumer_delete``, ``consumer_settle``, ``route_put``,
+  ``route_delete`` and ``close`` are
   called from **one writer thread** only (core owns it). They are never called concurrently with each other.
 * Every read method (``head``, ``heads``, ``read``, ``read_runs``, ``read_rows``, ``read_last``, ``channels``,
   ``retired_epochs``, ``top_time``, ``stats``, ``scan_plan``, ``scan_columns``, ``consumers``,
-  ``consumer_items``) may be called from any thread,
+  ``consumer_items``, ``route_records``) may be called from any thread,
   concurrently with the writer and with each other. Reads see only committed data.
 * No method is ever called on the event loop thread, except ``append`` of an engine that sets
   ``inline_append`` (or of at most ``inline_append_max`` requests and ``inline_append_max_bytes`` of
@@ -60,6 +62,7 @@ from typing import Any
 from hubbub.events import Event, Publisher, fast_init, hot_value
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem, Retry
 from hubbub.log.records import encode_headers, encode_tags
+from hubbub.log.routes import RouteRecord
 
 __all__ = [
     "AppendRequest",
@@ -78,6 +81,8 @@ __all__ = [
     "LogStore",
     "RetentionPolicy",
     "Retry",
+    "RouteRecord",
+    "RouteRegistry",
     "ScanColumns",
     "ScanPlan",
     "StoreStats",
@@ -579,6 +584,26 @@ class ConsumerJournal(abc.ABC):
         return True
 
 
+class RouteRegistry(abc.ABC):
+    """The push connectors' routes (``hubbub.log.routes``): kept with the log, so that every process sharing
+    it sees the same ones. Small tables, changed by operators and devices, never on the publish path."""
+
+    @abc.abstractmethod
+    def route_put(self, record: RouteRecord, *, replace: bool = False) -> bool:
+        """Store ``record`` unless :func:`hubbub.log.routes.put_allowed` refuses it (its name exists and not
+        ``replace``; another record of its connector has its key): whether it was stored, checked and
+        written in one transaction (two processes putting the same key at once store one). Durable when
+        it returns. A **writer-thread** method."""
+
+    @abc.abstractmethod
+    def route_delete(self, connector: str, name: str) -> bool:
+        """Delete the record ``name`` of ``connector``; whether it existed. A **writer-thread** method."""
+
+    @abc.abstractmethod
+    def route_records(self, connector: str) -> list[RouteRecord]:
+        """Every record of ``connector``, by name."""
+
+
 class BulkScan(abc.ABC):
     """The data pipeline's bulk reads: a channel's rows without events, and the whole log planned into
     ``pos`` ranges and read as columns, each in one snapshot."""
@@ -628,7 +653,7 @@ class BulkScan(abc.ABC):
         ``pos`` order); an empty range gives no piece."""
 
 
-class LogStore(EventLog, EpochAdmin, ConsumerJournal, BulkScan):
+class LogStore(EventLog, EpochAdmin, ConsumerJournal, RouteRegistry, BulkScan):
     """A durable, per-channel sequenced event log: every role at once, as each engine implements it. See the
     module docstring for the contract; callers that use one role take that role's type."""
 

@@ -53,6 +53,7 @@ from hubbub.log.base import (
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 from hubbub.log.read_plan import take_upto
 from hubbub.log.records import encode_headers, encode_tags, event_size
+from hubbub.log.routes import RouteRecord, put_allowed
 from hubbub.log.sequencing import FROM_RECORD, IdemKey, plan_append
 
 __all__ = ["MemoryLogStore"]
@@ -150,6 +151,8 @@ class MemoryLogStore(LogStore):
         self._consumer_ids: dict[int, _Consumer] = {}
         self._next_consumer = 1
         self._jindex = JournalIndex()
+        # The connectors' routes: connector -> name -> record.
+        self._routes: dict[str, dict[str, RouteRecord]] = {}
 
     # -- writer side ---------------------------------------------------------------------------------
 
@@ -407,6 +410,25 @@ class MemoryLogStore(LogStore):
 
     def _retired_epoch(self, channel: str, epoch: str) -> _Channel | None:
         return next((ch for ch in self._retired.get(channel, ()) if ch.epoch == epoch), None)
+
+    def route_put(self, record: RouteRecord, *, replace: bool = False) -> bool:
+        with self._lock:
+            self._check_open()
+            mine = self._routes.setdefault(record.connector, {})
+            if not put_allowed(mine, record, replace):
+                return False
+            mine[record.name] = record
+            return True
+
+    def route_delete(self, connector: str, name: str) -> bool:
+        with self._lock:
+            self._check_open()
+            return self._routes.get(connector, {}).pop(name, None) is not None
+
+    def route_records(self, connector: str) -> list[RouteRecord]:
+        with self._lock:
+            self._check_open()
+            return sorted(self._routes.get(connector, {}).values(), key=lambda r: r.name)
 
     def close(self) -> None:
         with self._lock:

@@ -46,7 +46,7 @@ from typing import Any, Protocol, TypeAlias
 
 from hubbub.auth import Identity
 from hubbub.core.api import Batch, ConsumerService, Core
-from hubbub.errors import ConsumerBusy, HubbubError, ShuttingDown
+from hubbub.errors import ConsumerBusy, ConsumerNotFound, HubbubError, ShuttingDown
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest
 from hubbub.log.consumers import ConsumerSpec
@@ -266,7 +266,8 @@ class Connector:
         await self._consumers.create(self._spec(route), identity=CONNECTOR_IDENTITY, dialect=DIALECT)
 
     def add(self, route: Route) -> None:
-        """Start delivering ``route`` (creating its consumer at its first open)."""
+        """Start delivering ``route``, whose consumer :meth:`create` made (here or in another process of the
+        log): a route whose consumer is gone (deleted by another process) ends at its first open."""
         if route.name in self._routes:
             raise ValueError(f"{self.name}: {route.name} exists")
         st = self._routes[route.name] = _RouteState(route)
@@ -284,6 +285,11 @@ class Connector:
         if st is not None and delete:
             await self._consumers.delete(st.route.consumer, identity=CONNECTOR_IDENTITY, dialect=DIALECT)
         return st is not None
+
+    async def delete_consumer(self, consumer: str) -> None:
+        """Delete a route's consumer and its backlog, whether or not this process runs the route (stop it
+        first with :meth:`remove`): a route of a log other processes share may run elsewhere only."""
+        await self._consumers.delete(consumer, identity=CONNECTOR_IDENTITY, dialect=DIALECT)
 
     def routes(self) -> list[Route]:
         return [st.route for st in self._routes.values()]
@@ -307,6 +313,12 @@ class Connector:
             except ConsumerBusy:
                 st.state = "held_elsewhere"  # another node of the cluster delivers it
                 await asyncio.sleep(self._hold_poll_s)
+            except ConsumerNotFound:
+                # Deleted by another process of the log (its route removed there): never created again
+                # here, which would journal for a route nobody has.
+                self._routes.pop(st.route.name, None)
+                self._tasks.pop(st.route.name, None)
+                return
             except ShuttingDown:
                 return
             except Exception as exc:
@@ -330,8 +342,8 @@ class Connector:
             route.consumer,
             inbox.put_nowait,
             inbox.put_nowait,
-            spec=self._spec(route),
-            create=True,
+            spec=None,
+            create=False,
             shared=False,
             batch_max=self._batch_max,
             identity=CONNECTOR_IDENTITY,

@@ -6,7 +6,6 @@ Concurrency contract: event loop thread only; :meth:`Connectors.start` once, bef
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,14 +49,29 @@ class Connectors:
         await self.close()
 
     async def start(self) -> None:
-        """Build the webhook connector from the configuration and the API's stored hooks, delete the
-        consumers of hooks no longer defined (their backlog with them) and of hooks whose pattern or tags
-        changed (started again empty), and start delivering."""
+        """Build the webhook connector from the configuration and the API's hooks (kept with the log),
+        delete the consumers of hooks no longer defined (their backlog with them) and of hooks whose pattern
+        or tags changed (started again empty), and start delivering."""
         cfg = self._config.webhooks
-        admin = self.admin = WebhookAdmin(
-            self._node, Path(self._config.storage.data_dir) / "connectors" / "webhooks.json", cfg.hooks
+        hooks = Connector(
+            "webhook",
+            self._node,
+            self._consumers,
+            WebhookProvider(cfg.timeout_s, cfg.workers),
+            workers=cfg.workers,
+            retry=retry_policy(cfg),
+            dead_letter=cfg.dead_letter,
+            hold_poll_s=self._config.cluster.poll_interval_s,
         )
-        await asyncio.to_thread(admin.load)
+        admin = self.admin = WebhookAdmin(
+            self._node,
+            hooks,
+            cfg.hooks,
+            poll_s=self._config.cluster.poll_interval_s,
+            old_file=Path(self._config.storage.data_dir) / "connectors" / "webhooks.json",
+        )
+        await admin.migrate()
+        await admin.routes.read()
         wanted = {r.consumer: r for r in routes(cfg)}
         wanted.update({r.consumer: r for r in (route_of(n, h) for n, h in admin.hooks.items())})
         for info in await self._consumers.consumers():
@@ -74,27 +88,19 @@ class Connectors:
                 info.pending,
             )
             await self._consumers.delete(name, identity=CONNECTOR_IDENTITY, dialect=DIALECT)
-        hooks = admin.connector = Connector(
-            "webhook",
-            self._node,
-            self._consumers,
-            WebhookProvider(cfg.timeout_s, cfg.workers),
-            workers=cfg.workers,
-            retry=retry_policy(cfg),
-            dead_letter=cfg.dead_letter,
-            hold_poll_s=self._config.cluster.poll_interval_s,
-        )
         self.by_name[hooks.name] = hooks
         self._owned.append(hooks)
         for r in wanted.values():
             await hooks.create(r)  # journaled from now on, even before its task opens it
-            hooks.add(r)
+        await admin.routes.__aenter__()  # every hook's delivery starts, and what others change is followed
 
     def show(self, connector: Connector) -> None:
         """Show a connector another part runs (a dialect's) in the status and the metrics."""
         self.by_name[connector.name] = connector
 
     async def close(self) -> None:
+        if self.admin is not None:
+            await self.admin.routes.__aexit__(None, None, None)
         for c in self._owned:
             await c.close()
 

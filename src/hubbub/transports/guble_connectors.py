@@ -15,10 +15,14 @@ Under the prefix:
   value in every subscription that has it (a device's new token): ``{"modified":N}``. The subscription keeps
   its consumer, so nothing it had not delivered is lost.
 
-The subscriptions are kept in ``data_dir/connectors/<name>.json``: each with its consumer's name, written
-atomically (a temporary file, fsync'd, renamed over the old one) before the request is answered.
+The subscriptions are kept with the log (``Core.routes``, ``transports/connector_routes.py``), each with its
+consumer's name, stored before the request is answered: every process of the log (a node's workers, a
+cluster's nodes) lists, serves and deletes them, and one at a time delivers each. A registry file of an
+older hubbub (``data_dir/connectors/<name>.json``) is taken into the log at start and renamed
+``<name>.json.migrated``.
 
-Concurrency contract: event loop thread only; file writes run on a thread, one at a time per registry.
+Concurrency contract: event loop thread only; a request that changes subscriptions holds the routes'
+``changing`` lock over its checks and writes.
 """
 
 from __future__ import annotations
@@ -35,47 +39,46 @@ import orjson
 from aiohttp import web
 
 from hubbub.auth import Identity
-from hubbub.core.api import Core
+from hubbub.core.api import Core, RouteRecord
 from hubbub.dialects import guble as gc
 from hubbub.errors import BadChannel, HubbubError
 from hubbub.log.consumers import ConsumerSpec
 
 from .apns import PRODUCTION, SANDBOX, ApnsProvider, client_context
 from .binding import Wiring
-from .connector import Connector, Provider, Route, write_atomically
+from .connector import Connector, Provider, Route
+from .connector_routes import SharedRoutes, retire_file
 from .fcm import FcmLegacy, FcmV1, load_service_account
 from .http import request_identity
 
-__all__ = ["DeviceConnector", "DeviceRegistry", "apns_connector", "fcm_connector"]
+__all__ = ["DeviceConnector", "apns_connector", "fcm_connector", "old_registry"]
 
 log = logging.getLogger("hubbub.connectors")
 
 FIELDS = ("device_token", "user_id", "topic")
 
 
-class DeviceRegistry:
-    """One connector's device subscriptions (``consumer`` → fields), kept in a JSON file."""
+def _key(fields: dict[str, str]) -> str:
+    """What makes two device subscriptions the same one (the log keeps one per key)."""
+    return hashlib.sha256("\n".join(fields[f] for f in FIELDS).encode()).hexdigest()
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.entries: dict[str, dict[str, str]] = {}
-        self._writing = asyncio.Lock()
 
-    def load(self) -> None:
-        try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return
-        self.entries = {str(c): {f: str(e[f]) for f in FIELDS} for c, e in raw["subscriptions"].items()}
+def _fields(record: RouteRecord) -> dict[str, str] | None:
+    try:
+        body = json.loads(record.body)
+        return {f: str(body[f]) for f in FIELDS}
+    except (ValueError, KeyError, TypeError):
+        return None
 
-    async def save(self) -> None:
-        body = json.dumps({"format": 1, "subscriptions": self.entries}, sort_keys=True).encode()
-        async with self._writing:
-            await asyncio.to_thread(write_atomically, self.path, body)
 
-    def find(self, fields: dict[str, str]) -> str | None:
-        """The consumer of the subscription with exactly these fields."""
-        return next((c for c, e in self.entries.items() if e == fields), None)
+def old_registry(path: Path) -> dict[str, dict[str, str]]:
+    """The subscriptions (consumer -> fields) of an older hubbub's registry file; empty when it has none.
+    Blocking: call it on a thread."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    return {str(c): {f: str(e[f]) for f in FIELDS} for c, e in raw["subscriptions"].items()}
 
 
 def _json(status: int, body: Any) -> web.Response:
@@ -91,42 +94,101 @@ class DeviceConnector:
         prefix: str,
         node: Core,
         connector: Connector,
-        registry: DeviceRegistry,
         *,
         auth: bool,
+        poll_s: float,
+        old_file: Path | None = None,
     ) -> None:
         self.name = name
         self.prefix = "/" + prefix.strip("/") + "/"
         self._node = node
         self.connector = connector
-        self.registry = registry
+        self.routes = SharedRoutes(node, connector, self._route_of, poll_s=poll_s)
         self._auth = auth
+        #: An older hubbub's registry file, taken into the log at start.
+        self._old_file = old_file
 
     def route(self, consumer: str, fields: dict[str, str]) -> Route:
         pattern = gc.subtree_pattern(fields["topic"]).text
         return Route(consumer.removeprefix(self.name + "."), consumer, pattern, dict(fields))
 
+    def _route_of(self, record: RouteRecord) -> Route | None:
+        fields = _fields(record)
+        if fields is None:
+            log.warning("connector %s: subscription %s is not readable: left out", self.name, record.name)
+            return None
+        return self.route(f"{self.name}.{record.name}", fields)
+
+    def _record(self, route: Route, key: str | None = None) -> RouteRecord:
+        fields = {f: route.target[f] for f in FIELDS}
+        return RouteRecord(self.name, route.name, key or _key(fields), json.dumps(fields, sort_keys=True))
+
     async def __aenter__(self) -> DeviceConnector:
-        """Start delivering every stored subscription (the registry is loaded by the binding)."""
-        running = {r.consumer for r in self.connector.routes()}  # (subscribed since the routes opened)
-        for consumer, fields in list(self.registry.entries.items()):
-            if consumer not in running:
-                self.connector.add(self.route(consumer, fields))
+        """Take an older registry file into the log, make sure every subscription's consumer exists, and
+        start delivering them all (and following what other processes of the log change)."""
+        async with self.routes.changing:  # (no subscription is made meanwhile)
+            await self._migrate()
+            await self._ensure_consumers()
+        await self.routes.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.routes.__aexit__(*exc)
         await self.connector.close()
 
+    async def _migrate(self) -> None:
+        path = self._old_file
+        if path is None or not await asyncio.to_thread(path.exists):
+            return
+        entries = await asyncio.to_thread(old_registry, path)
+        for consumer, fields in entries.items():
+            route = self.route(consumer, fields)
+            await self._node.routes.put(self._record(route))  # (False: taken in before, or made since)
+        await retire_file(path)
+        log.warning(
+            "connector %s: %d subscriptions taken from %s into the log", self.name, len(entries), path
+        )
+
+    async def _ensure_consumers(self) -> None:
+        """Create the consumer of every recorded subscription that has none (a log the records were copied
+        to); on a log no other process writes, delete the consumers of this connector that no record names
+        (left by a crash between a consumer's create and its record, or a record's delete and its
+        consumer's). On a shared log another process may be between the two: they are left."""
+        consumers = self._node.consumers
+        assert consumers is not None
+        records = await self._node.routes.records(self.name)
+        have = {i.spec.name for i in await consumers.consumers()}
+        named = set()
+        for record in records:
+            route = self._route_of(record)
+            if route is None:
+                continue
+            named.add(route.consumer)
+            if route.consumer not in have:
+                try:
+                    await self.connector.create(route)
+                except HubbubError as exc:
+                    log.warning("connector %s: subscription %s not started: %s", self.name, route.name, exc)
+        if not self._node.routes.shared:
+            for name in have - named:
+                if name.startswith(self.name + "."):
+                    log.warning("connector %s: consumer %s has no subscription: deleted", self.name, name)
+                    await self.connector.delete_consumer(name)
+
     async def retargeted(self, route: Route) -> None:
-        """The provider named the device's new token (FCM's canonical id): store it."""
-        if route.consumer in self.registry.entries:
-            self.registry.entries[route.consumer] = {f: route.target[f] for f in FIELDS}
-            await self.registry.save()
+        """The provider named the device's new token (FCM's canonical id): store it (under the new
+        subscription's key, or its old one when another subscription has that)."""
+        async with self.routes.changing:
+            old = self.routes.records.get(route.name)
+            if old is None:
+                return
+            if not await self.routes.put(self._record(route), replace=True):
+                await self.routes.put(self._record(route, old.key), replace=True)
 
     async def removed(self, route: Route) -> None:
         """The connector removed ``route`` (the device is unregistered): forget it."""
-        if self.registry.entries.pop(route.consumer, None) is not None:
-            await self.registry.save()
+        async with self.routes.changing:
+            await self.routes.delete(route.name)
 
     def install(self, app: web.Application) -> None:
         app.router.add_get(self.prefix, self.list)
@@ -142,15 +204,20 @@ class DeviceConnector:
         if self._auth:
             self._node.access.check_admin(self._identity(request), "guble")
 
+    def _find(self, fields: dict[str, str]) -> str | None:
+        """The record name of the subscription with exactly these fields."""
+        return next((n for n, r in self.routes.records.items() if _fields(r) == fields), None)
+
     async def list(self, request: web.Request) -> web.Response:
         self._check_admin(request)
         wanted = {k: v for k, v in request.query.items() if v}
         if "topic" in wanted and not wanted["topic"].startswith("/"):
             wanted["topic"] = "/" + wanted["topic"]
+        await self.routes.refresh()  # as the log has them now, whichever process made them
         topics = sorted(
             e["topic"].lstrip("/")
-            for e in self.registry.entries.values()
-            if all(e.get(k) == v for k, v in wanted.items())
+            for e in map(_fields, self.routes.records.values())
+            if e is not None and all(e.get(k) == v for k, v in wanted.items())
         )
         return _json(200, topics)
 
@@ -163,16 +230,21 @@ class DeviceConnector:
             return _json(400, {"error": 'expected {"field","old_value","new_value"}'})
         if field not in FIELDS or field == "topic" or not old or not new:
             return _json(400, {"error": "invalid substitution"})
-        changed = [c for c, e in self.registry.entries.items() if e[field] == old]
-        for consumer in changed:
-            fields = {**self.registry.entries[consumer], field: new}
-            self.registry.entries[consumer] = fields
-            route = self.route(consumer, fields)
-            await self.connector.remove(route.name, delete=False)  # its consumer and backlog stay
-            self.connector.add(route)
-        if changed:
-            await self.registry.save()
-        return _json(200, {"modified": len(changed)})
+        async with self.routes.changing:
+            await self.routes.read()
+            changed = 0
+            for name, record in list(self.routes.records.items()):
+                fields = _fields(record)
+                if fields is None or fields[field] != old:
+                    continue
+                route = self.route(f"{self.name}.{name}", {**fields, field: new})
+                # Its consumer and backlog stay; the key stays when another subscription has the new one.
+                if not await self.routes.put(self._record(route), replace=True):
+                    await self.routes.put(self._record(route, record.key), replace=True)
+                await self.connector.remove(route.name, delete=False)
+                self.connector.add(route)
+                changed += 1
+        return _json(200, {"modified": changed})
 
     async def device(self, request: web.Request) -> web.Response:
         if request.method not in ("POST", "DELETE"):
@@ -189,38 +261,37 @@ class DeviceConnector:
         if self._auth:
             spec = ConsumerSpec(name=f"{self.name}.check", pattern=topic.text)
             self._node.access.check_consumer(self._identity(request), spec, "guble")
-        if request.method == "POST":
-            return await self._subscribe(fields)
-        return await self._unsubscribe(fields, topic_text)
+        async with self.routes.changing:
+            if request.method == "POST":
+                return await self._subscribe(fields)
+            return await self._unsubscribe(fields, topic_text)
 
     async def _subscribe(self, fields: dict[str, str]) -> web.Response:
-        if self.registry.find(fields) is not None:
+        key = _key(fields)
+        if self.routes.find_key(key) is not None or self._find(fields) is not None:
             return _json(200, {"error": "subscription already exists"})
-        key = hashlib.sha256("\n".join(fields[f] for f in FIELDS).encode()).hexdigest()[:32]
-        consumer = f"{self.name}.{key}-{secrets.token_hex(4)}"
-        route = self.route(consumer, fields)
-        # Claimed before any wait, so that the same request twice at once makes one subscription.
-        self.registry.entries[consumer] = fields
+        route = self.route(f"{self.name}.{key[:32]}-{secrets.token_hex(4)}", fields)
         try:
             # The consumer first: every message published once the subscription is answered is journaled.
             await self.connector.create(route)
-            await self.registry.save()  # before the answer: a subscription answered survives a crash
         except HubbubError as exc:  # too many consumers, a bad topic
-            del self.registry.entries[consumer]
             return _json(400, {"error": f"subscription refused: {exc}"})
-        except BaseException:
-            self.registry.entries.pop(consumer, None)
-            raise
+        # The record before the answer: a subscription answered survives a crash, and is every process's.
+        if not await self.routes.put(self._record(route)):  # made meanwhile by another process
+            await self.connector.delete_consumer(route.consumer)
+            return _json(200, {"error": "subscription already exists"})
         self.connector.add(route)
         return _json(200, {"subscribed": fields["topic"]})
 
     async def _unsubscribe(self, fields: dict[str, str], topic_text: str) -> web.Response:
-        consumer = self.registry.find(fields)
-        if consumer is None:
+        name = self._find(fields)
+        if name is None:
+            await self.routes.read()  # made by another process since this one last read them
+            name = self._find(fields)
+        if name is None or not await self.routes.delete(name):
             return _json(404, {"error": "subscription not found"})
-        del self.registry.entries[consumer]
-        await self.registry.save()
-        await self.connector.remove(consumer.removeprefix(self.name + "."), delete=True)
+        await self.connector.remove(name, delete=False)
+        await self.connector.delete_consumer(f"{self.name}.{name}")
         return _json(200, {"unsubscribed": topic_text})
 
 
@@ -257,8 +328,6 @@ async def apns_connector(w: Wiring, cfg: gc.GubleConfig, auth: bool) -> DeviceCo
 async def _device_connector(
     w: Wiring, name: str, prefix: str, provider: Provider, workers: int, auth: bool
 ) -> DeviceConnector:
-    registry = DeviceRegistry(Path(w.config.storage.data_dir) / "connectors" / f"{name}.json")
-    await asyncio.to_thread(registry.load)
     holder: list[DeviceConnector] = []
 
     async def removed(route: Route) -> None:
@@ -277,6 +346,9 @@ async def _device_connector(
         on_removed=removed,
         on_retargeted=retargeted,
     )
-    device = DeviceConnector(name, prefix, w.node, conn, registry, auth=auth)
+    old = Path(w.config.storage.data_dir) / "connectors" / f"{name}.json"
+    device = DeviceConnector(
+        name, prefix, w.node, conn, auth=auth, poll_s=w.config.cluster.poll_interval_s, old_file=old
+    )
     holder.append(device)
     return device

@@ -9,10 +9,14 @@ permission (``/api/v1/trim``'s):
 * ``DELETE /api/v1/webhooks/<name>``: removes the hook with its backlog (200 ``{"deleted":name}``), 404
   unknown, 409 for a hook of the file.
 
-The API's hooks are kept in ``data_dir/connectors/webhooks.json``, written atomically before the answer,
-and started again with the server. A hook of the file always wins over one of the API with its name.
+The API's hooks are kept with the log (``Core.routes``, ``transports/connector_routes.py``), stored before
+the answer: every process of the log (a node's workers, a cluster's nodes) lists and runs them, and one at a
+time delivers each. A hook of the file always wins over one of the API with its name. A
+``data_dir/connectors/webhooks.json`` of an older hubbub is taken into the log at start and renamed
+``webhooks.json.migrated``.
 
-Concurrency contract: event loop thread only; the file is written on a thread, one write at a time.
+Concurrency contract: event loop thread only; a request that changes hooks holds the routes' ``changing``
+lock over its checks and writes.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ import orjson
 from aiohttp import web
 
 from hubbub.config import ConfigError, check_webhook
-from hubbub.core.api import Core
+from hubbub.core.api import Core, RouteRecord
 from hubbub.errors import HubbubError
 
-from .connector import Connector, write_atomically
+from .connector import Connector, Route
+from .connector_routes import SharedRoutes, retire_file
 from .http import request_identity
 from .webhook import route_of
 
@@ -44,39 +49,63 @@ def _json(status: int, body: Any) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body) + b"\n", content_type="application/json")
 
 
+def _record(name: str, hook: Mapping[str, Any]) -> RouteRecord:
+    return RouteRecord("webhook", name, name, json.dumps(hook, sort_keys=True))
+
+
+def _hook(record: RouteRecord) -> dict[str, Any] | None:
+    """A record's hook, checked (None: not one, logged)."""
+    try:
+        hook = json.loads(record.body)
+        check_webhook(f"webhook {record.name}", record.name, hook)
+    except (ValueError, ConfigError) as exc:
+        log.warning("webhook %s left out: %s", record.name, exc)
+        return None
+    return dict(hook)
+
+
 class WebhookAdmin:
-    """The API's hooks (name → definition) and the routes that change them."""
+    """The API's hooks and the routes that change them, over the webhook connector's :class:`SharedRoutes`."""
 
-    def __init__(self, node: Core, path: Path, configured: Mapping[str, Mapping[str, Any]]) -> None:
+    def __init__(
+        self,
+        node: Core,
+        connector: Connector,
+        configured: Mapping[str, Mapping[str, Any]],
+        *,
+        poll_s: float,
+        old_file: Path | None = None,
+    ) -> None:
         self._node = node
-        self.path = path
+        self.connector = connector
         self._configured = configured
-        self.hooks: dict[str, dict[str, Any]] = {}
-        self._writing = asyncio.Lock()
-        self.connector: Connector | None = None
+        fixed = {name: route_of(name, hook) for name, hook in configured.items()}
+        self.routes = SharedRoutes(node, connector, self._route_of, poll_s=poll_s, fixed=fixed)
+        self._old_file = old_file
 
-    def load(self) -> None:
-        """Read the stored hooks (blocking: at start). One the file defines too, or no longer valid, is
-        left out (logged)."""
-        try:
-            stored = json.loads(self.path.read_text(encoding="utf-8"))["webhooks"]
-        except FileNotFoundError:
+    def _route_of(self, record: RouteRecord) -> Route | None:
+        hook = _hook(record)
+        return None if hook is None else route_of(record.name, hook)
+
+    @property
+    def hooks(self) -> dict[str, dict[str, Any]]:
+        """The API's hooks as last read, by name (a file's hook of the same name left out)."""
+        out = {}
+        for name, record in self.routes.records.items():
+            if name not in self._configured and (hook := _hook(record)) is not None:
+                out[name] = hook
+        return out
+
+    async def migrate(self) -> None:
+        """Take an older hubbub's ``webhooks.json`` into the log (its hooks not already there)."""
+        path = self._old_file
+        if path is None or not await asyncio.to_thread(path.exists):
             return
+        stored = json.loads(await asyncio.to_thread(path.read_text, encoding="utf-8"))["webhooks"]
         for name, hook in stored.items():
-            if name in self._configured:
-                log.warning("webhook %s: defined in the configuration too, which wins", name)
-                continue
-            try:
-                check_webhook(f"{self.path}: {name}", name, hook)
-            except ConfigError as exc:
-                log.warning("webhook %s left out: %s", name, exc)
-                continue
-            self.hooks[name] = hook
-
-    async def _save(self) -> None:
-        body = json.dumps({"format": 1, "webhooks": self.hooks}, sort_keys=True).encode()
-        async with self._writing:
-            await asyncio.to_thread(write_atomically, self.path, body)
+            await self._node.routes.put(_record(name, hook))
+        await retire_file(path)
+        log.warning("webhooks: %d hooks taken from %s into the log", len(stored), path)
 
     def install(self, app: web.Application) -> None:
         app.router.add_get("/api/v1/webhooks", self.list)
@@ -88,6 +117,7 @@ class WebhookAdmin:
 
     async def list(self, request: web.Request) -> web.Response:
         self._check_admin(request)
+        await self.routes.refresh()  # as the log has them now, whichever process made them
         out = [
             {
                 "name": name,
@@ -114,22 +144,25 @@ class WebhookAdmin:
             return _json(400, {"error": "expected a JSON object with url and pattern"})
         except ConfigError as exc:
             return _json(400, {"error": str(exc)})
-        assert self.connector is not None
         route = route_of(name, hook)
-        old = self.hooks.get(name)
-        if old is not None:
-            was = route_of(name, old)
-            # A new pattern or new tags: a new consumer (its backlog was journaled for the old ones).
-            await self.connector.remove(name, delete=(was.pattern, was.tags) != (route.pattern, route.tags))
-        try:
-            await self.connector.create(route)
-        except HubbubError as exc:
-            if old is not None:  # (the old one runs on: nothing was changed)
-                self.connector.add(route_of(name, old))
-            return _json(400, {"error": f"{name}: {exc}"})
-        self.hooks[name] = hook
-        await self._save()  # before the answer: a hook answered survives a crash
-        self.connector.add(route)
+        async with self.routes.changing:
+            await self.routes.read()
+            old = self.hooks.get(name)
+            if old is not None:
+                was = route_of(name, old)
+                # A new pattern or new tags: a new consumer (its backlog was journaled for the old ones).
+                await self.connector.remove(name, delete=False)
+                if (was.pattern, was.tags) != (route.pattern, route.tags):
+                    await self.connector.delete_consumer(was.consumer)
+            try:
+                await self.connector.create(route)
+            except HubbubError as exc:
+                if old is not None:  # (the old one runs on: nothing was changed)
+                    self.connector.add(route_of(name, old))
+                return _json(400, {"error": f"{name}: {exc}"})
+            # Before the answer: a hook answered survives a crash, and is every process's.
+            await self.routes.put(_record(name, hook), replace=True)
+            self.connector.add(route)
         return _json(200 if old is not None else 201, {"name": name, "created": old is None})
 
     async def delete(self, request: web.Request) -> web.Response:
@@ -137,10 +170,11 @@ class WebhookAdmin:
         name = request.match_info["name"]
         if name in self._configured:
             return _json(409, {"error": f"{name} is defined in the configuration file"})
-        if name not in self.hooks:
-            return _json(404, {"error": f"{name}: no such webhook"})
-        del self.hooks[name]
-        await self._save()
-        assert self.connector is not None
-        await self.connector.remove(name, delete=True)
+        async with self.routes.changing:
+            await self.routes.read()
+            hook = self.hooks.get(name)
+            if hook is None or not await self.routes.delete(name):
+                return _json(404, {"error": f"{name}: no such webhook"})
+            await self.connector.remove(name, delete=False)
+            await self.connector.delete_consumer(route_of(name, hook).consumer)
         return _json(200, {"deleted": name})

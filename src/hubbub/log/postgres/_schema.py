@@ -19,6 +19,7 @@ Schema (version :data:`SCHEMA_VERSION`, kept in ``schema_version``)::
                publisher_dialect BYTEA, publisher_user BYTEA, publisher_app BYTEA, publisher_msg_id BYTEA,
                content_type BYTEA, headers BYTEA, tags BYTEA, payload BYTEA, PRIMARY KEY (consumer_id, pos))
     consumer_gen (gen BIGINT)                            -- one row, bumped by consumer create and delete
+    connector_routes (connector, name, key, body, PRIMARY KEY (connector, name), UNIQUE (connector, key))
 
 It is the SQLite engine's schema (``hubbub.log.sqlite._schema``) with these differences:
 
@@ -41,7 +42,8 @@ Epochs are kept as in SQLite: a new epoch moves the channel's ``channels`` row t
 its id, and the channel gets a new row with a new id (``log_state.next_id``).
 
 Durable consumers (:mod:`hubbub.log.consumers`, ``_consumers.py``) are the SQLite engine's tables plus
-``consumer_gen``, which tells every node's writer when to reload the consumers' filters.
+``consumer_gen``, which tells every node's writer when to reload the consumers' filters. The push
+connectors' routes (``hubbub.log.routes``, ``_routes.py``) are the SQLite engine's ``connector_routes``.
 
 Versions and migration: the schema is created by the first store that opens the database as a writer, and
 migrated by a writer that finds an older version, in one transaction under an advisory lock (several nodes
@@ -72,7 +74,7 @@ import psycopg
 __all__ = ["DURABILITY_SYNCHRONOUS_COMMIT", "SCHEMA_VERSION"]
 
 #: Version of the database schema in this module's docstring.
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 #: ``durability`` -> ``synchronous_commit`` (see the module docstring).
 DURABILITY_SYNCHRONOUS_COMMIT: Final[dict[str, str]] = {"fsync": "on", "commit": "local", "none": "off"}
@@ -178,6 +180,17 @@ _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
         )""",
         "CREATE TABLE consumer_gen (gen BIGINT NOT NULL)",
         "INSERT INTO consumer_gen (gen) VALUES (0)",
+    ),
+    # 2 -> 3: the push connectors' routes.
+    2: (
+        """CREATE TABLE connector_routes (
+            connector TEXT NOT NULL,
+            name TEXT NOT NULL,
+            key TEXT NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (connector, name),
+            UNIQUE (connector, key)
+        )""",
     ),
 }
 
