@@ -94,7 +94,11 @@ HELP = {
     "webhooks.retry_base_s": "first backoff between tries of a webhook request, doubled at each try",
     "webhooks.retry_max_s": "longest backoff between tries of a webhook request",
     "webhooks.retry_after_max_s": "longest wait a receiver's Retry-After may ask for",
+    "webhooks.retry_after_min_s": "shortest wait a receiver's Retry-After may ask for "
+    "(Retry-After: 0 waits this)",
     "webhooks.max_attempts": "tries of one event before it goes to the dead-letter channel (0: no limit)",
+    "webhooks.max_retry_s": "seconds one event is tried before it goes to the dead-letter channel "
+    "(0: no limit)",
     "webhooks.dead_letter": "channel prefix of refused events: PREFIX/webhook/HOOK",
     "log_level": "debug, info, warning or error",
     "log_format": "text or json (one JSON object per line)",

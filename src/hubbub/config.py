@@ -422,13 +422,21 @@ class WebhooksConfig(Section):
     retry_base_s: float = 0.2
     retry_max_s: float = 30.0
     retry_after_max_s: float = 300.0
+    #: The floor under a receiver's Retry-After (``Retry-After: 0`` would make a loop of requests).
+    retry_after_min_s: float = 1.0
     max_attempts: int = 0
+    #: How long an event is tried before it is dead-lettered (a day, about Svix's schedule; 0: for ever).
+    max_retry_s: float = 86400.0
     dead_letter: str = "/hubbub/dead-letter"
 
     def validate(self, config: Config) -> None:
         _positive(self, "workers", "timeout_s", "retry_base_s", "retry_max_s", "retry_after_max_s")
-        if self.max_attempts < 0:
-            raise ConfigError("webhooks.max_attempts: must not be negative (0: retry until delivered)")
+        if self.max_attempts < 0 or self.max_retry_s < 0:
+            raise ConfigError(
+                "webhooks.max_attempts and webhooks.max_retry_s: must not be negative (0: no bound)"
+            )
+        if not 0 <= self.retry_after_min_s <= self.retry_after_max_s:
+            raise ConfigError("webhooks.retry_after_min_s: from 0 to webhooks.retry_after_max_s")
         if not self.dead_letter.startswith("/") or self.dead_letter.rstrip("/") == "":
             raise ConfigError("webhooks.dead_letter: a channel prefix such as /hubbub/dead-letter")
         for name, hook in self.hooks.items():

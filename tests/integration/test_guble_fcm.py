@@ -100,7 +100,7 @@ def test_subscribe_over_rest_and_receive_every_message_in_order_v1(tmp_path: Pat
 
 
 def test_unregistered_device_is_removed_and_fcm_down_keeps_order(tmp_path: Path) -> None:
-    """FCM answers 503 (Retry-After 0) to the first three sends, then delivers: the healthy device gets every
+    """FCM answers 503 to the first three sends, then delivers: the healthy device gets every
     message in order. The device FCM calls UNREGISTERED is removed: from the list and from the log."""
 
     async def body() -> None:
@@ -112,7 +112,7 @@ def test_unregistered_device_is_removed_and_fcm_down_keeps_order(tmp_path: Path)
                 return UNREGISTERED
             if down:
                 down -= 1
-                return 503, {"error": {"code": 503, "status": "UNAVAILABLE"}}, {"Retry-After": "0"}
+                return 503, {"error": {"code": 503, "status": "UNAVAILABLE"}}, {}
             return 200, {}, {}
 
         fcm = await FcmServer(answer=answer).start()
@@ -141,7 +141,7 @@ def test_substitute_keeps_what_was_pending_legacy(tmp_path: Path) -> None:
 
     async def body() -> None:
         up = asyncio.Event()
-        fcm = FcmServer(answer=lambda t: (200, {}, {}) if up.is_set() else (500, {}, {"Retry-After": "0"}))
+        fcm = FcmServer(answer=lambda t: (200, {}, {}) if up.is_set() else (500, {}, {}))
         await fcm.start()
         cli = {
             "data_dir": str(tmp_path / "data"),

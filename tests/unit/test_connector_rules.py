@@ -30,7 +30,26 @@ def test_backoff_doubles_up_to_its_cap_and_retry_after_is_capped() -> None:
         assert base <= p.delay(attempt, None) <= base * 1.1
     assert p.delay(0, 5.0) == 5.0
     assert p.delay(0, 3600.0) == 60.0
-    assert p.delay(0, -1.0) == 0.0
+    assert p.delay(0, -1.0) == 1.0  # the floor (retry_after_min_s)
+
+
+def test_retry_after_has_a_floor_and_a_cap() -> None:
+    """``Retry-After: 0`` waits the floor (a loop of requests otherwise), a huge one the cap."""
+    assert RetryPolicy().delay(0, 0.0) == 1.0 and RetryPolicy().delay(0, 10**9) == 300.0
+    p = RetryPolicy(retry_after_min_s=0.5, retry_after_max_s=2.0)
+    assert (p.delay(3, 0.0), p.delay(3, 1.5), p.delay(3, 9.0)) == (0.5, 1.5, 2.0)
+
+
+def test_an_item_is_given_up_past_its_tries_or_its_time() -> None:
+    """``next_delay``: None once the tries are spent or the next try would come past ``max_retry_s``."""
+    p = RetryPolicy(base_s=1.0, max_s=1.0, max_retry_s=10.0)
+    assert p.next_delay(1, None, 0.0) is not None
+    assert p.next_delay(1, None, 8.0) is not None  # 8 + at most 1.1 s
+    assert p.next_delay(1, None, 9.05) is None  # 9.05 + at least 1 s > 10
+    assert p.next_delay(1, 5.0, 4.0) == 5.0 and p.next_delay(1, 7.0, 4.0) is None  # Retry-After counts
+    assert RetryPolicy(max_attempts=3, max_retry_s=0).next_delay(3, None, 1e9) is None
+    assert RetryPolicy(max_attempts=0, max_retry_s=0).next_delay(10**6, None, 1e12) is not None
+    assert RetryPolicy().max_retry_s == 86400.0  # bounded out of the box
 
 
 def test_webhook_answers() -> None:

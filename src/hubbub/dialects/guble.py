@@ -530,6 +530,8 @@ class GubleConfig(DialectSection):
         "fcm_endpoint": "the FCM legacy send URL, or with fcm_credentials_file the FCM v1 base URL (empty: "
         "Google's)",
         "fcm_prefix": "path prefix of the FCM connector's REST routes",
+        "fcm_max_retry_s": "seconds one message is tried before it goes to the dead-letter channel (0: no "
+        "limit; refused credentials pause the connector instead)",
         "fcm_workers": "FCM requests in flight at once, over all device subscriptions",
         "apns": "serve guble's APNs connector: device subscriptions at guble.apns_prefix, each topic's "
         "messages pushed to Apple's push service over HTTP/2 durably (docs/connectors.md)",
@@ -538,6 +540,8 @@ class GubleConfig(DialectSection):
         "apns_cert_password": "the password of apns_cert_file",
         "apns_app_topic": "the app's bundle id, sent as apns-topic",
         "apns_prefix": "path prefix of the APNs connector's REST routes",
+        "apns_max_retry_s": "seconds one message is tried before it goes to the dead-letter channel (0: no "
+        "limit; refused credentials pause the connector instead)",
         "apns_workers": "APNs requests in flight at once, over all device subscriptions",
         "apns_key_file": "a .p8 signing key: authenticate with ES256 provider tokens, not a certificate",
         "apns_key_id": "the key id of apns_key_file",
@@ -548,6 +552,8 @@ class GubleConfig(DialectSection):
         "sms_api_key": "the Vonage API key",
         "sms_api_secret": "the Vonage API secret",
         "sms_topic": "the topic whose messages (and its subtree's) are text messages to send",
+        "sms_max_retry_s": "seconds one message is tried before it goes to the dead-letter channel (0: no "
+        "limit; refused credentials pause the connector instead)",
         "sms_workers": "accepted for guble's --sms-workers; the gateway sends one message at a time",
         "sms_endpoint": "the Vonage SMS API URL (empty: Vonage's)",
         "apns_ca_file": "more CA certificates to trust for the APNs endpoint (PEM): a private relay's",
@@ -612,6 +618,7 @@ class GubleConfig(DialectSection):
     fcm_endpoint: str = ""
     fcm_prefix: str = "/fcm/"
     fcm_workers: int = 8
+    fcm_max_retry_s: float = 86400.0
     apns: bool = False
     apns_production: bool = False
     apns_cert_file: str = ""
@@ -619,6 +626,7 @@ class GubleConfig(DialectSection):
     apns_app_topic: str = ""
     apns_prefix: str = "/apns/"
     apns_workers: int = 8
+    apns_max_retry_s: float = 86400.0
     apns_key_file: str = ""
     apns_key_id: str = ""
     apns_team_id: str = ""
@@ -629,6 +637,7 @@ class GubleConfig(DialectSection):
     sms_api_secret: Secret = field(default_factory=lambda: Secret(""))
     sms_topic: str = "/sms"
     sms_workers: int = 1
+    sms_max_retry_s: float = 86400.0
     sms_endpoint: str = ""
 
     @classmethod
@@ -651,6 +660,8 @@ class GubleConfig(DialectSection):
                 raise ConfigError(
                     "guble.fcm needs guble.fcm_api_key (legacy) or guble.fcm_credentials_file (v1)"
                 )
+        if min(self.fcm_max_retry_s, self.apns_max_retry_s, self.sms_max_retry_s) < 0:
+            raise ConfigError("guble.fcm_max_retry_s, apns_max_retry_s, sms_max_retry_s: not negative")
         if self.apns:
             self._check_apns(config)
         if self.sms:

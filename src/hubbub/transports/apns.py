@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 
 from hubbub.events import Event
 
-from .connector import Gone, Outcome, Refused, Retry, Route, Sent, parse_retry_after
+from .connector import Gone, Outcome, Refused, Retry, Route, Sent, Unauthorized, parse_retry_after
 
 __all__ = ["PRODUCTION", "SANDBOX", "ApnsProvider", "apns_payload", "client_context"]
 
@@ -148,8 +148,9 @@ class ApnsProvider:
             self._token = ""  # made anew at the next try
             return Retry("apns_ExpiredProviderToken")
         if resp.status_code == 403:
-            # The certificate or the key is refused: every device waits until an operator fixes it.
-            return Retry(f"apns_{reason or 403}")
+            # The certificate or the key is refused: every device waits until an operator fixes it, the
+            # connector paused (connector_retry.py).
+            return Unauthorized(f"apns_{reason or 403}")
         return Refused(f"apns_{reason or resp.status_code}")
 
     async def aclose(self) -> None:

@@ -9,10 +9,14 @@ Rules, for every provider:
   come in journal order; each item is pushed, and retried until it is settled, before the next one, and the
   batch is acknowledged once every item in it is settled. A stop or a crash before the acknowledgement gives
   the batch back, and its items are pushed again (the journal survives ``kill -9``).
-* **Retries**: an outcome :class:`Retry` (a 429, a 5xx, a refused or broken connection, a timeout) is tried
-  again after a backoff (:class:`RetryPolicy`: doubling from ``base_s`` up to ``max_s``), or after what the
-  provider asked for (``Retry-After``, capped by ``retry_after_max_s``); with ``max_attempts`` set, an item
-  still failing after that many tries goes to the dead-letter channel as a permanent refusal.
+* **Retries** (``connector_retry.py``): an outcome :class:`Retry` (a 429, a 5xx, a refused or broken
+  connection, a timeout) is tried again after a backoff (:class:`RetryPolicy`: doubling from ``base_s`` up
+  to ``max_s``), or after what the provider asked for (``Retry-After``, within ``retry_after_min_s`` and
+  ``retry_after_max_s``); past ``max_attempts`` tries or ``max_retry_s`` seconds (a day by default) the
+  item goes to the dead-letter channel with its last failure's reason, and the next one goes.
+* **Credentials refused** (:class:`Unauthorized`: FCM's or APNs's 401/403, Vonage's bad credentials): the
+  whole connector pauses (:class:`~.connector_retry.CredentialPause`): one probe at a time with a backoff,
+  nothing dead-lettered, every subscription resumed once a probe is not refused for its credentials.
 * **Unregistered** (:class:`Gone`: FCM ``UNREGISTERED``, APNs 410, a webhook's 410): the subscription is
   removed (its consumer deleted) and nothing more is pushed to it.
 * **Dead letter** (:class:`Refused`: a permanent refusal, such as a 400): the event is published, with its
@@ -32,16 +36,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import email.utils
 import logging
-import os
-import random
-import secrets
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
 from hubbub.auth import Identity
@@ -50,6 +49,8 @@ from hubbub.errors import ConsumerBusy, ConsumerNotFound, HubbubError, ShuttingD
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest
 from hubbub.log.consumers import ConsumerSpec
+
+from .connector_retry import CredentialPause, RetryPolicy, parse_retry_after
 
 __all__ = [
     "CONNECTOR_IDENTITY",
@@ -63,8 +64,9 @@ __all__ = [
     "RetryPolicy",
     "Route",
     "Sent",
+    "Unauthorized",
+    "dead_letter",
     "parse_retry_after",
-    "write_atomically",
 ]
 
 log = logging.getLogger("hubbub.connectors")
@@ -110,7 +112,15 @@ class Refused:
     reason: str
 
 
-Outcome: TypeAlias = Sent | Retry | Gone | Refused
+@dataclass(frozen=True, slots=True)
+class Unauthorized:
+    """The provider refuses the connector's own credentials (a key, a certificate): no item's fault, every
+    subscription's; the connector pauses (module docstring)."""
+
+    reason: str
+
+
+Outcome: TypeAlias = Sent | Retry | Gone | Refused | Unauthorized
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,41 +143,6 @@ class Provider(Protocol):
     async def send(self, route: Route, event: Event, attempt: int) -> Outcome: ...
 
     async def aclose(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """The backoff between tries of one item: ``base_s * 2**attempt``, at most ``max_s``, with up to 10 %
-    random added so that many subscriptions do not retry in step; a provider's ``Retry-After`` instead,
-    at most ``retry_after_max_s``. ``max_attempts`` (0: no limit) tries, then a dead letter."""
-
-    base_s: float = 0.2
-    max_s: float = 30.0
-    retry_after_max_s: float = 300.0
-    max_attempts: int = 0
-
-    def delay(self, attempt: int, after_s: float | None) -> float:
-        if after_s is not None:
-            return max(0.0, min(after_s, self.retry_after_max_s))
-        d: float = min(self.base_s * 2.0 ** min(attempt, 30), self.max_s)
-        return d + d * 0.1 * random.random()
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """An HTTP ``Retry-After`` (RFC 9110 §10.2.3) as seconds from ``now``: delta-seconds or an HTTP date;
-    ``None`` when absent or unreadable (the backoff applies then)."""
-    if not value:
-        return None
-    v = value.strip()
-    if v.isdigit():
-        return float(int(v))
-    try:
-        when = email.utils.parsedate_to_datetime(v)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 @dataclass(slots=True)
@@ -239,6 +214,8 @@ class Connector:
         #: Told of a route whose target the provider changed (guble's connectors store the new token).
         self._on_retargeted = on_retargeted
         self.stats = ConnectorStats()
+        #: The pause while the provider refuses the connector's credentials.
+        self.pause = CredentialPause(name)
         self._routes: dict[str, _RouteState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._closing = False
@@ -296,6 +273,12 @@ class Connector:
 
     # -- one subscription -------------------------------------------------------------------------------
 
+    def _forget(self, st: _RouteState) -> None:
+        """The route of ``st`` ended by itself: no longer run (a route added since under its name stays)."""
+        if self._routes.get(st.route.name) is st:
+            del self._routes[st.route.name]
+            self._tasks.pop(st.route.name, None)
+
     def _spec(self, route: Route) -> ConsumerSpec:
         return ConsumerSpec(name=route.consumer, pattern=route.pattern, tags=route.tags, batch_wait_ms=0)
 
@@ -316,8 +299,7 @@ class Connector:
             except ConsumerNotFound:
                 # Deleted by another process of the log (its route removed there): never created again
                 # here, which would journal for a route nobody has.
-                self._routes.pop(st.route.name, None)
-                self._tasks.pop(st.route.name, None)
+                self._forget(st)
                 return
             except ShuttingDown:
                 return
@@ -355,8 +337,7 @@ class Connector:
                 got = await inbox.get()
                 if isinstance(got, str):  # closed by the service: deleted, shutdown, error
                     if got == "deleted":
-                        self._routes.pop(route.name, None)
-                        self._tasks.pop(route.name, None)
+                        self._forget(st)
                         return True
                     return got == "shutdown"
                 st.state = "delivering"
@@ -366,8 +347,7 @@ class Connector:
                         # the delete below drops the consumer with its journal.
                         opener.close()
                         self.stats.removed += 1
-                        self._routes.pop(route.name, None)
-                        self._tasks.pop(route.name, None)
+                        self._forget(st)
                         await self._consumers.delete(
                             route.consumer, identity=CONNECTOR_IDENTITY, dialect=DIALECT
                         )
@@ -381,9 +361,18 @@ class Connector:
     async def _push(self, st: _RouteState, event: Event) -> Gone | None:
         """Push one event until it is settled: sent, dead-lettered, or its target gone (returned)."""
         attempt = 0
+        started = time.monotonic()
         while True:
             st.attempt = attempt
             outcome = await self._send(st.route, event, attempt)
+            if isinstance(outcome, Unauthorized):
+                self.stats.failed[outcome.reason] += 1
+                st.state, st.last_error = "paused", outcome.reason
+                self.pause.refused(outcome.reason)
+                started = time.monotonic()  # the time paused does not count toward the item's bound
+                continue  # tried again as a probe (``_send`` waits its turn)
+            if not isinstance(outcome, Retry):
+                self.pause.accepted()
             if isinstance(outcome, Sent):
                 self.stats.delivered(event)
                 if outcome.target:
@@ -396,14 +385,25 @@ class Connector:
             self.stats.failed[outcome.reason] += 1
             st.last_error = outcome.reason
             attempt += 1
-            spent = bool(self.retry.max_attempts) and attempt >= self.retry.max_attempts
-            if isinstance(outcome, Retry) and not spent:
-                self.stats.retries += 1
-                st.state = "retrying"
-                await asyncio.sleep(self.retry.delay(attempt - 1, outcome.after_s))
-                st.state = "delivering"
-                continue
-            await self._dead_letter(st.route, event, outcome.reason)
+            if isinstance(outcome, Retry):
+                delay = self.retry.next_delay(attempt, outcome.after_s, time.monotonic() - started)
+                if delay is not None:
+                    self.stats.retries += 1
+                    st.state = "retrying"
+                    await asyncio.sleep(delay)
+                    st.state = "delivering"
+                    continue
+                log.warning(
+                    "connector %s: %s: gave up on %s:%d after %d tries over %.1f s (%s): dead-lettered",
+                    self.name,
+                    st.route.name,
+                    event.channel,
+                    event.seq,
+                    attempt,
+                    time.monotonic() - started,
+                    outcome.reason,
+                )
+            await self._dead_letter(st.route, event, outcome.reason, attempt)
             return None
 
     async def _retarget(self, st: _RouteState, target: Mapping[str, str]) -> None:
@@ -415,7 +415,7 @@ class Connector:
             await self._on_retargeted(st.route)
 
     async def _send(self, route: Route, event: Event, attempt: int) -> Outcome:
-        async with self._slots:
+        async with self.pause.turn(), self._slots:
             self.stats.in_flight += 1
             try:
                 return await self.provider.send(route, event, attempt)
@@ -427,23 +427,14 @@ class Connector:
             finally:
                 self.stats.in_flight -= 1
 
-    async def _dead_letter(self, route: Route, event: Event, reason: str) -> None:
+    async def _dead_letter(self, route: Route, event: Event, reason: str, attempts: int) -> None:
         """Publish ``event`` on the route's dead-letter channel (committed before the next item goes out),
         or drop it when it is a dead letter already (no loop)."""
-        if DEAD_HEADERS[0] in event.headers:
+        request = dead_letter(f"{self.dead_letter}/{self.name}/{route.name}", event, reason, attempts)
+        if request is None:
             self.stats.failed["dead_letter_dropped"] += 1
             log.warning("connector %s: %s refused a dead letter (%s): dropped", self.name, route.name, reason)
             return
-        headers = dict(event.user_headers)
-        headers.update(zip(DEAD_HEADERS, (reason, event.channel, str(event.seq), event.epoch), strict=True))
-        request = AppendRequest(
-            channel=f"{self.dead_letter}/{self.name}/{route.name}",
-            publisher=Publisher(DIALECT, CONNECTOR_IDENTITY.user),
-            payload=event.payload,
-            content_type=event.content_type,
-            headers=headers,
-            tags=event.tags,
-        )
         await self._node.publish(request, None, CONNECTOR_IDENTITY)
         self.stats.dead_lettered += 1
 
@@ -467,6 +458,7 @@ class Connector:
             )
         return {
             "name": self.name,
+            "paused": self.pause.status(),
             "workers": self.workers,
             "in_flight": s.in_flight,
             "sent": s.sent,
@@ -480,19 +472,20 @@ class Connector:
         }
 
 
-def write_atomically(path: Path, body: bytes) -> None:
-    """Replace ``path`` with ``body`` so that a crash leaves the old file or the new one, never a torn one:
-    a temporary file beside it, fsync'd, renamed over it, and the directory fsync'd. Blocking: call it on
-    a thread."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    with open(tmp, "wb") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def dead_letter(channel: str, event: Event, reason: str, attempts: int) -> AppendRequest | None:
+    """The dead letter of ``event`` on ``channel``: its payload, content type, tags and headers, and the
+    refusal's ``reason``, the tries made and the event's place in ``x-dead-*`` headers; None for an event
+    that is a dead letter already (never dead-lettered again: no loop)."""
+    if DEAD_HEADERS[0] in event.headers:
+        return None
+    headers = dict(event.user_headers)
+    headers.update(zip(DEAD_HEADERS, (reason, event.channel, str(event.seq), event.epoch), strict=True))
+    headers["x-dead-attempts"] = str(attempts)
+    return AppendRequest(
+        channel=channel,
+        publisher=Publisher(DIALECT, CONNECTOR_IDENTITY.user),
+        payload=event.payload,
+        content_type=event.content_type,
+        headers=headers,
+        tags=event.tags,
+    )

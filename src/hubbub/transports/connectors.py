@@ -145,6 +145,11 @@ class ConnectorCollector:
             "hubbub_connector_removed", "Subscriptions removed as unregistered", labels=["connector"]
         )
         in_flight = GaugeMetricFamily("hubbub_connector_in_flight", "Pushes under way", labels=["connector"])
+        paused = GaugeMetricFamily(
+            "hubbub_connector_paused",
+            "1 while the provider refuses the connector's credentials (every subscription waits)",
+            labels=["connector"],
+        )
         subs = GaugeMetricFamily(
             "hubbub_connector_subscriptions", "Subscriptions delivered", labels=["connector"]
         )
@@ -162,6 +167,7 @@ class ConnectorCollector:
             dead.add_metric([name], s.dead_lettered)
             removed.add_metric([name], s.removed)
             in_flight.add_metric([name], s.in_flight)
+            paused.add_metric([name], 1 if c.pause.active else 0)
             subs.add_metric([name], len(c.routes()))
             latency.add_metric([name], s.latency_count, s.latency_sum_s)
-        yield from (sent, retries, failed, dead, removed, in_flight, subs, latency)
+        yield from (sent, retries, failed, dead, removed, in_flight, paused, subs, latency)

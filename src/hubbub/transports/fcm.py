@@ -24,7 +24,7 @@ import orjson
 
 from hubbub.events import Event
 
-from .connector import Gone, Outcome, Refused, Retry, Route, Sent, parse_retry_after
+from .connector import Gone, Outcome, Refused, Retry, Route, Sent, Unauthorized, parse_retry_after
 
 __all__ = ["FCM_SCOPE", "FcmLegacy", "FcmV1", "fcm_message", "load_service_account"]
 
@@ -96,8 +96,8 @@ class FcmLegacy(_Http):
                     return shared
                 if resp.status != 200:
                     # 400: the message is malformed; 401: the server key is refused, which holds back every
-                    # device until an operator fixes the key, so it is retried rather than dead-lettered.
-                    return Retry("http_401") if resp.status == 401 else Refused(f"http_{resp.status}")
+                    # device until an operator fixes the key: the connector pauses (connector_retry.py).
+                    return Unauthorized("http_401") if resp.status == 401 else Refused(f"http_{resp.status}")
         except TimeoutError:
             return Retry("timeout")
         except aiohttp.ClientError:
@@ -160,7 +160,7 @@ class FcmV1(_Http):
         }
         return jwt.encode(claims, a["private_key"], algorithm="RS256")
 
-    async def _access_token(self) -> str | Retry:
+    async def _access_token(self) -> str | Retry | Unauthorized:
         async with self._renewing:
             if self._token and time.monotonic() < self._expires - TOKEN_MARGIN_S:
                 return self._token
@@ -171,6 +171,8 @@ class FcmV1(_Http):
             try:
                 async with self.client().post(self._account["token_uri"], data=form) as resp:
                     raw = await resp.read()
+                    if resp.status in (400, 401, 403):  # the account's key refused (invalid_grant …)
+                        return Unauthorized(f"oauth_{resp.status}")
                     if resp.status != 200:
                         return Retry(
                             f"oauth_{resp.status}", parse_retry_after(resp.headers.get("Retry-After"))
@@ -188,8 +190,9 @@ class FcmV1(_Http):
             return token
 
     async def send(self, route: Route, event: Event, attempt: int) -> Outcome:
+        fetched = self.tokens_fetched
         token = await self._access_token()
-        if isinstance(token, Retry):
+        if isinstance(token, Retry | Unauthorized):
             return token
         fields = fcm_message(event.payload)
         fields["data"] = {
@@ -213,8 +216,14 @@ class FcmV1(_Http):
         if status == 404 or code == "UNREGISTERED":
             return Gone("fcm_unregistered")
         if status == 401:
-            self._token = ""  # expired or revoked early: the next try fetches another
-            return Retry("http_401")
+            if self.tokens_fetched == fetched:  # a token held from before: expired or revoked early
+                self._token = ""  # the next try fetches another
+                return Retry("http_401")
+            return Unauthorized("http_401")  # refused though just fetched: the account has no right
+        if status == 403:
+            if code == "SENDER_ID_MISMATCH":  # the token belongs to another project: this device's
+                return Gone("fcm_sender_id_mismatch")
+            return Unauthorized(f"fcm_{code.lower()}" if code else "http_403")
         return Refused(f"fcm_{code.lower()}" if code else f"http_{status}")
 
 

@@ -46,7 +46,7 @@ from hubbub.log.consumers import ConsumerSpec
 
 from .apns import PRODUCTION, SANDBOX, ApnsProvider, client_context
 from .binding import Wiring
-from .connector import Connector, Provider, Route
+from .connector import Connector, Provider, RetryPolicy, Route
 from .connector_routes import SharedRoutes, retire_file
 from .fcm import FcmLegacy, FcmV1, load_service_account
 from .http import request_identity
@@ -303,7 +303,8 @@ async def fcm_connector(w: Wiring, cfg: gc.GubleConfig, auth: bool) -> DeviceCon
         provider = FcmV1(account, cfg.fcm_endpoint, connections=cfg.fcm_workers)
     else:
         provider = FcmLegacy(str(cfg.fcm_api_key), cfg.fcm_endpoint, connections=cfg.fcm_workers)
-    return await _device_connector(w, "fcm", cfg.fcm_prefix, provider, cfg.fcm_workers, auth)
+    retry = RetryPolicy(max_retry_s=cfg.fcm_max_retry_s)
+    return await _device_connector(w, "fcm", cfg.fcm_prefix, provider, cfg.fcm_workers, retry, auth)
 
 
 async def apns_connector(w: Wiring, cfg: gc.GubleConfig, auth: bool) -> DeviceConnector:
@@ -322,11 +323,12 @@ async def apns_connector(w: Wiring, cfg: gc.GubleConfig, auth: bool) -> DeviceCo
         team_id=cfg.apns_team_id,
         connections=cfg.apns_workers,
     )
-    return await _device_connector(w, "apns", cfg.apns_prefix, provider, cfg.apns_workers, auth)
+    retry = RetryPolicy(max_retry_s=cfg.apns_max_retry_s)
+    return await _device_connector(w, "apns", cfg.apns_prefix, provider, cfg.apns_workers, retry, auth)
 
 
 async def _device_connector(
-    w: Wiring, name: str, prefix: str, provider: Provider, workers: int, auth: bool
+    w: Wiring, name: str, prefix: str, provider: Provider, workers: int, retry: RetryPolicy, auth: bool
 ) -> DeviceConnector:
     holder: list[DeviceConnector] = []
 
@@ -342,6 +344,7 @@ async def _device_connector(
         w.consumers,
         provider,
         workers=workers,
+        retry=retry,
         hold_poll_s=w.config.cluster.poll_interval_s,
         on_removed=removed,
         on_retargeted=retargeted,

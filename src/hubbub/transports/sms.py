@@ -31,16 +31,18 @@ from .connector import (
     Outcome,
     Refused,
     Retry,
+    RetryPolicy,
     Route,
     Sent,
+    Unauthorized,
     parse_retry_after,
 )
 
 __all__ = ["VONAGE_SMS", "SmsGateway", "VonageSms"]
 
 VONAGE_SMS = "https://rest.nexmo.com/sms/json"
-#: Vonage statuses tried again: throttled, internal error, invalid credentials.
-RETRIED = frozenset({"1", "4", "5"})
+#: Vonage statuses tried again: throttled, internal error (invalid credentials, "4", pause the gateway).
+RETRIED = frozenset({"1", "5"})
 
 log = logging.getLogger("hubbub.connectors")
 
@@ -92,6 +94,8 @@ class VonageSms:
             return Retry("sms_none_sent")
         if failed is None:
             return Sent()
+        if failed == "4":  # the API key or secret refused: every message waits, the connector paused
+            return Unauthorized("sms_status_4")
         return Retry(f"sms_status_{failed}") if failed in RETRIED else Refused(f"sms_status_{failed}")
 
     async def aclose(self) -> None:
@@ -109,7 +113,10 @@ class SmsGateway:
         self, node: Core, consumers: ConsumerService, cfg: gc.GubleConfig, hold_poll_s: float
     ) -> None:
         provider = VonageSms(str(cfg.sms_api_key), str(cfg.sms_api_secret), cfg.sms_endpoint)
-        self.connector = Connector("sms", node, consumers, provider, workers=1, hold_poll_s=hold_poll_s)
+        retry = RetryPolicy(max_retry_s=cfg.sms_max_retry_s)
+        self.connector = Connector(
+            "sms", node, consumers, provider, workers=1, retry=retry, hold_poll_s=hold_poll_s
+        )
         self.route = Route("gateway", "sms.gateway", gc.subtree_pattern(cfg.sms_topic).text, {})
 
     async def prepare(self, consumers: ConsumerService) -> None:

@@ -98,7 +98,14 @@ def routes(cfg: WebhooksConfig) -> list[Route]:
 
 
 def retry_policy(cfg: WebhooksConfig) -> RetryPolicy:
-    return RetryPolicy(cfg.retry_base_s, cfg.retry_max_s, cfg.retry_after_max_s, cfg.max_attempts)
+    return RetryPolicy(
+        cfg.retry_base_s,
+        cfg.retry_max_s,
+        cfg.retry_after_max_s,
+        cfg.max_attempts,
+        max_retry_s=cfg.max_retry_s,
+        retry_after_min_s=cfg.retry_after_min_s,
+    )
 
 
 class WebhookProvider:
