@@ -53,6 +53,8 @@ http_heads         raw bytes a client sends the HTTP listener, cut into reads at
                    ``Server: hubbub`` without versions, a refused request gets exactly ``400 bad request``
 ws_client_frames   a client's WebSocket byte stream through ``MaskCheck``, whole, in 7-byte pieces and byte
                    by byte: the first unmasked frame found where a whole-frame parser finds it
+webhook_responses  what a webhook receiver answers, through the webhooks' ``ResponseReader``, whole and
+                   byte by byte (then the end of the connection): the same response or ``BadResponse``
 event_renderings   an event the log can hold (any dialect's publisher, payloads of every content type,
                    odd msgpack, pseudo-headers, tags with separators) through every dialect's event
                    encoder: native JSON/msgpack frames, publish replies, deliver items, SSE, log pages;
@@ -152,6 +154,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     from hubbub.errors import CODES, HubbubError
     from hubbub.events import Event, Publisher
     from hubbub.federation import wire as fw
+    from hubbub.transports import webhook_http as wh
 
 __all__ = ["TARGETS", "main", "replay_corpus", "run_target"]
 
@@ -705,6 +708,22 @@ def ws_client_frames(data: bytes) -> None:
     fuzz_http.check_frames(data)
 
 
+def _read_response(pieces: list[bytes]) -> object:
+    reader = wh.ResponseReader()
+    try:
+        got = None
+        for p in pieces:
+            got = reader.feed(p) or got
+        return got or reader.eof()
+    except wh.BadResponse:
+        return wh.BadResponse
+
+
+def webhook_responses(data: bytes) -> None:
+    whole = _read_response([data])
+    assert whole == _read_response([data[i : i + 1] for i in range(len(data))]), data
+
+
 _REPLY_CHECKS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "event_renderings": (fuzz_replies.events, fuzz_replies.check_event),
     "replies_native": (fuzz_replies.native_cases, fuzz_replies.check_native),
@@ -751,6 +770,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "federation_link": federation_link_target,
     "http_heads": http_heads,
     "ws_client_frames": ws_client_frames,
+    "webhook_responses": webhook_responses,
     "event_renderings": _reply_target("event_renderings"),
     "replies_native": _reply_target("replies_native"),
     "replies_dialects": _reply_target("replies_dialects"),

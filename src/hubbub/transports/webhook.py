@@ -26,19 +26,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import hmac
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
 import orjson
 
 from hubbub.config import WebhooksConfig
 from hubbub.events import Event
 
 from .connector import Gone, Outcome, Refused, Retry, RetryPolicy, Route, Sent, parse_retry_after
+from .webhook_http import BadResponse, HttpClient
+
+#: The requests' ``User-Agent``.
+USER_AGENT = "hubbub-webhooks"
 
 __all__ = ["WebhookProvider", "render_event", "retry_policy", "route_of", "routes", "sign"]
 
@@ -48,8 +50,7 @@ CONSUMER_PREFIX = "webhook."
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
     """The ``X-Hubbub-Signature`` value: ``sha256=`` and the hex HMAC-SHA256 of ``<timestamp>.<body>``."""
-    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
-    return "sha256=" + mac.hexdigest()
+    return "sha256=" + hmac.digest(secret.encode(), timestamp.encode() + b"." + body, "sha256").hex()
 
 
 def render_event(hook: str, event: Event) -> bytes:
@@ -109,46 +110,36 @@ def retry_policy(cfg: WebhooksConfig) -> RetryPolicy:
 
 
 class WebhookProvider:
-    """POSTs events with one pooled aiohttp client session (created at the first push)."""
+    """POSTs events through one :class:`~.webhook_http.HttpClient` (keep-alive connections, at most
+    ``connections`` idle per receiver: the connector's ``workers`` bound the requests in flight)."""
 
     def __init__(self, timeout_s: float = 10.0, connections: int = 8) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._connections = connections
-        self._session: aiohttp.ClientSession | None = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            # One connection per worker slot: at most ``workers`` requests are in flight.
-            conn = aiohttp.TCPConnector(limit=self._connections)
-            self._session = aiohttp.ClientSession(connector=conn, timeout=self._timeout)
-        return self._session
+        self._timeout_s = timeout_s
+        self._http = HttpClient(connections)
 
     async def send(self, route: Route, event: Event, attempt: int) -> Outcome:
         body = render_event(route.name, event)
         ts = str(int(time.time()))
-        headers: Mapping[str, str] = {
+        headers = {
+            "User-Agent": USER_AGENT,
             "Content-Type": "application/json",
             "X-Hubbub-Timestamp": ts,
             "X-Hubbub-Delivery": f"{event.epoch}:{event.seq}",
             "X-Hubbub-Attempt": str(attempt),
         }
         if secret := route.target.get("secret", ""):
-            headers = {**headers, "X-Hubbub-Signature": sign(secret, ts, body)}
+            headers["X-Hubbub-Signature"] = sign(secret, ts, body)
         try:
-            async with self._client().post(
-                route.target["url"], data=body, headers=headers, allow_redirects=False
-            ) as resp:
-                await resp.read()  # the connection goes back to the pool only once the body is read
-                return classify(resp.status, resp.headers.get("Retry-After"))
+            async with asyncio.timeout(self._timeout_s):
+                resp = await self._http.post(route.target["url"], headers, body)
         except TimeoutError:
             return Retry("timeout")
-        except aiohttp.ClientConnectionError:
+        except OSError:  # refused, reset, closed before an answer, TLS
             return Retry("connect")
-        except aiohttp.ClientError:
+        except (BadResponse, ValueError):
             return Retry("http_error")
+        return classify(resp.status, resp.retry_after)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        await asyncio.sleep(0)  # aiohttp closes its transports on the next loop iteration
+        self._http.close()
+        await asyncio.sleep(0)  # the transports close on the next loop iteration
