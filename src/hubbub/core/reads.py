@@ -127,14 +127,9 @@ class LogReads:
         current epoch), in byte order of their path, strictly after ``after``, that ``keep`` accepts (on the
         reader thread: it must be thread-safe), at most ``min(limit, LIST_LIMIT)``."""
         n = max(0, min(limit, LIST_LIMIT))
-        low = after.encode()
 
         def read(store: EventLog) -> list[ChannelInfo]:
-            return [
-                ci
-                for ci in list_channels(store, pattern, include_empty=include_empty)
-                if ci.channel.encode() > low and (keep is None or keep(ci.channel))
-            ][:n]
+            return list_channels(store, pattern, include_empty=include_empty, after=after, limit=n, keep=keep)
 
         return await self.call(read)
 
@@ -142,3 +137,13 @@ class LogReads:
         """``time_ns`` of the newest committed event of the whole log (``EventLog.top_time``); also the
         store's health probe."""
         return await self.call(lambda st: st.top_time())
+
+    async def oldest_time(self) -> int:
+        """``time_ns`` of the oldest retained event of the channels' current epochs (the first in commit
+        order: one row read), 0 when there is none."""
+
+        def read(store: EventLog) -> int:
+            page = store.read_log(0, store.log_mark(), 1)
+            return page.events[0].time_ns if page.events else 0
+
+        return await self.call(read)

@@ -129,15 +129,31 @@ def merged_key(e: Event) -> tuple[int, bytes, int]:
     return (e.time_ns, e.channel.encode(), e.seq)
 
 
-def list_channels(store: EventLog, pattern: Pattern, *, include_empty: bool = False) -> list[ChannelInfo]:
-    """Every channel with retained events that matches ``pattern`` (``include_empty``: every channel with a
-    current epoch, as :meth:`EventLog.channels` lists them)."""
+def list_channels(
+    store: EventLog,
+    pattern: Pattern,
+    *,
+    include_empty: bool = False,
+    after: str = "",
+    limit: int | None = None,
+    keep: Callable[[str], bool] | None = None,
+) -> list[ChannelInfo]:
+    """The channels with retained events that match ``pattern`` (``include_empty``: every channel with a
+    current epoch, as :meth:`EventLog.channels` lists them), in byte order of their path, strictly after
+    ``after``, that ``keep`` accepts, at most ``limit`` (None: every one). The store is read a page at a
+    time from ``after`` on, and no further than the page that holds the ``limit``-th channel: one page of a
+    listing costs the same whatever the log's number of channels."""
     prefix = pattern_prefix(pattern)
     out: list[ChannelInfo] = []
-    after = ""
+    if limit is not None and limit <= 0:
+        return out
     while True:
         page = store.channels(after=after, limit=PAGE, prefix=prefix, include_empty=include_empty)
-        out.extend(ci for ci in page if pattern.matches(ci.channel))
+        for ci in page:
+            if pattern.matches(ci.channel) and (keep is None or keep(ci.channel)):
+                out.append(ci)
+                if limit is not None and len(out) >= limit:
+                    return out
         if len(page) < PAGE:
             return out
         after = page[-1].channel
