@@ -89,6 +89,8 @@ HELP = {
     "(0: one per core this process may use; 1: one process, no workers)",
     "webhooks.hooks": "webhooks, JSON or TOML tables: {NAME: {url, pattern, secret, tags}}; each POSTs every "
     "event matching its pattern to its url, durably (docs/connectors.md)",
+    "dashboard.enabled": "the operators' web page at /ui/ and its admin API /api/v1/admin/: auto (on when "
+    "http.listen is a loopback address or auth.mode is token), true or false",
     "webhooks.workers": "requests the webhooks may have in flight at once, over all hooks",
     "webhooks.timeout_s": "seconds a webhook request may take before it is retried",
     "webhooks.retry_base_s": "first backoff between tries of a webhook request, doubled at each try",

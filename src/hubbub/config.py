@@ -32,7 +32,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self, TypeVar
 
+from hubbub.config_values import (
+    ConfigError,
+    Secret,
+    SecretMap,
+    check_webhook,
+    parse_cors_origin,
+    parse_listen,
+)
+
 __all__ = [
+    "DASHBOARD_MODES",
     "DEFAULT_HTTP_LISTEN",
     "DEFAULT_NATIVE_TCP_LISTEN",
     "DURABILITY_MODES",
@@ -42,6 +52,7 @@ __all__ = [
     "ClusterConfig",
     "Config",
     "ConfigError",
+    "DashboardConfig",
     "DialectSection",
     "FederationConfig",
     "HttpConfig",
@@ -78,26 +89,6 @@ DEFAULT_NATIVE_TCP_LISTEN = "127.0.0.1:7400"
 #: a test run moves every server it starts off the fixed ports (tests/conftest.py), so that a server left
 #: running on the defaults does not fail the tests. Read when a section is made.
 LISTEN_OVERRIDE = ""
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid. The message names the key."""
-
-
-class Secret(str):
-    """A string whose repr never shows its value."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "'***'" if self else "''"
-
-
-class SecretMap(dict[str, Any]):
-    """A mapping whose keys are secrets (``auth.tokens``): its repr shows only how many entries it has."""
-
-    def __repr__(self) -> str:
-        return f"<{len(self)} secret entries>"
 
 
 def listen_field(default: str) -> Any:
@@ -406,8 +397,30 @@ class ClusterConfig(Section):
             raise ConfigError("cluster.redis_channel: must not be empty")
 
 
-_HOOK_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_HOOK_FIELDS = frozenset({"url", "pattern", "secret", "tags"})
+#: ``dashboard.enabled``'s values: ``auto`` serves the page when the HTTP listener is a loopback address or
+#: auth is on (docs/dashboard.md).
+DASHBOARD_MODES = ("auto", "true", "false")
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardConfig(Section):
+    """The operators' web page at ``/ui/`` and its admin API (docs/dashboard.md)."""
+
+    SECTION: ClassVar[str] = "dashboard"
+    enabled: str = "auto"
+
+    def validate(self, config: Config) -> None:
+        if self.enabled not in DASHBOARD_MODES:
+            raise ConfigError("dashboard.enabled: must be auto, true or false")
+
+    def serves(self, config: Config) -> bool:
+        """Whether the page is served: ``true``; or ``auto`` with the HTTP listener on a loopback address
+        (the shipped default) or auth on (every admin request then needs an admin token)."""
+        if self.enabled != "auto":
+            return self.enabled == "true"
+        host, _ = parse_listen(config.http.listen, "http.listen")
+        loopback = host in {"localhost", "::1"} or host.startswith("127.")
+        return loopback or config.auth.mode == "token"
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,28 +456,6 @@ class WebhooksConfig(Section):
             check_webhook(f"webhooks.hooks.{name}", name, hook)
 
 
-def check_webhook(where: str, name: str, hook: Any) -> None:
-    """Raise :class:`ConfigError` (its message starting with ``where``) unless ``hook`` is a webhook's
-    definition: a table with ``url``, ``pattern`` and optional ``secret`` and ``tags``, named ``name``."""
-    if not _HOOK_NAME.fullmatch(name):
-        raise ConfigError(f"{where}: a hook's name is 1 to 64 of A-Z a-z 0-9 _ -")
-    if not isinstance(hook, Mapping):
-        raise ConfigError(f"{where}: expected a table with url and pattern")
-    if extra := set(hook) - _HOOK_FIELDS:
-        raise ConfigError(f"{where}: unknown {', '.join(sorted(extra))} (url, pattern, secret, tags)")
-    url = hook.get("url")
-    if not isinstance(url, str) or not url.lower().startswith(("http://", "https://")):
-        raise ConfigError(f"{where}.url: an http:// or https:// URL")
-    pattern = hook.get("pattern")
-    if not isinstance(pattern, str) or not pattern.startswith("/"):
-        raise ConfigError(f"{where}.pattern: a native pattern such as /orders/**")
-    if not isinstance(hook.get("secret", ""), str):
-        raise ConfigError(f"{where}.secret: a string")
-    tags = hook.get("tags", [])
-    if not isinstance(tags, list | tuple) or not all(isinstance(t, str) for t in tags):
-        raise ConfigError(f"{where}.tags: a list of strings")
-
-
 @dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration: the core's sections, and the dialects' by section name."""
@@ -482,6 +473,7 @@ class Config:
     federation: FederationConfig = field(default_factory=FederationConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     webhooks: WebhooksConfig = field(default_factory=WebhooksConfig)
+    dashboard: DashboardConfig = field(default_factory=DashboardConfig)
     #: The dialects' sections by ``SECTION`` (those the loader was given).
     dialects: Mapping[str, DialectSection] = field(default_factory=lambda: types.MappingProxyType({}))
 
@@ -509,36 +501,6 @@ class Config:
         for section in self.sections():
             section.validate(self)
         return self
-
-
-def parse_listen(value: str, key: str = "listen") -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-_ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#,\"]+")
-
-
-def parse_cors_origin(value: str) -> tuple[str, ...]:
-    """``cors_origin`` (README §2): ``""`` (off) → ``()``, ``*``, one origin, or a JSON list of origins."""
-    v = value.strip()
-    if v == "":
-        return ()
-    if v.startswith("["):
-        try:
-            items = json.loads(v)
-        except ValueError:
-            raise ConfigError("cors_origin: not a valid JSON list") from None
-        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
-            raise ConfigError("cors_origin: expected a JSON list of origins")
-    else:
-        items = [v]
-    for o in items:
-        if o != "*" and _ORIGIN.fullmatch(o) is None:
-            raise ConfigError(f"cors_origin: {o!r} is not * or an origin such as https://example.com")
-    return tuple(items)
 
 
 # -- keys ---------------------------------------------------------------------------------------------------

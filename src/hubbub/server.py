@@ -39,6 +39,8 @@ from hubbub.disconnect import Disconnect
 from hubbub.errors import StorageError
 from hubbub.log import LogStore, open_store
 from hubbub.log.base import RetentionPolicy
+from hubbub.transports.admin_api import NodeInfo
+from hubbub.transports.admin_ui import Dashboard
 from hubbub.transports.connectors import ConnectorCollector, Connectors
 from hubbub.transports.dialects import BINDINGS, Mounted, Wiring
 from hubbub.transports.federation_link import FederationLinkCollector, FederationUpstream
@@ -95,6 +97,8 @@ class Server:
         #: Durable consumers (docs/consumers.md): started with the node, before any listener.
         self.consumers: ConsumerService | None = None
         self.connectors: Connectors | None = None
+        #: The operators' page and its admin API (``dashboard.enabled``), else None.
+        self.dashboard: Dashboard | None = None
         self._runner: web.AppRunner | None = None
         self._native_http: NativeHttp | None = None
         self._tcp_conns: set[asyncio.Task[None]] = set()
@@ -266,10 +270,18 @@ class Server:
                 self.connectors.show(connector)
         installers = [m.installer for m in self.dialects.values() if m.installer is not None]
         installers.append(self.connectors.installer)
+        if cfg.dashboard.serves(cfg):
+            info = NodeInfo(cfg.storage.durability, store_place(cfg), cfg.server.workers)
+            dash = self.dashboard = Dashboard(node, info, lim.max_channel_bytes)
+            await stack.enter_async_context(dash.history)
+            installers.append(dash.installer)
         app, self._native_http = build_app(node, http_settings, installers)
         self._native_http.registry.register(ConnectorCollector(self.connectors))
         if cfg.federation.accept or cfg.federation.upstream:
             self._federate(node, cfg, store.engine, self._native_http)
+            if self.dashboard is not None:
+                self.dashboard.api.federation = self.federation
+                self.dashboard.api.upstreams = self.upstreams
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
         await self._runner.setup()
         host, port = parse_listen(cfg.http.listen, "http.listen")

@@ -15,7 +15,8 @@ What the API offers, by concern:
 * **subscriptions**: ``subscribe(session, id, pattern, tags, selection)`` with a replay selection
   (``hubbub/selection.py``: data, never a function over the store) / ``unsubscribe``, ``subscriptions``,
   ``matching`` (who would get an event now), ``watch_subscriptions``; guble's ``fetch`` / ``send_fetched``.
-* **reads**: ``read_channel``, ``head``, ``list_channels``, ``top_time`` (bounded, on the reader threads).
+* **reads**: ``read_channel``, ``head``, ``list_channels``, ``top_time``, ``oldest_time`` (bounded, on the
+  reader threads).
 * **control**: ``trim``, ``reset_channel`` (on the writer thread, in order with appends).
 * **durable consumers**: ``consumers`` (the service while it runs, ``None`` otherwise).
 * **connectors' routes**: ``routes`` (``core/routes.py``: kept with the log, shared by every process of it).
@@ -149,7 +150,7 @@ class Core(Protocol):
         epoch: str | None = None,
     ) -> ChannelPage: ...
 
-    async def head(self, channel: str) -> ChannelInfo: ...
+    head: Callable[[str], Awaitable[ChannelInfo]]
 
     async def list_channels(
         self,
@@ -161,7 +162,8 @@ class Core(Protocol):
         include_empty: bool = False,
     ) -> list[ChannelInfo]: ...
 
-    async def top_time(self) -> int: ...
+    top_time: Callable[[], Awaitable[int]]
+    oldest_time: Callable[[], Awaitable[int]]
 
     # -- control --------------------------------------------------------------------------------------------
     async def trim(self, channel: str, epoch: str, up_to_seq: int) -> Trimmed: ...

@@ -44,6 +44,8 @@ class ConsumerFigures:
     nacked: int
     redelivered: int
     oldest_unacked_s: float
+    #: When this node last stored an acknowledgement (``time.time_ns()``; 0: never since it took it up).
+    last_ack_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +90,17 @@ class ConsumerMetrics:
         totals only."""
         return self._node.access.may_admin(identity)
 
-    def consumers(self, limit: int = LABELLED_MAX) -> Iterator[ConsumerFigures]:
-        """The figures of the first ``limit`` consumers by name."""
+    def consumers(self, limit: int = LABELLED_MAX, after: str = "") -> Iterator[ConsumerFigures]:
+        """The figures of the first ``limit`` consumers by name (those named after ``after``)."""
         now_ns = time.time_ns()
-        for name in sorted(self._by_name)[:limit]:
+        names = sorted(n for n in self._by_name if n > after) if after else sorted(self._by_name)
+        for name in names[:limit]:
             yield figures(self._by_name[name], now_ns)
+
+    def figures(self, name: str) -> ConsumerFigures | None:
+        """One consumer's figures, None when this node does not know it."""
+        c = self._by_name.get(name)
+        return None if c is None else figures(c, time.time_ns())
 
     def totals(self) -> ConsumerTotals:
         pending = outstanding = openers = 0
@@ -129,6 +137,7 @@ def figures(c: ConsumerState, now_ns: int) -> ConsumerFigures:
         nacked=c.nacked,
         redelivered=c.redelivered,
         oldest_unacked_s=_oldest_age(c, now_ns),
+        last_ack_ns=c.last_ack_ns,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -158,9 +159,16 @@ class ConsumerState:
     acked: int = 0
     nacked: int = 0
     redelivered: int = 0
+    #: When this node last stored an acknowledgement of the consumer's (``time.time_ns()``; 0: never).
+    last_ack_ns: int = 0
     #: Unacknowledged items in the store's journal at the last :meth:`ConsumerService.refresh_counts`
     #: (-1: not read yet).
     stored_pending: int = -1
+
+    def acknowledged(self, n: int) -> None:
+        """``n`` items' acknowledgement is stored: counted, and the time of the last one kept."""
+        self.acked += n
+        self.last_ack_ns = time.time_ns()
 
     @property
     def id(self) -> int:

@@ -296,7 +296,7 @@ class ConsumerService:
             self._delivery.schedule(c)
             self._shared.let_go(c)  # its openers may have closed meanwhile
         self._delivery.acked += len(items)
-        c.acked += len(items)
+        c.acknowledged(len(items))
 
     async def _nack(self, o: Opener, batch: int) -> None:
         c = o.consumer

@@ -116,6 +116,11 @@ class Node:
     watch_subscriptions: Callable[[Callable[[Subscription, bool], None]], Callable[[], None]]
     send_fetched: Callable[[Session, Pattern, ReplayPlan], Awaitable[int]]
     fetch: Callable[[Session, Pattern, SubtreeFetch], Awaitable[ReplayPlan]]
+    #: Reads of the log's positions and times (:class:`LogReads`' own: the caller checked read permission):
+    #: a channel's position now, the log's newest commit time, the time of its oldest retained event.
+    head: Callable[[str], Awaitable[ChannelInfo]]
+    top_time: Callable[[], Awaitable[int]]
+    oldest_time: Callable[[], Awaitable[int]]
     #: A relay's release (``relay``) of committed events, with their origins, to the matching sessions: one,
     #: or several at once, fanned out as runs as a commit is (``SubscriptionRegistry.fan_out_events``).
     fan_out: Callable[[Event, Session | None], None]
@@ -161,6 +166,8 @@ class Node:
         self._replays = ReplayService(view or store, self._reads, self._registry, self._batcher.control)
         self.send_fetched = self._replays.send_fetched
         self.fetch = self._replays.fetch  # a fetch's plan read without subscribing (guble's), for a session
+        reads = self._reads
+        self.head, self.top_time, self.oldest_time = reads.head, reads.top_time, reads.oldest_time
         #: The store's health from a background probe and the writer's outcomes (``health_checks``).
         self._store_health = StoreHealth(store, lambda: self._batcher.writer, supervision=self.supervision)
         #: The log's time- and size-based retention (``max_age_s``, ``max_total_bytes``), on the writer.
@@ -359,14 +366,6 @@ class Node:
     def health_checks(self) -> dict[str, str]:
         """The failing checks of ``/healthz`` and guble's health check (:meth:`StoreHealth.checks`)."""
         return self._store_health.checks(self._closing)
-
-    async def head(self, channel: str) -> ChannelInfo:
-        """The channel's position now (:meth:`LogReads.head`). The caller checked read permission."""
-        return await self._reads.head(channel)
-
-    async def top_time(self) -> int:
-        """The log's newest commit time (:meth:`LogReads.top_time`)."""
-        return await self._reads.top_time()
 
     async def reset_channel(self, channel: str) -> Any:
         """Start a new epoch for a channel (on the writer thread, in order with appends)."""

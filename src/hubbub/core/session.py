@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import repeat
@@ -231,6 +232,11 @@ class OutboundQueue:
     fault_close_code: Disconnect = Disconnect.INTERNAL
     id: str = field(default_factory=new_session_id)
     user: str = ""
+    #: The peer's address (``ip:port``; "" for a session with no socket of its own), set by the driver or
+    #: route that accepted the connection: what the admin API shows of it.
+    peer: str = ""
+    #: When the session was made (``time.time_ns()``).
+    opened_ns: int = field(default_factory=time.time_ns)
     echo: bool = True
     params: dict[str, str] = field(default_factory=dict)
     #: Who the connection is (``Node.login``); ``None`` until it authenticates (auth on: may do nothing).

@@ -44,6 +44,7 @@ COMPONENTS: Final = (
     "broker",
     "connectors",
     "consumers",
+    "dashboard",
     "federation",
     "health",
     "presence",

@@ -20,6 +20,7 @@ __all__ = [
     "WARN_EVERY_S",
     "BadInputLog",
     "Throttle",
+    "peer_name",
     "reuse_port",
     "share_ports",
 ]
@@ -32,6 +33,16 @@ REFUSAL_LINGER_S: Final = 2.0
 REFUSALS_LINGERING_MAX: Final = 64
 #: Seconds between two warnings of one kind about bad input on a listener (the rest are counted).
 WARN_EVERY_S: Final = 10.0
+
+
+def peer_name(peername: object) -> str:
+    """A socket's ``peername`` (``get_extra_info("peername")``) as ``ip:port`` (``[ip]:port`` for IPv6),
+    "" when there is none (a Unix socket, a closed transport)."""
+    if not isinstance(peername, tuple) or len(peername) < 2:
+        return ""
+    host, port = peername[0], peername[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
 
 #: Whether this process is one worker of a multi-worker node (``server.workers``): see :func:`share_ports`.
 _shared_ports = False

@@ -32,6 +32,7 @@ from hubbub.federation.wire import BELOW_HEADER, NODE_HEADER, parse_node
 from hubbub.log.base import AppendRequest
 from hubbub.selection import EventResume, ReplaySpec
 
+from .accept import peer_name
 from .cors import install_cors
 from .lifetime import Lifetime
 from .metrics import CONTENT_TYPE, ConsumerCollector, ConsumerSeries, NodeCollector, render_metrics
@@ -488,6 +489,7 @@ async def _sse_stream(self: NativeHttp, request: web.Request, ident: Identity) -
         max_items=self.s.send_queue,
         max_bytes=self.s.send_queue_bytes,
         overflow=Overflow.DISCONNECT,
+        peer=peer_name(request.transport.get_extra_info("peername") if request.transport else None),
     )
     # The stream's events are filtered by the identity's subscribe grant, and it ends at the token's
     # expiry (the session is kicked; the writer sees the end).

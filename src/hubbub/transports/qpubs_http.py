@@ -30,6 +30,7 @@ from hubbub.errors import BadChannel, HubbubError
 from hubbub.events import Event
 from hubbub.selection import LIVE
 
+from .accept import peer_name
 from .http import HttpSettings, peer_address, request_token
 from .lifetime import Lifetime
 from .pump import SessionPump, stopped
@@ -226,6 +227,7 @@ class QpubsHttp:
             overflow=Overflow.DROP_OLDEST,  # live streams drop their oldest events (§5)
             slow_close_code=Disconnect.TRY_AGAIN_LATER,
             fault_close_code=Disconnect.INTERNAL_ERROR,
+            peer=peer_name(request.transport.get_extra_info("peername") if request.transport else None),
         )
         node.access.bind(sess, ident)
         ctype = "application/json" if once else (SSE if sse else NDJSON)

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from hubbub.core.api import Core, Session
 
+from .accept import peer_name
 from .lifetime import Lifetime
 from .pump import WriteTimeout, grace_left, io_failed
 from .stream_listener import READER_LIMIT, Accepted, Refusal, StreamListener
@@ -206,8 +207,10 @@ async def serve_stream(acc: Accepted, opener: Opener) -> None:
 async def _serve(acc: Accepted, opener: Opener, group: Lifetime) -> None:
     reader, dialect = acc.reader, opener.dialect
     wire = opener.open(b"", acc)
+    peer = peer_name(acc.writer.get_extra_info("peername"))
     try:
         if wire is not None:
+            wire.session.peer = peer
             wire.start(group)
         while wire is None or not wire.done:
             data = await reader.read(opener.read_chunk)
@@ -217,6 +220,7 @@ async def _serve(acc: Accepted, opener: Opener, group: Lifetime) -> None:
                 wire = opener.open(data, acc)
                 if wire is None:
                     continue
+                wire.session.peer = peer
                 wire.start(group)
             await wire.feed(data)
             if wire.messages:

@@ -37,6 +37,7 @@ from hubbub.core.api import Core, Session
 from hubbub.dialects.spec import DialectSpec, FrameConnection
 from hubbub.disconnect import Disconnect
 
+from .accept import peer_name
 from .backpressure import Messages, Socket, take_ready
 from .lifetime import Lifetime
 from .pump import keepalive, quietly, stopped
@@ -136,6 +137,8 @@ async def run_websocket(
     and the ones aiohttp parsed with it (:func:`~hubbub.transports.backpressure.take_ready`) go to the
     wire's ``burst`` at once."""
     sess = wire.session
+    if not sess.peer:
+        sess.peer = peer_name(ws.get_extra_info("peername"))
     try:
         async with Lifetime() as group:
             wire.start(group, identity)

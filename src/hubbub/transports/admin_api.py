@@ -1,0 +1,341 @@
+"""The admin API the dashboard uses (docs/operations.md "Admin API", docs/dashboard.md), JSON for scripts
+too. Every route needs an admin identity when auth is on (``Access.check_admin``, as ``/api/v1/trim`` and
+``/api/v1/connectors``): 401 without a valid token, 403 for a token without ``admin``.
+
+* ``GET /api/v1/admin/overview``: version, uptime, durability and store, the store's, broker's and
+  presence's states, the log's size and its oldest and newest events, connections by dialect, events per
+  second in and out and their last 15 minutes (``transports/admin_history.py``).
+* ``GET /api/v1/admin/channels?pattern=&q=&after=&limit=``: channels in byte order, a page at a time from
+  the cursor ``after`` (``next`` in the answer), under a native ``pattern`` (default ``/**``) and whose path
+  holds the text ``q``; each with its position, count, rate and subscribers by dialect.
+* ``GET /api/v1/admin/connections?after=&limit=&dialect=&q=``; ``DELETE /api/v1/admin/connections/<id>``:
+  the attached sessions (every dialect's), and closing one as at shutdown (1001, each dialect its own way).
+* ``GET /api/v1/admin/consumers?after=&limit=``; ``DELETE /api/v1/admin/consumers/<name>``;
+  ``POST /api/v1/admin/consumers/<name>/reset`` (``transports/admin_consumers.py``): durable consumers,
+  their backlog, in flight, redeliveries and last acknowledgement; deleting one; starting one anew from now.
+* ``GET /api/v1/admin/federation``: this node's federation id, its links up with their states and the links
+  of nodes below. (Cluster nodes, broker and presence: ``GET /api/v1/cluster``.)
+
+Nothing here keeps a list of every channel or reads one: a channel page is one bounded read of the log
+(``Core.list_channels`` from the cursor), a connection page a sort of the attached sessions.
+
+Concurrency contract: event loop thread only (the log's reads run on the node's reader threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, final
+
+from aiohttp import web
+
+from hubbub import __version__
+from hubbub.auth import Identity
+from hubbub.channels import Pattern, parse_pattern
+from hubbub.core.api import Core, Disconnect, Session
+from hubbub.log.base import ChannelInfo
+
+from .admin_consumers import ConsumerAdmin, json_response, page_limit
+from .admin_history import TrafficHistory
+from .http import request_identity
+
+if TYPE_CHECKING:
+    from .federation_link import FederationUpstream
+    from .federation_peer import FederationHub
+
+__all__ = ["CHANNEL_SCAN_MAX", "AdminApi", "ChannelRates", "NodeInfo"]
+
+#: The most channels one ``q`` search reads from the log before it answers (with ``next`` to go on).
+CHANNEL_SCAN_MAX: Final = 10_000
+#: A channel's rate is the change of its head between two listings at least this many seconds apart ...
+RATE_MIN_S: Final = 1.0
+#: ... and at most this many (an older observation tells nothing of the channel's rate now).
+RATE_MAX_S: Final = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What the composition root knows of the node, shown by the overview."""
+
+    durability: str
+    store: str
+    workers: int = 1
+
+
+@final
+class ChannelRates:
+    """Each channel's rate (events a second), from its head seen by two listings: a bounded map of the last
+    head seen per channel (the least recently listed forgotten first)."""
+
+    def __init__(self, most: int = 50_000) -> None:
+        self._most = most
+        #: channel -> (epoch, top, monotonic time seen, rate then)
+        self._seen: OrderedDict[str, tuple[str, int, float, float | None]] = OrderedDict()
+
+    def rate(self, ci: ChannelInfo, now: float) -> float | None:
+        """The channel's rate since it was last listed (None: not listed within :data:`RATE_MAX_S`, or
+        another epoch), and ``ci`` remembered for the next listing."""
+        seen = self._seen
+        was = seen.get(ci.channel)
+        rate: float | None = None
+        if was is not None:
+            epoch, top, at, last = was
+            dt = now - at
+            if epoch == ci.epoch and dt <= RATE_MAX_S:
+                if dt < RATE_MIN_S:
+                    seen.move_to_end(ci.channel)
+                    return last  # too close to the last listing to tell: the rate told then
+                rate = max(ci.top - top, 0) / dt
+        seen[ci.channel] = (ci.epoch, ci.top, now, rate)
+        seen.move_to_end(ci.channel)
+        while len(seen) > self._most:
+            seen.popitem(last=False)
+        return rate
+
+
+class AdminApi:
+    """The routes of the module docstring. ``history``: the traffic ring the overview shows;
+    ``federation`` and ``upstreams``: this node's federation hub and links up, when it has them."""
+
+    def __init__(
+        self,
+        node: Core,
+        info: NodeInfo,
+        history: TrafficHistory,
+        *,
+        max_channel_bytes: int = 1024,
+        federation: FederationHub | None = None,
+        upstreams: Sequence[FederationUpstream] = (),
+    ) -> None:
+        self.node = node
+        self.info = info
+        self.history = history
+        self.federation = federation
+        self.upstreams = upstreams
+        self.rates = ChannelRates()
+        self.consumer_admin = ConsumerAdmin(node, self._admin)
+        self._max_channel_bytes = max_channel_bytes
+        self._started = time.time()
+        self._started_mono = time.monotonic()
+
+    def install(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get("/api/v1/admin/overview", self.overview)
+        r.add_get("/api/v1/admin/channels", self.channels)
+        r.add_get("/api/v1/admin/connections", self.connections)
+        r.add_delete("/api/v1/admin/connections/{id}", self.disconnect)
+        self.consumer_admin.install(app)
+        r.add_get("/api/v1/admin/federation", self.federation_links)
+
+    def _admin(self, request: web.Request) -> Identity:
+        """The request's identity, which must be an admin's (``AuthError`` 4100-4103 otherwise: 401/403)."""
+        ident = request_identity(self.node, request, "native")
+        self.node.access.check_admin(ident, "native")
+        return ident
+
+    # -- overview ---------------------------------------------------------------------------------------
+
+    async def overview(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        node = self.node
+        m = node.metrics
+        oldest, newest = await asyncio.gather(node.oldest_time(), node.top_time())
+        log = m.log()  # the store's counts, read as /metrics reads them (a summary table: cheap)
+        by_dialect = m.connections()
+        relay = node.relay
+        published, delivered = self.history.totals()
+        h = self.history
+        last = h.samples[-1] if h.samples else None
+        svc = node.consumers
+        body = {
+            "version": __version__,
+            "started": self._started,
+            "uptime_s": round(time.monotonic() - self._started_mono, 3),
+            "durability": self.info.durability,
+            "store": self.info.store,
+            "workers": self.info.workers,
+            "federation_id": self.federation.node_id if self.federation is not None else "",
+            "health": node.health_checks() or {"store": "ok"},
+            "broker": relay.health() if relay is not None else {},
+            "presence": node.presence.health(),
+            "log": {
+                "events": log.events,
+                "bytes": log.bytes,
+                "channels": log.channels,
+                "retired_epochs": log.retired_epochs,
+                "oldest_ns": str(oldest),
+                "newest_ns": str(newest),
+            },
+            "connections": {
+                "total": sum(by_dialect.values()),
+                "by_dialect": dict(sorted(by_dialect.items())),
+            },
+            "subscriptions": m.subscriptions(),
+            "consumers": svc.metrics.totals().consumers if svc is not None else 0,
+            "events": {
+                "published": published,
+                "delivered": delivered,
+                "dropped": sum(m.dropped().values()),
+                "in_per_s": round(last.events_in, 3) if last else 0.0,
+                "out_per_s": round(last.events_out, 3) if last else 0.0,
+            },
+            "history": {
+                "interval_s": h.interval_s,
+                "samples": [
+                    [round(s.time, 3), round(s.events_in, 3), round(s.events_out, 3), s.connections]
+                    for s in h.samples
+                ],
+            },
+        }
+        return json_response(body)
+
+    # -- channels ---------------------------------------------------------------------------------------
+
+    async def channels(self, request: web.Request) -> web.Response:
+        ident = self._admin(request)
+        q = request.query
+        pattern = parse_pattern(q.get("pattern") or "/**", self._max_channel_bytes)
+        text = q.get("q", "")
+        after = q.get("after", "")
+        limit = page_limit(request)
+        rows, cursor, more, scanned = await self._channel_page(ident, pattern, text, after, limit)
+        now = time.monotonic()
+        out = [self._channel(ci, now) for ci in rows]
+        return json_response({"channels": out, "next": cursor if more else None, "scanned": scanned})
+
+    async def _channel_page(
+        self, ident: Identity, pattern: Pattern, text: str, after: str, limit: int
+    ) -> tuple[list[ChannelInfo], str, bool, int]:
+        """The page's channels, the cursor after them, whether there may be more, and how many were read.
+        Without ``text``, one listing; with it, listings of up to 1,000 channels until the page is full,
+        the channels end or :data:`CHANNEL_SCAN_MAX` were read (the cursor then goes on from there)."""
+        node = self.node
+        if not text:
+            page = await node.list_channels(pattern, readable_by=ident, after=after, limit=limit + 1)
+            rows = page[:limit]
+            return rows, rows[-1].channel if rows else after, len(page) > limit, len(rows)
+        rows = []
+        cursor, scanned = after, 0
+        while scanned < CHANNEL_SCAN_MAX:
+            want = min(1000, CHANNEL_SCAN_MAX - scanned)
+            page = await node.list_channels(pattern, readable_by=ident, after=cursor, limit=want)
+            for i, ci in enumerate(page):
+                cursor = ci.channel
+                if text in ci.channel:
+                    rows.append(ci)
+                    if len(rows) == limit:
+                        return rows, cursor, i + 1 < len(page) or len(page) == want, scanned + i + 1
+            scanned += len(page)
+            if len(page) < want:
+                return rows, cursor, False, scanned
+        return rows, cursor, True, scanned
+
+    def _channel(self, ci: ChannelInfo, now: float) -> dict[str, Any]:
+        subs: dict[str, int] = {}
+        seen: set[int] = set()
+        for sub in self.node.matching(ci.channel):
+            sess = sub.session
+            if id(sess) not in seen:
+                seen.add(id(sess))
+                subs[sess.dialect] = subs.get(sess.dialect, 0) + 1
+        return {
+            "channel": ci.channel,
+            "epoch": ci.epoch,
+            "first": ci.first,
+            "top": ci.top,
+            "count": max(ci.top - ci.first + 1, 0),
+            "last_ns": str(ci.top_time),
+            "rate": self.rates.rate(ci, now),
+            "subscribers": dict(sorted(subs.items())),
+        }
+
+    # -- connections ------------------------------------------------------------------------------------
+
+    async def connections(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        q = request.query
+        after, dialect, text = q.get("after", ""), q.get("dialect", ""), q.get("q", "")
+        limit = page_limit(request)
+        picked = [
+            s
+            for s in self.node.sessions
+            if s.id > after
+            and (not dialect or s.dialect == dialect)
+            and (not text or text in s.id or text in s.user or text in s.peer)
+        ]
+        picked.sort(key=lambda s: s.id)
+        page = picked[:limit]
+        return json_response(
+            {
+                "connections": [self._connection(s) for s in page],
+                "next": page[-1].id if len(picked) > limit else None,
+                "total": len(self.node.sessions),
+            }
+        )
+
+    def _connection(self, s: Session) -> dict[str, Any]:
+        subs = self.node.subscriptions(s)
+        return {
+            "id": s.id,
+            "dialect": s.dialect,
+            "peer": s.peer,
+            "user": s.user,
+            "opened_ns": str(s.opened_ns),
+            "subscriptions": len(subs),
+            "patterns": sorted({sub.pattern.text for sub in subs})[:20],
+            "queued": s.queued,
+            "delivered": s.stats.delivered,
+            "dropped": s.stats.dropped,
+        }
+
+    async def disconnect(self, request: web.Request) -> web.Response:
+        """Close one connection as the server closes every connection when it stops (1001 going away: each
+        dialect's own close), its session kicked; the connection's handler then ends it."""
+        self._admin(request)
+        sid = request.match_info["id"]
+        sess = self.node.session_by_id(sid)
+        if sess is None:
+            return json_response({"error": f"{sid}: no such connection"}, 404)
+        sess.kick(Disconnect.GOING_AWAY)
+        return json_response({"closed": sid, "dialect": sess.dialect})
+
+    # -- federation -------------------------------------------------------------------------------------
+
+    async def federation_links(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        hub = self.federation
+        ups = [
+            {
+                "name": link.name,
+                "state": link.state,
+                "upstream": link.upstream,
+                "reconnects": link.reconnects,
+                "sent_up": link.stats.sent_up,
+                "received_down": link.stats.received_down,
+                "gaps": link.stats.gaps,
+                "lag_s": round(link.stats.lag_down_s, 3),
+            }
+            for link in self.upstreams
+        ]
+        downs = (
+            [
+                {
+                    "node": peer,
+                    "connected": s.connected,
+                    "connections": s.connections,
+                    "received": s.received,
+                    "refused": s.refused,
+                    "sent": s.sent,
+                }
+                for peer, s in sorted(hub.peers.items())
+            ]
+            if hub is not None
+            else []
+        )
+        return json_response(
+            {"node_id": hub.node_id if hub is not None else "", "upstreams": ups, "downstreams": downs}
+        )
