@@ -166,11 +166,12 @@ export class Channels {
       const tr = h("tr", { class: this.selected === c.channel ? "selected" : null },
         h("td", {}, h("button", { type: "button", class: "link", onclick: () => this.select(c) }, c.channel)),
         num(c.top), num(c.first), num(c.count), num(c.rate === null ? "–" : c.rate.toFixed(1)),
+        h("td", {}, nsDate(c.last_ns)),
         h("td", {}, subs.length ? subs : h("span", { class: "muted" }, "none")));
       return tr;
     });
     $("channel-table").tBodies[0].replaceChildren(...(rows.length ? rows :
-      [h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No channels here."))]));
+      [h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No channels here."))]));
     this.pager.render(r.next, rows.length);
     if (this.selected) {
       const c = r.channels.find((x) => x.channel === this.selected);
@@ -191,7 +192,8 @@ export class Channels {
     const subs = Object.entries(c.subscribers).map(([d, n]) => `${d}: ${n}`).join(", ") || "none";
     const dl = h("dl", { class: "facts" },
       ...[["Head (top seq)", c.top], ["First seq", c.first], ["Events", c.count], ["Epoch", c.epoch],
-        ["Rate", c.rate === null ? "–" : c.rate.toFixed(2) + " /s"], ["Subscribers", subs]]
+        ["Rate", c.rate === null ? "–" : c.rate.toFixed(2) + " /s"], ["Last event", nsDate(c.last_ns)],
+        ["Subscribers", subs]]
         .map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, String(v)))));
     const actions = h("div", { class: "row" },
       h("button", { type: "button", onclick: () => {
