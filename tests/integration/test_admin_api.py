@@ -179,14 +179,39 @@ async def _guble(http: aiohttp.ClientSession, base: str) -> Any:
     return ws
 
 
+#: An MQTT 3.1.1 CONNECT (client id "a", clean session, keepalive 60 s) and the CONNACK that accepts it.
+MQTT_CONNECT = b"\x10\x0d\x00\x04MQTT\x04\x02\x00\x3c\x00\x01a"
+MQTT_CONNACK = b"\x20\x02\x00\x00"
+
+
+async def _wearscript(http: aiohttp.ClientSession, base: str) -> Any:
+    return await http.ws_connect(base + "/wearscript/ws")
+
+
+async def _mist(http: aiohttp.ClientSession, base: str) -> Any:
+    return await http.ws_connect(base + "/mist/ws")
+
+
+async def _mqtt_ws(http: aiohttp.ClientSession, base: str) -> Any:
+    ws = await http.ws_connect(base + "/mqtt", protocols=("mqtt",))
+    await ws.send_bytes(MQTT_CONNECT)
+    assert await ws.receive_bytes() == MQTT_CONNACK
+    return ws
+
+
 async def _closed_ws(ws: Any) -> None:
-    msg = await asyncio.wait_for(ws.receive(), WAIT)
+    """The WebSocket's close code is 1001 (what it was sent before is the dialect's own)."""
+    async with asyncio.timeout(WAIT):
+        msg = await ws.receive()
+        while msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+            msg = await ws.receive()
     assert (msg.type, msg.data) == (aiohttp.WSMsgType.CLOSE, 1001), msg
 
 
 def test_connections_of_every_dialect_are_listed_paged_and_closed(tmp_path: Path) -> None:
     """Each connection shows with its dialect, peer and subscriptions; DELETE closes it as the server's
-    shutdown does (1001 on a WebSocket; the TCP socket ends; the SSE stream ends), and it leaves the list."""
+    shutdown does (1001 on a WebSocket of native, ivy, guble, WearScript, mist and MQTT; native's and MQTT's
+    TCP sockets end; an SSE and a qpubs HTTP stream end), and it leaves the list."""
 
     async def body() -> None:
         async with serve(tmp_path) as (server, http, base):
@@ -213,15 +238,36 @@ def test_connections_of_every_dialect_are_listed_paged_and_closed(tmp_path: Path
                 return sid not in await ids()
 
             # WebSockets: native, ivy, guble.
-            for dialect, connect in (("native", _native_ws), ("ivy", _ivy), ("guble", _guble)):
+            for dialect, connect in (
+                ("native", _native_ws),
+                ("ivy", _ivy),
+                ("guble", _guble),
+                ("wearscript", _wearscript),
+                ("mist", _mist),
+                ("mqtt", _mqtt_ws),
+            ):
                 before = await ids()
                 ws = await connect(http, base.replace("http:", "ws:"))
                 c = await opened(before)
-                assert c["dialect"] == dialect and c["peer"].startswith(f"{HOST}:"), c
+                assert c["dialect"].startswith(dialect) and c["peer"].startswith(f"{HOST}:"), c
                 async with http.delete(url + "/" + c["id"]) as r:
-                    assert r.status == 200 and (await r.json()) == {"closed": c["id"], "dialect": dialect}
+                    assert r.status == 200 and (await r.json()) == {
+                        "closed": c["id"],
+                        "dialect": c["dialect"],
+                    }
                 await _closed_ws(ws)
                 await until(lambda sid=c["id"]: gone(sid), "the closed connection gone")
+            # MQTT over TCP: its socket ends.
+            before = await ids()
+            reader, writer = await asyncio.open_connection(HOST, server.ports["mqtt"])
+            writer.write(MQTT_CONNECT)
+            assert await asyncio.wait_for(reader.readexactly(4), WAIT) == MQTT_CONNACK
+            c = await opened(before)
+            assert c["dialect"] == "mqtt"
+            async with http.delete(url + "/" + c["id"]) as r:
+                assert r.status == 200
+            assert await asyncio.wait_for(reader.read(), WAIT) == b""
+            writer.close()
             # Native TCP: listed with its subscription and peer, closed.
             before = await ids()
             tcp = await Wire.open(server.ports, "tcp", "json")
@@ -250,6 +296,17 @@ def test_connections_of_every_dialect_are_listed_paged_and_closed(tmp_path: Path
                 async with http.delete(url + "/" + c["id"]) as r:
                     assert r.status == 200
                 await asyncio.wait_for(sse.content.read(), WAIT)  # to its end
+            # A qpubs HTTP stream: its session is the listener of the Qpubs-Listener header.
+            before = await ids()
+            async with http.get(base + "/qpubs/listen?topic=q.*") as stream:
+                assert stream.status == 200
+                sid = stream.headers["Qpubs-Listener"]
+                c = await opened(before)
+                assert (c["id"], c["dialect"]) == (sid, "qpubs") and c["peer"].startswith(f"{HOST}:")
+                async with http.delete(url + "/" + sid) as r:
+                    assert r.status == 200
+                await asyncio.wait_for(stream.content.read(), WAIT)  # to its end
+            await until(lambda: gone(sid), "the qpubs stream gone")
             async with http.delete(url + "/0123456789abcdef") as r:
                 assert r.status == 404
 
