@@ -275,6 +275,10 @@ class Server:
             dash = self.dashboard = Dashboard(node, info, lim.max_channel_bytes)
             await stack.enter_async_context(dash.history)
             installers.append(dash.installer)
+        elif cfg.dashboard.enabled == "auto":
+            log.warning(
+                "dashboard off: http.listen is not a loopback address and auth is off (dashboard.enabled)"
+            )
         app, self._native_http = build_app(node, http_settings, installers)
         self._native_http.registry.register(ConnectorCollector(self.connectors))
         if cfg.federation.accept or cfg.federation.upstream:
