@@ -160,6 +160,50 @@ def test_channels_page_with_a_cursor_a_pattern_and_a_search(tmp_path: Path) -> N
     run(body)
 
 
+def test_channel_tree_one_level_at_a_time(tmp_path: Path) -> None:
+    """The tree's levels: each child once with whether it is a channel and has channels below it (a subtree
+    passed over whole), paged; ``b-2`` sorts between ``b`` and ``b/…`` and is found all the same."""
+
+    async def body() -> None:
+        async with serve(tmp_path) as (server, http, base):
+            names = ["/t", "/t/a", "/t/a-2", "/t/a/x/y", "/t/b/c", "/u"] + [f"/t/b/c{i}" for i in range(50)]
+            await publish_many(server, [(n, "x") for n in names])
+            url = base + "/api/v1/admin/channels/tree"
+            root = await get(http, url)
+            assert root == {
+                "prefix": "",
+                "children": [
+                    {"name": "t", "path": "/t", "channel": True, "children": True},
+                    {"name": "u", "path": "/u", "channel": True, "children": False},
+                ],
+                "next": None,
+            }
+            t = await get(http, url + "?prefix=/t/")
+            assert t["children"] == [
+                {"name": "a", "path": "/t/a", "channel": True, "children": True},
+                {"name": "a-2", "path": "/t/a-2", "channel": True, "children": False},
+                {"name": "b", "path": "/t/b", "channel": False, "children": True},
+            ]
+            seen: list[str] = []
+            after = ""
+            while True:
+                page = await get(http, url + f"?prefix=/t&limit=1&after={after}")
+                assert len(page["children"]) <= 1
+                seen += [c["name"] for c in page["children"] if c["name"] not in seen]
+                if page["next"] is None:
+                    break
+                after = page["next"]
+            assert seen == ["a", "a-2", "b"]
+            leaves = sorted(["c"] + [f"c{i}" for i in range(50)])
+            assert (await get(http, url + "?prefix=/t/b"))["children"] == [
+                {"name": n, "path": f"/t/b/{n}", "channel": True, "children": False} for n in leaves
+            ]
+            assert (await get(http, url + "?prefix=/nothing"))["children"] == []
+            await get(http, url + "?prefix=/t/*", status=400)
+
+    run(body)
+
+
 async def _native_ws(http: aiohttp.ClientSession, base: str) -> Any:
     ws = await http.ws_connect(base + "/ws/hubbub", protocols=("hubbub.v1.json",))
     await ws.send_json({"op": "hello", "id": 1, "v": 1})

@@ -8,6 +8,8 @@ too. Every route needs an admin identity when auth is on (``Access.check_admin``
 * ``GET /api/v1/admin/channels?pattern=&q=&after=&limit=``: channels in byte order, a page at a time from
   the cursor ``after`` (``next`` in the answer), under a native ``pattern`` (default ``/**``) and whose path
   holds the text ``q``; each with its position, count, rate and subscribers by dialect.
+* ``GET /api/v1/admin/channels/tree?prefix=&after=&limit=``: one level of the channel tree, the children of
+  a path, each with whether it is a channel and whether channels lie below it.
 * ``GET /api/v1/admin/connections?after=&limit=&dialect=&q=``; ``DELETE /api/v1/admin/connections/<id>``:
   the attached sessions (every dialect's), and closing one as at shutdown (1001, each dialect its own way).
 * ``GET /api/v1/admin/consumers?after=&limit=``; ``DELETE /api/v1/admin/consumers/<name>``;
@@ -37,6 +39,7 @@ from hubbub import __version__
 from hubbub.auth import Identity
 from hubbub.channels import Pattern, parse_pattern
 from hubbub.core.api import Core, Disconnect, Session
+from hubbub.errors import BadRequest
 from hubbub.log.base import ChannelInfo
 
 from .admin_consumers import ConsumerAdmin, json_response, page_limit
@@ -97,6 +100,46 @@ class ChannelRates:
         return rate
 
 
+#: The highest code point: a path ending with ``/`` and this sorts after every channel below it.
+_LAST: Final = "\U0010ffff"
+
+
+async def channel_children(
+    node: Core, ident: Identity, prefix: str, after: str, limit: int, max_channel_bytes: int
+) -> tuple[list[dict[str, Any]], str, bool]:
+    """The children of ``prefix`` (``[{"name","path","channel","children"}]``, in byte order), the cursor
+    after them and whether there may be more. Each step reads one channel from the log, from the cursor:
+    a child whose channels lie below it is passed over whole (the cursor moves past its subtree), so a level
+    of ten children costs some ten reads whatever the number of channels under them. (A child may show on
+    two pages when a sibling's name extends its own with a character that sorts before ``/``, such as
+    ``b`` and ``b-2``: its own channel, the sibling's, then its subtree.)"""
+    pattern = parse_pattern((prefix or "") + "/**", max_channel_bytes)
+    base = prefix + "/"
+    found: dict[str, dict[str, Any]] = {}
+    cursor = after
+    while True:
+        page = await node.list_channels(pattern, readable_by=ident, after=cursor, limit=1)
+        if not page:
+            return list(found.values()), cursor, False
+        channel = page[0].channel
+        if channel == prefix:  # the prefix is a channel itself: not its own child
+            cursor = channel
+            continue
+        name, sep, _ = channel[len(base) :].partition("/")
+        path = base + name
+        if path not in found:
+            if len(found) == limit:
+                return list(found.values()), cursor, True
+            found[path] = {"name": name, "path": path, "channel": False, "children": False}
+        child = found[path]
+        if sep:
+            child["children"] = True
+            cursor = path + "/" + _LAST  # past its subtree ("/a/b-2" sorts before "/a/b/c": read already)
+        else:
+            child["channel"] = True
+            cursor = channel
+
+
 class AdminApi:
     """The routes of the module docstring. ``history``: the traffic ring the overview shows;
     ``federation`` and ``upstreams``: this node's federation hub and links up, when it has them."""
@@ -126,6 +169,7 @@ class AdminApi:
         r = app.router
         r.add_get("/api/v1/admin/overview", self.overview)
         r.add_get("/api/v1/admin/channels", self.channels)
+        r.add_get("/api/v1/admin/channels/tree", self.tree)
         r.add_get("/api/v1/admin/connections", self.connections)
         r.add_delete("/api/v1/admin/connections/{id}", self.disconnect)
         self.consumer_admin.install(app)
@@ -206,6 +250,23 @@ class AdminApi:
         now = time.monotonic()
         out = [self._channel(ci, now) for ci in rows]
         return json_response({"channels": out, "next": cursor if more else None, "scanned": scanned})
+
+    async def tree(self, request: web.Request) -> web.Response:
+        """One level of the channel tree: the children of ``prefix`` (a channel path, "" for the root),
+        each with whether it is a channel itself and whether channels lie below it, a page at a time."""
+        ident = self._admin(request)
+        prefix = request.query.get("prefix", "").rstrip("/")
+        if "*" in prefix:
+            raise BadRequest("prefix is a channel path, without wildcards")
+        children, cursor, more = await channel_children(
+            self.node,
+            ident,
+            prefix,
+            request.query.get("after", ""),
+            page_limit(request),
+            self._max_channel_bytes,
+        )
+        return json_response({"prefix": prefix, "children": children, "next": cursor if more else None})
 
     async def _channel_page(
         self, ident: Identity, pattern: Pattern, text: str, after: str, limit: int

@@ -156,10 +156,20 @@ export class Channels {
     }
     if (this.q) out.push(` — names containing “${this.q}”`);
     $("channel-crumbs").replaceChildren(...out);
+    // The sub-trees of the pattern's path (a pattern ending in /** browses a sub-tree): one level down.
+    const m = /^((?:\/[^*/]+)*)\/\*\*$/.exec(this.pattern);
+    if (!m || this.q) { $("channel-folders").replaceChildren(); return Promise.resolve(); }
+    return get("/api/v1/admin/channels/tree" + query({ prefix: m[1], limit: 100 })).then((r) => {
+      const dirs = r.children.filter((c) => c.children);
+      $("channel-folders").replaceChildren(...dirs.map((c) => h("li", {},
+        h("button", { type: "button", class: "secondary", onclick: () => this.browse(c.path + "/**"),
+          "aria-label": `Channels under ${c.path}` }, c.name + "/"))),
+        ...(r.next ? [h("li", { class: "muted" }, "and more: search to narrow")] : []));
+    });
   }
 
   async refresh() {
-    this.crumbs();
+    const folders = this.crumbs();
     const r = await get("/api/v1/admin/channels" + query({ pattern: this.pattern, q: this.q, after: this.pager.after, limit: 100 }));
     const rows = r.channels.map((c) => {
       const subs = Object.entries(c.subscribers).map(([d, n]) => h("span", { class: "tag" }, `${d} ${n}`));
@@ -173,6 +183,7 @@ export class Channels {
     $("channel-table").tBodies[0].replaceChildren(...(rows.length ? rows :
       [h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No channels here."))]));
     this.pager.render(r.next, rows.length);
+    await folders;
     if (this.selected) {
       const c = r.channels.find((x) => x.channel === this.selected);
       if (c) this.detail(c, false);
