@@ -87,6 +87,8 @@ async def time_routes(base: str, pid: int, rounds: int) -> list[tuple[str, list[
         ("channels, a page mid-way", "/api/v1/admin/channels?limit=100&after=/bench/050/c05000"),
         ("channels, pattern /bench/042/**", "/api/v1/admin/channels?pattern=/bench/042/**&limit=100"),
         ("channels, search q=c0999 (scans)", "/api/v1/admin/channels?q=c0999&limit=100"),
+        ("tree, level /bench (100 sub-trees)", "/api/v1/admin/channels/tree?prefix=/bench&limit=100"),
+        ("tree, level /bench/042 (100 channels)", "/api/v1/admin/channels/tree?prefix=/bench/042&limit=100"),
         ("connections, first page (100)", "/api/v1/admin/connections?limit=100"),
         ("connections, a page mid-way", "/api/v1/admin/connections?limit=100&after=8"),
         ("connections, filtered q=127", "/api/v1/admin/connections?limit=100&q=127.0.0.1:6"),

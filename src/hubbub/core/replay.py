@@ -142,21 +142,25 @@ def list_channels(
     current epoch, as :meth:`EventLog.channels` lists them), in byte order of their path, strictly after
     ``after``, that ``keep`` accepts, at most ``limit`` (None: every one). The store is read a page at a
     time from ``after`` on, and no further than the page that holds the ``limit``-th channel: one page of a
-    listing costs the same whatever the log's number of channels."""
+    listing costs the same whatever the log's number of channels. The first page read is ``limit`` rows
+    (a listing of one channel reads one), each next one twice the last, up to :data:`PAGE`: a pattern or
+    ``keep`` that leaves most channels out takes few reads all the same."""
     prefix = pattern_prefix(pattern)
     out: list[ChannelInfo] = []
     if limit is not None and limit <= 0:
         return out
+    size = PAGE if limit is None else min(PAGE, limit)
     while True:
-        page = store.channels(after=after, limit=PAGE, prefix=prefix, include_empty=include_empty)
+        page = store.channels(after=after, limit=size, prefix=prefix, include_empty=include_empty)
         for ci in page:
             if pattern.matches(ci.channel) and (keep is None or keep(ci.channel)):
                 out.append(ci)
                 if limit is not None and len(out) >= limit:
                     return out
-        if len(page) < PAGE:
+        if len(page) < size:
             return out
         after = page[-1].channel
+        size = min(PAGE, size * 2)
 
 
 def _check_since(info: ChannelInfo, since: Position) -> tuple[Gap | None, bool]:
