@@ -480,6 +480,34 @@ def test_admin_routes_need_an_admin_token(tmp_path: Path) -> None:
     run(body)
 
 
+def test_federation_links_show_with_their_states(tmp_path: Path) -> None:
+    """Node B linked up to A: B shows its link up with A's id, A shows B's link from below."""
+
+    async def body() -> None:
+        async with serve(tmp_path / "a", **{"federation.node_id": "A"}) as (a, http, base_a):
+            up = f"ws://{HOST}:{a.ports['http']}"
+            async with serve(tmp_path / "b", **{"federation.node_id": "B", "upstream": [up]}) as (
+                _,
+                _h,
+                base_b,
+            ):
+
+                async def linked() -> bool:
+                    f = await get(http, base_b + "/api/v1/admin/federation")
+                    return bool(f["upstreams"]) and f["upstreams"][0]["state"] == "up"
+
+                await until(linked, "B's link up")
+                f = await get(http, base_b + "/api/v1/admin/federation")
+                link = f["upstreams"][0]
+                assert (f["node_id"], link["upstream"], link["reconnects"]) == ("B", "A", 0)
+                assert f["downstreams"] == []
+                f = await get(http, base_a + "/api/v1/admin/federation")
+                assert f["node_id"] == "A" and f["upstreams"] == []
+                assert [(d["node"], d["connected"]) for d in f["downstreams"]] == [("B", 1)]
+
+    run(body)
+
+
 def test_the_page_is_served_with_its_files_and_can_be_turned_off(tmp_path: Path) -> None:
     async def body() -> None:
         async with serve(tmp_path / "on") as (server, http, base):
