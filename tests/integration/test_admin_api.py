@@ -480,6 +480,30 @@ def test_admin_routes_need_an_admin_token(tmp_path: Path) -> None:
     run(body)
 
 
+def test_another_sites_page_may_not_change_the_node(tmp_path: Path) -> None:
+    """With auth off, a change (DELETE, POST) sent by another site's page (its Origin) is refused; the page's
+    own origin, and a script without Origin, go through to the route (404 here: nothing of that name)."""
+
+    async def body() -> None:
+        async with serve(tmp_path) as (_, http, base):
+            for method, path in (
+                ("DELETE", "/api/v1/admin/connections/0123456789abcdef"),
+                ("DELETE", "/api/v1/admin/consumers/x"),
+                ("POST", "/api/v1/admin/consumers/x/reset"),
+            ):
+                for headers, status in (
+                    ({"Origin": "http://evil.example"}, 403),
+                    ({"Origin": base}, 404),
+                    ({}, 404),
+                ):
+                    async with http.request(method, base + path, headers=headers) as r:
+                        assert r.status == status, (method, path, headers)
+            # Reads stay open to any page's fetch (the browser keeps their answers from other origins).
+            await get(http, base + "/api/v1/admin/overview", headers={"Origin": "http://evil.example"})
+
+    run(body)
+
+
 def test_federation_links_show_with_their_states(tmp_path: Path) -> None:
     """Node B linked up to A: B shows its link up with A's id, A shows B's link from below."""
 

@@ -51,6 +51,7 @@ __all__ = [
     "build_app",
     "native_codec",
     "native_connection",
+    "origin_allowed",
     "peer_address",
     "raw_rest",
     "request_identity",
@@ -144,12 +145,15 @@ def request_token(request: web.Request) -> str | None:
             return None
         return password or user or None
     cookie = request.cookies.get(TOKEN_COOKIE)
-    if cookie and _cookie_origin_ok(request):
+    if cookie and origin_allowed(request):
         return cookie
     return None
 
 
-def _cookie_origin_ok(request: web.Request) -> bool:
+def origin_allowed(request: web.Request) -> bool:
+    """Whether the request comes from no browser page of another site: without ``Origin``, or from the
+    server's own origin or one of ``cors_origin``'s (what may use the token cookie, and change the node
+    through the admin API when auth is off)."""
     origin = request.headers.get("Origin")
     if origin is None:
         return True  # not a browser's cross-origin request (browsers send Origin with those and upgrades)
