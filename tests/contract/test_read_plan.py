@@ -21,6 +21,7 @@ from hubbub.log.read_plan import (
     MAX_INT64,
     budget_end,
     census,
+    channel_runs,
     clamp,
     first_at_time,
     group_runs,
@@ -235,3 +236,107 @@ def test_clamp() -> None:
         -(1 << 63),
         -(1 << 63),
     ]
+
+
+class _Statements:
+    """A channel's rows as an engine's statements (read_plan.SeqStatements, BudgetSums): ``rows`` and
+    ``same_as`` are cursors that record each row they give (``pulled``); the payload sums record theirs."""
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.store = rows
+        self.pulled: list[list[int]] = []  # the seqs each cursor gave
+        self.summed = 0
+
+    def _range(self, lo: int, hi: int) -> list[tuple[Any, ...]]:
+        return [r for r in self.store if lo <= r[0] <= hi]
+
+    def _cursor(self, rows: list[tuple[Any, ...]], part: Callable[[tuple[Any, ...]], Any]) -> Any:
+        pulled: list[int] = []
+        self.pulled.append(pulled)
+        for r in rows:
+            pulled.append(r[0])
+            yield part(r)
+
+    def epoch(self, channel: str, epoch: str | None) -> tuple[Any, ...]:
+        return (1, "e", 1, len(self.store))
+
+    def at_or_after(self, cid: int, seq: int) -> None:
+        raise AssertionError("no time bound here")
+
+    def rows(self, cid: int, lo: int, hi: int, limit: int) -> Any:
+        return self._cursor(self._range(lo, hi)[:limit], lambda r: r)
+
+    def compact_rows(self, cid: int, lo: int, hi: int, limit: int, first: Any) -> list[Any]:
+        raise AssertionError("not a runs' statement")
+
+    def row(self, cid: int, seq: int) -> tuple[Any, ...] | None:
+        return next(iter(self._range(seq, seq)), None)
+
+    def same_as(self, cid: int, lo: int, hi: int, head: Any) -> Any:
+        same = [r for r in self._range(lo, hi) if r[2:9] == head[2:9]]
+        return self._cursor(same, lambda r: (r[1], r[9]))
+
+    def count_same(self, cid: int, lo: int, hi: int, head: Any) -> int:
+        return sum(r[2:9] == head[2:9] for r in self._range(lo, hi))
+
+    def payload_total(self, cid: int, lo: int, hi: int) -> int | None:
+        rows = self._range(lo, hi)
+        self.summed += len(rows)
+        return sum(len(r[9]) for r in rows) if rows else None
+
+    def last_under(self, cid: int, lo: int, hi: int, budget: int) -> int | None:
+        rows = self._range(lo, hi)
+        self.summed += len(rows)
+        earlier, last = 0, None
+        for r in rows:
+            if earlier < budget:
+                last = r[0]
+            earlier += len(r[9])
+        return last
+
+
+@given(
+    sizes=sizes,
+    others=st.sets(st.integers(1, 30), max_size=3),
+    after=st.integers(0, 30),
+    limit=st.integers(1, 40),
+    max_bytes=st.none() | st.integers(0, 300),
+    ended_first=st.booleans(),
+)
+@settings(max_examples=examples(300))
+def test_channel_runs_under_a_budget_reads_each_row_once(
+    sizes: list[int], others: set[int], after: int, limit: int, max_bytes: int | None, ended_first: bool
+) -> None:
+    """A page under a byte budget is the naive page (every seq, in order, each with its own payload and
+    publisher). An engine whose cursors step the store (no ``sums``) ends it while reading: no payload sums,
+    no row given past the page, none twice but where a page is not one run (read again whole); with
+    ``sums`` (whole results) the page is ended first."""
+    rows = [row(i, "q" if i in others else "p", b"x" * s) for i, s in enumerate(sizes, 1)]
+    stmts = _Statements(rows)
+    runs = channel_runs(
+        stmts,
+        "/c",
+        after,
+        len(rows),
+        limit,
+        max_bytes,
+        lambda epoch, r: proto(r),
+        sums=stmts if ended_first else None,
+    )
+    got = [(r.proto.seq + i, r.proto.publisher.user, t, p) for r in runs for i, (t, p) in enumerate(r.rows)]
+    page, total = [], 0
+    for r in rows[after : after + limit]:
+        page.append((r[0], r[3], r[1], r[9]))
+        total += len(r[9])
+        if max_bytes is not None and total >= max(max_bytes, 1):
+            break
+    assert got == page
+    seqs = [p[0] for p in page]
+    if ended_first:
+        assert all(set(pulled) <= set(seqs) for pulled in stmts.pulled)
+        return
+    assert stmts.summed == 0
+    if max_bytes is not None:  # no cursor is read past the row that brings what it gave to the budget
+        assert all(sum(sizes[s - 1] for s in pulled[:-1]) < max(max_bytes, 1) for pulled in stmts.pulled)
+    if len(runs) == 1:
+        assert stmts.pulled == [seqs]  # a run: each row once

@@ -191,3 +191,25 @@ def test_read_runs_pages_are_bounded_in_payload_bytes_too(store: LogStore) -> No
         after = page[-1].seq
     assert pages == [[100, 300, 50, 1000], [10, 10, 10, 400], [5, 700]]
     assert got == written
+
+
+def test_sqlite_pages_under_a_budget_read_their_rows_once(tmp_path: Path) -> None:
+    """SQLite ends a page under a byte budget while it reads it: a page within the budget runs the
+    statements of a page without one (no pass over the rows for their payload sizes), and a page the budget
+    ends adds one count of its rows, which reads no payload."""
+    store = SqliteLogStore(tmp_path / "log.db")
+    try:
+        written = [r.event for r in store.append([req(bytes([i]) * 16) for i in range(50)])]
+        statements: list[str] = []
+        store._reader().set_trace_callback(statements.append)
+        assert flat(store.read_runs("/r", 0, 50, 100)) == written
+        plain, statements[:] = list(statements), []
+        assert flat(store.read_runs("/r", 0, 50, 100, max_bytes=16 * 50)) == written
+        assert statements == plain
+        statements.clear()
+        assert flat(store.read_runs("/r", 0, 50, 100, max_bytes=16 * 10)) == written[:10]
+        extra = [s for s in statements if s not in plain]
+        assert len(statements) == len(plain) + 1 and len(extra) == 1
+        assert extra[0].startswith("SELECT count(*)") and "payload" not in extra[0]
+    finally:
+        store.close()

@@ -4,8 +4,9 @@ The read side of an engine runs statements; what they read is decided here, as t
 sequencing rules are decided by :mod:`hubbub.log.sequencing`:
 
 * **Pages in channel order** (``read_rows``, ``read_runs``): the seq range a page covers
-  (:func:`seq_range`, :func:`run_range`), its end under a byte budget (:func:`budget_end`: the page ends with
-  the row that brings its payloads to ``max_bytes`` or more, so it holds at least one row whatever its size),
+  (:func:`seq_range`, :func:`run_range`), its end under a byte budget (the page ends with the row that brings
+  its payloads to ``max_bytes`` or more, so it holds at least one row whatever its size: found while the page
+  is read, :func:`take_upto`, where the engine's cursor steps the store, else first, :func:`budget_end`),
   the binary search of a time in a range whose time increases with its key (:func:`first_at_time`), and the
   grouping of rows into :class:`~hubbub.log.base.EventRun` (:func:`group_runs`, :func:`whole_run`).
 * **Pages in commit order** (``read_log``, ``count_log``, ``log_census``): whether a range is empty, the
@@ -34,6 +35,7 @@ from hubbub.log.base import ChannelInfo, EventRun, LogMark, ScanPlan, prefix_upp
 
 __all__ = [
     "MAX_INT64",
+    "BudgetSums",
     "LogScope",
     "SeqStatements",
     "budget_end",
@@ -148,7 +150,9 @@ def first_at_time(lo: int, hi: int, t: int, probe: Callable[[int], Sequence[int]
 
 class SeqStatements(Protocol):
     """The statements of a channel-order read, each run by the engine in the read's one snapshot: what
-    :func:`channel_rows` and :func:`channel_runs` ask of the store."""
+    :func:`channel_rows` and :func:`channel_runs` ask of the store. :meth:`rows` and :meth:`same_as` may
+    give a cursor that steps the store as it is read (SQLite's): :func:`channel_runs` then ends a page under
+    a byte budget while reading it, and holds no row past the one that reaches it."""
 
     def epoch(self, channel: str, epoch: str | None) -> Sequence[Any] | None:
         """``(epoch id, epoch, first, top)`` of the channel's current epoch, or of ``epoch``, current or
@@ -157,24 +161,33 @@ class SeqStatements(Protocol):
     def at_or_after(self, cid: int, seq: int) -> Sequence[int] | None:
         """``(seq, time_ns)`` of the epoch's first row at or after ``seq``, or ``None``."""
 
-    def rows(self, cid: int, lo: int, hi: int, limit: int) -> list[Any]:
+    def rows(self, cid: int, lo: int, hi: int, limit: int) -> Iterable[Any]:
         """The epoch's rows ``lo..hi`` in seq order, at most ``limit``."""
 
     def compact_rows(self, cid: int, lo: int, hi: int, limit: int, first: Row) -> list[Any]:
         """:meth:`rows`, each text column ``None`` where it equals ``first``'s (``compact_text``)."""
+
+    def row(self, cid: int, seq: int) -> Row | None:
+        """The row ``seq`` of the epoch, or ``None``."""
+
+    def same_as(self, cid: int, lo: int, hi: int, head: Row) -> Iterable[Any]:
+        """``(time_ns, payload)`` of the rows ``lo..hi``, in seq order, equal to ``head`` in every column
+        but seq, time and payload."""
+
+    def count_same(self, cid: int, lo: int, hi: int, head: Row) -> int:
+        """How many rows of ``lo..hi`` :meth:`same_as` gives, read without the payloads."""
+
+
+class BudgetSums(Protocol):
+    """The payload sums of an engine whose statements give whole results (a client that holds a statement's
+    every row before the first is read, as psycopg's cursors do): a page under a byte budget is ended
+    before it is read (:func:`budget_end`), since ending it while reading would bound nothing."""
 
     def payload_total(self, cid: int, lo: int, hi: int) -> int | None:
         """The payload bytes of the rows ``lo..hi`` (``None``: no row), read without the payloads."""
 
     def last_under(self, cid: int, lo: int, hi: int, budget: int) -> int | None:
         """The last seq of ``lo..hi`` whose earlier rows' payloads add up to less than ``budget``."""
-
-    def row(self, cid: int, seq: int) -> Row | None:
-        """The row ``seq`` of the epoch, or ``None``."""
-
-    def same_as(self, cid: int, lo: int, hi: int, head: Row) -> list[Any]:
-        """``(time_ns, payload)`` of the rows ``lo..hi``, in seq order, equal to ``head`` in every column
-        but seq, time and payload."""
 
 
 def channel_rows(
@@ -205,8 +218,8 @@ def channel_rows(
         return cur, []
     n = min(limit, MAX_INT64)
     if not compact_text:
-        return cur, st.rows(cid, lo, hi, n)
-    head = st.rows(cid, lo, hi, 1)
+        return cur, list(st.rows(cid, lo, hi, n))
+    head = list(st.rows(cid, lo, hi, 1))
     if not head:
         return cur, []
     rows = st.compact_rows(cid, lo, hi, n, head[0])
@@ -222,11 +235,20 @@ def channel_runs(
     limit: int,
     max_bytes: int | None,
     proto: Callable[[str, Any], Event],
+    sums: BudgetSums | None = None,
 ) -> list[EventRun]:
     """``LogStore.read_runs`` over an engine's statements (``proto(epoch, row)`` builds a run's first
     event). A range whose rows all equal the first row in every column but seq, time and payload (the usual
-    page: one publisher's events) is two statements (three or four with ``max_bytes``) and one
-    ``(time_ns, payload)`` pair per row, compared by the store; any other range is read whole and grouped."""
+    page: one publisher's events) is two statements and one ``(time_ns, payload)`` pair per row, compared by
+    the store; any other range is read whole and grouped.
+
+    Under ``max_bytes`` the page ends with the row that brings its payloads to the budget (a budget below 1
+    is 1). With ``sums`` (an engine whose statements give whole results) that end is found first
+    (:func:`budget_end`: one or two more statements); without, the page is ended while it is read
+    (:func:`take_upto`, a row at a time, so no row past that one is held), and a run so ended is checked
+    whole by :meth:`~SeqStatements.count_same` over its own range, without the payloads. Reading the sizes
+    apart cost a second pass over the page's rows (a look-up of the table per row, as the payloads' own
+    read): about a tenth of a 16 B replay's CPU on SQLite."""
     found = st.epoch(channel, None)
     if found is None:
         return []
@@ -235,20 +257,46 @@ def channel_runs(
     if page is None:
         return []
     lo, hi = page
+    cut: int | None = None  # the budget the page is ended at while it is read
     if max_bytes is not None:
-        hi = budget_end(
-            lo,
-            hi,
-            max_bytes,
-            lambda: st.payload_total(cid, lo, hi),
-            lambda budget: st.last_under(cid, lo, hi, budget),
-        )
+        if sums is None:
+            cut = max(clamp(max_bytes), 1)
+        else:
+            hi = budget_end(
+                lo,
+                hi,
+                max_bytes,
+                lambda: sums.payload_total(cid, lo, hi),
+                lambda budget: sums.last_under(cid, lo, hi, budget),
+            )
+    run = _one_run(st, cid, lo, hi, cut, lambda head: proto(epoch, head))
+    if run is not None:
+        return [run]
+    rows = st.rows(cid, lo, hi, MAX_INT64)
+    if cut is not None:
+        rows, _ = take_upto(rows, cut, 9)
+    return group_runs(rows, lambda r: proto(epoch, r))
+
+
+def _one_run(
+    st: SeqStatements, cid: int, lo: int, hi: int, cut: int | None, proto: Callable[[Row], Event]
+) -> EventRun | None:
+    """The page ``lo..hi`` (ended at ``cut`` payload bytes while read) as one run, or ``None`` when it is
+    not one (what was read for it is dropped before the page is read again whole)."""
     head = st.row(cid, lo)
-    if head is not None:
-        same = st.same_as(cid, lo, hi, head)
-        if whole_run(lo, hi, len(same)):
-            return [EventRun(proto(epoch, head), same)]
-    return group_runs(st.rows(cid, lo, hi, MAX_INT64), lambda r: proto(epoch, r))
+    if head is None:
+        return None
+    same = st.same_as(cid, lo, hi, head)
+    if cut is None:
+        pairs, full = list(same), False
+    else:
+        pairs, full = take_upto(same, cut, 1)
+    if whole_run(lo, hi, len(pairs)) or (
+        # Ended at the budget: a run if no other row lies among the ones read.
+        full and st.count_same(cid, lo, lo + len(pairs) - 1, head) == len(pairs)
+    ):
+        return EventRun(proto(head), pairs)
+    return None
 
 
 # -- pages in commit order -------------------------------------------------------------------------------

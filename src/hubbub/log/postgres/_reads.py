@@ -79,10 +79,14 @@ _BUDGET_TOP: Final = (
     "WHERE earlier < %s"
 )
 # read_runs: the (time_ns, payload) of a range's rows that equal the first row in every other column.
+_RUN_MATCH: Final = "".join(f"AND {c} = %s " for c in (*_TEXT_COLS, "headers", "tags"))
 _RUN_SELECT: Final = (
     "SELECT time_ns, payload FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s "
-    + "".join(f"AND {c} = %s " for c in (*_TEXT_COLS, "headers", "tags"))
+    + _RUN_MATCH
     + "ORDER BY seq"
+)
+_RUN_COUNT: Final = (
+    "SELECT count(*) FROM events WHERE channel_id = %s AND seq BETWEEN %s AND %s " + _RUN_MATCH
 )
 _SCAN_VARLEN: Final = (
     "string_agg(length({c})::text, ',' ORDER BY e.pos), string_agg({c}, ''::bytea ORDER BY e.pos)"
@@ -147,7 +151,9 @@ class _Decoder:
 
 class _SeqStatements:
     """The statements of a channel-order read (:class:`~hubbub.log.read_plan.SeqStatements`) on ``conn``,
-    inside the read's snapshot; event rows are read in binary (text columns as bytes)."""
+    inside the read's snapshot; event rows are read in binary (text columns as bytes). A statement's rows
+    all reach the client before the first is read, so a page under a byte budget is ended before it is read
+    (it is also the :class:`~hubbub.log.read_plan.BudgetSums`)."""
 
     __slots__ = ("conn",)
 
@@ -195,6 +201,9 @@ class _SeqStatements:
 
     def same_as(self, cid: int, lo: int, hi: int, head: Sequence[Any]) -> list[Any]:
         return self.conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9]), binary=True).fetchall()
+
+    def count_same(self, cid: int, lo: int, hi: int, head: Sequence[Any]) -> int:
+        return int(scalar(self.conn.execute(_RUN_COUNT, (cid, lo, hi, *head[2:9]), binary=True).fetchone()))
 
 
 class _ReadSide:
@@ -332,14 +341,16 @@ class _ReadSide:
 
         def q(conn: Conn) -> list[EventRun]:
             dec = _Decoder()
+            st = _SeqStatements(conn)
             return channel_runs(
-                _SeqStatements(conn),
+                st,
                 channel,
                 after_seq,
                 up_to_seq,
                 limit,
                 max_bytes,
                 lambda epoch, row: dec.events(channel, epoch, [row])[0],
+                sums=st,
             )
 
         return self._read(q)

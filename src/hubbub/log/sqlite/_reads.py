@@ -78,25 +78,20 @@ _COMPACT_SELECT: Final = (
     + ", headers, tags, payload FROM events WHERE channel_id = ?6 AND seq BETWEEN ?7 AND ?8 "
     "ORDER BY seq LIMIT ?9"
 )
-# read_runs(max_bytes=...): a range's payload bytes (a range under the budget is read as it is), and else the
-# last seq of the range whose earlier rows' payloads stay under it, so the page ends with the row that
-# reaches it; the sizes are read without the payloads.
-_BUDGET_SUM: Final = "SELECT sum(length(payload)) FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ?"
-_BUDGET_TOP: Final = (
-    "SELECT max(seq) FROM (SELECT seq, sum(length(payload)) OVER (ORDER BY seq) - length(payload) "
-    "AS earlier FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ?) AS r WHERE earlier < ?"
-)
 # read_runs: the (time_ns, payload) of a range's rows that equal the first row in every other column.
-_RUN_SELECT: Final = (
-    "SELECT time_ns, payload FROM events WHERE channel_id = ?1 AND seq BETWEEN ?2 AND ?3 "
-    + "".join(f"AND {c} = ?{i} " for i, c in enumerate((*_TEXT_COLS, "headers", "tags"), 4))
-    + "ORDER BY seq"
+_RUN_RANGE: Final = "FROM events WHERE channel_id = ?1 AND seq BETWEEN ?2 AND ?3 " + "".join(
+    f"AND {c} = ?{i} " for i, c in enumerate((*_TEXT_COLS, "headers", "tags"), 4)
 )
+_RUN_SELECT: Final = "SELECT time_ns, payload " + _RUN_RANGE + "ORDER BY seq"
+# read_runs(max_bytes=...), a page ended while read: how many of its rows _RUN_SELECT gives (no payload read).
+_RUN_COUNT: Final = "SELECT count(*) " + _RUN_RANGE
 
 
 class _SeqStatements:
     """The statements of a channel-order read (:class:`~hubbub.log.read_plan.SeqStatements`) on ``conn``,
-    inside the read's snapshot."""
+    inside the read's snapshot. :meth:`rows` and :meth:`same_as` give the cursor: SQLite steps it as it is
+    read, so a page under a byte budget is ended while read (no payload sums: ``channel_runs`` without
+    ``sums``)."""
 
     __slots__ = ("conn",)
 
@@ -120,29 +115,26 @@ class _SeqStatements:
             (cid, seq),
         ).fetchone()
 
-    def rows(self, cid: int, lo: int, hi: int, limit: int) -> list[Any]:
+    def rows(self, cid: int, lo: int, hi: int, limit: int) -> sqlite3.Cursor:
         return self.conn.execute(
             f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq BETWEEN ? AND ? "
             "ORDER BY seq LIMIT ?",
             (cid, lo, hi, limit),
-        ).fetchall()
+        )
 
     def compact_rows(self, cid: int, lo: int, hi: int, limit: int, first: Sequence[Any]) -> list[Any]:
         return self.conn.execute(_COMPACT_SELECT, (*first[2:7], cid, lo, hi, limit)).fetchall()
-
-    def payload_total(self, cid: int, lo: int, hi: int) -> Any:
-        return scalar(self.conn.execute(_BUDGET_SUM, (cid, lo, hi)).fetchone())
-
-    def last_under(self, cid: int, lo: int, hi: int, budget: int) -> Any:
-        return scalar(self.conn.execute(_BUDGET_TOP, (cid, lo, hi, budget)).fetchone())
 
     def row(self, cid: int, seq: int) -> Any:
         return self.conn.execute(
             f"SELECT {_EVENT_COLS} FROM events WHERE channel_id = ? AND seq = ?", (cid, seq)
         ).fetchone()
 
-    def same_as(self, cid: int, lo: int, hi: int, head: Sequence[Any]) -> list[Any]:
-        return self.conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9])).fetchall()
+    def same_as(self, cid: int, lo: int, hi: int, head: Sequence[Any]) -> sqlite3.Cursor:
+        return self.conn.execute(_RUN_SELECT, (cid, lo, hi, *head[2:9]))
+
+    def count_same(self, cid: int, lo: int, hi: int, head: Sequence[Any]) -> int:
+        return int(self.conn.execute(_RUN_COUNT, (cid, lo, hi, *head[2:9])).fetchone()[0])
 
 
 class _ReadSide:
@@ -308,9 +300,10 @@ class _ReadSide:
         self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000, *, max_bytes: int | None = None
     ) -> list[EventRun]:
         """See :meth:`LogStore.read_runs`. A range whose rows all share the first row's publisher, content
-        type, headers and tags (the usual page: one publisher's events) is two statements (three or four
-        with ``max_bytes``) and one ``(time_ns, payload)`` tuple per row, checked by SQLite; any other range
-        is read whole and grouped."""
+        type, headers and tags (the usual page: one publisher's events) is two statements and one
+        ``(time_ns, payload)`` tuple per row, checked by SQLite; any other range is read whole and grouped.
+        Under ``max_bytes`` the page is ended while its cursor is read (one more statement, without the
+        payloads, when it ends before its range does)."""
         if up_to_seq <= after_seq or limit <= 0:
             self._reader()
             return []
