@@ -1727,3 +1727,52 @@ def test_open_store_postgres_unreachable_hides_credentials() -> None:
 def test_open_store_rejects_unknown_durability(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="durability"):
         open_store("memory", str(tmp_path), "sometimes", RetentionPolicy(), 600)
+
+
+# -- state maps (StateMaps) ----------------------------------------------------------------------------------
+
+
+def test_state_maps_set_get_list_and_versions(factory: Factory, store: LogStore) -> None:
+    assert store.state_get("m", "/a") is None
+    assert store.state_list("m") == []
+    # Unconditional writes count their version up from 1.
+    assert store.state_set("m", "/a", "1") == 1
+    assert store.state_set("m", "/a", "2") == 2
+    assert store.state_get("m", "/a") == ("2", 2)
+    # A versioned write lands only over an older version (or none).
+    assert store.state_set("m", "/b", "b10", 10) == 10
+    assert store.state_set("m", "/b", "b7", 7) is None
+    assert store.state_set("m", "/b", "b10 again", 10) is None
+    assert store.state_get("m", "/b") == ("b10", 10)
+    # A removal is a tombstone with its version: an older write arriving late does not bring it back.
+    assert store.state_set("m", "/b", None, 12) == 12
+    assert store.state_set("m", "/b", "b11", 11) is None
+    assert store.state_get("m", "/b") == (None, 12)
+    assert store.state_set("m", "/b", "b13", 13) == 13
+    # Lists: by prefix, in key order, without removed entries, one namespace only.
+    for key in ("/c/x", "/c", "/cd", "/c/é", "/c/y"):
+        store.state_set("m", key, key.upper())
+    store.state_set("m", "/c/y", None)
+    store.state_set("other", "/c/z", "elsewhere")
+    assert store.state_list("m", "/c") == [("/c", "/C"), ("/c/x", "/C/X"), ("/c/é", "/C/É"), ("/cd", "/CD")]
+    assert store.state_list("m", "/c/") == [("/c/x", "/C/X"), ("/c/é", "/C/É")]
+    assert [k for k, _ in store.state_list("m")] == ["/a", "/b", "/c", "/c/x", "/c/é", "/cd"]
+    assert store.state_list("other") == [("/c/z", "elsewhere")]
+    if factory.persistent:  # kept across a reopen
+        store = factory.reopen(store)
+        assert store.state_get("m", "/b") == ("b13", 13)
+        assert store.state_get("m", "/c/y") == (None, 2)
+        assert store.state_list("m", "/c/") == [("/c/x", "/C/X"), ("/c/é", "/C/É")]
+
+
+def test_state_maps_are_shared_by_the_stores_of_one_database(factory: Factory) -> None:
+    """Two stores on one PostgreSQL database (two nodes): each sees the other's entries, and versioned
+    writes leave the newest whatever the order they arrive in."""
+    if not factory.engine.startswith("postgres"):
+        pytest.skip("one database, several writers: PostgreSQL")
+    a, b = factory.open(), factory.open()
+    assert a.state_set("m", "/k", "from a", 5) == 5
+    assert b.state_get("m", "/k") == ("from a", 5)
+    assert b.state_set("m", "/k", "from b", 9) == 9
+    assert a.state_set("m", "/k", "late from a", 7) is None
+    assert a.state_list("m") == [("/k", "from b")]

@@ -45,10 +45,18 @@ def test_tops_round_trip() -> None:
     assert m == wire.Message("n1", [], [("/a", "e1", 5), ("/b", "e2", 0)])
 
 
+def test_notices_round_trip() -> None:
+    m = wire.decode(wire.encode_notices("n1", [("mqtt.takeover", b"\x93"), ("t", b"")]))
+    assert m == wire.Message("n1", [], [], [("mqtt.takeover", b"\x93"), ("t", b"")])
+
+
 @pytest.mark.parametrize(
     "obj",
     [
         [2, "n", "e", []],
+        [1, "n", "n", [["topic", "text"]]],
+        [1, "n", "n", [[5, b""]]],
+        [1, "n", "n", [["topic"]]],
         [1, "n", "x", []],
         [1, 5, "e", []],
         [1, "n", "e", [["/a", 0, "e", 1, "d", "", "", "", b"", "t", {}, []]]],

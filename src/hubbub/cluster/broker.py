@@ -107,6 +107,8 @@ class RedisBroker(OrderedDelivery):
         self._sub = aioredis.Redis.from_url(settings.url, socket_timeout=None, **opts)
         self._pubsub: Any = None
         self._outbox: list[Event] = []
+        #: Notices (``core/notices.py``) to publish with the next message.
+        self._notices: list[tuple[str, bytes]] = []
         self._wake = asyncio.Event()
         self._dirty: dict[str, tuple[str, int]] = {}
         #: The receive, publish and watch loops (restarted should one fail): the node's supervision once
@@ -128,6 +130,7 @@ class RedisBroker(OrderedDelivery):
         self.reconnects = 0
         self.syncs = 0
         self.watch_syncs = 0
+        self.notices_dropped = 0
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
@@ -148,6 +151,7 @@ class RedisBroker(OrderedDelivery):
         self.sequencer.note_time(mark.time_ns)
         self._synced = mark
         node.relay = self
+        node.notices.connect(self.notify)
         self._tasks.open()
         self._tasks.run("cluster-receive", self._receive_loop)
         self._tasks.run("cluster-publish", self._publish_loop)
@@ -181,6 +185,7 @@ class RedisBroker(OrderedDelivery):
                 self._tasks.supervision.note("broker", "closing a Redis client", exc, "ignored")
         if self._node is not None and self._node.relay is self:
             self._node.relay = None
+            self._node.notices.connect(None)
 
     def _set_up(self, up: bool) -> None:
         changed = up != self.up
@@ -211,6 +216,15 @@ class RedisBroker(OrderedDelivery):
             self._wake.set()
         else:
             self._mark_dirty(ev for _, ev in events)
+
+    def notify(self, topic: str, data: bytes) -> None:
+        """A notice for the other nodes (``Node.notices``): published with the next message, or dropped
+        while Redis is away (a notice is a hint, never a record)."""
+        if not self.up or len(self._notices) >= MAX_OUTBOX:
+            self.notices_dropped += 1
+            return
+        self._notices.append((topic, data))
+        self._wake.set()
 
     # -- log reads (own threads) ----------------------------------------------------------------------------
 
@@ -361,6 +375,11 @@ class RedisBroker(OrderedDelivery):
             return
         if m.node == self.sender:
             return  # this node's own: offered at commit
+        if m.notices:
+            if self._node is not None:
+                for topic, payload in m.notices:
+                    self._node.notices.received(topic, payload)
+            return
         if not self._twin_warned and m.node.rpartition("/")[0] == self.node_id:
             self._twin_warned = True
             log.error(
@@ -390,6 +409,9 @@ class RedisBroker(OrderedDelivery):
     async def _publish(self, events: list[Event]) -> None:
         name = self.settings.redis_channel
         msgs = list(wire.encode_events(self.sender, events))
+        notices, self._notices = self._notices, []
+        if notices:
+            msgs.append(wire.encode_notices(self.sender, notices))
         dirty = dict(self._dirty)
         if dirty:
             msgs.append(wire.encode_tops(self.sender, [(ch, ep, seq) for ch, (ep, seq) in dirty.items()]))
@@ -410,6 +432,8 @@ class RedisBroker(OrderedDelivery):
             events = self._take()
             if not self.up:
                 self._mark_dirty(events)
+                self.notices_dropped += len(self._notices)
+                self._notices.clear()
                 continue
             try:
                 await self._publish(events)
@@ -442,6 +466,7 @@ class RedisBroker(OrderedDelivery):
             "reconnects": self.reconnects,
             "syncs": self.syncs,
             "watch_syncs": self.watch_syncs,
+            "notices_dropped": self.notices_dropped,
             "unannounced_channels": len(self._dirty),
             **self.sequencer.statistics(),
         }

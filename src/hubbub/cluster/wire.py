@@ -9,6 +9,7 @@ node configured with its id):
   time_ns, dialect, user, app, msg_id, payload, content_type, headers, tags]``.
 * ``kind = "t"``: positions committed without being published (the node lost Redis meanwhile). Each item is
   ``[channel, epoch, top]``: receivers fill what they have not seen from the log.
+* ``kind = "n"``: notices (``core/notices.py``). Each item is ``[topic, data]``, a string and bytes.
 
 A message that does not decode to one of these raises :class:`BadMessage` (a Redis channel may be shared
 with other software; nothing it sends may stop a node).
@@ -17,14 +18,23 @@ with other software; nothing it sends may stop a node).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgpack
 
 from hubbub.events import Event, Publisher
 
-__all__ = ["MAX_MESSAGE_BYTES", "VERSION", "BadMessage", "Message", "decode", "encode_events", "encode_tops"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "VERSION",
+    "BadMessage",
+    "Message",
+    "decode",
+    "encode_events",
+    "encode_notices",
+    "encode_tops",
+]
 
 VERSION: Final = 1
 #: A batch of events is cut into messages of about this many bytes (Redis takes far more; smaller messages
@@ -41,6 +51,7 @@ class Message:
     node: str
     events: list[Event]
     tops: list[tuple[str, str, int]]
+    notices: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 def _item(e: Event) -> list[Any]:
@@ -69,6 +80,11 @@ def encode_events(node: str, events: Sequence[Event]) -> Iterator[bytes]:
 
 def encode_tops(node: str, tops: Sequence[tuple[str, str, int]]) -> bytes:
     data: bytes = msgpack.packb([VERSION, node, "t", [list(t) for t in tops]], use_bin_type=True)
+    return data
+
+
+def encode_notices(node: str, notices: Sequence[tuple[str, bytes]]) -> bytes:
+    data: bytes = msgpack.packb([VERSION, node, "n", [list(n) for n in notices]], use_bin_type=True)
     return data
 
 
@@ -102,6 +118,13 @@ def decode(data: bytes) -> Message:
                 raise BadMessage("a top is [channel, epoch, seq]")
             tops.append((_str(it[0]), _str(it[1]), _int(it[2])))
         return Message(node, [], tops)
+    if kind == "n":
+        notices = []
+        for it in items:
+            if not isinstance(it, list) or len(it) != 2 or type(it[1]) is not bytes:
+                raise BadMessage("a notice is [topic, data]")
+            notices.append((_str(it[0]), it[1]))
+        return Message(node, [], [], notices)
     if kind != "e":
         raise BadMessage(f"unknown kind {kind!r}")
     events = []

@@ -18,6 +18,9 @@ What the API offers, by concern:
 * **reads**: ``read_channel``, ``head``, ``list_channels``, ``top_time``, ``oldest_time`` (bounded, on the
   reader threads).
 * **control**: ``trim``, ``reset_channel`` (on the writer thread, in order with appends).
+* **state maps**: ``state_get`` / ``state_list`` / ``state_set``: small maps in the log's own storage, one
+  for every process of the log (``StateMaps``: MQTT's retained index and persistent sessions); ``notices``,
+  short messages to those other processes (``core/notices.py``).
 * **durable consumers**: ``consumers`` (the service while it runs, ``None`` otherwise).
 * **connectors' routes**: ``routes`` (``core/routes.py``: kept with the log, shared by every process of it).
 * **presence**: ``presence`` (rosters, local or cluster-wide).
@@ -46,7 +49,9 @@ from .batcher import Publish, Submit, SubmitMany
 from .consumer_metrics import LABELLED_MAX
 from .consumers import Batch, ConsumerService, GroupMember, Opener
 from .limits import LIMIT_NAMES, Limiter
+from .log_control import StateGet, StateList, StateSet
 from .node import Trimmed
+from .notices import Notices
 from .presence import Presence
 from .reads import LIST_LIMIT, ChannelPage
 from .relay import Relay
@@ -74,6 +79,7 @@ __all__ = [
     "Histogram",
     "Limiter",
     "NodeMetrics",
+    "Notices",
     "Opener",
     "Overflow",
     "Policy",
@@ -166,9 +172,14 @@ class Core(Protocol):
     oldest_time: Callable[[], Awaitable[int]]
 
     # -- control --------------------------------------------------------------------------------------------
-    async def trim(self, channel: str, epoch: str, up_to_seq: int) -> Trimmed: ...
+    trim: Callable[[str, str, int], Awaitable[Trimmed]]
+    reset_channel: Callable[[str], Awaitable[Any]]
 
-    async def reset_channel(self, channel: str) -> Any: ...
+    # -- state maps (``core/log_control.py``) and notices ------------------------------------------------
+    state_get: StateGet
+    state_list: StateList
+    state_set: StateSet
+    notices: Notices
 
     # -- consumers, connectors' routes, presence, authorization, observation ---------------------------------
     consumers: ConsumerService | None

@@ -11,6 +11,9 @@ The node is a thin facade over its parts, each in its own module:
 * :class:`~hubbub.core.reads.LogReads` (``reads.py``): the reader threads and the typed, bounded reads.
 * :class:`~hubbub.core.access.Access` (``access.py``): authentication, permissions, limits: the one
   enforcement point.
+* :class:`~hubbub.core.log_control.LogControl` (``log_control.py``): trims, new epochs and the log's state
+  maps, in order with the appends; :class:`~hubbub.core.notices.Notices` (``notices.py``): short messages to
+  the other processes of the log, through the relay.
 
 The node implements the core API (:class:`~hubbub.core.api.Core`), the one thing transports see; its parts
 are private. The hot publish methods (``submit``, ``submit_many``, ``publish``, ``writable``) and the
@@ -55,6 +58,8 @@ from .access import Access
 from .batcher import Pending, Publish, Submit, SubmitMany, WriteBatcher
 from .health import StoreHealth
 from .limits import Limiter, LimitSettings
+from .log_control import LogControl, StateGet, StateList, StateSet, Trimmed
+from .notices import Notices
 from .presence import LocalPresence, Presence
 from .reads import ChannelPage, LogReads
 from .relay import Relay, committed_events
@@ -90,16 +95,6 @@ class NodeSettings:
     reader_threads: int = 4
 
 
-@dataclass(frozen=True, slots=True)
-class Trimmed:
-    """What :meth:`Node.trim` did: ``info`` is the trimmed epoch's position afterwards (its ``epoch`` the one
-    named; ``first`` is ``top + 1`` once it holds no events), ``current`` whether that epoch is the channel's
-    current one. A retired epoch left without events is gone from the store (docs/log.md "Epochs")."""
-
-    info: ChannelInfo
-    current: bool
-
-
 class Node:
     """See the module docstring. Use as ``async with Node(store, settings) as node``."""
 
@@ -125,6 +120,12 @@ class Node:
     #: or several at once, fanned out as runs as a commit is (``SubscriptionRegistry.fan_out_events``).
     fan_out: Callable[[Event, Session | None], None]
     fan_out_many: Callable[[Iterable[tuple[Session | None, Event]]], None]
+    #: Trims, new epochs and the log's state maps (``core/log_control.py``).
+    trim: Callable[[str, str, int], Awaitable[Trimmed]]
+    reset_channel: Callable[[str], Awaitable[Any]]
+    state_get: StateGet
+    state_list: StateList
+    state_set: StateSet
 
     def __init__(
         self,
@@ -199,11 +200,15 @@ class Node:
         self.watch_subscriptions = r.watch
         self.fan_out = r.fanout.fan_out
         self.fan_out_many = r.fan_out_events
+        ctl = LogControl(store, self._reads, b, lambda: self._closing)
+        self.trim, self.reset_channel = ctl.trim, ctl.reset_channel
+        self.state_get, self.state_list, self.state_set = ctl.state_get, ctl.state_list, ctl.state_set
         self._relay: Relay | None = None
         self.consumers: ConsumerService | None = None  # set by the service while it runs (docs/consumers.md)
         #: The push connectors' routes, kept with the log (core/routes.py).
         self.routes = RouteBook(self._batcher.control, self._reads, store.shared)
         self.presence: Presence = LocalPresence()  #: rosters (core/presence.py); a cluster's once installed
+        self.notices = Notices()  #: short messages to the log's other processes (core/notices.py)
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -366,29 +371,6 @@ class Node:
     def health_checks(self) -> dict[str, str]:
         """The failing checks of ``/healthz`` and guble's health check (:meth:`StoreHealth.checks`)."""
         return self._store_health.checks(self._closing)
-
-    async def reset_channel(self, channel: str) -> Any:
-        """Start a new epoch for a channel (on the writer thread, in order with appends)."""
-        return await self._batcher.control(lambda st: st.reset_channel(channel))
-
-    async def trim(self, channel: str, epoch: str, up_to_seq: int) -> Trimmed:
-        """Trim the events with ``seq <= up_to_seq`` of the channel's epoch ``epoch``: its current epoch, or a
-        retired one still holding events (docs/log.md "Epochs"; the current epoch is untouched then). On the
-        writer thread, in order with appends; the epoch is looked up in the same call, so a reset cannot slip
-        in between (a reset just before makes the named epoch a retired one, which is trimmed all the same).
-        Raises :class:`~hubbub.errors.TrimEpochGone` (an :class:`EpochMismatch`) with the current head
-        (``epoch`` is neither: never used, or a retired epoch already gone with its last event) or
-        :class:`~hubbub.errors.TrimOutOfRange` (``up_to_seq`` negative or beyond that epoch's top): the
-        store's own typed errors (``LogStore.trim``)."""
-        if self._closing or self._batcher.writer is None:
-            raise ShuttingDown()
-
-        def trim(st: LogStore) -> Trimmed:
-            info = st.trim(channel, up_to_seq, epoch=epoch)
-            return Trimmed(info, current=st.head(channel).epoch == epoch)
-
-        done: Trimmed = await self._batcher.control(trim)
-        return done
 
     def statistics(self) -> dict[str, Any]:
         return {

@@ -6,7 +6,7 @@ Concurrency contract: called from the event loop thread only.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ class NodeMetrics:
         "_subscriptions",
         "ack_latency",
         "bad_input",
+        "before_scrape",
         "component_failures",
         "deliveries",
         "internal_closes",
@@ -77,6 +78,13 @@ class NodeMetrics:
         self.io_errors: dict[str, int] = {}
         #: Connections aborted because the peer read nothing for the write timeout.
         self.write_timeouts: dict[str, int] = {}
+        #: Reads a component makes before each scrape, for numbers kept in the log (:meth:`refresh`).
+        self.before_scrape: list[Callable[[], Awaitable[None]]] = []
+
+    async def refresh(self) -> None:
+        """Run every :attr:`before_scrape` read (``/metrics`` awaits it before rendering)."""
+        for fn in list(self.before_scrape):
+            await fn()
 
     def dropped(self) -> dict[str, int]:
         """Events dropped by the sessions' overflow policy since the node started."""

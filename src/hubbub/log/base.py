@@ -6,6 +6,7 @@
 * :class:`ConsumerJournal`: the durable consumers' journals (filled by ``append``).
 * :class:`RouteRegistry`: the push connectors' routes (``hubbub.log.routes``).
 * :class:`BulkScan`: the data pipeline's reads of rows and columns, in ``pos`` ranges.
+* :class:`StateMaps`: small named maps kept beside the events, one for every process writing the log.
 
 A caller takes the role it uses (a view of the log, such as a cluster node's, implements only the role it
 changes). The sequencing rules of ``append`` are one pure planner, ``hubbub.log.sequencing``.
@@ -14,11 +15,11 @@ Concurrency contract (every engine):
 
 * ``append``, ``apply_retention``, ``trim``, ``reset_channel``, ``new_epochs_on_open``,
   ``commits_may_be_lost``, ``consumer_create``, ``consumer_delete``, ``consumer_settle``, ``route_put``,
-  ``route_delete`` and ``close`` are
+  ``route_delete``, ``state_set`` and ``close`` are
   called from **one writer thread** only (core owns it). They are never called concurrently with each other.
 * Every read method (``head``, ``heads``, ``read``, ``read_runs``, ``read_rows``, ``read_last``, ``channels``,
   ``retired_epochs``, ``top_time``, ``stats``, ``scan_plan``, ``scan_columns``, ``consumers``,
-  ``consumer_items``, ``route_records``) may be called from any thread,
+  ``consumer_items``, ``route_records``, ``state_get``, ``state_list``) may be called from any thread,
   concurrently with the writer and with each other. Reads see only committed data.
 * No method is ever called on the event loop thread, except ``append`` of an engine that sets
   ``inline_append`` (or of at most ``inline_append_max`` requests and ``inline_append_max_bytes`` of
@@ -85,8 +86,10 @@ __all__ = [
     "RouteRegistry",
     "ScanColumns",
     "ScanPlan",
+    "StateMaps",
     "StoreStats",
     "new_epoch",
+    "next_state_version",
     "prefix_upper",
 ]
 
@@ -653,7 +656,48 @@ class BulkScan(abc.ABC):
         ``pos`` order); an empty range gives no piece."""
 
 
-class LogStore(EventLog, EpochAdmin, ConsumerJournal, RouteRegistry, BulkScan):
+class StateMaps(abc.ABC):
+    """Small named maps kept in the log's own storage, beside the events: state of a dialect that every
+    process writing the log must see alike (the workers of a node on one SQLite file, the nodes of a cluster
+    on one PostgreSQL database), such as MQTT's retained index and its persistent sessions' filters.
+
+    A map is a namespace ``ns``; each entry is a key, a text value and a **version**, an integer that only
+    grows. :meth:`state_set` with a version writes only over an older one (or none), so that writers racing
+    in any order end with the newest (a value stamped with its event's ``time_ns``, which increases over the
+    whole log); without one it writes whatever is there, one version up. A removal (value None) stays as a
+    tombstone holding its version, so that an older write arriving late cannot bring the entry back; readers
+    do not see tombstones. A map is meant for entries counted in thousands, not millions: each entry is a row
+    (SQLite, PostgreSQL) or a dict item (memory); nothing expires them."""
+
+    @abc.abstractmethod
+    def state_get(self, ns: str, key: str) -> tuple[str | None, int] | None:
+        """The entry's value (None: removed) and version; None when the map never had the key."""
+
+    @abc.abstractmethod
+    def state_list(self, ns: str, prefix: str = "") -> list[tuple[str, str]]:
+        """The entries of ``ns`` whose key starts with ``prefix`` and whose value is not removed, as
+        ``(key, value)`` in key order (code points; UTF-8 byte order is the same), from one snapshot."""
+
+    @abc.abstractmethod
+    def state_set(self, ns: str, key: str, value: str | None, version: int | None = None) -> int | None:
+        """Set the entry (``value`` None: remove it) and return the version it has now; with ``version``,
+        only when the entry is absent or its version is lower (None returned when it is not). Without,
+        the entry's version plus one (1 for a new entry). A **writer-thread** method, durable when it
+        returns as an append is."""
+
+
+def next_state_version(stored: int | None, version: int | None) -> int | None:
+    """The rule of :meth:`StateMaps.state_set`, which every engine applies in its own transaction: the
+    version an entry whose version is ``stored`` (None: absent) gets from a write with ``version``, or None
+    when that write is refused."""
+    if version is None:
+        return 1 if stored is None else stored + 1
+    if stored is not None and stored >= version:
+        return None
+    return version
+
+
+class LogStore(EventLog, EpochAdmin, ConsumerJournal, RouteRegistry, BulkScan, StateMaps):
     """A durable, per-channel sequenced event log: every role at once, as each engine implements it. See the
     module docstring for the contract; callers that use one role take that role's type."""
 

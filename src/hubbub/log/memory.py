@@ -49,6 +49,7 @@ from hubbub.log.base import (
     ScanPlan,
     StoreStats,
     new_epoch,
+    next_state_version,
 )
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 from hubbub.log.read_plan import take_upto
@@ -153,6 +154,8 @@ class MemoryLogStore(LogStore):
         self._jindex = JournalIndex()
         # The connectors' routes: connector -> name -> record.
         self._routes: dict[str, dict[str, RouteRecord]] = {}
+        # The state maps (``StateMaps``): (ns, key) -> (value, version).
+        self._state: dict[tuple[str, str], tuple[str | None, int]] = {}
 
     # -- writer side ---------------------------------------------------------------------------------
 
@@ -433,6 +436,31 @@ class MemoryLogStore(LogStore):
     def close(self) -> None:
         with self._lock:
             self._closed = True
+
+    # -- state maps ----------------------------------------------------------------------------------
+
+    def state_get(self, ns: str, key: str) -> tuple[str | None, int] | None:
+        with self._lock:
+            self._check_open()
+            return self._state.get((ns, key))
+
+    def state_list(self, ns: str, prefix: str = "") -> list[tuple[str, str]]:
+        with self._lock:
+            self._check_open()
+            out: list[tuple[str, str]] = []
+            for (n, k), (v, _) in self._state.items():
+                if n == ns and v is not None and k.startswith(prefix):
+                    out.append((k, v))
+            return sorted(out)
+
+    def state_set(self, ns: str, key: str, value: str | None, version: int | None = None) -> int | None:
+        with self._lock:
+            self._check_open()
+            had = self._state.get((ns, key))
+            new = next_state_version(None if had is None else had[1], version)
+            if new is not None:
+                self._state[(ns, key)] = (value, new)
+            return new
 
     # -- readers -------------------------------------------------------------------------------------
 

@@ -464,6 +464,10 @@ class NativeHttp:
                 await svc.metrics.refresh()  # the journals' backlogs, as the store counts them
             except HubbubError as exc:
                 log.debug("reading the consumers' backlogs failed: %s", exc)
+        try:
+            await self.node.metrics.refresh()  # numbers kept in the log (MQTT's retained messages, sessions)
+        except HubbubError as exc:
+            log.debug("reading numbers from the log failed: %s", exc)
         body = render_metrics(self.registry, ConsumerSeries(self.node, ident))
         return web.Response(status=200, body=body, headers={"Content-Type": CONTENT_TYPE})
 

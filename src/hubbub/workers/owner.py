@@ -18,6 +18,9 @@ tops of the channels it missed instead of their events, and it reads them from t
 to a node that could not follow Redis). A worker that does not read a reply within
 :data:`REPLY_TIMEOUT_S` is cut off.
 
+Notices: a worker's ``notice`` call (short messages between the workers, such as MQTT's takeover of a client
+id) is queued for every other worker on its second socket, in order with the events.
+
 Durable consumers: the store's ``consumer_hold`` is answered here, one holder among the workers at a time,
 released when its worker's connection ends (a worker that died), as a PostgreSQL session's lock is.
 
@@ -71,7 +74,8 @@ CALLS: Final = frozenset(
         "consumer_create", "consumer_delete", "consumer_settle", "consumers", "consumer_items",
         "consumer_hold", "stats", "retired_epochs", "head", "heads", "read", "read_runs", "read_last",
         "channels", "top_time", "log_mark", "log_seek", "read_log", "count_log", "log_census", "read_rows",
-        "scan_plan", "scan_columns", "route_put", "route_delete", "route_records",
+        "scan_plan", "scan_columns", "route_put", "route_delete", "route_records", "state_get", "state_list",
+        "state_set", "notice",
     }
 )  # fmt: skip
 
@@ -119,6 +123,17 @@ class _Link:
                 self.tops[ev.channel] = (ev.epoch, ev.seq)
             self.cond.notify()
             return False
+
+    def offer_notice(self, data: bytes) -> bool:
+        """Queue a notice, counted in the outbox's bound as events are; False (dropped) past it: the worker
+        is not reading."""
+        with self.cond:
+            if self.queued + len(data) > OUTBOX_BYTES:
+                return False
+            self.outbox.append((data, True))
+            self.queued += len(data)
+            self.cond.notify()
+            return True
 
     def next(self) -> bytes | None:
         """The next message to send (waiting for one); None once closed."""
@@ -314,6 +329,9 @@ class LogOwner:
                 raise StorageError(f"not a store call: {method}")
             if method == "consumer_hold":
                 value: Any = self._hold(link, *args, **kwargs)
+            elif method == "notice":
+                self._notice(link, *args)
+                value = None
             else:
                 value = getattr(self._store, method)(*args, **kwargs)
             data = encode(("ret", rid, value))
@@ -336,6 +354,16 @@ class LogOwner:
             else:
                 self._holds[consumer_id] = (link, held[1] - 1)
         return True
+
+    def _notice(self, link: _Link, topic: str, data: bytes) -> None:
+        """A worker's notice (``RemoteLogStore.notice``) to every other worker, behind what is queued for
+        each."""
+        msg = encode(("notice", [str(topic), bytes(data)]))
+        with self._links_lock:
+            links = [other for other in self._links.values() if other is not link]
+        for other in links:
+            if not other.offer_notice(msg):
+                log.warning("worker %d: a notice was dropped (its outbox is full)", other.worker)
 
     def _gone(self, link: _Link) -> None:
         """A worker's connection ended: its holds go, and it is sent nothing more."""

@@ -14,6 +14,10 @@ runs; the remote store keeps them until :meth:`WorkerRelay.start` has read the l
 connection, so they cover everything committed before it) and seeded the sequencer with them; then the kept
 commits are offered (those at or below the heads are duplicates, dropped). No commit falls between the two.
 
+Notices (``core/notices.py``): :meth:`WorkerRelay.notify` sends one to the owner (on the relay's read
+threads: the call blocks), which queues it for every other worker; a worker's relay hands those it receives
+to ``Node.notices``.
+
 When the owner goes away (the parent died), the worker cannot commit any more: the relay asks the node to
 stop (``Node.supervision``), and the worker exits.
 
@@ -56,6 +60,9 @@ class WorkerRelay(OrderedDelivery):
         self.worker = store.worker
         self.received = 0
         self.tops = 0
+        self.notices_dropped = 0
+        #: Notices being sent (each a call to the owner, off the loop).
+        self._sending: set[asyncio.Future[None]] = set()
 
     async def start(self, node: Node) -> None:
         """Seed from the log's heads, attach to ``node`` and take the owner's broadcasts. Call before the
@@ -66,6 +73,7 @@ class WorkerRelay(OrderedDelivery):
         self.sequencer.seed(heads)
         self.sequencer.note_time(mark)
         node.relay = self
+        node.notices.connect(self.notify)
         stop = node.supervision.stopper("workers", "log-owner")
 
         def on_broadcast(msg: Broadcast) -> None:
@@ -95,6 +103,9 @@ class WorkerRelay(OrderedDelivery):
         node = self._node
         if node is not None and node.relay is self:
             node.relay = None
+            node.notices.connect(None)
+        if self._sending:
+            await asyncio.wait(list(self._sending), timeout=2.0)
         await self.close_delivery()
 
     # -- the node's seam ------------------------------------------------------------------------------
@@ -102,6 +113,22 @@ class WorkerRelay(OrderedDelivery):
     def committed(self, events: Sequence[tuple[Session | None, Event]]) -> None:
         """This worker's newly committed events, in commit order (on the loop, after their acks)."""
         self.offer_many(events)
+
+    def notify(self, topic: str, data: bytes) -> None:
+        """A notice for the other workers (``Node.notices``), sent off the loop; one the owner does not take
+        (it is gone) is counted and dropped."""
+        if self._closed:
+            return
+        fut = asyncio.get_running_loop().run_in_executor(self._reads, self.remote.notice, topic, data)
+        self._sending.add(fut)
+
+        def sent(f: asyncio.Future[None]) -> None:
+            self._sending.discard(f)
+            if not f.cancelled() and f.exception() is not None:
+                self.notices_dropped += 1
+                log.info("worker %d: a notice was not sent: %s", self.worker, f.exception())
+
+        fut.add_done_callback(sent)
 
     def _on_broadcast(self, msg: Broadcast) -> None:
         if self._closed:
@@ -117,6 +144,10 @@ class WorkerRelay(OrderedDelivery):
                     consumers.others_committed(events)
                 self.offer_many((None, ev) for ev in events)
                 self.received += len(events)
+        elif kind == "notice":
+            if node is not None:
+                topic, data = items
+                node.notices.received(topic, data)
         elif kind == "tops":
             self.tops += 1
             for channel, epoch, top in items:
@@ -132,4 +163,9 @@ class WorkerRelay(OrderedDelivery):
         return {}
 
     def statistics(self) -> dict[str, int | float]:
-        return {"received": self.received, "tops": self.tops, **self.sequencer.statistics()}
+        return {
+            "received": self.received,
+            "tops": self.tops,
+            "notices_dropped": self.notices_dropped,
+            **self.sequencer.statistics(),
+        }

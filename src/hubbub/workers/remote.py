@@ -9,9 +9,9 @@ where the owner names one (SQLite in WAL mode: a read-only connection per thread
 concurrent with the owner's writer), else to the owner too.
 
 A second socket brings the other workers' committed events (and, for a worker that fell behind, their
-channels' tops), read by a thread of their own: :meth:`RemoteLogStore.listen` hands them to the worker's
-relay (``workers/relay.py``), which delivers them in order; what arrives before the relay listens is kept
-for it.
+channels' tops) and their notices (:meth:`RemoteLogStore.notice`), read by a thread of their own:
+:meth:`RemoteLogStore.listen` hands them to the worker's relay (``workers/relay.py``), which delivers them
+in order; what arrives before the relay listens is kept for it.
 
 ``shared`` is true: other processes write this log too, so the durable consumers read their journals for
 what other workers committed (``core/consumers.py``), and hold a consumer through the owner
@@ -66,8 +66,8 @@ __all__ = ["Broadcast", "RemoteLogStore"]
 
 log = logging.getLogger("hubbub.workers")
 
-#: What the owner sends besides replies: ``("events", [(worker, [Event, ...]), ...])`` or
-#: ``("tops", [(channel, epoch, top), ...])``.
+#: What the owner sends besides replies: ``("events", [(worker, [Event, ...]), ...])``,
+#: ``("tops", [(channel, epoch, top), ...])`` or ``("notice", [topic, data])``.
 Broadcast = tuple[str, list[Any]]
 
 
@@ -212,6 +212,15 @@ class RemoteLogStore(LogStore):
     def route_delete(self, connector: str, name: str) -> bool:
         return bool(self._call("route_delete", connector, name))
 
+    def state_set(self, ns: str, key: str, value: str | None, version: int | None = None) -> int | None:
+        out: int | None = self._call("state_set", ns, key, value, version)
+        return out
+
+    def notice(self, topic: str, data: bytes) -> None:
+        """Send a notice to every other worker (``workers/relay.py``): the owner queues it for each, after
+        the events queued for it before."""
+        self._call("notice", topic, data)
+
     # -- reads: the file's, else the owner's ------------------------------------------------------------
 
     def consumers(self) -> list[ConsumerInfo]:
@@ -228,6 +237,14 @@ class RemoteLogStore(LogStore):
 
     def stats(self) -> StoreStats:
         out: StoreStats = self._read("stats")
+        return out
+
+    def state_get(self, ns: str, key: str) -> tuple[str | None, int] | None:
+        out: tuple[str | None, int] | None = self._read("state_get", ns, key)
+        return out
+
+    def state_list(self, ns: str, prefix: str = "") -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = self._read("state_list", ns, prefix)
         return out
 
     def retired_epochs(self, channel: str) -> list[ChannelInfo]:

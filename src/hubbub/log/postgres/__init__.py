@@ -9,6 +9,7 @@ design record:
   and durability (:data:`DURABILITY_SYNCHRONOUS_COMMIT`).
 * ``_reads.py``: the read side: pooled connections, snapshots, reads, runs, and the bulk scans of the data
   pipeline.
+* ``_state.py``: the state maps (:class:`~hubbub.log.base.StateMaps`), one row per entry.
 * ``_errors.py``: how a failure becomes a :class:`~hubbub.errors.StorageError` (never SQL or credentials),
   and the ``hubbub.log.postgres`` logger.
 

@@ -20,6 +20,7 @@ Schema (version :data:`SCHEMA_VERSION`, kept in ``schema_version``)::
                content_type BYTEA, headers BYTEA, tags BYTEA, payload BYTEA, PRIMARY KEY (consumer_id, pos))
     consumer_gen (gen BIGINT)                            -- one row, bumped by consumer create and delete
     connector_routes (connector, name, key, body, PRIMARY KEY (connector, name), UNIQUE (connector, key))
+    state     (ns TEXT COLLATE "C", key TEXT COLLATE "C", value TEXT, version BIGINT, PRIMARY KEY (ns, key))
 
 It is the SQLite engine's schema (``hubbub.log.sqlite._schema``) with these differences:
 
@@ -43,7 +44,8 @@ its id, and the channel gets a new row with a new id (``log_state.next_id``).
 
 Durable consumers (:mod:`hubbub.log.consumers`, ``_consumers.py``) are the SQLite engine's tables plus
 ``consumer_gen``, which tells every node's writer when to reload the consumers' filters. The push
-connectors' routes (``hubbub.log.routes``, ``_routes.py``) are the SQLite engine's ``connector_routes``.
+connectors' routes (``hubbub.log.routes``, ``_routes.py``) are the SQLite engine's ``connector_routes``, and
+``state`` holds the state maps (:class:`~hubbub.log.base.StateMaps`, ``_state.py``), shared by every node.
 
 Versions and migration: the schema is created by the first store that opens the database as a writer, and
 migrated by a writer that finds an older version, in one transaction under an advisory lock (several nodes
@@ -74,7 +76,7 @@ import psycopg
 __all__ = ["DURABILITY_SYNCHRONOUS_COMMIT", "SCHEMA_VERSION"]
 
 #: Version of the database schema in this module's docstring.
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 #: ``durability`` -> ``synchronous_commit`` (see the module docstring).
 DURABILITY_SYNCHRONOUS_COMMIT: Final[dict[str, str]] = {"fsync": "on", "commit": "local", "none": "off"}
@@ -190,6 +192,16 @@ _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
             body TEXT NOT NULL,
             PRIMARY KEY (connector, name),
             UNIQUE (connector, key)
+        )""",
+    ),
+    # 3 -> 4: the state maps.
+    3: (
+        """CREATE TABLE state (
+            ns TEXT COLLATE "C" NOT NULL,
+            key TEXT COLLATE "C" NOT NULL,
+            value TEXT,
+            version BIGINT NOT NULL,
+            PRIMARY KEY (ns, key)
         )""",
     ),
 }

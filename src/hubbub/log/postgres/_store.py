@@ -64,6 +64,7 @@ from hubbub.log.postgres._schema import (
     _schema_version,
     ensure_schema,
 )
+from hubbub.log.postgres._state import _StateSide
 from hubbub.log.records import encode_headers, encode_tags, event_size
 from hubbub.log.sequencing import FROM_RECORD, IdemKey, plan_append
 
@@ -138,7 +139,7 @@ _DELETE_PREFIX: Final = (
 )
 
 
-class PostgresLogStore(_ReadSide, _ConsumerSide, _RouteSide, LogStore):
+class PostgresLogStore(_ReadSide, _ConsumerSide, _RouteSide, _StateSide, LogStore):
     """A :class:`LogStore` in a PostgreSQL database (schema: ``_schema.py``; contract: the module docstring).
 
     ``url``: a libpq connection URI or string (``postgresql://user:password@host:port/dbname?…``).

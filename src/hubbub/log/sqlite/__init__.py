@@ -12,6 +12,7 @@ design record:
 * ``_idem.py``: idempotency keys, looked up and written per batch (one statement per channel and user).
 * ``_reads.py``: the read side: per-thread reader connections, reads, runs, time searches, and the bulk scans
   of the data pipeline (:class:`ScanPlan`, :class:`ScanColumns`).
+* ``_state.py``: the state maps (:class:`~hubbub.log.base.StateMaps`), one row per entry.
 * ``_checkpointer.py``: the background WAL checkpointer.
 * ``_errors.py``: how a failure becomes a :class:`~hubbub.errors.StorageError` (never SQL or paths), and the
   ``hubbub.log.sqlite`` logger.

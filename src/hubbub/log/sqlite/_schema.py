@@ -18,6 +18,7 @@ Schema (version :data:`SCHEMA_VERSION`, kept in ``meta``)::
                time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type,
                headers BLOB, tags BLOB, payload BLOB; PRIMARY KEY (consumer_id, pos)) WITHOUT ROWID
     connector_routes (connector, name, key, body; PRIMARY KEY (connector, name), UNIQUE (connector, key))
+    state     (ns TEXT, key TEXT, value TEXT, version INTEGER, PRIMARY KEY (ns, key)) WITHOUT ROWID
 
 ``headers`` and ``tags`` use the column codec of :mod:`hubbub.log.records`. A ``channels`` row is one epoch
 of a channel, the current one: an event's channel and epoch are those of its ``channel_id``. A new epoch
@@ -43,6 +44,8 @@ they are deleted in large ranges later (``_consumers.py``); reads never return t
 ``connector_routes`` holds the push connectors' routes (``hubbub.log.routes``, ``_routes.py``); it came
 without a new version: a writer creates it when it opens a file without it, and an older hubbub, which
 never reads it, opens such a file as before.
+
+``state`` holds the state maps (:class:`~hubbub.log.base.StateMaps`, ``_state.py``). It came the same way.
 
 Schema version 1 (no ``retired_epochs``, no ``origin_*``, no ``writer`` marker), version 2 (no
 ``consumers``, no ``journal``) and version 3 (no ``acked_to``) are migrated when a writer opens them; a
@@ -192,6 +195,13 @@ _SCHEMA: Final = (
         body TEXT NOT NULL,
         PRIMARY KEY (connector, name),
         UNIQUE (connector, key)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS state (
+        ns TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT,
+        version INTEGER NOT NULL,
+        PRIMARY KEY (ns, key)
     ) WITHOUT ROWID""",
 )
 

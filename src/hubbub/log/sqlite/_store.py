@@ -71,6 +71,7 @@ from hubbub.log.sqlite._schema import (
     SCHEMA_VERSION,
     _connect_writer,
 )
+from hubbub.log.sqlite._state import _StateSide
 
 try:
     import fcntl
@@ -154,7 +155,7 @@ def _idem_rows(plan: AppendPlan, heads: Mapping[str, _Head]) -> list[Any]:
     return rows
 
 
-class SqliteLogStore(_ConsumerSide, _RouteSide, LogStore):
+class SqliteLogStore(_ConsumerSide, _RouteSide, _StateSide, LogStore):
     """A :class:`LogStore` in one SQLite file (schema: ``_schema.py``; contract: the module docstring).
 
     ``path``: the database file (created if absent; its directory must exist). ``durability``: ``fsync``,
