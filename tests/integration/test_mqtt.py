@@ -482,3 +482,45 @@ def test_a_persistent_session_back_while_its_last_acknowledgement_is_stored(tmp_
             await pub.disconnect()
 
     asyncio.run(main())
+
+
+def test_retained_and_session_files_of_an_earlier_version_are_moved_into_the_log(tmp_path: Path) -> None:
+    """Earlier versions kept the retained index and the persistent sessions' filters in
+    ``data_dir/mqtt/*.jsonl``: they are loaded into the log's state maps at start (an entry whose event is
+    gone skipped), and the files renamed ``*.migrated``."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as srv:
+            pub = await MqttClient.connect(srv.ports["mqtt"], "pub")
+            await pub.publish("old/a", b"kept", qos=1)  # retained only by the old file below
+            await pub.disconnect()
+            head = await srv.node.head("/old/a")
+        base = tmp_path / "data" / "mqtt"
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "retained.jsonl").write_text(
+            f'["/old/a",[{head.top},"{head.epoch}"]]\n["/old/gone",[7,"{head.epoch}"]]\n', encoding="utf-8"
+        )
+        (base / "sessions.jsonl").write_text('["legacy",{"old/#":1}]\n', encoding="utf-8")
+        for _ in range(2):  # migrated at the first start; the second finds it in the log alone
+            async with serve(tmp_path) as srv:
+                port = srv.ports["mqtt"]
+                sub = await MqttClient.connect(port, "sub")
+                assert await sub.subscribe(("old/#", 1)) == (1,)
+                m = await sub.message()
+                assert (m.topic, m.payload, m.retain) == ("old/a", b"kept", True)
+                await sub.ping()  # nothing for old/gone
+                await sub.disconnect()
+                legacy = await MqttClient.open(port)
+                assert await legacy.handshake("legacy", clean_session=False) == c.Connack(True, 0)
+                pub = await MqttClient.connect(port, "pub")
+                await pub.publish("old/new", b"after", qos=1)
+                m = await legacy.message()
+                assert (m.topic, m.payload, m.retain) == ("old/new", b"after", False)
+                await legacy.disconnect()
+                await pub.disconnect()
+            assert sorted(p.name for p in base.iterdir()) == [
+                "retained.jsonl.migrated",
+                "sessions.jsonl.migrated",
+            ]
+
+    asyncio.run(main())

@@ -1,58 +1,53 @@
-"""The MQTT retained index (transports/mqtt_retained.py): changes appended, replayed and compacted at load."""
+"""MQTT's state beside the log (transports/mqtt_store.py, mqtt_acks.py): the retained entries' versions,
+the files of earlier versions as read for their migration, and acknowledgements kept in publish order."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hubbub.dialects.mqtt import filter_pattern
-from hubbub.transports.mqtt_retained import RetainedIndex
-from hubbub.transports.mqtt_store import JsonlMap
+from hubbub.log import MemoryLogStore
+from hubbub.transports.mqtt_acks import AckOrder
+from hubbub.transports.mqtt_store import RETAINED, read_jsonl, retained_version
 
 
-def test_changes_survive_a_reload_compacted(tmp_path: Path) -> None:
-    index = RetainedIndex.in_data_dir(tmp_path)
-    index.retain("/a/x", 1, "e1", empty=False)
-    index.retain("/a/x", 3, "e1", empty=False)
-    index.retain("/a/y", 2, "e1", empty=False)
-    index.retain("/a/y", 4, "e1", empty=True)  # cleared
-    index.retain("/b", 1, "e2", empty=False)
-    index.drop("/b", 1, "e2")  # gone from the log
-    index.drop("/a/x", 1, "e1")  # a newer one replaced it: kept
-    index.close()
-    path = tmp_path / "mqtt" / "retained.jsonl"
-    with path.open("a", encoding="utf-8") as f:
-        f.write("not json\n[1, 2]\n")
-    again = RetainedIndex.in_data_dir(tmp_path)
-    assert list(again.matching(filter_pattern("#"))) == [("/a/x", 3, "e1")]
-    assert list(again.matching(filter_pattern("a/x"))) == [("/a/x", 3, "e1")]
-    assert list(again.matching(filter_pattern("a/y"))) == []
-    again.close()
-    assert len(path.read_text().splitlines()) == 1
+def test_retained_entries_of_newer_events_win_in_any_order_and_a_drop_only_its_own() -> None:
+    store = MemoryLogStore()
+    t = 1_700_000_000_000_000_000
+    # Two events committed one nanosecond apart (as in one batch), their entries written newest first.
+    assert store.state_set(RETAINED, "/a", "new", retained_version(t + 1)) is not None
+    assert store.state_set(RETAINED, "/a", "old", retained_version(t)) is None
+    # The older event is gone from the log: its drop does not remove the newer event's entry.
+    assert store.state_set(RETAINED, "/a", None, retained_version(t, drop=True)) is None
+    assert store.state_get(RETAINED, "/a") == ("new", retained_version(t + 1))
+    # Its own drop does; an entry of the same event arriving after the drop does not come back.
+    assert store.state_set(RETAINED, "/a", None, retained_version(t + 1, drop=True)) is not None
+    assert store.state_set(RETAINED, "/a", "new", retained_version(t + 1)) is None
+    assert store.state_list(RETAINED) == []
+    # A newer event after the drop is the entry again.
+    assert store.state_set(RETAINED, "/a", "newer", retained_version(t + 2)) is not None
+    assert store.state_list(RETAINED) == [("/a", "newer")]
 
 
-def test_an_exact_filter_with_a_literal_star(tmp_path: Path) -> None:
-    index = RetainedIndex()
-    index.retain("/a/*", 1, "e", empty=False)
-    assert list(index.matching(filter_pattern("a/*"))) == [("/a/*", 1, "e")]
-    assert list(index.matching(filter_pattern("a/+"))) == [("/a/*", 1, "e")]
+def test_the_files_of_earlier_versions_read_as_their_loader_did(tmp_path: Path) -> None:
+    path = tmp_path / "retained.jsonl"
+    assert read_jsonl(path) is None
+    lines = ['["/a/x",[1,"e1"]]', '["/a/x",[3,"e1"]]', '["/a/y",[2,"e1"]]', '["/a/y",null]', "not json"]
+    path.write_text("\n".join([*lines, "[1, 2]", '["/b",[1,"e2"]]', ""]), encoding="utf-8")
+    assert read_jsonl(path) == {"/a/x": [3, "e1"], "/b": [1, "e2"]}
 
 
-def test_maps_of_several_workers_on_one_file_keep_every_change(tmp_path: Path) -> None:
-    """Two processes' maps on one file (a node's workers): the second load does not rewrite the file the
-    first has open (its appends would go to the replaced file), both keep appending, and a later load sees
-    every change of both."""
-    path = tmp_path / "mqtt" / "retained.jsonl"
-    a = JsonlMap(path)
-    a.load()
-    a.set("/a", 1)
-    b = JsonlMap(path)
-    b.load()
-    assert b.get("/a") == 1
-    a.set("/a2", 2)
-    b.set("/b", 3)
-    a.close()
-    b.close()
-    c = JsonlMap(path)
-    c.load()
-    assert {k: c.get(k) for k in c} == {"/a": 1, "/a2": 2, "/b": 3}
-    c.close()
+def test_acknowledgements_go_in_publish_order_whatever_order_they_are_answered_in() -> None:
+    sent: list[int] = []
+    acks = AckOrder()
+    slots = [acks.take() for _ in range(4)]
+    acks.answer(slots[1], lambda: sent.append(1))
+    acks.answer(slots[3], lambda: sent.append(3))
+    assert sent == []
+    acks.answer(slots[0], lambda: sent.append(0))
+    assert sent == [0, 1]
+    acks.answer(slots[2], lambda: sent.append(2))
+    assert sent == [0, 1, 2, 3]
+    acks.answer(slots[2], lambda: sent.append(99))  # answered already: ignored
+    s = acks.take()
+    acks.answer(s, lambda: sent.append(4))  # nothing waiting: at once
+    assert sent == [0, 1, 2, 3, 4]

@@ -6,12 +6,14 @@ its actions out on a :class:`~hubbub.transports.wire.DialectWire`, in arrival or
 
 * ``ConnectRequest``: the credentials (the password is a hubbub token or JWT; a user name alone is taken as
   one) through ``Node.login``, the client id (an empty one gets ``hubbub-<session id>``), the takeover of a
-  connection with the same id (closed first), the session (CleanSession 0: a persistent session on durable
-  consumers, :mod:`~hubbub.transports.mqtt_sessions`; 1: a persistent one of the id discarded), then the
-  CONNACK, the session's deliveries and the packets pipelined behind it;
+  connection with the same id, in this process or another (:mod:`~hubbub.transports.mqtt_clients`), the
+  session (CleanSession 0: a persistent session on durable consumers,
+  :mod:`~hubbub.transports.mqtt_sessions`; 1: a persistent one of the id discarded), then the CONNACK, the
+  session's deliveries and the packets pipelined behind it;
 * ``MqttPublish``: stored through the write batcher with its QoS (and retain flag) as pseudo-headers, and
-  acknowledged (PUBACK, PUBREC) once committed; a publish the token may not make is dropped, counted, and
-  acknowledged all the same (3.1.1 has no refusal);
+  acknowledged (PUBACK, PUBREC) once committed (a retained one once its entry is in the retained index too),
+  in publish order (:mod:`~hubbub.transports.mqtt_acks`); a publish the token may not make is dropped,
+  counted, and acknowledged all the same (3.1.1 has no refusal);
 * ``MqttSubscribe`` / ``Unsubscribe``: :class:`~hubbub.transports.mqtt_filters.MqttFilters` (the filters
   the token may read whole, as live core subscriptions or the session's consumers; the SUBACK, 0x80 for a
   refusal; the retained messages after it, :mod:`~hubbub.transports.mqtt_retained`);
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import ssl
 import time
@@ -56,9 +59,12 @@ from hubbub.log.base import AppendRequest, AppendResult
 from .binding import Mounted, Wiring
 from .http import HttpSettings
 from .lifetime import Lifetime
+from .mqtt_acks import AckOrder
+from .mqtt_clients import ClientTable, Stamp
 from .mqtt_filters import MqttFilters
 from .mqtt_retained import RetainedIndex
 from .mqtt_sessions import DurableSession, SessionStore
+from .mqtt_store import migrate
 from .stream_driver import WRITE_TIMEOUT_S, StreamIO, listen_streams
 from .stream_listener import Accepted, StreamListener
 from .wire import DialectWire
@@ -102,27 +108,21 @@ class MqttService:
     the counters of ``/metrics``."""
 
     def __init__(
-        self,
-        node: Core,
-        consumers: ConsumerService,
-        settings: MqttSettings,
-        http: HttpSettings,
-        retained: RetainedIndex | None = None,
-        sessions: SessionStore | None = None,
+        self, node: Core, consumers: ConsumerService, settings: MqttSettings, http: HttpSettings
     ) -> None:
         self.node = node
         self.consumers = consumers
         self.settings = settings
         self.http = http
-        #: Where each channel's retained event is in the log.
-        self.retained = retained if retained is not None else RetainedIndex()
-        #: The persistent sessions' filters (their messages are in durable consumers).
-        self.sessions = sessions if sessions is not None else SessionStore()
+        #: Where each channel's retained event is in the log (a state map of the log: every process's).
+        self.retained = RetainedIndex(node)
+        #: The persistent sessions' filters (their messages are in durable consumers), a state map too.
+        self.sessions = SessionStore(node)
         #: Tasks that outlive their connection (a persistent session's acknowledgements being stored).
         self.tasks: set[asyncio.Task[None]] = set()
         self.connections: set[asyncio.Task[None]] = set()
-        #: The accepted connection of each client id.
-        self.clients: dict[str, MqttWire] = {}
+        #: The accepted connection of each client id, and the takeovers from other processes.
+        self.clients = ClientTable(node.notices)
         #: Publishes dropped because the token may not publish there.
         self.dropped = 0
 
@@ -134,7 +134,12 @@ class MqttService:
 
     def inflight(self) -> int:
         """Unacknowledged QoS 1/2 deliveries, over every connection."""
-        return sum(len(w.conn.outbound) for w in self.clients.values())
+        return sum(len(w.conn.outbound) for w in self.clients.local.values())
+
+    async def recount(self) -> None:
+        """Count the retained messages and persistent sessions in the log (before a ``/metrics`` scrape)."""
+        await self.retained.recount()
+        await self.sessions.recount()
 
     def install(self, app: web.Application, node: Core, settings: HttpSettings) -> None:
         """The :data:`~hubbub.transports.http.RouteInstaller` of ``/mqtt``."""
@@ -233,6 +238,10 @@ class MqttWire:
         #: Set once the connection has left ``service.clients`` (a takeover waits for it).
         self.ended = asyncio.Event()
         self._registered = False
+        #: The CONNECT's place in the order of every process's (the newest of a client id wins).
+        self.stamp: Stamp = (0, "")
+        #: Acknowledgements in publish order.
+        self._acks = AckOrder()
         #: Live QoS 1/2 deliveries waiting for room in the window, in order.
         self._waiting: collections.deque[tuple[bytes, bytes, int, bool]] = collections.deque()
         #: The persistent session (CleanSession 0), while connected.
@@ -277,7 +286,7 @@ class MqttWire:
             self.conn.will = None
             self._publish_will(will)
         registered, self._registered = self._registered, False
-        clients, client_id = self.service.clients, self.conn.client_id
+        clients, client_id = self.service.clients.local, self.conn.client_id
 
         def settled() -> None:
             # Only now may another connection of the client id take the session's consumers: until then it
@@ -315,30 +324,51 @@ class MqttWire:
                     return
                 # Auth off for MQTT: credentials that are no token (a plain user name) are ignored.
         client_id = req.client_id or f"hubbub-{self.session.id}"
-        old = self.service.clients.get(client_id)
-        if old is not None:  # the same client id: the older connection is closed first [MQTT-3.1.4-2]
-            old.session.end(Disconnect.NORMAL)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(old.ended.wait(), TAKEOVER_WAIT_S)
-            if self.done:
-                return
-        self.service.clients[client_id] = self
+        self.stamp = self.service.clients.stamp()
+        if not await self._take_over(client_id):
+            if not self.done:  # a newer CONNECT of the id came first, here or on another process
+                self.session.end(Disconnect.NORMAL)
+            return
         self._registered = True
         svc = self.service
+        filters: dict[str, int] | None = None
         if req.clean_session:  # a clean session ends a persistent one [MQTT-3.1.2-6]
             await DurableSession.discard(svc.consumers, svc.sessions, client_id, self.session)
         else:
             self.durable = DurableSession(
                 conn, self.session, svc.consumers, svc.sessions, client_id, svc.spawn
             )
-        present = not req.clean_session and svc.sessions.filters(client_id) is not None
+            filters = await svc.sessions.filters(client_id)
+        if self.done:
+            return
         if conn.keepalive:
             self.wire.spawn(self._keepalive(conn.keepalive * KEEPALIVE_GRACE))
-        connack, *pipelined = conn.accept(present, client_id)
+        connack, *pipelined = conn.accept(filters is not None, client_id)
         await self.wire.run([connack])
         if self.durable is not None:
-            await self.durable.resume()  # its consumers' batches after the CONNACK, as the packets behind it
+            # Its consumers' batches after the CONNACK, as the packets behind it.
+            await self.durable.resume(filters)
         await self.wire.run(pipelined)
+
+    async def _take_over(self, client_id: str) -> bool:
+        """Make this connection the one of ``client_id`` [MQTT-3.1.4-2]: an older one in this process is
+        closed first (and waited for, so that its persistent session's consumers are free), the other
+        processes are told (``mqtt_clients``). False when a newer CONNECT of the id came first."""
+        table = self.service.clients
+        while (old := table.local.get(client_id)) is not None and old is not self:
+            if old.stamp > self.stamp:
+                return False
+            old.session.end(Disconnect.NORMAL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(old.ended.wait(), TAKEOVER_WAIT_S)
+            if self.done:
+                return False
+            if table.local.get(client_id) is old:
+                break  # it did not end in time: replaced all the same
+        if table.superseded(client_id, self.stamp):
+            return False
+        table.register(client_id, self, self.stamp)
+        return True
 
     async def _keepalive(self, limit: float) -> None:
         """Close the connection after ``limit`` seconds without a packet [MQTT-3.1.2-24]."""
@@ -366,22 +396,37 @@ class MqttWire:
 
     async def _publish(self, cmd: mq.MqttPublish) -> None:
         req = self._request(cmd.channel, cmd.payload, cmd.qos, cmd.retain)
+        acks = self._acks
 
         def done(r: AppendResult | HubbubError) -> None:
             if isinstance(r, HubbubError):
-                self.wire.refuse(cmd, r)
-                return
-            if cmd.retain:
-                self._retained(r)
-            self.emit(self.conn.published(cmd))
+                acks.answer(slot, functools.partial(self.wire.refuse, cmd, r))
+            elif cmd.retain:
+                # A task of the service: the entry is written even if the connection ends meanwhile.
+                self.service.spawn(self._retain_then_ack(cmd, r, slot))
+            else:
+                acks.answer(slot, lambda: self.emit(self.conn.published(cmd)))
 
         await self.node.writable()
+        slot = acks.take()
         try:
             self.node.submit(req, self.session, done)
         except (AuthError, LimitExceeded) as exc:
-            self.wire.refuse(cmd, exc)
+            acks.answer(slot, functools.partial(self.wire.refuse, cmd, exc))
         except ShuttingDown:
-            self.session.end(Disconnect.GOING_AWAY)
+            acks.answer(slot, lambda: self.session.end(Disconnect.GOING_AWAY))
+
+    async def _retain_then_ack(self, cmd: mq.MqttPublish, r: AppendResult, slot: int) -> None:
+        """A retained publish is acknowledged once its channel's entry is in the retained index: a
+        SUBSCRIBE on any node after the acknowledgement finds it. An entry that cannot be written closes
+        the connection unacknowledged (the client sends it again)."""
+        try:
+            await self.service.retained.retain(r.event)
+        except HubbubError as exc:
+            log.info("mqtt retained entry not stored: %s", exc, extra={"session": self.session.id})
+            self._acks.answer(slot, functools.partial(self.wire.refuse, cmd, exc))
+            return
+        self._acks.answer(slot, lambda: self.emit(self.conn.published(cmd)))
 
     def _refused(self, cmd: object, exc: HubbubError) -> Sequence[object]:
         """The core refused ``cmd`` (a publish): a permission drops it, acknowledged; anything else closes the
@@ -394,14 +439,12 @@ class MqttWire:
                 return [a.Close(Disconnect.TRY_AGAIN_LATER, "publish refused")]
         return [a.Close(Disconnect.of(exc.code), "publish failed")]
 
-    def _retained(self, r: AppendResult) -> None:
-        ev = r.event
-        self.service.retained.retain(ev.channel, ev.seq, ev.epoch, empty=not ev.payload)
-
     def _publish_will(self, will: mq.Will) -> None:
+        retained = self.service.retained
+
         def done(r: AppendResult | HubbubError) -> None:
             if isinstance(r, AppendResult) and will.retain:
-                self._retained(r)
+                self.service.spawn(_logged(retained.retain(r.event), self.session.id))
 
         try:
             channel = mq.topic_channel(will.topic, self.service.http.max_channel_bytes)
@@ -446,18 +489,18 @@ class MqttCollector:
     def collect(self) -> Iterator[Any]:
         svc = self.service
         sessions = GaugeMetricFamily("hubbub_mqtt_sessions", "MQTT connections accepted (CONNACK 0)")
-        sessions.add_metric([], len(svc.clients))
+        sessions.add_metric([], len(svc.clients.local))
         yield sessions
         inflight = GaugeMetricFamily("hubbub_mqtt_inflight", "MQTT QoS 1/2 deliveries awaiting the client")
         inflight.add_metric([], svc.inflight())
         yield inflight
         retained = GaugeMetricFamily("hubbub_mqtt_retained", "Channels with a retained MQTT message")
-        retained.add_metric([], len(svc.retained))
+        retained.add_metric([], svc.retained.count)
         yield retained
         persistent = GaugeMetricFamily(
             "hubbub_mqtt_persistent_sessions", "MQTT client ids with a persistent session (CleanSession 0)"
         )
-        persistent.add_metric([], len(svc.sessions))
+        persistent.add_metric([], svc.sessions.count)
         yield persistent
         dropped = CounterMetricFamily(
             "hubbub_mqtt_publishes_dropped", "MQTT publishes refused by permission (acknowledged, not stored)"
@@ -527,6 +570,7 @@ class MqttMounted(Mounted):
     async def started(self, wiring: Wiring, metrics: CollectorRegistry) -> None:
         cfg, service = wiring.config, self.service
         metrics.register(MqttCollector(service))
+        wiring.node.metrics.before_scrape.append(service.recount)
 
         async def start(host: str, port: int) -> StreamListener:
             return await serve_mqtt(
@@ -544,15 +588,23 @@ class MqttMounted(Mounted):
         return [*self.service.connections, *self.service.tasks]
 
     def close(self) -> None:
-        self.service.retained.close()
-        self.service.sessions.close()
+        self.service.clients.close()
 
 
 async def mount(w: Wiring) -> Mounted:
-    """MQTT's binding (``mqtt.SPEC``): its settings from the ``mqtt`` section."""
+    """MQTT's binding (``mqtt.SPEC``): its settings from the ``mqtt`` section; the retained index and the
+    persistent sessions of earlier versions' files moved into the log (``mqtt_store.migrate``)."""
     cfg = w.config.section(mq.MqttConfig)
     settings = MqttSettings(auth=w.auth("mqtt"), max_qos=cfg.max_qos, max_inflight=cfg.max_inflight)
-    data_dir, loop = w.config.storage.data_dir, asyncio.get_running_loop()
-    retained = await loop.run_in_executor(None, RetainedIndex.in_data_dir, data_dir)
-    sessions = await loop.run_in_executor(None, SessionStore.in_data_dir, data_dir)
-    return MqttMounted(MqttService(w.node, w.consumers, settings, w.http, retained, sessions))
+    await migrate(w.node, w.config.storage.data_dir)
+    service = MqttService(w.node, w.consumers, settings, w.http)
+    await service.recount()
+    return MqttMounted(service)
+
+
+async def _logged(coro: Awaitable[None], session: str) -> None:
+    """A retained will's entry: a failure is logged (the connection is gone: nobody to tell)."""
+    try:
+        await coro
+    except HubbubError as exc:
+        log.info("mqtt retained will entry not stored: %s", exc, extra={"session": session})

@@ -9,7 +9,7 @@ wire's actions are carried out in order).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from hubbub.dialects import actions as a
@@ -41,8 +41,11 @@ class MqttFilters:
         allowed = [
             f for f in cmd.filters if f.pattern is not None and access.visibility(ident, f.pattern) is None
         ]
-        # Read before the filters are registered: sent right after the SUBACK, ahead of live messages.
-        retained = await read_retained(self.wire.node, self.wire.service.retained, allowed)
+        # Read before the filters are registered, and again after (unchanged ones are not read twice): what
+        # the first read found goes out right after the SUBACK, ahead of live messages, and what changed
+        # meanwhile (on any node) is not missed.
+        node, index = self.wire.node, self.wire.service.retained
+        first = await read_retained(node, index, allowed)
         if self.wire.durable is not None:
             durable = dict(zip(allowed, await self.wire.durable.subscribe(allowed), strict=True))
             held = [durable.get(f, False) for f in cmd.filters]
@@ -50,10 +53,8 @@ class MqttFilters:
             held = await self._live(cmd, allowed)
         self.wire.emit(conn.subscribed(cmd, held))
         granted = [f for f, ok in zip(cmd.filters, held, strict=True) if ok]
-        stale = self._send_retained(retained, granted)
-        if stale:  # a newer retained message came meanwhile: read again (later ones come live)
-            fresh = await read_retained(self.wire.node, self.wire.service.retained, granted)
-            self._send_retained([m for m in fresh if m.event.channel in stale], granted)
+        if granted:
+            self._send_retained((await read_retained(node, index, granted, first)).values(), granted)
 
     async def _live(self, cmd: mq.MqttSubscribe, allowed: list[mq.FilterRequest]) -> list[bool]:
         """A live core subscription per new filter, its id the filter; which of ``cmd``'s filters are held."""
@@ -73,13 +74,9 @@ class MqttFilters:
             held.append(ok)
         return held
 
-    def _send_retained(
-        self, msgs: Sequence[RetainedMessage], granted: Sequence[mq.FilterRequest]
-    ) -> set[str]:
+    def _send_retained(self, msgs: Iterable[RetainedMessage], granted: Sequence[mq.FilterRequest]) -> None:
         """Queue the retained messages read [MQTT-3.3.1-6] that a granted filter matches, with the retain
-        flag, at the highest QoS granted; the channels whose retained message changed since they were read
-        are returned instead."""
-        index, stale = self.wire.service.retained, set[str]()
+        flag, at the highest QoS granted."""
         for m in msgs:
             ev = m.event
             ch = ev.channel
@@ -91,9 +88,6 @@ class MqttFilters:
             topic = mq.channel_topic(ev.channel)
             if not qos or topic is None or self.wire.done:
                 continue
-            if index.where(ev.channel) != (ev.seq, ev.epoch):
-                stale.add(ev.channel)
-                continue
             head, q = mq.publish_head(topic), min(max(qos), mq.event_qos(ev.headers))
             packet = (
                 mq.encode_publish(head, ev.payload, 0, True)
@@ -102,7 +96,6 @@ class MqttFilters:
             )
             if packet:
                 self.wire.session.push(packet, is_event=True)
-        return stale
 
     async def unsubscribe(self, out: a.Unsubscribe) -> None:
         """A filter the connection held is gone (a persistent session's consumer is deleted)."""

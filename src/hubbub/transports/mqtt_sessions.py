@@ -1,15 +1,19 @@
 """MQTT persistent sessions (CleanSession 0; docs/dialects/mqtt.md "Sessions") on the durable consumers
 (docs/consumers.md).
 
-A persistent session's filters and their granted QoS are kept by client id in
-``<data_dir>/mqtt/sessions.jsonl`` (:class:`SessionStore`); each filter is a durable consumer of the node
+A persistent session's filters and their granted QoS are kept by client id in the log's state map
+``mqtt.sessions`` (:class:`SessionStore`, :mod:`~.mqtt_store`), which every worker of a node and every node
+of a cluster share: the client may come back to any of them. Each filter is a durable consumer of the log
 (``mqtt-<hash of the client id>-<hash of the filter>``, native pattern syntax), which journals every event
 its pattern matches from the SUBSCRIBE on, connected or not, across restarts. While the client is connected,
 :class:`DurableSession` holds one opener per filter: a batch's events go out as PUBLISH packets at
 ``min(granted, the event's QoS)`` (QoS 1 and 2 with identifiers of the connection's window; an event
 delivered before, by an earlier connection, with DUP set), and the batch is acknowledged to the consumer
 once the client has acknowledged each of its packets (PUBACK, PUBCOMP; QoS 0 at once). A connection that
-ends gives its unacknowledged batches back: the next connection of the session gets them again.
+ends gives its unacknowledged batches back: the next connection of the session gets them again, on this
+process or another (a consumer is served by one process at a time: a connection that finds one still held
+by the process of the session's previous connection, which is giving it back, waits for it, at most
+:data:`HOLD_WAIT_S`).
 
 A CONNECT with CleanSession 1 discards the client id's persistent session (its consumers are deleted)
 [MQTT-3.1.2-6]; 3.1.1 has no expiry, so a persistent session lasts until then.
@@ -22,21 +26,22 @@ Concurrency contract: everything runs on the event loop thread.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
+import json
 import logging
-import os
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
-from hubbub.core.api import Batch, ConsumerService, Opener, Session
+from hubbub.core.api import Batch, ConsumerService, Core, Opener, Session
 from hubbub.dialects import mqtt as mq
-from hubbub.errors import AuthError, HubbubError
+from hubbub.errors import AuthError, ConsumerBusy, HubbubError
 from hubbub.log.consumers import ConsumerSpec
 
-from .mqtt_store import JsonlMap
+from .mqtt_store import SESSIONS
 
 __all__ = ["DurableSession", "SessionStore", "consumer_name"]
 
@@ -47,6 +52,10 @@ DIALECT: Final = "mqtt"
 BATCH_MAX: Final = 64
 #: How long a consumer collects a batch: MQTT delivers as messages come.
 BATCH_WAIT_MS: Final = 1
+#: Seconds a connection waits for a consumer of its session that another process still holds.
+HOLD_WAIT_S: Final = 5.0
+#: Seconds between two tries meanwhile.
+HOLD_RETRY_S: Final = 0.05
 
 
 def consumer_name(client_id: str, topic_filter: str) -> str:
@@ -56,31 +65,30 @@ def consumer_name(client_id: str, topic_filter: str) -> str:
 
 
 class SessionStore:
-    """Client id → its persistent session's filters and granted QoS; see the module docstring."""
+    """Client id → its persistent session's filters and granted QoS, in the log's ``mqtt.sessions`` map; see
+    the module docstring. ``count`` is the number of sessions as last counted (:meth:`recount`)."""
 
-    def __init__(self, path: Path | None = None) -> None:
-        self._map = JsonlMap(path)
+    def __init__(self, node: Core) -> None:
+        self.node = node
+        self.count = 0
 
-    @classmethod
-    def in_data_dir(cls, data_dir: str | os.PathLike[str]) -> SessionStore:
-        """The sessions kept in ``data_dir`` (blocking: run it off the loop)."""
-        store = cls(Path(data_dir) / "mqtt" / "sessions.jsonl")
-        store._map.load()
-        return store
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-    def filters(self, client_id: str) -> dict[str, int] | None:
+    async def filters(self, client_id: str) -> dict[str, int] | None:
         """The session's filters, or None when the client id has no persistent session."""
-        got = self._map.get(client_id)
-        return None if got is None else {str(f): int(q) for f, q in got.items()}
+        got = await self.node.state_get(SESSIONS, client_id)
+        if got is None or got[0] is None:
+            return None
+        try:
+            return {str(f): int(q) for f, q in json.loads(got[0]).items()}
+        except (ValueError, TypeError, AttributeError):
+            log.warning("mqtt: the session of %r does not decode: taken as empty", client_id)
+            return {}
 
-    def save(self, client_id: str, filters: dict[str, int] | None) -> None:
-        self._map.set(client_id, None if filters is None else dict(filters))
+    async def save(self, client_id: str, filters: dict[str, int] | None) -> None:
+        value = None if filters is None else json.dumps(filters, separators=(",", ":"))
+        await self.node.state_set(SESSIONS, client_id, value, None)
 
-    def close(self) -> None:
-        self._map.close()
+    async def recount(self) -> None:
+        self.count = len(await self.node.state_list(SESSIONS, ""))
 
 
 @dataclass(slots=True)
@@ -129,19 +137,18 @@ class DurableSession:
         consumers: ConsumerService, store: SessionStore, client_id: str, session: Session
     ) -> None:
         """Forget the client id's persistent session (a clean CONNECT): its consumers are deleted."""
-        filters = store.filters(client_id)
+        filters = await store.filters(client_id)
         if filters is None:
             return
         for f in filters:
             await consumers.delete(consumer_name(client_id, f), identity=session.identity, dialect=DIALECT)
-        store.save(client_id, None)
+        await store.save(client_id, None)
 
-    async def resume(self) -> bool:
-        """Open the session's consumers (True: it existed: CONNACK's session-present)."""
-        filters = self.store.filters(self.client_id)
+    async def resume(self, filters: dict[str, int] | None) -> None:
+        """Open the consumers of the session's ``filters`` (as read before the CONNACK; None: it is new)."""
         if filters is None:
-            self.store.save(self.client_id, {})
-            return False
+            await self.store.save(self.client_id, {})
+            return
         for f, qos in filters.items():
             pattern = mq.filter_pattern(f)
             try:
@@ -151,7 +158,6 @@ class DurableSession:
                 self.conn.subscriptions.pop(f, None)
                 continue
             self.conn.subscriptions[f] = qos
-        return True
 
     async def subscribe(self, reqs: Sequence[mq.FilterRequest]) -> list[bool]:
         """Each filter (granted by the caller's permission check) as a consumer of the session."""
@@ -167,7 +173,7 @@ class DurableSession:
                 continue
             self.conn.subscriptions[req.topic_filter] = req.qos
             held.append(True)
-        self._save()
+        await self._save()
         return held
 
     async def unsubscribe(self, topic_filter: str) -> None:
@@ -176,11 +182,11 @@ class DurableSession:
             opener.close()
         name = consumer_name(self.client_id, topic_filter)
         await self.consumers.delete(name, identity=self.session.identity, dialect=DIALECT)
-        self._save()
+        await self._save()
 
-    def _save(self) -> None:
+    async def _save(self) -> None:
         if not self.closed:
-            self.store.save(self.client_id, dict(self.conn.subscriptions))
+            await self.store.save(self.client_id, dict(self.conn.subscriptions))
 
     async def _open(self, topic_filter: str, pattern: str) -> None:
         name = consumer_name(self.client_id, topic_filter)
@@ -192,17 +198,28 @@ class DurableSession:
         def on_close(reason: str) -> None:
             self.openers.pop(topic_filter, None)
 
-        opener = await self.consumers.open(
-            name,
-            on_batch,
-            on_close,
-            spec=spec,
-            batch_max=BATCH_MAX,
-            identity=self.session.identity,
-            # No ``session``: the consumer service would close the opener when the session detaches, while
-            # an acknowledgement of its batch may still be being stored; close() ends it after that.
-            dialect=DIALECT,
-        )
+        deadline = time.monotonic() + HOLD_WAIT_S
+        while True:
+            try:
+                opener = await self.consumers.open(
+                    name,
+                    on_batch,
+                    on_close,
+                    spec=spec,
+                    batch_max=BATCH_MAX,
+                    identity=self.session.identity,
+                    # No ``session``: the consumer service would close the opener when the session
+                    # detaches, while an acknowledgement of its batch may still be being stored; close()
+                    # ends it after that.
+                    dialect=DIALECT,
+                )
+                break
+            except ConsumerBusy:
+                # Held by the process of the session's previous connection (another worker or node), which
+                # gives it back once that connection's acknowledgements are stored.
+                if self.closed or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(HOLD_RETRY_S)
         if self.closed:
             opener.close()
             return

@@ -1,109 +1,110 @@
-"""What the MQTT side of a node keeps in ``<data_dir>/mqtt/`` beside the log: small maps (the retained
-index, the persistent sessions' filters), each a file of JSON lines, one line per change.
+"""Where MQTT's state beside the events is kept: two maps of the log's own storage
+(:class:`~hubbub.log.base.StateMaps`, through the core's ``state_*``), one for every process of the log, so
+that the workers of a node and the nodes of a cluster see one retained index and one set of persistent
+sessions:
 
-:class:`JsonlMap` is such a map: a change is one line appended (and flushed) when it is made; loading
-replays the lines in order, skips a bad one with a warning, and rewrites the file with one line per entry
-(through a temporary file, replaced atomically), so the file stays as long as the map. The workers of a
-node (``server.workers``) share these files: each holds a shared ``flock`` on ``<file>.lock`` while it has
-the file open, and a load rewrites the file only when it can take that lock alone (no other process has it
-open, whose appends would go to the replaced file); otherwise it replays and appends, and the next load with
-the file to itself compacts it.
+* ``mqtt.retained`` (:data:`RETAINED`): channel → ``[seq, epoch, time_ns]`` of its retained event
+  (:mod:`~.mqtt_retained`);
+* ``mqtt.sessions`` (:data:`SESSIONS`): client id → ``{filter: granted QoS}`` of its persistent session
+  (:mod:`~.mqtt_sessions`).
 
-Concurrency contract: loaded off the loop, at start, before any connection (:meth:`JsonlMap.load` blocks);
-then called from the event loop thread only (an append is one small write).
+Earlier versions kept them per process, in ``<data_dir>/mqtt/retained.jsonl`` and ``sessions.jsonl`` (one
+JSON line ``[key, value]`` per change, ``null`` for a removal). :func:`migrate` loads such files into the
+maps when the binding starts, then renames each to ``<name>.migrated`` (kept for the operator; never read
+again): a retained entry whose event is still in the log, stamped with that event's time (a newer entry
+already in the map wins), and a session unless the map has one for its client id (another node's, newer).
+Bad lines are skipped with a warning, as those files' loader did.
+
+Concurrency contract: :func:`migrate` runs on the event loop (its file reads are small and done off the
+loop), once, before the listener starts. Several workers may run it at once on one data directory: the
+writes are conditional, so each entry lands once, and the rename of one makes the others find no file.
 """
 
 from __future__ import annotations
 
-import fcntl
+import asyncio
+import contextlib
 import json
 import logging
-import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Final
 
-__all__ = ["JsonlMap"]
+from hubbub.core.api import Core
+
+__all__ = ["RETAINED", "SESSIONS", "migrate", "read_jsonl", "retained_version"]
 
 log = logging.getLogger("hubbub.mqtt")
 
+#: The state map of the retained index.
+RETAINED: Final = "mqtt.retained"
+#: The state map of the persistent sessions' filters.
+SESSIONS: Final = "mqtt.sessions"
 
-class JsonlMap:
-    """A persisted ``str`` → JSON value map; ``path`` None: in memory only."""
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path
-        self._map: dict[str, Any] = {}
-        self._file: IO[str] | None = None
-        self._lock: int = -1
+def retained_version(time_ns: int, drop: bool = False) -> int:
+    """The version of a retained entry written for the event committed at ``time_ns`` (``drop``: its removal
+    once the event is gone from the log). ``time_ns`` increases over the whole log, so the entry of a newer
+    event always wins, in whatever order the writes arrive; a drop (``2t + 2``) wins over its own event's
+    entry (``2t + 1``) and never over a newer event's (``2t' + 1 >= 2t + 3``)."""
+    return 2 * time_ns + (2 if drop else 1)
 
-    def __len__(self) -> int:
-        return len(self._map)
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._map)
+def read_jsonl(path: Path) -> dict[str, Any] | None:
+    """The map a file of JSON-line changes ends with (None: no such file). Blocking: run it off the loop."""
+    out: dict[str, Any] = {}
+    try:
+        f = path.open(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    with f:
+        for n, line in enumerate(f, 1):
+            try:
+                key, value = json.loads(line)
+                if not isinstance(key, str):
+                    raise TypeError("key")
+            except (ValueError, TypeError):
+                log.warning("skipping a bad line of %s", path, extra={"line": n})
+                continue
+            if value is None:
+                out.pop(key, None)
+            else:
+                out[key] = value
+    return out
 
-    def get(self, key: str) -> Any:
-        return self._map.get(key)
 
-    def load(self) -> None:
-        """Replay the file's changes, rewrite it compact, and keep it open for appends."""
-        path = self.path
-        if path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = lock = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+async def migrate(node: Core, data_dir: str) -> int:
+    """Load the files of earlier versions in ``data_dir`` into the state maps (see the module docstring);
+    how many entries were written."""
+    loop = asyncio.get_running_loop()
+    base = Path(data_dir) / "mqtt"
+    written = 0
+    retained = await loop.run_in_executor(None, read_jsonl, base / "retained.jsonl")
+    for channel, where in (retained or {}).items():
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            alone = True
-        except BlockingIOError:
-            fcntl.flock(lock, fcntl.LOCK_SH)  # another worker has it open: replay and append, no rewrite
-            alone = False
-        if path.exists():
-            with path.open(encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    try:
-                        key, value = json.loads(line)
-                        if not isinstance(key, str):
-                            raise TypeError("key")
-                    except (ValueError, TypeError):
-                        log.warning("skipping a bad line of %s", path, extra={"line": n})
-                        continue
-                    if value is None:
-                        self._map.pop(key, None)
-                    else:
-                        self._map[key] = value
-        if alone:
-            tmp = path.with_suffix(".tmp")
-            with tmp.open("w", encoding="utf-8") as f:
-                for key, value in self._map.items():
-                    f.write(_line(key, value))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        self._file = path.open("a", encoding="utf-8")
-        if alone:
-            fcntl.flock(lock, fcntl.LOCK_SH)  # others may open it now; none rewrites it while this has it
-
-    def set(self, key: str, value: Any) -> None:
-        """``key`` is ``value`` now (None: removed)."""
-        if value is None:
-            if self._map.pop(key, None) is None:
-                return
-        else:
-            self._map[key] = value
-        if self._file is not None:
-            self._file.write(_line(key, value))
-            self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._lock >= 0:
-            os.close(self._lock)  # releases the flock
-            self._lock = -1
+            seq, epoch = int(where[0]), str(where[1])
+        except (TypeError, ValueError, IndexError):
+            continue
+        page = await node.read_channel(channel, since=seq - 1, limit=1, epoch=epoch)
+        if not page.events or page.events[0].seq != seq:
+            continue  # gone from the log: no retained message
+        ev = page.events[0]
+        value = json.dumps([ev.seq, ev.epoch, ev.time_ns])
+        written += await node.state_set(RETAINED, channel, value, retained_version(ev.time_ns)) is not None
+    sessions = await loop.run_in_executor(None, read_jsonl, base / "sessions.jsonl")
+    for client_id, filters in (sessions or {}).items():
+        if isinstance(filters, dict):
+            # Version 1: only where the map has no entry for the client id (a newer one wins).
+            written += await node.state_set(SESSIONS, client_id, json.dumps(filters), 1) is not None
+    for name, had in (("retained.jsonl", retained), ("sessions.jsonl", sessions)):
+        if had is not None:
+            with contextlib.suppress(FileNotFoundError):  # another worker renamed it first
+                await loop.run_in_executor(None, _rename, base / name)
+            log.info("mqtt: %s migrated into the log's state maps", name, extra={"entries": len(had)})
+    return written
 
 
-def _line(key: str, value: Any) -> str:
-    return json.dumps([key, value], separators=(",", ":")) + "\n"
+def _rename(path: Path) -> None:
+    path.rename(path.with_name(path.name + ".migrated"))
+    lock = path.with_name(path.name + ".lock")
+    with contextlib.suppress(FileNotFoundError):
+        lock.unlink()
