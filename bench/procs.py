@@ -231,6 +231,9 @@ def _hubbub(extra: list[str], data_dir: str | None = None, src: str | None = Non
         "hubbub-json": Spec("hubbub-json", ports["native"], ports["http"]),
         "hubbub-wsjson": Spec("hubbub-wsjson", ports["native"], ports["http"]),
     }
+    if "mqtt" in ports:  # hubbub's MQTT dialect, driven as Mosquitto is (``--peers``)
+        srv.specs["hubbub-mqtt0"] = Spec("mqtt0", ports["mqtt"])
+        srv.specs["hubbub-mqtt1"] = Spec("mqtt1", ports["mqtt"])
     return srv
 
 

@@ -1,5 +1,7 @@
 """The side-by-side benchmark suite: hubbub and, with ``--peers``, NATS (core, JetStream), Mosquitto (QoS 0/1)
 and Redis (pub/sub, streams), in one run; a ratio table in bench/RESULTS.md and a chart in bench/results.png.
+With ``--peers``, hubbub's MQTT dialect is driven as Mosquitto is and shown beside it alone (rows
+``hubbub-mqtt0``: QoS 0 fan-out; ``hubbub-mqtt1``: QoS 1 publish to delivery, ``commit`` durability).
 
     hubbub bench [--peers] [--quick | --smoke] [--scenarios 1to1,fanout,...] [--out bench/RESULTS.md]
     PYTHONPATH=src python bench/suite.py --peers          # the same
@@ -54,7 +56,7 @@ PEER_LABELS = {
 @dataclass
 class Row:
     scenario: str  # e.g. "1to1/16B"
-    target: str  # hubbub, hubbub-ws, nats, js, mqtt0, mqtt1, redis, xredis
+    target: str  # hubbub, hubbub-ws, hubbub-mqtt0, hubbub-mqtt1, nats, js, mqtt0, mqtt1, redis, xredis
     value: float | None
     unit: str
     extra: dict[str, float]
@@ -189,6 +191,8 @@ class Suite:
             ("hubbub", ("hubbub", "hubbub-ws", "hubbub-json", "hubbub-wsjson"))
         ]
         if p.peers:
+            # hubbub's MQTT dialect beside Mosquitto, on the same driver: QoS 0 fan-out only.
+            groups[0] = ("hubbub", (*groups[0][1], "hubbub-mqtt0"))
             groups += [("nats", ("nats",)), ("mosquitto", ("mqtt0",)), ("redis", ("redis",))]
         fan = 10 if p.small else 100
         for target, kinds in groups:
@@ -201,6 +205,17 @@ class Suite:
                     spec = srv.specs[kind]
                     for size in SIZES:
                         tag = f"{size}B"
+                        if kind == "hubbub-mqtt0":
+                            if "fanout" in p.scenarios:
+                                self.record(
+                                    f"fanout{fan}/{tag}",
+                                    kind,
+                                    partial(
+                                        throughput, srv, spec, spec, f"f{size}", size, p.count,
+                                        subs=fan, window=500, duration=p.duration,
+                                    ),
+                                )  # fmt: skip
+                            continue
                         if "1to1" in p.scenarios and kind not in WS_KINDS:
                             self.record(
                                 f"1to1/{tag}",
@@ -267,6 +282,8 @@ class Suite:
                 groups += [(f"hubbub-{mode}", "hubbub-json"), (f"hubbub-{mode}", "hubbub-wsjson")]
             if p.peers:
                 groups += [("js", "js"), ("mosquitto", "mqtt1"), (f"redis-aof-{mode}", "xredis")]
+                if mode == "commit":  # hubbub's MQTT dialect beside Mosquitto: QoS 1 publish to delivery
+                    groups.append((f"hubbub-{mode}", "hubbub-mqtt1"))
             for target, kind in groups:
                 if mode != "commit" and target in ("js", "mosquitto"):
                     continue  # one durability setting only: shown beside every mode from the commit run
@@ -276,6 +293,16 @@ class Suite:
                     spec = srv.specs[kind]
                     for size in SIZES:
                         tag = f"{size}B"
+                        if kind == "hubbub-mqtt1":  # publish to delivery only
+                            self.record(
+                                f"persist-e2e-{mode}/{tag}",
+                                kind,
+                                partial(
+                                    throughput, srv, spec, spec, f"e{size}", size, p.count,
+                                    ack=True, window=4000, duration=p.duration,
+                                ),
+                            )  # fmt: skip
+                            continue
                         self.record(
                             f"persist-ack-{mode}/{tag}",
                             kind,
@@ -533,6 +560,8 @@ def table(rows: list[Row], skipped: dict[str, str]) -> str:
             hv = _fmt(h.value, h.unit) + (f" ({_pcts(h)})" if h.extra.get("p50") else "")
             hc = f"{h.server_cpu_s:.1f} / {h.driver_cpu_s:.1f}"
             peers = PEERS_FOR.get(fam, ())
+            if h.target.startswith("hubbub-mqtt"):  # hubbub's MQTT dialect: beside Mosquitto alone
+                peers = tuple(pr for pr in peers if pr == h.target.removeprefix("hubbub-"))
             found = False
             for peer in peers:
                 pr = by.get((s, peer)) or (by.get((peer_scen, peer)) if peer in ("js", "mqtt1") else None)

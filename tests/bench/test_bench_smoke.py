@@ -119,3 +119,26 @@ def test_workers_bench_gives_rates_and_cpu_per_event_of_every_process() -> None:
         workers = procs.children(srv.pid)
         assert len(workers) == 2
         assert srv.cpu_s() > procs._cpu_s(srv.pid) + sum(procs._cpu_s(w) for w in workers) / 2
+
+
+def test_hubbubs_mqtt_rows_stand_beside_mosquitto_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--peers`` measures hubbub's MQTT dialect with the driver Mosquitto gets (QoS 0 fan-out, QoS 1 publish
+    to delivery): its rows are compared with Mosquitto's, not with NATS or Redis."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import suite
+
+    def row(scenario: str, target: str, value: float) -> suite.Row:
+        return suite.Row(scenario, target, value, "msgs/s", {}, 1.0, 1.0, 1.0, "", True)
+
+    rows = [
+        row("fanout100/16B", "hubbub-mqtt0", 300_000),
+        row("fanout100/16B", "nats", 3_000_000),
+        row("fanout100/16B", "mqtt0", 150_000),
+        row("persist-e2e-commit/16B", "hubbub-mqtt1", 20_000),
+        row("persist-e2e-commit/16B", "js", 100_000),
+        row("persist-e2e-commit/16B", "mqtt1", 40_000),
+    ]
+    lines = [ln for ln in suite.table(rows, {}).splitlines() if "hubbub-mqtt" in ln]
+    assert len(lines) == 2, lines
+    assert "| Mosquitto QoS 0 | 150.0k" in lines[0] and lines[0].endswith("| 2.00x |")
+    assert "| Mosquitto QoS 1 | 40.0k" in lines[1] and lines[1].endswith("| 0.50x |")
