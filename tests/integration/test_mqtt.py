@@ -524,3 +524,56 @@ def test_retained_and_session_files_of_an_earlier_version_are_moved_into_the_log
             ]
 
     asyncio.run(main())
+
+
+def test_mqtt_and_wearscript_both_ways(tmp_path: Path) -> None:
+    """The mapping's two ends (protocols/mapping.md §2.4, §4, §5.2; docs/dialects/mqtt.md "What is stored"):
+    an MQTT publish reaches a WearScript device as ``[name, payload]`` (the payload one raw string, `args`),
+    byte for byte; a WearScript frame reaches an MQTT subscriber as its topic and, for payload, the msgpack
+    array of its arguments exactly as received; every message once, in order."""
+    import msgpack
+
+    from .test_wearscript import HUB, Peer, lenient, peer, sync
+
+    async def event(ws: Peer) -> bytes:
+        """The next event frame (the hub's lists of other dialects' subscriptions skipped: MQTT's show)."""
+        while lenient(frame := await ws.recv_raw())[0] == "subscriptions":
+            pass
+        return frame
+
+    async def main() -> None:
+        async with serve(tmp_path) as srv, aiohttp.ClientSession() as http:
+            addr = f"127.0.0.1:{srv.ports['http']}"
+            async with peer(http, addr, new_spec=True) as ws:
+                assert await ws.recv() == HUB
+                await ws.send("subscriptions", "glass:0", ["ws", "sync:0"])
+                await sync(ws, "sync:0")
+                sub = await MqttClient.connect(srv.ports["mqtt"], "sub")
+                assert await sub.subscribe(("ws/#", 1)) == (1,)
+                pub = await MqttClient.connect(srv.ports["mqtt"], "pub")
+                payloads = [b"hello", b"\xff\x00 not utf-8", b""]
+                for i, p in enumerate(payloads):
+                    await pub.publish(f"ws/x{i}", p, qos=i % 2)
+                got = [await event(ws) for _ in payloads]
+                assert got == [
+                    msgpack.packb([f"ws:x{i}", p], use_bin_type=False) for i, p in enumerate(payloads)
+                ]
+                ms = [await sub.message() for _ in payloads]
+                assert [(m.topic, m.payload) for m in ms] == [(f"ws/x{i}", p) for i, p in enumerate(payloads)]
+                # WearScript to MQTT: the arguments' bytes as sent, at QoS 1 (another dialect's event).
+                frames = [("ws:y", 1, "two", b"\x00\x01"), ("ws:deep:er", {"k": [1.5, None]})]
+                for f in frames:
+                    await ws.send(*f)
+                ms = [await sub.message() for _ in frames]
+                assert [(m.topic, m.payload, m.qos, m.retain) for m in ms] == [
+                    (f[0].replace(":", "/"), msgpack.packb(list(f[1:]), use_bin_type=True), 1, False)
+                    for f in frames
+                ]
+                # A barrier: nothing else reached the device (the sender gets no echo).
+                await ws.send("test:server:0", "device", "sync:0")
+                assert lenient(await event(ws)) == ["sync:0", "0"]
+                await sub.ping()
+                await sub.disconnect()
+                await pub.disconnect()
+
+    asyncio.run(main())
