@@ -577,3 +577,28 @@ def test_mqtt_and_wearscript_both_ways(tmp_path: Path) -> None:
                 await pub.disconnect()
 
     asyncio.run(main())
+
+
+def test_acknowledgements_keep_the_publish_order_when_some_are_dropped_at_once(tmp_path: Path) -> None:
+    """[MQTT-4.6.0-2]: PUBACKs go in the order of the PUBLISHes. A publish the token may not make is dropped
+    and acknowledged at once, but after the acknowledgements of the publishes before it, which wait for their
+    commit (and a retained one for its entry too)."""
+
+    async def main() -> None:
+        async with serve(tmp_path, **{"auth.mode": "token", "auth.tokens": TOKENS}) as srv:
+            port = srv.ports["mqtt"]
+            alice = await MqttClient.connect(port, "alice", username="alice", password=b"tok-alice")
+            pids = list(range(1, 41))
+            alice.send(
+                b"".join(
+                    c.encode_publish(
+                        "pub/x" if pid % 2 else "secret/x", b"%d" % pid, 1, pid % 3 == 0, False, pid
+                    )
+                    for pid in pids
+                )
+            )
+            got = [await alice.next() for _ in pids]
+            assert got == [c.Ack(c.PUBACK, pid) for pid in pids]
+            await alice.disconnect()
+
+    asyncio.run(main())
