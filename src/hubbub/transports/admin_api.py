@@ -39,12 +39,12 @@ from hubbub import __version__
 from hubbub.auth import Identity
 from hubbub.channels import Pattern, parse_pattern
 from hubbub.core.api import Core, Disconnect, Session
-from hubbub.errors import AuthError, BadRequest
+from hubbub.errors import BadRequest
 from hubbub.log.base import ChannelInfo
 
 from .admin_consumers import ConsumerAdmin, json_response, page_limit
 from .admin_history import TrafficHistory
-from .http import origin_allowed, request_identity
+from .http import request_identity
 
 if TYPE_CHECKING:
     from .federation_link import FederationUpstream
@@ -177,10 +177,7 @@ class AdminApi:
 
     def _admin(self, request: web.Request) -> Identity:
         """The request's identity, which must be an admin's (``AuthError`` 4100-4103 otherwise: 401/403).
-        A change (any method but GET) from another site's page is refused (403) whatever the identity: with
-        auth off, a page the operator visits could otherwise send a simple cross-site POST to the node."""
-        if request.method != "GET" and not origin_allowed(request):
-            raise AuthError("forbidden", code=4102, public="another site's page may not change the node")
+        A change from another site's page never gets here: transports/cross_site.py refuses it (403)."""
         ident = request_identity(self.node, request, "native")
         self.node.access.check_admin(ident, "native")
         return ident

@@ -14,7 +14,6 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
@@ -34,6 +33,7 @@ from hubbub.selection import EventResume, ReplaySpec
 
 from .accept import peer_name
 from .cors import install_cors
+from .cross_site import CHANGING_GETS, COOKIE_ORIGINS, cross_site_guard, origin_allowed
 from .lifetime import Lifetime
 from .metrics import CONTENT_TYPE, ConsumerCollector, ConsumerSeries, NodeCollector, render_metrics
 from .native import BURST_MAX, NativeConnection, NativeEncoder
@@ -120,8 +120,6 @@ async def _errors(
 
 #: The cookie a browser page may set for clients that build their URLs themselves (ivy-client.js).
 TOKEN_COOKIE: Final = "hubbub_token"
-#: The origins allowed to use :data:`TOKEN_COOKIE` besides the server's own: ``cors_origin``'s (build_app).
-COOKIE_ORIGINS: Final = web.AppKey("cookie_origins", tuple)
 
 
 def request_token(request: web.Request) -> str | None:
@@ -148,19 +146,6 @@ def request_token(request: web.Request) -> str | None:
     if cookie and origin_allowed(request):
         return cookie
     return None
-
-
-def origin_allowed(request: web.Request) -> bool:
-    """Whether the request comes from no browser page of another site: without ``Origin``, or from the
-    server's own origin or one of ``cors_origin``'s (what may use the token cookie, and change the node
-    through the admin API when auth is off)."""
-    origin = request.headers.get("Origin")
-    if origin is None:
-        return True  # not a browser's cross-origin request (browsers send Origin with those and upgrades)
-    if origin in request.app.get(COOKIE_ORIGINS, ()):
-        return True
-    # The server's own origin: its host and port as the request names them (a proxy may change the scheme).
-    return urlsplit(origin).netloc.lower() == request.host.lower()
 
 
 def peer_address(request: web.Request) -> str:
@@ -648,11 +633,13 @@ def build_app(
     registry.register(ConsumerCollector(node))
     native = NativeHttp(node, settings, registry)
     app = web.Application(
-        middlewares=[_errors, _admission(node, settings)], client_max_size=settings.max_frame
+        middlewares=[_errors, _admission(node, settings), cross_site_guard(settings.cors_origins)],
+        client_max_size=settings.max_frame,
     )
     app.on_response_prepare.append(_server_header)
     install_cors(app, settings.cors_origins)  # global: every route, native and dialects alike
     app[COOKIE_ORIGINS] = tuple(o for o in settings.cors_origins if o != "*")
+    app[CHANGING_GETS] = set()  # the dialects' GET routes that change state (qpubs' /emit alias)
     app.router.add_get("/ws/hubbub", native.websocket)
     app.router.add_post("/api/v1/publish/{rest:.*}", native.publish)
     app.router.add_get("/api/v1/log/{rest:.*}", native.log_read)

@@ -31,6 +31,7 @@ from hubbub.events import Event
 from hubbub.selection import LIVE
 
 from .accept import peer_name
+from .cross_site import CHANGING_GETS
 from .http import HttpSettings, peer_address, request_token
 from .lifetime import Lifetime
 from .pump import SessionPump, stopped
@@ -116,6 +117,7 @@ class QpubsHttp:
         app.router.add_route("*", "/qpubs/{op}", self.route)
         for path in _ALIASES:
             app.router.add_route("*", path, self.alias)
+        app[CHANGING_GETS].add("/emit")  # GET /emit?<topic>,<value> publishes: another site's <img> may not
 
     # -- requests --
 

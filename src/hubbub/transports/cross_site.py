@@ -1,0 +1,112 @@
+"""Changes sent by another site's browser page are refused, on every HTTP route (docs/security.md
+"Cross-site requests").
+
+With auth off (the default on a loopback address), any page the operator visits could otherwise send a simple
+cross-site request (a form's ``POST``, a ``fetch`` with ``mode: "no-cors"``, an ``<img>``'s ``GET``) to
+``127.0.0.1`` and publish, trim, install a webhook or register a push device: the browser does not let the
+page read the answer, but the change is made. With auth on, the token cookie is already kept from other sites
+(:func:`origin_allowed`), but a refusal before the route costs nothing and holds for every dialect alike.
+
+The rule is the one browsers make possible and current servers apply (Go's ``http.CrossOriginProtection``,
+the Fetch Metadata guidance): a request that may change state (any method but ``GET``, ``HEAD`` and
+``OPTIONS``, and the ``GET`` routes that change state, :data:`CHANGING_GETS`) is refused with ``403`` when
+its ``Sec-Fetch-Site`` (sent by every current browser) is ``cross-site`` or ``same-site``, or, without that
+header, its ``Origin`` (sent by browsers with every cross-origin ``POST``, ``PUT`` and ``DELETE``) is not the
+server's own (host and port as the request names them); unless that ``Origin`` is one of ``cors_origin``'s, so
+that a browser client served from an origin the operator allows keeps working (``*`` allows every origin,
+except on the admin API, which only the node's own dashboard and scripts use).
+
+A request with neither header is not a browser page's (scripts, SDKs, curl, other servers): it goes through.
+
+Concurrency contract: runs on the event loop thread, per request; the sets it reads are fixed before the
+application starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from hubbub.dialects import native as nc
+
+__all__ = [
+    "CHANGING_GETS",
+    "COOKIE_ORIGINS",
+    "OWN_ORIGIN_ONLY",
+    "cross_site_change",
+    "cross_site_guard",
+    "origin_allowed",
+]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: The origins ``cors_origin`` names explicitly (``*`` left out): they may use the token cookie and change the
+#: node as its own pages may.
+COOKIE_ORIGINS: Final = web.AppKey("cookie_origins", tuple)
+#: Paths of ``GET`` routes that change state (qpubs' ``/emit?<topic>,<value>`` alias), added by the dialect
+#: that installs them before the application starts.
+CHANGING_GETS: Final = web.AppKey("changing_gets", set)
+#: Path prefixes that ``cors_origin = *`` does not open to other sites' changes: the admin API.
+OWN_ORIGIN_ONLY: Final = ("/api/v1/admin/",)
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _own_origin(request: web.Request, origin: str) -> bool:
+    """Whether ``origin`` is the server's own: its host and port as the request names them (a proxy may
+    change the scheme)."""
+    return urlsplit(origin).netloc.lower() == request.host.lower()
+
+
+def origin_allowed(request: web.Request) -> bool:
+    """Whether the request comes from no browser page of another site: without ``Origin``, or from the
+    server's own origin or one of ``cors_origin``'s (what may use the token cookie)."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True  # not a browser's cross-origin request (browsers send Origin with those and upgrades)
+    return origin in request.app.get(COOKIE_ORIGINS, ()) or _own_origin(request, origin)
+
+
+def cross_site_change(request: web.Request, any_origin: bool) -> bool:
+    """Whether ``request`` is a change sent by another site's page that the module's rule refuses;
+    ``any_origin``: ``cors_origin`` is ``*``."""
+    if request.method in _SAFE_METHODS and request.path not in request.app.get(CHANGING_GETS, ()):
+        return False
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    if fetch_site in ("same-origin", "none"):  # "none": the user's own navigation (typed, bookmarked)
+        return False
+    origin = request.headers.get("Origin")
+    if fetch_site is None and (origin is None or _own_origin(request, origin)):
+        return False  # no browser's, or a browser without Fetch Metadata on the server's own page
+    if origin is None:
+        return True  # a cross-site GET (an <img>): browsers send no Origin with those
+    if origin in request.app.get(COOKIE_ORIGINS, ()):
+        return False
+    return not (any_origin and not request.path.startswith(OWN_ORIGIN_ONLY))
+
+
+def _refusal(request: web.Request) -> web.Response:
+    """``403``: the native error body on native routes, a line of text on the dialects' (each answers a
+    refusal with ``403`` and, where it has a body for it, text)."""
+    message = "another site's page may not change this server"
+    if request.path.startswith("/api/v1/"):
+        status, body = nc.render_http_error(4102, message=message)
+        return web.Response(status=status, body=body, content_type="application/json")
+    return web.Response(status=403, text=f"forbidden: {message}\n")
+
+
+def cross_site_guard(cors_origins: Sequence[str]) -> Any:
+    """The middleware that refuses :func:`cross_site_change` requests (``cors_origins``: ``cors_origin``
+    parsed)."""
+    any_origin = "*" in cors_origins
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if cross_site_change(request, any_origin):
+            return _refusal(request)
+        return await handler(request)
+
+    return guard
