@@ -459,6 +459,7 @@ def test_admin_routes_need_an_admin_token(tmp_path: Path) -> None:
                 ("DELETE", "/api/v1/admin/consumers/x"),
                 ("POST", "/api/v1/admin/consumers/x/reset"),
                 ("GET", "/api/v1/admin/federation"),
+                ("GET", "/api/v1/cluster"),  # node ids and states are operators' information too
             ]
             for method, path in routes:
                 for headers, status in (
@@ -473,6 +474,7 @@ def test_admin_routes_need_an_admin_token(tmp_path: Path) -> None:
             assert o["version"] == __version__
             f = await get(http, base + "/api/v1/admin/federation", headers=ADMIN)
             assert f["node_id"] and f["upstreams"] == [] and f["downstreams"] == []
+            assert await get(http, base + "/api/v1/cluster", headers=ADMIN) == {"nodes": []}
             # The page itself holds no data: served without a token.
             async with http.get(base + "/ui/") as r:
                 assert r.status == 200

@@ -425,9 +425,9 @@ class NativeHttp:
 
     async def cluster(self, request: web.Request) -> web.Response:
         """``GET /api/v1/cluster``: this node's id, the live nodes (presence heartbeats) and the states of its
-        broker and presence (docs/cluster.md); ``{"nodes":[]}`` on a single node. Any valid token, as
-        ``/metrics``."""
-        self._identity(request)
+        broker and presence (docs/cluster.md); ``{"nodes":[]}`` on a single node. An ``admin`` token (node
+        ids and states are the operators'; a monitor without one scrapes ``/metrics``)."""
+        self.node.access.check_admin(self._identity(request), "native")
         relay = self.node.relay
         broker = relay.health() if relay is not None else {}
         if not broker:  # a single node, or the workers of one
