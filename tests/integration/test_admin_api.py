@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ import pytest
 
 from hubbub import __version__
 from hubbub.events import Publisher
-from hubbub.log.base import AppendRequest
+from hubbub.log.base import AppendRequest, StoreStats
+from hubbub.log.sqlite import SqliteLogStore
 from hubbub.server import Server
 from hubbub.server_config import load_config
 
@@ -108,6 +110,34 @@ def test_overview_shows_the_node_and_its_traffic_history(tmp_path: Path) -> None
 
             await until(sampled, "a sample of the history's own loop")
             await w.close()
+
+    run(body)
+
+
+def test_the_logs_counts_are_read_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The overview and /metrics show the log's counts, read on a reader thread: the store sums its channels'
+    rows (milliseconds with 10,000 channels, a round trip to PostgreSQL), which would hold every connection's
+    loop."""
+    threads: list[int] = []
+    stats = SqliteLogStore.stats
+
+    def recording(self: SqliteLogStore) -> StoreStats:
+        threads.append(threading.get_ident())
+        return stats(self)
+
+    monkeypatch.setattr(SqliteLogStore, "stats", recording)
+
+    async def body() -> None:
+        loop_thread = threading.get_ident()
+        async with serve(tmp_path) as (server, http, base):
+            await publish_many(server, [(f"/s/{i % 2}", str(i)) for i in range(5)])
+            threads.clear()  # (the metrics registry's first collect, at start, reads nothing of the store)
+            o = await get(http, base + "/api/v1/admin/overview")
+            assert (o["log"]["events"], o["log"]["channels"]) == (5, 2)
+            async with http.get(base + "/metrics") as r:
+                text = await r.text()
+            assert "hubbub_log_events 5.0" in text and "hubbub_channels 2.0" in text
+            assert len(threads) == 2 and loop_thread not in threads, threads
 
     run(body)
 

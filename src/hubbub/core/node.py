@@ -186,7 +186,7 @@ class Node:
             r.dropped,
             sessions=lambda: r.sessions,
             subscriptions=lambda: r.router.statistics()["subscriptions"],
-            log=store.stats,
+            log=lambda: reads.submit(store.stats),  # a reader thread: never the loop
         )
         self.submit = b.submit
         self.submit_many = b.submit_many

@@ -1,6 +1,7 @@
 """The node's counters (:class:`NodeMetrics`, exported on ``/metrics`` by the transports) and a histogram.
 
-Concurrency contract: called from the event loop thread only.
+Concurrency contract: called from the event loop thread only; the log's counts are read on a reader thread
+(:meth:`NodeMetrics.read_log`).
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import bisect
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from hubbub.log.base import StoreStats
+from hubbub.log.base import StoreStats
 
+if TYPE_CHECKING:
     from .session import Session
 
 __all__ = ["Histogram", "NodeMetrics"]
@@ -30,6 +31,7 @@ class NodeMetrics:
     __slots__ = (
         "_dropped",
         "_log",
+        "_log_stats",
         "_sessions",
         "_subscriptions",
         "ack_latency",
@@ -54,7 +56,7 @@ class NodeMetrics:
         dropped: Callable[[], dict[str, int]],
         sessions: Callable[[], Iterable[Session]],
         subscriptions: Callable[[], int],
-        log: Callable[[], StoreStats],
+        log: Callable[[], Awaitable[StoreStats]],
     ) -> None:
         #: Events published (committed), per publisher's dialect.
         self.published = published
@@ -70,6 +72,7 @@ class NodeMetrics:
         self._sessions = sessions
         self._subscriptions = subscriptions
         self._log = log
+        self._log_stats = StoreStats(events=0, bytes=0, channels=0, retired_epochs=0)
         #: Bad input seen (each answered with the dialect's error, or a close).
         self.bad_input: dict[str, int] = {}
         #: Connections closed as slow consumers.
@@ -101,9 +104,17 @@ class NodeMetrics:
         """Subscriptions in the router now, every dialect's."""
         return self._subscriptions()
 
+    async def read_log(self) -> StoreStats:
+        """Read the log's retained events, bytes and channels (``LogStore.stats``) on a reader thread, and
+        keep them for :meth:`log`. Never on the loop: the store sums its channels' rows (a few ms with 10,000
+        channels on SQLite, a round trip to PostgreSQL, a call to the parent with workers). Raises the store's
+        ``StorageError``, the kept counts unchanged."""
+        self._log_stats = await self._log()
+        return self._log_stats
+
     def log(self) -> StoreStats:
-        """The log's retained events, bytes and channels (``LogStore.stats``), read at scrape time."""
-        return self._log()
+        """The log's counts as :meth:`read_log` last read them (zeros before the first read)."""
+        return self._log_stats
 
     def count_bad_input(self, dialect: str) -> None:
         self.bad_input[dialect] = self.bad_input.get(dialect, 0) + 1

@@ -444,6 +444,10 @@ class NativeHttp:
         # Any valid token may scrape; /healthz stays open for load balancers. Each consumer's own series
         # only for an identity the core shows them to (admin): the rest is the same for every scraper.
         ident = self._identity(request)
+        try:
+            await self.node.metrics.read_log()  # the log's counts, on a reader thread (not the loop)
+        except HubbubError as exc:
+            log.debug("reading the log's counts failed: %s", exc)  # the last counts are shown
         if (svc := self.node.consumers) is not None:
             try:
                 await svc.metrics.refresh()  # the journals' backlogs, as the store counts them
