@@ -16,6 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from hubbub.server import Server
+from hubbub.server_config import load_config
 from tests.redisserver import RedisServer
 
 from .fcm_server import LEGACY_KEY, FcmServer
@@ -204,3 +206,48 @@ def test_webhook_made_on_one_node_is_served_by_the_cluster(
             await rcv.stop()
 
     asyncio.run(body())
+
+
+def test_a_node_without_a_hook_in_its_file_keeps_another_nodes_backlog(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer
+) -> None:
+    """Node A's file defines hook ``orders``, whose receiver refuses while A's events wait; node B starts on
+    the same log with a file without it (an older one, or another node's): B keeps A's consumer, and when
+    the receiver comes back A delivers every event, in order."""
+
+    async def body() -> None:
+        rcv = await Receiver("s3cret", answer=lambda b: (503, {})).start()
+
+        def cli(name: str, hooks: dict[str, Any]) -> dict[str, Any]:
+            return {
+                "data_dir": str(tmp_path / name),
+                "store": pg_url,
+                "broker": redis_server.url,
+                "cluster.node_id": name,
+                "cluster.poll_interval_s": "0.2",
+                "http.listen": "127.0.0.1:0",
+                "native.tcp_listen": "127.0.0.1:0",
+                "webhooks.hooks": json.dumps(hooks),
+                "webhooks.retry_base_s": "0.02",
+                "webhooks.retry_max_s": "0.1",
+            }
+
+        hook = {"url": rcv.url, "pattern": "/orders/**", "secret": "s3cret"}
+        try:
+            async with Server(load_config(cli=cli("a", {"orders": hook}), env={})) as a:
+                port = a.ports["http"]
+                for i in range(1, 11):
+                    await _publish(port, "/orders/x", str(i))
+                await rcv.wait(lambda: len(rcv.requests) >= 2)  # refused, retried: 10 events wait
+                async with Server(load_config(cli=cli("b", {}), env={})) as b:
+                    status, listed = await _call(b.ports["http"], "GET", "/api/v1/admin/consumers")
+                    assert status == 200, listed
+                    kept = [c for c in listed["consumers"] if c["name"] == "webhook.orders"]
+                    assert kept and kept[0]["backlog"] + kept[0]["in_flight"] == 10, listed
+                    rcv.answer = lambda b: (200, {})
+                    await rcv.wait(lambda: len(rcv.accepted) >= 10)
+                    assert [int(x["payload"]) for x in rcv.accepted] == list(range(1, 11))
+        finally:
+            await rcv.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 60))

@@ -363,3 +363,41 @@ def test_two_workers_deliver_each_hook_from_one_of_them(tmp_path: Path) -> None:
             await rcv.stop()
 
     asyncio.run(body())
+
+
+def test_a_hook_removed_from_the_file_keeps_its_consumer_until_the_operator_deletes_it(
+    tmp_path: Path,
+) -> None:
+    """Restarted without hook ``orders`` in its file, the node keeps the hook's consumer and its backlog
+    (another node of the log may define it) and delivers nothing of it; the operator deletes it through the
+    admin API, and it stays gone after the next start."""
+
+    async def body() -> None:
+        rcv = await Receiver(SECRET, answer=lambda b: (503, {})).start()
+        cli = _cli(tmp_path, rcv.url, **{"http.listen": "127.0.0.1:0", "native.tcp_listen": "127.0.0.1:0"})
+        async with Server(load_config(cli=cli, env={})) as srv:
+            await _publish(srv, "/orders/a", ["o1", "o2", "o3"])
+            await rcv.wait(lambda: len(rcv.requests) >= 2)
+        cli["webhooks.hooks"] = "{}"
+
+        async def consumers(port: int) -> dict[str, int]:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.get(f"http://127.0.0.1:{port}/api/v1/admin/consumers") as r,
+            ):
+                assert r.status == 200
+                return {c["name"]: c["backlog"] for c in (await r.json())["consumers"]}
+
+        async with Server(load_config(cli=cli, env={})) as srv:
+            port = srv.ports["http"]
+            assert await consumers(port) == {"webhook.orders": 3}
+            url = f"http://127.0.0.1:{port}/api/v1/admin/consumers/webhook.orders"
+            async with aiohttp.ClientSession() as s, s.delete(url) as r:
+                assert r.status == 200, await r.text()
+            assert await consumers(port) == {}
+        async with Server(load_config(cli=cli, env={})) as srv:
+            assert await consumers(srv.ports["http"]) == {}
+        assert rcv.accepted == []
+        await rcv.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 60))

@@ -50,8 +50,11 @@ class Connectors:
 
     async def start(self) -> None:
         """Build the webhook connector from the configuration and the API's hooks (kept with the log),
-        delete the consumers of hooks no longer defined (their backlog with them) and of hooks whose pattern
-        or tags changed (started again empty), and start delivering."""
+        delete the consumers of this node's hooks whose pattern or tags changed (started again empty), and
+        start delivering. A ``webhook.*`` consumer that neither names is kept, with a warning: the nodes of a
+        cluster share the log but each has its own file, so it may be another node's hook (an API hook's
+        consumer goes with its record, ``DELETE /api/v1/webhooks``; an abandoned one is the operator's to
+        delete, ``DELETE /api/v1/admin/consumers/webhook.NAME``)."""
         cfg = self._config.webhooks
         hooks = Connector(
             "webhook",
@@ -79,12 +82,21 @@ class Connectors:
             if not name.startswith(CONSUMER_PREFIX):
                 continue
             r = wanted.get(name)
-            if r is not None and (info.spec.pattern, info.spec.tags) == (r.pattern, r.tags):
+            if r is None:
+                log.warning(
+                    "webhook %s: not defined here (another node's file may define it), its consumer kept "
+                    "with %d undelivered events; when no node defines it, delete it: "
+                    "DELETE /api/v1/admin/consumers/%s",
+                    name.removeprefix(CONSUMER_PREFIX),
+                    info.pending,
+                    name,
+                )
+                continue
+            if (info.spec.pattern, info.spec.tags) == (r.pattern, r.tags):
                 continue
             log.warning(
-                "webhook %s: %s, its %d undelivered events dropped",
+                "webhook %s: pattern or tags changed, its %d undelivered events dropped",
                 name.removeprefix(CONSUMER_PREFIX),
-                "no longer defined" if r is None else "pattern or tags changed",
                 info.pending,
             )
             await self._consumers.delete(name, identity=CONNECTOR_IDENTITY, dialect=DIALECT)
