@@ -22,7 +22,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, final
 
 from hubbub.channels import Pattern
 from hubbub.events import Event
-from hubbub.log.base import ChannelInfo, ConsumerJournal, EventLog, LogStore, RouteRegistry
+from hubbub.log.base import ChannelInfo, ConsumerJournal, EventLog, LogStore, StateMaps
 
 from .replay import list_channels
 
@@ -52,7 +52,7 @@ class LogReads:
     """The node's reader threads and the typed reads run on them. See the module docstring.
 
     ``store``: the log as the node reads it (a cluster node's view caps its heads at what the node delivered,
-    ``hubbub.cluster.view``); ``journal``: the consumers' journals and the connectors' routes (the store
+    ``hubbub.cluster.view``); ``journal``: the consumers' journals and the state maps (the store
     itself)."""
 
     def __init__(self, store: EventLog, threads: int, journal: LogStore) -> None:
@@ -80,10 +80,11 @@ class LogReads:
         call = functools.partial(fn, self.journal, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
-    async def call_routes(
-        self, fn: Callable[Concatenate[RouteRegistry, P], T], *args: P.args, **kwargs: P.kwargs
+    async def call_state(
+        self, fn: Callable[Concatenate[StateMaps, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
-        """``fn(routes, *args, **kwargs)`` on a reader thread (core only: ``core/routes.py``)."""
+        """``fn(maps, *args, **kwargs)`` on a reader thread, over the store's state maps (core only:
+        ``core/routes.py``)."""
         call = functools.partial(fn, self.journal, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 

@@ -4,9 +4,9 @@
   (``pos``) order: what the writer, replays and live reads use.
 * :class:`EpochAdmin`: epochs, trimming, retention, retired epochs and totals.
 * :class:`ConsumerJournal`: the durable consumers' journals (filled by ``append``).
-* :class:`RouteRegistry`: the push connectors' routes (``hubbub.log.routes``).
 * :class:`BulkScan`: the data pipeline's reads of rows and columns, in ``pos`` ranges.
-* :class:`StateMaps`: small named maps kept beside the events, one for every process writing the log.
+* :class:`StateMaps`: small named maps kept beside the events, one for every process writing the log (MQTT's
+  retained index and sessions, the push connectors' routes: ``hubbub.log.routes``).
 
 A caller takes the role it uses (a view of the log, such as a cluster node's, implements only the role it
 changes). The sequencing rules of ``append`` are one pure planner, ``hubbub.log.sequencing``.
@@ -14,12 +14,12 @@ changes). The sequencing rules of ``append`` are one pure planner, ``hubbub.log.
 Concurrency contract (every engine):
 
 * ``append``, ``apply_retention``, ``trim``, ``reset_channel``, ``new_epochs_on_open``,
-  ``commits_may_be_lost``, ``consumer_create``, ``consumer_delete``, ``consumer_settle``, ``route_put``,
-  ``route_delete``, ``state_set`` and ``close`` are
+  ``commits_may_be_lost``, ``consumer_create``, ``consumer_delete``, ``consumer_settle``, ``state_set``,
+  ``state_swap`` and ``close`` are
   called from **one writer thread** only (core owns it). They are never called concurrently with each other.
 * Every read method (``head``, ``heads``, ``read``, ``read_runs``, ``read_rows``, ``read_last``, ``channels``,
   ``retired_epochs``, ``top_time``, ``stats``, ``scan_plan``, ``scan_columns``, ``consumers``,
-  ``consumer_items``, ``route_records``, ``state_get``, ``state_list``) may be called from any thread,
+  ``consumer_items``, ``state_get``, ``state_list``) may be called from any thread,
   concurrently with the writer and with each other. Reads see only committed data.
 * No method is ever called on the event loop thread, except ``append`` of an engine that sets
   ``inline_append`` (or of at most ``inline_append_max`` requests and ``inline_append_max_bytes`` of
@@ -63,7 +63,6 @@ from typing import Any
 from hubbub.events import Event, Publisher, fast_init, hot_value
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem, Retry
 from hubbub.log.records import encode_headers, encode_tags
-from hubbub.log.routes import RouteRecord
 
 __all__ = [
     "AppendRequest",
@@ -82,8 +81,6 @@ __all__ = [
     "LogStore",
     "RetentionPolicy",
     "Retry",
-    "RouteRecord",
-    "RouteRegistry",
     "ScanColumns",
     "ScanPlan",
     "StateMaps",
@@ -91,6 +88,7 @@ __all__ = [
     "new_epoch",
     "next_state_version",
     "prefix_upper",
+    "swapped_state_version",
 ]
 
 _EPOCH_ALPHABET = string.digits + string.ascii_lowercase
@@ -587,26 +585,6 @@ class ConsumerJournal(abc.ABC):
         return True
 
 
-class RouteRegistry(abc.ABC):
-    """The push connectors' routes (``hubbub.log.routes``): kept with the log, so that every process sharing
-    it sees the same ones. Small tables, changed by operators and devices, never on the publish path."""
-
-    @abc.abstractmethod
-    def route_put(self, record: RouteRecord, *, replace: bool = False) -> bool:
-        """Store ``record`` unless :func:`hubbub.log.routes.put_allowed` refuses it (its name exists and not
-        ``replace``; another record of its connector has its key): whether it was stored, checked and
-        written in one transaction (two processes putting the same key at once store one). Durable when
-        it returns. A **writer-thread** method."""
-
-    @abc.abstractmethod
-    def route_delete(self, connector: str, name: str) -> bool:
-        """Delete the record ``name`` of ``connector``; whether it existed. A **writer-thread** method."""
-
-    @abc.abstractmethod
-    def route_records(self, connector: str) -> list[RouteRecord]:
-        """Every record of ``connector``, by name."""
-
-
 class BulkScan(abc.ABC):
     """The data pipeline's bulk reads: a channel's rows without events, and the whole log planned into
     ``pos`` ranges and read as columns, each in one snapshot."""
@@ -659,7 +637,8 @@ class BulkScan(abc.ABC):
 class StateMaps(abc.ABC):
     """Small named maps kept in the log's own storage, beside the events: state of a dialect that every
     process writing the log must see alike (the workers of a node on one SQLite file, the nodes of a cluster
-    on one PostgreSQL database), such as MQTT's retained index and its persistent sessions' filters.
+    on one PostgreSQL database), such as MQTT's retained index and its persistent sessions' filters, and the
+    push connectors' routes (``hubbub.log.routes``).
 
     A map is a namespace ``ns``; each entry is a key, a text value and a **version**, an integer that only
     grows. :meth:`state_set` with a version writes only over an older one (or none), so that writers racing
@@ -685,6 +664,15 @@ class StateMaps(abc.ABC):
         the entry's version plus one (1 for a new entry). A **writer-thread** method, durable when it
         returns as an append is."""
 
+    @abc.abstractmethod
+    def state_swap(self, ns: str, key: str, value: str | None, expect: int) -> int | None:
+        """Set the entry (``value`` None: remove it) only when its version is ``expect`` now (0: the map
+        never had the key; a removed entry keeps its version): the version it has now (``expect + 1``), or
+        None when the entry's version is another. Checked and written in one transaction, so of the stores of
+        one log swapping from the same version at once exactly one succeeds: insert-if-absent is a swap from
+        the version :meth:`state_get` gave (0 for None) when its value is None. A **writer-thread** method,
+        durable when it returns as an append is."""
+
 
 def next_state_version(stored: int | None, version: int | None) -> int | None:
     """The rule of :meth:`StateMaps.state_set`, which every engine applies in its own transaction: the
@@ -697,7 +685,14 @@ def next_state_version(stored: int | None, version: int | None) -> int | None:
     return version
 
 
-class LogStore(EventLog, EpochAdmin, ConsumerJournal, RouteRegistry, BulkScan, StateMaps):
+def swapped_state_version(stored: int | None, expect: int) -> int | None:
+    """The rule of :meth:`StateMaps.state_swap`, which every engine applies in its own transaction: the
+    version an entry whose version is ``stored`` (None: absent) gets from a swap from ``expect``, or None
+    when that swap is refused."""
+    return expect + 1 if (stored or 0) == expect else None
+
+
+class LogStore(EventLog, EpochAdmin, ConsumerJournal, BulkScan, StateMaps):
     """A durable, per-channel sequenced event log: every role at once, as each engine implements it. See the
     module docstring for the contract; callers that use one role take that role's type."""
 

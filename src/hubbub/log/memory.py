@@ -50,11 +50,11 @@ from hubbub.log.base import (
     StoreStats,
     new_epoch,
     next_state_version,
+    swapped_state_version,
 )
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 from hubbub.log.read_plan import take_upto
 from hubbub.log.records import encode_headers, encode_tags, event_size
-from hubbub.log.routes import RouteRecord, put_allowed
 from hubbub.log.sequencing import FROM_RECORD, IdemKey, plan_append
 
 __all__ = ["MemoryLogStore"]
@@ -152,8 +152,6 @@ class MemoryLogStore(LogStore):
         self._consumer_ids: dict[int, _Consumer] = {}
         self._next_consumer = 1
         self._jindex = JournalIndex()
-        # The connectors' routes: connector -> name -> record.
-        self._routes: dict[str, dict[str, RouteRecord]] = {}
         # The state maps (``StateMaps``): (ns, key) -> (value, version).
         self._state: dict[tuple[str, str], tuple[str | None, int]] = {}
 
@@ -414,25 +412,6 @@ class MemoryLogStore(LogStore):
     def _retired_epoch(self, channel: str, epoch: str) -> _Channel | None:
         return next((ch for ch in self._retired.get(channel, ()) if ch.epoch == epoch), None)
 
-    def route_put(self, record: RouteRecord, *, replace: bool = False) -> bool:
-        with self._lock:
-            self._check_open()
-            mine = self._routes.setdefault(record.connector, {})
-            if not put_allowed(mine, record, replace):
-                return False
-            mine[record.name] = record
-            return True
-
-    def route_delete(self, connector: str, name: str) -> bool:
-        with self._lock:
-            self._check_open()
-            return self._routes.get(connector, {}).pop(name, None) is not None
-
-    def route_records(self, connector: str) -> list[RouteRecord]:
-        with self._lock:
-            self._check_open()
-            return sorted(self._routes.get(connector, {}).values(), key=lambda r: r.name)
-
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -454,10 +433,19 @@ class MemoryLogStore(LogStore):
             return sorted(out)
 
     def state_set(self, ns: str, key: str, value: str | None, version: int | None = None) -> int | None:
+        return self._state_write(ns, key, value, lambda stored: next_state_version(stored, version))
+
+    def state_swap(self, ns: str, key: str, value: str | None, expect: int) -> int | None:
+        return self._state_write(ns, key, value, lambda stored: swapped_state_version(stored, expect))
+
+    def _state_write(
+        self, ns: str, key: str, value: str | None, rule: Callable[[int | None], int | None]
+    ) -> int | None:
+        """Write the entry with the version ``rule`` gives from its stored one (None: not written)."""
         with self._lock:
             self._check_open()
             had = self._state.get((ns, key))
-            new = next_state_version(None if had is None else had[1], version)
+            new = rule(None if had is None else had[1])
             if new is not None:
                 self._state[(ns, key)] = (value, new)
             return new

@@ -1,6 +1,6 @@
 """A worker's log: :class:`RemoteLogStore`, the node's one store as a worker process sees it.
 
-Writes (appends, trims, epochs, retention, the consumers' journals, the connectors' routes) are calls to the
+Writes (appends, trims, epochs, retention, the consumers' journals, the state maps) are calls to the
 :class:`~hubbub.workers.owner.LogOwner` in the parent process, over the worker's calls socket (``frames``):
 the calling thread sends its call and reads the reply itself (one call at a time on the socket), so the
 worker's writer thread still commits one group at a time, and the owner merges the groups of every worker
@@ -49,7 +49,6 @@ from hubbub.log.base import (
     StoreStats,
 )
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem, Retry
-from hubbub.log.routes import RouteRecord
 from hubbub.log.sqlite import SqliteLogStore
 
 from .frames import (
@@ -206,14 +205,12 @@ class RemoteLogStore(LogStore):
     def consumer_hold(self, consumer_id: int, take: bool = True) -> bool:
         return bool(self._call("consumer_hold", consumer_id, take))
 
-    def route_put(self, record: RouteRecord, *, replace: bool = False) -> bool:
-        return bool(self._call("route_put", record, replace=replace))
-
-    def route_delete(self, connector: str, name: str) -> bool:
-        return bool(self._call("route_delete", connector, name))
-
     def state_set(self, ns: str, key: str, value: str | None, version: int | None = None) -> int | None:
         out: int | None = self._call("state_set", ns, key, value, version)
+        return out
+
+    def state_swap(self, ns: str, key: str, value: str | None, expect: int) -> int | None:
+        out: int | None = self._call("state_swap", ns, key, value, expect)
         return out
 
     def notice(self, topic: str, data: bytes) -> None:
@@ -229,10 +226,6 @@ class RemoteLogStore(LogStore):
 
     def consumer_items(self, consumer_id: int, after_pos: int = 0, limit: int = 1000) -> list[JournalItem]:
         out: list[JournalItem] = self._read("consumer_items", consumer_id, after_pos, limit)
-        return out
-
-    def route_records(self, connector: str) -> list[RouteRecord]:
-        out: list[RouteRecord] = self._read("route_records", connector)
         return out
 
     def stats(self) -> StoreStats:

@@ -19,7 +19,6 @@ Schema (version :data:`SCHEMA_VERSION`, kept in ``schema_version``)::
                publisher_dialect BYTEA, publisher_user BYTEA, publisher_app BYTEA, publisher_msg_id BYTEA,
                content_type BYTEA, headers BYTEA, tags BYTEA, payload BYTEA, PRIMARY KEY (consumer_id, pos))
     consumer_gen (gen BIGINT)                            -- one row, bumped by consumer create and delete
-    connector_routes (connector, name, key, body, PRIMARY KEY (connector, name), UNIQUE (connector, key))
     state     (ns TEXT COLLATE "C", key TEXT COLLATE "C", value TEXT, version BIGINT, PRIMARY KEY (ns, key))
 
 It is the SQLite engine's schema (``hubbub.log.sqlite._schema``) with these differences:
@@ -43,14 +42,18 @@ Epochs are kept as in SQLite: a new epoch moves the channel's ``channels`` row t
 its id, and the channel gets a new row with a new id (``log_state.next_id``).
 
 Durable consumers (:mod:`hubbub.log.consumers`, ``_consumers.py``) are the SQLite engine's tables plus
-``consumer_gen``, which tells every node's writer when to reload the consumers' filters. The push
-connectors' routes (``hubbub.log.routes``, ``_routes.py``) are the SQLite engine's ``connector_routes``, and
-``state`` holds the state maps (:class:`~hubbub.log.base.StateMaps`, ``_state.py``), shared by every node.
+``consumer_gen``, which tells every node's writer when to reload the consumers' filters. ``state`` holds the
+state maps (:class:`~hubbub.log.base.StateMaps`, ``_state.py``: MQTT's retained index and sessions, the push
+connectors' routes), shared by every node.
 
 Versions and migration: the schema is created by the first store that opens the database as a writer, and
 migrated by a writer that finds an older version, in one transaction under an advisory lock (several nodes
 starting at once create it once). A store that finds a newer version refuses to open; a read-only store
-needs the current version. ``_MIGRATIONS[v]`` takes version ``v`` to ``v + 1``.
+needs the current version. ``_MIGRATIONS[v]`` takes version ``v`` to ``v + 1``. Version 2 is the last one
+released before the state maps; version 3 adds them. Unreleased development builds numbered a table of the
+connectors' routes 3 and the state maps 4: a database recording 3 or 4 that still has ``connector_routes``
+is one of theirs, and is migrated as from 2 (the step creates ``state`` only when missing, copies the routes
+into it as ``hubbub.log.routes`` keeps them, and drops ``connector_routes``).
 
 Durability (protocols README §5) maps to ``synchronous_commit`` of the writer's connection:
 
@@ -76,7 +79,7 @@ import psycopg
 __all__ = ["DURABILITY_SYNCHRONOUS_COMMIT", "SCHEMA_VERSION"]
 
 #: Version of the database schema in this module's docstring.
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 3
 
 #: ``durability`` -> ``synchronous_commit`` (see the module docstring).
 DURABILITY_SYNCHRONOUS_COMMIT: Final[dict[str, str]] = {"fsync": "on", "commit": "local", "none": "off"}
@@ -183,26 +186,21 @@ _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
         "CREATE TABLE consumer_gen (gen BIGINT NOT NULL)",
         "INSERT INTO consumer_gen (gen) VALUES (0)",
     ),
-    # 2 -> 3: the push connectors' routes.
+    # 2 -> 3: the state maps (IF NOT EXISTS, and the routes table dropped: see the module docstring).
     2: (
-        """CREATE TABLE connector_routes (
-            connector TEXT NOT NULL,
-            name TEXT NOT NULL,
-            key TEXT NOT NULL,
-            body TEXT NOT NULL,
-            PRIMARY KEY (connector, name),
-            UNIQUE (connector, key)
-        )""",
-    ),
-    # 3 -> 4: the state maps.
-    3: (
-        """CREATE TABLE state (
+        """CREATE TABLE IF NOT EXISTS state (
             ns TEXT COLLATE "C" NOT NULL,
             key TEXT COLLATE "C" NOT NULL,
             value TEXT,
             version BIGINT NOT NULL,
             PRIMARY KEY (ns, key)
         )""",
+        """DO $$ BEGIN IF to_regclass('connector_routes') IS NOT NULL THEN
+            INSERT INTO state (ns, key, value, version)
+                SELECT 'routes:' || connector, key, json_build_object('name', name, 'body', body)::text, 1
+                FROM connector_routes ON CONFLICT DO NOTHING;
+            DROP TABLE connector_routes;
+        END IF; END $$""",
     ),
 }
 
@@ -228,6 +226,11 @@ def _schema_version(conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
     return None if row is None or row[0] is None else int(str(row[0]))
 
 
+def _has_routes_table(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
+    row = conn.execute("SELECT to_regclass('connector_routes') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
 def ensure_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     """Create or migrate the schema (see the module docstring); returns the version found before.
 
@@ -242,6 +245,8 @@ def ensure_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
             for stmt in _SCHEMA_V1:
                 conn.execute(stmt)
             start = 1
+        elif found in (3, 4) and _has_routes_table(conn):
+            start = 2  # an unreleased build's numbering (module docstring)
         elif found > SCHEMA_VERSION:
             raise ValueError(f"log database has schema version {found}, this hubbub reads {SCHEMA_VERSION}")
         assert start is not None

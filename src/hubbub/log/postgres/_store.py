@@ -57,7 +57,6 @@ from hubbub.log.postgres._consumers import CONSUMER_TOPS, _ConsumerSide
 from hubbub.log.postgres._errors import _STORAGE_ERRORS, _error, log
 from hubbub.log.postgres._heads import _Head, _heads_row, _info, _Lock, _State, _Unresolved
 from hubbub.log.postgres._reads import Conn, _Decoder, _ReadSide
-from hubbub.log.postgres._routes import _RouteSide
 from hubbub.log.postgres._schema import (
     DURABILITY_SYNCHRONOUS_COMMIT,
     SCHEMA_VERSION,
@@ -139,7 +138,7 @@ _DELETE_PREFIX: Final = (
 )
 
 
-class PostgresLogStore(_ReadSide, _ConsumerSide, _RouteSide, _StateSide, LogStore):
+class PostgresLogStore(_ReadSide, _ConsumerSide, _StateSide, LogStore):
     """A :class:`LogStore` in a PostgreSQL database (schema: ``_schema.py``; contract: the module docstring).
 
     ``url``: a libpq connection URI or string (``postgresql://user:password@host:port/dbname?…``).

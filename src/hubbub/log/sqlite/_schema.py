@@ -17,7 +17,6 @@ Schema (version :data:`SCHEMA_VERSION`, kept in ``meta``)::
     journal   (consumer_id, pos, attempts, not_before, size, ref, and the copy: channel TEXT, epoch TEXT, seq,
                time_ns, publisher_dialect, publisher_user, publisher_app, publisher_msg_id, content_type,
                headers BLOB, tags BLOB, payload BLOB; PRIMARY KEY (consumer_id, pos)) WITHOUT ROWID
-    connector_routes (connector, name, key, body; PRIMARY KEY (connector, name), UNIQUE (connector, key))
     state     (ns TEXT, key TEXT, value TEXT, version INTEGER, PRIMARY KEY (ns, key)) WITHOUT ROWID
 
 ``headers`` and ``tags`` use the column codec of :mod:`hubbub.log.records`. A ``channels`` row is one epoch
@@ -41,11 +40,9 @@ first, so an item outlives its event's trimming. Every position up to a consumer
 acknowledged: a batch acknowledged in order moves it (one small row update) and leaves its rows behind, and
 they are deleted in large ranges later (``_consumers.py``); reads never return them.
 
-``connector_routes`` holds the push connectors' routes (``hubbub.log.routes``, ``_routes.py``); it came
-without a new version: a writer creates it when it opens a file without it, and an older hubbub, which
-never reads it, opens such a file as before.
-
-``state`` holds the state maps (:class:`~hubbub.log.base.StateMaps`, ``_state.py``). It came the same way.
+``state`` holds the state maps (:class:`~hubbub.log.base.StateMaps`, ``_state.py``: MQTT's retained index
+and sessions, the push connectors' routes). It came without a new version: a writer creates it when it
+opens a file without it, and an older hubbub, which never reads it, opens such a file as before.
 
 Schema version 1 (no ``retired_epochs``, no ``origin_*``, no ``writer`` marker), version 2 (no
 ``consumers``, no ``journal``) and version 3 (no ``acked_to``) are migrated when a writer opens them; a
@@ -188,14 +185,6 @@ _SCHEMA: Final = (
         acked_to INTEGER NOT NULL DEFAULT 0
     )""",
     f"""CREATE TABLE IF NOT EXISTS journal ({_JOURNAL_COLUMNS}) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS connector_routes (
-        connector TEXT NOT NULL,
-        name TEXT NOT NULL,
-        key TEXT NOT NULL,
-        body TEXT NOT NULL,
-        PRIMARY KEY (connector, name),
-        UNIQUE (connector, key)
-    ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS state (
         ns TEXT NOT NULL,
         key TEXT NOT NULL,

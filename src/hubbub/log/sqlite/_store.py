@@ -64,7 +64,6 @@ from hubbub.log.sqlite._inserts import (
     _run_rows,
     _runh_rows,
 )
-from hubbub.log.sqlite._routes import _RouteSide
 from hubbub.log.sqlite._schema import (
     _WRITER_CLOSED,
     DURABILITY_SYNCHRONOUS,
@@ -155,7 +154,7 @@ def _idem_rows(plan: AppendPlan, heads: Mapping[str, _Head]) -> list[Any]:
     return rows
 
 
-class SqliteLogStore(_ConsumerSide, _RouteSide, _StateSide, LogStore):
+class SqliteLogStore(_ConsumerSide, _StateSide, LogStore):
     """A :class:`LogStore` in one SQLite file (schema: ``_schema.py``; contract: the module docstring).
 
     ``path``: the database file (created if absent; its directory must exist). ``durability``: ``fsync``,
