@@ -17,7 +17,7 @@ import signal
 import ssl
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 try:
@@ -29,8 +29,8 @@ from aiohttp import web
 
 from hubbub import __version__
 from hubbub.auth import Authenticator, TokenAuthorizer, load_keys, parse_static_tokens
-from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, RedisPresence, default_node_id
 from hubbub.cluster.delivery import OrderedDelivery
+from hubbub.cluster.view import ClusterView
 from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import ConsumerService, Node, NodeSettings
 from hubbub.core.limits import LimitSettings
@@ -57,6 +57,10 @@ from hubbub.transports.wearscript import WearscriptService
 from hubbub.transports.wearscript_link import WearscriptMounted, WearscriptUpstream
 from hubbub.workers.relay import WorkerRelay
 from hubbub.workers.remote import RemoteLogStore
+
+if TYPE_CHECKING:
+    from hubbub.cluster.broker import RedisBroker
+    from hubbub.cluster.presence import RedisPresence
 
 __all__ = [
     "GC_THRESHOLDS",
@@ -492,7 +496,10 @@ def federation_node_id(cfg: Config) -> str:
 
 
 def build_broker(cfg: Config, store: LogStore) -> RedisBroker:
-    """The Redis broker of ``broker = redis://…`` (docs/cluster.md)."""
+    """The Redis broker of ``broker = redis://…`` (docs/cluster.md). Its module is imported here, as is
+    the presence's: they import the Redis client, a fifth of the start-up of a node that needs none."""
+    from hubbub.cluster.broker import BrokerSettings, RedisBroker, default_node_id
+
     settings = BrokerSettings(
         url=cfg.cluster.broker,
         node_id=cfg.cluster.node_id or default_node_id(),
@@ -505,6 +512,8 @@ def build_broker(cfg: Config, store: LogStore) -> RedisBroker:
 
 def build_presence(cfg: Config, node_id: str, supervision: Supervision | None = None) -> RedisPresence:
     """The cluster-wide rosters of a cluster node (docs/cluster.md "Presence"), in the broker's Redis."""
+    from hubbub.cluster.presence import RedisPresence
+
     c = cfg.cluster
     return RedisPresence(c.broker, node_id, c.redis_channel, c.presence_ttl_s, supervision=supervision)
 

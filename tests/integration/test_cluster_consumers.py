@@ -19,7 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker, RedisPresence
+from hubbub.cluster.broker import BrokerSettings, RedisBroker
+from hubbub.cluster.presence import RedisPresence
+from hubbub.cluster.view import ClusterView
 from hubbub.core import ConsumerService, Node, NodeSettings, Opener
 from hubbub.errors import ConsumerBusy
 from hubbub.events import Event

@@ -8,7 +8,8 @@ import asyncio
 from typing import Any
 
 from hubbub.channels import parse_pattern
-from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker
+from hubbub.cluster.broker import BrokerSettings, RedisBroker
+from hubbub.cluster.view import ClusterView
 from hubbub.core import Node, ReplaySpec, Session
 from hubbub.events import Publisher
 from hubbub.log import MemoryLogStore

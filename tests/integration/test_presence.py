@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from hubbub.cluster import RedisPresence
+from hubbub.cluster.presence import RedisPresence
 from hubbub.core import LocalPresence
 from tests.redisserver import RedisServer
 

@@ -15,7 +15,8 @@ import pytest
 
 from hubbub import server as server_module
 from hubbub.channels import parse_pattern
-from hubbub.cluster import BrokerSettings, ClusterView, RedisBroker
+from hubbub.cluster.broker import BrokerSettings, RedisBroker
+from hubbub.cluster.view import ClusterView
 from hubbub.core import Node, Session
 from hubbub.core.writer import LogWriter
 from hubbub.events import Publisher
