@@ -79,6 +79,7 @@ LONGEST = (
     "tests/integration/test_limits.py::test_stalled_tcp_peer_is_dropped",
     "tests/test_static.py::test_mypy_strict",
     "tests/integration/test_slow_consumer_soak.py::",
+    "tests/integration/test_mqtt_crash.py::",
 )
 
 
