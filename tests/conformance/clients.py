@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from .framing import Len32Splitter, LineSplitter, SseEvent, SseParser
+from .framing import Len32Splitter, LineSplitter, MqttSplitter, SseEvent, SseParser
 from .placeholders import VectorError
 from .units import Closed, Item, Unit
 
@@ -191,7 +191,9 @@ class TcpClient(Client):
 
     async def _reader(self) -> None:
         lines = LineSplitter() if self.mode == "lines" else None
-        frames = Len32Splitter() if self.mode == "len32" else None
+        frames: Len32Splitter | MqttSplitter | None = (
+            Len32Splitter() if self.mode == "len32" else MqttSplitter() if self.mode == "mqtt" else None
+        )
         try:
             while True:
                 data = await self.reader.read(65536)

@@ -9,7 +9,7 @@ import codecs
 import struct
 from dataclasses import dataclass
 
-__all__ = ["MAX_UNIT", "Len32Splitter", "LineSplitter", "SseEvent", "SseParser"]
+__all__ = ["MAX_UNIT", "Len32Splitter", "LineSplitter", "MqttSplitter", "SseEvent", "SseParser"]
 
 MAX_UNIT = (
     64 * 1024 * 1024
@@ -67,6 +67,39 @@ class Len32Splitter:
             out.append(bytes(self._buf[4 : 4 + size]))
             del self._buf[: 4 + size]
         return out
+
+    def leftover(self) -> int:
+        return len(self._buf)
+
+
+class MqttSplitter:
+    """Bytes in, MQTT control packets out (OASIS MQTT 3.1.1 §2.2): each unit is a whole packet, its fixed
+    header (the type-and-flags byte and the Remaining Length, 1 to 4 bytes of 7 bits, least significant
+    first, the top bit saying another follows) included, so a vector compares every byte the server sent."""
+
+    def __init__(self, *, max_frame: int = MAX_UNIT) -> None:
+        self._buf = bytearray()
+        self._max = max_frame
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        out: list[bytes] = []
+        while True:
+            size = 0
+            for i in range(1, 5):
+                if len(self._buf) <= i:
+                    return out
+                size |= (self._buf[i] & 0x7F) << (7 * (i - 1))
+                if not self._buf[i] & 0x80:
+                    break
+            else:
+                raise ValueError("MQTT Remaining Length over 4 bytes")
+            if size > self._max:
+                raise ValueError(f"MQTT packet of {size} bytes is over the runner's bound")
+            if len(self._buf) < i + 1 + size:
+                return out
+            out.append(bytes(self._buf[: i + 1 + size]))
+            del self._buf[: i + 1 + size]
 
     def leftover(self) -> int:
         return len(self._buf)

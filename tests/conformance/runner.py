@@ -5,8 +5,9 @@ The engine is split by layer; this module is the step executor and re-exports th
 * **Pure parts** (no sockets, no event loop), unit-tested in ``tests/unit/test_vector_runner.py``:
   placeholders (``placeholders.py``: :func:`compile_pattern`, :func:`expand`, :func:`match_text`),
   JSON/msgpack matching (``matching.py``: :func:`match_value`, :func:`expand_json`), stream framing
-  (``framing.py``: :class:`LineSplitter`, :class:`Len32Splitter`, :class:`SseParser`), units and the
-  expectations on them (``units.py``: :func:`check_unit`, :func:`assign_unordered`), step validation and
+  (``framing.py``: :class:`LineSplitter`, :class:`Len32Splitter`, :class:`MqttSplitter`,
+  :class:`SseParser`), units and the expectations on them (``units.py``: :func:`check_unit`,
+  :func:`assign_unordered`), step validation and
   the dialects a case touches (``steps.py``: :func:`validate_step`, :func:`lint_case`,
   :func:`dialects_touched`).
 * **I/O parts**: one client class per connection kind (``clients.py``: :class:`WsClient`,
@@ -36,7 +37,7 @@ from multidict import CIMultiDictProxy
 from yarl import URL
 
 from .clients import CLOSE_TIMEOUT_S, Client, HttpStreamClient, TcpClient, WsClient
-from .framing import MAX_UNIT, Len32Splitter, LineSplitter, SseEvent, SseParser
+from .framing import MAX_UNIT, Len32Splitter, LineSplitter, MqttSplitter, SseEvent, SseParser
 from .matching import Mismatch, dumps_compact, expand_json, match_value
 from .placeholders import TOKENS, VectorError, compile_pattern, expand, match_text
 from .steps import (
@@ -64,6 +65,7 @@ __all__ = [
     "Len32Splitter",
     "LineSplitter",
     "Mismatch",
+    "MqttSplitter",
     "SseEvent",
     "SseParser",
     "Unit",

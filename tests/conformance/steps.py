@@ -25,7 +25,7 @@ __all__ = [
     "validate_step",
 ]
 
-DIALECTS = ("ivy", "guble", "wearscript", "mist", "qpubs", "native")
+DIALECTS = ("ivy", "guble", "wearscript", "mist", "qpubs", "native", "mqtt")
 _CLIENT_OPTS = frozenset({"timeout_ms"})
 STEP_KEYS: dict[str, frozenset[str]] = {
     "connect": frozenset(
@@ -108,8 +108,8 @@ def validate_step(step: Mapping[str, Any]) -> str:
             raise VectorError(
                 f"connect must be ws:/path, http:METHOD /path or tcp:listener, got {step['connect']!r}"
             )
-        if step.get("mode", "lines") not in ("lines", "len32"):
-            raise VectorError(f"mode must be 'lines' or 'len32', got {step['mode']!r}")
+        if step.get("mode", "lines") not in ("lines", "len32", "mqtt"):
+            raise VectorError(f"mode must be 'lines', 'len32' or 'mqtt', got {step['mode']!r}")
     elif kind == "http":
         if "status" not in step:
             raise VectorError("an http step needs an expected status")
@@ -206,7 +206,7 @@ _ROUTES: tuple[tuple[str, str], ...] = (
     ("/qpubs/", "qpubs"), ("=/listen", "qpubs"), ("=/once", "qpubs"), ("=/ignore", "qpubs"),
     ("=/emit", "qpubs"),
 )  # fmt: skip
-_LISTENERS = {"mist": "mist", "qrpc": "qpubs", "native": "native"}
+_LISTENERS = {"mist": "mist", "qrpc": "qpubs", "native": "native", "mqtt": "mqtt"}
 
 
 def dialect_of_path(path: str) -> str | None:

@@ -30,12 +30,14 @@ import pytest
 
 from .runner import DIALECTS, REQUIREMENTS, CaseFailure, HasPorts, dialects_touched, run_case
 
-IMPLEMENTED_DIALECTS: set[str] = {"native", "ivy", "guble", "wearscript", "mist", "qpubs"}
+IMPLEMENTED_DIALECTS: set[str] = {"native", "ivy", "guble", "wearscript", "mist", "qpubs", "mqtt"}
 
 _REPO = Path(__file__).resolve().parents[2]
 _CANDIDATES = (_REPO.parent / "shared" / "protocols" / "vectors",)
 # Listener keys the runner binds to port 0 when the configuration knows them (dialects arrive one by one).
-_TCP_LISTEN_KEYS = ("native.tcp_listen", "mist.tcp_listen", "qpubs.qrpc_listen")
+_TCP_LISTEN_KEYS = ("native.tcp_listen", "mist.tcp_listen", "qpubs.qrpc_listen", "mqtt.tcp_listen")
+#: Vectors kept with the tests, in the same format, for dialects the shared directory has no file of (MQTT).
+LOCAL_VECTORS = Path(__file__).resolve().parent / "vectors"
 
 
 def vectors_dir() -> Path | None:
@@ -46,13 +48,14 @@ def vectors_dir() -> Path | None:
 
 
 def load_cases() -> list[tuple[str, dict[str, Any]]]:
-    """(file dialect, case) for every case of every vector file found."""
+    """(file dialect, case) for every case of every vector file found: the shared directory's, and for a
+    dialect it has no file of, :data:`LOCAL_VECTORS`'s."""
     root = vectors_dir()
-    if root is None:
-        return []
     out: list[tuple[str, dict[str, Any]]] = []
     for dialect in DIALECTS:
-        path = root / f"{dialect}.json"
+        path = root / f"{dialect}.json" if root is not None else None
+        if path is None or not path.is_file():
+            path = LOCAL_VECTORS / f"{dialect}.json"
         if path.is_file():
             out.extend((dialect, case) for case in json.loads(path.read_text(encoding="utf-8")))
     return out
