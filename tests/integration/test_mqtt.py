@@ -602,3 +602,54 @@ def test_acknowledgements_keep_the_publish_order_when_some_are_dropped_at_once(t
             await alice.disconnect()
 
     asyncio.run(main())
+
+
+def test_mist_reaches_mqtt_and_mqtt_never_reaches_mist(tmp_path: Path) -> None:
+    """protocols/mapping.md §4: a mist publish (either generation) is an event of ``mist.channel`` (``/mist``)
+    with its tags, which MQTT subscribers of topic ``mist`` get as its data's bytes, at QoS 1 (another
+    dialect's event), once each and in order; an MQTT publish has no tags, and a mist subscription needs at
+    least one (§4.2), so an MQTT publish on ``mist`` reaches no mist client of either generation: the next
+    thing each one gets is a mist event published after it."""
+    from .mist_clients import Client1x, GoClient2015, Message
+
+    async def main() -> None:
+        async with serve(tmp_path, **{"mist.tcp_listen": "127.0.0.1:0"}) as srv:
+            sub = await MqttClient.connect(srv.ports["mqtt"], "sub")
+            assert await sub.subscribe(("mist", 2)) == (2,)
+            old = GoClient2015("127.0.0.1", srv.ports["mist"])
+            await old.connect()
+            new = await Client1x.connect("127.0.0.1", srv.ports["mist"])
+            # mist to MQTT: the 2015 line protocol and 1.x's JSON, one after the other.
+            await old.publish(["b", "a"], "from 2015")
+            m = await sub.message()
+            assert (m.topic, m.payload, m.qos, m.retain) == ("mist", b"from 2015", 1, False)
+            await new.send(command="publish", tags=["x"], data="from 1.x \u00e9")
+            m = await sub.message()
+            assert (m.topic, m.payload, m.qos, m.retain) == ("mist", "from 1.x \u00e9".encode(), 1, False)
+            # MQTT to mist: nothing, whatever the tags the mist clients hold.
+            await old.subscribe(["a"])
+            await old.ping()
+            await new.send(command="subscribe", tags=["x"])
+            await new.ping()
+            pub = await MqttClient.connect(srv.ports["mqtt"], "pub")
+            for qos in (0, 1, 2):
+                await pub.publish("mist", b"from mqtt %d" % qos, qos=qos)
+            await pub.ping()
+            got = [(m.topic, m.payload) for m in [await sub.message() for _ in range(3)]]
+            assert got == [("mist", b"from mqtt %d" % qos) for qos in (0, 1, 2)]  # stored, and delivered
+            # The barrier, on the same channel after them: the first thing either mist client gets.
+            barrier = await Client1x.connect("127.0.0.1", srv.ports["mist"])
+            await barrier.send(command="publish", tags=["a", "x"], data="barrier")
+            await barrier.ping()
+            assert await old.next_message() == Message(("a", "x"), "barrier")
+            assert await new.recv() == {"command": "publish", "tags": ["a", "x"], "data": "barrier"}
+            assert old.messages.empty() and new.inbox.empty()
+            m = await sub.message()
+            assert (m.topic, m.payload) == ("mist", b"barrier")
+            await sub.ping()
+            await sub.disconnect()
+            await pub.disconnect()
+            for c in (old, new, barrier):
+                await c.close()
+
+    asyncio.run(main())
