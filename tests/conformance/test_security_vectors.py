@@ -19,9 +19,10 @@ from .test_vectors import IMPLEMENTED_DIALECTS
 from .test_vectors import test_vector as run_vector
 
 HERE = Path(__file__).resolve().parent / "security"
-FILES = ("native", "guble", "ivy", "wearscript", "mist", "qpubs")
-#: Dialects with no log reads of their own (no replay: wearscript.md §6, mist.md §6, qpubs.md §7).
-NO_LOG_READS = frozenset({"wearscript", "mist", "qpubs"})
+FILES = ("native", "guble", "ivy", "wearscript", "mist", "qpubs", "mqtt")
+#: Dialects with no log reads of their own (no replay: wearscript.md §6, mist.md §6, qpubs.md §7; MQTT's
+#: persistent sessions read through durable consumers, whose refusal is the SUBSCRIBE's 0x80).
+NO_LOG_READS = frozenset({"wearscript", "mist", "qpubs", "mqtt"})
 
 
 def load() -> list[tuple[str, dict[str, Any]]]:
