@@ -67,10 +67,16 @@ class ApnsServer:
     #: (device token, payload) of every push answered 200, in order.
     delivered: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     pushes: int = 0
+    #: When given, nothing a client sends is read until it is set (the pushes wait, unanswered).
+    hold: asyncio.Event | None = None
     signing_key: ec.EllipticCurvePrivateKey = field(
         default_factory=lambda: ec.generate_private_key(ec.SECP256R1())
     )
     _server: asyncio.Server | None = None
+    #: The connections being served, closed by stop() (asyncio.Server.close leaves them open).
+    _conns: dict[asyncio.StreamWriter, asyncio.Task[Any]] = field(default_factory=dict)
+    #: Provider tokens already verified: a token is checked once, as Apple caches them.
+    _good_tokens: set[str] = field(default_factory=set)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -105,6 +111,11 @@ class ApnsServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        if self.hold is not None:
+            self.hold.set()  # (a held connection reads on, to its end)
+        for writer in self._conns:
+            writer.close()
+        await asyncio.gather(*self._conns.values(), return_exceptions=True)
 
     async def wait(self, done: Callable[[], bool], wait_s: float = 10.0) -> None:
         async with asyncio.timeout(wait_s):
@@ -113,11 +124,16 @@ class ApnsServer:
                 await self._changed.wait()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns[writer] = task
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
         conn.initiate_connection()
         writer.write(conn.data_to_send())
         streams: dict[int, tuple[dict[str, str], bytearray]] = {}
         try:
+            if self.hold is not None:
+                await self.hold.wait()
             while data := await reader.read(65536):
                 for ev in conn.receive_data(data):
                     if isinstance(ev, h2.events.RequestReceived):
@@ -139,6 +155,7 @@ class ApnsServer:
         except (ConnectionError, ssl.SSLError):
             pass
         finally:
+            del self._conns[writer]
             writer.close()
 
     def _push(self, headers: dict[str, str], body: bytearray) -> tuple[int, dict[str, Any]]:
@@ -151,9 +168,11 @@ class ApnsServer:
         if self.client_ca is None:
             token = headers.get("authorization", "").removeprefix("bearer ")
             try:
-                assert jwt.get_unverified_header(token)["kid"] == KEY_ID
-                claims = jwt.decode(token, self.signing_key.public_key(), algorithms=["ES256"])
-                assert claims["iss"] == TEAM_ID
+                if token not in self._good_tokens:
+                    assert jwt.get_unverified_header(token)["kid"] == KEY_ID
+                    claims = jwt.decode(token, self.signing_key.public_key(), algorithms=["ES256"])
+                    assert claims["iss"] == TEAM_ID
+                    self._good_tokens.add(token)
             except (jwt.PyJWTError, AssertionError, KeyError):
                 return 403, {"reason": "InvalidProviderToken"}
         device = path.removeprefix("/3/device/")
