@@ -137,16 +137,25 @@ async def run(a: argparse.Namespace) -> None:
                     assert r.status == 200, await r.text()
 
             await asyncio.gather(*(publish(i) for i in range(a.events)))
-        cpu0, own0, t0 = _cpu_s(srv.pid), time.process_time(), time.perf_counter()
-        gate.set()
-        await asyncio.wait_for(delivered(), 600)
-        cpu1, own1, t1 = _cpu_s(srv.pid), time.process_time(), time.perf_counter()
+            cpu0, own0, t0 = _cpu_s(srv.pid), time.process_time(), time.perf_counter()
+            gate.set()
+            await asyncio.wait_for(delivered(), 600)
+            cpu1, own1, t1 = _cpu_s(srv.pid), time.process_time(), time.perf_counter()
+            async with s.get(f"http://127.0.0.1:{http}/metrics") as r:
+                metrics = await r.text()
+    # A push tried again (a timeout while held) would count twice: the figures hold with none.
+    retries = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("hubbub_connector_retries_total")
+    )
     secs = t1 - t0
     print(
         f"{a.target}: {total} deliveries ({a.events} events x {a.hooks} destinations, {len(body)} B, "
         f"workers {a.workers}) in {secs:.2f} s: {total / secs:,.0f} deliveries/s, "
         f"server CPU {(cpu1 - cpu0) / total * 1e6:,.0f} us per delivery "
-        f"(receiver {(own1 - own0) / total * 1e6:,.0f} us; load {os.getloadavg()[0]:.1f})"
+        f"(receiver {(own1 - own0) / total * 1e6:,.0f} us; {retries:.0f} retries; "
+        f"load {os.getloadavg()[0]:.1f})"
     )
 
 
