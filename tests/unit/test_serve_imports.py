@@ -1,5 +1,6 @@
 """``hubbub serve`` imports what a node uses: a single node (every test's server, every worker process)
-starts without the Redis client, which only a cluster node (``broker`` set) needs."""
+starts without the Redis client, which only a cluster node (``broker`` set) needs, and without the HTTP/2
+client, which only guble's APNs connector needs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import sys
 
 #: Packages a single node never uses, by top-level name.
 CLUSTER_ONLY = ("redis", "hiredis")
+#: Packages only guble's APNs connector uses (httpx also pulls in its command line: click, rich, pygments).
+APNS_ONLY = ("httpx", "httpcore", "h2")
 
 
 def _imported_by(code: str) -> set[str]:
@@ -23,12 +26,13 @@ def _imported_by(code: str) -> set[str]:
     return {name.split(".")[0] for name in json.loads(out.splitlines()[-1])}
 
 
-def test_a_single_node_starts_without_the_redis_client() -> None:
+def test_a_single_node_starts_without_the_redis_and_http2_clients() -> None:
     # What `hubbub serve` imports before it knows its configuration: the command line, the server, the
     # worker processes' entry point.
     got = _imported_by("import hubbub.cli, hubbub.server, hubbub.server_workers, hubbub.cluster.view")
     assert "hubbub" in got
     assert not got & set(CLUSTER_ONLY), sorted(got & set(CLUSTER_ONLY))
+    assert not got & set(APNS_ONLY), sorted(got & set(APNS_ONLY))
 
 
 def test_a_cluster_node_gets_its_broker_and_presence() -> None:

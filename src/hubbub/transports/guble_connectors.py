@@ -44,7 +44,6 @@ from hubbub.dialects import guble as gc
 from hubbub.errors import BadChannel, HubbubError
 from hubbub.log.consumers import ConsumerSpec
 
-from .apns import PRODUCTION, SANDBOX, ApnsProvider, client_context
 from .binding import Wiring
 from .connector import Connector, Provider, RetryPolicy, Route
 from .connector_routes import SharedRoutes, retire_file
@@ -309,6 +308,10 @@ async def fcm_connector(w: Wiring, cfg: gc.GubleConfig, auth: bool) -> DeviceCon
 
 async def apns_connector(w: Wiring, cfg: gc.GubleConfig, auth: bool) -> DeviceConnector:
     """guble's APNs connector: HTTP/2 with the client certificate, or provider tokens from the .p8 key."""
+    # Imported here: the APNs client (httpx, h2) costs every ``hubbub serve`` start about 0.1 s of CPU, and
+    # only a server with guble.apns on uses it.
+    from .apns import PRODUCTION, SANDBOX, ApnsProvider, client_context
+
     context = await asyncio.to_thread(
         client_context, cfg.apns_cert_file, str(cfg.apns_cert_password), cfg.apns_ca_file
     )
