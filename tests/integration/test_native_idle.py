@@ -311,6 +311,21 @@ _HOLD = textwrap.dedent(
 )
 
 
+async def _no_write_loops() -> None:
+    """Return once no task runs a connection's write loop (``SessionPump.run``)."""
+
+    def loops() -> int:
+        return sum(
+            1 for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "") == "SessionPump.run"
+        )
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while loops():
+        assert loop.time() < deadline, f"{loops()} write loops left"
+        await asyncio.sleep(0.01)
+
+
 def test_idle_ws_connection_footprint_stays_bounded(tmp_path: Path) -> None:
     """Python memory the server allocates per idle native WebSocket (after ``hello``), under uvloop as in
     ``hubbub serve``. About 17 KB with aiohttp 3.14, of which aiohttp's own request, handler tasks and
@@ -347,6 +362,8 @@ def test_idle_ws_connection_footprint_stays_bounded(tmp_path: Path) -> None:
                 proc = await loop.run_in_executor(None, hold, server.ports["http"])
                 # Every connection said hello and had a ping answered (the client is ready only then).
                 assert len(ka) == n and all(c.hello_done for c in ka)
+                # An idle connection holds no task for its write loop: it parked once the pong was written.
+                await _no_write_loops()
                 after = tracemalloc.take_snapshot()
             finally:
                 tracemalloc.stop()

@@ -36,10 +36,11 @@ class Wire:
 
 
 async def pumped(
-    tmp_path: Path, feed: Any, keepalive: tuple[float, bytes] | None = None
+    tmp_path: Path, feed: Any, keepalive: tuple[float, bytes] | None = None, parked: bool = False
 ) -> tuple[bytes, Any]:
-    """Run a pump writing to a real socket; ``feed(session)`` queues frames and ends the session. Returns
-    every byte the peer read and the reason the pump closed with."""
+    """Run a pump writing to a real socket; ``feed(session, wire, pump)`` queues frames and ends the
+    session. Returns every byte the peer read and the reason the pump closed with. With ``parked`` the pump
+    runs as a connection's does (``SessionPump.start``: a task only while there is something to write)."""
     store = open_store("memory", str(tmp_path), "none", RetentionPolicy(), 600)
     async with Node(store, NodeSettings()) as node:
         accepted: asyncio.Future[asyncio.StreamWriter] = asyncio.get_running_loop().create_future()
@@ -67,8 +68,14 @@ async def pumped(
             w.close()
 
         pump = SessionPump(node, sess, send=send, close=close, max_frame=1 << 16, keepalive=keepalive)
-        task = asyncio.ensure_future(pump.run())
-        await feed(sess, wire)
+        if parked:
+            pump.start()
+            await feed(sess, wire, pump)
+            task = pump.task
+            assert task is not None  # the session's end started the last run
+        else:
+            task = asyncio.ensure_future(pump.run())
+            await feed(sess, wire, pump)
         await asyncio.wait_for(task, 10)
         data = await asyncio.wait_for(reader.read(), 10)
         client.close()
@@ -80,7 +87,7 @@ async def pumped(
 
 
 def test_frames_go_out_in_order_then_the_close_reason(tmp_path: Path) -> None:
-    async def feed(sess: Session, wire: Wire) -> None:
+    async def feed(sess: Session, wire: Wire, pump: SessionPump) -> None:
         for i in range(5):
             sess.push(f"<{i}>".encode())
         sess.end(Disconnect.NORMAL)
@@ -91,7 +98,7 @@ def test_frames_go_out_in_order_then_the_close_reason(tmp_path: Path) -> None:
 
 
 def test_an_idle_queue_gets_the_keepalive_frame(tmp_path: Path) -> None:
-    async def feed(sess: Session, wire: Wire) -> None:
+    async def feed(sess: Session, wire: Wire, pump: SessionPump) -> None:
         sess.push(b"first;")
         await wire.until(b"ping;")  # the queue stayed empty for the keepalive interval
         sess.end(Disconnect.GOING_AWAY)
@@ -101,8 +108,72 @@ def test_an_idle_queue_gets_the_keepalive_frame(tmp_path: Path) -> None:
     assert closed == [Disconnect.GOING_AWAY]
 
 
+def _write_loops() -> int:
+    """The tasks running a pump's write loop."""
+    return sum(
+        1 for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "") == "SessionPump.run"
+    )
+
+
+async def _parks(pump: SessionPump) -> None:
+    """Wait until the pump's write loop parked (its queue is empty), then check that no task is left."""
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while pump.task is not None:
+        assert loop.time() < deadline, "the write loop did not park"
+        await asyncio.sleep(0)  # one loop step at a time
+    assert _write_loops() == 0
+
+
+def test_a_started_pump_holds_a_task_only_while_there_is_something_to_write(tmp_path: Path) -> None:
+    async def feed(sess: Session, wire: Wire, pump: SessionPump) -> None:
+        assert pump.task is None and _write_loops() == 0  # nothing queued yet
+        for i in range(3):
+            sess.push(f"<{i}>".encode())
+        assert pump.task is not None  # started by the first frame
+        await wire.until(b"<2>")
+        await _parks(pump)
+        sess.push(b"<3>")
+        await wire.until(b"<3>")
+        await _parks(pump)
+        sess.push(b"<4>")
+        sess.end(Disconnect.NORMAL)
+
+    data, closed = asyncio.run(pumped(tmp_path, feed, parked=True))
+    assert data == b"<0><1><2><3><4>"
+    assert closed == [Disconnect.NORMAL]
+
+
+def test_a_parked_pump_closes_a_kicked_session_and_a_stopped_one_starts_no_more(tmp_path: Path) -> None:
+    async def feed(sess: Session, wire: Wire, pump: SessionPump) -> None:
+        sess.push(b"<0>")
+        await wire.until(b"<0>")
+        await _parks(pump)
+        sess.kick(Disconnect.SLOW_CONSUMER)
+
+    data, closed = asyncio.run(pumped(tmp_path, feed, parked=True))
+    assert data == b"<0>"
+    assert closed == [Disconnect.SLOW_CONSUMER]
+
+    async def stop(sess: Session, wire: Wire, pump: SessionPump) -> None:
+        sess.push(b"<0>")
+        await wire.until(b"<0>")
+        await _parks(pump)
+        assert pump.stop() is None  # parked: nothing to cancel
+        sess.push(b"<1>")
+        assert pump.task is None and _write_loops() == 0
+        # What the pump would not write goes out through a new run (as the test's helper awaits one).
+        pump.start()
+        sess.end(Disconnect.GOING_AWAY)
+
+    data, closed = asyncio.run(pumped(tmp_path, stop, parked=True))
+    assert data == b"<0><1>"
+    assert closed == [Disconnect.GOING_AWAY]
+
+
 def test_a_kicked_session_closes_with_its_reason_and_nothing_queued(tmp_path: Path) -> None:
-    async def feed(sess: Session, wire: Wire) -> None:
+    async def feed(sess: Session, wire: Wire, pump: SessionPump) -> None:
         sess.kick(Disconnect.SLOW_CONSUMER)
 
     data, closed = asyncio.run(pumped(tmp_path, feed))

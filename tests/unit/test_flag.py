@@ -92,3 +92,34 @@ def test_an_idle_flag_is_far_smaller_than_an_event() -> None:
     f = Flag()
     assert not hasattr(f, "__dict__")
     assert sys.getsizeof(f) < 100
+
+
+def test_a_callback_is_called_once_on_set_in_order_with_waiters_and_can_be_taken_back() -> None:
+    async def main() -> None:
+        f = Flag()
+        calls: list[str] = []
+        f.call_when_set(lambda: calls.append("a"))
+        w = asyncio.ensure_future(f.wait())
+        await asyncio.sleep(0)  # one loop step: the new task runs up to its wait (no timing involved)
+
+        def b() -> None:
+            calls.append("b")
+
+        f.call_when_set(b)
+        f.discard(b)
+        f.discard(b)  # idempotent
+        assert calls == []
+        f.set()
+        assert calls == ["a"]  # in set() itself, not on a later loop step
+        assert await asyncio.wait_for(w, 1) is True
+        f.clear()
+        f.set()
+        assert calls == ["a"]  # once
+        f.call_when_set(lambda: calls.append("c"))  # set already: at once
+        assert calls == ["a", "c"]
+        f.clear()
+        f.call_when_set(b)
+        f.discard(b)
+        assert repr(f) == "<Flag unset, 0 waiting>"  # the list of waiters is gone with its last one
+
+    asyncio.run(main())

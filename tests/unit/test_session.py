@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hubbub.core.session import FrameRun, Overflow, Session
+from hubbub.disconnect import Disconnect
 from hubbub.events import Event, Publisher
 from hubbub.log.base import EventRun
 
@@ -323,3 +324,38 @@ def test_replay_runs_pace_packed_chunks_through_the_queue() -> None:
         assert b"|".join(got).split(b"|") == [f"{1 + i}:p".encode() for i in range(100)]
 
     asyncio.run(main())
+
+
+def test_call_when_ready_fires_once_on_the_first_frame_or_the_end_and_can_be_forgotten() -> None:
+    calls: list[int] = []
+
+    def ready() -> None:
+        calls.append(s.queued)
+
+    s = Session("t", Enc(), max_items=8, max_bytes=1 << 16)
+    s.call_when_ready(ready)
+    assert calls == []
+    s.push(b"a")
+    s.push(b"b")
+    assert calls == [1]  # in the push that queued the first frame, once
+    s.call_when_ready(ready)  # frames queued: at once
+    assert calls == [1, 2]
+    assert asyncio.run(s.next_frames()) == [b"a", b"b"]
+    s.call_when_ready(ready)
+    s.forget_ready(ready)
+    s.push(b"c")
+    assert calls == [1, 2]  # forgotten
+    asyncio.run(s.next_frames())
+    ends: dict[str, Callable[[Session], None]] = {
+        "end": lambda q: q.end(Disconnect.NORMAL),
+        "kick": lambda q: q.kick(Disconnect.SLOW_CONSUMER),
+        "close": lambda q: q.close(),
+    }
+    for name, end in ends.items():
+        s = Session("t", Enc(), max_items=8, max_bytes=1 << 16)
+        calls.clear()
+        s.call_when_ready(ready)
+        end(s)
+        assert calls == [0], name  # the end wakes the writer, with nothing queued
+        s.call_when_ready(ready)  # ended already: at once
+        assert calls == [0, 0], name

@@ -5,12 +5,16 @@
 and a deque of waiters from the start (about 850 bytes), which at ten thousand idle connections with three
 events each is some 25 MB. A flag is two slots; the list of waiters exists only while someone waits.
 
+Beside coroutines that ``wait``, a flag calls plain callbacks once when set (:meth:`Flag.call_when_set`): a
+connection's write loop parks there while its queue is empty, and costs no task while it is idle.
+
 Concurrency contract: called from the event loop thread only.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Literal
 
 __all__ = ["Flag"]
@@ -23,22 +27,44 @@ class Flag:
 
     def __init__(self) -> None:
         self._value = False
-        self._waiters: list[asyncio.Future[None]] | None = None
+        # Futures of coroutines in wait(), and callbacks of call_when_set(): both go once the flag is set.
+        self._waiters: list[asyncio.Future[None] | Callable[[], None]] | None = None
 
     def is_set(self) -> bool:
         return self._value
 
     def set(self) -> None:
-        """Set the flag and wake every waiter. Setting a flag that is set does nothing."""
+        """Set the flag, wake every waiter and call every callback (in the order they came). Setting a flag
+        that is set does nothing. A callback runs in the caller of ``set``: it must not raise."""
         if self._value:
             return
         self._value = True
         waiters = self._waiters
         if waiters is not None:
             self._waiters = None
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+            for w in waiters:
+                if not isinstance(w, asyncio.Future):
+                    w()
+                elif not w.done():
+                    w.set_result(None)
+
+    def call_when_set(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, in :meth:`set` (at once if the flag is set already): a waiter that needs
+        no coroutine. :meth:`discard` takes it back."""
+        if self._value:
+            callback()
+        elif self._waiters is None:
+            self._waiters = [callback]
+        else:
+            self._waiters.append(callback)
+
+    def discard(self, callback: Callable[[], None]) -> None:
+        """Take back a callback of :meth:`call_when_set` that was not called yet. Idempotent."""
+        waiters = self._waiters
+        if waiters is not None and callback in waiters:
+            waiters.remove(callback)
+            if not waiters:
+                self._waiters = None
 
     def clear(self) -> None:
         self._value = False

@@ -419,6 +419,21 @@ class OutboundQueue:
             if code == self.slow_close_code and self.on_slow is not None:
                 self.on_slow(cast("Session", self))  # only Session objects are ever made
 
+    def call_when_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once there is something for the writer: a frame queued, or the session kicked,
+        closed or ending (at once if there is already). A writer parked here holds no task while its
+        connection is idle; :meth:`forget_ready` takes the callback back. Called from the event loop thread;
+        the callback runs in whatever queues the frame (a fan-out, a reply): quick, and it must not raise."""
+        if self._count or self.kicked or self.closed or self.ending:
+            callback()
+            return
+        self._wake.clear()
+        self._wake.call_when_set(callback)
+
+    def forget_ready(self, callback: Callable[[], None]) -> None:
+        """Take back a callback of :meth:`call_when_ready` that was not called yet. Idempotent."""
+        self._wake.discard(callback)
+
     def _clear(self) -> None:
         self._frames.clear()
         self._nbytes = self._count = self._runs = 0

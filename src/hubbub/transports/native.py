@@ -99,7 +99,7 @@ class NativeConnection(NativePublishing):
     the same encoding: neither keeps per-connection state.
     """
 
-    __slots__ = ("_consumers", "_pump", "_writer", "codec", "peer", "ping_interval", "upgrade_token")
+    __slots__ = ("_consumers", "_pump", "codec", "peer", "ping_interval", "upgrade_token")
 
     #: What the drivers read of the dialect (the close mapping: native's peers see every reason as it is).
     spec: ClassVar[DialectSpec] = nc.SPEC
@@ -145,7 +145,6 @@ class NativeConnection(NativePublishing):
             ping_interval=ping_interval,
         )
         self.last_recv = time.monotonic()
-        self._writer: asyncio.Task[None] | None = None
         self._pump = SessionPump(
             node,
             self.session,
@@ -319,12 +318,12 @@ class NativeConnection(NativePublishing):
         self.proto.fatal(Disconnect.TIMEOUT, None)
 
     def start(self, group: Lifetime | None = None, identity: Identity | None = None) -> None:
-        """Start the writer task and the keepalive. Called once, before the first command. The writer is a
-        task of ``group``, the connection's lifetime, when given (the drivers); :meth:`finish` ends it either
-        way. ``identity`` is unused: a native connection logs in with its ``hello`` (the session is attached
-        then), with the upgrade's token where ``hello`` has none."""
-        run = self._pump.run()
-        self._writer = group.create_task(run) if group is not None else asyncio.ensure_future(run)
+        """Start the writer and the keepalive. Called once, before the first command. The writer runs only
+        while there is something to write (:meth:`SessionPump.start`: an idle connection holds no task for
+        it); :meth:`finish` ends it. ``group`` and ``identity`` are unused (the driver's interface): a native
+        connection logs in with its ``hello`` (the session is attached then), with the upgrade's token where
+        ``hello`` has none."""
+        self._pump.start()
         Keepalive.for_interval(self.ping_interval).add(self)
 
     async def finish(self, close_wait_s: float = 10.0) -> None:
@@ -332,21 +331,21 @@ class NativeConnection(NativePublishing):
         ``close_wait_s`` (none once the handler was cancelled); then the session leaves the node, and the
         writer and the keepalive stop."""
         sess = self.session
-        if (sess.ending or sess.kicked) and self._writer is not None and grace_left():
+        if (sess.ending or sess.kicked) and self._pump.task is not None and grace_left():
             with contextlib.suppress(TimeoutError):  # the writer is cancelled below
                 await asyncio.wait_for(self.wait_written(), close_wait_s)
         Keepalive.for_interval(self.ping_interval).discard(self)
         if self._consumers is not None:
             self._consumers.close()  # their batches are redelivered at once
+        # Before the session leaves the node (which closes it): a parked writer must not start for that.
+        t = self._pump.stop()
         self.node.detach(self.session)
-        t = self._writer
-        if t is not None:
-            t.cancel()
-            await stopped(t, self.node, "native", self.session.id)
+        await stopped(t, self.node, "native", self.session.id)
 
     async def wait_written(self) -> None:
-        """Wait until the write loop ended (after a graceful end or a kick)."""
-        t = self._writer
+        """Wait until the write loop ended (after a graceful end or a kick: the session's end started its
+        last run)."""
+        t = self._pump.task
         if t is not None:
             await stopped(asyncio.shield(t), self.node, "native", self.session.id)
 

@@ -26,7 +26,14 @@ end it, or the connection would hold its session, subscriptions and connection s
 raises (only cancellation propagates), so it runs as a task of the connection's
 :class:`~hubbub.transports.lifetime.Lifetime` without taking the connection down with it.
 
-Concurrency contract: everything runs on the event loop thread; one task per connection runs :meth:`run`.
+An idle connection need not hold a task for its write loop: :meth:`SessionPump.start` runs it only while
+there is something to write. The loop parks once the queue is empty (:meth:`~hubbub.core.session.Session.
+call_when_ready`: a callback, no coroutine, no future) and a new task takes over when a frame is queued or the
+session ends; a connection whose queue stays empty holds none (a task, its coroutines and its future are some
+1.4 KiB per connection). :meth:`SessionPump.stop` ends it either way.
+
+Concurrency contract: everything runs on the event loop thread; at most one task per connection runs
+:meth:`run` at a time.
 """
 
 from __future__ import annotations
@@ -161,6 +168,7 @@ class SessionPump:
         "_pack",
         "_send",
         "_send_many",
+        "_task",
         "_wire",
         "last_send",
         "max_frame",
@@ -196,14 +204,45 @@ class SessionPump:
         self._wire = wire if on_frames is None and keepalive is None else None
         self.max_frame = max_frame
         self.last_send = time.monotonic()
+        self._task: asyncio.Task[None] | None = None
 
-    async def run(self) -> None:
-        """Drain the session's queue to the socket until the session ends; then close the connection."""
+    def start(self) -> None:
+        """Run the write loop whenever there is something to write (see the module docstring), until
+        :meth:`stop`. Not for a pump with ``keepalive``, whose loop writes when nothing is queued."""
+        assert self._keepalive is None
+        self.session.call_when_ready(self._resume)
+
+    def _resume(self) -> None:
+        """Something to write (the session's callback): a task runs the loop until the queue is empty."""
+        self._task = asyncio.get_running_loop().create_task(self.run(park=True))
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The task running the write loop started by :meth:`start`; None while it is parked. Once the
+        session ended it stays, done when the connection is closed."""
+        return self._task
+
+    def stop(self) -> asyncio.Task[None] | None:
+        """Stop what :meth:`start` started: the parked loop starts no more, a running one is cancelled (the
+        task is returned, to be awaited)."""
+        self.session.forget_ready(self._resume)
+        task = self._task
+        if task is not None:
+            task.cancel()
+        return task
+
+    async def run(self, *, park: bool = False) -> None:
+        """Drain the session's queue to the socket until the session ends; then close the connection. With
+        ``park`` (:meth:`start`), return once the queue is empty instead of waiting, to be run again."""
         sess = self.session
         send, send_many, on_frames = self._send, self._send_many, self._on_frames
         keepalive = self._keepalive
         try:
             while True:
+                if park and not sess.queued and not (sess.kicked or sess.closed or sess.ending):
+                    self._task = None
+                    sess.call_when_ready(self._resume)
+                    return
                 if sess.batch_limit and self._pack is not None:
                     entries = await sess.next_entries(self.max_frame)
                     if not entries:
