@@ -146,7 +146,6 @@ class DialectWire:
         }
         self._group: Lifetime | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._writer: asyncio.Task[None] | None = None
 
         async def send_nonempty(data: bytes) -> None:
             if data:
@@ -168,14 +167,16 @@ class DialectWire:
 
     def start(self, group: Lifetime, identity: Identity | None) -> None:
         """Bind ``identity`` (None: none yet, or the dialect's default), attach the session to the node and
-        start the writer in ``group``."""
+        start the writer (:meth:`SessionPump.start`: a task only while there is something to write, so an
+        idle connection holds none; :meth:`finish` stops it). ``group`` takes the connection's other tasks
+        (:meth:`spawn`)."""
         self._group = group
         if identity is not None:
             # Bound before the session is attached: its subscriptions see the token's permissions, and its
             # expiry ends it.
             self.node.access.bind(self.session, identity)
         self.node.attach(self.session)
-        self._writer = self.spawn(self._pump.run())
+        self._pump.start()
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         """A task of this connection (in its lifetime; cancelled by :meth:`finish`)."""
@@ -194,14 +195,18 @@ class DialectWire:
         """The reader is done: a pending close goes out (for at most ``close_wait_s``, none once the handler
         was cancelled), the session leaves the node, the connection's tasks stop."""
         sess = self.session
-        if (sess.ending or sess.kicked) and self._writer is not None and grace_left():
+        writer = self._pump.task  # the session's end started its last run
+        if (sess.ending or sess.kicked) and writer is not None and grace_left():
             await stopped(
-                asyncio.wait_for(asyncio.shield(self._writer), self._close_wait_s),
+                asyncio.wait_for(asyncio.shield(writer), self._close_wait_s),
                 self.node,
                 sess.dialect,
                 sess.id,
             )
+        # Before the session leaves the node (which closes it): a parked writer must not start for that.
+        writer = self._pump.stop()
         self.node.detach(sess)
+        await stopped(writer, self.node, sess.dialect, sess.id)
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
