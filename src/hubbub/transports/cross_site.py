@@ -104,9 +104,15 @@ def cross_site_guard(cors_origins: Sequence[str]) -> Any:
     any_origin = "*" in cors_origins
 
     @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    def guard(request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]:
+        # Not a coroutine function: it returns the handler's coroutine for aiohttp to await, so it keeps no
+        # frame of its own while the handler runs (a WebSocket's handler runs for the connection's life).
         if cross_site_change(request, any_origin):
-            return _refusal(request)
-        return await handler(request)
+            return _refused(request)
+        return handler(request)
 
     return guard
+
+
+async def _refused(request: web.Request) -> web.StreamResponse:
+    return _refusal(request)

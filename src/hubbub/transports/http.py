@@ -102,20 +102,29 @@ def raw_rest(request: web.Request, prefix: str) -> str:
     return raw[len(prefix) :] if raw.startswith(prefix) else ""
 
 
-@web.middleware
-async def _errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> Any:
-    try:
-        return await handler(request)
-    except web.HTTPNotFound:
-        return text_response(404, "404 page not found\n")
-    except web.HTTPRequestEntityTooLarge:
-        return text_response(413, "request body too large\n")
-    except web.HTTPException:
-        raise
-    except HubbubError as exc:
-        return _error(exc)
+def _errors(node: Core) -> Any:
+    """Middleware: a 404 and a 413 in plain text (a 413 counted by dialect: bodies over ``limits.max_frame``;
+    connection limits are checked once per socket, when it is accepted: ``transports/http_listener.py``),
+    and a :class:`HubbubError` as its JSON error. One middleware: each one's frame stays for a WebSocket's
+    whole life."""
+
+    @web.middleware
+    async def errors(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> Any:
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:
+            return text_response(404, "404 page not found\n")
+        except web.HTTPRequestEntityTooLarge:
+            node.limiter.refused("max_frame", route_dialect(request.path))
+            return text_response(413, "request body too large\n")
+        except web.HTTPException:
+            raise
+        except HubbubError as exc:
+            return _error(exc)
+
+    return errors
 
 
 #: The cookie a browser page may set for clients that build their URLs themselves (ivy-client.js).
@@ -193,24 +202,6 @@ def route_dialect(path: str) -> str:
         if path.startswith(prefix):
             return dialect
     return "http"
-
-
-def _admission(node: Core, settings: HttpSettings) -> Any:
-    """Middleware: the count of bodies over ``limits.max_frame`` by dialect. (Connection limits are checked
-    once per socket, when it is accepted: ``transports/http_listener.py``.)"""
-
-    @web.middleware
-    async def admission(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> Any:
-        path = request.path
-        try:
-            return await handler(request)
-        except web.HTTPRequestEntityTooLarge:
-            node.limiter.refused("max_frame", route_dialect(path))  # answered 413 by the error middleware
-            raise
-
-    return admission
 
 
 class SseEncoder:
@@ -637,7 +628,7 @@ def build_app(
     registry.register(ConsumerCollector(node))
     native = NativeHttp(node, settings, registry)
     app = web.Application(
-        middlewares=[_errors, _admission(node, settings), cross_site_guard(settings.cors_origins)],
+        middlewares=[_errors(node), cross_site_guard(settings.cors_origins)],
         client_max_size=settings.max_frame,
     )
     app.on_response_prepare.append(_server_header)
