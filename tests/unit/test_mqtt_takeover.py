@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from hubbub.core.api import Notices
 from hubbub.disconnect import Disconnect
 from hubbub.transports.mqtt_clients import ClientTable, Stamp
@@ -45,13 +47,21 @@ def _deliver(sent: list[tuple[Notices, str, bytes]]) -> None:
         to.received(topic, data)
 
 
-NOW = time.time_ns()
+#: When the running test started: stamps are offsets from it. Taken per test, not at import: a table forgets
+#: notices older than REMEMBER_S by the clock, and a test run minutes after collection (xdist) had its
+#: stamps forgotten as soon as they were held.
+_start: list[int] = [0]
+
+
+@pytest.fixture(autouse=True)
+def _test_start() -> None:
+    _start[0] = time.time_ns()
 
 
 def _register(table: ClientTable, client_id: str, t: int) -> Any:
     """A CONNECT stamped ``t`` ns after the test started, registered unless a newer one was announced first
     (``_take_over``'s rule)."""
-    wire = _Wire((NOW + t, table.token))
+    wire = _Wire((_start[0] + t, table.token))
     if table.superseded(client_id, wire.stamp):
         return None
     table.register(client_id, wire, wire.stamp)  # type: ignore[arg-type]
