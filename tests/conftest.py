@@ -100,10 +100,12 @@ def _start_rank(item: pytest.Item) -> tuple[int, int]:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest tests first. xdist's ``loadgroup`` scheduler hands out its work units (a test, or all the
-    tests of one ``xdist_group``: the two Spark groups, the largest, go first whatever the order) in
-    collection order, and gives a worker more only when it is nearly done: a long test collected last would
-    start when the others are finished and the run would wait on it alone. The sort is stable: within a rank
-    the tests keep the order of their files."""
+    tests of one ``xdist_group``) largest first, in collection order among equals, so every group of several
+    tests goes before the single tests whatever the order (the two Spark groups, the browser tests, the
+    tests sharing one ``--workers 2`` node in tests/integration/test_workers.py, ...), and gives a worker
+    more only when it has two tests or fewer left: a long test collected last would start when the others
+    are finished and the run would wait on it alone. The sort is stable: within a rank the tests keep the
+    order of their files."""
     items.sort(key=_start_rank)
 
 

@@ -4,13 +4,20 @@ restarted and costs only its own connections, and SIGTERM loses no acknowledged 
 
 Which worker serves a connection is the kernel's choice (``SO_REUSEPORT``); the tests find it from
 ``/proc`` (the worker process holding the socket's other end) and reconnect until a connection lands on
-the worker they want."""
+the worker they want.
+
+Starting a node of two workers is the costly part (seconds of CPU; tens of seconds of wall time on a loaded
+machine), so the tests that leave the node as they found it share one (:func:`node`, one xdist worker runs
+them all: ``SHARED``), each on channels, topics, consumers and tokens of its own (:func:`space`), its
+assertions relative to what it made, so that neither their order nor which of them run matters. The tests
+that kill a worker or stop the node start their own (:func:`own_node`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -26,6 +33,10 @@ from .qrpcclient import QrpcClient
 from .serverproc import ServerProcess
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="finds workers through /proc")
+
+#: The tests that share the module's node: in one xdist group, so that one xdist worker starts it once
+#: (``--dist loadgroup`` hands the group out whole, before the single tests: tests/conftest.py).
+SHARED = pytest.mark.xdist_group("workers_node")
 
 
 def _wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -44,6 +55,15 @@ def _workers(node: ServerProcess) -> list[int]:
         with open(f"/proc/{pid}/task/{task}/children") as f:
             out += [int(p) for p in f.read().split()]
     return sorted(out)
+
+
+def _running(pid: int) -> bool:
+    """Is process ``pid`` there and not a zombie?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _serving(sock: socket.socket, workers: list[int]) -> int | None:
@@ -87,16 +107,60 @@ def _lines_on(node: ServerProcess, worker: int, port: str = "native") -> Lines:
     raise AssertionError(f"no connection landed on worker {worker}")
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path / "data", ["--workers", "2", "--cluster-gap-wait-s", "0.05"]).start(
-        timeout=60.0
-    )
+def _start_node(data: Path) -> ServerProcess:
+    """``hubbub serve --workers 2`` on ``data``, once both workers run."""
+    srv = ServerProcess(data, ["--workers", "2", "--cluster-gap-wait-s", "0.05"]).start(timeout=60.0)
     try:
         _wait_for(lambda: len(_workers(srv)) == 2, "two workers")
+    except BaseException:
+        srv.kill()
+        raise
+    return srv
+
+
+@pytest.fixture(scope="module")
+def module_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, list[int]]]:
+    """The node the ``SHARED`` tests use, and its workers as started."""
+    srv = _start_node(tmp_path_factory.mktemp("workers") / "data")
+    try:
+        yield srv, _workers(srv)
+    finally:
+        srv.kill()
+
+
+@pytest.fixture
+def node(module_node: tuple[ServerProcess, list[int]]) -> Iterator[ServerProcess]:
+    """The module's node, for a test that leaves it as it found it: the same two workers, running, before and
+    after the test (checked when the test starts and ends; a worker killed may die a moment after that)."""
+    srv, workers = module_node
+
+    def check() -> None:
+        now = _workers(srv)  # a worker killed stays listed until its parent reaps it: its state tells
+        assert srv.alive and now == workers and all(map(_running, now)), (
+            f"the shared node's workers {workers} are now {now}: a test that kills a worker or stops the"
+            " node must start its own (own_node)"
+        )
+
+    check()
+    yield srv
+    check()
+
+
+@pytest.fixture
+def own_node(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A node of the test's own, for a test that kills a worker or stops the node."""
+    srv = _start_node(tmp_path / "data")
+    try:
         yield srv
     finally:
         srv.kill()
+
+
+@pytest.fixture
+def space(request: pytest.FixtureRequest) -> str:
+    """A name of the test's own (its function's), to put its channels, topics, consumers and tokens under
+    on the shared node: a plain channel segment, qpubs topic word, consumer name and mist token."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", request.node.name.removeprefix("test_"))
 
 
 def _publish_many(c: Lines, channel: str, n: int, tag: str, acked: list[int]) -> None:
@@ -108,22 +172,24 @@ def _events(c: Lines, n: int) -> list[dict[str, Any]]:
     return [c.next_push() for _ in range(n)]
 
 
+@SHARED
 def test_publishes_on_either_worker_reach_subscribers_on_both_in_one_sequence_once(
-    node: ServerProcess,
+    node: ServerProcess, space: str
 ) -> None:
     a, b = _workers(node)
+    room = f"/{space}/room"
     # One node: one federation id, made by the parent, not one per worker of a new data directory.
     ids = {json.loads(line)["message"] for line in node.log().splitlines() if "federation node id" in line}
     assert len(ids) == 1, ids
     with _lines_on(node, a) as sub_a, _lines_on(node, b) as sub_b:
         for s in (sub_a, sub_b):
-            assert s.subscribe("s", "/room/**")["op"] == "reply"
+            assert s.subscribe("s", f"{room}/**")["op"] == "reply"
         pub_a, pub_b = _lines_on(node, a), _lines_on(node, b)
         acks_a: list[int] = []
         acks_b: list[int] = []
         threads = [
-            threading.Thread(target=_publish_many, args=(pub_a, "/room/1", 150, "a", acks_a)),
-            threading.Thread(target=_publish_many, args=(pub_b, "/room/1", 150, "b", acks_b)),
+            threading.Thread(target=_publish_many, args=(pub_a, f"{room}/1", 150, "a", acks_a)),
+            threading.Thread(target=_publish_many, args=(pub_b, f"{room}/1", 150, "b", acks_b)),
         ]
         for t in threads:
             t.start()
@@ -138,42 +204,45 @@ def test_publishes_on_either_worker_reach_subscribers_on_both_in_one_sequence_on
             assert [texts[q] for q in acks_a] == [f"a{i}" for i in range(150)]
             assert [texts[q] for q in acks_b] == [f"b{i}" for i in range(150)]
         # Nothing more is queued for either subscriber: the next event is the next publish.
-        assert pub_b.publish("/room/2", "last")["seq"] == 1
+        assert pub_b.publish(f"{room}/2", "last")["seq"] == 1
         for s in (sub_a, sub_b):
             e = s.next_push()
-            assert (e["channel"], e["seq"], e["text"]) == ("/room/2", 1, "last")
+            assert (e["channel"], e["seq"], e["text"]) == (f"{room}/2", 1, "last")
         # A replay on worker B of what both published agrees with the live stream.
         with _lines_on(node, b) as r:
-            reply = r.subscribe("r", "/room/1", last=5)
+            reply = r.subscribe("r", f"{room}/1", last=5)
             assert reply["position"]["seq"] == 300
             assert [e["seq"] for e in _events(r, 5)] == [296, 297, 298, 299, 300]
         pub_a.close()
         pub_b.close()
 
 
-def test_a_subscriber_recovers_on_the_other_worker_with_no_gap(node: ServerProcess) -> None:
+@SHARED
+def test_a_subscriber_recovers_on_the_other_worker_with_no_gap(node: ServerProcess, space: str) -> None:
     a, b = _workers(node)
+    feed = f"/{space}/feed"
     with _lines_on(node, a) as pub:
         sub = _lines_on(node, a)
-        assert sub.subscribe("s", "/feed")["op"] == "reply"
+        assert sub.subscribe("s", feed)["op"] == "reply"
         for i in range(50):
-            assert pub.publish("/feed", f"m{i}")["seq"] == i + 1
+            assert pub.publish(feed, f"m{i}")["seq"] == i + 1
         seen = _events(sub, 50)
         sub.close()
         for i in range(50, 120):  # published while it is away
-            assert pub.publish("/feed", f"m{i}")["seq"] == i + 1
+            assert pub.publish(feed, f"m{i}")["seq"] == i + 1
         last = seen[-1]
         with _lines_on(node, b) as again:  # back, on the other worker, from where it was
             since = {"seq": last["seq"], "epoch": last["epoch"]}
-            assert again.subscribe("s", "/feed", since=since)["op"] == "reply"
+            assert again.subscribe("s", feed, since=since)["op"] == "reply"
             got = _events(again, 70)
             assert [e["seq"] for e in got] == list(range(51, 121))
             assert [e["text"] for e in got] == [f"m{i}" for i in range(50, 120)]
-            assert pub.publish("/feed", "live")["seq"] == 121
+            assert pub.publish(feed, "live")["seq"] == 121
             assert again.next_push()["seq"] == 121  # and nothing repeated before it
 
 
-def test_a_worker_killed_is_restarted_and_costs_only_its_own_connections(node: ServerProcess) -> None:
+def test_a_worker_killed_is_restarted_and_costs_only_its_own_connections(own_node: ServerProcess) -> None:
+    node = own_node
     a, b = _workers(node)
     with _lines_on(node, b) as pub, _lines_on(node, b) as stays:
         gone = _lines_on(node, a)
@@ -204,7 +273,8 @@ def test_a_worker_killed_is_restarted_and_costs_only_its_own_connections(node: S
             assert stays.next_push()["text"] == "after"
 
 
-def test_sigterm_loses_no_acknowledged_publish(node: ServerProcess, tmp_path: Path) -> None:
+def test_sigterm_loses_no_acknowledged_publish(own_node: ServerProcess) -> None:
+    node = own_node
     a, b = _workers(node)
     acked: dict[str, list[int]] = {"a": [], "b": []}
     stop = threading.Event()
@@ -248,7 +318,8 @@ def test_sigterm_loses_no_acknowledged_publish(node: ServerProcess, tmp_path: Pa
         again.kill()
 
 
-def test_other_dialects_share_the_workers_sequence(node: ServerProcess) -> None:
+@SHARED
+def test_other_dialects_share_the_workers_sequence(node: ServerProcess, space: str) -> None:
     """qrpc listens on both workers get every emit of either worker, in order, once."""
     a, b = _workers(node)
 
@@ -262,12 +333,12 @@ def test_other_dialects_share_the_workers_sequence(node: ServerProcess) -> None:
 
     async def main() -> None:
         qa, qb = await on(a), await on(b)
-        la, lb = qa.send("listen", {"topic": "q.*"}), qb.send("listen", {"topic": "q.*"})
+        la, lb = qa.send("listen", {"topic": f"{space}.q.*"}), qb.send("listen", {"topic": f"{space}.q.*"})
         for q in (qa, qb):  # calls are handled in order: the listen is registered after this
             assert await q.call("ignore", {"topic": "__barrier__"}) == {"ok": True, "removed": 0}
         for i in range(40):
             q = qa if i % 2 else qb
-            await q.call("emit", {"topic": "q.x", "value": i})
+            await q.call("emit", {"topic": f"{space}.q.x", "value": i})
         for q, lid in ((qa, la), (qb, lb)):
             assert [(await q.next(lid))["m"]["value"] for _ in range(40)] == list(range(40))
         await qa.close()
@@ -276,32 +347,36 @@ def test_other_dialects_share_the_workers_sequence(node: ServerProcess) -> None:
     asyncio.run(main())
 
 
-def test_a_durable_consumer_is_held_by_one_worker_and_gets_every_workers_events(node: ServerProcess) -> None:
+@SHARED
+def test_a_durable_consumer_is_held_by_one_worker_and_gets_every_workers_events(
+    node: ServerProcess, space: str
+) -> None:
     a, b = _workers(node)
+    jobs, name = f"/{space}/jobs", f"{space}.jobs"
     with _lines_on(node, a) as cons, _lines_on(node, b) as other, _lines_on(node, b) as pub:
-        r = cons.request({"op": "consume", "consumer": "jobs", "pattern": "/jobs/**", "max": 10})
+        r = cons.request({"op": "consume", "consumer": name, "pattern": f"{jobs}/**", "max": 10})
         assert r["op"] == "reply" and r["created"] is True, r
         # Held on worker A: a connection on worker B may not open it too (one holder among the workers).
-        assert other.request({"op": "consume", "consumer": "jobs", "create": False})["code"] == 4206
+        assert other.request({"op": "consume", "consumer": name, "create": False})["code"] == 4206
         for i in range(25):  # published on worker B, journaled in its commits
-            assert pub.publish("/jobs/a", f"j{i}")["op"] == "reply"
+            assert pub.publish(f"{jobs}/a", f"j{i}")["op"] == "reply"
         got: list[str] = []
         positions: list[int] = []
         while len(got) < 25:
             d = cons.next_push("deliver")
             got += [it["text"] for it in d["items"]]
             positions += [it["pos"] for it in d["items"]]
-            assert cons.request({"op": "ack", "consumer": "jobs", "batch": d["batch"]})["op"] == "reply"
+            assert cons.request({"op": "ack", "consumer": name, "batch": d["batch"]})["op"] == "reply"
         assert got == [f"j{i}" for i in range(25)] and positions == list(range(1, 26))
         # Let go on worker A, opened on worker B: nothing pending, and the next event comes there. Worker A
         # gives its hold back just after the reply (as a cluster node does): busy until then.
-        assert cons.request({"op": "unconsume", "consumer": "jobs"})["op"] == "reply"
+        assert cons.request({"op": "unconsume", "consumer": name})["op"] == "reply"
         deadline = time.monotonic() + 10
-        while (r := other.request({"op": "consume", "consumer": "jobs", "create": False}))["op"] == "error":
+        while (r := other.request({"op": "consume", "consumer": name, "create": False}))["op"] == "error":
             assert r["code"] == 4206 and time.monotonic() < deadline, r
             time.sleep(0.02)  # polling the hold, which the other worker gives back by itself
         assert r["pending"] == 0, r
-        assert cons.publish("/jobs/b", "after")["op"] == "reply"  # from worker A this time
+        assert cons.publish(f"{jobs}/b", "after")["op"] == "reply"  # from worker A this time
         d = other.next_push("deliver")
         assert [(it["text"], it["pos"]) for it in d["items"]] == [("after", 26)]
 
@@ -327,16 +402,24 @@ def _mist_lines(s: socket.socket, n: int) -> list[str]:
     return buf.decode().splitlines()[:n]
 
 
-def test_mist_token_registrations_reach_every_worker(node: ServerProcess, tmp_path: Path) -> None:
+@SHARED
+def test_mist_token_registrations_reach_every_worker(node: ServerProcess, space: str) -> None:
     """The token registry is the data directory's file, shared by the workers: a token registered through one
     worker is known to the other at once, and changes made through both are all kept."""
     a, b = _workers(node)
+    tok, other = f"{space}-tok", f"{space}-other"
     with _socket_on(node, a, "mist") as on_a, _socket_on(node, b, "mist") as on_b:
-        on_a.sendall(b"register red,blue tok\ntags tok\n")
-        assert _mist_lines(on_a, 1) == ["tags tok blue,red"]
-        on_b.sendall(b"tags tok\nregister green other\nset x tok\ntags tok\n")
-        assert _mist_lines(on_b, 2) == ["tags tok blue,red", "tags tok blue,red,x"]
-        on_a.sendall(b"tags other\ntags tok\nregister y tok\n")
-        assert _mist_lines(on_a, 3) == ["tags other green", "tags tok blue,red,x", "error already exists"]
-    saved = json.loads((tmp_path / "data" / "mist-tokens.json").read_text())
-    assert saved["tokens"] == {"other": ["green"], "tok": ["blue", "red", "x"]}
+        on_a.sendall(f"register red,blue {tok}\ntags {tok}\n".encode())
+        assert _mist_lines(on_a, 1) == [f"tags {tok} blue,red"]
+        on_b.sendall(f"tags {tok}\nregister green {other}\nset x {tok}\ntags {tok}\n".encode())
+        assert _mist_lines(on_b, 2) == [f"tags {tok} blue,red", f"tags {tok} blue,red,x"]
+        on_a.sendall(f"tags {other}\ntags {tok}\nregister y {tok}\n".encode())
+        assert _mist_lines(on_a, 3) == [
+            f"tags {other} green",
+            f"tags {tok} blue,red,x",
+            "error already exists",
+        ]
+    saved = json.loads((node.data_dir / "mist-tokens.json").read_text())
+    # Every token of this test's, and only those (the file holds the other tests' too, if any).
+    mine = {t: tags for t, tags in saved["tokens"].items() if t.startswith(f"{space}-")}
+    assert mine == {other: ["green"], tok: ["blue", "red", "x"]}
