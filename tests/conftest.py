@@ -4,9 +4,10 @@ the tests are handed to the xdist workers in (longest first, :func:`pytest_colle
 byte-code cache every Python process of the run shares (:func:`share_bytecode`).
 
 ``pg_server`` starts one server for the whole run, on first use only; ``pg_url`` gives each test a fresh
-database on it. ``redis_server`` starts a Redis server for one test (a test may kill and restart it). Where
-the binaries cannot be had, the tests that need them skip with the reason, except in CI (``CI`` set), where
-``.ci/run`` installs them, so a missing server is a failure there.
+database on it. ``redis_server`` starts a Redis server for one test (a test may kill and restart it).
+``module_pg_url`` and ``module_redis_server`` are the same for the servers the tests of one module share.
+Where the binaries cannot be had, the tests that need them skip with the reason, except in CI (``CI`` set),
+where ``.ci/run`` installs them, so a missing server is a failure there.
 """
 
 from __future__ import annotations
@@ -102,10 +103,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest tests first. xdist's ``loadgroup`` scheduler hands out its work units (a test, or all the
     tests of one ``xdist_group``) largest first, in collection order among equals, so every group of several
     tests goes before the single tests whatever the order (the two Spark groups, the browser tests, the
-    tests sharing one ``--workers 2`` node in tests/integration/test_workers.py, ...), and gives a worker
-    more only when it has two tests or fewer left: a long test collected last would start when the others
-    are finished and the run would wait on it alone. The sort is stable: within a rank the tests keep the
-    order of their files."""
+    tests sharing a cluster and a node in tests/integration/test_mqtt_shared.py, those sharing a node in
+    test_workers.py, ...), and gives a worker more only when it has two tests or fewer left: a long test
+    collected last would start when the others are finished and the run would wait on it alone. The sort is
+    stable: within a rank the tests keep the order of their files."""
     items.sort(key=_start_rank)
 
 
@@ -137,9 +138,8 @@ def pg_server() -> Iterator[PgServer]:
         server.close()
 
 
-@pytest.fixture
-def pg_url(pg_server: PgServer) -> Iterator[str]:
-    """A new, empty database for one test; dropped after it."""
+def _database(pg_server: PgServer) -> Iterator[str]:
+    """A new, empty database on ``pg_server``; dropped at the end."""
     name = f"hubbub_test_{os.getpid()}_{next(_db_names)}"
     url = pg_server.create_database(name)
     try:
@@ -149,8 +149,19 @@ def pg_url(pg_server: PgServer) -> Iterator[str]:
 
 
 @pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    """A Redis server of this test's own, on a free loopback port."""
+def pg_url(pg_server: PgServer) -> Iterator[str]:
+    """A new, empty database for one test; dropped after it."""
+    yield from _database(pg_server)
+
+
+@pytest.fixture(scope="module")
+def module_pg_url(pg_server: PgServer) -> Iterator[str]:
+    """A new, empty database for the tests of one module (for servers they share); dropped after them."""
+    yield from _database(pg_server)
+
+
+def _redis() -> Iterator[RedisServer]:
+    """A Redis server on a free loopback port, closed at the end."""
     reason = redis_missing()
     if reason is not None:
         if os.environ.get("CI"):
@@ -161,3 +172,15 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A Redis server of this test's own, on a free loopback port."""
+    yield from _redis()
+
+
+@pytest.fixture(scope="module")
+def module_redis_server() -> Iterator[RedisServer]:
+    """A Redis server for the tests of one module (for servers they share; none may stop it)."""
+    yield from _redis()

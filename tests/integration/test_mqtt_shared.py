@@ -4,11 +4,16 @@ PostgreSQL and Redis, started by the tests) and between the two workers of a ``s
 (each connection placed on the worker wanted, as in test_workers.py).
 
 Every delivery is checked whole: each message's topic, payload, QoS and retain flag, in order, and nothing
-more (a PINGREQ answered after them)."""
+more (a PINGREQ answered after them).
+
+The tests share the cluster and the node of the module (starting them is most of the time), each on topics
+and client ids of its own (:func:`space`), so that neither their order nor which of them run matters; they
+run on one xdist worker, which starts them once."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -27,10 +32,20 @@ Open = Callable[[int], Awaitable[MqttClient]]
 
 N = 30
 
+pytestmark = pytest.mark.xdist_group("mqtt_shared")
 
-@pytest.fixture
-def cluster(tmp_path: Path, pg_url: str, redis_server: RedisServer) -> Iterator[Open]:
-    nodes = [_node(tmp_path, "a", pg_url, redis_server), _node(tmp_path, "b", pg_url, redis_server)]
+_spaces = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, module_redis_server: RedisServer
+) -> Iterator[Open]:
+    tmp = tmp_path_factory.mktemp("cluster")
+    nodes = [
+        _node(tmp, "a", module_pg_url, module_redis_server),
+        _node(tmp, "b", module_pg_url, module_redis_server),
+    ]
 
     async def open_on(i: int) -> MqttClient:
         return await MqttClient.open(nodes[i].ports["mqtt"])
@@ -42,11 +57,11 @@ def cluster(tmp_path: Path, pg_url: str, redis_server: RedisServer) -> Iterator[
             n.kill()
 
 
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Open]:
-    srv = ServerProcess(tmp_path / "data", ["--workers", "2", "--cluster-gap-wait-s", "0.05"]).start(
-        timeout=60.0
-    )
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Open]:
+    srv = ServerProcess(
+        tmp_path_factory.mktemp("workers") / "data", ["--workers", "2", "--cluster-gap-wait-s", "0.05"]
+    ).start(timeout=60.0)
 
     async def open_on(i: int) -> MqttClient:
         """A connection served by worker ``i`` (connecting again until the kernel gives it that one)."""
@@ -73,6 +88,12 @@ def places(request: pytest.FixtureRequest) -> Open:
     return opener
 
 
+@pytest.fixture
+def space() -> str:
+    """A prefix of the test's own for its topics and client ids on the shared places."""
+    return f"t{next(_spaces)}"
+
+
 async def _connect(open_on: Open, where: int, client_id: str, **kw: object) -> MqttClient:
     cl = await open_on(where)
     ack = await cl.handshake(client_id, **kw)
@@ -80,28 +101,32 @@ async def _connect(open_on: Open, where: int, client_id: str, **kw: object) -> M
     return cl
 
 
-def test_a_retained_message_published_on_one_is_sent_by_the_other_and_cleared_from_it(places: Open) -> None:
+def test_a_retained_message_published_on_one_is_sent_by_the_other_and_cleared_from_it(
+    places: Open, space: str
+) -> None:
+    rc = f"{space}/rc"
+
     async def main() -> None:
-        pub = await _connect(places, 0, "pub-0")
-        await pub.publish("rc/x", b"x-from-0", qos=1, retain=True)
-        await pub.publish("rc/y", b"y-from-0", qos=2, retain=True)
-        sub = await _connect(places, 1, "sub-1")
-        assert await sub.subscribe(("rc/#", 1)) == (1,)
+        pub = await _connect(places, 0, f"{space}-pub-0")
+        await pub.publish(f"{rc}/x", b"x-from-0", qos=1, retain=True)
+        await pub.publish(f"{rc}/y", b"y-from-0", qos=2, retain=True)
+        sub = await _connect(places, 1, f"{space}-sub-1")
+        assert await sub.subscribe((f"{rc}/#", 1)) == (1,)
         got = [await sub.message() for _ in range(2)]
         assert [(m.topic, m.payload, m.qos, m.retain) for m in got] == [
-            ("rc/x", b"x-from-0", 1, True),
-            ("rc/y", b"y-from-0", 1, True),
+            (f"{rc}/x", b"x-from-0", 1, True),
+            (f"{rc}/y", b"y-from-0", 1, True),
         ]
         await sub.ping()
         # An empty retained payload published on 1 clears the channel's retained message for 0 too.
-        clear = await _connect(places, 1, "pub-1")
-        await clear.publish("rc/x", b"", qos=1, retain=True)
+        clear = await _connect(places, 1, f"{space}-pub-1")
+        await clear.publish(f"{rc}/x", b"", qos=1, retain=True)
         m = await sub.message()  # delivered live as any publish [MQTT-3.3.1-10], without the flag
-        assert (m.topic, m.payload, m.retain) == ("rc/x", b"", False)
-        late = await _connect(places, 0, "late-0")
-        assert await late.subscribe(("rc/+", 0)) == (0,)
+        assert (m.topic, m.payload, m.retain) == (f"{rc}/x", b"", False)
+        late = await _connect(places, 0, f"{space}-late-0")
+        assert await late.subscribe((f"{rc}/+", 0)) == (0,)
         m = await late.message()
-        assert (m.topic, m.payload, m.qos, m.retain) == ("rc/y", b"y-from-0", 0, True)
+        assert (m.topic, m.payload, m.qos, m.retain) == (f"{rc}/y", b"y-from-0", 0, True)
         await late.ping()  # and nothing for rc/x
         for cl in (pub, sub, clear, late):
             await cl.disconnect()
@@ -109,25 +134,29 @@ def test_a_retained_message_published_on_one_is_sent_by_the_other_and_cleared_fr
     asyncio.run(main())
 
 
-def test_a_persistent_session_left_on_one_is_resumed_on_the_other_with_every_message(places: Open) -> None:
+def test_a_persistent_session_left_on_one_is_resumed_on_the_other_with_every_message(
+    places: Open, space: str
+) -> None:
+    ps, keeper = f"{space}/ps", f"{space}-keeper"
+
     async def main() -> None:
         away = await places(0)
-        assert await away.handshake("keeper", clean_session=False) == c.Connack(False, 0)
-        assert await away.subscribe(("ps/#", 1)) == (1,)
+        assert await away.handshake(keeper, clean_session=False) == c.Connack(False, 0)
+        assert await away.subscribe((f"{ps}/#", 1)) == (1,)
         await away.disconnect()
-        pubs = [await _connect(places, 0, "pub-0"), await _connect(places, 1, "pub-1")]
+        pubs = [await _connect(places, 0, f"{space}-pub-0"), await _connect(places, 1, f"{space}-pub-1")]
         for i in range(N):  # from both, one after the other: one order
-            await pubs[i % 2].publish("ps/x", b"%d" % i, qos=1)
+            await pubs[i % 2].publish(f"{ps}/x", b"%d" % i, qos=1)
         back = await places(1)
-        assert await back.handshake("keeper", clean_session=False) == c.Connack(True, 0)
+        assert await back.handshake(keeper, clean_session=False) == c.Connack(True, 0)
         got = [await back.message() for _ in range(N)]
         assert [(m.topic, m.payload, m.qos, m.retain) for m in got] == [
-            ("ps/x", b"%d" % i, 1, False) for i in range(N)
+            (f"{ps}/x", b"%d" % i, 1, False) for i in range(N)
         ]
         await back.ping()  # nothing more
-        await pubs[0].publish("ps/live", b"live", qos=1)  # the filter is the session's here too, live
+        await pubs[0].publish(f"{ps}/live", b"live", qos=1)  # the filter is the session's here too, live
         m = await back.message()
-        assert (m.topic, m.payload) == ("ps/live", b"live")
+        assert (m.topic, m.payload) == (f"{ps}/live", b"live")
         await back.disconnect()
         for p in pubs:
             await p.disconnect()
@@ -136,23 +165,25 @@ def test_a_persistent_session_left_on_one_is_resumed_on_the_other_with_every_mes
 
 
 def test_a_client_id_connecting_on_the_other_closes_the_older_connection_and_its_will_goes_out(
-    places: Open,
+    places: Open, space: str
 ) -> None:
+    wills, same = f"{space}/wills", f"{space}-same"
+
     async def main() -> None:
-        watcher = await _connect(places, 1, "watcher")
-        assert await watcher.subscribe(("wills/#", 1)) == (1,)
-        first = await _connect(places, 0, "same", will=c.Will("wills/same", b"first gone", 1, False))
-        second = await _connect(places, 1, "same", will=c.Will("wills/same", b"second gone", 1, False))
+        watcher = await _connect(places, 1, f"{space}-watcher")
+        assert await watcher.subscribe((f"{wills}/#", 1)) == (1,)
+        first = await _connect(places, 0, same, will=c.Will(f"{wills}/same", b"first gone", 1, False))
+        second = await _connect(places, 1, same, will=c.Will(f"{wills}/same", b"second gone", 1, False))
         assert await first.closed() == b""
         # A takeover is no DISCONNECT: the closed connection's will is published [MQTT-3.1.2-8].
         m = await watcher.message()
-        assert (m.topic, m.payload, m.retain) == ("wills/same", b"first gone", False)
+        assert (m.topic, m.payload, m.retain) == (f"{wills}/same", b"first gone", False)
         await second.ping()
         # And back the other way: the newest CONNECT wins wherever it is.
-        third = await _connect(places, 0, "same")
+        third = await _connect(places, 0, same)
         assert await second.closed() == b""
         m = await watcher.message()
-        assert (m.topic, m.payload) == ("wills/same", b"second gone")
+        assert (m.topic, m.payload) == (f"{wills}/same", b"second gone")
         await third.ping()
         await watcher.ping()  # no other will
         await third.disconnect()
@@ -161,14 +192,14 @@ def test_a_client_id_connecting_on_the_other_closes_the_older_connection_and_its
     asyncio.run(main())
 
 
-def test_two_connects_of_one_client_id_at_once_on_both_leave_exactly_one(places: Open) -> None:
+def test_two_connects_of_one_client_id_at_once_on_both_leave_exactly_one(places: Open, space: str) -> None:
     """Two CONNECTs of one id made at the same moment, one on each: whichever is newer stays, the other is
     closed (before or after its CONNACK), never both, never neither."""
 
     async def attempt(where: int) -> MqttClient | None:
         cl = await places(where)
         try:
-            ack = await cl.handshake("racer")
+            ack = await cl.handshake(f"{space}-racer")
         except AssertionError:  # closed before its CONNACK: a newer CONNECT came first
             cl.writer.close()
             return None
