@@ -84,6 +84,7 @@ __all__ = [
     "ScanColumns",
     "ScanPlan",
     "StateMaps",
+    "StateWrite",
     "StoreStats",
     "new_epoch",
     "next_state_version",
@@ -657,14 +658,13 @@ class StateMaps(abc.ABC):
         """The entries of ``ns`` whose key starts with ``prefix`` and whose value is not removed, as
         ``(key, value)`` in key order (code points; UTF-8 byte order is the same), from one snapshot."""
 
-    @abc.abstractmethod
     def state_set(self, ns: str, key: str, value: str | None, version: int | None = None) -> int | None:
         """Set the entry (``value`` None: remove it) and return the version it has now; with ``version``,
         only when the entry is absent or its version is lower (None returned when it is not). Without,
         the entry's version plus one (1 for a new entry). A **writer-thread** method, durable when it
         returns as an append is."""
+        return self.state_write(ns, key, value, StateWrite(version=version))
 
-    @abc.abstractmethod
     def state_swap(self, ns: str, key: str, value: str | None, expect: int) -> int | None:
         """Set the entry (``value`` None: remove it) only when its version is ``expect`` now (0: the map
         never had the key; a removed entry keeps its version): the version it has now (``expect + 1``), or
@@ -672,6 +672,13 @@ class StateMaps(abc.ABC):
         one log swapping from the same version at once exactly one succeeds: insert-if-absent is a swap from
         the version :meth:`state_get` gave (0 for None) when its value is None. A **writer-thread** method,
         durable when it returns as an append is."""
+        return self.state_write(ns, key, value, StateWrite(expect=expect))
+
+    @abc.abstractmethod
+    def state_write(self, ns: str, key: str, value: str | None, how: StateWrite) -> int | None:
+        """The write of :meth:`state_set` and :meth:`state_swap`, which each engine implements once: in one
+        transaction, read the entry's stored version, take ``how.next(stored)`` (None: not written, and None
+        returned) and store the value with it."""
 
 
 def next_state_version(stored: int | None, version: int | None) -> int | None:
@@ -690,6 +697,22 @@ def swapped_state_version(stored: int | None, expect: int) -> int | None:
     version an entry whose version is ``stored`` (None: absent) gets from a swap from ``expect``, or None
     when that swap is refused."""
     return expect + 1 if (stored or 0) == expect else None
+
+
+@dataclass(frozen=True, slots=True)
+class StateWrite:
+    """How a state map write picks an entry's new version from its stored one: :meth:`StateMaps.state_set`'s
+    rule with ``version`` (None: one up), or :meth:`StateMaps.state_swap`'s with ``expect``. A value, so a
+    worker's store sends it to the log owner as it is."""
+
+    version: int | None = None
+    expect: int | None = None
+
+    def next(self, stored: int | None) -> int | None:
+        """The entry's new version, or None when the write is refused."""
+        if self.expect is not None:
+            return swapped_state_version(stored, self.expect)
+        return next_state_version(stored, self.version)
 
 
 class LogStore(EventLog, EpochAdmin, ConsumerJournal, BulkScan, StateMaps):

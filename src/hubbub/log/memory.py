@@ -47,10 +47,9 @@ from hubbub.log.base import (
     Row,
     ScanColumns,
     ScanPlan,
+    StateWrite,
     StoreStats,
     new_epoch,
-    next_state_version,
-    swapped_state_version,
 )
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
 from hubbub.log.read_plan import take_upto
@@ -432,20 +431,12 @@ class MemoryLogStore(LogStore):
                     out.append((k, v))
             return sorted(out)
 
-    def state_set(self, ns: str, key: str, value: str | None, version: int | None = None) -> int | None:
-        return self._state_write(ns, key, value, lambda stored: next_state_version(stored, version))
-
-    def state_swap(self, ns: str, key: str, value: str | None, expect: int) -> int | None:
-        return self._state_write(ns, key, value, lambda stored: swapped_state_version(stored, expect))
-
-    def _state_write(
-        self, ns: str, key: str, value: str | None, rule: Callable[[int | None], int | None]
-    ) -> int | None:
-        """Write the entry with the version ``rule`` gives from its stored one (None: not written)."""
+    def state_write(self, ns: str, key: str, value: str | None, how: StateWrite) -> int | None:
+        """Write the entry with the version ``how`` gives from its stored one (None: not written)."""
         with self._lock:
             self._check_open()
             had = self._state.get((ns, key))
-            new = rule(None if had is None else had[1])
+            new = how.next(None if had is None else had[1])
             if new is not None:
                 self._state[(ns, key)] = (value, new)
             return new

@@ -74,7 +74,7 @@ CALLS: Final = frozenset(
         "consumer_create", "consumer_delete", "consumer_settle", "consumers", "consumer_items",
         "consumer_hold", "stats", "retired_epochs", "head", "heads", "read", "read_runs", "read_last",
         "channels", "top_time", "log_mark", "log_seek", "read_log", "count_log", "log_census", "read_rows",
-        "scan_plan", "scan_columns", "state_get", "state_list", "state_set", "state_swap", "notice",
+        "scan_plan", "scan_columns", "state_get", "state_list", "state_write", "notice",
     }
 )  # fmt: skip
 

@@ -46,6 +46,7 @@ from hubbub.log.base import (
     Row,
     ScanColumns,
     ScanPlan,
+    StateWrite,
     StoreStats,
 )
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem, Retry
@@ -205,12 +206,8 @@ class RemoteLogStore(LogStore):
     def consumer_hold(self, consumer_id: int, take: bool = True) -> bool:
         return bool(self._call("consumer_hold", consumer_id, take))
 
-    def state_set(self, ns: str, key: str, value: str | None, version: int | None = None) -> int | None:
-        out: int | None = self._call("state_set", ns, key, value, version)
-        return out
-
-    def state_swap(self, ns: str, key: str, value: str | None, expect: int) -> int | None:
-        out: int | None = self._call("state_swap", ns, key, value, expect)
+    def state_write(self, ns: str, key: str, value: str | None, how: StateWrite) -> int | None:
+        out: int | None = self._call("state_write", ns, key, value, how)
         return out
 
     def notice(self, topic: str, data: bytes) -> None:

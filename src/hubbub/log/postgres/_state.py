@@ -2,10 +2,10 @@
 ``_schema.py``, one row per entry (a removed entry keeps its row, value NULL, as a tombstone).
 
 A write runs in a write transaction of the store, which holds the log lock as every write does: the nodes'
-writes of one entry are serialised, and each reads the entry's version and writes the row applying
-:func:`~hubbub.log.base.next_state_version` (``state_swap``:
-:func:`~hubbub.log.base.swapped_state_version`). Reads run on a pooled connection, each one snapshot.
-Concurrency: as the store's (``state_set`` and ``state_swap`` on the writer thread, reads anywhere).
+writes of one entry are serialised, and each reads the entry's version and writes the row applying the write's
+:class:`~hubbub.log.base.StateWrite` (``state_set``'s rule or ``state_swap``'s). Reads run on a pooled
+connection, each one snapshot. Concurrency: as the store's (``state_write``, under ``state_set`` and
+``state_swap``, on the writer thread, reads anywhere).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from hubbub.log.base import next_state_version, prefix_upper, swapped_state_version
+from hubbub.log.base import StateWrite, prefix_upper
 from hubbub.log.postgres._reads import Conn
 
 T = TypeVar("T")
@@ -54,21 +54,13 @@ class _StateSide:
 
         return self._read(q, snapshot=False)
 
-    def state_set(self, ns: str, key: str, value: str | None, version: int | None = None) -> int | None:
-        return self._state_write(ns, key, value, lambda stored: next_state_version(stored, version))
-
-    def state_swap(self, ns: str, key: str, value: str | None, expect: int) -> int | None:
-        return self._state_write(ns, key, value, lambda stored: swapped_state_version(stored, expect))
-
-    def _state_write(
-        self, ns: str, key: str, value: str | None, rule: Callable[[int | None], int | None]
-    ) -> int | None:
-        """Write the entry with the version ``rule`` gives from its stored one (None: not written)."""
+    def state_write(self, ns: str, key: str, value: str | None, how: StateWrite) -> int | None:
+        """Write the entry with the version ``how`` gives from its stored one (None: not written)."""
 
         def body(conn: Conn, lock: Any) -> int | None:
             lock.state  # noqa: B018 -- takes the log lock first, as every write does
             row = conn.execute(_GET + " FOR UPDATE", (ns, key)).fetchone()
-            new = rule(None if row is None else int(row[1]))
+            new = how.next(None if row is None else int(row[1]))
             if new is not None:
                 conn.execute(_PUT, (ns, key, value, new))
             return new
