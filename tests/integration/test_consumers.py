@@ -488,6 +488,52 @@ def test_a_restart_delivers_every_unacknowledged_item_again(
     run(tmp_path, second, url=url)
 
 
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_what_was_pending_when_the_consumer_was_taken_up_may_have_been_sent(
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
+) -> None:
+    """The journal records acknowledgements and give-backs, not hand-outs: an item pending when this
+    process took the consumer up (at start; on a shared log, with its hold) may have gone out from the
+    previous holder (``Batch.maybe_sent``), one journaled later was not; neither counts as this process's
+    redelivery (``attempts``, ``redelivered``)."""
+    url = "sqlite" if engine == "sqlite" else request.getfixturevalue("pg_url")
+
+    async def first(node: Node, svc: ConsumerService) -> None:
+        await svc.create(spec())
+        await publish(node, "/jobs/a", *[str(i) for i in range(4)])
+
+    run(tmp_path, first, url=url)
+
+    async def second(node: Node, svc: ConsumerService) -> None:
+        r = Recv()
+        o = await svc.open("c", r.on_batch)
+        b = await r.next()
+        assert payloads(b) == ["0", "1", "2", "3"]
+        assert [(it.attempts, b.maybe_sent(it)) for it in b.items] == [(0, True)] * 4
+        await o.ack(b.number)
+        await publish(node, "/jobs/a", "4", "5")
+        later: list[tuple[str, int, bool]] = []
+        while len(later) < 2:
+            b = await r.next()
+            later += [(it.event.payload.decode(), it.attempts, b.maybe_sent(it)) for it in b.items]
+            await o.ack(b.number)
+        assert later == [("4", 0, False), ("5", 0, False)]
+        assert svc.statistics()["redelivered"] == 0
+        o.close()
+        # Given back by this process: maybe sent, and counted.
+        await publish(node, "/jobs/a", "6")
+        o = await svc.open("c", r.on_batch)
+        b = await r.next()
+        o.close()
+        o = await svc.open("c", r.on_batch)
+        b = await r.next()
+        assert payloads(b) == ["6"] and [(it.attempts, b.maybe_sent(it)) for it in b.items] == [(1, True)]
+        await o.ack(b.number)
+        assert svc.statistics()["redelivered"] == 1
+
+    run(tmp_path, second, url=url)
+
+
 _CHILD = textwrap.dedent(
     """
     import asyncio, sys

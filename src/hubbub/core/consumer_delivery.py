@@ -232,7 +232,7 @@ class Delivery:
         if self.shared:
             return  # c.backlog stays: read once held
         if empty:
-            c.backlog = False
+            c.backlog = c.inheriting = False  # no earlier holder
         else:
             self._spawn(self.fill(c), f"consumer-fill-{c.id}")
 
@@ -370,8 +370,7 @@ class Delivery:
                 self.held.total += held
                 if got:
                     c.loaded_to = max(c.loaded_to, got[-1].pos)
-                if len(got) < room and not c.dropped:
-                    c.backlog = False
+                c.read_to_loaded(complete=len(got) < room and not c.dropped)
                 self.schedule(c)
         finally:
             c.reading = False
@@ -472,7 +471,7 @@ class Delivery:
         c.batches += 1
         c.redelivered += again
         try:
-            o.deliver(Batch(c.spec.name, number, tuple(out)))
+            o.deliver(Batch(c.spec.name, number, tuple(out), c.inherited_to))
         except Exception:
             log.exception("a consumer's batch callback failed; closing the opener")
             self._close_opener(o, "error")

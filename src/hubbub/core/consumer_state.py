@@ -33,11 +33,21 @@ BACKOFF_MAX_NS: Final = 5 * NS
 @dataclass(frozen=True, slots=True)
 class Batch:
     """One batch handed to an opener. ``number`` increases per consumer (a redelivery gets a new one);
-    ``items`` keep their journal positions."""
+    ``items`` keep their journal positions. ``inherited_to``: the consumer's ``inherited_to`` when the batch
+    was cut (:meth:`maybe_sent`)."""
 
     consumer: str
     number: int
     items: tuple[JournalItem, ...]
+    inherited_to: int = 0
+
+    def maybe_sent(self, item: JournalItem) -> bool:
+        """Whether ``item`` may have gone out before: given back by this process (``attempts``), or pending
+        when this process took the consumer up (``ConsumerState.inherited_to``), when the previous holder (a
+        process that crashed or stopped, another worker or node) may have sent it. ``attempts`` alone counts
+        this process's redeliveries (and the stored give-backs); a dialect whose redelivery flag must be set
+        on every possible redelivery (MQTT's DUP) asks this."""
+        return item.attempts > 0 or item.pos <= self.inherited_to
 
 
 class Opener:
@@ -150,6 +160,13 @@ class ConsumerState:
     #: Acks of this consumer being stored: the hold is not given back before they are (another node would
     #: read the journal without them and hand their items out again).
     acking: int = 0
+    #: Positions up to this one were pending when this process took the consumer up (at start, or with its
+    #: hold on a shared log) and may have been handed out by the previous holder: the journal records
+    #: acknowledgements and give-backs, not hand-outs (:meth:`Batch.maybe_sent`). Set by the first complete
+    #: read of the journal after the take-up (``inheriting`` until it is complete), which may take in a few
+    #: items journaled after the take-up too: they are marked, which errs on the side of "maybe sent".
+    inherited_to: int = 0
+    inheriting: bool = True
     #: Counts the discards of what memory held (``Held.discard``): a journal read that started before
     #: one is out of date when it returns.
     generation: int = 0
@@ -169,6 +186,15 @@ class ConsumerState:
         """``n`` items' acknowledgement is stored: counted, and the time of the last one kept."""
         self.acked += n
         self.last_ack_ns = time.time_ns()
+
+    def read_to_loaded(self, *, complete: bool) -> None:
+        """A read of the journal reached ``loaded_to``; ``complete``: it reached the journal's end (no
+        backlog is left). While it is the first read since the take-up (``inheriting``), what it read was
+        pending then, or may have been: no notification is taken before it is complete (``backlog``)."""
+        if self.inheriting:
+            self.inherited_to = self.loaded_to
+        if complete:
+            self.backlog = self.inheriting = False
 
     @property
     def id(self) -> int:
@@ -280,8 +306,8 @@ class ConsumerState:
         self.ready.clear()
         self.delayed.clear()
         self.ready_bytes = 0
-        self.loaded_to = 0
-        self.backlog = self.dropped = True
+        self.loaded_to = self.inherited_to = 0
+        self.backlog = self.dropped = self.inheriting = True
         self.wait_start = None
         if self.timer is not None:
             self.timer.cancel()

@@ -7,13 +7,14 @@ of a cluster share: the client may come back to any of them. Each filter is a du
 (``mqtt-<hash of the client id>-<hash of the filter>``, native pattern syntax), which journals every event
 its pattern matches from the SUBSCRIBE on, connected or not, across restarts. While the client is connected,
 :class:`DurableSession` holds one opener per filter: a batch's events go out as PUBLISH packets at
-``min(granted, the event's QoS)`` (QoS 1 and 2 with identifiers of the connection's window; an event
-delivered before, by an earlier connection, with DUP set), and the batch is acknowledged to the consumer
-once the client has acknowledged each of its packets (PUBACK, PUBCOMP; QoS 0 at once). A connection that
-ends gives its unacknowledged batches back: the next connection of the session gets them again, on this
-process or another (a consumer is served by one process at a time: a connection that finds one still held
-by the process of the session's previous connection, which is giving it back, waits for it, at most
-:data:`HOLD_WAIT_S`).
+``min(granted, the event's QoS)`` (QoS 1 and 2 with identifiers of the connection's window; with DUP set
+when the event may have gone out before, :meth:`~hubbub.core.Batch.maybe_sent`: given back by this process,
+or pending when this process took the consumer up, which an earlier process may have sent), and the batch
+is acknowledged to the consumer once the client has acknowledged each of its packets (PUBACK, PUBCOMP; QoS 0
+at once). A connection that ends gives its unacknowledged batches back: the next connection of the session
+gets them again, on this process or another (a consumer is served by one process at a time: a connection
+that finds one still held by the process of the session's previous connection, which is giving it back,
+waits for it, at most :data:`HOLD_WAIT_S`).
 
 A CONNECT with CleanSession 1 discards the client id's persistent session (its consumers are deleted)
 [MQTT-3.1.2-6]; 3.1.1 has no expiry, so a persistent session lasts until then.
@@ -259,7 +260,7 @@ class DurableSession:
                 self.session.push(mq.encode_publish(head, ev.payload), is_event=True)
                 continue
             pending.left += 1
-            self._backlog.append((head, ev.payload, q, item.attempts > 0, pending))
+            self._backlog.append((head, ev.payload, q, batch.maybe_sent(item), pending))
         self._drain()
         self._done(pending)
 
