@@ -21,7 +21,14 @@ import pytest
 
 from hubbub.core import Batch, ConsumerService, Node, NodeSettings
 from hubbub.core.consumer_delivery import ITEM_OVERHEAD
-from hubbub.errors import BadChannel, ConsumerBusy, ConsumerExists, ConsumerNotFound, UnknownBatch
+from hubbub.errors import (
+    BadChannel,
+    ConsumerBusy,
+    ConsumerExists,
+    ConsumerNotFound,
+    StorageError,
+    UnknownBatch,
+)
 from hubbub.events import Event, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
@@ -532,6 +539,42 @@ def test_what_was_pending_when_the_consumer_was_taken_up_may_have_been_sent(
         assert svc.statistics()["redelivered"] == 1
 
     run(tmp_path, second, url=url)
+
+
+def test_an_ack_that_could_not_be_stored_delivers_its_items_again_as_redeliveries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The opener had the items, so their next delivery is a redelivery: attempts + 1 and ``maybe_sent``
+    (MQTT sends them with DUP), counted in ``redelivered``."""
+
+    async def body(node: Node, svc: ConsumerService) -> None:
+        await svc.create(spec())
+        r = Recv()
+        o = await svc.open("c", r.on_batch)
+        await publish(node, "/jobs/a", "0")
+        b = await r.next()
+        assert [(it.attempts, b.maybe_sent(it)) for it in b.items] == [(0, False)]
+        store = node._store
+        real = store.consumer_settle
+        failed: list[int] = []
+
+        def once(*args: Any, **kw: Any) -> None:
+            if not failed:
+                failed.append(1)
+                raise StorageError("the disk is full")
+            real(*args, **kw)
+
+        monkeypatch.setattr(store, "consumer_settle", once)
+        with pytest.raises(StorageError):
+            await o.ack(b.number)
+        b = await r.next()
+        assert payloads(b) == ["0"]
+        assert [(it.attempts, b.maybe_sent(it)) for it in b.items] == [(1, True)]
+        await o.ack(b.number)
+        assert await pending(node, "c") == []
+        assert svc.statistics()["redelivered"] == 1
+
+    run(tmp_path, body)
 
 
 _CHILD = textwrap.dedent(

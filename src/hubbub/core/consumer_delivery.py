@@ -158,9 +158,11 @@ class Held:
         return items
 
     def put_back(self, c: ConsumerState, items: Sequence[JournalItem]) -> None:
-        """Items :meth:`take` took are pending again (their ack could not be stored)."""
+        """Items :meth:`take` took are pending again (their ack could not be stored), as given back: the
+        opener had them, so their next delivery is a redelivery (attempts + 1, in memory; the journal keeps
+        what it had, and a process that takes the consumer up flags what was pending anyway)."""
         for it in items:
-            c.items[it.pos] = it
+            c.items[it.pos] = JournalItem(it.pos, it.event, it.attempts + 1, 0)
             c.add_ready(it.pos)
             c.ready_bytes += it.event.size
         held = sum(it.event.size for it in items) + ITEM_OVERHEAD * len(items)
