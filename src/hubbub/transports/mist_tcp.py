@@ -24,12 +24,11 @@ from typing import Final
 from prometheus_client import CollectorRegistry
 
 from hubbub.auth.mist_registry import MistTokenRegistry
-from hubbub.core.api import Core
 from hubbub.dialects import mist as md
 
 from .binding import Mounted, Wiring
 from .mist import DIALECT, MistService, MistSettings, MistWire
-from .stream_driver import WRITE_TIMEOUT_S, StreamIO, listen_streams
+from .stream_driver import WRITE_TIMEOUT_S, ServiceStreams, listen_streams
 from .stream_listener import Accepted, StreamListener
 
 __all__ = ["serve_mist_tcp"]
@@ -37,27 +36,19 @@ __all__ = ["serve_mist_tcp"]
 READ_CHUNK: Final = 64 * 1024
 
 
-class _MistStreams:
+class _MistStreams(ServiceStreams[MistService]):
     """Mist's side of the byte-stream driver (:class:`~hubbub.transports.stream_driver.Opener`): a
     connection's generation from its first bytes (mist.md §1)."""
 
-    __slots__ = ("service", "write_timeout")
+    __slots__ = ()
 
-    dialect: Final = DIALECT
-    read_chunk: Final = READ_CHUNK
-
-    def __init__(self, service: MistService, write_timeout: float) -> None:
-        self.service = service
-        self.write_timeout = write_timeout
-
-    @property
-    def node(self) -> Core:
-        return self.service.node
+    dialect = DIALECT
+    read_chunk = READ_CHUNK
 
     def open(self, first: bytes, acc: Accepted) -> MistWire | None:
         if not first:
             return None
-        io = StreamIO(acc.writer, self.write_timeout)
+        io = self.io(acc)
         service = self.service
         return MistWire(
             service,

@@ -65,7 +65,7 @@ from .mqtt_filters import MqttFilters
 from .mqtt_retained import RetainedIndex
 from .mqtt_sessions import DurableSession, SessionStore
 from .mqtt_store import migrate
-from .stream_driver import WRITE_TIMEOUT_S, StreamIO, listen_streams
+from .stream_driver import WRITE_TIMEOUT_S, ServiceStreams, listen_streams
 from .stream_listener import Accepted, StreamListener
 from .wire import DialectWire
 from .ws_driver import run_websocket, upgradable
@@ -509,24 +509,16 @@ class MqttCollector:
         yield dropped
 
 
-class _MqttStreams:
+class _MqttStreams(ServiceStreams[MqttService]):
     """MQTT's side of the byte-stream driver: a connection opens at accept."""
 
-    __slots__ = ("service", "write_timeout")
+    __slots__ = ()
 
-    dialect: Final = DIALECT
-    read_chunk: Final = READ_CHUNK
-
-    def __init__(self, service: MqttService, write_timeout: float) -> None:
-        self.service = service
-        self.write_timeout = write_timeout
-
-    @property
-    def node(self) -> Core:
-        return self.service.node
+    dialect = DIALECT
+    read_chunk = READ_CHUNK
 
     def open(self, first: bytes, acc: Accepted) -> MqttWire:
-        io = StreamIO(acc.writer, self.write_timeout)
+        io = self.io(acc)
         return MqttWire(self.service, send=io.send, send_many=io.send_many, close=io.close, peer=acc.ip)
 
 

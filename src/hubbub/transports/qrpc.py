@@ -27,7 +27,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry
@@ -46,7 +46,7 @@ from .lifetime import Lifetime
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
 from .qpubs_http import QpubsHttp
 from .qrpc_subs import QrpcSubscriptions
-from .stream_driver import WRITE_TIMEOUT_S, StreamIO, listen_streams
+from .stream_driver import WRITE_TIMEOUT_S, ServiceStreams, listen_streams
 from .stream_listener import Accepted, StreamListener
 from .wire import DialectWire, no_reply
 
@@ -360,25 +360,17 @@ class QrpcWire:
             self.proto.ended(cid)
 
 
-class _QrpcStreams:
+class _QrpcStreams(ServiceStreams[QrpcService]):
     """qrpc's side of the byte-stream driver (:class:`~hubbub.transports.stream_driver.Opener`): a
     connection opens at accept (its session is the server's to close from then on)."""
 
-    __slots__ = ("service", "write_timeout")
+    __slots__ = ()
 
-    dialect: Final = DIALECT
-    read_chunk: Final = READ_CHUNK
-
-    def __init__(self, service: QrpcService, write_timeout: float) -> None:
-        self.service = service
-        self.write_timeout = write_timeout
-
-    @property
-    def node(self) -> Core:
-        return self.service.node
+    dialect = DIALECT
+    read_chunk = READ_CHUNK
 
     def open(self, first: bytes, acc: Accepted) -> QrpcWire:
-        io = StreamIO(acc.writer, self.write_timeout)
+        io = self.io(acc)
         return QrpcWire(self.service, send=io.send, close=io.close, peer=acc.ip)
 
 

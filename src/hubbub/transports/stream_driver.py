@@ -27,7 +27,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Protocol
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from hubbub.core.api import Core, Session
 
@@ -40,6 +40,7 @@ __all__ = [
     "CLOSE_WAIT_S",
     "WRITE_TIMEOUT_S",
     "Opener",
+    "ServiceStreams",
     "StreamIO",
     "StreamWire",
     "close_stream",
@@ -162,6 +163,37 @@ class Opener(Protocol):
         """The connection of ``acc`` whose first bytes are ``first`` (``b""`` before the first read), or None
         while the dialect needs bytes to choose it."""
         ...
+
+
+class _Served(Protocol):
+    @property
+    def node(self) -> Core: ...
+
+
+S = TypeVar("S", bound=_Served)
+
+
+class ServiceStreams(Generic[S]):
+    """An :class:`Opener` whose connections belong to one service object (mist's TCP, qrpc, MQTT): it keeps
+    the service and the write timeout each connection's :class:`StreamIO` gets; a subclass names its
+    ``dialect`` and ``read_chunk`` and opens its connections (:meth:`io` gives one its socket's side)."""
+
+    __slots__ = ("service", "write_timeout")
+
+    dialect: ClassVar[str]
+    read_chunk: ClassVar[int]
+
+    def __init__(self, service: S, write_timeout: float) -> None:
+        self.service = service
+        self.write_timeout = write_timeout
+
+    @property
+    def node(self) -> Core:
+        return self.service.node
+
+    def io(self, acc: Accepted) -> StreamIO:
+        """The send, send_many and close of ``acc``'s socket."""
+        return StreamIO(acc.writer, self.write_timeout)
 
 
 async def listen_streams(
