@@ -88,11 +88,15 @@ class Server:
         reload_config: Callable[[], Config] | None = None,
         *,
         worker: RemoteLogStore | None = None,
+        member: int | None = None,
     ) -> None:
         self.config = config
         #: This server as one worker of a multi-worker node (``server.workers``, ``server_workers.py``): its
         #: log is the owner's, through this store, and its relay brings the other workers' events.
         self._worker = worker
+        #: This server as worker ``member`` of a multi-worker cluster node (``server_workers.py``): a cluster
+        #: member of its own (its store, its broker), whose parent holds the data directory and the ports.
+        self._member = member
         #: Re-reads the configuration on :meth:`reload` (the CLI's flags, environment and file).
         self._reload_config = reload_config
         self._ssl: ssl.SSLContext | None = None
@@ -165,7 +169,7 @@ class Server:
             relay = WorkerRelay(self._worker, gap_wait_s=cfg.cluster.gap_wait_s)
             await self._start(self._worker, relay)
             return
-        if cfg.storage.store != "memory":
+        if cfg.storage.store != "memory" and self._member is None:  # a member's parent holds it
             self._dir_lock = lock_data_dir(cfg.storage.data_dir)
         try:
             store = await loop.run_in_executor(
@@ -310,8 +314,9 @@ class Server:
                 await stack.enter_async_context(dialect_link)
         for link in self.upstreams:
             await stack.enter_async_context(link)
-        if relay is not None:  # the parent says when the node started, once every worker did
-            log.info("worker %d started", relay.worker, extra={"worker": relay.worker})
+        index = relay.worker if relay is not None else self._member
+        if index is not None:  # the parent says when the node started, once every worker did
+            log.info("worker %d started", index, extra={"worker": index})
             return
         log.info(
             "hubbub %s started",
@@ -562,17 +567,18 @@ async def _serve(
     reload_config: Callable[[], Config] | None = None,
     *,
     worker: RemoteLogStore | None = None,
+    member: int | None = None,
     started: Callable[[], None] | None = None,
 ) -> str | None:
     """Serve until a signal (``None``) or until a component's failure stops the node (that failure).
-    ``worker``: as one worker of a multi-worker node (:class:`Server`); ``started`` is called once every
-    listener accepts."""
+    ``worker`` and ``member``: as one worker of a multi-worker node (:class:`Server`); ``started`` is called
+    once every listener accepts."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    async with Server(config, reload_config, worker=worker) as server:
+    async with Server(config, reload_config, worker=worker, member=member) as server:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, server.reload)
         tune_gc()
@@ -588,17 +594,18 @@ def run(
     reload_config: Callable[[], Config] | None = None,
     *,
     worker: RemoteLogStore | None = None,
+    member: int | None = None,
     started: Callable[[], None] | None = None,
 ) -> None:
     """Run a server until SIGTERM or SIGINT (the ``hubbub serve`` command); SIGHUP reloads keys and
     certificates, through ``reload_config`` when given. A component's failure that stops the node
-    (``core/supervisor.py``) shuts it down the same way, then exits with status 1. ``worker`` and
-    ``started``: as :func:`_serve` (a worker process, ``hubbub/server_workers.py``)."""
+    (``core/supervisor.py``) shuts it down the same way, then exits with status 1. ``worker``, ``member``
+    and ``started``: as :func:`_serve` (a worker process, ``hubbub/server_workers.py``)."""
     try:
         import uvloop
 
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a default dependency on POSIX
         runner = asyncio.run
-    if runner(_serve(config, reload_config, worker=worker, started=started)) is not None:
+    if runner(_serve(config, reload_config, worker=worker, member=member, started=started)) is not None:
         raise SystemExit(1)

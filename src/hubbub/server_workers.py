@@ -18,6 +18,12 @@
   kernel spreads connections over the workers. It dies with its parent (``PR_SET_PDEATHSIG``, and the
   owner's sockets ending).
 
+On a cluster (a PostgreSQL store with ``cluster.broker``) the parent is no log owner: each worker is a whole
+:class:`~hubbub.server.Server` with its own store and broker, a member of the cluster whose id is the node's
+with ``/w<i>`` (:func:`member_config`), and the parent (which opened the store once at start, to create or
+migrate its schema) holds the data directory and the ports and supervises as above (docs/cluster.md "Nodes of
+several workers").
+
 Links up to other servers (``upstream``, ``wearscript.upstream``) run in worker 0 only: the other workers
 deliver what they bring, and worker 0 sees every worker's events to send up.
 
@@ -136,6 +142,13 @@ def _replaced(cfg: Config, changes: list[tuple[Section, dict[str, Any]]]) -> Con
     return dataclasses.replace(cfg, **top, dialects=types.MappingProxyType(dialects))
 
 
+def member_config(cfg: Config, index: int) -> Config:
+    """``cfg`` for worker ``index`` of a cluster node: a member of the cluster whose id is the node's with
+    ``/w<index>`` (the same for a restarted worker, which takes its predecessor's place in the rosters at
+    once)."""
+    return _replaced(cfg, [(cfg.cluster, {"node_id": f"{cfg.cluster.node_id}/w{index}"})])
+
+
 def _without_links(cfg: Config) -> Config:
     """``cfg`` for a worker other than worker 0: no link up to another server (``upstream``,
     ``wearscript.upstream``)."""
@@ -172,8 +185,12 @@ class WorkerNode:
         failed)."""
         cfg = self.config
         st = cfg.storage
-        if cfg.cluster.broker or st.store.lower().startswith(("postgresql:", "postgres:")):
-            raise ConfigError("server.workers: a node on a PostgreSQL log runs one process (docs/cluster.md)")
+        postgres = st.store.lower().startswith(("postgresql:", "postgres:"))
+        if postgres and not cfg.cluster.broker:
+            raise ConfigError(
+                "server.workers: the workers of a node on a PostgreSQL log are cluster members: set"
+                " cluster.broker (docs/cluster.md)"
+            )
         lock = lock_data_dir(st.data_dir) if st.store != "memory" else -1
         r = cfg.retention
         try:
@@ -187,23 +204,37 @@ class WorkerNode:
                 )
             except StorageError as exc:
                 raise StorageError(f"cannot open the log ({store_place(cfg)}): {exc}") from None
+            if postgres:  # opened once to create or migrate the schema and say so if it cannot: then closed
+                engine = store.engine
+                store.close()
+                return self._serve(None, engine)
             try:
                 if st.durability == "none":
                     store.new_epochs_on_open()
-                return self._serve(store)
+                return self._serve(store, store.engine)
             finally:
                 store.close()
         finally:
             if lock >= 0:
                 os.close(lock)
 
-    def _serve(self, store: Any) -> int:
-        path = str(store.path) if isinstance(store, SqliteLogStore) else None
-        owner = self._owner = LogOwner(store, path, lambda exc: self._events.put(("failed", exc)))
-        owner.start()
+    def _serve(self, store: Any, engine: str) -> int:
+        """Run the workers on ``store`` (its :class:`LogOwner` their writer and relay), or, with ``None``,
+        as members of the cluster (each its own store and broker)."""
+        owner = None
+        if store is not None:
+            path = str(store.path) if isinstance(store, SqliteLogStore) else None
+            owner = self._owner = LogOwner(store, path, lambda exc: self._events.put(("failed", exc)))
+            owner.start()
         cfg, reserved, addresses = reserve_ports(self.config)
         # One federation id for the node, made here once: workers making it at once would each keep their own.
         cfg = self.config = _replaced(cfg, [(cfg.federation, {"node_id": federation_node_id(cfg)})])
+        if owner is None:  # one cluster node id, each worker a member under it (member_config)
+            from hubbub.cluster.broker import default_node_id
+
+            cfg = self.config = _replaced(
+                cfg, [(cfg.cluster, {"node_id": cfg.cluster.node_id or default_node_id()})]
+            )
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         }
@@ -221,7 +252,7 @@ class WorkerNode:
                 "hubbub %s started",
                 __version__,
                 extra={
-                    "store": store.engine,
+                    "store": engine,
                     "durability": cfg.storage.durability,
                     "data_dir": cfg.storage.data_dir,
                     "workers": self.n,
@@ -234,10 +265,13 @@ class WorkerNode:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            owner.close()
+            if owner is not None:
+                owner.close()
             for s in reserved:
                 s.close()
-            log.info("hubbub stopped", extra={"restarts": self.restarts, **owner.statistics()})
+            log.info(
+                "hubbub stopped", extra={"restarts": self.restarts, **(owner.statistics() if owner else {})}
+            )
 
     def _on_signal(self, sig: int, frame: object) -> None:
         self._events.put(("signal", sig))  # SimpleQueue.put is reentrant: safe in a signal handler
@@ -246,15 +280,21 @@ class WorkerNode:
 
     def _spawn(self, index: int) -> None:
         owner = self._owner
-        assert owner is not None
-        calls, calls_w = socket.socketpair()
-        events, events_w = socket.socketpair()
         ready_r, ready_w = os.pipe()
         cfg = self.config
         if index > 0:  # links up run in worker 0 only
             cfg = _without_links(cfg)
-        owner.connect(index, calls, events)  # before the worker runs: it receives every commit from now on
-        fds = (calls_w.fileno(), events_w.fileno(), ready_w)
+        ends: list[socket.socket] = []
+        if owner is not None:
+            calls, calls_w = socket.socketpair()
+            events, events_w = socket.socketpair()
+            ends = [calls_w, events_w]
+            # Before the worker runs: it receives every commit from now on.
+            owner.connect(index, calls, events)
+        else:
+            cfg = member_config(cfg, index)
+        # A member's worker gets its ready pipe alone; the owner's its two sockets, then the pipe.
+        fds = (*(e.fileno() for e in ends), ready_w)
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "hubbub.server_workers", *map(str, fds)],
@@ -262,8 +302,8 @@ class WorkerNode:
                 pass_fds=fds,
             )
         finally:
-            calls_w.close()
-            events_w.close()
+            for e in ends:
+                e.close()
             os.close(ready_w)
         assert proc.stdin is not None
         with proc.stdin:
@@ -371,8 +411,8 @@ def _die_with_parent(parent: int) -> None:
 
 
 def child_main(argv: list[str], read_config: Callable[[], bytes]) -> None:
-    """A worker process: ``argv`` holds the descriptors of its two sockets to the owner (calls, events) and
-    of its ready pipe; its index and
+    """A worker process: ``argv`` holds the descriptors of its two sockets to the owner (calls, events), on a
+    node with a log owner, and of its ready pipe; its index and
     configuration come pickled from ``read_config`` (the parent's pipe)."""
     from hubbub.logs import setup_logging
     from hubbub.transports.accept import share_ports
@@ -380,19 +420,22 @@ def child_main(argv: list[str], read_config: Callable[[], bytes]) -> None:
 
     parent = os.getppid()
     _die_with_parent(parent)
-    calls_fd, events_fd, ready_fd = (int(a) for a in argv[:3])
+    *owner_fds, ready_fd = (int(a) for a in argv[:3])
     index, cfg = pickle.loads(read_config())
     cfg = dataclasses.replace(cfg, dialects=types.MappingProxyType(dict(cfg.dialects)))
     setup_logging(cfg.logging.level, cfg.logging.format)
     share_ports()
-    store = RemoteLogStore(socket.socket(fileno=calls_fd), socket.socket(fileno=events_fd), index)
+    store = None
+    if owner_fds:  # else a cluster member: its own store and broker (member_config)
+        calls_fd, events_fd = owner_fds
+        store = RemoteLogStore(socket.socket(fileno=calls_fd), socket.socket(fileno=events_fd), index)
 
     def started() -> None:
         os.write(ready_fd, b"R")
         os.close(ready_fd)
 
     try:
-        run(cfg, worker=store, started=started)
+        run(cfg, worker=store, member=None if store else index, started=started)
     except (OSError, StorageError) as exc:
         print(f"hubbub serve: worker {index}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
