@@ -76,9 +76,11 @@ __all__ = [
     "flag_name",
     "listen_field",
     "load_config",
+    "member_node",
     "parse_cors_origin",
     "parse_listen",
     "section_keys",
+    "worker_member_id",
 ]
 
 DURABILITY_MODES = ("fsync", "commit", "none")
@@ -395,6 +397,22 @@ class ClusterConfig(Section):
             )
         if not self.redis_channel:
             raise ConfigError("cluster.redis_channel: must not be empty")
+
+
+#: A worker's member id in the cluster: its node's id, ``/w`` and its index.
+_WORKER_MEMBER = re.compile(r"(.+)/w[0-9]+")
+
+
+def worker_member_id(node_id: str, index: int) -> str:
+    """The cluster member id of worker ``index`` of node ``node_id`` (``serve --workers`` on a cluster: each
+    worker is a member of its own, docs/cluster.md "Nodes of several workers")."""
+    return f"{node_id}/w{index}"
+
+
+def member_node(member_id: str) -> str:
+    """The node of a cluster member: ``node_id`` for a :func:`worker_member_id`, else the member itself."""
+    m = _WORKER_MEMBER.fullmatch(member_id)
+    return m.group(1) if m is not None else member_id
 
 
 #: ``dashboard.enabled``'s values: ``auto`` serves the page when the HTTP listener is a loopback address or

@@ -52,7 +52,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from hubbub import __version__
-from hubbub.config import Config, ConfigError, Section, parse_listen
+from hubbub.config import Config, ConfigError, Section, parse_listen, worker_member_id
 from hubbub.errors import StorageError
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
@@ -146,7 +146,7 @@ def member_config(cfg: Config, index: int) -> Config:
     """``cfg`` for worker ``index`` of a cluster node: a member of the cluster whose id is the node's with
     ``/w<index>`` (the same for a restarted worker, which takes its predecessor's place in the rosters at
     once)."""
-    return _replaced(cfg, [(cfg.cluster, {"node_id": f"{cfg.cluster.node_id}/w{index}"})])
+    return _replaced(cfg, [(cfg.cluster, {"node_id": worker_member_id(cfg.cluster.node_id, index)})])
 
 
 def _without_links(cfg: Config) -> Config:

@@ -80,11 +80,17 @@ def _every_worker(nodes: list[ServerProcess]) -> list[tuple[ServerProcess, int]]
     return [(n, w) for n in nodes for w in _workers(n)]
 
 
-def _members(node: ServerProcess) -> list[str]:
+def _cluster(node: ServerProcess) -> dict[str, Any]:
+    """``GET /api/v1/cluster`` on ``node`` (whichever worker takes the connection)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{node.ports['http']}/api/v1/cluster", timeout=10) as r:
         body = json.loads(r.read())
-    assert isinstance(body["nodes"], list)
-    return [str(n) for n in body["nodes"]]
+    assert isinstance(body, dict)
+    return body
+
+
+def _members(node: ServerProcess) -> list[str]:
+    """The live members of the cluster, as ``node`` sees them: one per worker."""
+    return [str(m) for m in _cluster(node)["members"]]
 
 
 def _publish_many(c: Lines, channel: str, n: int, tag: str, acked: list[int]) -> None:
@@ -102,8 +108,14 @@ def test_publishes_on_every_worker_reach_every_worker_of_both_nodes_in_order_onc
     room = f"/{space}/room"
     places = _every_worker(cluster)
     assert len(places) == 4
-    # Four members, two per node, each worker its own: /api/v1/cluster on any worker lists them all.
+    # Four members, two per node, each worker its own: /api/v1/cluster on any worker lists them all, and
+    # two nodes, each with its two workers.
     _wait_for(lambda: _members(cluster[0]) == ["a/w0", "a/w1", "b/w0", "b/w1"], "the four members")
+    for n in cluster:
+        body = _cluster(n)
+        name = n.data_dir.name
+        assert body["nodes"] == ["a", "b"] and body["node_id"] == name, body
+        assert body["member"] in (f"{name}/w0", f"{name}/w1") and body["broker"]["node_id"] == body["member"]
     subs = [_lines_on(n, w) for n, w in places]
     pubs = [_lines_on(n, w) for n, w in places]
     try:

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from hubbub.auth import ANONYMOUS, Identity
 from hubbub.channels import parse_pattern, route_channel
+from hubbub.config import member_node
 from hubbub.core.api import Core, Gap, ReplayPlan, Session
 from hubbub.core.session import Overflow
 from hubbub.dialects import native as nc
@@ -415,17 +416,22 @@ class NativeHttp:
         return _json(200, b'{"status":"ok"}\n')
 
     async def cluster(self, request: web.Request) -> web.Response:
-        """``GET /api/v1/cluster``: this node's id, the live nodes (presence heartbeats) and the states of its
-        broker and presence (docs/cluster.md); ``{"nodes":[]}`` on a single node. An ``admin`` token (node
-        ids and states are the operators'; a monitor without one scrapes ``/metrics``)."""
+        """``GET /api/v1/cluster``: this node's id, the live nodes and their members (presence heartbeats: a
+        node of several workers is one member per worker) and the states of its broker and presence
+        (docs/cluster.md); ``{"nodes":[]}`` on a single node. An ``admin`` token (node ids and states are the
+        operators'; a monitor without one scrapes ``/metrics``)."""
         self.node.access.check_admin(self._identity(request), "native")
         relay = self.node.relay
         broker = relay.health() if relay is not None else {}
-        if not broker:  # a single node, or the workers of one
+        if not broker:  # a single node, or the workers of one on SQLite
             return _json(200, b'{"nodes":[]}\n')
+        member = str(broker.get("node_id"))
+        members = await self.node.presence.nodes()
         body = {
-            "node_id": broker.get("node_id"),
-            "nodes": await self.node.presence.nodes(),
+            "node_id": member_node(member),
+            "member": member,
+            "nodes": sorted({member_node(m) for m in members}),
+            "members": members,
             "broker": broker,
             "presence": self.node.presence.health(),
         }

@@ -326,9 +326,13 @@ export class Cluster {
     const parts = [];
     if (!c.nodes.length && !c.broker) parts.push(h("p", {}, "One node: no cluster broker."));
     else {
-      parts.push(h("p", {}, `This node: ${c.node_id}. Broker: ${c.broker.state}. Presence: ${c.presence.state}.`));
-      parts.push(table("Nodes", ["Node", "State", "Details"], c.nodes.map((n) => typeof n === "string" ? [n, "live", ""] :
-        [n.node || n.node_id || n.id || JSON.stringify(n), n.state || "live", JSON.stringify(n)])));
+      // A node of several workers is one member per worker (docs/cluster.md "Nodes of several workers").
+      const members = c.members || c.nodes;
+      const of = (n) => members.filter((m) => m === n || m.startsWith(`${n}/w`));
+      const here = c.member && c.member !== c.node_id ? ` (worker ${c.member})` : "";
+      parts.push(h("p", {}, `This node: ${c.node_id}${here}. Broker: ${c.broker.state}. Presence: ${c.presence.state}.`));
+      parts.push(table("Nodes", ["Node", "State", "Workers"], c.nodes.map((n) =>
+        [n, "live", of(n).filter((m) => m !== n).join(", ") || "one process"])));
       parts.push(table("Broker", ["Field", "Value"], Object.entries(c.broker)));
     }
     parts.push(h("h3", {}, "Federation"), h("p", {}, f.node_id ? `Federation id: ${f.node_id}` : "Federation is off."));
