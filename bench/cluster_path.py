@@ -19,6 +19,9 @@ the stream at one replica and at three; the publisher pipelines acknowledged pub
 inbox) the same way; the latency is from the stream's store time (in each delivery's ack subject) to arrival.
 Skipped, with a note, when ``nats-server`` is not installed (``apt-get install nats-server``).
 
+``--workers N`` adds ``2 nodes of N workers`` (publisher on node 1, subscriber on node 2, each node ``serve
+--workers N``, every worker a member of the cluster; a node's CPU is its parent's and its workers').
+
 Then a light-load pass (``--light N``, default 1000; 0 skips it): every setup again with each publish waiting
 for its ack before the next, for the latency of the hop itself, without queues.
 """
@@ -344,14 +347,15 @@ def run_setup(
     subs = [Subscriber(nodes[i].ports["native"], count, channel) for i in subs_on]
     for s in subs:
         s.start()
-    pids = {f"node {i + 1}": n.proc.pid for i, n in enumerate(nodes) if n.proc is not None}
-    before = {k: cpu_s(p) for k, p in pids.items()} | {k: tree_cpu_s(p) for k, p in others.items()}
+    # A node's tree: its workers too, when it has them.
+    others = {f"node {i + 1}": n.proc.pid for i, n in enumerate(nodes) if n.proc is not None} | others
+    before = {k: tree_cpu_s(p) for k, p in others.items()}
     t0 = time.perf_counter()
     publish(nodes[0].ports["native"], count, size, window, channel)
     for s in subs:
         s.done.wait(300)
     dt = time.perf_counter() - t0
-    after = {k: cpu_s(p) for k, p in pids.items()} | {k: tree_cpu_s(p) for k, p in others.items()}
+    after = {k: tree_cpu_s(p) for k, p in others.items()}
     cpu_us = {k: round((after[k] - before[k]) / count * 1e6, 1) for k in before}
     lat = sorted(x for s in subs for x in s.latencies)
     pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6  # noqa: E731
@@ -377,6 +381,7 @@ def main() -> None:
         default=1000,
         help="events of the light-load pass (one publish at a time; 0: none)",
     )
+    ap.add_argument("--workers", type=int, default=0, help="add 2 nodes of this many workers each (0: none)")
     args = ap.parse_args()
     if args.only_js:
         print(json.dumps(run_js(args.count, args.size)))
@@ -390,12 +395,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, PgServer() as pg, RedisServer() as redis:
         base = Path(tmp)
 
-        def cluster(tag: str, n: int) -> list[ServerProcess]:
+        def cluster(tag: str, n: int, workers: int = 1) -> list[ServerProcess]:
             url = pg.create_database(f"bench_{tag}")
-            extra = ["--store", url, "--native-idempotency-window-s", "0"]
+            extra = ["--store", url, "--native-idempotency-window-s", "0", "--workers", str(workers)]
             if n > 1:
                 extra += ["--broker", redis.url, "--cluster-redis-channel", f"bench.{tag}"]
-            return [ServerProcess(base / f"{tag}{i}", extra).start() for i in range(n)]
+            return [ServerProcess(base / f"{tag}{i}", extra).start(timeout=60.0) for i in range(n)]
 
         setups: list[tuple[str, list[ServerProcess], list[int]]] = []
         sqlite = [ServerProcess(base / "sqlite", ["--native-idempotency-window-s", "0"]).start()]
@@ -403,6 +408,9 @@ def main() -> None:
         setups.append(("postgres, 1 node", cluster("one", 1), [0]))
         setups.append(("postgres+redis, 2 nodes (1 -> 2)", cluster("two", 2), [1]))
         setups.append(("postgres+redis, 3 nodes (1 -> 2, 3)", cluster("three", 3), [1, 2]))
+        if args.workers:
+            name = f"postgres+redis, 2 nodes of {args.workers} workers (1 -> 2)"
+            setups.append((name, cluster("workers", 2, args.workers), [1]))
         try:
             postmaster = int((pg.data / "postmaster.pid").read_text().split()[0])
             for name, nodes, subs_on in setups:
