@@ -209,7 +209,8 @@ class Server:
             store,
             settings,
             TokenAuthorizer() if token else None,
-            new_epochs=cfg.storage.durability == "none" and relay is None,  # a worker's owner started them
+            # A worker's parent started them, once for the node: a worker restarted lost no commit.
+            new_epochs=cfg.storage.durability == "none" and relay is None and self._member is None,
             authenticator=build_authenticator(cfg) if token else None,
             limits=lim_settings,
             view=None if delivery is None else ClusterView(store, delivery),

@@ -204,13 +204,12 @@ class WorkerNode:
                 )
             except StorageError as exc:
                 raise StorageError(f"cannot open the log ({store_place(cfg)}): {exc}") from None
-            if postgres:  # opened once to create or migrate the schema and say so if it cannot: then closed
-                engine = store.engine
-                store.close()
-                return self._serve(None, engine)
             try:
-                if st.durability == "none":
+                if st.durability == "none":  # once for the node, whichever of its workers restarts later
                     store.new_epochs_on_open()
+                if postgres:  # opened to create or migrate the schema, or say why it cannot: the workers' own
+                    store.close()
+                    return self._serve(None, store.engine)
                 return self._serve(store, store.engine)
             finally:
                 store.close()

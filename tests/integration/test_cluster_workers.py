@@ -37,13 +37,15 @@ pytestmark = [
 ]
 
 
-def _node(tmp: Path, name: str, pg_url: str, redis: RedisServer) -> ServerProcess:
+def _node(
+    tmp: Path, name: str, pg_url: str, redis: RedisServer, extra: tuple[str, ...] = ()
+) -> ServerProcess:
     """Node ``name`` of the cluster: two workers, members ``<name>/w0`` and ``<name>/w1``."""
     srv = ServerProcess(
         tmp / name,
         [
             "--workers", "2", "--store", pg_url, "--broker", redis.url, "--cluster-node-id", name,
-            "--cluster-gap-wait-s", "0.05", "--cluster-poll-interval-s", "0.2",
+            "--cluster-gap-wait-s", "0.05", "--cluster-poll-interval-s", "0.2", *extra,
         ],
     ).start(timeout=60.0)  # fmt: skip
     try:
@@ -313,3 +315,34 @@ def test_sigterm_stops_a_node_cleanly_and_loses_no_acknowledged_publish(
         _wait_for(lambda: _members(a) == ["a/w0", "a/w1", "b/w0", "b/w1"], "node c's members leaving", 5.0)
     finally:
         c.kill()
+
+
+def test_under_durability_none_a_restarted_worker_keeps_the_epochs(
+    cluster: list[ServerProcess],
+    space: str,
+    tmp_path: Path,
+    module_pg_url: str,
+    module_redis_server: RedisServer,
+) -> None:
+    """``durability = none`` starts new epochs once for the node, at its start: a worker killed lost no
+    commit (PostgreSQL has them), so its restart must not tell every client of the cluster that continuity
+    was lost."""
+    a = cluster[0]
+    ch = f"/{space}/e"
+    with _lines_on(a, _workers(a)[0]) as pub:
+        first = pub.publish(ch, "before")
+    d = _node(tmp_path, "d", module_pg_url, module_redis_server, ("--durability", "none"))
+    try:
+        with _lines_on(a, _workers(a)[0]) as pub:
+            second = pub.publish(ch, "after d started")
+        assert second["epoch"] != first["epoch"] and second["seq"] == 1  # the node's start: new epochs
+        victim, survivor = _workers(d)
+        restarts = d.log().count("restarted")
+        os.kill(victim, signal.SIGKILL)
+        _wait_for(lambda: d.log().count("restarted") > restarts, "the worker's restart")
+        new = next(w for w in _workers(d) if w not in (victim, survivor) and _running(w))
+        with _lines_on(d, new) as pub:  # on the restarted worker
+            third = pub.publish(ch, "after the restart")
+        assert (third["epoch"], third["seq"]) == (second["epoch"], 2), (second, third)
+    finally:
+        d.kill()
