@@ -30,7 +30,10 @@ HELP = {
     "or postgresql://USER@HOST:PORT/DB (shared by the nodes of a cluster)",
     "broker": "redis://HOST:PORT[/DB]: fan out across the nodes of a cluster sharing a postgresql:// store "
     "(docs/cluster.md)",
-    "cluster.node_id": "this node's id in the cluster (default: host-pid-random, unique per process)",
+    "cluster.node_id": (
+        "this node's id in the cluster (default: host-pid-random, unique per process); the workers of a node"
+        " of several are the members <id>/w0, <id>/w1, …"
+    ),
     "cluster.redis_channel": "the Redis pub/sub channel the nodes of one cluster share",
     "cluster.gap_wait_s": "how long a node waits for a missing event from another node before reading it "
     "from the log",
