@@ -205,6 +205,13 @@ class ServerConfig(Section):
     def validate(self, config: Config) -> None:
         if self.workers < 0:
             raise ConfigError("server.workers: must be 0 (one per core) or more")
+        postgres = config.storage.store.lower().startswith(("postgresql://", "postgres://"))
+        if self.workers != 1 and postgres and not config.cluster.broker:
+            # Their workers are members of the cluster, which reach each other through Redis.
+            raise ConfigError(
+                "server.workers: the workers of a node on a PostgreSQL log are cluster members: set"
+                " cluster.broker (docs/cluster.md)"
+            )
 
 
 @dataclass(frozen=True, slots=True)

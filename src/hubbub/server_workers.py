@@ -52,7 +52,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from hubbub import __version__
-from hubbub.config import Config, ConfigError, Section, parse_listen, worker_member_id
+from hubbub.config import Config, Section, parse_listen, worker_member_id
 from hubbub.errors import StorageError
 from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
@@ -185,12 +185,9 @@ class WorkerNode:
         failed)."""
         cfg = self.config
         st = cfg.storage
-        postgres = st.store.lower().startswith(("postgresql:", "postgres:"))
-        if postgres and not cfg.cluster.broker:
-            raise ConfigError(
-                "server.workers: the workers of a node on a PostgreSQL log are cluster members: set"
-                " cluster.broker (docs/cluster.md)"
-            )
+        # A cluster node (a broker: its store is PostgreSQL, and PostgreSQL has a broker with workers,
+        # ServerConfig.validate): each worker a member of the cluster, with no log owner.
+        members = bool(cfg.cluster.broker)
         lock = lock_data_dir(st.data_dir) if st.store != "memory" else -1
         r = cfg.retention
         try:
@@ -207,7 +204,7 @@ class WorkerNode:
             try:
                 if st.durability == "none":  # once for the node, whichever of its workers restarts later
                     store.new_epochs_on_open()
-                if postgres:  # opened to create or migrate the schema, or say why it cannot: the workers' own
+                if members:  # opened to create or migrate the schema, or say why it cannot: the workers' own
                     store.close()
                     return self._serve(None, store.engine)
                 return self._serve(store, store.engine)

@@ -116,6 +116,16 @@ def test_cluster_keys() -> None:
         load_config({"broker": "redis://x", "store": pg, "cluster.gap_wait_s": "0"}, env={})
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_workers_on_postgresql_are_cluster_members_and_need_the_broker(workers: str) -> None:
+    pg = "postgresql://hubbub@127.0.0.1:5432/hubbub"
+    with pytest.raises(ConfigError, match=r"set cluster\.broker"):
+        load_config({"server.workers": workers, "store": pg}, env={})
+    cfg = load_config({"server.workers": workers, "store": pg, "broker": "redis://127.0.0.1:6379"}, env={})
+    assert cfg.server.workers == int(workers) and cfg.cluster.broker
+    assert load_config({"store": pg}, env={}).server.workers == 1  # one process needs no broker
+
+
 def test_wearscript_keys(tmp_path: Path) -> None:
     cfg = load_config(cli={}, env={})
     ws = cfg.section(WearscriptConfig)
