@@ -1,12 +1,13 @@
 """MQTT's state shared by every process of one log (docs/dialects/mqtt.md "Clusters and workers"): retained
 messages, persistent sessions and the takeover of a client id, between two nodes of a cluster (real
-PostgreSQL and Redis, started by the tests) and between the two workers of a ``serve --workers 2`` node
-(each connection placed on the worker wanted, as in test_workers.py).
+PostgreSQL and Redis, started by the tests), between the two workers of a ``serve --workers 2`` node (each
+connection placed on the worker wanted, as in test_workers.py) and between the two workers of such a node of
+the cluster.
 
 Every delivery is checked whole: each message's topic, payload, QoS and retain flag, in order, and nothing
 more (a PINGREQ answered after them).
 
-The tests share the cluster and the node of the module (starting them is most of the time), each on topics
+The tests share the cluster and the nodes of the module (starting them is most of the time), each on topics
 and client ids of its own (:func:`space`), so that neither their order nor which of them run matters; they
 run on one xdist worker, which starts them once."""
 
@@ -25,6 +26,7 @@ from tests.redisserver import RedisServer
 from .mqttclient import MqttClient
 from .serverproc import ServerProcess
 from .test_cluster import _node
+from .test_cluster_workers import _node as _cluster_workers_node
 from .test_workers import _serving, _wait_for, _workers
 
 #: Opens an MQTT connection on one of the two places (a node, a worker): 0 or 1.
@@ -57,11 +59,8 @@ def cluster(
             n.kill()
 
 
-@pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Open]:
-    srv = ServerProcess(
-        tmp_path_factory.mktemp("workers") / "data", ["--workers", "2", "--cluster-gap-wait-s", "0.05"]
-    ).start(timeout=60.0)
+def _on_workers(srv: ServerProcess) -> Open:
+    """Opens a connection on worker 0 or 1 of ``srv``."""
 
     async def open_on(i: int) -> MqttClient:
         """A connection served by worker ``i`` (connecting again until the kernel gives it that one)."""
@@ -73,17 +72,49 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Open]:
             cl.abort()
         raise AssertionError(f"no connection landed on worker {i}")
 
+    return open_on
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Open]:
+    srv = ServerProcess(
+        tmp_path_factory.mktemp("workers") / "data", ["--workers", "2", "--cluster-gap-wait-s", "0.05"]
+    ).start(timeout=60.0)
     try:
         _wait_for(lambda: len(_workers(srv)) == 2, "two workers")
-        yield open_on
+        yield _on_workers(srv)
     finally:
         srv.kill()
 
 
-@pytest.fixture(params=["cluster", pytest.param("workers", marks=pytest.mark.skipif(
-    not Path("/proc/net/tcp").exists(), reason="finds workers through /proc"))])  # fmt: skip
+@pytest.fixture(scope="module")
+def cluster_workers(
+    tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, module_redis_server: RedisServer
+) -> Iterator[Open]:
+    """The two workers of a node of the cluster (each a member of it: docs/cluster.md "Nodes of several
+    workers"), on the cluster's log and Redis."""
+    srv = _cluster_workers_node(
+        tmp_path_factory.mktemp("cluster-workers"), "w", module_pg_url, module_redis_server
+    )
+    try:
+        yield _on_workers(srv)
+    finally:
+        srv.kill()
+
+
+_WITH_PROC = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="finds workers through /proc")
+
+
+@pytest.fixture(
+    params=[
+        "cluster",
+        pytest.param("workers", marks=_WITH_PROC),
+        pytest.param("cluster_workers", marks=_WITH_PROC),
+    ]
+)
 def places(request: pytest.FixtureRequest) -> Open:
-    """Two places serving one log: the two nodes of a cluster, or the two workers of a node."""
+    """Two places serving one log: the two nodes of a cluster, the two workers of a node, or the two workers
+    of a cluster node."""
     opener: Open = request.getfixturevalue(request.param)
     return opener
 
