@@ -3,7 +3,7 @@ started by the tests), each worker a member of the cluster (docs/cluster.md "Nod
 Publishes from every worker of both nodes reach subscribers on every worker of both nodes in one sequence per
 channel, every id once and in order; a subscriber recovers on another node; a durable consumer has one
 holder among the four workers; a worker killed with -9 costs only its own connections, which reconnect and
-recover with no gap; SIGTERM stops a node cleanly.
+recover with no gap; SIGTERM stops a node cleanly; guble's roster lists the receivers of every worker.
 
 Connections are placed on the worker wanted as in test_workers.py (the kernel's choice, found from
 ``/proc``). The tests share the module's two nodes (starting them is most of the time; one xdist worker runs
@@ -12,6 +12,7 @@ for its restart, leaving the nodes as it found them; the one that stops a node s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -23,13 +24,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.redisserver import RedisServer
 
 from .nativelines import Lines
 from .serverproc import ServerProcess
-from .test_workers import _lines_on, _running, _wait_for, _workers
+from .test_workers import _lines_on, _running, _serving, _wait_for, _workers
 
 pytestmark = [
     pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="finds workers through /proc"),
@@ -346,3 +348,61 @@ def test_under_durability_none_a_restarted_worker_keeps_the_epochs(
         assert (third["epoch"], third["seq"]) == (second["epoch"], 2), (second, third)
     finally:
         d.kill()
+
+
+async def _guble_on(
+    http: aiohttp.ClientSession, node: ServerProcess, worker: int, user: str, channel: str
+) -> aiohttp.ClientWebSocketResponse:
+    """A guble receiver of ``channel`` as ``user``, on ``worker`` of ``node``."""
+    for _ in range(200):
+        ws = await http.ws_connect(f"http://127.0.0.1:{node.ports['http']}/stream/user/{user}")
+        if _serving(ws.get_extra_info("socket"), _workers(node)) == worker:
+            break
+        await ws.close()
+    else:
+        raise AssertionError(f"no connection landed on worker {worker}")
+    await ws.send_str(f"+ {channel}")
+    while True:
+        data = (await ws.receive(timeout=20)).data
+        text = data.decode() if isinstance(data, bytes) else str(data)
+        if text.startswith(f"#subscribed-to {channel}"):
+            return ws
+
+
+def test_guble_subscribers_list_the_receivers_of_every_worker_of_every_node(
+    cluster: list[ServerProcess], space: str
+) -> None:
+    """Rosters are the cluster's: each worker keeps its receivers under its member id, and
+    ``/api/subscribers`` on any worker of any node lists them all, oldest first."""
+    room = f"/{space}/room"
+
+    async def roster(http: aiohttp.ClientSession, node: ServerProcess) -> list[str]:
+        async with http.get(f"http://127.0.0.1:{node.ports['http']}/api/subscribers{room}") as r:
+            assert r.status == 200
+            return [m["user_id"] for m in json.loads(await r.read())]
+
+    async def until(http: aiohttp.ClientSession, want: list[str]) -> None:
+        deadline = time.monotonic() + 20
+        while (got := await roster(http, cluster[0])) != want:
+            assert time.monotonic() < deadline, f"{got}, want {want}"
+            await asyncio.sleep(0.02)  # polling what the workers decide
+        # Then every read agrees, on each node, whichever worker the kernel gives it.
+        for node in cluster:
+            for _ in range(6):
+                assert await roster(http, node) == want
+
+    async def main() -> None:
+        # A connection per request: each read goes to whichever worker the kernel picks.
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+            users = [f"u{i}" for i in range(4)]
+            receivers = []
+            for user, (node, worker) in zip(users, _every_worker(cluster), strict=True):
+                receivers.append(await _guble_on(http, node, worker, user, room))
+            await until(http, users)
+            await receivers[1].send_str(f"- {room}")  # cancelled on a/w1: gone from every worker's view
+            await until(http, ["u0", "u2", "u3"])
+            for ws in receivers:
+                await ws.close()
+            await until(http, [])
+
+    asyncio.run(main())
