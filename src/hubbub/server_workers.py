@@ -431,7 +431,7 @@ def child_main(argv: list[str], read_config: Callable[[], bytes]) -> None:
         os.close(ready_fd)
 
     try:
-        run(cfg, worker=store, member=None if store else index, started=started)
+        run(cfg, worker=store, member=index if store is None else None, started=started)
     except (OSError, StorageError) as exc:
         print(f"hubbub serve: worker {index}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
