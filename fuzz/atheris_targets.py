@@ -51,8 +51,8 @@ federation_link    what a federation link parses: frames from the node above thr
 http_heads         raw bytes a client sends the HTTP listener, cut into reads at NUL bytes, through its
                    per-socket protocol (``HttpConnection``) and a small application: every answer says
                    ``Server: hubbub`` without versions, a refused request gets exactly ``400 bad request``
-ws_client_frames   a client's WebSocket byte stream through ``MaskCheck``, whole, in 7-byte pieces and byte
-                   by byte: the first unmasked frame found where a whole-frame parser finds it
+ws_client_frames   a client's WebSocket byte stream through the server's ``FrameParser`` (two limits), whole,
+                   in 7-byte pieces and byte by byte: the same messages and the same end each way
 webhook_responses  what a webhook receiver answers, through the webhooks' ``ResponseReader``, whole and
                    byte by byte (then the end of the connection): the same response or ``BadResponse``
 event_renderings   an event the log can hold (any dialect's publisher, payloads of every content type,

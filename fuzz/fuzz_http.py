@@ -6,15 +6,17 @@ a small application behind it; every answer it writes must be hubbub's: ``Server
 and a request the parser refuses gets exactly ``400`` ``bad request``, never the input back. Nothing may
 raise out of the protocol, and no task may be left behind.
 
-``check_frames`` feeds a client's WebSocket byte stream to ``MaskCheck`` whole, in 7-byte pieces and a byte
-at a time: the same answer each way, and the one a whole-frame parser gives.
+``check_frames`` feeds a client's WebSocket byte stream to the server's frame parser
+(``hubbub.ws_frames.FrameParser``, two message limits) whole, in 7-byte pieces and a byte at a time: the same
+messages and control frames each way, then the same end (more bytes wanted, or the same close code); the
+only exception is ``FrameError`` with a close code RFC 6455 gives (1002, 1007, 1009), text messages are
+``str``, and the parser never holds more than a message's limit and one frame not yet whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import struct
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +24,7 @@ from aiohttp import web
 
 from hubbub.core.limits import Limiter
 from hubbub.transports.http_listener import HttpConnection
-from hubbub.transports.ws_mask import MaskCheck
+from hubbub.ws_frames import BINARY, CLOSE, PING, PONG, TEXT, FrameError, FrameParser
 
 __all__ = ["check_frames", "check_heads"]
 
@@ -151,40 +153,32 @@ def check_heads(reads: list[bytes]) -> None:
         loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
 
 
-def _naive(stream: bytes) -> int:
-    i = 0
-    while i + 2 <= len(stream):
-        second = stream[i + 1]
-        if not second & 0x80:
-            return i
-        n = second & 0x7F
-        head = 2
-        if n == 126:
-            if i + 4 > len(stream):
-                return -1
-            n, head = struct.unpack("!H", stream[i + 2 : i + 4])[0], 4
-        elif n == 127:
-            if i + 10 > len(stream):
-                return -1
-            n, head = struct.unpack("!Q", stream[i + 2 : i + 10])[0], 10
-        i += head + 4 + n
-    return -1
-
-
-def _fed(stream: bytes, size: int) -> int:
-    check = MaskCheck()
+def _parsed(stream: bytes, size: int, limit: int) -> tuple[list[tuple[int, bytes | str]], int]:
+    """What the parser gives for ``stream`` fed in ``size``-byte reads: the items, and the close code it
+    failed with (0: none, more bytes wanted)."""
+    parser = FrameParser(limit)
+    out: list[tuple[int, bytes | str]] = []
     for start in range(0, len(stream), size):
-        at = check.feed(stream[start : start + size])
-        if at >= 0:
-            assert at < min(size, len(stream) - start)
-            return start + at
-    return -1
+        piece = stream[start : start + size]
+        parser.feed(piece)
+        try:
+            while (item := parser.next()) is not None:
+                op, payload = item
+                assert op in (TEXT, BINARY, CLOSE, PING, PONG), item
+                assert isinstance(payload, str) == (op == TEXT), item
+                assert op < CLOSE or len(payload) <= 125, item
+                assert op >= CLOSE or len(payload) <= limit, item
+                out.append(item)
+        except FrameError as e:
+            assert e.code in (1002, 1007, 1009), e.code
+            return out, e.code
+        # A fragmented message below the limit, and one frame not yet whole (a control frame: 131 bytes).
+        assert parser.buffered <= limit + 131, (parser.buffered, limit)
+    return out, 0
 
 
 def check_frames(stream: bytes) -> None:
-    expected = _naive(stream)
-    assert _fed(stream, max(len(stream), 1)) == expected
-    for size in (7, 1):
-        got = _fed(stream, size)
-        # A header cut after its first byte is found at the start of the next read.
-        assert got == expected or (expected >= 0 and got == expected + 1), (size, got, expected)
+    for limit in (1 << 20, 40):
+        whole = _parsed(stream, max(len(stream), 1), limit)
+        for size in (7, 1):
+            assert _parsed(stream, size, limit) == whole, (size, limit)

@@ -345,3 +345,153 @@ def test_an_unmasked_client_frame_fails_the_websocket(tmp_path: Path, route: str
             await until(lambda: not node.sessions, "the sessions ended")
 
     asyncio.run(main())
+
+
+def _chain(coro: Any) -> list[str]:
+    """The qualified names of the coroutines a task's coroutine awaits, outermost first."""
+    names = []
+    while hasattr(coro, "cr_code"):
+        names.append(coro.cr_code.co_qualname)
+        coro = coro.cr_await
+    return names
+
+
+def _held_by_aiohttp() -> list[list[str]]:
+    """The chains of the tasks that run aiohttp's per-connection protocol or a request's handler."""
+    chains = [_chain(t.get_coro()) for t in asyncio.all_tasks()]
+    return [c for c in chains if any(n.startswith("RequestHandler.") for n in c)]
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_an_upgraded_connection_leaves_aiohttp(tmp_path: Path, route: str) -> None:
+    """Once answered, an idle WebSocket holds no aiohttp task (its ``RequestHandler.start``, the request's
+    ``_handle_request`` and the route's handler have returned): the connection is hubbub's own, and it
+    still answers, pings included, and ends with the close handshake (the peer's close echoed)."""
+    path, protocol, opcode, messages, answer = ROUTES[route]
+
+    async def main() -> None:
+        async with server(tmp_path) as srv:
+            assert srv.node is not None
+            node, port = srv.node, srv.ports["http"]
+            reader, writer = await connect(port, upgrade(path, protocol))
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+            assert parse(head)[0] == 101, head
+            writer.write(b"".join(client_frame(m, opcode, masked=True) for m in messages))
+            data = b""
+            while answer not in data:
+                chunk = await asyncio.wait_for(reader.read(65536), WAIT)
+                assert chunk, data
+                data += chunk
+            await until(lambda: not _held_by_aiohttp(), "the upgrade's request and handler ended")
+            assert node.sessions
+            writer.write(client_frame(b"are you there", 0x9, masked=True))
+            pong = await asyncio.wait_for(reader.readexactly(2 + 13), WAIT)
+            assert server_frames(pong) == [(0xA, b"are you there")]
+            writer.write(client_frame(struct.pack("!H", 1000) + b"bye", 0x8, masked=True))
+            assert server_frames(await to_end(reader))[-1] == (0x8, struct.pack("!H", 1000))
+            writer.close()
+            await until(lambda: not node.sessions, "the sessions ended")
+
+    asyncio.run(main())
+
+
+def _fragments(payload: bytes, opcode: int, pieces: int) -> bytes:
+    """``payload`` as a fragmented message of ``pieces`` masked frames (RFC 6455 §5.4)."""
+    size = -(-len(payload) // pieces)
+    parts = [payload[i : i + size] for i in range(0, len(payload), size)]
+    out = b""
+    for i, part in enumerate(parts):
+        first = (opcode if i == 0 else 0) | (0x80 if i == len(parts) - 1 else 0)
+        key = os.urandom(4)
+        out += bytes((first, 0x80 | len(part))) + key + bytes(b ^ key[j % 4] for j, b in enumerate(part))
+    return out
+
+
+#: Client frames that break RFC 6455 and the close each gets, on the native route.
+_BROKEN: dict[str, tuple[bytes, int]] = {
+    "rsv1 set": (bytes((0xC1, 0x80)) + b"\0\0\0\0", 1002),
+    "unknown opcode": (bytes((0x83, 0x80)) + b"\0\0\0\0", 1002),
+    "fragmented ping": (bytes((0x09, 0x80)) + b"\0\0\0\0", 1002),
+    "long ping": (bytes((0x89, 0xFE, 0, 126)) + b"\0\0\0\0" + b"x" * 126, 1002),
+    "lone continuation": (bytes((0x80, 0x80)) + b"\0\0\0\0", 1002),
+    "text not UTF-8": (bytes((0x81, 0x82)) + b"\0\0\0\0" + b"\xc3\x28", 1007),
+    "close of one byte": (bytes((0x88, 0x81)) + b"\0\0\0\0" + b"\x03", 1002),
+    "close code 1005": (bytes((0x88, 0x82)) + b"\0\0\0\0" + struct.pack("!H", 1005), 1002),
+}
+
+
+@pytest.mark.parametrize("case", list(_BROKEN))
+def test_a_broken_frame_fails_the_websocket(tmp_path: Path, case: str) -> None:
+    """RFC 6455's rules on the server's side: each broken frame gets its close code and the end of the
+    connection, counted as bad input of the WebSocket layer (``http``)."""
+    frame, code = _BROKEN[case]
+
+    async def main() -> None:
+        async with server(tmp_path) as srv:
+            assert srv.node is not None
+            got = await _session(srv.ports["http"], "native", frame)
+            assert got and got[-1][0] == 0x8 and struct.unpack("!H", got[-1][1][:2])[0] == code, got
+            assert srv.node.metrics.bad_input.get("http") == 1
+
+    asyncio.run(main())
+
+
+def test_fragments_are_reassembled_and_the_limit_applies_to_the_whole_message(tmp_path: Path) -> None:
+    """A fragmented message (a ping between its fragments) is one message to the dialect; a message whose
+    fragments together pass ``max_frame`` gets close 1009, counted as the dialect's bad input and a refused
+    ``max_frame``, though each fragment is small."""
+    hello = b'{"op":"hello","id":1,"v":1}'
+    ping = client_frame(b"p", 0x9, masked=True)
+
+    async def main() -> None:
+        async with server(tmp_path, **{"limits.max_frame": 1024}) as srv:
+            assert srv.node is not None
+            node, port = srv.node, srv.ports["http"]
+            frames = _fragments(hello, 0x1, 3)
+            first_len = 6 + len(hello[: -(-len(hello) // 3)])
+            mixed = frames[:first_len] + ping + frames[first_len:]
+            got = await _session(port, "native", mixed, until_answer=b'"op":"reply"')
+            assert (0xA, b"p") in got and any(b'"op":"reply"' in p for _, p in got), got
+            big = b'{"op":"hello","id":1,"v":1,"x":"' + b"y" * 1100 + b'"}'
+            got = await _session(port, "native", _fragments(big, 0x1, 12))
+            assert got[-1][0] == 0x8 and struct.unpack("!H", got[-1][1][:2])[0] == 1009, got
+            assert node.metrics.bad_input.get("native") == 1
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_websocket_over_tls_is_taken_over(tmp_path: Path, loop: str) -> None:
+    """The take-over moves a TLS transport too (``set_protocol`` on asyncio's and uvloop's SSL transports):
+    a native WebSocket over TLS says hello, publishes a message of several TLS records (fragmented) and
+    reads its acknowledgement and its own event, then closes with the handshake."""
+    import aiohttp
+    import uvloop
+
+    from .test_auth_reload import client_context, make_cert
+
+    cert, key = make_cert(tmp_path, "hubbub-ws")
+    text = "z" * 100_000
+
+    async def main() -> None:
+        async with (
+            server(tmp_path, **{"tls.cert": str(cert), "tls.key": str(key)}) as srv,
+            aiohttp.ClientSession() as http,
+        ):
+            url = f"wss://127.0.0.1:{srv.ports['http']}/ws/hubbub"
+            ws = await http.ws_connect(url, protocols=("hubbub.v1.json",), ssl=client_context(cert))
+            await ws.send_json({"op": "hello", "id": 1, "v": 1})
+            assert (await ws.receive_json(timeout=WAIT))["op"] == "reply"
+            await ws.send_json({"op": "subscribe", "id": 2, "sub": "s", "pattern": "/tls/**"})
+            assert (await ws.receive_json(timeout=WAIT))["op"] == "reply"
+            await ws.send_json({"op": "publish", "id": 3, "channel": "/tls/a", "text": text, "ack": True})
+            got = [await ws.receive_json(timeout=WAIT) for _ in range(2)]
+            assert sorted(f["op"] for f in got) == ["event", "reply"], [f["op"] for f in got]
+            assert next(f for f in got if f["op"] == "event")["text"] == text
+            await ws.close()
+            assert ws.close_code == 1000
+            assert srv.node is not None
+            node = srv.node
+            await until(lambda: not node.sessions, "the session ended")
+
+    (uvloop.run if loop == "uvloop" else asyncio.run)(main())

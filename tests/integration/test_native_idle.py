@@ -198,31 +198,6 @@ def test_ws_connections_share_one_codec_per_encoding(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def _awaiting(coro: Any) -> list[str]:
-    """The qualified names of the coroutines a coroutine awaits, outermost first."""
-    names = []
-    while hasattr(coro, "cr_code"):
-        names.append(coro.cr_code.co_qualname)
-        coro = coro.cr_await
-    return names
-
-
-def test_an_idle_ws_handler_keeps_one_middleware_frame(tmp_path: Path) -> None:
-    """A WebSocket's handler runs for the connection's life, with every middleware that awaits it: only the
-    error middleware does (the 413 count is its own; the cross-site guard returns the handler's coroutine)."""
-
-    async def main() -> None:
-        async with _server(tmp_path) as server, aiohttp.ClientSession() as http:
-            ws = await _hello(http, _url(server))
-            chains = [_awaiting(t.get_coro()) for t in asyncio.all_tasks()]
-            (chain,) = [c for c in chains if "NativeHttp.websocket" in c]
-            kept = [n for n in chain if n.endswith(("errors", "admission", "guard"))]
-            assert kept == ["_errors.<locals>.errors"], chain
-            await ws.close()
-
-    asyncio.run(main())
-
-
 def _mp_frame(obj: dict[str, Any]) -> bytes:
     body: bytes = msgpack.packb(obj, use_bin_type=True)
     return len(body).to_bytes(4, "big") + body

@@ -51,7 +51,8 @@ from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text
 from .lifetime import Lifetime
 from .sms import SmsGateway
 from .wire import DialectWire
-from .ws_driver import run_websocket, upgradable
+from .ws_driver import detach, run_websocket, upgradable
+from .ws_socket import take_over
 
 __all__ = [
     "GUBLE_HUB",
@@ -402,7 +403,7 @@ class GubleHub:
     # -- WebSocket --------------------------------------------------------------------------------------
 
     async def websocket(self, request: web.Request) -> web.StreamResponse:
-        ws = upgradable(request, self.http.max_frame, heartbeat=HEARTBEAT_S)
+        ws = upgradable(request, self.http.max_frame)
         if ws is None:
             return text_response(400, "websocket upgrade required\n")
         # guble-cli and guble's Go client build the URL as <url>/user/<name>, with no query or header of ours:
@@ -412,14 +413,14 @@ class GubleHub:
             ident = request_identity(self.node, request, "guble", self.settings.auth, fallback=in_path)
         except AuthError:
             return text_response(401, "unauthorized\n")
-        await ws.prepare(request)
+        sock, resp = await take_over(request, ws, self.http.max_frame)
 
         async def close(code: Disconnect) -> None:
-            await ws.close(code=gc.wire_close(code))
+            await sock.close(code=gc.wire_close(code))
 
         # With auth on, the token's user replaces the userId of the URL (guble.md §9).
         user = ident.user if self.settings.auth else gc.user_id_from_path(request.raw_path)
-        conn = GubleConnection(self, user, ws.send_bytes, close)
+        conn = GubleConnection(self, user, sock.send_bytes, close)
         self.connections.add(conn)
 
         async def greet() -> None:
@@ -427,11 +428,21 @@ class GubleHub:
 
         # The identity is bound before the session is attached: its expiry closes it (1008).
         frames = gc.GubleFrames(self.codec, gc.error_text)
-        try:
-            await run_websocket(ws, conn.wire, frames, ident, started=greet, finishing=conn.leave)
-        finally:
-            self.connections.discard(conn)  # also when the connection failed before its reader ran
-        return ws
+        # guble's spec has no keepalive of its own: the server pings every HEARTBEAT_S and drops a peer
+        # silent for half as long again (what aiohttp's heartbeat did).
+        keepalive_s = (HEARTBEAT_S, HEARTBEAT_S * 1.5)
+
+        async def run() -> None:
+            try:
+                await run_websocket(
+                    sock, conn.wire, frames, ident, keepalive_s=keepalive_s, started=greet,
+                    finishing=conn.leave,
+                )  # fmt: skip
+            finally:
+                self.connections.discard(conn)  # also when the connection failed before its reader ran
+
+        detach(request, run())
+        return resp
 
     # -- REST -------------------------------------------------------------------------------------------
 

@@ -39,7 +39,8 @@ from .lifetime import Lifetime
 from .metrics import CONTENT_TYPE, ConsumerCollector, ConsumerSeries, NodeCollector, render_metrics
 from .native import BURST_MAX, NativeConnection, NativeEncoder
 from .pump import SessionPump, Wire, stopped
-from .ws_driver import run_websocket, upgradable
+from .ws_driver import WS_CONNECTIONS, detach, run_websocket, upgradable
+from .ws_socket import take_over
 from .ws_write import WsSink
 
 if TYPE_CHECKING:
@@ -244,10 +245,10 @@ class NativeHttp:
         peer = request.headers.get(NODE_HEADER) if fed is not None else None
         if fed is not None and peer is not None and (refused := _federation_upgrade(fed, peer, ws)):
             return refused
-        await ws.prepare(request)
+        sock, resp = await take_over(request, ws, self.s.max_frame)
         encoding = "msgpack" if protocol.endswith("msgpack") else "json"
         codec = self._codecs[encoding]
-        sink = WsSink(ws, request.transport, encoding == "msgpack")
+        sink = WsSink(sock, sock.transport, encoding == "msgpack")
         if fed is not None and peer is not None:
             conn: NativeConnection = _federation_connection(fed, peer, request, codec, sink, self.s)
         else:
@@ -259,19 +260,12 @@ class NativeHttp:
                 sink.close,
                 sink.send_many,
                 self._encoders[encoding],
-                wire=sink if sink.transport is not None else None,
+                wire=sink,
             )
         conn.upgrade_token = request_token(request)
         conn.peer = peer_address(request)
-        task = asyncio.current_task()
-        if task is not None:
-            self.connections.add(task)
-        try:
-            await run_websocket(ws, conn, None, None, bursts=BURST_MAX)
-        finally:
-            if task is not None:
-                self.connections.discard(task)
-        return ws
+        detach(request, run_websocket(sock, conn, None, None, bursts=BURST_MAX))
+        return resp
 
     # -- HTTP API ---------------------------------------------------------------------------------------
 
@@ -641,6 +635,7 @@ def build_app(
     install_cors(app, settings.cors_origins)  # global: every route, native and dialects alike
     app[COOKIE_ORIGINS] = tuple(o for o in settings.cors_origins if o != "*")
     app[CHANGING_GETS] = set()  # the dialects' GET routes that change state (qpubs' /emit alias)
+    app[WS_CONNECTIONS] = native.connections  # every dialect's WebSocket connections (ws_driver.detach)
     app.router.add_get("/ws/hubbub", native.websocket)
     app.router.add_post("/api/v1/publish/{rest:.*}", native.publish)
     app.router.add_get("/api/v1/log/{rest:.*}", native.log_read)

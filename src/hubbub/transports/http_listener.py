@@ -20,13 +20,12 @@ aiohttp does not do for a server exposed to anyone:
   aiohttp's answer would name its and Python's versions and echo the input back, and its ERROR record with
   a traceback for each would let anyone fill the log. Such requests are counted and logged as a warning at
   most once per :data:`WARN_EVERY_S` per kind.
-* **Masked client frames** (RFC 6455 §5.1): once a route upgrades the connection to a WebSocket, every frame
-  header is checked (``transports/ws_mask.py``) before aiohttp's reader sees the bytes, which has no such
-  check; an unmasked frame fails the connection: close 1002, then the socket is closed (the handler sees the
-  peer gone). The check sits here, in the protocol that feeds the reader, because every dialect's WebSocket
-  route is served by this protocol, and because aiohttp's reader (compiled) exposes no hook per frame.
+* **The hand-over of WebSockets.** Once a route answers a WebSocket upgrade, the connection leaves aiohttp
+  (:meth:`HttpConnection.hand_over`, called by ``transports/ws_socket.py``'s ``take_over``): the transport
+  goes to hubbub's own WebSocket protocol with the bytes that followed the upgrade request and the
+  connection's place in the limits, and aiohttp's request, parser and handler task end.
 
-The listener's own bad input (malformed heads, heads not sent in time, unmasked frames) is counted in
+The listener's own bad input (malformed heads, heads not sent in time) is counted in
 ``hubbub_bad_input_total{dialect="http"}``.
 
 Concurrency contract: everything here runs on the event loop thread.
@@ -40,10 +39,10 @@ from http import HTTPStatus
 from typing import Any, Final, cast
 
 from aiohttp import web
-from aiohttp.http import HttpProcessingError, RawRequestMessage, WebSocketReader
+from aiohttp.http import HttpProcessingError, RawRequestMessage
 from aiohttp.streams import StreamReader
 
-from hubbub.core.api import Core
+from hubbub.core.api import Core, Limiter
 from hubbub.dialects import native as nc
 from hubbub.disconnect import Disconnect
 
@@ -55,7 +54,6 @@ from .accept import (
     Throttle,
     reuse_port,
 )
-from .ws_mask import CLOSE_PROTOCOL_ERROR, MaskCheck
 
 __all__ = [
     "KEEPALIVE_S",
@@ -158,9 +156,9 @@ class HttpListener(web.BaseSite):
 
 class HttpConnection(web.RequestHandler):
     """One accepted socket of :class:`HttpListener`: aiohttp's HTTP/1.1 protocol with admission, the head
-    timeout, hubbub's error answers and the mask check of WebSocket frames (module docstring)."""
+    timeout, hubbub's error answers and the hand-over of WebSockets (module docstring)."""
 
-    __slots__ = ("_admitted", "_body", "_frames", "_heads", "_ip", "_listener", "_timer")
+    __slots__ = ("_admitted", "_body", "_heads", "_ip", "_listener", "_timer")
 
     def __init__(self, manager: web.Server, listener: HttpListener, loop: asyncio.AbstractEventLoop) -> None:
         # No access log (aiohttp takes None for that, as AppRunner(access_log=None) passes it).
@@ -173,8 +171,6 @@ class HttpConnection(web.RequestHandler):
         self._timer: asyncio.TimerHandle | None = None
         #: Requests parsed when the head timer was set: one more means the head arrived.
         self._heads = 0
-        #: The mask check, once the connection is a WebSocket.
-        self._frames: MaskCheck | None = None
         #: The body of the last request parsed, while it may still be arriving.
         self._body: StreamReader | None = None
 
@@ -221,16 +217,6 @@ class HttpConnection(web.RequestHandler):
     # -- reading --------------------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        frames = self._frames
-        if frames is not None:  # a WebSocket
-            at = frames.feed(data)
-            if at < 0:
-                super().data_received(data)
-                return
-            if at:
-                super().data_received(data[:at])
-            self._unmasked()
-            return
         if not self._admitted:
             return  # a refused socket: what it sends is not read
         heads = self._request_count
@@ -280,30 +266,23 @@ class HttpConnection(web.RequestHandler):
         )
         self.force_close()
 
-    def set_parser(self, parser: WebSocketReader, data_received_cb: Any = None) -> None:
-        """The route upgraded the connection to a WebSocket: from here on every frame header is checked.
-        Bytes that came with the upgrade request (aiohttp keeps them for the reader) are checked first."""
-        frames = self._frames = MaskCheck()
-        tail = self._message_tail
-        at = frames.feed(tail) if tail else -1
-        if at >= 0:
-            self._message_tail = tail[:at]
-        super().set_parser(parser, data_received_cb)
-        if at >= 0:
-            self._unmasked()
-
-    def _unmasked(self) -> None:
-        """Fail the WebSocket (RFC 6455 §7.1.7): close 1002, then close the socket. The reader is fed
-        nothing of the unmasked frame; the route's handler sees the peer gone."""
-        self._frames = None
+    def hand_over(self) -> tuple[asyncio.Transport, bytes, Limiter | None, str]:
+        """The route answered a WebSocket upgrade and hubbub serves the connection itself from here on
+        (``transports/ws_socket.py``): the transport, the bytes that came after the upgrade request, and the
+        connection's place in the limits (the new protocol releases it when the transport is lost). aiohttp
+        forgets the connection: its handler ends without writing or closing anything."""
         transport = self.transport
         if transport is None or transport.is_closing():
-            return
-        self._listener.warn(
-            "unmasked", "unmasked WebSocket frame from %s: connection failed (1002)", self._ip
-        )
-        transport.write(CLOSE_PROTOCOL_ERROR)
-        transport.close()
+            raise ConnectionResetError("the connection closed during the upgrade")
+        tail, self._message_tail = self._message_tail, b""
+        admitted, self._admitted = self._admitted, False
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+            self._timer = None
+        self.transport = None
+        web.RequestHandler.connection_lost(self, None)
+        return transport, tail, self._listener.node.limiter if admitted else None, self._ip
 
     # -- error answers --------------------------------------------------------------------------------------
 

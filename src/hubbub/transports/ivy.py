@@ -35,7 +35,8 @@ from hubbub.log.base import AppendRequest
 from .binding import Mounted, Wiring
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 from .wire import DialectWire
-from .ws_driver import run_websocket, upgradable
+from .ws_driver import detach, run_websocket, upgradable
+from .ws_socket import take_over
 from .ws_write import WsSink
 
 __all__ = ["IvyEncoder", "IvySettings", "ivy_installer"]
@@ -91,7 +92,7 @@ class IvyHttp:
             ident = request_identity(self.node, request, DIALECT, self.ivy.auth)
         except AuthError:
             return text_response(401, "unauthorized\n")
-        await ws.prepare(request)
+        sock, resp = await take_over(request, ws, self.s.max_frame)
         codec = ivy.IvyCodec(
             max_frame=self.s.max_frame,
             max_channel_bytes=self.s.max_channel_bytes,
@@ -101,10 +102,10 @@ class IvyHttp:
         node = self.node
 
         async def send(data: bytes) -> None:
-            await ws.send_frame(data, WSMsgType.TEXT)
+            await sock.send_frame(data, WSMsgType.TEXT)
 
         async def close(code: Disconnect) -> None:
-            await ws.close(code=ivy.wire_close(code))
+            await sock.close(code=ivy.wire_close(code))
 
         def refused(cmd: object, exc: HubbubError) -> Sequence[object]:
             if isinstance(exc, AuthError | LimitExceeded):  # ivy counts a refused command as bad input
@@ -126,7 +127,7 @@ class IvyHttp:
             echo=False,  # the publishing connection never receives its own event (ivy.md §4)
             # Bursts in one write, fan-out runs framed once for every ivy socket (an event is never dropped
             # with an empty frame here: IvyEncoder renders every one).
-            wire=WsSink(ws, request.transport, False) if request.transport is not None else None,
+            wire=WsSink(sock, sock.transport, False),
         )
 
         async def greet() -> None:
@@ -135,8 +136,8 @@ class IvyHttp:
         # The identity is bound before the session is attached: its subscriptions see the token's
         # permissions, and its expiry closes it (1008).
         keepalive_s = (self.ivy.ping_interval_s, self.ivy.read_timeout_s)
-        await run_websocket(ws, wire, conn, ident, keepalive_s=keepalive_s, started=greet)
-        return ws
+        detach(request, run_websocket(sock, wire, conn, ident, keepalive_s=keepalive_s, started=greet))
+        return resp
 
     # -- /events/ and /log/ -------------------------------------------------------------------------------
 

@@ -47,7 +47,8 @@ from hubbub.events import Event
 from .http import HttpSettings, peer_address, request_token, text_response
 from .lifetime import Lifetime
 from .wire import DialectWire
-from .ws_driver import run_websocket, upgradable
+from .ws_driver import detach, run_websocket, upgradable
+from .ws_socket import take_over
 
 __all__ = [
     "MistEncoder",
@@ -501,7 +502,7 @@ class MistService:
             if found is None:
                 return text_response(401, "unauthorized\n")
             identity, grant = found
-        await ws.prepare(request)  # any Origin, or none (mist.md §10)
+        sock, resp = await take_over(request, ws, self.http.max_frame)  # any Origin, or none (mist.md §10)
         h, s = self.http, self.settings
         proto: md.Mist2015WsConnection | md.Mist1WsConnection
         if generation == "mist2015":
@@ -525,18 +526,18 @@ class MistService:
             )
 
         async def send(data: bytes) -> None:
-            await ws.send_frame(data, WSMsgType.TEXT)
+            await sock.send_frame(data, WSMsgType.TEXT)
 
         async def close(code: Disconnect) -> None:
-            await ws.close(code=code)
+            await sock.close(code=code)
 
         mist = MistWire(self, proto, send=send, close=close, peer=peer)
 
         async def joined() -> None:
             self.join(mist)
 
-        await run_websocket(
-            ws,
+        run = run_websocket(
+            sock,
             mist.wire,
             proto,
             identity,
@@ -544,4 +545,5 @@ class MistService:
             started=joined,
             finishing=mist.leave,
         )
-        return ws
+        detach(request, run)
+        return resp

@@ -68,7 +68,8 @@ from .mqtt_store import migrate
 from .stream_driver import WRITE_TIMEOUT_S, ServiceStreams, listen_streams
 from .stream_listener import Accepted, StreamListener
 from .wire import DialectWire
-from .ws_driver import run_websocket, upgradable
+from .ws_driver import detach, run_websocket, upgradable
+from .ws_socket import take_over
 
 __all__ = [
     "MqttCollector",
@@ -150,18 +151,18 @@ class MqttService:
         ws = upgradable(request, self.http.max_frame + 5, protocols=("mqtt",))
         if ws is None:
             return web.Response(status=400, text="expected a WebSocket upgrade\n")
-        await ws.prepare(request)
+        sock, resp = await take_over(request, ws, self.http.max_frame + 5)
 
         async def send(data: bytes) -> None:
-            await ws.send_bytes(data)
+            await sock.send_bytes(data)
 
         async def close(code: Disconnect) -> None:
-            await ws.close(code=mq.SPEC.close_code(code))
+            await sock.close(code=mq.SPEC.close_code(code))
 
         peer = request.remote or ""
         w = MqttWire(self, send=send, close=close, peer=peer)
-        await run_websocket(ws, w.wire, w.conn, None, finishing=w.finishing)
-        return ws
+        detach(request, run_websocket(sock, w.wire, w.conn, None, finishing=w.finishing))
+        return resp
 
 
 class MqttEncoder:

@@ -40,7 +40,8 @@ from hubbub.events import Event
 from .backpressure import Socket
 from .http import HttpSettings, peer_address, request_token, text_response
 from .wire import DialectWire
-from .ws_driver import run_websocket, upgradable
+from .ws_driver import detach, run_websocket, upgradable
+from .ws_socket import WsSocket, take_over
 
 __all__ = [
     "ABOVE_HEADER",
@@ -312,22 +313,26 @@ class WearscriptService:
         if below and (below == self.hub_id or below in self.above):
             # A hubbub hub linking up from above this one (or this one itself): a cycle (409 tells it so).
             return text_response(409, "this link would close a cycle of hubs\n")
-        await ws.prepare(request)  # any Origin, or none (§1)
+        sock, resp = await take_over(request, ws, self.http.max_frame)  # any Origin, or none (§1)
         if below:
             self.below[below] += 1
-        try:
-            await serve(self, ws, ident)
-        finally:
-            if below:
-                self.below[below] -= 1
-                if self.below[below] <= 0:
-                    del self.below[below]
-        return ws
+
+        async def run() -> None:
+            try:
+                await serve(self, sock, ident)
+            finally:
+                if below:
+                    self.below[below] -= 1
+                    if self.below[below] <= 0:
+                        del self.below[below]
+
+        detach(request, run())
+        return resp
 
 
 async def serve(
     service: WearscriptService,
-    ws: Socket,
+    ws: Socket | WsSocket,
     ident: Identity | None,
     *,
     encoder: Encoder | None = None,

@@ -1,24 +1,32 @@
 """The WebSocket driver: one connection of any dialect over a WebSocket, from the upgrade to the close
 (ARCHITECTURE §2).
 
-A dialect's route handler checks the upgrade (:func:`upgradable`), authenticates it and prepares the
-socket, builds its wire (a :class:`FrameWire`: a :class:`~hubbub.transports.wire.DialectWire`, or native's
-:class:`~hubbub.transports.native.NativeConnection`) and its sans-I/O connection
-(:class:`~hubbub.dialects.spec.FrameConnection`) and hands both to :func:`run_websocket`, which:
+A dialect's route handler checks the upgrade (:func:`upgradable`), authenticates it, answers it and takes
+the connection from aiohttp (:func:`~hubbub.transports.ws_socket.take_over`: a
+:class:`~hubbub.transports.ws_socket.WsSocket`), builds its wire (a :class:`FrameWire`: a
+:class:`~hubbub.transports.wire.DialectWire`, or native's :class:`~hubbub.transports.native.NativeConnection`)
+and its sans-I/O connection (:class:`~hubbub.dialects.spec.FrameConnection`), and hands both to
+:func:`run_websocket` in a task of the connection's own (:func:`detach`), then returns: aiohttp's request,
+its tasks and the handler's frames are freed while the connection lives. :func:`run_websocket`:
 
 * runs every task of the connection (its write loop, its keepalive) in one
   :class:`~hubbub.transports.lifetime.Lifetime`;
-* reads the frames one at a time, only while the connection's replies have room
-  (:class:`~hubbub.transports.backpressure.Messages`), and hands each text or binary frame to the wire's
-  receiver (the connection's actions, carried out before the next frame is read; a frame the wire took
-  without waiting, native's common publish, costs no coroutine); pings are answered; a frame is not kept
-  while the next is awaited (an idle connection would hold its last one, up to ``max_frame`` bytes);
-* counts a frame aiohttp refused as too large (it sent close 1009 itself, protocols README §9) as bad input
-  and a refused ``max_frame``;
+* hands the frames to the dialect from the socket's ``data_received`` (:class:`_Reader`), only while the
+  connection's replies have room (the rule of :mod:`~hubbub.transports.backpressure`: the transport is
+  paused until they have), each text or binary frame to the wire's receiver (the connection's actions,
+  carried out before the next frame is handed over: the socket waits while an awaited step runs; a frame
+  the wire took without waiting, native's common publish, costs no coroutine); pings are answered; an idle
+  connection has no task reading it and holds no frame;
+* counts a message over ``max_frame`` (the socket sent close 1009, protocols README §9) as the dialect's
+  bad input and a refused ``max_frame``, and any other broken frame (1002, 1007) as bad input of ``http``
+  (the WebSocket layer's, as the listener counts its own);
 * pings every ``ping_interval_s`` and closes 1001 after ``read_timeout_s`` of silence (README §8), where
   the dialect's spec asks for a keepalive;
 * on the way out, closes the socket with the session's end or kick reason through the spec's close mapping
   (1001 when the peer or the server ended it without one).
+
+A socket the server opened itself (the WearScript link up, an aiohttp client socket) is read the same way by
+a loop over its messages (:func:`_read`).
 
 Concurrency contract: called from the event loop thread; one reader per connection.
 """
@@ -26,9 +34,10 @@ Concurrency contract: called from the event loop thread; one reader per connecti
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeAlias, cast
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final, Protocol, TypeAlias, cast, final
 
 from aiohttp import WSMsgType, web
 
@@ -36,13 +45,26 @@ from hubbub.auth import Identity
 from hubbub.core.api import Core, Session
 from hubbub.dialects.spec import DialectSpec, FrameConnection
 from hubbub.disconnect import Disconnect
+from hubbub.ws_frames import BINARY, PING, PONG
 
 from .accept import peer_name
 from .backpressure import Messages, Socket, take_ready
 from .lifetime import Lifetime
 from .pump import keepalive, quietly, stopped
+from .ws_socket import WsSocket
 
-__all__ = ["BurstWire", "FrameWire", "Keepalive", "Receiver", "run_websocket", "upgradable"]
+__all__ = [
+    "WS_CONNECTIONS",
+    "BurstWire",
+    "FrameWire",
+    "Keepalive",
+    "Receiver",
+    "detach",
+    "run_websocket",
+    "upgradable",
+]
+
+log = logging.getLogger("hubbub.ws")
 
 #: A keepalive's ``(ping_interval_s, read_timeout_s)``.
 Keepalive = tuple[float, float]
@@ -96,31 +118,48 @@ class BurstWire(FrameWire, Protocol):
         ...
 
 
+#: The tasks of the app's open WebSocket connections (:func:`detach`), which the server waits for when it
+#: stops.
+WS_CONNECTIONS: Final = web.AppKey("hubbub_ws_connections", set[asyncio.Task[None]])
+
+
 def upgradable(
     request: web.Request,
     max_frame: int,
     headers: dict[str, str] | None = None,
     protocols: tuple[str, ...] = (),
-    heartbeat: float | None = None,
 ) -> web.WebSocketResponse | None:
-    """A WebSocket response for ``request`` (frames up to ``max_frame``, the dialect's subprotocols, pings
-    answered by the reader, no compression), or None when the request is no WebSocket upgrade (the route
-    answers 400). With ``heartbeat`` aiohttp pings every ``heartbeat`` seconds and answers pings itself
-    (a dialect whose spec has no keepalive of the driver's)."""
-    ws = web.WebSocketResponse(
-        protocols=protocols,
-        max_msg_size=max_frame,
-        autoping=heartbeat is not None,
-        heartbeat=heartbeat,
-        compress=False,
-    )
+    """The upgrade's answer for ``request`` (the dialect's subprotocols, ``headers``; no compression: hubbub
+    negotiates no extension), for :func:`~hubbub.transports.ws_socket.take_over`, or None when the request
+    is no WebSocket upgrade (the route answers 400)."""
+    ws = web.WebSocketResponse(protocols=protocols, max_msg_size=max_frame, autoping=False, compress=False)
     if headers:
         ws.headers.update(headers)
     return ws if ws.can_prepare(request).ok else None
 
 
+def detach(request: web.Request, connection: Coroutine[Any, Any, object]) -> None:
+    """Run ``connection`` (:func:`run_websocket` on a taken-over socket) in a task of its own, which the
+    server waits for when it stops: the route's handler returns, and aiohttp's request with it."""
+    task: asyncio.Task[None] = asyncio.get_running_loop().create_task(_connection(connection))
+    tasks = request.app.get(WS_CONNECTIONS)
+    if tasks is not None:
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+async def _connection(connection: Coroutine[Any, Any, object]) -> None:
+    try:
+        await connection
+    except (asyncio.CancelledError, ConnectionError):
+        pass
+    except Exception:
+        # aiohttp logged a handler's failure; the connection's own task logs it (no one awaits it).
+        log.exception("a WebSocket connection failed")
+
+
 async def run_websocket(
-    ws: Socket,
+    ws: Socket | WsSocket,
     wire: FrameWire,
     conn: FrameConnection | None,
     identity: Identity | None,
@@ -134,8 +173,7 @@ async def run_websocket(
     runs once the session is attached (a greeting), ``finishing`` once the reader is done, before the
     session leaves the node (departure notices, rosters). ``conn`` is None for a wire that reads frames
     itself (native). With ``bursts`` (the most frames a :class:`BurstWire` takes at once; 0: none), a frame
-    and the ones aiohttp parsed with it (:func:`~hubbub.transports.backpressure.take_ready`) go to the
-    wire's ``burst`` at once."""
+    and the ones parsed with it go to the wire's ``burst`` at once."""
     sess = wire.session
     if not sess.peer:
         sess.peer = peer_name(ws.get_extra_info("peername"))
@@ -150,7 +188,12 @@ async def run_websocket(
                 ping = keepalive(wire, sess, wire.node, sess.dialect, ws.ping, interval, silence)
                 alive = group.create_task(ping)
             try:
-                await _read(ws, wire, wire.receiver(conn), bursts)
+                if isinstance(ws, WsSocket):
+                    reader = _Reader(ws, wire, wire.receiver(conn), bursts, group)
+                    ws.start(reader)
+                    await reader.ended
+                else:
+                    await _read(ws, wire, wire.receiver(conn), bursts)
             finally:
                 if finishing is not None:
                     finishing()
@@ -158,12 +201,113 @@ async def run_websocket(
                 if alive is not None:
                     alive.cancel()
                     await stopped(alive, wire.node, sess.dialect, sess.id)
-    except (asyncio.CancelledError, ConnectionError):
+    except asyncio.CancelledError:
+        if isinstance(ws, WsSocket):
+            ws.abort()  # the server stops: no waiting for the peer's close
+    except ConnectionError:
         pass
     finally:
         if not ws.closed:
             code = wire.spec.close_code(sess.kicked or sess.ending or Disconnect.GOING_AWAY)
             await quietly(lambda: ws.close(code=code), wire.node, sess.dialect, sess.id, "close")
+        if isinstance(ws, WsSocket):
+            # The task lasts until the transport is gone (the peer's close, or CLOSE_TIMEOUT_S): the server,
+            # stopping, waits for it or cancels it, and a cancelled one drops the connection.
+            try:
+                await ws.wait_lost()
+            except asyncio.CancelledError:
+                ws.abort()
+                raise
+
+
+@final
+class _Reader:
+    """A taken-over socket's frames to the dialect (:class:`~hubbub.transports.ws_socket.Reader`), called
+    from the socket's ``data_received``: a step that must wait (room for replies, an awaited action) runs
+    as a task of the connection's :class:`~hubbub.transports.lifetime.Lifetime` while the socket waits,
+    and resumes it. ``ended`` is set once the connection reads no more."""
+
+    __slots__ = ("bursts", "ended", "group", "receive", "sock", "wire")
+
+    def __init__(
+        self, sock: WsSocket, wire: FrameWire, receive: Receiver, bursts: int, group: Lifetime
+    ) -> None:
+        self.sock = sock
+        self.wire = wire
+        self.receive = receive
+        self.bursts = bursts
+        self.group = group
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def __call__(self, opcode: int, data: bytes | str) -> bool:
+        wire = self.wire
+        wire.last_recv = time.monotonic()
+        if opcode == PING:
+            self.sock.control(PONG, data if isinstance(data, bytes) else b"")
+            return True
+        if opcode == PONG:
+            return True
+        more = self.sock.take_ready(self.bursts) if self.bursts else None
+        if more:
+            more.insert(0, data)
+            del data
+            pending: Awaitable[None] | None = cast(BurstWire, wire).burst(more)
+            del more
+        else:
+            pending = self.receive(data, opcode == BINARY)
+        if pending is not None:
+            self.group.create_task(self._step(pending))
+            return False
+        if wire.done:
+            self.end()
+            return False
+        return True
+
+    def room(self) -> bool:
+        if self.wire.session.has_room:
+            return True
+        self.group.create_task(self._room())
+        return False
+
+    async def _step(self, pending: Awaitable[None]) -> None:
+        try:
+            await pending
+        except ConnectionError:
+            self.end()
+            return
+        del pending
+        if self.wire.done:
+            self.end()
+        else:
+            self.sock.resume()
+
+    async def _room(self) -> None:
+        sess = self.wire.session
+        await sess.wait_room()
+        if sess.closed or sess.kicked or sess.ending or self.wire.done:
+            self.end()
+        else:
+            self.sock.resume()
+
+    def failed(self, code: Disconnect) -> None:
+        """A message over ``max_frame`` is the dialect's bad input and a refused ``max_frame``; any other
+        broken frame (1002, 1007) the WebSocket layer's, counted with dialect ``http`` as the listener's."""
+        sess = self.wire.session
+        node = self.wire.node
+        if code == Disconnect.MESSAGE_TOO_BIG:
+            node.metrics.count_bad_input(sess.dialect)
+            node.limiter.refused("max_frame", sess.dialect)
+        else:
+            node.metrics.count_bad_input("http")
+            log.debug("broken WebSocket frame from %s: failed (%d)", sess.peer, code)
+        self.end()
+
+    def lost(self) -> None:
+        self.end()
+
+    def end(self) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
 
 
 async def _read(ws: Socket, wire: FrameWire, receive: Receiver, bursts: int) -> None:

@@ -1,9 +1,8 @@
 """Writing to a WebSocket from the server's side: the RFC 6455 framing of data frames (FIN set, no mask, no
 per-message deflate: hubbub never negotiates it), and :class:`WsSink`, the write calls of one socket.
 
-aiohttp writes each frame separately (a header, a payload, a send per frame); a burst of frames framed here
-goes out in one ``transport.write``, and a fan-out run's bytes are framed once for every connection that
-holds it (the pump's ``wire``, :meth:`~hubbub.core.session.FrameRun.wire`).
+A burst of frames framed here goes out in one ``transport.write``, and a fan-out run's bytes are framed once
+for every connection that holds it (the pump's ``wire``, :meth:`~hubbub.core.session.FrameRun.wire`).
 
 Concurrency contract: called from the event loop thread; one writer (the connection's pump) per socket.
 """
@@ -13,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSMsgType
 
 from hubbub.disconnect import Disconnect
 
+if TYPE_CHECKING:
+    from .ws_socket import WsSocket
+
 __all__ = [
-    "WS_DRAIN_POLL_S",
     "WS_WRITE_HIGH_WATER",
     "WsSink",
     "ws_binary_burst",
@@ -30,7 +31,6 @@ __all__ = [
 
 #: Bytes buffered on a WebSocket's transport above which a burst write waits for the peer to read.
 WS_WRITE_HIGH_WATER = 1 << 20
-WS_DRAIN_POLL_S = 0.002
 
 #: The two-byte headers of server-to-client text and binary frames (FIN set, no mask) of payloads up to 125
 #: bytes, by first byte and length: a burst's common frame takes its header from here.
@@ -68,8 +68,8 @@ def ws_binary_burst(frames: list[bytes]) -> bytes:
 
 
 class WsSink:
-    """The send, close and burst-send callables of one native WebSocket's connection
-    (:class:`~hubbub.transports.native.NativeConnection`).
+    """The send, close and burst-send callables of one WebSocket's connection (native's
+    :class:`~hubbub.transports.native.NativeConnection`, a dialect's wire).
 
     Bound methods of a slotted object rather than closures: a connection that idles keeps these alive, and
     three closures with their cells cost several times as much.
@@ -77,7 +77,7 @@ class WsSink:
 
     __slots__ = ("opcode", "transport", "type", "ws")
 
-    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None, binary: bool) -> None:
+    def __init__(self, ws: WsSocket, transport: asyncio.Transport | None, binary: bool) -> None:
         self.ws = ws
         self.transport = transport
         self.type = WSMsgType.BINARY if binary else WSMsgType.TEXT
@@ -91,9 +91,8 @@ class WsSink:
         await self.ws.close(code=code)
 
     async def send_many(self, frames: list[bytes]) -> None:
-        # One write for a burst of frames: aiohttp writes (and tries a send() for) each frame separately.
-        # Data frames from a server are unmasked and uncompressed here (no per-message deflate is
-        # negotiated), so the RFC 6455 framing is the header alone.
+        # One write for a burst of frames. Data frames from a server are unmasked and uncompressed here (no
+        # per-message deflate is negotiated), so the RFC 6455 framing is the header alone.
         transport = self.transport
         if transport is None or transport.is_closing():
             for f in frames:
@@ -113,6 +112,5 @@ class WsSink:
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the WebSocket's transport is closing")
         transport.write(data)
-        # aiohttp has no public drain for its connection: poll the transport's buffer instead.
-        while transport.get_write_buffer_size() > WS_WRITE_HIGH_WATER and not transport.is_closing():  # noqa: ASYNC110
-            await asyncio.sleep(WS_DRAIN_POLL_S)
+        if transport.get_write_buffer_size() > WS_WRITE_HIGH_WATER:
+            await self.ws.drain()

@@ -1,0 +1,176 @@
+"""``FrameParser`` (RFC 6455 on the server's side): the same messages and control frames however the stream is
+cut (whole, a byte at a time, split at every offset), fragments reassembled, and each broken rule failed with
+its close code, found from the frame's header before its payload is held."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hubbub.ws_frames import (
+    BINARY,
+    CLOSE,
+    PING,
+    PONG,
+    TEXT,
+    FrameError,
+    FrameParser,
+    close_payload,
+    unmask,
+)
+
+#: A fixed masking key: the same frames (and test ids) in every run and worker.
+KEY = b"\x5a\xa5\x0f\xf0"
+
+
+def frame(
+    payload: bytes, opcode: int = TEXT, *, fin: bool = True, masked: bool = True, rsv: int = 0
+) -> bytes:
+    """One frame in any of the three length forms, masked unless ``masked`` is false."""
+    n = len(payload)
+    head = bytes([(0x80 if fin else 0) | rsv << 4 | opcode])
+    bit = 0x80 if masked else 0
+    if n < 126:
+        head += bytes([bit | n])
+    elif n < 65536:
+        head += bytes([bit | 126]) + struct.pack("!H", n)
+    else:
+        head += bytes([bit | 127]) + struct.pack("!Q", n)
+    if not masked:
+        return head + payload
+    return head + KEY + unmask(KEY, payload)
+
+
+def parse(stream: bytes, cuts: list[int] | None = None, limit: int = 1 << 20) -> list[object]:
+    """The items of ``stream`` fed in pieces cut at ``cuts``, and the close code it failed with, if any."""
+    parser = FrameParser(limit)
+    out: list[object] = []
+    bounds = [0, *(cuts or []), len(stream)]
+    try:
+        for a, b in itertools.pairwise(bounds):
+            parser.feed(stream[a:b])
+            while (item := parser.next()) is not None:
+                out.append(item)
+    except FrameError as e:
+        out.append(int(e.code))
+    return out
+
+
+MIXED = (
+    frame(b"hello")
+    + frame(b"\x00\x01" * 100, BINARY)
+    + frame(b"p", PING)
+    + frame("é".encode() * 40000)  # a 64-bit length
+    + frame(b"frag", TEXT, fin=False)
+    + frame(b"", PONG)
+    + frame(b"ment", 0, fin=False)
+    + frame(b"ed", 0)
+    + frame(close_payload(1000, "bye"), CLOSE)
+)
+EXPECTED = [
+    (TEXT, "hello"),
+    (BINARY, b"\x00\x01" * 100),
+    (PING, b"p"),
+    (TEXT, "é" * 40000),
+    (PONG, b""),
+    (TEXT, "fragmented"),
+    (CLOSE, struct.pack("!H", 1000) + b"bye"),
+]
+
+
+def test_whole_and_a_byte_at_a_time() -> None:
+    assert parse(MIXED) == EXPECTED
+    assert parse(MIXED, list(range(1, len(MIXED)))) == EXPECTED
+
+
+def test_split_at_every_offset() -> None:
+    small = frame(b"ab") + frame(b"c" * 130, BINARY) + frame(b"x", PING)
+    want = parse(small)
+    assert want == [(TEXT, "ab"), (BINARY, b"c" * 130), (PING, b"x")]
+    for at in range(1, len(small)):
+        assert parse(small, [at]) == want, at
+
+
+def test_nothing_is_held_once_the_input_is_used() -> None:
+    parser = FrameParser(1 << 20)
+    parser.feed(frame(b"x" * 1000))
+    assert parser.next() == (TEXT, "x" * 1000)
+    assert parser.next() is None and parser.buffered == 0
+
+
+@pytest.mark.parametrize(
+    ("stream", "code"),
+    [
+        (frame(b"x", masked=False), 1002),
+        (frame(b"x", rsv=1), 1002),
+        (frame(b"x", rsv=4), 1002),
+        (frame(b"x", 0x3), 1002),
+        (frame(b"x", 0xB), 1002),
+        (frame(b"x", PING, fin=False), 1002),
+        (frame(b"x" * 126, PING), 1002),
+        (frame(b"x", 0), 1002),
+        (frame(b"a", TEXT, fin=False) + frame(b"b", TEXT), 1002),
+        (frame(b"\xc3\x28"), 1007),
+        (frame(b"\xc3", TEXT, fin=False) + frame(b"\x28", 0), 1007),
+        (frame(b"\x03", CLOSE), 1002),
+        (frame(struct.pack("!H", 1005), CLOSE), 1002),
+        (frame(struct.pack("!H", 999), CLOSE), 1002),
+        (frame(struct.pack("!H", 5000), CLOSE), 1002),
+        (frame(struct.pack("!H", 1000) + b"\xff", CLOSE), 1007),
+    ],
+)
+def test_a_broken_rule_fails_with_its_code(stream: bytes, code: int) -> None:
+    assert parse(stream)[-1] == code
+    assert parse(stream, list(range(1, len(stream))))[-1] == code
+
+
+def test_the_limit_applies_to_the_whole_message_from_the_headers() -> None:
+    assert parse(frame(b"x" * 100), limit=100) == [(TEXT, "x" * 100)]
+    assert parse(frame(b"x" * 101), limit=100) == [1009]
+    # A header over the limit fails before its payload arrives.
+    parser = FrameParser(100)
+    parser.feed(frame(b"x" * 70_000)[:20])
+    with pytest.raises(FrameError) as e:
+        parser.next()
+    assert e.value.code == 1009
+    parts = frame(b"x" * 60, TEXT, fin=False) + frame(b"p", PING) + frame(b"y" * 41, 0)
+    assert parse(parts, limit=100) == [(PING, b"p"), 1009]
+    assert parse(parts, limit=101) == [(PING, b"p"), (TEXT, "x" * 60 + "y" * 41)]
+
+
+def test_close_codes_a_peer_may_send() -> None:
+    for code in (1000, 1001, 1003, 1011, 3000, 4999):
+        assert parse(frame(struct.pack("!H", code), CLOSE)) == [(CLOSE, struct.pack("!H", code))]
+    assert parse(frame(b"", CLOSE)) == [(CLOSE, b"")]
+
+
+def test_a_client_parser_wants_unmasked_frames() -> None:
+    parser = FrameParser(100, server=False, decode_text=False)
+    parser.feed(frame(b"hi", masked=False) + frame(b"hi"))
+    assert parser.next() == (TEXT, b"hi")
+    with pytest.raises(FrameError):
+        parser.next()
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([TEXT, BINARY]), st.text(max_size=300), st.integers(1, 4)), max_size=6
+    ),
+    st.lists(st.integers(1, 2000), max_size=8),
+)
+def test_any_messages_however_cut(messages: list[tuple[int, str, int]], cuts: list[int]) -> None:
+    stream = b""
+    want: list[object] = []
+    for op, text, pieces in messages:
+        data = text.encode()
+        size = max(1, -(-len(data) // pieces))
+        chunks = [data[i : i + size] for i in range(0, len(data), size)] or [b""]
+        for i, c in enumerate(chunks):
+            stream += frame(c, op if i == 0 else 0, fin=i == len(chunks) - 1)
+        want.append((op, text if op == TEXT else data))
+    at = sorted({c for c in cuts if c < len(stream)})
+    assert parse(stream, at) == want
