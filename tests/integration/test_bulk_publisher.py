@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from hubbub.client import ConnectionLost
 from hubbub.client.bulk import BulkPublisher
 from hubbub.client.framing import Framing, ws_frame
-from hubbub.errors import FrameTooLarge, PublishRefused
+from hubbub.errors import BadFrame, FrameTooLarge, PublishRefused
+from hubbub.ws_frames import FrameParser
 from tests.hypothesis_budget import examples
 from tests.integration.serverproc import ServerProcess
 
@@ -271,7 +272,7 @@ def test_framing_accepts_or_rejects_any_bytes(ws: bool, data: bytes) -> None:
     try:
         for body in f.feed(data):
             assert len(body) <= 256
-    except FrameTooLarge:
+    except (FrameTooLarge, BadFrame):
         pass
 
 
@@ -279,7 +280,11 @@ def test_ws_frames_are_masked_and_round_trip() -> None:
     body = msgpack.packb({"op": "publish", "payload": b"\x00" * 300})
     frame = ws_frame(0x2, body)
     assert frame[1] & 0x80  # masked, as client frames must be
+    server_side = FrameParser(1 << 20)
+    server_side.feed(frame)
+    assert server_side.next() == (0x2, body)  # the server's parser unmasks
+    with pytest.raises(BadFrame):  # a client fails a masked frame from the server (RFC 6455 §5.1)
+        Framing("ws", 1 << 20).feed(frame)
     f = Framing("ws", 1 << 20)
-    assert f.feed(frame) == [body]  # the parser unmasks
     f.feed(bytes([0x89, 0x02]) + b"hi")  # a ping: answered with a pong frame
     assert f.control[:1] == b"\x8a"

@@ -30,6 +30,7 @@ from hubbub.client.protocol import (
 )
 from hubbub.errors import BadFrame, BadRequest, FrameTooLarge
 from hubbub.events import Position
+from hubbub.ws_frames import FrameParser
 
 KINDS: list[FramingKind] = ["lines", "length", "ws"]
 
@@ -132,7 +133,14 @@ def _check(events: list[Any], proto: ClientProtocol[str], positions: Subscriptio
     assert positions.dups == 1 and positions.gaps == 1 and positions.replayed == 1
     (pong_out,) = proto.take_outgoing()
     assert proto.framing is not None and not proto.take_outgoing()
-    (body,) = Framing(proto.framing.kind, 1 << 16).feed(pong_out)  # the parser unmasks a client's frame
+    if proto.framing.kind == "ws":  # a client's frame, masked: the server's parser reads it
+        server_side = FrameParser(1 << 16, decode_text=False)
+        server_side.feed(pong_out)
+        item = server_side.next()
+        assert item is not None and isinstance(item[1], bytes)
+        body = item[1]
+    else:
+        (body,) = Framing(proto.framing.kind, 1 << 16).feed(pong_out)
     assert (orjson.loads(body) if proto.codec == "json" else msgpack.unpackb(body)) == {
         "op": "pong",
         "id": 77,

@@ -5,8 +5,10 @@ the three ways a native connection carries frames over a byte stream:
 
 * ``lines``: raw TCP, one JSON frame per line (``\\n``; an empty line or a ``\\r`` before it is allowed);
 * ``length``: raw TCP, msgpack frames each behind a 4-byte big-endian length;
-* ``ws``: a WebSocket spoken over a plain socket (RFC 6455, after the upgrade): messages of any opcode
-  reassembled from their fragments, pings answered, client frames masked.
+* ``ws``: a WebSocket spoken over a plain socket (RFC 6455, after the upgrade): the server's frames read by
+  the parser the server reads its clients' with (:class:`~hubbub.ws_frames.FrameParser`: unmasked, no
+  extension, fragments reassembled), pings answered, client frames masked. A frame that breaks RFC 6455
+  raises :class:`~hubbub.errors.BadFrame`.
 
 A client that gets whole messages from a WebSocket library (aiohttp) needs no framing: its messages go to
 :class:`~hubbub.client.protocol.ClientProtocol` as they are.
@@ -22,7 +24,9 @@ import os
 import struct
 from typing import Final, Literal, TypeAlias
 
-from hubbub.errors import FrameTooLarge
+from hubbub.disconnect import Disconnect
+from hubbub.errors import BadFrame, FrameTooLarge
+from hubbub.ws_frames import CLOSE, PING, PONG, FrameError, FrameParser
 
 __all__ = ["Framing", "FramingKind", "ws_frame"]
 
@@ -53,13 +57,13 @@ class Framing:
     bodies back, in order; ``wrap`` a body for sending. ``control`` collects frames the caller must send
     back (WebSocket pongs); ``closed`` is set once the peer said it closes (nothing after counts)."""
 
-    __slots__ = ("buf", "closed", "control", "kind", "max_frame", "parts")
+    __slots__ = ("_frames", "buf", "closed", "control", "kind", "max_frame")
 
     def __init__(self, kind: FramingKind, max_frame: int) -> None:
         self.kind: FramingKind = kind
         self.max_frame = max_frame
         self.buf = bytearray()
-        self.parts = bytearray()  # a fragmented WebSocket message so far
+        self._frames = FrameParser(max_frame, server=False, decode_text=False) if kind == "ws" else None
         self.control = bytearray()
         self.closed = False
 
@@ -77,12 +81,12 @@ class Framing:
     def feed(self, data: bytes) -> list[bytes]:
         if self.closed:  # nothing after a close frame counts
             return []
+        if self._frames is not None:
+            return self._ws(data)
         self.buf += data
         if self.kind == "length":
             return self._lengths()
-        if self.kind == "lines":
-            return self._lines()
-        return self._ws()
+        return self._lines()
 
     def _lengths(self) -> list[bytes]:
         out: list[bytes] = []
@@ -116,44 +120,26 @@ class Framing:
             raise FrameTooLarge(f"server line over {self.max_frame}")
         return out
 
-    def _ws(self) -> list[bytes]:
+    def _ws(self, data: bytes) -> list[bytes]:
+        # The server's frames, by the parser the server reads its clients' with (hubbub.ws_frames): a
+        # server's frames unmasked, no extension, fragments reassembled up to max_frame.
+        frames = self._frames
+        assert frames is not None
+        frames.feed(data)
         out: list[bytes] = []
-        buf = self.buf
-        while len(buf) >= 2:
-            fin, op, masked, n = buf[0] & 0x80, buf[0] & 0x0F, buf[1] & 0x80, buf[1] & 0x7F
-            at = 2
-            if n == 126:
-                if len(buf) < 4:
+        try:
+            while (item := frames.next()) is not None:
+                op, payload = item
+                assert isinstance(payload, bytes)  # decode_text is off
+                if op == PING:
+                    self.control += ws_frame(0xA, payload)
+                elif op == CLOSE:
+                    self.closed = True
                     break
-                (n,) = struct.unpack_from(">H", buf, 2)
-                at = 4
-            elif n == 127:
-                if len(buf) < 10:
-                    break
-                (n,) = struct.unpack_from(">Q", buf, 2)
-                at = 10
-            if n > self.max_frame:
-                raise FrameTooLarge(f"server message of {n} bytes over {self.max_frame}")
-            mask = b""
-            if masked:
-                mask = bytes(buf[at : at + 4])
-                at += 4
-            if len(buf) < at + n:
-                break
-            payload = bytes(buf[at : at + n])
-            del buf[: at + n]
-            if mask:
-                payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-            if op == 0x9:  # ping
-                self.control += ws_frame(0xA, payload)
-            elif op == 0x8:
-                self.closed = True
-                break
-            elif op in (0x0, 0x1, 0x2):
-                self.parts += payload
-                if len(self.parts) > self.max_frame:
-                    raise FrameTooLarge(f"server message over {self.max_frame}")
-                if fin:
-                    out.append(bytes(self.parts))
-                    self.parts.clear()
+                elif op != PONG:
+                    out.append(payload)
+        except FrameError as e:
+            if e.code == Disconnect.MESSAGE_TOO_BIG:
+                raise FrameTooLarge(f"server message over {self.max_frame}") from None
+            raise BadFrame(f"server WebSocket frame: {e}") from None
         return out
