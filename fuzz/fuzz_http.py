@@ -7,10 +7,11 @@ and a request the parser refuses gets exactly ``400`` ``bad request``, never the
 raise out of the protocol, and no task may be left behind.
 
 ``check_frames`` feeds a client's WebSocket byte stream to the server's frame parser
-(``hubbub.ws_frames.FrameParser``, two message limits) whole, in 7-byte pieces and a byte at a time: the same
-messages and control frames each way, then the same end (more bytes wanted, or the same close code); the
-only exception is ``FrameError`` with a close code RFC 6455 gives (1002, 1007, 1009), text messages are
-``str``, and the parser never holds more than a message's limit and one frame not yet whole.
+(``hubbub.ws_frames.FrameParser``, two message limits) whole, in 7-byte pieces and a byte at a time, and
+whole with bursts taken at once (``take``): the same messages and control frames each way, then the same
+end (more bytes wanted, or the same close code); the only exception is ``FrameError`` with a close code
+RFC 6455 gives (1002, 1007, 1009), text messages are ``str``, and the parser never holds more than a
+message's limit and one frame not yet whole.
 """
 
 from __future__ import annotations
@@ -153,9 +154,12 @@ def check_heads(reads: list[bytes]) -> None:
         loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
 
 
-def _parsed(stream: bytes, size: int, limit: int) -> tuple[list[tuple[int, bytes | str]], int]:
+def _parsed(
+    stream: bytes, size: int, limit: int, burst: int = 0
+) -> tuple[list[tuple[int, bytes | str]], int]:
     """What the parser gives for ``stream`` fed in ``size``-byte reads: the items, and the close code it
-    failed with (0: none, more bytes wanted)."""
+    failed with (0: none, more bytes wanted). With ``burst``, each message is followed by up to ``burst``
+    more taken at once (``take``), as the server's reader takes a burst."""
     parser = FrameParser(limit)
     out: list[tuple[int, bytes | str]] = []
     for start in range(0, len(stream), size):
@@ -163,6 +167,11 @@ def _parsed(stream: bytes, size: int, limit: int) -> tuple[list[tuple[int, bytes
         parser.feed(piece)
         try:
             while (item := parser.next()) is not None:
+                if burst and item[0] in (TEXT, BINARY):
+                    more = parser.take(burst)
+                    assert len(more) <= burst
+                    out += [item, *((TEXT if isinstance(m, str) else BINARY, m) for m in more)]
+                    continue
                 op, payload = item
                 assert op in (TEXT, BINARY, CLOSE, PING, PONG), item
                 assert isinstance(payload, str) == (op == TEXT), item
@@ -182,3 +191,5 @@ def check_frames(stream: bytes) -> None:
         whole = _parsed(stream, max(len(stream), 1), limit)
         for size in (7, 1):
             assert _parsed(stream, size, limit) == whole, (size, limit)
+        for burst in (1, 3):
+            assert _parsed(stream, max(len(stream), 1), limit, burst) == whole, burst

@@ -26,6 +26,7 @@ more. Concurrency contract: one owner, no locking.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Final, TypeAlias, final
 
 from hubbub.disconnect import Disconnect
@@ -43,6 +44,7 @@ __all__ = [
     "close_payload",
     "control_frame",
     "unmask",
+    "unmask_into",
 ]
 
 CONTINUATION: Final = 0x0
@@ -73,13 +75,20 @@ class FrameError(Exception):
         self.code = code
 
 
+def unmask_into(key: bytes, data: bytearray) -> None:
+    """XOR ``data`` in place with the 4-byte masking ``key`` (RFC 6455 §5.3), with one big-integer XOR (a
+    :class:`FrameParser` may be given a compiled one: the server's is aiohttp's)."""
+    n = len(data)
+    if n:
+        keys = (key * ((n >> 2) + 1))[:n]
+        data[:] = (int.from_bytes(data, "little") ^ int.from_bytes(keys, "little")).to_bytes(n, "little")
+
+
 def unmask(key: bytes, payload: bytes | bytearray) -> bytes:
-    """``payload`` XORed with the 4-byte masking ``key`` (RFC 6455 §5.3), with one big-integer XOR."""
-    n = len(payload)
-    if not n:
-        return b""
-    keys = (key * ((n >> 2) + 1))[:n]
-    return (int.from_bytes(payload, "little") ^ int.from_bytes(keys, "little")).to_bytes(n, "little")
+    """``payload`` XORed with the 4-byte masking ``key`` (RFC 6455 §5.3)."""
+    data = bytearray(payload)
+    unmask_into(key, data)
+    return bytes(data)
 
 
 def control_frame(opcode: int, payload: bytes) -> bytes:
@@ -97,10 +106,19 @@ class FrameParser:
     """One connection's frames (see the module docstring): :meth:`feed` the bytes read, then take items with
     :meth:`next` until it returns None."""
 
-    __slots__ = ("_buf", "_decode", "_masked", "_op", "_parts", "_pos", "max_message")
+    __slots__ = ("_buf", "_decode", "_into", "_masked", "_op", "_parts", "_pos", "max_message")
 
-    def __init__(self, max_message: int, *, server: bool = True, decode_text: bool = True) -> None:
+    def __init__(
+        self,
+        max_message: int,
+        *,
+        server: bool = True,
+        decode_text: bool = True,
+        unmask: Callable[[bytes, bytearray], None] = unmask_into,
+    ) -> None:
         self.max_message = max_message
+        #: XORs a payload in place with its masking key (``unmask_into``, or a compiled equivalent).
+        self._into = unmask
         #: Masked frames expected (a server reading a client) or unmasked ones (a client reading a server).
         self._masked = 0x80 if server else 0
         self._decode = decode_text
@@ -136,6 +154,96 @@ class FrameParser:
     def next(self) -> Frame | None:
         """The next message or control frame, or None until more bytes are fed. Raises :class:`FrameError`
         when the stream breaks a rule."""
+        # The common frame first: a whole text or binary message of up to 64 KiB, masked as the side
+        # requires, outside a fragmented message. Anything else takes the general path (_next).
+        buf, i = self._buf, self._pos
+        end = len(buf)
+        if end - i < 2:
+            return self._consumed()
+        first, second = buf[i], buf[i + 1]
+        if first not in (0x81, 0x82) or (second & 0x80) != self._masked or self._op >= 0:
+            return self._next()
+        n = second & 0x7F
+        at = i + 2
+        if n > 125:
+            if n == 127:
+                return self._next()
+            if end - at < 2:
+                return self._consumed()
+            n = buf[at] << 8 | buf[at + 1]
+            at += 2
+        if n > self.max_message:
+            raise FrameError(Disconnect.MESSAGE_TOO_BIG, "message too big")
+        if self._masked:
+            stop = at + 4 + n
+            if stop > end:
+                return self._consumed()
+            payload = bytearray(buf[at + 4 : stop])
+            self._into(bytes(buf[at : at + 4]), payload)
+        else:
+            stop = at + n
+            if stop > end:
+                return self._consumed()
+            payload = bytearray(buf[at:stop])
+        self._pos = stop
+        if first == 0x82:
+            return BINARY, bytes(payload)
+        if not self._decode:
+            return TEXT, bytes(payload)
+        try:
+            return TEXT, payload.decode()
+        except UnicodeDecodeError:
+            raise FrameError(Disconnect.INVALID_PAYLOAD, "text not UTF-8") from None
+
+    def take(self, most: int) -> list[bytes | str]:
+        """Up to ``most`` messages of the common kind (:meth:`next`'s first case), in order, in one call (a
+        burst that came in one read): it stops before any other frame, and before a frame that breaks a
+        rule, which :meth:`next` then takes (or raises for)."""
+        out: list[bytes | str] = []
+        if self._op >= 0:
+            return out
+        buf, i = self._buf, self._pos
+        end = len(buf)
+        masked, limit, decode, into = self._masked, self.max_message, self._decode, self._into
+        add = out.append
+        while end - i >= 2 and len(out) < most:
+            first, second = buf[i], buf[i + 1]
+            if first not in (0x81, 0x82) or (second & 0x80) != masked:
+                break
+            n = second & 0x7F
+            at = i + 2
+            if n > 125:
+                if n == 127 or end - at < 2:
+                    break
+                n = buf[at] << 8 | buf[at + 1]
+                at += 2
+            if n > limit:
+                break
+            if masked:
+                stop = at + 4 + n
+                if stop > end:
+                    break
+                payload = bytearray(buf[at + 4 : stop])
+                into(bytes(buf[at : at + 4]), payload)
+            else:
+                stop = at + n
+                if stop > end:
+                    break
+                payload = bytearray(buf[at:stop])
+            if first == 0x82 or not decode:
+                add(bytes(payload))
+            else:
+                try:
+                    add(payload.decode())
+                except UnicodeDecodeError:
+                    break
+            i = stop
+        self._pos = i
+        self._consumed()
+        return out
+
+    def _next(self) -> Frame | None:
+        """:meth:`next` for every frame (fragments, control frames, long lengths, errors)."""
         while True:
             buf, i = self._buf, self._pos
             end = len(buf)

@@ -174,3 +174,37 @@ def test_any_messages_however_cut(messages: list[tuple[int, str, int]], cuts: li
         want.append((op, text if op == TEXT else data))
     at = sorted({c for c in cuts if c < len(stream)})
     assert parse(stream, at) == want
+
+
+def test_a_burst_is_taken_at_once_up_to_the_next_other_frame() -> None:
+    """``take`` gives the common messages that follow in one call, and stops before a ping, a fragment or a
+    frame not yet whole, which ``next`` then gives."""
+    stream = frame(b"a") + frame(b"b", BINARY) + frame(b"c" * 200) + frame(b"p", PING) + frame(b"d")
+    parser = FrameParser(1 << 20)
+    parser.feed(stream + frame(b"e", TEXT, fin=False) + frame(b"f", 0) + frame(b"g")[:3])
+    assert parser.next() == (TEXT, "a")
+    assert parser.take(1) == [b"b"]
+    assert parser.take(10) == ["c" * 200]
+    assert parser.take(10) == []
+    assert parser.next() == (PING, b"p")
+    assert parser.take(10) == ["d"]
+    assert parser.next() == (TEXT, "ef")
+    assert parser.take(10) == [] and parser.next() is None
+    parser.feed(frame(b"g")[3:] + frame(b"\xff"))
+    assert parser.take(10) == ["g"]  # stops before the broken frame
+    with pytest.raises(FrameError):
+        parser.next()
+
+
+def test_the_servers_compiled_unmasking_reads_the_same() -> None:
+    """The server's sockets unmask with aiohttp's compiled XOR: the same messages as the pure one."""
+    from hubbub.transports import ws_socket
+
+    parser = FrameParser(1 << 20, unmask=ws_socket._unmask_into)
+    parser.feed(MIXED)
+    got: list[object] = []
+    while (item := parser.next()) is not None:
+        got.append(item)
+        if item[0] in (TEXT, BINARY):
+            got += [(TEXT if isinstance(m, str) else BINARY, m) for m in parser.take(10)]
+    assert got == EXPECTED

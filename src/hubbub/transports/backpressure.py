@@ -12,9 +12,11 @@ reply, or the close the dialect's rules give it, never a slow-consumer close.
 
 Where each read loop applies the rule:
 
-* WebSocket loops (native, ivy, guble, mist 2015 and 1.x, wearscript) take their messages from
-  :class:`Messages`, which waits for room before each message is read: a message is one frame, and a frame
-  is one request.
+* WebSockets the server accepted (native, ivy, guble, mist 2015 and 1.x, wearscript, MQTT) are read from
+  their socket's ``data_received`` by the WebSocket driver's reader (``ws_driver._Reader``), which asks
+  for room before each message (a message is one request) and, without it, pauses the transport and waits
+  in a task (``Session.wait_room``) before it resumes reading. A socket the server opened (the WearScript
+  link up) takes its messages from :class:`Messages`, which waits for room before each message is read.
 * Byte-stream loops (native TCP ``dispatch``, ``MistWire.handle`` for mist TCP, ``QrpcWire.feed``) hand a
   whole read to a sans-I/O decoder, which may return thousands of requests at once (a 64 KiB read of mist
   ``ping`` lines is some 13,000): they wait between the decoded items, with the same two calls as

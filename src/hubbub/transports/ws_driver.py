@@ -240,6 +240,8 @@ class _Reader:
         self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def __call__(self, opcode: int, data: bytes | str) -> bool:
+        if self.ended.done():
+            return False  # the connection is ending: nothing more is read
         wire = self.wire
         wire.last_recv = time.monotonic()
         if opcode == PING:
@@ -264,6 +266,8 @@ class _Reader:
         return True
 
     def room(self) -> bool:
+        if self.ended.done():
+            return False
         if self.wire.session.has_room:
             return True
         self.group.create_task(self._room())
