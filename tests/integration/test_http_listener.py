@@ -495,3 +495,45 @@ def test_a_websocket_over_tls_is_taken_over(tmp_path: Path, loop: str) -> None:
             await until(lambda: not node.sessions, "the session ended")
 
     (uvloop.run if loop == "uvloop" else asyncio.run)(main())
+
+
+def test_a_close_the_peer_never_answers_drops_the_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's close (a kicked session: native closes 1001) waits ``CLOSE_TIMEOUT_S`` for the peer's
+    close, then drops the connection; a peer gone in the middle of a frame ends its session too."""
+    from hubbub.disconnect import Disconnect
+    from hubbub.transports import ws_socket
+
+    monkeypatch.setattr(ws_socket, "CLOSE_TIMEOUT_S", 0.2)
+    path, protocol, opcode, messages, answer = ROUTES["native"]
+
+    async def open_native(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await connect(port, upgrade(path, protocol))
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+        writer.write(client_frame(messages[0], opcode, masked=True))
+        data = b""
+        while answer not in data:
+            data += await asyncio.wait_for(reader.read(65536), WAIT)
+        return reader, writer
+
+    async def main() -> None:
+        async with server(tmp_path) as srv:
+            assert srv.node is not None
+            node, port = srv.node, srv.ports["http"]
+            reader, writer = await open_native(port)
+            (sess,) = node.sessions
+            sess.kick(Disconnect.GOING_AWAY)
+            # Read to the end without answering the close: the server drops the connection itself.
+            frames = server_frames(await to_end(reader))
+            assert frames[-1] == (0x8, struct.pack("!H", 1001)), frames
+            writer.close()
+            await until(lambda: not node.sessions, "the kicked session ended")
+
+            reader, writer = await open_native(port)
+            writer.write(client_frame(b'{"op":"ping","id":2}', 0x1, masked=True)[:5])  # half a frame
+            await writer.drain()
+            writer.close()
+            await until(lambda: not node.sessions, "the session of a peer gone mid-frame ended")
+
+    asyncio.run(main())
