@@ -121,7 +121,7 @@ class WsSocket(asyncio.Protocol):
         self.protocol = protocol
         self._parser = FrameParser(max_message, unmask=_unmask_into)
         self._reader: Reader | None = None
-        #: A parsed item the reader has not taken yet (it was busy, or a burst stopped at it).
+        #: A parsed message the reader had no room for yet (handed over first when it resumes).
         self._held: tuple[int, bytes | str] | None = None
         self._busy = True  # until a reader starts
         self._closing = False  # a close frame went out
