@@ -537,3 +537,27 @@ def test_a_close_the_peer_never_answers_drops_the_connection(
             await until(lambda: not node.sessions, "the session of a peer gone mid-frame ended")
 
     asyncio.run(main())
+
+
+def test_guble_pings_and_drops_a_silent_peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """guble's spec has no keepalive: the server pings every ``HEARTBEAT_S`` (what aiohttp's heartbeat did)
+    and ends a connection silent for half as long again, with a close frame."""
+    from hubbub.transports import guble, ws_socket
+
+    monkeypatch.setattr(guble, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(ws_socket, "CLOSE_TIMEOUT_S", 0.2)
+    path, protocol, *_ = ROUTES["guble"]
+
+    async def main() -> None:
+        async with server(tmp_path) as srv:
+            assert srv.node is not None
+            node = srv.node
+            reader, writer = await connect(srv.ports["http"], upgrade(path, protocol))
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+            frames = server_frames(await to_end(reader))  # nothing answered: pinged, then closed
+            assert frames[-1][0] == 0x8, frames
+            assert any(op == 0x9 for op, _ in frames), frames
+            writer.close()
+            await until(lambda: not node.sessions, "the silent session ended")
+
+    asyncio.run(main())
