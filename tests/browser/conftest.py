@@ -70,7 +70,7 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., ServerThread]]:
     """``serve(options)`` starts a hubbub server in this process (:class:`ServerThread`) with those
-    configuration keys added (``{"http.cors_origin": "*"}``; every listener on a free loopback port, a
+    configuration keys added (``{"cors_origin": "*"}``; every listener on a free loopback port, a
     data directory under ``tmp_path``); each is stopped after the test."""
     started: list[ServerThread] = []
 
@@ -169,6 +169,11 @@ class StaticSite:
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    @property
+    def origin(self) -> str:
+        """The pages' origin (what a browser sends as their ``Origin``)."""
+        return self.url("")
 
     def close(self) -> None:
         self.server.shutdown()

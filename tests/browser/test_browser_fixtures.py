@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,8 +66,11 @@ def publish(server: ServerThread, channel: str, text: str) -> int:
 
 
 def test_page_follows_a_channel_over_a_native_websocket(
-    page: BrowserPage, server: ServerThread, static_site: StaticSite, tmp_path: Path
+    page: BrowserPage, serve: Callable[..., ServerThread], static_site: StaticSite, tmp_path: Path
 ) -> None:
+    # The page is another origin (another port) than the node, whose auth is off: as a real user does, the
+    # node names the page's origin in cors_origin, or the page could not open the socket (docs/security.md).
+    server = serve({"cors_origin": static_site.origin})
     page.open(static_site.add("/follow.html", FOLLOW_PAGE) + f"?port={server.ports['http']}")
     page.wait(lambda: page.js("return document.body.dataset.state") == "subscribed", "the subscription")
     texts = [f"event {i} é" for i in range(1, 31)]
@@ -90,6 +94,30 @@ def test_page_follows_a_channel_over_a_native_websocket(
     assert ("heading", "Events on /browser/**") in tree
     shot = page.screenshot(tmp_path / "shots" / "follow.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 1000
+
+
+#: A page that opens a native WebSocket to the hubbub on ``?port=`` and says on <body> how it ended.
+OPEN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Open</title></head>
+<body data-state="connecting">
+<script>
+const port = new URLSearchParams(location.search).get("port");
+const ws = new WebSocket(`ws://127.0.0.1:${port}/ws/hubbub`, "hubbub.v1.json");
+ws.onopen = () => { document.body.dataset.state = "open"; };
+ws.onclose = (e) => { document.body.dataset.state = `closed ${e.code}`; };
+</script>
+</body></html>
+"""
+
+
+def test_a_page_of_an_origin_not_listed_cannot_open_a_websocket_on_a_node_with_auth_off(
+    page: BrowserPage, serve: Callable[..., ServerThread], static_site: StaticSite
+) -> None:
+    server = serve({"cors_origin": "https://app.example"})  # another origin than the page's
+    page.allow_errors(r"WebSocket connection to .* failed")  # the browser reports the refused handshake
+    page.open(static_site.add("/open.html", OPEN_PAGE) + f"?port={server.ports['http']}")
+    page.wait(lambda: page.js("return document.body.dataset.state") != "connecting", "the socket's end")
+    assert page.js("return document.body.dataset.state") == "closed 1006"  # never opened: the 403
 
 
 def test_a_hubbub_endpoint_in_the_browser(page: BrowserPage, server: ServerThread) -> None:

@@ -46,6 +46,7 @@ from hubbub.selection import LIVE, LiveOnly, SubtreeFetch
 
 from .binding import Mounted, Wiring
 from .connector import Connector
+from .cross_site import cross_site_upgrade
 from .guble_connectors import DeviceConnector, apns_connector, fcm_connector
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 from .lifetime import Lifetime
@@ -406,6 +407,8 @@ class GubleHub:
         ws = upgradable(request, self.http.max_frame)
         if ws is None:
             return text_response(400, "websocket upgrade required\n")
+        if forbidden := cross_site_upgrade(request, anonymous=not self.settings.auth):
+            return forbidden
         # guble-cli and guble's Go client build the URL as <url>/user/<name>, with no query or header of ours:
         # with auth on, a token not given otherwise is the /user/ segment (docs/dialects/guble.md "Auth").
         in_path = unquote(gc.user_id_from_path(request.raw_path)) or None

@@ -34,7 +34,7 @@ from hubbub.selection import EventResume, ReplaySpec
 
 from .accept import peer_name
 from .cors import install_cors
-from .cross_site import CHANGING_GETS, COOKIE_ORIGINS, cross_site_guard, origin_allowed
+from .cross_site import cross_site_guard, cross_site_upgrade, install_cross_site, origin_allowed
 from .lifetime import Lifetime
 from .metrics import CONTENT_TYPE, ConsumerCollector, ConsumerSeries, NodeCollector, render_metrics
 from .native import BURST_MAX, NativeConnection, NativeEncoder
@@ -238,6 +238,10 @@ class NativeHttp:
         ws = upgradable(request, self.s.max_frame, protocols=NATIVE_PROTOCOLS)
         if ws is None:
             return text_response(400, "websocket upgrade required\n")
+        # With auth off the connection is anonymous; a federation link names its node in a header no page
+        # can set, and sends no Origin.
+        if forbidden := cross_site_upgrade(request, anonymous=self.node.access.authenticator is None):
+            return forbidden
         protocol = ws.can_prepare(request).protocol
         if protocol is None:
             return text_response(400, "unsupported subprotocol\n")
@@ -633,8 +637,7 @@ def build_app(
     )
     app.on_response_prepare.append(_server_header)
     install_cors(app, settings.cors_origins)  # global: every route, native and dialects alike
-    app[COOKIE_ORIGINS] = tuple(o for o in settings.cors_origins if o != "*")
-    app[CHANGING_GETS] = set()  # the dialects' GET routes that change state (qpubs' /emit alias)
+    install_cross_site(app, settings.cors_origins)
     app[WS_CONNECTIONS] = native.connections  # every dialect's WebSocket connections (ws_driver.detach)
     app.router.add_get("/ws/hubbub", native.websocket)
     app.router.add_post("/api/v1/publish/{rest:.*}", native.publish)

@@ -33,6 +33,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest
 
 from .binding import Mounted, Wiring
+from .cross_site import cross_site_upgrade
 from .http import HttpSettings, RouteInstaller, raw_rest, request_identity, text_response
 from .wire import DialectWire
 from .ws_driver import detach, run_websocket, upgradable
@@ -88,6 +89,8 @@ class IvyHttp:
         ws = upgradable(request, self.s.max_frame, protocols=(ivy.SUBPROTOCOL,))
         if ws is None:
             return text_response(400, "websocket upgrade required\n")
+        if forbidden := cross_site_upgrade(request, anonymous=not self.ivy.auth):
+            return forbidden
         try:
             ident = request_identity(self.node, request, DIALECT, self.ivy.auth)
         except AuthError:

@@ -44,6 +44,7 @@ from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, HubbubError, LimitExceeded, RateLimited
 from hubbub.events import Event
 
+from .cross_site import cross_site_upgrade
 from .http import HttpSettings, peer_address, request_token, text_response
 from .lifetime import Lifetime
 from .wire import DialectWire
@@ -494,6 +495,8 @@ class MistService:
         ws = upgradable(request, self.http.max_frame)
         if ws is None:
             return text_response(400, "websocket upgrade required\n")
+        if forbidden := cross_site_upgrade(request, anonymous=not self.settings.auth):
+            return forbidden
         peer = peer_address(request)
         identity: Identity = ANONYMOUS
         grant = md.MistGrant()
@@ -502,7 +505,7 @@ class MistService:
             if found is None:
                 return text_response(401, "unauthorized\n")
             identity, grant = found
-        sock, resp = await take_over(request, ws, self.http.max_frame)  # any Origin, or none (mist.md §10)
+        sock, resp = await take_over(request, ws, self.http.max_frame)
         h, s = self.http, self.settings
         proto: md.Mist2015WsConnection | md.Mist1WsConnection
         if generation == "mist2015":

@@ -57,6 +57,7 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult
 
 from .binding import Mounted, Wiring
+from .cross_site import cross_site_upgrade
 from .http import HttpSettings
 from .lifetime import Lifetime
 from .mqtt_acks import AckOrder
@@ -151,6 +152,8 @@ class MqttService:
         ws = upgradable(request, self.http.max_frame + 5, protocols=("mqtt",))
         if ws is None:
             return web.Response(status=400, text="expected a WebSocket upgrade\n")
+        if forbidden := cross_site_upgrade(request, anonymous=not self.settings.auth):
+            return forbidden
         sock, resp = await take_over(request, ws, self.http.max_frame + 5)
 
         async def send(data: bytes) -> None:

@@ -38,6 +38,7 @@ from hubbub.errors import AuthError, LimitExceeded
 from hubbub.events import Event
 
 from .backpressure import Socket
+from .cross_site import cross_site_upgrade
 from .http import HttpSettings, peer_address, request_token, text_response
 from .wire import DialectWire
 from .ws_driver import detach, run_websocket, upgradable
@@ -305,6 +306,8 @@ class WearscriptService:
         ws = upgradable(request, self.http.max_frame, headers)
         if ws is None:
             return text_response(400, "websocket upgrade required\n")
+        if forbidden := cross_site_upgrade(request, anonymous=not self.settings.auth):
+            return forbidden
         try:
             ident = self.identity(request)
         except AuthError:
@@ -313,7 +316,7 @@ class WearscriptService:
         if below and (below == self.hub_id or below in self.above):
             # A hubbub hub linking up from above this one (or this one itself): a cycle (409 tells it so).
             return text_response(409, "this link would close a cycle of hubs\n")
-        sock, resp = await take_over(request, ws, self.http.max_frame)  # any Origin, or none (§1)
+        sock, resp = await take_over(request, ws, self.http.max_frame)
         if below:
             self.below[below] += 1
 
