@@ -11,12 +11,15 @@
   every worker has (each logged its ``listening`` records), it logs ``hubbub <version> started``. It
   restarts a worker that dies (with backoff), and on SIGTERM or SIGINT stops every worker gracefully (each
   closes its connections and commits what it queued), then closes the store. SIGHUP goes to every worker.
+  The workers are forked by the node's fork server (``workers/forkserver.py``), which the parent forks
+  first, before it opens anything or starts a thread: a worker starts with hubbub imported, in some 10 ms
+  of CPU where a new interpreter took half a second, at the node's start and at every restart.
 * A **worker** is a whole :class:`~hubbub.server.Server` (every dialect) whose store is the owner's
   (:class:`~hubbub.workers.remote.RemoteLogStore`: writes through the owner, reads from the log's file) and
   whose relay (:class:`~hubbub.workers.relay.WorkerRelay`) delivers every worker's events in order. Its
   listeners bind the parent's ports with ``SO_REUSEPORT`` (``transports/accept.py`` ``share_ports``): the
-  kernel spreads connections over the workers. It dies with its parent (``PR_SET_PDEATHSIG``, and the
-  owner's sockets ending).
+  kernel spreads connections over the workers. It dies with its parent, the fork server, which dies with
+  the node's parent (``PR_SET_PDEATHSIG``, and the owner's sockets ending).
 
 On a cluster (a PostgreSQL store with ``cluster.broker``) the parent is no log owner: each worker is a whole
 :class:`~hubbub.server.Server` with its own store and broker, a member of the cluster whose id is the node's
@@ -28,13 +31,14 @@ Links up to other servers (``upstream``, ``wearscript.upstream``) run in worker 
 deliver what they bring, and worker 0 sees every worker's events to send up.
 
 Concurrency contract: the parent runs on plain threads (no event loop): its main thread handles signals
-and the workers' exits from one queue; one thread per worker waits for its start and its exit.
+and the workers' exits from one queue; one thread per worker waits for its start and its exit; the fork
+server's reader thread records the workers' exits. :meth:`WorkerNode.run` must be called while the process
+runs one thread (the fork server is forked then).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import logging
 import os
@@ -42,13 +46,11 @@ import pickle
 import queue
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 import types
 import typing
-from collections.abc import Callable
 from typing import Any, Final
 
 from hubbub import __version__
@@ -58,9 +60,10 @@ from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
 from hubbub.log.sqlite import SqliteLogStore
 from hubbub.server import federation_node_id, lock_data_dir, run, store_place
+from hubbub.workers.forkserver import ForkedProcess, ForkServer
 from hubbub.workers.owner import LogOwner
 
-__all__ = ["WorkerNode", "child_main", "run_workers", "worker_count"]
+__all__ = ["WorkerNode", "run_workers", "worker_count", "worker_main"]
 
 log = logging.getLogger("hubbub.server")
 
@@ -162,7 +165,7 @@ def _without_links(cfg: Config) -> Config:
 @dataclasses.dataclass(eq=False)
 class _Worker:
     index: int
-    proc: subprocess.Popen[bytes]
+    proc: ForkedProcess
     started_at: float
     ready: bool = False
 
@@ -176,13 +179,21 @@ class WorkerNode:
         self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._workers: dict[int, _Worker] = {}
         self._owner: LogOwner | None = None
+        self._forks = ForkServer(worker_main, lambda: self._events.put(("failed", "fork-server")))
         self._stopping = False
         self._backoff: dict[int, float] = {}
         self.restarts = 0
 
     def run(self) -> int:
-        """Serve until SIGTERM or SIGINT; the exit status (1: the workers could not start, or the owner
-        failed)."""
+        """Serve until SIGTERM or SIGINT; the exit status (1: the workers could not start, or the owner or
+        the fork server failed)."""
+        self._forks.start()  # first: while this process runs one thread and holds nothing it must not share
+        try:
+            return self._run_with_forks()
+        finally:
+            self._forks.close()
+
+    def _run_with_forks(self) -> int:
         cfg = self.config
         st = cfg.storage
         # A cluster node (a broker: its store is PostgreSQL, and PostgreSQL has a broker with workers,
@@ -220,7 +231,7 @@ class WorkerNode:
         owner = None
         if store is not None:
             path = str(store.path) if isinstance(store, SqliteLogStore) else None
-            owner = self._owner = LogOwner(store, path, lambda exc: self._events.put(("failed", exc)))
+            owner = self._owner = LogOwner(store, path, lambda exc: self._events.put(("failed", "log-owner")))
             owner.start()
         cfg, reserved, addresses = reserve_ports(self.config)
         # One federation id for the node, made here once: workers making it at once would each keep their own.
@@ -291,20 +302,17 @@ class WorkerNode:
             cfg = member_config(cfg, index)
         # A member's worker gets its ready pipe alone; the owner's its two sockets, then the pipe.
         fds = (*(e.fileno() for e in ends), ready_w)
+        # A plain dict of the dialects' sections: a mappingproxy does not pickle.
+        payload = pickle.dumps((index, dataclasses.replace(cfg, dialects=dict(cfg.dialects))))
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "hubbub.server_workers", *map(str, fds)],
-                stdin=subprocess.PIPE,
-                pass_fds=fds,
-            )
+            proc = self._forks.spawn(payload, fds)
+        except BaseException:
+            os.close(ready_r)
+            raise
         finally:
             for e in ends:
                 e.close()
             os.close(ready_w)
-        assert proc.stdin is not None
-        with proc.stdin:
-            # A plain dict of the dialects' sections: a mappingproxy does not pickle.
-            proc.stdin.write(pickle.dumps((index, dataclasses.replace(cfg, dialects=dict(cfg.dialects)))))
         w = self._workers[index] = _Worker(index, proc, time.monotonic())
         threading.Thread(
             target=self._watch, args=(w, ready_r), name=f"hubbub-worker-{index}", daemon=True
@@ -331,12 +339,12 @@ class WorkerNode:
         return True
 
     def _supervise(self) -> str | None:
-        """Handle signals and the workers' exits until asked to stop (None) or until the log owner fails
-        (``"workers: log-owner"``)."""
+        """Handle signals and the workers' exits until asked to stop (None) or until the log owner or the
+        fork server fails (``"workers: log-owner"``, ``"workers: fork-server"``)."""
         while True:
             kind, what = self._events.get()
             if kind == "failed":
-                return "workers: log-owner"
+                return f"workers: {what}"
             if kind == "signal":
                 if what == signal.SIGHUP:
                     for each in self._workers.values():
@@ -380,9 +388,7 @@ class WorkerNode:
                 w.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for w in self._workers.values():
-            try:
-                w.proc.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
+            if w.proc.wait(max(deadline - time.monotonic(), 0.1)) is None:
                 log.error("worker %d did not stop within %.0f s: killed", w.index, STOP_TIMEOUT_S)
                 w.proc.kill()
                 w.proc.wait()
@@ -398,26 +404,16 @@ def run_workers(config: Config) -> None:
 # -- the worker process ---------------------------------------------------------------------------------
 
 
-def _die_with_parent(parent: int) -> None:
-    """Be killed when the parent dies (Linux ``PR_SET_PDEATHSIG``), or exit now if it already has."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def child_main(argv: list[str], read_config: Callable[[], bytes]) -> None:
-    """A worker process: ``argv`` holds the descriptors of its two sockets to the owner (calls, events), on a
-    node with a log owner, and of its ready pipe; its index and
-    configuration come pickled from ``read_config`` (the parent's pipe)."""
+def worker_main(payload: bytes, fds: list[int]) -> None:
+    """A worker process, forked by the node's fork server (``workers/forkserver.py``): ``fds`` are its two
+    sockets to the owner (calls, events), on a node with a log owner, and its ready pipe; ``payload`` its
+    index and configuration, pickled."""
     from hubbub.logs import setup_logging
     from hubbub.transports.accept import share_ports
     from hubbub.workers.remote import RemoteLogStore
 
-    parent = os.getppid()
-    _die_with_parent(parent)
-    *owner_fds, ready_fd = (int(a) for a in argv[:3])
-    index, cfg = pickle.loads(read_config())
+    *owner_fds, ready_fd = fds
+    index, cfg = pickle.loads(payload)
     cfg = dataclasses.replace(cfg, dialects=types.MappingProxyType(dict(cfg.dialects)))
     setup_logging(cfg.logging.level, cfg.logging.format)
     share_ports()
@@ -435,7 +431,3 @@ def child_main(argv: list[str], read_config: Callable[[], bytes]) -> None:
     except (OSError, StorageError) as exc:
         print(f"hubbub serve: worker {index}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-
-
-if __name__ == "__main__":
-    child_main(sys.argv[1:], sys.stdin.buffer.read)

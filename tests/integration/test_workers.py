@@ -1,12 +1,13 @@
 """A real ``hubbub serve --workers 2``: connections on either worker process see one node (one sequence per
 channel, every event once and in order, replay and recovery across workers), a worker killed with -9 is
-restarted and costs only its own connections, and SIGTERM loses no acknowledged publish.
+restarted and costs only its own connections, SIGTERM loses no acknowledged publish, and the workers' fork
+server killed stops the node.
 
 Which worker serves a connection is the kernel's choice (``SO_REUSEPORT``); the tests find it from
 ``/proc`` (the worker process holding the socket's other end) and reconnect until a connection lands on
 the worker they want.
 
-Starting a node of two workers is the costly part (seconds of CPU; tens of seconds of wall time on a loaded
+Starting a node of two workers is the costly part (a second of CPU; seconds of wall time on a loaded
 machine), so the tests that leave the node as they found it share one (:func:`node`, one xdist worker runs
 them all: ``SHARED``), each on channels, topics, consumers and tokens of its own (:func:`space`), its
 assertions relative to what it made, so that neither their order nor which of them run matters. The tests
@@ -46,15 +47,18 @@ def _wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> No
         time.sleep(0.02)  # polling a condition the server processes decide
 
 
-def _workers(node: ServerProcess) -> list[int]:
-    """The pids of the node's worker processes."""
-    assert node.proc is not None
-    pid = node.proc.pid
+def _children(pid: int) -> list[int]:
     out: list[int] = []
     for task in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{task}/children") as f:
             out += [int(p) for p in f.read().split()]
-    return sorted(out)
+    return out
+
+
+def _workers(node: ServerProcess) -> list[int]:
+    """The pids of the node's worker processes: the children of its fork server, the parent's one child."""
+    assert node.proc is not None
+    return sorted(pid for server in _children(node.proc.pid) for pid in _children(server))
 
 
 def _running(pid: int) -> bool:
@@ -271,6 +275,21 @@ def test_a_worker_killed_is_restarted_and_costs_only_its_own_connections(own_nod
             assert pub.publish("/k", "after")["seq"] == 81
             assert back.next_push()["text"] == "after"
             assert stays.next_push()["text"] == "after"
+
+
+def test_a_fork_server_killed_stops_the_node_and_its_workers(own_node: ServerProcess) -> None:
+    """The workers are the fork server's children: if it dies they die with it, and the node stops with
+    status 1 (a service manager restarts it), leaving the data directory to the next node."""
+    node = own_node
+    assert node.proc is not None
+    (server,) = _children(node.proc.pid)
+    workers = _workers(node)
+    os.kill(server, signal.SIGKILL)
+    assert node.proc.wait(30) == 1
+    assert "shutting down: workers: fork-server failed" in node.log()
+    _wait_for(lambda: not any(map(_running, workers)), "the workers' end")
+    again = ServerProcess(node.data_dir).start(timeout=60.0)
+    again.kill()
 
 
 def test_sigterm_loses_no_acknowledged_publish(own_node: ServerProcess) -> None:

@@ -8,6 +8,8 @@
 * :class:`~hubbub.workers.relay.WorkerRelay`: a worker's relay (``core/relay.py``): every worker's events
   delivered in per-channel order, each once (the cluster's ordered delivery, ``cluster/delivery.py``).
 * ``frames``: the messages between owner and workers.
+* ``forkserver``: the process the parent forks first, which forks the workers (each starts with hubbub
+  imported) and reports their exits.
 """
 
 from __future__ import annotations
