@@ -89,18 +89,19 @@ def server_factory(
 
 class WorkerNodeProcess:
     """``hubbub serve --workers N`` on ``data_dir`` as an async context manager with ``ports``: entering
-    starts the node (a parent and N workers sharing every listener's port), leaving stops it with SIGTERM
-    (each worker closes its connections with 1001, as ``Server`` does). ``overrides`` become command-line
-    options."""
+    starts the node (a parent and N workers sharing every listener's port; the parent forked from the test
+    process's launcher, ``tests/nodelauncher.py``), leaving stops it with SIGTERM (each worker closes its
+    connections with 1001, as ``Server`` does). ``overrides`` become command-line options."""
 
     def __init__(self, data_dir: Path, overrides: Mapping[str, Any], workers: int) -> None:
         from tests.integration.serverproc import ServerProcess
+        from tests.nodelauncher import launcher
 
         args = ["--workers", str(workers)]
         for key, value in overrides.items():
             text = json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)
             args += ["--" + key.replace(".", "-").replace("_", "-"), text]
-        self._proc = ServerProcess(data_dir, args)
+        self._proc = ServerProcess(data_dir, args, launcher=launcher())
 
     @property
     def ports(self) -> Mapping[str, int]:

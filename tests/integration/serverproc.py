@@ -1,4 +1,6 @@
-"""Run a real ``hubbub serve`` process for tests: free loopback ports, a temporary data directory."""
+"""Run a real ``hubbub serve`` process for tests: free loopback ports, a temporary data directory; started
+with ``python -m hubbub``, or forked from a launcher that has imported hubbub (``launcher``:
+``tests/nodelauncher.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.nodelauncher import LaunchedProcess, NodeLauncher
 
 __all__ = ["ServerProcess"]
 
@@ -19,7 +25,10 @@ __all__ = ["ServerProcess"]
 class ServerProcess:
     data_dir: Path
     extra: list[str] = field(default_factory=list)
-    proc: subprocess.Popen[bytes] | None = None
+    #: Fork the process from this launcher instead of starting ``python -m hubbub`` (the same command,
+    #: without the interpreter's start and imports).
+    launcher: NodeLauncher | None = None
+    proc: subprocess.Popen[bytes] | LaunchedProcess | None = None
     ports: dict[str, int] = field(default_factory=dict)
     log_path: Path | None = None
     _pump: threading.Thread | None = None
@@ -42,7 +51,10 @@ class ServerProcess:
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
         # The server's output goes through a pipe: a thread copies it to the log file line by line, notes
         # each listener's port and announces the "started" record, so start() waits on that, not on a poll.
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        if self.launcher is not None:
+            self.proc = self.launcher.popen(cmd[3:], env)
+        else:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         self.ports = {}
         ready = threading.Event()
         self._pump = threading.Thread(target=self._copy_output, args=(self.proc, ready), daemon=True)
@@ -55,7 +67,7 @@ class ServerProcess:
             raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
         return self
 
-    def _copy_output(self, proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
+    def _copy_output(self, proc: subprocess.Popen[bytes] | LaunchedProcess, ready: threading.Event) -> None:
         """Copy the process's output to the log file until it ends; set ``ready`` once the server says it
         started (every listener is up then), or at the end of the output (the process is gone)."""
         assert proc.stdout is not None and self.log_path is not None

@@ -49,10 +49,12 @@ def child(payload, fds):
 """
 
 
-def _scenario(code: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+def _scenario(
+    code: str, timeout: float = 30.0, args: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": _SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run(
-        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code)],
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code), *(args or [])],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -240,3 +242,33 @@ def test_the_fork_server_is_not_forked_from_a_process_running_threads() -> None:
         """)
     )
     assert "before any thread starts" in got["refused"]
+
+
+def test_a_fork_server_run_in_a_process_of_its_own_serves_a_parent_that_attaches() -> None:
+    """``serve`` in a process started for it (a test harness's launcher), ``attach`` on the other side: the
+    same requests and reports; it ends when the parent's end closes, and the parent reaps it."""
+    got = _records(
+        _scenario(
+            """
+        import socket, subprocess
+        here, there = socket.socketpair()
+        code = sys.argv[1] + "\\nfrom hubbub.workers.forkserver import serve\\nimport socket\\n"
+        code += f"serve(socket.socket(fileno={there.fileno()}), child)"
+        server = subprocess.Popen([sys.executable, "-c", code], pass_fds=[there.fileno()])
+        there.close()
+        fs = ForkServer()
+        fs.attach(here)
+        r, w = os.pipe()
+        p = fs.spawn(b"echo attached", [w])
+        os.close(w)
+        out(echo=os.read(r, 100).decode(), server=server.pid, status=p.wait(10))
+        fs.close()
+        out(server_status=server.wait(10))
+        """,
+            args=[_PRELUDE],
+        )
+    )
+    text, parent = got["echo"].rsplit(" ", 1)
+    assert text == "echo attached" and int(parent) == got["server"]
+    assert got["status"] == 0
+    assert got["server_status"] == 0

@@ -27,6 +27,9 @@ The guarantees of a node's worker processes hold as before (docs/architecture.md
   signals a worker through the fork server (:meth:`ForkedProcess.send_signal`), which signals only a child
   it has not reaped yet, so a worker's process id, reused after its exit, is never signalled by mistake.
 
+A fork server may also run in a process started for it (:func:`serve`, with the parent's side on the other
+end of a socket: :meth:`ForkServer.attach`), such as a test harness's launcher of whole nodes.
+
 The parent and the fork server talk over one Unix stream socket. Each message is a header
 (:data:`_HEAD`: kind, token, value, length) and ``length`` bytes. The parent sends ``SPAWN`` (the payload
 for the worker; the descriptors it gets, passed with the header as ``SCM_RIGHTS``, as many as ``value``)
@@ -58,7 +61,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-__all__ = ["ForkServer", "ForkServerLost", "ForkedProcess", "die_with_parent"]
+__all__ = ["ForkServer", "ForkServerLost", "ForkedProcess", "die_with_parent", "serve"]
 
 log = logging.getLogger("hubbub.workers")
 
@@ -67,7 +70,8 @@ _HEAD: Final = struct.Struct("!BIiI")
 _SPAWN, _SIGNAL, _SPAWNED, _EXITED = 1, 2, 3, 4
 #: The most descriptors one worker is given.
 MAX_FDS: Final = 16
-#: Seconds :meth:`ForkServer.close` waits for the fork server to exit before it kills it.
+#: Seconds :meth:`ForkServer.close` waits for the fork server to exit before it kills it, and
+#: :meth:`ForkServer.spawn` for it to say it forked.
 CLOSE_TIMEOUT_S: Final = 5.0
 #: The signals that must not stop the fork server (module docstring).
 _SHIELDED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -114,6 +118,7 @@ class ForkedProcess:
         #: The exit status once it exited: its code, or the negative number of the signal that ended it.
         self.returncode: int | None = None
         self._done = threading.Event()
+        self._spawned = threading.Event()
 
     def send_signal(self, sig: int) -> None:
         """Signal the process, if it still runs (the fork server signals only a child it has not reaped)."""
@@ -128,20 +133,28 @@ class ForkedProcess:
         self._done.wait(timeout)
         return self.returncode
 
+    def _forked(self, pid: int) -> None:
+        self.pid = pid
+        self._spawned.set()
+
     def _exited(self, status: int) -> None:
         self.returncode = status
         self._done.set()
+        self._spawned.set()
 
     def __repr__(self) -> str:
         return f"<ForkedProcess token={self.token} pid={self.pid} returncode={self.returncode}>"
 
 
 class ForkServer:
-    """The parent's side of the fork server (module docstring): :meth:`start` forks it, :meth:`spawn` has
-    it fork a worker running ``child_main``. ``on_lost`` is called (on the reader thread) if the fork server
-    ends while this side is open: its workers are gone then and none can be started."""
+    """The parent's side of the fork server (module docstring): :meth:`start` forks it (to run
+    ``child_main`` in each worker), or :meth:`attach` talks to one that runs in a process of its own
+    (:func:`serve`); :meth:`spawn` has it fork a worker. ``on_lost`` is called (on the reader thread) if the
+    fork server ends while this side is open: its workers are gone then and none can be started."""
 
-    def __init__(self, child_main: ChildMain, on_lost: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, child_main: ChildMain | None = None, on_lost: Callable[[], None] | None = None
+    ) -> None:
         self._child_main = child_main
         self._on_lost = on_lost
         self._sock: socket.socket | None = None
@@ -159,11 +172,11 @@ class ForkServer:
         return self._pid
 
     def start(self) -> None:
-        """Fork the fork server. The calling process must run one thread only (raises RuntimeError)."""
-        if threading.active_count() != 1:
-            raise RuntimeError(
-                f"the fork server must be forked before any thread starts ({threading.active_count()} run)"
-            )
+        """Fork the fork server, to run ``child_main``. The calling process must run one thread only (raises
+        RuntimeError)."""
+        _one_thread()
+        if self._child_main is None:
+            raise ValueError("start() needs the workers' child_main")
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         parent = os.getpid()
         for stream in (sys.stdout, sys.stderr):  # what is buffered must not be written twice
@@ -175,7 +188,7 @@ class ForkServer:
             try:
                 here.close()
                 die_with_parent(parent)
-                _Server(there, self._child_main).run()
+                serve(there, self._child_main)
                 status = 0
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -183,14 +196,21 @@ class ForkServer:
             finally:
                 os._exit(status)
         there.close()
-        self._sock, self._pid = here, pid
+        self._pid = pid
+        self.attach(here)
+
+    def attach(self, sock: socket.socket) -> None:
+        """Talk to the fork server at the other end of ``sock`` (a Unix stream socket): the one :meth:`start`
+        forked, or one that :func:`serve` runs in a process the caller started (and reaps itself)."""
+        self._sock = sock
         self._reader = threading.Thread(target=self._read, name="hubbub-fork-server", daemon=True)
         self._reader.start()
 
     def spawn(self, payload: bytes, fds: Sequence[int] = ()) -> ForkedProcess:
         """Have the fork server fork a worker that runs ``child_main(payload, fds)`` (the descriptors are
-        duplicated into it; the caller keeps and closes its own). Raises :class:`ForkServerLost` if the fork
-        server is gone."""
+        duplicated into it; the caller keeps and closes its own), once it did: the handle has its ``pid``, or
+        its ``returncode`` if no process could be forked. Raises :class:`ForkServerLost` if the fork server
+        is gone or does not answer."""
         if len(fds) > MAX_FDS:
             raise ValueError(f"at most {MAX_FDS} descriptors per worker")
         with self._send_lock:
@@ -205,6 +225,8 @@ class ForkServer:
             except OSError as exc:
                 del self._procs[proc.token]
                 raise ForkServerLost(f"the fork server is gone: {exc}") from exc
+        if not proc._spawned.wait(CLOSE_TIMEOUT_S) or (proc.pid is None and self._gone):
+            raise ForkServerLost("the fork server did not fork the worker")
         return proc
 
     def _send(self, kind: int, token: int, value: int) -> None:
@@ -224,7 +246,7 @@ class ForkServer:
                 if proc is None:
                     continue
                 if kind == _SPAWNED:
-                    proc.pid = value
+                    proc._forked(value)
                 elif kind == _EXITED:
                     del self._procs[token]
                     proc._exited(value)
@@ -242,16 +264,16 @@ class ForkServer:
             proc._exited(-signal.SIGKILL)
 
     def close(self) -> None:
-        """End the fork server (its workers, if any still run, die with it) and reap it."""
+        """End the fork server (its workers, if any still run, die with it) and reap it if :meth:`start`
+        forked it."""
         with self._send_lock:
             if self._sock is None or self._closing:
                 return
             self._closing = True
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)
-        assert self._pid is not None
         deadline = time.monotonic() + CLOSE_TIMEOUT_S
-        while os.waitpid(self._pid, os.WNOHANG)[0] == 0:
+        while self._pid is not None and os.waitpid(self._pid, os.WNOHANG)[0] == 0:
             if time.monotonic() > deadline:
                 os.kill(self._pid, signal.SIGKILL)
                 os.waitpid(self._pid, 0)
@@ -260,6 +282,22 @@ class ForkServer:
         if self._reader is not None:
             self._reader.join(CLOSE_TIMEOUT_S)
         self._sock.close()
+
+
+def _one_thread() -> None:
+    if threading.active_count() != 1:
+        raise RuntimeError(
+            f"a fork server must run in a process before any thread starts ({threading.active_count()} run)"
+        )
+
+
+def serve(sock: socket.socket, child_main: ChildMain) -> None:
+    """Be a fork server in this process, on ``sock`` (the other end: a :class:`ForkServer`'s
+    :meth:`~ForkServer.attach`), until that end closes; each worker forked runs ``child_main``. The process
+    must run one thread (raises RuntimeError) and starts none while it serves. A process started to be a
+    fork server (a test harness's, say) calls it; :meth:`ForkServer.start` forks one that does."""
+    _one_thread()
+    _Server(sock, child_main).run()
 
 
 class _Server:
