@@ -631,7 +631,7 @@ OTHER_ENV: dict[str, str] = {
     "HUBBUB_TOKEN": "the access token of the client commands and of the data pipeline's commands",
     "HUBBUB_SPARK_MASTER": "the Spark master of the data pipeline's commands (hubbub pipeline)",
     "HUBBUB_VECTORS_DIR": "the conformance vectors directory of the test suite",
-    "HUBBUB_VECTORS_WORKERS": "which conformance vectors the test suite runs on two workers (all, sample)",
+    "HUBBUB_VECTORS_WORKERS": "the conformance vectors the tests run on two workers (all, sample, none)",
     "HUBBUB_TEST_PG_USER": "the user the test suite runs its own PostgreSQL server as, when run as root",
 }
 
