@@ -56,7 +56,6 @@ import socket
 import struct
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -271,14 +270,15 @@ class ForkServer:
                 return
             self._closing = True
             with contextlib.suppress(OSError):
-                self._sock.shutdown(socket.SHUT_RDWR)
-        deadline = time.monotonic() + CLOSE_TIMEOUT_S
-        while self._pid is not None and os.waitpid(self._pid, os.WNOHANG)[0] == 0:
-            if time.monotonic() > deadline:
-                os.kill(self._pid, signal.SIGKILL)
-                os.waitpid(self._pid, 0)
-                break
-            time.sleep(0.005)  # the fork server exits as soon as it reads the end of its socket
+                self._sock.shutdown(socket.SHUT_WR)
+        # The fork server reads the end of the stream and exits, which ends the reader's stream in turn.
+        if self._reader is not None:
+            self._reader.join(CLOSE_TIMEOUT_S)
+        if self._pid is not None:
+            if self._reader is not None and self._reader.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._pid, signal.SIGKILL)
+            os.waitpid(self._pid, 0)
         if self._reader is not None:
             self._reader.join(CLOSE_TIMEOUT_S)
         self._sock.close()
