@@ -272,3 +272,30 @@ def test_a_fork_server_run_in_a_process_of_its_own_serves_a_parent_that_attaches
     assert text == "echo attached" and int(parent) == got["server"]
     assert got["status"] == 0
     assert got["server_status"] == 0
+
+
+def test_a_spawn_waits_for_a_fork_server_still_starting() -> None:
+    """A fork server in a process of its own reads no request before its imports are done: seconds on a
+    loaded machine (more than five at a load of 13 with four test processes starting theirs at once)."""
+    got = _records(
+        _scenario(
+            """
+        import socket, subprocess
+        here, there = socket.socketpair()
+        code = sys.argv[1] + "\\nimport socket\\nfrom hubbub.workers.forkserver import serve\\n"
+        code += f"time.sleep(5.5)\\nserve(socket.socket(fileno={there.fileno()}), child)"
+        server = subprocess.Popen([sys.executable, "-c", code], pass_fds=[there.fileno()])
+        there.close()
+        fs = ForkServer()
+        fs.attach(here)
+        r, w = os.pipe()
+        p = fs.spawn(b"echo late", [w])
+        os.close(w)
+        out(echo=os.read(r, 100).decode().split()[1], status=p.wait(10))
+        fs.close()
+        server.wait(10)
+        """,
+            args=[_PRELUDE],
+        )
+    )
+    assert got == {"echo": "late", "status": 0}

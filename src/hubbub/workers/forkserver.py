@@ -69,9 +69,12 @@ _HEAD: Final = struct.Struct("!BIiI")
 _SPAWN, _SIGNAL, _SPAWNED, _EXITED = 1, 2, 3, 4
 #: The most descriptors one worker is given.
 MAX_FDS: Final = 16
-#: Seconds :meth:`ForkServer.close` waits for the fork server to exit before it kills it, and
-#: :meth:`ForkServer.spawn` for it to say it forked.
+#: Seconds :meth:`ForkServer.close` waits for the fork server to exit before it kills it.
 CLOSE_TIMEOUT_S: Final = 5.0
+#: Seconds :meth:`ForkServer.spawn` waits for the fork server to say it forked: a fork server run in a
+#: process of its own (:func:`serve`) reads no request before its imports are done, which takes seconds on a
+#: loaded machine (the node's own fork server, forked, answers in milliseconds).
+SPAWN_TIMEOUT_S: Final = 60.0
 #: The signals that must not stop the fork server (module docstring).
 _SHIELDED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -224,7 +227,7 @@ class ForkServer:
             except OSError as exc:
                 del self._procs[proc.token]
                 raise ForkServerLost(f"the fork server is gone: {exc}") from exc
-        if not proc._spawned.wait(CLOSE_TIMEOUT_S) or (proc.pid is None and self._gone):
+        if not proc._spawned.wait(SPAWN_TIMEOUT_S) or (proc.pid is None and self._gone):
             raise ForkServerLost("the fork server did not fork the worker")
         return proc
 
