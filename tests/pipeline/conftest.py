@@ -29,8 +29,15 @@ from hubbub.events import Publisher
 from hubbub.log import AppendRequest, LogStore
 from tests.integration.serverproc import ServerProcess
 
+from . import jvm_archive
+
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-JVM_FLAGS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+
+
+def jvm_conf_args() -> list[str]:
+    """The ``--conf`` arguments that give a ``hubbub pipeline`` child's JVMs (its driver's, and on a cluster
+    its executors') the tests' flags and the class archive once it is made (:mod:`.jvm_archive`)."""
+    return [arg for k, v in jvm_archive.spark_conf().items() for arg in ("--conf", f"{k}={v}")]
 
 
 def spark_env() -> dict[str, str]:
@@ -65,6 +72,10 @@ def spark_group(item: pytest.Item) -> str:
     return "spark-2" if item.path.name in SECOND_SESSION else "spark"
 
 
+def _is_spark(item: pytest.Item) -> bool:
+    return "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark") is not None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests on the session's SparkSession run on two workers (``--dist loadgroup``), each module's on
@@ -74,7 +85,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     First of the hook's implementations: xdist's, in each worker, reads the ``xdist_group`` marks to put
     each test in its group; a mark added after it has no effect, and the tests were spread over every
-    worker, each starting a session."""
+    worker, each starting a session.
+
+    With a Spark test among them, the class archive of the Spark JVMs is started too (:mod:`.jvm_archive`:
+    the JVMs that start once it is made start in about half the time)."""
+    if any(_is_spark(item) for item in items):
+        jvm_archive.start_making()
     for item in items:
         uses_session = "spark" in getattr(item, "fixturenames", ())
         if uses_session:
@@ -85,20 +101,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT_S))
 
 
+def pytest_sessionfinish() -> None:
+    jvm_archive.stop_making()
+
+
 def _new_session() -> SparkSession:
     os.environ.update(spark_env())
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("hubbub-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", JVM_FLAGS)
-        .config("spark.executor.extraJavaOptions", JVM_FLAGS)
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
     )
+    for key, value in jvm_archive.spark_conf().items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     # No spark.dataSource.register here: format("hubbub") must resolve through pyspark_hubbub.
     return session

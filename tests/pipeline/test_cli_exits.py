@@ -18,7 +18,7 @@ import pytest
 from hubbub.pipeline import jobs
 from hubbub.pipeline.arrow import ARROW_SCHEMA
 
-from .conftest import JVM_FLAGS, spark_env
+from .conftest import jvm_conf_args, spark_env
 
 pytestmark = pytest.mark.spark
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.spark
 def pipeline(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hubbub", "pipeline", *args, "--no-progress",
-         "--conf", f"spark.driver.extraJavaOptions={JVM_FLAGS}", "--conf", "spark.ui.enabled=false",
+         *jvm_conf_args(), "--conf", "spark.ui.enabled=false",
          "--conf", "spark.driver.host=127.0.0.1"],
         capture_output=True,
         text=True,

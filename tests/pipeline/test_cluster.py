@@ -20,7 +20,8 @@ import pytest
 from hubbub.client import Client
 from tests.integration.serverproc import ServerProcess
 
-from .conftest import JVM_FLAGS, http_url, spark_env, store_url
+from . import jvm_archive
+from .conftest import http_url, jvm_conf_args, spark_env, store_url
 
 pytestmark = pytest.mark.spark
 
@@ -47,7 +48,7 @@ def wait_for(check: object, timeout: float, what: str) -> None:
 def cluster(tmp_path: Path) -> Iterator[str]:
     home = os.path.dirname(pyspark.__file__)
     env = {**os.environ, **spark_env(), "SPARK_HOME": home, "SPARK_LOG_DIR": str(tmp_path / "logs")}
-    env["SPARK_DAEMON_JAVA_OPTS"] = JVM_FLAGS
+    env["SPARK_DAEMON_JAVA_OPTS"] = f"{jvm_archive.BASE_FLAGS} {jvm_archive.share_options()}"
     port, ui, wui = free_port(), free_port(), free_port()
     spark_class = os.path.join(home, "bin", "spark-class")
     procs: list[subprocess.Popen[bytes]] = []
@@ -94,14 +95,14 @@ def cluster(tmp_path: Path) -> Iterator[str]:
 
 def hubbub_pipeline(*args: str) -> dict[str, object]:
     # The executor's JVM (one per application, started by the worker) with the driver's flags: C1 only and
-    # the serial collector, as a short job of 500 events never pays back C2's compiling; 2 shuffle
-    # partitions, as in the tests' local session, not 200 tasks of nothing per shuffle.
+    # the serial collector, as a short job of 500 events never pays back C2's compiling, and the class
+    # archive (jvm_archive); 2 shuffle partitions, as in the tests' local session, not 200 tasks of nothing
+    # per shuffle.
     env = {**os.environ, **spark_env()}
     r = subprocess.run(
         [sys.executable, "-m", "hubbub", "pipeline", *args, "--no-progress",
-         "--conf", f"spark.driver.extraJavaOptions={JVM_FLAGS}", "--conf", "spark.ui.enabled=false",
+         *jvm_conf_args(), "--conf", "spark.ui.enabled=false",
          "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.executor.memory=512m",
-         "--conf", f"spark.executor.extraJavaOptions={JVM_FLAGS}",
          "--conf", "spark.sql.shuffle.partitions=2"],
         env=env, capture_output=True, timeout=240, check=False,
     )  # fmt: skip

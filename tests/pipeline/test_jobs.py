@@ -24,7 +24,7 @@ from hubbub.pipeline.datasource import SOURCE_HEADER
 from hubbub.pipeline.sources import PipelineError
 from tests.integration.serverproc import ServerProcess
 
-from .conftest import http_url, spark_env, store_url
+from .conftest import http_url, jvm_conf_args, spark_env, store_url
 
 pytestmark = pytest.mark.spark
 
@@ -212,7 +212,8 @@ def test_backfill_command_on_a_local_master_with_its_own_jvm_options(
     spark: SparkSession, server: ServerProcess, tmp_path: Path
 ) -> None:
     """``hubbub pipeline backfill`` on ``local[2]`` without ``--conf spark.driver.extraJavaOptions``: the
-    command picks the JVM's options itself (C1 only, ``cli.job_conf``), and publishes everything in order."""
+    command picks the JVM's options itself (C1 only, ``cli.job_conf``), and publishes everything in order.
+    The tests' JVM flags and class archive go in Spark's ``defaultJavaOptions``, which leave it the choice."""
     url = http_url(server)
     publish(url, {"/cli/a": 12, "/cli/b": 5})
     out = tmp_path / "archive"
@@ -220,7 +221,7 @@ def test_backfill_command_on_a_local_master_with_its_own_jvm_options(
     r = subprocess.run(
         [sys.executable, "-m", "hubbub", "pipeline", "backfill", "--master", "local[2]", "--input", str(out),
          "--target", url, "--channels", "/cli/**", "--channel-prefix", "/bf", "--no-progress",
-         "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1"],
+         *jvm_conf_args(), "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1"],
         capture_output=True, text=True, timeout=300, env={**os.environ, **spark_env()}, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -18,7 +18,7 @@ import pytest
 from hubbub.log import SqliteLogStore
 from hubbub.pipeline.progress import Stage, job_progress
 
-from .conftest import JVM_FLAGS, fill, spark_env
+from .conftest import fill, jvm_conf_args, spark_env
 
 pytestmark = pytest.mark.spark
 
@@ -29,7 +29,7 @@ def export(store: Path, out: Path, stderr_tty: bool) -> tuple[dict[str, object],
     """Run the export; returns its JSON summary and everything it wrote to stderr."""
     args = [sys.executable, "-m", "hubbub", "pipeline", "export", "--store", f"sqlite:///{store}",
             "--out", str(out), "--format", "parquet",
-            "--conf", f"spark.driver.extraJavaOptions={JVM_FLAGS}", "--conf", "spark.ui.enabled=false",
+            *jvm_conf_args(), "--conf", "spark.ui.enabled=false",
             "--conf", "spark.driver.host=127.0.0.1"]  # fmt: skip
     env = {**os.environ, **spark_env(), "COLUMNS": "200", "TERM": "xterm"}
     if not stderr_tty:
