@@ -28,6 +28,8 @@ class Wire:
     def __init__(self) -> None:
         self.frames: list[bytes] = []
         self.wrote = asyncio.Event()
+        #: The pump's ``direct`` socket, when it has one.
+        self.direct: Direct | None = None
 
     async def until(self, frame: bytes) -> None:
         while frame not in self.frames:
@@ -35,12 +37,39 @@ class Wire:
             await asyncio.wait_for(self.wrote.wait(), 10)
 
 
+class Direct:
+    """A socket's writes without waiting (the pump's ``direct``), recorded in ``wire`` as the writes of the
+    task's loop are; ``room`` stands for the socket's buffer being under its high-water mark."""
+
+    def __init__(self, writer: asyncio.StreamWriter, wire: Wire) -> None:
+        self.writer = writer
+        self.wire = wire
+        self.room = True
+        #: The frames of each direct write.
+        self.writes: list[list[bytes]] = []
+
+    def writable(self) -> bool:
+        return self.room
+
+    def write(self, frames: list[bytes]) -> None:
+        assert self.room, "a write while the buffer is over its high-water mark"
+        self.writes.append(frames)
+        self.wire.frames += frames
+        self.wire.wrote.set()
+        self.writer.write(b"".join(frames))
+
+
 async def pumped(
-    tmp_path: Path, feed: Any, keepalive: tuple[float, bytes] | None = None, parked: bool = False
+    tmp_path: Path,
+    feed: Any,
+    keepalive: tuple[float, bytes] | None = None,
+    parked: bool = False,
+    direct: bool = False,
 ) -> tuple[bytes, Any]:
     """Run a pump writing to a real socket; ``feed(session, wire, pump)`` queues frames and ends the
     session. Returns every byte the peer read and the reason the pump closed with. With ``parked`` the pump
-    runs as a connection's does (``SessionPump.start``: a task only while there is something to write)."""
+    runs as a connection's does (``SessionPump.start``: a task only while there is something to write); with
+    ``direct`` too, it writes through a :class:`Direct` (``pump.direct_writes``) when it need not wait."""
     store = open_store("memory", str(tmp_path), "none", RetentionPolicy(), 600)
     async with Node(store, NodeSettings()) as node:
         accepted: asyncio.Future[asyncio.StreamWriter] = asyncio.get_running_loop().create_future()
@@ -67,10 +96,18 @@ async def pumped(
             closed.append(reason)
             w.close()
 
-        pump = SessionPump(node, sess, send=send, close=close, max_frame=1 << 16, keepalive=keepalive)
+        d = Direct(w, wire) if direct else None
+        pump = SessionPump(
+            node, sess, send=send, close=close, max_frame=1 << 16, keepalive=keepalive, direct=d
+        )
+        if direct:
+            wire.direct = d
         if parked:
             pump.start()
             await feed(sess, wire, pump)
+            if direct and pump.task is None:
+                # A direct write was due at the end of the step: it hands the end to a task.
+                await asyncio.sleep(0)
             task = pump.task
             assert task is not None  # the session's end started the last run
         else:
@@ -170,6 +207,97 @@ def test_a_parked_pump_closes_a_kicked_session_and_a_stopped_one_starts_no_more(
     data, closed = asyncio.run(pumped(tmp_path, stop, parked=True))
     assert data == b"<0><1>"
     assert closed == [Disconnect.GOING_AWAY]
+
+
+def test_a_woken_pump_with_a_direct_socket_writes_a_loop_steps_frames_at_once_without_a_task(
+    tmp_path: Path,
+) -> None:
+    """A parked pump over a socket that takes writes at once: what one loop step queued goes out in one write
+    at the end of that step, with no task; the session's end still closes through the loop."""
+
+    async def feed(sess: Session, wire: Wire, pump: SessionPump) -> None:
+        direct = wire.direct
+        assert direct is not None
+        for step in range(3):
+            for i in range(3):
+                sess.push(f"<{step}.{i}>".encode())
+            assert pump.task is None and _write_loops() == 0
+            await wire.until(f"<{step}.2>".encode())
+            assert pump.task is None and _write_loops() == 0
+            assert direct.writes[-1] == [f"<{step}.{i}>".encode() for i in range(3)]
+        assert len(direct.writes) == 3
+        sess.push(b"<end>")
+        sess.end(Disconnect.NORMAL)
+
+    data, closed = asyncio.run(pumped(tmp_path, feed, parked=True, direct=True))
+    assert data == b"".join(f"<{s}.{i}>".encode() for s in range(3) for i in range(3)) + b"<end>"
+    assert closed == [Disconnect.NORMAL]
+
+
+def test_a_direct_socket_over_its_high_water_mark_leaves_the_writes_to_a_task_in_order(
+    tmp_path: Path,
+) -> None:
+    """While the socket's buffer is over its high-water mark nothing is written without waiting: the task's
+    loop writes (and waits for room) as it would without ``direct``; once it parks, direct writes resume.
+    Every frame arrives once, in order."""
+
+    async def feed(sess: Session, wire: Wire, pump: SessionPump) -> None:
+        direct = wire.direct
+        assert direct is not None
+        sess.push(b"<0>")
+        await wire.until(b"<0>")
+        direct.room = False  # the buffer is over its high-water mark
+        for i in range(1, 4):
+            sess.push(f"<{i}>".encode())
+        await wire.until(b"<3>")
+        assert len(direct.writes) == 1  # <1>..<3> went through the task's loop
+        await _parks(pump)
+        direct.room = True
+        sess.push(b"<4>")
+        await wire.until(b"<4>")
+        assert direct.writes[-1] == [b"<4>"] and pump.task is None
+        sess.end(Disconnect.NORMAL)
+
+    data, closed = asyncio.run(pumped(tmp_path, feed, parked=True, direct=True))
+    assert data == b"<0><1><2><3><4>"
+    assert closed == [Disconnect.NORMAL]
+
+
+def test_a_parked_direct_pump_that_is_stopped_writes_nothing_more(tmp_path: Path) -> None:
+    """A frame queued in the loop step that stops the pump is not written by the pending direct write."""
+
+    async def feed(sess: Session, wire: Wire, pump: SessionPump) -> None:
+        sess.push(b"<0>")
+        await wire.until(b"<0>")
+        sess.push(b"<1>")  # a direct write is due at the end of this step
+        assert pump.stop() is None
+        await asyncio.sleep(0)  # the step the write was due in
+        assert wire.frames == [b"<0>"] and pump.task is None
+        pump.start()  # as the test's helper awaits a run: the end goes out through it
+        sess.end(Disconnect.GOING_AWAY)
+
+    data, closed = asyncio.run(pumped(tmp_path, feed, parked=True, direct=True))
+    assert data == b"<0><1>"
+    assert closed == [Disconnect.GOING_AWAY]
+
+
+def test_a_session_that_ends_while_a_direct_write_is_due_gets_its_last_run_at_once(tmp_path: Path) -> None:
+    """A frame queued (a fatal error's reply, say) and the session's end in the same loop step, before the
+    direct write due at its end: ``current()`` hands both to the loop's task at once, which a connection's
+    finish waits for (the reply, then the close); ``task`` alone would say nothing runs."""
+
+    async def feed(sess: Session, wire: Wire, pump: SessionPump) -> None:
+        sess.push(b"<0>")
+        await wire.until(b"<0>")
+        await _parks(pump)
+        sess.push(b"<1>")
+        sess.end(Disconnect.PROTOCOL_ERROR)
+        assert pump.task is None  # the direct write is still due
+        assert pump.current() is not None
+
+    data, closed = asyncio.run(pumped(tmp_path, feed, parked=True, direct=True))
+    assert data == b"<0><1>"
+    assert closed == [Disconnect.PROTOCOL_ERROR]
 
 
 def test_a_kicked_session_closes_with_its_reason_and_nothing_queued(tmp_path: Path) -> None:

@@ -621,13 +621,16 @@ class Session(OutboundQueue):
             self._room.set()
 
     async def next_frames(self, limit_bytes: int = 1 << 20) -> list[bytes]:
-        """Wait for queued frames and take them (at least one, then up to ``limit_bytes`` in total).
-
-        Returns an empty list when the session was kicked or closed: the transport then closes. (A packed-only
-        run, which only a batching session gets, comes as its batch frames.)
-        """
+        """Wait for queued frames and take them (:meth:`take_frames`). Returns an empty list when the session
+        was kicked or closed: the transport then closes."""
         if not await self._wait_frames():
             return []
+        return self.take_frames(limit_bytes)
+
+    def take_frames(self, limit_bytes: int = 1 << 20) -> list[bytes]:
+        """Take queued frames: at least one (if any), then up to ``limit_bytes`` in total. (A packed-only run,
+        which only a batching session gets, comes as its batch frames.) A writer that need not wait (its
+        socket takes the bytes at once) takes them here, without a coroutine."""
         frames = self._frames
         out: list[bytes]
         if self._nbytes <= limit_bytes:
@@ -696,6 +699,10 @@ class Session(OutboundQueue):
         """
         if not await self._wait_frames():
             return []
+        return self.take_entries(limit_bytes)
+
+    def take_entries(self, limit_bytes: int = 1 << 20) -> list[bytes | FrameRun]:
+        """:meth:`next_entries` without the wait, as :meth:`take_frames` is :meth:`next_frames`'s."""
         frames = self._frames
         out: list[bytes | FrameRun] = []
         total = 0

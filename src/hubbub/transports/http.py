@@ -38,7 +38,7 @@ from .cross_site import cross_site_guard, cross_site_upgrade, install_cross_site
 from .lifetime import Lifetime
 from .metrics import CONTENT_TYPE, ConsumerCollector, ConsumerSeries, NodeCollector, render_metrics
 from .native import BURST_MAX, NativeConnection, NativeEncoder
-from .pump import SessionPump, Wire, stopped
+from .pump import Direct, SessionPump, Wire, stopped
 from .ws_driver import WS_CONNECTIONS, detach, run_websocket, upgradable
 from .ws_socket import take_over
 from .ws_write import WsSink
@@ -582,9 +582,11 @@ def native_connection(
     send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
     encoder: NativeEncoder | None = None,
     wire: Wire | None = None,
+    direct: Direct | None = None,
 ) -> NativeConnection:
     """A native connection (WebSocket or TCP) in ``codec``'s encoding, with the server's limits (``wire``: a
-    WebSocket's own framing, see :class:`~hubbub.transports.pump.SessionPump`)."""
+    WebSocket's own framing, ``direct``: a byte stream's writes without waiting, see
+    :class:`~hubbub.transports.pump.SessionPump`)."""
     return NativeConnection(
         node,
         codec,
@@ -592,6 +594,7 @@ def native_connection(
         close=close,
         send_many=send_many,
         wire=wire,
+        direct=direct,
         encoder=encoder,
         max_frame=s.max_frame,
         max_subscriptions=s.max_subscriptions,

@@ -39,7 +39,7 @@ from hubbub.selection import ReplaySpec
 from .lifetime import Lifetime
 from .native_consume import CONSUMER_COMMANDS, NativeConsumers
 from .native_publish import NativePublishing
-from .pump import SessionPump, Wire, grace_left, stopped
+from .pump import Direct, SessionPump, Wire, grace_left, stopped
 
 __all__ = ["BURST_MAX", "Keepalive", "NativeConnection", "NativeEncoder", "dispatch"]
 
@@ -113,6 +113,7 @@ class NativeConnection(NativePublishing):
         close: Callable[[Disconnect], Awaitable[None]],
         send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
         wire: Wire | None = None,
+        direct: Direct | None = None,
         max_frame: int,
         max_subscriptions: int,
         send_queue: int,
@@ -157,6 +158,8 @@ class NativeConnection(NativePublishing):
             farewell=self._farewell,
             # A transport that frames its writes itself (WebSocket): fan-out runs framed once for all.
             wire=wire,
+            # A byte stream whose writes need not wait: a woken write loop writes without a task.
+            direct=direct,
         )
         #: A token presented on the WebSocket upgrade (header or query), used when ``hello`` has none.
         self.upgrade_token: str | None = None
@@ -331,7 +334,7 @@ class NativeConnection(NativePublishing):
         ``close_wait_s`` (none once the handler was cancelled); then the session leaves the node, and the
         writer and the keepalive stop."""
         sess = self.session
-        if (sess.ending or sess.kicked) and self._pump.task is not None and grace_left():
+        if (sess.ending or sess.kicked) and self._pump.current() is not None and grace_left():
             with contextlib.suppress(TimeoutError):  # the writer is cancelled below
                 await asyncio.wait_for(self.wait_written(), close_wait_s)
         Keepalive.for_interval(self.ping_interval).discard(self)
@@ -345,7 +348,7 @@ class NativeConnection(NativePublishing):
     async def wait_written(self) -> None:
         """Wait until the write loop ended (after a graceful end or a kick: the session's end started its
         last run)."""
-        t = self._pump.task
+        t = self._pump.current()
         if t is not None:
             await stopped(asyncio.shield(t), self.node, "native", self.session.id)
 

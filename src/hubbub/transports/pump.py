@@ -32,6 +32,14 @@ call_when_ready`: a callback, no coroutine, no future) and a new task takes over
 session ends; a connection whose queue stays empty holds none (a task, its coroutines and its future are some
 1.4 KiB per connection). :meth:`SessionPump.stop` ends it either way.
 
+A woken pump of a socket that can write at once (``direct``, a :class:`Direct`: a byte stream's transport,
+whose write goes to the kernel right away while its buffer is below its high-water mark) needs no task at
+all: one callback at the end of the loop step that queued the frame (``call_soon``, so that every frame of
+that step, a commit's whole fan-out, goes out in the same write) takes the queue and writes it. Only what must
+wait (a buffer over its high-water mark, the session's end and close) goes to a task, which waits for the
+room as before. This spares each event delivered at light load a task's creation, its coroutines and a loop
+step, which is most of the write's share of the latency (bench/suite.py ``latency``).
+
 Concurrency contract: everything runs on the event loop thread; at most one task per connection runs
 :meth:`run` at a time.
 """
@@ -51,6 +59,7 @@ __all__ = [
     "SEND_MANY_MAX",
     "SHARED_PACK_MIN",
     "Alive",
+    "Direct",
     "Pack",
     "SessionPump",
     "Wire",
@@ -86,6 +95,21 @@ class Wire(Protocol):
 
     async def write(self, data: bytes) -> None:
         """Write bytes :attr:`frame` made."""
+        ...
+
+
+class Direct(Protocol):
+    """A socket whose writes go out without waiting while its buffer is below its high-water mark (a byte
+    stream's transport): the pump's ``direct``, which writes there without a task (see the module docstring).
+    """
+
+    def writable(self) -> bool:
+        """Whether the socket's write buffer is at or below its high-water mark: a write need not wait."""
+        ...
+
+    def write(self, frames: list[bytes]) -> None:
+        """Write ``frames`` in the socket's framing (as ``send_many`` would) at once, without waiting; a
+        failure raises as a write of the write loop would (``ConnectionError`` when the peer went away)."""
         ...
 
 
@@ -162,12 +186,14 @@ class SessionPump:
 
     __slots__ = (
         "_close",
+        "_direct",
         "_farewell",
         "_keepalive",
         "_on_frames",
         "_pack",
         "_send",
         "_send_many",
+        "_soon",
         "_task",
         "_wire",
         "last_send",
@@ -190,6 +216,7 @@ class SessionPump:
         farewell: Callable[[Disconnect], bytes | None] | None = None,
         keepalive: tuple[float, bytes] | None = None,
         wire: Wire | None = None,
+        direct: Direct | None = None,
     ) -> None:
         self.node = node
         self.session = session
@@ -202,6 +229,9 @@ class SessionPump:
         self._keepalive = keepalive
         # Only for a plain writer: on_frames and keepalive work on the frames one by one.
         self._wire = wire if on_frames is None and keepalive is None else None
+        # Only for a loop that parks (start): a keepalive loop waits with nothing queued.
+        self._direct = direct if keepalive is None else None
+        self._soon: asyncio.Handle | None = None
         self.max_frame = max_frame
         self.last_send = time.monotonic()
         self._task: asyncio.Task[None] | None = None
@@ -213,19 +243,65 @@ class SessionPump:
         self.session.call_when_ready(self._resume)
 
     def _resume(self) -> None:
-        """Something to write (the session's callback): a task runs the loop until the queue is empty."""
-        self._task = asyncio.get_running_loop().create_task(self.run(park=True))
+        """Something to write (the session's callback): with a ``direct`` socket, a callback at the end of
+        this loop step writes it (:meth:`_write_now`); else, and for the session's end, a task runs the loop
+        until the queue is empty."""
+        sess = self.session
+        if self._direct is None or sess.kicked or sess.closed or sess.ending:
+            self._task = asyncio.get_running_loop().create_task(self.run(park=True))
+        else:
+            self._soon = asyncio.get_running_loop().call_soon(self._write_now)
+
+    def _write_now(self) -> None:
+        """Write what is queued to the ``direct`` socket while it takes it without waiting, then park again;
+        what must wait (a buffer over its high-water mark, the session's end or close) goes to a task.
+        Takes at most ``max_frame`` bytes of the queue per write, as the loop does."""
+        self._soon = None
+        sess = self.session
+        direct = self._direct
+        assert direct is not None
+        try:
+            while sess.queued and not (sess.kicked or sess.closed or sess.ending) and direct.writable():
+                if sess.batch_limit and self._pack is not None:
+                    out = self._packed(sess.take_entries(self.max_frame))
+                else:
+                    out = sess.take_frames(self.max_frame)
+                    if self._on_frames is not None:
+                        self._on_frames(out)
+                self.last_send = time.monotonic()
+                direct.write(out)
+        except Exception as exc:
+            self._failed(exc)  # the session is closed: nothing more to write
+            return
+        if sess.queued or sess.kicked or sess.closed or sess.ending:
+            self._task = asyncio.get_running_loop().create_task(self.run(park=True))
+        else:
+            sess.call_when_ready(self._resume)
 
     @property
     def task(self) -> asyncio.Task[None] | None:
-        """The task running the write loop started by :meth:`start`; None while it is parked. Once the
-        session ended it stays, done when the connection is closed."""
+        """The task running the write loop started by :meth:`start`; None while it is parked, or while a
+        ``direct`` write waits for the end of the loop step. Once the session ended it stays, done when the
+        connection is closed."""
+        return self._task
+
+    def current(self) -> asyncio.Task[None] | None:
+        """:attr:`task`, once a ``direct`` write still due at the end of this loop step was done now: a
+        session that ended since (a fatal error's reply, then the close) has its last run then, which a
+        connection's finish waits for."""
+        soon = self._soon
+        if soon is not None:
+            soon.cancel()
+            self._write_now()
         return self._task
 
     def stop(self) -> asyncio.Task[None] | None:
         """Stop what :meth:`start` started: the parked loop starts no more, a running one is cancelled (the
         task is returned, to be awaited)."""
         self.session.forget_ready(self._resume)
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
         task = self._task
         if task is not None:
             task.cancel()
@@ -286,14 +362,18 @@ class SessionPump:
                     if last is not None:
                         await quietly(lambda: send(last), self.node, sess.dialect, sess.id, "farewell frame")
                 await self._close(reason)
-        except WriteTimeout:
-            write_timed_out(self.node, sess.dialect, sess.id)
-            sess.close()  # see the module docstring: a reader waiting for room wakes
-        except ConnectionError:
-            sess.close()  # the peer is gone; the reader sees the session closed and ends the connection
         except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        """A write failed: counted as its kind is (see the module docstring), and the session closed, so that
+        a reader waiting for room wakes, sees the connection gone and ends it."""
+        sess = self.session
+        if isinstance(exc, WriteTimeout):
+            write_timed_out(self.node, sess.dialect, sess.id)
+        elif not isinstance(exc, ConnectionError):  # else the peer is gone: nothing to report
             io_failed(self.node, sess.dialect, sess.id, "write loop", exc)
-            sess.close()
+        sess.close()
 
     async def _send_batches(self, entries: list[bytes | FrameRun]) -> None:
         """Send queued entries packed into batch frames within ``max_frame`` (native.md §3.5), in order.
@@ -301,6 +381,17 @@ class SessionPump:
         A long run of events (:class:`FrameRun`) goes out as its own batch frames, packed once for every
         connection that holds the same run; single frames and short runs between them are packed together.
         """
+        out = self._packed(entries)
+        # Small batches go out in one write; large ones one by one, as the transport writes a single message
+        # without copying it (a write of several joins them).
+        if len(out) > 1 and self._send_many is not None and sum(map(len, out)) <= SEND_MANY_MAX:
+            await self._send_many(out)
+        else:
+            for f in out:
+                await self._send(f)
+
+    def _packed(self, entries: list[bytes | FrameRun]) -> list[bytes]:
+        """The batch frames of queued entries, in order (see :meth:`_send_batches`)."""
         limit = self.max_frame
         pack = self._pack
         assert pack is not None
@@ -318,13 +409,7 @@ class SessionPump:
                 out += e.batches(pack, limit)
         if loose:
             out += pack(loose, limit)
-        # Small batches go out in one write; large ones one by one, as the transport writes a single message
-        # without copying it (a write of several joins them).
-        if len(out) > 1 and self._send_many is not None and sum(map(len, out)) <= SEND_MANY_MAX:
-            await self._send_many(out)
-        else:
-            for f in out:
-                await self._send(f)
+        return out
 
     async def _send_wired(self, entries: list[bytes | FrameRun]) -> None:
         """Send queued entries in one write of the transport's framing, in order: each run framed once for

@@ -41,6 +41,7 @@ __all__ = [
     "WRITE_TIMEOUT_S",
     "Opener",
     "ServiceStreams",
+    "StreamDirect",
     "StreamIO",
     "StreamWire",
     "close_stream",
@@ -98,6 +99,26 @@ async def close_stream(
             io_failed(node, dialect, session_id, what, exc)
             return
         raise
+
+
+class StreamDirect:
+    """A byte stream's writes without waiting: the write loop's :class:`~hubbub.transports.pump.Direct`.
+    ``parts`` gives the pieces of one write of frames in the dialect's framing, written with ``writelines``
+    (the transport sends them together, without joining them first)."""
+
+    __slots__ = ("_parts", "_transport", "_writer")
+
+    def __init__(self, writer: asyncio.StreamWriter, parts: Callable[[list[bytes]], list[bytes]]) -> None:
+        self._writer = writer
+        self._transport = writer.transport
+        self._parts = parts
+
+    def writable(self) -> bool:
+        transport = self._transport
+        return transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]
+
+    def write(self, frames: list[bytes]) -> None:
+        self._writer.writelines(self._parts(frames))
 
 
 class StreamIO:

@@ -27,7 +27,14 @@ from .binding import Mounted, Wiring
 from .http import HttpSettings, native_codec, native_connection
 from .lifetime import Lifetime
 from .native import NativeConnection, NativeEncoder, dispatch
-from .stream_driver import CLOSE_WAIT_S, WRITE_TIMEOUT_S, close_stream, drain, listen_streams
+from .stream_driver import (
+    CLOSE_WAIT_S,
+    WRITE_TIMEOUT_S,
+    StreamDirect,
+    close_stream,
+    drain,
+    listen_streams,
+)
 from .stream_listener import KEEPALIVE, Accepted, StreamListener, keep_alive, peer_ip
 
 __all__ = [
@@ -104,8 +111,17 @@ class NativeStreams:
         async def close(code: Disconnect) -> None:
             writer.close()
 
+        def parts(frames: list[bytes]) -> list[bytes]:
+            out: list[bytes] = []
+            for f in frames:
+                out += codec.stream_parts(f)
+            return out
+
         encoder = self.encoders[codec.encoding]
-        conn = native_connection(self.node, codec, self.settings, send, close, send_many, encoder)
+        direct = StreamDirect(writer, parts)
+        conn = native_connection(
+            self.node, codec, self.settings, send, close, send_many, encoder, direct=direct
+        )
         conn.peer = peer_ip(writer)
         return conn
 

@@ -195,7 +195,7 @@ class DialectWire:
         """The reader is done: a pending close goes out (for at most ``close_wait_s``, none once the handler
         was cancelled), the session leaves the node, the connection's tasks stop."""
         sess = self.session
-        writer = self._pump.task  # the session's end started its last run
+        writer = self._pump.current()  # the session's end started its last run
         if (sess.ending or sess.kicked) and writer is not None and grace_left():
             await stopped(
                 asyncio.wait_for(asyncio.shield(writer), self._close_wait_s),
