@@ -206,7 +206,13 @@ class LogOwner:
             self._links[worker] = link
         if old is not None:
             old.close()
-        link.reply(encode(("hello", {"engine": self._store.engine, "path": self._reads_path})))
+        hello = {
+            "engine": self._store.engine,
+            "path": self._reads_path,
+            "inline_append_max": self._store.inline_append_max,
+            "inline_append_max_bytes": self._store.inline_append_max_bytes,
+        }
+        link.reply(encode(("hello", hello)))
         threading.Thread(
             target=self._send_loop, args=(link,), name=f"hubbub-owner-send-{worker}", daemon=True
         ).start()

@@ -17,9 +17,11 @@ in order; what arrives before the relay listens is kept for it.
 what other workers committed (``core/consumers.py``), and hold a consumer through the owner
 (``consumer_hold``).
 
-Concurrency contract: every store method may be called from any thread but the event loop's (they block on
-the owner); :meth:`listen`'s callbacks run on the events socket's reader thread. When the owner goes away (the
-parent died), every call waiting or made later raises :class:`StorageError` and ``on_lost`` is called once.
+Concurrency contract: every store method may be called from any thread (they block on the owner): core
+calls ``append`` on the event loop for a batch within the owner's store's ``inline_append_max`` (a round trip
+to the owner, whose commit waits on no fsync then), else on its writer thread; :meth:`listen`'s callbacks
+run on the events socket's reader thread. When the owner goes away (the parent died), every call waiting or
+made later raises :class:`StorageError` and ``on_lost`` is called once.
 """
 
 from __future__ import annotations
@@ -90,6 +92,12 @@ class RemoteLogStore(LogStore):
             raise StorageError("the log owner did not greet this worker")
         info: dict[str, Any] = hello[1]
         self.engine = str(info["engine"])
+        # The owner's store's: an append small enough for its loop is a round trip to the owner, whose
+        # commit is that store's (no fsync); the worker's loop sends it and waits for the reply itself, as
+        # a single process's loop commits such an append, without the hand-offs to its writer thread and
+        # back (two thread wake-ups per commit, each waiting for a core on a busy machine).
+        self.inline_append_max = int(info.get("inline_append_max", 0))
+        self.inline_append_max_bytes = int(info.get("inline_append_max_bytes", 0))
         path = info.get("path")
         #: Where this worker reads the log itself (None: through the owner).
         self._reads: LogStore | None = SqliteLogStore(path, readonly=True) if path else None
