@@ -165,7 +165,7 @@ class Sequencer(Generic[Origin]):
                 st.last = ev.seq
                 self._release(ev, origin)
                 if st.pending:
-                    self._drain(st)
+                    self._drain(st, purge=False)
                 return
             if st.pending is None:
                 st.pending = {}
@@ -254,8 +254,12 @@ class Sequencer(Generic[Origin]):
         except Exception:  # one faulty delivery must not stop the channel's stream
             log.exception("cluster: delivering %s #%d failed", ev.channel, ev.seq)
 
-    def _drain(self, st: _Chan[Origin]) -> None:
-        """Release the buffered seqs that now follow."""
+    def _drain(self, st: _Chan[Origin], *, purge: bool = True) -> None:
+        """Release the buffered seqs that now follow; with ``purge``, drop those at or below the position
+        too. Only a move of the position past buffered seqs (a fill, a loss) leaves such ones: an event
+        released in order (``purge=False``) moves it by one, to a seq that was not buffered, and draining
+        pops each seq it moves to. A buffer of a few thousand seqs behind a gap (two writers' commits
+        racing) was otherwise scanned whole at every event released in front of it."""
         pending = st.pending
         if not pending:
             return
@@ -266,6 +270,8 @@ class Sequencer(Generic[Origin]):
             self._pending -= 1
             st.last += 1
             self._release(*item)
+        if not purge:
+            return
         # Buffered seqs at or below the position (released from the log meanwhile) are duplicates.
         stale = [s for s in pending if s <= st.last]
         for s in stale:
