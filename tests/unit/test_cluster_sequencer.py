@@ -166,6 +166,53 @@ def test_catch_up_fills_at_once_and_uninterested_channels_read_nothing() -> None
     run(main)
 
 
+def test_a_gap_in_a_channel_nobody_reads_is_skipped_without_reading_what_is_buffered() -> None:
+    """Another writer's commits racing this node's own on a channel no local subscription matches: the fill
+    moves the position past the gap and drops the buffered events up to the log's head, reading nothing;
+    events after it are released in order again."""
+
+    async def main() -> None:
+        store = MemoryLogStore()
+        h = Harness(store, gap_wait=10.0)
+        h.seq.seed([])
+        h.interested = False
+        evs = _append(store, "/quiet", 30)
+        for ev in evs[10:]:  # 1-10 still in flight from another writer
+            h.seq.offer(ev, "mine")
+        assert h.seq.buffered == 20 and h.out == []
+        assert await h.seq.catch_up("/quiet", evs[0].epoch, 30, 5.0) == (evs[0].epoch, 30)
+        assert h.reads == 0 and h.seq.buffered == 0 and h.seq.skipped == 30 and h.out == []
+        h.interested = True
+        later = _append(store, "/quiet", 3)
+        for ev in later:
+            h.seq.offer(ev, "mine")
+        assert h.seqs() == [31, 32, 33]
+        await h.seq.close()
+
+    run(main)
+
+
+def test_a_fill_takes_every_buffered_event_between_its_holes() -> None:
+    """A fill over a range with many holes between buffered runs releases every seq once, in order, the
+    buffered ones with their origins and the holes read from the log."""
+
+    async def main() -> None:
+        store = MemoryLogStore()
+        h = Harness(store, gap_wait=0.01)
+        h.seq.seed([])
+        evs = _append(store, "/c", 200)
+        mine = [ev for ev in evs[1:] if (ev.seq // 7) % 2 == 0]  # runs of 7 with holes of 7 between them
+        for ev in mine:
+            h.seq.offer(ev, "mine")
+        await h.until(200)
+        assert h.seqs() == list(range(1, 201))
+        assert {s for _, _, s, o in h.out if o == "mine"} == {ev.seq for ev in mine}
+        assert h.seq.buffered == 0 and h.seq.duplicates == 0
+        await h.seq.close()
+
+    run(main)
+
+
 def test_a_full_buffer_is_dropped_and_filled_from_the_log() -> None:
     async def main() -> None:
         store = MemoryLogStore()

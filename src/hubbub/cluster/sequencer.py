@@ -14,7 +14,7 @@ once:
 * anything at or below a channel's released position is a duplicate and dropped.
 
 A fill of a channel that no local subscription matches (``interested``) reads nothing: it only moves the
-channel's position to the log's head.
+channel's position to the log's head, dropping what it buffered up to there.
 
 What the log cannot give any more (trimmed in the meantime) is **lost**: ``on_lost(channel)`` is called, and
 the node closes the connections subscribed to the channel as slow consumers, so that they resume with their
@@ -32,6 +32,7 @@ the owner runs off the loop). Fills of one channel never overlap; fills of sever
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -371,11 +372,22 @@ class Sequencer(Generic[Origin]):
         """Release the released epoch's events after the position up to ``top`` (None: to its end), taking
         buffered events where they are and reading the rest from the log."""
         epoch = st.epoch
-        if top is not None and not st.pending and not self._interested(channel):
-            # Nobody here subscribes to it: nothing to read, only the position to move.
+        if top is not None and not self._interested(channel):
+            # Nobody here subscribes to it: nothing to read or release, only the position to move; what is
+            # buffered up to it goes too (another writer's commits racing this node's own on a channel
+            # nobody here reads were otherwise read back from the log to be released to no one).
             self.skipped += max(top - st.last, 0)
             st.last = max(st.last, top)
+            if st.pending:
+                gone = [s for s in st.pending if s <= top]
+                for s in gone:
+                    del st.pending[s]
+                self._pending -= len(gone)
             return
+        #: The buffered seqs, sorted, to find the next one past a hole without scanning the buffer at each
+        #: hole; taken again when one of them left the buffer (an overflow). Seqs buffered since are read
+        #: from the log with the rest and taken from the buffer as they come (``take``).
+        buffered: list[int] | None = None
         while top is None or st.last < top:
             nxt = st.last + 1
             item = st.take(nxt)
@@ -384,8 +396,13 @@ class Sequencer(Generic[Origin]):
                 st.last = nxt
                 self._release(*item)
                 continue
-            later = [s for s in st.pending or () if s > nxt]
-            stop = min(later) - 1 if later else top
+            i = 0
+            if buffered is not None:
+                i = bisect.bisect_right(buffered, nxt)
+            if buffered is None or (i < len(buffered) and buffered[i] not in (st.pending or ())):
+                buffered = sorted(st.pending or ())
+                i = bisect.bisect_right(buffered, nxt)
+            stop = buffered[i] - 1 if i < len(buffered) else top
             want = FILL_PAGE if stop is None else min(FILL_PAGE, stop - st.last)
             events = await self._read(channel, epoch, st.last, want)
             if st.epoch != epoch:
