@@ -15,6 +15,8 @@ from hubbub.errors import EpochMismatch, TrimOutOfRange
 from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo
 from hubbub.workers.frames import (
+    MAX_FRAME,
+    FrameBuffer,
     FrameReader,
     Publishers,
     encode,
@@ -100,3 +102,26 @@ def test_a_message_is_read_whole_whatever_the_chunking(chunk: int) -> None:
     assert reader.read() is None  # the end of the stream
     t.join()
     b.close()
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 4096])
+def test_a_frame_buffer_gives_whole_messages_whatever_the_chunking(chunk: int) -> None:
+    msgs: list[Any] = [
+        ("append", 1, [("/a", b"x" * 300)]),
+        ("call", 2, "head", ("/a",), {}),
+        ("ret", 3, None),
+    ]
+    data = b"".join(encode(m) for m in msgs)
+    buf = FrameBuffer()
+    got: list[Any] = []
+    for i in range(0, len(data), chunk):
+        got += buf.feed(data[i : i + chunk])
+    assert got == msgs
+    assert buf.feed(b"") == []
+
+
+def test_a_frame_buffer_refuses_a_message_over_the_limit_and_a_malformed_one() -> None:
+    with pytest.raises(ValueError, match="a message of"):
+        FrameBuffer().feed((MAX_FRAME + 1).to_bytes(4, "big"))
+    with pytest.raises(Exception):  # noqa: B017 - whatever unpickling raises: the link is dropped
+        FrameBuffer().feed(b"\x00\x00\x00\x03abc")

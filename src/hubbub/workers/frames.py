@@ -25,7 +25,7 @@ and 2-4 µs to unpack into values again. A new event's result is its position on
 in its request.
 
 Concurrency contract: :func:`send` under the caller's lock (one writer per socket at a time); a
-:class:`FrameReader` is used by one thread.
+:class:`FrameReader` or :class:`FrameBuffer` is used by one thread.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from hubbub.log.base import AppendRequest, AppendResult
 
 __all__ = [
     "MAX_FRAME",
+    "FrameBuffer",
     "FrameReader",
     "Publishers",
     "encode",
@@ -103,6 +104,35 @@ class FrameReader:
         data = bytes(self._buf[4 : 4 + n])
         del self._buf[: 4 + n]
         return pickle.loads(data)
+
+
+class FrameBuffer:
+    """Whole messages out of bytes read without waiting (a socket's reader that does not block on it):
+    :meth:`feed` keeps a message's start until the rest comes."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        """The messages ``data`` completes, in order. Raises ``ValueError`` for a message over
+        :data:`MAX_FRAME`, and whatever unpickling raises for a malformed one (the connection is then beyond
+        use)."""
+        buf = self._buf
+        buf += data
+        out = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= 4:
+            (n,) = _LEN.unpack_from(buf, pos)
+            if n > MAX_FRAME:
+                raise ValueError(f"a message of {n} bytes")
+            if end - pos - 4 < n:
+                break
+            out.append(pickle.loads(buf[pos + 4 : pos + 4 + n]))
+            pos += 4 + n
+        if pos:
+            del buf[:pos]
+        return out
 
 
 def error_state(exc: BaseException) -> tuple[type[BaseException], tuple[Any, ...], dict[str, Any]]:

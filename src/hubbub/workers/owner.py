@@ -9,10 +9,12 @@ own results back. A commit's new events are then sent to every other worker, enc
 (``frames``), so that each delivers every worker's events (``workers/relay.py``). Reads do not come here
 when the log is a file the workers can read themselves (SQLite in WAL mode: ``hello`` names it).
 
-A worker has two sockets to the owner. On the first, its calls come in (one thread per worker reads them)
-and the owner's thread sends each reply as soon as the call is done: the worker's calling thread waits on
-that socket for it (one call at a time), so no thread of either process wakes in between. On the second, a
-sender thread per worker sends the other workers' events from an outbox, which is bounded
+A worker has two sockets to the owner. On the first, its calls come in, read by the owner's thread itself
+(it waits on every worker's calls socket at once, and takes what each sent without blocking), which sends
+each reply as soon as the call is done: the worker's calling thread waits on that socket for it (one call at
+a time), so no other thread of either process wakes in between. On the second go the other workers' events:
+the owner's thread sends a commit's as far as the socket takes them at once, and a sender thread per worker
+the rest, from an outbox, which is bounded
 (:data:`OUTBOX_BYTES` of events): past that, a worker that does not read is sent, once it catches up, the
 tops of the channels it missed instead of their events, and it reads them from the log (the cluster's answer
 to a node that could not follow Redis). A worker that does not read a reply within
@@ -33,7 +35,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import queue
+import selectors
 import socket
 import struct
 import threading
@@ -45,7 +47,7 @@ from hubbub.errors import StorageError
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
 from .frames import (
-    FrameReader,
+    FrameBuffer,
     Publishers,
     encode,
     error_state,
@@ -63,6 +65,8 @@ log = logging.getLogger("hubbub.workers")
 OUTBOX_BYTES: Final = 64 << 20
 #: Seconds a worker may take to read a reply before it is cut off (it always waits for its replies).
 REPLY_TIMEOUT_S: Final = 10
+#: Bytes the owner's thread reads from a worker's calls socket at a time.
+READ_CHUNK: Final = 1 << 16
 #: The most append calls one commit merges (each a worker's batch of up to ``commit_batch`` publishes).
 MAX_MERGED: Final = 64
 
@@ -97,6 +101,10 @@ class _Link:
     #: Channels whose events were left out while the outbox was full: channel -> (epoch, top).
     tops: dict[str, tuple[str, int]] = field(default_factory=dict)
     closed: bool = False
+    #: The sender thread is sending a message it took from the outbox (the owner's thread must not send).
+    sending: bool = False
+    #: The calls read so far (the owner's thread's).
+    frames: FrameBuffer = field(default_factory=FrameBuffer)
 
     def reply(self, data: bytes) -> None:
         """Send a call's reply (on the owner's thread). The worker's calling thread waits for it, reading;
@@ -114,9 +122,7 @@ class _Link:
         drained since); False when noted as tops."""
         with self.cond:
             if not self.tops and self.queued + len(data) <= OUTBOX_BYTES:
-                self.outbox.append((data, True))
-                self.queued += len(data)
-                self.cond.notify()
+                self._queue(data)
                 return True
             for ev in events:
                 self.tops[ev.channel] = (ev.epoch, ev.seq)
@@ -129,18 +135,35 @@ class _Link:
         with self.cond:
             if self.queued + len(data) > OUTBOX_BYTES:
                 return False
-            self.outbox.append((data, True))
-            self.queued += len(data)
-            self.cond.notify()
+            self._queue(data)
             return True
+
+    def _queue(self, data: bytes) -> None:
+        """Send ``data`` now as far as the socket takes it without waiting, when nothing is queued before
+        it and the sender thread is not sending; the rest (all of it otherwise) goes to the outbox, for the
+        sender thread. Under ``cond``. A commit's events then usually reach a worker that reads without
+        waking the sender thread (a thread switch per commit and worker, and the GIL hand-offs around it)."""
+        if not self.outbox and not self.sending and not self.closed:
+            try:
+                sent = self.sock.send(data, socket.MSG_DONTWAIT)
+            except OSError:  # full (BlockingIOError), or gone: the sender thread finds out which
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
+        self.outbox.append((data, True))
+        self.queued += len(data)
+        self.cond.notify()
 
     def next(self) -> bytes | None:
         """The next message to send (waiting for one); None once closed."""
         with self.cond:
+            self.sending = False
             while not self.outbox and not self.tops and not self.closed:
                 self.cond.wait()
             if self.closed:
                 return None
+            self.sending = True
             if self.outbox:
                 data, events = self.outbox.popleft()
                 if events:
@@ -176,8 +199,16 @@ class LogOwner:
     ) -> None:
         self._store = store
         self._reads_path = reads_path
-        self._queue: queue.SimpleQueue[tuple[_Link, Any] | None] = queue.SimpleQueue()
+        #: Every worker's calls socket (the owner's thread's), and a socket that wakes it (a new worker, the
+        #: end).
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._stopping = False
         self._links: dict[int, _Link] = {}
+        #: Connected, not yet waited on by the owner's thread (under ``_links_lock``).
+        self._joining: list[_Link] = []
         self._links_lock = threading.Lock()
         #: consumer id -> (the holding worker's connection, holds taken)
         self._holds: dict[int, tuple[_Link, int]] = {}
@@ -204,6 +235,7 @@ class LogOwner:
         with self._links_lock:
             old = self._links.get(worker)
             self._links[worker] = link
+            self._joining.append(link)
         if old is not None:
             old.close()
         hello = {
@@ -216,30 +248,28 @@ class LogOwner:
         threading.Thread(
             target=self._send_loop, args=(link,), name=f"hubbub-owner-send-{worker}", daemon=True
         ).start()
-        threading.Thread(
-            target=self._read_loop, args=(link,), name=f"hubbub-owner-read-{worker}", daemon=True
-        ).start()
+        self._wake()
 
     def close(self) -> None:
-        """Finish the calls queued, stop the thread, close every connection (the store stays open: its
+        """Finish the calls read, stop the thread, close every connection (the store stays open: its
         opener closes it)."""
-        self._queue.put(None)
-        self._thread.join()
+        self._stopping = True
+        self._wake()
+        if self._thread.is_alive():
+            self._thread.join()
         with self._links_lock:
             links, self._links = list(self._links.values()), {}
         for link in links:
             link.close()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
-    # -- the worker's threads ---------------------------------------------------------------------------
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full: it wakes anyway
+            self._wake_w.send(b"\0", socket.MSG_DONTWAIT)
 
-    def _read_loop(self, link: _Link) -> None:
-        reader = FrameReader(link.calls)
-        try:
-            while (msg := reader.read()) is not None:
-                self._queue.put((link, msg))
-        except (OSError, ValueError) as exc:
-            log.warning("worker %d: its connection to the log owner failed: %s", link.worker, exc)
-        self._queue.put((link, _GONE))
+    # -- the worker's sender threads ----------------------------------------------------------------------
 
     def _send_loop(self, link: _Link) -> None:
         while (data := link.next()) is not None:
@@ -252,29 +282,60 @@ class LogOwner:
     # -- the owner's thread -----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        q = self._queue
-        while True:
-            first = q.get()
-            if first is None:
-                return
-            todo = [first]
-            while len(todo) < MAX_MERGED:
-                try:
-                    item = q.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    q.put(None)  # stop after this round
-                    break
-                todo.append(item)
+        """Wait for calls on every worker's socket; take everything each sent, and run it in rounds of at
+        most :data:`MAX_MERGED` calls (a round's appends are one commit)."""
+        select = self._selector.select
+        while not self._stopping:
+            todo: list[tuple[_Link, Any]] = []
+            for key, _ in select():
+                link = key.data
+                if link is None:
+                    self._woken()
+                else:
+                    self._receive(link, todo)
             try:
-                self._round(todo)
+                for i in range(0, len(todo), MAX_MERGED):
+                    self._round(todo[i : i + MAX_MERGED])
             except BaseException as exc:  # a failure no call could be told of: the node must stop
                 self.failed = exc
                 log.exception("log owner failed")
                 if self._on_failure is not None:
                     self._on_failure(exc)
                 raise
+
+    def _woken(self) -> None:
+        """Wait on the sockets of the workers connected since."""
+        with contextlib.suppress(OSError):
+            while self._wake_r.recv(4096):
+                pass
+        with self._links_lock:
+            joining, self._joining = self._joining, []
+        for link in joining:
+            self._selector.register(link.calls, selectors.EVENT_READ, link)
+
+    def _receive(self, link: _Link, todo: list[tuple[_Link, Any]]) -> None:
+        """Add the calls ``link`` sent to ``todo``, reading what its socket holds without waiting; at its end
+        (or a failure: a message over the limit, one that does not unpickle), ``_GONE`` after them."""
+        sock = link.calls
+        gone = False
+        try:
+            while True:
+                try:
+                    data = sock.recv(READ_CHUNK, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    break
+                if not data:
+                    gone = True
+                    break
+                todo += [(link, msg) for msg in link.frames.feed(data)]
+                if len(data) < READ_CHUNK:
+                    break
+        except Exception as exc:
+            log.warning("worker %d: its connection to the log owner failed: %s", link.worker, exc)
+            gone = True
+        if gone:
+            self._selector.unregister(sock)
+            todo.append((link, _GONE))
 
     def _round(self, todo: list[tuple[_Link, Any]]) -> None:
         appends: list[tuple[_Link, int, Sequence[AppendRequest]]] = []
