@@ -125,3 +125,20 @@ def test_a_frame_buffer_refuses_a_message_over_the_limit_and_a_malformed_one() -
         FrameBuffer().feed((MAX_FRAME + 1).to_bytes(4, "big"))
     with pytest.raises(Exception):  # noqa: B017 - whatever unpickling raises: the link is dropped
         FrameBuffer().feed(b"\x00\x00\x00\x03abc")
+
+
+def test_a_connections_publishes_travel_as_one_run_and_results_must_answer_every_request() -> None:
+    reqs = [AppendRequest("/a", PUB, b"%d" % i, "text/plain") for i in range(100)]
+    assert len(pack_requests(reqs)) == 1
+    events = [Event("/a", 5 + i, "ep", 1000 + i, PUB, b"%d" % i, "text/plain") for i in range(100)]
+    assert len(pack_events(events)) == 1
+    results = [AppendResult(ev) for ev in events]
+    packed = pack_results(results)
+    assert len(packed) == 1
+    assert unpack_results(_roundtrip(packed), reqs, Publishers()) == [
+        AppendResult(Event("/a", 5 + i, "ep", 1000 + i, PUB, b"%d" % i, "text/plain")) for i in range(100)
+    ]
+    with pytest.raises(ValueError, match="100 results for 101 requests"):
+        unpack_results(packed, [*reqs, reqs[0]], Publishers())
+    with pytest.raises(ValueError, match="100 results for 99 requests"):
+        unpack_results(packed, reqs[:99], Publishers())

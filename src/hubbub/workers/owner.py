@@ -117,15 +117,16 @@ class _Link:
                 log.warning("worker %d: its reply could not be sent (%s): disconnected", self.worker, exc)
             self.close()
 
-    def offer_events(self, data: bytes, events: Sequence[Any]) -> bool:
-        """Queue a commit's events, or note their tops when the outbox is full (or was, and has not
-        drained since); False when noted as tops."""
+    def offer_events(self, data: bytes, events: Sequence[Sequence[Any]]) -> bool:
+        """Queue a commit's events (``events``: the other workers' groups of them, in commit order), or note
+        their tops when the outbox is full (or was, and has not drained since); False when noted as tops."""
         with self.cond:
             if not self.tops and self.queued + len(data) <= OUTBOX_BYTES:
                 self._queue(data)
                 return True
-            for ev in events:
-                self.tops[ev.channel] = (ev.epoch, ev.seq)
+            for group in events:
+                for ev in group:
+                    self.tops[ev.channel] = (ev.epoch, ev.seq)
             self.cond.notify()
             return False
 
@@ -384,7 +385,7 @@ class LogOwner:
         with self._links_lock:
             links = list(self._links.values())
         for link in links:
-            others = [ev for w, evs in groups if w != link.worker for ev in evs]
+            others = [evs for w, evs in groups if w != link.worker]
             if others and not link.offer_events(data, others):
                 self.tops_sent += 1
 

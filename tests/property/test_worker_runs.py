@@ -1,0 +1,91 @@
+"""The run encoding of a multi-worker node's appends, results and broadcasts (``workers/frames.py``) under
+hypothesis: any batch of requests, any commit's results (new events at the store's consecutive seqs and
+times, journaled ones, duplicates) and any events come back equal through a real message, whatever runs
+they make."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hubbub.events import Event, Publisher
+from hubbub.log.base import AppendRequest, AppendResult
+from hubbub.workers.frames import (
+    Publishers,
+    encode,
+    pack_events,
+    pack_requests,
+    pack_results,
+    unpack_events,
+    unpack_requests,
+    unpack_results,
+)
+from tests.hypothesis_budget import examples
+
+PUBS = [
+    Publisher("native", "alice", "app", ""),
+    Publisher("mist", "bob"),
+    Publisher("native", "alice", "app", "m1"),
+]
+
+
+def _trip(obj: Any) -> Any:
+    return pickle.loads(encode(obj)[4:])
+
+
+requests = st.builds(
+    AppendRequest,
+    st.sampled_from(["/a", "/b"]),
+    st.sampled_from(PUBS),
+    st.binary(max_size=4),
+    st.sampled_from(["text/plain", "application/json"]),
+    st.sampled_from([{}, {}, {"h": "1"}]),
+    st.sampled_from([(), (), ("t",)]),
+    st.sampled_from(["", "", "", "k1"]),
+)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(requests, max_size=30))
+def test_requests_come_back_equal(batch: list[AppendRequest]) -> None:
+    assert unpack_requests(_trip(pack_requests(batch)), Publishers()) == batch
+
+
+def _commit(batch: list[AppendRequest], kinds: list[int], t0: int) -> list[AppendResult]:
+    """Results as a store makes them: new events at consecutive seqs per channel and consecutive times,
+    some journaled; a duplicate (kind 2) is an earlier event of another publisher."""
+    tops = {"/a": 10, "/b": 0}
+    out = []
+    t = t0
+    for req, kind in zip(batch, kinds, strict=False):
+        if kind == 2:
+            orig = Event(req.channel, 1, "e0", 5, PUBS[1], b"orig", "x/y", {"o": "1"}, ("z",))
+            out.append(AppendResult(orig, True))
+            continue
+        tops[req.channel] += 1
+        ev = Event(
+            req.channel, tops[req.channel], "ep-" + req.channel, t, req.publisher, req.payload,
+            req.content_type, dict(req.headers), tuple(req.tags),
+        )  # fmt: skip
+        t += 1
+        out.append(AppendResult(ev, False, ((7, t),) if kind == 1 else ()))
+    return out
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(requests, max_size=30),
+    st.lists(st.sampled_from([0, 0, 0, 1, 2]), max_size=30),
+    st.integers(0, 99),
+)
+def test_results_and_broadcasts_come_back_equal(
+    batch: list[AppendRequest], kinds: list[int], t0: int
+) -> None:
+    kinds = (kinds + [0] * len(batch))[: len(batch)]
+    results = _commit(batch, kinds, t0)
+    assert unpack_results(_trip(pack_results(results)), batch, Publishers()) == results
+    events = [r.event for r in results if not r.duplicate]
+    assert unpack_events(_trip(pack_events(events)), Publishers()) == events
