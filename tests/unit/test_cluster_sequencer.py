@@ -241,3 +241,33 @@ def test_committed_up_to_fills_what_was_never_published() -> None:
         assert h.seqs() == [1, 2, 3]
 
     run(main)
+
+
+def test_offer_all_releases_what_offering_each_event_releases() -> None:
+    """The run fast path (``offer_all``) against :meth:`Sequencer.offer` one event at a time, on the same
+    shuffled stream of two channels with duplicates: the same releases, in the same order, with origins."""
+
+    async def main() -> None:
+        import random
+
+        store = MemoryLogStore()
+        evs = _append(store, "/a", 60) + _append(store, "/b", 40)
+        rng = random.Random(7)
+        stream = [(f"o{ev.seq}", ev) for ev in evs]
+        for _ in range(30):  # local swaps: gaps a few events wide, and duplicates
+            i = rng.randrange(len(stream) - 3)
+            stream[i], stream[i + 2] = stream[i + 2], stream[i]
+        stream += rng.sample(stream, 10)
+        one, many = Harness(store, gap_wait=10.0), Harness(store, gap_wait=10.0)
+        for h in (one, many):
+            h.seq.seed([])
+        for origin, ev in stream:
+            one.seq.offer(ev, origin)
+        many.seq.offer_all(stream)
+        assert many.out == one.out and len(one.out) == 100
+        assert [s for ch, _, s, _ in one.out if ch == "/a"] == list(range(1, 61))
+        assert many.seq.duplicates == one.seq.duplicates and many.seq.buffered == one.seq.buffered == 0
+        for h in (one, many):
+            await h.seq.close()
+
+    run(main)

@@ -82,9 +82,7 @@ class OrderedDelivery:
         batch: list[tuple[Session | None, Event]] = []
         self._batch = batch
         try:
-            offer = self.sequencer.offer
-            for origin, ev in events:
-                offer(ev, origin)
+            self.sequencer.offer_all(events)
         finally:
             self._batch = None
         node = self._node
