@@ -3,10 +3,12 @@ process: what the worker learns of the owner's store at its greeting, and append
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,3 +129,59 @@ def test_a_worker_that_sends_a_malformed_call_is_dropped_and_the_others_go_on(tm
         assert [r.event.seq for r in results] == [1]
         for sock in (calls, events):
             sock.close()
+
+
+def test_a_listening_worker_gets_the_commits_sent_before_it_listened_then_hears_of_the_owners_end(
+    tmp_path: Path,
+) -> None:
+    """Worker 1 listens on its loop after worker 0 committed: it gets those commits first (they waited in its
+    socket), then later ones, every seq once in order without its own; when the owner goes, ``on_lost``."""
+    path = tmp_path / "log.db"
+    store = SqliteLogStore(path)
+    owner = LogOwner(store, str(path))
+    owner.start()
+    pairs = [socket.socketpair() for _ in range(4)]
+    (c0, c0_o), (e0, e0_o), (c1, c1_o), (e1, e1_o) = pairs
+    owner.connect(0, c0_o, e0_o)
+    owner.connect(1, c1_o, e1_o)
+    w0, w1 = RemoteLogStore(c0, e0, 0), RemoteLogStore(c1, e1, 1)
+
+    def publish(worker: RemoteLogStore, n: int) -> None:
+        worker.append([AppendRequest("/a", PUB, b"%d" % i, "text/plain") for i in range(n)])
+
+    async def main() -> tuple[list[int], bool]:
+        seqs: list[int] = []
+        got, lost = asyncio.Event(), asyncio.Event()
+
+        def on_broadcast(msg: Any) -> None:
+            kind, items = msg
+            assert kind == "events"
+            for worker, events in items:
+                assert worker == 0
+                seqs.extend(ev.seq for ev in events)
+            if len(seqs) >= 30:
+                got.set()
+
+        publish(w0, 10)
+        w1.listen(on_broadcast, lost.set)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, publish, w1, 5)  # its own: not broadcast to it
+        await loop.run_in_executor(None, publish, w0, 20)
+        async with asyncio.timeout(5):
+            await got.wait()
+            await loop.run_in_executor(None, owner.close)
+            await lost.wait()
+        w1.unlisten()
+        return seqs, lost.is_set()
+
+    try:
+        seqs, lost = asyncio.run(main())
+        assert seqs == [*range(1, 11), *range(16, 36)] and lost
+    finally:
+        for r in (w0, w1):
+            r.close()
+        owner.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
+        store.close()

@@ -10,9 +10,10 @@ worker's :class:`~hubbub.cluster.view.ClusterView` asks how far a channel is del
 snapshot is capped there, so replay and live stream meet without a gap or a duplicate).
 
 Start: the owner sends a worker every commit from the moment the parent connects it, before the process
-runs; the remote store keeps them until :meth:`WorkerRelay.start` has read the log's heads (after the
-connection, so they cover everything committed before it) and seeded the sequencer with them; then the kept
-commits are offered (those at or below the heads are duplicates, dropped). No commit falls between the two.
+runs; they wait in the events socket (and the owner's outbox) until :meth:`WorkerRelay.start` has read the
+log's heads (after the connection, so they cover everything committed before it) and seeded the sequencer
+with them; then the remote store reads them, and they are offered (those at or below the heads are
+duplicates, dropped). No commit falls between the two.
 
 Notices (``core/notices.py``): :meth:`WorkerRelay.notify` sends one to the owner (on the relay's read
 threads: the call blocks), which queues it for every other worker; a worker's relay hands those it receives
@@ -22,8 +23,7 @@ When the owner goes away (the parent died), the worker cannot commit any more: t
 stop (``Node.supervision``), and the worker exits.
 
 Concurrency contract: :meth:`start`, :meth:`committed`, :meth:`close`, :meth:`health` and
-:meth:`statistics` on the event loop; broadcasts come from the remote store's reader thread and are handed
-to the loop.
+:meth:`statistics` on the event loop; so are the broadcasts (the remote store reads them on the loop).
 """
 
 from __future__ import annotations
@@ -76,15 +76,12 @@ class WorkerRelay(OrderedDelivery):
         node.notices.connect(self.notify)
         stop = node.supervision.stopper("workers", "log-owner")
 
-        def on_broadcast(msg: Broadcast) -> None:
-            loop.call_soon_threadsafe(self._on_broadcast, msg)
-
         def on_lost() -> None:
             if not self._closed:
                 log.error("worker %d: the log owner is gone; stopping", self.worker)
-                loop.call_soon_threadsafe(stop, RuntimeError("the log owner is gone"))
+                stop(RuntimeError("the log owner is gone"))
 
-        self.remote.listen(on_broadcast, on_lost)
+        self.remote.listen(self._on_broadcast, on_lost)
 
     def _read_heads(self) -> tuple[int, list[ChannelInfo]]:
         store = self.remote
@@ -100,6 +97,7 @@ class WorkerRelay(OrderedDelivery):
 
     async def close(self) -> None:
         """Stop delivering (the node's sessions are closed by then)."""
+        self.remote.unlisten()
         node = self._node
         if node is not None and node.relay is self:
             node.relay = None

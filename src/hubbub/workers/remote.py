@@ -9,9 +9,11 @@ where the owner names one (SQLite in WAL mode: a read-only connection per thread
 concurrent with the owner's writer), else to the owner too.
 
 A second socket brings the other workers' committed events (and, for a worker that fell behind, their
-channels' tops) and their notices (:meth:`RemoteLogStore.notice`), read by a thread of their own:
-:meth:`RemoteLogStore.listen` hands them to the worker's relay (``workers/relay.py``), which delivers them
-in order; what arrives before the relay listens is kept for it.
+channels' tops) and their notices (:meth:`RemoteLogStore.notice`), read by the worker's event loop from
+:meth:`RemoteLogStore.listen` on (without blocking, as they come), which hands them to the worker's relay
+(``workers/relay.py``), which delivers them in order. What arrives before the relay listens waits in the
+socket and the owner's outbox (past its bound, the owner sends the channels' tops instead). A thread of its
+own read them before: its every wake-up, and its GIL hand-offs with the loop, cost more than the reading.
 
 ``shared`` is true: other processes write this log too, so the durable consumers read their journals for
 what other workers committed (``core/consumers.py``), and hold a consumer through the owner
@@ -20,12 +22,13 @@ what other workers committed (``core/consumers.py``), and hold a consumer throug
 Concurrency contract: every store method may be called from any thread (they block on the owner): core
 calls ``append`` on the event loop for a batch within the owner's store's ``inline_append_max`` (a round trip
 to the owner, whose commit waits on no fsync then), else on its writer thread; :meth:`listen`'s callbacks
-run on the events socket's reader thread. When the owner goes away (the parent died), every call waiting or
-made later raises :class:`StorageError` and ``on_lost`` is called once.
+run on the event loop that called it. When the owner goes away (the parent died), every call waiting or made
+later raises :class:`StorageError` and ``on_lost`` is called once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -55,6 +58,7 @@ from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem, Retry
 from hubbub.log.sqlite import SqliteLogStore
 
 from .frames import (
+    FrameBuffer,
     FrameReader,
     Publishers,
     encode,
@@ -105,47 +109,57 @@ class RemoteLogStore(LogStore):
         #: Publishers of unpacked results (the writer thread's: appends) and broadcasts (the reader thread's).
         self._publishers = Publishers()
         self._broadcast_publishers = Publishers()
-        self._lock = threading.Lock()
         self._lost = False
         self._closed = False
-        self._kept: list[Broadcast] = []
+        self._frames = FrameBuffer()
+        self._fd = events.fileno()
+        #: The loop reading the events socket (:meth:`listen` to :meth:`unlisten`), and whom it tells.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: Callable[[Broadcast], None] | None = None
         self._on_lost: Callable[[], None] | None = None
-        self._thread = threading.Thread(target=self._receive, name="hubbub-worker-events", daemon=True)
-        self._thread.start()
 
     def listen(self, on_broadcast: Callable[[Broadcast], None], on_lost: Callable[[], None]) -> None:
-        """Hand every broadcast to ``on_broadcast`` from now on (those kept meanwhile first), and call
-        ``on_lost`` when the owner goes away. Both on the reader thread."""
-        with self._lock:
-            kept, self._kept = self._kept, []
-            self._listener, self._on_lost = on_broadcast, on_lost
-            lost = self._lost
-        for b in kept:
-            on_broadcast(b)
-        if lost:
-            on_lost()
+        """Read the events socket on the running loop from now on: every broadcast to ``on_broadcast`` (the
+        ones sent before first), and ``on_lost()`` once when the owner goes away. Both on the loop."""
+        self._listener, self._on_lost = on_broadcast, on_lost
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._fd, self._readable)
 
-    def _receive(self) -> None:
-        """The other workers' events, until the owner goes away."""
-        reader = FrameReader(self._events)
+    def unlisten(self) -> None:
+        """Stop reading the events socket (on the loop that listens)."""
+        loop, self._loop = self._loop, None
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self._fd)
+
+    #: Bytes read from the events socket at a time.
+    READ_CHUNK = 1 << 18
+
+    def _readable(self) -> None:
+        """What the events socket holds, as broadcasts, until it would block; its end (or a message that
+        does not decode) is the owner's loss."""
+        listener = self._listener
         try:
-            while (msg := reader.read()) is not None:
-                if msg[0] == "events":
-                    pubs = self._broadcast_publishers
-                    msg = ("events", [(w, unpack_events(evs, pubs)) for w, evs in msg[1] if w != self.worker])
-                with self._lock:
-                    listener = self._listener
-                    if listener is None:
-                        self._kept.append(msg)
-                if listener is not None:
-                    listener(msg)
-        except (OSError, ValueError) as exc:
+            while True:
+                try:
+                    data = self._events.recv(self.READ_CHUNK, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    return
+                if not data:
+                    break
+                for kind, items in self._frames.feed(data):
+                    if kind == "events":
+                        pubs = self._broadcast_publishers
+                        items = [(w, unpack_events(evs, pubs)) for w, evs in items if w != self.worker]  # noqa: PLW2901
+                    if listener is not None and self._loop is not None:
+                        listener((kind, items))
+                if len(data) < self.READ_CHUNK:
+                    return
+        except Exception as exc:
             if not self._closed:
                 log.warning("worker %d: the connection to the log owner failed: %s", self.worker, exc)
-        with self._lock:
-            self._lost = True
-            on_lost = self._on_lost
+        self.unlisten()
+        self._lost = True
+        on_lost = self._on_lost
         if on_lost is not None and not self._closed:
             on_lost()
 
@@ -373,9 +387,19 @@ class RemoteLogStore(LogStore):
         self._closed = True
         if self._reads is not None:
             self._reads.close()
+        loop = self._loop
+        if loop is not None:  # still listening (the relay stops first, on its loop)
+            try:
+                on_loop = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                on_loop = False
+            if on_loop:
+                self.unlisten()
+            else:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nothing reads any more
+                    loop.call_soon_threadsafe(self.unlisten)
         for sock in (self._calls, self._events):
             with contextlib.suppress(OSError):  # the owner closed it first
                 sock.shutdown(socket.SHUT_RDWR)
-        self._thread.join(5.0)
         self._calls.close()
         self._events.close()
