@@ -78,8 +78,13 @@ class SharedJournal:
         by_id = self._by_id
         match = self.index.match
         seen: set[int] = set()
+        channel: str | None = None
+        tags: tuple[str, ...] | None = None
         for ev in events:
-            for cid in match(ev.channel, ev.tags):
+            if ev.channel is channel and ev.tags is tags:
+                continue  # a run's events share these objects (workers/frames.py): matched already
+            channel, tags = ev.channel, ev.tags
+            for cid in match(channel, tags):
                 if cid not in seen:
                     seen.add(cid)
                     found = by_id.get(cid)
