@@ -21,7 +21,16 @@ from pathlib import Path
 
 from proto import Spec, nats_request
 
-__all__ = ["Server", "available", "children", "free_port", "install_peers", "raise_nofile", "start"]
+__all__ = [
+    "Server",
+    "available",
+    "children",
+    "descendants",
+    "free_port",
+    "install_peers",
+    "raise_nofile",
+    "start",
+]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,6 +132,15 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid``, children first (a multi-worker hubbub's fork server and, below it,
+    its workers)."""
+    out = children(pid)
+    for child in list(out):
+        out += descendants(child)
+    return out
+
+
 class Server:
     """One running server process and the temp dir it owns."""
 
@@ -138,8 +156,8 @@ class Server:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the server so far: its process and its worker processes (a
-        multi-worker hubbub, ``--workers``)."""
-        return sum(_cpu_s(pid) for pid in (self.pid, *children(self.pid)))
+        multi-worker hubbub, ``--workers``: the fork server and the workers it forked)."""
+        return sum(_cpu_s(pid) for pid in (self.pid, *descendants(self.pid)))
 
     def rss(self) -> int:
         try:

@@ -135,8 +135,9 @@ def test_workers_bench_gives_rates_and_cpu_per_event_of_every_process() -> None:
         assert r["workers"] == 2 and r["rate"] > 0, r
         assert r["note"] == "", r  # every event counted, within the time
     with procs.start("hubbub-commit", workers=2) as srv:
-        workers = procs.children(srv.pid)
-        assert len(workers) == 2
+        (fork_server,) = procs.children(srv.pid)  # the workers are the fork server's children
+        workers = procs.children(fork_server)
+        assert len(workers) == 2 and procs.descendants(srv.pid) == [fork_server, *workers]
         assert srv.cpu_s() > procs._cpu_s(srv.pid) + sum(procs._cpu_s(w) for w in workers) / 2
 
 
