@@ -119,21 +119,12 @@ class WorkerNodeProcess:
         assert status == 0, f"the node exited with {status}:\n{self._proc.log()}"
 
 
-#: Cases a ``--workers 2`` node fails when their connections land on different workers: rosters (wearscript's
-#: device lists, guble's subscriber list) and qpubs' ``delivered`` count are per worker (docs/operations.md
-#: "Workers", limits of this version). They pass when the kernel puts every connection on one worker, so the
+#: Cases a ``--workers 2`` node fails when their connections land on different workers: rosters (guble's
+#: subscriber list) and qpubs' ``delivered`` count are per worker (docs/operations.md "Workers", limits of
+#: this version). They pass when the kernel puts every connection on one worker, so the
 #: mark is not strict. Each case of a vector file whose expectation reads a roster or a ``delivered`` count
 #: across connections is here (every one was seen failing in runs of all the cases).
 WORKERS_GAPS: Final = {
-    "wearscript.greeting-lists-known-devices": "wearscript's device lists are per worker",
-    "wearscript.matching-nested": "wearscript's device lists are per worker",
-    "wearscript.matching-subchannel": "wearscript's device lists are per worker",
-    "wearscript.device-list-replaces": "wearscript's device lists are per worker",
-    "wearscript.departure": "wearscript's device lists are per worker",
-    "wearscript.logged-visible-to-native": "wearscript's device lists are per worker",
-    "wearscript.subscriptions-forwarded-no-echo": "wearscript's device lists are per worker",
-    "wearscript.data-forwarded-unchanged": "wearscript's device lists are per worker",
-    "wearscript.self-excluded": "wearscript's device lists are per worker",
     "guble.rest-subscribers": "guble's subscriber list is per worker",
     "qpubs.http-listen-exact": "qpubs' delivered count is per worker",
     "qpubs.head-wildcard": "qpubs' delivered count is per worker",

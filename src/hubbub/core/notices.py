@@ -9,8 +9,19 @@ multi-worker node) carries what is sent to every other process and hands what th
 :meth:`Notices.received`. A single process has no relay: a notice goes nowhere (the sender handles its own
 process itself).
 
-Delivery is at most once and unordered between senders (Redis pub/sub, the owner's sockets): a notice is a
-hint to act on now, never the record of anything; what must survive is kept in the log (its state maps).
+Delivery is at most once and unordered between senders (Redis pub/sub, the owner's sockets), in the order
+sent from one sender: a notice is a hint to act on now, never the record of anything; what must survive is
+kept in the log (its state maps).
+
+**Peers.** A relay that knows when a process ends (a worker's relay: the log owner sees a worker's sockets
+close, and tells the others with a :data:`GONE` notice) connects with this process's id (``me``); the
+process then says :data:`HELLO` and every other answers it, so each knows the live processes
+(:attr:`Notices.peers`) and components that mirror state of the others (wearscript's device lists) are
+told when one joins (send it your state) or is gone (drop its state, announce its departures):
+:meth:`Notices.watch_peers`. An id is a process's index; a new process of the same index (a worker
+restarted) says hello with another incarnation and replaces the old one (gone, then joined). A relay without
+that knowledge (a cluster's Redis broker) connects without an id: no peers, components keep to their own
+process.
 
 Concurrency contract: every method is called on the event loop; watchers run on it.
 """
@@ -20,12 +31,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-__all__ = ["NoticeSender", "Notices"]
+__all__ = ["GONE", "HELLO", "NoticeSender", "Notices", "PeerWatcher"]
 
 log = logging.getLogger("hubbub.node")
 
 #: What a relay offers: send ``(topic, data)`` to every other process of the node or cluster.
 NoticeSender = Callable[[str, bytes], None]
+#: A component told of peers: ``(peer, joined)``, joined False when it is gone.
+PeerWatcher = Callable[[str, bool], None]
+
+#: The membership's topics (handled here, never handed to watchers). ``HELLO``:
+#: ``b"<id> <incarnation> <0|1>"`` (1: an answer to a hello, not answered again); ``GONE``: ``b"<id>"``, sent
+#: by the relay's carrier.
+HELLO = "notices.hello"
+GONE = "notices.gone"
 
 
 class Notices:
@@ -34,12 +53,69 @@ class Notices:
     def __init__(self) -> None:
         self._watchers: dict[str, list[Callable[[bytes], None]]] = {}
         self._sender: NoticeSender | None = None
+        #: This process's id among its peers ("" without peers) and its incarnation.
+        self.me = ""
+        self._incarnation = ""
+        #: The live peers: id -> incarnation.
+        self._peers: dict[str, str] = {}
+        self._peer_watchers: list[PeerWatcher] = []
         self.sent = 0
         self.received_count = 0
 
-    def connect(self, sender: NoticeSender | None) -> None:
-        """The relay's sender from now on (None: the relay is gone)."""
+    def connect(self, sender: NoticeSender | None, me: str = "", incarnation: str = "") -> None:
+        """The relay's sender from now on (None: the relay is gone, and with it every peer). ``me``: this
+        process's id, from a relay that tells when a peer is gone (the module docstring): it says hello."""
         self._sender = sender
+        if sender is None:
+            for peer in list(self._peers):
+                self._drop(peer)
+            self.me = ""
+            return
+        if me:
+            self.me, self._incarnation = me, incarnation
+            self.send(HELLO, f"{me} {incarnation} 0".encode())
+
+    @property
+    def peers(self) -> list[str]:
+        """The ids of the other live processes, sorted (empty without a relay that knows them)."""
+        return sorted(self._peers)
+
+    def watch_peers(self, fn: PeerWatcher) -> Callable[[], None]:
+        """Call ``fn(peer, joined)`` when a peer joins or is gone; returns the unwatch."""
+        self._peer_watchers.append(fn)
+
+        def unwatch() -> None:
+            if fn in self._peer_watchers:
+                self._peer_watchers.remove(fn)
+
+        return unwatch
+
+    def _tell(self, peer: str, joined: bool) -> None:
+        for fn in list(self._peer_watchers):
+            try:
+                fn(peer, joined)
+            except Exception:
+                log.exception("a peer watcher failed", extra={"peer": peer})
+
+    def _drop(self, peer: str) -> None:
+        if self._peers.pop(peer, None) is not None:
+            self._tell(peer, False)
+
+    def _hello(self, data: bytes) -> None:
+        try:
+            peer, incarnation, answer = data.decode().split(" ")
+        except ValueError:
+            return
+        if not self.me or peer == self.me:
+            return
+        known = self._peers.get(peer)
+        if known != incarnation:
+            if known is not None:  # a new process of that id: the old one is gone
+                self._drop(peer)
+            self._peers[peer] = incarnation
+            self._tell(peer, True)
+        if answer == "0":
+            self.send(HELLO, f"{self.me} {self._incarnation} 1".encode())
 
     @property
     def shared(self) -> bool:
@@ -67,6 +143,12 @@ class Notices:
         """A notice from another process (the relay's, on the loop): to each watcher of ``topic``; one that
         fails is logged, the others still run."""
         self.received_count += 1
+        if topic == HELLO:
+            self._hello(data)
+            return
+        if topic == GONE:
+            self._drop(data.decode(errors="replace"))
+            return
         for fn in list(self._watchers.get(topic, ())):
             try:
                 fn(data)

@@ -7,9 +7,13 @@ them into the shared tree.
 
 Three pieces, none touching a socket, the loop, the router or the log:
 
-* :func:`decode_frame` / :func:`pack` / :func:`render_event`: the codec (§1, mapping.md §4-§5).
+* :func:`decode_frame` / :func:`pack` / :func:`render_event`: the codec (§1, mapping.md §4-§5), kept in
+  :mod:`hubbub.dialects.wearscript_codec` and re-exported here.
 * :class:`WearscriptHub`: the hub's state shared by every WearScript connection of a node: the devices each
-  connection announced, the hub's own list (§3), and who matches a channel (§2).
+  connection announced, the hub's own list (§3), and who matches a channel (§2). On a node of several
+  processes (``serve --workers``) it also holds the other processes' connections as they announce them
+  (:meth:`WearscriptHub.remote_announce`): the greeting lists them, test-handler replies and
+  ``channelsExternal`` see them, and their departures are told here as a local connection's are.
 * :class:`WearscriptConnection`: one connection's state machine. It is fed frames and returns **outputs**,
   to be carried out in order: :class:`Send` (a frame for this connection), :class:`Forward` (one frame for
   other connections), :class:`Close`, and the commands for the core: :class:`Publish` (store and deliver a
@@ -28,21 +32,32 @@ module-level functions are pure and thread-safe.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, TypeAlias
-
-import msgpack
 
 from hubbub.channels import MAX_CHANNEL_BYTES, Pattern, from_separated, to_separated
 from hubbub.config import Config, ConfigError, DialectSection, Secret
 from hubbub.disconnect import Disconnect
 from hubbub.errors import AuthError, BadChannel, HubbubError, LimitExceeded, ShuttingDown
-from hubbub.events import Event
 
 from .actions import Close, Send
 from .spec import DialectSpec
+from .wearscript_codec import (
+    CLOSE_INVALID,
+    CLOSE_POLICY,
+    CLOSE_UNSUPPORTED,
+    CONTENT_TYPE,
+    HEAD_HEADER,
+    MAX_DEPTH,
+    BadFrame,
+    Frame,
+    decode_frame,
+    pack,
+    render_event,
+)
 
 __all__ = [
     "CONTENT_TYPE",
@@ -79,139 +94,7 @@ __all__ = [
 
 SEPARATOR: Final = ":"
 SUBSCRIPTIONS: Final = "subscriptions"
-#: Content type of every WearScript data message in the log (mapping.md §4).
-CONTENT_TYPE: Final = "application/msgpack"
 DEFAULT_GROUP_DEVICE: Final = "server:0"
-#: Deepest nesting of arrays and maps a frame may hold (§8).
-MAX_DEPTH: Final = 64
-
-#: The pseudo-header that keeps a data message's frame head (its array header and channel string, hex) when
-#: the sender encoded them otherwise than :func:`pack` does (a str8 name, a wide array header), so that the
-#: event still goes out byte-identical to the frame it came in (mapping.md §5.2). Absent in the usual case.
-HEAD_HEADER: Final = ":wearscript.head"
-
-# WebSocket close reasons (§8).
-CLOSE_UNSUPPORTED: Final = Disconnect.UNSUPPORTED_DATA  # 1003: a text frame
-CLOSE_INVALID: Final = Disconnect.INVALID_PAYLOAD  # 1007: not one msgpack array with a string channel, …
-CLOSE_POLICY: Final = Disconnect.POLICY_VIOLATION  # 1008: too many channels, or a publish not allowed
-CLOSE_TOO_BIG: Final = Disconnect.MESSAGE_TOO_BIG  # 1009: over limits.max_frame
-
-
-class BadFrame(Exception):
-    """A frame the dialect refuses; the connection closes with ``code`` (§8)."""
-
-    def __init__(self, code: Disconnect, why: str) -> None:
-        super().__init__(why)
-        self.code = code
-
-
-# -- the codec ----------------------------------------------------------------------------------------------
-
-
-def pack(value: Any) -> bytes:
-    """msgpack in the old-spec-compatible form the hub sends (§1): strings and bytes as raw (fixstr, str16,
-    str32; never str8 or bin), the smallest integers and headers, floats as float64. A string read leniently
-    from raw that was not UTF-8 packs back to the same bytes."""
-    out: bytes = msgpack.packb(value, use_bin_type=False, unicode_errors="surrogateescape")
-    return out
-
-
-def _array_header(n: int) -> bytes:
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
-
-
-def _header_len(first: int) -> int:
-    """Length of a msgpack array header from its first byte (0 when it is not an array)."""
-    if 0x90 <= first <= 0x9F:
-        return 1
-    return 3 if first == 0xDC else 5 if first == 0xDD else 0
-
-
-def _ext(code: int, data: bytes) -> bytes:
-    return bytes(data)  # ext values are kept as opaque bytes (§1)
-
-
-def _too_deep(value: Any) -> bool:
-    """Does an argument nest deeper than :data:`MAX_DEPTH` (the frame's own array being level 1)?"""
-    stack: list[tuple[Any, int]] = [(value, 2)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, list):
-            if depth > MAX_DEPTH:
-                return True
-            stack.extend((x, depth + 1) for x in v)
-        elif isinstance(v, dict):
-            if depth > MAX_DEPTH:
-                return True
-            for k, x in v.items():
-                stack.append((k, depth + 1))
-                stack.append((x, depth + 1))
-    return False
-
-
-def _unpacker(data: bytes) -> msgpack.Unpacker:
-    # Old-spec raw and new-spec str both decode to str; raw that is not UTF-8 keeps its bytes as
-    # surrogate escapes, so nothing is lost (§1 "decoding is lenient").
-    up = msgpack.Unpacker(
-        raw=False,
-        unicode_errors="surrogateescape",
-        ext_hook=_ext,
-        strict_map_key=False,
-        max_buffer_size=max(len(data), 1),
-    )
-    up.feed(data)
-    return up
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One decoded frame. ``name`` is element 0; ``args`` the other elements, decoded; ``args_bytes`` the
-    msgpack array of the arguments, their bytes exactly as received (the payload stored in the log);
-    ``head`` the frame's bytes before the arguments (its array header and the channel string)."""
-
-    name: str
-    args: tuple[Any, ...]
-    args_bytes: bytes
-    head: bytes = b""
-
-    def odd_head(self) -> str:
-        """The :data:`HEAD_HEADER` value for this frame: ``""`` when its head is the one :func:`pack` writes
-        (so rendering the event gives the frame back as it is), else the head in hex."""
-        if self.head == _array_header(len(self.args) + 1) + pack(self.name):
-            return ""
-        return self.head.hex()
-
-
-def decode_frame(data: bytes, max_frame: int = 1 << 20) -> Frame:
-    """Decode one binary frame, or raise :class:`BadFrame` with the close code of §8."""
-    if len(data) > max_frame:
-        raise BadFrame(CLOSE_TOO_BIG, f"frame over {max_frame} bytes")
-    up = _unpacker(data)
-    try:
-        n = up.read_array_header()
-        if n == 0:
-            raise BadFrame(CLOSE_INVALID, "an empty array")
-        name = up.unpack()
-        start = up.tell()
-        args = tuple(up.unpack() for _ in range(n - 1))
-        end = up.tell()
-    except BadFrame:
-        raise
-    except (msgpack.OutOfData, msgpack.UnpackException, ValueError, TypeError) as exc:
-        raise BadFrame(CLOSE_INVALID, f"not one msgpack array: {type(exc).__name__}") from None
-    except RecursionError:
-        raise BadFrame(CLOSE_INVALID, f"nested deeper than {MAX_DEPTH}") from None
-    if end != len(data):
-        raise BadFrame(CLOSE_INVALID, "more than one msgpack value")
-    if not isinstance(name, str):
-        raise BadFrame(CLOSE_INVALID, "element 0 is not a string")
-    if any(_too_deep(a) for a in args if isinstance(a, list | dict)):
-        raise BadFrame(CLOSE_INVALID, f"nested deeper than {MAX_DEPTH}")
-    return Frame(name, args, _array_header(n - 1) + data[start:end], data[:start])
 
 
 def channel_of(name: str, max_bytes: int = MAX_CHANNEL_BYTES) -> str:
@@ -267,56 +150,6 @@ def refused(cmd: object, exc: HubbubError) -> list[Output]:
     if isinstance(exc, ShuttingDown):
         return [Close(Disconnect.GOING_AWAY)]
     return [Close(Disconnect.INTERNAL_ERROR)]
-
-
-def render_event(name: str, event: Event) -> bytes:
-    """The frame for an event (mapping.md §5): ``[name, *args]``. A msgpack payload that is one array gives
-    the arguments, their bytes unchanged (so an event a WearScript client published goes out as it came);
-    another msgpack value is one argument; any other payload is one string argument (raw bytes when it is
-    not UTF-8). A frame head kept in :data:`HEAD_HEADER` is used as it came when it names the same channel
-    and the same number of arguments."""
-    payload = event.payload
-    head = pack(name)
-    if event.content_type == CONTENT_TYPE and payload:
-        hl = _header_len(payload[0])
-        if hl:
-            try:
-                up = _unpacker(payload)
-                n = up.read_array_header()
-                for _ in range(n):
-                    up.skip()
-                if up.tell() == len(payload):
-                    odd = event.headers.get(HEAD_HEADER) if event.headers else None
-                    if odd and _head_fits(odd, name, n):
-                        return bytes.fromhex(odd) + payload[hl:]
-                    return _array_header(n + 1) + head + payload[hl:]
-            except (msgpack.OutOfData, msgpack.UnpackException, ValueError):
-                pass
-        else:
-            try:
-                up = _unpacker(payload)
-                up.skip()
-                if up.tell() == len(payload):
-                    return b"\x92" + head + payload
-            except (msgpack.OutOfData, msgpack.UnpackException, ValueError):
-                pass
-    try:
-        arg: str | bytes = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        arg = payload
-    return b"\x92" + head + pack(arg)
-
-
-def _head_fits(odd: str, name: str, n_args: int) -> bool:
-    """Is ``odd`` (hex) an array header of ``n_args + 1`` elements followed by the string ``name``?"""
-    try:
-        data = bytes.fromhex(odd)
-        up = _unpacker(data)
-        if up.read_array_header() != n_args + 1:
-            return False
-        return bool(up.unpack() == name and up.tell() == len(data))
-    except (msgpack.OutOfData, msgpack.UnpackException, ValueError, TypeError):
-        return False
 
 
 # -- outputs ------------------------------------------------------------------------------------------------
@@ -394,6 +227,7 @@ class WearscriptHub:
         test_handler: bool = True,
         hub_channels: Sequence[str] = (),
         advertise_foreign: bool = True,
+        clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self.group_device = group_device
         self.test_handler = test_handler
@@ -406,6 +240,18 @@ class WearscriptHub:
         self._bound: set[str] = {channel_of("test" + SEPARATOR + group_device)} if test_handler else set()
         self._fixed = set(hub_channels)
         self._foreign: Counter[str] = Counter()
+        #: The wall clock (ns) that orders connections across the processes of a node (oldest first).
+        self.clock = clock
+        self._since: dict[int, int] = {}
+        #: Called with ``(cid, group:device, names)`` when a connection of this process announces a list
+        #: (names empty: the device is removed), and ``(cid, "", None)`` when it closes: what the transport
+        #: tells the other processes of the node.
+        self.observer: Callable[[int, str, list[str] | None], None] | None = None
+        #: Other processes' connections: (process, its connection id) -> the id they have here, and back.
+        self._remote: dict[tuple[str, int], int] = {}
+        self._remote_of: dict[int, tuple[str, int]] = {}
+        #: The other processes' advertised names (their foreign subscriptions), per process.
+        self._remote_foreign: dict[str, frozenset[str]] = {}
 
     # -- connections --
 
@@ -414,23 +260,114 @@ class WearscriptHub:
         cid = self._next
         self._next += 1
         frames = [self.hub_list_frame()]
-        for other, devices in self._devices.items():
+        for _, devices in self._oldest_first():
             for gd, names in devices.items():
-                if names and other != cid:
+                if names:
                     frames.append(pack([SUBSCRIPTIONS, gd, names]))
         self._devices[cid] = {}
         self._external[cid] = frozenset()
+        self._since[cid] = self.clock()
         return cid, frames
+
+    def _oldest_first(self) -> list[tuple[int, dict[str, list[str]]]]:
+        """Every connection's devices, oldest connection first (this process's and the others')."""
+        since = self._since
+        return sorted(self._devices.items(), key=lambda item: (since.get(item[0], 0), item[0]))
 
     def detach(self, cid: int) -> list[bytes]:
         """A connection closed: the departure frames for every remaining connection, one per device it
         announced, in announcement order."""
         devices = self._devices.pop(cid, {})
         self._external.pop(cid, None)
+        self._since.pop(cid, None)
+        remote = self._remote_of.pop(cid, None)
+        if remote is not None:
+            del self._remote[remote]
+        elif self.observer is not None:
+            self.observer(cid, "", None)
         return [pack([SUBSCRIPTIONS, gd, []]) for gd, names in devices.items() if names]
 
     def connections(self) -> list[int]:
-        return list(self._devices)
+        """This process's connections (not the other processes' it knows of)."""
+        return [c for c in self._devices if c not in self._remote_of]
+
+    def is_remote(self, cid: int) -> bool:
+        """Is ``cid`` another process's connection?"""
+        return cid in self._remote_of
+
+    # -- other processes' connections --
+
+    def remote_announce(self, process: str, rcid: int, since: int, gd: str, names: list[str]) -> bool:
+        """Connection ``rcid`` of ``process``, there since ``since`` (its :attr:`clock`), announced ``names``
+        for ``gd`` (empty: removed). ``True`` when that changed what this hub knew (the frame is news to this
+        process's connections). A name that is no channel is left out (its process closes that
+        connection)."""
+        cid = self._remote.get((process, rcid))
+        if cid is None:
+            if not names:
+                return False
+            cid = self._next
+            self._next += 1
+            self._remote[(process, rcid)] = cid
+            self._remote_of[cid] = (process, rcid)
+            self._devices[cid] = {}
+            self._since[cid] = since
+        devices = self._devices[cid]
+        if devices.get(gd, []) == names:
+            return False
+        if names:
+            devices[gd] = list(names)
+        else:
+            devices.pop(gd, None)
+        ext: set[str] = set()
+        for ns in devices.values():
+            for n in ns:
+                try:
+                    ext.add(channel_of(n))
+                except BadChannel:
+                    continue
+        self._external[cid] = frozenset(ext)
+        return True
+
+    def remote_detach(self, process: str, rcid: int) -> list[bytes]:
+        """Connection ``rcid`` of ``process`` closed: its departure frames (see :meth:`detach`)."""
+        cid = self._remote.get((process, rcid))
+        return [] if cid is None else self.detach(cid)
+
+    def remote_gone(self, process: str) -> list[bytes]:
+        """``process`` is gone (it exited, or was killed): the departure frames of all its connections, oldest
+        first (its advertised names: :meth:`remote_foreign` with None)."""
+        out: list[bytes] = []
+        for (p, _), cid in list(self._remote.items()):
+            if p == process:
+                out += self.detach(cid)
+        return out
+
+    def since(self, cid: int) -> int:
+        """When connection ``cid`` arrived (:attr:`clock`)."""
+        return self._since.get(cid, 0)
+
+    def local_devices(self) -> list[tuple[int, str, list[str]]]:
+        """This process's connections' devices, oldest first: what a new process of the node is told."""
+        return [
+            (cid, gd, list(names))
+            for cid, devices in self._devices.items()
+            if cid not in self._remote_of
+            for gd, names in devices.items()
+        ]
+
+    def local_foreign(self) -> frozenset[str]:
+        """The names this process advertises for other dialects' subscriptions."""
+        return frozenset(n for n, k in self._foreign.items() if k > 0)
+
+    def remote_foreign(self, process: str, names: frozenset[str] | None) -> bool:
+        """``process`` advertises ``names`` now (None: it is gone); ``True`` when the hub list changed."""
+        before = self.hub_list()
+        if names:
+            self._remote_foreign[process] = names
+        else:
+            self._remote_foreign.pop(process, None)
+        return self.hub_list() != before
 
     def others(self, cid: int) -> tuple[int, ...]:
         return tuple(c for c in self._devices if c != cid)
@@ -454,6 +391,8 @@ class WearscriptHub:
             devices.pop(gd, None)
         ext = frozenset(union)
         self._external[cid] = ext
+        if self.observer is not None:
+            self.observer(cid, gd, list(names))
         return ext
 
     def matching(self, channel: str, exclude: int | None = None) -> tuple[int, ...]:
@@ -466,7 +405,7 @@ class WearscriptHub:
     def external(self) -> dict[str, list[str]]:
         """Every known device's list (``channelsExternal``), oldest connection first."""
         out: dict[str, list[str]] = {}
-        for devices in self._devices.values():
+        for _, devices in self._oldest_first():
             for gd, names in devices.items():
                 out[gd] = list(names)
         return out
@@ -478,6 +417,8 @@ class WearscriptHub:
         names = {name_of(c) for c in self._bound} | self._fixed
         if self.advertise_foreign:
             names.update(n for n, k in self._foreign.items() if k > 0)
+            for remote in self._remote_foreign.values():
+                names |= remote
         return sorted(names)
 
     def hub_list_frame(self) -> bytes:

@@ -6,6 +6,8 @@ the sans-I/O :mod:`hubbub.dialects.wearscript`; this module carries its outputs 
 * :class:`WearscriptService` owns the node's one :class:`~hubbub.dialects.wearscript.WearscriptHub`, the
   connections by hub id, the advertisement of other dialects' subscriptions (through
   :meth:`Node.watch_subscriptions`) and the hub-list broadcast, at most once per 100 ms (§3).
+* :class:`~hubbub.transports.wearscript_peers.HubPeers` makes the hubs of a node's worker processes one
+  hub: device lists, departures, advertised names and test-handler replies cross between them.
 * :class:`WearscriptWire` is one connection, accepted (a device, or a WearScript hub linked below this node)
   or opened by this node (the upstream link, :mod:`hubbub.transports.wearscript_link`): its frames go to
   the dialect, the dialect's ``Publish`` to the log, ``ListenChanged`` to live core subscriptions (one per
@@ -39,6 +41,7 @@ from hubbub.events import Event
 
 from .backpressure import Socket
 from .http import HttpSettings, peer_address, request_token, text_response
+from .wearscript_peers import HubPeers
 from .wire import DialectWire
 from .ws_driver import detach, run_websocket, upgradable
 from .ws_socket import WsSocket, take_over
@@ -180,6 +183,7 @@ class WearscriptWire:
             elif r is None:
                 self.listening.add(ch)
             # else: SubscriptionError, ShuttingDown: closed meanwhile
+        self.service.peers.subscribed(self.proto.id)  # the other processes may send to it now
 
     async def _publish(self, out: wsd.Publish) -> None:
         headers: dict[str, str] = self._publish_headers() if self._publish_headers is not None else {}
@@ -213,9 +217,11 @@ class WearscriptService:
         self._last_broadcast = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._unwatch = node.watch_subscriptions(self._watch)
+        self.peers = HubPeers(self)
 
     def close(self) -> None:
         self._unwatch()
+        self.peers.close()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -233,21 +239,26 @@ class WearscriptService:
         self.wires.pop(wire.proto.id, None)
         return wire.proto.on_close()
 
-    def forward(self, out: wsd.Forward, asker: int | None = None) -> None:
+    def forward(self, out: wsd.Forward, asker: int | None = None, *, local_only: bool = False) -> None:
         """A frame for other connections: ``subscriptions`` frames as they came, test-handler replies to
         the connections that may read their channel. Only the ``asker``'s own reply is an answer to its
         request (a reply: its reads wait for room); for every other connection the frame is traffic it did
         not ask for, queued as an event, so a connection that stops reading loses the oldest of them (its
         overflow policy, counted) instead of being closed 1013 at four times its bound by another's
-        requests."""
+        requests. A reply that matches other processes' connections goes to them too (``local_only``: a
+        reply from another process, for this one's connections alone)."""
         may_read = self.node.access.may_read
+        remote = False
         for cid in out.targets:
             wire = self.wires.get(cid)
             if wire is None:
+                remote = remote or self.hub.is_remote(cid)
                 continue
             if out.reply is not None and not may_read(wire.session.identity, out.reply):
                 continue
             wire.session.push(out.data, is_event=cid != asker)
+        if remote and out.reply is not None and not local_only:
+            self.peers.reply(out)
 
     def exists(self, channel: str) -> bool:
         """``exists`` (§5): does any subscription of any dialect match the channel?"""
@@ -262,6 +273,7 @@ class WearscriptService:
         hub = self.hub
         if hub.foreign_added(sub.pattern) if added else hub.foreign_removed(sub.pattern):
             self.hub_list_changed()
+            self.peers.names_changed()
 
     def hub_list_changed(self) -> None:
         """Broadcast the hub list now, or when 100 ms have passed since the last broadcast."""

@@ -21,7 +21,9 @@ to a node that could not follow Redis). A worker that does not read a reply with
 :data:`REPLY_TIMEOUT_S` is cut off.
 
 Notices: a worker's ``notice`` call (short messages between the workers, such as MQTT's takeover of a client
-id) is queued for every other worker on its second socket, in order with the events.
+id) is queued for every other worker on its second socket, in order with the events. When a worker's
+connection ends (it exited or was killed), every other worker is sent the notice ``notices.gone`` with its
+index (``core/notices.py``), so that what they mirror of its connections (rosters, device lists) goes.
 
 Durable consumers: the store's ``consumer_hold`` is answered here, one holder among the workers at a time,
 released when its worker's connection ends (a worker that died), as a PostgreSQL session's lock is.
@@ -43,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from hubbub.core.notices import GONE
 from hubbub.errors import StorageError
 from hubbub.log.base import AppendRequest, AppendResult, LogStore
 
@@ -422,9 +425,9 @@ class LogOwner:
                 self._holds[consumer_id] = (link, held[1] - 1)
         return True
 
-    def _notice(self, link: _Link, topic: str, data: bytes) -> None:
-        """A worker's notice (``RemoteLogStore.notice``) to every other worker, behind what is queued for
-        each."""
+    def _notice(self, link: _Link | None, topic: str, data: bytes) -> None:
+        """A worker's notice (``RemoteLogStore.notice``; ``link`` None: the owner's own) to every other
+        worker, behind what is queued for each."""
         msg = encode(("notice", [str(topic), bytes(data)]))
         with self._links_lock:
             links = [other for other in self._links.values() if other is not link]
@@ -433,12 +436,15 @@ class LogOwner:
                 log.warning("worker %d: a notice was dropped (its outbox is full)", other.worker)
 
     def _gone(self, link: _Link) -> None:
-        """A worker's connection ended: its holds go, and it is sent nothing more."""
+        """A worker's connection ended: its holds go, it is sent nothing more, and the others are told."""
         link.release()
         with self._links_lock:
-            if self._links.get(link.worker) is link:
+            current = self._links.get(link.worker) is link
+            if current:
                 del self._links[link.worker]
         self._holds = {c: h for c, h in self._holds.items() if h[0] is not link}
+        if current:  # (a replaced connection's successor has said hello already: the peers know it)
+            self._notice(None, GONE, str(link.worker).encode())
 
     def statistics(self) -> dict[str, int]:
         return {

@@ -16,8 +16,9 @@ with them; then the remote store reads them, and they are offered (those at or b
 duplicates, dropped). No commit falls between the two.
 
 Notices (``core/notices.py``): :meth:`WorkerRelay.notify` sends one to the owner (on the relay's read
-threads: the call blocks), which queues it for every other worker; a worker's relay hands those it receives
-to ``Node.notices``.
+threads, in the order sent: one job sends what is queued, the call blocks), which queues it for every other
+worker; a worker's relay hands those it receives to ``Node.notices``. The relay connects the notices with
+the worker's index as its id: the owner tells the others when this worker's connection ends.
 
 When the owner goes away (the parent died), the worker cannot commit any more: the relay asks the node to
 stop (``Node.supervision``), and the worker exits.
@@ -29,7 +30,9 @@ Concurrency contract: :meth:`start`, :meth:`committed`, :meth:`close`, :meth:`he
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +64,8 @@ class WorkerRelay(OrderedDelivery):
         self.received = 0
         self.tops = 0
         self.notices_dropped = 0
-        #: Notices being sent (each a call to the owner, off the loop).
+        #: Notices waiting to be sent, in order, and the job sending them (calls to the owner, off the loop).
+        self._outbox: collections.deque[tuple[str, bytes]] = collections.deque()
         self._sending: set[asyncio.Future[None]] = set()
 
     async def start(self, node: Node) -> None:
@@ -73,7 +77,7 @@ class WorkerRelay(OrderedDelivery):
         self.sequencer.seed(heads)
         self.sequencer.note_time(mark)
         node.relay = self
-        node.notices.connect(self.notify)
+        node.notices.connect(self.notify, str(self.worker), str(os.getpid()))
         stop = node.supervision.stopper("workers", "log-owner")
 
         def on_lost() -> None:
@@ -113,20 +117,40 @@ class WorkerRelay(OrderedDelivery):
         self.offer_many(events)
 
     def notify(self, topic: str, data: bytes) -> None:
-        """A notice for the other workers (``Node.notices``), sent off the loop; one the owner does not take
-        (it is gone) is counted and dropped."""
+        """A notice for the other workers (``Node.notices``), sent off the loop in the order given; one the
+        owner does not take (it is gone) is counted and dropped."""
         if self._closed:
             return
-        fut = asyncio.get_running_loop().run_in_executor(self._reads, self.remote.notice, topic, data)
+        self._outbox.append((topic, data))
+        if not self._sending:  # else the job running sends it after those before it
+            self._send_job()
+
+    def _send_job(self) -> None:
+        fut = asyncio.get_running_loop().run_in_executor(self._reads, self._send_notices)
         self._sending.add(fut)
 
-        def sent(f: asyncio.Future[None]) -> None:
+        def done(f: asyncio.Future[None]) -> None:
             self._sending.discard(f)
-            if not f.cancelled() and f.exception() is not None:
-                self.notices_dropped += 1
-                log.info("worker %d: a notice was not sent: %s", self.worker, f.exception())
+            if self._outbox and not self._closed:  # queued after the job's last look at the outbox
+                self._send_job()
 
-        fut.add_done_callback(sent)
+        fut.add_done_callback(done)
+
+    def _send_notices(self) -> None:
+        """Send the queued notices in order (on a read thread; the loop appends meanwhile: a deque's append
+        and popleft are atomic). The job ends when the outbox is empty; one queued after that starts the
+        next job when this one's end reaches the loop."""
+        box = self._outbox
+        while True:
+            try:
+                topic, data = box.popleft()
+            except IndexError:
+                return
+            try:
+                self.remote.notice(topic, data)
+            except Exception as exc:  # the owner is gone (the worker stops) or refused it: counted
+                self.notices_dropped += 1
+                log.info("worker %d: a notice was not sent: %s", self.worker, exc)
 
     def _on_broadcast(self, msg: Broadcast) -> None:
         if self._closed:

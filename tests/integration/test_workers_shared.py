@@ -1,0 +1,221 @@
+"""A ``hubbub serve --workers 2`` node answers as one node whichever worker holds a connection: WearScript's
+device lists and hub list, and the departures of a worker killed with -9 (docs/operations.md "Workers").
+
+Each test puts its connections on chosen workers (connecting again until the kernel gives the wanted one:
+``test_workers.py``'s helpers) and checks what a connection on one worker sees of the other's. The tests
+that leave the node as they found it share one (``SHARED``: one xdist worker starts it once), each under
+names of its own; the test that kills a worker starts its own node."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import websocket
+
+from .serverproc import ServerProcess
+from .test_workers import _lines_on, _serving, _start_node, _wait_for, _workers
+
+pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="finds workers through /proc")
+
+SHARED = pytest.mark.xdist_group("workers_shared_node")
+
+SUBS = "subscriptions"
+
+
+@pytest.fixture(scope="module")
+def module_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = _start_node(tmp_path_factory.mktemp("workers_shared") / "data")
+    try:
+        yield srv
+    finally:
+        srv.kill()
+
+
+@pytest.fixture
+def node(module_node: ServerProcess) -> ServerProcess:
+    assert module_node.alive
+    return module_node
+
+
+@pytest.fixture
+def own_node(tmp_path: Path) -> Iterator[ServerProcess]:
+    srv = _start_node(tmp_path / "data")
+    try:
+        yield srv
+    finally:
+        srv.kill()
+
+
+class Device:
+    """A WearScript connection (binary msgpack frames) on a known worker."""
+
+    def __init__(self, ws: websocket.WebSocket) -> None:
+        self.ws = ws
+        self.hub_list: list[str] = self.next()[2]  # the greeting's first frame: the hub's own list
+
+    def send(self, *value: Any) -> None:
+        self.ws.send_binary(msgpack.packb(list(value)))
+
+    def next(self, timeout: float = 10.0) -> list[Any]:
+        self.ws.settimeout(timeout)
+        frame: list[Any] = msgpack.unpackb(self.ws.recv())
+        return frame
+
+    def frames_until(self, want: list[Any], mine: Callable[[list[Any]], bool]) -> list[list[Any]]:
+        """The frames ``mine`` selects, up to and including ``want`` (others' traffic on the shared node
+        is passed over)."""
+        out: list[list[Any]] = []
+        while True:
+            f = self.next()
+            if mine(f):
+                out.append(f)
+                if f == want:
+                    return out
+
+    def quiet(self, mine: Callable[[list[Any]], bool], within_s: float = 0.3) -> list[list[Any]]:
+        """The frames ``mine`` selects that come within ``within_s``."""
+        out: list[list[Any]] = []
+        deadline = time.monotonic() + within_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                f = self.next(left)
+            except (websocket.WebSocketTimeoutException, TimeoutError):
+                break
+            if mine(f):
+                out.append(f)
+        return out
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def _device_on(node: ServerProcess, worker: int) -> tuple[Device, list[list[Any]]]:
+    """A WearScript connection served by ``worker``, and the rest of its greeting (the known devices)."""
+    workers = _workers(node)
+    for _ in range(200):
+        ws = websocket.create_connection(f"ws://127.0.0.1:{node.ports['http']}/wearscript/ws", timeout=10)
+        sock: socket.socket = ws.sock
+        if _serving(sock, workers) == worker:
+            d = Device(ws)
+            return d, d.quiet(lambda f: True, 0.3)
+        ws.close()
+    raise AssertionError(f"no connection landed on worker {worker}")
+
+
+@SHARED
+def test_wearscript_device_lists_are_the_nodes_on_every_worker(node: ServerProcess, space: str) -> None:
+    a, b = _workers(node)
+    mine = lambda f: f[0] == SUBS and str(f[1]).endswith(space)  # noqa: E731
+    A, _ = _device_on(node, a)
+    B, _ = _device_on(node, b)
+    try:
+        # Announced on worker a: forwarded to the connection on worker b; replaced, the new list too.
+        A.send(SUBS, f"phone:{space}", ["chan", "x:y"])
+        assert B.frames_until([SUBS, f"phone:{space}", ["chan", "x:y"]], mine) == [
+            [SUBS, f"phone:{space}", ["chan", "x:y"]]
+        ]
+        B.send(SUBS, f"glass:{space}", [f"{space}:b"])
+        assert A.frames_until([SUBS, f"glass:{space}", [f"{space}:b"]], mine) == [
+            [SUBS, f"glass:{space}", [f"{space}:b"]]
+        ]
+        # A data message from worker a reaches the device on worker b by its announced list.
+        A.send(f"{space}:b:z", 7)
+        assert B.frames_until([f"{space}:b:z", 7], lambda f: f[0] == f"{space}:b:z") == [[f"{space}:b:z", 7]]
+        # A new connection on either worker is greeted with both devices, oldest connection first.
+        for w in (a, b):
+            C, known = _device_on(node, w)
+            try:
+                assert [f for f in known if mine(f)] == [
+                    [SUBS, f"phone:{space}", ["chan", "x:y"]],
+                    [SUBS, f"glass:{space}", [f"{space}:b"]],
+                ]
+            finally:
+                C.close()
+        # Test handler: channelsExternal lists the other worker's device; a reply reaches a listener there.
+        A.send("test:server:0", "channelsExternal", f"{space}:b")
+        reply = B.next()
+        while reply[0] != f"{space}:b":
+            reply = B.next()
+        ext = reply[1]
+        assert ext[f"phone:{space}"] == ["chan", "x:y"] and ext[f"glass:{space}"] == [f"{space}:b"]
+        # A closes: the connection on the other worker is told its device left.
+        A.close()
+        assert B.frames_until([SUBS, f"phone:{space}", []], mine) == [[SUBS, f"phone:{space}", []]]
+    finally:
+        A.close()
+        B.close()
+
+
+@SHARED
+def test_wearscript_hub_list_has_every_workers_subscriptions(node: ServerProcess, space: str) -> None:
+    a, b = _workers(node)
+    with _lines_on(node, a) as sub:
+        assert sub.subscribe("s", f"/{space}/log/**")["op"] == "reply"
+        # A device on the other worker is told of it: in its greeting or, if it came first, in a new list.
+        D, _ = _device_on(node, b)
+        try:
+            deadline = time.monotonic() + 10
+            hub_list = D.hub_list
+            while f"{space}:log" not in hub_list:
+                assert time.monotonic() < deadline, hub_list
+                f = D.next()
+                if f[:2] == [SUBS, "server:0"]:
+                    hub_list = f[2]
+            D.send(f"{space}:log:x", "v")
+            ev = sub.next_push()
+            assert (ev["channel"], ev["publisher"]["dialect"]) == (f"/{space}/log/x", "wearscript")
+        finally:
+            D.close()
+
+
+def test_a_killed_workers_devices_leave_the_other_workers_lists(own_node: ServerProcess) -> None:
+    node = own_node
+    a, b = _workers(node)
+    mine = lambda f: f[0] == SUBS and f[1] != "server:0"  # noqa: E731
+    A, _ = _device_on(node, a)
+    B, _ = _device_on(node, b)
+    try:
+        A.send(SUBS, "phone:A", ["chan"])
+        A.send(SUBS, "watch:A", ["w"])
+        B.send(SUBS, "glass:B", ["g"])
+        assert B.frames_until([SUBS, "watch:A", ["w"]], mine) == [
+            [SUBS, "phone:A", ["chan"]],
+            [SUBS, "watch:A", ["w"]],
+        ]
+        assert A.frames_until([SUBS, "glass:B", ["g"]], mine) == [[SUBS, "glass:B", ["g"]]]
+        os.kill(a, signal.SIGKILL)
+        # Its devices depart from the other worker's lists, in the order announced, as on a close.
+        assert B.frames_until([SUBS, "watch:A", []], mine) == [[SUBS, "phone:A", []], [SUBS, "watch:A", []]]
+        C, known = _device_on(node, b)
+        C.close()
+        assert [f for f in known if mine(f)] == [[SUBS, "glass:B", ["g"]]]
+        # The restarted worker learns the devices of the other: its greeting lists them.
+        _wait_for(lambda: len(_workers(node)) == 2 and a not in _workers(node), "the worker's restart")
+        restarted = re.compile(r"worker \d restarted")
+        _wait_for(lambda: restarted.search(node.log()) is not None, "its start")
+        new = next(w for w in _workers(node) if w != b)
+        deadline = time.monotonic() + 10
+        while True:
+            C, known = _device_on(node, new)
+            C.close()
+            if [f for f in known if mine(f)] == [[SUBS, "glass:B", ["g"]]]:
+                break
+            assert time.monotonic() < deadline, known  # the hello of the new worker is answered at once
+    finally:
+        A.close()
+        B.close()
+
+
+@pytest.fixture
+def space(request: pytest.FixtureRequest) -> str:
+    """A name of the test's own, for its channels and devices on the shared node."""
+    return "".join(c for c in request.node.name.removeprefix("test_") if c.isalnum())[:40]

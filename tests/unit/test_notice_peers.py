@@ -1,0 +1,59 @@
+"""The peers of ``core/notices.py``: processes joined by a notice relay learn of each other by their hellos,
+a restarted process (same id, new incarnation) replaces the old one, and the carrier's ``gone`` notice
+removes one; watchers are told each change once."""
+
+from __future__ import annotations
+
+from hubbub.core.notices import GONE, Notices
+
+
+def _mesh(n: int) -> tuple[list[Notices], list[tuple[int, str, bytes]]]:
+    """``n`` processes; what each sends is held (``sent``: to every other) until :func:`_run` delivers it."""
+    procs = [Notices() for _ in range(n)]
+    sent: list[tuple[int, str, bytes]] = []
+    for i, p in enumerate(procs):
+        p.connect(lambda topic, data, i=i: sent.append((i, topic, data)), str(i), f"inc{i}")
+    return procs, sent
+
+
+def _run(procs: list[Notices], sent: list[tuple[int, str, bytes]]) -> None:
+    while sent:
+        i, topic, data = sent.pop(0)
+        for j, p in enumerate(procs):
+            if j != i:
+                p.received(topic, data)
+
+
+def test_processes_learn_each_other_and_a_gone_one_leaves() -> None:
+    procs, sent = _mesh(3)
+    told: list[tuple[str, bool]] = []
+    procs[0].watch_peers(lambda peer, joined: told.append((peer, joined)))
+    _run(procs, sent)
+    assert [p.peers for p in procs] == [["1", "2"], ["0", "2"], ["0", "1"]]
+    assert sorted(told) == [("1", True), ("2", True)]
+    told.clear()
+    procs[0].received(GONE, b"2")
+    procs[0].received(GONE, b"2")  # once
+    assert procs[0].peers == ["1"] and told == [("2", False)]
+
+
+def test_a_restarted_process_replaces_the_old_one() -> None:
+    procs, sent = _mesh(2)
+    _run(procs, sent)
+    told: list[tuple[str, bool]] = []
+    procs[0].watch_peers(lambda peer, joined: told.append((peer, joined)))
+    procs[1] = Notices()
+    procs[1].connect(lambda topic, data: sent.append((1, topic, data)), "1", "inc1-again")
+    _run(procs, sent)
+    assert told == [("1", False), ("1", True)] and procs[1].peers == ["0"]
+
+
+def test_without_an_id_there_are_no_peers() -> None:
+    a, b = Notices(), Notices()
+    a.connect(b.received)
+    b.connect(a.received)
+    assert a.peers == [] and b.peers == []
+    got: list[bytes] = []
+    b.watch("t", got.append)
+    a.send("t", b"x")
+    assert got == [b"x"]
