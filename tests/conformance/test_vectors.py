@@ -120,25 +120,12 @@ class WorkerNodeProcess:
 
 
 #: Cases a ``--workers 2`` node fails when their connections land on different workers: rosters (guble's
-#: subscriber list) and qpubs' ``delivered`` count are per worker (docs/operations.md "Workers", limits of
-#: this version). They pass when the kernel puts every connection on one worker, so the
-#: mark is not strict. Each case of a vector file whose expectation reads a roster or a ``delivered`` count
-#: across connections is here (every one was seen failing in runs of all the cases).
+#: subscriber list) are per worker (docs/operations.md "Workers", limits of this version). They pass when the
+#: kernel puts every connection on one worker, so the mark is not strict. Each case of a vector file whose
+#: expectation reads a roster across connections is here (every one was seen failing in runs of all the
+#: cases).
 WORKERS_GAPS: Final = {
     "guble.rest-subscribers": "guble's subscriber list is per worker",
-    "qpubs.http-listen-exact": "qpubs' delivered count is per worker",
-    "qpubs.head-wildcard": "qpubs' delivered count is per worker",
-    "qpubs.tail-wildcard": "qpubs' delivered count is per worker",
-    "qpubs.emit-delivered-count": "qpubs' delivered count is per worker",
-    "qpubs.emit-json-values": "qpubs' delivered count is per worker",
-    "qpubs.alias-routes": "qpubs' delivered count is per worker",
-    "qpubs.qrpc-once": "qpubs' delivered count is per worker",
-    "qpubs.once-http": "qpubs' delivered count is per worker",
-    "qpubs.sse-mode": "qpubs' delivered count is per worker",
-    "qpubs.qrpc-listen-ignore": "qpubs' delivered count is per worker",
-    "qpubs.qrpc-two-calls-same-connection": "qpubs' delivered count is per worker",
-    "qpubs.cross-qpubs-to-ivy": "qpubs' delivered count is per worker",
-    "native.cross-qpubs-json": "qpubs' delivered count is per worker",
 }
 
 #: Cases a ``--workers 2`` node fails when the worker serving a new subscription lags behind the log: an

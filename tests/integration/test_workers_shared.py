@@ -1,5 +1,6 @@
 """A ``hubbub serve --workers 2`` node answers as one node whichever worker holds a connection: WearScript's
-device lists and hub list, and the departures of a worker killed with -9 (docs/operations.md "Workers").
+device lists and hub list, and the departures of a worker killed with -9; qpubs' ``delivered`` counts
+(docs/operations.md "Workers").
 
 Each test puts its connections on chosen workers (connecting again until the kernel gives the wanted one:
 ``test_workers.py``'s helpers) and checks what a connection on one worker sees of the other's. The tests
@@ -8,6 +9,8 @@ names of its own; the test that kills a worker starts its own node."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 import signal
@@ -21,8 +24,9 @@ import msgpack
 import pytest
 import websocket
 
+from .qrpcclient import QrpcClient
 from .serverproc import ServerProcess
-from .test_workers import _lines_on, _serving, _start_node, _wait_for, _workers
+from .test_workers import _lines_on, _serving, _socket_on, _start_node, _wait_for, _workers
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="finds workers through /proc")
 
@@ -219,3 +223,89 @@ def test_a_killed_workers_devices_leave_the_other_workers_lists(own_node: Server
 def space(request: pytest.FixtureRequest) -> str:
     """A name of the test's own, for its channels and devices on the shared node."""
     return "".join(c for c in request.node.name.removeprefix("test_") if c.isalnum())[:40]
+
+
+async def _qrpc_on(node: ServerProcess, worker: int) -> QrpcClient:
+    """A qrpc connection served by ``worker``."""
+    workers = _workers(node)
+    for _ in range(200):
+        q = await QrpcClient.connect(node.ports["qrpc"])
+        if _serving(q.writer.get_extra_info("socket"), workers) == worker:
+            return q
+        await q.close()
+    raise AssertionError(f"no qrpc connection landed on worker {worker}")
+
+
+def _http_on(node: ServerProcess, worker: int, request: str) -> socket.socket:
+    """An HTTP/1.1 request sent on a connection served by ``worker``."""
+    s = _socket_on(node, worker, "http")
+    s.sendall(request.encode())
+    return s
+
+
+def _http_head(s: socket.socket) -> tuple[bytes, bytes]:
+    """The response head (once the server sent it) and what came after it."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        assert chunk, buf
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def _http_emit(node: ServerProcess, worker: int, topic: str, value: object) -> Any:
+    body = json.dumps(value)
+    s = _http_on(
+        node,
+        worker,
+        f"POST /qpubs/emit?topic={topic} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}",
+    )
+    with s:
+        head, rest = _http_head(s)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        while chunk := s.recv(65536):
+            rest += chunk
+        return json.loads(rest)
+
+
+@SHARED
+def test_qpubs_delivered_counts_the_recipients_on_every_worker(node: ServerProcess, space: str) -> None:
+    a, b = _workers(node)
+    topic = f"{space}.d"
+    # An HTTP listen on worker a; a listen and a once on worker b (qrpc).
+    stream = _http_on(node, a, f"GET /qpubs/listen?topic={topic} HTTP/1.1\r\nHost: t\r\n\r\n")
+    head, got = _http_head(stream)  # the head goes out once the listener is registered
+    assert head.startswith(b"HTTP/1.1 200"), head
+
+    async def main() -> None:
+        qa, qb, qc = await _qrpc_on(node, a), await _qrpc_on(node, b), await _qrpc_on(node, b)
+        lid, oid = qb.send("listen", {"topic": topic}), qb.send("once", {"topic": topic})
+        assert await qb.call("ignore", {"topic": "__barrier__"}) == {"ok": True, "removed": 0}
+        # From worker a: its HTTP stream, and worker b's listen and once.
+        assert await qa.call("emit", {"topic": topic, "value": 1}) == {"ok": True, "delivered": 3}
+        # From worker b (a connection listening to nothing): the once has fired.
+        assert await qc.call("emit", {"topic": topic, "value": 2}) == {"ok": True, "delivered": 2}
+        # An HTTP emit, on either worker.
+        for i, w in ((3, a), (4, b)):
+            assert await asyncio.to_thread(_http_emit, node, w, topic, i) == {"ok": True, "delivered": 2}
+        assert [(await qb.next(lid))["m"]["value"] for _ in range(4)] == [1, 2, 3, 4]
+        assert (await qb.next(oid))["m"]["value"] == 1
+        for q in (qa, qb, qc):
+            await q.close()
+
+    try:
+        asyncio.run(main())
+        lines: list[bytes] = []
+        buf = got
+        deadline = time.monotonic() + 10
+        while len(lines) < 4:
+            assert time.monotonic() < deadline, lines
+            *done, buf = buf.split(b"\n")
+            lines += [ln for ln in done if ln.strip() and not ln.strip().isalnum()]
+            if len(lines) < 4:
+                buf += stream.recv(65536)
+        assert [json.loads(ln)["value"] for ln in lines] == [1, 2, 3, 4]
+    finally:
+        stream.close()

@@ -57,3 +57,13 @@ def test_without_an_id_there_are_no_peers() -> None:
     b.watch("t", got.append)
     a.send("t", b"x")
     assert got == [b"x"]
+
+
+def test_arrivals_reach_their_watchers_until_unwatched() -> None:
+    n = Notices()
+    seen: list[tuple[str, list[object]]] = []
+    unwatch = n.watch_arrivals(lambda p, evs: seen.append((p, list(evs))))
+    n.arrived("1", [])
+    unwatch()
+    n.arrived("1", [])
+    assert seen == [("1", [])]

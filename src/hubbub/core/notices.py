@@ -23,15 +23,25 @@ restarted) says hello with another incarnation and replaces the old one (gone, t
 that knowledge (a cluster's Redis broker) connects without an id: no peers, components keep to their own
 process.
 
+**Arrivals.** Other processes' committed events are no notices, but a component may have to answer for them
+the moment they reach this process, before their fan-out here (qpubs' ``delivered`` counts each worker's
+recipients of an emit): the relay hands them to :meth:`Notices.arrived`, with the id of the process that
+committed them, and :meth:`Notices.watch_arrivals` watchers see them (a worker's relay does; nothing else
+calls it).
+
 Concurrency contract: every method is called on the event loop; watchers run on it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["GONE", "HELLO", "NoticeSender", "Notices", "PeerWatcher"]
+if TYPE_CHECKING:
+    from hubbub.events import Event
+
+__all__ = ["GONE", "HELLO", "ArrivalWatcher", "NoticeSender", "Notices", "PeerWatcher"]
 
 log = logging.getLogger("hubbub.node")
 
@@ -39,6 +49,8 @@ log = logging.getLogger("hubbub.node")
 NoticeSender = Callable[[str, bytes], None]
 #: A component told of peers: ``(peer, joined)``, joined False when it is gone.
 PeerWatcher = Callable[[str, bool], None]
+#: A component shown other processes' events as they arrive: ``(process, events)``.
+ArrivalWatcher = Callable[[str, "Sequence[Event]"], None]
 
 #: The membership's topics (handled here, never handed to watchers). ``HELLO``:
 #: ``b"<id> <incarnation> <0|1>"`` (1: an answer to a hello, not answered again); ``GONE``: ``b"<id>"``, sent
@@ -59,6 +71,7 @@ class Notices:
         #: The live peers: id -> incarnation.
         self._peers: dict[str, str] = {}
         self._peer_watchers: list[PeerWatcher] = []
+        self._arrival_watchers: list[ArrivalWatcher] = []
         self.sent = 0
         self.received_count = 0
 
@@ -89,6 +102,25 @@ class Notices:
                 self._peer_watchers.remove(fn)
 
         return unwatch
+
+    def watch_arrivals(self, fn: ArrivalWatcher) -> Callable[[], None]:
+        """Call ``fn(process, events)`` with other processes' committed events as they arrive, before
+        their fan-out here (see the module docstring); returns the unwatch."""
+        self._arrival_watchers.append(fn)
+
+        def unwatch() -> None:
+            if fn in self._arrival_watchers:
+                self._arrival_watchers.remove(fn)
+
+        return unwatch
+
+    def arrived(self, process: str, events: Sequence[Event]) -> None:
+        """Events process ``process`` committed, about to be fanned out here (the relay's, on the loop)."""
+        for fn in self._arrival_watchers:
+            try:
+                fn(process, events)
+            except Exception:
+                log.exception("an arrival watcher failed", extra={"peer": process})
 
     def _tell(self, peer: str, joined: bool) -> None:
         for fn in list(self._peer_watchers):

@@ -5,7 +5,9 @@ count of an emit, the emit itself, and the mapping of core errors to qpubs's mes
 to, where each qpubs stream (an HTTP listen or once, a qrpc ``listen``/``once`` call) counts once and a
 ``listenExclusive`` group counts once, plus every durable subscription that journaled it. It is counted in
 the publish's ``done`` callback, which the write batcher runs right before the live fan-out of the same
-commit, in the same loop step: the subscriptions it sees are exactly those the fan-out delivers to.
+commit, in the same loop step: the subscriptions it sees are exactly those the fan-out delivers to. On a node
+of several workers every other worker counts its own the same way as the event arrives there, and the emit
+waits for them (``qpubs_delivered.py``).
 
 Concurrency contract: everything runs on the event loop thread.
 """
@@ -13,7 +15,7 @@ Concurrency contract: everything runs on the event loop thread.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -36,7 +38,16 @@ from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendRequest, AppendResult
 from hubbub.log.consumers import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_WAIT_MS
 
-__all__ = ["DIALECT", "QpubsSettings", "Recipients", "emit", "qpubs_error", "recipients"]
+__all__ = [
+    "DIALECT",
+    "OtherRecipients",
+    "QpubsSettings",
+    "Recipients",
+    "emit",
+    "qpubs_error",
+    "recipients",
+    "session_recipients",
+]
 
 DIALECT = "qpubs"
 
@@ -51,6 +62,10 @@ class QpubsSettings:
     batch_wait_ms: int = DEFAULT_BATCH_WAIT_MS
     #: ``qpubs.auth`` resolved: a token is required (HTTP: README §6; qrpc: an ``auth`` call first).
     auth: bool = False
+
+
+#: The other worker processes' recipients of an event this one committed (``NodeDelivered.others``).
+OtherRecipients = Callable[[Event], Awaitable[int]]
 
 
 @runtime_checkable
@@ -69,9 +84,17 @@ def recipients(
     n = len(result.journal)
     if consumers is not None:
         n += consumers.groups_matching(ev.channel, ev.tags)
+    return n + session_recipients(node, ev, origin)
+
+
+def session_recipients(node: Core, ev: Event, origin: Session | None) -> int:
+    """The connections of this process ``ev`` reaches (each qpubs stream once; ``origin``, the emitting
+    connection, only when it hears its own events). Called before the event's fan-out here: a ``once``
+    counted is not counted again."""
     subs = node.matching(ev.channel, ev.tags)
     if not subs:
-        return n
+        return 0
+    n = 0
     by_session: dict[Session, list[str]] = {}
     for s in subs:
         by_session.setdefault(s.session, []).append(s.sub_id)
@@ -94,9 +117,11 @@ async def emit(
     *,
     origin: Session | None = None,
     identity: Identity | None = None,
+    others: OtherRecipients | None = None,
 ) -> int:
-    """Publish one emitted value (compact JSON) on ``channel``; after the commit, ``delivered``. Raises the
-    core's errors (``AuthError``, ``RateLimited``, ``StorageError``, ``ShuttingDown``)."""
+    """Publish one emitted value (compact JSON) on ``channel``; after the commit, ``delivered``, with
+    ``others`` (the other worker processes' recipients: ``qpubs_delivered.py``) added. Raises the core's
+    errors (``AuthError``, ``RateLimited``, ``StorageError``, ``ShuttingDown``)."""
     # An HTTP emit is a connection of its own: a fresh id as its app (mapping.md §1).
     sess_id = origin.id if origin is not None else new_session_id()
     user = identity.user if identity is not None else (origin.user if origin is not None else "")
@@ -107,7 +132,7 @@ async def emit(
         content_type=qpd.CONTENT_TYPE,
     )
     await node.writable()
-    fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    fut: asyncio.Future[tuple[int, Event]] = asyncio.get_running_loop().create_future()
 
     def done(r: AppendResult | HubbubError) -> None:
         if fut.done():
@@ -115,10 +140,11 @@ async def emit(
         if isinstance(r, HubbubError):
             fut.set_exception(r)
         else:
-            fut.set_result(recipients(node, consumers, r, origin))
+            fut.set_result((recipients(node, consumers, r, origin), r.event))
 
     node.submit(req, origin, done, identity)
-    return await fut
+    n, event = await fut
+    return n + (await others(event) if others is not None else 0)
 
 
 def qpubs_error(exc: HubbubError, sub_id: str = "", batch: int = 0) -> qpd.QpubsError:

@@ -36,6 +36,7 @@ from .http import HttpSettings, peer_address, request_token
 from .lifetime import Lifetime
 from .pump import SessionPump, stopped
 from .qpubs_common import DIALECT, QpubsSettings, emit, qpubs_error
+from .qpubs_delivered import NodeDelivered
 
 __all__ = ["QpubsHttp", "StreamEncoder"]
 
@@ -108,6 +109,8 @@ class QpubsHttp:
         self.consumers = consumers
         self.settings = settings
         self.http = http
+        #: The other worker processes' part of ``delivered`` (shared with the qrpc listener).
+        self.delivered = NodeDelivered(node)
         #: Open streams by listener id (``Qpubs-Listener``): their topic text and session, for ``ignore``.
         self.listeners: dict[str, tuple[str, Session]] = {}
         self.connections: set[asyncio.Task[Any]] = set()
@@ -195,7 +198,14 @@ class QpubsHttp:
                 value = orjson.loads(body)
             except orjson.JSONDecodeError:
                 return fail(400, "bad value, expected JSON")
-        delivered = await emit(self.node, self.consumers, channel, qpd.encode_value(value), identity=ident)
+        delivered = await emit(
+            self.node,
+            self.consumers,
+            channel,
+            qpd.encode_value(value),
+            identity=ident,
+            others=self.delivered.others,
+        )
         return reply(200, {"ok": True, "delivered": delivered})
 
     def _ignore(self, topic: object, listener: str | None) -> web.Response:

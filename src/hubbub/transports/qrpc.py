@@ -44,6 +44,7 @@ from .binding import Mounted, Wiring
 from .http import HttpSettings
 from .lifetime import Lifetime
 from .qpubs_common import DIALECT, QpubsSettings, qpubs_error, recipients
+from .qpubs_delivered import NodeDelivered
 from .qpubs_http import QpubsHttp
 from .qrpc_subs import QrpcSubscriptions
 from .stream_driver import WRITE_TIMEOUT_S, ServiceStreams, listen_streams
@@ -130,12 +131,19 @@ class QrpcService:
     """The node's qrpc side: settings, the consumer service, and every open connection's task."""
 
     def __init__(
-        self, node: Core, consumers: ConsumerService, settings: QpubsSettings, http: HttpSettings
+        self,
+        node: Core,
+        consumers: ConsumerService,
+        settings: QpubsSettings,
+        http: HttpSettings,
+        delivered: NodeDelivered | None = None,
     ) -> None:
         self.node = node
         self.consumers: ConsumerService | None = consumers
         self.settings = settings
         self.http = http
+        #: The other worker processes' part of ``delivered`` (the HTTP routes' own).
+        self.delivered = delivered if delivered is not None else NodeDelivered(node)
         self.connections: set[asyncio.Task[None]] = set()
 
 
@@ -193,6 +201,8 @@ class QrpcWire:
         #: Set while no emit of this connection is in flight (see :meth:`_listen`).
         self._idle = asyncio.Event()
         self._idle.set()
+        #: Emit answers waiting for the other workers' counts of their recipients.
+        self._answers: set[asyncio.Task[None]] = set()
         subs = self.subs
         calls: dict[type, Callable[[Any], Awaitable[None]]] = {
             qpd.Emit: self._emit,
@@ -296,6 +306,7 @@ class QrpcWire:
         )
         cid = out.call_id
         consumers = self.service.consumers
+        delivered = self.service.delivered
 
         def done(r: AppendResult | HubbubError) -> None:
             self.inflight -= 1
@@ -303,8 +314,18 @@ class QrpcWire:
                 self._idle.set()
             if isinstance(r, HubbubError):
                 self.error(cid, qpubs_error(r))
-            else:
-                self.reply(cid, {"ok": True, "delivered": recipients(node, consumers, r, sess)})
+                return
+            n = recipients(node, consumers, r, sess)
+            if not delivered.shared:
+                self.reply(cid, {"ok": True, "delivered": n})
+                return
+            # Other workers reach it too: answered once they have counted (qpubs_delivered.py).
+            task = asyncio.get_running_loop().create_task(answer(n, r.event))
+            self._answers.add(task)
+            task.add_done_callback(self._answers.discard)
+
+        async def answer(n: int, event: Event) -> None:
+            self.reply(cid, {"ok": True, "delivered": n + await delivered.others(event)})
 
         await node.writable()
         node.submit(req, sess, done)
@@ -420,7 +441,9 @@ class QpubsMounted(Mounted):
 
     async def started(self, wiring: Wiring, metrics: CollectorRegistry) -> None:
         cfg = wiring.config
-        qrpc = self.qrpc = QrpcService(wiring.node, wiring.consumers, self.settings, wiring.http)
+        qrpc = self.qrpc = QrpcService(
+            wiring.node, wiring.consumers, self.settings, wiring.http, self.http.delivered
+        )
 
         async def start(host: str, port: int) -> StreamListener:
             return await serve_qrpc(

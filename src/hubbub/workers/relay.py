@@ -164,6 +164,8 @@ class WorkerRelay(OrderedDelivery):
                     continue  # this worker's own: offered at commit, with their origins
                 if consumers is not None:  # their journal items are committed: open consumers read them
                     consumers.others_committed(events)
+                if node is not None:  # e.g. qpubs counts its recipients of another worker's emit
+                    node.notices.arrived(str(worker), events)
                 self.offer_many((None, ev) for ev in events)
                 self.received += len(events)
         elif kind == "notice":
