@@ -4,6 +4,8 @@ removes one; watchers are told each change once."""
 
 from __future__ import annotations
 
+import asyncio
+
 from hubbub.core.notices import GONE, Notices
 
 
@@ -67,3 +69,25 @@ def test_arrivals_reach_their_watchers_until_unwatched() -> None:
     unwatch()
     n.arrived("1", [])
     assert seen == [("1", [])]
+
+
+def test_a_question_gets_every_live_peers_answer_and_waits_for_no_gone_one() -> None:
+    async def main() -> None:
+        procs, sent = _mesh(3)
+        _run(procs, sent)
+        procs[1].answer("q", lambda data: data + b"1")
+        procs[2].answer("q", lambda data: data + b"2")
+        asking = asyncio.get_running_loop().create_task(procs[0].ask("q", b"x", 5.0))
+        await asyncio.sleep(0)  # the question is sent
+        _run(procs, sent)  # and answered
+        assert sorted(await asking) == [b"x1", b"x2"]
+        # Process 2 goes before it answers: the asker takes process 1's answer and waits no longer.
+        asking = asyncio.get_running_loop().create_task(procs[0].ask("q", b"y", 5.0))
+        await asyncio.sleep(0)
+        (_, topic, question) = sent.pop()
+        procs[1].received(topic, question)
+        procs[0].received(GONE, b"2")
+        _run(procs, sent)
+        assert await asyncio.wait_for(asking, 5.0) == [b"y1"]
+
+    asyncio.run(main())

@@ -209,6 +209,7 @@ class Node:
         self.routes = RouteBook(self._batcher.control, self._reads, store.shared)
         self.presence: Presence = LocalPresence()  #: rosters (core/presence.py); a cluster's once installed
         self.notices = Notices()  #: short messages to the log's other processes (core/notices.py)
+        self.metrics.share(self.notices)  # /metrics counts every worker's connections
 
     # -- lifecycle --------------------------------------------------------------------------------------
 

@@ -23,6 +23,11 @@ restarted) says hello with another incarnation and replaces the old one (gone, t
 that knowledge (a cluster's Redis broker) connects without an id: no peers, components keep to their own
 process.
 
+**Questions.** A component may ask every peer a question and await their answers (:meth:`Notices.ask`:
+``/metrics`` asks for the other workers' open connections at each scrape); a peer answers what its
+:meth:`Notices.answer` function for the topic returns. The asker waits for every live peer, at most its
+timeout (a peer gone is not waited for), and gets the answers that came.
+
 **Arrivals.** Other processes' committed events are no notices, but a component may have to answer for them
 the moment they reach this process, before their fan-out here (qpubs' ``delivered`` counts each worker's
 recipients of an emit): the relay hands them to :meth:`Notices.arrived`, with the id of the process that
@@ -34,14 +39,18 @@ Concurrency contract: every method is called on the event loop; watchers run on 
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import msgpack
+
 if TYPE_CHECKING:
     from hubbub.events import Event
 
-__all__ = ["GONE", "HELLO", "ArrivalWatcher", "NoticeSender", "Notices", "PeerWatcher"]
+__all__ = ["ANSWER", "ASK", "GONE", "HELLO", "ArrivalWatcher", "NoticeSender", "Notices", "PeerWatcher"]
 
 log = logging.getLogger("hubbub.node")
 
@@ -57,6 +66,28 @@ ArrivalWatcher = Callable[[str, "Sequence[Event]"], None]
 #: by the relay's carrier.
 HELLO = "notices.hello"
 GONE = "notices.gone"
+#: A question (msgpack ``[asker, token, topic, data]``) and its answer (``[asker, token, peer, answer]``,
+#: answer None when the peer has no answerer for the topic).
+ASK = "notices.ask"
+ANSWER = "notices.answer"
+#: How long a question waits for its answers by default.
+ASK_WAIT_S = 1.0
+
+
+class _Asking:
+    """One question waiting for its answers."""
+
+    __slots__ = ("answers", "done", "expected")
+
+    def __init__(self, expected: set[str]) -> None:
+        self.expected = expected
+        self.answers: list[bytes] = []
+        self.done = asyncio.Event()
+
+    def drop(self, peer: str) -> None:
+        self.expected.discard(peer)
+        if not self.expected:
+            self.done.set()
 
 
 class Notices:
@@ -72,6 +103,9 @@ class Notices:
         self._peers: dict[str, str] = {}
         self._peer_watchers: list[PeerWatcher] = []
         self._arrival_watchers: list[ArrivalWatcher] = []
+        self._answerers: dict[str, Callable[[bytes], bytes]] = {}
+        self._asking: dict[int, _Asking] = {}
+        self._tokens = itertools.count(1)
         self.sent = 0
         self.received_count = 0
 
@@ -131,7 +165,53 @@ class Notices:
 
     def _drop(self, peer: str) -> None:
         if self._peers.pop(peer, None) is not None:
+            for asking in list(self._asking.values()):
+                asking.drop(peer)
             self._tell(peer, False)
+
+    # -- questions --------------------------------------------------------------------------------------
+
+    def answer(self, topic: str, fn: Callable[[bytes], bytes]) -> Callable[[], None]:
+        """Answer the peers' questions on ``topic`` with ``fn(data)`` (one answerer a topic); returns the
+        removal."""
+        self._answerers[topic] = fn
+
+        def remove() -> None:
+            if self._answerers.get(topic) is fn:
+                del self._answerers[topic]
+
+        return remove
+
+    async def ask(self, topic: str, data: bytes = b"", wait_s: float = ASK_WAIT_S) -> list[bytes]:
+        """Ask every live peer; their answers (none without peers), once each has answered, is gone, or
+        ``wait_s`` has passed."""
+        if not self.me or not self._peers:
+            return []
+        token = next(self._tokens)
+        asking = self._asking[token] = _Asking(set(self._peers))
+        try:
+            self.send(ASK, msgpack.packb([self.me, token, topic, data]))
+            try:
+                await asyncio.wait_for(asking.done.wait(), wait_s)
+            except TimeoutError:
+                log.info("peers %s did not answer %s in time", sorted(asking.expected), topic)
+        finally:
+            del self._asking[token]
+        return asking.answers
+
+    def _asked(self, data: bytes) -> None:
+        asker, token, topic, payload = msgpack.unpackb(data)
+        fn = self._answerers.get(topic)
+        reply = fn(payload) if fn is not None else None
+        self.send(ANSWER, msgpack.packb([asker, token, self.me, reply]))
+
+    def _answered(self, data: bytes) -> None:
+        to, token, peer, reply = msgpack.unpackb(data)
+        asking = self._asking.get(token) if to == self.me else None
+        if asking is not None and peer in asking.expected:
+            if reply is not None:
+                asking.answers.append(reply)
+            asking.drop(peer)
 
     def _hello(self, data: bytes) -> None:
         try:
@@ -180,6 +260,12 @@ class Notices:
             return
         if topic == GONE:
             self._drop(data.decode(errors="replace"))
+            return
+        if topic in (ASK, ANSWER):
+            try:
+                (self._asked if topic == ASK else self._answered)(data)
+            except (ValueError, TypeError, msgpack.UnpackException):
+                log.exception("a question between processes failed", extra={"topic": topic})
             return
         for fn in list(self._watchers.get(topic, ())):
             try:

@@ -1,5 +1,9 @@
 """The node's counters (:class:`NodeMetrics`, exported on ``/metrics`` by the transports) and a histogram.
 
+On a node of several worker processes the open connections are the node's: each scrape asks the other
+workers for theirs (:meth:`NodeMetrics.ask_peers`, a question through the node's notices); the other figures
+are the worker's own.
+
 Concurrency contract: called from the event loop thread only; the log's counts are read on a reader thread
 (:meth:`NodeMetrics.read_log`).
 """
@@ -10,12 +14,18 @@ import bisect
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+import msgpack
+
 from hubbub.log.base import StoreStats
 
 if TYPE_CHECKING:
+    from .notices import Notices
     from .session import Session
 
-__all__ = ["Histogram", "NodeMetrics"]
+__all__ = ["CONNECTIONS_TOPIC", "Histogram", "NodeMetrics"]
+
+#: The question (``core/notices.py``) for a process's open connections per dialect.
+CONNECTIONS_TOPIC = "metrics.connections"
 
 
 class NodeMetrics:
@@ -32,6 +42,8 @@ class NodeMetrics:
         "_dropped",
         "_log",
         "_log_stats",
+        "_notices",
+        "_peer_connections",
         "_sessions",
         "_subscriptions",
         "ack_latency",
@@ -83,11 +95,36 @@ class NodeMetrics:
         self.write_timeouts: dict[str, int] = {}
         #: Reads a component makes before each scrape, for numbers kept in the log (:meth:`refresh`).
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []
+        self._notices: Notices | None = None
+        #: The other processes' open connections per dialect, as :meth:`ask_peers` last heard them.
+        self._peer_connections: dict[str, int] = {}
+
+    def share(self, notices: Notices) -> None:
+        """Answer the node's other processes' question for this one's open connections (they ask at each
+        scrape), and ask theirs in :meth:`ask_peers`."""
+        self._notices = notices
+        notices.answer(CONNECTIONS_TOPIC, lambda _: msgpack.packb(self.connections()))
 
     async def refresh(self) -> None:
-        """Run every :attr:`before_scrape` read (``/metrics`` awaits it before rendering)."""
+        """Run every :attr:`before_scrape` read and :meth:`ask_peers` (``/metrics`` awaits it before
+        rendering)."""
         for fn in list(self.before_scrape):
             await fn()
+        await self.ask_peers()
+
+    async def ask_peers(self) -> None:
+        """Ask the node's other processes (workers) for their open connections, for
+        :meth:`node_connections` (nothing on a single process; a worker that does not answer within a second
+        counts none)."""
+        out: dict[str, int] = {}
+        if self._notices is not None:
+            for answer in await self._notices.ask(CONNECTIONS_TOPIC):
+                try:
+                    for d, n in msgpack.unpackb(answer).items():
+                        out[str(d)] = out.get(str(d), 0) + int(n)
+                except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
+                    continue  # not an answer of ours
+        self._peer_connections = out
 
     def dropped(self) -> dict[str, int]:
         """Events dropped by the sessions' overflow policy since the node started."""
@@ -98,6 +135,14 @@ class NodeMetrics:
         out: dict[str, int] = {}
         for s in self._sessions():
             out[s.dialect] = out.get(s.dialect, 0) + 1
+        return out
+
+    def node_connections(self) -> dict[str, int]:
+        """Open connections per dialect on the whole node: this process's now, and the other workers' as
+        :meth:`ask_peers` last heard them (this process's alone on a single process)."""
+        out = self.connections()
+        for d, n in self._peer_connections.items():
+            out[d] = out.get(d, 0) + n
         return out
 
     def subscriptions(self) -> int:

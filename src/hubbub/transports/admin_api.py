@@ -190,7 +190,8 @@ class AdminApi:
         m = node.metrics
         # The store's counts, read as /metrics reads them: on reader threads, as the times.
         oldest, newest, log = await asyncio.gather(node.oldest_time(), node.top_time(), m.read_log())
-        by_dialect = m.connections()
+        await m.ask_peers()  # the other workers' connections: the node's, as /metrics shows them
+        by_dialect = m.node_connections()
         relay = node.relay
         published, delivered = self.history.totals()
         h = self.history

@@ -46,7 +46,7 @@ class NodeCollector:
         m = node.metrics
         conns = GaugeMetricFamily("hubbub_connections", "Open connections", labels=["dialect"])
         counts: dict[str, int] = dict.fromkeys(DIALECTS, 0)
-        counts.update(m.connections())
+        counts.update(m.node_connections())  # every worker's (NodeMetrics.refresh asked them)
         for d, n in counts.items():
             conns.add_metric([d], n)
         yield conns
