@@ -33,7 +33,7 @@ from hubbub.cluster.delivery import OrderedDelivery
 from hubbub.cluster.view import ClusterView
 from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import ConsumerService, Node, NodeSettings
-from hubbub.core.limits import LimitSettings
+from hubbub.core.limits import LimitSettings, SharedCounts
 from hubbub.core.supervisor import Supervision
 from hubbub.disconnect import Disconnect
 from hubbub.errors import StorageError
@@ -89,6 +89,7 @@ class Server:
         *,
         worker: RemoteLogStore | None = None,
         member: int | None = None,
+        admission: SharedCounts | None = None,
     ) -> None:
         self.config = config
         #: This server as one worker of a multi-worker node (``server.workers``, ``server_workers.py``): its
@@ -97,6 +98,8 @@ class Server:
         #: This server as worker ``member`` of a multi-worker cluster node (``server_workers.py``): a cluster
         #: member of its own (its store, its broker), whose parent holds the data directory and the ports.
         self._member = member
+        #: A worker's connection counts shared with the others (``workers/admission.py``): the node's limits.
+        self._admission = admission
         #: Re-reads the configuration on :meth:`reload` (the CLI's flags, environment and file).
         self._reload_config = reload_config
         self._ssl: ssl.SSLContext | None = None
@@ -225,6 +228,7 @@ class Server:
         if relay is not None:
             stack.push_async_callback(relay.close)  # left after the node, as the broker
         await stack.enter_async_context(node)
+        node.limiter.shared = self._admission  # a worker's: the node's connection limits (None: this process)
         if relay is not None:
             await relay.start(node)  # before any listener, as the broker
         if broker is not None:
@@ -570,6 +574,7 @@ async def _serve(
     worker: RemoteLogStore | None = None,
     member: int | None = None,
     started: Callable[[], None] | None = None,
+    admission: SharedCounts | None = None,
 ) -> str | None:
     """Serve until a signal (``None``) or until a component's failure stops the node (that failure).
     ``worker`` and ``member``: as one worker of a multi-worker node (:class:`Server`); ``started`` is called
@@ -579,7 +584,7 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    async with Server(config, reload_config, worker=worker, member=member) as server:
+    async with Server(config, reload_config, worker=worker, member=member, admission=admission) as server:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, server.reload)
         tune_gc()
@@ -597,6 +602,7 @@ def run(
     worker: RemoteLogStore | None = None,
     member: int | None = None,
     started: Callable[[], None] | None = None,
+    admission: SharedCounts | None = None,
 ) -> None:
     """Run a server until SIGTERM or SIGINT (the ``hubbub serve`` command); SIGHUP reloads keys and
     certificates, through ``reload_config`` when given. A component's failure that stops the node
@@ -608,5 +614,8 @@ def run(
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a default dependency on POSIX
         runner = asyncio.run
-    if runner(_serve(config, reload_config, worker=worker, member=member, started=started)) is not None:
+    serving = _serve(
+        config, reload_config, worker=worker, member=member, started=started, admission=admission
+    )
+    if runner(serving) is not None:
         raise SystemExit(1)

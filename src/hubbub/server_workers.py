@@ -60,6 +60,7 @@ from hubbub.log import open_store
 from hubbub.log.base import RetentionPolicy
 from hubbub.log.sqlite import SqliteLogStore
 from hubbub.server import federation_node_id, lock_data_dir, run, store_place
+from hubbub.workers import admission
 from hubbub.workers.forkserver import ForkedProcess, ForkServer
 from hubbub.workers.owner import LogOwner
 
@@ -183,6 +184,10 @@ class WorkerNode:
         self._stopping = False
         self._backoff: dict[int, float] = {}
         self.restarts = 0
+        #: The workers' shared connection counts (workers/admission.py), when a connection limit is set.
+        lim = config.limits
+        limited = lim.max_connections or lim.max_connections_per_ip
+        self._admission = admission.create(workers) if limited else -1
 
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT; the exit status (1: the workers could not start, or the owner or
@@ -276,6 +281,8 @@ class WorkerNode:
                 owner.close()
             for s in reserved:
                 s.close()
+            if self._admission >= 0:
+                os.close(self._admission)
             log.info(
                 "hubbub stopped", extra={"restarts": self.restarts, **(owner.statistics() if owner else {})}
             )
@@ -303,7 +310,9 @@ class WorkerNode:
         # A member's worker gets its ready pipe alone; the owner's its two sockets, then the pipe.
         fds = (*(e.fileno() for e in ends), ready_w)
         # A plain dict of the dialects' sections: a mappingproxy does not pickle.
-        payload = pickle.dumps((index, dataclasses.replace(cfg, dialects=dict(cfg.dialects))))
+        # The shared connection counts' descriptor was made before the fork server: every worker has it.
+        plain = dataclasses.replace(cfg, dialects=dict(cfg.dialects))
+        payload = pickle.dumps((index, plain, self._admission, self.n))
         try:
             proc = self._forks.spawn(payload, fds)
         except BaseException:
@@ -354,6 +363,8 @@ class WorkerNode:
                 return None
             if kind == "exit":
                 w: _Worker = what
+                if self._admission >= 0:  # its connections are gone: so are their places
+                    admission.clear_region(self._admission, w.index)
                 if self._workers.get(w.index) is w and not self._stopping:
                     self._restart(w)
             elif kind == "ready":
@@ -407,13 +418,16 @@ def run_workers(config: Config) -> None:
 def worker_main(payload: bytes, fds: list[int]) -> None:
     """A worker process, forked by the node's fork server (``workers/forkserver.py``): ``fds`` are its two
     sockets to the owner (calls, events), on a node with a log owner, and its ready pipe; ``payload`` its
-    index and configuration, pickled."""
+    index, configuration, the descriptor of the shared connection counts (-1: no connection limit; made
+    before the fork server, so every worker has it: ``workers/admission.py``) and the number of workers,
+    pickled."""
     from hubbub.logs import setup_logging
     from hubbub.transports.accept import share_ports
+    from hubbub.workers.admission import SharedAdmission
     from hubbub.workers.remote import RemoteLogStore
 
     *owner_fds, ready_fd = fds
-    index, cfg = pickle.loads(payload)
+    index, cfg, admission_fd, workers = pickle.loads(payload)
     cfg = dataclasses.replace(cfg, dialects=types.MappingProxyType(dict(cfg.dialects)))
     setup_logging(cfg.logging.level, cfg.logging.format)
     share_ports()
@@ -426,8 +440,14 @@ def worker_main(payload: bytes, fds: list[int]) -> None:
         os.write(ready_fd, b"R")
         os.close(ready_fd)
 
+    shared = None
+    if admission_fd >= 0:  # the node's connection limits, counted with the other workers
+        lim = cfg.limits
+        shared = SharedAdmission(
+            admission_fd, workers, index, lim.max_connections, lim.max_connections_per_ip
+        )
     try:
-        run(cfg, worker=store, member=index if store is None else None, started=started)
+        run(cfg, worker=store, member=index if store is None else None, started=started, admission=shared)
     except (OSError, StorageError) as exc:
         print(f"hubbub serve: worker {index}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -342,3 +342,61 @@ def test_metrics_count_every_workers_connections_from_either_worker(node: Server
     finally:
         for c in conns:
             c.close()
+
+
+def _hello(s: socket.socket) -> dict[str, Any]:
+    """A native TCP hello's answer (its reply, or the error of a connection refused at accept)."""
+    s.sendall(b'{"op":"hello","id":1,"v":1}\n')
+    buf = b""
+    while b"\n" not in buf:
+        chunk = s.recv(65536)
+        assert chunk, buf
+        buf += chunk
+    answer: dict[str, Any] = json.loads(buf.split(b"\n", 1)[0])
+    return answer
+
+
+def _admitted_on(node: ServerProcess, worker: int) -> socket.socket:
+    """A native connection ``worker`` admits (those placed on the other worker, closed, leave a moment
+    later: a refusal meanwhile is tried again)."""
+    deadline = time.monotonic() + 10
+    while True:
+        s = _socket_on(node, worker, "native")
+        answer = _hello(s)
+        if answer.get("op") == "reply":
+            return s
+        s.close()
+        assert answer.get("code") == 4009 and time.monotonic() < deadline, answer
+
+
+def _refused_on(node: ServerProcess, worker: int) -> None:
+    s = _socket_on(node, worker, "native")
+    with s:
+        answer = _hello(s)
+        assert answer.get("code") == 4009, answer
+
+
+def test_a_connection_limit_admits_exactly_that_many_across_workers(tmp_path: Path) -> None:
+    node = ServerProcess(tmp_path / "data", ["--workers", "2", "--limits-max-connections", "4"]).start(
+        timeout=60.0
+    )
+    held: list[socket.socket] = []
+    try:
+        _wait_for(lambda: len(_workers(node)) == 2, "two workers")
+        a, b = _workers(node)
+        held += [_admitted_on(node, w) for w in (a, a, b, b)]
+        # Four places, taken on both workers: neither admits a fifth connection.
+        for w in (a, b, a, b):
+            _refused_on(node, w)
+        # A place given back on one worker is the node's: the other admits into it, and then no more.
+        held.pop(0).close()
+        held.append(_admitted_on(node, b))
+        _refused_on(node, a)
+        # A worker killed gives back its connections' places: the other worker admits into them.
+        os.kill(a, signal.SIGKILL)
+        held.append(_admitted_on(node, b))
+        _refused_on(node, b)
+    finally:
+        for s in held:
+            s.close()
+        node.kill()

@@ -5,6 +5,10 @@ release it when the connection ends, and the node takes a token from the connect
 :class:`TokenBucket` for each publish. Every refusal is counted by limit and dialect for ``/metrics``
 (``hubbub_limit_refusals_total``).
 
+The connection limits are the node's: on a node of several worker processes the composition root gives the
+limiter the workers' shared counts (:class:`SharedCounts`, ``workers/admission.py``), which decide every
+admission for the whole node; the limiter then keeps only its own process's record for releases.
+
 Concurrency contract: called from the event loop thread only.
 """
 
@@ -12,9 +16,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Final, final
+from typing import Final, Protocol, final
 
-__all__ = ["LIMIT_NAMES", "LimitSettings", "Limiter", "TokenBucket"]
+__all__ = ["LIMIT_NAMES", "LimitSettings", "Limiter", "SharedCounts", "TokenBucket"]
 
 #: The label values of ``hubbub_limit_refusals_total``.
 LIMIT_NAMES: Final = (
@@ -65,17 +69,29 @@ class TokenBucket:
         return True
 
 
+class SharedCounts(Protocol):
+    """Connection counts several processes share (a multi-worker node's), with the limits in them."""
+
+    def admit(self, ip: str) -> str | None:
+        """Take a place for a connection from ``ip``: ``None``, or the name of the limit the node is at."""
+
+    def release(self, ip: str) -> None:
+        """Give back a place :meth:`admit` took."""
+
+
 @final
 class Limiter:
     """The node's limits. :meth:`admit` and :meth:`release` count connections; :meth:`bucket` makes a
     connection's publish bucket (``None`` when the rate is unlimited); :meth:`refused` counts a refusal."""
 
-    __slots__ = ("_by_ip", "_total", "refusals", "settings")
+    __slots__ = ("_by_ip", "_total", "refusals", "settings", "shared")
 
     def __init__(self, settings: LimitSettings | None = None) -> None:
         self.settings = settings or LimitSettings()
         self._total = 0
         self._by_ip: dict[str, int] = {}
+        #: The node's counts shared with its other processes (None: this process is the node).
+        self.shared: SharedCounts | None = None
         #: (limit name, dialect) -> refusals
         self.refusals: dict[tuple[str, str], int] = {}
 
@@ -87,11 +103,16 @@ class Limiter:
         """Count a new connection from ``ip``; returns ``None`` when admitted (then :meth:`release` it once
         it ends), else the name of the limit it is over (counted; nothing to release)."""
         s = self.settings
-        if s.max_connections and self._total >= s.max_connections:
+        n = self._by_ip.get(ip, 0)
+        if self.shared is not None:
+            over = self.shared.admit(ip)
+            if over is not None:
+                self.refused(over, dialect)
+                return over
+        elif s.max_connections and self._total >= s.max_connections:
             self.refused("max_connections", dialect)
             return "max_connections"
-        n = self._by_ip.get(ip, 0)
-        if s.max_connections_per_ip and n >= s.max_connections_per_ip:
+        elif s.max_connections_per_ip and n >= s.max_connections_per_ip:
             self.refused("max_connections_per_ip", dialect)
             return "max_connections_per_ip"
         self._total += 1
@@ -102,6 +123,8 @@ class Limiter:
         n = self._by_ip.get(ip, 0)
         if n <= 0:
             return
+        if self.shared is not None:
+            self.shared.release(ip)
         self._total -= 1
         if n == 1:
             del self._by_ip[ip]
