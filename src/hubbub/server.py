@@ -34,6 +34,7 @@ from hubbub.cluster.view import ClusterView
 from hubbub.config import Config, ConfigError, parse_cors_origin, parse_listen
 from hubbub.core import ConsumerService, Node, NodeSettings
 from hubbub.core.limits import LimitSettings, SharedCounts
+from hubbub.core.peer_presence import PeerPresence
 from hubbub.core.supervisor import Supervision
 from hubbub.disconnect import Disconnect
 from hubbub.errors import StorageError
@@ -231,6 +232,7 @@ class Server:
         node.limiter.shared = self._admission  # a worker's: the node's connection limits (None: this process)
         if relay is not None:
             await relay.start(node)  # before any listener, as the broker
+            node.presence = PeerPresence(node.notices)  # rosters (guble subscribers, mist who) node-wide
         if broker is not None:
             await broker.start(node)  # before any listener: the node delivers from the log's heads on
             stack.push_async_callback(broker.sequencer.close)  # no more fills: the store closes with the node

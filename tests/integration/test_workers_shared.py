@@ -85,11 +85,11 @@ class Device:
                 if f == want:
                     return out
 
-    def quiet(self, mine: Callable[[list[Any]], bool], within_s: float = 0.3) -> list[list[Any]]:
-        """The frames ``mine`` selects that come within ``within_s``."""
+    def first(self, mine: Callable[[list[Any]], bool], n: int, within_s: float = 10.0) -> list[list[Any]]:
+        """The first ``n`` frames ``mine`` selects, or those that came within ``within_s``."""
         out: list[list[Any]] = []
         deadline = time.monotonic() + within_s
-        while (left := deadline - time.monotonic()) > 0:
+        while len(out) < n and (left := deadline - time.monotonic()) > 0:
             try:
                 f = self.next(left)
             except (websocket.WebSocketTimeoutException, TimeoutError):
@@ -102,15 +102,14 @@ class Device:
         self.ws.close()
 
 
-def _device_on(node: ServerProcess, worker: int) -> tuple[Device, list[list[Any]]]:
-    """A WearScript connection served by ``worker``, and the rest of its greeting (the known devices)."""
+def _device_on(node: ServerProcess, worker: int) -> Device:
+    """A WearScript connection served by ``worker``, its greeting's hub list read."""
     workers = _workers(node)
     for _ in range(200):
         ws = websocket.create_connection(f"ws://127.0.0.1:{node.ports['http']}/wearscript/ws", timeout=10)
         sock: socket.socket = ws.sock
         if _serving(sock, workers) == worker:
-            d = Device(ws)
-            return d, d.quiet(lambda f: True, 0.3)
+            return Device(ws)
         ws.close()
     raise AssertionError(f"no connection landed on worker {worker}")
 
@@ -119,8 +118,8 @@ def _device_on(node: ServerProcess, worker: int) -> tuple[Device, list[list[Any]
 def test_wearscript_device_lists_are_the_nodes_on_every_worker(node: ServerProcess, space: str) -> None:
     a, b = _workers(node)
     mine = lambda f: f[0] == SUBS and str(f[1]).endswith(space)  # noqa: E731
-    A, _ = _device_on(node, a)
-    B, _ = _device_on(node, b)
+    A = _device_on(node, a)
+    B = _device_on(node, b)
     try:
         # Announced on worker a: forwarded to the connection on worker b; replaced, the new list too.
         A.send(SUBS, f"phone:{space}", ["chan", "x:y"])
@@ -136,9 +135,9 @@ def test_wearscript_device_lists_are_the_nodes_on_every_worker(node: ServerProce
         assert B.frames_until([f"{space}:b:z", 7], lambda f: f[0] == f"{space}:b:z") == [[f"{space}:b:z", 7]]
         # A new connection on either worker is greeted with both devices, oldest connection first.
         for w in (a, b):
-            C, known = _device_on(node, w)
+            C = _device_on(node, w)
             try:
-                assert [f for f in known if mine(f)] == [
+                assert C.first(mine, 2) == [
                     [SUBS, f"phone:{space}", ["chan", "x:y"]],
                     [SUBS, f"glass:{space}", [f"{space}:b"]],
                 ]
@@ -165,7 +164,7 @@ def test_wearscript_hub_list_has_every_workers_subscriptions(node: ServerProcess
     with _lines_on(node, a) as sub:
         assert sub.subscribe("s", f"/{space}/log/**")["op"] == "reply"
         # A device on the other worker is told of it: in its greeting or, if it came first, in a new list.
-        D, _ = _device_on(node, b)
+        D = _device_on(node, b)
         try:
             deadline = time.monotonic() + 10
             hub_list = D.hub_list
@@ -181,13 +180,17 @@ def test_wearscript_hub_list_has_every_workers_subscriptions(node: ServerProcess
             D.close()
 
 
-def test_a_killed_workers_devices_leave_the_other_workers_lists(own_node: ServerProcess) -> None:
+def test_a_killed_workers_connections_leave_the_other_workers_lists(own_node: ServerProcess) -> None:
+    """WearScript devices and guble receivers of a worker killed with -9 leave the other worker's device lists
+    and rosters; the restarted worker learns the other's."""
     node = own_node
     a, b = _workers(node)
     mine = lambda f: f[0] == SUBS and f[1] != "server:0"  # noqa: E731
-    A, _ = _device_on(node, a)
-    B, _ = _device_on(node, b)
+    A = _device_on(node, a)
+    B = _device_on(node, b)
+    receivers = [_receiver_on(node, a, "ua", "/room"), _receiver_on(node, b, "ub", "/room")]
     try:
+        _roster_until(node, [a, b], "/room", ["ua", "ub"])
         A.send(SUBS, "phone:A", ["chan"])
         A.send(SUBS, "watch:A", ["w"])
         B.send(SUBS, "glass:B", ["g"])
@@ -199,9 +202,10 @@ def test_a_killed_workers_devices_leave_the_other_workers_lists(own_node: Server
         os.kill(a, signal.SIGKILL)
         # Its devices depart from the other worker's lists, in the order announced, as on a close.
         assert B.frames_until([SUBS, "watch:A", []], mine) == [[SUBS, "phone:A", []], [SUBS, "watch:A", []]]
-        C, known = _device_on(node, b)
+        C = _device_on(node, b)
+        assert C.first(mine, 1) == [[SUBS, "glass:B", ["g"]]]  # the oldest known device: A's are gone
         C.close()
-        assert [f for f in known if mine(f)] == [[SUBS, "glass:B", ["g"]]]
+        _roster_until(node, [b], "/room", ["ub"])
         # The restarted worker learns the devices of the other: its greeting lists them.
         _wait_for(lambda: len(_workers(node)) == 2 and a not in _workers(node), "the worker's restart")
         restarted = re.compile(r"worker \d restarted")
@@ -209,14 +213,18 @@ def test_a_killed_workers_devices_leave_the_other_workers_lists(own_node: Server
         new = next(w for w in _workers(node) if w != b)
         deadline = time.monotonic() + 10
         while True:
-            C, known = _device_on(node, new)
+            C = _device_on(node, new)
+            known = C.first(mine, 1, 1.0)
             C.close()
-            if [f for f in known if mine(f)] == [[SUBS, "glass:B", ["g"]]]:
+            if known == [[SUBS, "glass:B", ["g"]]]:
                 break
-            assert time.monotonic() < deadline, known  # the hello of the new worker is answered at once
+            assert not known and time.monotonic() < deadline, known  # its hello is answered at once
+        _roster_until(node, [new, b], "/room", ["ub"])  # and its roster the other's receivers
     finally:
         A.close()
         B.close()
+        for ws in receivers:
+            ws.close()
 
 
 @pytest.fixture
@@ -400,3 +408,63 @@ def test_a_connection_limit_admits_exactly_that_many_across_workers(tmp_path: Pa
         for s in held:
             s.close()
         node.kill()
+
+
+def _receiver_on(node: ServerProcess, worker: int, user: str, channel: str) -> websocket.WebSocket:
+    """A guble receiver of ``channel`` as ``user``, on ``worker``."""
+    workers = _workers(node)
+    for _ in range(200):
+        ws = websocket.create_connection(
+            f"ws://127.0.0.1:{node.ports['http']}/stream/user/{user}", timeout=10
+        )
+        if _serving(ws.sock, workers) == worker:
+            break
+        ws.close()
+    else:
+        raise AssertionError(f"no connection landed on worker {worker}")
+    ws.send(f"+ {channel}")
+    while True:
+        data = ws.recv()
+        if (data.decode() if isinstance(data, bytes) else data).startswith(f"#subscribed-to {channel}"):
+            return ws
+
+
+def _subscribers(node: ServerProcess, worker: int, channel: str) -> list[str]:
+    """guble's ``/api/subscribers`` for ``channel`` as ``worker`` answers it: the users, oldest first."""
+    s = _http_on(
+        node, worker, f"GET /api/subscribers{channel} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    with s:
+        head, body = _http_head(s)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        while chunk := s.recv(65536):
+            body += chunk
+    return [m["user_id"] for m in json.loads(body)]
+
+
+def _roster_until(node: ServerProcess, workers: list[int], channel: str, want: list[str]) -> None:
+    """Until every one of ``workers`` lists ``want`` (a change reaches the others one hop later)."""
+    seen: dict[int, list[str]] = {}
+
+    def agreed() -> bool:
+        seen.update({w: _subscribers(node, w, channel) for w in workers})
+        return all(v == want for v in seen.values())
+
+    _wait_for(agreed, f"{want} on every worker", 10.0)
+
+
+@SHARED
+def test_guble_subscribers_are_every_workers_receivers(node: ServerProcess, space: str) -> None:
+    a, b = _workers(node)
+    room = f"/{space}/room"
+    receivers = [_receiver_on(node, w, f"u{i}", room) for i, w in enumerate((a, b, a))]
+    try:
+        _roster_until(node, [a, b], room, ["u0", "u1", "u2"])  # oldest first, whichever worker holds it
+        receivers[1].send(f"- {room}")  # cancelled on worker b: gone from worker a's view too
+        _roster_until(node, [a, b], room, ["u0", "u2"])
+        receivers[0].close()  # closed on worker a
+        _roster_until(node, [a, b], room, ["u2"])
+    finally:
+        for ws in receivers:
+            ws.close()
+    _roster_until(node, [a, b], room, [])

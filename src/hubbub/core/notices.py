@@ -220,14 +220,14 @@ class Notices:
             return
         if not self.me or peer == self.me:
             return
+        if answer == "0":  # first, so that it knows this process before what watchers send it
+            self.send(HELLO, f"{self.me} {self._incarnation} 1".encode())
         known = self._peers.get(peer)
         if known != incarnation:
             if known is not None:  # a new process of that id: the old one is gone
                 self._drop(peer)
             self._peers[peer] = incarnation
             self._tell(peer, True)
-        if answer == "0":
-            self.send(HELLO, f"{self.me} {self._incarnation} 1".encode())
 
     @property
     def shared(self) -> bool:
