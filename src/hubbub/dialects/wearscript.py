@@ -259,15 +259,21 @@ class WearscriptHub:
         """A new connection: its id and its greeting frames (§3 "Greeting")."""
         cid = self._next
         self._next += 1
-        frames = [self.hub_list_frame()]
-        for _, devices in self._oldest_first():
-            for gd, names in devices.items():
-                if names:
-                    frames.append(pack([SUBSCRIPTIONS, gd, names]))
+        frames = self.greeting_frames(cid)
         self._devices[cid] = {}
         self._external[cid] = frozenset()
         self._since[cid] = self.clock()
         return cid, frames
+
+    def greeting_frames(self, cid: int) -> list[bytes]:
+        """The greeting of connection ``cid`` as the hub stands now: its list, then every other connection's
+        devices, oldest connection first."""
+        frames = [self.hub_list_frame()]
+        for other, devices in self._oldest_first():
+            for gd, names in devices.items():
+                if names and other != cid:
+                    frames.append(pack([SUBSCRIPTIONS, gd, names]))
+        return frames
 
     def _oldest_first(self) -> list[tuple[int, dict[str, list[str]]]]:
         """Every connection's devices, oldest connection first (this process's and the others')."""
@@ -491,13 +497,17 @@ class WearscriptConnection:
         self.hub = hub
         self.max_frame = max_frame
         self.max_channels = max_channels
-        self.id, self._greeting = hub.attach()
+        self.id, _ = hub.attach()
+        self._greeted = False
         self.closed = False
 
     def greeting(self) -> list[Output]:
-        """What to send right after the upgrade."""
-        frames, self._greeting = self._greeting, []
-        return [Send(f) for f in frames]
+        """What to send right after the upgrade (once): the greeting as the hub stands now (a node of several
+        processes may have learnt the others' state since the connection arrived)."""
+        if self._greeted:
+            return []
+        self._greeted = True
+        return [Send(f) for f in self.hub.greeting_frames(self.id)]
 
     def on_text(self) -> list[Output]:
         return [Close(CLOSE_UNSUPPORTED, "text frames are not WearScript")]

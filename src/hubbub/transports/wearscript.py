@@ -128,6 +128,10 @@ class WearscriptWire:
             echo=False,  # the sender never gets its own message back (§4 "Self")
         )
         self.session = self.wire.session
+        #: Greeted: sent its greeting (before, it is sent nothing else; the greeting holds what came
+        #: meanwhile), and the hub list it was last sent.
+        self.greeted = False
+        self.hub_list: list[str] | None = None
         self.proto = service.join(self)
         self._publish_headers = publish_headers
         self.listening: set[str] = set()
@@ -142,7 +146,11 @@ class WearscriptWire:
         )
 
     async def greet(self) -> None:
-        await self.wire.run(self.proto.greeting())
+        await self.service.peers.sync()  # the node's other workers' devices and names, as they are now
+        greeting = self.proto.greeting()
+        self.greeted = True
+        self.hub_list = self.service.hub.hub_list()
+        await self.wire.run(greeting)
 
     def depart(self) -> None:
         """The reader is done: departure notices for the others, however this one ended."""
@@ -213,7 +221,6 @@ class WearscriptService:
         self.above: list[str] = []
         #: The ids of the hubbub hubs linked up to this one (connections that named their hub), with counts.
         self.below: Counter[str] = Counter()
-        self._sent_list = self.hub.hub_list()
         self._last_broadcast = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._unwatch = node.watch_subscriptions(self._watch)
@@ -254,6 +261,8 @@ class WearscriptService:
             if wire is None:
                 remote = remote or self.hub.is_remote(cid)
                 continue
+            if not wire.greeted:
+                continue  # its greeting, computed later, holds the change
             if out.reply is not None and not may_read(wire.session.identity, out.reply):
                 continue
             wire.session.push(out.data, is_event=cid != asker)
@@ -290,12 +299,11 @@ class WearscriptService:
         self._timer = None
         self._last_broadcast = asyncio.get_running_loop().time()
         current = self.hub.hub_list()
-        if current == self._sent_list:
-            return
-        self._sent_list = current
         frame = self.hub.hub_list_frame()
         for wire in self.wires.values():
-            wire.session.push(frame)
+            if wire.greeted and wire.hub_list != current:  # (a greeting may have had it already)
+                wire.hub_list = current
+                wire.session.push(frame)
 
     # -- HTTP --
 

@@ -26,6 +26,11 @@ empty: the device is removed), ``["d", p, cid]`` (departure), ``["f", p, names]`
 them), ``["r", p, frame, channel]`` (a reply), ``["s", p]`` (a process's service has started: tell it your
 state, which it missed if you told it when it said hello).
 
+A new connection's greeting waits for every other process's current devices and names (:meth:`HubPeers.sync`,
+a question to each: ``Notices.ask``, one round trip through the parent), so that it lists what any device
+or subscription anywhere on the node announced before the connection came; until it is greeted, a
+connection is sent nothing else (its greeting, computed after, holds every change made meanwhile).
+
 Concurrency contract: everything runs on the event loop.
 """
 
@@ -48,6 +53,8 @@ log = logging.getLogger("hubbub.wearscript")
 
 #: The notice topic of the hub's state between the processes of a node.
 TOPIC = "wearscript.hub"
+#: The question for a process's devices and names (answer: ``[p, [[cid, since, gd, names], ...], names]``).
+STATE = "wearscript.state"
 
 
 class HubPeers:
@@ -64,6 +71,7 @@ class HubPeers:
         self._unwatch: list[Callable[[], None]] = [
             self.notices.watch(TOPIC, self._received),
             self.notices.watch_peers(self._peer),
+            self.notices.answer(STATE, self._state),
         ]
         if self._me:  # the others' state, which they told when this process said hello, before this service
             self._send(["s", self._me])
@@ -151,10 +159,35 @@ class HubPeers:
             log.warning("wearscript: a hub notice from another process was not understood: %s", exc)
 
     def _to_all(self, frames: list[bytes]) -> None:
-        """Frames for every connection of this process (the others' lists are news to all of them)."""
+        """Frames for every greeted connection of this process (the others' lists are news to all)."""
         for frame in frames:
             for wire in list(self.service.wires.values()):
-                wire.session.push(frame, is_event=True)
+                if wire.greeted:
+                    wire.session.push(frame, is_event=True)
+
+    # -- a greeting -----------------------------------------------------------------------------------
+
+    def _state(self, _: bytes) -> bytes:
+        devices = [[cid, self.hub.since(cid), gd, names] for cid, gd, names in self.hub.local_devices()]
+        return bytes(msgpack.packb([self._me, devices, sorted(self.hub.local_foreign())]))
+
+    async def sync(self) -> None:
+        """Learn every other process's devices and names as they stand now (before a greeting); what is new
+        here goes to this process's greeted connections as when it is told."""
+        if not self._me or not self.notices.peers:
+            return
+        for answer in await self.notices.ask(STATE):
+            try:
+                peer, devices, names = msgpack.unpackb(answer)
+                peer = str(peer)
+                for cid, since, gd, raw in devices:
+                    ns = [str(n) for n in raw]
+                    if self.hub.remote_announce(peer, int(cid), int(since), str(gd), ns):
+                        self._to_all([wsd.pack([wsd.SUBSCRIPTIONS, str(gd), ns])])
+                if self.hub.remote_foreign(peer, frozenset(str(n) for n in names)):
+                    self.service.hub_list_changed()
+            except (ValueError, TypeError, msgpack.UnpackException) as exc:
+                log.warning("wearscript: another process's hub state was not understood: %s", exc)
 
     def _reply(self, frame: bytes, channel: str) -> None:
         targets = self.hub.matching(channel)
