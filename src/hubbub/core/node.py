@@ -62,7 +62,7 @@ from .log_control import LogControl, StateGet, StateList, StateSet, Trimmed
 from .notices import Notices
 from .presence import LocalPresence, Presence
 from .reads import ChannelPage, LogReads
-from .relay import Relay, committed_events
+from .relay import Relay, SubscribeBarrier, committed_events
 from .replay import Gap, ReplayPlan
 from .replay_service import REPLAY_PAGE, ReplayService
 from .retention import RetentionTask
@@ -283,6 +283,8 @@ class Node:
         self._relay = relay
         # The batcher calls one of the two per committed batch: no check on the path without a relay.
         self._batcher.on_committed = self._registry.fan_out_committed if relay is None else self._to_relay
+        # A subscription waits for the relay to have every event committed before it (core/relay.py).
+        self._replays.barrier = relay.barrier if isinstance(relay, SubscribeBarrier) else None
 
     def _to_relay(self, items: list[Pending], result: list[AppendResult]) -> None:
         assert self._relay is not None

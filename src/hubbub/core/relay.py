@@ -4,13 +4,19 @@ A node with a relay (``Node.relay``) does not fan out its own commits: after the
 events to :meth:`Relay.committed`, and the relay calls :meth:`Node.fan_out` for them and for other nodes'
 events, in the order it chooses (per-channel seq order). The node knows nothing else of clusters.
 
+A relay that can tell when it has every event committed before a moment (a worker's: ``workers/relay.py``)
+is also a :class:`SubscribeBarrier`: the node awaits its :meth:`~SubscribeBarrier.barrier` before it
+registers a subscription, so that no event acknowledged before the subscribe arrives at it live, as on one
+process (which fans out at commit, before the ack). Without one (a single process, a cluster's Redis relay),
+a subscription is registered at once.
+
 Concurrency contract: every method is called on the event loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from hubbub.events import Event
 from hubbub.log.base import AppendResult
@@ -18,7 +24,7 @@ from hubbub.log.base import AppendResult
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["Relay", "committed_events"]
+__all__ = ["Relay", "SubscribeBarrier", "committed_events"]
 
 
 class Relay(Protocol):
@@ -31,6 +37,13 @@ class Relay(Protocol):
 
     def statistics(self) -> dict[str, int | float]:
         """Numbers for ``/metrics``."""
+
+
+@runtime_checkable
+class SubscribeBarrier(Protocol):
+    async def barrier(self) -> None:
+        """Return once every event committed (by any process) before the call has been offered to the
+        relay's delivery, so that those not held by a gap are fanned out to the subscriptions made before."""
 
 
 def committed_events(

@@ -88,6 +88,9 @@ class ReplayService:
         self.reads = reads
         self.registry = registry
         self._control = control
+        #: Awaited before a subscription is registered: the node's relay's (``core/relay.py``
+        #: ``SubscribeBarrier``, a worker's), else None (a single process: registered at once).
+        self.barrier: Callable[[], Awaitable[None]] | None = None
         #: Holds that spilled (more live events arrived during a replay than a hold keeps; Junction).
         self.spills = 0
 
@@ -105,6 +108,9 @@ class ReplayService:
     ) -> Subscription:
         """``Node.subscribe``: see there."""
         registry = self.registry
+        barrier = self.barrier
+        if barrier is not None:
+            await barrier()  # what was acknowledged before this subscribe is fanned out first
         sub = registry.add(session, sub_id, pattern, tags)
         visible = sub.visible
         keep = fetch_filter(registry.access, session) if isinstance(selection, SubtreeFetch) else None

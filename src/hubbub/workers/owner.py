@@ -25,6 +25,10 @@ id) is queued for every other worker on its second socket, in order with the eve
 connection ends (it exited or was killed), every other worker is sent the notice ``notices.gone`` with its
 index (``core/notices.py``), so that what they mirror of its connections (rosters, device lists) goes.
 
+Sync: a worker's ``sync`` call queues a ``("sync", [token])`` marker for that worker itself, on its second
+socket behind every commit's events queued for it so far: once its relay reads the marker, it has every event
+committed before the call (``WorkerRelay.barrier``, which a subscription waits on before it is registered).
+
 Durable consumers: the store's ``consumer_hold`` is answered here, one holder among the workers at a time,
 released when its worker's connection ends (a worker that died), as a PostgreSQL session's lock is.
 
@@ -81,7 +85,7 @@ CALLS: Final = frozenset(
         "consumer_create", "consumer_delete", "consumer_settle", "consumers", "consumer_items",
         "consumer_hold", "stats", "retired_epochs", "head", "heads", "read", "read_runs", "read_last",
         "channels", "top_time", "log_mark", "log_seek", "read_log", "count_log", "log_census", "read_rows",
-        "scan_plan", "scan_columns", "state_get", "state_list", "state_write", "notice",
+        "scan_plan", "scan_columns", "state_get", "state_list", "state_write", "notice", "sync",
     }
 )  # fmt: skip
 
@@ -402,6 +406,8 @@ class LogOwner:
             elif method == "notice":
                 self._notice(link, *args)
                 value = None
+            elif method == "sync":  # False: not queued (the worker is not reading), nothing to wait for
+                value = link.offer_notice(encode(("sync", [int(args[0])])))
             else:
                 value = getattr(self._store, method)(*args, **kwargs)
             data = encode(("ret", rid, value))

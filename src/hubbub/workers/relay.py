@@ -15,6 +15,15 @@ log's heads (after the connection, so they cover everything committed before it)
 with them; then the remote store reads them, and they are offered (those at or below the heads are
 duplicates, dropped). No commit falls between the two.
 
+Subscriptions: a worker's sessions are acknowledged their publishes when the owner committed them, and
+another worker's session may subscribe on this worker before the owner's broadcast of them arrived here; were
+the subscription registered then, it would get live an event acknowledged before it was made, which one
+process never does (it fans out at commit, before the ack). So :meth:`WorkerRelay.barrier` (the node's
+``SubscribeBarrier``, awaited before a subscription is registered) asks the owner to queue a marker behind
+what it sent this worker so far (the ``sync`` call) and waits until the relay has read it: everything
+committed before the subscribe arrived has been offered to the sequencer then, and released (to the
+subscriptions made before) unless a gap holds it.
+
 Notices (``core/notices.py``): :meth:`WorkerRelay.notify` sends one to the owner (on the relay's read
 threads, in the order sent: one job sends what is queued, the call blocks), which queues it for every other
 worker; a worker's relay hands those it receives to ``Node.notices``. The relay connects the notices with
@@ -23,7 +32,7 @@ the worker's index as its id: the owner tells the others when this worker's conn
 When the owner goes away (the parent died), the worker cannot commit any more: the relay asks the node to
 stop (``Node.supervision``), and the worker exits.
 
-Concurrency contract: :meth:`start`, :meth:`committed`, :meth:`close`, :meth:`health` and
+Concurrency contract: :meth:`start`, :meth:`committed`, :meth:`barrier`, :meth:`close`, :meth:`health` and
 :meth:`statistics` on the event loop; so are the broadcasts (the remote store reads them on the loop).
 """
 
@@ -31,12 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hubbub.cluster.delivery import OrderedDelivery
+from hubbub.errors import StorageError
 from hubbub.events import Event
 from hubbub.log.base import ChannelInfo
 
@@ -52,6 +63,8 @@ log = logging.getLogger("hubbub.workers")
 
 #: Channels per page when reading every head of the log at start.
 HEADS_PAGE = 5000
+#: The longest a subscription waits for its sync with the owner (:meth:`WorkerRelay.barrier`).
+SYNC_TIMEOUT_S = 10.0
 
 
 class WorkerRelay(OrderedDelivery):
@@ -67,6 +80,9 @@ class WorkerRelay(OrderedDelivery):
         #: Notices waiting to be sent, in order, and the job sending them (calls to the owner, off the loop).
         self._outbox: collections.deque[tuple[str, bytes]] = collections.deque()
         self._sending: set[asyncio.Future[None]] = set()
+        #: The barriers waiting for their sync marker, by token (:meth:`barrier`).
+        self._syncs: dict[int, asyncio.Future[None]] = {}
+        self._tokens = itertools.count(1)
 
     async def start(self, node: Node) -> None:
         """Seed from the log's heads, attach to ``node`` and take the owner's broadcasts. Call before the
@@ -152,6 +168,25 @@ class WorkerRelay(OrderedDelivery):
                 self.notices_dropped += 1
                 log.info("worker %d: a notice was not sent: %s", self.worker, exc)
 
+    async def barrier(self) -> None:
+        """Return once this relay has offered every event committed before the call (see the module
+        docstring): a round trip to the owner and back through the events socket. Returns at once when the
+        owner did not queue the marker (this worker fell 64 MiB behind: its gaps fill from the log), and
+        after :data:`SYNC_TIMEOUT_S` at most (the owner stalled or went away: the node stops then)."""
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        token = next(self._tokens)
+        done = self._syncs[token] = loop.create_future()
+        try:
+            async with asyncio.timeout(SYNC_TIMEOUT_S):
+                if await loop.run_in_executor(self._reads, self.remote.sync, token):
+                    await done
+        except (TimeoutError, StorageError) as exc:
+            log.info("worker %d: a subscription's sync with the log owner failed: %r", self.worker, exc)
+        finally:
+            self._syncs.pop(token, None)
+
     def _on_broadcast(self, msg: Broadcast) -> None:
         if self._closed:
             return
@@ -172,6 +207,10 @@ class WorkerRelay(OrderedDelivery):
             if node is not None:
                 topic, data = items
                 node.notices.received(topic, data)
+        elif kind == "sync":  # everything the owner sent before it was offered above: the barrier may go
+            done = self._syncs.pop(items[0], None)
+            if done is not None and not done.done():
+                done.set_result(None)
         elif kind == "tops":
             self.tops += 1
             for channel, epoch, top in items:

@@ -73,7 +73,7 @@ __all__ = ["Broadcast", "RemoteLogStore"]
 log = logging.getLogger("hubbub.workers")
 
 #: What the owner sends besides replies: ``("events", [(worker, [Event, ...]), ...])``,
-#: ``("tops", [(channel, epoch, top), ...])`` or ``("notice", [topic, data])``.
+#: ``("tops", [(channel, epoch, top), ...])``, ``("notice", [topic, data])`` or ``("sync", [token])``.
 Broadcast = tuple[str, list[Any]]
 
 
@@ -236,6 +236,11 @@ class RemoteLogStore(LogStore):
         """Send a notice to every other worker (``workers/relay.py``): the owner queues it for each, after
         the events queued for it before."""
         self._call("notice", topic, data)
+
+    def sync(self, token: int) -> bool:
+        """Have the owner queue ``("sync", [token])`` on this worker's events socket, behind everything
+        committed so far (``WorkerRelay.barrier``); False when it did not (this worker is not reading it)."""
+        return bool(self._call("sync", token))
 
     # -- reads: the file's, else the owner's ------------------------------------------------------------
 
