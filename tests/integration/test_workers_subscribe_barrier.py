@@ -25,11 +25,14 @@ from typing import Any
 
 import aiohttp
 
+from hubbub.dialects import mqtt_codec
 from hubbub.log.sqlite import SqliteLogStore
 from hubbub.server import Server
 from hubbub.server_config import load_config
 from hubbub.workers.owner import LogOwner
 from hubbub.workers.remote import RemoteLogStore
+
+from .mqttclient import MqttClient
 
 WAIT = 10.0
 
@@ -129,6 +132,7 @@ async def two_workers(tmp_path: Path) -> AsyncIterator[Workers]:
                     "data_dir": str(tmp_path / f"w{i}"),
                     "http.listen": "127.0.0.1:0",
                     "native.tcp_listen": "127.0.0.1:0",
+                    "mqtt.tcp_listen": "127.0.0.1:0",
                 }
                 servers.append(
                     await stack.enter_async_context(Server(load_config(cli=cli, env={}), worker=remote))
@@ -277,5 +281,32 @@ def test_guble_subscribe_gets_no_event_acknowledged_before_it_on_another_worker(
             ]
             for ws in (a, b):
                 await ws.close()
+
+    asyncio.run(main())
+
+
+# -- MQTT ------------------------------------------------------------------------------------------------
+
+
+def test_mqtt_subscribe_gets_no_event_acknowledged_before_it_on_another_worker(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with two_workers(tmp_path) as w:
+            a = await MqttClient.connect(w.servers[0].ports["mqtt"], "alice")
+            b = await MqttClient.connect(w.servers[1].ports["mqtt"], "bob")
+            await b.publish("m/x", b"m1", qos=1)
+            w.hold()
+            await b.publish("m/x", b"m2", qos=1)  # acknowledged; its broadcast to worker 0 held back
+            await b.publish("m/y", b"m3", qos=1)
+            a.send(mqtt_codec.encode_subscribe(a.pid(), [("m/#", 0)]))
+            suback = await w.release_after(asyncio.ensure_future(a.next()))
+            assert isinstance(suback, mqtt_codec.Suback) and suback.codes == (0,), suback
+            sent = [("m/y", b"l0"), ("m/x", b"l1"), ("m/y", b"l2"), ("m/x", b"l3"), ("m/end", b"end")]
+            for topic, payload in sent:
+                await b.publish(topic, payload, qos=1)
+            got = [(p.topic, p.payload) for p in [await a.message() for _ in sent]]
+            assert got == sent
+            await a.ping()  # nothing else was queued before the ping's answer
+            for cl in (a, b):
+                await cl.disconnect()
 
     asyncio.run(main())
