@@ -364,9 +364,6 @@ class _Feed:
             else:
                 self.step = self.group.create_task(self._step(_Resumed(coro, waiting)))
                 return False
-        except asyncio.CancelledError:  # an awaited step of the wire's was cancelled: the connection ends
-            self.end()
-            return False
         except Exception as exc:
             self._failed(exc)
             return False
