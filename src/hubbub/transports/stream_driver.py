@@ -7,12 +7,9 @@ socket, makes the TLS handshake and holds the first-message deadline) hands each
 
 * opens the connection's :class:`StreamWire` before the first read (``open(b"")``) or, for a dialect that
   tells its variant from the first bytes (mist's generations), on the first read;
-* hands each read of the socket (in slices of at most ``read_chunk`` bytes) to the wire from the socket's
-  ``data_received`` (:class:`~hubbub.transports.stream_socket.StreamSocket`), whose actions (every message
-  the read completes) are carried out before the next read is handed over, each waiting for its room
-  (read-side back-pressure, :mod:`~hubbub.transports.backpressure`): a read the wire takes without waiting
-  (a common publish) costs no task; one that must wait goes on in a task while the socket is paused. An idle
-  connection has no task reading it;
+* reads the socket in chunks of ``read_chunk`` bytes and feeds each read to the wire, whose actions (every
+  message the read completes) are carried out before the next read, each waiting for its room
+  (read-side back-pressure, :mod:`~hubbub.transports.backpressure`);
 * tells the listener the first complete message came (``Accepted.heard``);
 * runs every task of the connection in one :class:`~hubbub.transports.lifetime.Lifetime`, ends the wire
   (its pending close goes out) and closes the socket on every path, cancellation included
@@ -29,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable, Coroutine, Generator
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, final
+from collections.abc import Callable
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from hubbub.core.api import Core, Session
 
@@ -261,152 +258,34 @@ async def serve_stream(acc: Accepted, opener: Opener) -> None:
 
 
 async def _serve(acc: Accepted, opener: Opener, group: Lifetime) -> None:
-    dialect = opener.dialect
-    feed = _Feed(acc, opener, group)
+    reader, dialect = acc.reader, opener.dialect
+    wire = opener.open(b"", acc)
+    peer = peer_name(acc.writer.get_extra_info("peername"))
     try:
-        wire = opener.open(b"", acc)
         if wire is not None:
-            feed.begin(wire)
-        if not feed.finished.done():
-            acc.protocol.start(feed, opener.read_chunk)
-        await feed.finished
-    except (ConnectionError, asyncio.CancelledError):
+            wire.session.peer = peer
+            wire.start(group)
+        while wire is None or not wire.done:
+            data = await reader.read(opener.read_chunk)
+            if not data:
+                break
+            if wire is None:
+                wire = opener.open(data, acc)
+                if wire is None:
+                    continue
+                wire.session.peer = peer
+                wire.start(group)
+            await wire.feed(data)
+            if wire.messages:
+                acc.heard()
+    except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
         pass
     except Exception:
         logging.getLogger(f"hubbub.{dialect}").exception("%s TCP connection failed", dialect)
     finally:
         try:
-            await feed.stop()
-            if feed.wire is not None:
-                await feed.wire.finish()
+            if wire is not None:
+                await wire.finish()
         finally:  # also when cancelled (a stopping server): no socket outlives the connection
-            sid = feed.wire.session.id if feed.wire is not None else ""
+            sid = wire.session.id if wire is not None else ""
             await close_stream(acc.writer, opener.node, dialect, sid)
-
-
-@final
-class _Resumed:
-    """The rest of a wire's ``feed`` coroutine that was stepped once from ``data_received`` and is waiting
-    on ``first`` (what it yielded): awaited in a task, it goes on where it stopped (a ``yield from`` of the
-    started coroutine)."""
-
-    __slots__ = ("_coro", "_first")
-
-    def __init__(self, coro: Coroutine[Any, Any, None], first: Any) -> None:
-        self._coro = coro
-        self._first = first
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        coro, value = self._coro, self._first
-        self._first = None
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                try:
-                    value = coro.throw(exc)
-                except StopIteration:
-                    return
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration:
-                    return
-
-
-@final
-class _Feed:
-    """A connection's reads to its wire, called from its socket's ``data_received``
-    (:class:`~hubbub.transports.stream_socket.Feeder`): the wire's ``feed`` is stepped at once, and one that
-    completes without waiting (the common publish) costs no task; one that must wait (room for replies, an
-    awaited action) goes on in a task of the connection's :class:`~hubbub.transports.lifetime.Lifetime`
-    while the socket waits, and resumes it. ``finished`` is set once the connection reads no more."""
-
-    __slots__ = ("acc", "finished", "group", "opener", "peer", "step", "wire")
-
-    def __init__(self, acc: Accepted, opener: Opener, group: Lifetime) -> None:
-        self.acc = acc
-        self.opener = opener
-        self.group = group
-        self.peer = peer_name(acc.writer.get_extra_info("peername"))
-        self.wire: StreamWire | None = None
-        self.step: asyncio.Task[None] | None = None
-        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def begin(self, wire: StreamWire) -> None:
-        self.wire = wire
-        wire.session.peer = self.peer
-        wire.start(self.group)
-        if wire.done:
-            self.end()
-
-    def __call__(self, data: bytes) -> bool:
-        if self.finished.done():
-            return False
-        wire = self.wire
-        if wire is None:
-            wire = self.opener.open(data, self.acc)
-            if wire is None:
-                return True
-            self.begin(wire)
-            if self.finished.done():
-                return False
-        try:
-            coro = wire.feed(data)
-            del data
-            try:
-                waiting = coro.send(None)
-            except StopIteration:
-                pass
-            else:
-                self.step = self.group.create_task(self._step(_Resumed(coro, waiting)))
-                return False
-        except Exception as exc:
-            self._failed(exc)
-            return False
-        return self._fed()
-
-    def _fed(self) -> bool:
-        wire = self.wire
-        assert wire is not None
-        if wire.messages:
-            self.acc.heard()
-        if wire.done:
-            self.end()
-            return False
-        return True
-
-    async def _step(self, rest: _Resumed) -> None:
-        try:
-            await rest
-        except Exception as exc:
-            self._failed(exc)
-            return
-        finally:
-            self.step = None
-        if self._fed():
-            self.acc.protocol.resume()
-
-    def _failed(self, exc: Exception) -> None:
-        if not isinstance(exc, ConnectionError | asyncio.IncompleteReadError):
-            dialect = self.opener.dialect
-            logging.getLogger(f"hubbub.{dialect}").error("%s TCP connection failed", dialect, exc_info=exc)
-        self.end()
-
-    def ended(self) -> None:
-        self.end()
-
-    def end(self) -> None:
-        if not self.finished.done():
-            self.finished.set_result(None)
-
-    async def stop(self) -> None:
-        """The connection ends: a step still running is cancelled and waited for."""
-        self.end()
-        step = self.step
-        if step is not None and not step.done():
-            step.cancel()
-            await asyncio.wait([step])

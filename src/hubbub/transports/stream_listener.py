@@ -37,22 +37,19 @@ from typing import Any, Final, Protocol, cast, final
 from hubbub.core.api import Core
 
 from .accept import REFUSAL_LINGER_S, REFUSALS_LINGERING_MAX, BadInputLog, reuse_port
-from .stream_socket import StreamSocket
 
 __all__ = ["KEEPALIVE", "Accepted", "Refusal", "Serve", "StreamListener", "keep_alive", "peer_ip"]
 
 log = logging.getLogger("hubbub.tcp")
 
-#: A dialect's connection: it reads ``protocol`` (its :class:`~hubbub.transports.stream_socket.StreamSocket`),
-#: writes ``writer``, calls :meth:`Accepted.heard` once its
+#: A dialect's connection: it reads ``reader``, writes ``writer``, calls :meth:`Accepted.heard` once its
 #: first message is complete, and closes the writer when it is done.
 Serve = Callable[["Accepted"], Awaitable[None]]
 #: A dialect's answer to a socket over a connection limit, given the first bytes the socket sent (an empty
 #: answer: none).
 Refusal = Callable[[bytes], bytes]
 
-#: The default reader limit of a listener: a socket holds at most twice as many bytes not yet handed to its
-#: dialect before its transport is paused (asyncio's ``StreamReader`` default).
+#: asyncio's default buffer limit of a ``StreamReader``.
 READER_LIMIT: Final = 1 << 16
 #: TCP keepalive of the server's side of every TCP connection (native, mist, qrpc): seconds idle before the
 #: first probe, seconds between probes, probes unanswered before the kernel drops the connection. A peer that
@@ -239,8 +236,8 @@ class StreamListener:
 
 @final
 class Accepted:
-    """One admitted socket of a :class:`StreamListener`, as its dialect's ``serve`` sees it: ``protocol``
-    (its reads), ``writer``, the peer's address ``ip``, and :meth:`heard`."""
+    """One admitted socket of a :class:`StreamListener`, as its dialect's ``serve`` sees it: ``reader``,
+    ``writer``, the peer's address ``ip``, and :meth:`heard`."""
 
     __slots__ = (
         "_listener",
@@ -249,6 +246,7 @@ class Accepted:
         "ip",
         "open",
         "protocol",
+        "reader",
         "transport",
         "writer",
     )
@@ -258,7 +256,8 @@ class Accepted:
         assert loop is not None
         self._listener = listener
         self.ip = ip
-        self.protocol = StreamSocket(loop, listener.reader_limit)
+        self.reader = asyncio.StreamReader(listener.reader_limit, loop=loop)
+        self.protocol = asyncio.StreamReaderProtocol(self.reader, loop=loop)
         self.transport: asyncio.Transport
         self.writer: asyncio.StreamWriter
         #: Whether the socket is attached to its streams (after the TLS handshake on a TLS listener).
@@ -276,7 +275,7 @@ class Accepted:
         if not connected:
             transport.set_protocol(self.protocol)
             self.protocol.connection_made(transport)
-        self.writer = asyncio.StreamWriter(transport, self.protocol, None, loop)
+        self.writer = asyncio.StreamWriter(transport, self.protocol, self.reader, loop)
         self.open = True
         self._timer = loop.call_at(self.deadline, self._expire)
 
