@@ -21,6 +21,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,11 +50,65 @@ def _wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> No
 
 
 def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out += [int(p) for p in f.read().split()]
-    return out
+    """The children of process ``pid``, each once: every thread's, read again when one of its threads ended
+    during the read (its children then move to another thread, which may have been read already)."""
+    while True:
+        out: set[int] = set()
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    out.update(int(p) for p in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}"):
+                return []
+            continue  # a thread ended (the parent's and the fork server's come and go)
+        return sorted(out)
+
+
+def test_children_are_found_when_a_thread_ends_while_they_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers are found whatever the threads of the parent and the fork server do meanwhile: a thread
+    that started a child and ends between the listing of the threads and the reading of its children (its
+    child then moves to another thread) made ``_children`` fail with FileNotFoundError."""
+    started = threading.Event()
+    end = threading.Event()
+    child: list[subprocess.Popen[bytes]] = []
+    tid: list[int] = []
+
+    def spawner() -> None:
+        tid.append(threading.get_native_id())
+        child.append(
+            subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        )
+        started.set()
+        end.wait()
+
+    t = threading.Thread(target=spawner)
+    t.start()
+    try:
+        assert started.wait(10)
+        listdir = os.listdir
+        ended: list[str] = []
+
+        def listed_then_ended(path: str) -> list[str]:
+            names = listdir(path)
+            if path == f"/proc/{os.getpid()}/task" and not ended:
+                ended.append(path)
+                end.set()
+                t.join()
+                _wait_for(lambda: not os.path.exists(f"{path}/{tid[0]}"), "the thread's end", 10.0)
+            return names
+
+        monkeypatch.setattr(os, "listdir", listed_then_ended)
+        assert child[0].pid in _children(os.getpid())
+        assert ended
+    finally:
+        end.set()
+        t.join()
+        for c in child:
+            c.kill()
+            c.wait()
+            assert c.stdin is not None
+            c.stdin.close()
 
 
 def _workers(node: ServerProcess) -> list[int]:
