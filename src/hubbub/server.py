@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import gc
 import logging
 import os
@@ -73,7 +72,6 @@ __all__ = [
     "run",
     "store_place",
     "tune_gc",
-    "tune_malloc",
 ]
 
 log = logging.getLogger("hubbub.server")
@@ -571,36 +569,6 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-#: The size from which glibc's malloc maps each allocation on its own (``M_MMAP_THRESHOLD``) in a server
-#: process, unless ``MALLOC_MMAP_THRESHOLD_`` names one.
-MMAP_THRESHOLD: Final = 256 << 10
-_M_MMAP_THRESHOLD: Final = -3  # glibc's malloc.h
-
-
-def tune_malloc() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` for a server process; called before its threads
-    start. Whether it was applied: not where ``MALLOC_MMAP_THRESHOLD_`` is set (glibc read it at start) or
-    the C library is not glibc.
-
-    By default glibc maps allocations from 128 KiB on, but raises that threshold to the size of each mapped
-    block freed (up to 32 MiB), so after the first large payloads it serves the later ones from its arenas,
-    one per thread that allocated, and an arena keeps freed pages for its next allocations. A replay's pages
-    (up to ``REPLAY_PAGE_BYTES`` of payloads) are read on the store's reader threads and freed on the loop
-    thread, so a recovery of 300 events of 512 KiB (tests/integration/test_recovery_memory.py) peaked at
-    +33 MiB of RSS in some runs and +61 MiB in others, by which reader threads' arenas had kept pages; with
-    the threshold fixed, each large payload is mapped and given back when freed: +28 to +34 MiB every run.
-    What it costs is a map and its page faults per allocation of 256 KiB or more, small beside carrying such
-    a payload; smaller payloads are untouched."""
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # pragma: no cover - no C library to load, or not glibc's
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-
-
 async def _serve(
     config: Config,
     reload_config: Callable[[], Config] | None = None,
@@ -642,7 +610,6 @@ def run(
     certificates, through ``reload_config`` when given. A component's failure that stops the node
     (``core/supervisor.py``) shuts it down the same way, then exits with status 1. ``worker``, ``member``
     and ``started``: as :func:`_serve` (a worker process, ``hubbub/server_workers.py``)."""
-    tune_malloc()
     try:
         import uvloop
 
