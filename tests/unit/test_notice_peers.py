@@ -8,29 +8,14 @@ import asyncio
 
 from hubbub.core.notices import GONE, Notices
 
-
-def _mesh(n: int) -> tuple[list[Notices], list[tuple[int, str, bytes]]]:
-    """``n`` processes; what each sends is held (``sent``: to every other) until :func:`_run` delivers it."""
-    procs = [Notices() for _ in range(n)]
-    sent: list[tuple[int, str, bytes]] = []
-    for i, p in enumerate(procs):
-        p.connect(lambda topic, data, i=i: sent.append((i, topic, data)), str(i), f"inc{i}")
-    return procs, sent
-
-
-def _run(procs: list[Notices], sent: list[tuple[int, str, bytes]]) -> None:
-    while sent:
-        i, topic, data = sent.pop(0)
-        for j, p in enumerate(procs):
-            if j != i:
-                p.received(topic, data)
+from .notice_mesh import deliver, mesh
 
 
 def test_processes_learn_each_other_and_a_gone_one_leaves() -> None:
-    procs, sent = _mesh(3)
+    procs, sent = mesh(3)
     told: list[tuple[str, bool]] = []
     procs[0].watch_peers(lambda peer, joined: told.append((peer, joined)))
-    _run(procs, sent)
+    deliver(procs, sent)
     assert [p.peers for p in procs] == [["1", "2"], ["0", "2"], ["0", "1"]]
     assert sorted(told) == [("1", True), ("2", True)]
     told.clear()
@@ -40,13 +25,13 @@ def test_processes_learn_each_other_and_a_gone_one_leaves() -> None:
 
 
 def test_a_restarted_process_replaces_the_old_one() -> None:
-    procs, sent = _mesh(2)
-    _run(procs, sent)
+    procs, sent = mesh(2)
+    deliver(procs, sent)
     told: list[tuple[str, bool]] = []
     procs[0].watch_peers(lambda peer, joined: told.append((peer, joined)))
     procs[1] = Notices()
     procs[1].connect(lambda topic, data: sent.append((1, topic, data)), "1", "inc1-again")
-    _run(procs, sent)
+    deliver(procs, sent)
     assert told == [("1", False), ("1", True)] and procs[1].peers == ["0"]
 
 
@@ -73,13 +58,13 @@ def test_arrivals_reach_their_watchers_until_unwatched() -> None:
 
 def test_a_question_gets_every_live_peers_answer_and_waits_for_no_gone_one() -> None:
     async def main() -> None:
-        procs, sent = _mesh(3)
-        _run(procs, sent)
+        procs, sent = mesh(3)
+        deliver(procs, sent)
         procs[1].answer("q", lambda data: data + b"1")
         procs[2].answer("q", lambda data: data + b"2")
         asking = asyncio.get_running_loop().create_task(procs[0].ask("q", b"x", 5.0))
         await asyncio.sleep(0)  # the question is sent
-        _run(procs, sent)  # and answered
+        deliver(procs, sent)  # and answered
         assert sorted(await asking) == [b"x1", b"x2"]
         # Process 2 goes before it answers: the asker takes process 1's answer and waits no longer.
         asking = asyncio.get_running_loop().create_task(procs[0].ask("q", b"y", 5.0))
@@ -87,7 +72,7 @@ def test_a_question_gets_every_live_peers_answer_and_waits_for_no_gone_one() -> 
         (_, topic, question) = sent.pop()
         procs[1].received(topic, question)
         procs[0].received(GONE, b"2")
-        _run(procs, sent)
+        deliver(procs, sent)
         assert await asyncio.wait_for(asking, 5.0) == [b"y1"]
 
     asyncio.run(main())
