@@ -33,7 +33,7 @@ class ServerProcess:
     log_path: Path | None = None
     _pump: threading.Thread | None = None
 
-    def start(self, timeout: float = 20.0) -> ServerProcess:
+    def start(self, timeout: float = 60.0) -> ServerProcess:
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-{time.monotonic_ns()}.log"
         cmd = [
             sys.executable, "-m", "hubbub", "serve",
