@@ -76,3 +76,35 @@ def test_a_question_gets_every_live_peers_answer_and_waits_for_no_gone_one() -> 
         assert await asyncio.wait_for(asking, 5.0) == [b"y1"]
 
     asyncio.run(main())
+
+
+def test_a_late_answer_goes_to_the_askers_late_taker_once() -> None:
+    async def main() -> None:
+        procs, sent = mesh(3)
+        deliver(procs, sent)
+        procs[1].answer("q", lambda data: data + b"1")
+        procs[2].answer("q", lambda data: data + b"2")
+        late: list[bytes] = []
+        asking = asyncio.get_running_loop().create_task(procs[0].ask("q", b"x", 0.01, late=late.append))
+        await asyncio.sleep(0)  # the question is sent, and answered after the wait
+        assert await asking == [] and late == []
+        (_, topic, question) = sent.pop()
+        procs[1].received(topic, question)
+        procs[2].received(topic, question)
+        answers = sent[:]
+        deliver(procs, sent)
+        assert sorted(late) == [b"x1", b"x2"]
+        for _, t, d in answers:  # an answer repeated counts once; the question is done with
+            procs[0].received(t, d)
+        assert sorted(late) == [b"x1", b"x2"]
+        # A peer gone is waited for no longer (nothing is kept for it); one still there is heard.
+        asking = asyncio.get_running_loop().create_task(procs[0].ask("q", b"y", 0.01, late=late.append))
+        await asyncio.sleep(0)
+        await asking
+        (_, topic, question) = sent.pop()
+        procs[0].received(GONE, b"2")
+        procs[1].received(topic, question)
+        deliver(procs, sent)
+        assert sorted(late) == [b"x1", b"x2", b"y1"]
+
+    asyncio.run(main())

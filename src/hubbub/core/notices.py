@@ -26,7 +26,11 @@ process.
 **Questions.** A component may ask every peer a question and await their answers (:meth:`Notices.ask`:
 ``/metrics`` asks for the other workers' open connections at each scrape); a peer answers what its
 :meth:`Notices.answer` function for the topic returns. The asker waits for every live peer, at most its
-timeout (a peer gone is not waited for), and gets the answers that came.
+timeout (a peer gone is not waited for), and gets the answers that came. An asker that keeps state in step
+with the others' may take the answers that come after its wait too (``late``): a peer slower than the wait
+(a worker busy with a burst of commits) is still counted once it answers, so the state converges instead
+of missing that peer's part until something else changes (at most :data:`LATE_MAX` questions are kept
+waiting so, the oldest given up first; a peer gone is waited for no longer).
 
 **Arrivals.** Other processes' committed events are no notices, but a component may have to answer for them
 the moment they reach this process, before their fan-out here (qpubs' ``delivered`` counts each worker's
@@ -72,17 +76,20 @@ ASK = "notices.ask"
 ANSWER = "notices.answer"
 #: How long a question waits for its answers by default.
 ASK_WAIT_S = 1.0
+#: The most questions past their wait still taking late answers (``Notices.ask(late=...)``).
+LATE_MAX = 64
 
 
 class _Asking:
-    """One question waiting for its answers."""
+    """One question waiting for its answers (``late``: what takes those that come after the wait)."""
 
-    __slots__ = ("answers", "done", "expected")
+    __slots__ = ("answers", "done", "expected", "late")
 
     def __init__(self, expected: set[str]) -> None:
         self.expected = expected
         self.answers: list[bytes] = []
         self.done = asyncio.Event()
+        self.late: Callable[[bytes], None] | None = None
 
     def drop(self, peer: str) -> None:
         self.expected.discard(peer)
@@ -105,6 +112,8 @@ class Notices:
         self._arrival_watchers: list[ArrivalWatcher] = []
         self._answerers: dict[str, Callable[[bytes], bytes]] = {}
         self._asking: dict[int, _Asking] = {}
+        #: Questions past their wait whose asker takes late answers, oldest first (at most LATE_MAX).
+        self._late: dict[int, _Asking] = {}
         self._tokens = itertools.count(1)
         self.sent = 0
         self.received_count = 0
@@ -167,6 +176,10 @@ class Notices:
         if self._peers.pop(peer, None) is not None:
             for asking in list(self._asking.values()):
                 asking.drop(peer)
+            for token, asking in list(self._late.items()):
+                asking.drop(peer)
+                if not asking.expected:
+                    del self._late[token]
             self._tell(peer, False)
 
     # -- questions --------------------------------------------------------------------------------------
@@ -182,9 +195,16 @@ class Notices:
 
         return remove
 
-    async def ask(self, topic: str, data: bytes = b"", wait_s: float = ASK_WAIT_S) -> list[bytes]:
+    async def ask(
+        self,
+        topic: str,
+        data: bytes = b"",
+        wait_s: float = ASK_WAIT_S,
+        late: Callable[[bytes], None] | None = None,
+    ) -> list[bytes]:
         """Ask every live peer; their answers (none without peers), once each has answered, is gone, or
-        ``wait_s`` has passed."""
+        ``wait_s`` has passed. ``late``: called with each answer that comes after ``wait_s`` (on the loop,
+        as a notice arrives; see the module docstring)."""
         if not self.me or not self._peers:
             return []
         token = next(self._tokens)
@@ -195,6 +215,11 @@ class Notices:
                 await asyncio.wait_for(asking.done.wait(), wait_s)
             except TimeoutError:
                 log.info("peers %s did not answer %s in time", sorted(asking.expected), topic)
+                if late is not None and asking.expected:
+                    asking.late = late
+                    self._late[token] = asking
+                    while len(self._late) > LATE_MAX:
+                        del self._late[next(iter(self._late))]
         finally:
             del self._asking[token]
         return asking.answers
@@ -207,11 +232,24 @@ class Notices:
 
     def _answered(self, data: bytes) -> None:
         to, token, peer, reply = msgpack.unpackb(data)
-        asking = self._asking.get(token) if to == self.me else None
-        if asking is not None and peer in asking.expected:
+        if to != self.me:
+            return
+        asking = self._asking.get(token) or self._late.get(token)
+        if asking is None or peer not in asking.expected:
+            return
+        if asking.late is None:
             if reply is not None:
                 asking.answers.append(reply)
             asking.drop(peer)
+            return
+        asking.drop(peer)
+        if not asking.expected:
+            del self._late[token]
+        if reply is not None:
+            try:
+                asking.late(reply)
+            except Exception:
+                log.exception("a late answer's taker failed", extra={"peer": peer})
 
     def _hello(self, data: bytes) -> None:
         try:

@@ -29,7 +29,9 @@ state, which it missed if you told it when it said hello).
 A new connection's greeting waits for every other process's current devices and names (:meth:`HubPeers.sync`,
 a question to each: ``Notices.ask``, one round trip through the parent), so that it lists what any device
 or subscription anywhere on the node announced before the connection came; until it is greeted, a
-connection is sent nothing else (its greeting, computed after, holds every change made meanwhile).
+connection is sent nothing else (its greeting, computed after, holds every change made meanwhile). A
+process that answers after the greeting's wait is still heard: its devices then go out as forwarded frames
+(the hub converges; it never keeps missing that process's devices until they change).
 
 Concurrency contract: everything runs on the event loop.
 """
@@ -55,6 +57,9 @@ log = logging.getLogger("hubbub.wearscript")
 TOPIC = "wearscript.hub"
 #: The question for a process's devices and names (answer: ``[p, [[cid, since, gd, names], ...], names]``).
 STATE = "wearscript.state"
+#: How long a greeting waits for the other processes' state (``Notices.ask``'s default; an answer that
+#: comes later still counts).
+SYNC_WAIT_S = 1.0
 
 
 class HubPeers:
@@ -173,21 +178,27 @@ class HubPeers:
 
     async def sync(self) -> None:
         """Learn every other process's devices and names as they stand now (before a greeting); what is new
-        here goes to this process's greeted connections as when it is told."""
+        here goes to this process's greeted connections as when it is told. A process that answers after
+        :data:`SYNC_WAIT_S` is still heard (``Notices.ask``'s ``late``): its devices then reach the
+        connection as forwarded frames, as a device announced after the greeting does."""
         if not self._me or not self.notices.peers:
             return
-        for answer in await self.notices.ask(STATE):
-            try:
-                peer, devices, names = msgpack.unpackb(answer)
-                peer = str(peer)
-                for cid, since, gd, raw in devices:
-                    ns = [str(n) for n in raw]
-                    if self.hub.remote_announce(peer, int(cid), int(since), str(gd), ns):
-                        self._to_all([wsd.pack([wsd.SUBSCRIPTIONS, str(gd), ns])])
-                if self.hub.remote_foreign(peer, frozenset(str(n) for n in names)):
-                    self.service.hub_list_changed()
-            except (ValueError, TypeError, msgpack.UnpackException) as exc:
-                log.warning("wearscript: another process's hub state was not understood: %s", exc)
+        for answer in await self.notices.ask(STATE, wait_s=SYNC_WAIT_S, late=self._learn):
+            self._learn(answer)
+
+    def _learn(self, answer: bytes) -> None:
+        """Keep one process's state (its answer to :data:`STATE`) in the hub."""
+        try:
+            peer, devices, names = msgpack.unpackb(answer)
+            peer = str(peer)
+            for cid, since, gd, raw in devices:
+                ns = [str(n) for n in raw]
+                if self.hub.remote_announce(peer, int(cid), int(since), str(gd), ns):
+                    self._to_all([wsd.pack([wsd.SUBSCRIPTIONS, str(gd), ns])])
+            if self.hub.remote_foreign(peer, frozenset(str(n) for n in names)):
+                self.service.hub_list_changed()
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            log.warning("wearscript: another process's hub state was not understood: %s", exc)
 
     def _reply(self, frame: bytes, channel: str) -> None:
         targets = self.hub.matching(channel)
