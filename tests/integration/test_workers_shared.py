@@ -10,6 +10,7 @@ names of its own; the test that kills a worker starts its own node."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -463,3 +464,66 @@ def test_guble_subscribers_are_every_workers_receivers(node: ServerProcess, spac
         for ws in receivers:
             ws.close()
     _roster_until(node, [a, b], room, [])
+
+
+def _http_json(node: ServerProcess, worker: int, method: str, path: str) -> tuple[int, Any]:
+    """``method path`` on a connection ``worker`` serves: the status and the JSON body."""
+    s = _http_on(node, worker, f"{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    with s:
+        head, body = _http_head(s)
+        while chunk := s.recv(65536):
+            body += chunk
+    return int(head.split()[1]), json.loads(body)
+
+
+def _admin_native(node: ServerProcess, worker: int, limit: int) -> list[dict[str, Any]]:
+    """Every native connection the admin API lists through ``worker``, page by page (``limit`` a page)."""
+    rows: list[dict[str, Any]] = []
+    after = ""
+    while True:
+        status, page = _http_json(
+            node, worker, "GET", f"/api/v1/admin/connections?dialect=native&limit={limit}&after={after}"
+        )
+        assert status == 200, page
+        rows += page["connections"]
+        if page["next"] is None:
+            return rows
+        after = page["next"]
+
+
+def _not_open(node: ServerProcess, worker: int, sid: str) -> bool:
+    """Whether closing connection ``sid`` through ``worker`` answers 404 (no worker holds it)."""
+    return _http_json(node, worker, "DELETE", f"/api/v1/admin/connections/{sid}")[0] == 404
+
+
+@SHARED
+def test_admin_lists_every_workers_connections_and_closes_one_on_either_worker(node: ServerProcess) -> None:
+    a, b = _workers(node)
+    conns = [_lines_on(node, w) for w in (a, a, b, b)]
+    port_of = {c.sock.getsockname()[1]: i for i, c in enumerate(conns)}
+    try:
+        for w in (a, b):
+            for limit in (1, 500):  # pages of one merge the workers' connections in id order, each once
+                rows = _admin_native(node, w, limit)
+                ids = [r["id"] for r in rows]
+                assert ids == sorted(set(ids)), ids
+                mine = {port_of[p]: r for r in rows if (p := int(r["peer"].rsplit(":", 1)[1])) in port_of}
+                assert sorted(mine) == [0, 1, 2, 3], rows
+        held_by = {i: mine[i]["worker"] for i in mine}
+        assert held_by[0] == held_by[1] != held_by[2] == held_by[3], held_by
+        # Each worker closes a connection the other holds: its client sees the end of its socket.
+        for asked, i in ((a, 2), (b, 0)):
+            sid = mine[i]["id"]
+            assert _http_json(node, asked, "DELETE", f"/api/v1/admin/connections/{sid}") == (
+                200,
+                {"closed": sid, "dialect": "native"},
+            )
+            with pytest.raises(ConnectionError):
+                while True:
+                    conns[i].recv()
+            _wait_for(functools.partial(_not_open, node, asked, sid), "the connection's end")
+        for i in (1, 3):  # the others are left open
+            assert conns[i].subscribe("s", "/adminlists/**")["op"] == "reply"
+    finally:
+        for c in conns:
+            c.close()

@@ -10,8 +10,9 @@ too. Every route needs an admin identity when auth is on (``Access.check_admin``
   holds the text ``q``; each with its position, count, rate and subscribers by dialect.
 * ``GET /api/v1/admin/channels/tree?prefix=&after=&limit=``: one level of the channel tree, the children of
   a path, each with whether it is a channel and whether channels lie below it.
-* ``GET /api/v1/admin/connections?after=&limit=&dialect=&q=``; ``DELETE /api/v1/admin/connections/<id>``:
-  the attached sessions (every dialect's), and closing one as at shutdown (1001, each dialect its own way).
+* ``GET /api/v1/admin/connections?after=&limit=&dialect=&q=``; ``DELETE /api/v1/admin/connections/<id>``
+  (``transports/admin_connections.py``): the attached sessions (every dialect's, on every worker of the
+  node), and closing one as at shutdown (1001, each dialect its own way), on whichever worker holds it.
 * ``GET /api/v1/admin/consumers?after=&limit=``; ``DELETE /api/v1/admin/consumers/<name>``;
   ``POST /api/v1/admin/consumers/<name>/reset`` (``transports/admin_consumers.py``): durable consumers,
   their backlog, in flight, redeliveries and last acknowledgement; deleting one; starting one anew from now.
@@ -38,10 +39,11 @@ from aiohttp import web
 from hubbub import __version__
 from hubbub.auth import Identity
 from hubbub.channels import Pattern, parse_pattern
-from hubbub.core.api import Core, Disconnect, Session
+from hubbub.core.api import Core
 from hubbub.errors import BadRequest
 from hubbub.log.base import ChannelInfo
 
+from .admin_connections import ConnectionAdmin
 from .admin_consumers import ConsumerAdmin, json_response, page_limit
 from .admin_history import TrafficHistory
 from .http import request_identity
@@ -160,6 +162,7 @@ class AdminApi:
         self.federation = federation
         self.upstreams = upstreams
         self.rates = ChannelRates()
+        self.connection_admin = ConnectionAdmin(node, self._admin)
         self.consumer_admin = ConsumerAdmin(node, self._admin)
         self._max_channel_bytes = max_channel_bytes
         self._started = time.time()
@@ -170,8 +173,7 @@ class AdminApi:
         r.add_get("/api/v1/admin/overview", self.overview)
         r.add_get("/api/v1/admin/channels", self.channels)
         r.add_get("/api/v1/admin/channels/tree", self.tree)
-        r.add_get("/api/v1/admin/connections", self.connections)
-        r.add_delete("/api/v1/admin/connections/{id}", self.disconnect)
+        self.connection_admin.install(app)
         self.consumer_admin.install(app)
         r.add_get("/api/v1/admin/federation", self.federation_links)
 
@@ -315,56 +317,6 @@ class AdminApi:
             "rate": self.rates.rate(ci, now),
             "subscribers": dict(sorted(subs.items())),
         }
-
-    # -- connections ------------------------------------------------------------------------------------
-
-    async def connections(self, request: web.Request) -> web.Response:
-        self._admin(request)
-        q = request.query
-        after, dialect, text = q.get("after", ""), q.get("dialect", ""), q.get("q", "")
-        limit = page_limit(request)
-        picked = [
-            s
-            for s in self.node.sessions
-            if s.id > after
-            and (not dialect or s.dialect == dialect)
-            and (not text or text in s.id or text in s.user or text in s.peer)
-        ]
-        picked.sort(key=lambda s: s.id)
-        page = picked[:limit]
-        return json_response(
-            {
-                "connections": [self._connection(s) for s in page],
-                "next": page[-1].id if len(picked) > limit else None,
-                "total": len(self.node.sessions),
-            }
-        )
-
-    def _connection(self, s: Session) -> dict[str, Any]:
-        subs = self.node.subscriptions(s)
-        return {
-            "id": s.id,
-            "dialect": s.dialect,
-            "peer": s.peer,
-            "user": s.user,
-            "opened_ns": str(s.opened_ns),
-            "subscriptions": len(subs),
-            "patterns": sorted({sub.pattern.text for sub in subs})[:20],
-            "queued": s.queued,
-            "delivered": s.stats.delivered,
-            "dropped": s.stats.dropped,
-        }
-
-    async def disconnect(self, request: web.Request) -> web.Response:
-        """Close one connection as the server closes every connection when it stops (1001 going away: each
-        dialect's own close), its session kicked; the connection's handler then ends it."""
-        self._admin(request)
-        sid = request.match_info["id"]
-        sess = self.node.session_by_id(sid)
-        if sess is None:
-            return json_response({"error": f"{sid}: no such connection"}, 404)
-        sess.kick(Disconnect.GOING_AWAY)
-        return json_response({"closed": sid, "dialect": sess.dialect})
 
     # -- federation -------------------------------------------------------------------------------------
 
