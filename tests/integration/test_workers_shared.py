@@ -10,6 +10,7 @@ names of its own; the test that kills a worker starts its own node."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -526,4 +527,76 @@ def test_admin_lists_every_workers_connections_and_closes_one_on_either_worker(n
             assert conns[i].subscribe("s", "/adminlists/**")["op"] == "reply"
     finally:
         for c in conns:
+            c.close()
+
+
+def _scrape(node: ServerProcess, worker: int) -> dict[str, float]:
+    """``/metrics`` as ``worker`` answers it: each series (name and labels as exposed) to its value."""
+    s = _http_on(node, worker, "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    with s:
+        head, body = _http_head(s)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        while chunk := s.recv(65536):
+            body += chunk
+    out: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            out[series] = float(value)
+    return out
+
+
+#: The series a test of the node's counters follows (its deltas are the same whichever worker answers).
+_COUNTED = (
+    'hubbub_events_published_total{dialect="native"}',
+    'hubbub_deliveries_total{dialect="native"}',
+    'hubbub_bad_input_total{dialect="native"}',
+    "hubbub_publish_ack_seconds_count",
+    'hubbub_limit_refusals_total{dialect="native",limit="max_frame"}',
+)
+
+
+@SHARED
+def test_metrics_counters_are_the_nodes_from_either_worker(node: ServerProcess, space: str) -> None:
+    """Events published on both workers, delivered to a subscriber on each, bad input on both and a refusal
+    by a limit on one: a scrape of either worker counts them all (the sums of every worker's counters), and
+    so does guble's ``/admin/metrics``."""
+    a, b = _workers(node)
+
+    def figures() -> dict[int, list[float]]:
+        got = {w: _scrape(node, w) for w in (a, b)}
+        return {w: [got[w].get(k, 0.0) for k in _COUNTED] for w in (a, b)}
+
+    def guble_incoming(w: int) -> int:
+        status, counters = _http_json(node, w, "GET", "/admin/metrics")
+        assert status == 200, counters
+        return int(counters["router.total_messages_incoming"])
+
+    before = figures()
+    assert before[a] == before[b], before  # nothing else happens on the node meanwhile (an xdist group)
+    incoming = guble_incoming(a)
+    subs = [_lines_on(node, w) for w in (a, b)]
+    pubs = [_lines_on(node, w) for w in (a, a, b)]
+    bad, big = _lines_on(node, b), _lines_on(node, a)
+    try:
+        for s in subs:
+            assert s.subscribe("s", f"/{space}/**")["op"] == "reply"
+        for i, p in enumerate(pubs):
+            assert p.publish(f"/{space}/c", str(i))["op"] == "reply"
+        for s in subs:  # every event reached the subscriber on each worker, in order
+            assert [s.next_push()["text"] for _ in range(3)] == ["0", "1", "2"]
+        bad.sock.sendall(b"not json\n")
+        assert bad.recv()["op"] == "error"
+        # A frame over limits.max_frame (1 MiB) on worker a: bad input, and a refusal by the limit (the
+        # connection may close before it was all sent).
+        with contextlib.suppress(OSError):
+            big.sock.sendall(b"x" * ((1 << 20) + 2))
+        want = [v + d for v, d in zip(before[a], (3, 6, 2, 3, 1), strict=True)]
+        deadline = time.monotonic() + 10
+        while (seen := figures()) != {a: want, b: want}:  # the last counts reach the scrape a moment later
+            assert time.monotonic() < deadline, (want, seen)
+            time.sleep(0.02)
+        assert guble_incoming(a) == guble_incoming(b) == incoming + 3
+    finally:
+        for c in (*subs, *pubs, bad, big):
             c.close()

@@ -46,7 +46,7 @@ from hubbub.selection import Selection, SubtreeFetch
 
 from .access import Access
 from .batcher import Publish, Submit, SubmitMany
-from .consumer_metrics import LABELLED_MAX
+from .consumer_metrics import LABELLED_MAX, SUMMED_TOTALS, TOTALS_FAMILY
 from .consumers import Batch, ConsumerService, GroupMember, Opener
 from .limits import LIMIT_NAMES, Limiter
 from .log_control import StateGet, StateList, StateSet
@@ -58,7 +58,7 @@ from .relay import Relay
 from .replay import Gap, ReplayPlan
 from .routes import RouteBook, RouteRecord
 from .session import Encoder, Overflow, Session, new_session_id
-from .stats import Histogram, NodeMetrics
+from .stats import Figures, Histogram, NodeMetrics, labels_of
 from .subscriptions import Subscription
 from .supervisor import COMPONENTS, Policy, Supervision, Supervisor
 
@@ -67,6 +67,8 @@ __all__ = [
     "LABELLED_MAX",
     "LIMIT_NAMES",
     "LIST_LIMIT",
+    "SUMMED_TOTALS",
+    "TOTALS_FAMILY",
     "Access",
     "Batch",
     "ChannelPage",
@@ -74,6 +76,7 @@ __all__ = [
     "Core",
     "Disconnect",
     "Encoder",
+    "Figures",
     "Gap",
     "GroupMember",
     "Histogram",
@@ -92,6 +95,7 @@ __all__ = [
     "Supervision",
     "Supervisor",
     "Trimmed",
+    "labels_of",
     "new_session_id",
 ]
 

@@ -22,7 +22,14 @@ from .consumer_groups import LiveGroups
 from .consumer_state import NS, ConsumerState
 from .node import Node
 
-__all__ = ["LABELLED_MAX", "ConsumerFigures", "ConsumerMetrics", "ConsumerTotals"]
+__all__ = [
+    "LABELLED_MAX",
+    "SUMMED_TOTALS",
+    "TOTALS_FAMILY",
+    "ConsumerFigures",
+    "ConsumerMetrics",
+    "ConsumerTotals",
+]
 
 #: At most this many consumers get series of their own (the first by name); the totals count them all.
 LABELLED_MAX: Final = 1000
@@ -65,6 +72,13 @@ class ConsumerTotals:
     group_events: int
 
 
+#: The fields of :class:`ConsumerTotals` that add up across a node's worker processes (each counts its own
+#: deliveries and openers; the consumers and their backlog are the shared log's, the same in every worker).
+SUMMED_TOTALS = ("openers", "batches", "acked", "nacked", "redelivered", "group_events")
+#: Their family in the node's figures (``NodeMetrics.add``).
+TOTALS_FAMILY = "consumers"
+
+
 class ConsumerMetrics:
     """Reads the service's state; ``by_name`` is the service's own map (shared, not copied)."""
 
@@ -73,6 +87,12 @@ class ConsumerMetrics:
         self._by_name = by_name
         self._delivery = delivery
         self._groups = groups
+        node.metrics.add(TOTALS_FAMILY, self.summed)  # each scrape sums them across the node's workers
+
+    def summed(self) -> dict[str, float]:
+        """This process's totals that add up across the node's workers (:data:`SUMMED_TOTALS`)."""
+        totals = self.totals()
+        return {field: getattr(totals, field) for field in SUMMED_TOTALS}
 
     async def refresh(self) -> None:
         """Read every consumer's unacknowledged count from the store (one read; ``HubbubError`` when the log

@@ -68,7 +68,7 @@ from .replay_service import REPLAY_PAGE, ReplayService
 from .retention import RetentionTask
 from .routes import RouteBook
 from .session import Session
-from .stats import Histogram, NodeMetrics
+from .stats import Histogram, NodeMetrics, label_key
 from .subscriptions import Subscription, SubscriptionRegistry
 from .supervisor import Supervision
 
@@ -209,7 +209,13 @@ class Node:
         self.routes = RouteBook(self._batcher.control, self._reads, store.shared)
         self.presence: Presence = LocalPresence()  #: rosters (core/presence.py); a cluster's once installed
         self.notices = Notices()  #: short messages to the log's other processes (core/notices.py)
-        self.metrics.share(self.notices)  # /metrics counts every worker's connections
+        self.metrics.share(self.notices)  # /metrics sums every worker's figures
+        access = self.access
+        self.metrics.add(
+            "limit_refusals", lambda: {label_key(n, d): v for (n, d), v in access.limiter.refusals.items()}
+        )
+        self.metrics.add("auth_refusals", lambda: access.refusals)
+        self.metrics.add("token_timers", lambda: {"": access.timers})
 
     # -- lifecycle --------------------------------------------------------------------------------------
 

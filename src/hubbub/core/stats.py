@@ -1,8 +1,13 @@
 """The node's counters (:class:`NodeMetrics`, exported on ``/metrics`` by the transports) and a histogram.
 
-On a node of several worker processes the open connections are the node's: each scrape asks the other
-workers for theirs (:meth:`NodeMetrics.ask_peers`, a question through the node's notices); the other figures
-are the worker's own.
+On a node of several worker processes the figures that add up across processes are the node's: each scrape
+asks the other workers for theirs (:meth:`NodeMetrics.ask_peers`, a question through the node's notices,
+answered from the counters as they stand: nothing is counted or sent on the hot path) and
+:meth:`NodeMetrics.node` sums them with this process's. Those are the families of :meth:`NodeMetrics.figures`:
+the open connections and subscriptions, every counter (events published and delivered, dropped, bad input,
+closes, failures, the ack latency histogram's buckets) and what components add (:meth:`NodeMetrics.add`:
+the refusals of the limits and of authentication, the durable consumers' deliveries). The log's figures are
+read from the shared log by each process and need no sum.
 
 Concurrency contract: called from the event loop thread only; the log's counts are read on a reader thread
 (:meth:`NodeMetrics.read_log`).
@@ -11,7 +16,7 @@ Concurrency contract: called from the event loop thread only; the log's counts a
 from __future__ import annotations
 
 import bisect
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import msgpack
@@ -22,10 +27,24 @@ if TYPE_CHECKING:
     from .notices import Notices
     from .session import Session
 
-__all__ = ["CONNECTIONS_TOPIC", "Histogram", "NodeMetrics"]
+__all__ = ["FIGURES_TOPIC", "Figures", "Histogram", "NodeMetrics", "label_key", "labels_of"]
 
-#: The question (``core/notices.py``) for a process's open connections per dialect.
-CONNECTIONS_TOPIC = "metrics.connections"
+#: The question (``core/notices.py``) for a process's figures that add up across the node (answer: msgpack
+#: :data:`Figures`).
+FIGURES_TOPIC = "metrics.figures"
+
+#: Figures that add up across processes: family -> label key (:func:`label_key`) -> value.
+Figures = dict[str, dict[str, float]]
+
+
+def label_key(*labels: str) -> str:
+    """One key of a :data:`Figures` family for a series with several labels (a NUL between them)."""
+    return "\0".join(labels)
+
+
+def labels_of(key: str) -> list[str]:
+    """The labels :func:`label_key` joined."""
+    return key.split("\0")
 
 
 class NodeMetrics:
@@ -39,11 +58,12 @@ class NodeMetrics:
     Concurrency contract: called from the event loop thread only."""
 
     __slots__ = (
+        "_added",
         "_dropped",
         "_log",
         "_log_stats",
         "_notices",
-        "_peer_connections",
+        "_peer_figures",
         "_sessions",
         "_subscriptions",
         "ack_latency",
@@ -96,14 +116,53 @@ class NodeMetrics:
         #: Reads a component makes before each scrape, for numbers kept in the log (:meth:`refresh`).
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []
         self._notices: Notices | None = None
-        #: The other processes' open connections per dialect, as :meth:`ask_peers` last heard them.
-        self._peer_connections: dict[str, int] = {}
+        #: Families that components add to :meth:`figures` (:meth:`add`).
+        self._added: dict[str, Callable[[], Mapping[str, float]]] = {}
+        #: The other processes' figures, summed, as :meth:`ask_peers` last heard them.
+        self._peer_figures: Figures = {}
 
     def share(self, notices: Notices) -> None:
-        """Answer the node's other processes' question for this one's open connections (they ask at each
+        """Answer the node's other processes' question for this one's :meth:`figures` (they ask at each
         scrape), and ask theirs in :meth:`ask_peers`."""
         self._notices = notices
-        notices.answer(CONNECTIONS_TOPIC, lambda _: msgpack.packb(self.connections()))
+        notices.answer(FIGURES_TOPIC, lambda _: msgpack.packb(self.figures()))
+
+    def add(self, family: str, figures: Callable[[], Mapping[str, float]]) -> Callable[[], None]:
+        """Add a family of figures that add up across the node's processes (counters, or counts of this
+        process's things), read at each scrape: ``figures()`` maps a :func:`label_key` to its value.
+        Returns the removal."""
+        self._added[family] = figures
+
+        def remove() -> None:
+            if self._added.get(family) is figures:
+                del self._added[family]
+
+        return remove
+
+    def figures(self) -> Figures:
+        """This process's figures that add up across the node's processes (see the module docstring)."""
+        h = self.ack_latency
+        out: Figures = {
+            "connections": dict(self.connections()),
+            "subscriptions": {"": self.subscriptions()},
+            "published": dict(self.published),
+            "deliveries": dict(self.deliveries),
+            "dropped": dict(self.dropped()),
+            "bad_input": dict(self.bad_input),
+            "slow_closes": dict(self.slow_closes),
+            "io_errors": dict(self.io_errors),
+            "write_timeouts": dict(self.write_timeouts),
+            "internal_closes": dict(self.internal_closes),
+            "component_failures": dict(self.component_failures),
+            "ack_latency": {
+                **{str(i): n for i, n in enumerate(h.counts)},
+                "sum": h.sum,
+                "count": h.count,
+            },
+        }
+        for family, fn in self._added.items():
+            out[family] = dict(fn())
+        return out
 
     async def refresh(self) -> None:
         """Run every :attr:`before_scrape` read and :meth:`ask_peers` (``/metrics`` awaits it before
@@ -113,18 +172,36 @@ class NodeMetrics:
         await self.ask_peers()
 
     async def ask_peers(self) -> None:
-        """Ask the node's other processes (workers) for their open connections, for
-        :meth:`node_connections` (nothing on a single process; a worker that does not answer within a second
-        counts none)."""
-        out: dict[str, int] = {}
+        """Ask the node's other processes (workers) for their :meth:`figures`, for :meth:`node` (nothing on a
+        single process; a worker that does not answer within a second counts nothing in this scrape)."""
+        out: Figures = {}
         if self._notices is not None:
-            for answer in await self._notices.ask(CONNECTIONS_TOPIC):
+            for answer in await self._notices.ask(FIGURES_TOPIC):
+                theirs: Figures = {}
                 try:
-                    for d, n in msgpack.unpackb(answer).items():
-                        out[str(d)] = out.get(str(d), 0) + int(n)
+                    _add(theirs, msgpack.unpackb(answer))
                 except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
                     continue  # not an answer of ours
-        self._peer_connections = out
+                _add(out, theirs)
+        self._peer_figures = out
+
+    def node_figures(self) -> Figures:
+        """:meth:`figures` on the whole node: this process's now, plus the other workers' as
+        :meth:`ask_peers` last heard them (this process's alone on a single process)."""
+        out = self.figures()
+        _add(out, self._peer_figures)
+        return out
+
+    def peers(self, family: str) -> dict[str, float]:
+        """Family ``family`` of the other workers' figures, summed, as :meth:`ask_peers` last heard them."""
+        return dict(self._peer_figures.get(family, {}))
+
+    def node_connections(self) -> dict[str, int]:
+        """Open connections per dialect on the whole node (as :meth:`node_figures`)."""
+        out = self.connections()
+        for d, n in self._peer_figures.get("connections", {}).items():
+            out[d] = out.get(d, 0) + int(n)
+        return out
 
     def dropped(self) -> dict[str, int]:
         """Events dropped by the sessions' overflow policy since the node started."""
@@ -135,14 +212,6 @@ class NodeMetrics:
         out: dict[str, int] = {}
         for s in self._sessions():
             out[s.dialect] = out.get(s.dialect, 0) + 1
-        return out
-
-    def node_connections(self) -> dict[str, int]:
-        """Open connections per dialect on the whole node: this process's now, and the other workers' as
-        :meth:`ask_peers` last heard them (this process's alone on a single process)."""
-        out = self.connections()
-        for d, n in self._peer_connections.items():
-            out[d] = out.get(d, 0) + n
         return out
 
     def subscriptions(self) -> int:
@@ -172,6 +241,16 @@ class NodeMetrics:
 
     def count_write_timeout(self, dialect: str) -> None:
         self.write_timeouts[dialect] = self.write_timeouts.get(dialect, 0) + 1
+
+
+def _add(into: Figures, figures: Mapping[str, Mapping[str, float]]) -> None:
+    """Add ``figures`` to ``into``, series by series (``TypeError``/``AttributeError`` for what is none)."""
+    for family, values in figures.items():
+        mine = into.setdefault(str(family), {})
+        for k, v in values.items():
+            if not isinstance(v, int | float):
+                raise TypeError(f"{family}: {v!r} is no figure")
+            mine[str(k)] = mine.get(str(k), 0) + v
 
 
 class Histogram:

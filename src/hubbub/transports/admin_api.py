@@ -192,10 +192,10 @@ class AdminApi:
         m = node.metrics
         # The store's counts, read as /metrics reads them: on reader threads, as the times.
         oldest, newest, log = await asyncio.gather(node.oldest_time(), node.top_time(), m.read_log())
-        await m.ask_peers()  # the other workers' connections: the node's, as /metrics shows them
-        by_dialect = m.node_connections()
+        await m.ask_peers()  # the other workers' figures: the node's, as /metrics shows them
+        f = m.node_figures()
+        by_dialect = {d: int(n) for d, n in f["connections"].items()}
         relay = node.relay
-        published, delivered = self.history.totals()
         h = self.history
         last = h.samples[-1] if h.samples else None
         svc = node.consumers
@@ -222,12 +222,12 @@ class AdminApi:
                 "total": sum(by_dialect.values()),
                 "by_dialect": dict(sorted(by_dialect.items())),
             },
-            "subscriptions": m.subscriptions(),
+            "subscriptions": int(f["subscriptions"].get("", 0)),
             "consumers": svc.metrics.totals().consumers if svc is not None else 0,
             "events": {
-                "published": published,
-                "delivered": delivered,
-                "dropped": sum(m.dropped().values()),
+                "published": int(sum(f["published"].values())),
+                "delivered": int(sum(f["deliveries"].values())),
+                "dropped": int(sum(f["dropped"].values())),
                 "in_per_s": round(last.events_in, 3) if last else 0.0,
                 "out_per_s": round(last.events_out, 3) if last else 0.0,
             },

@@ -383,6 +383,10 @@ def _json(status: int, obj: Any, charset: bool = False) -> web.Response:
     return resp
 
 
+#: The family of guble's own counters in the node's figures (``NodeMetrics.add``: summed across workers).
+_FAMILY = "guble"
+
+
 class GubleHub:
     """Every guble connection of one server, and the guble HTTP handlers."""
 
@@ -395,6 +399,7 @@ class GubleHub:
         )
         self.connections: set[GubleConnection] = set()
         self.total_subscriptions = 0
+        node.metrics.add(_FAMILY, lambda: {"total_subscriptions": self.total_subscriptions})
 
     def live_receivers(self) -> list[tuple[GubleConnection, gc.Receiver]]:
         out = [(c, r) for c in self.connections for r in c.receivers.values() if r.live]
@@ -561,31 +566,33 @@ class GubleHub:
         return _json(503 if checks else 200, checks, charset=True)
 
     def counters(self) -> dict[str, int]:
-        """The JSON counters of ``/admin/metrics``: guble's key names, then the counters of ``/metrics``."""
-        m = self.node.metrics
+        """The JSON counters of ``/admin/metrics``: guble's key names, then the counters of ``/metrics``; the
+        node's, every worker's summed (as ``/metrics``: :meth:`metrics` asks the other workers first)."""
+        f = self.node.metrics.node_figures()
         out: dict[str, int] = {
-            "router.total_messages_incoming": sum(m.published.values()),
-            "router.total_messages_routed": sum(m.deliveries.values()),
-            "router.total_subscriptions": self.total_subscriptions,
-            "router.current_routes": m.subscriptions(),
+            "router.total_messages_incoming": int(sum(f["published"].values())),
+            "router.total_messages_routed": int(sum(f["deliveries"].values())),
+            "router.total_subscriptions": int(f.get(_FAMILY, {}).get("total_subscriptions", 0)),
+            "router.current_routes": int(f["subscriptions"].get("", 0)),
         }
-        for name, src in (
-            ("hubbub_connections", m.connections()),
-            ("hubbub_events_published_total", m.published),
-            ("hubbub_deliveries_total", m.deliveries),
-            ("hubbub_dropped_total", m.dropped()),
-            ("hubbub_bad_input_total", m.bad_input),
-            ("hubbub_slow_consumer_closes_total", m.slow_closes),
-            ("hubbub_write_timeouts_total", m.write_timeouts),
+        for name, family in (
+            ("hubbub_connections", "connections"),
+            ("hubbub_events_published_total", "published"),
+            ("hubbub_deliveries_total", "deliveries"),
+            ("hubbub_dropped_total", "dropped"),
+            ("hubbub_bad_input_total", "bad_input"),
+            ("hubbub_slow_consumer_closes_total", "slow_closes"),
+            ("hubbub_write_timeouts_total", "write_timeouts"),
         ):
-            for d, v in sorted(src.items()):
-                out[f"{name}.{d}"] = v
+            for d, v in sorted(f[family].items()):
+                out[f"{name}.{d}"] = int(v)
         return out
 
     async def metrics(self, request: web.Request) -> web.Response:
         refused = self._admin(request)
         if refused is not None:
             return refused
+        await self.node.metrics.ask_peers()
         return _json(200, self.counters(), charset=True)
 
     async def router(self, request: web.Request) -> web.Response:

@@ -1,4 +1,10 @@
-"""Prometheus exposition of the node's statistics (native.md §9), on a per-server registry."""
+"""Prometheus exposition of the node's statistics (native.md §9), on a per-server registry.
+
+On a node of several worker processes a scrape answers for the node whichever worker takes it: the counters
+and the counts of connections, subscriptions, token timers and consumer openers are every worker's summed
+(``NodeMetrics.node_figures``, asked of the others at each scrape), as Prometheus' multi-process exporters
+sum a counter over processes; the log's and the consumers' gauges are the shared log's. The cluster relay's
+series are the worker's own (a worker is a member of the cluster of its own)."""
 
 from __future__ import annotations
 
@@ -11,7 +17,15 @@ from prometheus_client.registry import Collector
 
 from hubbub import __version__
 from hubbub.auth import Identity
-from hubbub.core.api import COMPONENTS, LABELLED_MAX, Core
+from hubbub.core.api import (
+    COMPONENTS,
+    LABELLED_MAX,
+    SUMMED_TOTALS,
+    TOTALS_FAMILY,
+    Core,
+    Figures,
+    labels_of,
+)
 from hubbub.dialects.registry import SPECS
 
 __all__ = [
@@ -44,30 +58,32 @@ class NodeCollector:
     def collect(self) -> Iterator[Any]:
         node = self.node
         m = node.metrics
+        f = m.node_figures()  # every worker's, summed (NodeMetrics.refresh asked them)
         conns = GaugeMetricFamily("hubbub_connections", "Open connections", labels=["dialect"])
-        counts: dict[str, int] = dict.fromkeys(DIALECTS, 0)
-        counts.update(m.node_connections())  # every worker's (NodeMetrics.refresh asked them)
+        counts: dict[str, float] = dict.fromkeys(DIALECTS, 0)
+        counts.update(f["connections"])
         for d, n in counts.items():
             conns.add_metric([d], n)
         yield conns
-        for name, doc, src in (
-            ("hubbub_events_published", "Events published", m.published),
-            ("hubbub_deliveries", "Events delivered to connections", m.deliveries),
-            ("hubbub_dropped", "Events dropped by the slow-consumer policy", m.dropped()),
-            ("hubbub_bad_input", "Bad input seen", m.bad_input),
-            ("hubbub_slow_consumer_closes", "Connections closed as slow consumers", m.slow_closes),
-            ("hubbub_io_errors", "Unexpected socket failures (logged at warning)", m.io_errors),
+        for name, doc, family in (
+            ("hubbub_events_published", "Events published", "published"),
+            ("hubbub_deliveries", "Events delivered to connections", "deliveries"),
+            ("hubbub_dropped", "Events dropped by the slow-consumer policy", "dropped"),
+            ("hubbub_bad_input", "Bad input seen", "bad_input"),
+            ("hubbub_slow_consumer_closes", "Connections closed as slow consumers", "slow_closes"),
+            ("hubbub_io_errors", "Unexpected socket failures (logged at warning)", "io_errors"),
             (
                 "hubbub_write_timeouts",
                 "TCP connections aborted because the peer read nothing for limits.write_timeout_s",
-                m.write_timeouts,
+                "write_timeouts",
             ),
             (
                 "hubbub_internal_closes",
                 "Connections closed because serving them raised (logged at error)",
-                m.internal_closes,
+                "internal_closes",
             ),
         ):
+            src = f[family]
             c = CounterMetricFamily(name, doc, labels=["dialect"])
             for d in DIALECTS:
                 c.add_metric([d], src.get(d, 0))
@@ -75,31 +91,31 @@ class NodeCollector:
                 if d not in DIALECTS:
                     c.add_metric([d], v)
             yield c
-        yield from self._access()
+        yield from self._access(f)
         failures = CounterMetricFamily(
             "hubbub_component_failures",
             "Failures of a component's background tasks (logged at error or warning; core/supervisor.py)",
             labels=["component"],
         )
-        for name, n in sorted({**dict.fromkeys(COMPONENTS, 0), **m.component_failures}.items()):
+        for name, n in sorted({**dict.fromkeys(COMPONENTS, 0), **f["component_failures"]}.items()):
             failures.add_metric([name], n)
         yield failures
         st = m.log()
         yield GaugeMetricFamily("hubbub_log_events", "Retained events in the log", value=st.events)
         yield GaugeMetricFamily("hubbub_log_bytes", "Retained payload, header and tag bytes", value=st.bytes)
         yield GaugeMetricFamily("hubbub_channels", "Channels with retained events", value=st.channels)
-        h = m.ack_latency
+        lat = f["ack_latency"]
         buckets = []
-        acc = 0
-        for b, n in zip(h.buckets, h.counts, strict=False):
-            acc += n
+        acc = 0.0
+        for i, b in enumerate(m.ack_latency.buckets):
+            acc += lat.get(str(i), 0)
             buckets.append((repr(b), acc))
-        buckets.append(("+Inf", h.count))
+        buckets.append(("+Inf", lat.get("count", 0)))
         yield HistogramMetricFamily(
             "hubbub_publish_ack_seconds",
             "Time from publish to acknowledgement",
             buckets=buckets,
-            sum_value=h.sum,
+            sum_value=lat.get("sum", 0.0),
         )
         yield from self._cluster()
         yield from self._presence()
@@ -107,31 +123,38 @@ class NodeCollector:
         info.add_metric([__version__], 1)
         yield info
 
-    def _access(self) -> Iterator[Any]:
+    def _access(self, f: Figures) -> Iterator[Any]:
         """Refusals by the limits (``limits.*``) and by authentication and permission checks."""
         from hubbub.core.api import LIMIT_NAMES
 
-        access = self.node.access
         lim = CounterMetricFamily(
             "hubbub_limit_refusals",
             "Requests and connections refused by a limit",
             labels=["limit", "dialect"],
         )
-        refusals = dict(access.limiter.refusals)
+        refusals = {tuple(labels_of(k)): n for k, n in f.get("limit_refusals", {}).items()}
         for name in LIMIT_NAMES:
             refusals.setdefault((name, "native"), 0)
-        for (name, dialect), n in sorted(refusals.items()):
-            lim.add_metric([name, dialect], n)
+        for labels, n in sorted(refusals.items()):
+            lim.add_metric(list(labels), n)
         yield lim
         auth = CounterMetricFamily(
             "hubbub_auth_refusals", "Refused authentications and operations", labels=["reason"]
         )
-        reasons = {"auth_required": 0, "bad_token": 0, "forbidden": 0, "token_expired": 0, **access.refusals}
+        reasons = {
+            "auth_required": 0,
+            "bad_token": 0,
+            "forbidden": 0,
+            "token_expired": 0,
+            **f.get("auth_refusals", {}),
+        }
         for reason, n in sorted(reasons.items()):
             auth.add_metric([reason], n)
         yield auth
         yield GaugeMetricFamily(
-            "hubbub_token_expiry_timers", "Connections whose token expires", value=access.timers
+            "hubbub_token_expiry_timers",
+            "Connections whose token expires",
+            value=f.get("token_timers", {}).get("", 0),
         )
 
     def _cluster(self) -> Iterator[Any]:
@@ -218,10 +241,12 @@ class ConsumerCollector:
         if svc is None:
             return
         totals = svc.metrics.totals()
+        # Deliveries and openers are each worker's: summed with the other workers' (NodeMetrics.refresh
+        # asked them); the consumers and their backlog are the shared log's.
+        summed = self.node.metrics.peers(TOTALS_FAMILY)
         for name, doc, gauge, field in _TOTALS:
-            yield (GaugeMetricFamily if gauge else CounterMetricFamily)(
-                name, doc, value=getattr(totals, field)
-            )
+            value = getattr(totals, field) + (summed.get(field, 0) if field in SUMMED_TOTALS else 0)
+            yield (GaugeMetricFamily if gauge else CounterMetricFamily)(name, doc, value=value)
         yield GaugeMetricFamily(
             "hubbub_consumers_unlabelled",
             "Consumers beyond the per-consumer series' limit (in the totals only)",
