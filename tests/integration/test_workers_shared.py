@@ -600,3 +600,28 @@ def test_metrics_counters_are_the_nodes_from_either_worker(node: ServerProcess, 
     finally:
         for c in (*subs, *pubs, bad, big):
             c.close()
+
+
+def test_a_killed_workers_counters_stay_in_the_nodes_sums(own_node: ServerProcess) -> None:
+    """A worker killed with -9 takes its counters with it; the node's sums keep them as last scraped, from
+    the surviving worker and from the one started in its place (a fall would be a counter reset)."""
+    node = own_node
+    a, b = _workers(node)
+    published = 'hubbub_events_published_total{dialect="native"}'
+    pubs = [_lines_on(node, w) for w in (a, a, a, b, b)]
+    try:
+        for i, p in enumerate(pubs):
+            assert p.publish(f"/killed/{i}", "x")["op"] == "reply"
+        _wait_for(lambda: [_scrape(node, w)[published] for w in (a, b)] == [5, 5], "5 published on both")
+    finally:
+        for p in pubs:
+            p.close()
+    os.kill(a, signal.SIGKILL)
+    _wait_for(lambda: len(_workers(node)) == 2 and a not in _workers(node), "the worker's restart")
+    restarted = re.compile(r"worker \d restarted")
+    _wait_for(lambda: restarted.search(node.log()) is not None, "its start")
+    new = next(w for w in _workers(node) if w != b)
+    with _lines_on(node, new) as p:
+        assert p.publish("/killed/new", "x")["op"] == "reply"
+    for w in (b, new, b):
+        assert _scrape(node, w)[published] == 6, w

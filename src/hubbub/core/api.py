@@ -46,7 +46,7 @@ from hubbub.selection import Selection, SubtreeFetch
 
 from .access import Access
 from .batcher import Publish, Submit, SubmitMany
-from .consumer_metrics import LABELLED_MAX, SUMMED_TOTALS, TOTALS_FAMILY
+from .consumer_metrics import LABELLED_MAX, OPENERS_FAMILY, SUMMED_TOTALS, TOTALS_FAMILY
 from .consumers import Batch, ConsumerService, GroupMember, Opener
 from .limits import LIMIT_NAMES, Limiter
 from .log_control import StateGet, StateList, StateSet
@@ -67,6 +67,7 @@ __all__ = [
     "LABELLED_MAX",
     "LIMIT_NAMES",
     "LIST_LIMIT",
+    "OPENERS_FAMILY",
     "SUMMED_TOTALS",
     "TOTALS_FAMILY",
     "Access",

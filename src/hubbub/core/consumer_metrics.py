@@ -24,6 +24,7 @@ from .node import Node
 
 __all__ = [
     "LABELLED_MAX",
+    "OPENERS_FAMILY",
     "SUMMED_TOTALS",
     "TOTALS_FAMILY",
     "ConsumerFigures",
@@ -75,8 +76,9 @@ class ConsumerTotals:
 #: The fields of :class:`ConsumerTotals` that add up across a node's worker processes (each counts its own
 #: deliveries and openers; the consumers and their backlog are the shared log's, the same in every worker).
 SUMMED_TOTALS = ("openers", "batches", "acked", "nacked", "redelivered", "group_events")
-#: Their family in the node's figures (``NodeMetrics.add``).
+#: Their family in the node's figures (``NodeMetrics.add``): the counters, and the openers (a gauge).
 TOTALS_FAMILY = "consumers"
+OPENERS_FAMILY = "consumer_openers"
 
 
 class ConsumerMetrics:
@@ -87,12 +89,14 @@ class ConsumerMetrics:
         self._by_name = by_name
         self._delivery = delivery
         self._groups = groups
-        node.metrics.add(TOTALS_FAMILY, self.summed)  # each scrape sums them across the node's workers
+        # Each scrape sums them across the node's workers.
+        node.metrics.add(TOTALS_FAMILY, self.summed)
+        node.metrics.add(OPENERS_FAMILY, lambda: {"openers": self.totals().openers}, gauge=True)
 
     def summed(self) -> dict[str, float]:
-        """This process's totals that add up across the node's workers (:data:`SUMMED_TOTALS`)."""
+        """This process's counters that add up across the node's workers (:data:`SUMMED_TOTALS`)."""
         totals = self.totals()
-        return {field: getattr(totals, field) for field in SUMMED_TOTALS}
+        return {field: getattr(totals, field) for field in SUMMED_TOTALS if field != "openers"}
 
     async def refresh(self) -> None:
         """Read every consumer's unacknowledged count from the store (one read; ``HubbubError`` when the log

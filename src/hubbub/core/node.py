@@ -215,7 +215,7 @@ class Node:
             "limit_refusals", lambda: {label_key(n, d): v for (n, d), v in access.limiter.refusals.items()}
         )
         self.metrics.add("auth_refusals", lambda: access.refusals)
-        self.metrics.add("token_timers", lambda: {"": access.timers})
+        self.metrics.add("token_timers", lambda: {"": access.timers}, gauge=True)
 
     # -- lifecycle --------------------------------------------------------------------------------------
 

@@ -132,6 +132,11 @@ class Notices:
             self.send(HELLO, f"{me} {incarnation} 0".encode())
 
     @property
+    def incarnation(self) -> str:
+        """This process's incarnation among its peers ("" without peers)."""
+        return self._incarnation if self.me else ""
+
+    @property
     def peers(self) -> list[str]:
         """The ids of the other live processes, sorted (empty without a relay that knows them)."""
         return sorted(self._peers)

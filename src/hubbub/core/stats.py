@@ -3,11 +3,13 @@
 On a node of several worker processes the figures that add up across processes are the node's: each scrape
 asks the other workers for theirs (:meth:`NodeMetrics.ask_peers`, a question through the node's notices,
 answered from the counters as they stand: nothing is counted or sent on the hot path) and
-:meth:`NodeMetrics.node` sums them with this process's. Those are the families of :meth:`NodeMetrics.figures`:
-the open connections and subscriptions, every counter (events published and delivered, dropped, bad input,
-closes, failures, the ack latency histogram's buckets) and what components add (:meth:`NodeMetrics.add`:
-the refusals of the limits and of authentication, the durable consumers' deliveries). The log's figures are
-read from the shared log by each process and need no sum.
+:meth:`NodeMetrics.node_figures` sums them with this process's (``core/peer_figures.py``, which also keeps
+the counters of a worker gone, so that the node's counters never fall). Those are the families of
+:meth:`NodeMetrics.figures`: the open connections and subscriptions, every counter (events published and
+delivered, dropped, bad input, closes, failures, the ack latency histogram's buckets) and what components
+add (:meth:`NodeMetrics.add`: the refusals of the limits and of authentication, the token timers, the
+durable consumers' deliveries and openers, guble's subscriptions). The log's figures are read from the
+shared log by each process and need no sum.
 
 Concurrency contract: called from the event loop thread only; the log's counts are read on a reader thread
 (:meth:`NodeMetrics.read_log`).
@@ -19,9 +21,9 @@ import bisect
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import msgpack
-
 from hubbub.log.base import StoreStats
+
+from .peer_figures import FIGURES_TOPIC, Figures, PeerFigures, add_figures, label_key, labels_of
 
 if TYPE_CHECKING:
     from .notices import Notices
@@ -29,22 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FIGURES_TOPIC", "Figures", "Histogram", "NodeMetrics", "label_key", "labels_of"]
 
-#: The question (``core/notices.py``) for a process's figures that add up across the node (answer: msgpack
-#: :data:`Figures`).
-FIGURES_TOPIC = "metrics.figures"
-
-#: Figures that add up across processes: family -> label key (:func:`label_key`) -> value.
-Figures = dict[str, dict[str, float]]
-
-
-def label_key(*labels: str) -> str:
-    """One key of a :data:`Figures` family for a series with several labels (a NUL between them)."""
-    return "\0".join(labels)
-
-
-def labels_of(key: str) -> list[str]:
-    """The labels :func:`label_key` joined."""
-    return key.split("\0")
+#: The families of :meth:`NodeMetrics.figures` that count things now (the others count since the start).
+_GAUGES = ("connections", "subscriptions")
 
 
 class NodeMetrics:
@@ -60,10 +48,10 @@ class NodeMetrics:
     __slots__ = (
         "_added",
         "_dropped",
+        "_gauges",
         "_log",
         "_log_stats",
-        "_notices",
-        "_peer_figures",
+        "_peers",
         "_sessions",
         "_subscriptions",
         "ack_latency",
@@ -115,23 +103,27 @@ class NodeMetrics:
         self.write_timeouts: dict[str, int] = {}
         #: Reads a component makes before each scrape, for numbers kept in the log (:meth:`refresh`).
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []
-        self._notices: Notices | None = None
-        #: Families that components add to :meth:`figures` (:meth:`add`).
+        #: Families that components add to :meth:`figures` (:meth:`add`), and those of them that are gauges.
         self._added: dict[str, Callable[[], Mapping[str, float]]] = {}
-        #: The other processes' figures, summed, as :meth:`ask_peers` last heard them.
-        self._peer_figures: Figures = {}
+        self._gauges = frozenset(_GAUGES)
+        #: The other worker processes' figures (core/peer_figures.py).
+        self._peers = PeerFigures(self.figures, lambda: self._gauges)
 
     def share(self, notices: Notices) -> None:
         """Answer the node's other processes' question for this one's :meth:`figures` (they ask at each
         scrape), and ask theirs in :meth:`ask_peers`."""
-        self._notices = notices
-        notices.answer(FIGURES_TOPIC, lambda _: msgpack.packb(self.figures()))
+        self._peers.share(notices)
 
-    def add(self, family: str, figures: Callable[[], Mapping[str, float]]) -> Callable[[], None]:
-        """Add a family of figures that add up across the node's processes (counters, or counts of this
-        process's things), read at each scrape: ``figures()`` maps a :func:`label_key` to its value.
-        Returns the removal."""
+    def add(
+        self, family: str, figures: Callable[[], Mapping[str, float]], *, gauge: bool = False
+    ) -> Callable[[], None]:
+        """Add a family of figures that add up across the node's processes, read at each scrape:
+        ``figures()`` maps a :func:`label_key` to its value. Counters (since the process started) by
+        default; ``gauge``: counts of this process's things now (not kept for a worker gone). Returns the
+        removal."""
         self._added[family] = figures
+        if gauge:
+            self._gauges |= {family}
 
         def remove() -> None:
             if self._added.get(family) is figures:
@@ -172,34 +164,27 @@ class NodeMetrics:
         await self.ask_peers()
 
     async def ask_peers(self) -> None:
-        """Ask the node's other processes (workers) for their :meth:`figures`, for :meth:`node` (nothing on a
-        single process; a worker that does not answer within a second counts nothing in this scrape)."""
-        out: Figures = {}
-        if self._notices is not None:
-            for answer in await self._notices.ask(FIGURES_TOPIC):
-                theirs: Figures = {}
-                try:
-                    _add(theirs, msgpack.unpackb(answer))
-                except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
-                    continue  # not an answer of ours
-                _add(out, theirs)
-        self._peer_figures = out
+        """Ask the node's other processes (workers) for their :meth:`figures`, for :meth:`node_figures`
+        (nothing on a single process; a worker that does not answer within a second counts nothing in this
+        scrape)."""
+        await self._peers.ask()
 
     def node_figures(self) -> Figures:
         """:meth:`figures` on the whole node: this process's now, plus the other workers' as
-        :meth:`ask_peers` last heard them (this process's alone on a single process)."""
+        :meth:`ask_peers` last heard them and the last counters of workers gone (core/peer_figures.py; this
+        process's alone on a single process)."""
         out = self.figures()
-        _add(out, self._peer_figures)
+        add_figures(out, self._peers.summed())
         return out
 
     def peers(self, family: str) -> dict[str, float]:
-        """Family ``family`` of the other workers' figures, summed, as :meth:`ask_peers` last heard them."""
-        return dict(self._peer_figures.get(family, {}))
+        """Family ``family`` of the other workers' figures, as :meth:`node_figures` adds them."""
+        return self._peers.summed().get(family, {})
 
     def node_connections(self) -> dict[str, int]:
         """Open connections per dialect on the whole node (as :meth:`node_figures`)."""
         out = self.connections()
-        for d, n in self._peer_figures.get("connections", {}).items():
+        for d, n in self._peers.live("connections").items():
             out[d] = out.get(d, 0) + int(n)
         return out
 
@@ -241,16 +226,6 @@ class NodeMetrics:
 
     def count_write_timeout(self, dialect: str) -> None:
         self.write_timeouts[dialect] = self.write_timeouts.get(dialect, 0) + 1
-
-
-def _add(into: Figures, figures: Mapping[str, Mapping[str, float]]) -> None:
-    """Add ``figures`` to ``into``, series by series (``TypeError``/``AttributeError`` for what is none)."""
-    for family, values in figures.items():
-        mine = into.setdefault(str(family), {})
-        for k, v in values.items():
-            if not isinstance(v, int | float):
-                raise TypeError(f"{family}: {v!r} is no figure")
-            mine[str(k)] = mine.get(str(k), 0) + v
 
 
 class Histogram:

@@ -2,9 +2,10 @@
 
 On a node of several worker processes a scrape answers for the node whichever worker takes it: the counters
 and the counts of connections, subscriptions, token timers and consumer openers are every worker's summed
-(``NodeMetrics.node_figures``, asked of the others at each scrape), as Prometheus' multi-process exporters
-sum a counter over processes; the log's and the consumers' gauges are the shared log's. The cluster relay's
-series are the worker's own (a worker is a member of the cluster of its own)."""
+(``NodeMetrics.node_figures``, asked of the others at each scrape, with the last counters of a worker
+gone: ``core/peer_figures.py``), as Prometheus' multi-process exporters sum a counter over processes; the
+log's and the consumers' gauges are the shared log's. The cluster relay's series are the worker's own (a
+worker is a member of the cluster of its own)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from hubbub.auth import Identity
 from hubbub.core.api import (
     COMPONENTS,
     LABELLED_MAX,
+    OPENERS_FAMILY,
     SUMMED_TOTALS,
     TOTALS_FAMILY,
     Core,
@@ -243,7 +245,7 @@ class ConsumerCollector:
         totals = svc.metrics.totals()
         # Deliveries and openers are each worker's: summed with the other workers' (NodeMetrics.refresh
         # asked them); the consumers and their backlog are the shared log's.
-        summed = self.node.metrics.peers(TOTALS_FAMILY)
+        summed = {**self.node.metrics.peers(TOTALS_FAMILY), **self.node.metrics.peers(OPENERS_FAMILY)}
         for name, doc, gauge, field in _TOTALS:
             value = getattr(totals, field) + (summed.get(field, 0) if field in SUMMED_TOTALS else 0)
             yield (GaugeMetricFamily if gauge else CounterMetricFamily)(name, doc, value=value)
