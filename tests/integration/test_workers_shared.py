@@ -625,3 +625,28 @@ def test_a_killed_workers_counters_stay_in_the_nodes_sums(own_node: ServerProces
         assert p.publish("/killed/new", "x")["op"] == "reply"
     for w in (b, new, b):
         assert _scrape(node, w)[published] == 6, w
+
+
+def _overview_connections(node: ServerProcess, worker: int) -> tuple[int, int | None]:
+    """The admin overview's connection total through ``worker``, and its latest sample's (None before one)."""
+    status, o = _http_json(node, worker, "GET", "/api/v1/admin/overview")
+    assert status == 200, o
+    samples = o["history"]["samples"]
+    return o["connections"]["total"], samples[-1][3] if samples else None
+
+
+@SHARED
+def test_the_admin_overviews_history_is_the_nodes_from_either_worker(node: ServerProcess) -> None:
+    """The overview's traffic history (sampled every 2 s by each worker) adds every worker's samples: its
+    latest sample counts the connections of both workers, as the overview's total does."""
+    a, b = _workers(node)
+    conns = [_lines_on(node, b) for _ in range(3)]
+    try:
+        for w in (a, b):
+            deadline = time.monotonic() + 10
+            while not ((seen := _overview_connections(node, w))[0] >= 3 and seen[0] == seen[1]):
+                assert time.monotonic() < deadline, (w, seen)
+                time.sleep(0.05)  # the next sample, 2 s at most
+    finally:
+        for c in conns:
+            c.close()

@@ -11,7 +11,7 @@ from hubbub.events import Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, ChannelInfo, RetentionPolicy
 from hubbub.transports.admin_api import ChannelRates
-from hubbub.transports.admin_history import TrafficHistory
+from hubbub.transports.admin_history import Sample, TrafficHistory, add_nearest
 
 
 def test_channel_rates_come_from_two_listings() -> None:
@@ -46,3 +46,15 @@ def test_traffic_history_is_a_bounded_ring_of_rates(tmp_path: Path) -> None:
                 assert h.totals() == (5, 0)
 
     asyncio.run(main())
+
+
+def test_another_workers_samples_add_to_the_nearest_in_time() -> None:
+    mine = [Sample(100.0, 1, 2, 3), Sample(102.0, 1, 2, 3), Sample(104.0, 1, 2, 3)]
+    # Another worker's, at another phase: started after this one's first sample, with a gap.
+    theirs = [Sample(101.2, 10, 20, 30), Sample(103.3, 100, 200, 300), Sample(109.0, 5, 5, 5)]
+    assert add_nearest(mine, theirs, 2.0) == [
+        Sample(100.0, 1, 2, 3),  # none of theirs within a second
+        Sample(102.0, 11, 22, 33),
+        Sample(104.0, 101, 202, 303),
+    ]
+    assert add_nearest(mine, [], 2.0) == mine

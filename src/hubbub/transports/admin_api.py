@@ -192,12 +192,13 @@ class AdminApi:
         m = node.metrics
         # The store's counts, read as /metrics reads them: on reader threads, as the times.
         oldest, newest, log = await asyncio.gather(node.oldest_time(), node.top_time(), m.read_log())
-        await m.ask_peers()  # the other workers' figures: the node's, as /metrics shows them
+        h = self.history
+        # The other workers' figures and traffic: the node's, as /metrics shows them.
+        _, samples = await asyncio.gather(m.ask_peers(), h.node_samples())
         f = m.node_figures()
         by_dialect = {d: int(n) for d, n in f["connections"].items()}
         relay = node.relay
-        h = self.history
-        last = h.samples[-1] if h.samples else None
+        last = samples[-1] if samples else None
         svc = node.consumers
         body = {
             "version": __version__,
@@ -235,7 +236,7 @@ class AdminApi:
                 "interval_s": h.interval_s,
                 "samples": [
                     [round(s.time, 3), round(s.events_in, 3), round(s.events_out, 3), s.connections]
-                    for s in h.samples
+                    for s in samples
                 ],
             },
         }
