@@ -1,11 +1,12 @@
 """A ``hubbub serve --workers 2`` node answers as one node whichever worker holds a connection: WearScript's
-device lists and hub list, and the departures of a worker killed with -9; qpubs' ``delivered`` counts
-(docs/operations.md "Workers").
+device lists and hub list, and the departures of a worker killed with -9; qpubs' ``delivered`` counts; the
+admin API's connections, disconnect and overview; ``/metrics``' and guble's counters, which keep a killed
+worker's counts (docs/operations.md "Workers").
 
 Each test puts its connections on chosen workers (connecting again until the kernel gives the wanted one:
 ``test_workers.py``'s helpers) and checks what a connection on one worker sees of the other's. The tests
 that leave the node as they found it share one (``SHARED``: one xdist worker starts it once), each under
-names of its own; the test that kills a worker starts its own node."""
+names of its own; the tests that kill a worker start their own node."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ that knowledge (a cluster's Redis broker) connects without an id: no peers, comp
 process.
 
 **Questions.** A component may ask every peer a question and await their answers (:meth:`Notices.ask`:
-``/metrics`` asks for the other workers' open connections at each scrape); a peer answers what its
+``/metrics`` asks for the other workers' figures at each scrape); a peer answers what its
 :meth:`Notices.answer` function for the topic returns. The asker waits for every live peer, at most its
 timeout (a peer gone is not waited for), and gets the answers that came. An asker that keeps state in step
 with the others' may take the answers that come after its wait too (``late``): a peer slower than the wait
