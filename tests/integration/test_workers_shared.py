@@ -573,8 +573,10 @@ def test_metrics_counters_are_the_nodes_from_either_worker(node: ServerProcess, 
         assert status == 200, counters
         return int(counters["router.total_messages_incoming"])
 
-    before = figures()
-    assert before[a] == before[b], before  # nothing else happens on the node meanwhile (an xdist group)
+    deadline = time.monotonic() + 10
+    while (before := figures())[a] != before[b]:  # the counts of the tests before reach both scrapes
+        assert time.monotonic() < deadline, before
+        time.sleep(0.02)
     incoming = guble_incoming(a)
     subs = [_lines_on(node, w) for w in (a, b)]
     pubs = [_lines_on(node, w) for w in (a, a, b)]
