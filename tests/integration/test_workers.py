@@ -42,10 +42,12 @@ pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="find
 SHARED = pytest.mark.xdist_group("workers_node")
 
 
-def _wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+def _wait_for(check: Callable[[], bool], what: str | Callable[[], str], timeout: float = 30.0) -> None:
+    """Poll ``check`` until it holds; ``what`` names it in the failure (a callable: read at the failure, so it
+    can show the last value ``check`` saw)."""
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what() if callable(what) else what}"
         time.sleep(0.02)  # polling a condition the server processes decide
 
 

@@ -344,7 +344,7 @@ def test_metrics_count_every_workers_connections_from_either_worker(node: Server
             seen[:] = [_native_connections(node, w) for w in (a, b)]
             return seen == [5, 5]
 
-        _wait_for(five_on_both, f"5 connections seen from both workers (last: {seen})", 10.0)
+        _wait_for(five_on_both, lambda: f"5 connections seen from both workers (last: {seen})", 10.0)
     finally:
         for c in conns:
             c.close()
