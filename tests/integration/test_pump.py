@@ -28,8 +28,8 @@ class Wire:
     def __init__(self) -> None:
         self.frames: list[bytes] = []
         self.wrote = asyncio.Event()
-        #: The pump's ``direct`` socket, when it has one.
-        self.direct: Direct | None = None
+        #: The pump's ``direct`` socket (or its ``wire``), when it has one.
+        self.direct: Any = None
 
     async def until(self, frame: bytes) -> None:
         while frame not in self.frames:
@@ -59,17 +59,50 @@ class Direct:
         self.writer.write(b"".join(frames))
 
 
+class Bracketed:
+    """A socket that frames its writes itself (the pump's ``wire``, as a WebSocket's): each frame in
+    brackets; ``put`` writes are recorded in ``writes`` and ``wire`` as the task's loop writes are, ``room``
+    stands for the socket's buffer being under its high-water mark."""
+
+    def __init__(self, writer: asyncio.StreamWriter, wire: Wire) -> None:
+        self.writer = writer
+        self.wire = wire
+        self.room = True
+        #: The bytes of each write without a task (``put``).
+        self.writes: list[bytes] = []
+        self.frame = _framed
+
+    def _record(self, data: bytes) -> None:
+        self.wire.frames += [f + b"]" for f in data.split(b"]")[:-1]]
+        self.wire.wrote.set()
+        self.writer.write(data)
+
+    async def write(self, data: bytes) -> None:
+        self._record(data)
+        await self.writer.drain()
+
+    def writable(self) -> bool:
+        return self.room
+
+    def put(self, data: bytes) -> None:
+        assert self.room, "a write while the buffer is over its high-water mark"
+        self.writes.append(data)
+        self._record(data)
+
+
 async def pumped(
     tmp_path: Path,
     feed: Any,
     keepalive: tuple[float, bytes] | None = None,
     parked: bool = False,
     direct: bool = False,
+    wired: bool = False,
 ) -> tuple[bytes, Any]:
     """Run a pump writing to a real socket; ``feed(session, wire, pump)`` queues frames and ends the
     session. Returns every byte the peer read and the reason the pump closed with. With ``parked`` the pump
     runs as a connection's does (``SessionPump.start``: a task only while there is something to write); with
-    ``direct`` too, it writes through a :class:`Direct` (``pump.direct_writes``) when it need not wait."""
+    ``direct`` too, it writes through a :class:`Direct` (``pump.direct_writes``) when it need not wait; with
+    ``wired``, through a :class:`Bracketed` (``wire.direct``), which frames the frames itself."""
     store = open_store("memory", str(tmp_path), "none", RetentionPolicy(), 600)
     async with Node(store, NodeSettings()) as node:
         accepted: asyncio.Future[asyncio.StreamWriter] = asyncio.get_running_loop().create_future()
@@ -97,11 +130,12 @@ async def pumped(
             w.close()
 
         d = Direct(w, wire) if direct else None
+        b = Bracketed(w, wire) if wired else None
         pump = SessionPump(
-            node, sess, send=send, close=close, max_frame=1 << 16, keepalive=keepalive, direct=d
+            node, sess, send=send, close=close, max_frame=1 << 16, keepalive=keepalive, direct=d, wire=b
         )
-        if direct:
-            wire.direct = d
+        wire.direct = d or b
+        direct = direct or wired
         if parked:
             pump.start()
             await feed(sess, wire, pump)
@@ -260,6 +294,60 @@ def test_a_direct_socket_over_its_high_water_mark_leaves_the_writes_to_a_task_in
 
     data, closed = asyncio.run(pumped(tmp_path, feed, parked=True, direct=True))
     assert data == b"<0><1><2><3><4>"
+    assert closed == [Disconnect.NORMAL]
+
+
+def test_a_woken_pump_with_a_wire_writes_a_loop_steps_frames_framed_at_once_without_a_task(
+    tmp_path: Path,
+) -> None:
+    """A WebSocket's pump (a ``wire`` that frames its writes itself) writes as a byte stream's ``direct``
+    does: what one loop step queued (a commit's fan-out) goes out framed, in one write, at the end of that
+    step, with no task; the session's end still closes through the loop."""
+
+    async def feed(sess: Session, wire: Wire, pump: SessionPump) -> None:
+        sock = wire.direct
+        assert isinstance(sock, Bracketed)
+        for step in range(3):
+            for i in range(3):
+                sess.push(f"<{step}.{i}>".encode())
+            assert pump.task is None and _write_loops() == 0
+            await wire.until(f"[<{step}.2>]".encode())
+            assert pump.task is None and _write_loops() == 0
+            assert sock.writes[-1] == b"".join(f"[<{step}.{i}>]".encode() for i in range(3))
+        assert len(sock.writes) == 3
+        sess.push(b"<end>")
+        sess.end(Disconnect.NORMAL)
+
+    data, closed = asyncio.run(pumped(tmp_path, feed, parked=True, wired=True))
+    assert data == b"".join(f"[<{s}.{i}>]".encode() for s in range(3) for i in range(3)) + b"[<end>]"
+    assert closed == [Disconnect.NORMAL]
+
+
+def test_a_wire_over_its_high_water_mark_leaves_the_writes_to_a_task_in_order(tmp_path: Path) -> None:
+    """A WebSocket's buffer over its high-water mark: the task's loop writes (and waits for room); once it
+    parks, writes without a task resume. A run queued meanwhile is framed once, every frame once, in order."""
+
+    async def feed(sess: Session, wire: Wire, pump: SessionPump) -> None:
+        sock = wire.direct
+        assert isinstance(sock, Bracketed)
+        sess.push(b"<0>")
+        await wire.until(b"[<0>]")
+        sock.room = False
+        events = [b"<e%d>" % i for i in range(1, RUN_ENTRY_MIN + 1)]
+        sess.deliver_run(FrameRun(events, sum(map(len, events))))
+        sess.push(b"<1>")
+        await wire.until(b"[<1>]")
+        assert len(sock.writes) == 1  # the run and <1> went through the task's loop
+        await _parks(pump)
+        sock.room = True
+        sess.push(b"<2>")
+        await wire.until(b"[<2>]")
+        assert sock.writes[-1] == b"[<2>]" and pump.task is None
+        sess.end(Disconnect.NORMAL)
+
+    data, closed = asyncio.run(pumped(tmp_path, feed, parked=True, wired=True))
+    run = b"".join(b"[<e%d>]" % i for i in range(1, RUN_ENTRY_MIN + 1))
+    assert data == b"[<0>]" + run + b"[<1>][<2>]"
     assert closed == [Disconnect.NORMAL]
 
 

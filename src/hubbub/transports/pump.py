@@ -33,12 +33,14 @@ session ends; a connection whose queue stays empty holds none (a task, its corou
 1.4 KiB per connection). :meth:`SessionPump.stop` ends it either way.
 
 A woken pump of a socket that can write at once (``direct``, a :class:`Direct`: a byte stream's transport,
-whose write goes to the kernel right away while its buffer is below its high-water mark) needs no task at
-all: one callback at the end of the loop step that queued the frame (``call_soon``, so that every frame of
-that step, a commit's whole fan-out, goes out in the same write) takes the queue and writes it. Only what must
-wait (a buffer over its high-water mark, the session's end and close) goes to a task, which waits for the
-room as before. This spares each event delivered at light load a task's creation, its coroutines and a loop
-step, which is most of the write's share of the latency (bench/suite.py ``latency``).
+whose write goes to the kernel right away while its buffer is below its high-water mark; or a ``wire``, a
+WebSocket's, whose :meth:`Wire.put` does the same with the bytes it framed) needs no task at all: one callback
+at the end of the loop step that queued the frame (``call_soon``, so that every frame of that step, a commit's
+whole fan-out, goes out in the same write) takes the queue and writes it. Only what must wait (a buffer over
+its high-water mark, the session's end and close, a batching session's frames on a ``wire``) goes to a task,
+which waits for the room as before. This spares each event delivered at light load a task's creation, its
+coroutines and a loop step, which is most of the write's share of the latency (bench/suite.py ``latency``),
+and a fan-out to many connections a task per connection for each commit.
 
 Concurrency contract: everything runs on the event loop thread; at most one task per connection runs
 :meth:`run` at a time.
@@ -95,6 +97,16 @@ class Wire(Protocol):
 
     async def write(self, data: bytes) -> None:
         """Write bytes :attr:`frame` made."""
+        ...
+
+    def writable(self) -> bool:
+        """Whether :meth:`put` may write now: the socket is open and its write buffer at or below its
+        high-water mark."""
+        ...
+
+    def put(self, data: bytes) -> None:
+        """Write bytes :attr:`frame` made at once, without waiting (only when :meth:`writable`); a failure
+        raises as :meth:`write` would."""
         ...
 
 
@@ -247,29 +259,45 @@ class SessionPump:
         this loop step writes it (:meth:`_write_now`); else, and for the session's end, a task runs the loop
         until the queue is empty."""
         sess = self.session
-        if self._direct is None or sess.kicked or sess.closed or sess.ending:
+        if sess.kicked or sess.closed or sess.ending or not self._writes_now():
             self._task = asyncio.get_running_loop().create_task(self.run(park=True))
         else:
             self._soon = asyncio.get_running_loop().call_soon(self._write_now)
 
+    def _writes_now(self) -> bool:
+        """Whether this pump writes without a task (see the module docstring): it has a ``direct`` socket,
+        or a ``wire`` and the loop would write through it (a batching session's frames go out as the loop's
+        ``send``s, one per large batch frame, so they keep the task)."""
+        if self._direct is not None:
+            return True
+        return self._wire is not None and not (self.session.batch_limit and self._pack is not None)
+
     def _write_now(self) -> None:
-        """Write what is queued to the ``direct`` socket while it takes it without waiting, then park again;
-        what must wait (a buffer over its high-water mark, the session's end or close) goes to a task.
-        Takes at most ``max_frame`` bytes of the queue per write, as the loop does."""
+        """Write what is queued to the ``direct`` socket (or the ``wire``, framed as the loop frames it)
+        while it takes it without waiting, then park again; what must wait (a buffer over its high-water
+        mark, the session's end or close) goes to a task. Takes at most ``max_frame`` bytes of the queue per
+        write, as the loop does."""
         self._soon = None
         sess = self.session
         direct = self._direct
-        assert direct is not None
+        wire = self._wire if direct is None else None
         try:
-            while sess.queued and not (sess.kicked or sess.closed or sess.ending) and direct.writable():
-                if sess.batch_limit and self._pack is not None:
-                    out = self._packed(sess.take_entries(self.max_frame))
-                else:
-                    out = sess.take_frames(self.max_frame)
-                    if self._on_frames is not None:
-                        self._on_frames(out)
-                self.last_send = time.monotonic()
-                direct.write(out)
+            if wire is not None:
+                while sess.queued and not (sess.kicked or sess.closed or sess.ending) and wire.writable():
+                    data = self._wired(sess.take_entries(self.max_frame))
+                    self.last_send = time.monotonic()
+                    wire.put(data)
+            else:
+                assert direct is not None
+                while sess.queued and not (sess.kicked or sess.closed or sess.ending) and direct.writable():
+                    if sess.batch_limit and self._pack is not None:
+                        out = self._packed(sess.take_entries(self.max_frame))
+                    else:
+                        out = sess.take_frames(self.max_frame)
+                        if self._on_frames is not None:
+                            self._on_frames(out)
+                    self.last_send = time.monotonic()
+                    direct.write(out)
         except Exception as exc:
             self._failed(exc)  # the session is closed: nothing more to write
             return
@@ -412,8 +440,14 @@ class SessionPump:
         return out
 
     async def _send_wired(self, entries: list[bytes | FrameRun]) -> None:
-        """Send queued entries in one write of the transport's framing, in order: each run framed once for
-        every connection that holds it, the single frames between runs framed together."""
+        """Send queued entries in one write of the transport's framing (:meth:`_wired`)."""
+        wire = self._wire
+        assert wire is not None
+        await wire.write(self._wired(entries))
+
+    def _wired(self, entries: list[bytes | FrameRun]) -> bytes:
+        """Queued entries as the bytes of one write of the ``wire``'s framing, in order: each run framed once
+        for every connection that holds it, the single frames between runs framed together."""
         wire = self._wire
         assert wire is not None
         frame = wire.frame
@@ -429,7 +463,7 @@ class SessionPump:
                 loose.append(e)
         if loose:
             pieces.append(frame(loose))
-        await wire.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 class Alive(Protocol):

@@ -114,3 +114,21 @@ class WsSink:
         transport.write(data)
         if transport.get_write_buffer_size() > WS_WRITE_HIGH_WATER:
             await self.ws.drain()
+
+    def writable(self) -> bool:
+        """Whether :meth:`put` may write now: the transport is open and holds at most
+        :data:`WS_WRITE_HIGH_WATER` bytes (the pump's write without a task)."""
+        transport = self.transport
+        return (
+            transport is not None
+            and not transport.is_closing()
+            and transport.get_write_buffer_size() <= WS_WRITE_HIGH_WATER
+        )
+
+    def put(self, data: bytes) -> None:
+        """:meth:`write` without the wait, for the pump while :meth:`writable`: the bytes go to the
+        transport at once (a buffer it takes over its high-water mark is waited for by the next write)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the WebSocket's transport is closing")
+        transport.write(data)
