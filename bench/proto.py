@@ -23,6 +23,7 @@ import msgpack
 
 __all__ = [
     "Spec",
+    "StreamCounter",
     "ack_marker",
     "count_stream",
     "deliver_marker",
@@ -394,6 +395,55 @@ def ack_marker(spec: Spec) -> bytes:
     if k == "xredis":
         return b"-"  # XADD answers $N\r\n<ms>-<seq>\r\n: one dash per id
     return b""
+
+
+class StreamCounter:
+    """Counts ``marker`` in one socket's byte stream, read into a buffer allocated once (``buf``, which the
+    counters of one process may share: each read is counted before the next).
+
+    ``s.recv(1 << 20)`` allocates a fresh 1 MiB object for every read (and ``count_stream`` copies each read
+    once more to join the carried tail), a cost per byte received that a driver reading a stream of larger
+    deliveries pays more of; ``recv_into`` the buffer and ``bytearray.count`` over the bytes read cost
+    neither. The stream's last ``len(marker) - 1`` bytes go before the next read in the buffer, so that a
+    marker split between two reads is counted once, when its end arrives (none fits whole in fewer bytes).
+    """
+
+    __slots__ = ("_buf", "_keep", "_marker", "_tail", "_view")
+
+    def __init__(self, marker: bytes, buf: bytearray | None = None) -> None:
+        self._marker = marker
+        self._keep = len(marker) - 1
+        self._buf = buf if buf is not None else bytearray(1 << 20)
+        self._view = memoryview(self._buf)
+        self._tail = b""
+
+    def feed(self, data: bytes) -> int:
+        """Count the markers ``data`` completes (bytes read before this counter took over the socket)."""
+        got = 0
+        while data:
+            held = self._held()
+            piece, data = data[: len(self._buf) - held], data[len(self._buf) - held :]
+            self._buf[held : held + len(piece)] = piece
+            got += self._counted(len(piece))
+        return got
+
+    def recv(self, sock: socket.socket) -> int:
+        """Read once from ``sock`` (``BlockingIOError`` if nothing is there) and count the markers the read
+        completes; ``-1`` once the peer closed the stream."""
+        n = sock.recv_into(self._view[self._held() :])
+        return self._counted(n) if n else -1
+
+    def _held(self) -> int:
+        """Put the stream's carried tail at the start of the buffer; its length."""
+        held = len(self._tail)
+        self._buf[:held] = self._tail
+        return held
+
+    def _counted(self, n: int) -> int:
+        end = len(self._tail) + n
+        got = self._buf.count(self._marker, 0, end)
+        self._tail = bytes(self._buf[max(0, end - self._keep) : end])
+        return got
 
 
 def count_stream(chunk: bytes, tail: bytes, marker: bytes) -> tuple[int, bytes]:

@@ -18,7 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from procs import Server, raise_nofile
-from proto import Conn, Spec, ack_marker, count_stream, deliver_marker, open_pub, open_sub, pub_frames, resp
+from proto import (
+    Conn,
+    Spec,
+    StreamCounter,
+    ack_marker,
+    count_stream,
+    deliver_marker,
+    open_pub,
+    open_sub,
+    pub_frames,
+    resp,
+)
 
 __all__ = ["Result", "idle_memory", "latency", "replay", "throughput"]
 
@@ -69,13 +80,13 @@ def _sub_worker(
     conns = [open_sub(spec, subj) for _ in range(nconns)]
     marker = deliver_marker(spec, subj)
     sel = selectors.DefaultSelector()
-    tails: dict[int, bytes] = {}
+    buf = bytearray(1 << 20)  # every connection's reads, one at a time
     n = 0
     for c in conns:
         c.sock.setblocking(False)
-        sel.register(c.sock, selectors.EVENT_READ, c)
-        got, tails[c.sock.fileno()] = count_stream(c.rest, b"", marker)
-        n += got
+        counter = StreamCounter(marker, buf)
+        sel.register(c.sock, selectors.EVENT_READ, counter)
+        n += counter.feed(c.rest)
     count.value = n
     ready.set()
     try:
@@ -83,13 +94,12 @@ def _sub_worker(
             for key, _ in sel.select(0.05):
                 s: socket.socket = key.fileobj  # type: ignore[assignment]
                 try:
-                    chunk = s.recv(1 << 20)
+                    got = key.data.recv(s)
                 except BlockingIOError:
                     continue
-                if not chunk:
+                if got < 0:
                     sel.unregister(s)
                     continue
-                got, tails[s.fileno()] = count_stream(chunk, tails[s.fileno()], marker)
                 n += got
             count.value = n
     finally:
