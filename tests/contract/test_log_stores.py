@@ -227,8 +227,14 @@ def mixed_batch() -> list[AppendRequest]:
         lambda i: req(f"/m/{'abc'[i % 3]}", b"s", headers={"src": f"/x#e:{i}"}, idem=f"s{next(keys)}"),
         # Equal headers for a run, then a different one per event (the run that binds them once ends).
         lambda i: req("/m/b", b"v", headers={"x": "same" if i < 10 else f"v{i}"}, tags=("t",)),
+        # One publisher object: a burst's stretch of rows that bind their payload only (the sqlite engine's),
+        # across the channels (a new one among them), broken by a key's duplicate when the batch comes again.
+        lambda i: AppendRequest(f"/m/{'ad'[i // 300 % 2]}", one_pub, b"b%d" % i, "text/plain"),
+        lambda i: AppendRequest(
+            "/m/c", one_pub, b"k%d" % i, "text/plain", idem="" if i % 50 else f"b{next(keys)}"
+        ),
     ]
-    lengths = [1, 3, 7, 8, 9, 1, 300, 2, 600, 40, 8, 7, 520, 5, 9, 11, 300, 30]
+    lengths = [1, 3, 7, 8, 9, 1, 300, 2, 600, 40, 8, 7, 520, 5, 9, 11, 300, 30, 1, 300, 700, 300, 8, 7]
     out: list[AppendRequest] = []
     for n, length in enumerate(lengths):
         kind = kinds[n % len(kinds)]
@@ -244,12 +250,12 @@ def test_batches_of_mixed_runs_read_back_exactly(factory: Factory, store: LogSto
     assert [(e.channel, e.payload, e.content_type, e.publisher) for e in events] == [
         (r.channel, r.payload, r.content_type, r.publisher) for r in batch
     ]
-    for ch in ("/m/a", "/m/b", "/m/c"):
+    for ch in ("/m/a", "/m/b", "/m/c", "/m/d"):
         assert store.read(ch, limit=10_000) == [e for e in events if e.channel == ch]
     assert store.stats().bytes == sum(e.size for e in events)
     if factory.persistent:
         store = factory.reopen(store)
-        assert [e for ch in ("/m/a", "/m/b", "/m/c") for e in store.read(ch, limit=10_000)] == sorted(
+        assert [e for ch in ("/m/a", "/m/b", "/m/c", "/m/d") for e in store.read(ch, limit=10_000)] == sorted(
             events, key=lambda e: (e.channel, e.seq)
         )
 

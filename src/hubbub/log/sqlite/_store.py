@@ -33,14 +33,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import msgpack
 
 from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
-from hubbub.events import Event, Publisher
+from hubbub.events import Event
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
@@ -50,20 +49,12 @@ from hubbub.log.base import (
     new_epoch,
 )
 from hubbub.log.consumers import JournalIndex
-from hubbub.log.records import event_columns
-from hubbub.log.sequencing import FROM_RECORD, AppendPlan, IdemKey, plan_append
+from hubbub.log.sequencing import AppendPlan, IdemKey, plan_append
 from hubbub.log.sqlite._checkpointer import _Checkpointer
 from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
 from hubbub.log.sqlite._idem import Original, find_originals, insert_keys, insert_new_keys, original_rows
-from hubbub.log.sqlite._inserts import (
-    _EMPTY_BLOB,
-    _MIN_RUN,
-    _blob,
-    _insert_events,
-    _run_rows,
-    _runh_rows,
-)
+from hubbub.log.sqlite._rows import _Head, write_rows
 from hubbub.log.sqlite._schema import (
     _WRITER_CLOSED,
     DURABILITY_SYNCHRONOUS,
@@ -119,25 +110,6 @@ _MOVE_IDEM: Final = (
     "UPDATE idem SET channel_id = ?1, origin_id = coalesce(origin_id, ?2), "
     "origin_epoch = coalesce(origin_epoch, ?3) WHERE channel_id = ?2"
 )
-
-
-@dataclass(slots=True)
-class _Head:
-    """The writer's cached copy of one ``channels`` row."""
-
-    id: int
-    epoch: str
-    first: int
-    top: int
-    top_time: int
-    count: int
-    bytes: int
-
-    def row(self) -> tuple[int, int, int, int, int, int]:
-        return (self.first, self.top, self.top_time, self.count, self.bytes, self.id)
-
-    def info(self, channel: str) -> ChannelInfo:
-        return ChannelInfo(channel, self.epoch, self.first, self.top, self.top_time)
 
 
 def _times(originals: Mapping[IdemKey, Original]) -> dict[IdemKey, int]:
@@ -352,7 +324,12 @@ class SqliteLogStore(_ConsumerSide, _StateSide, LogStore):
                         insert_keys(conn, _idem_rows(plan, heads), limit)
             if window and not optimistic and not originals:
                 self._idem_optimistic = True  # no key of this batch was known: the next one may hope so
-            results, touched = self._rows(conn, batch, plan, originals, limit)
+            found = original_rows(conn, originals) if plan.dups and originals else {}
+
+            def original(name: str, req: AppendRequest) -> Event:
+                return self._original(name, originals[(req.publisher.user, name, req.idem)], req, found)
+
+            results, touched = write_rows(conn, batch, plan, heads, self._packer, original, limit)
             t = plan.last_time
             # The new events' ``events.pos`` (the journal refers to them): consecutive, in order, up to the
             # last one's, SQLite's rowids of the rows inserted last.
@@ -380,124 +357,6 @@ class SqliteLogStore(_ConsumerSide, _StateSide, LogStore):
         if self._checkpointer is not None:
             self._checkpointer.kick()
         return results
-
-    def _rows(
-        self,
-        conn: sqlite3.Connection,
-        batch: Sequence[AppendRequest],
-        plan: AppendPlan,
-        originals: Mapping[IdemKey, Original],
-        limit: int,
-    ) -> tuple[list[AppendResult], list[_Head]]:
-        """Execute ``plan``: insert its ``events`` rows, move the heads of the cache, and return the results
-        and the heads of the batch's channels. Inside the append's transaction."""
-        heads = self._heads
-        packer = self._packer
-        # The ``events`` rows (see _insert_events): ``segments`` of 12-parameter rows each followed by a long
-        # run's rows, then ``full``. The current run is of ``r_pub`` (or a publisher equal to it but for
-        # msg_id), ``r_ctype``, ``r_hb`` and ``r_tb``; it has ``r_n`` events. Its first _MIN_RUN - 1 rows go
-        # to ``full`` from index ``r_start``; at _MIN_RUN they move to a new ``run``. With ``r_varied`` the
-        # run's events differ in their headers (``r_hb`` is its first event's): such a run binds its headers
-        # per row (``_INSERT_RUNH``), its segment's flag says.
-        segments: list[tuple[list[Any], list[Any], bool]] = []
-        full: list[Any] = []
-        run: list[Any] | None = None
-        r_pub: Publisher | None = None
-        r_ctype: str | None = None
-        r_hb: bytes | bytearray = b""
-        r_tb: bytes | bytearray = b""
-        r_varied = False
-        r_n = r_start = 0
-        original_events = original_rows(conn, originals) if plan.dups and originals else {}
-        results: list[AppendResult] = []
-        add_result = results.append
-        # The previous request's channel and head: a batch is mostly runs of one channel's publishes.
-        name: str | None = None
-        h: _Head | None = None
-        # The duplicates' sources, in request order (``dups`` is), taken as their requests come.
-        sources = iter(plan.dups.values())
-        for req, seq, t in zip(batch, plan.seqs, plan.times, strict=True):
-            if req.channel != name or h is None:
-                name = req.channel
-                h = heads[name]
-            pub = req.publisher
-            if not seq:
-                src = next(sources)
-                if src == FROM_RECORD:
-                    dup = self._original(name, originals[(pub.user, name, req.idem)], req, original_events)
-                else:
-                    dup = results[src].event
-                add_result(AppendResult(dup, duplicate=True))
-                continue
-            h.top = seq
-            h.top_time = t
-            h.count += 1
-            payload = req.payload
-            headers = req.headers
-            tags = req.tags
-            hb: bytes | bytearray
-            tb: bytes | bytearray
-            if headers or tags:
-                size, hb, tb = event_columns(payload, headers, tags, packer)
-                headers = dict(headers)
-                tags = tuple(tags)
-            else:
-                size = len(payload)
-                hb = tb = _EMPTY_BLOB
-                headers = {}
-            h.bytes += size
-            bp = _blob(payload)
-            ctype = req.content_type
-            # A new run: another publisher but for msg_id (a sink's rows each have a Publisher), content type
-            # or tags.
-            fresh = (
-                (
-                    pub is not r_pub
-                    and (
-                        r_pub is None
-                        or pub.user != r_pub.user
-                        or pub.app != r_pub.app
-                        or pub.dialect != r_pub.dialect
-                    )
-                )
-                or ctype != r_ctype
-                or tb != r_tb
-            )
-            if not fresh and hb != r_hb and not r_varied:
-                # Headers differ within the run: before it became one, it becomes a run of per-row headers; a
-                # run that binds its headers once ends here.
-                if run is None:
-                    r_varied = True
-                else:
-                    fresh = True
-            if fresh:
-                r_pub, r_ctype, r_hb, r_tb, r_varied = pub, ctype, hb, tb, False
-                r_n, r_start, run = 0, len(full), None
-            r_n += 1
-            if run is not None:
-                if r_varied:
-                    run += (h.id, seq, t, pub.msg_id, hb, size, bp)
-                else:
-                    run += (h.id, seq, t, pub.msg_id, bp)
-            elif r_n < _MIN_RUN:
-                full += (h.id, seq, t, size, pub.dialect, pub.user, pub.app, pub.msg_id, ctype, hb, tb, bp)
-            elif r_varied:
-                run = [pub.dialect, pub.user, pub.app, ctype, tb]
-                run += _runh_rows(full, r_start)
-                del full[r_start:]
-                run += (h.id, seq, t, pub.msg_id, hb, size, bp)
-                segments.append((full, run, True))
-                full = []
-            else:
-                run = [pub.dialect, pub.user, pub.app, ctype, hb, tb, size - len(payload)]
-                run += _run_rows(full, r_start)
-                del full[r_start:]
-                run += (h.id, seq, t, pub.msg_id, bp)
-                segments.append((full, run, False))
-                full = []
-            add_result(AppendResult(Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)))
-        _insert_events(conn, segments, full, limit)
-        return results, [heads[n] for n in plan.tops]
 
     def _prune_idem(self, conn: sqlite3.Connection, expired: int, next_at: int) -> None:
         """Delete idempotency keys written at or before ``expired``, at most about ``_IDEM_PRUNE_MAX`` of
