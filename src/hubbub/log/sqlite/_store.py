@@ -3,7 +3,7 @@
 This module has the store itself: opening, the lock file, the writer side (append, trim, epochs, retention)
 and closing. The schema, its migration, the lost-commits marker and durability are in ``_schema.py``; how
 append writes rows in ``_inserts.py``; the read side in ``_reads.py``; checkpoints in ``_checkpointer.py``;
-errors in ``_errors.py``.
+errors in ``_errors.py``; the rows an append writes in ``_rows.py``.
 
 Concurrency contract:
 
