@@ -1420,6 +1420,15 @@ def test_sqlite_rows_of_mixed_runs(sqlite_path: Path, max_params: int | None) ->
     finally:
         conn.close()
     assert rows == [(e.channel, e.seq, e.time_ns, e.size, e.publisher.msg_id) for e in events]
+    # Every way of writing a row stores its headers, tags and payload as BLOBs (empty ones too).
+    conn = sqlite3.connect(sqlite_path)
+    try:
+        kinds = conn.execute(
+            "SELECT DISTINCT typeof(headers), typeof(tags), typeof(payload) FROM events"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert kinds == [("blob", "blob", "blob")]
 
 
 def test_sqlite_failed_commit_leaves_nothing_and_no_gap(sqlite_path: Path) -> None:
