@@ -152,9 +152,10 @@ def _insert_events(
 # content type, no headers, no tags, no duplicate) has consecutive seqs and times, so its statement binds the
 # channel id, first seq and first time, publisher and content type once (_SEQ_SHARED: ?1-?8) and per row the
 # payload only; the row's seq and time are ?2 and ?3 plus its place, its size the payload's length. Against
-# run rows (_RUN_ROW parameters and a tuple per row, and the per-row run checks of ``_rows``) that saves
-# 0.5-0.8 µs of CPU per event of append (bench/RESULTS.md, "A stretch's rows"). Stretches shorter than
-# _MIN_STRETCH go through ``_rows``' runs (a statement per stretch would cost more than it saves).
+# run rows (_RUN_ROW parameters and a tuple per row, and the per-row run checks of ``_mixed_rows``) that
+# saves about 0.5 µs of CPU per event of append, a sixth (bench/RESULTS.md, "Persistent publishing: the SQLite
+# append's stretches"). Stretches shorter than _MIN_STRETCH go through the runs (a statement per stretch
+# would cost more than it saves).
 _SEQ_SHARED: Final = 8
 _MIN_STRETCH: Final = 8
 _INSERT_SEQ: Final = tuple(
