@@ -141,6 +141,18 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _status_kb(pid: int, key: str, name: str = "status") -> int:
+    """The kB figure of line ``key`` of ``/proc/<pid>/<name>``; 0 once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/{name}") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 class Server:
     """One running server process and the temp dir it owns."""
 
@@ -159,15 +171,21 @@ class Server:
         multi-worker hubbub, ``--workers``: the fork server and the workers it forked)."""
         return sum(_cpu_s(pid) for pid in (self.pid, *descendants(self.pid)))
 
+    def pids(self) -> list[int]:
+        """The server's process and every process below it (a multi-worker hubbub's fork server and
+        workers; a single process has none)."""
+        return [self.pid, *descendants(self.pid)]
+
     def rss(self) -> int:
-        try:
-            with open(f"/proc/{self.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return 0
+        """Resident bytes of the server: the sum over :meth:`pids` (a node of several workers is measured
+        as one server). Pages the workers share with the process they were forked from count once in each;
+        a difference of two readings counts only what was allocated between them."""
+        return sum(_status_kb(pid, "VmRSS:") for pid in self.pids()) * 1024
+
+    def pss(self) -> int:
+        """Proportional set size of the server over :meth:`pids` (``/proc/<pid>/smaps_rollup``): each shared
+        page divided among the processes that map it, so pages copied on write after a fork count too."""
+        return sum(_status_kb(pid, "Pss:", "smaps_rollup") for pid in self.pids()) * 1024
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -261,12 +279,15 @@ def start(
     data_dir: str | None = None,
     src: str | None = None,
     workers: int = 1,
+    connections: int = 0,
 ) -> Server:
     """Start ``target``: ``hubbub`` (memory store, durability none), ``hubbub-<durability>`` (SQLite),
     ``nats``, ``js`` (JetStream, file storage, stream ``B`` on ``js.>``), ``mosquitto``, ``redis`` or
     ``redis-aof-<fsync|commit|none>`` (append-only file with appendfsync always/everysec/no). A hubbub
     server runs the package in ``src`` (default this checkout's ``src``: another one compares two trees), on
-    ``workers`` worker processes (``--workers``)."""
+    ``workers`` worker processes (``--workers``). ``connections``: the clients a peer must admit at once
+    (Redis's ``--maxclients``, 15,000 unless more; hubbub, NATS and Mosquitto have no lower default cap).
+    Every server gets RLIMIT_NOFILE at its hard limit."""
     procs = ["--workers", str(workers)] if workers != 1 else []  # an older tree (src) may not know it
     if target == "hubbub":
         return _hubbub(["--store", "memory", "--durability", "none", *procs], src=src)
@@ -310,7 +331,8 @@ def start(
             exe = available("redis")
             assert exe
             cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp, "--save", ""]
-            cmd += ["--maxclients", "15000", "--protected-mode", "no", "--daemonize", "no"]
+            cmd += ["--maxclients", str(max(15_000, connections + 100))]
+            cmd += ["--protected-mode", "no", "--daemonize", "no"]
             if target.startswith("redis-aof-"):
                 mode = {"fsync": "always", "commit": "everysec", "none": "no"}[target.rsplit("-", 1)[1]]
                 cmd += ["--appendonly", "yes", "--appendfsync", mode]

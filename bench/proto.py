@@ -59,9 +59,15 @@ WS_KINDS = ("hubbub-ws", "hubbub-wsjson")
 
 @dataclass(frozen=True)
 class Spec:
+    """Where a target listens. ``source``: the loopback address the driver's sockets connect from ("": the
+    kernel's choice, 127.0.0.1): one source address to one port has only the ephemeral port range (about
+    28,000 on Linux), so a driver holding more connections spreads them over 127.0.0.2, 127.0.0.3, …
+    (all loopback on Linux)."""
+
     kind: str
     port: int
     http_port: int = 0
+    source: str = ""
 
 
 class Conn:
@@ -76,8 +82,20 @@ class Conn:
             self.sock.close()
 
 
-def _connect(port: int) -> socket.socket:
-    s = socket.create_connection((HOST, port), timeout=30)
+def _connect(port: int, source: str = "") -> socket.socket:
+    if not source:
+        s = socket.create_connection((HOST, port), timeout=30)
+    else:
+        s = socket.socket()
+        try:
+            s.settimeout(30)
+            # The port is chosen at connect for the whole 4-tuple, not reserved at bind for the address alone.
+            s.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24), 1)
+            s.bind((source, 0))
+            s.connect((HOST, port))
+        except BaseException:
+            s.close()
+            raise
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 21)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 21)
@@ -140,7 +158,7 @@ def _hub_open(spec: Spec, batch: bool) -> Conn:
     hello: dict[str, object] = {"op": "hello", "id": 1, "v": 1}
     if spec.kind in WS_KINDS:
         proto = "hubbub.v1.json" if spec.kind in JSON_KINDS else "hubbub.v1.msgpack"
-        s = _connect(spec.http_port)
+        s = _connect(spec.http_port, spec.source)
         key = base64.b64encode(os.urandom(16)).decode()
         s.sendall(
             (
@@ -156,7 +174,7 @@ def _hub_open(spec: Spec, batch: bool) -> Conn:
         s.sendall(_hub_send_obj(spec, {**hello, "batch": False}))
         rest = _read_until(s, reply, rest)
         return Conn(s, rest.split(reply, 1)[1])
-    s = _connect(spec.port)
+    s = _connect(spec.port, spec.source)
     s.sendall(_hub_send_obj(spec, {**hello, "batch": batch}))
     buf = _read_until(s, reply)
     return Conn(s, buf.split(reply, 1)[1])
@@ -177,7 +195,7 @@ def _hub_send_obj(spec: Spec, obj: object) -> bytes:
 
 
 def _nats_open(spec: Spec) -> Conn:
-    s = _connect(spec.port)
+    s = _connect(spec.port, spec.source)
     _read_until(s, b"\r\n")  # INFO
     s.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true}\r\nPING\r\n')
     _read_until(s, b"PONG\r\n")
@@ -224,7 +242,7 @@ def _mqtt_str(s: str) -> bytes:
 
 
 def _mqtt_open(spec: Spec) -> Conn:
-    s = _connect(spec.port)
+    s = _connect(spec.port, spec.source)
     cid = f"b{os.getpid()}-{time.monotonic_ns()}"
     body = _mqtt_str("MQTT") + bytes([4, 0x02]) + struct.pack(">H", 0) + _mqtt_str(cid)
     s.sendall(b"\x10" + _mqtt_len(len(body)) + body)
@@ -248,7 +266,7 @@ def resp(*args: bytes | str) -> bytes:
 
 
 def _redis_open(spec: Spec) -> Conn:
-    s = _connect(spec.port)
+    s = _connect(spec.port, spec.source)
     s.sendall(resp("PING"))
     _read_until(s, b"+PONG\r\n")
     return Conn(s)

@@ -1,5 +1,6 @@
-"""Scenario runners: throughput (any publishers → any subscribers, with or without acks), latency, replay and
-idle memory. Publishers and subscribers run in worker processes (fork), sharing only counters.
+"""Scenario runners: throughput (any publishers → any subscribers, with or without acks), latency and replay
+(idle memory: bench/idle.py). Publishers and subscribers run in worker processes (fork), sharing only
+counters.
 
 Each throughput run is bounded twice: by a message count and by a duration. The rate is the number counted
 when the first bound is reached, divided by the time it took. CPU seconds of the server and of every driver
@@ -17,9 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from procs import Server, raise_nofile
+from procs import Server
 from proto import (
-    Conn,
     Spec,
     StreamCounter,
     ack_marker,
@@ -31,7 +31,7 @@ from proto import (
     resp,
 )
 
-__all__ = ["Result", "idle_memory", "latency", "replay", "throughput"]
+__all__ = ["Result", "latency", "replay", "throughput"]
 
 CTX = mp.get_context("fork")
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -386,59 +386,3 @@ def replay(server: Server, spec: Spec, name: str, total: int, timeout: float = 1
     s1, d1 = server.cpu_s(), _cpus([os.getpid()])
     note = "" if got >= total else f"only {got} of {total}"
     return Result(got / dt, "msgs/s", {"count": got}, s1 - s0, d1 - d0, dt, note)
-
-
-# -- idle memory -----------------------------------------------------------------------------------------
-
-
-def _hold_worker(spec: Spec, n: int, opened: Any, stop: Any) -> None:
-    raise_nofile()
-    conns: list[Conn] = []
-    try:
-        for _ in range(n):
-            conns.append(open_pub(spec))  # handshake (and hubbub hello) done, then idle
-            opened.value = len(conns)
-        stop.wait(300)
-    finally:
-        for c in conns:
-            c.close()
-
-
-def idle_memory(server: Server, spec: Spec, n: int, settle: float = 1.0) -> Result:
-    """Server RSS growth per idle connection with ``n`` connections open (bytes/connection)."""
-    probe = open_pub(spec)  # warm the server's code paths before taking the baseline
-    probe.close()
-    time.sleep(0.3)
-    rss0 = server.rss()
-    stop = CTX.Event()
-    vals = [CTX.RawValue("q", 0) for _ in range(2)]
-    procs = [
-        CTX.Process(target=_hold_worker, args=(spec, n // 2 + (n % 2 if w == 0 else 0), vals[w], stop))
-        for w in range(2)
-    ]
-    t0 = time.perf_counter()
-    s0 = server.cpu_s()
-    for p in procs:
-        p.start()
-    try:
-        deadline = time.monotonic() + 120
-        while sum(v.value for v in vals) < n and time.monotonic() < deadline:
-            if not all(p.is_alive() for p in procs):
-                break
-            time.sleep(0.05)
-        opened = sum(v.value for v in vals)
-        time.sleep(settle)
-        rss1 = server.rss()
-        dt = time.perf_counter() - t0
-        s1 = server.cpu_s()
-    finally:
-        stop.set()
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    per = (rss1 - rss0) / max(opened, 1)
-    note = "" if opened >= n else f"only {opened} of {n} connections opened"
-    extra = {"connections": opened, "rss_total_per_conn": rss1 / max(opened, 1), "rss_bytes": rss1}
-    return Result(per, "B/conn", extra, s1 - s0, 0.0, dt, note)

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -32,9 +33,10 @@ if str(HERE.parent / "src") not in sys.path:
     sys.path.insert(0, str(HERE.parent / "src"))
 
 from catchup import catchup_hubbub, catchup_js, prefill_hubbub, prefill_js  # noqa: E402
+from idle import FD_HEADROOM, idle_memory, node_skip, node_workers  # noqa: E402
 from procs import PACKAGES, Server, available, install_peers, raise_nofile, start  # noqa: E402
 from proto import WS_KINDS  # noqa: E402
-from scenarios import Result, idle_memory, latency, replay, throughput  # noqa: E402
+from scenarios import Result, latency, replay, throughput  # noqa: E402
 
 __all__ = ["main"]
 
@@ -111,6 +113,12 @@ class Plan:
         return (50, 100) if self.smoke else (100, 200) if self.quick else (1000, 10_000)
 
     @property
+    def idle_node(self) -> tuple[int, ...]:
+        """Idle connections held by hubbub as a node of several workers (``idle-mem-N`` rows of target
+        ``hubbub-ws, W workers``): beyond what one process may hold, and 10,000 beside the single process."""
+        return (100,) if self.smoke else (400,) if self.quick else (10_000, 50_000)
+
+    @property
     def settle(self) -> float:
         """How long idle connections are held before the server's RSS is read."""
         return 0.5 if self.smoke else 1.0
@@ -155,7 +163,7 @@ class Suite:
         )
 
     @contextmanager
-    def server(self, target: str, fresh: bool = False, **kw: str) -> Iterator[Server | None]:
+    def server(self, target: str, fresh: bool = False, **kw: Any) -> Iterator[Server | None]:
         """A running ``target``, stopped after the block. With --smoke, one of a target started without
         ``data_dir`` is kept for the run and handed to every later block that asks for that target, unless
         ``fresh`` (a start costs seconds, and a smoke run's figures are not compared)."""
@@ -386,23 +394,49 @@ class Suite:
                 self.record(scen, "js", partial(catchup_js, srv, srv.specs["js"], behind))
 
     def memory(self) -> None:
+        """Idle memory per connection: hubbub in one process and as a node of several workers (the same
+        worker count for every node row, so the rows compare), each peer at every count one process of it
+        may hold (one process's RLIMIT_NOFILE; none runs as several processes)."""
         p = self.plan
         counts = p.idle_connections
         groups: list[tuple[str, str]] = [("hubbub", "hubbub-ws")]
         if p.peers:
             groups += [("nats", "nats"), ("mosquitto", "mqtt0"), ("redis", "redis")]
+        node = [n for n in p.idle_node if not self._node_skipped(n)]
+        workers = node_workers(max(node, default=0))
         for target, kind in groups:
             for n in counts:
-                # Always a fresh server: the figure is the growth of a new server's memory.
-                with self.server(target, fresh=True) as srv:
-                    if srv is None:
-                        continue
-                    self.record(
-                        f"idle-mem-{n}",
-                        kind,
-                        partial(idle_memory, srv, srv.specs[kind], n, p.settle),
-                        higher=False,
+                self._idle(target, kind, n)
+            if target == "hubbub":
+                for n in node:
+                    self._idle(target, kind, n, workers)
+                continue
+            for n in (n for n in p.idle_node if n > max(counts)):
+                hard = raise_nofile()
+                if n + FD_HEADROOM > hard:
+                    self.skipped[f"{target} at idle-mem-{n}"] = (
+                        f"one process holds at most RLIMIT_NOFILE hard {hard} sockets here"
                     )
+                elif n in node:  # what skipped the node (memory, addresses) holds for a peer too
+                    self._idle(target, kind, n)
+
+    def _node_skipped(self, n: int) -> bool:
+        why = node_skip(n)
+        if why is not None:
+            self.skipped[f"hubbub node at idle-mem-{n}"] = why
+            self.log(f"idle-mem-{n} on a node skipped: {why}")
+        return why is not None
+
+    def _idle(self, target: str, kind: str, n: int, workers: int = 1) -> None:
+        # Always a fresh server: the figure is the growth of a new server's memory.
+        kw = {"workers": workers} if workers != 1 else {"connections": n} if target == "redis" else {}
+        with self.server(target, fresh=True, **kw) as srv:
+            if srv is None:
+                return
+            label = kind if workers == 1 else f"{kind}, {workers} workers"
+            self.record(
+                f"idle-mem-{n}", label, partial(idle_memory, srv, srv.specs[kind], n, self.plan.settle), False
+            )
 
     def run(self) -> None:
         raise_nofile()

@@ -44,6 +44,11 @@ def test_smoke_bench_produces_numbers(tmp_path: Path) -> None:
         assert ("persist-e2e-commit", kind) in targets, targets
         assert ("persist-ack-commit", kind) in targets, targets
     assert ("1to1", "hubbub-json") in targets, targets
+    # Idle memory on a node of several workers too: every process of the node measured (parent, fork
+    # server, 2 workers), the connections opened by holders from several loopback addresses.
+    node = [r for r in rows if r["scenario"].startswith("idle-mem") and r["target"].endswith(" workers")]
+    assert [(r["target"], r["extra"]["connections"]) for r in node] == [("hubbub-ws, 2 workers", 100)], node
+    assert node[0]["extra"]["server_processes"] == 4, node
     text = out.read_text()
     assert "## Machine" in text and "| scenario |" in text
     assert "(family " in text  # the CPU is named with its family and model numbers
