@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import resource
 import sys
 from collections.abc import Sequence
 
@@ -188,6 +190,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _raise_open_files() -> None:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit, before any worker is forked (they inherit
+    it): every connection is a file descriptor, and the usual soft limit (1024, systemd's default too)
+    would refuse connections past about a thousand while the hard limit (systemd: 524288) allows far more.
+    Servers written in Go (NATS) get the same from their runtime; Redis raises it for ``maxclients``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as exc:  # e.g. an unlimited hard limit some kernels refuse as a soft one
+        logging.getLogger(__name__).warning("open files stay at %d: %s", soft, exc)
+        return
+    logging.getLogger(__name__).info("open files raised from %d to the hard limit %d", soft, hard)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from hubbub.logs import setup_logging
     from hubbub.server import run
@@ -202,6 +220,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"hubbub serve: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.logging.level, cfg.logging.format)
+    _raise_open_files()
     try:
         if cfg.server.workers != 1:
             from hubbub.server_workers import run_workers

@@ -167,3 +167,28 @@ def test_sub_and_log_print_every_payload_on_one_line(server: ServerProcess) -> N
     assert [e["content_type"] for e in events] == [ctype for ctype, _, _ in SHOWN]
     assert events[0]["text"] == SHOWN[0][1].decode()
     assert base64.b64decode(events[2]["b64"]) == SHOWN[2][1]
+
+
+def test_serve_raises_its_open_files_limit_to_the_hard_limit(tmp_path: Path) -> None:
+    """Every connection is a file descriptor: a server started under the usual soft limit (1024, systemd's
+    default) would refuse connections past about a thousand while the hard limit allows far more."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(256, hard)
+    if low == hard:
+        pytest.skip("the hard limit leaves nothing to raise")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))  # inherited by the server only
+    try:
+        srv = ServerProcess(tmp_path / "data")
+        srv.start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        assert srv.proc is not None
+        with open(f"/proc/{srv.proc.pid}/limits") as f:
+            line = next(ln for ln in f if ln.startswith("Max open files"))
+        assert line.split()[3:5] == [str(hard), str(hard)], line
+        assert f"open files raised from {low} to the hard limit {hard}" in srv.log()
+    finally:
+        srv.kill()
