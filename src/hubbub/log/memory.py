@@ -61,6 +61,11 @@ __all__ = ["MemoryLogStore"]
 _NS = 1_000_000_000
 
 
+def _no_append(_item: object) -> None:
+    """The appends of :meth:`MemoryLogStore.append` before its first channel (never called)."""
+    raise AssertionError("no channel")
+
+
 @dataclass(slots=True)
 class _Channel:
     """One epoch of a channel (the current one, or a retired one)."""
@@ -79,6 +84,12 @@ class _Channel:
     @property
     def first(self) -> int:
         return self.top - len(self.events) + 1
+
+    def took(self, top: int, top_time: int, nbytes: int) -> None:
+        """Events up to ``top`` (the last at ``top_time``) of ``nbytes`` in all were appended to the lists."""
+        self.top = top
+        self.top_time = top_time
+        self.bytes += nbytes
 
     def trim_to(self, first: int) -> int:
         """Drop every event below ``first``; returns how many were dropped."""
@@ -178,11 +189,21 @@ class MemoryLogStore(LogStore):
             for name in plan.created:
                 channels[name] = self._epoch_row()
             results: list[AppendResult] = []
+            add_result = results.append
             touched: dict[str, _Channel] = {}
             pos = self._next_pos
-            # Plain loop with locals: core may run this on the event loop (``inline_append``), per event.
+            # Plain loop with locals: core may run this on the event loop (``inline_append``), per event. A
+            # batch is mostly runs of one channel's publishes: the channel is looked up, and its running
+            # figures written back (``_Channel.took``), once per run of it, not once per event.
             # The duplicates' sources, in request order (``dups`` is), taken as their requests come.
             sources = iter(plan.dups.values())
+            ch: _Channel | None = None
+            cur = ""
+            epoch = ""
+            add_ev: Callable[[Event], None] = _no_append
+            add_size: Callable[[int], None] = _no_append
+            add_pos: Callable[[int], None] = _no_append
+            top = top_time = nbytes = 0
             for req, seq, t in zip(batch, plan.seqs, plan.times, strict=True):
                 name = req.channel
                 if not seq:
@@ -192,25 +213,36 @@ class MemoryLogStore(LogStore):
                         if src == FROM_RECORD
                         else results[src].event
                     )
-                    results.append(AppendResult(orig, duplicate=True))
+                    add_result(AppendResult(orig, duplicate=True))
                     continue
-                ch = channels[name]
-                ch.top = seq
+                if ch is None or name is not cur:
+                    if ch is not None:
+                        ch.took(top, top_time, nbytes)
+                    ch = touched[name] = channels[name]
+                    cur, epoch, nbytes = name, ch.epoch, 0
+                    add_ev, add_size, add_pos = ch.events.append, ch.sizes.append, ch.pos.append
                 payload = req.payload
                 if type(payload) is not bytes:
                     payload = bytes(payload)
                 headers: dict[str, str] = dict(req.headers) if req.headers else {}
-                tags = tuple(req.tags)
-                size = event_size(payload, headers, tags) if headers or tags else len(payload)
-                ev = Event(name, seq, ch.epoch, t, req.publisher, payload, req.content_type, headers, tags)
-                ch.top_time = t
-                ch.events.append(ev)
-                ch.sizes.append(size)
-                ch.pos.append(pos)
+                tags = req.tags
+                if tags or headers:
+                    tags = tuple(tags)
+                    size = event_size(payload, headers, tags)
+                else:
+                    tags = ()
+                    size = len(payload)
+                ev = Event(name, seq, epoch, t, req.publisher, payload, req.content_type, headers, tags)
+                add_ev(ev)
+                add_size(size)
+                add_pos(pos)
                 pos += 1
-                ch.bytes += size
-                touched[name] = ch
-                results.append(AppendResult(ev))
+                nbytes += size
+                top = seq
+                top_time = t
+                add_result(AppendResult(ev))
+            if ch is not None:
+                ch.took(top, top_time, nbytes)
             for key, (i, _t) in plan.keys.items():
                 idem_keys.pop(key, None)
                 idem_keys[key] = results[i].event
