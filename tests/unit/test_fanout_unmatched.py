@@ -25,12 +25,14 @@ class _FanOut:
     def __init__(self, router: _Router) -> None:
         self.router = router
         self.got: list[tuple[tuple[str, ...], list[str]]] = []
+        self.seqs: list[list[int]] = []
 
     def fan_out(self, ev: Event, origin: Any) -> None:
         self.fan_out_run(self.router.match(ev.channel, ev.tags), [ev], origin)
 
     def fan_out_run(self, subs: tuple[str, ...], run: list[Event], origin: Any) -> None:
         self.got.append((subs, [e.channel for e in run]))
+        self.seqs.append([e.seq for e in run])
         # A callback subscribes someone to /none (as a guble catch-up may change subscriptions).
         self.router.subs["/none"] = ("T",)
 
@@ -61,3 +63,31 @@ def test_an_unmatched_burst_asks_once_and_a_fan_out_asks_again() -> None:
     assert reg.published == {"native": 7}
     assert fan.got[0] == (("S",), ["/b"])
     assert (("T",), ["/none", "/none"]) in fan.got or (("T",), ["/none"]) in fan.got
+
+
+def test_a_matched_burst_of_one_publisher_asks_once_and_keeps_its_runs_apart() -> None:
+    """Events of one publisher, origin and channel (the same objects, as a commit of one read gives them)
+    join their run without a router match each; another origin, other tags, headers or another publisher
+    (counted under its own dialect) ask again, and every event goes out once, in order."""
+    reg = SubscriptionRegistry(None, 10, lambda s: None)  # type: ignore[arg-type]
+    router = _Router()
+    fan = _FanOut(router)
+    reg.router = router  # type: ignore[assignment]
+    reg.fanout = fan  # type: ignore[assignment]
+    pub, other = Publisher("native"), Publisher("mqtt")
+    ch = "/b"
+
+    def ev(seq: int, p: Publisher = pub, headers: dict[str, str] | None = None) -> AppendResult:
+        return AppendResult(Event(ch, seq, "e", seq, p, b"p", "x/y", headers or {}, ()))
+
+    results = [ev(1), ev(2), ev(3), ev(4, headers={"h": "v"}), ev(5), ev(6), ev(7, other), ev(8), ev(9)]
+    origins = ["A", "A", "A", "A", "A", "B", "B", "B", "B"]
+    # One duplicate (not fanned out, not counted) in the middle of the burst.
+    results.insert(2, AppendResult(results[1].event, duplicate=True))
+    origins.insert(2, "A")
+    reg.fan_out_committed([(o, None, 0.0) for o in origins], results)  # type: ignore[misc]
+    # Asked for 1, for 4 (headers), 5 (after headers), 6 (origin B), 7 (publisher), 8 (publisher back).
+    assert router.asked == [ch] * 6
+    assert fan.got == [(("S",), [ch] * 5), (("S",), [ch] * 4)]
+    assert fan.seqs == [[1, 2, 3, 4, 5], [6, 7, 8, 9]]
+    assert reg.published == {"native": 8, "mqtt": 1}

@@ -12,14 +12,14 @@ Concurrency contract: called from the event loop thread only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import final
 
 from hubbub.auth import Identity
 from hubbub.channels import Pattern
 from hubbub.errors import LimitExceeded, ShuttingDown, SubscriptionError
-from hubbub.events import Event
+from hubbub.events import Event, Publisher
 from hubbub.log.base import AppendResult
 from hubbub.router import Router
 
@@ -250,21 +250,17 @@ class SubscriptionRegistry:
     def fan_out_committed(self, items: list[Pending], result: list[AppendResult]) -> None:
         """Fan out a committed batch (after its acks), in commit order (:meth:`fan_out_events`), counting
         each new event as published."""
-        published = self.published
+        self.fan_out_events(
+            [(item[0], r.event) for item, r in zip(items, result, strict=True) if not r.duplicate],
+            self.published,
+        )
 
-        def new() -> Iterator[tuple[Session | None, Event]]:
-            for (origin, _done, _t0), r in zip(items, result, strict=True):
-                if not r.duplicate:
-                    ev = r.event
-                    d = ev.publisher.dialect
-                    published[d] = published.get(d, 0) + 1
-                    yield origin, ev
-
-        self.fan_out_events(new())
-
-    def fan_out_events(self, events: Iterable[tuple[Session | None, Event]]) -> None:
+    def fan_out_events(
+        self, events: Iterable[tuple[Session | None, Event]], published: dict[str, int] | None = None
+    ) -> None:
         """Fan out committed events with their origin sessions, in the order given: a commit's
-        (:meth:`fan_out_committed`), or what a cluster relay releases at once (``Node.fan_out_many``)."""
+        (:meth:`fan_out_committed`, which counts them in ``published``, per dialect), or what a cluster relay
+        releases at once (``Node.fan_out_many``)."""
         fan_out, fan_out_run = self.fanout.fan_out, self.fanout.fan_out_run
         match = self.router.match
         # Consecutive events with the same subscribers and origin (one publisher's burst on one channel)
@@ -272,11 +268,36 @@ class SubscriptionRegistry:
         run: list[Event] = []
         run_subs: tuple[Subscription, ...] = ()
         run_origin: Session | None = None
+        # While the last event joined ``run``: its channel and tags. The next event with the same channel
+        # and tags objects, origin and publisher, and no headers (so no delivery filter) joins the run
+        # without asking the router: it matches what the run's first event matched, since nothing ran in
+        # between that could subscribe, unsubscribe or start a replay (the run fans out only once it ends).
+        run_channel: str | None = None
+        run_tags: tuple[str, ...] = ()
         # The channel and tags of the last event that matched nothing: the next with the same ones matches
         # nothing either (no fan-out ran in between, so nothing could subscribe), without asking the router.
         none_channel: str | None = None
         none_tags: tuple[str, ...] = ()
+        # Published events are counted per run of one publisher: ``counted`` of ``pub``'s so far.
+        pub: Publisher | None = None
+        counted = 0
         for origin, ev in events:
+            p = ev.publisher
+            if p is pub:
+                counted += 1
+                if (
+                    ev.channel is run_channel
+                    and origin is run_origin
+                    and ev.tags is run_tags
+                    and not ev.headers
+                ):
+                    run.append(ev)
+                    continue
+            else:
+                if pub is not None and published is not None:
+                    published[pub.dialect] = published.get(pub.dialect, 0) + counted
+                pub, counted = p, 1
+            run_channel = None
             if ev.channel is none_channel and ev.tags == none_tags:
                 continue
             subs = match(ev.channel, ev.tags)
@@ -292,6 +313,7 @@ class SubscriptionRegistry:
                 # identity element by element (Subscription is identity-compared), still make a run.
                 if origin is run_origin and (subs is run_subs or (ev.tags and subs == run_subs)):
                     run.append(ev)
+                    run_channel, run_tags = ev.channel, ev.tags
                     continue
                 if run:
                     fan_out_run(run_subs, run, run_origin)
@@ -302,6 +324,7 @@ class SubscriptionRegistry:
                         run, run_subs = [], ()
                         continue
                 run, run_subs, run_origin = [ev], subs, origin
+                run_channel, run_tags = ev.channel, ev.tags
                 continue
             if run:
                 fan_out_run(run_subs, run, run_origin)
@@ -309,3 +332,5 @@ class SubscriptionRegistry:
             fan_out(ev, origin)
         if run:
             fan_out_run(run_subs, run, run_origin)
+        if pub is not None and published is not None:
+            published[pub.dialect] = published.get(pub.dialect, 0) + counted
