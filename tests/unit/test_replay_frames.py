@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import msgpack
 import pytest
@@ -11,7 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.dialects import native as nc
-from hubbub.dialects.native_common import _msgpack_heads, event_batches, event_frames, pack_batches
+from hubbub.dialects import native_columns
+from hubbub.dialects.native_columns import (
+    _msgpack_heads,
+    event_batches,
+    run_batches,
+    run_frames,
+    uniform_batches,
+)
+from hubbub.dialects.native_common import event_frames, pack_batches
 from hubbub.events import Event, Publisher
 from hubbub.log.base import EventRun
 from tests.hypothesis_budget import examples
@@ -190,3 +199,87 @@ def test_a_replay_page_splits_into_batches_within_max_frame() -> None:
     assert [(g["seq"], g["time"], g["replay"]) for g in got] == [
         (1 + i, (1 << 60) + i, True) for i in range(500)
     ]
+
+
+# -- the column path (uniform runs) -----------------------------------------------------------------------
+
+
+@st.composite
+def same_size_runs(draw: st.DrawFn) -> tuple[Event, list[tuple[int, bytes]]]:
+    """Runs whose payloads all have one size (the column path's runs, and its edges: a seq or time crossing
+    a boundary of msgpack's integer forms, frames past ``UNIFORM_FRAME_MAX``), with any headers and tags."""
+    proto, _ = draw(runs())
+    seq = draw(seqs)
+    size = draw(st.sampled_from([0, 1, 16, 100, 255, 256, 400, 600]))
+    n = draw(st.integers(1, 40))
+    base = draw(times)
+    rows = [
+        (min(base + draw(st.integers(0, 300)), (1 << 63) - 1), draw(st.binary(min_size=size, max_size=size)))
+        for _ in range(n)
+    ]
+    proto = Event(
+        proto.channel, seq, proto.epoch, rows[0][0], proto.publisher, rows[0][1], proto.content_type,
+        proto.headers, proto.tags,
+    )  # fmt: skip
+    return proto, rows
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    run=st.one_of(same_size_runs(), uniform_runs(), runs()),
+    subs=st.lists(st.sampled_from(["s", "%d", "é"]), min_size=1, max_size=2, unique=True),
+    replay=st.booleans(),
+    limit=limits,
+)
+def test_column_batches_equal_packed_single_event_frames(
+    run: tuple[Event, list[tuple[int, bytes]]], subs: list[str], replay: bool, limit: int
+) -> None:
+    proto, rows = run
+    want = pack_batches("msgpack", event_frames("msgpack", proto, rows, subs, replay), limit)
+    assert run_batches("msgpack", proto, rows, tuple(subs), replay, limit) == want
+    got = uniform_batches(proto, rows, tuple(subs), replay, limit)
+    assert got is None or got == want
+
+
+def test_a_page_of_small_events_takes_the_column_path() -> None:
+    proto = Event("/r", 1000, "abcd1234", 1 << 60, Publisher("native"), b"x" * 16, "text/plain")
+    rows = [((1 << 60) + 1000 * i, bytes([i % 256]) * 16) for i in range(2048)]
+    got = uniform_batches(proto, rows, ("s",), True, 1 << 20)
+    assert got is not None and len(got) == 1
+    frames = msgpack.unpackb(got[0])["frames"]
+    assert [(f["seq"], f["time"], f["payload"], f["replay"]) for f in frames] == [
+        (1000 + i, (1 << 60) + 1000 * i, bytes([i % 256]) * 16, True) for i in range(2048)
+    ]
+    # A run whose seqs cross a boundary of msgpack's integer forms (127 → 128), or whose payloads differ in
+    # size, takes the other path.
+    assert uniform_batches(replace(proto, seq=120), rows[:10], ("s",), True, 1 << 20) is None
+    assert uniform_batches(proto, [*rows[:3], (1, b"")], ("s",), True, 1 << 20) is None
+
+
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    run=st.one_of(runs(), same_size_runs()),
+    plain=st.lists(st.text(st.characters(min_codepoint=0, max_codepoint=0x7F), max_size=20), max_size=5),
+    replay=st.booleans(),
+)
+def test_run_frames_equal_event_frames(
+    encoding: nc.Encoding, run: tuple[Event, list[tuple[int, bytes]]], plain: list[str], replay: bool
+) -> None:
+    """Any run, and runs of ASCII payloads (mostly plain text JSON leaves alone: the JSON column path)."""
+    proto, rows = run
+    for r in (rows, [(t, p.encode()) for (t, _), p in zip(rows, plain, strict=False)]):
+        if r:
+            head = replace(proto, time_ns=r[0][0], payload=r[0][1])
+            assert run_frames(encoding, head, r, ("s",), replay) == event_frames(
+                encoding, head, r, ("s",), replay
+            )
+
+
+def test_plain_text_payloads_take_the_json_column_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    proto = Event("/r", 5, "abcd1234", 7, Publisher("native"), b"a b", "text/plain")
+    rows = [(7, b"a b"), (8, b""), (9, b"x/y<z>&")]
+    want = event_frames("json", proto, rows, ("s",), True)
+    monkeypatch.setattr(native_columns, "event_frames", None)  # the fallback is never called
+    assert run_frames("json", proto, rows, ("s",), True) == want
+    assert [json.loads(f)["text"] for f in want] == ["a b", "", "x/y<z>&"]

@@ -26,6 +26,7 @@ from .native_codec import (
     NativeCodec,
     error_message,
 )
+from .native_columns import event_batches, run_batches, run_frames
 from .native_commands import (
     Ack,
     Auth,
@@ -43,7 +44,7 @@ from .native_commands import (
     Unconsume,
     Unsubscribe,
 )
-from .native_common import Encoding, Limits, event_batches, event_frames, pack_batches
+from .native_common import Encoding, Limits, event_frames, pack_batches
 from .native_consumers import ConsumerTable, deliver_frame
 from .native_http import (
     event_object,
@@ -122,6 +123,8 @@ __all__ = [
     "render_sse_event",
     "render_sse_gap",
     "render_sse_recovered",
+    "run_batches",
+    "run_frames",
 ]
 
 

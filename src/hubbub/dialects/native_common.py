@@ -20,13 +20,12 @@ import base64
 import functools
 import json
 import re
-import struct
 import threading
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, repeat
-from operator import add, itemgetter
+from itertools import accumulate
+from operator import itemgetter
 from typing import Any, Literal
 
 import msgpack
@@ -42,6 +41,7 @@ __all__ = [
     "MSGPACK_PUBLISHER_KEY",
     "Encoding",
     "Limits",
+    "batch_ends",
     "batch_frame",
     "batch_overhead",
     "check_content_type",
@@ -50,13 +50,15 @@ __all__ = [
     "check_tags",
     "compact_json",
     "dump_json_value",
-    "event_batches",
     "event_body_json",
     "event_body_msgpack",
     "event_frames",
     "is_json_type",
     "json_payload_field",
+    "json_run_format",
     "json_value",
+    "mp_array_header",
+    "msgpack_run_parts",
     "pack_batches",
     "packb",
     "payload_field",
@@ -487,6 +489,42 @@ def json_payload_field(payload: bytes, json_type: bool) -> bytes:
     return b'"text":' + orjson.dumps(text)
 
 
+def json_run_format(proto: Event, subs: Sequence[str], replay: bool, field: bytes = b"%b") -> bytes:
+    """The ``%`` template of the JSON ``event`` frames of a run (:func:`event_frames`): formatted with each
+    event's seq and time (``%d`` each), then what ``field`` asks for, by default the payload field
+    (:func:`json_payload_field`, ``%b``)."""
+    head = orjson.dumps({"channel": proto.channel, "seq": 0, "epoch": proto.epoch, "time": ""})
+    # head is {"channel":…,"seq":0,"epoch":…,"time":""}: split it around the seq and time values.
+    at_seq = head.index(b'"seq":0,"epoch":') + 6
+    at_time = len(head) - 2
+    headers = orjson.dumps(_user_headers(proto)) if proto.headers else b"{}"
+    tags = orjson.dumps(_tags(proto)) if proto.tags else b"[]"
+    shared = b"".join(
+        (
+            b'","publisher":',
+            orjson.dumps(_publisher(proto)),
+            b',"headers":',
+            headers,
+            b',"tags":',
+            tags,
+            b',"content_type":',
+            orjson.dumps(proto.content_type),
+            b",",
+        )
+    )
+    return b"".join(
+        (
+            _fmt(_JSON_EVENT_OPEN + orjson.dumps(list(subs)) + b"," + head[1:at_seq]),
+            b"%d",
+            _fmt(head[at_seq + 1 : at_time]),
+            b"%d",
+            _fmt(shared),
+            field,
+            b',"replay":true}' if replay else b"}",
+        )
+    )
+
+
 def event_frames(
     encoding: Encoding,
     proto: Event,
@@ -503,36 +541,7 @@ def event_frames(
     """
     seq0 = proto.seq
     if encoding == "json":
-        head = orjson.dumps({"channel": proto.channel, "seq": 0, "epoch": proto.epoch, "time": ""})
-        # head is {"channel":…,"seq":0,"epoch":…,"time":""}: split it around the seq and time values.
-        at_seq = head.index(b'"seq":0,"epoch":') + 6
-        at_time = len(head) - 2
-        headers = orjson.dumps(_user_headers(proto)) if proto.headers else b"{}"
-        tags = orjson.dumps(_tags(proto)) if proto.tags else b"[]"
-        shared = b"".join(
-            (
-                b'","publisher":',
-                orjson.dumps(_publisher(proto)),
-                b',"headers":',
-                headers,
-                b',"tags":',
-                tags,
-                b',"content_type":',
-                orjson.dumps(proto.content_type),
-                b",",
-            )
-        )
-        fmt = b"".join(
-            (
-                _fmt(_JSON_EVENT_OPEN + orjson.dumps(list(subs)) + b"," + head[1:at_seq]),
-                b"%d",
-                _fmt(head[at_seq + 1 : at_time]),
-                b"%d",
-                _fmt(shared),
-                b"%b",
-                b',"replay":true}' if replay else b"}",
-            )
-        )
+        fmt = json_run_format(proto, subs, replay)
         json_type = is_json_type(proto.content_type)
         field = json_payload_field
         return [fmt % (seq, t, field(p, json_type)) for seq, (t, p) in enumerate(rows, seq0)]
@@ -574,7 +583,7 @@ _JSON_BATCH_OPEN = b'{"op":"batch","frames":['
 _JSON_BATCH_CLOSE = b"]}"
 
 
-def _mp_array_header(n: int) -> bytes:
+def mp_array_header(n: int) -> bytes:
     """msgpack's array header for ``n`` items (the shortest form, as msgpack writes it)."""
     if n < 16:
         return bytes((0x90 | n,))
@@ -587,7 +596,7 @@ def batch_frame(encoding: Encoding, frames: Sequence[bytes]) -> bytes:
     """``{"op":"batch","frames":[…]}`` (native.md §3.5) from already-encoded frames, without re-encoding."""
     if encoding == "json":
         return b"".join((_JSON_BATCH_OPEN, b",".join(frames), _JSON_BATCH_CLOSE))
-    return b"".join((_MP_BATCH_OPEN, _mp_array_header(len(frames)), *frames))
+    return b"".join((_MP_BATCH_OPEN, mp_array_header(len(frames)), *frames))
 
 
 def batch_overhead(encoding: Encoding, k: int) -> int:
@@ -597,7 +606,7 @@ def batch_overhead(encoding: Encoding, k: int) -> int:
     return len(_MP_BATCH_OPEN) + (1 if k < 16 else 3 if k < 0x10000 else 5)
 
 
-def _batch_ends(encoding: Encoding, sizes: Sequence[int], limit: int) -> list[int]:
+def batch_ends(encoding: Encoding, sizes: Sequence[int], limit: int) -> list[int]:
     """Where :func:`pack_batches` cuts frames of these sizes: the end index of each group, in order. Each
     group is the longest that fits ``limit`` with its batch overhead (at least one frame)."""
     cum = list(accumulate(sizes, initial=0))
@@ -633,59 +642,19 @@ def pack_batches(encoding: Encoding, frames: Sequence[bytes], limit: int) -> lis
         return [batch_frame(encoding, frames)]
     out: list[bytes] = []
     start = 0
-    for end in _batch_ends(encoding, sizes, limit):
+    for end in batch_ends(encoding, sizes, limit):
         out.append(frames[start] if end - start == 1 else batch_frame(encoding, frames[start:end]))
         start = end
     return out
 
 
-def _mp_uint(v: int) -> tuple[bytes, str]:
-    """The msgpack form of the unsigned integer ``v`` as (type byte(s), struct code of the value): msgpack
-    writes the shortest one, so the form is the same for every value of a range."""
-    if v < 0x80:
-        return b"", "B"
-    if v < 0x100:
-        return b"\xcc", "B"
-    if v < 0x10000:
-        return b"\xcd", "H"
-    if v < 0x100000000:
-        return b"\xce", "I"
-    return b"\xcf", "Q"
-
-
-def _mp_bin(n: int) -> tuple[bytes, str]:
-    """The msgpack bin header form for ``n`` bytes, as :func:`_mp_uint`."""
-    if n < 0x100:
-        return b"\xc4", "B"
-    if n < 0x10000:
-        return b"\xc5", "H"
-    return b"\xc6", "I"
-
-
-#: Where msgpack's integer form changes (the seqs of a run are cut there).
-_MP_UINT_BOUNDS = (0x80, 0x100, 0x10000, 0x100000000)
-
-
-def _msgpack_heads(
-    proto: Event, rows: Sequence[tuple[int, bytes]], subs: Sequence[str], replay: bool, lead: bytes
-) -> tuple[list[bytes], list[int]] | None:
-    """Each event's frame of a msgpack run up to its payload's bytes (the bin header included), after
-    ``lead``, and the payloads' sizes. Packed by one precompiled :class:`struct.Struct` per stretch of seqs
-    whose integer form is the same: one call per event. ``None`` when the times or payload sizes of the run do
-    not share one form each (then the caller encodes the frames one by one)."""
-    times = list(map(_first, rows))
-    sizes = list(map(len, map(_second, rows)))
-    t_lo, t_hi = min(times), max(times)
-    n_lo, n_hi = min(sizes), max(sizes)
-    if t_lo < 0 or _mp_uint(t_lo) != _mp_uint(t_hi) or _mp_bin(n_lo) != _mp_bin(n_hi):
-        return None
-    t_pre, t_code = _mp_uint(t_lo)
-    b_pre, b_code = _mp_bin(n_lo)
+def msgpack_run_parts(proto: Event, subs: Sequence[str], replay: bool) -> tuple[bytes, bytes, bytes, bytes]:
+    """What every msgpack event frame of a run shares, around its seq, time and payload: ``(suffix,
+    before_seq, before_time, after_time)``. A frame is ``before_seq`` + the seq + ``before_time`` + the
+    time + ``after_time`` + the payload (bin header and bytes) + ``suffix`` (the replay flag, or nothing)."""
     pack = _frag.pack
     opening = bytes([0x80 | (MSGPACK_BODY_PAIRS + (3 if replay else 2))]) + _MP_EVENT_OPEN
-    before_seq = b"".join((lead, opening, pack(list(subs)), _MK_CHANNEL, pack(proto.channel), _MK_SEQ))
-    b = b"".join((_MK_EPOCH, pack(proto.epoch), _MK_TIME, t_pre))
-    c = b"".join(
+    after_time = b"".join(
         (
             _MK_PUBLISHER,
             pack(_publisher(proto)),
@@ -696,79 +665,14 @@ def _msgpack_heads(
             _MK_CT,
             pack(proto.content_type),
             _MK_PAYLOAD,
-            b_pre,
         )
     )
-    heads: list[bytes] = []
-    seq = proto.seq
-    end = seq + len(rows)
-    at = 0
-    while seq < end:
-        s_pre, s_code = _mp_uint(seq)
-        stop = min([end, *(x for x in _MP_UINT_BOUNDS if x > seq)])
-        a = before_seq + s_pre
-        st = struct.Struct(f">{len(a)}s{s_code}{len(b)}s{t_code}{len(c)}s{b_code}")
-        k = stop - seq
-        heads += map(
-            st.pack,
-            repeat(a, k),
-            range(seq, stop),
-            repeat(b, k),
-            times[at : at + k],
-            repeat(c, k),
-            sizes[at : at + k],
-        )
-        at += k
-        seq = stop
-    return heads, sizes
-
-
-def event_batches(
-    encoding: Encoding,
-    proto: Event,
-    rows: Sequence[tuple[int, bytes]],
-    subs: Sequence[str],
-    replay: bool,
-    limit: int,
-) -> list[bytes]:
-    """The frames of a run (as :func:`event_frames`) packed into batch frames of at most ``limit`` bytes:
-    byte for byte ``pack_batches(encoding, event_frames(…), limit)`` (the tests compare them).
-
-    For msgpack the event frames are never built: each batch is one join of the events' heads (see
-    :func:`_msgpack_heads`) and payloads, so a payload is copied once, into its batch. The replay suffix
-    that ends an event is packed at the start of the next one's head (and cut off the first head of a batch),
-    so a batch of ``n`` events joins ``2n + 3`` pieces. A replay page to a batching connection goes this way.
-    Pure: safe on any thread.
-    """
-    suffix = _MP_REPLAY_PAIR if replay else b""
-    got = _msgpack_heads(proto, rows, subs, replay, suffix) if encoding == "msgpack" and rows else None
-    if got is None:
-        return pack_batches(encoding, event_frames(encoding, proto, rows, subs, replay), limit)
-    heads, sizes = got
-    payloads = list(map(_second, rows))
-    k = len(rows)
-    cut = len(suffix)
-    # Each event's frame is its head without the lead, its payload and the suffix: the lead's bytes count.
-    if k > 1 and sum(map(len, heads)) + sum(sizes) + batch_overhead(encoding, k) <= limit:
-        ends = [k]
-    else:
-        ends = _batch_ends(encoding, list(map(add, map(len, heads), sizes)), limit)
-    out: list[bytes] = []
-    start = 0
-    for end in ends:
-        n = end - start
-        if n == 1:
-            out.append(b"".join((heads[start][cut:], payloads[start], suffix)))
-        else:
-            parts = [b""] * (2 * n + 2)
-            parts[0] = _MP_BATCH_OPEN + _mp_array_header(n)
-            parts[2::2] = heads[start:end]
-            parts[3::2] = payloads[start:end]
-            parts[2] = heads[start][cut:]
-            parts.append(suffix)
-            out.append(b"".join(parts))
-        start = end
-    return out
+    return (
+        _MP_REPLAY_PAIR if replay else b"",
+        b"".join((opening, pack(list(subs)), _MK_CHANNEL, pack(proto.channel), _MK_SEQ)),
+        b"".join((_MK_EPOCH, pack(proto.epoch), _MK_TIME)),
+        after_time,
+    )
 
 
 def plain(value: Any) -> Any:

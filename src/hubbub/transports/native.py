@@ -72,7 +72,7 @@ class NativeEncoder:
         self, proto: Event, rows: Sequence[tuple[int, bytes]], subs: Sequence[str], replay: bool
     ) -> list[bytes]:
         """The frames of a run of replayed events, encoded together (``Session.encode_run``)."""
-        return nc.event_frames(self.codec.encoding, proto, rows, subs, replay)
+        return nc.run_frames(self.codec.encoding, proto, rows, subs, replay)
 
     def encode_page(
         self, events: Sequence[Event], subs: Sequence[str], replay: bool, shapes: dict[Any, Any]
@@ -89,7 +89,7 @@ class NativeEncoder:
     ) -> list[bytes]:
         """A run's frames packed as :meth:`encode_batches` packs them, built without the single frames
         (``Session.replay_run_chunks``; a replay page to a batching connection)."""
-        return nc.event_batches(self.codec.encoding, proto, rows, subs, replay, limit)
+        return nc.run_batches(self.codec.encoding, proto, rows, subs, replay, limit)
 
 
 class NativeConnection(NativePublishing):
