@@ -1,9 +1,13 @@
 """One conformance suite for every ``LogStore`` engine (the invariants in ``hubbub/log/base.py``).
 
-Every test runs against each engine: ``memory``, and ``sqlite`` and ``postgres`` in each durability mode
-(PostgreSQL: a real server, ``tests/conftest.py``, a fresh database per test). Tests that need a store to
-survive a close (``persistent``) skip the memory engine. Time comes from a fake clock, so nothing
-depends on the wall clock or on sleeping.
+Every test runs against each engine: ``memory``, ``sqlite`` in each durability mode, and ``postgres`` in
+``commit`` and ``none`` (PostgreSQL: a real server, ``tests/conftest.py``, an empty database per test). Its
+``fsync`` runs the very code ``commit`` does (the store looks at its durability in two places: the writer
+connection's ``synchronous_commit``, ``on`` against ``local``, which differ only on a server with synchronous
+standbys, and ``durability == "none"``), so it is not run through the suite again;
+``test_postgres_writer_runs_with_its_durabilitys_synchronous_commit`` checks what does differ. Tests that
+need a store to survive a close (``persistent``) skip the memory engine. Time comes from a fake clock, so
+nothing depends on the wall clock or on sleeping.
 """
 
 from __future__ import annotations
@@ -49,7 +53,6 @@ ENGINES = [
     "sqlite-fsync",
     "sqlite-commit",
     "sqlite-none",
-    "postgres-fsync",
     "postgres-commit",
     "postgres-none",
 ]
@@ -1725,6 +1728,25 @@ def test_open_store_postgres(pg_url: str) -> None:
             reader.append([req("/a")])
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize(("durability", "setting"), [("fsync", "on"), ("commit", "local"), ("none", "off")])
+def test_postgres_writer_runs_with_its_durabilitys_synchronous_commit(
+    pg_url: str, durability: str, setting: str
+) -> None:
+    """The one thing ``fsync`` and ``commit`` do differently (the suite runs ``commit`` only, module
+    docstring): the ``synchronous_commit`` of the connection every write goes through, also once it has
+    reconnected."""
+    store = PostgresLogStore(pg_url, durability=durability)
+    try:
+        store.append([req("/a")])
+        assert store._writer().execute("SHOW synchronous_commit").fetchone() == (setting,)
+        store._drop_writer()
+        store.append([req("/a")])
+        assert store._writer().execute("SHOW synchronous_commit").fetchone() == (setting,)
+        assert seqs(store.read("/a")) == [1, 2]
+    finally:
+        store.close()
 
 
 def test_open_store_postgres_unreachable_hides_credentials() -> None:
