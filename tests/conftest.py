@@ -3,8 +3,10 @@ Redis servers (``tests/redisserver.py``); the hypothesis profile (``tests/hypoth
 the tests are handed to the xdist workers in (longest first, :func:`pytest_collection_modifyitems`); the
 byte-code cache every Python process of the run shares (:func:`share_bytecode`).
 
-``pg_server`` starts one server for the whole run, on first use only; ``pg_url`` gives each test a fresh
-database on it. ``redis_server`` starts a Redis server for one test (a test may kill and restart it).
+``pg_server`` starts one server for the whole run, on first use only; ``pg_url`` gives each test an empty
+database of its own on it, under a name of its own (emptied and used again after the test:
+``tests/pgserver.py``'s ``DatabasePool``). ``redis_server`` starts a Redis server for one test (a test may
+kill and restart it).
 ``module_pg_url`` and ``module_redis_server`` are the same for the servers the tests of one module share.
 Where the binaries cannot be had, the tests that need them skip with the reason, except in CI (``CI`` set),
 where ``.ci/run`` installs them, so a missing server is a failure there.
@@ -25,7 +27,7 @@ import pytest
 import hubbub.config
 from hubbub.server_config import KEYS as SERVER_KEYS
 from tests import hypothesis_budget
-from tests.pgserver import PgServer, missing_reason
+from tests.pgserver import DatabasePool, PgServer, missing_reason
 from tests.redisserver import RedisServer
 from tests.redisserver import missing_reason as redis_missing
 
@@ -138,26 +140,32 @@ def pg_server() -> Iterator[PgServer]:
         server.close()
 
 
-def _database(pg_server: PgServer) -> Iterator[str]:
-    """A new, empty database on ``pg_server``; dropped at the end."""
+@pytest.fixture(scope="session")
+def pg_databases(pg_server: PgServer) -> DatabasePool:
+    return DatabasePool(pg_server)
+
+
+def _database(pool: DatabasePool) -> Iterator[str]:
+    """An empty database on the run's server, under a new name; emptied for another (or dropped) at the
+    end."""
     name = f"hubbub_test_{os.getpid()}_{next(_db_names)}"
-    url = pg_server.create_database(name)
+    url = pool.take(name)
     try:
         yield url
     finally:
-        pg_server.drop_database(name)
+        pool.give_back(name)
 
 
 @pytest.fixture
-def pg_url(pg_server: PgServer) -> Iterator[str]:
-    """A new, empty database for one test; dropped after it."""
-    yield from _database(pg_server)
+def pg_url(pg_databases: DatabasePool) -> Iterator[str]:
+    """An empty database for one test; emptied after it."""
+    yield from _database(pg_databases)
 
 
 @pytest.fixture(scope="module")
-def module_pg_url(pg_server: PgServer) -> Iterator[str]:
-    """A new, empty database for the tests of one module (for servers they share); dropped after them."""
-    yield from _database(pg_server)
+def module_pg_url(pg_databases: DatabasePool) -> Iterator[str]:
+    """An empty database for the tests of one module (for servers they share); emptied after them."""
+    yield from _database(pg_databases)
 
 
 def _redis() -> Iterator[RedisServer]:
