@@ -7,7 +7,6 @@ import json
 from dataclasses import replace
 
 import msgpack
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,7 +70,11 @@ def runs(draw: st.DrawFn) -> tuple[Event, list[tuple[int, bytes]]]:
     return proto, rows
 
 
-@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+#: The encodings every property test below checks each generated case in: one generation serves both (it is
+#: most of a test's time), so each encoding is checked on the test's full budget of cases.
+ENCODINGS: tuple[nc.Encoding, ...] = ("msgpack", "json")
+
+
 @settings(max_examples=examples(300), deadline=None)
 @given(
     run=runs(),
@@ -79,16 +82,17 @@ def runs(draw: st.DrawFn) -> tuple[Event, list[tuple[int, bytes]]]:
     replay=st.booleans(),
 )
 def test_run_frames_equal_single_event_frames(
-    encoding: nc.Encoding, run: tuple[Event, list[tuple[int, bytes]]], subs: list[str], replay: bool
+    run: tuple[Event, list[tuple[int, bytes]]], subs: list[str], replay: bool
 ) -> None:
     proto, rows = run
-    codec = nc.NativeCodec(encoding)
     events = EventRun(proto, rows).events()
     assert [e.seq for e in events] == list(range(proto.seq, proto.seq + len(rows)))
-    want = [codec.encode_event(e, subs, replay) for e in events]
-    assert event_frames(encoding, proto, rows, subs, replay) == want
-    # The tuple form of subs (the node's) gives the same frames.
-    assert event_frames(encoding, proto, rows, tuple(subs), replay) == want
+    for encoding in ENCODINGS:
+        codec = nc.NativeCodec(encoding)
+        want = [codec.encode_event(e, subs, replay) for e in events]
+        assert event_frames(encoding, proto, rows, subs, replay) == want, encoding
+        # The tuple form of subs (the node's) gives the same frames.
+        assert event_frames(encoding, proto, rows, tuple(subs), replay) == want, encoding
 
 
 def test_frames_decode_to_the_events() -> None:
@@ -133,18 +137,16 @@ def greedy_batches(encoding: nc.Encoding, frames: list[bytes], limit: int) -> li
 limits = st.one_of(st.integers(1, 4000), st.just(1 << 20))
 
 
-@pytest.mark.parametrize("encoding", ["msgpack", "json"])
 @settings(max_examples=examples(200), deadline=None)
 @given(frames=st.lists(st.binary(min_size=1, max_size=300), max_size=40), limit=limits)
-def test_pack_batches_is_greedy_within_the_limit(
-    encoding: nc.Encoding, frames: list[bytes], limit: int
-) -> None:
-    got = pack_batches(encoding, frames, limit)
-    assert got == greedy_batches(encoding, frames, limit)
-    codec = nc.NativeCodec(encoding)
-    assert codec.encode_batches(frames, limit) == got
-    for b in got:
-        assert len(b) <= limit or b in frames  # only a frame that fits no batch goes over, alone
+def test_pack_batches_is_greedy_within_the_limit(frames: list[bytes], limit: int) -> None:
+    for encoding in ENCODINGS:
+        got = pack_batches(encoding, frames, limit)
+        assert got == greedy_batches(encoding, frames, limit), encoding
+        codec = nc.NativeCodec(encoding)
+        assert codec.encode_batches(frames, limit) == got, encoding
+        for b in got:
+            assert len(b) <= limit or b in frames  # only a frame that fits no batch goes over, alone
 
 
 @st.composite
@@ -164,15 +166,15 @@ def uniform_runs(draw: st.DrawFn) -> tuple[Event, list[tuple[int, bytes]]]:
     return proto, rows
 
 
-@pytest.mark.parametrize("encoding", ["msgpack", "json"])
 @settings(max_examples=examples(200), deadline=None)
 @given(run=st.one_of(runs(), uniform_runs()), replay=st.booleans(), limit=limits)
 def test_run_batches_equal_packed_single_event_frames(
-    encoding: nc.Encoding, run: tuple[Event, list[tuple[int, bytes]]], replay: bool, limit: int
+    run: tuple[Event, list[tuple[int, bytes]]], replay: bool, limit: int
 ) -> None:
     proto, rows = run
-    want = pack_batches(encoding, event_frames(encoding, proto, rows, ["s", "%d"], replay), limit)
-    assert event_batches(encoding, proto, rows, ("s", "%d"), replay, limit) == want
+    for encoding in ENCODINGS:
+        want = pack_batches(encoding, event_frames(encoding, proto, rows, ["s", "%d"], replay), limit)
+        assert event_batches(encoding, proto, rows, ("s", "%d"), replay, limit) == want, encoding
 
 
 @settings(max_examples=examples(100), deadline=None)
