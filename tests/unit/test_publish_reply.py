@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.dialects import native as nc
-from hubbub.dialects.native import _REPLY_PARTS_MAX
+from hubbub.dialects.native_replies import REPLY_SHAPES_MAX
 from hubbub.events import Event, Publisher
 from tests.hypothesis_budget import examples
 
@@ -87,9 +87,9 @@ def assert_reply_7(got: bytes) -> None:
 @pytest.mark.parametrize("encoding", ["msgpack", "json"])
 def test_reply_pieces_are_bounded_and_stay_right_after_clearing(encoding: nc.Encoding) -> None:
     codec = nc.NativeCodec(encoding)
-    for i in range(_REPLY_PARTS_MAX + 10):
+    for i in range(REPLY_SHAPES_MAX + 10):
         codec.encode_publish_reply(1, event(f"/c/{i}", 1, "e", 1))
-    assert len(codec._reply_formats) <= _REPLY_PARTS_MAX
+    assert len(codec._replies) <= REPLY_SHAPES_MAX
     got = codec.encode_publish_reply(7, event("/c/0", 9, "e", 5))
     assert_reply_7(got if encoding == "msgpack" else msgpack.packb(_json_reply(got)))
 
@@ -133,9 +133,9 @@ def test_replies_of_a_commit_are_each_reply(
 @pytest.mark.parametrize("encoding", ["msgpack", "json"])
 def test_reply_formats_are_bounded(encoding: nc.Encoding) -> None:
     codec = nc.NativeCodec(encoding)
-    for i in range(_REPLY_PARTS_MAX + 10):
+    for i in range(REPLY_SHAPES_MAX + 10):
         codec.encode_publish_replies([(1, _Result(event(f"/c/{i}", 1, "e", 1)))])
-    assert len(codec._reply_formats) <= _REPLY_PARTS_MAX
+    assert len(codec._replies) <= REPLY_SHAPES_MAX
     (got,) = codec.encode_publish_replies([(7, _Result(event("/c/0", 9, "e", 5)))])
     assert_reply_7(got if encoding == "msgpack" else msgpack.packb(_json_reply(got)))
 
@@ -145,3 +145,43 @@ def _json_reply(frame: bytes) -> dict[str, object]:
     obj: dict[str, object] = orjson.loads(frame)
     obj["time"] = int(str(obj["time"]))
     return obj
+
+
+# Every msgpack integer encoding's bounds (fixint, uint 8/16/32/64, negative fixint, int 8/16/32/64) and the
+# JSON ones (digit counts), each with its neighbours: a run crossing them changes the reply's shape.
+_WIDTHS = (0, 127, 255, 65535, (1 << 32) - 1, -1, -32, -128, -32768, -(1 << 31), 9, 99, 999_999, 10**18 - 1)
+_BOUNDS = [b + d for b in _WIDTHS for d in (-1, 0, 1)] + [
+    (1 << 64) - 2,
+    (1 << 64) - 1,
+    -(1 << 63),
+    -(1 << 63) + 1,
+]
+
+
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+def test_a_run_across_every_integer_width_is_each_packed_reply(encoding: nc.Encoding) -> None:
+    """One commit's run of a channel whose ids, seqs and times step across every width boundary, forwards
+    and backwards (each step may change the reply's shape, or fall back to a previous one): every reply is
+    the whole object's encoding."""
+    codec = nc.NativeCodec(encoding)
+    values = sorted(_BOUNDS)
+    steps = values + values[::-1] + values[::3]
+    replies = []
+    for i, v in enumerate(steps):
+        rid = steps[(i * 7) % len(steps)]
+        t = steps[(i * 5) % len(steps)]
+        ch = "/run" if i % 11 else "/other"
+        replies.append((rid, _Result(event(ch, v, "ep", t))))
+    for _ in range(2):  # the second time from the kept shapes
+        got = codec.encode_publish_replies(replies)
+        assert len(got) == len(replies)
+        for frame, (rid, r) in zip(got, replies, strict=True):
+            ev = r.event
+            want = {"op": "reply", "id": rid, "channel": ev.channel, "seq": ev.seq, "epoch": "ep"}
+            if encoding == "msgpack":
+                want["time"] = ev.time_ns
+                assert frame == msgpack.packb(want, use_bin_type=True)
+            else:
+                want["time"] = str(ev.time_ns)
+                assert frame == orjson.dumps(want)
+        assert got == [codec.encode_publish_reply(rid, r.event) for rid, r in replies]

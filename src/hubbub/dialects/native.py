@@ -18,7 +18,6 @@ from hubbub.config import NativeConfig
 
 from .native_batch import MAX_BATCH_ROWS
 from .native_codec import (
-    _REPLY_PARTS_MAX,  # noqa: F401  (re-exported for tests/unit/test_publish_reply.py)
     CHANNEL_CACHE_SIZE,
     PROTOCOL_VERSION,
     PUSH_FIELDS,

@@ -88,6 +88,7 @@ from .native_common import (
     plain,
 )
 from .native_consumers import deliver_frame, parse_consumer_op
+from .native_replies import PublishReplies
 
 __all__ = [
     "CHANNEL_CACHE_SIZE",
@@ -119,10 +120,6 @@ _MP_OP_EVENT_SUBS: Final = b"\xa2op\xa5event\xa4subs"
 _MP_EVENT: Final = bytes([0x80 | (MSGPACK_BODY_PAIRS + 2)]) + _MP_OP_EVENT_SUBS
 _MP_EVENT_REPLAY: Final = bytes([0x80 | (MSGPACK_BODY_PAIRS + 3)]) + _MP_OP_EVENT_SUBS
 _MP_REPLAY: Final = b"\xa6replay\xc3"
-# A publish reply's map header and keys up to the id's value: {"op": "reply", "id": …, (4 more)}.
-_MP_REPLY_HEAD: Final = b"\x86\xa2op\xa5reply\xa2id"
-#: (channel, epoch) pairs whose publish-reply pieces a codec keeps (cleared when full).
-_REPLY_PARTS_MAX: Final = 1024
 
 #: Field order of the server pushes (native.md §3.5): listed fields first, in this order, then any others.
 PUSH_FIELDS: Final[dict[str, tuple[str, ...]]] = {
@@ -174,7 +171,7 @@ class NativeCodec:
         "_json",
         "_packer",
         "_parsers",
-        "_reply_formats",
+        "_replies",
         "encoding",
         "limits",
         "max_frame",
@@ -207,9 +204,7 @@ class NativeCodec:
         self._body_key = f"native.{encoding}.body"
         # Raw channel text -> canonical channel: publishers repeat their channels.
         self._channels: dict[str, str] = {}
-        # (channel, epoch) -> the msgpack publish reply as a ``%`` format of its id, seq and time
-        # (_reply_format).
-        self._reply_formats: dict[tuple[str, str], bytes] = {}
+        self._replies = PublishReplies(encoding, self._publish_reply_object)
         self._parsers: dict[str, Callable[[Obj], Command]] = {
             "hello": self._hello,
             "subscribe": self._subscribe,
@@ -514,97 +509,20 @@ class NativeCodec:
 
     def encode_publish_replies(self, replies: Sequence[tuple[int, Any]]) -> list[bytes]:
         """:meth:`encode_publish_reply` of each ``(id, result)`` (a result has ``event`` and
-        ``duplicate``), in order: the replies of one commit. A run of one channel and epoch (a publisher's
-        burst) formats each reply from one ``%`` template of its id, seq and time; the bytes are the same."""
-        if self._json:
-            return self._json_publish_replies(replies)
-        encode = self.encode_publish_reply
-        reply_format = self._reply_format
-        pack = self._packer.pack
-        out: list[bytes] = []
-        add = out.append
-        channel: str | None = None
-        epoch = ""
-        fmt = b""
-        for rid, r in replies:
-            ev = r.event
-            if r.duplicate or type(rid) is not int:
-                add(encode(rid, ev, r.duplicate))
-                continue
-            if ev.channel is not channel or ev.epoch != epoch:
-                channel, epoch = ev.channel, ev.epoch
-                fmt = reply_format(channel, epoch)
-            add(fmt % (pack(rid), pack(ev.seq), pack(ev.time_ns)))
-        return out
-
-    def _json_publish_replies(self, replies: Sequence[tuple[int, Any]]) -> list[bytes]:
-        """:meth:`encode_publish_replies` in JSON: a run of one channel and epoch formats each reply from
-        one ``%`` template of its id, seq and time (:meth:`_reply_format`), the same bytes as dumping the
-        reply's object."""
-        encode = self.encode_publish_reply
-        reply_format = self._reply_format
-        out: list[bytes] = []
-        add = out.append
-        channel: str | None = None
-        epoch = ""
-        fmt = b""
-        for rid, r in replies:
-            ev = r.event
-            if r.duplicate or type(rid) is not int:
-                add(encode(rid, ev, r.duplicate))
-                continue
-            if ev.channel is not channel or ev.epoch != epoch:
-                channel, epoch = ev.channel, ev.epoch
-                fmt = reply_format(channel, epoch)
-            add(fmt % (rid, ev.seq, ev.time_ns))
-        return out
-
-    def _reply_format(self, channel: str, epoch: str) -> bytes:
-        """The publish reply of ``channel`` and ``epoch`` as a ``%`` template, cached per (channel, epoch)
-        (cleared when full): in msgpack of its packed id, seq and time (``%s`` each), in JSON of the three
-        integers (``%d``; ``time`` inside its string quotes), with the spec's key order in both."""
-        formats = self._reply_formats
-        got = formats.get((channel, epoch))
-        if got is None:
-            if len(formats) >= _REPLY_PARTS_MAX:
-                formats.clear()
-            if self._json:
-                got = formats[(channel, epoch)] = b"".join(
-                    (
-                        b'{"op":"reply","id":%d,"channel":',
-                        orjson.dumps(channel).replace(b"%", b"%%"),
-                        b',"seq":%d,"epoch":',
-                        orjson.dumps(epoch).replace(b"%", b"%%"),
-                        b',"time":"%d"}',
-                    )
-                )
-                return got
-            pack = self._packer.pack
-            got = formats[(channel, epoch)] = b"%s".join(
-                p.replace(b"%", b"%%")
-                for p in (
-                    _MP_REPLY_HEAD,
-                    b"".join((pack("channel"), pack(channel), pack("seq"))),
-                    b"".join((pack("epoch"), pack(epoch), pack("time"))),
-                    b"",
-                )
-            )
-        return got
+        ``duplicate``), in order: the replies of one commit, in one pass over cached templates
+        (:class:`~.native_replies.PublishReplies`); the bytes are the same."""
+        return self._replies.encode_many(replies)
 
     def encode_publish_reply(self, id: int, event: Event, duplicate: bool = False) -> bytes:
         """The acknowledgement of a publish (native.md §3.4); ``time`` is a string in JSON.
 
-        From a template cached per (channel, epoch) (:meth:`_reply_format`): only the id, seq and time are
-        formatted (msgpack: packed) per reply, the same bytes as encoding the whole object (the tests compare
-        them).
+        From a template cached per reply shape (:class:`~.native_replies.PublishReplies`): only the id, seq
+        and time are encoded per reply, the same bytes as encoding the whole object (the tests compare them).
         """
-        if not duplicate and type(id) is int:
-            key = (event.channel, event.epoch)
-            fmt = self._reply_formats.get(key) or self._reply_format(*key)
-            if self._json:
-                return fmt % (id, event.seq, event.time_ns)
-            pack = self._packer.pack
-            return fmt % (pack(id), pack(event.seq), pack(event.time_ns))
+        return self._replies.encode(id, event, duplicate)
+
+    def _publish_reply_object(self, id: Any, event: Event, duplicate: bool) -> bytes:
+        """The publish reply encoded from its whole object: the replies no template covers."""
         obj: dict[str, Any] = {
             "op": "reply",
             "id": id,
