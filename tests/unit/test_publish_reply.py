@@ -100,6 +100,11 @@ class _Result:
         self.duplicate = duplicate
 
 
+def encode_replies(codec: nc.NativeCodec, replies: list[tuple[object, _Result]]) -> list[bytes]:
+    """The replies of one commit of publishes that each want one."""
+    return codec.encode_publish_replies([(rid, True) for rid, _ in replies], [r for _, r in replies])  # type: ignore[arg-type]
+
+
 @settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(
@@ -110,21 +115,26 @@ class _Result:
             st.sampled_from(["/a", "/b%s", "/chat/é", "/" + "y" * 300]),
             st.sampled_from(["abcd1234", "e%d" * 5]),
             st.booleans(),
+            st.booleans(),
         ),
         max_size=30,
     ),
     st.sampled_from(["msgpack", "json"]),
 )
 def test_replies_of_a_commit_are_each_reply(
-    rows: list[tuple[object, int, int, str, str, bool]], encoding: str
+    rows: list[tuple[object, int, int, str, str, bool, bool]], encoding: str
 ) -> None:
+    """The replies of one commit: one for each publish that asked for one (``ack``), in order."""
     codec = nc.NativeCodec(encoding)  # type: ignore[arg-type]
-    replies = [(rid, _Result(event(ch, seq, ep, t), dup)) for rid, seq, t, ch, ep, dup in rows]
+    publishes = [(rid, ack) for rid, _, _, _, _, _, ack in rows]
+    results = [_Result(event(ch, seq, ep, t), dup) for _, seq, t, ch, ep, dup, _ in rows]
     for _ in range(2):  # the second time from the kept templates
-        got = codec.encode_publish_replies(replies)  # type: ignore[arg-type]
+        got = codec.encode_publish_replies(publishes, results)  # type: ignore[arg-type]
         want = [
-            nc.NativeCodec(encoding).encode_publish_reply(rid, r.event, r.duplicate) for rid, r in replies
-        ]  # type: ignore[arg-type]
+            nc.NativeCodec(encoding).encode_publish_reply(rid, r.event, r.duplicate)  # type: ignore[arg-type]
+            for (rid, ack), r in zip(publishes, results, strict=True)
+            if ack
+        ]
         assert got == want
         # One write's bytes: each frame as frame_for_stream frames it, in order.
         assert codec.frames_for_stream(got) == b"".join(map(codec.frame_for_stream, got))
@@ -134,9 +144,9 @@ def test_replies_of_a_commit_are_each_reply(
 def test_reply_formats_are_bounded(encoding: nc.Encoding) -> None:
     codec = nc.NativeCodec(encoding)
     for i in range(REPLY_SHAPES_MAX + 10):
-        codec.encode_publish_replies([(1, _Result(event(f"/c/{i}", 1, "e", 1)))])
+        encode_replies(codec, [(1, _Result(event(f"/c/{i}", 1, "e", 1)))])
     assert len(codec._replies) <= REPLY_SHAPES_MAX
-    (got,) = codec.encode_publish_replies([(7, _Result(event("/c/0", 9, "e", 5)))])
+    (got,) = encode_replies(codec, [(7, _Result(event("/c/0", 9, "e", 5)))])
     assert_reply_7(got if encoding == "msgpack" else msgpack.packb(_json_reply(got)))
 
 
@@ -166,14 +176,14 @@ def test_a_run_across_every_integer_width_is_each_packed_reply(encoding: nc.Enco
     codec = nc.NativeCodec(encoding)
     values = sorted(_BOUNDS)
     steps = values + values[::-1] + values[::3]
-    replies = []
+    replies: list[tuple[object, _Result]] = []
     for i, v in enumerate(steps):
         rid = steps[(i * 7) % len(steps)]
         t = steps[(i * 5) % len(steps)]
         ch = "/run" if i % 11 else "/other"
         replies.append((rid, _Result(event(ch, v, "ep", t))))
     for _ in range(2):  # the second time from the kept shapes
-        got = codec.encode_publish_replies(replies)
+        got = encode_replies(codec, replies)
         assert len(got) == len(replies)
         for frame, (rid, r) in zip(got, replies, strict=True):
             ev = r.event

@@ -507,11 +507,13 @@ class NativeCodec:
             obj["batch"] = True
         return self._dump(obj)
 
-    def encode_publish_replies(self, replies: Sequence[tuple[int, Any]]) -> list[bytes]:
-        """:meth:`encode_publish_reply` of each ``(id, result)`` (a result has ``event`` and
-        ``duplicate``), in order: the replies of one commit, in one pass over cached templates
-        (:class:`~.native_replies.PublishReplies`); the bytes are the same."""
-        return self._replies.encode_many(replies)
+    def encode_publish_replies(
+        self, publishes: Sequence[tuple[int, bool]], results: Sequence[Any]
+    ) -> list[bytes]:
+        """:meth:`encode_publish_reply` of each publish ``(id, ack wanted)`` that wants one, from its result
+        (which has ``event`` and ``duplicate``), in order: the replies of one commit, in one pass over
+        cached templates (:class:`~.native_replies.PublishReplies`); the bytes are the same."""
+        return self._replies.encode_many(publishes, results)
 
     def encode_publish_reply(self, id: int, event: Event, duplicate: bool = False) -> bytes:
         """The acknowledgement of a publish (native.md §3.4); ``time`` is a string in JSON.

@@ -241,13 +241,14 @@ class NativeProtocol:
         self.inflight -= len(results)
         if self.inflight < self.max_inflight // 2:
             self.room()
-        popleft = pending.popleft
-        replies = []
-        for r in results:
-            rid, want_ack = popleft()
-            if want_ack:
-                replies.append((rid, r))
-        return self.codec.encode_publish_replies(replies) if replies else []
+        n = len(results)
+        if n == len(pending):  # the common case: every publish in flight committed together
+            publishes = list(pending)
+            pending.clear()
+        else:
+            popleft = pending.popleft
+            publishes = [popleft() for _ in range(n)]
+        return self.codec.encode_publish_replies(publishes, results)
 
     # -- batched publishes (publish_batch) --------------------------------------------------------------
     #

@@ -101,11 +101,11 @@ class PublishReplies:
             return self._general(id, event, duplicate)
         return shape[0](shape[1], id, shape[2], event.seq, shape[3], event.time_ns)
 
-    def encode_many(self, replies: Sequence[tuple[Any, Any]]) -> list[bytes]:
-        """The reply of each ``(id, result)`` (a result has ``event`` and ``duplicate``), in order: the
-        replies of one commit, in one pass."""
+    def encode_many(self, publishes: Sequence[tuple[Any, bool]], results: Sequence[Any]) -> list[bytes]:
+        """The replies of one commit, in one pass: of each publish ``(id, ack wanted)`` that wants one, from
+        its result (which has ``event`` and ``duplicate``), in order."""
         if self._json:
-            return self._json_many(replies)
+            return self._json_many(publishes, results)
         general = self._general
         shape_of = self._shape
         out: list[bytes] = []
@@ -113,7 +113,9 @@ class PublishReplies:
         channel: str | None = None
         epoch = ""
         pack, head, mid, tail, ilo, ihi, slo, shi, tlo, thi = _NONE
-        for rid, r in replies:
+        for (rid, want), r in zip(publishes, results, strict=True):
+            if not want:
+                continue
             ev = r.event
             if r.duplicate or type(rid) is not int:
                 add(general(rid, ev, r.duplicate))
@@ -135,7 +137,7 @@ class PublishReplies:
             add(pack(head, rid, mid, seq, tail, t))  # type: ignore[misc]
         return out
 
-    def _json_many(self, replies: Sequence[tuple[Any, Any]]) -> list[bytes]:
+    def _json_many(self, publishes: Sequence[tuple[Any, bool]], results: Sequence[Any]) -> list[bytes]:
         """:meth:`encode_many` in JSON: one ``%`` format per reply from its (channel, epoch) template."""
         general = self._general
         format_of = self._format
@@ -144,7 +146,9 @@ class PublishReplies:
         channel: str | None = None
         epoch = ""
         fmt = b""
-        for rid, r in replies:
+        for (rid, want), r in zip(publishes, results, strict=True):
+            if not want:
+                continue
             ev = r.event
             if r.duplicate or type(rid) is not int:
                 add(general(rid, ev, r.duplicate))
