@@ -89,7 +89,7 @@ def test_reply_pieces_are_bounded_and_stay_right_after_clearing(encoding: nc.Enc
     codec = nc.NativeCodec(encoding)
     for i in range(REPLY_SHAPES_MAX + 10):
         codec.encode_publish_reply(1, event(f"/c/{i}", 1, "e", 1))
-    assert len(codec._replies) <= REPLY_SHAPES_MAX
+    assert len(codec.publish_replies) <= REPLY_SHAPES_MAX
     got = codec.encode_publish_reply(7, event("/c/0", 9, "e", 5))
     assert_reply_7(got if encoding == "msgpack" else msgpack.packb(_json_reply(got)))
 
@@ -145,7 +145,7 @@ def test_reply_formats_are_bounded(encoding: nc.Encoding) -> None:
     codec = nc.NativeCodec(encoding)
     for i in range(REPLY_SHAPES_MAX + 10):
         encode_replies(codec, [(1, _Result(event(f"/c/{i}", 1, "e", 1)))])
-    assert len(codec._replies) <= REPLY_SHAPES_MAX
+    assert len(codec.publish_replies) <= REPLY_SHAPES_MAX
     (got,) = encode_replies(codec, [(7, _Result(event("/c/0", 9, "e", 5)))])
     assert_reply_7(got if encoding == "msgpack" else msgpack.packb(_json_reply(got)))
 

@@ -171,10 +171,10 @@ class NativeCodec:
         "_json",
         "_packer",
         "_parsers",
-        "_replies",
         "encoding",
         "limits",
         "max_frame",
+        "publish_replies",
         "send_detail",
     )
 
@@ -204,7 +204,9 @@ class NativeCodec:
         self._body_key = f"native.{encoding}.body"
         # Raw channel text -> canonical channel: publishers repeat their channels.
         self._channels: dict[str, str] = {}
-        self._replies = PublishReplies(encoding, self._publish_reply_object)
+        #: The publish replies' templates (:meth:`encode_publish_reply` and :meth:`encode_publish_replies`;
+        #: the hot path calls its ``encode`` straight).
+        self.publish_replies = PublishReplies(encoding, self._publish_reply_object)
         self._parsers: dict[str, Callable[[Obj], Command]] = {
             "hello": self._hello,
             "subscribe": self._subscribe,
@@ -513,7 +515,7 @@ class NativeCodec:
         """:meth:`encode_publish_reply` of each publish ``(id, ack wanted)`` that wants one, from its result
         (which has ``event`` and ``duplicate``), in order: the replies of one commit, in one pass over
         cached templates (:class:`~.native_replies.PublishReplies`); the bytes are the same."""
-        return self._replies.encode_many(publishes, results)
+        return self.publish_replies.encode_many(publishes, results)
 
     def encode_publish_reply(self, id: int, event: Event, duplicate: bool = False) -> bytes:
         """The acknowledgement of a publish (native.md §3.4); ``time`` is a string in JSON.
@@ -521,7 +523,7 @@ class NativeCodec:
         From a template cached per reply shape (:class:`~.native_replies.PublishReplies`): only the id, seq
         and time are encoded per reply, the same bytes as encoding the whole object (the tests compare them).
         """
-        return self._replies.encode(id, event, duplicate)
+        return self.publish_replies.encode(id, event, duplicate)
 
     def _publish_reply_object(self, id: Any, event: Event, duplicate: bool) -> bytes:
         """The publish reply encoded from its whole object: the replies no template covers."""

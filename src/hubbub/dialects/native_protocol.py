@@ -231,7 +231,7 @@ class NativeProtocol:
         if isinstance(r, HubbubError):
             self.emit(self.codec.encode_error(r.code, rid, r.detail, message=r.message))
         elif want_ack:
-            self.emit(self.codec.encode_publish_reply(rid, r.event, r.duplicate))
+            self.emit(self.codec.publish_replies.encode(rid, r.event, r.duplicate))
 
     def committed_many(self, results: Sequence[Result]) -> list[bytes]:
         """The oldest ``len(results)`` publishes were committed together: the replies of those that asked

@@ -63,19 +63,30 @@ _Shape = tuple[Callable[..., bytes], bytes, bytes, bytes, int, int, int, int, in
 _NONE: Final = (None, b"", b"", b"", 1, 0, 1, 0, 1, 0)
 
 
+# The index in _MP_INTS of a non-negative integer's encoding by its bit length, and of a negative one's by
+# the bit length of its complement (-1 - v: 0 for -1, 31 for -32, 63 for -64).
+_BY_BITS: Final = tuple(
+    next(i for i, c in enumerate(_MP_INTS) if c[0] >= 0 and c[1] >= (1 << b) - 1) for b in range(65)
+)
+_BY_BITS_NEG: Final = tuple(
+    next(i for i, c in enumerate(_MP_INTS) if c[1] < 0 and c[0] <= -(1 << b)) for b in range(64)
+)
+
+
 def _int_class(v: int) -> int:
     """The index in :data:`_MP_INTS` of ``v``'s msgpack encoding; -1 when msgpack cannot hold it."""
-    for i, (lo, hi, _, _) in enumerate(_MP_INTS):
-        if lo <= v <= hi:
-            return i
-    return -1
+    if v >= 0:
+        b = v.bit_length()
+        return _BY_BITS[b] if b <= 64 else -1
+    b = (~v).bit_length()
+    return _BY_BITS_NEG[b] if b <= 63 else -1
 
 
 class PublishReplies:
     """The publish replies of one codec's encoding; see the module docstring. ``general(id, event,
     duplicate)`` encodes the replies no template covers."""
 
-    __slots__ = ("_formats", "_general", "_json", "_packer", "_shapes")
+    __slots__ = ("_formats", "_general", "_json", "_last", "_packer", "_shapes")
 
     def __init__(self, encoding: Encoding, general: Callable[[Any, Event, bool], bytes]) -> None:
         self._json = encoding == "json"
@@ -85,6 +96,9 @@ class PublishReplies:
         self._shapes: dict[tuple[str, str, int, int, int], _Shape] = {}
         # (channel, epoch) -> JSON ``%`` template.
         self._formats: dict[tuple[str, str], bytes] = {}
+        # The channel, epoch and shape of the last single reply (encode): a publisher's next reply, one by
+        # one, mostly has the same shape.
+        self._last: tuple[str | None, str, _Shape] = (None, "", _NONE)  # type: ignore[assignment]
 
     def __len__(self) -> int:
         """The templates kept (bounded by :data:`REPLY_SHAPES_MAX`)."""
@@ -95,11 +109,21 @@ class PublishReplies:
         if duplicate or type(id) is not int:
             return self._general(id, event, duplicate)
         if self._json:
-            return self._format(event.channel, event.epoch) % (id, event.seq, event.time_ns)
-        shape = self._shape(event.channel, event.epoch, id, event.seq, event.time_ns)
-        if shape is None:
-            return self._general(id, event, duplicate)
-        return shape[0](shape[1], id, shape[2], event.seq, shape[3], event.time_ns)
+            key = (event.channel, event.epoch)
+            return (self._formats.get(key) or self._format(*key)) % (id, event.seq, event.time_ns)
+        channel, epoch, seq, t = event.channel, event.epoch, event.seq, event.time_ns
+        last_channel, last_epoch, shape = self._last
+        if (
+            channel is not last_channel
+            or epoch != last_epoch
+            or not (shape[4] <= id <= shape[5] and shape[6] <= seq <= shape[7] and shape[8] <= t <= shape[9])
+        ):
+            got = self._shape(channel, epoch, id, seq, t)
+            if got is None:
+                return self._general(id, event, duplicate)
+            shape = got
+            self._last = (channel, epoch, shape)
+        return shape[0](shape[1], id, shape[2], seq, shape[3], t)
 
     def encode_many(self, publishes: Sequence[tuple[Any, bool]], results: Sequence[Any]) -> list[bytes]:
         """The replies of one commit, in one pass: of each publish ``(id, ack wanted)`` that wants one, from
