@@ -22,7 +22,7 @@ from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, AppendResult, LogStore, RetentionPolicy
-from hubbub.log.sqlite import _store
+from hubbub.log.sqlite import _rows
 from hubbub.transports.native import NativeConnection
 from hubbub.transports.tcp import dispatch
 
@@ -504,12 +504,14 @@ def test_a_failed_inline_sqlite_commit_fails_its_publishes_and_reuses_no_seq(
 
     async def body(node: Node) -> None:
         assert (await node.publish(req("/a", "ok"))).event.seq == 1
-        real = _store._insert_events
+        # Every row of an append goes through one of the two inserts (a run's rows or a burst's stretch).
+        real = {name: getattr(_rows, name) for name in ("_insert_events", "insert_stretch")}
 
         def failing(*args: Any) -> None:
             raise sqlite3.OperationalError("disk I/O error")
 
-        monkeypatch.setattr(_store, "_insert_events", failing)
+        for name in real:
+            monkeypatch.setattr(_rows, name, failing)
         results: list[AppendResult | HubbubError] = []
         for i in range(3):
             node.submit(req("/a", f"lost{i}"), None, results.append)
@@ -522,7 +524,8 @@ def test_a_failed_inline_sqlite_commit_fails_its_publishes_and_reuses_no_seq(
         await done
         assert len(results) == 4 and all(isinstance(r, HubbubError) and r.code == 4301 for r in results)
         assert writer.idle and node._batcher.pending == 0
-        monkeypatch.setattr(_store, "_insert_events", real)
+        for name, fn in real.items():
+            monkeypatch.setattr(_rows, name, fn)
         r = await node.publish(req("/a", "next"))
         assert node.statistics()["writer"]["inline_batches"] == inline + 1
         assert (r.event.seq, (await node.publish(req("/b", "first"))).event.seq) == (2, 1)
