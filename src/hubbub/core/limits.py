@@ -28,6 +28,7 @@ LIMIT_NAMES: Final = (
     "max_subscriptions",
     "max_frame",
     "max_consumers",
+    "open_files",  # a socket accepted while the process is short of descriptors (transports/accept.py)
 )
 
 

@@ -1,7 +1,18 @@
 """What every listener (the HTTP listener, ``transports/http_listener.py``, and the byte-stream listeners,
 ``transports/stream_listener.py``) shares about the sockets it accepts: how long a refused socket is kept
-and how many at most, how bad input seen before any dialect reads a socket is counted and logged, and
-whether the process shares its ports with the other workers of its node (:func:`share_ports`).
+and how many at most, how bad input seen before any dialect reads a socket is counted and logged, the
+descriptors kept free for what is already served (:class:`OpenFiles`), and whether the process shares its
+ports with the other workers of its node (:func:`share_ports`).
+
+**Open files.** Every accepted socket is a file descriptor, and so are what the connections already
+served need more of: the log store's files (SQLite opens a reader connection per thread that reads), the
+outbound connections (webhooks, federation, PostgreSQL, Redis), a TLS socket's hand-over. A flood of
+connections must not take the last of them: a socket accepted while fewer than :func:`reserve` descriptors
+are left under the soft ``RLIMIT_NOFILE`` is closed at once (the HTTP listener answers it ``503`` first),
+counted in ``hubbub_limit_refusals_total{limit="open_files"}`` and logged as a warning at most once per
+:data:`WARN_EVERY_S` per listener; accepting goes on as usual once descriptors are free again. The kernel
+gives each new descriptor the lowest free number, so the accepted socket's own number tells, at no cost,
+that every descriptor below it is taken.
 
 Concurrency contract: everything here runs on the event loop thread.
 """
@@ -9,8 +20,9 @@ Concurrency contract: everything here runs on the event loop thread.
 from __future__ import annotations
 
 import logging
+import resource
 import time
-from typing import Final, final
+from typing import Any, Final, Protocol, final
 
 from hubbub.core.api import Core
 
@@ -19,8 +31,10 @@ __all__ = [
     "REFUSAL_LINGER_S",
     "WARN_EVERY_S",
     "BadInputLog",
+    "OpenFiles",
     "Throttle",
     "peer_name",
+    "reserve",
     "reuse_port",
     "share_ports",
 ]
@@ -111,3 +125,50 @@ class BadInputLog:
         if held:
             msg += f" ({held} more since the last such warning)"
         self._log.warning(msg, *args)
+
+
+def reserve(limit: int) -> int:
+    """Descriptors kept free under a soft limit of ``limit`` (module docstring, "Open files"): an eighth of
+    it, at least 8 and at most 256 (a few threads' store readers and a node's outbound links)."""
+    return max(8, min(256, limit // 8))
+
+
+@final
+class OpenFiles:
+    """One listener's guard of the descriptors kept free (module docstring, "Open files").
+
+    Concurrency contract: called from the event loop only, once per accepted socket."""
+
+    __slots__ = ("_log", "_node", "_throttle", "dialect")
+
+    def __init__(self, node: Core, dialect: str, logger: logging.Logger) -> None:
+        self._node = node
+        self.dialect = dialect
+        self._log = logger
+        self._throttle = Throttle(WARN_EVERY_S)
+
+    def short(self, transport: _HasExtraInfo, ip: str) -> bool:
+        """Whether the socket of ``transport``, just accepted, leaves fewer than :func:`reserve` descriptors
+        free; if so it is counted and logged (throttled), and the caller closes it without serving it."""
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        fd = sock.fileno()
+        # Read at each accept (one system call): an operator may change a running process's limit (prlimit).
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if limit == resource.RLIM_INFINITY or fd < limit - reserve(limit):
+            return False
+        self._node.limiter.refused("open_files", self.dialect)
+        held = self._throttle.ready()
+        if held is not None:
+            more = f" ({held} more since the last such warning)" if held else ""
+            self._log.warning(
+                "open files near the limit (descriptor %d of %d, %d kept free): connection from %s on the "
+                "%s listener refused%s; raise the hard limit (LimitNOFILE=) or lower limits.max_connections",
+                fd, limit, reserve(limit), ip, self.dialect, more,
+            )  # fmt: skip
+        return True
+
+
+class _HasExtraInfo(Protocol):
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...

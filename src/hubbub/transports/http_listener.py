@@ -11,6 +11,8 @@ aiohttp does not do for a server exposed to anyone:
   close``, its write side shut so the answer is not lost to a reset, and closed when the peer closes or
   after :data:`REFUSAL_LINGER_S` (at once beyond :data:`REFUSALS_LINGERING_MAX` such sockets). The route is
   not known then, so the refusal is counted with dialect ``http``.
+* **Open files.** A socket accepted while the process is short of descriptors gets the same ``503`` and is
+  closed at once, before the limits (``transports/accept.py``, :class:`~hubbub.transports.accept.OpenFiles`).
 * **A head timeout** (``http.head_timeout_s``): a connection that has not sent a whole request head within
   that time of its accept, or of the first byte of a later request on a kept-alive connection, is closed;
   the same bound applies to a TLS handshake. A kept-alive connection idle between requests is closed after
@@ -51,6 +53,7 @@ from .accept import (
     REFUSALS_LINGERING_MAX,
     WARN_EVERY_S,
     BadInputLog,
+    OpenFiles,
     Throttle,
     reuse_port,
 )
@@ -109,6 +112,7 @@ class HttpListener(web.BaseSite):
         #: Refused sockets waiting for their peer to close (see :data:`REFUSAL_LINGER_S`).
         self.lingering: set[asyncio.Transport] = set()
         self._bad_input = BadInputLog(node, "http", log)
+        self.open_files = OpenFiles(node, "http", log)
 
     @property
     def name(self) -> str:
@@ -179,6 +183,13 @@ class HttpConnection(web.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         ip = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if self._listener.open_files.short(transport, ip):
+            # Answered and closed at once: a refusal lingering would hold the descriptor that is short.
+            self.transport = None
+            sock = cast(asyncio.Transport, transport)
+            sock.write(REFUSAL)
+            sock.close()
+            return
         if self._listener.node.limiter.admit(ip, "http") is not None:
             self._refuse(transport)
             return

@@ -10,6 +10,8 @@ TLS): what happens to a socket before its dialect reads it, the same for every d
   :data:`~hubbub.transports.accept.REFUSAL_LINGER_S` (at once beyond
   :data:`~hubbub.transports.accept.REFUSALS_LINGERING_MAX` such sockets). A TLS listener makes no handshake
   for it. Refusals are counted by the limiter, with the listener's dialect.
+* **Open files.** A socket accepted while the process is short of descriptors is closed at once, before
+  the limits (``transports/accept.py``, :class:`~hubbub.transports.accept.OpenFiles`).
 * **The first-message timeout** (``tcp.first_message_timeout_s``): from the accept, a socket has that long
   to finish its TLS handshake and send its dialect's first complete message (a native frame, a mist line
   or JSON value, a qrpc line); otherwise it is closed, counted in ``hubbub_bad_input_total{dialect}`` and
@@ -36,7 +38,7 @@ from typing import Any, Final, Protocol, cast, final
 
 from hubbub.core.api import Core
 
-from .accept import REFUSAL_LINGER_S, REFUSALS_LINGERING_MAX, BadInputLog, reuse_port
+from .accept import REFUSAL_LINGER_S, REFUSALS_LINGERING_MAX, BadInputLog, OpenFiles, reuse_port
 
 __all__ = ["KEEPALIVE", "Accepted", "Refusal", "Serve", "StreamListener", "keep_alive", "peer_ip"]
 
@@ -105,6 +107,7 @@ class StreamListener:
         "lingering",
         "loop",
         "node",
+        "open_files",
         "reader_limit",
         "refusal",
         "ssl_context",
@@ -133,6 +136,7 @@ class StreamListener:
         #: Refused sockets waiting for their peer to close, each with its abort timer.
         self.lingering: dict[asyncio.Transport, asyncio.TimerHandle] = {}
         self._bad_input = BadInputLog(node, dialect, log)
+        self.open_files = OpenFiles(node, dialect, log)
         self._server: asyncio.AbstractServer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -309,8 +313,11 @@ class _Admission(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         sock = cast(asyncio.Transport, transport)
         lst = self._listener
-        keep_alive(sock)
         ip = peer_ip(sock)
+        if lst.open_files.short(sock, ip):
+            sock.abort()  # no refusal lingers then: its descriptor is what is short, freed at once
+            return
+        keep_alive(sock)
         if lst.node.limiter.admit(ip, lst.dialect) is None:
             lst._admitted(sock, ip)
             return
