@@ -3,7 +3,8 @@
 WebSocket route and with HTTP publishes, more connections than descriptors. The server stays up without
 spinning, refuses what would take the descriptors it keeps free (counted in
 ``hubbub_limit_refusals_total{limit="open_files"}``, logged as a throttled warning), keeps serving its
-existing connections (subscribers get every event, each acked publish is in the log), and accepts again
+existing connections (subscribers get every event, each acked publish is in the log, reads that need a new
+store connection still get one), and accepts again
 once the flood's connections are gone (``transports/accept.py`` ``OpenFiles``)."""
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from tests.integration.serverproc import ServerProcess
 HEADROOM = 32
 #: Connections of each kind in the flood: together well past the headroom.
 FLOOD = 40
+#: Kept-alive connections that read the log at once during the flood.
+READERS = 12
 
 
 def _fds(pid: int) -> int:
@@ -76,6 +79,10 @@ async def _flood(srv: ServerProcess) -> None:
                 assert (await r.json())["seq"] == i + 1
 
         await publish(1)
+        readers = [aiohttp.ClientSession() for _ in range(READERS)]
+        for reader in readers:
+            async with reader.get(f"{base}/healthz") as r:
+                assert r.status == 200
         limit = _fds(pid) + HEADROOM
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
         flood: list[asyncio.StreamWriter] = []
@@ -121,10 +128,16 @@ async def _flood(srv: ServerProcess) -> None:
         # Existing connections are served: every publish is acked, persisted, and delivered to both.
         for i in range(2, 22):
             await publish(i)
-        async with http.get(f"{base}/api/v1/log/t/x", params={"format": "jsonl"}) as r:
-            assert r.status == 200
-            rows = [json.loads(ln) for ln in (await r.text()).splitlines()]
-        assert [e["seq"] for e in rows if "seq" in e and "text" in e] == list(range(1, 23))
+
+        # Reads over connections opened before the flood, at once: each thread that reads opens its own
+        # SQLite connection, a new descriptor (none was left before the reserve: SQLITE_CANTOPEN, 503).
+        async def read(reader: aiohttp.ClientSession) -> list[int]:
+            async with reader.get(f"{base}/api/v1/log/t/x", params={"format": "jsonl"}) as r:
+                assert r.status == 200, await r.text()
+                rows = [json.loads(line) for line in (await r.text()).splitlines()]
+            return [e["seq"] for e in rows if "seq" in e and "text" in e]
+
+        assert await asyncio.gather(*(read(r) for r in readers)) == [list(range(1, 23))] * len(readers)
         assert [(await ws.receive_json(timeout=10))["seq"] for _ in range(22)] == list(range(1, 23))
         assert [(await _line(tcp_r))["seq"] for _ in range(22)] == list(range(1, 23))
         # Once the flood is gone, new connections are accepted on every listener.
@@ -144,6 +157,8 @@ async def _flood(srv: ServerProcess) -> None:
         w2.close()
         tcp_w.close()
         await ws.close()
+        for reader in readers:
+            await reader.close()
 
 
 def test_a_flood_past_the_open_files_limit(tmp_path: Path) -> None:
