@@ -10,6 +10,7 @@ once the flood's connections are gone (``transports/accept.py`` ``OpenFiles``)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.integration.serverproc import ServerProcess
 
@@ -53,14 +55,15 @@ async def _line(reader: asyncio.StreamReader) -> dict[str, object]:
     return out
 
 
-async def _flood(srv: ServerProcess) -> None:
-    pid = srv.proc.pid  # type: ignore[union-attr]
+async def _flood(srv: ServerProcess, pids: list[int]) -> None:
+    """The flood against the processes ``pids`` that accept (the server, or each worker of a node)."""
     base = f"http://127.0.0.1:{srv.ports['http']}"
     url = f"ws://127.0.0.1:{srv.ports['http']}/ws/hubbub"
     # One kept-alive connection for the publishes, the reads and /metrics during the flood.
     async with (
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http,
         aiohttp.ClientSession() as subs,
+        contextlib.AsyncExitStack() as stack,
     ):
         ws = await subs.ws_connect(url, protocols=["hubbub.v1.json"])
         await ws.send_json({"op": "hello", "id": 1, "v": 1})
@@ -79,12 +82,13 @@ async def _flood(srv: ServerProcess) -> None:
                 assert (await r.json())["seq"] == i + 1
 
         await publish(1)
-        readers = [aiohttp.ClientSession() for _ in range(READERS)]
+        readers = [await stack.enter_async_context(aiohttp.ClientSession()) for _ in range(READERS)]
         for reader in readers:
             async with reader.get(f"{base}/healthz") as r:
                 assert r.status == 200
-        limit = _fds(pid) + HEADROOM
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
+        limits = {pid: _fds(pid) + HEADROOM for pid in pids}
+        for pid, limit in limits.items():
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
         flood: list[asyncio.StreamWriter] = []
         heads = {
             "native": b"",
@@ -93,9 +97,10 @@ async def _flood(srv: ServerProcess) -> None:
             b"Sec-WebSocket-Protocol: hubbub.v1.json\r\n\r\n",
             "publish": b"POST /api/v1/publish/t/flood HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n\r\nx",
         }
-        for kind, head in heads.items():
-            port = srv.ports["native" if kind == "native" else "http"]
-            for _ in range(FLOOD):
+        # The kinds take turns, so that each still comes once the descriptors are short, on every worker.
+        for _ in range(FLOOD):
+            for kind, head in heads.items():
+                port = srv.ports["native" if kind == "native" else "http"]
                 _, w = await asyncio.open_connection("127.0.0.1", port)
                 w.write(head)
                 flood.append(w)
@@ -110,8 +115,7 @@ async def _flood(srv: ServerProcess) -> None:
 
         # Said once per listener, whatever the number of sockets refused.
         await _until(warned, "a warning about open files from the native and the HTTP listener")
-        assert len(warnings()) == 2, warnings()
-        assert _fds(pid) <= limit - 2  # descriptors stay free for what is served already
+        assert len(warnings()) <= 2 * len(pids), warnings()
         async with http.get(f"{base}/metrics") as r:
             text = await r.text()
         counted = {}
@@ -120,11 +124,11 @@ async def _flood(srv: ServerProcess) -> None:
                 counted[line.split('dialect="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
         assert counted["native"] > 0 and counted["http"] > 0, counted
         assert srv.alive
-        assert _fds(pid) <= limit - 2  # the descriptors kept free stayed free
+        assert all(_fds(pid) <= limit - 2 for pid, limit in limits.items())  # descriptors kept free
         # The accept loops do not spin while the flood waits.
-        cpu = _cpu_s(pid)
+        cpu = sum(map(_cpu_s, pids))
         await asyncio.sleep(0.5)  # a measurement window, not a wait for a condition
-        assert _cpu_s(pid) - cpu < 0.25
+        assert sum(map(_cpu_s, pids)) - cpu < 0.25
         # Existing connections are served: every publish is acked, persisted, and delivered to both.
         for i in range(2, 22):
             await publish(i)
@@ -143,7 +147,10 @@ async def _flood(srv: ServerProcess) -> None:
         # Once the flood is gone, new connections are accepted on every listener.
         for w in flood:
             w.close()
-        await _until(lambda: _fds(pid) < limit - HEADROOM // 2, "the flood's descriptors freed")
+        await _until(
+            lambda: all(_fds(pid) < limit - HEADROOM // 2 for pid, limit in limits.items()),
+            "the flood's descriptors freed",
+        )
         async with aiohttp.ClientSession() as fresh:
             async with fresh.get(f"{base}/healthz") as r:
                 assert r.status == 200
@@ -157,14 +164,33 @@ async def _flood(srv: ServerProcess) -> None:
         w2.close()
         tcp_w.close()
         await ws.close()
-        for reader in readers:
-            await reader.close()
 
 
-def test_a_flood_past_the_open_files_limit(tmp_path: Path) -> None:
-    srv = ServerProcess(tmp_path / "data").start()
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_flood_past_the_open_files_limit(tmp_path: Path, workers: int) -> None:
+    """On a single process and on each worker of a node (``serve --workers 2``: the parent accepts nothing,
+    its workers each have their own descriptors and their own readers of the log's file)."""
+    extra = ["--workers", "2"] if workers > 1 else []
+    srv = ServerProcess(tmp_path / "data", extra=extra).start()
     try:
-        asyncio.run(_flood(srv))
+        assert srv.proc is not None
+        pids = [srv.proc.pid] if workers == 1 else _workers(srv)
+        assert len(pids) == workers
+        asyncio.run(_flood(srv, pids))
         assert srv.alive
     finally:
         srv.terminate()
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            out.update(int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+    return out
+
+
+def _workers(srv: ServerProcess) -> list[int]:
+    """A node's worker processes: the children of its fork server, the parent's one child."""
+    assert srv.proc is not None
+    return sorted(pid for fork_server in _children(srv.proc.pid) for pid in _children(fork_server))
