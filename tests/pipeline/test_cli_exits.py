@@ -23,7 +23,7 @@ from .conftest import jvm_conf_args, spark_env
 pytestmark = pytest.mark.spark
 
 
-def pipeline(*args: str) -> subprocess.CompletedProcess[str]:
+def pipeline(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hubbub", "pipeline", *args, "--no-progress",
          *jvm_conf_args(), "--conf", "spark.ui.enabled=false",
@@ -31,7 +31,7 @@ def pipeline(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, **spark_env()},
+        env={**os.environ, **spark_env(), **(env or {})},
         check=False,
     )  # fmt: skip
 
@@ -60,6 +60,27 @@ def test_retention_refuses_negative_days_and_a_missing_archive(tmp_path: Path) -
 
     r = pipeline("retention", "--out", str(out), "--days", "30")
     assert r.returncode == 0 and json.loads(r.stdout)["dropped"] == [f"root=a/date={days[1]}"]
+
+
+def test_usage_errors_are_refused_before_spark_starts(tmp_path: Path) -> None:
+    """A job's arguments that cannot work are refused before a JVM is started for it: at once, instead of
+    after seconds of start-up. Java is made unreachable for these runs (``JAVA_HOME`` names no directory),
+    so a run that went as far as starting Spark says "cannot start Spark" instead of the refusal."""
+    out = str(tmp_path / "out")
+    cases = [
+        (["stats", "--out", out], "give a source: --url, --store or --input"),
+        (["audit", "--out", out], "give a source: --url, --store or --input"),
+        (["backfill", "--target", "http://127.0.0.1:9"], "backfill reads an archive or export: give --input"),
+        (["export", "--input", out, "--out", out, "--from", "yesterday"], "not a time"),
+        (["export", "--input", out, "--out", out, "--to", "-1"], "not a time"),
+        (["compact", "--input", out, "--out", out, "--key-header", "k", "--channels", "a/**"],
+         "not a channel pattern: 'a/**'"),
+    ]  # fmt: skip
+    for args, message in cases:
+        r = pipeline(*args, env={"JAVA_HOME": str(tmp_path / "no-java")})
+        assert r.returncode == 1 and message in r.stderr and r.stdout == "", (args, r.stderr)
+        assert "cannot start Spark" not in r.stderr, args
+    assert not (tmp_path / "out").exists()
 
 
 def test_runs_on_one_out_directory_take_turns(tmp_path: Path) -> None:

@@ -116,7 +116,37 @@ def job_conf(job: str, master: str, conf: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _refusal(args: argparse.Namespace) -> str:
+    """What is wrong with the arguments of a Spark job ("" when nothing is): checked before pyspark is
+    imported and the job's session started, so that a usage error answers at once instead of after a JVM's
+    start-up (seconds of CPU). The jobs check the same again (:func:`hubbub.pipeline.jobs.load`, the
+    source's options) for their callers in Python."""
+    from hubbub.channels import parse_pattern
+    from hubbub.errors import BadChannel
+    from hubbub.pipeline.options import parse_time
+
+    if args.job == "backfill" and not args.input:
+        return "backfill reads an archive or export: give --input DIR"
+    if args.job != "archive" and not (args.url or args.store or args.input):
+        return "give a source: --url, --store or --input"
+    try:
+        parse_pattern(args.channels)
+    except BadChannel as exc:
+        return f"not a channel pattern: {args.channels!r} ({exc})"
+    for value in (getattr(args, "start_time", ""), getattr(args, "end_time", "")):
+        if value:
+            try:
+                parse_time(value)
+            except ValueError:
+                return f"not a time (ns since the Unix epoch, or ISO-8601): {value!r}"
+    return ""
+
+
 def _run(args: argparse.Namespace) -> int:
+    refused = "" if args.job == "retention" else _refusal(args)
+    if refused:
+        print(f"hubbub {args._command}: {refused}", file=sys.stderr)
+        return 1
     try:
         from hubbub.errors import PipelineError
         from hubbub.pipeline import jobs
