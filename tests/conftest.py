@@ -74,7 +74,7 @@ hypothesis_budget.load()
 #: of node ids; a test that grows past a few tens of seconds belongs here.
 LONGEST = (
     "tests/pipeline/test_cluster.py::",
-    "tests/pipeline/test_progress.py::test_export_shows_events_and_rate_on_a_terminal_only",
+    "tests/pipeline/test_progress.py::test_export_shows_events_and_rate_on_a_terminal",
     "tests/pipeline/test_jobs.py::test_backfill_command_on_a_local_master_with_its_own_jvm_options",
     "tests/bench/test_bench_smoke.py::test_smoke_bench_produces_numbers",
     "tests/pipeline/test_cli_exits.py::",

@@ -1,6 +1,10 @@
-"""Long jobs show progress (events done of the total, and their rate) when stderr is a terminal, and nothing
-when it is not: ``hubbub pipeline export`` run as a real child process, its stderr a pseudo-terminal or a
-pipe."""
+"""Long jobs show progress (events done of the total, and their rate) when stderr is a terminal:
+``hubbub pipeline export`` run as a real child process, its stderr a pseudo-terminal.
+
+Not run with its stderr a pipe too (a JVM of its own, some 13 CPU-s): that run could not fail. The display
+is rich's, drawn transient, and rich draws nothing on a stream that is not a terminal but the newline it
+ends with, whether the command turns it on or not; what the command's gate (``--no-progress``, or stderr not
+a terminal) decides beyond that is whether the export counts its input first, which no output shows."""
 
 from __future__ import annotations
 
@@ -25,17 +29,13 @@ pytestmark = pytest.mark.spark
 EVENTS = 100_000
 
 
-def export(store: Path, out: Path, stderr_tty: bool) -> tuple[dict[str, object], str]:
-    """Run the export; returns its JSON summary and everything it wrote to stderr."""
+def export(store: Path, out: Path) -> tuple[dict[str, object], str]:
+    """Run the export, its stderr a terminal; returns its JSON summary and everything it wrote there."""
     args = [sys.executable, "-m", "hubbub", "pipeline", "export", "--store", f"sqlite:///{store}",
             "--out", str(out), "--format", "parquet",
             *jvm_conf_args(), "--conf", "spark.ui.enabled=false",
             "--conf", "spark.driver.host=127.0.0.1"]  # fmt: skip
     env = {**os.environ, **spark_env(), "COLUMNS": "200", "TERM": "xterm"}
-    if not stderr_tty:
-        r = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, check=False)
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout), r.stderr
     master, slave = pty.openpty()
     chunks: list[bytes] = []
 
@@ -61,11 +61,11 @@ def export(store: Path, out: Path, stderr_tty: bool) -> tuple[dict[str, object],
     return json.loads(proc.stdout), b"".join(chunks).decode(errors="replace")
 
 
-def test_export_shows_events_and_rate_on_a_terminal_only(tmp_path: Path) -> None:
+def test_export_shows_events_and_rate_on_a_terminal(tmp_path: Path) -> None:
     st = SqliteLogStore(tmp_path / "log.db")
     fill(st, {f"/p/c{i}": EVENTS // 4 for i in range(4)}, headers=False)
     st.close()
-    summary, shown = export(tmp_path / "log.db", tmp_path / "tty", stderr_tty=True)
+    summary, shown = export(tmp_path / "log.db", tmp_path / "tty")
     assert summary["events"] == EVENTS
     assert "export: stage" in shown and f"/{EVENTS:,}" in shown and "events/s" in shown
     # The whole job's progress: its stages one after the other, and a share that does not start again at 0
@@ -74,9 +74,6 @@ def test_export_shows_events_and_rate_on_a_terminal_only(tmp_path: Path) -> None
     assert seen and max(k for k, _, _ in seen) >= 2, seen
     assert [k for k, _, _ in seen] == sorted(k for k, _, _ in seen), seen
     assert all(pc > 0 for k, _, pc in seen if k > 1), seen
-    summary, quiet = export(tmp_path / "log.db", tmp_path / "pipe", stderr_tty=False)
-    assert summary["events"] == EVENTS
-    assert "export" not in quiet and "events/s" not in quiet
 
 
 def test_the_job_s_progress_goes_on_from_stage_to_stage() -> None:
