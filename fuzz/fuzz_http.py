@@ -17,6 +17,7 @@ message's limit and one frame not yet whole.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from hubbub.core.limits import Limiter
+from hubbub.transports.accept import OpenFiles
 from hubbub.transports.http_listener import HttpConnection
 from hubbub.ws_frames import BINARY, CLOSE, PING, PONG, TEXT, FrameError, FrameParser
 
@@ -88,8 +90,13 @@ class _Harness:
         self.loop = asyncio.new_event_loop()
         self.manager = self.loop.run_until_complete(self._manager())
         node = SimpleNamespace(limiter=Limiter(), count_bad_input=lambda dialect: None)
+        # The transport has no socket: the open-files guard admits every connection, as under the limit.
         self.listener: Any = SimpleNamespace(
-            node=node, head_timeout_s=60.0, lingering=set(), warn=lambda *args: None
+            node=node,
+            head_timeout_s=60.0,
+            lingering=set(),
+            warn=lambda *args: None,
+            open_files=OpenFiles(node, "http", logging.getLogger("hubbub.fuzz")),  # type: ignore[arg-type]
         )
 
     async def _manager(self) -> web.Server:

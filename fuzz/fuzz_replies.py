@@ -337,7 +337,9 @@ def check_native(case: tuple[str, bytes, list[Any]]) -> None:
     out.append(codec.encode_reply(rid, _safe_fields(fields)))
     out.append(codec.encode_subscribe_reply(rid, detail, pos, top))
     out.append(codec.encode_hello_reply(rid, detail, detail, interval, 1 << 20, 1024, bool(seqs)))
-    out += codec.encode_publish_replies([(rid, _Result(ev, False)), (rid, _Result(ev, True))])
+    out += codec.encode_publish_replies(
+        [(rid, True), (rid, True), (rid, False)], [_Result(ev, False), _Result(ev, True), _Result(ev, False)]
+    )
     out.append(codec.encode_batch_reply(rid, seqs, [detail] * len(seqs), seqs, list(range(len(seqs)))))
     out.append(codec.encode_event(ev, tuple(subs), replay=bool(subs), cache={}))
     out.append(codec.encode_batch(out[-3:]))
