@@ -44,6 +44,7 @@ from hubbub.log import (
 from hubbub.log.postgres import PostgresLogStore
 from hubbub.log.records import encode_headers, encode_tags
 from hubbub.log.sqlite import ScanColumns, ScanPlan
+from hubbub.log.sqlite import _reads as sqlite_reads
 
 NS = 1_000_000_000
 START = 1_700_000_000 * NS
@@ -1396,6 +1397,46 @@ def test_sqlite_scan_plan_and_columns(sqlite_path: Path) -> None:
             assert len(pieces) > 1 and _scan_rows(reader, pieces) == want
         finally:
             reader.close()
+    finally:
+        store.close()
+
+
+class _ForgetfulNames(dict[int, tuple[str, str]]):
+    """A channel-name cache that another reader clears between a page's two steps (the first look-up of
+    each page finds it empty)."""
+
+    def get(self, key: int, default: object = None) -> object:  # type: ignore[override]
+        self.clear()
+        return super().get(key, default)
+
+
+@pytest.mark.parametrize("forgetful", [False, True])
+def test_sqlite_read_log_names_each_event_through_a_small_or_cleared_name_cache(
+    sqlite_path: Path, monkeypatch: pytest.MonkeyPatch, forgetful: bool
+) -> None:
+    """``read_log`` on SQLite names channels through a cache of channel ids shared by the readers: past its
+    bound it is cleared, and another reader may clear it meanwhile; every event still comes back with its
+    own channel and epoch (a channel reset to a new epoch has a new id), whole and in commit order."""
+    monkeypatch.setattr(sqlite_reads, "_NAMES_MAX", 3)
+    store = SqliteLogStore(sqlite_path)
+    try:
+        if forgetful:
+            store._names = _ForgetfulNames()
+        written = [r.event for r in store.append([req(f"/n/{i % 7}", b"%d" % i) for i in range(30)])]
+        store.reset_channel("/n/3")
+        written = [e for e in written if e.channel != "/n/3"]
+        written += [r.event for r in store.append([req(f"/n/{i % 4 + 2}", b"r%d" % i) for i in range(12)])]
+        mark = store.log_mark()
+        for size in (1, 5, 100):
+            got: list[Event] = []
+            after = 0
+            while True:
+                page = store.read_log(after, mark, size, "/n")
+                got += page.events
+                if len(page.events) < size:
+                    break
+                after = page.pos
+            assert got == written, size
     finally:
         store.close()
 

@@ -12,7 +12,6 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
-from operator import itemgetter
 from typing import Any, Final
 
 from hubbub.errors import StorageError
@@ -49,7 +48,7 @@ _HEAD_COLS: Final = "path, epoch, first, top, top_time"
 # read_log: the events of current epochs in a pos range, with their channel id and pos after the event
 # columns (the channel's path and epoch come from _ReadSide._channel_names: no two strings made per row). The
 # four publisher columns are all NULL where they equal ?1..?4 together (the reading thread's last publisher,
-# _build_events' ``same``): a page of one publisher's events makes no string for them. CROSS JOIN keeps
+# _log_events' ``same``): a page of one publisher's events makes no string for them. CROSS JOIN keeps
 # ``events`` the outer loop (its pos range, in pos order), whatever the planner makes of a path prefix.
 _SAME_PUBLISHER: Final = (
     "e.publisher_dialect = ?1 AND e.publisher_user = ?2 AND e.publisher_app = ?3 AND e.publisher_msg_id = ?4"
@@ -63,8 +62,6 @@ _LOG_SELECT: Final = (
     + ", e.content_type, e.headers, e.tags, e.payload, e.channel_id, e.pos"
     " FROM events AS e CROSS JOIN channels AS c ON c.id = e.channel_id WHERE "
 )
-#: A read_log row's ``_EVENT_COLS`` (a C-level slice: cheaper than unpacking the row with a starred name).
-_EVENT_PART: Final = itemgetter(*range(10))
 #: read_log's first reference publisher on a thread (see _LOG_SELECT): any value is right, since a row equal
 #: to it gets it, an equal object (the columns are NOT NULL: all four NULL only means equal).
 _NOBODY: Final = Publisher("")
@@ -200,35 +197,37 @@ class _ReadSide:
     def _events(channel: str, epoch: str, rows: Iterable[Sequence[Any]]) -> list[Event]:
         return _build_events(rows, repeat((channel, epoch)))
 
-    def _channel_names(self, conn: sqlite3.Connection, rows: list[Any], at: int) -> list[tuple[str, str]]:
-        """The (path, epoch) of each row's channel id (column ``at``; rows of current epochs, read in this
-        snapshot ``conn``). An id is one epoch of one channel for good (a new epoch gets a new id; ids are
-        never reused), so the answers are kept, shared by the reader threads (a dict's single steps are
-        atomic): a replay asks SQLite only for the channels it meets first."""
+    def _channel_names(
+        self, conn: sqlite3.Connection, rows: list[Any], at: int
+    ) -> dict[int, tuple[str, str]]:
+        """The (path, epoch) of the channel ids of ``rows`` (column ``at``; rows of current epochs, read in
+        this snapshot ``conn``), one entry per id. An id is one epoch of one channel for good (a new epoch
+        gets a new id; ids are never reused), so the answers are kept, shared by the reader threads (a dict's
+        single steps are atomic): a replay asks SQLite only for the channels it meets first."""
         names = self._names
-        missing = {r[at] for r in rows}.difference(names)
+        ids = {r[at] for r in rows}
+        missing = ids.difference(names)
         if missing:
             if len(names) + len(missing) > _NAMES_MAX:
                 names.clear()
-                missing = {r[at] for r in rows}
-            ids = list(missing)
-            for i in range(0, len(ids), _HEADS_CHUNK):
-                chunk = ids[i : i + _HEADS_CHUNK]
+                missing = ids
+            chunks = list(missing)
+            for i in range(0, len(chunks), _HEADS_CHUNK):
+                chunk = chunks[i : i + _HEADS_CHUNK]
                 marks = ", ".join("?" * len(chunk))
                 for cid, path, epoch in conn.execute(
                     f"SELECT id, path, epoch FROM channels WHERE id IN ({marks})", chunk
                 ):
                     names[cid] = (path, epoch)
-        # Another reader's clear (past _NAMES_MAX) may drop an id between the two steps: it is asked again.
-        out: list[tuple[str, str]] = []
-        for r in rows:
-            name = names.get(r[at])
+        # The page's own answers, one per channel rather than per row: another reader's clear (past
+        # _NAMES_MAX) may drop an id between the two steps, and such an id is asked again.
+        out: dict[int, tuple[str, str]] = {}
+        for cid in ids:
+            name = names.get(cid)
             if name is None:
-                path, epoch = conn.execute(
-                    "SELECT path, epoch FROM channels WHERE id = ?", (r[at],)
-                ).fetchone()
-                name = names[r[at]] = (path, epoch)
-            out.append(name)
+                path, epoch = conn.execute("SELECT path, epoch FROM channels WHERE id = ?", (cid,)).fetchone()
+                name = names[cid] = (path, epoch)
+            out[cid] = name
         return out
 
     def head(self, channel: str) -> ChannelInfo:
@@ -458,8 +457,8 @@ class _ReadSide:
                 rows = cur.fetchall()
             else:
                 rows, full = take_upto(cur, max_bytes, 9)
-            places = self._channel_names(conn, rows, 10) if rows else []
-        events = _build_events(map(_EVENT_PART, rows), places, same)
+            names = self._channel_names(conn, rows, 10) if rows else {}
+        events = _log_events(rows, names, same)
         if events:
             # The next page's reference: one publisher's events keep one object from page to page.
             local.log_publisher = events[-1].publisher
@@ -568,6 +567,43 @@ def _build_events(
         if pub is None:
             pub = pubs[pk] = Publisher(dialect, user, app, msg_id)
         out.append(
+            Event(
+                channel,
+                seq,
+                epoch,
+                t,
+                pub,
+                payload,
+                ctype,
+                decode_headers(hb) if hb else {},
+                decode_tags(tb) if tb else (),
+            )
+        )
+    return out
+
+
+def _log_events(
+    rows: Iterable[Sequence[Any]], names: dict[int, tuple[str, str]], same: Publisher
+) -> list[Event]:
+    """The events of read_log's ``rows`` (``_LOG_SELECT``'s columns), each channel's (path, epoch) from
+    ``names`` by its id: :func:`_build_events` for a page of any channels, in one loop over the rows as
+    they come (no slice of the row, no pair per row to zip), and a row whose four publisher columns are
+    all NULL (they equal ``same``'s, checked by SQLite) has ``same`` without a lookup: about 0.3 µs an event
+    of the 1 µs that building a pattern's page took."""
+    pubs: dict[tuple[str, str, str, str], Publisher] = {}
+    out: list[Event] = []
+    add = out.append
+    for seq, t, dialect, user, app, msg_id, ctype, hb, tb, payload, cid, _ in rows:
+        channel, epoch = names[cid]
+        if dialect is None:
+            pub = same
+        else:
+            pk = (dialect, user, app, msg_id)
+            found = pubs.get(pk)
+            if found is None:
+                found = pubs[pk] = Publisher(dialect, user, app, msg_id)
+            pub = found
+        add(
             Event(
                 channel,
                 seq,
