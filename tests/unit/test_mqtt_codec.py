@@ -375,6 +375,28 @@ def test_subscribe_and_unsubscribe() -> None:
     assert conn.subscriptions == {"#": 1}
 
 
+def test_an_unsubscribe_read_with_its_subscribe_drops_the_filter_once_answered() -> None:
+    """A client may send SUBSCRIBE and UNSUBSCRIBE of a filter in one write, before the SUBACK: the binding
+    carries out the subscribe, then the unsubscribe, so the filter must be gone in the end, as when the
+    two arrive apart (it was kept: the UNSUBSCRIBE found nothing held yet and asked for no Unsubscribe)."""
+    conn = connected()
+    out = conn.receive_data(
+        c.encode_subscribe(1, [("a/+", 1), ("b", 0)])
+        + c.encode_unsubscribe(2, ["a/+"])
+        + c.encode_subscribe(3, [("a/+", 0)])
+        + c.encode_unsubscribe(4, ["b"])
+    )
+    first, second = (x for x in out if isinstance(x, mq.MqttSubscribe))
+    assert [x for x in out if isinstance(x, Unsubscribe)] == [Unsubscribe("a/+"), Unsubscribe("b")]
+    assert sent(out) == [c.Ack(c.UNSUBACK, 2), c.Ack(c.UNSUBACK, 4)]
+    assert sent(conn.subscribed(first, [True, True])) == [c.Suback(1, (1, 0))]  # granted, then dropped
+    assert conn.subscriptions == {}
+    assert sent(conn.subscribed(second, [True])) == [c.Suback(3, (0,))]  # asked after the UNSUBSCRIBE
+    assert conn.subscriptions == {"a/+": 0}
+    # Nothing pending: an UNSUBSCRIBE of a filter neither held nor asked for asks for nothing.
+    assert conn.receive_data(c.encode_unsubscribe(5, ["b"])) == [Send(c.encode_ack(c.UNSUBACK, 5))]
+
+
 def test_granted_qos_is_capped() -> None:
     conn = connected(max_qos=1)
     (cmd,) = conn.receive_data(c.encode_subscribe(2, [("a", 2)]))

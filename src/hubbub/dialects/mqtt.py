@@ -272,6 +272,11 @@ class MqttConnection:
         self.will: Will | None = None
         #: Filters held, by text, with their granted QoS.
         self.subscriptions: dict[str, int] = {}
+        #: Filters of SUBSCRIBEs not yet answered (:meth:`subscribed`), by text: how many requests each, and
+        #: how many of those an UNSUBSCRIBE read since then cancels (a client may pipeline both; the binding
+        #: carries out the subscribe, then the unsubscribe, so the filter must not be kept once answered).
+        self._asked: dict[str, int] = {}
+        self._cancelled: dict[str, int] = {}
         #: QoS 2 identifiers from PUBLISH to PUBREL, each True once committed (its PUBREC sent).
         self.qos2_in: dict[int, bool] = {}
         self.outbound = Outbound(max_inflight)
@@ -433,14 +438,30 @@ class MqttConnection:
             except BadChannel:
                 pattern = None
             reqs.append(FilterRequest(text, pattern, min(qos, self.max_qos)))
+        for req in reqs:
+            self._asked[req.topic_filter] = self._asked.get(req.topic_filter, 0) + 1
         return [MqttSubscribe(p.packet_id, tuple(reqs))]
 
     def subscribed(self, cmd: MqttSubscribe, held: Sequence[bool]) -> list[object]:
         """The core holds each filter of ``cmd`` whose ``held`` is true (refused otherwise): the SUBACK."""
         codes: list[int] = []
+        asked, cancelled = self._asked, self._cancelled
         for req, ok in zip(cmd.filters, held, strict=True):
+            f = req.topic_filter
+            if asked.get(f, 0) > 1:
+                asked[f] -= 1
+            else:
+                asked.pop(f, None)
+            if cancelled.get(f):
+                # Unsubscribed after this request, before its answer: granted, then dropped (the binding
+                # has carried out the UNSUBSCRIBE's Unsubscribe after this subscribe).
+                cancelled[f] -= 1
+                if not cancelled[f]:
+                    del cancelled[f]
+                codes.append(req.qos if ok else SUBACK_FAILURE)
+                continue
             if ok:
-                self.subscriptions[req.topic_filter] = req.qos
+                self.subscriptions[f] = req.qos
                 codes.append(req.qos)
             else:
                 codes.append(SUBACK_FAILURE)
@@ -451,7 +472,12 @@ class MqttConnection:
         for text in p.filters:
             if not valid_filter(text):
                 return self._fail(Disconnect.PROTOCOL_ERROR, "bad topic filter")
-            if self.subscriptions.pop(text, None) is not None:
+            held = self.subscriptions.pop(text, None) is not None
+            # A SUBSCRIBE of this filter still unanswered comes before this UNSUBSCRIBE: cancel it too.
+            pending = self._asked.get(text, 0)
+            if pending:
+                self._cancelled[text] = pending
+            if held or pending:
                 out.append(Unsubscribe(text))
         out.append(Send(encode_ack(UNSUBACK, p.packet_id)))
         return out
