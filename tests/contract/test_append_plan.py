@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.events import Publisher
-from hubbub.log import AppendRequest
+from hubbub.log import AppendRequest, AppendRun
 from hubbub.log.sequencing import FROM_RECORD, AppendPlan, IdemKey, plan_append
 from tests.hypothesis_budget import examples
 
@@ -147,6 +147,48 @@ def test_plan_invariants(case: tuple[Any, ...]) -> None:
                     r.channel,
                     r.idem,
                 )
+
+
+@settings(max_examples=examples(300))
+@given(cases(), st.data())
+def test_a_run_plans_as_the_requests_it_stands_for(case: tuple[Any, ...], data: st.DataObject) -> None:
+    """A batch with runs (``AppendRun``, an engine's that takes them) is planned as the batch with each run
+    expanded into its requests: each run's entry holds its first event's seq and time, the others follow
+    by 1; duplicates, keys (their times judged after the runs' events) and tops are the expanded batch's,
+    with the indexes mapped by ``result_index``."""
+    batch, *rest = case
+    runs = data.draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, len(batch)),
+                st.sampled_from(CHANNELS),
+                st.sampled_from(USERS),
+                st.integers(1, 5),
+            ),
+            max_size=4,
+        )
+    )
+    mixed: list[AppendRequest | AppendRun] = list(batch)
+    for at, channel, user, k in sorted(runs, reverse=True):
+        pub = Publisher("native", user, "app", "")
+        mixed.insert(at, AppendRun(channel, pub, "text/plain", [b"x"] * k))
+    flat = [r for e in mixed for r in (e.requests() if isinstance(e, AppendRun) else [e])]
+    plan, ref = plan_append(mixed, *rest), plan_append(flat, *rest)
+    firsts = [plan.result_index(i) for i in range(len(mixed))]
+    assert firsts == [
+        sum(len(e.payloads) if isinstance(e, AppendRun) else 1 for e in mixed[:i]) for i in range(len(mixed))
+    ]
+    seqs: list[int] = []
+    times: list[int] = []
+    for i, e in enumerate(mixed):
+        k = plan.spans.get(i, 1)
+        assert k == (len(e.payloads) if isinstance(e, AppendRun) else 1)
+        seqs += [plan.seqs[i] + j if plan.seqs[i] else 0 for j in range(k)]
+        times += [plan.times[i] + j if plan.seqs[i] else 0 for j in range(k)]
+    assert (seqs, times) == (ref.seqs, ref.times)
+    assert {firsts[i]: firsts[s] if s != FROM_RECORD else s for i, s in plan.dups.items()} == ref.dups
+    assert {key: (firsts[i], t) for key, (i, t) in plan.keys.items()} == ref.keys
+    assert (plan.tops, plan.created, plan.last_time) == (ref.tops, ref.created, ref.last_time)
 
 
 def test_a_repeat_inside_the_batch_answers_the_batchs_own_event_not_the_record() -> None:

@@ -32,6 +32,8 @@ from hubbub.errors import EpochMismatch, StorageError, TrimEpochGone, TrimError,
 from hubbub.events import Event, Publisher
 from hubbub.log import (
     AppendRequest,
+    AppendResult,
+    AppendRun,
     ChannelInfo,
     LogMark,
     LogStore,
@@ -41,6 +43,7 @@ from hubbub.log import (
     StoreStats,
     open_store,
 )
+from hubbub.log.consumers import ConsumerSpec
 from hubbub.log.postgres import PostgresLogStore
 from hubbub.log.records import encode_headers, encode_tags
 from hubbub.log.sqlite import ScanColumns, ScanPlan
@@ -261,6 +264,75 @@ def test_batches_of_mixed_runs_read_back_exactly(factory: Factory, store: LogSto
         store = factory.reopen(store)
         assert [e for ch in ("/m/a", "/m/b", "/m/c", "/m/d") for e in store.read(ch, limit=10_000)] == sorted(
             events, key=lambda e: (e.channel, e.seq)
+        )
+
+
+def runs_batch(pub: Publisher) -> list[AppendRequest | AppendRun]:
+    """Runs among requests: runs of one and of many events (more than the sqlite engine's largest insert
+    statement), of a channel that is new, right after and right before a stretch of requests of the same
+    channel and publisher object (so that a stretch must stop at a run), keyed requests repeated after a
+    run, headers and tags, empty and large payloads."""
+    big = b"B" * 5000
+    return [
+        *[AppendRequest("/r/a", pub, b"s%d" % i, "text/plain") for i in range(12)],
+        AppendRun("/r/a", pub, "text/plain", [b"r%d" % i for i in range(300)]),
+        *[AppendRequest("/r/a", pub, b"t%d" % i, "text/plain") for i in range(10)],
+        req("/r/a", b"k", idem="k1"),
+        AppendRun("/r/new", pub, "application/x", [b"", big, b"n"]),
+        req("/r/b", b"h", headers={"x": "y"}, tags=("t",)),
+        AppendRun("/r/a", pub, "text/plain", [b"one"]),
+        req("/r/a", b"k", idem="k1"),  # the batch's own key: a duplicate of the first
+        AppendRun("/r/b", pub, "text/plain", [b"b%d" % i for i in range(9)]),
+        AppendRun("/r/a", Publisher("native", "bob", "app2", ""), "text/plain", [b"x", b"y"]),
+    ]
+
+
+def expanded(batch: list[AppendRequest | AppendRun]) -> list[AppendRequest]:
+    return [r for entry in batch for r in (entry.requests() if isinstance(entry, AppendRun) else [entry])]
+
+
+def test_runs_append_as_the_requests_they_stand_for(factory: Factory, store: LogStore) -> None:
+    """An engine that takes runs (``takes_runs``) appends a batch holding them exactly as the memory
+    reference appends the batch with each run expanded into its requests: the results (one per event), the
+    reads, the heads, the counts and the durable consumers' journals; a later batch after them too."""
+    if not store.takes_runs:
+        pytest.skip("core gives this engine requests only")
+    ref = MemoryLogStore(clock=factory.clock)
+    spec = ConsumerSpec("c", "/r/**")
+    for s in (store, ref):
+        s.consumer_create(spec)
+        s.append([req("/r/a", b"before"), req("/r/b", b"before")])
+    pub = Publisher("native", "alice", "app1", "")
+    batch = runs_batch(pub)
+    got, want = store.append(batch), ref.append(expanded(batch))  # type: ignore[arg-type]
+
+    def facts(results: list[AppendResult]) -> list[tuple[object, ...]]:
+        out: list[tuple[object, ...]] = []
+        for r in results:
+            e = r.event
+            out.append((e.channel, e.seq, e.time_ns, e.publisher, e.payload, e.content_type, dict(e.headers)))
+            out.append((e.tags, r.duplicate, len(r.journal)))
+        return out
+
+    assert len(got) == len(expanded(batch)) == 340
+    assert facts(got) == facts(want)
+    for ch in ("/r/a", "/r/b", "/r/new"):
+        assert facts([AppendResult(e) for e in store.read(ch, limit=10_000)]) == facts(
+            [AppendResult(e) for e in ref.read(ch, limit=10_000)]
+        )
+        mine, theirs = store.head(ch), ref.head(ch)
+        assert (mine.first, mine.top, mine.top_time) == (theirs.first, theirs.top, theirs.top_time)
+    assert store.stats() == ref.stats()
+    cid = store.consumers()[0].id
+    assert [(i.event.channel, i.event.seq) for i in store.consumer_items(cid, limit=10_000)] == [
+        (i.event.channel, i.event.seq) for i in ref.consumer_items(ref.consumers()[0].id, limit=10_000)
+    ]
+    again = [AppendRun("/r/a", pub, "text/plain", [b"later"]), req("/r/a", b"k", idem="k1")]
+    assert facts(store.append(again)) == facts(ref.append(expanded(again)))  # type: ignore[arg-type]
+    if factory.persistent:
+        store = factory.reopen(store)
+        assert facts([AppendResult(e) for e in store.read("/r/a", limit=10_000)]) == facts(
+            [AppendResult(e) for e in ref.read("/r/a", limit=10_000)]
         )
 
 

@@ -19,7 +19,7 @@ from hubbub.dialects import native as nc
 from hubbub.errors import HubbubError, StorageError
 from hubbub.events import Publisher
 from hubbub.log import open_store
-from hubbub.log.base import AppendRequest, AppendResult, RetentionPolicy
+from hubbub.log.base import AppendRequest, AppendResult, AppendRun, RetentionPolicy
 from hubbub.log.memory import MemoryLogStore
 from hubbub.transports.native import NativeConnection
 
@@ -209,6 +209,69 @@ def test_submit_many_with_done_many_completes_a_run_in_one_call(fail: bool) -> N
                 assert isinstance(many, list)
                 assert [r.event.payload for r in many] == [b"p1", b"p2", b"p3"]
                 assert [r.event.seq for r in many] == [2, 3, 4]
+            await pub.finish()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["runs", "requests", "fail"])
+def test_submit_run_completes_as_submit_many_and_reaches_a_store_as_it_takes_it(kind: str) -> None:
+    """``submit_run`` completes a run with one ``done_many`` call of one result per event, in order and
+    between the submissions around it, or ``done`` per event for a failed commit. A store that takes runs
+    (``takes_runs``) gets the run whole; any other one (PostgreSQL, a worker's remote store) gets one request
+    per event."""
+    appended: list[list[object]] = []
+
+    class Recording(MemoryLogStore):
+        takes_runs = kind == "runs"
+
+        def append(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult]:
+            appended.append(list(batch))
+            if kind == "fail":
+                raise StorageError("disk on fire")
+            return super().append(batch)
+
+    async def main() -> None:
+        async with Node(Recording(), NodeSettings()) as node:
+            codec = nc.NativeCodec("msgpack")
+            pub = connect(node, codec, Sink(), 4096, 4096)
+            await pub.handle(nc.Hello(1, 1, None, "", True, True))
+            calls: list[tuple[str, object]] = []
+            called = asyncio.Event()
+
+            def call(kind: str) -> Callable[[object], None]:
+                def record(r: object) -> None:
+                    calls.append((kind, r))
+                    called.set()
+
+                return record
+
+            p = pub._publisher
+            node.submit(AppendRequest("/d", p, b"a", "text/plain"), pub.session, call("one"))
+            node.submit_run(
+                AppendRun("/d", p, "text/plain", [b"r0", b"r1", b"r2"]),
+                pub.session,
+                call("each"),
+                call("many"),
+            )
+            node.submit(AppendRequest("/d", p, b"z", "text/plain"), pub.session, call("one"))
+            await until(called, lambda: len(calls) >= (5 if kind == "fail" else 3))
+            assert pub.session.owed == 0
+            if kind == "fail":
+                assert [k for k, _ in calls] == ["one", "each", "each", "each", "one"]
+                assert all(isinstance(r, StorageError) for _, r in calls)
+            else:
+                assert [k for k, _ in calls] == ["one", "many", "one"]
+                many = calls[1][1]
+                assert isinstance(many, list)
+                assert [(r.event.seq, r.event.payload) for r in many] == [(2, b"r0"), (3, b"r1"), (4, b"r2")]
+                last = calls[2][1]
+                assert isinstance(last, AppendResult) and last.event.seq == 5
+            entries = [e for batch in appended for e in batch]
+            runs = [e for e in entries if isinstance(e, AppendRun)]
+            assert len(runs) == (1 if kind == "runs" else 0)
+            assert len(entries) == (3 if kind == "runs" else 5)
+            assert node.statistics()["writer"]["events"] == (0 if kind == "fail" else 5)
             await pub.finish()
 
     asyncio.run(main())

@@ -20,6 +20,7 @@ import pytest
 
 from hubbub.config import load_config
 from hubbub.dialects.native import RUN_MAX
+from hubbub.log.base import AppendRun
 from hubbub.server import Server
 
 WAIT = 30.0
@@ -213,25 +214,33 @@ def test_a_burst_is_taken_a_run_at_a_time(tmp_path: Path) -> None:
         # scheduled from each run's call: a turn the loop ran before the next run was taken shows between
         # the two calls.
         steps: list[tuple[str, int]] = []
-        submit_many, submit = node.submit_many, node.submit
+        submit_many, submit_run, submit = node.submit_many, node.submit_run, node.submit
+
+        def taken(size: int) -> None:
+            i = sum(1 for kind, _ in steps if kind == "run")
+            steps.append(("run", size))
+            loop.call_soon(steps.append, ("turn", i))
 
         def run(requests: list[Any], *args: Any) -> None:
-            i = sum(1 for kind, _ in steps if kind == "run")
-            steps.append(("run", len(requests)))
-            loop.call_soon(steps.append, ("turn", i))
+            taken(len(requests))
             submit_many(requests, *args)
+
+        def run_whole(request: AppendRun, *args: Any) -> None:
+            taken(len(request.payloads))
+            submit_run(request, *args)
 
         def alone(*args: Any) -> None:
             steps.append(("alone", 1))
             submit(*args)
 
         node.submit_many = run  # type: ignore[assignment]  # an attribute, looked up at each call
+        node.submit_run = run_whole  # type: ignore[assignment]
         node.submit = alone  # type: ignore[assignment]
         try:
             pub.send([_publish(10 + i, "/runs/a", f"e{i}", "json") for i in range(n)])
             replies = [pub.read() for _ in range(n)]
         finally:
-            node.submit_many, node.submit = submit_many, submit
+            node.submit_many, node.submit_run, node.submit = submit_many, submit_run, submit
         assert [r["id"] for r in replies] == [10 + i for i in range(n)]
         assert [r["seq"] for r in replies] == list(range(2, n + 2))
         assert sum(size for kind, size in steps if kind != "turn") == n, steps

@@ -62,6 +62,7 @@ def test_the_hot_path_methods_are_the_parts_own_bound_methods(node: Node) -> Non
     for name, part in (
         ("submit", WriteBatcher),
         ("submit_many", WriteBatcher),
+        ("submit_run", WriteBatcher),
         ("publish", WriteBatcher),
         ("writable", WriteBatcher),
         ("attach", SubscriptionRegistry),

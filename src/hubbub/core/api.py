@@ -8,9 +8,9 @@ import the core's typed seams: ``core/session.py`` (a connection as the core see
 
 What the API offers, by concern:
 
-* **publish**: :attr:`Core.submit` / :attr:`Core.submit_many` (with completions), :attr:`Core.publish`
-  (awaitable), :attr:`Core.writable` / :attr:`Core.has_room` (back-pressure). These are the parts' own bound
-  methods on the node: the facade costs no call per publish.
+* **publish**: :attr:`Core.submit` / :attr:`Core.submit_many` / :attr:`Core.submit_run` (with completions),
+  :attr:`Core.publish` (awaitable), :attr:`Core.writable` / :attr:`Core.has_room` (back-pressure). These are
+  the parts' own bound methods on the node: the facade costs no call per publish.
 * **sessions**: ``attach`` / ``detach``, ``authenticate`` / ``login``, ``session_by_id``, ``sessions``.
 * **subscriptions**: ``subscribe(session, id, pattern, tags, selection)`` with a replay selection
   (``hubbub/selection.py``: data, never a function over the store) / ``unsubscribe``, ``subscriptions``,
@@ -45,7 +45,7 @@ from hubbub.log.base import ChannelInfo
 from hubbub.selection import Selection, SubtreeFetch
 
 from .access import Access
-from .batcher import Publish, Submit, SubmitMany
+from .batcher import Publish, Submit, SubmitMany, SubmitRun
 from .consumer_metrics import LABELLED_MAX, OPENERS_FAMILY, SUMMED_TOTALS, TOTALS_FAMILY
 from .consumers import Batch, ConsumerService, GroupMember, Opener
 from .limits import LIMIT_NAMES, Limiter
@@ -108,6 +108,7 @@ class Core(Protocol):
     # -- publish (the parts' bound methods: no call of the facade on the hot path) ----------------------
     submit: Submit
     submit_many: SubmitMany
+    submit_run: SubmitRun
     publish: Publish
     writable: Callable[[], Awaitable[None]]
 

@@ -30,7 +30,7 @@ from typing import Any, Protocol, TypeVar, final
 
 from hubbub.auth import Identity
 from hubbub.errors import HubbubError, RateLimited, ShuttingDown
-from hubbub.log.base import AppendRequest, AppendResult, LogStore
+from hubbub.log.base import AppendRequest, AppendResult, AppendRun, LogStore
 
 from .access import Access
 from .faults import Faults
@@ -38,7 +38,17 @@ from .session import Session
 from .stats import Histogram
 from .writer import LogWriter
 
-__all__ = ["ACK_BUCKETS", "Done", "DoneMany", "Pending", "Publish", "Submit", "SubmitMany", "WriteBatcher"]
+__all__ = [
+    "ACK_BUCKETS",
+    "Done",
+    "DoneMany",
+    "Pending",
+    "Publish",
+    "Submit",
+    "SubmitMany",
+    "SubmitRun",
+    "WriteBatcher",
+]
 
 log = logging.getLogger("hubbub.node")
 
@@ -67,6 +77,12 @@ class SubmitMany(Protocol):
     def __call__(
         self, requests: list[AppendRequest], origin: Session, done: Done, done_many: DoneMany | None = None
     ) -> None: ...
+
+
+class SubmitRun(Protocol):
+    """:meth:`WriteBatcher.submit_run`'s signature (the core API's ``submit_run``)."""
+
+    def __call__(self, run: AppendRun, origin: Session, done: Done, done_many: DoneMany) -> None: ...
 
 
 class Publish(Protocol):
@@ -134,8 +150,11 @@ class WriteBatcher:
         self._room = asyncio.Event()
         self._room.set()
         # Publishes of the current loop tick, handed to the writer together (see flush).
+        # ``_batch_items`` has one item per event, ``_batch_reqs`` one entry per request or run (runs only for
+        # a store that ``takes_runs``).
         self._batch_items: list[Pending] = []
-        self._batch_reqs: list[AppendRequest] = []
+        self._batch_reqs: list[AppendRequest | AppendRun] = []
+        self._runs = store.takes_runs
         self._batch_t0 = 0.0
         self._inline = store.inline_append
         self._inline_max = store.inline_append_max
@@ -251,6 +270,33 @@ class WriteBatcher:
         self._batch_items += [(origin, cb, self._batch_t0)] * len(requests)
         self._batch_reqs += requests
 
+    def submit_run(self, run: AppendRun, origin: Session, done: Done, done_many: DoneMany) -> None:
+        """Queue a run of one connection's publishes to one channel (``run.payloads``, never empty), as
+        :meth:`submit_many` would their requests with ``done_many``: one permission check, one bucket take,
+        and, for a store that ``takes_runs``, one entry in the commit instead of a request per event.
+        Raises as :meth:`submit_many` before anything is queued."""
+        if self.closing or self.writer is None:
+            raise ShuttingDown()
+        if self.access.authorizer.enabled:
+            self.access.check_publish(origin.identity, run.channel, origin.dialect)
+        n = len(run.payloads)
+        bucket = origin.bucket
+        if bucket is not None and not bucket.take(n):
+            self._rate_limited(origin)
+        origin.owed += n
+        self._pending += n
+        if self._pending >= self.max_pending:
+            self._room.clear()
+        if not self._batch_reqs:
+            self._batch_t0 = time.perf_counter()
+            assert self._loop is not None
+            self._loop.call_soon(self.flush)
+        self._batch_items += [(origin, _Completion(done, done_many, n), self._batch_t0)] * n
+        if self._runs:
+            self._batch_reqs.append(run)
+        else:
+            self._batch_reqs += run.requests()
+
     def _rate_limited(self, origin: Session) -> None:
         self.access.limiter.refused("publish_rate", origin.dialect)
         raise RateLimited("publish rate exceeded")
@@ -261,7 +307,7 @@ class WriteBatcher:
         An engine with ``inline_append`` (memory) is appended to right here, on the loop, when the writer
         thread is idle (nothing of it can be overtaken): the acks and the fan-out then happen in this same
         callback, without the two thread hand-offs, whose GIL waits dominated both the cost and the latency
-        of such a commit. So is a tick's batch of at most ``inline_append_max`` requests (SQLite without
+        of such a commit. So is a tick's batch of at most ``inline_append_max`` events (SQLite without
         fsync): a publisher whose frames arrive a few at a time otherwise got a commit, two hand-offs and a
         reply write per read, about a quarter of a millisecond of server CPU each (bench/consumer_wire.py:
         1,500-3,300 commits per 60,000 events, 24-33 µs of CPU per event; inline, 260-350 commits, since
@@ -273,17 +319,17 @@ class WriteBatcher:
         writer = self.writer
         if reqs and writer is not None:
             self._batch_items, self._batch_reqs = [], []
-            if writer.idle and (self._inline or (len(reqs) <= self._inline_max and self._small(reqs))):
-                self._on_committed(items, writer.append_inline(reqs))
+            if writer.idle and (self._inline or (len(items) <= self._inline_max and self._small(reqs))):
+                self._on_committed(items, writer.append_inline(reqs, len(items)))
             else:
                 writer.submit(items, reqs)
 
-    def _small(self, reqs: list[AppendRequest]) -> bool:
-        """Whether the payloads of ``reqs`` (at most ``inline_append_max`` of them) are within
+    def _small(self, reqs: list[AppendRequest | AppendRun]) -> bool:
+        """Whether the payloads of ``reqs`` (at most ``inline_append_max`` events) are within
         ``inline_append_max_bytes``."""
         left = self._inline_max_bytes
         for r in reqs:
-            left -= len(r.payload)
+            left -= sum(map(len, r.payloads)) if isinstance(r, AppendRun) else len(r.payload)
             if left < 0:
                 return False
         return True
@@ -326,52 +372,11 @@ class WriteBatcher:
         if self._pending < self.max_pending // 2:
             self._room.set()
         if isinstance(result, HubbubError):
-            todo = iter(items)
-            while True:
-                try:
-                    for item in todo:
-                        done = item[1]
-                        if done is not None:
-                            done(result)
-                        if item[0] is not None:
-                            item[0].settled(1)
-                    return
-                except Exception as exc:  # one publisher's failure: see the module docstring
-                    self._done_failed(item[0], None, exc, 1)
-        now = time.perf_counter()
-        obs = self.ack_latency.observe
-        # Items of one submit tick share their t0: one histogram update per tick, not per event.
+            _fail_all(items, result, self._done_failed)
+            return
         if len(items) != len(result):
             raise RuntimeError("the log store returned a result count that differs from the batch's")
-        t_run, n_run = items[0][2], 0
-        i, end = 0, len(items)
-        while True:
-            try:
-                while i < end:
-                    origin, done, t0 = items[i]
-                    if t0 != t_run:
-                        obs(now - t_run, n_run)
-                        t_run, n_run = t0, 0
-                    # ``i`` moves past the publishes before their callback runs: one that raises is passed
-                    # over when the loop resumes.
-                    if type(done) is _Completion:
-                        k = done.count
-                        n_run += k
-                        i += k
-                        done.many(result[i - k : i])
-                        if origin is not None:  # always, for submit_many
-                            origin.settled(k)
-                        continue
-                    n_run += 1
-                    i += 1
-                    if done is not None:
-                        done(result[i - 1])
-                    if origin is not None:
-                        origin.settled(1)
-                break
-            except Exception as exc:  # one publisher's failure: see the module docstring
-                self._done_failed(origin, result[i - 1], exc, done.count if type(done) is _Completion else 1)
-        obs(now - t_run, n_run)
+        _complete(items, result, self.ack_latency.observe, self._done_failed)
         hook = self.commit_hook
         if hook is not None:
             try:
@@ -399,6 +404,66 @@ class WriteBatcher:
 
     def statistics(self) -> dict[str, Any]:
         return {"pending": self._pending, "writer": self.writer.statistics() if self.writer else {}}
+
+
+#: :meth:`WriteBatcher._done_failed`: a publisher's ``done`` raised for ``k`` of its publishes.
+_Failed = Callable[[Session | None, "AppendResult | None", Exception, int], None]
+
+
+def _fail_all(items: list[Pending], err: HubbubError, failed: _Failed) -> None:
+    """A failed commit: ``err`` to each publish's ``done``, in submission order, each settled; a ``done``
+    that raises goes to ``failed`` and the rest still run."""
+    todo = iter(items)
+    while True:
+        try:
+            for item in todo:
+                done = item[1]
+                if done is not None:
+                    done(err)
+                if item[0] is not None:
+                    item[0].settled(1)
+            return
+        except Exception as exc:  # one publisher's failure: see the module docstring
+            failed(item[0], None, exc, 1)
+
+
+def _complete(
+    items: list[Pending], result: list[AppendResult], observe: Callable[[float, int], None], failed: _Failed
+) -> None:
+    """A committed batch's completions, in submission order: each publish's ``done`` (a ``_Completion`` once
+    for its publishes), each settled, and the ack latency observed per submit tick; a ``done`` that raises
+    goes to ``failed`` and the rest still run."""
+    now = time.perf_counter()
+    # Items of one submit tick share their t0: one histogram update per tick, not per event.
+    t_run, n_run = items[0][2], 0
+    i, end = 0, len(items)
+    while True:
+        try:
+            while i < end:
+                origin, done, t0 = items[i]
+                if t0 != t_run:
+                    observe(now - t_run, n_run)
+                    t_run, n_run = t0, 0
+                # ``i`` moves past the publishes before their callback runs: one that raises is passed
+                # over when the loop resumes.
+                if type(done) is _Completion:
+                    k = done.count
+                    n_run += k
+                    i += k
+                    done.many(result[i - k : i])
+                    if origin is not None:  # always, for submit_many
+                        origin.settled(k)
+                    continue
+                n_run += 1
+                i += 1
+                if done is not None:
+                    done(result[i - 1])
+                if origin is not None:
+                    origin.settled(1)
+            break
+        except Exception as exc:  # one publisher's failure: see the module docstring
+            failed(origin, result[i - 1], exc, done.count if type(done) is _Completion else 1)
+    observe(now - t_run, n_run)
 
 
 def _batch_context(result: list[AppendResult]) -> dict[str, Any]:

@@ -16,9 +16,9 @@ The node is a thin facade over its parts, each in its own module:
   the other processes of the log, through the relay.
 
 The node implements the core API (:class:`~hubbub.core.api.Core`), the one thing transports see; its parts
-are private. The hot publish methods (``submit``, ``submit_many``, ``publish``, ``writable``) and the
-session methods are the parts' own bound methods, set on the node as attributes: the facade costs no call
-per publish. Every counter is behind :attr:`Node.metrics` (:class:`~hubbub.core.stats.NodeMetrics`).
+are private. The hot publish methods (``submit``, ``submit_many``, ``submit_run``, ``publish``, ``writable``)
+and the session methods are the parts' own bound methods, set on the node as attributes: the facade costs no
+call per publish. Every counter is behind :attr:`Node.metrics` (:class:`~hubbub.core.stats.NodeMetrics`).
 
 The node works on one log store (``store``), and reads snapshots and replays through ``view`` when given:
 the log as this node delivered it, when that differs from the store (a cluster node's
@@ -55,7 +55,7 @@ from hubbub.log.base import AppendResult, ChannelInfo, EventLog, LogStore, Reten
 from hubbub.selection import ReplaySpec, Selection, SubtreeFetch
 
 from .access import Access
-from .batcher import Pending, Publish, Submit, SubmitMany, WriteBatcher
+from .batcher import Pending, Publish, Submit, SubmitMany, SubmitRun, WriteBatcher
 from .health import StoreHealth
 from .limits import Limiter, LimitSettings
 from .log_control import LogControl, StateGet, StateList, StateSet, Trimmed
@@ -101,6 +101,7 @@ class Node:
     # The parts' bound methods, set in __init__ (documented on the parts).
     submit: Submit
     submit_many: SubmitMany
+    submit_run: SubmitRun
     publish: Publish
     writable: Callable[[], Awaitable[None]]
     attach: Callable[[Session], None]
@@ -190,6 +191,7 @@ class Node:
         )
         self.submit = b.submit
         self.submit_many = b.submit_many
+        self.submit_run = b.submit_run
         self.publish = b.publish
         self.writable = b.writable
         self.attach = r.attach

@@ -35,10 +35,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from hubbub.errors import HubbubError, StorageError
-from hubbub.log.base import AppendRequest, AppendResult, LogStore
+from hubbub.log.base import AppendRequest, AppendResult, AppendRun, LogStore
 
 __all__ = ["SWITCH_INTERVAL_S", "LogWriter"]
 
@@ -113,8 +113,10 @@ class LogWriter:
             self._switching = True
         self._thread.start()
 
-    def submit(self, items: list[Any], requests: list[AppendRequest]) -> None:
-        """Queue appends (one loop tick's worth). Each item is returned with its result to ``on_committed``.
+    def submit(self, items: list[Any], requests: list[AppendRequest | AppendRun]) -> None:
+        """Queue appends (one loop tick's worth): ``requests`` may hold runs (for a store that
+        ``takes_runs``), ``items`` has one item per event. Each item is returned with its result to
+        ``on_committed``.
 
         Handing over whole lists, not single events, keeps the cross-thread traffic (and the GIL hand-offs
         it causes) to one per event-loop tick however many events the tick published.
@@ -128,14 +130,16 @@ class LogWriter:
         append made now on the loop comes after all earlier writes and their completions (loop thread)."""
         return self._outstanding == 0
 
-    def append_inline(self, requests: list[AppendRequest]) -> list[AppendResult] | HubbubError:
+    def append_inline(
+        self, requests: list[AppendRequest | AppendRun], events: int
+    ) -> list[AppendResult] | HubbubError:
         """Append on the calling (loop) thread and return the results, or the error that fails them all.
 
         Only for engines with ``inline_append`` (or batches within ``inline_append_max``) and only while
         :attr:`idle`: the caller checks both. It saves
         the two thread hand-offs of a commit, which cost more than such an engine's whole append.
         """
-        result = self._append(requests)
+        result = self._append(requests, events)
         if not isinstance(result, HubbubError):
             self.inline_batches += 1
         return result
@@ -195,7 +199,8 @@ class LogWriter:
             if first is _STOP:
                 break
             pending = [first]
-            size = len(first[1]) if isinstance(first[1], list) else 1
+            # Events (an append's items), not requests: a run is one request of many events.
+            size = len(first[0]) if isinstance(first[1], list) else 1
             while size < self._max_batch:
                 try:
                     nxt = inbox.get_nowait()
@@ -205,12 +210,12 @@ class LogWriter:
                     stop = True
                     break
                 pending.append(nxt)
-                size += len(nxt[1]) if isinstance(nxt[1], list) else 1
+                size += len(nxt[0]) if isinstance(nxt[1], list) else 1
             self._process(pending)
 
     def _process(self, pending: list[Any]) -> None:
         items: list[Any] = []
-        requests: list[AppendRequest] = []
+        requests: list[AppendRequest | AppendRun] = []
         merged = 0  # submissions whose appends are merged into ``requests``
         for first, second in pending:
             if isinstance(second, list):
@@ -224,18 +229,23 @@ class LogWriter:
             self._control(first, second)
         self._flush(merged, items, requests)
 
-    def _flush(self, merged: int, items: list[Any], requests: list[AppendRequest]) -> None:
+    def _flush(self, merged: int, items: list[Any], requests: list[AppendRequest | AppendRun]) -> None:
         if not merged:
             return
         # An empty submission still completes (and counts down ``_outstanding``); it appends nothing.
-        result = self._append(requests) if requests else []
+        result = self._append(requests, len(items)) if requests else []
         with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
             self._loop.call_soon_threadsafe(self._committed, merged, items, result)
 
-    def _append(self, requests: list[AppendRequest]) -> list[AppendResult] | HubbubError:
-        """One ``store.append``; any failure becomes the error every request of the batch gets."""
+    def _append(
+        self, requests: list[AppendRequest | AppendRun], events: int
+    ) -> list[AppendResult] | HubbubError:
+        """One ``store.append`` of ``events`` events; any failure becomes the error every request of the
+        batch gets."""
         try:
-            result = self._store.append(requests)
+            # Runs only reach a store that ``takes_runs`` (``WriteBatcher.submit_run``), whose ``append``
+            # declares them.
+            result = self._store.append(cast("list[AppendRequest]", requests))
         except HubbubError as exc:
             log.error("log append failed: %s", exc)
             if isinstance(exc, StorageError):
@@ -247,7 +257,7 @@ class LogWriter:
             return StorageError("storage failure")
         self.last_commit = time.monotonic()
         self.batches += 1
-        self.events += len(requests)
+        self.events += events
         return result
 
     def _committed(self, merged: int, items: list[Any], result: list[AppendResult] | HubbubError) -> None:

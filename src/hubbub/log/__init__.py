@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
+    AppendRun,
     BulkScan,
     ChannelInfo,
     ConsumerJournal,
@@ -37,6 +38,7 @@ __all__ = [
     "DB_FILENAME",
     "AppendRequest",
     "AppendResult",
+    "AppendRun",
     "BulkScan",
     "ChannelInfo",
     "ConsumerJournal",

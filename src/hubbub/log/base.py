@@ -58,7 +58,7 @@ import secrets
 import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from hubbub.events import Event, Publisher, fast_init, hot_value
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalItem, Retry
@@ -67,6 +67,7 @@ from hubbub.log.records import encode_headers, encode_tags
 __all__ = [
     "AppendRequest",
     "AppendResult",
+    "AppendRun",
     "BulkScan",
     "ChannelInfo",
     "ConsumerInfo",
@@ -111,6 +112,33 @@ class AppendRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     tags: tuple[str, ...] = ()
     idem: str = ""
+
+
+@hot_value
+class AppendRun:
+    """Consecutive events of one publisher to one channel with one content type and nothing else (no
+    headers, tags or idempotency key): one connection's burst, appended as one request instead of an
+    :class:`AppendRequest` per event, to an engine that ``takes_runs`` (:attr:`EventLog.takes_runs`; core
+    hands any other one :meth:`requests`). Its events get consecutive seqs and times, and the append
+    returns one :class:`AppendResult` per event, in order, as for the requests it stands for.
+    ``payloads`` is never empty.
+
+    The class attributes below are those of every request it stands for, so that code reading a batch's
+    keys, headers or tags reads a run's too."""
+
+    channel: str
+    publisher: Publisher
+    content_type: str
+    payloads: list[bytes]
+
+    headers: ClassVar[Mapping[str, str]] = {}
+    tags: ClassVar[tuple[str, ...]] = ()
+    idem: ClassVar[str] = ""
+
+    def requests(self) -> list[AppendRequest]:
+        """The run as one request per event."""
+        ch, pub, ctype = self.channel, self.publisher, self.content_type
+        return [AppendRequest(ch, pub, p, ctype) for p in self.payloads]
 
 
 @hot_value
@@ -316,10 +344,15 @@ class EventLog(abc.ABC):
     #: With ``inline_append_max``: the most payload bytes such an append may hold (a few large events, say
     #: 64 of 1 MiB, would hold the loop, and every connection on it, for their whole commit).
     inline_append_max_bytes: int = 0
+    #: Whether ``append`` also takes :class:`AppendRun` entries in its batch (each standing for the requests
+    #: of its :meth:`~AppendRun.requests`, and answered with one result per event). Core gives an engine that
+    #: does not only requests; ``inline_append_max`` counts events either way.
+    takes_runs: bool = False
 
     @abc.abstractmethod
     def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
-        """Append a batch in **one transaction** and return one result per request, in order.
+        """Append a batch in **one transaction** and return one result per request, in order (an engine
+        that ``takes_runs`` declares ``Sequence[AppendRequest | AppendRun]``: one result per event).
 
         Within the batch, requests for the same channel get consecutive seqs in request order. When this
         returns, the batch is committed (and, with ``durability=fsync``, synced to stable storage).

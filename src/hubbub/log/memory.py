@@ -40,6 +40,7 @@ from hubbub.events import Event
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
+    AppendRun,
     ChannelInfo,
     LogMark,
     LogPage,
@@ -142,6 +143,7 @@ class MemoryLogStore(LogStore):
     # The append only touches process memory: core runs it on the loop, saving two thread hand-offs.
     inline_append = True
     inline_settle = True
+    takes_runs = True
 
     def __init__(
         self,
@@ -174,7 +176,7 @@ class MemoryLogStore(LogStore):
 
     # -- writer side ---------------------------------------------------------------------------------
 
-    def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+    def append(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult]:
         with self._lock:
             self._check_open()
             now = self._clock()
@@ -218,7 +220,7 @@ class MemoryLogStore(LogStore):
                     orig = (
                         idem_keys[(req.publisher.user, name, req.idem)]
                         if src == FROM_RECORD
-                        else results[src].event
+                        else results[plan.result_index(src)].event
                     )
                     add_result(AppendResult(orig, duplicate=True))
                     continue
@@ -228,6 +230,26 @@ class MemoryLogStore(LogStore):
                     ch = touched[name] = channels[name]
                     cur, epoch, nbytes = name, ch.epoch, 0
                     add_ev, add_size, add_pos = ch.events.append, ch.sizes.append, ch.pos.append
+                if isinstance(req, AppendRun):
+                    # A run (one publisher's burst): its events in bulk, the per-event steps below as
+                    # comprehensions.
+                    pub, ctype = req.publisher, req.content_type
+                    payloads = [p if type(p) is bytes else bytes(p) for p in req.payloads]
+                    k = len(payloads)
+                    evs = [
+                        Event(name, s, epoch, ts, pub, p, ctype, _NO_HEADERS, ())
+                        for s, ts, p in zip(range(seq, seq + k), range(t, t + k), payloads, strict=True)
+                    ]
+                    ch.events += evs
+                    sizes = list(map(len, payloads))
+                    ch.sizes += sizes
+                    ch.pos += range(pos, pos + k)
+                    pos += k
+                    nbytes += sum(sizes)
+                    top = seq + k - 1
+                    top_time = t + k - 1
+                    results += map(AppendResult, evs)
+                    continue
                 payload = req.payload
                 if type(payload) is not bytes:
                     payload = bytes(payload)
@@ -252,7 +274,7 @@ class MemoryLogStore(LogStore):
                 ch.took(top, top_time, nbytes)
             for key, (i, _t) in plan.keys.items():
                 idem_keys.pop(key, None)
-                idem_keys[key] = results[i].event
+                idem_keys[key] = results[plan.result_index(i)].event
             self._last_time = plan.last_time
             self._next_pos = pos
             for ch in touched.values():

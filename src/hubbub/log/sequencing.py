@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final, Protocol
 
 from hubbub.events import hot_value
-from hubbub.log.base import AppendRequest
+from hubbub.log.base import AppendRequest, AppendRun
 
 __all__ = ["FROM_RECORD", "AppendPlan", "IdemKey", "plan_append"]
 
@@ -59,7 +59,10 @@ class AppendPlan:
     that only got duplicates). ``created``: the channels of the batch without a head (first appearance
     order): each gets a new epoch and ``seq`` from 1. ``keys``: the idempotency keys to record, in time
     order, each -> ``(index, time_ns)`` of the request that appended it (the batch's last with that key).
-    ``last_time``: the log's newest commit time after the batch (unchanged when nothing is appended)."""
+    ``last_time``: the log's newest commit time after the batch (unchanged when nothing is appended).
+    ``spans``: each :class:`~hubbub.log.base.AppendRun` of the batch (an engine's that ``takes_runs``),
+    index -> its number of events; ``seqs[i]`` and ``times[i]`` are its first event's, its others' follow
+    by 1 (empty without runs). Indexes are the batch's: :meth:`result_index` maps them to the results'."""
 
     seqs: list[int]
     times: list[int]
@@ -68,10 +71,17 @@ class AppendPlan:
     created: list[str]
     keys: dict[IdemKey, tuple[int, int]]
     last_time: int
+    spans: dict[int, int]
+
+    def result_index(self, i: int) -> int:
+        """Where request ``i``'s result is in the append's results (one per event: a run before it moves it
+        by its events but one). For the sources of ``dups`` and the requests of ``keys``."""
+        spans = self.spans
+        return i + sum(k - 1 for at, k in spans.items() if at < i) if spans else i
 
 
 def plan_append(
-    batch: Sequence[AppendRequest],
+    batch: Sequence[AppendRequest | AppendRun],
     heads: Mapping[str, _Head],
     last_time: int,
     now: int,
@@ -93,6 +103,10 @@ def plan_append(
     tops: dict[str, int] = {}
     created: list[str] = []
     keys: dict[IdemKey, tuple[int, int]] = {}
+    spans: dict[int, int] = {}
+    # Events of the runs before the current request beyond one each (the requests' times are one range from
+    # ``t0``, shifted by this).
+    extra = 0
     # The previous request's channel and its running top: a batch is mostly runs of one channel's publishes.
     name: str | None = None
     top = 0
@@ -112,9 +126,17 @@ def plan_append(
                     top = 0
                 else:
                     top = h.top
+        if type(req) is AppendRun:
+            # No key: every event is appended. Its entry holds the first one's seq.
+            k = len(req.payloads)
+            spans[len(seqs)] = k
+            add_seq(top + 1)
+            top += k
+            extra += k - 1
+            continue
         if window and req.idem:
             i = len(seqs)
-            t_next = t0 + i - len(dups)  # the time this request gets if it is appended
+            t_next = t0 + i - len(dups) + extra  # the time this request gets if it is appended
             key = (req.publisher.user, channel, req.idem)
             own = keys.get(key)
             if own is not None:
@@ -136,9 +158,19 @@ def plan_append(
         add_seq(top)
     if name is not None:
         tops[name] = top
-    n = len(seqs) - len(dups)
-    times = list(range(t0, t0 + n))
-    if dups:
-        new = iter(times)
-        times = [next(new) if seq else 0 for seq in seqs]
-    return AppendPlan(seqs, times, dups, tops, created, keys, t0 + n - 1 if n else last_time)
+    n = len(seqs) - len(dups) + extra
+    if spans:
+        times = []
+        t = t0
+        for i, seq in enumerate(seqs):
+            if seq:
+                times.append(t)
+                t += spans.get(i, 1)
+            else:
+                times.append(0)
+    else:
+        times = list(range(t0, t0 + n))
+        if dups:
+            new = iter(times)
+            times = [next(new) if seq else 0 for seq in seqs]
+    return AppendPlan(seqs, times, dups, tops, created, keys, t0 + n - 1 if n else last_time, spans)

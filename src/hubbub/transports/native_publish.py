@@ -19,7 +19,7 @@ from hubbub.core.flag import Flag
 from hubbub.dialects import native as nc
 from hubbub.errors import HubbubError
 from hubbub.events import Publisher
-from hubbub.log.base import AppendRequest, AppendResult
+from hubbub.log.base import AppendRequest, AppendResult, AppendRun
 
 __all__ = ["NativePublishing"]
 
@@ -113,8 +113,9 @@ class NativePublishing:
         return bucket is None or bucket.tokens >= n
 
     def _submit_run(self, run: nc.PublishRun, count: int) -> bool:
-        """Submit the first ``count`` publishes of ``run`` as one batch; False when the node refused them
-        (nothing was queued), as :meth:`_submit_many`."""
+        """Submit the first ``count`` publishes of ``run`` as one batch (one :class:`AppendRun` when they
+        share their channel and content type); False when the node refused them (nothing was queued), as
+        :meth:`_submit_many`."""
         pub = self._publisher
         channels, payloads, types, replies = run.channels, run.payloads, run.content_types, run.replies
         if count < len(replies):
@@ -122,9 +123,17 @@ class NativePublishing:
             replies = replies[:count]
         if not self._bucket_holds(count):
             return False
-        reqs = [AppendRequest(c, pub, p, t) for c, p, t in zip(channels, payloads, types, strict=True)]
+        channel, ctype = channels[0], types[0]
+        sess, committed, done_many = self.session, self.proto.committed, self._done_many
         try:
-            self.node.submit_many(reqs, self.session, self.proto.committed, self._done_many)
+            if channels.count(channel) == count and types.count(ctype) == count:
+                # The usual run (a burst to one channel): one request for all, no object per publish.
+                # (The run's lists are the decoder's for this read only: the request may keep them.)
+                self.node.submit_run(AppendRun(channel, pub, ctype, payloads), sess, committed, done_many)
+            else:
+                triples = zip(channels, payloads, types, strict=True)
+                reqs = [AppendRequest(c, pub, p, t) for c, p, t in triples]
+                self.node.submit_many(reqs, sess, committed, done_many)
         except HubbubError:
             return False
         # The node completes publishes in submission order (see _submit).

@@ -26,7 +26,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
-from hubbub.log.base import AppendRequest
+from hubbub.log.base import AppendRequest, AppendRun
 from hubbub.log.sqlite._inserts import _insert_chunks, _insert_log2
 from hubbub.log.sqlite._schema import _EVENT_COLS
 
@@ -60,7 +60,7 @@ class _HeadLike(Protocol):
 
 
 def find_originals(
-    conn: sqlite3.Connection, heads: Mapping[str, _HeadLike], batch: Sequence[AppendRequest]
+    conn: sqlite3.Connection, heads: Mapping[str, _HeadLike], batch: Sequence[AppendRequest | AppendRun]
 ) -> dict[tuple[str, str, str], Original]:
     """The ``idem`` rows of the keyed requests of ``batch`` on channels that exist, by (user, channel, key);
     a key with no row is absent. Expiry is the caller's (it depends on each request's commit time)."""

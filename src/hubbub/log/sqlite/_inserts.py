@@ -169,16 +169,16 @@ _INSERT_SEQ: Final = tuple(
 )
 
 
-def stretch_end(batch: Sequence[AppendRequest], seqs: Sequence[int], start: int) -> int:
-    """The end (exclusive) of the stretch of ``batch`` that starts at ``start``: the requests after it of
-    the same channel, ``Publisher`` object and content type, none with headers or tags or a duplicate (seq
-    0 in ``seqs``), so that their seqs and times follow each other. ``start + 1`` when ``batch[start]``
-    cannot begin one."""
+def stretch_end(batch: Sequence[AppendRequest], seqs: Sequence[int], start: int, hi: int) -> int:
+    """The end (exclusive, at most ``hi``) of the stretch of ``batch`` that starts at ``start``: the
+    requests after it of the same channel, ``Publisher`` object and content type, none with headers or tags
+    or a duplicate (seq 0 in ``seqs``), so that their seqs and times follow each other. ``start + 1`` when
+    ``batch[start]`` cannot begin one."""
     first = batch[start]
     if first.headers or first.tags or not seqs[start]:
         return start + 1
     channel, pub, ctype = first.channel, first.publisher, first.content_type
-    end, n = start + 1, len(batch)
+    end, n = start + 1, hi
     while end < n:
         req = batch[end]
         if (

@@ -13,12 +13,12 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
 from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendRequest, AppendResult, ChannelInfo
+from hubbub.log.base import AppendRequest, AppendResult, AppendRun, ChannelInfo
 from hubbub.log.records import event_columns
 from hubbub.log.sequencing import FROM_RECORD, AppendPlan
 from hubbub.log.sqlite._inserts import (
@@ -62,7 +62,7 @@ class _Head:
 
 def write_rows(
     conn: sqlite3.Connection,
-    batch: Sequence[AppendRequest],
+    batch: Sequence[AppendRequest | AppendRun],
     plan: AppendPlan,
     heads: MutableMapping[str, _Head],
     packer: msgpack.Packer,
@@ -70,33 +70,93 @@ def write_rows(
     limit: int,
 ) -> tuple[list[AppendResult], list[_Head]]:
     """Execute ``plan``: insert its ``events`` rows, move the heads of the cache, and return the results
-    and the heads of the batch's channels. ``original``: a duplicate's original on record. ``limit``:
-    SQLite's maximum number of parameters in one statement."""
+    (one per event: a run's one per event of it) and the heads of the batch's channels. ``original``: a
+    duplicate's original on record. ``limit``: SQLite's maximum number of parameters in one statement."""
     results: list[AppendResult] = []
-    seqs = plan.seqs
     # The duplicates' sources, in request order (``dups`` is), taken as their requests come.
     sources = iter(plan.dups.values())
-    n = len(batch)
+    lo = 0
+    # The runs (``plan.spans``, in batch order) are stretches as they come; the requests between them are
+    # cut into stretches and mixed rows.
+    for at in plan.spans:
+        if lo < at:
+            _request_rows(conn, batch, plan, lo, at, heads, packer, results, sources, original, limit)
+        run = batch[at]
+        assert type(run) is AppendRun
+        _append_run_rows(conn, run, plan.seqs[at], plan.times[at], heads, results, limit)
+        lo = at + 1
+    if lo < len(batch):
+        _request_rows(conn, batch, plan, lo, len(batch), heads, packer, results, sources, original, limit)
+    return results, [heads[name] for name in plan.tops]
+
+
+def _request_rows(
+    conn: sqlite3.Connection,
+    batch: Sequence[AppendRequest | AppendRun],
+    plan: AppendPlan,
+    lo: int,
+    hi: int,
+    heads: MutableMapping[str, _Head],
+    packer: msgpack.Packer,
+    results: list[AppendResult],
+    sources: Iterator[int],
+    original: Original,
+    limit: int,
+) -> None:
+    """The rows and results of ``batch[lo:hi]``, requests only: its stretches, and the rest as mixed rows."""
+    reqs = cast("Sequence[AppendRequest]", batch)
+    seqs = plan.seqs
     # Stretches of at least 2 * _MIN_STRETCH - 1 requests hold two of every _MIN_STRETCH-th request, so only
     # those are looked at (a batch of many short runs costs a look per _MIN_STRETCH requests, not one each):
     # a stretch is looked for around ``i`` when it and the sample _MIN_STRETCH later share a publisher
     # object and channel. Shorter stretches may be missed; their rows go through the runs.
-    i = mixed = 0  # the next sample; the first request not written yet
-    while i + _MIN_STRETCH < n:
-        req, ahead = batch[i], batch[i + _MIN_STRETCH]
+    i = mixed = lo  # the next sample; the first request not written yet
+    while i + _MIN_STRETCH < hi:
+        req, ahead = reqs[i], reqs[i + _MIN_STRETCH]
         if ahead.publisher is not req.publisher or ahead.channel != req.channel:
             i += _MIN_STRETCH
             continue
-        start, end = stretch_start(batch, seqs, i, mixed), stretch_end(batch, seqs, i)
+        start, end = stretch_start(reqs, seqs, i, mixed), stretch_end(reqs, seqs, i, hi)
         if end - start >= _MIN_STRETCH:
             if mixed < start:
-                _mixed_rows(conn, batch, plan, mixed, start, heads, packer, results, sources, original, limit)
-            _stretch_rows(conn, batch, plan, start, end, heads, results, limit)
+                _mixed_rows(conn, reqs, plan, mixed, start, heads, packer, results, sources, original, limit)
+            _stretch_rows(conn, reqs, plan, start, end, heads, results, limit)
             mixed = end
         i = max(end, i + 1)
-    if mixed < n:
-        _mixed_rows(conn, batch, plan, mixed, n, heads, packer, results, sources, original, limit)
-    return results, [heads[name] for name in plan.tops]
+    if mixed < hi:
+        _mixed_rows(conn, reqs, plan, mixed, hi, heads, packer, results, sources, original, limit)
+
+
+def _append_run_rows(
+    conn: sqlite3.Connection,
+    run: AppendRun,
+    seq0: int,
+    t0: int,
+    heads: MutableMapping[str, _Head],
+    results: list[AppendResult],
+    limit: int,
+) -> None:
+    """The rows and results of a run, from its first event's seq ``seq0`` and time ``t0``: a stretch
+    (:func:`_stretch_rows`) built from the run's payloads in comprehensions, without a request per event."""
+    name, pub, ctype = run.channel, run.publisher, run.content_type
+    h = heads[name]
+    epoch = h.epoch
+    payloads = run.payloads
+    n = len(payloads)
+    results += [
+        AppendResult(Event(name, seq, epoch, t, pub, p, ctype, {}, ()))
+        for seq, t, p in zip(range(seq0, seq0 + n), range(t0, t0 + n), payloads, strict=True)
+    ]
+    insert_stretch(
+        conn,
+        [h.id, seq0, t0, pub.dialect, pub.user, pub.app, pub.msg_id, ctype],
+        [bytearray(p) if len(p) <= _COPY_MAX else p for p in payloads],
+        limit,
+    )
+    h.top = seq0 + n - 1
+    h.top_time = t0 + n - 1
+    h.count += n
+    h.bytes += sum(map(len, payloads))
 
 
 def _stretch_rows(
@@ -181,7 +241,7 @@ def _mixed_rows(
         pub = req.publisher
         if not seq:
             src = next(sources)
-            dup = original(name, req) if src == FROM_RECORD else results[src].event
+            dup = original(name, req) if src == FROM_RECORD else results[plan.result_index(src)].event
             add_result(AppendResult(dup, duplicate=True))
             continue
         h.top = seq

@@ -43,6 +43,7 @@ from hubbub.events import Event
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
+    AppendRun,
     ChannelInfo,
     LogStore,
     RetentionPolicy,
@@ -137,6 +138,8 @@ class SqliteLogStore(_ConsumerSide, _StateSide, LogStore):
     """
 
     engine = "sqlite"
+    # A connection's burst is one request (``_rows._run_rows``): no request object per event.
+    takes_runs = True
 
     def __init__(
         self,
@@ -286,7 +289,7 @@ class SqliteLogStore(_ConsumerSide, _StateSide, LogStore):
 
     # -- writer side ---------------------------------------------------------------------------------
 
-    def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+    def append(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult]:
         if not batch:
             self._writer()
             return []
