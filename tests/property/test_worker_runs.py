@@ -12,13 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendRequest, AppendResult
+from hubbub.log.base import AppendRequest, AppendResult, AppendRun
 from hubbub.workers.frames import (
     Publishers,
     encode,
     pack_events,
     pack_requests,
     pack_results,
+    unpack_appends,
     unpack_events,
     unpack_requests,
     unpack_results,
@@ -52,6 +53,20 @@ requests = st.builds(
 @given(st.lists(requests, max_size=30))
 def test_requests_come_back_equal(batch: list[AppendRequest]) -> None:
     assert unpack_requests(_trip(pack_requests(batch)), Publishers()) == batch
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(requests, max_size=30))
+def test_requests_come_back_as_runs_for_a_store_that_takes_them(batch: list[AppendRequest]) -> None:
+    """The log owner's form for a store that takes runs: the same requests, each run of plain ones as one
+    ``AppendRun``, and the number of events its results answer."""
+    back, events = unpack_appends(_trip(pack_requests(batch)), Publishers())
+    assert events == len(batch)
+    assert [r for e in back for r in (e.requests() if isinstance(e, AppendRun) else [e])] == batch
+    assert all(e.payloads for e in back if isinstance(e, AppendRun))
+    plain = [r for r in batch if not (r.headers or r.tags or r.idem)]
+    assert sum(isinstance(e, AppendRun) for e in back) <= len(plain)
+    assert not any(isinstance(e, AppendRequest) and not (e.headers or e.tags or e.idem) for e in back)
 
 
 def _commit(batch: list[AppendRequest], kinds: list[int], t0: int) -> list[AppendResult]:

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendRequest, AppendResult
+from hubbub.log.base import AppendRequest, AppendResult, AppendRun
 
 __all__ = [
     "MAX_FRAME",
@@ -57,6 +57,7 @@ __all__ = [
     "pack_results",
     "rebuild_error",
     "send",
+    "unpack_appends",
     "unpack_events",
     "unpack_requests",
     "unpack_results",
@@ -213,6 +214,26 @@ def unpack_requests(items: list[tuple[Any, ...]], pubs: Publishers) -> list[Appe
         else:
             out += [AppendRequest(ch, pub, payload, ctype, h or {}, tags, idem) for payload in payloads]
     return out
+
+
+def unpack_appends(
+    items: list[tuple[Any, ...]], pubs: Publishers
+) -> tuple[list[AppendRequest | AppendRun], int]:
+    """:func:`unpack_requests` for a store that takes runs (``EventLog.takes_runs``): each run of plain
+    requests (no headers, tags or key) as one :class:`AppendRun`; and the number of events (of results)."""
+    get = pubs.get
+    out: list[AppendRequest | AppendRun] = []
+    events = 0
+    for ch, d, u, a, m, ctype, h, tags, idem, payloads in items:
+        if not payloads:  # (never sent: a run is never empty)
+            continue
+        pub = get(d, u, a, m)
+        events += len(payloads)
+        if h is None and not tags and not idem:
+            out.append(AppendRun(ch, pub, ctype, payloads))
+        else:
+            out += [AppendRequest(ch, pub, payload, ctype, h or {}, tags, idem) for payload in payloads]
+    return out, events
 
 
 def _event(e: Event) -> tuple[Any, ...]:

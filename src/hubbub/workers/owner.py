@@ -47,11 +47,11 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from hubbub.core.notices import GONE
 from hubbub.errors import StorageError
-from hubbub.log.base import AppendRequest, AppendResult, LogStore
+from hubbub.log.base import AppendRequest, AppendResult, AppendRun, LogStore
 
 from .frames import (
     FrameBuffer,
@@ -61,6 +61,7 @@ from .frames import (
     pack_events,
     pack_results,
     send,
+    unpack_appends,
     unpack_requests,
 )
 
@@ -346,41 +347,49 @@ class LogOwner:
             todo.append((link, _GONE))
 
     def _round(self, todo: list[tuple[_Link, Any]]) -> None:
-        appends: list[tuple[_Link, int, Sequence[AppendRequest]]] = []
+        # Each append: its worker's link, request id, requests (runs among them for a store that takes them:
+        # no request object per event) and number of events.
+        appends: list[tuple[_Link, int, Sequence[AppendRequest | AppendRun], int]] = []
         for link, msg in todo:
             if msg is _GONE:
                 self._flush(appends)
                 self._gone(link)
                 continue
             if msg[0] == "append":
-                appends.append((link, msg[1], unpack_requests(msg[2], self._publishers)))
+                if self._store.takes_runs:
+                    reqs, n = unpack_appends(msg[2], self._publishers)
+                    appends.append((link, msg[1], reqs, n))
+                else:
+                    plain = unpack_requests(msg[2], self._publishers)
+                    appends.append((link, msg[1], plain, len(plain)))
                 continue
             _, rid, method, args, kwargs = msg
             self._flush(appends)
             self._call(link, rid, method, args, kwargs)
         self._flush(appends)
 
-    def _flush(self, appends: list[tuple[_Link, int, Sequence[AppendRequest]]]) -> None:
+    def _flush(self, appends: list[tuple[_Link, int, Sequence[AppendRequest | AppendRun], int]]) -> None:
         """One commit of every append waiting: results to each caller, the new events to every other
         worker."""
         if not appends:
             return
-        batch = [r for _, _, reqs in appends for r in reqs]
+        batch = [r for _, _, reqs, _ in appends for r in reqs]
         try:
-            results: list[AppendResult] = self._store.append(batch)
+            # Runs only when the store takes them (_round).
+            results: list[AppendResult] = self._store.append(cast("list[AppendRequest]", batch))
         except Exception as exc:  # every caller gets the error (the store rolled back)
             state = error_state(_plain(exc))
-            for link, rid, _ in appends:
+            for link, rid, _, _ in appends:
                 link.reply(encode(("err", rid, state)))
             appends.clear()
             return
         self.commits += 1
-        self.appended += len(batch)
+        self.appended += len(results)
         groups: list[tuple[int, list[Any]]] = []
         i = 0
-        for link, rid, reqs in appends:
-            mine = results[i : i + len(reqs)]
-            i += len(reqs)
+        for link, rid, _, n in appends:
+            mine = results[i : i + n]
+            i += n
             link.reply(encode(("ret", rid, pack_results(mine))))
             new = [r.event for r in mine if not r.duplicate]
             if new:
