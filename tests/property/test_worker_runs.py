@@ -104,3 +104,32 @@ def test_results_and_broadcasts_come_back_equal(
     assert unpack_results(_trip(pack_results(results)), batch, Publishers()) == results
     events = [r.event for r in results if not r.duplicate]
     assert unpack_events(_trip(pack_events(events)), Publishers()) == events
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(requests, max_size=20),
+    st.lists(st.tuples(st.integers(0, 20), st.sampled_from(["/a", "/b"]), st.integers(1, 4)), max_size=3),
+    st.lists(st.sampled_from([0, 0, 0, 1, 2]), max_size=40),
+    st.integers(0, 99),
+)
+def test_a_workers_runs_go_and_come_back_as_their_requests(
+    batch: list[AppendRequest], runs: list[tuple[int, str, int]], kinds: list[int], t0: int
+) -> None:
+    """A worker's batch with runs (its store takes them) packs as the batch of the runs' requests would
+    (a run may join the plain requests around it; its own list is left alone), the owner reads the same
+    requests back, and the results unpack against the runs as against their requests."""
+    mixed: list[AppendRequest | AppendRun] = list(batch)
+    for at, channel, k in sorted(runs, reverse=True):
+        mixed.insert(at, AppendRun(channel, PUBS[0], "text/plain", [b"r%d" % j for j in range(k)]))
+    flat = [r for e in mixed for r in (e.requests() if isinstance(e, AppendRun) else [e])]
+    lists = [list(e.payloads) for e in mixed if isinstance(e, AppendRun)]
+    packed = _trip(pack_requests(mixed))
+    assert [list(e.payloads) for e in mixed if isinstance(e, AppendRun)] == lists
+    assert unpack_requests(packed, Publishers()) == flat
+    back, events = unpack_appends(packed, Publishers())
+    assert events == len(flat)
+    assert [r for e in back for r in (e.requests() if isinstance(e, AppendRun) else [e])] == flat
+    kinds = (kinds + [0] * len(flat))[: len(flat)]
+    results = _commit(flat, kinds, t0)
+    assert unpack_results(_trip(pack_results(results)), mixed, Publishers()) == results

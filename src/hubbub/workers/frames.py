@@ -39,7 +39,7 @@ import pickle
 import socket
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from hubbub.events import Event, Publisher
@@ -177,17 +177,22 @@ class Publishers:
 PUBLISHERS_KEPT: Final = 4096
 
 
-def pack_requests(batch: Sequence[AppendRequest]) -> list[tuple[Any, ...]]:
+def pack_requests(batch: Sequence[AppendRequest | AppendRun]) -> list[tuple[Any, ...]]:
     """``batch`` as runs: ``(channel, dialect, user, app, msg_id, content_type, headers, tags, idem,
     payloads)``, one per stretch of requests of one channel, publisher and content type without headers,
-    tags or idempotency key (a connection's publishes, mostly), else one per request."""
+    tags or idempotency key (a connection's publishes, mostly; an :class:`AppendRun` is one already), else
+    one per request."""
     out: list[tuple[Any, ...]] = []
     payloads: list[bytes] | None = None
     ch: str | None = None
     pub: Publisher | None = None
     ctype: str | None = None
     for r in batch:
-        if r.headers or r.tags or r.idem:
+        if isinstance(r, AppendRun):
+            # A copy: the requests after it may join it, and the run's list is the caller's.
+            ch, pub, ctype, payloads = r.channel, r.publisher, r.content_type, list(r.payloads)
+            out.append((ch, pub.dialect, pub.user, pub.app, pub.msg_id, ctype, None, (), "", payloads))
+        elif r.headers or r.tags or r.idem:
             p = r.publisher
             h = r.headers
             out.append(
@@ -319,12 +324,26 @@ def pack_results(results: Sequence[AppendResult]) -> list[Any]:
     return out
 
 
-def unpack_results(items: list[Any], batch: Sequence[AppendRequest], pubs: Publishers) -> list[AppendResult]:
-    """:func:`pack_results`'s results of ``batch`` (the requests they answer, in order) as values again.
-    Raises ``ValueError`` when they do not answer every request once."""
+def _answered(batch: Sequence[AppendRequest | AppendRun]) -> Iterator[tuple[Any, ...]]:
+    """What a new event of each request of ``batch`` takes from it, per event: ``(channel, publisher,
+    payload, content_type, headers, tags)`` (a run's for each of its payloads)."""
+    for r in batch:
+        if isinstance(r, AppendRun):
+            ch, pub, ctype = r.channel, r.publisher, r.content_type
+            for p in r.payloads:
+                yield ch, pub, p, ctype, None, ()
+        else:
+            yield r.channel, r.publisher, r.payload, r.content_type, r.headers, r.tags
+
+
+def unpack_results(
+    items: list[Any], batch: Sequence[AppendRequest | AppendRun], pubs: Publishers
+) -> list[AppendResult]:
+    """:func:`pack_results`'s results of ``batch`` (the requests they answer, in order; a run's one per
+    event) as values again. Raises ``ValueError`` when they do not answer every event once."""
     out: list[AppendResult] = []
     add = out.append
-    reqs = iter(batch)
+    reqs = _answered(batch)
     answered = 0
     for item in items:
         if len(item) == 2:
@@ -340,13 +359,10 @@ def unpack_results(items: list[Any], batch: Sequence[AppendRequest], pubs: Publi
         if type(n) is not int:
             journal, n = n, 1
         answered += n
-        for i, req in zip(range(n), reqs, strict=False):
-            h = req.headers
-            ev = Event(
-                req.channel, seq + i, epoch, t + i, req.publisher, req.payload, req.content_type,
-                dict(h) if h else {}, tuple(req.tags),
-            )  # fmt: skip
+        for i, (ch, pub, payload, ctype, h, tags) in zip(range(n), reqs, strict=False):
+            ev = Event(ch, seq + i, epoch, t + i, pub, payload, ctype, dict(h) if h else {}, tuple(tags))
             add(AppendResult(ev, False, journal))
-    if answered != len(batch) or len(out) != answered:
-        raise ValueError(f"{answered} results for {len(batch)} requests")
+    expected = sum(len(r.payloads) if isinstance(r, AppendRun) else 1 for r in batch)
+    if answered != expected or len(out) != answered:
+        raise ValueError(f"{answered} results for {expected} requests")  # (a run: one per event)
     return out

@@ -42,6 +42,7 @@ from hubbub.events import Event
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
+    AppendRun,
     ChannelInfo,
     EventRun,
     LogMark,
@@ -83,6 +84,8 @@ class RemoteLogStore(LogStore):
     broadcast are left out: its ``append`` returned them)."""
 
     shared = True
+    # A connection's run goes to the owner as one item of the append (``frames.pack_requests``).
+    takes_runs = True
 
     def __init__(self, calls: socket.socket, events: socket.socket, worker: int) -> None:
         self.worker = worker
@@ -192,7 +195,7 @@ class RemoteLogStore(LogStore):
 
     # -- writes: the owner's ----------------------------------------------------------------------------
 
-    def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+    def append(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult]:
         packed = self._send(("append", pack_requests(batch)))
         return unpack_results(packed, batch, self._publishers)
 
