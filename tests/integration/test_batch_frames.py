@@ -15,8 +15,9 @@ import msgpack
 import pytest
 
 from hubbub.core import Node, NodeSettings
+from hubbub.core.limits import TokenBucket
 from hubbub.dialects import native as nc
-from hubbub.errors import HubbubError, StorageError
+from hubbub.errors import HubbubError, RateLimited, ShuttingDown, StorageError
 from hubbub.events import Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, AppendResult, AppendRun, RetentionPolicy
@@ -273,5 +274,31 @@ def test_submit_run_completes_as_submit_many_and_reaches_a_store_as_it_takes_it(
             assert len(entries) == (3 if kind == "runs" else 5)
             assert node.statistics()["writer"]["events"] == (0 if kind == "fail" else 5)
             await pub.finish()
+
+    asyncio.run(main())
+
+
+def test_a_refused_submit_run_queues_nothing() -> None:
+    """``submit_run`` refuses a run whole before queueing any of it (the connection then publishes them one
+    by one, each refused or accepted on its own): over the connection's publish rate (``RateLimited``, counted
+    once), or once the node closes (``ShuttingDown``); nothing is owed or pending, no token is taken."""
+
+    async def main() -> None:
+        async with Node(MemoryLogStore(), NodeSettings()) as node:
+            pub = connect(node, nc.NativeCodec("msgpack"), Sink(), 4096, 4096)
+            await pub.handle(nc.Hello(1, 1, None, "", True, True))
+            sess = pub.session
+            sess.bucket = TokenBucket(0.001, 2)
+            run = AppendRun("/d", pub._publisher, "text/plain", [b"a", b"b", b"c"])
+            failed: list[object] = []
+            with pytest.raises(RateLimited):
+                node.submit_run(run, sess, failed.append, failed.append)
+            assert (sess.owed, node.statistics()["pending"], sess.bucket.tokens, failed) == (0, 0, 2, [])
+            assert node.limiter.refusals == {("publish_rate", "native"): 1}
+            await pub.finish()
+            node._batcher.closing = True
+            with pytest.raises(ShuttingDown):
+                node.submit_run(run, sess, failed.append, failed.append)
+            assert (sess.owed, node.statistics()["pending"], failed) == (0, 0, [])
 
     asyncio.run(main())
