@@ -5,7 +5,7 @@ Publishers on the event loop call :meth:`LogWriter.submit`; the thread takes eve
 ``call_soon_threadsafe``. Acknowledgements and fan-out therefore happen only after the commit returned.
 
 An engine whose append is cheap and never waits on I/O (``LogStore.inline_append``, the memory store), or
-an append of at most ``LogStore.inline_append_max`` requests and ``inline_append_max_bytes`` of payload
+an append of at most ``LogStore.inline_append_max`` events and ``inline_append_max_bytes`` of payload
 (SQLite without fsync), may instead be appended to on the loop itself through
 :meth:`LogWriter.append_inline`, but only while the writer is :attr:`~LogWriter.idle`: nothing queued or
 running on the thread and every completion delivered. Writer methods then still never run concurrently, and

@@ -22,7 +22,7 @@ Concurrency contract (every engine):
   ``consumer_items``, ``state_get``, ``state_list``) may be called from any thread,
   concurrently with the writer and with each other. Reads see only committed data.
 * No method is ever called on the event loop thread, except ``append`` of an engine that sets
-  ``inline_append`` (or of at most ``inline_append_max`` requests and ``inline_append_max_bytes`` of
+  ``inline_append`` (or of at most ``inline_append_max`` events and ``inline_append_max_bytes`` of
   payload) and ``consumer_settle`` of one that sets ``inline_settle``: core may call them on the loop, never
   concurrently with the other writer methods.
 
@@ -336,7 +336,7 @@ class EventLog(abc.ABC):
     #: Whether ``append`` is cheap and never waits on I/O (no disk, no network), so that core may run it on
     #: the event loop thread instead of handing it to the writer thread (see ``hubbub.core.writer``).
     inline_append: bool = False
-    #: Below ``inline_append``: an ``append`` of at most this many requests is cheap enough, and waits on no
+    #: Below ``inline_append``: an ``append`` of at most this many events is cheap enough, and waits on no
     #: I/O beyond the page cache (no fsync, no network), for core to run it on the event loop thread while
     #: the writer is idle (0: never). A small commit then costs no thread hand-offs, and what arrives while it
     #: runs goes into the next one (``hubbub.core.batcher``).

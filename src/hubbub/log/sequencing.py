@@ -12,6 +12,10 @@ An append gives each request of a batch a position or answers it as a duplicate.
   that, the one the engine has on record (``originals``: its time). A batch's own event wins over a record,
   since it is newer.
 
+A run (:class:`~hubbub.log.base.AppendRun`, in the batch of an engine that takes them) stands for its
+requests, one per payload, none with a key: it is planned as they would be, as one entry (its first event's
+seq and time; :attr:`AppendPlan.spans`).
+
 :func:`plan_append` is pure: it reads the heads and records the engine hands it and returns an
 :class:`AppendPlan`; each engine then writes the plan in its own statements (and gives a channel without a
 head its epoch and id). The contract suite tests it once against a naive model, and every engine against the

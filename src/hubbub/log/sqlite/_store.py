@@ -81,7 +81,7 @@ _IDEM_PRUNE_EVERY_NS: Final = 10 * _NS
 _IDEM_PRUNE_MAX: Final = 2000
 _IDEM_PRUNE_BOUND: Final = "SELECT time_ns FROM idem WHERE time_ns <= ? ORDER BY time_ns LIMIT 1 OFFSET ?"
 _IDEM_PRUNE: Final = "DELETE FROM idem WHERE time_ns <= ?"
-# The most requests an append may have to run on the event loop (``inline_append_max``, base.py): a commit of
+# The most events an append may have to run on the event loop (``inline_append_max``, base.py): a commit of
 # 1,024 events of 100 bytes holds the loop for about 4-5 ms on the 2-core dev machine. On the writer thread
 # instead, the same commit holds the GIL for most of that time anyway (its Python part), and the hand-offs
 # and GIL waits around it cost the server 0-3 µs of CPU per event more (bench/consumer_wire.py, batches of
