@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hubbub.events import Event, Publisher
-from hubbub.log import AppendRequest, ChannelInfo, MemoryLogStore, RetentionPolicy, SqliteLogStore
+from hubbub.log import AppendRequest, AppendRun, ChannelInfo, MemoryLogStore, RetentionPolicy, SqliteLogStore
 from tests.hypothesis_budget import examples
 
 NS = 1_000_000_000
@@ -244,6 +244,34 @@ class LogMachine(RuleBasedStateMachine):
         sql, mem = self.stores
         self.clock.now += step * NS
         rs, rm = sql.append(batch), mem.append(batch)
+        assert [r.duplicate for r in rs] == [r.duplicate for r in rm]
+        for a, b in zip(rs, rm, strict=True):
+            self._same_event(a.event, b.event)
+
+    @rule(
+        batch=st.lists(requests(), max_size=4),
+        runs=st.lists(
+            st.tuples(
+                st.integers(0, 4),
+                st.sampled_from(CHANNELS),
+                st.lists(st.binary(max_size=6), min_size=1, max_size=5),
+            ),
+            min_size=1,
+            max_size=3,
+        ),
+        step=st.integers(-2, 3),
+    )
+    def append_runs(
+        self, batch: list[AppendRequest], runs: list[tuple[int, str, list[bytes]]], step: int
+    ) -> None:
+        """SQLite takes runs (``AppendRun``) among the requests; the reference is given their requests."""
+        sql, mem = self.stores
+        self.clock.now += step * NS
+        mixed: list[AppendRequest | AppendRun] = list(batch)
+        for at, channel, payloads in sorted(runs, key=lambda r: r[0], reverse=True):
+            mixed.insert(at, AppendRun(channel, Publisher("native", "u1", "app", ""), "text/plain", payloads))
+        flat = [r for e in mixed for r in (e.requests() if isinstance(e, AppendRun) else [e])]
+        rs, rm = sql.append(mixed), mem.append(flat)
         assert [r.duplicate for r in rs] == [r.duplicate for r in rm]
         for a, b in zip(rs, rm, strict=True):
             self._same_event(a.event, b.event)
