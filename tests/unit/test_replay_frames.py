@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from hubbub.dialects import native as nc
 from hubbub.dialects import native_columns
 from hubbub.dialects.native_columns import (
+    UNIFORM_FRAME_MAX,
     _msgpack_heads,
     event_batches,
+    mp_uint_form,
     run_batches,
     run_frames,
     uniform_batches,
@@ -23,6 +25,7 @@ from hubbub.dialects.native_columns import (
 from hubbub.dialects.native_common import event_frames, pack_batches
 from hubbub.events import Event, Publisher
 from hubbub.log.base import EventRun
+from hubbub.run_columns import STAMP, RunColumns
 from tests.hypothesis_budget import examples
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
@@ -242,6 +245,41 @@ def test_column_batches_equal_packed_single_event_frames(
     assert run_batches("msgpack", proto, rows, tuple(subs), replay, limit) == want
     got = uniform_batches(proto, rows, tuple(subs), replay, limit)
     assert got is None or got == want
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    run=same_size_runs(),
+    wide=st.integers(1 << 32, (1 << 63) - 400),
+    subs=st.lists(st.sampled_from(["s", "%d", "é"]), min_size=1, max_size=2, unique=True),
+    replay=st.booleans(),
+    limit=limits,
+)
+def test_rows_read_as_columns_encode_as_the_rows(
+    run: tuple[Event, list[tuple[int, bytes]]], wide: int, subs: list[str], replay: bool, limit: int
+) -> None:
+    """A run whose rows come as columns (:class:`RunColumns`, SQLite's replay page: one payload size,
+    ``uint 64`` times) encodes to the bytes of the same rows as a list, by every path of both encodings:
+    the strided batch path (small payloads), the joined one, and the per-event ones."""
+    proto, rows = run
+    rows = [(wide + i * 7 + (t & 3), p) for i, (t, p) in enumerate(rows)]
+    proto = replace(proto, time_ns=rows[0][0])
+    size = len(rows[0][1])
+    cols = RunColumns(b"".join(STAMP.pack(t) for t, _ in rows), b"".join(p for _, p in rows), size, wide=True)
+    want = pack_batches("msgpack", event_frames("msgpack", proto, rows, subs, replay), limit)
+    assert run_batches("msgpack", proto, cols, tuple(subs), replay, limit) == want
+    got = uniform_batches(proto, cols, tuple(subs), replay, limit)
+    assert got is None or got == want
+    frames = event_frames("msgpack", proto, rows, subs, replay)
+    one_form = mp_uint_form(proto.seq) == mp_uint_form(proto.seq + len(rows) - 1)
+    assert got is not None or not one_form or len(frames[0]) > UNIFORM_FRAME_MAX
+    for encoding in ENCODINGS:
+        assert run_frames(encoding, proto, cols, tuple(subs), replay) == event_frames(
+            encoding, proto, rows, subs, replay
+        ), encoding
+        assert event_batches(encoding, proto, cols, tuple(subs), replay, limit) == pack_batches(
+            encoding, event_frames(encoding, proto, rows, subs, replay), limit
+        ), encoding
 
 
 def test_a_page_of_small_events_takes_the_column_path() -> None:

@@ -21,6 +21,7 @@ from itertools import repeat
 from operator import add, itemgetter
 
 from hubbub.events import Event
+from hubbub.run_columns import RunColumns
 
 from .native_common import (
     Encoding,
@@ -36,6 +37,7 @@ from .native_common import (
 )
 
 __all__ = [
+    "STRIDED_PAYLOAD_MAX",
     "UNIFORM_FRAME_MAX",
     "event_batches",
     "mp_bin_form",
@@ -48,6 +50,13 @@ __all__ = [
 #: The largest frame the column path builds: past it, copying the payloads (which this path does twice: into
 #: the batch being written, then into its bytes) costs more than the per-event steps it saves.
 UNIFORM_FRAME_MAX = 512
+
+#: The largest payload of :class:`RunColumns` rows written into a batch a byte-column at a time (one strided
+#: copy per byte of the payload, each over the whole batch); a larger one is cut into a bytes per event and
+#: joined.
+STRIDED_PAYLOAD_MAX = 32
+#: A ``wide`` run's times (``RunColumns.wide``): msgpack's ``uint 64``.
+_WIDE_FORM = (b"\xcf", "Q")
 
 _first = itemgetter(0)
 _second = itemgetter(1)
@@ -216,20 +225,34 @@ def uniform_batches(
 ) -> list[bytes] | None:
     """The msgpack batch frames of a run (byte for byte ``event_batches("msgpack", …)``) when all its
     payloads have one size, its seqs and times one msgpack form each and its frames are at most
-    :data:`UNIFORM_FRAME_MAX` bytes; else ``None``."""
+    :data:`UNIFORM_FRAME_MAX` bytes; else ``None``.
+
+    Rows read as columns (:class:`~hubbub.run_columns.RunColumns`, one payload size and ``uint 64`` times by
+    construction) are written as they are: the stamps are the times' bytes, and a small payload's bytes go
+    in a column at a time like the seqs', so the batch is built without a Python object per event."""
     k = len(rows)
     if not k:
         return None
-    payloads = list(map(_second, rows))
-    size = len(payloads[0])
-    if size * k != sum(map(len, payloads)) or min(map(len, payloads)) != size:
-        return None
-    times = list(map(_first, rows))
-    t_lo = min(times)
     seq0 = proto.seq
-    s_form, t_form = mp_uint_form(seq0), mp_uint_form(t_lo)
-    if t_lo < 0 or t_form != mp_uint_form(max(times)) or s_form != mp_uint_form(seq0 + k - 1):
+    s_form = mp_uint_form(seq0)
+    if s_form != mp_uint_form(seq0 + k - 1):
         return None
+    columns = rows if type(rows) is RunColumns and rows.wide else None
+    payloads: list[bytes] = []
+    times: list[int] = []
+    if columns is not None:
+        size = columns.size
+        t_form = _WIDE_FORM
+    else:
+        payloads = list(map(_second, rows))
+        size = len(payloads[0])
+        if size * k != sum(map(len, payloads)) or min(map(len, payloads)) != size:
+            return None
+        times = list(map(_first, rows))
+        t_lo = min(times)
+        t_form = mp_uint_form(t_lo)
+        if t_lo < 0 or t_form != mp_uint_form(max(times)):
+            return None
     (s_pre, s_code), (t_pre, t_code), (b_pre, b_code) = s_form, t_form, mp_bin_form(size)
     s_width, t_width = struct.calcsize(s_code), struct.calcsize(t_code)
     suffix, before_seq, before_time, after_time = msgpack_run_parts(proto, subs, replay)
@@ -243,19 +266,38 @@ def uniform_batches(
     at_seq = len(a)
     at_time = at_seq + s_width + len(before_time) + len(t_pre)
     ends = _ends(frame, k, limit)
-    between = suffix + head
+    strided = columns is not None and size <= STRIDED_PAYLOAD_MAX
+    blob = b""
+    if columns is not None:
+        blob = columns.payloads
+        if not strided:
+            payloads = columns.payload_list()
+    # A whole frame with zeros for its seq, time and payload (the strided path's unit), or the bytes between
+    # two payloads (the joined path's).
+    unit = head + bytes(size) + suffix if strided else suffix + head
     out: list[bytes] = []
     start = 0
     for end in ends:
         n = end - start
         lead = b"" if n == 1 else _BATCH_OPEN + mp_array_header(n)
-        items = payloads[start:end]
-        items[0] = lead + head + items[0]
-        items[-1] += suffix
-        buf = bytearray(between).join(items)
         base = len(lead)
+        if strided:
+            buf = bytearray(lead)
+            buf += unit * n
+            part = blob[start * size : end * size]
+            at = base + len(head)
+            for j in range(size):
+                buf[at + j :: frame] = part[j::size]
+        else:
+            items = payloads[start:end]
+            items[0] = lead + head + items[0]
+            items[-1] += suffix
+            buf = bytearray(unit).join(items)
         seqs = struct.pack(f">{n}{s_code}", *range(seq0 + start, seq0 + end))
-        stamps = struct.pack(f">{n}{t_code}", *times[start:end])
+        if columns is not None:
+            stamps = columns.stamps[start * 8 : end * 8]  # the times' uint 64 bytes as they are
+        else:
+            stamps = struct.pack(f">{n}{t_code}", *times[start:end])
         for j in range(s_width):
             buf[base + at_seq + j :: frame] = seqs[j::s_width]
         for j in range(t_width):

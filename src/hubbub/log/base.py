@@ -200,7 +200,7 @@ class EventRun:
     """
 
     proto: Event
-    rows: list[tuple[int, bytes]]
+    rows: Sequence[tuple[int, bytes]]
 
     @property
     def last_seq(self) -> int:

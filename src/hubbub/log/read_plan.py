@@ -28,7 +28,7 @@ loops over locals.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeAlias, TypeVar
 
 from hubbub.events import Event, hot_value
 from hubbub.log.base import ChannelInfo, EventRun, LogMark, ScanPlan, prefix_upper
@@ -178,6 +178,13 @@ class SeqStatements(Protocol):
         """How many rows of ``lo..hi`` :meth:`same_as` gives, read without the payloads."""
 
 
+#: An engine's read of a page ``(cid, lo, hi, head row, cut)`` as one run's rows, or ``None``: see
+#: :func:`channel_runs`. It must give exactly the rows the row-by-row read would make one run of: rows
+#: ``lo..`` up to ``hi`` or to the one that brings the payloads to ``cut``, every one equal to ``head`` but
+#: for seq, time and payload.
+ColumnRows: TypeAlias = Callable[[int, int, int, Row, int | None], Sequence[tuple[int, bytes]] | None]
+
+
 class BudgetSums(Protocol):
     """The payload sums of an engine whose statements give whole results (a client that holds a statement's
     every row before the first is read, as psycopg's cursors do): a page under a byte budget is ended
@@ -236,6 +243,7 @@ def channel_runs(
     max_bytes: int | None,
     proto: Callable[[str, Any], Event],
     sums: BudgetSums | None = None,
+    columns: ColumnRows | None = None,
 ) -> list[EventRun]:
     """``LogStore.read_runs`` over an engine's statements (``proto(epoch, row)`` builds a run's first
     event). A range whose rows all equal the first row in every column but seq, time and payload (the usual
@@ -248,7 +256,10 @@ def channel_runs(
     (:func:`take_upto`, a row at a time, so no row past that one is held), and a run so ended is checked
     whole by :meth:`~SeqStatements.count_same` over its own range, without the payloads. Reading the sizes
     apart cost a second pass over the page's rows (a look-up of the table per row, as the payloads' own
-    read): about a tenth of a 16 B replay's CPU on SQLite."""
+    read): about a tenth of a 16 B replay's CPU on SQLite.
+
+    ``columns`` (an engine that reads a run's rows in one statement) is offered each page first, with its
+    first row and the budget it is ended at; when it answers, its rows are the page's one run."""
     found = st.epoch(channel, None)
     if found is None:
         return []
@@ -269,7 +280,7 @@ def channel_runs(
                 lambda: sums.payload_total(cid, lo, hi),
                 lambda budget: sums.last_under(cid, lo, hi, budget),
             )
-    run = _one_run(st, cid, lo, hi, cut, lambda head: proto(epoch, head))
+    run = _one_run(st, cid, lo, hi, cut, lambda head: proto(epoch, head), columns)
     if run is not None:
         return [run]
     rows = st.rows(cid, lo, hi, MAX_INT64)
@@ -279,13 +290,23 @@ def channel_runs(
 
 
 def _one_run(
-    st: SeqStatements, cid: int, lo: int, hi: int, cut: int | None, proto: Callable[[Row], Event]
+    st: SeqStatements,
+    cid: int,
+    lo: int,
+    hi: int,
+    cut: int | None,
+    proto: Callable[[Row], Event],
+    columns: ColumnRows | None = None,
 ) -> EventRun | None:
     """The page ``lo..hi`` (ended at ``cut`` payload bytes while read) as one run, or ``None`` when it is
     not one (what was read for it is dropped before the page is read again whole)."""
     head = st.row(cid, lo)
     if head is None:
         return None
+    if columns is not None:
+        rows = columns(cid, lo, hi, head, cut)
+        if rows is not None:
+            return EventRun(proto(head), rows)
     same = st.same_as(cid, lo, hi, head)
     if cut is None:
         pairs, full = list(same), False

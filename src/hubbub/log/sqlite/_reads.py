@@ -39,6 +39,7 @@ from hubbub.log.read_plan import (
     take_upto,
 )
 from hubbub.log.records import decode_headers, decode_tags
+from hubbub.log.sqlite._columns import ColumnReads
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error
 from hubbub.log.sqlite._schema import _EVENT_COLS, _TEXT_COLS
 
@@ -146,6 +147,7 @@ class _ReadSide:
     _reader_uri: str
     _busy_timeout_ms: int
     _names: dict[int, tuple[str, str]]
+    _columns: ColumnReads
 
     def _reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -315,6 +317,7 @@ class _ReadSide:
                 limit,
                 max_bytes,
                 lambda epoch, row: self._events(channel, epoch, [row])[0],
+                columns=lambda cid, lo, hi, head, cut: self._columns.rows(conn, cid, lo, hi, head, cut),
             )
 
     def scan_plan(self, size: int, from_time: int | None = None, to_time: int | None = None) -> ScanPlan:

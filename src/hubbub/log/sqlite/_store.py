@@ -52,6 +52,7 @@ from hubbub.log.base import (
 from hubbub.log.consumers import JournalIndex
 from hubbub.log.sequencing import AppendPlan, IdemKey, plan_append
 from hubbub.log.sqlite._checkpointer import _Checkpointer
+from hubbub.log.sqlite._columns import ColumnReads
 from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
 from hubbub.log.sqlite._errors import _STORAGE_ERRORS, _error, log
 from hubbub.log.sqlite._idem import Original, find_originals, insert_keys, insert_new_keys, original_rows
@@ -175,6 +176,7 @@ class SqliteLogStore(_ConsumerSide, _StateSide, LogStore):
         self._readers: list[sqlite3.Connection] = []
         self._reader_uri = self.path.as_uri() + "?mode=ro"
         self._names: dict[int, tuple[str, str]] = {}  # see _ReadSide._channel_names
+        self._columns = ColumnReads()  # replay pages read as columns (_columns.py)
         # Writer state (writer thread only).
         self._heads: dict[str, _Head] = {}
         # Retired epochs holding events: id -> (channel, head).
