@@ -266,33 +266,21 @@ def uniform_batches(
     at_seq = len(a)
     at_time = at_seq + s_width + len(before_time) + len(t_pre)
     ends = _ends(frame, k, limit)
-    strided = columns is not None and size <= STRIDED_PAYLOAD_MAX
-    blob = b""
+    if columns is not None and size <= STRIDED_PAYLOAD_MAX:
+        return _strided_batches(columns, ends, seq0, s_code, (head, at_seq, at_time, suffix))
     if columns is not None:
-        blob = columns.payloads
-        if not strided:
-            payloads = columns.payload_list()
-    # A whole frame with zeros for its seq, time and payload (the strided path's unit), or the bytes between
-    # two payloads (the joined path's).
-    unit = head + bytes(size) + suffix if strided else suffix + head
+        payloads = columns.payload_list()
+    between = suffix + head
     out: list[bytes] = []
     start = 0
     for end in ends:
         n = end - start
         lead = b"" if n == 1 else _BATCH_OPEN + mp_array_header(n)
         base = len(lead)
-        if strided:
-            buf = bytearray(lead)
-            buf += unit * n
-            part = blob[start * size : end * size]
-            at = base + len(head)
-            for j in range(size):
-                buf[at + j :: frame] = part[j::size]
-        else:
-            items = payloads[start:end]
-            items[0] = lead + head + items[0]
-            items[-1] += suffix
-            buf = bytearray(unit).join(items)
+        items = payloads[start:end]
+        items[0] = lead + head + items[0]
+        items[-1] += suffix
+        buf = bytearray(between).join(items)
         seqs = struct.pack(f">{n}{s_code}", *range(seq0 + start, seq0 + end))
         if columns is not None:
             stamps = columns.stamps[start * 8 : end * 8]  # the times' uint 64 bytes as they are
@@ -303,6 +291,51 @@ def uniform_batches(
         for j in range(t_width):
             buf[base + at_time + j :: frame] = stamps[j::t_width]
         out.append(bytes(buf))
+        start = end
+    return out
+
+
+#: Frames a batch of :func:`_strided_batches` is written in at a time: a block of small frames (50 KiB at
+#: 16 B payloads) stays in the core's own caches through the strided writes, one pass per byte of seq, time
+#: and payload, which over a whole batch (400 KiB for 2,048 such frames) went out to the shared cache each
+#: time: 0.38 -> 0.11-0.13 µs an event to encode a 16 B page (128 frames: 0.14-0.16; 512: cache-bound
+#: again under load).
+_BLOCK = 256
+
+
+def _strided_batches(
+    columns: RunColumns, ends: list[int], seq0: int, s_code: str, layout: tuple[bytes, int, int, bytes]
+) -> list[bytes]:
+    """:func:`uniform_batches` of rows read as columns with small payloads (``layout``: a frame up to its
+    payload with zeros for seq and time, where its seq and its time start, and its suffix): each batch is
+    the frame's bytes repeated, with its seqs, times and payloads written in a byte-column at a time."""
+    head, at_seq, at_time, suffix = layout
+    size = columns.size
+    s_width = struct.calcsize(s_code)
+    unit = head + bytes(size) + suffix
+    frame = len(unit)
+    at_pay = len(head)
+    block = unit * _BLOCK
+    stamps, payloads = columns.stamps, columns.payloads
+    out: list[bytes] = []
+    start = 0
+    for end in ends:
+        n = end - start
+        parts: list[bytes | bytearray] = [b"" if n == 1 else _BATCH_OPEN + mp_array_header(n)]
+        for lo in range(start, end, _BLOCK):
+            hi = min(end, lo + _BLOCK)
+            buf = bytearray(block if hi - lo == _BLOCK else unit * (hi - lo))
+            seqs = struct.pack(f">{hi - lo}{s_code}", *range(seq0 + lo, seq0 + hi))
+            for j in range(s_width):
+                buf[at_seq + j :: frame] = seqs[j::s_width]
+            t = stamps[lo * 8 : hi * 8]  # the times' uint 64 bytes as they are
+            for j in range(8):
+                buf[at_time + j :: frame] = t[j::8]
+            p = payloads[lo * size : hi * size]
+            for j in range(size):
+                buf[at_pay + j :: frame] = p[j::size]
+            parts.append(buf)
+        out.append(b"".join(parts))
         start = end
     return out
 
