@@ -5,14 +5,15 @@ and, at a bench's or a sensor's pace, payloads of one size. Stepping a cursor ov
 the GIL released and taken again around ``sqlite3_step`` and a tuple with an ``int`` and a ``bytes`` built
 by Python's ``sqlite3``, then a Python loop for the byte budget: more than SQLite's own work for the row.
 Here SQLite does that work in one aggregate statement: it checks every row against the first (its filters)
-and hands back two values for the whole page, the times as fixed-width hexadecimal and the payloads
-concatenated (:class:`~hubbub.run_columns.RunColumns` keeps them as they come).
+and hands back two values for the whole page, the times as decimal text (parsed as a JSON array's body, in
+C) and the payloads concatenated; :class:`~hubbub.run_columns.RunColumns` keeps them as columns.
 
 A page is read so only when every row of it passes (SQLite counts them for us: the page's seqs are
 consecutive, so as many rows as seqs means all): the head row's shape, the head row's payload size (the
 rows' payloads are cut apart by it), and a time of at least ``2**32`` (the msgpack frame writes each time as
 a ``uint 64``: the stamps are those bytes). Anything else (the caller's ``None``) is read row by row as
-before, from the start of the page.
+before, from the start of the page. A page of one channel's rows only (the usual single-channel log) is
+read as a range of the table itself, without an index look-up per row.
 
 The byte budget (``max_bytes``) ends a page with the row that brings its payloads to the budget; with one
 size ``s`` that is the ``ceil(budget / s)``-th row, so the page's range is cut to it before it is read,
@@ -21,7 +22,8 @@ and what SQLite concatenates stays within the budget and one payload.
 Exact by construction, checked by the tests (``tests/unit/test_sqlite_run_columns.py``) against the row
 path over arbitrary payload bytes: ``group_concat`` appends each value's bytes as they are (NUL bytes
 included; the store writes payloads as BLOBs only, and a database's text is UTF-8, so ``CAST(… AS BLOB)``
-gives the bytes back unchanged), and ``printf('%016x')`` writes a 64-bit integer's two's complement.
+gives the bytes back unchanged), and writes an integer in decimal, as JSON reads it. Per 16 B event, about
+4,000 instructions of SQLite where the cursor took 8,800 with Python's (cachegrind).
 """
 
 from __future__ import annotations
@@ -47,12 +49,11 @@ _WIDE_MIN: Final = 1 << 32
 #: per-row steps it saves.
 COLUMN_PAYLOAD_MAX: Final = 256
 _COLUMN_AGGREGATE: Final = (
-    "SELECT group_concat(time_ns), CAST(group_concat(payload, '') AS BLOB) FROM events WHERE "
+    "SELECT CAST(group_concat(time_ns) AS BLOB), CAST(group_concat(payload, '') AS BLOB) FROM events WHERE "
 )
-_COLUMN_FILTERS: Final = (
-    " AND ".join(f"{c} = ?{i}" for i, c in enumerate((*_TEXT_COLS, "headers", "tags"), 4))
-    + " AND length(payload) = ?11 AND time_ns >= ?12"
-)
+# The shape as one row value: about 15 % fewer instructions than seven comparisons ANDed (cachegrind).
+_SHAPE_COLS: Final = ", ".join((*_TEXT_COLS, "headers", "tags"))
+_COLUMN_FILTERS: Final = f"({_SHAPE_COLS}) = (?4, ?5, ?6, ?7, ?8, ?9, ?10) AND length(payload) = ?11"
 # The page's rows by the ``(channel_id, seq)`` index, in its order: seq order.
 _BY_SEQ: Final = _COLUMN_AGGREGATE + "channel_id = ?1 AND seq BETWEEN ?2 AND ?3 AND " + _COLUMN_FILTERS
 # The page's rows as a range of the table itself, in ``pos`` order (seq order within a channel), when they
@@ -126,11 +127,11 @@ def _read(
         first, last = conn.execute(_POS, (cid, lo)).fetchone(), conn.execute(_POS, (cid, hi)).fetchone()
         if first is not None and last is not None and last[0] - first[0] == hi - lo:
             sql, a, b = _BY_POS, first[0], last[0]
-    times, payloads = conn.execute(sql, (cid, a, b, *head[2:9], size, _WIDE_MIN)).fetchone()
+    times, payloads = conn.execute(sql, (cid, a, b, *head[2:9], size)).fetchone()
     if times is None or payloads is None or len(payloads) != n * size:
         return None
     # The times as SQLite writes integers (decimal, comma separated): a JSON array's body, parsed in C.
-    stamps = orjson.loads(f"[{times}]")
-    if len(stamps) != n:
+    stamps = orjson.loads(b"[%b]" % times)
+    if len(stamps) != n or min(stamps) < _WIDE_MIN:
         return None
     return RunColumns(struct.pack(f">{n}q", *stamps), payloads, size, wide=True)
