@@ -301,10 +301,12 @@ class _ReadSide:
         self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000, *, max_bytes: int | None = None
     ) -> list[EventRun]:
         """See :meth:`LogStore.read_runs`. A range whose rows all share the first row's publisher, content
-        type, headers and tags (the usual page: one publisher's events) is two statements and one
-        ``(time_ns, payload)`` tuple per row, checked by SQLite; any other range is read whole and grouped.
-        Under ``max_bytes`` the page is ended while its cursor is read (one more statement, without the
-        payloads, when it ends before its range does)."""
+        type, headers and tags (the usual page: one publisher's events) and payload size is read in one
+        aggregate statement as columns (:class:`~hubbub.run_columns.RunColumns`, ``_columns.py``); one whose
+        payloads differ in size is two statements and one ``(time_ns, payload)`` tuple per row, checked by
+        SQLite; any other range is read whole and grouped. Under ``max_bytes`` a page of one size is cut to
+        the budget before it is read, and any other is ended while its cursor is read (one more statement,
+        without the payloads, when it ends before its range does)."""
         if up_to_seq <= after_seq or limit <= 0:
             self._reader()
             return []
