@@ -285,13 +285,16 @@ def test_rows_read_as_columns_encode_as_the_rows(
 @pytest.mark.parametrize("size", [0, 1, 16, 32])
 def test_a_page_read_as_columns_is_written_in_blocks(size: int) -> None:
     """A replay page as SQLite reads it (2,048 rows as columns) spans several of the blocks a batch is
-    written in, and batches of any limit cut those blocks anywhere: the same bytes as frame by frame."""
+    written in, and batches of any limit cut those blocks anywhere: the same bytes as frame by frame, and
+    the same frames one by one."""
     rows = [((1 << 60) + 1000 * i + i % 7, bytes([(i + k) % 256 for k in range(size)])) for i in range(2048)]
     proto = Event("/r", 1000, "abcd1234", rows[0][0], Publisher("native"), rows[0][1], "text/plain")
     cols = RunColumns(b"".join(STAMP.pack(t) for t, _ in rows), b"".join(p for _, p in rows), size, wide=True)
+    frames = event_frames("msgpack", proto, rows, ("s",), True)
     for limit in (1 << 20, 100_000, 5000):
-        want = pack_batches("msgpack", event_frames("msgpack", proto, rows, ("s",), True), limit)
-        assert uniform_batches(proto, cols, ("s",), True, limit) == want
+        assert uniform_batches(proto, cols, ("s",), True, limit) == pack_batches("msgpack", frames, limit)
+    # A connection without batch frames (WebSocket: a message per frame) gets them cut from those blocks.
+    assert run_frames("msgpack", proto, cols, ("s",), True) == frames
 
 
 def test_a_page_of_small_events_takes_the_column_path() -> None:

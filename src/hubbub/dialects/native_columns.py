@@ -16,7 +16,7 @@ Pure functions, no I/O; safe to call from any thread.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import repeat
 from operator import add, itemgetter
 
@@ -191,10 +191,15 @@ _JSON_ESCAPED = bytes(range(0x20)) + b'"\\\x7f'
 def run_frames(
     encoding: Encoding, proto: Event, rows: Sequence[tuple[int, bytes]], subs: Sequence[str], replay: bool
 ) -> list[bytes]:
-    """:func:`~hubbub.dialects.native_common.event_frames` (the same bytes). A JSON run whose content type is
-    not JSON and whose payloads are all ASCII text that JSON leaves as it is (no control character, quote,
-    backslash or DEL: checked once over the whole run) has each payload put between the quotes of its
-    ``text`` field as it is, without decoding it and encoding it again as a JSON string."""
+    """:func:`~hubbub.dialects.native_common.event_frames` (the same bytes). A msgpack run read as columns
+    with small payloads is cut from the blocks its batches would be written in. A JSON run whose content
+    type is not JSON and whose payloads are all ASCII text that JSON leaves as it is (no control character,
+    quote, backslash or DEL: checked once over the whole run) has each payload put between the quotes of
+    its ``text`` field as it is, without decoding it and encoding it again as a JSON string."""
+    if encoding == "msgpack" and type(rows) is RunColumns:
+        got = _column_frames(proto, rows, subs, replay)
+        if got is not None:
+            return got
     if encoding == "json" and rows and not is_json_type(proto.content_type):
         payloads = b"".join(map(_second, rows))
         if payloads.isascii() and len(payloads.translate(None, _JSON_ESCAPED)) == len(payloads):
@@ -253,21 +258,16 @@ def uniform_batches(
         t_form = mp_uint_form(t_lo)
         if t_lo < 0 or t_form != mp_uint_form(max(times)):
             return None
-    (s_pre, s_code), (t_pre, t_code), (b_pre, b_code) = s_form, t_form, mp_bin_form(size)
+    s_code, t_code = s_form[1], t_form[1]
     s_width, t_width = struct.calcsize(s_code), struct.calcsize(t_code)
-    suffix, before_seq, before_time, after_time = msgpack_run_parts(proto, subs, replay)
-    a = before_seq + s_pre
-    c = b"".join((after_time, b_pre, struct.pack(">" + b_code, size)))
-    # A frame up to its payload, with zeros for its seq and time.
-    head = b"".join((a, bytes(s_width), before_time, t_pre, bytes(t_width), c))
+    layout = _layout(proto, subs, replay, s_form, t_form, size)
+    head, at_seq, at_time, suffix = layout
     frame = len(head) + size + len(suffix)
     if frame > UNIFORM_FRAME_MAX:
         return None
-    at_seq = len(a)
-    at_time = at_seq + s_width + len(before_time) + len(t_pre)
     ends = _ends(frame, k, limit)
     if columns is not None and size <= STRIDED_PAYLOAD_MAX:
-        return _strided_batches(columns, ends, seq0, s_code, (head, at_seq, at_time, suffix))
+        return _strided_batches(columns, ends, seq0, s_code, layout)
     if columns is not None:
         payloads = columns.payload_list()
     between = suffix + head
@@ -303,12 +303,32 @@ def uniform_batches(
 _BLOCK = 256
 
 
-def _strided_batches(
-    columns: RunColumns, ends: list[int], seq0: int, s_code: str, layout: tuple[bytes, int, int, bytes]
-) -> list[bytes]:
-    """:func:`uniform_batches` of rows read as columns with small payloads (``layout``: a frame up to its
-    payload with zeros for seq and time, where its seq and its time start, and its suffix): each batch is
-    the frame's bytes repeated, with its seqs, times and payloads written in a byte-column at a time."""
+def _layout(
+    proto: Event,
+    subs: Sequence[str],
+    replay: bool,
+    s_form: tuple[bytes, str],
+    t_form: tuple[bytes, str],
+    size: int,
+) -> tuple[bytes, int, int, bytes]:
+    """The msgpack frame of a run's events whose seqs, times and payload sizes have one form each: ``(head,
+    where its seq starts, where its time starts, suffix)``, ``head`` being a frame up to its payload with
+    zeros for its seq and time."""
+    (s_pre, s_code), (t_pre, t_code), (b_pre, b_code) = s_form, t_form, mp_bin_form(size)
+    suffix, before_seq, before_time, after_time = msgpack_run_parts(proto, subs, replay)
+    a = before_seq + s_pre
+    c = b"".join((after_time, b_pre, struct.pack(">" + b_code, size)))
+    s_width, t_width = struct.calcsize(s_code), struct.calcsize(t_code)
+    head = b"".join((a, bytes(s_width), before_time, t_pre, bytes(t_width), c))
+    return head, len(a), len(a) + s_width + len(before_time) + len(t_pre), suffix
+
+
+def _strided_blocks(
+    columns: RunColumns, start: int, end: int, seq0: int, s_code: str, layout: tuple[bytes, int, int, bytes]
+) -> Iterator[bytearray]:
+    """The frames ``start..end`` of rows read as columns with small payloads (``layout``: see
+    :func:`_layout`), :data:`_BLOCK` at a time: the frame's bytes repeated, with its seqs, times and payloads
+    written in a byte-column at a time."""
     head, at_seq, at_time, suffix = layout
     size = columns.size
     s_width = struct.calcsize(s_code)
@@ -317,27 +337,54 @@ def _strided_batches(
     at_pay = len(head)
     block = unit * _BLOCK
     stamps, payloads = columns.stamps, columns.payloads
+    for lo in range(start, end, _BLOCK):
+        hi = min(end, lo + _BLOCK)
+        buf = bytearray(block if hi - lo == _BLOCK else unit * (hi - lo))
+        seqs = struct.pack(f">{hi - lo}{s_code}", *range(seq0 + lo, seq0 + hi))
+        for j in range(s_width):
+            buf[at_seq + j :: frame] = seqs[j::s_width]
+        t = stamps[lo * 8 : hi * 8]  # the times' uint 64 bytes as they are
+        for j in range(8):
+            buf[at_time + j :: frame] = t[j::8]
+        p = payloads[lo * size : hi * size]
+        for j in range(size):
+            buf[at_pay + j :: frame] = p[j::size]
+        yield buf
+
+
+def _strided_batches(
+    columns: RunColumns, ends: list[int], seq0: int, s_code: str, layout: tuple[bytes, int, int, bytes]
+) -> list[bytes]:
+    """:func:`uniform_batches` of rows read as columns with small payloads: each batch its header and the
+    blocks of its frames (:func:`_strided_blocks`) joined."""
     out: list[bytes] = []
     start = 0
     for end in ends:
         n = end - start
-        parts: list[bytes | bytearray] = [b"" if n == 1 else _BATCH_OPEN + mp_array_header(n)]
-        for lo in range(start, end, _BLOCK):
-            hi = min(end, lo + _BLOCK)
-            buf = bytearray(block if hi - lo == _BLOCK else unit * (hi - lo))
-            seqs = struct.pack(f">{hi - lo}{s_code}", *range(seq0 + lo, seq0 + hi))
-            for j in range(s_width):
-                buf[at_seq + j :: frame] = seqs[j::s_width]
-            t = stamps[lo * 8 : hi * 8]  # the times' uint 64 bytes as they are
-            for j in range(8):
-                buf[at_time + j :: frame] = t[j::8]
-            p = payloads[lo * size : hi * size]
-            for j in range(size):
-                buf[at_pay + j :: frame] = p[j::size]
-            parts.append(buf)
-        out.append(b"".join(parts))
+        lead = b"" if n == 1 else _BATCH_OPEN + mp_array_header(n)
+        out.append(b"".join((lead, *_strided_blocks(columns, start, end, seq0, s_code, layout))))
         start = end
     return out
+
+
+def _column_frames(
+    proto: Event, columns: RunColumns, subs: Sequence[str], replay: bool
+) -> list[bytes] | None:
+    """The msgpack event frames of rows read as columns (a connection without batch frames, WebSocket's one
+    message per frame): cut from the blocks :func:`_strided_batches` writes, without packing each event's
+    seq, time and payload apart. ``None`` when the run does not allow it (as :func:`uniform_batches`)."""
+    k = len(columns)
+    seq0 = proto.seq
+    s_form = mp_uint_form(seq0)
+    size = columns.size
+    if not k or not columns.wide or size > STRIDED_PAYLOAD_MAX or s_form != mp_uint_form(seq0 + k - 1):
+        return None
+    layout = _layout(proto, subs, replay, s_form, _WIDE_FORM, size)
+    frame = len(layout[0]) + size + len(layout[3])
+    data = b"".join(_strided_blocks(columns, 0, k, seq0, s_form[1], layout))
+    return list(
+        map(data.__getitem__, map(slice, range(0, len(data), frame), range(frame, len(data) + 1, frame)))
+    )
 
 
 def _ends(frame: int, k: int, limit: int) -> list[int]:
