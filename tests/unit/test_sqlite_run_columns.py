@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hubbub.dialects.native_columns import run_batches, run_frames
 from hubbub.dialects.native_common import event_frames, pack_batches
 from hubbub.events import Publisher
-from hubbub.log import AppendRequest, SqliteLogStore
+from hubbub.log import AppendRequest, AppendRun, SqliteLogStore
 from hubbub.log.base import EventRun
 from hubbub.log.sqlite._columns import ColumnReads
 from hubbub.run_columns import STAMP, RunColumns
@@ -40,17 +40,24 @@ def _req(payload: bytes, shape: int, channel: str) -> AppendRequest:
 
 
 @st.composite
-def logs(draw: st.DrawFn) -> list[AppendRequest]:
+def logs(draw: st.DrawFn) -> list[AppendRequest | AppendRun]:
     """Stretches of events, mostly of one payload size and one shape (the column path's pages), payloads of
     any bytes; and inside them what a page must not take as its run: one event of another shape, two
     events whose sizes differ from the stretch's but add up to twice it, one of any size; now and then
-    another channel's event between."""
-    out: list[AppendRequest] = []
+    another channel's event between; and stretches appended as one publisher's run (``AppendRun``)."""
+    out: list[AppendRequest | AppendRun] = []
     size = draw(st.sampled_from([0, 1, 16, 33, 257, 2049]))
     for _ in range(draw(st.integers(1, 4))):
         if draw(st.integers(0, 3)) == 0:
             size = draw(st.sampled_from([0, 1, 16, 33, 257, 2049]))
         shape = draw(st.sampled_from([0, 0, 0, 1, 2, 3, 4, 5]))
+        if shape < 4 and draw(st.integers(0, 3)) == 0:
+            # One connection's burst, appended as one run (no headers or tags: the shapes before 4).
+            dialect, user, app, msg_id, ctype, _, _ = _SHAPES[shape]
+            sizes = draw(st.lists(st.sampled_from([size, size, size, size + 1]), min_size=1, max_size=40))
+            payloads = [draw(st.binary(min_size=k, max_size=k)) for k in sizes]
+            out.append(AppendRun("/r", Publisher(dialect, user, app, msg_id), ctype, payloads))
+            continue
         i, n = 0, draw(st.integers(1, 40))
         while i < n:
             odd = draw(st.sampled_from(["shape", "pair", "any", *["same"] * 9]))
@@ -119,7 +126,7 @@ def _same_runs(got: list[EventRun], want: list[EventRun]) -> None:
 )
 def test_column_pages_are_the_row_by_row_pages(
     tmp_path_factory: pytest.TempPathFactory,
-    events: list[AppendRequest],
+    events: list[AppendRequest | AppendRun],
     limit: int,
     max_bytes: int | None,
     small_times: bool,
