@@ -100,8 +100,11 @@ def _msgpack_heads(
     ``lead``, and the payloads' sizes. Packed by one precompiled :class:`struct.Struct` per stretch of seqs
     whose integer form is the same: one call per event. ``None`` when the times or payload sizes of the run do
     not share one form each (then the caller encodes the frames one by one)."""
-    times = list(map(_first, rows))
-    sizes = list(map(len, map(_second, rows)))
+    if type(rows) is RunColumns:  # its columns as they are, not a pass over its rows for each
+        times, sizes = rows.times(), [rows.size] * len(rows)
+    else:
+        times = list(map(_first, rows))
+        sizes = list(map(len, map(_second, rows)))
     t_lo, t_hi = min(times), max(times)
     n_lo, n_hi = min(sizes), max(sizes)
     if t_lo < 0 or mp_uint_form(t_lo) != mp_uint_form(t_hi) or mp_bin_form(n_lo) != mp_bin_form(n_hi):
@@ -158,7 +161,7 @@ def event_batches(
     if got is None:
         return pack_batches(encoding, event_frames(encoding, proto, rows, subs, replay), limit)
     heads, sizes = got
-    payloads = list(map(_second, rows))
+    payloads = rows.payload_list() if type(rows) is RunColumns else list(map(_second, rows))
     k = len(rows)
     cut = len(suffix)
     # Each event's frame is its head without the lead, its payload and the suffix: the lead's bytes count.
