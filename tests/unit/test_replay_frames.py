@@ -297,6 +297,15 @@ def test_a_page_read_as_columns_is_written_in_blocks(size: int) -> None:
     assert run_frames("msgpack", proto, cols, ("s",), True) == frames
 
 
+def test_plain_text_rows_read_as_columns_take_the_json_column_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [((1 << 60) + i, b"t %04d" % i) for i in range(300)]
+    proto = Event("/r", 7, "abcd1234", rows[0][0], Publisher("native"), rows[0][1], "text/plain")
+    cols = RunColumns(b"".join(STAMP.pack(t) for t, _ in rows), b"".join(p for _, p in rows), 6, wide=True)
+    want = event_frames("json", proto, rows, ("s",), True)
+    monkeypatch.setattr(native_columns, "event_frames", None)  # the fallback is never called
+    assert run_frames("json", proto, cols, ("s",), True) == want
+
+
 def test_a_page_of_small_events_takes_the_column_path() -> None:
     proto = Event("/r", 1000, "abcd1234", 1 << 60, Publisher("native"), b"x" * 16, "text/plain")
     rows = [((1 << 60) + 1000 * i, bytes([i % 256]) * 16) for i in range(2048)]

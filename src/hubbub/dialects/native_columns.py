@@ -204,9 +204,14 @@ def run_frames(
         if got is not None:
             return got
     if encoding == "json" and rows and not is_json_type(proto.content_type):
-        payloads = b"".join(map(_second, rows))
+        columns = rows if type(rows) is RunColumns else None
+        payloads = columns.payloads if columns is not None else b"".join(map(_second, rows))
         if payloads.isascii() and len(payloads.translate(None, _JSON_ESCAPED)) == len(payloads):
             fmt = json_run_format(proto, subs, replay, b'"text":"%b"')
+            if columns is not None:  # its columns as they are, not a pair per row
+                seq0 = proto.seq
+                seqs = range(seq0, seq0 + len(columns))
+                return list(map(fmt.__mod__, zip(seqs, columns.times(), columns.payload_list(), strict=True)))
             return [fmt % (seq, t, p) for seq, (t, p) in enumerate(rows, proto.seq)]
     return event_frames(encoding, proto, rows, subs, replay)
 
