@@ -46,6 +46,7 @@ __all__ = [
     "publish_streams",
     "raw_bytes",
     "reference_items",
+    "shaped_streams",
     "stream_inputs",
 ]
 
@@ -395,6 +396,98 @@ def publish_streams(draw: st.DrawFn) -> tuple[list[bytes], int]:
     return chunks, max_frame
 
 
+def _mp_str(text: bytes, wide: bool) -> bytes:
+    """A msgpack str of ``text`` (any bytes: invalid UTF-8 too), as fixstr or (``wide``) str8."""
+    if wide or len(text) > 31:
+        return b"\xd9" + bytes([len(text)]) + text
+    return bytes([0xA0 | len(text)]) + text
+
+
+def _mp_uint(value: int, width: int) -> bytes:
+    """A msgpack unsigned integer of ``width`` bytes after its type byte (0: a positive fixint, when it fits),
+    as any encoder may send it (msgpack allows the wider forms of a small value)."""
+    if width == 0 and value < 0x80:
+        return bytes([value])
+    width = width or 1
+    code = {1: 0xCC, 2: 0xCD, 4: 0xCE, 8: 0xCF}[width]
+    return bytes([code]) + (value % (1 << (8 * width))).to_bytes(width, "big")
+
+
+@st.composite
+def shaped_streams(draw: st.DrawFn) -> tuple[list[bytes], int]:
+    """A msgpack stream of many publishes of one byte layout (one key order, id width, channel length and
+    payload length: what the stream decoder learns and then reads a burst at a time), with frames that
+    break the layout in every way among them: another width or length, ``ack`` flipped, ids at and past
+    MAX_ID, a channel of the same length that is not valid UTF-8 or not canonical, a duplicate key, a byte of
+    a frame changed, other commands, a frame cut short; split into arbitrary chunks."""
+    max_frame = draw(st.sampled_from([64, SMALL_FRAME, 1 << 20]))
+    keys = draw(st.permutations(["op", "id", "channel", "payload", "ack"]))
+    with_ack = draw(st.booleans())
+    width = draw(st.sampled_from([0, 1, 2, 4, 8]))
+    channels = [b"/a/b", b"/a/c", b"/xyz", b"/a//", b"/\xff\xfe\xfd", b"/%41b"]
+    size = draw(st.sampled_from([0, 1, 16, 40]))
+
+    def frame(
+        rid: int, channel: bytes, payload: bytes, ack: bool, wid: int, wide_str: bool, order: list[str]
+    ) -> bytes:
+        fields = {
+            "op": _mp_str(b"op", False) + _mp_str(b"publish", False),
+            "id": _mp_str(b"id", False) + _mp_uint(rid, wid),
+            "channel": _mp_str(b"channel", False) + _mp_str(channel, wide_str),
+            "payload": _mp_str(b"payload", False) + b"\xc4" + bytes([len(payload)]) + payload,
+            "ack": _mp_str(b"ack", False) + (b"\xc3" if ack else b"\xc2"),
+        }
+        pairs = [fields[k] for k in order if k != "ack" or with_ack]
+        body = bytes([0x80 | len(pairs)]) + b"".join(pairs)
+        return len(body).to_bytes(4, "big") + body
+
+    ids = st.integers(0, 0x7F) if width == 0 else st.integers(0, (1 << (8 * width)) - 1)
+    near_max = st.sampled_from([2**31 - 1, 2**31, 2**32 - 1, 2**63])
+    ack0 = draw(st.booleans())
+    frames: list[bytes] = []
+    for _ in range(draw(st.integers(0, 700))):
+        kind = draw(st.integers(0, 40))
+        rid = draw(ids)
+        channel = channels[0] if kind < 25 else draw(st.sampled_from(channels))
+        payload = draw(st.binary(min_size=size, max_size=size))
+        if kind <= 30:
+            frames.append(frame(rid, channel, payload, ack0, width, False, keys))
+        elif kind == 31:
+            frames.append(frame(rid, channel, payload, not ack0, width, False, keys))
+        elif kind == 32:
+            frames.append(
+                frame(draw(near_max), channel, payload, ack0, draw(st.sampled_from([4, 8])), False, keys)
+            )
+        elif kind == 33:
+            frames.append(frame(rid, channel, draw(st.binary(max_size=size + 2)), ack0, width, False, keys))
+        elif kind == 34:
+            frames.append(
+                frame(rid, channel, payload, ack0, draw(st.sampled_from([0, 1, 2, 4, 8])), True, keys)
+            )
+        elif kind == 35:  # a key twice, the map's count kept: the frame's length may equal the layout's
+            dup = draw(st.sampled_from(keys))
+            order = [dup if k == draw(st.sampled_from(keys)) else k for k in keys]
+            frames.append(frame(rid, channel, payload, ack0, width, False, order))
+        elif kind == 36:  # one byte of a frame of the layout changed
+            raw = bytearray(frame(rid, channel, payload, ack0, width, False, keys))
+            at = draw(st.integers(4, len(raw) - 1))
+            raw[at] = draw(st.integers(0, 255))
+            frames.append(bytes(raw))
+        elif kind == 37:
+            body = _dump_msgpack(draw(objects), True) or b"\x80"
+            frames.append(len(body).to_bytes(4, "big") + body)
+        elif kind == 38:
+            frames.append(frame(rid, channel, payload, ack0, width, False, draw(st.permutations(keys))))
+        else:
+            frames.append(frame(rid, channel, payload, ack0, width, False, keys))
+    data = b"".join(frames)
+    if draw(st.integers(0, 9)) == 0 and data:
+        data = data[: draw(st.integers(0, len(data)))]
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=6)))
+    chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    return chunks, max_frame
+
+
 # -- the fuzz loop ----------------------------------------------------------------------------------------
 
 
@@ -433,7 +526,7 @@ def _targets(max_examples: int) -> list[Callable[[], None]]:
         check_stream(*inp)
 
     @cfg
-    @given(stream_inputs() | publish_streams())
+    @given(stream_inputs() | publish_streams() | shaped_streams())
     def fuzz_stream_runs(inp: tuple[list[bytes], int]) -> None:
         check_stream_runs(*inp)
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import msgpack
 from hypothesis import HealthCheck, given, settings
 
 from hubbub.dialects import native as nc
@@ -93,3 +94,51 @@ def test_stream_chunking_does_not_matter(inp: tuple[list[bytes], int]) -> None:
 def test_stream_runs_match_the_message_codec(inp: tuple[list[bytes], int]) -> None:
     """The fast path of a TCP read (runs of common publishes) decodes exactly as the general path does."""
     fz.check_stream_runs(*inp)
+
+
+@CFG
+@given(fz.shaped_streams())
+def test_shaped_streams_read_as_each_frame_alone(inp: tuple[list[bytes], int]) -> None:
+    """The learned byte layout of a client's publishes (native_shapes) reads a burst exactly as msgpack's
+    decode of each frame alone does, whatever breaks the layout among them."""
+    fz.check_stream_runs(*inp)
+
+
+def _shaped(n: int, odd: dict[int, bytes]) -> bytes:
+    frames = []
+    for i in range(n):
+        body = odd.get(i) or msgpack.packb(
+            {"op": "publish", "id": 120 + i, "channel": "/a/b", "payload": bytes([i % 256]) * 3, "ack": True}
+        )
+        frames.append(len(body).to_bytes(4, "big") + body)
+    return b"".join(frames)
+
+
+def test_shaped_stream_split_at_every_point() -> None:
+    """A stream whose layout changes (ids past one byte, a ping, a channel and a payload length of their
+    own, a bad frame's error) read in two pieces cut at every byte gives what each frame alone gives."""
+    odd = {
+        20: msgpack.packb({"op": "ping", "id": 7}),
+        25: msgpack.packb({"op": "publish", "id": 1, "channel": "/a/c", "payload": b"xyz", "ack": True}),
+        26: msgpack.packb({"op": "publish", "id": 2, "channel": "/a/\xe9", "payload": b"xyz", "ack": True}),
+        30: msgpack.packb({"op": "publish", "id": 3, "channel": "/a/b", "payload": b"xy", "ack": True}),
+        31: msgpack.packb({"op": "publish", "id": -3, "channel": "/a/b", "payload": b"xyz", "ack": True}),
+    }
+    data = _shaped(40, odd)
+    expected = [fz._norm(x) for x in fz.reference_items(data, 1 << 20)]
+    assert sum(1 for x in expected if isinstance(x, tuple)) == 1  # the id -3's error
+    for cut in range(len(data) + 1):
+        fz.check_stream_runs([data[:cut], data[cut:]], 1 << 20)
+
+
+def test_shaped_bursts_take_the_layout() -> None:
+    """A burst of one layout is read with it (not frame by frame), into runs of at most RUN_MAX."""
+    dec = nc.NativeStreamDecoder(1 << 20)
+    data = _shaped(600, {})
+    items = dec.feed_runs(data[:100]) + dec.feed_runs(data[100:])
+    # The first publish to a channel the codec has not read yet takes the general path (it canonicalizes it).
+    assert isinstance(items[0], nc.Publish)
+    assert [len(r) for r in items[1:] if isinstance(r, nc.PublishRun)] == [256, 256, 87]
+    assert dec._hits >= 590
+    got = [items[0], *(p for r in items[1:] if isinstance(r, nc.PublishRun) for p in r.commands())]
+    assert got == fz.reference_items(data, 1 << 20)

@@ -29,6 +29,7 @@ from hubbub.errors import BadFrame, FrameTooLarge, HubbubError
 from .native_codec import NativeCodec, exact_json
 from .native_commands import MAX_ID, Command, Publish, json_payload
 from .native_common import DEFAULT_CONTENT_TYPE, DEFAULT_MAX_FRAME, Encoding, Limits
+from .native_shapes import MsgpackShape, learn_msgpack
 
 __all__ = [
     "MAX_STREAM_FRAME",
@@ -67,6 +68,10 @@ _UNREAD: Final = object()
 #: scenarios unchanged (a read of them holds fewer publishes than a run). Reads cut at 32 KiB instead cost
 #: 1 KiB events a commit per 30 of them (1to1 and persist at 0.65-0.75 of uncut, fanout at 0.6).
 RUN_MAX: Final = 256
+#: Layouts a msgpack stream may compile before it has read 4,096 frames with them (see _learn_shape).
+_COMPILES: Final = 4
+#: Most raw channel texts a msgpack stream keeps for its layouts (cleared when full).
+_RAW_CHANNELS: Final = 1024
 
 
 class PublishRun:
@@ -145,9 +150,15 @@ class NativeStreamDecoder:
         "_buf",
         "_codec",
         "_codecs",
+        "_compiles",
+        "_hits",
+        "_learn_in",
         "_limits",
+        "_misses",
+        "_raw_channels",
         "_run",
         "_scanned",
+        "_shape",
         "encoding",
         "error",
         "failed",
@@ -175,6 +186,15 @@ class NativeStreamDecoder:
         self._scanned = 0  # JSON lines: bytes of _buf already known to hold no newline
         #: The run the current read's common publishes join (the last item of that read's output).
         self._run: PublishRun | None = None
+        # msgpack: the learned layout of the client's common publishes (native_shapes), the raw bytes of
+        # channels read with it, frames read with shapes, expressions compiled, bursts missed in a row, and
+        # common frames to decode before the next attempt to learn.
+        self._shape: MsgpackShape | None = None
+        self._raw_channels: dict[bytes, str] = {}
+        self._hits = 0
+        self._compiles = 0
+        self._misses = 0
+        self._learn_in = 0
         self.failed = False
         #: The fatal error, once ``failed``.
         self.error: HubbubError | None = None
@@ -229,11 +249,11 @@ class NativeStreamDecoder:
                     max_headers=lim.max_headers,
                     max_header_bytes=lim.max_header_bytes,
                 )
-        self._buf += data
         if self.encoding == "json":
+            self._buf += data
             self._lines(out)
         else:
-            self._frames(out)
+            self._frames(data, out)
         self._run = None
         return out
 
@@ -319,25 +339,72 @@ class NativeStreamDecoder:
             del buf[:pos]
         self._scanned = len(buf)
 
-    def _frames(self, out: list[RunItem]) -> None:
+    def _frames(self, data: bytes | bytearray | memoryview, out: list[RunItem]) -> None:
+        # The read is parsed from one bytes object (the held partial frame and the read joined, or the read
+        # itself): a payload is a slice of it, and what is left over is held again as a bytearray.
         buf = self._buf
-        end = len(buf)
+        if buf:
+            buf += data
+            view = bytes(buf)
+        else:
+            view = data if type(data) is bytes else bytes(data)
+        end = len(view)
         limit = min(self.max_frame, MAX_STREAM_FRAME - 1)
         channels = self.codec._channels
         unpackb = _unpackb
         run: PublishRun | None = None
         pos = 0
+        shape = self._shape
+        raw_channels = self._raw_channels
+        # Frames left to decode one at a time before the shape is tried again (after a burst it did not fit).
+        alone = 0
         while end - pos >= 4:
-            (n,) = _U32(buf, pos)
+            if shape is not None and alone <= 0:
+                # A burst of the learned layout, read at once up to the run's room (see native_shapes).
+                size = shape.size
+                k = (end - pos) // size
+                if k:
+                    room = (
+                        RUN_MAX if run is None or len(run.replies) >= RUN_MAX else RUN_MAX - len(run.replies)
+                    )
+                    k = min(k, room)
+                    got = None
+                    if shape.matches(view, pos):
+                        # The longest burst is found by halving: a miss costs a scan of the frames tried.
+                        got = shape.take(view, pos, k, raw_channels)
+                        while got is None and k > 1:
+                            k = (k + 1) // 2
+                            got = shape.take(view, pos, k, raw_channels)
+                    if got is not None:
+                        self._misses = 0
+                        self._hits += k
+                        if run is None or len(run.replies) >= RUN_MAX:
+                            run = PublishRun()
+                            out.append(run)
+                        replies, chans, payloads = got
+                        run.replies += replies
+                        run.channels += chans
+                        run.payloads += payloads
+                        run.content_types += [DEFAULT_CONTENT_TYPE] * k
+                        pos += k * size
+                        continue
+                    # This frame is not of the shape: decode frames alone a while (longer after each miss in a
+                    # row) before the shape is tried again, and learn from the next common publish.
+                    alone = 1 << self._misses
+                    self._misses = min(self._misses + 1, 8)
+                    self._learn_in = 0
+            alone -= 1
+            (n,) = _U32(view, pos)
             if n > limit:
                 self._fail(FrameTooLarge(f"frame over {limit} bytes"), out)
                 return
             start = pos + 4
             if end - start < n:
                 break
+            frame_at = pos
             pos = start + n
             try:
-                obj = unpackb(buf[start:pos], raw=False, strict_map_key=False)
+                obj = unpackb(view[start:pos], raw=False, strict_map_key=False)
             except Exception:
                 # unpackb is pure C: any failure (bad format, extra data, bad UTF-8, unhashable key, nesting
                 # depth) means the bytes are not one msgpack value.
@@ -360,6 +427,10 @@ class NativeStreamDecoder:
                 ):
                     channel = channels.get(raw_channel)
                     if channel is not None:
+                        self._learn_in -= 1
+                        if self._learn_in <= 0 and self._learn_shape(view, frame_at, pos, channel):
+                            shape = self._shape
+                            alone = 0  # a new shape is tried at once
                         if run is None or len(run.replies) >= RUN_MAX:
                             run = PublishRun()
                             out.append(run)
@@ -371,8 +442,30 @@ class NativeStreamDecoder:
             run = None
             if not self._object(obj, out):
                 return
-        if pos:
-            del buf[:pos]
+        if pos >= end:
+            if buf:
+                self._buf = bytearray()
+        else:
+            self._buf = bytearray(memoryview(view)[pos:])
+
+    def _learn_shape(self, view: bytes, at: int, end: int, channel: str) -> bool:
+        """Learn the layout of the common publish frame ``view[at:end]`` (``channel``: its canonical channel)
+        and keep it (see :mod:`.native_shapes`); whether the decoder's shape changed."""
+        # The next attempt: after the shape misses a frame, or after a run's worth of frames decoded alone.
+        self._learn_in = RUN_MAX
+        # A new expression costs some 200 µs: a few for a start, then one per 4,096 frames read with shapes.
+        learned = learn_msgpack(view, at, end, self._compiles < _COMPILES + self._hits // 4096)
+        if learned is None:
+            return False
+        shape, raw = learned
+        if len(self._raw_channels) >= _RAW_CHANNELS:
+            self._raw_channels.clear()
+        self._raw_channels[raw] = channel
+        if shape is None or (self._shape is not None and shape.source == self._shape.source):
+            return False
+        self._compiles += shape.fresh
+        self._shape = shape
+        return True
 
 
 # -- WebSocket messages -----------------------------------------------------------------------------------

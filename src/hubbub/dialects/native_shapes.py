@@ -1,0 +1,217 @@
+"""The byte layout of one client's common msgpack publishes, learned once and then matched a burst at a time.
+
+A pipelining client sends its publishes as the same bytes each time but for the request id, the payload
+and maybe the channel: one encoder, one key order, one id width, one payload size. :func:`learn_msgpack`
+reads such a frame's layout (a :class:`MsgpackShape`: the frame's bytes as a fixed-length regular
+expression, literal but for the id, the channel and the payload), and :meth:`MsgpackShape.take` reads
+``k`` consecutive frames of it (length prefix included) with one ``findall``: no msgpack decode, no map
+and no key strings per frame. The stream decoder (:mod:`.native_stream`) uses it for a read's publishes
+and decodes every other frame as before.
+
+Why the reading is exact: every piece of the expression has a fixed length, so ``k`` matches in a region of
+``k`` frames' length tile it, frame by frame, as the length-prefixed framing reads it. A frame that matches
+has the learned frame's bytes everywhere but in three values: the id is an unsigned integer of the learned
+width (any bytes are one; :data:`~.native_commands.MAX_ID` is checked), the payload a ``bin`` of the learned
+length (any bytes are one), the channel a ``str`` of the learned length whose bytes must be one the decoder
+has already read as a valid channel (``channels``, bytes to canonical); so ``msgpack.unpackb`` and the
+common-shape checks would read that frame as the same publish. Only a frame whose every key is a distinct
+one of ``op``, ``id``, ``channel``, ``payload`` and ``ack``, each value of the type the common shape takes,
+is learned; anything else (another encoding of a value, a duplicate key) gives no shape.
+
+Concurrency contract: a shape is immutable once built and may be shared; the compiled expressions are kept
+in a bounded module cache (the event loop thread only, as every decoder).
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import repeat
+from typing import Final
+
+from .native_commands import MAX_ID
+
+__all__ = ["MsgpackShape", "learn_msgpack"]
+
+_from_bytes = int.from_bytes
+
+#: Compiled expressions by source: compiling one costs some 200 µs, and clients of one kind share a layout.
+_COMPILED: dict[bytes, re.Pattern[bytes]] = {}
+_COMPILED_MAX: Final = 64
+
+#: msgpack's unsigned integer formats by type byte: the width of the value after it.
+_UINT_WIDTH: Final = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+#: msgpack's bin formats by type byte: the width of the length after it.
+_BIN_WIDTH: Final = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+_PUBLISH: Final = b"\xa7publish"
+
+
+class MsgpackShape:
+    """One learned layout of a common publish frame (see the module docstring)."""
+
+    __slots__ = (
+        "_findall",
+        "_match",
+        "ack",
+        "channel_group",
+        "fresh",
+        "id_group",
+        "payload_group",
+        "size",
+        "source",
+        "wide",
+    )
+
+    def __init__(
+        self,
+        source: bytes,
+        pattern: re.Pattern[bytes],
+        size: int,
+        ack: bool,
+        groups: tuple[int, int, int],
+        wide: bool,
+    ) -> None:
+        #: The expression's source: two shapes of one source are one layout.
+        self.source = source
+        #: Its expression was compiled for it (not found in the module's cache).
+        self.fresh = False
+        self._findall = pattern.findall
+        self._match = pattern.match
+        #: Bytes of one frame, its 4-byte length prefix included.
+        self.size = size
+        self.ack = ack
+        self.id_group, self.channel_group, self.payload_group = groups
+        #: The id is 4 or 8 bytes wide: it may be MAX_ID or more.
+        self.wide = wide
+
+    def matches(self, data: bytes, pos: int) -> bool:
+        """Whether the frame at ``pos`` (its length prefix) has this layout."""
+        return self._match(data, pos, pos + self.size) is not None
+
+    def take(
+        self, data: bytes, pos: int, k: int, channels: dict[bytes, str]
+    ) -> tuple[list[tuple[int, bool]], list[str], tuple[bytes, ...]] | None:
+        """The replies (``(id, ack)``), canonical channels and payloads of the ``k`` frames from ``pos``
+        (which ``data`` holds whole), or None unless every one of them has this layout, an id below
+        :data:`MAX_ID` and a channel in ``channels`` (raw bytes to canonical)."""
+        found = self._findall(data, pos, pos + k * self.size)
+        if len(found) != k:
+            return None
+        cols = list(zip(*found, strict=True))
+        ids = cols[self.id_group]
+        raw_channels = cols[self.channel_group]
+        rids = list(map(_from_bytes, ids))
+        if self.wide and max(rids) >= MAX_ID:
+            return None
+        first = raw_channels[0]
+        if raw_channels.count(first) == k:
+            channel = channels.get(first)
+            if channel is None:
+                return None
+            chans = [channel] * k
+        else:
+            chans = list(map(channels.get, raw_channels))  # type: ignore[arg-type]
+            if None in chans:
+                return None
+        return list(zip(rids, repeat(self.ack))), chans, cols[self.payload_group]
+
+    def __repr__(self) -> str:
+        return f"MsgpackShape(size={self.size}, ack={self.ack})"
+
+
+def learn_msgpack(
+    frame: bytes, pos: int, end: int, may_compile: bool
+) -> tuple[MsgpackShape | None, bytes] | None:
+    """The layout of the msgpack frame ``frame[pos:end]`` (its length prefix from ``pos``), which the
+    caller has decoded as a publish of the common shape, and the raw bytes of its channel; None for a frame
+    this module does not take (see the module docstring). The shape is None when its expression is not
+    compiled yet and ``may_compile`` is false (a compile costs as much as a few hundred frames' decode)."""
+    body = frame[pos + 4 : end]
+    if not body or body[0] not in (0x84, 0x85):
+        return None
+    pairs = body[0] & 0x0F
+    parts = [re.escape(frame[pos : pos + 5])]
+    groups: dict[bytes, int] = {}
+    seen: set[bytes] = set()
+    ack: bool | None = None
+    wide = False
+    channel = b""
+    i = 1
+    n = len(body)
+    for _ in range(pairs):
+        if i >= n or not 0xA0 <= body[i] <= 0xBF:
+            return None
+        klen = body[i] & 0x1F
+        key = body[i + 1 : i + 1 + klen]
+        if key in seen:
+            return None
+        seen.add(key)
+        parts.append(re.escape(body[i : i + 1 + klen]))
+        i += 1 + klen
+        if i >= n:
+            return None
+        t = body[i]
+        if key == b"op":
+            if body[i : i + 8] != _PUBLISH:
+                return None
+            parts.append(re.escape(_PUBLISH))
+            i += 8
+        elif key == b"id":
+            if t < 0x80:
+                parts.append(b"([\\x00-\\x7f])")
+                i += 1
+            elif t in _UINT_WIDTH:
+                w = _UINT_WIDTH[t]
+                parts.append(re.escape(bytes([t])) + b"(.{%d})" % w)
+                wide = w >= 4
+                i += 1 + w
+            else:
+                return None
+            groups[key] = len(groups)
+        elif key == b"channel":
+            if 0xA0 <= t <= 0xBF:
+                head, length = 1, t & 0x1F
+            elif t == 0xD9 and i + 1 < n:
+                head, length = 2, body[i + 1]
+            else:
+                return None
+            parts.append(re.escape(body[i : i + head]) + b"(.{%d})" % length)
+            channel = body[i + head : i + head + length]
+            groups[key] = len(groups)
+            i += head + length
+        elif key == b"payload":
+            lw = _BIN_WIDTH.get(t)
+            if lw is None or i + 1 + lw > n:
+                return None
+            length = _from_bytes(body[i + 1 : i + 1 + lw])
+            parts.append(re.escape(body[i : i + 1 + lw]) + b"(.{%d})" % length)
+            groups[key] = len(groups)
+            i += 1 + lw + length
+        elif key == b"ack":
+            if t not in (0xC2, 0xC3):
+                return None
+            ack = t == 0xC3
+            parts.append(re.escape(body[i : i + 1]))
+            i += 1
+        else:
+            return None
+    if i != n or seen != ({b"op", b"id", b"channel", b"payload"} | ({b"ack"} if ack is not None else set())):
+        return None
+    source = b"".join(parts)
+    pattern = _COMPILED.get(source)
+    fresh = pattern is None
+    if pattern is None:
+        if not may_compile:
+            return None, channel
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        pattern = _COMPILED[source] = re.compile(source, re.DOTALL)
+    shape = MsgpackShape(
+        source,
+        pattern,
+        end - pos,
+        bool(ack),
+        (groups[b"id"], groups[b"channel"], groups[b"payload"]),
+        wide,
+    )
+    shape.fresh = fresh
+    return shape, channel
