@@ -3,6 +3,7 @@ runs, everything else as the codec decodes each message alone, in order, up to t
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -143,3 +144,93 @@ def test_a_msgpack_text_frame_is_refused_as_one_alone() -> None:
     codec = nc.NativeCodec("msgpack")
     items = nc.decode_messages(codec, ['{"op":"ping"}', msgpack.packb({"op": "ping"})])
     assert expand(items) == [("BadFrame", 4000, None)]
+
+
+# -- learned JSON layouts ---------------------------------------------------------------------------------
+
+#: Values of a JSON publish's fields as raw JSON text: the first of each is the usual one, the others keep
+#: or break the layout (an id with a leading zero, a sign, a fraction, past MAX_ID; a channel or a text with
+#: an escape, a control character or a NUL, the messages' separator).
+_IDS = ["7", "0", "2147483647", "2147483648", "12345678901", "01", "-1", "3.0", "3e2", '"5"', "1000000000"]
+_CHANNELS = ['"/a"', '"/b/c"', '"/new"', '"bad channel"', '"/a\\u0041"', '"/\u00e9"', '"/a\\/"', "7"]
+_TEXTS = [
+    '"hello"',
+    '""',
+    '"\u00e9\u2603 x"',
+    '"a\\"b"',
+    '"a\\\\b"',
+    '"a\\u0000b"',
+    '"a\x00b"',
+    '"a\x01b"',
+    '"\\ud800"',
+    '"a\\nb"',
+    "null",
+    '"\x7f"',
+]
+_ACKS = ["true", "false", '"yes"', "null", "1"]
+
+
+@st.composite
+def json_layout_messages(draw: st.DrawFn) -> list[str]:
+    """Messages of one JSON publish layout (one key order and spacing), with fields that keep or break it."""
+    keys = draw(st.permutations(["op", "id", "channel", "text", "ack"]))
+    if draw(st.booleans()):
+        keys = [k for k in keys if k != "ack"]
+    space = draw(st.sampled_from(["", " ", "\n", " \t"]))
+    out: list[str] = []
+    for _ in range(draw(st.integers(0, 60))):
+        # One field at a time of another form (so that the rest of the message keeps the layout).
+        odd = (
+            draw(st.sampled_from(["op", "id", "channel", "text", "ack", "key"]))
+            if draw(st.integers(0, 3)) == 0
+            else ""
+        )
+        values = {
+            "op": draw(st.sampled_from(['"ping"', '"publis"'])) if odd == "op" else '"publish"',
+            "id": draw(st.sampled_from(_IDS)) if odd == "id" else str(draw(st.integers(0, 99999))),
+            "channel": draw(st.sampled_from(_CHANNELS)) if odd == "channel" else '"/a"',
+            "text": draw(st.sampled_from(_TEXTS))
+            if odd == "text"
+            else json.dumps(draw(st.text(max_size=6)), ensure_ascii=False),
+            "ack": draw(st.sampled_from(_ACKS)) if odd == "ack" else "true",
+        }
+        order = list(keys)
+        if odd == "key":
+            order.append(draw(st.sampled_from(["id", "text", "tags", "json"])))  # a duplicate or another key
+            values.setdefault("tags", '["t"]')
+            values.setdefault("json", "1")
+        body = ("," + space).join(f'"{k}"{space}:{space}{values[k]}' for k in order)
+        out.append(space + "{" + body + "}" + space)
+    return out
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(json_layout_messages(), st.lists(st.integers(0, 60), max_size=5))
+def test_bursts_read_with_a_learned_layout_decode_as_their_messages_one_by_one(
+    messages: list[str], cuts: list[int]
+) -> None:
+    """A connection's learned JSON layout (JsonLayouts, kept across its bursts) reads exactly what orjson
+    and the codec read of each message alone."""
+    codec, ref = nc.NativeCodec("json"), nc.NativeCodec("json")
+    for c in (codec, ref):
+        c.decode('{"op":"publish","id":0,"channel":"/a","text":""}')
+    layouts = nc.JsonLayouts()
+    bounds = sorted({min(c, len(messages)) for c in cuts} | {0, len(messages)})
+    got: list[Any] = []
+    for a, b in itertools.pairwise(bounds):
+        items = nc.decode_messages(codec, list(messages[a:b]), layouts)
+        got += expand(items)
+        if items and isinstance(items[-1], HubbubError) and items[-1].fatal:
+            break
+    assert got == one_by_one(ref, list(messages))
+
+
+def test_a_learned_layout_reads_a_burst_at_once() -> None:
+    codec = nc.NativeCodec("json")
+    codec.decode('{"op":"publish","id":0,"channel":"/a","text":""}')
+    layouts = nc.JsonLayouts()
+    messages = [f'{{"op": "publish", "id": {i}, "channel": "/a", "text": "m{i}"}}' for i in range(600)]
+    items = nc.decode_messages(codec, messages, layouts)
+    assert [len(x) for x in items] == [256, 256, 88]  # type: ignore[arg-type]
+    assert layouts.hits == 599  # the first message was read alone, and taught the layout
+    assert expand(items) == one_by_one(nc.NativeCodec("json"), messages)  # type: ignore[arg-type]

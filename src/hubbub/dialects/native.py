@@ -59,6 +59,7 @@ from .native_http import (
 )
 from .native_pages import page_frames
 from .native_protocol import Admit, NativeProtocol, Phase
+from .native_shapes import JsonLayouts
 from .native_stream import (
     MAX_STREAM_FRAME,
     RUN_MAX,
@@ -89,6 +90,7 @@ __all__ = [
     "ConsumerTable",
     "Encoding",
     "Hello",
+    "JsonLayouts",
     "Limits",
     "Nack",
     "NativeCodec",

@@ -30,7 +30,7 @@ from typing import Final
 
 from .native_commands import MAX_ID
 
-__all__ = ["MsgpackShape", "learn_msgpack"]
+__all__ = ["JsonLayouts", "JsonShape", "MsgpackShape", "learn_json", "learn_msgpack"]
 
 _from_bytes = int.from_bytes
 
@@ -215,3 +215,209 @@ def learn_msgpack(
     )
     shape.fresh = fresh
     return shape, channel
+
+
+# -- JSON over WebSocket ----------------------------------------------------------------------------------
+
+#: What JSON lets a string hold unescaped: every character but ``"``, ``\`` and the controls below 0x20.
+_JSON_CHARS: Final = '([^"\\\\\\x00-\\x1f]*)'
+#: A JSON integer that an id may be (below MAX_ID, 2^31: at most ten digits, no sign, no leading zero).
+_JSON_ID: Final = "(0|[1-9][0-9]{0,9})"
+_JSON_SPACE: Final = " \t\n\r"
+#: Messages are joined with NUL for one findall: no match can hold one (JSON text has none unescaped).
+_SEP: Final = "\x00"
+_JSON_COMPILED: dict[str, re.Pattern[str]] = {}
+
+
+class JsonShape:
+    """One learned layout of a JSON ``text`` publish message (see :func:`learn_json`)."""
+
+    __slots__ = ("_findall", "ack", "channel_group", "fresh", "id_group", "source", "text_group")
+
+    def __init__(
+        self, source: str, pattern: re.Pattern[str], ack: bool, groups: tuple[int, int, int]
+    ) -> None:
+        self.source = source
+        self.fresh = False
+        self._findall = pattern.findall
+        self.ack = ack
+        self.id_group, self.channel_group, self.text_group = groups
+
+    def take(
+        self, messages: list[bytes | str], channels: dict[str, str], limit: int
+    ) -> tuple[list[tuple[int, bool]], list[str], list[bytes]] | None:
+        """The replies (``(id, ack)``), canonical channels and payloads of ``messages``, or None unless every
+        one is a text message (``str``) of this layout, of at most ``limit`` // 4 characters (certainly
+        within ``max_frame`` once encoded), on a channel in ``channels`` (raw text to canonical)."""
+        try:
+            joined = _SEP.join(messages)  # type: ignore[arg-type]  # a bytes among them: TypeError
+        except TypeError:
+            return None
+        k = len(messages)
+        if max(map(len, messages)) * 4 > limit:
+            return None
+        found = self._findall(_SEP + joined + _SEP)
+        if len(found) != k:
+            return None
+        cols = list(zip(*found, strict=True))
+        rids = list(map(int, cols[self.id_group]))
+        if max(rids) >= MAX_ID:
+            return None
+        raw_channels = cols[self.channel_group]
+        first = raw_channels[0]
+        if raw_channels.count(first) == k:
+            channel = channels.get(first)
+            if channel is None:
+                return None
+            chans = [channel] * k
+        else:
+            chans = list(map(channels.get, raw_channels))  # type: ignore[arg-type]
+            if None in chans:
+                return None
+        # One encode for every payload: a text holds no NUL (the layout's characters), so the split is exact.
+        try:
+            payloads = _SEP.join(cols[self.text_group]).encode("utf-8").split(b"\x00")
+        except UnicodeEncodeError:  # a lone surrogate (never in a str decoded from UTF-8): orjson refuses it
+            return None
+        return list(zip(rids, repeat(self.ack))), chans, payloads
+
+    def __repr__(self) -> str:
+        return f"JsonShape(ack={self.ack})"
+
+
+def _json_string(m: str, i: int) -> int:
+    """The end (after the closing quote) of the JSON string opening at ``m[i]``, or -1 unless it holds only
+    characters a layout takes unescaped."""
+    if i >= len(m) or m[i] != '"':
+        return -1
+    j = m.find('"', i + 1)
+    if j < 0:
+        return -1
+    inner = m[i + 1 : j]
+    if "\\" in inner or any(c < " " for c in inner):
+        return -1
+    return j + 1
+
+
+def _space(m: str, i: int) -> int:
+    while i < len(m) and m[i] in _JSON_SPACE:
+        i += 1
+    return i
+
+
+def learn_json(m: str, may_compile: bool) -> JsonShape | None:
+    """The layout of the JSON message ``m``, which the caller has read as a ``text`` publish of the common
+    shape: its exact text but for the id, the channel and the text, each of which the layout takes when it
+    is a JSON integer below MAX_ID, and a string with nothing escaped. None for a message it does not take
+    (a key escaped or repeated, a value of another form, another payload field), or when its expression is
+    not compiled yet and ``may_compile`` is false.
+
+    Why the reading is exact: a message of the layout is the learned one with other digits and other
+    unescaped characters in those three places, so orjson reads it as the same object with those values,
+    which the common-shape checks take as they took the learned one (the channel is checked against the
+    codec's known channels as before)."""
+    parts: list[str] = []
+    groups: dict[str, int] = {}
+    ack: bool | None = None
+    i = _space(m, 0)
+    if i >= len(m) or m[i] != "{":
+        return None
+    i += 1
+    mark = 0  # the literal text not yet in parts starts here
+    while True:
+        i = _space(m, i)
+        end = _json_string(m, i)
+        if end < 0:
+            return None
+        key = m[i + 1 : end - 1]
+        if key in groups:
+            return None
+        i = _space(m, end)
+        if i >= len(m) or m[i] != ":":
+            return None
+        i = _space(m, i + 1)
+        if key == "op":
+            if not m.startswith('"publish"', i):
+                return None
+            i += 9
+            groups[key] = -1
+        elif key == "ack":
+            if m.startswith("true", i):
+                ack, i = True, i + 4
+            elif m.startswith("false", i):
+                ack, i = False, i + 5
+            else:
+                return None
+            groups[key] = -1
+        elif key == "id":
+            j = i
+            while j < len(m) and m[j].isascii() and m[j].isdigit():
+                j += 1
+            if j == i or j - i > 10 or (m[i] == "0" and j - i > 1):
+                return None
+            parts += [re.escape(m[mark:i]), _JSON_ID]
+            groups[key] = len(parts) // 2 - 1
+            i = mark = j
+        elif key in ("channel", "text"):
+            end = _json_string(m, i)
+            if end < 0:
+                return None
+            parts += [re.escape(m[mark : i + 1]), _JSON_CHARS]
+            groups[key] = len(parts) // 2 - 1
+            mark, i = end - 1, end  # the closing quote is literal
+        else:
+            return None
+        i = _space(m, i)
+        if i >= len(m):
+            return None
+        if m[i] == "}":
+            break
+        if m[i] != ",":
+            return None
+        i += 1
+    if _space(m, i + 1) != len(m) or set(groups) != (
+        {"op", "id", "channel", "text"} | ({"ack"} if ack is not None else set())
+    ):
+        return None
+    source = _SEP + "".join(parts) + re.escape(m[mark:]) + "(?=" + _SEP + ")"
+    pattern = _JSON_COMPILED.get(source)
+    fresh = pattern is None
+    if pattern is None:
+        if not may_compile:
+            return None
+        if len(_JSON_COMPILED) >= _COMPILED_MAX:
+            _JSON_COMPILED.clear()
+        pattern = _JSON_COMPILED[source] = re.compile(source)
+    shape = JsonShape(source, pattern, bool(ack), (groups["id"], groups["channel"], groups["text"]))
+    shape.fresh = fresh
+    return shape
+
+
+class JsonLayouts:
+    """A WebSocket connection's learned JSON layout and what paces its learning (the stream decoder keeps
+    the same for msgpack): messages read with it, expressions compiled, bursts it missed in a row, and
+    common publishes to read before the next attempt to learn. Created at the connection's first burst."""
+
+    __slots__ = ("compiles", "hits", "learn_in", "misses", "shape")
+
+    def __init__(self) -> None:
+        self.shape: JsonShape | None = None
+        self.hits = 0
+        self.compiles = 0
+        self.misses = 0
+        self.learn_in = 0
+
+    def may_compile(self) -> bool:
+        """A new expression costs some 200 µs: a few for a start, then one per 4,096 messages read with
+        layouts."""
+        return self.compiles < 4 + self.hits // 4096
+
+    def learn(self, m: str) -> bool:
+        """Learn the layout of ``m`` (see :func:`learn_json`); whether the shape changed."""
+        self.learn_in = 256
+        shape = learn_json(m, self.may_compile())
+        if shape is None or (self.shape is not None and shape.source == self.shape.source):
+            return False
+        self.compiles += shape.fresh
+        self.shape = shape
+        return True

@@ -29,7 +29,7 @@ from hubbub.errors import BadFrame, FrameTooLarge, HubbubError
 from .native_codec import NativeCodec, exact_json
 from .native_commands import MAX_ID, Command, Publish, json_payload
 from .native_common import DEFAULT_CONTENT_TYPE, DEFAULT_MAX_FRAME, Encoding, Limits
-from .native_shapes import MsgpackShape, learn_msgpack
+from .native_shapes import JsonLayouts, MsgpackShape, learn_msgpack
 
 __all__ = [
     "MAX_STREAM_FRAME",
@@ -535,7 +535,9 @@ def _common_msgpack(obj: Any, channels: dict[str, str]) -> _Fields | None:
     return rid, ack, channel, payload, DEFAULT_CONTENT_TYPE
 
 
-def decode_messages(codec: NativeCodec, messages: Sequence[bytes | str]) -> list[RunItem]:
+def decode_messages(
+    codec: NativeCodec, messages: Sequence[bytes | str], layouts: JsonLayouts | None = None
+) -> list[RunItem]:
     """A burst of WebSocket messages (each one native frame, a text frame as ``str`` or ``bytes``, a binary
     one as ``bytes``) decoded as :meth:`NativeStreamDecoder.feed_runs` decodes a read's frames: consecutive
     publishes of the common shape in a :class:`PublishRun` (at most :data:`RUN_MAX` each), every other
@@ -543,16 +545,57 @@ def decode_messages(codec: NativeCodec, messages: Sequence[bytes | str]) -> list
     alone gives (the same publishes, only grouped). A fatal error ends the burst: the messages after it are
     not decoded (the connection closes).
 
-    Pure: the codec keeps no state of a connection (see :mod:`.native_codec`).
+    ``layouts``: the connection's learned JSON layout (:class:`~.native_shapes.JsonLayouts`), which reads a
+    burst of ``text`` publishes of one layout with one regular-expression ``findall``, and which this call
+    updates; without it every message is decoded alone.
+
+    The codec keeps no state of a connection (see :mod:`.native_codec`); ``layouts`` is the connection's.
     """
     out: list[RunItem] = []
     run: PublishRun | None = None
     channels = codec._channels
     is_json = codec.encoding == "json"
+    if not is_json:
+        layouts = None
+    shape = layouts.shape if layouts is not None else None
     # A message certainly within max_frame (a str of n characters is at most 4n bytes of UTF-8); others, and
     # every message not of the common shape, take the codec's general path with its checks and errors.
     limit = codec.max_frame
-    for m in messages:
+    n = len(messages)
+    i = 0
+    alone_until = 0  # messages before this index are decoded alone (after a burst the layout missed)
+    while i < n:
+        if shape is not None and i >= alone_until:
+            assert layouts is not None
+            k = min(
+                n - i, RUN_MAX if run is None or len(run.replies) >= RUN_MAX else RUN_MAX - len(run.replies)
+            )
+            burst = list(messages[i : i + k])
+            got = shape.take(burst, channels, limit)
+            if got is None and k > 1 and shape.take(burst[:1], channels, limit) is not None:
+                # The longest burst of the layout, by halving: a miss costs a scan of the messages tried.
+                while got is None and k > 1:
+                    k = (k + 1) // 2
+                    got = shape.take(burst[:k], channels, limit)
+            if got is not None:
+                layouts.misses = 0
+                layouts.hits += k
+                if run is None or len(run.replies) >= RUN_MAX:
+                    run = PublishRun()
+                    out.append(run)
+                replies, chans, payloads = got
+                run.replies += replies
+                run.channels += chans
+                run.payloads += payloads
+                run.content_types += [_TEXT_TYPE] * k
+                i += k
+                continue
+            # Decode messages alone a while (longer after each miss in a row), and learn from the next one.
+            alone_until = i + (1 << layouts.misses)
+            layouts.misses = min(layouts.misses + 1, 8)
+            layouts.learn_in = 0
+        m = messages[i]
+        i += 1
         fields: _Fields | None = None
         if is_json:
             if len(m) * (4 if type(m) is str else 1) <= limit:
@@ -569,6 +612,11 @@ def decode_messages(codec: NativeCodec, messages: Sequence[bytes | str]) -> list
                 obj = None
             fields = _common_msgpack(obj, channels)
         if fields is not None:
+            if layouts is not None and type(m) is str and fields[4] is _TEXT_TYPE:
+                layouts.learn_in -= 1
+                if layouts.learn_in <= 0 and layouts.learn(m):
+                    shape = layouts.shape
+                    alone_until = i  # a new layout is tried at once
             if run is None or len(run.replies) >= RUN_MAX:
                 run = PublishRun()
                 out.append(run)

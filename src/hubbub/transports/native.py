@@ -99,7 +99,7 @@ class NativeConnection(NativePublishing):
     the same encoding: neither keeps per-connection state.
     """
 
-    __slots__ = ("_consumers", "_pump", "codec", "peer", "ping_interval", "upgrade_token")
+    __slots__ = ("_consumers", "_layouts", "_pump", "codec", "peer", "ping_interval", "upgrade_token")
 
     #: What the drivers read of the dialect (the close mapping: native's peers see every reason as it is).
     spec: ClassVar[DialectSpec] = nc.SPEC
@@ -123,6 +123,8 @@ class NativeConnection(NativePublishing):
     ) -> None:
         self.node = node
         self.codec = codec
+        # A JSON WebSocket's learned publish layout (decode_messages), made at its first burst.
+        self._layouts: nc.JsonLayouts | None = None
         self.ping_interval = ping_interval
         self.session = Session(
             "native",
@@ -209,7 +211,10 @@ class NativeConnection(NativePublishing):
         driver's burst step): decoded at once (:func:`~hubbub.dialects.native.decode_messages`) and handed
         over as a TCP read's frames are (:func:`dispatch`): the common publishes in runs, one node call each,
         every other frame in its place, read-side back-pressure between them."""
-        await dispatch(self, nc.decode_messages(self.codec, frames))
+        layouts = self._layouts
+        if layouts is None and self.codec.encoding == "json":
+            layouts = self._layouts = nc.JsonLayouts()
+        await dispatch(self, nc.decode_messages(self.codec, frames, layouts))
 
     def receiver(self, conn: object = None) -> Callable[[bytes | str, bool], Awaitable[None] | None]:
         """The WebSocket driver's step: :meth:`frame` (native reads its frames itself, no ``conn``)."""
