@@ -208,3 +208,106 @@ def test_the_servers_compiled_unmasking_reads_the_same() -> None:
         if item[0] in (TEXT, BINARY):
             got += [(TEXT if isinstance(m, str) else BINARY, m) for m in parser.take(10)]
     assert got == EXPECTED
+
+
+#: Payload sizes at and around each header form's bounds.
+_SIZES = [0, 1, 125, 126, 127, 300, 65535, 65536]
+
+
+@given(st.lists(st.sampled_from(_SIZES), max_size=12), st.sampled_from([0x1, 0x2]), st.booleans())
+def test_a_burst_is_framed_as_each_frame_alone(sizes: list[int], opcode: int, uniform: bool) -> None:
+    """``ws_write.ws_frames`` gives the bytes of each frame framed alone, which a client's parser reads back
+    as the same messages."""
+    from hubbub.transports.ws_write import ws_frames
+
+    if uniform and sizes:
+        sizes = [sizes[0]] * len(sizes)
+    payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    burst = b"".join(ws_frames(payloads, opcode))
+    assert burst == b"".join(frame(p, opcode, masked=False) for p in payloads)
+    parser = FrameParser(1 << 20, server=False, decode_text=False)
+    parser.feed(burst)
+    got = []
+    while (item := parser.next()) is not None:
+        got.append(item)
+    assert got == [(opcode, p) for p in payloads]
+
+
+def _keyed(payload: bytes, opcode: int, key: bytes) -> bytes:
+    """A masked frame with its own key (a client draws one per frame)."""
+    n = len(payload)
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([0x80 | n])
+    else:
+        head += bytes([0x80 | 126]) + struct.pack("!H", n)
+    return head + key + unmask(key, payload)
+
+
+#: Payloads of a few sizes, some the same size (a client's burst): text, text with many zeros, a byte that
+#: is not UTF-8, and the two-byte form of the length.
+_PAYLOADS = [
+    b'{"op":"publish","id":1}',
+    b'{"op":"publish","id":2}',
+    b"\x00" * 23,
+    b"ab\x00\x00\x00\x00\x00\x00\x00\x00cdefghijklmno",
+    b'{"op":"publish","id":\xff}',
+    "é".encode() * 11 + b"x",
+    b"",
+    b"z" * 200,
+    b"y" * 200,
+]
+
+
+@st.composite
+def bursts(draw: st.DrawFn) -> tuple[bytes, list[int], list[int]]:
+    """A client's frames, mostly whole messages of a few sizes (runs alike but for key and payload), with
+    pings, fragments and broken frames among them; cuts of the stream; the ``most`` of each take."""
+    out = b""
+    usual = draw(st.sampled_from(_PAYLOADS))
+    for _ in range(draw(st.integers(0, 40))):
+        kind = draw(st.integers(0, 20))
+        payload = usual if draw(st.integers(0, 2)) else draw(st.sampled_from(_PAYLOADS))
+        key = draw(st.binary(min_size=4, max_size=4))
+        if kind < 16:
+            out += _keyed(payload, draw(st.sampled_from([TEXT, TEXT, TEXT, BINARY])), key)
+        elif kind == 16:
+            out += frame(b"p", PING)
+        elif kind == 17:
+            out += frame(payload[:3], TEXT, fin=False) + frame(payload[3:], 0)
+        elif kind == 18:
+            out += frame(payload, TEXT, masked=False)  # 1002
+        elif kind == 19:
+            out += frame(payload, TEXT, rsv=1)  # 1002
+        else:
+            out += _keyed(b"w" * 300, TEXT, key)  # over the limit below: 1009
+    cuts = sorted(draw(st.lists(st.integers(0, len(out)), max_size=4)))
+    mosts = draw(st.lists(st.integers(1, 64), min_size=1, max_size=4))
+    return out, cuts, mosts
+
+
+@given(bursts())
+def test_take_reads_a_burst_as_next_reads_each_frame(inp: tuple[bytes, list[int], list[int]]) -> None:
+    """``take`` (a run of frames alike unmasked and decoded at once) gives what ``next`` gives frame by frame,
+    and fails the stream at the same frame with the same code."""
+    stream, cuts, mosts = inp
+    want = parse(stream, cuts, limit=256)
+    parser = FrameParser(256)
+    got: list[object] = []
+    turn = 0
+    try:
+        for a, b in itertools.pairwise([0, *cuts, len(stream)]):
+            parser.feed(stream[a:b])
+            while True:
+                turn += 1
+                taken = parser.take(mosts[turn % len(mosts)])
+                got += [(TEXT if isinstance(m, str) else BINARY, m) for m in taken]
+                if taken:
+                    continue
+                item = parser.next()
+                if item is None:
+                    break
+                got.append(item)
+    except FrameError as e:
+        got.append(int(e.code))
+    assert got == want
