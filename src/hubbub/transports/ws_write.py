@@ -35,6 +35,9 @@ WS_WRITE_HIGH_WATER = 1 << 20
 #: The two-byte headers of server-to-client text and binary frames (FIN set, no mask) of payloads up to 125
 #: bytes, by first byte and length: a burst's common frame takes its header from here.
 _SHORT_HEADS: Final = {head: [bytes((head, n)) for n in range(126)] for head in (0x81, 0x82)}
+#: The headers of longer payloads: up to 65,535 bytes, and beyond.
+_MID_HEAD: Final = struct.Struct("!BBH").pack
+_LONG_HEAD: Final = struct.Struct("!BBQ").pack
 
 
 def ws_frames(frames: list[bytes], opcode: int) -> list[bytes]:
@@ -42,16 +45,24 @@ def ws_frames(frames: list[bytes], opcode: int) -> list[bytes]:
     binary, with or without the FIN bit), as header and payload pieces to join: one write of a burst."""
     head = 0x80 | opcode
     short = _SHORT_HEADS[head]
-    out: list[bytes] = []
+    sizes = list(map(len, frames))
+    if sizes and sizes.count(sizes[0]) == len(sizes):
+        # Frames of one size (a fan-out run of one payload size, as a rule): one header for all of them.
+        n = sizes[0]
+        hdr = short[n] if n < 126 else _MID_HEAD(head, 126, n) if n < 65536 else _LONG_HEAD(head, 127, n)
+        out = [hdr] * (2 * len(sizes))
+        out[1::2] = frames
+        return out
+    out = []
     add = out.append
     for f in frames:
         n = len(f)
         if n < 126:
             add(short[n])
         elif n < 65536:
-            add(struct.pack("!BBH", head, 126, n))
+            add(_MID_HEAD(head, 126, n))
         else:
-            add(struct.pack("!BBQ", head, 127, n))
+            add(_LONG_HEAD(head, 127, n))
         add(f)
     return out
 
