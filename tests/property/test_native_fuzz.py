@@ -142,3 +142,23 @@ def test_shaped_bursts_take_the_layout() -> None:
     assert dec._hits >= 590
     got = [items[0], *(p for r in items[1:] if isinstance(r, nc.PublishRun) for p in r.commands())]
     assert got == fz.reference_items(data, 1 << 20)
+
+
+def test_a_stream_of_changing_payload_sizes_learns_no_layout() -> None:
+    """A client whose payload sizes change from frame to frame (a mixed-size stream) is read frame by frame
+    without learning a layout for each size (a compile or a walk of a frame each, for a layout that would fit
+    one frame), and reads exactly as decoded alone; a steady stream after it is learned again."""
+    frames = [
+        msgpack.packb({"op": "publish", "id": i, "channel": "/a/b", "payload": b"x" * (10 + i % 7)})
+        for i in range(700)
+    ]
+    steady = [msgpack.packb({"op": "publish", "id": 5, "channel": "/a/b", "payload": b"y" * 9})] * 300
+    data = b"".join(len(f).to_bytes(4, "big") + f for f in frames + steady)
+    dec = nc.NativeStreamDecoder(1 << 20)
+    mixed_end = sum(4 + len(f) for f in frames)
+    items = dec.feed_runs(data[:mixed_end])
+    assert dec._shape is None and dec._hits == 0
+    items += dec.feed_runs(data[mixed_end:])
+    assert dec._shape is not None and dec._hits >= 250
+    got = [x for r in items for x in (r.commands() if isinstance(r, nc.PublishRun) else [r])]
+    assert got == fz.reference_items(data, 1 << 20)

@@ -234,3 +234,30 @@ def test_a_learned_layout_reads_a_burst_at_once() -> None:
     assert [len(x) for x in items] == [256, 256, 88]  # type: ignore[arg-type]
     assert layouts.hits == 599  # the first message was read alone, and taught the layout
     assert expand(items) == one_by_one(nc.NativeCodec("json"), messages)  # type: ignore[arg-type]
+
+
+def test_a_layout_reads_no_message_longer_than_its_limit() -> None:
+    """Past TAKE_MAX_CHARS the expression's scan costs more than orjson's reading: such messages are read
+    alone (and teach nothing), shorter ones of the same layout with it; every message reads as alone."""
+    codec = nc.NativeCodec("json")
+    codec.decode('{"op":"publish","id":0,"channel":"/a","text":""}')
+    head = len('{"op":"publish","id":1,"channel":"/a","text":""}')
+
+    def message(i: int, size: int) -> str:
+        return f'{{"op":"publish","id":{i},"channel":"/a","text":"{"x" * (size - head)}"}}'
+
+    limit = nc.TAKE_MAX_CHARS
+    long_first = nc.JsonLayouts()
+    messages = [message(i % 10, limit + 1) for i in range(300)]
+    items = nc.decode_messages(codec, messages, long_first)
+    assert long_first.shape is None and long_first.hits == 0
+    assert expand(items) == one_by_one(nc.NativeCodec("json"), messages)  # type: ignore[arg-type]
+
+    layouts = nc.JsonLayouts()
+    at_limit = [message(i % 10, limit) for i in range(300)]
+    mixed = [message(i % 10, limit + 1 if i % 2 else 60) for i in range(300)]
+    items = nc.decode_messages(codec, at_limit, layouts)
+    assert layouts.hits == 299
+    items += nc.decode_messages(codec, mixed, layouts)
+    assert layouts.hits <= 299 + 150  # none of the long ones
+    assert expand(items) == one_by_one(nc.NativeCodec("json"), at_limit + mixed)  # type: ignore[arg-type]

@@ -59,7 +59,7 @@ from .native_http import (
 )
 from .native_pages import page_frames
 from .native_protocol import Admit, NativeProtocol, Phase
-from .native_shapes import JsonLayouts
+from .native_shapes import TAKE_MAX_CHARS, JsonLayouts
 from .native_stream import (
     MAX_STREAM_FRAME,
     RUN_MAX,
@@ -80,6 +80,7 @@ __all__ = [
     "RUN_MAX",
     "SPEC",
     "SUBPROTOCOLS",
+    "TAKE_MAX_CHARS",
     "Ack",
     "Admit",
     "Auth",
