@@ -28,6 +28,11 @@ _PRELUDE = """
 import json, os, signal, sys, threading, time
 from hubbub.workers.forkserver import ForkServer, ForkServerLost
 
+# Python's own SIGINT handler (KeyboardInterrupt), which a worker must keep: an interpreter started with
+# SIGINT ignored keeps it ignored, and a test run started in the background of a non-interactive shell
+# (``.ci/run &``, nohup) hands it to every process it starts.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def out(**kw):
     print(json.dumps(kw), flush=True)
 
