@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hubbub.pipeline import jobs
+from hubbub.pipeline.archive_dir import LOCK_FILE
 from hubbub.pipeline.arrow import ARROW_SCHEMA
 
 from .conftest import jvm_conf_args, spark_env
@@ -87,7 +88,7 @@ def test_runs_on_one_out_directory_take_turns(tmp_path: Path) -> None:
     """Another run holds the directory (its lock): archive and retention refuse at once, saying so, and
     touch nothing; once it is free they run."""
     out = archive_dir(tmp_path, ["2000-01-01"])
-    fd = os.open(out / jobs.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, b"archive, pid 4242 on elsewhere, since 2026-01-01T00:00:00Z\n")

@@ -1,7 +1,9 @@
 """``hubbub pipeline <job>``: the pipeline's jobs on the command line (docs/pipeline.md).
 
 This module imports neither pyspark nor the jobs until a job runs, so ``hubbub --help`` works without the
-``spark`` extra. Every job prints its summary as one JSON line on standard output; progress goes to stderr.
+``spark`` extra; ``retention``, which only drops an archive's partitions, never imports them
+(:mod:`hubbub.pipeline.archive_dir`). Every job prints its summary as one JSON line on standard output;
+progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -143,12 +145,23 @@ def _refusal(args: argparse.Namespace) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    refused = "" if args.job == "retention" else _refusal(args)
+    from hubbub.errors import PipelineError
+
+    if args.job == "retention":
+        # Only drops files: no Spark session, so not even pyspark's import (half a CPU-second).
+        from hubbub.pipeline.archive_dir import retention
+
+        try:
+            print(json.dumps(retention(args.out, args.days)))
+        except PipelineError as exc:
+            print(f"hubbub {args._command}: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    refused = _refusal(args)
     if refused:
         print(f"hubbub {args._command}: {refused}", file=sys.stderr)
         return 1
     try:
-        from hubbub.errors import PipelineError
         from hubbub.pipeline import jobs
     except ImportError as exc:
         print(
@@ -156,13 +169,6 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.job == "retention":
-        try:
-            print(json.dumps(jobs.retention(args.out, args.days)))
-        except PipelineError as exc:
-            print(f"hubbub {args._command}: {exc}", file=sys.stderr)
-            return 1
-        return 0
     conf = job_conf(args.job, args.master, dict(kv.split("=", 1) for kv in args.conf if "=" in kv))
     show = not args.no_progress and sys.stderr.isatty()
     try:

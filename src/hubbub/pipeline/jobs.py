@@ -1,4 +1,6 @@
 """The pipeline's jobs: archive, stats, audit, retention, compact, export and backfill (docs/pipeline.md).
+Retention, which needs no Spark, lives in :mod:`hubbub.pipeline.archive_dir` with the archive directory's
+layout and lock, and is re-exported here.
 
 Each job takes a :class:`~pyspark.sql.SparkSession` (see :func:`make_session`) and returns a JSON-able
 summary; ``hubbub pipeline <job>`` (:mod:`hubbub.pipeline.cli`) wraps them. Inputs are the ``hubbub`` data
@@ -8,17 +10,14 @@ source (a running server or a store) or Parquet (an archive or an export).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
 import shutil
-import socket
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from pyspark.sql import functions as F
 from hubbub.channels import parse_pattern
 from hubbub.errors import PipelineError, StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.log import LogStore, RetentionPolicy, open_store
+from hubbub.pipeline.archive_dir import DATA_DIR, STAGING_DIR, STATE_FILE, out_lock, retention
 from hubbub.pipeline.datasource import SOURCE_HEADER, HubbubDataSource, position_key
 from hubbub.pipeline.options import parse_time
 from hubbub.pipeline.progress import Progress, progress
@@ -49,12 +49,6 @@ __all__ = [
     "stats",
     "trim_archived",
 ]
-
-STATE_FILE = "_hubbub_archive.json"
-#: Held (``flock``, exclusive) by the run that writes an archive directory: archive, retention.
-LOCK_FILE = "_hubbub_archive.lock"
-DATA_DIR = "data"
-STAGING_DIR = "_staging"
 
 #: The size of an event as retention counts it (hubbub.log.records.event_size), in Spark SQL.
 SIZE_SQL = (
@@ -179,32 +173,6 @@ def _save_state(out: Path, positions: Positions, pending: dict[str, Any] | None 
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, out / STATE_FILE)
-
-
-@contextlib.contextmanager
-def out_lock(outp: Path, job: str) -> Iterator[None]:
-    """Hold the archive directory's lock (``DIR/_hubbub_archive.lock``, an exclusive ``flock``) while the
-    block runs, or fail at once with a :class:`PipelineError` naming the run that holds it. Two runs on one
-    directory would read the same positions and both append what is new (each event archived twice), or
-    drop partitions under a run moving files in. The lock goes with the process (a crashed run leaves
-    nothing to clean up); the file keeps the last holder's description, for that message."""
-    outp.mkdir(parents=True, exist_ok=True)
-    fd = os.open(outp / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 500).decode(errors="replace").strip() or "another run"
-            raise PipelineError(
-                f"{outp} is in use by another run ({holder}); runs on one --out directory take turns, "
-                "as two at once would archive the same events twice: try again when it has finished"
-            ) from None
-        since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{job}, pid {os.getpid()} on {socket.gethostname()}, since {since}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _offsets(positions: Positions) -> str:
@@ -573,44 +541,6 @@ def audit(spark: SparkSession, df: DataFrame, out: str, show: bool = False) -> d
         "gaps": len(g),
         "ok": bool(len(g) == 0 and (len(s) == 0 or int(s["duplicates"].sum()) == 0)),
     }
-
-
-# -- retention ------------------------------------------------------------------------------------------
-
-
-def retention(archive_dir: str, days: int, now: datetime | None = None) -> dict[str, Any]:
-    """Drop the archive's date partitions older than ``days`` days (UTC): ``days = 0`` keeps today only.
-    The archived positions are kept, so a later archive run does not archive the dropped events again.
-
-    Refuses (:class:`PipelineError`) a negative ``days`` (it would drop today's and even future days) and a
-    directory that is not an archive (none of ``_hubbub_archive.json`` and ``data/``: a mistyped path must
-    not report success). Holds the directory's lock (:func:`out_lock`) while it drops."""
-    if days < 0:
-        raise PipelineError(f"--days must be 0 or more (0 keeps today only), not {days}")
-    outp = Path(archive_dir)
-    if not (outp / STATE_FILE).is_file() and not (outp / DATA_DIR).is_dir():
-        raise PipelineError(f"{archive_dir} is not an archive (it holds no {STATE_FILE} and no {DATA_DIR}/)")
-    with out_lock(outp, "retention"):
-        return _retention(outp, days, now)
-
-
-def _retention(outp: Path, days: int, now: datetime | None) -> dict[str, Any]:
-    today = (now or datetime.now(UTC)).date()
-    cutoff = today - timedelta(days=days)
-    dropped: list[str] = []
-    data = outp / DATA_DIR
-    for d in sorted(data.glob("root=*/date=*")):
-        try:
-            day = datetime.strptime(d.name[len("date=") :], "%Y-%m-%d").date()
-        except ValueError:
-            continue
-        if day < cutoff:
-            shutil.rmtree(d)
-            dropped.append(str(d.relative_to(data)))
-    for root in data.glob("root=*"):
-        if root.is_dir() and not any(root.iterdir()):
-            root.rmdir()
-    return {"job": "retention", "cutoff": cutoff.isoformat(), "dropped": dropped}
 
 
 # -- compact, export -------------------------------------------------------------------------------------
