@@ -79,7 +79,6 @@ LONGEST = (
     "tests/bench/test_bench_smoke.py::test_smoke_bench_produces_numbers",
     "tests/pipeline/test_cli_exits.py::",
     "tests/property/test_log_state_machine.py::",
-    "tests/integration/test_limits.py::test_stalled_tcp_peer_is_dropped",
     "tests/test_static.py::test_mypy_strict",
     "tests/integration/test_slow_consumer_soak.py::",
     "tests/integration/test_mqtt_crash.py::",
