@@ -80,11 +80,24 @@ async def publisher(port: int, stop: asyncio.Event, sent: list[int], pushed: lis
     await writer.wait_closed()
 
 
-async def ticker(port: int, stop: asyncio.Event, sent: list[int]) -> None:
-    """TICK_RATE acknowledged publishes a second to TICK, each carrying its send time."""
+async def ticker(port: int, stop: asyncio.Event, sent: list[int], acked: dict[int, float]) -> None:
+    """TICK_RATE acknowledged publishes a second to TICK, each carrying its send time; ``acked``: when the
+    acknowledgement of each (by id, which is its seq) came back."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b'{"op":"hello","id":0,"v":1}\n')
     await reader.readline()
+    final: list[int] = []
+    all_acked = asyncio.Event()
+
+    async def replies() -> None:
+        while True:
+            msg = json.loads(await reader.readline())
+            assert msg["op"] == "reply", msg
+            acked[msg["id"]] = time.time()
+            if final and len(acked) == final[0]:
+                all_acked.set()
+
+    reading = asyncio.ensure_future(replies())
     n = 0
     t0 = time.monotonic()
     while not stop.is_set():
@@ -92,9 +105,12 @@ async def ticker(port: int, stop: asyncio.Event, sent: list[int]) -> None:
         frame = {"op": "publish", "id": n, "channel": TICK, "text": repr(time.time()), "ack": True}
         writer.write(json.dumps(frame).encode() + b"\n")
         await asyncio.sleep(max(0.0, t0 + n / TICK_RATE - time.monotonic()))
-    for _ in range(n):  # every tick acknowledged (a ping would be answered before the last commits)
-        msg = json.loads(await reader.readline())
-        assert msg["op"] == "reply", msg
+    final.append(n)
+    if len(acked) < n:  # every tick acknowledged (a ping would be answered before the last commits)
+        await asyncio.wait_for(all_acked.wait(), 60)
+    if reading.done():
+        reading.result()  # its error, if it failed
+    reading.cancel()
     sent.append(n)
     writer.close()
     await writer.wait_closed()
@@ -113,8 +129,10 @@ def tick_subscriber(port: int, ready: threading.Event, seen: dict[str, list[Any]
         for line in f:
             msg = json.loads(line)
             if msg["op"] == "event":
+                now = time.time()
                 seen.setdefault("seqs", []).append(msg["seq"])
-                seen.setdefault("late", []).append(time.time() - float(msg["text"]))
+                seen.setdefault("at", []).append(now)
+                seen.setdefault("late", []).append(now - float(msg["text"]))
             elif msg["op"] == "error":
                 seen.setdefault("error", []).append(msg["code"])
         seen.setdefault("closed", []).append(1)
@@ -169,9 +187,10 @@ async def _soak(srv: ServerProcess) -> None:
         stop = asyncio.Event()
         sent: list[int] = []
         ticks: list[int] = []
+        acked: dict[int, float] = {}
         pushed = [0]
         pubs = [asyncio.ensure_future(publisher(tcp, stop, sent, pushed)) for _ in range(2)]
-        tick = asyncio.ensure_future(ticker(tcp, stop, ticks))
+        tick = asyncio.ensure_future(ticker(tcp, stop, ticks, acked))
 
         samples: list[tuple[float, int]] = []
         kicked: dict[str, float] = {}
@@ -215,9 +234,17 @@ async def _soak(srv: ServerProcess) -> None:
             await asyncio.sleep(0.05)
         assert seen["seqs"] == list(range(1, n_ticks + 1))
         assert "error" not in seen and "closed" not in seen
+        # In time: each tick reaches the subscriber about when its publisher has its acknowledgement (both go
+        # out once it is committed), not held behind the stalled connections. Measured from the send, a loaded
+        # machine makes both late alike (the server takes the ticker's publishes among the bulk's); what the
+        # subscriber waits beyond the acknowledgement is the fan-out's own delay.
+        behind = sorted(at - acked[seq] for seq, at in zip(seen["seqs"], seen["at"], strict=True))
+        p99 = behind[int(len(behind) * 0.99)]
         late = sorted(seen["late"])
-        p99 = late[int(len(late) * 0.99)]
-        assert p99 < 1.0, f"ticks arrived up to {late[-1]:.3f} s late (p99 {p99:.3f} s)"
+        assert p99 < 1.0, (
+            f"ticks reached the subscriber up to {behind[-1]:.3f} s after their acknowledgement "
+            f"(p99 {p99:.3f} s; up to {late[-1]:.3f} s after they were sent)"
+        )
 
         # The stalled ones, read now: native pushed 4302 and closed (both transports); ivy closed 1013.
         assert native_kicked >= 2 and ivy_kicked >= 1, (native_kicked, ivy_kicked)
@@ -250,12 +277,20 @@ async def _until_close(ws: aiohttp.ClientWebSocketResponse) -> aiohttp.WSMessage
             return msg
 
 
+#: The write timeout of the shutdown test's server, and the bound on its exit after SIGTERM (the closing
+#: connections' own wait, CLOSE_WAIT_S, is 5 s).
+STALLED_WRITE_S = 600
+EXIT_S = 60
+
+
 @pytest.mark.slow
 def test_shutdown_with_a_stalled_peer(tmp_path: Path) -> None:
     """SIGTERM ends the process promptly even when a native TCP subscriber stopped reading (its last frames
     can never be sent): the closing connection is aborted after a bounded wait instead of holding the
-    shutdown forever."""
-    srv = ServerProcess(tmp_path / "data").start()
+    shutdown forever. The peer's write may wait 600 s here (``limits.write_timeout_s``), ten times the bound
+    on the exit: a shutdown that waited for that write could not pass for a prompt one, and the bound can
+    leave a loaded machine its pace."""
+    srv = ServerProcess(tmp_path / "data", ["--limits-write-timeout-s", str(STALLED_WRITE_S)]).start()
 
     async def stall_then_term() -> float:
         port = srv.ports["native"]
@@ -276,7 +311,7 @@ def test_shutdown_with_a_stalled_peer(tmp_path: Path) -> None:
         t0 = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
         while srv.proc.poll() is None:
-            assert time.monotonic() - t0 < 30, "the server did not exit within 30 s of SIGTERM"
+            assert time.monotonic() - t0 < EXIT_S, f"the server did not exit within {EXIT_S} s of SIGTERM"
             await asyncio.sleep(0.05)
         stalled.close()
         return time.monotonic() - t0
@@ -286,4 +321,4 @@ def test_shutdown_with_a_stalled_peer(tmp_path: Path) -> None:
     finally:
         srv.kill()
     assert srv.proc is not None and srv.proc.returncode == 0, srv.log()
-    assert took < 15, took
+    assert took < EXIT_S, took
