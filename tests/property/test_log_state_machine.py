@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -31,6 +32,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from hubbub.events import Event, Publisher
 from hubbub.log import AppendRequest, AppendRun, ChannelInfo, MemoryLogStore, RetentionPolicy, SqliteLogStore
 from tests.hypothesis_budget import examples
+
+#: Each step is a call between this process and the store's, each waiting for the other to be scheduled:
+#: 40-56 s in a CI run, four to five minutes at a load of 16-20 on 2 cores, where the suite's 120 s ended
+#: the test for the machine's pace. This bounds a hang only.
+pytestmark = pytest.mark.timeout(900)
 
 NS = 1_000_000_000
 CHANNELS = ["/a", "/b", "/a/b", "/é"]
@@ -78,20 +84,28 @@ _CTX.set_forkserver_preload(["hubbub.log", __name__])
 
 
 def _serve(conn: Connection, path: str, durability: str, policy: RetentionPolicy, window: int) -> None:
-    """The child: open the store, then answer ``(method, now, args, kwargs)`` calls until ``close``. Before
-    executing a call it answers ``"taken"``, so the parent can kill it during the call."""
+    """The child: open the store, then answer ``(method, now, taken, mids, args, kwargs)`` calls until
+    ``close``. Asked to (``taken``), it answers ``"taken"`` before executing the call, so the parent can kill
+    it during the call; the other calls get their one answer only. Given ``mids``, it answers the call's
+    result with the state after it (:func:`_state`), which the machine's invariant reads next: one exchange
+    for the two (every hand-over between the processes waits for a CPU, dear on a loaded machine)."""
     clock = Clock()
     store = SqliteLogStore(
         Path(path), durability=durability, retention=policy, idem_window_s=window, clock=clock
     )
     conn.send(("ready", None))
+    helpers = {"state": _state, "crash_view": _crash_view}
     while True:
-        method, now, args, kwargs = conn.recv()
+        method, now, taken, mids, args, kwargs = conn.recv()
         clock.now = now
-        conn.send(("taken", None))
+        if taken:
+            conn.send(("taken", None))
         try:
-            call = functools.partial(_state, store) if method == "state" else getattr(store, method)
+            helper = helpers.get(method)
+            call = functools.partial(helper, store) if helper else getattr(store, method)
             result = call(*args, **kwargs)
+            if mids is not None:
+                result = (result, _state(store, mids))
         except Exception as exc:
             conn.send(("error", repr(exc)))
             continue
@@ -121,6 +135,16 @@ def _state(store: Any, mids: dict[str, int | None]) -> dict[str, Any]:
     return out
 
 
+def _crash_view(store: Any) -> dict[str, tuple[ChannelInfo, bool | None]]:
+    """Per channel, after a reopen: its head, and whether its current epoch may have lost commits (None for a
+    channel without one). In one call, for the same reason as :func:`_state`."""
+    out: dict[str, tuple[ChannelInfo, bool | None]] = {}
+    for ch in CHANNELS:
+        head = store.head(ch)
+        out[ch] = (head, store.commits_may_be_lost(ch, head.epoch) if head.epoch else None)
+    return out
+
+
 class StoreProcess:
     """A :class:`SqliteLogStore` in a child process, called like one (``store.append(batch)``), plus
     :meth:`kill` (SIGKILL, no clean close) and :meth:`kill_during`."""
@@ -136,8 +160,11 @@ class StoreProcess:
         assert self._conn.recv() == ("ready", None)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        self._conn.send((method, self.clock.now, args, kwargs))
-        assert self._conn.recv() == ("taken", None)
+        return self.then_state(None, method, *args, **kwargs)
+
+    def then_state(self, mids: dict[str, int | None] | None, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)``; given ``mids``, its result and the state after it (:func:`_state`)."""
+        self._conn.send((method, self.clock.now, False, mids, args, kwargs))
         kind, result = self._conn.recv()
         assert kind == "ok", result
         return result
@@ -157,7 +184,7 @@ class StoreProcess:
 
     def kill_during(self, method: str, *args: Any) -> None:
         """Start ``method`` in the child and kill the child as soon as it has taken the call."""
-        self._conn.send((method, self.clock.now, args, {}))
+        self._conn.send((method, self.clock.now, True, None, args, {}))
         assert self._conn.recv() == ("taken", None)
         self.kill()
 
@@ -177,25 +204,42 @@ class LogMachine(RuleBasedStateMachine):
         self.sql: StoreProcess | None = None
         self.epochs: dict[str, str] = {}  # sqlite epoch -> memory epoch
         self.reopens = 0
+        #: The sqlite store's state read with the last rule's call, and the ``mids`` it was read for.
+        self.state_after: tuple[dict[str, int | None], Any] | None = None
 
     # -- helpers -----------------------------------------------------------------------------------
 
     def _open_sql(self) -> StoreProcess:
         return StoreProcess(self.path, self.durability, self.policy, self.window, self.clock)
 
-    def _after_crash(self) -> None:
-        """Reopen after a kill, and check that the store knows which epochs may have lost commits."""
+    def _after_crash(self) -> dict[str, ChannelInfo]:
+        """Reopen after a kill, and check that the store knows which epochs may have lost commits; returns
+        each channel's head."""
         self.sql = self._open_sql()
         self.reopens += 1
         sql, _ = self.stores
-        for ch in CHANNELS:
-            epoch = sql.head(ch).epoch
-            if epoch:
+        heads = {}
+        for ch, (head, may_be_lost) in sql.crash_view().items():
+            heads[ch] = head
+            if head.epoch:
                 # Every channel existed before the crash (none was created since the reopen).
-                assert sql.commits_may_be_lost(ch, epoch) is (self.durability != "fsync"), (
-                    ch,
-                    self.durability,
-                )
+                assert may_be_lost is (self.durability != "fsync"), (ch, self.durability)
+        return heads
+
+    def _mids(self) -> dict[str, int | None]:
+        """Per channel, the time that splits the memory store's events for the time-range reads, or None."""
+        assert self.mem is not None
+        reads = {ch: self.mem.read(ch, limit=10_000) for ch in CHANNELS}
+        return {ch: (em[len(em) // 2].time_ns if em else None) for ch, em in reads.items()}
+
+    def _sql_then_state(self, method: str, *args: Any) -> Any:
+        """The sqlite store's ``method(*args)``, called after the memory store's: the state the invariant
+        compares comes back with its result."""
+        sql, _ = self.stores
+        mids = self._mids()
+        result, state = sql.then_state(mids, method, *args)
+        self.state_after = (mids, state)
+        return result
 
     def _epoch(self, sql_epoch: str, mem_epoch: str) -> None:
         """Both epochs name the same thing: learn or check the bijection."""
@@ -241,9 +285,10 @@ class LogMachine(RuleBasedStateMachine):
 
     @rule(batch=st.lists(requests(), max_size=6), step=st.integers(-2, 3))
     def append(self, batch: list[AppendRequest], step: int) -> None:
-        sql, mem = self.stores
+        _, mem = self.stores
         self.clock.now += step * NS
-        rs, rm = sql.append(batch), mem.append(batch)
+        rm = mem.append(batch)
+        rs = self._sql_then_state("append", batch)
         assert [r.duplicate for r in rs] == [r.duplicate for r in rm]
         for a, b in zip(rs, rm, strict=True):
             self._same_event(a.event, b.event)
@@ -278,14 +323,16 @@ class LogMachine(RuleBasedStateMachine):
 
     @rule(channel=st.sampled_from(CHANNELS))
     def reset(self, channel: str) -> None:
-        sql, mem = self.stores
-        self._same_info(sql.reset_channel(channel), mem.reset_channel(channel))
+        _, mem = self.stores
+        m = mem.reset_channel(channel)
+        self._same_info(self._sql_then_state("reset_channel", channel), m)
 
     @rule(max_age_s=st.sampled_from([0, 1, 4]), total=st.sampled_from([0, 10, 40]))
     def retention(self, max_age_s: int, total: int) -> None:
-        sql, mem = self.stores
+        _, mem = self.stores
         pol = RetentionPolicy(max_age_s=max_age_s, max_total_bytes=total)
-        assert sql.apply_retention(pol, self.clock.now) == mem.apply_retention(pol, self.clock.now)
+        m = mem.apply_retention(pol, self.clock.now)
+        assert self._sql_then_state("apply_retention", pol, self.clock.now) == m
 
     @rule()
     def close_and_reopen(self) -> None:
@@ -305,19 +352,18 @@ class LogMachine(RuleBasedStateMachine):
         sql, mem = self.stores
         self.clock.now += step * NS
         sql.kill_during("append", batch)
-        self._after_crash()
-        sql, _ = self.stores
+        heads = self._after_crash()
         # The append is atomic: it landed whole (a top moved) or not at all; the memory store follows.
-        landed = any(sql.head(r.channel).top != mem.head(r.channel).top for r in batch)
+        landed = any(heads[r.channel].top != mem.head(r.channel).top for r in batch)
         if landed:
             mem.append(batch)
 
     @precondition(lambda self: self.reopens > 0)
     @rule()
     def restart_without_durability(self) -> None:
-        sql, mem = self.stores
-        sql.new_epochs_on_open()
+        _, mem = self.stores
         mem.new_epochs_on_open()
+        self._sql_then_state("new_epochs_on_open")
 
     # -- invariants --------------------------------------------------------------------------------
 
@@ -328,7 +374,9 @@ class LogMachine(RuleBasedStateMachine):
         sql, mem = self.stores
         reads = {ch: mem.read(ch, limit=10_000) for ch in CHANNELS}
         mids = {ch: (em[len(em) // 2].time_ns if em else None) for ch, em in reads.items()}
-        state = sql.state(mids)
+        # Read with the rule's call when it made one (for these mids: nothing has changed since).
+        after, self.state_after = self.state_after, None
+        state = after[1] if after is not None and after[0] == mids else sql.state(mids)
         for ch in CHANNELS:
             head, es, last2, retired, ranges = state[ch]
             em = reads[ch]
