@@ -225,18 +225,21 @@ class FrameParser:
                 stop = at + 4 + n
                 if stop > end:
                     break
-                # A burst of frames like this one (a client's messages of one size) is unmasked at once.
-                size = stop - i
-                k = min((end - i) // size, most - len(out))
-                if bulk and k >= 2 and n <= 32 * k:
-                    got = _unmask_burst(buf, i, at - i, n, k, first == 0x81 and decode, into)
-                    if got:
-                        out += got
-                        i += len(got) * size
-                        continue
-                    # A message of the run is not UTF-8: read frame by frame up to it (and not again in this
-                    # call, as the run's pass was wasted).
-                    bulk = got is None
+                # A burst of frames like this one (a client's messages of one size) is unmasked at once. Tried
+                # only where the next frame's header is this one's: a stream of changing sizes would otherwise
+                # pay the run's column scan of the rest of the read at every frame.
+                if bulk and buf[stop : stop + at - i] == buf[i:at]:
+                    size = stop - i
+                    k = min((end - i) // size, most - len(out))
+                    if k >= 2 and n <= 32 * k:
+                        got = _unmask_burst(buf, i, at - i, n, k, first == 0x81 and decode, into)
+                        if got:
+                            out += got
+                            i += len(got) * size
+                            continue
+                        # A message of the run is not UTF-8: read frame by frame up to it (and not again in
+                        # this call, as the run's pass was wasted).
+                        bulk = got is None
                 payload = bytearray(buf[at + 4 : stop])
                 into(bytes(buf[at : at + 4]), payload)
             else:

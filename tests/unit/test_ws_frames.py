@@ -311,3 +311,35 @@ def test_take_reads_a_burst_as_next_reads_each_frame(inp: tuple[bytes, list[int]
     except FrameError as e:
         got.append(int(e.code))
     assert got == want
+
+
+def test_a_burst_is_looked_for_only_where_the_next_frame_is_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's column scan (over the rest of the read) is tried only where the next frame's header is the
+    frame's own: frames of changing sizes (a mixed-size client) are read one by one without it, and a burst of
+    one size still at once."""
+    import hubbub.ws_frames as wf
+
+    scans: list[int] = []
+    real = wf._unmask_burst
+
+    def counted(*args: object, **kw: object) -> object:
+        scans.append(1)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wf, "_unmask_burst", counted)
+    payloads = [b"m" * (20 + i % 5) + b"-" + str(i).encode() for i in range(300)]
+    mixed = b"".join(_keyed(p, TEXT, bytes([i % 256, 1, 2, 3])) for i, p in enumerate(payloads))
+    parser = FrameParser(1 << 20)
+    parser.feed(mixed)
+    got: list[bytes | str] = []
+    while batch := parser.take(256):
+        got += batch
+    assert got == [p.decode() for p in payloads]
+    assert scans == []
+    same = [b"s%03d" % i for i in range(300)]
+    parser.feed(b"".join(_keyed(p, TEXT, bytes([i % 256, 9, 8, 7])) for i, p in enumerate(same)))
+    got = []
+    while batch := parser.take(256):
+        got += batch
+    assert got == [p.decode() for p in same]
+    assert 1 <= len(scans) <= 3
