@@ -26,6 +26,7 @@ from hubbub.events import Event
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
+    AppendRun,
     ChannelInfo,
     EventLog,
     EventRun,
@@ -49,6 +50,7 @@ class ClusterView(EventLog):
         self.inline_append = store.inline_append
         self.inline_append_max = store.inline_append_max
         self.inline_append_max_bytes = store.inline_append_max_bytes
+        self.takes_runs = store.takes_runs
 
     def _cap(self, infos: list[ChannelInfo]) -> list[ChannelInfo]:
         """``infos`` capped at what the node delivered (waiting for all of them at once)."""
@@ -120,8 +122,9 @@ class ClusterView(EventLog):
     ) -> dict[str, tuple[str, int, int]]:
         return self.store.log_census(after_pos, mark, prefix, from_time=from_time)
 
-    def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
-        return self.store.append(batch)
+    def append(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult]:
+        # Runs reach this only when the store takes them (``takes_runs`` is the store's).
+        return self.store.append(batch)  # type: ignore[arg-type]
 
     def read(
         self,

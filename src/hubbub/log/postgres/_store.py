@@ -2,7 +2,7 @@
 
 This module has the store itself: opening, the writer side (append, trim, epochs, retention) and closing. The
 schema, its migrations and durability are in ``_schema.py``; the read side in ``_reads.py``; the rows of a
-write transaction in ``_heads.py``; errors in ``_errors.py``.
+write transaction in ``_heads.py``; the events rows of an append in ``_rows.py``; errors in ``_errors.py``.
 
 Concurrency contract:
 
@@ -43,10 +43,10 @@ import psycopg_pool
 from psycopg.pq import TransactionStatus
 
 from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
-from hubbub.events import Event, Publisher
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
+    AppendRun,
     ChannelInfo,
     LogStore,
     RetentionPolicy,
@@ -56,7 +56,8 @@ from hubbub.log.consumers import JournalIndex
 from hubbub.log.postgres._consumers import CONSUMER_TOPS, _ConsumerSide
 from hubbub.log.postgres._errors import _STORAGE_ERRORS, _error, log
 from hubbub.log.postgres._heads import _Head, _heads_row, _info, _Lock, _State, _Unresolved
-from hubbub.log.postgres._reads import Conn, _Decoder, _ReadSide
+from hubbub.log.postgres._reads import Conn, _ReadSide
+from hubbub.log.postgres._rows import append_rows
 from hubbub.log.postgres._schema import (
     DURABILITY_SYNCHRONOUS_COMMIT,
     SCHEMA_VERSION,
@@ -64,8 +65,7 @@ from hubbub.log.postgres._schema import (
     ensure_schema,
 )
 from hubbub.log.postgres._state import _StateSide
-from hubbub.log.records import encode_headers, encode_tags, event_size
-from hubbub.log.sequencing import FROM_RECORD, IdemKey, plan_append
+from hubbub.log.sequencing import IdemKey, plan_append
 
 __all__ = ["PostgresLogStore"]
 
@@ -84,12 +84,6 @@ _SAVE_STATE: Final = (
     "UPDATE log_state SET last_time = %s, last_pos = %s, next_id = %s, suspect_below = %s, async_start = %s"
 )
 _HEAD_ROW: Final = "id, epoch, first, top, top_time, count, bytes"
-_INSERT_EVENTS: Final = (
-    "INSERT INTO events (pos, channel_id, seq, time_ns, size, publisher_dialect, publisher_user, "
-    "publisher_app, publisher_msg_id, content_type, headers, tags, payload) "
-    "SELECT * FROM unnest(%b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::bytea[], "
-    "%b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[])"
-)
 _INSERT_CHANNELS: Final = (
     "INSERT INTO channels (id, path, epoch, first, top, top_time, count, bytes) "
     "SELECT * FROM unnest(%b::int8[], %b::text[], %b::text[], %b::int8[], %b::int8[], %b::int8[], "
@@ -154,6 +148,7 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, _StateSide, LogStore):
 
     engine = "postgres"
     shared = True  # every node of a cluster writes this database
+    takes_runs = True
 
     def __init__(
         self,
@@ -383,13 +378,15 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, _StateSide, LogStore):
 
     # -- writer side ---------------------------------------------------------------------------------
 
-    def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+    def append(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult]:
         if not batch:
             self._writer()
             return []
         return self._write("append", lambda conn, lock: self._append(conn, lock, batch))
 
-    def _append(self, conn: Conn, lock: _Lock, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+    def _append(
+        self, conn: Conn, lock: _Lock, batch: Sequence[AppendRequest | AppendRun]
+    ) -> list[AppendResult]:
         window = self._idem_window_ns
         names = list(dict.fromkeys(r.channel for r in batch))
         heads_cur = self._heads(conn, names)
@@ -419,94 +416,8 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, _StateSide, LogStore):
         for new_name in created:
             heads[new_name] = _Head(st.next_id, new_epoch(), 1, 0, 0, 0, 0)
             st.next_id += 1
-        pos = st.last_pos
-        # Columns of the events rows.
-        c_pos: list[int] = []
-        c_cid: list[int] = []
-        c_seq: list[int] = []
-        c_time: list[int] = []
-        c_size: list[int] = []
-        c_dialect: list[bytes] = []
-        c_user: list[bytes] = []
-        c_app: list[bytes] = []
-        c_msg: list[bytes] = []
-        c_ctype: list[bytes] = []
-        c_hdr: list[bytes] = []
-        c_tags: list[bytes] = []
-        c_payload: list[bytes] = []
-        results: list[AppendResult] = []
-        dec = _Decoder()
-        # The previous request's publisher and content type, encoded: a batch is mostly runs of one
-        # connection's publishes.
-        r_pub: Publisher | None = None
-        r_enc = (b"", b"", b"")
-        r_ctype: str | None = None
-        r_ctype_b = b""
-        name: str | None = None
-        h: _Head | None = None
-        # The duplicates' sources, in request order (``dups`` is), taken as their requests come.
-        sources = iter(plan.dups.values())
-        for req, seq, t in zip(batch, plan.seqs, plan.times, strict=True):
-            if req.channel != name or h is None:
-                name = req.channel
-                h = heads[name]
-            pub = req.publisher
-            if not seq:
-                src = next(sources)
-                if src == FROM_RECORD:
-                    dup = self._original(dec, name, originals[(pub.user, name, req.idem)], req)
-                else:
-                    dup = results[src].event
-                results.append(AppendResult(dup, duplicate=True))
-                continue
-            pos += 1
-            h.top = seq
-            h.top_time = t
-            h.count += 1
-            payload = req.payload
-            if type(payload) is not bytes:
-                payload = bytes(payload)
-            headers = req.headers
-            tags = req.tags
-            if headers or tags:
-                size = event_size(payload, headers, tags)
-                hb = encode_headers(headers)
-                tb = encode_tags(tags)
-                headers = dict(headers)
-                tags = tuple(tags)
-            else:
-                size = len(payload)
-                hb = tb = b""
-                headers = {}
-            h.bytes += size
-            if pub is not r_pub:
-                r_pub = pub
-                r_enc = (pub.dialect.encode(), pub.user.encode(), pub.app.encode())
-            ctype = req.content_type
-            if ctype != r_ctype:
-                r_ctype, r_ctype_b = ctype, ctype.encode()
-            c_pos.append(pos)
-            c_cid.append(h.id)
-            c_seq.append(seq)
-            c_time.append(t)
-            c_size.append(size)
-            c_dialect.append(r_enc[0])
-            c_user.append(r_enc[1])
-            c_app.append(r_enc[2])
-            c_msg.append(pub.msg_id.encode())
-            c_ctype.append(r_ctype_b)
-            c_hdr.append(hb)
-            c_tags.append(tb)
-            c_payload.append(payload)
-            results.append(AppendResult(Event(name, seq, h.epoch, t, pub, payload, ctype, headers, tags)))
+        results, pos = append_rows(conn, batch, plan, heads, st.last_pos, originals)
         touched = {n: heads[n] for n in plan.tops}
-        if c_pos:
-            conn.execute(
-                _INSERT_EVENTS,
-                (c_pos, c_cid, c_seq, c_time, c_size, c_dialect, c_user, c_app, c_msg, c_ctype, c_hdr, c_tags,
-                 c_payload),
-                binary=True,
-            )  # fmt: skip
         pol = self._retention
         if pol.max_events or pol.max_bytes:
             self._trim_per_channel(conn, list(touched.values()))
@@ -546,26 +457,6 @@ class PostgresLogStore(_ReadSide, _ConsumerSide, _StateSide, LogStore):
         st.last_time, st.last_pos = t, pos
         self._journal(conn, results, tops_cur)
         return results
-
-    @staticmethod
-    def _original(dec: _Decoder, name: str, found: Sequence[Any], req: AppendRequest) -> Event:
-        """The event an idempotency key first appended (``_FIND_ORIGINALS`` row). It may be in a retired
-        epoch of the channel: the key was acknowledged there, and the event is still in the log."""
-        _, _, _, seq, t, epoch, *rest = found
-        if rest[0] is not None:
-            return dec.events(name, epoch, [(seq, t, *rest)])[0]
-        # Trimmed since: rebuild it from the repeated request (same key, so the same event) and the position.
-        return Event(
-            name,
-            seq,
-            epoch,
-            t,
-            req.publisher,
-            req.payload,
-            req.content_type,
-            dict(req.headers),
-            tuple(req.tags),
-        )
 
     def _trim_per_channel(self, conn: Conn, touched: list[_Head]) -> None:
         """Apply ``max_events`` and ``max_bytes`` to the channels just appended to (after the insert)."""
