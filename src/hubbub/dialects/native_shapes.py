@@ -25,14 +25,17 @@ in a bounded module cache (the event loop thread only, as every decoder).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from itertools import repeat
-from typing import Final
+from typing import Final, TypeVar
 
 from .native_commands import MAX_ID
 
 __all__ = ["TAKE_MAX_CHARS", "JsonLayouts", "JsonShape", "MsgpackShape", "learn_json", "learn_msgpack"]
 
 _from_bytes = int.from_bytes
+#: A raw channel: msgpack's bytes or JSON's text.
+K = TypeVar("K", bytes, str)
 
 #: Compiled expressions by source: compiling one costs some 200 µs, and clients of one kind share a layout.
 _COMPILED: dict[bytes, re.Pattern[bytes]] = {}
@@ -43,6 +46,18 @@ _UINT_WIDTH: Final = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
 #: msgpack's bin formats by type byte: the width of the length after it.
 _BIN_WIDTH: Final = {0xC4: 1, 0xC5: 2, 0xC6: 4}
 _PUBLISH: Final = b"\xa7publish"
+
+
+def _canonical(raw: Sequence[K], channels: Mapping[K, str]) -> list[str] | None:
+    """The canonical channels of a burst's raw channel texts (``channels``: the decoder's known ones, raw to
+    canonical), or None when one is unknown (the burst is then read frame by frame: the general path
+    canonicalizes or refuses it)."""
+    first = raw[0]
+    if raw.count(first) == len(raw):  # a burst to one channel, as a rule: one look-up
+        channel = channels.get(first)
+        return None if channel is None else [channel] * len(raw)
+    chans = list(map(channels.get, raw))
+    return None if None in chans else chans  # type: ignore[return-value]
 
 
 class MsgpackShape:
@@ -102,16 +117,9 @@ class MsgpackShape:
         rids = list(map(_from_bytes, ids))
         if self.wide and max(rids) >= MAX_ID:
             return None
-        first = raw_channels[0]
-        if raw_channels.count(first) == k:
-            channel = channels.get(first)
-            if channel is None:
-                return None
-            chans = [channel] * k
-        else:
-            chans = list(map(channels.get, raw_channels))  # type: ignore[arg-type]
-            if None in chans:
-                return None
+        chans = _canonical(raw_channels, channels)
+        if chans is None:
+            return None
         return list(zip(rids, repeat(self.ack))), chans, cols[self.payload_group]
 
     def __repr__(self) -> str:
@@ -270,17 +278,9 @@ class JsonShape:
         rids = list(map(int, cols[self.id_group]))
         if max(rids) >= MAX_ID:
             return None
-        raw_channels = cols[self.channel_group]
-        first = raw_channels[0]
-        if raw_channels.count(first) == k:
-            channel = channels.get(first)
-            if channel is None:
-                return None
-            chans = [channel] * k
-        else:
-            chans = list(map(channels.get, raw_channels))  # type: ignore[arg-type]
-            if None in chans:
-                return None
+        chans = _canonical(cols[self.channel_group], channels)
+        if chans is None:
+            return None
         # One encode for every payload: a text holds no NUL (the layout's characters), so the split is exact.
         try:
             payloads = _SEP.join(cols[self.text_group]).encode("utf-8").split(b"\x00")

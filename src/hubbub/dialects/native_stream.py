@@ -107,6 +107,19 @@ class PublishRun:
         self.content_types.append(content_type)
         self.replies.append((rid, ack))
 
+    def extend(
+        self,
+        replies: list[tuple[int, bool]],
+        channels: list[str],
+        payloads: Sequence[bytes],
+        content_type: str,
+    ) -> None:
+        """Add publishes of one content type read at once (a learned layout's burst: native_shapes)."""
+        self.replies += replies
+        self.channels += channels
+        self.payloads += payloads
+        self.content_types += [content_type] * len(replies)
+
     def __repr__(self) -> str:
         return f"PublishRun({len(self)} publishes)"
 
@@ -382,11 +395,7 @@ class NativeStreamDecoder:
                         if run is None or len(run.replies) >= RUN_MAX:
                             run = PublishRun()
                             out.append(run)
-                        replies, chans, payloads = got
-                        run.replies += replies
-                        run.channels += chans
-                        run.payloads += payloads
-                        run.content_types += [DEFAULT_CONTENT_TYPE] * k
+                        run.extend(*got, DEFAULT_CONTENT_TYPE)
                         pos += k * size
                         continue
                     # This frame is not of the shape: decode frames alone a while (longer after each miss in a
@@ -590,11 +599,7 @@ def decode_messages(
                 if run is None or len(run.replies) >= RUN_MAX:
                     run = PublishRun()
                     out.append(run)
-                replies, chans, payloads = got
-                run.replies += replies
-                run.channels += chans
-                run.payloads += payloads
-                run.content_types += [_TEXT_TYPE] * k
+                run.extend(*got, _TEXT_TYPE)
                 i += k
                 continue
             # Decode messages alone a while (longer after each miss in a row), and learn from the next one.
