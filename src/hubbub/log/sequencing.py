@@ -30,16 +30,32 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final, Protocol
 
-from hubbub.events import hot_value
+from hubbub.events import Event, hot_value
 from hubbub.log.base import AppendRequest, AppendRun
 
-__all__ = ["FROM_RECORD", "AppendPlan", "IdemKey", "plan_append"]
+__all__ = ["FROM_RECORD", "AppendPlan", "IdemKey", "plan_append", "rebuilt_original"]
 
 #: An idempotency key as the rules compare it: ``(user, channel, idem)``.
 IdemKey = tuple[str, str, str]
 
 #: In :attr:`AppendPlan.dups`: the request repeats a key on record (``originals``), not one of the batch.
 FROM_RECORD: Final = -1
+
+
+def rebuilt_original(req: AppendRequest, channel: str, seq: int, epoch: str, time_ns: int) -> Event:
+    """The event a key on record (:data:`FROM_RECORD`) first appended at ``seq`` of ``epoch``, rebuilt from
+    its repeat ``req`` by an engine whose row of it was trimmed since: same key, so the same event."""
+    return Event(
+        channel,
+        seq,
+        epoch,
+        time_ns,
+        req.publisher,
+        req.payload,
+        req.content_type,
+        dict(req.headers),
+        tuple(req.tags),
+    )
 
 
 class _Head(Protocol):

@@ -19,7 +19,7 @@ from hubbub.log.base import AppendRequest, AppendResult, AppendRun
 from hubbub.log.postgres._heads import _Head
 from hubbub.log.postgres._reads import Conn, _Decoder
 from hubbub.log.records import encode_headers, encode_tags, event_size
-from hubbub.log.sequencing import FROM_RECORD, AppendPlan, IdemKey
+from hubbub.log.sequencing import FROM_RECORD, AppendPlan, IdemKey, rebuilt_original
 
 __all__ = ["append_rows"]
 
@@ -190,15 +190,4 @@ def _original(dec: _Decoder, name: str, found: Sequence[Any], req: AppendRequest
     _, _, _, seq, t, epoch, *rest = found
     if rest[0] is not None:
         return dec.events(name, epoch, [(seq, t, *rest)])[0]
-    # Trimmed since: rebuild it from the repeated request (same key, so the same event) and the position.
-    return Event(
-        name,
-        seq,
-        epoch,
-        t,
-        req.publisher,
-        req.payload,
-        req.content_type,
-        dict(req.headers),
-        tuple(req.tags),
-    )
+    return rebuilt_original(req, name, seq, epoch, t)  # trimmed since: rebuilt from the repeated request

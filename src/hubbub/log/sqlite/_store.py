@@ -50,7 +50,7 @@ from hubbub.log.base import (
     new_epoch,
 )
 from hubbub.log.consumers import JournalIndex
-from hubbub.log.sequencing import AppendPlan, IdemKey, plan_append
+from hubbub.log.sequencing import AppendPlan, IdemKey, plan_append, rebuilt_original
 from hubbub.log.sqlite._checkpointer import _Checkpointer
 from hubbub.log.sqlite._columns import ColumnReads
 from hubbub.log.sqlite._consumers import _ConsumerSide, _Row
@@ -387,18 +387,7 @@ class SqliteLogStore(_ConsumerSide, _StateSide, LogStore):
         row = rows.get((cid, seq))
         if row is not None:
             return self._events(name, epoch, [row])[0]
-        # Trimmed since: rebuild it from the repeated request (same key, so the same event) and the position.
-        return Event(
-            name,
-            seq,
-            epoch,
-            t,
-            req.publisher,
-            req.payload,
-            req.content_type,
-            dict(req.headers),
-            tuple(req.tags),
-        )
+        return rebuilt_original(req, name, seq, epoch, t)  # trimmed since: rebuilt from the repeated request
 
     def _trim_per_channel(self, conn: sqlite3.Connection, h: _Head) -> None:
         pol = self._retention
