@@ -42,6 +42,7 @@ from hubbub.log.base import (
     AppendResult,
     AppendRun,
     ChannelInfo,
+    EventRun,
     LogMark,
     LogPage,
     LogStore,
@@ -54,6 +55,7 @@ from hubbub.log.base import (
     new_epoch,
 )
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
+from hubbub.log.memory_epoch import Epoch, payload_bytes
 from hubbub.log.read_plan import take_upto
 from hubbub.log.records import encode_headers, encode_tags, event_size
 from hubbub.log.sequencing import FROM_RECORD, IdemKey, plan_append
@@ -75,42 +77,6 @@ def _no_append(_item: object) -> None:
 
 
 @dataclass(slots=True)
-class _Channel:
-    """One epoch of a channel (the current one, or a retired one)."""
-
-    epoch: str
-    id: int
-    top: int = 0
-    top_time: int = 0
-    bytes: int = 0
-    # Retained events, oldest first; always the contiguous seqs ``first .. top``. ``sizes`` and ``pos`` are
-    # per event too: its size and its log position.
-    events: list[Event] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
-    pos: list[int] = field(default_factory=list)
-
-    @property
-    def first(self) -> int:
-        return self.top - len(self.events) + 1
-
-    def took(self, top: int, top_time: int, nbytes: int) -> None:
-        """Events up to ``top`` (the last at ``top_time``) of ``nbytes`` in all were appended to the lists."""
-        self.top = top
-        self.top_time = top_time
-        self.bytes += nbytes
-
-    def trim_to(self, first: int) -> int:
-        """Drop every event below ``first``; returns how many were dropped."""
-        n = min(max(first - self.first, 0), len(self.events))
-        if n:
-            self.bytes -= sum(self.sizes[:n])
-            del self.events[:n]
-            del self.sizes[:n]
-            del self.pos[:n]
-        return n
-
-
-@dataclass(slots=True)
 class _Consumer:
     """A durable consumer and its journal (unacknowledged items by position, in position order)."""
 
@@ -123,12 +89,6 @@ class _Consumer:
 
     def info(self) -> ConsumerInfo:
         return ConsumerInfo(self.id, self.spec, self.created_ns, self.top, len(self.items), self.bytes)
-
-
-def _oldest_first(ch: _Channel) -> Iterator[tuple[int, _Channel, int]]:
-    """``(time_ns, channel, index)`` of a channel's retained events, oldest first."""
-    for i, e in enumerate(ch.events):
-        yield e.time_ns, ch, i
 
 
 class MemoryLogStore(LogStore):
@@ -157,9 +117,9 @@ class MemoryLogStore(LogStore):
         self._clock = clock
         # Reentrant: read_rows holds it across the reads it is made of (one snapshot).
         self._lock = threading.RLock()
-        self._channels: dict[str, _Channel] = {}
+        self._channels: dict[str, Epoch] = {}
         # Retired epochs holding events, per channel, oldest first.
-        self._retired: dict[str, list[_Channel]] = {}
+        self._retired: dict[str, list[Epoch]] = {}
         self._last_time = 0
         self._next_id = 1
         self._next_pos = 1
@@ -196,20 +156,21 @@ class MemoryLogStore(LogStore):
             channels = self._channels
             plan = plan_append(batch, channels, self._last_time, now, window, originals)
             for name in plan.created:
-                channels[name] = self._epoch_row()
+                channels[name] = self._epoch_row(name)
             results: list[AppendResult] = []
             add_result = results.append
-            touched: dict[str, _Channel] = {}
+            touched: dict[str, Epoch] = {}
             pos = self._next_pos
             # Plain loop with locals: core may run this on the event loop (``inline_append``), per event. A
             # batch is mostly runs of one channel's publishes: the channel is looked up, and its running
-            # figures written back (``_Channel.took``), once per run of it, not once per event.
+            # figures written back (``Epoch.took``), once per run of it, not once per event.
             # The duplicates' sources, in request order (``dups`` is), taken as their requests come.
             sources = iter(plan.dups.values())
-            ch: _Channel | None = None
+            ch: Epoch | None = None
             cur = ""
             epoch = ""
-            add_ev: Callable[[Event], None] = _no_append
+            add_time: Callable[[int], None] = _no_append
+            add_payload: Callable[[bytes], None] = _no_append
             add_size: Callable[[int], None] = _no_append
             add_pos: Callable[[int], None] = _no_append
             top = top_time = nbytes = 0
@@ -229,18 +190,18 @@ class MemoryLogStore(LogStore):
                         ch.took(top, top_time, nbytes)
                     ch = touched[name] = channels[name]
                     cur, epoch, nbytes = name, ch.epoch, 0
-                    add_ev, add_size, add_pos = ch.events.append, ch.sizes.append, ch.pos.append
+                    add_time, add_payload = ch.times.append, ch.payloads.append
+                    add_size, add_pos = ch.sizes.append, ch.pos.append
                 if isinstance(req, AppendRun):
                     # A run (one publisher's burst): its events in bulk, the per-event steps below as
                     # comprehensions.
                     pub, ctype = req.publisher, req.content_type
-                    payloads = [p if type(p) is bytes else bytes(p) for p in req.payloads]
+                    ch.share(seq, pub, ctype, _NO_HEADERS, ())
+                    payloads = payload_bytes(req.payloads)
                     k = len(payloads)
-                    evs = [
-                        Event(name, s, epoch, ts, pub, p, ctype, _NO_HEADERS, ())
-                        for s, ts, p in zip(range(seq, seq + k), range(t, t + k), payloads, strict=True)
-                    ]
-                    ch.events += evs
+                    times = range(t, t + k)
+                    ch.times += times
+                    ch.payloads += payloads
                     sizes = list(map(len, payloads))
                     ch.sizes += sizes
                     ch.pos += range(pos, pos + k)
@@ -248,7 +209,10 @@ class MemoryLogStore(LogStore):
                     nbytes += sum(sizes)
                     top = seq + k - 1
                     top_time = t + k - 1
-                    results += map(AppendResult, evs)
+                    results += [
+                        AppendResult(Event(name, s, epoch, ts, pub, p, ctype, _NO_HEADERS, ()))
+                        for s, ts, p in zip(range(seq, seq + k), times, payloads, strict=True)
+                    ]
                     continue
                 payload = req.payload
                 if type(payload) is not bytes:
@@ -262,7 +226,9 @@ class MemoryLogStore(LogStore):
                     tags = ()
                     size = len(payload)
                 ev = Event(name, seq, epoch, t, req.publisher, payload, req.content_type, headers, tags)
-                add_ev(ev)
+                ch.share(seq, req.publisher, req.content_type, headers, tags)
+                add_time(t)
+                add_payload(payload)
                 add_size(size)
                 add_pos(pos)
                 pos += 1
@@ -368,12 +334,12 @@ class MemoryLogStore(LogStore):
                         break
             return out
 
-    def _trim_channel(self, ch: _Channel) -> None:
+    def _trim_channel(self, ch: Epoch) -> None:
         pol = self._retention
-        if pol.max_events and len(ch.events) > pol.max_events:
+        if pol.max_events and len(ch) > pol.max_events:
             ch.trim_to(ch.top - pol.max_events + 1)
-        if pol.max_bytes and ch.bytes > pol.max_bytes:
-            excess, n = ch.bytes - pol.max_bytes, 0
+        if pol.max_bytes and ch.held > pol.max_bytes:
+            excess, n = ch.held - pol.max_bytes, 0
             while excess > 0:
                 excess -= ch.sizes[n]
                 n += 1
@@ -386,16 +352,16 @@ class MemoryLogStore(LogStore):
                 break
             del self._idem[key]
 
-    def _new_epoch(self, name: str) -> _Channel:
+    def _new_epoch(self, name: str) -> Epoch:
         old = self._channels.get(name)
-        if old is not None and old.events:
+        if old is not None and len(old):
             self._retired.setdefault(name, []).append(old)
-        ch = self._channels[name] = self._epoch_row()
+        ch = self._channels[name] = self._epoch_row(name)
         return ch
 
-    def _epoch_row(self) -> _Channel:
+    def _epoch_row(self, name: str) -> Epoch:
         """A new epoch with a new id (caller holds the lock)."""
-        ch = _Channel(epoch=new_epoch(), id=self._next_id)
+        ch = Epoch(name, new_epoch(), self._next_id)
         self._next_id += 1
         return ch
 
@@ -413,14 +379,14 @@ class MemoryLogStore(LogStore):
     def commits_may_be_lost(self, channel: str, epoch: str) -> bool:
         return False
 
-    def _all_epochs(self) -> Iterator[_Channel]:
+    def _all_epochs(self) -> Iterator[Epoch]:
         yield from self._channels.values()
         for old in self._retired.values():
             yield from old
 
     def _drop_empty_retired(self) -> None:
         for name in list(self._retired):
-            kept = [ch for ch in self._retired[name] if ch.events]
+            kept = [ch for ch in self._retired[name] if len(ch)]
             if kept:
                 self._retired[name] = kept
             else:
@@ -433,14 +399,14 @@ class MemoryLogStore(LogStore):
             if policy.max_age_s:
                 cutoff = now_ns - policy.max_age_s * _NS
                 for ch in self._all_epochs():
-                    n = bisect.bisect_left(ch.events, cutoff, key=lambda e: e.time_ns)
+                    n = ch.index_at_time(cutoff)
                     removed += ch.trim_to(ch.first + n)
             if policy.max_total_bytes:
-                total = sum(ch.bytes for ch in self._all_epochs())
+                total = sum(ch.held for ch in self._all_epochs())
                 if total > policy.max_total_bytes:
                     # The oldest events of the whole log by time: merge the epochs' (time-sorted) events.
-                    cut: dict[int, tuple[_Channel, int]] = {}
-                    streams = [_oldest_first(ch) for ch in self._all_epochs()]
+                    cut: dict[int, tuple[Epoch, int]] = {}
+                    streams = [ch.oldest_first() for ch in self._all_epochs()]
                     for _, ch, i in heapq.merge(*streams, key=lambda x: x[0]):
                         if total <= policy.max_total_bytes:
                             break
@@ -469,7 +435,7 @@ class MemoryLogStore(LogStore):
             self._drop_empty_retired()
             return self._info(channel, ch)
 
-    def _retired_epoch(self, channel: str, epoch: str) -> _Channel | None:
+    def _retired_epoch(self, channel: str, epoch: str) -> Epoch | None:
         return next((ch for ch in self._retired.get(channel, ()) if ch.epoch == epoch), None)
 
     def close(self) -> None:
@@ -509,7 +475,7 @@ class MemoryLogStore(LogStore):
             raise StorageError("log store is closed")
 
     @staticmethod
-    def _info(name: str, ch: _Channel) -> ChannelInfo:
+    def _info(name: str, ch: Epoch) -> ChannelInfo:
         return ChannelInfo(name, ch.epoch, ch.first, ch.top, ch.top_time)
 
     def head(self, channel: str) -> ChannelInfo:
@@ -544,14 +510,33 @@ class MemoryLogStore(LogStore):
                 ch = self._retired_epoch(channel, epoch)
             if ch is None or limit <= 0:
                 return []
-            evs = ch.events
             lo = max(after_seq + 1 - ch.first, 0)
-            hi = len(evs)
+            hi = len(ch)
             if from_time is not None:
-                lo = max(lo, bisect.bisect_left(evs, from_time, key=lambda e: e.time_ns))
+                lo = max(lo, ch.index_at_time(from_time))
             if to_time is not None:
-                hi = bisect.bisect_left(evs, to_time, key=lambda e: e.time_ns)
-            return evs[lo : min(hi, lo + limit)] if lo < hi else []
+                hi = ch.index_at_time(to_time)
+            return ch.events(lo, min(hi, lo + limit))
+
+    def read_runs(
+        self, channel: str, after_seq: int, up_to_seq: int, limit: int = 1000, *, max_bytes: int | None = None
+    ) -> list[EventRun]:
+        # Straight from the columns: an EventRun per stretch of shared fields, no Event per row.
+        with self._lock:
+            self._check_open()
+            ch = self._channels.get(channel)
+            if ch is None or up_to_seq <= after_seq or limit <= 0:
+                return []
+            lo = max(after_seq + 1 - ch.first, 0)
+            hi = min(len(ch), up_to_seq + 1 - ch.first, lo + limit)
+            if max_bytes is not None:
+                size = 0
+                for i in range(lo, hi):
+                    size += len(ch.payloads[i])
+                    if size >= max_bytes:
+                        hi = i + 1
+                        break
+            return ch.runs(lo, hi)
 
     def read_rows(
         self,
@@ -574,15 +559,15 @@ class MemoryLogStore(LogStore):
         size = max(size, 1)
         with self._lock:
             self._check_open()
-            epochs = [ch for ch in self._all_epochs() if ch.events]
+            epochs = [ch for ch in self._all_epochs() if len(ch)]
             names = {id(ch): name for name, ch in self._channels.items()}
             names.update((id(ch), name) for name, old in self._retired.items() for ch in old)
             channels = {ch.id: self._info(names[id(ch)], ch) for ch in epochs}
             retired = frozenset(ch.id for old in self._retired.values() for ch in old)
-            events = sum(len(ch.events) for ch in epochs)
-            nbytes = sum(ch.bytes for ch in epochs)
+            events = sum(map(len, epochs))
+            nbytes = sum(ch.held for ch in epochs)
             # (pos, time) of every event, in pos order (which is time order).
-            order = sorted((p, e.time_ns) for ch in epochs for p, e in zip(ch.pos, ch.events, strict=True))
+            order = sorted(pt for ch in epochs for pt in zip(ch.pos, ch.times, strict=True))
             if not order:
                 return ScanPlan((), 0, channels, events, nbytes, retired)
             max_time = order[-1][1]
@@ -610,7 +595,7 @@ class MemoryLogStore(LogStore):
                 rng = (-1, -1) if want is None else want.get(ch.id)
                 if rng is None:
                     continue
-                for p, e in zip(ch.pos, ch.events, strict=True):
+                for p, e in zip(ch.pos, ch.events(), strict=True):
                     if (
                         lo_pos <= p < hi_pos
                         and e.time_ns <= max_time
@@ -632,7 +617,7 @@ class MemoryLogStore(LogStore):
             self._check_open()
             best = 0
             for ch in self._all_epochs():
-                i = bisect.bisect_left(ch.events, time_ns, key=lambda e: e.time_ns)
+                i = ch.index_at_time(time_ns)
                 if i:
                     best = max(best, ch.pos[i - 1])
             return best
@@ -657,13 +642,13 @@ class MemoryLogStore(LogStore):
                     continue
                 lo = bisect.bisect_right(ch.pos, after_pos)
                 hi = bisect.bisect_right(ch.pos, mark.pos)
-                while hi > lo and ch.events[hi - 1].time_ns > mark.time_ns:
+                while hi > lo and ch.times[hi - 1] > mark.time_ns:
                     hi -= 1
                 if reverse:
                     lo = max(lo, hi - limit)
                 else:
                     hi = min(hi, lo + limit)
-                found.extend(zip(ch.pos[lo:hi], ch.events[lo:hi], strict=True))
+                found.extend(zip(ch.pos[lo:hi], ch.events(lo, hi), strict=True))
             found.sort(key=lambda pe: pe[0], reverse=reverse)
             del found[limit:]
             full = False
@@ -678,7 +663,7 @@ class MemoryLogStore(LogStore):
             ch = self._channels.get(channel)
             if ch is None or n <= 0:
                 return []
-            return ch.events[-n:]
+            return ch.events(len(ch) - n)
 
     def channels(
         self, after: str = "", limit: int = 1000, prefix: str = "", *, include_empty: bool = False
@@ -691,7 +676,7 @@ class MemoryLogStore(LogStore):
             names = sorted(
                 n
                 for n, ch in self._channels.items()
-                if (ch.events or include_empty) and n > after and (not prefix or n.startswith(prefix))
+                if (len(ch) or include_empty) and n > after and (not prefix or n.startswith(prefix))
             )
             return [self._info(n, self._channels[n]) for n in names[:limit]]
 
@@ -708,11 +693,11 @@ class MemoryLogStore(LogStore):
     def stats(self) -> StoreStats:
         with self._lock:
             self._check_open()
-            live = [ch for ch in self._all_epochs() if ch.events]
+            live = [ch for ch in self._all_epochs() if len(ch)]
             return StoreStats(
-                events=sum(len(ch.events) for ch in live),
-                bytes=sum(ch.bytes for ch in live),
-                channels=sum(1 for ch in self._channels.values() if ch.events),
+                events=sum(map(len, live)),
+                bytes=sum(ch.held for ch in live),
+                channels=sum(1 for ch in self._channels.values() if len(ch)),
                 retired_epochs=sum(len(old) for old in self._retired.values()),
             )
 
