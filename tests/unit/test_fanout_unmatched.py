@@ -1,4 +1,4 @@
-"""``SubscriptionRegistry.fan_out_committed`` asks the router once for a burst of events that match nothing
+"""``LiveFanOut.fan_out_committed`` asks the router once for a burst of events that match nothing
 (same channel and tags, one after the other), and again as soon as a fan-out ran (whose callbacks may have
 subscribed someone)."""
 
@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hubbub.core.subscriptions import SubscriptionRegistry
+from hubbub.core.batcher import _Completion
+from hubbub.core.live import LiveFanOut
 from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendResult
+from hubbub.log.base import AppendResult, EventRun
 
 
 class _Router:
@@ -26,13 +27,19 @@ class _FanOut:
         self.router = router
         self.got: list[tuple[tuple[str, ...], list[str]]] = []
         self.seqs: list[list[int]] = []
+        self.grouped = 0
 
     def fan_out(self, ev: Event, origin: Any) -> None:
         self.fan_out_run(self.router.match(ev.channel, ev.tags), [ev], origin)
 
-    def fan_out_run(self, subs: tuple[str, ...], run: list[Event], origin: Any) -> None:
+    def fan_out_run(
+        self, subs: tuple[str, ...], run: list[Event], origin: Any, runs: list[EventRun] | None = None
+    ) -> None:
         self.got.append((subs, [e.channel for e in run]))
         self.seqs.append([e.seq for e in run])
+        if runs is not None:  # given: they are the run's events, grouped
+            assert [e for r in runs for e in r.events()] == run
+            self.grouped += 1
         # A callback subscribes someone to /none (as a guble catch-up may change subscriptions).
         self.router.subs["/none"] = ("T",)
 
@@ -42,11 +49,9 @@ def _ev(channel: str, seq: int, tags: tuple[str, ...] = ()) -> AppendResult:
 
 
 def test_an_unmatched_burst_asks_once_and_a_fan_out_asks_again() -> None:
-    reg = SubscriptionRegistry(None, 10, lambda s: None)  # type: ignore[arg-type]
     router = _Router()
     fan = _FanOut(router)
-    reg.router = router  # type: ignore[assignment]
-    reg.fanout = fan  # type: ignore[assignment]
+    reg = LiveFanOut(router, set(), fan, {})  # type: ignore[arg-type]
     router.subs["/c"] = ("S2",)
     results = [
         _ev("/none", 1),
@@ -69,11 +74,9 @@ def test_a_matched_burst_of_one_publisher_asks_once_and_keeps_its_runs_apart() -
     """Events of one publisher, origin and channel (the same objects, as a commit of one read gives them)
     join their run without a router match each; another origin, other tags, headers or another publisher
     (counted under its own dialect) ask again, and every event goes out once, in order."""
-    reg = SubscriptionRegistry(None, 10, lambda s: None)  # type: ignore[arg-type]
     router = _Router()
     fan = _FanOut(router)
-    reg.router = router  # type: ignore[assignment]
-    reg.fanout = fan  # type: ignore[assignment]
+    reg = LiveFanOut(router, set(), fan, {})  # type: ignore[arg-type]
     pub, other = Publisher("native"), Publisher("mqtt")
     ch = "/b"
 
@@ -91,3 +94,36 @@ def test_a_matched_burst_of_one_publisher_asks_once_and_keeps_its_runs_apart() -
     assert fan.got == [(("S",), [ch] * 5), (("S",), [ch] * 4)]
     assert fan.seqs == [[1, 2, 3, 4, 5], [6, 7, 8, 9]]
     assert reg.published == {"native": 8, "mqtt": 1}
+
+
+def test_a_commit_of_submitted_runs_fans_out_run_by_run() -> None:
+    """Publishes submitted as runs (``WriteBatcher.submit_run``, whose items share one completion) fan out
+    as the runs they are: one router match each, every event once and in order, counted per dialect; what
+    follows the first item that is no run goes event by event."""
+    router = _Router()
+    fan = _FanOut(router)
+    reg = LiveFanOut(router, set(), fan, {})  # type: ignore[arg-type]
+    pub, other = Publisher("native"), Publisher("ivy")
+    ch = "/b"
+
+    def ev(seq: int, p: Publisher = pub) -> AppendResult:
+        return AppendResult(Event(ch, seq, "e", seq, p, b"%d" % seq, "x/y", {}, ()))
+
+    def run(origin: str, k: int) -> list[Any]:
+        return [(origin, _Completion(print, print, k, True), 0.0)] * k
+
+    results = [ev(s) for s in range(1, 8)] + [ev(8, other), ev(9, other)]
+    items = run("A", 3) + run("B", 1) + run("A", 2) + [("C", None, 0.0), *run("A", 2)]
+    reg.fan_out_committed(items, results)  # type: ignore[arg-type]
+    assert fan.seqs == [[1, 2, 3], [4], [5, 6], [7], [8, 9]]
+    assert [s for seqs in fan.seqs for s in seqs] == list(range(1, 10))
+    assert fan.grouped == 3  # the three leading runs; the rest as before, grouped by the fan-out
+    # One match per run; then event by event: 7, 8 (another publisher) and 8 again after 7's fan-out.
+    assert router.asked == [ch] * 6
+    assert reg.published == {"native": 7, "ivy": 2}
+
+    # A subscription holding: every event goes one by one, as without runs.
+    fan.seqs.clear()
+    held = LiveFanOut(router, {"S"}, fan, {})  # type: ignore[arg-type]
+    held.fan_out_committed(run("A", 3), [ev(s) for s in range(10, 13)])  # type: ignore[arg-type]
+    assert fan.seqs == [[10], [11], [12]]

@@ -48,6 +48,7 @@ __all__ = [
     "SubmitMany",
     "SubmitRun",
     "WriteBatcher",
+    "run_length",
 ]
 
 log = logging.getLogger("hubbub.node")
@@ -100,14 +101,16 @@ ACK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 class _Completion:
     """The completion of one :meth:`WriteBatcher.submit_many` call with ``done_many``: its ``count``
     publishes are consecutive in a commit batch (the writer never splits a submission), so a commit completes
-    them with one ``many`` call; a failed commit calls ``one`` per publish, as for any other submission."""
+    them with one ``many`` call; a failed commit calls ``one`` per publish, as for any other submission.
+    ``run``: they are one :meth:`WriteBatcher.submit_run` (see :func:`run_length`)."""
 
-    __slots__ = ("count", "many", "one")
+    __slots__ = ("count", "many", "one", "run")
 
-    def __init__(self, one: Done, many: DoneMany, count: int) -> None:
+    def __init__(self, one: Done, many: DoneMany, count: int, run: bool = False) -> None:
         self.one = one
         self.many = many
         self.count = count
+        self.run = run
 
     def __call__(self, r: AppendResult | HubbubError) -> None:
         self.one(r)
@@ -115,6 +118,15 @@ class _Completion:
 
 #: A submitted publish waiting for its commit: (origin session, done callback, submit tick's perf_counter).
 Pending = tuple[Session | None, Done | _Completion | None, float]
+
+
+def run_length(item: Pending) -> int:
+    """How many publishes of a committed batch, from ``item`` on, are one :meth:`WriteBatcher.submit_run`
+    (0 when ``item`` does not start one). Their results are then new events of one channel with consecutive
+    seqs of one epoch, one publisher, content type and origin, and no headers or tags: one
+    :class:`~hubbub.log.base.EventRun`, which the fan-out takes as it is."""
+    done = item[1]
+    return done.count if type(done) is _Completion and done.run else 0
 
 
 @final
@@ -291,7 +303,7 @@ class WriteBatcher:
             self._batch_t0 = time.perf_counter()
             assert self._loop is not None
             self._loop.call_soon(self.flush)
-        self._batch_items += [(origin, _Completion(done, done_many, n), self._batch_t0)] * n
+        self._batch_items += [(origin, _Completion(done, done_many, n, True), self._batch_t0)] * n
         if self._runs:
             self._batch_reqs.append(run)
         else:

@@ -71,7 +71,11 @@ class FanOut:
         self._plans.clear()
 
     def fan_out_run(
-        self, subs: tuple[Subscription, ...], events: list[Event], origin: Session | None
+        self,
+        subs: tuple[Subscription, ...],
+        events: list[Event],
+        origin: Session | None,
+        runs: list[EventRun] | None = None,
     ) -> None:
         """Fan out events that match the same subscriptions, none of them holding or filtered: every
         connection with the same encoding and subscription ids shares one :class:`FrameRun`, queued at once
@@ -79,7 +83,8 @@ class FanOut:
         encoder (``Encoder.per_connection``) encodes its own frames, through the run's shared rendering cache.
 
         A session's overflow may change the subscriptions meanwhile (a catch-up unsubscribes): ``subs`` holds
-        for this run only, and the caller matches the next run's events after this call."""
+        for this run only, and the caller matches the next run's events after this call. ``runs``:
+        ``runs_of(events)``, when the caller has them already."""
         plan = self._plan(subs)
         deliveries = self.deliveries
         if len(events) == 1:
@@ -106,7 +111,7 @@ class FanOut:
             if sess is origin and not sess.echo:
                 return
             try:
-                frames = _run_frames(sess.encoder, events, ids, None)
+                frames = _run_frames(sess.encoder, events, ids, runs)
                 n = sess.deliver_frames(frames, sum(map(len, frames)))
             except Exception as exc:  # this session's failure: see the module docstring
                 self.faults.close(sess, events[0].channel, events[0].seq, exc, events=len(events))
@@ -117,7 +122,6 @@ class FanOut:
             return
         run_caches: dict[str, list[dict[Any, Any]]] = {}
         run_frames: dict[tuple[str, tuple[str, ...]], FrameRun] = {}
-        runs: list[EventRun] | None = None
         todo = iter(plan)
         logged = None
         while True:

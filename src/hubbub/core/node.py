@@ -118,7 +118,7 @@ class Node:
     top_time: Callable[[], Awaitable[int]]
     oldest_time: Callable[[], Awaitable[int]]
     #: A relay's release (``relay``) of committed events, with their origins, to the matching sessions: one,
-    #: or several at once, fanned out as runs as a commit is (``SubscriptionRegistry.fan_out_events``).
+    #: or several at once, fanned out as runs as a commit is (``LiveFanOut.fan_out_events``).
     fan_out: Callable[[Event, Session | None], None]
     fan_out_many: Callable[[Iterable[tuple[Session | None, Event]]], None]
     #: Trims, new epochs and the log's state maps (``core/log_control.py``).
@@ -158,7 +158,7 @@ class Node:
         self._batcher = WriteBatcher(
             store,
             self.access,
-            self._registry.fan_out_committed,
+            self._registry.live.fan_out_committed,
             max_pending=s.max_pending,
             commit_batch=s.commit_batch,
             faults=self._registry.faults,
@@ -201,7 +201,7 @@ class Node:
         self.subscriptions = r.subscriptions
         self.watch_subscriptions = r.watch
         self.fan_out = r.fanout.fan_out
-        self.fan_out_many = r.fan_out_events
+        self.fan_out_many = r.live.fan_out_events
         ctl = LogControl(store, self._reads, b, lambda: self._closing)
         self.trim, self.reset_channel = ctl.trim, ctl.reset_channel
         self.state_get, self.state_list, self.state_set = ctl.state_get, ctl.state_list, ctl.state_set
@@ -290,7 +290,8 @@ class Node:
     def relay(self, relay: Relay | None) -> None:
         self._relay = relay
         # The batcher calls one of the two per committed batch: no check on the path without a relay.
-        self._batcher.on_committed = self._registry.fan_out_committed if relay is None else self._to_relay
+        live = self._registry.live
+        self._batcher.on_committed = live.fan_out_committed if relay is None else self._to_relay
         # A subscription waits for the relay to have every event committed before it (core/relay.py).
         self._replays.barrier = relay.barrier if isinstance(relay, SubscribeBarrier) else None
 

@@ -3,32 +3,30 @@
 The registry owns the router, the sessions and their subscriptions, and the set of subscriptions still
 *holding* (a replay being read and sent: live events for them are kept on the subscription's
 :class:`~hubbub.core.hold.Hold`, see :class:`~hubbub.core.replay_service.ReplayService` and
-:class:`~hubbub.core.junction.Junction`). Committed batches come in through
-:meth:`SubscriptionRegistry.fan_out_committed`, in commit order; :class:`~hubbub.core.fanout.FanOut` does the
-per-session delivery.
+:class:`~hubbub.core.junction.Junction`). Committed batches come in
+through its :class:`~hubbub.core.live.LiveFanOut` (``live``), in commit order;
+:class:`~hubbub.core.fanout.FanOut` does the per-session delivery.
 
 Concurrency contract: called from the event loop thread only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import final
 
 from hubbub.auth import Identity
 from hubbub.channels import Pattern
 from hubbub.errors import LimitExceeded, ShuttingDown, SubscriptionError
-from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendResult
+from hubbub.events import Event
 from hubbub.router import Router
 
 from .access import Access
-from .batcher import Pending
 from .fanout import FanOut
 from .faults import Faults
-from .filters import FILTER_PREFIX
 from .hold import Hold
+from .live import LiveFanOut
 from .session import Session
 
 __all__ = ["Subscription", "SubscriptionRegistry"]
@@ -78,6 +76,8 @@ class SubscriptionRegistry:
         self.faults = Faults()
         # Live delivery: reads the router and the holding set, counts into ``deliveries``.
         self.fanout = FanOut(self.router, self._holding, self.deliveries, self.faults)
+        #: Committed events in: matched, counted into ``published``, and handed to ``fanout`` (core/live.py).
+        self.live = LiveFanOut(self.router, self._holding, self.fanout, self.published)
         #: Called with (subscription, True) when a subscription is added and (subscription, False) when it
         #: goes (``Node.watch_subscriptions``); a watcher must not add or drop subscriptions itself.
         self.watchers: list[Callable[[Subscription, bool], None]] = []
@@ -244,93 +244,3 @@ class SubscriptionRegistry:
             hold = s.holding
             if hold is not None and hold.spilled:
                 hold.joins(sub)
-
-    # -- live fan-out -----------------------------------------------------------------------------------
-
-    def fan_out_committed(self, items: list[Pending], result: list[AppendResult]) -> None:
-        """Fan out a committed batch (after its acks), in commit order (:meth:`fan_out_events`), counting
-        each new event as published."""
-        self.fan_out_events(
-            [(item[0], r.event) for item, r in zip(items, result, strict=True) if not r.duplicate],
-            self.published,
-        )
-
-    def fan_out_events(
-        self, events: Iterable[tuple[Session | None, Event]], published: dict[str, int] | None = None
-    ) -> None:
-        """Fan out committed events with their origin sessions, in the order given: a commit's
-        (:meth:`fan_out_committed`, which counts them in ``published``, per dialect), or what a cluster relay
-        releases at once (``Node.fan_out_many``)."""
-        fan_out, fan_out_run = self.fanout.fan_out, self.fanout.fan_out_run
-        match = self.router.match
-        # Consecutive events with the same subscribers and origin (one publisher's burst on one channel)
-        # fan out as a run: each connection then takes the run's frames in one step (see FanOut.fan_out_run).
-        run: list[Event] = []
-        run_subs: tuple[Subscription, ...] = ()
-        run_origin: Session | None = None
-        # While the last event joined ``run``: its channel and tags. The next event with the same channel
-        # and tags objects, origin and publisher, and no headers (so no delivery filter) joins the run
-        # without asking the router: it matches what the run's first event matched, since nothing ran in
-        # between that could subscribe, unsubscribe or start a replay (the run fans out only once it ends).
-        run_channel: str | None = None
-        run_tags: tuple[str, ...] = ()
-        # The channel and tags of the last event that matched nothing: the next with the same ones matches
-        # nothing either (no fan-out ran in between, so nothing could subscribe), without asking the router.
-        none_channel: str | None = None
-        none_tags: tuple[str, ...] = ()
-        # Published events are counted per run of one publisher: ``counted`` of ``pub``'s so far.
-        pub: Publisher | None = None
-        counted = 0
-        for origin, ev in events:
-            p = ev.publisher
-            if p is pub:
-                counted += 1
-                if (
-                    ev.channel is run_channel
-                    and origin is run_origin
-                    and ev.tags is run_tags
-                    and not ev.headers
-                ):
-                    run.append(ev)
-                    continue
-            else:
-                if pub is not None and published is not None:
-                    published[pub.dialect] = published.get(pub.dialect, 0) + counted
-                pub, counted = p, 1
-            run_channel = None
-            if ev.channel is none_channel and ev.tags == none_tags:
-                continue
-            subs = match(ev.channel, ev.tags)
-            if not subs:
-                none_channel, none_tags = ev.channel, ev.tags
-                continue
-            none_channel = None
-            if not self._holding and not (
-                ev.headers and any(k.startswith(FILTER_PREFIX) for k in ev.headers)
-            ):
-                # Tagged events of one burst match the same subscriptions through different router results
-                # (the cache is keyed by their tags): equal tuples of the same subscriptions, compared by
-                # identity element by element (Subscription is identity-compared), still make a run.
-                if origin is run_origin and (subs is run_subs or (ev.tags and subs == run_subs)):
-                    run.append(ev)
-                    run_channel, run_tags = ev.channel, ev.tags
-                    continue
-                if run:
-                    fan_out_run(run_subs, run, run_origin)
-                    # That fan-out may have unsubscribed a session (a guble catch-up, which replays from the
-                    # log what it dropped and all that follows): match again, so it gets no event twice.
-                    subs = match(ev.channel, ev.tags)
-                    if not subs:
-                        run, run_subs = [], ()
-                        continue
-                run, run_subs, run_origin = [ev], subs, origin
-                run_channel, run_tags = ev.channel, ev.tags
-                continue
-            if run:
-                fan_out_run(run_subs, run, run_origin)
-                run, run_subs = [], ()
-            fan_out(ev, origin)
-        if run:
-            fan_out_run(run_subs, run, run_origin)
-        if pub is not None and published is not None:
-            published[pub.dialect] = published.get(pub.dialect, 0) + counted
