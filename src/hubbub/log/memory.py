@@ -1,7 +1,9 @@
 """``MemoryLogStore``: the reference engine. Everything lives in process memory; nothing survives a restart.
 
 It is written for obviousness, not speed, and every other engine is tested against it (the contract suite and
-the hypothesis state machine). Where ``base.py`` leaves a choice open, this file settles it for every engine:
+the hypothesis state machine); the one concession to speed is how a channel epoch keeps its events: as
+columns (``memory_epoch.py``), which the garbage collector does not walk event by event, built back into
+events when read. Where ``base.py`` leaves a choice open, this file settles it for every engine:
 
 * One batch reads the clock once (``now``); its events get times ``max(now, last + 1)``, ``+ 1``, … in request
   order, so ``time_ns`` is strictly increasing over the whole log, not only per channel.
