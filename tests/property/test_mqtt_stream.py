@@ -32,6 +32,9 @@ fm = _load()
 # A SUBSCRIBE and an UNSUBSCRIBE of its filter in one read: the filter was kept when read whole, dropped when
 # read in pieces.
 @example(b"\x01\x00\x00\x00\x95\x00\x00\xea\x00\x00")
+# A QoS 2 PUBLISH and a copy of it in one read: the copy got no PUBREC when read before the commit, one when
+# read after it.
+@example(b"\x01\x02\x0e\x00\x0e\x8c\x00")
 def test_streams_keep_the_connection_properties(data: bytes) -> None:
     fm.check_stream(fm.stream_from_bytes(data))
 

@@ -346,7 +346,9 @@ def test_qos2_publish_is_published_once_per_identifier() -> None:
     (cmd,) = conn.receive_data(pub)
     assert cmd == mq.MqttPublish("/t", b"x", 2, False, 9)
     assert conn.receive_data(c.encode_publish("t", b"x", 2, dup=True, packet_id=9)) == []  # before the commit
-    assert sent(conn.published(cmd)) == [c.Ack(c.PUBREC, 9)]
+    # Its PUBREC goes with the original's: the same replies as when the copy is read after the commit, so
+    # they do not depend on how the reads were cut (found by tests/property/test_mqtt_stream.py).
+    assert sent(conn.published(cmd)) == [c.Ack(c.PUBREC, 9), c.Ack(c.PUBREC, 9)]
     dup = conn.receive_data(c.encode_publish("t", b"x", 2, dup=True, packet_id=9))
     assert sent(dup) == [c.Ack(c.PUBREC, 9)]
     assert sent(conn.receive_data(c.encode_ack(c.PUBREL, 9))) == [c.Ack(c.PUBCOMP, 9)]

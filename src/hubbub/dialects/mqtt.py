@@ -279,6 +279,9 @@ class MqttConnection:
         self._cancelled: dict[str, int] = {}
         #: QoS 2 identifiers from PUBLISH to PUBREL, each True once committed (its PUBREC sent).
         self.qos2_in: dict[int, bool] = {}
+        #: Copies of a QoS 2 PUBLISH read before the original was committed, per identifier: each is owed
+        #: a PUBREC, sent with the original's (so the replies do not depend on how the reads were cut).
+        self._qos2_owed: dict[int, int] = {}
         self.outbound = Outbound(max_inflight)
         self._pause_limit = 0
         #: Why the connection closed, for the server's log.
@@ -344,6 +347,7 @@ class MqttConnection:
         if isinstance(p, Ack):
             if p.kind == PUBREL:
                 self.qos2_in.pop(p.packet_id, None)
+                self._qos2_owed.pop(p.packet_id, None)
                 return [Send(encode_ack(PUBCOMP, p.packet_id))]
             rel, done = self.outbound.acked(p.kind, p.packet_id)
             out: list[object] = [Send(rel)] if rel is not None else []
@@ -414,7 +418,10 @@ class MqttConnection:
         if p.qos == 2:
             committed = self.qos2_in.get(p.packet_id)
             if committed is not None:  # a duplicate: published once [MQTT-4.3.3-2]
-                return [Send(encode_ack(PUBREC, p.packet_id))] if committed else []
+                if committed:
+                    return [Send(encode_ack(PUBREC, p.packet_id))]
+                self._qos2_owed[p.packet_id] = self._qos2_owed.get(p.packet_id, 0) + 1
+                return []
             self.qos2_in[p.packet_id] = False
         return [MqttPublish(channel, p.payload, p.qos, p.retain, p.packet_id)]
 
@@ -425,7 +432,7 @@ class MqttConnection:
             return [Send(encode_ack(PUBACK, cmd.packet_id))]
         if cmd.qos == 2 and cmd.packet_id in self.qos2_in:
             self.qos2_in[cmd.packet_id] = True
-            return [Send(encode_ack(PUBREC, cmd.packet_id))]
+            return [Send(encode_ack(PUBREC, cmd.packet_id))] * (1 + self._qos2_owed.pop(cmd.packet_id, 0))
         return []
 
     def _subscribe(self, p: SubscribePacket) -> list[object]:
