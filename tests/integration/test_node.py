@@ -281,7 +281,8 @@ def test_storage_failure_reaches_publisher(tmp_path: Path) -> None:
             def broken(batch: Any) -> Any:
                 raise OSError("disk gone")
 
-            store.append = broken  # type: ignore[method-assign]
+            # Both ways in: the writer asks the memory store through append_runs (log/appended.py).
+            store.append = store.append_runs = broken  # type: ignore[method-assign]
             with pytest.raises(HubbubError) as info:
                 await node.publish(req("/x", "1"))
             assert info.value.code == 4301

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from hubbub.dialects import native as nc
 from hubbub.dialects.native_replies import REPLY_SHAPES_MAX
 from hubbub.events import Event, Publisher
+from hubbub.log.appended import RunAppended
+from hubbub.log.base import EventRun
 from tests.hypothesis_budget import examples
 
 widths = st.sampled_from([0, 1, 127, 128, 255, 256, 65535, 65536, (1 << 32) - 1, 1 << 32, (1 << 63) - 1])
@@ -195,3 +197,27 @@ def test_a_run_across_every_integer_width_is_each_packed_reply(encoding: nc.Enco
                 want["time"] = str(ev.time_ns)
                 assert frame == orjson.dumps(want)
         assert got == [codec.encode_publish_reply(rid, r.event) for rid, r in replies]
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.one_of(ints, st.sampled_from(["s", None])), st.booleans()), min_size=1, max_size=40
+    ),
+    st.sampled_from([1, 127, 255, 65530, (1 << 32) - 3, (1 << 63) - 50]),
+    st.lists(st.integers(0, (1 << 63) - 1), min_size=40, max_size=40),
+    st.sampled_from(["msgpack", "json"]),
+)
+def test_the_replies_of_a_run_are_those_of_its_results(
+    publishes: list[tuple[object, bool]], seq0: int, times: list[int], encoding: str
+) -> None:
+    """A run answered as one (``RunAppended``) is encoded from its rows: the same replies as from the
+    results it stands for, across the widths of seqs, ids and times (and ids of other types)."""
+    codec = nc.NativeCodec(encoding)  # type: ignore[arg-type]
+    proto = event("/run", seq0, "ep", times[0])
+    rows = [(t, b"p") for t in sorted(times)[: len(publishes)]]
+    run = EventRun(Event(proto.channel, seq0, "ep", rows[0][0], proto.publisher, b"p", "x/y", {}, ()), rows)
+    for _ in range(2):  # the second time from the kept templates
+        got = codec.publish_replies.encode_run(publishes, run.proto, run.rows)  # type: ignore[arg-type]
+        want = codec.encode_publish_replies(publishes, RunAppended(run).results())  # type: ignore[arg-type]
+        assert got == want

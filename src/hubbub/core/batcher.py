@@ -25,11 +25,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar, final
 
 from hubbub.auth import Identity
 from hubbub.errors import HubbubError, RateLimited, ShuttingDown
+from hubbub.events import Event
+from hubbub.log.appended import Committed, RunAppended
 from hubbub.log.base import AppendRequest, AppendResult, AppendRun, LogStore
 
 from .access import Access
@@ -57,7 +59,7 @@ T = TypeVar("T")
 
 Done = Callable[["AppendResult | HubbubError"], None]
 #: Completes a run of one connection's committed publishes, in order (:meth:`WriteBatcher.submit_many`).
-DoneMany = Callable[["list[AppendResult]"], None]
+DoneMany = Callable[["Sequence[AppendResult]"], None]
 
 
 class Submit(Protocol):
@@ -137,7 +139,7 @@ class WriteBatcher:
         self,
         store: LogStore,
         access: Access,
-        on_committed: Callable[[list[Pending], list[AppendResult]], None],
+        on_committed: Callable[[list[Pending], list[Committed]], None],
         *,
         max_pending: int,
         commit_batch: int,
@@ -153,7 +155,7 @@ class WriteBatcher:
         self.on_committed = on_committed
         #: Runs on the loop with the results of every successful commit, after the publishers' acks and
         #: before live fan-out: the durable-consumer service (core/consumers.py) takes its journal items here.
-        self.commit_hook: Callable[[list[AppendResult]], None] | None = None
+        self.commit_hook: Callable[[list[Committed]], None] | None = None
         #: Set once the node closes: every submission then raises :class:`ShuttingDown`.
         self.closing = False
         self.writer: LogWriter | None = None
@@ -379,7 +381,7 @@ class WriteBatcher:
         """Publishes submitted and not committed yet."""
         return self._pending
 
-    def _on_committed(self, items: list[Pending], result: list[AppendResult] | HubbubError) -> None:
+    def _on_committed(self, items: list[Pending], result: list[Committed] | HubbubError) -> None:
         self._pending -= len(items)
         if self._pending < self.max_pending // 2:
             self._room.set()
@@ -400,11 +402,12 @@ class WriteBatcher:
         except Exception:
             log.exception("fan-out of a committed batch failed", extra=_batch_context(result))
 
-    def _done_failed(self, origin: Session | None, r: AppendResult | None, exc: Exception, k: int) -> None:
+    def _done_failed(self, origin: Session | None, r: Committed | None, exc: Exception, k: int) -> None:
         """A publisher's ``done`` callback raised for ``k`` of its publishes: its connection is closed (its
         replies would be out of step) and they are settled, or, for a publish of no connection, the failure
         is logged."""
-        channel, seq = (r.event.channel, r.event.seq) if r is not None else ("", 0)
+        ev = _first_event(r) if r is not None else None
+        channel, seq = (ev.channel, ev.seq) if ev is not None else ("", 0)
         if origin is not None:
             self.faults.close(origin, channel, seq, exc, stage="publish completion")
             origin.settled(k)
@@ -419,7 +422,7 @@ class WriteBatcher:
 
 
 #: :meth:`WriteBatcher._done_failed`: a publisher's ``done`` raised for ``k`` of its publishes.
-_Failed = Callable[[Session | None, "AppendResult | None", Exception, int], None]
+_Failed = Callable[[Session | None, "Committed | None", Exception, int], None]
 
 
 def _fail_all(items: list[Pending], err: HubbubError, failed: _Failed) -> None:
@@ -440,7 +443,7 @@ def _fail_all(items: list[Pending], err: HubbubError, failed: _Failed) -> None:
 
 
 def _complete(
-    items: list[Pending], result: list[AppendResult], observe: Callable[[float, int], None], failed: _Failed
+    items: list[Pending], result: list[Committed], observe: Callable[[float, int], None], failed: _Failed
 ) -> None:
     """A committed batch's completions, in submission order: each publish's ``done`` (a ``_Completion`` once
     for its publishes), each settled, and the ack latency observed per submit tick; a ``done`` that raises
@@ -462,14 +465,16 @@ def _complete(
                     k = done.count
                     n_run += k
                     i += k
-                    done.many(result[i - k : i])
+                    # A run answered as one (``hubbub.log.appended``) is the sequence of its results.
+                    first = result[i - k]
+                    done.many(first if type(first) is RunAppended else _results(result[i - k : i]))
                     if origin is not None:  # always, for submit_many
                         origin.settled(k)
                     continue
                 n_run += 1
                 i += 1
                 if done is not None:
-                    done(result[i - 1])
+                    done(result[i - 1])  # type: ignore[arg-type]  # (only a _Completion has runs)
                 if origin is not None:
                     origin.settled(1)
             break
@@ -478,11 +483,21 @@ def _complete(
     observe(now - t_run, n_run)
 
 
-def _batch_context(result: list[AppendResult]) -> dict[str, Any]:
+def _batch_context(result: list[Committed]) -> dict[str, Any]:
     """A committed batch's context for a log line: its size and first event's place (never a payload)."""
-    first = result[0].event if result else None
+    first = _first_event(result[0]) if result else None
     return {
         "events": len(result),
         "channel": first.channel if first is not None else "",
         "seq": first.seq if first is not None else 0,
     }
+
+
+def _first_event(r: Committed) -> Event:
+    """The event of a result, or the first of a run's (a log line's context)."""
+    return r.run.proto if isinstance(r, RunAppended) else r.event
+
+
+def _results(results: list[Committed]) -> list[AppendResult]:
+    """Results of a submission that is no run answered as one: each an ``AppendResult``."""
+    return results  # type: ignore[return-value]

@@ -20,7 +20,8 @@ from itertools import repeat
 from typing import Any, Final
 
 from hubbub.errors import HubbubError, StorageError
-from hubbub.log.base import AppendResult, ConsumerJournal
+from hubbub.log.appended import Committed, expand_runs
+from hubbub.log.base import ConsumerJournal
 from hubbub.log.consumers import JournalItem, Retry
 
 from .consumer_groups import LiveGroups
@@ -240,7 +241,7 @@ class Delivery:
 
     # -- journal notifications -----------------------------------------------------------------------------
 
-    def committed(self, results: list[AppendResult]) -> None:
+    def committed(self, committed: list[Committed]) -> None:
         """The batcher's ``commit_hook``: take each commit's journal items, and feed live groups (on a node
         with a cluster relay, the relay's releases feed them instead: :meth:`ConsumerService.released`).
 
@@ -253,6 +254,7 @@ class Delivery:
         groups = self._groups.index if self._node.relay is None else None
         if not by_id and not groups and not self.creating:
             return  # nothing to do per event (a create under way must see its early items: _unknown)
+        results = expand_runs(committed)  # (a run answered as one journaled nothing: groups want its events)
         shared = self.shared
         max_items = self.max_items
         held, held_max = self.held.total, self.held.limit

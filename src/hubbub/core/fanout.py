@@ -73,7 +73,7 @@ class FanOut:
     def fan_out_run(
         self,
         subs: tuple[Subscription, ...],
-        events: list[Event],
+        events: Sequence[Event],
         origin: Session | None,
         runs: list[EventRun] | None = None,
     ) -> None:
@@ -270,7 +270,7 @@ def _hold(group: list[Subscription], event: Event) -> bool:
 
 
 def _run_frames(
-    encoder: Encoder, events: list[Event], ids: tuple[str, ...], runs: list[EventRun] | None
+    encoder: Encoder, events: Sequence[Event], ids: tuple[str, ...], runs: list[EventRun] | None
 ) -> list[bytes]:
     """The live event frames of ``events`` (one fan-out run) for a connection whose matching subscriptions are
     ``ids``. Through ``RunEncoder.encode_run`` (every field the events share encoded once per

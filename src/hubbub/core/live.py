@@ -12,11 +12,12 @@ Concurrency contract: called from the event loop thread only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, final
 
 from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendResult, EventRun
+from hubbub.log.appended import Committed, RunAppended, RunEvents, expand_runs
+from hubbub.log.base import EventRun
 from hubbub.router import Router
 
 from .batcher import Pending, run_length
@@ -47,48 +48,49 @@ class LiveFanOut:
         self.fanout = fanout
         self.published = published
 
-    def fan_out_committed(self, items: list[Pending], result: list[AppendResult]) -> None:
+    def fan_out_committed(self, items: list[Pending], result: list[Committed]) -> None:
         """Fan out a committed batch (after its acks), in commit order (:meth:`fan_out_events`), counting
         each new event as published.
 
         The batch's leading runs (:func:`~hubbub.core.batcher.run_length`: one connection's burst to one
         channel, the steady state of a publisher) fan out as the runs they are, with one match each and
-        without grouping their events again, unless a subscription is holding (its events go one by one)."""
+        without grouping their events again (a run the store answered as one, ``RunAppended``, without an
+        event each unless an encoder asks for them), unless a subscription is holding (its events go one by
+        one)."""
         i, n = 0, len(items)
         # (A run's fan-out may start a hold, by a catch-up: the next run then goes one by one.)
         while i < n and not self._holding:
             k = run_length(items[i])
-            if not k or not self._fan_out_committed_run(items[i][0], [r.event for r in result[i : i + k]]):
+            if not k:
                 break
+            first = result[i]
+            if type(first) is RunAppended:
+                self._fan_out_run(items[i][0], first.run, RunEvents(first.run))
+            else:
+                events = [r.event for r in result[i : i + k]]  # type: ignore[union-attr]  # (not a run)
+                run = _as_run(events)
+                if run is None:
+                    break
+                self._fan_out_run(items[i][0], run, events)
             i += k
         if i < n:
             self.fan_out_events(
                 [
                     (item[0], r.event)
-                    for item, r in zip(items[i:], result[i:], strict=True)
+                    for item, r in zip(items[i:], expand_runs(result[i:]), strict=True)
                     if not r.duplicate
                 ],
                 self.published,
             )
 
-    def _fan_out_committed_run(self, origin: Session | None, events: list[Event]) -> bool:
-        """Fan out the events of one committed run (:meth:`fan_out_committed`); False, with nothing done,
-        when they are not one :class:`EventRun` after all (the caller fans them out one by one)."""
-        first, last = events[0], events[-1]
-        if (
-            last.seq - first.seq != len(events) - 1
-            or last.epoch != first.epoch
-            or first.headers
-            or first.tags
-        ):
-            return False
-        dialect = first.publisher.dialect
-        self.published[dialect] = self.published.get(dialect, 0) + len(events)
-        subs = self.router.match(first.channel, ())
+    def _fan_out_run(self, origin: Session | None, run: EventRun, events: Sequence[Event]) -> None:
+        """Fan out one committed run (:meth:`fan_out_committed`), ``events`` its events."""
+        proto = run.proto
+        dialect = proto.publisher.dialect
+        self.published[dialect] = self.published.get(dialect, 0) + len(run.rows)
+        subs = self.router.match(proto.channel, ())
         if subs:
-            run = EventRun(first, [(e.time_ns, e.payload) for e in events])
             self.fanout.fan_out_run(subs, events, origin, [run])
-        return True
 
     def fan_out_events(
         self, events: Iterable[tuple[Session | None, Event]], published: dict[str, int] | None = None
@@ -169,3 +171,12 @@ class LiveFanOut:
             fan_out_run(run_subs, run, run_origin)
         if pub is not None and published is not None:
             published[pub.dialect] = published.get(pub.dialect, 0) + counted
+
+
+def _as_run(events: list[Event]) -> EventRun | None:
+    """The events of a submitted run answered one by one, as the :class:`EventRun` they are (None when
+    they are not one after all: the caller fans them out one by one)."""
+    first, last = events[0], events[-1]
+    if last.seq - first.seq != len(events) - 1 or last.epoch != first.epoch or first.headers or first.tags:
+        return None
+    return EventRun(first, [(e.time_ns, e.payload) for e in events])

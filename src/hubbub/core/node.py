@@ -51,7 +51,8 @@ from hubbub.auth import Authenticator, Authorizer, Identity
 from hubbub.channels import Pattern
 from hubbub.errors import EpochMismatch, ShuttingDown
 from hubbub.events import Event
-from hubbub.log.base import AppendResult, ChannelInfo, EventLog, LogStore, RetentionPolicy
+from hubbub.log.appended import Committed, expand_runs
+from hubbub.log.base import ChannelInfo, EventLog, LogStore, RetentionPolicy
 from hubbub.selection import ReplaySpec, Selection, SubtreeFetch
 
 from .access import Access
@@ -295,9 +296,9 @@ class Node:
         # A subscription waits for the relay to have every event committed before it (core/relay.py).
         self._replays.barrier = relay.barrier if isinstance(relay, SubscribeBarrier) else None
 
-    def _to_relay(self, items: list[Pending], result: list[AppendResult]) -> None:
+    def _to_relay(self, items: list[Pending], result: list[Committed]) -> None:
         assert self._relay is not None
-        self._relay.committed(committed_events(items, result, self._registry.published))
+        self._relay.committed(committed_events(items, expand_runs(result), self._registry.published))
 
     def matching(self, channel: str, tags: Collection[str] = ()) -> tuple[Subscription, ...]:
         """The subscriptions a committed event on ``channel`` with ``tags`` matches now, every dialect's (in

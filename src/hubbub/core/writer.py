@@ -38,7 +38,8 @@ from collections.abc import Callable
 from typing import Any, Final, cast
 
 from hubbub.errors import HubbubError, StorageError
-from hubbub.log.base import AppendRequest, AppendResult, AppendRun, LogStore
+from hubbub.log.appended import Committed, RunAppender, answers_runs
+from hubbub.log.base import AppendRequest, AppendRun, LogStore
 
 __all__ = ["SWITCH_INTERVAL_S", "LogWriter"]
 
@@ -81,11 +82,13 @@ class LogWriter:
         self,
         store: LogStore,
         loop: asyncio.AbstractEventLoop,
-        on_committed: Callable[[list[Any], list[AppendResult] | HubbubError], None],
+        on_committed: Callable[[list[Any], list[Committed] | HubbubError], None],
         max_batch: int = 4096,
         on_crash: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._store = store
+        #: A store that answers runs as runs (``hubbub.log.appended``) is asked to: the batcher takes them.
+        self._runs = answers_runs(store)
         self._loop = loop
         self._on_committed = on_committed
         #: Called on the loop if the thread dies of a failure outside any one append or control (a bug):
@@ -132,7 +135,7 @@ class LogWriter:
 
     def append_inline(
         self, requests: list[AppendRequest | AppendRun], events: int
-    ) -> list[AppendResult] | HubbubError:
+    ) -> list[Committed] | HubbubError:
         """Append on the calling (loop) thread and return the results, or the error that fails them all.
 
         Only for engines with ``inline_append`` (or batches within ``inline_append_max``) and only while
@@ -239,13 +242,17 @@ class LogWriter:
 
     def _append(
         self, requests: list[AppendRequest | AppendRun], events: int
-    ) -> list[AppendResult] | HubbubError:
+    ) -> list[Committed] | HubbubError:
         """One ``store.append`` of ``events`` events; any failure becomes the error every request of the
         batch gets."""
         try:
             # Runs only reach a store that ``takes_runs`` (``WriteBatcher.submit_run``), whose ``append``
             # declares them.
-            result = self._store.append(cast("list[AppendRequest]", requests))
+            store = self._store
+            if self._runs:
+                result = cast("RunAppender", store).append_runs(requests)
+            else:
+                result = store.append(cast("list[AppendRequest]", requests))  # type: ignore[assignment]
         except HubbubError as exc:
             log.error("log append failed: %s", exc)
             if isinstance(exc, StorageError):
@@ -260,7 +267,7 @@ class LogWriter:
         self.events += events
         return result
 
-    def _committed(self, merged: int, items: list[Any], result: list[AppendResult] | HubbubError) -> None:
+    def _committed(self, merged: int, items: list[Any], result: list[Committed] | HubbubError) -> None:
         # On the loop: the submissions count as completed before the callback runs, so that it (and what it
         # wakes) already sees the writer idle when nothing else is queued.
         self._outstanding -= merged

@@ -32,6 +32,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from operator import itemgetter
 from typing import Any, Final, Protocol
 
 from hubbub.disconnect import Disconnect
@@ -60,6 +61,9 @@ class Admit(enum.Enum):
 
 
 #: (phase, command kind) → (verdict, next phase): the table of the module docstring.
+#: Whether a queued publish ``(id, ack wanted)`` wants its reply.
+_WANTS_ACK: Final = itemgetter(1)
+
 _TABLE: Final[dict[tuple[Phase, str], tuple[Admit, Phase]]] = {
     (Phase.HELLO, "hello"): (Admit.HELLO, Phase.HELLO),
     (Phase.HELLO, "pong"): (Admit.IGNORE, Phase.HELLO),
@@ -248,6 +252,11 @@ class NativeProtocol:
         else:
             popleft = pending.popleft
             publishes = [popleft() for _ in range(n)]
+        if not any(map(_WANTS_ACK, publishes)):
+            return []  # (nothing read from the results, which a run builds only when read)
+        run = getattr(results, "run", None)
+        if run is not None:  # a run answered as one (``hubbub.log.appended.RunAppended``): from its rows
+            return self.codec.publish_replies.encode_run(publishes, run.proto, run.rows)
         return self.codec.encode_publish_replies(publishes, results)
 
     # -- batched publishes (publish_batch) --------------------------------------------------------------

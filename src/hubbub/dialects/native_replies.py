@@ -161,6 +161,36 @@ class PublishReplies:
             add(pack(head, rid, mid, seq, tail, t))  # type: ignore[misc]
         return out
 
+    def encode_run(
+        self, publishes: Sequence[tuple[Any, bool]], proto: Event, rows: Sequence[tuple[int, bytes]]
+    ) -> list[bytes]:
+        """:meth:`encode_many` of a committed run's results, none a duplicate: event ``i`` is ``proto`` with
+        seq ``proto.seq + i`` and ``(time, payload)`` ``rows[i]`` (``EventRun``), read without building it."""
+        general = self._general
+        channel, epoch, seq0 = proto.channel, proto.epoch, proto.seq
+        out: list[bytes] = []
+        add = out.append
+        fmt = (self._formats.get((channel, epoch)) or self._format(channel, epoch)) if self._json else b""
+        pack, head, mid, tail, ilo, ihi, slo, shi, tlo, thi = _NONE
+        for i, ((rid, want), (t, payload)) in enumerate(zip(publishes, rows, strict=True)):
+            if not want:
+                continue
+            seq = seq0 + i
+            if type(rid) is int and fmt:
+                add(fmt % (rid, seq, t))
+                continue
+            if type(rid) is int and not (ilo <= rid <= ihi and slo <= seq <= shi and tlo <= t <= thi):
+                shape = self._shape(channel, epoch, rid, seq, t)
+                if shape is not None:
+                    pack, head, mid, tail, ilo, ihi, slo, shi, tlo, thi = shape
+            if type(rid) is int and ilo <= rid <= ihi and slo <= seq <= shi and tlo <= t <= thi:
+                add(pack(head, rid, mid, seq, tail, t))  # type: ignore[misc]
+            else:  # a reply no template covers: from its event
+                p = proto
+                ev = Event(channel, seq, epoch, t, p.publisher, payload, p.content_type, p.headers, p.tags)
+                add(general(rid, ev, False))
+        return out
+
     def _json_many(self, publishes: Sequence[tuple[Any, bool]], results: Sequence[Any]) -> list[bytes]:
         """:meth:`encode_many` in JSON: one ``%`` format per reply from its (channel, epoch) template."""
         general = self._general

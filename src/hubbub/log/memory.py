@@ -39,6 +39,7 @@ from typing import Final
 
 from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.events import Event
+from hubbub.log.appended import RunAppended
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
@@ -71,6 +72,12 @@ _NS = 1_000_000_000
 #: bytes an event, which a store that keeps millions of events allocates and touches once per publish).
 #: Events are never mutated (``hubbub.events``), so sharing it is safe.
 _NO_HEADERS: Final[dict[str, str]] = {}
+
+
+def _single(r: AppendResult | RunAppended) -> AppendResult:
+    """The result of a request with an idempotency key (never a run's: a run has no key)."""
+    assert type(r) is AppendResult
+    return r
 
 
 def _no_append(_item: object) -> None:
@@ -139,6 +146,16 @@ class MemoryLogStore(LogStore):
     # -- writer side ---------------------------------------------------------------------------------
 
     def append(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult]:
+        return self._append(batch, False)  # type: ignore[return-value]  # (no RunAppended without runs)
+
+    def append_runs(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult | RunAppended]:
+        """``RunAppender.append_runs``: a run's events are journaled when a durable consumer exists, so then
+        every result is built, as :meth:`append` builds them."""
+        return self._append(batch, not self._jindex)
+
+    def _append(
+        self, batch: Sequence[AppendRequest | AppendRun], as_runs: bool
+    ) -> list[AppendResult | RunAppended]:
         with self._lock:
             self._check_open()
             now = self._clock()
@@ -159,7 +176,7 @@ class MemoryLogStore(LogStore):
             plan = plan_append(batch, channels, self._last_time, now, window, originals)
             for name in plan.created:
                 channels[name] = self._epoch_row(name)
-            results: list[AppendResult] = []
+            results: list[AppendResult | RunAppended] = []
             add_result = results.append
             touched: dict[str, Epoch] = {}
             pos = self._next_pos
@@ -183,7 +200,7 @@ class MemoryLogStore(LogStore):
                     orig = (
                         idem_keys[(req.publisher.user, name, req.idem)]
                         if src == FROM_RECORD
-                        else results[plan.result_index(src)].event
+                        else _single(results[plan.result_index(src)]).event
                     )
                     add_result(AppendResult(orig, duplicate=True))
                     continue
@@ -211,10 +228,14 @@ class MemoryLogStore(LogStore):
                     nbytes += sum(sizes)
                     top = seq + k - 1
                     top_time = t + k - 1
-                    results += [
-                        AppendResult(Event(name, s, epoch, ts, pub, p, ctype, _NO_HEADERS, ()))
-                        for s, ts, p in zip(range(seq, seq + k), times, payloads, strict=True)
-                    ]
+                    if as_runs:
+                        proto = Event(name, seq, epoch, t, pub, payloads[0], ctype, _NO_HEADERS, ())
+                        results += [RunAppended(EventRun(proto, list(zip(times, payloads, strict=True))))] * k
+                    else:
+                        results += [
+                            AppendResult(Event(name, s, epoch, ts, pub, p, ctype, _NO_HEADERS, ()))
+                            for s, ts, p in zip(range(seq, seq + k), times, payloads, strict=True)
+                        ]
                     continue
                 payload = req.payload
                 if type(payload) is not bytes:
@@ -242,13 +263,13 @@ class MemoryLogStore(LogStore):
                 ch.took(top, top_time, nbytes)
             for key, (i, _t) in plan.keys.items():
                 idem_keys.pop(key, None)
-                idem_keys[key] = results[plan.result_index(i)].event
+                idem_keys[key] = _single(results[plan.result_index(i)]).event
             self._last_time = plan.last_time
             self._next_pos = pos
             for ch in touched.values():
                 self._trim_channel(ch)
             if self._jindex:
-                self._journal(results)
+                self._journal(results)  # type: ignore[arg-type]  # (as_runs is false then)
             return results
 
     def _journal(self, results: list[AppendResult]) -> None:

@@ -13,6 +13,7 @@ Concurrency contract: everything runs on the event loop thread.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from hubbub.core.api import Core, Session
 from hubbub.core.flag import Flag
@@ -223,7 +224,7 @@ class NativePublishing:
         self.node.submit_many(reqs, sess, done.failed, done.committed)
         proto.batch_submitted(n)
 
-    def _done_many(self, results: list[AppendResult]) -> None:
+    def _done_many(self, results: Sequence[AppendResult]) -> None:
         """A run of this connection's publishes was committed (``Node.submit_many``): the replies of those
         that asked for one, queued in one step."""
         frames = self.proto.committed_many(results)
@@ -244,7 +245,7 @@ class _BatchDone:
         self.n = n
         self.told = False
 
-    def committed(self, results: list[AppendResult]) -> None:
+    def committed(self, results: Sequence[AppendResult]) -> None:
         frame = self.conn.proto.batch_committed(self.rid, self.ack, results)
         if frame is not None:
             self.conn.session.push_replies([frame])

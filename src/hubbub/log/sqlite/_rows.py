@@ -18,7 +18,8 @@ from typing import Any, cast
 import msgpack
 
 from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendRequest, AppendResult, AppendRun, ChannelInfo
+from hubbub.log.appended import Committed, RunAppended
+from hubbub.log.base import AppendRequest, AppendResult, AppendRun, ChannelInfo, EventRun
 from hubbub.log.records import event_columns
 from hubbub.log.sequencing import FROM_RECORD, AppendPlan
 from hubbub.log.sqlite._inserts import (
@@ -68,11 +69,13 @@ def write_rows(
     packer: msgpack.Packer,
     original: Original,
     limit: int,
-) -> tuple[list[AppendResult], list[_Head]]:
+    as_runs: bool = False,
+) -> tuple[list[Committed], list[_Head]]:
     """Execute ``plan``: insert its ``events`` rows, move the heads of the cache, and return the results
-    (one per event: a run's one per event of it) and the heads of the batch's channels. ``original``: a
-    duplicate's original on record. ``limit``: SQLite's maximum number of parameters in one statement."""
-    results: list[AppendResult] = []
+    (one per event: a run's one per event of it, or, ``as_runs``, one ``RunAppended`` in each of its places)
+    and the heads of the batch's channels. ``original``: a duplicate's original on record. ``limit``:
+    SQLite's maximum number of parameters in one statement."""
+    results: list[Committed] = []
     # The duplicates' sources, in request order (``dups`` is), taken as their requests come.
     sources = iter(plan.dups.values())
     lo = 0
@@ -83,7 +86,7 @@ def write_rows(
             _request_rows(conn, batch, plan, lo, at, heads, packer, results, sources, original, limit)
         run = batch[at]
         assert type(run) is AppendRun
-        _append_run_rows(conn, run, plan.seqs[at], plan.times[at], heads, results, limit)
+        _append_run_rows(conn, run, plan.seqs[at], plan.times[at], heads, results, limit, as_runs)
         lo = at + 1
     if lo < len(batch):
         _request_rows(conn, batch, plan, lo, len(batch), heads, packer, results, sources, original, limit)
@@ -98,7 +101,7 @@ def _request_rows(
     hi: int,
     heads: MutableMapping[str, _Head],
     packer: msgpack.Packer,
-    results: list[AppendResult],
+    results: list[Committed],
     sources: Iterator[int],
     original: Original,
     limit: int,
@@ -133,20 +136,26 @@ def _append_run_rows(
     seq0: int,
     t0: int,
     heads: MutableMapping[str, _Head],
-    results: list[AppendResult],
+    results: list[Committed],
     limit: int,
+    as_runs: bool,
 ) -> None:
     """The rows and results of a run, from its first event's seq ``seq0`` and time ``t0``: a stretch
-    (:func:`_stretch_rows`) built from the run's payloads in comprehensions, without a request per event."""
+    (:func:`_stretch_rows`) built from the run's payloads in comprehensions, without a request per event;
+    ``as_runs``: its results as one ``RunAppended``."""
     name, pub, ctype = run.channel, run.publisher, run.content_type
     h = heads[name]
     epoch = h.epoch
     payloads = run.payloads
     n = len(payloads)
-    results += [
-        AppendResult(Event(name, seq, epoch, t, pub, p, ctype, {}, ()))
-        for seq, t, p in zip(range(seq0, seq0 + n), range(t0, t0 + n), payloads, strict=True)
-    ]
+    if as_runs:
+        proto = Event(name, seq0, epoch, t0, pub, payloads[0], ctype, {}, ())
+        results += [RunAppended(EventRun(proto, list(zip(range(t0, t0 + n), payloads, strict=True))))] * n
+    else:
+        results += [
+            AppendResult(Event(name, seq, epoch, t, pub, p, ctype, {}, ()))
+            for seq, t, p in zip(range(seq0, seq0 + n), range(t0, t0 + n), payloads, strict=True)
+        ]
     insert_stretch(
         conn,
         [h.id, seq0, t0, pub.dialect, pub.user, pub.app, pub.msg_id, ctype],
@@ -166,7 +175,7 @@ def _stretch_rows(
     lo: int,
     hi: int,
     heads: MutableMapping[str, _Head],
-    results: list[AppendResult],
+    results: list[Committed],
     limit: int,
 ) -> None:
     """The rows and results of the stretch ``batch[lo:hi]`` (``stretch_end``): consecutive seqs and times
@@ -205,7 +214,7 @@ def _mixed_rows(
     hi: int,
     heads: MutableMapping[str, _Head],
     packer: msgpack.Packer,
-    results: list[AppendResult],
+    results: list[Committed],
     sources: Iterator[int],
     original: Original,
     limit: int,
@@ -241,7 +250,8 @@ def _mixed_rows(
         pub = req.publisher
         if not seq:
             src = next(sources)
-            dup = original(name, req) if src == FROM_RECORD else results[plan.result_index(src)].event
+            # (A duplicate's source is a request with a key: never a run, answered as one or not.)
+            dup = original(name, req) if src == FROM_RECORD else results[plan.result_index(src)].event  # type: ignore[union-attr]
             add_result(AppendResult(dup, duplicate=True))
             continue
         h.top = seq

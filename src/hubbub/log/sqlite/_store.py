@@ -40,6 +40,7 @@ import msgpack
 
 from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
 from hubbub.events import Event
+from hubbub.log.appended import Committed
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
@@ -292,6 +293,14 @@ class SqliteLogStore(_ConsumerSide, _StateSide, LogStore):
     # -- writer side ---------------------------------------------------------------------------------
 
     def append(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult]:
+        return self._append(batch, False)  # type: ignore[return-value]  # (no RunAppended without runs)
+
+    def append_runs(self, batch: Sequence[AppendRequest | AppendRun]) -> list[Committed]:
+        """``RunAppender.append_runs``: every result is built, as :meth:`append` builds them, while a
+        durable consumer exists (the journal is written from them)."""
+        return self._append(batch, not self._jindex)
+
+    def _append(self, batch: Sequence[AppendRequest | AppendRun], as_runs: bool) -> list[Committed]:
         if not batch:
             self._writer()
             return []
@@ -334,7 +343,7 @@ class SqliteLogStore(_ConsumerSide, _StateSide, LogStore):
             def original(name: str, req: AppendRequest) -> Event:
                 return self._original(name, originals[(req.publisher.user, name, req.idem)], req, found)
 
-            results, touched = write_rows(conn, batch, plan, heads, self._packer, original, limit)
+            results, touched = write_rows(conn, batch, plan, heads, self._packer, original, limit, as_runs)
             t = plan.last_time
             # The new events' ``events.pos`` (the journal refers to them): consecutive, in order, up to the
             # last one's, SQLite's rowids of the rows inserted last.
@@ -357,7 +366,7 @@ class SqliteLogStore(_ConsumerSide, _StateSide, LogStore):
             if t != self._last_time:
                 conn.execute(_SET_LAST_TIME, (t,))
             if self._jindex:
-                self._journal(conn, results, last_ref, limited)
+                self._journal(conn, results, last_ref, limited)  # type: ignore[arg-type]  # (not as_runs)
         self._last_time = t
         if self._checkpointer is not None:
             self._checkpointer.kick()
