@@ -19,16 +19,19 @@ Immutable and pure: safe to share between threads.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Protocol, cast, overload, runtime_checkable
+from typing import Protocol, TypeVar, cast, overload, runtime_checkable
 
 from hubbub.events import Event
 from hubbub.log.base import AppendRequest, AppendResult, AppendRun, EventRun
 
 __all__ = ["Committed", "RunAppended", "RunAppender", "RunEvents", "answers_runs", "expand_runs"]
 
+_T = TypeVar("_T")
 
-class RunEvents(Sequence[Event]):
-    """The events of an :class:`EventRun` as a sequence, each built when it is read."""
+
+class _RunView(Sequence[_T]):
+    """A sequence of one value per event of an :class:`EventRun` (``run``), each built when it is read:
+    :meth:`_at` builds one, :meth:`_all` all of them in one go."""
 
     __slots__ = ("run",)
 
@@ -38,56 +41,60 @@ class RunEvents(Sequence[Event]):
     def __len__(self) -> int:
         return len(self.run.rows)
 
-    @overload
-    def __getitem__(self, i: int) -> Event: ...
+    def _at(self, i: int) -> _T:
+        raise NotImplementedError
+
+    def _all(self) -> list[_T]:
+        raise NotImplementedError
 
     @overload
-    def __getitem__(self, i: slice) -> list[Event]: ...
+    def __getitem__(self, i: int) -> _T: ...
 
-    def __getitem__(self, i: int | slice) -> Event | list[Event]:
+    @overload
+    def __getitem__(self, i: slice) -> list[_T]: ...
+
+    def __getitem__(self, i: int | slice) -> _T | list[_T]:
         if isinstance(i, slice):
-            return self.run.events()[i]
+            return self._all()[i]
         n = len(self.run.rows)
         if i < 0:
             i += n
         if not 0 <= i < n:
-            raise IndexError("run event index out of range")
+            raise IndexError("run index out of range")
+        return self._at(i)
+
+    def __iter__(self) -> Iterator[_T]:
+        return iter(self._all())
+
+
+class RunEvents(_RunView[Event]):
+    """The events of an :class:`EventRun` as a sequence, each built when it is read."""
+
+    __slots__ = ()
+
+    def _at(self, i: int) -> Event:
         p = self.run.proto
         t, payload = self.run.rows[i]
         return Event(
             p.channel, p.seq + i, p.epoch, t, p.publisher, payload, p.content_type, p.headers, p.tags
         )
 
-    def __iter__(self) -> Iterator[Event]:
-        return iter(self.run.events())
+    def _all(self) -> list[Event]:
+        return self.run.events()
 
 
-class RunAppended(Sequence[AppendResult]):
+class RunAppended(_RunView[AppendResult]):
     """The results of one committed :class:`AppendRun`: its events, all new (a run has no idempotency key)
     and journaled for no durable consumer, as one :class:`EventRun` (``run``). As a sequence it is the
     ``AppendResult`` of each of them, in order, built when read."""
 
-    __slots__ = ("run",)
+    __slots__ = ()
 
-    def __init__(self, run: EventRun) -> None:
-        self.run = run
+    def _at(self, i: int) -> AppendResult:
+        return AppendResult(RunEvents(self.run)._at(i))
 
-    def __len__(self) -> int:
-        return len(self.run.rows)
-
-    @overload
-    def __getitem__(self, i: int) -> AppendResult: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[AppendResult]: ...
-
-    def __getitem__(self, i: int | slice) -> AppendResult | list[AppendResult]:
-        if isinstance(i, slice):
-            return self.results()[i]
-        return AppendResult(RunEvents(self.run)[i])
-
-    def __iter__(self) -> Iterator[AppendResult]:
-        return iter(self.results())
+    def _all(self) -> list[AppendResult]:
+        return self.results()
 
     def results(self) -> list[AppendResult]:
         """The run's results as ``LogStore.append`` gives them."""
