@@ -125,6 +125,25 @@ def test_latency_trees_gives_each_trees_percentiles_and_cpu_per_event() -> None:
         assert 0 < p50 <= p99 and cpu > 0, ln
 
 
+@pytest.mark.timeout(120)
+def test_throughput_trees_gives_each_trees_rate_and_cpu_per_event() -> None:
+    """bench/throughput_trees.py over two trees (the same one twice): a line per run and a median per tree."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    src = str(ROOT / "src")
+    cmd = [sys.executable, "bench/throughput_trees.py", "--trees", f"a={src},b={src}", "--rounds", "1"]
+    cmd += ["--runs", "1", "--count", "20000", "--duration", "2"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=110, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert sum(ln.startswith("round 0") for ln in lines) == 2, proc.stdout
+    medians = lines[lines.index("medians over rounds:") + 1 :]
+    assert [ln.split()[0] for ln in medians] == ["a", "b"], proc.stdout
+    for ln in medians:
+        f = ln.split()
+        rate, cpu = float(f[2].removesuffix("/s").replace(",", "")), float(f[5])
+        assert rate > 0 and cpu > 0, ln
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_workers_bench_gives_rates_and_cpu_per_event_of_every_process() -> None:
