@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.events import Event, Publisher
+from hubbub.log import MemoryLogStore
+from hubbub.log.appended import expand_runs
 from hubbub.log.base import AppendRequest, AppendResult, AppendRun
 from hubbub.workers.frames import (
     Publishers,
@@ -24,6 +26,7 @@ from hubbub.workers.frames import (
     unpack_requests,
     unpack_results,
 )
+from hubbub.workers.owner import new_events
 from tests.hypothesis_budget import examples
 
 PUBS = [
@@ -133,3 +136,27 @@ def test_a_workers_runs_go_and_come_back_as_their_requests(
     kinds = (kinds + [0] * len(flat))[: len(flat)]
     results = _commit(flat, kinds, t0)
     assert unpack_results(_trip(pack_results(results)), mixed, Publishers()) == results
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    st.lists(requests, max_size=20),
+    st.lists(st.tuples(st.integers(0, 20), st.sampled_from(["/a", "/b"]), st.integers(1, 4)), max_size=3),
+)
+def test_runs_answered_as_runs_travel_as_their_results_and_events(
+    batch: list[AppendRequest], runs: list[tuple[int, str, int]]
+) -> None:
+    """The log owner asks its store through ``append_runs``: a run answered as one (``RunAppended``) packs as
+    its results would, one by one, and its events broadcast as they would (``new_events``)."""
+    mixed: list[AppendRequest | AppendRun] = list(batch)
+    for at, channel, k in sorted(runs, reverse=True):
+        mixed.insert(at, AppendRun(channel, PUBS[0], "text/plain", [b"r%d" % j for j in range(k)]))
+    store = MemoryLogStore()
+    try:
+        got = store.append_runs(mixed)
+    finally:
+        store.close()
+    results = expand_runs(got)
+    assert unpack_results(_trip(pack_results(got)), mixed, Publishers()) == results
+    events = [r.event for r in results if not r.duplicate]
+    assert unpack_events(_trip(pack_events(new_events(got))), Publishers()) == events

@@ -43,7 +43,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from hubbub.events import Event, Publisher
-from hubbub.log.base import AppendRequest, AppendResult, AppendRun
+from hubbub.log.appended import Committed, RunAppended
+from hubbub.log.base import AppendRequest, AppendResult, AppendRun, EventRun
 
 __all__ = [
     "MAX_FRAME",
@@ -250,15 +251,21 @@ def _event(e: Event) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def pack_events(events: Sequence[Event]) -> list[tuple[Any, ...]]:
+def pack_events(events: Sequence[Event | EventRun]) -> list[tuple[Any, ...]]:
     """``events`` as runs: ``(channel, epoch, time_ns, seq, dialect, user, app, msg_id, content_type,
     headers, tags, payloads)``, the ``i``-th payload's event at ``seq + i`` and ``time_ns + i``: one per
     stretch of a commit's events of one channel and publisher without headers or tags (a commit's events
-    have consecutive times), else one per event."""
+    have consecutive times), else one per event. An :class:`EventRun` given (a run the store answered as one:
+    consecutive seqs and times) is one such stretch as it is."""
     out: list[tuple[Any, ...]] = []
     payloads: list[bytes] | None = None
     first: Event | None = None
     for e in events:
+        if type(e) is EventRun:
+            out.append((*_event(e.proto)[:-1], [p for _, p in e.rows]))
+            payloads = None
+            continue
+        assert type(e) is Event
         if e.headers or e.tags:
             out.append(_event(e))
             payloads = None
@@ -296,14 +303,24 @@ def unpack_events(items: list[tuple[Any, ...]], pubs: Publishers) -> list[Event]
     return out
 
 
-def pack_results(results: Sequence[AppendResult]) -> list[Any]:
+def pack_results(results: Sequence[Committed]) -> list[Any]:
     """An append's results for the worker that sent its requests, in order: new events as their positions
     and times only (the rest is the requests', which the worker has), ``(seq, epoch, time_ns, n)`` for
-    ``n`` of them at consecutive seqs and times without journal items, ``(seq, epoch, time_ns, journal)``
-    for one with; a duplicate whole (``(event, journal)``: the original's, not the request's)."""
+    ``n`` of them at consecutive seqs and times without journal items (a ``RunAppended``'s places in one go),
+    ``(seq, epoch, time_ns, journal)`` for one with; a duplicate whole (``(event, journal)``: the
+    original's, not the request's)."""
     out: list[Any] = []
     run: list[Any] | None = None  # the open run: [seq, epoch, time_ns, n]
-    for r in results:
+    i, end = 0, len(results)
+    while i < end:
+        r = results[i]
+        if isinstance(r, RunAppended):  # a run answered as one: its consecutive seqs and times, as one
+            p, k = r.run.proto, len(r)
+            run = [p.seq, p.epoch, p.time_ns, k]
+            out.append(run)
+            i += k
+            continue
+        i += 1
         e = r.event
         if r.duplicate:
             out.append((_event(e), r.journal))

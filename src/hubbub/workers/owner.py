@@ -51,7 +51,9 @@ from typing import Any, Final, cast
 
 from hubbub.core.notices import GONE
 from hubbub.errors import StorageError
-from hubbub.log.base import AppendRequest, AppendResult, AppendRun, LogStore
+from hubbub.events import Event
+from hubbub.log.appended import Committed, RunAppended, RunAppender, answers_runs
+from hubbub.log.base import AppendRequest, AppendRun, EventRun, LogStore
 
 from .frames import (
     FrameBuffer,
@@ -125,7 +127,7 @@ class _Link:
                 log.warning("worker %d: its reply could not be sent (%s): disconnected", self.worker, exc)
             self.close()
 
-    def offer_events(self, data: bytes, events: Sequence[Sequence[Any]]) -> bool:
+    def offer_events(self, data: bytes, events: Sequence[Sequence[Event | EventRun]]) -> bool:
         """Queue a commit's events (``events``: the other workers' groups of them, in commit order), or note
         their tops when the outbox is full (or was, and has not drained since); False when noted as tops."""
         with self.cond:
@@ -133,8 +135,11 @@ class _Link:
                 self._queue(data)
                 return True
             for group in events:
-                for ev in group:
-                    self.tops[ev.channel] = (ev.epoch, ev.seq)
+                for ev in group:  # an event, or a run of them (``new_events``)
+                    if isinstance(ev, EventRun):
+                        self.tops[ev.proto.channel] = (ev.proto.epoch, ev.last_seq)
+                    else:
+                        self.tops[ev.channel] = (ev.epoch, ev.seq)
             self.cond.notify()
             return False
 
@@ -207,6 +212,7 @@ class LogOwner:
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._store = store
+        self._runs = answers_runs(store)
         self._reads_path = reads_path
         #: Every worker's calls socket (the owner's thread's), and a socket that wakes it (a new worker, the
         #: end).
@@ -375,8 +381,11 @@ class LogOwner:
             return
         batch = [r for _, _, reqs, _ in appends for r in reqs]
         try:
-            # Runs only when the store takes them (_round).
-            results: list[AppendResult] = self._store.append(cast("list[AppendRequest]", batch))
+            # Runs only when the store takes them (_round); answered as runs when it can (log/appended.py).
+            if self._runs:
+                results = cast("RunAppender", self._store).append_runs(batch)
+            else:
+                results = cast("list[Committed]", self._store.append(cast("list[AppendRequest]", batch)))
         except Exception as exc:  # every caller gets the error (the store rolled back)
             state = error_state(_plain(exc))
             for link, rid, _, _ in appends:
@@ -391,7 +400,7 @@ class LogOwner:
             mine = results[i : i + n]
             i += n
             link.reply(encode(("ret", rid, pack_results(mine))))
-            new = [r.event for r in mine if not r.duplicate]
+            new = new_events(mine)
             if new:
                 groups.append((link.worker, new))
         appends.clear()
@@ -477,3 +486,20 @@ def _plain(exc: BaseException) -> BaseException:
     if isinstance(exc, StorageError) or type(exc).__module__ in ("builtins", "hubbub.errors"):
         return exc
     return StorageError(f"{type(exc).__name__}: {exc}")
+
+
+def new_events(results: Sequence[Committed]) -> list[Event | EventRun]:
+    """The new events of an append's results, in order: a run answered as one (``RunAppended``) as its
+    :class:`EventRun`, for :func:`~.frames.pack_events` to send as it is."""
+    out: list[Event | EventRun] = []
+    i, end = 0, len(results)
+    while i < end:
+        r = results[i]
+        if isinstance(r, RunAppended):
+            out.append(r.run)
+            i += len(r)
+            continue
+        i += 1
+        if not r.duplicate:
+            out.append(r.event)
+    return out
