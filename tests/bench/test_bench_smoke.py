@@ -106,42 +106,35 @@ def test_latency_under_load_gives_percentiles_and_the_loaders_rate() -> None:
     assert out["cpu"], out
 
 
-@pytest.mark.timeout(120)
-def test_latency_trees_gives_each_trees_percentiles_and_cpu_per_event() -> None:
-    """bench/latency_trees.py over two trees (the same one twice): a line per run and a median per tree."""
+def _two_trees(script: str, *args: str) -> list[list[str]]:
+    """``script`` (bench/latency_trees.py or bench/throughput_trees.py) over two trees, the same one twice,
+    one round: a line per run, then a median line per tree, whose fields it returns."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     src = str(ROOT / "src")
-    cmd = [sys.executable, "bench/latency_trees.py", "--trees", f"a={src},b={src}", "--rounds", "1"]
-    cmd += ["--samples", "30"]
+    cmd = [sys.executable, script, "--trees", f"a={src},b={src}", "--rounds", "1", *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=110, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.splitlines()
     assert sum(ln.startswith("round 0") for ln in lines) == 2, proc.stdout
-    medians = lines[lines.index("medians over rounds:") + 1 :]
-    assert [ln.split()[0] for ln in medians] == ["a", "b"], proc.stdout
-    for ln in medians:
-        f = ln.split()
+    medians = [ln.split() for ln in lines[lines.index("medians over rounds:") + 1 :]]
+    assert [f[0] for f in medians] == ["a", "b"], proc.stdout
+    return medians
+
+
+@pytest.mark.timeout(120)
+def test_latency_trees_gives_each_trees_percentiles_and_cpu_per_event() -> None:
+    """bench/latency_trees.py over two trees: a line per run and a median per tree."""
+    for f in _two_trees("bench/latency_trees.py", "--samples", "30"):
         p50, p99, cpu = float(f[3]), float(f[5]), float(f[11])
-        assert 0 < p50 <= p99 and cpu > 0, ln
+        assert 0 < p50 <= p99 and cpu > 0, f
 
 
 @pytest.mark.timeout(120)
 def test_throughput_trees_gives_each_trees_rate_and_cpu_per_event() -> None:
-    """bench/throughput_trees.py over two trees (the same one twice): a line per run and a median per tree."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    src = str(ROOT / "src")
-    cmd = [sys.executable, "bench/throughput_trees.py", "--trees", f"a={src},b={src}", "--rounds", "1"]
-    cmd += ["--runs", "1", "--count", "20000", "--duration", "2"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=110, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = proc.stdout.splitlines()
-    assert sum(ln.startswith("round 0") for ln in lines) == 2, proc.stdout
-    medians = lines[lines.index("medians over rounds:") + 1 :]
-    assert [ln.split()[0] for ln in medians] == ["a", "b"], proc.stdout
-    for ln in medians:
-        f = ln.split()
+    """bench/throughput_trees.py over two trees: a line per run and a median per tree."""
+    for f in _two_trees("bench/throughput_trees.py", "--runs", "1", "--count", "20000", "--duration", "2"):
         rate, cpu = float(f[2].removesuffix("/s").replace(",", "")), float(f[5])
-        assert rate > 0 and cpu > 0, ln
+        assert rate > 0 and cpu > 0, f
 
 
 @pytest.mark.slow
