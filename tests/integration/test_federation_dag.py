@@ -48,18 +48,31 @@ class Mesh:
     def __init__(self, tmp: Path, links: dict[str, list[str]]) -> None:
         self.tmp = tmp
         self.links = links
-        self.ports = {n: free_port() for n in NODES}
+        self.ports: dict[str, int] = {}
         self.procs: dict[str, ServerProcess] = {}
 
     def url(self, node: str) -> str:
         return f"ws://127.0.0.1:{self.ports[node]}"
 
     def start(self, node: str) -> None:
-        extra = ["--http-listen", f"127.0.0.1:{self.ports[node]}", "--federation-node-id", node]
-        for up in self.links.get(node, []):
-            extra += ["--upstream", self.url(up)]
-        # Started within WAIT: at a load of 16-20 a server's imports alone can take over 20 s.
-        self.procs[node] = ServerProcess(self.tmp / node, extra).start(timeout=WAIT)
+        """Start ``node``; a restart keeps its port (the URL the nodes below it link up to). A first start
+        picks a free port then, and another if a process took it before the node bound it (every test server
+        listens on port 0, from the same range): nobody links to the node before it starts."""
+        fresh = node not in self.ports
+        tries = 5 if fresh else 1
+        for attempt in range(tries):
+            if fresh:
+                self.ports[node] = free_port()
+            extra = ["--http-listen", f"127.0.0.1:{self.ports[node]}", "--federation-node-id", node]
+            for up in self.links.get(node, []):
+                extra += ["--upstream", self.url(up)]
+            try:
+                # Started within WAIT: at a load of 16-20 a server's imports alone can take over 20 s.
+                self.procs[node] = ServerProcess(self.tmp / node, extra).start(timeout=WAIT)
+                return
+            except RuntimeError as exc:
+                if attempt == tries - 1 or "address already in use" not in str(exc):
+                    raise
 
     def stop(self) -> None:
         for p in self.procs.values():
@@ -278,18 +291,11 @@ def test_two_processes_link_both_ways_and_refuse_a_cycle(tmp_path: Path) -> None
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
             # A second "A" linking up to B, which is below A: refused by the node itself, and by B (409).
-            port = free_port()
             rogue = ServerProcess(
                 tmp_path / "rogue",
-                [
-                    "--http-listen",
-                    f"127.0.0.1:{port}",
-                    "--federation-node-id",
-                    "A",
-                    "--upstream",
-                    mesh.url("B"),
-                ],
+                ["--http-listen", "127.0.0.1:0", "--federation-node-id", "A", "--upstream", mesh.url("B")],
             ).start()
+            port = rogue.ports["http"]
             try:
                 deadline = time.monotonic() + WAIT
                 state = r'hubbub_federation_link_state\{link="[^"]+",state="refused"\} (\S+)'
