@@ -378,10 +378,7 @@ class NativeStreamDecoder:
                 size = shape.size
                 k = (end - pos) // size
                 if k:
-                    room = (
-                        RUN_MAX if run is None or len(run.replies) >= RUN_MAX else RUN_MAX - len(run.replies)
-                    )
-                    k = min(k, room)
+                    k = min(k, _room(run))
                     got = None
                     if shape.matches(view, pos):
                         # The longest burst is found by halving: a miss costs a scan of the frames tried.
@@ -392,9 +389,7 @@ class NativeStreamDecoder:
                     if got is not None:
                         self._misses = 0
                         self._hits += k
-                        if run is None or len(run.replies) >= RUN_MAX:
-                            run = PublishRun()
-                            out.append(run)
+                        run = _filling(run, out)
                         run.extend(*got, DEFAULT_CONTENT_TYPE)
                         pos += k * size
                         continue
@@ -490,6 +485,20 @@ class NativeStreamDecoder:
 _Fields: TypeAlias = tuple[int, bool, str, bytes, str]
 
 
+def _room(run: PublishRun | None) -> int:
+    """How many more publishes the run being filled takes (:data:`RUN_MAX` once a new one is due)."""
+    return RUN_MAX if run is None or len(run.replies) >= RUN_MAX else RUN_MAX - len(run.replies)
+
+
+def _filling(run: PublishRun | None, out: list[RunItem]) -> PublishRun:
+    """The run a burst goes into: ``run`` while it has room, else a new one, added to ``out``. (The per-frame
+    loop of :meth:`NativeStreamDecoder._frames` has the same step inline.)"""
+    if run is None or len(run.replies) >= RUN_MAX:
+        run = PublishRun()
+        out.append(run)
+    return run
+
+
 def _common_json(obj: Any, channels: dict[str, str], exact: bool) -> _Fields | None:
     """The fields of a JSON publish of the common shape (see :class:`PublishRun`) on a channel the codec
     knows (``channels``: raw text to canonical); None for any other frame, including every frame the general
@@ -583,9 +592,7 @@ def decode_messages(
     while i < n:
         if shape is not None and i >= alone_until:
             assert layouts is not None
-            k = min(
-                n - i, RUN_MAX if run is None or len(run.replies) >= RUN_MAX else RUN_MAX - len(run.replies)
-            )
+            k = min(n - i, _room(run))
             burst = list(messages[i : i + k])
             got = shape.take(burst, channels, limit)
             if got is None and k > 1 and shape.take(burst[:1], channels, limit) is not None:
@@ -596,9 +603,7 @@ def decode_messages(
             if got is not None:
                 layouts.misses = 0
                 layouts.hits += k
-                if run is None or len(run.replies) >= RUN_MAX:
-                    run = PublishRun()
-                    out.append(run)
+                run = _filling(run, out)
                 run.extend(*got, _TEXT_TYPE)
                 i += k
                 continue
