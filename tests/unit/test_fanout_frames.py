@@ -14,9 +14,10 @@ from hubbub.channels import parse_pattern
 from hubbub.core.fanout import _RUN_ENCODE_MIN, FanOut, _run_frames
 from hubbub.core.faults import Faults
 from hubbub.core.node import Subscription
-from hubbub.core.session import Session
+from hubbub.core.session import RUN_ENTRY_MIN, FrameRun, Session
 from hubbub.dialects import native as nc
 from hubbub.events import Event, Publisher
+from hubbub.log.base import runs_of
 from hubbub.router import Router
 from hubbub.transports.native import NativeEncoder
 from tests.hypothesis_budget import examples
@@ -116,3 +117,53 @@ def test_a_run_is_shared_between_connections_unless_their_encoder_is_per_connect
     for s in sessions:
         assert asyncio.run(s.next_frames()) == want
     assert fan.deliveries == {"own": 3 * n, "plain": 2 * n}
+
+
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+@settings(max_examples=examples(200), deadline=None)
+@given(events=fan_out_runs(), limit=st.sampled_from([300, 4096, 1 << 20]))
+def test_a_batching_connection_alone_gets_a_run_as_the_batches_of_its_frames(
+    encoding: nc.Encoding, events: list[Event], limit: int
+) -> None:
+    """A run fanned out to one batching connection is queued as its batch frames, built without the single
+    frames: byte for byte what the writer packs from the single frames of each of the run's pieces, counted
+    as the run's events."""
+    codec = nc.NativeCodec(encoding)
+    router: Router[Subscription] = Router()
+    fan = FanOut(router, set(), {}, Faults())
+    sess = Session("native", NativeEncoder(codec), max_items=1000, max_bytes=1 << 24)
+    sess.batch_limit = limit
+    router.add(parse_pattern("/room/*"), Subscription(sess, "s", parse_pattern("/room/*"), frozenset()))
+    fan.fan_out_run(router.match("/room/a"), events, None)
+    singles = [codec.encode_event(e, ("s",), False) for e in events]
+    assert sess.queued == len(events)
+    entries = sess.take_entries()
+    if len(events) < RUN_ENTRY_MIN:
+        assert entries == singles
+        return
+    want: list[bytes] = []
+    done = 0
+    for r in runs_of(events):
+        want += nc.pack_batches(encoding, singles[done : done + len(r.rows)], limit)
+        done += len(r.rows)
+    (run,) = entries
+    assert isinstance(run, FrameRun) and run.frames is None and run.count == len(events)
+    assert run.single() == want
+    assert run.nbytes == sum(map(len, want))
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_a_run_that_would_overflow_a_connection_closes_it_as_slow(batching: bool) -> None:
+    """A run the queue cannot take whole closes its connection as a slow consumer, batching (the run packed)
+    or not (the run frame by frame: those that fit queued, then the close, which clears them)."""
+    codec = nc.NativeCodec("msgpack")
+    router: Router[Subscription] = Router()
+    fan = FanOut(router, set(), {}, Faults())
+    sess = Session("native", NativeEncoder(codec), max_items=10, max_bytes=1 << 20)
+    sess.batch_limit = (1 << 20) if batching else 0
+    router.add(parse_pattern("/a"), Subscription(sess, "s", parse_pattern("/a"), frozenset()))
+    pub = PUBLISHERS[0]
+    events = [Event("/a", s, "e", s, pub, b"p", "x/y", {}, ()) for s in range(1, 3 * RUN_ENTRY_MIN)]
+    fan.fan_out_run(router.match("/a"), events, None)
+    assert sess.kicked == sess.slow_close_code
+    assert sess.queued == 0 and sess.take_entries() == []

@@ -26,7 +26,7 @@ from hubbub.router import Router
 from .faults import Faults
 from .filters import FILTER_PREFIX, delivery_filters, passes
 from .hold import Share
-from .session import Encoder, FrameRun, Session
+from .session import RUN_ENTRY_MIN, Encoder, FrameRun, Overflow, Session
 
 if TYPE_CHECKING:
     from .subscriptions import Subscription
@@ -111,8 +111,11 @@ class FanOut:
             if sess is origin and not sess.echo:
                 return
             try:
-                frames = _run_frames(sess.encoder, events, ids, runs)
-                n = sess.deliver_frames(frames, sum(map(len, frames)))
+                entry = _packed_run(sess, events, ids, runs)
+                if entry is None:
+                    frames = _run_frames(sess.encoder, events, ids, runs)
+                    entry = FrameRun(frames, sum(map(len, frames)))
+                n = sess.deliver_run(entry)
             except Exception as exc:  # this session's failure: see the module docstring
                 self.faults.close(sess, events[0].channel, events[0].seq, exc, events=len(events))
                 return
@@ -284,3 +287,24 @@ def _run_frames(
     for r in runs_of(events) if runs is None else runs:
         frames += encode_run(r.proto, r.rows, ids, False)
     return frames
+
+
+def _packed_run(
+    sess: Session, events: Sequence[Event], ids: tuple[str, ...], runs: list[EventRun] | None
+) -> FrameRun | None:
+    """The live frames of ``events`` (one fan-out run) as a packed-only :class:`FrameRun` for a batching
+    session (``Session.batch_limit``) whose encoder builds a run's batch frames without its single frames
+    (``BatchEncoder.encode_run_batches``), as ``Session.replay_run_chunks`` builds a replay's: the bytes its
+    writer would have packed, without a frame per event first. ``None`` when the session does not take them:
+    not batching, an overflow policy other than DISCONNECT (the others drop single frames), or a run shorter
+    than ``RUN_ENTRY_MIN`` (queued frame by frame). Under DISCONNECT a run the queue cannot take whole closes
+    the session either way, and the close clears what was queued."""
+    limit = sess.batch_limit
+    encode = getattr(sess.encoder, "encode_run_batches", None)
+    k = len(events)
+    if not limit or encode is None or sess.overflow is not Overflow.DISCONNECT or k < RUN_ENTRY_MIN:
+        return None
+    packed: list[bytes] = []
+    for r in runs_of(events) if runs is None else runs:
+        packed += encode(r.proto, r.rows, ids, False, limit)
+    return FrameRun(None, sum(map(len, packed)), packed, limit, k)
