@@ -109,7 +109,8 @@ def test_long_replay_through_a_small_queue_is_exact_then_live(run: Callable[...,
 def test_replay_reads_only_as_far_as_the_connection_drains(
     run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stalled reader holds the replay at about two pages: the log is not read into memory ahead of it."""
+    """A stalled reader holds the replay at about ``READ_AHEAD + 1`` pages (the one being queued and those
+    read at once ahead of it): the log is not read into memory ahead of it."""
     n = 3000
     monkeypatch.setattr(node_mod, "REPLAY_PAGE", 100)
 
@@ -137,9 +138,10 @@ def test_replay_reads_only_as_far_as_the_connection_drains(
         sess.end(1000)
         await asyncio.wait_for(reader, 10)
         assert len(taken) == n and done[0].sent == n
-        # At most the page being queued, the page read ahead and a full queue are held at any time.
+        # At most the page being queued, the pages read ahead and a full queue are held at any time.
         assert len(ahead) == n // 100
-        assert max(ahead) <= 2 * 100 + 10
+        assert node_mod.READ_AHEAD >= 2
+        assert max(ahead) <= (node_mod.READ_AHEAD + 1) * 100 + 10
 
     run(body, [req(str(i + 1)) for i in range(n)])
 

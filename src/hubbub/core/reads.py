@@ -7,18 +7,19 @@ call and :meth:`LogReads.list_channels` at most :data:`LIST_LIMIT` channels, wha
 
 Concurrency contract: the coroutines are called from the event loop thread; the store calls they make run
 on the reader threads (``EventLog`` reads are thread-safe, ARCHITECTURE §2). :meth:`LogReads.submit` is the
-one non-coroutine entry: the node's paged replay starts the read of the next page with it while the loop
-sends the previous one.
+one non-coroutine entry: the node's paged replay starts the reads of the next pages with it
+(:class:`ReadAhead`) while the loop sends the previous one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar, final
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, final
 
 from hubbub.channels import Pattern
 from hubbub.events import Event
@@ -26,7 +27,7 @@ from hubbub.log.base import ChannelInfo, ConsumerJournal, EventLog, LogStore, St
 
 from .replay import list_channels
 
-__all__ = ["LIST_LIMIT", "READ_LIMIT", "ChannelPage", "LogReads"]
+__all__ = ["LIST_LIMIT", "READ_LIMIT", "ChannelPage", "LogReads", "ReadAhead", "drop"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -148,3 +149,60 @@ class LogReads:
             return page.events[0].time_ns if page.events else 0
 
         return await self.call(read)
+
+
+@final
+class ReadAhead(Generic[T]):
+    """The pages of a paged read (an exact channel's replay) read ahead on the reader threads: while the loop
+    sends one page, the next ``depth`` are read at once, on as many threads (so on as many cores: SQLite
+    works without the GIL).
+
+    ``read(start)`` reads the page after position ``start``; a page read whole ends ``page`` positions
+    later, so the pages ahead are started where the page before them would end, up to ``top``. A page that
+    ends sooner (a byte budget, a trim) shows that the pages ahead start elsewhere: :meth:`take` of the
+    position it did end at drops them and reads from there. Memory: ``depth + 1`` pages at most.
+
+    Concurrency contract: the event loop thread only (the reads run on the reader threads)."""
+
+    __slots__ = ("_ahead", "_depth", "_page", "_read", "_submit", "_top")
+
+    def __init__(
+        self,
+        reads: LogReads,
+        read: Callable[[int], T],
+        top: int,
+        page: int,
+        depth: int,
+    ) -> None:
+        self._submit = reads.submit
+        self._read = read
+        self._top = top
+        self._page = page
+        self._depth = depth
+        self._ahead: deque[tuple[int, asyncio.Future[T]]] = deque()
+
+    def take(self, start: int) -> asyncio.Future[T]:
+        """The read of the page after ``start`` (started now unless it was read ahead), with the pages after
+        it started in turn."""
+        ahead = self._ahead
+        if ahead and ahead[0][0] == start:
+            pending = ahead.popleft()[1]
+        else:
+            self.close()
+            pending = self._submit(self._read, start)
+        nxt = ahead[-1][0] if ahead else start
+        while len(ahead) < self._depth - 1 and (nxt := min(nxt + self._page, self._top)) < self._top:
+            ahead.append((nxt, self._submit(self._read, nxt)))
+        return pending
+
+    def close(self) -> None:
+        """Drop the pages read ahead (a read running ends on its thread, unused)."""
+        for _start, pending in self._ahead:
+            drop(pending)
+        self._ahead.clear()
+
+
+def drop(pending: asyncio.Future[Any]) -> None:
+    """Cancel a read that is not needed any more; one that failed unawaited is not worth a log line."""
+    if not pending.cancel() and not pending.cancelled():
+        pending.exception()

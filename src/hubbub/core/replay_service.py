@@ -31,7 +31,7 @@ from hubbub.selection import Selection, SubtreeFetch
 from .access import Access, only_visible
 from .filters import delivery_filters, passes, withheld
 from .junction import Junction
-from .reads import LogReads
+from .reads import LogReads, ReadAhead, drop
 from .replay import Gap, ReplayPlan, ReplaySpan
 from .replay_plans import Keep, plan_selection
 from .replay_scan import send_scan
@@ -48,8 +48,12 @@ T = TypeVar("T")
 #: costs (statements, a reader-thread hand-off, one queue step) vanish per event, small enough to hold two.
 REPLAY_PAGE = 2048
 #: Payload bytes per page of an exact channel's replay (``read_runs(max_bytes=...)``), as ``SCAN_PAGE_BYTES``
-#: for a pattern's: two pages in flight hold about 8 MiB of payloads, not 2048 times the largest event.
+#: for a pattern's: the pages in flight hold about 12 MiB of payloads, not 2048 times the largest event.
 REPLAY_PAGE_BYTES = 4 << 20
+#: Pages of an exact channel's replay read at once while the loop sends the one before them
+#: (:class:`~.reads.ReadAhead`): two reader threads, so two cores, on the store's reads (the replay's largest
+#: cost) beside the loop's sending.
+READ_AHEAD = 2
 
 
 def fetch_filter(access: Access, session: Session) -> Keep:
@@ -203,9 +207,10 @@ class ReplayService:
     async def _replay_span(self, session: Session, sub_id: str, span: ReplaySpan) -> int:
         """Queue an exact channel's replay page by page: each page is read (:meth:`EventLog.read_runs`) and,
         when the session's encoder is a :class:`~hubbub.core.session.RunEncoder`, encoded on a reader thread
-        while the loop queues and writes the previous one; the queue paces the reading, so the replay holds at
-        most two pages whatever its length. Runs whose delivery filters withhold them from the session are
-        passed over (neither encoded nor queued). Returns how many events it queued.
+        while the loop queues and writes the previous one (:data:`READ_AHEAD` pages read at once); the queue
+        paces the reading, so the replay holds at most ``READ_AHEAD + 1`` pages whatever its length. Runs
+        whose delivery filters withhold them from the session are passed over (neither encoded nor queued).
+        Returns how many events it queued.
 
         The reader thread also cuts each run into the chunks the queue takes (``Session.replay_chunks``); for
         a batching session they come as batch frames already (``Session.replay_run_chunks``), built without
@@ -239,7 +244,8 @@ class ReplayService:
 
         after = span.after
         sent = 0
-        pending = self.reads.submit(read_page, after)
+        ahead = ReadAhead(self.reads, read_page, top, REPLAY_PAGE, READ_AHEAD)
+        pending = ahead.take(after)
         try:
             while after < top:
                 try:
@@ -250,7 +256,7 @@ class ReplayService:
                     break
                 end = runs[-1].last_seq if runs else after
                 if runs and end < top:
-                    pending = self.reads.submit(read_page, end)
+                    pending = ahead.take(end)
                 for i, run in enumerate(runs):
                     if run.proto.seq != after + 1 or run.proto.epoch != span.epoch:
                         break
@@ -284,9 +290,8 @@ class ReplayService:
         except Exception as exc:  # an encoding (here or on the reader thread): see core/faults.py
             self.registry.faults.close(session, channel, after + 1, exc, stage="replay")
         finally:
-            # A read still running is not needed any more; one that failed unawaited is not worth a log line.
-            if not pending.cancel() and not pending.cancelled():
-                pending.exception()
+            drop(pending)
+            ahead.close()
         return sent
 
     async def _new_epoch_if_lost(self, channel: str, epoch: str) -> ChannelInfo | None:
