@@ -25,6 +25,7 @@ in a bounded module cache (the event loop thread only, as every decoder).
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from typing import Final, TypeVar
@@ -43,6 +44,8 @@ _COMPILED_MAX: Final = 64
 
 #: msgpack's unsigned integer formats by type byte: the width of the value after it.
 _UINT_WIDTH: Final = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+#: ``struct``'s big-endian unsigned integer code of each width.
+_UINT_CODE: Final = {1: "B", 2: "H", 4: "I", 8: "Q"}
 #: msgpack's bin formats by type byte: the width of the length after it.
 _BIN_WIDTH: Final = {0xC4: 1, 0xC5: 2, 0xC6: 4}
 _PUBLISH: Final = b"\xa7publish"
@@ -64,8 +67,12 @@ class MsgpackShape:
     """One learned layout of a common publish frame (see the module docstring)."""
 
     __slots__ = (
-        "_findall",
+        "_id_max",
+        "_literals",
         "_match",
+        "_template",
+        "_unpack",
+        "_varying",
         "ack",
         "channel_group",
         "fresh",
@@ -73,30 +80,55 @@ class MsgpackShape:
         "payload_group",
         "size",
         "source",
-        "wide",
     )
 
     def __init__(
         self,
         source: bytes,
         pattern: re.Pattern[bytes],
-        size: int,
+        frame: bytes,
         ack: bool,
+        fields: Sequence[tuple[int, int, str]],
         groups: tuple[int, int, int],
-        wide: bool,
     ) -> None:
         #: The expression's source: two shapes of one source are one layout.
         self.source = source
         #: Its expression was compiled for it (not found in the module's cache).
         self.fresh = False
-        self._findall = pattern.findall
         self._match = pattern.match
         #: Bytes of one frame, its 4-byte length prefix included.
-        self.size = size
+        self.size = size = len(frame)
         self.ack = ack
         self.id_group, self.channel_group, self.payload_group = groups
-        #: The id is 4 or 8 bytes wide: it may be MAX_ID or more.
-        self.wide = wide
+        code = fields[groups[0]][2]
+        # Above every id: a fixint's byte is below 0x80 (a byte of 0x80 or more is another type); an id 4 or
+        # 8 bytes wide may be MAX_ID or more, which the general path refuses.
+        self._id_max = 0x80 if code == "b" else MAX_ID if code in ("I", "Q") else 1 << 16
+        # The frame's values as columns: ``struct`` reads the id (as an integer), the channel and the payload
+        # of every frame of a burst in one call, in frame order (the groups' order), skipping the rest.
+        fmt = [">"]
+        at = 0
+        varying: list[int] = []
+        for offset, width, code in fields:
+            fmt.append(f"{offset - at}x{width if code == 's' else ''}{'B' if code == 'b' else code}")
+            varying += range(offset, offset + width)
+            at = offset + width
+        fmt.append(f"{size - at}x")
+        self._unpack = struct.Struct("".join(fmt)).iter_unpack
+        # Every other byte is the learned frame's: the burst is checked either with those bytes compared a
+        # column at a time (one strided slice each), or, when fewer bytes vary than stay, with the varying
+        # ones zeroed a column at a time and the whole compared once with the frame so zeroed, repeated.
+        template = bytearray(frame)
+        for j in varying:
+            template[j] = 0
+        self._template = bytes(template)
+        fixed = sorted(set(range(size)) - set(varying))
+        if len(varying) <= len(fixed):
+            self._varying: tuple[int, ...] | None = tuple(varying)
+            self._literals: tuple[tuple[int, int], ...] = ()
+        else:
+            self._varying = None
+            self._literals = tuple((j, frame[j]) for j in fixed)
 
     def matches(self, data: bytes, pos: int) -> bool:
         """Whether the frame at ``pos`` (its length prefix) has this layout."""
@@ -108,16 +140,28 @@ class MsgpackShape:
         """The replies (``(id, ack)``), canonical channels and payloads of the ``k`` frames from ``pos``
         (which ``data`` holds whole), or None unless every one of them has this layout, an id below
         :data:`MAX_ID` and a channel in ``channels`` (raw bytes to canonical)."""
-        found = self._findall(data, pos, pos + k * self.size)
-        if len(found) != k:
+        size = self.size
+        end = pos + k * size
+        if len(data) < end:
             return None
-        cols = list(zip(*found, strict=True))
-        ids = cols[self.id_group]
-        raw_channels = cols[self.channel_group]
-        rids = list(map(_from_bytes, ids))
-        if self.wide and max(rids) >= MAX_ID:
+        burst = data[pos:end]
+        varying = self._varying
+        if varying is not None:
+            buf = bytearray(burst)
+            zeros = bytes(k)
+            for j in varying:
+                buf[j::size] = zeros
+            if buf != self._template * k:
+                return None
+        else:
+            for j, b in self._literals:
+                if burst[j::size].count(b) != k:
+                    return None
+        cols = list(zip(*self._unpack(burst), strict=True))
+        rids: tuple[int, ...] = cols[self.id_group]
+        if max(rids) >= self._id_max:
             return None
-        chans = _canonical(raw_channels, channels)
+        chans = _canonical(cols[self.channel_group], channels)
         if chans is None:
             return None
         return list(zip(rids, repeat(self.ack))), chans, cols[self.payload_group]
@@ -139,9 +183,10 @@ def learn_msgpack(
     pairs = body[0] & 0x0F
     parts = [re.escape(frame[pos : pos + 5])]
     groups: dict[bytes, int] = {}
+    #: Each group's place in the frame (length prefix included), width and ``struct`` code ("b": a fixint).
+    fields: list[tuple[int, int, str]] = []
     seen: set[bytes] = set()
     ack: bool | None = None
-    wide = False
     channel = b""
     i = 1
     n = len(body)
@@ -166,11 +211,12 @@ def learn_msgpack(
         elif key == b"id":
             if t < 0x80:
                 parts.append(b"([\\x00-\\x7f])")
+                fields.append((4 + i, 1, "b"))
                 i += 1
             elif t in _UINT_WIDTH:
                 w = _UINT_WIDTH[t]
                 parts.append(re.escape(bytes([t])) + b"(.{%d})" % w)
-                wide = w >= 4
+                fields.append((5 + i, w, _UINT_CODE[w]))
                 i += 1 + w
             else:
                 return None
@@ -183,6 +229,7 @@ def learn_msgpack(
             else:
                 return None
             parts.append(re.escape(body[i : i + head]) + b"(.{%d})" % length)
+            fields.append((4 + i + head, length, "s"))
             channel = body[i + head : i + head + length]
             groups[key] = len(groups)
             i += head + length
@@ -192,6 +239,7 @@ def learn_msgpack(
                 return None
             length = _from_bytes(body[i + 1 : i + 1 + lw])
             parts.append(re.escape(body[i : i + 1 + lw]) + b"(.{%d})" % length)
+            fields.append((5 + i + lw, length, "s"))
             groups[key] = len(groups)
             i += 1 + lw + length
         elif key == b"ack":
@@ -216,10 +264,10 @@ def learn_msgpack(
     shape = MsgpackShape(
         source,
         pattern,
-        end - pos,
+        frame[pos:end],
         bool(ack),
+        fields,
         (groups[b"id"], groups[b"channel"], groups[b"payload"]),
-        wide,
     )
     shape.fresh = fresh
     return shape, channel
