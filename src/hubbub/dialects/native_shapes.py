@@ -2,21 +2,24 @@
 
 A pipelining client sends its publishes as the same bytes each time but for the request id, the payload
 and maybe the channel: one encoder, one key order, one id width, one payload size. :func:`learn_msgpack`
-reads such a frame's layout (a :class:`MsgpackShape`: the frame's bytes as a fixed-length regular
-expression, literal but for the id, the channel and the payload), and :meth:`MsgpackShape.take` reads
-``k`` consecutive frames of it (length prefix included) with one ``findall``: no msgpack decode, no map
-and no key strings per frame. The stream decoder (:mod:`.native_stream`) uses it for a read's publishes
-and decodes every other frame as before.
+reads such a frame's layout (a :class:`MsgpackShape`: the frame's bytes, fixed but for the id, the channel
+and the payload, each of a fixed width at a fixed place), and :meth:`MsgpackShape.take` reads ``k``
+consecutive frames of it (length prefix included) as columns: the fixed bytes checked a column at a time
+(one strided slice of the burst each), the three values read by one ``struct`` format, the id as an integer.
+No msgpack decode, no map and no key strings per frame, and no Python step per frame. The stream decoder
+(:mod:`.native_stream`) uses it for a read's publishes and decodes every other frame as before. The layout
+is also a fixed-length regular expression, which checks the first frame of a burst and names the layout.
 
-Why the reading is exact: every piece of the expression has a fixed length, so ``k`` matches in a region of
-``k`` frames' length tile it, frame by frame, as the length-prefixed framing reads it. A frame that matches
+Why the reading is exact: every piece of the layout has a fixed length, so ``k`` frames of it tile a region
+of ``k`` frames' length, frame by frame, as the length-prefixed framing reads it. A frame that matches
 has the learned frame's bytes everywhere but in three values: the id is an unsigned integer of the learned
-width (any bytes are one; :data:`~.native_commands.MAX_ID` is checked), the payload a ``bin`` of the learned
-length (any bytes are one), the channel a ``str`` of the learned length whose bytes must be one the decoder
-has already read as a valid channel (``channels``, bytes to canonical); so ``msgpack.unpackb`` and the
-common-shape checks would read that frame as the same publish. Only a frame whose every key is a distinct
-one of ``op``, ``id``, ``channel``, ``payload`` and ``ack``, each value of the type the common shape takes,
-is learned; anything else (another encoding of a value, a duplicate key) gives no shape.
+width (any bytes are one, but a positive fixint's, below 0x80; :data:`~.native_commands.MAX_ID` is
+checked), the payload a ``bin`` of the learned length (any bytes are one), the channel a ``str`` of the
+learned length whose bytes must be one the decoder has already read as a valid channel (``channels``, bytes
+to canonical); so ``msgpack.unpackb`` and the common-shape checks would read that frame as the same publish.
+Only a frame whose every key is a distinct one of ``op``, ``id``, ``channel``, ``payload`` and ``ack``, each
+value of the type the common shape takes, is learned; anything else (another encoding of a value, a
+duplicate key) gives no shape.
 
 Concurrency contract: a shape is immutable once built and may be shared; the compiled expressions are kept
 in a bounded module cache (the event loop thread only, as every decoder).
