@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 from hubbub.core.reads import LogReads, ReadAhead
 from hubbub.log import open_store
@@ -16,17 +17,25 @@ def reads() -> LogReads:
     return LogReads(store, 4, store)
 
 
+class Pages:
+    """A paged read whose page after ``start`` ends at ``end(start)``; it records where each read started
+    (on the reader threads)."""
+
+    def __init__(self, end: Callable[[int], int]) -> None:
+        self.started: list[int] = []
+        self._lock = threading.Lock()
+        self._end = end
+
+    def __call__(self, start: int) -> tuple[int, int]:
+        with self._lock:
+            self.started.append(start)
+        return start, self._end(start)
+
+
 def test_whole_pages_are_each_read_once_and_the_next_ones_at_once() -> None:
     async def main() -> None:
         lr = reads()
-        started: list[int] = []
-        lock = threading.Lock()
-
-        def read(start: int) -> tuple[int, int]:
-            with lock:
-                started.append(start)
-            return start, min(start + 10, 55)
-
+        read = Pages(lambda start: min(start + 10, 55))
         ahead = ReadAhead(lr, read, 55, 10, 2)
         pos = 0
         pages = []
@@ -43,7 +52,7 @@ def test_whole_pages_are_each_read_once_and_the_next_ones_at_once() -> None:
         ahead.close()
         await lr.close()
         assert pages == [(0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 55)]
-        assert sorted(started) == [0, 10, 20, 30, 40, 50]
+        assert sorted(read.started) == [0, 10, 20, 30, 40, 50]
 
     asyncio.run(main())
 
@@ -51,14 +60,7 @@ def test_whole_pages_are_each_read_once_and_the_next_ones_at_once() -> None:
 def test_a_shorter_page_drops_the_pages_read_ahead_and_reads_on_from_its_end() -> None:
     async def main() -> None:
         lr = reads()
-        started: list[int] = []
-        lock = threading.Lock()
-
-        def read(start: int) -> tuple[int, int]:
-            with lock:
-                started.append(start)
-            return start, start + (5 if start == 10 else 10)  # the page after 10 is cut short
-
+        read = Pages(lambda start: start + (5 if start == 10 else 10))  # the page after 10 is cut short
         ahead = ReadAhead(lr, read, 40, 10, 3)
         got = []
         pending = ahead.take(0)
@@ -72,7 +74,7 @@ def test_a_shorter_page_drops_the_pages_read_ahead_and_reads_on_from_its_end() -
         await lr.close()
         # Every page continues the one before it, whatever was read ahead.
         assert got == [(0, 10), (10, 15), (15, 25), (25, 35), (35, 45)]
-        assert {0, 10, 15, 25, 35} <= set(started)
+        assert {0, 10, 15, 25, 35} <= set(read.started)
 
     asyncio.run(main())
 
