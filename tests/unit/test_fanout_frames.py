@@ -167,3 +167,29 @@ def test_a_run_that_would_overflow_a_connection_closes_it_as_slow(batching: bool
     fan.fan_out_run(router.match("/a"), events, None)
     assert sess.kicked == sess.slow_close_code
     assert sess.queued == 0 and sess.take_entries() == []
+
+
+def test_batching_connections_share_one_packed_run_and_the_others_get_frames() -> None:
+    """Of the connections a run reaches, those batching alike share one packed-only run, those batching
+    with another size one of their own, and one that does not batch gets the single frames: the same events,
+    byte for byte, each way."""
+    codec = nc.NativeCodec("msgpack")
+    router: Router[Subscription] = Router()
+    fan = FanOut(router, set(), {}, Faults())
+    limits = [4096, 4096, 300, 0]
+    sessions = [Session("native", NativeEncoder(codec), max_items=1000, max_bytes=1 << 24) for _ in limits]
+    for sess, limit in zip(sessions, limits, strict=True):
+        sess.batch_limit = limit
+        router.add(parse_pattern("/a"), Subscription(sess, "s", parse_pattern("/a"), frozenset()))
+    pub = PUBLISHERS[0]
+    events = [Event("/a", s, "e", s, pub, b"p%d" % s, "x/y", {}, ()) for s in range(1, 3 * RUN_ENTRY_MIN)]
+    fan.fan_out_run(router.match("/a"), events, None)
+    singles = [codec.encode_event(e, ("s",), False) for e in events]
+    runs = [s.take_entries() for s in sessions]
+    assert runs[0][0] is runs[1][0]  # one run, shared
+    for (run,), limit in zip(runs[:3], limits[:3], strict=True):
+        assert isinstance(run, FrameRun) and run.frames is None and run.count == len(events)
+        assert run.single() == nc.pack_batches("msgpack", singles, limit)
+    (plain,) = runs[3]
+    assert isinstance(plain, FrameRun) and plain.frames == singles
+    assert fan.deliveries == {"native": 4 * len(events)}

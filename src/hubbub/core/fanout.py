@@ -17,7 +17,7 @@ session (its iterator continues where it stopped), never one per session.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, cast, final
 
 from hubbub.events import Event
 from hubbub.log.base import EventRun, runs_of
@@ -26,7 +26,7 @@ from hubbub.router import Router
 from .faults import Faults
 from .filters import FILTER_PREFIX, delivery_filters, passes
 from .hold import Share
-from .session import RUN_ENTRY_MIN, Encoder, FrameRun, Overflow, Session
+from .session import RUN_ENTRY_MIN, BatchEncoder, Encoder, FrameRun, Overflow, Session
 
 if TYPE_CHECKING:
     from .subscriptions import Subscription
@@ -111,8 +111,10 @@ class FanOut:
             if sess is origin and not sess.echo:
                 return
             try:
-                entry = _packed_run(sess, events, ids, runs)
-                if entry is None:
+                limit = _packs(sess, len(events))
+                if limit:
+                    entry = _packed_run(sess.encoder, events, ids, runs, limit)
+                else:
                     frames = _run_frames(sess.encoder, events, ids, runs)
                     entry = FrameRun(frames, sum(map(len, frames)))
                 n = sess.deliver_run(entry)
@@ -124,7 +126,7 @@ class FanOut:
                 deliveries[d] = deliveries.get(d, 0) + n
             return
         run_caches: dict[str, list[dict[Any, Any]]] = {}
-        run_frames: dict[tuple[str, tuple[str, ...]], FrameRun] = {}
+        run_frames: dict[tuple[str, tuple[str, ...], int], FrameRun] = {}
         todo = iter(plan)
         logged = None
         while True:
@@ -133,9 +135,13 @@ class FanOut:
                     if sess is origin and not sess.echo:
                         continue
                     enc = sess.encoder
-                    fk = (enc.key, ids)
+                    # Batching connections that take packed-only runs share them per batch size.
+                    limit = _packs(sess, len(events))
+                    fk = (enc.key, ids, limit)
                     hit = run_frames.get(fk)
-                    if hit is not None and getattr(enc, "per_connection", False):
+                    if hit is None and limit:
+                        hit = run_frames[fk] = _packed_run(enc, events, ids, runs, limit)
+                    elif hit is not None and getattr(enc, "per_connection", False):
                         # Frames encoded for another connection: this encoder must see its own
                         # connection's events (Encoder.per_connection), so it encodes them, through the same
                         # rendering cache.
@@ -289,22 +295,33 @@ def _run_frames(
     return frames
 
 
-def _packed_run(
-    sess: Session, events: Sequence[Event], ids: tuple[str, ...], runs: list[EventRun] | None
-) -> FrameRun | None:
-    """The live frames of ``events`` (one fan-out run) as a packed-only :class:`FrameRun` for a batching
-    session (``Session.batch_limit``) whose encoder builds a run's batch frames without its single frames
-    (``BatchEncoder.encode_run_batches``), as ``Session.replay_run_chunks`` builds a replay's: the bytes its
-    writer would have packed, without a frame per event first. ``None`` when the session does not take them:
-    not batching, an overflow policy other than DISCONNECT (the others drop single frames), or a run shorter
-    than ``RUN_ENTRY_MIN`` (queued frame by frame). Under DISCONNECT a run the queue cannot take whole closes
-    the session either way, and the close clears what was queued."""
+def _packs(sess: Session, k: int) -> int:
+    """The batch size of a batching session (``Session.batch_limit``) that takes a run of ``k`` live events
+    as a packed-only :class:`FrameRun` (:func:`_packed_run`), else 0: one whose encoder builds a run's batch
+    frames without its single frames (``BatchEncoder.encode_run_batches``), under the DISCONNECT policy (the
+    others drop single frames), for a run of at least ``RUN_ENTRY_MIN`` (a shorter one is queued frame by
+    frame). Under DISCONNECT a run the queue cannot take whole closes the session either way, and the close
+    clears what was queued."""
     limit = sess.batch_limit
-    encode = getattr(sess.encoder, "encode_run_batches", None)
-    k = len(events)
-    if not limit or encode is None or sess.overflow is not Overflow.DISCONNECT or k < RUN_ENTRY_MIN:
-        return None
+    if (
+        not limit
+        or k < RUN_ENTRY_MIN
+        or sess.overflow is not Overflow.DISCONNECT
+        or not hasattr(sess.encoder, "encode_run_batches")
+    ):
+        return 0
+    return limit
+
+
+def _packed_run(
+    encoder: Encoder, events: Sequence[Event], ids: tuple[str, ...], runs: list[EventRun] | None, limit: int
+) -> FrameRun:
+    """The live frames of ``events`` (one fan-out run) as a packed-only :class:`FrameRun` of batch frames of
+    at most ``limit`` bytes, built without the single frames (``BatchEncoder.encode_run_batches``), as
+    ``Session.replay_run_chunks`` builds a replay's: the bytes a batching writer would have packed, without
+    a frame per event first; shared by every connection of the encoding, ids and batch size."""
+    encode = cast("BatchEncoder", encoder).encode_run_batches
     packed: list[bytes] = []
     for r in runs_of(events) if runs is None else runs:
         packed += encode(r.proto, r.rows, ids, False, limit)
-    return FrameRun(None, sum(map(len, packed)), packed, limit, k)
+    return FrameRun(None, sum(map(len, packed)), packed, limit, len(events))
