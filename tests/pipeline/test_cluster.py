@@ -114,8 +114,10 @@ def hubbub_pipeline(*args: str) -> dict[str, object]:
     return json.loads(r.stdout.decode().strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-# Three jobs (archive, backfill twice), each starting an application on the standalone cluster (a JVM driver
-# and an executor): on a busy 2-core machine that alone passes the default 120 s.
+# Two jobs (archive, backfill), each starting an application on the standalone cluster (a JVM driver and an
+# executor): on a busy 2-core machine that alone passes the default 120 s. A backfill run again publishes
+# nothing: that is the backfill's own logic, the same on any master, and tests/pipeline/test_jobs.py checks it
+# on the tests' local session (each application here costs the suite a minute of a busy machine's CPU).
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_archive_and_backfill_on_a_standalone_cluster(
@@ -128,12 +130,10 @@ def test_archive_and_backfill_on_a_standalone_cluster(
         "archive", "--master", cluster, "--store", store_url(server), "--out", str(tmp_path / "a")
     )
     assert res["events"] == 500 and res["channels"] == 5
-    # The archive back into the running server under another prefix; a rerun publishes nothing again.
+    # The archive back into the running server under another prefix.
     args = ["--input", str(tmp_path / "a"), "--target", http_url(server), "--channel-prefix", "/restored"]
     bf = hubbub_pipeline("backfill", "--master", cluster, *args)
     assert bf["published"] == 500 and bf["already_present"] == 0, bf
-    again = hubbub_pipeline("backfill", "--master", cluster, *args)
-    assert again["published"] == 0 and again["already_present"] == 500, again
     with urllib.request.urlopen(f"{http_url(server)}/api/v1/log/restored/cl/3?limit=1000") as r:
         body = json.load(r)
     got = [e.get("text") or base64.b64decode(e["b64"]).decode() for e in body["events"]]
