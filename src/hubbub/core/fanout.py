@@ -26,7 +26,7 @@ from hubbub.router import Router
 from .faults import Faults
 from .filters import FILTER_PREFIX, delivery_filters, passes
 from .hold import Share
-from .session import RUN_ENTRY_MIN, BatchEncoder, Encoder, FrameRun, Overflow, Session
+from .session import RUN_ENTRY_MIN, BatchEncoder, Encoder, FrameRun, Session, packed_limit
 
 if TYPE_CHECKING:
     from .subscriptions import Subscription
@@ -296,21 +296,11 @@ def _run_frames(
 
 
 def _packs(sess: Session, k: int) -> int:
-    """The batch size of a batching session (``Session.batch_limit``) that takes a run of ``k`` live events
-    as a packed-only :class:`FrameRun` (:func:`_packed_run`), else 0: one whose encoder builds a run's batch
-    frames without its single frames (``BatchEncoder.encode_run_batches``), under the DISCONNECT policy (the
-    others drop single frames), for a run of at least ``RUN_ENTRY_MIN`` (a shorter one is queued frame by
-    frame). Under DISCONNECT a run the queue cannot take whole closes the session either way, and the close
-    clears what was queued."""
-    limit = sess.batch_limit
-    if (
-        not limit
-        or k < RUN_ENTRY_MIN
-        or sess.overflow is not Overflow.DISCONNECT
-        or not hasattr(sess.encoder, "encode_run_batches")
-    ):
-        return 0
-    return limit
+    """The batch size of a session that takes a run of ``k`` live events as a packed-only :class:`FrameRun`
+    (:func:`_packed_run`; ``session.packed_limit``), else 0: a run shorter than ``RUN_ENTRY_MIN`` is queued
+    frame by frame. Under DISCONNECT a run the queue cannot take whole closes the session either way, and the
+    close clears what was queued."""
+    return packed_limit(sess) if k >= RUN_ENTRY_MIN else 0
 
 
 def _packed_run(

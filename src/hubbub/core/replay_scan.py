@@ -27,7 +27,7 @@ from hubbub.log.base import EventLog
 
 from .faults import Faults
 from .filters import withheld
-from .reads import LogReads
+from .reads import LogReads, drop
 from .replay import TAKEN_MAX, Gap, ReplayScan, ScanCursor, census_gaps, scan_page
 from .session import FrameRun, Session
 
@@ -225,6 +225,5 @@ async def send_scan(
         channel, seq = (ev.channel, ev.seq) if ev is not None else ("", 0)
         faults.close(session, channel, seq, exc, stage="replay")
     finally:
-        if not pending.cancel() and not pending.cancelled():
-            pending.exception()
+        drop(pending)
     return ScanSent(sent, cur.expect)

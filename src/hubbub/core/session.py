@@ -54,6 +54,7 @@ __all__ = [
     "Session",
     "SessionStats",
     "new_session_id",
+    "packed_limit",
 ]
 
 #: A run of fewer event frames is queued frame by frame rather than as one :class:`FrameRun` entry.
@@ -547,10 +548,10 @@ class Session(OutboundQueue):
 
         Thread-safe, like :meth:`replay_chunks`.
         """
-        limit = self.batch_limit
-        encode = getattr(self.encoder, "encode_run_batches", None)
-        if not limit or encode is None or self.overflow is not Overflow.DISCONNECT:
+        limit = packed_limit(self)
+        if not limit:
             return None
+        encode = cast("BatchEncoder", self.encoder).encode_run_batches
         proto, rows = run.proto, run.rows
         step = max(1, self.max_items // 2)
         half_bytes = self.max_bytes // 2
@@ -786,3 +787,11 @@ class Session(OutboundQueue):
             "dropped": self.stats.dropped,
             "owed": self.owed,
         }
+
+
+def packed_limit(sess: OutboundQueue) -> int:
+    """The batch size of a session that takes packed-only runs (:class:`FrameRun` without single frames: a
+    replay's chunks, a fan-out's runs), else 0: a batching session (``batch_limit``) whose encoder is a
+    :class:`BatchEncoder`, under the DISCONNECT policy (the others drop single frames)."""
+    ok = sess.overflow is Overflow.DISCONNECT and hasattr(sess.encoder, "encode_run_batches")
+    return sess.batch_limit if ok else 0
