@@ -4,7 +4,8 @@
 composition root (``server.py``). A transport holds a ``Core`` and never names the node's parts (the write
 batcher, the writer, the subscription registry and fan-out, the replay service, the reader threads, the
 store): an import-linter contract and ``tests/test_static.py`` keep it so. Besides this module, transports
-import the core's typed seams: ``core/session.py`` (a connection as the core sees it) and ``core/flag.py``.
+import the core's typed seams: ``core/session.py`` (a connection as the core sees it), ``core/flag.py`` and
+``core/flushes.py`` (the writes a commit holds to its end).
 
 What the API offers, by concern:
 

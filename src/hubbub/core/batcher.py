@@ -34,8 +34,10 @@ from hubbub.events import Event
 from hubbub.log.appended import Committed, RunAppended
 from hubbub.log.base import AppendRequest, AppendResult, AppendRun, LogStore
 
+from . import flushes
 from .access import Access
 from .faults import Faults
+from .flag import Flag
 from .session import Session
 from .stats import Histogram
 from .writer import LogWriter
@@ -161,8 +163,9 @@ class WriteBatcher:
         self.writer: LogWriter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending = 0
-        self._room = asyncio.Event()
-        self._room.set()
+        #: Set while a publish may be submitted without waiting (:meth:`writable`); read-only outside.
+        self.room = Flag()
+        self.room.set()
         # Publishes of the current loop tick, handed to the writer together (see flush).
         # ``_batch_items`` has one item per event, ``_batch_reqs`` one entry per request or run (runs only for
         # a store that ``takes_runs``).
@@ -232,7 +235,7 @@ class WriteBatcher:
             origin.owed += 1  # its reply is owed until the completion (Session.owed, back-pressure)
         self._pending += 1
         if self._pending >= self.max_pending:
-            self._room.clear()
+            self.room.clear()
         if not self._batch_reqs:
             self._batch_t0 = time.perf_counter()
             assert self._loop is not None
@@ -274,7 +277,7 @@ class WriteBatcher:
         origin.owed += len(requests)
         self._pending += len(requests)
         if self._pending >= self.max_pending:
-            self._room.clear()
+            self.room.clear()
         if not self._batch_reqs:
             self._batch_t0 = time.perf_counter()
             assert self._loop is not None
@@ -300,7 +303,7 @@ class WriteBatcher:
         origin.owed += n
         self._pending += n
         if self._pending >= self.max_pending:
-            self._room.clear()
+            self.room.clear()
         if not self._batch_reqs:
             self._batch_t0 = time.perf_counter()
             assert self._loop is not None
@@ -369,12 +372,12 @@ class WriteBatcher:
     @property
     def has_room(self) -> bool:
         """Whether a publish may be submitted without waiting (see :meth:`writable`)."""
-        return self._room.is_set()
+        return self.room.value
 
     async def writable(self) -> None:
         """Wait until the writer has room (back-pressure for publishers)."""
-        if not self._room.is_set():
-            await self._room.wait()
+        if not self.room.value:
+            await self.room.wait()
 
     @property
     def pending(self) -> int:
@@ -382,25 +385,33 @@ class WriteBatcher:
         return self._pending
 
     def _on_committed(self, items: list[Pending], result: list[Committed] | HubbubError) -> None:
-        self._pending -= len(items)
-        if self._pending < self.max_pending // 2:
-            self._room.set()
-        if isinstance(result, HubbubError):
-            _fail_all(items, result, self._done_failed)
-            return
-        if len(items) != len(result):
-            raise RuntimeError("the log store returned a result count that differs from the batch's")
-        _complete(items, result, self.ack_latency.observe, self._done_failed)
-        hook = self.commit_hook
-        if hook is not None:
-            try:
-                hook(result)
-            except Exception:
-                log.exception("the durable consumers' commit hook failed", extra=_batch_context(result))
+        """A commit's results, on the loop (inline from :meth:`flush`, or handed back by the writer thread):
+        acks and fan-out, their writes held to the end (:mod:`~hubbub.core.flushes`), when each connection's
+        frames go out in one write."""
+        started = flushes.hold()
         try:
-            self.on_committed(items, result)
-        except Exception:
-            log.exception("fan-out of a committed batch failed", extra=_batch_context(result))
+            self._pending -= len(items)
+            if self._pending < self.max_pending // 2 and not self.room.value:
+                self.room.set()
+            if isinstance(result, HubbubError):
+                _fail_all(items, result, self._done_failed)
+                return
+            if len(items) != len(result):
+                raise RuntimeError("the log store returned a result count that differs from the batch's")
+            _complete(items, result, self.ack_latency.observe, self._done_failed)
+            hook = self.commit_hook
+            if hook is not None:
+                try:
+                    hook(result)
+                except Exception:
+                    log.exception("the durable consumers' commit hook failed", extra=_batch_context(result))
+            try:
+                self.on_committed(items, result)
+            except Exception:
+                log.exception("fan-out of a committed batch failed", extra=_batch_context(result))
+        finally:
+            if started:
+                flushes.release()
 
     def _done_failed(self, origin: Session | None, r: Committed | None, exc: Exception, k: int) -> None:
         """A publisher's ``done`` callback raised for ``k`` of its publishes: its connection is closed (its

@@ -23,22 +23,24 @@ __all__ = ["Flag"]
 class Flag:
     """Set, clear, and wait until set. Like :class:`asyncio.Event`, but allocated lazily."""
 
-    __slots__ = ("_value", "_waiters")
+    __slots__ = ("_waiters", "value")
 
     def __init__(self) -> None:
-        self._value = False
+        #: Whether the flag is set: read it (a hot path's check costs no call), never write it (``set``
+        #: wakes the waiters, ``clear`` unsets).
+        self.value = False
         # Futures of coroutines in wait(), and callbacks of call_when_set(): both go once the flag is set.
         self._waiters: list[asyncio.Future[None] | Callable[[], None]] | None = None
 
     def is_set(self) -> bool:
-        return self._value
+        return self.value
 
     def set(self) -> None:
         """Set the flag, wake every waiter and call every callback (in the order they came). Setting a flag
         that is set does nothing. A callback runs in the caller of ``set``: it must not raise."""
-        if self._value:
+        if self.value:
             return
-        self._value = True
+        self.value = True
         waiters = self._waiters
         if waiters is not None:
             self._waiters = None
@@ -51,9 +53,18 @@ class Flag:
     def call_when_set(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, in :meth:`set` (at once if the flag is set already): a waiter that needs
         no coroutine. :meth:`discard` takes it back."""
-        if self._value:
+        if self.value:
             callback()
         elif self._waiters is None:
+            self._waiters = [callback]
+        else:
+            self._waiters.append(callback)
+
+    def call_when_next_set(self, callback: Callable[[], None]) -> None:
+        """Clear the flag and call ``callback`` once, when it is next set: :meth:`clear` then
+        :meth:`call_when_set`, in one call (a write loop parks so after every write)."""
+        self.value = False
+        if self._waiters is None:
             self._waiters = [callback]
         else:
             self._waiters.append(callback)
@@ -67,11 +78,11 @@ class Flag:
                 self._waiters = None
 
     def clear(self) -> None:
-        self._value = False
+        self.value = False
 
     async def wait(self) -> Literal[True]:
         """Return once the flag is set (at once if it is set already)."""
-        if self._value:
+        if self.value:
             return True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiters = self._waiters
@@ -91,4 +102,4 @@ class Flag:
 
     def __repr__(self) -> str:
         n = len(self._waiters) if self._waiters else 0
-        return f"<Flag {'set' if self._value else 'unset'}, {n} waiting>"
+        return f"<Flag {'set' if self.value else 'unset'}, {n} waiting>"

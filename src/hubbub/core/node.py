@@ -277,7 +277,7 @@ class Node:
     @property
     def has_room(self) -> bool:
         """Whether a publish may be submitted without waiting (``WriteBatcher.writable``)."""
-        return self._batcher.has_room
+        return self._batcher.room.value
 
     # -- cluster relay ----------------------------------------------------------------------------------
 

@@ -36,8 +36,9 @@ A woken pump of a socket that can write at once (``direct``, a :class:`Direct`: 
 whose write goes to the kernel right away while its buffer is below its high-water mark; or a ``wire``, a
 WebSocket's, whose :meth:`Wire.put` does the same with the bytes it framed) needs no task at all: one callback
 at the end of the loop step that queued the frame (``call_soon``, so that every frame of that step, a commit's
-whole fan-out, goes out in the same write) takes the queue and writes it. Only what must wait (a buffer over
-its high-water mark, the session's end and close, a batching session's frames on a ``wire``) goes to a task,
+whole fan-out, goes out in the same write), or at the end of the commit that queued it (which holds its
+writes, :mod:`hubbub.core.flushes`), takes the queue and writes it. Only what must wait (a buffer over its
+high-water mark, the session's end and close, a batching session's frames on a ``wire``) goes to a task,
 which waits for the room as before. This spares each event delivered at light load a task's creation, its
 coroutines and a loop step, which is most of the write's share of the latency (bench/suite.py ``latency``),
 and a fan-out to many connections a task per connection for each commit.
@@ -55,6 +56,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, final
 
 from hubbub.core.api import Core, Disconnect, Session
+from hubbub.core.flushes import Deferred, call_soon
 from hubbub.core.session import FrameRun
 
 __all__ = [
@@ -243,7 +245,7 @@ class SessionPump:
         self._wire = wire if on_frames is None and keepalive is None else None
         # Only for a loop that parks (start): a keepalive loop waits with nothing queued.
         self._direct = direct if keepalive is None else None
-        self._soon: asyncio.Handle | None = None
+        self._soon: asyncio.Handle | Deferred | None = None
         self.max_frame = max_frame
         self.last_send = time.monotonic()
         self._task: asyncio.Task[None] | None = None
@@ -256,13 +258,14 @@ class SessionPump:
 
     def _resume(self) -> None:
         """Something to write (the session's callback): with a ``direct`` socket, a callback at the end of
-        this loop step writes it (:meth:`_write_now`); else, and for the session's end, a task runs the loop
-        until the queue is empty."""
+        this loop step, or of the commit that queued it (:mod:`~hubbub.core.flushes`), writes it
+        (:meth:`_write_now`); else, and for the session's end, a task runs the loop until the queue is
+        empty."""
         sess = self.session
-        if sess.kicked or sess.closed or sess.ending or not self._writes_now():
+        if sess.kicked or sess.closed or sess.ending or (self._direct is None and not self._writes_now()):
             self._task = asyncio.get_running_loop().create_task(self.run(park=True))
         else:
-            self._soon = asyncio.get_running_loop().call_soon(self._write_now)
+            self._soon = call_soon(self._write_now)
 
     def _writes_now(self) -> bool:
         """Whether this pump writes without a task (see the module docstring): it has a ``direct`` socket,
@@ -436,7 +439,7 @@ class SessionPump:
                     loose = []
                 out += e.batches(pack, limit)
         if loose:
-            out += pack(loose, limit)
+            out += pack(loose, limit) if len(loose) > 1 else loose  # (a frame alone goes as itself)
         return out
 
     async def _send_wired(self, entries: list[bytes | FrameRun]) -> None:

@@ -7,9 +7,10 @@ socket, makes the TLS handshake and holds the first-message deadline) hands each
 
 * opens the connection's :class:`StreamWire` before the first read (``open(b"")``) or, for a dialect that
   tells its variant from the first bytes (mist's generations), on the first read;
-* reads the socket in chunks of ``read_chunk`` bytes and feeds each read to the wire, whose actions (every
-  message the read completes) are carried out before the next read, each waiting for its room
-  (read-side back-pressure, :mod:`~hubbub.transports.backpressure`);
+* feeds each read to the wire, whose actions (every message the read completes) are carried out before the
+  next read, each waiting for its room (read-side back-pressure, :mod:`~hubbub.transports.backpressure`):
+  while the connection waits for bytes, in the socket's ``data_received`` as the read comes, the rest of a
+  feed that must wait in the connection's task (:mod:`~hubbub.transports.stream_reads`);
 * tells the listener the first complete message came (``Accepted.heard``);
 * runs every task of the connection in one :class:`~hubbub.transports.lifetime.Lifetime`, ends the wire
   (its pending close goes out) and closes the socket on every path, cancellation included
@@ -26,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import ClassVar, Generic, Protocol, TypeVar
 
 from hubbub.core.api import Core, Session
@@ -35,6 +36,7 @@ from .accept import peer_name
 from .lifetime import Lifetime
 from .pump import WriteTimeout, grace_left, io_failed
 from .stream_listener import READER_LIMIT, Accepted, Refusal, StreamListener
+from .stream_reads import FINISHED, run_eagerly
 
 __all__ = [
     "CLOSE_WAIT_S",
@@ -106,10 +108,9 @@ class StreamDirect:
     ``parts`` gives the pieces of one write of frames in the dialect's framing, written with ``writelines``
     (the transport sends them together, without joining them first)."""
 
-    __slots__ = ("_parts", "_transport", "_writer")
+    __slots__ = ("_parts", "_transport")
 
     def __init__(self, writer: asyncio.StreamWriter, parts: Callable[[list[bytes]], list[bytes]]) -> None:
-        self._writer = writer
         self._transport = writer.transport
         self._parts = parts
 
@@ -118,7 +119,7 @@ class StreamDirect:
         return transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]
 
     def write(self, frames: list[bytes]) -> None:
-        self._writer.writelines(self._parts(frames))
+        self._transport.writelines(self._parts(frames))  # (the writer's writelines, without its call)
 
 
 class StreamIO:
@@ -178,7 +179,10 @@ class Opener(Protocol):
     def node(self) -> Core: ...
 
     @property
-    def read_chunk(self) -> int: ...
+    def read_chunk(self) -> int:
+        """The most bytes fed at once from reads buffered while the connection was busy (a read handled as
+        it comes is fed whole: the transport's, up to 256 KiB)."""
+        ...
 
     def open(self, first: bytes, acc: Accepted) -> StreamWire | None:
         """The connection of ``acc`` whose first bytes are ``first`` (``b""`` before the first read), or None
@@ -258,27 +262,48 @@ async def serve_stream(acc: Accepted, opener: Opener) -> None:
 
 
 async def _serve(acc: Accepted, opener: Opener, group: Lifetime) -> None:
-    reader, dialect = acc.reader, opener.dialect
+    reads, dialect = acc.reads, opener.dialect
     wire = opener.open(b"", acc)
     peer = peer_name(acc.writer.get_extra_info("peername"))
+
+    quiet = True  # no complete message yet: the listener's first-message timer runs
+
+    def read_now(data: bytes) -> Awaitable[None] | None:
+        # A read handed over by the socket's data_received while the loop below waits (stream_reads): fed
+        # here, up to its end or its first wait, whose rest the loop awaits.
+        nonlocal quiet
+        assert wire is not None
+        rest = run_eagerly(wire.feed(data))
+        if quiet and wire.messages:
+            acc.heard()
+            quiet = False
+        if rest is None and wire.done:
+            return FINISHED
+        return rest
+
     try:
         if wire is not None:
             wire.session.peer = peer
             wire.start(group)
         while wire is None or not wire.done:
-            data = await reader.read(opener.read_chunk)
-            if not data:
+            got = await reads.next(read_now if wire is not None else None, opener.read_chunk)
+            if not isinstance(got, bytes):
+                await got  # the rest of a read handled as it came
+                continue
+            if not got:
                 break
             if wire is None:
-                wire = opener.open(data, acc)
+                wire = opener.open(got, acc)
                 if wire is None:
                     continue
                 wire.session.peer = peer
                 wire.start(group)
-            await wire.feed(data)
-            if wire.messages:
+            await wire.feed(got)
+            del got
+            if quiet and wire.messages:
                 acc.heard()
-    except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+                quiet = False
+    except (ConnectionError, asyncio.CancelledError):
         pass
     except Exception:
         logging.getLogger(f"hubbub.{dialect}").exception("%s TCP connection failed", dialect)

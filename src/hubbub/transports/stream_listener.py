@@ -39,19 +39,21 @@ from typing import Any, Final, Protocol, cast, final
 from hubbub.core.api import Core
 
 from .accept import REFUSAL_LINGER_S, REFUSALS_LINGERING_MAX, BadInputLog, OpenFiles, reuse_port
+from .stream_reads import StreamReads
 
 __all__ = ["KEEPALIVE", "Accepted", "Refusal", "Serve", "StreamListener", "keep_alive", "peer_ip"]
 
 log = logging.getLogger("hubbub.tcp")
 
-#: A dialect's connection: it reads ``reader``, writes ``writer``, calls :meth:`Accepted.heard` once its
+#: A dialect's connection: it reads ``reads``, writes ``writer``, calls :meth:`Accepted.heard` once its
 #: first message is complete, and closes the writer when it is done.
 Serve = Callable[["Accepted"], Awaitable[None]]
 #: A dialect's answer to a socket over a connection limit, given the first bytes the socket sent (an empty
 #: answer: none).
 Refusal = Callable[[bytes], bytes]
 
-#: asyncio's default buffer limit of a ``StreamReader``.
+#: Bytes a connection's reads may buffer while its task runs, before the socket's reading is paused
+#: (asyncio's default limit of a ``StreamReader``).
 READER_LIMIT: Final = 1 << 16
 #: TCP keepalive of the server's side of every TCP connection (native, mist, qrpc): seconds idle before the
 #: first probe, seconds between probes, probes unanswered before the kernel drops the connection. A peer that
@@ -206,7 +208,7 @@ class StreamListener:
         assert loop is not None and self.ssl_context is not None
         try:
             transport, _ = await loop.connect_accepted_socket(
-                lambda: acc.protocol,
+                lambda: acc.reads,
                 sock,
                 ssl=self.ssl_context,
                 ssl_handshake_timeout=max(acc.deadline - loop.time(), 0.001),
@@ -240,8 +242,9 @@ class StreamListener:
 
 @final
 class Accepted:
-    """One admitted socket of a :class:`StreamListener`, as its dialect's ``serve`` sees it: ``reader``,
-    ``writer``, the peer's address ``ip``, and :meth:`heard`."""
+    """One admitted socket of a :class:`StreamListener`, as its dialect's ``serve`` sees it: ``reads`` (the
+    socket's protocol, :class:`~hubbub.transports.stream_reads.StreamReads`), ``writer``, the peer's address
+    ``ip``, and :meth:`heard`."""
 
     __slots__ = (
         "_listener",
@@ -249,8 +252,7 @@ class Accepted:
         "deadline",
         "ip",
         "open",
-        "protocol",
-        "reader",
+        "reads",
         "transport",
         "writer",
     )
@@ -260,8 +262,7 @@ class Accepted:
         assert loop is not None
         self._listener = listener
         self.ip = ip
-        self.reader = asyncio.StreamReader(listener.reader_limit, loop=loop)
-        self.protocol = asyncio.StreamReaderProtocol(self.reader, loop=loop)
+        self.reads = StreamReads(listener.reader_limit, loop)
         self.transport: asyncio.Transport
         self.writer: asyncio.StreamWriter
         #: Whether the socket is attached to its streams (after the TLS handshake on a TLS listener).
@@ -271,15 +272,15 @@ class Accepted:
         self._timer: asyncio.TimerHandle | None = None
 
     def attach(self, transport: asyncio.Transport, *, connected: bool = False) -> None:
-        """Give the socket to the streams (``connected``: the loop gave it to :attr:`protocol` already), and
+        """Give the socket to the streams (``connected``: the loop gave it to :attr:`reads` already), and
         start the first-message timer, for what is left of the time."""
         loop = self._listener.loop
         assert loop is not None
         self.transport = transport
         if not connected:
-            transport.set_protocol(self.protocol)
-            self.protocol.connection_made(transport)
-        self.writer = asyncio.StreamWriter(transport, self.protocol, self.reader, loop)
+            transport.set_protocol(self.reads)
+            self.reads.connection_made(transport)
+        self.writer = asyncio.StreamWriter(transport, self.reads, None, loop)
         self.open = True
         self._timer = loop.call_at(self.deadline, self._expire)
 
