@@ -25,7 +25,11 @@ from tests.integration.test_bulk_publisher import Relay, http, log_of, tcp
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("batch") / "server").start()
+    # A send queue that holds the whole of a test's stream: the SSE reader is a thread of this process, which
+    # on a busy machine may lag the publisher's windows by more than the default 1,024 frames, and would then
+    # be closed as a slow consumer (that policy is tests/integration/test_backpressure.py's to check).
+    extra = ["--limits-send-queue", "8192"]
+    proc = ServerProcess(tmp_path_factory.mktemp("batch") / "server", extra=extra).start()
     try:
         yield proc
     finally:

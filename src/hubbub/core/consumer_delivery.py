@@ -250,10 +250,10 @@ class Delivery:
         journal from ``loaded_to`` on (positions are allocated under the log lock, in commit order, so a read
         that sees an item sees every earlier one). And another node may serve the consumer, acknowledging
         items in the store alone: only the consumers this node holds take items (:meth:`Held.discard`)."""
-        by_id = self._by_id
-        groups = self._groups.index if self._node.relay is None else None
-        if not by_id and not groups and not self.creating:
+        by_id, index = self._by_id, self._groups.index
+        if not by_id and not self.creating and (index.empty or self._node.relay is not None):
             return  # nothing to do per event (a create under way must see its early items: _unknown)
+        groups = index if self._node.relay is None else None
         results = expand_runs(committed)  # (a run answered as one journaled nothing: groups want its events)
         shared = self.shared
         max_items = self.max_items

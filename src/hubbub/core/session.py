@@ -260,8 +260,10 @@ class OutboundQueue:
     # of 64 slots); the writer takes the queue whole or a prefix at a time, never one entry by one.
     _frames: list[Entry] = field(default_factory=list)
     _nbytes: int = 0
-    #: Frames queued (a :class:`FrameRun` counts its frames) and :class:`FrameRun` entries among them.
-    _count: int = 0
+    #: Frames queued (a :class:`FrameRun` counts its frames: events of a run one by one); read-only outside
+    #: the queue (an attribute, not a property: the write loop reads it per write). And the
+    #: :class:`FrameRun` entries among them.
+    queued: int = 0
     _runs: int = 0
     # Flags, not asyncio.Events: a session exists per idle connection, and an Event costs some 850 bytes.
     _wake: Flag = field(default_factory=Flag)
@@ -286,17 +288,17 @@ class OutboundQueue:
         if self.closed or self.kicked or self.ending:
             return False
         n = len(data)
-        if self._count >= self.max_items or self._nbytes + n > self.max_bytes:
+        if self.queued >= self.max_items or self._nbytes + n > self.max_bytes:
             if not is_event:
-                if self._count >= 4 * self.max_items or self._nbytes + n > 4 * self.max_bytes:
+                if self.queued >= 4 * self.max_items or self._nbytes + n > 4 * self.max_bytes:
                     self.kick(self.slow_close_code)
                     return False
             elif not self._overflow(n, is_event):
                 return False
         self._frames.append((data, is_event))
         self._nbytes += n
-        self._count += 1
-        if self._count == 1:
+        self.queued += 1
+        if self.queued == 1:
             self._wake.set()
         return True
 
@@ -310,13 +312,13 @@ class OutboundQueue:
             return True
         nbytes = sum(map(len, frames))
         # push() checks each frame against the cap before queueing it; the last one is the one that counts.
-        if self._count + k - 1 >= 4 * self.max_items or self._nbytes + nbytes > 4 * self.max_bytes:
+        if self.queued + k - 1 >= 4 * self.max_items or self._nbytes + nbytes > 4 * self.max_bytes:
             self.kick(self.slow_close_code)
             return False
-        was_empty = not self._count
+        was_empty = not self.queued
         self._frames.extend(zip(frames, repeat(False)))
         self._nbytes += nbytes
-        self._count += k
+        self.queued += k
         if was_empty:
             self._wake.set()
         return True
@@ -325,7 +327,7 @@ class OutboundQueue:
         """``k`` of this connection's publishes completed (their replies, if any, are queued by now): they are
         no longer owed, and a reader waiting in :meth:`wait_room` may go on once there is room."""
         self.owed -= k
-        if self._count + self.owed < self.max_items // 2:
+        if self.queued + self.owed < self.max_items // 2 and not self._room.value:
             self._room.set()
 
     @property
@@ -333,22 +335,22 @@ class OutboundQueue:
         """Whether the connection may be read without waiting: the frames queued and the replies owed
         (:attr:`owed`) are below the queue's bound. Past it, the transport stops reading the connection
         (:meth:`wait_room`) instead of queueing more replies: back-pressure, never a close."""
-        return self._count + self.owed < self.max_items
+        return self.queued + self.owed < self.max_items
 
     def deliver(self, event: Event, subs: Sequence[str], cache: dict[Any, Any], replay: bool = False) -> bool:
         """Encode (through the shared cache) and queue one event."""
         data = self.encoder.encode_event(event, subs, replay, cache)
         n = len(data)
         if (
-            self._count < self.max_items
+            self.queued < self.max_items
             and self._nbytes + n <= self.max_bytes
             and not (self.closed or self.kicked or self.ending)
         ):
             # push()'s common case, inlined: this runs once per event per subscribed connection.
             self._frames.append((data, True))
             self._nbytes += n
-            self._count += 1
-            if self._count == 1:
+            self.queued += 1
+            if self.queued == 1:
                 self._wake.set()
             self.stats.delivered += 1
             return True
@@ -377,20 +379,20 @@ class OutboundQueue:
         frames = run.frames
         k = run.count
         if (
-            self._count + k <= self.max_items
+            self.queued + k <= self.max_items
             and self._nbytes + run.nbytes <= self.max_bytes
             and not (self.closed or self.kicked or self.ending)
         ):
             if not k:
                 return 0
-            was_empty = not self._count
+            was_empty = not self.queued
             if k >= RUN_ENTRY_MIN or frames is None:
                 q.append(run)
                 self._runs += 1
             else:
                 q.extend(zip(frames, repeat(True)))
             self._nbytes += run.nbytes
-            self._count += k
+            self.queued += k
             if was_empty:
                 self._wake.set()
             self.stats.delivered += k
@@ -425,11 +427,10 @@ class OutboundQueue:
         closed or ending (at once if there is already). A writer parked here holds no task while its
         connection is idle; :meth:`forget_ready` takes the callback back. Called from the event loop thread;
         the callback runs in whatever queues the frame (a fan-out, a reply): quick, and it must not raise."""
-        if self._count or self.kicked or self.closed or self.ending:
+        if self.queued or self.kicked or self.closed or self.ending:
             callback()
             return
-        self._wake.clear()
-        self._wake.call_when_set(callback)
+        self._wake.call_when_next_set(callback)
 
     def forget_ready(self, callback: Callable[[], None]) -> None:
         """Take back a callback of :meth:`call_when_ready` that was not called yet. Idempotent."""
@@ -437,7 +438,7 @@ class OutboundQueue:
 
     def _clear(self) -> None:
         self._frames.clear()
-        self._nbytes = self._count = self._runs = 0
+        self._nbytes = self.queued = self._runs = 0
 
     def _flatten(self) -> None:
         """Turn every :class:`FrameRun` entry into single-frame entries (the overflow policies drop frames one
@@ -449,7 +450,7 @@ class OutboundQueue:
                     single = e.single()
                     flat.extend(zip(single, repeat(True)))
                     # A packed-only run's batch frames are its finest parts: each counts as one frame now.
-                    self._count -= e.count - len(single)
+                    self.queued -= e.count - len(single)
                 else:
                     flat.append(e)
             self._frames = flat
@@ -465,17 +466,17 @@ class OutboundQueue:
             # The oldest events go; the replies among them stay, in order, at the front.
             kept: list[tuple[bytes, bool]] = []
             i = 0
-            while i < len(entries) and (self._count >= self.max_items or self._nbytes + n > self.max_bytes):
+            while i < len(entries) and (self.queued >= self.max_items or self._nbytes + n > self.max_bytes):
                 data, ev = entries[i]
                 i += 1
                 if ev:
                     self._nbytes -= len(data)
-                    self._count -= 1
+                    self.queued -= 1
                     self.stats.dropped += 1
                 else:
                     kept.append((data, ev))
             entries[:i] = kept
-            if self._count >= self.max_items or self._nbytes + n > self.max_bytes:
+            if self.queued >= self.max_items or self._nbytes + n > self.max_bytes:
                 if is_event:
                     self.stats.dropped += 1
                     return False
@@ -484,9 +485,9 @@ class OutboundQueue:
             return True
         # CATCH_UP: drop every queued live event and let the dialect refill from the log.
         remaining = [f for f in entries if not f[1]]
-        self.stats.dropped += self._count - len(remaining)
+        self.stats.dropped += self.queued - len(remaining)
         self._frames = list(remaining)
-        self._count = len(remaining)
+        self.queued = len(remaining)
         self._nbytes = sum(len(d) for d, _ in remaining)
         if self.on_catch_up is not None:
             self.on_catch_up()
@@ -589,8 +590,8 @@ class Session(OutboundQueue):
             if self.closed or self.kicked or self.ending:
                 break
             k = run.count
-            while self._count and (
-                self._count + k >= self.max_items or self._nbytes + run.nbytes > self.max_bytes
+            while self.queued and (
+                self.queued + k >= self.max_items or self._nbytes + run.nbytes > self.max_bytes
             ):
                 if self.closed or self.kicked or self.ending:
                     return done
@@ -608,7 +609,7 @@ class Session(OutboundQueue):
 
     async def _wait_frames(self) -> bool:
         """Wait for queued frames; False when the session was kicked or closed (or ended with none left)."""
-        while not self._count:
+        while not self.queued:
             if self.kicked or self.closed or self.ending:
                 return False
             self._wake.clear()
@@ -617,8 +618,9 @@ class Session(OutboundQueue):
 
     def _taken(self, total: int, count: int) -> None:
         self._nbytes -= total
-        self._count -= count
-        if self._count < self.max_items // 2 or self._nbytes <= self.max_bytes // 2:
+        self.queued -= count
+        room = self.queued < self.max_items // 2 or self._nbytes <= self.max_bytes // 2
+        if room and not self._room.value:
             self._room.set()
 
     async def next_frames(self, limit_bytes: int = 1 << 20) -> list[bytes]:
@@ -647,7 +649,7 @@ class Session(OutboundQueue):
                         out.append(e[0])
                 self._runs = 0
             frames.clear()
-            self._taken(self._nbytes, self._count)
+            self._taken(self._nbytes, self.queued)
             return out
         out = []
         total = 0
@@ -716,7 +718,7 @@ class Session(OutboundQueue):
                     out.append(e[0])
             frames.clear()
             self._runs = 0
-            self._taken(self._nbytes, self._count)
+            self._taken(self._nbytes, self.queued)
             return out
         i = 0  # the entries taken: frames[:i], removed in one step at the end
         while i < len(frames):
@@ -743,7 +745,7 @@ class Session(OutboundQueue):
         """Wait until the frames queued and the replies owed (:attr:`owed`) are below half the queue's bound,
         or the session ends: read-side back-pressure. Every transport stops reading its connection here,
         and a connection whose socket failed is closed by its pump (``SessionPump.run``), which wakes it."""
-        while self._count + self.owed >= self.max_items // 2 and not (
+        while self.queued + self.owed >= self.max_items // 2 and not (
             self.closed or self.kicked or self.ending
         ):
             self._room.clear()
@@ -751,7 +753,7 @@ class Session(OutboundQueue):
 
     def needs_room(self) -> bool:
         """Whether a replay must wait (:meth:`wait_replay_room`) before it queues one more event frame."""
-        return self._count >= self.max_items - 1 or self._nbytes > self.max_bytes // 2
+        return self.queued >= self.max_items - 1 or self._nbytes > self.max_bytes // 2
 
     async def wait_replay_room(self) -> None:
         """Wait until one more event frame (up to half the byte bound) fits without overflowing the queue, or
@@ -774,14 +776,9 @@ class Session(OutboundQueue):
         self._wake.set()
         self._room.set()
 
-    @property
-    def queued(self) -> int:
-        """Frames queued (events of a run counted one by one)."""
-        return self._count
-
     def statistics(self) -> dict[str, int]:
         return {
-            "queued_frames": self._count,
+            "queued_frames": self.queued,
             "queued_bytes": self._nbytes,
             "delivered": self.stats.delivered,
             "dropped": self.stats.dropped,

@@ -242,10 +242,10 @@ class NativeProtocol:
         for one, in order (the caller queues them in one step)."""
         pending = self._pending
         assert pending is not None  # submitted_many() queued the entries
-        self.inflight -= len(results)
+        n = len(results)
+        self.inflight -= n
         if self.inflight < self.max_inflight // 2:
             self.room()
-        n = len(results)
         if n == len(pending):  # the common case: every publish in flight committed together
             publishes = list(pending)
             pending.clear()

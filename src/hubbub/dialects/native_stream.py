@@ -364,7 +364,9 @@ class NativeStreamDecoder:
         view = b"".join((buf, data)) if buf else bytes(data)  # bytes(data) is data when data is bytes
         end = len(view)
         limit = min(self.max_frame, MAX_STREAM_FRAME - 1)
-        channels = self.codec._channels
+        codec = self._codec
+        assert codec is not None  # (what the codec property checks: frames come once the encoding is known)
+        channels = codec._channels
         unpackb = _unpackb
         run: PublishRun | None = None
         pos = 0

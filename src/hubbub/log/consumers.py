@@ -235,9 +235,11 @@ class JournalIndex:
     def __init__(self) -> None:
         self._filters: dict[int, Filter] = {}
         self._cache: dict[tuple[str, tuple[str, ...]], tuple[int, ...]] = {}
+        #: No consumer is indexed: read per append (an attribute, where ``bool()`` would be a call).
+        self.empty = True
 
     def __bool__(self) -> bool:
-        return bool(self._filters)
+        return not self.empty
 
     def __len__(self) -> int:
         return len(self._filters)
@@ -245,14 +247,17 @@ class JournalIndex:
     def add(self, consumer_id: int, spec: ConsumerSpec) -> None:
         self._filters[consumer_id] = compile_filter(spec)
         self._cache.clear()
+        self.empty = False
 
     def remove(self, consumer_id: int) -> None:
         self._filters.pop(consumer_id, None)
         self._cache.clear()
+        self.empty = not self._filters
 
     def clear(self) -> None:
         self._filters.clear()
         self._cache.clear()
+        self.empty = True
 
     def match(self, channel: str, tags: tuple[str, ...]) -> tuple[int, ...]:
         """The ids of the consumers whose filter matches, ascending."""

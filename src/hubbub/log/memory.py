@@ -151,18 +151,19 @@ class MemoryLogStore(LogStore):
     def append_runs(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult | RunAppended]:
         """``RunAppender.append_runs``: a run's events are journaled when a durable consumer exists, so then
         every result is built, as :meth:`append` builds them."""
-        return self._append(batch, not self._jindex)
+        return self._append(batch, self._jindex.empty)
 
     def _append(
         self, batch: Sequence[AppendRequest | AppendRun], as_runs: bool
     ) -> list[AppendResult | RunAppended]:
         with self._lock:
-            self._check_open()
+            if self._closed:  # (_check_open, without its call on the per-event path)
+                raise StorageError("log store is closed")
             now = self._clock()
             window = self._idem_window_ns
             idem_keys = self._idem
             originals: dict[IdemKey, int] = {}
-            if window:
+            if window and idem_keys:
                 # Keys no later request can match: every later event time is after the last one (the wall
                 # clock may step back, so ``now`` is no lower bound). The plan judges a key in the window.
                 self._forget_idem(self._last_time + 1 - window)
@@ -266,9 +267,10 @@ class MemoryLogStore(LogStore):
                 idem_keys[key] = _single(results[plan.result_index(i)]).event
             self._last_time = plan.last_time
             self._next_pos = pos
-            for ch in touched.values():
-                self._trim_channel(ch)
-            if self._jindex:
+            if self._retention.max_events or self._retention.max_bytes:
+                for ch in touched.values():
+                    self._trim_channel(ch)
+            if not self._jindex.empty:
                 self._journal(results)  # type: ignore[arg-type]  # (as_runs is false then)
             return results
 

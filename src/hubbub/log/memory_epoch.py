@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from hubbub.events import Event, Publisher
 from hubbub.log.base import EventRun
@@ -139,6 +140,13 @@ class Epoch:
             yield t, self, i
 
 
+#: The item types of a list of bytes only.
+_BYTES: Final = {bytes}
+
+
 def payload_bytes(payloads: Sequence[bytes | bytearray | memoryview]) -> list[bytes]:
-    """``payloads`` as ``bytes`` (what the columns keep: a decoder may hand over views of its buffer)."""
+    """``payloads`` as a list of ``bytes`` (what the columns keep: a decoder may hand over views of its
+    buffer): the list itself when it is one already (the usual run, checked without a Python loop)."""
+    if type(payloads) is list and set(map(type, payloads)) == _BYTES:
+        return payloads  # (every item is bytes: checked)
     return [p if type(p) is bytes else bytes(p) for p in payloads]

@@ -483,7 +483,7 @@ async def dispatch(conn: NativeConnection | None, items: Sequence[nc.RunItem]) -
         elif isinstance(item, nc.PublishRun):
             await conn.publish_run(item)
             i += 1
-            if len(item) >= nc.RUN_MAX and i < n:
+            if len(item.replies) >= nc.RUN_MAX and i < n:
                 # A burst (runs are cut at RUN_MAX publishes): the other connections' turn before the next
                 # run, and this one's commit (see RUN_MAX).
                 await asyncio.sleep(0)

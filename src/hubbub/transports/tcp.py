@@ -111,14 +111,8 @@ class NativeStreams:
         async def close(code: Disconnect) -> None:
             writer.close()
 
-        def parts(frames: list[bytes]) -> list[bytes]:
-            out: list[bytes] = []
-            for f in frames:
-                out += codec.stream_parts(f)
-            return out
-
         encoder = self.encoders[codec.encoding]
-        direct = StreamDirect(writer, parts)
+        direct = StreamDirect(writer, codec.streams_parts)
         conn = native_connection(
             self.node, codec, self.settings, send, close, send_many, encoder, direct=direct
         )
