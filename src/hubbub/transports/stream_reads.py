@@ -9,9 +9,9 @@ there costs no task step, no future and no loop iteration of its own: at light l
 event's path through the server (bench/latency_floor.py: a protocol against a stream reader's task). Its
 publishes are committed at the end of the same loop iteration (``WriteBatcher.flush``), whose acks and
 fan-out write at the end of the commit (:mod:`hubbub.core.flushes`). A feed that must
-wait (the session's room, an awaited reply) is handed to the task as the rest to await, the socket's reads
-paused meanwhile; reads that come while the task runs are buffered (up to ``limit`` bytes, then the socket
-is paused) and fed by the task in order. Nothing is fed out of turn: one feed at a time, reads in order.
+wait (the session's room, an awaited reply) is handed to the task as the rest to await; reads that come
+while the task runs are buffered (up to ``limit`` bytes, then the socket is paused) and fed by the task in
+order. Nothing is fed out of turn: one feed at a time, reads in order.
 
 The write side is a :class:`asyncio.StreamWriter`'s protocol: ``drain`` waits while the transport's buffer
 is over its high-water mark, ``wait_closed`` until the transport is lost.
@@ -254,8 +254,8 @@ class StreamReads(asyncio.Protocol):
         finally:
             _leave_task(loop, task)
         if job is not None:
+            # The task takes it from here; reads that come meanwhile are buffered (up to the limit).
             self._handler = None
-            self._pause()  # until the task took the rest and asks again
             self._job = job
             if not waiter.done():  # (a feed may have cancelled its own task, and so the waiter)
                 waiter.set_result(None)
