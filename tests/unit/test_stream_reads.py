@@ -22,7 +22,7 @@ from hubbub.log.base import RetentionPolicy
 from hubbub.transports.lifetime import Lifetime
 from hubbub.transports.stream_driver import listen_streams
 from hubbub.transports.stream_listener import Accepted
-from hubbub.transports.stream_reads import run_eagerly
+from hubbub.transports.stream_reads import StreamReads, run_eagerly
 
 
 def _in_data_received() -> bool:
@@ -340,5 +340,50 @@ def test_the_rest_of_an_eager_coroutine_runs_as_the_task_that_awaits_it() -> Non
         rest3.close()  # type: ignore[union-attr]
         assert done == ["finally"]
         assert run_eagerly(_no_wait(0, b"")) is None
+
+    asyncio.run(main())
+
+
+class _Transport:
+    """What StreamReads asks of its transport."""
+
+    def __init__(self) -> None:
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+def test_buffered_reads_are_taken_whole_up_to_most_and_the_last_one_leaves_none_behind() -> None:
+    """Reads buffered while the connection is busy are taken whole, as many as make ``most`` bytes; when the
+    last of them makes it up nothing is left, and the next ask waits for bytes (it is not the end)."""
+
+    async def main() -> None:
+        reads = StreamReads(1 << 20, asyncio.get_running_loop())
+        transport = _Transport()
+        reads.connection_made(transport)  # type: ignore[arg-type]
+        for chunk in (b"a" * 10, b"b" * 10, b"c" * 10):
+            reads.data_received(chunk)
+        assert await reads.next(None, 15) == b"a" * 10 + b"b" * 10
+        assert await reads.next(None, 15) == b"c" * 10
+        reads.data_received(b"d" * 5)
+        reads.data_received(b"e" * 20)
+        assert await reads.next(None, 15) == b"d" * 5 + b"e" * 20  # the last read made up ``most``
+        waiting = asyncio.ensure_future(reads.next(None, 15))
+        await asyncio.sleep(0)
+        assert not waiting.done()  # nothing buffered: it waits, it does not read the end
+        reads.data_received(b"f")
+        assert await waiting == b"f"
+        reads.eof_received()
+        assert await reads.next(None, 15) == b""
 
     asyncio.run(main())

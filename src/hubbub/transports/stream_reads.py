@@ -218,6 +218,8 @@ class StreamReads(asyncio.Protocol):
         out = b"".join(buffer[:k])
         del buffer[:k]
         self._size -= n
+        if not buffer:  # the last read made up ``most``: none is left (an empty list would read as the end)
+            self._buffer = None
         return out
 
     def data_received(self, data: bytes) -> None:
