@@ -5,9 +5,10 @@ PYTHONPATH=src python bench/latency_floor.py [--modes protocol,streams] [--round
     [--rate 1000]
 
 A server process (this script with ``--serve MODE``) accepts two connections and writes whatever the first
-sends to the second: ``protocol`` from ``data_received`` (an ``asyncio.Protocol``, no task), ``streams`` from
-a task reading an ``asyncio.StreamReader`` and writing with ``StreamWriter.writelines``, as hubbub's stream
-transports do (bench/procs.py's server is replaced by it, nothing else). The driver sends 16 bytes every
+sends to the second: ``protocol`` from ``data_received`` (an ``asyncio.Protocol``, no task), as hubbub's
+stream transports read now (transports/stream_reads.py), ``streams`` from a task reading an
+``asyncio.StreamReader`` and writing with ``StreamWriter.writelines``, as they read before (bench/procs.py's
+server is replaced by it, nothing else). The driver sends 16 bytes every
 1/``rate`` s and times each from ``sendall`` to its arrival on the other connection, as
 bench/scenarios.py ``latency`` does. Printed per run: p50 and p99 in µs and the server's CPU per event
 (``perf stat``'s task-clock when ``perf`` is on PATH, else ``/proc`` in clock ticks), with the load average.
