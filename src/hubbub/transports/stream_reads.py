@@ -161,7 +161,7 @@ class StreamReads(asyncio.Protocol):
         self._size = 0
         self._eof = False
         self._error: BaseException | None = None
-        self._paused = False  # reading paused (a full buffer, or a feed the task finishes)
+        self._paused = False  # reading paused: the buffer is over its limit
         #: The task's handler while it waits in :meth:`next`, the future it waits on, the task, and what the
         #: handler left it to do (the rest of a feed, its failure, or :data:`FINISHED`).
         self._handler: Handler | None = None
