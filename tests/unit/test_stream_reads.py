@@ -266,6 +266,46 @@ def test_a_feed_run_as_its_read_comes_may_use_a_timeout_and_wait_under_it() -> N
     asyncio.run(main())
 
 
+def test_feeds_of_two_connections_may_wait_on_one_future() -> None:
+    """Two connections' feeds, each run as its read came, wait on the same future (a tick's shared settle
+    write): each hands it to its task in turn, and both go on once it is done."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        shared: asyncio.Future[None] = loop.create_future()
+        waiting: list[int] = []
+        went_on: list[bytes] = []
+        both = asyncio.Event()
+
+        async def wait(i: int, data: bytes) -> None:
+            waiting.append(i)
+            if len(waiting) == 2:
+                both.set()
+            await shared
+            went_on.append(data)
+
+        async def client(port: int) -> None:
+            conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+            for k, (_r, w) in enumerate(conns):
+                w.write(b"%d" % k)
+            await asyncio.gather(*(w.drain() for _r, w in conns))
+            await asyncio.wait_for(both.wait(), 10)
+            shared.set_result(None)
+            for _ in range(5000):
+                if len(went_on) == 2:
+                    break
+                await asyncio.sleep(0.001)
+            for _r, w in conns:
+                w.close()
+                await w.wait_closed()
+
+        opener, _ = await _serve(wait, client)
+        assert sorted(went_on) == [b"0", b"1"]
+        assert [w.eager for w in opener.wires] == [[True], [True]]
+
+    asyncio.run(main())
+
+
 def test_a_feed_that_raises_in_data_received_ends_the_connection() -> None:
     async def main() -> None:
         async def wait(i: int, data: bytes) -> None:

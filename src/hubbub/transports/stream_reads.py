@@ -87,6 +87,9 @@ class _Rest:
         coro, waits, exc = self._coro, self._waits, self._throw
         assert coro is not None, "the rest of a coroutine is awaited once"
         self._coro = self._waits = self._throw = None
+        if exc is None and getattr(waits, "_asyncio_future_blocking", None) is False:
+            # Handed to the task now, as the coroutine's own await hands it (run_eagerly took it meanwhile).
+            waits._asyncio_future_blocking = True
         if exc is not None:
             try:
                 waits = coro.throw(exc)
@@ -124,6 +127,11 @@ def run_eagerly(coro: Coroutine[Any, Any, None]) -> Awaitable[None] | None:
         waits = coro.send(None)
     except StopIteration:
         return None
+    if getattr(waits, "_asyncio_future_blocking", None):
+        # Taken, as a task takes what its coroutine's await yields: until the rest is awaited, another
+        # coroutine may await the same future (a tick's shared settle), which a future still marked as
+        # being handed over refuses ("await wasn't used with future").
+        waits._asyncio_future_blocking = False
     return _Rest(coro, waits)
 
 
