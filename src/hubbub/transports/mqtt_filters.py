@@ -54,7 +54,11 @@ class MqttFilters:
         self.wire.emit(conn.subscribed(cmd, held))
         granted = [f for f, ok in zip(cmd.filters, held, strict=True) if ok]
         if granted:
-            self._send_retained((await read_retained(node, index, granted, first)).values(), granted)
+            # Queued with the SUBACK, in the same step: a live message published once the client has its
+            # SUBACK comes after them (it did not while the second read was awaited first).
+            self._send_retained(first.values(), granted)
+            again = await read_retained(node, index, granted, first)
+            self._send_retained([m for ch, m in again.items() if first.get(ch) is not m], granted)
 
     async def _live(self, cmd: mq.MqttSubscribe, allowed: list[mq.FilterRequest]) -> list[bool]:
         """A live core subscription per new filter, its id the filter; which of ``cmd``'s filters are held."""
