@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CHANNELS = 100
 #: Events the subscriber gets on node 3 before the kill, and each publisher publishes after the resume.
-BEFORE_KILL = 1500
-AFTER_RESUME = 1000
+BEFORE_KILL = 800
+AFTER_RESUME = 500
 #: Seconds without progress (an event, an acknowledgement) that make a hang: a bound on waiting, never on the
 #: test's time, which a loaded machine stretches.
 WAIT = 60.0
