@@ -339,6 +339,63 @@ def test_retained_messages_from_the_log_across_a_restart(tmp_path: Path) -> None
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["clean", "persistent"])
+def test_a_subscribe_s_second_read_of_retained_messages_sends_what_came_before_the_filters_and_only_that(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, persistent: bool
+) -> None:
+    """The retained messages are read before a SUBSCRIBE's filters are registered and again after. Held at
+    each read in turn: one retained meanwhile before the registration reaches the client as retained, once;
+    one published once the client has its SUBACK (and read again late, as on a loaded machine) comes live
+    only."""
+    from hubbub.transports import mqtt_filters
+
+    real = mqtt_filters.read_retained
+    after_first, after_second = asyncio.Event(), asyncio.Event()
+    first_done, second_reading = asyncio.Event(), asyncio.Event()
+
+    async def held(node: Any, index: Any, filters: Any, known: Any = None) -> Any:
+        got = await real(node, index, filters, known)
+        if known is None:
+            first_done.set()
+            await after_first.wait()
+        else:
+            second_reading.set()
+            await after_second.wait()
+            got = await real(node, index, filters, known)
+        return got
+
+    monkeypatch.setattr(mqtt_filters, "read_retained", held)
+
+    async def main() -> None:
+        async with serve(tmp_path) as srv:
+            port = srv.ports["mqtt"]
+            pub = await MqttClient.connect(port, "pub")
+            await pub.publish("rr/a", b"a1", qos=1, retain=True)
+            sub = await MqttClient.connect(port, "sub", clean_session=not persistent)
+            sub.send(c.encode_subscribe(sub.pid(), [("rr/#", 1)]))
+            await first_done.wait()
+            # Committed after the first read, before the filter is registered: only the second read has it.
+            await pub.publish("rr/b", b"b1", qos=1, retain=True)
+            after_first.set()
+            ack = await sub.next()
+            assert isinstance(ack, c.Suback) and ack.codes == (1,), ack
+            m = await sub.message()
+            assert (m.topic, m.payload, m.retain) == ("rr/a", b"a1", True)
+            await second_reading.wait()
+            # Published once the client has its SUBACK: it comes live, and the late second read finds it too.
+            await pub.publish("rr/a", b"a2", qos=1, retain=True)
+            m = await sub.message()
+            assert (m.topic, m.payload, m.retain) == ("rr/a", b"a2", False)
+            after_second.set()
+            m = await sub.message()
+            assert (m.topic, m.payload, m.retain) == ("rr/b", b"b1", True)
+            await sub.ping()  # nothing else came: not a2 again, as retained
+            await sub.disconnect()
+            await pub.disconnect()
+
+    asyncio.run(main())
+
+
 def test_persistent_sessions_keep_filters_and_messages_across_a_restart(tmp_path: Path) -> None:
     async def main() -> None:
         async with serve(tmp_path) as srv:

@@ -283,6 +283,10 @@ class MqttConnection:
         #: a PUBREC, sent with the original's (so the replies do not depend on how the reads were cut).
         self._qos2_owed: dict[int, int] = {}
         self.outbound = Outbound(max_inflight)
+        #: While a SUBSCRIBE reads its retained messages the second time: channel → ``(epoch, seq)`` of the
+        #: last event rendered for this connection since its filters were registered (the binding notes
+        #: them, live or from a persistent session's consumers); else None.
+        self.rendered: dict[str, tuple[str, int]] | None = None
         self._pause_limit = 0
         #: Why the connection closed, for the server's log.
         self.close_reason = ""

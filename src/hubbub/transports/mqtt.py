@@ -183,6 +183,8 @@ class MqttEncoder:
         q = conn.delivery_qos(event.channel, subs)
         if q is None:
             return b""
+        if conn.rendered is not None:
+            conn.rendered[event.channel] = (event.epoch, event.seq)
         head = cache.get("mqtt.head")
         if head is None:
             topic = mq.channel_topic(event.channel)

@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 __all__ = ["MqttFilters"]
 
 
+def _came_live(m: RetainedMessage, seen: dict[str, tuple[str, int]]) -> bool:
+    """Whether ``m``'s event, or a later one of its channel, was rendered for the connection once its filters
+    were registered (the retained index is written after the commit whose fan-out rendered it)."""
+    live = seen.get(m.event.channel)
+    return live is not None and live[0] == m.event.epoch and live[1] >= m.event.seq
+
+
 class MqttFilters:
     """The subscriptions of one connection (``wire``)."""
 
@@ -46,19 +53,26 @@ class MqttFilters:
         # meanwhile (on any node) is not missed.
         node, index = self.wire.node, self.wire.service.retained
         first = await read_retained(node, index, allowed)
-        if self.wire.durable is not None:
-            durable = dict(zip(allowed, await self.wire.durable.subscribe(allowed), strict=True))
-            held = [durable.get(f, False) for f in cmd.filters]
-        else:
-            held = await self._live(cmd, allowed)
-        self.wire.emit(conn.subscribed(cmd, held))
-        granted = [f for f, ok in zip(cmd.filters, held, strict=True) if ok]
-        if granted:
-            # Queued with the SUBACK, in the same step: a live message published once the client has its
-            # SUBACK comes after them (it did not while the second read was awaited first).
-            self._send_retained(first.values(), granted)
-            again = await read_retained(node, index, granted, first)
-            self._send_retained([m for ch, m in again.items() if first.get(ch) is not m], granted)
+        # From the registration on, the events rendered for this connection are noted: a retained message
+        # the second read finds that came live meanwhile is not sent again.
+        seen = conn.rendered = {}
+        try:
+            if self.wire.durable is not None:
+                durable = dict(zip(allowed, await self.wire.durable.subscribe(allowed), strict=True))
+                held = [durable.get(f, False) for f in cmd.filters]
+            else:
+                held = await self._live(cmd, allowed)
+            self.wire.emit(conn.subscribed(cmd, held))
+            granted = [f for f, ok in zip(cmd.filters, held, strict=True) if ok]
+            if granted:
+                # Queued with the SUBACK, in the same step: a live message published once the client has its
+                # SUBACK comes after them (it did not while the second read was awaited first).
+                self._send_retained(first.values(), granted)
+                again = await read_retained(node, index, granted, first)
+                changed = [m for ch, m in again.items() if first.get(ch) is not m and not _came_live(m, seen)]
+                self._send_retained(changed, granted)
+        finally:
+            conn.rendered = None
 
     async def _live(self, cmd: mq.MqttSubscribe, allowed: list[mq.FilterRequest]) -> list[bool]:
         """A live core subscription per new filter, its id the filter; which of ``cmd``'s filters are held."""

@@ -14,7 +14,8 @@ entry whose event is gone (trimmed, or the channel reset) is removed then (unles
 :func:`read_retained` reads a SUBSCRIBE's retained messages before its filters are registered, and again
 once they are (reusing what did not change), so that a retained message committed between the two reads is
 not missed: one committed before the filters are registered reaches the client as retained (and may also
-come live, from a node that had not delivered it yet), one after comes live.
+come live, from a node that had not delivered it yet), one after comes live only (the second read skips what
+was rendered for the connection since the registration, ``MqttConnection.rendered``).
 
 Concurrency contract: everything runs on the event loop thread; the store's reads and writes go through the
 core (reader threads, the writer thread).

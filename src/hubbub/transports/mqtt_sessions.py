@@ -249,8 +249,11 @@ class DurableSession:
         if opener is None or granted is None or self.closed:
             return
         pending = _Pending(opener, batch.number, 1)  # one held until the loop below is done
+        rendered = self.conn.rendered
         for item in batch.items:
             ev = item.event
+            if rendered is not None:
+                rendered[ev.channel] = (ev.epoch, ev.seq)
             topic = mq.channel_topic(ev.channel)
             if topic is None or not mq.filter_applies(topic_filter, ev.channel):
                 continue
