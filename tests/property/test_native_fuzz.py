@@ -30,6 +30,9 @@ def _load_fuzz() -> ModuleType:
 fz = _load_fuzz()
 
 CFG = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: A shaped stream is hundreds of frames drawn one by one (some 0.2 s an example in a CI run): fewer of them,
+#: as long each; ``python fuzz/fuzz_native.py --seconds N`` searches the same streams for as long as asked.
+SHAPED = settings(CFG, max_examples=examples(60))
 JSON = fz.CODECS["json"]
 JSON_SMALL = fz.CODECS["json-small"]
 MP = fz.CODECS["msgpack"]
@@ -96,7 +99,7 @@ def test_stream_runs_match_the_message_codec(inp: tuple[list[bytes], int]) -> No
     fz.check_stream_runs(*inp)
 
 
-@CFG
+@SHAPED
 @given(fz.shaped_streams())
 def test_shaped_streams_read_as_each_frame_alone(inp: tuple[list[bytes], int]) -> None:
     """The learned byte layout of a client's publishes (native_shapes) reads a burst exactly as msgpack's
