@@ -324,10 +324,23 @@ def test_cors(tmp_path: Path) -> None:
             for path in ("/events/x", "/api/v1/publish/x", "/anything"):
                 async with http.options(f"http://{addr}{path}", headers=pre) as r:
                     assert r.status == 204, path
-                    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST"
+                    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, PUT, DELETE"
                     assert r.headers["Access-Control-Allow-Headers"] == "x-a"
                     assert r.headers["Access-Control-Max-Age"] == "600"
                     assert r.headers["Access-Control-Allow-Origin"] == "https://a.example"
+            # The webhook API's PUT and DELETE from an allowed origin: the preflight lets the browser send
+            # them, and they reach their routes (not refused as another site's changes).
+            for method in ("PUT", "DELETE"):
+                pre = {**o, "Access-Control-Request-Method": method}
+                async with http.options(f"http://{addr}/api/v1/webhooks/h", headers=pre) as r:
+                    assert r.status == 204 and method in r.headers["Access-Control-Allow-Methods"].split(", ")
+            hook = {"pattern": "/x/**", "url": "http://127.0.0.1:9/hook"}
+            async with http.put(f"http://{addr}/api/v1/webhooks/h", json=hook, headers=o) as r:
+                assert r.status in (200, 201), (r.status, await r.text())
+                assert r.headers["Access-Control-Allow-Origin"] == "https://a.example"
+            async with http.delete(f"http://{addr}/api/v1/webhooks/h", headers=o) as r:
+                assert r.status in (200, 204), (r.status, await r.text())
+                assert r.headers["Access-Control-Allow-Origin"] == "https://a.example"
             async with http.ws_connect(f"ws://{addr}/ws", headers=o) as ws:
                 assert ws._response.headers["Access-Control-Allow-Origin"] == "https://a.example"
 

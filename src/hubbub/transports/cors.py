@@ -4,7 +4,9 @@ Configured by ``cors_origin``: ``()`` (off: no CORS header is ever sent, and a p
 usual answer), ``("*",)``, or a list of origins. :func:`install_cors` adds
 
 * a middleware that answers a preflight (``OPTIONS`` with ``Access-Control-Request-Method`` from an allowed
-  origin) on **any** path with ``204`` before routing matters, and
+  origin) on **any** path with ``204`` before routing matters, allowing every method a route of the server
+  takes (:data:`METHODS`: the protocols' ``GET, POST``, and the webhook and admin APIs' ``PUT``, ``DELETE``,
+  without which a browser refuses to send them from another origin), and
 * an ``on_response_prepare`` hook that adds ``Access-Control-Allow-Origin`` (``*``, or the request's origin
   with ``Vary: Origin``) and ``Access-Control-Expose-Headers: *`` to every response to a request carrying an
   allowed ``Origin``: handler responses, error responses, streams and WebSocket upgrades alike, because the
@@ -19,7 +21,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-__all__ = ["install_cors"]
+__all__ = ["METHODS", "install_cors"]
+
+#: ``Access-Control-Allow-Methods`` of a preflight: the methods of the server's routes (HEAD is GET's).
+METHODS = "GET, POST, PUT, DELETE"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -57,7 +62,7 @@ def install_cors(app: web.Application, origins: Sequence[str]) -> None:
             and _allow(allowed, origin) is not None
         ):
             headers = {
-                "Access-Control-Allow-Methods": "GET, POST",
+                "Access-Control-Allow-Methods": METHODS,
                 "Access-Control-Max-Age": "600",
             }
             req_headers = request.headers.get("Access-Control-Request-Headers")
