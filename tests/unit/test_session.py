@@ -188,6 +188,25 @@ def test_next_frames_takes_runs_in_order_and_splits_them_at_the_byte_limit() -> 
     asyncio.run(main())
 
 
+def test_a_run_s_last_frame_taken_alone_over_the_limit_leaves_nothing_of_the_run() -> None:
+    """A run split by the byte limit whose last frame alone is over it: that take ends the run, and what is
+    queued after it comes next (an empty run was left in its place, for the next take to hand out)."""
+
+    async def main() -> None:
+        s = Session("native", Enc(), max_items=100, max_bytes=1 << 20)
+        a = frames_of(10, "a")  # frames of the same length, a run long enough to be queued as one
+        s.deliver_run(run_of(a))
+        s.push(b"r1")
+        n = len(a[0])
+        assert await s.next_frames(limit_bytes=9 * n) == a[:9]
+        assert await s.next_frames(limit_bytes=n - 1) == [a[9]]
+        assert s.queued == 1 and s.statistics()["queued_bytes"] == 2
+        assert await s.next_entries(limit_bytes=1) == [b"r1"]
+        assert s.queued == 0 and s.statistics()["queued_bytes"] == 0
+
+    asyncio.run(main())
+
+
 def test_next_entries_hands_out_shared_runs_whole() -> None:
     async def main() -> None:
         s = Session("native", Enc(), max_items=100, max_bytes=1 << 20)

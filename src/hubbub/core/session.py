@@ -688,7 +688,11 @@ class Session(OutboundQueue):
                 out += run_frames[:k]
                 total += part
                 count += k
-                frames[i] = FrameRun(run_frames[k:], e.nbytes - part)
+                if k < len(run_frames):
+                    frames[i] = FrameRun(run_frames[k:], e.nbytes - part)
+                else:  # its last frame, alone over the limit: the run is done
+                    i += 1
+                    self._runs -= 1
             break
         del frames[:i]
         self._taken(total, count)
