@@ -100,6 +100,19 @@ class AppendPlan:
         return i + sum(k - 1 for at, k in spans.items() if at < i) if spans else i
 
 
+def _plan_one(req: AppendRequest | AppendRun, heads: Mapping[str, _Head], t0: int) -> AppendPlan:
+    """The plan of a batch of one publish or one run with no key to judge (each append at a light load, one
+    event per commit): what :func:`plan_append`'s loop makes of it, without the loop's set-up, which such a
+    batch pays for alone (``tests/contract/test_append_plan.py`` checks both against the model)."""
+    channel = req.channel
+    h = heads.get(channel)
+    top = 0 if h is None else h.top
+    k = len(req.payloads) if isinstance(req, AppendRun) else 1
+    spans = {0: k} if isinstance(req, AppendRun) else {}
+    created = [channel] if h is None else []
+    return AppendPlan([top + 1], [t0], {}, {channel: top + k}, created, {}, t0 + k - 1, spans)
+
+
 def plan_append(
     batch: Sequence[AppendRequest | AppendRun],
     heads: Mapping[str, _Head],
@@ -117,6 +130,10 @@ def plan_append(
     # New events get consecutive times from ``t0``, so no clock per request: the times are one range, with
     # a 0 for each duplicate when there are any.
     t0 = now if now > last_time else last_time + 1
+    if len(batch) == 1:
+        only = batch[0]
+        if isinstance(only, AppendRun) or not (window and only.idem):
+            return _plan_one(only, heads, t0)
     seqs: list[int] = []
     add_seq = seqs.append
     dups: dict[int, int] = {}
