@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from proto import Spec, nats_request
@@ -216,18 +216,29 @@ def _popen(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subp
         )
 
 
-def _hubbub(extra: list[str], data_dir: str | None = None, src: str | None = None) -> Server:
+def _hubbub(
+    extra: list[str],
+    data_dir: str | None = None,
+    src: str | None = None,
+    prefix: Sequence[str] = (),
+    timeout: float = 30.0,
+) -> Server:
+    """``hubbub serve`` of ``src`` (this checkout's by default) with ``extra`` flags, run under ``prefix``
+    (a tool's command line, such as valgrind's), given ``timeout`` s to start."""
     tmp = tempfile.mkdtemp(prefix="hubbub-bench-")
     data = data_dir or os.path.join(tmp, "data")
     log = Path(tmp) / "server.log"
+    tree = Path(src or ROOT / "src")
+    # A tree from before the MQTT dialect does not know its flag (comparing trees, bisecting).
+    mqtt = ["--mqtt-tcp-listen", "127.0.0.1:0"] if (tree / "hubbub/transports/mqtt.py").exists() else []
     cmd = [
-        sys.executable, "-m", "hubbub", "serve",
+        *prefix, sys.executable, "-m", "hubbub", "serve",
         "--data-dir", data,
         "--http-listen", "127.0.0.1:0",
         "--native-tcp-listen", "127.0.0.1:0",
         "--qpubs-qrpc-listen", "127.0.0.1:0",
         "--mist-tcp-listen", "127.0.0.1:0",
-        "--mqtt-tcp-listen", "127.0.0.1:0",
+        *mqtt,
         "--log-format", "json",
         "--log-level", "info",
         "--limits-send-queue", "65536",
@@ -235,11 +246,11 @@ def _hubbub(extra: list[str], data_dir: str | None = None, src: str | None = Non
         *extra,
     ]  # fmt: skip
     env = dict(os.environ)
-    env["PYTHONPATH"] = (src or str(ROOT / "src")) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(tree) + os.pathsep + env.get("PYTHONPATH", "")
     proc = _popen(cmd, log, env)
     srv = Server("hubbub", proc, tmp, {})
     ports: dict[str, int] = {}
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout
     try:
         started = False  # the server's "hubbub <version> started": every worker listens then
         while time.monotonic() < deadline and not started:
