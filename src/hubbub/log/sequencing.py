@@ -107,8 +107,11 @@ def _plan_one(req: AppendRequest | AppendRun, heads: Mapping[str, _Head], t0: in
     channel = req.channel
     h = heads.get(channel)
     top = 0 if h is None else h.top
-    k = len(req.payloads) if isinstance(req, AppendRun) else 1
-    spans = {0: k} if isinstance(req, AppendRun) else {}
+    if isinstance(req, AppendRun):
+        k = len(req.payloads)
+        spans = {0: k}
+    else:
+        k, spans = 1, {}
     created = [channel] if h is None else []
     return AppendPlan([top + 1], [t0], {}, {channel: top + k}, created, {}, t0 + k - 1, spans)
 

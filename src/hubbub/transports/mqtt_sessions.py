@@ -252,11 +252,11 @@ class DurableSession:
         rendered = self.conn.rendered
         for item in batch.items:
             ev = item.event
-            if rendered is not None:
-                rendered[ev.channel] = (ev.epoch, ev.seq)
             topic = mq.channel_topic(ev.channel)
             if topic is None or not mq.filter_applies(topic_filter, ev.channel):
                 continue
+            if rendered is not None:
+                rendered[ev.channel] = (ev.epoch, ev.seq)
             q = min(granted, mq.event_qos(ev.headers))
             head = mq.publish_head(topic)
             if q == 0:
