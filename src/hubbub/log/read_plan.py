@@ -97,11 +97,13 @@ def budget_end(
     last_under: Callable[[int], int | None],
 ) -> int:
     """The last seq of the page ``lo..hi`` under the byte budget ``max_bytes``: ``hi`` when the range's
-    payloads (``total()``) stay within it; else the last seq whose earlier rows' payloads stay under it
+    payloads (``total()``) stay under it; else the last seq whose earlier rows' payloads stay under it
     (``last_under(budget)``), so the page ends with the row that reaches it (``lo`` when the store finds
-    none). A budget below 1 is 1: the page holds one row. The engine reads both sums without the payloads."""
+    none), and empty payloads after that row wait for the next page, as a page ended while it is read
+    leaves them. A budget below 1 is 1: the page holds one row. The engine reads both sums without the
+    payloads."""
     budget = max(clamp(max_bytes), 1)
-    if (total() or 0) <= budget:
+    if (total() or 0) < budget:
         return hi
     return last_under(budget) or lo
 
