@@ -13,6 +13,16 @@ from hubbub.dialects import mqtt_codec as c
 WAIT = 10.0
 
 
+async def _closed_at_the_end(writer: asyncio.StreamWriter) -> None:
+    """Close ``writer`` when cancelled: ``asyncio.run`` cancels the tasks left at its end, so a client a
+    failing test did not close is closed in its own loop, not left for the garbage collector to report (as a
+    ``ResourceWarning``, an error in whichever test it collects in)."""
+    try:
+        await asyncio.Future()
+    finally:
+        writer.close()
+
+
 class MqttClient:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
@@ -21,6 +31,7 @@ class MqttClient:
         self._pid = 0
         #: QoS 2 deliveries received (PUBREC sent) whose PUBREL has not come yet.
         self.releasing: set[int] = set()
+        self._guard = asyncio.get_running_loop().create_task(_closed_at_the_end(writer))
 
     @classmethod
     async def open(cls, port: int, ssl_context: ssl.SSLContext | None = None) -> MqttClient:
