@@ -74,6 +74,8 @@ class RunEvents(_RunView[Event]):
 
     def _at(self, i: int) -> Event:
         p = self.run.proto
+        if not i:
+            return p  # (the first row is the proto's own: a run of one event builds none)
         t, payload = self.run.rows[i]
         return Event(
             p.channel, p.seq + i, p.epoch, t, p.publisher, payload, p.content_type, p.headers, p.tags

@@ -35,10 +35,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final
 
 from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
-from hubbub.events import Event
+from hubbub.events import Event, Publisher
 from hubbub.log.appended import RunAppended
 from hubbub.log.base import (
     AppendRequest,
@@ -58,7 +57,7 @@ from hubbub.log.base import (
     new_epoch,
 )
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec, JournalIndex, JournalItem, Retry, check_spec
-from hubbub.log.memory_epoch import Epoch, payload_bytes
+from hubbub.log.memory_epoch import NO_HEADERS, Epoch, payload_bytes
 from hubbub.log.read_plan import take_upto
 from hubbub.log.records import encode_headers, encode_tags, event_size
 from hubbub.log.sequencing import FROM_RECORD, IdemKey, plan_append
@@ -68,16 +67,22 @@ __all__ = ["MemoryLogStore"]
 _NS = 1_000_000_000
 
 
-#: The headers of every event appended without any: one empty dict for all of them rather than one each (64
-#: bytes an event, which a store that keeps millions of events allocates and touches once per publish).
-#: Events are never mutated (``hubbub.events``), so sharing it is safe.
-_NO_HEADERS: Final[dict[str, str]] = {}
-
-
 def _single(r: AppendResult | RunAppended) -> AppendResult:
     """The result of a request with an idempotency key (never a run's: a run has no key)."""
     assert type(r) is AppendResult
     return r
+
+
+def _run_appended(
+    ch: Epoch, seq: int, t: int, pub: Publisher, ctype: str, payloads: list[bytes]
+) -> list[AppendResult | RunAppended]:
+    """The results of a run added to ``ch`` from ``seq`` and ``t``: one :class:`RunAppended` in each of its
+    places."""
+    proto = Event(ch.channel, seq, ch.epoch, t, pub, payloads[0], ctype, NO_HEADERS, ())
+    k = len(payloads)
+    rows = list(zip(range(t, t + k), payloads, strict=True))
+    out: list[AppendResult | RunAppended] = [RunAppended(EventRun(proto, rows))]
+    return out * k
 
 
 def _no_append(_item: object) -> None:
@@ -177,6 +182,8 @@ class MemoryLogStore(LogStore):
             plan = plan_append(batch, channels, self._last_time, now, window, originals)
             for name in plan.created:
                 channels[name] = self._epoch_row(name)
+            if as_runs and len(batch) == 1 and type(only := batch[0]) is AppendRun:
+                return self._append_run_alone(only, plan.seqs[0], plan.times[0], plan.last_time)
             results: list[AppendResult | RunAppended] = []
             add_result = results.append
             touched: dict[str, Epoch] = {}
@@ -213,35 +220,27 @@ class MemoryLogStore(LogStore):
                     add_time, add_payload = ch.times.append, ch.payloads.append
                     add_size, add_pos = ch.sizes.append, ch.pos.append
                 if isinstance(req, AppendRun):
-                    # A run (one publisher's burst): its events in bulk, the per-event steps below as
-                    # comprehensions.
+                    # A run (one publisher's burst): its events in bulk (the epoch's running figures are its
+                    # own then: ``nbytes`` counts the single events only).
                     pub, ctype = req.publisher, req.content_type
-                    ch.share(seq, pub, ctype, _NO_HEADERS, ())
                     payloads = payload_bytes(req.payloads)
+                    ch.add_run(seq, t, pos, pub, ctype, payloads)
                     k = len(payloads)
-                    times = range(t, t + k)
-                    ch.times += times
-                    ch.payloads += payloads
-                    sizes = list(map(len, payloads))
-                    ch.sizes += sizes
-                    ch.pos += range(pos, pos + k)
                     pos += k
-                    nbytes += sum(sizes)
                     top = seq + k - 1
                     top_time = t + k - 1
                     if as_runs:
-                        proto = Event(name, seq, epoch, t, pub, payloads[0], ctype, _NO_HEADERS, ())
-                        results += [RunAppended(EventRun(proto, list(zip(times, payloads, strict=True))))] * k
+                        results += _run_appended(ch, seq, t, pub, ctype, payloads)
                     else:
                         results += [
-                            AppendResult(Event(name, s, epoch, ts, pub, p, ctype, _NO_HEADERS, ()))
-                            for s, ts, p in zip(range(seq, seq + k), times, payloads, strict=True)
+                            AppendResult(Event(name, s, epoch, ts, pub, p, ctype, NO_HEADERS, ()))
+                            for s, ts, p in zip(range(seq, seq + k), range(t, t + k), payloads, strict=True)
                         ]
                     continue
                 payload = req.payload
                 if type(payload) is not bytes:
                     payload = bytes(payload)
-                headers: dict[str, str] = dict(req.headers) if req.headers else _NO_HEADERS
+                headers: dict[str, str] = dict(req.headers) if req.headers else NO_HEADERS
                 tags = req.tags
                 if tags or headers:
                     tags = tuple(tags)
@@ -273,6 +272,23 @@ class MemoryLogStore(LogStore):
             if not self._jindex.empty:
                 self._journal(results)  # type: ignore[arg-type]  # (as_runs is false then)
             return results
+
+    def _append_run_alone(
+        self, req: AppendRun, seq: int, t: int, last_time: int
+    ) -> list[AppendResult | RunAppended]:
+        """A batch of one run, journaled for no durable consumer, its first event at ``seq`` and ``t`` and
+        the log's newest time after it ``last_time`` (the plan's): what the batch loop of :meth:`_append`
+        does with it, without the loop's set-up, which a publish at a light load (a run of one event, one
+        commit each) pays alone. Caller holds the lock."""
+        ch = self._channels[req.channel]
+        payloads = payload_bytes(req.payloads)
+        pos = self._next_pos
+        ch.add_run(seq, t, pos, req.publisher, req.content_type, payloads)
+        self._last_time = last_time
+        self._next_pos = pos + len(payloads)
+        if self._retention.max_events or self._retention.max_bytes:
+            self._trim_channel(ch)
+        return _run_appended(ch, seq, t, req.publisher, req.content_type, payloads)
 
     def _journal(self, results: list[AppendResult]) -> None:
         """Journal each new event for the consumers that match it (caller holds the lock)."""
