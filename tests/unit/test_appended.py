@@ -84,6 +84,34 @@ def test_a_run_that_a_durable_consumer_journals_is_answered_event_by_event() -> 
         store.close()
 
 
+class _CreatesFirst:
+    """The store's lock, with a durable consumer created (by another thread, say) the first time an append
+    waits for it: after ``append_runs`` was called, before it holds the lock."""
+
+    def __init__(self, store: MemoryLogStore) -> None:
+        self.store, self.lock, self.created = store, store._lock, False
+
+    def __enter__(self) -> None:
+        if not self.created:
+            self.created = True
+            self.store.consumer_create(ConsumerSpec("c", "/a"))
+        self.lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.__exit__(*exc)
+
+
+def test_a_consumer_created_while_an_append_waits_for_the_lock_journals_that_append() -> None:
+    store = MemoryLogStore()
+    try:
+        store._lock = _CreatesFirst(store)  # type: ignore[assignment]
+        got = store.append_runs([AppendRun("/a", PUB, "text/plain", [b"1", b"2"])])
+        assert [type(r) for r in got] == [AppendResult, AppendResult]
+        assert all(r.journal for r in got)
+    finally:
+        store.close()
+
+
 def test_a_run_appended_is_the_sequence_of_its_results() -> None:
     proto = Event("/c", 7, "ep", 100, PUB, b"x", "text/plain", {}, ())
     run = EventRun(proto, [(100, b"x"), (105, b"yy"), (111, b"zzz")])

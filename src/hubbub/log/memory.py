@@ -155,15 +155,17 @@ class MemoryLogStore(LogStore):
 
     def append_runs(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult | RunAppended]:
         """``RunAppender.append_runs``: a run's events are journaled when a durable consumer exists, so then
-        every result is built, as :meth:`append` builds them."""
-        return self._append(batch, self._jindex.empty)
+        every result is built, as :meth:`append` builds them (whether one exists is read under the lock,
+        with the append: a consumer another thread creates meanwhile journals the batch or not at all)."""
+        return self._append(batch, True)
 
     def _append(
-        self, batch: Sequence[AppendRequest | AppendRun], as_runs: bool
+        self, batch: Sequence[AppendRequest | AppendRun], runs: bool
     ) -> list[AppendResult | RunAppended]:
         with self._lock:
             if self._closed:  # (_check_open, without its call on the per-event path)
                 raise StorageError("log store is closed")
+            as_runs = runs and self._jindex.empty
             now = self._clock()
             window = self._idem_window_ns
             idem_keys = self._idem
