@@ -535,7 +535,8 @@ def machine() -> dict[str, str]:
         "nproc": str(os.cpu_count()),
         "cpu": cpu,
         "memory": mem,
-        "python": platform.python_version(),
+        # The interpreter's build moves every figure (docs/operations.md, "Process settings").
+        "python": f"{platform.python_version()} ({sys.base_prefix})",
         "kernel": platform.release(),
         **{f"{k} version": v for k, v in versions.items()},
     }
