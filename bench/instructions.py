@@ -104,15 +104,21 @@ def count(src: str, events: int, payload: int, kind: str) -> dict[str, float]:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def tree_args(doc: str) -> argparse.ArgumentParser:
+    """The command line of a tool that counts an event of source trees at light load (this one,
+    bench/opcodes.py): ``--trees``, ``--events``, ``--payload`` and ``--kind``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trees", required=True, help="name=path,... of source trees (each a src directory)")
     ap.add_argument("--events", type=int, default=300)
     ap.add_argument("--payload", type=int, default=16)
     ap.add_argument(
         "--kind", default="hubbub", help="hubbub (native TCP msgpack), hubbub-ws, hubbub-json, ..."
     )
-    a = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    a = tree_args(__doc__).parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         sys.exit("instructions.py needs valgrind: apt-get install valgrind")
     for item in a.trees.split(","):

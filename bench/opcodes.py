@@ -21,7 +21,6 @@ run the same code). Threads other than the loop's are not traced (at light load 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from instructions import WARM_UP, _Pair
+from instructions import WARM_UP, _Pair, tree_args
 from procs import _hubbub
 
 # The server's side: a sitecustomize module, so nothing in the tree under test changes.
@@ -117,14 +116,8 @@ def count(src: str, events: int, payload: int, kind: str) -> dict[str, dict[str,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trees", required=True, help="name=path,... of source trees (each a src directory)")
-    ap.add_argument("--events", type=int, default=300)
-    ap.add_argument("--payload", type=int, default=16)
+    ap = tree_args(__doc__)
     ap.add_argument("--top", type=int, default=40, help="functions listed (by their largest count)")
-    ap.add_argument(
-        "--kind", default="hubbub", help="hubbub (native TCP msgpack), hubbub-ws, hubbub-json, ..."
-    )
     a = ap.parse_args()
     n = a.events
     trees = [item.partition("=")[::2] for item in a.trees.split(",")]
