@@ -148,7 +148,8 @@ def event_batches(
     limit: int,
 ) -> list[bytes]:
     """The frames of a run (as :func:`event_frames`) packed into batch frames of at most ``limit`` bytes:
-    byte for byte ``pack_batches(encoding, event_frames(…), limit)`` (the tests compare them).
+    byte for byte ``pack_batches(encoding, event_frames(…), limit)`` (the tests compare them). JSON frames
+    are :func:`run_frames`'s (a run of plain text is not encoded event by event).
 
     For msgpack the event frames are never built: each batch is one join of the events' heads (see
     :func:`_msgpack_heads`) and payloads, so a payload is copied once, into its batch. The replay suffix
@@ -159,7 +160,7 @@ def event_batches(
     suffix = _REPLAY_PAIR if replay else b""
     got = _msgpack_heads(proto, rows, subs, replay, suffix) if encoding == "msgpack" and rows else None
     if got is None:
-        return pack_batches(encoding, event_frames(encoding, proto, rows, subs, replay), limit)
+        return pack_batches(encoding, run_frames(encoding, proto, rows, subs, replay), limit)
     heads, sizes = got
     payloads = rows.payload_list() if type(rows) is RunColumns else list(map(_second, rows))
     k = len(rows)
