@@ -261,3 +261,65 @@ def test_a_layout_reads_no_message_longer_than_its_limit() -> None:
     items += nc.decode_messages(codec, mixed, layouts)
     assert layouts.hits <= 299 + 150  # none of the long ones
     assert expand(items) == one_by_one(nc.NativeCodec("json"), at_limit + mixed)  # type: ignore[arg-type]
+
+
+class _Unlearning(nc.JsonLayouts):
+    """A connection's layouts that never learn one: every line is read alone (the reference)."""
+
+    __slots__ = ()
+
+    def learn(self, m: str) -> bool:
+        self.learn_in = 256
+        return False
+
+
+def _stream_decoders() -> tuple[nc.NativeStreamDecoder, nc.NativeStreamDecoder]:
+    """A TCP stream decoder and its reference (no layouts), both past a first publish on ``/a``."""
+    got, ref = nc.NativeStreamDecoder(), nc.NativeStreamDecoder()
+    ref._layouts = _Unlearning()
+    first = b'{"op":"publish","id":0,"channel":"/a","text":""}\n'
+    assert expand(got.feed_runs(first)) == expand(ref.feed_runs(first))
+    return got, ref
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    json_layout_messages().filter(lambda ms: not any("\n" in m for m in ms)),
+    st.lists(st.integers(0, 4000), max_size=6),
+    st.sampled_from([b"\n", b"\r\n"]),
+    st.lists(st.integers(0, 60), max_size=2),
+)
+def test_json_lines_read_with_a_learned_layout_decode_as_each_line_alone(
+    messages: list[str], cuts: list[int], newline: bytes, blanks: list[int]
+) -> None:
+    """JSON lines over TCP: a connection's learned layout reads bursts of lines (``_take_lines``), in any
+    cut of the stream into reads, CRLF lines and blank lines among them, exactly as each line read alone."""
+    lines = [m.encode("utf-8") for m in messages]
+    for at in blanks:
+        lines.insert(min(at, len(lines)), b"")
+    stream = b"".join(line + newline for line in lines)
+    bounds = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    got, ref = _stream_decoders()
+    out: list[Any] = []
+    want: list[Any] = []
+    for a, b in itertools.pairwise(bounds):
+        out += expand(got.feed_runs(stream[a:b]))
+        want += expand(ref.feed_runs(stream[a:b]))
+    assert out == want
+    assert got.failed == ref.failed
+
+
+def test_json_lines_of_one_layout_are_read_a_burst_at_once() -> None:
+    got, ref = _stream_decoders()
+    line = b'{"op": "publish", "id": %d, "channel": "/a", "text": "m\xc3\xa9%d"}\n'
+    lines = b"".join(line % (i, i) for i in range(1, 601))
+    items = got.feed_runs(lines)
+    assert [len(x) for x in items] == [256, 256, 88]  # type: ignore[arg-type]
+    layouts = got._layouts
+    assert layouts is not None and layouts.hits == 599  # the first line was read alone, and taught the layout
+    assert expand(items) == expand(ref.feed_runs(lines))
+    # A line cut by the read is read once whole, with the layout.
+    other = b'{"op": "publish", "id": %d, "channel": "/a", "text": "x"}\n'
+    more = b"".join(other % i for i in range(601, 611))
+    assert expand(got.feed_runs(more[:30]) + got.feed_runs(more[30:])) == expand(ref.feed_runs(more))
+    assert layouts.hits == 609

@@ -168,6 +168,7 @@ class NativeStreamDecoder:
         "_codecs",
         "_compiles",
         "_hits",
+        "_layouts",
         "_learn_in",
         "_limits",
         "_misses",
@@ -211,6 +212,8 @@ class NativeStreamDecoder:
         self._compiles = 0
         self._misses = 0
         self._learn_in = 0
+        # JSON lines: the learned layout of the client's common text publishes (created with the first line).
+        self._layouts: JsonLayouts | None = None
         self.failed = False
         #: The fatal error, once ``failed``.
         self.error: HubbubError | None = None
@@ -321,7 +324,23 @@ class NativeStreamDecoder:
         load = codec._load
         pos = 0
         search = self._scanned
+        layouts = self._layouts
+        if layouts is None:
+            layouts = self._layouts = JsonLayouts()
+        # Lines left to read one at a time before the layout is tried again (after a burst it did not fit).
+        alone = 0
         while True:
+            if layouts.shape is not None and alone <= 0:
+                taken = self._take_lines(buf, pos, layouts, out)
+                if taken > 0:
+                    pos = search = pos + taken
+                    continue
+                if taken == 0:
+                    # Read lines alone a while (longer after each miss in a row), and learn from the next one.
+                    alone = 1 << layouts.misses
+                    layouts.misses = min(layouts.misses + 1, 8)
+                    layouts.learn_in = 0
+            alone -= 1
             nl = buf.find(b"\n", search)
             if nl < 0:
                 if len(buf) - pos > limit + 1:  # + 1: room for the '\r' of a CRLF line of exactly max_frame
@@ -341,7 +360,13 @@ class NativeStreamDecoder:
                     obj = _orjson_loads(line)
                 except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
                     obj = _UNREAD
-                if obj is _UNREAD or not quick(obj, out, False):
+                if obj is not _UNREAD and quick(obj, out, False):
+                    run = self._run
+                    if run is not None and run.content_types[-1] is _TEXT_TYPE:
+                        layouts.learn_in -= 1
+                        if layouts.learn_in <= 0 and layouts.learn(line.decode("utf-8")):
+                            alone = 0  # a new layout is tried at once
+                else:
                     if obj is _UNREAD or not exact_json(obj):
                         try:
                             obj = load(line)
@@ -354,6 +379,42 @@ class NativeStreamDecoder:
         if pos:
             del buf[:pos]
         self._scanned = len(buf)
+
+    def _take_lines(self, buf: bytearray, pos: int, layouts: JsonLayouts, out: list[RunItem]) -> int:
+        """Read the longest burst of the complete lines from ``pos`` that the learned layout takes (as
+        :func:`decode_messages` reads a WebSocket burst, :class:`~.native_shapes.JsonShape`) into the read's
+        run; the bytes it took, newlines included: 0 when the layout takes not even the first line, -1 when
+        no complete line is held. Lines ending in a CR, and a burst that is not UTF-8, are read alone."""
+        last = buf.rfind(b"\n", pos)
+        if last < pos:
+            return -1
+        chunk = bytes(buf[pos:last])
+        if b"\r" in chunk:
+            return 0
+        try:
+            lines: list[bytes | str] = list(chunk.decode("utf-8").split("\n"))
+        except UnicodeDecodeError:
+            return 0
+        shape = layouts.shape
+        assert shape is not None
+        channels, limit = self.codec._channels, self.max_frame
+        run = self._run
+        k = min(len(lines), _room(run))
+        got = shape.take(lines[:k], channels, limit)
+        if got is None and k > 1 and shape.take(lines[:1], channels, limit) is not None:
+            # The longest burst of the layout, by halving: a miss costs a scan of the lines tried.
+            while got is None and k > 1:
+                k = (k + 1) // 2
+                got = shape.take(lines[:k], channels, limit)
+        if got is None:
+            return 0
+        layouts.misses = 0
+        layouts.hits += k
+        run = self._run = _filling(run, out)
+        run.extend(*got, _TEXT_TYPE)
+        if k == len(lines):
+            return last + 1 - pos
+        return len("\n".join(lines[:k]).encode("utf-8")) + 1  # type: ignore[arg-type]  # (str lines)
 
     def _frames(self, data: bytes | bytearray | memoryview, out: list[RunItem]) -> None:
         # The read is parsed from one bytes object (the held partial frame and the read joined, or the read
