@@ -327,10 +327,13 @@ class NativeStreamDecoder:
         layouts = self._layouts
         if layouts is None:
             layouts = self._layouts = JsonLayouts()
-        # Lines left to read one at a time before the layout is tried again (after a burst it did not fit).
+        # A read of one line (each at a light load) is read alone, and teaches nothing: orjson reads a line
+        # for less than a layout's set-up. Lines left to read one at a time before the layout is tried again
+        # (after a burst it did not fit): ``alone``.
+        bursts = buf.count(b"\n", search) > 1
         alone = 0
         while True:
-            if layouts.shape is not None and alone <= 0:
+            if bursts and layouts.shape is not None and alone <= 0:
                 taken = self._take_lines(buf, pos, layouts, out)
                 if taken > 0:
                     pos = search = pos + taken
@@ -362,7 +365,7 @@ class NativeStreamDecoder:
                     obj = _UNREAD
                 if obj is not _UNREAD and quick(obj, out, False):
                     run = self._run
-                    if run is not None and run.content_types[-1] is _TEXT_TYPE:
+                    if bursts and run is not None and run.content_types[-1] is _TEXT_TYPE:
                         layouts.learn_in -= 1
                         if layouts.learn_in <= 0 and layouts.learn(line.decode("utf-8")):
                             alone = 0  # a new layout is tried at once
@@ -384,9 +387,11 @@ class NativeStreamDecoder:
         """Read the longest burst of the complete lines from ``pos`` that the learned layout takes (as
         :func:`decode_messages` reads a WebSocket burst, :class:`~.native_shapes.JsonShape`) into the read's
         run; the bytes it took, newlines included: 0 when the layout takes not even the first line, -1 when
-        no complete line is held. Lines ending in a CR, and a burst that is not UTF-8, are read alone."""
+        fewer than two complete lines are held (orjson reads a line alone for less than the layout's set-up:
+        the one line of each read at a light load). Lines ending in a CR, and a burst that is not UTF-8, are
+        read alone."""
         last = buf.rfind(b"\n", pos)
-        if last < pos:
+        if last < pos or buf.find(b"\n", pos, last) < 0:
             return -1
         chunk = bytes(buf[pos:last])
         if b"\r" in chunk:
