@@ -393,7 +393,7 @@ class NativeStreamDecoder:
         last = buf.rfind(b"\n", pos)
         if last < pos or buf.find(b"\n", pos, last) < 0:
             return -1
-        chunk = bytes(buf[pos:last])
+        chunk = buf[pos:last]  # (one copy: a bytearray decodes as bytes do)
         if b"\r" in chunk:
             return 0
         try:
