@@ -24,7 +24,15 @@ from typing import Protocol, TypeVar, cast, overload, runtime_checkable
 from hubbub.events import Event
 from hubbub.log.base import AppendRequest, AppendResult, AppendRun, EventRun
 
-__all__ = ["Committed", "RunAppended", "RunAppender", "RunEvents", "answers_runs", "expand_runs"]
+__all__ = [
+    "Committed",
+    "RunAppended",
+    "RunAppender",
+    "RunEvents",
+    "answers_runs",
+    "expand_runs",
+    "run_results",
+]
 
 _T = TypeVar("_T")
 
@@ -109,6 +117,18 @@ class RunAppended(_RunView[AppendResult]):
 
 #: One place of :meth:`RunAppender.append_runs`'s results.
 Committed = AppendResult | RunAppended
+
+
+def run_results(proto: Event, payloads: list[bytes], as_runs: bool) -> list[Committed]:
+    """An engine's results for a committed run of ``payloads`` whose first event is ``proto`` (the others:
+    the next seqs, times one nanosecond apart): one :class:`RunAppended` in each of its places, or, unless
+    ``as_runs`` (a durable consumer journals them), an ``AppendResult`` per event."""
+    t = proto.time_ns
+    run = EventRun(proto, list(zip(range(t, t + len(payloads)), payloads, strict=True)))
+    if not as_runs:
+        return list(map(AppendResult, run.events()))
+    out: list[Committed] = [RunAppended(run)]
+    return out * len(payloads)
 
 
 def expand_runs(results: Sequence[Committed]) -> list[AppendResult]:

@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hubbub.errors import StorageError, TrimEpochGone, TrimOutOfRange
-from hubbub.events import Event, Publisher
-from hubbub.log.appended import RunAppended
+from hubbub.events import Event
+from hubbub.log.appended import RunAppended, run_results
 from hubbub.log.base import (
     AppendRequest,
     AppendResult,
@@ -71,18 +71,6 @@ def _single(r: AppendResult | RunAppended) -> AppendResult:
     """The result of a request with an idempotency key (never a run's: a run has no key)."""
     assert type(r) is AppendResult
     return r
-
-
-def _run_appended(
-    ch: Epoch, seq: int, t: int, pub: Publisher, ctype: str, payloads: list[bytes]
-) -> list[AppendResult | RunAppended]:
-    """The results of a run added to ``ch`` from ``seq`` and ``t``: one :class:`RunAppended` in each of its
-    places."""
-    proto = Event(ch.channel, seq, ch.epoch, t, pub, payloads[0], ctype, NO_HEADERS, ())
-    k = len(payloads)
-    rows = list(zip(range(t, t + k), payloads, strict=True))
-    out: list[AppendResult | RunAppended] = [RunAppended(EventRun(proto, rows))]
-    return out * k
 
 
 def _no_append(_item: object) -> None:
@@ -231,13 +219,8 @@ class MemoryLogStore(LogStore):
                     pos += k
                     top = seq + k - 1
                     top_time = t + k - 1
-                    if as_runs:
-                        results += _run_appended(ch, seq, t, pub, ctype, payloads)
-                    else:
-                        results += [
-                            AppendResult(Event(name, s, epoch, ts, pub, p, ctype, NO_HEADERS, ()))
-                            for s, ts, p in zip(range(seq, seq + k), range(t, t + k), payloads, strict=True)
-                        ]
+                    proto = Event(name, seq, epoch, t, pub, payloads[0], ctype, NO_HEADERS, ())
+                    results += run_results(proto, payloads, as_runs)
                     continue
                 payload = req.payload
                 if type(payload) is not bytes:
@@ -283,14 +266,17 @@ class MemoryLogStore(LogStore):
         does with it, without the loop's set-up, which a publish at a light load (a run of one event, one
         commit each) pays alone. Caller holds the lock."""
         ch = self._channels[req.channel]
+        pub, ctype = req.publisher, req.content_type
         payloads = payload_bytes(req.payloads)
         pos = self._next_pos
-        ch.add_run(seq, t, pos, req.publisher, req.content_type, payloads)
+        ch.add_run(seq, t, pos, pub, ctype, payloads)
         self._last_time = last_time
         self._next_pos = pos + len(payloads)
         if self._retention.max_events or self._retention.max_bytes:
             self._trim_channel(ch)
-        return _run_appended(ch, seq, t, req.publisher, req.content_type, payloads)
+        return run_results(
+            Event(ch.channel, seq, ch.epoch, t, pub, payloads[0], ctype, NO_HEADERS, ()), payloads, True
+        )
 
     def _journal(self, results: list[AppendResult]) -> None:
         """Journal each new event for the consumers that match it (caller holds the lock)."""

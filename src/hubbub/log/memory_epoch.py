@@ -83,9 +83,7 @@ class Epoch:
         sizes = list(map(len, payloads))
         self.sizes += sizes
         self.pos += range(pos, pos + k)
-        self.top = seq + k - 1
-        self.top_time = t + k - 1
-        self.held += sum(sizes)
+        self.took(seq + k - 1, t + k - 1, sum(sizes))
 
     def took(self, top: int, top_time: int, nbytes: int) -> None:
         """Events up to ``top`` (the last at ``top_time``), ``nbytes`` in all, were added to the columns."""

@@ -18,8 +18,8 @@ from typing import Any, cast
 import msgpack
 
 from hubbub.events import Event, Publisher
-from hubbub.log.appended import Committed, RunAppended
-from hubbub.log.base import AppendRequest, AppendResult, AppendRun, ChannelInfo, EventRun
+from hubbub.log.appended import Committed, run_results
+from hubbub.log.base import AppendRequest, AppendResult, AppendRun, ChannelInfo
 from hubbub.log.records import event_columns
 from hubbub.log.sequencing import FROM_RECORD, AppendPlan
 from hubbub.log.sqlite._inserts import (
@@ -148,14 +148,7 @@ def _append_run_rows(
     epoch = h.epoch
     payloads = run.payloads
     n = len(payloads)
-    if as_runs:
-        proto = Event(name, seq0, epoch, t0, pub, payloads[0], ctype, {}, ())
-        results += [RunAppended(EventRun(proto, list(zip(range(t0, t0 + n), payloads, strict=True))))] * n
-    else:
-        results += [
-            AppendResult(Event(name, seq, epoch, t, pub, p, ctype, {}, ()))
-            for seq, t, p in zip(range(seq0, seq0 + n), range(t0, t0 + n), payloads, strict=True)
-        ]
+    results += run_results(Event(name, seq0, epoch, t0, pub, payloads[0], ctype, {}, ()), payloads, as_runs)
     insert_stretch(
         conn,
         [h.id, seq0, t0, pub.dialect, pub.user, pub.app, pub.msg_id, ctype],
