@@ -539,6 +539,55 @@ def test_a_close_the_peer_never_answers_drops_the_connection(
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_a_close_the_server_sends_first_ends_at_the_peers_close(
+    tmp_path: Path, route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's close (a kicked session) is answered by the peer's: the server drops the message and
+    the ping that came in between, sends nothing after its close, and closes the connection on the peer's
+    close, not after ``CLOSE_TIMEOUT_S`` (set far beyond the test's wait here), with the session gone and
+    the connection's place in ``limits.max_connections`` free for the peer's next one at once."""
+    from hubbub.disconnect import Disconnect
+    from hubbub.transports import ws_socket
+
+    monkeypatch.setattr(ws_socket, "CLOSE_TIMEOUT_S", 600.0)
+    path, protocol, opcode, messages, answer = ROUTES[route]
+
+    async def main() -> None:
+        async with server(tmp_path, **{"limits.max_connections": 1}) as srv:
+            assert srv.node is not None
+            node, port = srv.node, srv.ports["http"]
+            for _ in range(2):  # the second connection is admitted: the first one's place is free
+                reader, writer = await connect(port, upgrade(path, protocol))
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+                assert parse(head)[0] == 101, head
+                writer.write(b"".join(client_frame(m, opcode, masked=True) for m in messages))
+                data = b""
+                while answer not in data:
+                    chunk = await asyncio.wait_for(reader.read(65536), WAIT)
+                    assert chunk, data
+                    data += chunk
+                (sess,) = node.sessions
+                sess.kick(Disconnect.GOING_AWAY)
+                while not any(op == 0x8 for op, _ in server_frames(data)):
+                    chunk = await asyncio.wait_for(reader.read(65536), WAIT)
+                    assert chunk, data
+                    data += chunk
+                close_at = data.index(bytes((0x88,)), data.index(answer))
+                writer.write(
+                    b"".join(client_frame(m, opcode, masked=True) for m in messages)
+                    + client_frame(b"still there?", 0x9, masked=True)
+                    + client_frame(struct.pack("!H", 1000), 0x8, masked=True)
+                )
+                rest = data[close_at:] + await to_end(reader)  # within WAIT, not CLOSE_TIMEOUT_S
+                frames = server_frames(rest)
+                assert frames[0][0] == 0x8 and len(frames) == 1, frames
+                writer.close()
+                await until(lambda: not node.sessions, "the kicked session ended")
+
+    asyncio.run(main())
+
+
 def test_guble_pings_and_drops_a_silent_peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """guble's spec has no keepalive: the server pings every ``HEARTBEAT_S`` (what aiohttp's heartbeat did)
     and ends a connection silent for half as long again, with a close frame."""

@@ -15,7 +15,8 @@ were most of an idle connection's memory).
   ``WebSocketResponse`` that the dialects use, framed here (a server's frames: FIN set, no mask) and written
   to the transport; a write waits while the transport's buffer is over its high-water mark.
 * The close handshake (RFC 6455 §5.5.1, §7.1.2): a close from the peer is echoed, then the transport is
-  closed; a close sent first waits :data:`CLOSE_TIMEOUT_S` for the peer's, then the transport is aborted.
+  closed; after a close sent first, the peer's frames are read on and dropped until its close, which closes
+  the transport at once, or for at most :data:`CLOSE_TIMEOUT_S`, after which the transport is aborted.
 * The connection's place in the listener's limits (``limits.max_connections``) is released when the
   transport is lost.
 
@@ -148,7 +149,7 @@ class WsSocket(asyncio.Protocol):
 
     def start(self, reader: Reader) -> None:
         """Hand the frames to ``reader`` from here on (those that came with the upgrade first)."""
-        self._reader = reader
+        self._reader = _UntilPeerClose(reader) if self._closing else reader
         self.resume()
 
     def resume(self) -> None:
@@ -264,7 +265,20 @@ class WsSocket(asyncio.Protocol):
         self._write(control_frame(CLOSE, close_payload(code) + message[:123]))
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(CLOSE_TIMEOUT_S, self._close_transport, True)
+        self._read_to_peer_close()
         return True
+
+    def _read_to_peer_close(self) -> None:
+        """After our close, read on (the reader may have stopped reading: it was done, or waiting) and drop
+        what comes until the peer's close, which ends the connection at once (:meth:`_closed_by_peer`)."""
+        if self._closed:
+            return
+        self._reader = _UntilPeerClose(self._reader)
+        self._held = None
+        self._busy = False
+        self._deliver()
+        if not self._busy and not self._closed:
+            self.transport.resume_reading()
 
     def write(self, data: bytes) -> None:
         """Write frames framed already (:func:`~hubbub.transports.ws_write.ws_frames`); raises
@@ -350,6 +364,32 @@ class WsSocket(asyncio.Protocol):
         reader = self._reader
         if reader is not None:
             reader.lost()
+
+
+@final
+class _UntilPeerClose:
+    """The reader of a socket whose close went out first (RFC 6455 §1.4, §5.5.1): the peer's messages and
+    pings before its close are dropped (nothing more is sent after a close); the end of the connection, or
+    a broken frame, still reaches the connection's reader."""
+
+    __slots__ = ("reader",)
+
+    def __init__(self, reader: Reader | None) -> None:
+        self.reader = reader
+
+    def __call__(self, opcode: int, data: bytes | str) -> bool:
+        return True
+
+    def room(self) -> bool:
+        return True
+
+    def failed(self, code: Disconnect) -> None:
+        if self.reader is not None:
+            self.reader.failed(code)
+
+    def lost(self) -> None:
+        if self.reader is not None:
+            self.reader.lost()
 
 
 def _accept(key: str) -> str:
