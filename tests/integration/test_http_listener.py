@@ -292,6 +292,8 @@ ROUTES: dict[str, tuple[str, str | None, int, list[bytes], bytes]] = {
     ),
     "mist2015": ("/mist/ws", None, 0x1, [b'{"cmd":"nope"}'], b'"success":false'),
     "mist1": ("/mist/v1/ws", None, 0x1, [b'{"nope":1}'], b'"error":'),
+    # MQTT 3.1.1 over WebSocket: CONNECT (client id "c", clean session), answered by CONNACK accepted.
+    "mqtt": ("/mqtt", "mqtt", 0x2, [b"\x10\x0d\x00\x04MQTT\x04\x02\x00\x3c\x00\x01c"], b"\x20\x02\x00\x00"),
 }
 
 
