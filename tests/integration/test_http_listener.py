@@ -321,6 +321,22 @@ async def _session(
         writer.close()
 
 
+async def open_answered(port: int, route: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    """Upgrade on ``route`` and send its messages, masked; returns the connection and what the server sent
+    up to and with the dialect's answer."""
+    path, protocol, opcode, messages, answer = ROUTES[route]
+    reader, writer = await connect(port, upgrade(path, protocol))
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+    assert parse(head)[0] == 101, head
+    writer.write(b"".join(client_frame(m, opcode, masked=True) for m in messages))
+    data = b""
+    while answer not in data:
+        chunk = await asyncio.wait_for(reader.read(65536), WAIT)
+        assert chunk, data
+        data += chunk
+    return reader, writer, data
+
+
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_an_unmasked_client_frame_fails_the_websocket(tmp_path: Path, route: str) -> None:
     """A masked message gets the dialect's answer; the same message unmasked gets close 1002 and the end
@@ -369,21 +385,12 @@ def test_an_upgraded_connection_leaves_aiohttp(tmp_path: Path, route: str) -> No
     """Once answered, an idle WebSocket holds no aiohttp task (its ``RequestHandler.start``, the request's
     ``_handle_request`` and the route's handler have returned): the connection is hubbub's own, and it
     still answers, pings included, and ends with the close handshake (the peer's close echoed)."""
-    path, protocol, opcode, messages, answer = ROUTES[route]
 
     async def main() -> None:
         async with server(tmp_path) as srv:
             assert srv.node is not None
             node, port = srv.node, srv.ports["http"]
-            reader, writer = await connect(port, upgrade(path, protocol))
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
-            assert parse(head)[0] == 101, head
-            writer.write(b"".join(client_frame(m, opcode, masked=True) for m in messages))
-            data = b""
-            while answer not in data:
-                chunk = await asyncio.wait_for(reader.read(65536), WAIT)
-                assert chunk, data
-                data += chunk
+            reader, writer, _ = await open_answered(port, route)
             await until(lambda: not _held_by_aiohttp(), "the upgrade's request and handler ended")
             assert node.sessions
             writer.write(client_frame(b"are you there", 0x9, masked=True))
@@ -553,22 +560,14 @@ def test_a_close_the_server_sends_first_ends_at_the_peers_close(
     from hubbub.transports import ws_socket
 
     monkeypatch.setattr(ws_socket, "CLOSE_TIMEOUT_S", 600.0)
-    path, protocol, opcode, messages, answer = ROUTES[route]
+    _, _, opcode, messages, answer = ROUTES[route]
 
     async def main() -> None:
         async with server(tmp_path, **{"limits.max_connections": 1}) as srv:
             assert srv.node is not None
             node, port = srv.node, srv.ports["http"]
             for _ in range(2):  # the second connection is admitted: the first one's place is free
-                reader, writer = await connect(port, upgrade(path, protocol))
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
-                assert parse(head)[0] == 101, head
-                writer.write(b"".join(client_frame(m, opcode, masked=True) for m in messages))
-                data = b""
-                while answer not in data:
-                    chunk = await asyncio.wait_for(reader.read(65536), WAIT)
-                    assert chunk, data
-                    data += chunk
+                reader, writer, data = await open_answered(port, route)
                 (sess,) = node.sessions
                 sess.kick(Disconnect.GOING_AWAY)
                 while not any(op == 0x8 for op, _ in server_frames(data)):
