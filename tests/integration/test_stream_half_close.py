@@ -4,9 +4,12 @@ still gets every answer, in order, then the server's end of stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
+import pytest
 
 from hubbub.server import Server
 from hubbub.server_config import load_config
@@ -43,3 +46,59 @@ def test_a_half_closed_stream_connection_gets_its_answers_then_the_end(tmp_path:
             mw.close()
 
     asyncio.run(main())
+
+
+#: Per stream dialect: bad input that the server answers (where the dialect has an answer) and ends the
+#: connection for, and the start of that answer.
+_ENDED_BY_THE_SERVER: dict[str, tuple[bytes, bytes]] = {
+    "native": (b'{"op":"hello","id":1,"v":1}\n\xff\xfe not JSON\n', b'"code":4000'),
+    "mist": (b"{not JSON\n", b'"error":"Invalid JSON"'),
+    "mqtt": (b"\x10\x0d\x00\x04MQTT\x09\x02\x00\x3c\x00\x01c", b"\x20\x02\x00\x01"),  # CONNECT, level 9
+    "qrpc": (b"x" * 8192, b""),  # a line over limits.max_frame: closed without an answer
+}
+
+
+@pytest.mark.parametrize("dialect", list(_ENDED_BY_THE_SERVER))
+def test_a_connection_the_server_ends_keeps_its_last_answer_for_a_peer_still_sending(
+    tmp_path: Path, dialect: str
+) -> None:
+    """A peer that goes on sending after its bad input, and reads later, still reads the server's answer
+    and then the end of the stream: the server shuts its side and reads on (dropping) until the peer ends
+    its own, rather than close a socket with bytes unread, which the kernel answers with a reset that takes
+    the answer with it (the peer's read fails instead)."""
+    bad, answer = _ENDED_BY_THE_SERVER[dialect]
+    cli = {
+        "data_dir": str(tmp_path / "d"),
+        "store": "memory",
+        "durability": "none",
+        "http.listen": f"{HOST}:0",
+        "native.tcp_listen": f"{HOST}:0",
+        "mist.tcp_listen": f"{HOST}:0",
+        "mqtt.tcp_listen": f"{HOST}:0",
+        "qpubs.qrpc_listen": f"{HOST}:0",
+        "limits.max_frame": 4096,
+    }
+
+    async def main() -> None:
+        async with Server(load_config(cli=cli, env={})) as server:
+            assert server.node is not None
+            reader, writer = await asyncio.open_connection(HOST, server.ports[dialect])
+            writer.write(bad + b"x" * (1 << 20))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            await asyncio.sleep(0.3)  # the server has ended the connection, with bytes of ours unread
+            got = await asyncio.wait_for(reader.read(), WAIT)  # up to the server's end of stream
+            assert answer in got, got[:300]
+            # The session has left the node while the socket waits for our end (rosters, limits).
+            await _until(lambda: not server.node.sessions, "the session ended")
+            writer.close()
+
+    asyncio.run(main())
+
+
+async def _until(cond: Callable[[], bool], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while not cond():
+        assert loop.time() < deadline, what
+        await asyncio.sleep(0.01)

@@ -17,7 +17,9 @@ socket, makes the TLS handshake and holds the first-message deadline) hands each
   (:func:`close_stream`): no socket outlives its connection.
 
 Every byte-stream connection writes through :func:`drain` (the write timeout) and ends through
-:func:`close_stream`.
+:func:`close_stream`; one that its dialect ends (``close``, :func:`end_stream`) lingers first, on a plain
+socket: the server's side is shut and the peer's last bytes are read and dropped until it ends its own
+(:func:`linger`), so that its last answer is not lost to a reset.
 
 Concurrency contract: called from the event loop thread; one reader per connection.
 """
@@ -25,21 +27,24 @@ Concurrency contract: called from the event loop thread; one reader per connecti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import ClassVar, Final, Generic, Protocol, TypeVar
 
 from hubbub.core.api import Core, Session
+from hubbub.disconnect import Disconnect
 
-from .accept import peer_name
+from .accept import REFUSAL_LINGER_S, peer_name
 from .lifetime import Lifetime
 from .pump import WriteTimeout, grace_left, io_failed
 from .stream_listener import READER_LIMIT, Accepted, Refusal, StreamListener
-from .stream_reads import FINISHED, run_eagerly
+from .stream_reads import FINISHED, StreamReads, run_eagerly
 
 __all__ = [
     "CLOSE_WAIT_S",
+    "LINGER_S",
     "WRITE_TIMEOUT_S",
     "Opener",
     "ServiceStreams",
@@ -48,6 +53,8 @@ __all__ = [
     "StreamWire",
     "close_stream",
     "drain",
+    "end_stream",
+    "linger",
     "serve_stream",
 ]
 
@@ -55,6 +62,9 @@ __all__ = [
 #: error) before its socket is aborted: a peer that stopped reading must not hold the socket, nor keep the
 #: server from shutting down.
 CLOSE_WAIT_S = 5.0
+#: Seconds a connection the server ends (bad input, a limit, a kick) reads on for the peer to end its side
+#: after the server's (:func:`linger`), before its socket is closed.
+LINGER_S: Final = REFUSAL_LINGER_S
 #: Seconds a write may wait for a peer that stopped reading before the connection is aborted: the default of
 #: ``limits.write_timeout_s``, which the server gives every TCP listener.
 WRITE_TIMEOUT_S: float = 30.0
@@ -84,11 +94,17 @@ async def close_stream(
     (a stopping server cancels those that outlast its grace period) is aborted at once, and so is one whose
     wait is cancelled. Every TCP listener's connection (native, mist, qrpc) ends through it, last in its
     handler's ``finally``, so no socket outlives its handler's task: an unclosed one would only be found by
-    the garbage collector, as a ``ResourceWarning``, or never while its event loop runs."""
-    writer.close()
+    the garbage collector, as a ``ResourceWarning``, or never while its event loop runs. A lingering close
+    (:func:`linger`) first waits up to :data:`LINGER_S` for the peer's end of stream."""
     if not grace_left():
         writer.transport.abort()
         return
+    reads = writer.transport.get_protocol()
+    lingering = reads.lingering if isinstance(reads, StreamReads) else None
+    if lingering is not None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(lingering), LINGER_S)
+    writer.close()
     try:
         await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S)
     except BaseException as exc:
@@ -142,7 +158,7 @@ class StreamIO:
         await drain(self.writer, self.timeout)
 
     async def close(self, code: object) -> None:
-        self.writer.close()
+        end_stream(self.writer, code)
 
 
 class StreamWire(Protocol):
@@ -314,3 +330,30 @@ async def _serve(acc: Accepted, opener: Opener, group: Lifetime) -> None:
         finally:  # also when cancelled (a stopping server): no socket outlives the connection
             sid = wire.session.id if wire is not None else ""
             await close_stream(acc.writer, opener.node, dialect, sid)
+
+
+def end_stream(writer: asyncio.StreamWriter, code: object) -> None:
+    """The dialect ends the connection with ``code`` (after its last frames): the socket is closed at once
+    when the server stops (``GOING_AWAY``: every connection closes, none waits for its peer), else its
+    close lingers (:func:`linger`). Every stream dialect's ``close`` (native's, and :class:`StreamIO`'s)."""
+    if code == Disconnect.GOING_AWAY or not grace_left() or not linger(writer):
+        writer.close()
+
+
+def linger(writer: asyncio.StreamWriter) -> bool:
+    """Start a lingering close (RFC 9112 §9.6, what HTTP servers do): the server's side is shut (FIN after
+    what is buffered, the dialect's answer last), and what the peer still sends is read and dropped until it
+    ends its side; :func:`close_stream` closes the socket then, or after :data:`LINGER_S`. Closed at once
+    instead, a socket with bytes unread answers them with a reset, and a peer that had not yet read the
+    server's last bytes loses them: the answer that says why its connection ends. False when the socket
+    cannot half-close (TLS) or is closing already."""
+    transport = writer.transport
+    reads = transport.get_protocol()
+    if transport.is_closing() or not transport.can_write_eof() or not isinstance(reads, StreamReads):
+        return False
+    try:
+        transport.write_eof()
+    except (OSError, RuntimeError):
+        return False
+    reads.linger()
+    return True

@@ -144,11 +144,13 @@ class StreamReads(asyncio.Protocol):
         "_buffer",
         "_closed",
         "_drains",
+        "_dropping",
         "_eof",
         "_error",
         "_handler",
         "_job",
         "_limit",
+        "_lingering",
         "_loop",
         "_over_tls",
         "_paused",
@@ -179,6 +181,8 @@ class StreamReads(asyncio.Protocol):
         self._write_paused = False
         self._drains: list[asyncio.Future[None]] | None = None
         self._closed: asyncio.Future[None] | None = None
+        self._dropping = False  # the connection reads no more (linger): reads are dropped
+        self._lingering: asyncio.Future[None] | None = None  # done at the end of the peer's stream
 
     # -- reading ------------------------------------------------------------------------------------------
 
@@ -192,7 +196,7 @@ class StreamReads(asyncio.Protocol):
                 return self._take(most)
             if self._error is not None:
                 raise self._error
-            if self._eof:
+            if self._eof or self._dropping:
                 return b""
             waiter = self._waiter = self._loop.create_future()
             self._handler = handler
@@ -235,6 +239,8 @@ class StreamReads(asyncio.Protocol):
         eager = handler is not None and waiter is not None and task is not None and not waiter.done()
         if eager and self._feed_now(data, handler, waiter, task):  # type: ignore[arg-type]  # (checked)
             return
+        if self._dropping:
+            return
         if self._buffer is None:
             self._buffer = [data]
         else:
@@ -244,6 +250,27 @@ class StreamReads(asyncio.Protocol):
             waiter.set_result(None)
         elif self._size > self._limit:
             self._pause()
+
+    @property
+    def lingering(self) -> asyncio.Future[None] | None:
+        """Done at the end of the peer's stream or the connection's loss, once :meth:`linger` was called;
+        else None."""
+        return self._lingering
+
+    def linger(self) -> asyncio.Future[None]:
+        """The connection reads no more (:func:`~hubbub.transports.stream_driver.linger`): what is buffered
+        and what comes from now on is dropped, reading goes on (resumed if paused), the connection's task
+        reads the end of the stream, and the future returned (:attr:`lingering`) is done at the end of the
+        peer's stream or the connection's loss."""
+        self._dropping = True
+        self._buffer, self._size = None, 0
+        ended = self._lingering = self._loop.create_future()
+        if self._eof or self._error is not None or self.transport is None:
+            ended.set_result(None)
+        elif self._paused:
+            self._resume()
+        self._wake()  # the connection's task, if it waits for a read: there is none (next)
+        return ended
 
     def _feed_now(
         self, data: bytes, handler: Handler, waiter: asyncio.Future[None], task: asyncio.Task[Any]
@@ -281,6 +308,9 @@ class StreamReads(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        lingering = self._lingering
+        if lingering is not None and not lingering.done() and (self._eof or self._error is not None):
+            lingering.set_result(None)
 
     def _pause(self) -> None:
         transport = self.transport

@@ -33,6 +33,7 @@ from .stream_driver import (
     StreamDirect,
     close_stream,
     drain,
+    end_stream,
     listen_streams,
 )
 from .stream_listener import KEEPALIVE, Accepted, StreamListener, keep_alive, peer_ip
@@ -109,7 +110,7 @@ class NativeStreams:
             await drain(writer, timeout)
 
         async def close(code: Disconnect) -> None:
-            writer.close()
+            end_stream(writer, code)
 
         encoder = self.encoders[codec.encoding]
         direct = StreamDirect(writer, codec.streams_parts)
