@@ -18,20 +18,26 @@ WAIT = 10.0
 HOST = "127.0.0.1"
 
 
-def test_a_half_closed_stream_connection_gets_its_answers_then_the_end(tmp_path: Path) -> None:
-    """A peer that sends its last requests and shuts its write side (a half-close) still gets every answer,
-    in order, then the server's end of stream: native's hello and pings, mist's pings."""
-    cli = {
+def _server(tmp_path: Path, **cli: object) -> Server:
+    """A server on a memory store with every stream dialect's listener on a free loopback port."""
+    keys = {
         "data_dir": str(tmp_path / "d"),
         "store": "memory",
         "durability": "none",
         "http.listen": f"{HOST}:0",
-        "native.tcp_listen": f"{HOST}:0",
-        "mist.tcp_listen": f"{HOST}:0",
+        **{key: f"{HOST}:0" for key in ("native.tcp_listen", "mist.tcp_listen", "mqtt.tcp_listen")},
+        "qpubs.qrpc_listen": f"{HOST}:0",
+        **cli,
     }
+    return Server(load_config(cli=keys, env={}))
+
+
+def test_a_half_closed_stream_connection_gets_its_answers_then_the_end(tmp_path: Path) -> None:
+    """A peer that sends its last requests and shuts its write side (a half-close) still gets every answer,
+    in order, then the server's end of stream: native's hello and pings, mist's pings."""
 
     async def main() -> None:
-        async with Server(load_config(cli=cli, env={})) as server:
+        async with _server(tmp_path) as server:
             nr, nw = await asyncio.open_connection(HOST, server.ports["native"])
             pings = b"".join(b'{"op":"ping","id":%d}\n' % i for i in range(2, 40))
             nw.write(b'{"op":"hello","id":1,"v":1}\n' + pings)
@@ -67,21 +73,11 @@ def test_a_connection_the_server_ends_keeps_its_last_answer_for_a_peer_still_sen
     its own, rather than close a socket with bytes unread, which the kernel answers with a reset that takes
     the answer with it (the peer's read fails instead)."""
     bad, answer = _ENDED_BY_THE_SERVER[dialect]
-    cli = {
-        "data_dir": str(tmp_path / "d"),
-        "store": "memory",
-        "durability": "none",
-        "http.listen": f"{HOST}:0",
-        "native.tcp_listen": f"{HOST}:0",
-        "mist.tcp_listen": f"{HOST}:0",
-        "mqtt.tcp_listen": f"{HOST}:0",
-        "qpubs.qrpc_listen": f"{HOST}:0",
-        "limits.max_frame": 4096,
-    }
 
     async def main() -> None:
-        async with Server(load_config(cli=cli, env={})) as server:
-            assert server.node is not None
+        async with _server(tmp_path, **{"limits.max_frame": 4096}) as server:
+            node = server.node
+            assert node is not None
             reader, writer = await asyncio.open_connection(HOST, server.ports[dialect])
             writer.write(bad + b"x" * (1 << 20))
             with contextlib.suppress(ConnectionError):
@@ -90,7 +86,7 @@ def test_a_connection_the_server_ends_keeps_its_last_answer_for_a_peer_still_sen
             got = await asyncio.wait_for(reader.read(), WAIT)  # up to the server's end of stream
             assert answer in got, got[:300]
             # The session has left the node while the socket waits for our end (rosters, limits).
-            await _until(lambda: not server.node.sessions, "the session ended")
+            await _until(lambda: not node.sessions, "the session ended")
             writer.close()
 
     asyncio.run(main())
