@@ -144,7 +144,6 @@ class StreamReads(asyncio.Protocol):
         "_buffer",
         "_closed",
         "_drains",
-        "_dropping",
         "_eof",
         "_error",
         "_handler",
@@ -181,8 +180,9 @@ class StreamReads(asyncio.Protocol):
         self._write_paused = False
         self._drains: list[asyncio.Future[None]] | None = None
         self._closed: asyncio.Future[None] | None = None
-        self._dropping = False  # the connection reads no more (linger): reads are dropped
-        self._lingering: asyncio.Future[None] | None = None  # done at the end of the peer's stream
+        #: Set by :meth:`linger` (the connection reads no more: reads are dropped), done at the end of the
+        #: peer's stream.
+        self._lingering: asyncio.Future[None] | None = None
 
     # -- reading ------------------------------------------------------------------------------------------
 
@@ -196,7 +196,7 @@ class StreamReads(asyncio.Protocol):
                 return self._take(most)
             if self._error is not None:
                 raise self._error
-            if self._eof or self._dropping:
+            if self._eof or self._lingering is not None:
                 return b""
             waiter = self._waiter = self._loop.create_future()
             self._handler = handler
@@ -239,7 +239,7 @@ class StreamReads(asyncio.Protocol):
         eager = handler is not None and waiter is not None and task is not None and not waiter.done()
         if eager and self._feed_now(data, handler, waiter, task):  # type: ignore[arg-type]  # (checked)
             return
-        if self._dropping:
+        if self._lingering is not None:
             return
         if self._buffer is None:
             self._buffer = [data]
@@ -262,7 +262,6 @@ class StreamReads(asyncio.Protocol):
         and what comes from now on is dropped, reading goes on (resumed if paused), the connection's task
         reads the end of the stream, and the future returned (:attr:`lingering`) is done at the end of the
         peer's stream or the connection's loss."""
-        self._dropping = True
         self._buffer, self._size = None, 0
         ended = self._lingering = self._loop.create_future()
         if self._eof or self._error is not None or self.transport is None:
