@@ -1,17 +1,19 @@
 """The floor under hubbub's light-load latency on this machine: a bare uvloop forwarder, timed as the suite's
 ``latency`` scenario times hubbub.
 
-PYTHONPATH=src python bench/latency_floor.py [--modes protocol,streams] [--rounds 2] [--samples 3000]
-    [--rate 1000]
+PYTHONPATH=src python bench/latency_floor.py [--modes protocol,streams,spin] [--rounds 2] [--samples 3000]
+    [--rate 1000] [--spin 1500]
 
 A server process (this script with ``--serve MODE``) accepts two connections and writes whatever the first
 sends to the second: ``protocol`` from ``data_received`` (an ``asyncio.Protocol``, no task), as hubbub's
 stream transports read now (transports/stream_reads.py), ``streams`` from a task reading an
 ``asyncio.StreamReader`` and writing with ``StreamWriter.writelines``, as they read before (bench/procs.py's
-server is replaced by it, nothing else). The driver sends 16 bytes every
-1/``rate`` s and times each from ``sendall`` to its arrival on the other connection, as
-bench/scenarios.py ``latency`` does. Printed per run: p50 and p99 in µs and the server's CPU per event
-(``perf stat``'s task-clock when ``perf`` is on PATH, else ``/proc`` in clock ticks), with the load average.
+server is replaced by it, nothing else), ``spin`` as ``protocol`` after a fixed step of pure arithmetic per
+event (``--spin`` additions in a Python loop: a path of a chosen length that touches next to no memory).
+The driver sends 16 bytes every 1/``rate`` s and times each from ``sendall`` to its arrival on the other
+connection, as bench/scenarios.py ``latency`` does. Printed per run: p50 and p99 in µs and the server's CPU
+per event (``perf stat``'s task-clock when ``perf`` is on PATH, else ``/proc`` in clock ticks), with the
+load average.
 
 What it tells: the share of hubbub's light-load figures (bench/latency_trees.py) that any uvloop server of
 one read and one write per event pays on this machine (the wake-ups, the loopback write that wakes the
@@ -19,6 +21,11 @@ reader, a task's step for ``streams``), against the share that is hubbub's own c
 shared virtual machine a wake-up after a millisecond idle costs tens of µs of CPU, and code runs several
 times slower than in a tight loop, its caches cold; the figures move with the load, so compare them with a
 hubbub run made at the same time.
+
+``spin`` is the control for what sets the light-load tail: set ``--spin`` so that its back-to-back CPU per
+event (``--rate 1e6``) matches a server's path, and its p99 at the suite's rate shows what a path of that
+length gets on this machine however little memory it touches (bench/RESULTS.md, "Light load's p99 on a
+shared machine").
 """
 
 from __future__ import annotations
@@ -50,10 +57,23 @@ class _Forward(asyncio.Protocol):
         self.peers[1].write(data)
 
 
-async def _serve(mode: str) -> None:
+class _Spin(_Forward):
+    """The ``spin`` server: ``protocol``'s forwarder after ``steps`` additions per event."""
+
+    steps = 0
+
+    def data_received(self, data: bytes) -> None:
+        x = 0
+        for i in range(self.steps):
+            x += i
+        self.peers[1].write(data)
+
+
+async def _serve(mode: str, spin: int) -> None:
     loop = asyncio.get_running_loop()
-    if mode == "protocol":
-        srv = await loop.create_server(_Forward, "127.0.0.1", 0)
+    _Spin.steps = spin
+    if mode in ("protocol", "spin"):
+        srv = await loop.create_server(_Forward if mode == "protocol" else _Spin, "127.0.0.1", 0)
     else:
         writers: list[asyncio.StreamWriter] = []
 
@@ -92,9 +112,9 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _measure(mode: str, samples: int, rate: float) -> tuple[float, float, float]:
+def _measure(mode: str, samples: int, rate: float, spin: int) -> tuple[float, float, float]:
     """p50 and p99 in µs, and the server's CPU per event in µs."""
-    cmd = [sys.executable, __file__, "--serve", mode]
+    cmd = [sys.executable, __file__, "--serve", mode, "--spin", str(spin)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -138,16 +158,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=3000)
     ap.add_argument("--rate", type=float, default=1000.0, help="events per second (the suite's: 1000)")
+    ap.add_argument("--spin", type=int, default=1500, help="the spin mode's additions per event")
     args = ap.parse_args()
     if args.serve:
         import uvloop
 
-        uvloop.run(_serve(args.serve))
+        uvloop.run(_serve(args.serve, args.spin))
         return
     rows: dict[str, list[tuple[float, float, float]]] = {}
     for r in range(args.rounds):
         for mode in args.modes.split(","):
-            p50, p99, cpu = _measure(mode, args.samples, args.rate)
+            p50, p99, cpu = _measure(mode, args.samples, args.rate, args.spin)
             rows.setdefault(mode, []).append((p50, p99, cpu))
             print(
                 f"round {r} {mode:<9} p50 {p50:6.0f} p99 {p99:7.0f} µs  server CPU {cpu:6.1f} µs/event  "
