@@ -14,6 +14,9 @@ Write (publishes each row; ``channel`` and ``payload`` columns, optional ``conte
 The schema is the log's record schema, :data:`hubbub.log.records.SPARK_DDL` (docs/pipeline.md). There is
 no ``pushFilters``: ranges are options (``startSeq``, ``endSeq``, ``startTime``, ``endTime``,
 ``startingOffsets``). Options are documented in docs/pipeline.md.
+
+The class Spark knows the format by, :class:`HubbubDataSource`, is :mod:`hubbub.pipeline.entry`'s (which
+PySpark imports in every session) and re-exported here; this module has its readers.
 """
 
 from __future__ import annotations
@@ -26,14 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    DataSourceStreamReader,
-    DataSourceStreamWriter,
-    DataSourceWriter,
-    InputPartition,
-)
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -47,23 +43,16 @@ from hubbub.errors import DataLossError, PipelineError  # DataLossError: also im
 from hubbub.log import ChannelInfo, LogStore
 from hubbub.log.records import RECORD_SCHEMA, SPARK_DDL
 from hubbub.pipeline.arrow import batch_from_columns
+from hubbub.pipeline.entry import HubbubDataSource
 from hubbub.pipeline.options import (
     DEFAULT_RETRIES,
     DEFAULT_RETRY_INTERVAL_MS,
     SOURCE_OPTIONS,
     Offsets,
     Scope,
-    check_known,
     parse_options,
 )
-from hubbub.pipeline.sink import (
-    SOURCE_HEADER,
-    WRITE_OPTIONS,
-    HubbubStreamWriter,
-    HubbubWriter,
-    PublishCommit,
-    position_key,
-)
+from hubbub.pipeline.sink import SOURCE_HEADER, WRITE_OPTIONS, PublishCommit, position_key
 from hubbub.pipeline.sources import LogSource, StoreSource, open_source
 
 log = logging.getLogger("hubbub.pipeline")
@@ -359,47 +348,18 @@ def _warn_skipped(channel: str, lo: int, hi: int, why: str) -> None:
         )
 
 
-class HubbubDataSource(DataSource):  # type: ignore[misc]
-    """``format("hubbub")``: see the module docstring."""
-
-    def __init__(self, options: dict[str, str]) -> None:
-        # Spark creates the source at load() (without .schema(...)) and at save(): refuse an unknown option,
-        # or a value no option of that name takes, there, not once the query runs.
-        check_known(options)
-        super().__init__(options)
-
-    @classmethod
-    def name(cls) -> str:
-        return "hubbub"
-
-    def schema(self) -> str:
-        return SPARK_DDL
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        check_schema(schema)
-        return HubbubBatchReader(_Options.parse(self.options, "batch"))
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        check_schema(schema)
-        return HubbubStreamReader(_Options.parse(self.options, "stream"))
-
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        _appends_only(overwrite, 'mode("overwrite")', 'mode("append")')
-        return HubbubWriter(dict(self.options), schema)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        _appends_only(overwrite, 'outputMode("complete")', 'outputMode("append")')
-        return HubbubStreamWriter(dict(self.options), schema)
+def batch_reader(options: Mapping[str, str], schema: StructType) -> HubbubBatchReader:
+    """The batch reader of a source of ``options`` (:meth:`HubbubDataSource.reader`), once ``schema`` is
+    found to be the record schema."""
+    check_schema(schema)
+    return HubbubBatchReader(_Options.parse(options, "batch"))
 
 
-def _appends_only(overwrite: bool, asked: str, use: str) -> None:
-    """The sink appends to the log: a write that would replace what the target holds is refused (Spark
-    refuses the other save modes, ignore and error, itself)."""
-    if overwrite:
-        raise PipelineError(
-            f"hubbub sink: {asked} would replace what the server holds, and a log is only appended to; "
-            f"use {use} (rows already published are acknowledged as duplicates, not appended again)"
-        )
+def stream_reader(options: Mapping[str, str], schema: StructType) -> HubbubStreamReader:
+    """The streaming reader of a source of ``options`` (:meth:`HubbubDataSource.streamReader`), once
+    ``schema`` is found to be the record schema."""
+    check_schema(schema)
+    return HubbubStreamReader(_Options.parse(options, "stream"))
 
 
 class HubbubBatchReader(DataSourceReader):  # type: ignore[misc]
