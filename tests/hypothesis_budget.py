@@ -46,5 +46,7 @@ def load() -> None:
 def examples(weight: int) -> int:
     """The ``max_examples`` of a test of ``weight`` (its budget in hypothesis's default of 100) under the
     loaded profile, never under :data:`FLOOR`."""
-    scale = settings.default.max_examples / BASE
+    loaded = settings.default
+    assert loaded is not None, "load() loads a profile before any test module is imported"
+    scale = loaded.max_examples / BASE
     return max(FLOOR, round(weight * scale))

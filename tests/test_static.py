@@ -179,6 +179,8 @@ def test_transports_import_only_the_core_api_and_its_seams() -> None:
     offenders: list[str] = []
     for path in sorted((ROOT / "src" / "hubbub" / "transports").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
             names = []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
@@ -224,6 +226,8 @@ def test_transports_use_a_dialect_through_its_public_module_only() -> None:
     offenders: list[str] = []
     for path in sorted((ROOT / "src" / "hubbub" / "transports").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
             names: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 if node.module == "hubbub.dialects":

@@ -59,12 +59,12 @@ def test_missing_peers_are_skipped_with_the_install_command_when_not_root(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import procs
+    import procs  # type: ignore[import-not-found]  # bench/ is on sys.path at run time only
 
     monkeypatch.setattr(procs, "available", lambda peer: None)
-    monkeypatch.setattr(procs.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     ran: list[object] = []
-    monkeypatch.setattr(procs.subprocess, "run", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: ran.append(a))
     why = procs.install_peers(["nats", "redis"], print)
     assert why == "not installed (apt-get install nats-server redis-server)"
     assert ran == []  # never asks for a password or runs apt-get as another user
@@ -75,13 +75,13 @@ def test_installed_peers_need_no_install(monkeypatch: pytest.MonkeyPatch) -> Non
     import procs
 
     monkeypatch.setattr(procs, "available", lambda peer: f"/usr/sbin/{procs.BINARIES[peer]}")
-    monkeypatch.setattr(procs.subprocess, "run", lambda *a, **k: pytest.fail("apt-get ran"))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("apt-get ran"))
     assert procs.install_peers(["nats", "mosquitto", "redis"], print) is None
 
 
 def test_cpu_model_names_a_generic_virtual_cpu_by_its_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import suite
+    import suite  # type: ignore[import-not-found]  # bench/ is on sys.path at run time only
 
     info = (
         "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 167\n"
@@ -144,7 +144,7 @@ def test_workers_bench_gives_rates_and_cpu_per_event_of_every_process() -> None:
     its worker processes (each spent some starting: more than the parent alone)."""
     sys.path.insert(0, str(ROOT / "bench"))
     import procs
-    import workers_bench
+    import workers_bench  # type: ignore[import-not-found]  # bench/ is on sys.path at run time only
 
     rows = workers_bench.run([2], subs=2, pubs=1, count=300, duration=5.0, size=16)
     assert [r["scenario"] for r in rows] == ["fanout", "persist-ack", "persist-e2e"]

@@ -141,8 +141,13 @@ def test_page_check_fails_on_each_kind_of_error(
     page: BrowserPage, static_site: StaticSite, script: str, message: str
 ) -> None:
     page.open(static_site.add("/broken.html", f"<!doctype html><title>b</title><script>{script}</script>"))
+
+    def reported() -> bool:
+        page.check()  # raises ConsoleErrorsError once the page's error has arrived
+        return False
+
     with pytest.raises(ConsoleErrorsError) as caught:
-        page.wait(lambda: page.check() is not None, "an error to be reported", timeout=5)
+        page.wait(reported, "an error to be reported", timeout=5)
     assert message in str(caught.value)
     page.check()  # reported once: the test itself passes
 

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -233,8 +234,10 @@ def test_a_native_publish_shows_in_the_live_tail_within_a_second(
             )
             seq = str(i + 1)
             page.wait(
-                lambda seq=seq: page.js(
-                    "return document.querySelector('#tail-events li[data-seq=\"' + arguments[0] + '\"]')", seq
+                partial(
+                    page.js,
+                    "return document.querySelector('#tail-events li[data-seq=\"' + arguments[0] + '\"]')",
+                    seq,
                 ),
                 f"event {seq} in the tail",
                 timeout=1.0,

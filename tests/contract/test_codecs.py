@@ -31,7 +31,8 @@ from hubbub.errors import CODES, HubbubError
 class StreamDecoder(Protocol):
     """What a stream case's decoder offers: ``feed`` returns decoded items and errors in order."""
 
-    failed: bool
+    @property
+    def failed(self) -> bool: ...
 
     @property
     def buffered(self) -> int: ...
@@ -117,7 +118,7 @@ def _json_sized(n: int) -> bytes:
 def _mp_sized(n: int) -> bytes:
     # Grow the text until the packed size hits n exactly (str headers change size at 32/256/65536).
     for k in range(max(0, n - 64), n + 1):
-        data = msgpack.packb({"op": "publish", "id": 1, "channel": "/a", "payload": "x" * k})
+        data: bytes = msgpack.packb({"op": "publish", "id": 1, "channel": "/a", "payload": "x" * k})
         if len(data) == n:
             return data
     raise AssertionError(f"cannot build a msgpack message of {n} bytes")

@@ -50,7 +50,7 @@ def store(factory: Factory) -> LogStore:
 
 
 def spec(name: str = "c", pattern: str = "/a/**", **kw: object) -> ConsumerSpec:
-    return ConsumerSpec(name, pattern, **kw)  # type: ignore[arg-type]
+    return ConsumerSpec(name, pattern, **kw)  # type: ignore[arg-type]  # kw: ConsumerSpec's own fields
 
 
 def items(store: LogStore, cid: int) -> list[tuple[int, str, int, bytes]]:

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from hubbub.errors import StorageError
-from hubbub.log import LogStore, SqliteLogStore
+from hubbub.log import LogStore, RetentionPolicy, SqliteLogStore
 from hubbub.log.postgres import SCHEMA_VERSION, PostgresLogStore
 from hubbub.log.routes import RouteRecord, delete_route, put_route, route_ns, route_records
 from hubbub.workers.owner import LogOwner
@@ -29,10 +29,10 @@ class _Factory(Factory):
     def __init__(self, engine: str, tmp_path: Path, pg_url: str = "") -> None:
         super().__init__("sqlite-commit" if engine == "worker" else engine, tmp_path, pg_url)
         self.worker = engine == "worker"
-        self._closers: list[object] = []
+        self._closers: list[RemoteLogStore | LogOwner | socket.socket] = []
 
-    def open(self, *args: object, **kwargs: object) -> LogStore:
-        store = super().open(*args, **kwargs)  # type: ignore[arg-type]
+    def open(self, retention: RetentionPolicy | None = None, idem_window_s: float | None = None) -> LogStore:
+        store = super().open(retention, idem_window_s)
         if not self.worker:
             return store
         owner = LogOwner(store, str(self.path))
@@ -52,7 +52,7 @@ class _Factory(Factory):
 
     def close_all(self) -> None:
         for c in self._closers:
-            c.close()  # type: ignore[attr-defined]
+            c.close()
         super().close_all()
 
 

@@ -15,8 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from hubbub.errors import PipelineError
 from hubbub.pipeline import jobs
-from hubbub.pipeline.archive_dir import LOCK_FILE
+from hubbub.pipeline.archive_dir import LOCK_FILE, STATE_FILE
 from hubbub.pipeline.arrow import ARROW_SCHEMA
 
 from .conftest import jvm_conf_args, spark_env
@@ -43,7 +44,7 @@ def archive_dir(tmp_path: Path, days: list[str]) -> Path:
         part = out / "data" / "root=a" / f"date={day}"
         part.mkdir(parents=True)
         (part / "part-0.parquet").write_bytes(b"")
-    (out / jobs.STATE_FILE).write_text(json.dumps({"version": 2, "positions": {}, "pending": None}))
+    (out / STATE_FILE).write_text(json.dumps({"version": 2, "positions": {}, "pending": None}))
     return out
 
 
@@ -92,11 +93,11 @@ def test_runs_on_one_out_directory_take_turns(tmp_path: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, b"archive, pid 4242 on elsewhere, since 2026-01-01T00:00:00Z\n")
-        with pytest.raises(jobs.PipelineError, match=r"in use by another run \(archive, pid 4242"):
+        with pytest.raises(PipelineError, match=r"in use by another run \(archive, pid 4242"):
             jobs.retention(str(out), 30)
         # The archive job is refused before it opens Spark or the source (no session is needed to see it).
-        with pytest.raises(jobs.PipelineError, match="in use by another run"):
-            jobs.archive(None, "sqlite:///nowhere.db", str(out))  # type: ignore[arg-type]
+        with pytest.raises(PipelineError, match="in use by another run"):
+            jobs.archive(None, "sqlite:///nowhere.db", str(out))
         r = pipeline("retention", "--out", str(out), "--days", "30")
         assert r.returncode == 1 and "in use by another run (archive, pid 4242" in r.stderr
         assert (out / "data" / "root=a" / "date=2000-01-01").is_dir()
@@ -106,7 +107,7 @@ def test_runs_on_one_out_directory_take_turns(tmp_path: Path) -> None:
 
 
 def test_audit_exits_1_when_it_finds_gaps_or_duplicates(tmp_path: Path) -> None:
-    rows = [
+    rows: list[dict[str, object]] = [
         {
             "channel": "/a",
             "seq": seq,

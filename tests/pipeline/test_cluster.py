@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyspark
@@ -36,11 +36,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(check: object, timeout: float, what: str) -> None:
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if check():  # type: ignore[operator]
+            if check():
                 return
         except OSError:
             pass
@@ -65,7 +65,12 @@ def cluster(tmp_path: Path) -> Iterator[str]:
                 env=env, stdout=logs[0], stderr=subprocess.STDOUT,
             )
         )  # fmt: skip
-        wait_for(lambda: socket.create_connection(("127.0.0.1", port), 1).close() is None, 60, "master")
+
+        def master_listens() -> bool:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return True
+
+        wait_for(master_listens, 60, "master")
         procs.append(
             subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
@@ -111,7 +116,8 @@ def hubbub_pipeline(*args: str) -> dict[str, object]:
         env=env, capture_output=True, timeout=240, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr.decode()[-3000:]
-    return json.loads(r.stdout.decode().strip().splitlines()[-1])  # type: ignore[no-any-return]
+    out: dict[str, object] = json.loads(r.stdout.decode().strip().splitlines()[-1])
+    return out
 
 
 # Two jobs (archive, backfill), each starting an application on the standalone cluster (a JVM driver and an

@@ -14,12 +14,13 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from hubbub.client import Client
 from hubbub.pipeline import jobs
+from hubbub.pipeline.archive_dir import STATE_FILE
 from hubbub.pipeline.datasource import SOURCE_HEADER
 from hubbub.pipeline.sources import PipelineError
 from tests.integration.serverproc import ServerProcess
@@ -47,7 +48,7 @@ def test_archive_stats_audit_export_compact_retention(
     assert jobs.archive(spark, store, str(out))["events"] == 0  # idempotent
     publish(url, {"/chat/a": 7, "/new": 3}, start=60)
     assert jobs.archive(spark, store, str(out))["events"] == 10  # incremental
-    state = json.loads((out / jobs.STATE_FILE).read_text())["positions"]
+    state = json.loads((out / STATE_FILE).read_text())["positions"]
     # One position per (channel, epoch): channel -> {epoch: last archived seq}.
     assert {k: list(v.values()) for k, v in state.items()} == {
         "/chat/a": [67],
@@ -111,8 +112,14 @@ def wait_idempotency_window(url: str, timeout: float = 30.0) -> None:
     commit, and every earlier event was committed before the probe's first one)."""
     deadline = time.monotonic() + timeout
     with Client.connect(url) as c:
-        assert not c.publish("/probe", b"p", idem="window-probe").duplicate
-        while c.publish("/probe", b"p", idem="window-probe").duplicate:
+
+        def duplicate() -> bool:
+            ack = c.publish("/probe", b"p", idem="window-probe")
+            assert ack is not None
+            return ack.duplicate
+
+        assert not duplicate()
+        while duplicate():
             assert time.monotonic() < deadline, "the idempotency window did not pass"
             time.sleep(0.02)  # poll the condition; it is the server that decides
 
@@ -180,7 +187,12 @@ def test_backfill_publishes_each_channel_in_order_from_files_out_of_order(
         monkeypatch.setattr(jobs, "ONE_TASK_BYTES", 0)
     decided: list[bool] = []
     real = jobs._one_task
-    monkeypatch.setattr(jobs, "_one_task", lambda df: decided.append(real(df)) or decided[-1])
+
+    def recording(df: DataFrame) -> bool:
+        decided.append(real(df))
+        return decided[-1]
+
+    monkeypatch.setattr(jobs, "_one_task", recording)
     url = http_url(server)
     inp = tmp_path / "export"
     # /o/a's older epoch is "zz" (times 1..40), its newer one "aa" (times 1000..1009).
@@ -245,7 +257,7 @@ def test_archive_trim_trims_the_hot_log_to_the_archived_position(
     out = tmp_path / "archive"
     with pytest.raises(PipelineError, match="needs the server stopped"):
         jobs.archive(spark, store, str(out), trim=True)  # the server has its store open for writing
-    assert not (out / jobs.STATE_FILE).exists()
+    assert not (out / STATE_FILE).exists()
 
     first = jobs.archive(spark, url, str(out), channels="/hot/**", trim=True)
     assert first["events"] == 50 and first["trimmed"] == 2 and first["trim_skipped"] == []

@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from hubbub.client import Client
 from hubbub.log import SqliteLogStore
 from hubbub.pipeline import jobs
+from hubbub.pipeline.archive_dir import STATE_FILE
 from hubbub.pipeline.sources import PipelineError
 from tests.integration.serverproc import ServerProcess
 
@@ -54,7 +55,7 @@ def test_archive_keeps_positions_per_epoch_and_archives_retired_epochs_once(
     second = jobs.archive(spark, url, str(out))
     assert (second["events"], second["channels"], second["epochs"]) == (7, 1, 2)
     assert jobs.archive(spark, url, str(out))["events"] == 0  # idempotent
-    state = json.loads((out / jobs.STATE_FILE).read_text())
+    state = json.loads((out / STATE_FILE).read_text())
     assert state["version"] == 2
     assert state["positions"] == {"/a": {a0: 14, a1: 3}, "/b": {b0: 5}}
     want = keys(st, "/a") + keys(st, "/b")
@@ -71,10 +72,10 @@ def test_archive_keeps_positions_per_epoch_and_archives_retired_epochs_once(
     # --trim with --store opens the store as its writer: refused while something (the server) has it open,
     # before any work.
     fill(st, {"/a": 2})
-    before = (out / jobs.STATE_FILE).read_text()
+    before = (out / STATE_FILE).read_text()
     with pytest.raises(PipelineError, match="needs the server stopped"):
         jobs.archive(spark, url, str(out), trim=True)
-    assert (out / jobs.STATE_FILE).read_text() == before
+    assert (out / STATE_FILE).read_text() == before
     st.close()
 
     done = jobs.archive(spark, url, str(out), trim=True)
@@ -86,14 +87,14 @@ def test_archive_keeps_positions_per_epoch_and_archives_retired_epochs_once(
         assert (head.epoch, head.first, head.top) == (a1, 6, 5)
         # The epochs without events are forgotten on the next run; /a's current epoch goes on from seq 6.
         assert jobs.archive(spark, url, str(out))["events"] == 0
-        positions = json.loads((out / jobs.STATE_FILE).read_text())["positions"]
+        positions = json.loads((out / STATE_FILE).read_text())["positions"]
         assert positions == {}
         fill(st, {"/a": 2})
         assert jobs.archive(spark, url, str(out))["events"] == 2
-        assert json.loads((out / jobs.STATE_FILE).read_text())["positions"] == {"/a": {a1: 7}}
-        got = archived_keys(spark, out)
-        assert len(got) == len(set(got)) == 26
-        assert [k for k in got if k[1] == a1] == [("/a", a1, s) for s in range(1, 8)]
+        assert json.loads((out / STATE_FILE).read_text())["positions"] == {"/a": {a1: 7}}
+        archived = archived_keys(spark, out)
+        assert len(archived) == len(set(archived)) == 26
+        assert [k for k in archived if k[1] == a1] == [("/a", a1, s) for s in range(1, 8)]
     finally:
         st.close()
 
@@ -112,9 +113,9 @@ def test_archive_reads_a_state_file_of_version_1(spark: SparkSession, tmp_path: 
     out = tmp_path / "archive"
     out.mkdir()
     state = {"version": 1, "positions": {"/a": {"epoch": a, "seq": 6}}, "pending": None}
-    (out / jobs.STATE_FILE).write_text(json.dumps(state))
+    (out / STATE_FILE).write_text(json.dumps(state))
     assert jobs.archive(spark, url, str(out))["events"] == 4 + 4
-    saved = json.loads((out / jobs.STATE_FILE).read_text())
+    saved = json.loads((out / STATE_FILE).read_text())
     assert saved["version"] == 2 and saved["positions"] == {"/a": {a: 10}, "/b": {b: 4}}
 
     out2 = tmp_path / "archive2"
@@ -124,7 +125,7 @@ def test_archive_reads_a_state_file_of_version_1(spark: SparkSession, tmp_path: 
         "positions": {"/a": {"epoch": a, "seq": 8}, "/b": {"epoch": "gone0000", "seq": 9}},
     }
     state = {"version": 1, "positions": {}, "pending": pending}
-    (out2 / jobs.STATE_FILE).write_text(json.dumps(state))
+    (out2 / STATE_FILE).write_text(json.dumps(state))
     res = jobs.archive(spark, url, str(out2))
     assert res["events"] == 2 + 4  # /a after the pending run's 8; /b's epoch is not the one recorded
     assert sorted((k[0], k[2]) for k in archived_keys(spark, out2)) == [
@@ -133,7 +134,7 @@ def test_archive_reads_a_state_file_of_version_1(spark: SparkSession, tmp_path: 
         *[("/b", s) for s in range(1, 5)],
     ]
 
-    (out2 / jobs.STATE_FILE).write_text(json.dumps({"version": 3, "positions": {}, "pending": None}))
+    (out2 / STATE_FILE).write_text(json.dumps({"version": 3, "positions": {}, "pending": None}))
     with pytest.raises(PipelineError, match="state version 3"):
         jobs.archive(spark, url, str(out2))
 
@@ -180,7 +181,7 @@ def test_archive_through_the_server_trims_retired_epochs_too(spark: SparkSession
         # there: nothing changes), so its unarchived 11..15 stay.
         second = jobs.archive(spark, http_url(server), str(out), trim=True)
         assert second["events"] == 2 and second["trimmed"] == 2 and second["trim_skipped"] == []
-        new = json.loads((out / jobs.STATE_FILE).read_text())["positions"]["/h"]
+        new = json.loads((out / STATE_FILE).read_text())["positions"]["/h"]
         assert new[old] == 10 and len(new) == 2
         (cur,) = set(new) - {old}
         assert retired() == [(old, 11, 15)]
@@ -197,7 +198,7 @@ def test_archive_through_the_server_trims_retired_epochs_too(spark: SparkSession
         # current epoch, trimmed to nothing, is not listed and was forgotten by the store run); its next trim
         # finds the epoch gone (409), reports it once and forgets its position.
         def state() -> Any:
-            return json.loads((out / jobs.STATE_FILE).read_text())["positions"]
+            return json.loads((out / STATE_FILE).read_text())["positions"]
 
         assert state() == {"/h": {old: 15}}
         fifth = jobs.archive(spark, http_url(server), str(out), trim=True)
@@ -208,7 +209,7 @@ def test_archive_through_the_server_trims_retired_epochs_too(spark: SparkSession
         assert jobs.archive(spark, store_url(server), str(out))["positions"] == 0
         with Client.connect(http_url(server)) as c:
             pos = c.publish("/h", b"b2")  # the current epoch goes on after its trimmed seqs
-        assert (pos.seq, pos.epoch) == (3, cur)
+        assert pos is not None and (pos.seq, pos.epoch) == (3, cur)
     finally:
         server.terminate()
     got = spark.read.parquet(str(out / "data")).select("epoch", "seq", "payload").collect()
@@ -240,4 +241,4 @@ def test_archive_trim_from_a_store_refuses_positions_beyond_the_top(
     path.write_bytes(backup.read_bytes())  # the log goes back to /a's seq 10
     with pytest.raises(PipelineError, match=rf"/a epoch {epoch}: .* up to seq 15, beyond the top"):
         jobs.archive(spark, url, str(out), trim=True)
-    assert json.loads((out / jobs.STATE_FILE).read_text())["positions"]["/a"] == {epoch: 15}
+    assert json.loads((out / STATE_FILE).read_text())["positions"]["/a"] == {epoch: 15}

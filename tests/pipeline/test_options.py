@@ -17,6 +17,7 @@ from hubbub.pipeline.options import (
     SINK_OPTIONS,
     SOURCE_OPTIONS,
     Option,
+    Scope,
     check_known,
     names_of,
     parse_options,
@@ -110,7 +111,7 @@ def test_the_values_that_were_read_as_something_else_are_refused() -> None:
 
 def test_options_of_the_other_kind_of_read_and_inconsistent_ones_are_refused() -> None:
     url = "sqlite:///x.db"
-    for options, scope, message in [
+    cases: list[tuple[dict[str, str], Scope, str]] = [
         ({"endTime": "5"}, "stream", "option endTime is for batch reads only"),
         ({"endingOffsets": POS}, "stream", "option endingOffsets is for batch reads only"),
         ({"startSeq": "5"}, "stream", "option startSeq is for batch reads only"),
@@ -126,9 +127,10 @@ def test_options_of_the_other_kind_of_read_and_inconsistent_ones_are_refused() -
         ),
         ({"maxEventsPerTrigger": "5", "maxOffsetsPerTrigger": "5"}, "stream", "(the same option), not both"),
         ({"store": "sqlite:///y.db"}, "batch", "set url or store (the same option), not both"),
-    ]:
+    ]
+    for options, scope, message in cases:
         with pytest.raises(PipelineError, match=re.escape(message)):
-            _Options.parse({"url": url, **options}, scope)  # type: ignore[arg-type]
+            _Options.parse({"url": url, **options}, scope)
     # What each kind of read does take.
     o = _Options.parse({"url": url, "startingOffsets": POS, "endingOffsets": POS, "endSeq": "3"}, "batch")
     assert (o.starting, o.ending, o.end_seq) == ({"/a": {"e1": 3}}, {"/a": {"e1": 3}}, 3)

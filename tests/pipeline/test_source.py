@@ -271,7 +271,8 @@ def test_unknown_options_and_a_different_schema_are_refused(
         r = spark.read.format("hubbub").option("url", url)
         for k, v in options.items():
             r = r.option(k, v)
-        return r.load().count()
+        count: int = r.load().count()
+        return count
 
     with pytest.raises(Exception, match=r"unknown option 'startseqq'; did you mean startSeq\?") as err:
         spark.read.format("hubbub").option("url", url).option("startSeqq", "5").load()  # no action

@@ -46,7 +46,7 @@ def run_once(spark: SparkSession, url: str, out: Path, ckpt: Path, **options: st
     )
     q.awaitTermination(120)
     if q.exception() is not None:
-        raise q.exception()  # type: ignore[misc]
+        raise q.exception()
     return [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
 
 
