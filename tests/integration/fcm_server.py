@@ -77,8 +77,8 @@ class FcmServer:
         await site.start()
         if not self.port:
             server = site._server
-            assert server is not None
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+            assert isinstance(server, asyncio.Server)
+            self.port = server.sockets[0].getsockname()[1]
         return self
 
     async def stop(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -330,7 +331,7 @@ def test_connections_of_every_dialect_are_listed_paged_and_closed(tmp_path: Path
                         "dialect": c["dialect"],
                     }
                 await _closed_ws(ws)
-                await until(lambda sid=c["id"]: gone(sid), "the closed connection gone")
+                await until(functools.partial(gone, c["id"]), "the closed connection gone")
             # MQTT over TCP: its socket ends.
             before = await ids()
             reader, writer = await asyncio.open_connection(HOST, server.ports["mqtt"])
@@ -438,7 +439,7 @@ def test_consumer_backlog_grows_and_shrinks_and_admin_deletes_and_resets(tmp_pat
 
             async def in_flight() -> bool:
                 c = await row()
-                return c["in_flight"] == 7 and c["backlog"] == 7 and c["openers"] == 1
+                return bool(c["in_flight"] == 7 and c["backlog"] == 7 and c["openers"] == 1)
 
             await until(in_flight, "7 in flight")
             # Acknowledged: the backlog empties and the last acknowledgement is set.
@@ -447,7 +448,7 @@ def test_consumer_backlog_grows_and_shrinks_and_admin_deletes_and_resets(tmp_pat
 
             async def drained() -> bool:
                 c = await row()
-                return c["backlog"] == 0 and c["in_flight"] == 0 and c["acked"] == 7
+                return bool(c["backlog"] == 0 and c["in_flight"] == 0 and c["acked"] == 7)
 
             await until(drained, "the backlog acknowledged")
             assert int((await row())["last_ack_ns"]) > 0
@@ -455,7 +456,7 @@ def test_consumer_backlog_grows_and_shrinks_and_admin_deletes_and_resets(tmp_pat
             await publish_many(server, [("/jobs/b", str(i)) for i in range(3)])
 
             async def three() -> bool:
-                return (await row())["backlog"] == 3
+                return bool((await row())["backlog"] == 3)
 
             await until(three, "3 more in the backlog")
             async with http.post(url + "/jobs/reset") as resp:

@@ -144,7 +144,7 @@ async def nothing() -> None:
 
 async def native_ws(http: aiohttp.ClientSession, ports: Ports, encoding: str) -> Published:
     ws = await http.ws_connect(f"ws://{HOST}:{ports.http}/ws/hubbub", protocols=[f"hubbub.v1.{encoding}"])
-    packb: Callable[[Any], bytes] = msgpack.packb  # type: ignore[assignment]
+    packb: Callable[[Any], bytes] = msgpack.packb
 
     async def send(obj: dict[str, Any]) -> None:
         await (ws.send_bytes(packb(obj)) if encoding == "msgpack" else ws.send_str(json.dumps(obj)))
@@ -161,7 +161,7 @@ async def native_ws(http: aiohttp.ClientSession, ports: Ports, encoding: str) ->
     for i in range(N):
         data = body(i).encode() if encoding == "msgpack" else body(i)
         await send({"op": "publish", "id": i + 1, "channel": "/bp", field: data, "ack": True})
-    acked = []
+    acked: list[int] = []
     while len(acked) < N:
         r = await recv()
         assert r["op"] == "reply" and "error" not in r, r
@@ -177,7 +177,7 @@ async def native_tcp(http: aiohttp.ClientSession, ports: Ports) -> Published:
     for i in range(N):
         writer.write(NATIVE_PUBLISH.format(id=i + 1, text=body(i)).encode())
     await writer.drain()
-    acked = []
+    acked: list[int] = []
     while len(acked) < N:
         line = await asyncio.wait_for(reader.readline(), WAIT)
         r = json.loads(line)
@@ -260,7 +260,7 @@ async def qrpc(http: aiohttp.ClientSession, ports: Ports) -> Published:
         m = {"topic": "bp", "value": body(i)}
         writer.write(json.dumps({"v": 1, "id": f"c{i}", "n": "emit", "m": m}).encode() + b"\n")
     await writer.drain()
-    acked = []
+    acked: list[str] = []
     while len(acked) < N:
         r = json.loads(await asyncio.wait_for(reader.readline(), WAIT))
         assert r["s"] == "end" and r["m"]["ok"], r

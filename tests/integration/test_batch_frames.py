@@ -6,6 +6,7 @@ on the reader thread. Either way the batches unpack to exactly the single event 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -112,8 +113,11 @@ def test_a_fan_out_run_is_packed_once_for_every_batching_connection(encoding: nc
             def events_in(sink: Sink) -> int:
                 return sum(f["op"] == "event" for m in sink.sent for f in frames_in(encoding, m))
 
+            def has_all(sink: Sink) -> bool:
+                return events_in(sink) >= n
+
             for s in sinks:
-                await until(s.wrote, lambda s=s: events_in(s) >= n)  # type: ignore[misc]
+                await until(s.wrote, functools.partial(has_all, s))
             assert len(results) == n and all(not c.session.queued for c in conns)
             events = [r.event for r in results if isinstance(r, AppendResult)]
             assert len(events) == n
@@ -177,7 +181,7 @@ def test_submit_many_with_done_many_completes_a_run_in_one_call(fail: bool) -> N
     completions of the submissions around it; a failed commit calls ``done`` per request instead."""
 
     class FailingStore(MemoryLogStore):
-        def append(self, batch: Sequence[AppendRequest]) -> list[AppendResult]:
+        def append(self, batch: Sequence[AppendRequest | AppendRun]) -> list[AppendResult]:
             raise StorageError("disk on fire")
 
     async def main() -> None:

@@ -16,6 +16,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -48,8 +49,9 @@ def http(proc: ServerProcess) -> str:
     return f"http://127.0.0.1:{proc.ports['http']}"
 
 
-def log_of(proc: ServerProcess, channel: str) -> list[dict[str, object]]:
-    out: list[dict[str, object]] = []
+def log_of(proc: ServerProcess, channel: str) -> list[dict[str, Any]]:
+    """The events of ``channel``'s log as the HTTP API answers them (JSON objects)."""
+    out: list[dict[str, Any]] = []
     since = 0
     while True:
         q = urllib.parse.urlencode({"since": since, "limit": 1000})

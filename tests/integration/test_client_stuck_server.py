@@ -38,7 +38,9 @@ async def _server_that_ignores_unsubscribe(seen: list[str]) -> tuple[web.AppRunn
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server = site._server
+    assert isinstance(server, asyncio.Server)
+    port = server.sockets[0].getsockname()[1]
     return runner, port
 
 

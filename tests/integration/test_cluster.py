@@ -264,7 +264,7 @@ def test_broker_and_presence_report_redis_down_together(
         def broker_down() -> bool:
             h = _healthz(a)
             seen.append((h["broker"]["state"], h["presence"]["state"]))
-            return h["broker"]["state"] == "down"
+            return bool(h["broker"]["state"] == "down")
 
         _wait_for(broker_down, "node A to notice Redis is gone")
         # Presence follows the broker's view: never "up" in an answer whose broker is "down" (it said "up" for

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 
 from hubbub.auth import ANONYMOUS
+from hubbub.dialects.guble import GubleConfig
 from hubbub.events import Publisher
 from hubbub.log.base import AppendRequest
 from hubbub.server import Server
@@ -42,8 +43,11 @@ def test_the_default_schedule_is_bounded() -> None:
     policy = RetryPolicy()
     assert policy.next_delay(5, None, 86399.99) is None and policy.next_delay(5, None, 10.0) is not None
     assert policy.delay(0, 0.0) == 1.0 and policy.delay(0, 10**6) == 300.0
-    guble = load_config(cli={"guble.fcm": "true", "guble.fcm_api_key": "k"}, env={}).validate()
-    assert guble.dialects["guble"].fcm_max_retry_s == 86400.0  # type: ignore[attr-defined]
+    guble = (
+        load_config(cli={"guble.fcm": "true", "guble.fcm_api_key": "k"}, env={}).validate().dialects["guble"]
+    )
+    assert isinstance(guble, GubleConfig)
+    assert guble.fcm_max_retry_s == 86400.0
 
 
 def test_an_event_failing_past_its_bound_is_dead_lettered_and_the_rest_goes_on(tmp_path: Path) -> None:

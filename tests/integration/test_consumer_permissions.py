@@ -271,31 +271,31 @@ def test_consumer_permission_matrix(
         expect: list[tuple[int, str]] | None = three  # what the owner's consumer holds afterwards
         if op in ("create", "recreate"):
             made = name + "-new" if op == "create" else name
-            r = await actor.create(made, sub)
-            assert r is None if allowed else r == Refused(actor.forbidden)
+            created = await actor.create(made, sub)
+            assert created is None if allowed else created == Refused(actor.forbidden)
             if op == "create":
                 assert (await holds(admin, made, channel) is not None) is allowed
         elif op in ("open", "ack", "nack"):
-            r = await actor.open(name)
+            opened = await actor.open(name)
             if allowed:
-                assert not isinstance(r, Refused), r
-                batch, items = r
+                assert not isinstance(opened, Refused), opened
+                batch, items = opened
                 assert items == three
                 if op != "open":
                     assert await actor.settle(name, batch, nack=op == "nack") is None
                     expect = [] if op == "ack" else three
                 await actor.release(name)
             else:
-                assert r == Refused(actor.forbidden)
+                assert opened == Refused(actor.forbidden)
                 # Not holding it, no batch number settles anything (the owner's first batch is 1).
                 assert await actor.settle(name, 1, nack=op == "nack") == Refused(actor.not_held)
         else:
-            r = await actor.delete(name, op)
+            deleted = await actor.delete(name, op)
             if allowed:
-                assert r is True
+                assert deleted is True
                 expect = None
             else:
-                assert r == Refused(actor.forbidden)
+                assert deleted == Refused(actor.forbidden)
         await actor.close()
         assert await holds(admin, name, channel) == expect
         await admin.close()

@@ -150,6 +150,8 @@ def test_another_sites_page_cannot_open_an_anonymous_websocket_on_any_route(
 
     async def body() -> None:
         async with serve(tmp_path) as (server, http, base):
+            node = server.node
+            assert node is not None
             for dialect in ROUTES:
                 for headers in CROSS_SITE:
                     if dialect in ANY_ORIGIN:
@@ -157,10 +159,10 @@ def test_another_sites_page_cannot_open_an_anonymous_websocket_on_any_route(
                         continue
                     text = await refused(http, base, dialect, headers)
                     assert "cors_origin" in text and headers["Origin"] in text, text
-                    assert not server.node.sessions
+                    assert not node.sessions
             warned = [r for r in caplog.records if r.name == "hubbub.transports.cross_site"]
             assert all(r.levelno == logging.WARNING and "cors_origin" in r.getMessage() for r in warned)
-            assert sorted(r.origin for r in warned) == sorted(h["Origin"] for h in CROSS_SITE[1:])  # type: ignore[attr-defined]
+            assert sorted(r.__dict__["origin"] for r in warned) == sorted(h["Origin"] for h in CROSS_SITE[1:])
 
             own = {"Origin": base}
             for dialect in ROUTES:

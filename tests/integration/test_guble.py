@@ -22,6 +22,7 @@ from hubbub.server import Server
 from hubbub.server_config import load_config
 from hubbub.transports.guble import GubleConnection, GubleHub, GubleSettings
 from hubbub.transports.http import HttpSettings
+from hubbub.transports.lifetime import Lifetime
 
 from ..unit.test_guble_fetch import every, fetched, guble_fetch
 
@@ -317,7 +318,7 @@ def test_slow_consumer_catches_up_from_the_log(tmp_path: Path) -> None:
 
                 conn = GubleConnection(hub, "slow", send, close)
                 held: list[int] = []  # events published before the catch-up's subscription held
-                async with asyncio.TaskGroup() as group:
+                async with Lifetime() as group:
                     conn.start(group)
                     await conn.handle(hub.codec.decode("+ /q"))
                     for i in range(n_stalled):
@@ -388,7 +389,7 @@ def test_catch_up_after_a_fetch_sends_its_unwritten_events_again(tmp_path: Path)
                 last.set()
 
             conn = GubleConnection(hub, "slow", send, close)
-            async with asyncio.TaskGroup() as group:
+            async with Lifetime() as group:
                 conn.start(group)
                 await conn.handle(hub.codec.decode("+ /q 0"))
                 rec = conn.receivers["/q"]

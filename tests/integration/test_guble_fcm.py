@@ -16,6 +16,7 @@ import pytest
 
 from hubbub.auth import ANONYMOUS
 from hubbub.config import ConfigError
+from hubbub.dialects.guble import GubleConfig
 from hubbub.events import Publisher
 from hubbub.log.base import AppendRequest
 from hubbub.server import Server
@@ -173,11 +174,13 @@ def test_fcm_configuration_is_checked() -> None:
     the subscriptions (kept with the log)."""
     cfg = load_config(cli={"--fcm": "true", "--fcm-api-key": "k", "--fcm-workers": "3"}, env={}).validate()
     guble = cfg.dialects["guble"]
-    assert (guble.fcm, str(guble.fcm_api_key), guble.fcm_workers) == (True, "k", 3)  # type: ignore[attr-defined]
-    assert repr(guble.fcm_api_key) == "'***'"  # type: ignore[attr-defined]
+    assert isinstance(guble, GubleConfig)
+    assert (guble.fcm, str(guble.fcm_api_key), guble.fcm_workers) == (True, "k", 3)
+    assert repr(guble.fcm_api_key) == "'***'"
     env = {"GUBLE_FCM": "true", "GUBLE_FCM_API_KEY": "k2", "GUBLE_FCM_PREFIX": "/push/"}
     guble = load_config(cli={}, env=env).validate().dialects["guble"]
-    assert (str(guble.fcm_api_key), guble.fcm_prefix) == ("k2", "/push/")  # type: ignore[attr-defined]
+    assert isinstance(guble, GubleConfig)
+    assert (str(guble.fcm_api_key), guble.fcm_prefix) == ("k2", "/push/")
     with pytest.raises(ConfigError, match=r"guble\.fcm needs guble\.fcm_api_key"):
         load_config(cli={"guble.fcm": "true"}, env={}).validate()
     for section in ("fcm", "apns"):

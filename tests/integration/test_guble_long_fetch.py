@@ -122,7 +122,7 @@ def test_a_fetch_reads_its_events_once(backlog: tuple[Path, list[Event]]) -> Non
                 rows.append(len(page.events))
                 return page
 
-            store.read_log = counting  # type: ignore[method-assign]
+            store.read_log = counting  # type: ignore[method-assign]  # a test double
             ws, _ = await connect(http, f"127.0.0.1:{server.ports['http']}", "f")
             await ws.send_str("+ /p 0 0")  # a fetch without a subscription
             got = ids(await block(ws, "/p"))

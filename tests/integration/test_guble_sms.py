@@ -14,6 +14,7 @@ import orjson
 from aiohttp import web
 
 from hubbub.auth import ANONYMOUS
+from hubbub.dialects.guble import GubleConfig
 from hubbub.events import Publisher
 from hubbub.log.base import AppendRequest
 from hubbub.server import Server
@@ -39,8 +40,8 @@ class Vonage:
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        assert isinstance(server, asyncio.Server)
+        self.port = server.sockets[0].getsockname()[1]
         return self
 
     async def stop(self) -> None:
@@ -135,4 +136,5 @@ def test_guble_switches_are_given_alone() -> None:
     cli |= {"guble.sms_api_key": "k", "guble.sms_api_secret": "s"}
     cfg = load_config(cli=cli, env={})
     guble = cfg.dialects["guble"]
-    assert (guble.sms, guble.apns_production, guble.fcm) == (True, True, False)  # type: ignore[attr-defined]
+    assert isinstance(guble, GubleConfig)
+    assert (guble.sms, guble.apns_production, guble.fcm) == (True, True, False)

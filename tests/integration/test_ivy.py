@@ -390,6 +390,7 @@ def test_keepalive_pings_and_read_timeout(tmp_path: Path) -> None:
             async with ivy_ws(http, addr, autoping=False) as (silent, _):
                 msg = await silent.receive(timeout=WAIT)
                 assert msg.type == aiohttp.WSMsgType.PING
+                msg = await silent.receive(timeout=WAIT)
                 while msg.type != aiohttp.WSMsgType.CLOSE:
                     msg = await silent.receive(timeout=WAIT)
                 assert msg.data == 1001

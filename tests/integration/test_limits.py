@@ -96,9 +96,9 @@ def test_max_subscriptions(tmp_path: Path) -> None:
             msg = await ivy.receive()
             assert (msg.type, msg.data) == (aiohttp.WSMsgType.CLOSE, 1008)
 
-            r = await refusals(srv, http)
+            counts = await refusals(srv, http)
             for dialect in ("native", "guble", "ivy"):
-                assert r[("max_subscriptions", dialect)] == 1, r
+                assert counts[("max_subscriptions", dialect)] == 1, counts
             await nat.close()
             await gub.close()
 
@@ -181,9 +181,12 @@ def test_publish_rate(tmp_path: Path) -> None:
             msg = await ivy.receive()
             assert (msg.type, msg.data) == (aiohttp.WSMsgType.CLOSE, 1008)
 
-            r = await refusals(srv, http)
+            counts = await refusals(srv, http)
             for dialect in ("native", "guble", "ivy"):
-                assert r[("publish_rate", dialect)] == 1, (dialect, {k: v for k, v in r.items() if v})
+                assert counts[("publish_rate", dialect)] == 1, (
+                    dialect,
+                    {k: v for k, v in counts.items() if v},
+                )
             await nat.close()
             await gub.close()
 
@@ -210,9 +213,9 @@ def test_connections_per_ip_and_total(tmp_path: Path) -> None:
             assert err["code"] == 4009 and await reader.read() == b""
             writer.close()
             await b.close()
-            r = await refusals(srv, http)
-            assert r[("max_connections_per_ip", "http")] == 4, r
-            assert r[("max_connections_per_ip", "native")] == 1, r  # TCP
+            counts = await refusals(srv, http)
+            assert counts[("max_connections_per_ip", "http")] == 4, counts
+            assert counts[("max_connections_per_ip", "native")] == 1, counts  # TCP
             # A connection that ended frees its place (the scrape's socket, kept alive, holds the other).
             await http.close()
             async with aiohttp.ClientSession() as fresh:
@@ -225,8 +228,8 @@ def test_connections_per_ip_and_total(tmp_path: Path) -> None:
             async with http.get(f"http://127.0.0.1:{srv.ports['http']}/healthz") as r:
                 assert r.status == 503
             await a.close()
-            r = await refusals(srv, http)
-            assert r[("max_connections", "http")] == 1, r
+            counts = await refusals(srv, http)
+            assert counts[("max_connections", "http")] == 1, counts
 
     asyncio.run(main())
 
@@ -260,10 +263,10 @@ def test_max_frame_counted(tmp_path: Path) -> None:
                 assert r.status == 413
             async with http.post(base + "/events/i", data={"data": big}) as r:
                 assert r.status == 413
-            r = await refusals(srv, http)
-            assert r[("max_frame", "native")] == 3, r
-            assert r[("max_frame", "guble")] == 1, r
-            assert r[("max_frame", "ivy")] == 2, r
+            counts = await refusals(srv, http)
+            assert counts[("max_frame", "native")] == 3, counts
+            assert counts[("max_frame", "guble")] == 1, counts
+            assert counts[("max_frame", "ivy")] == 2, counts
 
     asyncio.run(main())
 

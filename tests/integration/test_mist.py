@@ -635,13 +635,13 @@ def test_a_subscriber_that_stops_reading_loses_the_oldest_events_in_order(tmp_pa
             await fast.ping()
             pub = await Lines.open(ports.mist)
             pub.writer.write("".join(f"publish s {i} {payload}\n" for i in range(n)).encode())
-            got_fast = []
+            got_fast: list[int] = []
             while len(got_fast) < n:  # the reading subscriber gets everything, in order
                 msg = await fast.recv()
                 assert msg is not None
                 got_fast.append(int(msg["data"].split(" ")[0]))
             assert got_fast == list(range(n))
-            seen = []
+            seen: list[int] = []
             while not seen or seen[-1] != n - 1:
                 line = await slow.line()
                 seen.append(int(line.split(" ")[2]))

@@ -533,6 +533,7 @@ def test_max_consumers_caps_new_consumers_of_every_dialect(tmp_path: Path) -> No
             r = await w.request({"op": "consumer_create", "consumer": "a", "pattern": "/a/**"})
             assert r["op"] == "reply" and r["created"] is False
             assert (await q.call("createSubscription", {"subId": "b", "topic": "b.*"}))["created"] is False
+            assert srv.node is not None
             assert srv.node.limiter.refusals == {
                 ("max_consumers", "native"): 2,
                 ("max_consumers", "qpubs"): 1,

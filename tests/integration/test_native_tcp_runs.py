@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ async def _read(reader: asyncio.StreamReader) -> dict[str, Any]:
     return obj
 
 
-def _against_a_server(tmp_path: Path, main: Callable[[int], Awaitable[None]]) -> None:
+def _against_a_server(tmp_path: Path, main: Callable[[int], Coroutine[Any, Any, None]]) -> None:
     """``main(native TCP port)`` against a real server process (memory store)."""
     server = ServerProcess(tmp_path / "d", ["--store", "memory", "--durability", "none"]).start()
     try:
@@ -65,7 +65,7 @@ def test_a_burst_and_frames_larger_than_a_read_are_answered_whole_and_in_order(t
             assert reply["op"] == "reply" and reply["id"] == 10 + i, reply
             seqs.append(reply["seq"])
         assert seqs == list(range(1, 3001))
-        got = []
+        got: list[dict[str, Any]] = []
         while len(got) < 3000:
             msg = await _read(sub_r)
             if msg["op"] == "batch":

@@ -18,9 +18,12 @@ import msgpack
 import orjson
 import pytest
 
+from hubbub.auth import Identity
 from hubbub.config import load_config
+from hubbub.core import Session
+from hubbub.core.batcher import Done, DoneMany
 from hubbub.dialects.native import RUN_MAX
-from hubbub.log.base import AppendRun
+from hubbub.log.base import AppendRequest, AppendRun
 from hubbub.server import Server
 
 WAIT = 30.0
@@ -221,21 +224,29 @@ def test_a_burst_is_taken_a_run_at_a_time(tmp_path: Path) -> None:
             steps.append(("run", size))
             loop.call_soon(steps.append, ("turn", i))
 
-        def run(requests: list[Any], *args: Any) -> None:
+        def many(
+            requests: list[AppendRequest], origin: Session, done: Done, done_many: DoneMany | None = None
+        ) -> None:
             taken(len(requests))
-            submit_many(requests, *args)
+            submit_many(requests, origin, done, done_many)
 
-        def run_whole(request: AppendRun, *args: Any) -> None:
-            taken(len(request.payloads))
-            submit_run(request, *args)
+        def whole(run: AppendRun, origin: Session, done: Done, done_many: DoneMany) -> None:
+            taken(len(run.payloads))
+            submit_run(run, origin, done, done_many)
 
-        def alone(*args: Any) -> None:
+        def alone(
+            request: AppendRequest,
+            origin: Session | None = None,
+            done: Done | None = None,
+            identity: Identity | None = None,
+        ) -> None:
             steps.append(("alone", 1))
-            submit(*args)
+            submit(request, origin, done, identity)
 
-        node.submit_many = run  # type: ignore[assignment]  # an attribute, looked up at each call
-        node.submit_run = run_whole  # type: ignore[assignment]
-        node.submit = alone  # type: ignore[assignment]
+        # Attributes (the parts' bound methods), looked up at each call.
+        node.submit_many = many
+        node.submit_run = whole
+        node.submit = alone
         try:
             pub.send([_publish(10 + i, "/runs/a", f"e{i}", "json") for i in range(n)])
             replies = [pub.read() for _ in range(n)]

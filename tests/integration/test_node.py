@@ -9,7 +9,7 @@ import sys
 import textwrap
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import pytest
 
@@ -19,7 +19,8 @@ from hubbub.core.session import Overflow
 from hubbub.errors import HubbubError, LimitExceeded, SubscriptionError
 from hubbub.events import Event, Position, Publisher
 from hubbub.log import open_store
-from hubbub.log.base import AppendRequest, RetentionPolicy
+from hubbub.log.base import AppendRequest, EventLog, RetentionPolicy
+from hubbub.log.memory import MemoryLogStore
 
 
 class Enc:
@@ -43,7 +44,15 @@ def req(channel: str, payload: str, tags: tuple[str, ...] = ()) -> AppendRequest
     return AppendRequest(channel, Publisher("native"), payload.encode(), "text/plain", tags=tags)
 
 
-Run = Callable[[Callable[[Node], Awaitable[None]]], None]
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Run(Protocol):
+    """The ``run`` fixture: ``body(node)`` on a node over the parametrized store, with
+    ``NodeSettings(**settings)``."""
+
+    def __call__(self, body: Callable[[Node], Awaitable[None]], **settings: Any) -> None: ...
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -153,8 +162,8 @@ def test_replay_live_junction_under_concurrent_publishing(run: Run) -> None:
         real_read = node._reads.call
         raced: list[tuple[int, list[int]]] = []  # (commits during the probe, held seqs then)
 
-        async def probe(fn: Any, *args: Any) -> Any:
-            result = await real_read(fn, *args)
+        async def probe(fn: Callable[Concatenate[EventLog, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+            result = await real_read(fn, *args, **kwargs)
             before = len(committed)
             # One publish is in flight at a time, and it may be in the snapshot already while its completion
             # is still on its way here: of the next four commits, at least three come after the snapshot.
@@ -164,9 +173,9 @@ def test_replay_live_junction_under_concurrent_publishing(run: Run) -> None:
             raced.append((len(committed) - before, [e.seq for h in holds for e in h]))
             return result
 
-        node._reads.call = probe  # type: ignore[method-assign]
+        node._reads.call = probe  # type: ignore[method-assign]  # a test double
         plans = await sub(node, s, "s", "/j", ReplaySpec(since=Position(1, first.event.epoch)))
-        node._reads.call = real_read  # type: ignore[method-assign]
+        node._reads.call = real_read  # type: ignore[method-assign]  # a test double
         n = len(committed)
         await until_committed(n + 3)  # live events after the junction
         stop.set()
@@ -282,7 +291,9 @@ def test_storage_failure_reaches_publisher(tmp_path: Path) -> None:
                 raise OSError("disk gone")
 
             # Both ways in: the writer asks the memory store through append_runs (log/appended.py).
-            store.append = store.append_runs = broken  # type: ignore[method-assign]
+            assert isinstance(store, MemoryLogStore)
+            store.append = broken  # type: ignore[method-assign]  # a test double
+            store.append_runs = broken  # type: ignore[method-assign]  # a test double
             with pytest.raises(HubbubError) as info:
                 await node.publish(req("/x", "1"))
             assert info.value.code == 4301
@@ -330,18 +341,20 @@ def test_held_event_inside_the_snapshot_still_reaches_other_live_subs(run: Run) 
 
         published = asyncio.Event()
 
-        async def slow_read(fn: Any, *args: Any) -> Any:
+        async def slow_read(
+            fn: Callable[Concatenate[EventLog, P], T], *args: P.args, **kwargs: P.kwargs
+        ) -> T:
             await node.publish(req("/h/x", "during"))
             published.set()
             await gate.wait()
-            return await real_read(fn, *args)
+            return await real_read(fn, *args, **kwargs)
 
-        node._reads.call = slow_read  # type: ignore[method-assign]
+        node._reads.call = slow_read  # type: ignore[method-assign]  # a test double
         task = asyncio.ensure_future(
             node.subscribe(s, "new", parse_pattern("/h/x"), on_snapshot=plans.append)
         )
         await asyncio.wait_for(published.wait(), 10)
-        node._reads.call = real_read  # type: ignore[method-assign]
+        node._reads.call = real_read  # type: ignore[method-assign]  # a test double
         gate.set()
         await task
         await node.publish(req("/h/x", "after"))

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 
 from hubbub.channels import Pattern, parse_pattern
-from hubbub.core import Node, NodeSettings, ReplayPlan, Session, replay_service
+from hubbub.core import Node, NodeSettings, ReplayPlan, Session, replay_plans, replay_service
 from hubbub.disconnect import Disconnect
 from hubbub.errors import HubbubError
 from hubbub.events import Event, Publisher
 from hubbub.log import open_store
+from hubbub.log.appended import Committed, expand_runs
 from hubbub.log.base import AppendRequest, AppendResult, LogStore, RetentionPolicy
 from hubbub.selection import LIVE, Selection
 
@@ -89,7 +90,7 @@ def test_a_held_event_whose_encoding_raises_closes_the_session_at_its_release(
     closes that session (4300), which is not left without its subscription's release; a live session gets
     every event."""
     entered, go = threading.Event(), threading.Event()
-    plan_selection = replay_service.plan_selection
+    plan_selection = replay_plans.plan_selection  # the function replay_service imported
 
     def held_plan(
         store: LogStore, pattern: Pattern, selection: Selection, keep: Any = None, keep_all: bool = False
@@ -181,8 +182,8 @@ def test_a_publishers_completion_that_raises_costs_no_one_else_an_ack_a_journal_
         journaled: list[int] = []
         hooked = asyncio.Event()
 
-        def hook(results: list[AppendResult]) -> None:
-            journaled.extend(r.event.seq for r in results)
+        def hook(results: list[Committed]) -> None:
+            journaled.extend(r.event.seq for r in expand_runs(results))
             hooked.set()
 
         node._batcher.commit_hook = hook

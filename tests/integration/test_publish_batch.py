@@ -19,6 +19,7 @@ import pytest
 from hubbub.client import Client
 from hubbub.client.bulk import BulkPublisher
 from hubbub.errors import PublishRefused
+from hubbub.events import Event
 from tests.integration.serverproc import ServerProcess
 from tests.integration.test_bulk_publisher import Relay, http, log_of, tcp
 
@@ -224,7 +225,8 @@ def test_subscribers_get_every_row_in_order(server: ServerProcess) -> None:
             pub.flush()
         assert pub.batches and pub.published == n
         for item in sub:
-            got.append((item.seq, item.payload))  # type: ignore[union-attr]
+            assert isinstance(item, Event), item
+            got.append((item.seq, item.payload))
             if len(got) == n:
                 break
         t.join(20)

@@ -162,7 +162,9 @@ def recover(
                 while len(got) < n:
                     msg = lines.next()
                     assert msg["op"] == "event", msg
-                    got.append((str(msg["channel"]), int(msg["seq"]), str(msg["text"])))  # type: ignore[call-overload]
+                    seq = msg["seq"]
+                    assert isinstance(seq, int), msg
+                    got.append((str(msg["channel"]), seq, str(msg["text"])))
 
             take(100)
             wait_idle(pid)  # the server has read ahead all it may while the subscriber reads nothing

@@ -19,6 +19,7 @@ from hubbub.channels import parse_pattern
 from hubbub.client import AsyncClient
 from hubbub.core import Node, NodeSettings, ReplayPlan, ReplaySpec, Session, replay_service
 from hubbub.core.replay_plans import plan_selection
+from hubbub.disconnect import Disconnect
 from hubbub.events import Event, Position, Publisher
 from hubbub.log import open_store
 from hubbub.log.base import AppendRequest, RetentionPolicy
@@ -71,7 +72,7 @@ def run(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[Body], None
                 reader = asyncio.ensure_future(consume())
 
                 async def finish() -> None:
-                    sess.end(1000)  # the frames queued are still taken
+                    sess.end(Disconnect.NORMAL)  # the frames queued are still taken
                     await asyncio.wait_for(reader, WAIT)
 
                 await body(node, sess, gate, got, finish)

@@ -15,6 +15,7 @@ from hubbub.channels import parse_pattern
 from hubbub.core import Node, NodeSettings, ReplayPlan, ReplaySpec, Session
 from hubbub.core import replay_service as node_mod
 from hubbub.dialects import native as nc
+from hubbub.disconnect import Disconnect
 from hubbub.errors import StorageError
 from hubbub.events import Event, Position, Publisher
 from hubbub.log import open_store
@@ -94,7 +95,7 @@ def test_long_replay_through_a_small_queue_is_exact_then_live(run: Callable[...,
         plans = await subscribe(node, sess, ReplaySpec(last=n - 10), done)
         assert plans[0].position is not None and plans[0].position.seq == n
         await node.publish(req("live"))
-        sess.end(1000)
+        sess.end(Disconnect.NORMAL)
         await asyncio.wait_for(reader, 10)
         assert not sess.kicked
         frames = [eval(f.decode()) for f in got]
@@ -135,7 +136,7 @@ def test_replay_reads_only_as_far_as_the_connection_drains(
         reader = asyncio.ensure_future(consume(sess, taken, step=2))
         done: list[ReplayPlan] = []
         await subscribe(node, sess, ReplaySpec(since=Position(0, "")), done)
-        sess.end(1000)
+        sess.end(Disconnect.NORMAL)
         await asyncio.wait_for(reader, 10)
         assert len(taken) == n and done[0].sent == n
         # At most the page being queued, the pages read ahead and a full queue are held at any time.
@@ -165,7 +166,7 @@ def test_native_frames_of_a_mixed_replay_equal_single_event_frames(run: Callable
             got: list[bytes] = []
             reader = asyncio.ensure_future(consume(sess, got))
             await subscribe(node, sess, ReplaySpec(from_time=0))
-            sess.end(1000)
+            sess.end(Disconnect.NORMAL)
             await asyncio.wait_for(reader, 10)
             stored = store.read("/r", 0, len(events))
             assert got == [codec.encode_event(e, ["s"], True) for e in stored]

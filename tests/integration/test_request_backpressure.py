@@ -93,7 +93,7 @@ NATIVE_HELLO_MSGPACK: bytes = msgpack.packb({"op": "hello", "id": 0, "v": 1})
 WEARSCRIPT_HELLO: bytes = msgpack.packb(["subscriptions", "bp:0", ["resp"]])
 
 
-def native_ping(i: int) -> Frame:
+def native_ping(i: int) -> str:
     return f'{{"op":"ping","id":{i + 1}}}'
 
 

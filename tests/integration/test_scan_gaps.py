@@ -115,7 +115,7 @@ def test_the_python_client_is_told_the_gap_of_a_channel_trimmed_while_its_replay
                     go.wait(10)
                 return read_log(after_pos, *args, **kwargs)
 
-            store.read_log = gated  # type: ignore[method-assign]
+            store.read_log = gated  # type: ignore[method-assign]  # a test double
             port = server.ports["http" if transport == "ws" else "native"]
             url = f"ws://127.0.0.1:{port}" if transport == "ws" else f"tcp://127.0.0.1:{port}"
             async with AsyncClient.connect(url) as client, client.subscribe("/t/**", from_time=1) as sub:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import socket
@@ -27,7 +28,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import aiohttp
 import msgpack
@@ -35,9 +36,12 @@ import pytest
 
 from hubbub.core import Node, Session
 from hubbub.events import Publisher
-from hubbub.log.base import AppendRequest, AppendResult
+from hubbub.log.base import AppendRequest, AppendResult, EventLog
 from hubbub.server import Server
 from hubbub.server_config import load_config
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 WAIT = 20.0
 #: Server queue bound (events); a connection that reads is never let past half of it (Session.wait_room).
@@ -370,8 +374,8 @@ class Probe:
     def install(self) -> None:
         real = self.node._reads.call
 
-        async def read(fn: Callable[..., Any], *args: Any) -> Any:
-            result = await real(fn, *args)
+        async def read(fn: Callable[Concatenate[EventLog, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+            result = await real(fn, *args, **kwargs)
             if self.known is not None and not self.fired:
                 holding = [
                     s
@@ -386,7 +390,7 @@ class Probe:
                     self.held = sum(len(s.holding or ()) for s in holding)
             return result
 
-        self.node._reads.call = read  # type: ignore[method-assign]
+        self.node._reads.call = read  # type: ignore[method-assign]  # a test double
 
 
 # -- the test ------------------------------------------------------------------------------------------------
@@ -442,7 +446,7 @@ async def scenario(st: Stack, dialect: str) -> None:
         }[role]
         return await open_guble(st, role, cmds, gate)
 
-    fast = [await st.start(lambda r=r: open_role(r)) for r in ("same", "same", "other")]  # type: ignore[misc]
+    fast = [await st.start(functools.partial(open_role, r)) for r in ("same", "same", "other")]
     slow = await st.start(lambda: open_role("slow", slow_gate))
     assert slow.session is not None
     if dialect == "guble":

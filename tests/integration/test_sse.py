@@ -127,8 +127,8 @@ def test_a_resume_reads_the_heads_of_the_channels_it_replays_not_of_every_channe
                 listed.extend(ci.channel for ci in out)
                 return out
 
-            store.heads = counting_heads  # type: ignore[method-assign]
-            store.channels = counting_channels  # type: ignore[method-assign]
+            store.heads = counting_heads  # type: ignore[method-assign]  # a test double
+            store.channels = counting_channels  # type: ignore[method-assign]  # a test double
             headers = {"Last-Event-ID": first["id"]}
             async with http.get(f"{base}/api/v1/stream/s/**", headers=headers) as stream:
                 events = await read_sse(stream, 5)

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hubbub.log.base import ChannelInfo, LogStore
+from hubbub.log.base import ChannelInfo, EventLog, LogStore, StoreStats
 from hubbub.server import Server
 from hubbub.server_config import load_config
 
@@ -113,13 +113,25 @@ def test_trim_endpoint_trims_a_retired_epoch(tmp_path: Path, store: str) -> None
                     return r.status, await r.json()
 
             async def seqs(channel: str, epoch: str) -> list[int]:
-                def read(st: LogStore) -> list[int]:
+                def read(st: EventLog) -> list[int]:
                     return [e.seq for e in st.read(channel, 0, 1000, epoch=epoch)]
 
                 return await node._reads.call(read)
 
+            # The epochs' admin reads: the node's reads go to the store itself (no cluster view here).
             async def retired(channel: str) -> list[ChannelInfo]:
-                return await node._reads.call(lambda st: st.retired_epochs(channel))
+                def read(st: EventLog) -> list[ChannelInfo]:
+                    assert isinstance(st, LogStore)
+                    return st.retired_epochs(channel)
+
+                return await node._reads.call(read)
+
+            async def store_stats() -> StoreStats:
+                def read(st: EventLog) -> StoreStats:
+                    assert isinstance(st, LogStore)
+                    return st.stats()
+
+                return await node._reads.call(read)
 
             for i in range(5):
                 status, body = await call("POST", f"/api/v1/publish/t/a?x={i}")
@@ -178,7 +190,7 @@ def test_trim_endpoint_trims_a_retired_epoch(tmp_path: Path, store: str) -> None
             assert await retired("/t/a") == [] and await seqs("/t/a", old) == []
             status, body = await call("POST", f"/api/v1/trim/t/a?seq=5&epoch={old}")
             assert (status, body["error"]["position"]) == (409, {"seq": 3, "epoch": new})
-            stats = await node._reads.call(lambda st: st.stats())
+            stats = await store_stats()
             assert (stats.events, stats.retired_epochs) == (2 + 1, 0)  # /t/a's seqs 2 and 3, /t/b's 1
 
             # The current epoch goes on where it was.

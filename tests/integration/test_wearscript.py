@@ -186,8 +186,8 @@ def test_connections_share_a_fan_out_burst_and_the_sender_gets_none(tmp_path: Pa
             async with http.post(f"http://{addr}/api/v1/publish/burst/end", data=b"x") as r:
                 assert r.status == 200
             assert await sender.recv() == ["burst:end", "x"]
-            for r in receivers:
-                assert await r.recv() == ["burst:end", "x"]
+            for receiver in receivers:
+                assert await receiver.recv() == ["burst:end", "x"]
             async with http.get(f"http://{addr}/api/v1/channels/burst/**") as r:
                 body = await r.json()
             tops = {c["channel"]: c["top"] for c in body["channels"]}
@@ -318,7 +318,7 @@ def test_a_device_that_stops_reading_loses_the_oldest_events_not_its_connection(
                 if line.startswith('hubbub_dropped_total{dialect="wearscript"}')
             )
             assert 0 < dropped < n
-            seen = []
+            seen: list[int] = []
             while len(seen) < n - dropped:
                 name, payload = await slow.recv()
                 assert payload == body.decode()
@@ -366,7 +366,7 @@ def test_a_listener_that_stops_reading_loses_the_oldest_forwarded_replies_not_it
                     if line.startswith('hubbub_dropped_total{dialect="wearscript"}')
                 )
                 assert 0 < dropped < n
-                seen = []
+                seen: list[int] = []
                 while len(seen) < n - dropped:
                     resp, value = await slow.recv()
                     i, got = value.split(":", 1)

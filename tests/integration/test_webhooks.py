@@ -221,7 +221,8 @@ def test_kill_9_mid_stream_loses_nothing(tmp_path: Path) -> None:
                         assert r.status == 200, await r.text()
             await rcv.wait(lambda: len(rcv.accepted) >= n // 3)
             srv.kill()
-            await asyncio.to_thread(srv.proc.wait, 10)  # type: ignore[union-attr]
+            assert srv.proc is not None
+            await asyncio.to_thread(srv.proc.wait, 10)
             before = len(rcv.accepted)
             srv = await asyncio.to_thread(ServerProcess(data, ["--config", str(conf)]).start)
             await rcv.wait(lambda: len({b["seq"] for b in rcv.accepted}) >= n, wait_s=20)

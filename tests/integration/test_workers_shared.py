@@ -110,7 +110,8 @@ def _device_on(node: ServerProcess, worker: int) -> Device:
     workers = _workers(node)
     for _ in range(200):
         ws = websocket.create_connection(f"ws://127.0.0.1:{node.ports['http']}/wearscript/ws", timeout=10)
-        sock: socket.socket = ws.sock
+        sock = ws.sock
+        assert sock is not None
         if _serving(sock, workers) == worker:
             return Device(ws)
         ws.close()
@@ -415,6 +416,7 @@ def _receiver_on(node: ServerProcess, worker: int, user: str, channel: str) -> w
         ws = websocket.create_connection(
             f"ws://127.0.0.1:{node.ports['http']}/stream/user/{user}", timeout=10
         )
+        assert ws.sock is not None
         if _serving(ws.sock, workers) == worker:
             break
         ws.close()

@@ -123,7 +123,7 @@ async def two_workers(tmp_path: Path) -> AsyncIterator[Workers]:
                 loop.call_soon_threadsafe(synced.set)
                 return queued
 
-            remotes[0].sync = spy  # type: ignore[method-assign]
+            remotes[0].sync = spy  # type: ignore[method-assign]  # a test double
         assert gate is not None
         async with contextlib.AsyncExitStack() as stack:
             servers = []
