@@ -185,9 +185,9 @@ class ConsumerMachine(RuleBasedStateMachine):
     def journal_holds_exactly_the_unacknowledged(self) -> None:
         async def go() -> list[int]:
             assert self.node is not None
-            infos = await self.node._reads.call(lambda st: st.consumers())
+            infos = await self.node._reads.call_journal(lambda st: st.consumers())
             cid = infos[0].id
-            items = await self.node._reads.call(lambda st: st.consumer_items(cid, 0, 10_000))
+            items = await self.node._reads.call_journal(lambda st: st.consumer_items(cid, 0, 10_000))
             return [it.pos for it in items]
 
         assert self.run(go()) == self.unacked()

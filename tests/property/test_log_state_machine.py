@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import signal
 import tempfile
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ def _serve(conn: Connection, path: str, durability: str, policy: RetentionPolicy
         Path(path), durability=durability, retention=policy, idem_window_s=window, clock=clock
     )
     conn.send(("ready", None))
-    helpers = {"state": _state, "crash_view": _crash_view}
+    helpers: dict[str, Callable[..., Any]] = {"state": _state, "crash_view": _crash_view}
     while True:
         method, now, taken, mids, args, kwargs = conn.recv()
         clock.now = now

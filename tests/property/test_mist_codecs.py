@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubbub.dialects import mist as md
+from hubbub.disconnect import Disconnect
 from tests.hypothesis_budget import examples
 
 TAG = st.text(alphabet="abcxyz,é \n", min_size=0, max_size=4)
@@ -173,7 +174,7 @@ def test_websocket_frames_get_a_documented_reply(frame: bytes, binary: bool) -> 
     ):
         outs = conn.receive_frame(frame, binary=binary)
         if len(frame) > 100:
-            assert outs == [md.Close(1009)]
+            assert outs == [md.Close(Disconnect.MESSAGE_TOO_BIG)]
             continue
         for out in outs:
             if isinstance(out, md.Send):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -71,7 +72,7 @@ def test_stream(inp: tuple[list[bytes], int]) -> None:
     fz.check_stream(*inp)
 
 
-def _norm(items: list[object]) -> list[object]:
+def _norm(items: Sequence[object]) -> list[object]:
     return [("error", x.code, x.request_id) if isinstance(x, HubbubError) else x for x in items]
 
 

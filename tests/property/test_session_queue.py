@@ -15,6 +15,8 @@ from tests.hypothesis_budget import examples
 
 
 class Enc:
+    key = "test"
+
     def encode_event(self, event: Any, subs: Any, replay: bool, cache: Any) -> bytes:
         raise AssertionError("not used")
 

@@ -115,8 +115,8 @@ def test_collect_equals_naive(subs: list[frozenset[str]], probes: list[Collectio
     index: TagIndex[int] = TagIndex()
     for key, tags in enumerate(subs):
         index.add(key, tags)
-    for tags in probes:
-        have = set(tags)
+    for probe in probes:
+        have = set(probe)
         got: list[int] = []
         runs = index.collect(tuple(sorted(have)), got)
         assert sorted(got) == [k for k, t in enumerate(subs) if t <= have]

@@ -3,7 +3,7 @@ held until :func:`deliver` hands it to every other, so a test decides when notic
 
 from __future__ import annotations
 
-from hubbub.core.notices import Notices
+from hubbub.core.notices import Notices, NoticeSender
 
 #: What was sent and not yet delivered: (sender's index, topic, data).
 Sent = list[tuple[int, str, bytes]]
@@ -13,8 +13,15 @@ def mesh(n: int) -> tuple[list[Notices], Sent]:
     """``n`` processes (ids ``"0"``, ``"1"``, …); what each sends waits in ``sent`` for :func:`deliver`."""
     procs = [Notices() for _ in range(n)]
     sent: Sent = []
+
+    def sender(i: int) -> NoticeSender:
+        def send(topic: str, data: bytes) -> None:
+            sent.append((i, topic, data))
+
+        return send
+
     for i, p in enumerate(procs):
-        p.connect(lambda topic, data, i=i: sent.append((i, topic, data)), str(i), f"inc{i}")
+        p.connect(sender(i), str(i), f"inc{i}")
     return procs, sent
 
 

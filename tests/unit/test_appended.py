@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 
 import pytest
 
@@ -76,7 +77,7 @@ def test_a_run_that_a_durable_consumer_journals_is_answered_event_by_event() -> 
         store.consumer_create(ConsumerSpec("c", "/a"))
         got = store.append_runs([AppendRun("/a", PUB, "text/plain", [b"1", b"2"])])
         assert [type(r) for r in got] == [AppendResult, AppendResult]
-        assert all(r.journal for r in got)
+        assert all(isinstance(r, AppendResult) and r.journal for r in got)
         # While a durable consumer exists, every run is answered event by event (journaled or not).
         other = store.append_runs([AppendRun("/z", PUB, "text/plain", [b"1", b"2"])])
         assert [type(r) for r in other] == [AppendResult, AppendResult]
@@ -97,17 +98,19 @@ class _CreatesFirst:
             self.store.consumer_create(ConsumerSpec("c", "/a"))
         self.lock.__enter__()
 
-    def __exit__(self, *exc: object) -> None:
-        self.lock.__exit__(*exc)
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.lock.__exit__(kind, exc, tb)
 
 
 def test_a_consumer_created_while_an_append_waits_for_the_lock_journals_that_append() -> None:
     store = MemoryLogStore()
     try:
-        store._lock = _CreatesFirst(store)  # type: ignore[assignment]
+        store._lock = _CreatesFirst(store)  # type: ignore[assignment]  # the RLock, wrapped
         got = store.append_runs([AppendRun("/a", PUB, "text/plain", [b"1", b"2"])])
         assert [type(r) for r in got] == [AppendResult, AppendResult]
-        assert all(r.journal for r in got)
+        assert all(isinstance(r, AppendResult) and r.journal for r in got)
     finally:
         store.close()
 

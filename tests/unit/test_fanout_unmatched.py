@@ -9,6 +9,7 @@ from typing import Any
 from hubbub.core.batcher import _Completion
 from hubbub.core.live import LiveFanOut
 from hubbub.events import Event, Publisher
+from hubbub.log.appended import Committed
 from hubbub.log.base import AppendResult, EventRun
 
 
@@ -51,9 +52,9 @@ def _ev(channel: str, seq: int, tags: tuple[str, ...] = ()) -> AppendResult:
 def test_an_unmatched_burst_asks_once_and_a_fan_out_asks_again() -> None:
     router = _Router()
     fan = _FanOut(router)
-    reg = LiveFanOut(router, set(), fan, {})  # type: ignore[arg-type]
+    reg = LiveFanOut(router, set(), fan, {})  # type: ignore[arg-type]  # fakes of Router and FanOut
     router.subs["/c"] = ("S2",)
-    results = [
+    results: list[Committed] = [
         _ev("/none", 1),
         _ev("/none", 2),
         _ev("/none", 3, ("t",)),  # other tags: asked again
@@ -62,7 +63,7 @@ def test_an_unmatched_burst_asks_once_and_a_fan_out_asks_again() -> None:
         _ev("/none", 4),  # asked again: matched now
         _ev("/none", 5),
     ]
-    reg.fan_out_committed([(None, None, 0.0)] * len(results), results)  # type: ignore[list-item]
+    reg.fan_out_committed([(None, None, 0.0)] * len(results), results)
     assert router.asked[:4] == ["/none", "/none", "/b", "/c"]
     assert router.asked.count("/none") >= 3  # the burst once, the tagged one, and after the fan-out
     assert reg.published == {"native": 7}
@@ -76,18 +77,30 @@ def test_a_matched_burst_of_one_publisher_asks_once_and_keeps_its_runs_apart() -
     (counted under its own dialect) ask again, and every event goes out once, in order."""
     router = _Router()
     fan = _FanOut(router)
-    reg = LiveFanOut(router, set(), fan, {})  # type: ignore[arg-type]
+    reg = LiveFanOut(router, set(), fan, {})  # type: ignore[arg-type]  # fakes of Router and FanOut
     pub, other = Publisher("native"), Publisher("mqtt")
     ch = "/b"
 
     def ev(seq: int, p: Publisher = pub, headers: dict[str, str] | None = None) -> AppendResult:
         return AppendResult(Event(ch, seq, "e", seq, p, b"p", "x/y", headers or {}, ()))
 
-    results = [ev(1), ev(2), ev(3), ev(4, headers={"h": "v"}), ev(5), ev(6), ev(7, other), ev(8), ev(9)]
+    second = ev(2)
+    results: list[Committed] = [
+        ev(1),
+        second,
+        ev(3),
+        ev(4, headers={"h": "v"}),
+        ev(5),
+        ev(6),
+        ev(7, other),
+        ev(8),
+        ev(9),
+    ]
     origins = ["A", "A", "A", "A", "A", "B", "B", "B", "B"]
     # One duplicate (not fanned out, not counted) in the middle of the burst.
-    results.insert(2, AppendResult(results[1].event, duplicate=True))
+    results.insert(2, AppendResult(second.event, duplicate=True))
     origins.insert(2, "A")
+    # The origins stand in for sessions: only compared.
     reg.fan_out_committed([(o, None, 0.0) for o in origins], results)  # type: ignore[misc]
     # Asked for 1, for 4 (headers), 5 (after headers), 6 (origin B), 7 (publisher), 8 (publisher back).
     assert router.asked == [ch] * 6
@@ -102,7 +115,7 @@ def test_a_commit_of_submitted_runs_fans_out_run_by_run() -> None:
     follows the first item that is no run goes event by event."""
     router = _Router()
     fan = _FanOut(router)
-    reg = LiveFanOut(router, set(), fan, {})  # type: ignore[arg-type]
+    reg = LiveFanOut(router, set(), fan, {})  # type: ignore[arg-type]  # fakes of Router and FanOut
     pub, other = Publisher("native"), Publisher("ivy")
     ch = "/b"
 
@@ -112,9 +125,9 @@ def test_a_commit_of_submitted_runs_fans_out_run_by_run() -> None:
     def run(origin: str, k: int) -> list[Any]:
         return [(origin, _Completion(print, print, k, True), 0.0)] * k
 
-    results = [ev(s) for s in range(1, 8)] + [ev(8, other), ev(9, other)]
+    results: list[Committed] = [*(ev(s) for s in range(1, 8)), ev(8, other), ev(9, other)]
     items = run("A", 3) + run("B", 1) + run("A", 2) + [("C", None, 0.0), *run("A", 2)]
-    reg.fan_out_committed(items, results)  # type: ignore[arg-type]
+    reg.fan_out_committed(items, results)
     assert fan.seqs == [[1, 2, 3], [4], [5, 6], [7], [8, 9]]
     assert [s for seqs in fan.seqs for s in seqs] == list(range(1, 10))
     assert fan.grouped == 3  # the three leading runs; the rest as before, grouped by the fan-out
@@ -124,6 +137,6 @@ def test_a_commit_of_submitted_runs_fans_out_run_by_run() -> None:
 
     # A subscription holding: every event goes one by one, as without runs.
     fan.seqs.clear()
-    held = LiveFanOut(router, {"S"}, fan, {})  # type: ignore[arg-type]
-    held.fan_out_committed(run("A", 3), [ev(s) for s in range(10, 13)])  # type: ignore[arg-type]
+    held = LiveFanOut(router, {"S"}, fan, {})  # type: ignore[arg-type]  # fakes of Router and FanOut
+    held.fan_out_committed(run("A", 3), [ev(s) for s in range(10, 13)])
     assert fan.seqs == [[10], [11], [12]]

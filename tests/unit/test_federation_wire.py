@@ -11,6 +11,7 @@ from hubbub.errors import BadFrame
 from hubbub.federation import FROM_HEADER, HOPS_HEADER, ORIGIN_HEADER, Origin, arrived, forwards_up
 from hubbub.federation import wire as fw
 
+HEADERS = {"k": "v", fw.LINK_ORIGIN: "A e0 9", fw.LINK_HOPS: "A,B"}
 EVENT = {
     "op": "event",
     "subs": ["s1"],
@@ -19,7 +20,7 @@ EVENT = {
     "epoch": "e1",
     "time": 17,
     "publisher": {"dialect": "ivy", "user": "u", "app": "x", "msg_id": "m"},
-    "headers": {"k": "v", fw.LINK_ORIGIN: "A e0 9", fw.LINK_HOPS: "A,B"},
+    "headers": HEADERS,
     "tags": ["t"],
     "content_type": "text/plain",
     "payload": b"hi",
@@ -71,9 +72,7 @@ def test_frames_from_above() -> None:
     proto = _link_protocol()
     assert proto.receive(msgpack.packb(EVENT, use_bin_type=True)) == [
         Received(
-            fw.LinkEvent(
-                "/a", 3, "e1", 17, ("ivy", "u", "x", "m"), "text/plain", b"hi", EVENT["headers"], ("t",)
-            )
+            fw.LinkEvent("/a", 3, "e1", 17, ("ivy", "u", "x", "m"), "text/plain", b"hi", HEADERS, ("t",))
         )
     ]
     batch = {

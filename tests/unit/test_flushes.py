@@ -35,11 +35,16 @@ async def test_outside_a_hold_a_write_runs_at_the_end_of_the_loop_step() -> None
 @run
 async def test_held_writes_run_at_the_release_in_order_with_those_they_add_and_not_taken_back() -> None:
     ran: list[str] = []
+
+    def b_then_add() -> None:
+        ran.append("b")
+        flushes.call_soon(lambda: ran.append("added"))
+
     assert flushes.hold()
     try:
         flushes.call_soon(lambda: ran.append("a"))
         gone = flushes.call_soon(lambda: ran.append("cancelled"))
-        flushes.call_soon(lambda: (ran.append("b"), flushes.call_soon(lambda: ran.append("added"))))
+        flushes.call_soon(b_then_add)
         assert not flushes.hold()  # nested: the outer hold keeps them all
         flushes.call_soon(lambda: ran.append("c"))
         gone.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import types
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -157,6 +158,7 @@ async def test_no_task_after_the_lifetime_ended(kind: Callable[[], Any]) -> None
     with pytest.raises(RuntimeError):
         group.create_task(coro)
     if isinstance(group, Lifetime):
+        assert isinstance(coro, types.CoroutineType)  # an async def's, with cr_frame
         assert coro.cr_frame is None  # closed, not left to warn "never awaited"
     else:
         coro.close()  # TaskGroup leaves that to the caller

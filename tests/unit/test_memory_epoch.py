@@ -37,7 +37,7 @@ def test_retained_events_are_not_objects_the_collector_walks() -> None:
 
 def _expected(n: int) -> list[tuple[Publisher, str, dict[str, str], tuple[str, ...], bytes]]:
     pubs = [Publisher("native", "u", "a"), Publisher("ivy", "v", "b")]
-    out = []
+    out: list[tuple[Publisher, str, dict[str, str], tuple[str, ...], bytes]] = []
     for i in range(n):
         # Stretches of varying lengths: 1, 2, 3 ... events sharing publisher, type, headers and tags.
         k = next(j for j in itertools.count() if (j + 1) * (j + 2) // 2 > i)

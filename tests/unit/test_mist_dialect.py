@@ -143,6 +143,7 @@ def test_1x_auth_first_message_and_registry() -> None:
     ]
     outs = conn.auth_result(md.MistGrant())
     assert outs == [md.TokenTags("t")]
+    assert isinstance(outs[0], md.TokenTags)
     assert conn.reply_registry(outs[0], frozenset({"b", "a"})) == b'{"command":"tags","tags":["a","b"]}\n'
     assert conn.reply_error(md.Register("t", frozenset()), AuthError("no", code=4102)) == [
         md.Send(b'{"command":"register","error":"Access denied"}\n')

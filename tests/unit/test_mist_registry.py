@@ -17,10 +17,10 @@ def test_commands_as_mist_md_7(tmp_path: Path) -> None:
     assert reg.tags("tok") is None
     assert reg.register("tok", ["t1", "t2"])
     assert not reg.register("tok", ["t1"])  # "already exists": no change
-    assert reg.tags("tok") == {"t1", "t2"}
+    assert reg.tags("tok") == frozenset({"t1", "t2"})
     assert reg.set_tags("tok", ["t3"])
     assert reg.unset_tags("tok", ["t1", "nope"])
-    assert reg.tags("tok") == {"t2", "t3"}
+    assert reg.tags("tok") == frozenset({"t2", "t3"})
     assert not reg.set_tags("nope", ["x"]) and not reg.unset_tags("nope", ["x"])
     assert reg.unregister("tok")
     assert not reg.unregister("tok")
@@ -56,7 +56,7 @@ def test_stale_temporary_files_are_removed_at_load(tmp_path: Path) -> None:
     reg.register("t", ["a"])
     stale = tmp_path / f"{REGISTRY_FILE}.tmp-123-abcd"
     stale.write_text("{half")
-    assert MistTokenRegistry(tmp_path / REGISTRY_FILE).tags("t") == {"a"}
+    assert MistTokenRegistry(tmp_path / REGISTRY_FILE).tags("t") == frozenset({"a"})
     assert not stale.exists()
 
 
@@ -108,7 +108,7 @@ def test_two_registries_on_one_file_see_and_keep_each_others_changes(tmp_path: P
     a = MistTokenRegistry.in_data_dir(tmp_path)
     b = MistTokenRegistry.in_data_dir(tmp_path)
     assert a.register("tok", ["red"])
-    assert b.tags("tok") == {"red"}
+    assert b.tags("tok") == frozenset({"red"})
     assert not b.register("tok", ["blue"])  # exists already, through a
     assert b.register("other", ["green"])
     assert a.set_tags("tok", ["x"])

@@ -966,12 +966,13 @@ def test_http_publish_fields() -> None:
         nc.http_publish_fields(None, [], [], "k" * 129)
     # Invalid UTF-8 that an HTTP server decoded with surrogateescape can never be rendered: refused.
     bad = b"\xff".decode("utf-8", "surrogateescape")
-    for args in (
+    cases: list[tuple[str | None, list[str], list[tuple[str, str]], str | None]] = [
         (None, [bad], [], None),
         (None, [], [("Hubbub-Header-k", bad)], None),
         (None, [], [], bad),
         ("text/" + bad, [], [], None),
-    ):
+    ]
+    for args in cases:
         with pytest.raises(BadRequest):
             nc.http_publish_fields(*args)
 

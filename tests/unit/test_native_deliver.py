@@ -46,7 +46,7 @@ def reference(encoding: str, consumer: str, batch: int, items: Sequence[Any]) ->
     return b"".join(out)
 
 
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10)
+text = st.text(st.characters(exclude_categories=["Cs"]), max_size=10)
 payloads = st.one_of(
     st.binary(max_size=300),
     text.map(str.encode),

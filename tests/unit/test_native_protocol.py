@@ -100,7 +100,7 @@ def test_a_fatal_core_error_closes_a_non_fatal_one_does_not() -> None:
 
 
 def event(seq: int) -> Event:
-    return Event("/a", seq, "e", seq, Publisher("native"), {}, (), b"x", "text/plain")
+    return Event("/a", seq, "e", seq, Publisher("native"), b"x", "text/plain", {}, ())
 
 
 class Result:
@@ -127,9 +127,9 @@ def test_replies_follow_the_publishes_in_order(acks: list[bool], batch: int) -> 
     while done < len(acks):
         k = min(batch, len(acks) - done)
         if k == 1:
-            p.committed(Result(done + 1))  # type: ignore[arg-type]
+            p.committed(Result(done + 1))
         else:
-            for f in p.committed_many([Result(done + j + 1) for j in range(k)]):  # type: ignore[misc]
+            for f in p.committed_many([Result(done + j + 1) for j in range(k)]):
                 w.frames.append(json.loads(f))
         done += k
     assert p.inflight == 0

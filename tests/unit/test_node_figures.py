@@ -4,6 +4,7 @@ process's summed, each family as its processes count it, over a test notice rela
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from hubbub.core.notices import GONE, Notices
 from hubbub.core.stats import FIGURES_TOPIC, Histogram, NodeMetrics, label_key, labels_of
@@ -24,6 +25,9 @@ def _metrics(published: dict[str, int], latencies: list[float]) -> NodeMetrics:
 
 
 def test_a_scrape_sums_every_processs_figures() -> None:
+    def refusals(i: int) -> dict[str, float]:
+        return {label_key("max_frame", "native"): i}
+
     async def main() -> None:
         procs, sent = mesh(3)
         deliver(procs, sent)
@@ -35,7 +39,7 @@ def test_a_scrape_sums_every_processs_figures() -> None:
         for i, (m, p) in enumerate(zip(ms, procs, strict=True)):
             m.share(p)
             m.count_bad_input("guble")
-            m.add("refusals", lambda i=i: {label_key("max_frame", "native"): i})
+            m.add("refusals", functools.partial(refusals, i))
         procs[2].answer(FIGURES_TOPIC, lambda _: b"\x93")  # an answer that is not figures: left out
         asking = asyncio.get_running_loop().create_task(ms[0].ask_peers())
         await asyncio.sleep(0)
@@ -56,13 +60,16 @@ def test_a_gone_processs_counters_stay_in_the_sums_and_its_counts_of_things_leav
     """A worker killed and restarted takes its counters with it: the others keep them as last heard, so the
     node's counters never fall (Prometheus would read a reset); its connections leave the counts."""
 
+    def conns(i: int) -> dict[str, float]:
+        return {"": 7 if i == 2 else 0}
+
     async def main() -> None:
         procs, sent = mesh(3)
         deliver(procs, sent)
         ms = [_metrics({"native": n}, []) for n in (1, 10, 100)]
         for i, (m, p) in enumerate(zip(ms, procs, strict=True)):  # every process adds the same families
             m.share(p)
-            m.add("conns", lambda i=i: {"": 7 if i == 2 else 0}, gauge=True)
+            m.add("conns", functools.partial(conns, i), gauge=True)
 
         async def scrape(i: int) -> dict[str, dict[str, float]]:
             asking = asyncio.get_running_loop().create_task(ms[i].ask_peers())

@@ -13,7 +13,7 @@ from hubbub.dialects.native_pages import page_frames
 from hubbub.events import Event, Publisher
 from tests.hypothesis_budget import examples
 
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+text = st.text(st.characters(exclude_categories=["Cs"]), max_size=8)
 payloads = st.one_of(
     st.binary(max_size=300),
     text.map(str.encode),
@@ -68,11 +68,12 @@ def test_kept_shapes_follow_the_setting() -> None:
     """One cache given pages of another encoding, subs or replay flag renders each as its own."""
     ev = Event("/a", 1, "abcd1234", 5, Publisher("native"), b"x", "text/plain")
     shapes: dict[Any, Any] = {}
-    for encoding, subs, replay in (
+    cases: tuple[tuple[nc.Encoding, list[str], bool], ...] = (
         ("json", ["s"], True),
         ("msgpack", ["s"], True),
         ("msgpack", ["t"], False),
-    ):
+    )
+    for encoding, subs, replay in cases:
         codec = nc.NativeCodec(encoding)
         assert page_frames(encoding, [ev], subs, replay, shapes) == [codec.encode_event(ev, subs, replay)]
 

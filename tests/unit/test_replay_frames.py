@@ -28,7 +28,7 @@ from hubbub.log.base import EventRun
 from hubbub.run_columns import STAMP, RunColumns
 from tests.hypothesis_budget import examples
 
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+text = st.text(st.characters(exclude_categories=["Cs"]), max_size=12)
 payloads = st.one_of(
     st.binary(max_size=300),
     text.map(str.encode),

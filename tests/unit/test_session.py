@@ -89,7 +89,7 @@ def test_next_frames_waits_and_ends() -> None:
         s.push(b"a")
         assert await asyncio.wait_for(waiter, 1) == [b"a"]
         s.push(b"b")
-        s.end(1000)
+        s.end(Disconnect.NORMAL)
         assert await s.next_frames() == [b"b"]
         assert await s.next_frames() == []
         assert s.ending == 1000

@@ -40,7 +40,7 @@ class _Wire:
     """A stream wire that records what it is fed; feed ``i`` waits for as long as ``waits(i)`` says."""
 
     def __init__(self, waits: Any) -> None:
-        self.session = SimpleNamespace(peer="", id="s")
+        self.session: Any = SimpleNamespace(peer="", id="s")  # a Session's fields the driver reads
         self.fed: list[bytes] = []
         self.eager: list[bool] = []
         self.tasks: set[object] = set()
@@ -206,8 +206,6 @@ def test_reads_buffered_while_a_feed_waits_are_bounded_then_fed_in_order() -> No
             await sender
             return stopped
 
-        opener_ref: list[_Opener] = []
-
         class Recording(_Opener):
             def __init__(self, node: Node, waits: Any) -> None:
                 super().__init__(node, waits)
@@ -217,6 +215,8 @@ def test_reads_buffered_while_a_feed_waits_are_bounded_then_fed_in_order() -> No
             def open(self, first: bytes, acc: Accepted) -> _Wire:
                 self.accepted.append(acc)
                 return super().open(first, acc)
+
+        opener_ref: list[Recording] = []
 
         opener, stopped = await _serve(wait, client, limit=1 << 14, opener=Recording)
         wire = opener.wires[0]

@@ -87,7 +87,11 @@ def test_errors_come_back_with_their_attributes() -> None:
 @pytest.mark.parametrize("chunk", [1, 7, 1 << 16])
 def test_a_message_is_read_whole_whatever_the_chunking(chunk: int) -> None:
     a, b = socket.socketpair()
-    msgs = [("ret", 1, list(range(100))), ("events", [(0, [])]), ("ret", 2, "x" * 70_000)]
+    msgs: list[tuple[Any, ...]] = [
+        ("ret", 1, list(range(100))),
+        ("events", [(0, [])]),
+        ("ret", 2, "x" * 70_000),
+    ]
     data = b"".join(encode(m) for m in msgs)
 
     def write() -> None:

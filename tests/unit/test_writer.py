@@ -13,6 +13,7 @@ from hubbub.core.writer import SWITCH_INTERVAL_S, LogWriter
 from hubbub.errors import HubbubError
 from hubbub.events import Publisher
 from hubbub.log import AppendRequest, AppendResult, MemoryLogStore, SqliteLogStore
+from hubbub.log.appended import Committed
 
 
 @pytest.fixture
@@ -83,9 +84,11 @@ def test_commits_complete_in_order_with_the_lower_interval(tmp_path: Path, defau
     async def main() -> None:
         done = asyncio.Event()
 
-        def committed(items: list[int], result: list[AppendResult] | HubbubError) -> None:
+        def committed(items: list[int], result: list[Committed] | HubbubError) -> None:
             assert not isinstance(result, HubbubError)
-            got.extend((i, r.event.seq) for i, r in zip(items, result, strict=True))
+            for i, r in zip(items, result, strict=True):
+                assert isinstance(r, AppendResult)  # appends, not runs: one result each
+                got.append((i, r.event.seq))
             if len(got) == 3000:
                 done.set()
 
