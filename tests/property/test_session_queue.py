@@ -5,6 +5,7 @@ the writer takes it out in order, each take within its byte limit (or a single f
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from hypothesis import given, settings
@@ -38,7 +39,7 @@ def frame(n: int, size: int) -> bytes:
     return tag + b"x" * max(0, size - len(tag))
 
 
-def flatten(entries: list[bytes | FrameRun]) -> list[bytes]:
+def flatten(entries: Sequence[bytes | FrameRun]) -> list[bytes]:
     out: list[bytes] = []
     for e in entries:
         out += e.single() if isinstance(e, FrameRun) else [e]
@@ -126,7 +127,7 @@ def test_drop_oldest_drops_oldest_events_keeps_replies(cap: int, ops: list[tuple
                     push_event(f)
         elif s.queued:
             take = s.next_frames(limit_bytes=arg) if op == "take" else s.next_entries(limit_bytes=arg)
-            part = flatten(asyncio.run(take))  # type: ignore[arg-type]
+            part = flatten(asyncio.run(take))
             assert part == [f for f, _ in model[: len(part)]]
             del model[: len(part)]
             got += part

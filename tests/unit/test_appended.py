@@ -157,7 +157,7 @@ def test_the_batcher_completes_a_run_with_its_results_and_fans_it_out_as_one() -
         hooked: list[list[AppendResult]] = []
         b = WriteBatcher(
             store,
-            _Access(),  # type: ignore[arg-type]
+            _Access(),  # type: ignore[arg-type]  # a fake of the access control
             lambda items, result: fanned.append((len(items), result[0])),
             max_pending=1000,
             commit_batch=4096,
@@ -169,7 +169,7 @@ def test_the_batcher_completes_a_run_with_its_results_and_fans_it_out_as_one() -
             sess = _Session()
             b.submit_run(
                 AppendRun("/r", PUB, "text/plain", [b"a", b"b", b"c"]),
-                sess,  # type: ignore[arg-type]
+                sess,  # type: ignore[arg-type]  # a fake session
                 lambda r: None,
                 lambda rs: many.append([(r.event.seq, len(r.event.payload)) for r in rs]),
             )

@@ -38,9 +38,9 @@ def _busy() -> SubscriptionError:
 def test_a_reopen_retries_while_busy() -> None:
     async def main() -> None:
         client = FakeClient([{"op": "reply", "pending": 1}, _busy(), _busy(), {"op": "reply", "pending": 2}])
-        c = Consumer(client, "c", {})  # type: ignore[arg-type]
+        c = Consumer(client, "c", {})  # type: ignore[arg-type]  # a fake client
         client._consumers["c"] = c
-        await c._open_on(object())  # type: ignore[arg-type]
+        await c._open_on(object())  # type: ignore[arg-type]  # a connection: the fake ignores it
         assert c.info == {"pending": 1}
         async with asyncio.timeout(10):
             await c._open_on(object())  # type: ignore[arg-type]  # a reconnect: another connection
@@ -55,11 +55,11 @@ def test_other_refusals_and_a_busy_first_open_end_the_consumer(first_open: bool)
         refusal = _busy() if first_open else ConsumerNotFound("gone", code=4204)
         answers: list[Any] = [refusal] if first_open else [{"op": "reply"}, refusal]
         client = FakeClient(answers)
-        c = Consumer(client, "c", {})  # type: ignore[arg-type]
+        c = Consumer(client, "c", {})  # type: ignore[arg-type]  # a fake client
         client._consumers["c"] = c
         if not first_open:
-            await c._open_on(object())  # type: ignore[arg-type]
-        await c._open_on(object())  # type: ignore[arg-type]
+            await c._open_on(object())  # type: ignore[arg-type]  # a connection: the fake ignores it
+        await c._open_on(object())  # type: ignore[arg-type]  # a connection: the fake ignores it
         assert c.closed and c._error is refusal
 
     asyncio.run(main())

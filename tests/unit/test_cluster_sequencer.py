@@ -4,8 +4,8 @@ engine), epochs, duplicates, lost events, bounded buffers."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from hubbub.cluster.sequencer import Sequencer
 from hubbub.events import Event, Publisher
@@ -20,7 +20,7 @@ def _append(store: MemoryLogStore, channel: str, n: int) -> list[Event]:
 
 
 class Harness:
-    def __init__(self, store: MemoryLogStore, gap_wait: float = 0.05, **kw: object) -> None:
+    def __init__(self, store: MemoryLogStore, gap_wait: float = 0.05, **kw: int) -> None:
         self.store = store
         self.out: list[tuple[str, str, int, str | None]] = []
         self.lost: list[str] = []
@@ -29,7 +29,7 @@ class Harness:
         self.interested = True
         self.seq: Sequencer[str] = Sequencer(
             self._deliver, self._read, self._head, self.lost.append, lambda ch: self.interested,
-            gap_wait=gap_wait, **kw,  # type: ignore[arg-type]
+            gap_wait=gap_wait, **kw,
         )  # fmt: skip
 
     def _deliver(self, ev: Event, origin: str | None) -> None:
@@ -54,8 +54,8 @@ class Harness:
         return [s for _, _, s, _ in self.out]
 
 
-def run(fn: Callable[[], Awaitable[T]]) -> T:
-    return asyncio.run(fn())  # type: ignore[arg-type]
+def run(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return asyncio.run(fn())
 
 
 def test_in_order_and_reordered_events_are_released_in_seq_order_without_reading() -> None:

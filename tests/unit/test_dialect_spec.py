@@ -22,7 +22,7 @@ def test_the_shared_actions_are_frozen_values() -> None:
     close = a.Close(Disconnect.MESSAGE_TOO_BIG)
     assert close == a.Close(1009)  # type: ignore[arg-type]  # a Disconnect is its code
     with pytest.raises(dataclasses.FrozenInstanceError):
-        close.code = Disconnect.NORMAL  # type: ignore[misc]
+        close.code = Disconnect.NORMAL  # type: ignore[misc]  # frozen: refused
     assert not hasattr(close, "__dict__")  # slotted
     assert a.Subscribe("s", "/a/*").selection is LIVE  # the one selection vocabulary (hubbub/selection.py)
 

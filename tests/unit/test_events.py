@@ -34,15 +34,15 @@ def test_fast_init_keeps_signature_defaults_and_factories() -> None:
     assert Sample(1).c is not Sample(1).c  # a fresh dict per instance, as with the dataclass __init__
     assert Sample(2, c={"x": 1}, b="q") == Sample(2, "q", {"x": 1})
     with pytest.raises(TypeError):
-        Sample()  # type: ignore[call-arg]
+        Sample()  # type: ignore[call-arg]  # a missing argument, refused
     with pytest.raises(TypeError):
-        Sample(1, "b", {}, 4)  # type: ignore[call-arg]
+        Sample(1, "b", {}, 4)  # type: ignore[call-arg]  # one too many, refused
 
 
 def test_fast_init_instances_stay_frozen_and_hashable() -> None:
     p = Publisher("native", "u", "s", "m")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        p.user = "x"  # type: ignore[misc]
+        p.user = "x"  # type: ignore[misc]  # frozen: refused
     assert hash(p) == hash(Publisher("native", "u", "s", "m"))
     assert dataclasses.replace(p, user="v") == Publisher("native", "v", "s", "m")
     req = AppendRequest("/a", p, b"x", "text/plain")

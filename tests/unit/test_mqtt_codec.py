@@ -304,7 +304,8 @@ def test_refuse_after_checking_credentials() -> None:
 )
 def test_first_packet_must_be_connect(data: bytes) -> None:
     out = mq.MqttConnection().receive_data(data)
-    assert out == [Close(Disconnect.PROTOCOL_ERROR, out[0].reason)]  # type: ignore[attr-defined]
+    assert isinstance(out[0], Close)
+    assert out == [Close(Disconnect.PROTOCOL_ERROR, out[0].reason)]
 
 
 @pytest.mark.parametrize(

@@ -64,7 +64,7 @@ def _register(table: ClientTable, client_id: str, t: int) -> Any:
     wire = _Wire((_start[0] + t, table.token))
     if table.superseded(client_id, wire.stamp):
         return None
-    table.register(client_id, wire, wire.stamp)  # type: ignore[arg-type]
+    table.register(client_id, wire, wire.stamp)  # type: ignore[arg-type]  # a fake wire
     return wire
 
 

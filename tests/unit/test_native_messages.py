@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import msgpack
 import pytest
@@ -31,7 +32,7 @@ def expand(items: list[nc.RunItem]) -> list[Any]:
     return out
 
 
-def one_by_one(codec: nc.NativeCodec, messages: list[bytes | str]) -> list[Any]:
+def one_by_one(codec: nc.NativeCodec, messages: Sequence[bytes | str]) -> list[Any]:
     out: list[Any] = []
     for m in messages:
         try:
@@ -136,8 +137,9 @@ def test_a_burst_of_common_publishes_is_cut_into_runs(encoding: nc.Encoding) -> 
         codec, [_encode(_publish(i, "/a", encoding, "x", True), encoding, False) for i in range(n)]
     )
     assert [type(x) for x in items] == [nc.PublishRun] * 3
-    assert [len(x) for x in items] == [nc.RUN_MAX, nc.RUN_MAX, 3]  # type: ignore[arg-type]
-    assert [rid for x in items for rid, _ in x.replies] == list(range(n))  # type: ignore[union-attr]
+    runs = cast(list[nc.PublishRun], items)  # as just asserted
+    assert [len(x) for x in runs] == [nc.RUN_MAX, nc.RUN_MAX, 3]
+    assert [rid for x in runs for rid, _ in x.replies] == list(range(n))
 
 
 def test_a_msgpack_text_frame_is_refused_as_one_alone() -> None:
@@ -231,9 +233,9 @@ def test_a_learned_layout_reads_a_burst_at_once() -> None:
     layouts = nc.JsonLayouts()
     messages = [f'{{"op": "publish", "id": {i}, "channel": "/a", "text": "m{i}"}}' for i in range(600)]
     items = nc.decode_messages(codec, messages, layouts)
-    assert [len(x) for x in items] == [256, 256, 88]  # type: ignore[arg-type]
+    assert [len(x) for x in items] == [256, 256, 88]  # type: ignore[arg-type]  # runs: a TypeError if not
     assert layouts.hits == 599  # the first message was read alone, and taught the layout
-    assert expand(items) == one_by_one(nc.NativeCodec("json"), messages)  # type: ignore[arg-type]
+    assert expand(items) == one_by_one(nc.NativeCodec("json"), messages)
 
 
 def test_a_layout_reads_no_message_longer_than_its_limit() -> None:
@@ -251,7 +253,7 @@ def test_a_layout_reads_no_message_longer_than_its_limit() -> None:
     messages = [message(i % 10, limit + 1) for i in range(300)]
     items = nc.decode_messages(codec, messages, long_first)
     assert long_first.shape is None and long_first.hits == 0
-    assert expand(items) == one_by_one(nc.NativeCodec("json"), messages)  # type: ignore[arg-type]
+    assert expand(items) == one_by_one(nc.NativeCodec("json"), messages)
 
     layouts = nc.JsonLayouts()
     at_limit = [message(i % 10, limit) for i in range(300)]
@@ -260,7 +262,7 @@ def test_a_layout_reads_no_message_longer_than_its_limit() -> None:
     assert layouts.hits == 299
     items += nc.decode_messages(codec, mixed, layouts)
     assert layouts.hits <= 299 + 150  # none of the long ones
-    assert expand(items) == one_by_one(nc.NativeCodec("json"), at_limit + mixed)  # type: ignore[arg-type]
+    assert expand(items) == one_by_one(nc.NativeCodec("json"), at_limit + mixed)
 
 
 class _Unlearning(nc.JsonLayouts):
@@ -314,7 +316,7 @@ def test_json_lines_of_one_layout_are_read_a_burst_at_once() -> None:
     line = b'{"op": "publish", "id": %d, "channel": "/a", "text": "m\xc3\xa9%d"}\n'
     lines = b"".join(line % (i, i) for i in range(1, 601))
     items = got.feed_runs(lines)
-    assert [len(x) for x in items] == [256, 256, 88]  # type: ignore[arg-type]
+    assert [len(x) for x in items] == [256, 256, 88]  # type: ignore[arg-type]  # runs: a TypeError if not
     layouts = got._layouts
     assert layouts is not None and layouts.hits == 599  # the first line was read alone, and taught the layout
     assert expand(items) == expand(ref.feed_runs(lines))

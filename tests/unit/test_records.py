@@ -151,9 +151,9 @@ def test_decode_tags_rejects(data: bytes) -> None:
 
 def test_encoders_reject_non_strings() -> None:
     with pytest.raises(RecordError):
-        encode_headers({"k": 1})  # type: ignore[dict-item]
+        encode_headers({"k": 1})  # type: ignore[dict-item]  # the wrong type, refused
     with pytest.raises(RecordError):
-        encode_tags((b"t",))  # type: ignore[arg-type]
+        encode_tags((b"t",))  # type: ignore[arg-type]  # the wrong type, refused
 
 
 def test_event_size_matches_event() -> None:
@@ -205,4 +205,4 @@ def test_event_columns_is_the_three_encoders(headers: dict[str, str], tags: tupl
 
 def test_event_columns_rejects_non_strings() -> None:
     with pytest.raises(RecordError):
-        event_columns(b"", {"a": 1}, ())  # type: ignore[dict-item]
+        event_columns(b"", {"a": 1}, ())  # type: ignore[dict-item]  # the wrong type, refused

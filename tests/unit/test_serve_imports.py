@@ -46,7 +46,7 @@ def test_a_cluster_node_gets_its_broker_and_presence() -> None:
         {"broker": "redis://127.0.0.1:1/0", "store": "postgresql://u@127.0.0.1:1/db", "cluster.node_id": "n"},
         env={},
     )
-    broker = build_broker(cfg, None)  # type: ignore[arg-type]
+    broker = build_broker(cfg, None)  # type: ignore[arg-type]  # no store: not used to build it
     presence = build_presence(cfg, broker.node_id)
     assert isinstance(broker, RedisBroker) and broker.node_id == "n"
     assert isinstance(presence, RedisPresence) and presence.node_id == "n"

@@ -9,7 +9,7 @@ import asyncio
 import socket
 import sys
 import threading
-from types import SimpleNamespace
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,11 +28,11 @@ from hubbub.transports.stream_reads import StreamReads, run_eagerly
 def _in_data_received() -> bool:
     """Whether the caller runs under a socket's ``data_received`` (a read fed as it came), not in a task's
     step."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "data_received" and "stream_reads" in frame.f_code.co_filename:
             return True
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return False
 
 
@@ -377,7 +377,7 @@ def test_the_rest_of_an_eager_coroutine_runs_as_the_task_that_awaits_it() -> Non
                 done.append("finally")
 
         rest3 = run_eagerly(dropped())
-        rest3.close()  # type: ignore[union-attr]
+        rest3.close()  # type: ignore[union-attr]  # a rest, with close() (run_eagerly's docstring)
         assert done == ["finally"]
         assert run_eagerly(_no_wait(0, b"")) is None
 
@@ -410,7 +410,7 @@ def test_buffered_reads_are_taken_whole_up_to_most_and_the_last_one_leaves_none_
     async def main() -> None:
         reads = StreamReads(1 << 20, asyncio.get_running_loop())
         transport = _Transport()
-        reads.connection_made(transport)  # type: ignore[arg-type]
+        reads.connection_made(transport)  # type: ignore[arg-type]  # a fake transport
         for chunk in (b"a" * 10, b"b" * 10, b"c" * 10):
             reads.data_received(chunk)
         assert await reads.next(None, 15) == b"a" * 10 + b"b" * 10

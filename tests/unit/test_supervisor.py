@@ -57,6 +57,7 @@ def test_a_failing_loop_is_logged_counted_and_restarted(caplog: pytest.LogCaptur
 
     asyncio.run(main())
     records = failures_logged(caplog, "broker")
+    # ``task``: the records' extra field, which LogRecord's type does not know.
     assert [(r.levelno, r.task, r.exc_info is not None) for r in records] == [  # type: ignore[attr-defined]
         (logging.ERROR, "receive", True),
         (logging.ERROR, "receive", True),
@@ -112,6 +113,7 @@ def test_one_shot_failures_are_reported_and_finishing_tasks_are_awaited(
 
     asyncio.run(main())
     (record,) = failures_logged(caplog, "consumers")
+    # ``task``: the record's extra field, which LogRecord's type does not know.
     assert record.task == "fill" and "fill broke" in record.getMessage()  # type: ignore[attr-defined]
 
 
@@ -172,4 +174,5 @@ def test_a_failed_gap_fill_is_logged_counted_and_tried_again(caplog: pytest.LogC
 
     asyncio.run(main())
     (record,) = failures_logged(caplog, "sequencer")
+    # ``task``: the record's extra field, which LogRecord's type does not know.
     assert "filling /a from the log" in record.task and "reader bug" in record.getMessage()  # type: ignore[attr-defined]

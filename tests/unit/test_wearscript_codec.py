@@ -311,7 +311,8 @@ def test_too_many_channels_close_1008() -> None:
 
 
 def test_text_frames_close_1003() -> None:
-    assert ws.WearscriptConnection(ws.WearscriptHub()).on_text()[0].code == 1003  # type: ignore[union-attr]
+    out = ws.WearscriptConnection(ws.WearscriptHub()).on_text()[0]
+    assert isinstance(out, ws.Close) and out.code == 1003
 
 
 def test_a_data_message_is_published_with_its_argument_bytes() -> None:
