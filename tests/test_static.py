@@ -69,31 +69,49 @@ def _installed_with(requirements: list[str]) -> set[str]:
     return {name for name, _ in seen}
 
 
-def test_mypy_covers_every_import_of_an_optional_extra() -> None:
-    """``test_mypy_strict`` passes with the ``dev`` extra alone: a third-party module that src/hubbub imports
-    and that the base dependencies do not install (the ``spark`` extra's pyarrow, pandas, numpy, ...) is in
-    a mypy override with ``ignore_missing_imports``, else mypy fails where it is not installed."""
-    project = _pyproject()
-    base = _installed_with(project["project"]["dependencies"])
-    covered: set[str] = set()
-    for override in project["tool"]["mypy"]["overrides"]:
-        if override.get("ignore_missing_imports"):
-            covered |= {m.removesuffix(".*") for m in override["module"]}
-    owners = metadata.packages_distributions()
+def _imported(paths: list[Path]) -> set[str]:
+    """The top-level names of the modules ``paths`` import absolutely."""
     imported: set[str] = set()
-    for path in _sources():
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 imported |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 imported.add(node.module.split(".")[0])
-    optional = {
-        m
-        for m in imported - set(sys.stdlib_module_names) - {"hubbub", "pyspark_hubbub"}
-        if not any(canonicalize_name(d) in base for d in owners.get(m, []))
-    }
-    assert optional, "the scan found no import of an optional extra: the scan is broken"
-    assert sorted(optional - covered) == [], "add these to a [[tool.mypy.overrides]] of pyproject.toml"
+    return imported
+
+
+def test_mypy_covers_every_import_of_an_optional_extra() -> None:
+    """``test_mypy_strict`` passes with the ``dev`` extra alone: a third-party module that src/hubbub imports
+    and that the base dependencies do not install (the ``spark`` extra's pyarrow, pandas, numpy, ...), or that
+    a test imports and the base dependencies and the ``dev`` extra do not install, is in a mypy override with
+    ``ignore_missing_imports``, else mypy fails where it is not installed."""
+    project = _pyproject()
+    base = _installed_with(project["project"]["dependencies"])
+    with_dev = _installed_with(
+        [*project["project"]["dependencies"], *project["project"]["optional-dependencies"]["dev"]]
+    )
+    covered: set[str] = set()
+    for override in project["tool"]["mypy"]["overrides"]:
+        if override.get("ignore_missing_imports"):
+            covered |= {m.removesuffix(".*") for m in override["module"]}
+    owners = metadata.packages_distributions()
+    # The project's own, and the bench's scripts that tests import from bench/ on sys.path.
+    local = {"hubbub", "pyspark_hubbub", "tests", *(p.stem for p in (ROOT / "bench").glob("*.py"))}
+
+    def optional(imported: set[str], installed: set[str]) -> set[str]:
+        return {
+            m
+            for m in imported - set(sys.stdlib_module_names) - local
+            if not any(canonicalize_name(d) in installed for d in owners.get(m, []))
+        }
+
+    of_src = optional(_imported(_sources()), base)
+    of_tests = optional(_imported(sorted((ROOT / "tests").rglob("*.py"))), with_dev)
+    assert of_src, "the scan found no import of an optional extra in src: the scan is broken"
+    assert of_tests, "the scan found no import of an optional extra in tests: the scan is broken"
+    missing = sorted((of_src | of_tests) - covered)
+    assert missing == [], "add these to a [[tool.mypy.overrides]] of pyproject.toml"
 
 
 def test_import_layers() -> None:

@@ -62,7 +62,7 @@ def test_sparks_lookup_finds_the_source_without_its_readers_and_writers() -> Non
 
 
 def test_the_format_class_is_one_class_wherever_it_is_imported_from() -> None:
-    import pyspark_hubbub  # type: ignore[import-untyped]  # src/pyspark_hubbub has no py.typed marker
+    import pyspark_hubbub
 
     assert pyspark_hubbub.DefaultSource is entry.HubbubDataSource
     assert datasource.HubbubDataSource is entry.HubbubDataSource
