@@ -23,9 +23,9 @@ from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.integration
 
-from integration.serverproc import ServerProcess
+from tests.integration.serverproc import ServerProcess
 
 _TICK = os.sysconf("SC_CLK_TCK")
 

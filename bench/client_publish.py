@@ -23,11 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.integration
+
+from tests.integration.serverproc import ServerProcess
 
 from hubbub.client import AsyncClient
 from hubbub.client.bulk import BulkPublisher
-from integration.serverproc import ServerProcess
 
 
 def _bulk(url: str, count: int, payload: bytes) -> tuple[float, float]:

@@ -123,7 +123,10 @@ class Subscriber(threading.Thread):
 def publish(port: int, count: int, size: int, window: int = 1000, channel: str = CHANNEL) -> None:
     c = Lines(port)
     text = "x" * size
-    frame = lambda i: f'{{"op":"publish","id":{i + 10},"channel":"{channel}","text":"{text}","ack":true}}\n'  # noqa: E731
+
+    def frame(i: int) -> str:
+        return f'{{"op":"publish","id":{i + 10},"channel":"{channel}","text":"{text}","ack":true}}\n'
+
     sent = acked = 0
     while acked < count:
         if sent - acked < window and sent < count:
@@ -243,7 +246,10 @@ def run_js(count: int, size: int, n_subs: int = 2, window: int = 1000) -> dict[s
     finally:
         srv.stop()
     lat = sorted(x for s in subs for x in s.latencies)
-    pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6  # noqa: E731
+
+    def pct(p: float) -> float:
+        return lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6
+
     return {
         "events": count,
         "setup": f"JetStream, 1 server, file storage ({n_subs} push consumers){_one_at_a_time(window)}",
@@ -316,7 +322,10 @@ def run_js_cluster(count: int, size: int, replicas: int, window: int = 1000) -> 
         for srv in servers:
             srv.stop()
     lat = sorted(x for sub in subs for x in sub.latencies)
-    pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6  # noqa: E731
+
+    def pct(p: float) -> float:
+        return lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6
+
     return {
         "events": count,
         "setup": f"JetStream, 3 servers, stream R{replicas} (1 -> 2, 3){_one_at_a_time(window)}",
@@ -358,7 +367,10 @@ def run_setup(
     after = {k: tree_cpu_s(p) for k, p in others.items()}
     cpu_us = {k: round((after[k] - before[k]) / count * 1e6, 1) for k in before}
     lat = sorted(x for s in subs for x in s.latencies)
-    pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6  # noqa: E731
+
+    def pct(p: float) -> float:
+        return lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6
+
     return {
         "setup": name + _one_at_a_time(window),
         "events": count,
@@ -385,8 +397,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.only_js:
         print(json.dumps(run_js(args.count, args.size)))
-        for r in (1, 3):
-            print(json.dumps(run_js_cluster(args.count, args.size, r)))
+        for replicas in (1, 3):
+            print(json.dumps(run_js_cluster(args.count, args.size, replicas)))
         if args.light:
             print(json.dumps(run_js(args.light, args.size, window=1)))
             print(json.dumps(run_js_cluster(args.light, args.size, 1, window=1)))

@@ -18,6 +18,7 @@ from typing import Any
 from hubbub.core.consumer_delivery import Delivery
 from hubbub.core.consumer_state import ConsumerState
 from hubbub.events import Event, Publisher
+from hubbub.log.appended import Committed
 from hubbub.log.base import AppendResult
 from hubbub.log.consumers import ConsumerInfo, ConsumerSpec
 
@@ -29,11 +30,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--reps", type=int, default=7)
     a = ap.parse_args()
-    node: Any = types.SimpleNamespace(store=types.SimpleNamespace(shared=False), relay=None)
+    node: Any = types.SimpleNamespace(_store=types.SimpleNamespace(shared=False), relay=None)
     groups: Any = types.SimpleNamespace(index={})
     pub = Publisher("native", "bench", "", "")
     n = a.items
-    results = [
+    results: list[Committed] = [
         AppendResult(Event("/bench/a", i, "e", 0, pub, b"x" * 100, "", {}, ()), False, ((1, i + 1),))
         for i in range(n)
     ]

@@ -40,9 +40,9 @@ import platform
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -90,7 +90,7 @@ class _Msgpack:
 
     @staticmethod
     def frame(obj: dict[str, Any]) -> bytes:
-        data = msgpack.packb(obj, use_bin_type=True)
+        data: bytes = msgpack.packb(obj, use_bin_type=True)
         return len(data).to_bytes(4, "big") + data
 
     async def recv(self) -> dict[str, Any]:
@@ -240,7 +240,11 @@ async def redis_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
     async def consume() -> None:
         nonlocal done
         while done < n:
-            got = await c.xreadgroup("g", "c1", {"bench": ">"}, count=batch, block=1000)
+            # RESP2 (the client's default): [[stream, [(id, fields), ...]]], or empty on the block's timeout.
+            got = cast(
+                "list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]",
+                await c.xreadgroup("g", "c1", {"bench": ">"}, count=batch, block=1000),
+            )
             if not got:
                 continue
             ids = [mid for mid, _ in got[0][1]]
@@ -263,7 +267,7 @@ async def redis_run(srv: Server, n: int, batch: int, payload: bytes) -> float:
 
 # -- driver ------------------------------------------------------------------------------------------------
 
-PEERS: dict[str, tuple[str, Callable[[Server, int, int, bytes], Awaitable[float]], str]] = {
+PEERS: dict[str, tuple[str, Callable[[Server, int, int, bytes], Coroutine[Any, Any, float]], str]] = {
     "hubbub": ("hubbub-commit", hubbub_run, "SQLite, durability commit"),
     "js": ("js", js_run, "JetStream file storage, AckPolicy.ALL"),
     "redis": ("redis-aof-commit", redis_run, "AOF appendfsync everysec"),

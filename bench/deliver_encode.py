@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 import orjson
 
-from hubbub.dialects.native_common import MSGPACK_BODY_PAIRS, event_body_json, event_body_msgpack
+from hubbub.dialects.native_common import MSGPACK_BODY_PAIRS, Encoding, event_body_json, event_body_msgpack
 from hubbub.dialects.native_deliver import deliver_frame
 from hubbub.events import Event, Publisher
 from hubbub.log.consumers import JournalItem
@@ -28,7 +28,7 @@ _MP_ATTEMPTS = msgpack.packb("attempts")
 _MP_DELIVER = b"\x84" + b"".join(msgpack.packb(x) for x in ("op", "deliver", "consumer"))
 
 
-def per_item_rule(encoding: str, consumer: str, batch: int, items: Sequence[Any]) -> bytes:
+def per_item_rule(encoding: Encoding, consumer: str, batch: int, items: Sequence[Any]) -> bytes:
     """The encoder before the templates (tests/unit/test_native_deliver.py keeps the same rule)."""
     if encoding == "json":
         parts = [b'{"op":"deliver","consumer":', orjson.dumps(consumer), b',"batch":%d,"items":[' % batch]
@@ -67,7 +67,7 @@ def batch_of(n: int, payload: int, shared: bool, channels: int = 1) -> list[Jour
 
 
 def _per_item(
-    f: Callable[[str, str, int, Sequence[Any]], bytes], enc: str, items: list[Any], n: int
+    f: Callable[[Encoding, str, int, Sequence[Any]], bytes], enc: Encoding, items: list[Any], n: int
 ) -> float:
     """µs per item of ``n`` calls."""
     return timeit.timeit(lambda: f(enc, "bench", 7, items), number=n) / n / len(items) * 1e6
@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--channels", type=int, default=1, help="the batch's events round-robin over N channels")
     a = ap.parse_args()
-    encoders: dict[str, Callable[[str, str, int, Sequence[Any]], bytes]] = {
+    encoders: dict[str, Callable[[Encoding, str, int, Sequence[Any]], bytes]] = {
         "per-item rule": per_item_rule,
         "deliver_frame": deliver_frame,
     }

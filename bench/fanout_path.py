@@ -1,4 +1,4 @@
-"""CPU cost of the live fan-out alone: committed batches through ``SubscriptionRegistry.fan_out_committed``.
+"""CPU cost of the live fan-out alone: committed batches through ``LiveFanOut.fan_out_committed``.
 
 Drives the node's real registry, router, ``FanOut`` and sessions with real encoders (native JSON frames and
 native SSE events, so two encodings share each fan-out), in process, without a store, a writer thread or
@@ -33,10 +33,11 @@ from typing import Any
 
 from hubbub.channels import parse_pattern
 from hubbub.core import Node, NodeSettings
-from hubbub.core.session import Session
+from hubbub.core.session import Encoder, Session
 from hubbub.dialects import native as nc
 from hubbub.events import Event, Publisher
 from hubbub.log import RetentionPolicy, open_store
+from hubbub.log.appended import Committed
 from hubbub.log.base import AppendResult
 from hubbub.transports.http import SseEncoder
 from hubbub.transports.native import NativeEncoder
@@ -57,7 +58,7 @@ def events(scenario: str, n: int) -> list[Event]:
 async def run(scenario: str, args: argparse.Namespace) -> dict[str, Any]:
     store = open_store("memory", "", "none", RetentionPolicy(), 120)
     async with Node(store, NodeSettings()) as node:
-        encoders = [NativeEncoder(nc.NativeCodec("json")), SseEncoder()]
+        encoders: list[Encoder] = [NativeEncoder(nc.NativeCodec("json")), SseEncoder()]
         sessions = []
         for i in range(args.subs):
             sess = Session("native", encoders[i % 2], max_items=1 << 20, max_bytes=1 << 30, user="u")
@@ -67,8 +68,8 @@ async def run(scenario: str, args: argparse.Namespace) -> dict[str, Any]:
             sessions.append(sess)
         evs = events(scenario, args.batch)
         items: list[Any] = [(None, None, 0.0)] * args.batch
-        results = [AppendResult(ev) for ev in evs]
-        fan_out = node._registry.fan_out_committed
+        results: list[Committed] = [AppendResult(ev) for ev in evs]
+        fan_out = node._registry.live.fan_out_committed
         cpu = 0.0
         batches = max(1, args.events // args.batch)
         gc.collect()

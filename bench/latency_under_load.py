@@ -41,7 +41,7 @@ def _cpu() -> str:
 
 
 def _frame(obj: dict[str, Any]) -> bytes:
-    data = msgpack.packb(obj, use_bin_type=True)
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
     return len(data).to_bytes(4, "big") + data
 
 

@@ -360,12 +360,12 @@ def pub_frames(spec: Spec, subject: str, payload: bytes, n: int, ack: bool) -> b
     k = spec.kind
     if k.startswith("hubbub"):
         # JSON carries the payload as ``text`` (the bench payloads are ASCII), msgpack as ``payload`` (bin).
-        body: dict[str, object] = {"op": "publish", "id": 3, "channel": subject, "ack": ack}
+        msg: dict[str, object] = {"op": "publish", "id": 3, "channel": subject, "ack": ack}
         if k in JSON_KINDS:
-            body["text"] = payload.decode()
+            msg["text"] = payload.decode()
         else:
-            body["payload"] = payload
-        return _hub_send_obj(spec, body) * n
+            msg["payload"] = payload
+        return _hub_send_obj(spec, msg) * n
     if k == "nats":
         return (b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload)) * n
     if k == "js":

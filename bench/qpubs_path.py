@@ -92,7 +92,12 @@ class Conn:
 
     async def call(self, name: str, m: Any) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.send(name, m, lambda msg: fut.done() or fut.set_result(msg.get("m")))
+
+        def answer(msg: dict[str, Any]) -> None:
+            if not fut.done():
+                fut.set_result(msg.get("m"))
+
+        self.send(name, m, answer)
         return await fut
 
     def close(self) -> None:
@@ -128,7 +133,8 @@ async def s_emit(port: int, a: argparse.Namespace) -> float:
     t0 = time.perf_counter()
     await emit_all(c, "a.x", a.events, "x" * a.payload)
     c.close()
-    return a.events / (time.perf_counter() - t0)
+    rate: float = a.events / (time.perf_counter() - t0)
+    return rate
 
 
 async def s_listen(port: int, a: argparse.Namespace) -> float:
@@ -148,7 +154,7 @@ async def s_listen(port: int, a: argparse.Namespace) -> float:
     t0 = time.perf_counter()
     await emit_all(p, "b.x", a.events, "x" * a.payload)
     await asyncio.wait_for(done.wait(), 120)
-    rate = a.events * 3 / (time.perf_counter() - t0)
+    rate: float = a.events * 3 / (time.perf_counter() - t0)
     for c in [p, *listeners]:
         c.close()
     return rate
@@ -177,7 +183,7 @@ async def s_durable(port: int, a: argparse.Namespace) -> float:
     q.send("openSubscription", {"subId": "bench"}, batch)
     await emit_all(p, "jobs.x", a.events, "x" * a.payload)
     await asyncio.wait_for(done.wait(), 300)
-    rate = a.events / (time.perf_counter() - t0)
+    rate: float = a.events / (time.perf_counter() - t0)
     p.close()
     q.close()
     return rate

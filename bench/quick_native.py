@@ -19,9 +19,9 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.integration
 
-from integration.serverproc import ServerProcess
+from tests.integration.serverproc import ServerProcess
 
 
 class Conn:

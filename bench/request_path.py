@@ -32,12 +32,11 @@ from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.integration
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from quick_native import Conn, bench_ack, count_frames
-
-from integration.serverproc import ServerProcess
+from tests.integration.serverproc import ServerProcess
 
 _TICK = os.sysconf("SC_CLK_TCK")
 

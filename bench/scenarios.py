@@ -31,7 +31,8 @@ from proto import (
     resp,
 )
 
-__all__ = ["Result", "latency", "replay", "throughput"]
+# pub_frames: the publishers build their frames with this module's name for it, which publish_cpu.py replaces.
+__all__ = ["Result", "latency", "pub_frames", "replay", "throughput"]
 
 CTX = mp.get_context("fork")
 _TICK = os.sysconf("SC_CLK_TCK")

@@ -134,8 +134,13 @@ async def _serve_aiohttp(ready: Callable[[int], None]) -> None:
 
 
 async def _serve_websockets(ready: Callable[[int], None]) -> None:
-    from websockets.asyncio.server import ServerConnection, serve
-    from websockets.exceptions import ConnectionClosed
+    # websockets is optional (not a hubbub dependency, see above): missing from the checked environment;
+    # unused-ignore: where it is installed, it is typed.
+    from websockets.asyncio.server import (  # type: ignore[import-not-found, unused-ignore]
+        ServerConnection,
+        serve,
+    )
+    from websockets.exceptions import ConnectionClosed  # type: ignore[import-not-found, unused-ignore]
 
     clients: list[ServerConnection] = []
 
@@ -172,13 +177,22 @@ async def _serve_websockets(ready: Callable[[int], None]) -> None:
 
 
 async def _serve_picows(ready: Callable[[int], None]) -> None:
-    from picows import WSFrame, WSListener, WSMsgType, WSTransport, WSUpgradeRequest, ws_create_server
+    # picows is optional (not a hubbub dependency, see above): missing from the checked environment;
+    # unused-ignore: where it is installed, it is typed.
+    from picows import (  # type: ignore[import-not-found, unused-ignore]
+        WSFrame,
+        WSListener,
+        WSMsgType,
+        WSTransport,
+        WSUpgradeRequest,
+        ws_create_server,
+    )
 
     loop = asyncio.get_running_loop()
     clients: list[Listener] = []
     tasks: set[asyncio.Task[None]] = set()
 
-    class Listener(WSListener):
+    class Listener(WSListener):  # type: ignore[misc, unused-ignore]  # WSListener is Any without picows
         def __init__(self) -> None:
             self.transport: WSTransport | None = None
             self.count = 0
