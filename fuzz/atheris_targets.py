@@ -97,7 +97,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 import orjson
@@ -151,6 +151,7 @@ with atheris.instrument_imports(include=INSTRUMENTED) if atheris is not None els
     from hubbub.dialects import native as nc
     from hubbub.dialects import qpubs as qpd
     from hubbub.dialects import wearscript as wsd
+    from hubbub.disconnect import Disconnect
     from hubbub.errors import CODES, HubbubError
     from hubbub.events import Event, Publisher
     from hubbub.federation import wire as fw
@@ -167,6 +168,12 @@ def _pieces(data: bytes, n: int) -> list[bytes]:
 
 def _text(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")
+
+
+def _header(line: str) -> tuple[str, str]:
+    """A ``name:value`` line as a dialect's header pair (no colon: the whole line, no value)."""
+    name, _, value = line.partition(":")
+    return name, value
 
 
 def _documented(exc: HubbubError) -> None:
@@ -262,7 +269,7 @@ def native_http(data: bytes) -> None:
         assert 0 <= t < 1 << 64 and 0 <= seq < 1 << 64 and chn.is_canonical(channel)
     except HubbubError as exc:
         _documented(exc)
-    header_items = [tuple(h.split(":", 1)) if ":" in h else (h, "") for h in headers.split("\n")]
+    header_items = [_header(h) for h in headers.split("\n")]
     try:
         nc.http_publish_fields(ctype or None, tags.split("&"), header_items, idem, max_tags=4, max_headers=4)
     except HubbubError as exc:
@@ -308,7 +315,7 @@ def guble_target(data: bytes) -> None:
         lambda: gc.header_line_headers(text, 4, 64),
         lambda: _go_int(text),
         lambda: gc.rest_publish_headers(
-            [tuple(h.split(":", 1)) if ":" in h else (h, "") for h in _text(extra).split("\n")],
+            [_header(h) for h in _text(extra).split("\n")],
             [("filterUserId", text)],
             4,
             64,
@@ -378,7 +385,7 @@ def client_framing(data: bytes) -> None:
 
 def _client_protocol(kind: client_framing_mod.FramingKind) -> Any:
     """A native client protocol past its hello, with a subscription ``s1`` and requests 2..4 in flight."""
-    codec = "json" if kind == "lines" else "msgpack"
+    codec: Literal["json", "msgpack"] = "json" if kind == "lines" else "msgpack"
     proto: Any = client_protocol.ClientProtocol(codec, client_framing_mod.Framing(kind, 1 << 16))
     proto.hello()
     welcome = {"op": "reply", "id": 1, "session": "x", "limits": {"max_frame": 1 << 16}}
@@ -581,7 +588,7 @@ def mist1_ws(data: bytes) -> None:
     for piece in [data, *data.split(b"\x00")]:
         outs = conn.receive_frame(piece)
         if outs and isinstance(outs[-1], md.Close):
-            assert outs == [md.Close(1009)] and len(piece) > 256
+            assert outs == [md.Close(Disconnect.MESSAGE_TOO_BIG)] and len(piece) > 256
             return
         _mist1_check(outs, conn)
 

@@ -96,7 +96,7 @@ class _Harness:
             head_timeout_s=60.0,
             lingering=set(),
             warn=lambda *args: None,
-            open_files=OpenFiles(node, "http", logging.getLogger("hubbub.fuzz")),  # type: ignore[arg-type]
+            open_files=OpenFiles(node, "http", logging.getLogger("hubbub.fuzz")),
         )
 
     async def _manager(self) -> web.Server:

@@ -136,7 +136,7 @@ def frames(draw: Callable[..., Any]) -> str | bytes:
         body = path + draw(st.sampled_from(["", ":"])) + draw(_DATAISH)
     elif op == "@":
         body = draw(_DATAISH)
-    frame = ("" if ack is None else f"#{ack}#") + op + body
+    frame: str = ("" if ack is None else f"#{ack}#") + op + body
     if not draw(st.booleans()):
         return frame
     data = bytearray(frame.encode())

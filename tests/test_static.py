@@ -83,9 +83,10 @@ def _imported(paths: list[Path]) -> set[str]:
 
 def test_mypy_covers_every_import_of_an_optional_extra() -> None:
     """``test_mypy_strict`` passes with the ``dev`` extra alone: a third-party module that src/hubbub imports
-    and that the base dependencies do not install (the ``spark`` extra's pyarrow, pandas, numpy, ...), or that
-    a test imports and the base dependencies and the ``dev`` extra do not install, is in a mypy override with
-    ``ignore_missing_imports``, else mypy fails where it is not installed."""
+    and that the base dependencies do not install (the ``spark`` extra's pyarrow, pandas, numpy, ...), or
+    that a test, a benchmark or a fuzz target imports and the base dependencies and the ``dev`` extra do not
+    install, is in a mypy override with ``ignore_missing_imports``, else mypy fails where it is not
+    installed."""
     project = _pyproject()
     base = _installed_with(project["project"]["dependencies"])
     with_dev = _installed_with(
@@ -96,8 +97,11 @@ def test_mypy_covers_every_import_of_an_optional_extra() -> None:
         if override.get("ignore_missing_imports"):
             covered |= {m.removesuffix(".*") for m in override["module"]}
     owners = metadata.packages_distributions()
-    # The project's own, and the bench's scripts that tests import from bench/ on sys.path.
-    local = {"hubbub", "pyspark_hubbub", "tests", *(p.stem for p in (ROOT / "bench").glob("*.py"))}
+    # The project's own, and the scripts of bench/ and fuzz/, which import each other (and tests/' helpers,
+    # such as pgserver) from sys.path.
+    scripts = [*(ROOT / "bench").glob("*.py"), *(ROOT / "fuzz").glob("*.py")]
+    helpers = [*scripts, *(ROOT / "tests").glob("*.py")]
+    local = {"hubbub", "pyspark_hubbub", "tests", *(p.stem for p in helpers)}
 
     def optional(imported: set[str], installed: set[str]) -> set[str]:
         return {
@@ -107,7 +111,7 @@ def test_mypy_covers_every_import_of_an_optional_extra() -> None:
         }
 
     of_src = optional(_imported(_sources()), base)
-    of_tests = optional(_imported(sorted((ROOT / "tests").rglob("*.py"))), with_dev)
+    of_tests = optional(_imported([*sorted((ROOT / "tests").rglob("*.py")), *scripts]), with_dev)
     assert of_src, "the scan found no import of an optional extra in src: the scan is broken"
     assert of_tests, "the scan found no import of an optional extra in tests: the scan is broken"
     missing = sorted((of_src | of_tests) - covered)

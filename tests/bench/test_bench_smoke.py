@@ -59,7 +59,7 @@ def test_missing_peers_are_skipped_with_the_install_command_when_not_root(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import procs  # type: ignore[import-not-found]  # bench/ is on sys.path at run time only
+    import procs
 
     monkeypatch.setattr(procs, "available", lambda peer: None)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
@@ -81,7 +81,7 @@ def test_installed_peers_need_no_install(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_cpu_model_names_a_generic_virtual_cpu_by_its_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import suite  # type: ignore[import-not-found]  # bench/ is on sys.path at run time only
+    import suite
 
     info = (
         "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 167\n"
@@ -144,7 +144,7 @@ def test_workers_bench_gives_rates_and_cpu_per_event_of_every_process() -> None:
     its worker processes (each spent some starting: more than the parent alone)."""
     sys.path.insert(0, str(ROOT / "bench"))
     import procs
-    import workers_bench  # type: ignore[import-not-found]  # bench/ is on sys.path at run time only
+    import workers_bench
 
     rows = workers_bench.run([2], subs=2, pubs=1, count=300, duration=5.0, size=16)
     assert [r["scenario"] for r in rows] == ["fanout", "persist-ack", "persist-e2e"]

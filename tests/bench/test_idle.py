@@ -25,7 +25,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_node_gets_enough_workers_for_each_to_stay_under_its_fd_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import idle  # type: ignore[import-not-found]  # bench/ is on sys.path at run time only
+    import idle
 
     monkeypatch.setattr(idle, "raise_nofile", lambda: 20_000)
     assert idle.node_workers(50_000) == 3  # 50,000 x 1.15 skew / 19,488 fds
@@ -49,7 +49,7 @@ def test_a_run_the_machine_cannot_hold_is_skipped_with_the_reason(monkeypatch: p
 
 @pytest.mark.usefixtures("bench")
 def test_holders_connect_from_their_own_loopback_address() -> None:
-    from proto import _connect  # type: ignore[import-not-found]  # bench/ is on sys.path at run time only
+    from proto import _connect
 
     with socket.create_server(("127.0.0.1", 0)) as ls:
         port = ls.getsockname()[1]
@@ -63,7 +63,7 @@ def test_holders_connect_from_their_own_loopback_address() -> None:
 
 @pytest.mark.usefixtures("bench")
 def test_a_servers_memory_is_the_sum_over_its_processes() -> None:
-    from procs import Server  # type: ignore[import-not-found]  # bench/ is on sys.path at run time only
+    from procs import Server
 
     # A parent that forks a child which allocates 64 MiB and touches it: the server's RSS includes it.
     code = (

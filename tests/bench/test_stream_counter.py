@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from proto import StreamCounter  # type: ignore[import-not-found]  # bench/: scripts on sys.path, not a package
+from proto import StreamCounter
 
 MARKER = b"\xa2op\xa5event"
 #: Markers whole, one split by every possible read boundary, and bytes that begin a marker and stop.
