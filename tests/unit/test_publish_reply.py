@@ -133,10 +133,9 @@ def test_replies_of_a_commit_are_each_reply(
     publishes = [(rid, ack) for rid, _, _, _, _, _, ack in rows]
     results = [_Result(event(ch, seq, ep, t), dup) for _, seq, t, ch, ep, dup, _ in rows]
     for _ in range(2):  # the second time from the kept templates
-        # Ids of any JSON type are echoed, though NativeCodec's signatures say int (the decoder's type).
-        got = codec.encode_publish_replies(publishes, results)  # type: ignore[arg-type]
+        got = codec.encode_publish_replies(publishes, results)
         want = [
-            nc.NativeCodec(encoding).encode_publish_reply(rid, r.event, r.duplicate)  # type: ignore[arg-type]
+            nc.NativeCodec(encoding).encode_publish_reply(rid, r.event, r.duplicate)
             for (rid, ack), r in zip(publishes, results, strict=True)
             if ack
         ]
@@ -222,6 +221,5 @@ def test_the_replies_of_a_run_are_those_of_its_results(
     run = EventRun(Event(proto.channel, seq0, "ep", rows[0][0], proto.publisher, b"p", "x/y", {}, ()), rows)
     for _ in range(2):  # the second time from the kept templates
         got = codec.publish_replies.encode_run(publishes, run.proto, run.rows)
-        # Ids of any JSON type are echoed, though NativeCodec's signature says int (the decoder's type).
-        want = codec.encode_publish_replies(publishes, RunAppended(run).results())  # type: ignore[arg-type]
+        want = codec.encode_publish_replies(publishes, RunAppended(run).results())
         assert got == want

@@ -377,7 +377,8 @@ def test_the_rest_of_an_eager_coroutine_runs_as_the_task_that_awaits_it() -> Non
                 done.append("finally")
 
         rest3 = run_eagerly(dropped())
-        rest3.close()  # type: ignore[union-attr]  # a rest, with close() (run_eagerly's docstring)
+        assert rest3 is not None
+        rest3.close()
         assert done == ["finally"]
         assert run_eagerly(_no_wait(0, b"")) is None
 

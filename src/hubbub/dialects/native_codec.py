@@ -510,15 +510,17 @@ class NativeCodec:
         return self._dump(obj)
 
     def encode_publish_replies(
-        self, publishes: Sequence[tuple[int, bool]], results: Sequence[Any]
+        self, publishes: Sequence[tuple[Any, bool]], results: Sequence[Any]
     ) -> list[bytes]:
         """:meth:`encode_publish_reply` of each publish ``(id, ack wanted)`` that wants one, from its result
         (which has ``event`` and ``duplicate``), in order: the replies of one commit, in one pass over
         cached templates (:class:`~.native_replies.PublishReplies`); the bytes are the same."""
         return self.publish_replies.encode_many(publishes, results)
 
-    def encode_publish_reply(self, id: int, event: Event, duplicate: bool = False) -> bytes:
-        """The acknowledgement of a publish (native.md §3.4); ``time`` is a string in JSON.
+    def encode_publish_reply(self, id: Any, event: Event, duplicate: bool = False) -> bytes:
+        """The acknowledgement of a publish (native.md §3.4); ``time`` is a string in JSON, and ``id`` is
+        echoed as given (any JSON value: :class:`~.native_replies.PublishReplies` encodes an int's reply from
+        its template and any other's in full).
 
         From a template cached per reply shape (:class:`~.native_replies.PublishReplies`): only the id, seq
         and time are encoded per reply, the same bytes as encoding the whole object (the tests compare them).

@@ -120,7 +120,7 @@ class _Rest:
             coro.close()
 
 
-def run_eagerly(coro: Coroutine[Any, Any, None]) -> Awaitable[None] | None:
+def run_eagerly(coro: Coroutine[Any, Any, None]) -> _Rest | None:
     """Run ``coro`` here, not as a task's step, until it ends (None) or first waits (its rest, for a task to
     await: an object whose ``close`` drops it). Raises what the coroutine raised."""
     try:
